@@ -1,0 +1,33 @@
+"""kernel_api: find, compile, tune and call GPU kernels through one interface.
+
+    args = kernel_api.GemmArguments(A, B, out, accumulator_type=torch.float32)
+    kernels = kernel_api.get_kernels(args)
+    kernels[0].run(args)
+"""
+
+from . import arguments, artifact, dtypes, errors, metadata, status, utils
+from .arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments,
+                        SoftmaxBackwardArguments)
+from .artifact import CompiledArtifact
+from .dtypes import DataType
+from .errors import (CompilationError, DeviceError, KernelApiError, KernelLaunchError, NoKernelFoundError,
+                     RegistrationError, UnsupportedArgumentsError)
+from .kernel import Kernel
+from .metadata import (BLASDesignMetadata, EpilogueMetadata, GemmOperandsMetadata, KernelMetadata,
+                       RowReductionDesignMetadata, SoftmaxBackwardOperandsMetadata, SoftmaxOperandsMetadata,
+                       TensorAttributes)
+from .registry import (Provider, available_providers, explain, get_kernels, plugin_errors, register_provider)
+from .status import Status
+from . import registry, kernel, providers  # noqa: E402  (providers register themselves)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Arguments", "BLASDesignMetadata", "CompilationError", "CompiledArtifact", "DataType", "DeviceError",
+    "EpilogueArguments", "EpilogueMetadata", "GemmArguments", "GemmOperandsMetadata", "Kernel",
+    "KernelApiError", "KernelLaunchError", "KernelMetadata", "NoKernelFoundError", "Provider",
+    "RegistrationError", "RowReductionDesignMetadata", "SoftmaxArguments", "SoftmaxBackwardArguments",
+    "SoftmaxBackwardOperandsMetadata", "SoftmaxOperandsMetadata", "Status", "TensorAttributes",
+    "UnsupportedArgumentsError", "available_providers", "explain", "get_kernels", "plugin_errors",
+    "register_provider",
+]

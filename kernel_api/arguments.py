@@ -1,0 +1,362 @@
+"""Arguments objects: the user's tensors for one operation, validated and summarised.
+
+Construction is on the hot path (a few microseconds): it checks ranks, shapes, devices and
+dtypes, and records per operand a `TensorAttributes` (dtype, stride pattern, alignment) plus
+a hashable ``signature`` that discovery caches on. No DSL objects, no device sync.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .dtypes import DataType, _FROM_TORCH, to_dtype
+from .metadata import ACTIVATIONS, TensorAttributes
+
+_MAX_DIVISIBILITY = 128
+_ROW = (0, 0, 1)
+_COL = (0, 1, 0)
+_ROW2 = (0, 1)
+
+
+class Arguments:
+    """Base of all arguments objects.
+
+    ``tensor_attributes`` maps operand names to `TensorAttributes`; ``signature`` is a
+    hashable summary of everything metadata checks depend on; ``device`` is the operands'
+    device.
+    """
+
+    __slots__ = ("tensor_attributes", "signature", "device")
+
+    epilogue_signature = None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in self.tensor_attributes}
+
+
+def _require_tensor(value: Any, name: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"operand {name}: expected a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _element_type(t: torch.Tensor, name: str) -> DataType:
+    dt = _FROM_TORCH.get(t.dtype)
+    if dt is None:
+        raise TypeError(f"operand {name}: dtype {t.dtype} is not supported by kernel_api")
+    return dt
+
+
+def _divisibility(ptr: int, itemsize: int, values: tuple[int, ...]) -> int:
+    """Largest power of two (capped) dividing the pointer (in elements) and ``values``."""
+    g = math.gcd(ptr // itemsize, *values) if ptr % itemsize == 0 else 1
+    if g == 0:
+        return _MAX_DIVISIBILITY
+    g &= -g
+    return g if g < _MAX_DIVISIBILITY else _MAX_DIVISIBILITY
+
+
+def _matrix_attributes(t: torch.Tensor, name: str) -> tuple[torch.Tensor, TensorAttributes]:
+    """Attributes of a (L, R, C) or (R, C) operand; may return a re-strided view.
+
+    The stride of a size-1 mode is meaningless, so such a mode is treated as contiguous and
+    given stride 1 in a view, which lets kernels rely on the unit stride they declare.
+    """
+    dt = _element_type(t, name)
+    shape = t.shape
+    stride = t.stride()
+    rows, cols = shape[-2], shape[-1]
+    if stride[-1] == 1:
+        pattern = _ROW
+        values = (cols, stride[-2]) if rows > 1 else (cols,)
+    elif stride[-2] == 1:
+        pattern = _COL
+        values = (rows, stride[-1]) if cols > 1 else (rows,)
+    elif cols == 1:
+        pattern = _ROW
+        t = t.as_strided(shape, stride[:-1] + (1,))
+        values = (cols, stride[-2]) if rows > 1 else (cols,)
+    elif rows == 1:
+        pattern = _COL
+        t = t.as_strided(shape, stride[:-2] + (1, stride[-1]))
+        values = (rows, stride[-1])
+    else:
+        raise ValueError(
+            f"operand {name}: strides {tuple(stride)} have no unit-stride mode among the last two; "
+            f"kernels need a row-major or column-major matrix (call .contiguous())")
+    if len(shape) == 3 and shape[0] > 1:
+        values = values + (stride[0],)
+    return t, TensorAttributes._trusted(dt, pattern, _divisibility(t.data_ptr(), t.element_size(), values))
+
+
+class EpilogueArguments:
+    """Fused epilogue: ``out = activation(alpha * (A @ B) + beta * C + bias)``.
+
+    ``C`` has out's shape; ``bias`` is a row vector (shape (N,) or (1, N): one value per
+    output column) or a column vector (shape (M, 1), or (M,) when M != N: one per output row);
+    ``activation`` is None, "relu", "gelu" (tanh approximation) or "silu".
+    """
+
+    __slots__ = ("alpha", "beta", "C", "bias", "activation", "bias_kind")
+
+    def __init__(self, alpha: float = 1.0, beta: float = 0.0, C: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None, activation: str | None = None) -> None:
+        for label, value in (("alpha", alpha), ("beta", beta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"epilogue {label}: expected a number, got {type(value).__name__}")
+        if C is not None:
+            _require_tensor(C, "C")
+        if bias is not None:
+            _require_tensor(bias, "bias")
+        if activation is not None:
+            if not isinstance(activation, str) or activation.lower() not in ACTIVATIONS:
+                raise ValueError(f"epilogue activation: unknown {activation!r}; expected one of {ACTIVATIONS} or None")
+            activation = activation.lower()
+        if beta != 0 and C is None:
+            raise ValueError(f"epilogue: beta={beta} needs a C operand")
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.C = C
+        self.bias = bias
+        self.activation = activation
+        self.bias_kind: str | None = None
+
+    @property
+    def is_trivial(self) -> bool:
+        return self.alpha == 1.0 and self.beta == 0.0 and self.bias is None and self.activation is None
+
+    def _bind(self, out: torch.Tensor, M: int, N: int) -> tuple:
+        """Validate against the GEMM's output; return the epilogue's signature."""
+        c_attrs = None
+        if self.C is not None and self.beta != 0:
+            if tuple(self.C.shape) != tuple(out.shape):
+                raise ValueError(f"epilogue operand C: shape {tuple(self.C.shape)} must equal out's {tuple(out.shape)}")
+            if self.C.device != out.device:
+                raise ValueError(f"epilogue operand C: on {self.C.device} but out is on {out.device}")
+            if self.C.dtype != out.dtype:
+                raise TypeError(f"epilogue operand C: dtype {self.C.dtype} must equal out's {out.dtype}")
+            self.C, c_attrs = _matrix_attributes(self.C, "C")
+        bias_dtype = None
+        if self.bias is not None:
+            b = self.bias
+            if b.device != out.device:
+                raise ValueError(f"epilogue operand bias: on {b.device} but out is on {out.device}")
+            if b.dtype != out.dtype:
+                raise TypeError(f"epilogue operand bias: dtype {b.dtype} must equal out's {out.dtype}")
+            shape = tuple(b.shape)
+            if shape == (N,) or shape == (1, N):
+                self.bias_kind = "row"
+            elif shape == (M, 1) or (shape == (M,) and M != N):
+                self.bias_kind = "column"
+            else:
+                raise ValueError(
+                    f"epilogue operand bias: shape {shape} fits neither a row bias (N,)=({N},) / (1, {N}) "
+                    f"nor a column bias (M, 1)=({M}, 1)")
+            flat = b.reshape(-1)
+            if flat.numel() > 1 and flat.stride(0) != 1:
+                raise ValueError(f"epilogue operand bias: elements must be contiguous, got strides {tuple(b.stride())}")
+            self.bias = flat
+            bias_dtype = _FROM_TORCH[b.dtype]
+        scaled = self.alpha != 1.0 or self.beta != 0.0
+        return (scaled, c_attrs is not None, self.bias_kind, self.activation,
+                None if c_attrs is None else c_attrs.key(), bias_dtype)
+
+    def __repr__(self) -> str:
+        parts = [f"alpha={self.alpha}", f"beta={self.beta}"]
+        if self.C is not None:
+            parts.append(f"C={tuple(self.C.shape)}")
+        if self.bias is not None:
+            parts.append(f"bias={tuple(self.bias.shape)}({self.bias_kind})")
+        if self.activation:
+            parts.append(f"activation={self.activation!r}")
+        return f"EpilogueArguments({', '.join(parts)})"
+
+
+class GemmArguments(Arguments):
+    """``out = A @ B`` (plus an optional fused epilogue).
+
+    A is (L, M, K) or (M, K), B (L, K, N) or (K, N), out (L, M, N) or (M, N), all of one
+    rank and on one device. ``accumulator_type`` (torch dtype, CuTe DSL type or name)
+    defaults to f64 for f64 operands and f32 otherwise. A trivial epilogue (alpha=1,
+    beta=0, no bias, no activation) is dropped so plain kernels stay eligible.
+    """
+
+    __slots__ = ("A", "B", "out", "accumulator_type", "epilogue", "epilogue_signature", "L", "M", "N", "K")
+
+    def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, accumulator_type: Any = None,
+                 epilogue: EpilogueArguments | None = None) -> None:
+        if type(A) is not torch.Tensor:
+            _require_tensor(A, "A")
+        if type(B) is not torch.Tensor:
+            _require_tensor(B, "B")
+        if type(out) is not torch.Tensor:
+            _require_tensor(out, "out")
+        sa, sb, so = A.shape, B.shape, out.shape
+        rank = len(sa)
+        if rank not in (2, 3):
+            raise ValueError(f"operand A: rank {rank}, expected (L, M, K) or (M, K)")
+        if len(sb) != rank:
+            raise ValueError(f"operand B: rank {len(sb)} but A has rank {rank}; expected (L, K, N) or (K, N) to match")
+        if len(so) != rank:
+            raise ValueError(f"operand out: rank {len(so)} but A has rank {rank}; expected (L, M, N) or (M, N) to match")
+        M, K = sa[-2], sa[-1]
+        N = sb[-1]
+        if sb[-2] != K:
+            raise ValueError(f"operand B: K mismatch, B is {tuple(sb)} but A is {tuple(sa)} (K={K})")
+        if so[-2] != M:
+            raise ValueError(f"operand out: M mismatch, out is {tuple(so)} but A is {tuple(sa)} (M={M})")
+        if so[-1] != N:
+            raise ValueError(f"operand out: N mismatch, out is {tuple(so)} but B is {tuple(sb)} (N={N})")
+        L = 1
+        if rank == 3:
+            L = sa[0]
+            if sb[0] != L:
+                raise ValueError(f"operand B: batch mismatch, B has L={sb[0]} but A has L={L}")
+            if so[0] != L:
+                raise ValueError(f"operand out: batch mismatch, out has L={so[0]} but A has L={L}")
+        device = A.device
+        if B.device != device:
+            raise ValueError(f"operand B: on {B.device} but A is on {device}")
+        if out.device != device:
+            raise ValueError(f"operand out: on {out.device} but A is on {device}")
+        A, a = _matrix_attributes(A, "A")
+        B, b = _matrix_attributes(B, "B")
+        out, o = _matrix_attributes(out, "out")
+        if accumulator_type is None:
+            acc = DataType.f64 if a.dtype is DataType.f64 else DataType.f32
+        elif isinstance(accumulator_type, torch.dtype) and accumulator_type in _FROM_TORCH:
+            acc = _FROM_TORCH[accumulator_type]
+        else:
+            acc = to_dtype(accumulator_type, "accumulator_type")
+        if not acc.is_float:
+            raise ValueError(f"accumulator_type: {acc} is not a floating-point type")
+        epilogue_signature = None
+        if epilogue is not None:
+            if not isinstance(epilogue, EpilogueArguments):
+                raise TypeError(f"epilogue: expected EpilogueArguments, got {type(epilogue).__name__}")
+            if epilogue.is_trivial:
+                epilogue = None
+            else:
+                epilogue_signature = epilogue._bind(out, M, N)
+        self.A, self.B, self.out = A, B, out
+        self.L, self.M, self.N, self.K = L, M, N, K
+        self.accumulator_type = acc
+        self.epilogue = epilogue
+        self.epilogue_signature = epilogue_signature
+        self.device = device
+        self.tensor_attributes = {"A": a, "B": b, "out": o}
+        self.signature = ("gemm", rank, a.dtype, a.stride, a.divisibility, b.dtype, b.stride, b.divisibility,
+                          o.dtype, o.stride, o.divisibility, acc, epilogue_signature, device.type)
+
+    @property
+    def problem_shape(self) -> tuple[int, int, int, int]:
+        """(M, N, K, L)."""
+        return (self.M, self.N, self.K, self.L)
+
+    def __repr__(self) -> str:
+        a, b, o = (self.tensor_attributes[n] for n in ("A", "B", "out"))
+        return (f"GemmArguments(M={self.M}, N={self.N}, K={self.K}, L={self.L}, "
+                f"{a.dtype}{a.layout}*{b.dtype}{b.layout}->{o.dtype}{o.layout}, acc={self.accumulator_type}"
+                f"{'' if self.epilogue is None else ', ' + repr(self.epilogue)}, device={self.device})")
+
+
+def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int, int]:
+    """Attributes of a tensor reduced along its last dim; (attrs, rows, cols)."""
+    dt = _element_type(t, name)
+    shape = t.shape
+    cols = shape[-1] if shape else 1
+    rows = t.numel() // cols if cols else 0
+    stride = t.stride()
+    if t.dim() and cols > 1 and stride[-1] != 1:
+        raise ValueError(f"operand {name}: softmax dim must be contiguous (stride 1), got strides {tuple(stride)}")
+    # Rows must be evenly spaced so the kernels can walk them with one row stride.
+    if not t.is_contiguous():
+        try:
+            row_stride = t.view(rows, cols).stride(0) if rows else cols
+        except RuntimeError:
+            raise ValueError(
+                f"operand {name}: rows of shape {tuple(shape)} with strides {tuple(stride)} are not evenly "
+                f"spaced; call .contiguous()") from None
+    else:
+        row_stride = cols
+    div = _divisibility(t.data_ptr(), t.element_size(), (cols, row_stride) if rows > 1 else (cols,))
+    return TensorAttributes._trusted(dt, _ROW2, div), rows, cols
+
+
+def _normalize_dim(dim: Any, ndim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
+    if ndim == 0:
+        raise ValueError("operand x: softmax needs at least one dimension")
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"dim: {dim} out of range for a tensor of rank {ndim}")
+    d = dim % ndim
+    if d != ndim - 1:
+        raise ValueError(
+            f"dim: softmax kernels reduce over the last dimension; got dim={dim} for rank {ndim} "
+            f"(move that dimension last, e.g. with .transpose(dim, -1).contiguous())")
+    return d
+
+
+class SoftmaxArguments(Arguments):
+    """``out = softmax(x, dim)`` over the last dimension; out has x's shape and dtype."""
+
+    __slots__ = ("x", "out", "dim", "rows", "cols")
+
+    def __init__(self, x: torch.Tensor, out: torch.Tensor, dim: int = -1) -> None:
+        _require_tensor(x, "x")
+        _require_tensor(out, "out")
+        self.dim = _normalize_dim(dim, x.dim())
+        if out.shape != x.shape:
+            raise ValueError(f"operand out: shape {tuple(out.shape)} must equal x's {tuple(x.shape)}")
+        if out.dtype != x.dtype:
+            raise TypeError(f"operand out: dtype {out.dtype} must equal x's {x.dtype}")
+        if out.device != x.device:
+            raise ValueError(f"operand out: on {out.device} but x is on {x.device}")
+        if not out.is_contiguous():
+            raise ValueError(f"operand out: must be contiguous, got strides {tuple(out.stride())}")
+        xa, self.rows, self.cols = _rows_attributes(x, "x")
+        oa, _, _ = _rows_attributes(out, "out")
+        self.x, self.out = x, out
+        self.device = x.device
+        self.tensor_attributes = {"x": xa, "out": oa}
+        self.signature = ("softmax", xa.dtype, xa.divisibility, oa.divisibility, self.device.type)
+
+    def __repr__(self) -> str:
+        return f"SoftmaxArguments(rows={self.rows}, cols={self.cols}, dtype={self.tensor_attributes['x'].dtype}, device={self.device})"
+
+
+class SoftmaxBackwardArguments(Arguments):
+    """``grad_in = out * (grad_out - sum(grad_out * out, dim))``; all three of one shape and dtype."""
+
+    __slots__ = ("grad_out", "out", "grad_in", "dim", "rows", "cols")
+
+    def __init__(self, grad_out: torch.Tensor, out: torch.Tensor, grad_in: torch.Tensor, dim: int = -1) -> None:
+        _require_tensor(grad_out, "grad_out")
+        _require_tensor(out, "out")
+        _require_tensor(grad_in, "grad_in")
+        self.dim = _normalize_dim(dim, out.dim())
+        for name, t in (("grad_out", grad_out), ("grad_in", grad_in)):
+            if t.shape != out.shape:
+                raise ValueError(f"operand {name}: shape {tuple(t.shape)} must equal out's {tuple(out.shape)}")
+            if t.dtype != out.dtype:
+                raise TypeError(f"operand {name}: dtype {t.dtype} must equal out's {out.dtype}")
+            if t.device != out.device:
+                raise ValueError(f"operand {name}: on {t.device} but out is on {out.device}")
+        if not grad_in.is_contiguous():
+            raise ValueError(f"operand grad_in: must be contiguous, got strides {tuple(grad_in.stride())}")
+        ga, self.rows, self.cols = _rows_attributes(grad_out, "grad_out")
+        oa, _, _ = _rows_attributes(out, "out")
+        ia, _, _ = _rows_attributes(grad_in, "grad_in")
+        self.grad_out, self.out, self.grad_in = grad_out, out, grad_in
+        self.device = out.device
+        self.tensor_attributes = {"grad_out": ga, "out": oa, "grad_in": ia}
+        self.signature = ("softmax_bwd", oa.dtype, ga.divisibility, oa.divisibility, ia.divisibility,
+                          self.device.type)
+
+    def __repr__(self) -> str:
+        return (f"SoftmaxBackwardArguments(rows={self.rows}, cols={self.cols}, "
+                f"dtype={self.tensor_attributes['out'].dtype}, device={self.device})")

@@ -1,0 +1,204 @@
+"""The `Kernel` abstract base class every registered kernel derives from.
+
+A subclass describes one family of kernels; each instance is one configuration, described by
+its `KernelMetadata`. Subclasses implement ``generate_kernels``, ``_supports``, ``compile``,
+``_run`` and ``get_workspace_size``; ``supports`` and ``run`` are final and shared.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextvars
+import functools
+from typing import Any, Callable
+
+import torch
+
+from .arch import device_cc, normalize_cc
+from .arguments import Arguments
+from .artifact import CompiledArtifact
+from .errors import DeviceError, UnsupportedArgumentsError
+from .metadata import KernelMetadata
+from .status import Status
+
+# The target architecture of the compile in progress, so that provider helpers such as
+# CuteDslKernel.cute_compile honour ``kernel.compile(args, cc=90)`` even when a kernel's own
+# compile method does not pass cc along.
+compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("compile_target_cc", default=None)
+
+_FINAL_METHODS = ("run", "supports")
+
+
+def _wrap_compile(fn: Callable) -> Callable:
+    if getattr(fn, "_kernel_api_wrapped", False):
+        return fn
+
+    @functools.wraps(fn)
+    def compile(self: "Kernel", args: Any, cc: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        target = normalize_cc(cc)
+        token = compile_target_cc.set(target)
+        try:
+            if target is None:
+                artifact = fn(self, args, *rest, **kwargs)
+            else:
+                artifact = fn(self, args, target, *rest, **kwargs)
+        finally:
+            compile_target_cc.reset(token)
+        if isinstance(artifact, CompiledArtifact) and artifact.cc is None:
+            artifact.cc = target if target is not None else compile_target_cc.get()
+        return artifact
+
+    compile._kernel_api_wrapped = True  # type: ignore[attr-defined]
+    return compile
+
+
+class KernelMeta(abc.ABCMeta):
+    """Keeps ``run``/``supports`` final and wraps ``compile`` (also when assigned later,
+    as notebooks do) so the requested ``cc`` reaches provider helpers."""
+
+    def __new__(mcls, name: str, bases: tuple, namespace: dict, **kwargs: Any) -> "KernelMeta":
+        if any(isinstance(b, KernelMeta) for b in bases):
+            for method in _FINAL_METHODS:
+                if method in namespace:
+                    raise TypeError(f"{name}.{method} is final: implement _{method} instead")
+        if "compile" in namespace and callable(namespace["compile"]) and not getattr(namespace["compile"], "__isabstractmethod__", False):
+            namespace["compile"] = _wrap_compile(namespace["compile"])
+        return super().__new__(mcls, name, bases, namespace, **kwargs)
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        if name in _FINAL_METHODS and isinstance(cls, KernelMeta) and cls is not Kernel:
+            raise TypeError(f"{cls.__name__}.{name} is final: implement _{name} instead")
+        if name == "compile" and callable(value):
+            value = _wrap_compile(value)
+        super().__setattr__(name, value)
+
+
+class Kernel(metaclass=KernelMeta):
+    """One configuration of a kernel family, discoverable through `kernel_api.get_kernels`.
+
+    ``supported_args_type`` names the arguments class the family accepts (e.g.
+    `GemmArguments`); when unset, registration reads it from the annotation of
+    ``_supports(self, args: ...)``.
+    """
+
+    supported_args_type: type | None = None
+    _kernel_api_provider: Any = None
+
+    def __init__(self, metadata: KernelMetadata) -> None:
+        if not isinstance(metadata, KernelMetadata):
+            raise TypeError(f"{type(self).__name__}: metadata must be a KernelMetadata, got {type(metadata).__name__}")
+        self._metadata = metadata
+
+    @property
+    def metadata(self) -> KernelMetadata:
+        return self._metadata
+
+    @property
+    def name(self) -> str:
+        return self._metadata.kernel_name
+
+    # ---- what subclasses implement -------------------------------------------------
+    @abc.abstractmethod
+    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
+        """Compile for ``args``' compile-time signature; ``cc`` selects the target (no GPU needed)."""
+
+    @abc.abstractmethod
+    def _run(self, args: Any, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        """Launch ``artifact`` on ``stream`` with the tensors of ``args``."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def generate_kernels(metadata_filter: Callable[[KernelMetadata], bool], epilogue_args: Any = None,
+                         cc: int | None = None) -> list["Kernel"]:
+        """Every instance of the family that passes ``metadata_filter`` and supports the epilogue and cc."""
+
+    @abc.abstractmethod
+    def _supports(self, args: Any) -> Status:
+        """Kernel-specific checks beyond what metadata expresses (shapes, limits...)."""
+
+    @abc.abstractmethod
+    def get_workspace_size(self, args: Any) -> int:
+        """Bytes of device workspace ``_run`` needs (0 for none)."""
+
+    # ---- shared, final ---------------------------------------------------------------
+    def compile_key(self, args: Any, cc: int | None) -> tuple:
+        """What a compiled artifact depends on; artifacts are reused across equal keys.
+
+        The default assumes shapes are runtime values and everything in ``args.signature``
+        is compile-time. Kernels that specialise on shapes extend it.
+        """
+        return (args.signature, cc)
+
+    def supports(self, args: Any, cc: Any = None) -> Status:
+        """Metadata checks (cached per argument signature), then the kernel's ``_supports``."""
+        if not isinstance(args, Arguments):
+            raise TypeError(f"{type(self).__name__}.supports: expected an arguments object, got {type(args).__name__}")
+        if cc is not None:
+            cc = normalize_cc(cc)
+        cache = self.__dict__.get("_support_cache")
+        if cache is None:
+            cache = self.__dict__["_support_cache"] = {}
+        key = (args.signature, cc)
+        status = cache.get(key)
+        if status is None:
+            status = cache[key] = self._metadata.supports(args, cc)
+        if not status:
+            return status
+        status = self._supports(args)
+        if status is None or status is True:
+            return Status.success()
+        if status is False:
+            return Status.fail(f"{self._metadata.kernel_name}._supports rejected the arguments")
+        return status
+
+    def run(self, args: Any, compiled_artifact: CompiledArtifact | None = None, stream: Any = None,
+            workspace: Any = None, assume_supported_args: bool = False) -> None:
+        """Launch on ``stream`` (torch stream, CUstream, int handle, or None = current torch stream).
+
+        Checks support first unless ``assume_supported_args``; compiles (and caches the
+        artifact on this instance) when no ``compiled_artifact`` is given; allocates the
+        workspace from torch's caching allocator when the kernel needs one and none is given.
+        """
+        if not assume_supported_args:
+            self._check_runnable(args, compiled_artifact)
+        if compiled_artifact is None:
+            compiled_artifact = self._artifact_for(args)
+        if workspace is None:
+            size = self.get_workspace_size(args)
+            if size:
+                workspace = torch.empty(size, dtype=torch.uint8, device=args.device)
+        self._run(args, compiled_artifact, stream, workspace)
+
+    def _check_runnable(self, args: Any, artifact: CompiledArtifact | None) -> None:
+        if not isinstance(args, Arguments):
+            raise TypeError(f"{type(self).__name__}.run: expected an arguments object, got {type(args).__name__}")
+        device = args.device
+        if device.type != "cuda":
+            name = next(iter(args.tensor_attributes))
+            raise DeviceError(
+                f"{self._metadata.kernel_name}: operand {name} is on {device}; GPU kernels need CUDA tensors "
+                f"(compile without a GPU with kernel.compile(args, cc=90))")
+        if not torch.cuda.is_available():
+            raise DeviceError(f"{self._metadata.kernel_name}: no CUDA GPU is available to run on")
+        status = self.supports(args, device_cc(device.index))
+        if not status:
+            raise UnsupportedArgumentsError(f"{self._metadata.kernel_name} does not support {args!r}: {status.error}")
+        if artifact is not None and artifact.kernel is not self and getattr(artifact.kernel, "metadata", None) is not None \
+                and artifact.kernel.metadata.kernel_name != self._metadata.kernel_name:
+            raise ValueError(
+                f"compiled_artifact belongs to {artifact.kernel.metadata.kernel_name}, not {self._metadata.kernel_name}")
+
+    def _artifact_for(self, args: Any) -> CompiledArtifact:
+        cc = device_cc(args.device.index) if args.device.type == "cuda" else None
+        cache = self.__dict__.get("_artifact_cache")
+        if cache is None:
+            cache = self.__dict__["_artifact_cache"] = {}
+        key = self.compile_key(args, cc)
+        artifact = cache.get(key)
+        if artifact is None:
+            artifact = cache[key] = self.compile(args, cc)
+        return artifact
+
+    def __repr__(self) -> str:
+        metadata = self.__dict__.get("_metadata")
+        return f"<{type(self).__name__} {metadata.kernel_name if metadata else '?'}>"

@@ -1,0 +1,1 @@
+"""Imports the interface modules of the cuda_src provider's own kernels (registering them)."""

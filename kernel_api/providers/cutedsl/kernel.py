@@ -1,0 +1,102 @@
+"""`CuteDslKernel`: the base class of CuTe DSL kernels, wrapping ``cute.compile``.
+
+``cute_compile(impl, *args)`` compiles with TVM-FFI on and the target architecture of the
+compile in progress (``kernel.compile(args, cc=90)`` works without a GPU). Torch tensors
+among ``args`` become fake tensors with runtime shapes and strides, so one artifact serves
+every problem size of a signature; at run time TVM-FFI takes the torch tensors directly
+(DLPack, no per-call ``from_dlpack`` wrappers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...arch import arch_string, device_cc
+from ...dtypes import from_torch
+from ...errors import CompilationError, DeviceError
+from ...kernel import Kernel, compile_target_cc
+from ...metadata import TensorAttributes
+
+
+def _target_cc() -> int:
+    cc = compile_target_cc.get()
+    if cc is not None:
+        return cc
+    if torch.cuda.is_available():
+        return device_cc(None)
+    raise DeviceError("no CUDA GPU to infer the target architecture from; compile with an explicit cc, e.g. kernel.compile(args, cc=90)")
+
+
+def fake_tensor(dtype: Any, rank: int, contiguous_mode: int | None, divisibility: int = 1) -> Any:
+    """A CuTe fake tensor of ``rank`` with runtime extents and strides.
+
+    ``contiguous_mode`` gets the static stride 1 (None: all strides dynamic); the other
+    strides and the base pointer are assumed divisible by ``divisibility`` elements.
+    ``dtype`` is a `DataType`, torch dtype or cutlass type.
+    """
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    if isinstance(dtype, torch.dtype):
+        dtype = from_torch(dtype)
+    if not (isinstance(dtype, type) and dtype.__module__.startswith("cutlass")):
+        dtype = dtype.to_cutlass()
+    shape = tuple(cute.sym_int32() for _ in range(rank))
+    stride = tuple(1 if m == contiguous_mode else cute.sym_int64(divisibility=divisibility) for m in range(rank))
+    width = max(1, dtype.width // 8) if hasattr(dtype, "width") else 1
+    return make_fake_tensor(dtype, shape, stride, assumed_align=width * divisibility)
+
+
+def fake_tensor_like(attrs: TensorAttributes, rank: int) -> Any:
+    """A fake tensor for an operand described by kernel metadata (its alignment included)."""
+    pattern = attrs.stride
+    if len(pattern) < rank:
+        pattern = (0,) * (rank - len(pattern)) + pattern
+    contiguous = pattern[-rank:].index(1) if 1 in pattern[-rank:] else None
+    return fake_tensor(attrs.dtype, rank, contiguous, attrs.divisibility)
+
+
+def _compile_arg(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        stride = value.stride()
+        contiguous = stride.index(1) if 1 in stride else None
+        return fake_tensor(value.dtype, value.dim(), contiguous, 1)
+    return value
+
+
+class CuteDslKernel(Kernel):
+    """Base class of CuTe DSL kernels (register subclasses with ``@CuTeDSLProvider.register``)."""
+
+    #: compile through TVM-FFI (torch tensors passed straight to the compiled function)
+    enable_tvm_ffi: bool = True
+
+    def cute_compile(self, impl: Any, *args: Any, **kwargs: Any) -> Any:
+        """``cute.compile(impl, *args)`` with TVM-FFI and the target architecture set.
+
+        Torch tensors are replaced by fake tensors with dynamic shapes/strides (unit stride
+        kept static, no alignment assumed); pass `fake_tensor_like` results instead to let
+        the compiler assume the alignment a kernel's metadata guarantees. Extra compile
+        options go in ``options=``.
+        """
+        import cutlass.cute as cute
+
+        cc = _target_cc()
+        options = kwargs.pop("options", "") or ""
+        flags = [options] if options else []
+        if self.enable_tvm_ffi and "--enable-tvm-ffi" not in options:
+            flags.append("--enable-tvm-ffi")
+        if "--gpu-arch" not in options:
+            flags.append(f"--gpu-arch {arch_string(cc)}")
+        converted = [_compile_arg(a) for a in args]
+        try:
+            return cute.compile(impl, *converted, options=" ".join(flags), **kwargs)
+        except Exception as exc:
+            name = getattr(getattr(self, "_metadata", None), "kernel_name", type(self).__name__)
+            raise CompilationError(f"{name}: CuTe DSL compilation for {arch_string(cc)} failed: {exc}") from exc
+
+    def cute_run(self, compiled: Any, *args: Any) -> Any:
+        """Call a function compiled by `cute_compile` (torch tensors go in as they are)."""
+        return compiled(*args)
