@@ -1,0 +1,162 @@
+"""The ``kernel-api`` command line: discover kernels for a problem and say why others don't fit.
+
+    kernel-api list gemm --m 4096 --n 4096 --k 4096 --dtype bf16 [--layout tnt] [--cc 90]
+    kernel-api list softmax --rows 4096 --cols 1024 --dtype bf16
+    kernel-api explain gemm ...
+
+Problems are described with tensors on torch's "meta" device, so nothing is allocated and no
+GPU is needed; pointers then count as fully aligned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+import torch
+
+from . import registry
+from .arch import normalize_cc
+from .arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from .dtypes import to_dtype
+from .utils import layout_string_to_strides
+
+DEVICE = "meta"
+
+
+def _matrix(rows: int, cols: int, batch: int | None, row_major: bool, dtype: torch.dtype, device: str) -> torch.Tensor:
+    shape = (rows, cols) if batch is None else (batch, rows, cols)
+    stride2 = (cols, 1) if row_major else (1, rows)
+    stride = stride2 if batch is None else (rows * cols,) + stride2
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
+def gemm_arguments(m: int, n: int, k: int, batch: int | None = None, dtype: str = "bf16", layout: str = "ttt",
+                   out_dtype: str | None = None, accumulator: str | None = None, device: str = DEVICE) -> GemmArguments:
+    """GemmArguments for a problem described by sizes, dtype names and a layout string."""
+    for label, v in (("--m", m), ("--n", n), ("--k", k)):
+        if v < 1:
+            raise ValueError(f"{label} must be >= 1, got {v}")
+    if batch is not None and batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
+    in_t = to_dtype(dtype, "--dtype").to_torch()
+    out_t = to_dtype(out_dtype or dtype, "--out-dtype").to_torch()
+    sa, sb, so = layout_string_to_strides(layout)
+    A = _matrix(m, k, batch, sa[-1] == 1, in_t, device)
+    B = _matrix(k, n, batch, sb[-1] == 1, in_t, device)
+    out = _matrix(m, n, batch, so[-1] == 1, out_t, device)
+    return GemmArguments(A, B, out, accumulator_type=accumulator)
+
+
+def softmax_arguments(rows: int, cols: int, dtype: str = "bf16", backward: bool = False,
+                      device: str = DEVICE) -> SoftmaxArguments | SoftmaxBackwardArguments:
+    if rows < 1 or cols < 1:
+        raise ValueError(f"--rows and --cols must be >= 1, got {rows} x {cols}")
+    t = to_dtype(dtype, "--dtype").to_torch()
+    make = lambda: torch.empty(rows, cols, dtype=t, device=device)  # noqa: E731
+    if backward:
+        return SoftmaxBackwardArguments(make(), make(), make())
+    return SoftmaxArguments(make(), make())
+
+
+def _add_problem_args(sub: argparse.ArgumentParser) -> None:
+    ops = sub.add_subparsers(dest="op", required=True)
+    g = ops.add_parser("gemm", help="out = A @ B")
+    g.add_argument("--m", type=int, required=True)
+    g.add_argument("--n", type=int, required=True)
+    g.add_argument("--k", type=int, required=True)
+    g.add_argument("--batch", type=int, default=None, help="batch count L (operands become rank 3)")
+    g.add_argument("--dtype", default="bf16", help="operand type: bf16, f16, f32, f64")
+    g.add_argument("--out-dtype", default=None, help="output type (default: --dtype)")
+    g.add_argument("--accumulator", default=None, help="accumulator type (default: f64 for f64, else f32)")
+    g.add_argument("--layout", default="ttt", help="t/n per A, B, out (t = row-major), e.g. tnt")
+    g.add_argument("--cc", default=None, help="target compute capability, e.g. 90 (default: this GPU, or all)")
+    s = ops.add_parser("softmax", help="out = softmax(x, dim=-1)")
+    s.add_argument("--rows", type=int, required=True)
+    s.add_argument("--cols", type=int, required=True)
+    s.add_argument("--dtype", default="bf16")
+    s.add_argument("--backward", action="store_true", help="the backward pass instead")
+    s.add_argument("--cc", default=None)
+    for p in (g, s):
+        p.add_argument("--provider", action="append", default=None, help="only this provider (repeatable)")
+
+
+def build_arguments(ns: argparse.Namespace) -> Any:
+    if ns.op == "gemm":
+        return gemm_arguments(ns.m, ns.n, ns.k, ns.batch, ns.dtype, ns.layout, ns.out_dtype, ns.accumulator)
+    return softmax_arguments(ns.rows, ns.cols, ns.dtype, ns.backward)
+
+
+def _design_text(design: Any) -> str:
+    if design is None:
+        return "-"
+    tile = getattr(design, "tile_shape", None)
+    if tile is not None:
+        cluster = "x".join(map(str, getattr(design, "cluster_shape", (1, 1, 1))))
+        return f"{'x'.join(map(str, tile))} / {cluster}"
+    strategy = getattr(design, "strategy", None)
+    if strategy is not None:
+        return f"{strategy} ({design.threads_per_row} thr/row)"
+    return str(design)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Plain aligned text table."""
+    cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_list(ns: argparse.Namespace) -> int:
+    args = build_arguments(ns)
+    cc = normalize_cc(ns.cc, "--cc")
+    kernels = registry.get_kernels(args, cc=cc, providers=ns.provider)
+    rows = [(k.metadata.kernel_name, k.metadata.provider, _design_text(k.metadata.design), k.metadata.min_cc)
+            for k in kernels]
+    print(f"{args!r}")
+    if not rows:
+        print("no kernel found; `kernel-api explain` with the same options says why")
+        return 1
+    print(format_table(("kernel", "provider", "tile / cluster", "min cc"), rows))
+    print(f"{len(rows)} kernel(s)")
+    return 0
+
+
+def cmd_explain(ns: argparse.Namespace) -> int:
+    args = build_arguments(ns)
+    cc = normalize_cc(ns.cc, "--cc")
+    explanation = registry.explain(args, cc=cc, providers=ns.provider)
+    print(f"{args!r}")
+    rows = [(r.provider, r.kernel_class, r.kernel_name or "(class)", r.reason) for r in explanation]
+    if rows:
+        print(format_table(("provider", "class", "kernel", "why not"), rows))
+    print(f"{len(explanation.accepted)} accepted, {len(rows)} rejected")
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernel-api", description="Discover, explain, benchmark and tune kernels.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_problem_args(sub.add_parser("list", help="list the kernels that can run a problem"))
+    _add_problem_args(sub.add_parser("explain", help="say why each registered kernel does or does not fit"))
+    return parser
+
+
+COMMANDS = {"list": cmd_list, "explain": cmd_explain}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = make_parser()
+    ns = parser.parse_args(argv)
+    try:
+        return COMMANDS[ns.command](ns)
+    except (ValueError, TypeError) as exc:
+        print(f"kernel-api: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
