@@ -146,6 +146,13 @@ def register_provider(provider: type[Provider]) -> type[Provider]:
     return provider
 
 
+def unregister_provider(name: str) -> None:
+    """Forget a provider and its classes (tests, notebooks)."""
+    with _lock:
+        if _providers.pop(name, None) is not None:
+            _invalidate()
+
+
 def _load_plugins() -> None:
     global _plugins_loaded
     if _plugins_loaded:

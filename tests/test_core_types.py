@@ -1,0 +1,154 @@
+"""dtypes, arch, status, metadata and the Kernel base's run-time checks."""
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import (DataType, DeviceError, GemmArguments, KernelMetadata, Status, TensorAttributes,
+                        UnsupportedArgumentsError)
+from kernel_api.arch import arch_string, normalize_cc, resolve_cc
+from kernel_api.dtypes import to_dtype
+from kernel_api.utils import layout_string_to_strides, strides_to_layout_string, stream_handle
+
+from toy_kernels import ToyGemm
+
+
+def test_dtype_vocabulary_maps_torch_names_and_cutlass():
+    cutlass = pytest.importorskip("cutlass")
+    assert to_dtype(torch.bfloat16) is DataType.bf16
+    assert to_dtype("bfloat16") is to_dtype("bf16") is DataType.bf16
+    assert to_dtype(cutlass.Float64) is DataType.f64
+    assert to_dtype(cutlass.TFloat32) is DataType.tf32
+    assert DataType.f16.to_torch() is torch.float16 and DataType.f16.bytes == 2
+    assert DataType.bf16.to_cutlass() is cutlass.BFloat16
+
+
+def test_dtype_errors_name_the_operand():
+    with pytest.raises(ValueError, match="accumulator_type: unknown type name 'f7'"):
+        to_dtype("f7", "accumulator_type")
+    with pytest.raises(TypeError, match="TensorAttributes.dtype"):
+        TensorAttributes(object(), (0, 0, 1), 1)
+
+
+def test_cc_parsing():
+    assert normalize_cc("sm_90a") == normalize_cc(90) == normalize_cc((9, 0)) == 90
+    assert normalize_cc(None) is None
+    for bad in (-1, 7, 1000, "sm_x"):
+        with pytest.raises(ValueError):
+            normalize_cc(bad)
+    with pytest.raises(TypeError):
+        normalize_cc(True)
+    assert arch_string(90) == "sm_90a" and arch_string(80) == "sm_80"
+
+
+def test_explicit_cc_wins():
+    assert resolve_cc(100) == 100
+    if not torch.cuda.is_available():
+        assert resolve_cc(None) is None
+
+
+def test_status():
+    assert Status.success() and Status.success().error is None
+    failed = Status.fail("too big")
+    assert not failed and failed.error == "too big" and "too big" in repr(failed)
+    with pytest.raises(ValueError):
+        Status.fail("")
+
+
+def test_tensor_attributes_validation_and_matching():
+    with pytest.raises(ValueError, match="exactly one contiguous mode"):
+        TensorAttributes("f16", (1, 0, 1), 8)
+    with pytest.raises(ValueError, match="divisibility"):
+        TensorAttributes("f16", (0, 0, 1), 0)
+    need = TensorAttributes("f16", (0, 1), 8)  # rank-2 pattern compares as rank 3
+    assert need.accepts(TensorAttributes("f16", (0, 0, 1), 16), "A")
+    assert "aligned to 4" in need.accepts(TensorAttributes("f16", (0, 0, 1), 4), "A").error
+    assert "dtype bf16" in need.accepts(TensorAttributes("bf16", (0, 0, 1), 8), "A").error
+    assert "column-major" in need.accepts(TensorAttributes("f16", (0, 1, 0), 8), "A").error
+
+
+def test_layout_strings():
+    assert strides_to_layout_string((0, 0, 1), (0, 1, 0), (0, 1)) == "tnt"
+    assert layout_string_to_strides("ntn") == ((0, 1, 0), (0, 0, 1), (0, 1, 0))
+    with pytest.raises(ValueError):
+        layout_string_to_strides("tx")
+
+
+def test_stream_handle_spellings():
+    assert stream_handle(0) == 0 and stream_handle(1234) == 1234
+    with pytest.raises(TypeError, match="stream"):
+        stream_handle("default")
+
+
+def test_kernel_metadata_validation():
+    ops = ToyGemm.generate_kernels(lambda m: True)[0].metadata.operands
+    with pytest.raises(TypeError, match="kernel_name"):
+        KernelMetadata("", ToyGemm, ops)
+    with pytest.raises(TypeError, match="operands"):
+        KernelMetadata("x", ToyGemm, operands=None)
+    md = KernelMetadata("x", ToyGemm, ops, min_cc=80, max_cc=89)
+    assert not md.supports_cc(90) and "<= 89" in md.supports_cc(90).error
+    assert not md.supports_cc(75) and md.supports_cc(86)
+
+
+def _toy_kernel_for(args):
+    return next(k for k in ToyGemm.generate_kernels(lambda m: True) if k.metadata.supports(args))
+
+
+def test_run_with_cpu_tensors_raises_device_error():
+    A, B = torch.randn(16, 8).half(), torch.randn(8, 4).half()
+    args = GemmArguments(A, B, torch.empty(16, 4).half())
+    kernel = _toy_kernel_for(args)
+    with pytest.raises(DeviceError, match="operand A is on cpu"):
+        kernel.run(args)
+
+
+def test_run_rejects_non_arguments():
+    kernel = ToyGemm.generate_kernels(lambda m: True)[0]
+    with pytest.raises(TypeError, match="expected an arguments object"):
+        kernel.run((1, 2, 3))
+    with pytest.raises(TypeError, match="expected an arguments object"):
+        kernel.supports("A")
+
+
+def test_supports_reports_the_kernels_reason():
+    A, B = torch.randn(16, 64).half(), torch.randn(64, 4).half()
+    args = GemmArguments(A, B, torch.empty(16, 4).half())
+    kernel = _toy_kernel_for(args)
+    ToyGemm.max_k = 32
+    try:
+        status = kernel.supports(args)
+        assert not status and "K=64 exceeds 32" in status.error
+    finally:
+        ToyGemm.max_k = None
+
+
+def test_unsupported_args_raise_with_reason_when_run(monkeypatch):
+    # Pretend a GPU exists so run reaches the support check with meta tensors.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernel_api.kernel, "device_cc", lambda index=None: 90)
+    A = torch.empty(16, 64, dtype=torch.float16, device="meta")
+    args = GemmArguments(A, torch.empty(64, 4, dtype=torch.float16, device="meta"),
+                         torch.empty(16, 4, dtype=torch.float16, device="meta"))
+    object.__setattr__(args, "device", torch.device("cuda", 0))
+    kernel = _toy_kernel_for(args)
+    ToyGemm.max_k = 32
+    try:
+        with pytest.raises(UnsupportedArgumentsError, match="K=64 exceeds 32"):
+            kernel.run(args)
+    finally:
+        ToyGemm.max_k = None
+    # A kernel of another dtype is rejected by its metadata, with the operand named.
+    bf16 = next(k for k in ToyGemm.generate_kernels(lambda m: True) if k.metadata.operands.A.dtype is DataType.bf16)
+    with pytest.raises(UnsupportedArgumentsError, match="operand A: dtype f16"):
+        bf16.run(args)
+
+
+def test_no_gpu_run_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    A = torch.empty(16, 8, dtype=torch.float16, device="meta")
+    args = GemmArguments(A, torch.empty(8, 4, dtype=torch.float16, device="meta"),
+                         torch.empty(16, 4, dtype=torch.float16, device="meta"))
+    object.__setattr__(args, "device", torch.device("cuda", 0))
+    with pytest.raises(DeviceError, match="no CUDA GPU"):
+        _toy_kernel_for(args).run(args)
