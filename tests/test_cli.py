@@ -1,0 +1,64 @@
+"""The kernel-api command line works without a GPU."""
+
+import subprocess
+import sys
+
+import pytest
+
+from kernel_api.cli import gemm_arguments, main
+
+import toy_kernels
+from kernel_api import registry
+
+
+@pytest.fixture
+def toy():
+    toy_kernels.ToyProvider.register(toy_kernels.ToyGemm)
+    yield
+    toy_kernels.ToyProvider.unregister(toy_kernels.ToyGemm)
+    registry.unregister_provider("toy")
+
+
+def test_list_gemm_prints_a_table(toy, capsys):
+    assert main(["list", "gemm", "--m", "256", "--n", "512", "--k", "128", "--dtype", "f16", "--layout", "tnt",
+                 "--cc", "90", "--provider", "toy"]) == 0
+    out = capsys.readouterr().out
+    assert "ToyGemm_f16_tnt_tile128x128x64_align8" in out and "128x128x64 / 1x1x1" in out
+    assert "min cc" in out
+
+
+def test_list_reports_nothing_found(toy, capsys):
+    assert main(["list", "gemm", "--m", "8", "--n", "8", "--k", "8", "--dtype", "f64", "--provider", "toy"]) == 1
+    assert "no kernel found" in capsys.readouterr().out
+
+
+def test_explain_lists_reasons(toy, capsys):
+    assert main(["explain", "gemm", "--m", "8", "--n", "8", "--k", "8", "--dtype", "f64", "--provider", "toy"]) == 0
+    out = capsys.readouterr().out
+    assert "operand A: dtype f64 but the kernel takes f16" in out
+
+
+def test_list_softmax_runs(capsys):
+    assert main(["list", "softmax", "--rows", "64", "--cols", "1000", "--dtype", "bf16"]) in (0, 1)
+    assert "SoftmaxArguments" in capsys.readouterr().out
+
+
+def test_bad_cli_values_are_errors(capsys):
+    assert main(["list", "gemm", "--m", "0", "--n", "8", "--k", "8"]) == 2
+    assert "--m must be >= 1" in capsys.readouterr().err
+    assert main(["list", "gemm", "--m", "8", "--n", "8", "--k", "8", "--dtype", "f7"]) == 2
+    assert main(["list", "gemm", "--m", "8", "--n", "8", "--k", "8", "--layout", "tx"]) == 2
+    assert main(["list", "gemm", "--m", "8", "--n", "8", "--k", "8", "--cc", "banana"]) == 2
+
+
+def test_gemm_arguments_layouts():
+    args = gemm_arguments(64, 32, 16, batch=2, dtype="bf16", layout="ntn")
+    assert args.A.shape == (2, 64, 16) and args.tensor_attributes["A"].stride == (0, 1, 0)
+    assert args.tensor_attributes["out"].stride == (0, 1, 0)
+
+
+def test_python_dash_m_entry_point():
+    done = subprocess.run([sys.executable, "-m", "kernel_api", "list", "gemm", "--m", "64", "--n", "64", "--k", "64",
+                           "--dtype", "f64", "--cc", "90"], capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1), done.stderr
+    assert "GemmArguments(M=64" in done.stdout
