@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-from .dtypes import DataType, _FROM_TORCH, to_dtype
+from .dtypes import _BITS, _FROM_TORCH, DataType, to_dtype
+
+_BYTES = {dt: max(1, bits // 8) for dt, bits in _BITS.items()}
 from .metadata import ACTIVATIONS, TensorAttributes
 
 _MAX_DIVISIBILITY = 128
@@ -59,13 +61,26 @@ def _divisibility(ptr: int, itemsize: int, values: tuple[int, ...]) -> int:
     return g if g < _MAX_DIVISIBILITY else _MAX_DIVISIBILITY
 
 
+_ATTRIBUTES_CACHE: dict[tuple, TensorAttributes] = {}
+
+
+def _attributes(dt: DataType, pattern: tuple[int, ...], div: int) -> TensorAttributes:
+    key = (dt, pattern, div)
+    found = _ATTRIBUTES_CACHE.get(key)
+    if found is None:
+        found = _ATTRIBUTES_CACHE[key] = TensorAttributes._trusted(dt, pattern, div)
+    return found
+
+
 def _matrix_attributes(t: torch.Tensor, name: str) -> tuple[torch.Tensor, TensorAttributes]:
     """Attributes of a (L, R, C) or (R, C) operand; may return a re-strided view.
 
     The stride of a size-1 mode is meaningless, so such a mode is treated as contiguous and
     given stride 1 in a view, which lets kernels rely on the unit stride they declare.
     """
-    dt = _element_type(t, name)
+    dt = _FROM_TORCH.get(t.dtype)
+    if dt is None:
+        raise TypeError(f"operand {name}: dtype {t.dtype} is not supported by kernel_api")
     shape = t.shape
     stride = t.stride()
     rows, cols = shape[-2], shape[-1]
@@ -89,7 +104,7 @@ def _matrix_attributes(t: torch.Tensor, name: str) -> tuple[torch.Tensor, Tensor
             f"kernels need a row-major or column-major matrix (call .contiguous())")
     if len(shape) == 3 and shape[0] > 1:
         values = values + (stride[0],)
-    return t, TensorAttributes._trusted(dt, pattern, _divisibility(t.data_ptr(), t.element_size(), values))
+    return t, _attributes(dt, pattern, _divisibility(t.data_ptr(), _BYTES[dt], values))
 
 
 class EpilogueArguments:
@@ -217,11 +232,12 @@ class GemmArguments(Arguments):
                 raise ValueError(f"operand B: batch mismatch, B has L={sb[0]} but A has L={L}")
             if so[0] != L:
                 raise ValueError(f"operand out: batch mismatch, out has L={so[0]} but A has L={L}")
+        device_index = A.get_device()
+        if B.get_device() != device_index or (device_index < 0 and B.device != A.device):
+            raise ValueError(f"operand B: on {B.device} but A is on {A.device}")
+        if out.get_device() != device_index or (device_index < 0 and out.device != A.device):
+            raise ValueError(f"operand out: on {out.device} but A is on {A.device}")
         device = A.device
-        if B.device != device:
-            raise ValueError(f"operand B: on {B.device} but A is on {device}")
-        if out.device != device:
-            raise ValueError(f"operand out: on {out.device} but A is on {device}")
         A, a = _matrix_attributes(A, "A")
         B, b = _matrix_attributes(B, "B")
         out, o = _matrix_attributes(out, "out")
@@ -283,7 +299,7 @@ def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int,
     else:
         row_stride = cols
     div = _divisibility(t.data_ptr(), t.element_size(), (cols, row_stride) if rows > 1 else (cols,))
-    return TensorAttributes._trusted(dt, _ROW2, div), rows, cols
+    return _attributes(dt, _ROW2, div), rows, cols
 
 
 def _normalize_dim(dim: Any, ndim: int) -> int:

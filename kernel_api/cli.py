@@ -137,15 +137,28 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(ns: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(ns.m, ns.n, ns.k, ns.dtype, ns.max_kernels, normalize_cc(ns.cc, "--cc"))
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-api", description="Discover, explain, benchmark and tune kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_problem_args(sub.add_parser("list", help="list the kernels that can run a problem"))
     _add_problem_args(sub.add_parser("explain", help="say why each registered kernel does or does not fit"))
+    demo = sub.add_parser("demo", help="discover + compile a GEMM; on a GPU also run, verify and time vs torch")
+    demo.add_argument("--m", type=int, default=4096)
+    demo.add_argument("--n", type=int, default=4096)
+    demo.add_argument("--k", type=int, default=4096)
+    demo.add_argument("--dtype", default="bf16")
+    demo.add_argument("--max-kernels", type=int, default=4, help="kernels to try, one per class")
+    demo.add_argument("--cc", default=None)
     return parser
 
 
-COMMANDS = {"list": cmd_list, "explain": cmd_explain}
+COMMANDS = {"list": cmd_list, "explain": cmd_explain, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,57 @@
+"""Measuring GPU work the way our numbers are quoted: CUDA events, median of many runs,
+rotating input sets so repeated runs do not measure the L2 cache."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Sequence
+
+import torch
+
+L2_FLUSH_BYTES = 64 << 20  # larger than the L2 of an H100 (50 MB) / H200 (60 MB)
+
+
+def rotation_count(bytes_per_set: int, min_bytes: int = 2 * L2_FLUSH_BYTES, cap: int = 16) -> int:
+    """How many input sets to rotate through so the sets together exceed the L2 twice."""
+    if bytes_per_set <= 0:
+        return 1
+    return max(1, min(cap, -(-min_bytes // bytes_per_set)))
+
+
+def time_cuda(run: Callable[[int], None], sets: int = 1, warmup: int = 5, repeat: int = 50,
+              min_total_ms: float = 0.0) -> dict:
+    """Time ``run(i)`` (i = index of the input set, cycling over ``sets``) with CUDA events.
+
+    Each timed sample is one call bracketed by its own events; returns median/min/mean in ms
+    and the samples. ``min_total_ms`` raises ``repeat`` for very short calls.
+    """
+    for i in range(warmup):
+        run(i % sets)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    for i in range(repeat):
+        starts[i].record()
+        run(i % sets)
+        ends[i].record()
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    if min_total_ms and sum(samples) < min_total_ms and repeat < 10000:
+        more = int(repeat * min_total_ms / max(sum(samples), 1e-3))
+        return time_cuda(run, sets, warmup=0, repeat=min(10000, max(repeat, more)))
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples),
+            "mean_ms": statistics.fmean(samples), "samples": len(samples)}
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; inf if out has NaN/inf where ref does not."""
+    o, r = out.double(), ref.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    denom = torch.linalg.vector_norm(r).item()
+    num = torch.linalg.vector_norm(o - r).item()
+    return num / denom if denom else num
+
+
+def tensors_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
