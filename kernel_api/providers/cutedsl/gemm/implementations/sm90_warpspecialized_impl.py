@@ -1,0 +1,477 @@
+"""Persistent, warp-specialized TMA + WGMMA GEMM for sm_90a, written in CuTe DSL.
+
+``out = act(alpha * (A @ B) + beta * C + bias)`` with f16/bf16 operands, f32 accumulation and
+f16/bf16/f32 output, batched over L.
+
+Structure of one CTA (384 threads, one CTA per SM, grid = as many clusters as fit at once):
+
+- warpgroup 0 is the producer: its first warp walks the CTA's tiles and issues TMA loads of
+  A and B k-tiles into a ring of ``ab_stages`` shared-memory stages, each guarded by a "full"
+  mbarrier (TMA transaction count) and an "empty" mbarrier (consumer release). With a 2x1 or
+  1x2 cluster, each CTA loads a slice of the operand its cluster peers share and multicasts
+  it to them. The warpgroup gives most of its registers away (setmaxnreg).
+- warpgroups 1 and 2 are consumers issuing ``wgmma`` straight from shared memory.
+  *cooperative*: both work on one tile, split along M (each owns half the accumulator).
+  *pingpong*: each works on its own tile; an ordered pair of named barriers lets only one of
+  them run its main loop at a time, so one warpgroup's epilogue hides under the other's MMAs.
+- epilogue: accumulators -> (alpha, beta*C, bias, activation in f32) -> output type ->
+  ``stmatrix`` into a small swizzled shared-memory ring -> TMA bulk store. TMA clips the
+  ragged edges of M and N, and zero-fills out-of-bounds loads, so any M, N, K works.
+
+Tiles are visited in a rasterised order (``swizzle`` consecutive clusters share an N column
+band, or an M band) so concurrently running CTAs reuse A/B tiles in L2.
+
+The calling convention is ``impl(A, B, out, C_or_None, bias_or_None, alpha, beta,
+max_active_clusters, stream)`` with A (L,M,K)/(M,K), B (L,K,N)/(K,N), out and C
+(L,M,N)/(M,N) as the user passed them: the views the kernel needs ((M,K,L), (N,K,L),
+(M,N,L)) are built inside the compiled host function, so a call costs no extra torch work.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+# Named barrier ids (0 is __syncthreads).
+_BAR_EPI = 1            # cooperative epilogue: both consumer warpgroups
+_BAR_EPI_WG = 2         # pingpong epilogue: 2 + warpgroup
+_BAR_ORDER = 4          # pingpong main-loop turn: 4 + warpgroup
+
+_THREADS_PER_WG = 128
+_K_TILE = 64
+
+
+class Sm90WarpSpecializedGemmImpl:
+    """The CuTe DSL kernel; one object per configuration (all arguments are compile-time).
+
+    ``tile_mn``: CTA tile (M, N); K tile is 64. ``cluster_mn``: (2, 1) multicasts B across the
+    two CTAs of a cluster, (1, 2) multicasts A. ``schedule``: "cooperative" or "pingpong".
+    ``swizzle``: clusters per raster band; ``raster_along_m``: walk M fastest.
+    ``ab_stages``/``epi_stages``: shared-memory ring depths (the interface sizes them).
+    ``epilogue``: an object with ``scaled``, ``has_c``, ``bias`` and ``activation``.
+    """
+
+    def __init__(self, tile_mn: tuple[int, int], cluster_mn: tuple[int, int], schedule: str, swizzle: int,
+                 raster_along_m: bool, ab_stages: int, epi_stages: int, epilogue, epi_n: int = 32) -> None:
+        if schedule not in ("cooperative", "pingpong"):
+            raise ValueError(f"schedule must be 'cooperative' or 'pingpong', got {schedule!r}")
+        self.tile_m, self.tile_n = tile_mn
+        self.cluster_m, self.cluster_n = cluster_mn
+        self.pingpong = schedule == "pingpong"
+        self.swizzle = int(swizzle)
+        self.raster_along_m = bool(raster_along_m)
+        self.ab_stages = ab_stages
+        self.epi_stages = epi_stages
+        self.scaled = bool(epilogue.scaled)
+        self.has_c = bool(epilogue.has_c)
+        self.bias = epilogue.bias
+        self.activation = epilogue.activation
+        self.acc_dtype = Float32
+        if self.pingpong:
+            # one warpgroup owns a whole tile: a 64 x N wgmma atom repeated over M
+            self.atom_layout = (1, 1, 1)
+            self.epi_tile = (64, epi_n)
+        else:
+            # two warpgroups split the tile's M (each a 64 x N atom, repeated for M = 256)
+            self.atom_layout = (2, 1, 1)
+            self.epi_tile = (128, epi_n)
+        mma_m = 64 * self.atom_layout[0]
+        if self.tile_m % mma_m or self.tile_n % epi_n:
+            raise ValueError(f"tile {tile_mn} does not fit schedule {schedule}")
+        self.num_consumer_wgs = 2
+        self.threads = _THREADS_PER_WG * (1 + self.num_consumer_wgs)
+        # Threads that sync around one epilogue store: both warpgroups (cooperative) or one.
+        self.epi_threads = _THREADS_PER_WG * (1 if self.pingpong else 2)
+        # Per-warpgroup epilogue rings in pingpong, one shared ring in cooperative.
+        self.epi_rings = 2 if self.pingpong else 1
+        heavy = self.tile_m * self.tile_n // (_THREADS_PER_WG * (1 if self.pingpong else 2)) >= 256
+        self.load_regs, self.mma_regs = (24, 240) if heavy else (40, 232)
+
+    # ------------------------------------------------------------------ host side
+    @staticmethod
+    def _mnl_view(t: cute.Tensor, transpose: bool) -> cute.Tensor:
+        """(L, R, C) or (R, C) -> (R, C, L) view; ``transpose`` gives (C, R, L)."""
+        if const_expr(cute.rank(t.layout) == 3):
+            l, r, c = t.shape
+            sl, sr, sc = t.stride
+        else:
+            r, c = t.shape
+            sr, sc = t.stride
+            l, sl = 1, 0
+        if const_expr(transpose):
+            return cute.make_tensor(t.iterator, cute.make_layout((c, r, l), stride=(sc, sr, sl)))
+        return cute.make_tensor(t.iterator, cute.make_layout((r, c, l), stride=(sr, sc, sl)))
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC: Optional[cute.Tensor],
+                 mBias: Optional[cute.Tensor], alpha: Float32, beta: Float32, max_active_clusters: Int32,
+                 stream: cuda.CUstream):
+        a = self._mnl_view(mA, False)      # (M, K, L)
+        b = self._mnl_view(mB, True)       # (N, K, L)
+        d = self._mnl_view(mOut, False)    # (M, N, L)
+        c = None
+        if const_expr(self.has_c):
+            c = self._mnl_view(mC, False)
+        self.a_dtype = a.element_type
+        self.b_dtype = b.element_type
+        self.d_dtype = d.element_type
+        self.a_layout = LayoutEnum.from_tensor(a)
+        self.b_layout = LayoutEnum.from_tensor(b)
+        self.d_layout = LayoutEnum.from_tensor(d)
+        if const_expr(self.a_dtype != self.b_dtype or self.a_dtype.width != 16):
+            raise TypeError(f"A and B must share a 16-bit type, got {self.a_dtype} and {self.b_dtype}")
+
+        tile_mnk = (self.tile_m, self.tile_n, _K_TILE)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(), self.b_layout.sm90_mma_major_mode(),
+            self.acc_dtype, self.atom_layout, tiler_mn=(64, self.tile_n))
+        a_smem = sm90_utils.make_smem_layout_a(self.a_layout, tile_mnk, self.a_dtype, self.ab_stages)
+        b_smem = sm90_utils.make_smem_layout_b(self.b_layout, tile_mnk, self.b_dtype, self.ab_stages)
+        epi_smem = sm90_utils.make_smem_layout_epi(self.d_dtype, self.d_layout, self.epi_tile,
+                                                   self.epi_stages * self.epi_rings)
+
+        a_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.cluster_n > 1) \
+            else cpasync.CopyBulkTensorTileG2SOp()
+        b_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.cluster_m > 1) \
+            else cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
+            a_op, a, cute.slice_(a_smem, (None, None, 0)), (self.tile_m, _K_TILE), num_multicast=self.cluster_n)
+        tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
+            b_op, b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, _K_TILE), num_multicast=self.cluster_m)
+        tma_atom_d, tma_d = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), d, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile)
+
+        # Work decomposition: clusters of CTA tiles, visited by a persistent grid.
+        m, n, l = d.shape
+        tiles_m = (m + self.tile_m - 1) // self.tile_m
+        tiles_n = (n + self.tile_n - 1) // self.tile_n
+        clusters_m = (tiles_m + self.cluster_m - 1) // self.cluster_m
+        clusters_n = (tiles_n + self.cluster_n - 1) // self.cluster_n
+        total_clusters = clusters_m * clusters_n * l
+        grid_clusters = cutlass.min(total_clusters, max_active_clusters)
+
+        ab_stages, epi_slots = self.ab_stages, self.epi_stages * self.epi_rings
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[cutlass.Int64, ab_stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem)], 1024]
+            sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(epi_smem)], 1024]
+
+        self.shared_storage = SharedStorage
+        del epi_slots
+
+        self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d, tiled_mma, a_smem, b_smem, epi_smem,
+                    c, mBias, alpha, beta, clusters_m, clusters_n, total_clusters).launch(
+            grid=(self.cluster_m, self.cluster_n, grid_clusters),
+            block=[self.threads, 1, 1],
+            cluster=(self.cluster_m, self.cluster_n, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.jit
+    def _cluster_coord(self, linear: Int32, clusters_m: Int32, clusters_n: Int32):
+        """Linear cluster index -> (cluster m, cluster n, batch), rasterised in bands of
+        ``swizzle`` clusters so that neighbours in time share operand tiles in L2."""
+        per_batch = clusters_m * clusters_n
+        batch = linear // per_batch
+        r = linear - batch * per_batch
+        if const_expr(self.raster_along_m):
+            fast_ext, slow_ext = clusters_m, clusters_n
+        else:
+            fast_ext, slow_ext = clusters_n, clusters_m
+        fast = Int32(0)
+        slow = Int32(0)
+        if const_expr(self.swizzle == 1):
+            fast = r % fast_ext
+            slow = r // fast_ext
+        else:
+            g = self.swizzle
+            # bands of g slow-axis columns; inside a band, walk the g columns first
+            full_cols = (slow_ext // g) * g
+            in_full = r < full_cols * fast_ext
+            if in_full:
+                band = r // (g * fast_ext)
+                rr = r - band * (g * fast_ext)
+                fast = rr // g
+                slow = band * g + rr % g
+            else:
+                rem = slow_ext - full_cols
+                rt = r - full_cols * fast_ext
+                fast = rt // rem
+                slow = full_cols + rt % rem
+        cm = fast
+        cn = slow
+        if const_expr(not self.raster_along_m):
+            cm = slow
+            cn = fast
+        return cm, cn, batch
+
+    @cute.jit
+    def _activate(self, x: Float32) -> Float32:
+        y = x
+        if const_expr(self.activation == "relu"):
+            y = cute.arch.fmax(x, Float32(0.0))
+        elif const_expr(self.activation == "gelu"):
+            inner = Float32(0.7978845608028654) * (x + Float32(0.044715) * x * x * x)
+            y = Float32(0.5) * x * (Float32(1.0) + cute.math.tanh(inner, fastmath=True))
+        elif const_expr(self.activation == "silu"):
+            y = x / (Float32(1.0) + cute.math.exp(-x, fastmath=True))
+        return y
+
+    @cute.kernel
+    def kernel(self, tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_atom_b: cute.CopyAtom,
+               mB_nkl: cute.Tensor, tma_atom_d: cute.CopyAtom, mD_mnl: cute.Tensor, tiled_mma: cute.TiledMma,
+               a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
+               epi_smem_staged: cute.ComposedLayout, mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
+               alpha: Float32, beta: Float32, clusters_m: Int32, clusters_n: Int32, total_clusters: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_d)
+
+        cluster_layout = cute.make_layout((self.cluster_m, self.cluster_n, 1))
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cta_coord = cluster_layout.get_flat_coord(cta_rank)
+        # A is shared by the CTAs of one cluster row (same m), B by one column (same n).
+        a_mcast_mask = cute.make_layout_image_mask(cluster_layout, cta_coord, mode=1)
+        b_mcast_mask = cute.make_layout_image_mask(cluster_layout, cta_coord, mode=0)
+        a_mcast_mask = a_mcast_mask if const_expr(self.cluster_n > 1) else 0
+        b_mcast_mask = b_mcast_mask if const_expr(self.cluster_m > 1) else 0
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        a_smem = cute.slice_(a_smem_staged, (None, None, 0))
+        b_smem = cute.slice_(b_smem_staged, (None, None, 0))
+        tx_bytes = cute.size_in_bytes(self.a_dtype, a_smem) + cute.size_in_bytes(self.b_dtype, b_smem)
+        # One release per consumer warp per CTA that multicasts into this one.
+        consumer_warps = 4 * (1 if const_expr(self.pingpong) else 2)
+        mcast_peers = self.cluster_m + self.cluster_n - 1
+        ab_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=self.ab_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps * mcast_peers),
+            tx_count=tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, self.cluster_n, 1)),
+            defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, self.cluster_n), is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+        sD = storage.sD.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
+
+        # (bM, bK, tiles M, tiles K, L) and friends
+        gA = cute.local_tile(mA_mkl, (self.tile_m, _K_TILE), (None, None, None))
+        gB = cute.local_tile(mB_nkl, (self.tile_n, _K_TILE), (None, None, None))
+        gD = cute.local_tile(mD_mnl, (self.tile_m, self.tile_n), (None, None, None))
+        k_tiles = cute.size(gA, mode=[3])
+
+        tAsA, tAgA = cpasync.tma_partition(tma_atom_a, cta_coord[1], cute.make_layout(self.cluster_n),
+                                           cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        tBsB, tBgB = cpasync.tma_partition(tma_atom_b, cta_coord[0], cute.make_layout(self.cluster_m),
+                                           cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+
+        grid_clusters = cute.arch.grid_dim()[2]
+        first_cluster = cute.arch.block_idx()[2]
+        wg_idx = cute.arch.make_warp_uniform(tidx // _THREADS_PER_WG)
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=(self.cluster_m, self.cluster_n))
+
+        if wg_idx == 0:
+            # ---------------------------------------------------------------- producer
+            cute.arch.setmaxregister_decrease(self.load_regs)
+            if warp_idx == 0:
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
+                linear = first_cluster
+                while linear < total_clusters:
+                    cl_m, cl_n, batch = self._cluster_coord(linear, clusters_m, clusters_n)
+                    tile_m = cl_m * self.cluster_m + cta_coord[0]
+                    tile_n = cl_n * self.cluster_n + cta_coord[1]
+                    tAgA_t = tAgA[(None, tile_m, None, batch)]
+                    tBgB_t = tBgB[(None, tile_n, None, batch)]
+                    for k in range(k_tiles):
+                        ab_pipe.producer_acquire(state)
+                        bar = ab_pipe.producer_get_barrier(state)
+                        cute.copy(tma_atom_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar,
+                                  mcast_mask=a_mcast_mask)
+                        cute.copy(tma_atom_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                                  mcast_mask=b_mcast_mask)
+                        ab_pipe.producer_commit(state)
+                        state.advance()
+                    linear += grid_clusters
+                # Keep the CTA alive until every peer has released what we multicast to it.
+                ab_pipe.producer_tail(state)
+        else:
+            # ---------------------------------------------------------------- consumers
+            cute.arch.setmaxregister_increase(self.mma_regs)
+            cwg = wg_idx - 1                                  # consumer warpgroup 0/1
+            ctid = tidx - _THREADS_PER_WG                     # 0..255
+            etid = ctid                                       # thread index inside the epilogue group
+            if const_expr(self.pingpong):
+                etid = ctid - cwg * _THREADS_PER_WG
+            mma_slice = cwg * _THREADS_PER_WG
+            if const_expr(self.pingpong):
+                mma_slice = 0
+            thr_mma = tiled_mma.get_slice(mma_slice)
+            tCsA = thr_mma.partition_A(sA)
+            tCsB = thr_mma.partition_B(sB)
+            tCrA = tiled_mma.make_fragment_A(tCsA)
+            tCrB = tiled_mma.make_fragment_B(tCsB)
+            acc_shape = thr_mma.partition_shape_C((self.tile_m, self.tile_n))
+            acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+            k_blocks = cute.size(tCrA, mode=[2])
+
+            # epilogue partitions: accumulator fragment -> (stmatrix) -> swizzled smem subtile
+            r2s_atom = sm90_utils.get_smem_store_op(self.d_layout, self.d_dtype, self.acc_dtype)
+            # the stmatrix atom only shapes the thread-value layout; its type is irrelevant
+            shape_atom = cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(self.d_layout.is_m_major_c(), 4), cutlass.Float16)
+            tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(shape_atom, tiled_mma))
+            thr_r2s = tiled_r2s.get_slice(etid)
+            tRS_sD = thr_r2s.partition_D(sD)                               # (R2S, R2S_M, R2S_N, slot)
+            tRS_acc = tiled_r2s.retile(acc)
+            rD_shape = cute.shape(thr_r2s.partition_S(sD))[:3]
+            tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
+            tRS_rOut = cute.make_rmem_tensor(rD_shape, self.d_dtype)
+            rD_size = cute.size(tRS_rD)
+            tRS_cD = thr_r2s.partition_D(cute.make_identity_tensor(self.epi_tile))  # (m, n) inside a subtile
+            epi_m, epi_n = self.epi_tile
+            sub_n = self.tile_n // epi_n
+            sub_count = (self.tile_m // epi_m) * sub_n
+            epi_bar = pipeline.NamedBarrier(barrier_id=_BAR_EPI, num_threads=self.epi_threads)
+            slot_base = 0
+            if const_expr(self.pingpong):
+                epi_bar = pipeline.NamedBarrier(barrier_id=_BAR_EPI_WG + cwg, num_threads=self.epi_threads)
+                slot_base = cwg * self.epi_stages
+            store_warp = warp_idx == 4
+            if const_expr(self.pingpong):
+                store_warp = warp_idx == 4 + 4 * cwg
+            m_total, n_total, _ = mD_mnl.shape
+
+            read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+            release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+            linear = first_cluster
+            step = grid_clusters
+            if const_expr(self.pingpong):
+                # warpgroup w takes tiles w, w+2, ... of this CTA's sequence; skip the other's k-tiles
+                step = grid_clusters * 2
+                linear = first_cluster + cwg * grid_clusters
+                if cwg == 1 and k_tiles > 0:
+                    read_state.advance(k_tiles)
+                    release_state.advance(k_tiles)
+            epi_count = Int32(0)
+            tile_no = Int32(0)
+            while linear < total_clusters:
+                cl_m, cl_n, batch = self._cluster_coord(linear, clusters_m, clusters_n)
+                tile_m = cl_m * self.cluster_m + cta_coord[0]
+                tile_n = cl_n * self.cluster_n + cta_coord[1]
+
+                if const_expr(self.pingpong):
+                    # wait for our turn on the tensor cores (the very first tile goes straight in)
+                    if cwg == 1 or tile_no > 0:
+                        cute.arch.barrier(barrier_id=_BAR_ORDER + cwg, number_of_threads=2 * _THREADS_PER_WG)
+
+                # ------------------------------------------------------------ main loop
+                acc.fill(0.0)
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.fence()
+                if k_tiles > 0:
+                    ab_pipe.consumer_wait(read_state)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)],
+                                  tCrB[(None, None, kb, read_state.index)], acc)
+                    warpgroup.commit_group()
+                    read_state.advance()
+                for k in range(1, k_tiles):
+                    ab_pipe.consumer_wait(read_state)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)],
+                                  tCrB[(None, None, kb, read_state.index)], acc)
+                    warpgroup.commit_group()
+                    # keep one k-tile of wgmma in flight; the one before it is done with its stage
+                    warpgroup.wait_group(1)
+                    ab_pipe.consumer_release(release_state)
+                    release_state.advance()
+                    read_state.advance()
+                if const_expr(self.pingpong):
+                    # hand the tensor cores to the other warpgroup's next tile
+                    if linear + grid_clusters < total_clusters:
+                        cute.arch.barrier_arrive(barrier_id=_BAR_ORDER + 1 - cwg,
+                                                 number_of_threads=2 * _THREADS_PER_WG)
+                warpgroup.wait_group(0)
+                if k_tiles > 0:
+                    ab_pipe.consumer_release(release_state)
+                    release_state.advance()
+                if const_expr(self.pingpong):
+                    if k_tiles > 0:
+                        read_state.advance(k_tiles)
+                        release_state.advance(k_tiles)
+
+                # ------------------------------------------------------------ epilogue
+                gD_tile = gD[(None, None, tile_m, tile_n, batch)]
+                gD_epi = cute.zipped_divide(gD_tile, self.epi_tile)        # ((em, en), (sub m, sub n))
+                bSG_sD, bSG_gD = cpasync.tma_partition(tma_atom_d, 0, cute.make_layout(1),
+                                                       cute.group_modes(sD, 0, 2), gD_epi)
+                row0 = tile_m * self.tile_m
+                col0 = tile_n * self.tile_n
+                for sub in cutlass.range_constexpr(sub_count):
+                    for v in cutlass.range_constexpr(rD_size):
+                        tRS_rD[v] = tRS_acc[sub * rD_size + v]
+                    if const_expr(self.scaled or self.has_c or self.bias is not None
+                                  or self.activation is not None):
+                        sub_row = row0 + (sub // sub_n) * epi_m
+                        sub_col = col0 + (sub % sub_n) * epi_n
+                        for v in cutlass.range_constexpr(rD_size):
+                            x = tRS_rD[v]
+                            if const_expr(self.scaled):
+                                x = x * alpha
+                            crd = tRS_cD[v]
+                            gm = sub_row + crd[0]
+                            gn = sub_col + crd[1]
+                            if const_expr(self.has_c):
+                                if gm < m_total and gn < n_total:
+                                    x = x + beta * mC_mnl[gm, gn, batch].to(Float32)
+                            if const_expr(self.bias == "row"):
+                                if gn < n_total:
+                                    x = x + mBias[gn].to(Float32)
+                            if const_expr(self.bias == "column"):
+                                if gm < m_total:
+                                    x = x + mBias[gm].to(Float32)
+                            if const_expr(self.activation is not None):
+                                x = self._activate(x)
+                            tRS_rD[v] = x
+                    tRS_rOut.store(tRS_rD.load().to(self.d_dtype))
+                    slot = slot_base + (epi_count + sub) % self.epi_stages
+                    cute.copy(tiled_r2s, tRS_rOut, tRS_sD[(None, None, None, slot)])
+                    # make the generic-proxy smem writes visible to the TMA (async proxy)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    if store_warp:
+                        # the slot the next subtile writes must have been read by its old store
+                        cute.arch.cp_async_bulk_wait_group(self.epi_stages - 2, read=True)
+                    epi_bar.arrive_and_wait()
+                    if store_warp:
+                        sub_crd = cute.make_layout((self.tile_m // epi_m, sub_n), stride=(sub_n, 1)).get_hier_coord(sub)
+                        cute.copy(tma_atom_d, bSG_sD[(None, slot)], bSG_gD[(None, sub_crd)])
+                        cute.arch.cp_async_bulk_commit_group()
+                epi_count += sub_count
+                tile_no += 1
+                linear += step
+            if store_warp:
+                cute.arch.cp_async_bulk_wait_group(0)

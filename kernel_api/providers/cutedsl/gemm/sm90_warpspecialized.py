@@ -1,0 +1,237 @@
+"""Interface of the persistent warp-specialized TMA + WGMMA GEMM for sm_90a (Hopper).
+
+`Sm90WarpSpecializedGemm` registers with the CuTe DSL provider. Each instance is one
+configuration: operand types and layouts, CTA tile, cluster shape (TMA multicast),
+consumer schedule (cooperative or pingpong), tile rasterisation and the shared-memory stage
+count (sized from the 227 KB Hopper allows one CTA). The implementation
+(``implementations/sm90_warpspecialized_impl.py``) is imported only when compiling, so
+discovery neither needs nor imports cutlass.
+
+TMA needs 16-byte aligned base pointers and strides, so every operand's metadata demands a
+divisibility of 16 bytes (8 elements of a 16-bit type, 4 of f32): discovery never hands such
+a kernel misaligned operands.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ....arguments import GemmArguments
+from ....artifact import CompiledArtifact
+from ....dtypes import DataType
+from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
+from ....status import Status
+from ....utils import to_cuda_stream
+from .. import CuTeDSLProvider
+from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
+from .common import FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, epilogue_supported_by_generation, layout_name
+
+#: Shared memory one CTA may use on sm_90 (227 KB).
+SM90_SMEM_BYTES = 232448
+#: Room kept for the mbarriers (padded to the 1 KB alignment of the operand buffers).
+_BARRIER_BYTES = 1024
+K_TILE = 64
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    """One design point: CTA tile (M, N), cluster (M, N), schedule, rasterisation."""
+
+    tile_mn: tuple[int, int]
+    cluster_mn: tuple[int, int]
+    schedule: str            # "cooperative" | "pingpong"
+    swizzle: int = 1         # clusters per raster band (1 = plain row order)
+    raster_along_m: bool = True
+
+    @property
+    def tag(self) -> str:
+        raster = "m" if self.raster_along_m else "n"
+        return (f"tile{self.tile_mn[0]}x{self.tile_mn[1]}x{K_TILE}_cluster{self.cluster_mn[0]}x{self.cluster_mn[1]}"
+                f"_{self.schedule}_swz{self.swizzle}{raster}")
+
+
+#: The design points generate_kernels emits (per operand type/layout combination). Chosen to
+#: cover large square problems (128x256 / 256x128 with 2-CTA multicast), mid sizes (128x128)
+#: and skinny M (64-row pingpong tiles keep more SMs busy).
+CONFIGS: tuple[Sm90Config, ...] = (
+    Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4),
+    Sm90Config((256, 128), (1, 2), "cooperative", swizzle=4, raster_along_m=False),
+    Sm90Config((128, 128), (1, 1), "cooperative", swizzle=4),
+    Sm90Config((128, 128), (2, 1), "pingpong", swizzle=4),
+    Sm90Config((64, 256), (2, 1), "pingpong", swizzle=4),
+    Sm90Config((64, 128), (2, 1), "pingpong", swizzle=1),
+)
+
+_AB_TYPES = (DataType.bf16, DataType.f16)
+
+
+def tma_divisibility(dtype: DataType) -> int:
+    """Elements in 16 bytes: TMA's alignment unit for base pointers and strides."""
+    return 16 // dtype.bytes
+
+
+def plan_stages(cfg: Sm90Config, ab_type: DataType, out_type: DataType) -> tuple[int, int, tuple[int, int]]:
+    """(A/B stages, epilogue stages, epilogue tile) filling the shared memory of one CTA.
+
+    A/B stages get priority (they hide the load latency); epilogue stages take what is left
+    over in the last partial A/B stage, between 2 and 4.
+    """
+    tm, tn = cfg.tile_mn
+    epi_tile = (64, 32) if cfg.schedule == "pingpong" else (128, 32)
+    rings = 2 if cfg.schedule == "pingpong" else 1
+    epi_stage_bytes = epi_tile[0] * epi_tile[1] * out_type.bytes * rings
+    ab_stage_bytes = (tm + tn) * K_TILE * ab_type.bytes
+    budget = SM90_SMEM_BYTES - _BARRIER_BYTES
+    ab_stages = min(8, (budget - 2 * epi_stage_bytes) // ab_stage_bytes)
+    if ab_stages < 2:
+        raise ValueError(f"{cfg.tag}: tile too large for shared memory")
+    epi_stages = max(2, min(4, (budget - ab_stages * ab_stage_bytes) // epi_stage_bytes))
+    return ab_stages, epi_stages, epi_tile
+
+
+_max_clusters: dict[tuple[int, int], int] = {}
+_max_clusters_lock = threading.Lock()
+
+
+def max_active_clusters(device_index: int, cluster_size: int) -> int:
+    """How many clusters of ``cluster_size`` CTAs (one CTA per SM) fit on the device at once."""
+    key = (device_index, cluster_size)
+    value = _max_clusters.get(key)
+    if value is None:
+        with _max_clusters_lock:
+            value = _max_clusters.get(key)
+            if value is None:
+                import torch
+
+                sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+                value = sms // cluster_size
+                if cluster_size > 1:
+                    # GPCs need not hold a multiple of the cluster size: ask the driver.
+                    try:
+                        import cutlass.utils
+
+                        with torch.cuda.device(device_index):
+                            value = int(cutlass.utils.HardwareInfo(device_index).get_max_active_clusters(cluster_size))
+                    except Exception:  # pragma: no cover - a driver without the query
+                        value = sms // cluster_size
+                _max_clusters[key] = value = max(1, value)
+    return value
+
+
+@CuTeDSLProvider.register
+class Sm90WarpSpecializedGemm(CuteDslKernel):
+    """Persistent warp-specialized TMA + WGMMA GEMM for sm_90a (f16/bf16 in, f32 accumulate).
+
+    ``out = act(alpha * A @ B + beta * C + bias)``; A, B, out in any row/column-major
+    combination, rank 2 or batched rank 3, any M, N, K (TMA zero-fills and clips edges).
+    """
+
+    supported_args_type = GemmArguments
+
+    def __init__(self, metadata: KernelMetadata, config: Sm90Config, ab_stages: int, epi_stages: int) -> None:
+        super().__init__(metadata)
+        self.config = config
+        self.ab_stages = ab_stages
+        self.epi_stages = epi_stages
+
+    # ---- discovery -----------------------------------------------------------------
+    @staticmethod
+    def generate_kernels(metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
+                         cc: int | None = None) -> list["Sm90WarpSpecializedGemm"]:
+        """Every (types, layouts, config) instance passing ``metadata_filter``; none unless cc is 90."""
+        if cc is not None and cc != 90:
+            return []  # wgmma/setmaxnreg exist on sm_90a only (not forward compatible)
+        if not epilogue_supported_by_generation(epilogue_args, FULL_EPILOGUE):
+            return []
+        kernels = []
+        for ab in _AB_TYPES:
+            for out_type in (ab, DataType.f32):
+                for stride_A, stride_B, stride_out in LAYOUT_COMBOS:
+                    for cfg in CONFIGS:
+                        kernel = Sm90WarpSpecializedGemm._make(ab, out_type, stride_A, stride_B, stride_out, cfg)
+                        if metadata_filter is None or metadata_filter(kernel.metadata):
+                            kernels.append(kernel)
+        return kernels
+
+    @staticmethod
+    def _make(ab: DataType, out_type: DataType, stride_A: tuple, stride_B: tuple, stride_out: tuple,
+              cfg: Sm90Config) -> "Sm90WarpSpecializedGemm":
+        ab_stages, epi_stages, _ = plan_stages(cfg, ab, out_type)
+        ab_div, out_div = tma_divisibility(ab), tma_divisibility(out_type)
+        operands = GemmOperandsMetadata(
+            TensorAttributes(ab, stride_A, ab_div), TensorAttributes(ab, stride_B, ab_div),
+            TensorAttributes(out_type, stride_out, out_div), accumulator_type=DataType.f32)
+        name = (f"Sm90WarpSpecializedGemm_{ab}{ab}_{out_type}_f32acc_"
+                f"{layout_name(stride_A, stride_B, stride_out)}_{cfg.tag}_stages{ab_stages}x{epi_stages}"
+                f"_align{ab_div}x{ab_div}x{out_div}")
+        design = BLASDesignMetadata(tile_shape=(*cfg.tile_mn, K_TILE), cluster_shape=(*cfg.cluster_mn, 1),
+                                    stages=ab_stages, schedule=cfg.schedule, swizzle=cfg.swizzle,
+                                    extra=(("raster", "m" if cfg.raster_along_m else "n"),
+                                           ("epilogue_stages", epi_stages)))
+        metadata = KernelMetadata(name, Sm90WarpSpecializedGemm, operands, design, min_cc=90, max_cc=90,
+                                  epilogue=FULL_EPILOGUE)
+        return Sm90WarpSpecializedGemm(metadata, cfg, ab_stages, epi_stages)
+
+    def _supports(self, args: GemmArguments) -> Status:
+        for dim, value in (("M", args.M), ("N", args.N), ("K", args.K)):
+            if value > _INT32_MAX:
+                return Status.fail(f"problem size {dim}={value} exceeds the 32-bit coordinates of TMA")
+        if args.A.dim() == 3 and args.L == 1:
+            # Argument divisibility ignores the batch stride of a single batch, but the TMA
+            # descriptor still encodes it and needs 16 bytes.
+            for name in ("A", "B", "out"):
+                t = getattr(args, name)
+                need = getattr(self.metadata.operands, name).divisibility
+                if t.stride(0) % need:
+                    return Status.fail(
+                        f"operand {name}: batch stride {t.stride(0)} is not a multiple of {need} elements "
+                        f"(TMA needs 16-byte strides)")
+        return Status.success()
+
+    def get_workspace_size(self, args: GemmArguments) -> int:
+        return 0
+
+    # ---- compile / run -------------------------------------------------------------
+    def _make_impl(self, spec: EpilogueSpec) -> Any:
+        from .implementations.sm90_warpspecialized_impl import Sm90WarpSpecializedGemmImpl
+
+        cfg = self.config
+        return Sm90WarpSpecializedGemmImpl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
+                                           cfg.raster_along_m, self.ab_stages, self.epi_stages, spec)
+
+    def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
+        """Compile for ``args``' signature (rank, epilogue); sizes and strides stay runtime values."""
+        import cutlass
+        from cutlass.cute.runtime import make_fake_stream
+
+        md = self.metadata.operands
+        rank = args.A.dim()
+        spec = EpilogueSpec.from_signature(args.epilogue_signature)
+        A = fake_tensor_like(md.A, rank)
+        B = fake_tensor_like(md.B, rank)
+        out = fake_tensor_like(md.out, rank)
+        C = None
+        if spec.has_c:
+            c_dtype, c_stride, c_div = args.epilogue_signature[4]
+            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, c_div), rank)
+        bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
+        compiled = self.cute_compile(self._make_impl(spec), A, B, out, C, bias, cutlass.Float32(1.0),
+                                     cutlass.Float32(0.0), cutlass.Int32(1), make_fake_stream())
+        return CompiledArtifact(compiled, self)
+
+    def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        if args.M == 0 or args.N == 0 or args.L == 0:
+            return  # nothing to write; an empty grid is a launch error
+        cm, cn = self.config.cluster_mn
+        clusters = max_active_clusters(args.A.device.index or 0, cm * cn)
+        ep = args.epilogue
+        if ep is None:
+            self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, None, None, 1.0, 0.0, clusters,
+                          to_cuda_stream(stream))
+        else:
+            C = ep.C if ep.beta != 0.0 else None
+            self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, C, ep.bias, ep.alpha, ep.beta,
+                          clusters, to_cuda_stream(stream))
