@@ -9,11 +9,17 @@ every problem size of a signature; at run time TVM-FFI takes the torch tensors d
 
 from __future__ import annotations
 
+import functools
+import inspect
+import os
+import sys
+import tempfile
 from typing import Any
 
 import torch
 
 from ...arch import arch_string, device_cc
+from ...cache import DiskCache, make_key
 from ...dtypes import from_torch
 from ...errors import CompilationError, DeviceError
 from ...kernel import Kernel, compile_target_cc
@@ -59,6 +65,49 @@ def fake_tensor_like(attrs: TensorAttributes, rank: int) -> Any:
     return fake_tensor(attrs.dtype, rank, contiguous, attrs.divisibility)
 
 
+_artifacts = DiskCache("cutedsl")
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain_versions() -> tuple:
+    from importlib.metadata import version
+
+    found = []
+    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
+        try:
+            found.append((dist, version(dist)))
+        except Exception:
+            found.append((dist, "?"))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_source_hash(module_name: str) -> str:
+    module = sys.modules.get(module_name)
+    try:
+        source = inspect.getsource(module) if module is not None else module_name
+    except (OSError, TypeError):
+        source = module_name
+    return make_key(source)
+
+
+def _describe(value: Any) -> Any:
+    """A stable description of a compile argument (fake tensors by type/shape/stride)."""
+    if hasattr(value, "element_type") and hasattr(value, "stride"):
+        return ("tensor", str(value.element_type), str(value.shape), str(value.stride),
+                str(getattr(value, "memspace", "")), str(getattr(value, "_assumed_align", "")))
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    return type(value).__qualname__
+
+
+def _impl_description(impl: Any) -> Any:
+    state = getattr(impl, "__dict__", None)
+    fields = sorted((k, repr(v)) for k, v in state.items()) if state else ()
+    owner = impl if isinstance(impl, type) or callable(impl) and not state else type(impl)
+    return (getattr(owner, "__module__", ""), getattr(owner, "__qualname__", repr(owner)), fields)
+
+
 def _compile_arg(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         stride = value.stride()
@@ -91,12 +140,71 @@ class CuteDslKernel(Kernel):
         if "--gpu-arch" not in options:
             flags.append(f"--gpu-arch {arch_string(cc)}")
         converted = [_compile_arg(a) for a in args]
+        options = " ".join(flags)
+        name = getattr(getattr(self, "_metadata", None), "kernel_name", type(self).__name__)
+        key = None
+        if self.enable_tvm_ffi and not kwargs:
+            impl_desc = _impl_description(impl)
+            key = make_key(name, impl_desc, [_describe(a) for a in converted], options, _toolchain_versions(),
+                           _module_source_hash(impl_desc[0]), _module_source_hash(type(self).__module__))
+            loaded = _load_cached(key)
+            if loaded is not None:
+                return loaded
         try:
-            return cute.compile(impl, *converted, options=" ".join(flags), **kwargs)
+            compiled = cute.compile(impl, *converted, options=options, **kwargs)
         except Exception as exc:
-            name = getattr(getattr(self, "_metadata", None), "kernel_name", type(self).__name__)
             raise CompilationError(f"{name}: CuTe DSL compilation for {arch_string(cc)} failed: {exc}") from exc
+        if key is not None:
+            _store(key, compiled)
+        return compiled
 
     def cute_run(self, compiled: Any, *args: Any) -> Any:
         """Call a function compiled by `cute_compile` (torch tensors go in as they are)."""
         return compiled(*args)
+
+
+_FUNCTION_NAME = "kernel_api_entry"
+
+
+def _load_cached(key: str) -> Any:
+    """A compiled function from the disk cache, or None (miss, disabled, unloadable entry)."""
+    data = _artifacts.get(key)
+    if data is None:
+        return None
+    import cutlass.cute as cute
+
+    fd, path = tempfile.mkstemp(suffix=".o", prefix="kernel_api-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        module = cute.runtime.load_module(path, enable_tvm_ffi=True)
+        return getattr(module, _FUNCTION_NAME)
+    except Exception:
+        # A valid checksum but an object the loader rejects (e.g. other toolchain build):
+        # drop it and recompile.
+        _artifacts.delete(key)
+        return None
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _store(key: str, compiled: Any) -> None:
+    export = getattr(compiled, "export_to_c", None)
+    if export is None:
+        return
+    fd, path = tempfile.mkstemp(suffix=".o", prefix="kernel_api-")
+    os.close(fd)
+    try:
+        export(path, function_name=_FUNCTION_NAME)
+        with open(path, "rb") as f:
+            _artifacts.put(key, f.read())
+    except Exception:
+        pass  # caching is an optimisation; the in-process artifact still works
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
