@@ -1,1 +1,3 @@
 """Imports the interface modules of the cuda_src provider's own kernels (registering them)."""
+
+from .kernels import softmax  # noqa: F401,E402  (registers CudaSoftmaxForward / CudaSoftmaxBackward)

@@ -1,0 +1,189 @@
+"""A small on-disk cache of byte blobs, shared by every kind of compiled artifact.
+
+    cache = DiskCache("cubin")
+    data = cache.get(key)          # bytes, or None on a miss (or a corrupt entry)
+    if data is None:
+        data = build()
+        cache.put(key, data)
+
+Where: ``$KERNEL_API_CACHE_DIR`` if set, else the user cache directory (platformdirs), one
+sub-folder per namespace. ``KERNEL_API_CACHE=0`` turns the disk cache off (``get`` always
+misses, ``put`` does nothing). Entries are written to a temporary file in the same folder
+and renamed over the final name, so concurrent processes never see half an entry; every entry
+carries a SHA-256 of its payload, so a truncated or corrupt file is detected, deleted and
+reported as a miss (the caller rebuilds it). When the folder cannot be written, the cache
+warns once and keeps entries in memory for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+ENV_DIR = "KERNEL_API_CACHE_DIR"
+ENV_ENABLE = "KERNEL_API_CACHE"
+
+_MAGIC = b"KAPICH1\n"  # 8 bytes: format of an entry file
+_HEADER = struct.Struct("<8s32sQ")  # magic, sha256(payload), payload length
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
+
+_lock = threading.Lock()
+_memory: dict[tuple[str, str, str], bytes] = {}  # fallback store for unwritable folders
+_warned: set[str] = set()
+
+
+def cache_enabled() -> bool:
+    """False when ``KERNEL_API_CACHE`` is 0/false/no/off."""
+    return os.environ.get(ENV_ENABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    """The root cache folder: ``$KERNEL_API_CACHE_DIR``, else the platform's user cache dir."""
+    explicit = os.environ.get(ENV_DIR)
+    if explicit:
+        return Path(explicit).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("kernel_api", appauthor=False))
+
+
+def make_key(*parts: Any) -> str:
+    """A filename-safe key (hex SHA-256) for any parts with a stable ``repr``."""
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, (bytes, bytearray)):
+            data = bytes(part)
+        else:
+            data = repr(part).encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def encode_entry(payload: bytes) -> bytes:
+    """Payload framed with a magic, its length and its checksum (what an entry file holds)."""
+    return _HEADER.pack(_MAGIC, hashlib.sha256(payload).digest(), len(payload)) + payload
+
+
+def decode_entry(blob: bytes) -> bytes | None:
+    """The payload of an entry file, or None when it is truncated or corrupt."""
+    if len(blob) < _HEADER.size:
+        return None
+    magic, digest, length = _HEADER.unpack_from(blob)
+    payload = blob[_HEADER.size:]
+    if magic != _MAGIC or length != len(payload) or hashlib.sha256(payload).digest() != digest:
+        return None
+    return payload
+
+
+class DiskCache:
+    """Byte blobs under ``<cache dir>/<namespace>/``, keyed by strings.
+
+    ``directory`` fixes the root folder; by default it is read from the environment at each
+    call (so tests and users may change ``KERNEL_API_CACHE_DIR`` at run time). ``stats``
+    counts hits, misses, corrupt entries discarded and writes, for tests and reports.
+    """
+
+    def __init__(self, namespace: str, directory: str | os.PathLike | None = None) -> None:
+        if not namespace or not _SAFE_KEY.match(namespace):
+            raise ValueError(f"DiskCache namespace {namespace!r}: use letters, digits, '.', '_' or '-'")
+        self.namespace = namespace
+        self._directory = None if directory is None else Path(directory)
+        self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "writes": 0}
+
+    @property
+    def directory(self) -> Path:
+        return (self._directory if self._directory is not None else cache_dir()) / self.namespace
+
+    def path(self, key: str) -> Path:
+        """The file an entry lives in (keys that are not filename-safe are hashed)."""
+        return self.directory / f"{_file_key(key)}.bin"
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes stored under ``key``, or None (missing, disabled, or corrupt and removed)."""
+        if not cache_enabled():
+            self.stats["misses"] += 1
+            return None
+        folder = self.directory
+        memo = _memory.get((str(folder), self.namespace, key))
+        if memo is not None:
+            self.stats["hits"] += 1
+            return memo
+        path = folder / f"{_file_key(key)}.bin"
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except OSError:
+            self.stats["misses"] += 1
+            return None
+        payload = decode_entry(blob)
+        if payload is None:
+            # Truncated or corrupt (a crash mid-write elsewhere, disk trouble, tampering):
+            # never load it; drop it so the caller's rebuild replaces it.
+            self.stats["corrupt"] += 1
+            self.stats["misses"] += 1
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            return None
+        self.stats["hits"] += 1
+        return payload
+
+    def put(self, key: str, data: bytes) -> bool:
+        """Store ``data`` under ``key`` atomically; False when it went to memory or nowhere."""
+        if not cache_enabled():
+            return False
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"DiskCache.put: data must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        folder = self.directory
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(encode_entry(data))
+                os.replace(tmp, folder / f"{_file_key(key)}.bin")
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError as exc:
+            with _lock:
+                _memory[(str(folder), self.namespace, key)] = data
+                if str(folder) not in _warned:
+                    _warned.add(str(folder))
+                    warnings.warn(
+                        f"kernel_api: cache folder {folder} is not writable ({exc}); keeping compiled "
+                        f"artifacts in memory for this process (set {ENV_DIR} to a writable folder)",
+                        RuntimeWarning, stacklevel=2)
+            return False
+        self.stats["writes"] += 1
+        return True
+
+    def delete(self, key: str) -> None:
+        """Forget ``key`` (on disk and in the memory fallback)."""
+        _memory.pop((str(self.directory), self.namespace, key), None)
+        try:
+            os.unlink(self.path(key))
+        except OSError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"DiskCache({self.namespace!r}, directory={str(self.directory)!r})"
+
+
+def _file_key(key: str) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"cache key must be a str, got {type(key).__name__}")
+    return key if _SAFE_KEY.match(key) else hashlib.sha256(key.encode()).hexdigest()

@@ -1,0 +1,1 @@
+"""The cuda_src provider's own kernels: ``*.cu`` implementations with a ``*.py`` interface each."""

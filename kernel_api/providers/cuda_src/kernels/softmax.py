@@ -1,0 +1,223 @@
+"""Interface of the CUDA C++ softmax kernels (implementation: softmax.cu beside this file).
+
+Two registered families, `CudaSoftmaxForward` (`SoftmaxArguments`) and `CudaSoftmaxBackward`
+(`SoftmaxBackwardArguments`), each generating, per dtype (f32, f16, bf16) and alignment
+(16-byte vectors, or single elements for unaligned operands), three strategies:
+
+- ``warp``: one warp per row, row in registers; rows of up to 1024 elements.
+- ``block_ept16`` / ``block_ept32``: one CTA per row, row in registers, 16 or 32 elements per
+  thread; rows of up to 1024 threads x EPT elements (512 threads for the backward's EPT 32).
+- ``looped``: one CTA per row of any length, two passes over the input.
+
+An instance's compiled artifact is specialised on the row length's bucket (the template's
+registers per thread and threads per CTA), chosen at compile time; ``compile_key`` includes
+it, so `Kernel.run` without an artifact compiles each bucket once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
+from ....dtypes import DataType
+from ....errors import UnsupportedArgumentsError
+from ....metadata import (KernelMetadata, RowReductionDesignMetadata, SoftmaxBackwardOperandsMetadata,
+                          SoftmaxOperandsMetadata, TensorAttributes)
+from ....status import Status
+from .. import CudaSourceProvider
+from ..kernel import CudaSourceKernel
+from ..launcher import raw_stream
+
+_TYPES = {DataType.f32: "ka_softmax::F32", DataType.f16: "ka_softmax::F16", DataType.bf16: "ka_softmax::BF16"}
+_ROW = (0, 1)
+WARP_MAX_COLS = 1024
+WARPS_PER_CTA = 4
+LOOPED_THREADS = 512
+LOOPED_ELEMENTS = 16  # per thread per iteration (VEC x UNROLL)
+_MAX_GRID_X = 2**31 - 1
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Launch state fixed at compile time for one template instance."""
+
+    strategy: str
+    capacity: int | None  # the longest row the instance handles (None: any)
+    rows_per_cta: int
+    threads: int
+
+
+class _SoftmaxBase(CudaSourceKernel):
+    source_file = "softmax.cu"
+    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
+    backward: bool = False
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.dtype: DataType = params["dtype"]
+        self.strategy: str = params["strategy"]
+        self.ept: int = params.get("ept", 0)
+        self.vec: int = params["vec"]
+        self.max_cols: int | None = params["max_cols"]
+
+    # ---- generation --------------------------------------------------------------------
+    @classmethod
+    def _configs(cls) -> list[dict]:
+        configs = []
+        for dtype in (DataType.bf16, DataType.f16, DataType.f32):
+            wide = 16 // dtype.bytes
+            for vec in (wide, 1):
+                configs.append(dict(dtype=dtype, strategy="warp", vec=vec, max_cols=WARP_MAX_COLS))
+                for ept in ((16, 32) if vec > 1 else (16,)):
+                    configs.append(dict(dtype=dtype, strategy="block", ept=ept, vec=vec,
+                                        max_cols=cls._block_threads_max(ept) * ept))
+                configs.append(dict(dtype=dtype, strategy="looped", vec=vec, max_cols=None))
+        return configs
+
+    @classmethod
+    def _block_threads_max(cls, ept: int) -> int:
+        # The backward holds two rows (dy and y) in registers: cap the CTA so that 32
+        # elements per thread of each still fit without spilling.
+        return 512 if cls.backward and ept >= 32 else 1024
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        op = "bwd" if cls.backward else "fwd"
+        strategy = params["strategy"] + (f"_ept{params['ept']}" if params["strategy"] == "block" else "")
+        return f"cuda_softmax_{op}_{strategy}_{params['dtype']}_align{params['vec']}"
+
+    @classmethod
+    def make_metadata(cls, params: dict) -> KernelMetadata:
+        attrs = TensorAttributes(params["dtype"], _ROW, params["vec"])
+        if cls.backward:
+            operands = SoftmaxBackwardOperandsMetadata(attrs, attrs, attrs, DataType.f32)
+        else:
+            operands = SoftmaxOperandsMetadata(attrs, attrs, DataType.f32)
+        strategy = params["strategy"]
+        if strategy == "warp":
+            design = RowReductionDesignMetadata("warp", 32, params["vec"] * params["dtype"].bytes, 1, params["max_cols"],
+                                                extra=(("rows_per_cta", WARPS_PER_CTA),))
+        elif strategy == "block":
+            design = RowReductionDesignMetadata("block", cls._block_threads_max(params["ept"]),
+                                                params["vec"] * params["dtype"].bytes, 1, params["max_cols"],
+                                                extra=(("elements_per_thread", params["ept"]),))
+        else:
+            design = RowReductionDesignMetadata("block", LOOPED_THREADS, params["vec"] * params["dtype"].bytes, 1, None,
+                                                extra=(("passes", 2),))
+        return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=80)
+
+    @classmethod
+    def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
+                         cc: int | None = None) -> list["_SoftmaxBase"]:
+        if epilogue_args is not None:
+            return []
+        found = []
+        for params in cls._configs():
+            metadata = cls.make_metadata(params)
+            if not metadata.supports_cc(cc):
+                continue
+            if metadata_filter is not None and not metadata_filter(metadata):
+                continue
+            found.append(cls(metadata, params))
+        return found
+
+    # ---- support --------------------------------------------------------------------------
+    def _supports(self, args: Any) -> Status:
+        cols, rows = args.cols, args.rows
+        if self.max_cols is not None and cols > self.max_cols:
+            return Status.fail(f"{self.metadata.kernel_name}: rows of {cols} elements exceed its {self.max_cols}; "
+                               f"a block/looped instance handles longer rows")
+        if self.strategy != "warp" and rows > _MAX_GRID_X:
+            return Status.fail(f"{self.metadata.kernel_name}: {rows} rows exceed the grid limit {_MAX_GRID_X}")
+        return Status.success()
+
+    # ---- compile: the template instance for this row length ------------------------------
+    def _instance(self, cols: int) -> tuple[str, _Plan]:
+        t = _TYPES[self.dtype]
+        vec = self.vec
+        nvec = max(1, -(-max(cols, 1) // vec))
+        op = "bwd" if self.backward else "fwd"
+        if self.strategy == "warp":
+            nv = _pow2_at_least(-(-nvec // 32))
+            nv = min(nv, WARP_MAX_COLS // (32 * vec))
+            return (f"ka_softmax::{op}_warp<{t}, {vec}, {nv}, {WARPS_PER_CTA}>",
+                    _Plan("warp", 32 * nv * vec, WARPS_PER_CTA, 32 * WARPS_PER_CTA))
+        if self.strategy == "block":
+            nv = max(1, self.ept // vec)
+            threads = min(max(32, _pow2_at_least(-(-nvec // nv))), self._block_threads_max(self.ept))
+            return (f"ka_softmax::{op}_block<{t}, {vec}, {nv}, {threads}>", _Plan("block", threads * nv * vec, 1, threads))
+        unroll = max(1, LOOPED_ELEMENTS // vec)
+        return (f"ka_softmax::{op}_looped<{t}, {vec}, {unroll}, {LOOPED_THREADS}>",
+                _Plan("looped", None, 1, LOOPED_THREADS))
+
+    def name_expression(self, args: Any) -> str:
+        return self._instance(args.cols)[0]
+
+    def launch_plan(self, args: Any, launcher: Any) -> _Plan:
+        return self._instance(args.cols)[1]
+
+    def launch_config(self, args: Any) -> tuple:
+        plan = self._instance(args.cols)[1]
+        return (-(-args.rows // plan.rows_per_cta), plan.threads)
+
+
+def _row_stride(t: torch.Tensor, cols: int) -> int:
+    if t.is_contiguous() or t.dim() < 2:
+        return cols
+    return t.view(-1, cols).stride(0)
+
+
+def _check_capacity(kernel: _SoftmaxBase, plan: _Plan, cols: int) -> None:
+    if plan.capacity is not None and cols > plan.capacity:
+        raise UnsupportedArgumentsError(
+            f"{kernel.metadata.kernel_name}: the compiled artifact handles rows of up to {plan.capacity} elements, "
+            f"got {cols}; compile for these arguments (kernel.compile(args)) or call run without an artifact")
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxForward(_SoftmaxBase):
+    """``out = softmax(x, dim=-1)`` in CUDA C++ (f32 math; warp / CTA / looped row mappings)."""
+
+    supported_args_type = SoftmaxArguments
+    backward = False
+
+    def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        plan: _Plan = artifact.extra
+        rows, cols = args.rows, args.cols
+        if plan.capacity is not None and cols > plan.capacity:
+            _check_capacity(self, plan, cols)
+        if rows == 0 or cols == 0:
+            return
+        x, out = args.x, args.out
+        device = x.device.index
+        artifact.compiled_obj.launch(
+            raw_stream(stream, device), device, (rows + plan.rows_per_cta - 1) // plan.rows_per_cta, plan.threads, 0,
+            (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols))
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxBackward(_SoftmaxBase):
+    """``grad_in = out * (grad_out - sum(grad_out * out, dim=-1))`` in CUDA C++ (f32 math)."""
+
+    supported_args_type = SoftmaxBackwardArguments
+    backward = True
+
+    def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        plan: _Plan = artifact.extra
+        rows, cols = args.rows, args.cols
+        if plan.capacity is not None and cols > plan.capacity:
+            _check_capacity(self, plan, cols)
+        if rows == 0 or cols == 0:
+            return
+        g, y, d = args.grad_out, args.out, args.grad_in
+        device = y.device.index
+        artifact.compiled_obj.launch(
+            raw_stream(stream, device), device, (rows + plan.rows_per_cta - 1) // plan.rows_per_cta, plan.threads, 0,
+            (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols), cols))

@@ -1,0 +1,252 @@
+"""Loading a compiled cubin and launching one of its kernels with ``cuda.core``.
+
+A `CudaLauncher` is what a cuda_src `CompiledArtifact` holds. It loads the cubin once per
+process (the library's kernels are context-independent, so one load serves every device),
+reads the kernel's per-device limits once per device, and keeps per-launch work to a few
+dictionary look-ups: `cuda.core` stream wrappers are cached by raw handle and
+``LaunchConfig`` objects by (grid, block, shared memory); a configuration is checked against
+the device's limits the first time it is seen.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import torch
+
+from ...errors import DeviceError, KernelLaunchError
+from .compiler import CompiledCuda
+
+_streams: dict[int, Any] = {}  # raw cudaStream_t -> cuda.core Stream (borrowed, not owned)
+_lock = threading.Lock()
+_core: Any = None
+
+
+def _core_api() -> Any:
+    global _core
+    if _core is None:
+        try:
+            import cuda.core as core
+
+            core.LaunchConfig  # noqa: B018  (cuda.core >= 0.4 exports these at top level)
+        except (ImportError, AttributeError):
+            import cuda.core.experimental as core
+        _core = core
+    return _core
+
+
+def _stream(handle: int) -> Any:
+    s = _streams.get(handle)
+    if s is None:
+        core = _core_api()
+        s = core.Stream.from_handle(handle)
+        with _lock:
+            _streams[handle] = s
+    return s
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def raw_stream(stream: Any, device_index: int | None) -> int:
+    """The raw handle for any accepted stream spelling, fast for the common ones."""
+    if stream is None:
+        if _raw_stream is not None:
+            return _raw_stream(torch.cuda.current_device() if device_index is None else device_index)
+        return torch.cuda.current_stream(device_index).cuda_stream
+    if type(stream) is int:
+        return stream
+    if isinstance(stream, torch.cuda.Stream):
+        return stream.cuda_stream
+    from ...utils import stream_handle
+
+    return stream_handle(stream)
+
+
+class _DeviceLimits:
+    __slots__ = ("max_threads", "max_block", "max_grid", "max_smem_optin", "max_smem_default")
+
+    def __init__(self, device: int) -> None:
+        from cuda.bindings import driver as drv
+
+        A = drv.CUdevice_attribute
+
+        def attr(a: Any) -> int:
+            err, value = drv.cuDeviceGetAttribute(a, device)
+            if int(err) != 0:
+                raise DeviceError(f"cuDeviceGetAttribute({a}) failed on device {device}: {err}")
+            return int(value)
+
+        self.max_threads = attr(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+        self.max_block = (attr(A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X), attr(A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y),
+                          attr(A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z))
+        self.max_grid = (attr(A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X), attr(A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y),
+                         attr(A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z))
+        self.max_smem_optin = attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.max_smem_default = attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)
+
+
+def _dims(value: Any, what: str, label: str) -> tuple[int, int, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        dims = (value, 1, 1)
+    else:
+        try:
+            dims = tuple(int(v) for v in value)
+        except TypeError:
+            raise KernelLaunchError(f"{label}: {what} must be an int or a tuple of up to 3 ints, got {value!r}") from None
+        if not 1 <= len(dims) <= 3:
+            raise KernelLaunchError(f"{label}: {what} must have 1 to 3 dimensions, got {value!r}")
+        dims = dims + (1,) * (3 - len(dims))
+    if any(d < 1 for d in dims):
+        raise KernelLaunchError(f"{label}: {what} {dims} has a dimension below 1")
+    return dims  # type: ignore[return-value]
+
+
+class CudaLauncher:
+    """One kernel of a compiled cubin, ready to launch on any device's streams.
+
+    ``label`` names the kernel in error messages. ``convert_args``: adapt Python ints and
+    floats to the kernel's parameter sizes (4-byte int/float parameters get 32-bit values);
+    the package's own kernels pass exactly typed values and turn it off.
+    """
+
+    def __init__(self, compiled: CompiledCuda, name_expression: str, label: str, convert_args: bool = True) -> None:
+        self.compiled = compiled
+        self.name_expression = name_expression
+        self.label = label
+        self.convert_args = convert_args
+        self._kernel: Any = None
+        self._param_sizes: tuple[int, ...] | None = None
+        self._devices: dict[int, _DeviceLimits] = {}
+        self._configs: dict[tuple, Any] = {}
+        self._smem_set: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    # ---- loading (once) ----------------------------------------------------------------
+    @property
+    def kernel(self) -> Any:
+        """The cuda.core Kernel (loads the cubin on first use)."""
+        k = self._kernel
+        if k is None:
+            k = self._load()
+        return k
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._kernel is not None:
+                return self._kernel
+            if not torch.cuda.is_available():
+                raise DeviceError(f"{self.label}: loading a cubin needs a CUDA GPU")
+            torch.cuda.init()  # the driver and torch's primary context must exist
+            core = _core_api()
+            try:
+                obj = core.ObjectCode.from_cubin(self.compiled.cubin, symbol_mapping=dict(self.compiled.symbols))
+                kernel = obj.get_kernel(self.name_expression)
+            except Exception as exc:
+                raise KernelLaunchError(
+                    f"{self.label}: could not load kernel {self.name_expression!r} from its {self.compiled.arch} "
+                    f"cubin: {exc}") from exc
+            info = getattr(kernel, "arguments_info", None)
+            if info is not None:
+                try:
+                    self._param_sizes = tuple(int(size) for _, size in info)
+                except Exception:
+                    self._param_sizes = None
+            self._obj = obj  # keep the library alive as long as the kernel
+            self._kernel = kernel
+            return kernel
+
+    def _limits(self, device: int) -> _DeviceLimits:
+        lim = self._devices.get(device)
+        if lim is None:
+            lim = self._devices[device] = _DeviceLimits(device)
+        return lim
+
+    def _config(self, key: tuple, device: int) -> Any:
+        grid, block, smem = key
+        label = self.label
+        g = _dims(grid, "grid", label)
+        b = _dims(block, "block", label)
+        smem = int(smem or 0)
+        lim = self._limits(device)
+        kernel = self.kernel
+        try:
+            kmax = int(kernel.attributes[device].max_threads_per_block)
+            static_smem = int(kernel.attributes[device].shared_size_bytes)
+        except Exception:
+            kmax, static_smem = lim.max_threads, 0
+        threads = b[0] * b[1] * b[2]
+        if any(x > m for x, m in zip(b, lim.max_block)) or threads > lim.max_threads:
+            raise KernelLaunchError(f"{label}: block {b} ({threads} threads) exceeds the device's limits "
+                                    f"(at most {lim.max_block} and {lim.max_threads} threads per block)")
+        if threads > kmax:
+            raise KernelLaunchError(f"{label}: block of {threads} threads exceeds this kernel's limit of {kmax} "
+                                    f"(its register use or __launch_bounds__ allow no more)")
+        if any(x > m for x, m in zip(g, lim.max_grid)):
+            raise KernelLaunchError(f"{label}: grid {g} exceeds the device's limits {lim.max_grid}")
+        if smem < 0 or smem + static_smem > lim.max_smem_optin:
+            raise KernelLaunchError(
+                f"{label}: {smem} bytes of dynamic shared memory (+{static_smem} static) exceed the device's "
+                f"{lim.max_smem_optin} bytes per block")
+        if smem > lim.max_smem_default - static_smem and self._smem_set.get(device, -1) < smem:
+            self._allow_smem(device, smem)
+        core = _core_api()
+        cfg = core.LaunchConfig(grid=g, block=b, shmem_size=smem)
+        self._configs[(key, device)] = cfg
+        return cfg
+
+    def _allow_smem(self, device: int, smem: int) -> None:
+        # Above 48 KB a kernel must opt in to more dynamic shared memory, per device.
+        from cuda.bindings import driver as drv
+
+        handle = self.kernel.handle
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        if type(handle).__name__ == "CUkernel":
+            err, = drv.cuKernelSetAttribute(attr, smem, handle, device)
+        else:
+            err, = drv.cuFuncSetAttribute(handle, attr, smem)
+        if int(err) != 0:
+            raise KernelLaunchError(f"{self.label}: could not allow {smem} bytes of dynamic shared memory: {err}")
+        self._smem_set[device] = smem
+
+    def _convert(self, params: Sequence[Any]) -> tuple:
+        sizes = self._param_sizes
+        if sizes is not None and len(sizes) != len(params):
+            raise KernelLaunchError(
+                f"{self.label}: the kernel takes {len(sizes)} parameter(s) but {len(params)} were given")
+        out = []
+        for i, p in enumerate(params):
+            if isinstance(p, torch.Tensor):
+                p = p.data_ptr()
+            elif isinstance(p, bool):
+                p = int(p)
+            if sizes is not None:
+                if type(p) is int and sizes[i] == 4:
+                    import numpy as np
+
+                    p = np.int32(p) if -2**31 <= p < 2**31 else np.uint32(p)
+                elif type(p) is float and sizes[i] == 4:
+                    import numpy as np
+
+                    p = np.float32(p)
+            out.append(p)
+        return tuple(out)
+
+    # ---- the hot path -------------------------------------------------------------------
+    def launch(self, stream: int, device: int, grid: Any, block: Any, smem: int, params: Sequence[Any]) -> None:
+        """Launch on the raw stream handle ``stream`` of ``device``."""
+        cfg = self._configs.get(((grid, block, smem), device))
+        if cfg is None:
+            cfg = self._config((grid, block, smem), device)
+        if self.convert_args:
+            params = self._convert(params)
+        s = _streams.get(stream)
+        if s is None:
+            s = _stream(stream)
+        try:
+            _core.launch(s, cfg, self._kernel, *params)
+        except Exception as exc:
+            raise KernelLaunchError(
+                f"{self.label}: launch of {self.name_expression} with grid={grid}, block={block}, "
+                f"shared memory={smem} B on stream {stream:#x} (device {device}) failed: {exc}") from exc
