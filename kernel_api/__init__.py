@@ -19,6 +19,9 @@ from .metadata import (BLASDesignMetadata, EpilogueMetadata, GemmOperandsMetadat
 from .registry import (Provider, available_providers, explain, get_kernels, plugin_errors, register_provider)
 from .status import Status
 from . import registry, kernel, providers  # noqa: E402  (providers register themselves)
+from .selection import PickAny, PickBest, Policy  # noqa: E402
+from .settings import settings  # noqa: E402
+from . import ops  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -29,5 +32,5 @@ __all__ = [
     "RegistrationError", "RowReductionDesignMetadata", "SoftmaxArguments", "SoftmaxBackwardArguments",
     "SoftmaxBackwardOperandsMetadata", "SoftmaxOperandsMetadata", "Status", "TensorAttributes",
     "UnsupportedArgumentsError", "available_providers", "explain", "get_kernels", "plugin_errors",
-    "register_provider",
+    "register_provider", "PickAny", "PickBest", "Policy", "settings", "ops",
 ]

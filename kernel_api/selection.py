@@ -1,0 +1,265 @@
+"""Choosing one kernel among the candidates: `PickAny` (analytic, no running) and `PickBest`
+(compile in worker processes, verify, time, record).
+
+``PickBest`` compiles candidates in parallel *worker processes* for the target cc; each
+worker fills the on-disk artifact caches, so the parent then loads every candidate in
+milliseconds instead of compiling them one after another.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import multiprocessing
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from . import registry
+from .arch import device_cc
+from .arguments import GemmArguments
+from .errors import NoKernelFoundError
+from .kernel import Kernel
+from .records import TuningRecords, operation_key, toolchain_versions
+from .reference import output_of, random_like, reference, tolerance
+from .timing import relative_error, rotation_count, time_cuda
+
+# Relative peak of a kernel family when its class does not say (class attribute
+# ``performance_hint``): tensor-core families should set e.g. 1.0, SIMT ~0.1.
+_DEFAULT_HINT = 0.5
+
+
+def _sm_count(device: torch.device | None) -> int:
+    if device is not None and device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # an H100/H200, the machines we target when no GPU is present
+
+
+def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
+    """Estimated run time (arbitrary units) of a GEMM kernel instance on ``args``.
+
+    The busiest SM sets the time: it runs ceil(tiles / SMs) tiles (wave quantisation), each
+    costing a full tile's work (edge tiles pay full price: tile utilisation) at an efficiency
+    that grows with the tile's arithmetic intensity tm*tn/(tm+tn) and the family's
+    ``performance_hint``.
+    """
+    design = kernel.metadata.design
+    tile = getattr(design, "tile_shape", None) or (64, 64, 8)
+    tm, tn = tile[0], tile[1]
+    cluster = getattr(design, "cluster_shape", (1, 1, 1))
+    tiles = math.ceil(args.M / tm) * math.ceil(args.N / tn) * args.L
+    # Clusters are placed whole, so a GPC's leftover SMs may idle with large clusters.
+    cluster_size = max(1, cluster[0] * cluster[1])
+    usable_sms = max(1, sm_count - sm_count % cluster_size)
+    tiles_per_sm = math.ceil(tiles / usable_sms)  # wave quantisation: the busiest SM sets the time
+    intensity = tm * tn / (tm + tn)
+    efficiency = getattr(kernel.metadata.kernel_class, "performance_hint", _DEFAULT_HINT) * intensity / (intensity + 32)
+    if cluster_size > 1:
+        efficiency *= 1.0 + 0.03 * math.log2(cluster_size)  # multicast cuts operand traffic
+    return tiles_per_sm * tm * tn * max(args.K, 1) / max(efficiency, 1e-6)
+
+
+def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
+    """Estimated time of a row-wise (softmax) kernel: prefers the strategy sized for the row."""
+    design = kernel.metadata.design
+    cols = getattr(args, "cols", 1)
+    strategy = getattr(design, "strategy", "block")
+    lo, hi = getattr(design, "min_cols", 1), getattr(design, "max_cols", None)
+    penalty = 1.0 if (cols >= lo and (hi is None or cols <= hi)) else 4.0
+    threads = getattr(design, "threads_per_row", 32)
+    if strategy == "warp":
+        penalty *= 1.0 if cols <= 2048 else 3.0
+    elif cols < threads * 4:
+        penalty *= 2.0  # most threads of the row idle
+    hint = getattr(kernel.metadata.kernel_class, "performance_hint", _DEFAULT_HINT)
+    return penalty / hint
+
+
+def estimated_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
+    if isinstance(args, GemmArguments):
+        return gemm_cost(kernel, args, sm_count)
+    return row_cost(kernel, args, sm_count)
+
+
+def rank_candidates(kernels: list[Kernel], args: Any) -> list[Kernel]:
+    """Candidates ordered by the analytic heuristic (cheapest first, generation order on ties)."""
+    sm = _sm_count(getattr(args, "device", None))
+    return [k for _, _, k in sorted((estimated_cost(k, args, sm), i, k) for i, k in enumerate(kernels))]
+
+
+class Policy:
+    """Chooses one kernel for an arguments object."""
+
+    def choose(self, args: Any, candidates: list[Kernel]) -> Kernel:
+        raise NotImplementedError
+
+
+class PickAny(Policy):
+    """The best-ranked supported kernel by the analytic heuristic; runs nothing."""
+
+    def choose(self, args: Any, candidates: list[Kernel]) -> Kernel:
+        if not candidates:
+            raise _no_kernel(args)
+        return rank_candidates(candidates, args)[0]
+
+
+@dataclass
+class Measurement:
+    kernel_name: str
+    median_ms: float | None = None
+    error: float | None = None
+    failure: str | None = None
+
+
+@dataclass
+class TuneResult:
+    """What `PickBest.tune` found: the winner, every candidate's measurement, and the record."""
+
+    winner: Kernel
+    measurements: list[Measurement] = field(default_factory=list)
+    from_record: bool = False
+
+
+def _compile_in_worker(payload: tuple) -> tuple[str, str | None]:
+    """Worker-process entry: rebuild look-alike arguments, compile one kernel, fill the caches."""
+    kind, description, kernel_name, cc, plugin_paths = payload
+    for p in plugin_paths:
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        args = _arguments_from_description(kind, description)
+        for kernel in registry.get_kernels(args, cc=cc):
+            if kernel.metadata.kernel_name == kernel_name:
+                kernel.compile(args, cc=cc)
+                return kernel_name, None
+        return kernel_name, "not found in the worker (registered only in the parent process?)"
+    except Exception as exc:  # reported to the parent, which then compiles itself
+        return kernel_name, f"{type(exc).__name__}: {exc}"
+
+
+def _describe_arguments(args: Any) -> tuple[str, dict] | None:
+    """A picklable description from which a worker rebuilds arguments of the same signature."""
+    def t(x: torch.Tensor) -> dict:
+        offset = (x.data_ptr() // x.element_size()) % 128 if x.data_ptr() else 0
+        return {"shape": tuple(x.shape), "stride": tuple(x.stride()), "dtype": str(x.dtype).split(".")[-1],
+                "offset": offset}
+    if isinstance(args, GemmArguments):
+        if args.epilogue is not None:
+            return None  # epilogue tensors: compile in the parent
+        return "gemm", {"A": t(args.A), "B": t(args.B), "out": t(args.out), "acc": args.accumulator_type.value}
+    return None
+
+
+def _arguments_from_description(kind: str, d: dict) -> Any:
+    def make(x: dict) -> torch.Tensor:
+        dtype = getattr(torch, x["dtype"])
+        span = 1 + sum((s - 1) * st for s, st in zip(x["shape"], x["stride"]))
+        return torch.empty(span + x["offset"], dtype=dtype).as_strided(x["shape"], x["stride"], x["offset"])
+    if kind == "gemm":
+        return GemmArguments(make(d["A"]), make(d["B"]), make(d["out"]), accumulator_type=d["acc"])
+    raise ValueError(kind)
+
+
+class PickBest(Policy):
+    """Compile candidates (in parallel worker processes), verify each on fresh random data
+    against a reference, time them with CUDA events (median, rotating inputs), record the
+    winner in the tuning records, and reuse a record when one exists."""
+
+    def __init__(self, num_workers: int | None = None, max_candidates: int | None = 24, repeat: int = 30,
+                 records: TuningRecords | None = None, use_records: bool = True,
+                 progress: Callable[[int, int, str], None] | None = None) -> None:
+        self.num_workers = num_workers
+        self.max_candidates = max_candidates
+        self.repeat = repeat
+        self.records = records
+        self.use_records = use_records
+        self.progress = progress
+
+    def choose(self, args: Any, candidates: list[Kernel]) -> Kernel:
+        return self.tune(args, candidates).winner
+
+    def _records(self) -> TuningRecords:
+        if self.records is None:
+            self.records = TuningRecords()
+        return self.records
+
+    def tune(self, args: Any, candidates: list[Kernel] | None = None, force: bool = False) -> TuneResult:
+        if not torch.cuda.is_available() or args.device.type != "cuda":
+            raise RuntimeError("PickBest needs a CUDA GPU and CUDA tensors; PickAny ranks kernels without one")
+        if candidates is None:
+            candidates = registry.get_kernels(args)
+        if not candidates:
+            raise _no_kernel(args)
+        device_name = torch.cuda.get_device_name(args.device)
+        cc = device_cc(args.device.index)
+        operation, shape = operation_key(args)
+        if self.use_records and not force:
+            found = self._records().lookup(device_name, cc, operation, shape)
+            if found is not None:
+                for k in candidates:
+                    if k.metadata.kernel_name == found.kernel_name:
+                        return TuneResult(k, [Measurement(found.kernel_name, found.median_ms)], from_record=True)
+        ranked = rank_candidates(candidates, args)
+        if self.max_candidates is not None:
+            ranked = ranked[: self.max_candidates]
+        self._precompile(args, ranked, cc)
+        measurements = self._measure(args, ranked)
+        good = [m for m in measurements if m.failure is None]
+        if not good:
+            details = "; ".join(f"{m.kernel_name}: {m.failure}" for m in measurements[:5])
+            raise NoKernelFoundError(f"PickBest: every candidate failed to compile or verify ({details})")
+        good.sort(key=lambda m: m.median_ms)
+        winner = next(k for k in ranked if k.metadata.kernel_name == good[0].kernel_name)
+        if self.use_records:
+            self._records().record(device_name, cc, operation, shape, good[0].kernel_name, good[0].median_ms,
+                                   {m.kernel_name: m.median_ms for m in good[1:]}, toolchain_versions())
+        return TuneResult(winner, measurements)
+
+    def _precompile(self, args: Any, kernels: list[Kernel], cc: int) -> None:
+        workers = self.num_workers if self.num_workers is not None else min(8, os.cpu_count() or 1)
+        description = _describe_arguments(args)
+        if workers <= 1 or description is None or len(kernels) <= 1:
+            return
+        plugin_paths = [p for p in sys.path if p]
+        payloads = [(description[0], description[1], k.metadata.kernel_name, cc, plugin_paths) for k in kernels]
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(max_workers=min(workers, len(kernels)), mp_context=ctx) as pool:
+            for done, (name, failure) in enumerate(pool.map(_compile_in_worker, payloads), 1):
+                if self.progress:
+                    self.progress(done, len(kernels), f"compiled {name}" if failure is None else f"{name}: {failure}")
+
+    def _measure(self, args: Any, kernels: list[Kernel]) -> list[Measurement]:
+        sets = rotation_count(sum(t.numel() * t.element_size() for t in args.tensors().values()))
+        inputs = [random_like(args) for _ in range(sets)]
+        check = random_like(args)
+        expected = reference(check)
+        results = []
+        for i, kernel in enumerate(kernels, 1):
+            name = kernel.metadata.kernel_name
+            try:
+                artifact = kernel.compile(check)
+                kernel.run(check, compiled_artifact=artifact)
+                torch.cuda.synchronize()
+                err = relative_error(output_of(check), expected)
+                tol = tolerance(check, kernel)
+                output_of(check).fill_(float("nan"))
+                if not err <= tol:
+                    results.append(Measurement(name, error=err, failure=f"wrong result: relative error {err:.2e} > {tol:.0e}"))
+                    continue
+                timing = time_cuda(lambda j: kernel.run(inputs[j], compiled_artifact=artifact,
+                                                        assume_supported_args=True), sets=sets, repeat=self.repeat)
+                results.append(Measurement(name, timing["median_ms"], err))
+            except Exception as exc:
+                results.append(Measurement(name, failure=f"{type(exc).__name__}: {str(exc)[:300]}"))
+            if self.progress:
+                self.progress(i, len(kernels), name)
+        return results
+
+
+def _no_kernel(args: Any) -> NoKernelFoundError:
+    explanation = registry.explain(args)
+    nearest = "\n".join(f"  {r.kernel_name or r.kernel_class}: {r.reason}" for r in explanation.nearest(5))
+    return NoKernelFoundError(f"no kernel supports {args!r}" + (f"; nearest misses:\n{nearest}" if nearest else ""))

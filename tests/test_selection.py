@@ -1,0 +1,157 @@
+"""Tuning records, policies, settings and the ops front door (CPU-side behaviour)."""
+
+import os
+import sqlite3
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import GemmArguments, registry
+from kernel_api.errors import DeviceError, NoKernelFoundError
+from kernel_api.records import TuningRecords, operation_key
+from kernel_api.reference import random_like, reference, tolerance
+from kernel_api.selection import PickAny, PickBest, gemm_cost, rank_candidates
+from kernel_api.settings import current
+
+from toy_kernels import ToyGemm, ToyProvider
+
+
+@pytest.fixture
+def toy():
+    ToyProvider.register(ToyGemm)
+    yield ToyGemm
+    ToyProvider.unregister(ToyGemm)
+    registry.unregister_provider("toy")
+
+
+def test_records_roundtrip_and_wal(tmp_path):
+    records = TuningRecords(tmp_path / "tuning.sqlite")
+    records.record("NVIDIA H200", 90, "sig", "4096x4096x4096x1", "k_best", 1.25, {"k_other": 1.5}, {"torch": "2"})
+    found = records.lookup("NVIDIA H200", 90, "sig", "4096x4096x4096x1")
+    assert found.kernel_name == "k_best" and found.runners_up == {"k_other": 1.5} and found.median_ms == 1.25
+    assert records.lookup("NVIDIA H200", 90, "sig", "1x1x1x1") is None
+    mode = sqlite3.connect(tmp_path / "tuning.sqlite").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode.lower() == "wal"
+
+
+def test_records_are_seen_by_another_process(tmp_path):
+    path = tmp_path / "tuning.sqlite"
+    TuningRecords(path).record("dev", 90, "op", "shape", "winner", 2.0, {}, {})
+    code = ("import sys; sys.path.insert(0, %r); from kernel_api.records import TuningRecords; "
+            "print(TuningRecords(%r).lookup('dev', 90, 'op', 'shape').kernel_name)") % (os.getcwd(), str(path))
+    assert subprocess.check_output([sys.executable, "-c", code], text=True).strip() == "winner"
+
+
+def test_corrupt_records_are_recreated_with_a_warning(tmp_path):
+    path = tmp_path / "tuning.sqlite"
+    path.write_bytes(b"this is not sqlite" * 64)
+    records = TuningRecords(path)
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        assert records.lookup("d", 90, "o", "s") is None
+    records.record("d", 90, "o", "s", "k", 1.0, {}, {})
+    assert records.lookup("d", 90, "o", "s").kernel_name == "k"
+    assert (tmp_path / "tuning.sqlite.corrupt").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_records_fall_back_to_memory(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    records = TuningRecords(locked / "sub" / "tuning.sqlite")
+    with pytest.warns(RuntimeWarning, match="in memory"):
+        records.record("d", 90, "o", "s", "k", 1.0, {}, {})
+    assert records.lookup("d", 90, "o", "s").kernel_name == "k"
+
+
+def test_unwritable_records_fall_back_to_memory_as_root(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    records = TuningRecords(blocker / "tuning.sqlite")  # parent is a file: cannot be created
+    with pytest.warns(RuntimeWarning, match="in memory"):
+        records.record("d", 90, "o", "s", "k", 1.0, {}, {})
+    assert records.lookup("d", 90, "o", "s").kernel_name == "k"
+
+
+def test_operation_key_distinguishes_shapes_and_signatures():
+    a = GemmArguments(torch.randn(8, 4), torch.randn(4, 2), torch.empty(8, 2))
+    b = GemmArguments(torch.randn(16, 4), torch.randn(4, 2), torch.empty(16, 2))
+    c = GemmArguments(torch.randn(8, 4).double(), torch.randn(4, 2).double(), torch.empty(8, 2).double())
+    assert operation_key(a)[0] == operation_key(b)[0] and operation_key(a)[1] != operation_key(b)[1]
+    assert operation_key(a)[0] != operation_key(c)[0]
+
+
+def big_args(m, n, k=4096):
+    meta = dict(device="meta", dtype=torch.float16)
+    return GemmArguments(torch.empty(m, k, **meta), torch.empty(k, n, **meta), torch.empty(m, n, **meta))
+
+
+def test_heuristic_prefers_big_tiles_for_big_problems_and_small_for_skinny(toy):
+    big = big_args(8192, 8192)
+    kernels = kernel_api.get_kernels(big, metadata_filter=lambda m: m.kernel_class is ToyGemm, cc=90)
+    assert rank_candidates(kernels, big)[0].metadata.design.tile_shape[0] == 128
+    # 256 tiles of 64x64 fill 132 SMs better than 64 tiles of 128x128.
+    small = big_args(1024, 1024)
+    k64 = next(k for k in kernels if k.metadata.design.tile_shape[0] == 64)
+    k128 = next(k for k in kernels if k.metadata.design.tile_shape[0] == 128)
+    assert gemm_cost(k64, small, 132) < gemm_cost(k128, small, 132)
+    assert PickAny().choose(big, kernels).metadata.design.tile_shape[0] == 128
+
+
+def test_pick_any_without_candidates_explains(toy):
+    args = GemmArguments(torch.randn(4, 4).double(), torch.randn(4, 4).double(), torch.empty(4, 4).double())
+    with pytest.raises(NoKernelFoundError, match="no kernel supports"):
+        PickAny().choose(args, [])
+
+
+def test_pick_best_needs_a_gpu():
+    args = GemmArguments(torch.randn(4, 4), torch.randn(4, 4), torch.empty(4, 4))
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            PickBest().tune(args, [])
+
+
+def test_settings_scope_policy():
+    assert isinstance(current().policy, PickAny)
+    with kernel_api.settings(policy=kernel_api.PickBest, num_workers=4) as s:
+        assert isinstance(current().policy, PickBest) and current().policy.num_workers == 4 and s.num_workers == 4
+        with kernel_api.settings(policy="any"):
+            assert isinstance(current().policy, PickAny)
+        assert isinstance(current().policy, PickBest)
+    assert isinstance(current().policy, PickAny)
+    with pytest.raises(TypeError, match="policy"):
+        with kernel_api.settings(policy=42):
+            pass
+    with pytest.raises(ValueError, match="num_workers"):
+        with kernel_api.settings(num_workers=0):
+            pass
+
+
+def test_random_like_keeps_signature_and_poisons_output():
+    base = torch.randn(65 * 33 + 1).half()
+    A = base[1:].view(65, 33)  # misaligned on purpose
+    args = GemmArguments(A, torch.randn(17, 33).half().t(), torch.empty(65, 17).half())
+    fresh = random_like(args)
+    assert fresh.signature == args.signature
+    assert torch.isnan(fresh.out).all() and not torch.equal(fresh.A, args.A)
+    ref = reference(fresh)
+    assert ref.dtype == torch.float64 and ref.shape == (65, 17)
+    assert tolerance(fresh) == 1e-2
+
+
+def test_ops_reject_cpu_tensors():
+    with pytest.raises(DeviceError, match="operand A is on cpu"):
+        kernel_api.ops.gemm(torch.randn(8, 8), torch.randn(8, 8))
+    with pytest.raises(DeviceError, match="operand x is on cpu"):
+        kernel_api.ops.softmax(torch.randn(4, 8))
+
+
+def test_ops_validate_arguments():
+    with pytest.raises(ValueError, match="K mismatch"):
+        kernel_api.ops.gemm(torch.randn(8, 8), torch.randn(7, 8))
+    with pytest.raises(ValueError, match="beta"):
+        kernel_api.ops.gemm(torch.randn(8, 8), torch.randn(8, 8), beta=1.0)
