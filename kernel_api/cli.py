@@ -143,11 +143,72 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return run_demo(ns.m, ns.n, ns.k, ns.dtype, ns.max_kernels, normalize_cc(ns.cc, "--cc"))
 
 
+def _gpu_arguments(ns: argparse.Namespace) -> Any:
+    """Real CUDA tensors for bench/tune; without a GPU, say what would run and return None."""
+    if not torch.cuda.is_available():
+        args = build_arguments(ns)
+        kernels = registry.get_kernels(args, cc=normalize_cc(getattr(ns, "cc", None), "--cc") or 90)
+        print(f"kernel-api {ns.command}: no CUDA GPU here; on one it would compile, verify and time "
+              f"{len(kernels)} kernel(s) for {args!r}:", file=sys.stderr)
+        for k in kernels:
+            print(f"  {k.metadata.kernel_name}", file=sys.stderr)
+        return None
+    if ns.op == "gemm":
+        return gemm_arguments(ns.m, ns.n, ns.k, ns.batch, ns.dtype, ns.layout, ns.out_dtype, ns.accumulator,
+                              device="cuda")
+    return softmax_arguments(ns.rows, ns.cols, ns.dtype, ns.backward, device="cuda")
+
+
+def cmd_bench(ns: argparse.Namespace) -> int:
+    args = _gpu_arguments(ns)
+    if args is None:
+        return 3
+    from .bench import bench
+
+    bench(args, limit=ns.limit, num_workers=ns.workers, plot=ns.plot, json_path=ns.json)
+    return 0
+
+
+def cmd_tune(ns: argparse.Namespace) -> int:
+    args = _gpu_arguments(ns)
+    if args is None:
+        return 3
+    from .bench import tune
+
+    tune(args, num_workers=ns.workers, force=ns.force)
+    return 0
+
+
+def cmd_cache(ns: argparse.Namespace) -> int:
+    from .bench import cache_clear, cache_info
+
+    if ns.action == "info":
+        cache_info()
+    else:
+        cache_clear()
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-api", description="Discover, explain, benchmark and tune kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_problem_args(sub.add_parser("list", help="list the kernels that can run a problem"))
     _add_problem_args(sub.add_parser("explain", help="say why each registered kernel does or does not fit"))
+    bench_p = sub.add_parser("bench", help="compile, verify and time every candidate and torch (GPU)")
+    tune_p = sub.add_parser("tune", help="find the fastest correct kernel and record it (GPU)")
+    for p, extra in ((bench_p, True), (tune_p, False)):
+        _add_problem_args(p)
+    for p in (bench_p, tune_p):
+        for op_parser in p._subparsers._group_actions[0].choices.values():
+            op_parser.add_argument("--workers", type=int, default=None, help="compile worker processes")
+            if p is bench_p:
+                op_parser.add_argument("--limit", type=int, default=None, help="only the N best-ranked candidates")
+                op_parser.add_argument("--plot", default=None, help="write a bar chart (PNG) here")
+                op_parser.add_argument("--json", default=None, help="write the table as JSON here")
+            else:
+                op_parser.add_argument("--force", action="store_true", help="measure even if a record exists")
+    cache_p = sub.add_parser("cache", help="inspect or clear the compile caches and tuning records")
+    cache_p.add_argument("action", choices=("info", "clear"))
     demo = sub.add_parser("demo", help="discover + compile a GEMM; on a GPU also run, verify and time vs torch")
     demo.add_argument("--m", type=int, default=4096)
     demo.add_argument("--n", type=int, default=4096)
@@ -158,7 +219,8 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"list": cmd_list, "explain": cmd_explain, "demo": cmd_demo}
+COMMANDS = {"list": cmd_list, "explain": cmd_explain, "demo": cmd_demo, "bench": cmd_bench, "tune": cmd_tune,
+            "cache": cmd_cache}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

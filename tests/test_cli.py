@@ -62,3 +62,30 @@ def test_python_dash_m_entry_point():
                            "--dtype", "f64", "--cc", "90"], capture_output=True, text=True, timeout=120)
     assert done.returncode in (0, 1), done.stderr
     assert "GemmArguments(M=64" in done.stdout
+
+
+def test_bench_and_tune_without_gpu_list_and_fail(toy, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for command in ("bench", "tune"):
+        code = main([command, "gemm", "--m", "64", "--n", "64", "--k", "64", "--dtype", "f16", "--provider", "toy"])
+        err = capsys.readouterr().err
+        assert code == 3 and "no CUDA GPU here" in err and "ToyGemm_f16_ttt" in err
+
+
+def test_cache_info_and_clear(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(tmp_path))
+    from kernel_api.cache import DiskCache
+    from kernel_api.records import TuningRecords
+
+    DiskCache("cutedsl").put("k1", b"x" * 1000)
+    TuningRecords().record("dev", 90, "op", "1x1x1x1", "winner", 1.0, {}, {})
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert "cutedsl: 1 entries" in out and "tuning records: 1" in out and "winner" in out
+    assert main(["cache", "clear"]) == 0
+    capsys.readouterr()
+    main(["cache", "info"])
+    out = capsys.readouterr().out
+    assert "cutedsl" not in out and "tuning records: 0" in out

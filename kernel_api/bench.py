@@ -1,0 +1,148 @@
+"""``kernel-api bench|tune|cache``: measure every candidate against torch, tune and record,
+inspect or clear the caches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from typing import Any
+
+import torch
+
+from . import registry
+from .arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from .cache import cache_dir
+from .records import TuningRecords
+from .reference import random_like
+from .selection import PickBest, rank_candidates
+from .timing import rotation_count, time_cuda
+
+
+def progress_bar(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:60]:<60}")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _torch_baseline(args: Any) -> Any:
+    if isinstance(args, GemmArguments):
+        return lambda a: torch.matmul(a.A, a.B, out=a.out)
+    if isinstance(args, SoftmaxArguments):
+        return lambda a: torch.softmax(a.x, dim=-1)
+    if isinstance(args, SoftmaxBackwardArguments):
+        return lambda a: torch._softmax_backward_data(a.grad_out, a.out, -1, a.out.dtype)
+    raise TypeError(type(args).__name__)
+
+
+def work_of(args: Any) -> tuple[float, str]:
+    """(amount, unit) for throughput: FLOPs for GEMM, bytes moved for softmax."""
+    if isinstance(args, GemmArguments):
+        return 2.0 * args.M * args.N * args.K * args.L, "TFLOP/s"
+    return float(sum(t.numel() * t.element_size() for t in args.tensors().values())), "TB/s"
+
+
+def bench(args: Any, limit: int | None = None, num_workers: int | None = None, plot: str | None = None,
+          json_path: str | None = None, show: Any = print) -> list[dict]:
+    """Compile, verify and time every candidate (best-ranked first, up to ``limit``) plus torch."""
+    candidates = registry.get_kernels(args)
+    if not candidates:
+        raise registry_error(args)
+    ranked = rank_candidates(candidates, args)[:limit] if limit else rank_candidates(candidates, args)
+    picker = PickBest(num_workers=num_workers, max_candidates=None, use_records=False, progress=progress_bar)
+    cc = torch.cuda.get_device_capability(args.device)
+    picker._precompile(args, ranked, cc[0] * 10 + cc[1])
+    measurements = picker._measure(args, ranked)
+    amount, unit = work_of(args)
+    sets = rotation_count(sum(t.numel() * t.element_size() for t in args.tensors().values()))
+    inputs = [random_like(args) for _ in range(sets)]
+    baseline = _torch_baseline(args)
+    torch_ms = time_cuda(lambda i: baseline(inputs[i]), sets=sets)["median_ms"]
+    rows = [{"kernel": "torch", "provider": "torch", "median_ms": torch_ms, "throughput": amount / torch_ms / 1e9,
+             "vs_torch": 1.0, "error": None, "failure": None}]
+    for m, k in zip(measurements, ranked):
+        rows.append({"kernel": m.kernel_name, "provider": k.metadata.provider, "median_ms": m.median_ms,
+                     "throughput": None if m.median_ms is None else amount / m.median_ms / 1e9,
+                     "vs_torch": None if m.median_ms is None else torch_ms / m.median_ms,
+                     "error": m.error, "failure": m.failure})
+    rows.sort(key=lambda r: (r["median_ms"] is None, r["median_ms"] or 0.0))
+    from .cli import format_table
+
+    table = [(r["kernel"], r["provider"], "-" if r["median_ms"] is None else f"{r['median_ms'] * 1e3:.1f}",
+              "-" if r["throughput"] is None else f"{r['throughput']:.1f}",
+              "-" if r["vs_torch"] is None else f"{r['vs_torch']:.2f}",
+              r["failure"] or ("-" if r["error"] is None else f"{r['error']:.1e}")) for r in rows]
+    show(f"{args!r} on {torch.cuda.get_device_name(args.device)}")
+    show(format_table(("kernel", "provider", "us", unit, "vs torch", "rel. error / failure"), table))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(args.device), "problem": repr(args), "unit": unit,
+                       "rows": rows}, f, indent=2)
+    if plot:
+        _plot(rows, unit, plot, repr(args))
+    return rows
+
+
+def _plot(rows: list[dict], unit: str, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    good = [r for r in rows if r["throughput"] is not None][:30]
+    fig, ax = plt.subplots(figsize=(10, 0.3 * len(good) + 1.5))
+    ax.barh([r["kernel"] for r in good][::-1], [r["throughput"] for r in good][::-1],
+            color=["tab:gray" if r["provider"] == "torch" else "tab:green" for r in good][::-1])
+    ax.set_xlabel(unit)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def tune(args: Any, num_workers: int | None = None, force: bool = False, show: Any = print) -> Any:
+    picker = PickBest(num_workers=num_workers, progress=progress_bar)
+    result = picker.tune(args, force=force)
+    source = "tuning record" if result.from_record else "measurement"
+    best = result.measurements[0] if result.from_record else min(
+        (m for m in result.measurements if m.median_ms is not None), key=lambda m: m.median_ms)
+    show(f"{args!r}: best {result.winner.metadata.kernel_name} ({best.median_ms * 1e3:.1f} us, from {source})")
+    return result
+
+
+def cache_info(show: Any = print) -> dict:
+    root = cache_dir()
+    info = {"directory": str(root), "namespaces": {}}
+    if root.exists():
+        for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+            files = list(sub.glob("*.bin"))
+            info["namespaces"][sub.name] = {"entries": len(files), "bytes": sum(f.stat().st_size for f in files)}
+    records = TuningRecords().all() if (root / "tuning.sqlite").exists() else []
+    info["tuning_records"] = len(records)
+    show(f"cache directory: {root}")
+    for name, d in info["namespaces"].items():
+        show(f"  {name}: {d['entries']} entries, {d['bytes'] / 1e6:.1f} MB")
+    show(f"  tuning records: {len(records)}")
+    for r in records[-10:]:
+        show(f"    {r.device} cc{r.cc} {r.shape}: {r.kernel_name} {r.median_ms * 1e3:.1f} us ({r.created})")
+    return info
+
+
+def cache_clear(show: Any = print) -> None:
+    root = cache_dir()
+    if root.exists():
+        for sub in root.iterdir():
+            if sub.is_dir():
+                shutil.rmtree(sub, ignore_errors=True)
+            elif sub.name.startswith("tuning.sqlite"):
+                sub.unlink()
+    show(f"cleared {root}")
+
+
+def registry_error(args: Any) -> Exception:
+    from .selection import _no_kernel
+
+    return _no_kernel(args)
