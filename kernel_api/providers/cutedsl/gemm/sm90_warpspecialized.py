@@ -45,12 +45,13 @@ class Sm90Config:
     schedule: str            # "cooperative" | "pingpong"
     swizzle: int = 1         # clusters per raster band (1 = plain row order)
     raster_along_m: bool = True
+    epi_n: int = 32          # N extent of one epilogue subtile (the TMA store box)
 
     @property
     def tag(self) -> str:
         raster = "m" if self.raster_along_m else "n"
         return (f"tile{self.tile_mn[0]}x{self.tile_mn[1]}x{K_TILE}_cluster{self.cluster_mn[0]}x{self.cluster_mn[1]}"
-                f"_{self.schedule}_swz{self.swizzle}{raster}")
+                f"_{self.schedule}_swz{self.swizzle}{raster}_epi{self.epi_n}")
 
 
 #: The design points generate_kernels emits (per operand type/layout combination). Chosen to
@@ -80,7 +81,7 @@ def plan_stages(cfg: Sm90Config, ab_type: DataType, out_type: DataType) -> tuple
     over in the last partial A/B stage, between 2 and 4.
     """
     tm, tn = cfg.tile_mn
-    epi_tile = (64, 32) if cfg.schedule == "pingpong" else (128, 32)
+    epi_tile = (64 if cfg.schedule == "pingpong" else 128, cfg.epi_n)
     rings = 2 if cfg.schedule == "pingpong" else 1
     epi_stage_bytes = epi_tile[0] * epi_tile[1] * out_type.bytes * rings
     ab_stage_bytes = (tm + tn) * K_TILE * ab_type.bytes
@@ -176,6 +177,8 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         return Sm90WarpSpecializedGemm(metadata, cfg, ab_stages, epi_stages)
 
     def _supports(self, args: GemmArguments) -> Status:
+        if args.K == 0:
+            return Status.fail("K=0: a TMA descriptor cannot describe an empty operand")
         for dim, value in (("M", args.M), ("N", args.N), ("K", args.K)):
             if value > _INT32_MAX:
                 return Status.fail(f"problem size {dim}={value} exceeds the 32-bit coordinates of TMA")
@@ -200,7 +203,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
 
         cfg = self.config
         return Sm90WarpSpecializedGemmImpl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
-                                           cfg.raster_along_m, self.ab_stages, self.epi_stages, spec)
+                                           cfg.raster_along_m, self.ab_stages, self.epi_stages, spec, cfg.epi_n)
 
     def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
         """Compile for ``args``' signature (rank, epilogue); sizes and strides stay runtime values."""
