@@ -49,8 +49,11 @@ def cache_dir() -> Path:
     explicit = os.environ.get(ENV_DIR)
     if explicit:
         return Path(explicit).expanduser()
-    import platformdirs
-
+    try:
+        import platformdirs
+    except ImportError:  # a bare machine without platformdirs: follow the XDG convention
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(base) / "kernel_api"
     return Path(platformdirs.user_cache_dir("kernel_api", appauthor=False))
 
 
