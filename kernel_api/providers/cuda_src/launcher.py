@@ -141,7 +141,9 @@ class CudaLauncher:
             torch.cuda.init()  # the driver and torch's primary context must exist
             core = _core_api()
             try:
-                obj = core.ObjectCode.from_cubin(self.compiled.cubin, symbol_mapping=dict(self.compiled.symbols))
+                # NVRTC hands the lowered names over as bytes; keep that form for get_kernel.
+                symbols = {k: v.encode() for k, v in self.compiled.symbols.items()}
+                obj = core.ObjectCode.from_cubin(self.compiled.cubin, symbol_mapping=symbols)
                 kernel = obj.get_kernel(self.name_expression)
             except Exception as exc:
                 raise KernelLaunchError(

@@ -1,0 +1,1 @@
+"""CuTe DSL softmax kernels (interfaces here, implementations under implementations/)."""

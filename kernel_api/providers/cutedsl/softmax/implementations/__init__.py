@@ -1,0 +1,1 @@
+"""Pure CuTe DSL softmax implementations (imported lazily, at compile time)."""

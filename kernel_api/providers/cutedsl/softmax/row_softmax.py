@@ -1,0 +1,199 @@
+"""Interface of the CuTe DSL softmax kernels (implementation: implementations/row_softmax_impl.py).
+
+`CuteSoftmaxForward` (`SoftmaxArguments`) and `CuteSoftmaxBackward`
+(`SoftmaxBackwardArguments`) generate, per dtype (f32, f16, bf16) and alignment (16-byte
+vectors, or single elements), these row mappings, the whole row held in registers:
+
+- ``warp``: one warp per row, four rows per CTA; rows of up to 1024 elements.
+- ``block_ept16`` / ``block_ept32``: one CTA per row, 16 or 32 elements per thread; rows of up
+  to 1024 threads x EPT elements (512 threads for the backward's EPT 32).
+
+Rows longer than that are left to the cuda_src provider's two-pass kernels. An artifact is
+specialised on the row length's bucket (threads per row and vectors per thread); rows and
+row stride stay run-time values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
+from ....artifact import CompiledArtifact
+from ....dtypes import DataType
+from ....errors import UnsupportedArgumentsError
+from ....metadata import (KernelMetadata, RowReductionDesignMetadata, SoftmaxBackwardOperandsMetadata,
+                          SoftmaxOperandsMetadata, TensorAttributes)
+from ....status import Status
+from ....utils import to_cuda_stream
+from .. import CuTeDSLProvider
+from ..kernel import CuteDslKernel, fake_tensor
+
+_ROW = (0, 1)
+WARP_MAX_COLS = 1024
+WARPS_PER_CTA = 4
+_MAX_GRID_X = 2**31 - 1
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    """The compile-time shape of one artifact."""
+
+    vec: int
+    nv: int
+    threads_per_row: int
+    rows_per_cta: int
+
+    @property
+    def capacity(self) -> int:
+        return self.threads_per_row * self.nv * self.vec
+
+
+class _CuteSoftmaxBase(CuteDslKernel):
+    backward: bool = False
+
+    def __init__(self, metadata: KernelMetadata, params: dict | None = None) -> None:
+        super().__init__(metadata)
+        params = params or {}
+        self.dtype: DataType = params["dtype"]
+        self.strategy: str = params["strategy"]
+        self.ept: int = params.get("ept", 0)
+        self.vec: int = params["vec"]
+        self.max_cols: int = params["max_cols"]
+
+    @classmethod
+    def _block_threads_max(cls, ept: int) -> int:
+        return 512 if cls.backward and ept >= 32 else 1024
+
+    @classmethod
+    def _configs(cls) -> list[dict]:
+        configs = []
+        for dtype in (DataType.bf16, DataType.f16, DataType.f32):
+            for vec in (16 // dtype.bytes, 1):
+                configs.append(dict(dtype=dtype, strategy="warp", vec=vec, max_cols=WARP_MAX_COLS))
+                for ept in ((16, 32) if vec > 1 else (16,)):
+                    configs.append(dict(dtype=dtype, strategy="block", ept=ept, vec=vec,
+                                        max_cols=cls._block_threads_max(ept) * ept))
+        return configs
+
+    @classmethod
+    def _name(cls, p: dict) -> str:
+        op = "bwd" if cls.backward else "fwd"
+        strategy = p["strategy"] + (f"_ept{p['ept']}" if p["strategy"] == "block" else "")
+        return f"cutedsl_softmax_{op}_{strategy}_{p['dtype']}_align{p['vec']}"
+
+    @classmethod
+    def _metadata(cls, p: dict) -> KernelMetadata:
+        attrs = TensorAttributes(p["dtype"], _ROW, p["vec"])
+        if cls.backward:
+            operands = SoftmaxBackwardOperandsMetadata(attrs, attrs, attrs, DataType.f32)
+        else:
+            operands = SoftmaxOperandsMetadata(attrs, attrs, DataType.f32)
+        vbytes = p["vec"] * p["dtype"].bytes
+        if p["strategy"] == "warp":
+            design = RowReductionDesignMetadata("warp", 32, vbytes, 1, p["max_cols"],
+                                                extra=(("rows_per_cta", WARPS_PER_CTA),))
+        else:
+            design = RowReductionDesignMetadata("block", cls._block_threads_max(p["ept"]), vbytes, 1, p["max_cols"],
+                                                extra=(("elements_per_thread", p["ept"]),))
+        return KernelMetadata(cls._name(p), cls, operands, design=design, min_cc=80)
+
+    @classmethod
+    def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
+                         cc: int | None = None) -> list["_CuteSoftmaxBase"]:
+        if epilogue_args is not None:
+            return []
+        found = []
+        for p in cls._configs():
+            metadata = cls._metadata(p)
+            if metadata.supports_cc(cc) and (metadata_filter is None or metadata_filter(metadata)):
+                found.append(cls(metadata, p))
+        return found
+
+    def _supports(self, args: Any) -> Status:
+        if args.cols > self.max_cols:
+            return Status.fail(f"{self.metadata.kernel_name}: rows of {args.cols} elements exceed its "
+                               f"{self.max_cols} (the cuda_src looped kernels take any length)")
+        if args.rows > _MAX_GRID_X:
+            return Status.fail(f"{self.metadata.kernel_name}: {args.rows} rows exceed the grid limit")
+        return Status.success()
+
+    def get_workspace_size(self, args: Any) -> int:
+        return 0
+
+    def _bucket(self, cols: int) -> _Bucket:
+        vec = self.vec
+        nvec = max(1, -(-max(cols, 1) // vec))
+        if self.strategy == "warp":
+            nv = min(_pow2_at_least(-(-nvec // 32)), WARP_MAX_COLS // (32 * vec))
+            return _Bucket(vec, nv, 32, WARPS_PER_CTA)
+        nv = max(1, self.ept // vec)
+        threads = min(max(32, _pow2_at_least(-(-nvec // nv))), self._block_threads_max(self.ept))
+        return _Bucket(vec, nv, threads, 1)
+
+    def compile_key(self, args: Any, cc: int | None) -> tuple:
+        return (self._bucket(args.cols), cc)
+
+    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
+        """Compile the bucket of ``args``' row length (no GPU needed with an explicit cc)."""
+        from cutlass.cute.runtime import make_fake_stream
+
+        from .implementations.row_softmax_impl import RowSoftmaxBackward, RowSoftmaxForward
+
+        b = self._bucket(args.cols)
+        dt = self.dtype.to_cutlass()
+        impl_cls = RowSoftmaxBackward if self.backward else RowSoftmaxForward
+        impl = impl_cls(dt, b.vec, b.nv, b.threads_per_row, b.rows_per_cta)
+        tensors = [fake_tensor(dt, 2, 1, self.vec) for _ in range(3 if self.backward else 2)]
+        compiled = self.cute_compile(impl, *tensors, make_fake_stream())
+        return CompiledArtifact(compiled, self, extra=b)
+
+    def _check(self, artifact: CompiledArtifact, cols: int) -> None:
+        bucket: _Bucket = artifact.extra
+        if bucket is not None and cols > bucket.capacity:
+            raise UnsupportedArgumentsError(
+                f"{self.metadata.kernel_name}: the compiled artifact handles rows of up to {bucket.capacity} "
+                f"elements, got {cols}; compile for these arguments or call run without an artifact")
+
+
+def _rows_view(t: torch.Tensor, cols: int) -> torch.Tensor:
+    return t if t.dim() == 2 else t.view(-1, cols)
+
+
+@CuTeDSLProvider.register
+class CuteSoftmaxForward(_CuteSoftmaxBase):
+    """``out = softmax(x, dim=-1)`` in CuTe DSL (f32 math, row in registers)."""
+
+    supported_args_type = SoftmaxArguments
+    backward = False
+
+    def _run(self, args: SoftmaxArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        cols = args.cols
+        self._check(artifact, cols)
+        if args.rows == 0 or cols == 0:
+            return
+        self.cute_run(artifact.compiled_obj, _rows_view(args.x, cols), _rows_view(args.out, cols),
+                      to_cuda_stream(stream))
+
+
+@CuTeDSLProvider.register
+class CuteSoftmaxBackward(_CuteSoftmaxBase):
+    """``grad_in = out * (grad_out - sum(grad_out * out, dim=-1))`` in CuTe DSL (f32 math)."""
+
+    supported_args_type = SoftmaxBackwardArguments
+    backward = True
+
+    def _run(self, args: SoftmaxBackwardArguments, artifact: CompiledArtifact, stream: Any,
+             workspace: Any = None) -> None:
+        cols = args.cols
+        self._check(artifact, cols)
+        if args.rows == 0 or cols == 0:
+            return
+        self.cute_run(artifact.compiled_obj, _rows_view(args.grad_out, cols), _rows_view(args.out, cols),
+                      _rows_view(args.grad_in, cols), to_cuda_stream(stream))

@@ -1,0 +1,118 @@
+"""CUDA C++ softmax (cuda_src provider): template buckets compiled for sm_90a on the CPU,
+artifact/row-length checks, and compute-sanitizer memcheck on a GPU."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+from kernel_api.errors import UnsupportedArgumentsError
+from kernel_api.providers.cuda_src.kernels.softmax import CudaSoftmaxBackward, CudaSoftmaxForward
+
+
+def _by_name(cls, name):
+    return next(k for k in cls.generate_kernels(None, cc=90) if k.metadata.kernel_name == name)
+
+
+@pytest.mark.parametrize("name,cols,expect", [
+    ("cuda_softmax_fwd_warp_bf16_align8", 1024, "fwd_warp<ka_softmax::BF16, 8, 4, 4>"),
+    ("cuda_softmax_fwd_warp_f32_align1", 7, "fwd_warp<ka_softmax::F32, 1, 1, 4>"),
+    ("cuda_softmax_fwd_block_ept32_bf16_align8", 16384, "fwd_block<ka_softmax::BF16, 8, 4, 512>"),
+    ("cuda_softmax_fwd_block_ept16_f16_align8", 4096, "fwd_block<ka_softmax::F16, 8, 2, 256>"),
+    ("cuda_softmax_fwd_looped_bf16_align8", 262144, "fwd_looped<ka_softmax::BF16, 8, 2, 512>"),
+])
+def test_forward_buckets_compile_for_sm90a(name, cols, expect):
+    kernel = _by_name(CudaSoftmaxForward, name)
+    dtype = kernel.dtype.to_torch()
+    x = torch.randn(2, cols).to(dtype)
+    args = SoftmaxArguments(x, torch.empty_like(x))
+    assert kernel.supports(args, 90)
+    artifact = kernel.compile(args, cc=90)
+    launcher = artifact.compiled_obj
+    assert launcher.name_expression.endswith(expect)
+    assert launcher.compiled.arch == "sm_90a" and launcher.compiled.cubin[:4] == b"\x7fELF"
+    assert artifact.extra.capacity is None or artifact.extra.capacity >= cols
+
+
+@pytest.mark.parametrize("name,cols", [("cuda_softmax_bwd_block_ept32_bf16_align8", 16384),
+                                       ("cuda_softmax_bwd_warp_f16_align1", 999),
+                                       ("cuda_softmax_bwd_looped_f32_align4", 100000)])
+def test_backward_buckets_compile_for_sm90a(name, cols):
+    kernel = _by_name(CudaSoftmaxBackward, name)
+    dtype = kernel.dtype.to_torch()
+    y = torch.randn(2, cols).to(dtype)
+    args = SoftmaxBackwardArguments(y, y.clone(), torch.empty_like(y))
+    assert kernel.supports(args, 90)
+    assert kernel.compile(args, cc=90).compiled_obj.compiled.cubin[:4] == b"\x7fELF"
+
+
+def test_compile_key_follows_the_row_length_bucket():
+    kernel = _by_name(CudaSoftmaxForward, "cuda_softmax_fwd_block_ept16_bf16_align8")
+    keys = {}
+    for cols in (2048, 4096, 4000, 8192):
+        x = torch.randn(2, cols, dtype=torch.bfloat16)
+        keys[cols] = kernel.compile_key(SoftmaxArguments(x, torch.empty_like(x)), 90)
+    assert keys[4096] == keys[4000] != keys[2048] != keys[8192]
+
+
+def test_artifact_for_shorter_rows_is_refused():
+    kernel = _by_name(CudaSoftmaxForward, "cuda_softmax_fwd_block_ept16_f32_align4")
+    short = torch.randn(2, 256)
+    artifact = kernel.compile(SoftmaxArguments(short, torch.empty_like(short)), cc=90)
+    longer = torch.randn(2, 4096)
+    with pytest.raises(UnsupportedArgumentsError, match="rows of up to 512 elements"):
+        kernel._run(SoftmaxArguments(longer, torch.empty_like(longer)), artifact, None)
+
+
+def test_row_limits_per_strategy():
+    for kernel in CudaSoftmaxForward.generate_kernels(None, cc=90) + CudaSoftmaxBackward.generate_kernels(None, cc=90):
+        d = kernel.metadata.design
+        if kernel.strategy == "warp":
+            assert d.max_cols == 1024 and d.threads_per_row == 32
+        elif kernel.strategy == "block":
+            assert d.max_cols == d.threads_per_row * kernel.ept
+        else:
+            assert d.max_cols is None
+    assert not CudaSoftmaxForward.generate_kernels(None, cc=75)  # needs sm_80+ (bf16 conversions)
+
+
+_SANITIZED = r"""
+import torch, kernel_api
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+torch.manual_seed(0)
+cases = [(torch.bfloat16, 5, 1000), (torch.bfloat16, 3, 4104), (torch.float32, 3, 333), (torch.float16, 2, 70001),
+         (torch.bfloat16, 9, 8), (torch.float32, 2, 16384)]
+n = 0
+for dtype, rows, cols in cases:
+    x = torch.randn(rows, cols, device="cuda").to(dtype)
+    out = torch.empty_like(x)
+    a = SoftmaxArguments(x, out)
+    for k in kernel_api.get_kernels(a, providers="cuda_src"):
+        k.run(a); n += 1
+    gi = torch.empty_like(x)
+    b = SoftmaxBackwardArguments(x, out, gi)
+    for k in kernel_api.get_kernels(b, providers="cuda_src"):
+        k.run(b); n += 1
+torch.cuda.synchronize()
+print("launches", n)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not installed")
+def test_memcheck_clean():
+    """Every cuda_src softmax strategy on odd shapes under compute-sanitizer memcheck; the
+    caching allocator is off so each tensor is its own allocation and overruns are caught."""
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", sys.executable,
+                           "-c", _SANITIZED], env=env, capture_output=True, text=True, timeout=900)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
+    assert "launches" in proc.stdout
