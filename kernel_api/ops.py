@@ -1,7 +1,12 @@
 """The front door: call an operation, let the policy in force choose the kernel.
 
-After the first call for a (policy, signature, problem shape), the choice and its compiled
-artifact come from a dictionary; the call then costs argument construction plus the launch.
+After the first call for a (policy, signature, problem shape, device), the choice and its
+compiled artifact come from a dictionary; the call then costs argument construction plus
+the launch.
+
+Inside ``torch.compile``/``torch.export`` tracing, or when an input requires grad, the calls
+go through the ``torch.ops.kernel_api.*`` custom ops (`kernel_api.torch_ops`), which carry
+fake implementations and autograd formulas; otherwise they launch directly.
 """
 
 from __future__ import annotations
@@ -17,24 +22,52 @@ from .selection import _no_kernel
 from .settings import current
 
 _dispatch: dict[tuple, tuple] = {}
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
 
 
 def _launch(args: Any, stream: Any = None) -> None:
     policy = current().policy
     shape = getattr(args, "problem_shape", None) or (getattr(args, "rows", 0), getattr(args, "cols", 0))
-    key = (id(policy), args.signature, shape, args.device.index)
+    device = args.device
+    key = (id(policy), args.signature, shape, device.index)
     found = _dispatch.get(key)
     if found is None:
-        if args.device.type != "cuda":
+        if device.type != "cuda":
             name = next(iter(args.tensor_attributes))
-            raise DeviceError(f"operand {name} is on {args.device}; kernel_api.ops run on CUDA tensors")
-        candidates = registry.get_kernels(args)
-        if not candidates:
-            raise _no_kernel(args)
-        kernel = policy.choose(args, candidates)
-        found = _dispatch[key] = (kernel, kernel.compile(args), policy)  # keep policy alive: id() stays unique
+            raise DeviceError(f"operand {name} is on {device}; kernel_api.ops run on CUDA tensors")
+        with torch.cuda.device(device):
+            candidates = registry.get_kernels(args)
+            if not candidates:
+                raise _no_kernel(args)
+            kernel = policy.choose(args, candidates)
+            found = _dispatch[key] = (kernel, kernel.compile(args), policy)  # keep policy alive: id() stays unique
     kernel, artifact, _ = found
+    # Honour the operands' device: launch (and take the default stream) there, not on
+    # whichever device happens to be current.
+    index = device.index
+    if index is not None and index != _current_device():
+        with torch.cuda.device(index):
+            kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
+        return
     kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
+
+
+def _traced_call(op: Any, stream: Any, out: torch.Tensor | None, *inputs: Any) -> torch.Tensor:
+    """Run a custom op (tracing or autograd); ``out=`` is filled by a copy."""
+    if stream is not None:
+        if not isinstance(stream, torch.cuda.Stream):
+            raise TypeError("stream: under torch.compile or autograd pass a torch.cuda.Stream (or None)")
+        with torch.cuda.stream(stream):
+            result = op(*inputs)
+    else:
+        result = op(*inputs)
+    if out is None:
+        return result
+    if _grad_enabled() and result.requires_grad:
+        raise ValueError("out=: results that require grad cannot be written into a given tensor; leave out=None")
+    return out.copy_(result)
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, alpha: float = 1.0,
@@ -42,8 +75,21 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
          activation: str | None = None, accumulator_type: Any = None, stream: Any = None) -> torch.Tensor:
     """``out = activation(alpha * A @ B + beta * C + bias)`` with the kernel the policy picks.
 
-    ``out`` defaults to a new tensor of A's dtype, shape (..., M, N).
+    ``out`` defaults to a new tensor of A's dtype, shape (..., M, N). Differentiable in A, B,
+    C and bias (without activation); traceable by ``torch.compile`` (``kernel_api::gemm``).
     """
+    if _is_compiling() or ((A.requires_grad or B.requires_grad or (C is not None and C.requires_grad)
+                            or (bias is not None and bias.requires_grad)) and _grad_enabled()):
+        if accumulator_type is not None:
+            raise ValueError("accumulator_type: not supported under torch.compile or autograd (the default is used)")
+        return _traced_call(torch.ops.kernel_api.gemm, stream, out, A, B, C, bias, float(alpha), float(beta),
+                            activation)
+    return _gemm_eager(A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
+
+
+def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alpha: float, beta: float,
+                C: torch.Tensor | None, bias: torch.Tensor | None, activation: str | None,
+                accumulator_type: Any, stream: Any) -> torch.Tensor:
     if out is None:
         if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
             raise TypeError("gemm: A and B must be torch tensors")
@@ -56,7 +102,14 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
 
 
 def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
-    """``softmax(x, dim)`` over the last dimension."""
+    """``softmax(x, dim)`` over the last dimension; differentiable (the backward runs the
+    registry's softmax-backward kernels) and traceable (``kernel_api::softmax``)."""
+    if _is_compiling() or (x.requires_grad and _grad_enabled()):
+        return _traced_call(torch.ops.kernel_api.softmax, stream, out, x, dim)
+    return _softmax_eager(x, dim, out, stream)
+
+
+def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: Any) -> torch.Tensor:
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch(SoftmaxArguments(x, out, dim=dim), stream)
@@ -66,6 +119,13 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
 def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
                      grad_in: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
     """Gradient of softmax: ``out * (grad_out - sum(grad_out * out, dim))``."""
+    if _is_compiling():
+        return _traced_call(torch.ops.kernel_api.softmax_backward, stream, grad_in, grad_out, out, dim)
+    return _softmax_backward_eager(grad_out, out, dim, grad_in, stream)
+
+
+def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int, grad_in: torch.Tensor | None,
+                            stream: Any) -> torch.Tensor:
     if grad_in is None:
         grad_in = torch.empty(out.shape, dtype=out.dtype, device=out.device)
     _launch(SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim), stream)
@@ -74,3 +134,6 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
 
 def clear_dispatch_cache() -> None:
     _dispatch.clear()
+
+
+from . import torch_ops  # noqa: E402,F401  (registers torch.ops.kernel_api.*; needs the functions above)

@@ -1,0 +1,103 @@
+"""Framework integration on the CPU: custom ops, fake impls, tracing, autograd wiring, workspaces.
+
+Meta tensors stand in for GPU tensors: they reach the fake implementations, so tracing and
+autograd wiring are checked without running a kernel (the numbers are checked on a GPU in
+test_integration_gpu.py).
+"""
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import ops
+from kernel_api.errors import DeviceError
+from kernel_api.kernel import _allocate_workspace
+from integration_kernels import workspace_kernel
+
+
+def _meta(*shape, dtype=torch.float16, grad=False):
+    return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=grad)
+
+
+@pytest.mark.parametrize("op,args", [
+    ("gemm", lambda: (_meta(64, 32), _meta(32, 48))),
+    ("gemm", lambda: (_meta(2, 64, 32), _meta(2, 32, 48), _meta(2, 64, 48), _meta(48), 0.5, 1.0, None)),
+    ("softmax", lambda: (_meta(8, 100, dtype=torch.float32), -1)),
+    ("softmax_backward", lambda: (_meta(8, 100, dtype=torch.float32), _meta(8, 100, dtype=torch.float32), -1)),
+])
+def test_custom_ops_pass_opcheck(op, args):
+    result = torch.library.opcheck(getattr(torch.ops.kernel_api, op).default, args())
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_fake_gemm_shapes_and_errors():
+    assert torch.ops.kernel_api.gemm(_meta(3, 64, 32), _meta(3, 32, 48)).shape == (3, 64, 48)
+    with pytest.raises(ValueError, match="K mismatch"):
+        torch.ops.kernel_api.gemm(_meta(64, 32), _meta(31, 48))
+
+
+def test_torch_compile_fullgraph_captures_the_custom_ops():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def model(a, b, x):
+        h = ops.gemm(a, b, bias=None, alpha=0.5).float()
+        return ops.softmax(h, -1) + ops.softmax(x)
+
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    y = compiled(_meta(64, 32), _meta(32, 48), _meta(64, 48, dtype=torch.float32))
+    assert y.shape == (64, 48) and y.dtype == torch.float32
+    targets = [str(n.target).removesuffix(".default") for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert len(graphs) == 1
+    assert targets.count("kernel_api.softmax") == 2, targets
+    assert "kernel_api.gemm" in targets
+
+
+def test_torch_export_sees_gemm():
+    class M(torch.nn.Module):
+        def forward(self, a, b):
+            return ops.gemm(a, b)
+
+    ep = torch.export.export(M(), (torch.randn(4, 8), torch.randn(8, 2)))
+    assert any(str(n.target) == "kernel_api.gemm.default" for n in ep.graph.nodes)
+
+
+def test_autograd_routes_through_the_backward_op():
+    x = _meta(8, 100, dtype=torch.float32, grad=True)
+    y = ops.softmax(x)
+    assert y.requires_grad and y.grad_fn is not None
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    a, b, bias = _meta(64, 32, grad=True), _meta(32, 48, grad=True), _meta(48, grad=True)
+    ops.gemm(a, b, bias=bias).sum().backward()
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape and bias.grad.shape == bias.shape
+    a2, b2 = _meta(64, 32, grad=True), _meta(32, 48, grad=True)
+    with pytest.raises(NotImplementedError, match="activation"):
+        ops.gemm(a2, b2, activation="relu").sum().backward()
+
+
+def test_out_with_grad_is_rejected():
+    with pytest.raises(ValueError, match="out="):
+        ops.softmax(_meta(4, 16, dtype=torch.float32, grad=True), out=_meta(4, 16, dtype=torch.float32))
+
+
+def test_front_door_rejects_cpu_tensors():
+    with pytest.raises(DeviceError, match="CUDA"):
+        ops.gemm(torch.randn(16, 16).half(), torch.randn(16, 16).half())
+    with pytest.raises(DeviceError, match="CUDA"):
+        ops.softmax(torch.randn(4, 16))
+
+
+def test_workspace_kernel_compiles_and_sizes_its_workspace():
+    kernel = workspace_kernel()
+    x = torch.randn(5, 33)
+    args = kernel_api.SoftmaxArguments(x, torch.empty_like(x))
+    assert kernel.supports(args)
+    assert kernel.get_workspace_size(args) == 4 * 5 * 33
+    artifact = kernel.compile(args, cc=90)
+    assert artifact.compiled_obj.compiled.arch == "sm_90a"
+    ws = _allocate_workspace(kernel.get_workspace_size(args), args.device, None)
+    assert ws.dtype == torch.uint8 and ws.numel() == 4 * 5 * 33 and ws.device == x.device
