@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .dtypes import _BITS, _FROM_TORCH, DataType, to_dtype
+from .dtypes import _BITS, _FLOATS, _FROM_TORCH, DataType, to_dtype
 
 _BYTES = {dt: max(1, bits // 8) for dt, bits in _BITS.items()}
 from .metadata import ACTIVATIONS, TensorAttributes
@@ -104,7 +104,16 @@ def _matrix_attributes(t: torch.Tensor, name: str) -> tuple[torch.Tensor, Tensor
             f"kernels need a row-major or column-major matrix (call .contiguous())")
     if len(shape) == 3 and shape[0] > 1:
         values = values + (stride[0],)
-    return t, _attributes(dt, pattern, _divisibility(t.data_ptr(), _BYTES[dt], values))
+    # Inlined _divisibility and _attributes: this runs three times per GemmArguments.
+    ptr = t.data_ptr()
+    itemsize = _BYTES[dt]
+    g = math.gcd(ptr // itemsize, *values) if ptr % itemsize == 0 else 1
+    g = _MAX_DIVISIBILITY if g == 0 else min(g & -g, _MAX_DIVISIBILITY)
+    key = (dt, pattern, g)
+    found = _ATTRIBUTES_CACHE.get(key)
+    if found is None:
+        found = _ATTRIBUTES_CACHE[key] = TensorAttributes._trusted(dt, pattern, g)
+    return t, found
 
 
 class EpilogueArguments:
@@ -243,12 +252,12 @@ class GemmArguments(Arguments):
         out, o = _matrix_attributes(out, "out")
         if accumulator_type is None:
             acc = DataType.f64 if a.dtype is DataType.f64 else DataType.f32
-        elif isinstance(accumulator_type, torch.dtype) and accumulator_type in _FROM_TORCH:
-            acc = _FROM_TORCH[accumulator_type]
         else:
-            acc = to_dtype(accumulator_type, "accumulator_type")
-        if not acc.is_float:
-            raise ValueError(f"accumulator_type: {acc} is not a floating-point type")
+            acc = _FROM_TORCH.get(accumulator_type) if isinstance(accumulator_type, torch.dtype) else None
+            if acc is None:
+                acc = to_dtype(accumulator_type, "accumulator_type")
+            if acc not in _FLOATS:
+                raise ValueError(f"accumulator_type: {acc} is not a floating-point type")
         epilogue_signature = None
         if epilogue is not None:
             if not isinstance(epilogue, EpilogueArguments):
@@ -264,8 +273,7 @@ class GemmArguments(Arguments):
         self.epilogue_signature = epilogue_signature
         self.device = device
         self.tensor_attributes = {"A": a, "B": b, "out": o}
-        self.signature = ("gemm", rank, a.dtype, a.stride, a.divisibility, b.dtype, b.stride, b.divisibility,
-                          o.dtype, o.stride, o.divisibility, acc, epilogue_signature, device.type)
+        self.signature = ("gemm", rank, a._key, b._key, o._key, acc, epilogue_signature, device_index)
 
     @property
     def problem_shape(self) -> tuple[int, int, int, int]:
@@ -339,7 +347,7 @@ class SoftmaxArguments(Arguments):
         self.x, self.out = x, out
         self.device = x.device
         self.tensor_attributes = {"x": xa, "out": oa}
-        self.signature = ("softmax", xa.dtype, xa.divisibility, oa.divisibility, self.device.type)
+        self.signature = ("softmax", xa._key, oa._key, x.get_device())
 
     def __repr__(self) -> str:
         return f"SoftmaxArguments(rows={self.rows}, cols={self.cols}, dtype={self.tensor_attributes['x'].dtype}, device={self.device})"
@@ -370,8 +378,7 @@ class SoftmaxBackwardArguments(Arguments):
         self.grad_out, self.out, self.grad_in = grad_out, out, grad_in
         self.device = out.device
         self.tensor_attributes = {"grad_out": ga, "out": oa, "grad_in": ia}
-        self.signature = ("softmax_bwd", oa.dtype, ga.divisibility, oa.divisibility, ia.divisibility,
-                          self.device.type)
+        self.signature = ("softmax_bwd", ga._key, oa._key, ia._key, out.get_device())
 
     def __repr__(self) -> str:
         return (f"SoftmaxBackwardArguments(rows={self.rows}, cols={self.cols}, "

@@ -51,6 +51,11 @@ class DataType(enum.Enum):
 
         return getattr(cutlass, _CUTLASS_NAMES[self])
 
+    # Members are singletons: identity hashing is correct and, unlike Enum's default
+    # (hash of the name, in Python), runs in C. Signatures holding dtypes are hashed on
+    # every discovery and run.
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return f"DataType.{self.name}"
 

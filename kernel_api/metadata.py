@@ -45,7 +45,7 @@ class TensorAttributes:
     alignment those actually have (a power of two).
     """
 
-    __slots__ = ("dtype", "stride", "divisibility")
+    __slots__ = ("dtype", "stride", "divisibility", "_key")
 
     def __init__(self, dtype: Any, stride: Any, divisibility: int = 1) -> None:
         self.dtype = to_dtype(dtype, "TensorAttributes.dtype")
@@ -53,6 +53,7 @@ class TensorAttributes:
         if not isinstance(divisibility, int) or divisibility < 1:
             raise ValueError(f"TensorAttributes.divisibility must be a positive int, got {divisibility!r}")
         self.divisibility = divisibility
+        self._key = (self.dtype, self.stride, divisibility)
 
     @classmethod
     def _trusted(cls, dtype: DataType, stride: tuple[int, ...], divisibility: int) -> "TensorAttributes":
@@ -61,6 +62,7 @@ class TensorAttributes:
         obj.dtype = dtype
         obj.stride = stride
         obj.divisibility = divisibility
+        obj._key = (dtype, stride, divisibility)
         return obj
 
     @property
@@ -69,7 +71,7 @@ class TensorAttributes:
         return "t" if self.stride[-1] == 1 else "n"
 
     def key(self) -> tuple:
-        return (self.dtype, self.stride, self.divisibility)
+        return self._key
 
     def accepts(self, actual: "TensorAttributes", operand: str) -> Status:
         """Does a tensor with ``actual`` attributes fit a kernel requiring ``self``?"""
