@@ -1,0 +1,1 @@
+"""CuTe DSL GEMM kernels: interfaces here, DSL implementations in ``implementations/``."""

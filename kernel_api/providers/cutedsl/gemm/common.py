@@ -1,0 +1,169 @@
+"""Shared, DSL-free pieces of the CuTe DSL GEMM kernels' interfaces.
+
+Layout combinations and their names, the compile-time description of a fused epilogue
+(`EpilogueSpec`), and `GemmKernelBase`, which implements compile/_run for every GEMM class
+whose implementation follows one calling convention::
+
+    impl(A, B, out, C_or_None, bias_or_None, alpha, beta, stream)
+
+where A/B/out/C are the user's rank-2 or rank-3 tensors as they are (the implementation
+builds (M, K, L)-style views itself, so a rank-2 call costs no extra host work), ``bias``
+is a contiguous 1-D tensor and alpha/beta are accumulator-typed scalars. Nothing here
+imports cutlass: implementations are imported lazily inside ``compile``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from ....arguments import EpilogueArguments, GemmArguments
+from ....artifact import CompiledArtifact
+from ....dtypes import DataType
+from ....metadata import ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, EpilogueMetadata, TensorAttributes
+from ....status import Status
+from ....utils import strides_to_layout_string, to_cuda_stream
+from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
+
+#: (stride_A, stride_B, stride_out) for all eight row/column-major combinations, "ttt" first.
+LAYOUT_COMBOS: tuple[tuple[tuple[int, ...], ...], ...] = tuple(itertools.product((ROW_MAJOR, COLUMN_MAJOR), repeat=3))
+
+#: What the fused epilogues of these kernels can do (everything `EpilogueArguments` offers).
+FULL_EPILOGUE = EpilogueMetadata(alpha_beta=True, bias=frozenset({"row", "column"}), activations=frozenset(ACTIVATIONS))
+
+# CUDA limits the grid's y and z extents to 65535 blocks.
+MAX_GRID_YZ = 65535
+
+
+def layout_name(stride_A: tuple[int, ...], stride_B: tuple[int, ...], stride_out: tuple[int, ...]) -> str:
+    """'ttt'-style letters (t = row-major, n = column-major) of A, B and out."""
+    return strides_to_layout_string(stride_A, stride_B, stride_out)
+
+
+@dataclass(frozen=True)
+class EpilogueSpec:
+    """Compile-time shape of ``out = act(alpha * acc + beta * C + bias)``.
+
+    ``scaled``: alpha/beta are applied (runtime values); ``has_c``: a C operand is read;
+    ``bias``: None, "row" (one value per output column n) or "column" (one per row m);
+    ``activation``: None, "relu", "gelu" (tanh approximation) or "silu".
+    The default spec is the identity epilogue (out = acc).
+    """
+
+    scaled: bool = False
+    has_c: bool = False
+    bias: str | None = None
+    activation: str | None = None
+
+    @classmethod
+    def from_signature(cls, signature: tuple | None) -> "EpilogueSpec":
+        """From `GemmArguments.epilogue_signature` (None: identity epilogue)."""
+        if signature is None:
+            return cls()
+        scaled, has_c, bias_kind, activation = signature[:4]
+        return cls(bool(scaled), bool(has_c), bias_kind, activation)
+
+    @property
+    def is_identity(self) -> bool:
+        return not (self.scaled or self.has_c or self.bias or self.activation)
+
+    def tag(self) -> str:
+        """Short text for logs and artifact names, e.g. 'ab_c_biasrow_gelu'."""
+        parts = [p for p in ("ab" if self.scaled else "", "c" if self.has_c else "",
+                             f"bias{self.bias}" if self.bias else "", self.activation or "") if p]
+        return "_".join(parts) or "none"
+
+
+def epilogue_supported_by_generation(epilogue_args: Any, epilogue: EpilogueMetadata) -> bool:
+    """Whether instances with ``epilogue`` metadata can honour ``epilogue_args`` entirely."""
+    if epilogue_args is None:
+        return True
+    if not isinstance(epilogue_args, EpilogueArguments):
+        raise TypeError(f"epilogue_args: expected EpilogueArguments or None, got {type(epilogue_args).__name__}")
+    if epilogue_args.is_trivial:
+        return True
+    if (epilogue_args.alpha != 1.0 or epilogue_args.beta != 0.0) and not epilogue.alpha_beta:
+        return False
+    if epilogue_args.bias is not None:
+        kind = epilogue_args.bias_kind
+        # An unbound EpilogueArguments does not know its kind yet: any supported kind may do.
+        if (kind is not None and kind not in epilogue.bias) or (kind is None and not epilogue.bias):
+            return False
+    if epilogue_args.activation is not None and epilogue_args.activation not in epilogue.activations:
+        return False
+    return True
+
+
+class GemmKernelBase(CuteDslKernel):
+    """compile/_run shared by the CuTe DSL GEMM kernels (see the module docstring).
+
+    Subclasses implement ``_make_impl(args)`` (build the DSL implementation object; import
+    cutlass there) plus the usual ``generate_kernels`` and ``_supports``.
+    """
+
+    supported_args_type = GemmArguments
+
+    def _make_impl(self, args: GemmArguments) -> Any:  # pragma: no cover - abstract in spirit
+        raise NotImplementedError
+
+    def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
+        """Compile for ``args``' signature (rank, layouts, alignment, epilogue); shapes stay dynamic."""
+        import cutlass
+        from cutlass.cute.runtime import make_fake_stream
+
+        md = self.metadata.operands
+        rank = args.A.dim()
+        A = fake_tensor_like(md.A, rank)
+        B = fake_tensor_like(md.B, rank)
+        out = fake_tensor_like(md.out, rank)
+        spec = EpilogueSpec.from_signature(args.epilogue_signature)
+        C = None
+        if spec.has_c:
+            # C is read element by element: assume no alignment, so one artifact serves any C.
+            c_dtype, c_stride, _ = args.epilogue_signature[4]
+            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, 1), rank)
+        bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
+        scalar = cutlass.Float64 if md.accumulator_type is DataType.f64 else cutlass.Float32
+        impl = self._make_impl(args)
+        compiled = self.cute_compile(impl, A, B, out, C, bias, scalar(1.0), scalar(0.0), make_fake_stream())
+        return CompiledArtifact(compiled, self)
+
+    def compile_key(self, args: GemmArguments, cc: int | None) -> tuple:
+        """What an artifact depends on beyond the instance: rank, epilogue shape, C's layout.
+
+        Operand alignment is the metadata's (fixed per instance), so problems of any size and
+        alignment that the instance supports share one artifact.
+        """
+        sig = args.epilogue_signature
+        c_layout = None if sig is None or sig[4] is None else sig[4][:2]
+        return (args.A.dim(), EpilogueSpec.from_signature(sig), c_layout, cc)
+
+    def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        if args.M == 0 or args.N == 0 or args.L == 0:
+            return  # nothing to write; a zero-sized grid would be a launch error
+        ep = args.epilogue
+        if ep is None:
+            self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, None, None, 1.0, 0.0,
+                          to_cuda_stream(stream))
+        else:
+            C = ep.C if ep.beta != 0.0 else None
+            self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, C, ep.bias, ep.alpha, ep.beta,
+                          to_cuda_stream(stream))
+
+    def get_workspace_size(self, args: GemmArguments) -> int:
+        return 0
+
+    def _common_supports(self, args: GemmArguments) -> Status:
+        """Checks every GEMM implementation here needs beyond metadata."""
+        if args.L > MAX_GRID_YZ:
+            return Status.fail(f"batch L={args.L} exceeds the grid limit of {MAX_GRID_YZ}")
+        if args.A.dim() == 3 and args.L == 1:
+            # Argument divisibility ignores the batch stride of a single batch, but the
+            # compiled code assumes it (TVM-FFI checks it at call time).
+            for name in ("A", "B", "out"):
+                need = getattr(self.metadata.operands, name).divisibility
+                stride = getattr(args, name).stride(0)
+                if need > 1 and stride % need:
+                    return Status.fail(f"operand {name}: batch stride {stride} is not a multiple of {need} elements")
+        return Status.success()

@@ -1,0 +1,76 @@
+"""Fused GEMM epilogue math in CuTe DSL, reusable by any GEMM implementation.
+
+``out = activation(alpha * acc + beta * C + bias)``, described at compile time by an
+`EpilogueSpec` (see ``gemm/common.py``). Three entry points, from smallest to largest:
+
+- ``activate(x, name)``: relu / gelu (tanh approximation) / silu of a scalar.
+- ``epilogue_value(spec, acc, alpha, beta, c, bias)``: the whole formula for one element
+  (pass ``c``/``bias`` as None when the spec has none); returns the accumulator type.
+- ``store_fragment(spec, acc, coords, mOut, mC, mBias, alpha, beta, M, N)``: apply it to
+  every element of a thread's accumulator fragment and store the in-bounds ones, given a
+  fragment of (m, n) coordinates partitioned exactly like ``acc`` (e.g. the same
+  ``thr_mma.partition_C`` applied to an identity tensor). ``mOut``/``mC`` are (M, N) views
+  of one batch, ``mBias`` the 1-D bias.
+
+Math runs in the accumulator's type (f32, or f64 for f64 GEMMs); transcendental functions
+use the accurate (non-approximate) versions so f32 results match a float64 reference to
+~1e-6.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+from ..common import EpilogueSpec
+
+__all__ = ["EpilogueSpec", "activate", "epilogue_value", "store_fragment"]
+
+_GELU_K0 = 0.7978845608028654  # sqrt(2/pi)
+_GELU_K1 = 0.044715
+
+
+@cute.jit
+def activate(x, name: cutlass.Constexpr):
+    """``name`` in (None, "relu", "gelu", "silu") applied to the scalar ``x`` (same type back)."""
+    result = x
+    if cutlass.const_expr(name == "relu"):
+        result = cutlass.max(x, type(x)(0.0))
+    elif cutlass.const_expr(name == "gelu"):
+        inner = type(x)(_GELU_K0) * (x + type(x)(_GELU_K1) * x * x * x)
+        result = type(x)(0.5) * x * (type(x)(1.0) + cute.math.tanh(inner))
+    elif cutlass.const_expr(name == "silu"):
+        result = x / (type(x)(1.0) + cute.math.exp(-x))
+    return result
+
+
+@cute.jit
+def epilogue_value(spec: cutlass.Constexpr, acc, alpha, beta, c, bias):
+    """``activation(alpha * acc + beta * c + bias)`` for one element, in ``acc``'s type."""
+    v = acc
+    if cutlass.const_expr(spec.scaled):
+        v = v * alpha
+    if cutlass.const_expr(spec.has_c):
+        v = v + beta * c.to(type(acc))
+    if cutlass.const_expr(spec.bias is not None):
+        v = v + bias.to(type(acc))
+    return activate(v, spec.activation)
+
+
+@cute.jit
+def store_fragment(spec: cutlass.Constexpr, acc: cute.Tensor, coords: cute.Tensor, mOut: cute.Tensor, mC,
+                   mBias, alpha, beta, M, N):
+    """Apply the epilogue to each element of ``acc`` and store those with (m, n) < (M, N)."""
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        m, n = coords[i]
+        if cute.elem_less((m, n), (M, N)):
+            c = None
+            b = None
+            if cutlass.const_expr(spec.has_c):
+                c = mC[m, n]
+            if cutlass.const_expr(spec.bias == "row"):
+                b = mBias[n]
+            elif cutlass.const_expr(spec.bias == "column"):
+                b = mBias[m]
+            v = epilogue_value(spec, acc[i], alpha, beta, c, b)
+            mOut[m, n] = v.to(mOut.element_type)

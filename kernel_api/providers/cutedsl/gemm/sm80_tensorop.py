@@ -1,0 +1,88 @@
+"""`Sm80TensorOpGemm`: tensor-core GEMM with ``mma.sync`` for every GPU with cc >= 80 (Hopper too).
+
+f16/bf16 operands with f32 accumulation and f16/bf16/f32 output; f32 operands in TF32 mode
+(metadata ``math_type`` is ``DataType.tf32``, so ``metadata_filter=lambda m: str(m.operands.math_type) != "tf32"``
+style filters can exclude them). Multistage ``cp.async`` pipeline into swizzled shared
+memory, ``ldmatrix`` to registers; every layout combination, batched, any M/N/K. A and B
+must be 16-byte aligned (pointer, leading dimension, contiguous extent); out and C have no
+alignment requirement. Fused epilogue ``out = act(alpha * A@B + beta * C + bias)``.
+The implementation is ``implementations/sm80_tensorop_impl.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ....arguments import EpilogueArguments, GemmArguments
+from ....dtypes import DataType
+from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
+from ....status import Status
+from .. import CuTeDSLProvider
+from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase,
+                     epilogue_supported_by_generation, layout_name)
+
+# (operand dtype, output dtype); accumulation is always f32
+_DTYPES_16 = ((DataType.bf16, DataType.bf16), (DataType.f16, DataType.f16),
+              (DataType.bf16, DataType.f32), (DataType.f16, DataType.f32))
+# (BM, BN, BK), (warps along M, warps along N), stages
+_CONFIGS_16 = (
+    ((128, 256, 64), (2, 4), 3),
+    ((256, 128, 64), (4, 2), 3),
+    ((128, 128, 64), (2, 2), 4),
+    ((128, 128, 32), (2, 2), 5),
+    ((64, 128, 32), (2, 2), 4),
+)
+_CONFIGS_TF32 = (
+    ((128, 256, 32), (2, 4), 3),
+    ((128, 128, 32), (2, 2), 4),
+    ((64, 128, 32), (2, 2), 4),
+)
+
+
+@CuTeDSLProvider.register
+class Sm80TensorOpGemm(GemmKernelBase):
+    """Ampere-style tensor-core GEMM; see the module docstring.
+
+    ``design``: tile_shape (BM, BN, BK), stages, schedule "multistage",
+    extra (("warps", (WM, WN)),). Names read e.g.
+    ``Sm80TensorOpGemm_bf16bf16f32_tnt_128x256x64_w2x4_s3_a8`` (A/B, out, accumulator or
+    ``tf32`` math; layouts; tile; warps; stages; A/B alignment in elements).
+    """
+
+    @staticmethod
+    def generate_kernels(metadata_filter: Callable[[KernelMetadata], bool], epilogue_args: EpilogueArguments | None = None,
+                         cc: int | None = None) -> list["Sm80TensorOpGemm"]:
+        if not epilogue_supported_by_generation(epilogue_args, FULL_EPILOGUE):
+            return []
+        combos = [(ab, out, None, _CONFIGS_16) for ab, out in _DTYPES_16]
+        combos.append((DataType.f32, DataType.f32, DataType.tf32, _CONFIGS_TF32))
+        kernels = []
+        for ab, out, math, configs in combos:
+            align = 16 // ab.bytes
+            for sa, sb, so in LAYOUT_COMBOS:
+                for tile, warps, stages in configs:
+                    operands = GemmOperandsMetadata(
+                        TensorAttributes(ab, sa, align), TensorAttributes(ab, sb, align), TensorAttributes(out, so, 1),
+                        accumulator_type=DataType.f32, math_type=math)
+                    types = f"{ab}{out}{math or DataType.f32}"
+                    name = (f"Sm80TensorOpGemm_{types}_{layout_name(sa, sb, so)}_{tile[0]}x{tile[1]}x{tile[2]}"
+                            f"_w{warps[0]}x{warps[1]}_s{stages}_a{align}")
+                    design = BLASDesignMetadata(tile, (1, 1, 1), stages=stages, schedule="multistage",
+                                                extra=(("warps", warps),))
+                    metadata = KernelMetadata(name, Sm80TensorOpGemm, operands, design, min_cc=80, epilogue=FULL_EPILOGUE)
+                    if metadata.supports_cc(cc) and metadata_filter(metadata):
+                        kernels.append(Sm80TensorOpGemm(metadata))
+        return kernels
+
+    def _supports(self, args: GemmArguments) -> Status:
+        return self._common_supports(args)
+
+    def _make_impl(self, args: GemmArguments) -> Any:
+        from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
+
+        md = self.metadata.operands
+        design = self.metadata.design
+        return Sm80TensorOpGemmImpl(
+            md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape, dict(design.extra)["warps"],
+            design.stages, a_k_major=md.A.layout == "t", b_k_major=md.B.layout == "n",
+            spec=EpilogueSpec.from_signature(args.epilogue_signature))
