@@ -1,0 +1,174 @@
+"""Host latency of the call path: what Python costs per launch, next to the bare compiled call.
+
+    python benchmarks/host_latency.py                # 128x128x128 f16 GEMM, table + JSON
+    python benchmarks/host_latency.py --profile      # also cProfile of kernel.run and ops.gemm
+
+Measures host time per call (time.perf_counter over ``--calls`` back-to-back calls, the GPU
+work tiny; median of ``--repeats`` repeats, the device synchronised between repeats) of:
+
+- the bare compiled function (exactly the arguments the kernel's ``_run`` passes, captured
+  once), torch.mm and torch.mm(out=);
+- ``GemmArguments(...)``; ``kernel.supports(args)``;
+- ``kernel.run(args, compiled_artifact=art, stream=s)`` with and without
+  ``assume_supported_args=True``;
+- ``ops.gemm(A, B, out=out)`` and ``ops.gemm(A, B)`` (allocating) after warm-up.
+
+Writes benchmarks/results/host_latency-<device>.json (and $OUT/ when set); prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import kernel_api  # noqa: E402
+from kernel_api import GemmArguments, ops  # noqa: E402
+
+TARGETS_US = {  # over the bare call, except GemmArguments (absolute)
+    "GemmArguments(...)": ("abs", 5.0),
+    "kernel.run (checks on)": ("over_bare", 0.5),
+    "kernel.run (assume_supported_args)": ("over_bare", 0.3),
+    "ops.gemm(A, B, out=out)": ("over_bare", 1.0),
+}
+
+
+def per_call_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
+    """Median over repeats of the mean host time of one call, in microseconds."""
+    for _ in range(min(200, calls)):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def capture_bare_call(kernel: Any, args: GemmArguments, artifact: Any, stream: Any) -> tuple[Callable, tuple]:
+    """The compiled function and the exact positional arguments ``kernel._run`` hands it."""
+    seen: list[tuple] = []
+    original = kernel.cute_run
+
+    def spy(compiled, *call_args):
+        seen.append(call_args)
+        return original(compiled, *call_args)
+
+    kernel.cute_run = spy  # instance attribute: only this instance, only for one call
+    try:
+        kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
+    finally:
+        del kernel.cute_run
+    if not seen:
+        raise RuntimeError(f"{kernel.metadata.kernel_name} did not call cute_run; cannot time the bare call")
+    return artifact.compiled_obj, seen[0]
+
+
+def profile(fn: Callable[[], Any], calls: int, label: str) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
+    return f"== cProfile {label} ({calls} calls) ==\n{text.getvalue()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=128, help="M = N = K")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--profile", action="store_true")
+    opts = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("host_latency.py needs a CUDA GPU")
+
+    n = opts.size
+    torch.manual_seed(0)
+    A = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    B = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    out = torch.empty(n, n, device="cuda", dtype=torch.float16)
+    stream = torch.cuda.current_stream()
+
+    args = GemmArguments(A, B, out)
+    kernel = kernel_api.PickAny().choose(args, kernel_api.get_kernels(args))
+    artifact = kernel.compile(args)
+    kernel.run(args, compiled_artifact=artifact, stream=stream)
+    torch.cuda.synchronize()
+    err = ((out.double() - A.double() @ B.double()).abs().max() / (A.double() @ B.double()).abs().max()).item()
+    if not err < 1e-2:
+        raise SystemExit(f"{kernel.metadata.kernel_name}: wrong result (relative error {err:.2e})")
+    compiled, bare_args = capture_bare_call(kernel, args, artifact, stream)
+    ops.gemm(A, B, out=out)  # warm the dispatch cache (same PickAny choice)
+
+    rows = {
+        "bare compiled call": lambda: compiled(*bare_args),
+        "torch.mm(A, B)": lambda: torch.mm(A, B),
+        "torch.mm(A, B, out=out)": lambda: torch.mm(A, B, out=out),
+        "GemmArguments(...)": lambda: GemmArguments(A, B, out),
+        "kernel.supports(args)": lambda: kernel.supports(args),
+        "kernel.run (checks on)": lambda: kernel.run(args, compiled_artifact=artifact, stream=stream),
+        "kernel.run (assume_supported_args)": lambda: kernel.run(args, compiled_artifact=artifact, stream=stream,
+                                                                 assume_supported_args=True),
+        "ops.gemm(A, B, out=out)": lambda: ops.gemm(A, B, out=out),
+        "ops.gemm(A, B)": lambda: ops.gemm(A, B),
+    }
+    results = {label: per_call_us(fn, opts.calls, opts.repeats) for label, fn in rows.items()}
+    bare = results["bare compiled call"]
+
+    device = torch.cuda.get_device_name()
+    verdicts = {}
+    for label, (kind, limit) in TARGETS_US.items():
+        value = results[label] if kind == "abs" else results[label] - bare
+        verdicts[label] = {"measured_us": round(value, 3), "target_us": limit, "kind": kind, "met": value <= limit}
+
+    if opts.profile:
+        print(profile(lambda: kernel.run(args, compiled_artifact=artifact, stream=stream), 5000, "kernel.run"))
+        print(profile(lambda: ops.gemm(A, B, out=out), 5000, "ops.gemm(out=)"))
+
+    summary = {
+        "benchmark": "host_latency", "device": device, "problem": f"{n}x{n}x{n} f16 row-major",
+        "kernel": kernel.metadata.kernel_name, "calls_per_repeat": opts.calls, "repeats": opts.repeats,
+        "per_call_us": {k: round(v, 3) for k, v in results.items()}, "targets": verdicts,
+        "torch": torch.__version__,
+    }
+    name = f"host_latency-{device.replace(' ', '_')}.json"
+    paths = [os.path.join(ROOT, "benchmarks", "results", name)]
+    if os.environ.get("OUT"):
+        paths.append(os.path.join(os.environ["OUT"], name))
+    for path in paths:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=2)
+
+    print(f"\nhost latency per call on {device}, {n}x{n}x{n} f16 GEMM, kernel {kernel.metadata.kernel_name}")
+    print(f"{'call':38s} {'us/call':>8s} {'over bare':>10s}  target")
+    for label, value in results.items():
+        target = ""
+        if label in verdicts:
+            v = verdicts[label]
+            target = (f"<= {v['target_us']} us {'abs' if v['kind'] == 'abs' else 'over bare'}: "
+                      f"{'met' if v['met'] else 'MISSED'}")
+        print(f"{label:38s} {value:8.2f} {value - bare:+10.2f}  {target}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Framework integration on a GPU: CUDA graphs, torch.compile, autograd, workspaces, devices."""
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import GemmArguments, SoftmaxArguments, ops
+from integration_kernels import WorkspaceTestKernel, workspace_kernel
+
+pytestmark = pytest.mark.gpu
+
+
+def _rand(*shape, dtype=torch.float16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def _gemm_ref(A, B):
+    return (A.double() @ B.double()).to(A.dtype)
+
+
+def test_cuda_graph_replays_ops_and_run_with_new_data():
+    A, B, x = _rand(128, 64), _rand(64, 96), _rand(32, 200, dtype=torch.float32)
+    args = GemmArguments(A, B, torch.full((128, 96), float("nan"), device="cuda", dtype=torch.float16))
+    kernel = kernel_api.get_kernels(args)[0]
+    artifact = kernel.compile(args)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compile and fill the dispatch cache outside capture
+        ops.gemm(A, B), ops.softmax(x)
+        kernel.run(args, compiled_artifact=artifact)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_gemm = ops.gemm(A, B)
+        y_soft = ops.softmax(x)
+        kernel.run(args, compiled_artifact=artifact)
+    for _ in range(3):  # new inputs each replay, written into the captured buffers
+        A.copy_(_rand(128, 64)), B.copy_(_rand(64, 96)), x.copy_(_rand(32, 200, dtype=torch.float32))
+        args.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y_gemm, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(args.out, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(y_soft, torch.softmax(x.double(), -1).float(), atol=1e-5, rtol=1e-4)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 128, device="cuda", dtype=torch.float16) / 8)
+
+    def forward(self, x):
+        h = ops.gemm(x, self.w, bias=None, alpha=0.5)
+        return ops.softmax(h.float() * 2.0, -1)
+
+
+def test_torch_compile_fullgraph_runs_the_registry_kernels():
+    model = _Block()
+    x = _rand(32, 64)
+    with torch.no_grad():
+        expected = torch.softmax((0.5 * (x.double() @ model.w.double())).half().double() * 2.0, -1)
+        compiled = torch.compile(model, fullgraph=True)
+        got = compiled(x)
+        x2 = _rand(32, 64)
+        got2 = compiled(x2)
+        expected2 = torch.softmax((0.5 * (x2.double() @ model.w.double())).half().double() * 2.0, -1)
+    torch.testing.assert_close(got.double(), expected, atol=2e-3, rtol=1e-2)
+    torch.testing.assert_close(got2.double(), expected2, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(16, 100), (4, 3, 1000), (2, 4096)])
+def test_softmax_autograd_matches_torch(shape):
+    x = torch.randn(*shape, device="cuda", dtype=torch.float32, requires_grad=True)
+    x_ref = x.detach().double().requires_grad_()
+    upstream = torch.randn(*shape, device="cuda", dtype=torch.float32)
+    y = ops.softmax(x)
+    (y * upstream).sum().backward()
+    y_ref = torch.softmax(x_ref, -1)
+    (y_ref * upstream.double()).sum().backward()
+    torch.testing.assert_close(y.double(), y_ref.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(x.grad.double(), x_ref.grad, atol=1e-6, rtol=1e-4)
+    # plain .sum() hands the backward an expanded (stride-0) gradient
+    x.grad = None
+    ops.softmax(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.zeros_like(x), atol=1e-6, rtol=0)
+
+
+def test_gemm_autograd_matches_torch():
+    A = _rand(96, 64).requires_grad_()
+    B = _rand(64, 80).requires_grad_()
+    bias = _rand(80).requires_grad_()
+    g = _rand(96, 80)
+    ops.gemm(A, B, bias=bias, alpha=0.5).backward(g)
+    Ad, Bd, bd = (t.detach().double().requires_grad_() for t in (A, B, bias))
+    (0.5 * (Ad @ Bd) + bd).backward(g.double())
+    for got, ref in ((A.grad, Ad.grad), (B.grad, Bd.grad), (bias.grad, bd.grad)):
+        torch.testing.assert_close(got.double(), ref, atol=5e-2, rtol=2e-2)
+
+
+def test_workspace_comes_from_torch_on_the_launch_stream():
+    kernel = workspace_kernel()
+    x = torch.randn(7, 301, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    args = SoftmaxArguments(x, out)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    kernel.run(args, stream=side)  # no workspace given: Kernel.run allocates it
+    side.synchronize()
+    ws = WorkspaceTestKernel.last_workspace
+    assert ws.device == x.device and ws.dtype == torch.uint8 and ws.numel() == 4 * x.numel()
+    torch.testing.assert_close(ws.view(torch.float32)[: x.numel()].view_as(x), 2 * x)
+    torch.testing.assert_close(out, 2 * x + 1)
+    # a caller's workspace is used as given
+    mine = torch.zeros(4 * x.numel(), dtype=torch.uint8, device="cuda")
+    out.fill_(float("nan"))
+    kernel.run(args, workspace=mine)
+    torch.cuda.synchronize()
+    assert WorkspaceTestKernel.last_workspace is mine
+    torch.testing.assert_close(mine.view(torch.float32).view_as(x), 2 * x)
+
+
+def test_operands_device_index_is_honoured():
+    ops.clear_dispatch_cache()
+    A, B = _rand(64, 64).to("cuda:0"), _rand(64, 64).to("cuda:0")
+    y = ops.gemm(A, B)
+    assert y.device == torch.device("cuda:0")
+    assert any(key[-1] == 0 for key in ops._dispatch)
+    torch.testing.assert_close(y, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+    if torch.cuda.device_count() < 2:
+        pytest.skip("a second GPU is needed to check launching on a non-current device")
+    A1, B1 = A.to("cuda:1"), B.to("cuda:1")
+    with torch.cuda.device(0):
+        y1 = ops.gemm(A1, B1)
+    torch.cuda.synchronize(1)
+    assert y1.device == torch.device("cuda:1")
+    torch.testing.assert_close(y1, _gemm_ref(A1, B1), atol=2e-2, rtol=2e-2)
