@@ -73,6 +73,19 @@ class KernelMeta(abc.ABCMeta):
         super().__setattr__(name, value)
 
 
+def _allocate_workspace(size: int, device: torch.device, stream: Any) -> torch.Tensor:
+    """``size`` bytes from torch's caching allocator on ``device``, owned by the launch stream
+    (so the block is not handed to another stream while the kernel may still use it)."""
+    if stream is None or device.type != "cuda":
+        return torch.empty(size, dtype=torch.uint8, device=device)
+    if not isinstance(stream, torch.cuda.Stream):
+        from .utils import stream_handle
+
+        stream = torch.cuda.ExternalStream(stream_handle(stream), device=device)
+    with torch.cuda.stream(stream):
+        return torch.empty(size, dtype=torch.uint8, device=device)
+
+
 class Kernel(metaclass=KernelMeta):
     """One configuration of a kernel family, discoverable through `kernel_api.get_kernels`.
 
@@ -166,7 +179,7 @@ class Kernel(metaclass=KernelMeta):
         if workspace is None:
             size = self.get_workspace_size(args)
             if size:
-                workspace = torch.empty(size, dtype=torch.uint8, device=args.device)
+                workspace = _allocate_workspace(size, args.device, stream)
         self._run(args, compiled_artifact, stream, workspace)
 
     def _check_runnable(self, args: Any, artifact: CompiledArtifact | None) -> None:
