@@ -27,6 +27,7 @@ from .status import Status
 compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("compile_target_cc", default=None)
 
 _FINAL_METHODS = ("run", "supports")
+_cc_by_device: dict[tuple, int] = {}
 
 
 def _wrap_compile(fn: Callable) -> Callable:
@@ -191,9 +192,15 @@ class Kernel(metaclass=KernelMeta):
             raise DeviceError(
                 f"{self._metadata.kernel_name}: operand {name} is on {device}; GPU kernels need CUDA tensors "
                 f"(compile without a GPU with kernel.compile(args, cc=90))")
-        if not torch.cuda.is_available():
-            raise DeviceError(f"{self._metadata.kernel_name}: no CUDA GPU is available to run on")
-        status = self.supports(args, device_cc(device.index))
+        # torch.cuda.get_device_capability costs microseconds; a device's cc never changes. The
+        # key holds the functions used so that patching them (tests) is still honoured.
+        key = (device.index, torch.cuda.is_available, device_cc)
+        cc = _cc_by_device.get(key)
+        if cc is None:
+            if not torch.cuda.is_available():
+                raise DeviceError(f"{self._metadata.kernel_name}: no CUDA GPU is available to run on")
+            cc = _cc_by_device[key] = normalize_cc(device_cc(device.index))
+        status = self.supports(args, cc)
         if not status:
             raise UnsupportedArgumentsError(f"{self._metadata.kernel_name} does not support {args!r}: {status.error}")
         if artifact is not None and artifact.kernel is not self and getattr(artifact.kernel, "metadata", None) is not None \
