@@ -40,23 +40,19 @@ SWEEP = ["8192x8192x8192", "4096x4096x4096", "2048x2048x2048", "4096x14336x4096"
          "128x8192x8192", "16384x1024x16384"]
 # Design points tried besides the emitted ones (tuning only; not registered).
 EXPLORE = [
-    Sm90Config((128, 256), (2, 1), "cooperative", swizzle=1),
     Sm90Config((128, 256), (2, 1), "cooperative", swizzle=8),
-    Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4, epi_n=64),
     Sm90Config((128, 256), (1, 2), "cooperative", swizzle=4),
-    Sm90Config((128, 256), (1, 1), "cooperative", swizzle=4),
+    Sm90Config((128, 256), (2, 2), "cooperative", swizzle=4),
+    Sm90Config((256, 128), (2, 2), "cooperative", swizzle=4, raster_along_m=False),
     Sm90Config((256, 128), (1, 2), "cooperative", swizzle=8, raster_along_m=False),
-    Sm90Config((256, 128), (1, 2), "cooperative", swizzle=4, raster_along_m=False, epi_n=64),
-    Sm90Config((256, 128), (2, 1), "cooperative", swizzle=4),
-    Sm90Config((128, 128), (2, 1), "cooperative", swizzle=4),
-    Sm90Config((128, 64), (1, 1), "cooperative", swizzle=4),
+    Sm90Config((128, 192), (2, 1), "cooperative", swizzle=4),
     Sm90Config((128, 128), (2, 1), "pingpong", swizzle=8),
     Sm90Config((128, 128), (1, 2), "pingpong", swizzle=4, raster_along_m=False),
-    Sm90Config((128, 128), (1, 1), "pingpong", swizzle=4),
-    Sm90Config((128, 128), (2, 1), "pingpong", swizzle=4, epi_n=64),
-    Sm90Config((64, 256), (1, 2), "pingpong", swizzle=4, raster_along_m=False),
-    Sm90Config((64, 128), (1, 1), "pingpong", swizzle=1),
-    Sm90Config((64, 128), (1, 2), "pingpong", swizzle=1),
+    Sm90Config((128, 128), (1, 2), "pingpong", swizzle=8, raster_along_m=False),
+    Sm90Config((128, 128), (2, 2), "pingpong", swizzle=4),
+    Sm90Config((128, 128), (2, 2), "pingpong", swizzle=8),
+    Sm90Config((64, 256), (2, 2), "pingpong", swizzle=4),
+    Sm90Config((64, 256), (2, 1), "pingpong", swizzle=8),
 ]
 CHECK_SHAPES = [(1, 999, 1000, 136), (3, 264, 520, 72), (1, 128, 8192, 1024), (2, 1032, 264, 2056)]
 
@@ -140,6 +136,10 @@ def main() -> None:
         return [k for k in found + extra if re.search(opts.configs, k.name)]
 
     if opts.sanitize:
+        from kernel_api.providers.cutedsl.gemm import sm90_warpspecialized as iface
+        for size in (1, 2, 4):
+            print(f"max active clusters of {size}: {iface.max_active_clusters(0, size)}", flush=True)
+        print(f"fallbacks: {iface.max_clusters_fallbacks}", flush=True)
         probe = torch.empty(8, 8, device="cuda", dtype=dtype)
         for k in candidates(kernel_api.GemmArguments(probe, probe, probe, accumulator_type=torch.float32)):
             L, M, N, K = 2, 203, 264, 136

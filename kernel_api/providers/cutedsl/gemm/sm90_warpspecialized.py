@@ -95,6 +95,8 @@ def plan_stages(cfg: Sm90Config, ab_type: DataType, out_type: DataType) -> tuple
 
 _max_clusters: dict[tuple[int, int], int] = {}
 _max_clusters_lock = threading.Lock()
+#: Why a cluster count fell back to SMs / cluster size (diagnostics), by (device, cluster size).
+max_clusters_fallbacks: dict[tuple[int, int], str] = {}
 
 
 def max_active_clusters(device_index: int, cluster_size: int) -> int:
@@ -116,7 +118,8 @@ def max_active_clusters(device_index: int, cluster_size: int) -> int:
 
                         with torch.cuda.device(device_index):
                             value = int(cutlass.utils.HardwareInfo(device_index).get_max_active_clusters(cluster_size))
-                    except Exception:  # pragma: no cover - a driver without the query
+                    except Exception as exc:  # pragma: no cover - a driver without the query
+                        max_clusters_fallbacks[key] = f"{type(exc).__name__}: {exc}"
                         value = sms // cluster_size
                 _max_clusters[key] = value = max(1, value)
     return value

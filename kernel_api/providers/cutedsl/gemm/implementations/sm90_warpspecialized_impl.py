@@ -351,7 +351,9 @@ class Sm90WarpSpecializedGemmImpl:
             tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
             tRS_rOut = cute.make_rmem_tensor(rD_shape, self.d_dtype)
             rD_size = cute.size(tRS_rD)
-            tRS_cD = thr_r2s.partition_D(cute.make_identity_tensor(self.epi_tile))  # (m, n) inside a subtile
+            # coordinates (m, n) inside a subtile of each *source* register value (with stmatrix the
+            # destination partition is the addresses a thread supplies, not where its values land)
+            tRS_cD = thr_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
             epi_m, epi_n = self.epi_tile
             sub_n = self.tile_n // epi_n
             sub_count = (self.tile_m // epi_m) * sub_n
