@@ -153,9 +153,6 @@ def host_overhead(calls: int = 20000) -> dict:
     res["args_plus_run_unchecked_us"] = per_call(
         lambda: kernel.run(SoftmaxArguments(x, out), compiled_artifact=art, stream=stream, assume_supported_args=True))
     res["torch_softmax_us"] = per_call(lambda: torch.softmax(x, -1))
-    # the GPU time of the tiny kernel itself, for context
-    res["gpu_kernel_us"] = median_ms(lambda i: kernel.run(args, compiled_artifact=art, assume_supported_args=True),
-                                     1, 200) * 1e3
     return res
 
 
@@ -187,6 +184,55 @@ def cache_timing() -> dict:
     return {"cold_compile_ms": cold_s * 1e3, "disk_hit_ms": hit_s * 1e3, "hit": hit.cache_hit and not cold.cache_hit}
 
 
+HINT_VARIANTS = {
+    "nc_noalloc+st_cs (default)": {},
+    "plain ld+st": {"KA_LD16": '"ld.global.v4.u32"', "KA_ST16": '"st.global.v4.u32"'},
+    "nc_noalloc+plain st": {"KA_ST16": '"st.global.v4.u32"'},
+    "plain ld+st_cs": {"KA_LD16": '"ld.global.v4.u32"'},
+    "nc+plain st": {"KA_LD16": '"ld.global.nc.v4.u32"', "KA_ST16": '"st.global.v4.u32"'},
+}
+
+
+def hint_sweep(dtype: torch.dtype, iters: int) -> list:
+    """Time the cuda_src register kernels with each 16-byte load/store cache-hint variant."""
+    from kernel_api.providers.cuda_src.compiler import compile_cuda
+    from kernel_api.providers.cuda_src.kernels.softmax import CudaSoftmaxBackward, CudaSoftmaxForward
+    from kernel_api.providers.cuda_src.launcher import CudaLauncher
+
+    rows_out = []
+    cc = torch.cuda.get_device_capability()
+    cc = cc[0] * 10 + cc[1]
+    for rows, cols in SHAPES:
+        for cls in (CudaSoftmaxForward, CudaSoftmaxBackward):
+            n_t = 3 if cls.backward else 2
+            sets = n_sets(n_t * rows * cols * 2)
+            ts = [[torch.randn(rows, cols, device="cuda", dtype=dtype) for _ in range(n_t)] for _ in range(sets)]
+            strategy = "block_ept32" if cols > 1024 else "block_ept16"
+            name = f"cuda_softmax_{'bwd' if cls.backward else 'fwd'}_{strategy}_bf16_align8"
+            kernel = next(k for k in cls.generate_kernels(None, cc=cc) if k.metadata.kernel_name == name)
+            expr, plan = kernel._instance(cols)
+            for label, defines in HINT_VARIANTS.items():
+                compiled = compile_cuda(cls.get_source(), cc=cc, name_expressions=[expr], defines=defines,
+                                        source_name="softmax.cu")
+                launcher = CudaLauncher(compiled, expr, name, convert_args=False)
+                handle = torch.cuda.current_stream().cuda_stream
+                grid = (rows + plan.rows_per_cta - 1) // plan.rows_per_cta
+
+                def call(i, launcher=launcher):
+                    t = ts[i]
+                    ptrs = tuple(x.data_ptr() for x in t)
+                    extra = (rows, cols, cols, cols, cols) if cls.backward else (rows, cols, cols, cols)
+                    launcher.launch(handle, 0, grid, plan.threads, 0, ptrs + extra)
+
+                ms = median_ms(call, sets, iters)
+                tbs = n_t * rows * cols * 2 / (ms * 1e-3) / 1e12
+                rows_out.append({"kernel": name, "shape": [rows, cols], "variant": label, "ms": ms, "tbs": tbs})
+                print(f"  sweep {name:42s} {rows}x{cols} {label:28s} {ms*1e3:8.1f} us {tbs:6.3f} TB/s", flush=True)
+            ts.clear()
+            torch.cuda.empty_cache()
+    return rows_out
+
+
 def summarise(entry: dict, copy_tbs: float) -> None:
     tb = lambda ms: entry["bytes"] / (ms * 1e-3) / 1e12  # noqa: E731
     entry["torch_tbs"] = tb(entry["torch_ms"])
@@ -208,6 +254,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--skip-host", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also compare cache-hint variants of the CUDA kernels")
+    ap.add_argument("--only-sweep", action="store_true", help="run only the cache-hint sweep")
     opts = ap.parse_args()
     dtype = DTYPES[opts.dtype]
     props = torch.cuda.get_device_properties(0)
@@ -216,6 +264,10 @@ def main() -> None:
               "dtype": opts.dtype, "iters": opts.iters}
     report["copy_tbs"] = copy_tbs = copy_rate(opts.iters)
     print(f"device {device}: device-to-device copy {copy_tbs:.3f} TB/s", flush=True)
+    if opts.sweep or opts.only_sweep:
+        report["hint_sweep"] = hint_sweep(dtype, opts.iters)
+        if opts.only_sweep:
+            return
     report["forward"], report["backward"] = [], []
     for rows, cols in SHAPES:
         for kind, fn in (("forward", bench_forward), ("backward", bench_backward)):

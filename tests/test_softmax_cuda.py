@@ -110,7 +110,9 @@ def test_memcheck_clean():
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
                PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                            os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", sys.executable,
+    # API errors are not memory errors (and cuda.core probes kernel parameters that way).
+    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
+                           "--error-exitcode", "3", sys.executable,
                            "-c", _SANITIZED], env=env, capture_output=True, text=True, timeout=900)
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail

@@ -149,7 +149,9 @@ class CudaLauncher:
                 raise KernelLaunchError(
                     f"{self.label}: could not load kernel {self.name_expression!r} from its {self.compiled.arch} "
                     f"cubin: {exc}") from exc
-            info = getattr(kernel, "arguments_info", None)
+            # Parameter sizes, to adapt Python ints/floats (only when converting: the query
+            # probes past the last parameter, which compute-sanitizer reports as an API error).
+            info = getattr(kernel, "arguments_info", None) if self.convert_args else None
             if info is not None:
                 try:
                     self._param_sizes = tuple(int(size) for _, size in info)

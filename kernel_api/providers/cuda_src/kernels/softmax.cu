@@ -53,16 +53,21 @@ struct F16 {
   }
 };
 
-// 16-byte accesses: inputs are read once, so skip L1 allocation; outputs are streamed.
+// 16-byte accesses. The cache hints are macros so that benchmarks can compare variants
+// (benchmarks/softmax.py --sweep); the defaults are the measured best.
+#ifndef KA_LD16
+#define KA_LD16 "ld.global.nc.L1::no_allocate.v4.u32"
+#endif
+#ifndef KA_ST16
+#define KA_ST16 "st.global.cs.v4.u32"
+#endif
 __device__ __forceinline__ uint4 ld16(const void* p) {
   uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  asm(KA_LD16 " {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
 __device__ __forceinline__ void st16(void* p, uint4 v) {
-  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
+  asm volatile(KA_ST16 " [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
 // VEC raw elements; 16-byte packs move as one access.
@@ -94,20 +99,20 @@ __device__ __forceinline__ Pack<T, VEC> load_pack(const typename T::raw* p) {
 // is converted, so that they are in flight together (converting right after each load would
 // wait on it).
 template <class T, int VEC, int NV, int STRIDE>
-__device__ __forceinline__ void issue_row(const typename T::raw* __restrict__ p, i64 cols, int t,
+__device__ __forceinline__ void issue_row(const typename T::raw* __restrict__ p, int cols, int t,
                                           Pack<T, VEC> (&raw)[NV]) {
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const i64 c = (i64)(j * STRIDE + t) * VEC;
+    const int c = (j * STRIDE + t) * VEC;
     if (c < cols) raw[j] = load_pack<T, VEC>(p + c);
   }
 }
 template <class T, int VEC, int NV, int STRIDE>
-__device__ __forceinline__ void convert_row(const Pack<T, VEC> (&raw)[NV], i64 cols, int t, float fill,
+__device__ __forceinline__ void convert_row(const Pack<T, VEC> (&raw)[NV], int cols, int t, float fill,
                                             float (&f)[NV][VEC]) {
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const bool ok = (i64)(j * STRIDE + t) * VEC < cols;
+    const bool ok = (j * STRIDE + t) * VEC < cols;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) f[j][k] = ok ? T::load(raw[j].r[k]) : fill;
   }
@@ -173,7 +178,7 @@ __device__ __forceinline__ float exp_shifted(float v, float m) { return exp2f((v
 // THREADS_PER_ROW lanes share a row; each holds NV accesses of VEC elements.
 template <class T, int VEC, int NV, int THREADS_PER_ROW, int THREADS>
 __device__ __forceinline__ void fwd_row_regs(const typename T::raw* __restrict__ xr, typename T::raw* __restrict__ yr,
-                                             i64 cols, int t, float* sm) {
+                                             int cols, int t, float* sm) {
   float v[NV][VEC];
   {
     Pack<T, VEC> raw[NV];
@@ -198,7 +203,7 @@ __device__ __forceinline__ void fwd_row_regs(const typename T::raw* __restrict__
   const float inv = 1.f / s;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const i64 c = (i64)(j * THREADS_PER_ROW + t) * VEC;
+    const int c = (j * THREADS_PER_ROW + t) * VEC;
     if (c < cols) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) v[j][k] *= inv;
@@ -209,7 +214,7 @@ __device__ __forceinline__ void fwd_row_regs(const typename T::raw* __restrict__
 
 template <class T, int VEC, int NV, int THREADS_PER_ROW, int THREADS>
 __device__ __forceinline__ void bwd_row_regs(const typename T::raw* __restrict__ gr, const typename T::raw* __restrict__ yr,
-                                             typename T::raw* __restrict__ dr, i64 cols, int t, float* sm) {
+                                             typename T::raw* __restrict__ dr, int cols, int t, float* sm) {
   float g[NV][VEC], y[NV][VEC];
   {
     Pack<T, VEC> rg[NV], ry[NV];
@@ -226,7 +231,7 @@ __device__ __forceinline__ void bwd_row_regs(const typename T::raw* __restrict__
   dot = THREADS_PER_ROW == 32 ? warp_sum(dot) : block_sum<THREADS>(dot, sm);
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const i64 c = (i64)(j * THREADS_PER_ROW + t) * VEC;
+    const int c = (j * THREADS_PER_ROW + t) * VEC;
     if (c < cols) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) g[j][k] = y[j][k] * (g[j][k] - dot);
@@ -241,7 +246,7 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_warp(const typename T::raw* __
                                                        i64 rows, i64 cols, i64 ldx, i64 ldy) {
   const i64 row = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   if (row >= rows) return;
-  fwd_row_regs<T, VEC, NV, 32, 32>(x + row * ldx, y + row * ldy, cols, threadIdx.x & 31, nullptr);
+  fwd_row_regs<T, VEC, NV, 32, 32>(x + row * ldx, y + row * ldy, (int)cols, threadIdx.x & 31, nullptr);
 }
 
 template <class T, int VEC, int NV, int WARPS>
@@ -250,7 +255,7 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_warp(const typename T::raw* __
                                                        i64 ldy, i64 lddx) {
   const i64 row = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   if (row >= rows) return;
-  bwd_row_regs<T, VEC, NV, 32, 32>(dy + row * lddy, y + row * ldy, dx + row * lddx, cols, threadIdx.x & 31, nullptr);
+  bwd_row_regs<T, VEC, NV, 32, 32>(dy + row * lddy, y + row * ldy, dx + row * lddx, (int)cols, threadIdx.x & 31, nullptr);
 }
 
 // One CTA of THREADS per row.
@@ -259,7 +264,7 @@ __global__ void __launch_bounds__(THREADS) fwd_block(const typename T::raw* __re
                                                      i64 rows, i64 cols, i64 ldx, i64 ldy) {
   __shared__ float sm[64];
   const i64 row = blockIdx.x;
-  fwd_row_regs<T, VEC, NV, THREADS, THREADS>(x + row * ldx, y + row * ldy, cols, threadIdx.x, sm);
+  fwd_row_regs<T, VEC, NV, THREADS, THREADS>(x + row * ldx, y + row * ldy, (int)cols, threadIdx.x, sm);
 }
 
 template <class T, int VEC, int NV, int THREADS>
@@ -268,7 +273,7 @@ __global__ void __launch_bounds__(THREADS) bwd_block(const typename T::raw* __re
                                                      i64 ldy, i64 lddx) {
   __shared__ float sm[32];
   const i64 row = blockIdx.x;
-  bwd_row_regs<T, VEC, NV, THREADS, THREADS>(dy + row * lddy, y + row * ldy, dx + row * lddx, cols, threadIdx.x, sm);
+  bwd_row_regs<T, VEC, NV, THREADS, THREADS>(dy + row * lddy, y + row * ldy, dx + row * lddx, (int)cols, threadIdx.x, sm);
 }
 
 // ---------------------------------------------------------------- rows of any length
@@ -284,11 +289,12 @@ __global__ void __launch_bounds__(THREADS) fwd_looped(const typename T::raw* __r
   const int t = threadIdx.x;
   float m = -KA_INF, s = 0.f;
   for (i64 off = 0; off < cols; off += chunk) {
+    const int rest = (int)(cols - off < chunk ? cols - off : chunk);  // elements left in this chunk
     float v[UNROLL][VEC];
     {
       Pack<T, VEC> raw[UNROLL];
-      issue_row<T, VEC, UNROLL, THREADS>(xr + off, cols - off, t, raw);
-      convert_row<T, VEC, UNROLL, THREADS>(raw, cols - off, t, -KA_INF, v);
+      issue_row<T, VEC, UNROLL, THREADS>(xr + off, rest, t, raw);
+      convert_row<T, VEC, UNROLL, THREADS>(raw, rest, t, -KA_INF, v);
     }
     float cm = m;
 #pragma unroll
@@ -310,16 +316,17 @@ __global__ void __launch_bounds__(THREADS) fwd_looped(const typename T::raw* __r
   s = m == -KA_INF ? 0.f : s * exp_shifted(m, row_max);
   const float inv = 1.f / block_sum<THREADS>(s, sm + 32);
   for (i64 off = 0; off < cols; off += chunk) {
+    const int rest = (int)(cols - off < chunk ? cols - off : chunk);  // elements left in this chunk
     float v[UNROLL][VEC];
     {
       Pack<T, VEC> raw[UNROLL];
-      issue_row<T, VEC, UNROLL, THREADS>(xr + off, cols - off, t, raw);
-      convert_row<T, VEC, UNROLL, THREADS>(raw, cols - off, t, 0.f, v);
+      issue_row<T, VEC, UNROLL, THREADS>(xr + off, rest, t, raw);
+      convert_row<T, VEC, UNROLL, THREADS>(raw, rest, t, 0.f, v);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const i64 c = (i64)(u * THREADS + t) * VEC;
-      if (c < cols - off) {
+      const int c = (u * THREADS + t) * VEC;
+      if (c < rest) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) v[u][k] = exp_shifted(v[u][k], row_max) * inv;
         store_vec<T, VEC>(yr + off + c, v[u]);
@@ -340,13 +347,14 @@ __global__ void __launch_bounds__(THREADS) bwd_looped(const typename T::raw* __r
   const int t = threadIdx.x;
   float dot = 0.f;
   for (i64 off = 0; off < cols; off += chunk) {
+    const int rest = (int)(cols - off < chunk ? cols - off : chunk);  // elements left in this chunk
     float g[UNROLL][VEC], w[UNROLL][VEC];
     {
       Pack<T, VEC> rg[UNROLL], ry[UNROLL];
-      issue_row<T, VEC, UNROLL, THREADS>(gr + off, cols - off, t, rg);
-      issue_row<T, VEC, UNROLL, THREADS>(yr + off, cols - off, t, ry);
-      convert_row<T, VEC, UNROLL, THREADS>(rg, cols - off, t, 0.f, g);
-      convert_row<T, VEC, UNROLL, THREADS>(ry, cols - off, t, 0.f, w);
+      issue_row<T, VEC, UNROLL, THREADS>(gr + off, rest, t, rg);
+      issue_row<T, VEC, UNROLL, THREADS>(yr + off, rest, t, ry);
+      convert_row<T, VEC, UNROLL, THREADS>(rg, rest, t, 0.f, g);
+      convert_row<T, VEC, UNROLL, THREADS>(ry, rest, t, 0.f, w);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
@@ -355,18 +363,19 @@ __global__ void __launch_bounds__(THREADS) bwd_looped(const typename T::raw* __r
   }
   dot = block_sum<THREADS>(dot, sm);
   for (i64 off = 0; off < cols; off += chunk) {
+    const int rest = (int)(cols - off < chunk ? cols - off : chunk);  // elements left in this chunk
     float g[UNROLL][VEC], w[UNROLL][VEC];
     {
       Pack<T, VEC> rg[UNROLL], ry[UNROLL];
-      issue_row<T, VEC, UNROLL, THREADS>(gr + off, cols - off, t, rg);
-      issue_row<T, VEC, UNROLL, THREADS>(yr + off, cols - off, t, ry);
-      convert_row<T, VEC, UNROLL, THREADS>(rg, cols - off, t, 0.f, g);
-      convert_row<T, VEC, UNROLL, THREADS>(ry, cols - off, t, 0.f, w);
+      issue_row<T, VEC, UNROLL, THREADS>(gr + off, rest, t, rg);
+      issue_row<T, VEC, UNROLL, THREADS>(yr + off, rest, t, ry);
+      convert_row<T, VEC, UNROLL, THREADS>(rg, rest, t, 0.f, g);
+      convert_row<T, VEC, UNROLL, THREADS>(ry, rest, t, 0.f, w);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const i64 c = (i64)(u * THREADS + t) * VEC;
-      if (c < cols - off) {
+      const int c = (u * THREADS + t) * VEC;
+      if (c < rest) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) g[u][k] = w[u][k] * (g[u][k] - dot);
         store_vec<T, VEC>(dr + off + c, g[u]);
