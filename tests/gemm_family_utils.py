@@ -83,3 +83,13 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
+
+
+def aligned_extents(metadata, M: int, N: int, K: int) -> tuple[int, int, int]:
+    """Round up the extents a kernel's alignment constrains: each operand's contiguous one."""
+    need = {"M": 1, "N": 1, "K": 1}
+    ops = metadata.operands
+    for attrs, (rows, cols) in ((ops.A, ("M", "K")), (ops.B, ("K", "N")), (ops.out, ("M", "N"))):
+        dim = cols if attrs.layout == "t" else rows
+        need[dim] = max(need[dim], attrs.divisibility)
+    return round_up(M, need["M"]), round_up(N, need["N"]), round_up(K, need["K"])

@@ -1,8 +1,8 @@
 """GPU checks of every GEMM configuration the CuTe DSL GEMM classes generate.
 
-Each configuration runs on three shapes (the first with M, N, K odd and L = 3 for
-alignment-1 configurations; aligned configurations round the extents up to their
-alignment) against a float64 reference, on fresh random inputs and a NaN-poisoned output.
+Each configuration runs on three shapes (the first with M, N, K odd and L = 3; aligned
+configurations round up only the extents their alignment constrains, i.e. the contiguous
+ones, so e.g. a "tn" tensor-op kernel still sees odd M and N) against a float64 reference, on fresh random inputs and a NaN-poisoned output.
 A subset also runs rank-2 operands and every fused-epilogue variant. Run with
 ``pytest -m gpu -n 8`` (pytest-xdist) to spread the compiles over CPU cores.
 """
@@ -15,7 +15,7 @@ import torch
 import kernel_api
 from kernel_api.arch import device_cc
 
-from gemm_family_utils import problem, relative_error, round_up, tolerance
+from gemm_family_utils import aligned_extents, problem, relative_error, tolerance
 
 FAMILY = ("SimtGemm", "Sm80TensorOpGemm")
 SHAPES = ((67, 45, 33, 3), (257, 131, 190, 1), (5, 300, 77, 2))  # (M, N, K, L)
@@ -39,8 +39,7 @@ def _align(kernel) -> int:
 
 
 def _check(kernel, M, N, K, L, rank, epilogue=None):
-    a = _align(kernel)
-    M, N, K = round_up(M, a), round_up(N, a), round_up(K, a)
+    M, N, K = aligned_extents(kernel.metadata, M, N, K)
     gen = torch.Generator(device="cuda").manual_seed(hash((kernel.metadata.kernel_name, M, N, K, L)) & 0xFFFF)
     args, ref = problem(kernel.metadata, M, N, K, L, rank, "cuda", epilogue, generator=gen)
     status = kernel.supports(args)
@@ -119,3 +118,26 @@ def test_misaligned_pointers_fall_back_to_alignment_1():
         found[0].run(args)
         ref = A.double() @ B.double()
         assert relative_error(out, ref) <= tolerance(found[0].metadata)
+
+
+def memcheck_main() -> int:
+    """One configuration per class (odd shape, batch, full epilogue) for compute-sanitizer:
+
+        compute-sanitizer --tool memcheck python tests/test_gemm_family_gpu.py
+    """
+    picks = {}
+    for name, k in _KERNELS.items():
+        ops = k.metadata.operands
+        cls = type(k).__name__
+        if cls not in picks and ops.A.layout + ops.B.layout + ops.out.layout == "tnt":
+            picks[cls] = k
+    for cls, k in picks.items():
+        for M, N, K, L in SHAPES:
+            _check(k, M, N, K, L, rank=3)
+        _check(k, *SHAPES[0][:3], SHAPES[0][3], rank=3, epilogue=EPILOGUES["everything_gelu"])
+        print(f"memcheck ran {k.metadata.kernel_name} on {len(SHAPES)} shapes + epilogue", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(memcheck_main())

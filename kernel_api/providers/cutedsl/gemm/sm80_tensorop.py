@@ -26,9 +26,10 @@ _DTYPES_16 = ((DataType.bf16, DataType.bf16), (DataType.f16, DataType.f16),
               (DataType.bf16, DataType.f32), (DataType.f16, DataType.f32))
 # (BM, BN, BK), (warps along M, warps along N), stages
 _CONFIGS_16 = (
+    ((128, 256, 64), (2, 4), 4),
     ((128, 256, 64), (2, 4), 3),
-    ((256, 128, 64), (4, 2), 3),
-    ((128, 128, 64), (2, 2), 4),
+    ((256, 128, 64), (4, 2), 4),
+    ((128, 256, 32), (2, 4), 5),
     ((128, 128, 32), (2, 2), 5),
     ((64, 128, 32), (2, 2), 4),
 )
@@ -85,4 +86,4 @@ class Sm80TensorOpGemm(GemmKernelBase):
         return Sm80TensorOpGemmImpl(
             md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape, dict(design.extra)["warps"],
             design.stages, a_k_major=md.A.layout == "t", b_k_major=md.B.layout == "n",
-            spec=EpilogueSpec.from_signature(args.epilogue_signature))
+            out_n_major=md.out.layout == "t", spec=EpilogueSpec.from_signature(args.epilogue_signature))

@@ -58,19 +58,43 @@ def epilogue_value(spec: cutlass.Constexpr, acc, alpha, beta, c, bias):
 
 
 @cute.jit
+def _element(spec: cutlass.Constexpr, acc, m, n, mC, mBias, alpha, beta):
+    c = None
+    b = None
+    if cutlass.const_expr(spec.has_c):
+        c = mC[m, n]
+    if cutlass.const_expr(spec.bias == "row"):
+        b = mBias[n]
+    elif cutlass.const_expr(spec.bias == "column"):
+        b = mBias[m]
+    return epilogue_value(spec, acc, alpha, beta, c, b)
+
+
+@cute.jit
 def store_fragment(spec: cutlass.Constexpr, acc: cute.Tensor, coords: cute.Tensor, mOut: cute.Tensor, mC,
-                   mBias, alpha, beta, M, N):
-    """Apply the epilogue to each element of ``acc`` and store those with (m, n) < (M, N)."""
-    for i in cutlass.range_constexpr(cute.size(acc)):
-        m, n = coords[i]
-        if cute.elem_less((m, n), (M, N)):
-            c = None
-            b = None
-            if cutlass.const_expr(spec.has_c):
-                c = mC[m, n]
-            if cutlass.const_expr(spec.bias == "row"):
-                b = mBias[n]
-            elif cutlass.const_expr(spec.bias == "column"):
-                b = mBias[m]
-            v = epilogue_value(spec, acc[i], alpha, beta, c, b)
-            mOut[m, n] = v.to(mOut.element_type)
+                   mBias, alpha, beta, M, N, pairs: cutlass.Constexpr = False):
+    """Apply the epilogue to each element of ``acc`` and store those with (m, n) < (M, N).
+
+    ``pairs=True`` promises that fragment elements (2j, 2j+1) sit at (m, n), (m, n+1) with n
+    even and that ``mOut`` is N-contiguous (as in the mma.sync accumulator layout with a
+    row-major output); the store then writes both with one vector store whenever N, the
+    row stride and the pointer allow it (checked once, at run time), else element-wise.
+    """
+    width = mOut.element_type.width // 8
+    vector_ok = False
+    if cutlass.const_expr(pairs):
+        vector_ok = (N % 2 == 0) and (mOut.stride[0] % 2 == 0) and (mOut.iterator.toint() % (2 * width) == 0)
+    if vector_ok:
+        pair = cute.make_rmem_tensor(cute.make_layout(2), mOut.element_type)
+        for j in cutlass.range_constexpr(cute.size(acc) // 2):
+            m, n = coords[2 * j]
+            if cute.elem_less((m, n), (M, N)):
+                pair[0] = _element(spec, acc[2 * j], m, n, mC, mBias, alpha, beta).to(mOut.element_type)
+                pair[1] = _element(spec, acc[2 * j + 1], m, n + 1, mC, mBias, alpha, beta).to(mOut.element_type)
+                dst = cute.domain_offset((m, n), mOut)
+                cute.autovec_copy(pair, cute.make_tensor(dst.iterator.align(2 * width), cute.make_layout(2)))
+    else:
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            m, n = coords[i]
+            if cute.elem_less((m, n), (M, N)):
+                mOut[m, n] = _element(spec, acc[i], m, n, mC, mBias, alpha, beta).to(mOut.element_type)

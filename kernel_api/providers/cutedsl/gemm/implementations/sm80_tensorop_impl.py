@@ -26,12 +26,12 @@ class Sm80TensorOpGemmImpl:
     """Compile-time configuration of one tensor-core GEMM instance.
 
     ``ab_dtype``: Float16, BFloat16 or Float32 (then ``tf32`` math); ``out_dtype``;
-    ``tile``: (BM, BN, BK); ``warps``: (WM, WN); ``stages``; ``a_k_major``/``b_k_major``;
+    ``tile``: (BM, BN, BK); ``warps``: (WM, WN); ``stages``; ``a_k_major``/``b_k_major``/``out_n_major``;
     ``spec``: the `EpilogueSpec`; ``group``: M-tiles per rasterisation group.
     """
 
-    def __init__(self, ab_dtype, out_dtype, tile, warps, stages, a_k_major: bool, b_k_major: bool, spec,
-                 group: int = 8) -> None:
+    def __init__(self, ab_dtype, out_dtype, tile, warps, stages, a_k_major: bool, b_k_major: bool,
+                 out_n_major: bool, spec, group: int = 8) -> None:
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.tf32 = ab_dtype is cutlass.Float32
         self.mma_dtype = cutlass.TFloat32 if self.tf32 else ab_dtype
@@ -40,7 +40,7 @@ class Sm80TensorOpGemmImpl:
         self.warps = tuple(warps)
         self.num_threads = 32 * warps[0] * warps[1]
         self.stages = stages
-        self.a_k_major, self.b_k_major = a_k_major, b_k_major
+        self.a_k_major, self.b_k_major, self.out_n_major = a_k_major, b_k_major, out_n_major
         self.spec = spec
         self.group = group
         self.vec = 128 // ab_dtype.width  # elements per 16-byte copy
@@ -232,4 +232,5 @@ class Sm80TensorOpGemmImpl:
         mC = None
         if cutlass.const_expr(self.spec.has_c):
             mC = C[None, None, l]
-        store_fragment(self.spec, acc, tCcO, O[None, None, l], mC, bias, alpha, beta, M, N)
+        # Accumulator pairs are adjacent along N: vector stores for a row-major output.
+        store_fragment(self.spec, acc, tCcO, O[None, None, l], mC, bias, alpha, beta, M, N, pairs=self.out_n_major)
