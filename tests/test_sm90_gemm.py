@@ -16,7 +16,7 @@ import torch
 import kernel_api
 from kernel_api.dtypes import DataType
 from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import (
-    CONFIGS, K_TILE, SM90_SMEM_BYTES, Sm90WarpSpecializedGemm, plan_stages)
+    CONFIGS, F32_OUT_CONFIGS, K_TILE, SM90_SMEM_BYTES, Sm90WarpSpecializedGemm, plan_stages)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,7 +40,7 @@ def _args(M=256, N=512, K=128, dtype=torch.bfloat16, out_dtype=None, a_col=False
 def test_instances_names_and_metadata():
     kernels = Sm90WarpSpecializedGemm.generate_kernels(None, cc=90)
     names = [k.name for k in kernels]
-    assert len(names) == len(set(names)) == 2 * 2 * 8 * len(CONFIGS)
+    assert len(names) == len(set(names)) == 2 * 8 * (len(CONFIGS) + len(F32_OUT_CONFIGS))
     for k in kernels:
         md = k.metadata
         assert md.min_cc == 90 and md.max_cc == 90 and md.provider == "cutedsl"
@@ -85,7 +85,7 @@ def test_stage_counts_fill_shared_memory(cfg):
 def test_discovery_matches_layouts_and_types():
     args = _args(a_col=True, out_col=True, out_dtype=torch.float32)
     found = kernel_api.get_kernels(args, cc=90, metadata_filter=_sm90)
-    assert len(found) == len(CONFIGS)
+    assert len(found) == len(F32_OUT_CONFIGS)
     for k in found:
         assert "_bf16bf16_f32_" in k.name and "_ntn_" in k.name
     args = _args(dtype=torch.float16, b_col=True, L=3)
@@ -98,7 +98,8 @@ def test_epilogue_discovery():
                                       bias=torch.randn(512).to(torch.bfloat16), activation="silu")
     found = kernel_api.get_kernels(_args(epilogue=ep), cc=90, metadata_filter=_sm90)
     assert len(found) == len(CONFIGS)
-    assert len(Sm90WarpSpecializedGemm.generate_kernels(None, epilogue_args=ep, cc=90)) == 4 * 8 * len(CONFIGS)
+    assert len(Sm90WarpSpecializedGemm.generate_kernels(None, epilogue_args=ep, cc=90)) == \
+        2 * 8 * (len(CONFIGS) + len(F32_OUT_CONFIGS))
 
 
 @pytest.mark.parametrize("case", ["K odd", "N odd", "pointer offset", "batch stride"])
@@ -153,8 +154,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     def mk(shape, dt, col):
         t = torch.randn(*shape).to(dt)
         return t.transpose(-1, -2).contiguous().transpose(-1, -2) if col else t
-    cases = [("cluster2x1_cooperative", "tnt", torch.bfloat16, 2, False),
-             ("128x128x64_cluster2x1_pingpong", "nnn", torch.float32, 3, True)]
+    cases = [("cluster2x1_cooperative_swz", "tnt", torch.bfloat16, 2, False),
+             ("128x128x64_cluster2x1_pingpong_streamk", "nnn", torch.float32, 3, True)]
     for cfg, lay, odt, rank, fused in cases:
         sh = (lambda r, c: (2, r, c)) if rank == 3 else (lambda r, c: (r, c))
         A = mk(sh(256, 128), torch.bfloat16, lay[0] == "n"); B = mk(sh(128, 256), torch.bfloat16, lay[1] == "n")
@@ -190,7 +191,8 @@ def _nvdisasm():
 
 
 def test_compile_for_sm90a_emits_wgmma_and_tma(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": ROOT, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path),
+           "KERNEL_API_CACHE": "0"}  # compile for real (no artifact from the disk cache)
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -205,6 +207,8 @@ def test_compile_for_sm90a_emits_wgmma_and_tma(tmp_path):
         assert "cp.async.bulk.tensor" in ptx and "mbarrier" in ptx
         assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
         assert ".multicast::cluster" in ptx  # both cases use a 2-CTA cluster
+    streamk = [n for n in ptxs if "ld.acquire.gpu" in (tmp_path / n).read_text()]
+    assert len(streamk) == 1  # the stream-K case waits for its partner's partial tile
     tool = _nvdisasm()
     if tool is None:
         pytest.skip("nvdisasm not installed: PTX checked, SASS not")

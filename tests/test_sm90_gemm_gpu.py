@@ -145,6 +145,27 @@ def test_rank2_strided_and_short_k(name):
         _run_and_check(kernel, args, ref, f"rank-2 (M,N,K)=({M},{N},{K}) pad={pad}")
 
 
+@pytest.mark.parametrize("name", [n for n in _ALL if "_streamk_" in n and ("_ttt_" in n or "_nnn_" in n)])
+def test_stream_k_splits_tiles(name):
+    """12 x 12 cluster tiles per batch (more than one wave on any sm_90 part, not a multiple of
+    it): the last waves' tiles are split along K between clusters and summed through the
+    workspace. Run twice on one workspace (stale flags must not be taken for fresh ones)."""
+    _needs_sm90()
+    kernel = _ALL[name]
+    gen = _gen(name, 3)
+    (tm, tn), (cm, cn) = kernel.config.tile_mn, kernel.config.cluster_mn
+    M, N, K = shape_for(kernel, (12 * tm * cm - 37, 12 * tn * cn - 11, 1000))
+    args, ref = make_problem(kernel, M, N, K, 2, 3, gen, epilogue=dict(alpha=0.5, bias="row"))
+    assert kernel.get_workspace_size(args) > 0
+    workspace = torch.empty(kernel.get_workspace_size(args), dtype=torch.uint8, device="cuda")
+    for attempt in range(2):
+        args.out.fill_(float("nan"))
+        kernel.run(args, workspace=workspace)
+        torch.cuda.synchronize()
+        err = relative_error(args.out, ref)
+        assert err < TOLERANCE[args.out.dtype], f"{name} run {attempt}: relative error {err:.3e}"
+
+
 _EPILOGUES = [
     dict(alpha=0.5),
     dict(alpha=1.5, beta=-0.75, C=True),

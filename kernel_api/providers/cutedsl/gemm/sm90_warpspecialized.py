@@ -14,6 +14,7 @@ a kernel misaligned operands.
 
 from __future__ import annotations
 
+import random
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -34,6 +35,20 @@ SM90_SMEM_BYTES = 232448
 _BARRIER_BYTES = 1024
 K_TILE = 64
 _INT32_MAX = 2**31 - 1
+#: Stream-K workspace layout (mirrors the implementation): completion flags, then partial tiles.
+_FLAG_BYTES = 8192
+_MAX_SLOTS = _FLAG_BYTES // 8
+# Stream-K completion flags carry a per-launch 64-bit value: a random per-process prefix and a
+# launch counter, so stale or uninitialised workspace contents never read as "done".
+_EPOCH_PREFIX = random.SystemRandom().getrandbits(30) << 32
+_epoch_counter = [0]
+_epoch_lock = threading.Lock()
+
+
+def _next_epoch() -> int:
+    with _epoch_lock:
+        _epoch_counter[0] = (_epoch_counter[0] + 1) & 0xFFFFFFFF
+        return _EPOCH_PREFIX | _epoch_counter[0] | (1 << 62)
 
 
 @dataclass(frozen=True)
@@ -46,25 +61,31 @@ class Sm90Config:
     swizzle: int = 1         # clusters per raster band (1 = plain row order)
     raster_along_m: bool = True
     epi_n: int = 32          # N extent of one epilogue subtile (the TMA store box)
+    stream_k: bool = False   # split the last waves' tiles along K so every SM gets equal work
 
     @property
     def tag(self) -> str:
         raster = "m" if self.raster_along_m else "n"
         return (f"tile{self.tile_mn[0]}x{self.tile_mn[1]}x{K_TILE}_cluster{self.cluster_mn[0]}x{self.cluster_mn[1]}"
-                f"_{self.schedule}_swz{self.swizzle}{raster}_epi{self.epi_n}")
+                f"_{self.schedule}{'_streamk' if self.stream_k else ''}_swz{self.swizzle}{raster}_epi{self.epi_n}")
 
 
-#: The design points generate_kernels emits (per operand type/layout combination). Chosen to
-#: cover large square problems (128x256 / 256x128 with 2-CTA multicast), mid sizes (128x128)
-#: and skinny M (64-row pingpong tiles keep more SMs busy).
+#: The design points generate_kernels emits for every operand type/layout combination with a
+#: 16-bit output. Large problems: 128x256 / 256x128 cooperative and 128x128 / 64x256 pingpong,
+#: each with 2-CTA multicast; stream-K variants remove the partial last wave (tile counts are
+#: rarely multiples of the SM count); skinny M: 64x128 pingpong keeps more SMs busy.
 CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4),
     Sm90Config((256, 128), (1, 2), "cooperative", swizzle=4, raster_along_m=False),
-    Sm90Config((128, 128), (1, 1), "cooperative", swizzle=4),
-    Sm90Config((128, 128), (2, 1), "pingpong", swizzle=4),
+    Sm90Config((128, 128), (2, 1), "pingpong", swizzle=8),
+    Sm90Config((128, 128), (1, 2), "pingpong", swizzle=4, raster_along_m=False),
     Sm90Config((64, 256), (2, 1), "pingpong", swizzle=4),
     Sm90Config((64, 128), (2, 1), "pingpong", swizzle=1),
+    Sm90Config((128, 128), (2, 1), "pingpong", swizzle=8, stream_k=True),
+    Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4, stream_k=True),
 )
+#: The subset also emitted with an f32 output (one per schedule and shape class).
+F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
 
 _AB_TYPES = (DataType.bf16, DataType.f16)
 
@@ -154,7 +175,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         for ab in _AB_TYPES:
             for out_type in (ab, DataType.f32):
                 for stride_A, stride_B, stride_out in LAYOUT_COMBOS:
-                    for cfg in CONFIGS:
+                    for cfg in (CONFIGS if out_type is ab else F32_OUT_CONFIGS):
                         kernel = Sm90WarpSpecializedGemm._make(ab, out_type, stride_A, stride_B, stride_out, cfg)
                         if metadata_filter is None or metadata_filter(kernel.metadata):
                             kernels.append(kernel)
@@ -198,7 +219,12 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         return Status.success()
 
     def get_workspace_size(self, args: GemmArguments) -> int:
-        return 0
+        """Stream-K configurations keep one partial f32 tile per CTA of the persistent grid."""
+        if not self.config.stream_k or args.device.type != "cuda":
+            return 0
+        cm, cn = self.config.cluster_mn
+        slots = max_active_clusters(args.device.index or 0, cm * cn) * cm * cn
+        return _FLAG_BYTES + slots * self.config.tile_mn[0] * self.config.tile_mn[1] * 4
 
     # ---- compile / run -------------------------------------------------------------
     def _make_impl(self, spec: EpilogueSpec) -> Any:
@@ -206,7 +232,8 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
 
         cfg = self.config
         return Sm90WarpSpecializedGemmImpl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
-                                           cfg.raster_along_m, self.ab_stages, self.epi_stages, spec, cfg.epi_n)
+                                           cfg.raster_along_m, self.ab_stages, self.epi_stages, spec, cfg.epi_n,
+                                           cfg.stream_k)
 
     def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
         """Compile for ``args``' signature (rank, epilogue); sizes and strides stay runtime values."""
@@ -224,8 +251,10 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
             c_dtype, c_stride, c_div = args.epilogue_signature[4]
             C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, c_div), rank)
         bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
+        workspace = fake_tensor(DataType.u8, 1, 0, 256) if self.config.stream_k else None
         compiled = self.cute_compile(self._make_impl(spec), A, B, out, C, bias, cutlass.Float32(1.0),
-                                     cutlass.Float32(0.0), cutlass.Int32(1), make_fake_stream())
+                                     cutlass.Float32(0.0), cutlass.Int32(1), workspace, cutlass.Int64(0),
+                                     make_fake_stream())
         return CompiledArtifact(compiled, self)
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
@@ -233,11 +262,20 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
             return  # nothing to write; an empty grid is a launch error
         cm, cn = self.config.cluster_mn
         clusters = max_active_clusters(args.A.device.index or 0, cm * cn)
+        epoch = 0
+        if self.config.stream_k:
+            if workspace is None or workspace.numel() < self.get_workspace_size(args):
+                raise ValueError(f"{self.name}: needs a workspace of {self.get_workspace_size(args)} bytes")
+            if clusters * cm * cn > _MAX_SLOTS:
+                raise ValueError(f"{self.name}: {clusters} clusters exceed the {_MAX_SLOTS} stream-K slots")
+            epoch = _next_epoch()
+        else:
+            workspace = None
         ep = args.epilogue
         if ep is None:
             self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, None, None, 1.0, 0.0, clusters,
-                          to_cuda_stream(stream))
+                          workspace, epoch, to_cuda_stream(stream))
         else:
             C = ep.C if ep.beta != 0.0 else None
             self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, C, ep.bias, ep.alpha, ep.beta,
-                          clusters, to_cuda_stream(stream))
+                          clusters, workspace, epoch, to_cuda_stream(stream))

@@ -49,6 +49,8 @@ _BAR_ORDER = 4          # pingpong main-loop turn: 4 + warpgroup
 
 _THREADS_PER_WG = 128
 _K_TILE = 64
+# Stream-K workspace: 64-bit completion flags (one per CTA slot) first, partial tiles after.
+_FLAG_BYTES = 8192
 
 
 class Sm90WarpSpecializedGemmImpl:
@@ -62,7 +64,8 @@ class Sm90WarpSpecializedGemmImpl:
     """
 
     def __init__(self, tile_mn: tuple[int, int], cluster_mn: tuple[int, int], schedule: str, swizzle: int,
-                 raster_along_m: bool, ab_stages: int, epi_stages: int, epilogue, epi_n: int = 32) -> None:
+                 raster_along_m: bool, ab_stages: int, epi_stages: int, epilogue, epi_n: int = 32,
+                 stream_k: bool = False) -> None:
         if schedule not in ("cooperative", "pingpong"):
             raise ValueError(f"schedule must be 'cooperative' or 'pingpong', got {schedule!r}")
         self.tile_m, self.tile_n = tile_mn
@@ -72,6 +75,7 @@ class Sm90WarpSpecializedGemmImpl:
         self.raster_along_m = bool(raster_along_m)
         self.ab_stages = ab_stages
         self.epi_stages = epi_stages
+        self.stream_k = bool(stream_k)
         self.scaled = bool(epilogue.scaled)
         self.has_c = bool(epilogue.has_c)
         self.bias = epilogue.bias
@@ -115,7 +119,7 @@ class Sm90WarpSpecializedGemmImpl:
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC: Optional[cute.Tensor],
                  mBias: Optional[cute.Tensor], alpha: Float32, beta: Float32, max_active_clusters: Int32,
-                 stream: cuda.CUstream):
+                 mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64, stream: cuda.CUstream):
         a = self._mnl_view(mA, False)      # (M, K, L)
         b = self._mnl_view(mB, True)       # (N, K, L)
         d = self._mnl_view(mOut, False)    # (M, N, L)
@@ -173,7 +177,7 @@ class Sm90WarpSpecializedGemmImpl:
         del epi_slots
 
         self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d, tiled_mma, a_smem, b_smem, epi_smem,
-                    c, mBias, alpha, beta, clusters_m, clusters_n, total_clusters).launch(
+                    c, mBias, alpha, beta, clusters_m, clusters_n, total_clusters, mWorkspace, epoch).launch(
             grid=(self.cluster_m, self.cluster_n, grid_clusters),
             block=[self.threads, 1, 1],
             cluster=(self.cluster_m, self.cluster_n, 1),
@@ -221,6 +225,33 @@ class Sm90WarpSpecializedGemmImpl:
         return cm, cn, batch
 
     @cute.jit
+    def _next_unit(self, dp_next: Int32, sk_cur: Int32, dp_tiles: Int32, sk_end: Int32, grid_clusters: Int32,
+                   k_tiles: Int32):
+        """The next unit of work after the cursors: (valid, cluster tile, first k-tile, end k-tile,
+        new cursors). Data-parallel tiles come first (cluster c takes c, c + grid, ...), then
+        this cluster's contiguous share of the stream-K iterations (tile-major, k-minor)."""
+        valid = Int32(0)
+        tile = Int32(0)
+        kb = Int32(0)
+        ke = Int32(0)
+        if dp_next < dp_tiles:
+            valid = Int32(1)
+            tile = dp_next
+            ke = k_tiles
+            dp_next = dp_next + grid_clusters
+        else:
+            if const_expr(self.stream_k):
+                if sk_cur < sk_end:
+                    t = sk_cur // k_tiles
+                    kb = sk_cur - t * k_tiles
+                    n = cutlass.min(k_tiles - kb, sk_end - sk_cur)
+                    valid = Int32(1)
+                    tile = dp_tiles + t
+                    ke = kb + n
+                    sk_cur = sk_cur + n
+        return valid, tile, kb, ke, dp_next, sk_cur
+
+    @cute.jit
     def _activate(self, x: Float32) -> Float32:
         y = x
         if const_expr(self.activation == "relu"):
@@ -237,7 +268,8 @@ class Sm90WarpSpecializedGemmImpl:
                mB_nkl: cute.Tensor, tma_atom_d: cute.CopyAtom, mD_mnl: cute.Tensor, tiled_mma: cute.TiledMma,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
-               alpha: Float32, beta: Float32, clusters_m: Int32, clusters_n: Int32, total_clusters: Int32):
+               alpha: Float32, beta: Float32, clusters_m: Int32, clusters_n: Int32, total_clusters: Int32,
+               mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -292,6 +324,22 @@ class Sm90WarpSpecializedGemmImpl:
         first_cluster = cute.arch.block_idx()[2]
         wg_idx = cute.arch.make_warp_uniform(tidx // _THREADS_PER_WG)
 
+        # Work split. Without stream-K every cluster tile is one unit (data-parallel). With
+        # stream-K, when the cluster tiles do not fill the last wave, the last (remainder + one
+        # full wave) tiles are cut along K into equal per-cluster shares of k-iterations: a tile
+        # split between clusters c and c+1 is finished by c (it holds k = 0 and reaches the
+        # tile last), which adds the partial accumulator c+1 left in the workspace.
+        dp_tiles = total_clusters
+        sk_begin = Int32(0)
+        sk_end = Int32(0)
+        if const_expr(self.stream_k):
+            rem = total_clusters % grid_clusters
+            sk_tiles = cutlass.select_(rem > 0, rem + grid_clusters, Int32(0))
+            dp_tiles = total_clusters - sk_tiles
+            work = cutlass.Int64(sk_tiles) * cutlass.Int64(k_tiles)
+            sk_begin = Int32(cutlass.Int64(first_cluster) * work // cutlass.Int64(grid_clusters))
+            sk_end = Int32(cutlass.Int64(first_cluster + 1) * work // cutlass.Int64(grid_clusters))
+
         pipeline.pipeline_init_wait(cluster_shape_mn=(self.cluster_m, self.cluster_n))
 
         if wg_idx == 0:
@@ -299,14 +347,15 @@ class Sm90WarpSpecializedGemmImpl:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
-                linear = first_cluster
-                while linear < total_clusters:
-                    cl_m, cl_n, batch = self._cluster_coord(linear, clusters_m, clusters_n)
+                valid, unit_tile, kb, ke, dp_next, sk_cur = self._next_unit(
+                    first_cluster, sk_begin, dp_tiles, sk_end, grid_clusters, k_tiles)
+                while valid > 0:
+                    cl_m, cl_n, batch = self._cluster_coord(unit_tile, clusters_m, clusters_n)
                     tile_m = cl_m * self.cluster_m + cta_coord[0]
                     tile_n = cl_n * self.cluster_n + cta_coord[1]
                     tAgA_t = tAgA[(None, tile_m, None, batch)]
                     tBgB_t = tBgB[(None, tile_n, None, batch)]
-                    for k in range(k_tiles):
+                    for k in range(kb, ke):
                         ab_pipe.producer_acquire(state)
                         bar = ab_pipe.producer_get_barrier(state)
                         cute.copy(tma_atom_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar,
@@ -315,7 +364,8 @@ class Sm90WarpSpecializedGemmImpl:
                                   mcast_mask=b_mcast_mask)
                         ab_pipe.producer_commit(state)
                         state.advance()
-                    linear += grid_clusters
+                    valid, unit_tile, kb, ke, dp_next, sk_cur = self._next_unit(
+                        dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
                 # Keep the CTA alive until every peer has released what we multicast to it.
                 ab_pipe.producer_tail(state)
         else:
@@ -369,43 +419,58 @@ class Sm90WarpSpecializedGemmImpl:
 
             read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
-            linear = first_cluster
-            step = grid_clusters
+            if const_expr(self.stream_k):
+                # partial accumulators: one slot per CTA, each thread's values strided by the group size
+                slot_elems = self.tile_m * self.tile_n
+                cluster_size = self.cluster_m * self.cluster_n
+                flags = cute.make_tensor(cute.recast_ptr(mWorkspace.iterator, dtype=cutlass.Int64),
+                                         cute.make_layout(_FLAG_BYTES // 8))
+                partials = cute.make_tensor(cute.recast_ptr(mWorkspace.iterator + _FLAG_BYTES, dtype=Float32),
+                                            cute.make_layout((cute.size(mWorkspace) - _FLAG_BYTES) // 4))
+                my_slot = first_cluster * cluster_size + cta_rank
+                next_slot = my_slot + cluster_size
+            dp_next = first_cluster
+            sk_cur = sk_begin
             if const_expr(self.pingpong):
-                # warpgroup w takes tiles w, w+2, ... of this CTA's sequence; skip the other's k-tiles
-                step = grid_clusters * 2
-                linear = first_cluster + cwg * grid_clusters
-                if cwg == 1 and k_tiles > 0:
-                    read_state.advance(k_tiles)
-                    release_state.advance(k_tiles)
+                # warpgroup w takes units w, w+2, ... of this CTA's sequence; warpgroup 1 first skips unit 0
+                if cwg == 1:
+                    v0, t0, kb0, ke0, dp_next, sk_cur = self._next_unit(
+                        dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
+                    if v0 > 0:
+                        read_state.advance(ke0 - kb0)
+                        release_state.advance(ke0 - kb0)
+            valid, unit_tile, kb, ke, dp_next, sk_cur = self._next_unit(
+                dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
             epi_count = Int32(0)
-            tile_no = Int32(0)
-            while linear < total_clusters:
-                cl_m, cl_n, batch = self._cluster_coord(linear, clusters_m, clusters_n)
+            unit_no = Int32(0)
+            while valid > 0:
+                cl_m, cl_n, batch = self._cluster_coord(unit_tile, clusters_m, clusters_n)
                 tile_m = cl_m * self.cluster_m + cta_coord[0]
                 tile_n = cl_n * self.cluster_n + cta_coord[1]
+                n_k = ke - kb
 
                 if const_expr(self.pingpong):
-                    # wait for our turn on the tensor cores (the very first tile goes straight in)
-                    if cwg == 1 or tile_no > 0:
+                    # wait for our turn on the tensor cores (the very first unit goes straight in)
+                    if cwg == 1 or unit_no > 0:
                         cute.arch.barrier(barrier_id=_BAR_ORDER + cwg, number_of_threads=2 * _THREADS_PER_WG)
 
                 # ------------------------------------------------------------ main loop
-                acc.fill(0.0)
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                # the first k-block overwrites the accumulators (scale-d = 0): no zero fill, which
+                # would make ptxas serialise the first wgmmas behind the register moves
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                ab_pipe.consumer_wait(read_state)
                 warpgroup.fence()
-                if k_tiles > 0:
+                for kb_i in cutlass.range_constexpr(k_blocks):
+                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb_i, read_state.index)],
+                              tCrB[(None, None, kb_i, read_state.index)], acc)
+                    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.commit_group()
+                read_state.advance()
+                for k in range(1, n_k):
                     ab_pipe.consumer_wait(read_state)
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)],
-                                  tCrB[(None, None, kb, read_state.index)], acc)
-                    warpgroup.commit_group()
-                    read_state.advance()
-                for k in range(1, k_tiles):
-                    ab_pipe.consumer_wait(read_state)
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)],
-                                  tCrB[(None, None, kb, read_state.index)], acc)
+                    for kb_i in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb_i, read_state.index)],
+                                  tCrB[(None, None, kb_i, read_state.index)], acc)
                     warpgroup.commit_group()
                     # keep one k-tile of wgmma in flight; the one before it is done with its stage
                     warpgroup.wait_group(1)
@@ -413,67 +478,97 @@ class Sm90WarpSpecializedGemmImpl:
                     release_state.advance()
                     read_state.advance()
                 if const_expr(self.pingpong):
-                    # hand the tensor cores to the other warpgroup's next tile
-                    if linear + grid_clusters < total_clusters:
+                    # the other warpgroup's unit follows ours: hand it the tensor cores, skip its stages
+                    v1, t1, kb1, ke1, dp_next, sk_cur = self._next_unit(
+                        dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
+                    if v1 > 0:
                         cute.arch.barrier_arrive(barrier_id=_BAR_ORDER + 1 - cwg,
                                                  number_of_threads=2 * _THREADS_PER_WG)
                 warpgroup.wait_group(0)
-                if k_tiles > 0:
-                    ab_pipe.consumer_release(release_state)
-                    release_state.advance()
+                ab_pipe.consumer_release(release_state)
+                release_state.advance()
                 if const_expr(self.pingpong):
-                    if k_tiles > 0:
-                        read_state.advance(k_tiles)
-                        release_state.advance(k_tiles)
+                    if v1 > 0:
+                        read_state.advance(ke1 - kb1)
+                        release_state.advance(ke1 - kb1)
+
+                do_epilogue = Int32(1)
+                if const_expr(self.stream_k):
+                    if kb > 0:
+                        # the tail of a tile whose head another cluster owns: leave the partial sum
+                        base = my_slot * slot_elems + etid
+                        for v in cutlass.range_constexpr(cute.size(acc)):
+                            partials[base + v * self.epi_threads] = acc[v]
+                        epi_bar.arrive_and_wait()
+                        if etid == 0:
+                            cute.arch.fence_acq_rel_gpu()
+                            cute.arch.store(flags.iterator + my_slot, epoch, sem="release", scope="gpu")
+                        do_epilogue = Int32(0)
+                    elif ke < k_tiles:
+                        # the head of a split tile: add the tail the next cluster left
+                        if etid == 0:
+                            seen = cute.arch.load(flags.iterator + next_slot, cutlass.Int64, sem="acquire",
+                                                  scope="gpu")
+                            while seen != epoch:
+                                seen = cute.arch.load(flags.iterator + next_slot, cutlass.Int64, sem="acquire",
+                                                      scope="gpu")
+                            cute.arch.store(flags.iterator + next_slot, cutlass.Int64(0), sem="relaxed",
+                                            scope="gpu")
+                        epi_bar.arrive_and_wait()
+                        base = next_slot * slot_elems + etid
+                        for v in cutlass.range_constexpr(cute.size(acc)):
+                            acc[v] = acc[v] + partials[base + v * self.epi_threads]
 
                 # ------------------------------------------------------------ epilogue
-                gD_tile = gD[(None, None, tile_m, tile_n, batch)]
-                gD_epi = cute.zipped_divide(gD_tile, self.epi_tile)        # ((em, en), (sub m, sub n))
-                bSG_sD, bSG_gD = cpasync.tma_partition(tma_atom_d, 0, cute.make_layout(1),
-                                                       cute.group_modes(sD, 0, 2), gD_epi)
-                row0 = tile_m * self.tile_m
-                col0 = tile_n * self.tile_n
-                for sub in cutlass.range_constexpr(sub_count):
-                    for v in cutlass.range_constexpr(rD_size):
-                        tRS_rD[v] = tRS_acc[sub * rD_size + v]
-                    if const_expr(self.scaled or self.has_c or self.bias is not None
-                                  or self.activation is not None):
-                        sub_row = row0 + (sub // sub_n) * epi_m
-                        sub_col = col0 + (sub % sub_n) * epi_n
+                if do_epilogue > 0:
+                    gD_tile = gD[(None, None, tile_m, tile_n, batch)]
+                    gD_epi = cute.zipped_divide(gD_tile, self.epi_tile)        # ((em, en), (sub m, sub n))
+                    bSG_sD, bSG_gD = cpasync.tma_partition(tma_atom_d, 0, cute.make_layout(1),
+                                                           cute.group_modes(sD, 0, 2), gD_epi)
+                    row0 = tile_m * self.tile_m
+                    col0 = tile_n * self.tile_n
+                    for sub in cutlass.range_constexpr(sub_count):
                         for v in cutlass.range_constexpr(rD_size):
-                            x = tRS_rD[v]
-                            if const_expr(self.scaled):
-                                x = x * alpha
-                            crd = tRS_cD[v]
-                            gm = sub_row + crd[0]
-                            gn = sub_col + crd[1]
-                            if const_expr(self.has_c):
-                                if gm < m_total and gn < n_total:
-                                    x = x + beta * mC_mnl[gm, gn, batch].to(Float32)
-                            if const_expr(self.bias == "row"):
-                                if gn < n_total:
-                                    x = x + mBias[gn].to(Float32)
-                            if const_expr(self.bias == "column"):
-                                if gm < m_total:
-                                    x = x + mBias[gm].to(Float32)
-                            if const_expr(self.activation is not None):
-                                x = self._activate(x)
-                            tRS_rD[v] = x
-                    tRS_rOut.store(tRS_rD.load().to(self.d_dtype))
-                    slot = slot_base + (epi_count + sub) % self.epi_stages
-                    cute.copy(tiled_r2s, tRS_rOut, tRS_sD[(None, None, None, slot)])
-                    # make the generic-proxy smem writes visible to the TMA (async proxy)
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    if store_warp:
-                        # the slot the next subtile writes must have been read by its old store
-                        cute.arch.cp_async_bulk_wait_group(self.epi_stages - 2, read=True)
-                    epi_bar.arrive_and_wait()
-                    if store_warp:
-                        sub_crd = cute.make_layout((self.tile_m // epi_m, sub_n), stride=(sub_n, 1)).get_hier_coord(sub)
-                        cute.copy(tma_atom_d, bSG_sD[(None, slot)], bSG_gD[(None, sub_crd)])
-                        cute.arch.cp_async_bulk_commit_group()
-                epi_count += sub_count
-                tile_no += 1
-                linear += step
+                            tRS_rD[v] = tRS_acc[sub * rD_size + v]
+                        if const_expr(self.scaled or self.has_c or self.bias is not None
+                                      or self.activation is not None):
+                            sub_row = row0 + (sub // sub_n) * epi_m
+                            sub_col = col0 + (sub % sub_n) * epi_n
+                            for v in cutlass.range_constexpr(rD_size):
+                                x = tRS_rD[v]
+                                if const_expr(self.scaled):
+                                    x = x * alpha
+                                crd = tRS_cD[v]
+                                gm = sub_row + crd[0]
+                                gn = sub_col + crd[1]
+                                if const_expr(self.has_c):
+                                    if gm < m_total and gn < n_total:
+                                        x = x + beta * mC_mnl[gm, gn, batch].to(Float32)
+                                if const_expr(self.bias == "row"):
+                                    if gn < n_total:
+                                        x = x + mBias[gn].to(Float32)
+                                if const_expr(self.bias == "column"):
+                                    if gm < m_total:
+                                        x = x + mBias[gm].to(Float32)
+                                if const_expr(self.activation is not None):
+                                    x = self._activate(x)
+                                tRS_rD[v] = x
+                        tRS_rOut.store(tRS_rD.load().to(self.d_dtype))
+                        slot = slot_base + (epi_count + sub) % self.epi_stages
+                        cute.copy(tiled_r2s, tRS_rOut, tRS_sD[(None, None, None, slot)])
+                        # make the generic-proxy smem writes visible to the TMA (async proxy)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        if store_warp:
+                            # the slot the next subtile writes must have been read by its old store
+                            cute.arch.cp_async_bulk_wait_group(self.epi_stages - 2, read=True)
+                        epi_bar.arrive_and_wait()
+                        if store_warp:
+                            sub_crd = cute.make_layout((self.tile_m // epi_m, sub_n), stride=(sub_n, 1)).get_hier_coord(sub)
+                            cute.copy(tma_atom_d, bSG_sD[(None, slot)], bSG_gD[(None, sub_crd)])
+                            cute.arch.cp_async_bulk_commit_group()
+                    epi_count += sub_count
+                unit_no += 1
+                valid, unit_tile, kb, ke, dp_next, sk_cur = self._next_unit(
+                    dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
             if store_warp:
                 cute.arch.cp_async_bulk_wait_group(0)
