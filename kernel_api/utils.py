@@ -9,16 +9,35 @@ import torch
 from .metadata import COLUMN_MAJOR, ROW_MAJOR, pad_pattern
 
 
+_cu_streams: dict[int, Any] = {}  # raw handle -> CUstream (a value wrapper; cached to save its construction)
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
 def to_cuda_stream(stream: Any = None) -> Any:
     """Return a ``cuda.bindings.driver.CUstream`` for a torch stream, a raw handle, an object
     with ``__cuda_stream__``, a CUstream, or None (the current torch stream)."""
-    from cuda.bindings import driver
-
     if stream is None:
-        return driver.CUstream(torch.cuda.current_stream().cuda_stream)
-    if isinstance(stream, driver.CUstream):
-        return stream
-    return driver.CUstream(stream_handle(stream))
+        if _current_raw_stream is not None:
+            handle = _current_raw_stream(_current_device())  # torch.cuda.current_stream() costs microseconds
+        else:
+            handle = torch.cuda.current_stream().cuda_stream
+    elif type(stream) is torch.cuda.Stream:
+        handle = stream.cuda_stream
+    else:
+        from cuda.bindings import driver
+
+        if isinstance(stream, driver.CUstream):
+            return stream
+        handle = stream_handle(stream)
+    found = _cu_streams.get(handle)
+    if found is None:
+        from cuda.bindings import driver
+
+        if len(_cu_streams) > 4096:
+            _cu_streams.clear()
+        found = _cu_streams[handle] = driver.CUstream(handle)
+    return found
 
 
 def stream_handle(stream: Any = None) -> int:
