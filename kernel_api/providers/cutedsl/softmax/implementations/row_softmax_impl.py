@@ -87,7 +87,7 @@ class RowSoftmaxForward(_RowKernelBase):
     def kernel(self, mX: cute.Tensor, mO: cute.Tensor, tiled: cute.TiledCopy):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(cutlass.Float32, cute.make_layout((2, 32), stride=(32, 1)), 16)
 
         gX = cute.local_tile(mX, self.tile, (bidx, 0))
@@ -123,7 +123,7 @@ class RowSoftmaxBackward(_RowKernelBase):
     def kernel(self, mG: cute.Tensor, mY: cute.Tensor, mD: cute.Tensor, tiled: cute.TiledCopy):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(cutlass.Float32, cute.make_layout((2, 32), stride=(32, 1)), 16)
 
         gG = cute.local_tile(mG, self.tile, (bidx, 0))
