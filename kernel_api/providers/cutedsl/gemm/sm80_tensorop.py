@@ -1,16 +1,18 @@
 """`Sm80TensorOpGemm`: tensor-core GEMM with ``mma.sync`` for every GPU with cc >= 80 (Hopper too).
 
-f16/bf16 operands with f32 accumulation and f16/bf16/f32 output; f32 operands in TF32 mode
+f16/bf16 operands with f32 accumulation and f16/bf16/f32 output; f64 operands on the f64
+tensor cores (DMMA, f64 accumulation, any alignment); f32 operands in TF32 mode
 (metadata ``math_type`` is ``DataType.tf32``, so ``metadata_filter=lambda m: str(m.operands.math_type) != "tf32"``
 style filters can exclude them). Multistage ``cp.async`` pipeline into swizzled shared
 memory, ``ldmatrix`` to registers; every layout combination, batched, any M/N/K. A and B
-must be 16-byte aligned (pointer, leading dimension, contiguous extent); out and C have no
-alignment requirement. Fused epilogue ``out = act(alpha * A@B + beta * C + bias)``.
-The implementation is ``implementations/sm80_tensorop_impl.py``.
+must be 16-byte aligned (pointer, leading dimension, contiguous extent; f64 also at
+alignment 1); out and C have no alignment requirement. Implementations:
+``implementations/sm80_tensorop_impl.py`` (f16/bf16/tf32) and ``sm80_dmma_impl.py`` (f64). Fused epilogue ``out = act(alpha * A@B + beta * C + bias)``.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable
 
 from ....arguments import EpilogueArguments, GemmArguments
@@ -32,6 +34,11 @@ _CONFIGS_16 = (
     ((128, 256, 32), (2, 4), 5),
     ((128, 128, 32), (2, 2), 5),
     ((64, 128, 32), (2, 2), 4),
+)
+# f64 runs on the DMMA units (mma.sync m8n8k4): warps own 64x32 / 32x32 blocks of 8x8 tiles
+_CONFIGS_F64 = (
+    ((128, 128, 16), (2, 4), 3),
+    ((64, 64, 16), (2, 2), 3),
 )
 _CONFIGS_TF32 = (
     ((128, 256, 32), (2, 4), 3),
@@ -55,34 +62,42 @@ class Sm80TensorOpGemm(GemmKernelBase):
                          cc: int | None = None) -> list["Sm80TensorOpGemm"]:
         if not epilogue_supported_by_generation(epilogue_args, FULL_EPILOGUE):
             return []
-        combos = [(ab, out, None, _CONFIGS_16) for ab, out in _DTYPES_16]
-        combos.append((DataType.f32, DataType.f32, DataType.tf32, _CONFIGS_TF32))
+        # (A/B dtype, out dtype, accumulator, math type, A/B alignments, configs)
+        combos = [(ab, out, DataType.f32, None, (8,), _CONFIGS_16) for ab, out in _DTYPES_16]
+        combos.append((DataType.f32, DataType.f32, DataType.f32, DataType.tf32, (4,), _CONFIGS_TF32))
+        # cp.async moves single f64 elements too, so f64 also comes at alignment 1.
+        combos.append((DataType.f64, DataType.f64, DataType.f64, None, (2, 1), _CONFIGS_F64))
         kernels = []
-        for ab, out, math, configs in combos:
-            align = 16 // ab.bytes
-            for sa, sb, so in LAYOUT_COMBOS:
-                for tile, warps, stages in configs:
-                    operands = GemmOperandsMetadata(
-                        TensorAttributes(ab, sa, align), TensorAttributes(ab, sb, align), TensorAttributes(out, so, 1),
-                        accumulator_type=DataType.f32, math_type=math)
-                    types = f"{ab}{out}{math or DataType.f32}"
-                    name = (f"Sm80TensorOpGemm_{types}_{layout_name(sa, sb, so)}_{tile[0]}x{tile[1]}x{tile[2]}"
-                            f"_w{warps[0]}x{warps[1]}_s{stages}_a{align}")
-                    design = BLASDesignMetadata(tile, (1, 1, 1), stages=stages, schedule="multistage",
-                                                extra=(("warps", warps),))
-                    metadata = KernelMetadata(name, Sm80TensorOpGemm, operands, design, min_cc=80, epilogue=FULL_EPILOGUE)
-                    if metadata.supports_cc(cc) and metadata_filter(metadata):
-                        kernels.append(Sm80TensorOpGemm(metadata))
+        for ab, out, acc, math, aligns, configs in combos:
+            for align, (sa, sb, so), (tile, warps, stages) in itertools.product(aligns, LAYOUT_COMBOS, configs):
+                operands = GemmOperandsMetadata(
+                    TensorAttributes(ab, sa, align), TensorAttributes(ab, sb, align), TensorAttributes(out, so, 1),
+                    accumulator_type=acc, math_type=math)
+                types = f"{ab}{out}{math or acc}"
+                name = (f"Sm80TensorOpGemm_{types}_{layout_name(sa, sb, so)}_{tile[0]}x{tile[1]}x{tile[2]}"
+                        f"_w{warps[0]}x{warps[1]}_s{stages}_a{align}")
+                design = BLASDesignMetadata(tile, (1, 1, 1), stages=stages, schedule="multistage",
+                                            extra=(("warps", warps),))
+                metadata = KernelMetadata(name, Sm80TensorOpGemm, operands, design, min_cc=80, epilogue=FULL_EPILOGUE)
+                if metadata.supports_cc(cc) and metadata_filter(metadata):
+                    kernels.append(Sm80TensorOpGemm(metadata))
         return kernels
 
     def _supports(self, args: GemmArguments) -> Status:
         return self._common_supports(args)
 
     def _make_impl(self, args: GemmArguments) -> Any:
-        from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
-
         md = self.metadata.operands
         design = self.metadata.design
+        if md.A.dtype is DataType.f64:
+            from .implementations.sm80_dmma_impl import Sm80DmmaGemmImpl
+
+            return Sm80DmmaGemmImpl(
+                design.tile_shape, dict(design.extra)["warps"], design.stages, a_k_major=md.A.layout == "t",
+                b_k_major=md.B.layout == "n", out_n_major=md.out.layout == "t", align=md.A.divisibility,
+                spec=EpilogueSpec.from_signature(args.epilogue_signature))
+        from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
+
         return Sm80TensorOpGemmImpl(
             md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape, dict(design.extra)["warps"],
             design.stages, a_k_major=md.A.layout == "t", b_k_major=md.B.layout == "n",

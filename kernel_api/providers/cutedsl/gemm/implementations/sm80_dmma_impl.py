@@ -1,0 +1,198 @@
+"""f64 tensor-core GEMM (DMMA, ``mma.sync.m8n8k4.f64``) in CuTe DSL, for every cc >= 80.
+
+The f64 mode of `Sm80TensorOpGemm`. Global-to-shared movement is the SIMT kernel's
+(``cp.async`` of 8 or 16 bytes into an M-/N-major ring, any alignment); the math is
+warp-level: each of WM x WN warps owns a (BM/WM) x (BN/WN) block made of 8x8 DMMA tiles.
+Per k4 step a lane loads one A value per 8-row tile (row lane/4, column lane%4) and one B
+value per 8-column tile, double-buffered in registers, and issues one DMMA per tile pair.
+Shared-memory lines are padded to 64 bytes modulo 128, so the four K rows a warp reads
+fall into two 128-byte wavefronts, the minimum for 256 bytes. The DSL has no f64 MMA atom,
+so the instruction is emitted as inline PTX. The fused epilogue is `epilogue.store_fragment`.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .epilogue import store_fragment
+from .gemm_utils import A_ORDER, B_ORDER, OUT_ORDER, mkl_view, mn_predicate
+from .simt_impl import SimtGemmImpl
+
+
+@dsl_user_op
+def dmma_m8n8k4(a, b, c0, c1, *, loc=None, ip=None):
+    """One warp-wide ``D = A(8x4) @ B(4x8) + C`` in f64; returns this lane's two D values."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f64(), T.f64()]),
+        [cutlass.Float64(a).ir_value(loc=loc, ip=ip), cutlass.Float64(b).ir_value(loc=loc, ip=ip),
+         cutlass.Float64(c0).ir_value(loc=loc, ip=ip), cutlass.Float64(c1).ir_value(loc=loc, ip=ip)],
+        "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {$0, $1}, {$2}, {$3}, {$4, $5};",
+        "=d,=d,d,d,d,d",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return (cutlass.Float64(llvm.extractvalue(T.f64(), res, [0], loc=loc, ip=ip)),
+            cutlass.Float64(llvm.extractvalue(T.f64(), res, [1], loc=loc, ip=ip)))
+
+
+class Sm80DmmaGemmImpl(SimtGemmImpl):
+    """Compile-time configuration: ``tile`` (BM, BN, BK), ``warps`` (WM, WN), ``stages``,
+    operand layouts, ``align`` (elements of A/B: 1 or 2) and the epilogue ``spec``."""
+
+    def __init__(self, tile, warps, stages, a_k_major: bool, b_k_major: bool, out_n_major: bool, align: int,
+                 spec) -> None:
+        # Only the attributes the inherited copy/layout helpers read.
+        self.ab_dtype = self.out_dtype = self.acc_dtype = cutlass.Float64
+        self.tile = tuple(tile)
+        self.warps = tuple(warps)
+        self.num_threads = 32 * warps[0] * warps[1]
+        self.stages = stages
+        self.a_k_major, self.b_k_major, self.out_n_major = a_k_major, b_k_major, out_n_major
+        self.align = align
+        self.spec = spec
+        self.chunk16 = 2
+        BM, BN, BK = self.tile
+        assert BM % (8 * warps[0]) == 0 and BN % (8 * warps[1]) == 0 and BK % 4 == 0 and BK >= 8
+
+    def _smem_layout(self, mn: int, k_major: bool) -> cute.Layout:
+        line = mn + (8 if mn % 16 == 0 else 0)  # 64 bytes modulo 128: see the module docstring
+        BK = self.tile[2]
+        return cute.make_layout((mn, BK, self.stages), stride=(1, line, BK * line))
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta, stream):
+        A = mkl_view(mA, A_ORDER)
+        B = mkl_view(mB, B_ORDER)
+        O = mkl_view(mOut, OUT_ORDER)
+        C = None
+        if cutlass.const_expr(mC is not None):
+            C = mkl_view(mC, OUT_ORDER)
+        BM, BN, BK = self.tile
+        grid = cute.ceil_div(O.shape, (BM, BN, 1))
+        self.kernel(A, B, O, C, mBias, alpha, beta, self._smem_layout(BM, self.a_k_major),
+                    self._smem_layout(BN, self.b_k_major), self._g2s_copy(BM, self.a_k_major),
+                    self._g2s_copy(BN, self.b_k_major)).launch(
+            grid=[cute.size(grid[0]), cute.size(grid[1]), cute.size(grid[2])],
+            block=[self.num_threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, A: cute.Tensor, B: cute.Tensor, O: cute.Tensor, C, bias, alpha, beta, sA_layout: cute.Layout,
+               sB_layout: cute.Layout, copy_A: cute.TiledCopy, copy_B: cute.TiledCopy):
+        BM, BN, BK = self.tile
+        WM, WN = self.warps
+        TI = BM // WM // 8  # 8-row DMMA tiles per warp
+        TJ = BN // WN // 8  # 8-column DMMA tiles per warp
+        K4 = BK // 4
+        S = self.stages
+        tidx, _, _ = cute.arch.thread_idx()
+        bm, bn, l = cute.arch.block_idx()
+        M = A.shape[0]
+        K = A.shape[1]
+        N = B.shape[0]
+
+        gA = cute.local_tile(A[None, None, l], tiler=self.tile, coord=(bm, bn, None), proj=(1, None, 1))
+        gB = cute.local_tile(B[None, None, l], tiler=self.tile, coord=(bm, bn, None), proj=(None, 1, 1))
+        cA = cute.local_tile(cute.make_identity_tensor((M, K)), tiler=self.tile, coord=(bm, bn, None), proj=(1, None, 1))
+        cB = cute.local_tile(cute.make_identity_tensor((N, K)), tiler=self.tile, coord=(bm, bn, None), proj=(None, 1, 1))
+        k_tiles = cute.size(gA, mode=[2])
+        residue = K - k_tiles * BK
+        gA = cute.domain_offset((0, residue, 0), gA)
+        gB = cute.domain_offset((0, residue, 0), gB)
+        gA = cute.make_tensor(gA.iterator.align(8 * self.align), gA.layout)
+        gB = cute.make_tensor(gB.iterator.align(8 * self.align), gB.layout)
+        cA = cute.domain_offset((0, residue, 0), cA)
+        cB = cute.domain_offset((0, residue, 0), cB)
+
+        smem = cutlass.memory.SmemAllocator()
+        sA = smem.allocate_tensor(cutlass.Float64, sA_layout, 16)
+        sB = smem.allocate_tensor(cutlass.Float64, sB_layout, 16)
+        thr_copy_A = copy_A.get_slice(tidx)
+        thr_copy_B = copy_B.get_slice(tidx)
+        tAgA = thr_copy_A.partition_S(gA)
+        tAsA = thr_copy_A.partition_D(sA)
+        tAcA = thr_copy_A.partition_S(cA)
+        tBgB = thr_copy_B.partition_S(gB)
+        tBsB = thr_copy_B.partition_D(sB)
+        tBcB = thr_copy_B.partition_S(cB)
+        tApA = mn_predicate(tAcA, M)
+        tBpB = mn_predicate(tBcB, N)
+        tAsA.fill(0)
+        tBsB.fill(0)
+        cute.arch.sync_threads()
+        if k_tiles > 0:
+            for k in cutlass.range_constexpr(cute.size(tAsA, mode=[2])):
+                if cute.elem_less(-1, tAcA[0, 0, k, 0][1]):
+                    cute.copy(copy_A, tAgA[None, None, k, 0], tAsA[None, None, k, 0], pred=tApA[None, None, k])
+            for k in cutlass.range_constexpr(cute.size(tBsB, mode=[2])):
+                if cute.elem_less(-1, tBcB[0, 0, k, 0][1]):
+                    cute.copy(copy_B, tBgB[None, None, k, 0], tBsB[None, None, k, 0], pred=tBpB[None, None, k])
+        cute.arch.cp_async_commit_group()
+        for s in cutlass.range_constexpr(1, S - 1):
+            if s < k_tiles:
+                cute.copy(copy_A, tAgA[None, None, None, s], tAsA[None, None, None, s], pred=tApA)
+                cute.copy(copy_B, tBgB[None, None, None, s], tBsB[None, None, None, s], pred=tBpB)
+            cute.arch.cp_async_commit_group()
+
+        warp = tidx // 32
+        lane = tidx % 32
+        g = lane // 4
+        t = lane % 4
+        m0 = (warp % WM) * (BM // WM) + g
+        n0 = (warp // WM) * (BN // WN) + g
+        acc = cute.make_rmem_tensor(cute.make_layout((2, TI, TJ)), cutlass.Float64)
+        acc.fill(0.0)
+        fa = cute.make_rmem_tensor(cute.make_layout((TI, 2)), cutlass.Float64)
+        fb = cute.make_rmem_tensor(cute.make_layout((TJ, 2)), cutlass.Float64)
+
+        read = 0
+        write = S - 1
+        next_tile = S - 1
+        cute.arch.cp_async_wait_group(S - 2)
+        cute.arch.sync_threads()
+        for i in cutlass.range_constexpr(TI):
+            fa[i, 0] = sA[m0 + 8 * i, t, 0]
+        for j in cutlass.range_constexpr(TJ):
+            fb[j, 0] = sB[n0 + 8 * j, t, 0]
+
+        for kt in range(k_tiles):
+            for s in cutlass.range_constexpr(K4):
+                if cutlass.const_expr(s == K4 - 1):
+                    read = read + 1
+                    if read == S:
+                        read = 0
+                    cute.arch.cp_async_wait_group(S - 2)
+                    cute.arch.sync_threads()
+                kn = ((s + 1) % K4) * 4 + t
+                for i in cutlass.range_constexpr(TI):
+                    fa[i, (s + 1) % 2] = sA[m0 + 8 * i, kn, read]
+                for j in cutlass.range_constexpr(TJ):
+                    fb[j, (s + 1) % 2] = sB[n0 + 8 * j, kn, read]
+                if cutlass.const_expr(s == 0):
+                    if next_tile < k_tiles:
+                        cute.copy(copy_A, tAgA[None, None, None, next_tile], tAsA[None, None, None, write], pred=tApA)
+                        cute.copy(copy_B, tBgB[None, None, None, next_tile], tBsB[None, None, None, write], pred=tBpB)
+                    cute.arch.cp_async_commit_group()
+                    next_tile = next_tile + 1
+                    write = write + 1
+                    if write == S:
+                        write = 0
+                for i in cutlass.range_constexpr(TI):
+                    for j in cutlass.range_constexpr(TJ):
+                        d0, d1 = dmma_m8n8k4(fa[i, s % 2], fb[j, s % 2], acc[0, i, j], acc[1, i, j])
+                        acc[0, i, j] = d0
+                        acc[1, i, j] = d1
+
+        cute.arch.cp_async_wait_group(0)
+        # This lane's accumulators: (v, i, j) -> (m0 - g + g + 8i, n-block + 2t + v + 8j).
+        cO = cute.local_tile(cute.make_identity_tensor((M, N)), tiler=self.tile, coord=(bm, bn, None),
+                             proj=(1, 1, None))
+        cO = cute.domain_offset((m0, n0 - g + 2 * t), cO)
+        tCcO = cute.composition(cO, cute.make_layout((2, TI, TJ), stride=(BM, 8, 8 * BM)))
+        mC = None
+        if cutlass.const_expr(self.spec.has_c):
+            mC = C[None, None, l]
+        store_fragment(self.spec, acc, tCcO, O[None, None, l], mC, bias, alpha, beta, M, N, pairs=self.out_n_major)
