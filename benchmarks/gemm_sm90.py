@@ -108,6 +108,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--check", action="store_true", help="verify each config on odd shapes first")
     parser.add_argument("--explore", action="store_true", help="also time the EXPLORE design points")
+    parser.add_argument("--confirm", type=int, default=0, metavar="PAIRS",
+                        help="after the sweep, re-time each shape's best emitted config against cuBLAS with "
+                             "this many alternating pairs (an unbiased ratio for the chosen config)")
+    parser.add_argument("--profile", action="store_true",
+                        help="launch the selected configs and cuBLAS twice each on the first shape and exit "
+                             "(for ncu)")
     parser.add_argument("--sanitize", action="store_true",
                         help="run each selected config once on a small odd batched problem and exit "
                              "(for compute-sanitizer)")
@@ -154,6 +160,25 @@ def main() -> None:
             checks[short(k)] = err = check(k, artifacts, dtype)
             print(f"check {k.name}: rel err {err:.2e} {'OK' if err < 2e-2 else 'FAIL'}", flush=True)
 
+    if opts.profile:
+        M, N, K = opts.shapes[0]
+        A = torch.randn(M, K, device="cuda", dtype=dtype)
+        B = torch.randn(K, N, device="cuda", dtype=dtype)
+        out = torch.empty(M, N, device="cuda", dtype=dtype)
+        args = kernel_api.GemmArguments(A, B, out, accumulator_type=torch.float32)
+        for k in candidates(args):
+            art = k.compile(args)
+            for _ in range(2):
+                k.run(args, compiled_artifact=art)
+            torch.cuda.synchronize()
+            print(f"profiled {k.name}", flush=True)
+        for _ in range(2):
+            torch.matmul(A, B, out=out)
+        torch.cuda.synchronize()
+        return
+
+    runners: dict = {}
+    shape_bufs: dict = {}
     for M, N, K in opts.shapes:
         one = (M * K + K * N + M * N) * 2
         sets = rotation_count(one, 2 * L2_FLUSH_BYTES, cap=8)
@@ -166,7 +191,7 @@ def main() -> None:
         ref = torch.matmul(bufs[0][0].double(), bufs[0][1].double())
         flops = 2.0 * M * N * K
 
-        def torch_run(i):
+        def torch_run(i, bufs=bufs):
             A, B, out, _ = bufs[i]
             torch.matmul(A, B, out=out)
 
@@ -183,18 +208,23 @@ def main() -> None:
             size = kernel.get_workspace_size(bufs[0][3])
             ws = torch.empty(size, dtype=torch.uint8, device="cuda") if size else None
 
-            def ours(i, kernel=kernel, art=art, ws=ws):
+            def ours(i, kernel=kernel, art=art, ws=ws, bufs=bufs):
                 kernel.run(bufs[i][3], compiled_artifact=art, workspace=ws, assume_supported_args=True)
 
             tb, tk = time_pair(torch_run, ours, sets, opts.warmup, opts.iters)
+            runners[(M, N, K, kernel.name)] = ours
             rows.append({"shape": [M, N, K], "dtype": opts.dtype, "kernel": kernel.name, "config": short(kernel),
                          "ms": tk, "tflops": flops / tk / 1e9, "cublas_ms": tb, "cublas_tflops": flops / tb / 1e9,
                          "ratio": tb / tk, "rel_err": err,
                          "emitted": kernel not in extra})
             print(f"{M}x{N}x{K} {short(kernel):60s} {tk:8.4f} ms {flops / tk / 1e9:7.1f} TF/s  "
                   f"cuBLAS {tb:8.4f} ms  ratio {tb / tk:5.3f}  err {err:.1e}", flush=True)
-        del bufs, ref
-        torch.cuda.empty_cache()
+        del ref
+        if opts.confirm:
+            shape_bufs[(M, N, K)] = (bufs, sets, torch_run)
+        else:
+            del bufs
+            torch.cuda.empty_cache()
 
     def best_of(rows):
         best = {}
@@ -207,9 +237,21 @@ def main() -> None:
 
     best_all, geo_all = best_of(rows)
     best, geo = best_of([r for r in rows if r["emitted"]])
+    confirm = {}
+    if opts.confirm:
+        for (M, N, K), r in best.items():
+            bufs, sets, torch_run = shape_bufs[(M, N, K)]
+            tb, tk = time_pair(torch_run, runners[(M, N, K, r["kernel"])], sets, opts.warmup, opts.confirm)
+            flops = 2.0 * M * N * K
+            confirm[(M, N, K)] = {"shape": [M, N, K], "kernel": r["kernel"], "config": r["config"], "ms": tk,
+                                  "tflops": flops / tk / 1e9, "cublas_ms": tb, "cublas_tflops": flops / tb / 1e9,
+                                  "ratio": tb / tk, "pairs": opts.confirm}
+        geo_confirm = math.exp(sum(math.log(c["ratio"]) for c in confirm.values()) / len(confirm))
     result = {"device": device, "dtype": opts.dtype, "torch": torch.__version__, "rows": rows, "checks": checks,
               "best": list(best.values()), "geomean_best_ratio": geo,
               "best_incl_explore": list(best_all.values()), "geomean_best_ratio_incl_explore": geo_all,
+              "confirm": list(confirm.values()),
+              "geomean_confirm_ratio": geo_confirm if confirm else None,
               "seconds": time.time() - t0}
     path = opts.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                     f"gemm_sm90-{re.sub(r'[^A-Za-z0-9]+', '_', device)}.json")
@@ -228,6 +270,14 @@ def main() -> None:
             print(f"{f'{M}x{N}x{K}':>18} {r['config']:52} {r['ms']:8.4f} {r['tflops']:7.1f} {r['cublas_ms']:8.4f} "
                   f"{r['cublas_tflops']:7.1f} {r['ratio']:6.3f}")
         print(f"geometric mean of best ratios (incl. explored): {geo_all:.3f}")
+    if confirm:
+        print(f"\nconfirmation: each shape's best emitted config re-timed, {opts.confirm} alternating pairs")
+        print(f"{'shape':>18} {'config':52} {'ms':>8} {'TF/s':>7} {'cuBLAS':>8} {'TF/s':>7} {'ratio':>6}")
+        for (M, N, K), c in confirm.items():
+            print(f"{f'{M}x{N}x{K}':>18} {c['config']:52} {c['ms']:8.4f} {c['tflops']:7.1f} {c['cublas_ms']:8.4f} "
+                  f"{c['cublas_tflops']:7.1f} {c['ratio']:6.3f}")
+        print(f"geometric mean (confirmation): {geo_confirm:.3f}  min {min(c['ratio'] for c in confirm.values()):.3f}"
+              f"  ({device})")
 
 
 if __name__ == "__main__":

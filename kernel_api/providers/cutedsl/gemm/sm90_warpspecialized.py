@@ -82,7 +82,7 @@ CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((64, 256), (2, 1), "pingpong", swizzle=4),
     Sm90Config((64, 128), (2, 1), "pingpong", swizzle=1),
     Sm90Config((128, 128), (2, 1), "pingpong", swizzle=8, stream_k=True),
-    Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4, stream_k=True),
+    Sm90Config((128, 128), (1, 2), "pingpong", swizzle=4, raster_along_m=False, stream_k=True),
 )
 #: The subset also emitted with an f32 output (one per schedule and shape class).
 F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
@@ -136,8 +136,14 @@ def max_active_clusters(device_index: int, cluster_size: int) -> int:
                     # GPCs need not hold a multiple of the cluster size: ask the driver.
                     try:
                         import cutlass.utils
+                        from cuda.bindings import driver
 
                         with torch.cuda.device(device_index):
+                            torch.cuda.synchronize(device_index)
+                            # the query needs a current driver context: bind torch's primary one
+                            _, dev = driver.cuDeviceGet(device_index)
+                            _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+                            driver.cuCtxSetCurrent(ctx)
                             value = int(cutlass.utils.HardwareInfo(device_index).get_max_active_clusters(cluster_size))
                     except Exception as exc:  # pragma: no cover - a driver without the query
                         max_clusters_fallbacks[key] = f"{type(exc).__name__}: {exc}"
