@@ -10,6 +10,10 @@ discovery neither needs nor imports cutlass.
 TMA needs 16-byte aligned base pointers and strides, so every operand's metadata demands a
 divisibility of 16 bytes (8 elements of a 16-bit type, 4 of f32): discovery never hands such
 a kernel misaligned operands.
+
+Stream-K configurations (``_streamk_`` in the name) need a workspace (`get_workspace_size`: one
+f32 tile per CTA of the persistent grid plus completion flags); ``Kernel.run`` allocates it when
+none is given. Performance notes and measurements: ``benchmarks/NOTES-sm90.md``.
 """
 
 from __future__ import annotations

@@ -19,10 +19,13 @@ Structure of one CTA (384 threads, one CTA per SM, grid = as many clusters as fi
   ragged edges of M and N, and zero-fills out-of-bounds loads, so any M, N, K works.
 
 Tiles are visited in a rasterised order (``swizzle`` consecutive clusters share an N column
-band, or an M band) so concurrently running CTAs reuse A/B tiles in L2.
+band, or an M band) so concurrently running CTAs reuse A/B tiles in L2. With ``stream_k``, a
+last wave at most a quarter full is avoided by cutting the last waves' tiles along K into equal
+per-cluster shares; a split tile is finished by the cluster holding its first k-tile, which adds
+the partial accumulator its neighbour left in the workspace (flagged with a per-launch epoch).
 
 The calling convention is ``impl(A, B, out, C_or_None, bias_or_None, alpha, beta,
-max_active_clusters, stream)`` with A (L,M,K)/(M,K), B (L,K,N)/(K,N), out and C
+max_active_clusters, workspace_or_None, epoch, stream)`` with A (L,M,K)/(M,K), B (L,K,N)/(K,N), out and C
 (L,M,N)/(M,N) as the user passed them: the views the kernel needs ((M,K,L), (N,K,L),
 (M,N,L)) are built inside the compiled host function, so a call costs no extra torch work.
 """
