@@ -20,6 +20,7 @@ from ....dtypes import DataType
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....status import Status
 from .. import CuTeDSLProvider
+from ..kernel import _target_cc
 from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase,
                      epilogue_supported_by_generation, layout_name)
 
@@ -95,7 +96,7 @@ class Sm80TensorOpGemm(GemmKernelBase):
             return Sm80DmmaGemmImpl(
                 design.tile_shape, dict(design.extra)["warps"], design.stages, a_k_major=md.A.layout == "t",
                 b_k_major=md.B.layout == "n", out_n_major=md.out.layout == "t", align=md.A.divisibility,
-                spec=EpilogueSpec.from_signature(args.epilogue_signature))
+                spec=EpilogueSpec.from_signature(args.epilogue_signature), cc=_target_cc())
         from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
 
         return Sm80TensorOpGemmImpl(

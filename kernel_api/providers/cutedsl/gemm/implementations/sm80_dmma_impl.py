@@ -1,10 +1,11 @@
-"""f64 tensor-core GEMM (DMMA, ``mma.sync.m8n8k4.f64``) in CuTe DSL, for every cc >= 80.
+"""f64 tensor-core GEMM (DMMA: ``mma.sync`` m16n8k8 on sm_90+, m8n8k4 before) in CuTe DSL.
 
 The f64 mode of `Sm80TensorOpGemm`. Global-to-shared movement is the SIMT kernel's
 (``cp.async`` of 8 or 16 bytes into an M-/N-major ring, any alignment); the math is
-warp-level: each of WM x WN warps owns a (BM/WM) x (BN/WN) block made of 8x8 DMMA tiles.
-Per k4 step a lane loads one A value per 8-row tile (row lane/4, column lane%4) and one B
-value per 8-column tile, double-buffered in registers, and issues one DMMA per tile pair.
+warp-level: each of WM x WN warps owns a (BM/WM) x (BN/WN) block of DMMA tiles (16x8 with
+k8 steps on sm_90+, 8x8 with k4 steps before). Per k step a lane loads its A values per row
+tile (rows lane/4 [+8], columns lane%4 [+4]) and B values per column tile, double-buffered
+in registers, and issues one DMMA per tile pair.
 Shared-memory lines are padded to 64 bytes modulo 128, so the four K rows a warp reads
 fall into two 128-byte wavefronts, the minimum for 256 bytes. The DSL has no f64 MMA atom,
 so the instruction is emitted as inline PTX. The fused epilogue is `epilogue.store_fragment`.
@@ -39,12 +40,29 @@ def dmma_m8n8k4(a, b, c0, c1, *, loc=None, ip=None):
             cutlass.Float64(llvm.extractvalue(T.f64(), res, [1], loc=loc, ip=ip)))
 
 
+@dsl_user_op
+def dmma_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, *, loc=None, ip=None):
+    """``D = A(16x8) @ B(8x8) + C`` in f64 (sm_90+); returns this lane's four D values."""
+    ins = [cutlass.Float64(v).ir_value(loc=loc, ip=ip) for v in (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)]
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f64()] * 4),
+        ins,
+        "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
+        "{$10, $11, $12, $13};",
+        "=d,=d,=d,=d,d,d,d,d,d,d,d,d,d,d",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return tuple(cutlass.Float64(llvm.extractvalue(T.f64(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
 class Sm80DmmaGemmImpl(SimtGemmImpl):
     """Compile-time configuration: ``tile`` (BM, BN, BK), ``warps`` (WM, WN), ``stages``,
     operand layouts, ``align`` (elements of A/B: 1 or 2) and the epilogue ``spec``."""
 
     def __init__(self, tile, warps, stages, a_k_major: bool, b_k_major: bool, out_n_major: bool, align: int,
-                 spec) -> None:
+                 spec, cc: int = 80) -> None:
         # Only the attributes the inherited copy/layout helpers read.
         self.ab_dtype = self.out_dtype = self.acc_dtype = cutlass.Float64
         self.tile = tuple(tile)
@@ -55,8 +73,10 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         self.align = align
         self.spec = spec
         self.chunk16 = 2
+        # sm_90 added m16n8k8 f64 MMA: four times the work per instruction of m8n8k4.
+        self.m16 = cc >= 90
         BM, BN, BK = self.tile
-        assert BM % (8 * warps[0]) == 0 and BN % (8 * warps[1]) == 0 and BK % 4 == 0 and BK >= 8
+        assert BM % (16 * warps[0]) == 0 and BN % (8 * warps[1]) == 0 and BK % 8 == 0 and BK >= 16
 
     def _smem_layout(self, mn: int, k_major: bool) -> cute.Layout:
         line = mn + (8 if mn % 16 == 0 else 0)  # 64 bytes modulo 128: see the module docstring
@@ -84,9 +104,7 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
                sB_layout: cute.Layout, copy_A: cute.TiledCopy, copy_B: cute.TiledCopy):
         BM, BN, BK = self.tile
         WM, WN = self.warps
-        TI = BM // WM // 8  # 8-row DMMA tiles per warp
         TJ = BN // WN // 8  # 8-column DMMA tiles per warp
-        K4 = BK // 4
         S = self.stages
         tidx, _, _ = cute.arch.thread_idx()
         bm, bn, l = cute.arch.block_idx()
@@ -143,34 +161,33 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         t = lane % 4
         m0 = (warp % WM) * (BM // WM) + g
         n0 = (warp // WM) * (BN // WN) + g
-        acc = cute.make_rmem_tensor(cute.make_layout((2, TI, TJ)), cutlass.Float64)
+        # Per k step a lane holds R rows' worth of A (row halves x k halves) and KH of B.
+        KS = BK // 8 if cutlass.const_expr(self.m16) else BK // 4
+        R = 4 if cutlass.const_expr(self.m16) else 1
+        KH = 2 if cutlass.const_expr(self.m16) else 1
+        TI = BM // WM // (16 if cutlass.const_expr(self.m16) else 8)
+        V = 4 if cutlass.const_expr(self.m16) else 2
+        acc = cute.make_rmem_tensor(cute.make_layout((V, TI, TJ)), cutlass.Float64)
         acc.fill(0.0)
-        fa = cute.make_rmem_tensor(cute.make_layout((TI, 2)), cutlass.Float64)
-        fb = cute.make_rmem_tensor(cute.make_layout((TJ, 2)), cutlass.Float64)
+        fa = cute.make_rmem_tensor(cute.make_layout((R, TI, 2)), cutlass.Float64)
+        fb = cute.make_rmem_tensor(cute.make_layout((KH, TJ, 2)), cutlass.Float64)
 
         read = 0
         write = S - 1
         next_tile = S - 1
         cute.arch.cp_async_wait_group(S - 2)
         cute.arch.sync_threads()
-        for i in cutlass.range_constexpr(TI):
-            fa[i, 0] = sA[m0 + 8 * i, t, 0]
-        for j in cutlass.range_constexpr(TJ):
-            fb[j, 0] = sB[n0 + 8 * j, t, 0]
+        self._load_fragments(sA, sB, fa, fb, m0, n0, t, 0, 0, 0)
 
         for kt in range(k_tiles):
-            for s in cutlass.range_constexpr(K4):
-                if cutlass.const_expr(s == K4 - 1):
+            for s in cutlass.range_constexpr(KS):
+                if cutlass.const_expr(s == KS - 1):
                     read = read + 1
                     if read == S:
                         read = 0
                     cute.arch.cp_async_wait_group(S - 2)
                     cute.arch.sync_threads()
-                kn = ((s + 1) % K4) * 4 + t
-                for i in cutlass.range_constexpr(TI):
-                    fa[i, (s + 1) % 2] = sA[m0 + 8 * i, kn, read]
-                for j in cutlass.range_constexpr(TJ):
-                    fb[j, (s + 1) % 2] = sB[n0 + 8 * j, kn, read]
+                self._load_fragments(sA, sB, fa, fb, m0, n0, t, (s + 1) % KS, read, (s + 1) % 2)
                 if cutlass.const_expr(s == 0):
                     if next_tile < k_tiles:
                         cute.copy(copy_A, tAgA[None, None, None, next_tile], tAsA[None, None, None, write], pred=tApA)
@@ -180,19 +197,55 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
                     write = write + 1
                     if write == S:
                         write = 0
+                b = s % 2
                 for i in cutlass.range_constexpr(TI):
                     for j in cutlass.range_constexpr(TJ):
-                        d0, d1 = dmma_m8n8k4(fa[i, s % 2], fb[j, s % 2], acc[0, i, j], acc[1, i, j])
-                        acc[0, i, j] = d0
-                        acc[1, i, j] = d1
+                        if cutlass.const_expr(self.m16):
+                            d = dmma_m16n8k8(fa[0, i, b], fa[1, i, b], fa[2, i, b], fa[3, i, b], fb[0, j, b],
+                                             fb[1, j, b], acc[0, i, j], acc[1, i, j], acc[2, i, j], acc[3, i, j])
+                        else:
+                            d = dmma_m8n8k4(fa[0, i, b], fb[0, j, b], acc[0, i, j], acc[1, i, j])
+                        for v in cutlass.range_constexpr(V):
+                            acc[v, i, j] = d[v]
 
         cute.arch.cp_async_wait_group(0)
-        # This lane's accumulators: (v, i, j) -> (m0 - g + g + 8i, n-block + 2t + v + 8j).
+        # This lane's accumulators, as offsets in the column-major (BM, BN) tile from its first
+        # one at (m0, n-block + 2t): v -> n + v (and m + 8 for v >= 2 with m16), i -> m + 8 or 16
+        # per tile, j -> n + 8 per tile.
         cO = cute.local_tile(cute.make_identity_tensor((M, N)), tiler=self.tile, coord=(bm, bn, None),
                              proj=(1, 1, None))
         cO = cute.domain_offset((m0, n0 - g + 2 * t), cO)
-        tCcO = cute.composition(cO, cute.make_layout((2, TI, TJ), stride=(BM, 8, 8 * BM)))
+        if cutlass.const_expr(self.m16):
+            tCcO = cute.composition(cO, cute.make_layout(((2, 2), TI, TJ), stride=((BM, 8), 16, 8 * BM)))
+        else:
+            tCcO = cute.composition(cO, cute.make_layout((2, TI, TJ), stride=(BM, 8, 8 * BM)))
         mC = None
         if cutlass.const_expr(self.spec.has_c):
             mC = C[None, None, l]
         store_fragment(self.spec, acc, tCcO, O[None, None, l], mC, bias, alpha, beta, M, N, pairs=self.out_n_major)
+
+    @cute.jit
+    def _load_fragments(self, sA, sB, fa, fb, m0, n0, t, step: cutlass.Constexpr, stage, buf: cutlass.Constexpr):
+        """Fragments of k step ``step`` of ring slot ``stage`` into register buffer ``buf``.
+
+        m8n8k4: A (row g, k t) per 8-row tile, B (k t, column g) per 8-column tile.
+        m16n8k8: A rows g, g+8 at k t, t+4 per 16-row tile; B k t, t+4 per 8-column tile.
+        """
+        TI = cute.size(fa, mode=[1])
+        TJ = cute.size(fb, mode=[1])
+        if cutlass.const_expr(self.m16):
+            k = step * 8 + t
+            for i in cutlass.range_constexpr(TI):
+                fa[0, i, buf] = sA[m0 + 16 * i, k, stage]
+                fa[1, i, buf] = sA[m0 + 16 * i + 8, k, stage]
+                fa[2, i, buf] = sA[m0 + 16 * i, k + 4, stage]
+                fa[3, i, buf] = sA[m0 + 16 * i + 8, k + 4, stage]
+            for j in cutlass.range_constexpr(TJ):
+                fb[0, j, buf] = sB[n0 + 8 * j, k, stage]
+                fb[1, j, buf] = sB[n0 + 8 * j, k + 4, stage]
+        else:
+            k = step * 4 + t
+            for i in cutlass.range_constexpr(TI):
+                fa[0, i, buf] = sA[m0 + 8 * i, k, stage]
+            for j in cutlass.range_constexpr(TJ):
+                fb[0, j, buf] = sB[n0 + 8 * j, k, stage]
