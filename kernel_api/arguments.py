@@ -72,43 +72,47 @@ def _attributes(dt: DataType, pattern: tuple[int, ...], div: int) -> TensorAttri
     return found
 
 
-def _matrix_attributes(t: torch.Tensor, name: str) -> tuple[torch.Tensor, TensorAttributes]:
+def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None) -> tuple[torch.Tensor, TensorAttributes]:
     """Attributes of a (L, R, C) or (R, C) operand; may return a re-strided view.
 
     The stride of a size-1 mode is meaningless, so such a mode is treated as contiguous and
     given stride 1 in a view, which lets kernels rely on the unit stride they declare.
+    Runs three times per GemmArguments, so it is written for speed.
     """
     dt = _FROM_TORCH.get(t.dtype)
     if dt is None:
         raise TypeError(f"operand {name}: dtype {t.dtype} is not supported by kernel_api")
-    shape = t.shape
+    if shape is None:
+        shape = t.shape
     stride = t.stride()
     rows, cols = shape[-2], shape[-1]
+    # The largest power of two dividing every value is the lowest set bit of their OR.
     if stride[-1] == 1:
         pattern = _ROW
-        values = (cols, stride[-2]) if rows > 1 else (cols,)
+        bits = cols | stride[-2] if rows > 1 else cols
     elif stride[-2] == 1:
         pattern = _COL
-        values = (rows, stride[-1]) if cols > 1 else (rows,)
+        bits = rows | stride[-1] if cols > 1 else rows
     elif cols == 1:
         pattern = _ROW
         t = t.as_strided(shape, stride[:-1] + (1,))
-        values = (cols, stride[-2]) if rows > 1 else (cols,)
+        bits = cols | stride[-2] if rows > 1 else cols
     elif rows == 1:
         pattern = _COL
         t = t.as_strided(shape, stride[:-2] + (1, stride[-1]))
-        values = (rows, stride[-1])
+        bits = rows | stride[-1]
     else:
         raise ValueError(
             f"operand {name}: strides {tuple(stride)} have no unit-stride mode among the last two; "
             f"kernels need a row-major or column-major matrix (call .contiguous())")
     if len(shape) == 3 and shape[0] > 1:
-        values = values + (stride[0],)
-    # Inlined _divisibility and _attributes: this runs three times per GemmArguments.
-    ptr = t.data_ptr()
+        bits |= stride[0]
     itemsize = _BYTES[dt]
-    g = math.gcd(ptr // itemsize, *values) if ptr % itemsize == 0 else 1
-    g = _MAX_DIVISIBILITY if g == 0 else min(g & -g, _MAX_DIVISIBILITY)
+    ptr = t.data_ptr()
+    bits |= ptr // itemsize if ptr % itemsize == 0 else 1
+    g = bits & -bits if bits else _MAX_DIVISIBILITY
+    if g > _MAX_DIVISIBILITY:
+        g = _MAX_DIVISIBILITY
     key = (dt, pattern, g)
     found = _ATTRIBUTES_CACHE.get(key)
     if found is None:
@@ -247,9 +251,9 @@ class GemmArguments(Arguments):
         if out.get_device() != device_index or (device_index < 0 and out.device != A.device):
             raise ValueError(f"operand out: on {out.device} but A is on {A.device}")
         device = A.device
-        A, a = _matrix_attributes(A, "A")
-        B, b = _matrix_attributes(B, "B")
-        out, o = _matrix_attributes(out, "out")
+        A, a = _matrix_attributes(A, "A", sa)
+        B, b = _matrix_attributes(B, "B", sb)
+        out, o = _matrix_attributes(out, "out", so)
         if accumulator_type is None:
             acc = DataType.f64 if a.dtype is DataType.f64 else DataType.f32
         else:
