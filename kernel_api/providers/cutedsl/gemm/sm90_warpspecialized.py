@@ -165,6 +165,8 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
     """
 
     supported_args_type = GemmArguments
+    #: relative peak for the PickAny heuristic (wgmma: the fastest family on Hopper)
+    performance_hint = 1.0
 
     def __init__(self, metadata: KernelMetadata, config: Sm90Config, ab_stages: int, epi_stages: int) -> None:
         super().__init__(metadata)
