@@ -43,6 +43,9 @@ class SimtGemm(GemmKernelBase):
     (A/B, out, accumulator types; layouts; tile; thread grid; stages; alignment).
     """
 
+    #: relative peak for the PickAny heuristic (CUDA-core FMA: ~5% of the tensor-core rate on Hopper)
+    performance_hint = 0.05
+
     @staticmethod
     def generate_kernels(metadata_filter: Callable[[KernelMetadata], bool], epilogue_args: EpilogueArguments | None = None,
                          cc: int | None = None) -> list["SimtGemm"]:

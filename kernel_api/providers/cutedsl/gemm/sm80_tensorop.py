@@ -58,6 +58,9 @@ class Sm80TensorOpGemm(GemmKernelBase):
     ``tf32`` math; layouts; tile; warps; stages; A/B alignment in elements).
     """
 
+    #: relative peak for the PickAny heuristic (mma.sync on Hopper: measured ~0.55x of the wgmma kernels)
+    performance_hint = 0.55
+
     @staticmethod
     def generate_kernels(metadata_filter: Callable[[KernelMetadata], bool], epilogue_args: EpilogueArguments | None = None,
                          cc: int | None = None) -> list["Sm80TensorOpGemm"]:
