@@ -28,10 +28,10 @@ class Arguments:
 
     ``tensor_attributes`` maps operand names to `TensorAttributes`; ``signature`` is a
     hashable summary of everything metadata checks depend on; ``device`` is the operands'
-    device.
+    device and ``device_index`` its CUDA index (-1 for CPU or meta tensors).
     """
 
-    __slots__ = ("tensor_attributes", "signature", "device")
+    __slots__ = ("tensor_attributes", "signature", "device", "device_index")
 
     epilogue_signature = None
 
@@ -276,6 +276,7 @@ class GemmArguments(Arguments):
         self.epilogue = epilogue
         self.epilogue_signature = epilogue_signature
         self.device = device
+        self.device_index = device_index
         self.tensor_attributes = {"A": a, "B": b, "out": o}
         self.signature = ("gemm", rank, a._key, b._key, o._key, acc, epilogue_signature, device_index)
 
@@ -350,6 +351,7 @@ class SoftmaxArguments(Arguments):
         oa, _, _ = _rows_attributes(out, "out")
         self.x, self.out = x, out
         self.device = x.device
+        self.device_index = x.get_device()
         self.tensor_attributes = {"x": xa, "out": oa}
         self.signature = ("softmax", xa._key, oa._key, x.get_device())
 
@@ -381,6 +383,7 @@ class SoftmaxBackwardArguments(Arguments):
         ia, _, _ = _rows_attributes(grad_in, "grad_in")
         self.grad_out, self.out, self.grad_in = grad_out, out, grad_in
         self.device = out.device
+        self.device_index = out.get_device()
         self.tensor_attributes = {"grad_out": ga, "out": oa, "grad_in": ia}
         self.signature = ("softmax_bwd", ga._key, oa._key, ia._key, out.get_device())
 

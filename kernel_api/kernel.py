@@ -19,7 +19,7 @@ from .arguments import Arguments
 from .artifact import CompiledArtifact
 from .errors import DeviceError, UnsupportedArgumentsError
 from .metadata import KernelMetadata
-from .status import Status
+from .status import _SUCCESS, Status
 
 # The target architecture of the compile in progress, so that provider helpers such as
 # CuteDslKernel.cute_compile honour ``kernel.compile(args, cc=90)`` even when a kernel's own
@@ -27,7 +27,8 @@ from .status import Status
 compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("compile_target_cc", default=None)
 
 _FINAL_METHODS = ("run", "supports")
-_cc_by_device: dict[tuple, int] = {}
+# A device's cc never changes and torch.cuda.get_device_capability costs microseconds.
+_cc_by_device: dict[int, int] = {}
 
 
 def _wrap_compile(fn: Callable) -> Callable:
@@ -147,7 +148,7 @@ class Kernel(metaclass=KernelMeta):
         """Metadata checks (cached per argument signature), then the kernel's ``_supports``."""
         if not isinstance(args, Arguments):
             raise TypeError(f"{type(self).__name__}.supports: expected an arguments object, got {type(args).__name__}")
-        if cc is not None:
+        if cc is not None and type(cc) is not int:
             cc = normalize_cc(cc)
         cache = self.__dict__.get("_support_cache")
         if cache is None:
@@ -155,15 +156,18 @@ class Kernel(metaclass=KernelMeta):
         key = (args.signature, cc)
         status = cache.get(key)
         if status is None:
-            status = cache[key] = self._metadata.supports(args, cc)
-        if not status:
+            status = cache[key] = self._metadata.supports(args, normalize_cc(cc))
+        if status.error is not None:
             return status
         status = self._supports(args)
         if status is None or status is True:
-            return Status.success()
+            return _SUCCESS
         if status is False:
             return Status.fail(f"{self._metadata.kernel_name}._supports rejected the arguments")
         return status
+
+    #: Set True (class or instance) when get_workspace_size is always 0, so run skips asking.
+    workspace_free: bool = False
 
     def run(self, args: Any, compiled_artifact: CompiledArtifact | None = None, stream: Any = None,
             workspace: Any = None, assume_supported_args: bool = False) -> None:
@@ -177,7 +181,7 @@ class Kernel(metaclass=KernelMeta):
             self._check_runnable(args, compiled_artifact)
         if compiled_artifact is None:
             compiled_artifact = self._artifact_for(args)
-        if workspace is None:
+        if workspace is None and not self.workspace_free:
             size = self.get_workspace_size(args)
             if size:
                 workspace = _allocate_workspace(size, args.device, stream)
@@ -186,27 +190,24 @@ class Kernel(metaclass=KernelMeta):
     def _check_runnable(self, args: Any, artifact: CompiledArtifact | None) -> None:
         if not isinstance(args, Arguments):
             raise TypeError(f"{type(self).__name__}.run: expected an arguments object, got {type(args).__name__}")
-        device = args.device
-        if device.type != "cuda":
-            name = next(iter(args.tensor_attributes))
-            raise DeviceError(
-                f"{self._metadata.kernel_name}: operand {name} is on {device}; GPU kernels need CUDA tensors "
-                f"(compile without a GPU with kernel.compile(args, cc=90))")
-        # torch.cuda.get_device_capability costs microseconds; a device's cc never changes. The
-        # key holds the functions used so that patching them (tests) is still honoured.
-        key = (device.index, torch.cuda.is_available, device_cc)
-        cc = _cc_by_device.get(key)
+        index = args.device_index
+        cc = _cc_by_device.get(index)
         if cc is None:
+            if args.device.type != "cuda":
+                name = next(iter(args.tensor_attributes))
+                raise DeviceError(
+                    f"{self._metadata.kernel_name}: operand {name} is on {args.device}; GPU kernels need CUDA "
+                    f"tensors (compile without a GPU with kernel.compile(args, cc=90))")
             if not torch.cuda.is_available():
                 raise DeviceError(f"{self._metadata.kernel_name}: no CUDA GPU is available to run on")
-            cc = _cc_by_device[key] = normalize_cc(device_cc(device.index))
+            cc = _cc_by_device[index] = normalize_cc(device_cc(index))
         status = self.supports(args, cc)
-        if not status:
+        if status.error is not None:
             raise UnsupportedArgumentsError(f"{self._metadata.kernel_name} does not support {args!r}: {status.error}")
-        if artifact is not None and artifact.kernel is not self and getattr(artifact.kernel, "metadata", None) is not None \
-                and artifact.kernel.metadata.kernel_name != self._metadata.kernel_name:
-            raise ValueError(
-                f"compiled_artifact belongs to {artifact.kernel.metadata.kernel_name}, not {self._metadata.kernel_name}")
+        if artifact is not None and artifact.kernel is not self:
+            owner = getattr(getattr(artifact.kernel, "metadata", None), "kernel_name", None)
+            if owner is not None and owner != self._metadata.kernel_name:
+                raise ValueError(f"compiled_artifact belongs to {owner}, not {self._metadata.kernel_name}")
 
     def _artifact_for(self, args: Any) -> CompiledArtifact:
         cc = device_cc(args.device.index) if args.device.type == "cuda" else None

@@ -127,10 +127,12 @@ def test_unsupported_args_raise_with_reason_when_run(monkeypatch):
     # Pretend a GPU exists so run reaches the support check with meta tensors.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(kernel_api.kernel, "device_cc", lambda index=None: 90)
+    monkeypatch.setattr(kernel_api.kernel, "_cc_by_device", {})
     A = torch.empty(16, 64, dtype=torch.float16, device="meta")
     args = GemmArguments(A, torch.empty(64, 4, dtype=torch.float16, device="meta"),
                          torch.empty(16, 4, dtype=torch.float16, device="meta"))
     object.__setattr__(args, "device", torch.device("cuda", 0))
+    object.__setattr__(args, "device_index", 0)
     kernel = _toy_kernel_for(args)
     ToyGemm.max_k = 32
     try:
@@ -146,9 +148,11 @@ def test_unsupported_args_raise_with_reason_when_run(monkeypatch):
 
 def test_no_gpu_run_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(kernel_api.kernel, "_cc_by_device", {})
     A = torch.empty(16, 8, dtype=torch.float16, device="meta")
     args = GemmArguments(A, torch.empty(8, 4, dtype=torch.float16, device="meta"),
                          torch.empty(16, 4, dtype=torch.float16, device="meta"))
     object.__setattr__(args, "device", torch.device("cuda", 0))
+    object.__setattr__(args, "device_index", 0)
     with pytest.raises(DeviceError, match="no CUDA GPU"):
         _toy_kernel_for(args).run(args)

@@ -173,6 +173,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         self.config = config
         self.ab_stages = ab_stages
         self.epi_stages = epi_stages
+        self.workspace_free = not config.stream_k
 
     # ---- discovery -----------------------------------------------------------------
     @staticmethod
@@ -215,10 +216,10 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
     def _supports(self, args: GemmArguments) -> Status:
         if args.K == 0:
             return Status.fail("K=0: a TMA descriptor cannot describe an empty operand")
-        for dim, value in (("M", args.M), ("N", args.N), ("K", args.K)):
-            if value > _INT32_MAX:
-                return Status.fail(f"problem size {dim}={value} exceeds the 32-bit coordinates of TMA")
-        if args.A.dim() == 3 and args.L == 1:
+        if args.M > _INT32_MAX or args.N > _INT32_MAX or args.K > _INT32_MAX:
+            dim, value = max((("M", args.M), ("N", args.N), ("K", args.K)), key=lambda p: p[1])
+            return Status.fail(f"problem size {dim}={value} exceeds the 32-bit coordinates of TMA")
+        if args.L == 1 and args.A.dim() == 3:
             # Argument divisibility ignores the batch stride of a single batch, but the TMA
             # descriptor still encodes it and needs 16 bytes.
             for name in ("A", "B", "out"):
@@ -273,7 +274,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         if args.M == 0 or args.N == 0 or args.L == 0:
             return  # nothing to write; an empty grid is a launch error
         cm, cn = self.config.cluster_mn
-        clusters = max_active_clusters(args.A.device.index or 0, cm * cn)
+        clusters = max_active_clusters(max(args.device_index, 0), cm * cn)
         epoch = 0
         if self.config.stream_k:
             if workspace is None or workspace.numel() < self.get_workspace_size(args):

@@ -57,6 +57,7 @@ class _Bucket:
 
 class _CuteSoftmaxBase(CuteDslKernel):
     backward: bool = False
+    workspace_free = True  # no workspace: run need not ask
 
     def __init__(self, metadata: KernelMetadata, params: dict | None = None) -> None:
         super().__init__(metadata)
