@@ -29,11 +29,15 @@ _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice
 
 def _launch(args: Any, stream: Any = None) -> None:
     policy = current().policy
-    shape = getattr(args, "problem_shape", None) or (getattr(args, "rows", 0), getattr(args, "cols", 0))
-    device = args.device
-    key = (id(policy), args.signature, shape, device.index)
+    if type(args) is GemmArguments:
+        shape = (args.M, args.N, args.K, args.L)
+    else:
+        shape = (args.rows, args.cols)
+    # The signature ends with the operands' device index, so choices are per device.
+    key = (id(policy), args.signature, shape)
     found = _dispatch.get(key)
     if found is None:
+        device = args.device
         if device.type != "cuda":
             name = next(iter(args.tensor_attributes))
             raise DeviceError(f"operand {name} is on {device}; kernel_api.ops run on CUDA tensors")
@@ -46,8 +50,8 @@ def _launch(args: Any, stream: Any = None) -> None:
     kernel, artifact, _ = found
     # Honour the operands' device: launch (and take the default stream) there, not on
     # whichever device happens to be current.
-    index = device.index
-    if index is not None and index != _current_device():
+    index = args.device_index
+    if index >= 0 and index != _current_device():
         with torch.cuda.device(index):
             kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
         return
