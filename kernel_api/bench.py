@@ -93,9 +93,14 @@ def _plot(rows: list[dict], unit: str, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     good = [r for r in rows if r["throughput"] is not None][:30]
-    fig, ax = plt.subplots(figsize=(10, 0.3 * len(good) + 1.5))
-    ax.barh([r["kernel"] for r in good][::-1], [r["throughput"] for r in good][::-1],
-            color=["tab:gray" if r["provider"] == "torch" else "tab:green" for r in good][::-1])
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(good) + 1.5))
+    ys = list(range(len(good)))[::-1]
+    ax.barh(ys, [r["throughput"] for r in good],
+            color=["tab:gray" if r["provider"] == "torch" else "tab:green" for r in good])
+    # Kernel names are long: write them on the bars instead of as axis labels.
+    for y, r in zip(ys, good):
+        ax.text(0, y, f" {r['kernel']}  ({r['throughput']:.0f})", va="center", fontsize=6, color="black")
+    ax.set_yticks([])
     ax.set_xlabel(unit)
     ax.set_title(title, fontsize=8)
     fig.tight_layout()

@@ -89,3 +89,15 @@ def test_cache_info_and_clear(tmp_path, monkeypatch, capsys):
     main(["cache", "info"])
     out = capsys.readouterr().out
     assert "cutedsl" not in out and "tuning records: 0" in out
+
+
+def test_bench_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from kernel_api.bench import _plot
+
+    rows = [{"kernel": "torch", "provider": "torch", "throughput": 780.0},
+            {"kernel": "SomeKernel_bf16_ttt_128x256x64", "provider": "cutedsl", "throughput": 772.0},
+            {"kernel": "Failed", "provider": "cutedsl", "throughput": None}]
+    path = tmp_path / "bench.png"
+    _plot(rows, "TFLOP/s", str(path), "4096^3 bf16")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
