@@ -27,6 +27,7 @@ from .status import _SUCCESS, Status
 compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("compile_target_cc", default=None)
 
 _FINAL_METHODS = ("run", "supports")
+_UNCHECKED = object()
 # A device's cc never changes and torch.cuda.get_device_capability costs microseconds.
 _cc_by_device: dict[int, int] = {}
 
@@ -178,7 +179,14 @@ class Kernel(metaclass=KernelMeta):
         workspace from torch's caching allocator when the kernel needs one and none is given.
         """
         if not assume_supported_args:
-            self._check_runnable(args, compiled_artifact)
+            # The verdict for these arguments is remembered on them: arguments are immutable
+            # summaries, so running the same arguments again skips the checks.
+            verdicts = args._verdicts if isinstance(args, Arguments) else None
+            if verdicts is None or verdicts.get(self, _UNCHECKED) is not compiled_artifact:
+                self._check_runnable(args, compiled_artifact)
+                if args._verdicts is None:
+                    args._verdicts = {}
+                args._verdicts[self] = compiled_artifact
         if compiled_artifact is None:
             compiled_artifact = self._artifact_for(args)
         if workspace is None and not self.workspace_free:

@@ -156,3 +156,29 @@ def test_no_gpu_run_is_a_clear_error(monkeypatch):
     object.__setattr__(args, "device_index", 0)
     with pytest.raises(DeviceError, match="no CUDA GPU"):
         _toy_kernel_for(args).run(args)
+
+
+def test_run_checks_each_arguments_object_once_per_kernel(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernel_api.kernel, "device_cc", lambda index=None: 90)
+    monkeypatch.setattr(kernel_api.kernel, "_cc_by_device", {})
+    A = torch.empty(16, 8, dtype=torch.float16, device="meta")
+    args = GemmArguments(A, torch.empty(8, 4, dtype=torch.float16, device="meta"),
+                         torch.empty(16, 4, dtype=torch.float16, device="meta"))
+    object.__setattr__(args, "device", torch.device("cuda", 0))
+    object.__setattr__(args, "device_index", 0)
+    kernel = _toy_kernel_for(args)
+    calls = []
+    monkeypatch.setattr(ToyGemm, "_supports", lambda self, a: calls.append(1) or Status.success())
+    monkeypatch.setattr(ToyGemm, "_run", lambda self, a, art, stream, ws=None: None)
+    artifact = kernel.compile(args, cc=90)
+    kernel.run(args, compiled_artifact=artifact)
+    kernel.run(args, compiled_artifact=artifact)
+    assert len(calls) == 1  # the verdict is remembered on the arguments object
+    kernel.run(args)  # a different artifact (None: compile on demand) is checked again
+    assert len(calls) == 2
+    fresh = GemmArguments(args.A, args.B, args.out)
+    object.__setattr__(fresh, "device", torch.device("cuda", 0))
+    object.__setattr__(fresh, "device_index", 0)
+    kernel.run(fresh, compiled_artifact=artifact)
+    assert len(calls) == 3  # new arguments are checked

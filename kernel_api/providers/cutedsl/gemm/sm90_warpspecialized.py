@@ -174,6 +174,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         self.ab_stages = ab_stages
         self.epi_stages = epi_stages
         self.workspace_free = not config.stream_k
+        self._clusters: dict[int, int] = {}
 
     # ---- discovery -----------------------------------------------------------------
     @staticmethod
@@ -273,10 +274,14 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
         if args.M == 0 or args.N == 0 or args.L == 0:
             return  # nothing to write; an empty grid is a launch error
-        cm, cn = self.config.cluster_mn
-        clusters = max_active_clusters(max(args.device_index, 0), cm * cn)
+        # Launch-time constants per device, looked up once (run is on the hot path).
+        clusters = self._clusters.get(args.device_index)
+        if clusters is None:
+            cm, cn = self.config.cluster_mn
+            clusters = self._clusters[args.device_index] = max_active_clusters(max(args.device_index, 0), cm * cn)
         epoch = 0
         if self.config.stream_k:
+            cm, cn = self.config.cluster_mn
             if workspace is None or workspace.numel() < self.get_workspace_size(args):
                 raise ValueError(f"{self.name}: needs a workspace of {self.get_workspace_size(args)} bytes")
             if clusters * cm * cn > _MAX_SLOTS:
@@ -286,9 +291,9 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
             workspace = None
         ep = args.epilogue
         if ep is None:
-            self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, None, None, 1.0, 0.0, clusters,
-                          workspace, epoch, to_cuda_stream(stream))
+            artifact.compiled_obj(args.A, args.B, args.out, None, None, 1.0, 0.0, clusters, workspace, epoch,
+                                  to_cuda_stream(stream))
         else:
             C = ep.C if ep.beta != 0.0 else None
-            self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, C, ep.bias, ep.alpha, ep.beta,
-                          clusters, workspace, epoch, to_cuda_stream(stream))
+            artifact.compiled_obj(args.A, args.B, args.out, C, ep.bias, ep.alpha, ep.beta, clusters, workspace,
+                                  epoch, to_cuda_stream(stream))
