@@ -61,22 +61,23 @@ def per_call_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
 
 
 def capture_bare_call(kernel: Any, args: GemmArguments, artifact: Any, stream: Any) -> tuple[Callable, tuple]:
-    """The compiled function and the exact positional arguments ``kernel._run`` hands it."""
+    """The compiled function and the exact positional arguments ``kernel._run`` hands it
+    (recorded by swapping a spy in for the artifact's compiled object for one call)."""
     seen: list[tuple] = []
-    original = kernel.cute_run
+    compiled = artifact.compiled_obj
 
-    def spy(compiled, *call_args):
+    def spy(*call_args):
         seen.append(call_args)
-        return original(compiled, *call_args)
+        return compiled(*call_args)
 
-    kernel.cute_run = spy  # instance attribute: only this instance, only for one call
+    artifact.compiled_obj = spy
     try:
         kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
     finally:
-        del kernel.cute_run
+        artifact.compiled_obj = compiled
     if not seen:
-        raise RuntimeError(f"{kernel.metadata.kernel_name} did not call cute_run; cannot time the bare call")
-    return artifact.compiled_obj, seen[0]
+        raise RuntimeError(f"{kernel.metadata.kernel_name} did not call its compiled function; cannot time the bare call")
+    return compiled, seen[0]
 
 
 def profile(fn: Callable[[], Any], calls: int, label: str) -> str:
