@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernel_api  # noqa: E402
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments  # noqa: E402
+from kernel_api.timing import time_cuda  # noqa: E402
 
 SHAPES = [(32768, 4096), (16384, 16384), (65536, 1024)]
 L2_ROTATE_BYTES = 50 * 2**20
@@ -35,18 +35,8 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
 def median_ms(fn, sets: int, iters: int, warmup: int = 5) -> float:
-    """Median time of one call, ``fn(i)`` using input set ``i % sets``."""
-    for i in range(warmup):
-        fn(i % sets)
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        starts[i].record()
-        fn(i % sets)
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    """Median time of one call, ``fn(i)`` using input set ``i % sets`` (CUDA events)."""
+    return time_cuda(fn, sets=sets, warmup=warmup, repeat=iters)["median_ms"]
 
 
 def copy_rate(iters: int) -> float:

@@ -333,6 +333,18 @@ def _normalize_dim(dim: Any, ndim: int) -> int:
     return d
 
 
+def _check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, contiguous: bool = False) -> None:
+    """``t`` must have ``ref``'s shape, dtype and device (and be contiguous if asked)."""
+    if t.shape != ref.shape:
+        raise ValueError(f"operand {name}: shape {tuple(t.shape)} must equal {ref_name}'s {tuple(ref.shape)}")
+    if t.dtype != ref.dtype:
+        raise TypeError(f"operand {name}: dtype {t.dtype} must equal {ref_name}'s {ref.dtype}")
+    if t.device != ref.device:
+        raise ValueError(f"operand {name}: on {t.device} but {ref_name} is on {ref.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"operand {name}: must be contiguous, got strides {tuple(t.stride())}")
+
+
 class SoftmaxArguments(Arguments):
     """``out = softmax(x, dim)`` over the last dimension; out has x's shape and dtype."""
 
@@ -342,14 +354,7 @@ class SoftmaxArguments(Arguments):
         _require_tensor(x, "x")
         _require_tensor(out, "out")
         self.dim = _normalize_dim(dim, x.dim())
-        if out.shape != x.shape:
-            raise ValueError(f"operand out: shape {tuple(out.shape)} must equal x's {tuple(x.shape)}")
-        if out.dtype != x.dtype:
-            raise TypeError(f"operand out: dtype {out.dtype} must equal x's {x.dtype}")
-        if out.device != x.device:
-            raise ValueError(f"operand out: on {out.device} but x is on {x.device}")
-        if not out.is_contiguous():
-            raise ValueError(f"operand out: must be contiguous, got strides {tuple(out.stride())}")
+        _check_like("out", out, "x", x, contiguous=True)
         xa, self.rows, self.cols = _rows_attributes(x, "x")
         oa, _, _ = _rows_attributes(out, "out")
         self.x, self.out = x, out
@@ -373,15 +378,8 @@ class SoftmaxBackwardArguments(Arguments):
         _require_tensor(out, "out")
         _require_tensor(grad_in, "grad_in")
         self.dim = _normalize_dim(dim, out.dim())
-        for name, t in (("grad_out", grad_out), ("grad_in", grad_in)):
-            if t.shape != out.shape:
-                raise ValueError(f"operand {name}: shape {tuple(t.shape)} must equal out's {tuple(out.shape)}")
-            if t.dtype != out.dtype:
-                raise TypeError(f"operand {name}: dtype {t.dtype} must equal out's {out.dtype}")
-            if t.device != out.device:
-                raise ValueError(f"operand {name}: on {t.device} but out is on {out.device}")
-        if not grad_in.is_contiguous():
-            raise ValueError(f"operand grad_in: must be contiguous, got strides {tuple(grad_in.stride())}")
+        _check_like("grad_out", grad_out, "out", out)
+        _check_like("grad_in", grad_in, "out", out, contiguous=True)
         ga, self.rows, self.cols = _rows_attributes(grad_out, "grad_out")
         oa, _, _ = _rows_attributes(out, "out")
         ia, _, _ = _rows_attributes(grad_in, "grad_in")
