@@ -21,7 +21,8 @@ from typing import Any
 from ....arguments import EpilogueArguments, GemmArguments
 from ....artifact import CompiledArtifact
 from ....dtypes import DataType
-from ....metadata import ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, EpilogueMetadata, TensorAttributes
+from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
+                          GemmOperandsMetadata, KernelMetadata, TensorAttributes)
 from ....status import Status
 from ....utils import strides_to_layout_string, to_cuda_stream
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
@@ -95,11 +96,29 @@ def epilogue_supported_by_generation(epilogue_args: Any, epilogue: EpilogueMetad
     return True
 
 
+def tiled_gemm_metadata(cls: type, types: str, layouts: tuple[tuple[int, ...], ...], operands: GemmOperandsMetadata,
+                        tile: tuple[int, int, int], grid: tuple[str, tuple[int, int]], stages: int, schedule: str,
+                        min_cc: int) -> KernelMetadata:
+    """Metadata of one CTA-tiled GEMM instance (no clusters) with the full fused epilogue.
+
+    ``types``: the dtype part of the name (e.g. "bf16bf16f32"); ``layouts``: (stride_A,
+    stride_B, stride_out); ``grid``: ("threads" or "warps", (along M, along N)), kept in
+    ``design.extra`` and named by its first letter. Names read
+    ``<Class>_<types>_<layouts>_<BM>x<BN>x<BK>_<t|w><M>x<N>_s<stages>_a<A alignment>``.
+    """
+    key, (gm, gn) = grid
+    name = (f"{cls.__name__}_{types}_{layout_name(*layouts)}_{tile[0]}x{tile[1]}x{tile[2]}"
+            f"_{key[0]}{gm}x{gn}_s{stages}_a{operands.A.divisibility}")
+    design = BLASDesignMetadata(tile, (1, 1, 1), stages=stages, schedule=schedule, extra=((key, (gm, gn)),))
+    return KernelMetadata(name, cls, operands, design, min_cc=min_cc, epilogue=FULL_EPILOGUE)
+
+
 class GemmKernelBase(CuteDslKernel):
     """compile/_run shared by the CuTe DSL GEMM kernels (see the module docstring).
 
     Subclasses implement ``_make_impl(args)`` (build the DSL implementation object; import
-    cutlass there) plus the usual ``generate_kernels`` and ``_supports``.
+    cutlass there) plus the usual ``generate_kernels``; ``_supports`` defaults to the checks
+    every implementation here needs (`_common_supports`).
     """
 
     supported_args_type = GemmArguments
@@ -107,6 +126,12 @@ class GemmKernelBase(CuteDslKernel):
 
     def _make_impl(self, args: GemmArguments) -> Any:  # pragma: no cover - abstract in spirit
         raise NotImplementedError
+
+    def _impl_layout_kwargs(self, args: GemmArguments) -> dict[str, Any]:
+        """The keyword arguments every implementation takes: operand majorness and epilogue spec."""
+        md = self.metadata.operands
+        return dict(a_k_major=md.A.layout == "t", b_k_major=md.B.layout == "n", out_n_major=md.out.layout == "t",
+                    spec=EpilogueSpec.from_signature(args.epilogue_signature))
 
     def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
         """Compile for ``args``' signature (rank, layouts, alignment, epilogue); shapes stay dynamic."""
@@ -154,6 +179,9 @@ class GemmKernelBase(CuteDslKernel):
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         return 0
+
+    def _supports(self, args: GemmArguments) -> Status:
+        return self._common_supports(args)
 
     def _common_supports(self, args: GemmArguments) -> Status:
         """Checks every GEMM implementation here needs beyond metadata."""

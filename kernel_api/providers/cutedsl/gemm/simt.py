@@ -12,11 +12,9 @@ from typing import Any, Callable
 
 from ....arguments import EpilogueArguments, GemmArguments
 from ....dtypes import DataType
-from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
-from ....status import Status
+from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CuTeDSLProvider
-from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase,
-                     epilogue_supported_by_generation, layout_name)
+from .common import FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, tiled_gemm_metadata
 
 # (operand dtype, output dtype, accumulator dtype)
 _DTYPES = (
@@ -59,17 +57,11 @@ class SimtGemm(GemmKernelBase):
                         operands = GemmOperandsMetadata(
                             TensorAttributes(ab, sa, aligns), TensorAttributes(ab, sb, aligns),
                             TensorAttributes(out, so, aligns), accumulator_type=acc)
-                        name = (f"SimtGemm_{ab}{out}{acc}_{layout_name(sa, sb, so)}_{tile[0]}x{tile[1]}x{tile[2]}"
-                                f"_t{threads[0]}x{threads[1]}_s{_STAGES}_a{aligns}")
-                        design = BLASDesignMetadata(tile, (1, 1, 1), stages=_STAGES, schedule="simt",
-                                                    extra=(("threads", threads),))
-                        metadata = KernelMetadata(name, SimtGemm, operands, design, min_cc=70, epilogue=FULL_EPILOGUE)
+                        metadata = tiled_gemm_metadata(SimtGemm, f"{ab}{out}{acc}", (sa, sb, so), operands, tile,
+                                                       ("threads", threads), _STAGES, "simt", min_cc=70)
                         if metadata.supports_cc(cc) and metadata_filter(metadata):
                             kernels.append(SimtGemm(metadata))
         return kernels
-
-    def _supports(self, args: GemmArguments) -> Status:
-        return self._common_supports(args)
 
     def _make_impl(self, args: GemmArguments) -> Any:
         from .implementations.simt_impl import SimtGemmImpl
@@ -79,6 +71,4 @@ class SimtGemm(GemmKernelBase):
         threads = dict(design.extra)["threads"]
         return SimtGemmImpl(
             md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), md.accumulator_type.to_cutlass(), design.tile_shape,
-            threads, design.stages, a_k_major=md.A.layout == "t", b_k_major=md.B.layout == "n",
-            out_n_major=md.out.layout == "t", align=md.A.divisibility,
-            spec=EpilogueSpec.from_signature(args.epilogue_signature))
+            threads, design.stages, align=md.A.divisibility, **self._impl_layout_kwargs(args))

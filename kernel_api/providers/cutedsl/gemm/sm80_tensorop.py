@@ -17,12 +17,10 @@ from typing import Any, Callable
 
 from ....arguments import EpilogueArguments, GemmArguments
 from ....dtypes import DataType
-from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
-from ....status import Status
+from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CuTeDSLProvider
 from ..kernel import _target_cc
-from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase,
-                     epilogue_supported_by_generation, layout_name)
+from .common import FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, tiled_gemm_metadata
 
 # (operand dtype, output dtype); accumulation is always f32
 _DTYPES_16 = ((DataType.bf16, DataType.bf16), (DataType.f16, DataType.f16),
@@ -77,18 +75,11 @@ class Sm80TensorOpGemm(GemmKernelBase):
                 operands = GemmOperandsMetadata(
                     TensorAttributes(ab, sa, align), TensorAttributes(ab, sb, align), TensorAttributes(out, so, 1),
                     accumulator_type=acc, math_type=math)
-                types = f"{ab}{out}{math or acc}"
-                name = (f"Sm80TensorOpGemm_{types}_{layout_name(sa, sb, so)}_{tile[0]}x{tile[1]}x{tile[2]}"
-                        f"_w{warps[0]}x{warps[1]}_s{stages}_a{align}")
-                design = BLASDesignMetadata(tile, (1, 1, 1), stages=stages, schedule="multistage",
-                                            extra=(("warps", warps),))
-                metadata = KernelMetadata(name, Sm80TensorOpGemm, operands, design, min_cc=80, epilogue=FULL_EPILOGUE)
+                metadata = tiled_gemm_metadata(Sm80TensorOpGemm, f"{ab}{out}{math or acc}", (sa, sb, so), operands,
+                                               tile, ("warps", warps), stages, "multistage", min_cc=80)
                 if metadata.supports_cc(cc) and metadata_filter(metadata):
                     kernels.append(Sm80TensorOpGemm(metadata))
         return kernels
-
-    def _supports(self, args: GemmArguments) -> Status:
-        return self._common_supports(args)
 
     def _make_impl(self, args: GemmArguments) -> Any:
         md = self.metadata.operands
@@ -96,13 +87,9 @@ class Sm80TensorOpGemm(GemmKernelBase):
         if md.A.dtype is DataType.f64:
             from .implementations.sm80_dmma_impl import Sm80DmmaGemmImpl
 
-            return Sm80DmmaGemmImpl(
-                design.tile_shape, dict(design.extra)["warps"], design.stages, a_k_major=md.A.layout == "t",
-                b_k_major=md.B.layout == "n", out_n_major=md.out.layout == "t", align=md.A.divisibility,
-                spec=EpilogueSpec.from_signature(args.epilogue_signature), cc=_target_cc())
+            return Sm80DmmaGemmImpl(design.tile_shape, dict(design.extra)["warps"], design.stages,
+                                    align=md.A.divisibility, cc=_target_cc(), **self._impl_layout_kwargs(args))
         from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
 
-        return Sm80TensorOpGemmImpl(
-            md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape, dict(design.extra)["warps"],
-            design.stages, a_k_major=md.A.layout == "t", b_k_major=md.B.layout == "n",
-            out_n_major=md.out.layout == "t", spec=EpilogueSpec.from_signature(args.epilogue_signature))
+        return Sm80TensorOpGemmImpl(md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape,
+                                    dict(design.extra)["warps"], design.stages, **self._impl_layout_kwargs(args))

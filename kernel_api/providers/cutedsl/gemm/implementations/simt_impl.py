@@ -18,7 +18,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
 from .epilogue import store_fragment
-from .gemm_utils import A_ORDER, B_ORDER, OUT_ORDER, mkl_view, mn_predicate
+from .gemm_utils import gemm_operands, k_shifted_tiles, load_next_tile, load_prologue, next_read_slot, partition_g2s
 
 
 class SimtGemmImpl:
@@ -79,12 +79,7 @@ class SimtGemmImpl:
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta, stream):
-        A = mkl_view(mA, A_ORDER)
-        B = mkl_view(mB, B_ORDER)
-        O = mkl_view(mOut, OUT_ORDER)
-        C = None
-        if cutlass.const_expr(mC is not None):
-            C = mkl_view(mC, OUT_ORDER)
+        A, B, O, C = gemm_operands(mA, mB, mOut, mC)
         BM, BN, BK = self.tile
         TM, TN = self.threads_mn
         sA_layout = self._smem_layout(BM, self.a_k_major)
@@ -115,59 +110,22 @@ class SimtGemmImpl:
         tidx, _, _ = cute.arch.thread_idx()
         bm, bn, l = cute.arch.block_idx()
         M = A.shape[0]
-        K = A.shape[1]
         N = B.shape[0]
 
-        gA = cute.local_tile(A[None, None, l], tiler=self.tile, coord=(bm, bn, None), proj=(1, None, 1))
-        gB = cute.local_tile(B[None, None, l], tiler=self.tile, coord=(bm, bn, None), proj=(None, 1, 1))
-        cA = cute.local_tile(cute.make_identity_tensor((M, K)), tiler=self.tile, coord=(bm, bn, None), proj=(1, None, 1))
-        cB = cute.local_tile(cute.make_identity_tensor((N, K)), tiler=self.tile, coord=(bm, bn, None), proj=(None, 1, 1))
-        k_tiles = cute.size(gA, mode=[2])
-        # Shift K so that the first k-tile is the partial one: the main loop needs no K checks.
-        residue = K - k_tiles * BK
-        gA = cute.domain_offset((0, residue, 0), gA)
-        gB = cute.domain_offset((0, residue, 0), gB)
-        # The residue is a multiple of the alignment (K is, for K-major operands; the
-        # leading dimension is, otherwise), so the shifted tiles keep the operands' alignment.
-        gA = cute.make_tensor(gA.iterator.align(self.align * self.ab_dtype.width // 8), gA.layout)
-        gB = cute.make_tensor(gB.iterator.align(self.align * self.ab_dtype.width // 8), gB.layout)
-        cA = cute.domain_offset((0, residue, 0), cA)
-        cB = cute.domain_offset((0, residue, 0), cB)
+        gA, gB, cA, cB, k_tiles = k_shifted_tiles(A, B, l, self.tile, (bm, bn, None),
+                                                  self.align * self.ab_dtype.width // 8)
 
         smem = cutlass.memory.SmemAllocator()
         sA = smem.allocate_tensor(self.ab_dtype, sA_layout, 16)
         sB = smem.allocate_tensor(self.ab_dtype, sB_layout, 16)
-
-        thr_copy_A = copy_A.get_slice(tidx)
-        thr_copy_B = copy_B.get_slice(tidx)
-        tAgA = thr_copy_A.partition_S(gA)
-        tAsA = thr_copy_A.partition_D(sA)
-        tAcA = thr_copy_A.partition_S(cA)
-        tBgB = thr_copy_B.partition_S(gB)
-        tBsB = thr_copy_B.partition_D(sB)
-        tBcB = thr_copy_B.partition_S(cB)
-        tApA = mn_predicate(tAcA, M)
-        tBpB = mn_predicate(tBcB, N)
+        g2s_A = partition_g2s(copy_A, tidx, gA, sA, cA, M)
+        g2s_B = partition_g2s(copy_B, tidx, gB, sB, cB, N)
 
         # Out-of-range elements are never copied: zero the ring once so they read as 0.
-        tAsA.fill(0)
-        tBsB.fill(0)
+        g2s_A[2].fill(0)
+        g2s_B[2].fill(0)
         cute.arch.sync_threads()
-
-        # Prologue: the partial first k-tile (K-checked per copy), then full tiles.
-        if k_tiles > 0:
-            for k in cutlass.range_constexpr(cute.size(tAsA, mode=[2])):
-                if cute.elem_less(-1, tAcA[0, 0, k, 0][1]):
-                    cute.copy(copy_A, tAgA[None, None, k, 0], tAsA[None, None, k, 0], pred=tApA[None, None, k])
-            for k in cutlass.range_constexpr(cute.size(tBsB, mode=[2])):
-                if cute.elem_less(-1, tBcB[0, 0, k, 0][1]):
-                    cute.copy(copy_B, tBgB[None, None, k, 0], tBsB[None, None, k, 0], pred=tBpB[None, None, k])
-        cute.arch.cp_async_commit_group()
-        for s in cutlass.range_constexpr(1, S - 1):
-            if s < k_tiles:
-                cute.copy(copy_A, tAgA[None, None, None, s], tAsA[None, None, None, s], pred=tApA)
-                cute.copy(copy_B, tBgB[None, None, None, s], tBsB[None, None, None, s], pred=tBpB)
-            cute.arch.cp_async_commit_group()
+        load_prologue(g2s_A, g2s_B, k_tiles, S)
 
         thr_mma = tiled_mma.get_slice(tidx)
         tCsA = thr_mma.partition_A(sA)  # (1, FRAG_M, BK, S)
@@ -192,23 +150,12 @@ class SimtGemmImpl:
             for kb in cutlass.range_constexpr(BK):
                 if cutlass.const_expr(kb == BK - 1):
                     # Next k-tile: wait for its copies, and make everyone's visible.
-                    read = read + 1
-                    if read == S:
-                        read = 0
-                    cute.arch.cp_async_wait_group(S - 2)
-                    cute.arch.sync_threads()
+                    read = next_read_slot(read, S)
                 kn = (kb + 1) % BK
                 rA[None, None, (kb + 1) % 2].store(tCsA[None, None, kn, read].load().to(self.acc_dtype))
                 rB[None, None, (kb + 1) % 2].store(tCsB[None, None, kn, read].load().to(self.acc_dtype))
                 if cutlass.const_expr(kb == 0):
-                    if next_tile < k_tiles:
-                        cute.copy(copy_A, tAgA[None, None, None, next_tile], tAsA[None, None, None, write], pred=tApA)
-                        cute.copy(copy_B, tBgB[None, None, None, next_tile], tBsB[None, None, None, write], pred=tBpB)
-                    cute.arch.cp_async_commit_group()
-                    next_tile = next_tile + 1
-                    write = write + 1
-                    if write == S:
-                        write = 0
+                    next_tile, write = load_next_tile(g2s_A, g2s_B, next_tile, write, k_tiles, S)
                 cute.gemm(tiled_mma, acc, rA[None, None, kb % 2], rB[None, None, kb % 2], acc)
 
         cute.arch.cp_async_wait_group(0)

@@ -19,7 +19,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .epilogue import store_fragment
-from .gemm_utils import A_ORDER, B_ORDER, OUT_ORDER, mkl_view, mn_predicate
+from .gemm_utils import (gemm_operands, k_shifted_tiles, load_next_tile, load_prologue, next_read_slot,
+                         partition_g2s)
 from .simt_impl import SimtGemmImpl
 
 
@@ -85,12 +86,7 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta, stream):
-        A = mkl_view(mA, A_ORDER)
-        B = mkl_view(mB, B_ORDER)
-        O = mkl_view(mOut, OUT_ORDER)
-        C = None
-        if cutlass.const_expr(mC is not None):
-            C = mkl_view(mC, OUT_ORDER)
+        A, B, O, C = gemm_operands(mA, mB, mOut, mC)
         BM, BN, BK = self.tile
         grid = cute.ceil_div(O.shape, (BM, BN, 1))
         self.kernel(A, B, O, C, mBias, alpha, beta, self._smem_layout(BM, self.a_k_major),
@@ -109,51 +105,20 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         tidx, _, _ = cute.arch.thread_idx()
         bm, bn, l = cute.arch.block_idx()
         M = A.shape[0]
-        K = A.shape[1]
         N = B.shape[0]
 
-        gA = cute.local_tile(A[None, None, l], tiler=self.tile, coord=(bm, bn, None), proj=(1, None, 1))
-        gB = cute.local_tile(B[None, None, l], tiler=self.tile, coord=(bm, bn, None), proj=(None, 1, 1))
-        cA = cute.local_tile(cute.make_identity_tensor((M, K)), tiler=self.tile, coord=(bm, bn, None), proj=(1, None, 1))
-        cB = cute.local_tile(cute.make_identity_tensor((N, K)), tiler=self.tile, coord=(bm, bn, None), proj=(None, 1, 1))
-        k_tiles = cute.size(gA, mode=[2])
-        residue = K - k_tiles * BK
-        gA = cute.domain_offset((0, residue, 0), gA)
-        gB = cute.domain_offset((0, residue, 0), gB)
-        gA = cute.make_tensor(gA.iterator.align(8 * self.align), gA.layout)
-        gB = cute.make_tensor(gB.iterator.align(8 * self.align), gB.layout)
-        cA = cute.domain_offset((0, residue, 0), cA)
-        cB = cute.domain_offset((0, residue, 0), cB)
+        gA, gB, cA, cB, k_tiles = k_shifted_tiles(A, B, l, self.tile, (bm, bn, None), 8 * self.align)
 
         smem = cutlass.memory.SmemAllocator()
         sA = smem.allocate_tensor(cutlass.Float64, sA_layout, 16)
         sB = smem.allocate_tensor(cutlass.Float64, sB_layout, 16)
-        thr_copy_A = copy_A.get_slice(tidx)
-        thr_copy_B = copy_B.get_slice(tidx)
-        tAgA = thr_copy_A.partition_S(gA)
-        tAsA = thr_copy_A.partition_D(sA)
-        tAcA = thr_copy_A.partition_S(cA)
-        tBgB = thr_copy_B.partition_S(gB)
-        tBsB = thr_copy_B.partition_D(sB)
-        tBcB = thr_copy_B.partition_S(cB)
-        tApA = mn_predicate(tAcA, M)
-        tBpB = mn_predicate(tBcB, N)
+        g2s_A = partition_g2s(copy_A, tidx, gA, sA, cA, M)
+        g2s_B = partition_g2s(copy_B, tidx, gB, sB, cB, N)
+        tAsA, tBsB = g2s_A[2], g2s_B[2]
         tAsA.fill(0)
         tBsB.fill(0)
         cute.arch.sync_threads()
-        if k_tiles > 0:
-            for k in cutlass.range_constexpr(cute.size(tAsA, mode=[2])):
-                if cute.elem_less(-1, tAcA[0, 0, k, 0][1]):
-                    cute.copy(copy_A, tAgA[None, None, k, 0], tAsA[None, None, k, 0], pred=tApA[None, None, k])
-            for k in cutlass.range_constexpr(cute.size(tBsB, mode=[2])):
-                if cute.elem_less(-1, tBcB[0, 0, k, 0][1]):
-                    cute.copy(copy_B, tBgB[None, None, k, 0], tBsB[None, None, k, 0], pred=tBpB[None, None, k])
-        cute.arch.cp_async_commit_group()
-        for s in cutlass.range_constexpr(1, S - 1):
-            if s < k_tiles:
-                cute.copy(copy_A, tAgA[None, None, None, s], tAsA[None, None, None, s], pred=tApA)
-                cute.copy(copy_B, tBgB[None, None, None, s], tBsB[None, None, None, s], pred=tBpB)
-            cute.arch.cp_async_commit_group()
+        load_prologue(g2s_A, g2s_B, k_tiles, S)
 
         warp = tidx // 32
         lane = tidx % 32
@@ -182,21 +147,10 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         for kt in range(k_tiles):
             for s in cutlass.range_constexpr(KS):
                 if cutlass.const_expr(s == KS - 1):
-                    read = read + 1
-                    if read == S:
-                        read = 0
-                    cute.arch.cp_async_wait_group(S - 2)
-                    cute.arch.sync_threads()
+                    read = next_read_slot(read, S)
                 self._load_fragments(sA, sB, fa, fb, m0, n0, t, (s + 1) % KS, read, (s + 1) % 2)
                 if cutlass.const_expr(s == 0):
-                    if next_tile < k_tiles:
-                        cute.copy(copy_A, tAgA[None, None, None, next_tile], tAsA[None, None, None, write], pred=tApA)
-                        cute.copy(copy_B, tBgB[None, None, None, next_tile], tBsB[None, None, None, write], pred=tBpB)
-                    cute.arch.cp_async_commit_group()
-                    next_tile = next_tile + 1
-                    write = write + 1
-                    if write == S:
-                        write = 0
+                    next_tile, write = load_next_tile(g2s_A, g2s_B, next_tile, write, k_tiles, S)
                 b = s % 2
                 for i in cutlass.range_constexpr(TI):
                     for j in cutlass.range_constexpr(TJ):

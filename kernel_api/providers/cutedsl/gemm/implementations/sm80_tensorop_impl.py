@@ -19,7 +19,8 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
 from .epilogue import store_fragment
-from .gemm_utils import A_ORDER, B_ORDER, OUT_ORDER, grouped_tile_coord, mkl_view, mn_predicate
+from .gemm_utils import (gemm_operands, k_shifted_tiles, load_next_tile, load_prologue, next_read_slot,
+                         partition_g2s, grouped_tile_coord)
 
 
 class Sm80TensorOpGemmImpl:
@@ -89,15 +90,10 @@ class Sm80TensorOpGemmImpl:
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta, stream):
-        A = mkl_view(mA, A_ORDER)
-        B = mkl_view(mB, B_ORDER)
+        A, B, O, C = gemm_operands(mA, mB, mOut, mC)
         if cutlass.const_expr(self.tf32):
             A = cute.make_tensor(cute.recast_ptr(A.iterator, dtype=cutlass.TFloat32), A.layout)
             B = cute.make_tensor(cute.recast_ptr(B.iterator, dtype=cutlass.TFloat32), B.layout)
-        O = mkl_view(mOut, OUT_ORDER)
-        C = None
-        if cutlass.const_expr(mC is not None):
-            C = mkl_view(mC, OUT_ORDER)
         BM, BN, BK = self.tile
         WM, WN = self.warps
         if cutlass.const_expr(self.tf32):
@@ -123,40 +119,19 @@ class Sm80TensorOpGemmImpl:
         tidx, _, _ = cute.arch.thread_idx()
         pid, _, l = cute.arch.block_idx()
         M = A.shape[0]
-        K = A.shape[1]
         N = B.shape[0]
         bm, bn = grouped_tile_coord(pid, (M + BM - 1) // BM, (N + BN - 1) // BN, self.group)
         coord = (bm, bn, None)
 
-        gA = cute.local_tile(A[None, None, l], tiler=self.tile, coord=coord, proj=(1, None, 1))
-        gB = cute.local_tile(B[None, None, l], tiler=self.tile, coord=coord, proj=(None, 1, 1))
-        cA = cute.local_tile(cute.make_identity_tensor((M, K)), tiler=self.tile, coord=coord, proj=(1, None, 1))
-        cB = cute.local_tile(cute.make_identity_tensor((N, K)), tiler=self.tile, coord=coord, proj=(None, 1, 1))
-        k_tiles = cute.size(gA, mode=[2])
-        residue = K - k_tiles * BK
-        gA = cute.domain_offset((0, residue, 0), gA)
-        gB = cute.domain_offset((0, residue, 0), gB)
-        # The residue is a multiple of the alignment (K is, for K-major operands; the
-        # leading dimension is, otherwise), so the shifted tiles keep the operands' alignment.
-        gA = cute.make_tensor(gA.iterator.align(self.vec * self.ab_dtype.width // 8), gA.layout)
-        gB = cute.make_tensor(gB.iterator.align(self.vec * self.ab_dtype.width // 8), gB.layout)
-        cA = cute.domain_offset((0, residue, 0), cA)
-        cB = cute.domain_offset((0, residue, 0), cB)
+        gA, gB, cA, cB, k_tiles = k_shifted_tiles(A, B, l, self.tile, coord, self.vec * self.ab_dtype.width // 8)
 
         smem = cutlass.memory.SmemAllocator()
         sA = smem.allocate_tensor(self.mma_dtype, sA_layout, 128)
         sB = smem.allocate_tensor(self.mma_dtype, sB_layout, 128)
 
-        thr_copy_A = copy_A.get_slice(tidx)
-        thr_copy_B = copy_B.get_slice(tidx)
-        tAgA = thr_copy_A.partition_S(gA)
-        tAsA = thr_copy_A.partition_D(sA)
-        tAcA = thr_copy_A.partition_S(cA)
-        tBgB = thr_copy_B.partition_S(gB)
-        tBsB = thr_copy_B.partition_D(sB)
-        tBcB = thr_copy_B.partition_S(cB)
-        tApA = mn_predicate(tAcA, M)
-        tBpB = mn_predicate(tBcB, N)
+        g2s_A = partition_g2s(copy_A, tidx, gA, sA, cA, M)
+        g2s_B = partition_g2s(copy_B, tidx, gB, sB, cB, N)
+        tAsA, tBsB = g2s_A[2], g2s_B[2]
 
         if cutlass.const_expr(self.tf32):
             # (filling a TFloat32 tensor crashes the DSL 4.8 compiler: fill its f32 view)
@@ -166,19 +141,7 @@ class Sm80TensorOpGemmImpl:
             tAsA.fill(0)
             tBsB.fill(0)
         cute.arch.sync_threads()
-        if k_tiles > 0:
-            for k in cutlass.range_constexpr(cute.size(tAsA, mode=[2])):
-                if cute.elem_less(-1, tAcA[0, 0, k, 0][1]):
-                    cute.copy(copy_A, tAgA[None, None, k, 0], tAsA[None, None, k, 0], pred=tApA[None, None, k])
-            for k in cutlass.range_constexpr(cute.size(tBsB, mode=[2])):
-                if cute.elem_less(-1, tBcB[0, 0, k, 0][1]):
-                    cute.copy(copy_B, tBgB[None, None, k, 0], tBsB[None, None, k, 0], pred=tBpB[None, None, k])
-        cute.arch.cp_async_commit_group()
-        for s in cutlass.range_constexpr(1, S - 1):
-            if s < k_tiles:
-                cute.copy(copy_A, tAgA[None, None, None, s], tAsA[None, None, None, s], pred=tApA)
-                cute.copy(copy_B, tBgB[None, None, None, s], tBsB[None, None, None, s], pred=tBpB)
-            cute.arch.cp_async_commit_group()
+        load_prologue(g2s_A, g2s_B, k_tiles, S)
 
         thr_mma = tiled_mma.get_slice(tidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA)[None, None, None, 0])
@@ -209,23 +172,12 @@ class Sm80TensorOpGemmImpl:
         for kt in range(k_tiles):
             for kb in cutlass.range_constexpr(KB):
                 if cutlass.const_expr(kb == KB - 1):
-                    read = read + 1
-                    if read == S:
-                        read = 0
-                    cute.arch.cp_async_wait_group(S - 2)
-                    cute.arch.sync_threads()
+                    read = next_read_slot(read, S)
                 kn = (kb + 1) % KB
                 cute.copy(s2r_A, tXsA[None, None, kn, read], tXrA[None, None, kn])
                 cute.copy(s2r_B, tXsB[None, None, kn, read], tXrB[None, None, kn])
                 if cutlass.const_expr(kb == 0):
-                    if next_tile < k_tiles:
-                        cute.copy(copy_A, tAgA[None, None, None, next_tile], tAsA[None, None, None, write], pred=tApA)
-                        cute.copy(copy_B, tBgB[None, None, None, next_tile], tBsB[None, None, None, write], pred=tBpB)
-                    cute.arch.cp_async_commit_group()
-                    next_tile = next_tile + 1
-                    write = write + 1
-                    if write == S:
-                        write = 0
+                    next_tile, write = load_next_tile(g2s_A, g2s_B, next_tile, write, k_tiles, S)
                 cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
 
         cute.arch.cp_async_wait_group(0)
