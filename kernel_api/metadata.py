@@ -183,6 +183,15 @@ class SoftmaxBackwardOperandsMetadata(OperandsMetadata):
                 f"grad_in={self.grad_in}, accumulator_type={self.accumulator_type})")
 
 
+def softmax_operands(dtype: Any, divisibility: int, backward: bool = False) -> OperandsMetadata:
+    """Operands of a softmax forward (x, out) or backward (grad_out, out, grad_in) kernel whose
+    tensors are all row-major of one ``dtype`` and aligned to ``divisibility`` elements; f32 math."""
+    attrs = TensorAttributes(dtype, (0, 1), divisibility)
+    if backward:
+        return SoftmaxBackwardOperandsMetadata(attrs, attrs, attrs, DataType.f32)
+    return SoftmaxOperandsMetadata(attrs, attrs, DataType.f32)
+
+
 @dataclass(frozen=True)
 class BLASDesignMetadata:
     """Design knobs of a GEMM kernel instance.

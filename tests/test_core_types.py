@@ -123,16 +123,25 @@ def test_supports_reports_the_kernels_reason():
         ToyGemm.max_k = None
 
 
-def test_unsupported_args_raise_with_reason_when_run(monkeypatch):
-    # Pretend a GPU exists so run reaches the support check with meta tensors.
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+def _pretend_gpu(monkeypatch, available=True):
+    """Let run reach its checks on a machine without a GPU (meta tensors posing as cuda:0)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
     monkeypatch.setattr(kernel_api.kernel, "device_cc", lambda index=None: 90)
     monkeypatch.setattr(kernel_api.kernel, "_cc_by_device", {})
-    A = torch.empty(16, 64, dtype=torch.float16, device="meta")
-    args = GemmArguments(A, torch.empty(64, 4, dtype=torch.float16, device="meta"),
-                         torch.empty(16, 4, dtype=torch.float16, device="meta"))
+
+
+def _meta_gemm_args(m=16, n=4, k=8, tensors=None):
+    meta = dict(dtype=torch.float16, device="meta")
+    A, B, out = tensors or (torch.empty(m, k, **meta), torch.empty(k, n, **meta), torch.empty(m, n, **meta))
+    args = GemmArguments(A, B, out)
     object.__setattr__(args, "device", torch.device("cuda", 0))
     object.__setattr__(args, "device_index", 0)
+    return args
+
+
+def test_unsupported_args_raise_with_reason_when_run(monkeypatch):
+    _pretend_gpu(monkeypatch)
+    args = _meta_gemm_args(k=64)
     kernel = _toy_kernel_for(args)
     ToyGemm.max_k = 32
     try:
@@ -147,26 +156,15 @@ def test_unsupported_args_raise_with_reason_when_run(monkeypatch):
 
 
 def test_no_gpu_run_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(kernel_api.kernel, "_cc_by_device", {})
-    A = torch.empty(16, 8, dtype=torch.float16, device="meta")
-    args = GemmArguments(A, torch.empty(8, 4, dtype=torch.float16, device="meta"),
-                         torch.empty(16, 4, dtype=torch.float16, device="meta"))
-    object.__setattr__(args, "device", torch.device("cuda", 0))
-    object.__setattr__(args, "device_index", 0)
+    _pretend_gpu(monkeypatch, available=False)
+    args = _meta_gemm_args()
     with pytest.raises(DeviceError, match="no CUDA GPU"):
         _toy_kernel_for(args).run(args)
 
 
 def test_run_checks_each_arguments_object_once_per_kernel(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(kernel_api.kernel, "device_cc", lambda index=None: 90)
-    monkeypatch.setattr(kernel_api.kernel, "_cc_by_device", {})
-    A = torch.empty(16, 8, dtype=torch.float16, device="meta")
-    args = GemmArguments(A, torch.empty(8, 4, dtype=torch.float16, device="meta"),
-                         torch.empty(16, 4, dtype=torch.float16, device="meta"))
-    object.__setattr__(args, "device", torch.device("cuda", 0))
-    object.__setattr__(args, "device_index", 0)
+    _pretend_gpu(monkeypatch)
+    args = _meta_gemm_args()
     kernel = _toy_kernel_for(args)
     calls = []
     monkeypatch.setattr(ToyGemm, "_supports", lambda self, a: calls.append(1) or Status.success())
@@ -177,8 +175,5 @@ def test_run_checks_each_arguments_object_once_per_kernel(monkeypatch):
     assert len(calls) == 1  # the verdict is remembered on the arguments object
     kernel.run(args)  # a different artifact (None: compile on demand) is checked again
     assert len(calls) == 2
-    fresh = GemmArguments(args.A, args.B, args.out)
-    object.__setattr__(fresh, "device", torch.device("cuda", 0))
-    object.__setattr__(fresh, "device_index", 0)
-    kernel.run(fresh, compiled_artifact=artifact)
+    kernel.run(_meta_gemm_args(tensors=(args.A, args.B, args.out)), compiled_artifact=artifact)
     assert len(calls) == 3  # new arguments are checked

@@ -162,15 +162,25 @@ class CudaSourceKernel(Kernel):
                               min_cc=cls.min_cc, max_cc=cls.max_cc)
 
     @classmethod
+    def variant_params(cls) -> Sequence[Mapping[str, Any]]:
+        """The parameters of every instance (default: ``variants``); override to compute them."""
+        return cls.variants
+
+    @classmethod
+    def check_definition(cls) -> None:
+        """Raise TypeError if the class lacks what generation needs (default: ``kernel_name``)."""
+        if cls.kernel_name is None:
+            raise TypeError(f"{cls.__name__}: set `kernel_name` (the __global__ function or a name expression)")
+
+    @classmethod
     def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool], epilogue_args: Any = None,
                          cc: int | None = None) -> list["CudaSourceKernel"]:
         """One instance per entry of ``variants`` that passes the filter and the cc range."""
         if epilogue_args is not None:
             return []
-        if cls.kernel_name is None:
-            raise TypeError(f"{cls.__name__}: set `kernel_name` (the __global__ function or a name expression)")
+        cls.check_definition()
         found = []
-        for params in cls.variants:
+        for params in cls.variant_params():
             metadata = cls.make_metadata(params)
             if not metadata.supports_cc(cc):
                 continue

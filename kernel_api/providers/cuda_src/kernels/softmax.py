@@ -17,22 +17,20 @@ it, so `Kernel.run` without an artifact compiles each bucket once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....dtypes import DataType
 from ....errors import UnsupportedArgumentsError
-from ....metadata import (KernelMetadata, RowReductionDesignMetadata, SoftmaxBackwardOperandsMetadata,
-                          SoftmaxOperandsMetadata, TensorAttributes)
+from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
 from ....status import Status
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from ..launcher import raw_stream
 
 _TYPES = {DataType.f32: "ka_softmax::F32", DataType.f16: "ka_softmax::F16", DataType.bf16: "ka_softmax::BF16"}
-_ROW = (0, 1)
 WARP_MAX_COLS = 1024
 WARPS_PER_CTA = 4
 LOOPED_THREADS = 512
@@ -95,11 +93,7 @@ class _SoftmaxBase(CudaSourceKernel):
 
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
-        attrs = TensorAttributes(params["dtype"], _ROW, params["vec"])
-        if cls.backward:
-            operands = SoftmaxBackwardOperandsMetadata(attrs, attrs, attrs, DataType.f32)
-        else:
-            operands = SoftmaxOperandsMetadata(attrs, attrs, DataType.f32)
+        operands = softmax_operands(params["dtype"], params["vec"], backward=cls.backward)
         strategy = params["strategy"]
         if strategy == "warp":
             design = RowReductionDesignMetadata("warp", 32, params["vec"] * params["dtype"].bytes, 1, params["max_cols"],
@@ -114,19 +108,12 @@ class _SoftmaxBase(CudaSourceKernel):
         return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=80)
 
     @classmethod
-    def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
-                         cc: int | None = None) -> list["_SoftmaxBase"]:
-        if epilogue_args is not None:
-            return []
-        found = []
-        for params in cls._configs():
-            metadata = cls.make_metadata(params)
-            if not metadata.supports_cc(cc):
-                continue
-            if metadata_filter is not None and not metadata_filter(metadata):
-                continue
-            found.append(cls(metadata, params))
-        return found
+    def variant_params(cls) -> list[dict]:
+        return cls._configs()
+
+    @classmethod
+    def check_definition(cls) -> None:
+        pass  # names come from name_expression, not kernel_name
 
     # ---- support --------------------------------------------------------------------------
     def _supports(self, args: Any) -> Status:
@@ -181,6 +168,16 @@ def _check_capacity(kernel: _SoftmaxBase, plan: _Plan, cols: int) -> None:
             f"got {cols}; compile for these arguments (kernel.compile(args)) or call run without an artifact")
 
 
+def _launch_plan(kernel: Any, args: Any, artifact: Any) -> _Plan | None:
+    """The artifact's launch plan, checked against the row length; None when there is no work."""
+    plan: _Plan = artifact.extra
+    if plan.capacity is not None and args.cols > plan.capacity:
+        _check_capacity(kernel, plan, args.cols)
+    if args.rows == 0 or args.cols == 0:
+        return None
+    return plan
+
+
 @CudaSourceProvider.register
 class CudaSoftmaxForward(_SoftmaxBase):
     """``out = softmax(x, dim=-1)`` in CUDA C++ (f32 math; warp / CTA / looped row mappings)."""
@@ -189,12 +186,10 @@ class CudaSoftmaxForward(_SoftmaxBase):
     backward = False
 
     def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        plan: _Plan = artifact.extra
-        rows, cols = args.rows, args.cols
-        if plan.capacity is not None and cols > plan.capacity:
-            _check_capacity(self, plan, cols)
-        if rows == 0 or cols == 0:
+        plan = _launch_plan(self, args, artifact)
+        if plan is None:
             return
+        rows, cols = args.rows, args.cols
         x, out = args.x, args.out
         device = x.device.index
         artifact.compiled_obj.launch(
@@ -210,12 +205,10 @@ class CudaSoftmaxBackward(_SoftmaxBase):
     backward = True
 
     def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        plan: _Plan = artifact.extra
-        rows, cols = args.rows, args.cols
-        if plan.capacity is not None and cols > plan.capacity:
-            _check_capacity(self, plan, cols)
-        if rows == 0 or cols == 0:
+        plan = _launch_plan(self, args, artifact)
+        if plan is None:
             return
+        rows, cols = args.rows, args.cols
         g, y, d = args.grad_out, args.out, args.grad_in
         device = y.device.index
         artifact.compiled_obj.launch(

@@ -24,14 +24,12 @@ from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....artifact import CompiledArtifact
 from ....dtypes import DataType
 from ....errors import UnsupportedArgumentsError
-from ....metadata import (KernelMetadata, RowReductionDesignMetadata, SoftmaxBackwardOperandsMetadata,
-                          SoftmaxOperandsMetadata, TensorAttributes)
+from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
 from ....status import Status
 from ....utils import to_cuda_stream
 from .. import CuTeDSLProvider
 from ..kernel import CuteDslKernel, fake_tensor
 
-_ROW = (0, 1)
 WARP_MAX_COLS = 1024
 WARPS_PER_CTA = 4
 _MAX_GRID_X = 2**31 - 1
@@ -91,11 +89,7 @@ class _CuteSoftmaxBase(CuteDslKernel):
 
     @classmethod
     def _metadata(cls, p: dict) -> KernelMetadata:
-        attrs = TensorAttributes(p["dtype"], _ROW, p["vec"])
-        if cls.backward:
-            operands = SoftmaxBackwardOperandsMetadata(attrs, attrs, attrs, DataType.f32)
-        else:
-            operands = SoftmaxOperandsMetadata(attrs, attrs, DataType.f32)
+        operands = softmax_operands(p["dtype"], p["vec"], backward=cls.backward)
         vbytes = p["vec"] * p["dtype"].bytes
         if p["strategy"] == "warp":
             design = RowReductionDesignMetadata("warp", 32, vbytes, 1, p["max_cols"],
