@@ -77,6 +77,15 @@ def layout_string_to_strides(layout: str) -> tuple[tuple[int, ...], ...]:
     return tuple(ROW_MAJOR if c in "tT" else COLUMN_MAJOR for c in layout)
 
 
+#: Largest grid.x a CUDA launch accepts.
+MAX_GRID_X = 2**31 - 1
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n, for n >= 1."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

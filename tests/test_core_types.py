@@ -177,3 +177,9 @@ def test_run_checks_each_arguments_object_once_per_kernel(monkeypatch):
     assert len(calls) == 2
     kernel.run(_meta_gemm_args(tensors=(args.A, args.B, args.out)), compiled_artifact=artifact)
     assert len(calls) == 3  # new arguments are checked
+
+
+def test_next_pow2():
+    from kernel_api.utils import next_pow2
+
+    assert [next_pow2(n) for n in (1, 2, 3, 4, 5, 1024, 1025)] == [1, 2, 4, 4, 8, 1024, 2048]

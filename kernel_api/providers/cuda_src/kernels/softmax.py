@@ -26,6 +26,7 @@ from ....dtypes import DataType
 from ....errors import UnsupportedArgumentsError
 from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
 from ....status import Status
+from ....utils import MAX_GRID_X, next_pow2
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from ..launcher import raw_stream
@@ -35,11 +36,6 @@ WARP_MAX_COLS = 1024
 WARPS_PER_CTA = 4
 LOOPED_THREADS = 512
 LOOPED_ELEMENTS = 16  # per thread per iteration (VEC x UNROLL)
-_MAX_GRID_X = 2**31 - 1
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -121,8 +117,8 @@ class _SoftmaxBase(CudaSourceKernel):
         if self.max_cols is not None and cols > self.max_cols:
             return Status.fail(f"{self.metadata.kernel_name}: rows of {cols} elements exceed its {self.max_cols}; "
                                f"a block/looped instance handles longer rows")
-        if self.strategy != "warp" and rows > _MAX_GRID_X:
-            return Status.fail(f"{self.metadata.kernel_name}: {rows} rows exceed the grid limit {_MAX_GRID_X}")
+        if self.strategy != "warp" and rows > MAX_GRID_X:
+            return Status.fail(f"{self.metadata.kernel_name}: {rows} rows exceed the grid limit {MAX_GRID_X}")
         return Status.success()
 
     # ---- compile: the template instance for this row length ------------------------------
@@ -132,13 +128,13 @@ class _SoftmaxBase(CudaSourceKernel):
         nvec = max(1, -(-max(cols, 1) // vec))
         op = "bwd" if self.backward else "fwd"
         if self.strategy == "warp":
-            nv = _pow2_at_least(-(-nvec // 32))
+            nv = next_pow2(-(-nvec // 32))
             nv = min(nv, WARP_MAX_COLS // (32 * vec))
             return (f"ka_softmax::{op}_warp<{t}, {vec}, {nv}, {WARPS_PER_CTA}>",
                     _Plan("warp", 32 * nv * vec, WARPS_PER_CTA, 32 * WARPS_PER_CTA))
         if self.strategy == "block":
             nv = max(1, self.ept // vec)
-            threads = min(max(32, _pow2_at_least(-(-nvec // nv))), self._block_threads_max(self.ept))
+            threads = min(max(32, next_pow2(-(-nvec // nv))), self._block_threads_max(self.ept))
             return (f"ka_softmax::{op}_block<{t}, {vec}, {nv}, {threads}>", _Plan("block", threads * nv * vec, 1, threads))
         unroll = max(1, LOOPED_ELEMENTS // vec)
         return (f"ka_softmax::{op}_looped<{t}, {vec}, {unroll}, {LOOPED_THREADS}>",

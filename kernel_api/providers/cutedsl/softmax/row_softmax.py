@@ -26,17 +26,12 @@ from ....dtypes import DataType
 from ....errors import UnsupportedArgumentsError
 from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
 from ....status import Status
-from ....utils import to_cuda_stream
+from ....utils import MAX_GRID_X, next_pow2, to_cuda_stream
 from .. import CuTeDSLProvider
 from ..kernel import CuteDslKernel, fake_tensor
 
 WARP_MAX_COLS = 1024
 WARPS_PER_CTA = 4
-_MAX_GRID_X = 2**31 - 1
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -115,7 +110,7 @@ class _CuteSoftmaxBase(CuteDslKernel):
         if args.cols > self.max_cols:
             return Status.fail(f"{self.metadata.kernel_name}: rows of {args.cols} elements exceed its "
                                f"{self.max_cols} (the cuda_src looped kernels take any length)")
-        if args.rows > _MAX_GRID_X:
+        if args.rows > MAX_GRID_X:
             return Status.fail(f"{self.metadata.kernel_name}: {args.rows} rows exceed the grid limit")
         return Status.success()
 
@@ -126,10 +121,10 @@ class _CuteSoftmaxBase(CuteDslKernel):
         vec = self.vec
         nvec = max(1, -(-max(cols, 1) // vec))
         if self.strategy == "warp":
-            nv = min(_pow2_at_least(-(-nvec // 32)), WARP_MAX_COLS // (32 * vec))
+            nv = min(next_pow2(-(-nvec // 32)), WARP_MAX_COLS // (32 * vec))
             return _Bucket(vec, nv, 32, WARPS_PER_CTA)
         nv = max(1, self.ept // vec)
-        threads = min(max(32, _pow2_at_least(-(-nvec // nv))), self._block_threads_max(self.ept))
+        threads = min(max(32, next_pow2(-(-nvec // nv))), self._block_threads_max(self.ept))
         return _Bucket(vec, nv, threads, 1)
 
     def compile_key(self, args: Any, cc: int | None) -> tuple:
