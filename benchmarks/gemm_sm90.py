@@ -35,6 +35,7 @@ from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import (  # noqa: E4
 from kernel_api.dtypes import DataType  # noqa: E402
 from kernel_api.metadata import ROW_MAJOR  # noqa: E402
 from kernel_api.timing import L2_FLUSH_BYTES, relative_error, rotation_count  # noqa: E402
+from kernel_api.timing import time_cuda_pair as time_pair  # noqa: E402
 
 SWEEP = ["8192x8192x8192", "4096x4096x4096", "2048x2048x2048", "4096x14336x4096", "4096x4096x14336",
          "128x8192x8192", "16384x1024x16384"]
@@ -61,24 +62,6 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 def short(kernel) -> str:
     cfg = kernel.config
     return f"{cfg.tag}_st{kernel.ab_stages}"
-
-
-def time_pair(first, second, sets: int, warmup: int, iters: int) -> tuple[float, float]:
-    """Median ms of ``first(i)`` and ``second(i)``, launched alternately, each between its own events."""
-    for i in range(warmup):
-        first(i % sets)
-        second(i % sets)
-    torch.cuda.synchronize()
-    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(iters)]
-    for i, (e0, e1, e2) in enumerate(ev):
-        e0.record()
-        first(i % sets)
-        e1.record()
-        second(i % sets)
-        e2.record()
-    torch.cuda.synchronize()
-    return (statistics.median(a.elapsed_time(b) for a, b, _ in ev),
-            statistics.median(b.elapsed_time(c) for _, b, c in ev))
 
 
 def check(kernel, artifacts: dict, dtype, layouts: str = "ttt") -> float:

@@ -4,7 +4,8 @@
     python benchmarks/host_latency.py --profile      # also cProfile of kernel.run and ops.gemm
 
 Measures host time per call (time.perf_counter over ``--calls`` back-to-back calls, the GPU
-work tiny; median of ``--repeats`` repeats, the device synchronised between repeats) of:
+work tiny; median of ``--repeats`` repeats, rows interleaved, the device synchronised between
+repeats) of:
 
 - the bare compiled function (exactly the arguments the kernel's ``_run`` passes, captured
   once), torch.mm and torch.mm(out=);
@@ -45,19 +46,27 @@ TARGETS_US = {  # over the bare call, except GemmArguments (absolute)
 }
 
 
-def per_call_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
-    """Median over repeats of the mean host time of one call, in microseconds."""
-    for _ in range(min(200, calls)):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def per_call_us(rows: dict[str, Callable[[], Any]], calls: int, repeats: int) -> dict[str, float]:
+    """Per row, the median over repeats of the mean host time of one call, in microseconds.
+
+    Rows are interleaved (each repeat times every row once, in a rotating order), so clock or
+    load drift during the run spreads over all rows instead of biasing the ones timed last.
+    """
+    labels = list(rows)
+    for fn in rows.values():
+        for _ in range(min(200, calls)):
             fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+    torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(repeats):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            fn = rows[label]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[label].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {label: statistics.median(values) for label, values in samples.items()}
 
 
 def capture_bare_call(kernel: Any, args: GemmArguments, artifact: Any, stream: Any) -> tuple[Callable, tuple]:
@@ -96,7 +105,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=128, help="M = N = K")
     parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--profile", action="store_true")
     opts = parser.parse_args()
     if not torch.cuda.is_available():
@@ -132,7 +141,7 @@ def main() -> None:
         "ops.gemm(A, B, out=out)": lambda: ops.gemm(A, B, out=out),
         "ops.gemm(A, B)": lambda: ops.gemm(A, B),
     }
-    results = {label: per_call_us(fn, opts.calls, opts.repeats) for label, fn in rows.items()}
+    results = per_call_us(rows, opts.calls, opts.repeats)
     bare = results["bare compiled call"]
 
     device = torch.cuda.get_device_name()
@@ -150,6 +159,7 @@ def main() -> None:
         "kernel": kernel.metadata.kernel_name, "calls_per_repeat": opts.calls, "repeats": opts.repeats,
         "per_call_us": {k: round(v, 3) for k, v in results.items()}, "targets": verdicts,
         "torch": torch.__version__,
+        "torch_has_dlpack_c_exchange_api": hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
     }
     name = f"host_latency-{device.replace(' ', '_')}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]

@@ -136,6 +136,17 @@ class Kernel(metaclass=KernelMeta):
     def get_workspace_size(self, args: Any) -> int:
         """Bytes of device workspace ``_run`` needs (0 for none)."""
 
+    def _fast_launcher(self, args: Any, artifact: CompiledArtifact) -> Callable[..., None] | None:
+        """Optional: ``launch(stream, *tensors)`` that launches ``artifact`` (just run with
+        ``args``) for operands given in ``args.tensor_attributes`` order, valid for any operands
+        whose dtypes, shapes, strides, pointer alignment and device equal ``args``'.
+
+        `kernel_api.ops` keys its dispatch on exactly that raw tensor metadata and calls the
+        launcher without building arguments. Return None (the default) when a launch needs
+        per-call work beyond the tensors (a workspace, an epilogue's extra operands...).
+        """
+        return None
+
     # ---- shared, final ---------------------------------------------------------------
     def compile_key(self, args: Any, cc: int | None) -> tuple:
         """What a compiled artifact depends on; artifacts are reused across equal keys.
@@ -178,10 +189,16 @@ class Kernel(metaclass=KernelMeta):
         artifact on this instance) when no ``compiled_artifact`` is given; allocates the
         workspace from torch's caching allocator when the kernel needs one and none is given.
         """
-        if not assume_supported_args:
+        if assume_supported_args:
+            if compiled_artifact is not None and (workspace is not None or self.workspace_free):
+                return self._run(args, compiled_artifact, stream, workspace)  # the hot path: nothing to decide
+        else:
             # The verdict for these arguments is remembered on them: arguments are immutable
             # summaries, so running the same arguments again skips the checks.
-            verdicts = args._verdicts if isinstance(args, Arguments) else None
+            try:
+                verdicts = args._verdicts
+            except AttributeError:
+                verdicts = None
             if verdicts is None or verdicts.get(self, _UNCHECKED) is not compiled_artifact:
                 self._check_runnable(args, compiled_artifact)
                 if args._verdicts is None:

@@ -43,6 +43,31 @@ def time_cuda(run: Callable[[int], None], sets: int = 1, warmup: int = 5, repeat
             "mean_ms": statistics.fmean(samples), "samples": len(samples)}
 
 
+def time_cuda_pair(first: Callable[[int], None], second: Callable[[int], None], sets: int = 1, warmup: int = 5,
+                   repeat: int = 50) -> tuple[float, float]:
+    """Median ms of ``first(i)`` and ``second(i)`` launched alternately (first, second, first...),
+    each call between its own events.
+
+    Clock and power drift during the run then hit both alike, which makes the ratio of the two
+    medians far more stable than timing one after the other (on a power-capped GPU the clock
+    moves by more than the few percent two good GEMMs differ by).
+    """
+    for i in range(warmup):
+        first(i % sets)
+        second(i % sets)
+    torch.cuda.synchronize()
+    events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(repeat)]
+    for i, (e0, e1, e2) in enumerate(events):
+        e0.record()
+        first(i % sets)
+        e1.record()
+        second(i % sets)
+        e2.record()
+    torch.cuda.synchronize()
+    return (statistics.median(a.elapsed_time(b) for a, b, _ in events),
+            statistics.median(b.elapsed_time(c) for _, b, c in events))
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64; inf if out has NaN/inf where ref does not."""
     o, r = out.double(), ref.double()

@@ -14,9 +14,18 @@ _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
+# The stream object last converted and its CUstream, as one tuple so threads read a
+# consistent pair: a launch loop passes the same stream object every time.
+_last_stream: tuple[Any, Any] = (object(), None)
+
+
 def to_cuda_stream(stream: Any = None) -> Any:
     """Return a ``cuda.bindings.driver.CUstream`` for a torch stream, a raw handle, an object
     with ``__cuda_stream__``, a CUstream, or None (the current torch stream)."""
+    global _last_stream
+    last = _last_stream
+    if stream is last[0]:
+        return last[1]
     if stream is None:
         if _current_raw_stream is not None:
             handle = _current_raw_stream(_current_device())  # torch.cuda.current_stream() costs microseconds
@@ -28,6 +37,7 @@ def to_cuda_stream(stream: Any = None) -> Any:
         from cuda.bindings import driver
 
         if isinstance(stream, driver.CUstream):
+            _last_stream = (stream, stream)
             return stream
         handle = stream_handle(stream)
     found = _cu_streams.get(handle)
@@ -37,6 +47,8 @@ def to_cuda_stream(stream: Any = None) -> Any:
         if len(_cu_streams) > 4096:
             _cu_streams.clear()
         found = _cu_streams[handle] = driver.CUstream(handle)
+    if stream is not None and type(stream) is not int:
+        _last_stream = (stream, found)  # not None (the current stream changes), not ints (ids are reused)
     return found
 
 

@@ -135,3 +135,51 @@ def test_operands_device_index_is_honoured():
     torch.cuda.synchronize(1)
     assert y1.device == torch.device("cuda:1")
     torch.testing.assert_close(y1, _gemm_ref(A1, B1), atol=2e-2, rtol=2e-2)
+
+
+def test_ops_gemm_fast_path_reuses_launchers_only_for_identical_metadata():
+    ops.clear_dispatch_cache()
+    A, B = _rand(96, 64), _rand(64, 80)
+    torch.testing.assert_close(ops.gemm(A, B), _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+    assert len(ops._fast) == 1
+    # Same metadata, new data (and new out buffers): served by the recorded launcher.
+    for _ in range(3):
+        A2, B2 = _rand(96, 64), _rand(64, 80)
+        out = torch.full((96, 80), float("nan"), device="cuda", dtype=torch.float16)
+        assert ops.gemm(A2, B2, out=out) is out
+        torch.testing.assert_close(out, _gemm_ref(A2, B2), atol=2e-2, rtol=2e-2)
+    assert len(ops._fast) == 1
+    # Different strides, layouts, offsets (alignment) and shapes each get their own entry.
+    storage = _rand(96 * 64 + 8)
+    for A3 in (A.t().contiguous().t(), storage[1:1 + 96 * 64].view(96, 64), storage[8:8 + 96 * 64].view(96, 64),
+               _rand(95, 64), _rand(96, 128)[:, :64]):
+        B3 = _rand(A3.shape[1], 80)
+        torch.testing.assert_close(ops.gemm(A3, B3), _gemm_ref(A3, B3), atol=2e-2, rtol=2e-2)
+    assert len(ops._fast) >= 5
+    # Another policy never sees the first policy's launchers.
+    with kernel_api.settings(policy=kernel_api.PickAny()):
+        torch.testing.assert_close(ops.gemm(A, B), _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+    assert len({key[0] for key in ops._fast}) == 2
+
+
+def test_ops_gemm_fast_path_honours_the_stream_and_graph_capture():
+    A, B = _rand(128, 64), _rand(64, 128)
+    ops.gemm(A, B)  # record the launcher
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = ops.gemm(A, B)
+    explicit = ops.gemm(A, B, stream=side)
+    side.synchronize()
+    torch.testing.assert_close(y, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(explicit, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+    out = torch.empty(128, 128, device="cuda", dtype=torch.float16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.gemm(A, B, out=out)
+    for _ in range(2):
+        A.copy_(_rand(128, 64))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)

@@ -174,6 +174,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         self.ab_stages = ab_stages
         self.epi_stages = epi_stages
         self.workspace_free = not config.stream_k
+        self._stream_k = config.stream_k
         self._clusters: dict[int, int] = {}
 
     # ---- discovery -----------------------------------------------------------------
@@ -272,15 +273,40 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         return CompiledArtifact(compiled, self)
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        # run is on the hot path: the common case (no stream-K, a known device, a non-empty
+        # problem) is decided with a few attribute reads.
+        clusters = self._clusters.get(args.device_index)
+        if clusters is None or self._stream_k or not (args.M and args.N and args.L):
+            return self._run_general(args, artifact, stream, workspace)
+        ep = args.epilogue
+        if ep is None:
+            artifact.compiled_obj(args.A, args.B, args.out, None, None, 1.0, 0.0, clusters, None, 0,
+                                  to_cuda_stream(stream))
+        else:
+            artifact.compiled_obj(args.A, args.B, args.out, ep.C if ep.beta != 0.0 else None, ep.bias, ep.alpha,
+                                  ep.beta, clusters, None, 0, to_cuda_stream(stream))
+
+    def _fast_launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Callable[..., None] | None:
+        clusters = self._clusters.get(args.device_index)
+        if clusters is None or self._stream_k or args.epilogue is not None or not (args.M and args.N and args.L):
+            return None
+        compiled = artifact.compiled_obj
+
+        def launch(stream: Any, A: Any, B: Any, out: Any) -> None:
+            compiled(A, B, out, None, None, 1.0, 0.0, clusters, None, 0, to_cuda_stream(stream))
+
+        return launch
+
+    def _run_general(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any) -> None:
         if args.M == 0 or args.N == 0 or args.L == 0:
             return  # nothing to write; an empty grid is a launch error
-        # Launch-time constants per device, looked up once (run is on the hot path).
+        # Launch-time constants per device, looked up once.
         clusters = self._clusters.get(args.device_index)
         if clusters is None:
             cm, cn = self.config.cluster_mn
             clusters = self._clusters[args.device_index] = max_active_clusters(max(args.device_index, 0), cm * cn)
         epoch = 0
-        if self.config.stream_k:
+        if self._stream_k:
             cm, cn = self.config.cluster_mn
             if workspace is None or workspace.numel() < self.get_workspace_size(args):
                 raise ValueError(f"{self.name}: needs a workspace of {self.get_workspace_size(args)} bytes")
