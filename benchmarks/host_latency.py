@@ -3,9 +3,9 @@
     python benchmarks/host_latency.py                # 128x128x128 f16 GEMM, table + JSON
     python benchmarks/host_latency.py --profile      # also cProfile of kernel.run and ops.gemm
 
-Measures host time per call (time.perf_counter over ``--calls`` back-to-back calls, the GPU
-work tiny; median of ``--repeats`` repeats, rows interleaved, the device synchronised between
-repeats) of:
+Measures host time per call (time.perf_counter over ``--calls`` back-to-back calls, few enough
+that the launch queue never fills, so the host is timed and not the GPU; median of
+``--repeats`` repeats, rows interleaved, the device synchronised between repeats) of:
 
 - the bare compiled function (exactly the arguments the kernel's ``_run`` passes, captured
   once), torch.mm and torch.mm(out=);
@@ -104,8 +104,10 @@ def profile(fn: Callable[[], Any], calls: int, label: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=128, help="M = N = K")
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=15)
+    # Few calls per repeat: the GPU work of 128^3 takes about as long as a launch on the host,
+    # so thousands of back-to-back calls fill the launch queue and then time the GPU instead.
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=101)
     parser.add_argument("--profile", action="store_true")
     opts = parser.parse_args()
     if not torch.cuda.is_available():

@@ -33,7 +33,7 @@ class Arguments:
     afterwards (``resize_``, ``set_``) is not supported; build new arguments instead.
     """
 
-    __slots__ = ("tensor_attributes", "signature", "device", "device_index", "_verdicts")
+    __slots__ = ("tensor_attributes", "signature", "device", "device_index", "_verdicts", "_bound")
 
     epilogue_signature = None
 
@@ -279,7 +279,7 @@ class GemmArguments(Arguments):
         self.epilogue_signature = epilogue_signature
         self.device = device
         self.device_index = device_index
-        self._verdicts = None
+        self._verdicts = self._bound = None
         self.tensor_attributes = {"A": a, "B": b, "out": o}
         self.signature = ("gemm", rank, a._key, b._key, o._key, acc, epilogue_signature, device_index)
 
@@ -360,7 +360,7 @@ class SoftmaxArguments(Arguments):
         self.x, self.out = x, out
         self.device = x.device
         self.device_index = x.get_device()
-        self._verdicts = None
+        self._verdicts = self._bound = None
         self.tensor_attributes = {"x": xa, "out": oa}
         self.signature = ("softmax", xa._key, oa._key, x.get_device())
 
@@ -386,7 +386,7 @@ class SoftmaxBackwardArguments(Arguments):
         self.grad_out, self.out, self.grad_in = grad_out, out, grad_in
         self.device = out.device
         self.device_index = out.get_device()
-        self._verdicts = None
+        self._verdicts = self._bound = None
         self.tensor_attributes = {"grad_out": ga, "out": oa, "grad_in": ia}
         self.signature = ("softmax_bwd", ga._key, oa._key, ia._key, out.get_device())
 

@@ -20,6 +20,7 @@ from .artifact import CompiledArtifact
 from .errors import DeviceError, UnsupportedArgumentsError
 from .metadata import KernelMetadata
 from .status import _SUCCESS, Status
+from .utils import to_cuda_stream
 
 # The target architecture of the compile in progress, so that provider helpers such as
 # CuteDslKernel.cute_compile honour ``kernel.compile(args, cc=90)`` even when a kernel's own
@@ -28,6 +29,7 @@ compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("
 
 _FINAL_METHODS = ("run", "supports")
 _UNCHECKED = object()
+_UNBINDABLE = object()
 # A device's cc never changes and torch.cuda.get_device_capability costs microseconds.
 _cc_by_device: dict[int, int] = {}
 
@@ -137,13 +139,16 @@ class Kernel(metaclass=KernelMeta):
         """Bytes of device workspace ``_run`` needs (0 for none)."""
 
     def _fast_launcher(self, args: Any, artifact: CompiledArtifact) -> Callable[..., None] | None:
-        """Optional: ``launch(stream, *tensors)`` that launches ``artifact`` (just run with
-        ``args``) for operands given in ``args.tensor_attributes`` order, valid for any operands
-        whose dtypes, shapes, strides, pointer alignment and device equal ``args``'.
+        """Optional: ``launch(*tensors, cu_stream)`` that launches ``artifact`` (already run with
+        ``args``) for operands given in ``args.tensor_attributes`` order and a
+        ``cuda.bindings.driver.CUstream``, valid for any operands whose dtypes, shapes, strides,
+        pointer alignment and device equal ``args``'.
 
-        `kernel_api.ops` keys its dispatch on exactly that raw tensor metadata and calls the
-        launcher without building arguments. Return None (the default) when a launch needs
-        per-call work beyond the tensors (a workspace, an epilogue's extra operands...).
+        ``run`` binds it to the arguments' tensors (so running the same arguments again skips
+        ``_run``'s per-call work), and `kernel_api.ops` keys its dispatch on that raw tensor
+        metadata and calls it without building arguments. Return None (the default) when a
+        launch needs per-call work beyond the tensors (a workspace, an epilogue's extra
+        operands...).
         """
         return None
 
@@ -189,10 +194,7 @@ class Kernel(metaclass=KernelMeta):
         artifact on this instance) when no ``compiled_artifact`` is given; allocates the
         workspace from torch's caching allocator when the kernel needs one and none is given.
         """
-        if assume_supported_args:
-            if compiled_artifact is not None and (workspace is not None or self.workspace_free):
-                return self._run(args, compiled_artifact, stream, workspace)  # the hot path: nothing to decide
-        else:
+        if not assume_supported_args:
             # The verdict for these arguments is remembered on them: arguments are immutable
             # summaries, so running the same arguments again skips the checks.
             try:
@@ -204,6 +206,21 @@ class Kernel(metaclass=KernelMeta):
                 if args._verdicts is None:
                     args._verdicts = {}
                 args._verdicts[self] = compiled_artifact
+        if workspace is None:
+            # The hot path: these arguments ran this artifact before and the kernel bound its
+            # launcher to their tensors; nothing is left to decide.
+            try:
+                bound = args._bound
+            except AttributeError:
+                bound = _UNBINDABLE
+            if bound is not None and bound is not _UNBINDABLE and bound[0] is compiled_artifact \
+                    and compiled_artifact is not None:
+                launch = bound[1]
+                if launch is not None:
+                    launch(to_cuda_stream(stream))
+                    return
+        else:
+            bound = _UNBINDABLE
         if compiled_artifact is None:
             compiled_artifact = self._artifact_for(args)
         if workspace is None and not self.workspace_free:
@@ -211,6 +228,15 @@ class Kernel(metaclass=KernelMeta):
             if size:
                 workspace = _allocate_workspace(size, args.device, stream)
         self._run(args, compiled_artifact, stream, workspace)
+        if bound is None and workspace is None:
+            self._bind(args, compiled_artifact)
+
+    def _bind(self, args: Any, artifact: CompiledArtifact) -> None:
+        """Bind the kernel's fast launcher (if any) to ``args``' tensors for later runs."""
+        launch = self._fast_launcher(args, artifact)
+        if launch is not None:
+            launch = functools.partial(launch, *(getattr(args, name) for name in args.tensor_attributes))
+        args._bound = (artifact, launch)
 
     def _check_runnable(self, args: Any, artifact: CompiledArtifact | None) -> None:
         if not isinstance(args, Arguments):

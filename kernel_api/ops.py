@@ -20,6 +20,7 @@ from .arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, Softm
 from .errors import DeviceError
 from .selection import _no_kernel
 from .settings import current
+from .utils import to_cuda_stream
 
 _dispatch: dict[tuple, tuple] = {}
 # Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> the chosen
@@ -43,11 +44,8 @@ def _raw_gemm_key(policy: Any, A: torch.Tensor, B: torch.Tensor, out: torch.Tens
 
 def _launch_fast(found: tuple, stream: Any, *tensors: torch.Tensor) -> None:
     launch, index, _ = found
-    if index != _current_device():
-        with torch.cuda.device(index):
-            launch(stream, *tensors)
-        return
-    launch(stream, *tensors)
+    with torch.cuda.device(index):
+        launch(*tensors, to_cuda_stream(stream))
 
 
 def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = ()) -> None:
@@ -138,7 +136,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
         found = _fast.get(fast_key)
         if found is not None:
             if found[1] == _current_device():
-                found[0](stream, A, B, out)
+                found[0](A, B, out, to_cuda_stream(stream))
             else:
                 _launch_fast(found, stream, A, B, out)
             return out

@@ -182,8 +182,8 @@ class GemmKernelBase(CuteDslKernel):
             return None
         compiled, run = artifact.compiled_obj, self.cute_run
 
-        def launch(stream: Any, A: Any, B: Any, out: Any) -> None:
-            run(compiled, A, B, out, None, None, 1.0, 0.0, to_cuda_stream(stream))
+        def launch(A: Any, B: Any, out: Any, cu_stream: Any) -> None:
+            run(compiled, A, B, out, None, None, 1.0, 0.0, cu_stream)
 
         return launch
 

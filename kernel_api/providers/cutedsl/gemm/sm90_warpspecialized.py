@@ -292,8 +292,8 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
             return None
         compiled = artifact.compiled_obj
 
-        def launch(stream: Any, A: Any, B: Any, out: Any) -> None:
-            compiled(A, B, out, None, None, 1.0, 0.0, clusters, None, 0, to_cuda_stream(stream))
+        def launch(A: Any, B: Any, out: Any, cu_stream: Any) -> None:
+            compiled(A, B, out, None, None, 1.0, 0.0, clusters, None, 0, cu_stream)
 
         return launch
 
