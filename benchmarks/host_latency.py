@@ -81,7 +81,9 @@ def capture_bare_call(kernel: Any, args: GemmArguments, artifact: Any, stream: A
 
     artifact.compiled_obj = spy
     try:
-        kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
+        # fresh arguments: ones that ran before hold a launcher bound to the real compiled function
+        fresh = GemmArguments(args.A, args.B, args.out)
+        kernel.run(fresh, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
     finally:
         artifact.compiled_obj = compiled
     if not seen:

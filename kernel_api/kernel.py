@@ -20,6 +20,7 @@ from .artifact import CompiledArtifact
 from .errors import DeviceError, UnsupportedArgumentsError
 from .metadata import KernelMetadata
 from .status import _SUCCESS, Status
+from . import utils as _stream_utils
 from .utils import to_cuda_stream
 
 # The target architecture of the compile in progress, so that provider helpers such as
@@ -29,7 +30,7 @@ compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("
 
 _FINAL_METHODS = ("run", "supports")
 _UNCHECKED = object()
-_UNBINDABLE = object()
+_UNBINDABLE = (_UNCHECKED, None)  # arguments that cannot carry a bound launch
 # A device's cc never changes and torch.cuda.get_device_capability costs microseconds.
 _cc_by_device: dict[int, int] = {}
 
@@ -208,16 +209,16 @@ class Kernel(metaclass=KernelMeta):
                 args._verdicts[self] = compiled_artifact
         if workspace is None:
             # The hot path: these arguments ran this artifact before and the kernel bound its
-            # launcher to their tensors; nothing is left to decide.
+            # launch to their tensors; nothing is left to decide but the stream.
             try:
                 bound = args._bound
             except AttributeError:
                 bound = _UNBINDABLE
-            if bound is not None and bound is not _UNBINDABLE and bound[0] is compiled_artifact \
-                    and compiled_artifact is not None:
+            if bound is not None and bound[0] is compiled_artifact:
                 launch = bound[1]
                 if launch is not None:
-                    launch(to_cuda_stream(stream))
+                    last = _stream_utils._last_stream  # to_cuda_stream's cache, read inline
+                    launch(last[1] if stream is last[0] else to_cuda_stream(stream))
                     return
         else:
             bound = _UNBINDABLE
@@ -232,11 +233,16 @@ class Kernel(metaclass=KernelMeta):
             self._bind(args, compiled_artifact)
 
     def _bind(self, args: Any, artifact: CompiledArtifact) -> None:
-        """Bind the kernel's fast launcher (if any) to ``args``' tensors for later runs."""
+        args._bound = (artifact, self._bind_launch(args, artifact))
+
+    def _bind_launch(self, args: Any, artifact: CompiledArtifact) -> Callable[[Any], None] | None:
+        """``launch(cu_stream)`` for ``args``' tensors, which ``run`` keeps on the arguments so
+        that running them again costs one call. The default binds `_fast_launcher`; kernels
+        may return something cheaper (e.g. a ``functools.partial`` of the compiled function)."""
         launch = self._fast_launcher(args, artifact)
-        if launch is not None:
-            launch = functools.partial(launch, *(getattr(args, name) for name in args.tensor_attributes))
-        args._bound = (artifact, launch)
+        if launch is None:
+            return None
+        return functools.partial(launch, *(getattr(args, name) for name in args.tensor_attributes))
 
     def _check_runnable(self, args: Any, artifact: CompiledArtifact | None) -> None:
         if not isinstance(args, Arguments):

@@ -196,3 +196,22 @@ def test_ops_gemm_fast_path_honours_the_stream_and_graph_capture():
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_repeated_runs_of_the_same_arguments_see_new_data(dtype):
+    """The second run of an arguments object takes the launch bound to its tensors."""
+    A, B = _rand(200, 72, dtype=dtype), _rand(72, 136, dtype=dtype)
+    out = torch.empty(200, 136, device="cuda", dtype=dtype)
+    args = GemmArguments(A, B, out)
+    for kernel in kernel_api.get_kernels(args)[:: max(1, len(kernel_api.get_kernels(args)) // 6)]:
+        artifact = kernel.compile(args)
+        for assume in (False, True, True):
+            A.copy_(_rand(200, 72, dtype=dtype))
+            out.fill_(float("nan"))
+            kernel.run(args, compiled_artifact=artifact, assume_supported_args=assume)
+            torch.cuda.synchronize()
+            ref = A.double() @ B.double()
+            tol = 2e-2 if dtype != torch.float32 else 1e-2
+            torch.testing.assert_close(out.double(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+        assert args._bound[0] is artifact
