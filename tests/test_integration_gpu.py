@@ -216,4 +216,5 @@ def test_repeated_runs_of_the_same_arguments_see_new_data(dtype):
             ref = A.double() @ B.double()
             tol = 2e-2 if dtype != torch.float32 else 1e-2
             torch.testing.assert_close(out.double(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
-        assert args._bound[0] is artifact
+        if kernel.workspace_free:  # kernels that need a workspace get one per run: nothing to bind
+            assert args._bound[0] is artifact
