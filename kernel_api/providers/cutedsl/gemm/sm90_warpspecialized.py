@@ -67,12 +67,18 @@ class Sm90Config:
     raster_along_m: bool = True
     epi_n: int = 32          # N extent of one epilogue subtile (the TMA store box)
     stream_k: bool = False   # split the last waves' tiles along K so every SM gets equal work
+    #: stream-K also splits a fuller last wave when K has at most this many k-tiles and there
+    #: are 4+ waves (0 = never: only a last wave at most a quarter full). Measured neutral at
+    #: K=4096 and a loss at K>=14336 (benchmarks/NOTES-sm90.md, run 7), so off by default.
+    sk_any_wave_max_k_tiles: int = 0
 
     @property
     def tag(self) -> str:
         raster = "m" if self.raster_along_m else "n"
         return (f"tile{self.tile_mn[0]}x{self.tile_mn[1]}x{K_TILE}_cluster{self.cluster_mn[0]}x{self.cluster_mn[1]}"
-                f"_{self.schedule}{'_streamk' if self.stream_k else ''}_swz{self.swizzle}{raster}_epi{self.epi_n}")
+                f"_{self.schedule}{'_streamk' if self.stream_k else ''}"
+                f"{f'_skk{self.sk_any_wave_max_k_tiles}' if self.sk_any_wave_max_k_tiles else ''}"
+                f"_swz{self.swizzle}{raster}_epi{self.epi_n}")
 
 
 #: The design points generate_kernels emits for every operand type/layout combination with a
@@ -249,7 +255,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         cfg = self.config
         return Sm90WarpSpecializedGemmImpl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
                                            cfg.raster_along_m, self.ab_stages, self.epi_stages, spec, cfg.epi_n,
-                                           cfg.stream_k)
+                                           cfg.stream_k, cfg.sk_any_wave_max_k_tiles)
 
     def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
         """Compile for ``args``' signature (rank, epilogue); sizes and strides stay runtime values."""

@@ -68,7 +68,7 @@ class Sm90WarpSpecializedGemmImpl:
 
     def __init__(self, tile_mn: tuple[int, int], cluster_mn: tuple[int, int], schedule: str, swizzle: int,
                  raster_along_m: bool, ab_stages: int, epi_stages: int, epilogue, epi_n: int = 32,
-                 stream_k: bool = False) -> None:
+                 stream_k: bool = False, sk_any_wave_max_k_tiles: int = 0) -> None:
         if schedule not in ("cooperative", "pingpong"):
             raise ValueError(f"schedule must be 'cooperative' or 'pingpong', got {schedule!r}")
         self.tile_m, self.tile_n = tile_mn
@@ -79,6 +79,7 @@ class Sm90WarpSpecializedGemmImpl:
         self.ab_stages = ab_stages
         self.epi_stages = epi_stages
         self.stream_k = bool(stream_k)
+        self.sk_any_wave_max_k_tiles = int(sk_any_wave_max_k_tiles)
         self.scaled = bool(epilogue.scaled)
         self.has_c = bool(epilogue.has_c)
         self.bias = epilogue.bias
@@ -228,11 +229,15 @@ class Sm90WarpSpecializedGemmImpl:
         return cm, cn, batch
 
     @cute.jit
-    def _next_unit(self, dp_next: Int32, sk_cur: Int32, dp_tiles: Int32, sk_end: Int32, grid_clusters: Int32,
-                   k_tiles: Int32):
+    def _next_unit(self, dp_next: Int32, sk_cur: Int32, dp_tiles: Int32, sk_begin: Int32, sk_end: Int32,
+                   grid_clusters: Int32, k_tiles: Int32):
         """The next unit of work after the cursors: (valid, cluster tile, first k-tile, end k-tile,
-        new cursors). Data-parallel tiles come first (cluster c takes c, c + grid, ...), then
-        this cluster's contiguous share of the stream-K iterations (tile-major, k-minor)."""
+        new cursors). Data-parallel tiles come first (cluster c takes c, c + grid, ...), then the
+        pieces of this cluster's stream-K share [sk_begin, sk_end) of k-iterations (tile-major,
+        k-minor; ``sk_cur`` counts pieces): its whole tiles first, then the tail of the tile it
+        shares with the previous cluster, then the head of the one it shares with the next. Whole
+        tiles first keeps the clusters k-aligned (neighbours reading the same A/B k-slices from
+        L2) for as long as possible; only the split pieces run at scattered k offsets."""
         valid = Int32(0)
         tile = Int32(0)
         kb = Int32(0)
@@ -244,14 +249,28 @@ class Sm90WarpSpecializedGemmImpl:
             dp_next = dp_next + grid_clusters
         else:
             if const_expr(self.stream_k):
-                if sk_cur < sk_end:
-                    t = sk_cur // k_tiles
-                    kb = sk_cur - t * k_tiles
-                    n = cutlass.min(k_tiles - kb, sk_end - sk_cur)
-                    valid = Int32(1)
-                    tile = dp_tiles + t
-                    ke = kb + n
-                    sk_cur = sk_cur + n
+                if sk_begin < sk_end:
+                    t_first = sk_begin // k_tiles
+                    kb_first = sk_begin - t_first * k_tiles
+                    t_end = sk_end // k_tiles
+                    ke_last = sk_end - t_end * k_tiles
+                    has_tail = cutlass.select_(kb_first > 0, Int32(1), Int32(0))
+                    full_start = t_first + has_tail
+                    n_full = t_end - full_start
+                    if sk_cur < n_full:
+                        valid = Int32(1)
+                        tile = dp_tiles + full_start + sk_cur
+                        ke = k_tiles
+                    elif sk_cur < n_full + has_tail:
+                        valid = Int32(1)
+                        tile = dp_tiles + t_first
+                        kb = kb_first
+                        ke = k_tiles
+                    elif sk_cur == n_full + has_tail and ke_last > 0:
+                        valid = Int32(1)
+                        tile = dp_tiles + t_end
+                        ke = ke_last
+                    sk_cur = sk_cur + valid
         return valid, tile, kb, ke, dp_next, sk_cur
 
     @cute.jit
@@ -339,7 +358,11 @@ class Sm90WarpSpecializedGemmImpl:
         sk_end = Int32(0)
         if const_expr(self.stream_k):
             rem = total_clusters % grid_clusters
-            rem = cutlass.select_(rem * 4 <= grid_clusters, rem, Int32(0))
+            # Optionally (sk_any_wave_max_k_tiles > 0) split a fuller last wave too at short K, once
+            # 4+ whole waves come before it (with fewer, the split pieces dominate).
+            any_wave = (k_tiles <= self.sk_any_wave_max_k_tiles) & (total_clusters >= 4 * grid_clusters)
+            limit = cutlass.select_(any_wave, grid_clusters, grid_clusters // 4)
+            rem = cutlass.select_(rem <= limit, rem, Int32(0))
             sk_tiles = cutlass.select_(rem > 0, rem + grid_clusters, Int32(0))
             dp_tiles = total_clusters - sk_tiles
             work = cutlass.Int64(sk_tiles) * cutlass.Int64(k_tiles)
@@ -354,7 +377,7 @@ class Sm90WarpSpecializedGemmImpl:
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
                 valid, unit_tile, kb, ke, dp_next, sk_cur = self._next_unit(
-                    first_cluster, sk_begin, dp_tiles, sk_end, grid_clusters, k_tiles)
+                    first_cluster, Int32(0), dp_tiles, sk_begin, sk_end, grid_clusters, k_tiles)
                 while valid > 0:
                     cl_m, cl_n, batch = self._cluster_coord(unit_tile, clusters_m, clusters_n)
                     tile_m = cl_m * self.cluster_m + cta_coord[0]
@@ -371,7 +394,7 @@ class Sm90WarpSpecializedGemmImpl:
                         ab_pipe.producer_commit(state)
                         state.advance()
                     valid, unit_tile, kb, ke, dp_next, sk_cur = self._next_unit(
-                        dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
+                        dp_next, sk_cur, dp_tiles, sk_begin, sk_end, grid_clusters, k_tiles)
                 # Keep the CTA alive until every peer has released what we multicast to it.
                 ab_pipe.producer_tail(state)
         else:
@@ -436,17 +459,17 @@ class Sm90WarpSpecializedGemmImpl:
                 my_slot = first_cluster * cluster_size + cta_rank
                 next_slot = my_slot + cluster_size
             dp_next = first_cluster
-            sk_cur = sk_begin
+            sk_cur = Int32(0)
             if const_expr(self.pingpong):
                 # warpgroup w takes units w, w+2, ... of this CTA's sequence; warpgroup 1 first skips unit 0
                 if cwg == 1:
                     v0, t0, kb0, ke0, dp_next, sk_cur = self._next_unit(
-                        dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
+                        dp_next, sk_cur, dp_tiles, sk_begin, sk_end, grid_clusters, k_tiles)
                     if v0 > 0:
                         read_state.advance(ke0 - kb0)
                         release_state.advance(ke0 - kb0)
             valid, unit_tile, kb, ke, dp_next, sk_cur = self._next_unit(
-                dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
+                dp_next, sk_cur, dp_tiles, sk_begin, sk_end, grid_clusters, k_tiles)
             epi_count = Int32(0)
             unit_no = Int32(0)
             while valid > 0:
@@ -486,7 +509,7 @@ class Sm90WarpSpecializedGemmImpl:
                 if const_expr(self.pingpong):
                     # the other warpgroup's unit follows ours: hand it the tensor cores, skip its stages
                     v1, t1, kb1, ke1, dp_next, sk_cur = self._next_unit(
-                        dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
+                        dp_next, sk_cur, dp_tiles, sk_begin, sk_end, grid_clusters, k_tiles)
                     if v1 > 0:
                         cute.arch.barrier_arrive(barrier_id=_BAR_ORDER + 1 - cwg,
                                                  number_of_threads=2 * _THREADS_PER_WG)
@@ -575,6 +598,6 @@ class Sm90WarpSpecializedGemmImpl:
                     epi_count += sub_count
                 unit_no += 1
                 valid, unit_tile, kb, ke, dp_next, sk_cur = self._next_unit(
-                    dp_next, sk_cur, dp_tiles, sk_end, grid_clusters, k_tiles)
+                    dp_next, sk_cur, dp_tiles, sk_begin, sk_end, grid_clusters, k_tiles)
             if store_warp:
                 cute.arch.cp_async_bulk_wait_group(0)
