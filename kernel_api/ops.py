@@ -20,7 +20,7 @@ from .arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, Softm
 from .errors import DeviceError
 from .selection import _no_kernel
 from .settings import current
-from .utils import to_cuda_stream
+from .utils import _cu_streams, _current_raw_stream, to_cuda_stream
 
 _dispatch: dict[tuple, tuple] = {}
 # Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> the chosen
@@ -135,10 +135,15 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
         fast_key = _raw_gemm_key(current().policy, A, B, out)
         found = _fast.get(fast_key)
         if found is not None:
-            if found[1] == _current_device():
-                found[0](A, B, out, to_cuda_stream(stream))
-            else:
+            device = _current_device()
+            if found[1] != device:
                 _launch_fast(found, stream, A, B, out)
+            elif stream is None and _current_raw_stream is not None:
+                # the current stream of the device just read, without a second device query
+                cu_stream = _cu_streams.get(_current_raw_stream(device))
+                found[0](A, B, out, cu_stream if cu_stream is not None else to_cuda_stream(None))
+            else:
+                found[0](A, B, out, to_cuda_stream(stream))
             return out
     _launch(GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue), stream, fast_key,
             (A, B, out))
