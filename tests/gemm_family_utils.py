@@ -56,21 +56,28 @@ def problem(metadata, M: int, N: int, K: int, L: int, rank: int, device: str, ep
         elif bias_kind == "column":
             kw["bias"] = torch.randn(M, 1, device=device, generator=generator).to(ops.out.dtype.to_torch())
         ep = EpilogueArguments(**kw)
-        ref = ref * ep.alpha
-        if ep.C is not None and ep.beta != 0:
-            ref = ref + ep.beta * ep.C.double()
-        if bias_kind == "row":
-            ref = ref + ep.bias.double().reshape(1, N)
-        elif bias_kind == "column":
-            ref = ref + ep.bias.double().reshape(M, 1)
-        if ep.activation == "relu":
-            ref = torch.relu(ref)
-        elif ep.activation == "gelu":
-            ref = torch.nn.functional.gelu(ref, approximate="tanh")
-        elif ep.activation == "silu":
-            ref = torch.nn.functional.silu(ref)
+        ref = epilogue_reference(ref, ep, bias_kind, M, N)
     args = GemmArguments(A, B, out, accumulator_type=ops.accumulator_type, epilogue=ep)
     return args, ref
+
+
+def epilogue_reference(ref: torch.Tensor, ep: EpilogueArguments, bias_kind: str | None, M: int,
+                       N: int) -> torch.Tensor:
+    """``activation(alpha * ref + beta * C + bias)`` in float64, as the fused epilogue computes it."""
+    ref = ref * ep.alpha
+    if ep.C is not None and ep.beta != 0:
+        ref = ref + ep.beta * ep.C.double()
+    if bias_kind == "row":
+        ref = ref + ep.bias.double().reshape(1, N)
+    elif bias_kind == "column":
+        ref = ref + ep.bias.double().reshape(M, 1)
+    if ep.activation == "relu":
+        ref = torch.relu(ref)
+    elif ep.activation == "gelu":
+        ref = torch.nn.functional.gelu(ref, approximate="tanh")
+    elif ep.activation == "silu":
+        ref = torch.nn.functional.silu(ref)
+    return ref
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -17,6 +17,7 @@ import kernel_api
 from kernel_api.arguments import EpilogueArguments, GemmArguments
 from kernel_api.errors import UnsupportedArgumentsError
 from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
+from gemm_family_utils import epilogue_reference, relative_error
 
 pytestmark = pytest.mark.gpu
 
@@ -74,28 +75,8 @@ def make_problem(kernel, M: int, N: int, K: int, L: int, rank: int, gen: torch.G
         elif bias_kind == "column":
             kw["bias"] = torch.randn(M, 1, device="cuda", generator=gen).to(od)
         ep = EpilogueArguments(**kw)
-        ref = ref * ep.alpha
-        if ep.C is not None:
-            ref = ref + ep.beta * ep.C.double()
-        if bias_kind == "row":
-            ref = ref + kw["bias"].double().reshape(N)
-        elif bias_kind == "column":
-            ref = ref + kw["bias"].double().reshape(M, 1)
-        if ep.activation == "relu":
-            ref = torch.relu(ref)
-        elif ep.activation == "gelu":
-            ref = torch.nn.functional.gelu(ref, approximate="tanh")
-        elif ep.activation == "silu":
-            ref = torch.nn.functional.silu(ref)
+        ref = epilogue_reference(ref, ep, bias_kind, M, N)
     return GemmArguments(A, B, out, accumulator_type=torch.float32, epilogue=ep), ref
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖out − ref‖ / ‖ref‖ in float64; any NaN/inf (e.g. an unwritten element) gives inf."""
-    o = out.double()
-    if not torch.isfinite(o).all():
-        return float("inf")
-    return float(torch.linalg.vector_norm(o - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-300))
 
 
 _ALL = {k.name: k for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90)}
