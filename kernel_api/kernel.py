@@ -20,7 +20,7 @@ from .artifact import CompiledArtifact
 from .errors import DeviceError, UnsupportedArgumentsError
 from .metadata import KernelMetadata
 from .status import _SUCCESS, Status
-from . import utils as _stream_utils
+from . import utils as _utils
 from .utils import to_cuda_stream
 
 # The target architecture of the compile in progress, so that provider helpers such as
@@ -217,7 +217,7 @@ class Kernel(metaclass=KernelMeta):
             if bound is not None and bound[0] is compiled_artifact:
                 launch = bound[1]
                 if launch is not None:
-                    last = _stream_utils._last_stream  # to_cuda_stream's cache, read inline
+                    last = _utils._last_stream  # to_cuda_stream's one-entry cache, read inline
                     launch(last[1] if stream is last[0] else to_cuda_stream(stream))
                     return
         else:

@@ -216,3 +216,38 @@ def test_compile_for_sm90a_emits_wgmma_and_tma(tmp_path):
         sass = subprocess.run([tool, "-c", str(tmp_path / name)], capture_output=True, text=True, check=True).stdout
         assert "HGMMA.64x" in sass and "UTMALDG" in sass and "UTMASTG" in sass
         assert "LDL" not in sass and "STL" not in sass  # no local-memory spills
+
+
+def test_launch_arguments_of_every_run_path():
+    """What _run and the bound launch hand the compiled function (a recording stub, CPU
+    tensors): plain, bound repeat, fused epilogue and stream-K with its workspace and epoch."""
+    from cuda.bindings import driver
+    from kernel_api import CompiledArtifact, EpilogueArguments, GemmArguments
+
+    A, B, out = (torch.randn(*s).half() for s in ((64, 32), (32, 48), (64, 48)))
+    kernels = [k for k in kernel_api.get_kernels(GemmArguments(A, B, out), cc=90) if _sm90(k.metadata)]
+    plain = next(k for k in kernels if not k.config.stream_k)
+    streamk = next(k for k in kernels if k.config.stream_k)
+    calls, stream = [], driver.CUstream(0)
+    for k in (plain, streamk):
+        k._clusters[-1] = 66  # CPU tensors: device index -1; no occupancy query without a GPU
+    try:
+        art = CompiledArtifact(lambda *a: calls.append(a), plain, 90)
+        args = GemmArguments(A, B, out)
+        for _ in range(2):  # the second run takes the launch bound to these arguments
+            plain.run(args, compiled_artifact=art, stream=stream, assume_supported_args=True)
+        assert calls[0] == calls[1] == (args.A, args.B, args.out, None, None, 1.0, 0.0, 66, None, 0, stream)
+        C, bias = torch.randn(64, 48).half(), torch.randn(48).half()
+        eargs = GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0, beta=0.5, C=C, bias=bias))
+        plain.run(eargs, compiled_artifact=art, stream=stream, assume_supported_args=True)
+        ep = eargs.epilogue
+        assert calls[2] == (A, B, out, ep.C, ep.bias, 2.0, 0.5, 66, None, 0, stream)
+        workspace = torch.empty(streamk.get_workspace_size(args) or 1 << 20, dtype=torch.uint8)
+        sk_args = GemmArguments(A, B, out)
+        streamk.run(sk_args, compiled_artifact=CompiledArtifact(lambda *a: calls.append(a), streamk, 90), stream=stream,
+                    workspace=workspace, assume_supported_args=True)
+        assert calls[3][:9] == (A, B, out, None, None, 1.0, 0.0, 66, workspace) and calls[3][9] != 0
+        assert sk_args._bound is None  # a run with a workspace binds nothing
+    finally:
+        for k in (plain, streamk):
+            k._clusters.pop(-1, None)  # registry instances are shared with other tests

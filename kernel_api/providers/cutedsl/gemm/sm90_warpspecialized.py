@@ -280,41 +280,9 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         return CompiledArtifact(compiled, self)
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        # run is on the hot path: the common case (no stream-K, a known device, a non-empty
-        # problem) is decided with a few attribute reads.
-        clusters = self._clusters.get(args.device_index)
-        if clusters is None or self._stream_k or not (args.M and args.N and args.L):
-            return self._run_general(args, artifact, stream, workspace)
-        ep = args.epilogue
-        if ep is None:
-            artifact.compiled_obj(args.A, args.B, args.out, None, None, 1.0, 0.0, clusters, None, 0,
-                                  to_cuda_stream(stream))
-        else:
-            artifact.compiled_obj(args.A, args.B, args.out, ep.C if ep.beta != 0.0 else None, ep.bias, ep.alpha,
-                                  ep.beta, clusters, None, 0, to_cuda_stream(stream))
-
-    def _fast_launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Callable[..., None] | None:
-        clusters = self._clusters.get(args.device_index)
-        if clusters is None or self._stream_k or args.epilogue is not None or not (args.M and args.N and args.L):
-            return None
-        compiled = artifact.compiled_obj
-
-        def launch(A: Any, B: Any, out: Any, cu_stream: Any) -> None:
-            compiled(A, B, out, None, None, 1.0, 0.0, clusters, None, 0, cu_stream)
-
-        return launch
-
-    def _bind_launch(self, args: GemmArguments, artifact: CompiledArtifact) -> Callable[[Any], None] | None:
-        if self._fast_launcher(args, artifact) is None:
-            return None
-        # Everything but the stream is fixed for these arguments: a C-level partial, no Python frame.
-        return functools.partial(artifact.compiled_obj, args.A, args.B, args.out, None, None, 1.0, 0.0,
-                                 self._clusters[args.device_index], None, 0)
-
-    def _run_general(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any) -> None:
         if args.M == 0 or args.N == 0 or args.L == 0:
             return  # nothing to write; an empty grid is a launch error
-        # Launch-time constants per device, looked up once.
+        # Launch-time constants per device, looked up once (repeated runs take the bound launch).
         clusters = self._clusters.get(args.device_index)
         if clusters is None:
             cm, cn = self.config.cluster_mn
@@ -331,9 +299,34 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
             workspace = None
         ep = args.epilogue
         if ep is None:
-            artifact.compiled_obj(args.A, args.B, args.out, None, None, 1.0, 0.0, clusters, workspace, epoch,
-                                  to_cuda_stream(stream))
+            C, bias, alpha, beta = None, None, 1.0, 0.0
         else:
-            C = ep.C if ep.beta != 0.0 else None
-            artifact.compiled_obj(args.A, args.B, args.out, C, ep.bias, ep.alpha, ep.beta, clusters, workspace,
-                                  epoch, to_cuda_stream(stream))
+            C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
+        artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, clusters, workspace, epoch,
+                              to_cuda_stream(stream))
+
+    def _plain_clusters(self, args: GemmArguments) -> int | None:
+        """The cluster count when a launch for ``args`` needs nothing but the tensors and the
+        stream (no stream-K workspace, no epilogue, a non-empty problem, a device seen before)."""
+        if self._stream_k or args.epilogue is not None or not (args.M and args.N and args.L):
+            return None
+        return self._clusters.get(args.device_index)
+
+    def _fast_launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Callable[..., None] | None:
+        clusters = self._plain_clusters(args)
+        if clusters is None:
+            return None
+        compiled = artifact.compiled_obj
+
+        def launch(A: Any, B: Any, out: Any, cu_stream: Any) -> None:
+            compiled(A, B, out, None, None, 1.0, 0.0, clusters, None, 0, cu_stream)
+
+        return launch
+
+    def _bind_launch(self, args: GemmArguments, artifact: CompiledArtifact) -> Callable[[Any], None] | None:
+        clusters = self._plain_clusters(args)
+        if clusters is None:
+            return None
+        # Everything but the stream is fixed for these arguments: a C-level partial, no Python frame.
+        return functools.partial(artifact.compiled_obj, args.A, args.B, args.out, None, None, 1.0, 0.0, clusters,
+                                 None, 0)
