@@ -12,7 +12,8 @@ that the launch queue never fills, so the host is timed and not the GPU; median 
 - ``GemmArguments(...)``; ``kernel.supports(args)``;
 - ``kernel.run(args, compiled_artifact=art, stream=s)`` with and without
   ``assume_supported_args=True``;
-- ``ops.gemm(A, B, out=out)`` and ``ops.gemm(A, B)`` (allocating) after warm-up.
+- ``ops.gemm(A, B, out=out)`` and ``ops.gemm(A, B)`` (allocating) after warm-up (served by the
+  C launch table when it builds here), and ops' Python fast path, which serves them otherwise.
 
 Writes benchmarks/results/host_latency-<device>.json (and $OUT/ when set); prints a table last.
 """
@@ -153,7 +154,11 @@ def main() -> None:
                                                                  assume_supported_args=True),
         "ops.gemm(A, B, out=out)": lambda: ops.gemm(A, B, out=out),
         "ops.gemm(A, B)": lambda: ops.gemm(A, B),
+        # the Python fast path ops falls back to where the C launch table cannot be built
+        "ops.gemm(out=), Python path": lambda: ops._gemm_eager(A, B, out, 1.0, 0.0, None, None, None, None, None),
     }
+    if ops._table is None:
+        print(f"note: the C launch table is not in use ({kernel_api.native.why_not()}); ops rows time the Python path")
     samples = per_call_us(rows, opts.calls, opts.repeats)
     results = {label: statistics.median(values) for label, values in samples.items()}
     over_bare = over_reference(samples, "bare compiled call")
@@ -176,6 +181,8 @@ def main() -> None:
         "over_bare_us_paired": {k: round(v, 3) for k, v in over_bare.items()}, "targets": verdicts,
         "torch": torch.__version__,
         "torch_has_dlpack_c_exchange_api": hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
+        "ops_c_launch_table": ops._table is not None,
+        "ops_c_launch_table_unavailable_because": kernel_api.native.why_not(),
     }
     name = f"host_latency-{device.replace(' ', '_')}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]

@@ -153,6 +153,14 @@ class Kernel(metaclass=KernelMeta):
         """
         return None
 
+    def _native_launch(self, args: Any, artifact: CompiledArtifact) -> tuple[Any, tuple] | None:
+        """Optional: ``(function, tail)``, a TVM-FFI function and constants such that
+        ``function(*tensors, *tail, stream)`` launches ``artifact`` for any operands whose raw
+        metadata equal ``args``' (as for `_fast_launcher`). `kernel_api.ops` records it in the
+        C launch table (`kernel_api.native`), so repeated calls are launched without Python
+        work. None (the default): calls stay on the Python path."""
+        return None
+
     # ---- shared, final ---------------------------------------------------------------
     def compile_key(self, args: Any, cc: int | None) -> tuple:
         """What a compiled artifact depends on; artifacts are reused across equal keys.

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import registry
+from . import native, registry
 from .arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 from .errors import DeviceError
 from .selection import _no_kernel
@@ -24,9 +24,16 @@ from .utils import _cu_streams, _current_raw_stream, to_cuda_stream
 
 _dispatch: dict[tuple, tuple] = {}
 # Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> the chosen
-# kernel's launcher, so a repeated call skips building arguments (see _raw_gemm_key).
+# kernel's launcher, so a repeated call skips building arguments (see _raw_gemm_key). The C
+# launch table (kernel_api.native) does the same without Python work where it can be built;
+# this dictionary serves kernels without a TVM-FFI function and machines without a compiler.
 _fast: dict[tuple, tuple] = {}
 _FAST_LIMIT = 4096
+_table: Any = None  # the loaded C launch table, once a kernel has offered a native launch
+_table_launch: Any = None  # its ``launch(tag, stream, *tensors) -> bool``
+_tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the C table alive
+# The op in the low bits of a C-table tag (policy ids are 16-byte aligned addresses).
+_GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
@@ -48,9 +55,10 @@ def _launch_fast(found: tuple, stream: Any, *tensors: torch.Tensor) -> None:
         launch(*tensors, to_cuda_stream(stream))
 
 
-def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = ()) -> None:
-    """Choose (once per policy, signature and shape), compile and launch; with ``fast_key``,
-    also record the kernel's launcher for ``tensors`` when it has one."""
+def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = (), tag: int = 0) -> None:
+    """Choose (once per policy, signature and shape), compile and launch; then, when the
+    arguments kept the caller's ``tensors`` as they are, record the kernel's launcher for
+    them: in ``_fast`` under ``fast_key`` and in the C launch table under ``tag``."""
     policy = current().policy
     if type(args) is GemmArguments:
         shape = (args.M, args.N, args.K, args.L)
@@ -80,12 +88,31 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
     else:
         kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
     # Only when arguments kept the caller's tensors as they are (no re-strided views).
-    if fast_key is not None and all(getattr(args, name) is t for name, t in zip(args.tensor_attributes, tensors)):
-        launch = kernel._fast_launcher(args, artifact)
-        if launch is not None:
-            if len(_fast) >= _FAST_LIMIT:
-                _fast.clear()
-            _fast[fast_key] = (launch, index, policy)  # keep policy alive: its id() is in the key
+    if tensors and all(getattr(args, name) is t for name, t in zip(args.tensor_attributes, tensors)):
+        if fast_key is not None:
+            launch = kernel._fast_launcher(args, artifact)
+            if launch is not None:
+                if len(_fast) >= _FAST_LIMIT:
+                    _fast.clear()
+                _fast[fast_key] = (launch, index, policy)  # keep policy alive: its id() is in the key
+        if tag:
+            _record_native(kernel, artifact, args, policy, tensors, tag)
+
+
+def _record_native(kernel: Any, artifact: Any, args: Any, policy: Any, tensors: tuple, tag: int) -> None:
+    """Enter the launch just made in the C launch table, when the kernel offers one."""
+    global _table, _table_launch
+    native_launch = kernel._native_launch(args, artifact)
+    if native_launch is None:
+        return
+    if _table is None:
+        _table = native.table()
+        if _table is None:
+            return
+        _table_launch = _table.launch
+    function, tail = native_launch
+    _tagged_policies[id(policy)] = policy
+    _table.record(id(policy) | tag, function, len(tensors), *tensors, *tail)
 
 
 def _traced_call(op: Any, stream: Any, out: torch.Tensor | None, *inputs: Any) -> torch.Tensor:
@@ -111,7 +138,23 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
 
     ``out`` defaults to a new tensor of A's dtype, shape (..., M, N). Differentiable in A, B,
     C and bias (without activation); traceable by ``torch.compile`` (``kernel_api::gemm``).
+    A repeated plain ``gemm(A, B, out=out)`` whose operands have the dtypes, shapes, strides,
+    alignment and devices of an earlier call is launched from the C launch table.
     """
+    # (is_compiling first: under tracing, nothing else here is read, so no guards on it)
+    if (not _is_compiling() and _table_launch is not None and C is None and bias is None and activation is None
+            and accumulator_type is None and alpha == 1.0 and beta == 0.0):
+        try:
+            if not (_grad_enabled() and (A.requires_grad or B.requires_grad)):
+                if out is None:
+                    out = torch.empty((*A.shape[:-1], B.shape[-1]), dtype=A.dtype, device=A.device)
+                if _table_launch(id(current().policy) | _GEMM_TAG, None if stream is None else to_cuda_stream(stream),
+                                 A, B, out):
+                    return out
+        except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
+            pass
+    if not isinstance(A, _Tensor) or not isinstance(B, _Tensor):
+        raise TypeError(f"gemm: A and B must be torch tensors, got {type(A).__name__} and {type(B).__name__}")
     if _is_compiling() or ((A.requires_grad or B.requires_grad or (C is not None and C.requires_grad)
                             or (bias is not None and bias.requires_grad)) and _grad_enabled()):
         if accumulator_type is not None:
@@ -125,8 +168,6 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                 C: torch.Tensor | None, bias: torch.Tensor | None, activation: str | None,
                 accumulator_type: Any, stream: Any) -> torch.Tensor:
     if out is None:
-        if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
-            raise TypeError("gemm: A and B must be torch tensors")
         out = torch.empty((*A.shape[:-1], B.shape[-1]), dtype=A.dtype, device=A.device)
     epilogue = fast_key = None
     if alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None:
@@ -146,13 +187,24 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                 found[0](A, B, out, to_cuda_stream(stream))
             return out
     _launch(GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue), stream, fast_key,
-            (A, B, out))
+            (A, B, out), _GEMM_TAG if epilogue is None and accumulator_type is None else 0)
     return out
 
 
 def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
     """``softmax(x, dim)`` over the last dimension; differentiable (the backward runs the
-    registry's softmax-backward kernels) and traceable (``kernel_api::softmax``)."""
+    registry's softmax-backward kernels) and traceable (``kernel_api::softmax``). Repeated
+    calls with ``dim=-1`` on operands of recorded metadata launch from the C launch table."""
+    if not _is_compiling() and _table_launch is not None and dim == -1:
+        try:
+            if not (_grad_enabled() and x.requires_grad):
+                if out is None:
+                    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                if _table_launch(id(current().policy) | _SOFTMAX_TAG, None if stream is None else to_cuda_stream(stream),
+                                 x, out):
+                    return out
+        except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
+            pass
     if _is_compiling() or (x.requires_grad and _grad_enabled()):
         return _traced_call(torch.ops.kernel_api.softmax, stream, out, x, dim)
     return _softmax_eager(x, dim, out, stream)
@@ -161,13 +213,22 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
 def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: Any) -> torch.Tensor:
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _launch(SoftmaxArguments(x, out, dim=dim), stream)
+    _launch(SoftmaxArguments(x, out, dim=dim), stream, None, (x, out), _SOFTMAX_TAG)
     return out
 
 
 def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
                      grad_in: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
     """Gradient of softmax: ``out * (grad_out - sum(grad_out * out, dim))``."""
+    if not _is_compiling() and _table_launch is not None and dim == -1:
+        try:
+            if grad_in is None:
+                grad_in = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+            if _table_launch(id(current().policy) | _SOFTMAX_BACKWARD_TAG,
+                             None if stream is None else to_cuda_stream(stream), grad_out, out, grad_in):
+                return grad_in
+        except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
+            pass
     if _is_compiling():
         return _traced_call(torch.ops.kernel_api.softmax_backward, stream, grad_in, grad_out, out, dim)
     return _softmax_backward_eager(grad_out, out, dim, grad_in, stream)
@@ -177,13 +238,18 @@ def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int,
                             stream: Any) -> torch.Tensor:
     if grad_in is None:
         grad_in = torch.empty(out.shape, dtype=out.dtype, device=out.device)
-    _launch(SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim), stream)
+    _launch(SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim), stream, None, (grad_out, out, grad_in),
+            _SOFTMAX_BACKWARD_TAG)
     return grad_in
 
 
 def clear_dispatch_cache() -> None:
+    """Forget every choice and recorded launch (the next calls choose and compile again)."""
     _dispatch.clear()
     _fast.clear()
+    if _table is not None:
+        _table.clear()
+    _tagged_policies.clear()
 
 
 from . import torch_ops  # noqa: E402,F401  (registers torch.ops.kernel_api.*; needs the functions above)

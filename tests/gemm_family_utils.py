@@ -100,3 +100,18 @@ def aligned_extents(metadata, M: int, N: int, K: int) -> tuple[int, int, int]:
         dim = cols if attrs.layout == "t" else rows
         need[dim] = max(need[dim], attrs.divisibility)
     return round_up(M, need["M"]), round_up(N, need["N"]), round_up(K, need["K"])
+
+
+def operand_variants() -> list[torch.Tensor]:
+    """CPU tensors with assorted dtypes, layouts, shapes, pointer offsets and strides."""
+    base = torch.empty(1 << 16, dtype=torch.float16)
+    variants = []
+    for rows, cols in ((64, 32), (64, 48), (32, 48), (63, 32)):
+        for offset in (0, 1, 8, 64, 512):
+            for transpose in (False, True):
+                r, c = (cols, rows) if transpose else (rows, cols)
+                t = base[offset:offset + r * c].view(r, c)
+                variants.append(t.t() if transpose else t)
+        variants.append(torch.empty(rows, cols, dtype=torch.bfloat16))
+        variants.append(torch.empty(rows, 2 * cols, dtype=torch.float16)[:, :cols])
+    return variants

@@ -12,6 +12,7 @@ import kernel_api
 from kernel_api import ops
 from kernel_api.errors import DeviceError
 from kernel_api.kernel import _allocate_workspace
+from gemm_family_utils import operand_variants
 from integration_kernels import workspace_kernel
 
 
@@ -103,28 +104,13 @@ def test_workspace_kernel_compiles_and_sizes_its_workspace():
     assert ws.dtype == torch.uint8 and ws.numel() == 4 * 5 * 33 and ws.device == x.device
 
 
-def _operand_variants():
-    """CPU tensors with assorted dtypes, layouts, shapes, pointer offsets and strides."""
-    base = torch.empty(1 << 16, dtype=torch.float16)
-    variants = []
-    for rows, cols in ((64, 32), (64, 48), (32, 48), (63, 32)):
-        for offset in (0, 1, 8, 64, 512):
-            for transpose in (False, True):
-                r, c = (cols, rows) if transpose else (rows, cols)
-                t = base[offset:offset + r * c].view(r, c)
-                variants.append(t.t() if transpose else t)
-        variants.append(torch.empty(rows, cols, dtype=torch.bfloat16))
-        variants.append(torch.empty(rows, 2 * cols, dtype=torch.float16)[:, :cols])
-    return variants
-
-
 def test_raw_gemm_key_is_as_fine_as_the_arguments_summary():
     """ops' fast path reuses a launcher for equal raw keys: equal keys must mean equal
     signatures and shapes (and so the same choice and support verdict)."""
     from kernel_api.ops import _raw_gemm_key
 
     policy = kernel_api.PickAny()
-    variants = _operand_variants()
+    variants = operand_variants()
     seen: dict = {}
     checked = 0
     for A in variants:
@@ -143,3 +129,8 @@ def test_raw_gemm_key_is_as_fine_as_the_arguments_summary():
                 checked += 1
     assert checked > 100 and len(set(seen.values())) > 10
     assert _raw_gemm_key(policy, A, B, out) != _raw_gemm_key(kernel_api.PickAny(), A, B, out)
+
+
+def test_ops_gemm_names_operands_that_are_not_tensors():
+    with pytest.raises(TypeError, match="A and B must be torch tensors, got list and Tensor"):
+        ops.gemm([[1.0]], torch.ones(1, 1))

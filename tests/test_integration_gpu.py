@@ -181,6 +181,33 @@ def test_ops_gemm_fast_path_reuses_launchers_only_for_identical_metadata():
     with kernel_api.settings(policy=kernel_api.PickAny()):
         call(A, B)
     assert len({key[0] for key in ops._fast}) == 2
+    # every launcher the chosen (CuTe DSL) kernels offered is in the C launch table as well
+    assert ops._table is not None and ops._table.size() == len(ops._fast)
+
+
+def test_repeated_ops_gemm_calls_are_served_by_the_c_launch_table():
+    ops.clear_dispatch_cache()
+    A, B = _rand(256, 128), _rand(128, 192)
+    out = torch.empty(256, 192, device="cuda", dtype=torch.float16)
+    ops.gemm(A, B, out=out)  # chooses, compiles, launches, records
+    assert ops._table is not None, kernel_api.native.why_not()
+    assert ops._table.size() == 1
+    ops._fast.clear()  # from here on only the C table can skip the Python path (which would re-record)
+    for _ in range(3):
+        A.copy_(_rand(256, 128))
+        out.fill_(float("nan"))
+        assert ops.gemm(A, B, out=out) is out
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+    assert not ops._fast and ops._table.size() == 1
+    # New buffers may fall in another pointer-alignment class (a new entry); results stay right.
+    y = ops.gemm(A, B)
+    torch.testing.assert_close(y, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+    ops.gemm(A, B, out=out, alpha=0.5)  # an epilogue takes the Python path
+    torch.testing.assert_close(out, (0.5 * A.double() @ B.double()).half(), atol=2e-2, rtol=2e-2)
+    with torch.no_grad():  # operands that require grad, outside grad mode
+        w = B.clone().requires_grad_()
+        torch.testing.assert_close(ops.gemm(A, w), _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
 
 
 def test_ops_gemm_fast_path_honours_the_stream_and_graph_capture():

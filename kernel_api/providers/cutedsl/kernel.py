@@ -14,11 +14,12 @@ import inspect
 import os
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ...arch import arch_string, device_cc
+from ...artifact import CompiledArtifact
 from ...cache import DiskCache, make_key
 from ...dtypes import from_torch
 from ...errors import CompilationError, DeviceError
@@ -161,6 +162,45 @@ class CuteDslKernel(Kernel):
     def cute_run(self, compiled: Any, *args: Any) -> Any:
         """Call a function compiled by `cute_compile` (torch tensors go in as they are)."""
         return compiled(*args)
+
+    # ---- repeated launches ------------------------------------------------------------
+    def _launch_tail(self, args: Any) -> tuple | None:
+        """Optional: the constants that follow the operand tensors (``args.tensor_attributes``
+        order) when the compiled function is called for ``args``, the stream coming last.
+
+        Return it when every launch for operands with ``args``' raw metadata (dtypes, shapes,
+        strides, alignment, device) is ``compiled(*tensors, *tail, stream)``; that turns on
+        ``run``'s bound launch, `kernel_api.ops`' fast path and its C launch table. None (the
+        default) when a launch needs per-call work (a workspace, an epilogue's operands...).
+        """
+        return None
+
+    def _fast_launcher(self, args: Any, artifact: CompiledArtifact) -> Callable[..., None] | None:
+        tail = self._launch_tail(args)
+        if tail is None:
+            return None
+        compiled = artifact.compiled_obj
+
+        def launch(*tensors_then_stream: Any) -> None:
+            compiled(*tensors_then_stream[:-1], *tail, tensors_then_stream[-1])
+
+        return launch
+
+    def _bind_launch(self, args: Any, artifact: CompiledArtifact) -> Callable[[Any], None] | None:
+        tail = self._launch_tail(args)
+        if tail is None:
+            return None
+        # Everything but the stream is fixed for these arguments: a C-level partial, no Python frame.
+        return functools.partial(artifact.compiled_obj, *(getattr(args, n) for n in args.tensor_attributes), *tail)
+
+    def _native_launch(self, args: Any, artifact: CompiledArtifact) -> tuple[Any, tuple] | None:
+        tail = self._launch_tail(args)
+        if tail is None:
+            return None
+        import tvm_ffi  # present whenever a function was compiled with TVM-FFI
+
+        compiled = artifact.compiled_obj
+        return (compiled, tail) if isinstance(compiled, tvm_ffi.Function) else None
 
 
 _FUNCTION_NAME = "kernel_api_entry"

@@ -177,15 +177,10 @@ class GemmKernelBase(CuteDslKernel):
             self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, C, ep.bias, ep.alpha, ep.beta,
                           to_cuda_stream(stream))
 
-    def _fast_launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Any:
+    def _launch_tail(self, args: GemmArguments) -> tuple | None:
         if args.epilogue is not None or not (args.M and args.N and args.L):
             return None
-        compiled, run = artifact.compiled_obj, self.cute_run
-
-        def launch(A: Any, B: Any, out: Any, cu_stream: Any) -> None:
-            run(compiled, A, B, out, None, None, 1.0, 0.0, cu_stream)
-
-        return launch
+        return (None, None, 1.0, 0.0)  # C, bias, alpha, beta
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         return 0

@@ -18,7 +18,6 @@ none is given. Performance notes and measurements: ``benchmarks/NOTES-sm90.md``.
 
 from __future__ import annotations
 
-import functools
 import random
 import threading
 from dataclasses import dataclass
@@ -305,28 +304,11 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, clusters, workspace, epoch,
                               to_cuda_stream(stream))
 
-    def _plain_clusters(self, args: GemmArguments) -> int | None:
-        """The cluster count when a launch for ``args`` needs nothing but the tensors and the
-        stream (no stream-K workspace, no epilogue, a non-empty problem, a device seen before)."""
+    def _launch_tail(self, args: GemmArguments) -> tuple | None:
+        """C, bias, alpha, beta, clusters, workspace, epoch of a launch that needs nothing but
+        the tensors and the stream (no stream-K workspace, no epilogue, a non-empty problem, a
+        device seen before)."""
         if self._stream_k or args.epilogue is not None or not (args.M and args.N and args.L):
             return None
-        return self._clusters.get(args.device_index)
-
-    def _fast_launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Callable[..., None] | None:
-        clusters = self._plain_clusters(args)
-        if clusters is None:
-            return None
-        compiled = artifact.compiled_obj
-
-        def launch(A: Any, B: Any, out: Any, cu_stream: Any) -> None:
-            compiled(A, B, out, None, None, 1.0, 0.0, clusters, None, 0, cu_stream)
-
-        return launch
-
-    def _bind_launch(self, args: GemmArguments, artifact: CompiledArtifact) -> Callable[[Any], None] | None:
-        clusters = self._plain_clusters(args)
-        if clusters is None:
-            return None
-        # Everything but the stream is fixed for these arguments: a C-level partial, no Python frame.
-        return functools.partial(artifact.compiled_obj, args.A, args.B, args.out, None, None, 1.0, 0.0, clusters,
-                                 None, 0)
+        clusters = self._clusters.get(args.device_index)
+        return None if clusters is None else (None, None, 1.0, 0.0, clusters, None, 0)

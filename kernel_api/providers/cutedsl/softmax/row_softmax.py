@@ -152,6 +152,13 @@ class _CuteSoftmaxBase(CuteDslKernel):
                 f"elements, got {cols}; compile for these arguments or call run without an artifact")
 
 
+    def _launch_tail(self, args: Any) -> tuple | None:
+        # Two-dimensional operands go to the compiled function as they are (no rows view).
+        if args.rows == 0 or args.cols == 0 or any(getattr(args, n).dim() != 2 for n in args.tensor_attributes):
+            return None
+        return ()
+
+
 def _rows_view(t: torch.Tensor, cols: int) -> torch.Tensor:
     return t if t.dim() == 2 else t.view(-1, cols)
 

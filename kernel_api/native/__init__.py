@@ -1,0 +1,120 @@
+"""The C launch table (`launch_table.cc`), built on first use against the installed TVM-FFI.
+
+`kernel_api.ops` keeps repeated calls out of Python with it: after the Python path has chosen,
+checked, compiled and launched a kernel whose compiled function is a TVM-FFI function, the
+function is recorded under the operands' raw metadata; a later call with the same dtypes,
+shapes, strides, pointer alignment and devices is one call into C that looks the entry up and
+launches it on the caller's current stream.
+
+The shared library is compiled once per machine (about a second, with the C++ compiler named
+by ``$CXX`` or found as ``c++``/``g++``) into the kernel_api cache directory, keyed by the
+source and the TVM-FFI version. Without tvm_ffi, without a compiler, or with
+``KERNEL_API_NATIVE=0``, `table()` returns None and callers stay on their Python path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+_log = logging.getLogger(__name__)
+_SOURCE = Path(__file__).with_name("launch_table.cc")
+_lock = threading.Lock()
+_state: dict[str, Any] = {}  # "table": the loaded module or None once tried; "error": why not
+
+
+class NativeBuildError(RuntimeError):
+    """The launch table could not be compiled or loaded."""
+
+
+def enabled() -> bool:
+    return os.environ.get("KERNEL_API_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _compiler() -> str | None:
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return cxx
+    return shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+
+
+def library_path(directory: Path | None = None) -> Path:
+    """Where the built library for this source, TVM-FFI version and Python lives."""
+    import tvm_ffi
+
+    from ..cache import cache_dir
+
+    digest = hashlib.sha256()
+    digest.update(_SOURCE.read_bytes())
+    digest.update(f"{tvm_ffi.__version__}|{sys.platform}|{sys.implementation.cache_tag}".encode())
+    return (directory or cache_dir() / "native") / f"launch_table-{digest.hexdigest()[:16]}.so"
+
+
+def build(directory: Path | None = None) -> Path:
+    """Compile `launch_table.cc` (if not built already) and return the library's path."""
+    import tvm_ffi.libinfo as libinfo
+
+    target = library_path(directory)
+    if target.exists():
+        return target
+    cxx = _compiler()
+    if cxx is None:
+        raise NativeBuildError("no C++ compiler found (set CXX, or install g++)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lib = Path(libinfo.find_libtvm_ffi())
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        command = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
+                   f"-I{libinfo.find_include_path()}", f"-I{libinfo.find_dlpack_include_path()}",
+                   str(_SOURCE), "-o", str(partial), f"-L{lib.parent}", "-ltvm_ffi", f"-Wl,-rpath,{lib.parent}"]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise NativeBuildError(f"compiling {_SOURCE.name} failed ({' '.join(command)}):\n{done.stderr[-2000:]}")
+        os.replace(partial, target)  # atomic: concurrent builders never load a half-written file
+    return target
+
+
+def table() -> Any:
+    """The loaded launch table module (``launch``, ``record``, ``clear``, ``size``), or None when
+    it is disabled or cannot be built here (the reason is logged once and kept in `why_not`)."""
+    if "table" in _state:
+        return _state["table"]
+    with _lock:
+        if "table" not in _state:
+            _state["table"] = _load()
+    return _state["table"]
+
+
+def _load() -> Any:
+    if not enabled():
+        _state["error"] = "disabled by KERNEL_API_NATIVE=0"
+        return None
+    try:
+        import tvm_ffi
+
+        return tvm_ffi.load_module(str(build()))
+    except ImportError as exc:
+        _state["error"] = f"tvm_ffi is not installed ({exc})"
+    except (NativeBuildError, OSError, RuntimeError) as exc:
+        _state["error"] = str(exc)
+    _log.warning("kernel_api: the C launch table is unavailable, repeated ops calls stay in Python: %s",
+                 _state["error"])
+    return None
+
+
+def why_not() -> str | None:
+    """Why `table()` returned None (None when it loaded or was not tried yet)."""
+    return _state.get("error")
+
+
+def _reset_for_tests() -> None:
+    with _lock:
+        _state.clear()

@@ -1,0 +1,193 @@
+"""The C launch table (kernel_api.native): build, keying, forwarding, errors, and ops' use of it.
+
+Runs on CPU: a Python callable converted to a TVM-FFI function stands in for a compiled
+kernel, and CPU tensors for the operands.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import native, ops
+from kernel_api.settings import current
+from gemm_family_utils import operand_variants
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+if native._compiler() is None:
+    pytest.skip("no C++ compiler to build the launch table", allow_module_level=True)
+
+
+@pytest.fixture
+def table():
+    loaded = native.table()
+    assert loaded is not None, native.why_not()
+    loaded.clear()
+    yield loaded
+    ops.clear_dispatch_cache()
+    loaded.clear()
+
+
+class Recorder:
+    """A TVM-FFI function that remembers its calls."""
+
+    def __init__(self):
+        self.calls = []
+        self.function = tvm_ffi.convert(lambda *args: self.calls.append(args))
+
+
+def test_build_is_cached_per_source_and_tvm_ffi_version(tmp_path):
+    first = native.build(tmp_path)
+    assert first.exists() and first.parent == tmp_path
+    stamp = first.stat().st_mtime_ns
+    assert native.build(tmp_path) == first and first.stat().st_mtime_ns == stamp
+    assert tvm_ffi.__version__.encode() not in first.name.encode()  # a digest, not a raw version string
+
+
+def test_a_recorded_launch_forwards_tensors_then_tail_then_stream(table):
+    fn = Recorder()
+    A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
+    assert table.launch(7, None, A, B, out) is False and not fn.calls
+    table.record(7, fn.function, 3, A, B, out, None, None, 1.0, 0.0, 132, None, 0)
+    assert table.size() == 1
+    assert table.launch(7, None, A, B, out) is True
+    (call,) = fn.calls
+    assert len(call) == 11
+    for given, passed in zip((A, B, out), call[:3]):
+        assert passed.data_ptr() == given.data_ptr() and tuple(passed.shape) == tuple(given.shape)
+    assert call[3:] == (None, None, 1.0, 0.0, 132, None, 0, None)  # CPU operands: no environment stream
+    assert table.launch(7, 12345, A, B, out) is True and fn.calls[-1][-1] == 12345
+
+
+def test_other_tags_and_non_tensors_miss(table):
+    fn = Recorder()
+    A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
+    table.record(7, fn.function, 3, A, B, out)
+    assert table.launch(8, None, A, B, out) is False
+    assert table.launch(7, None, A, B, "out") is False
+    assert table.launch(7, None, A, B) is False
+    assert table.launch(7, None, A, B, out, out) is False
+    assert not fn.calls
+    table.clear()
+    assert table.size() == 0 and table.launch(7, None, A, B, out) is False
+
+
+def test_hits_exactly_when_the_raw_gemm_keys_are_equal(table):
+    """The C key must be as fine as ops' raw key, which is as fine as the arguments' summary
+    (test_integration): a hit then always means the signature and shape of the recording."""
+    policy = kernel_api.PickAny()
+    fn = Recorder()
+    variants = operand_variants()
+    triples = []
+    for A in variants:
+        for B in variants:
+            if A.shape[1] == B.shape[0]:
+                for out in (torch.empty(A.shape[0], B.shape[1], dtype=A.dtype),
+                            torch.empty(B.shape[1], A.shape[0], dtype=A.dtype).t()):
+                    triples.append((A, B, out))
+    recorded = triples[::7]
+    keys = set()
+    for A, B, out in recorded:
+        table.record(3, fn.function, 3, A, B, out)
+        keys.add(ops._raw_gemm_key(policy, A, B, out))
+    hits = misses = 0
+    for A, B, out in triples:
+        expected = ops._raw_gemm_key(policy, A, B, out) in keys
+        assert table.launch(3, None, A, B, out) is expected, (A.shape, A.stride(), B.stride(), out.stride())
+        hits += expected
+        misses += not expected
+    assert hits >= len(recorded) and misses > 100
+
+
+def test_the_table_is_bounded(table):
+    fn = Recorder()
+    B, out = torch.randn(8, 3), torch.empty(1, 3)
+    for i in range(4100):
+        table.record(i << 4, fn.function, 3, torch.randn(1, 8), B, out)
+        assert table.size() <= 4096
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda fn, t: (1, "not a function", 3, *t), "function must be a TVM-FFI function"),
+    (lambda fn, t: (1, fn, 3, t[0], t[1], "out"), "every operand must be a tensor"),
+    (lambda fn, t: (1, fn, 4, *t), "n_tensors"),
+    (lambda fn, t: (1, fn, 3, *t, "a string"), "plain values"),
+    (lambda fn, t: ("tag", fn, 3, *t), "tag: int"),
+])
+def test_bad_records_raise_clear_errors(table, bad, message):
+    fn = Recorder()
+    tensors = (torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3))
+    with pytest.raises((TypeError, ValueError), match=message):
+        table.record(*bad(fn.function, tensors))
+    assert table.size() == 0
+
+
+class NativeOnlyKernel:
+    """What ops needs from a kernel to record a native launch."""
+
+    def __init__(self, function, tail=(None, None, 1.0, 0.0)):
+        self.function, self.tail = function, tail
+
+    def _native_launch(self, args, artifact):
+        return self.function, self.tail
+
+
+def test_ops_gemm_launches_repeated_plain_calls_from_the_table(table):
+    fn = Recorder()
+    pool = torch.randn(2048)
+    start = (-pool.data_ptr() % 1024) // 4  # two operands at the same offset modulo 1024 bytes
+    A, A2 = pool[start:start + 128].view(16, 8), pool[start + 256:start + 384].view(16, 8)
+    B, out = torch.randn(8, 4), torch.empty(16, 4)
+    args = kernel_api.GemmArguments(A, B, out)
+    ops._record_native(NativeOnlyKernel(fn.function), None, args, current().policy, (A, B, out), ops._GEMM_TAG)
+    assert ops.gemm(A, B, out=out) is out and len(fn.calls) == 1
+    assert fn.calls[0][3:] == (None, None, 1.0, 0.0, None)
+    assert ops.gemm(A2, B, out=out) is out and len(fn.calls) == 2  # other data, same metadata
+    assert fn.calls[1][0].data_ptr() == A2.data_ptr()
+
+    # Anything the recorded launch does not cover takes the Python path (which refuses CPU operands).
+    for call in (lambda: ops.gemm(A, B, out=out, alpha=2.0), lambda: ops.gemm(A, B, out=out, bias=out[0]),
+                 lambda: ops.gemm(A.t().contiguous().t(), B, out=out), lambda: ops.gemm(A[:8], B, out=out[:8]),
+                 lambda: ops.gemm(A.requires_grad_(), B, out=out)):
+        with pytest.raises(Exception):
+            call()
+    A.requires_grad_(False)
+    assert len(fn.calls) == 2
+    with kernel_api.settings(policy=kernel_api.PickAny()):  # another policy: its own entries
+        with pytest.raises(kernel_api.errors.DeviceError):
+            ops.gemm(A, B, out=out)
+    assert len(fn.calls) == 2
+    with torch.no_grad():  # requires_grad operands are fine without grad mode
+        assert ops.gemm(A.requires_grad_(), B, out=out) is out and len(fn.calls) == 3
+    ops.clear_dispatch_cache()
+    with pytest.raises(kernel_api.errors.DeviceError, match="operand A is on cpu"):
+        ops.gemm(A.detach(), B, out=out)
+    assert len(fn.calls) == 3
+
+
+def test_ops_softmax_takes_the_table_only_for_the_last_dimension(table):
+    fn = Recorder()
+    x = torch.randn(6, 10)
+    out = torch.empty_like(x)
+    args = kernel_api.SoftmaxArguments(x, out)
+    ops._record_native(NativeOnlyKernel(fn.function, ()), None, args, current().policy, (x, out), ops._SOFTMAX_TAG)
+    assert ops.softmax(x, out=out) is out and len(fn.calls) == 1 and len(fn.calls[0]) == 3
+    with pytest.raises(ValueError, match="last dimension"):
+        ops.softmax(x, dim=0, out=out)  # the same tensors, but not what was recorded
+    with pytest.raises(kernel_api.errors.DeviceError):
+        ops.softmax(x, dim=1, out=out)  # the last dimension spelled differently: the Python path
+    # the GEMM and softmax-backward tags never see softmax entries
+    assert table.launch(id(current().policy) | ops._GEMM_TAG, None, x, out) is False
+    with pytest.raises(kernel_api.errors.DeviceError):
+        ops.softmax_backward(x, out, grad_in=torch.empty_like(x))
+    assert len(fn.calls) == 1
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("KERNEL_API_NATIVE", "0")
+    native._reset_for_tests()
+    try:
+        assert native.table() is None and "KERNEL_API_NATIVE" in native.why_not()
+    finally:
+        native._reset_for_tests()
