@@ -184,6 +184,23 @@ def test_ops_softmax_takes_the_table_only_for_the_last_dimension(table):
     assert len(fn.calls) == 1
 
 
+def test_kernels_offer_the_positional_ffi_function_behind_a_compiled_object():
+    from types import SimpleNamespace
+
+    from kernel_api.providers.cutedsl.kernel import ffi_function
+
+    function = tvm_ffi.convert(lambda *args: None)
+    assert ffi_function(function) is function
+    wrapped = SimpleNamespace(__tvm_ffi_object__=lambda: function,
+                              execution_args=SimpleNamespace(has_pointer_address_arg_specs=False))
+    assert ffi_function(wrapped) is function  # a fresh compile's keyword-argument adapter
+    assert ffi_function(SimpleNamespace(__tvm_ffi_object__=lambda: None)) is None  # no GPU function
+    pointers = SimpleNamespace(__tvm_ffi_object__=lambda: function,
+                               execution_args=SimpleNamespace(has_pointer_address_arg_specs=True))
+    assert ffi_function(pointers) is None  # needs Python-side argument conversion
+    assert ffi_function(lambda *args: None) is None
+
+
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("KERNEL_API_NATIVE", "0")
     native._reset_for_tests()

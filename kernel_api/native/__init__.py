@@ -14,6 +14,7 @@ source and the TVM-FFI version. Without tvm_ffi, without a compiler, or with
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
@@ -100,7 +101,10 @@ def _load() -> Any:
     try:
         import tvm_ffi
 
-        return tvm_ffi.load_module(str(build()))
+        module = tvm_ffi.load_module(str(build()))
+        # Release the recorded functions while the interpreter is alive (some hold Python objects).
+        atexit.register(module.clear)
+        return module
     except ImportError as exc:
         _state["error"] = f"tvm_ffi is not installed ({exc})"
     except (NativeBuildError, OSError, RuntimeError) as exc:

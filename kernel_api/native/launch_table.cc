@@ -45,8 +45,11 @@ struct Entry {
   }
 };
 
+using Table = std::unordered_map<std::string, std::shared_ptr<Entry>>;
 std::mutex table_mutex;
-std::unordered_map<std::string, std::shared_ptr<Entry>> table;
+// Never destroyed: at process exit the entries' functions may hold Python objects, which must
+// not be released after the interpreter is gone (the Python side clears the table at exit).
+Table& table = *new Table();
 constexpr size_t kTableLimit = 4096;
 
 const DLTensor* AsTensor(const TVMFFIAny& value) {
@@ -193,7 +196,7 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_record(void*, const TVMFFIAny* args, int32_t nu
 }
 
 TVM_FFI_DLL_EXPORT int __tvm_ffi_clear(void*, const TVMFFIAny*, int32_t, TVMFFIAny* result) {
-  std::unordered_map<std::string, std::shared_ptr<Entry>> old;
+  Table old;
   {
     std::lock_guard<std::mutex> lock(table_mutex);
     old.swap(table);

@@ -179,7 +179,7 @@ class CuteDslKernel(Kernel):
         tail = self._launch_tail(args)
         if tail is None:
             return None
-        compiled = artifact.compiled_obj
+        compiled = ffi_function(artifact.compiled_obj) or artifact.compiled_obj
 
         def launch(*tensors_then_stream: Any) -> None:
             compiled(*tensors_then_stream[:-1], *tail, tensors_then_stream[-1])
@@ -190,17 +190,39 @@ class CuteDslKernel(Kernel):
         tail = self._launch_tail(args)
         if tail is None:
             return None
+        compiled = ffi_function(artifact.compiled_obj) or artifact.compiled_obj
         # Everything but the stream is fixed for these arguments: a C-level partial, no Python frame.
-        return functools.partial(artifact.compiled_obj, *(getattr(args, n) for n in args.tensor_attributes), *tail)
+        return functools.partial(compiled, *(getattr(args, n) for n in args.tensor_attributes), *tail)
 
     def _native_launch(self, args: Any, artifact: CompiledArtifact) -> tuple[Any, tuple] | None:
         tail = self._launch_tail(args)
         if tail is None:
             return None
-        import tvm_ffi  # present whenever a function was compiled with TVM-FFI
+        function = ffi_function(artifact.compiled_obj)
+        return None if function is None else (function, tail)
 
-        compiled = artifact.compiled_obj
-        return (compiled, tail) if isinstance(compiled, tvm_ffi.Function) else None
+
+def ffi_function(compiled: Any) -> Any:
+    """The positional TVM-FFI function behind a compiled object, or None.
+
+    Functions loaded from the artifact cache are TVM-FFI functions already; fresh compiles
+    with named parameters come wrapped in a Python keyword-argument adapter, whose positional
+    calls reach the same function. None when there is no function (compiled for another
+    architecture without a GPU) or when calls need Python-side conversion (pointer arguments).
+    """
+    try:
+        import tvm_ffi
+    except ImportError:  # compiled without TVM-FFI
+        return None
+    execution_args = getattr(compiled, "execution_args", None)
+    if execution_args is not None and getattr(execution_args, "has_pointer_address_arg_specs", False):
+        return None
+    if not isinstance(compiled, tvm_ffi.Function):
+        unwrap = getattr(compiled, "__tvm_ffi_object__", None)
+        compiled = unwrap() if unwrap is not None else None
+    if not isinstance(compiled, tvm_ffi.Function) or not compiled.__chandle__():
+        return None
+    return compiled
 
 
 _FUNCTION_NAME = "kernel_api_entry"
