@@ -147,7 +147,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
         try:
             if not (_grad_enabled() and (A.requires_grad or B.requires_grad)):
                 if out is None:
-                    out = torch.empty((*A.shape[:-1], B.shape[-1]), dtype=A.dtype, device=A.device)
+                    out = A.new_empty((*A.shape[:-1], B.shape[-1]))
                 if _table_launch(id(current().policy) | _GEMM_TAG, None if stream is None else to_cuda_stream(stream),
                                  A, B, out):
                     return out
@@ -168,7 +168,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                 C: torch.Tensor | None, bias: torch.Tensor | None, activation: str | None,
                 accumulator_type: Any, stream: Any) -> torch.Tensor:
     if out is None:
-        out = torch.empty((*A.shape[:-1], B.shape[-1]), dtype=A.dtype, device=A.device)
+        out = A.new_empty((*A.shape[:-1], B.shape[-1]))
     epilogue = fast_key = None
     if alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None:
         epilogue = EpilogueArguments(alpha=alpha, beta=beta, C=C, bias=bias, activation=activation)
@@ -199,7 +199,7 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
         try:
             if not (_grad_enabled() and x.requires_grad):
                 if out is None:
-                    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                    out = x.new_empty(x.shape)
                 if _table_launch(id(current().policy) | _SOFTMAX_TAG, None if stream is None else to_cuda_stream(stream),
                                  x, out):
                     return out
@@ -212,7 +212,7 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
 
 def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: Any) -> torch.Tensor:
     if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = x.new_empty(x.shape)
     _launch(SoftmaxArguments(x, out, dim=dim), stream, None, (x, out), _SOFTMAX_TAG)
     return out
 
@@ -223,7 +223,7 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
     if not _is_compiling() and _table_launch is not None and dim == -1:
         try:
             if grad_in is None:
-                grad_in = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+                grad_in = out.new_empty(out.shape)
             if _table_launch(id(current().policy) | _SOFTMAX_BACKWARD_TAG,
                              None if stream is None else to_cuda_stream(stream), grad_out, out, grad_in):
                 return grad_in
@@ -237,7 +237,7 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
 def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int, grad_in: torch.Tensor | None,
                             stream: Any) -> torch.Tensor:
     if grad_in is None:
-        grad_in = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        grad_in = out.new_empty(out.shape)
     _launch(SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim), stream, None, (grad_out, out, grad_in),
             _SOFTMAX_BACKWARD_TAG)
     return grad_in
