@@ -253,3 +253,35 @@ def test_repeated_runs_of_the_same_arguments_see_new_data(dtype):
             torch.testing.assert_close(out.double(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
         if kernel.workspace_free:  # kernels that need a workspace get one per run: nothing to bind
             assert args._bound[0] is artifact
+
+
+class _PreferCuteDsl(kernel_api.Policy):
+    """Chooses a CuTe DSL kernel when one is among the candidates (their launches are recordable)."""
+
+    def choose(self, args, candidates):
+        return next((k for k in candidates if type(k).__name__.startswith("Cute")), candidates[0])
+
+
+def test_repeated_ops_softmax_calls_are_served_by_the_c_launch_table():
+    ops.clear_dispatch_cache()
+    x = _rand(64, 300, dtype=torch.float32)
+    out = torch.empty_like(x)
+    grad = _rand(64, 300, dtype=torch.float32)
+    grad_in = torch.empty_like(x)
+    with kernel_api.settings(policy=_PreferCuteDsl()):
+        ops.softmax(x, out=out)
+        ops.softmax_backward(grad, out, grad_in=grad_in)
+        assert ops._table is not None and ops._table.size() == 2
+        for _ in range(3):
+            x.copy_(_rand(64, 300, dtype=torch.float32)), grad.copy_(_rand(64, 300, dtype=torch.float32))
+            out.fill_(float("nan")), grad_in.fill_(float("nan"))
+            assert ops.softmax(x, out=out) is out
+            assert ops.softmax_backward(grad, out, grad_in=grad_in) is grad_in
+            torch.cuda.synchronize()
+            ref = torch.softmax(x.double(), -1)
+            torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(grad_in.double(), ref * (grad.double() - (grad.double() * ref).sum(-1, keepdim=True)),
+                                       atol=1e-5, rtol=1e-4)
+        assert ops._table.size() == 2
+        with pytest.raises(ValueError, match="last dimension"):
+            ops.softmax(x, dim=0, out=out)  # recorded tensors, another dimension: never the table
