@@ -155,6 +155,7 @@ def test_user_gemm_runs_on_gpu(user_gemm):
         s = torch.cuda.Stream()
         art = kernels[0].compile(args)
         args.out.fill_(float("nan"))
+        s.wait_stream(torch.cuda.current_stream())
         kernels[0].run(args, compiled_artifact=art, stream=s)
         s.synchronize()
         assert (args.out.double() - ref).norm() / ref.norm() < 1e-5

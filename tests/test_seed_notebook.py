@@ -37,6 +37,7 @@ def test_notebook_runs_and_matches_torch():
     out.fill_(float("nan"))
     artifact = kernels[1].compile(args)
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     kernels[1].run(args, compiled_artifact=artifact, stream=stream)
     stream.synchronize()
     torch.testing.assert_close(out, A @ B)

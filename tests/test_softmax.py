@@ -241,6 +241,7 @@ def test_fresh_data_each_call_and_streams():
         for _ in range(3):
             x.normal_()
             out.fill_(float("nan"))
+            stream.wait_stream(torch.cuda.current_stream())  # the new data is written on the current stream
             with torch.cuda.stream(stream):
                 kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
             stream.synchronize()
