@@ -31,12 +31,6 @@ compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("
 _FINAL_METHODS = ("run", "supports")
 _UNCHECKED = object()
 _UNBINDABLE = (_UNCHECKED, None)  # arguments that cannot carry a bound launch
-
-
-def _verdict_of(args: Any, kernel: Any) -> Any:
-    """The artifact ``kernel`` last checked ``args`` for (None: checked without one), or _UNCHECKED."""
-    verdicts = getattr(args, "_verdicts", None)
-    return _UNCHECKED if verdicts is None else verdicts.get(kernel, _UNCHECKED)
 # A device's cc never changes and torch.cuda.get_device_capability costs microseconds.
 _cc_by_device: dict[int, int] = {}
 
@@ -209,25 +203,33 @@ class Kernel(metaclass=KernelMeta):
         artifact on this instance) when no ``compiled_artifact`` is given; allocates the
         workspace from torch's caching allocator when the kernel needs one and none is given.
         """
-        if workspace is None:
-            # The hot path: these arguments ran this artifact before (checked, unless the caller
-            # vouches for them) and the kernel bound its launch to their tensors; nothing is
-            # left to decide but the stream.
-            bound = getattr(args, "_bound", _UNBINDABLE)
-            if bound is not None and bound[0] is compiled_artifact and bound[1] is not None and (
-                    assume_supported_args or _verdict_of(args, self) is compiled_artifact):
-                last = _utils._last_stream  # to_cuda_stream's one-entry cache, read inline
-                bound[1](last[1] if stream is last[0] else to_cuda_stream(stream))
-                return
-        else:
-            bound = _UNBINDABLE
-        if not assume_supported_args and _verdict_of(args, self) is not compiled_artifact:
+        if not assume_supported_args:
             # The verdict for these arguments is remembered on them: arguments are immutable
             # summaries, so running the same arguments again skips the checks.
-            self._check_runnable(args, compiled_artifact)
-            if args._verdicts is None:
-                args._verdicts = {}
-            args._verdicts[self] = compiled_artifact
+            try:
+                verdicts = args._verdicts
+            except AttributeError:
+                verdicts = None
+            if verdicts is None or verdicts.get(self, _UNCHECKED) is not compiled_artifact:
+                self._check_runnable(args, compiled_artifact)
+                if args._verdicts is None:
+                    args._verdicts = {}
+                args._verdicts[self] = compiled_artifact
+        if workspace is None:
+            # The hot path: these arguments ran this artifact before and the kernel bound its
+            # launch to their tensors; nothing is left to decide but the stream.
+            try:
+                bound = args._bound
+            except AttributeError:
+                bound = _UNBINDABLE
+            if bound is not None and bound[0] is compiled_artifact:
+                launch = bound[1]
+                if launch is not None:
+                    last = _utils._last_stream  # to_cuda_stream's one-entry cache, read inline
+                    launch(last[1] if stream is last[0] else to_cuda_stream(stream))
+                    return
+        else:
+            bound = _UNBINDABLE
         if compiled_artifact is None:
             compiled_artifact = self._artifact_for(args)
         if workspace is None and not self.workspace_free:
