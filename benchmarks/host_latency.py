@@ -7,8 +7,9 @@ Measures host time per call (time.perf_counter over ``--calls`` back-to-back cal
 that the launch queue never fills, so the host is timed and not the GPU; median of
 ``--repeats`` repeats, rows interleaved, the device synchronised between repeats) of:
 
-- the bare compiled function (exactly the arguments the kernel's ``_run`` passes, captured
-  once), torch.mm and torch.mm(out=);
+- the bare compiled function (its positional TVM-FFI function with exactly the arguments the
+  kernel's ``_run`` passes, captured once), the same with the GIL released per call (TVM-FFI's
+  default, which kernel_api turns off for launches), torch.mm and torch.mm(out=);
 - ``GemmArguments(...)``; ``kernel.supports(args)``;
 - ``kernel.run(args, compiled_artifact=art, stream=s)`` with and without
   ``assume_supported_args=True``;
@@ -38,6 +39,7 @@ import torch  # noqa: E402
 
 import kernel_api  # noqa: E402
 from kernel_api import GemmArguments, ops  # noqa: E402
+from kernel_api.providers.cutedsl.kernel import ffi_function  # noqa: E402
 
 TARGETS_US = {  # over the bare call, except GemmArguments (absolute)
     "GemmArguments(...)": ("abs", 5.0),
@@ -141,6 +143,9 @@ def main() -> None:
     if not err < 1e-2:
         raise SystemExit(f"{kernel.metadata.kernel_name}: wrong result (relative error {err:.2e})")
     compiled, bare_args = capture_bare_call(kernel, args, artifact, stream)
+    # The positional TVM-FFI function itself, not a keyword-argument adapter around it.
+    function = ffi_function(compiled)
+    compiled = function or compiled
     ops.gemm(A, B, out=out)  # warm the dispatch cache (same PickAny choice)
 
     rows = {
@@ -157,6 +162,13 @@ def main() -> None:
         # the Python fast path ops falls back to where the C launch table cannot be built
         "ops.gemm(out=), Python path": lambda: ops._gemm_eager(A, B, out, 1.0, 0.0, None, None, None, None, None),
     }
+    if function is not None:
+        # a second handle on the same function, with TVM-FFI's default of releasing the GIL per call
+        import tvm_ffi
+
+        gil_releasing = tvm_ffi.Array([function])[0]
+        gil_releasing.release_gil = True
+        rows["bare, GIL released per call"] = lambda: gil_releasing(*bare_args)
     if ops._table is None:
         print(f"note: the C launch table is not in use ({kernel_api.native.why_not()}); ops rows time the Python path")
     samples = per_call_us(rows, opts.calls, opts.repeats)

@@ -110,6 +110,7 @@ def _record_native(kernel: Any, artifact: Any, args: Any, policy: Any, tensors: 
         if _table is None:
             return
         _table_launch = _table.launch
+        _table_launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
     function, tail = native_launch
     _tagged_policies[id(policy)] = policy
     _table.record(id(policy) | tag, function, len(tensors), *tensors, *tail)

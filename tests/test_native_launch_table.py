@@ -142,6 +142,7 @@ def test_ops_gemm_launches_repeated_plain_calls_from_the_table(table):
     args = kernel_api.GemmArguments(A, B, out)
     ops._record_native(NativeOnlyKernel(fn.function), None, args, current().policy, (A, B, out), ops._GEMM_TAG)
     assert ops.gemm(A, B, out=out) is out and len(fn.calls) == 1
+    assert ops._table_launch.release_gil is False
     assert fn.calls[0][3:] == (None, None, 1.0, 0.0, None)
     assert ops.gemm(A2, B, out=out) is out and len(fn.calls) == 2  # other data, same metadata
     assert fn.calls[1][0].data_ptr() == A2.data_ptr()
@@ -199,6 +200,20 @@ def test_kernels_offer_the_positional_ffi_function_behind_a_compiled_object():
                                execution_args=SimpleNamespace(has_pointer_address_arg_specs=True))
     assert ffi_function(pointers) is None  # needs Python-side argument conversion
     assert ffi_function(lambda *args: None) is None
+
+
+def test_launch_functions_keep_the_gil_unless_the_kernel_says_otherwise():
+    from types import SimpleNamespace
+
+    from kernel_api.providers.cutedsl.kernel import CuteDslKernel
+
+    assert CuteDslKernel.keep_gil_during_launch
+    for keep, released in ((True, False), (False, True)):
+        function = tvm_ffi.convert(lambda *args: None)
+        assert function.release_gil  # TVM-FFI's default
+        kernel = SimpleNamespace(keep_gil_during_launch=keep)
+        assert CuteDslKernel._launch_ready(kernel, function) is function
+        assert function.release_gil is released
 
 
 def test_disabled_by_environment(monkeypatch):

@@ -122,6 +122,10 @@ class CuteDslKernel(Kernel):
 
     #: compile through TVM-FFI (torch tensors passed straight to the compiled function)
     enable_tvm_ffi: bool = True
+    #: TVM-FFI functions release the GIL around every call by default; a launch returns in
+    #: microseconds, and dropping and re-taking the GIL is a measurable part of that. Set False
+    #: for kernels whose host side may block (other Python threads then wait for the call).
+    keep_gil_during_launch: bool = True
 
     def cute_compile(self, impl: Any, *args: Any, **kwargs: Any) -> Any:
         """``cute.compile(impl, *args)`` with TVM-FFI and the target architecture set.
@@ -150,13 +154,19 @@ class CuteDslKernel(Kernel):
                            _module_source_hash(impl_desc[0]), _module_source_hash(type(self).__module__))
             loaded = _load_cached(key)
             if loaded is not None:
-                return loaded
+                return self._launch_ready(loaded)
         try:
             compiled = cute.compile(impl, *converted, options=options, **kwargs)
         except Exception as exc:
             raise CompilationError(f"{name}: CuTe DSL compilation for {arch_string(cc)} failed: {exc}") from exc
         if key is not None:
             _store(key, compiled)
+        return self._launch_ready(compiled)
+
+    def _launch_ready(self, compiled: Any) -> Any:
+        function = ffi_function(compiled) if self.keep_gil_during_launch else None
+        if function is not None:
+            function.release_gil = False  # the object the adapters call, too
         return compiled
 
     def cute_run(self, compiled: Any, *args: Any) -> Any:
