@@ -30,7 +30,7 @@ compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("
 
 _FINAL_METHODS = ("run", "supports")
 _UNCHECKED = object()
-_UNBINDABLE = (_UNCHECKED, None)  # arguments that cannot carry a bound launch
+_UNBINDABLE = (_UNCHECKED, None, None)  # arguments that cannot carry a bound launch
 # A device's cc never changes and torch.cuda.get_device_capability costs microseconds.
 _cc_by_device: dict[int, int] = {}
 
@@ -203,6 +203,22 @@ class Kernel(metaclass=KernelMeta):
         artifact on this instance) when no ``compiled_artifact`` is given; allocates the
         workspace from torch's caching allocator when the kernel needs one and none is given.
         """
+        if workspace is None:
+            # The hot path: these arguments ran this artifact before, the kernel bound its launch
+            # to their tensors, and (unless the caller vouches for them) a support check passed;
+            # nothing is left to decide but the stream.
+            try:
+                bound = args._bound
+            except AttributeError:
+                bound = _UNBINDABLE
+            if bound is not None and bound[0] is compiled_artifact and (assume_supported_args or bound[2] is self):
+                launch = bound[1]
+                if launch is not None:
+                    last = _utils._last_stream  # to_cuda_stream's one-entry cache, read inline
+                    launch(last[1] if stream is last[0] else to_cuda_stream(stream))
+                    return
+        else:
+            bound = _UNBINDABLE
         if not assume_supported_args:
             # The verdict for these arguments is remembered on them: arguments are immutable
             # summaries, so running the same arguments again skips the checks.
@@ -215,21 +231,6 @@ class Kernel(metaclass=KernelMeta):
                 if args._verdicts is None:
                     args._verdicts = {}
                 args._verdicts[self] = compiled_artifact
-        if workspace is None:
-            # The hot path: these arguments ran this artifact before and the kernel bound its
-            # launch to their tensors; nothing is left to decide but the stream.
-            try:
-                bound = args._bound
-            except AttributeError:
-                bound = _UNBINDABLE
-            if bound is not None and bound[0] is compiled_artifact:
-                launch = bound[1]
-                if launch is not None:
-                    last = _utils._last_stream  # to_cuda_stream's one-entry cache, read inline
-                    launch(last[1] if stream is last[0] else to_cuda_stream(stream))
-                    return
-        else:
-            bound = _UNBINDABLE
         if compiled_artifact is None:
             compiled_artifact = self._artifact_for(args)
         if workspace is None and not self.workspace_free:
@@ -237,11 +238,13 @@ class Kernel(metaclass=KernelMeta):
             if size:
                 workspace = _allocate_workspace(size, args.device, stream)
         self._run(args, compiled_artifact, stream, workspace)
-        if bound is None and workspace is None:
-            self._bind(args, compiled_artifact)
+        # Bind once per arguments (to the first artifact run with them); the binding names the
+        # kernel whose support check passed for it, once a run with checks on has.
+        if workspace is None and (bound is None or (bound[0] is compiled_artifact and not assume_supported_args)):
+            self._bind(args, compiled_artifact, None if assume_supported_args else self)
 
-    def _bind(self, args: Any, artifact: CompiledArtifact) -> None:
-        args._bound = (artifact, self._bind_launch(args, artifact))
+    def _bind(self, args: Any, artifact: CompiledArtifact, checked_by: Kernel | None) -> None:
+        args._bound = (artifact, self._bind_launch(args, artifact), checked_by)
 
     def _bind_launch(self, args: Any, artifact: CompiledArtifact) -> Callable[[Any], None] | None:
         """``launch(cu_stream)`` for ``args``' tensors, which ``run`` keeps on the arguments so

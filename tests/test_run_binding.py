@@ -60,7 +60,7 @@ def test_other_artifacts_workspaces_and_unbindable_problems_take_the_full_path()
     empty = _args(M=0)
     kernel.run(empty, compiled_artifact=art, stream=stream, assume_supported_args=True)
     kernel.run(empty, compiled_artifact=art, stream=stream, assume_supported_args=True)
-    assert kernel.slow_runs == 5 and empty._bound == (art, None)
+    assert kernel.slow_runs == 5 and empty._bound == (art, None, None)
 
 
 def test_kernels_without_a_fast_launcher_always_run_their_own_path():
@@ -70,7 +70,7 @@ def test_kernels_without_a_fast_launcher_always_run_their_own_path():
         args.out.fill_(float("nan"))
         kernel.run(args, compiled_artifact=art, stream=driver.CUstream(0), assume_supported_args=True)
         torch.testing.assert_close(args.out, args.A @ args.B)
-    assert args._bound == (art, None)
+    assert args._bound == (art, None, None)
 
 
 def test_unsupported_arguments_are_still_rejected_before_any_binding():
@@ -78,3 +78,24 @@ def test_unsupported_arguments_are_still_rejected_before_any_binding():
     with pytest.raises(Exception, match="CUDA|cuda|GPU"):
         kernel.run(args, compiled_artifact=CompiledArtifact(None, kernel))
     assert args._bound is None
+
+
+def test_runs_with_checks_take_the_bound_launch_once_a_check_passed_for_that_kernel():
+    kernel, args, stream = _kernel(), _args(), driver.CUstream(0)
+    checks = []
+    kernel._check_runnable = lambda a, art: checks.append(kernel)  # CPU operands would fail the device check
+    art = kernel.compile(args)
+    kernel.run(args, compiled_artifact=art, stream=stream, assume_supported_args=True)
+    assert args._bound[2] is None  # bound, but nobody checked
+    kernel.run(args, compiled_artifact=art, stream=stream)
+    assert checks == [kernel] and kernel.slow_runs == 2 and args._bound[2] is kernel
+    for _ in range(2):
+        kernel.run(args, compiled_artifact=art, stream=stream)
+    assert checks == [kernel] and kernel.slow_runs == 2 and len(kernel.fast_calls) == 2
+    # Another instance never launches through a binding it did not check.
+    other = _kernel()
+    other._check_runnable = lambda a, art: checks.append(other)
+    other.run(args, compiled_artifact=art, stream=stream)
+    assert checks == [kernel, other] and other.slow_runs == 1
+    torch.testing.assert_close(args.out, args.A @ args.B)
+
