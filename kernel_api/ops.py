@@ -19,6 +19,7 @@ from . import native, registry
 from .arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 from .errors import DeviceError
 from .selection import _no_kernel
+from .settings import _current as _settings  # the context variable itself: no call frame per op
 from .settings import current
 from .utils import _cu_streams, _current_raw_stream, to_cuda_stream
 
@@ -149,7 +150,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
             if not (_grad_enabled() and (A.requires_grad or B.requires_grad)):
                 if out is None:
                     out = A.new_empty((*A.shape[:-1], B.shape[-1]))
-                if _table_launch(id(current().policy) | _GEMM_TAG, None if stream is None else to_cuda_stream(stream),
+                if _table_launch(id(_settings.get().policy) | _GEMM_TAG, None if stream is None else to_cuda_stream(stream),
                                  A, B, out):
                     return out
         except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
@@ -201,7 +202,7 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
             if not (_grad_enabled() and x.requires_grad):
                 if out is None:
                     out = x.new_empty(x.shape)
-                if _table_launch(id(current().policy) | _SOFTMAX_TAG, None if stream is None else to_cuda_stream(stream),
+                if _table_launch(id(_settings.get().policy) | _SOFTMAX_TAG, None if stream is None else to_cuda_stream(stream),
                                  x, out):
                     return out
         except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
@@ -225,7 +226,7 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
         try:
             if grad_in is None:
                 grad_in = out.new_empty(out.shape)
-            if _table_launch(id(current().policy) | _SOFTMAX_BACKWARD_TAG,
+            if _table_launch(id(_settings.get().policy) | _SOFTMAX_BACKWARD_TAG,
                              None if stream is None else to_cuda_stream(stream), grad_out, out, grad_in):
                 return grad_in
         except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains

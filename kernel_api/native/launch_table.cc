@@ -114,7 +114,8 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_launch(void*, const TVMFFIAny* args, int32_t nu
   if (num_args < 3 || num_args - 2 > kMaxTensors) return RaiseError("ValueError", "launch(tag, stream, *tensors)");
   if (args[0].type_index != kTVMFFIInt) return RaiseError("TypeError", "launch: tag must be an int");
   const int count = num_args - 2;
-  std::string key;
+  thread_local std::string key;  // reused: no allocation per call once it has grown
+  key.clear();
   if (!MakeKey(args[0].v_int64, args + 2, count, &key)) {
     SetBool(result, false);
     return 0;
