@@ -74,8 +74,10 @@ def _attributes(dt: DataType, pattern: tuple[int, ...], div: int) -> TensorAttri
     return found
 
 
-def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None) -> tuple[torch.Tensor, TensorAttributes]:
-    """Attributes of a (L, R, C) or (R, C) operand; may return a re-strided view.
+def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
+                       extent: list | None = None) -> tuple[torch.Tensor, TensorAttributes]:
+    """Attributes of a (L, R, C) or (R, C) operand; may return a re-strided view. With
+    ``extent``, appends the operand's byte range when it is dense (see below).
 
     The stride of a size-1 mode is meaningless, so such a mode is treated as contiguous and
     given stride 1 in a view, which lets kernels rely on the unit stride they declare.
@@ -107,8 +109,13 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None) -> tuple[t
         raise ValueError(
             f"operand {name}: strides {tuple(stride)} have no unit-stride mode among the last two; "
             f"kernels need a row-major or column-major matrix (call .contiguous())")
-    if len(shape) == 3 and shape[0] > 1:
-        bits |= stride[0]
+    span = (rows - 1) * stride[-2] + (cols - 1) * stride[-1]
+    count = rows * cols
+    if len(shape) == 3:
+        count *= shape[0]
+        if shape[0] > 1:
+            bits |= stride[0]
+            span += (shape[0] - 1) * stride[0]
     itemsize = _BYTES[dt]
     ptr = t.data_ptr()
     bits |= ptr // itemsize if ptr % itemsize == 0 else 1
@@ -119,6 +126,10 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None) -> tuple[t
     found = _ATTRIBUTES_CACHE.get(key)
     if found is None:
         found = _ATTRIBUTES_CACHE[key] = TensorAttributes._trusted(dt, pattern, g)
+    if extent is not None:
+        # [first byte, end) when the elements fill it exactly (then overlapping ranges mean
+        # shared elements); (0, 0) for strided views and empty tensors, which are not judged.
+        extent.append((ptr, ptr + count * itemsize) if count and span + 1 == count else (0, 0))
     return t, found
 
 
@@ -253,9 +264,15 @@ class GemmArguments(Arguments):
         if out.get_device() != device_index or (device_index < 0 and out.device != A.device):
             raise ValueError(f"operand out: on {out.device} but A is on {A.device}")
         device = A.device
-        A, a = _matrix_attributes(A, "A", sa)
-        B, b = _matrix_attributes(B, "B", sb)
-        out, o = _matrix_attributes(out, "out", so)
+        extents: list = []
+        A, a = _matrix_attributes(A, "A", sa, extents)
+        B, b = _matrix_attributes(B, "B", sb, extents)
+        out, o = _matrix_attributes(out, "out", so, extents)
+        (a0, a1), (b0, b1), (o0, o1) = extents
+        if o0 < a1 and a0 < o1 or o0 < b1 and b0 < o1:
+            # A kernel would overwrite operands it still reads (torch refuses this too).
+            raise ValueError(f"operand out: shares memory with operand {'A' if o0 < a1 and a0 < o1 else 'B'}; "
+                             f"write the result to a separate tensor")
         if accumulator_type is None:
             acc = DataType.f64 if a.dtype is DataType.f64 else DataType.f32
         else:

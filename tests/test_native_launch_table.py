@@ -73,6 +73,24 @@ def test_other_tags_and_non_tensors_miss(table):
     assert table.size() == 0 and table.launch(7, None, A, B, out) is False
 
 
+def test_an_output_sharing_memory_with_an_operand_is_left_to_python(table):
+    fn = Recorder()
+    pool = torch.randn(4096)
+    start = (-pool.data_ptr() % 1024) // 4
+    A, B = pool[start:start + 256].view(16, 16), torch.randn(16, 16)
+    disjoint = pool[start + 1024:start + 1280].view(16, 16)  # the same alignment class as A
+    table.record(5, fn.function, 3, A, B, disjoint)
+    assert table.launch(5, None, A, B, disjoint) is True
+    assert table.launch(5, None, A, B, A) is False  # same metadata as the recording, but out is A
+    assert len(fn.calls) == 1
+    with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
+        kernel_api.GemmArguments(A, B, A)
+    with pytest.raises(ValueError, match="operand out: shares memory with operand B"):
+        kernel_api.GemmArguments(A, B, B.t())
+    wide = torch.empty(16, 32)  # interleaved column blocks share a byte range, not elements
+    assert kernel_api.GemmArguments(wide[:, :16], B, wide[:, 16:]).M == 16
+
+
 def test_hits_exactly_when_the_raw_gemm_keys_are_equal(table):
     """The C key must be as fine as ops' raw key, which is as fine as the arguments' summary
     (test_integration): a hit then always means the signature and shape of the recording."""

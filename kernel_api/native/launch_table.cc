@@ -6,7 +6,8 @@
 // second against the headers of the installed tvm_ffi wheel.
 //
 // Exported through the TVM-FFI packed-call ABI (`tvm_ffi.load_module(...).<name>`):
-//   launch(tag, stream, *tensors) -> bool   launched (true) or no entry (false)
+//   launch(tag, stream, *tensors) -> bool   launched (true), or false: no entry, or the last
+//                                            tensor (the output) may share memory with another
 //   record(tag, function, n_tensors, *tensors, *tail) -> None
 //   clear() -> None;  size() -> int
 // `stream` None means the stream TVM-FFI set for the first tensor's device for this call (the
@@ -95,6 +96,41 @@ bool MakeKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key)
   return true;
 }
 
+// The bytes [first, end) a tensor's elements lie in (empty for an empty tensor).
+void ByteRange(const DLTensor* t, uintptr_t* first, uintptr_t* end) {
+  int64_t span = 0;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) {
+      *first = *end = 0;
+      return;
+    }
+    int64_t stride = 1;
+    if (t->strides != nullptr) {
+      stride = t->strides[i];
+    } else {
+      for (int j = i + 1; j < t->ndim; ++j) stride *= t->shape[j];
+    }
+    span += (t->shape[i] - 1) * (stride < 0 ? -stride : stride);
+  }
+  const uintptr_t bytes = (static_cast<uintptr_t>(t->dtype.bits) * t->dtype.lanes + 7) / 8;
+  *first = reinterpret_cast<uintptr_t>(t->data) + static_cast<uintptr_t>(t->byte_offset);
+  *end = *first + static_cast<uintptr_t>(span + 1) * bytes;
+}
+
+// Whether the last tensor (the one a launch writes) may share memory with another operand.
+// Conservative (byte ranges): such calls go back to Python, which judges them exactly.
+bool OutputMayOverlap(const TVMFFIAny* tensors, int count) {
+  uintptr_t out_first, out_end;
+  ByteRange(AsTensor(tensors[count - 1]), &out_first, &out_end);
+  if (out_first == out_end) return false;
+  for (int i = 0; i < count - 1; ++i) {
+    uintptr_t first, end;
+    ByteRange(AsTensor(tensors[i]), &first, &end);
+    if (first < out_end && out_first < end) return true;
+  }
+  return false;
+}
+
 int RaiseError(const char* kind, const char* message) {
   TVMFFIErrorSetRaisedFromCStr(kind, message);
   return -1;
@@ -126,7 +162,7 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_launch(void*, const TVMFFIAny* args, int32_t nu
     auto found = table.find(key);
     if (found != table.end()) entry = found->second;  // kept alive past a concurrent clear()
   }
-  if (entry == nullptr) {
+  if (entry == nullptr || OutputMayOverlap(args + 2, count)) {
     SetBool(result, false);
     return 0;
   }
