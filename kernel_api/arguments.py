@@ -128,8 +128,9 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
         found = _ATTRIBUTES_CACHE[key] = TensorAttributes._trusted(dt, pattern, g)
     if extent is not None:
         # [first byte, end) when the elements fill it exactly (then overlapping ranges mean
-        # shared elements); (0, 0) for strided views and empty tensors, which are not judged.
-        extent.append((ptr, ptr + count * itemsize) if count and span + 1 == count else (0, 0))
+        # shared elements); (0, 0) for strided views, empty tensors and tensors without
+        # memory ("meta": address 0), which are not judged.
+        extent.append((ptr, ptr + count * itemsize) if count and ptr and span + 1 == count else (0, 0))
     return t, found
 
 

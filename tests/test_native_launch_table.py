@@ -89,6 +89,8 @@ def test_an_output_sharing_memory_with_an_operand_is_left_to_python(table):
         kernel_api.GemmArguments(A, B, B.t())
     wide = torch.empty(16, 32)  # interleaved column blocks share a byte range, not elements
     assert kernel_api.GemmArguments(wide[:, :16], B, wide[:, 16:]).M == 16
+    meta = torch.empty(16, 16, device="meta")  # no memory to share: describing problems stays possible
+    assert kernel_api.GemmArguments(meta, meta, meta).N == 16
 
 
 def test_hits_exactly_when_the_raw_gemm_keys_are_equal(table):
