@@ -203,6 +203,10 @@ def test_repeated_ops_gemm_calls_are_served_by_the_c_launch_table():
     # New buffers may fall in another pointer-alignment class (a new entry); results stay right.
     y = ops.gemm(A, B)
     torch.testing.assert_close(y, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
+    square = _rand(256, 256)
+    ops.gemm(square, _rand(256, 256), out=torch.empty_like(square))
+    with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
+        ops.gemm(square, _rand(256, 256), out=square)  # recorded metadata, but in place: refused
     ops.gemm(A, B, out=out, alpha=0.5)  # an epilogue takes the Python path
     torch.testing.assert_close(out, (0.5 * A.double() @ B.double()).half(), atol=2e-2, rtol=2e-2)
     with torch.no_grad():  # operands that require grad, outside grad mode
