@@ -50,6 +50,20 @@ def _raw_gemm_key(policy: Any, A: torch.Tensor, B: torch.Tensor, out: torch.Tens
             A.get_device(), B.get_device(), out.get_device())
 
 
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    first = t.data_ptr()
+    if not t.numel():
+        return first, first
+    return first, first + (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _output_may_overlap(out: torch.Tensor, *operands: torch.Tensor) -> bool:
+    """Conservative (byte ranges): a call that may write an operand goes to GemmArguments,
+    which judges it exactly."""
+    o0, o1 = _byte_range(out)
+    return o0 != o1 and any(a0 < o1 and o0 < a1 for a0, a1 in map(_byte_range, operands))
+
+
 def _launch_fast(found: tuple, stream: Any, *tensors: torch.Tensor) -> None:
     launch, index, _ = found
     with torch.cuda.device(index):
@@ -177,7 +191,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
     elif accumulator_type is None and type(A) is _Tensor and type(B) is _Tensor and type(out) is _Tensor:
         fast_key = _raw_gemm_key(current().policy, A, B, out)
         found = _fast.get(fast_key)
-        if found is not None:
+        if found is not None and not _output_may_overlap(out, A, B):
             device = _current_device()
             if found[1] != device:
                 _launch_fast(found, stream, A, B, out)

@@ -134,3 +134,19 @@ def test_raw_gemm_key_is_as_fine_as_the_arguments_summary():
 def test_ops_gemm_names_operands_that_are_not_tensors():
     with pytest.raises(TypeError, match="A and B must be torch tensors, got list and Tensor"):
         ops.gemm([[1.0]], torch.ones(1, 1))
+
+
+def test_the_python_fast_path_never_launches_into_an_operand(monkeypatch):
+    """Without the C table, a recorded launcher is skipped when out may overlap an operand."""
+    from kernel_api.settings import current
+
+    launched = []
+    A, B = torch.randn(16, 16), torch.randn(16, 16)
+    key = ops._raw_gemm_key(current().policy, A, B, A)
+    monkeypatch.setattr(ops, "_table_launch", None)
+    monkeypatch.setitem(ops._fast, key, (lambda *t: launched.append(t), -1, current().policy))
+    with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
+        ops.gemm(A, B, out=A)
+    assert not launched
+    assert ops._output_may_overlap(A, B, A) and not ops._output_may_overlap(torch.empty(16, 16), A, B)
+
