@@ -40,6 +40,29 @@ class Arguments:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.tensor_attributes}
 
+    def check_memory(self) -> None:
+        """Raise ValueError when an output shares memory with an operand it must not overwrite.
+
+        Run by ``Kernel.run`` with checks on (once per arguments object) and by
+        `kernel_api.ops`; kept out of construction so building arguments stays cheap.
+        """
+
+
+def _dense_extent(t: torch.Tensor) -> tuple[int, int] | None:
+    """[first byte, end) of a tensor whose elements fill that range exactly; None for strided
+    views with gaps, empty tensors and tensors without memory (meta), which are not judged."""
+    ptr, count = t.data_ptr(), t.numel()
+    if not ptr or not count:
+        return None
+    span = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    return (ptr, ptr + count * t.element_size()) if span + 1 == count else None
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exact for dense tensors (overlapping ranges then mean shared elements): torch's rule."""
+    ea, eb = _dense_extent(a), _dense_extent(b)
+    return ea is not None and eb is not None and ea[0] < eb[1] and eb[0] < ea[1]
+
 
 def _require_tensor(value: Any, name: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
@@ -74,10 +97,8 @@ def _attributes(dt: DataType, pattern: tuple[int, ...], div: int) -> TensorAttri
     return found
 
 
-def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
-                       extent: list | None = None) -> tuple[torch.Tensor, TensorAttributes]:
-    """Attributes of a (L, R, C) or (R, C) operand; may return a re-strided view. With
-    ``extent``, appends the operand's byte range when it is dense (see below).
+def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None) -> tuple[torch.Tensor, TensorAttributes]:
+    """Attributes of a (L, R, C) or (R, C) operand; may return a re-strided view.
 
     The stride of a size-1 mode is meaningless, so such a mode is treated as contiguous and
     given stride 1 in a view, which lets kernels rely on the unit stride they declare.
@@ -109,13 +130,8 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
         raise ValueError(
             f"operand {name}: strides {tuple(stride)} have no unit-stride mode among the last two; "
             f"kernels need a row-major or column-major matrix (call .contiguous())")
-    span = (rows - 1) * stride[-2] + (cols - 1) * stride[-1]
-    count = rows * cols
-    if len(shape) == 3:
-        count *= shape[0]
-        if shape[0] > 1:
-            bits |= stride[0]
-            span += (shape[0] - 1) * stride[0]
+    if len(shape) == 3 and shape[0] > 1:
+        bits |= stride[0]
     itemsize = _BYTES[dt]
     ptr = t.data_ptr()
     bits |= ptr // itemsize if ptr % itemsize == 0 else 1
@@ -126,11 +142,6 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
     found = _ATTRIBUTES_CACHE.get(key)
     if found is None:
         found = _ATTRIBUTES_CACHE[key] = TensorAttributes._trusted(dt, pattern, g)
-    if extent is not None:
-        # [first byte, end) when the elements fill it exactly (then overlapping ranges mean
-        # shared elements); (0, 0) for strided views, empty tensors and tensors without
-        # memory ("meta": address 0), which are not judged.
-        extent.append((ptr, ptr + count * itemsize) if count and ptr and span + 1 == count else (0, 0))
     return t, found
 
 
@@ -265,15 +276,9 @@ class GemmArguments(Arguments):
         if out.get_device() != device_index or (device_index < 0 and out.device != A.device):
             raise ValueError(f"operand out: on {out.device} but A is on {A.device}")
         device = A.device
-        extents: list = []
-        A, a = _matrix_attributes(A, "A", sa, extents)
-        B, b = _matrix_attributes(B, "B", sb, extents)
-        out, o = _matrix_attributes(out, "out", so, extents)
-        (a0, a1), (b0, b1), (o0, o1) = extents
-        if o0 < a1 and a0 < o1 or o0 < b1 and b0 < o1:
-            # A kernel would overwrite operands it still reads (torch refuses this too).
-            raise ValueError(f"operand out: shares memory with operand {'A' if o0 < a1 and a0 < o1 else 'B'}; "
-                             f"write the result to a separate tensor")
+        A, a = _matrix_attributes(A, "A", sa)
+        B, b = _matrix_attributes(B, "B", sb)
+        out, o = _matrix_attributes(out, "out", so)
         if accumulator_type is None:
             acc = DataType.f64 if a.dtype is DataType.f64 else DataType.f32
         else:
@@ -305,6 +310,12 @@ class GemmArguments(Arguments):
     def problem_shape(self) -> tuple[int, int, int, int]:
         """(M, N, K, L)."""
         return (self.M, self.N, self.K, self.L)
+
+    def check_memory(self) -> None:
+        # A kernel would overwrite operands it still reads (torch refuses this too).
+        for name in ("A", "B"):
+            if _shares_memory(self.out, getattr(self, name)):
+                raise ValueError(f"operand out: shares memory with operand {name}; write the result to a separate tensor")
 
     def __repr__(self) -> str:
         a, b, o = (self.tensor_attributes[n] for n in ("A", "B", "out"))

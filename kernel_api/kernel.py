@@ -258,6 +258,7 @@ class Kernel(metaclass=KernelMeta):
     def _check_runnable(self, args: Any, artifact: CompiledArtifact | None) -> None:
         if not isinstance(args, Arguments):
             raise TypeError(f"{type(self).__name__}.run: expected an arguments object, got {type(args).__name__}")
+        args.check_memory()
         index = args.device_index
         cc = _cc_by_device.get(index)
         if cc is None:

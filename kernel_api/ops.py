@@ -50,22 +50,22 @@ def _raw_gemm_key(policy: Any, A: torch.Tensor, B: torch.Tensor, out: torch.Tens
             A.get_device(), B.get_device(), out.get_device())
 
 
-def _byte_range(t: torch.Tensor) -> tuple[int, int]:
-    first = t.data_ptr()
+def _byte_extent(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first element to past its last (0 when empty)."""
     if not t.numel():
-        return first, first
-    return first, first + (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))) * t.element_size()
+        return 0
+    return (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
-def _output_may_overlap(out: torch.Tensor, *operands: torch.Tensor) -> bool:
-    """Conservative (byte ranges): a call that may write an operand goes to GemmArguments,
-    which judges it exactly."""
-    o0, o1 = _byte_range(out)
-    return o0 != o1 and any(a0 < o1 and o0 < a1 for a0, a1 in map(_byte_range, operands))
+def _may_overlap(out_ptr: int, a_ptr: int, b_ptr: int, extents: tuple[int, int, int]) -> bool:
+    """Whether out's bytes may meet A's or B's (extents fixed by the recorded metadata).
+    Conservative: such a call goes to GemmArguments, which judges it exactly."""
+    a, b, o = extents
+    return o > 0 and (out_ptr < a_ptr + a and a_ptr < out_ptr + o or out_ptr < b_ptr + b and b_ptr < out_ptr + o)
 
 
 def _launch_fast(found: tuple, stream: Any, *tensors: torch.Tensor) -> None:
-    launch, index, _ = found
+    launch, index = found[0], found[1]
     with torch.cuda.device(index):
         launch(*tensors, to_cuda_stream(stream))
 
@@ -74,6 +74,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
     """Choose (once per policy, signature and shape), compile and launch; then, when the
     arguments kept the caller's ``tensors`` as they are, record the kernel's launcher for
     them: in ``_fast`` under ``fast_key`` and in the C launch table under ``tag``."""
+    args.check_memory()  # the run below assumes the arguments supported
     policy = current().policy
     if type(args) is GemmArguments:
         shape = (args.M, args.N, args.K, args.L)
@@ -109,7 +110,8 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             if launch is not None:
                 if len(_fast) >= _FAST_LIMIT:
                     _fast.clear()
-                _fast[fast_key] = (launch, index, policy)  # keep policy alive: its id() is in the key
+                # keep policy alive (its id() is in the key); extents for the overlap check
+                _fast[fast_key] = (launch, index, policy, tuple(_byte_extent(t) for t in tensors))
         if tag:
             _record_native(kernel, artifact, args, policy, tensors, tag)
 
@@ -191,7 +193,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
     elif accumulator_type is None and type(A) is _Tensor and type(B) is _Tensor and type(out) is _Tensor:
         fast_key = _raw_gemm_key(current().policy, A, B, out)
         found = _fast.get(fast_key)
-        if found is not None and not _output_may_overlap(out, A, B):
+        if found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found[3]):
             device = _current_device()
             if found[1] != device:
                 _launch_fast(found, stream, A, B, out)

@@ -84,13 +84,19 @@ def test_an_output_sharing_memory_with_an_operand_is_left_to_python(table):
     assert table.launch(5, None, A, B, A) is False  # same metadata as the recording, but out is A
     assert len(fn.calls) == 1
     with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
-        kernel_api.GemmArguments(A, B, A)
+        kernel_api.GemmArguments(A, B, A).check_memory()
     with pytest.raises(ValueError, match="operand out: shares memory with operand B"):
-        kernel_api.GemmArguments(A, B, B.t())
+        kernel_api.GemmArguments(A, B, B.t()).check_memory()
+    with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
+        ops.gemm(A, B, out=A)  # the table declined; the Python path refuses it
+    in_place = kernel_api.GemmArguments(A, B, A)
+    kernel = kernel_api.get_kernels(in_place, cc=90)[0]
+    with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
+        kernel.run(in_place)  # run's checks include it
     wide = torch.empty(16, 32)  # interleaved column blocks share a byte range, not elements
-    assert kernel_api.GemmArguments(wide[:, :16], B, wide[:, 16:]).M == 16
+    kernel_api.GemmArguments(wide[:, :16], B, wide[:, 16:]).check_memory()
     meta = torch.empty(16, 16, device="meta")  # no memory to share: describing problems stays possible
-    assert kernel_api.GemmArguments(meta, meta, meta).N == 16
+    kernel_api.GemmArguments(meta, meta, meta).check_memory()
 
 
 def test_hits_exactly_when_the_raw_gemm_keys_are_equal(table):
