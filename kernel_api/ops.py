@@ -1,8 +1,10 @@
 """The front door: call an operation, let the policy in force choose the kernel.
 
 After the first call for a (policy, signature, problem shape, device), the choice and its
-compiled artifact come from a dictionary; the call then costs argument construction plus
-the launch.
+compiled artifact come from a dictionary. A plain call (no epilogue) whose operands repeat an
+earlier call's dtypes, shapes, strides, pointer alignment and devices goes further: it is
+launched from the C launch table (`kernel_api.native`) without building arguments, or, where
+that table cannot be built, from a Python dictionary keyed the same way.
 
 Inside ``torch.compile``/``torch.export`` tracing, or when an input requires grad, the calls
 go through the ``torch.ops.kernel_api.*`` custom ops (`kernel_api.torch_ops`), which carry
