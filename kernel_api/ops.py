@@ -131,6 +131,9 @@ def _record_native(kernel: Any, artifact: Any, args: Any, policy: Any, tensors: 
         _table_launch = _table.launch
         _table_launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
     function, tail = native_launch
+    if id(policy) not in _tagged_policies and len(_tagged_policies) >= _FAST_LIMIT:
+        _table.clear()  # a policy per call would otherwise keep every policy alive
+        _tagged_policies.clear()
     _tagged_policies[id(policy)] = policy
     _table.record(id(policy) | tag, function, len(tensors), *tensors, *tail)
 

@@ -193,6 +193,16 @@ def test_ops_gemm_launches_repeated_plain_calls_from_the_table(table):
     assert len(fn.calls) == 3
 
 
+def test_policies_kept_alive_for_the_table_are_bounded(table, monkeypatch):
+    fn = Recorder()
+    A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
+    args = kernel_api.GemmArguments(A, B, out)
+    monkeypatch.setattr(ops, "_FAST_LIMIT", 8)
+    for _ in range(20):  # a new policy object per call
+        ops._record_native(NativeOnlyKernel(fn.function), None, args, kernel_api.PickAny(), (A, B, out), 1)
+        assert len(ops._tagged_policies) <= 8 and table.size() <= 8
+
+
 def test_ops_softmax_takes_the_table_only_for_the_last_dimension(table):
     fn = Recorder()
     x = torch.randn(6, 10)
