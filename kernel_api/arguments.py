@@ -48,14 +48,20 @@ class Arguments:
         """
 
 
+def byte_extent(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first element to past its last (0 when empty)."""
+    if not t.numel():
+        return 0
+    return (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
 def _dense_extent(t: torch.Tensor) -> tuple[int, int] | None:
     """[first byte, end) of a tensor whose elements fill that range exactly; None for strided
     views with gaps, empty tensors and tensors without memory (meta), which are not judged."""
-    ptr, count = t.data_ptr(), t.numel()
-    if not ptr or not count:
+    ptr, extent = t.data_ptr(), byte_extent(t)
+    if not ptr or extent != t.numel() * t.element_size():
         return None
-    span = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
-    return (ptr, ptr + count * t.element_size()) if span + 1 == count else None
+    return (ptr, ptr + extent)
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

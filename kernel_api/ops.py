@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from . import native, registry
-from .arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from .arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, byte_extent
 from .errors import DeviceError
 from .selection import _no_kernel
 from .settings import _current as _settings  # the context variable itself: no call frame per op
@@ -50,13 +50,6 @@ def _raw_gemm_key(policy: Any, A: torch.Tensor, B: torch.Tensor, out: torch.Tens
     return (id(policy), A.dtype, B.dtype, out.dtype, A.shape, B.shape, out.shape, A.stride(), B.stride(),
             out.stride(), (A.data_ptr() & 1023) | (B.data_ptr() & 1023) << 10 | (out.data_ptr() & 1023) << 20,
             A.get_device(), B.get_device(), out.get_device())
-
-
-def _byte_extent(t: torch.Tensor) -> int:
-    """Bytes from a tensor's first element to past its last (0 when empty)."""
-    if not t.numel():
-        return 0
-    return (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
 def _may_overlap(out_ptr: int, a_ptr: int, b_ptr: int, extents: tuple[int, int, int]) -> bool:
@@ -113,7 +106,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
                 if len(_fast) >= _FAST_LIMIT:
                     _fast.clear()
                 # keep policy alive (its id() is in the key); extents for the overlap check
-                _fast[fast_key] = (launch, index, policy, tuple(_byte_extent(t) for t in tensors))
+                _fast[fast_key] = (launch, index, policy, tuple(byte_extent(t) for t in tensors))
         if tag:
             _record_native(kernel, artifact, args, policy, tensors, tag)
 

@@ -144,7 +144,7 @@ def test_the_python_fast_path_never_launches_into_an_operand(monkeypatch):
     A, B = torch.randn(16, 16), torch.randn(16, 16)
     key = ops._raw_gemm_key(current().policy, A, B, A)
     monkeypatch.setattr(ops, "_table_launch", None)
-    extents = tuple(ops._byte_extent(t) for t in (A, B, A))
+    extents = tuple(ops.byte_extent(t) for t in (A, B, A))
     monkeypatch.setitem(ops._fast, key, (lambda *t: launched.append(t), -1, current().policy, extents))
     with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
         ops.gemm(A, B, out=A)
