@@ -30,7 +30,7 @@ compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("
 
 _FINAL_METHODS = ("run", "supports")
 _UNCHECKED = object()
-_UNBINDABLE = (_UNCHECKED, None, None)  # arguments that cannot carry a bound launch
+_UNBINDABLE = (_UNCHECKED, None, None, None)  # arguments that cannot carry a bound launch
 # A device's cc never changes and torch.cuda.get_device_capability costs microseconds.
 _cc_by_device: dict[int, int] = {}
 
@@ -202,6 +202,11 @@ class Kernel(metaclass=KernelMeta):
         Checks support first unless ``assume_supported_args``; compiles (and caches the
         artifact on this instance) when no ``compiled_artifact`` is given; allocates the
         workspace from torch's caching allocator when the kernel needs one and none is given.
+
+        Running the same arguments with the same artifact again is one bound call. With
+        ``assume_supported_args`` that call may use operands packed when the arguments first
+        ran (the caller vouches that no operand's shape, strides or storage changed since, as
+        `Arguments` requires; new data written in place is always seen).
         """
         if workspace is None:
             # The hot path: these arguments ran this artifact before, the kernel bound its launch
@@ -211,8 +216,10 @@ class Kernel(metaclass=KernelMeta):
                 bound = args._bound
             except AttributeError:
                 bound = _UNBINDABLE
-            if bound is not None and bound[0] is compiled_artifact and (assume_supported_args or bound[2] is self):
-                launch = bound[1]
+            if bound is not None and bound[0] is compiled_artifact:
+                # The caller vouches for the operands: their snapshot launch. Otherwise the launch
+                # that reads the live tensors, once this kernel's support check passed for them.
+                launch = bound[3] if assume_supported_args else bound[1] if bound[2] is self else None
                 if launch is not None:
                     last = _utils._last_stream  # to_cuda_stream's one-entry cache, read inline
                     launch(last[1] if stream is last[0] else to_cuda_stream(stream))
@@ -244,7 +251,9 @@ class Kernel(metaclass=KernelMeta):
             self._bind(args, compiled_artifact, None if assume_supported_args else self)
 
     def _bind(self, args: Any, artifact: CompiledArtifact, checked_by: Kernel | None) -> None:
-        args._bound = (artifact, self._bind_launch(args, artifact), checked_by)
+        launch = self._bind_launch(args, artifact)
+        snapshot = None if launch is None else self._bind_snapshot_launch(args, artifact, launch)
+        args._bound = (artifact, launch, checked_by, snapshot)
 
     def _bind_launch(self, args: Any, artifact: CompiledArtifact) -> Callable[[Any], None] | None:
         """``launch(cu_stream)`` for ``args``' tensors, which ``run`` keeps on the arguments so
@@ -254,6 +263,13 @@ class Kernel(metaclass=KernelMeta):
         if launch is None:
             return None
         return functools.partial(launch, *(getattr(args, name) for name in args.tensor_attributes))
+
+    def _bind_snapshot_launch(self, args: Any, artifact: CompiledArtifact,
+                              launch: Callable[[Any], None]) -> Callable[[Any], None]:
+        """The bound launch that ``run(..., assume_supported_args=True)`` takes: one that may
+        hold operands converted once, when the arguments were bound (no per-call conversion).
+        The default is ``launch``, which reads the live tensors on every call."""
+        return launch
 
     def _check_runnable(self, args: Any, artifact: CompiledArtifact | None) -> None:
         if not isinstance(args, Arguments):

@@ -39,6 +39,12 @@ _tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the
 _GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
+# The C table's guard against tracing, cheaper than _is_compiling (three calls): Dynamo folds
+# is_dynamo_compiling to True, so it traces nothing after it; the other tracers (make_fx,
+# non-strict export, FakeTensorMode) run under torch dispatch modes, with which calls go through
+# the custom ops so that the modes see them (fake tensors get the fake implementations).
+_is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compiling)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 _grad_enabled = torch.is_grad_enabled
 _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
 
@@ -157,24 +163,26 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     A repeated plain ``gemm(A, B, out=out)`` whose operands have the dtypes, shapes, strides,
     alignment and devices of an earlier call is launched from the C launch table.
     """
-    # (is_compiling first: under tracing, nothing else here is read, so no guards on it)
-    if (not _is_compiling() and _table_launch is not None and C is None and bias is None and activation is None
-            and accumulator_type is None and alpha == 1.0 and beta == 0.0):
+    # (_is_dynamo_compiling first: Dynamo folds it to True and reads nothing else here, so no guards)
+    if (not (_is_dynamo_compiling() or _dispatch_modes())
+            and _table_launch is not None
+            and C is None and bias is None and activation is None and accumulator_type is None
+            and alpha == 1.0 and beta == 0.0):
         try:
-            if not (_grad_enabled() and (A.requires_grad or B.requires_grad)):
-                if out is None:
-                    out = A.new_empty((*A.shape[:-1], B.shape[-1]))
-                if _table_launch(id(_settings.get().policy) | _GEMM_TAG, None if stream is None else to_cuda_stream(stream),
-                                 A, B, out):
-                    return out
+            if not ((A.requires_grad or B.requires_grad) and _grad_enabled()):
+                target = A.new_empty((*A.shape[:-1], B.shape[-1])) if out is None else out
+                if _table_launch(_settings.get().policy_id | _GEMM_TAG,
+                                 None if stream is None else to_cuda_stream(stream), A, B, target):
+                    return target
         except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
             pass
     if not isinstance(A, _Tensor) or not isinstance(B, _Tensor):
         raise TypeError(f"gemm: A and B must be torch tensors, got {type(A).__name__} and {type(B).__name__}")
-    if _is_compiling() or ((A.requires_grad or B.requires_grad or (C is not None and C.requires_grad)
-                            or (bias is not None and bias.requires_grad)) and _grad_enabled()):
+    if _is_compiling() or _dispatch_modes() or ((A.requires_grad or B.requires_grad or (C is not None and C.requires_grad)
+                                                 or (bias is not None and bias.requires_grad)) and _grad_enabled()):
         if accumulator_type is not None:
-            raise ValueError("accumulator_type: not supported under torch.compile or autograd (the default is used)")
+            raise ValueError("accumulator_type: not supported under torch.compile, autograd or a torch dispatch mode "
+                             "(the default is used)")
         return _traced_call(torch.ops.kernel_api.gemm, stream, out, A, B, C, bias, float(alpha), float(beta),
                             activation)
     return _gemm_eager(A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
@@ -211,17 +219,18 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
     """``softmax(x, dim)`` over the last dimension; differentiable (the backward runs the
     registry's softmax-backward kernels) and traceable (``kernel_api::softmax``). Repeated
     calls with ``dim=-1`` on operands of recorded metadata launch from the C launch table."""
-    if not _is_compiling() and _table_launch is not None and dim == -1:
+    if (not (_is_dynamo_compiling() or _dispatch_modes())
+            and _table_launch is not None
+            and dim == -1):
         try:
-            if not (_grad_enabled() and x.requires_grad):
-                if out is None:
-                    out = x.new_empty(x.shape)
-                if _table_launch(id(_settings.get().policy) | _SOFTMAX_TAG, None if stream is None else to_cuda_stream(stream),
-                                 x, out):
-                    return out
+            if not (x.requires_grad and _grad_enabled()):
+                target = x.new_empty(x.shape) if out is None else out
+                if _table_launch(_settings.get().policy_id | _SOFTMAX_TAG,
+                                 None if stream is None else to_cuda_stream(stream), x, target):
+                    return target
         except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
             pass
-    if _is_compiling() or (x.requires_grad and _grad_enabled()):
+    if _is_compiling() or _dispatch_modes() or (x.requires_grad and _grad_enabled()):
         return _traced_call(torch.ops.kernel_api.softmax, stream, out, x, dim)
     return _softmax_eager(x, dim, out, stream)
 
@@ -236,16 +245,17 @@ def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: 
 def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
                      grad_in: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
     """Gradient of softmax: ``out * (grad_out - sum(grad_out * out, dim))``."""
-    if not _is_compiling() and _table_launch is not None and dim == -1:
+    if (not (_is_dynamo_compiling() or _dispatch_modes())
+            and _table_launch is not None
+            and dim == -1):
         try:
-            if grad_in is None:
-                grad_in = out.new_empty(out.shape)
-            if _table_launch(id(_settings.get().policy) | _SOFTMAX_BACKWARD_TAG,
-                             None if stream is None else to_cuda_stream(stream), grad_out, out, grad_in):
-                return grad_in
+            target = out.new_empty(out.shape) if grad_in is None else grad_in
+            if _table_launch(_settings.get().policy_id | _SOFTMAX_BACKWARD_TAG,
+                             None if stream is None else to_cuda_stream(stream), grad_out, out, target):
+                return target
         except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
             pass
-    if _is_compiling():
+    if _is_compiling() or _dispatch_modes():
         return _traced_call(torch.ops.kernel_api.softmax_backward, stream, grad_in, grad_out, out, dim)
     return _softmax_backward_eager(grad_out, out, dim, grad_in, stream)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from .selection import PickAny, PickBest, Policy
@@ -18,6 +18,11 @@ from .selection import PickAny, PickBest, Policy
 class Settings:
     policy: Policy
     num_workers: int | None = None
+    # id(policy), read by every kernel_api.ops call (the C launch table's tags are made from it)
+    policy_id: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy_id", id(self.policy))
 
 
 _current: contextvars.ContextVar[Settings] = contextvars.ContextVar("kernel_api_settings", default=Settings(PickAny()))

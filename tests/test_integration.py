@@ -66,6 +66,20 @@ def test_torch_export_sees_gemm():
     assert any(str(n.target) == "kernel_api.gemm.default" for n in ep.graph.nodes)
 
 
+@pytest.mark.parametrize("tracing_mode", ["fake", "symbolic"])
+def test_make_fx_traces_the_custom_ops(tracing_mode):
+    """make_fx runs ops under its dispatch modes: they must reach the custom ops (traced, fake
+    results), never a launch on fake tensors."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a, b, x):
+        return ops.gemm(a, b), ops.softmax(x), ops.softmax_backward(x, x)
+
+    gm = make_fx(f, tracing_mode=tracing_mode)(torch.randn(4, 8).half(), torch.randn(8, 2).half(), torch.randn(3, 5))
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert {"kernel_api.gemm.default", "kernel_api.softmax.default", "kernel_api.softmax_backward.default"} <= set(targets)
+
+
 def test_autograd_routes_through_the_backward_op():
     x = _meta(8, 100, dtype=torch.float32, grad=True)
     y = ops.softmax(x)

@@ -193,6 +193,43 @@ def test_ops_gemm_launches_repeated_plain_calls_from_the_table(table):
     assert len(fn.calls) == 3
 
 
+def test_fake_tensors_of_tracers_never_launch_from_the_table(table):
+    """A tracer's fake tensors convert for TVM-FFI with a made-up data pointer (null, or a view's
+    offset) whose alignment bits can match a real recording: they must never be launched. Under
+    FakeTensorMode (or make_fx) ops take the custom ops, whose fake implementations answer."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fn = Recorder()
+    pool = torch.randn(4096)
+    start = (-pool.data_ptr() % 1024) // 4
+    A, B, out = (pool[start + i * 256:start + i * 256 + 64].view(8, 8) for i in range(3))  # 1024-byte aligned
+    args = kernel_api.GemmArguments(A, B, out)
+    ops._record_native(NativeOnlyKernel(fn.function), None, args, current().policy, (A, B, out), ops._GEMM_TAG)
+    assert ops.gemm(A, B, out=out) is out and len(fn.calls) == 1
+    tag = current().policy_id | ops._GEMM_TAG
+    with FakeTensorMode() as mode:
+        whole = [mode.from_tensor(torch.empty(8, 8)) for _ in range(3)]  # null data: the C table refuses
+        assert table.launch(tag, None, *whole) is False
+        fake_pool = mode.from_tensor(pool)
+        views = [fake_pool[i * 256:i * 256 + 64].view(8, 8) for i in range(1, 4)]  # "pointers" 1024, 2048, 3072
+        for operands in (whole, views):
+            # under a dispatch mode ops go through the custom ops: fake results, nothing launched
+            assert ops.gemm(*operands[:2], out=operands[2]) is operands[2]
+            made = ops.gemm(*operands[:2])
+            assert type(made).__name__ == "FakeTensor" and made.shape == (8, 8)
+            assert type(ops.softmax(operands[0])).__name__ == "FakeTensor"
+            assert type(ops.softmax_backward(*operands[:2])).__name__ == "FakeTensor"
+    assert len(fn.calls) == 1
+    with pytest.raises(TypeError, match="tensor with memory"):
+        table.record(9, fn.function, 3, *whole)
+    empty = torch.empty(0, 8)  # empty tensors may have no memory and are still keyed
+    table.record(9, fn.function, 2, empty, empty)
+    assert table.launch(9, None, empty, empty) is True
+    # Parameters are plain tensors to the table
+    with torch.no_grad():
+        assert ops.gemm(torch.nn.Parameter(A), B, out=out) is out and len(fn.calls) == 3
+
+
 def test_policies_kept_alive_for_the_table_are_bounded(table, monkeypatch):
     fn = Recorder()
     A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)

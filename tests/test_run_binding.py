@@ -60,7 +60,7 @@ def test_other_artifacts_workspaces_and_unbindable_problems_take_the_full_path()
     empty = _args(M=0)
     kernel.run(empty, compiled_artifact=art, stream=stream, assume_supported_args=True)
     kernel.run(empty, compiled_artifact=art, stream=stream, assume_supported_args=True)
-    assert kernel.slow_runs == 5 and empty._bound == (art, None, None)
+    assert kernel.slow_runs == 5 and empty._bound == (art, None, None, None)
 
 
 def test_kernels_without_a_fast_launcher_always_run_their_own_path():
@@ -70,7 +70,7 @@ def test_kernels_without_a_fast_launcher_always_run_their_own_path():
         args.out.fill_(float("nan"))
         kernel.run(args, compiled_artifact=art, stream=driver.CUstream(0), assume_supported_args=True)
         torch.testing.assert_close(args.out, args.A @ args.B)
-    assert args._bound == (art, None, None)
+    assert args._bound == (art, None, None, None)
 
 
 def test_unsupported_arguments_are_still_rejected_before_any_binding():
@@ -99,3 +99,34 @@ def test_runs_with_checks_take_the_bound_launch_once_a_check_passed_for_that_ker
     assert checks == [kernel, other] and other.slow_runs == 1
     torch.testing.assert_close(args.out, args.A @ args.B)
 
+
+
+class SnapshotToyGemm(FastToyGemm):
+    """FastToyGemm whose vouched-for launch is a separate callable, as kernels that pre-pack have."""
+
+    def _bind_snapshot_launch(self, args, artifact, launch):
+        def snapshot(cu_stream):
+            self.snapshot_calls = getattr(self, "snapshot_calls", 0) + 1
+            launch(cu_stream)
+
+        return snapshot
+
+
+def test_vouched_runs_take_the_snapshot_launch_and_checked_runs_the_live_one():
+    kernel, args, stream = _kernel(SnapshotToyGemm), _args(), driver.CUstream(0)
+    kernel._check_runnable = lambda a, art: None  # CPU operands would fail the device check
+    art = kernel.compile(args)
+    kernel.run(args, compiled_artifact=art, stream=stream)
+    assert args._bound[1] is not args._bound[3] and args._bound[2] is kernel
+    kernel.run(args, compiled_artifact=art, stream=stream, assume_supported_args=True)
+    assert kernel.snapshot_calls == 1 and len(kernel.fast_calls) == 1
+    kernel.run(args, compiled_artifact=art, stream=stream)
+    assert kernel.snapshot_calls == 1 and len(kernel.fast_calls) == 2 and kernel.slow_runs == 1
+    torch.testing.assert_close(args.out, args.A @ args.B)
+
+
+def test_kernels_without_a_bound_launch_bind_no_snapshot():
+    kernel, args = _kernel(SnapshotToyGemm), _args(M=0)
+    art = kernel.compile(args)
+    kernel.run(args, compiled_artifact=art, stream=driver.CUstream(0), assume_supported_args=True)
+    assert args._bound == (art, None, None, None) and not hasattr(kernel, "snapshot_calls")

@@ -6,8 +6,9 @@
 // second against the headers of the installed tvm_ffi wheel.
 //
 // Exported through the TVM-FFI packed-call ABI (`tvm_ffi.load_module(...).<name>`):
-//   launch(tag, stream, *tensors) -> bool   launched (true), or false: no entry, or the last
-//                                            tensor (the output) may share memory with another
+//   launch(tag, stream, *tensors) -> bool   launched (true), or false: no entry, a non-empty
+//                                            tensor without memory (a tracer's fake tensor), or
+//                                            the last tensor (the output) may share memory with another
 //   record(tag, function, n_tensors, *tensors, *tail) -> None
 //   clear() -> None;  size() -> int
 // `stream` None means the stream TVM-FFI set for the first tensor's device for this call (the
@@ -62,6 +63,12 @@ const DLTensor* AsTensor(const TVMFFIAny& value) {
 // Appends one tensor's metadata to the key; false when the tensor cannot be keyed.
 bool AppendTensorKey(const DLTensor* t, std::string* key) {
   if (t->ndim < 0 || t->ndim > kMaxNdim) return false;
+  if (t->data == nullptr) {
+    // No memory behind a non-empty tensor: a fake tensor of a tracer, never launched from here.
+    bool empty = false;
+    for (int i = 0; i < t->ndim; ++i) empty = empty || t->shape[i] == 0;
+    if (!empty) return false;
+  }
   int64_t words[4 + 2 * kMaxNdim];
   int n = 0;
   words[n++] = (static_cast<int64_t>(t->dtype.code) << 32) | (static_cast<int64_t>(t->dtype.bits) << 16) |
@@ -203,7 +210,7 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_record(void*, const TVMFFIAny* args, int32_t nu
   if (tail_count > kMaxTail) return RaiseError("ValueError", "record: at most 16 arguments may follow the tensors");
   std::string key;
   if (!MakeKey(args[0].v_int64, args + 3, static_cast<int>(count), &key)) {
-    return RaiseError("TypeError", "record: every operand must be a tensor of at most 8 dimensions");
+    return RaiseError("TypeError", "record: every operand must be a tensor with memory, of at most 8 dimensions");
   }
   auto entry = std::make_shared<Entry>();
   for (int i = 0; i < tail_count; ++i) {
