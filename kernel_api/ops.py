@@ -164,10 +164,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     alignment and devices of an earlier call is launched from the C launch table.
     """
     # (_is_dynamo_compiling first: Dynamo folds it to True and reads nothing else here, so no guards)
-    if (not (_is_dynamo_compiling() or _dispatch_modes())
-            and _table_launch is not None
-            and C is None and bias is None and activation is None and accumulator_type is None
-            and alpha == 1.0 and beta == 0.0):
+    if (not (_is_dynamo_compiling() or _dispatch_modes()) and _table_launch is not None and C is None
+            and bias is None and activation is None and accumulator_type is None and alpha == 1.0 and beta == 0.0):
         try:
             if not ((A.requires_grad or B.requires_grad) and _grad_enabled()):
                 target = A.new_empty((*A.shape[:-1], B.shape[-1])) if out is None else out
@@ -178,8 +176,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
             pass
     if not isinstance(A, _Tensor) or not isinstance(B, _Tensor):
         raise TypeError(f"gemm: A and B must be torch tensors, got {type(A).__name__} and {type(B).__name__}")
-    if _is_compiling() or _dispatch_modes() or ((A.requires_grad or B.requires_grad or (C is not None and C.requires_grad)
-                                                 or (bias is not None and bias.requires_grad)) and _grad_enabled()):
+    needs_grad = A.requires_grad or B.requires_grad or (C is not None and C.requires_grad) or (
+        bias is not None and bias.requires_grad)
+    if _is_compiling() or _dispatch_modes() or (needs_grad and _grad_enabled()):
         if accumulator_type is not None:
             raise ValueError("accumulator_type: not supported under torch.compile, autograd or a torch dispatch mode "
                              "(the default is used)")
@@ -219,9 +218,7 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
     """``softmax(x, dim)`` over the last dimension; differentiable (the backward runs the
     registry's softmax-backward kernels) and traceable (``kernel_api::softmax``). Repeated
     calls with ``dim=-1`` on operands of recorded metadata launch from the C launch table."""
-    if (not (_is_dynamo_compiling() or _dispatch_modes())
-            and _table_launch is not None
-            and dim == -1):
+    if not (_is_dynamo_compiling() or _dispatch_modes()) and _table_launch is not None and dim == -1:
         try:
             if not (x.requires_grad and _grad_enabled()):
                 target = x.new_empty(x.shape) if out is None else out
@@ -245,9 +242,7 @@ def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: 
 def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
                      grad_in: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
     """Gradient of softmax: ``out * (grad_out - sum(grad_out * out, dim))``."""
-    if (not (_is_dynamo_compiling() or _dispatch_modes())
-            and _table_launch is not None
-            and dim == -1):
+    if not (_is_dynamo_compiling() or _dispatch_modes()) and _table_launch is not None and dim == -1:
         try:
             target = out.new_empty(out.shape) if grad_in is None else grad_in
             if _table_launch(_settings.get().policy_id | _SOFTMAX_BACKWARD_TAG,
