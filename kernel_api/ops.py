@@ -176,9 +176,10 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
             pass
     if not isinstance(A, _Tensor) or not isinstance(B, _Tensor):
         raise TypeError(f"gemm: A and B must be torch tensors, got {type(A).__name__} and {type(B).__name__}")
-    needs_grad = A.requires_grad or B.requires_grad or (C is not None and C.requires_grad) or (
-        bias is not None and bias.requires_grad)
-    if _is_compiling() or _dispatch_modes() or (needs_grad and _grad_enabled()):
+    # (_is_compiling first: under tracing it short-circuits, so Dynamo guards on nothing else here)
+    if _is_compiling() or _dispatch_modes() or (
+            (A.requires_grad or B.requires_grad or (C is not None and C.requires_grad)
+             or (bias is not None and bias.requires_grad)) and _grad_enabled()):
         if accumulator_type is not None:
             raise ValueError("accumulator_type: not supported under torch.compile, autograd or a torch dispatch mode "
                              "(the default is used)")
