@@ -10,8 +10,8 @@ that the launch queue never fills, so the host is timed and not the GPU; median 
 - the bare compiled function (its positional TVM-FFI function with exactly the arguments the
   kernel's ``_run`` passes, captured once), the same with the GIL released per call (TVM-FFI's
   default, which kernel_api turns off for launches), the same with the operands converted for
-  TVM-FFI once (as ``run(..., assume_supported_args=True)`` holds them), torch.mm and
-  torch.mm(out=);
+  TVM-FFI once, the same through the native entry's bound launch (``kernel_api.native``, as
+  ``run`` binds it where it builds), torch.mm and torch.mm(out=);
 - ``GemmArguments(...)``; ``kernel.supports(args)``;
 - ``kernel.run(args, compiled_artifact=art, stream=s)`` with and without
   ``assume_supported_args=True``;
@@ -175,6 +175,13 @@ def main() -> None:
         # launch holds them: what is left of run's cost over this row is Python
         packed = [tvm_ffi.from_dlpack(a) if isinstance(a, torch.Tensor) else a for a in bare_args]
         rows["bare, operands packed once"] = lambda: function(*packed)
+        entry = kernel_api.native.entry()
+        if entry is not None:
+            # run's bound launch: the C entry reads the live tensors through torch's DLPack
+            # exchange API (no allocation) and passes the constants converted once
+            n_tensors = next(i for i, a in enumerate(bare_args) if not isinstance(a, torch.Tensor))
+            bound = entry.bind(function, tuple(bare_args[:n_tensors]), tuple(bare_args[n_tensors:-1]))
+            rows["native bound launch"] = lambda: bound(bare_args[-1])
     if ops._table is None:
         print(f"note: the C launch table is not in use ({kernel_api.native.why_not()}); ops rows time the Python path")
     samples = per_call_us(rows, opts.calls, opts.repeats)
@@ -201,6 +208,8 @@ def main() -> None:
         "torch_has_dlpack_c_exchange_api": hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
         "ops_c_launch_table": ops._table is not None,
         "ops_c_launch_table_unavailable_because": kernel_api.native.why_not(),
+        "native_entry": kernel_api.native.entry() is not None,
+        "native_entry_unavailable_because": kernel_api.native.why_not_entry(),
     }
     name = f"host_latency-{device.replace(' ', '_')}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]

@@ -127,8 +127,12 @@ def _record_native(kernel: Any, artifact: Any, args: Any, policy: Any, tensors: 
         _table = native.table()
         if _table is None:
             return
-        _table_launch = _table.launch
-        _table_launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
+        entry = native.entry()
+        if entry is not None:
+            _table_launch = entry.launch  # reads torch tensors without allocating (python_entry.cc)
+        else:
+            _table_launch = _table.launch
+            _table_launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
     function, tail = native_launch
     if id(policy) not in _tagged_policies and len(_tagged_policies) >= _FAST_LIMIT:
         _table.clear()  # a policy per call would otherwise keep every policy alive

@@ -259,11 +259,16 @@ def test_repeated_runs_of_the_same_arguments_see_new_data(dtype):
             assert args._bound[0] is artifact
 
 
-def test_vouched_runs_launch_operands_packed_once_and_see_new_data():
-    """run(assume_supported_args=True) of bound arguments calls the compiled function with the
-    operands converted when they were bound: new data written in place is seen, on the current
-    stream, a side stream and inside a captured graph."""
+@pytest.mark.parametrize("assume", [True, False], ids=["vouched", "checked"])
+def test_bound_runs_see_new_data_on_any_stream_and_in_graphs(assume):
+    """A second run of the same arguments takes their bound launch: with the native entry
+    (kernel_api.native.entry) a C launch reading the live tensors for both kinds of run; without
+    it, checked runs convert the live tensors and vouched ones use operands packed once. Either
+    way new data written in place is seen, on the current stream, a side stream and inside a
+    captured graph."""
     import tvm_ffi
+
+    from kernel_api import native
 
     A, B = _rand(256, 64), _rand(64, 128)
     out = torch.empty(256, 128, device="cuda", dtype=torch.float16)
@@ -272,32 +277,39 @@ def test_vouched_runs_launch_operands_packed_once_and_see_new_data():
     artifact = kernel.compile(args)
     kernel.run(args, compiled_artifact=artifact)
     live, snapshot = args._bound[1], args._bound[3]
-    assert snapshot is not live and sum(isinstance(a, tvm_ffi.Tensor) for a in snapshot.args) == 3
+    if native.entry() is not None:
+        assert isinstance(live, native.entry().BoundLaunch) and snapshot is live
+        assert live.tensors == (A, B, out)
+    else:
+        assert snapshot is not live and sum(isinstance(a, tvm_ffi.Tensor) for a in snapshot.args) == 3
+
+    def run(**kw):
+        kernel.run(args, compiled_artifact=artifact, assume_supported_args=assume, **kw)
 
     def check():
         torch.testing.assert_close(out, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
 
     for _ in range(2):
         A.copy_(_rand(256, 64)), B.copy_(_rand(64, 128)), out.fill_(float("nan"))
-        kernel.run(args, compiled_artifact=artifact, assume_supported_args=True)
+        run()
         torch.cuda.synchronize()
         check()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     A.copy_(_rand(256, 64)), out.fill_(float("nan"))
     torch.cuda.synchronize()
-    kernel.run(args, compiled_artifact=artifact, stream=side, assume_supported_args=True)
+    run(stream=side)
     side.synchronize()
     check()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        kernel.run(args, compiled_artifact=artifact, assume_supported_args=True)
+        run()
     for _ in range(2):
         A.copy_(_rand(256, 64)), out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         check()
-    assert args._bound[3] is snapshot
+    assert args._bound[1] is live and args._bound[3] is snapshot
 
 
 class _PreferCuteDsl(kernel_api.Policy):

@@ -19,6 +19,8 @@
 #include <tvm/ffi/c_api.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
+#include "launch_table.h"
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -29,9 +31,9 @@
 
 namespace {
 
+using kernel_api_native::kMaxTail;
+using kernel_api_native::kMaxTensors;
 constexpr int kMaxNdim = 8;
-constexpr int kMaxTensors = 8;
-constexpr int kMaxTail = 16;
 
 struct Entry {
   TVMFFIObjectHandle function = nullptr;
@@ -151,41 +153,25 @@ void SetBool(TVMFFIAny* result, bool value) {
 
 }  // namespace
 
-extern "C" {
+namespace kernel_api_native {
 
-TVM_FFI_DLL_EXPORT int __tvm_ffi_launch(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
-  if (num_args < 3 || num_args - 2 > kMaxTensors) return RaiseError("ValueError", "launch(tag, stream, *tensors)");
-  if (args[0].type_index != kTVMFFIInt) return RaiseError("TypeError", "launch: tag must be an int");
-  const int count = num_args - 2;
+int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensors, int count, bool* launched) {
+  *launched = false;
+  if (count < 1 || count > kMaxTensors) return 0;
   thread_local std::string key;  // reused: no allocation per call once it has grown
   key.clear();
-  if (!MakeKey(args[0].v_int64, args + 2, count, &key)) {
-    SetBool(result, false);
-    return 0;
-  }
+  if (!MakeKey(tag, tensors, count, &key)) return 0;
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard<std::mutex> lock(table_mutex);
     auto found = table.find(key);
     if (found != table.end()) entry = found->second;  // kept alive past a concurrent clear()
   }
-  if (entry == nullptr || OutputMayOverlap(args + 2, count)) {
-    SetBool(result, false);
-    return 0;
-  }
+  if (entry == nullptr || OutputMayOverlap(tensors, count)) return 0;
   TVMFFIAny call_args[kMaxTensors + kMaxTail + 1];
   int n = 0;
-  for (int i = 0; i < count; ++i) call_args[n++] = args[2 + i];
+  for (int i = 0; i < count; ++i) call_args[n++] = tensors[i];
   for (const TVMFFIAny& value : entry->tail) call_args[n++] = value;
-  TVMFFIAny stream = args[1];
-  if (stream.type_index == kTVMFFINone) {
-    const DLTensor* first = AsTensor(args[2]);
-    if (first->device.device_type != kDLCPU) {
-      stream.type_index = kTVMFFIOpaquePtr;
-      stream.zero_padding = 0;
-      stream.v_ptr = TVMFFIEnvGetStream(first->device.device_type, first->device.device_id);
-    }
-  }
   call_args[n++] = stream;
   TVMFFIAny returned;
   returned.type_index = kTVMFFINone;
@@ -193,7 +179,28 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_launch(void*, const TVMFFIAny* args, int32_t nu
   returned.v_int64 = 0;
   if (TVMFFIFunctionCall(entry->function, call_args, n, &returned) != 0) return -1;
   if (returned.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(returned.v_obj);
-  SetBool(result, true);
+  *launched = true;
+  return 0;
+}
+
+}  // namespace kernel_api_native
+
+extern "C" {
+
+TVM_FFI_DLL_EXPORT int __tvm_ffi_launch(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  if (num_args < 3 || num_args - 2 > kMaxTensors) return RaiseError("ValueError", "launch(tag, stream, *tensors)");
+  if (args[0].type_index != kTVMFFIInt) return RaiseError("TypeError", "launch: tag must be an int");
+  const int count = num_args - 2;
+  TVMFFIAny stream = args[1];
+  const DLTensor* first = AsTensor(args[2]);
+  if (stream.type_index == kTVMFFINone && first != nullptr && first->device.device_type != kDLCPU) {
+    stream.type_index = kTVMFFIOpaquePtr;
+    stream.zero_padding = 0;
+    stream.v_ptr = TVMFFIEnvGetStream(first->device.device_type, first->device.device_id);
+  }
+  bool launched = false;
+  if (kernel_api_native::LaunchRecorded(args[0].v_int64, stream, args + 2, count, &launched) != 0) return -1;
+  SetBool(result, launched);
   return 0;
 }
 

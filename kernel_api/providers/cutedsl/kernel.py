@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from ... import native
 from ...arch import arch_string, device_cc
 from ...artifact import CompiledArtifact
 from ...cache import DiskCache, make_key
@@ -200,9 +201,19 @@ class CuteDslKernel(Kernel):
         tail = self._launch_tail(args)
         if tail is None:
             return None
-        compiled = ffi_function(artifact.compiled_obj) or artifact.compiled_obj
+        tensors = tuple(getattr(args, n) for n in args.tensor_attributes)
+        function = ffi_function(artifact.compiled_obj)
+        if function is not None and self.keep_gil_during_launch:
+            entry = native.entry()  # its launches hold the GIL
+            if entry is not None:
+                try:
+                    # Reads the live tensors through torch's DLPack exchange API (no allocation)
+                    # and passes the tail converted once: cheaper than a bare call.
+                    return entry.bind(function, tensors, tuple(tail))
+                except TypeError:  # operands or constants it cannot hold: the partial converts them
+                    pass
         # Everything but the stream is fixed for these arguments: a C-level partial, no Python frame.
-        return functools.partial(compiled, *(getattr(args, n) for n in args.tensor_attributes), *tail)
+        return functools.partial(function or artifact.compiled_obj, *tensors, *tail)
 
     def _bind_snapshot_launch(self, args: Any, artifact: CompiledArtifact,
                               launch: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -211,8 +222,8 @@ class CuteDslKernel(Kernel):
         # converted from its own alias, which keeps the storage alive even if the caller's
         # tensor is later pointed elsewhere with set_ (unsupported, but then not a dangling pointer).
         function = ffi_function(artifact.compiled_obj)
-        if function is None or getattr(launch, "func", None) is not function:
-            return launch
+        if function is None or not isinstance(launch, functools.partial) or launch.func is not function:
+            return launch  # a native bound launch already costs less than operands packed once
         try:
             import tvm_ffi
 

@@ -1,0 +1,20 @@
+// The launch table's lookup-and-call, shared by its TVM-FFI entry points (launch_table.cc) and
+// the CPython ones (python_entry.cc), which are built into the same library.
+#pragma once
+
+#include <tvm/ffi/c_api.h>
+
+#include <cstdint>
+
+namespace kernel_api_native {
+
+constexpr int kMaxTensors = 8;
+constexpr int kMaxTail = 16;
+
+// Looks `tensors` (TVM-FFI tensors or DLTensor pointers) up under `tag`. On a hit whose last
+// tensor (the output) shares no memory with the others, calls the recorded function as
+// function(*tensors, *tail, stream) and sets *launched. Returns -1 when the function raised
+// (the error is in TVM-FFI's raised slot), else 0.
+int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensors, int count, bool* launched);
+
+}  // namespace kernel_api_native

@@ -1,0 +1,415 @@
+// CPython entry points of the launch table library (module `_launch_table`), for torch tensors.
+//
+// Calling a TVM-FFI function from Python with torch tensors converts each tensor into a new
+// TVM-FFI tensor object (two allocations each) and each plain argument anew. These entry points
+// read the tensors with torch's DLPack exchange API instead (`dltensor_from_py_object_no_sync`:
+// a DLTensor on the stack, no allocation, no synchronisation) and pass DLTensor pointers, which
+// TVM-FFI functions (CuTe DSL's included) accept as tensors:
+//
+//   configure(tensor_type)                  torch.Tensor; the exchange API is read from it
+//   launch(tag, stream, *tensors) -> bool   the launch table's `launch` (launch_table.h)
+//   bind(function, tensors, tail) -> BoundLaunch
+//       BoundLaunch(stream) calls function(*tensors, *tail, stream), reading the tensors' current
+//       metadata at each call; `tail` (None, bool, int, float) is converted once.
+//
+// `stream`: None is the producer's current stream on the first tensor's device (torch's current
+// stream; nothing for CPU tensors), an int is passed on as an int, anything else as the pointer
+// `int(stream)` gives (cuda.bindings' CUstream, for one).
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/c_api.h>
+
+#include <cstring>
+#include <string>
+
+#include "launch_table.h"
+
+namespace {
+
+using kernel_api_native::kMaxTail;
+using kernel_api_native::kMaxTensors;
+
+PyTypeObject* tensor_type = nullptr;  // torch.Tensor (a strong reference, set by configure)
+const DLPackExchangeAPI* exchange = nullptr;
+
+// The last non-int stream object converted and its pointer: a launch loop passes the same one.
+PyObject* last_stream = nullptr;
+void* last_stream_pointer = nullptr;
+
+bool Configured() {
+  if (exchange != nullptr) return true;
+  PyErr_SetString(PyExc_RuntimeError, "_launch_table: configure(torch.Tensor) was not called");
+  return false;
+}
+
+// Reads a torch tensor's metadata into *out. False when `object` is not a torch tensor or torch
+// cannot describe it; the Python error is then set (the caller may clear it).
+bool ReadTensor(PyObject* object, DLTensor* out) {
+  if (!PyObject_TypeCheck(object, tensor_type)) {
+    PyErr_Format(PyExc_TypeError, "expected a torch.Tensor, got %s", Py_TYPE(object)->tp_name);
+    return false;
+  }
+  return exchange->dltensor_from_py_object_no_sync(object, out) == 0;
+}
+
+void SetPointer(TVMFFIAny* out, int32_t type_index, void* pointer) {
+  out->type_index = type_index;
+  out->zero_padding = 0;
+  out->v_int64 = 0;
+  out->v_ptr = pointer;
+}
+
+// The stream argument for a launch on `device` (see the header comment). False with a Python error.
+bool StreamArgument(PyObject* stream, const DLDevice& device, TVMFFIAny* out) {
+  if (stream == Py_None) {
+    if (device.device_type == kDLCPU || exchange->current_work_stream == nullptr) {
+      SetPointer(out, kTVMFFINone, nullptr);
+      return true;
+    }
+    void* current = nullptr;
+    if (exchange->current_work_stream(device.device_type, device.device_id, &current) != 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "stream: the current stream could not be read");
+      return false;
+    }
+    SetPointer(out, kTVMFFIOpaquePtr, current);
+    return true;
+  }
+  if (PyLong_CheckExact(stream)) {
+    out->type_index = kTVMFFIInt;
+    out->zero_padding = 0;
+    out->v_int64 = PyLong_AsLongLong(stream);
+    return !(out->v_int64 == -1 && PyErr_Occurred());
+  }
+  if (stream != last_stream) {
+    PyObject* number = PyNumber_Long(stream);
+    if (number == nullptr) {
+      PyErr_Format(PyExc_TypeError, "stream: expected None, an int or a CUDA stream object, got %s",
+                   Py_TYPE(stream)->tp_name);
+      return false;
+    }
+    void* pointer = PyLong_AsVoidPtr(number);
+    Py_DECREF(number);
+    if (pointer == nullptr && PyErr_Occurred()) return false;
+    Py_INCREF(stream);
+    Py_XSETREF(last_stream, stream);
+    last_stream_pointer = pointer;
+  }
+  SetPointer(out, kTVMFFIOpaquePtr, last_stream_pointer);
+  return true;
+}
+
+// Turns the error a TVM-FFI function raised into the matching Python exception.
+PyObject* RaiseFromFfi() {
+  TVMFFIObjectHandle error = nullptr;
+  TVMFFIErrorMoveFromRaised(&error);
+  if (error == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "a TVM-FFI call failed without an error");
+    return nullptr;
+  }
+  const TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(error);
+  struct Kind {
+    const char* name;
+    PyObject* type;
+  };
+  const Kind kinds[] = {{"TypeError", PyExc_TypeError},       {"ValueError", PyExc_ValueError},
+                        {"IndexError", PyExc_IndexError},     {"KeyError", PyExc_KeyError},
+                        {"AttributeError", PyExc_AttributeError}, {"MemoryError", PyExc_MemoryError},
+                        {"NotImplementedError", PyExc_NotImplementedError}, {"RuntimeError", PyExc_RuntimeError}};
+  PyObject* type = nullptr;
+  for (const Kind& kind : kinds) {
+    if (cell->kind.size == std::strlen(kind.name) && std::memcmp(cell->kind.data, kind.name, cell->kind.size) == 0) {
+      type = kind.type;
+    }
+  }
+  std::string message(cell->message.data, cell->message.size);
+  if (type == nullptr) {
+    type = PyExc_RuntimeError;
+    message = std::string(cell->kind.data, cell->kind.size) + ": " + message;
+  }
+  PyErr_SetString(type, message.c_str());
+  TVMFFIObjectDecRef(error);
+  return nullptr;
+}
+
+PyObject* Configure(PyObject*, PyObject* type) {
+  if (!PyType_Check(type)) {
+    PyErr_SetString(PyExc_TypeError, "configure: expected torch.Tensor");
+    return nullptr;
+  }
+  PyObject* capsule = PyObject_GetAttrString(type, "__dlpack_c_exchange_api__");
+  if (capsule == nullptr) return nullptr;
+  const void* api = nullptr;
+  if (PyCapsule_CheckExact(capsule)) {
+    api = PyCapsule_GetPointer(capsule, "dlpack_exchange_api");
+  } else if (PyLong_Check(capsule)) {
+    api = PyLong_AsVoidPtr(capsule);
+  } else {
+    PyErr_SetString(PyExc_TypeError, "configure: __dlpack_c_exchange_api__ is neither a capsule nor an address");
+  }
+  Py_DECREF(capsule);
+  if (api == nullptr) return nullptr;
+  const auto* table = static_cast<const DLPackExchangeAPI*>(api);
+  if (table->header.version.major != DLPACK_MAJOR_VERSION || table->dltensor_from_py_object_no_sync == nullptr) {
+    PyErr_Format(PyExc_RuntimeError, "configure: the tensor type's DLPack exchange API (version %u.%u) is not usable",
+                 table->header.version.major, table->header.version.minor);
+    return nullptr;
+  }
+  Py_INCREF(type);
+  Py_XSETREF(tensor_type, reinterpret_cast<PyTypeObject*>(type));
+  exchange = table;
+  Py_RETURN_NONE;
+}
+
+PyObject* Launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 3 || nargs - 2 > kMaxTensors) {
+    PyErr_SetString(PyExc_TypeError, "launch(tag, stream, *tensors): between 1 and 8 tensors");
+    return nullptr;
+  }
+  if (!Configured()) return nullptr;
+  const long long tag = PyLong_AsLongLong(args[0]);
+  if (tag == -1 && PyErr_Occurred()) return nullptr;
+  const int count = static_cast<int>(nargs - 2);
+  DLTensor tensors[kMaxTensors];
+  TVMFFIAny operands[kMaxTensors];
+  for (int i = 0; i < count; ++i) {
+    if (!ReadTensor(args[2 + i], &tensors[i])) {
+      PyErr_Clear();  // not a tensor this table can take: the caller's Python path explains
+      Py_RETURN_FALSE;
+    }
+    SetPointer(&operands[i], kTVMFFIDLTensorPtr, &tensors[i]);
+  }
+  TVMFFIAny stream;
+  if (!StreamArgument(args[1], tensors[0].device, &stream)) return nullptr;
+  bool launched = false;
+  if (kernel_api_native::LaunchRecorded(tag, stream, operands, count, &launched) != 0) return RaiseFromFfi();
+  return PyBool_FromLong(launched);
+}
+
+// ---- BoundLaunch ---------------------------------------------------------------------------
+
+struct BoundLaunch {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* function;  // the Python TVM-FFI function object: keeps `handle` alive
+  TVMFFIObjectHandle handle;
+  int n_tensors;
+  PyObject* tensors[kMaxTensors];  // torch tensors or None
+  int n_tail;
+  TVMFFIAny tail[kMaxTail];
+};
+
+PyObject* BoundLaunchCall(PyObject* self_object, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<BoundLaunch*>(self_object);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (nargs != 1 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0)) {
+    PyErr_SetString(PyExc_TypeError, "a bound launch takes one argument: the stream");
+    return nullptr;
+  }
+  DLTensor tensors[kMaxTensors];
+  TVMFFIAny call_args[kMaxTensors + kMaxTail + 1];
+  const DLDevice* device = nullptr;
+  for (int i = 0; i < self->n_tensors; ++i) {
+    if (self->tensors[i] == Py_None) {
+      SetPointer(&call_args[i], kTVMFFINone, nullptr);
+      continue;
+    }
+    if (!ReadTensor(self->tensors[i], &tensors[i])) return nullptr;
+    SetPointer(&call_args[i], kTVMFFIDLTensorPtr, &tensors[i]);
+    if (device == nullptr) device = &tensors[i].device;
+  }
+  int n = self->n_tensors;
+  for (int i = 0; i < self->n_tail; ++i) call_args[n++] = self->tail[i];
+  const DLDevice cpu = {kDLCPU, 0};
+  if (!StreamArgument(args[0], device != nullptr ? *device : cpu, &call_args[n++])) return nullptr;
+  TVMFFIAny returned;
+  SetPointer(&returned, kTVMFFINone, nullptr);
+  if (TVMFFIFunctionCall(self->handle, call_args, n, &returned) != 0) return RaiseFromFfi();
+  if (returned.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(returned.v_obj);
+  Py_RETURN_NONE;
+}
+
+int BoundLaunchTraverse(PyObject* self_object, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<BoundLaunch*>(self_object);
+  Py_VISIT(self->function);
+  for (int i = 0; i < self->n_tensors; ++i) Py_VISIT(self->tensors[i]);
+  return 0;
+}
+
+int BoundLaunchClear(PyObject* self_object) {
+  auto* self = reinterpret_cast<BoundLaunch*>(self_object);
+  Py_CLEAR(self->function);
+  for (int i = 0; i < self->n_tensors; ++i) Py_CLEAR(self->tensors[i]);
+  self->n_tensors = 0;
+  self->handle = nullptr;
+  return 0;
+}
+
+void BoundLaunchDealloc(PyObject* self_object) {
+  PyTypeObject* type = Py_TYPE(self_object);
+  PyObject_GC_UnTrack(self_object);
+  BoundLaunchClear(self_object);
+  type->tp_free(self_object);
+  Py_DECREF(type);  // instances of heap types hold a reference to their type
+}
+
+PyObject* BoundLaunchTensors(PyObject* self_object, void*) {
+  auto* self = reinterpret_cast<BoundLaunch*>(self_object);
+  PyObject* tuple = PyTuple_New(self->n_tensors);
+  if (tuple == nullptr) return nullptr;
+  for (int i = 0; i < self->n_tensors; ++i) {
+    Py_INCREF(self->tensors[i]);
+    PyTuple_SET_ITEM(tuple, i, self->tensors[i]);
+  }
+  return tuple;
+}
+
+PyObject* BoundLaunchFunction(PyObject* self_object, void*) {
+  auto* self = reinterpret_cast<BoundLaunch*>(self_object);
+  PyObject* function = self->function != nullptr ? self->function : Py_None;
+  Py_INCREF(function);
+  return function;
+}
+
+PyGetSetDef bound_launch_getset[] = {
+    {"func", BoundLaunchFunction, nullptr, "The TVM-FFI function called.", nullptr},
+    {"tensors", BoundLaunchTensors, nullptr, "The tensors passed first, read at each call.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyMemberDef bound_launch_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(BoundLaunch, vectorcall), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+PyType_Slot bound_launch_slots[] = {
+    {Py_tp_doc, const_cast<char*>("function(*tensors, *tail, stream), called with the stream.")},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_traverse, reinterpret_cast<void*>(BoundLaunchTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(BoundLaunchClear)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(BoundLaunchDealloc)},
+    {Py_tp_getset, bound_launch_getset},
+    {Py_tp_members, bound_launch_members},
+    {0, nullptr},
+};
+
+PyType_Spec bound_launch_spec = {
+    "kernel_api.native.BoundLaunch", sizeof(BoundLaunch), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL, bound_launch_slots,
+};
+
+PyTypeObject* bound_launch_type = nullptr;
+
+// A tail value as TVM-FFI passes it; false (TypeError set) for anything but None, bool, int, float.
+bool TailValue(PyObject* value, TVMFFIAny* out) {
+  out->zero_padding = 0;
+  out->v_int64 = 0;
+  if (value == Py_None) {
+    out->type_index = kTVMFFINone;
+  } else if (PyBool_Check(value)) {
+    out->type_index = kTVMFFIBool;
+    out->v_int64 = value == Py_True ? 1 : 0;
+  } else if (PyLong_Check(value)) {
+    out->type_index = kTVMFFIInt;
+    out->v_int64 = PyLong_AsLongLong(value);
+    if (out->v_int64 == -1 && PyErr_Occurred()) return false;
+  } else if (PyFloat_Check(value)) {
+    out->type_index = kTVMFFIFloat;
+    out->v_float64 = PyFloat_AS_DOUBLE(value);
+  } else {
+    PyErr_Format(PyExc_TypeError, "bind: arguments after the tensors must be None, bool, int or float, got %s",
+                 Py_TYPE(value)->tp_name);
+    return false;
+  }
+  return true;
+}
+
+PyObject* Bind(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "bind(function, tensors: tuple, tail: tuple)");
+    return nullptr;
+  }
+  if (!Configured()) return nullptr;
+  PyObject* function = args[0];
+  const Py_ssize_t n_tensors = PyTuple_GET_SIZE(args[1]);
+  const Py_ssize_t n_tail = PyTuple_GET_SIZE(args[2]);
+  if (n_tensors < 1 || n_tensors > kMaxTensors || n_tail > kMaxTail) {
+    PyErr_SetString(PyExc_ValueError, "bind: between 1 and 8 tensors and at most 16 arguments after them");
+    return nullptr;
+  }
+  PyObject* chandle = PyObject_CallMethod(function, "__chandle__", nullptr);  // tvm_ffi objects' handle
+  void* handle = nullptr;
+  if (chandle != nullptr) {
+    handle = PyLong_AsVoidPtr(chandle);
+    Py_DECREF(chandle);
+  }
+  if (handle == nullptr || TVMFFIObjectGetTypeIndex(handle) != kTVMFFIFunction) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_TypeError, "bind: function must be a TVM-FFI function");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < n_tensors; ++i) {
+    PyObject* tensor = PyTuple_GET_ITEM(args[1], i);
+    if (tensor != Py_None && !PyObject_TypeCheck(tensor, tensor_type)) {
+      PyErr_Format(PyExc_TypeError, "bind: tensors[%zd] is a %s, not a torch.Tensor or None", i,
+                   Py_TYPE(tensor)->tp_name);
+      return nullptr;
+    }
+  }
+  auto* self = PyObject_GC_New(BoundLaunch, bound_launch_type);
+  if (self == nullptr) return nullptr;
+  self->vectorcall = BoundLaunchCall;
+  self->n_tensors = 0;
+  self->n_tail = 0;
+  Py_INCREF(function);
+  self->function = function;
+  self->handle = handle;
+  for (Py_ssize_t i = 0; i < n_tensors; ++i) {
+    PyObject* tensor = PyTuple_GET_ITEM(args[1], i);
+    Py_INCREF(tensor);
+    self->tensors[self->n_tensors++] = tensor;
+  }
+  for (Py_ssize_t i = 0; i < n_tail; ++i) {
+    if (!TailValue(PyTuple_GET_ITEM(args[2], i), &self->tail[self->n_tail++])) {
+      Py_DECREF(self);
+      return nullptr;
+    }
+  }
+  PyObject_GC_Track(self);
+  return reinterpret_cast<PyObject*>(self);
+}
+
+PyMethodDef methods[] = {
+    {"configure", Configure, METH_O, "configure(tensor_type): read the DLPack exchange API of torch.Tensor."},
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Launch)), METH_FASTCALL,
+     "launch(tag, stream, *tensors) -> bool: launch the entry recorded for these tensors' metadata."},
+    {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Bind)), METH_FASTCALL,
+     "bind(function, tensors, tail) -> BoundLaunch: function(*tensors, *tail, stream) per call."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_launch_table", nullptr, -1, methods,
+                          nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) PyObject* PyInit__launch_table() {
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) return nullptr;
+  if (bound_launch_type == nullptr) {
+    bound_launch_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&bound_launch_spec));
+    if (bound_launch_type == nullptr) {
+      Py_DECREF(module);
+      return nullptr;
+    }
+  }
+  Py_INCREF(bound_launch_type);
+  if (PyModule_AddObject(module, "BoundLaunch", reinterpret_cast<PyObject*>(bound_launch_type)) != 0) {
+    Py_DECREF(bound_launch_type);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}
