@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from . import native
 from .dtypes import _BITS, _FLOATS, _FROM_TORCH, DataType, to_dtype
 
 _BYTES = {dt: max(1, bits // 8) for dt, bits in _BITS.items()}
@@ -93,6 +94,20 @@ def _divisibility(ptr: int, itemsize: int, values: tuple[int, ...]) -> int:
 
 
 _ATTRIBUTES_CACHE: dict[tuple, TensorAttributes] = {}
+
+# kernel_api.native's recall/remember once its CPython entry points load (see _use_native);
+# until then (or without a C++ compiler) arguments are summarised in Python every time.
+_recall: Any = None
+_remember: Any = None
+_GEMM_SUMMARY = 0x67656D6D  # the tag of GemmArguments' summaries
+
+
+def _use_native(entry: Any) -> None:
+    global _recall, _remember
+    _remember, _recall = entry.remember, entry.recall
+
+
+native.when_entry_loads(_use_native)
 
 
 def _attributes(dt: DataType, pattern: tuple[int, ...], div: int) -> TensorAttributes:
@@ -247,6 +262,21 @@ class GemmArguments(Arguments):
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, accumulator_type: Any = None,
                  epilogue: EpilogueArguments | None = None) -> None:
+        if _recall is not None and accumulator_type is None and epilogue is None:
+            # Operands with the raw metadata (dtypes, shapes, strides, pointer alignment, devices)
+            # of earlier plain arguments have their summary: found in C, without recomputing it.
+            found = _recall(_GEMM_SUMMARY, A, B, out)
+            if found is not None:
+                (self.L, self.M, self.N, self.K, self.accumulator_type, self.device, self.device_index,
+                 attributes, self.signature) = found
+                self.A, self.B, self.out = A, B, out
+                self.epilogue = self.epilogue_signature = None
+                self._verdicts = self._bound = None
+                self.tensor_attributes = attributes.copy()
+                return
+            plain = (A, B, out)
+        else:
+            plain = None
         if type(A) is not torch.Tensor:
             _require_tensor(A, "A")
         if type(B) is not torch.Tensor:
@@ -311,6 +341,9 @@ class GemmArguments(Arguments):
         self._verdicts = self._bound = None
         self.tensor_attributes = {"A": a, "B": b, "out": o}
         self.signature = ("gemm", rank, a._key, b._key, o._key, acc, epilogue_signature, device_index)
+        if plain is not None and plain[0] is A and plain[1] is B and plain[2] is out:  # no re-strided views
+            _remember(_GEMM_SUMMARY, (L, M, N, K, acc, device, device_index, self.tensor_attributes, self.signature),
+                      A, B, out)
 
     @property
     def problem_shape(self) -> tuple[int, int, int, int]:

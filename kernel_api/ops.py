@@ -34,6 +34,8 @@ _fast: dict[tuple, tuple] = {}
 _FAST_LIMIT = 4096
 _table: Any = None  # the loaded C launch table, once a kernel has offered a native launch
 _table_launch: Any = None  # its ``launch(tag, stream, *tensors) -> bool``
+# ``gemm_plain`` of the table's CPython entry points: gemm's plain-call checks and launch in C.
+_gemm_plain: Any = None
 _tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the C table alive
 # The op in the low bits of a C-table tag (policy ids are 16-byte aligned addresses).
 _GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
@@ -119,7 +121,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
 
 def _record_native(kernel: Any, artifact: Any, args: Any, policy: Any, tensors: tuple, tag: int) -> None:
     """Enter the launch just made in the C launch table, when the kernel offers one."""
-    global _table, _table_launch
+    global _table, _table_launch, _gemm_plain
     native_launch = kernel._native_launch(args, artifact)
     if native_launch is None:
         return
@@ -130,6 +132,8 @@ def _record_native(kernel: Any, artifact: Any, args: Any, policy: Any, tensors: 
         entry = native.entry()
         if entry is not None:
             _table_launch = entry.launch  # reads torch tensors without allocating (python_entry.cc)
+            entry.configure_ops(_settings, _dispatch_modes, _grad_enabled, _new_gemm_output, to_cuda_stream)
+            _gemm_plain = entry.gemm_plain
         else:
             _table_launch = _table.launch
             _table_launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
@@ -168,16 +172,22 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     alignment and devices of an earlier call is launched from the C launch table.
     """
     # (_is_dynamo_compiling first: Dynamo folds it to True and reads nothing else here, so no guards)
-    if (not (_is_dynamo_compiling() or _dispatch_modes()) and _table_launch is not None and C is None
-            and bias is None and activation is None and accumulator_type is None and alpha == 1.0 and beta == 0.0):
-        try:
-            if not ((A.requires_grad or B.requires_grad) and _grad_enabled()):
-                target = A.new_empty((*A.shape[:-1], B.shape[-1])) if out is None else out
-                if _table_launch(_settings.get().policy_id | _GEMM_TAG,
-                                 None if stream is None else to_cuda_stream(stream), A, B, target):
-                    return target
-        except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
-            pass
+    if not _is_dynamo_compiling():
+        if _gemm_plain is not None:
+            # The plain-call checks (no dispatch mode, no autograd) and the table launch, in C.
+            done = _gemm_plain(_GEMM_TAG, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
+            if done is not None:
+                return done
+        elif (_table_launch is not None and not _dispatch_modes() and C is None and bias is None
+              and activation is None and accumulator_type is None and alpha == 1.0 and beta == 0.0):
+            try:
+                if not ((A.requires_grad or B.requires_grad) and _grad_enabled()):
+                    target = _new_gemm_output(A, B) if out is None else out
+                    if _table_launch(_settings.get().policy_id | _GEMM_TAG,
+                                     None if stream is None else to_cuda_stream(stream), A, B, target):
+                        return target
+            except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
+                pass
     if not isinstance(A, _Tensor) or not isinstance(B, _Tensor):
         raise TypeError(f"gemm: A and B must be torch tensors, got {type(A).__name__} and {type(B).__name__}")
     # (_is_compiling first: under tracing it short-circuits, so Dynamo guards on nothing else here)
@@ -192,11 +202,15 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     return _gemm_eager(A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
 
 
+def _new_gemm_output(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    return A.new_empty((*A.shape[:-1], B.shape[-1]))
+
+
 def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alpha: float, beta: float,
                 C: torch.Tensor | None, bias: torch.Tensor | None, activation: str | None,
                 accumulator_type: Any, stream: Any) -> torch.Tensor:
     if out is None:
-        out = A.new_empty((*A.shape[:-1], B.shape[-1]))
+        out = _new_gemm_output(A, B)
     epilogue = fast_key = None
     if alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None:
         epilogue = EpilogueArguments(alpha=alpha, beta=beta, C=C, bias=bias, activation=activation)

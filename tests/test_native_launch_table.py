@@ -29,12 +29,23 @@ def table():
     loaded.clear()
 
 
+class SeenTensor:
+    """What a call saw of a tensor (tensors passed as DLTensor pointers live only during it)."""
+
+    def __init__(self, tensor):
+        self._data_ptr, self.shape = tensor.data_ptr(), tuple(tensor.shape)
+
+    def data_ptr(self) -> int:
+        return self._data_ptr
+
+
 class Recorder:
     """A TVM-FFI function that remembers its calls."""
 
     def __init__(self):
         self.calls = []
-        self.function = tvm_ffi.convert(lambda *args: self.calls.append(args))
+        self.function = tvm_ffi.convert(
+            lambda *args: self.calls.append(tuple(SeenTensor(a) if hasattr(a, "data_ptr") else a for a in args)))
 
 
 def test_build_is_cached_per_source_and_tvm_ffi_version(tmp_path):

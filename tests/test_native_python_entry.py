@@ -14,6 +14,7 @@ import torch
 
 from kernel_api import native, ops
 from kernel_api.settings import current
+from test_native_launch_table import NativeOnlyKernel
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 if native._compiler() is None:
@@ -186,8 +187,6 @@ def test_cutedsl_kernels_bind_the_native_launch_when_they_keep_the_gil(entry):
 
 
 def test_ops_launch_through_the_entry(entry):
-    from test_native_launch_table import NativeOnlyKernel
-
     import kernel_api
 
     fn = Recorder()
@@ -198,3 +197,140 @@ def test_ops_launch_through_the_entry(entry):
     assert ops.gemm(A, B, out=out) is out and fn.calls[-1][:3] == (seen(A), seen(B), seen(out))
     assert ops.gemm(A, B, out=out, stream=12345) is out and len(fn.calls) == 2
     assert fn.calls[-1][-1].value == 12345  # a raw handle, as a CUstream: the pointer it holds
+
+
+def _summary(args) -> tuple:
+    return (args.A, args.B, args.out, args.L, args.M, args.N, args.K, args.accumulator_type, args.device,
+            args.device_index, args.tensor_attributes, args.signature, args.epilogue, args.epilogue_signature)
+
+
+def test_gemm_arguments_recalled_from_c_equal_those_computed_in_python(entry, monkeypatch):
+    """Every plain GemmArguments' summary is remembered under its operands' raw metadata; a
+    later construction with equal metadata recalls it. Over operands of assorted dtypes,
+    layouts, shapes, strides, batch and pointer alignments, the recalled summary equals the
+    one Python computes."""
+    import kernel_api.arguments as arguments
+    from gemm_family_utils import operand_variants
+
+    from kernel_api import GemmArguments
+
+    entry.forget()
+    pool = torch.empty(1 << 16, dtype=torch.float16)
+    problems = []
+    for t in operand_variants():
+        if t.dtype != torch.float16:
+            continue
+        m, k = t.shape
+        for offset in (0, 4, 64):  # B and out at other alignments
+            B = pool[offset:offset + k * 24].view(k, 24)
+            out = torch.empty(m, 24 + 8, dtype=torch.float16)[:, :24]
+            problems.append((t, B, out))
+    batched = torch.empty(3, 64, 32, dtype=torch.float16)
+    problems.append((batched, torch.empty(3, 32, 16, dtype=torch.float16), torch.empty(3, 64, 16, dtype=torch.float16)))
+    problems.append((torch.empty(8, 4, dtype=torch.float64),) + (torch.empty(4, 2, dtype=torch.float64),
+                                                               torch.empty(8, 2, dtype=torch.float64)))
+    for A, B, out in problems:
+        first, second = GemmArguments(A, B, out), GemmArguments(A, B, out)
+        with monkeypatch.context() as python_only:
+            python_only.setattr(arguments, "_recall", None)
+            computed = GemmArguments(A, B, out)
+        assert _summary(first) == _summary(second) == _summary(computed)
+        assert second.tensor_attributes is not first.tensor_attributes  # each arguments object owns its dict
+        assert second._bound is None and second._verdicts is None
+    assert 0 < entry.remembered() <= len(problems)
+
+
+def test_gemm_arguments_recall_only_plain_caller_tensors(entry):
+    from kernel_api import EpilogueArguments, GemmArguments
+
+    entry.forget()
+    A, B, out = torch.randn(8, 6), torch.randn(6, 4), torch.empty(8, 4)
+    GemmArguments(A, B, out, accumulator_type=torch.float64)
+    GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0))
+    assert entry.remembered() == 0  # only plain arguments are remembered
+    column = torch.randn(8, 12)[:, ::12]  # (8, 1) with strides (12, 12): arguments hold a re-strided view
+    for _ in range(2):
+        assert GemmArguments(column, torch.randn(1, 4), out).A is not column
+    assert entry.remembered() == 0
+    args = GemmArguments(A, B, out)
+    assert entry.remembered() == 1 and args.A is A
+    again = GemmArguments(A, B, out, accumulator_type=torch.float64)  # not the remembered f32 summary
+    assert str(again.accumulator_type) == "f64"
+    with pytest.raises(ValueError, match="operand B: K mismatch"):
+        GemmArguments(A, torch.randn(5, 4), out)  # bad input after good input still gets its message
+    with pytest.raises(TypeError, match="operand out"):
+        GemmArguments(A, B, "out")
+
+
+def test_remember_declines_tensors_it_cannot_key(entry):
+    meta = torch.empty(4, 4, device="meta")
+    assert entry.remember(1, "x", meta) is False and entry.recall(1, meta) is None
+    x = torch.randn(4, 4)
+    assert entry.remember(1, "x", x) is True and entry.recall(1, x) == "x" and entry.recall(2, x) is None
+    assert entry.recall(1, x.t()) is None and entry.recall(1, "x") is None
+    entry.forget()
+    assert entry.recall(1, x) is None and entry.remembered() == 0
+
+
+def test_gemm_plain_launches_only_plain_calls_outside_modes_and_autograd(entry):
+    """ops.gemm's C preamble: it launches from the table only what the Python preamble would,
+    and answers None (no error) for everything else, which then takes the Python path."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import kernel_api
+
+    fn = Recorder()
+    A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
+    tag = ops._GEMM_TAG
+    ops._record_native(NativeOnlyKernel(fn.function), None, kernel_api.GemmArguments(A, B, out), current().policy,
+                       (A, B, out), tag)
+    assert ops._gemm_plain is entry.gemm_plain
+
+    def plain(A=A, B=B, out=out, alpha=1.0, beta=0.0, C=None, bias=None, activation=None, acc=None, stream=None):
+        return entry.gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, acc, stream)
+
+    assert plain() is out and plain(alpha=1, beta=0) is out and len(fn.calls) == 2
+    for declined in (dict(alpha=2.0), dict(beta=1.0), dict(alpha=torch.tensor(1.0)), dict(C=out), dict(bias=out[0]),
+                     dict(activation="relu"), dict(acc=torch.float32), dict(A="A"), dict(B=None), dict(out=out.t()),
+                     dict(stream="no stream")):
+        assert plain(**declined) is None, declined
+    assert len(fn.calls) == 2
+
+    class Watching(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Watching():
+        assert plain() is None  # modes must see the op: the custom op path
+    A.requires_grad_(True)
+    assert plain() is None  # autograd records the op: the custom op path
+    with torch.no_grad():
+        assert plain() is out
+    A.requires_grad_(False)
+    with kernel_api.settings(policy=kernel_api.PickAny()):
+        assert plain() is None  # another policy has no entry
+    assert len(fn.calls) == 3
+
+    spare = torch.empty(16, 4)
+    ops._record_native(NativeOnlyKernel(fn.function), None, kernel_api.GemmArguments(A, B, spare), current().policy,
+                       (A, B, spare), tag)
+    entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, lambda A, B: spare, ops.to_cuda_stream)
+    try:
+        assert plain(out=None) is spare and fn.calls[-1][2] == seen(spare)  # out=None: launched into new_output's
+    finally:
+        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, ops._new_gemm_output,
+                            ops.to_cuda_stream)
+    assert plain(stream=12345) is out and fn.calls[-1][-1].value == 12345
+
+
+def test_gemm_plain_leaves_kernels_that_raise_to_the_python_path(entry):
+    import kernel_api
+
+    fn = Recorder(raises=RuntimeError("launch failed"))
+    A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
+    ops._record_native(NativeOnlyKernel(fn.function), None, kernel_api.GemmArguments(A, B, out), current().policy,
+                       (A, B, out), ops._GEMM_TAG)
+    assert entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None) is None
+    assert len(fn.calls) == 1
+    with pytest.raises(kernel_api.errors.DeviceError):  # the Python path explains (CPU operands here)
+        ops.gemm(A, B, out=out)

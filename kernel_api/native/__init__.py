@@ -117,6 +117,17 @@ def table() -> Any:
     return _state["table"]
 
 
+_entry_callbacks: list[Any] = []
+
+
+def when_entry_loads(callback: Any) -> None:
+    """Call ``callback(entry_module)`` once the CPython entry points load (now, if they have):
+    modules that use them bind their functions then, without a lookup per call."""
+    _entry_callbacks.append(callback)
+    if _state.get("entry") is not None:
+        callback(_state["entry"])
+
+
 def entry() -> Any:
     """The launch table library's CPython module (``launch``, ``bind``; see python_entry.cc),
     configured for torch tensors, or None where the table is unavailable, Python's headers are
@@ -161,6 +172,9 @@ def _load() -> Any:
         atexit.register(module.clear)
         # The same library (dlopen gives the same handle, so the same table) as a CPython module.
         _state["entry"] = _load_entry(path)
+        if _state["entry"] is not None:
+            for callback in _entry_callbacks:
+                callback(_state["entry"])
         return module
     except ImportError as exc:
         _state["error"] = f"tvm_ffi is not installed ({exc})"

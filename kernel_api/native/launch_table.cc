@@ -155,6 +155,10 @@ void SetBool(TVMFFIAny* result, bool value) {
 
 namespace kernel_api_native {
 
+bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key) {
+  return MakeKey(tag, tensors, count, key);
+}
+
 int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensors, int count, bool* launched) {
   *launched = false;
   if (count < 1 || count > kMaxTensors) return 0;

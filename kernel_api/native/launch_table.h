@@ -5,6 +5,7 @@
 #include <tvm/ffi/c_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace kernel_api_native {
 
@@ -16,5 +17,10 @@ constexpr int kMaxTail = 16;
 // function(*tensors, *tail, stream) and sets *launched. Returns -1 when the function raised
 // (the error is in TVM-FFI's raised slot), else 0.
 int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensors, int count, bool* launched);
+
+// The table's key of (tag, tensors): their dtypes, devices, shapes, strides and the low 10 bits
+// of their data pointers. False when some tensor cannot be keyed (more than 8 dimensions, or no
+// memory behind a non-empty tensor: a tracer's fake tensor).
+bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key);
 
 }  // namespace kernel_api_native

@@ -11,6 +11,12 @@
 //   bind(function, tensors, tail) -> BoundLaunch
 //       BoundLaunch(stream) calls function(*tensors, *tail, stream), reading the tensors' current
 //       metadata at each call; `tail` (None, bool, int, float) is converted once.
+//   configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream)
+//   gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
+//       -> out | None: `kernel_api.ops.gemm`'s table launch for a plain call (see GemmPlain)
+//   remember(tag, value, *tensors) -> bool; recall(tag, *tensors) -> value | None; forget()
+//       a dictionary keyed like the launch table (dtypes, devices, shapes, strides, pointer
+//       alignment): what Python computed from tensors' metadata, found again without Python.
 //
 // `stream`: None is the producer's current stream on the first tensor's device (torch's current
 // stream; nothing for CPU tensors), an int is passed on as an int, anything else as the pointer
@@ -24,6 +30,7 @@
 
 #include <cstring>
 #include <string>
+#include <unordered_map>
 
 #include "launch_table.h"
 
@@ -187,6 +194,240 @@ PyObject* Launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (kernel_api_native::LaunchRecorded(tag, stream, operands, count, &launched) != 0) return RaiseFromFfi();
   return PyBool_FromLong(launched);
 }
+
+// ---- ops.gemm's plain calls ------------------------------------------------------------------
+
+// What `kernel_api.ops` hands over in configure_ops (strong references).
+struct OpsHooks {
+  PyObject* settings = nullptr;        // the ContextVar of kernel_api.settings (.policy_id)
+  PyObject* dispatch_modes = nullptr;  // torch._C._len_torch_dispatch_stack
+  PyObject* grad_enabled = nullptr;    // torch.is_grad_enabled
+  PyObject* new_output = nullptr;      // (A, B) -> the tensor ops.gemm allocates for out=None
+  PyObject* to_stream = nullptr;       // kernel_api.utils.to_cuda_stream
+  PyObject* policy_id = nullptr;       // interned names
+  PyObject* requires_grad = nullptr;
+} ops;
+
+PyObject* ConfigureOps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream)");
+    return nullptr;
+  }
+  PyObject** slots[] = {&ops.settings, &ops.dispatch_modes, &ops.grad_enabled, &ops.new_output, &ops.to_stream};
+  for (int i = 0; i < 5; ++i) {
+    Py_INCREF(args[i]);
+    Py_XSETREF(*slots[i], args[i]);
+  }
+  if (ops.policy_id == nullptr) ops.policy_id = PyUnicode_InternFromString("policy_id");
+  if (ops.requires_grad == nullptr) ops.requires_grad = PyUnicode_InternFromString("requires_grad");
+  if (ops.policy_id == nullptr || ops.requires_grad == nullptr) return nullptr;
+  Py_RETURN_NONE;
+}
+
+bool IsExactly(PyObject* number, double value) {
+  if (PyFloat_CheckExact(number)) return PyFloat_AS_DOUBLE(number) == value;
+  if (PyLong_CheckExact(number)) {
+    const long given = PyLong_AsLong(number);
+    if (given == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return static_cast<double>(given) == value;
+  }
+  return false;  // other numbers: the Python path compares them
+}
+
+// 1 when the tensor requires grad, 0 when not, -1 with a Python error.
+int RequiresGrad(PyObject* tensor) {
+  PyObject* flag = PyObject_GetAttr(tensor, ops.requires_grad);
+  if (flag == nullptr) return -1;
+  const int result = flag == Py_True;
+  Py_DECREF(flag);
+  return result;
+}
+
+// Whether a launch now would bypass something Python must see: a torch dispatch mode (a
+// tracer's, or the user's), or autograd. -1 with a Python error.
+int NeedsPython(PyObject* A, PyObject* B) {
+  PyObject* modes = PyObject_CallNoArgs(ops.dispatch_modes);
+  if (modes == nullptr) return -1;
+  const long depth = PyLong_AsLong(modes);
+  Py_DECREF(modes);
+  if (depth != 0) return depth == -1 && PyErr_Occurred() ? -1 : 1;
+  const int a = RequiresGrad(A);
+  const int b = a == 0 ? RequiresGrad(B) : a;
+  if (b <= 0) return b;
+  PyObject* enabled = PyObject_CallNoArgs(ops.grad_enabled);
+  if (enabled == nullptr) return -1;
+  const int result = enabled == Py_True;
+  Py_DECREF(enabled);
+  return result;
+}
+
+long long PolicyTag(long long tag) {
+  PyObject* settings = nullptr;
+  if (PyContextVar_Get(ops.settings, nullptr, &settings) != 0 || settings == nullptr) return -1;
+  PyObject* id = PyObject_GetAttr(settings, ops.policy_id);
+  Py_DECREF(settings);
+  if (id == nullptr) return -1;
+  const long long value = PyLong_AsLongLong(id);
+  Py_DECREF(id);
+  return value == -1 ? -1 : value | tag;
+}
+
+// ops.gemm(A, B, out, ...) for a plain call (no C, bias, activation or accumulator_type, alpha 1,
+// beta 0), outside any torch dispatch mode and autograd, whose operands' metadata the launch
+// table has an entry for: launched, and `out` (allocated by new_output when None) returned.
+// None whenever anything else holds, with no Python error: the caller's Python path decides
+// (and explains bad input). The caller checks that Dynamo is not tracing.
+PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 11) {
+    PyErr_SetString(PyExc_TypeError,
+                    "gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)");
+    return nullptr;
+  }
+  if (ops.settings == nullptr || exchange == nullptr) Py_RETURN_NONE;
+  PyObject* A = args[1];
+  PyObject* B = args[2];
+  PyObject* out = args[3];
+  if (args[6] != Py_None || args[7] != Py_None || args[8] != Py_None || args[9] != Py_None ||
+      !IsExactly(args[4], 1.0) || !IsExactly(args[5], 0.0)) {
+    Py_RETURN_NONE;
+  }
+  DLTensor tensors[3];
+  if (!ReadTensor(A, &tensors[0]) || !ReadTensor(B, &tensors[1])) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  const int needs_python = NeedsPython(A, B);
+  if (needs_python != 0) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  const long long tag = PolicyTag(PyLong_AsLongLong(args[0]));
+  if (tag == -1) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  PyObject* target = nullptr;
+  if (out == Py_None) {
+    PyObject* inputs[] = {A, B};
+    target = PyObject_Vectorcall(ops.new_output, inputs, 2, nullptr);
+  } else {
+    Py_INCREF(out);
+    target = out;
+  }
+  if (target == nullptr || !ReadTensor(target, &tensors[2])) {
+    PyErr_Clear();
+    Py_XDECREF(target);
+    Py_RETURN_NONE;
+  }
+  TVMFFIAny operands[3];
+  for (int i = 0; i < 3; ++i) SetPointer(&operands[i], kTVMFFIDLTensorPtr, &tensors[i]);
+  PyObject* stream_object = args[10];
+  if (stream_object != Py_None) {
+    stream_object = PyObject_CallOneArg(ops.to_stream, stream_object);
+    if (stream_object == nullptr) {
+      PyErr_Clear();
+      Py_DECREF(target);
+      Py_RETURN_NONE;
+    }
+  } else {
+    Py_INCREF(stream_object);
+  }
+  TVMFFIAny stream;
+  const bool stream_ok = StreamArgument(stream_object, tensors[0].device, &stream);
+  Py_DECREF(stream_object);
+  bool launched = false;
+  if (!stream_ok || kernel_api_native::LaunchRecorded(tag, stream, operands, 3, &launched) != 0) {
+    if (!stream_ok) {
+      PyErr_Clear();
+    } else {
+      TVMFFIObjectHandle error = nullptr;  // the Python path runs the call again and reports
+      TVMFFIErrorMoveFromRaised(&error);
+      if (error != nullptr) TVMFFIObjectDecRef(error);
+    }
+    launched = false;
+  }
+  if (!launched) {
+    Py_DECREF(target);
+    Py_RETURN_NONE;
+  }
+  return target;
+}
+
+// ---- remember / recall ---------------------------------------------------------------------
+
+// Guarded by the GIL (every caller holds it). Values are strong references.
+std::unordered_map<std::string, PyObject*> remembered;
+constexpr size_t kRememberLimit = 4096;
+
+void Forget() {
+  std::unordered_map<std::string, PyObject*> old;
+  old.swap(remembered);
+  for (auto& item : old) Py_DECREF(item.second);  // may run Python code: the map is already empty
+}
+
+// The key of (tag, tensors) as the launch table builds it; false (no Python error) when some
+// argument is not a torch tensor or cannot be keyed.
+bool MetadataKey(PyObject* tag_object, PyObject* const* objects, int count, std::string* key) {
+  const long long tag = PyLong_AsLongLong(tag_object);
+  if (tag == -1 && PyErr_Occurred()) return false;
+  DLTensor tensors[kMaxTensors];
+  TVMFFIAny operands[kMaxTensors];
+  for (int i = 0; i < count; ++i) {
+    if (!ReadTensor(objects[i], &tensors[i])) return false;
+    SetPointer(&operands[i], kTVMFFIDLTensorPtr, &tensors[i]);
+  }
+  return kernel_api_native::TensorKey(tag, operands, count, key);
+}
+
+PyObject* Recall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2 || nargs - 1 > kMaxTensors) {
+    PyErr_SetString(PyExc_TypeError, "recall(tag, *tensors): between 1 and 8 tensors");
+    return nullptr;
+  }
+  if (!Configured()) return nullptr;
+  thread_local std::string key;
+  key.clear();
+  if (!MetadataKey(args[0], args + 1, static_cast<int>(nargs - 1), &key)) {
+    PyErr_Clear();  // not tensors this can key: the caller computes
+    Py_RETURN_NONE;
+  }
+  auto found = remembered.find(key);
+  if (found == remembered.end()) Py_RETURN_NONE;
+  Py_INCREF(found->second);
+  return found->second;
+}
+
+PyObject* Remember(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 3 || nargs - 2 > kMaxTensors) {
+    PyErr_SetString(PyExc_TypeError, "remember(tag, value, *tensors): between 1 and 8 tensors");
+    return nullptr;
+  }
+  if (!Configured()) return nullptr;
+  std::string key;
+  if (!MetadataKey(args[0], args + 2, static_cast<int>(nargs - 2), &key)) {
+    PyErr_Clear();  // tensors that cannot be keyed (meta, fake, no DLPack form): nothing to remember
+    Py_RETURN_FALSE;
+  }
+  if (remembered.size() >= kRememberLimit) Forget();
+  Py_INCREF(args[1]);
+  auto inserted = remembered.emplace(std::move(key), args[1]);
+  if (!inserted.second) {
+    PyObject* old = inserted.first->second;
+    inserted.first->second = args[1];
+    Py_DECREF(old);
+  }
+  Py_RETURN_TRUE;
+}
+
+PyObject* ForgetAll(PyObject*, PyObject*) {
+  Forget();
+  Py_RETURN_NONE;
+}
+
+PyObject* RememberedCount(PyObject*, PyObject*) { return PyLong_FromSize_t(remembered.size()); }
 
 // ---- BoundLaunch ---------------------------------------------------------------------------
 
@@ -387,6 +628,16 @@ PyMethodDef methods[] = {
      "launch(tag, stream, *tensors) -> bool: launch the entry recorded for these tensors' metadata."},
     {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Bind)), METH_FASTCALL,
      "bind(function, tensors, tail) -> BoundLaunch: function(*tensors, *tail, stream) per call."},
+    {"configure_ops", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(ConfigureOps)), METH_FASTCALL,
+     "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream): what gemm_plain uses."},
+    {"gemm_plain", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(GemmPlain)), METH_FASTCALL,
+     "gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream) -> out | None."},
+    {"recall", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Recall)), METH_FASTCALL,
+     "recall(tag, *tensors) -> the value remembered for these tensors' metadata, or None."},
+    {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Remember)), METH_FASTCALL,
+     "remember(tag, value, *tensors) -> bool: remember value for these tensors' metadata (False: cannot key them)."},
+    {"forget", ForgetAll, METH_NOARGS, "forget(): drop every remembered value."},
+    {"remembered", RememberedCount, METH_NOARGS, "remembered() -> int: how many values are remembered."},
     {nullptr, nullptr, 0, nullptr},
 };
 
