@@ -12,7 +12,9 @@ that the launch queue never fills, so the host is timed and not the GPU; median 
   default, which kernel_api turns off for launches), the same with the operands converted for
   TVM-FFI once, the same through the native entry's bound launch (``kernel_api.native``, as
   ``run`` binds it where it builds), torch.mm and torch.mm(out=);
-- ``GemmArguments(...)``; ``kernel.supports(args)``;
+- ``GemmArguments(...)`` (operands whose metadata it has summarised before: recalled from the
+  native entry where it loads) and the same summarised in Python (the first construction for
+  operands of new metadata); ``kernel.supports(args)``;
 - ``kernel.run(args, compiled_artifact=art, stream=s)`` with and without
   ``assume_supported_args=True``;
 - ``ops.gemm(A, B, out=out)`` and ``ops.gemm(A, B)`` (allocating) after warm-up (served by the
@@ -40,7 +42,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 import kernel_api  # noqa: E402
-from kernel_api import GemmArguments, ops  # noqa: E402
+from kernel_api import GemmArguments, arguments, ops  # noqa: E402
 from kernel_api.providers.cutedsl.kernel import ffi_function  # noqa: E402
 
 TARGETS_US = {  # over the bare call, except GemmArguments (absolute)
@@ -105,6 +107,17 @@ def capture_bare_call(kernel: Any, args: GemmArguments, artifact: Any, stream: A
     return compiled, seen[0]
 
 
+def summarised_in_python(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> GemmArguments:
+    """GemmArguments as the first construction for operands of new metadata builds them: the
+    summary computed in Python (repeats recall it from the native entry where it loads)."""
+    recall = arguments._recall
+    arguments._recall = None
+    try:
+        return GemmArguments(A, B, out)
+    finally:
+        arguments._recall = recall
+
+
 def profile(fn: Callable[[], Any], calls: int, label: str) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -155,6 +168,7 @@ def main() -> None:
         "torch.mm(A, B)": lambda: torch.mm(A, B),
         "torch.mm(A, B, out=out)": lambda: torch.mm(A, B, out=out),
         "GemmArguments(...)": lambda: GemmArguments(A, B, out),
+        "GemmArguments, summarised in Python": lambda: summarised_in_python(A, B, out),
         "kernel.supports(args)": lambda: kernel.supports(args),
         "kernel.run (checks on)": lambda: kernel.run(args, compiled_artifact=artifact, stream=stream),
         "kernel.run (assume_supported_args)": lambda: kernel.run(args, compiled_artifact=artifact, stream=stream,
@@ -209,6 +223,7 @@ def main() -> None:
         "ops_c_launch_table": ops._table is not None,
         "ops_c_launch_table_unavailable_because": kernel_api.native.why_not(),
         "native_entry": kernel_api.native.entry() is not None,
+        "gemm_arguments_recalled_natively": arguments._recall is not None,
         "native_entry_unavailable_because": kernel_api.native.why_not_entry(),
     }
     name = f"host_latency-{device.replace(' ', '_')}.json"
