@@ -305,8 +305,13 @@ def test_launch_functions_keep_the_gil_unless_the_kernel_says_otherwise():
 
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("KERNEL_API_NATIVE", "0")
+    # Restored afterwards rather than reset: a reload from this test's cache folder would load a
+    # second copy of the library, with its own table, beside the one ops and arguments hold.
+    loaded = dict(native._state)
     native._reset_for_tests()
     try:
         assert native.table() is None and "KERNEL_API_NATIVE" in native.why_not()
+        assert native.entry() is None and "KERNEL_API_NATIVE" in native.why_not_entry()
     finally:
-        native._reset_for_tests()
+        native._state.clear()
+        native._state.update(loaded)
