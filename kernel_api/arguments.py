@@ -342,8 +342,9 @@ class GemmArguments(Arguments):
         self.tensor_attributes = {"A": a, "B": b, "out": o}
         self.signature = ("gemm", rank, a._key, b._key, o._key, acc, epilogue_signature, device_index)
         if plain is not None and plain[0] is A and plain[1] is B and plain[2] is out:  # no re-strided views
-            _remember(_GEMM_SUMMARY, (L, M, N, K, acc, device, device_index, self.tensor_attributes, self.signature),
-                      A, B, out)
+            # (its own dict: one this object's owner might change is never handed to later arguments)
+            _remember(_GEMM_SUMMARY, (L, M, N, K, acc, device, device_index, dict(self.tensor_attributes),
+                                      self.signature), A, B, out)
 
     @property
     def problem_shape(self) -> tuple[int, int, int, int]:

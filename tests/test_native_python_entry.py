@@ -334,3 +334,18 @@ def test_gemm_plain_leaves_kernels_that_raise_to_the_python_path(entry):
     assert len(fn.calls) == 1
     with pytest.raises(kernel_api.errors.DeviceError):  # the Python path explains (CPU operands here)
         ops.gemm(A, B, out=out)
+
+
+def test_entry_points_name_their_arguments_when_called_wrongly(entry):
+    x = torch.randn(4)
+    for call, message in ((lambda: entry.recall(1), r"recall\(tag, \*tensors\)"),
+                          (lambda: entry.remember(1, "x"), r"remember\(tag, value, \*tensors\)"),
+                          (lambda: entry.gemm_plain(1, x, x), r"gemm_plain\(tag, A, B, out"),
+                          (lambda: entry.configure_ops(None), r"configure_ops\(settings"),
+                          (lambda: entry.configure(42), "configure: expected torch.Tensor")):
+        with pytest.raises(TypeError, match=message):
+            call()
+    for call in (lambda: entry.recall("not a tag", x), lambda: entry.remember("not a tag", 1, x),
+                 lambda: entry.launch("not a tag", None, x)):
+        with pytest.raises(TypeError):  # tags are ints
+            call()

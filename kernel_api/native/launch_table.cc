@@ -93,18 +93,6 @@ bool AppendTensorKey(const DLTensor* t, std::string* key) {
   return true;
 }
 
-// The key of (tag, tensors), or false when some argument is not a tensor.
-bool MakeKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key) {
-  key->reserve(sizeof(int64_t) * (2 + count * (4 + 2 * 3)));
-  int64_t head[2] = {tag, count};
-  key->append(reinterpret_cast<const char*>(head), sizeof(head));
-  for (int i = 0; i < count; ++i) {
-    const DLTensor* t = AsTensor(tensors[i]);
-    if (t == nullptr || !AppendTensorKey(t, key)) return false;
-  }
-  return true;
-}
-
 // The bytes [first, end) a tensor's elements lie in (empty for an empty tensor).
 void ByteRange(const DLTensor* t, uintptr_t* first, uintptr_t* end) {
   int64_t span = 0;
@@ -156,15 +144,23 @@ void SetBool(TVMFFIAny* result, bool value) {
 namespace kernel_api_native {
 
 bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key) {
-  return MakeKey(tag, tensors, count, key);
+  key->reserve(sizeof(int64_t) * (2 + count * (4 + 2 * 3)));
+  int64_t head[2] = {tag, count};
+  key->append(reinterpret_cast<const char*>(head), sizeof(head));
+  for (int i = 0; i < count; ++i) {
+    const DLTensor* t = AsTensor(tensors[i]);
+    if (t == nullptr || !AppendTensorKey(t, key)) return false;
+  }
+  return true;
 }
+
 
 int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensors, int count, bool* launched) {
   *launched = false;
   if (count < 1 || count > kMaxTensors) return 0;
   thread_local std::string key;  // reused: no allocation per call once it has grown
   key.clear();
-  if (!MakeKey(tag, tensors, count, &key)) return 0;
+  if (!TensorKey(tag, tensors, count, &key)) return 0;
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard<std::mutex> lock(table_mutex);
@@ -220,7 +216,7 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_record(void*, const TVMFFIAny* args, int32_t nu
   const int tail_count = num_args - 3 - static_cast<int>(count);
   if (tail_count > kMaxTail) return RaiseError("ValueError", "record: at most 16 arguments may follow the tensors");
   std::string key;
-  if (!MakeKey(args[0].v_int64, args + 3, static_cast<int>(count), &key)) {
+  if (!kernel_api_native::TensorKey(args[0].v_int64, args + 3, static_cast<int>(count), &key)) {
     return RaiseError("TypeError", "record: every operand must be a tensor with memory, of at most 8 dimensions");
   }
   auto entry = std::make_shared<Entry>();

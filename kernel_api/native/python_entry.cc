@@ -69,6 +69,16 @@ void SetPointer(TVMFFIAny* out, int32_t type_index, void* pointer) {
   out->v_ptr = pointer;
 }
 
+// Reads `count` torch tensors into `tensors` and points `operands` (DLTensor pointers) at them.
+// False, with the Python error of the first that could not be read, otherwise.
+bool ReadOperands(PyObject* const* objects, int count, DLTensor* tensors, TVMFFIAny* operands) {
+  for (int i = 0; i < count; ++i) {
+    if (!ReadTensor(objects[i], &tensors[i])) return false;
+    SetPointer(&operands[i], kTVMFFIDLTensorPtr, &tensors[i]);
+  }
+  return true;
+}
+
 // The stream argument for a launch on `device` (see the header comment). False with a Python error.
 bool StreamArgument(PyObject* stream, const DLDevice& device, TVMFFIAny* out) {
   if (stream == Py_None) {
@@ -181,12 +191,9 @@ PyObject* Launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const int count = static_cast<int>(nargs - 2);
   DLTensor tensors[kMaxTensors];
   TVMFFIAny operands[kMaxTensors];
-  for (int i = 0; i < count; ++i) {
-    if (!ReadTensor(args[2 + i], &tensors[i])) {
-      PyErr_Clear();  // not a tensor this table can take: the caller's Python path explains
-      Py_RETURN_FALSE;
-    }
-    SetPointer(&operands[i], kTVMFFIDLTensorPtr, &tensors[i]);
+  if (!ReadOperands(args + 2, count, tensors, operands)) {
+    PyErr_Clear();  // not tensors this table can take: the caller's Python path explains
+    Py_RETURN_FALSE;
   }
   TVMFFIAny stream;
   if (!StreamArgument(args[1], tensors[0].device, &stream)) return nullptr;
@@ -294,11 +301,7 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       !IsExactly(args[4], 1.0) || !IsExactly(args[5], 0.0)) {
     Py_RETURN_NONE;
   }
-  DLTensor tensors[3];
-  if (!ReadTensor(A, &tensors[0]) || !ReadTensor(B, &tensors[1])) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
+  if (!PyObject_TypeCheck(A, tensor_type) || !PyObject_TypeCheck(B, tensor_type)) Py_RETURN_NONE;
   const int needs_python = NeedsPython(A, B);
   if (needs_python != 0) {
     PyErr_Clear();
@@ -317,13 +320,14 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_INCREF(out);
     target = out;
   }
-  if (target == nullptr || !ReadTensor(target, &tensors[2])) {
+  PyObject* const objects[] = {A, B, target};
+  DLTensor tensors[3];
+  TVMFFIAny operands[3];
+  if (target == nullptr || !ReadOperands(objects, 3, tensors, operands)) {
     PyErr_Clear();
     Py_XDECREF(target);
     Py_RETURN_NONE;
   }
-  TVMFFIAny operands[3];
-  for (int i = 0; i < 3; ++i) SetPointer(&operands[i], kTVMFFIDLTensorPtr, &tensors[i]);
   PyObject* stream_object = args[10];
   if (stream_object != Py_None) {
     stream_object = PyObject_CallOneArg(ops.to_stream, stream_object);
@@ -339,14 +343,12 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const bool stream_ok = StreamArgument(stream_object, tensors[0].device, &stream);
   Py_DECREF(stream_object);
   bool launched = false;
-  if (!stream_ok || kernel_api_native::LaunchRecorded(tag, stream, operands, 3, &launched) != 0) {
-    if (!stream_ok) {
-      PyErr_Clear();
-    } else {
-      TVMFFIObjectHandle error = nullptr;  // the Python path runs the call again and reports
-      TVMFFIErrorMoveFromRaised(&error);
-      if (error != nullptr) TVMFFIObjectDecRef(error);
-    }
+  if (!stream_ok) {
+    PyErr_Clear();
+  } else if (kernel_api_native::LaunchRecorded(tag, stream, operands, 3, &launched) != 0) {
+    TVMFFIObjectHandle error = nullptr;  // dropped: the Python path runs the call again and reports
+    TVMFFIErrorMoveFromRaised(&error);
+    if (error != nullptr) TVMFFIObjectDecRef(error);
     launched = false;
   }
   if (!launched) {
@@ -368,18 +370,13 @@ void Forget() {
   for (auto& item : old) Py_DECREF(item.second);  // may run Python code: the map is already empty
 }
 
-// The key of (tag, tensors) as the launch table builds it; false (no Python error) when some
-// argument is not a torch tensor or cannot be keyed.
-bool MetadataKey(PyObject* tag_object, PyObject* const* objects, int count, std::string* key) {
-  const long long tag = PyLong_AsLongLong(tag_object);
-  if (tag == -1 && PyErr_Occurred()) return false;
+// The key of (tag, tensors) as the launch table builds it; false when some argument is not a
+// torch tensor or cannot be keyed.
+bool MetadataKey(long long tag, PyObject* const* objects, int count, std::string* key) {
   DLTensor tensors[kMaxTensors];
   TVMFFIAny operands[kMaxTensors];
-  for (int i = 0; i < count; ++i) {
-    if (!ReadTensor(objects[i], &tensors[i])) return false;
-    SetPointer(&operands[i], kTVMFFIDLTensorPtr, &tensors[i]);
-  }
-  return kernel_api_native::TensorKey(tag, operands, count, key);
+  return ReadOperands(objects, count, tensors, operands) &&
+         kernel_api_native::TensorKey(tag, operands, count, key);
 }
 
 PyObject* Recall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -388,9 +385,11 @@ PyObject* Recall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   if (!Configured()) return nullptr;
+  const long long tag = PyLong_AsLongLong(args[0]);
+  if (tag == -1 && PyErr_Occurred()) return nullptr;
   thread_local std::string key;
   key.clear();
-  if (!MetadataKey(args[0], args + 1, static_cast<int>(nargs - 1), &key)) {
+  if (!MetadataKey(tag, args + 1, static_cast<int>(nargs - 1), &key)) {
     PyErr_Clear();  // not tensors this can key: the caller computes
     Py_RETURN_NONE;
   }
@@ -406,8 +405,10 @@ PyObject* Remember(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   if (!Configured()) return nullptr;
+  const long long tag = PyLong_AsLongLong(args[0]);
+  if (tag == -1 && PyErr_Occurred()) return nullptr;
   std::string key;
-  if (!MetadataKey(args[0], args + 2, static_cast<int>(nargs - 2), &key)) {
+  if (!MetadataKey(tag, args + 2, static_cast<int>(nargs - 2), &key)) {
     PyErr_Clear();  // tensors that cannot be keyed (meta, fake, no DLPack form): nothing to remember
     Py_RETURN_FALSE;
   }
