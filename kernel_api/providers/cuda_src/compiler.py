@@ -166,7 +166,8 @@ def compile_cuda(source: str, *, cc: Any, name_expressions: Iterable[str], inclu
     try:
         obj = Program(source, "c++", options=opts).compile("cubin", name_expressions=names, logs=log)
     except Exception as exc:
-        raise CompilationError(_explain_failure(source_name, arch, names, strip_ansi(str(exc) or log.text))) from None
+        message = strip_ansi(str(exc) or log.text).rstrip("\x00")  # NVRTC's log ends in its C string's NUL
+        raise CompilationError(_explain_failure(source_name, arch, names, message)) from None
     mapping = getattr(obj, "symbol_mapping", None) or getattr(obj, "_sym_map", {}) or {}
     symbols = {str(k): (v.decode() if isinstance(v, bytes) else str(v)) for k, v in mapping.items()}
     missing = [n for n in names if n not in symbols]

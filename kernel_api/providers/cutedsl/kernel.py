@@ -188,7 +188,8 @@ class CuteDslKernel(Kernel):
         try:
             compiled = cute.compile(impl, *converted, options=options, **kwargs)
         except Exception as exc:
-            raise CompilationError(f"{name}: CuTe DSL compilation for {arch_string(cc)} failed: {dsl_message(exc)}") from exc
+            raise CompilationError(
+                f"{name}: CuTe DSL compilation for {arch_string(cc)} failed: {dsl_message(exc)}") from exc
         if key is not None:
             _store(key, compiled)
         return self._launch_ready(compiled)
