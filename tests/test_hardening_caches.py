@@ -15,7 +15,7 @@ import torch
 
 import kernel_api
 from kernel_api import cache as kcache
-from kernel_api.errors import CompilationError, strip_ansi
+from kernel_api.errors import CompilationError
 from kernel_api.providers.cuda_src import compiler
 from kernel_api.providers.cuda_src.compiler import compile_cuda
 from kernel_api.records import TuningRecords
@@ -219,6 +219,8 @@ _DSL_MESSAGE = ("\n\x1b[91m\x1b[1merror:\x1b[0m expects arch to be sm_90a, but g
 
 
 def test_strip_ansi():
+    from kernel_api.errors import strip_ansi
+
     assert strip_ansi(_DSL_MESSAGE) == (
         "\nerror: expects arch to be sm_90a, but got sm_80\n   --> impl.py:143\n    |\n143 |         tiled_mma = "
         "make_trivial_tiled_mma(\n    |         ^\n  suggestion: Ensure env CUTE_DSL_ARCH matches your GPU architecture\n")
