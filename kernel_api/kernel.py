@@ -72,8 +72,8 @@ def check_target_cc(kernel: "Kernel", cc: int) -> None:
     supported = (f"{metadata.min_cc} only" if metadata.max_cc == metadata.min_cc
                  else f"{metadata.min_cc} and newer" if metadata.max_cc is None
                  else f"{metadata.min_cc} to {metadata.max_cc}")
-    raise CompilationError(f"{metadata.kernel_name}: cannot compile for compute capability {cc} ({arch_string(cc)}); "
-                           f"the kernel supports compute capability {supported}")
+    raise CompilationError(f"{metadata.kernel_name}: cannot compile for compute capability {cc} "
+                           f"({arch_string(cc)}); the kernel supports compute capability {supported}")
 
 
 class KernelMeta(abc.ABCMeta):
