@@ -13,6 +13,9 @@ and renamed over the final name, so concurrent processes never see half an entry
 carries a SHA-256 of its payload, so a truncated or corrupt file is detected, deleted and
 reported as a miss (the caller rebuilds it). When the folder cannot be written, the cache
 warns once and keeps entries in memory for the rest of the process.
+
+``tree_digest(folder, suffixes)`` hashes the contents of a source tree (a provider package,
+an include folder), for keys that must change whenever a file the artifact was built from does.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
 _lock = threading.Lock()
 _memory: dict[tuple[str, str, str], bytes] = {}  # fallback store for unwritable folders
 _warned: set[str] = set()
+_file_digests: dict[str, tuple[int, int, bytes]] = {}  # path -> (mtime_ns, size, sha256 of contents)
 
 
 def cache_enabled() -> bool:
@@ -67,6 +71,45 @@ def make_key(*parts: Any) -> str:
             data = repr(part).encode()
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
+    return h.hexdigest()
+
+
+def tree_digest(folder: str | os.PathLike, suffixes: tuple[str, ...]) -> str:
+    """SHA-256 (hex) of the relative paths and contents of the files under ``folder``.
+
+    Only files whose name ends with one of ``suffixes`` count (``""`` in ``suffixes`` also
+    takes names without a dot, such as libcu++'s headers); hidden folders and
+    ``__pycache__`` are skipped, and a missing folder has a digest of its own. Every call
+    walks the tree, but a file is read again only when its size or modification time
+    changed since this process last hashed it, so a repeated call costs one ``stat`` per file.
+    """
+    root = os.path.abspath(os.fspath(folder))
+    wanted = tuple(s for s in suffixes if s)
+    bare = "" in suffixes
+    files = []
+    for parent, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        for name in names:
+            if name.endswith(wanted) or (bare and "." not in name):
+                files.append(os.path.join(parent, name))
+    h = hashlib.sha256(b"tree" if os.path.isdir(root) else b"missing folder")
+    for path in sorted(files):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # deleted while walking
+        known = _file_digests.get(path)
+        if known is not None and known[0] == st.st_mtime_ns and known[1] == st.st_size:
+            digest = known[2]
+        else:
+            try:
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).digest()
+            except OSError:
+                continue  # unreadable: the compiler cannot read it either
+            _file_digests[path] = (st.st_mtime_ns, st.st_size, digest)
+        relative = os.path.relpath(path, root).encode()
+        h.update(len(relative).to_bytes(8, "little") + relative + digest)
     return h.hexdigest()
 
 

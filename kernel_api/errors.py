@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
+# Terminal control sequences: CSI (colours, "\x1b[91m"), OSC (titles, links; ended by BEL or
+# ST), the other escapes (ESC, intermediates, a final byte) and a stray ESC. Compilers colour
+# their diagnostics for a terminal; in an exception message the codes are noise.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[ -/]*[0-~]?)")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences, for compiler messages we re-raise."""
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
 
 class KernelApiError(Exception):
     """Base class of every error kernel_api raises on purpose."""

@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 import torch
 
-from .arch import device_cc, normalize_cc
+from .arch import arch_string, device_cc, normalize_cc
 from .arguments import Arguments
 from .artifact import CompiledArtifact
-from .errors import DeviceError, UnsupportedArgumentsError
+from .errors import CompilationError, DeviceError, UnsupportedArgumentsError
 from .metadata import KernelMetadata
 from .status import _SUCCESS, Status
 from . import utils as _utils
@@ -42,6 +42,8 @@ def _wrap_compile(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def compile(self: "Kernel", args: Any, cc: Any = None, *rest: Any, **kwargs: Any) -> Any:
         target = normalize_cc(cc)
+        if target is not None:
+            check_target_cc(self, target)
         token = compile_target_cc.set(target)
         try:
             if target is None:
@@ -56,6 +58,22 @@ def _wrap_compile(fn: Callable) -> Callable:
 
     compile._kernel_api_wrapped = True  # type: ignore[attr-defined]
     return compile
+
+
+def check_target_cc(kernel: "Kernel", cc: int) -> None:
+    """Raise `CompilationError` when ``kernel``'s metadata excludes compute capability ``cc``.
+
+    Compiling for an architecture a kernel was not written for fails deep in its compiler
+    with a message about the compiler's settings; refusing first names the actual problem.
+    """
+    metadata = kernel.__dict__.get("_metadata")
+    if metadata is None or metadata.supports_cc(cc).error is None:
+        return
+    supported = (f"{metadata.min_cc} only" if metadata.max_cc == metadata.min_cc
+                 else f"{metadata.min_cc} and newer" if metadata.max_cc is None
+                 else f"{metadata.min_cc} to {metadata.max_cc}")
+    raise CompilationError(f"{metadata.kernel_name}: cannot compile for compute capability {cc} "
+                           f"({arch_string(cc)}); the kernel supports compute capability {supported}")
 
 
 class KernelMeta(abc.ABCMeta):

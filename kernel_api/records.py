@@ -1,8 +1,14 @@
 """Tuning records: which kernel won for a (device, cc, operation signature, problem shape).
 
-Stored in SQLite (``tuning.sqlite`` in the cache folder, WAL mode) so any later process picks
-the recorded winner without benchmarking again. A corrupt database is set aside and
-recreated with a warning; an unwritable folder falls back to an in-memory database.
+Stored in SQLite (``tuning.sqlite`` in the cache folder, WAL mode, a busy timeout) so any
+later process picks the recorded winner without benchmarking again. Each record is keyed on
+the toolchain that measured it too (kernel_api's version, the CuTe DSL's version and CUDA
+variant): after an upgrade the old winners count as missing. The records are an
+optimisation, so trouble never costs the caller a choice: a damaged database (a bad header,
+or damaged pages found by any query) is set aside as ``tuning.sqlite.corrupt-<time>`` and
+recreated with a warning; an unwritable folder falls back to an in-memory database; a write
+that fails (locked past the busy timeout, disk full...) warns and the winner is kept for
+the rest of the process.
 """
 
 from __future__ import annotations
@@ -15,29 +21,38 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from .cache import cache_dir
+from .toolchain import tuning_toolchain
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
+# The first schema's table, "records", had no toolchain key; its rows count as missing (an old
+# kernel_api may still be using them, so they are left alone).
+_TABLE = "tuning_records"
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {_TABLE} (
     device TEXT NOT NULL,
     cc INTEGER NOT NULL,
     operation TEXT NOT NULL,
     shape TEXT NOT NULL,
+    toolchain_key TEXT NOT NULL,
     kernel_name TEXT NOT NULL,
     median_ms REAL NOT NULL,
     runners_up TEXT NOT NULL,
     toolchain TEXT NOT NULL,
     created TEXT NOT NULL,
-    PRIMARY KEY (device, cc, operation, shape)
+    PRIMARY KEY (device, cc, operation, shape, toolchain_key)
 )
 """
+_COLUMNS = "device, cc, operation, shape, kernel_name, median_ms, runners_up, toolchain, created, toolchain_key"
+_CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT ("disk image is malformed"), SQLITE_NOTADB
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
 class TuningRecord:
-    """One recorded winner; ``runners_up`` maps kernel names to their median ms."""
+    """One recorded winner; ``runners_up`` maps kernel names to their median ms, ``toolchain``
+    holds the versions it was measured with and ``toolchain_key`` the part a lookup matches."""
 
     device: str
     cc: int
@@ -48,15 +63,51 @@ class TuningRecord:
     runners_up: dict
     toolchain: dict
     created: str
+    toolchain_key: str = ""
+
+
+def _from_row(row: tuple) -> TuningRecord:
+    return TuningRecord(*row[:6], json.loads(row[6]), json.loads(row[7]), row[8], row[9])
+
+
+def _is_corrupt(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _CORRUPT_CODES
+    text = str(exc)  # Python 3.10 does not expose the error code
+    return "malformed" in text or "not a database" in text
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 class TuningRecords:
-    """The SQLite store of tuning results (one connection per thread)."""
+    """The SQLite store of tuning results (one connection per thread).
 
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
+    ``toolchain_key`` is what lookups match and records carry (default: this process's
+    kernel_api and DSL versions, `kernel_api.toolchain.tuning_toolchain`); ``timeout`` is
+    SQLite's busy timeout in seconds.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, toolchain_key: str | None = None,
+                 timeout: float = 30.0) -> None:
         self.path = Path(path) if path is not None else cache_dir() / "tuning.sqlite"
+        self.timeout = timeout
+        self._toolchain_key = toolchain_key
         self._local = threading.local()
         self._memory_fallback = False
+        self._unsaved: dict[tuple, TuningRecord] = {}  # winners whose write failed, kept for this process
+        self._lock = threading.Lock()
+
+    @property
+    def toolchain_key(self) -> str:
+        if self._toolchain_key is None:
+            self._toolchain_key = tuning_toolchain()
+        return self._toolchain_key
 
     def _connect(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -64,6 +115,7 @@ class TuningRecords:
             return conn
         conn = self._open()
         self._local.conn = conn
+        self._local.inode = None if self._memory_fallback else _inode(self.path)
         return conn
 
     def _open(self) -> sqlite3.Connection:
@@ -71,13 +123,13 @@ class TuningRecords:
             return self._init(sqlite3.connect(":memory:"))
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            return self._init(sqlite3.connect(str(self.path), timeout=30))
+            return self._init(sqlite3.connect(str(self.path), timeout=self.timeout))
         except sqlite3.DatabaseError as exc:
+            if _is_corrupt(exc):
+                return self._recreate(exc)
             if isinstance(exc, sqlite3.OperationalError) and "unable to open" not in str(exc) \
                     and "readonly" not in str(exc):
                 raise
-            if "file is not a database" in str(exc) or "malformed" in str(exc):
-                return self._recreate(exc)
             return self._fallback(exc)
         except OSError as exc:
             return self._fallback(exc)
@@ -89,23 +141,27 @@ class TuningRecords:
             conn.commit()
         except sqlite3.DatabaseError as exc:
             conn.close()
-            if "not a database" in str(exc) or "malformed" in str(exc):
+            if _is_corrupt(exc):
                 return self._recreate(exc)
             if "readonly" in str(exc) or "unable to open" in str(exc):
                 return self._fallback(exc)
             raise
         return conn
 
-    def _recreate(self, exc: Exception) -> sqlite3.Connection:
-        aside = self.path.with_name(self.path.name + ".corrupt")
+    def _move_aside(self, exc: Exception) -> None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         warnings.warn(f"kernel_api: tuning records {self.path} were unreadable ({exc}); moved to {aside.name} "
-                      f"and starting afresh", RuntimeWarning, stacklevel=4)
+                      f"and starting afresh", RuntimeWarning, stacklevel=5)
         for suffix in ("", "-wal", "-shm"):
             try:
                 os.replace(str(self.path) + suffix, str(aside) + suffix)
             except OSError:
                 pass
-        return self._init(sqlite3.connect(str(self.path), timeout=30))
+
+    def _recreate(self, exc: Exception) -> sqlite3.Connection:
+        self._move_aside(exc)
+        return self._init(sqlite3.connect(str(self.path), timeout=self.timeout))
 
     def _fallback(self, exc: Exception) -> sqlite3.Connection:
         warnings.warn(f"kernel_api: cannot write tuning records at {self.path} ({exc}); keeping them in memory "
@@ -113,37 +169,89 @@ class TuningRecords:
         self._memory_fallback = True
         return self._init(sqlite3.connect(":memory:"))
 
+    def _execute(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``work(connection)``; when it finds the database damaged (a valid header but damaged
+        pages is only noticed by the query that reads them), the file is set aside and ``work``
+        runs once more on a fresh database."""
+        try:
+            return work(self._connect())
+        except sqlite3.DatabaseError as exc:
+            if not _is_corrupt(exc):
+                raise
+            self.close()
+            inode = getattr(self._local, "inode", None)
+            with self._lock:
+                # Another thread or process may have replaced the file already: then only reconnect.
+                if inode is not None and _inode(self.path) == inode:
+                    self._move_aside(exc)
+        return work(self._connect())
+
     def lookup(self, device: str, cc: int, operation: str, shape: str) -> TuningRecord | None:
-        """The recorded winner for this key, or None."""
-        row = self._connect().execute(
-            "SELECT device, cc, operation, shape, kernel_name, median_ms, runners_up, toolchain, created "
-            "FROM records WHERE device=? AND cc=? AND operation=? AND shape=?",
-            (device, cc, operation, shape)).fetchone()
-        if row is None:
+        """The winner recorded for this key with this toolchain, or None.
+
+        A record measured with another kernel_api or DSL version counts as missing; so does
+        one that cannot be read (the database locked past the busy timeout, say), with a warning.
+        """
+        unsaved = self._unsaved.get((device, cc, operation, shape))
+        if unsaved is not None:
+            return unsaved
+        try:
+            row = self._execute(lambda conn: conn.execute(
+                f"SELECT {_COLUMNS} FROM {_TABLE} WHERE device=? AND cc=? AND operation=? AND shape=? "
+                f"AND toolchain_key=?", (device, cc, operation, shape, self.toolchain_key)).fetchone())
+        except (sqlite3.Error, OSError) as exc:
+            warnings.warn(f"kernel_api: cannot read tuning records at {self.path} ({exc}); treating "
+                          f"{operation} {shape} as not yet tuned", RuntimeWarning, stacklevel=2)
             return None
-        return TuningRecord(*row[:6], json.loads(row[6]), json.loads(row[7]), row[8])
+        return None if row is None else _from_row(row)
 
     def record(self, device: str, cc: int, operation: str, shape: str, kernel_name: str, median_ms: float,
                runners_up: dict[str, float], toolchain: dict[str, str]) -> TuningRecord:
-        """Store (replace) the winner for this key."""
+        """Store (replace) the winner for this key and toolchain, and return it.
+
+        A failed write warns instead of raising, and the winner is still returned by this
+        object's `lookup` for the rest of the process: the measurement is not lost.
+        """
         created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        conn = self._connect()
-        with conn:
-            conn.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (device, cc, operation, shape, kernel_name, float(median_ms),
-                          json.dumps(runners_up, sort_keys=True), json.dumps(toolchain, sort_keys=True), created))
-        return TuningRecord(device, cc, operation, shape, kernel_name, float(median_ms), runners_up, toolchain, created)
+        found = TuningRecord(device, cc, operation, shape, kernel_name, float(median_ms), runners_up, toolchain,
+                             created, self.toolchain_key)
+        row = (device, cc, operation, shape, kernel_name, float(median_ms), json.dumps(runners_up, sort_keys=True),
+               json.dumps(toolchain, sort_keys=True), created, self.toolchain_key)
+
+        def write(conn: sqlite3.Connection) -> None:
+            with conn:
+                conn.execute(f"INSERT OR REPLACE INTO {_TABLE} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             row)
+
+        key = (device, cc, operation, shape)
+        try:
+            self._execute(write)
+        except (sqlite3.Error, OSError) as exc:
+            warnings.warn(f"kernel_api: could not save the tuning record for {operation} {shape} in {self.path} "
+                          f"({exc}); this process keeps {kernel_name}, later ones will measure again",
+                          RuntimeWarning, stacklevel=2)
+            self._unsaved[key] = found
+        else:
+            self._unsaved.pop(key, None)
+        return found
 
     def all(self) -> list[TuningRecord]:
-        rows = self._connect().execute(
-            "SELECT device, cc, operation, shape, kernel_name, median_ms, runners_up, toolchain, created FROM records "
-            "ORDER BY created").fetchall()
-        return [TuningRecord(*r[:6], json.loads(r[6]), json.loads(r[7]), r[8]) for r in rows]
+        """Every stored record, of every toolchain, oldest first."""
+        rows = self._execute(lambda conn: conn.execute(
+            f"SELECT {_COLUMNS} FROM {_TABLE} ORDER BY created").fetchall())
+        return [_from_row(r) for r in rows]
 
     def clear(self) -> int:
-        conn = self._connect()
-        with conn:
-            return conn.execute("DELETE FROM records").rowcount
+        """Delete every stored record (those of the first schema's table too); returns how many."""
+        def delete(conn: sqlite3.Connection) -> int:
+            with conn:
+                count = conn.execute(f"DELETE FROM {_TABLE}").rowcount
+                if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='records'").fetchone():
+                    count += conn.execute("DELETE FROM records").rowcount
+                return count
+
+        self._unsaved.clear()
+        return self._execute(delete)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -5,10 +5,11 @@
 template instances are chosen by name and looked up after loading. No GPU is needed.
 
 The disk cache (`kernel_api.cache.DiskCache` namespace ``cubin``) is keyed by a hash of the
-source, the name expressions, the options, include folders, defines, the target arch and the
-NVRTC version; a second process compiling the same kernel loads the cubin
-instead of running NVRTC. Compile errors raise `CompilationError` carrying NVRTC's log, whose
-lines name the source file and line.
+source, the name expressions, the options, the include folders and the contents of the
+headers in them, defines, the target arch and the NVRTC version; a second process compiling
+the same kernel loads the cubin instead of running NVRTC, and editing a header makes a new
+entry. Compile errors raise `CompilationError` carrying NVRTC's log (terminal colour codes
+removed), whose lines name the source file and line.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ...arch import arch_string, normalize_cc
-from ...cache import DiskCache, make_key
-from ...errors import CompilationError
+from ...cache import DiskCache, make_key, tree_digest
+from ...errors import CompilationError, strip_ansi
 
 _FORMAT = 1  # bump when the cached payload layout changes
 _cache = DiskCache("cubin")
 _memo: dict[str, "CompiledCuda"] = {}  # this process's compiles, by cache key
 _memo_lock = threading.Lock()
+# What may be #included from a user include folder ("": libcu++-style names without a dot).
+_HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".cuh", ".inl", ".ipp", ".tcc", ".inc", ".cu", ".c", ".cc",
+                    ".cpp", ".cxx", "")
 
 
 @dataclass
@@ -132,8 +136,10 @@ def compile_cuda(source: str, *, cc: Any, name_expressions: Iterable[str], inclu
     user_incs = tuple(str(d) for d in include_dirs)
     extra = dict(options or {})
     # The toolkit's header folder is looked up only on a miss (finding it can cost a
-    # subprocess); its headers ship with, and are versioned like, NVRTC.
-    key = make_key("cuda_src", _FORMAT, source, names, arch, std, macro, user_incs, toolkit_headers,
+    # subprocess); its headers ship with, and are versioned like, NVRTC. The user's folders
+    # are hashed by content: the cubin changes when a header in them does.
+    headers = tuple(tree_digest(d, _HEADER_SUFFIXES) for d in user_incs)
+    key = make_key("cuda_src", _FORMAT, source, names, arch, std, macro, user_incs, headers, toolkit_headers,
                    sorted(extra.items(), key=str), source_name, _toolchain_versions())
     with _memo_lock:
         found = _memo.get(key)
@@ -160,13 +166,14 @@ def compile_cuda(source: str, *, cc: Any, name_expressions: Iterable[str], inclu
     try:
         obj = Program(source, "c++", options=opts).compile("cubin", name_expressions=names, logs=log)
     except Exception as exc:
-        raise CompilationError(_explain_failure(source_name, arch, names, str(exc) or log.text)) from None
+        message = strip_ansi(str(exc) or log.text).rstrip("\x00")  # NVRTC's log ends in its C string's NUL
+        raise CompilationError(_explain_failure(source_name, arch, names, message)) from None
     mapping = getattr(obj, "symbol_mapping", None) or getattr(obj, "_sym_map", {}) or {}
     symbols = {str(k): (v.decode() if isinstance(v, bytes) else str(v)) for k, v in mapping.items()}
     missing = [n for n in names if n not in symbols]
     if missing:
         raise CompilationError(f"{source_name}: NVRTC returned no lowered name for {missing}")
-    compiled = CompiledCuda(cubin=bytes(obj.code), arch=arch, symbols=symbols, log=log.text, key=key,
+    compiled = CompiledCuda(cubin=bytes(obj.code), arch=arch, symbols=symbols, log=strip_ansi(log.text), key=key,
                             source_name=source_name)
     compiled.seconds = time.perf_counter() - start
     if use_cache:

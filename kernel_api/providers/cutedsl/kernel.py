@@ -21,10 +21,10 @@ import torch
 from ... import native
 from ...arch import arch_string, device_cc
 from ...artifact import CompiledArtifact
-from ...cache import DiskCache, make_key
+from ...cache import DiskCache, make_key, tree_digest
 from ...dtypes import from_torch
-from ...errors import CompilationError, DeviceError
-from ...kernel import Kernel, compile_target_cc
+from ...errors import CompilationError, DeviceError, strip_ansi
+from ...kernel import Kernel, check_target_cc, compile_target_cc
 from ...metadata import TensorAttributes
 
 
@@ -70,27 +70,49 @@ def fake_tensor_like(attrs: TensorAttributes, rank: int) -> Any:
 _artifacts = DiskCache("cutedsl")
 
 
+# The package whose sources every artifact is keyed on: built-in kernels import helpers
+# from all over it (implementations/epilogue.py, gemm_utils.py...), and user kernels
+# derive from its base class.
+_PACKAGE = __name__.rpartition(".")[0]
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_SOURCE_SUFFIXES = (".py", ".cu", ".cuh")
+
+
 @functools.lru_cache(maxsize=None)
 def _toolchain_versions() -> tuple:
-    from importlib.metadata import version
+    """kernel_api's version, the DSL's version and CUDA variant, TVM-FFI's, and the Python."""
+    from ...toolchain import cutlass_dsl_build, distribution_version, kernel_api_version, python_build
 
-    found = []
-    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
-        try:
-            found.append((dist, version(dist)))
-        except Exception:
-            found.append((dist, "?"))
-    return tuple(found)
+    return (("kernel_api", kernel_api_version()), ("nvidia-cutlass-dsl", cutlass_dsl_build()),
+            ("apache-tvm-ffi", distribution_version("apache-tvm-ffi") or "?"), ("python", python_build()))
+
+
+@functools.lru_cache(maxsize=None)
+def _package_source_hash() -> str:
+    """Hash of every source file of this provider package (read once per process)."""
+    return tree_digest(_PACKAGE_DIR, _SOURCE_SUFFIXES)
 
 
 @functools.lru_cache(maxsize=None)
 def _module_source_hash(module_name: str) -> str:
+    """Hash of a module's source; modules of this package are covered by `_package_source_hash`."""
+    if module_name == _PACKAGE or module_name.startswith(_PACKAGE + "."):
+        return "in-package"
     module = sys.modules.get(module_name)
     try:
         source = inspect.getsource(module) if module is not None else module_name
     except (OSError, TypeError):
         source = module_name
     return make_key(source)
+
+
+def _artifact_key(name: str, impl: Any, converted_args: list, options: str, kernel_module: str) -> str:
+    """The disk-cache key of a compiled function: the kernel, its implementation object, the
+    compile arguments and options, this package's sources, the sources of the implementation's
+    and kernel class's modules when they live elsewhere, and the toolchain."""
+    impl_desc = _impl_description(impl)
+    return make_key(name, impl_desc, [_describe(a) for a in converted_args], options, _toolchain_versions(),
+                    _package_source_hash(), _module_source_hash(impl_desc[0]), _module_source_hash(kernel_module))
 
 
 def _describe(value: Any) -> Any:
@@ -108,6 +130,14 @@ def _impl_description(impl: Any) -> Any:
     fields = sorted((k, repr(v)) for k, v in state.items()) if state else ()
     owner = impl if isinstance(impl, type) or callable(impl) and not state else type(impl)
     return (getattr(owner, "__module__", ""), getattr(owner, "__qualname__", repr(owner)), fields)
+
+
+def dsl_message(exc: BaseException) -> str:
+    """The text of a CuTe DSL exception, fit for an exception message: terminal colour codes
+    removed, and without the DSL's hint to set ``CUTE_DSL_ARCH``, which is wrong here
+    (`CuteDslKernel.cute_compile` passes the target architecture itself)."""
+    lines = strip_ansi(str(exc)).splitlines()
+    return "\n".join(line for line in lines if "CUTE_DSL_ARCH" not in line).strip()
 
 
 def _compile_arg(value: Any) -> Any:
@@ -139,6 +169,7 @@ class CuteDslKernel(Kernel):
         import cutlass.cute as cute
 
         cc = _target_cc()
+        check_target_cc(self, cc)  # also when cc comes from the GPU rather than compile(cc=...)
         options = kwargs.pop("options", "") or ""
         flags = [options] if options else []
         if self.enable_tvm_ffi and "--enable-tvm-ffi" not in options:
@@ -150,16 +181,15 @@ class CuteDslKernel(Kernel):
         name = getattr(getattr(self, "_metadata", None), "kernel_name", type(self).__name__)
         key = None
         if self.enable_tvm_ffi and not kwargs:
-            impl_desc = _impl_description(impl)
-            key = make_key(name, impl_desc, [_describe(a) for a in converted], options, _toolchain_versions(),
-                           _module_source_hash(impl_desc[0]), _module_source_hash(type(self).__module__))
+            key = _artifact_key(name, impl, converted, options, type(self).__module__)
             loaded = _load_cached(key)
             if loaded is not None:
                 return self._launch_ready(loaded)
         try:
             compiled = cute.compile(impl, *converted, options=options, **kwargs)
         except Exception as exc:
-            raise CompilationError(f"{name}: CuTe DSL compilation for {arch_string(cc)} failed: {exc}") from exc
+            raise CompilationError(
+                f"{name}: CuTe DSL compilation for {arch_string(cc)} failed: {dsl_message(exc)}") from exc
         if key is not None:
             _store(key, compiled)
         return self._launch_ready(compiled)
