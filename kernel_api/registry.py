@@ -160,6 +160,13 @@ def _checked_instances(kernel_class: type, found: Any) -> list[Kernel]:
         if not isinstance(getattr(kernel, "metadata", None), KernelMetadata):
             raise TypeError(f"{kernel_class.__qualname__}.generate_kernels returned {type(kernel).__name__} "
                             f"instance {i} without KernelMetadata (does its __init__ call Kernel.__init__?)")
+    names: set[str] = set()
+    for kernel in found:
+        name = kernel.metadata.kernel_name
+        if name in names:
+            raise TypeError(f"{kernel_class.__qualname__}.generate_kernels returned two instances named "
+                            f"{name!r}; kernel names must be unique")
+        names.add(name)
     return found
 
 
@@ -181,14 +188,7 @@ def _names_of(kernel_class: type, strict: bool = False) -> frozenset[str] | None
         _log.debug("instance names of %s not checked at registration: %s", kernel_class.__qualname__, exc)
     else:
         try:
-            kernels = _checked_instances(kernel_class, found)
-            names = frozenset(k.metadata.kernel_name for k in kernels)
-            if len(names) < len(kernels):
-                seen: set[str] = set()
-                twice = next(k.metadata.kernel_name for k in kernels
-                             if k.metadata.kernel_name in seen or seen.add(k.metadata.kernel_name))
-                raise TypeError(f"{kernel_class.__qualname__}.generate_kernels returned two instances named "
-                                f"{twice!r}; kernel names must be unique")
+            names = frozenset(k.metadata.kernel_name for k in _checked_instances(kernel_class, found))
         except TypeError as exc:
             if strict:
                 raise RegistrationError(str(exc)) from None
@@ -205,11 +205,12 @@ def _check_unique_names(provider: type["Provider"], kernel_class: type) -> None:
     key = _class_key(kernel_class)
     for other_provider in list(_providers.values()):
         for other in list(other_provider._classes):
-            if _class_key(other) == key:
+            if other_provider is provider and _class_key(other) == key:
                 continue  # the class it replaces
             other_names = _names_of(other)
             clash = sorted(names & other_names) if other_names else ()
             if clash:
+                _names.pop(kernel_class, None)  # refused: forget it
                 more = f" (and {len(clash) - 1} more)" if len(clash) > 1 else ""
                 raise RegistrationError(
                     f"{_class_label(provider, kernel_class)} generates kernel name {clash[0]!r}{more}, which "
@@ -393,18 +394,18 @@ def _generated(kernel_class: type[Kernel], cc: int | None, epilogue_args: Any, e
     key = (kernel_class, cc, epilogue_key)
     found = _instances.get(key)
     if found is None:
+        message = None
         try:
-            found = _checked_instances(kernel_class, kernel_class.generate_kernels(_always, epilogue_args, cc))
-            seen: set[str] = set()
-            for kernel in found:
-                name = kernel.metadata.kernel_name
-                if name in seen:
-                    raise TypeError(f"generate_kernels returned two instances named {name!r}; "
-                                    f"kernel names must be unique")
-                seen.add(name)
+            raw = kernel_class.generate_kernels(_always, epilogue_args, cc)
         except Exception as exc:  # noqa: BLE001 - one broken class must not break discovery
-            found = []
             message = f"generate_kernels(cc={cc}) raised {_error_text(exc)}"
+        else:
+            try:
+                found = _checked_instances(kernel_class, raw)
+            except TypeError as exc:
+                message = str(exc)
+        if message is not None:
+            found = []
             _generation_errors[key] = message
             _report_class_error(kernel_class._kernel_api_provider, kernel_class, "generate", message)
         _instances[key] = found
@@ -591,6 +592,14 @@ def _clip(line: str, width: int) -> str:
     return line if len(line) <= width else line[:width - 1] + "\u2026"
 
 
+def _cut(lines: list[str], room: int) -> list[str]:
+    """``lines`` in ``room`` lines, the last saying how many were left out."""
+    if len(lines) <= room:
+        return lines
+    keep = max(room - 1, 0)
+    return lines[:keep] + [f"  ... {len(lines) - keep} more line(s): .all() lists everything"]
+
+
 def _fit_name(name: str, class_name: str, width: int) -> str:
     """``name`` in ``width`` columns: the class name it starts with (the heading above) goes first."""
     if len(name) > width and name.startswith(class_name):
@@ -641,7 +650,7 @@ class Explanation(list):
         order: dict[tuple[str, str], None] = {}
         accepted: dict[tuple[str, str], list[str]] = {}
         rejected: dict[tuple[str, str], list[Rejection]] = {}
-        classes = self._accepted_classes or [("?", "?")] * len(self.accepted)
+        classes = self._accepted_classes or [("", "")] * len(self.accepted)  # ("", ""): not known
         for name, where in zip(self.accepted, classes):
             order.setdefault(where)
             accepted.setdefault(where, []).append(name)
@@ -677,14 +686,16 @@ class Explanation(list):
             for (provider, cls), names in accepted.items():
                 shown = names[:per_class]
                 which = ":" if len(shown) == len(names) else f", first {len(shown)}:" if shown else f", e.g. {names[0]}"
-                accept_lines.append(f"  {provider}/{cls}: {len(names)} of {total[(provider, cls)]} fit{which}")
+                label = f"{provider}/{cls}" if cls else "accepted"
+                accept_lines.append(f"  {label}: {len(names)} of {total[(provider, cls)]} fit{which}")
                 accept_lines += [f"    {_fit_name(n, cls, width - 4)}" for n in shown]
             if len(head) + len(accept_lines) + len(reject_lines) + len(foot) <= max_lines:
                 break
-        spare = max_lines - len(head) - len(accept_lines) - len(foot)
-        if len(reject_lines) > spare:
-            cut = max(spare - 1, 0)
-            reject_lines = reject_lines[:cut] + [f"  ... {len(reject_lines) - cut} more line(s) in .all()"]
+        # Still too long (many classes): cut each part, saying how much is left out.
+        budget = max(max_lines - len(head) - len(foot), 2)
+        keep_rejected = min(len(reject_lines), max(budget // 2, budget - len(accept_lines)))
+        accept_lines = _cut(accept_lines, budget - keep_rejected)
+        reject_lines = _cut(reject_lines, budget - len(accept_lines))
         return "\n".join(_clip(line, width) for line in head + accept_lines + reject_lines + foot)
 
     @staticmethod

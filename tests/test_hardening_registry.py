@@ -327,3 +327,16 @@ def test_cli_explain_summary_and_all(capsys):
     full = capsys.readouterr().out
     assert all(k.metadata.kernel_name in full for k in kernel_api.get_kernels(args, cc=90))
     assert "operand A: dtype f16 but the kernel takes bf16" in full and len(full.splitlines()) > 500
+
+
+def test_explain_summary_stays_on_one_screen_with_many_classes():
+    rejections = [registry.Rejection("p", f"Rejected{i}", f"Rejected{i}_k{j}", "operand A: dtype f16 but the kernel takes bf16")
+                  for i in range(50) for j in range(3)]
+    accepted = [f"Fits{i}_k{j}_{'x' * 150}" for i in range(60) for j in range(2)]
+    explanation = registry.Explanation(rejections, accepted, problem="GemmArguments(M=1, ...)", cc=90,
+                                       accepted_classes=[("p", f"Fits{i}") for i in range(60) for j in range(2)])
+    rows, cols = _screen(str(explanation))
+    assert rows <= 40 and cols <= 120
+    assert "Fits0_k0" in str(explanation) and "Rejected0: 3 of 3: needs A bf16 (3)" in str(explanation)
+    assert "more line(s)" in str(explanation)
+    assert all(r.kernel_name in explanation.all() for r in explanation)
