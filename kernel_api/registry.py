@@ -48,6 +48,8 @@ _generation_errors: dict[tuple, str] = {}
 # Instance names of a class at (cc=None, no epilogue), keyed by class, with the generate_kernels
 # function they came from (notebooks assign methods after registering).
 _names: dict[type, tuple[Any, frozenset[str] | None]] = {}
+# Which class owns each instance name, per (arguments type, cc, epilogue key): the first registered.
+_owners: dict[tuple, dict[str, type]] = {}
 _log = logging.getLogger(__name__)
 
 
@@ -57,6 +59,7 @@ def _invalidate() -> None:
     _instances.clear()
     _candidates.clear()
     _generation_errors.clear()
+    _owners.clear()
 
 
 class Provider:
@@ -412,14 +415,29 @@ def _generated(kernel_class: type[Kernel], cc: int | None, epilogue_args: Any, e
     return found
 
 
+def _name_owners(args_type: type | None, cc: int | None, epilogue_args: Any, epilogue_key: Any) -> dict[str, type]:
+    """Instance name -> the class (registered first) whose instance of that name discovery uses,
+    over every provider, so a query restricted to some providers agrees with one over all."""
+    key = (args_type, cc, epilogue_key)
+    owners = _owners.get(key)
+    if owners is None:
+        owners = {}
+        for provider in list(_providers.values()):
+            for kernel_class in provider.kernel_classes(args_type):
+                for kernel in _generated(kernel_class, cc, epilogue_args, epilogue_key):
+                    owners.setdefault(kernel.metadata.kernel_name, kernel_class)
+        _owners[key] = owners
+    return owners
+
+
 def _duplicate_owner(kernel: Kernel, kernel_class: type, owners: dict[str, type]) -> type | None:
-    """The class that already produced an instance named like ``kernel`` in this walk, if another.
+    """The other class that owns ``kernel``'s name (see `_name_owners`), if any.
 
     Registration refuses clashing names where it can see them; this catches the rest (names that
-    depend on cc or epilogue, methods assigned after registration) so that one name always means
-    one instance: the class registered first keeps it.
+    depend on cc or epilogue, methods assigned after registration, classes whose generation
+    needs their own module-level name) so that one name always means one instance.
     """
-    owner = owners.setdefault(kernel.metadata.kernel_name, kernel_class)
+    owner = owners.get(kernel.metadata.kernel_name, kernel_class)
     if owner is kernel_class:
         return None
     _report_class_error(kernel_class._kernel_api_provider, kernel_class, "duplicate",
@@ -445,8 +463,8 @@ def _matching(args: Any, cc: int | None, chosen: tuple[type[Provider], ...]) -> 
     if found is not None:
         return found
     found = []
-    owners: dict[str, type] = {}
     epilogue = getattr(args, "epilogue", None)
+    owners = _name_owners(type(args), cc, epilogue, args.epilogue_signature)
     for provider in chosen:
         for kernel_class in provider.kernel_classes(type(args)):
             for kernel in _generated(kernel_class, cc, epilogue, args.epilogue_signature):
@@ -478,7 +496,7 @@ def get_kernels(args: Arguments | None = None, metadata_filter: Callable[[Kernel
     target = resolve_cc(cc, args.device if args is not None else None)
     chosen = _select_providers(providers)
     if args is None:
-        owners: dict[str, type] = {}
+        owners = _name_owners(None, target, None, None)
         pool = [k for p in chosen for c in p.kernel_classes() for k in _generated(c, target, None, None)
                 if _duplicate_owner(k, c, owners) is None]
     else:
@@ -739,7 +757,8 @@ def explain(args: Arguments, cc: Any = None, providers: Any = None) -> Explanati
     accepted: list[str] = []
     accepted_classes: list[tuple[str, str]] = []
     details: dict = {}
-    owners: dict[str, type] = {}
+    epilogue = getattr(args, "epilogue", None)
+    owners = _name_owners(type(args), target, epilogue, args.epilogue_signature)
     for provider in _select_providers(providers):
         for kernel_class in provider.kernel_classes():
             cname = kernel_class.__name__
@@ -747,8 +766,7 @@ def explain(args: Arguments, cc: Any = None, providers: Any = None) -> Explanati
                 rejections.append(Rejection(provider.name, cname, None,
                                             f"takes {kernel_class.supported_args_type.__name__}, not {type(args).__name__}"))
                 continue
-            instances = _generated(kernel_class, target, args.epilogue if hasattr(args, "epilogue") else None,
-                                   args.epilogue_signature)
+            instances = _generated(kernel_class, target, epilogue, args.epilogue_signature)
             if not instances:
                 error = _generation_errors.get((kernel_class, target, args.epilogue_signature))
                 what = "with this epilogue" if args.epilogue_signature is not None else ""

@@ -135,6 +135,9 @@ def test_names_that_clash_only_at_discovery_keep_the_registered_first(provider):
     assert len(named) == 1 and isinstance(named[0], SimtGemm)
     assert any(k.metadata.kernel_name == "LateImpostor_own_name" for k in kernels)
     assert any("LateImpostor" in label for label in kernel_api.plugin_errors())
+    # also when the query leaves out the provider of the class that owns the name
+    only_late = kernel_api.get_kernels(args, cc=90, providers="hardening")
+    assert [k.metadata.kernel_name for k in only_late] == ["LateImpostor_own_name"]
     everything = kernel_api.get_kernels(None, cc=90)
     assert [type(k) for k in everything if k.metadata.kernel_name == name] == [SimtGemm]
     skipped = [r for r in kernel_api.explain(args, cc=90) if r.kernel_class == "LateImpostor"]
