@@ -126,14 +126,12 @@ def cmd_list(ns: argparse.Namespace) -> int:
 
 
 def cmd_explain(ns: argparse.Namespace) -> int:
+    """A one-screen summary (the problem, accepted kernels per class, grouped reasons per
+    class); with ``--all``, every accepted kernel and every rejection with its reason."""
     args = build_arguments(ns)
     cc = normalize_cc(ns.cc, "--cc")
     explanation = registry.explain(args, cc=cc, providers=ns.provider)
-    print(f"{args!r}")
-    rows = [(r.provider, r.kernel_class, r.kernel_name or "(class)", r.reason) for r in explanation]
-    if rows:
-        print(format_table(("provider", "class", "kernel", "why not"), rows))
-    print(f"{len(explanation.accepted)} accepted, {len(rows)} rejected")
+    print(explanation.all() if ns.all else explanation)
     return 0
 
 
@@ -193,7 +191,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-api", description="Discover, explain, benchmark and tune kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_problem_args(sub.add_parser("list", help="list the kernels that can run a problem"))
-    _add_problem_args(sub.add_parser("explain", help="say why each registered kernel does or does not fit"))
+    explain_p = sub.add_parser("explain", help="say why each registered kernel does or does not fit")
+    _add_problem_args(explain_p)
+    for op_parser in explain_p._subparsers._group_actions[0].choices.values():
+        op_parser.add_argument("--all", action="store_true",
+                               help="every kernel and rejection, one per line (default: a one-screen summary)")
     bench_p = sub.add_parser("bench", help="compile, verify and time every candidate and torch (GPU)")
     tune_p = sub.add_parser("tune", help="find the fastest correct kernel and record it (GPU)")
     for p, extra in ((bench_p, True), (tune_p, False)):

@@ -35,6 +35,10 @@ def test_list_reports_nothing_found(toy, capsys):
 def test_explain_lists_reasons(toy, capsys):
     assert main(["explain", "gemm", "--m", "8", "--n", "8", "--k", "8", "--dtype", "f64", "--provider", "toy"]) == 0
     out = capsys.readouterr().out
+    assert "toy/ToyGemm: 96 of 96: needs A f16/bf16/f32 (96)" in out  # grouped in the summary
+    assert main(["explain", "gemm", "--m", "8", "--n", "8", "--k", "8", "--dtype", "f64", "--provider", "toy",
+                 "--all"]) == 0
+    out = capsys.readouterr().out
     assert "operand A: dtype f64 but the kernel takes f16" in out
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import abc
 import os
 import re
+import string
 import sys
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
@@ -168,9 +169,27 @@ class CudaSourceKernel(Kernel):
 
     @classmethod
     def check_definition(cls) -> None:
-        """Raise TypeError if the class lacks what generation needs (default: ``kernel_name``)."""
-        if cls.kernel_name is None:
+        """Raise TypeError if the class lacks what generation needs: ``kernel_name``, and in every
+        variant each ``{field}`` that ``kernel_name`` names.
+
+        Registration calls it (so an incomplete class is refused there) and so does
+        ``generate_kernels`` (classes changed after registration).
+        """
+        name = cls.kernel_name
+        if name is None:
             raise TypeError(f"{cls.__name__}: set `kernel_name` (the __global__ function or a name expression)")
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{cls.__name__}.kernel_name must be a non-empty string, got {name!r}")
+        if "{" not in name:
+            return  # name_expression uses it as it is
+        fields = _template_fields(cls.__name__, name)
+        for i, params in enumerate(cls.variant_params()):
+            if not isinstance(params, Mapping):
+                raise TypeError(f"{cls.__name__}: variant {i} must be a dict of kernel_name fields, got {params!r}")
+            missing = [f for f in fields if f not in params]
+            if missing:
+                raise TypeError(f"{cls.__name__}.kernel_name {name!r} names field {missing[0]!r}, which variant {i} "
+                                f"{dict(params)!r} lacks (each variant fills the {{fields}} of kernel_name)")
 
     @classmethod
     def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool], epilogue_args: Any = None,
@@ -232,6 +251,24 @@ class CudaSourceKernel(Kernel):
             device = torch.cuda.current_device()
         artifact.compiled_obj.launch(raw_stream(stream, device), device, _hashable(grid), _hashable(block),
                                      smem, self.kernel_arguments(args))
+
+
+def _template_fields(class_name: str, name: str) -> list[str]:
+    """The ``{fields}`` that ``name.format(**params)`` reads, or TypeError for a malformed template."""
+    try:
+        parsed = list(string.Formatter().parse(name))
+    except ValueError as exc:
+        raise TypeError(f"{class_name}.kernel_name {name!r} is not a valid name template: {exc}") from None
+    fields = []
+    for _, field, _, _ in parsed:
+        if field is None:
+            continue
+        root = re.match(r"[^.\[]*", field).group()
+        if not root or root.isdigit():
+            raise TypeError(f"{class_name}.kernel_name {name!r}: fields must be named, e.g. {{T}}, not {{{field}}}")
+        if root not in fields:
+            fields.append(root)
+    return fields
 
 
 def _hashable(dims: Any) -> Any:
