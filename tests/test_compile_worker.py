@@ -280,3 +280,42 @@ def test_undescribable_arguments_and_main_classes_stay_in_process(kernels_module
     assert describe_arguments(with_epilogue) is None
     kind, description = describe_arguments(_meta_args())
     assert CompileRequest("m", "C", "k", 90, kind, description).arguments["A"]["shape"] == [64, 32]
+
+
+# Tunes through the front door at module level, without a main guard.
+UNGUARDED_OPS_SCRIPT = textwrap.dedent('''
+    import os
+
+    import torch
+
+    import kernel_api
+    from kernel_api import PickBest
+
+    with open(os.environ["MARKER"], "a") as f:
+        f.write("ran\\n")
+    torch.manual_seed(0)
+    A = torch.randn(96, 64, device="cuda", dtype=torch.float64)
+    B = torch.randn(64, 80, device="cuda", dtype=torch.float64)
+    with kernel_api.settings(policy=PickBest, num_workers=2):
+        out = kernel_api.ops.gemm(A, B)
+    ref = A.cpu() @ B.cpu()
+    error = ((out.cpu() - ref).norm() / ref.norm()).item()
+    assert error < 1e-12, error
+    print("ERROR", error)
+''')
+
+
+@pytest.mark.gpu
+def test_unguarded_script_tunes_with_pick_best_on_the_gpu(tmp_path):
+    # f64: about ten candidates (SimtGemm, Sm80TensorOpGemm's DMMA), so tuning stays short.
+    script = tmp_path / "ops_script.py"
+    script.write_text(UNGUARDED_OPS_SCRIPT)
+    marker, cache = tmp_path / "ran.txt", tmp_path / "cache"
+    env = dict(os.environ, MARKER=str(marker), KERNEL_API_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert marker.read_text().splitlines() == ["ran"]
+    assert "ERROR" in done.stdout
+    # The workers compiled the candidates into the script's cache folder.
+    assert len(list((cache / "cutedsl").glob("*.bin"))) >= 2
