@@ -188,12 +188,15 @@ def main() -> None:
 def _worker_environment() -> dict[str, str]:
     """The parent's environment, with its import path so the worker imports the same modules."""
     env = dict(os.environ)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    paths = [package_root]
+    # In the parent's order, so that every module resolves as it did there.
+    paths: list[str] = []
     for p in sys.path:
         p = os.path.abspath(p) if p else os.getcwd()
         if p not in paths and os.pathsep not in p:
             paths.append(p)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if package_root not in paths:  # kernel_api imported by other means than sys.path
+        paths.insert(0, package_root)
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -338,14 +341,13 @@ def compile_in_workers(args: Any, kernels: list, cc: int, num_workers: int,
                         with lock:
                             live.discard(worker)
                         worker = None
-                with lock:
-                    results[request.kernel_name] = failure
-                    done = len(results)
                 if failure is not None:
                     logger.info("compile worker: %s: %s", request.kernel_name, failure)
-                if progress is not None:
-                    label = f"compiled {request.kernel_name}" if failure is None else f"{request.kernel_name}: {failure}"
-                    progress(done, total, label)
+                with lock:  # one progress call at a time, in order
+                    results[request.kernel_name] = failure
+                    if progress is not None:
+                        label = f"compiled {request.kernel_name}" if failure is None else f"{request.kernel_name}: {failure}"
+                        progress(len(results), total, label)
         except BaseException as exc:  # e.g. a failing progress callback: re-raised by the caller's thread
             errors.append(exc)
             stopping.set()

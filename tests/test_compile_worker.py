@@ -226,7 +226,7 @@ def test_worker_gets_the_parents_environment_and_path(tmp_path, monkeypatch):
     env = _worker_environment()
     assert env["KERNEL_API_CACHE_DIR"] == str(tmp_path / "cache")
     paths = env["PYTHONPATH"].split(os.pathsep)
-    assert paths[0] == str(REPO) and str(tmp_path / "plugins") in paths
+    assert str(REPO) in paths and paths.index(str(tmp_path / "plugins")) < paths.index(str(REPO))
 
 
 def test_worker_exits_when_its_parent_dies(kernels_module, tmp_path):
