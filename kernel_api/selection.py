@@ -3,16 +3,15 @@
 
 ``PickBest`` compiles candidates in parallel *worker processes* for the target cc; each
 worker fills the on-disk artifact caches, so the parent then loads every candidate in
-milliseconds instead of compiling them one after another.
+milliseconds instead of compiling them one after another. The workers are our own entry
+point (`kernel_api.compile_worker`), so tuning from a script without an
+``if __name__ == "__main__":`` guard does not re-run the script.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
-import multiprocessing
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -123,55 +122,22 @@ class TuneResult:
     from_record: bool = False
 
 
-def _compile_in_worker(payload: tuple) -> tuple[str, str | None]:
-    """Worker-process entry: rebuild look-alike arguments, compile one kernel, fill the caches."""
-    kind, description, kernel_name, cc, plugin_paths = payload
-    for p in plugin_paths:
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    try:
-        args = _arguments_from_description(kind, description)
-        for kernel in registry.get_kernels(args, cc=cc):
-            if kernel.metadata.kernel_name == kernel_name:
-                kernel.compile(args, cc=cc)
-                return kernel_name, None
-        return kernel_name, "not found in the worker (registered only in the parent process?)"
-    except Exception as exc:  # reported to the parent, which then compiles itself
-        return kernel_name, f"{type(exc).__name__}: {exc}"
-
-
-def _describe_arguments(args: Any) -> tuple[str, dict] | None:
-    """A picklable description from which a worker rebuilds arguments of the same signature."""
-    def t(x: torch.Tensor) -> dict:
-        offset = (x.data_ptr() // x.element_size()) % 128 if x.data_ptr() else 0
-        return {"shape": tuple(x.shape), "stride": tuple(x.stride()), "dtype": str(x.dtype).split(".")[-1],
-                "offset": offset}
-    if isinstance(args, GemmArguments):
-        if args.epilogue is not None:
-            return None  # epilogue tensors: compile in the parent
-        return "gemm", {"A": t(args.A), "B": t(args.B), "out": t(args.out), "acc": args.accumulator_type.value}
-    return None
-
-
-def _arguments_from_description(kind: str, d: dict) -> Any:
-    def make(x: dict) -> torch.Tensor:
-        dtype = getattr(torch, x["dtype"])
-        span = 1 + sum((s - 1) * st for s, st in zip(x["shape"], x["stride"]))
-        return torch.empty(span + x["offset"], dtype=dtype).as_strided(x["shape"], x["stride"], x["offset"])
-    if kind == "gemm":
-        return GemmArguments(make(d["A"]), make(d["B"]), make(d["out"]), accumulator_type=d["acc"])
-    raise ValueError(kind)
-
-
 class PickBest(Policy):
     """Compile candidates (in parallel worker processes), verify each on fresh random data
     against a reference, time them with CUDA events (median, rotating inputs), record the
-    winner in the tuning records, and reuse a record when one exists."""
+    winner in the tuning records, and reuse a record when one exists.
+
+    ``num_workers``: compile processes (default: the `settings` scope's, else up to 8);
+    ``compile_timeout``: seconds one compile may take in a worker before it is stopped and the
+    kernel reported as failed (None: no limit).
+    """
 
     def __init__(self, num_workers: int | None = None, max_candidates: int | None = 24, repeat: int = 30,
                  records: TuningRecords | None = None, use_records: bool = True,
-                 progress: Callable[[int, int, str], None] | None = None) -> None:
+                 progress: Callable[[int, int, str], None] | None = None,
+                 compile_timeout: float | None = 900.0) -> None:
         self.num_workers = num_workers
+        self.compile_timeout = compile_timeout
         self.max_candidates = max_candidates
         self.repeat = repeat
         self.records = records
@@ -218,18 +184,25 @@ class PickBest(Policy):
                                    {m.kernel_name: m.median_ms for m in good[1:]}, toolchain_versions())
         return TuneResult(winner, measurements)
 
-    def _precompile(self, args: Any, kernels: list[Kernel], cc: int) -> None:
-        workers = self.num_workers if self.num_workers is not None else min(8, os.cpu_count() or 1)
-        description = _describe_arguments(args)
-        if workers <= 1 or description is None or len(kernels) <= 1:
-            return
-        plugin_paths = [p for p in sys.path if p]
-        payloads = [(description[0], description[1], k.metadata.kernel_name, cc, plugin_paths) for k in kernels]
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(max_workers=min(workers, len(kernels)), mp_context=ctx) as pool:
-            for done, (name, failure) in enumerate(pool.map(_compile_in_worker, payloads), 1):
-                if self.progress:
-                    self.progress(done, len(kernels), f"compiled {name}" if failure is None else f"{name}: {failure}")
+    def _worker_count(self) -> int:
+        """This policy's ``num_workers``, else the current `settings`' one, else up to 8 (by CPUs)."""
+        if self.num_workers is not None:
+            return self.num_workers
+        from .settings import current  # settings imports this module
+
+        scoped = current().num_workers
+        return scoped if scoped is not None else min(8, os.cpu_count() or 1)
+
+    def _precompile(self, args: Any, kernels: list[Kernel], cc: int) -> dict[str, str | None]:
+        """Compile ``kernels`` in worker processes into the disk caches (see
+        `kernel_api.compile_worker.compile_in_workers`); returns each worker-compiled kernel's
+        failure message or None. Kernels left out are compiled by `_measure` in this process."""
+        workers = self._worker_count()
+        if workers <= 1 or len(kernels) <= 1:
+            return {}
+        from .compile_worker import compile_in_workers  # not at import: the worker module runs as __main__
+
+        return compile_in_workers(args, kernels, cc, workers, progress=self.progress, timeout=self.compile_timeout)
 
     def _measure(self, args: Any, kernels: list[Kernel]) -> list[Measurement]:
         sets = rotation_count(sum(t.numel() * t.element_size() for t in args.tensors().values()))

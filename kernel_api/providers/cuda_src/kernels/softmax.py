@@ -117,8 +117,13 @@ class _SoftmaxBase(CudaSourceKernel):
         if self.max_cols is not None and cols > self.max_cols:
             return Status.fail(f"{self.metadata.kernel_name}: rows of {cols} elements exceed its {self.max_cols}; "
                                f"a block/looped instance handles longer rows")
-        if self.strategy != "warp" and rows > MAX_GRID_X:
-            return Status.fail(f"{self.metadata.kernel_name}: {rows} rows exceed the grid limit {MAX_GRID_X}")
+        # softmax.cu takes rows, strides and row offsets as 64-bit integers (i64), so the only
+        # index limit is the grid: one block per row (warp: per WARPS_PER_CTA rows) on gridDim.x.
+        per_cta = WARPS_PER_CTA if self.strategy == "warp" else 1
+        blocks = -(-rows // per_cta)
+        if blocks > MAX_GRID_X:
+            return Status.fail(f"{self.metadata.kernel_name}: rows={rows:,} need {blocks:,} blocks of {per_cta} "
+                               f"row(s), past the grid's x limit of 2^31-1 = {MAX_GRID_X:,}")
         return Status.success()
 
     # ---- compile: the template instance for this row length ------------------------------

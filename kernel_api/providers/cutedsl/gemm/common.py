@@ -24,7 +24,7 @@ from ....dtypes import DataType
 from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
                           GemmOperandsMetadata, KernelMetadata, TensorAttributes)
 from ....status import Status
-from ....utils import strides_to_layout_string, to_cuda_stream
+from ....utils import MAX_GRID_X, strides_to_layout_string, to_cuda_stream
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
 
 #: (stride_A, stride_B, stride_out) for all eight row/column-major combinations, "ttt" first.
@@ -33,8 +33,47 @@ LAYOUT_COMBOS: tuple[tuple[tuple[int, ...], ...], ...] = tuple(itertools.product
 #: What the fused epilogues of these kernels can do (everything `EpilogueArguments` offers).
 FULL_EPILOGUE = EpilogueMetadata(alpha_beta=True, bias=frozenset({"row", "column"}), activations=frozenset(ACTIVATIONS))
 
-# CUDA limits the grid's y and z extents to 65535 blocks.
+# CUDA limits the grid's y and z extents to 65535 blocks (x: utils.MAX_GRID_X).
 MAX_GRID_YZ = 65535
+#: The kernels here are compiled for `fake_tensor`s whose extents are 32-bit (``sym_int32``)
+#: and whose strides are 64-bit (``sym_int64``): element offsets (coordinate x stride) are
+#: 64-bit, so M*K or M*N past 2^31 elements is fine (measured on an H200), but every extent,
+#: and every tile-rounded extent the kernels compute in 32 bits (``(M + BM - 1) // BM``,
+#: ``bm * BM + i`` tile coordinates, ``k_tiles * BK``), must stay below 2^31.
+INT32_MAX = 2**31 - 1
+# Extents below this pass the 32-bit checks for any tile up to 256 (the largest here).
+_SAFE_EXTENT = INT32_MAX - 256
+
+
+def extent_limits(args: GemmArguments, tile: tuple[int, int, int]) -> Status | None:
+    """A failure when M, N or K rounded up to ``tile`` (BM, BN, BK) exceeds 32 bits, else None."""
+    if args.M <= _SAFE_EXTENT and args.N <= _SAFE_EXTENT and args.K <= _SAFE_EXTENT:
+        return None
+    for name, value, t in (("M", args.M, tile[0]), ("N", args.N, tile[1]), ("K", args.K, tile[2])):
+        padded = -(-value // t) * t
+        if padded > INT32_MAX:
+            return Status.fail(f"{name}={value:,} (rounded up to the tile's {t}: {padded:,}) exceeds the 32-bit "
+                               f"index limit of this kernel (2^31-1 = {INT32_MAX:,})")
+    return None
+
+
+def grid_y_limit(args: GemmArguments, tile_n: int) -> Status | None:
+    """A failure when the N tiles, which go on the grid's y axis, exceed its 65535 blocks."""
+    tiles = -(-args.N // tile_n)
+    if tiles > MAX_GRID_YZ:
+        return Status.fail(f"N={args.N:,} makes {tiles:,} tiles of {tile_n} columns, past the grid's y limit of "
+                           f"{MAX_GRID_YZ:,} blocks (N <= {MAX_GRID_YZ * tile_n:,} for this tile)")
+    return None
+
+
+def grid_x_tiles_limit(args: GemmArguments, tile_m: int, tile_n: int) -> Status | None:
+    """A failure when all (M, N) tiles of one batch, which go on the grid's x axis (a 32-bit
+    product), exceed its 2^31-1 blocks."""
+    tiles = -(-args.M // tile_m) * -(-args.N // tile_n)
+    if tiles > MAX_GRID_X:
+        return Status.fail(f"M x N = {args.M:,} x {args.N:,} makes {tiles:,} tiles of {tile_m}x{tile_n}, past the "
+                           f"grid's x limit of 2^31-1 = {MAX_GRID_X:,} blocks")
+    return None
 
 
 def layout_name(stride_A: tuple[int, ...], stride_B: tuple[int, ...], stride_out: tuple[int, ...]) -> str:
@@ -189,9 +228,13 @@ class GemmKernelBase(CuteDslKernel):
         return self._common_supports(args)
 
     def _common_supports(self, args: GemmArguments) -> Status:
-        """Checks every GEMM implementation here needs beyond metadata."""
+        """Checks every GEMM implementation here needs beyond metadata: the batch on the grid's
+        z axis, 32-bit extents (`extent_limits`), a single batch's stride."""
         if args.L > MAX_GRID_YZ:
-            return Status.fail(f"batch L={args.L} exceeds the grid limit of {MAX_GRID_YZ}")
+            return Status.fail(f"batch L={args.L:,} exceeds the grid's z limit of {MAX_GRID_YZ:,} blocks")
+        status = extent_limits(args, self.metadata.design.tile_shape)
+        if status is not None:
+            return status
         if args.A.dim() == 3 and args.L == 1:
             # Argument divisibility ignores the batch stride of a single batch, but the
             # compiled code assumes it (TVM-FFI checks it at call time).

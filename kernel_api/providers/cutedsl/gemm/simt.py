@@ -13,8 +13,10 @@ from typing import Any, Callable
 from ....arguments import EpilogueArguments, GemmArguments
 from ....dtypes import DataType
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
+from ....status import Status
 from .. import CuTeDSLProvider
-from .common import FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, tiled_gemm_metadata
+from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, grid_y_limit,
+                     tiled_gemm_metadata)
 
 # (operand dtype, output dtype, accumulator dtype)
 _DTYPES = (
@@ -62,6 +64,11 @@ class SimtGemm(GemmKernelBase):
                         if metadata.supports_cc(cc) and metadata_filter(metadata):
                             kernels.append(SimtGemm(metadata))
         return kernels
+
+    def _supports(self, args: GemmArguments) -> Status:
+        # The grid is (M tiles, N tiles, L) (simt_impl.py): N tiles are bounded by gridDim.y.
+        status = grid_y_limit(args, self.metadata.design.tile_shape[1])
+        return status if status is not None else self._common_supports(args)
 
     def _make_impl(self, args: GemmArguments) -> Any:
         from .implementations.simt_impl import SimtGemmImpl

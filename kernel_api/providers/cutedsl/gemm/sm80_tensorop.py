@@ -18,9 +18,11 @@ from typing import Any, Callable
 from ....arguments import EpilogueArguments, GemmArguments
 from ....dtypes import DataType
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
+from ....status import Status
 from .. import CuTeDSLProvider
 from ..kernel import _target_cc
-from .common import FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, tiled_gemm_metadata
+from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, grid_x_tiles_limit,
+                     grid_y_limit, tiled_gemm_metadata)
 
 # (operand dtype, output dtype); accumulation is always f32
 _DTYPES_16 = ((DataType.bf16, DataType.bf16), (DataType.f16, DataType.f16),
@@ -80,6 +82,16 @@ class Sm80TensorOpGemm(GemmKernelBase):
                 if metadata.supports_cc(cc) and metadata_filter(metadata):
                     kernels.append(Sm80TensorOpGemm(metadata))
         return kernels
+
+    def _supports(self, args: GemmArguments) -> Status:
+        tm, tn, _ = self.metadata.design.tile_shape
+        if self.metadata.operands.A.dtype is DataType.f64:
+            # DMMA's grid is (M tiles, N tiles, L) (sm80_dmma_impl.py): N tiles are bounded by gridDim.y.
+            status = grid_y_limit(args, tn)
+        else:
+            # One grid row of M tiles x N tiles, a 32-bit product (sm80_tensorop_impl.py).
+            status = grid_x_tiles_limit(args, tm, tn)
+        return status if status is not None else self._common_supports(args)
 
     def _make_impl(self, args: GemmArguments) -> Any:
         md = self.metadata.operands

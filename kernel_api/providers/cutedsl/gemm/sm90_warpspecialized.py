@@ -31,7 +31,8 @@ from ....status import Status
 from ....utils import to_cuda_stream
 from .. import CuTeDSLProvider
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
-from .common import FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, epilogue_supported_by_generation, layout_name
+from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, epilogue_supported_by_generation, extent_limits,
+                     layout_name)
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
 SM90_SMEM_BYTES = 232448
@@ -224,9 +225,23 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
     def _supports(self, args: GemmArguments) -> Status:
         if args.K == 0:
             return Status.fail("K=0: a TMA descriptor cannot describe an empty operand")
-        if args.M > _INT32_MAX or args.N > _INT32_MAX or args.K > _INT32_MAX:
-            dim, value = max((("M", args.M), ("N", args.N), ("K", args.K)), key=lambda p: p[1])
-            return Status.fail(f"problem size {dim}={value} exceeds the 32-bit coordinates of TMA")
+        # TMA coordinates and the fake tensors' extents are 32-bit; the implementation rounds M,
+        # N, K up to its tile in 32 bits too (common.extent_limits). Element offsets are 64-bit.
+        status = extent_limits(args, (*self.config.tile_mn, K_TILE))
+        if status is not None:
+            return status
+        # The persistent scheduler counts cluster tiles (clusters_m * clusters_n * L) in an Int32
+        # and steps its cursor past the last one by up to one wave of clusters. (There are never
+        # more cluster tiles than outputs.)
+        if args.M * args.N * args.L > _INT32_MAX - _MAX_SLOTS:
+            cm, cn = self.config.cluster_mn
+            tm, tn = self.config.tile_mn
+            clusters = -(-args.M // (tm * cm)) * -(-args.N // (tn * cn)) * args.L
+            if clusters > _INT32_MAX - _MAX_SLOTS:
+                return Status.fail(
+                    f"M x N x L = {args.M:,} x {args.N:,} x {args.L:,} makes {clusters:,} cluster tiles of "
+                    f"{tm * cm}x{tn * cn}, past the 32-bit tile counter of this kernel (2^31-1 less one wave of "
+                    f"{_MAX_SLOTS:,})")
         if args.L == 1 and args.A.dim() == 3:
             # Argument divisibility ignores the batch stride of a single batch, but the TMA
             # descriptor still encodes it and needs 16 bytes.

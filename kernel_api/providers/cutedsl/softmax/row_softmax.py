@@ -26,12 +26,13 @@ from ....dtypes import DataType
 from ....errors import UnsupportedArgumentsError
 from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
 from ....status import Status
-from ....utils import MAX_GRID_X, next_pow2, to_cuda_stream
+from ....utils import next_pow2, to_cuda_stream
 from .. import CuTeDSLProvider
 from ..kernel import CuteDslKernel, fake_tensor
 
 WARP_MAX_COLS = 1024
 WARPS_PER_CTA = 4
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,14 @@ class _CuteSoftmaxBase(CuteDslKernel):
         if args.cols > self.max_cols:
             return Status.fail(f"{self.metadata.kernel_name}: rows of {args.cols} elements exceed its "
                                f"{self.max_cols} (the cuda_src looped kernels take any length)")
-        if args.rows > MAX_GRID_X:
-            return Status.fail(f"{self.metadata.kernel_name}: {args.rows} rows exceed the grid limit")
+        # The compiled kernel takes (rows, cols) as 32-bit extents (`fake_tensor`) and computes
+        # its grid, rows rounded up to the CTA's rows, in 32 bits; row strides are 64-bit.
+        per_cta = WARPS_PER_CTA if self.strategy == "warp" else 1
+        padded = -(-args.rows // per_cta) * per_cta
+        if padded > INT32_MAX:
+            return Status.fail(f"{self.metadata.kernel_name}: rows={args.rows:,} (rounded up to the CTA's {per_cta} "
+                               f"rows: {padded:,}) exceeds the 32-bit index limit of this kernel "
+                               f"(2^31-1 = {INT32_MAX:,})")
         return Status.success()
 
     def get_workspace_size(self, args: Any) -> int:

@@ -1,0 +1,383 @@
+"""Compiling kernels in worker processes that never import the caller's ``__main__``.
+
+`PickBest` compiles its candidates in parallel so that the tuning process then loads each
+artifact from the shared disk cache in milliseconds. The workers are started as
+``python -m kernel_api.compile_worker``: unlike ``multiprocessing``'s spawn start method,
+that does not re-run the user's script (a script without an ``if __name__ == "__main__":``
+guard would otherwise start copies of itself).
+
+Protocol: the parent writes requests to a worker's stdin and reads replies from its stdout,
+each message a 4-byte big-endian length and a UTF-8 JSON object. A request names one kernel
+instance (its class's module and qualified name, and its kernel name), the target cc and a
+description of the arguments (shapes, strides, dtypes, pointer alignment) from which the
+worker rebuilds look-alike arguments on the ``meta`` device (no memory). The reply carries
+the kernel name and None or the failure's message. End of input ends the worker; a worker
+whose parent died exits too (it watches its parent id), so none outlives the tuning process.
+
+The workers get the parent's environment (``KERNEL_API_CACHE_DIR`` among it) and its
+``sys.path`` (through ``PYTHONPATH``), so they import the same ``kernel_api`` and the same
+plugin and user kernel modules. A kernel class defined in ``__main__`` or inside a function
+cannot be imported by a worker: such kernels are left to the parent, which compiles every
+candidate anyway when it measures them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import select
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+from .arguments import GemmArguments
+
+logger = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct(">I")
+#: Seconds a worker gets to exit after its input is closed before it is killed.
+_EXIT_GRACE_S = 10.0
+#: How often a worker checks that its parent is still alive.
+_PARENT_POLL_S = 0.5
+#: Default limit on one kernel's compile in a worker.
+DEFAULT_COMPILE_TIMEOUT_S = 900.0
+
+
+class WorkerError(RuntimeError):
+    """A worker died, timed out or broke the protocol."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileRequest:
+    """One kernel to compile: which instance, for which arguments signature and cc."""
+
+    kernel_module: str
+    kernel_class: str
+    kernel_name: str
+    cc: int
+    kind: str
+    arguments: dict
+
+
+# ---- argument descriptions ------------------------------------------------------------------
+def describe_arguments(args: Any) -> tuple[str, dict] | None:
+    """``(kind, description)`` from which `arguments_from_description` rebuilds arguments of
+    the same signature (dtypes, shapes, strides, pointer alignment), or None when a worker
+    cannot rebuild them (an epilogue's extra tensors, other argument types)."""
+    def tensor(x: torch.Tensor) -> dict:
+        # The pointer's offset in elements, modulo the largest divisibility anyone checks.
+        offset = (x.data_ptr() // x.element_size()) % 128 if x.data_ptr() else 0
+        return {"shape": list(x.shape), "stride": list(x.stride()), "dtype": str(x.dtype).split(".")[-1],
+                "offset": offset}
+    if isinstance(args, GemmArguments):
+        if args.epilogue is not None:
+            return None  # epilogue tensors: compile in the parent
+        return "gemm", {"A": tensor(args.A), "B": tensor(args.B), "out": tensor(args.out),
+                        "acc": args.accumulator_type.value}
+    return None
+
+
+def arguments_from_description(kind: str, description: dict) -> Any:
+    """Arguments on the ``meta`` device (no memory) with the described signature."""
+    def make(x: dict) -> torch.Tensor:
+        dtype = getattr(torch, x["dtype"])
+        # A meta tensor's data_ptr is its storage offset in bytes: the offset keeps the alignment.
+        return torch.empty(0, dtype=dtype, device="meta").as_strided(tuple(x["shape"]), tuple(x["stride"]),
+                                                                      x["offset"])
+    if kind == "gemm":
+        return GemmArguments(make(description["A"]), make(description["B"]), make(description["out"]),
+                             accumulator_type=description["acc"])
+    raise ValueError(f"arguments kind {kind!r} is not one a worker can rebuild")
+
+
+def importable_class(kernel_class: type) -> bool:
+    """Whether a worker can import ``kernel_class`` by module and name (not from ``__main__``,
+    not defined inside a function)."""
+    module = getattr(kernel_class, "__module__", None)
+    return bool(module) and module != "__main__" and "<locals>" not in kernel_class.__qualname__
+
+
+# ---- framing --------------------------------------------------------------------------------
+def _encode(message: dict) -> bytes:
+    data = json.dumps(message).encode()
+    return _LENGTH.pack(len(data)) + data
+
+
+def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
+    chunks = []
+    while size:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise TimeoutError
+        chunk = os.read(fd, size)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_message(fd: int, deadline: float | None = None) -> dict:
+    (size,) = _LENGTH.unpack(_read_exact(fd, _LENGTH.size, deadline))
+    return json.loads(_read_exact(fd, size, deadline))
+
+
+# ---- the worker process ---------------------------------------------------------------------
+def _compile_one(request: CompileRequest) -> str | None:
+    """Compile one kernel into the disk caches; None on success, else the failure's message."""
+    from . import registry
+
+    try:
+        # Registers the class (user and plugin modules register on import).
+        importlib.import_module(request.kernel_module)
+    except Exception as exc:
+        return f"the worker cannot import module {request.kernel_module!r}: {type(exc).__name__}: {exc}"
+    try:
+        args = arguments_from_description(request.kind, request.arguments)
+        found = registry.get_kernels(args, cc=request.cc,
+                                     metadata_filter=lambda m: m.kernel_name == request.kernel_name)
+        for kernel in found:
+            cls = type(kernel)
+            if (cls.__module__, cls.__qualname__) == (request.kernel_module, request.kernel_class):
+                kernel.compile(args, cc=request.cc)
+                return None
+        return (f"{request.kernel_name} ({request.kernel_module}.{request.kernel_class}) is not among the "
+                f"worker's kernels for these arguments")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _exit_with_parent(parent: int) -> None:
+    while True:
+        time.sleep(_PARENT_POLL_S)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def main() -> None:
+    """Serve compile requests from stdin until it closes (see the module docstring)."""
+    # The protocol owns the original stdout; anything compilers or libraries print goes to stderr.
+    reply = os.dup(1)
+    os.dup2(2, 1)
+    parent = os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="kernel_api-parent-watch").start()
+    while True:
+        try:
+            message = _read_message(0)
+        except EOFError:
+            return
+        request = CompileRequest(**message)
+        failure = _compile_one(request)
+        data = _encode({"kernel_name": request.kernel_name, "failure": failure})
+        view = memoryview(data)
+        while view:
+            view = view[os.write(reply, view):]
+
+
+# ---- the parent side ------------------------------------------------------------------------
+def _worker_environment() -> dict[str, str]:
+    """The parent's environment, with its import path so the worker imports the same modules."""
+    env = dict(os.environ)
+    # In the parent's order, so that every module resolves as it did there.
+    paths: list[str] = []
+    for p in sys.path:
+        p = os.path.abspath(p) if p else os.getcwd()
+        if p not in paths and os.pathsep not in p:
+            paths.append(p)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if package_root not in paths:  # kernel_api imported by other means than sys.path
+        paths.insert(0, package_root)
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+class _Worker:
+    """One ``python -m kernel_api.compile_worker`` process; its stderr goes to a temporary
+    file whose tail explains a crash."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.stderr = tempfile.TemporaryFile()
+        # -P (3.11+): the working directory does not shadow the modules on the parent's path.
+        flags = ["-P"] if sys.version_info >= (3, 11) else []
+        self.process = subprocess.Popen([sys.executable, *flags, "-m", "kernel_api.compile_worker"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                        env=env, bufsize=0, close_fds=True)
+
+    def compile(self, request: CompileRequest, timeout: float | None) -> str | None:
+        try:
+            self.process.stdin.write(_encode(dataclasses.asdict(request)))
+        except OSError:
+            raise WorkerError(self._death("could not take the request")) from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            reply = _read_message(self.process.stdout.fileno(), deadline)
+        except TimeoutError:
+            raise WorkerError(f"compiling took longer than {timeout:g} s; the worker was stopped") from None
+        except (EOFError, ValueError):
+            raise WorkerError(self._death("died while compiling")) from None
+        return reply["failure"]
+
+    def _death(self, what: str) -> str:
+        try:
+            code = self.process.wait(timeout=_EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.stderr.seek(0)
+        tail = self.stderr.read().decode(errors="replace").strip()[-800:]
+        return f"the compile worker {what} (exit code {code})" + (f": {tail}" if tail else "")
+
+    def close(self) -> None:
+        """Close its input (it exits), wait briefly, kill it if it does not."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=_EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._release()
+
+    def kill(self) -> None:
+        """Kill it and release its pipes (by the thread that talks to it)."""
+        self.signal_kill()
+        self.process.wait()
+        self._release()
+
+    def signal_kill(self) -> None:
+        """Kill it, leaving its pipes to the thread that talks to it (which then reads EOF)."""
+        if self.process.poll() is None:
+            try:
+                self.process.kill()
+            except OSError:
+                pass
+
+    def _release(self) -> None:
+        for stream in (self.process.stdin, self.process.stdout, self.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+def compile_in_workers(args: Any, kernels: list, cc: int, num_workers: int,
+                       progress: Callable[[int, int, str], None] | None = None,
+                       timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S) -> dict[str, str | None]:
+    """Compile ``kernels`` for ``args``' signature and ``cc`` in up to ``num_workers`` worker
+    processes, filling the shared disk caches.
+
+    Args:
+        args: the arguments the kernels will run with (only their signature matters).
+        kernels: kernel instances; those a worker cannot import (classes defined in
+            ``__main__`` or in a function) and all of them when the arguments cannot be
+            described to a worker (an epilogue) are left out, for the caller to compile.
+        cc: the target architecture.
+        num_workers: the most worker processes to start.
+        progress: called as ``progress(done, total, label)`` after each kernel.
+        timeout: seconds one compile may take before its worker is killed (None: no limit).
+
+    Returns:
+        ``{kernel_name: None (compiled) or the failure's message}`` for every kernel sent to a
+        worker. A failure (a compile error, a crashed or timed-out worker) concerns that
+        kernel only: the remaining kernels go on in a fresh worker.
+    """
+    described = describe_arguments(args)
+    if described is None:
+        return {}
+    kind, description = described
+    pending = []
+    for kernel in kernels:
+        cls = type(kernel)
+        if importable_class(cls):
+            pending.append(CompileRequest(cls.__module__, cls.__qualname__, kernel.metadata.kernel_name, int(cc),
+                                          kind, description))
+        else:
+            logger.debug("%s: class %s.%s cannot be imported by a worker; compiled in this process",
+                         kernel.metadata.kernel_name, cls.__module__, cls.__qualname__)
+    if not pending:
+        return {}
+    total = len(pending)
+    pending.reverse()  # popped from the end: the caller's order
+    results: dict[str, str | None] = {}
+    live: set[_Worker] = set()
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    stopping = threading.Event()
+    env = _worker_environment()
+
+    def drive() -> None:
+        worker = None
+        try:
+            while not stopping.is_set():
+                with lock:
+                    if not pending:
+                        return
+                    request = pending.pop()
+                failure: str | None
+                try:
+                    if worker is None:
+                        with lock:
+                            if stopping.is_set():
+                                return
+                            worker = _Worker(env)
+                            live.add(worker)
+                    failure = worker.compile(request, timeout)
+                except (WorkerError, OSError) as exc:
+                    failure = str(exc)
+                    if worker is not None:
+                        worker.kill()
+                        with lock:
+                            live.discard(worker)
+                        worker = None
+                if failure is not None:
+                    logger.info("compile worker: %s: %s", request.kernel_name, failure)
+                with lock:  # one progress call at a time, in order
+                    results[request.kernel_name] = failure
+                    if progress is not None:
+                        label = f"compiled {request.kernel_name}" if failure is None else f"{request.kernel_name}: {failure}"
+                        progress(len(results), total, label)
+        except BaseException as exc:  # e.g. a failing progress callback: re-raised by the caller's thread
+            errors.append(exc)
+            stopping.set()
+        finally:
+            if worker is not None:
+                worker.close()
+                with lock:
+                    live.discard(worker)
+
+    threads = [threading.Thread(target=drive, daemon=True, name=f"kernel_api-compile-{i}")
+               for i in range(max(1, min(num_workers, total)))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        # Whatever ends the wait (KeyboardInterrupt included), no worker outlives the call: the
+        # killed workers' threads see their pipes close and finish.
+        stopping.set()
+        with lock:
+            doomed = list(live)
+        for worker in doomed:
+            worker.signal_kill()
+        for t in threads:
+            t.join(timeout=_EXIT_GRACE_S)
+    if errors:
+        raise errors[0]
+    return results
+
+
+if __name__ == "__main__":
+    main()
