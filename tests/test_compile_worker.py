@@ -156,7 +156,7 @@ def test_unguarded_script_runs_once_and_workers_fill_the_cache(tmp_path):
     script = tmp_path / "tune_script.py"
     script.write_text(UNGUARDED_SCRIPT)
     marker, cache = tmp_path / "ran.txt", tmp_path / "cache"
-    env = dict(os.environ, MARKER=str(marker), KERNEL_API_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
+    env = dict(os.environ, MARKER=str(marker), KERNEL_API_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -311,7 +311,7 @@ def test_unguarded_script_tunes_with_pick_best_on_the_gpu(tmp_path):
     script = tmp_path / "ops_script.py"
     script.write_text(UNGUARDED_OPS_SCRIPT)
     marker, cache = tmp_path / "ran.txt", tmp_path / "cache"
-    env = dict(os.environ, MARKER=str(marker), KERNEL_API_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
+    env = dict(os.environ, MARKER=str(marker), KERNEL_API_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
