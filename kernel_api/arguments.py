@@ -32,6 +32,13 @@ class Arguments:
     device and ``device_index`` its CUDA index (-1 for CPU or meta tensors). Arguments are
     summarised once, at construction: changing an operand's shape, strides or storage
     afterwards (``resize_``, ``set_``) is not supported; build new arguments instead.
+
+    Construction refuses (ValueError naming the operand) what kernels would get wrong without
+    a word: an operand carrying torch's lazy negative or conjugate bit (``torch._neg_view(x)``,
+    ``c.conj().imag``), which DLPack and raw pointers do not carry (call ``.resolve_neg()`` /
+    ``.resolve_conj()``; the tensors passed are kept, never silently copied), and an output
+    whose elements overlap (a zero stride on a dimension longer than 1, e.g. from ``expand``),
+    which thread blocks would race writing.
     """
 
     __slots__ = ("tensor_attributes", "signature", "device", "device_index", "_verdicts", "_bound")
@@ -71,6 +78,41 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return ea is not None and eb is not None and ea[0] < eb[1] and eb[0] < ea[1]
 
 
+def _lazy_bit_error(t: torch.Tensor, name: str) -> ValueError:
+    """The refusal of an operand with torch's lazy negative or conjugate bit set."""
+    bit, resolve = ("conjugate", "resolve_conj") if t.is_conj() else ("negative", "resolve_neg")
+    return ValueError(
+        f"operand {name}: has torch's lazy {bit} bit set (a view such as torch._neg_view(x) or c.conj().imag); "
+        f"kernels read its memory without the {'conjugation' if bit == 'conjugate' else 'negation'}, "
+        f"so call .{resolve}() first")
+
+
+def _overlaps(inner: int, rows: int, row_stride: int, batch: int, batch_stride: int) -> bool:
+    """Whether a non-empty matrix batch of ``batch`` x ``rows`` x ``inner`` elements, ``inner``
+    of them contiguous, rows ``row_stride`` apart and matrices ``batch_stride`` apart (strides
+    >= 0, as torch's), has two indices at one address. Exact: the cheap tests decide every
+    layout torch makes; interleavings they cannot decide are searched."""
+    if inner <= 0 or rows <= 0 or batch <= 0:  # empty: nothing is written
+        return False
+    if rows > 1 and row_stride < inner:  # rows reach into each other (a zero stride included)
+        return True
+    if batch == 1:
+        return False
+    if rows <= 1:
+        return batch_stride < inner
+    if batch_stride >= (rows - 1) * row_stride + inner:  # matrices one after another
+        return False
+    if batch_stride >= inner and row_stride >= (batch - 1) * batch_stride + inner:  # matrices interleaved by row
+        return False
+    # Indices (b, r, i) != (b', r', i') meet where db * batch_stride + dr * row_stride is within
+    # inner of 0 (|db| < batch, |dr| < rows); row_stride >= inner >= 1 here.
+    for db in range(1, batch):
+        q, rest = divmod(db * batch_stride, row_stride)
+        if (rest < inner and q < rows) or (row_stride - rest < inner and q + 1 < rows):
+            return True
+    return False
+
+
 def _require_tensor(value: Any, name: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"operand {name}: expected a torch.Tensor, got {type(value).__name__}")
@@ -99,7 +141,14 @@ _ATTRIBUTES_CACHE: dict[tuple, TensorAttributes] = {}
 # until then (or without a C++ compiler) arguments are summarised in Python every time.
 _recall: Any = None
 _remember: Any = None
-_GEMM_SUMMARY = 0x67656D6D  # the tag of GemmArguments' summaries
+_GEMM_SUMMARY = 0x67656D6D  # the tag of GemmArguments' summaries with the default accumulator
+# The tag of summaries made with an explicit accumulator, per accumulator: a summary is only ever
+# recalled for the accumulator it was made with.
+_SUMMARY_TAG = {dt: _GEMM_SUMMARY + 1 + i for i, dt in enumerate(DataType)}
+# accumulator_type as callers spell it (torch.float32, "f32", ...) -> its tag, learnt the first
+# time each spelling is resolved; spellings that are not hashable are summarised in Python.
+_ACCUMULATOR_TAGS: dict[Any, int] = {}
+_ACCUMULATOR_SPELLINGS_LIMIT = 64
 
 
 def _use_native(entry: Any) -> None:
@@ -118,16 +167,20 @@ def _attributes(dt: DataType, pattern: tuple[int, ...], div: int) -> TensorAttri
     return found
 
 
-def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None) -> tuple[torch.Tensor, TensorAttributes]:
+def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
+                       output: bool = False) -> tuple[torch.Tensor, TensorAttributes]:
     """Attributes of a (L, R, C) or (R, C) operand; may return a re-strided view.
 
     The stride of a size-1 mode is meaningless, so such a mode is treated as contiguous and
-    given stride 1 in a view, which lets kernels rely on the unit stride they declare.
-    Runs three times per GemmArguments, so it is written for speed.
+    given stride 1 in a view, which lets kernels rely on the unit stride they declare. An
+    ``output`` must not have overlapping elements. Runs three times per GemmArguments, so it
+    is written for speed.
     """
     dt = _FROM_TORCH.get(t.dtype)
     if dt is None:
         raise TypeError(f"operand {name}: dtype {t.dtype} is not supported by kernel_api")
+    if t.is_neg():  # (no supported dtype is complex, so none carries the conjugate bit)
+        raise _lazy_bit_error(t, name)
     if shape is None:
         shape = t.shape
     stride = t.stride()
@@ -153,6 +206,11 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None) -> tuple[t
             f"kernels need a row-major or column-major matrix (call .contiguous())")
     if len(shape) == 3 and shape[0] > 1:
         bits |= stride[0]
+        if output and _overlaps(*((cols, rows, stride[-2]) if pattern is _ROW else (rows, cols, stride[-1])),
+                                shape[0], stride[0]):
+            raise _overlap_error(name, shape, stride)
+    elif output and ((rows > 1 and stride[-2] < cols) if pattern is _ROW else (cols > 1 and stride[-1] < rows)):
+        raise _overlap_error(name, shape, stride)
     itemsize = _BYTES[dt]
     ptr = t.data_ptr()
     bits |= ptr // itemsize if ptr % itemsize == 0 else 1
@@ -164,6 +222,13 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None) -> tuple[t
     if found is None:
         found = _ATTRIBUTES_CACHE[key] = TensorAttributes._trusted(dt, pattern, g)
     return t, found
+
+
+def _overlap_error(name: str, shape: Any, stride: Any) -> ValueError:
+    return ValueError(
+        f"operand {name}: elements overlap (shape {tuple(shape)}, strides {tuple(stride)}: a zero stride, as from "
+        f"expand, or rows that reach into each other); thread blocks would race writing them, so pass an output "
+        f"whose elements are distinct (e.g. torch.empty or .contiguous())")
 
 
 class EpilogueArguments:
@@ -216,6 +281,8 @@ class EpilogueArguments:
         bias_dtype = None
         if self.bias is not None:
             b = self.bias
+            if b.is_neg():
+                raise _lazy_bit_error(b, "bias")
             if b.device != out.device:
                 raise ValueError(f"epilogue operand bias: on {b.device} but out is on {out.device}")
             if b.dtype != out.dtype:
@@ -262,10 +329,18 @@ class GemmArguments(Arguments):
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, accumulator_type: Any = None,
                  epilogue: EpilogueArguments | None = None) -> None:
-        if _recall is not None and accumulator_type is None and epilogue is None:
+        if _recall is not None and epilogue is None:
             # Operands with the raw metadata (dtypes, shapes, strides, pointer alignment, devices)
-            # of earlier plain arguments have their summary: found in C, without recomputing it.
-            found = _recall(_GEMM_SUMMARY, A, B, out)
+            # of earlier arguments without epilogue and with this accumulator have their summary:
+            # found in C, without recomputing it.
+            if accumulator_type is None:
+                tag = _GEMM_SUMMARY
+            else:
+                try:
+                    tag = _ACCUMULATOR_TAGS.get(accumulator_type, 0)
+                except TypeError:  # not hashable
+                    tag = 0
+            found = _recall(tag, A, B, out) if tag else None
             if found is not None:
                 (self.L, self.M, self.N, self.K, self.accumulator_type, self.device, self.device_index,
                  attributes, self.signature) = found
@@ -314,7 +389,7 @@ class GemmArguments(Arguments):
         device = A.device
         A, a = _matrix_attributes(A, "A", sa)
         B, b = _matrix_attributes(B, "B", sb)
-        out, o = _matrix_attributes(out, "out", so)
+        out, o = _matrix_attributes(out, "out", so, True)
         if accumulator_type is None:
             acc = DataType.f64 if a.dtype is DataType.f64 else DataType.f32
         else:
@@ -342,9 +417,18 @@ class GemmArguments(Arguments):
         self.tensor_attributes = {"A": a, "B": b, "out": o}
         self.signature = ("gemm", rank, a._key, b._key, o._key, acc, epilogue_signature, device_index)
         if plain is not None and plain[0] is A and plain[1] is B and plain[2] is out:  # no re-strided views
+            if accumulator_type is None:
+                tag = _GEMM_SUMMARY
+            else:
+                tag = _SUMMARY_TAG[acc]
+                try:
+                    if len(_ACCUMULATOR_TAGS) < _ACCUMULATOR_SPELLINGS_LIMIT:
+                        _ACCUMULATOR_TAGS[accumulator_type] = tag
+                except TypeError:  # not hashable: never recalled
+                    return
             # (its own dict: one this object's owner might change is never handed to later arguments)
-            _remember(_GEMM_SUMMARY, (L, M, N, K, acc, device, device_index, dict(self.tensor_attributes),
-                                      self.signature), A, B, out)
+            _remember(tag, (L, M, N, K, acc, device, device_index, dict(self.tensor_attributes), self.signature),
+                      A, B, out)
 
     @property
     def problem_shape(self) -> tuple[int, int, int, int]:
@@ -367,6 +451,8 @@ class GemmArguments(Arguments):
 def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int, int]:
     """Attributes of a tensor reduced along its last dim; (attrs, rows, cols)."""
     dt = _element_type(t, name)
+    if t.is_neg():  # (no supported dtype is complex, so none carries the conjugate bit)
+        raise _lazy_bit_error(t, name)
     shape = t.shape
     cols = shape[-1] if shape else 1
     rows = t.numel() // cols if cols else 0

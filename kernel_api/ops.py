@@ -8,7 +8,9 @@ that table cannot be built, from a Python dictionary keyed the same way.
 
 Inside ``torch.compile``/``torch.export`` tracing, or when an input requires grad, the calls
 go through the ``torch.ops.kernel_api.*`` custom ops (`kernel_api.torch_ops`), which carry
-fake implementations and autograd formulas; otherwise they launch directly.
+fake implementations and autograd formulas; otherwise they launch directly. A tensor given as
+``out=`` (``grad_in=``) has its autograd version counter bumped after the write, as a torch
+in-place op would: a backward that saved it raises instead of using the overwritten values.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ _is_compiling = torch.compiler.is_compiling
 _is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compiling)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 _grad_enabled = torch.is_grad_enabled
+# What torch.autograd.graph.increment_version(out) calls, without its Python frame: ops write
+# outputs through raw pointers, which autograd does not see; a bumped version counter makes a
+# backward that saved the overwritten tensor raise instead of using the new values.
+_increment_version = torch._C._increment_version
 _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
 
 
@@ -132,17 +138,31 @@ def _record_native(kernel: Any, artifact: Any, args: Any, policy: Any, tensors: 
         entry = native.entry()
         if entry is not None:
             _table_launch = entry.launch  # reads torch tensors without allocating (python_entry.cc)
-            entry.configure_ops(_settings, _dispatch_modes, _grad_enabled, _new_gemm_output, to_cuda_stream)
+            entry.configure_ops(_settings, _dispatch_modes, _grad_enabled, _new_gemm_output, to_cuda_stream,
+                                _increment_version)
             _gemm_plain = entry.gemm_plain
         else:
-            _table_launch = _table.launch
-            _table_launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
+            _table.launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
+            _table_launch = _declining_lazy_bits(_table.launch)
     function, tail = native_launch
     if id(policy) not in _tagged_policies and len(_tagged_policies) >= _FAST_LIMIT:
         _table.clear()  # a policy per call would otherwise keep every policy alive
         _tagged_policies.clear()
     _tagged_policies[id(policy)] = policy
     _table.record(id(policy) | tag, function, len(tensors), *tensors, *tail)
+
+
+def _declining_lazy_bits(launch: Any) -> Any:
+    """The TVM-FFI table's ``launch``, for machines without the CPython entry points (which
+    decline such tensors in C): TVM-FFI reads tensors through DLPack, which drops torch's lazy
+    negative and conjugate bits, so tensors carrying one are declined here and the Python path
+    refuses them."""
+    def table_launch(tag: int, stream: Any, *tensors: torch.Tensor) -> bool:
+        for t in tensors:
+            if t.is_neg() or t.is_conj():
+                return False
+        return launch(tag, stream, *tensors)
+    return table_launch
 
 
 def _traced_call(op: Any, stream: Any, out: torch.Tensor | None, *inputs: Any) -> torch.Tensor:
@@ -185,11 +205,19 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
                     target = _new_gemm_output(A, B) if out is None else out
                     if _table_launch(_settings.get().policy_id | _GEMM_TAG,
                                      None if stream is None else to_cuda_stream(stream), A, B, target):
+                        if out is not None:
+                            _increment_version((out,))
                         return target
             except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
                 pass
     if not isinstance(A, _Tensor) or not isinstance(B, _Tensor):
         raise TypeError(f"gemm: A and B must be torch tensors, got {type(A).__name__} and {type(B).__name__}")
+    if out is not None and not isinstance(out, _Tensor):
+        raise _not_a_tensor("gemm", "out", out, True)
+    if C is not None and not isinstance(C, _Tensor):
+        raise _not_a_tensor("gemm", "C", C, True)
+    if bias is not None and not isinstance(bias, _Tensor):
+        raise _not_a_tensor("gemm", "bias", bias, True)
     # (_is_compiling first: under tracing it short-circuits, so Dynamo guards on nothing else here)
     if _is_compiling() or _dispatch_modes() or (
             (A.requires_grad or B.requires_grad or (C is not None and C.requires_grad)
@@ -202,6 +230,10 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     return _gemm_eager(A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
 
 
+def _not_a_tensor(op: str, name: str, value: Any, optional: bool = False) -> TypeError:
+    return TypeError(f"{op}: {name} must be a torch tensor{' or None' if optional else ''}, got {type(value).__name__}")
+
+
 def _new_gemm_output(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return A.new_empty((*A.shape[:-1], B.shape[-1]))
 
@@ -209,7 +241,8 @@ def _new_gemm_output(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alpha: float, beta: float,
                 C: torch.Tensor | None, bias: torch.Tensor | None, activation: str | None,
                 accumulator_type: Any, stream: Any) -> torch.Tensor:
-    if out is None:
+    given = out is not None  # the caller's tensor: its version counter is bumped after the write
+    if not given:
         out = _new_gemm_output(A, B)
     epilogue = fast_key = None
     if alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None:
@@ -217,7 +250,9 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
     elif accumulator_type is None and type(A) is _Tensor and type(B) is _Tensor and type(out) is _Tensor:
         fast_key = _raw_gemm_key(current().policy, A, B, out)
         found = _fast.get(fast_key)
-        if found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found[3]):
+        # (the key has no lazy negative bit: such operands go to GemmArguments, which refuses them)
+        if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found[3])
+                and not (A.is_neg() or B.is_neg() or out.is_neg())):
             device = _current_device()
             if found[1] != device:
                 _launch_fast(found, stream, A, B, out)
@@ -227,9 +262,13 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                 found[0](A, B, out, cu_stream if cu_stream is not None else to_cuda_stream(None))
             else:
                 found[0](A, B, out, to_cuda_stream(stream))
+            if given:
+                _increment_version((out,))
             return out
     _launch(GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue), stream, fast_key,
             (A, B, out), _GEMM_TAG if epilogue is None and accumulator_type is None else 0)
+    if given:
+        _increment_version((out,))
     return out
 
 
@@ -243,18 +282,27 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
                 target = x.new_empty(x.shape) if out is None else out
                 if _table_launch(_settings.get().policy_id | _SOFTMAX_TAG,
                                  None if stream is None else to_cuda_stream(stream), x, target):
+                    if out is not None:
+                        _increment_version((out,))
                     return target
         except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
             pass
+    if not isinstance(x, _Tensor):
+        raise _not_a_tensor("softmax", "x", x)
+    if out is not None and not isinstance(out, _Tensor):
+        raise _not_a_tensor("softmax", "out", out, True)
     if _is_compiling() or _dispatch_modes() or (x.requires_grad and _grad_enabled()):
         return _traced_call(torch.ops.kernel_api.softmax, stream, out, x, dim)
     return _softmax_eager(x, dim, out, stream)
 
 
 def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: Any) -> torch.Tensor:
-    if out is None:
+    given = out is not None  # the caller's tensor: its version counter is bumped after the write
+    if not given:
         out = x.new_empty(x.shape)
     _launch(SoftmaxArguments(x, out, dim=dim), stream, None, (x, out), _SOFTMAX_TAG)
+    if given:
+        _increment_version((out,))
     return out
 
 
@@ -266,9 +314,16 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
             target = out.new_empty(out.shape) if grad_in is None else grad_in
             if _table_launch(_settings.get().policy_id | _SOFTMAX_BACKWARD_TAG,
                              None if stream is None else to_cuda_stream(stream), grad_out, out, target):
+                if grad_in is not None:
+                    _increment_version((grad_in,))
                 return target
         except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
             pass
+    for name, value in (("grad_out", grad_out), ("out", out)):
+        if not isinstance(value, _Tensor):
+            raise _not_a_tensor("softmax_backward", name, value)
+    if grad_in is not None and not isinstance(grad_in, _Tensor):
+        raise _not_a_tensor("softmax_backward", "grad_in", grad_in, True)
     if _is_compiling() or _dispatch_modes():
         return _traced_call(torch.ops.kernel_api.softmax_backward, stream, grad_in, grad_out, out, dim)
     return _softmax_backward_eager(grad_out, out, dim, grad_in, stream)
@@ -276,10 +331,13 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
 
 def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int, grad_in: torch.Tensor | None,
                             stream: Any) -> torch.Tensor:
-    if grad_in is None:
+    given = grad_in is not None  # the caller's tensor: its version counter is bumped after the write
+    if not given:
         grad_in = out.new_empty(out.shape)
     _launch(SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim), stream, None, (grad_out, out, grad_in),
             _SOFTMAX_BACKWARD_TAG)
+    if given:
+        _increment_version((grad_in,))
     return grad_in
 
 

@@ -182,7 +182,7 @@ def test_ops_gemm_launches_repeated_plain_calls_from_the_table(table):
     if native.entry() is not None:
         assert ops._table_launch is native.entry().launch  # torch tensors read without allocating
     else:
-        assert ops._table_launch.release_gil is False
+        assert native.table().launch.release_gil is False
     assert fn.calls[0][3:] == (None, None, 1.0, 0.0, None)
     assert ops.gemm(A2, B, out=out) is out and len(fn.calls) == 2  # other data, same metadata
     assert fn.calls[1][0].data_ptr() == A2.data_ptr()
@@ -315,3 +315,64 @@ def test_disabled_by_environment(monkeypatch):
     finally:
         native._state.clear()
         native._state.update(loaded)
+
+
+_STRESS = """
+import sys, threading, time
+import torch, tvm_ffi
+from kernel_api import native
+table, entry = native.table(), native.entry()
+assert table is not None, native.why_not()
+launchers = [table.launch] + ([entry.launch] if entry is not None else [])
+tensors = [(torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)) for _ in range(4)]
+stop = time.monotonic() + float(sys.argv[1])
+errors, rounds = [], [0] * 4
+
+def work(i):
+    try:
+        A, B, out = tensors[i]
+        while time.monotonic() < stop:
+            rounds[i] += 1
+            # A new Python callable per record: the entry it displaces drops the last reference
+            # to another, whose release needs the GIL.
+            table.record(5, tvm_ffi.convert(lambda *args: None), 3, A, B, out)
+            for launch in launchers:
+                launch(5, None, A, B, out)
+            if rounds[i] % 50 == 0:
+                table.clear()
+    except BaseException as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+assert not errors, errors
+print("rounds", sum(rounds))
+"""
+
+
+def test_record_clear_and_launch_from_four_threads_never_deadlock(table, tmp_path):
+    """record() used to destroy the entries it displaced while holding the table's lock; an
+    entry's function may be a Python object, whose release takes the GIL, while a thread
+    holding the GIL waited for the lock in launch. Run in a subprocess: a hang fails the test."""
+    import os
+    import subprocess
+    import sys
+
+    from kernel_api.cache import cache_dir
+
+    native.build()  # the subprocess loads the library this process built (no second compile)
+    script = tmp_path / "stress.py"
+    script.write_text(_STRESS)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kernel_api.__file__)))  # this kernel_api, not another
+    env = dict(os.environ, KERNEL_API_CACHE_DIR=str(cache_dir()),
+               PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    try:
+        done = subprocess.run([sys.executable, str(script), "10"], capture_output=True, text=True, timeout=60,
+                              env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("record/clear/launch from four threads deadlocked (no exit within 60 s of a 10 s run)")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) > 100  # the threads did run concurrently

@@ -245,9 +245,8 @@ def test_gemm_arguments_recall_only_plain_caller_tensors(entry):
 
     entry.forget()
     A, B, out = torch.randn(8, 6), torch.randn(6, 4), torch.empty(8, 4)
-    GemmArguments(A, B, out, accumulator_type=torch.float64)
     GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0))
-    assert entry.remembered() == 0  # only plain arguments are remembered
+    assert entry.remembered() == 0  # arguments with an epilogue are not remembered
     column = torch.randn(8, 12)[:, ::12]  # (8, 1) with strides (12, 12): arguments hold a re-strided view
     for _ in range(2):
         assert GemmArguments(column, torch.randn(1, 4), out).A is not column
@@ -255,7 +254,7 @@ def test_gemm_arguments_recall_only_plain_caller_tensors(entry):
     args = GemmArguments(A, B, out)
     assert entry.remembered() == 1 and args.A is A
     again = GemmArguments(A, B, out, accumulator_type=torch.float64)  # not the remembered f32 summary
-    assert str(again.accumulator_type) == "f64"
+    assert str(again.accumulator_type) == "f64" and entry.remembered() == 2
     with pytest.raises(ValueError, match="operand B: K mismatch"):
         GemmArguments(A, torch.randn(5, 4), out)  # bad input after good input still gets its message
     with pytest.raises(TypeError, match="operand out"):
@@ -314,12 +313,13 @@ def test_gemm_plain_launches_only_plain_calls_outside_modes_and_autograd(entry):
     spare = torch.empty(16, 4)
     ops._record_native(NativeOnlyKernel(fn.function), None, kernel_api.GemmArguments(A, B, spare), current().policy,
                        (A, B, spare), tag)
-    entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, lambda A, B: spare, ops.to_cuda_stream)
+    entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, lambda A, B: spare, ops.to_cuda_stream,
+                        ops._increment_version)
     try:
         assert plain(out=None) is spare and fn.calls[-1][2] == seen(spare)  # out=None: launched into new_output's
     finally:
         entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, ops._new_gemm_output,
-                            ops.to_cuda_stream)
+                            ops.to_cuda_stream, ops._increment_version)
     assert plain(stream=12345) is out and fn.calls[-1][-1].value == 12345
 
 

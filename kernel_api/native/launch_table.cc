@@ -166,7 +166,7 @@ int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensor
     std::lock_guard<std::mutex> lock(table_mutex);
     auto found = table.find(key);
     if (found != table.end()) entry = found->second;  // kept alive past a concurrent clear()
-  }
+  }  // (copying a shared_ptr never frees: no GIL is needed under the lock)
   if (entry == nullptr || OutputMayOverlap(tensors, count)) return 0;
   TVMFFIAny call_args[kMaxTensors + kMaxTail + 1];
   int n = 0;
@@ -235,10 +235,17 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_record(void*, const TVMFFIAny* args, int32_t nu
   }
   TVMFFIObjectIncRef(args[1].v_obj);
   entry->function = args[1].v_obj;
+  // Entries displaced here are destroyed after the lock is released: destroying one may take
+  // the GIL (its function may be a Python object), and a thread holding the GIL may be waiting
+  // for table_mutex in launch. Nothing may need the GIL while table_mutex is held.
+  Table displaced;
+  std::shared_ptr<Entry> replaced;
   {
     std::lock_guard<std::mutex> lock(table_mutex);
-    if (table.size() >= kTableLimit) table.clear();
-    table[key] = std::move(entry);
+    if (table.size() >= kTableLimit) displaced.swap(table);
+    std::shared_ptr<Entry>& slot = table[key];
+    replaced.swap(slot);
+    slot = std::move(entry);
   }
   result->type_index = kTVMFFINone;
   result->zero_padding = 0;

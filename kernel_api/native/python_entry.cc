@@ -7,11 +7,14 @@
 // TVM-FFI functions (CuTe DSL's included) accept as tensors:
 //
 //   configure(tensor_type)                  torch.Tensor; the exchange API is read from it
+//
+// Tensors carrying torch's lazy negative or conjugate bit (which DLPack cannot express) are never
+// read: every entry point treats them as tensors it cannot take (see ReadTensor).
 //   launch(tag, stream, *tensors) -> bool   the launch table's `launch` (launch_table.h)
 //   bind(function, tensors, tail) -> BoundLaunch
 //       BoundLaunch(stream) calls function(*tensors, *tail, stream), reading the tensors' current
 //       metadata at each call; `tail` (None, bool, int, float) is converted once.
-//   configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream)
+//   configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version)
 //   gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
 //       -> out | None: `kernel_api.ops.gemm`'s table launch for a plain call (see GemmPlain)
 //   remember(tag, value, *tensors) -> bool; recall(tag, *tensors) -> value | None; forget()
@@ -41,6 +44,10 @@ using kernel_api_native::kMaxTensors;
 
 PyTypeObject* tensor_type = nullptr;  // torch.Tensor (a strong reference, set by configure)
 const DLPackExchangeAPI* exchange = nullptr;
+// torch.Tensor.is_neg and .is_conj (C methods taking no arguments, read by configure), called
+// through their C functions: a vectorcall of the descriptor costs more than the check itself.
+PyCFunction is_neg = nullptr;
+PyCFunction is_conj = nullptr;
 
 // The last non-int stream object converted and its pointer: a launch loop passes the same one.
 PyObject* last_stream = nullptr;
@@ -52,14 +59,60 @@ bool Configured() {
   return false;
 }
 
-// Reads a torch tensor's metadata into *out. False when `object` is not a torch tensor or torch
-// cannot describe it; the Python error is then set (the caller may clear it).
+// Sets *set to what `method` (is_neg or is_conj) answers for `object`; false with a Python error
+// when it raised.
+bool Flag(PyCFunction method, PyObject* object, bool* set) {
+  PyObject* flag = method(object, nullptr);
+  if (flag == nullptr) return false;
+  *set = flag == Py_True;
+  Py_DECREF(flag);
+  return true;
+}
+
+// The C function of the tensor type's method `name`, which must take no arguments; nullptr with
+// a Python error otherwise.
+PyCFunction NoArgumentMethod(PyObject* type, const char* name) {
+  PyObject* method = PyObject_GetAttrString(type, name);
+  if (method == nullptr) return nullptr;
+  PyCFunction function = nullptr;
+  if (Py_IS_TYPE(method, &PyMethodDescr_Type)) {
+    const PyMethodDef* def = reinterpret_cast<PyMethodDescrObject*>(method)->d_method;
+    if ((def->ml_flags & (METH_VARARGS | METH_KEYWORDS | METH_FASTCALL | METH_O | METH_NOARGS | METH_METHOD)) ==
+        METH_NOARGS) {
+      function = def->ml_meth;
+    }
+  }
+  Py_DECREF(method);  // (the function is torch's own: loaded for the life of the process)
+  if (function == nullptr) PyErr_Format(PyExc_TypeError, "configure: %s is not a C method without arguments", name);
+  return function;
+}
+
+// Reads a torch tensor's metadata into *out. False when `object` is not a torch tensor, torch
+// cannot describe it, or it carries torch's lazy negative or conjugate bit; the Python error is
+// then set (the caller may clear it). DLPack has no such bit: the DLTensor of torch._neg_view(x)
+// or of c.conj().imag describes the memory without the negation, so a kernel launched with it
+// would compute with the wrong sign. Declined here, such tensors reach the callers' Python
+// paths, which refuse them naming the operand.
 bool ReadTensor(PyObject* object, DLTensor* out) {
   if (!PyObject_TypeCheck(object, tensor_type)) {
     PyErr_Format(PyExc_TypeError, "expected a torch.Tensor, got %s", Py_TYPE(object)->tp_name);
     return false;
   }
-  return exchange->dltensor_from_py_object_no_sync(object, out) == 0;
+  if (exchange->dltensor_from_py_object_no_sync(object, out) != 0) return false;
+  bool lazy = false;
+  if (!Flag(is_neg, object, &lazy)) return false;
+  if (lazy) {
+    PyErr_SetString(PyExc_ValueError, "the tensor has torch's lazy negative bit set; call .resolve_neg()");
+    return false;
+  }
+  if (out->dtype.code == kDLComplex) {  // (only complex tensors can carry the conjugate bit)
+    if (!Flag(is_conj, object, &lazy)) return false;
+    if (lazy) {
+      PyErr_SetString(PyExc_ValueError, "the tensor has torch's lazy conjugate bit set; call .resolve_conj()");
+      return false;
+    }
+  }
+  return true;
 }
 
 void SetPointer(TVMFFIAny* out, int32_t type_index, void* pointer) {
@@ -174,6 +227,11 @@ PyObject* Configure(PyObject*, PyObject* type) {
                  table->header.version.major, table->header.version.minor);
     return nullptr;
   }
+  PyCFunction neg = NoArgumentMethod(type, "is_neg");
+  PyCFunction conj = neg == nullptr ? nullptr : NoArgumentMethod(type, "is_conj");
+  if (conj == nullptr) return nullptr;
+  is_neg = neg;
+  is_conj = conj;
   Py_INCREF(type);
   Py_XSETREF(tensor_type, reinterpret_cast<PyTypeObject*>(type));
   exchange = table;
@@ -211,17 +269,20 @@ struct OpsHooks {
   PyObject* grad_enabled = nullptr;    // torch.is_grad_enabled
   PyObject* new_output = nullptr;      // (A, B) -> the tensor ops.gemm allocates for out=None
   PyObject* to_stream = nullptr;       // kernel_api.utils.to_cuda_stream
+  PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a tuple of tensors)
   PyObject* policy_id = nullptr;       // interned names
   PyObject* requires_grad = nullptr;
 } ops;
 
 PyObject* ConfigureOps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 5) {
-    PyErr_SetString(PyExc_TypeError, "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream)");
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError,
+                    "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version)");
     return nullptr;
   }
-  PyObject** slots[] = {&ops.settings, &ops.dispatch_modes, &ops.grad_enabled, &ops.new_output, &ops.to_stream};
-  for (int i = 0; i < 5; ++i) {
+  PyObject** slots[] = {&ops.settings,   &ops.dispatch_modes, &ops.grad_enabled,
+                        &ops.new_output, &ops.to_stream,      &ops.increment_version};
+  for (int i = 0; i < 6; ++i) {
     Py_INCREF(args[i]);
     Py_XSETREF(*slots[i], args[i]);
   }
@@ -284,9 +345,10 @@ long long PolicyTag(long long tag) {
 
 // ops.gemm(A, B, out, ...) for a plain call (no C, bias, activation or accumulator_type, alpha 1,
 // beta 0), outside any torch dispatch mode and autograd, whose operands' metadata the launch
-// table has an entry for: launched, and `out` (allocated by new_output when None) returned.
-// None whenever anything else holds, with no Python error: the caller's Python path decides
-// (and explains bad input). The caller checks that Dynamo is not tracing.
+// table has an entry for: launched, and `out` (allocated by new_output when None) returned, a
+// given `out` with its autograd version counter bumped (the kernel wrote it behind autograd's
+// back). None whenever anything else holds, with no Python error: the caller's Python path
+// decides (and explains bad input). The caller checks that Dynamo is not tracing.
 PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 11) {
     PyErr_SetString(PyExc_TypeError,
@@ -354,6 +416,16 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!launched) {
     Py_DECREF(target);
     Py_RETURN_NONE;
+  }
+  if (out != Py_None) {
+    PyObject* written = PyTuple_Pack(1, out);
+    PyObject* done = written == nullptr ? nullptr : PyObject_CallOneArg(ops.increment_version, written);
+    Py_XDECREF(written);
+    if (done == nullptr) {  // launched already: raise rather than let the Python path launch again
+      Py_DECREF(target);
+      return nullptr;
+    }
+    Py_DECREF(done);
   }
   return target;
 }
@@ -630,7 +702,8 @@ PyMethodDef methods[] = {
     {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Bind)), METH_FASTCALL,
      "bind(function, tensors, tail) -> BoundLaunch: function(*tensors, *tail, stream) per call."},
     {"configure_ops", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(ConfigureOps)), METH_FASTCALL,
-     "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream): what gemm_plain uses."},
+     "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version): what "
+     "gemm_plain uses."},
     {"gemm_plain", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(GemmPlain)), METH_FASTCALL,
      "gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream) -> out | None."},
     {"recall", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Recall)), METH_FASTCALL,
