@@ -31,7 +31,7 @@ class BuildNativeIfPossible(build_ext):
             import tvm_ffi
             from tvm_ffi import libinfo
 
-            ext.include_dirs += [libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
+            ext.include_dirs += dict.fromkeys([libinfo.find_include_path(), libinfo.find_dlpack_include_path()])
             # Checked by kernel_api.native at import: a module built for other sources or another
             # TVM-FFI is refused rather than trusted.
             digest = runpy.run_path(str(NATIVE / "sources.py"))["digest"](NATIVE)
