@@ -1,4 +1,4 @@
-"""The C launch table (`launch_table.cc`), built on first use against the installed TVM-FFI.
+"""The C launch table (`launch_table.cc`) and its CPython entry points, built when kernel-api is installed.
 
 `kernel_api.ops` keeps repeated calls out of Python with it: after the Python path has chosen,
 checked, compiled and launched a kernel whose compiled function is a TVM-FFI function, the
@@ -6,109 +6,90 @@ function is recorded under the operands' raw metadata; a later call with the sam
 shapes, strides, pointer alignment and devices is one call into C that looks the entry up and
 launches it on the caller's current stream.
 
-Where Python's C headers are installed, the same library is also a CPython extension
-(`python_entry.cc`, see `entry()`): its ``launch`` and ``bind`` read torch tensors through
-torch's DLPack exchange API without allocating, which makes a launch from Python cheaper than
-calling the TVM-FFI function with the tensors directly.
+The same library is a CPython extension (`python_entry.cc`, see `entry()`): its ``launch`` and
+``bind`` read torch tensors through torch's DLPack exchange API without allocating, which makes
+a launch from Python cheaper than calling the TVM-FFI function with the tensors directly.
 
-The shared library is compiled once per machine (a second or two, with the C++ compiler named
-by ``$CXX`` or found as ``c++``/``g++``) into the kernel_api cache directory, keyed by the
-sources, the TVM-FFI version and the Python. Without tvm_ffi, without a compiler, or with
-``KERNEL_API_NATIVE=0``, `table()` returns None and callers stay on their Python path.
+setup.py compiles both into the extension module ``kernel_api.native._launch_table`` when the
+package is installed, against the headers of the tvm_ffi present then; Python's import system
+finds the build for this interpreter (ABI tag, free-threaded or not). It is imported after
+tvm_ffi, whose library provides the TVM-FFI symbols it leaves unresolved, and opened a second
+time as a TVM-FFI module for `table()`. Where it was not built (no compiler at install), or is
+damaged, built for other sources or another TVM-FFI, or with ``KERNEL_API_NATIVE=0``, `table()`
+and `entry()` return None, one warning says why, and callers stay on their Python paths.
 """
 
 from __future__ import annotations
 
 import atexit
-import hashlib
+import importlib
+import importlib.util
 import logging
 import os
-import shutil
-import subprocess
+import struct
 import sys
-import sysconfig
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from .sources import digest
+
 _log = logging.getLogger(__name__)
-_SOURCE = Path(__file__).with_name("launch_table.cc")
-_PYTHON_SOURCE = Path(__file__).with_name("python_entry.cc")
-_HEADER = Path(__file__).with_name("launch_table.h")
-_PYTHON_MODULE = "_launch_table"  # the name python_entry.cc's PyInit function carries
+_MODULE = f"{__name__}._launch_table"
+_REINSTALL = ("reinstall kernel-api where a C++ compiler and tvm_ffi are found for the fast path "
+              "(from a source tree: pip install -e ., or python setup.py build_ext --inplace)")
 _lock = threading.Lock()
 # "table": the loaded TVM-FFI module or None once tried; "error": why not; "entry": the CPython
 # module or None; "entry_error": why not.
 _state: dict[str, Any] = {}
 
 
-class NativeBuildError(RuntimeError):
-    """The launch table could not be compiled or loaded."""
+class NativeUnavailable(RuntimeError):
+    """The installed native module is missing, damaged or was built for something else."""
 
 
 def enabled() -> bool:
     return os.environ.get("KERNEL_API_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _compiler() -> str | None:
-    cxx = os.environ.get("CXX")
-    if cxx:
-        return cxx
-    return shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+def module_path() -> str | None:
+    """The file of the native module this install built, or None where it was not built."""
+    spec = importlib.util.find_spec(_MODULE)
+    return spec.origin if spec is not None and spec.has_location else None
 
 
-def python_headers() -> str | None:
-    """The folder with this Python's ``Python.h``, or None when it is not installed."""
-    include = sysconfig.get_paths().get("include")
-    return include if include and (Path(include) / "Python.h").exists() else None
-
-
-def library_path(directory: Path | None = None) -> Path:
-    """Where the built library for these sources, TVM-FFI version and Python lives."""
-    import tvm_ffi
-
-    from ..cache import cache_dir
-
-    digest = hashlib.sha256()
-    for source in (_SOURCE, _HEADER, _PYTHON_SOURCE):
-        digest.update(source.read_bytes())
-    with_python = "python" if python_headers() else "no-python"
-    digest.update(f"{tvm_ffi.__version__}|{sys.platform}|{sys.implementation.cache_tag}|{with_python}".encode())
-    return (directory or cache_dir() / "native") / f"launch_table-{digest.hexdigest()[:16]}.so"
-
-
-def build(directory: Path | None = None) -> Path:
-    """Compile `launch_table.cc`, with `python_entry.cc` where Python's headers are installed
-    (if not built already), and return the library's path."""
-    import tvm_ffi.libinfo as libinfo
-
-    target = library_path(directory)
-    if target.exists():
-        return target
-    cxx = _compiler()
-    if cxx is None:
-        raise NativeBuildError("no C++ compiler found (set CXX, or install g++)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lib = Path(libinfo.find_libtvm_ffi())
-    include = python_headers()
-    python = [f"-I{include}", str(_PYTHON_SOURCE)] if include else []
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        partial = Path(tmp) / target.name
-        command = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
-                   f"-I{libinfo.find_include_path()}", f"-I{libinfo.find_dlpack_include_path()}",
-                   str(_SOURCE), *python, "-o", str(partial), f"-L{lib.parent}", "-ltvm_ffi",
-                   f"-Wl,-rpath,{lib.parent}"]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise NativeBuildError(f"compiling {_SOURCE.name} failed ({' '.join(command)}):\n{done.stderr[-2000:]}")
-        os.replace(partial, target)  # atomic: concurrent builders never load a half-written file
-    return target
+def _damage(path: str) -> str | None:
+    """Why the library at ``path`` cannot be mapped whole, or None. dlopen maps what an ELF
+    file's headers describe, so a file cut short (an interrupted copy, a full disk) kills the
+    process with SIGBUS instead of failing the import: its extents are checked first."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(64)
+        if head[:4] != b"\x7fELF":
+            return f"not an ELF library ({size} bytes)" if sys.platform.startswith("linux") else None
+        if len(head) < 64:
+            return f"truncated to {size} bytes"
+        order = "<" if head[5] == 1 else ">"
+        if head[4] == 2:  # ELF64: e_phoff, e_shoff; e_phentsize, e_phnum, e_shentsize, e_shnum; p_offset, p_filesz
+            (phoff, shoff), segment = struct.unpack_from(order + "QQ", head, 32), order + "8xQ16xQ"
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 54)
+        else:  # ELF32
+            (phoff, shoff), segment = struct.unpack_from(order + "II", head, 28), order + "4xI8xI"
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 42)
+        ends = [phoff + phentsize * phnum, shoff + shentsize * shnum]
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+        if len(table) == phentsize * phnum:  # else the first end already exceeds the size
+            ends += [offset + filesz for offset, filesz in
+                     (struct.unpack_from(segment, table, i * phentsize) for i in range(phnum))]
+    if max(ends) > size:
+        return f"truncated: its headers describe {max(ends)} bytes, the file has {size}"
+    return None
 
 
 def table() -> Any:
     """The loaded launch table module (``launch``, ``record``, ``clear``, ``size``), or None when
-    it is disabled or cannot be built here (the reason is logged once and kept in `why_not`)."""
+    it is disabled or unavailable in this install (the reason is logged once and kept in `why_not`)."""
     if "table" in _state:
         return _state["table"]
     with _lock:
@@ -130,27 +111,17 @@ def when_entry_loads(callback: Any) -> None:
 
 def entry() -> Any:
     """The launch table library's CPython module (``launch``, ``bind``; see python_entry.cc),
-    configured for torch tensors, or None where the table is unavailable, Python's headers are
-    missing or torch offers no DLPack exchange API (the reason is in `why_not_entry`)."""
+    configured for torch tensors, or None where the table is unavailable or torch offers no
+    DLPack exchange API (the reason is in `why_not_entry`)."""
     if "table" not in _state:
         table()
     return _state.get("entry")
 
 
-def _load_entry(path: Path) -> Any:
-    if not python_headers():
-        _state["entry_error"] = f"Python's C headers are not installed ({sysconfig.get_paths().get('include')})"
-        return None
+def _configure_entry(module: Any) -> Any:
     try:
-        import importlib.machinery
-        import importlib.util
-
         import torch
 
-        name = f"{__name__}.{_PYTHON_MODULE}"
-        loader = importlib.machinery.ExtensionFileLoader(name, str(path))
-        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path, loader=loader))
-        loader.exec_module(module)
         module.configure(torch.Tensor)
         return module
     except (ImportError, AttributeError, RuntimeError, TypeError) as exc:
@@ -159,26 +130,51 @@ def _load_entry(path: Path) -> Any:
         return None
 
 
+def _open(tvm_ffi: Any) -> Any:
+    """Import the installed native module, check it and return its TVM-FFI view."""
+    path = module_path()
+    if path is None:
+        raise NativeUnavailable(f"{_MODULE} was not built when kernel-api was installed; {_REINSTALL}")
+    try:
+        damage = _damage(path)
+    except OSError as exc:
+        damage = str(exc)
+    if damage:
+        raise NativeUnavailable(f"{path} is damaged ({damage}); {_REINSTALL}")
+    try:
+        module = importlib.import_module(_MODULE)
+    except ImportError as exc:
+        raise NativeUnavailable(f"{path} does not load ({exc}); {_REINSTALL}") from exc
+    built_for = getattr(module, "tvm_ffi_version", None)
+    if built_for != tvm_ffi.__version__:
+        raise NativeUnavailable(f"{path} was built for TVM-FFI {built_for}, not the installed "
+                                f"{tvm_ffi.__version__}; {_REINSTALL}")
+    sources = digest(Path(path).parent)
+    if sources is not None and sources != getattr(module, "source_digest", None):
+        raise NativeUnavailable(f"{path} was built from other sources than those beside it; {_REINSTALL}")
+    # The same library (dlopen gives the same handle, so the same table) as a TVM-FFI module.
+    loaded = tvm_ffi.load_module(path)
+    # Release the recorded functions while the interpreter is alive (some hold Python objects).
+    atexit.register(loaded.clear)
+    _state["entry"] = _configure_entry(module)
+    if _state["entry"] is not None:
+        for callback in _entry_callbacks:
+            callback(_state["entry"])
+    return loaded
+
+
 def _load() -> Any:
     if not enabled():
         _state["error"] = "disabled by KERNEL_API_NATIVE=0"
         return None
     try:
+        # First: tvm_ffi loads libtvm_ffi with RTLD_GLOBAL, which resolves the module's TVM-FFI symbols.
         import tvm_ffi
 
-        path = build()
-        module = tvm_ffi.load_module(str(path))
-        # Release the recorded functions while the interpreter is alive (some hold Python objects).
-        atexit.register(module.clear)
-        # The same library (dlopen gives the same handle, so the same table) as a CPython module.
-        _state["entry"] = _load_entry(path)
-        if _state["entry"] is not None:
-            for callback in _entry_callbacks:
-                callback(_state["entry"])
-        return module
+        return _open(tvm_ffi)
     except ImportError as exc:
         _state["error"] = f"tvm_ffi is not installed ({exc})"
-    except (NativeBuildError, OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError) as exc:  # NativeUnavailable, or TVM-FFI refusing the library
         _state["error"] = str(exc)
     _log.warning("kernel_api: the C launch table is unavailable, repeated ops calls stay in Python: %s",
                  _state["error"])

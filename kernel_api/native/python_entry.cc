@@ -720,9 +720,28 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_launch_table", nullptr, -1, m
 
 }  // namespace
 
+// Set by setup.py; kernel_api.native refuses a module built for other sources or another TVM-FFI.
+#ifndef KERNEL_API_TVM_FFI_VERSION
+#define KERNEL_API_TVM_FFI_VERSION ""
+#endif
+#ifndef KERNEL_API_SOURCE_DIGEST
+#define KERNEL_API_SOURCE_DIGEST ""
+#endif
+
 extern "C" __attribute__((visibility("default"))) PyObject* PyInit__launch_table() {
   PyObject* module = PyModule_Create(&module_def);
   if (module == nullptr) return nullptr;
+#ifdef Py_GIL_DISABLED
+  // Free-threaded Python (3.13t+): this module keeps its state in globals that only the GIL
+  // guards (the configured tensor type, the last stream, the remembered summaries), so importing
+  // it keeps the GIL enabled.
+  PyUnstable_Module_SetGIL(module, Py_MOD_GIL_USED);
+#endif
+  if (PyModule_AddStringConstant(module, "tvm_ffi_version", KERNEL_API_TVM_FFI_VERSION) != 0 ||
+      PyModule_AddStringConstant(module, "source_digest", KERNEL_API_SOURCE_DIGEST) != 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
   if (bound_launch_type == nullptr) {
     bound_launch_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&bound_launch_spec));
     if (bound_launch_type == nullptr) {
