@@ -227,7 +227,7 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
 def _overlap_error(name: str, shape: Any, stride: Any) -> ValueError:
     return ValueError(
         f"operand {name}: elements overlap (shape {tuple(shape)}, strides {tuple(stride)}: a zero stride, as from "
-        f"expand, or rows that reach into each other); thread blocks would race writing them, so pass an output "
+        f"expand, or strides too small for the sizes); thread blocks would race writing them, so pass an output "
         f"whose elements are distinct (e.g. torch.empty or .contiguous())")
 
 

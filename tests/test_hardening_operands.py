@@ -395,6 +395,10 @@ def test_gpu_recorded_launches_never_serve_lazily_negated_operands():
         ops.softmax(x, out=soft)
         with pytest.raises(ValueError, match="operand x: has torch's lazy negative bit"):
             ops.softmax(_neg(x), out=soft)
+        # Through the custom ops (autograd here), torch resolves the negation before our code runs.
+        leaf = x.clone().requires_grad_()
+        y = ops.softmax(torch._neg_view(leaf))
+        torch.testing.assert_close(y.double(), torch.softmax(-x.double(), -1), atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.gpu

@@ -14,6 +14,8 @@
 // `stream` None means the stream TVM-FFI set for the first tensor's device for this call (the
 // producer's current stream: torch's, for torch tensors); anything else is passed on as it is.
 // The function is called as function(*tensors, *tail, stream).
+// DLPack has no lazy negative or conjugate bit: callers passing torch tensors decline tensors
+// carrying one before calling launch (python_entry.cc's entry points do it in C).
 
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/c_api.h>

@@ -7,9 +7,6 @@
 // TVM-FFI functions (CuTe DSL's included) accept as tensors:
 //
 //   configure(tensor_type)                  torch.Tensor; the exchange API is read from it
-//
-// Tensors carrying torch's lazy negative or conjugate bit (which DLPack cannot express) are never
-// read: every entry point treats them as tensors it cannot take (see ReadTensor).
 //   launch(tag, stream, *tensors) -> bool   the launch table's `launch` (launch_table.h)
 //   bind(function, tensors, tail) -> BoundLaunch
 //       BoundLaunch(stream) calls function(*tensors, *tail, stream), reading the tensors' current
@@ -20,6 +17,10 @@
 //   remember(tag, value, *tensors) -> bool; recall(tag, *tensors) -> value | None; forget()
 //       a dictionary keyed like the launch table (dtypes, devices, shapes, strides, pointer
 //       alignment): what Python computed from tensors' metadata, found again without Python.
+//
+// Tensors carrying torch's lazy negative or conjugate bit (which DLPack cannot express) are never
+// read (see ReadTensor): launch, gemm_plain and recall miss, remember declines, and a bound launch
+// raises ValueError.
 //
 // `stream`: None is the producer's current stream on the first tensor's device (torch's current
 // stream; nothing for CPU tensors), an int is passed on as an int, anything else as the pointer
