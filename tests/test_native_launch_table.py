@@ -368,7 +368,6 @@ def test_record_clear_and_launch_from_four_threads_never_deadlock(table, tmp_pat
 
     from kernel_api.cache import cache_dir
 
-    native.build()  # the subprocess loads the library this process built (no second compile)
     script = tmp_path / "stress.py"
     script.write_text(_STRESS)
     root = os.path.dirname(os.path.dirname(os.path.abspath(kernel_api.__file__)))  # this kernel_api, not another
