@@ -62,7 +62,7 @@ native = Extension(
     sources=[str(NATIVE / "launch_table.cc"), str(NATIVE / "python_entry.cc")],
     depends=[str(NATIVE / "launch_table.h")],
     language="c++",
-    extra_compile_args=["-std=c++17", "-fvisibility=hidden"],
+    extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"],
     # The TVM-FFI symbols stay unresolved until import (see above); macOS links only when told so.
     extra_link_args=["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else [],
     optional=True,

@@ -29,8 +29,8 @@ def _neg(t: torch.Tensor) -> torch.Tensor:
 
 def _needs_native():
     tvm_ffi = pytest.importorskip("tvm_ffi")
-    if native._compiler() is None:
-        pytest.skip("no C++ compiler to build the launch table")
+    if native.module_path() is None:
+        pytest.skip("kernel_api.native._launch_table was not built by this install")
     if native.entry() is None:
         pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
     return tvm_ffi
