@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 import kernel_api  # noqa: E402
 from kernel_api.arguments import GemmArguments  # noqa: E402
-from kernel_api.timing import time_cuda_pair  # noqa: E402
+from kernel_api.tuning.timing import time_cuda_pair  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f64": torch.float64}
 DEFAULT_SHAPES = ["8192x8192x8192:bf16", "4096x4096x4096:bf16", "2048x2048x2048:bf16", "4096x14336x4096:bf16",

@@ -34,8 +34,8 @@ from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import (  # noqa: E4
     Sm90Config, Sm90WarpSpecializedGemm)
 from kernel_api.dtypes import DataType  # noqa: E402
 from kernel_api.metadata import ROW_MAJOR  # noqa: E402
-from kernel_api.timing import L2_FLUSH_BYTES, relative_error, rotation_count  # noqa: E402
-from kernel_api.timing import time_cuda_pair as time_pair  # noqa: E402
+from kernel_api.tuning.timing import L2_FLUSH_BYTES, relative_error, rotation_count  # noqa: E402
+from kernel_api.tuning.timing import time_cuda_pair as time_pair  # noqa: E402
 
 SWEEP = ["8192x8192x8192", "4096x4096x4096", "2048x2048x2048", "4096x14336x4096", "4096x4096x14336",
          "128x8192x8192", "16384x1024x16384"]

@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 import kernel_api  # noqa: E402
-from kernel_api.selection import PickBest, estimated_cost, _sm_count  # noqa: E402
+from kernel_api.tuning.policies import PickBest, estimated_cost, _sm_count  # noqa: E402
 
 SWEEP = ["8192x8192x8192", "4096x4096x4096", "2048x2048x2048", "4096x14336x4096", "4096x4096x14336",
          "128x8192x8192", "16384x1024x16384"]
@@ -30,7 +30,7 @@ SWEEP = ["8192x8192x8192", "4096x4096x4096", "2048x2048x2048", "4096x14336x4096"
 SECOND_PROCESS = """
 import sys, time; sys.path.insert(0, {root!r})
 import torch, kernel_api
-from kernel_api.selection import PickBest
+from kernel_api.tuning.policies import PickBest
 A = torch.randn({m}, {k}, device="cuda", dtype=torch.bfloat16)
 B = torch.randn({k}, {n}, device="cuda", dtype=torch.bfloat16)
 picker = PickBest(num_workers=1)

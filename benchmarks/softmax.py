@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernel_api  # noqa: E402
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments  # noqa: E402
-from kernel_api.timing import time_cuda  # noqa: E402
+from kernel_api.tuning.timing import time_cuda  # noqa: E402
 
 SHAPES = [(32768, 4096), (16384, 16384), (65536, 1024)]
 L2_ROTATE_BYTES = 50 * 2**20

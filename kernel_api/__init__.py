@@ -8,19 +8,19 @@
 from . import arguments, artifact, dtypes, errors, metadata, status, utils
 from .arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments,
                         SoftmaxBackwardArguments)
-from .artifact import CompiledArtifact
-from .dtypes import DataType
-from .errors import (CompilationError, DeviceError, KernelApiError, KernelLaunchError, NoKernelFoundError,
-                     RegistrationError, UnsupportedArgumentsError)
+from .core.artifact import CompiledArtifact
+from .core.dtypes import DataType
+from .core.errors import (CompilationError, DeviceError, KernelApiError, KernelLaunchError, NoKernelFoundError,
+                          RegistrationError, UnsupportedArgumentsError)
 from .kernel import Kernel
 from .metadata import (BLASDesignMetadata, EpilogueMetadata, GemmOperandsMetadata, KernelMetadata,
                        RowReductionDesignMetadata, SoftmaxBackwardOperandsMetadata, SoftmaxOperandsMetadata,
                        TensorAttributes)
 from .registry import (Provider, available_providers, explain, get_kernels, plugin_errors, register_provider)
-from .status import Status
+from .core.status import Status
 from . import registry, kernel, providers  # noqa: E402  (providers register themselves)
-from .selection import PickAny, PickBest, Policy  # noqa: E402
-from .settings import settings  # noqa: E402
+from .tuning.policies import PickAny, PickBest, Policy  # noqa: E402
+from .tuning.settings import settings  # noqa: E402
 from . import ops  # noqa: E402
 
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from . import native
-from .dtypes import _BITS, _FLOATS, _FROM_TORCH, DataType, to_dtype
+from .core.dtypes import _BITS, _FLOATS, _FROM_TORCH, DataType, to_dtype
 
 _BYTES = {dt: max(1, bits // 8) for dt, bits in _BITS.items()}
 from .metadata import ACTIVATIONS, TensorAttributes

@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 import torch
 
-from .arch import arch_string, device_cc, normalize_cc
+from .core.arch import arch_string, device_cc, normalize_cc
 from .arguments import Arguments
-from .artifact import CompiledArtifact
-from .errors import CompilationError, DeviceError, UnsupportedArgumentsError
+from .core.artifact import CompiledArtifact
+from .core.errors import CompilationError, DeviceError, UnsupportedArgumentsError
 from .metadata import KernelMetadata
-from .status import _SUCCESS, Status
+from .core.status import _SUCCESS, Status
 from . import utils as _utils
 from .utils import to_cuda_stream
 

@@ -21,10 +21,9 @@ import torch
 
 from . import native, registry
 from .arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, byte_extent
-from .errors import DeviceError
-from .selection import _no_kernel
-from .settings import _current as _settings  # the context variable itself: no call frame per op
-from .settings import current
+from .core.errors import DeviceError
+from .tuning.settings import _current as _settings  # the context variable itself: no call frame per op
+from .tuning.settings import current
 from .utils import _cu_streams, _current_raw_stream, to_cuda_stream
 
 _dispatch: dict[tuple, tuple] = {}
@@ -100,7 +99,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
         with torch.cuda.device(device):
             candidates = registry.get_kernels(args)
             if not candidates:
-                raise _no_kernel(args)
+                raise registry.no_kernel_error(args)
             kernel = policy.choose(args, candidates)
             found = _dispatch[key] = (kernel, kernel.compile(args), policy)  # keep policy alive: id() stays unique
     kernel, artifact, _ = found

@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .arch import resolve_cc
+from .core.arch import resolve_cc
 from .arguments import Arguments, GemmArguments
-from .errors import RegistrationError
+from .core.errors import NoKernelFoundError, RegistrationError
 from .kernel import Kernel
 from .metadata import KernelMetadata
 
@@ -793,6 +793,12 @@ def explain(args: Arguments, cc: Any = None, providers: Any = None) -> Explanati
                 accepted.append(name)
                 accepted_classes.append((provider.name, cname))
     return Explanation(rejections, accepted, problem=repr(args), cc=target, accepted_classes=accepted_classes)
+
+
+def no_kernel_error(args: Arguments, cc: Any = None) -> NoKernelFoundError:
+    """The error to raise when no kernel takes ``args``: it names the nearest misses."""
+    nearest = "\n".join(f"  {r.kernel_name or r.kernel_class}: {r.reason}" for r in explain(args, cc).nearest(5))
+    return NoKernelFoundError(f"no kernel supports {args!r}" + (f"; nearest misses:\n{nearest}" if nearest else ""))
 
 
 def clear_caches() -> None:

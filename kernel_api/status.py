@@ -1,39 +1,8 @@
-"""Outcome of a support check: truthy on success, carries the reason on failure."""
+"""Public path of `Status`, the outcome of a support check; the code lives in `kernel_api.core.status`.
 
-from __future__ import annotations
+Kept because user code and the CUTLASS API notebook import ``kernel_api.status``.
+"""
 
+from .core.status import Status
 
-class Status:
-    """Result of `Kernel.supports` and friends.
-
-    ``Status.success()`` is truthy; ``Status.fail(message)`` is falsy and keeps the
-    message in ``.error`` so callers can say *why* a kernel does not fit.
-    """
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: str | None = None) -> None:
-        self.error = error
-
-    @classmethod
-    def success(cls) -> "Status":
-        return _SUCCESS
-
-    @classmethod
-    def fail(cls, message: str) -> "Status":
-        if not message:
-            raise ValueError("Status.fail needs a message saying what is unsupported")
-        return cls(str(message))
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def __bool__(self) -> bool:
-        return self.error is None
-
-    def __repr__(self) -> str:
-        return "Status.success()" if self.error is None else f"Status.fail({self.error!r})"
-
-
-_SUCCESS = Status()
+__all__ = ["Status"]

@@ -1,12 +1,12 @@
-"""kernel_api.cache: hits, misses, corruption, disabling, unwritable folders, concurrent writers."""
+"""kernel_api.core.cache: hits, misses, corruption, disabling, unwritable folders, concurrent writers."""
 
 import multiprocessing as mp
 import os
 
 import pytest
 
-from kernel_api import cache as kcache
-from kernel_api.cache import DiskCache, decode_entry, encode_entry, make_key
+from kernel_api.core import cache as kcache
+from kernel_api.core.cache import DiskCache, decode_entry, encode_entry, make_key
 
 
 def test_put_get_roundtrip_and_miss(tmp_path):

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from kernel_api.cli import gemm_arguments, main
+from kernel_api.cli.commands import gemm_arguments, main
 
 import toy_kernels
 from kernel_api import registry
@@ -80,8 +80,8 @@ def test_bench_and_tune_without_gpu_list_and_fail(toy, capsys, monkeypatch):
 
 def test_cache_info_and_clear(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(tmp_path))
-    from kernel_api.cache import DiskCache
-    from kernel_api.records import TuningRecords
+    from kernel_api.core.cache import DiskCache
+    from kernel_api.tuning.records import TuningRecords
 
     DiskCache("cutedsl").put("k1", b"x" * 1000)
     TuningRecords().record("dev", 90, "op", "1x1x1x1", "winner", 1.0, {}, {})
@@ -97,7 +97,7 @@ def test_cache_info_and_clear(tmp_path, monkeypatch, capsys):
 
 def test_bench_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from kernel_api.bench import _plot
+    from kernel_api.cli.bench import _plot
 
     rows = [{"kernel": "torch", "provider": "torch", "throughput": 780.0},
             {"kernel": "SomeKernel_bf16_ttt_128x256x64", "provider": "cutedsl", "throughput": 772.0},

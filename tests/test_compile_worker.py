@@ -16,9 +16,9 @@ import torch
 
 import kernel_api
 from kernel_api import GemmArguments
-from kernel_api.compile_worker import _Worker, _worker_environment, CompileRequest, describe_arguments
+from kernel_api.tuning.compile_worker import _Worker, _worker_environment, CompileRequest, describe_arguments
 from kernel_api.providers.cuda_src import CudaSourceProvider
-from kernel_api.selection import PickBest
+from kernel_api.tuning.policies import PickBest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ UNGUARDED_SCRIPT = textwrap.dedent('''
 
     import kernel_api
     from kernel_api import GemmArguments
-    from kernel_api.selection import PickBest
+    from kernel_api.tuning.policies import PickBest
     import worker_kernels
 
     with open(os.environ["MARKER"], "a") as f:
@@ -238,8 +238,8 @@ def test_worker_exits_when_its_parent_dies(kernels_module, tmp_path):
     code = textwrap.dedent(f'''
         import dataclasses, os, sys, time
         sys.path[:0] = [{str(REPO)!r}, {str(tmp_path)!r}]
-        from kernel_api.compile_worker import _Worker, _encode, _worker_environment, CompileRequest
-        from kernel_api.compile_worker import describe_arguments
+        from kernel_api.tuning.compile_worker import _Worker, _encode, _worker_environment, CompileRequest
+        from kernel_api.tuning.compile_worker import describe_arguments
         import torch
         from kernel_api import GemmArguments
         meta = dict(device="meta", dtype=torch.float32)
@@ -270,7 +270,7 @@ def _state(pid: int) -> str:
 
 
 def test_undescribable_arguments_and_main_classes_stay_in_process(kernels_module):
-    from kernel_api.compile_worker import importable_class
+    from kernel_api.tuning.compile_worker import importable_class
 
     class Main:  # what a class defined in a script or notebook cell looks like
         pass

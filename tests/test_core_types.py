@@ -6,7 +6,7 @@ import torch
 import kernel_api
 from kernel_api import (DataType, DeviceError, GemmArguments, KernelMetadata, Status, TensorAttributes,
                         UnsupportedArgumentsError)
-from kernel_api.arch import arch_string, normalize_cc, resolve_cc
+from kernel_api.core.arch import arch_string, normalize_cc, resolve_cc
 from kernel_api.dtypes import to_dtype
 from kernel_api.utils import layout_string_to_strides, strides_to_layout_string, stream_handle
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kernel_api
-from kernel_api.arch import device_cc
+from kernel_api.core.arch import device_cc
 
 from gemm_family_utils import aligned_extents, problem, relative_error, tolerance
 

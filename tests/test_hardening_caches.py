@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import kernel_api
-from kernel_api import cache as kcache
+from kernel_api.core import cache as kcache
 from kernel_api.errors import CompilationError
 from kernel_api.providers.cuda_src import compiler
 from kernel_api.providers.cuda_src.compiler import compile_cuda
-from kernel_api.records import TuningRecords
+from kernel_api.tuning.records import TuningRecords
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -323,7 +323,7 @@ def test_a_record_of_another_toolchain_counts_as_missing(tmp_path):
     TuningRecords(path, toolchain_key="kernel_api 0.0.1; nvidia-cutlass-dsl 4.0.0 cu12").record(
         "dev", 90, "op", "s", "old_winner", 1.0, {}, {})
     current = TuningRecords(path)
-    assert current.toolchain_key == kernel_api.toolchain.tuning_toolchain()
+    assert current.toolchain_key == kernel_api.core.toolchain.tuning_toolchain()
     assert kernel_api.__version__ in current.toolchain_key and "nvidia-cutlass-dsl" in current.toolchain_key
     assert current.lookup("dev", 90, "op", "s") is None
     current.record("dev", 90, "op", "s", "new_winner", 1.0, {}, {})
@@ -355,8 +355,8 @@ def test_records_of_the_first_schema_count_as_missing(tmp_path):
 @pytest.mark.gpu
 def test_pick_best_keeps_its_winner_when_the_records_are_locked(tmp_path):
     """PickBest measures, fails to save under a lock, warns, and still uses (and reuses) the winner."""
-    from kernel_api.reference import tolerance
-    from kernel_api.selection import PickBest
+    from kernel_api.tuning.reference import tolerance
+    from kernel_api.tuning.policies import PickBest
 
     A = torch.randn(96, 80, device="cuda")
     B = torch.randn(80, 72, device="cuda")

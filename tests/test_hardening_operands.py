@@ -17,7 +17,7 @@ import kernel_api
 import kernel_api.arguments as arguments
 from kernel_api import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, native, ops
 from kernel_api.dtypes import DataType
-from kernel_api.settings import current
+from kernel_api.tuning.settings import current
 
 
 def _neg(t: torch.Tensor) -> torch.Tensor:

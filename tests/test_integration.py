@@ -152,7 +152,7 @@ def test_ops_gemm_names_operands_that_are_not_tensors():
 
 def test_the_python_fast_path_never_launches_into_an_operand(monkeypatch):
     """Without the C table, a recorded launcher is skipped when out may overlap an operand."""
-    from kernel_api.settings import current
+    from kernel_api.tuning.settings import current
 
     launched = []
     A, B = torch.randn(16, 16), torch.randn(16, 16)

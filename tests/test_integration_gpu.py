@@ -152,7 +152,7 @@ def test_operands_device_index_is_honoured():
 
 def test_ops_gemm_fast_path_reuses_launchers_only_for_identical_metadata():
     from kernel_api.ops import _raw_gemm_key
-    from kernel_api.settings import current
+    from kernel_api.tuning.settings import current
 
     ops.clear_dispatch_cache()
     expected = set()

@@ -11,7 +11,7 @@ import torch
 
 import kernel_api
 from kernel_api import GemmArguments
-from kernel_api.selection import rank_candidates
+from kernel_api.tuning.policies import rank_candidates
 
 pytestmark = pytest.mark.gpu
 

@@ -13,7 +13,7 @@ import torch
 
 import kernel_api
 from kernel_api import native, ops
-from kernel_api.settings import current
+from kernel_api.tuning.settings import current
 from gemm_family_utils import operand_variants
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
@@ -366,7 +366,7 @@ def test_record_clear_and_launch_from_four_threads_never_deadlock(table, tmp_pat
     import subprocess
     import sys
 
-    from kernel_api.cache import cache_dir
+    from kernel_api.core.cache import cache_dir
 
     script = tmp_path / "stress.py"
     script.write_text(_STRESS)

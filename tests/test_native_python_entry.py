@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernel_api import native, ops
-from kernel_api.settings import current
+from kernel_api.tuning.settings import current
 from test_native_launch_table import NativeOnlyKernel
 
 tvm_ffi = pytest.importorskip("tvm_ffi")

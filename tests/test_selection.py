@@ -12,10 +12,10 @@ import torch
 import kernel_api
 from kernel_api import GemmArguments, registry
 from kernel_api.errors import DeviceError, NoKernelFoundError
-from kernel_api.records import TuningRecords, operation_key
-from kernel_api.reference import random_like, reference, tolerance
-from kernel_api.selection import PickAny, PickBest, gemm_cost, rank_candidates
-from kernel_api.settings import current
+from kernel_api.tuning.records import TuningRecords, operation_key
+from kernel_api.tuning.reference import random_like, reference, tolerance
+from kernel_api.tuning.policies import PickAny, PickBest, gemm_cost, rank_candidates
+from kernel_api.tuning.settings import current
 
 from toy_kernels import ToyGemm, ToyProvider
 
@@ -41,7 +41,7 @@ def test_records_roundtrip_and_wal(tmp_path):
 def test_records_are_seen_by_another_process(tmp_path):
     path = tmp_path / "tuning.sqlite"
     TuningRecords(path).record("dev", 90, "op", "shape", "winner", 2.0, {}, {})
-    code = ("import sys; sys.path.insert(0, %r); from kernel_api.records import TuningRecords; "
+    code = ("import sys; sys.path.insert(0, %r); from kernel_api.tuning.records import TuningRecords; "
             "print(TuningRecords(%r).lookup('dev', 90, 'op', 'shape').kernel_name)") % (os.getcwd(), str(path))
     assert subprocess.check_output([sys.executable, "-c", code], text=True).strip() == "winner"
 

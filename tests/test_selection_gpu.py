@@ -8,8 +8,8 @@ import kernel_api
 from kernel_api import GemmArguments, GemmOperandsMetadata, TensorAttributes
 from kernel_api.providers.cuda_src import CudaSourceProvider
 from kernel_api.providers.cuda_src.kernel import CudaSourceKernel
-from kernel_api.records import TuningRecords
-from kernel_api.selection import PickBest
+from kernel_api.tuning.records import TuningRecords
+from kernel_api.tuning.policies import PickBest
 from kernel_api.status import Status
 
 pytestmark = pytest.mark.gpu

@@ -4,7 +4,7 @@
 `CompiledCuda`: the cubin plus the lowered (mangled) name of every name expression, so
 template instances are chosen by name and looked up after loading. No GPU is needed.
 
-The disk cache (`kernel_api.cache.DiskCache` namespace ``cubin``) is keyed by a hash of the
+The disk cache (`kernel_api.core.cache.DiskCache` namespace ``cubin``) is keyed by a hash of the
 source, the name expressions, the options, the include folders and the contents of the
 headers in them, defines, the target arch and the NVRTC version; a second process compiling
 the same kernel loads the cubin instead of running NVRTC, and editing a header makes a new
@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from ...arch import arch_string, normalize_cc
-from ...cache import DiskCache, make_key, tree_digest
-from ...errors import CompilationError, strip_ansi
+from ...core.arch import arch_string, normalize_cc
+from ...core.cache import DiskCache, make_key, tree_digest
+from ...core.errors import CompilationError, strip_ansi
 
 _FORMAT = 1  # bump when the cached payload layout changes
 _cache = DiskCache("cubin")

@@ -40,12 +40,12 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
-from ...arch import device_cc
-from ...artifact import CompiledArtifact
-from ...errors import CompilationError, DeviceError
+from ...core.arch import device_cc
+from ...core.artifact import CompiledArtifact
+from ...core.errors import CompilationError, DeviceError
 from ...kernel import Kernel, compile_target_cc
 from ...metadata import KernelMetadata, OperandsMetadata
-from ...status import Status
+from ...core.status import Status
 from .compiler import compile_cuda
 from .launcher import CudaLauncher, raw_stream
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ...errors import DeviceError, KernelLaunchError
+from ...core.errors import DeviceError, KernelLaunchError
 from .compiler import CompiledCuda
 
 _streams: dict[int, Any] = {}  # raw cudaStream_t -> cuda.core Stream (borrowed, not owned)

@@ -19,11 +19,11 @@ from typing import Any, Callable
 import torch
 
 from ... import native
-from ...arch import arch_string, device_cc
-from ...artifact import CompiledArtifact
-from ...cache import DiskCache, make_key, tree_digest
-from ...dtypes import from_torch
-from ...errors import CompilationError, DeviceError, strip_ansi
+from ...core.arch import arch_string, device_cc
+from ...core.artifact import CompiledArtifact
+from ...core.cache import DiskCache, make_key, tree_digest
+from ...core.dtypes import from_torch
+from ...core.errors import CompilationError, DeviceError, strip_ansi
 from ...kernel import Kernel, check_target_cc, compile_target_cc
 from ...metadata import TensorAttributes
 
@@ -81,7 +81,7 @@ _SOURCE_SUFFIXES = (".py", ".cu", ".cuh")
 @functools.lru_cache(maxsize=None)
 def _toolchain_versions() -> tuple:
     """kernel_api's version, the DSL's version and CUDA variant, TVM-FFI's, and the Python."""
-    from ...toolchain import cutlass_dsl_build, distribution_version, kernel_api_version, python_build
+    from ...core.toolchain import cutlass_dsl_build, distribution_version, kernel_api_version, python_build
 
     return (("kernel_api", kernel_api_version()), ("nvidia-cutlass-dsl", cutlass_dsl_build()),
             ("apache-tvm-ffi", distribution_version("apache-tvm-ffi") or "?"), ("python", python_build()))

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
-from ....dtypes import DataType
-from ....errors import UnsupportedArgumentsError
+from ....core.dtypes import DataType
+from ....core.errors import UnsupportedArgumentsError
 from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
-from ....status import Status
+from ....core.status import Status
 from ....utils import MAX_GRID_X, next_pow2
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ....arguments import EpilogueArguments, GemmArguments
-from ....artifact import CompiledArtifact
-from ....dtypes import DataType
+from ....core.artifact import CompiledArtifact
+from ....core.dtypes import DataType
 from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
                           GemmOperandsMetadata, KernelMetadata, TensorAttributes)
-from ....status import Status
+from ....core.status import Status
 from ....utils import MAX_GRID_X, strides_to_layout_string, to_cuda_stream
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ....arguments import EpilogueArguments, GemmArguments
-from ....dtypes import DataType
+from ....core.dtypes import DataType
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
-from ....status import Status
+from ....core.status import Status
 from .. import CuTeDSLProvider
 from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, grid_y_limit,
                      tiled_gemm_metadata)

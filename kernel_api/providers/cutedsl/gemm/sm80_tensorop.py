@@ -16,9 +16,9 @@ import itertools
 from typing import Any, Callable
 
 from ....arguments import EpilogueArguments, GemmArguments
-from ....dtypes import DataType
+from ....core.dtypes import DataType
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
-from ....status import Status
+from ....core.status import Status
 from .. import CuTeDSLProvider
 from ..kernel import _target_cc
 from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, grid_x_tiles_limit,

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ....arguments import GemmArguments
-from ....artifact import CompiledArtifact
-from ....dtypes import DataType
+from ....core.artifact import CompiledArtifact
+from ....core.dtypes import DataType
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
-from ....status import Status
+from ....core.status import Status
 from ....utils import to_cuda_stream
 from .. import CuTeDSLProvider
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like

@@ -21,11 +21,11 @@ from typing import Any, Callable
 import torch
 
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
-from ....artifact import CompiledArtifact
-from ....dtypes import DataType
-from ....errors import UnsupportedArgumentsError
+from ....core.artifact import CompiledArtifact
+from ....core.dtypes import DataType
+from ....core.errors import UnsupportedArgumentsError
 from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
-from ....status import Status
+from ....core.status import Status
 from ....utils import next_pow2, to_cuda_stream
 from .. import CuTeDSLProvider
 from ..kernel import CuteDslKernel, fake_tensor

@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from . import registry
-from .arguments import GemmArguments
-from .dtypes import to_dtype
-from .timing import relative_error, rotation_count, time_cuda
+from .. import registry
+from ..arguments import GemmArguments
+from ..core.dtypes import to_dtype
+from ..tuning.timing import relative_error, rotation_count, time_cuda
+from .format import format_table
 
 
 def _one_per_class(kernels: list, limit: int) -> list:
@@ -82,7 +83,6 @@ def run_demo(m: int = 4096, n: int = 4096, k: int = 4096, dtype: str = "bf16", m
         t = time_cuda(lambda i: kernel.run(runs[i], compiled_artifact=artifact, assume_supported_args=True),
                       sets=sets)["median_ms"]
         rows.append((name, f"{compile_s:.2f} s", f"{err:.1e}", f"{flops / t / 1e9:.1f}", f"{torch_t / t:.2f}"))
-    from .cli import format_table
 
     print(format_table(("kernel", "compile", "rel. error", "TFLOP/s", "vs torch"), rows))
     return 0

@@ -10,13 +10,14 @@ from typing import Any
 
 import torch
 
-from . import registry
-from .arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
-from .cache import cache_dir
-from .records import TuningRecords
-from .reference import random_like
-from .selection import PickBest, rank_candidates
-from .timing import rotation_count, time_cuda
+from .. import registry
+from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from ..core.cache import cache_dir
+from ..tuning.records import TuningRecords
+from ..tuning.reference import random_like
+from ..tuning.policies import PickBest, rank_candidates
+from ..tuning.timing import rotation_count, time_cuda
+from .format import format_table
 
 
 def progress_bar(done: int, total: int, label: str) -> None:
@@ -50,7 +51,7 @@ def bench(args: Any, limit: int | None = None, num_workers: int | None = None, p
     """Compile, verify and time every candidate (best-ranked first, up to ``limit``) plus torch."""
     candidates = registry.get_kernels(args)
     if not candidates:
-        raise registry_error(args)
+        raise registry.no_kernel_error(args)
     ranked = rank_candidates(candidates, args)[:limit] if limit else rank_candidates(candidates, args)
     picker = PickBest(num_workers=num_workers, max_candidates=None, use_records=False, progress=progress_bar)
     cc = torch.cuda.get_device_capability(args.device)
@@ -69,7 +70,6 @@ def bench(args: Any, limit: int | None = None, num_workers: int | None = None, p
                      "vs_torch": None if m.median_ms is None else torch_ms / m.median_ms,
                      "error": m.error, "failure": m.failure})
     rows.sort(key=lambda r: (r["median_ms"] is None, r["median_ms"] or 0.0))
-    from .cli import format_table
 
     table = [(r["kernel"], r["provider"], "-" if r["median_ms"] is None else f"{r['median_ms'] * 1e3:.1f}",
               "-" if r["throughput"] is None else f"{r['throughput']:.1f}",
@@ -145,9 +145,3 @@ def cache_clear(show: Any = print) -> None:
             elif sub.name.startswith("tuning.sqlite"):
                 sub.unlink()
     show(f"cleared {root}")
-
-
-def registry_error(args: Any) -> Exception:
-    from .selection import _no_kernel
-
-    return _no_kernel(args)

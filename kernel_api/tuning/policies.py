@@ -4,7 +4,7 @@
 ``PickBest`` compiles candidates in parallel *worker processes* for the target cc; each
 worker fills the on-disk artifact caches, so the parent then loads every candidate in
 milliseconds instead of compiling them one after another. The workers are our own entry
-point (`kernel_api.compile_worker`), so tuning from a script without an
+point (`kernel_api.tuning.compile_worker`), so tuning from a script without an
 ``if __name__ == "__main__":`` guard does not re-run the script.
 """
 
@@ -17,11 +17,11 @@ from typing import Any, Callable
 
 import torch
 
-from . import registry
-from .arch import device_cc
-from .arguments import GemmArguments
-from .errors import NoKernelFoundError
-from .kernel import Kernel
+from .. import registry
+from ..core.arch import device_cc
+from ..arguments import GemmArguments
+from ..core.errors import NoKernelFoundError
+from ..kernel import Kernel
 from .records import TuningRecords, operation_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
 from .timing import relative_error, rotation_count, time_cuda
@@ -101,7 +101,7 @@ class PickAny(Policy):
 
     def choose(self, args: Any, candidates: list[Kernel]) -> Kernel:
         if not candidates:
-            raise _no_kernel(args)
+            raise registry.no_kernel_error(args)
         return rank_candidates(candidates, args)[0]
 
 
@@ -158,7 +158,7 @@ class PickBest(Policy):
         if candidates is None:
             candidates = registry.get_kernels(args)
         if not candidates:
-            raise _no_kernel(args)
+            raise registry.no_kernel_error(args)
         device_name = torch.cuda.get_device_name(args.device)
         cc = device_cc(args.device.index)
         operation, shape = operation_key(args)
@@ -195,7 +195,7 @@ class PickBest(Policy):
 
     def _precompile(self, args: Any, kernels: list[Kernel], cc: int) -> dict[str, str | None]:
         """Compile ``kernels`` in worker processes into the disk caches (see
-        `kernel_api.compile_worker.compile_in_workers`); returns each worker-compiled kernel's
+        `kernel_api.tuning.compile_worker.compile_in_workers`); returns each worker-compiled kernel's
         failure message or None. Kernels left out are compiled by `_measure` in this process."""
         workers = self._worker_count()
         if workers <= 1 or len(kernels) <= 1:
@@ -231,8 +231,3 @@ class PickBest(Policy):
                 self.progress(i, len(kernels), name)
         return results
 
-
-def _no_kernel(args: Any) -> NoKernelFoundError:
-    explanation = registry.explain(args)
-    nearest = "\n".join(f"  {r.kernel_name or r.kernel_class}: {r.reason}" for r in explanation.nearest(5))
-    return NoKernelFoundError(f"no kernel supports {args!r}" + (f"; nearest misses:\n{nearest}" if nearest else ""))

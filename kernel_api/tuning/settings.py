@@ -11,7 +11,7 @@ import contextvars
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
-from .selection import PickAny, PickBest, Policy
+from .policies import PickAny, PickBest, Policy
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 `PickBest` compiles its candidates in parallel so that the tuning process then loads each
 artifact from the shared disk cache in milliseconds. The workers are started as
-``python -m kernel_api.compile_worker``: unlike ``multiprocessing``'s spawn start method,
+``python -m kernel_api.tuning.compile_worker``: unlike ``multiprocessing``'s spawn start method,
 that does not re-run the user's script (a script without an ``if __name__ == "__main__":``
 guard would otherwise start copies of itself).
 
@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from .arguments import GemmArguments
+from ..arguments import GemmArguments
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def _read_message(fd: int, deadline: float | None = None) -> dict:
 # ---- the worker process ---------------------------------------------------------------------
 def _compile_one(request: CompileRequest) -> str | None:
     """Compile one kernel into the disk caches; None on success, else the failure's message."""
-    from . import registry
+    from .. import registry
 
     try:
         # Registers the class (user and plugin modules register on import).
@@ -204,14 +204,14 @@ def _worker_environment() -> dict[str, str]:
 
 
 class _Worker:
-    """One ``python -m kernel_api.compile_worker`` process; its stderr goes to a temporary
+    """One ``python -m kernel_api.tuning.compile_worker`` process; its stderr goes to a temporary
     file whose tail explains a crash."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.stderr = tempfile.TemporaryFile()
         # -P (3.11+): the working directory does not shadow the modules on the parent's path.
         flags = ["-P"] if sys.version_info >= (3, 11) else []
-        self.process = subprocess.Popen([sys.executable, *flags, "-m", "kernel_api.compile_worker"],
+        self.process = subprocess.Popen([sys.executable, *flags, "-m", "kernel_api.tuning.compile_worker"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                         env=env, bufsize=0, close_fds=True)
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from .cache import cache_dir
-from .toolchain import tuning_toolchain
+from ..core.cache import cache_dir
+from ..core.toolchain import tuning_toolchain
 
 # The first schema's table, "records", had no toolchain key; its rows count as missing (an old
 # kernel_api may still be using them, so they are left alone).
@@ -89,7 +89,7 @@ class TuningRecords:
     """The SQLite store of tuning results (one connection per thread).
 
     ``toolchain_key`` is what lookups match and records carry (default: this process's
-    kernel_api and DSL versions, `kernel_api.toolchain.tuning_toolchain`); ``timeout`` is
+    kernel_api and DSL versions, `kernel_api.core.toolchain.tuning_toolchain`); ``timeout`` is
     SQLite's busy timeout in seconds.
     """
 

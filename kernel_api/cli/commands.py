@@ -16,11 +16,12 @@ from typing import Any, Sequence
 
 import torch
 
-from . import registry
-from .arch import normalize_cc
-from .arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
-from .dtypes import to_dtype
-from .utils import layout_string_to_strides
+from .. import registry
+from ..core.arch import normalize_cc
+from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from ..core.dtypes import to_dtype
+from ..utils import layout_string_to_strides
+from .format import format_table
 
 DEVICE = "meta"
 
@@ -99,15 +100,6 @@ def _design_text(design: Any) -> str:
     if strategy is not None:
         return f"{strategy} ({design.threads_per_row} thr/row)"
     return str(design)
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Plain aligned text table."""
-    cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def cmd_list(ns: argparse.Namespace) -> int:

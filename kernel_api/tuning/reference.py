@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from .arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
-from .dtypes import DataType
+from ..arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from ..core.dtypes import DataType
 
 # Relative Frobenius-norm error allowed per output dtype (tf32 math gets its own entry).
 TOLERANCE = {DataType.f64: 1e-12, DataType.f32: 1e-5, DataType.tf32: 5e-3, DataType.f16: 1e-2,
