@@ -96,9 +96,9 @@ PyCFunction NoArgumentMethod(PyObject* type, const char* name) {
 // the callers' Python paths, which refuse them naming the operand.
 //
 // torch tells the bits only through Tensor.is_neg()/is_conj(), whose C functions install torch's
-// warning handler, look for __torch_function__ and release and retake the GIL: 0.15-0.3 us a
-// call, more than the rest of a launch from here. They are therefore asked once per tensor
-// object, not per read. A tensor gets its bits when it is made (views get their own); afterwards
+// warning handler, look for __torch_function__ and release and retake the GIL: 0.1-0.3 us a call
+// (the latter on a GPU host), as much as the rest of a launch from here. They are therefore asked
+// once per tensor object, not per read. A tensor gets its bits when it is made (views get their own); afterwards
 // only `t.data = other` changes them (it brings other's storage and bits, and with them, in
 // practice, another data pointer) and torch's private in-place toggles torch._C._set_neg and
 // _set_conj (torch sets them on tensors it is making). So a verdict is kept with the data pointer
