@@ -146,6 +146,76 @@ def test_the_launch_table_never_launches_lazily_negated_operands(entry):
     assert fn.calls == 2
 
 
+def test_bind_refuses_lazy_bits_once_and_a_bound_launch_checks_tensors_that_moved(entry):
+    fn = Recorder()
+    A, B = torch.randn(8, 6), torch.randn(6, 4)
+    # Refused when bound, naming the tensor: a bound launch reads the same objects at every call.
+    with pytest.raises(ValueError, match=r"bind: tensors\[1\] has torch's lazy negative bit set.*resolve_neg"):
+        entry.bind(fn.function, (A, _neg(B)), ())
+    conj = torch.randn(4, dtype=torch.complex64).conj()
+    with pytest.raises(ValueError, match=r"bind: tensors\[0\] has torch's lazy conjugate bit set.*resolve_conj"):
+        entry.bind(fn.function, (conj, None), ())
+    assert fn.calls == 0
+    bound = entry.bind(fn.function, (A, None, B), ())
+    bound(None)
+    assert fn.calls == 1
+    # `t.data = view` brings the view's bits with its storage (a new data pointer): checked again.
+    A.data = _neg(torch.randn(8, 6))
+    assert A.is_neg()
+    with pytest.raises(ValueError, match="lazy negative bit set"):
+        bound(None)
+    assert fn.calls == 1
+    A.data = A.data.resolve_neg()
+    bound(None)
+    assert fn.calls == 2
+
+
+def test_per_call_reads_tell_a_lazily_negated_tensor_from_one_seen_before(entry):
+    """launch, gemm_plain, recall and remember remember the tensors they found without lazy bits
+    (by identity and data pointer); a negated tensor is never taken for one of them: not a new
+    view at the address of a released one, not a known tensor whose storage was swapped."""
+    fn = Recorder()
+    A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
+    _record(fn, GemmArguments(A, B, out), (A, B, out), ops._GEMM_TAG)
+    tag = current().policy_id | ops._GEMM_TAG
+    summary = arguments._GEMM_SUMMARY
+    assert entry.recall(summary, A, B, out) is not None
+    for _ in range(50):  # released views' addresses are reused by the next ones
+        view = A[:]
+        assert entry.launch(tag, None, view, B, out) is True
+        del view
+        negated = _neg(A)
+        assert entry.launch(tag, None, negated, B, out) is False
+        assert entry.gemm_plain(ops._GEMM_TAG, negated, B, out, 1.0, 0.0, None, None, None, None, None) is None
+        assert entry.recall(summary, negated, B, out) is None
+        assert entry.remember(summary, "x", negated, B, out) is False
+        del negated
+    assert fn.calls == 50
+    held = B.data
+    B.data = _neg(torch.randn(8, 4))  # the same tensor object, another storage with the bit
+    assert entry.launch(tag, None, A, B, out) is False
+    assert entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None) is None
+    assert entry.recall(summary, A, B, out) is None
+    B.data = held
+    assert entry.launch(tag, None, A, B, out) is True and fn.calls == 51
+
+
+def test_the_c_paths_keep_no_tensor_alive(entry):
+    """The verdicts on lazy bits hold weak references, the version bump lets go of out."""
+    import weakref
+
+    fn = Recorder()
+    A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
+    _record(fn, GemmArguments(A, B, out), (A, B, out), ops._GEMM_TAG)  # (the arguments are released)
+    watch = [weakref.ref(t) for t in (A, B, out)]
+    for _ in range(3):
+        assert entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None) is out
+    assert entry.recall(arguments._GEMM_SUMMARY, A, B, out) is not None
+    assert fn.calls == 3
+    del A, B, out
+    assert all(w() is None for w in watch)
+
+
 def _python_launchers_only(monkeypatch, A, B, out, launched: list) -> None:
     """ops without the C table, with a recorded Python launcher for (A, B, out) on the CPU."""
     monkeypatch.setattr(ops, "_table_launch", None)

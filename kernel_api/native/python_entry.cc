@@ -19,8 +19,8 @@
 //       alignment): what Python computed from tensors' metadata, found again without Python.
 //
 // Tensors carrying torch's lazy negative or conjugate bit (which DLPack cannot express) are never
-// read (see ReadTensor): launch, gemm_plain and recall miss, remember declines, and a bound launch
-// raises ValueError.
+// read (see "Lazy bits" below): launch, gemm_plain and recall miss, remember declines, and bind
+// (or a bound launch, should a bound tensor gain a bit) raises ValueError.
 //
 // `stream`: None is the producer's current stream on the first tensor's device (torch's current
 // stream; nothing for CPU tensors), an int is passed on as an int, anything else as the pointer
@@ -46,7 +46,7 @@ using kernel_api_native::kMaxTensors;
 PyTypeObject* tensor_type = nullptr;  // torch.Tensor (a strong reference, set by configure)
 const DLPackExchangeAPI* exchange = nullptr;
 // torch.Tensor.is_neg and .is_conj (C methods taking no arguments, read by configure), called
-// through their C functions: a vectorcall of the descriptor costs more than the check itself.
+// through their C functions, without the method lookup and vectorcall of the descriptor.
 PyCFunction is_neg = nullptr;
 PyCFunction is_conj = nullptr;
 
@@ -88,32 +88,110 @@ PyCFunction NoArgumentMethod(PyObject* type, const char* name) {
   return function;
 }
 
-// Reads a torch tensor's metadata into *out. False when `object` is not a torch tensor, torch
-// cannot describe it, or it carries torch's lazy negative or conjugate bit; the Python error is
-// then set (the caller may clear it). DLPack has no such bit: the DLTensor of torch._neg_view(x)
-// or of c.conj().imag describes the memory without the negation, so a kernel launched with it
-// would compute with the wrong sign. Declined here, such tensors reach the callers' Python
-// paths, which refuse them naming the operand.
-bool ReadTensor(PyObject* object, DLTensor* out) {
+// ---- Lazy bits ------------------------------------------------------------------------------
+//
+// DLPack has no lazy negative or conjugate bit: the DLTensor of torch._neg_view(x) or of
+// c.conj().imag describes the memory without the negation, so a kernel launched with it would
+// compute with the wrong sign. Such tensors are never launched from here; declined, they reach
+// the callers' Python paths, which refuse them naming the operand.
+//
+// torch tells the bits only through Tensor.is_neg()/is_conj(), whose C functions install torch's
+// warning handler, look for __torch_function__ and release and retake the GIL: 0.1-0.3 us a call
+// (the latter on a GPU host), as much as the rest of a launch from here. They are therefore asked
+// once per tensor object, not per read. A tensor gets its bits when it is made (views get their own); afterwards
+// only `t.data = other` changes them (it brings other's storage and bits, and with them, in
+// practice, another data pointer) and torch's private in-place toggles torch._C._set_neg and
+// _set_conj (torch sets them on tensors it is making). So a verdict is kept with the data pointer
+// it was given for, and asked again when the pointer differs:
+// - a bound launch reads the same tensor objects at every call: bind checks them, and a call
+//   checks again only a tensor whose data pointer moved;
+// - launch, gemm_plain, recall and remember read the caller's tensors anew at each call: the last
+//   tensors found clear are remembered by identity (a weak reference tells the live tensor from
+//   a new one at a reused address) and data pointer.
+
+// Which lazy bit `object` (of a dtype with code `dtype_code`) carries: 0 none, 1 the negative,
+// 2 the conjugate; -1 with the Python error torch raised.
+int LazyBit(PyObject* object, uint8_t dtype_code) {
+  bool set = false;
+  if (!Flag(is_neg, object, &set)) return -1;
+  if (set) return 1;
+  if (dtype_code != kDLComplex) return 0;  // (only complex tensors can carry the conjugate bit)
+  if (!Flag(is_conj, object, &set)) return -1;
+  return set ? 2 : 0;
+}
+
+const char* const kLazyBitSet[] = {
+    nullptr, "torch's lazy negative bit set; call .resolve_neg()", "torch's lazy conjugate bit set; call .resolve_conj()"};
+
+// Whether `object` carries neither bit: true; false with a Python error (ValueError for a bit).
+bool LazyBitsClear(PyObject* object, uint8_t dtype_code) {
+  const int bit = LazyBit(object, dtype_code);
+  if (bit > 0) PyErr_Format(PyExc_ValueError, "the tensor has %s", kLazyBitSet[bit]);
+  return bit == 0;
+}
+
+// Whether the weak reference `ref` refers to `object` (which the caller holds).
+bool RefersTo(PyObject* ref, PyObject* object) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* target = nullptr;
+  if (PyWeakref_GetRef(ref, &target) != 1) return false;  // dead (ref is always a weak reference)
+  Py_DECREF(target);  // never the last reference: the caller's object, or another live object
+  return target == object;
+#else
+  return PyWeakref_GET_OBJECT(ref) == object;
+#endif
+}
+
+// The tensors last found without lazy bits (see above). Guarded by the GIL.
+struct ClearTensor {
+  PyObject* object = nullptr;  // borrowed: compared, never dereferenced unless `ref` refers to it
+  PyObject* ref = nullptr;     // a weak reference to object
+  void* data = nullptr;        // its data pointer when it was checked
+};
+constexpr int kClearTensors = 16;
+ClearTensor clear_tensors[kClearTensors];
+int clear_next = 0;  // the slot replaced next when none is free
+
+void RememberClear(PyObject* object, void* data) {
+  PyObject* ref = PyWeakref_NewRef(object, nullptr);  // (may collect garbage: run Python code)
+  if (ref == nullptr) {  // not weakly referenceable: checked at every read
+    PyErr_Clear();
+    return;
+  }
+  int slot = -1;
+  for (int i = 0; i < kClearTensors && slot < 0; ++i) {
+    PyObject* old = clear_tensors[i].ref;
+    if (old == nullptr || !RefersTo(old, clear_tensors[i].object)) slot = i;  // free, or its tensor is gone
+  }
+  if (slot < 0) {
+    slot = clear_next;
+    clear_next = (clear_next + 1) % kClearTensors;
+  }
+  PyObject* old = clear_tensors[slot].ref;
+  clear_tensors[slot] = {object, ref, data};
+  Py_XDECREF(old);  // (a weak reference without callback: its release runs no Python code)
+}
+
+// LazyBitsClear for a tensor read anew at each call, through the remembered verdicts.
+bool CheckedClear(PyObject* object, const DLTensor& tensor) {
+  for (const ClearTensor& known : clear_tensors) {
+    if (known.object == object && known.data == tensor.data && RefersTo(known.ref, object)) return true;
+  }
+  if (!LazyBitsClear(object, tensor.dtype.code)) return false;
+  RememberClear(object, tensor.data);
+  return true;
+}
+
+// Reads a torch tensor's metadata into *out. False when `object` is not a torch tensor or torch
+// cannot describe it, and, when `check` is set, when it carries a lazy bit; the Python error is
+// then set (the caller may clear it).
+bool ReadTensor(PyObject* object, DLTensor* out, bool check = true) {
   if (!PyObject_TypeCheck(object, tensor_type)) {
     PyErr_Format(PyExc_TypeError, "expected a torch.Tensor, got %s", Py_TYPE(object)->tp_name);
     return false;
   }
   if (exchange->dltensor_from_py_object_no_sync(object, out) != 0) return false;
-  bool lazy = false;
-  if (!Flag(is_neg, object, &lazy)) return false;
-  if (lazy) {
-    PyErr_SetString(PyExc_ValueError, "the tensor has torch's lazy negative bit set; call .resolve_neg()");
-    return false;
-  }
-  if (out->dtype.code == kDLComplex) {  // (only complex tensors can carry the conjugate bit)
-    if (!Flag(is_conj, object, &lazy)) return false;
-    if (lazy) {
-      PyErr_SetString(PyExc_ValueError, "the tensor has torch's lazy conjugate bit set; call .resolve_conj()");
-      return false;
-    }
-  }
-  return true;
+  return !check || CheckedClear(object, *out);
 }
 
 void SetPointer(TVMFFIAny* out, int32_t type_index, void* pointer) {
@@ -124,10 +202,11 @@ void SetPointer(TVMFFIAny* out, int32_t type_index, void* pointer) {
 }
 
 // Reads `count` torch tensors into `tensors` and points `operands` (DLTensor pointers) at them.
-// False, with the Python error of the first that could not be read, otherwise.
-bool ReadOperands(PyObject* const* objects, int count, DLTensor* tensors, TVMFFIAny* operands) {
+// False, with the Python error of the first that could not be read, otherwise. The tensor at
+// `fresh` (if any) was just made by this module's caller: it has no lazy bit to check.
+bool ReadOperands(PyObject* const* objects, int count, DLTensor* tensors, TVMFFIAny* operands, int fresh = -1) {
   for (int i = 0; i < count; ++i) {
-    if (!ReadTensor(objects[i], &tensors[i])) return false;
+    if (!ReadTensor(objects[i], &tensors[i], i != fresh)) return false;
     SetPointer(&operands[i], kTVMFFIDLTensorPtr, &tensors[i]);
   }
   return true;
@@ -271,6 +350,10 @@ struct OpsHooks {
   PyObject* new_output = nullptr;      // (A, B) -> the tensor ops.gemm allocates for out=None
   PyObject* to_stream = nullptr;       // kernel_api.utils.to_cuda_stream
   PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a tuple of tensors)
+  // Its C function and self when it is a METH_O builtin (as in torch 2.x), called directly.
+  PyCFunction increment_version_function = nullptr;
+  PyObject* increment_version_self = nullptr;  // (borrowed: increment_version holds it)
+  PyObject* written = nullptr;         // the 1-tuple passed to it, reused (see BumpVersion)
   PyObject* policy_id = nullptr;       // interned names
   PyObject* requires_grad = nullptr;
 } ops;
@@ -286,6 +369,11 @@ PyObject* ConfigureOps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   for (int i = 0; i < 6; ++i) {
     Py_INCREF(args[i]);
     Py_XSETREF(*slots[i], args[i]);
+  }
+  ops.increment_version_function = nullptr;
+  if (PyCFunction_Check(ops.increment_version) && PyCFunction_GET_FLAGS(ops.increment_version) == METH_O) {
+    ops.increment_version_function = PyCFunction_GET_FUNCTION(ops.increment_version);
+    ops.increment_version_self = PyCFunction_GET_SELF(ops.increment_version);
   }
   if (ops.policy_id == nullptr) ops.policy_id = PyUnicode_InternFromString("policy_id");
   if (ops.requires_grad == nullptr) ops.requires_grad = PyUnicode_InternFromString("requires_grad");
@@ -344,6 +432,38 @@ long long PolicyTag(long long tag) {
   return value == -1 ? -1 : value | tag;
 }
 
+// increment_version((out,)): ops write `out` through raw pointers, behind autograd's back, so its
+// version counter is bumped as a torch in-place op would. The 1-tuple is reused while no one else
+// holds it (as CPython's own iterators reuse their result tuples): one allocation less per call.
+// False with a Python error.
+bool BumpVersion(PyObject* out) {
+  PyObject* written = ops.written;
+  if (written == nullptr || Py_REFCNT(written) != 1) {  // first use, or kept by someone
+    written = PyTuple_New(1);
+    if (written == nullptr) return false;
+    Py_INCREF(Py_None);
+    PyTuple_SET_ITEM(written, 0, Py_None);
+    Py_XSETREF(ops.written, written);
+  }
+  Py_INCREF(written);  // held during the call: a nested BumpVersion (from Python code torch may run) makes its own
+  Py_INCREF(out);
+  PyObject* previous = PyTuple_GET_ITEM(written, 0);
+  PyTuple_SET_ITEM(written, 0, out);
+  Py_DECREF(previous);
+  PyObject* done = ops.increment_version_function != nullptr
+                       ? ops.increment_version_function(ops.increment_version_self, written)
+                       : PyObject_CallOneArg(ops.increment_version, written);
+  if (Py_REFCNT(written) == 2) {  // nobody kept it: let go of out (a kept tuple keeps its value)
+    Py_INCREF(Py_None);
+    PyTuple_SET_ITEM(written, 0, Py_None);
+    Py_DECREF(out);
+  }
+  Py_DECREF(written);
+  if (done == nullptr) return false;
+  Py_DECREF(done);
+  return true;
+}
+
 // ops.gemm(A, B, out, ...) for a plain call (no C, bias, activation or accumulator_type, alpha 1,
 // beta 0), outside any torch dispatch mode and autograd, whose operands' metadata the launch
 // table has an entry for: launched, and `out` (allocated by new_output when None) returned, a
@@ -386,7 +506,8 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* const objects[] = {A, B, target};
   DLTensor tensors[3];
   TVMFFIAny operands[3];
-  if (target == nullptr || !ReadOperands(objects, 3, tensors, operands)) {
+  // (new_output's tensor is new memory from new_empty: it carries no lazy bit)
+  if (target == nullptr || !ReadOperands(objects, 3, tensors, operands, out == Py_None ? 2 : -1)) {
     PyErr_Clear();
     Py_XDECREF(target);
     Py_RETURN_NONE;
@@ -418,15 +539,9 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_DECREF(target);
     Py_RETURN_NONE;
   }
-  if (out != Py_None) {
-    PyObject* written = PyTuple_Pack(1, out);
-    PyObject* done = written == nullptr ? nullptr : PyObject_CallOneArg(ops.increment_version, written);
-    Py_XDECREF(written);
-    if (done == nullptr) {  // launched already: raise rather than let the Python path launch again
-      Py_DECREF(target);
-      return nullptr;
-    }
-    Py_DECREF(done);
+  if (out != Py_None && !BumpVersion(out)) {  // launched already: raise rather than let the Python path launch again
+    Py_DECREF(target);
+    return nullptr;
   }
   return target;
 }
@@ -443,13 +558,14 @@ void Forget() {
   for (auto& item : old) Py_DECREF(item.second);  // may run Python code: the map is already empty
 }
 
-// The key of (tag, tensors) as the launch table builds it; false when some argument is not a
-// torch tensor or cannot be keyed.
+// The key of (tag, tensors) as the launch table builds it, in *key (emptied first); false when
+// some argument is not a torch tensor or cannot be keyed.
 bool MetadataKey(long long tag, PyObject* const* objects, int count, std::string* key) {
   DLTensor tensors[kMaxTensors];
   TVMFFIAny operands[kMaxTensors];
-  return ReadOperands(objects, count, tensors, operands) &&
-         kernel_api_native::TensorKey(tag, operands, count, key);
+  if (!ReadOperands(objects, count, tensors, operands)) return false;
+  key->clear();  // only now: reading may run Python code (torch's, a collection) that recalls too
+  return kernel_api_native::TensorKey(tag, operands, count, key);
 }
 
 PyObject* Recall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -460,8 +576,7 @@ PyObject* Recall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!Configured()) return nullptr;
   const long long tag = PyLong_AsLongLong(args[0]);
   if (tag == -1 && PyErr_Occurred()) return nullptr;
-  thread_local std::string key;
-  key.clear();
+  thread_local std::string key;  // reused: no allocation per call once it has grown
   if (!MetadataKey(tag, args + 1, static_cast<int>(nargs - 1), &key)) {
     PyErr_Clear();  // not tensors this can key: the caller computes
     Py_RETURN_NONE;
@@ -512,6 +627,8 @@ struct BoundLaunch {
   TVMFFIObjectHandle handle;
   int n_tensors;
   PyObject* tensors[kMaxTensors];  // torch tensors or None
+  // The data pointer each tensor had when it was last found without lazy bits (see "Lazy bits").
+  void* clear_data[kMaxTensors];
   int n_tail;
   TVMFFIAny tail[kMaxTail];
 };
@@ -531,7 +648,11 @@ PyObject* BoundLaunchCall(PyObject* self_object, PyObject* const* args, size_t n
       SetPointer(&call_args[i], kTVMFFINone, nullptr);
       continue;
     }
-    if (!ReadTensor(self->tensors[i], &tensors[i])) return nullptr;
+    if (!ReadTensor(self->tensors[i], &tensors[i], false)) return nullptr;
+    if (tensors[i].data != self->clear_data[i]) {  // moved since checked (`t.data = ...`): check again
+      if (!LazyBitsClear(self->tensors[i], tensors[i].dtype.code)) return nullptr;
+      self->clear_data[i] = tensors[i].data;
+    }
     SetPointer(&call_args[i], kTVMFFIDLTensorPtr, &tensors[i]);
     if (device == nullptr) device = &tensors[i].device;
   }
@@ -665,13 +786,30 @@ PyObject* Bind(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "bind: function must be a TVM-FFI function");
     return nullptr;
   }
+  void* clear_data[kMaxTensors];
   for (Py_ssize_t i = 0; i < n_tensors; ++i) {
     PyObject* tensor = PyTuple_GET_ITEM(args[1], i);
-    if (tensor != Py_None && !PyObject_TypeCheck(tensor, tensor_type)) {
+    clear_data[i] = nullptr;
+    if (tensor == Py_None) continue;
+    if (!PyObject_TypeCheck(tensor, tensor_type)) {
       PyErr_Format(PyExc_TypeError, "bind: tensors[%zd] is a %s, not a torch.Tensor or None", i,
                    Py_TYPE(tensor)->tp_name);
       return nullptr;
     }
+    // The lazy bits, checked here once rather than at every call (see "Lazy bits").
+    DLTensor read;
+    if (exchange->dltensor_from_py_object_no_sync(tensor, &read) != 0) {
+      // Not describable now (a fake tensor, say): checked at the first call that reads it.
+      PyErr_Clear();
+      clear_data[i] = reinterpret_cast<void*>(~uintptr_t{0});
+      continue;
+    }
+    const int bit = LazyBit(tensor, read.dtype.code);
+    if (bit != 0) {
+      if (bit > 0) PyErr_Format(PyExc_ValueError, "bind: tensors[%zd] has %s", i, kLazyBitSet[bit]);
+      return nullptr;
+    }
+    clear_data[i] = read.data;
   }
   auto* self = PyObject_GC_New(BoundLaunch, bound_launch_type);
   if (self == nullptr) return nullptr;
@@ -684,6 +822,7 @@ PyObject* Bind(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   for (Py_ssize_t i = 0; i < n_tensors; ++i) {
     PyObject* tensor = PyTuple_GET_ITEM(args[1], i);
     Py_INCREF(tensor);
+    self->clear_data[i] = clear_data[i];
     self->tensors[self->n_tensors++] = tensor;
   }
   for (Py_ssize_t i = 0; i < n_tail; ++i) {
