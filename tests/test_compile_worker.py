@@ -151,14 +151,21 @@ def _children() -> set[int]:
     return found
 
 
+def _run_script(script: Path, marker: Path, cache: Path, timeout: int) -> subprocess.CompletedProcess:
+    """Run a user script as a plain `python script.py`, with this checkout ahead of the caller's
+    PYTHONPATH (which may hold the DSL, as on the GPU machine)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, MARKER=str(marker), KERNEL_API_CACHE_DIR=str(cache), PYTHONPATH=path)
+    return subprocess.run([sys.executable, str(script)], cwd=script.parent, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def test_unguarded_script_runs_once_and_workers_fill_the_cache(tmp_path):
     (tmp_path / "worker_kernels.py").write_text(KERNELS_MODULE)
     script = tmp_path / "tune_script.py"
     script.write_text(UNGUARDED_SCRIPT)
     marker, cache = tmp_path / "ran.txt", tmp_path / "cache"
-    env = dict(os.environ, MARKER=str(marker), KERNEL_API_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = _run_script(script, marker, cache, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert marker.read_text().splitlines() == ["ran"], done.stderr[-3000:]
     results = json.loads(done.stdout.split("RESULTS ", 1)[1])
@@ -315,9 +322,7 @@ def test_unguarded_script_tunes_with_pick_best_on_the_gpu(tmp_path):
     script = tmp_path / "ops_script.py"
     script.write_text(UNGUARDED_OPS_SCRIPT)
     marker, cache = tmp_path / "ran.txt", tmp_path / "cache"
-    env = dict(os.environ, MARKER=str(marker), KERNEL_API_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = _run_script(script, marker, cache, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert marker.read_text().splitlines() == ["ran"]
     assert "ERROR" in done.stdout
