@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from . import native
-from .core.dtypes import _BITS, _FLOATS, _FROM_TORCH, DataType, to_dtype
+from .. import native
+from ..core.dtypes import _BITS, _FLOATS, _FROM_TORCH, DataType, to_dtype
 
 _BYTES = {dt: max(1, bits // 8) for dt, bits in _BITS.items()}
-from .metadata import ACTIVATIONS, TensorAttributes
+from ..metadata import ACTIVATIONS, TensorAttributes
 
 _MAX_DIVISIBILITY = 128
 _ROW = (0, 0, 1)
