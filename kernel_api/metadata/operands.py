@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .core.dtypes import DataType, to_dtype
-from .core.status import Status
+from ..core.dtypes import DataType, to_dtype
+from ..core.status import Status
 
 ROW_MAJOR = (0, 0, 1)
 COLUMN_MAJOR = (0, 1, 0)
