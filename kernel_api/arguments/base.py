@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..core.dtypes import _BITS, _FROM_TORCH, DataType
-from ..metadata import TensorAttributes
+from ..core.tensor_attributes import TensorAttributes
 
 _BYTES = {dt: max(1, bits // 8) for dt, bits in _BITS.items()}
 

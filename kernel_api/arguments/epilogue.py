@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from ..core.dtypes import _FROM_TORCH
-from ..metadata import ACTIVATIONS
 from .base import _lazy_bit_error, _matrix_attributes, _require_tensor
 
+# The activations a fused epilogue may apply (kernels declare theirs in `EpilogueMetadata`).
+ACTIVATIONS = ("relu", "gelu", "silu")
 
 class EpilogueArguments:
     """Fused epilogue: ``out = activation(alpha * (A @ B) + beta * C + bias)``.

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..metadata import TensorAttributes
+from ..core.tensor_attributes import TensorAttributes
 from .base import _ROW2, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor
 
 
