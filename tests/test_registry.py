@@ -230,8 +230,8 @@ def test_failing_plugin_is_reported_and_others_still_load(monkeypatch):
     monkeypatch.setitem(sys.modules, "kernel_api_test_good_plugin", good)
     monkeypatch.setattr(md, "entry_points", lambda group=None: [
         EP("broken", "kernel_api_test_no_such_module"), EP("good", "kernel_api_test_good_plugin:GoodProvider")])
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
-    monkeypatch.setattr(registry, "_plugin_errors", {})
+    monkeypatch.setattr(registry.explanation, "_plugins_loaded", False)
+    monkeypatch.setattr(registry.explanation, "_plugin_errors", {})
     try:
         with pytest.warns(RuntimeWarning, match="broken"):
             providers = kernel_api.available_providers()

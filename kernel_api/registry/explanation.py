@@ -21,11 +21,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .core.arch import resolve_cc
-from .arguments import Arguments, GemmArguments
-from .core.errors import NoKernelFoundError, RegistrationError
-from .kernel import Kernel
-from .metadata import KernelMetadata
+from ..core.arch import resolve_cc
+from ..arguments import Arguments, GemmArguments
+from ..core.errors import NoKernelFoundError, RegistrationError
+from ..kernel import Kernel
+from ..metadata import KernelMetadata
 
 ENTRY_POINT_GROUP = "kernel_api.providers"
 # Modules of the package's own providers; loaded even when the package is used from a
