@@ -14,13 +14,11 @@ from typing import Any
 import torch
 
 from ..core.dtypes import _BITS, _FROM_TORCH, DataType
-from ..core.tensor_attributes import TensorAttributes
+from ..core.tensor_attributes import COLUMN_MAJOR, ROW_MAJOR, TensorAttributes
 
 _BYTES = {dt: max(1, bits // 8) for dt, bits in _BITS.items()}
 
 _MAX_DIVISIBILITY = 128
-_ROW = (0, 0, 1)
-_COL = (0, 1, 0)
 _ROW2 = (0, 1)
 
 
@@ -165,17 +163,17 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
     rows, cols = shape[-2], shape[-1]
     # The largest power of two dividing every value is the lowest set bit of their OR.
     if stride[-1] == 1:
-        pattern = _ROW
+        pattern = ROW_MAJOR
         bits = cols | stride[-2] if rows > 1 else cols
     elif stride[-2] == 1:
-        pattern = _COL
+        pattern = COLUMN_MAJOR
         bits = rows | stride[-1] if cols > 1 else rows
     elif cols == 1:
-        pattern = _ROW
+        pattern = ROW_MAJOR
         t = t.as_strided(shape, stride[:-1] + (1,))
         bits = cols | stride[-2] if rows > 1 else cols
     elif rows == 1:
-        pattern = _COL
+        pattern = COLUMN_MAJOR
         t = t.as_strided(shape, stride[:-2] + (1, stride[-1]))
         bits = rows | stride[-1]
     else:
@@ -184,10 +182,10 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
             f"kernels need a row-major or column-major matrix (call .contiguous())")
     if len(shape) == 3 and shape[0] > 1:
         bits |= stride[0]
-        if output and _overlaps(*((cols, rows, stride[-2]) if pattern is _ROW else (rows, cols, stride[-1])),
+        if output and _overlaps(*((cols, rows, stride[-2]) if pattern is ROW_MAJOR else (rows, cols, stride[-1])),
                                 shape[0], stride[0]):
             raise _overlap_error(name, shape, stride)
-    elif output and ((rows > 1 and stride[-2] < cols) if pattern is _ROW else (cols > 1 and stride[-1] < rows)):
+    elif output and ((rows > 1 and stride[-2] < cols) if pattern is ROW_MAJOR else (cols > 1 and stride[-1] < rows)):
         raise _overlap_error(name, shape, stride)
     itemsize = _BYTES[dt]
     ptr = t.data_ptr()
