@@ -58,3 +58,124 @@ def test_the_layer_check_sees_relative_imports():
     probe = PACKAGE / "core" / "status.py"
     names = [name for _, name in _imports(probe)]
     assert all(n == "__future__" or n.startswith(("kernel_api.core", "dataclasses", "typing")) for n in names), names
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_files() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(test)
+
+
+def _import_time_edges(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """kernel_api modules that ``module`` imports while it is imported: top-level statements (and
+    their if/try blocks, not ``if TYPE_CHECKING``), relative imports resolved, ``from pkg import
+    name`` counted as importing the submodule ``pkg.name`` where there is one, else ``pkg``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    edges, todo = set(), list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.If, ast.Try)) and not _is_type_checking(node):
+            todo += node.body + node.orelse + getattr(node, "finalbody", []) + \
+                [n for h in getattr(node, "handlers", []) for n in h.body]
+        elif isinstance(node, ast.Import):
+            edges |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            for alias in node.names:
+                edges.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source)
+    # (a submodule's import runs its parent packages' __init__ first; those edges are implied, not
+    # counted: every module would otherwise depend on kernel_api/__init__.py)
+    return {e for e in edges if e in modules and e != module}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _module_files()
+    return {name: _import_time_edges(name, path, modules) for name, path in modules.items()}
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as [a, b, ..., a], or None when it is acyclic."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_module_level_import_cycles():
+    cycle = _find_cycle(_import_graph())
+    assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle_and_submodule_imports():
+    """Guard for the check itself: ``from . import x`` is an edge to the submodule x, and a
+    two-module cycle is reported."""
+    graph = _import_graph()
+    assert "kernel_api.providers" in graph["kernel_api"]  # from . import registry, kernel, providers
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _layer_offences(prefixes: tuple[str, ...], allowed: tuple[str, ...]) -> list[str]:
+    offences = []
+    for name, edges in _import_graph().items():
+        if not name.startswith(prefixes) or name in ("kernel_api",):
+            continue
+        for edge in sorted(edges):
+            if not edge.startswith(allowed):
+                offences.append(f"{name} imports {edge}")
+    return offences
+
+
+# The layers, bottom up: core and native (the C module's loader) import nothing above them;
+# arguments -> metadata -> kernel -> registry -> tuning -> ops; providers and cli on top.
+UPPER = ("kernel_api.ops", "kernel_api.cli", "kernel_api.tuning", "kernel_api.providers")
+
+
+def test_arguments_import_only_core_and_native():
+    offences = _layer_offences(("kernel_api.arguments",),
+                               ("kernel_api.core", "kernel_api.native", "kernel_api.arguments"))
+    assert not offences, "\n".join(offences)
+
+
+def test_metadata_imports_only_core_and_arguments():
+    offences = _layer_offences(("kernel_api.metadata",), ("kernel_api.core", "kernel_api.native",
+                                                          "kernel_api.arguments", "kernel_api.metadata"))
+    assert not offences, "\n".join(offences)
+
+
+def test_lower_layers_import_no_ops_cli_tuning_or_providers():
+    lower = ("kernel_api.core", "kernel_api.native", "kernel_api.arguments", "kernel_api.metadata",
+             "kernel_api.kernel", "kernel_api.registry", "kernel_api.utils")
+    offences = [o for o in _layer_offences(lower, ("",)) if o.split(" imports ")[1].startswith(UPPER)]
+    assert not offences, "\n".join(offences)
