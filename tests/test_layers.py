@@ -1,5 +1,6 @@
 """The package's layers: the bottom layer (`kernel_api.core`) imports nothing above it and no
-DSL, so `import kernel_api` stays light and the core can be reused by every layer above."""
+DSL, so `import kernel_api` stays light and the core can be reused by every layer above; the
+layers above import downwards only, and no modules import each other at import time."""
 
 import ast
 from pathlib import Path
