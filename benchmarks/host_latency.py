@@ -42,7 +42,9 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 import kernel_api  # noqa: E402
-from kernel_api import GemmArguments, arguments, ops  # noqa: E402
+import kernel_api.arguments.gemm as arguments  # noqa: E402  (GemmArguments' summaries: _recall)
+from kernel_api import GemmArguments  # noqa: E402
+from kernel_api.ops import dispatch as ops  # noqa: E402  (the front door's module: _table, _gemm_eager)
 from kernel_api.providers.cutedsl.kernel import ffi_function  # noqa: E402
 
 TARGETS_US = {  # over the bare call, except GemmArguments (absolute)

@@ -57,10 +57,11 @@ import torch  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tvm_ffi import libinfo  # noqa: E402
 
-import kernel_api.arguments as arguments  # noqa: E402
-from kernel_api import GemmArguments, native, ops  # noqa: E402
-from kernel_api.settings import _current as settings  # noqa: E402
-from kernel_api.settings import current  # noqa: E402
+import kernel_api.arguments.gemm as arguments  # noqa: E402  (GemmArguments' summaries: _recall, _remember)
+from kernel_api import GemmArguments, native  # noqa: E402
+from kernel_api.ops import dispatch as ops  # noqa: E402  (the front door's module: _GEMM_TAG, _new_gemm_output)
+from kernel_api.tuning.settings import _current as settings  # noqa: E402
+from kernel_api.tuning.settings import current  # noqa: E402
 from kernel_api.utils import to_cuda_stream  # noqa: E402
 
 SOURCES = ("launch_table.h", "launch_table.cc", "python_entry.cc")

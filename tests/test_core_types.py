@@ -91,6 +91,30 @@ def test_kernel_metadata_validation():
     assert not md.supports_cc(75) and md.supports_cc(86)
 
 
+def test_kernel_metadata_checks_the_arguments_type_not_its_name():
+    """Operand metadata names its arguments class, checked with isinstance: another class that
+    is merely called GemmArguments is refused, a subclass of the real one is accepted."""
+    A, B, out = (torch.randn(8, 8) for _ in range(3))
+    real = GemmArguments(A, B, out)
+    md = _toy_kernel_for(real).metadata
+    assert kernel_api.GemmOperandsMetadata.arguments_type is GemmArguments
+
+    class Impostor(kernel_api.Arguments):  # same operands and summary, another type
+        __slots__ = ("A", "B", "out", "accumulator_type", "epilogue_signature")
+
+    Impostor.__name__ = Impostor.__qualname__ = "GemmArguments"
+    fake = Impostor()
+    fake.tensor_attributes, fake.accumulator_type = dict(real.tensor_attributes), real.accumulator_type
+    fake.epilogue_signature = None
+    status = md.supports(fake)
+    assert not status and "kernel takes GemmArguments, got GemmArguments" in status.error
+
+    class Subclass(GemmArguments):
+        __slots__ = ()
+
+    assert md.supports(Subclass(A, B, out))
+
+
 def _toy_kernel_for(args):
     return next(k for k in ToyGemm.generate_kernels(lambda m: True) if k.metadata.supports(args))
 

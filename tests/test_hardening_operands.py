@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import kernel_api
-import kernel_api.arguments as arguments
-from kernel_api import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, native, ops
+import kernel_api.arguments.gemm as arguments  # GemmArguments and the summaries it recalls
+from kernel_api import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, native
+from kernel_api.arguments.base import _overlaps
 from kernel_api.dtypes import DataType
+from kernel_api.ops import dispatch as ops  # the front door's module: its caches and launch records
 from kernel_api.tuning.settings import current
 
 
@@ -286,7 +288,7 @@ def test_the_overlap_rule_is_exact():
     for batch, rows, inner in itertools.product((1, 2, 3, 4), (1, 2, 3), (1, 2, 3)):
         for row_stride, batch_stride in itertools.product(range(0, 10), range(0, 14)):
             expected = _overlap_brute_force((batch, rows, inner), (batch_stride, row_stride, 1))
-            assert arguments._overlaps(inner, rows, row_stride, batch, batch_stride) is expected, (
+            assert _overlaps(inner, rows, row_stride, batch, batch_stride) is expected, (
                 batch, rows, inner, batch_stride, row_stride)
             checked += 1
     assert checked > 4000

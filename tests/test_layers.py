@@ -1,31 +1,46 @@
 """The package's layers: the bottom layer (`kernel_api.core`) imports nothing above it and no
-DSL, so `import kernel_api` stays light and the core can be reused by every layer above."""
+DSL, so `import kernel_api` stays light and the core can be reused by every layer above; the
+layers above import downwards only, and no modules import each other at import time."""
 
 import ast
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import kernel_api
 
 PACKAGE = Path(kernel_api.__file__).parent
 
 
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
 def _top_level(tree: ast.Module) -> list[ast.AST]:
-    """Statements that run at import time (module body, and inside its if/try blocks)."""
+    """Statements that run at import time (module body, and inside its if/try blocks, but for
+    ``if TYPE_CHECKING:``)."""
     found, todo = [], list(tree.body)
     while todo:
         node = todo.pop()
         found.append(node)
-        if isinstance(node, (ast.If, ast.Try)):
+        if isinstance(node, (ast.If, ast.Try)) and not _is_type_checking(node):
             todo += node.body + node.orelse + getattr(node, "finalbody", []) + \
                 [n for h in getattr(node, "handlers", []) for n in h.body]
     return found
 
 
-def _imports(path: Path, import_time_only: bool = False) -> list[tuple[int, str]]:
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, import_time_only: bool = False, modules: Any = None) -> list[tuple[int, str]]:
     """(line, absolute module) for every import in ``path`` (function-level ones included unless
-    ``import_time_only``)."""
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
+    ``import_time_only``). Given the package's ``modules``, ``from pkg import name`` counts as
+    importing the submodule ``pkg.name`` where there is one."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
     tree = ast.parse(path.read_text())
     for node in _top_level(tree) if import_time_only else ast.walk(tree):
@@ -37,7 +52,11 @@ def _imports(path: Path, import_time_only: bool = False) -> list[tuple[int, str]
                 name = ".".join(base + ([node.module] if node.module else []))
             else:
                 name = node.module
-            found.append((node.lineno, name))
+            if modules is None:
+                found.append((node.lineno, name))
+            else:
+                found += [(node.lineno, f"{name}.{alias.name}" if f"{name}.{alias.name}" in modules else name)
+                          for alias in node.names]
     return found
 
 
@@ -58,3 +77,84 @@ def test_the_layer_check_sees_relative_imports():
     probe = PACKAGE / "core" / "status.py"
     names = [name for _, name in _imports(probe)]
     assert all(n == "__future__" or n.startswith(("kernel_api.core", "dataclasses", "typing")) for n in names), names
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """kernel_api module -> the kernel_api modules it imports while it is imported. (A submodule's
+    import runs its parent packages' __init__ first; those edges are implied, not counted: every
+    module would otherwise depend on kernel_api/__init__.py.)"""
+    modules = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {name: {m for _, m in _imports(path, True, modules) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as [a, b, ..., a], or None when it is acyclic."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_module_level_import_cycles():
+    cycle = _find_cycle(_import_graph())
+    assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle_and_submodule_imports():
+    """Guard for the check itself: ``from . import x`` is an edge to the submodule x, and a
+    cycle is reported as the path around it."""
+    graph = _import_graph()
+    assert "kernel_api.providers" in graph["kernel_api"]  # from . import registry, kernel, providers
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _layer_offences(prefixes: tuple[str, ...], allowed: tuple[str, ...] = (), forbidden: tuple[str, ...] = ()) -> list[str]:
+    """"module imports module" for each import-time import, by a module under ``prefixes``, of a
+    kernel_api module outside ``allowed`` (when given) or under ``forbidden``."""
+    return [f"{name} imports {edge}" for name, edges in sorted(_import_graph().items()) if name.startswith(prefixes)
+            for edge in sorted(edges)
+            if (allowed and not edge.startswith(allowed)) or (forbidden and edge.startswith(forbidden))]
+
+
+# The layers, bottom up: core and native (the C module's loader) import nothing above them;
+# arguments -> metadata -> kernel -> registry -> tuning -> ops; providers and cli on top.
+BOTTOM = ("kernel_api.core", "kernel_api.native")
+
+
+@pytest.mark.parametrize("layer, allowed", [
+    ("kernel_api.native", ("kernel_api.native",)),
+    ("kernel_api.arguments", BOTTOM + ("kernel_api.arguments",)),
+    ("kernel_api.metadata", BOTTOM + ("kernel_api.arguments", "kernel_api.metadata")),
+])
+def test_layer_imports_only_itself_and_the_layers_below(layer, allowed):
+    offences = _layer_offences((layer,), allowed)
+    assert not offences, "\n".join(offences)
+
+
+def test_lower_layers_import_no_ops_cli_tuning_or_providers():
+    lower = BOTTOM + ("kernel_api.arguments", "kernel_api.metadata", "kernel_api.kernel", "kernel_api.registry",
+                      "kernel_api.utils")
+    upper = ("kernel_api.ops", "kernel_api.cli", "kernel_api.tuning", "kernel_api.providers")
+    offences = _layer_offences(lower, forbidden=upper)
+    assert not offences, "\n".join(offences)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import kernel_api
-from kernel_api import native, ops
+from kernel_api import native
+from kernel_api.ops import dispatch as ops  # the front door's module: its caches and launch records
 from kernel_api.tuning.settings import current
 from gemm_family_utils import operand_variants
 

@@ -230,8 +230,9 @@ def test_failing_plugin_is_reported_and_others_still_load(monkeypatch):
     monkeypatch.setitem(sys.modules, "kernel_api_test_good_plugin", good)
     monkeypatch.setattr(md, "entry_points", lambda group=None: [
         EP("broken", "kernel_api_test_no_such_module"), EP("good", "kernel_api_test_good_plugin:GoodProvider")])
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
-    monkeypatch.setattr(registry, "_plugin_errors", {})
+    monkeypatch.setattr(registry.registration, "_plugins_loaded", False)
+    for label in list(registry.state._plugin_errors):  # (shared by the registry's modules: emptied, not replaced)
+        monkeypatch.delitem(registry.state._plugin_errors, label)
     try:
         with pytest.warns(RuntimeWarning, match="broken"):
             providers = kernel_api.available_providers()

@@ -59,7 +59,3 @@ def settings(policy: Any = None, num_workers: int | None = None) -> Iterator[Set
     finally:
         _current.reset(token)
 
-
-def set_default_policy(policy: Any, num_workers: int | None = None) -> None:
-    """Change the policy outside any ``settings`` scope (for the rest of the process)."""
-    _current.set(Settings(_make_policy(policy, num_workers), num_workers))

@@ -7,7 +7,7 @@ launched from the C launch table (`kernel_api.native`) without building argument
 that table cannot be built, from a Python dictionary keyed the same way.
 
 Inside ``torch.compile``/``torch.export`` tracing, or when an input requires grad, the calls
-go through the ``torch.ops.kernel_api.*`` custom ops (`kernel_api.torch_ops`), which carry
+go through the ``torch.ops.kernel_api.*`` custom ops (`kernel_api.ops.library`), which carry
 fake implementations and autograd formulas; otherwise they launch directly. A tensor given as
 ``out=`` (``grad_in=``) has its autograd version counter bumped after the write, as a torch
 in-place op would: a backward that saved it raises instead of using the overwritten values.
@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from . import native, registry
-from .arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, byte_extent
-from .core.errors import DeviceError
-from .tuning.settings import _current as _settings  # the context variable itself: no call frame per op
-from .tuning.settings import current
-from .utils import _cu_streams, _current_raw_stream, to_cuda_stream
+from .. import native, registry
+from ..arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, byte_extent
+from ..core.errors import DeviceError
+from ..tuning.settings import _current as _settings  # the context variable itself: no call frame per op
+from ..tuning.settings import current
+from ..utils import _cu_streams, _current_raw_stream, to_cuda_stream
 
 _dispatch: dict[tuple, tuple] = {}
 # Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> the chosen
@@ -347,6 +347,3 @@ def clear_dispatch_cache() -> None:
     if _table is not None:
         _table.clear()
     _tagged_policies.clear()
-
-
-from . import torch_ops  # noqa: E402,F401  (registers torch.ops.kernel_api.*; needs the functions above)

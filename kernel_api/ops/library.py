@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import ops as _ops
+from . import dispatch as _ops
 
 _NS = "kernel_api"
 

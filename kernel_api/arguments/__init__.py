@@ -1,0 +1,18 @@
+"""Arguments objects: the user's tensors for one operation, validated and summarised.
+
+Construction is on the hot path (a few microseconds): it checks ranks, shapes, devices and
+dtypes, and records per operand a `TensorAttributes` (dtype, stride pattern, alignment) plus
+a hashable ``signature`` that discovery caches on. No DSL objects, no device sync.
+
+``base`` holds `Arguments` and the operand checks every type shares, ``epilogue`` the fused
+GEMM epilogue, ``gemm`` `GemmArguments` (and the summaries `kernel_api.native` recalls),
+``softmax`` the softmax family.
+"""
+
+from .base import Arguments, byte_extent
+from .epilogue import EpilogueArguments
+from .gemm import GemmArguments
+from .softmax import SoftmaxArguments, SoftmaxBackwardArguments
+
+__all__ = ["Arguments", "EpilogueArguments", "GemmArguments", "SoftmaxArguments", "SoftmaxBackwardArguments",
+           "byte_extent"]

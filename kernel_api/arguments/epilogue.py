@@ -1,0 +1,95 @@
+"""The fused epilogue of a GEMM: ``out = activation(alpha * (A @ B) + beta * C + bias)``."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.dtypes import _FROM_TORCH
+from .base import _lazy_bit_error, _matrix_attributes, _require_tensor
+
+# The activations a fused epilogue may apply (kernels declare theirs in `EpilogueMetadata`).
+ACTIVATIONS = ("relu", "gelu", "silu")
+
+class EpilogueArguments:
+    """Fused epilogue: ``out = activation(alpha * (A @ B) + beta * C + bias)``.
+
+    ``C`` has out's shape; ``bias`` is a row vector (shape (N,) or (1, N): one value per
+    output column) or a column vector (shape (M, 1), or (M,) when M != N: one per output row);
+    ``activation`` is None, "relu", "gelu" (tanh approximation) or "silu".
+    """
+
+    __slots__ = ("alpha", "beta", "C", "bias", "activation", "bias_kind")
+
+    def __init__(self, alpha: float = 1.0, beta: float = 0.0, C: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None, activation: str | None = None) -> None:
+        for label, value in (("alpha", alpha), ("beta", beta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"epilogue {label}: expected a number, got {type(value).__name__}")
+        if C is not None:
+            _require_tensor(C, "C")
+        if bias is not None:
+            _require_tensor(bias, "bias")
+        if activation is not None:
+            if not isinstance(activation, str) or activation.lower() not in ACTIVATIONS:
+                raise ValueError(f"epilogue activation: unknown {activation!r}; expected one of {ACTIVATIONS} or None")
+            activation = activation.lower()
+        if beta != 0 and C is None:
+            raise ValueError(f"epilogue: beta={beta} needs a C operand")
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.C = C
+        self.bias = bias
+        self.activation = activation
+        self.bias_kind: str | None = None
+
+    @property
+    def is_trivial(self) -> bool:
+        return self.alpha == 1.0 and self.beta == 0.0 and self.bias is None and self.activation is None
+
+    def _bind(self, out: torch.Tensor, M: int, N: int) -> tuple:
+        """Validate against the GEMM's output; return the epilogue's signature."""
+        c_attrs = None
+        if self.C is not None and self.beta != 0:
+            if tuple(self.C.shape) != tuple(out.shape):
+                raise ValueError(f"epilogue operand C: shape {tuple(self.C.shape)} must equal out's {tuple(out.shape)}")
+            if self.C.device != out.device:
+                raise ValueError(f"epilogue operand C: on {self.C.device} but out is on {out.device}")
+            if self.C.dtype != out.dtype:
+                raise TypeError(f"epilogue operand C: dtype {self.C.dtype} must equal out's {out.dtype}")
+            self.C, c_attrs = _matrix_attributes(self.C, "C")
+        bias_dtype = None
+        if self.bias is not None:
+            b = self.bias
+            if b.is_neg():
+                raise _lazy_bit_error(b, "bias")
+            if b.device != out.device:
+                raise ValueError(f"epilogue operand bias: on {b.device} but out is on {out.device}")
+            if b.dtype != out.dtype:
+                raise TypeError(f"epilogue operand bias: dtype {b.dtype} must equal out's {out.dtype}")
+            shape = tuple(b.shape)
+            if shape == (N,) or shape == (1, N):
+                self.bias_kind = "row"
+            elif shape == (M, 1) or (shape == (M,) and M != N):
+                self.bias_kind = "column"
+            else:
+                raise ValueError(
+                    f"epilogue operand bias: shape {shape} fits neither a row bias (N,)=({N},) / (1, {N}) "
+                    f"nor a column bias (M, 1)=({M}, 1)")
+            flat = b.reshape(-1)
+            if flat.numel() > 1 and flat.stride(0) != 1:
+                raise ValueError(f"epilogue operand bias: elements must be contiguous, got strides {tuple(b.stride())}")
+            self.bias = flat
+            bias_dtype = _FROM_TORCH[b.dtype]
+        scaled = self.alpha != 1.0 or self.beta != 0.0
+        return (scaled, c_attrs is not None, self.bias_kind, self.activation,
+                None if c_attrs is None else c_attrs.key(), bias_dtype)
+
+    def __repr__(self) -> str:
+        parts = [f"alpha={self.alpha}", f"beta={self.beta}"]
+        if self.C is not None:
+            parts.append(f"C={tuple(self.C.shape)}")
+        if self.bias is not None:
+            parts.append(f"bias={tuple(self.bias.shape)}({self.bias_kind})")
+        if self.activation:
+            parts.append(f"activation={self.activation!r}")
+        return f"EpilogueArguments({', '.join(parts)})"

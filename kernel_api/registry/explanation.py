@@ -1,0 +1,300 @@
+"""Why kernels do not fit: `explain` lists, per registered class and rejected instance, the
+reason; `Explanation` renders them as a one-screen summary; `no_kernel_error` names the
+nearest misses.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..arguments import Arguments, GemmArguments
+from ..core.arch import resolve_cc
+from ..core.errors import NoKernelFoundError
+from .discovery import _check_query, _duplicate_owner, _generated, _name_owners
+from .registration import _load_plugins, _select_providers
+from .state import _error_text, _generation_errors, _report_class_error
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why one kernel class or instance does not fit the arguments."""
+
+    provider: str
+    kernel_class: str
+    kernel_name: str | None
+    reason: str
+
+    @property
+    def closeness(self) -> int:
+        """Rough distance to fitting: higher is nearer (used to show the nearest misses)."""
+        r = self.reason
+        if self.kernel_name is None:
+            return 0
+        if "dtype" in r:
+            return 1
+        if "stride pattern" in r or "takes" in r:
+            return 2
+        return 3
+
+
+# The messages of TensorAttributes.accepts (core/tensor_attributes.py), recognised to group and shorten them.
+_DTYPE_REASON = re.compile(r"operand (\w+): dtype (\S+) but the kernel takes (\S+)$")
+_LAYOUT_REASON = re.compile(r"operand (\w+): stride pattern .*\(([\w-]+)\) but the kernel takes .*\(([\w-]+)\)$")
+_ALIGN_REASON = re.compile(r"operand (\w+): aligned to (\d+) element\(s\) but the kernel needs (\d+)"
+                           r"(?: \([^)]*\))?(?:: (.*))?$")
+_GEMM_DIMS = {"A": ("M", "K"), "B": ("K", "N"), "out": ("M", "N")}
+
+
+def _alignment_detail(args: Any, operand: str, need: int) -> str:
+    """Which of ``operand``'s sizes, strides or pointer is not a multiple of ``need`` elements,
+    with the problem's values (e.g. "K=4095 not a multiple of 8"); "" when none can be named."""
+    t = getattr(args, operand, None)
+    if not isinstance(t, torch.Tensor) or t.dim() == 0:
+        return ""
+    shape, stride, last = tuple(t.shape), t.stride(), t.dim() - 1
+    if isinstance(args, GemmArguments) and operand in _GEMM_DIMS and t.dim() >= 2:
+        labels = {last - 1: _GEMM_DIMS[operand][0], last: _GEMM_DIMS[operand][1]}
+    else:
+        labels = {last: "cols"} if hasattr(args, "cols") else {}
+    unit = last - 1 if t.dim() > 1 and stride[last] != 1 and stride[last - 1] == 1 else last
+    extent = shape[unit]
+    bad = []
+    if extent % need:
+        bad.append(f"{labels.get(unit, f'{operand}.shape[{unit}]')}={extent}")
+    for d in range(t.dim()):
+        # A dense operand's strides are multiples of its extent: naming them again adds nothing.
+        if d == unit or shape[d] <= 1 or not stride[d] % need or (bad and not stride[d] % extent):
+            continue
+        bad.append(f"{operand}'s {'leading dimension' if d >= last - 1 else 'batch stride'} {stride[d]}")
+    if t.device.type != "meta":  # meta tensors count as fully aligned
+        boundary = need * t.element_size()
+        if t.data_ptr() % boundary:
+            bad.append(f"{operand}'s data pointer ({t.data_ptr() % boundary} bytes past a {boundary}-byte boundary)")
+    return f"{', '.join(bad)} not a multiple of {need}" if bad else ""
+
+
+def _with_detail(reason: str, args: Any, cache: dict) -> str:
+    """``reason``, plus the problem's values that break an alignment requirement it names."""
+    m = _ALIGN_REASON.match(reason)
+    if m is None or m.group(4):
+        return reason
+    key = (m.group(1), int(m.group(3)))
+    detail = cache.get(key)
+    if detail is None:
+        detail = cache[key] = _alignment_detail(args, *key)
+    return f"{reason}: {detail}" if detail else reason
+
+
+def _reason_group(reason: str) -> tuple[tuple, str, str | None]:
+    """(group key, short "what would fit" text, a value merged across the group) for summaries."""
+    m = _DTYPE_REASON.match(reason)
+    if m:
+        return ("dtype", m.group(1), m.group(2)), f"needs {m.group(1)} ", m.group(3)
+    m = _LAYOUT_REASON.match(reason)
+    if m:
+        return ("layout",) + m.groups(), f"needs {m.group(1)} {m.group(3)}", None
+    m = _ALIGN_REASON.match(reason)
+    if m:
+        op, need, detail = m.group(1), m.group(3), m.group(4)
+        text = f"{op}: {detail}" if detail else f"needs {op} aligned to {need} (is {m.group(2)})"
+        return ("align", op, need, detail), text, None
+    return ("raw", reason), reason, None
+
+
+def _clip(line: str, width: int) -> str:
+    return line if len(line) <= width else line[:width - 1] + "\u2026"
+
+
+def _cut(lines: list[str], room: int) -> list[str]:
+    """``lines`` in ``room`` lines, the last saying how many were left out."""
+    if len(lines) <= room:
+        return lines
+    keep = max(room - 1, 0)
+    return lines[:keep] + [f"  ... {len(lines) - keep} more line(s): .all() lists everything"]
+
+
+def _fit_name(name: str, class_name: str, width: int) -> str:
+    """``name`` in ``width`` columns: the class name it starts with (the heading above) goes first."""
+    if len(name) > width and name.startswith(class_name):
+        name = "\u2026" + name[len(class_name):]
+    return _clip(name, width)
+
+
+class Explanation(list):
+    """A list of `Rejection`s with a readable rendering; ``accepted`` lists the kernels that fit.
+
+    ``str()`` is a summary that fits one screen: the problem, the accepted kernels per class
+    (a count and the first few names) and, per class, the reasons for rejection grouped with
+    instance counts. ``all()`` is the full text, one line per rejection.
+    """
+
+    def __init__(self, rejections: list[Rejection], accepted: list[str], *, problem: str | None = None,
+                 cc: int | None = None, accepted_classes: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(rejections)
+        self.accepted = accepted
+        #: ``repr`` of the arguments explained and the target architecture, when known
+        self.problem = problem
+        self.cc = cc
+        # (provider, class) of each accepted name, parallel to ``accepted``
+        self._accepted_classes = accepted_classes
+
+    def nearest(self, n: int = 5) -> list[Rejection]:
+        return sorted((r for r in self if r.kernel_name is not None), key=lambda r: -r.closeness)[:n]
+
+    def _head(self) -> list[str]:
+        if self.problem is None:
+            return []
+        return [self.problem + ("" if self.cc is None else f" on cc {self.cc}")]
+
+    def all(self) -> str:
+        """The full text: every accepted kernel and every rejection with its reason."""
+        lines = self._head() + [f"{len(self.accepted)} kernel(s) accepted"]
+        classes = self._accepted_classes or [None] * len(self.accepted)
+        for name, where in zip(self.accepted, classes):
+            lines.append(f"  {where[0]}/{where[1]} {name}" if where else f"  {name}")
+        lines.append(f"{len(self)} rejected")
+        for r in self:
+            where = f"{r.provider}/{r.kernel_class}" + (f" {r.kernel_name}" if r.kernel_name else "")
+            lines.append(f"  {where}: {r.reason}")
+        return "\n".join(lines)
+
+    def summary(self, max_lines: int = 40, width: int = 120) -> str:
+        """At most ``max_lines`` lines of at most ``width`` columns (see the class docstring)."""
+        order: dict[tuple[str, str], None] = {}
+        accepted: dict[tuple[str, str], list[str]] = {}
+        rejected: dict[tuple[str, str], list[Rejection]] = {}
+        classes = self._accepted_classes or [("", "")] * len(self.accepted)  # ("", ""): not known
+        for name, where in zip(self.accepted, classes):
+            order.setdefault(where)
+            accepted.setdefault(where, []).append(name)
+        for r in self:
+            order.setdefault((r.provider, r.kernel_class))
+        other_args: dict[str, list[str]] = {}  # arguments type -> classes taking it: one line for all
+        class_lines: list[str] = []
+        for r in self:
+            if r.kernel_name is None:
+                if r.reason.startswith("takes "):
+                    other_args.setdefault(r.reason[6:].split(",")[0], []).append(r.kernel_class)
+                else:
+                    class_lines.append(f"  {r.provider}/{r.kernel_class}: {r.reason}")
+            else:
+                rejected.setdefault((r.provider, r.kernel_class), []).append(r)
+        total = {k: len(accepted.get(k, ())) + len(rejected.get(k, ())) for k in order}
+        instances = sum(total.values())
+        head = self._head()
+        if self.accepted:
+            head.append(f"{len(self.accepted)} of {instances} kernel instance(s) fit:")
+        else:
+            head.append(f"no kernel fits ({instances} instance(s) of {len(order)} class(es) considered)")
+        reject_lines = [self._rejected_line(k, rs, total[k], width) for k, rs in rejected.items()]
+        reject_lines += class_lines
+        if other_args:
+            reject_lines += [f"  for {k}: {', '.join(v)}" for k, v in other_args.items()]
+        if reject_lines:
+            reject_lines.insert(0, "Rejected, by class (reasons nearest to fitting first; instance counts):")
+        foot = [f"{len(self)} rejection(s): .all() (kernel-api explain --all) lists each"] if len(self) else []
+        # As many names per accepted class as the line budget allows (3 at most).
+        for per_class in (3, 2, 1, 0):
+            accept_lines = []
+            for (provider, cls), names in accepted.items():
+                shown = names[:per_class]
+                which = ":" if len(shown) == len(names) else f", first {len(shown)}:" if shown else f", e.g. {names[0]}"
+                label = f"{provider}/{cls}" if cls else "accepted"
+                accept_lines.append(f"  {label}: {len(names)} of {total[(provider, cls)]} fit{which}")
+                accept_lines += [f"    {_fit_name(n, cls, width - 4)}" for n in shown]
+            if len(head) + len(accept_lines) + len(reject_lines) + len(foot) <= max_lines:
+                break
+        # Still too long (many classes): cut each part, saying how much is left out.
+        budget = max(max_lines - len(head) - len(foot), 2)
+        keep_rejected = min(len(reject_lines), max(budget // 2, budget - len(accept_lines)))
+        accept_lines = _cut(accept_lines, budget - keep_rejected)
+        reject_lines = _cut(reject_lines, budget - len(accept_lines))
+        return "\n".join(_clip(line, width) for line in head + accept_lines + reject_lines + foot)
+
+    @staticmethod
+    def _rejected_line(where: tuple[str, str], rejections: list[Rejection], total: int, width: int) -> str:
+        groups: dict[tuple, list] = {}  # key -> [text, merged values, count, closeness]
+        for r in rejections:
+            key, text, value = _reason_group(r.reason)
+            group = groups.setdefault(key, [text, [], 0, r.closeness])
+            group[2] += 1
+            if value is not None and value not in group[1]:
+                group[1].append(value)
+        ranked = sorted(groups.values(), key=lambda g: (-g[3], -g[2]))
+        pieces = [f"{text}{'/'.join(values)} ({count})" for text, values, count, _ in ranked]
+        line = f"  {where[0]}/{where[1]}: {len(rejections)} of {total}: "
+        for i, piece in enumerate(pieces):
+            rest = len(pieces) - i - 1
+            tail = f"; +{rest} more" if rest else ""
+            if i and len(line) + len(piece) + len(tail) > width:
+                return line.rstrip("; ") + f"; +{len(pieces) - i} more"
+            line += piece + ("; " if rest else "")
+        return line
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def explain(args: Arguments, cc: Any = None, providers: Any = None) -> Explanation:
+    """For each registered class and each rejected instance, say why it does not fit ``args``.
+
+    ``str()`` of the result is a one-screen summary; ``.all()`` the full text. Alignment
+    reasons name the problem's values that break them (e.g. "K=4095 not a multiple of 8").
+    A class whose generation or support check raises is listed with the error (and reported
+    as in `get_kernels`) instead of making explain raise.
+    """
+    _check_query(args, None, None)
+    if args is None:
+        raise TypeError("explain: args is required")
+    _load_plugins()
+    target = resolve_cc(cc, args.device)
+    rejections: list[Rejection] = []
+    accepted: list[str] = []
+    accepted_classes: list[tuple[str, str]] = []
+    details: dict = {}
+    epilogue = getattr(args, "epilogue", None)
+    owners = _name_owners(type(args), target, epilogue, args.epilogue_signature)
+    for provider in _select_providers(providers):
+        for kernel_class in provider.kernel_classes():
+            cname = kernel_class.__name__
+            if not issubclass(type(args), kernel_class.supported_args_type):
+                rejections.append(Rejection(provider.name, cname, None,
+                                            f"takes {kernel_class.supported_args_type.__name__}, not {type(args).__name__}"))
+                continue
+            instances = _generated(kernel_class, target, epilogue, args.epilogue_signature)
+            if not instances:
+                error = _generation_errors.get((kernel_class, target, args.epilogue_signature))
+                what = "with this epilogue" if args.epilogue_signature is not None else ""
+                rejections.append(Rejection(provider.name, cname, None, f"broken: {error}" if error else
+                                            f"generates no instances for cc={target} {what}".strip()))
+                continue
+            for kernel in instances:
+                name = kernel.metadata.kernel_name
+                try:
+                    status = kernel.supports(args, target)
+                except Exception as exc:  # noqa: BLE001 - one broken instance must not break explain
+                    message = f"support check raised {_error_text(exc)}"
+                    _report_class_error(provider, kernel_class, "supports", f"{name}: {message}")
+                    rejections.append(Rejection(provider.name, cname, name, message))
+                    continue
+                if not status:
+                    rejections.append(Rejection(provider.name, cname, name, _with_detail(status.error, args, details)))
+                    continue
+                owner = _duplicate_owner(kernel, kernel_class, owners)
+                if owner is not None:
+                    rejections.append(Rejection(provider.name, cname, name,
+                                                f"skipped: {owner.__qualname__} has an instance of this name"))
+                    continue
+                accepted.append(name)
+                accepted_classes.append((provider.name, cname))
+    return Explanation(rejections, accepted, problem=repr(args), cc=target, accepted_classes=accepted_classes)
+
+
+def no_kernel_error(args: Arguments, cc: Any = None) -> NoKernelFoundError:
+    """The error to raise when no kernel takes ``args``: it names the nearest misses."""
+    nearest = "\n".join(f"  {r.kernel_name or r.kernel_class}: {r.reason}" for r in explain(args, cc).nearest(5))
+    return NoKernelFoundError(f"no kernel supports {args!r}" + (f"; nearest misses:\n{nearest}" if nearest else ""))
