@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ....arguments import EpilogueArguments, GemmArguments
 from ....core.artifact import CompiledArtifact
@@ -176,8 +176,8 @@ class GemmKernelBase(CuteDslKernel):
       failing `Status`, or None; run after the shared checks of `_common_supports`.
     - ``_extra_compile_args(args)`` and ``_extra_launch_args(args, workspace)``: the arguments
       the implementation takes between ``beta`` and the stream (cluster counts, a workspace, a
-      launch counter...): compile-time placeholders, and the values of one launch. Both default
-      to none. A family with a workspace also implements ``get_workspace_size`` and clears
+      launch counter...): compile-time placeholders, and the values of one launch. By default
+      there are none. A family with a workspace also implements ``get_workspace_size`` and clears
       ``workspace_free``; a family with extra arguments also overrides ``_launch_tail``.
     - ``batch_on_grid_z`` and ``specialise_c_alignment`` (class attributes, below), and
       `Kernel`'s ``performance_hint``.
@@ -204,10 +204,11 @@ class GemmKernelBase(CuteDslKernel):
         """Compile-time placeholders of the arguments between ``beta`` and the stream."""
         return ()
 
-    def _extra_launch_args(self, args: GemmArguments, workspace: Any) -> tuple:
-        """The values of the arguments between ``beta`` and the stream for one launch of a
-        non-empty problem (``workspace``: as `Kernel.run` passes it)."""
-        return ()
+    #: Optional hook: a method ``_extra_launch_args(args, workspace) -> tuple``, the values of
+    #: the arguments between ``beta`` and the stream for one launch of a non-empty problem
+    #: (``workspace`` as `Kernel.run` passes it). None: there are none, and `_run`, which every
+    #: launch that is not bound takes, spends no call on asking.
+    _extra_launch_args: Callable[[GemmArguments, Any], tuple] | None = None
 
     def _impl_layout_kwargs(self, args: GemmArguments) -> dict[str, Any]:
         """The keyword arguments every implementation takes: operand majorness and epilogue spec."""
@@ -256,8 +257,12 @@ class GemmKernelBase(CuteDslKernel):
             C, bias, alpha, beta = None, None, 1.0, 0.0
         else:
             C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
-        artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, *self._extra_launch_args(args, workspace),
-                              to_cuda_stream(stream))
+        extra = self._extra_launch_args
+        if extra is None:
+            artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, to_cuda_stream(stream))
+        else:
+            artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, *extra(args, workspace),
+                                  to_cuda_stream(stream))
 
     def _launch_tail(self, args: GemmArguments) -> tuple | None:
         if args.epilogue is not None or not (args.M and args.N and args.L):
