@@ -47,6 +47,13 @@ def test_names_encode_layouts_dtypes_tile_and_alignment():
         assert md.epilogue is not None and md.epilogue.bias == frozenset({"row", "column"})
 
 
+def test_layout_letters_have_one_name():
+    """utils.strides_to_layout_string names the layouts; the GEMM module keeps no alias of it."""
+    from kernel_api.providers.cutedsl.gemm import common
+
+    assert not hasattr(common, "layout_name")
+
+
 def test_all_eight_layout_combinations_for_every_dtype():
     for cls in FAMILY:
         combos = {}

@@ -79,11 +79,6 @@ def grid_x_tiles_limit(args: GemmArguments, tile_m: int, tile_n: int) -> Status 
     return None
 
 
-def layout_name(stride_A: tuple[int, ...], stride_B: tuple[int, ...], stride_out: tuple[int, ...]) -> str:
-    """'ttt'-style letters (t = row-major, n = column-major) of A, B and out."""
-    return strides_to_layout_string(stride_A, stride_B, stride_out)
-
-
 @dataclass(frozen=True)
 class EpilogueSpec:
     """Compile-time shape of ``out = act(alpha * acc + beta * C + bias)``.
@@ -149,7 +144,7 @@ def tiled_gemm_metadata(cls: type, types: str, layouts: tuple[tuple[int, ...], .
     ``<Class>_<types>_<layouts>_<BM>x<BN>x<BK>_<t|w><M>x<N>_s<stages>_a<A alignment>``.
     """
     key, (gm, gn) = grid
-    name = (f"{cls.__name__}_{types}_{layout_name(*layouts)}_{tile[0]}x{tile[1]}x{tile[2]}"
+    name = (f"{cls.__name__}_{types}_{strides_to_layout_string(*layouts)}_{tile[0]}x{tile[1]}x{tile[2]}"
             f"_{key[0]}{gm}x{gn}_s{stages}_a{operands.A.divisibility}")
     design = BLASDesignMetadata(tile, (1, 1, 1), stages=stages, schedule=schedule, extra=((key, (gm, gn)),))
     return KernelMetadata(name, cls, operands, design, min_cc=min_cc, epilogue=FULL_EPILOGUE)

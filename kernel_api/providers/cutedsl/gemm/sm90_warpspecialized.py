@@ -27,10 +27,10 @@ from ....arguments import GemmArguments
 from ....core.dtypes import DataType
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
+from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from ..kernel import fake_tensor
-from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation,
-                     layout_name)
+from .common import FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
 SM90_SMEM_BYTES = 232448
@@ -213,7 +213,7 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
             TensorAttributes(ab, stride_A, ab_div), TensorAttributes(ab, stride_B, ab_div),
             TensorAttributes(out_type, stride_out, out_div), accumulator_type=DataType.f32)
         name = (f"Sm90WarpSpecializedGemm_{ab}{ab}_{out_type}_f32acc_"
-                f"{layout_name(stride_A, stride_B, stride_out)}_{cfg.tag}_stages{ab_stages}x{epi_stages}"
+                f"{strides_to_layout_string(stride_A, stride_B, stride_out)}_{cfg.tag}_stages{ab_stages}x{epi_stages}"
                 f"_align{ab_div}x{ab_div}x{out_div}")
         design = BLASDesignMetadata(tile_shape=(*cfg.tile_mn, K_TILE), cluster_shape=(*cfg.cluster_mn, 1),
                                     stages=ab_stages, schedule=cfg.schedule, swizzle=cfg.swizzle,
