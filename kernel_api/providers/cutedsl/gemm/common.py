@@ -183,9 +183,8 @@ class GemmKernelBase(CuteDslKernel):
     #: The batch L goes on the grid's z axis, so a launch takes at most 65535 batches
     #: (False for persistent kernels, which walk the batches themselves).
     batch_on_grid_z: bool = True
-    #: The implementation may assume C's alignment from the arguments (it loads C in vectors
-    #: or through TMA), so C's alignment is compiled in; False: C is read element by element
-    #: and one artifact serves C of any alignment.
+    #: Compile C with the alignment the arguments have (the compiler may assume it) and key
+    #: artifacts on it; False: C is compiled as unaligned and one artifact serves any C.
     specialise_c_alignment: bool = False
 
     def _make_impl(self, args: GemmArguments) -> Any:  # pragma: no cover - abstract in spirit
@@ -225,7 +224,8 @@ class GemmKernelBase(CuteDslKernel):
         C = None
         if spec.has_c:
             c_dtype, c_stride, c_div = args.epilogue_signature[4]
-            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, c_div if self.specialise_c_alignment else 1), rank)
+            c_div = c_div if self.specialise_c_alignment else 1
+            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, c_div), rank)
         bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
         scalar = cutlass.Float64 if md.accumulator_type is DataType.f64 else cutlass.Float32
         impl = self._make_impl(args)

@@ -224,6 +224,8 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         return Sm90WarpSpecializedGemm(metadata, cfg, ab_stages, epi_stages)
 
     def _family_supports(self, args: GemmArguments) -> Status | None:
+        # The template has checked the 32-bit extents (TMA coordinates are 32-bit too) and a
+        # single batch's stride (TMA descriptors encode it).
         if args.K == 0:
             return Status.fail("K=0: a TMA descriptor cannot describe an empty operand")
         # The persistent scheduler counts cluster tiles (clusters_m * clusters_n * L) in an Int32
