@@ -198,7 +198,7 @@ def hint_sweep(dtype: torch.dtype, iters: int) -> list:
             sets = n_sets(n_t * rows * cols * 2)
             ts = [[torch.randn(rows, cols, device="cuda", dtype=dtype) for _ in range(n_t)] for _ in range(sets)]
             strategy = "block_ept32" if cols > 1024 else "block_ept16"
-            name = f"cuda_softmax_{'bwd' if cls.backward else 'fwd'}_{strategy}_bf16_align8"
+            name = f"{cls.__name__}_bf16_{strategy}_a8"
             kernel = next(k for k in cls.generate_kernels(None, cc=cc) if k.metadata.kernel_name == name)
             expr, plan = kernel._instance(cols)
             for label, defines in HINT_VARIANTS.items():

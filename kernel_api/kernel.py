@@ -119,6 +119,9 @@ class Kernel(metaclass=KernelMeta):
     """
 
     supported_args_type: type | None = None
+    #: Relative peak speed of the family, for `PickAny`'s analytic ranking (e.g. 1.0 for wgmma
+    #: tensor-core kernels, 0.05 for CUDA-core FMA); families that do not say get 0.5.
+    performance_hint: float = 0.5
     _kernel_api_provider: Any = None
 
     def __init__(self, metadata: KernelMetadata) -> None:

@@ -47,6 +47,13 @@ def test_names_encode_layouts_dtypes_tile_and_alignment():
         assert md.epilogue is not None and md.epilogue.bias == frozenset({"row", "column"})
 
 
+def test_layout_letters_have_one_name():
+    """utils.strides_to_layout_string names the layouts; the GEMM module keeps no alias of it."""
+    from kernel_api.providers.cutedsl.gemm import common
+
+    assert not hasattr(common, "layout_name")
+
+
 def test_all_eight_layout_combinations_for_every_dtype():
     for cls in FAMILY:
         combos = {}
@@ -201,6 +208,54 @@ def test_run_on_cpu_tensors_raises_device_error():
     args, _ = problem(k.metadata, 8, 8, 8, 1, 3, "cpu")
     with pytest.raises(kernel_api.errors.DeviceError, match="CUDA"):
         k.run(args)
+
+
+def test_every_gemm_family_is_written_against_the_template():
+    """The three families leave compile, run and the shared checks to GemmKernelBase."""
+    from kernel_api.providers.cutedsl.gemm.common import GemmKernelBase
+
+    classes = {type(k) for k in kernel_api.get_kernels(None, cc=90, providers="cutedsl")
+               if k.metadata.kernel_class.__name__.endswith("Gemm")}
+    assert {c.__name__ for c in classes} == {"SimtGemm", "Sm80TensorOpGemm", "Sm90WarpSpecializedGemm"}
+    for cls in classes:
+        assert issubclass(cls, GemmKernelBase), cls
+        assert not {"compile", "_run", "_supports", "_common_supports"} & set(vars(cls)), cls
+
+
+def test_template_hooks_add_launch_arguments_and_checks():
+    """A family's extra launch arguments go between beta and the stream; its own checks run
+    after the shared ones (a recording stub stands in for the compiled function)."""
+    from cuda.bindings import driver
+    from kernel_api import CompiledArtifact
+    from kernel_api.core.status import Status
+
+    simt = _pick("SimtGemm", "f16f16", "ttt", align=8)
+
+    class Counted(type(simt)):
+        def _extra_launch_args(self, args, workspace):
+            return (args.K, workspace)
+
+        def _family_supports(self, args):
+            return Status.fail("N=40 is not for this family") if args.N == 40 else None
+
+    kernel = Counted(simt.metadata)
+    A, B, out = (operand(s, torch.float16, False, "cpu") for s in ((64, 32), (32, 48), (64, 48)))
+    calls, stream = [], driver.CUstream(0)
+    artifact = CompiledArtifact(lambda *a: calls.append(a), kernel, 90)
+    args = GemmArguments(A, B, out)
+    kernel._run(args, artifact, stream, "ws")
+    assert calls == [(A, B, out, None, None, 1.0, 0.0, 32, "ws", stream)]
+    ep = EpilogueArguments(alpha=2.0, beta=0.5, C=torch.randn(64, 48).half())
+    kernel._run(GemmArguments(A, B, out, epilogue=ep), artifact, stream)
+    assert calls[1][3:] == (ep.C, None, 2.0, 0.5, 32, None, stream)
+    assert kernel.supports(args, cc=90)
+    status = kernel.supports(GemmArguments(A, B[:, :40], out[:, :40]), cc=90)
+    assert not status and status.error == "N=40 is not for this family"
+    # the shared checks come first: a misaligned single-batch stride is named before the family's
+    flat = torch.randn(64 * 32 + 3).half()
+    A3 = flat.as_strided((1, 64, 32), (64 * 32 + 3, 32, 1))
+    status = kernel.supports(GemmArguments(A3, B[None, :, :40], out[None, :, :40]), cc=90)
+    assert not status and "operand A: batch stride 2051" in status.error
 
 
 def _pick(cls, types, layouts, align=None, tile=None):

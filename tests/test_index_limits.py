@@ -103,6 +103,9 @@ def test_tile_counts_are_limited():
     for cls in ("SimtGemm", "Sm80TensorOpGemm"):
         for reasons in verdicts(batched, cls).values():
             assert reasons == {"batch L=65,536 exceeds the grid's z limit of 65,535 blocks"}
+    # The persistent Sm90WarpSpecializedGemm walks the batches itself: no grid z limit.
+    sm90 = verdicts(batched, "Sm90WarpSpecializedGemm")
+    assert sm90 and all(reasons == {None} for reasons in sm90.values()), sm90
 
 
 def softmax_verdicts(rows, cols, providers):

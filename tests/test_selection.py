@@ -102,6 +102,20 @@ def test_heuristic_prefers_big_tiles_for_big_problems_and_small_for_skinny(toy):
     assert PickAny().choose(big, kernels).metadata.design.tile_shape[0] == 128
 
 
+def test_performance_hint_is_a_kernel_attribute_the_ranking_reads(toy):
+    from kernel_api.kernel import Kernel
+
+    assert Kernel.performance_hint == 0.5 and "performance_hint" not in vars(ToyGemm)
+    big = big_args(8192, 8192)
+    k = kernel_api.get_kernels(big, metadata_filter=lambda m: m.kernel_class is ToyGemm, cc=90)[0]
+    inherited = gemm_cost(k, big, 132)
+    ToyGemm.performance_hint = 1.0
+    try:
+        assert gemm_cost(k, big, 132) == pytest.approx(inherited / 2)
+    finally:
+        del ToyGemm.performance_hint
+
+
 def test_pick_any_without_candidates_explains(toy):
     args = GemmArguments(torch.randn(4, 4).double(), torch.randn(4, 4).double(), torch.empty(4, 4).double())
     with pytest.raises(NoKernelFoundError, match="no kernel supports"):

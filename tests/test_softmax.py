@@ -104,6 +104,29 @@ def test_every_instance_has_a_distinct_descriptive_name():
             assert any(dt in n for n in names)
 
 
+def test_providers_share_the_family_configuration_and_one_naming_rule():
+    """Both providers generate the same register-resident configurations, named
+    ``<Class>_<dtype>_<strategy>_a<alignment>`` like the GEMMs; cuda_src adds ``looped``."""
+    import re
+
+    for args_type, classes in ((SoftmaxArguments, ("CuteSoftmaxForward", "CudaSoftmaxForward")),
+                               (SoftmaxBackwardArguments, ("CuteSoftmaxBackward", "CudaSoftmaxBackward"))):
+        configs = {}
+        for k in all_instances(args_type):
+            cls = type(k).__name__
+            if cls not in classes:
+                continue
+            md = k.metadata
+            m = re.fullmatch(rf"{cls}_(bf16|f16|f32)_(warp|block_ept16|block_ept32|looped)_a(\d+)", md.kernel_name)
+            assert m, md.kernel_name
+            x = next(iter(md.operands.tensor_attributes().values()))
+            assert (m[1], int(m[3])) == (str(x.dtype), x.divisibility), md.kernel_name
+            if m[2] != "looped":
+                configs.setdefault(cls, set()).add((m[1], m[2], m[3], repr(md.design), repr(md.operands), md.min_cc))
+        cute, cuda = (configs[c] for c in classes)
+        assert len(cute) == 15 and cute == cuda
+
+
 def test_misaligned_rows_get_only_unvectorised_kernels():
     base = torch.randn(4 * 4096 + 1, dtype=torch.bfloat16)
     x = base[1:].view(4, 4096)  # 2-byte offset: no 16-byte accesses possible

@@ -19,11 +19,11 @@ def _by_name(cls, name):
 
 
 @pytest.mark.parametrize("name,cols,expect", [
-    ("cuda_softmax_fwd_warp_bf16_align8", 1024, "fwd_warp<ka_softmax::BF16, 8, 4, 4>"),
-    ("cuda_softmax_fwd_warp_f32_align1", 7, "fwd_warp<ka_softmax::F32, 1, 1, 4>"),
-    ("cuda_softmax_fwd_block_ept32_bf16_align8", 16384, "fwd_block<ka_softmax::BF16, 8, 4, 512>"),
-    ("cuda_softmax_fwd_block_ept16_f16_align8", 4096, "fwd_block<ka_softmax::F16, 8, 2, 256>"),
-    ("cuda_softmax_fwd_looped_bf16_align8", 262144, "fwd_looped<ka_softmax::BF16, 8, 2, 512>"),
+    ("CudaSoftmaxForward_bf16_warp_a8", 1024, "fwd_warp<ka_softmax::BF16, 8, 4, 4>"),
+    ("CudaSoftmaxForward_f32_warp_a1", 7, "fwd_warp<ka_softmax::F32, 1, 1, 4>"),
+    ("CudaSoftmaxForward_bf16_block_ept32_a8", 16384, "fwd_block<ka_softmax::BF16, 8, 4, 512>"),
+    ("CudaSoftmaxForward_f16_block_ept16_a8", 4096, "fwd_block<ka_softmax::F16, 8, 2, 256>"),
+    ("CudaSoftmaxForward_bf16_looped_a8", 262144, "fwd_looped<ka_softmax::BF16, 8, 2, 512>"),
 ])
 def test_forward_buckets_compile_for_sm90a(name, cols, expect):
     kernel = _by_name(CudaSoftmaxForward, name)
@@ -38,9 +38,9 @@ def test_forward_buckets_compile_for_sm90a(name, cols, expect):
     assert artifact.extra.capacity is None or artifact.extra.capacity >= cols
 
 
-@pytest.mark.parametrize("name,cols", [("cuda_softmax_bwd_block_ept32_bf16_align8", 16384),
-                                       ("cuda_softmax_bwd_warp_f16_align1", 999),
-                                       ("cuda_softmax_bwd_looped_f32_align4", 100000)])
+@pytest.mark.parametrize("name,cols", [("CudaSoftmaxBackward_bf16_block_ept32_a8", 16384),
+                                       ("CudaSoftmaxBackward_f16_warp_a1", 999),
+                                       ("CudaSoftmaxBackward_f32_looped_a4", 100000)])
 def test_backward_buckets_compile_for_sm90a(name, cols):
     kernel = _by_name(CudaSoftmaxBackward, name)
     dtype = kernel.dtype.to_torch()
@@ -51,7 +51,7 @@ def test_backward_buckets_compile_for_sm90a(name, cols):
 
 
 def test_compile_key_follows_the_row_length_bucket():
-    kernel = _by_name(CudaSoftmaxForward, "cuda_softmax_fwd_block_ept16_bf16_align8")
+    kernel = _by_name(CudaSoftmaxForward, "CudaSoftmaxForward_bf16_block_ept16_a8")
     keys = {}
     for cols in (2048, 4096, 4000, 8192):
         x = torch.randn(2, cols, dtype=torch.bfloat16)
@@ -60,7 +60,7 @@ def test_compile_key_follows_the_row_length_bucket():
 
 
 def test_artifact_for_shorter_rows_is_refused():
-    kernel = _by_name(CudaSoftmaxForward, "cuda_softmax_fwd_block_ept16_f32_align4")
+    kernel = _by_name(CudaSoftmaxForward, "CudaSoftmaxForward_f32_block_ept16_a4")
     short = torch.randn(2, 256)
     artifact = kernel.compile(SoftmaxArguments(short, torch.empty_like(short)), cc=90)
     longer = torch.randn(2, 4096)

@@ -16,9 +16,9 @@ def _by_name(cls, name):
 
 
 @pytest.mark.parametrize("cls,name,cols", [
-    (CuteSoftmaxForward, "cutedsl_softmax_fwd_warp_bf16_align8", 1024),
-    (CuteSoftmaxForward, "cutedsl_softmax_fwd_block_ept32_bf16_align8", 16384),
-    (CuteSoftmaxBackward, "cutedsl_softmax_bwd_block_ept16_f32_align1", 1000),
+    (CuteSoftmaxForward, "CuteSoftmaxForward_bf16_warp_a8", 1024),
+    (CuteSoftmaxForward, "CuteSoftmaxForward_bf16_block_ept32_a8", 16384),
+    (CuteSoftmaxBackward, "CuteSoftmaxBackward_f32_block_ept16_a1", 1000),
 ])
 def test_buckets_compile_for_sm90a(cls, name, cols):
     kernel = _by_name(cls, name)
@@ -32,7 +32,7 @@ def test_buckets_compile_for_sm90a(cls, name, cols):
 
 
 def test_bucket_keys_and_capacity_check():
-    kernel = _by_name(CuteSoftmaxForward, "cutedsl_softmax_fwd_block_ept16_f32_align4")
+    kernel = _by_name(CuteSoftmaxForward, "CuteSoftmaxForward_f32_block_ept16_a4")
     a = SoftmaxArguments(torch.randn(2, 256), torch.empty(2, 256))
     b = SoftmaxArguments(torch.randn(2, 4096), torch.empty(2, 4096))
     assert kernel.compile_key(a, 90) != kernel.compile_key(b, 90)

@@ -26,11 +26,6 @@ from .records import TuningRecords, operation_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
 from .timing import relative_error, rotation_count, time_cuda
 
-# Relative peak of a kernel family when its class does not say (class attribute
-# ``performance_hint``): tensor-core families should set e.g. 1.0, SIMT ~0.1.
-_DEFAULT_HINT = 0.5
-
-
 def _sm_count(device: torch.device | None) -> int:
     if device is not None and device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -43,7 +38,7 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     The busiest SM sets the time: it runs ceil(tiles / SMs) tiles (wave quantisation), each
     costing a full tile's work (edge tiles pay full price: tile utilisation) at an efficiency
     that grows with the tile's arithmetic intensity tm*tn/(tm+tn) and the family's
-    ``performance_hint``.
+    `Kernel.performance_hint`.
     """
     design = kernel.metadata.design
     tile = getattr(design, "tile_shape", None) or (64, 64, 8)
@@ -55,7 +50,7 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     usable_sms = max(1, sm_count - sm_count % cluster_size)
     tiles_per_sm = math.ceil(tiles / usable_sms)  # wave quantisation: the busiest SM sets the time
     intensity = tm * tn / (tm + tn)
-    efficiency = getattr(kernel.metadata.kernel_class, "performance_hint", _DEFAULT_HINT) * intensity / (intensity + 32)
+    efficiency = kernel.metadata.kernel_class.performance_hint * intensity / (intensity + 32)
     if cluster_size > 1:
         efficiency *= 1.0 + 0.03 * math.log2(cluster_size)  # multicast cuts operand traffic
     return tiles_per_sm * tm * tn * max(args.K, 1) / max(efficiency, 1e-6)
@@ -73,8 +68,7 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
         penalty *= 1.0 if cols <= 2048 else 3.0
     elif cols < threads * 4:
         penalty *= 2.0  # most threads of the row idle
-    hint = getattr(kernel.metadata.kernel_class, "performance_hint", _DEFAULT_HINT)
-    return penalty / hint
+    return penalty / kernel.metadata.kernel_class.performance_hint
 
 
 def estimated_cost(kernel: Kernel, args: Any, sm_count: int) -> float:

@@ -2,11 +2,11 @@
 
 Two registered families, `CudaSoftmaxForward` (`SoftmaxArguments`) and `CudaSoftmaxBackward`
 (`SoftmaxBackwardArguments`), each generating, per dtype (f32, f16, bf16) and alignment
-(16-byte vectors, or single elements for unaligned operands), three strategies:
+(16-byte vectors, or single elements for unaligned operands), the softmax family's
+register-resident strategies (``warp``; ``block`` with 16 or 32 elements per thread), named
+and described as `kernel_api.providers.softmax_config` says for every provider, plus one of
+their own:
 
-- ``warp``: one warp per row, row in registers; rows of up to 1024 elements.
-- ``block_ept16`` / ``block_ept32``: one CTA per row, row in registers, 16 or 32 elements per
-  thread; rows of up to 1024 threads x EPT elements (512 threads for the backward's EPT 32).
 - ``looped``: one CTA per row of any length, two passes over the input.
 
 An instance's compiled artifact is specialised on the row length's bucket (the template's
@@ -24,18 +24,18 @@ import torch
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.dtypes import DataType
 from ....core.errors import UnsupportedArgumentsError
-from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
+from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ....core.status import Status
-from ....utils import MAX_GRID_X, next_pow2
+from ....utils import MAX_GRID_X
+from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from ..launcher import raw_stream
 
 _TYPES = {DataType.f32: "ka_softmax::F32", DataType.f16: "ka_softmax::F16", DataType.bf16: "ka_softmax::BF16"}
-WARP_MAX_COLS = 1024
-WARPS_PER_CTA = 4
 LOOPED_THREADS = 512
 LOOPED_ELEMENTS = 16  # per thread per iteration (VEC x UNROLL)
+_LOOPED = {"strategy": "looped", "max_cols": None}
 
 
 @dataclass(frozen=True)
@@ -63,49 +63,20 @@ class _SoftmaxBase(CudaSourceKernel):
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
-    def _configs(cls) -> list[dict]:
-        configs = []
-        for dtype in (DataType.bf16, DataType.f16, DataType.f32):
-            wide = 16 // dtype.bytes
-            for vec in (wide, 1):
-                configs.append(dict(dtype=dtype, strategy="warp", vec=vec, max_cols=WARP_MAX_COLS))
-                for ept in ((16, 32) if vec > 1 else (16,)):
-                    configs.append(dict(dtype=dtype, strategy="block", ept=ept, vec=vec,
-                                        max_cols=cls._block_threads_max(ept) * ept))
-                configs.append(dict(dtype=dtype, strategy="looped", vec=vec, max_cols=None))
-        return configs
-
-    @classmethod
-    def _block_threads_max(cls, ept: int) -> int:
-        # The backward holds two rows (dy and y) in registers: cap the CTA so that 32
-        # elements per thread of each still fit without spilling.
-        return 512 if cls.backward and ept >= 32 else 1024
-
-    @classmethod
     def instance_name(cls, params: dict) -> str:
-        op = "bwd" if cls.backward else "fwd"
-        strategy = params["strategy"] + (f"_ept{params['ept']}" if params["strategy"] == "block" else "")
-        return f"cuda_softmax_{op}_{strategy}_{params['dtype']}_align{params['vec']}"
+        return softmax_config.kernel_name(cls, params)
 
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
-        operands = softmax_operands(params["dtype"], params["vec"], backward=cls.backward)
-        strategy = params["strategy"]
-        if strategy == "warp":
-            design = RowReductionDesignMetadata("warp", 32, params["vec"] * params["dtype"].bytes, 1, params["max_cols"],
-                                                extra=(("rows_per_cta", WARPS_PER_CTA),))
-        elif strategy == "block":
-            design = RowReductionDesignMetadata("block", cls._block_threads_max(params["ept"]),
-                                                params["vec"] * params["dtype"].bytes, 1, params["max_cols"],
-                                                extra=(("elements_per_thread", params["ept"]),))
-        else:
+        design = None
+        if params["strategy"] == "looped":
             design = RowReductionDesignMetadata("block", LOOPED_THREADS, params["vec"] * params["dtype"].bytes, 1, None,
                                                 extra=(("passes", 2),))
-        return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=80)
+        return softmax_config.kernel_metadata(cls, params, cls.backward, design)
 
     @classmethod
     def variant_params(cls) -> list[dict]:
-        return cls._configs()
+        return softmax_config.configs(cls.backward, (_LOOPED,))
 
     @classmethod
     def check_definition(cls) -> None:
@@ -118,8 +89,8 @@ class _SoftmaxBase(CudaSourceKernel):
             return Status.fail(f"{self.metadata.kernel_name}: rows of {cols} elements exceed its {self.max_cols}; "
                                f"a block/looped instance handles longer rows")
         # softmax.cu takes rows, strides and row offsets as 64-bit integers (i64), so the only
-        # index limit is the grid: one block per row (warp: per WARPS_PER_CTA rows) on gridDim.x.
-        per_cta = WARPS_PER_CTA if self.strategy == "warp" else 1
+        # index limit is the grid: one block per row (warp: per softmax_config.WARPS_PER_CTA rows) on gridDim.x.
+        per_cta = softmax_config.rows_per_cta(self.strategy)
         blocks = -(-rows // per_cta)
         if blocks > MAX_GRID_X:
             return Status.fail(f"{self.metadata.kernel_name}: rows={rows:,} need {blocks:,} blocks of {per_cta} "
@@ -130,17 +101,13 @@ class _SoftmaxBase(CudaSourceKernel):
     def _instance(self, cols: int) -> tuple[str, _Plan]:
         t = _TYPES[self.dtype]
         vec = self.vec
-        nvec = max(1, -(-max(cols, 1) // vec))
         op = "bwd" if self.backward else "fwd"
-        if self.strategy == "warp":
-            nv = next_pow2(-(-nvec // 32))
-            nv = min(nv, WARP_MAX_COLS // (32 * vec))
-            return (f"ka_softmax::{op}_warp<{t}, {vec}, {nv}, {WARPS_PER_CTA}>",
-                    _Plan("warp", 32 * nv * vec, WARPS_PER_CTA, 32 * WARPS_PER_CTA))
-        if self.strategy == "block":
-            nv = max(1, self.ept // vec)
-            threads = min(max(32, next_pow2(-(-nvec // nv))), self._block_threads_max(self.ept))
-            return (f"ka_softmax::{op}_block<{t}, {vec}, {nv}, {threads}>", _Plan("block", threads * nv * vec, 1, threads))
+        if self.strategy != "looped":
+            b = softmax_config.register_bucket(self.strategy, vec, self.ept, cols, self.backward)
+            # the last template parameter: warps (rows) per CTA of *_warp, threads of *_block
+            last = b.rows_per_cta if self.strategy == "warp" else b.threads_per_row
+            return (f"ka_softmax::{op}_{self.strategy}<{t}, {vec}, {b.nv}, {last}>",
+                    _Plan(self.strategy, b.capacity, b.rows_per_cta, b.cta_threads))
         unroll = max(1, LOOPED_ELEMENTS // vec)
         return (f"ka_softmax::{op}_looped<{t}, {vec}, {unroll}, {LOOPED_THREADS}>",
                 _Plan("looped", None, 1, LOOPED_THREADS))

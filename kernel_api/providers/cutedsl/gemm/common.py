@@ -1,22 +1,25 @@
 """Shared, DSL-free pieces of the CuTe DSL GEMM kernels' interfaces.
 
 Layout combinations and their names, the compile-time description of a fused epilogue
-(`EpilogueSpec`), and `GemmKernelBase`, which implements compile/_run for every GEMM class
-whose implementation follows one calling convention::
+(`EpilogueSpec`), and `GemmKernelBase`, the template every GEMM family here derives from
+(compile, run, the shared support checks; its docstring lists what a family supplies). Every
+implementation follows one calling convention::
 
-    impl(A, B, out, C_or_None, bias_or_None, alpha, beta, stream)
+    impl(A, B, out, C_or_None, bias_or_None, alpha, beta, *extra, stream)
 
 where A/B/out/C are the user's rank-2 or rank-3 tensors as they are (the implementation
 builds (M, K, L)-style views itself, so a rank-2 call costs no extra host work), ``bias``
-is a contiguous 1-D tensor and alpha/beta are accumulator-typed scalars. Nothing here
-imports cutlass: implementations are imported lazily inside ``compile``.
+is a contiguous 1-D tensor, alpha/beta are accumulator-typed scalars and ``extra`` are the
+family's own launch arguments (none for most; the persistent SM90 kernel's cluster count,
+workspace and launch counter). Nothing here imports cutlass: implementations are imported
+lazily inside ``compile``.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ....arguments import EpilogueArguments, GemmArguments
 from ....core.artifact import CompiledArtifact
@@ -74,11 +77,6 @@ def grid_x_tiles_limit(args: GemmArguments, tile_m: int, tile_n: int) -> Status 
         return Status.fail(f"M x N = {args.M:,} x {args.N:,} makes {tiles:,} tiles of {tile_m}x{tile_n}, past the "
                            f"grid's x limit of 2^31-1 = {MAX_GRID_X:,} blocks")
     return None
-
-
-def layout_name(stride_A: tuple[int, ...], stride_B: tuple[int, ...], stride_out: tuple[int, ...]) -> str:
-    """'ttt'-style letters (t = row-major, n = column-major) of A, B and out."""
-    return strides_to_layout_string(stride_A, stride_B, stride_out)
 
 
 @dataclass(frozen=True)
@@ -146,25 +144,65 @@ def tiled_gemm_metadata(cls: type, types: str, layouts: tuple[tuple[int, ...], .
     ``<Class>_<types>_<layouts>_<BM>x<BN>x<BK>_<t|w><M>x<N>_s<stages>_a<A alignment>``.
     """
     key, (gm, gn) = grid
-    name = (f"{cls.__name__}_{types}_{layout_name(*layouts)}_{tile[0]}x{tile[1]}x{tile[2]}"
+    name = (f"{cls.__name__}_{types}_{strides_to_layout_string(*layouts)}_{tile[0]}x{tile[1]}x{tile[2]}"
             f"_{key[0]}{gm}x{gn}_s{stages}_a{operands.A.divisibility}")
     design = BLASDesignMetadata(tile, (1, 1, 1), stages=stages, schedule=schedule, extra=((key, (gm, gn)),))
     return KernelMetadata(name, cls, operands, design, min_cc=min_cc, epilogue=FULL_EPILOGUE)
 
 
 class GemmKernelBase(CuteDslKernel):
-    """compile/_run shared by the CuTe DSL GEMM kernels (see the module docstring).
+    """The template of a CuTe DSL GEMM family: compile, run and the shared support checks.
 
-    Subclasses implement ``_make_impl(args)`` (build the DSL implementation object; import
-    cutlass there) plus the usual ``generate_kernels``; ``_supports`` defaults to the checks
-    every implementation here needs (`_common_supports`).
+    A family is one interface file (a subclass of this class, registered with
+    ``@CuTeDSLProvider.register``; it imports no cutlass) and one implementation file under
+    ``implementations/`` (the DSL class, which follows the calling convention of the module
+    docstring). The subclass supplies:
+
+    - ``generate_kernels(metadata_filter, epilogue_args=None, cc=None)`` (a staticmethod): one
+      instance per configuration that passes the filter, the epilogue (see
+      `epilogue_supported_by_generation`) and the cc, each with `KernelMetadata` whose name
+      starts with the class name (`tiled_gemm_metadata` builds it for CTA-tiled kernels);
+    - ``_make_impl(args)``: the implementation object for the compile in progress, built from
+      the metadata and ``args``' epilogue (`_impl_layout_kwargs`); import cutlass there.
+
+    Optional hooks:
+
+    - ``_family_supports(args)``: the family's own limits (grid extents, tile counters...) as a
+      failing `Status`, or None; run after the shared checks of `_common_supports`.
+    - ``_extra_compile_args(args)`` and ``_extra_launch_args(args, workspace)``: the arguments
+      the implementation takes between ``beta`` and the stream (cluster counts, a workspace, a
+      launch counter...): compile-time placeholders, and the values of one launch. By default
+      there are none. A family with a workspace also implements ``get_workspace_size`` and clears
+      ``workspace_free``; a family with extra arguments also overrides ``_launch_tail``.
+    - ``batch_on_grid_z`` and ``specialise_c_alignment`` (class attributes, below), and
+      `Kernel`'s ``performance_hint``.
     """
 
     supported_args_type = GemmArguments
-    workspace_free = True  # get_workspace_size is 0 for every GEMM here
+    workspace_free = True  # get_workspace_size is 0 unless a family says otherwise
+    #: The batch L goes on the grid's z axis, so a launch takes at most 65535 batches
+    #: (False for persistent kernels, which walk the batches themselves).
+    batch_on_grid_z: bool = True
+    #: Compile C with the alignment the arguments have (the compiler may assume it) and key
+    #: artifacts on it; False: C is compiled as unaligned and one artifact serves any C.
+    specialise_c_alignment: bool = False
 
     def _make_impl(self, args: GemmArguments) -> Any:  # pragma: no cover - abstract in spirit
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement _make_impl(args)")
+
+    def _family_supports(self, args: GemmArguments) -> Status | None:
+        """The family's checks beyond `_common_supports`: a failing `Status`, or None."""
+        return None
+
+    def _extra_compile_args(self, args: GemmArguments) -> tuple:
+        """Compile-time placeholders of the arguments between ``beta`` and the stream."""
+        return ()
+
+    #: Optional hook: a method ``_extra_launch_args(args, workspace) -> tuple``, the values of
+    #: the arguments between ``beta`` and the stream for one launch of a non-empty problem
+    #: (``workspace`` as `Kernel.run` passes it). None: there are none, and `_run`, which every
+    #: launch that is not bound takes, spends no call on asking.
+    _extra_launch_args: Callable[[GemmArguments, Any], tuple] | None = None
 
     def _impl_layout_kwargs(self, args: GemmArguments) -> dict[str, Any]:
         """The keyword arguments every implementation takes: operand majorness and epilogue spec."""
@@ -185,23 +223,25 @@ class GemmKernelBase(CuteDslKernel):
         spec = EpilogueSpec.from_signature(args.epilogue_signature)
         C = None
         if spec.has_c:
-            # C is read element by element: assume no alignment, so one artifact serves any C.
-            c_dtype, c_stride, _ = args.epilogue_signature[4]
-            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, 1), rank)
+            c_dtype, c_stride, c_div = args.epilogue_signature[4]
+            c_div = c_div if self.specialise_c_alignment else 1
+            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, c_div), rank)
         bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
         scalar = cutlass.Float64 if md.accumulator_type is DataType.f64 else cutlass.Float32
         impl = self._make_impl(args)
-        compiled = self.cute_compile(impl, A, B, out, C, bias, scalar(1.0), scalar(0.0), make_fake_stream())
+        compiled = self.cute_compile(impl, A, B, out, C, bias, scalar(1.0), scalar(0.0),
+                                     *self._extra_compile_args(args), make_fake_stream())
         return CompiledArtifact(compiled, self)
 
     def compile_key(self, args: GemmArguments, cc: int | None) -> tuple:
-        """What an artifact depends on beyond the instance: rank, epilogue shape, C's layout.
+        """What an artifact depends on beyond the instance: rank, epilogue shape, C's layout
+        (and C's alignment where `specialise_c_alignment`).
 
         Operand alignment is the metadata's (fixed per instance), so problems of any size and
         alignment that the instance supports share one artifact.
         """
         sig = args.epilogue_signature
-        c_layout = None if sig is None or sig[4] is None else sig[4][:2]
+        c_layout = None if sig is None or sig[4] is None else sig[4] if self.specialise_c_alignment else sig[4][:2]
         return (args.A.dim(), EpilogueSpec.from_signature(sig), c_layout, cc)
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
@@ -209,12 +249,15 @@ class GemmKernelBase(CuteDslKernel):
             return  # nothing to write; a zero-sized grid would be a launch error
         ep = args.epilogue
         if ep is None:
-            self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, None, None, 1.0, 0.0,
-                          to_cuda_stream(stream))
+            C, bias, alpha, beta = None, None, 1.0, 0.0
         else:
-            C = ep.C if ep.beta != 0.0 else None
-            self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, C, ep.bias, ep.alpha, ep.beta,
-                          to_cuda_stream(stream))
+            C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
+        extra = self._extra_launch_args
+        if extra is None:
+            artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, to_cuda_stream(stream))
+        else:
+            artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, *extra(args, workspace),
+                                  to_cuda_stream(stream))
 
     def _launch_tail(self, args: GemmArguments) -> tuple | None:
         if args.epilogue is not None or not (args.M and args.N and args.L):
@@ -225,22 +268,28 @@ class GemmKernelBase(CuteDslKernel):
         return 0
 
     def _supports(self, args: GemmArguments) -> Status:
-        return self._common_supports(args)
+        status = self._common_supports(args)
+        if status.error is not None:
+            return status
+        status = self._family_supports(args)
+        return Status.success() if status is None else status
 
     def _common_supports(self, args: GemmArguments) -> Status:
         """Checks every GEMM implementation here needs beyond metadata: the batch on the grid's
-        z axis, 32-bit extents (`extent_limits`), a single batch's stride."""
-        if args.L > MAX_GRID_YZ:
+        z axis (`batch_on_grid_z`), 32-bit extents (`extent_limits`), a single batch's stride."""
+        if self.batch_on_grid_z and args.L > MAX_GRID_YZ:
             return Status.fail(f"batch L={args.L:,} exceeds the grid's z limit of {MAX_GRID_YZ:,} blocks")
         status = extent_limits(args, self.metadata.design.tile_shape)
         if status is not None:
             return status
         if args.A.dim() == 3 and args.L == 1:
             # Argument divisibility ignores the batch stride of a single batch, but the
-            # compiled code assumes it (TVM-FFI checks it at call time).
+            # compiled code assumes it (TVM-FFI checks it at call time; TMA descriptors encode it).
             for name in ("A", "B", "out"):
-                need = getattr(self.metadata.operands, name).divisibility
+                attrs = getattr(self.metadata.operands, name)
+                need = attrs.divisibility
                 stride = getattr(args, name).stride(0)
                 if need > 1 and stride % need:
-                    return Status.fail(f"operand {name}: batch stride {stride} is not a multiple of {need} elements")
+                    return Status.fail(f"operand {name}: batch stride {stride} is not a multiple of {need} elements "
+                                       f"({need * attrs.dtype.bytes} bytes), the alignment this kernel assumes")
         return Status.success()

@@ -65,10 +65,9 @@ class SimtGemm(GemmKernelBase):
                             kernels.append(SimtGemm(metadata))
         return kernels
 
-    def _supports(self, args: GemmArguments) -> Status:
+    def _family_supports(self, args: GemmArguments) -> Status | None:
         # The grid is (M tiles, N tiles, L) (simt_impl.py): N tiles are bounded by gridDim.y.
-        status = grid_y_limit(args, self.metadata.design.tile_shape[1])
-        return status if status is not None else self._common_supports(args)
+        return grid_y_limit(args, self.metadata.design.tile_shape[1])
 
     def _make_impl(self, args: GemmArguments) -> Any:
         from .implementations.simt_impl import SimtGemmImpl

@@ -83,15 +83,13 @@ class Sm80TensorOpGemm(GemmKernelBase):
                     kernels.append(Sm80TensorOpGemm(metadata))
         return kernels
 
-    def _supports(self, args: GemmArguments) -> Status:
+    def _family_supports(self, args: GemmArguments) -> Status | None:
         tm, tn, _ = self.metadata.design.tile_shape
         if self.metadata.operands.A.dtype is DataType.f64:
             # DMMA's grid is (M tiles, N tiles, L) (sm80_dmma_impl.py): N tiles are bounded by gridDim.y.
-            status = grid_y_limit(args, tn)
-        else:
-            # One grid row of M tiles x N tiles, a 32-bit product (sm80_tensorop_impl.py).
-            status = grid_x_tiles_limit(args, tm, tn)
-        return status if status is not None else self._common_supports(args)
+            return grid_y_limit(args, tn)
+        # One grid row of M tiles x N tiles, a 32-bit product (sm80_tensorop_impl.py).
+        return grid_x_tiles_limit(args, tm, tn)
 
     def _make_impl(self, args: GemmArguments) -> Any:
         md = self.metadata.operands

@@ -24,15 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ....arguments import GemmArguments
-from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
-from ....utils import to_cuda_stream
+from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
-from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
-from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, epilogue_supported_by_generation, extent_limits,
-                     layout_name)
+from ..kernel import fake_tensor
+from .common import FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
 SM90_SMEM_BYTES = 232448
@@ -164,16 +162,19 @@ def max_active_clusters(device_index: int, cluster_size: int) -> int:
 
 
 @CuTeDSLProvider.register
-class Sm90WarpSpecializedGemm(CuteDslKernel):
+class Sm90WarpSpecializedGemm(GemmKernelBase):
     """Persistent warp-specialized TMA + WGMMA GEMM for sm_90a (f16/bf16 in, f32 accumulate).
 
     ``out = act(alpha * A @ B + beta * C + bias)``; A, B, out in any row/column-major
     combination, rank 2 or batched rank 3, any M, N, K (TMA zero-fills and clips edges).
+    Beyond the template's arguments, a launch takes the number of clusters of the persistent
+    grid, the stream-K workspace (None for other configurations) and a stream-K launch counter.
     """
 
-    supported_args_type = GemmArguments
     #: relative peak for the PickAny heuristic (wgmma: the fastest family on Hopper)
     performance_hint = 1.0
+    batch_on_grid_z = False  # persistent: the tile scheduler walks the batches
+    specialise_c_alignment = True  # compiled with C's alignment from the arguments
 
     def __init__(self, metadata: KernelMetadata, config: Sm90Config, ab_stages: int, epi_stages: int) -> None:
         super().__init__(metadata)
@@ -212,7 +213,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
             TensorAttributes(ab, stride_A, ab_div), TensorAttributes(ab, stride_B, ab_div),
             TensorAttributes(out_type, stride_out, out_div), accumulator_type=DataType.f32)
         name = (f"Sm90WarpSpecializedGemm_{ab}{ab}_{out_type}_f32acc_"
-                f"{layout_name(stride_A, stride_B, stride_out)}_{cfg.tag}_stages{ab_stages}x{epi_stages}"
+                f"{strides_to_layout_string(stride_A, stride_B, stride_out)}_{cfg.tag}_stages{ab_stages}x{epi_stages}"
                 f"_align{ab_div}x{ab_div}x{out_div}")
         design = BLASDesignMetadata(tile_shape=(*cfg.tile_mn, K_TILE), cluster_shape=(*cfg.cluster_mn, 1),
                                     stages=ab_stages, schedule=cfg.schedule, swizzle=cfg.swizzle,
@@ -222,14 +223,11 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
                                   epilogue=FULL_EPILOGUE)
         return Sm90WarpSpecializedGemm(metadata, cfg, ab_stages, epi_stages)
 
-    def _supports(self, args: GemmArguments) -> Status:
+    def _family_supports(self, args: GemmArguments) -> Status | None:
+        # The template has checked the 32-bit extents (TMA coordinates are 32-bit too) and a
+        # single batch's stride (TMA descriptors encode it).
         if args.K == 0:
             return Status.fail("K=0: a TMA descriptor cannot describe an empty operand")
-        # TMA coordinates and the fake tensors' extents are 32-bit; the implementation rounds M,
-        # N, K up to its tile in 32 bits too (common.extent_limits). Element offsets are 64-bit.
-        status = extent_limits(args, (*self.config.tile_mn, K_TILE))
-        if status is not None:
-            return status
         # The persistent scheduler counts cluster tiles (clusters_m * clusters_n * L) in an Int32
         # and steps its cursor past the last one by up to one wave of clusters. (There are never
         # more cluster tiles than outputs.)
@@ -242,17 +240,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
                     f"M x N x L = {args.M:,} x {args.N:,} x {args.L:,} makes {clusters:,} cluster tiles of "
                     f"{tm * cm}x{tn * cn}, past the 32-bit tile counter of this kernel (2^31-1 less one wave of "
                     f"{_MAX_SLOTS:,})")
-        if args.L == 1 and args.A.dim() == 3:
-            # Argument divisibility ignores the batch stride of a single batch, but the TMA
-            # descriptor still encodes it and needs 16 bytes.
-            for name in ("A", "B", "out"):
-                t = getattr(args, name)
-                need = getattr(self.metadata.operands, name).divisibility
-                if t.stride(0) % need:
-                    return Status.fail(
-                        f"operand {name}: batch stride {t.stride(0)} is not a multiple of {need} elements "
-                        f"(TMA needs 16-byte strides)")
-        return Status.success()
+        return None
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         """Stream-K configurations keep one partial f32 tile per CTA of the persistent grid."""
@@ -262,62 +250,42 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         slots = max_active_clusters(args.device.index or 0, cm * cn) * cm * cn
         return _FLAG_BYTES + slots * self.config.tile_mn[0] * self.config.tile_mn[1] * 4
 
-    # ---- compile / run -------------------------------------------------------------
-    def _make_impl(self, spec: EpilogueSpec) -> Any:
+    # ---- compile / run: the template's, with three extra launch arguments ------------
+    def compile_key(self, args: GemmArguments, cc: int | None) -> tuple:
+        """The whole argument signature (`Kernel.compile_key`'s default), as this family has
+        always keyed its artifacts."""
+        return (args.signature, cc)
+
+    def _make_impl(self, args: GemmArguments) -> Any:
         from .implementations.sm90_warpspecialized_impl import Sm90WarpSpecializedGemmImpl
 
         cfg = self.config
         return Sm90WarpSpecializedGemmImpl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
-                                           cfg.raster_along_m, self.ab_stages, self.epi_stages, spec, cfg.epi_n,
+                                           cfg.raster_along_m, self.ab_stages, self.epi_stages,
+                                           EpilogueSpec.from_signature(args.epilogue_signature), cfg.epi_n,
                                            cfg.stream_k, cfg.sk_any_wave_max_k_tiles)
 
-    def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
-        """Compile for ``args``' signature (rank, epilogue); sizes and strides stay runtime values."""
+    def _extra_compile_args(self, args: GemmArguments) -> tuple:
+        """Cluster count, stream-K workspace (bytes; None without stream-K), launch counter."""
         import cutlass
-        from cutlass.cute.runtime import make_fake_stream
 
-        md = self.metadata.operands
-        rank = args.A.dim()
-        spec = EpilogueSpec.from_signature(args.epilogue_signature)
-        A = fake_tensor_like(md.A, rank)
-        B = fake_tensor_like(md.B, rank)
-        out = fake_tensor_like(md.out, rank)
-        C = None
-        if spec.has_c:
-            c_dtype, c_stride, c_div = args.epilogue_signature[4]
-            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, c_div), rank)
-        bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
         workspace = fake_tensor(DataType.u8, 1, 0, 256) if self.config.stream_k else None
-        compiled = self.cute_compile(self._make_impl(spec), A, B, out, C, bias, cutlass.Float32(1.0),
-                                     cutlass.Float32(0.0), cutlass.Int32(1), workspace, cutlass.Int64(0),
-                                     make_fake_stream())
-        return CompiledArtifact(compiled, self)
+        return (cutlass.Int32(1), workspace, cutlass.Int64(0))
 
-    def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        if args.M == 0 or args.N == 0 or args.L == 0:
-            return  # nothing to write; an empty grid is a launch error
+    def _extra_launch_args(self, args: GemmArguments, workspace: Any) -> tuple:
         # Launch-time constants per device, looked up once (repeated runs take the bound launch).
         clusters = self._clusters.get(args.device_index)
         if clusters is None:
             cm, cn = self.config.cluster_mn
             clusters = self._clusters[args.device_index] = max_active_clusters(max(args.device_index, 0), cm * cn)
-        epoch = 0
-        if self._stream_k:
-            cm, cn = self.config.cluster_mn
-            if workspace is None or workspace.numel() < self.get_workspace_size(args):
-                raise ValueError(f"{self.name}: needs a workspace of {self.get_workspace_size(args)} bytes")
-            if clusters * cm * cn > _MAX_SLOTS:
-                raise ValueError(f"{self.name}: {clusters} clusters exceed the {_MAX_SLOTS} stream-K slots")
-            epoch = _next_epoch()
-        else:
-            workspace = None
-        ep = args.epilogue
-        if ep is None:
-            C, bias, alpha, beta = None, None, 1.0, 0.0
-        else:
-            C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
-        artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, clusters, workspace, epoch,
-                              to_cuda_stream(stream))
+        if not self._stream_k:
+            return (clusters, None, 0)
+        cm, cn = self.config.cluster_mn
+        if workspace is None or workspace.numel() < self.get_workspace_size(args):
+            raise ValueError(f"{self.name}: needs a workspace of {self.get_workspace_size(args)} bytes")
+        if clusters * cm * cn > _MAX_SLOTS:
+            raise ValueError(f"{self.name}: {clusters} clusters exceed the {_MAX_SLOTS} stream-K slots")
+        return (clusters, workspace, _next_epoch())
 
     def _launch_tail(self, args: GemmArguments) -> tuple | None:
         """C, bias, alpha, beta, clusters, workspace, epoch of a launch that needs nothing but

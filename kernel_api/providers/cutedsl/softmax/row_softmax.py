@@ -1,21 +1,17 @@
 """Interface of the CuTe DSL softmax kernels (implementation: implementations/row_softmax_impl.py).
 
 `CuteSoftmaxForward` (`SoftmaxArguments`) and `CuteSoftmaxBackward`
-(`SoftmaxBackwardArguments`) generate, per dtype (f32, f16, bf16) and alignment (16-byte
-vectors, or single elements), these row mappings, the whole row held in registers:
+(`SoftmaxBackwardArguments`) generate the softmax family's register-resident configurations
+(``warp``, ``block`` with 16 or 32 elements per thread; per dtype and alignment), named and
+described as `kernel_api.providers.softmax_config` says for every provider.
 
-- ``warp``: one warp per row, four rows per CTA; rows of up to 1024 elements.
-- ``block_ept16`` / ``block_ept32``: one CTA per row, 16 or 32 elements per thread; rows of up
-  to 1024 threads x EPT elements (512 threads for the backward's EPT 32).
-
-Rows longer than that are left to the cuda_src provider's two-pass kernels. An artifact is
-specialised on the row length's bucket (threads per row and vectors per thread); rows and
-row stride stay run-time values.
+Rows longer than the ``block`` strategy holds are left to the cuda_src provider's two-pass
+kernels. An artifact is specialised on the row length's bucket (threads per row and vectors
+per thread); rows and row stride stay run-time values.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -24,29 +20,15 @@ from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....core.errors import UnsupportedArgumentsError
-from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
+from ....metadata import KernelMetadata
 from ....core.status import Status
-from ....utils import next_pow2, to_cuda_stream
+from ....utils import to_cuda_stream
+from ... import softmax_config
+from ...softmax_config import RowBucket
 from .. import CuTeDSLProvider
 from ..kernel import CuteDslKernel, fake_tensor
 
-WARP_MAX_COLS = 1024
-WARPS_PER_CTA = 4
 INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class _Bucket:
-    """The compile-time shape of one artifact."""
-
-    vec: int
-    nv: int
-    threads_per_row: int
-    rows_per_cta: int
-
-    @property
-    def capacity(self) -> int:
-        return self.threads_per_row * self.nv * self.vec
 
 
 class _CuteSoftmaxBase(CuteDslKernel):
@@ -63,46 +45,13 @@ class _CuteSoftmaxBase(CuteDslKernel):
         self.max_cols: int = params["max_cols"]
 
     @classmethod
-    def _block_threads_max(cls, ept: int) -> int:
-        return 512 if cls.backward and ept >= 32 else 1024
-
-    @classmethod
-    def _configs(cls) -> list[dict]:
-        configs = []
-        for dtype in (DataType.bf16, DataType.f16, DataType.f32):
-            for vec in (16 // dtype.bytes, 1):
-                configs.append(dict(dtype=dtype, strategy="warp", vec=vec, max_cols=WARP_MAX_COLS))
-                for ept in ((16, 32) if vec > 1 else (16,)):
-                    configs.append(dict(dtype=dtype, strategy="block", ept=ept, vec=vec,
-                                        max_cols=cls._block_threads_max(ept) * ept))
-        return configs
-
-    @classmethod
-    def _name(cls, p: dict) -> str:
-        op = "bwd" if cls.backward else "fwd"
-        strategy = p["strategy"] + (f"_ept{p['ept']}" if p["strategy"] == "block" else "")
-        return f"cutedsl_softmax_{op}_{strategy}_{p['dtype']}_align{p['vec']}"
-
-    @classmethod
-    def _metadata(cls, p: dict) -> KernelMetadata:
-        operands = softmax_operands(p["dtype"], p["vec"], backward=cls.backward)
-        vbytes = p["vec"] * p["dtype"].bytes
-        if p["strategy"] == "warp":
-            design = RowReductionDesignMetadata("warp", 32, vbytes, 1, p["max_cols"],
-                                                extra=(("rows_per_cta", WARPS_PER_CTA),))
-        else:
-            design = RowReductionDesignMetadata("block", cls._block_threads_max(p["ept"]), vbytes, 1, p["max_cols"],
-                                                extra=(("elements_per_thread", p["ept"]),))
-        return KernelMetadata(cls._name(p), cls, operands, design=design, min_cc=80)
-
-    @classmethod
     def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
                          cc: int | None = None) -> list["_CuteSoftmaxBase"]:
         if epilogue_args is not None:
             return []
         found = []
-        for p in cls._configs():
-            metadata = cls._metadata(p)
+        for p in softmax_config.configs(cls.backward):
+            metadata = softmax_config.kernel_metadata(cls, p, cls.backward)
             if metadata.supports_cc(cc) and (metadata_filter is None or metadata_filter(metadata)):
                 found.append(cls(metadata, p))
         return found
@@ -113,7 +62,7 @@ class _CuteSoftmaxBase(CuteDslKernel):
                                f"{self.max_cols} (the cuda_src looped kernels take any length)")
         # The compiled kernel takes (rows, cols) as 32-bit extents (`fake_tensor`) and computes
         # its grid, rows rounded up to the CTA's rows, in 32 bits; row strides are 64-bit.
-        per_cta = WARPS_PER_CTA if self.strategy == "warp" else 1
+        per_cta = softmax_config.rows_per_cta(self.strategy)
         padded = -(-args.rows // per_cta) * per_cta
         if padded > INT32_MAX:
             return Status.fail(f"{self.metadata.kernel_name}: rows={args.rows:,} (rounded up to the CTA's {per_cta} "
@@ -124,15 +73,8 @@ class _CuteSoftmaxBase(CuteDslKernel):
     def get_workspace_size(self, args: Any) -> int:
         return 0
 
-    def _bucket(self, cols: int) -> _Bucket:
-        vec = self.vec
-        nvec = max(1, -(-max(cols, 1) // vec))
-        if self.strategy == "warp":
-            nv = min(next_pow2(-(-nvec // 32)), WARP_MAX_COLS // (32 * vec))
-            return _Bucket(vec, nv, 32, WARPS_PER_CTA)
-        nv = max(1, self.ept // vec)
-        threads = min(max(32, next_pow2(-(-nvec // nv))), self._block_threads_max(self.ept))
-        return _Bucket(vec, nv, threads, 1)
+    def _bucket(self, cols: int) -> RowBucket:
+        return softmax_config.register_bucket(self.strategy, self.vec, self.ept, cols, self.backward)
 
     def compile_key(self, args: Any, cc: int | None) -> tuple:
         return (self._bucket(args.cols), cc)
@@ -152,7 +94,7 @@ class _CuteSoftmaxBase(CuteDslKernel):
         return CompiledArtifact(compiled, self, extra=b)
 
     def _check(self, artifact: CompiledArtifact, cols: int) -> None:
-        bucket: _Bucket = artifact.extra
+        bucket: RowBucket = artifact.extra
         if bucket is not None and cols > bucket.capacity:
             raise UnsupportedArgumentsError(
                 f"{self.metadata.kernel_name}: the compiled artifact handles rows of up to {bucket.capacity} "
