@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from typing import Any
 
 import torch
@@ -17,16 +16,9 @@ from ..tuning.records import TuningRecords
 from ..tuning.reference import random_like
 from ..tuning.policies import PickBest, rank_candidates
 from ..tuning.timing import rotation_count, time_cuda
+from .errors import require
 from .format import format_table
-
-
-def progress_bar(done: int, total: int, label: str) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:60]:<60}")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+from .progress import progress
 
 
 def _torch_baseline(args: Any) -> Any:
@@ -49,11 +41,13 @@ def work_of(args: Any) -> tuple[float, str]:
 def bench(args: Any, limit: int | None = None, num_workers: int | None = None, plot: str | None = None,
           json_path: str | None = None, show: Any = print) -> list[dict]:
     """Compile, verify and time every candidate (best-ranked first, up to ``limit``) plus torch."""
+    if plot:  # before the measurements, not after them
+        require("matplotlib", "--plot", "plot")
     candidates = registry.get_kernels(args)
     if not candidates:
         raise registry.no_kernel_error(args)
     ranked = rank_candidates(candidates, args)[:limit] if limit else rank_candidates(candidates, args)
-    picker = PickBest(num_workers=num_workers, max_candidates=None, use_records=False, progress=progress_bar)
+    picker = PickBest(num_workers=num_workers, max_candidates=None, use_records=False, progress=progress("bench"))
     cc = torch.cuda.get_device_capability(args.device)
     picker._precompile(args, ranked, cc[0] * 10 + cc[1])
     measurements = picker._measure(args, ranked)
@@ -87,8 +81,7 @@ def bench(args: Any, limit: int | None = None, num_workers: int | None = None, p
 
 
 def _plot(rows: list[dict], unit: str, path: str, title: str) -> None:
-    import matplotlib
-
+    matplotlib = require("matplotlib", "--plot", "plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -109,7 +102,7 @@ def _plot(rows: list[dict], unit: str, path: str, title: str) -> None:
 
 
 def tune(args: Any, num_workers: int | None = None, force: bool = False, show: Any = print) -> Any:
-    picker = PickBest(num_workers=num_workers, progress=progress_bar)
+    picker = PickBest(num_workers=num_workers, progress=progress("tune"))
     result = picker.tune(args, force=force)
     source = "tuning record" if result.from_record else "measurement"
     best = result.measurements[0] if result.from_record else min(

@@ -3,6 +3,11 @@
     kernel-api list gemm --m 4096 --n 4096 --k 4096 --dtype bf16 [--layout tnt] [--cc 90]
     kernel-api list softmax --rows 4096 --cols 1024 --dtype bf16
     kernel-api explain gemm ...
+    kernel-api env [--json]          # versions, driver, GPUs, cache: paste it into bug reports
+
+Errors that kernel_api reports on purpose (`KernelApiError`, bad values, a missing optional
+dependency) print one line on stderr and exit non-zero; ``--debug`` (or ``KERNEL_API_DEBUG=1``)
+shows the whole message and the traceback instead.
 
 Problems are described with tensors on torch's "meta" device, so nothing is allocated and no
 GPU is needed; pointers then count as fully aligned.
@@ -11,6 +16,7 @@ GPU is needed; pointers then count as fully aligned.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Sequence
 
@@ -21,6 +27,7 @@ from ..core.arch import normalize_cc
 from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 from ..core.dtypes import to_dtype
 from ..utils import layout_string_to_strides
+from .errors import exit_status, one_line, require
 from .format import format_table
 
 DEVICE = "meta"
@@ -150,6 +157,8 @@ def _gpu_arguments(ns: argparse.Namespace) -> Any:
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
+    if ns.plot:  # say so before anything runs
+        require("matplotlib", "--plot", "plot")
     args = _gpu_arguments(ns)
     if args is None:
         return 3
@@ -179,8 +188,16 @@ def cmd_cache(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env(ns: argparse.Namespace) -> int:
+    from .env import run_env
+
+    return run_env(as_json=ns.json)
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-api", description="Discover, explain, benchmark and tune kernels.")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, the full message and the traceback (also: KERNEL_API_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_problem_args(sub.add_parser("list", help="list the kernels that can run a problem"))
     explain_p = sub.add_parser("explain", help="say why each registered kernel does or does not fit")
@@ -210,21 +227,37 @@ def make_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", default="bf16")
     demo.add_argument("--max-kernels", type=int, default=4, help="kernels to try, one per class")
     demo.add_argument("--cc", default=None)
+    env_p = sub.add_parser("env", help="versions, CUDA driver, NVRTC, GPUs, cache and native module, for bug reports")
+    env_p.add_argument("--json", action="store_true", help="as JSON")
     return parser
 
 
 COMMANDS = {"list": cmd_list, "explain": cmd_explain, "demo": cmd_demo, "bench": cmd_bench, "tune": cmd_tune,
-            "cache": cmd_cache}
+            "cache": cmd_cache, "env": cmd_env}
+
+
+def _debug(ns: argparse.Namespace) -> bool:
+    return ns.debug or os.environ.get("KERNEL_API_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status. Errors kernel_api reports on purpose
+    become one line on stderr (see `errors.exit_status`); others keep their traceback."""
     parser = make_parser()
     ns = parser.parse_args(argv)
     try:
         return COMMANDS[ns.command](ns)
-    except (ValueError, TypeError) as exc:
-        print(f"kernel-api: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        if _debug(ns):
+            raise
+        print("kernel-api: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        status = exit_status(exc)
+        if status is None or _debug(ns):
+            raise
+        print(one_line(exc), file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":
