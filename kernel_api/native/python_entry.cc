@@ -13,7 +13,8 @@
 //       metadata at each call; `tail` (None, bool, int, float) is converted once.
 //   configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version)
 //   gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
-//       -> out | None: `kernel_api.ops.gemm`'s table launch for a plain call (see GemmPlain)
+//       -> out | None: `kernel_api.ops.gemm`'s table launch for a plain call; its contract is in
+//       docs/architecture.md ("The gemm_plain contract")
 //   remember(tag, value, *tensors) -> bool; recall(tag, *tensors) -> value | None; forget()
 //       a dictionary keyed like the launch table (dtypes, devices, shapes, strides, pointer
 //       alignment): what Python computed from tensors' metadata, found again without Python.
@@ -464,12 +465,10 @@ bool BumpVersion(PyObject* out) {
   return true;
 }
 
-// ops.gemm(A, B, out, ...) for a plain call (no C, bias, activation or accumulator_type, alpha 1,
-// beta 0), outside any torch dispatch mode and autograd, whose operands' metadata the launch
-// table has an entry for: launched, and `out` (allocated by new_output when None) returned, a
-// given `out` with its autograd version counter bumped (the kernel wrote it behind autograd's
-// back). None whenever anything else holds, with no Python error: the caller's Python path
-// decides (and explains bad input). The caller checks that Dynamo is not tracing.
+// ops.gemm(A, B, out, ...) for a plain call whose operands' metadata the launch table has an entry
+// for: launched, and the output returned; None (no Python error) whenever it declines, and the
+// caller's Python path decides. The contract (the 11 arguments, when it declines or raises, who
+// calls it) is documented in one place: docs/architecture.md, "The gemm_plain contract".
 PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 11) {
     PyErr_SetString(PyExc_TypeError,

@@ -35,7 +35,8 @@ _fast: dict[tuple, tuple] = {}
 _FAST_LIMIT = 4096
 _table: Any = None  # the loaded C launch table, once a kernel has offered a native launch
 _table_launch: Any = None  # its ``launch(tag, stream, *tensors) -> bool``
-# ``gemm_plain`` of the table's CPython entry points: gemm's plain-call checks and launch in C.
+# ``gemm_plain`` of the table's CPython entry points: gemm's plain-call checks and launch in C
+# (its contract: docs/architecture.md, "The gemm_plain contract").
 _gemm_plain: Any = None
 _tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the C table alive
 # The op in the low bits of a C-table tag (policy ids are 16-byte aligned addresses).
@@ -193,7 +194,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     # (_is_dynamo_compiling first: Dynamo folds it to True and reads nothing else here, so no guards)
     if not _is_dynamo_compiling():
         if _gemm_plain is not None:
-            # The plain-call checks (no dispatch mode, no autograd) and the table launch, in C.
+            # The plain-call checks (no dispatch mode, no autograd) and the table launch, in C;
+            # None when it declines (docs/architecture.md, "The gemm_plain contract").
             done = _gemm_plain(_GEMM_TAG, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
             if done is not None:
                 return done
