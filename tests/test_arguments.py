@@ -145,6 +145,29 @@ def test_bias_kinds():
     assert row.signature != col.signature
 
 
+def test_epilogue_signature_names_its_fields():
+    """`GemmArguments.epilogue_signature` is a record read by field name (it was a 6-tuple read
+    as [4] and [:4]); it stays a hashable value equal to one built from equal operands."""
+    from kernel_api.arguments import EpilogueSignature
+
+    A, B, out = mats()
+    C = torch.randn(4, 8).t()  # column-major, like out's shape
+    args = GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0, beta=0.5, C=C, bias=torch.randn(4),
+                                                               activation="gelu"))
+    sig = args.epilogue_signature
+    assert isinstance(sig, EpilogueSignature)
+    assert (sig.scaled, sig.has_c, sig.bias_kind, sig.activation, sig.bias_dtype) == (True, True, "row", "gelu",
+                                                                                        DataType.f32)
+    assert sig.c_attributes.dtype is DataType.f32 and sig.c_attributes.stride == (0, 1, 0)
+    assert sig.c_attributes.divisibility >= 1
+    again = GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0, beta=0.5, C=C, bias=torch.randn(4),
+                                                                activation="gelu"))
+    assert again.epilogue_signature == sig and hash(again.signature) == hash(args.signature)
+    plain = GemmArguments(A, B, out, epilogue=EpilogueArguments(bias=torch.randn(8, 1))).epilogue_signature
+    assert (plain.scaled, plain.has_c, plain.c_attributes, plain.bias_kind, plain.activation) == (
+        False, False, None, "column", None)
+
+
 def test_softmax_arguments():
     x = torch.randn(3, 5, 7)
     args = SoftmaxArguments(x, torch.empty_like(x))

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from ..core.dtypes import _FROM_TORCH
+from ..core.dtypes import _FROM_TORCH, DataType
+from ..core.tensor_attributes import TensorAttributes
 from .base import _lazy_bit_error, _matrix_attributes, _require_tensor
 
 # The activations a fused epilogue may apply (kernels declare theirs in `EpilogueMetadata`).
 ACTIVATIONS = ("relu", "gelu", "silu")
+
+
+class EpilogueSignature(NamedTuple):
+    """What kernels and caches need to know of a GEMM's fused epilogue
+    (`GemmArguments.epilogue_signature`); hashable and equal by value, so discovery, support
+    and compile caches key on it.
+
+    ``scaled``: alpha != 1 or beta != 0; ``has_c``: a C operand is read (beta != 0);
+    ``bias_kind``: None, "row" (one value per output column) or "column" (one per row);
+    ``activation``: None or a name from `ACTIVATIONS`; ``c_attributes``: the C operand's
+    `TensorAttributes` (dtype, stride pattern, alignment) when ``has_c``, else None;
+    ``bias_dtype``: the bias' `DataType`, or None without a bias.
+    """
+
+    scaled: bool
+    has_c: bool
+    bias_kind: str | None
+    activation: str | None
+    c_attributes: TensorAttributes | None
+    bias_dtype: DataType | None
 
 class EpilogueArguments:
     """Fused epilogue: ``out = activation(alpha * (A @ B) + beta * C + bias)``.
@@ -46,7 +69,7 @@ class EpilogueArguments:
     def is_trivial(self) -> bool:
         return self.alpha == 1.0 and self.beta == 0.0 and self.bias is None and self.activation is None
 
-    def _bind(self, out: torch.Tensor, M: int, N: int) -> tuple:
+    def _bind(self, out: torch.Tensor, M: int, N: int) -> EpilogueSignature:
         """Validate against the GEMM's output; return the epilogue's signature."""
         c_attrs = None
         if self.C is not None and self.beta != 0:
@@ -81,8 +104,7 @@ class EpilogueArguments:
             self.bias = flat
             bias_dtype = _FROM_TORCH[b.dtype]
         scaled = self.alpha != 1.0 or self.beta != 0.0
-        return (scaled, c_attrs is not None, self.bias_kind, self.activation,
-                None if c_attrs is None else c_attrs.key(), bias_dtype)
+        return EpilogueSignature(scaled, c_attrs is not None, self.bias_kind, self.activation, c_attrs, bias_dtype)
 
     def __repr__(self) -> str:
         parts = [f"alpha={self.alpha}", f"beta={self.beta}"]

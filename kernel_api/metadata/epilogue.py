@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..arguments.epilogue import ACTIVATIONS
+from ..arguments.epilogue import ACTIVATIONS, EpilogueSignature
 from ..core.status import Status
 
 
@@ -21,11 +21,12 @@ class EpilogueMetadata:
     bias: frozenset = frozenset({"row", "column"})
     activations: frozenset = frozenset(ACTIVATIONS)
 
-    def supports(self, epilogue_signature: tuple | None) -> Status:
+    def supports(self, epilogue_signature: EpilogueSignature | None) -> Status:
+        """Can this epilogue do what ``epilogue_signature`` (`GemmArguments.epilogue_signature`) asks?"""
         if epilogue_signature is None:
             return Status.success()
-        scaled, has_c, bias_kind, activation = epilogue_signature[:4]
-        if (scaled or has_c) and not self.alpha_beta:
+        bias_kind, activation = epilogue_signature.bias_kind, epilogue_signature.activation
+        if (epilogue_signature.scaled or epilogue_signature.has_c) and not self.alpha_beta:
             return Status.fail("epilogue: alpha/beta/C requested but the kernel's epilogue has no scaling")
         if bias_kind is not None and bias_kind not in self.bias:
             return Status.fail(f"epilogue: {bias_kind} bias requested but the kernel supports {sorted(self.bias) or 'none'}")

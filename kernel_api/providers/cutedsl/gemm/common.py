@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from ....arguments import EpilogueArguments, GemmArguments
+from ....arguments import EpilogueArguments, EpilogueSignature, GemmArguments
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
@@ -97,12 +97,11 @@ class EpilogueSpec:
     activation: str | None = None
 
     @classmethod
-    def from_signature(cls, signature: tuple | None) -> "EpilogueSpec":
+    def from_signature(cls, signature: EpilogueSignature | None) -> "EpilogueSpec":
         """From `GemmArguments.epilogue_signature` (None: identity epilogue)."""
         if signature is None:
             return cls()
-        scaled, has_c, bias_kind, activation = signature[:4]
-        return cls(bool(scaled), bool(has_c), bias_kind, activation)
+        return cls(bool(signature.scaled), bool(signature.has_c), signature.bias_kind, signature.activation)
 
     @property
     def is_identity(self) -> bool:
@@ -186,8 +185,8 @@ class GemmKernelBase(CuteDslKernel):
         C = None
         if spec.has_c:
             # C is read element by element: assume no alignment, so one artifact serves any C.
-            c_dtype, c_stride, _ = args.epilogue_signature[4]
-            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, 1), rank)
+            c = args.epilogue_signature.c_attributes
+            C = fake_tensor_like(TensorAttributes(c.dtype, c.stride, 1), rank)
         bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
         scalar = cutlass.Float64 if md.accumulator_type is DataType.f64 else cutlass.Float32
         impl = self._make_impl(args)
@@ -201,7 +200,8 @@ class GemmKernelBase(CuteDslKernel):
         alignment that the instance supports share one artifact.
         """
         sig = args.epilogue_signature
-        c_layout = None if sig is None or sig[4] is None else sig[4][:2]
+        c = None if sig is None else sig.c_attributes
+        c_layout = None if c is None else (c.dtype, c.stride)
         return (args.A.dim(), EpilogueSpec.from_signature(sig), c_layout, cc)
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:

@@ -284,8 +284,7 @@ class Sm90WarpSpecializedGemm(CuteDslKernel):
         out = fake_tensor_like(md.out, rank)
         C = None
         if spec.has_c:
-            c_dtype, c_stride, c_div = args.epilogue_signature[4]
-            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, c_div), rank)
+            C = fake_tensor_like(args.epilogue_signature.c_attributes, rank)
         bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
         workspace = fake_tensor(DataType.u8, 1, 0, 256) if self.config.stream_k else None
         compiled = self.cute_compile(self._make_impl(spec), A, B, out, C, bias, cutlass.Float32(1.0),
