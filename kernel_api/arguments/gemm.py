@@ -44,7 +44,10 @@ class GemmArguments(Arguments):
     A is (L, M, K) or (M, K), B (L, K, N) or (K, N), out (L, M, N) or (M, N), all of one
     rank and on one device. ``accumulator_type`` (torch dtype, CuTe DSL type or name)
     defaults to f64 for f64 operands and f32 otherwise. A trivial epilogue (alpha=1,
-    beta=0, no bias, no activation) is dropped so plain kernels stay eligible.
+    beta=0, no bias, no activation) is dropped so plain kernels stay eligible; otherwise
+    ``epilogue`` is the epilogue resolved against ``out`` (a copy whose bias is 1-D and whose
+    ``bias_kind`` is known; the one passed in is left unchanged) and ``epilogue_signature`` its
+    `EpilogueSignature`.
     """
 
     __slots__ = ("A", "B", "out", "accumulator_type", "epilogue", "epilogue_signature", "L", "M", "N", "K")
@@ -127,7 +130,7 @@ class GemmArguments(Arguments):
             if epilogue.is_trivial:
                 epilogue = None
             else:
-                epilogue_signature = epilogue._bind(out, M, N)
+                epilogue, epilogue_signature = epilogue._for_output(out, M, N)
         self.A, self.B, self.out = A, B, out
         self.L, self.M, self.N, self.K = L, M, N, K
         self.accumulator_type = acc
