@@ -55,6 +55,36 @@ def test_status():
         Status.fail("")
 
 
+def test_status_carries_a_reason_kind_and_values():
+    """A failure carries a `Reason` (OTHER unless given) and the operand, actual and required
+    values, so explain groups by them instead of searching message text; Status stays slotted."""
+    from kernel_api import Reason
+
+    plain = Status.fail("too big")
+    assert plain.kind is Reason.OTHER and (plain.operand, plain.actual, plain.required) == (None, None, None)
+    assert Status.success().kind is None
+    shaped = Status.fail("grid too small", kind=Reason.SHAPE, operand="out", actual=70000, required=65535)
+    assert not shaped and shaped.error == "grid too small" and shaped.kind is Reason.SHAPE
+    assert (shaped.operand, shaped.actual, shaped.required) == ("out", 70000, 65535)
+    assert "Reason.SHAPE" in repr(shaped) and "65535" in repr(shaped)
+    assert not hasattr(shaped, "__dict__")
+    with pytest.raises(TypeError, match="Reason"):
+        Status.fail("x", kind="dtype")
+    assert kernel_api.status.Reason is Reason
+
+
+def test_tensor_attributes_accepts_sets_the_reason_kind():
+    from kernel_api import Reason
+
+    need = TensorAttributes("f16", (0, 0, 1), 8)
+    dtype = need.accepts(TensorAttributes("bf16", (0, 0, 1), 8), "B")
+    assert (dtype.kind, dtype.operand, dtype.actual, dtype.required) == (Reason.DTYPE, "B", DataType.bf16, DataType.f16)
+    layout = need.accepts(TensorAttributes("f16", (0, 1, 0), 8), "out")
+    assert (layout.kind, layout.operand, layout.actual, layout.required) == (Reason.LAYOUT, "out", (0, 1, 0), (0, 0, 1))
+    align = need.accepts(TensorAttributes("f16", (0, 0, 1), 2), "A")
+    assert (align.kind, align.operand, align.actual, align.required) == (Reason.ALIGNMENT, "A", 2, 8)
+
+
 def test_tensor_attributes_validation_and_matching():
     with pytest.raises(ValueError, match="exactly one contiguous mode"):
         TensorAttributes("f16", (1, 0, 1), 8)
