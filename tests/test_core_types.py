@@ -121,6 +121,31 @@ def test_kernel_metadata_validation():
     assert not md.supports_cc(75) and md.supports_cc(86)
 
 
+def test_metadata_failures_carry_their_reason_kind():
+    """The framework's own checks set their kinds: architecture, accumulator, epilogue features."""
+    from kernel_api import EpilogueArguments, Reason
+    from kernel_api.metadata import EpilogueMetadata
+
+    ops = ToyGemm.generate_kernels(lambda m: True)[0].metadata.operands
+    md = KernelMetadata("x", ToyGemm, ops, min_cc=80, max_cc=89)
+    for cc in (75, 90):
+        status = md.supports_cc(cc)
+        assert status.kind is Reason.CC and status.actual == cc and status.required == (80, 89)
+    args = GemmArguments(*(torch.randn(8, 8) for _ in range(3)), accumulator_type=torch.float64)
+    acc = _toy_kernel_for(GemmArguments(*(torch.randn(8, 8) for _ in range(3)))).metadata.supports(args)
+    assert (acc.kind, acc.operand, acc.actual, acc.required) == (Reason.ACCUMULATOR, "accumulator_type",
+                                                                 DataType.f64, DataType.f32)
+    A, B, out = (torch.randn(8, 8) for _ in range(3))
+    silu = GemmArguments(A, B, out, epilogue=EpilogueArguments(activation="silu")).epilogue_signature
+    status = EpilogueMetadata(activations=frozenset({"relu"})).supports(silu)
+    assert (status.kind, status.operand, status.actual) == (Reason.EPILOGUE, "activation", "silu")
+    column = GemmArguments(A, B, out, epilogue=EpilogueArguments(bias=torch.randn(8, 1))).epilogue_signature
+    status = EpilogueMetadata(bias=frozenset({"row"})).supports(column)
+    assert (status.kind, status.operand, status.actual) == (Reason.EPILOGUE, "bias", "column")
+    assert EpilogueMetadata(alpha_beta=False).supports(
+        GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0)).epilogue_signature).kind is Reason.EPILOGUE
+
+
 def test_kernel_metadata_checks_the_arguments_type_not_its_name():
     """Operand metadata names its arguments class, checked with isinstance: another class that
     is merely called GemmArguments is refused, a subclass of the real one is accepted."""
@@ -138,6 +163,7 @@ def test_kernel_metadata_checks_the_arguments_type_not_its_name():
     fake.epilogue_signature = None
     status = md.supports(fake)
     assert not status and "kernel takes GemmArguments, got GemmArguments" in status.error
+    assert status.kind is kernel_api.Reason.ARGUMENTS and status.required is GemmArguments
 
     class Subclass(GemmArguments):
         __slots__ = ()

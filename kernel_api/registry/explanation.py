@@ -19,9 +19,10 @@ from .discovery import _check_query, _duplicate_owner, _generated, _name_owners
 from .registration import _load_plugins, _select_providers
 from .state import _error_text, _generation_errors, _report_class_error
 
-# How near a rejected instance is to fitting, by the kind of its reason (higher is nearer): an
-# operand's dtype, then its layout, fail first in the metadata checks; the other kinds (alignment,
-# shape, accumulator, epilogue, cc, a kernel's own checks) mean the operands' types and layouts fit.
+# How near a rejected instance is to fitting, by the kind of its reason (higher is nearer): another
+# arguments type is another operation; an operand's dtype, then its layout, fail first in the
+# metadata checks; the other kinds (alignment, shape, accumulator, epilogue, cc, a kernel's own
+# checks) mean the operands' types and layouts fit.
 _CLOSENESS = {Reason.ARGUMENTS: 0, Reason.DTYPE: 1, Reason.LAYOUT: 2}
 
 
