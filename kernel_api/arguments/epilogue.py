@@ -33,6 +33,7 @@ class EpilogueSignature(NamedTuple):
     c_attributes: TensorAttributes | None
     bias_dtype: DataType | None
 
+
 class EpilogueArguments:
     """Fused epilogue: ``out = activation(alpha * (A @ B) + beta * C + bias)``.
 

@@ -102,5 +102,5 @@ class TensorAttributes:
 
 
 def layout_word(pattern: tuple[int, ...]) -> str:
-    """"row-major", "column-major" or "batch-contiguous": the words for a stride pattern."""
+    """The words for a stride pattern: "row-major", "column-major" or "batch-contiguous"."""
     return "row-major" if pattern[-1] == 1 else "column-major" if len(pattern) > 1 and pattern[-2] == 1 else "batch-contiguous"

@@ -99,10 +99,8 @@ def _rejection(provider: str, kernel_class: str, kernel_name: str, status: Statu
                      status.required, detail or None)
 
 
-def _value_text(kind: Reason, value: Any) -> str:
-    if kind is Reason.LAYOUT and isinstance(value, tuple) and value:
-        return layout_word(value)
-    return str(value)
+def _layout_text(pattern: Any) -> str:
+    return layout_word(pattern) if isinstance(pattern, tuple) and pattern else str(pattern)
 
 
 def _reason_group(r: Rejection) -> tuple[tuple, str, str | None]:
@@ -113,8 +111,8 @@ def _reason_group(r: Rejection) -> tuple[tuple, str, str | None]:
         if kind is Reason.DTYPE or kind is Reason.ACCUMULATOR:
             return (kind, operand, r.actual), f"needs {operand} ", str(required)
         if kind is Reason.LAYOUT:
-            need = _value_text(kind, required)
-            return (kind, operand, _value_text(kind, r.actual), need), f"needs {operand} {need}", None
+            need = _layout_text(required)
+            return (kind, operand, _layout_text(r.actual), need), f"needs {operand} {need}", None
         if kind is Reason.ALIGNMENT:
             text = f"{operand}: {r.detail}" if r.detail else f"needs {operand} aligned to {required} (is {r.actual})"
             return (kind, operand, required, r.detail), text, None
