@@ -17,7 +17,7 @@ from .metadata import (BLASDesignMetadata, EpilogueMetadata, GemmOperandsMetadat
                        RowReductionDesignMetadata, SoftmaxBackwardOperandsMetadata, SoftmaxOperandsMetadata,
                        TensorAttributes)
 from .registry import (Provider, available_providers, explain, get_kernels, plugin_errors, register_provider)
-from .core.status import Status
+from .core.status import Reason, Status
 from . import registry, kernel, providers  # noqa: E402  (providers register themselves)
 from .tuning.policies import PickAny, PickBest, Policy  # noqa: E402
 from .tuning.settings import settings  # noqa: E402
@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Arguments", "BLASDesignMetadata", "CompilationError", "CompiledArtifact", "DataType", "DeviceError",
     "EpilogueArguments", "EpilogueMetadata", "GemmArguments", "GemmOperandsMetadata", "Kernel",
-    "KernelApiError", "KernelLaunchError", "KernelMetadata", "NoKernelFoundError", "Provider",
+    "KernelApiError", "KernelLaunchError", "KernelMetadata", "NoKernelFoundError", "Provider", "Reason",
     "RegistrationError", "RowReductionDesignMetadata", "SoftmaxArguments", "SoftmaxBackwardArguments",
     "SoftmaxBackwardOperandsMetadata", "SoftmaxOperandsMetadata", "Status", "TensorAttributes",
     "UnsupportedArgumentsError", "available_providers", "explain", "get_kernels", "plugin_errors",

@@ -3,6 +3,6 @@
 Kept because user code and the CUTLASS API notebook import ``kernel_api.status``.
 """
 
-from .core.status import Status
+from .core.status import Reason, Status
 
-__all__ = ["Status"]
+__all__ = ["Reason", "Status"]

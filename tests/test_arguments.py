@@ -145,6 +145,62 @@ def test_bias_kinds():
     assert row.signature != col.signature
 
 
+def test_epilogue_signature_names_its_fields():
+    """`GemmArguments.epilogue_signature` is a record read by field name (it was a 6-tuple read
+    as [4] and [:4]); it stays a hashable value equal to one built from equal operands."""
+    from kernel_api.arguments import EpilogueSignature
+
+    A, B, out = mats()
+    C = torch.randn(4, 8).t()  # column-major, like out's shape
+    args = GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0, beta=0.5, C=C, bias=torch.randn(4),
+                                                               activation="gelu"))
+    sig = args.epilogue_signature
+    assert isinstance(sig, EpilogueSignature)
+    assert (sig.scaled, sig.has_c, sig.bias_kind, sig.activation, sig.bias_dtype) == (True, True, "row", "gelu",
+                                                                                        DataType.f32)
+    assert sig.c_attributes.dtype is DataType.f32 and sig.c_attributes.stride == (0, 1, 0)
+    assert sig.c_attributes.divisibility >= 1
+    again = GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0, beta=0.5, C=C, bias=torch.randn(4),
+                                                                activation="gelu"))
+    assert again.epilogue_signature == sig and hash(again.signature) == hash(args.signature)
+    plain = GemmArguments(A, B, out, epilogue=EpilogueArguments(bias=torch.randn(8, 1))).epilogue_signature
+    assert (plain.scaled, plain.has_c, plain.c_attributes, plain.bias_kind, plain.activation) == (
+        False, False, None, "column", None)
+
+
+def test_one_epilogue_serves_gemms_with_different_outputs():
+    """An EpilogueArguments is a description: building GemmArguments with it leaves it as it was,
+    so one object serves outputs of other shapes and layouts, each GEMM getting its own bias kind.
+    (It used to flatten its bias and record the first GEMM's bias kind on itself: a (8, 1) column
+    bias then read as a row bias of a later 8 x 8 GEMM, and the first GEMM's kind changed too.)"""
+    from kernel_api.tuning.reference import gemm_reference
+
+    bias = torch.randn(8, 1)
+    epi = EpilogueArguments(alpha=2.0, bias=bias, activation="relu")
+    before = {name: getattr(epi, name) for name in EpilogueArguments.__slots__}
+    A = torch.randn(8, 6)
+    narrow = GemmArguments(A, torch.randn(6, 4), torch.empty(8, 4), epilogue=epi)
+    square = GemmArguments(A, torch.randn(6, 8), torch.empty(8, 8), epilogue=epi)
+    column_major = GemmArguments(A, torch.randn(6, 4), torch.empty(4, 8).t(), epilogue=epi)
+    assert all(getattr(epi, name) is value for name, value in before.items()), before
+    assert epi.bias is bias and epi.bias_kind is None
+    for args in (narrow, square, column_major):
+        assert args.epilogue_signature.bias_kind == "column" and args.epilogue.bias_kind == "column"
+        assert args.epilogue.bias.dim() == 1 and args.epilogue.alpha == 2.0
+        expected = torch.relu(2.0 * (args.A.double() @ args.B.double()) + bias.double())
+        assert torch.allclose(gemm_reference(args), expected)
+    assert column_major.tensor_attributes["out"].stride == (0, 1, 0)
+    assert narrow.epilogue_signature == column_major.epilogue_signature
+
+    C = torch.randn(8, 12)[:, ::12]  # (8, 1) without a unit stride: GEMMs read a re-strided view
+    with_c = EpilogueArguments(beta=1.0, C=C)
+    for out in (torch.empty(8, 1), torch.empty(1, 8).t()):
+        args = GemmArguments(A, torch.randn(6, 1), out, epilogue=with_c)
+        assert args.epilogue.C.stride()[-1] == 1 and torch.equal(args.epilogue.C, C)
+        assert args.epilogue_signature.c_attributes.stride == (0, 0, 1)
+    assert with_c.C is C and with_c.C.stride() == (12, 12)
+
+
 def test_softmax_arguments():
     x = torch.randn(3, 5, 7)
     args = SoftmaxArguments(x, torch.empty_like(x))

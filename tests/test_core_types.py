@@ -55,6 +55,36 @@ def test_status():
         Status.fail("")
 
 
+def test_status_carries_a_reason_kind_and_values():
+    """A failure carries a `Reason` (OTHER unless given) and the operand, actual and required
+    values, so explain groups by them instead of searching message text; Status stays slotted."""
+    from kernel_api import Reason
+
+    plain = Status.fail("too big")
+    assert plain.kind is Reason.OTHER and (plain.operand, plain.actual, plain.required) == (None, None, None)
+    assert Status.success().kind is None
+    shaped = Status.fail("grid too small", kind=Reason.SHAPE, operand="out", actual=70000, required=65535)
+    assert not shaped and shaped.error == "grid too small" and shaped.kind is Reason.SHAPE
+    assert (shaped.operand, shaped.actual, shaped.required) == ("out", 70000, 65535)
+    assert "Reason.SHAPE" in repr(shaped) and "65535" in repr(shaped)
+    assert not hasattr(shaped, "__dict__")
+    with pytest.raises(TypeError, match="Reason"):
+        Status.fail("x", kind="dtype")
+    assert kernel_api.status.Reason is Reason
+
+
+def test_tensor_attributes_accepts_sets_the_reason_kind():
+    from kernel_api import Reason
+
+    need = TensorAttributes("f16", (0, 0, 1), 8)
+    dtype = need.accepts(TensorAttributes("bf16", (0, 0, 1), 8), "B")
+    assert (dtype.kind, dtype.operand, dtype.actual, dtype.required) == (Reason.DTYPE, "B", DataType.bf16, DataType.f16)
+    layout = need.accepts(TensorAttributes("f16", (0, 1, 0), 8), "out")
+    assert (layout.kind, layout.operand, layout.actual, layout.required) == (Reason.LAYOUT, "out", (0, 1, 0), (0, 0, 1))
+    align = need.accepts(TensorAttributes("f16", (0, 0, 1), 2), "A")
+    assert (align.kind, align.operand, align.actual, align.required) == (Reason.ALIGNMENT, "A", 2, 8)
+
+
 def test_tensor_attributes_validation_and_matching():
     with pytest.raises(ValueError, match="exactly one contiguous mode"):
         TensorAttributes("f16", (1, 0, 1), 8)
@@ -91,6 +121,31 @@ def test_kernel_metadata_validation():
     assert not md.supports_cc(75) and md.supports_cc(86)
 
 
+def test_metadata_failures_carry_their_reason_kind():
+    """The framework's own checks set their kinds: architecture, accumulator, epilogue features."""
+    from kernel_api import EpilogueArguments, Reason
+    from kernel_api.metadata import EpilogueMetadata
+
+    ops = ToyGemm.generate_kernels(lambda m: True)[0].metadata.operands
+    md = KernelMetadata("x", ToyGemm, ops, min_cc=80, max_cc=89)
+    for cc in (75, 90):
+        status = md.supports_cc(cc)
+        assert status.kind is Reason.CC and status.actual == cc and status.required == (80, 89)
+    args = GemmArguments(*(torch.randn(8, 8) for _ in range(3)), accumulator_type=torch.float64)
+    acc = _toy_kernel_for(GemmArguments(*(torch.randn(8, 8) for _ in range(3)))).metadata.supports(args)
+    assert (acc.kind, acc.operand, acc.actual, acc.required) == (Reason.ACCUMULATOR, "accumulator_type",
+                                                                 DataType.f64, DataType.f32)
+    A, B, out = (torch.randn(8, 8) for _ in range(3))
+    silu = GemmArguments(A, B, out, epilogue=EpilogueArguments(activation="silu")).epilogue_signature
+    status = EpilogueMetadata(activations=frozenset({"relu"})).supports(silu)
+    assert (status.kind, status.operand, status.actual) == (Reason.EPILOGUE, "activation", "silu")
+    column = GemmArguments(A, B, out, epilogue=EpilogueArguments(bias=torch.randn(8, 1))).epilogue_signature
+    status = EpilogueMetadata(bias=frozenset({"row"})).supports(column)
+    assert (status.kind, status.operand, status.actual) == (Reason.EPILOGUE, "bias", "column")
+    assert EpilogueMetadata(alpha_beta=False).supports(
+        GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0)).epilogue_signature).kind is Reason.EPILOGUE
+
+
 def test_kernel_metadata_checks_the_arguments_type_not_its_name():
     """Operand metadata names its arguments class, checked with isinstance: another class that
     is merely called GemmArguments is refused, a subclass of the real one is accepted."""
@@ -108,6 +163,7 @@ def test_kernel_metadata_checks_the_arguments_type_not_its_name():
     fake.epilogue_signature = None
     status = md.supports(fake)
     assert not status and "kernel takes GemmArguments, got GemmArguments" in status.error
+    assert status.kind is kernel_api.Reason.ARGUMENTS and status.required is GemmArguments
 
     class Subclass(GemmArguments):
         __slots__ = ()

@@ -203,6 +203,24 @@ def test_compile_key_is_shared_across_sizes_and_alignments():
     assert k.compile_key(a1, 90) != k.compile_key(a4, 90)
 
 
+def test_compile_key_follows_c_layout_not_c_alignment():
+    """The compile key names C's dtype and layout from the epilogue signature's C attributes (one
+    artifact serves any C alignment, not any C layout)."""
+    k = family(cls="SimtGemm")[0]
+    args, _ = problem(k.metadata, 64, 64, 64, 1, 2, "cpu")
+    keys, aligned = {}, {}
+    for c_col in (False, True):
+        for offset in (0, 1):
+            C = operand((64, 64), args.out.dtype, c_col, "cpu", offset)
+            with_c = GemmArguments(args.A, args.B, args.out, accumulator_type=args.accumulator_type,
+                                   epilogue=EpilogueArguments(alpha=2.0, beta=1.0, C=C))
+            keys[c_col, offset] = k.compile_key(with_c, 90)
+            aligned[c_col, offset] = with_c.epilogue_signature.c_attributes.divisibility
+    assert aligned[False, 0] > aligned[False, 1] == 1  # the C operands do differ in alignment
+    assert keys[False, 0] == keys[False, 1] and keys[True, 0] == keys[True, 1]
+    assert keys[False, 0] != keys[True, 0]
+
+
 def test_run_on_cpu_tensors_raises_device_error():
     k = family(cls="SimtGemm")[0]
     args, _ = problem(k.metadata, 8, 8, 8, 1, 3, "cpu")

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import kernel_api
-from kernel_api import (CompiledArtifact, GemmArguments, Kernel, KernelMetadata, RegistrationError, SoftmaxArguments,
-                        Status, registry)
+from kernel_api import (CompiledArtifact, DataType, GemmArguments, Kernel, KernelMetadata, Reason, RegistrationError,
+                        SoftmaxArguments, Status, registry)
 from kernel_api.cli.commands import gemm_arguments, main
 from kernel_api.metadata import softmax_operands
 from kernel_api.providers.cuda_src import CudaSourceProvider
@@ -332,8 +332,44 @@ def test_cli_explain_summary_and_all(capsys):
     assert "operand A: dtype f16 but the kernel takes bf16" in full and len(full.splitlines()) > 500
 
 
+def test_explain_groups_and_ranks_by_reason_kind_not_message_text(monkeypatch):
+    """Rejections are grouped and ranked by their `Status`'s kind and values: a kernel's own
+    failures worded freely (none of explain's old text patterns match them) are summarised like
+    the built-in ones, an alignment requirement gets the problem's values that break it, and text
+    that merely reads like a dtype message, without a kind, is listed as it is."""
+    args = gemm_arguments(64, 64, 40, dtype="f16")  # K=40: aligned to 8, not to 16
+
+    def supports(self, a):
+        tile = self.metadata.design.tile_shape
+        if tile[0] == 128 and self.metadata.operands.A.divisibility == 8:
+            return Status.fail("wants 16-wide rows of the left operand", kind=Reason.ALIGNMENT, operand="A",
+                               actual=a.tensor_attributes["A"].divisibility, required=16)
+        if tile[0] == 128:
+            return Status.fail("right operand: only single precision here", kind=Reason.DTYPE, operand="B",
+                               actual=DataType.f16, required=DataType.f32)
+        return Status.fail("operand A: dtype f16 but the kernel takes bf16")  # OTHER: not parsed
+
+    monkeypatch.setattr(SimtGemm, "_supports", supports)
+    explanation = kernel_api.explain(args, cc=90, providers=["cutedsl"])
+    simt = [r for r in explanation if r.kernel_class == "SimtGemm" and r.kernel_name]
+    own = [r for r in simt if r.reason.startswith("wants 16-wide")]
+    assert own and all(r.kind is Reason.ALIGNMENT and r.detail == "K=40 not a multiple of 16" for r in own)
+    assert all(r.reason == "wants 16-wide rows of the left operand: K=40 not a multiple of 16" for r in own)
+    line = next(x for x in explanation.summary(width=1000).splitlines() if x.startswith("  cutedsl/SimtGemm:"))
+    pieces = line.split(": ", 2)[2].split("; ")
+    texts = [p.rsplit(" (", 1)[0] for p in pieces]
+    assert "A: K=40 not a multiple of 16" in texts and "needs B f32" in texts
+    assert "operand A: dtype f16 but the kernel takes bf16" in texts
+    # nearer kinds first: alignment and the unparsed text (3), layouts (2), dtypes (1)
+    assert texts.index("A: K=40 not a multiple of 16") < texts.index("needs A column-major") < texts.index("needs B f32")
+    nearest = explanation.nearest(len(own) + 1)
+    assert {r.closeness for r in nearest} == {3}
+
+
 def test_explain_summary_stays_on_one_screen_with_many_classes():
-    rejections = [registry.Rejection("p", f"Rejected{i}", f"Rejected{i}_k{j}", "operand A: dtype f16 but the kernel takes bf16")
+    rejections = [registry.Rejection("p", f"Rejected{i}", f"Rejected{i}_k{j}",
+                                     "operand A: dtype f16 but the kernel takes bf16", Reason.DTYPE, "A", DataType.f16,
+                                     DataType.bf16)
                   for i in range(50) for j in range(3)]
     accepted = [f"Fits{i}_k{j}_{'x' * 150}" for i in range(60) for j in range(2)]
     explanation = registry.Explanation(rejections, accepted, problem="GemmArguments(M=1, ...)", cc=90,

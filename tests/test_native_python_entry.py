@@ -242,6 +242,29 @@ def test_gemm_arguments_recalled_from_c_equal_those_computed_in_python(entry, mo
     assert 0 < entry.remembered() <= len(problems)
 
 
+def test_gemm_arguments_remember_a_named_summary(entry):
+    """What a plain GemmArguments remembers (and recall returns) is a `GemmSummary` whose fields
+    name the arguments' attributes (it was a 9-tuple read by position); ``values`` holds them in
+    the order the recall hit unpacks."""
+    import kernel_api.arguments.gemm as arguments
+
+    from kernel_api import GemmArguments
+
+    entry.forget()
+    A, B, out = torch.randn(3, 8, 6), torch.randn(3, 6, 4), torch.empty(3, 8, 4)
+    args = GemmArguments(A, B, out)
+    found = entry.recall(arguments._GEMM_SUMMARY, A, B, out)
+    assert isinstance(found, arguments.GemmSummary)
+    assert (found.L, found.M, found.N, found.K) == (3, 8, 4, 6)
+    assert found.accumulator_type is args.accumulator_type and found.device == args.device
+    assert found.device_index == args.device_index == -1 and found.signature == args.signature
+    assert found.tensor_attributes == args.tensor_attributes and found.tensor_attributes is not args.tensor_attributes
+    assert found.values == (found.L, found.M, found.N, found.K, found.accumulator_type, found.device,
+                            found.device_index, found.tensor_attributes, found.signature)
+    recalled = GemmArguments(A, B, out)
+    assert _summary(recalled) == _summary(args) and recalled.tensor_attributes is not found.tensor_attributes
+
+
 def test_gemm_arguments_recall_only_plain_caller_tensors(entry):
     from kernel_api import EpilogueArguments, GemmArguments
 

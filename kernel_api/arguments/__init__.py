@@ -10,9 +10,9 @@ GEMM epilogue, ``gemm`` `GemmArguments` (and the summaries `kernel_api.native` r
 """
 
 from .base import Arguments, byte_extent
-from .epilogue import EpilogueArguments
+from .epilogue import EpilogueArguments, EpilogueSignature
 from .gemm import GemmArguments
 from .softmax import SoftmaxArguments, SoftmaxBackwardArguments
 
-__all__ = ["Arguments", "EpilogueArguments", "GemmArguments", "SoftmaxArguments", "SoftmaxBackwardArguments",
-           "byte_extent"]
+__all__ = ["Arguments", "EpilogueArguments", "EpilogueSignature", "GemmArguments", "SoftmaxArguments",
+           "SoftmaxBackwardArguments", "byte_extent"]

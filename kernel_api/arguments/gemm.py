@@ -2,17 +2,19 @@
 
 A plain GemmArguments (no epilogue) is remembered by `kernel_api.native` under its operands'
 raw metadata (dtypes, shapes, strides, pointer alignment, devices); a later construction with
-equal metadata recalls the summary in C instead of recomputing it in Python.
+equal metadata recalls the summary (a `GemmSummary`) in C instead of recomputing it in Python.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
 from .. import native
 from ..core.dtypes import _FLOATS, _FROM_TORCH, DataType, to_dtype
+from ..core.tensor_attributes import TensorAttributes
 from .base import Arguments, _matrix_attributes, _require_tensor, _shares_memory
 from .epilogue import EpilogueArguments
 
@@ -30,6 +32,30 @@ _ACCUMULATOR_TAGS: dict[Any, int] = {}
 _ACCUMULATOR_SPELLINGS_LIMIT = 64
 
 
+@dataclass(frozen=True, slots=True)
+class GemmSummary:
+    """What a plain `GemmArguments` remembers under its operands' raw metadata, and a later
+    construction with equal metadata recalls (`kernel_api.native`'s remember/recall keep it as
+    an opaque object): the arguments' own attributes."""
+
+    L: int
+    M: int
+    N: int
+    K: int
+    accumulator_type: DataType
+    device: torch.device
+    device_index: int
+    #: copied by each recall: every arguments object owns its dict
+    tensor_attributes: dict[str, TensorAttributes]
+    signature: tuple
+    #: The fields above in their order: the recall hit unpacks this tuple, which costs less than
+    #: reading nine attributes (or unpacking a NamedTuple, which skips the exact-tuple fast path).
+    values: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "values", tuple(getattr(self, f.name) for f in fields(self) if f.init))
+
+
 def _use_native(entry: Any) -> None:
     global _recall, _remember
     _remember, _recall = entry.remember, entry.recall
@@ -44,7 +70,10 @@ class GemmArguments(Arguments):
     A is (L, M, K) or (M, K), B (L, K, N) or (K, N), out (L, M, N) or (M, N), all of one
     rank and on one device. ``accumulator_type`` (torch dtype, CuTe DSL type or name)
     defaults to f64 for f64 operands and f32 otherwise. A trivial epilogue (alpha=1,
-    beta=0, no bias, no activation) is dropped so plain kernels stay eligible.
+    beta=0, no bias, no activation) is dropped so plain kernels stay eligible; otherwise
+    ``epilogue`` is the epilogue resolved against ``out`` (a copy whose bias is 1-D and whose
+    ``bias_kind`` is known; the one passed in is left unchanged) and ``epilogue_signature`` its
+    `EpilogueSignature`.
     """
 
     __slots__ = ("A", "B", "out", "accumulator_type", "epilogue", "epilogue_signature", "L", "M", "N", "K")
@@ -63,9 +92,9 @@ class GemmArguments(Arguments):
                 except TypeError:  # not hashable
                     tag = 0
             found = _recall(tag, A, B, out) if tag else None
-            if found is not None:
+            if found is not None:  # a GemmSummary
                 (self.L, self.M, self.N, self.K, self.accumulator_type, self.device, self.device_index,
-                 attributes, self.signature) = found
+                 attributes, self.signature) = found.values
                 self.A, self.B, self.out = A, B, out
                 self.epilogue = self.epilogue_signature = None
                 self._verdicts = self._bound = None
@@ -127,7 +156,7 @@ class GemmArguments(Arguments):
             if epilogue.is_trivial:
                 epilogue = None
             else:
-                epilogue_signature = epilogue._bind(out, M, N)
+                epilogue, epilogue_signature = epilogue._for_output(out, M, N)
         self.A, self.B, self.out = A, B, out
         self.L, self.M, self.N, self.K = L, M, N, K
         self.accumulator_type = acc
@@ -149,8 +178,9 @@ class GemmArguments(Arguments):
                 except TypeError:  # not hashable: never recalled
                     return
             # (its own dict: one this object's owner might change is never handed to later arguments)
-            _remember(tag, (L, M, N, K, acc, device, device_index, dict(self.tensor_attributes), self.signature),
-                      A, B, out)
+            _remember(tag, GemmSummary(L=L, M=M, N=N, K=K, accumulator_type=acc, device=device,
+                                       device_index=device_index, tensor_attributes=dict(self.tensor_attributes),
+                                       signature=self.signature), A, B, out)
 
     @property
     def problem_shape(self) -> tuple[int, int, int, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .dtypes import DataType, to_dtype
-from .status import Status
+from .status import Reason, Status
 
 ROW_MAJOR = (0, 0, 1)
 COLUMN_MAJOR = (0, 1, 0)
@@ -76,16 +76,19 @@ class TensorAttributes:
     def accepts(self, actual: "TensorAttributes", operand: str) -> Status:
         """Does a tensor with ``actual`` attributes fit a kernel requiring ``self``?"""
         if actual.dtype is not self.dtype:
-            return Status.fail(f"operand {operand}: dtype {actual.dtype} but the kernel takes {self.dtype}")
+            return Status.fail(f"operand {operand}: dtype {actual.dtype} but the kernel takes {self.dtype}",
+                               kind=Reason.DTYPE, operand=operand, actual=actual.dtype, required=self.dtype)
         rank = max(len(actual.stride), len(self.stride))
         if pad_pattern(actual.stride, rank) != pad_pattern(self.stride, rank):
             return Status.fail(
-                f"operand {operand}: stride pattern {actual.stride} ({_layout_word(actual.stride)}) but the "
-                f"kernel takes {self.stride} ({_layout_word(self.stride)})")
+                f"operand {operand}: stride pattern {actual.stride} ({layout_word(actual.stride)}) but the "
+                f"kernel takes {self.stride} ({layout_word(self.stride)})",
+                kind=Reason.LAYOUT, operand=operand, actual=actual.stride, required=self.stride)
         if actual.divisibility % self.divisibility:
             return Status.fail(
                 f"operand {operand}: aligned to {actual.divisibility} element(s) but the kernel needs "
-                f"{self.divisibility} (pointer, leading dimension and contiguous extent)")
+                f"{self.divisibility} (pointer, leading dimension and contiguous extent)",
+                kind=Reason.ALIGNMENT, operand=operand, actual=actual.divisibility, required=self.divisibility)
         return Status.success()
 
     def __eq__(self, other: object) -> bool:
@@ -98,5 +101,6 @@ class TensorAttributes:
         return f"TensorAttributes({self.dtype}, stride={self.stride}, divisibility={self.divisibility})"
 
 
-def _layout_word(pattern: tuple[int, ...]) -> str:
+def layout_word(pattern: tuple[int, ...]) -> str:
+    """The words for a stride pattern: "row-major", "column-major" or "batch-contiguous"."""
     return "row-major" if pattern[-1] == 1 else "column-major" if len(pattern) > 1 and pattern[-2] == 1 else "batch-contiguous"

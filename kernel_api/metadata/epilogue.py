@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..arguments.epilogue import ACTIVATIONS
-from ..core.status import Status
+from ..arguments.epilogue import ACTIVATIONS, EpilogueSignature
+from ..core.status import Reason, Status
 
 
 @dataclass(frozen=True)
@@ -21,14 +21,20 @@ class EpilogueMetadata:
     bias: frozenset = frozenset({"row", "column"})
     activations: frozenset = frozenset(ACTIVATIONS)
 
-    def supports(self, epilogue_signature: tuple | None) -> Status:
+    def supports(self, epilogue_signature: EpilogueSignature | None) -> Status:
+        """Can this epilogue do what ``epilogue_signature`` (`GemmArguments.epilogue_signature`) asks?"""
         if epilogue_signature is None:
             return Status.success()
-        scaled, has_c, bias_kind, activation = epilogue_signature[:4]
-        if (scaled or has_c) and not self.alpha_beta:
-            return Status.fail("epilogue: alpha/beta/C requested but the kernel's epilogue has no scaling")
+        bias_kind, activation = epilogue_signature.bias_kind, epilogue_signature.activation
+        if (epilogue_signature.scaled or epilogue_signature.has_c) and not self.alpha_beta:
+            return Status.fail("epilogue: alpha/beta/C requested but the kernel's epilogue has no scaling",
+                               kind=Reason.EPILOGUE)
         if bias_kind is not None and bias_kind not in self.bias:
-            return Status.fail(f"epilogue: {bias_kind} bias requested but the kernel supports {sorted(self.bias) or 'none'}")
+            return Status.fail(
+                f"epilogue: {bias_kind} bias requested but the kernel supports {sorted(self.bias) or 'none'}",
+                kind=Reason.EPILOGUE, operand="bias", actual=bias_kind, required=self.bias)
         if activation is not None and activation not in self.activations:
-            return Status.fail(f"epilogue: activation {activation!r} not among the kernel's {sorted(self.activations)}")
+            return Status.fail(f"epilogue: activation {activation!r} not among the kernel's {sorted(self.activations)}",
+                               kind=Reason.EPILOGUE, operand="activation", actual=activation,
+                               required=self.activations)
         return Status.success()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.status import Status
+from ..core.status import Reason, Status
 from .epilogue import EpilogueMetadata
 from .operands import OperandsMetadata
 
@@ -43,24 +43,26 @@ class KernelMetadata:
     def supports_cc(self, cc: int | None) -> Status:
         if cc is None:
             return Status.success()
-        if cc < self.min_cc:
-            return Status.fail(f"needs compute capability >= {self.min_cc}, target is {cc}")
-        if self.max_cc is not None and cc > self.max_cc:
-            return Status.fail(f"runs on compute capability <= {self.max_cc}, target is {cc}")
+        if cc < self.min_cc or (self.max_cc is not None and cc > self.max_cc):
+            # required: the (min_cc, max_cc) range the kernel runs on (max_cc None: no upper bound)
+            message = (f"needs compute capability >= {self.min_cc}, target is {cc}" if cc < self.min_cc else
+                       f"runs on compute capability <= {self.max_cc}, target is {cc}")
+            return Status.fail(message, kind=Reason.CC, actual=cc, required=(self.min_cc, self.max_cc))
         return Status.success()
 
     def supports(self, args: Any, cc: int | None = None) -> Status:
         """Metadata-level check: operand types, layouts, alignment, epilogue, architecture."""
         expected = self.operands.arguments_type
         if expected is not None and not isinstance(args, expected):
-            return Status.fail(f"kernel takes {expected.__name__}, got {type(args).__name__}")
+            return Status.fail(f"kernel takes {expected.__name__}, got {type(args).__name__}", kind=Reason.ARGUMENTS,
+                               actual=type(args), required=expected)
         status = self.operands.supports(args)
         if not status:
             return status
         epilogue_signature = getattr(args, "epilogue_signature", None)
         if epilogue_signature is not None:
             if self.epilogue is None:
-                return Status.fail("epilogue requested but the kernel has no fused epilogue")
+                return Status.fail("epilogue requested but the kernel has no fused epilogue", kind=Reason.EPILOGUE)
             status = self.epilogue.supports(epilogue_signature)
             if not status:
                 return status

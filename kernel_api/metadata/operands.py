@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from ..arguments import Arguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 from ..core.dtypes import DataType, to_dtype
-from ..core.status import Status
+from ..core.status import Reason, Status
 from ..core.tensor_attributes import TensorAttributes
 
 
@@ -58,7 +58,9 @@ class GemmOperandsMetadata(OperandsMetadata):
     def _supports_scalars(self, args: Any) -> Status:
         if args.accumulator_type is not self.accumulator_type:
             return Status.fail(
-                f"accumulator_type {args.accumulator_type} but the kernel accumulates in {self.accumulator_type}")
+                f"accumulator_type {args.accumulator_type} but the kernel accumulates in {self.accumulator_type}",
+                kind=Reason.ACCUMULATOR, operand="accumulator_type", actual=args.accumulator_type,
+                required=self.accumulator_type)
         return Status.success()
 
     def __repr__(self) -> str:

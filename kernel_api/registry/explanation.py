@@ -5,7 +5,6 @@ nearest misses.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,38 +13,46 @@ import torch
 from ..arguments import Arguments, GemmArguments
 from ..core.arch import resolve_cc
 from ..core.errors import NoKernelFoundError
+from ..core.status import Reason, Status
+from ..core.tensor_attributes import layout_word
 from .discovery import _check_query, _duplicate_owner, _generated, _name_owners
 from .registration import _load_plugins, _select_providers
 from .state import _error_text, _generation_errors, _report_class_error
 
+# How near a rejected instance is to fitting, by the kind of its reason (higher is nearer): another
+# arguments type is another operation; an operand's dtype, then its layout, fail first in the
+# metadata checks; the other kinds (alignment, shape, accumulator, epilogue, cc, a kernel's own
+# checks) mean the operands' types and layouts fit.
+_CLOSENESS = {Reason.ARGUMENTS: 0, Reason.DTYPE: 1, Reason.LAYOUT: 2}
+
 
 @dataclass(frozen=True)
 class Rejection:
-    """Why one kernel class or instance does not fit the arguments."""
+    """Why one kernel class or instance does not fit the arguments.
+
+    ``reason`` is the text; ``kind``, ``operand``, ``actual`` and ``required`` are those of the
+    failed `Status` (see `Reason`), which summaries group and rank by; ``detail`` names the
+    problem's values that break an alignment requirement (e.g. "K=4095 not a multiple of 8").
+    """
 
     provider: str
     kernel_class: str
     kernel_name: str | None
     reason: str
+    kind: Reason = Reason.OTHER
+    operand: str | None = None
+    actual: Any = None
+    required: Any = None
+    detail: str | None = None
 
     @property
     def closeness(self) -> int:
         """Rough distance to fitting: higher is nearer (used to show the nearest misses)."""
-        r = self.reason
         if self.kernel_name is None:
             return 0
-        if "dtype" in r:
-            return 1
-        if "stride pattern" in r or "takes" in r:
-            return 2
-        return 3
+        return _CLOSENESS.get(self.kind, 3)
 
 
-# The messages of TensorAttributes.accepts (core/tensor_attributes.py), recognised to group and shorten them.
-_DTYPE_REASON = re.compile(r"operand (\w+): dtype (\S+) but the kernel takes (\S+)$")
-_LAYOUT_REASON = re.compile(r"operand (\w+): stride pattern .*\(([\w-]+)\) but the kernel takes .*\(([\w-]+)\)$")
-_ALIGN_REASON = re.compile(r"operand (\w+): aligned to (\d+) element\(s\) but the kernel needs (\d+)"
-                           r"(?: \([^)]*\))?(?:: (.*))?$")
 _GEMM_DIMS = {"A": ("M", "K"), "B": ("K", "N"), "out": ("M", "N")}
 
 
@@ -77,32 +84,39 @@ def _alignment_detail(args: Any, operand: str, need: int) -> str:
     return f"{', '.join(bad)} not a multiple of {need}" if bad else ""
 
 
-def _with_detail(reason: str, args: Any, cache: dict) -> str:
-    """``reason``, plus the problem's values that break an alignment requirement it names."""
-    m = _ALIGN_REASON.match(reason)
-    if m is None or m.group(4):
-        return reason
-    key = (m.group(1), int(m.group(3)))
-    detail = cache.get(key)
-    if detail is None:
-        detail = cache[key] = _alignment_detail(args, *key)
-    return f"{reason}: {detail}" if detail else reason
+def _rejection(provider: str, kernel_class: str, kernel_name: str, status: Status, args: Any,
+               details: dict) -> Rejection:
+    """The rejection a failed ``status`` makes; an alignment requirement gets the problem's
+    values that break it (``details`` caches them per (operand, alignment))."""
+    detail = None
+    if status.kind is Reason.ALIGNMENT and status.operand is not None and type(status.required) is int:
+        key = (status.operand, status.required)
+        detail = details.get(key)
+        if detail is None:
+            detail = details[key] = _alignment_detail(args, *key)
+    reason = f"{status.error}: {detail}" if detail else status.error
+    return Rejection(provider, kernel_class, kernel_name, reason, status.kind, status.operand, status.actual,
+                     status.required, detail or None)
 
 
-def _reason_group(reason: str) -> tuple[tuple, str, str | None]:
-    """(group key, short "what would fit" text, a value merged across the group) for summaries."""
-    m = _DTYPE_REASON.match(reason)
-    if m:
-        return ("dtype", m.group(1), m.group(2)), f"needs {m.group(1)} ", m.group(3)
-    m = _LAYOUT_REASON.match(reason)
-    if m:
-        return ("layout",) + m.groups(), f"needs {m.group(1)} {m.group(3)}", None
-    m = _ALIGN_REASON.match(reason)
-    if m:
-        op, need, detail = m.group(1), m.group(3), m.group(4)
-        text = f"{op}: {detail}" if detail else f"needs {op} aligned to {need} (is {m.group(2)})"
-        return ("align", op, need, detail), text, None
-    return ("raw", reason), reason, None
+def _layout_text(pattern: Any) -> str:
+    return layout_word(pattern) if isinstance(pattern, tuple) and pattern else str(pattern)
+
+
+def _reason_group(r: Rejection) -> tuple[tuple, str, str | None]:
+    """(group key, short "what would fit" text, a value merged across the group) for summaries:
+    by kind, operand and values where the rejection has them, else by its text."""
+    kind, operand, required = r.kind, r.operand, r.required
+    if operand is not None and required is not None:
+        if kind is Reason.DTYPE or kind is Reason.ACCUMULATOR:
+            return (kind, operand, r.actual), f"needs {operand} ", str(required)
+        if kind is Reason.LAYOUT:
+            need = _layout_text(required)
+            return (kind, operand, _layout_text(r.actual), need), f"needs {operand} {need}", None
+        if kind is Reason.ALIGNMENT:
+            text = f"{operand}: {r.detail}" if r.detail else f"needs {operand} aligned to {required} (is {r.actual})"
+            return (kind, operand, required, r.detail), text, None
+    return ("raw", r.reason), r.reason, None
 
 
 def _clip(line: str, width: int) -> str:
@@ -177,8 +191,8 @@ class Explanation(list):
         class_lines: list[str] = []
         for r in self:
             if r.kernel_name is None:
-                if r.reason.startswith("takes "):
-                    other_args.setdefault(r.reason[6:].split(",")[0], []).append(r.kernel_class)
+                if r.kind is Reason.ARGUMENTS and r.required is not None:
+                    other_args.setdefault(getattr(r.required, "__name__", str(r.required)), []).append(r.kernel_class)
                 else:
                     class_lines.append(f"  {r.provider}/{r.kernel_class}: {r.reason}")
             else:
@@ -219,7 +233,7 @@ class Explanation(list):
     def _rejected_line(where: tuple[str, str], rejections: list[Rejection], total: int, width: int) -> str:
         groups: dict[tuple, list] = {}  # key -> [text, merged values, count, closeness]
         for r in rejections:
-            key, text, value = _reason_group(r.reason)
+            key, text, value = _reason_group(r)
             group = groups.setdefault(key, [text, [], 0, r.closeness])
             group[2] += 1
             if value is not None and value not in group[1]:
@@ -261,9 +275,11 @@ def explain(args: Arguments, cc: Any = None, providers: Any = None) -> Explanati
     for provider in _select_providers(providers):
         for kernel_class in provider.kernel_classes():
             cname = kernel_class.__name__
-            if not issubclass(type(args), kernel_class.supported_args_type):
+            takes = kernel_class.supported_args_type
+            if not issubclass(type(args), takes):
                 rejections.append(Rejection(provider.name, cname, None,
-                                            f"takes {kernel_class.supported_args_type.__name__}, not {type(args).__name__}"))
+                                            f"takes {takes.__name__}, not {type(args).__name__}",
+                                            Reason.ARGUMENTS, actual=type(args), required=takes))
                 continue
             instances = _generated(kernel_class, target, epilogue, args.epilogue_signature)
             if not instances:
@@ -282,7 +298,7 @@ def explain(args: Arguments, cc: Any = None, providers: Any = None) -> Explanati
                     rejections.append(Rejection(provider.name, cname, name, message))
                     continue
                 if not status:
-                    rejections.append(Rejection(provider.name, cname, name, _with_detail(status.error, args, details)))
+                    rejections.append(_rejection(provider.name, cname, name, status, args, details))
                     continue
                 owner = _duplicate_owner(kernel, kernel_class, owners)
                 if owner is not None:

@@ -102,12 +102,12 @@ def random_like(args: Any, generator: torch.Generator | None = None) -> Any:
         epi = args.epilogue
         new_epi = None
         if epi is not None:
+            bias = None if epi.bias is None else _random_like(epi.bias, generator)
+            if bias is not None and epi.bias_kind == "column":
+                bias = bias.view(-1, 1)  # (M, 1): a column bias whatever M and N are
             new_epi = EpilogueArguments(alpha=epi.alpha, beta=epi.beta,
                                         C=None if epi.C is None else _random_like(epi.C, generator),
-                                        bias=None if epi.bias is None else _random_like(epi.bias, generator),
-                                        activation=epi.activation)
-            if epi.bias is not None and epi.bias_kind == "column":
-                new_epi.bias = new_epi.bias.view(-1, 1)
+                                        bias=bias, activation=epi.activation)
         out = _random_like(args.out, generator).fill_(float("nan"))
         return GemmArguments(_random_like(args.A, generator), _random_like(args.B, generator), out,
                              accumulator_type=args.accumulator_type, epilogue=new_epi)

@@ -21,7 +21,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ....arguments import EpilogueArguments, GemmArguments
+from ....arguments import EpilogueArguments, EpilogueSignature, GemmArguments
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
@@ -95,12 +95,11 @@ class EpilogueSpec:
     activation: str | None = None
 
     @classmethod
-    def from_signature(cls, signature: tuple | None) -> "EpilogueSpec":
+    def from_signature(cls, signature: EpilogueSignature | None) -> "EpilogueSpec":
         """From `GemmArguments.epilogue_signature` (None: identity epilogue)."""
         if signature is None:
             return cls()
-        scaled, has_c, bias_kind, activation = signature[:4]
-        return cls(bool(scaled), bool(has_c), bias_kind, activation)
+        return cls(bool(signature.scaled), bool(signature.has_c), signature.bias_kind, signature.activation)
 
     @property
     def is_identity(self) -> bool:
@@ -223,9 +222,9 @@ class GemmKernelBase(CuteDslKernel):
         spec = EpilogueSpec.from_signature(args.epilogue_signature)
         C = None
         if spec.has_c:
-            c_dtype, c_stride, c_div = args.epilogue_signature[4]
-            c_div = c_div if self.specialise_c_alignment else 1
-            C = fake_tensor_like(TensorAttributes(c_dtype, c_stride, c_div), rank)
+            c = args.epilogue_signature.c_attributes
+            c_div = c.divisibility if self.specialise_c_alignment else 1
+            C = fake_tensor_like(TensorAttributes(c.dtype, c.stride, c_div), rank)
         bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
         scalar = cutlass.Float64 if md.accumulator_type is DataType.f64 else cutlass.Float32
         impl = self._make_impl(args)
@@ -241,7 +240,9 @@ class GemmKernelBase(CuteDslKernel):
         alignment that the instance supports share one artifact.
         """
         sig = args.epilogue_signature
-        c_layout = None if sig is None or sig[4] is None else sig[4] if self.specialise_c_alignment else sig[4][:2]
+        c = None if sig is None else sig.c_attributes
+        c_layout = (None if c is None else (c.dtype, c.stride, c.divisibility) if self.specialise_c_alignment
+                    else (c.dtype, c.stride))
         return (args.A.dim(), EpilogueSpec.from_signature(sig), c_layout, cc)
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
