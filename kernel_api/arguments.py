@@ -41,7 +41,7 @@ class Arguments:
     which thread blocks would race writing.
     """
 
-    __slots__ = ("tensor_attributes", "signature", "device", "device_index", "_verdicts", "_bound")
+    __slots__ = ("tensor_attributes", "signature", "device", "device_index", "_verdicts", "_binding")
 
     epilogue_signature = None
 
@@ -346,7 +346,7 @@ class GemmArguments(Arguments):
                  attributes, self.signature) = found
                 self.A, self.B, self.out = A, B, out
                 self.epilogue = self.epilogue_signature = None
-                self._verdicts = self._bound = None
+                self._verdicts = self._binding = None
                 self.tensor_attributes = attributes.copy()
                 return
             plain = (A, B, out)
@@ -413,7 +413,7 @@ class GemmArguments(Arguments):
         self.epilogue_signature = epilogue_signature
         self.device = device
         self.device_index = device_index
-        self._verdicts = self._bound = None
+        self._verdicts = self._binding = None
         self.tensor_attributes = {"A": a, "B": b, "out": o}
         self.signature = ("gemm", rank, a._key, b._key, o._key, acc, epilogue_signature, device_index)
         if plain is not None and plain[0] is A and plain[1] is B and plain[2] is out:  # no re-strided views
@@ -515,7 +515,7 @@ class SoftmaxArguments(Arguments):
         self.x, self.out = x, out
         self.device = x.device
         self.device_index = x.get_device()
-        self._verdicts = self._bound = None
+        self._verdicts = self._binding = None
         self.tensor_attributes = {"x": xa, "out": oa}
         self.signature = ("softmax", xa._key, oa._key, x.get_device())
 
@@ -541,7 +541,7 @@ class SoftmaxBackwardArguments(Arguments):
         self.grad_out, self.out, self.grad_in = grad_out, out, grad_in
         self.device = out.device
         self.device_index = out.get_device()
-        self._verdicts = self._bound = None
+        self._verdicts = self._binding = None
         self.tensor_attributes = {"grad_out": ga, "out": oa, "grad_in": ia}
         self.signature = ("softmax_bwd", ga._key, oa._key, ia._key, out.get_device())
 

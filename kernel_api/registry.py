@@ -24,7 +24,7 @@ import torch
 from .core.arch import resolve_cc
 from .arguments import Arguments, GemmArguments
 from .core.errors import NoKernelFoundError, RegistrationError
-from .kernel import Kernel
+from .kernel import Kernel, _prepare_class
 from .metadata import KernelMetadata
 
 ENTRY_POINT_GROUP = "kernel_api.providers"
@@ -399,6 +399,7 @@ def _generated(kernel_class: type[Kernel], cc: int | None, epilogue_args: Any, e
     if found is None:
         message = None
         try:
+            _prepare_class(kernel_class)  # methods assigned after registration, as notebooks do
             raw = kernel_class.generate_kernels(_always, epilogue_args, cc)
         except Exception as exc:  # noqa: BLE001 - one broken class must not break discovery
             message = f"generate_kernels(cc={cc}) raised {_error_text(exc)}"

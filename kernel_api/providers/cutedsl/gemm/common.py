@@ -21,6 +21,7 @@ from typing import Any
 from ....arguments import EpilogueArguments, GemmArguments
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
+from ....launcher import Launcher
 from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
                           GemmOperandsMetadata, KernelMetadata, TensorAttributes)
 from ....core.status import Status
@@ -216,10 +217,10 @@ class GemmKernelBase(CuteDslKernel):
             self.cute_run(artifact.compiled_obj, args.A, args.B, args.out, C, ep.bias, ep.alpha, ep.beta,
                           to_cuda_stream(stream))
 
-    def _launch_tail(self, args: GemmArguments) -> tuple | None:
+    def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
         if args.epilogue is not None or not (args.M and args.N and args.L):
             return None
-        return (None, None, 1.0, 0.0)  # C, bias, alpha, beta
+        return Launcher(artifact, (None, None, 1.0, 0.0))  # C, bias, alpha, beta
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         return 0
