@@ -127,9 +127,11 @@ def _refuse_final(cls: type) -> None:
 
 def _prepare_class(cls: type) -> None:
     """Apply `Kernel.__init_subclass__`'s rules to methods assigned after ``cls`` was created
-    (notebooks fill classes in that way): wrap each unwrapped ``compile`` in its class chain,
-    refuse ``run``/``supports``. Idempotent and cheap: discovery calls it before asking a class
-    for instances, and `Kernel.__init__` when a method changed since (see there)."""
+    (notebooks fill classes in that way, and re-run such cells): wrap each unwrapped ``compile``
+    in its class chain, refuse ``run``/``supports`` (TypeError). Cheap when nothing changed;
+    `Kernel.__init__` inlines that check, discovery calls this before using a class."""
+    if cls._kernel_api_prepared is cls.compile and cls.run is _KERNEL_RUN and cls.supports is _KERNEL_SUPPORTS:
+        return  # (the mark is inherited along with an unchanged compile)
     for klass in cls.__mro__:
         if klass is Kernel:
             break
@@ -175,8 +177,8 @@ class Kernel(abc.ABC):
     def __init__(self, metadata: KernelMetadata) -> None:
         if not isinstance(metadata, KernelMetadata):
             raise TypeError(f"{type(self).__name__}: metadata must be a KernelMetadata, got {type(metadata).__name__}")
-        # Methods assigned after the class was created: a compile other than the one prepared
-        # (the mark is inherited along with an unchanged compile), or a run/supports of its own.
+        # _prepare_class's check, inline: a compile other than the one prepared, or a run or
+        # supports of its own, was assigned after the class was created.
         cls = type(self)
         if cls._kernel_api_prepared is not cls.compile or cls.run is not _KERNEL_RUN or cls.supports is not _KERNEL_SUPPORTS:
             _prepare_class(cls)

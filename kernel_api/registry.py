@@ -496,6 +496,9 @@ def get_kernels(args: Arguments | None = None, metadata_filter: Callable[[Kernel
     _load_plugins()
     target = resolve_cc(cc, args.device if args is not None else None)
     chosen = _select_providers(providers)
+    for provider in chosen:  # methods assigned since (cached) instances were made, as notebooks do
+        for kernel_class in provider._classes:
+            _prepare_class(kernel_class)
     if args is None:
         owners = _name_owners(None, target, None, None)
         pool = [k for p in chosen for c in p.kernel_classes() for k in _generated(c, target, None, None)
