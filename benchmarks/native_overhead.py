@@ -59,8 +59,8 @@ from tvm_ffi import libinfo  # noqa: E402
 
 import kernel_api.arguments as arguments  # noqa: E402
 from kernel_api import GemmArguments, native, ops  # noqa: E402
-from kernel_api.settings import _current as settings  # noqa: E402
-from kernel_api.settings import current  # noqa: E402
+from kernel_api.tuning.settings import _current as settings  # noqa: E402
+from kernel_api.tuning.settings import current  # noqa: E402
 from kernel_api.utils import to_cuda_stream  # noqa: E402
 
 SOURCES = ("launch_table.h", "launch_table.cc", "python_entry.cc")
