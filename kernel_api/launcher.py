@@ -59,7 +59,8 @@ class Launcher:
 
     ``compiled`` is the function, or a `CompiledArtifact` whose ``compiled_obj`` is called. The
     positional TVM-FFI function behind either (`ffi_function`) is used where there is one, and
-    ``ffi`` says so. ``tail`` holds the constants the function takes after the operand tensors.
+    ``ffi`` says so: then the C launch table records ``(function, tail)`` and native bound
+    launches call it. ``tail`` holds the constants the function takes after the operand tensors.
 
     A TVM-FFI function whose ``release_gil`` is False (what `CuteDslKernel` sets unless the
     kernel's ``keep_gil_during_launch`` is False) is bound through the native entry points,
@@ -100,10 +101,6 @@ class Launcher:
     def launch(self, tensors: Sequence[torch.Tensor], stream: Any) -> None:
         """Launch for ``tensors`` (in ``args.tensor_attributes`` order) on ``stream`` (a CUstream)."""
         self.function(*tensors, *self.tail, stream)
-
-    def native_record(self) -> tuple[Any, tuple] | None:
-        """``(function, tail)`` for the C launch table, or None when ``function`` is not TVM-FFI's."""
-        return (self.function, self.tail) if self.ffi else None
 
     def bind(self, tensors: Sequence[Any]) -> Callable[[Any], None]:
         """``launch(stream)`` for these tensors, reading them (their data, shape, strides) at each call."""

@@ -157,7 +157,6 @@ def test_a_launcher_of_a_python_function_binds_a_partial_and_launches_with_its_t
 
     launcher = Launcher(function, [2.5, None])
     assert launcher.function is function and launcher.tail == (2.5, None) and launcher.ffi is False
-    assert launcher.native_record() is None  # the C table takes TVM-FFI functions only
     A, B = torch.randn(2), torch.randn(3)
     launcher.launch((A, B), "s")
     live = launcher.bind((A, B))
@@ -185,7 +184,7 @@ def test_a_launcher_of_a_tvm_ffi_function_packs_its_snapshot_and_records_for_the
     function = tvm_ffi.convert(lambda *call: seen.append(call))
     assert function.release_gil  # TVM-FFI's default: bound as a partial, which converts per call
     launcher = Launcher(CompiledArtifact(function, None), (1.0, 7))
-    assert launcher.ffi and launcher.function is function and launcher.native_record() == (function, (1.0, 7))
+    assert launcher.ffi and launcher.function is function and launcher.tail == (1.0, 7)
     A, out = torch.arange(4.0), torch.zeros(4)
     live = launcher.bind((A, out))
     assert isinstance(live, functools.partial) and live.func is function
