@@ -82,10 +82,14 @@ class Launcher:
         if not callable(function):
             raise TypeError(f"Launcher: expected a callable or a CompiledArtifact holding one, got "
                             f"{type(function).__name__}")
-        if tail is None or isinstance(tail, (str, bytes)):
+        try:
+            constants = None if isinstance(tail, (str, bytes)) else tuple(tail)
+        except TypeError:
+            constants = None
+        if constants is None:
             raise TypeError(f"Launcher: tail must be a sequence of the constants after the tensors, got {tail!r}")
         object.__setattr__(self, "function", function)
-        object.__setattr__(self, "tail", tuple(tail))
+        object.__setattr__(self, "tail", constants)
         object.__setattr__(self, "ffi", resolved is not None)
 
     def __setattr__(self, name: str, value: Any) -> None:

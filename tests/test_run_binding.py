@@ -169,8 +169,9 @@ def test_a_launcher_of_a_python_function_binds_a_partial_and_launches_with_its_t
         launcher.tail = ()
     with pytest.raises(TypeError, match="callable"):
         Launcher(CompiledArtifact(None, None))
-    with pytest.raises(TypeError, match="tail"):
-        Launcher(function, None)
+    for tail in (None, 3, "ab"):
+        with pytest.raises(TypeError, match="tail must be a sequence"):
+            Launcher(function, tail)
     binding = Binding(artifact, live, None, live)
     with pytest.raises(AttributeError, match="immutable"):
         binding.launch = None
