@@ -195,3 +195,31 @@ def test_a_launcher_of_a_tvm_ffi_function_packs_its_snapshot_and_records_for_the
     A.add_(1)  # data written in place: the snapshot reads the same memory
     snapshot(None)
     assert torch.equal(torch.from_dlpack(seen[-1][0]), A) and seen[-1][2:] == (1.0, 7, None)
+
+
+def test_cutedsl_kernels_offer_a_launcher_for_plain_launches_only():
+    """The shipped CuTe DSL families' _launcher (no compile: a stub artifact stands in)."""
+    import kernel_api
+    from kernel_api import EpilogueArguments, SoftmaxArguments
+
+    A, B, out = torch.randn(64, 32).half(), torch.randn(32, 48).half(), torch.empty(64, 48).half()
+    args = GemmArguments(A, B, out)
+    kernels = kernel_api.get_kernels(args, cc=90, providers=["cutedsl"])
+    families = {type(k).__name__: k for k in kernels if type(k).__name__.startswith(("Simt", "Sm80"))}
+    assert len(families) == 2, sorted(families)
+    stub = lambda *call: None  # noqa: E731
+    for kernel in families.values():
+        artifact = CompiledArtifact(stub, kernel, 90)
+        launcher = kernel._launcher(args, artifact)
+        assert launcher.function is stub and not launcher.ffi and launcher.tail == (None, None, 1.0, 0.0)
+        epilogue = GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0))
+        empty = GemmArguments(A[:0], B, out[:0])
+        assert kernel._launcher(epilogue, artifact) is None and kernel._launcher(empty, artifact) is None
+    x = torch.randn(4, 96).half()
+    softmax = kernel_api.get_kernels(SoftmaxArguments(x, torch.empty_like(x)), cc=90, providers=["cutedsl"])
+    assert softmax
+    kernel = softmax[0]
+    artifact = CompiledArtifact(stub, kernel, 90)
+    assert kernel._launcher(SoftmaxArguments(x, torch.empty_like(x)), artifact).tail == ()
+    x3 = x.view(2, 2, 96)  # launched through a rows view: no launcher
+    assert kernel._launcher(SoftmaxArguments(x3, torch.empty_like(x3)), artifact) is None
