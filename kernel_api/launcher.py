@@ -99,8 +99,9 @@ class Launcher:
         raise AttributeError(f"Launcher is immutable (cannot delete {name})")
 
     def __repr__(self) -> str:
-        name = getattr(self.function, "__name__", type(self.function).__name__)
-        return f"Launcher({name}, tail={self.tail!r}, ffi={self.ffi})"
+        function = getattr(self, "function", None)
+        name = getattr(function, "__name__", type(function).__name__)
+        return f"Launcher({name}, tail={getattr(self, 'tail', None)!r}, ffi={getattr(self, 'ffi', None)})"
 
     def launch(self, tensors: Sequence[torch.Tensor], stream: Any) -> None:
         """Launch for ``tensors`` (in ``args.tensor_attributes`` order) on ``stream`` (a CUstream)."""

@@ -282,6 +282,18 @@ def test_kernels_offer_the_positional_ffi_function_behind_a_compiled_object():
                                execution_args=SimpleNamespace(has_pointer_address_arg_specs=True))
     assert ffi_function(pointers) is None  # needs Python-side argument conversion
     assert ffi_function(lambda *args: None) is None
+    # A Launcher calls the positional function behind an artifact's compiled object, where there is one.
+    launcher = Launcher(kernel_api.CompiledArtifact(wrapped, None), (1.0,))
+    assert launcher.function is function and launcher.ffi and launcher.tail == (1.0,)
+
+    class PointerAdapter(SimpleNamespace):
+        def __call__(self, *args):
+            return None
+
+    adapter = PointerAdapter(__tvm_ffi_object__=lambda: function,
+                             execution_args=SimpleNamespace(has_pointer_address_arg_specs=True))
+    launcher = Launcher(kernel_api.CompiledArtifact(adapter, None))
+    assert launcher.function is adapter and not launcher.ffi  # called as it is: it converts its arguments
 
 
 def test_launch_functions_keep_the_gil_unless_the_kernel_says_otherwise():
