@@ -320,9 +320,13 @@ class Kernel(abc.ABC):
         # kernel whose support check passed for it, once a run with checks on has.
         if workspace is None and (binding is None or (binding.artifact is compiled_artifact and not assume_supported_args
                                                       and binding.checked_by is not self)):
-            args._binding = Binding.of(self._launcher(args, compiled_artifact), compiled_artifact,
-                                       tuple(getattr(args, name) for name in args.tensor_attributes),
-                                       None if assume_supported_args else self)
+            self._bind(args, compiled_artifact, None if assume_supported_args else self)
+
+    def _bind(self, args: Any, artifact: CompiledArtifact, checked_by: Kernel | None) -> None:
+        # (a method of its own: a comprehension over args inside run would make args a cell
+        # variable, which costs every call of run)
+        tensors = tuple(getattr(args, name) for name in args.tensor_attributes)
+        args._binding = Binding.of(self._launcher(args, artifact), artifact, tensors, checked_by)
 
     def _check_runnable(self, args: Any, artifact: CompiledArtifact | None) -> None:
         if not isinstance(args, Arguments):
