@@ -1,8 +1,43 @@
-"""The `Kernel` abstract base class every registered kernel derives from.
+"""The `Kernel` base class: the contract between a kernel author and kernel_api.
 
 A subclass describes one family of kernels; each instance is one configuration, described by
-its `KernelMetadata`. Subclasses implement ``generate_kernels``, ``_supports``, ``compile``,
-``_run`` and ``get_workspace_size``; ``supports`` and ``run`` are final and shared.
+its `KernelMetadata`. Register the class with its provider (``@CuTeDSLProvider.register``,
+``@CudaSourceProvider.register``, or your own `Provider`) and discovery finds it.
+
+What a subclass implements:
+
+- ``supported_args_type``: the `Arguments` class it accepts (e.g. `GemmArguments`), or
+  ``_supports``' annotation says it (``def _supports(self, args: GemmArguments)``);
+- ``generate_kernels(metadata_filter, epilogue_args=None, cc=None)`` (a static or class
+  method): every instance whose metadata passes ``metadata_filter``, none for an epilogue it
+  cannot fuse or a ``cc`` it cannot run on. A subclass ``__init__`` calls ``Kernel.__init__``;
+- ``_supports(self, args) -> Status``: the checks metadata cannot express (shapes, limits...);
+- ``compile(self, args, cc=None) -> CompiledArtifact``: compile for ``args``' compile-time
+  signature and target ``cc`` (no GPU needed when ``cc`` is given). kernel_api wraps it: the
+  target is checked against the metadata first, provider helpers see it (`compile_target_cc`)
+  and the artifact's ``cc`` is filled in;
+- ``_run(self, args, artifact, stream, workspace=None)``: launch ``artifact`` for ``args`` on
+  ``stream`` (any spelling `kernel_api.core.streams` accepts; ``to_cuda_stream`` converts);
+- ``get_workspace_size(self, args) -> int``: bytes of device workspace ``_run`` needs.
+
+``run`` and ``supports`` are final (defining them is a TypeError): they check, compile, cache
+and allocate, then call ``_supports`` and ``_run``.
+
+Optional:
+
+- ``_launcher(self, args, artifact) -> Launcher | None``: the fast path. A `Launcher` says
+  that every launch for operands with ``args``' raw metadata is ``function(*tensors, *tail,
+  stream)``; ``run``'s repeated calls, `kernel_api.ops`' dispatch and its C launch table
+  follow from it. None (the default): every launch goes through ``_run``;
+- ``compile_key(self, args, cc) -> tuple``: what an artifact depends on (default: the
+  arguments' signature and cc), for kernels that specialise on more (shapes...);
+- ``workspace_free = True``: ``get_workspace_size`` is always 0, so ``run`` skips asking;
+- ``performance_hint``: a float policies use to rank families before measuring (tensor-core
+  families about 1.0, SIMT about 0.1).
+
+Methods may be assigned after the class is created, as notebooks do: a ``compile`` assigned
+later is wrapped when the class is next instantiated or discovered, and a ``run`` or
+``supports`` assigned later is refused then.
 """
 
 from __future__ import annotations
@@ -18,10 +53,11 @@ from .core.arch import arch_string, device_cc, normalize_cc
 from .arguments import Arguments
 from .core.artifact import CompiledArtifact
 from .core.errors import CompilationError, DeviceError, UnsupportedArgumentsError
+from .core import streams as _streams
+from .core.streams import stream_handle, to_cuda_stream
+from .launcher import Binding, Launcher
 from .metadata import KernelMetadata
 from .core.status import _SUCCESS, Status
-from . import utils as _utils
-from .utils import to_cuda_stream
 
 # The target architecture of the compile in progress, so that provider helpers such as
 # CuteDslKernel.cute_compile honour ``kernel.compile(args, cc=90)`` even when a kernel's own
@@ -30,7 +66,7 @@ compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("
 
 _FINAL_METHODS = ("run", "supports")
 _UNCHECKED = object()
-_UNBINDABLE = (_UNCHECKED, None, None, None)  # arguments that cannot carry a bound launch
+_UNBINDABLE = Binding(_UNCHECKED, None, None, None)  # arguments that cannot carry a bound launch
 # A device's cc never changes and torch.cuda.get_device_capability costs microseconds.
 _cc_by_device: dict[int, int] = {}
 
@@ -76,25 +112,33 @@ def check_target_cc(kernel: "Kernel", cc: int) -> None:
                            f"({arch_string(cc)}); the kernel supports compute capability {supported}")
 
 
-class KernelMeta(abc.ABCMeta):
-    """Keeps ``run``/``supports`` final and wraps ``compile`` (also when assigned later,
-    as notebooks do) so the requested ``cc`` reaches provider helpers."""
+def _wrap_own_compile(cls: type) -> None:
+    """Wrap the ``compile`` defined in ``cls``' own namespace (abstract ones stay as they are)."""
+    fn = cls.__dict__.get("compile")
+    if callable(fn) and not getattr(fn, "__isabstractmethod__", False) and not getattr(fn, "_kernel_api_wrapped", False):
+        type.__setattr__(cls, "compile", _wrap_compile(fn))
 
-    def __new__(mcls, name: str, bases: tuple, namespace: dict, **kwargs: Any) -> "KernelMeta":
-        if any(isinstance(b, KernelMeta) for b in bases):
-            for method in _FINAL_METHODS:
-                if method in namespace:
-                    raise TypeError(f"{name}.{method} is final: implement _{method} instead")
-        if "compile" in namespace and callable(namespace["compile"]) and not getattr(namespace["compile"], "__isabstractmethod__", False):
-            namespace["compile"] = _wrap_compile(namespace["compile"])
-        return super().__new__(mcls, name, bases, namespace, **kwargs)
 
-    def __setattr__(cls, name: str, value: Any) -> None:
-        if name in _FINAL_METHODS and isinstance(cls, KernelMeta) and cls is not Kernel:
-            raise TypeError(f"{cls.__name__}.{name} is final: implement _{name} instead")
-        if name == "compile" and callable(value):
-            value = _wrap_compile(value)
-        super().__setattr__(name, value)
+def _refuse_final(cls: type) -> None:
+    for method in _FINAL_METHODS:
+        if method in cls.__dict__:
+            raise TypeError(f"{cls.__name__}.{method} is final: implement _{method} instead")
+
+
+def _prepare_class(cls: type) -> None:
+    """Apply `Kernel.__init_subclass__`'s rules to methods assigned after ``cls`` was created
+    (notebooks fill classes in that way, and re-run such cells): wrap each unwrapped ``compile``
+    in its class chain, refuse ``run``/``supports`` (TypeError). Cheap when nothing changed;
+    `Kernel.__init__` inlines that check, discovery calls this before using a class."""
+    if cls._kernel_api_prepared is cls.compile and cls.run is _KERNEL_RUN and cls.supports is _KERNEL_SUPPORTS:
+        return  # (the mark is inherited along with an unchanged compile)
+    for klass in cls.__mro__:
+        if klass is Kernel:
+            break
+        if issubclass(klass, Kernel):
+            _refuse_final(klass)
+            _wrap_own_compile(klass)
+    type.__setattr__(cls, "_kernel_api_prepared", cls.compile)
 
 
 def _allocate_workspace(size: int, device: torch.device, stream: Any) -> torch.Tensor:
@@ -103,19 +147,18 @@ def _allocate_workspace(size: int, device: torch.device, stream: Any) -> torch.T
     if stream is None or device.type != "cuda":
         return torch.empty(size, dtype=torch.uint8, device=device)
     if not isinstance(stream, torch.cuda.Stream):
-        from .utils import stream_handle
-
         stream = torch.cuda.ExternalStream(stream_handle(stream), device=device)
     with torch.cuda.stream(stream):
         return torch.empty(size, dtype=torch.uint8, device=device)
 
 
-class Kernel(metaclass=KernelMeta):
+class Kernel(abc.ABC):
     """One configuration of a kernel family, discoverable through `kernel_api.get_kernels`.
 
-    ``supported_args_type`` names the arguments class the family accepts (e.g.
-    `GemmArguments`); when unset, registration reads it from the annotation of
-    ``_supports(self, args: ...)``.
+    The module docstring is the contract: what a subclass implements (``generate_kernels``,
+    ``_supports``, ``compile``, ``_run``, ``get_workspace_size``; ``supported_args_type``)
+    and which hooks are optional (``_launcher``, ``compile_key``, ``workspace_free``,
+    ``performance_hint``). ``run`` and ``supports`` are final.
     """
 
     supported_args_type: type | None = None
@@ -123,10 +166,25 @@ class Kernel(metaclass=KernelMeta):
     #: tensor-core kernels, 0.05 for CUDA-core FMA); families that do not say get 0.5.
     performance_hint: float = 0.5
     _kernel_api_provider: Any = None
+    _kernel_api_prepared: Any = None  # the compile the class was last prepared with (see __init__)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Instead of a metaclass: final methods refused and compile wrapped at class creation;
+        # methods assigned later are handled by _prepare_class when the class is next
+        # instantiated or discovered.
+        super().__init_subclass__(**kwargs)
+        _refuse_final(cls)
+        _wrap_own_compile(cls)
+        type.__setattr__(cls, "_kernel_api_prepared", cls.compile)
 
     def __init__(self, metadata: KernelMetadata) -> None:
         if not isinstance(metadata, KernelMetadata):
             raise TypeError(f"{type(self).__name__}: metadata must be a KernelMetadata, got {type(metadata).__name__}")
+        # _prepare_class's check, inline: a compile other than the one prepared, or a run or
+        # supports of its own, was assigned after the class was created.
+        cls = type(self)
+        if cls._kernel_api_prepared is not cls.compile or cls.run is not _KERNEL_RUN or cls.supports is not _KERNEL_SUPPORTS:
+            _prepare_class(cls)
         self._metadata = metadata
 
     @property
@@ -160,26 +218,20 @@ class Kernel(metaclass=KernelMeta):
     def get_workspace_size(self, args: Any) -> int:
         """Bytes of device workspace ``_run`` needs (0 for none)."""
 
-    def _fast_launcher(self, args: Any, artifact: CompiledArtifact) -> Callable[..., None] | None:
-        """Optional: ``launch(*tensors, cu_stream)`` that launches ``artifact`` (already run with
-        ``args``) for operands given in ``args.tensor_attributes`` order and a
-        ``cuda.bindings.driver.CUstream``, valid for any operands whose dtypes, shapes, strides,
-        pointer alignment and device equal ``args``'.
+    # ---- optional hooks ----------------------------------------------------------------
+    def _launcher(self, args: Any, artifact: CompiledArtifact) -> Launcher | None:
+        """Optional: how to launch ``artifact`` again for operands like ``args``' without ``_run``.
 
-        ``run`` binds it to the arguments' tensors (so running the same arguments again skips
-        ``_run``'s per-call work), and `kernel_api.ops` keys its dispatch on that raw tensor
-        metadata and calls it without building arguments. Return None (the default) when a
-        launch needs per-call work beyond the tensors (a workspace, an epilogue's extra
-        operands...).
+        Return a `Launcher` when every launch of ``artifact`` (already run with ``args``) for
+        operands whose raw metadata (dtypes, shapes, strides, pointer alignment, device) equal
+        ``args``' is ``function(*tensors, *tail, stream)``, the tensors in
+        ``args.tensor_attributes`` order: ``Launcher(artifact, tail)`` when the compiled object
+        takes the tensors, then constants, then the stream. ``run`` then binds it to the
+        arguments (running them again is one call), and `kernel_api.ops` launches later calls
+        with equal operand metadata through it, from its C launch table when the function is a
+        TVM-FFI function. None (the default) when a launch needs per-call work beyond the
+        tensors (a workspace, an epilogue's operands, an empty problem skipped...).
         """
-        return None
-
-    def _native_launch(self, args: Any, artifact: CompiledArtifact) -> tuple[Any, tuple] | None:
-        """Optional: ``(function, tail)``, a TVM-FFI function and constants such that
-        ``function(*tensors, *tail, stream)`` launches ``artifact`` for any operands whose raw
-        metadata equal ``args``' (as for `_fast_launcher`). `kernel_api.ops` records it in the
-        C launch table (`kernel_api.native`), so repeated calls are launched without Python
-        work. None (the default): calls stay on the Python path."""
         return None
 
     # ---- shared, final ---------------------------------------------------------------
@@ -234,19 +286,20 @@ class Kernel(metaclass=KernelMeta):
             # to their tensors, and (unless the caller vouches for them) a support check passed;
             # nothing is left to decide but the stream.
             try:
-                bound = args._bound
+                binding = args._binding
             except AttributeError:
-                bound = _UNBINDABLE
-            if bound is not None and bound[0] is compiled_artifact:
+                binding = _UNBINDABLE
+            if binding is not None and binding.artifact is compiled_artifact:
                 # The caller vouches for the operands: their snapshot launch. Otherwise the launch
                 # that reads the live tensors, once this kernel's support check passed for them.
-                launch = bound[3] if assume_supported_args else bound[1] if bound[2] is self else None
+                launch = (binding.snapshot if assume_supported_args
+                          else binding.launch if binding.checked_by is self else None)
                 if launch is not None:
-                    last = _utils._last_stream  # to_cuda_stream's one-entry cache, read inline
+                    last = _streams.last_stream  # to_cuda_stream's one-entry cache, read inline
                     launch(last[1] if stream is last[0] else to_cuda_stream(stream))
                     return
         else:
-            bound = _UNBINDABLE
+            binding = _UNBINDABLE
         if not assume_supported_args:
             # The verdict for these arguments is remembered on them: arguments are immutable
             # summaries, so running the same arguments again skips the checks.
@@ -268,29 +321,15 @@ class Kernel(metaclass=KernelMeta):
         self._run(args, compiled_artifact, stream, workspace)
         # Bind once per arguments (to the first artifact run with them); the binding names the
         # kernel whose support check passed for it, once a run with checks on has.
-        if workspace is None and (bound is None or (bound[0] is compiled_artifact and not assume_supported_args)):
+        if workspace is None and (binding is None or (binding.artifact is compiled_artifact and not assume_supported_args
+                                                      and binding.checked_by is not self)):
             self._bind(args, compiled_artifact, None if assume_supported_args else self)
 
     def _bind(self, args: Any, artifact: CompiledArtifact, checked_by: Kernel | None) -> None:
-        launch = self._bind_launch(args, artifact)
-        snapshot = None if launch is None else self._bind_snapshot_launch(args, artifact, launch)
-        args._bound = (artifact, launch, checked_by, snapshot)
-
-    def _bind_launch(self, args: Any, artifact: CompiledArtifact) -> Callable[[Any], None] | None:
-        """``launch(cu_stream)`` for ``args``' tensors, which ``run`` keeps on the arguments so
-        that running them again costs one call. The default binds `_fast_launcher`; kernels
-        may return something cheaper (e.g. a ``functools.partial`` of the compiled function)."""
-        launch = self._fast_launcher(args, artifact)
-        if launch is None:
-            return None
-        return functools.partial(launch, *(getattr(args, name) for name in args.tensor_attributes))
-
-    def _bind_snapshot_launch(self, args: Any, artifact: CompiledArtifact,
-                              launch: Callable[[Any], None]) -> Callable[[Any], None]:
-        """The bound launch that ``run(..., assume_supported_args=True)`` takes: one that may
-        hold operands converted once, when the arguments were bound (no per-call conversion).
-        The default is ``launch``, which reads the live tensors on every call."""
-        return launch
+        # (a method of its own: a comprehension over args inside run would make args a cell
+        # variable, which costs every call of run)
+        tensors = tuple(getattr(args, name) for name in args.tensor_attributes)
+        args._binding = Binding.of(self._launcher(args, artifact), artifact, tensors, checked_by)
 
     def _check_runnable(self, args: Any, artifact: CompiledArtifact | None) -> None:
         if not isinstance(args, Arguments):
@@ -329,3 +368,6 @@ class Kernel(metaclass=KernelMeta):
     def __repr__(self) -> str:
         metadata = self.__dict__.get("_metadata")
         return f"<{type(self).__name__} {metadata.kernel_name if metadata else '?'}>"
+
+
+_KERNEL_RUN, _KERNEL_SUPPORTS = Kernel.run, Kernel.supports

@@ -18,6 +18,7 @@ import kernel_api.arguments.gemm as arguments  # GemmArguments and the summaries
 from kernel_api import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, native
 from kernel_api.arguments.base import _overlaps
 from kernel_api.dtypes import DataType
+from kernel_api.launcher import Launcher
 from kernel_api.ops import dispatch as ops  # the front door's module: its caches and launch records
 from kernel_api.tuning.settings import current
 
@@ -64,18 +65,10 @@ class Recorder:
         self.function = tvm_ffi.convert(call)
 
 
-class NativeOnlyKernel:
-    """What ops needs from a kernel to record a native launch."""
-
-    def __init__(self, function, tail=()):
-        self.function, self.tail = function, tail
-
-    def _native_launch(self, args, artifact):
-        return self.function, self.tail
-
-
-def _record(fn, args, tensors, tag):
-    ops._record_native(NativeOnlyKernel(fn.function), None, args, current().policy, tensors, tag)
+def _record(fn, args, tag):
+    """Record ``fn`` in the C launch table for ``args``' tensors, as ops does after running them."""
+    tensors = tuple(getattr(args, name) for name in args.tensor_attributes)
+    ops._record_native(Launcher(fn.function), current().policy, tensors, tag)
 
 
 # ---- lazy negative / conjugate bits ---------------------------------------------------------------
@@ -126,7 +119,7 @@ def test_a_recalled_summary_never_bypasses_the_refusal(entry):
 def test_the_launch_table_never_launches_lazily_negated_operands(entry):
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), (A, B, out), ops._GEMM_TAG)
+    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)
     tag = current().policy_id | ops._GEMM_TAG
     assert entry.launch(tag, None, A, B, out) is True and fn.calls == 1
     for operands in ((_neg(A), B, out), (A, _neg(B), out), (A, B, _neg(out))):  # the recorded metadata, negated
@@ -139,7 +132,7 @@ def test_the_launch_table_never_launches_lazily_negated_operands(entry):
     with pytest.raises(ValueError, match="lazy negative bit"):  # a bound launch reading one raises
         entry.bind(fn.function, (_neg(A),), ())(None)
     x, y = torch.randn(6, 10), torch.empty(6, 10)
-    _record(fn, SoftmaxArguments(x, y), (x, y), ops._SOFTMAX_TAG)
+    _record(fn, SoftmaxArguments(x, y), ops._SOFTMAX_TAG)
     assert ops.softmax(x, out=y) is y and fn.calls == 2
     with pytest.raises(ValueError, match="operand x: has torch's lazy negative bit"):
         ops.softmax(_neg(x), out=y)
@@ -178,7 +171,7 @@ def test_per_call_reads_tell_a_lazily_negated_tensor_from_one_seen_before(entry)
     view at the address of a released one, not a known tensor whose storage was swapped."""
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), (A, B, out), ops._GEMM_TAG)
+    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)
     tag = current().policy_id | ops._GEMM_TAG
     summary = arguments._GEMM_SUMMARY
     assert entry.recall(summary, A, B, out) is not None
@@ -208,7 +201,7 @@ def test_the_c_paths_keep_no_tensor_alive(entry):
 
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), (A, B, out), ops._GEMM_TAG)  # (the arguments are released)
+    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)  # (the arguments are released)
     watch = [weakref.ref(t) for t in (A, B, out)]
     for _ in range(3):
         assert entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None) is out
@@ -225,7 +218,7 @@ def _python_launchers_only(monkeypatch, A, B, out, launched: list) -> None:
     monkeypatch.setattr(ops, "_current_device", lambda: -1)  # the CPU operands' "device"
     extents = tuple(ops.byte_extent(t) for t in (A, B, out))
     monkeypatch.setitem(ops._fast, ops._raw_gemm_key(current().policy, A, B, out),
-                        (lambda *t: launched.append(t), -1, current().policy, extents))
+                        (Launcher(lambda *t: launched.append(t)), -1, current().policy, extents))
 
 
 def test_the_python_fast_path_never_launches_lazily_negated_operands(monkeypatch):
@@ -313,7 +306,7 @@ def _saved_by_autograd(out: torch.Tensor):
 def test_ops_bump_the_version_of_outputs_written_from_the_c_table(entry):
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), (A, B, out), ops._GEMM_TAG)
+    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)
     y = _saved_by_autograd(out)
     version = out._version
     assert ops.gemm(A, B, out=out) is out and fn.calls == 1  # gemm_plain, in C
@@ -325,8 +318,8 @@ def test_ops_bump_the_version_of_outputs_written_from_the_c_table(entry):
     assert out._version > version
 
     x, soft, grad, grad_in = torch.randn(6, 10), torch.empty(6, 10), torch.randn(6, 10), torch.empty(6, 10)
-    _record(fn, SoftmaxArguments(x, soft), (x, soft), ops._SOFTMAX_TAG)
-    _record(fn, SoftmaxBackwardArguments(grad, soft, grad_in), (grad, soft, grad_in), ops._SOFTMAX_BACKWARD_TAG)
+    _record(fn, SoftmaxArguments(x, soft), ops._SOFTMAX_TAG)
+    _record(fn, SoftmaxBackwardArguments(grad, soft, grad_in), ops._SOFTMAX_BACKWARD_TAG)
     for call, written in ((lambda: ops.softmax(x, out=soft), soft),
                           (lambda: ops.softmax_backward(grad, soft, grad_in=grad_in), grad_in)):
         y = _saved_by_autograd(written)
@@ -340,7 +333,7 @@ def test_ops_bump_the_version_of_outputs_written_from_the_c_table(entry):
 def test_ops_bump_the_version_through_the_tvm_ffi_table_and_the_python_paths(entry, monkeypatch):
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), (A, B, out), ops._GEMM_TAG)
+    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)
     # without the CPython entry points: the TVM-FFI table's launch, from Python
     monkeypatch.setattr(ops, "_gemm_plain", None)
     monkeypatch.setattr(ops, "_table_launch", ops._declining_lazy_bits(native.table().launch))

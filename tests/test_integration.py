@@ -152,6 +152,7 @@ def test_ops_gemm_names_operands_that_are_not_tensors():
 
 def test_the_python_fast_path_never_launches_into_an_operand(monkeypatch):
     """Without the C table, a recorded launcher is skipped when out may overlap an operand."""
+    from kernel_api.launcher import Launcher
     from kernel_api.tuning.settings import current
 
     launched = []
@@ -159,7 +160,7 @@ def test_the_python_fast_path_never_launches_into_an_operand(monkeypatch):
     key = ops._raw_gemm_key(current().policy, A, B, A)
     monkeypatch.setattr(ops, "_table_launch", None)
     extents = tuple(ops.byte_extent(t) for t in (A, B, A))
-    monkeypatch.setitem(ops._fast, key, (lambda *t: launched.append(t), -1, current().policy, extents))
+    monkeypatch.setitem(ops._fast, key, (Launcher(lambda *t: launched.append(t)), -1, current().policy, extents))
     with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
         ops.gemm(A, B, out=A)
     assert not launched

@@ -257,7 +257,7 @@ def test_repeated_runs_of_the_same_arguments_see_new_data(dtype):
             tol = 2e-2 if dtype != torch.float32 else 1e-2
             torch.testing.assert_close(out.double(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
         if kernel.workspace_free:  # kernels that need a workspace get one per run: nothing to bind
-            assert args._bound[0] is artifact
+            assert args._binding.artifact is artifact
 
 
 @pytest.mark.parametrize("assume", [True, False], ids=["vouched", "checked"])
@@ -277,7 +277,7 @@ def test_bound_runs_see_new_data_on_any_stream_and_in_graphs(assume):
     kernel = _PreferCuteDsl().choose(args, kernel_api.get_kernels(args))
     artifact = kernel.compile(args)
     kernel.run(args, compiled_artifact=artifact)
-    live, snapshot = args._bound[1], args._bound[3]
+    live, snapshot = args._binding.launch, args._binding.snapshot
     if native.entry() is not None:
         assert isinstance(live, native.entry().BoundLaunch) and snapshot is live
         assert live.tensors == (A, B, out)
@@ -310,7 +310,7 @@ def test_bound_runs_see_new_data_on_any_stream_and_in_graphs(assume):
         graph.replay()
         torch.cuda.synchronize()
         check()
-    assert args._bound[1] is live and args._bound[3] is snapshot
+    assert args._binding.launch is live and args._binding.snapshot is snapshot
 
 
 class _PreferCuteDsl(kernel_api.Policy):

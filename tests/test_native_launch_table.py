@@ -13,6 +13,7 @@ import torch
 
 import kernel_api
 from kernel_api import native
+from kernel_api.launcher import Launcher
 from kernel_api.ops import dispatch as ops  # the front door's module: its caches and launch records
 from kernel_api.tuning.settings import current
 from gemm_family_utils import operand_variants
@@ -166,14 +167,7 @@ def test_bad_records_raise_clear_errors(table, bad, message):
     assert table.size() == 0
 
 
-class NativeOnlyKernel:
-    """What ops needs from a kernel to record a native launch."""
-
-    def __init__(self, function, tail=(None, None, 1.0, 0.0)):
-        self.function, self.tail = function, tail
-
-    def _native_launch(self, args, artifact):
-        return self.function, self.tail
+GEMM_TAIL = (None, None, 1.0, 0.0)  # C, bias, alpha, beta: what the GEMM kernels' launchers take
 
 
 def test_ops_gemm_launches_repeated_plain_calls_from_the_table(table):
@@ -182,8 +176,7 @@ def test_ops_gemm_launches_repeated_plain_calls_from_the_table(table):
     start = (-pool.data_ptr() % 1024) // 4  # two operands at the same offset modulo 1024 bytes
     A, A2 = pool[start:start + 128].view(16, 8), pool[start + 256:start + 384].view(16, 8)
     B, out = torch.randn(8, 4), torch.empty(16, 4)
-    args = kernel_api.GemmArguments(A, B, out)
-    ops._record_native(NativeOnlyKernel(fn.function), None, args, current().policy, (A, B, out), ops._GEMM_TAG)
+    ops._record_native(Launcher(fn.function, GEMM_TAIL), current().policy, (A, B, out), ops._GEMM_TAG)
     assert ops.gemm(A, B, out=out) is out and len(fn.calls) == 1
     if native.entry() is not None:
         assert ops._table_launch is native.entry().launch  # torch tensors read without allocating
@@ -223,8 +216,7 @@ def test_fake_tensors_of_tracers_never_launch_from_the_table(table):
     pool = torch.randn(4096)
     start = (-pool.data_ptr() % 1024) // 4
     A, B, out = (pool[start + i * 256:start + i * 256 + 64].view(8, 8) for i in range(3))  # 1024-byte aligned
-    args = kernel_api.GemmArguments(A, B, out)
-    ops._record_native(NativeOnlyKernel(fn.function), None, args, current().policy, (A, B, out), ops._GEMM_TAG)
+    ops._record_native(Launcher(fn.function, GEMM_TAIL), current().policy, (A, B, out), ops._GEMM_TAG)
     assert ops.gemm(A, B, out=out) is out and len(fn.calls) == 1
     tag = current().policy_id | ops._GEMM_TAG
     with FakeTensorMode() as mode:
@@ -253,10 +245,9 @@ def test_fake_tensors_of_tracers_never_launch_from_the_table(table):
 def test_policies_kept_alive_for_the_table_are_bounded(table, monkeypatch):
     fn = Recorder()
     A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
-    args = kernel_api.GemmArguments(A, B, out)
     monkeypatch.setattr(ops, "_FAST_LIMIT", 8)
     for _ in range(20):  # a new policy object per call
-        ops._record_native(NativeOnlyKernel(fn.function), None, args, kernel_api.PickAny(), (A, B, out), 1)
+        ops._record_native(Launcher(fn.function, GEMM_TAIL), kernel_api.PickAny(), (A, B, out), 1)
         assert len(ops._tagged_policies) <= 8 and table.size() <= 8
 
 
@@ -264,8 +255,7 @@ def test_ops_softmax_takes_the_table_only_for_the_last_dimension(table):
     fn = Recorder()
     x = torch.randn(6, 10)
     out = torch.empty_like(x)
-    args = kernel_api.SoftmaxArguments(x, out)
-    ops._record_native(NativeOnlyKernel(fn.function, ()), None, args, current().policy, (x, out), ops._SOFTMAX_TAG)
+    ops._record_native(Launcher(fn.function), current().policy, (x, out), ops._SOFTMAX_TAG)
     assert ops.softmax(x, out=out) is out and len(fn.calls) == 1 and len(fn.calls[0]) == 3
     with pytest.raises(ValueError, match="last dimension"):
         ops.softmax(x, dim=0, out=out)  # the same tensors, but not what was recorded
@@ -293,6 +283,18 @@ def test_kernels_offer_the_positional_ffi_function_behind_a_compiled_object():
                                execution_args=SimpleNamespace(has_pointer_address_arg_specs=True))
     assert ffi_function(pointers) is None  # needs Python-side argument conversion
     assert ffi_function(lambda *args: None) is None
+    # A Launcher calls the positional function behind an artifact's compiled object, where there is one.
+    launcher = Launcher(kernel_api.CompiledArtifact(wrapped, None), (1.0,))
+    assert launcher.function is function and launcher.ffi and launcher.tail == (1.0,)
+
+    class PointerAdapter(SimpleNamespace):
+        def __call__(self, *args):
+            return None
+
+    adapter = PointerAdapter(__tvm_ffi_object__=lambda: function,
+                             execution_args=SimpleNamespace(has_pointer_address_arg_specs=True))
+    launcher = Launcher(kernel_api.CompiledArtifact(adapter, None))
+    assert launcher.function is adapter and not launcher.ffi  # called as it is: it converts its arguments
 
 
 def test_launch_functions_keep_the_gil_unless_the_kernel_says_otherwise():

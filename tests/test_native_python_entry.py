@@ -15,7 +15,8 @@ import torch
 from kernel_api import native
 from kernel_api.ops import dispatch as ops  # the front door's module: its caches and launch records
 from kernel_api.tuning.settings import current
-from test_native_launch_table import NativeOnlyKernel
+from kernel_api.launcher import Launcher
+from test_native_launch_table import GEMM_TAIL
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 if native.module_path() is None:
@@ -161,31 +162,60 @@ def test_a_bound_launch_keeps_its_tensors_alive_until_collected(entry):
     assert watch() is None
 
 
-def test_cutedsl_kernels_bind_the_native_launch_when_they_keep_the_gil(entry):
+def test_launchers_bind_the_native_launch_when_the_function_keeps_the_gil(entry):
     from types import SimpleNamespace
 
+    from kernel_api import CompiledArtifact
     from kernel_api.providers.cutedsl.kernel import CuteDslKernel
 
-    fn = Recorder()
     A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
-    args = SimpleNamespace(A=A, B=B, out=out, tensor_attributes=("A", "B", "out"))
-    artifact = SimpleNamespace(compiled_obj=fn.function)
     for keep, native_launch in ((True, True), (False, False)):
-        kernel = SimpleNamespace(keep_gil_during_launch=keep, _launch_tail=lambda a: (1.0, 0))
-        launch = CuteDslKernel._bind_launch(kernel, args, artifact)
+        fn = Recorder()
+        # what cute_compile does with a kernel's keep_gil_during_launch
+        assert CuteDslKernel._launch_ready(SimpleNamespace(keep_gil_during_launch=keep), fn.function) is fn.function
+        launcher = Launcher(CompiledArtifact(fn.function, None), (1.0, 0))
+        launch = launcher.bind((A, B, out))
         assert isinstance(launch, entry.BoundLaunch) is native_launch
         launch(None)
         assert fn.calls[-1] == (seen(A), seen(B), seen(out), 1.0, 0, None)
+        # a native launch is its own snapshot (it already costs less than operands packed once)
+        assert (launcher.bind_snapshot((A, B, out), launch) is launch) is native_launch
     # a constant the native launch cannot hold: the partial converts it per call
-    kernel = SimpleNamespace(keep_gil_during_launch=True, _launch_tail=lambda a: ("fast",))
-    launch = CuteDslKernel._bind_launch(kernel, args, artifact)
+    fn = Recorder()
+    fn.function.release_gil = False
+    launch = Launcher(fn.function, ("fast",)).bind((A, B, out))
     assert not isinstance(launch, entry.BoundLaunch)
     launch(None)
     assert fn.calls[-1][3] == "fast"
-    # a native launch is its own snapshot (it already costs less than operands packed once)
-    bound = CuteDslKernel._bind_launch(SimpleNamespace(keep_gil_during_launch=True, _launch_tail=lambda a: ()),
-                                       args, artifact)
-    assert CuteDslKernel._bind_snapshot_launch(None, args, artifact, bound) is bound
+
+
+def test_kernel_run_binds_a_launchers_native_launch_and_calls_it_with_the_stream(entry):
+    """Kernel.run's bound path end to end on CPU: a kernel whose launcher holds a TVM-FFI
+    function that keeps the GIL runs again through the native bound launch."""
+    from cuda.bindings import driver
+
+    from kernel_api import GemmArguments
+    from toy_kernels import ToyGemm
+
+    fn = Recorder()
+    fn.function.release_gil = False
+
+    class NativeToy(ToyGemm):
+        def _launcher(self, args, artifact):
+            return Launcher(fn.function, (None, 2.0))
+
+    md = next(k for k in ToyGemm.generate_kernels(lambda m: m.operands.A.dtype.name == "f32")
+              if "ttt" in k.metadata.kernel_name and k.metadata.operands.A.divisibility == 1).metadata
+    kernel = NativeToy(md)
+    A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
+    args = GemmArguments(A, B, out)
+    artifact = kernel.compile(args)
+    kernel.run(args, compiled_artifact=artifact, stream=driver.CUstream(9), assume_supported_args=True)
+    assert not fn.calls and isinstance(args._binding.launch, entry.BoundLaunch)
+    assert args._binding.snapshot is args._binding.launch
+    kernel.run(args, compiled_artifact=artifact, stream=driver.CUstream(11), assume_supported_args=True)
+    assert len(fn.calls) == 1 and fn.calls[0][:5] == (seen(A), seen(B), seen(out), None, 2.0)
+    assert fn.calls[0][5].value == 11  # the CUstream, as the pointer it holds
 
 
 def test_ops_launch_through_the_entry(entry):
@@ -193,8 +223,7 @@ def test_ops_launch_through_the_entry(entry):
 
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    args = kernel_api.GemmArguments(A, B, out)
-    ops._record_native(NativeOnlyKernel(fn.function), None, args, current().policy, (A, B, out), ops._GEMM_TAG)
+    ops._record_native(Launcher(fn.function, GEMM_TAIL), current().policy, (A, B, out), ops._GEMM_TAG)
     assert ops._table_launch is entry.launch
     assert ops.gemm(A, B, out=out) is out and fn.calls[-1][:3] == (seen(A), seen(B), seen(out))
     assert ops.gemm(A, B, out=out, stream=12345) is out and len(fn.calls) == 2
@@ -238,7 +267,7 @@ def test_gemm_arguments_recalled_from_c_equal_those_computed_in_python(entry, mo
             computed = GemmArguments(A, B, out)
         assert _summary(first) == _summary(second) == _summary(computed)
         assert second.tensor_attributes is not first.tensor_attributes  # each arguments object owns its dict
-        assert second._bound is None and second._verdicts is None
+        assert second._binding is None and second._verdicts is None
     assert 0 < entry.remembered() <= len(problems)
 
 
@@ -306,7 +335,7 @@ def test_gemm_plain_launches_only_plain_calls_outside_modes_and_autograd(entry):
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
     tag = ops._GEMM_TAG
-    ops._record_native(NativeOnlyKernel(fn.function), None, kernel_api.GemmArguments(A, B, out), current().policy,
+    ops._record_native(Launcher(fn.function, GEMM_TAIL), current().policy,
                        (A, B, out), tag)
     assert ops._gemm_plain is entry.gemm_plain
 
@@ -336,7 +365,7 @@ def test_gemm_plain_launches_only_plain_calls_outside_modes_and_autograd(entry):
     assert len(fn.calls) == 3
 
     spare = torch.empty(16, 4)
-    ops._record_native(NativeOnlyKernel(fn.function), None, kernel_api.GemmArguments(A, B, spare), current().policy,
+    ops._record_native(Launcher(fn.function, GEMM_TAIL), current().policy,
                        (A, B, spare), tag)
     entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, lambda A, B: spare, ops.to_cuda_stream,
                         ops._increment_version)
@@ -353,7 +382,7 @@ def test_gemm_plain_leaves_kernels_that_raise_to_the_python_path(entry):
 
     fn = Recorder(raises=RuntimeError("launch failed"))
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    ops._record_native(NativeOnlyKernel(fn.function), None, kernel_api.GemmArguments(A, B, out), current().policy,
+    ops._record_native(Launcher(fn.function, GEMM_TAIL), current().policy,
                        (A, B, out), ops._GEMM_TAG)
     assert entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None) is None
     assert len(fn.calls) == 1

@@ -247,7 +247,7 @@ def test_launch_arguments_of_every_run_path():
         streamk.run(sk_args, compiled_artifact=CompiledArtifact(lambda *a: calls.append(a), streamk, 90), stream=stream,
                     workspace=workspace, assume_supported_args=True)
         assert calls[3][:9] == (A, B, out, None, None, 1.0, 0.0, 66, workspace) and calls[3][9] != 0
-        assert sk_args._bound is None  # a run with a workspace binds nothing
+        assert sk_args._binding is None  # a run with a workspace binds nothing
     finally:
         for k in (plain, streamk):
             k._clusters.pop(-1, None)  # registry instances are shared with other tests

@@ -70,7 +70,7 @@ class VectorAddArguments(Arguments):
         self.device_index = x.get_device()  # -1 for CPU and meta tensors
         # Kernel.run's state on these arguments (its support verdicts and its bound launch):
         # None until a kernel runs them.
-        self._verdicts = self._bound = None
+        self._verdicts = self._binding = None
         # Operand name -> attributes, in the order the kernels take the tensors.
         self.tensor_attributes = {name: TensorAttributes(from_torch(t.dtype), _UNIT, _alignment(t))
                                   for name, t in (("x", x), ("y", y), ("out", out))}

@@ -39,7 +39,7 @@ class Arguments:
     which thread blocks would race writing.
     """
 
-    __slots__ = ("tensor_attributes", "signature", "device", "device_index", "_verdicts", "_bound")
+    __slots__ = ("tensor_attributes", "signature", "device", "device_index", "_verdicts", "_binding")
 
     epilogue_signature = None
 

@@ -97,7 +97,7 @@ class GemmArguments(Arguments):
                  attributes, self.signature) = found.values
                 self.A, self.B, self.out = A, B, out
                 self.epilogue = self.epilogue_signature = None
-                self._verdicts = self._bound = None
+                self._verdicts = self._binding = None
                 self.tensor_attributes = attributes.copy()
                 return
             plain = (A, B, out)
@@ -164,7 +164,7 @@ class GemmArguments(Arguments):
         self.epilogue_signature = epilogue_signature
         self.device = device
         self.device_index = device_index
-        self._verdicts = self._bound = None
+        self._verdicts = self._binding = None
         self.tensor_attributes = {"A": a, "B": b, "out": o}
         self.signature = ("gemm", rank, a._key, b._key, o._key, acc, epilogue_signature, device_index)
         if plain is not None and plain[0] is A and plain[1] is B and plain[2] is out:  # no re-strided views

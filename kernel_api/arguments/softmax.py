@@ -78,7 +78,7 @@ class SoftmaxArguments(Arguments):
         self.x, self.out = x, out
         self.device = x.device
         self.device_index = x.get_device()
-        self._verdicts = self._bound = None
+        self._verdicts = self._binding = None
         self.tensor_attributes = {"x": xa, "out": oa}
         self.signature = ("softmax", xa._key, oa._key, x.get_device())
 
@@ -104,7 +104,7 @@ class SoftmaxBackwardArguments(Arguments):
         self.grad_out, self.out, self.grad_in = grad_out, out, grad_in
         self.device = out.device
         self.device_index = out.get_device()
-        self._verdicts = self._bound = None
+        self._verdicts = self._binding = None
         self.tensor_attributes = {"grad_out": ga, "out": oa, "grad_in": ia}
         self.signature = ("softmax_bwd", ga._key, oa._key, ia._key, out.get_device())
 

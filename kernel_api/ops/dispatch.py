@@ -24,13 +24,15 @@ from ..arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, Soft
 from ..core.errors import DeviceError
 from ..tuning.settings import _current as _settings  # the context variable itself: no call frame per op
 from ..tuning.settings import current
-from ..utils import _cu_streams, _current_raw_stream, to_cuda_stream
+from ..core.streams import cu_streams as _cu_streams, current_raw_stream as _current_raw_stream, to_cuda_stream
+from ..launcher import Launcher
 
 _dispatch: dict[tuple, tuple] = {}
-# Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> the chosen
-# kernel's launcher, so a repeated call skips building arguments (see _raw_gemm_key). The C
-# launch table (kernel_api.native) does the same without Python work where it can be built;
-# this dictionary serves kernels without a TVM-FFI function and machines without a compiler.
+# Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> (the chosen
+# kernel's Launcher, device index, policy, operand byte extents), so a repeated call skips
+# building arguments (see _raw_gemm_key). The C launch table (kernel_api.native) does the same
+# without Python work where it can be built; this dictionary serves kernels without a TVM-FFI
+# function and machines without a compiler.
 _fast: dict[tuple, tuple] = {}
 _FAST_LIMIT = 4096
 _table: Any = None  # the loaded C launch table, once a kernel has offered a native launch
@@ -74,9 +76,10 @@ def _may_overlap(out_ptr: int, a_ptr: int, b_ptr: int, extents: tuple[int, int, 
 
 
 def _launch_fast(found: tuple, stream: Any, *tensors: torch.Tensor) -> None:
-    launch, index = found[0], found[1]
+    """Launch ``_fast``'s entry on its device (not the current one)."""
+    launcher, index = found[0], found[1]
     with torch.cuda.device(index):
-        launch(*tensors, to_cuda_stream(stream))
+        launcher.launch(tensors, to_cuda_stream(stream))
 
 
 def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = (), tag: int = 0) -> None:
@@ -113,24 +116,24 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
     else:
         kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
     # Only when arguments kept the caller's tensors as they are (no re-strided views).
-    if tensors and all(getattr(args, name) is t for name, t in zip(args.tensor_attributes, tensors)):
+    if (fast_key is not None or tag) and tensors and all(
+            getattr(args, name) is t for name, t in zip(args.tensor_attributes, tensors)):
+        launcher = kernel._launcher(args, artifact)
+        if launcher is None:
+            return
         if fast_key is not None:
-            launch = kernel._fast_launcher(args, artifact)
-            if launch is not None:
-                if len(_fast) >= _FAST_LIMIT:
-                    _fast.clear()
-                # keep policy alive (its id() is in the key); extents for the overlap check
-                _fast[fast_key] = (launch, index, policy, tuple(byte_extent(t) for t in tensors))
-        if tag:
-            _record_native(kernel, artifact, args, policy, tensors, tag)
+            if len(_fast) >= _FAST_LIMIT:
+                _fast.clear()
+            # keep policy alive (its id() is in the key); extents for the overlap check
+            _fast[fast_key] = (launcher, index, policy, tuple(byte_extent(t) for t in tensors))
+        if tag and launcher.ffi:
+            _record_native(launcher, policy, tensors, tag)
 
 
-def _record_native(kernel: Any, artifact: Any, args: Any, policy: Any, tensors: tuple, tag: int) -> None:
-    """Enter the launch just made in the C launch table, when the kernel offers one."""
+def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) -> None:
+    """Enter ``launcher`` (a TVM-FFI function's) in the C launch table under ``tag`` for
+    operands with ``tensors``' raw metadata."""
     global _table, _table_launch, _gemm_plain
-    native_launch = kernel._native_launch(args, artifact)
-    if native_launch is None:
-        return
     if _table is None:
         _table = native.table()
         if _table is None:
@@ -144,12 +147,11 @@ def _record_native(kernel: Any, artifact: Any, args: Any, policy: Any, tensors: 
         else:
             _table.launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
             _table_launch = _declining_lazy_bits(_table.launch)
-    function, tail = native_launch
     if id(policy) not in _tagged_policies and len(_tagged_policies) >= _FAST_LIMIT:
         _table.clear()  # a policy per call would otherwise keep every policy alive
         _tagged_policies.clear()
     _tagged_policies[id(policy)] = policy
-    _table.record(id(policy) | tag, function, len(tensors), *tensors, *tail)
+    _table.record(id(policy) | tag, launcher.function, len(tensors), *tensors, *launcher.tail)
 
 
 def _declining_lazy_bits(launch: Any) -> Any:
@@ -257,12 +259,15 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
             device = _current_device()
             if found[1] != device:
                 _launch_fast(found, stream, A, B, out)
-            elif stream is None and _current_raw_stream is not None:
-                # the current stream of the device just read, without a second device query
-                cu_stream = _cu_streams.get(_current_raw_stream(device))
-                found[0](A, B, out, cu_stream if cu_stream is not None else to_cuda_stream(None))
             else:
-                found[0](A, B, out, to_cuda_stream(stream))
+                launcher = found[0]  # launcher.launch((A, B, out), stream), without its frame
+                if stream is None and _current_raw_stream is not None:
+                    # the current stream of the device just read, without a second device query
+                    cu_stream = _cu_streams.get(_current_raw_stream(device))
+                    launcher.function(A, B, out, *launcher.tail,
+                                      cu_stream if cu_stream is not None else to_cuda_stream(None))
+                else:
+                    launcher.function(A, B, out, *launcher.tail, to_cuda_stream(stream))
             if given:
                 _increment_version((out,))
             return out

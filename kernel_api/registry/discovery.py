@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ..arguments import Arguments
 from ..core.arch import resolve_cc
-from ..kernel import Kernel
+from ..kernel import Kernel, _prepare_class
 from ..metadata import KernelMetadata
 from .registration import Provider, _load_plugins, _select_providers
 from .state import (_candidates, _class_label, _error_text, _generation_errors, _instances, _invalidate, _lock,
@@ -25,6 +25,7 @@ def _generated(kernel_class: type[Kernel], cc: int | None, epilogue_args: Any, e
     if found is None:
         message = None
         try:
+            _prepare_class(kernel_class)  # methods assigned after registration, as notebooks do
             raw = kernel_class.generate_kernels(_always, epilogue_args, cc)
         except Exception as exc:  # noqa: BLE001 - one broken class must not break discovery
             message = f"generate_kernels(cc={cc}) raised {_error_text(exc)}"
@@ -121,6 +122,9 @@ def get_kernels(args: Arguments | None = None, metadata_filter: Callable[[Kernel
     _load_plugins()
     target = resolve_cc(cc, args.device if args is not None else None)
     chosen = _select_providers(providers)
+    for provider in chosen:  # methods assigned since (cached) instances were made, as notebooks do
+        for kernel_class in provider._classes:
+            _prepare_class(kernel_class)
     if args is None:
         owners = _name_owners(None, target, None, None)
         pool = [k for p in chosen for c in p.kernel_classes() for k in _generated(c, target, None, None)

@@ -12,6 +12,7 @@ and how to launch it::
         '''
         kernel_name = "scale<{T}>"
         variants = [{"T": "float"}]
+        supported_args_type = SoftmaxArguments
         operands = SoftmaxOperandsMetadata(TensorAttributes("f32", (0, 1)), TensorAttributes("f32", (0, 1)))
 
         def launch_config(self, args):

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from ...core.errors import DeviceError, KernelLaunchError
+from ...core.streams import stream_handle
 from .compiler import CompiledCuda
 
 _streams: dict[int, Any] = {}  # raw cudaStream_t -> cuda.core Stream (borrowed, not owned)
@@ -46,22 +47,9 @@ def _stream(handle: int) -> Any:
     return s
 
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def raw_stream(stream: Any, device_index: int | None) -> int:
-    """The raw handle for any accepted stream spelling, fast for the common ones."""
-    if stream is None:
-        if _raw_stream is not None:
-            return _raw_stream(torch.cuda.current_device() if device_index is None else device_index)
-        return torch.cuda.current_stream(device_index).cuda_stream
-    if type(stream) is int:
-        return stream
-    if isinstance(stream, torch.cuda.Stream):
-        return stream.cuda_stream
-    from ...utils import stream_handle
-
-    return stream_handle(stream)
+#: The raw handle of a stream spelling, None meaning the current stream of the device index given
+#: (the operands'): `kernel_api.core.streams.stream_handle`, under the name cuda_src kernels import.
+raw_stream = stream_handle
 
 
 class _DeviceLimits:

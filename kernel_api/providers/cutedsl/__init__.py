@@ -1,7 +1,46 @@
 """CuTe DSL provider: kernels written in NVIDIA's CuTe DSL, compiled with ``cute.compile``.
 
-``@CuTeDSLProvider.register`` makes a `CuteDslKernel` subclass discoverable. cutlass is
-imported only when a kernel compiles.
+To add a kernel family, subclass `CuteDslKernel` (``kernel_api.providers.cutedsl.kernel``) and
+decorate it with ``@CuTeDSLProvider.register``. Keep two files: an interface file with the
+subclass (metadata, generation, checks, compile and launch) and an implementation file with the
+``@cute.jit``/``@cute.kernel`` code, imported inside ``compile`` (cutlass is imported only when
+a kernel compiles); e.g. ``gemm/sm80_tensorop.py`` and ``gemm/implementations/sm80_tensorop_impl.py``.
+
+What the subclass implements (the contract is `kernel_api.kernel`'s):
+
+- ``supported_args_type``: the arguments class it accepts (e.g. ``GemmArguments``), or annotate
+  ``_supports(self, args: GemmArguments)``;
+- ``generate_kernels(metadata_filter, epilogue_args=None, cc=None)``, a static or class method:
+  every instance whose `KernelMetadata` passes ``metadata_filter``, none for an epilogue it
+  cannot fuse or a ``cc`` outside the metadata's range. Its ``__init__`` (if any) calls
+  ``super().__init__(metadata)``;
+- ``_supports(self, args) -> Status``: what metadata cannot express (shapes, limits...);
+- ``compile(self, args, cc=None) -> CompiledArtifact``: typically
+  ``CompiledArtifact(self.cute_compile(impl, *operands, make_fake_stream()), self)``.
+  `cute_compile` compiles for the requested ``cc`` (no GPU needed) or the GPU's, turns torch
+  tensors into fake tensors with dynamic shapes (`fake_tensor_like` keeps the metadata's
+  alignment) and caches the compiled function on disk;
+- ``_run(self, args, artifact, stream, workspace=None)``: typically
+  ``self.cute_run(artifact.compiled_obj, *tensors, *constants, to_cuda_stream(stream))``;
+- ``get_workspace_size(self, args) -> int``: bytes of workspace ``_run`` needs (0: none).
+
+``run`` and ``supports`` are final; kernel_api wraps ``compile`` (cc checked against the
+metadata, ``artifact.cc`` filled in).
+
+Optional:
+
+- ``_launcher(self, args, artifact) -> Launcher | None``: return
+  ``Launcher(artifact, tail)`` (``kernel_api.launcher``) when every launch for operands with
+  ``args``' dtypes, shapes, strides, alignment and device is ``compiled(*tensors, *tail,
+  stream)``. That one hook turns on ``run``'s one-call repeats, `kernel_api.ops`' dispatch
+  without building arguments and its C launch table. None (the default): launches that need
+  per-call work (a workspace, an epilogue's operands) always go through ``_run``;
+- ``compile_key(self, args, cc)``: when an artifact depends on more than ``args.signature``
+  (e.g. the epilogue's shape, or problem sizes a kernel specialises on);
+- ``workspace_free = True`` when ``get_workspace_size`` is always 0 (``run`` skips asking);
+- ``performance_hint``: a float policies rank families by before measuring (tensor-core
+  families about 1.0, SIMT about 0.1);
+- ``enable_tvm_ffi`` and ``keep_gil_during_launch``: `CuteDslKernel`'s knobs (see there).
 """
 
 from ...registry import Provider, register_provider

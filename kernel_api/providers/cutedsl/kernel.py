@@ -14,17 +14,16 @@ import inspect
 import os
 import sys
 import tempfile
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from ... import native
 from ...core.arch import arch_string, device_cc
-from ...core.artifact import CompiledArtifact
 from ...core.cache import DiskCache, make_key, tree_digest
 from ...core.dtypes import from_torch
 from ...core.errors import CompilationError, DeviceError, strip_ansi
 from ...kernel import Kernel, check_target_cc, compile_target_cc
+from ...launcher import ffi_function  # (also imported from here by benchmarks and tests)
 from ...metadata import TensorAttributes
 
 
@@ -149,13 +148,20 @@ def _compile_arg(value: Any) -> Any:
 
 
 class CuteDslKernel(Kernel):
-    """Base class of CuTe DSL kernels (register subclasses with ``@CuTeDSLProvider.register``)."""
+    """Base class of CuTe DSL kernels (register subclasses with ``@CuTeDSLProvider.register``).
+
+    The contract is `kernel_api.kernel`'s (the provider package's docstring sums it up);
+    ``cute_compile`` and ``cute_run`` are the helpers for ``compile`` and ``_run``. For the fast
+    path, ``_launcher`` returns ``Launcher(artifact, tail)`` when the compiled function takes
+    the operand tensors, then the constants ``tail``, then the stream.
+    """
 
     #: compile through TVM-FFI (torch tensors passed straight to the compiled function)
     enable_tvm_ffi: bool = True
     #: TVM-FFI functions release the GIL around every call by default; a launch returns in
     #: microseconds, and dropping and re-taking the GIL is a measurable part of that. Set False
     #: for kernels whose host side may block (other Python threads then wait for the call).
+    #: `cute_compile` marks the function (``release_gil``), and `Launcher.bind` reads the mark.
     keep_gil_during_launch: bool = True
 
     def cute_compile(self, impl: Any, *args: Any, **kwargs: Any) -> Any:
@@ -203,94 +209,6 @@ class CuteDslKernel(Kernel):
     def cute_run(self, compiled: Any, *args: Any) -> Any:
         """Call a function compiled by `cute_compile` (torch tensors go in as they are)."""
         return compiled(*args)
-
-    # ---- repeated launches ------------------------------------------------------------
-    def _launch_tail(self, args: Any) -> tuple | None:
-        """Optional: the constants that follow the operand tensors (``args.tensor_attributes``
-        order) when the compiled function is called for ``args``, the stream coming last.
-
-        Return it when every launch for operands with ``args``' raw metadata (dtypes, shapes,
-        strides, alignment, device) is ``compiled(*tensors, *tail, stream)``; that turns on
-        ``run``'s bound launch, `kernel_api.ops`' fast path and its C launch table. None (the
-        default) when a launch needs per-call work (a workspace, an epilogue's operands...).
-        """
-        return None
-
-    def _fast_launcher(self, args: Any, artifact: CompiledArtifact) -> Callable[..., None] | None:
-        tail = self._launch_tail(args)
-        if tail is None:
-            return None
-        compiled = ffi_function(artifact.compiled_obj) or artifact.compiled_obj
-
-        def launch(*tensors_then_stream: Any) -> None:
-            compiled(*tensors_then_stream[:-1], *tail, tensors_then_stream[-1])
-
-        return launch
-
-    def _bind_launch(self, args: Any, artifact: CompiledArtifact) -> Callable[[Any], None] | None:
-        tail = self._launch_tail(args)
-        if tail is None:
-            return None
-        tensors = tuple(getattr(args, n) for n in args.tensor_attributes)
-        function = ffi_function(artifact.compiled_obj)
-        if function is not None and self.keep_gil_during_launch:
-            entry = native.entry()  # its launches hold the GIL
-            if entry is not None:
-                try:
-                    # Reads the live tensors through torch's DLPack exchange API (no allocation)
-                    # and passes the tail converted once: cheaper than a bare call.
-                    return entry.bind(function, tensors, tuple(tail))
-                except TypeError:  # operands or constants it cannot hold: the partial converts them
-                    pass
-        # Everything but the stream is fixed for these arguments: a C-level partial, no Python frame.
-        return functools.partial(function or artifact.compiled_obj, *tensors, *tail)
-
-    def _bind_snapshot_launch(self, args: Any, artifact: CompiledArtifact,
-                              launch: Callable[[Any], None]) -> Callable[[Any], None]:
-        # Converting torch tensors for TVM-FFI costs ~0.1 us each per call; operands converted
-        # once make the vouched-for call cheaper than a bare call with torch tensors. Each is
-        # converted from its own alias, which keeps the storage alive even if the caller's
-        # tensor is later pointed elsewhere with set_ (unsupported, but then not a dangling pointer).
-        function = ffi_function(artifact.compiled_obj)
-        if function is None or not isinstance(launch, functools.partial) or launch.func is not function:
-            return launch  # a native bound launch already costs less than operands packed once
-        try:
-            import tvm_ffi
-
-            packed = [tvm_ffi.from_dlpack(t.detach()) if isinstance(t, torch.Tensor) else t for t in launch.args]
-        except Exception:  # a dtype DLPack cannot carry: the live launch converts per call
-            return launch
-        return functools.partial(function, *packed)
-
-    def _native_launch(self, args: Any, artifact: CompiledArtifact) -> tuple[Any, tuple] | None:
-        tail = self._launch_tail(args)
-        if tail is None:
-            return None
-        function = ffi_function(artifact.compiled_obj)
-        return None if function is None else (function, tail)
-
-
-def ffi_function(compiled: Any) -> Any:
-    """The positional TVM-FFI function behind a compiled object, or None.
-
-    Functions loaded from the artifact cache are TVM-FFI functions already; fresh compiles
-    with named parameters come wrapped in a Python keyword-argument adapter, whose positional
-    calls reach the same function. None when there is no function (compiled for another
-    architecture without a GPU) or when calls need Python-side conversion (pointer arguments).
-    """
-    try:
-        import tvm_ffi
-    except ImportError:  # compiled without TVM-FFI
-        return None
-    execution_args = getattr(compiled, "execution_args", None)
-    if execution_args is not None and getattr(execution_args, "has_pointer_address_arg_specs", False):
-        return None
-    if not isinstance(compiled, tvm_ffi.Function):
-        unwrap = getattr(compiled, "__tvm_ffi_object__", None)
-        compiled = unwrap() if unwrap is not None else None
-    if not isinstance(compiled, tvm_ffi.Function) or not compiled.__chandle__():
-        return None
-    return compiled
 
 
 _FUNCTION_NAME = "kernel_api_entry"

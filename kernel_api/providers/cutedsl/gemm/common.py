@@ -24,6 +24,7 @@ from typing import Any, Callable
 from ....arguments import EpilogueArguments, EpilogueSignature, GemmArguments
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
+from ....launcher import Launcher
 from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
                           GemmOperandsMetadata, KernelMetadata, TensorAttributes)
 from ....core.status import Status
@@ -172,7 +173,7 @@ class GemmKernelBase(CuteDslKernel):
       the implementation takes between ``beta`` and the stream (cluster counts, a workspace, a
       launch counter...): compile-time placeholders, and the values of one launch. By default
       there are none. A family with a workspace also implements ``get_workspace_size`` and clears
-      ``workspace_free``; a family with extra arguments also overrides ``_launch_tail``.
+      ``workspace_free``; a family with extra arguments also overrides ``_launcher`` (its tail).
     - ``batch_on_grid_z`` and ``specialise_c_alignment`` (class attributes, below), and
       `Kernel`'s ``performance_hint``.
     """
@@ -260,10 +261,10 @@ class GemmKernelBase(CuteDslKernel):
             artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, *extra(args, workspace),
                                   to_cuda_stream(stream))
 
-    def _launch_tail(self, args: GemmArguments) -> tuple | None:
+    def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
         if args.epilogue is not None or not (args.M and args.N and args.L):
             return None
-        return (None, None, 1.0, 0.0)  # C, bias, alpha, beta
+        return Launcher(artifact, (None, None, 1.0, 0.0))  # C, bias, alpha, beta
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         return 0

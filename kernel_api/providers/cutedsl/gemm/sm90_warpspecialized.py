@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from ....arguments import GemmArguments
 from ....core.dtypes import DataType
+from ....launcher import Launcher
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
 from ....utils import strides_to_layout_string
@@ -287,11 +288,11 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
             raise ValueError(f"{self.name}: {clusters} clusters exceed the {_MAX_SLOTS} stream-K slots")
         return (clusters, workspace, _next_epoch())
 
-    def _launch_tail(self, args: GemmArguments) -> tuple | None:
-        """C, bias, alpha, beta, clusters, workspace, epoch of a launch that needs nothing but
-        the tensors and the stream (no stream-K workspace, no epilogue, a non-empty problem, a
-        device seen before)."""
+    def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """The launch with C, bias, alpha, beta, clusters, workspace, epoch after the tensors,
+        for a launch that needs nothing but the tensors and the stream (no stream-K workspace,
+        no epilogue, a non-empty problem, a device seen before)."""
         if self._stream_k or args.epilogue is not None or not (args.M and args.N and args.L):
             return None
         clusters = self._clusters.get(args.device_index)
-        return None if clusters is None else (None, None, 1.0, 0.0, clusters, None, 0)
+        return None if clusters is None else Launcher(artifact, (None, None, 1.0, 0.0, clusters, None, 0))

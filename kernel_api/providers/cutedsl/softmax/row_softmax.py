@@ -20,6 +20,7 @@ from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....core.errors import UnsupportedArgumentsError
+from ....launcher import Launcher
 from ....metadata import KernelMetadata
 from ....core.status import Status
 from ....utils import to_cuda_stream
@@ -101,11 +102,11 @@ class _CuteSoftmaxBase(CuteDslKernel):
                 f"elements, got {cols}; compile for these arguments or call run without an artifact")
 
 
-    def _launch_tail(self, args: Any) -> tuple | None:
+    def _launcher(self, args: Any, artifact: CompiledArtifact) -> Launcher | None:
         # Two-dimensional operands go to the compiled function as they are (no rows view).
         if args.rows == 0 or args.cols == 0 or any(getattr(args, n).dim() != 2 for n in args.tensor_attributes):
             return None
-        return ()
+        return Launcher(artifact)
 
 
 def _rows_view(t: torch.Tensor, cols: int) -> torch.Tensor:
