@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from kernel_api import CompiledArtifact, DataType, KernelMetadata, Status, TensorAttributes
+from kernel_api.launcher import Launcher
 from kernel_api.providers.cutedsl import CuTeDSLProvider
 from kernel_api.providers.cutedsl.kernel import CuteDslKernel, fake_tensor
 from kernel_api.utils import to_cuda_stream
@@ -76,3 +77,8 @@ class CuteVectorAdd(CuteDslKernel):
         if args.n == 0:  # an empty grid is not a valid launch
             return
         self.cute_run(artifact.compiled_obj, args.x, args.y, args.out, to_cuda_stream(stream))
+
+    def _launcher(self, args: VectorAddArguments, artifact: CompiledArtifact) -> Launcher | None:
+        if args.n == 0:  # _run launches nothing for an empty vector: there is no launch to repeat
+            return None
+        return Launcher(artifact)  # compiled(x, y, out, stream): the tensors, no constants, the stream
