@@ -8,7 +8,7 @@ fixed order (deterministic, no workspace, one launch).
 
 Instances, per operand type (bf16, f16) and B layout (row-major ``A @ B``, or column-major
 ``x @ W.t()`` as nn.Linear computes it), one per padded row count MP in 8, 16, 32, 64, 128:
-an instance takes 1 <= M <= MP. A is row-major, out row-major, every operand 16-byte aligned
+an instance takes the M that it pads least (MP/2 < M <= MP; M <= 8 for MP=8). A is row-major, out row-major, every operand 16-byte aligned
 (base pointer, leading dimension, batch stride and contiguous extent: N and K are multiples of
 8); plain epilogue only (alpha=1, beta=0). The split count is chosen per shape at launch
 (`CudaGemmSmallM.split_for`); set ``kernel.split_k`` to force one (1, 2, 4 or 8). Design
@@ -18,7 +18,7 @@ notes and predictions: ``benchmarks/NOTES-small-m.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -83,6 +83,9 @@ CONFIGS: dict[int, SmallMConfig] = {
     128: SmallMConfig(128, 128, 64, 3, 2, 2, 2),
 }
 
+#: The fewest rows each instance takes: every M has exactly one instance, the one padding least.
+MIN_M: dict[int, int] = {mp: lo + 1 if lo else 0 for lo, mp in zip((0, *CONFIGS), CONFIGS)}
+
 # PickAny's time model of this family. gemm_cost's units are MACs per SM at full efficiency;
 # they are converted from predicted seconds with the rate that the Sm90 family's cost reached
 # on the H200 at 64x8192x8192 (issue #16: 43.8 us for 114.3M units of its 64x128 tile).
@@ -106,6 +109,14 @@ def _sm_count(device: torch.device | None) -> int:
     return count
 
 
+class LaunchPlan(NamedTuple):
+    """How one call is launched: the split-K count, the column tiles and the grid."""
+
+    split: int
+    tiles: int
+    grid: tuple[int, int, int]
+
+
 @CudaSourceProvider.register
 class CudaGemmSmallM(CudaSourceKernel):
     """Split-K GEMM for M <= 128 (bf16/f16, f32 accumulate, sm_90): streams B once with 16-byte
@@ -123,8 +134,19 @@ class CudaGemmSmallM(CudaSourceKernel):
         self.dtype: DataType = params["dtype"]
         self.b_kmajor: bool = params["b_layout"] == "col"
         self.config: SmallMConfig = CONFIGS[params["mp"]]
-        #: Force a split-K count (1, 2, 4 or 8) instead of the per-shape choice; for tuning and tests.
-        self.split_k: int | None = None
+        self._split_k: int | None = None
+
+    @property
+    def split_k(self) -> int | None:
+        """A forced split-K count (1, 2, 4 or 8) instead of the per-shape choice (None); for tuning and tests."""
+        return self._split_k
+
+    @split_k.setter
+    def split_k(self, value: int | None) -> None:
+        if value is not None and (type(value) is not int or value not in SPLITS):
+            raise ValueError(f"{self.metadata.kernel_name}: split_k must be None or one of {SPLITS} (it must divide "
+                             f"the cluster of {CLUSTER} CTAs that reduces the splits), got {value!r}")
+        self._split_k = value
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -148,7 +170,8 @@ class CudaGemmSmallM(CudaSourceKernel):
                                         TensorAttributes(dt, ROW, 8), accumulator_type=DataType.f32)
         design = BLASDesignMetadata(tile_shape=(c.mp, c.bn, c.bk), cluster_shape=(1, 1, CLUSTER), stages=c.stages,
                                     schedule="splitk_cluster",
-                                    extra=(("max_m", c.mp), ("warps", (c.wn, c.wm)), ("max_split_k", CLUSTER)))
+                                    extra=(("min_m", MIN_M[c.mp]), ("max_m", c.mp), ("warps", (c.wn, c.wm)),
+                                           ("max_split_k", CLUSTER)))
         # No fused epilogue (metadata epilogue None): calls with alpha/beta/bias/activation go elsewhere.
         return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=90, max_cc=90)
 
@@ -158,10 +181,13 @@ class CudaGemmSmallM(CudaSourceKernel):
 
     # ---- support --------------------------------------------------------------------------
     def _supports(self, args: GemmArguments) -> Status:
-        mp = self.config.mp
+        mp, lo = self.config.mp, MIN_M[self.config.mp]
         if args.M > mp:
-            return Status.fail(f"{self.metadata.kernel_name}: operand A has M={args.M} rows, more than this "
-                               f"instance's {mp} (the small-M family takes M <= 128)")
+            return Status.fail(f"operand A: M={args.M} rows, more than this instance's {mp} "
+                               f"(the small-M family takes M <= {max(CONFIGS)})")
+        if args.M < lo:
+            return Status.fail(f"operand A: M={args.M} rows, fewer than this instance's {lo} "
+                               f"(the instance for up to {lo - 1} rows pads less)")
         if args.N > _INDEX_LIMIT:
             return Status.fail(f"operand B: N={args.N:,} exceeds the kernel's 32-bit column index "
                                f"(at most {_INDEX_LIMIT:,})")
@@ -176,8 +202,8 @@ class CudaGemmSmallM(CudaSourceKernel):
         """The split-K count for a shape: the largest of 1, 2, 4, 8 that keeps every CTA resident
         at once (one wave: memory-bound CTAs of equal work then finish together) and gives each
         split at least two k-tiles; 1 when even that overfills the machine."""
-        if self.split_k is not None:
-            return self.split_k
+        if self._split_k is not None:
+            return self._split_k
         c = self.config
         tiles = -(-N // c.bn) * L
         ktiles = -(-K // c.bk)
@@ -191,14 +217,15 @@ class CudaGemmSmallM(CudaSourceKernel):
     def estimated_gemm_cost(self, args: GemmArguments, sm_count: int) -> float:
         """Predicted run time in `kernel_api.tuning.policies.gemm_cost` units (PickAny ranks by it).
 
-        The larger of streaming B from memory (plus A's re-reads from L2) and the mma.sync work
-        on MP padded rows, plus a fixed cost for launch, pipeline fill and reduction.
+        The larger of streaming B from memory (and B plus A's re-reads through L2) and the
+        mma.sync work on MP padded rows, plus a fixed cost for launch, pipeline fill and reduction.
         """
         c = self.config
         M, N, K, L = args.M, args.N, args.K, args.L
         b_bytes = 2 * N * K * L
         a_l2_bytes = 2 * M * K * L * -(-N // c.bn)
-        memory = b_bytes / _B_BYTES_PER_SECOND + a_l2_bytes / _L2_BYTES_PER_SECOND
+        # B passes through L2 on its way from memory, so L2 carries B and A's re-reads together.
+        memory = max(b_bytes / _B_BYTES_PER_SECOND, (b_bytes + a_l2_bytes) / _L2_BYTES_PER_SECOND)
         compute = 2 * c.mp * N * K * L / _MMA_FLOPS
         return (max(memory, compute) + _FIXED_SECONDS) * _COST_UNITS_PER_SECOND
 
@@ -208,32 +235,32 @@ class CudaGemmSmallM(CudaSourceKernel):
         return (f"ka_gemm_small_m::gemm_small_m<{_DT_TAG[self.dtype]}, {'true' if self.b_kmajor else 'false'}, "
                 f"{c.mp}, {c.bn}, {c.bk}, {c.stages}, {c.wn}, {c.wm}, {c.min_ctas}>")
 
-    def launch_config(self, args: GemmArguments) -> tuple:
+    def plan(self, args: GemmArguments) -> LaunchPlan:
+        """The launch for ``args``; the grid's x is padded to whole clusters (the padding CTAs
+        only join the cluster barriers)."""
         split = self.split_for(args.M, args.N, args.K, args.L, _sm_count(args.device))
         tiles = -(-args.N // self.config.bn)
-        return ((-(-tiles * split // CLUSTER) * CLUSTER, args.L, 1), self.config.threads, self.config.smem_bytes)
+        return LaunchPlan(split, tiles, (-(-tiles * split // CLUSTER) * CLUSTER, args.L, 1))
+
+    def launch_config(self, args: GemmArguments) -> tuple:
+        return self.plan(args).grid, self.config.threads, self.config.smem_bytes
 
     def _run(self, args: GemmArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        M, N, K, L = args.M, args.N, args.K, args.L
-        if M == 0 or N == 0 or L == 0:
+        if args.M == 0 or args.N == 0 or args.L == 0:
             return
         c = self.config
+        split, tiles, grid = self.plan(args)
         device = args.device.index
         if device is None:
             device = torch.cuda.current_device()
-        split = self.split_for(M, N, K, L, _sm_count(args.device))
-        if split not in SPLITS:
-            raise ValueError(f"{self.metadata.kernel_name}: split_k must be one of {SPLITS}, got {split!r}")
-        tiles = -(-N // c.bn)
-        grid = (-(-tiles * split // CLUSTER) * CLUSTER, L, 1)
         A, B, out = args.A, args.B, args.out
-        batched = A.dim() == 3 and L > 1
+        batched = A.dim() == 3 and args.L > 1
         ldb = B.stride(-1) if self.b_kmajor else B.stride(-2)
         artifact.compiled_obj.launch(
             raw_stream(stream, device), device, grid, c.threads, c.smem_bytes,
-            (A.data_ptr(), B.data_ptr(), out.data_ptr(), M, N, K, A.stride(-2), ldb, out.stride(-2),
+            (A.data_ptr(), B.data_ptr(), out.data_ptr(), args.M, args.N, args.K, A.stride(-2), ldb, out.stride(-2),
              A.stride(0) if batched else 0, B.stride(0) if batched else 0, out.stride(0) if batched else 0,
              split, tiles))
 
 
-__all__ = ["CLUSTER", "CONFIGS", "CudaGemmSmallM", "SmallMConfig"]
+__all__ = ["CLUSTER", "CONFIGS", "MIN_M", "CudaGemmSmallM", "LaunchPlan", "SmallMConfig"]
