@@ -92,7 +92,8 @@ MIN_M: dict[int, int] = {mp: lo + 1 if lo else 0 for lo, mp in zip((0, *CONFIGS)
 _COST_UNITS_PER_SECOND = 2.61e12
 _B_BYTES_PER_SECOND = 3.6e12     # sustained HBM read rate we expect when streaming B
 _L2_BYTES_PER_SECOND = 9.0e12    # A's re-reads (once per column tile) come from L2
-_MMA_FLOPS = 450e12              # dense mma.sync bf16/f16 rate on an H100/H200 (a lead, not a reading)
+# mma.sync on the H200: the Sm80 family reached 316-447 TFLOP/s at 4096^3-8192^3 (results/gemm-nvidia-h200.json)
+_MMA_FLOPS = 380e12
 _FIXED_SECONDS = 2.5e-6          # launch, pipeline fill and the cluster reduction
 
 
