@@ -26,6 +26,7 @@ Prints one table per (dtype, layout) last; JSON goes to benchmarks/results/small
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -40,7 +41,7 @@ sys.path.insert(0, ROOT)
 
 import kernel_api  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
-from kernel_api.providers.cuda_src.kernels.gemm_small_m import MIN_M, SPLITS, CudaGemmSmallM  # noqa: E402
+from kernel_api.providers.cuda_src.kernels.gemm_small_m import MIN_M, SPLITS, CudaGemmSmallM, SmallMConfig  # noqa: E402
 from kernel_api.tuning.policies import PickAny  # noqa: E402
 
 M_VALUES = (1, 8, 16, 64, 128)
@@ -242,6 +243,57 @@ def run_checks() -> None:
           f"forced splits bit-identical twice)", flush=True)
 
 
+# --explore: other tiles/pipelines per padded M (B column-major), each timed against the shipped config.
+ALT_CONFIGS = {
+    8: [SmallMConfig(8, 128, 128, 3, 4, 1, 2), SmallMConfig(8, 64, 64, 8, 4, 1, 3), SmallMConfig(8, 32, 128, 4, 2, 1, 4)],
+    16: [SmallMConfig(16, 128, 128, 3, 4, 1, 2), SmallMConfig(16, 64, 64, 8, 4, 1, 3),
+         SmallMConfig(16, 32, 128, 4, 2, 1, 4)],
+    64: [SmallMConfig(64, 64, 128, 3, 2, 2, 2), SmallMConfig(64, 128, 64, 6, 2, 2, 1)],
+    128: [SmallMConfig(128, 128, 64, 4, 2, 2, 1), SmallMConfig(128, 256, 64, 3, 4, 2, 1)],
+}
+EXPLORE_SHAPES = [(M, N, K) for M in (1, 16, 64, 128) for N, K in ((4096, 4096), (8192, 8192), (14336, 4096))]
+
+
+def explore(repeat: int) -> list[dict]:
+    """Each alternative config against the shipped one and torch (alternating), bf16, B column-major."""
+    found = []
+    shapes: dict = {}
+    for M, N, K in EXPLORE_SHAPES:
+        shape = shapes.get((N, K))
+        if shape is None:
+            shapes.clear()
+            shape = shapes[(N, K)] = Shape(torch.bfloat16, "col", N, K)
+        base = instance("bf16", "col", M)
+        As, outs, args = shape.for_m(M)
+        torch_outs = [torch.empty_like(o) for o in outs]
+        base_art = base.compile(args[0])
+        sets = shape.sets
+        for alt in ALT_CONFIGS[base.config.mp]:
+            rec = {"M": M, "N": N, "K": K, "config": vars(alt).copy(), "shipped": vars(base.config).copy()}
+            try:
+                k = copy.copy(base)  # same family and checks, another template instance
+                k.config = alt
+                art = k.compile(args[0])
+                outs[0].fill_(float("nan"))
+                k.run(args[0], compiled_artifact=art)
+                torch.cuda.synchronize()
+                check_output(outs[0], As[0], shape.Bs[0], f"explore {alt} M={M} N={N} K={K}")
+                rec["split"] = k.split_for(M, N, K, 1, _sm_count())
+                fns = {"alt": lambda i, k=k, art=art: k.run(args[i % sets], compiled_artifact=art,
+                                                             assume_supported_args=True),
+                       "shipped": lambda i: base.run(args[i % sets], compiled_artifact=base_art,
+                                                     assume_supported_args=True),
+                       "torch": lambda i: torch.matmul(As[i % sets], shape.Bs[i % sets], out=torch_outs[i % sets])}
+                rec["ms"], rec["host_bound"] = time_group(fns, repeat)
+                rec["alt_vs_shipped"] = rec["ms"]["shipped"] / rec["ms"]["alt"]
+            except Exception as exc:  # report and go on: exploration must not stop the run
+                rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            found.append(rec)
+    shapes.clear()
+    torch.cuda.empty_cache()
+    return found
+
+
 def geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
@@ -258,6 +310,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=40)
     p.add_argument("--no-splits", action="store_true", help="skip timing every forced split-K count")
     p.add_argument("--no-ops", action="store_true", help="skip ops.gemm (PickAny)")
+    p.add_argument("--explore", action="store_true", help="also time alternative tiles/pipelines (bf16, col)")
     p.add_argument("--tag", default="run")
     opts = p.parse_args()
     if not torch.cuda.is_available():
@@ -309,6 +362,7 @@ def main() -> None:
                     del shape
                     torch.cuda.empty_cache()
         print(f"sweep {sweep + 1}/{opts.sweeps} done at {time.perf_counter() - t0:.0f} s", flush=True)
+    explored = explore(opts.repeat) if opts.explore else []
     # Summaries.
     rows = []
     for key, rec in records.items():
@@ -344,7 +398,7 @@ def main() -> None:
     result = {"device": device, "torch": torch.__version__, "sm_count": _sm_count(), "copy_TBps": bw,
               "compile_seconds": compile_s, "options": vars(opts), "timing": "alternating launches behind a sleep "
               "kernel, CUDA events per launch, median of repeat per sweep, median over sweeps",
-              "summary": summary, "shapes": rows, "seconds": time.perf_counter() - t0}
+              "summary": summary, "shapes": rows, "explore": explored, "seconds": time.perf_counter() - t0}
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     name = f"small_m-{device.replace(' ', '_')}-{opts.tag}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]
@@ -375,6 +429,14 @@ def main() -> None:
             print(f"geomean x torch: kernel {s['geomean_speedup_kernel']:.3f} (min {s['min_speedup_kernel']:.2f}), "
                   f"ops {s['geomean_speedup_ops']:.3f}; >= 1.2x on {s['shapes_at_1.2x']}/{s['shapes']}; "
                   f">= 3.5 TB/s on {s['shapes_at_3.5TBps']}/{s['shapes']}; sweep spread {s['geomean_sweep_spread']:.3f}")
+    if explored:
+        print("\nexplore (bf16, B column-major): alternative config vs shipped, alternating; >1 = alternative faster")
+        for r in explored:
+            c = r["config"]
+            tag = f"bn{c['bn']} bk{c['bk']} st{c['stages']} w{c['wn']}x{c['wm']}"
+            res = (f"{r['alt_vs_shipped']:5.2f}  ({r['ms']['alt'] * 1e3:7.1f} us vs {r['ms']['shipped'] * 1e3:7.1f}, "
+                   f"torch {r['ms']['torch'] * 1e3:7.1f}; split {r['split']})" if "error" not in r else r["error"][:80])
+            print(f"{r['M']:>4} {r['N']:>6} {r['K']:>6}  {tag:<24} {res}")
     print(f"\n{device}, copy {bw:.2f} TB/s; JSON: {paths[0]}; {time.perf_counter() - t0:.0f} s total")
 
 
