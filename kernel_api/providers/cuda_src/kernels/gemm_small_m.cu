@@ -345,13 +345,25 @@ __global__ void __cluster_dims__(KA_CLUSTER, 1, 1) __launch_bounds__(WN * WM * 3
         const u32 off = p_u32 + (u32)((m * PS + nc * 8) * 4);
         float4 lo, hi;
         if (split > 1) {
-          lo = make_float4(0.f, 0.f, 0.f, 0.f);
-          hi = lo;
-          for (int q = 0; q < split; ++q) {  // rank order: the same sum whichever CTA computes it
-            const u32 src = map_rank(off, base_rank + (u32)q);
-            const float4 a = ld_cluster_f4(src), b = ld_cluster_f4(src + 16);
-            lo.x += a.x; lo.y += a.y; lo.z += a.z; lo.w += a.w;
-            hi.x += b.x; hi.y += b.y; hi.z += b.z; hi.w += b.w;
+          // Every partial's loads in flight at once (one remote round trip, not `split`), then
+          // the sum in rank order: the same bits whichever CTA computes it.
+          float4 plo[KA_CLUSTER], phi[KA_CLUSTER];
+#pragma unroll
+          for (int q = 0; q < KA_CLUSTER; ++q) {
+            if (q < split) {
+              const u32 src = map_rank(off, base_rank + (u32)q);
+              plo[q] = ld_cluster_f4(src);
+              phi[q] = ld_cluster_f4(src + 16);
+            }
+          }
+          lo = plo[0];
+          hi = phi[0];
+#pragma unroll
+          for (int q = 1; q < KA_CLUSTER; ++q) {
+            if (q < split) {
+              lo.x += plo[q].x; lo.y += plo[q].y; lo.z += plo[q].z; lo.w += plo[q].w;
+              hi.x += phi[q].x; hi.y += phi[q].y; hi.z += phi[q].z; hi.w += phi[q].w;
+            }
           }
         } else {
           lo = *reinterpret_cast<const float4*>(P + m * PS + nc * 8);
