@@ -407,9 +407,17 @@ def main() -> None:
     for path in paths:
         with open(path, "w") as f:
             json.dump(result, f, indent=1, default=str)
-    # The table, last.
+    if explored:
+        print("\nexplore (bf16, B column-major): alternative config vs shipped, alternating; >1 = alternative faster")
+        for r in explored:
+            c = r["config"]
+            tag = f"bn{c['bn']} bk{c['bk']} st{c['stages']} w{c['wn']}x{c['wm']}"
+            res = (f"{r['alt_vs_shipped']:5.2f}  ({r['ms']['alt'] * 1e3:7.1f} us vs {r['ms']['shipped'] * 1e3:7.1f}, "
+                   f"torch {r['ms']['torch'] * 1e3:7.1f}; split {r['split']})" if "error" not in r else r["error"][:80])
+            print(f"{r['M']:>4} {r['N']:>6} {r['K']:>6}  {tag:<24} {res}")
+    # The tables, last (B column-major, the decode case, at the very end).
     for dt in dtypes:
-        for layout in layouts:
+        for layout in sorted(layouts, key=lambda x: x == "col"):
             sel = [r for r in rows if r["dtype"] == dt and r["layout"] == layout]
             what = "x @ W.t(), B column-major" if layout == "col" else "A @ B, B row-major"
             print(f"\n{dt} {layout} ({what}); us = median over {opts.sweeps} sweeps of medians of {opts.repeat}; "
@@ -429,14 +437,6 @@ def main() -> None:
             print(f"geomean x torch: kernel {s['geomean_speedup_kernel']:.3f} (min {s['min_speedup_kernel']:.2f}), "
                   f"ops {s['geomean_speedup_ops']:.3f}; >= 1.2x on {s['shapes_at_1.2x']}/{s['shapes']}; "
                   f">= 3.5 TB/s on {s['shapes_at_3.5TBps']}/{s['shapes']}; sweep spread {s['geomean_sweep_spread']:.3f}")
-    if explored:
-        print("\nexplore (bf16, B column-major): alternative config vs shipped, alternating; >1 = alternative faster")
-        for r in explored:
-            c = r["config"]
-            tag = f"bn{c['bn']} bk{c['bk']} st{c['stages']} w{c['wn']}x{c['wm']}"
-            res = (f"{r['alt_vs_shipped']:5.2f}  ({r['ms']['alt'] * 1e3:7.1f} us vs {r['ms']['shipped'] * 1e3:7.1f}, "
-                   f"torch {r['ms']['torch'] * 1e3:7.1f}; split {r['split']})" if "error" not in r else r["error"][:80])
-            print(f"{r['M']:>4} {r['N']:>6} {r['K']:>6}  {tag:<24} {res}")
     print(f"\n{device}, copy {bw:.2f} TB/s; JSON: {paths[0]}; {time.perf_counter() - t0:.0f} s total")
 
 
