@@ -42,7 +42,6 @@ sys.path.insert(0, ROOT)
 import kernel_api  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
 from kernel_api.providers.cuda_src.kernels.gemm_small_m import MIN_M, SPLITS, CudaGemmSmallM, SmallMConfig  # noqa: E402
-from kernel_api.tuning.policies import PickAny  # noqa: E402
 
 M_VALUES = (1, 8, 16, 64, 128)
 NK_FULL = [(n, k) for n in (4096, 8192, 14336) for k in (4096, 8192, 14336)]
@@ -170,7 +169,7 @@ def bench_shape(shape: Shape, M: int, kernel: CudaGemmSmallM, artifact, repeat: 
     sets = shape.sets
     rec: dict = {"M": M, "N": shape.N, "K": shape.K, "sets": sets, "split": kernel.split_for(M, shape.N, shape.K, 1,
                                                                                           _sm_count())}
-    pick = PickAny().choose(args[0], kernel_api.get_kernels(args[0]))
+    pick = kernel_api.PickAny().choose(args[0], kernel_api.get_kernels(args[0]))
     rec["pickany"] = pick.metadata.kernel_name
 
     def run_kernel(i: int) -> None:

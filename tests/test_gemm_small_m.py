@@ -22,12 +22,11 @@ from kernel_api import GemmArguments
 from kernel_api.arguments import EpilogueArguments
 from kernel_api.core.errors import CompilationError
 from kernel_api.providers.cuda_src.kernels.gemm_small_m import CLUSTER, CONFIGS, MIN_M, SPLITS, CudaGemmSmallM
-from kernel_api.tuning.policies import PickAny
 from kernel_api.tuning.timing import relative_error
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
-# Relative Frobenius error allowed (output rounding dominates: half an ulp is 2^-9 / 2^-12 relative),
-# and the element-wise bound relative to |ref| (2x the half ulp) plus a floor relative to rms(ref).
+# Relative Frobenius error allowed (rounding the output dominates: unit roundoff 2^-8 for bf16, 2^-11
+# for f16), and the element-wise bound: twice the unit roundoff of |ref| plus 1e-3 of rms(ref).
 NORM_TOL = {torch.bfloat16: 5e-3, torch.float16: 1.5e-3}
 ELEM_RTOL = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
@@ -239,11 +238,11 @@ def test_split_plan():
 def test_pick_any_chooses_it_for_small_m_only(layout):
     for M in (8, 64, 128):
         args = _meta_args(M, 4096, 4096, layout=layout)
-        chosen = PickAny().choose(args, kernel_api.get_kernels(args, cc=90))
+        chosen = kernel_api.PickAny().choose(args, kernel_api.get_kernels(args, cc=90))
         assert isinstance(chosen, CudaGemmSmallM), (M, chosen)
     args = _meta_args(4096, 4096, 4096, layout=layout)
     candidates = kernel_api.get_kernels(args, cc=90)
-    assert candidates and not isinstance(PickAny().choose(args, candidates), CudaGemmSmallM)
+    assert candidates and not isinstance(kernel_api.PickAny().choose(args, candidates), CudaGemmSmallM)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------
@@ -273,7 +272,7 @@ def test_ops_gemm_picks_it_and_is_right():
     A = torch.randn(8, 4096, device="cuda").to(torch.bfloat16)
     W = torch.randn(4096, 4096, device="cuda").to(torch.bfloat16)
     args = GemmArguments(A, W.t(), torch.empty(8, 4096, device="cuda", dtype=torch.bfloat16))
-    assert isinstance(PickAny().choose(args, kernel_api.get_kernels(args)), CudaGemmSmallM)
+    assert isinstance(kernel_api.PickAny().choose(args, kernel_api.get_kernels(args)), CudaGemmSmallM)
     y = kernel_api.ops.gemm(A, W.t())
     ref = A.double() @ W.double().t()
     assert relative_error(y, ref) <= NORM_TOL[torch.bfloat16]
