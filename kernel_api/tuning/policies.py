@@ -38,8 +38,12 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     The busiest SM sets the time: it runs ceil(tiles / SMs) tiles (wave quantisation), each
     costing a full tile's work (edge tiles pay full price: tile utilisation) at an efficiency
     that grows with the tile's arithmetic intensity tm*tn/(tm+tn) and the family's
-    `Kernel.performance_hint`.
+    `Kernel.performance_hint`. A kernel whose time this tile model cannot describe (split-K,
+    memory-bound) gives its own estimate in these units: ``estimated_gemm_cost(args, sm_count)``.
     """
+    own = getattr(kernel, "estimated_gemm_cost", None)
+    if own is not None:
+        return own(args, sm_count)
     design = kernel.metadata.design
     tile = getattr(design, "tile_shape", None) or (64, 64, 8)
     tm, tn = tile[0], tile[1]

@@ -1,3 +1,4 @@
 """Imports the interface modules of the cuda_src provider's own kernels (registering them)."""
 
 from .kernels import softmax  # noqa: F401,E402  (registers CudaSoftmaxForward / CudaSoftmaxBackward)
+from .kernels import gemm_small_m  # noqa: F401,E402  (registers CudaGemmSmallM)
