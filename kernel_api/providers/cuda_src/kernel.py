@@ -48,7 +48,8 @@ from ...kernel import Kernel, compile_target_cc
 from ...metadata import KernelMetadata, OperandsMetadata
 from ...core.status import Status
 from .compiler import compile_cuda
-from .launcher import CudaLauncher, raw_stream
+from ...core.streams import stream_handle
+from .launcher import CudaLauncher
 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9]+")
 
@@ -250,7 +251,7 @@ class CudaSourceKernel(Kernel):
         device = args.device.index
         if device is None:
             device = torch.cuda.current_device()
-        artifact.compiled_obj.launch(raw_stream(stream, device), device, _hashable(grid), _hashable(block),
+        artifact.compiled_obj.launch(stream_handle(stream, device), device, _hashable(grid), _hashable(block),
                                      smem, self.kernel_arguments(args))
 
 

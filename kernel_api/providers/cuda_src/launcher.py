@@ -16,7 +16,6 @@ from typing import Any, Sequence
 import torch
 
 from ...core.errors import DeviceError, KernelLaunchError
-from ...core.streams import stream_handle
 from .compiler import CompiledCuda
 
 _streams: dict[int, Any] = {}  # raw cudaStream_t -> cuda.core Stream (borrowed, not owned)
@@ -47,9 +46,6 @@ def _stream(handle: int) -> Any:
     return s
 
 
-#: The raw handle of a stream spelling, None meaning the current stream of the device index given
-#: (the operands'): `kernel_api.core.streams.stream_handle`, under the name cuda_src kernels import.
-raw_stream = stream_handle
 
 
 class _DeviceLimits:

@@ -28,7 +28,7 @@ from ....core.status import Status
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from ..launcher import raw_stream
+from ....core.streams import stream_handle
 
 ROW = (0, 0, 1)
 COL = (0, 1, 0)
@@ -258,7 +258,7 @@ class CudaGemmSmallM(CudaSourceKernel):
         batched = A.dim() == 3 and args.L > 1
         ldb = B.stride(-1) if self.b_kmajor else B.stride(-2)
         artifact.compiled_obj.launch(
-            raw_stream(stream, device), device, grid, c.threads, c.smem_bytes,
+            stream_handle(stream, device), device, grid, c.threads, c.smem_bytes,
             (A.data_ptr(), B.data_ptr(), out.data_ptr(), args.M, args.N, args.K, A.stride(-2), ldb, out.stride(-2),
              A.stride(0) if batched else 0, B.stride(0) if batched else 0, out.stride(0) if batched else 0,
              split, tiles))

@@ -30,7 +30,7 @@ from ....utils import MAX_GRID_X
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from ..launcher import raw_stream
+from ....core.streams import stream_handle
 
 _TYPES = {DataType.f32: "ka_softmax::F32", DataType.f16: "ka_softmax::F16", DataType.bf16: "ka_softmax::BF16"}
 LOOPED_THREADS = 512
@@ -161,7 +161,7 @@ class CudaSoftmaxForward(_SoftmaxBase):
         x, out = args.x, args.out
         device = x.device.index
         artifact.compiled_obj.launch(
-            raw_stream(stream, device), device, (rows + plan.rows_per_cta - 1) // plan.rows_per_cta, plan.threads, 0,
+            stream_handle(stream, device), device, (rows + plan.rows_per_cta - 1) // plan.rows_per_cta, plan.threads, 0,
             (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols))
 
 
@@ -180,5 +180,5 @@ class CudaSoftmaxBackward(_SoftmaxBase):
         g, y, d = args.grad_out, args.out, args.grad_in
         device = y.device.index
         artifact.compiled_obj.launch(
-            raw_stream(stream, device), device, (rows + plan.rows_per_cta - 1) // plan.rows_per_cta, plan.threads, 0,
+            stream_handle(stream, device), device, (rows + plan.rows_per_cta - 1) // plan.rows_per_cta, plan.threads, 0,
             (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols), cols))
