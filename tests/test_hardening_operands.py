@@ -432,7 +432,7 @@ class _PreferCuteDsl(kernel_api.Policy):
     """Chooses a CuTe DSL kernel when one is among the candidates (their launches are recordable)."""
 
     def choose(self, args, candidates):
-        return next((k for k in candidates if type(k).__name__.startswith("Cute")), candidates[0])
+        return next((k for k in candidates if k.metadata.provider == "cutedsl"), candidates[0])
 
 
 @pytest.mark.gpu

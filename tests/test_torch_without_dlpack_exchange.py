@@ -30,7 +30,9 @@ assert not hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
 
 
 def run(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KERNEL_API_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    # The checkout first, then the caller's path (where the DSL may come from, as on the GPU machine).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "KERNEL_API_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": path}
     env.pop("KERNEL_API_NATIVE", None)
     return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
