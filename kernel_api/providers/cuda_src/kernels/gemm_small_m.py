@@ -92,8 +92,11 @@ MIN_M: dict[int, int] = {mp: lo + 1 if lo else 0 for lo, mp in zip((0, *CONFIGS)
 _COST_UNITS_PER_SECOND = 2.61e12
 _B_BYTES_PER_SECOND = 3.6e12     # sustained HBM read rate we expect when streaming B
 _L2_BYTES_PER_SECOND = 9.0e12    # A's re-reads (once per column tile) come from L2
-# mma.sync on the H200: the Sm80 family reached 316-447 TFLOP/s at 4096^3-8192^3 (results/gemm-nvidia-h200.json)
-_MMA_FLOPS = 380e12
+# The rate this family's mma.sync work reaches on the H200 once it is compute-bound: 67-90 TFLOP/s
+# at M = 64 and 128 (benchmarks/results/small_m-NVIDIA_H200-s20-run1.json), far below the Sm80
+# family's 316-447 at large sizes. With it PickAny keeps M > 32 on the Sm90 family, which is
+# faster there (the family is 0.4-0.6x cuBLAS at M = 64 and 128).
+_MMA_FLOPS = 80e12
 _FIXED_SECONDS = 2.5e-6          # launch, pipeline fill and the cluster reduction
 
 
