@@ -189,7 +189,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     """``out = activation(alpha * A @ B + beta * C + bias)`` with the kernel the policy picks.
 
     ``out`` defaults to a new tensor of A's dtype, shape (..., M, N). Differentiable in A, B,
-    C and bias (without activation); traceable by ``torch.compile`` (``kernel_api::gemm``).
+    C and bias (an activation too); traceable by ``torch.compile`` (``kernel_api::gemm``).
     A repeated plain ``gemm(A, B, out=out)`` whose operands have the dtypes, shapes, strides,
     alignment and devices of an earlier call is launched from the C launch table.
     """
