@@ -22,6 +22,7 @@ from . import registry, kernel, providers  # noqa: E402  (providers register the
 from .tuning.policies import PickAny, PickBest, Policy  # noqa: E402
 from .tuning.settings import settings  # noqa: E402
 from . import ops  # noqa: E402
+from . import nn  # noqa: E402  (torch modules through ops)
 
 __version__ = "0.1.0"
 
@@ -32,5 +33,5 @@ __all__ = [
     "RegistrationError", "RowReductionDesignMetadata", "SoftmaxArguments", "SoftmaxBackwardArguments",
     "SoftmaxBackwardOperandsMetadata", "SoftmaxOperandsMetadata", "Status", "TensorAttributes",
     "UnsupportedArgumentsError", "available_providers", "explain", "get_kernels", "plugin_errors",
-    "register_provider", "PickAny", "PickBest", "Policy", "settings", "ops",
+    "register_provider", "PickAny", "PickBest", "Policy", "settings", "ops", "nn",
 ]

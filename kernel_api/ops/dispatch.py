@@ -87,13 +87,16 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
     arguments kept the caller's ``tensors`` as they are, record the kernel's launcher for
     them: in ``_fast`` under ``fast_key`` and in the C launch table under ``tag``."""
     args.check_memory()  # the run below assumes the arguments supported
-    policy = current().policy
+    scope = current()
+    policy = scope.policy
+    # scope_token: the policy, or (policy, providers) when settings restrict the providers
+    token = scope.scope_token
     if type(args) is GemmArguments:
         shape = (args.M, args.N, args.K, args.L)
     else:
         shape = (args.rows, args.cols)
     # The signature ends with the operands' device index, so choices are per device.
-    key = (id(policy), args.signature, shape)
+    key = (id(token), args.signature, shape)
     found = _dispatch.get(key)
     if found is None:
         device = args.device
@@ -101,11 +104,11 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             name = next(iter(args.tensor_attributes))
             raise DeviceError(f"operand {name} is on {device}; kernel_api.ops run on CUDA tensors")
         with torch.cuda.device(device):
-            candidates = registry.get_kernels(args)
+            candidates = registry.get_kernels(args, providers=scope.providers)
             if not candidates:
                 raise registry.no_kernel_error(args)
             kernel = policy.choose(args, candidates)
-            found = _dispatch[key] = (kernel, kernel.compile(args), policy)  # keep policy alive: id() stays unique
+            found = _dispatch[key] = (kernel, kernel.compile(args), token)  # keep token alive: id() stays unique
     kernel, artifact, _ = found
     # Honour the operands' device: launch (and take the default stream) there, not on
     # whichever device happens to be current.
@@ -125,9 +128,9 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             if len(_fast) >= _FAST_LIMIT:
                 _fast.clear()
             # keep policy alive (its id() is in the key); extents for the overlap check
-            _fast[fast_key] = (launcher, index, policy, tuple(byte_extent(t) for t in tensors))
+            _fast[fast_key] = (launcher, index, token, tuple(byte_extent(t) for t in tensors))
         if tag and launcher.ffi:
-            _record_native(launcher, policy, tensors, tag)
+            _record_native(launcher, token, tensors, tag)
 
 
 def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) -> None:
@@ -189,7 +192,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     """``out = activation(alpha * A @ B + beta * C + bias)`` with the kernel the policy picks.
 
     ``out`` defaults to a new tensor of A's dtype, shape (..., M, N). Differentiable in A, B,
-    C and bias (without activation); traceable by ``torch.compile`` (``kernel_api::gemm``).
+    C and bias (an activation too); traceable by ``torch.compile`` (``kernel_api::gemm``).
     A repeated plain ``gemm(A, B, out=out)`` whose operands have the dtypes, shapes, strides,
     alignment and devices of an earlier call is launched from the C launch table.
     """
@@ -251,7 +254,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
     if alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None:
         epilogue = EpilogueArguments(alpha=alpha, beta=beta, C=C, bias=bias, activation=activation)
     elif accumulator_type is None and type(A) is _Tensor and type(B) is _Tensor and type(out) is _Tensor:
-        fast_key = _raw_gemm_key(current().policy, A, B, out)
+        fast_key = _raw_gemm_key(current().scope_token, A, B, out)
         found = _fast.get(fast_key)
         # (the key has no lazy negative bit: such operands go to GemmArguments, which refuses them)
         if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found[3])

@@ -8,7 +8,8 @@ Each op runs the same dispatch as `kernel_api.ops` (the policy in force picks th
 has a fake (meta) implementation, so ``torch.compile(..., fullgraph=True)`` and
 ``torch.export`` trace through it without running anything. ``softmax`` and ``gemm`` have
 autograd formulas; softmax's backward runs the registry's backward kernels
-(`SoftmaxBackwardArguments`), gemm's runs two more GEMMs through the registry.
+(`SoftmaxBackwardArguments`), gemm's runs two more GEMMs through the registry (three with an
+activation: the pre-activation is recomputed, then multiplied by the activation's derivative).
 
 `kernel_api.ops` routes here by itself when it is traced or when an input requires grad, so
 users rarely call these ops directly.
@@ -48,18 +49,35 @@ def _gemm_fake(A, B, C=None, bias=None, alpha=1.0, beta=0.0, activation=None):
 
 def _gemm_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     A, B, C, bias, alpha, beta, activation = inputs
-    ctx.save_for_backward(A, B)
+    if activation is None:
+        ctx.save_for_backward(A, B)
+    else:
+        # The fused epilogue writes only activation(z); the backward recomputes the
+        # pre-activation z with one more GEMM (no second output, no extra memory held).
+        ctx.save_for_backward(A, B, C, bias)
     ctx.alpha, ctx.beta, ctx.activation = alpha, beta, activation
     ctx.has_C, ctx.bias_shape = C is not None, None if bias is None else tuple(bias.shape)
 
 
+def _activation_backward(grad: torch.Tensor, z: torch.Tensor, activation: str) -> torch.Tensor:
+    """dL/dz from dL/dy for ``y = activation(z)``, with the epilogue's formulas (gelu: tanh)."""
+    name = activation.lower()
+    if name == "relu":
+        return torch.ops.aten.threshold_backward(grad, z, 0)
+    if name == "gelu":
+        return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
+    if name == "silu":
+        return torch.ops.aten.silu_backward(grad, z)
+    raise ValueError(f"kernel_api::gemm backward: unknown activation {activation!r}")
+
+
 def _gemm_backward(ctx: Any, grad: torch.Tensor) -> tuple:
-    if ctx.activation is not None:
-        raise NotImplementedError(
-            f"kernel_api::gemm backward: activation {ctx.activation!r} has no gradient here; apply the activation "
-            f"outside the GEMM when training")
-    A, B = ctx.saved_tensors
+    A, B = ctx.saved_tensors[:2]
     grad = grad.contiguous()
+    if ctx.activation is not None:
+        C, bias = ctx.saved_tensors[2:]
+        z = torch.ops.kernel_api.gemm(A, B, C, bias, ctx.alpha, ctx.beta, None)
+        grad = _activation_backward(grad, z, ctx.activation).contiguous()
     gA = gB = gC = gbias = None
     # The transposed operands are column-major views: the kernels take them without copies.
     if ctx.needs_input_grad[0]:

@@ -23,6 +23,7 @@ ENTRY_POINT_GROUP = "kernel_api.providers"
 _BUILTIN_MODULES = (
     "kernel_api.providers.cutedsl.catalog",
     "kernel_api.providers.cuda_src.catalog",
+    "kernel_api.providers.torch_ops.catalog",
 )
 
 _plugins_loaded = False

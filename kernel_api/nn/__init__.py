@@ -1,0 +1,11 @@
+"""PyTorch modules through kernel_api: `Linear`, and `patch`/`unpatch` for whole models.
+
+    model = kernel_api.nn.patch(model)         # nn.Linear / GPT-2 Conv1D -> ops.gemm, bias and activation fused
+    y = model(x)                               # training, torch.compile and CUDA graphs work too
+    model = kernel_api.nn.unpatch(model)       # the original modules back
+"""
+
+from .linear import Conv1DLinear, Linear
+from .patching import FusedActivation, patch, patched_modules, unpatch
+
+__all__ = ["Conv1DLinear", "FusedActivation", "Linear", "patch", "patched_modules", "unpatch"]

@@ -1,0 +1,171 @@
+"""`Linear`: a `torch.nn.Linear` whose forward is one `kernel_api.ops.gemm` with the bias (and an
+optional activation) fused in the epilogue.
+
+    layer = kernel_api.nn.Linear(768, 3072, activation="gelu", device="cuda", dtype=torch.bfloat16)
+    y = layer(x)          # gelu_tanh(x @ W^T + b), one GEMM
+
+Also `Conv1DLinear`, the same forward for transformers' GPT-2 ``Conv1D`` (weight stored
+(in, out)), made as a subclass of the patched module's own class by `kernel_api.nn.patch`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..arguments.epilogue import ACTIVATIONS
+from ..core.errors import DeviceError
+from ..ops import dispatch as _ops
+
+# The epilogue's activations as torch functions (gelu: the tanh approximation, as the epilogue).
+_TORCH_ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": lambda z: F.gelu(z, approximate="tanh"),
+    "silu": F.silu,
+}
+_autocast_enabled = torch.is_autocast_enabled
+_grad_enabled = torch.is_grad_enabled
+
+
+def _check_activation(activation: Any) -> str | None:
+    if activation is None:
+        return None
+    if not isinstance(activation, str) or activation.lower() not in ACTIVATIONS:
+        raise ValueError(f"activation: unknown {activation!r}; expected one of {ACTIVATIONS} or None")
+    return activation.lower()
+
+
+def _project(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None,
+             activation: str | None, fuse_when_training: bool) -> torch.Tensor:
+    """``activation(x @ weight_kn + bias)`` over x's last dimension, leading dimensions kept.
+
+    Under autograd (grad mode on and x or a parameter requiring grad) the activation, unless
+    ``fuse_when_training``, is applied by torch after the GEMM (bias still fused): torch keeps
+    the pre-activation for the derivative, where the fused op's backward would recompute it
+    with one more GEMM (`kernel_api.ops.library`)."""
+    if x.device.type not in ("cuda", "meta"):
+        raise DeviceError(f"{_layer_name(layer)}: input is on {x.device}; kernel_api.nn layers run on CUDA tensors "
+                          f"(move the model with .cuda(), or kernel_api.nn.unpatch it)")
+    if _autocast_enabled("cuda"):
+        # As torch.nn.Linear under autocast: operands in the autocast dtype.
+        dtype = torch.get_autocast_dtype("cuda")
+        x, weight_kn = x.to(dtype), weight_kn.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    elif x.dtype != weight_kn.dtype:
+        raise TypeError(f"{_layer_name(layer)}: input dtype {x.dtype} differs from the weight's {weight_kn.dtype}; "
+                        f"cast the input or the layer (.to(dtype))")
+    elif bias is not None and bias.dtype != weight_kn.dtype:
+        raise TypeError(f"{_layer_name(layer)}: bias dtype {bias.dtype} differs from the weight's {weight_kn.dtype}")
+    K, N = weight_kn.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"{_layer_name(layer)}: input has {x.shape[-1]} features in its last dimension, "
+                         f"the layer takes {K}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    unfused = activation is not None and not fuse_when_training and _grad_enabled() and (
+        x.requires_grad or weight_kn.requires_grad or (bias is not None and bias.requires_grad))
+    if x2.shape[0] == 0:  # nothing to launch; torch gives the empty result (and its grads)
+        y = F.linear(x2, weight_kn.t(), bias)
+        unfused = activation is not None
+    else:
+        y = _ops.gemm(x2, weight_kn, bias=bias, activation=None if unfused else activation)
+    if unfused:
+        y = _TORCH_ACTIVATIONS[activation](y)
+    return y.reshape(*lead, N)
+
+
+def _layer_name(layer: torch.nn.Module) -> str:
+    name = getattr(layer, "kernel_api_name", None)
+    return f"layer {name!r} ({type(layer).__name__})" if name else type(layer).__name__
+
+
+class Linear(torch.nn.Linear):
+    """`torch.nn.Linear` through `kernel_api.ops.gemm`: ``y = activation(x @ W^T + b)``.
+
+    Same parameters, initialisation, ``state_dict`` keys and ``isinstance`` as
+    `torch.nn.Linear`; ``activation`` (None, "relu", "gelu" tanh approximation, "silu") is
+    fused into the GEMM's epilogue with the bias. Inputs of any rank (..., in_features) on
+    CUDA; the input's dtype must be the weight's (under ``torch.autocast`` both are cast to the
+    autocast dtype, as torch.nn.Linear does). Differentiable (the gradients are kernel_api
+    GEMMs through transposed layouts) and traceable by ``torch.compile(fullgraph=True)``.
+
+    While training, the activation is applied by torch after the fused-bias GEMM, so that the
+    pre-activation is kept for the backward instead of recomputed by a second GEMM; set
+    ``fuse_activation_when_training = True`` (class or instance) to fuse it there too.
+    A CPU input raises `DeviceError` naming the layer.
+    """
+
+    fuse_activation_when_training = False
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
+                 dtype: Any = None, *, activation: str | None = None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = _check_activation(activation)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, activation: str | None = None) -> "Linear":
+        """A `Linear` holding ``linear``'s own Parameter objects (and hooks, training flag):
+        nothing is copied, so state_dict keys and values stay those of ``linear``."""
+        new = _adopt(cls, linear)
+        new.activation = _check_activation(activation)
+        return new
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _project(self, input, self.weight.t(), self.bias, self.activation,
+                        self.fuse_activation_when_training)
+
+    def extra_repr(self) -> str:
+        act = f", activation={self.activation!r}" if self.activation else ""
+        return super().extra_repr() + act
+
+
+class Conv1DLinear(torch.nn.Module):
+    """The forward of transformers' GPT-2 ``Conv1D`` (``y = x @ W + b``, W of shape (nx, nf))
+    through `kernel_api.ops.gemm`, with an optional fused activation. `kernel_api.nn.patch`
+    mixes it in front of the patched module's own class, so ``isinstance`` and the
+    parameters stay those of ``Conv1D``."""
+
+    activation: str | None = None
+    fuse_activation_when_training = False
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _project(self, input, self.weight, self.bias, self.activation, self.fuse_activation_when_training)
+
+    def extra_repr(self) -> str:
+        base = super().extra_repr()
+        act = f"activation={self.activation!r}" if self.activation else ""
+        return ", ".join(p for p in (base, act) if p)
+
+
+def _adopt(cls: type, module: torch.nn.Module) -> Any:
+    """An instance of ``cls`` with ``module``'s state: the same Parameter, buffer and child
+    objects and hooks, held in dictionaries of its own (so later assignments on one module do
+    not reach the other)."""
+    new = cls.__new__(cls)
+    state = {}
+    for key, value in module.__dict__.items():
+        state[key] = value.copy() if isinstance(value, dict) else value
+    new.__dict__.update(state)
+    return new
+
+
+_conv1d_classes: dict[type, type] = {}
+
+
+def _conv1d_class(cls: type) -> type:
+    """``cls`` (a transformers Conv1D class) with `Conv1DLinear`'s forward in front."""
+    found = _conv1d_classes.get(cls)
+    if found is None:
+        found = _conv1d_classes[cls] = type(f"KernelApi{cls.__name__}", (Conv1DLinear, cls), {
+            "__module__": __name__,
+            "__doc__": f"{cls.__module__}.{cls.__qualname__} through kernel_api.ops.gemm (kernel_api.nn.patch)."})
+    return found
+
+
+def conv1d_from(module: torch.nn.Module, activation: str | None = None) -> torch.nn.Module:
+    """A kernel_api version of the transformers ``Conv1D`` ``module``, holding its Parameters."""
+    new = _adopt(_conv1d_class(type(module)), module)
+    new.activation = _check_activation(activation)
+    return new

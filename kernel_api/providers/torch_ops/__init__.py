@@ -1,0 +1,23 @@
+"""The ``torch`` provider: PyTorch's own operators (cuBLAS/cuBLASLt GEMMs, torch's softmax) as
+kernels beside ours, so discovery lists them and PickBest measures them too.
+
+`TorchGemm` runs ``torch.matmul`` (``torch._addmm_activation`` for a row bias with relu or
+gelu, cuBLASLt's fused epilogues; ``torch.addmm`` for a row bias alone), any layout and
+alignment of f16, bf16, f32 and f64; `TorchSoftmax` and `TorchSoftmaxBackward` run
+``torch._softmax`` and ``torch._softmax_backward_data``. Nothing is compiled: ``compile``
+returns an artifact holding nothing. PickAny ranks them below our tensor-core kernels and
+above the SIMT fallback (`TorchGemm.estimated_gemm_cost`). The package is named
+``torch_ops`` so that ``import torch`` inside it means PyTorch.
+"""
+
+from ...registry import Provider, register_provider
+
+
+@register_provider
+class TorchProvider(Provider):
+    """PyTorch's own operators, as kernels."""
+
+    name = "torch"
+
+
+__all__ = ["TorchProvider"]

@@ -1,0 +1,3 @@
+"""Imports the torch provider's kernels (registering them)."""
+
+from . import kernels  # noqa: F401  (registers TorchGemm, TorchSoftmax, TorchSoftmaxBackward)

@@ -1,0 +1,172 @@
+"""The "torch" provider (PyTorch's GEMM and softmax as kernels), PickAny's ranking of it, and
+``kernel_api.settings(providers=...)``. GPU tests (marked) run the kernels and the front door."""
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, get_kernels, ops
+from kernel_api.providers.torch_ops.kernels import TorchGemm, TorchSoftmax, TorchSoftmaxBackward
+from kernel_api.tuning.policies import rank_candidates
+from kernel_api.tuning.settings import current
+
+
+def _gemm_args(M, N, K, dtype=torch.bfloat16, b_col=True, device="cpu", epilogue=None):
+    A = torch.empty(M, K, dtype=dtype, device=device)
+    B = torch.empty(N, K, dtype=dtype, device=device).t() if b_col else torch.empty(K, N, dtype=dtype, device=device)
+    return GemmArguments(A, B, torch.empty(M, N, dtype=dtype, device=device), epilogue=epilogue)
+
+
+def _ranked(args):
+    return [k.metadata.kernel_name for k in rank_candidates(get_kernels(args, cc=90), args)]
+
+
+def test_torch_provider_is_listed_beside_ours_for_every_layout_and_dtype():
+    assert "torch" in kernel_api.available_providers()
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        for b_col in (False, True):
+            args = _gemm_args(37, 53, 29, dtype, b_col)  # odd: no alignment at all
+            torch_kernels = [k for k in get_kernels(args, cc=90) if k.metadata.provider == "torch"]
+            assert [type(k) for k in torch_kernels] == [TorchGemm]
+    # column-major output, fused epilogue, batched
+    A, B = torch.empty(3, 8, 16), torch.empty(3, 16, 24)
+    out = torch.empty(3, 24, 8).transpose(-1, -2)
+    epi = kernel_api.EpilogueArguments(alpha=2.0, bias=torch.empty(24), activation="silu")
+    assert any(k.metadata.provider == "torch" for k in get_kernels(GemmArguments(A, B, out, epilogue=epi), cc=90))
+    for dtype in (torch.bfloat16, torch.float64):
+        x = torch.empty(5, 7, dtype=dtype)
+        assert [type(k) for k in get_kernels(SoftmaxArguments(x, torch.empty_like(x)), cc=90, providers="torch")] \
+            == [TorchSoftmax]
+        assert [type(k) for k in get_kernels(SoftmaxBackwardArguments(x, x, torch.empty_like(x)), cc=90,
+                                             providers=["torch"])] == [TorchSoftmaxBackward]
+
+
+def test_torch_kernels_compile_to_nothing_without_a_gpu():
+    args = _gemm_args(64, 64, 64)
+    kernel = get_kernels(args, cc=90, providers="torch")[0]
+    artifact = kernel.compile(args, cc=90)
+    assert artifact.compiled_obj is None and artifact.kernel is kernel
+    assert kernel.get_workspace_size(args) == 0
+    # tile filters pass the library's instances over instead of failing on them
+    assert not get_kernels(args, cc=90, providers="torch", metadata_filter=lambda m: m.design.tile_shape[0] == 128)
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (8192, 768, 3072), (8192, 3072, 768), (256, 256, 256),
+                                   (64, 8192, 8192)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_pickany_keeps_our_tensor_core_kernels_first_on_aligned_shapes(shape, dtype):
+    names = _ranked(_gemm_args(*shape, dtype=dtype))
+    first_torch = next(i for i, n in enumerate(names) if n.startswith("TorchGemm"))
+    first_simt = next(i for i, n in enumerate(names) if n.startswith("SimtGemm"))
+    assert not names[0].startswith(("TorchGemm", "SimtGemm"))
+    assert first_torch < first_simt  # cuBLAS above the SIMT fallback even here
+
+
+@pytest.mark.parametrize("shape", [(1001, 1003, 999), (37, 53, 29), (4096, 4096, 4095), (8191, 768, 3071)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_pickany_prefers_torch_to_simt_where_simt_is_our_only_kernel(shape, dtype):
+    names = _ranked(_gemm_args(*shape, dtype=dtype))
+    assert names[0].startswith("TorchGemm"), names[:3]
+    assert all(n.startswith("SimtGemm") for n in names[1:])
+
+
+def test_settings_providers_restricts_and_keys_the_front_door_caches():
+    base = current()
+    assert base.providers is None and base.policy_id == id(base.policy)  # unrestricted: keyed as before
+    with kernel_api.settings(providers=["cutedsl", "cuda_src"]) as ours:
+        assert ours.providers == ("cuda_src", "cutedsl") and ours.policy is base.policy
+        assert ours.policy_id != base.policy_id
+        with kernel_api.settings(num_workers=2) as inner:  # inherited, same cache key
+            assert inner.providers == ours.providers and inner.policy_id == ours.policy_id
+    with kernel_api.settings(providers=["cuda_src", "cutedsl", "cutedsl"]) as again:
+        assert again.policy_id == ours.policy_id  # a scope entered again reuses its choices
+    with kernel_api.settings(providers="torch") as theirs:
+        assert theirs.policy_id not in (base.policy_id, ours.policy_id)
+    with kernel_api.settings(policy=kernel_api.PickAny(), providers=["torch"]) as other:
+        assert other.policy_id != theirs.policy_id
+    with pytest.raises(ValueError, match="unknown provider 'cublas'"):
+        with kernel_api.settings(providers=["cublas"]):
+            pass
+    with pytest.raises(ValueError, match="at least one"):
+        with kernel_api.settings(providers=[]):
+            pass
+    assert current() is base
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+def _rel(x, ref):
+    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("bias_kind", [None, "row", "column"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_torch_gemm_runs_every_epilogue(dtype, bias_kind, activation):
+    M, N, K = 96, 80, 72
+    A = torch.randn(M, K, device="cuda", dtype=dtype)
+    B = torch.randn(N, K, device="cuda", dtype=dtype).t()
+    C = torch.randn(M, N, device="cuda", dtype=dtype)
+    bias = {None: None, "row": torch.randn(N, device="cuda", dtype=dtype),
+            "column": torch.randn(M, 1, device="cuda", dtype=dtype)}[bias_kind]
+    for alpha, beta in ((1.0, 0.0), (0.5, 0.25)):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)  # sentinel
+        epi = kernel_api.EpilogueArguments(alpha=alpha, beta=beta, C=C if beta else None, bias=bias,
+                                           activation=activation)
+        args = GemmArguments(A, B, out, epilogue=epi)
+        kernel = get_kernels(args, providers="torch")[0]
+        kernel.run(args)
+        torch.cuda.synchronize()
+        z = alpha * (A.double() @ B.double()) + (beta * C.double() if beta else 0)
+        if bias is not None:
+            z = z + bias.double()
+        ref = {None: z, "relu": torch.relu(z), "gelu": torch.nn.functional.gelu(z, approximate="tanh"),
+               "silu": torch.nn.functional.silu(z)}[activation]
+        assert _rel(out, ref) <= {torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+
+
+@pytest.mark.gpu
+def test_torch_softmax_forward_and_backward_run():
+    x = torch.randn(33, 1000, device="cuda", dtype=torch.float32)
+    out = torch.full_like(x, float("nan"))
+    args = SoftmaxArguments(x, out)
+    get_kernels(args, providers="torch")[0].run(args)
+    ref = torch.softmax(x.double(), -1)
+    g = torch.randn_like(x)
+    grad_in = torch.full_like(x, float("nan"))
+    bargs = SoftmaxBackwardArguments(g, out, grad_in)
+    get_kernels(bargs, providers="torch")[0].run(bargs)
+    torch.cuda.synchronize()
+    assert _rel(out, ref) <= 1e-5
+    assert _rel(grad_in, ref * (g.double() - (g.double() * ref).sum(-1, keepdim=True))) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_front_door_honours_settings_providers():
+    from kernel_api.ops import dispatch
+    ops.clear_dispatch_cache()
+    A = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    ref = A.double() @ B.double()
+
+    def kernel_used():
+        # the entry of the one choice in the cache for the current scope
+        token = current().scope_token
+        return [found[0] for key, found in dispatch._dispatch.items() if key[0] == id(token)]
+
+    for _ in range(2):  # the second round comes from the caches: each scope keeps its own choice
+        with kernel_api.settings(providers=["torch"]):
+            assert _rel(ops.gemm(A, B), ref) <= 1e-2
+            assert ops.gemm(A, B).shape == (256, 384)
+            assert [k.metadata.provider for k in kernel_used()] == ["torch"]
+        with kernel_api.settings(providers=["cutedsl", "cuda_src"]):
+            assert _rel(ops.gemm(A, B), ref) <= 1e-2
+            assert [k.metadata.provider for k in kernel_used()] in (["cutedsl"], ["cuda_src"])
+    # the default (all providers) keeps our tensor-core kernel on this aligned shape
+    ops.gemm(A, B)
+    assert kernel_used()[0].metadata.provider != "torch"
+    # an odd shape (only SIMT of ours fits) goes to torch by default
+    A2 = torch.randn(101, 77, device="cuda", dtype=torch.bfloat16)
+    B2 = torch.randn(77, 55, device="cuda", dtype=torch.bfloat16)
+    assert _rel(ops.gemm(A2, B2), A2.double() @ B2.double()) <= 1e-2
+    assert any(type(k) is TorchGemm for k in kernel_used())
