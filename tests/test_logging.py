@@ -162,3 +162,65 @@ def test_library_code_never_prints():
             continue
         found += [f"{relative}:{line}" for line in print_calls(path.read_text())]
     assert not found, f"print() in library code (log with logging.getLogger(__name__) instead): {found}"
+
+
+# --- why repeated ops calls cannot use the fast paths: said once, when a kernel is first chosen ---
+
+class _StubKernel:
+    """What `dispatch._log_fast_path` reads of a kernel: its name and its `_launcher`."""
+
+    def __init__(self, launcher):
+        self.metadata = type("M", (), {"kernel_name": "StubGemm_x"})()
+        self.launcher = launcher
+
+    def _launcher(self, args, artifact):
+        return self.launcher
+
+
+def test_ops_fast_path_fallbacks_are_logged_at_debug(caplog, monkeypatch):
+    from kernel_api import native
+    from kernel_api.launcher import Launcher
+    from kernel_api.ops import dispatch
+
+    A, B, out = torch.randn(4, 8), torch.randn(8, 2), torch.empty(4, 2)
+    args = GemmArguments(A, B, out)
+    tensors, tag = (A, B, out), dispatch._GEMM_TAG
+
+    def said(kernel, fast_key=("key",), given=tensors, tag=tag):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="kernel_api.ops.dispatch"):
+            dispatch._log_fast_path(kernel, None, args, fast_key, given, tag)
+        return [r.getMessage() for r in caplog.records if r.name == "kernel_api.ops.dispatch"]
+
+    assert "epilogue" in said(_StubKernel(None), fast_key=None, tag=0)[0]
+    assert "re-stride" in said(_StubKernel(None), given=(A, B, out.clone()))[0]
+    assert "no fast path" in said(_StubKernel(None))[0]
+    assert "not a TVM-FFI function" in said(_StubKernel(Launcher(lambda *a: None, ())))[0]
+    monkeypatch.setattr(native, "table", lambda: None)
+    monkeypatch.setattr(native, "why_not", lambda: "a test says so")
+    ffi = Launcher(lambda *a: None, ())
+    object.__setattr__(ffi, "ffi", True)  # as a TVM-FFI function's launcher says
+    assert "C launch table is unavailable (a test says so)" in said(_StubKernel(ffi))[0]
+    assert said(_StubKernel(ffi), fast_key=None, tag=tag)  # tag alone (softmax) still counts
+
+
+@pytest.mark.gpu
+def test_ops_log_the_choice_once_and_repeated_calls_log_nothing(caplog):
+    from kernel_api import ops
+
+    ops.clear_dispatch_cache()
+    A = torch.randn(256, 128, device="cuda", dtype=torch.float16)
+    B = torch.randn(128, 64, device="cuda", dtype=torch.float16)
+    out = torch.empty(256, 64, device="cuda", dtype=torch.float16)
+    with caplog.at_level(logging.DEBUG, logger="kernel_api"):
+        ops.gemm(A, B, out, alpha=2.0)  # an epilogue: every call takes the Python path
+        ops.gemm(A, B, out)
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        for _ in range(5):
+            ops.gemm(A, B, out, alpha=2.0)
+            ops.gemm(A, B, out)
+        torch.cuda.synchronize()
+    assert any("epilogue" in m for m in first), first
+    assert any("PickAny chose" in m for m in first), first
+    assert caplog.records == [], [r.getMessage() for r in caplog.records]

@@ -150,6 +150,9 @@ def _log_fast_path(kernel: Any, artifact: Any, args: Any, fast_key: tuple | None
     elif tag and not launcher.ffi:
         _log.debug("%s: not a TVM-FFI function, so not in the C launch table; repeated calls use the Python "
                    "fast path", name)
+    elif tag and native.table() is None:
+        _log.debug("%s: the C launch table is unavailable (%s); repeated calls stay on the Python path", name,
+                   native.why_not())
 
 
 def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) -> None:
@@ -159,8 +162,7 @@ def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) ->
     if _table is None:
         _table = native.table()
         if _table is None:
-            # (once per new operand metadata: the Python fast path serves the repeats)
-            _log.debug("C launch table unavailable (%s): repeated calls use the Python fast path", native.why_not())
+            # (no log record here: every softmax call comes here then; `_log_fast_path` says it once)
             return
         entry = native.entry()
         if entry is not None:
