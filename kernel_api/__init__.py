@@ -3,7 +3,14 @@
     args = kernel_api.GemmArguments(A, B, out, accumulator_type=torch.float32)
     kernels = kernel_api.get_kernels(args)
     kernels[0].run(args)
+
+Logging goes to the ``kernel_api`` logger (silent until configured; ``KERNEL_API_LOG_LEVEL=DEBUG``
+attaches a stderr handler): see `kernel_api.core.logs`.
 """
+
+from .core.logs import configure_from_environment as _configure_logging
+
+_configure_logging()  # first: records logged while the package imports go to its handler
 
 from . import arguments, artifact, dtypes, errors, metadata, status, utils
 from .arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments,

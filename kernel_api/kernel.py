@@ -45,6 +45,8 @@ from __future__ import annotations
 import abc
 import contextvars
 import functools
+import logging
+import time
 from typing import Any, Callable
 
 import torch
@@ -64,6 +66,10 @@ from .core.status import _SUCCESS, Status
 # compile method does not pass cc along.
 compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("compile_target_cc", default=None)
 
+# Whether a compile is in progress: a subclass's compile calling its base's is one compile, logged once.
+_compiling: contextvars.ContextVar[bool] = contextvars.ContextVar("kernel_api_compiling", default=False)
+_log = logging.getLogger(__name__)
+
 _FINAL_METHODS = ("run", "supports")
 _UNCHECKED = object()
 _UNBINDABLE = Binding(_UNCHECKED, None, None, None)  # arguments that cannot carry a bound launch
@@ -81,19 +87,41 @@ def _wrap_compile(fn: Callable) -> Callable:
         if target is not None:
             check_target_cc(self, target)
         token = compile_target_cc.set(target)
+        outer = _compiling.set(True) if not _compiling.get() else None
+        start = time.perf_counter()
         try:
             if target is None:
                 artifact = fn(self, args, *rest, **kwargs)
             else:
                 artifact = fn(self, args, target, *rest, **kwargs)
+        except BaseException as exc:
+            if outer is not None:
+                _log.debug("compile of %s for %s failed after %.3f s: %s", _kernel_name(self), _target(target),
+                           time.perf_counter() - start, type(exc).__name__)
+            raise
         finally:
             compile_target_cc.reset(token)
+            if outer is not None:
+                _compiling.reset(outer)
         if isinstance(artifact, CompiledArtifact) and artifact.cc is None:
             artifact.cc = target if target is not None else compile_target_cc.get()
+        if outer is not None:
+            _log.info("compiled %s for %s in %.3f s", _kernel_name(self),
+                      _target(getattr(artifact, "cc", None) or target), time.perf_counter() - start)
         return artifact
 
     compile._kernel_api_wrapped = True  # type: ignore[attr-defined]
     return compile
+
+
+def _kernel_name(kernel: "Kernel") -> str:
+    metadata = kernel.__dict__.get("_metadata")
+    return metadata.kernel_name if metadata is not None else type(kernel).__qualname__
+
+
+def _target(cc: Any) -> str:
+    """How a compile's log record names its target: "cc 90 (sm_90a)", or the current GPU's."""
+    return "the current GPU" if cc is None else f"cc {cc} ({arch_string(cc)})"
 
 
 def check_target_cc(kernel: "Kernel", cc: int) -> None:

@@ -21,6 +21,7 @@ an include folder), for keys that must change whenever a file the artifact was b
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import struct
@@ -37,6 +38,7 @@ _MAGIC = b"KAPICH1\n"  # 8 bytes: format of an entry file
 _HEADER = struct.Struct("<8s32sQ")  # magic, sha256(payload), payload length
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
 
+_log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _memory: dict[tuple[str, str, str], bytes] = {}  # fallback store for unwritable folders
 _warned: set[str] = set()
@@ -156,11 +158,13 @@ class DiskCache:
         """The bytes stored under ``key``, or None (missing, disabled, or corrupt and removed)."""
         if not cache_enabled():
             self.stats["misses"] += 1
+            _log.debug("%s cache miss (disabled by %s): %.16s", self.namespace, ENV_ENABLE, key)
             return None
         folder = self.directory
         memo = _memory.get((str(folder), self.namespace, key))
         if memo is not None:
             self.stats["hits"] += 1
+            _log.debug("%s cache hit (in memory): %.16s", self.namespace, key)
             return memo
         path = folder / f"{_file_key(key)}.bin"
         try:
@@ -168,6 +172,7 @@ class DiskCache:
                 blob = f.read()
         except OSError:
             self.stats["misses"] += 1
+            _log.debug("%s cache miss: %s", self.namespace, path)
             return None
         payload = decode_entry(blob)
         if payload is None:
@@ -175,12 +180,15 @@ class DiskCache:
             # never load it; drop it so the caller's rebuild replaces it.
             self.stats["corrupt"] += 1
             self.stats["misses"] += 1
+            _log.debug("%s cache entry %s is corrupt or truncated (%d bytes): deleted, a miss", self.namespace,
+                       path, len(blob))
             try:
                 os.unlink(path)
             except OSError:
                 pass
             return None
         self.stats["hits"] += 1
+        _log.debug("%s cache hit: %s (%d bytes)", self.namespace, path, len(payload))
         return payload
 
     def put(self, key: str, data: bytes) -> bool:
@@ -191,13 +199,14 @@ class DiskCache:
             raise TypeError(f"DiskCache.put: data must be bytes, got {type(data).__name__}")
         data = bytes(data)
         folder = self.directory
+        path = folder / f"{_file_key(key)}.bin"
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(encode_entry(data))
-                os.replace(tmp, folder / f"{_file_key(key)}.bin")
+                os.replace(tmp, path)
             except BaseException:
                 try:
                     os.unlink(tmp)
@@ -205,6 +214,7 @@ class DiskCache:
                     pass
                 raise
         except OSError as exc:
+            _log.debug("%s cache: %s is not writable (%s); entry kept in memory", self.namespace, folder, exc)
             with _lock:
                 _memory[(str(folder), self.namespace, key)] = data
                 if str(folder) not in _warned:
@@ -215,6 +225,7 @@ class DiskCache:
                         RuntimeWarning, stacklevel=2)
             return False
         self.stats["writes"] += 1
+        _log.debug("%s cache: stored %s (%d bytes)", self.namespace, path, len(data))
         return True
 
     def delete(self, key: str) -> None:

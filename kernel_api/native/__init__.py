@@ -16,7 +16,7 @@ finds the build for this interpreter (ABI tag, free-threaded or not). It is impo
 tvm_ffi, whose library provides the TVM-FFI symbols it leaves unresolved, and opened a second
 time as a TVM-FFI module for `table()`. Where it was not built (no compiler at install), or is
 damaged, built for other sources or another TVM-FFI, or with ``KERNEL_API_NATIVE=0``, `table()`
-and `entry()` return None, one warning says why, and callers stay on their Python paths.
+and `entry()` return None, one `RuntimeWarning` says why, and callers stay on their Python paths.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import os
 import struct
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +177,10 @@ def _load() -> Any:
         _state["error"] = f"tvm_ffi is not installed ({exc})"
     except (OSError, RuntimeError) as exc:  # NativeUnavailable, or TVM-FFI refusing the library
         _state["error"] = str(exc)
-    _log.warning("kernel_api: the C launch table is unavailable, repeated ops calls stay in Python: %s",
-                 _state["error"])
+    # A warning rather than a log record: the kernel_api logger is silent until configured, and
+    # a user should learn once that repeated calls are slower than they could be.
+    message = f"kernel_api: the C launch table is unavailable, repeated ops calls stay in Python: {_state['error']}"
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
     return None
 
 

@@ -15,6 +15,7 @@ in-place op would: a backward that saved it raises instead of using the overwrit
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from ..tuning.settings import current
 from ..core.streams import cu_streams as _cu_streams, current_raw_stream as _current_raw_stream, to_cuda_stream
 from ..launcher import Launcher
 
+_log = logging.getLogger(__name__)
 _dispatch: dict[tuple, tuple] = {}
 # Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> (the chosen
 # kernel's Launcher, device index, policy, operand byte extents), so a repeated call skips
@@ -109,6 +111,8 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
                 raise registry.no_kernel_error(args)
             kernel = policy.choose(args, candidates)
             found = _dispatch[key] = (kernel, kernel.compile(args), token)  # keep token alive: id() stays unique
+            if _log.isEnabledFor(logging.DEBUG):  # once per choice, never on repeated calls
+                _log_fast_path(kernel, found[1], args, fast_key, tensors, tag)
     kernel, artifact, _ = found
     # Honour the operands' device: launch (and take the default stream) there, not on
     # whichever device happens to be current.
@@ -133,6 +137,27 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             _record_native(launcher, token, tensors, tag)
 
 
+def _log_fast_path(kernel: Any, artifact: Any, args: Any, fast_key: tuple | None, tensors: tuple, tag: int) -> None:
+    """Say at DEBUG, when a kernel is first chosen for a problem, why its repeated calls will
+    not be recorded in the C launch table or the Python fast dictionary (nothing when they will)."""
+    name = kernel.metadata.kernel_name
+    if fast_key is None and not tag:
+        _log.debug("%s: calls with an epilogue or accumulator_type always take the Python path", name)
+        return
+    if not tensors or not all(getattr(args, n) is t for n, t in zip(args.tensor_attributes, tensors)):
+        _log.debug("%s: the arguments re-stride the operands, so repeated calls take the Python path", name)
+        return
+    launcher = kernel._launcher(args, artifact)
+    if launcher is None:
+        _log.debug("%s: no fast path (_launcher returned None); every call goes through Kernel.run", name)
+    elif tag and not launcher.ffi:
+        _log.debug("%s: not a TVM-FFI function, so not in the C launch table; repeated calls use the Python "
+                   "fast path", name)
+    elif tag and native.table() is None:
+        _log.debug("%s: the C launch table is unavailable (%s); repeated calls stay on the Python path", name,
+                   native.why_not())
+
+
 def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) -> None:
     """Enter ``launcher`` (a TVM-FFI function's) in the C launch table under ``tag`` for
     operands with ``tensors``' raw metadata."""
@@ -140,6 +165,7 @@ def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) ->
     if _table is None:
         _table = native.table()
         if _table is None:
+            # (no log record here: every softmax call comes here then; `_log_fast_path` says it once)
             return
         entry = native.entry()
         if entry is not None:
@@ -148,6 +174,8 @@ def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) ->
                                 _increment_version)
             _gemm_plain = entry.gemm_plain
         else:
+            _log.debug("the launch table's CPython entry points are unavailable (%s): launching through TVM-FFI",
+                       native.why_not_entry())
             _table.launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
             _table_launch = _declining_lazy_bits(_table.launch)
     if id(policy) not in _tagged_policies and len(_tagged_policies) >= _FAST_LIMIT:

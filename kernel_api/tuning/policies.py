@@ -10,6 +10,7 @@ point (`kernel_api.tuning.compile_worker`), so tuning from a script without an
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from ..kernel import Kernel
 from .records import TuningRecords, operation_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
 from .timing import relative_error, rotation_count, time_cuda
+
+_log = logging.getLogger(__name__)
+
 
 def _sm_count(device: torch.device | None) -> int:
     if device is not None and device.type == "cuda":
@@ -81,6 +85,13 @@ def estimated_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
     return row_cost(kernel, args, sm_count)
 
 
+def _problem(args: Any) -> str:
+    """A short description of a problem for log records (GEMM MxNxK, else rows x cols)."""
+    if isinstance(args, GemmArguments):
+        return f"GEMM M={args.M} N={args.N} K={args.K}" + (f" L={args.L}" if args.L != 1 else "")
+    return f"{type(args).__name__} {getattr(args, 'rows', '?')}x{getattr(args, 'cols', '?')}"
+
+
 def rank_candidates(kernels: list[Kernel], args: Any) -> list[Kernel]:
     """Candidates ordered by the analytic heuristic (cheapest first, generation order on ties)."""
     sm = _sm_count(getattr(args, "device", None))
@@ -100,7 +111,10 @@ class PickAny(Policy):
     def choose(self, args: Any, candidates: list[Kernel]) -> Kernel:
         if not candidates:
             raise registry.no_kernel_error(args)
-        return rank_candidates(candidates, args)[0]
+        chosen = rank_candidates(candidates, args)[0]
+        _log.debug("PickAny chose %s (best ranked of %d candidates) for %s", chosen.metadata.kernel_name,
+                   len(candidates), _problem(args))
+        return chosen
 
 
 @dataclass
@@ -165,7 +179,11 @@ class PickBest(Policy):
             if found is not None:
                 for k in candidates:
                     if k.metadata.kernel_name == found.kernel_name:
+                        _log.debug("PickBest: tuning record for %s on %s: %s (%.4f ms)", _problem(args),
+                                   device_name, found.kernel_name, found.median_ms)
                         return TuneResult(k, [Measurement(found.kernel_name, found.median_ms)], from_record=True)
+                _log.debug("PickBest: the tuning record's %s for %s is no candidate now; tuning again",
+                           found.kernel_name, _problem(args))
         ranked = rank_candidates(candidates, args)
         if self.max_candidates is not None:
             ranked = ranked[: self.max_candidates]
@@ -177,6 +195,12 @@ class PickBest(Policy):
             raise NoKernelFoundError(f"PickBest: every candidate failed to compile or verify ({details})")
         good.sort(key=lambda m: m.median_ms)
         winner = next(k for k in ranked if k.metadata.kernel_name == good[0].kernel_name)
+        _log.info("PickBest: %s wins for %s on %s at %.4f ms (%d of %d candidates verified; next: %s)",
+                  good[0].kernel_name, _problem(args), device_name, good[0].median_ms, len(good),
+                  len(measurements), ", ".join(f"{m.kernel_name} {m.median_ms:.4f} ms" for m in good[1:4]) or "none")
+        for m in measurements:
+            if m.failure is not None:
+                _log.debug("PickBest: %s failed: %s", m.kernel_name, m.failure)
         if self.use_records:
             self._records().record(device_name, cc, operation, shape, good[0].kernel_name, good[0].median_ms,
                                    {m.kernel_name: m.median_ms for m in good[1:]}, toolchain_versions())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import struct
 import threading
@@ -28,6 +29,7 @@ from ...core.cache import DiskCache, make_key, tree_digest
 from ...core.errors import CompilationError, strip_ansi
 
 _FORMAT = 1  # bump when the cached payload layout changes
+_log = logging.getLogger(__name__)
 _cache = DiskCache("cubin")
 _memo: dict[str, "CompiledCuda"] = {}  # this process's compiles, by cache key
 _memo_lock = threading.Lock()
@@ -152,12 +154,18 @@ def compile_cuda(source: str, *, cc: Any, name_expressions: Iterable[str], inclu
             try:
                 compiled = CompiledCuda.from_bytes(blob, key)
             except Exception:  # a well-formed entry of an unknown layout: rebuild it
+                _log.debug("NVRTC cubin cache miss: %s for %s: the entry has an unknown layout; deleted",
+                           source_name, arch)
                 _cache.delete(key)
             else:
                 compiled.seconds = time.perf_counter() - start
+                _log.debug("NVRTC cubin cache hit: %s %s for %s, loaded in %.3f s", source_name, list(names), arch,
+                           compiled.seconds)
                 with _memo_lock:
                     _memo[key] = compiled
                 return compiled
+        else:
+            _log.debug("NVRTC cubin cache miss: %s %s for %s (key %.16s)", source_name, list(names), arch, key)
     Program, ProgramOptions = _program_api()
     incs = user_incs + (default_include_dirs() if toolkit_headers else ())
     opts = ProgramOptions(name=source_name, arch=arch, std=std, define_macro=list(macro) or None,
@@ -176,6 +184,7 @@ def compile_cuda(source: str, *, cc: Any, name_expressions: Iterable[str], inclu
     compiled = CompiledCuda(cubin=bytes(obj.code), arch=arch, symbols=symbols, log=strip_ansi(log.text), key=key,
                             source_name=source_name)
     compiled.seconds = time.perf_counter() - start
+    _log.debug("NVRTC compiled %s %s for %s in %.3f s", source_name, list(names), arch, compiled.seconds)
     if use_cache:
         _cache.put(key, compiled.to_bytes())
     with _memo_lock:

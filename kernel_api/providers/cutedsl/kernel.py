@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 import sys
 import tempfile
+import time
 from typing import Any
 
 import torch
@@ -67,6 +69,7 @@ def fake_tensor_like(attrs: TensorAttributes, rank: int) -> Any:
 
 
 _artifacts = DiskCache("cutedsl")
+_log = logging.getLogger(__name__)
 
 
 # The package whose sources every artifact is keyed on: built-in kernels import helpers
@@ -188,16 +191,18 @@ class CuteDslKernel(Kernel):
         key = None
         if self.enable_tvm_ffi and not kwargs:
             key = _artifact_key(name, impl, converted, options, type(self).__module__)
-            loaded = _load_cached(key)
+            loaded = _load_cached(key, name)
             if loaded is not None:
                 return self._launch_ready(loaded)
+        start = time.perf_counter()
         try:
             compiled = cute.compile(impl, *converted, options=options, **kwargs)
         except Exception as exc:
             raise CompilationError(
                 f"{name}: CuTe DSL compilation for {arch_string(cc)} failed: {dsl_message(exc)}") from exc
+        _log.debug("cute.compile of %s for %s: %.3f s", name, arch_string(cc), time.perf_counter() - start)
         if key is not None:
-            _store(key, compiled)
+            _store(key, compiled, name)
         return self._launch_ready(compiled)
 
     def _launch_ready(self, compiled: Any) -> Any:
@@ -214,10 +219,13 @@ class CuteDslKernel(Kernel):
 _FUNCTION_NAME = "kernel_api_entry"
 
 
-def _load_cached(key: str) -> Any:
-    """A compiled function from the disk cache, or None (miss, disabled, unloadable entry)."""
+def _load_cached(key: str, name: str = "") -> Any:
+    """A compiled function from the disk cache, or None (miss, disabled, unloadable entry);
+    ``name`` (the kernel's) is for the log."""
+    start = time.perf_counter()
     data = _artifacts.get(key)
     if data is None:
+        _log.debug("CuTe DSL artifact cache miss: %s (key %.16s)", name, key)
         return None
     import cutlass.cute as cute
 
@@ -226,12 +234,18 @@ def _load_cached(key: str) -> Any:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         module = cute.runtime.load_module(path, enable_tvm_ffi=True)
-        return getattr(module, _FUNCTION_NAME)
-    except Exception:
+        function = getattr(module, _FUNCTION_NAME)
+    except Exception as exc:
         # A valid checksum but an object the loader rejects (e.g. other toolchain build):
         # drop it and recompile.
+        _log.debug("CuTe DSL artifact cache miss: %s: the cached object does not load (%s: %s); deleted",
+                   name, type(exc).__name__, exc)
         _artifacts.delete(key)
         return None
+    else:
+        _log.debug("CuTe DSL artifact cache hit: %s loaded in %.3f s (key %.16s)", name,
+                   time.perf_counter() - start, key)
+        return function
     finally:
         try:
             os.unlink(path)
@@ -239,9 +253,10 @@ def _load_cached(key: str) -> Any:
             pass
 
 
-def _store(key: str, compiled: Any) -> None:
+def _store(key: str, compiled: Any, name: str = "") -> None:
     export = getattr(compiled, "export_to_c", None)
     if export is None:
+        _log.debug("CuTe DSL artifact of %s not cached: the compiled object cannot be exported", name)
         return
     fd, path = tempfile.mkstemp(suffix=".o", prefix="kernel_api-")
     os.close(fd)
@@ -249,8 +264,8 @@ def _store(key: str, compiled: Any) -> None:
         export(path, function_name=_FUNCTION_NAME)
         with open(path, "rb") as f:
             _artifacts.put(key, f.read())
-    except Exception:
-        pass  # caching is an optimisation; the in-process artifact still works
+    except Exception as exc:  # caching is an optimisation; the in-process artifact still works
+        _log.debug("CuTe DSL artifact of %s not cached: %s: %s", name, type(exc).__name__, exc)
     finally:
         try:
             os.unlink(path)
