@@ -4,6 +4,7 @@
     kernel-api list softmax --rows 4096 --cols 1024 --dtype bf16
     kernel-api explain gemm ...
     kernel-api env [--json]          # versions, driver, GPUs, cache: paste it into bug reports
+    kernel-api records export FILE.json | records import FILE.json   # tuning records across machines
 
 Errors that kernel_api reports on purpose (`KernelApiError`, bad values, a missing optional
 dependency) print one line on stderr and exit non-zero; ``--debug`` (or ``KERNEL_API_DEBUG=1``)
@@ -194,6 +195,20 @@ def cmd_env(ns: argparse.Namespace) -> int:
     return run_env(as_json=ns.json)
 
 
+def cmd_records(ns: argparse.Namespace) -> int:
+    """Export the tuning records to a JSON file, or merge one in (the newer record wins per key)."""
+    from ..tuning.records import export_records, import_records
+
+    if ns.action == "export":
+        count = export_records(ns.file)
+        print(f"exported {count} tuning record(s) to {ns.file}")
+    else:
+        counts = import_records(ns.file)
+        print(f"imported {ns.file}: {counts.added} added, {counts.replaced} replaced, "
+              f"{counts.kept} kept (the local record was as new or newer)")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-api", description="Discover, explain, benchmark and tune kernels.")
     parser.add_argument("--debug", action="store_true",
@@ -229,11 +244,16 @@ def make_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cc", default=None)
     env_p = sub.add_parser("env", help="versions, CUDA driver, NVRTC, GPUs, cache and native module, for bug reports")
     env_p.add_argument("--json", action="store_true", help="as JSON")
+    records_p = sub.add_parser("records", help="move tuning records between machines (JSON)")
+    records_p.add_argument("action", choices=("export", "import"),
+                           help="export: write every record; import: merge, the newer record winning per key")
+    records_p.add_argument("file", help="the JSON file")
     return parser
 
 
 COMMANDS = {"list": cmd_list, "explain": cmd_explain, "demo": cmd_demo, "bench": cmd_bench, "tune": cmd_tune,
-            "cache": cmd_cache, "env": cmd_env}
+            "cache": cmd_cache, "env": cmd_env,
+            "records": cmd_records}
 
 
 def _debug(ns: argparse.Namespace) -> bool:
