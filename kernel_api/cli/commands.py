@@ -5,6 +5,7 @@
     kernel-api explain gemm ...
     kernel-api env [--json]          # versions, driver, GPUs, cache: paste it into bug reports
     kernel-api records export FILE.json | records import FILE.json   # tuning records across machines
+    kernel-api precompile --shapes FILE.json --cc 90 [--top N] [--workers N]   # fill the compile cache
 
 Errors that kernel_api reports on purpose (`KernelApiError`, bad values, a missing optional
 dependency) print one line on stderr and exit non-zero; ``--debug`` (or ``KERNEL_API_DEBUG=1``)
@@ -209,6 +210,12 @@ def cmd_records(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_precompile(ns: argparse.Namespace) -> int:
+    from .precompile import run_precompile
+
+    return run_precompile(ns.shapes, ns.cc, ns.top, ns.workers)
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-api", description="Discover, explain, benchmark and tune kernels.")
     parser.add_argument("--debug", action="store_true",
@@ -248,12 +255,19 @@ def make_parser() -> argparse.ArgumentParser:
     records_p.add_argument("action", choices=("export", "import"),
                            help="export: write every record; import: merge, the newer record winning per key")
     records_p.add_argument("file", help="the JSON file")
+    pre_p = sub.add_parser("precompile", help="compile the best-ranked kernels of known shapes into the cache "
+                                              "(no GPU needed)")
+    pre_p.add_argument("--shapes", required=True, help='JSON list of {"op": "gemm", "m", "n", "k", "dtype", '
+                                                       '"layout"} or {"op": "softmax", "rows", "cols", "dtype"}')
+    pre_p.add_argument("--cc", required=True, help="target compute capability, e.g. 90")
+    pre_p.add_argument("--top", type=int, default=1, help="candidates per shape, in PickAny's order (default 1)")
+    pre_p.add_argument("--workers", type=int, default=None, help="compile processes (default: min(4, CPUs))")
     return parser
 
 
 COMMANDS = {"list": cmd_list, "explain": cmd_explain, "demo": cmd_demo, "bench": cmd_bench, "tune": cmd_tune,
             "cache": cmd_cache, "env": cmd_env,
-            "records": cmd_records}
+            "records": cmd_records, "precompile": cmd_precompile}
 
 
 def _debug(ns: argparse.Namespace) -> bool:
