@@ -1,4 +1,5 @@
-"""``kernel-api precompile --shapes FILE --cc 90``: the shapes file and the command.
+"""``kernel-api precompile --shapes FILE --cc 90`` and ``kernel-api bundle create/install``:
+the shapes file and the commands.
 
 The shapes file is a JSON list of problems::
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from typing import Any, Callable
 
 from ..core.dtypes import to_dtype
@@ -96,7 +98,7 @@ def entry_arguments(entry: dict, index: int, source: str = "shapes file") -> Any
 
 def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
                    show: Callable[..., Any] = print) -> int:
-    """The command: compile, report, and return the exit status (1 when anything failed)."""
+    """``precompile``: compile, report, and return the exit status (1 when anything failed)."""
     from ..core.arch import normalize_cc
     from ..core.cache import cache_dir
     from ..tuning.precompile import default_workers, precompile
@@ -119,3 +121,49 @@ def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
     show(f"precompiled {len(results) - len(failed)} kernel(s) for {len(entries)} problem(s), cc {target}, "
          f"into {cache_dir()}" + (f"; {len(failed)} failed" if failed else ""))
     return 1 if failed else 0
+
+
+def run_bundle_create(path: str, shapes: str | None, cc: Any, top: int, workers: int | None,
+                      show: Callable[..., Any] = print) -> int:
+    """``bundle create``: pack the cache and the tuning records; with ``shapes``, compile those
+    shapes into a temporary cache folder first and pack only its kernels."""
+    from ..core.cache import ENV_DIR, cache_dir
+    from ..tuning.bundle import create_bundle
+    from ..tuning.records import TuningRecords
+
+    if shapes is None:
+        if cc is not None:
+            raise ValueError("--cc is for --shapes (it picks the architecture they are compiled for)")
+        manifest = create_bundle(path)
+    else:
+        records = TuningRecords(cache_dir() / "tuning.sqlite")
+        with tempfile.TemporaryDirectory(prefix="kernel_api-bundle-") as scratch:
+            # The workers inherit the environment: they compile into the scratch folder.
+            previous = os.environ.get(ENV_DIR)
+            os.environ[ENV_DIR] = scratch
+            try:
+                status = run_precompile(shapes, cc, top, workers, show=show)
+            finally:
+                if previous is None:
+                    del os.environ[ENV_DIR]
+                else:
+                    os.environ[ENV_DIR] = previous
+            if status != 0:
+                raise KernelApiError(f"bundle {path} not written: some kernels of {shapes} failed to compile")
+            manifest = create_bundle(path, cache_root=scratch, records=records)
+    kernels = len(manifest["files"]) - 1
+    show(f"wrote {path}: {kernels} compiled kernel(s) and the tuning records, for "
+         + ", ".join(f"{k} {v}" for k, v in manifest["toolchain"].items()))
+    return 0
+
+
+def run_bundle_install(path: str, show: Callable[..., Any] = print) -> int:
+    """``bundle install``: check the bundle and install it into the cache and the records."""
+    from ..core.cache import cache_dir
+    from ..tuning.bundle import install_bundle
+
+    counts = install_bundle(path)
+    show(f"installed {path} into {cache_dir()}: {counts.files_added} kernel(s) added, {counts.files_present} "
+         f"already present; records: {counts.records.added} added, {counts.records.replaced} replaced, "
+         f"{counts.records.kept} kept (the local record was as new or newer)")
+    return 0
