@@ -97,3 +97,12 @@ def test_bad_options_and_defaults(tmp_path, capsys):
     assert "cannot read it" in capsys.readouterr().err
     assert load_shapes(shapes)[0] == {"op": "softmax", "rows": 64, "cols": 1000, "dtype": "bf16"}
     assert load_shapes(shapes)[1]["batch"] is None
+
+
+def test_a_problem_without_kernels_is_reported_and_exits_1(tmp_path, capsys):
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps([{"op": "softmax", "rows": 4, "cols": 8, "dtype": "i32"}]))
+    assert main(["precompile", "--shapes", str(shapes), "--cc", "90"]) == 1
+    captured = capsys.readouterr()
+    assert "entry 0: no kernel: no kernel for SoftmaxArguments" in captured.err
+    assert "precompiled 0 kernel(s) for 1 problem(s), cc 90" in captured.out and "1 failed" in captured.out
