@@ -4,6 +4,9 @@
     kernel-api list softmax --rows 4096 --cols 1024 --dtype bf16
     kernel-api explain gemm ...
     kernel-api env [--json]          # versions, driver, GPUs, cache: paste it into bug reports
+    kernel-api records export FILE.json | records import FILE.json   # tuning records across machines
+    kernel-api precompile --shapes FILE.json --cc 90 [--top N] [--workers N]   # fill the compile cache
+    kernel-api bundle create FILE.tar [--shapes FILE.json --cc 90] | bundle install FILE.tar
 
 Errors that kernel_api reports on purpose (`KernelApiError`, bad values, a missing optional
 dependency) print one line on stderr and exit non-zero; ``--debug`` (or ``KERNEL_API_DEBUG=1``)
@@ -194,6 +197,36 @@ def cmd_env(ns: argparse.Namespace) -> int:
     return run_env(as_json=ns.json)
 
 
+def cmd_records(ns: argparse.Namespace) -> int:
+    """Export the tuning records to a JSON file, or merge one in (the newer record wins per key)."""
+    from ..tuning.records import export_records, import_records
+
+    if ns.action == "export":
+        count = export_records(ns.file)
+        print(f"exported {count} tuning record(s) to {ns.file}")
+    else:
+        counts = import_records(ns.file)
+        print(f"imported {ns.file}: {counts.added} added, {counts.replaced} replaced, "
+              f"{counts.kept} kept (the local record was as new or newer)")
+    return 0
+
+
+def cmd_precompile(ns: argparse.Namespace) -> int:
+    from .precompile import run_precompile
+
+    return run_precompile(ns.shapes, ns.cc, ns.top, ns.workers)
+
+
+def cmd_bundle(ns: argparse.Namespace) -> int:
+    from .precompile import run_bundle_create, run_bundle_install
+
+    if ns.action == "create":
+        return run_bundle_create(ns.file, ns.shapes, ns.cc, ns.top, ns.workers)
+    if ns.shapes is not None:
+        raise ValueError("--shapes is for `bundle create`")
+    return run_bundle_install(ns.file)
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-api", description="Discover, explain, benchmark and tune kernels.")
     parser.add_argument("--debug", action="store_true",
@@ -229,11 +262,33 @@ def make_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cc", default=None)
     env_p = sub.add_parser("env", help="versions, CUDA driver, NVRTC, GPUs, cache and native module, for bug reports")
     env_p.add_argument("--json", action="store_true", help="as JSON")
+    records_p = sub.add_parser("records", help="move tuning records between machines (JSON)")
+    records_p.add_argument("action", choices=("export", "import"),
+                           help="export: write every record; import: merge, the newer record winning per key")
+    records_p.add_argument("file", help="the JSON file")
+    pre_p = sub.add_parser("precompile", help="compile the best-ranked kernels of known shapes into the cache "
+                                              "(no GPU needed)")
+    pre_p.add_argument("--shapes", required=True, help='JSON list of {"op": "gemm", "m", "n", "k", "dtype", '
+                                                       '"layout"} or {"op": "softmax", "rows", "cols", "dtype"}')
+    pre_p.add_argument("--cc", required=True, help="target compute capability, e.g. 90")
+    pre_p.add_argument("--top", type=int, default=1, help="candidates per shape, in PickAny's order (default 1)")
+    pre_p.add_argument("--workers", type=int, default=None, help="compile processes (default: min(4, CPUs))")
+    bundle_p = sub.add_parser("bundle", help="carry compiled kernels and tuning records to other machines (tar)")
+    bundle_p.add_argument("action", choices=("create", "install"),
+                          help="create: pack the cache and records; install: check and unpack one")
+    bundle_p.add_argument("file", help="the bundle (.tar)")
+    bundle_p.add_argument("--shapes", default=None, help="create: compile these shapes (as `precompile` does) and "
+                                                         "pack only their kernels (default: the whole cache)")
+    bundle_p.add_argument("--cc", default=None, help="with --shapes: target compute capability, e.g. 90")
+    bundle_p.add_argument("--top", type=int, default=1, help="with --shapes: candidates per shape (default 1)")
+    bundle_p.add_argument("--workers", type=int, default=None, help="with --shapes: compile processes")
     return parser
 
 
 COMMANDS = {"list": cmd_list, "explain": cmd_explain, "demo": cmd_demo, "bench": cmd_bench, "tune": cmd_tune,
-            "cache": cmd_cache, "env": cmd_env}
+            "cache": cmd_cache, "env": cmd_env,
+            "records": cmd_records, "precompile": cmd_precompile,
+            "bundle": cmd_bundle}
 
 
 def _debug(ns: argparse.Namespace) -> bool:

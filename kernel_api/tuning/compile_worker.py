@@ -1,7 +1,8 @@
 """Compiling kernels in worker processes that never import the caller's ``__main__``.
 
 `PickBest` compiles its candidates in parallel so that the tuning process then loads each
-artifact from the shared disk cache in milliseconds. The workers are started as
+artifact from the shared disk cache in milliseconds; ``kernel-api precompile`` fills the cache
+with them ahead of time (`compile_requests`, requests of many shapes at once). The workers are started as
 ``python -m kernel_api.tuning.compile_worker``: unlike ``multiprocessing``'s spawn start method,
 that does not re-run the user's script (a script without an ``if __name__ == "__main__":``
 guard would otherwise start copies of itself).
@@ -39,7 +40,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..arguments import GemmArguments
+from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,11 @@ def describe_arguments(args: Any) -> tuple[str, dict] | None:
             return None  # epilogue tensors: compile in the parent
         return "gemm", {"A": tensor(args.A), "B": tensor(args.B), "out": tensor(args.out),
                         "acc": args.accumulator_type.value}
+    if isinstance(args, SoftmaxArguments):
+        return "softmax", {"x": tensor(args.x), "out": tensor(args.out), "dim": args.dim}
+    if isinstance(args, SoftmaxBackwardArguments):
+        return "softmax_bwd", {"grad_out": tensor(args.grad_out), "out": tensor(args.out),
+                               "grad_in": tensor(args.grad_in), "dim": args.dim}
     return None
 
 
@@ -96,6 +102,11 @@ def arguments_from_description(kind: str, description: dict) -> Any:
     if kind == "gemm":
         return GemmArguments(make(description["A"]), make(description["B"]), make(description["out"]),
                              accumulator_type=description["acc"])
+    if kind == "softmax":
+        return SoftmaxArguments(make(description["x"]), make(description["out"]), dim=description["dim"])
+    if kind == "softmax_bwd":
+        return SoftmaxBackwardArguments(make(description["grad_out"]), make(description["out"]),
+                                        make(description["grad_in"]), dim=description["dim"])
     raise ValueError(f"arguments kind {kind!r} is not one a worker can rebuild")
 
 
@@ -299,18 +310,38 @@ def compile_in_workers(args: Any, kernels: list, cc: int, num_workers: int,
     kind, description = described
     pending = []
     for kernel in kernels:
-        cls = type(kernel)
-        if importable_class(cls):
-            pending.append(CompileRequest(cls.__module__, cls.__qualname__, kernel.metadata.kernel_name, int(cc),
-                                          kind, description))
-        else:
-            logger.debug("%s: class %s.%s cannot be imported by a worker; compiled in this process",
-                         kernel.metadata.kernel_name, cls.__module__, cls.__qualname__)
-    if not pending:
-        return {}
+        request = compile_request(kernel, cc, kind, description)
+        if request is not None:
+            pending.append(request)
+    failures = compile_requests(pending, num_workers, progress=progress, timeout=timeout)
+    return {request.kernel_name: failure for request, failure in zip(pending, failures)}
+
+
+def compile_request(kernel: Any, cc: int, kind: str, description: dict) -> CompileRequest | None:
+    """The request that compiles ``kernel`` for described arguments (`describe_arguments`) and
+    ``cc`` in a worker, or None when a worker cannot import its class (it is logged)."""
+    cls = type(kernel)
+    if not importable_class(cls):
+        logger.debug("%s: class %s.%s cannot be imported by a worker; compiled in this process",
+                     kernel.metadata.kernel_name, cls.__module__, cls.__qualname__)
+        return None
+    return CompileRequest(cls.__module__, cls.__qualname__, kernel.metadata.kernel_name, int(cc), kind, description)
+
+
+def compile_requests(requests: list[CompileRequest], num_workers: int,
+                     progress: Callable[[int, int, str], None] | None = None,
+                     timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S) -> list[str | None]:
+    """Run compile ``requests`` (of any arguments and cc each) in up to ``num_workers`` worker
+    processes, filling the shared disk caches; returns, in the requests' order, None (compiled)
+    or the failure's message. A failure concerns that request only: the others go on, in a
+    fresh worker if the failing one died. ``progress`` and ``timeout`` are as in
+    `compile_in_workers`."""
+    if not requests:
+        return []
+    pending = list(enumerate(requests))
     total = len(pending)
     pending.reverse()  # popped from the end: the caller's order
-    results: dict[str, str | None] = {}
+    results: dict[int, str | None] = {}
     live: set[_Worker] = set()
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -324,7 +355,7 @@ def compile_in_workers(args: Any, kernels: list, cc: int, num_workers: int,
                 with lock:
                     if not pending:
                         return
-                    request = pending.pop()
+                    index, request = pending.pop()
                 failure: str | None
                 try:
                     if worker is None:
@@ -344,7 +375,7 @@ def compile_in_workers(args: Any, kernels: list, cc: int, num_workers: int,
                 if failure is not None:
                     logger.info("compile worker: %s: %s", request.kernel_name, failure)
                 with lock:  # one progress call at a time, in order
-                    results[request.kernel_name] = failure
+                    results[index] = failure
                     if progress is not None:
                         label = f"compiled {request.kernel_name}" if failure is None else f"{request.kernel_name}: {failure}"
                         progress(len(results), total, label)
@@ -376,7 +407,7 @@ def compile_in_workers(args: Any, kernels: list, cc: int, num_workers: int,
             t.join(timeout=_EXIT_GRACE_S)
     if errors:
         raise errors[0]
-    return results
+    return [results.get(i, "not compiled: the compile workers were stopped") for i in range(total)]
 
 
 if __name__ == "__main__":

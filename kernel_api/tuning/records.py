@@ -9,21 +9,29 @@ or damaged pages found by any query) is set aside as ``tuning.sqlite.corrupt-<ti
 recreated with a warning; an unwritable folder falls back to an in-memory database; a write
 that fails (locked past the busy timeout, disk full...) warns and the winner is kept for
 the rest of the process.
+
+Records move between machines as JSON (`export_records`, `import_records`; the command line's
+``kernel-api records export/import``): each record keeps its toolchain, and a merge keeps, per
+key (device, cc, operation, shape, toolchain key), the newer record, so an import never
+overwrites a newer local winner.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import sqlite3
+import tempfile
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
 from ..core.cache import cache_dir
+from ..core.errors import KernelApiError
 from ..core.toolchain import tuning_toolchain
 
 # The first schema's table, "records", had no toolchain key; its rows count as missing (an old
@@ -241,6 +249,40 @@ class TuningRecords:
             f"SELECT {_COLUMNS} FROM {_TABLE} ORDER BY created").fetchall())
         return [_from_row(r) for r in rows]
 
+    def merge(self, incoming: Iterable[TuningRecord]) -> "MergeCounts":
+        """Merge ``incoming`` records (of any toolchain) into the store, in one transaction.
+
+        Per key (device, cc, operation, shape, toolchain key) the newer record by ``created``
+        wins; on a tie the local one stays. Returns how many were added, replaced, and kept
+        because the local record was as new or newer.
+        """
+        incoming = list(incoming)
+
+        def work(conn: sqlite3.Connection) -> MergeCounts:
+            added = replaced = kept = 0
+            with conn:
+                for r in incoming:
+                    found = conn.execute(
+                        f"SELECT created FROM {_TABLE} WHERE device=? AND cc=? AND operation=? AND shape=? "
+                        f"AND toolchain_key=?", (r.device, r.cc, r.operation, r.shape, r.toolchain_key)).fetchone()
+                    if found is not None and _timestamp(found[0]) >= _timestamp(r.created):
+                        kept += 1
+                        continue
+                    conn.execute(f"INSERT OR REPLACE INTO {_TABLE} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (r.device, r.cc, r.operation, r.shape, r.kernel_name, r.median_ms,
+                                  json.dumps(r.runners_up, sort_keys=True), json.dumps(r.toolchain, sort_keys=True),
+                                  r.created, r.toolchain_key))
+                    if found is None:
+                        added += 1
+                    else:
+                        replaced += 1
+            return MergeCounts(added, replaced, kept)
+
+        counts = self._execute(work)
+        for r in incoming:  # a winner this process kept after a failed write is superseded by the store
+            self._unsaved.pop((r.device, r.cc, r.operation, r.shape), None)
+        return counts
+
     def clear(self) -> int:
         """Delete every stored record (those of the first schema's table too); returns how many."""
         def delete(conn: sqlite3.Connection) -> int:
@@ -258,6 +300,138 @@ class TuningRecords:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+class MergeCounts(NamedTuple):
+    """What a merge did: records added, local records replaced by newer ones, and incoming
+    records dropped because the local one was as new or newer."""
+
+    added: int
+    replaced: int
+    kept: int
+
+
+class RecordsFileError(KernelApiError, ValueError):
+    """A tuning-records file that cannot be read; the message names the file and the problem."""
+
+
+_FILE_FORMAT = "kernel_api.tuning_records"
+_FILE_VERSION = 1
+# Field name -> (accepted types, description): what every record in a file must hold.
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "device": ((str,), "a string"), "cc": ((int,), "an integer"), "operation": ((str,), "a string"),
+    "shape": ((str,), "a string"), "kernel_name": ((str,), "a string"), "median_ms": ((int, float), "a number"),
+    "runners_up": ((dict,), "an object"), "toolchain": ((dict,), "an object"), "created": ((str,), "a string"),
+    "toolchain_key": ((str,), "a string"),
+}
+
+
+def _timestamp(created: str) -> _dt.datetime:
+    """A record's creation time, comparable across records (naive times count as UTC)."""
+    found = _dt.datetime.fromisoformat(created)
+    return found if found.tzinfo is not None else found.replace(tzinfo=_dt.timezone.utc)
+
+
+def records_to_json(records: Iterable[TuningRecord]) -> dict:
+    """The JSON document `export_records` writes (and `records_from_json` reads)."""
+    return {"format": _FILE_FORMAT, "version": _FILE_VERSION, "records": [asdict(r) for r in records]}
+
+
+def records_from_json(document: Any, source: str = "tuning records") -> list[TuningRecord]:
+    """The records of a document written by `records_to_json`.
+
+    Raises:
+        RecordsFileError: naming ``source``, the record's index and the field at fault.
+    """
+    if not isinstance(document, dict) or document.get("format") != _FILE_FORMAT:
+        raise RecordsFileError(f"{source}: not a kernel_api tuning-records file (expected an object with "
+                               f"\"format\": \"{_FILE_FORMAT}\")")
+    if document.get("version") != _FILE_VERSION:
+        raise RecordsFileError(f"{source}: format version {document.get('version')!r} is not supported "
+                               f"(this kernel_api reads version {_FILE_VERSION})")
+    items = document.get("records")
+    if not isinstance(items, list):
+        raise RecordsFileError(f"{source}: \"records\" must be a list")
+    names = [f.name for f in fields(TuningRecord)]
+    found = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise RecordsFileError(f"{source}: record {i} must be an object, got {type(item).__name__}")
+        for name in names:
+            if name not in item:
+                raise RecordsFileError(f"{source}: record {i} has no field {name!r}")
+            types, what = _FIELD_TYPES[name]
+            value = item[name]
+            if not isinstance(value, types) or isinstance(value, bool):
+                raise RecordsFileError(f"{source}: record {i}: field {name!r} must be {what}, got {value!r}")
+        if not math.isfinite(item["median_ms"]) or item["median_ms"] < 0:
+            raise RecordsFileError(f"{source}: record {i}: field 'median_ms' must be a finite time >= 0, "
+                                   f"got {item['median_ms']!r}")
+        try:
+            _timestamp(item["created"])
+        except ValueError:
+            raise RecordsFileError(f"{source}: record {i}: field 'created' must be an ISO 8601 time, "
+                                   f"got {item['created']!r}") from None
+        unknown = sorted(set(item) - set(names))
+        if unknown:
+            raise RecordsFileError(f"{source}: record {i} has unknown field(s) {', '.join(map(repr, unknown))}")
+        found.append(TuningRecord(**{name: item[name] for name in names}))
+    return found
+
+
+def write_json_atomically(path: str | os.PathLike, document: Any) -> None:
+    """Write ``document`` as JSON to ``path`` through a temporary file renamed over it, so a
+    reader never sees half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(document, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def export_records(path: str | os.PathLike, records: TuningRecords | None = None) -> int:
+    """Write every tuning record (of every toolchain, each with its toolchain) to the JSON file
+    ``path``; returns how many.
+
+    Args:
+        path: the file to write (replaced atomically).
+        records: the store to read (default: the cache folder's ``tuning.sqlite``).
+    """
+    store = records if records is not None else TuningRecords()
+    found = store.all()
+    write_json_atomically(path, records_to_json(found))
+    return len(found)
+
+
+def import_records(path: str | os.PathLike, records: TuningRecords | None = None) -> MergeCounts:
+    """Merge the records of a JSON file written by `export_records` into the store: per key the
+    newer record wins, so a newer local record is never overwritten (`TuningRecords.merge`).
+
+    Args:
+        path: the file to read.
+        records: the store to merge into (default: the cache folder's ``tuning.sqlite``).
+
+    Raises:
+        RecordsFileError: the file cannot be read or is not a valid records file (the message
+            names the file, and the record and field at fault); nothing is merged then.
+    """
+    try:
+        with open(path, "rb") as f:
+            document = json.loads(f.read())
+    except OSError as exc:
+        raise RecordsFileError(f"tuning records {os.fspath(path)}: cannot read it ({exc.strerror or exc})") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RecordsFileError(f"tuning records {os.fspath(path)}: not valid JSON ({exc})") from None
+    found = records_from_json(document, f"tuning records {os.fspath(path)}")
+    store = records if records is not None else TuningRecords()
+    return store.merge(found)
 
 
 def toolchain_versions() -> dict[str, str]:

@@ -83,10 +83,9 @@ _SOURCE_SUFFIXES = (".py", ".cu", ".cuh")
 @functools.lru_cache(maxsize=None)
 def _toolchain_versions() -> tuple:
     """kernel_api's version, the DSL's version and CUDA variant, TVM-FFI's, and the Python."""
-    from ...core.toolchain import cutlass_dsl_build, distribution_version, kernel_api_version, python_build
+    from ...core.toolchain import artifact_toolchain
 
-    return (("kernel_api", kernel_api_version()), ("nvidia-cutlass-dsl", cutlass_dsl_build()),
-            ("apache-tvm-ffi", distribution_version("apache-tvm-ffi") or "?"), ("python", python_build()))
+    return artifact_toolchain()
 
 
 @functools.lru_cache(maxsize=None)

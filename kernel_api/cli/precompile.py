@@ -1,0 +1,169 @@
+"""``kernel-api precompile --shapes FILE --cc 90`` and ``kernel-api bundle create/install``:
+the shapes file and the commands.
+
+The shapes file is a JSON list of problems::
+
+    [{"op": "gemm", "m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "layout": "ttt"},
+     {"op": "softmax", "rows": 32768, "cols": 4096, "dtype": "bf16"}]
+
+(``dtype`` defaults to bf16, ``layout`` to ttt, ``batch`` is optional for a GEMM). Arguments
+are built on the ``meta`` device, so no GPU and no memory are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Any, Callable
+
+from ..core.dtypes import to_dtype
+from ..core.errors import KernelApiError
+from ..utils import layout_string_to_strides
+from .commands import gemm_arguments, softmax_arguments
+
+
+class ShapesFileError(KernelApiError, ValueError):
+    """A shapes file that cannot be used; the message names the file, the entry and the field."""
+
+
+# op -> (required integer fields, optional fields with their defaults)
+_FIELDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "gemm": (("m", "n", "k"), {"dtype": "bf16", "layout": "ttt", "batch": None}),
+    "softmax": (("rows", "cols"), {"dtype": "bf16"}),
+}
+
+
+def load_shapes(path: str | os.PathLike) -> list[dict]:
+    """The entries of a shapes file, checked and with defaults filled in.
+
+    Raises:
+        ShapesFileError: naming the file, the entry's index and the field at fault.
+    """
+    source = f"shapes file {os.fspath(path)}"
+    try:
+        with open(path, "rb") as f:
+            document = json.loads(f.read())
+    except OSError as exc:
+        raise ShapesFileError(f"{source}: cannot read it ({exc.strerror or exc})") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ShapesFileError(f"{source}: not valid JSON ({exc})") from None
+    if not isinstance(document, list) or not document:
+        raise ShapesFileError(f"{source}: expected a non-empty JSON list of problems")
+    entries = []
+    for i, item in enumerate(document):
+        if not isinstance(item, dict):
+            raise ShapesFileError(f"{source}: entry {i} must be an object, got {type(item).__name__}")
+        op = item.get("op")
+        if op not in _FIELDS:
+            raise ShapesFileError(f"{source}: entry {i}: field 'op' must be one of {sorted(_FIELDS)}, got {op!r}")
+        required, optional = _FIELDS[op]
+        unknown = sorted(set(item) - {"op", *required, *optional})
+        if unknown:
+            raise ShapesFileError(f"{source}: entry {i} ({op}): unknown field(s) {', '.join(map(repr, unknown))}")
+        entry = {"op": op, **optional, **item}
+        for name in required + (("batch",) if op == "gemm" and entry["batch"] is not None else ()):
+            if name not in entry:
+                raise ShapesFileError(f"{source}: entry {i} ({op}): field {name!r} is missing")
+            value = entry[name]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ShapesFileError(f"{source}: entry {i} ({op}): field {name!r} must be an integer >= 1, "
+                                      f"got {value!r}")
+        for name, check in (("dtype", lambda v: to_dtype(v, "")), ("layout", layout_string_to_strides)):
+            if name not in entry:
+                continue
+            if not isinstance(entry[name], str):
+                raise ShapesFileError(f"{source}: entry {i} ({op}): field {name!r} must be a string, "
+                                      f"got {entry[name]!r}")
+            try:
+                check(entry[name])
+            except ValueError as exc:
+                text = str(exc).removeprefix(": ")
+                raise ShapesFileError(f"{source}: entry {i} ({op}): field {name!r}: {text}") from None
+        entries.append(entry)
+    return entries
+
+
+def entry_arguments(entry: dict, index: int, source: str = "shapes file") -> Any:
+    """Arguments on the ``meta`` device for one checked entry of `load_shapes`."""
+    try:
+        if entry["op"] == "gemm":
+            return gemm_arguments(entry["m"], entry["n"], entry["k"], entry["batch"], entry["dtype"],
+                                  entry["layout"])
+        return softmax_arguments(entry["rows"], entry["cols"], entry["dtype"])
+    except (ValueError, TypeError) as exc:  # fields are checked by load_shapes: the combination is at fault
+        raise ShapesFileError(f"{source}: entry {index} ({entry['op']}): {str(exc).splitlines()[0]}") from None
+
+
+def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
+                   show: Callable[..., Any] = print) -> int:
+    """``precompile``: compile, report, and return the exit status (1 when anything failed)."""
+    from ..core.arch import normalize_cc
+    from ..core.cache import cache_dir
+    from ..tuning.precompile import default_workers, precompile
+    from .progress import progress
+
+    target = normalize_cc(cc, "--cc")
+    if target is None:
+        raise ValueError("--cc is required, e.g. --cc 90")
+    if top < 1:
+        raise ValueError(f"--top must be >= 1, got {top}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    entries = load_shapes(shapes)
+    arguments = [entry_arguments(e, i, f"shapes file {shapes}") for i, e in enumerate(entries)]
+    results = precompile(arguments, target, top=top, num_workers=workers or default_workers(),
+                         progress=progress("precompile"))
+    failed = [r for r in results if r.failure is not None]
+    for r in failed:
+        show(f"entry {r.entry}: {r.kernel_name or 'no kernel'}: {r.failure.splitlines()[0]}", file=sys.stderr)
+    show(f"precompiled {len(results) - len(failed)} kernel(s) for {len(entries)} problem(s), cc {target}, "
+         f"into {cache_dir()}" + (f"; {len(failed)} failed" if failed else ""))
+    return 1 if failed else 0
+
+
+def run_bundle_create(path: str, shapes: str | None, cc: Any, top: int, workers: int | None,
+                      show: Callable[..., Any] = print) -> int:
+    """``bundle create``: pack the cache and the tuning records; with ``shapes``, compile those
+    shapes into a temporary cache folder first and pack only its kernels."""
+    from ..core.cache import ENV_DIR, cache_dir
+    from ..tuning.bundle import create_bundle
+    from ..tuning.records import TuningRecords
+
+    if shapes is None:
+        if cc is not None:
+            raise ValueError("--cc is for --shapes (it picks the architecture they are compiled for)")
+        manifest = create_bundle(path)
+    else:
+        records = TuningRecords(cache_dir() / "tuning.sqlite")
+        with tempfile.TemporaryDirectory(prefix="kernel_api-bundle-") as scratch:
+            # The workers inherit the environment: they compile into the scratch folder.
+            previous = os.environ.get(ENV_DIR)
+            os.environ[ENV_DIR] = scratch
+            try:
+                status = run_precompile(shapes, cc, top, workers, show=show)
+            finally:
+                if previous is None:
+                    del os.environ[ENV_DIR]
+                else:
+                    os.environ[ENV_DIR] = previous
+            if status != 0:
+                raise KernelApiError(f"bundle {path} not written: some kernels of {shapes} failed to compile")
+            manifest = create_bundle(path, cache_root=scratch, records=records)
+    kernels = len(manifest["files"]) - 1
+    show(f"wrote {path}: {kernels} compiled kernel(s) and the tuning records, for "
+         + ", ".join(f"{k} {v}" for k, v in manifest["toolchain"].items()))
+    return 0
+
+
+def run_bundle_install(path: str, show: Callable[..., Any] = print) -> int:
+    """``bundle install``: check the bundle and install it into the cache and the records."""
+    from ..core.cache import cache_dir
+    from ..tuning.bundle import install_bundle
+
+    counts = install_bundle(path)
+    show(f"installed {path} into {cache_dir()}: {counts.files_added} kernel(s) added, {counts.files_present} "
+         f"already present; records: {counts.records.added} added, {counts.records.replaced} replaced, "
+         f"{counts.records.kept} kept (the local record was as new or newer)")
+    return 0

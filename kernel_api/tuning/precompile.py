@@ -1,0 +1,92 @@
+"""Compiling the best-ranked kernels for known problems ahead of time, into the disk caches.
+
+A server that knows its shapes compiles their kernels once (``kernel-api precompile``, or
+`precompile` here), on any machine with the same toolchain and no GPU needed, and every later
+process loads them from the cache in milliseconds. The candidates are ranked as `PickAny`
+ranks them (`rank_candidates`), so the kernel `PickAny` will choose is the first compiled.
+The compiles run in worker processes (`kernel_api.tuning.compile_worker`), never in processes
+that re-import the caller's ``__main__``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .. import registry
+from ..core.arch import normalize_cc
+from .compile_worker import compile_request, compile_requests, describe_arguments
+from .policies import rank_candidates
+
+
+@dataclass(frozen=True)
+class PrecompileResult:
+    """One kernel compiled (``failure`` None) or not (its message) for entry ``entry``."""
+
+    entry: int
+    kernel_name: str
+    failure: str | None = None
+
+
+def default_workers() -> int:
+    """min(4, CPU count): compiles are CPU- and memory-heavy (several GB per CuTe DSL compile)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: int | None = None,
+               progress: Callable[[int, int, str], None] | None = None,
+               timeout: float | None = None) -> list[PrecompileResult]:
+    """Compile the ``top`` best-ranked candidates (PickAny's order) of each arguments object for
+    ``cc`` into the disk caches, in worker processes.
+
+    Args:
+        arguments: arguments objects (on the ``meta`` device or any other: only their
+            signature counts), one per problem.
+        cc: the target compute capability (no GPU is needed).
+        top: how many candidates per problem, best-ranked first.
+        num_workers: worker processes (default `default_workers`).
+        progress: called as ``progress(done, total, label)`` after each compile.
+        timeout: seconds one compile may take before its worker is stopped (None: no limit).
+
+    Returns:
+        One `PrecompileResult` per kernel tried, in the problems' order. A problem no kernel
+        supports gets one result with an empty kernel name and the reason.
+
+    Raises:
+        ValueError: ``top`` or ``num_workers`` below 1, or a ``cc`` that is not one.
+    """
+    target = normalize_cc(cc, "cc")
+    if target is None:
+        raise ValueError("precompile needs a target cc, e.g. 90")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    workers = default_workers() if num_workers is None else num_workers
+    if workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {workers}")
+    results: list[PrecompileResult | None] = []
+    requests, slots = [], []
+    for index, args in enumerate(arguments):
+        kernels = registry.get_kernels(args, cc=target)
+        if not kernels:
+            results.append(PrecompileResult(index, "", f"no kernel for {args!r} at cc {target} "
+                                                       f"(`kernel-api explain` says why)"))
+            continue
+        described = describe_arguments(args)
+        if described is None:
+            results.append(PrecompileResult(index, "", f"{args!r}: a worker cannot rebuild these arguments"))
+            continue
+        for kernel in rank_candidates(kernels, args)[:top]:
+            request = compile_request(kernel, target, *described)
+            if request is None:
+                results.append(PrecompileResult(index, kernel.metadata.kernel_name,
+                                                 "its class cannot be imported by a worker (defined in __main__ "
+                                                 "or in a function)"))
+                continue
+            slots.append(len(results))
+            results.append(None)
+            requests.append((index, request))
+    failures = compile_requests([r for _, r in requests], workers, progress=progress, timeout=timeout)
+    for slot, (index, request), failure in zip(slots, requests, failures):
+        results[slot] = PrecompileResult(index, request.kernel_name, failure)
+    return results  # type: ignore[return-value]
