@@ -14,9 +14,9 @@ from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
 from kernel_api.errors import DeviceError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_RTOL = {torch.float32: 1e-5, torch.float16: 1.5e-3, torch.bfloat16: 8e-3}
-_ATOL = {torch.float32: 1e-35, torch.float16: 1e-7, torch.bfloat16: 1e-35}
-_BIG = {torch.float32: 1e30, torch.float16: 3e4, torch.bfloat16: 1e30}
+_RTOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1.5e-3, torch.bfloat16: 8e-3}
+_ATOL = {torch.float64: 1e-300, torch.float32: 1e-35, torch.float16: 1e-7, torch.bfloat16: 1e-35}
+_BIG = {torch.float64: 1e30, torch.float32: 1e30, torch.float16: 3e4, torch.bfloat16: 1e30}  # (drawn in f32)
 # Row lengths tried per instance (filtered by its alignment and longest row).
 _COLS = (1, 3, 8, 40, 200, 1000, 1024, 1536, 4096, 5000, 16384, 32768, 262144, 262147)
 

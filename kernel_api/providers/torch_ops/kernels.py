@@ -162,6 +162,9 @@ class TorchSoftmax(_TorchKernel):
             torch._softmax(args.x, -1, False, out=args.out)
 
 
+_softmax_backward_out = torch.ops.aten._softmax_backward_data.out
+
+
 @TorchProvider.register
 class TorchSoftmaxBackward(_TorchKernel):
     """The gradient of softmax with ``torch._softmax_backward_data``."""
@@ -186,4 +189,5 @@ class TorchSoftmaxBackward(_TorchKernel):
     def _run(self, args: SoftmaxBackwardArguments, artifact: CompiledArtifact, stream: Any,
              workspace: Any = None) -> None:
         with _torch_stream(stream):
-            torch._softmax_backward_data(args.grad_out, args.out, -1, args.out.dtype, out=args.grad_in)
+            # (the out= overload names its output grad_input; torch._softmax_backward_data takes no out=)
+            _softmax_backward_out(args.grad_out, args.out, -1, args.out.dtype, grad_input=args.grad_in)
