@@ -52,10 +52,10 @@ def tuning_toolchain() -> str:
     return f"kernel_api {kernel_api_version()}; {_DSL} {cutlass_dsl_build()}"
 
 
-@functools.lru_cache(maxsize=None)
 def artifact_toolchain() -> tuple[tuple[str, str], ...]:
     """What a compiled CuTe DSL artifact depends on beyond its sources: kernel_api's version, the
     DSL's version and CUDA variant, TVM-FFI's version and the Python build, as (name, version)
-    pairs. Part of every CuTe DSL cache key, and what a bundle of compiled artifacts must match."""
+    pairs. Part of every CuTe DSL cache key, and what a bundle of compiled artifacts must match.
+    Not cached here (its slow parts are): callers that key on it cache it themselves."""
     return (("kernel_api", kernel_api_version()), ("nvidia-cutlass-dsl", cutlass_dsl_build()),
             ("apache-tvm-ffi", distribution_version("apache-tvm-ffi") or "?"), ("python", python_build()))
