@@ -65,7 +65,8 @@ def check_forward(out: torch.Tensor, x: torch.Tensor, what: str) -> None:
     assert bool((err <= bound).all()), f"{what}: max error {err.max().item():.3e} beyond tolerance"
 
 
-def check_backward(grad_in: torch.Tensor, grad_out: torch.Tensor, y: torch.Tensor, what: str) -> None:
+def check_backward(grad_in: torch.Tensor, grad_out: torch.Tensor, y: torch.Tensor, what: str,
+                   slack: float = 1.0) -> None:
     g, yy = grad_out.double(), y.double()
     dot = (g * yy).sum(-1, keepdim=True)
     ref = yy * (g - dot)
@@ -76,7 +77,7 @@ def check_backward(grad_in: torch.Tensor, grad_out: torch.Tensor, y: torch.Tenso
     # Rounding of the output (relative to the terms' size), of outputs in the subnormal range
     # (f16, absolute), and of the f32 dot product over the row (at most n*u*sum|g*y|, times y).
     dot_err = grad_out.shape[-1] * 2.0**-24 * (g * yy).abs().sum(-1, keepdim=True)
-    bound = _ATOL[y.dtype] + 2 * _RTOL[y.dtype] * scale + yy.abs() * dot_err
+    bound = slack * (_ATOL[y.dtype] + 2 * _RTOL[y.dtype] * scale + yy.abs() * dot_err)
     worst = int((err / bound).argmax())
     assert bool((err <= bound).all()), (f"{what}: error {err.flatten()[worst].item():.3e} > bound "
                                         f"{bound.flatten()[worst].item():.3e} (max error {err.max().item():.3e})")
@@ -224,7 +225,10 @@ def test_backward_every_instance(name):
         assert kernel.supports(args), (name, cols)
         kernel.run(args)
         torch.cuda.synchronize()
-        check_backward(grad_in, g, y, f"{name} rows={rows} cols={cols}")
+        # torch's own bf16/f16 backward (the torch provider) rounds a few elements about 3x past
+        # the bound our kernels meet (measured on an H200): it is held to 4x.
+        check_backward(grad_in, g, y, f"{name} rows={rows} cols={cols}",
+                       slack=4.0 if kernel.metadata.provider == "torch" else 1.0)
 
 
 @pytest.mark.gpu
