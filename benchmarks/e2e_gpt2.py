@@ -373,6 +373,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per phase (default 5, --quick 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
+    p.add_argument("--budget-s", type=float, default=0, help="skip (and report as skipped) the "
+                   "configuration/phase pairs not started within this many seconds (default 0: no limit)")
     p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     opts = p.parse_args(argv)
     opts.configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
@@ -434,6 +436,9 @@ def main(argv=None) -> int:
     log(f"e2e_gpt2: {device_name}, torch {torch.__version__}, {env['parameters'] / 1e6:.1f}M parameters, "
         f"configs {opts.configs}, phases {opts.phases}, steps {steps}, warm-up {warmup}")
 
+    os.makedirs(opts.out_dir, exist_ok=True)
+    stem = "e2e_gpt2-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", device_name) + (f"-{opts.tag}" if opts.tag else "")
+    partial = os.path.join(os.environ.get("OUT") or opts.out_dir, stem + ".partial.json")
     results = {phase: {} for phase in opts.phases}
     ref: dict = {}
     t_all = time.perf_counter()
@@ -442,6 +447,9 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             run = raw = None
             ctx.is_reference = name == "eager"
+            if opts.budget_s and time.perf_counter() - t_all > opts.budget_s:
+                results[phase][name] = {"error": f"skipped: past --budget-s {opts.budget_s:g}"}
+                continue
             try:
                 run, raw = build(base, name, device, dtype, backend)
                 r = PHASE_FNS[phase](run, raw, ctx, ref)
@@ -451,7 +459,10 @@ def main(argv=None) -> int:
             r["wall_s"] = time.perf_counter() - t0
             results[phase][name] = r
             status = r.get("error") or f"{r['ms']:.3f} ms"
-            log(f"  {phase:8} {name:17} {status}  ({r['wall_s']:.1f} s wall, {time.perf_counter() - t_all:.0f} s total)")
+            log(f"  {phase:8} {name:17} {status}  ({r['wall_s']:.1f} s wall, "
+                f"{time.perf_counter() - t_all:.0f} s total)")
+            with open(partial, "w") as f:  # what is done so far survives a kill
+                json.dump({"env": env, "partial": True, "results": results}, f, indent=1, default=str)
             del run, raw
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -466,14 +477,14 @@ def main(argv=None) -> int:
               "correctness": {"logits_tol": LOGITS_TOL, "loss_rel_tol": LOSS_TOL, "failed": checks_failed},
               "wall_s": time.perf_counter() - t_all}
 
-    os.makedirs(opts.out_dir, exist_ok=True)
-    stem = "e2e_gpt2-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", device_name) + (f"-{opts.tag}" if opts.tag else "")
     json_path = os.path.join(opts.out_dir, stem + ".json")
     png = chart(results, opts.configs, os.path.join(opts.out_dir, stem + ".png"))
     record["chart"] = png
     with open(json_path, "w") as f:
         json.dump(record, f, indent=1)
     saved = [json_path] + ([png] if png.endswith(".png") else [])
+    if os.path.exists(partial):
+        os.remove(partial)
     if os.environ.get("OUT"):
         for path in saved:
             shutil.copy(path, os.environ["OUT"])
