@@ -12,7 +12,6 @@ are built on the ``meta`` device, so no GPU and no memory are needed.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from typing import Any, Callable
 
 from ..core.dtypes import to_dtype
 from ..core.errors import KernelApiError
+from ..core.files import read_json
 from ..utils import layout_string_to_strides
 from .commands import gemm_arguments, softmax_arguments
 
@@ -42,13 +42,7 @@ def load_shapes(path: str | os.PathLike) -> list[dict]:
         ShapesFileError: naming the file, the entry's index and the field at fault.
     """
     source = f"shapes file {os.fspath(path)}"
-    try:
-        with open(path, "rb") as f:
-            document = json.loads(f.read())
-    except OSError as exc:
-        raise ShapesFileError(f"{source}: cannot read it ({exc.strerror or exc})") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ShapesFileError(f"{source}: not valid JSON ({exc})") from None
+    document = read_json(path, source, ShapesFileError)
     if not isinstance(document, list) or not document:
         raise ShapesFileError(f"{source}: expected a non-empty JSON list of problems")
     entries = []

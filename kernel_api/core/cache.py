@@ -25,11 +25,12 @@ import logging
 import os
 import re
 import struct
-import tempfile
 import threading
 import warnings
 from pathlib import Path
 from typing import Any
+
+from .files import atomic_file
 
 ENV_DIR = "KERNEL_API_CACHE_DIR"
 ENV_ENABLE = "KERNEL_API_CACHE"
@@ -202,17 +203,8 @@ class DiskCache:
         path = folder / f"{_file_key(key)}.bin"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(encode_entry(data))
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            with atomic_file(path) as f:
+                f.write(encode_entry(data))
         except OSError as exc:
             _log.debug("%s cache: %s is not writable (%s); entry kept in memory", self.namespace, folder, exc)
             with _lock:

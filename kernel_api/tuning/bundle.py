@@ -32,6 +32,7 @@ from typing import Any
 
 from ..core.cache import cache_dir, decode_entry
 from ..core.errors import KernelApiError
+from ..core.files import atomic_file
 from ..core.toolchain import artifact_toolchain
 from .records import MergeCounts, RecordsFileError, TuningRecords, records_from_json, records_to_json
 
@@ -103,22 +104,12 @@ def create_bundle(path: str | os.PathLike, cache_root: str | os.PathLike | None 
     payloads.append((_RECORDS, record_bytes))
     manifest = {"format": _FORMAT, "version": _VERSION, "toolchain": _toolchain(), "files": files,
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
-            for name, data in [(_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())] + payloads:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                info.mode = 0o644
-                tar.addfile(info, io.BytesIO(data))
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_file(path) as f, tarfile.open(fileobj=f, mode="w") as tar:
+        for name, data in [(_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())] + payloads:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
     return manifest
 
 

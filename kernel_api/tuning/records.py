@@ -23,7 +23,6 @@ import json
 import math
 import os
 import sqlite3
-import tempfile
 import threading
 import warnings
 from dataclasses import asdict, dataclass, fields
@@ -32,6 +31,7 @@ from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
 from ..core.cache import cache_dir
 from ..core.errors import KernelApiError
+from ..core.files import atomic_file, read_json
 from ..core.toolchain import tuning_toolchain
 
 # The first schema's table, "records", had no toolchain key; its rows count as missing (an old
@@ -382,18 +382,8 @@ def records_from_json(document: Any, source: str = "tuning records") -> list[Tun
 def write_json_atomically(path: str | os.PathLike, document: Any) -> None:
     """Write ``document`` as JSON to ``path`` through a temporary file renamed over it, so a
     reader never sees half a file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(document, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_file(path, "w") as f:
+        json.dump(document, f, indent=1, sort_keys=True)
 
 
 def export_records(path: str | os.PathLike, records: TuningRecords | None = None) -> int:
@@ -422,13 +412,7 @@ def import_records(path: str | os.PathLike, records: TuningRecords | None = None
         RecordsFileError: the file cannot be read or is not a valid records file (the message
             names the file, and the record and field at fault); nothing is merged then.
     """
-    try:
-        with open(path, "rb") as f:
-            document = json.loads(f.read())
-    except OSError as exc:
-        raise RecordsFileError(f"tuning records {os.fspath(path)}: cannot read it ({exc.strerror or exc})") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RecordsFileError(f"tuning records {os.fspath(path)}: not valid JSON ({exc})") from None
+    document = read_json(path, f"tuning records {os.fspath(path)}", RecordsFileError)
     found = records_from_json(document, f"tuning records {os.fspath(path)}")
     store = records if records is not None else TuningRecords()
     return store.merge(found)
