@@ -189,12 +189,17 @@ def phase_prefill(run, raw, ctx, ref):
                             ctx.warmup, ctx.steps["prefill"], ctx.device)
         out["ms"] = ms
         logits = run(input_ids=ctx.check_ids, use_cache=False).logits
-    if ctx.is_reference:
-        ref["prefill_logits"] = logits
-    elif "prefill_logits" in ref:
-        out["logits_rel_err"] = rel_err(logits, ref["prefill_logits"])
-        out["logits_ok"] = out["logits_rel_err"] <= LOGITS_TOL
+    compare_logits(out, ref, "prefill_logits", logits, ctx)
     return out
+
+
+def compare_logits(out, ref, key, logits, ctx):
+    """The eager (reference) run keeps its logits under ``key``; the others record their error."""
+    if ctx.is_reference:
+        ref[key] = logits
+    elif key in ref:
+        out["logits_rel_err"] = rel_err(logits, ref[key])
+        out["logits_ok"] = out["logits_rel_err"] <= LOGITS_TOL
 
 
 def phase_decode(run, raw, ctx, ref):
@@ -229,11 +234,7 @@ def phase_decode(run, raw, ctx, ref):
         if hasattr(c, "get_seq_length"):
             out["cache_len_before_step"] = int(c.get_seq_length())
         logits = run(input_ids=ctx.decode_check_ids, past_key_values=c, use_cache=True).logits
-    if ctx.is_reference:
-        ref["decode_logits"] = logits
-    elif "decode_logits" in ref:
-        out["logits_rel_err"] = rel_err(logits, ref["decode_logits"])
-        out["logits_ok"] = out["logits_rel_err"] <= LOGITS_TOL
+    compare_logits(out, ref, "decode_logits", logits, ctx)
     return out
 
 
