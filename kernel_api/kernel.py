@@ -33,7 +33,10 @@ Optional:
   arguments' signature and cc), for kernels that specialise on more (shapes...);
 - ``workspace_free = True``: ``get_workspace_size`` is always 0, so ``run`` skips asking;
 - ``performance_hint``: a float policies use to rank families before measuring (tensor-core
-  families about 1.0, SIMT about 0.1).
+  families about 1.0, SIMT about 0.1);
+- ``estimated_cost(self, args, sm_count) -> float | None``: the family's own run-time estimate
+  for `PickAny`, in `kernel_api.tuning.policies`' cost units, where the generic model cannot
+  describe it (split-K, memory-bound, vendor kernels). None (the default): the generic model.
 
 Methods may be assigned after the class is created, as notebooks do: a ``compile`` assigned
 later is wrapped when the class is next instantiated or discovered, and a ``run`` or
@@ -247,6 +250,11 @@ class Kernel(abc.ABC):
         """Bytes of device workspace ``_run`` needs (0 for none)."""
 
     # ---- optional hooks ----------------------------------------------------------------
+    def estimated_cost(self, args: Any, sm_count: int) -> float | None:
+        """Optional: predicted run time on ``args`` in `kernel_api.tuning.policies`' cost units
+        (which `PickAny` ranks by), or None (the default) to use the generic model."""
+        return None
+
     def _launcher(self, args: Any, artifact: CompiledArtifact) -> Launcher | None:
         """Optional: how to launch ``artifact`` again for operands like ``args``' without ``_run``.
 

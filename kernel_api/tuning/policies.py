@@ -43,11 +43,8 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     costing a full tile's work (edge tiles pay full price: tile utilisation) at an efficiency
     that grows with the tile's arithmetic intensity tm*tn/(tm+tn) and the family's
     `Kernel.performance_hint`. A kernel whose time this tile model cannot describe (split-K,
-    memory-bound) gives its own estimate in these units: ``estimated_gemm_cost(args, sm_count)``.
+    memory-bound) gives its own estimate in these units: `Kernel.estimated_cost`.
     """
-    own = getattr(kernel, "estimated_gemm_cost", None)
-    if own is not None:
-        return own(args, sm_count)
     design = kernel.metadata.design
     tile = getattr(design, "tile_shape", None) or (64, 64, 8)
     tm, tn = tile[0], tile[1]
@@ -80,6 +77,10 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
 
 
 def estimated_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
+    """The kernel's own estimate (`Kernel.estimated_cost`) or else the generic model's."""
+    own = kernel.estimated_cost(args, sm_count)
+    if own is not None:
+        return own
     if isinstance(args, GemmArguments):
         return gemm_cost(kernel, args, sm_count)
     return row_cost(kernel, args, sm_count)

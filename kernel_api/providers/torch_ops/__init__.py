@@ -6,7 +6,7 @@ gelu, cuBLASLt's fused epilogues; ``torch.addmm`` for a row bias alone), any lay
 alignment of f16, bf16, f32 and f64; `TorchSoftmax` and `TorchSoftmaxBackward` run
 ``torch._softmax`` and ``torch._softmax_backward_data``. Nothing is compiled: ``compile``
 returns an artifact holding nothing. PickAny ranks them below our tensor-core kernels and
-above the SIMT fallback (`TorchGemm.estimated_gemm_cost`). The package is named
+above the SIMT fallback (`TorchGemm.estimated_cost`). The package is named
 ``torch_ops`` so that ``import torch`` inside it means PyTorch.
 """
 

@@ -93,7 +93,7 @@ class TorchGemm(_TorchKernel):
                             found.append(cls(metadata))
         return found
 
-    def estimated_gemm_cost(self, args: GemmArguments, sm_count: int) -> float:
+    def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
         """The tile model of `gemm_cost` at `TORCH_GEMM_HINT`, with the cheapest tile of `_TILES`."""
         best = math.inf
         for tm, tn in _TILES:

@@ -130,7 +130,7 @@ class CudaGemmSmallM(CudaSourceKernel):
     source_file = "gemm_small_m.cu"
     convert_arguments = False  # every kernel parameter is a pointer or a 64-bit int
     workspace_free = True
-    #: relative peak when ranked by the generic tile model (not used: see estimated_gemm_cost)
+    #: relative peak when ranked by the generic tile model (not used: see estimated_cost)
     performance_hint = 1.0
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
@@ -218,7 +218,7 @@ class CudaGemmSmallM(CudaSourceKernel):
                 best = s
         return best
 
-    def estimated_gemm_cost(self, args: GemmArguments, sm_count: int) -> float:
+    def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
         """Predicted run time in `kernel_api.tuning.policies.gemm_cost` units (PickAny ranks by it).
 
         The larger of streaming B from memory (and B plus A's re-reads through L2) and the
