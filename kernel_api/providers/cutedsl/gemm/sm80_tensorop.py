@@ -97,8 +97,9 @@ class Sm80TensorOpGemm(GemmKernelBase):
         if md.A.dtype is DataType.f64:
             from .implementations.sm80_dmma_impl import Sm80DmmaGemmImpl
 
-            return Sm80DmmaGemmImpl(design.tile_shape, dict(design.extra)["warps"], design.stages,
-                                    align=md.A.divisibility, cc=_target_cc(), **self._impl_layout_kwargs(args))
+            extra = dict(design.extra)
+            return Sm80DmmaGemmImpl(design.tile_shape, extra["warps"], design.stages, align=md.A.divisibility,
+                                    cc=_target_cc(), mma_k=extra.get("mma_k"), **self._impl_layout_kwargs(args))
         from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
 
         return Sm80TensorOpGemmImpl(md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape,
