@@ -36,10 +36,10 @@ _CONFIGS_16 = (
     ((128, 128, 32), (2, 2), 5),
     ((64, 128, 32), (2, 2), 4),
 )
-# f64 runs on the DMMA units (mma.sync m8n8k4): warps own 64x32 / 32x32 blocks of 8x8 tiles
+# f64 runs on the DMMA units (mma.sync m16n8k16 on sm_90, m8n8k4 before): warps own 64x32 / 32x32 blocks
 _CONFIGS_F64 = (
-    ((128, 128, 16), (2, 4), 3),
-    ((64, 64, 16), (2, 2), 3),
+    ((128, 128, 16), (2, 4), 5),
+    ((64, 64, 16), (2, 2), 4),
 )
 _CONFIGS_TF32 = (
     ((128, 256, 32), (2, 4), 3),

@@ -225,9 +225,10 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         registers on top of the 128 of the accumulators, so only B (one k step, every column
         tile) and A (one 16-row tile) are double-buffered: A of the next row tile (or step)
         loads while a row's DMMAs run, B of the next step during the last row. The ring's
-        barrier sits before the last row of a k-tile, once every read of its slot is issued.
-        Where a buffer count per k-tile is odd (e.g. one k step per tile), that operand has a
-        single buffer and its next fragments load after the DMMAs that read the current ones.
+        barrier follows the DMMAs of a k-tile's last row (every read of its slot is issued by
+        then); the next k-tile's first fragments load after it. Where a buffer count per
+        k-tile is odd (e.g. one k step per tile), that operand has a single buffer and its next
+        fragments load after the DMMAs that read the current ones.
         """
         BK = self.tile[2]
         S = self.stages
@@ -254,14 +255,17 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
                     cb = s % b_bufs
                     nb = (s + 1) % b_bufs
                     last_row = i == TI - 1
-                    if cutlass.const_expr(last_row and s == KS - 1):
-                        read = next_read_slot(read, S)
+                    # The k-tile's last row: its DMMAs go first, so the pipe has them while the
+                    # warp waits at the barrier; then the next k-tile's first fragments load.
+                    tile_end = last_row and s == KS - 1
                     # the A row tile (and step) to prefetch: the next row, or row 0 of the next step
                     a_step = s if cutlass.const_expr(i + 1 < TI) else (s + 1) % KS
                     a_row = (i + 1) % TI
-                    if cutlass.const_expr(na != ca):
+                    a_first = na != ca and not tile_end
+                    b_first = last_row and nb != cb and not tile_end
+                    if cutlass.const_expr(a_first):
                         self._load_a16(sA, fa, m0, t, a_step, a_row, read, na)
-                    if cutlass.const_expr(last_row and nb != cb):
+                    if cutlass.const_expr(b_first):
                         self._load_b16(sB, fb, n0, t, (s + 1) % KS, read, nb)
                     if cutlass.const_expr(s == 0 and i == 0):
                         next_tile, write = load_next_tile(g2s_A, g2s_B, next_tile, write, k_tiles, S)
@@ -270,9 +274,11 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
                                           [acc[v, i, j] for v in range(4)])
                         for v in cutlass.range_constexpr(4):
                             acc[v, i, j] = d[v]
-                    if cutlass.const_expr(na == ca):
+                    if cutlass.const_expr(tile_end):
+                        read = next_read_slot(read, S)
+                    if cutlass.const_expr(not a_first):
                         self._load_a16(sA, fa, m0, t, a_step, a_row, read, na)
-                    if cutlass.const_expr(last_row and nb == cb):
+                    if cutlass.const_expr(last_row and not b_first):
                         self._load_b16(sB, fb, n0, t, (s + 1) % KS, read, nb)
 
     @cute.jit
