@@ -12,6 +12,7 @@ alignment 1); out and C have no alignment requirement. Implementations:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, Callable
 
@@ -36,10 +37,13 @@ _CONFIGS_16 = (
     ((128, 128, 32), (2, 2), 5),
     ((64, 128, 32), (2, 2), 4),
 )
-# f64 runs on the DMMA units (mma.sync m16n8k16 on sm_90, m8n8k4 before): warps own 64x32 / 32x32 blocks
+# f64 runs on the DMMA units: warps own 64x32 / 32x32 blocks. Last: the DMMA's k on sm_90
+# (m16n8k16 or m16n8k8; m8n8k4 before). Measured on an H200 (benchmarks/gemm_f64.py, 2048^3 to
+# 8192^3): m16n8k16 beats m16n8k8 by 14-17% in the 128x128 tile and loses 4-10% in the 64x64
+# one; BK 32, more stages and 128x64 tiles (two CTAs per SM) were all slower.
 _CONFIGS_F64 = (
-    ((128, 128, 16), (2, 4), 5),
-    ((64, 64, 16), (2, 2), 4),
+    ((128, 128, 16), (2, 4), 3, 16),
+    ((64, 64, 16), (2, 2), 3, 8),
 )
 _CONFIGS_TF32 = (
     ((128, 256, 32), (2, 4), 3),
@@ -53,7 +57,8 @@ class Sm80TensorOpGemm(GemmKernelBase):
     """Ampere-style tensor-core GEMM; see the module docstring.
 
     ``design``: tile_shape (BM, BN, BK), stages, schedule "multistage",
-    extra (("warps", (WM, WN)),). Names read e.g.
+    extra (("warps", (WM, WN)),), and for f64 ("mma_k", 16 or 8): the k of the sm_90 DMMA
+    (m16n8k16 or m16n8k8; m8n8k4 before sm_90). Names read e.g.
     ``Sm80TensorOpGemm_bf16bf16f32_tnt_128x256x64_w2x4_s3_a8`` (A/B, out, accumulator or
     ``tf32`` math; layouts; tile; warps; stages; A/B alignment in elements).
     """
@@ -73,12 +78,15 @@ class Sm80TensorOpGemm(GemmKernelBase):
         combos.append((DataType.f64, DataType.f64, DataType.f64, None, (2, 1), _CONFIGS_F64))
         kernels = []
         for ab, out, acc, math, aligns, configs in combos:
-            for align, (sa, sb, so), (tile, warps, stages) in itertools.product(aligns, LAYOUT_COMBOS, configs):
+            for align, (sa, sb, so), (tile, warps, stages, *mma_k) in itertools.product(aligns, LAYOUT_COMBOS, configs):
                 operands = GemmOperandsMetadata(
                     TensorAttributes(ab, sa, align), TensorAttributes(ab, sb, align), TensorAttributes(out, so, 1),
                     accumulator_type=acc, math_type=math)
                 metadata = tiled_gemm_metadata(Sm80TensorOpGemm, f"{ab}{out}{math or acc}", (sa, sb, so), operands,
                                                tile, ("warps", warps), stages, "multistage", min_cc=80)
+                if mma_k:  # f64: the DMMA shape on sm_90 (design.extra "mma_k")
+                    metadata.design = dataclasses.replace(metadata.design,
+                                                          extra=metadata.design.extra + (("mma_k", mma_k[0]),))
                 if metadata.supports_cc(cc) and metadata_filter(metadata):
                     kernels.append(Sm80TensorOpGemm(metadata))
         return kernels

@@ -1,11 +1,13 @@
-"""f64 tensor-core GEMM (DMMA: ``mma.sync`` m16n8k8 on sm_90+, m8n8k4 before) in CuTe DSL.
+"""f64 tensor-core GEMM (DMMA: ``mma.sync`` m16n8k16 or m16n8k8 on sm_90+, m8n8k4 before) in CuTe DSL.
 
 The f64 mode of `Sm80TensorOpGemm`. Global-to-shared movement is the SIMT kernel's
-(``cp.async`` of 8 or 16 bytes into an M-/N-major ring, any alignment); the math is
-warp-level: each of WM x WN warps owns a (BM/WM) x (BN/WN) block of DMMA tiles (16x8 with
-k8 steps on sm_90+, 8x8 with k4 steps before). Per k step a lane loads its A values per row
-tile (rows lane/4 [+8], columns lane%4 [+4]) and B values per column tile, double-buffered
-in registers, and issues one DMMA per tile pair.
+(``cp.async`` of 8 or 16 bytes into an M-/N-major ring, any alignment; K-major operands 4
+threads along K, see `Sm80DmmaGemmImpl._g2s_copy`); the math is warp-level: each of WM x WN
+warps owns a (BM/WM) x (BN/WN) block of DMMA tiles (16x8 with k16 or k8 steps on sm_90+,
+8x8 with k4 steps before). Per k step a lane loads its A values per row tile (rows lane/4
+[+8], columns lane%4 [+4, +8, +12]) and B values per column tile into registers (k8/k4:
+the whole step double-buffered; k16: see `Sm80DmmaGemmImpl._mainloop_k16`), and issues
+one DMMA per tile pair.
 Shared-memory lines are padded to 64 bytes modulo 128, so the four K rows a warp reads
 fall into two 128-byte wavefronts, the minimum for 256 bytes. The DSL has no f64 MMA atom,
 so the instruction is emitted as inline PTX. The fused epilogue is `epilogue.store_fragment`.
@@ -79,7 +81,8 @@ def dmma_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, *, loc=None, ip=None):
 
 class Sm80DmmaGemmImpl(SimtGemmImpl):
     """Compile-time configuration: ``tile`` (BM, BN, BK), ``warps`` (WM, WN), ``stages``,
-    operand layouts, ``align`` (elements of A/B: 1 or 2) and the epilogue ``spec``."""
+    operand layouts, ``align`` (elements of A/B: 1 or 2), the epilogue ``spec``, the target
+    ``cc`` and ``mma_k``: 16 (m16n8k16, the default) or 8 (m16n8k8) on sm_90+."""
 
     def __init__(self, tile, warps, stages, a_k_major: bool, b_k_major: bool, out_n_major: bool, align: int,
                  spec, cc: int = 80, mma_k: int | None = None) -> None:
@@ -94,9 +97,9 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         self.spec = spec
         self.chunk16 = 2
         # sm_90 added the m16n8k8 and m16n8k16 f64 MMAs: four and eight times the work per
-        # instruction of m8n8k4 (the only one before).
-        self.mma_k = mma_k if mma_k is not None else (16 if cc >= 90 else 4)
-        assert self.mma_k in (4, 8, 16) and (self.mma_k == 4 or cc >= 90), (self.mma_k, cc)
+        # instruction of m8n8k4 (the only one before). ``mma_k`` picks one for sm_90+.
+        self.mma_k = (mma_k or 16) if cc >= 90 else 4
+        assert self.mma_k in (4, 8, 16), self.mma_k
         self.m16 = self.mma_k >= 8
         BM, BN, BK = self.tile
         assert BM % (16 * warps[0]) == 0 and BN % (8 * warps[1]) == 0 and BK % max(8, self.mma_k) == 0 and BK >= 16
