@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from kernel_api.arguments import GemmArguments  # noqa: E402
 from kernel_api.tuning.timing import rotation_count, time_cuda_pair  # noqa: E402
 
-#: (BM, BN, BK), (warps along M, along N), stages, DMMA k (8: m16n8k8, 16: m16n8k16)
+#: (BM, BN, BK), (warps along M, along N), stages, DMMA k (8: m16n8k8, 16: m16n8k16)[, raster group]
 CANDIDATES = (
     ((128, 128, 16), (2, 4), 3, 8),   # the family's two configurations before this benchmark
     ((64, 64, 16), (2, 2), 3, 8),
@@ -44,23 +44,28 @@ CANDIDATES = (
     ((128, 64, 32), (2, 2), 2, 16),
     ((64, 64, 32), (2, 2), 3, 16),
     ((64, 64, 16), (2, 2), 4, 16),
+    # not measured yet (added after the s21 run): a 1-D grid walked 8 / 16 M-tiles at a time,
+    # for the L2 reuse the (M tiles, N tiles) grid lacks at 8192^3
+    ((128, 128, 16), (2, 4), 3, 16, 8),
+    ((128, 128, 16), (2, 4), 3, 16, 16),
 )
 
 
-def candidate_name(tile, warps, stages, mma_k) -> str:
-    return f"{tile[0]}x{tile[1]}x{tile[2]}_w{warps[0]}x{warps[1]}_s{stages}_k{mma_k}"
+def candidate_name(tile, warps, stages, mma_k, group: int = 0) -> str:
+    return f"{tile[0]}x{tile[1]}x{tile[2]}_w{warps[0]}x{warps[1]}_s{stages}_k{mma_k}" + (f"_g{group}" if group else "")
 
 
 def parse_candidate(text: str):
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)_k(\d+)", text)
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)_k(\d+)(?:_g(\d+))?", text)
     if not m:
-        raise argparse.ArgumentTypeError(f"candidate {text!r}: expected BMxBNxBK_wWMxWN_sS_kK")
-    v = [int(x) for x in m.groups()]
-    return (v[0], v[1], v[2]), (v[3], v[4]), v[5], v[6]
+        raise argparse.ArgumentTypeError(f"candidate {text!r}: expected BMxBNxBK_wWMxWN_sS_kK[_gG]")
+    v = [int(x) if x else 0 for x in m.groups()]
+    return (v[0], v[1], v[2]), (v[3], v[4]), v[5], v[6], v[7]
 
 
-def make_kernel(tile, warps, stages, mma_k, layouts: str = "ttt", align: int = 2):
-    """An f64 `Sm80TensorOpGemm` instance of this design (``layouts``: A, B, out; t = row-major)."""
+def make_kernel(tile, warps, stages, mma_k, group: int = 0, layouts: str = "ttt", align: int = 2):
+    """An f64 `Sm80TensorOpGemm` instance of this design (``layouts``: A, B, out; t = row-major;
+    ``group``: M-tiles per rasterisation group, 0 for the (M tiles, N tiles) grid)."""
     from kernel_api.core.dtypes import DataType
     from kernel_api.metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
     from kernel_api.providers.cutedsl.gemm.common import tiled_gemm_metadata
@@ -73,9 +78,10 @@ def make_kernel(tile, warps, stages, mma_k, layouts: str = "ttt", align: int = 2
                                     TensorAttributes(f64, so, 1), accumulator_type=f64)
     md = tiled_gemm_metadata(Sm80TensorOpGemm, "f64f64f64", (sa, sb, so), operands, tile, ("warps", warps), stages,
                              "multistage", min_cc=80)
-    design = dataclasses.replace(md.design, extra=md.design.extra + (("mma_k", mma_k),))
-    md = KernelMetadata(f"{md.kernel_name}_k{mma_k}", Sm80TensorOpGemm, md.operands, design, min_cc=md.min_cc,
-                        epilogue=md.epilogue)
+    extra = (("mma_k", mma_k),) + ((("raster_group", group),) if group else ())
+    design = dataclasses.replace(md.design, extra=md.design.extra + extra)
+    md = KernelMetadata(f"{md.kernel_name}_k{mma_k}" + (f"_g{group}" if group else ""), Sm80TensorOpGemm,
+                        md.operands, design, min_cc=md.min_cc, epilogue=md.epilogue)
     return Sm80TensorOpGemm(md)
 
 

@@ -58,7 +58,8 @@ class Sm80TensorOpGemm(GemmKernelBase):
 
     ``design``: tile_shape (BM, BN, BK), stages, schedule "multistage",
     extra (("warps", (WM, WN)),), and for f64 ("mma_k", 16 or 8): the k of the sm_90 DMMA
-    (m16n8k16 or m16n8k8; m8n8k4 before sm_90). Names read e.g.
+    (m16n8k16 or m16n8k8; m8n8k4 before sm_90), optionally ("raster_group", G) for a 1-D grid
+    walked G M-tiles at a time. Names read e.g.
     ``Sm80TensorOpGemm_bf16bf16f32_tnt_128x256x64_w2x4_s3_a8`` (A/B, out, accumulator or
     ``tf32`` math; layouts; tile; warps; stages; A/B alignment in elements).
     """
@@ -93,7 +94,7 @@ class Sm80TensorOpGemm(GemmKernelBase):
 
     def _family_supports(self, args: GemmArguments) -> Status | None:
         tm, tn, _ = self.metadata.design.tile_shape
-        if self.metadata.operands.A.dtype is DataType.f64:
+        if self.metadata.operands.A.dtype is DataType.f64 and not dict(self.metadata.design.extra).get("raster_group"):
             # DMMA's grid is (M tiles, N tiles, L) (sm80_dmma_impl.py): N tiles are bounded by gridDim.y.
             return grid_y_limit(args, tn)
         # One grid row of M tiles x N tiles, a 32-bit product (sm80_tensorop_impl.py).
@@ -107,7 +108,8 @@ class Sm80TensorOpGemm(GemmKernelBase):
 
             extra = dict(design.extra)
             return Sm80DmmaGemmImpl(design.tile_shape, extra["warps"], design.stages, align=md.A.divisibility,
-                                    cc=_target_cc(), mma_k=extra.get("mma_k"), **self._impl_layout_kwargs(args))
+                                    cc=_target_cc(), mma_k=extra.get("mma_k"), group=extra.get("raster_group", 0),
+                                    **self._impl_layout_kwargs(args))
         from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
 
         return Sm80TensorOpGemmImpl(md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape,

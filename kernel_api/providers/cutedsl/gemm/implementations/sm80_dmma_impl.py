@@ -22,8 +22,8 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .epilogue import store_fragment
-from .gemm_utils import (gemm_operands, k_shifted_tiles, load_next_tile, load_prologue, next_read_slot,
-                         partition_g2s)
+from .gemm_utils import (gemm_operands, grouped_tile_coord, k_shifted_tiles, load_next_tile, load_prologue,
+                         next_read_slot, partition_g2s)
 from .simt_impl import SimtGemmImpl
 
 
@@ -82,10 +82,12 @@ def dmma_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, *, loc=None, ip=None):
 class Sm80DmmaGemmImpl(SimtGemmImpl):
     """Compile-time configuration: ``tile`` (BM, BN, BK), ``warps`` (WM, WN), ``stages``,
     operand layouts, ``align`` (elements of A/B: 1 or 2), the epilogue ``spec``, the target
-    ``cc`` and ``mma_k``: 16 (m16n8k16, the default) or 8 (m16n8k8) on sm_90+."""
+    ``cc``, ``mma_k``: 16 (m16n8k16, the default) or 8 (m16n8k8) on sm_90+, and ``group``:
+    0 for an (M tiles, N tiles, L) grid, else a 1-D tile grid walked ``group`` M-tiles at a
+    time (`grouped_tile_coord`: better L2 reuse on large problems)."""
 
     def __init__(self, tile, warps, stages, a_k_major: bool, b_k_major: bool, out_n_major: bool, align: int,
-                 spec, cc: int = 80, mma_k: int | None = None) -> None:
+                 spec, cc: int = 80, mma_k: int | None = None, group: int = 0) -> None:
         # Only the attributes the inherited copy/layout helpers read.
         self.ab_dtype = self.out_dtype = self.acc_dtype = cutlass.Float64
         self.tile = tuple(tile)
@@ -99,6 +101,7 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         # sm_90 added the m16n8k8 and m16n8k16 f64 MMAs: four and eight times the work per
         # instruction of m8n8k4 (the only one before). ``mma_k`` picks one for sm_90+.
         self.mma_k = (mma_k or 16) if cc >= 90 else 4
+        self.group = group
         assert self.mma_k in (4, 8, 16), self.mma_k
         self.m16 = self.mma_k >= 8
         BM, BN, BK = self.tile
@@ -128,11 +131,12 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         A, B, O, C = gemm_operands(mA, mB, mOut, mC)
         BM, BN, BK = self.tile
         grid = cute.ceil_div(O.shape, (BM, BN, 1))
+        grid = [cute.size(grid[0]), cute.size(grid[1]), cute.size(grid[2])]
+        if cutlass.const_expr(self.group > 0):
+            grid = [grid[0] * grid[1], 1, grid[2]]  # tiles in `grouped_tile_coord` order
         self.kernel(A, B, O, C, mBias, alpha, beta, self._smem_layout(BM, self.a_k_major),
                     self._smem_layout(BN, self.b_k_major), self._g2s_copy(BM, self.a_k_major),
-                    self._g2s_copy(BN, self.b_k_major)).launch(
-            grid=[cute.size(grid[0]), cute.size(grid[1]), cute.size(grid[2])],
-            block=[self.num_threads, 1, 1], stream=stream)
+                    self._g2s_copy(BN, self.b_k_major)).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, A: cute.Tensor, B: cute.Tensor, O: cute.Tensor, C, bias, alpha, beta, sA_layout: cute.Layout,
@@ -145,6 +149,8 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         bm, bn, l = cute.arch.block_idx()
         M = A.shape[0]
         N = B.shape[0]
+        if cutlass.const_expr(self.group > 0):
+            bm, bn = grouped_tile_coord(bm, (M + BM - 1) // BM, (N + BN - 1) // BN, self.group)
 
         gA, gB, cA, cB, k_tiles = k_shifted_tiles(A, B, l, self.tile, (bm, bn, None), 8 * self.align)
 
