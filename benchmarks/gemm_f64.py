@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             e = r["candidates"].get(name, {})
             cells.append(f"{e['tflops']:7.1f} ({e['ratio']:.3f})" if "ratio" in e else "failed")
         print(f"{name:>28} " + " ".join(f"{c:>22}" for c in cells))
-    print(f"{'cuBLAS':>28} " + " ".join(
-        f"{statistics.median([e['torch_tflops'] for e in r['candidates'].values() if 'torch_tflops' in e] or [0]):>14.1f}"
-        f"{'':>8}" for r in rows))
+    cublas = [statistics.median([e["torch_tflops"] for e in r["candidates"].values() if "torch_tflops" in e] or [0])
+              for r in rows]
+    print(f"{'cuBLAS':>28} " + " ".join(f"{c:>14.1f}{'':>8}" for c in cublas))
     return 0
 
 

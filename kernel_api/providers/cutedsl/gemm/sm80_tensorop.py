@@ -79,7 +79,8 @@ class Sm80TensorOpGemm(GemmKernelBase):
         combos.append((DataType.f64, DataType.f64, DataType.f64, None, (2, 1), _CONFIGS_F64))
         kernels = []
         for ab, out, acc, math, aligns, configs in combos:
-            for align, (sa, sb, so), (tile, warps, stages, *mma_k) in itertools.product(aligns, LAYOUT_COMBOS, configs):
+            for align, (sa, sb, so), config in itertools.product(aligns, LAYOUT_COMBOS, configs):
+                tile, warps, stages, *mma_k = config
                 operands = GemmOperandsMetadata(
                     TensorAttributes(ab, sa, align), TensorAttributes(ab, sb, align), TensorAttributes(out, so, 1),
                     accumulator_type=acc, math_type=math)

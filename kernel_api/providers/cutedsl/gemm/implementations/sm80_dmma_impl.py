@@ -107,7 +107,8 @@ class Sm80DmmaGemmImpl(SimtGemmImpl):
         BM, BN, BK = self.tile
         assert BM % (16 * warps[0]) == 0 and BN % (8 * warps[1]) == 0 and BK % max(8, self.mma_k) == 0 and BK >= 16
         # K-major operands copy (threads / 4) rows at a time (`_g2s_copy`)
-        assert (not a_k_major or BM % (self.num_threads // 4) == 0) and (not b_k_major or BN % (self.num_threads // 4) == 0)
+        rows = self.num_threads // 4
+        assert (not a_k_major or BM % rows == 0) and (not b_k_major or BN % rows == 0)
 
     def _smem_layout(self, mn: int, k_major: bool) -> cute.Layout:
         line = mn + (8 if mn % 16 == 0 else 0)  # 64 bytes modulo 128: see the module docstring
