@@ -306,3 +306,21 @@ def test_compiles_for_sm90a_without_a_gpu(cls, types, layouts, align, tile, rank
     assert k.supports(args, cc=90), k.supports(args, cc=90).error
     artifact = k.compile(args, cc=90)
     assert artifact.kernel is k and artifact.cc == 90 and artifact.compiled_obj is not None
+
+
+@pytest.mark.parametrize("cc, expected", [(90, {(128, 128): 16, (64, 64): 8}), (80, {(128, 128): 4, (64, 64): 4})])
+def test_f64_instances_pick_the_measured_dmma_shape(cc, expected):
+    """The f64 configurations name their sm_90 DMMA (m16n8k16 for the 128x128 tile, m16n8k8 for
+    the 64x64 one: benchmarks/gemm_f64.py); before sm_90 only m8n8k4 exists."""
+    from kernel_api.kernel import compile_target_cc
+
+    kernels = [k for k in family(cc=cc, cls="Sm80TensorOpGemm") if k.metadata.operands.A.dtype is DataType.f64]
+    assert len(kernels) == 2 * 8 * len(expected)  # alignments x layouts x tiles
+    token = compile_target_cc.set(cc)
+    try:
+        for k in kernels:
+            args, _ = problem(k.metadata, 33, 17, 9, 1, 2, "cpu")
+            impl = k._make_impl(args)
+            assert impl.mma_k == expected[k.metadata.design.tile_shape[:2]], k.metadata.kernel_name
+    finally:
+        compile_target_cc.reset(token)

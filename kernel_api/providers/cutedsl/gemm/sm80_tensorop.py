@@ -12,6 +12,7 @@ alignment 1); out and C have no alignment requirement. Implementations:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, Callable
 
@@ -36,10 +37,13 @@ _CONFIGS_16 = (
     ((128, 128, 32), (2, 2), 5),
     ((64, 128, 32), (2, 2), 4),
 )
-# f64 runs on the DMMA units (mma.sync m8n8k4): warps own 64x32 / 32x32 blocks of 8x8 tiles
+# f64 runs on the DMMA units: warps own 64x32 / 32x32 blocks. Last: the DMMA's k on sm_90
+# (m16n8k16 or m16n8k8; m8n8k4 before). Measured on an H200 (benchmarks/gemm_f64.py, 2048^3 to
+# 8192^3): m16n8k16 beats m16n8k8 by 14-17% in the 128x128 tile and loses 4-10% in the 64x64
+# one; BK 32, more stages and 128x64 tiles (two CTAs per SM) were all slower.
 _CONFIGS_F64 = (
-    ((128, 128, 16), (2, 4), 3),
-    ((64, 64, 16), (2, 2), 3),
+    ((128, 128, 16), (2, 4), 3, 16),
+    ((64, 64, 16), (2, 2), 3, 8),
 )
 _CONFIGS_TF32 = (
     ((128, 256, 32), (2, 4), 3),
@@ -53,7 +57,9 @@ class Sm80TensorOpGemm(GemmKernelBase):
     """Ampere-style tensor-core GEMM; see the module docstring.
 
     ``design``: tile_shape (BM, BN, BK), stages, schedule "multistage",
-    extra (("warps", (WM, WN)),). Names read e.g.
+    extra (("warps", (WM, WN)),), and for f64 ("mma_k", 16 or 8): the k of the sm_90 DMMA
+    (m16n8k16 or m16n8k8; m8n8k4 before sm_90), optionally ("raster_group", G) for a 1-D grid
+    walked G M-tiles at a time. Names read e.g.
     ``Sm80TensorOpGemm_bf16bf16f32_tnt_128x256x64_w2x4_s3_a8`` (A/B, out, accumulator or
     ``tf32`` math; layouts; tile; warps; stages; A/B alignment in elements).
     """
@@ -73,19 +79,23 @@ class Sm80TensorOpGemm(GemmKernelBase):
         combos.append((DataType.f64, DataType.f64, DataType.f64, None, (2, 1), _CONFIGS_F64))
         kernels = []
         for ab, out, acc, math, aligns, configs in combos:
-            for align, (sa, sb, so), (tile, warps, stages) in itertools.product(aligns, LAYOUT_COMBOS, configs):
+            for align, (sa, sb, so), config in itertools.product(aligns, LAYOUT_COMBOS, configs):
+                tile, warps, stages, *mma_k = config
                 operands = GemmOperandsMetadata(
                     TensorAttributes(ab, sa, align), TensorAttributes(ab, sb, align), TensorAttributes(out, so, 1),
                     accumulator_type=acc, math_type=math)
                 metadata = tiled_gemm_metadata(Sm80TensorOpGemm, f"{ab}{out}{math or acc}", (sa, sb, so), operands,
                                                tile, ("warps", warps), stages, "multistage", min_cc=80)
+                if mma_k:  # f64: the DMMA shape on sm_90 (design.extra "mma_k")
+                    metadata.design = dataclasses.replace(metadata.design,
+                                                          extra=metadata.design.extra + (("mma_k", mma_k[0]),))
                 if metadata.supports_cc(cc) and metadata_filter(metadata):
                     kernels.append(Sm80TensorOpGemm(metadata))
         return kernels
 
     def _family_supports(self, args: GemmArguments) -> Status | None:
         tm, tn, _ = self.metadata.design.tile_shape
-        if self.metadata.operands.A.dtype is DataType.f64:
+        if self.metadata.operands.A.dtype is DataType.f64 and not dict(self.metadata.design.extra).get("raster_group"):
             # DMMA's grid is (M tiles, N tiles, L) (sm80_dmma_impl.py): N tiles are bounded by gridDim.y.
             return grid_y_limit(args, tn)
         # One grid row of M tiles x N tiles, a 32-bit product (sm80_tensorop_impl.py).
@@ -97,8 +107,10 @@ class Sm80TensorOpGemm(GemmKernelBase):
         if md.A.dtype is DataType.f64:
             from .implementations.sm80_dmma_impl import Sm80DmmaGemmImpl
 
-            return Sm80DmmaGemmImpl(design.tile_shape, dict(design.extra)["warps"], design.stages,
-                                    align=md.A.divisibility, cc=_target_cc(), **self._impl_layout_kwargs(args))
+            extra = dict(design.extra)
+            return Sm80DmmaGemmImpl(design.tile_shape, extra["warps"], design.stages, align=md.A.divisibility,
+                                    cc=_target_cc(), mma_k=extra.get("mma_k"), group=extra.get("raster_group", 0),
+                                    **self._impl_layout_kwargs(args))
         from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
 
         return Sm80TensorOpGemmImpl(md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape,
