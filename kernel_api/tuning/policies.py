@@ -62,9 +62,16 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
 
 
 def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
-    """Estimated time of a row-wise (softmax) kernel: prefers the strategy sized for the row."""
+    """Estimated time of a row-wise (softmax) kernel: prefers the strategy sized for the row,
+    16-byte accesses over scalar ones, one pass over two, and enough CTAs to fill the SMs.
+
+    Read from the `RowReductionDesignMetadata`: ``strategy``, ``threads_per_row``,
+    ``vector_bytes``, the row range, and ``extra``'s ``passes`` (reads of the input),
+    ``peel`` (scalar row edges), ``rows_per_cta`` (warp) and ``cluster`` (CTAs per row).
+    """
     design = kernel.metadata.design
     cols = getattr(args, "cols", 1)
+    rows = getattr(args, "rows", 1)
     strategy = getattr(design, "strategy", "block")
     lo, hi = getattr(design, "min_cols", 1), getattr(design, "max_cols", None)
     penalty = 1.0 if (cols >= lo and (hi is None or cols <= hi)) else 4.0
@@ -73,6 +80,19 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
         penalty *= 1.0 if cols <= 2048 else 3.0
     elif cols < threads * 4:
         penalty *= 2.0  # most threads of the row idle
+    extra = dict(getattr(design, "extra", ()) or ())
+    if getattr(design, "vector_bytes", 16) < 16:
+        penalty *= 1.15  # scalar accesses: more instructions per byte (measured 5-30 % slower)
+    if extra.get("peel"):
+        penalty *= 1.02  # a row's unaligned head and tail, per row
+    penalty *= 1.0 + 0.5 * (extra.get("passes", 1) - 1)  # the input read again (partly from L2)
+    # Memory-bound: with fewer CTAs than SMs, the idle SMs' share of the bandwidth is lost.
+    if strategy == "warp":
+        ctas = rows / extra.get("rows_per_cta", 4)
+    else:
+        ctas = rows * extra.get("cluster", 1)
+    if ctas < sm_count:
+        penalty *= sm_count / max(ctas, 1)
     return penalty / kernel.metadata.kernel_class.performance_hint
 
 
