@@ -29,6 +29,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernel_api  # noqa: E402
+from typing import Any  # noqa: E402
+
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments  # noqa: E402
 from kernel_api.tuning.timing import time_cuda  # noqa: E402
 
@@ -84,11 +86,45 @@ def _case_tensors(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> t
     return nbytes, sets, argsets, outs, ref, torch_fn
 
 
+def _meta_arguments(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> Any:
+    """Look-alike arguments on the meta device (no memory): what discovery and ranking need."""
+    x = torch.empty(rows, cols, dtype=dtype, device="meta")
+    if backward:
+        return SoftmaxBackwardArguments(x, torch.empty_like(x), torch.empty_like(x))
+    return SoftmaxArguments(x, torch.empty_like(x))
+
+
+def timed_kernels(args: Any, cc: int, providers: tuple[str, ...], top: int) -> tuple[list, Any]:
+    """The kernels a case times: PickAny's ``top`` best-ranked candidates of ``providers`` (as
+    PickBest caps its candidates) plus PickAny's own choice; and that choice."""
+    from kernel_api.tuning.policies import rank_candidates
+
+    ranked = rank_candidates(kernel_api.get_kernels(args, cc=cc), args)
+    mine = [k for k in ranked if k.metadata.provider in providers and k.metadata.provider != "torch"][:top]
+    if ranked[0] not in mine:
+        mine.append(ranked[0])
+    return mine, ranked[0]
+
+
+def precompile(plan: list, cc: int, workers: int) -> None:
+    """Compile every case's kernels at once in worker processes (filling the disk caches)."""
+    from kernel_api.tuning.compile_worker import compile_request, compile_requests, describe_arguments
+
+    requests = []
+    for args, kernels in plan:
+        kind, description = describe_arguments(args)
+        requests += [r for k in kernels if k.metadata.provider != "torch"
+                     for r in [compile_request(k, cc, kind, description)] if r is not None]
+    t0 = time.perf_counter()
+    failures = [f for f in compile_requests(requests, workers) if f]
+    print(f"precompiled {len(requests)} kernels in {time.perf_counter() - t0:.0f} s"
+          + (f"; {len(failures)} failed, first: {failures[0][:300]}" if failures else ""), flush=True)
+
+
 def bench_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, iters: int, repeats: int,
-               providers: tuple[str, ...], workers: int) -> dict:
-    """Every candidate of ``providers`` plus PickAny's choice, each timed against torch with
-    alternating launches, ``repeats`` times; the fastest verified one is PickBest's winner."""
-    from kernel_api.tuning.compile_worker import compile_in_workers
+               names: set[str]) -> dict:
+    """The kernels ``names`` (PickAny's choice among them), each checked against float64 and timed
+    against torch with alternating launches, ``repeats`` times; the fastest is PickBest's winner."""
     from kernel_api.tuning.policies import rank_candidates
     from kernel_api.tuning.timing import time_cuda_pair
 
@@ -96,12 +132,9 @@ def bench_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, iters: 
     args0 = argsets[0]
     candidates = kernel_api.get_kernels(args0)
     pick_any = rank_candidates(candidates, args0)[0]
-    timed = [k for k in candidates if k.metadata.provider in providers and k.metadata.provider != "torch"]
+    timed = [k for k in candidates if k.metadata.kernel_name in names]
     if pick_any not in timed:
         timed.append(pick_any)
-    cc = torch.cuda.get_device_capability()
-    if workers > 1:
-        compile_in_workers(args0, [k for k in timed if k.metadata.provider != "torch"], cc[0] * 10 + cc[1], workers)
     result = {"shape": [rows, cols], "dtype": str(dtype).replace("torch.", ""), "op": "bwd" if backward else "fwd",
               "bytes": nbytes, "pick_any": pick_any.metadata.kernel_name, "kernels": {}, "torch_ms": []}
     for kernel in timed:
@@ -262,21 +295,6 @@ def hint_sweep(dtype: torch.dtype, iters: int) -> list:
     return rows_out
 
 
-def summarise(entry: dict, copy_tbs: float) -> None:
-    tb = lambda ms: entry["bytes"] / (ms * 1e-3) / 1e12  # noqa: E731
-    entry["torch_tbs"] = tb(entry["torch_ms"])
-    best = {}
-    for name, k in entry["kernels"].items():
-        if "ms" in k:
-            k["tbs"] = tb(k["ms"])
-            k["frac_copy"] = k["tbs"] / copy_tbs
-            k["speedup_vs_torch"] = entry["torch_ms"] / k["ms"]
-            p = k["provider"]
-            if p not in best or k["ms"] < entry["kernels"][best[p]]["ms"]:
-                best[p] = name
-    entry["best"] = best
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=40, help="timed launches per measurement")
@@ -286,7 +304,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="ROWSxCOLS,... instead of the cases' shapes")
     ap.add_argument("--providers", default="cuda_src", help="providers whose every candidate is timed "
                     "(PickAny's choice and torch always are)")
-    ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1), help="compile worker processes")
+    ap.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1), help="compile worker processes")
+    ap.add_argument("--top", type=int, default=10, help="candidates timed per case, best ranked by PickAny first")
     ap.add_argument("--tag", default="s21", help="suffix of the JSON file name")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--skip-host", action="store_true")
@@ -308,30 +327,42 @@ def main() -> None:
     else:
         shapes = [(c, shape) for c in opts.cases.split(",") for shape in CASES[c]]
     providers = tuple(p.strip() for p in opts.providers.split(","))
-    report["results"] = []
-    for dname in opts.dtypes.split(","):
-        dtype = DTYPES[dname]
-        for case, (rows, cols) in shapes:
-            for backward in (False, True):
-                t0 = time.perf_counter()
-                entry = bench_case(rows, cols, dtype, backward, opts.iters, opts.repeats, providers, opts.workers)
-                entry["case"] = case
-                summarise(entry, copy_tbs)
-                report["results"].append(entry)
-                torch.cuda.empty_cache()
-                print(_row(entry) + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
-    if not opts.skip_host:
-        report["host_overhead"] = host_overhead()
-        report["cubin_cache"] = cache_timing()
+    cap = torch.cuda.get_device_capability()
+    cc = cap[0] * 10 + cap[1]
+    cases = [(dname, case, rows, cols, backward) for dname in opts.dtypes.split(",") for case, (rows, cols) in shapes
+             for backward in (False, True)]
+    plan = []
+    for dname, case, rows, cols, backward in cases:
+        args = _meta_arguments(rows, cols, DTYPES[dname], backward)
+        plan.append((args, timed_kernels(args, cc, providers, opts.top)[0]))
+    if opts.workers > 1:
+        precompile(plan, cc, opts.workers)
     slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_")
     os.makedirs(opts.out, exist_ok=True)
     name = f"softmax-{slug}-{opts.tag}.json"
     path = os.path.join(opts.out, name)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], name), "w") as f:
-            json.dump(report, f, indent=1)
+
+    def save() -> None:  # after every case, so that a run cut short keeps what it measured
+        for target in [path] + ([os.path.join(os.environ["OUT"], name)] if os.environ.get("OUT") else []):
+            with open(target, "w") as f:
+                json.dump(report, f, indent=1)
+
+    report["results"] = []
+    print(_HEADER, flush=True)
+    for (dname, case, rows, cols, backward), (_, kernels) in zip(cases, plan):
+        t0 = time.perf_counter()
+        entry = bench_case(rows, cols, DTYPES[dname], backward, opts.iters, opts.repeats,
+                           {k.metadata.kernel_name for k in kernels})
+        entry["case"] = case
+        summarise(entry, copy_tbs)
+        report["results"].append(entry)
+        torch.cuda.empty_cache()
+        print(_row(entry) + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        save()
+    if not opts.skip_host:
+        report["host_overhead"] = host_overhead()
+        report["cubin_cache"] = cache_timing()
+    save()
     # ---- the table, last
     print(f"\nSoftmax on {device}; copy rate {copy_tbs:.3f} TB/s (read+write); TB/s = bytes moved once / time; "
           f"median of {opts.repeats} run(s) [min-max]")
@@ -357,7 +388,8 @@ def _row(e: dict) -> str:
     best = e["kernels"].get(e["best"], {}) if e["best"] else {}
     any_ = e["kernels"].get(e["pick_any"], {})
     spread = best.get("tbs_spread", [float("nan")] * 2)
-    text = (f"{e['dtype'][:5]:5s} {e['op']:3s} {shape:>13s} {mb:6.0f} | {torch_tbs:5.2f} | {best.get('tbs', float('nan')):5.2f} "
+    dt = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(e["dtype"], e["dtype"])
+    text = (f"{dt:5s} {e['op']:3s} {shape:>13s} {mb:6.0f} | {torch_tbs:5.2f} | {best.get('tbs', float('nan')):5.2f} "
             f"[{spread[0]:4.2f}-{spread[1]:4.2f}] {best.get('x_torch', float('nan')):7.2f} | "
             f"{any_.get('tbs', float('nan')):5.2f} {e['pick_any_over_best'] or float('nan'):8.2f} | {e['best']}")
     if e["pick_any"] != e["best"]:

@@ -78,8 +78,10 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
     threads = getattr(design, "threads_per_row", 32)
     if strategy == "warp":
         penalty *= 1.0 if cols <= 2048 else 3.0
-    elif cols < threads * 4:
-        penalty *= 2.0  # most threads of the row idle
+    elif cols < min(threads, 256) * 4:
+        # A short row on a CTA: few loads in flight per CTA (the register kernels size their
+        # CTA to the row, so a wide design alone idles no threads).
+        penalty *= 2.0
     extra = dict(getattr(design, "extra", ()) or ())
     if getattr(design, "vector_bytes", 16) < 16:
         penalty *= 1.15  # scalar accesses: more instructions per byte (measured 5-30 % slower)
