@@ -293,3 +293,45 @@ def test_pick_any_choice_runs_long_rows_through_ops():
         y = kernel_api.ops.softmax(x)
         check_forward(y, x, f"ops.softmax {rows}x1M")
         assert math.isclose(float(y[-1].double().sum()), 1.0, rel_tol=1e-2)
+
+
+_SANITIZED = r"""
+import torch, kernel_api
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+torch.manual_seed(0)
+def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
+    return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
+n = 0
+for dtype, rows, cols, offset in [(torch.bfloat16, 3, 4097, 3), (torch.float32, 2, 70001, 1), (torch.float16, 2, 9, 1)]:
+    x, out, gi = (at(rows, cols, dtype, offset) for _ in range(3))
+    for args in (SoftmaxArguments(x, out), SoftmaxBackwardArguments(x, out, gi)):
+        for k in kernel_api.get_kernels(args, providers="cuda_src"):
+            if "peel" in k.metadata.kernel_name:
+                k.run(args); n += 1
+torch.cuda.synchronize()
+print("launches", n)
+"""
+
+
+@pytest.mark.gpu
+def test_memcheck_peeled_and_split_kernels():
+    """The peeled and split kernels on misaligned odd rows under compute-sanitizer memcheck
+    (caching allocator off: each operand is its own allocation, so an overrun is caught)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer not installed")
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
+                           "--error-exitcode", "3", sys.executable, "-c", _SANITIZED],
+                          env=env, capture_output=True, text=True, timeout=600)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
+    launches = int(proc.stdout.split("launches")[-1])
+    assert launches >= 20, tail
