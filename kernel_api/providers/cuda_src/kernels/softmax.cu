@@ -368,12 +368,16 @@ __device__ __forceinline__ void online_stats(const typename T::raw* __restrict__
   }
 }
 
-// y = exp(x - row_max) * inv over the vectors [0, nvec) from xb / yb.
-template <class T, int VEC, int UNROLL, int THREADS>
+// y = exp(x - row_max) * inv over the vectors [0, nvec) from xb / yb. REVERSE walks the chunks
+// last to first: the statistics pass read them first to last, so the latest are likeliest
+// still in L2.
+template <class T, int VEC, int UNROLL, int THREADS, bool REVERSE = false>
 __device__ __forceinline__ void write_scaled(const typename T::raw* __restrict__ xb, typename T::raw* __restrict__ yb,
                                              int nvec, int t, float row_max, float inv) {
   const int chunk = THREADS * UNROLL;
-  for (int off = 0; off < nvec; off += chunk) {
+  const int chunks = (nvec + chunk - 1) / chunk;
+  for (int i = 0; i < chunks; ++i) {
+    const int off = (REVERSE ? chunks - 1 - i : i) * chunk;
     const int rest = nvec - off < chunk ? nvec - off : chunk;
     float v[UNROLL][VEC];
     {
@@ -417,12 +421,14 @@ __device__ __forceinline__ float dot_stats(const typename T::raw* __restrict__ g
   return dot;
 }
 
-// dx = y * (dy - dot) over the vectors [0, nvec).
-template <class T, int VEC, int UNROLL, int THREADS>
+// dx = y * (dy - dot) over the vectors [0, nvec) (REVERSE: as in write_scaled).
+template <class T, int VEC, int UNROLL, int THREADS, bool REVERSE = false>
 __device__ __forceinline__ void write_grad(const typename T::raw* __restrict__ gb, const typename T::raw* __restrict__ yb,
                                            typename T::raw* __restrict__ db, int nvec, int t, float dot) {
   const int chunk = THREADS * UNROLL;
-  for (int off = 0; off < nvec; off += chunk) {
+  const int chunks = (nvec + chunk - 1) / chunk;
+  for (int i = 0; i < chunks; ++i) {
+    const int off = (REVERSE ? chunks - 1 - i : i) * chunk;
     const int rest = nvec - off < chunk ? nvec - off : chunk;
     float g[UNROLL][VEC], w[UNROLL][VEC];
     {

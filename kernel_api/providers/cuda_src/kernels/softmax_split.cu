@@ -13,7 +13,7 @@
 //
 //   REGS = true:  the slice is held in registers (NV vectors per thread): one read, one write.
 //   REGS = false: the slice is read twice (statistics, then output), in chunks of NV vectors
-//                 per thread; the second read mostly hits L2, since a slice was just read.
+//                 per thread; the second read, last chunk first, mostly hits L2.
 
 namespace ka_softmax {
 
@@ -126,7 +126,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
       }
     }
   } else {
-    write_scaled<T, VEC, NV, THREADS>(xb, yb, n, t, row_max, inv);
+    write_scaled<T, VEC, NV, THREADS, true>(xb, yb, n, t, row_max, inv);
   }
   if (rank == 0) store_edges<T, VEC>(yr, sp, t, exp_shifted(eh, row_max) * inv, exp_shifted(et, row_max) * inv);
   cluster_sync();  // no CTA leaves while another may still read its partial
@@ -187,7 +187,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
       }
     }
   } else {
-    write_grad<T, VEC, NV, THREADS>(gr + o, yr + o, dr + o, n, t, dot);
+    write_grad<T, VEC, NV, THREADS, true>(gr + o, yr + o, dr + o, n, t, dot);
   }
   if (rank == 0) store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
   cluster_sync();  // no CTA leaves while another may still read its partial
