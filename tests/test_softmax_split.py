@@ -103,8 +103,10 @@ def test_split_kernels_compile_for_sm90a_without_a_gpu():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
-    """PickAny (rank_candidates) on the benchmark's shapes: 16-byte kernels for odd rows, a
-    cluster split for rows one CTA cannot hold or for few long rows, aligned kernels as before."""
+    """PickAny (rank_candidates) on the benchmark's shapes, as measured on an H200
+    (benchmarks/results/softmax-NVIDIA_H200-s21.json): peeled 16-byte kernels for odd rows, one
+    CTA per row while rows are many (clusters cost their barriers), a cluster split for few
+    long rows, a CTA rather than a warp per row from 1024 elements."""
     def first(rows, cols, backward=False):
         x = torch.empty(rows, cols, dtype=dtype)
         args = SoftmaxBackwardArguments(x, x, torch.empty_like(x)) if backward else SoftmaxArguments(x, torch.empty_like(x))
@@ -112,7 +114,9 @@ def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
 
     for backward in (False, True):
         assert "peel" in first(8192, 4097, backward) and "Split" not in first(8192, 4097, backward)
-        assert "_split_ept" in first(4096, 50257, backward)
+        assert "_looped_peel" in first(4096, 50257, backward)
+        assert "_block_" in first(65536, 1024, backward)
+        assert "_warp_" in first(65536, 512, backward)
         assert "_split_looped_c8" in first(1, 2**20, backward)
         assert "_split_looped_c8" in first(32, 2**20, backward)
         assert first(32768, 4096, backward).endswith(f"_a{16 // torch.empty(0, dtype=dtype).element_size()}")
@@ -333,5 +337,5 @@ def test_memcheck_peeled_and_split_kernels():
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
-    launches = int(proc.stdout.split("launches")[-1])
+    launches = int(proc.stdout.split("launches")[-1].split()[0])
     assert launches >= 20, tail
