@@ -1,14 +1,16 @@
-"""Softmax forward/backward: every kernel_api instance against torch, in one process.
+"""Softmax forward/backward: kernel_api's PickBest winner and PickAny's choice against torch, in one process.
 
-    python3 benchmarks/softmax.py [--iters 40] [--dtype bf16] [--out DIR]
+    python3 benchmarks/softmax.py [--dtypes bf16,f16,f32] [--cases aligned,odd,long] [--repeats 3]
 
-Bytes are counted as one read of each input and one write of each output (forward: x and
-out; backward: grad_out, out and grad_in). Each timing is the median of CUDA-event timings of
-single launches, rotating through input sets larger than L2 (fresh random data per set).
-The device-to-device copy rate is measured in the same run, and results are reported as
-TB/s, as a fraction of that copy rate, and as a speed-up over torch. Also measured: the host
-cost of ``Kernel.run`` with a compiled artifact (per call, on a tiny problem) and the cubin
-cache (cold compile vs. disk hit). JSON goes to benchmarks/results/softmax-<device>.json.
+Per dtype, case (aligned shapes of at least 64 MB; odd row lengths such as 4096x50257;
+rows too long for one CTA such as 1x1M, 8x1M, 32x1M, 8x4M) and direction, every candidate of
+``--providers`` (default cuda_src) and PickAny's choice are checked against a float64
+reference and timed against torch with alternating launches (CUDA events, median, rotating
+input sets larger than L2 with fresh random data). PickBest's winner is the fastest
+verified kernel (what `PickBest` measures and records). ``--repeats`` measurements give the
+spread. Bytes are one read of each input and one write of each output (forward: x, out;
+backward: grad_out, out, grad_in). Also measured: the copy rate, the host cost of
+``Kernel.run`` and the cubin cache. JSON: benchmarks/results/softmax-<device>-<tag>.json.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -26,10 +29,18 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernel_api  # noqa: E402
+from typing import Any  # noqa: E402
+
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments  # noqa: E402
 from kernel_api.tuning.timing import time_cuda  # noqa: E402
 
-SHAPES = [(32768, 4096), (16384, 16384), (65536, 1024)]
+SHAPES = [(32768, 4096), (16384, 16384), (65536, 1024)]  # the aligned shapes (also the --sweep's)
+#: (rows, cols) per case: aligned shapes of at least 64 MB, odd row lengths, rows too long for one CTA.
+CASES = {
+    "aligned": SHAPES,
+    "odd": [(4096, 50257), (8192, 4097), (16384, 4095)],
+    "long": [(1, 2**20), (8, 2**20), (32, 2**20), (8, 2**22)],
+}
 L2_ROTATE_BYTES = 50 * 2**20
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -53,61 +64,122 @@ def n_sets(bytes_per_set: int) -> int:
     return max(2, -(-2 * L2_ROTATE_BYTES // bytes_per_set))
 
 
-def bench_forward(rows: int, cols: int, dtype: torch.dtype, iters: int) -> dict:
+def _case_tensors(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> tuple:
+    """Rotating argument sets (fresh random data each), the torch call, and a float64 check."""
     elem = torch.tensor([], dtype=dtype).element_size()
-    nbytes = 2 * rows * cols * elem
+    nbytes = (3 if backward else 2) * rows * cols * elem
     sets = n_sets(nbytes)
-    xs = [torch.randn(rows, cols, device="cuda", dtype=dtype) * 4 for _ in range(sets)]
-    outs = [torch.empty_like(x) for x in xs]
-    argsets = [SoftmaxArguments(x, o) for x, o in zip(xs, outs)]
-    ref = torch.softmax(xs[0].float(), -1)
-    result = {"shape": [rows, cols], "dtype": str(dtype).replace("torch.", ""), "bytes": nbytes, "kernels": {}}
-    torch_ms = median_ms(lambda i: torch.softmax(xs[i], -1), sets, iters)
-    result["torch_ms"] = torch_ms
-    for kernel in kernel_api.get_kernels(argsets[0]):
+    if backward:
+        ys = [torch.softmax(torch.randn(rows, cols, device="cuda") * 2, -1).to(dtype) for _ in range(sets)]
+        gs = [torch.randn(rows, cols, device="cuda", dtype=dtype) for _ in range(sets)]
+        outs = [torch.empty_like(y) for y in ys]
+        argsets = [SoftmaxBackwardArguments(g, y, gi) for g, y, gi in zip(gs, ys, outs)]
+        g0, y0 = gs[0].double(), ys[0].double()
+        ref = y0 * (g0 - (g0 * y0).sum(-1, keepdim=True))
+        torch_fn = lambda i: torch._softmax_backward_data(gs[i], ys[i], -1, dtype)  # noqa: E731
+    else:
+        xs = [torch.randn(rows, cols, device="cuda", dtype=dtype) * 4 for _ in range(sets)]
+        outs = [torch.empty_like(x) for x in xs]
+        argsets = [SoftmaxArguments(x, o) for x, o in zip(xs, outs)]
+        ref = torch.softmax(xs[0].double(), -1)
+        torch_fn = lambda i: torch.softmax(xs[i], -1)  # noqa: E731
+    return nbytes, sets, argsets, outs, ref, torch_fn
+
+
+def _meta_arguments(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> Any:
+    """Look-alike arguments on the meta device (no memory): what discovery and ranking need."""
+    x = torch.empty(rows, cols, dtype=dtype, device="meta")
+    if backward:
+        return SoftmaxBackwardArguments(x, torch.empty_like(x), torch.empty_like(x))
+    return SoftmaxArguments(x, torch.empty_like(x))
+
+
+def timed_kernels(args: Any, cc: int, providers: tuple[str, ...], top: int) -> tuple[list, Any]:
+    """The kernels a case times: PickAny's ``top`` best-ranked candidates of ``providers`` (as
+    PickBest caps its candidates) plus PickAny's own choice; and that choice."""
+    from kernel_api.tuning.policies import rank_candidates
+
+    ranked = rank_candidates(kernel_api.get_kernels(args, cc=cc), args)
+    mine = [k for k in ranked if k.metadata.provider in providers and k.metadata.provider != "torch"][:top]
+    if ranked[0] not in mine:
+        mine.append(ranked[0])
+    return mine, ranked[0]
+
+
+def precompile(plan: list, cc: int, workers: int) -> None:
+    """Compile every case's kernels at once in worker processes (filling the disk caches)."""
+    from kernel_api.tuning.compile_worker import compile_request, compile_requests, describe_arguments
+
+    requests = []
+    for args, kernels in plan:
+        kind, description = describe_arguments(args)
+        requests += [r for k in kernels if k.metadata.provider != "torch"
+                     for r in [compile_request(k, cc, kind, description)] if r is not None]
+    t0 = time.perf_counter()
+    failures = [f for f in compile_requests(requests, workers) if f]
+    print(f"precompiled {len(requests)} kernels in {time.perf_counter() - t0:.0f} s"
+          + (f"; {len(failures)} failed, first: {failures[0][:300]}" if failures else ""), flush=True)
+
+
+def bench_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, iters: int, repeats: int,
+               names: set[str]) -> dict:
+    """The kernels ``names`` (PickAny's choice among them), each checked against float64 and timed
+    against torch with alternating launches, ``repeats`` times; the fastest is PickBest's winner."""
+    from kernel_api.tuning.policies import rank_candidates
+    from kernel_api.tuning.timing import time_cuda_pair
+
+    nbytes, sets, argsets, outs, ref, torch_fn = _case_tensors(rows, cols, dtype, backward)
+    args0 = argsets[0]
+    candidates = kernel_api.get_kernels(args0)
+    pick_any = rank_candidates(candidates, args0)[0]
+    timed = [k for k in candidates if k.metadata.kernel_name in names]
+    if pick_any not in timed:
+        timed.append(pick_any)
+    result = {"shape": [rows, cols], "dtype": str(dtype).replace("torch.", ""), "op": "bwd" if backward else "fwd",
+              "bytes": nbytes, "pick_any": pick_any.metadata.kernel_name, "kernels": {}, "torch_ms": []}
+    for kernel in timed:
         name = kernel.metadata.kernel_name
         try:
-            art = kernel.compile(argsets[0])
+            art = kernel.compile(args0)
             outs[0].fill_(float("nan"))
-            kernel.run(argsets[0], compiled_artifact=art)
+            kernel.run(args0, compiled_artifact=art)
             torch.cuda.synchronize()
-            err = ((outs[0].float() - ref).norm() / ref.norm()).item()
-            ms = median_ms(lambda i: kernel.run(argsets[i], compiled_artifact=art, assume_supported_args=True),
-                           sets, iters)
+            o = outs[0].double()
+            err = ((o - ref).norm() / ref.norm()).item()
+            if not err < 1e-2:  # (NaN fails too)
+                raise RuntimeError(f"wrong result: relative error {err:.3e}")
+            samples = []
+            for _ in range(repeats):
+                t_ms, k_ms = time_cuda_pair(torch_fn, lambda i: kernel.run(argsets[i], compiled_artifact=art,
+                                                                           assume_supported_args=True),
+                                            sets=sets, repeat=iters)
+                result["torch_ms"].append(t_ms)
+                samples.append(k_ms)
         except Exception as exc:  # report, keep benchmarking the others
             result["kernels"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            print(f"    {name}: ERROR {result['kernels'][name]['error']}", flush=True)
             continue
-        result["kernels"][name] = {"ms": ms, "rel_err": err, "provider": kernel.metadata.provider}
+        result["kernels"][name] = {"ms": statistics.median(samples), "ms_runs": samples, "rel_err": err,
+                                   "provider": kernel.metadata.provider}
+    argsets.clear()
+    outs.clear()
     return result
 
 
-def bench_backward(rows: int, cols: int, dtype: torch.dtype, iters: int) -> dict:
-    elem = torch.tensor([], dtype=dtype).element_size()
-    nbytes = 3 * rows * cols * elem
-    sets = n_sets(nbytes)
-    ys = [torch.softmax(torch.randn(rows, cols, device="cuda"), -1).to(dtype) for _ in range(sets)]
-    gs = [torch.randn(rows, cols, device="cuda", dtype=dtype) for _ in range(sets)]
-    gis = [torch.empty_like(y) for y in ys]
-    argsets = [SoftmaxBackwardArguments(g, y, gi) for g, y, gi in zip(gs, ys, gis)]
-    g0, y0 = gs[0].float(), ys[0].float()
-    ref = y0 * (g0 - (g0 * y0).sum(-1, keepdim=True))
-    result = {"shape": [rows, cols], "dtype": str(dtype).replace("torch.", ""), "bytes": nbytes, "kernels": {}}
-    result["torch_ms"] = median_ms(lambda i: torch._softmax_backward_data(gs[i], ys[i], -1, dtype), sets, iters)
-    for kernel in kernel_api.get_kernels(argsets[0]):
-        name = kernel.metadata.kernel_name
-        try:
-            art = kernel.compile(argsets[0])
-            gis[0].fill_(float("nan"))
-            kernel.run(argsets[0], compiled_artifact=art)
-            torch.cuda.synchronize()
-            err = ((gis[0].float() - ref).norm() / ref.norm()).item()
-            ms = median_ms(lambda i: kernel.run(argsets[i], compiled_artifact=art, assume_supported_args=True),
-                           sets, iters)
-        except Exception as exc:
-            result["kernels"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            continue
-        result["kernels"][name] = {"ms": ms, "rel_err": err, "provider": kernel.metadata.provider}
-    return result
+def summarise(entry: dict, copy_tbs: float) -> None:
+    """TB/s, ratios, PickBest's winner (fastest verified) and PickAny's choice."""
+    tb = lambda ms: entry["bytes"] / (ms * 1e-3) / 1e12  # noqa: E731
+    entry["torch_tbs"] = tb(statistics.median(entry["torch_ms"])) if entry["torch_ms"] else None
+    ok = {n: k for n, k in entry["kernels"].items() if "ms" in k}
+    for k in ok.values():
+        k["tbs"] = tb(k["ms"])
+        k["tbs_spread"] = [tb(max(k["ms_runs"])), tb(min(k["ms_runs"]))]
+        k["frac_copy"] = k["tbs"] / copy_tbs
+        if entry["torch_tbs"]:
+            k["x_torch"] = k["tbs"] / entry["torch_tbs"]
+    entry["best"] = min(ok, key=lambda n: ok[n]["ms"]) if ok else None
+    any_ = ok.get(entry["pick_any"])
+    entry["pick_any_over_best"] = (ok[entry["best"]]["ms"] / any_["ms"]) if any_ and entry["best"] else None
 
 
 def host_overhead(calls: int = 20000) -> dict:
@@ -223,83 +295,106 @@ def hint_sweep(dtype: torch.dtype, iters: int) -> list:
     return rows_out
 
 
-def summarise(entry: dict, copy_tbs: float) -> None:
-    tb = lambda ms: entry["bytes"] / (ms * 1e-3) / 1e12  # noqa: E731
-    entry["torch_tbs"] = tb(entry["torch_ms"])
-    best = {}
-    for name, k in entry["kernels"].items():
-        if "ms" in k:
-            k["tbs"] = tb(k["ms"])
-            k["frac_copy"] = k["tbs"] / copy_tbs
-            k["speedup_vs_torch"] = entry["torch_ms"] / k["ms"]
-            p = k["provider"]
-            if p not in best or k["ms"] < entry["kernels"][best[p]]["ms"]:
-                best[p] = name
-    entry["best"] = best
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=40)
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--iters", type=int, default=40, help="timed launches per measurement")
+    ap.add_argument("--repeats", type=int, default=1, help="measurements per kernel (the spread is reported)")
+    ap.add_argument("--dtypes", default="bf16,f16,f32")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    ap.add_argument("--shapes", default=None, help="ROWSxCOLS,... instead of the cases' shapes")
+    ap.add_argument("--providers", default="cuda_src", help="providers whose every candidate is timed "
+                    "(PickAny's choice and torch always are)")
+    ap.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1), help="compile worker processes")
+    ap.add_argument("--top", type=int, default=10, help="candidates timed per case, best ranked by PickAny first")
+    ap.add_argument("--tag", default="s21", help="suffix of the JSON file name")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--skip-host", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also compare cache-hint variants of the CUDA kernels")
     ap.add_argument("--only-sweep", action="store_true", help="run only the cache-hint sweep")
     opts = ap.parse_args()
-    dtype = DTYPES[opts.dtype]
     props = torch.cuda.get_device_properties(0)
     device = props.name
     report = {"device": device, "sms": props.multi_processor_count, "torch": torch.__version__,
-              "dtype": opts.dtype, "iters": opts.iters}
+              "iters": opts.iters, "repeats": opts.repeats, "command": " ".join(sys.argv)}
     report["copy_tbs"] = copy_tbs = copy_rate(opts.iters)
     print(f"device {device}: device-to-device copy {copy_tbs:.3f} TB/s", flush=True)
     if opts.sweep or opts.only_sweep:
-        report["hint_sweep"] = hint_sweep(dtype, opts.iters)
+        report["hint_sweep"] = hint_sweep(torch.bfloat16, opts.iters)
         if opts.only_sweep:
             return
-    report["forward"], report["backward"] = [], []
-    for rows, cols in SHAPES:
-        for kind, fn in (("forward", bench_forward), ("backward", bench_backward)):
-            entry = fn(rows, cols, dtype, opts.iters)
-            summarise(entry, copy_tbs)
-            report[kind].append(entry)
-            torch.cuda.empty_cache()
-            for name, k in sorted(entry["kernels"].items(), key=lambda kv: kv[1].get("ms", 1e9)):
-                if "ms" in k:
-                    print(f"  {kind[:3]} {rows}x{cols} {name:48s} {k['ms']*1e3:8.1f} us {k['tbs']:6.3f} TB/s "
-                          f"{k['frac_copy']*100:5.1f}% copy  x{k['speedup_vs_torch']:.2f} torch  err {k['rel_err']:.1e}",
-                          flush=True)
-                else:
-                    print(f"  {kind[:3]} {rows}x{cols} {name:48s} ERROR {k['error']}", flush=True)
+    if opts.shapes:
+        shapes = [("custom", tuple(int(v) for v in s.split("x"))) for s in opts.shapes.split(",")]
+    else:
+        shapes = [(c, shape) for c in opts.cases.split(",") for shape in CASES[c]]
+    providers = tuple(p.strip() for p in opts.providers.split(","))
+    cap = torch.cuda.get_device_capability()
+    cc = cap[0] * 10 + cap[1]
+    cases = [(dname, case, rows, cols, backward) for dname in opts.dtypes.split(",") for case, (rows, cols) in shapes
+             for backward in (False, True)]
+    plan = []
+    for dname, case, rows, cols, backward in cases:
+        args = _meta_arguments(rows, cols, DTYPES[dname], backward)
+        plan.append((args, timed_kernels(args, cc, providers, opts.top)[0]))
+    if opts.workers > 1:
+        precompile(plan, cc, opts.workers)
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_")
+    os.makedirs(opts.out, exist_ok=True)
+    name = f"softmax-{slug}-{opts.tag}.json"
+    path = os.path.join(opts.out, name)
+
+    def save() -> None:  # after every case, so that a run cut short keeps what it measured
+        for target in [path] + ([os.path.join(os.environ["OUT"], name)] if os.environ.get("OUT") else []):
+            with open(target, "w") as f:
+                json.dump(report, f, indent=1)
+
+    report["results"] = []
+    print(_HEADER, flush=True)
+    for (dname, case, rows, cols, backward), (_, kernels) in zip(cases, plan):
+        t0 = time.perf_counter()
+        entry = bench_case(rows, cols, DTYPES[dname], backward, opts.iters, opts.repeats,
+                           {k.metadata.kernel_name for k in kernels})
+        entry["case"] = case
+        summarise(entry, copy_tbs)
+        report["results"].append(entry)
+        torch.cuda.empty_cache()
+        print(_row(entry) + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        save()
     if not opts.skip_host:
         report["host_overhead"] = host_overhead()
         report["cubin_cache"] = cache_timing()
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
-    os.makedirs(opts.out, exist_ok=True)
-    path = os.path.join(opts.out, f"softmax-{slug}.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], f"softmax-{slug}.json"), "w") as f:
-            json.dump(report, f, indent=1)
+    save()
     # ---- the table, last
-    print(f"\nSoftmax {opts.dtype} on {device}; copy rate {copy_tbs:.3f} TB/s (read+write); TB/s = bytes/time")
-    print(f"{'op':4s} {'shape':>12s} {'torch TB/s':>10s} | {'provider':8s} {'best kernel':44s} {'TB/s':>6s} "
-          f"{'%copy':>6s} {'x torch':>7s}")
-    for kind in ("forward", "backward"):
-        for e in report[kind]:
-            shape = f"{e['shape'][0]}x{e['shape'][1]}"
-            for prov, name in sorted(e["best"].items()):
-                k = e["kernels"][name]
-                print(f"{kind[:3]:4s} {shape:>12s} {e['torch_tbs']:10.3f} | {prov:8s} {name:44s} {k['tbs']:6.3f} "
-                      f"{k['frac_copy']*100:5.1f}% {k['speedup_vs_torch']:7.2f}")
+    print(f"\nSoftmax on {device}; copy rate {copy_tbs:.3f} TB/s (read+write); TB/s = bytes moved once / time; "
+          f"median of {opts.repeats} run(s) [min-max]")
+    print(_HEADER)
+    for e in report["results"]:
+        print(_row(e))
     if "host_overhead" in report:
         h = report["host_overhead"]
         print("host us/call: " + ", ".join(f"{k}={v:.2f}" for k, v in h.items() if k.endswith("_us")))
         c = report["cubin_cache"]
         print(f"cubin cache: cold compile {c['cold_compile_ms']:.1f} ms, disk hit {c['disk_hit_ms']:.2f} ms")
     print(f"wrote {path}")
+
+
+_HEADER = (f"{'dtype':5s} {'op':3s} {'shape':>13s} {'MB':>6s} | {'torch':>5s} | {'PickBest':>5s} {'spread':>11s} "
+           f"{'x torch':>7s} | {'PickAny':>5s} {'any/best':>8s} | winner (PickAny's choice if different)")
+
+
+def _row(e: dict) -> str:
+    shape = f"{e['shape'][0]}x{e['shape'][1]}"
+    mb = e["bytes"] / (3 if e["op"] == "bwd" else 2) / 2**20
+    torch_tbs = e["torch_tbs"] or float("nan")
+    best = e["kernels"].get(e["best"], {}) if e["best"] else {}
+    any_ = e["kernels"].get(e["pick_any"], {})
+    spread = best.get("tbs_spread", [float("nan")] * 2)
+    dt = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(e["dtype"], e["dtype"])
+    text = (f"{dt:5s} {e['op']:3s} {shape:>13s} {mb:6.0f} | {torch_tbs:5.2f} | {best.get('tbs', float('nan')):5.2f} "
+            f"[{spread[0]:4.2f}-{spread[1]:4.2f}] {best.get('x_torch', float('nan')):7.2f} | "
+            f"{any_.get('tbs', float('nan')):5.2f} {e['pick_any_over_best'] or float('nan'):8.2f} | {e['best']}")
+    if e["pick_any"] != e["best"]:
+        text += f" ({e['pick_any']})"
+    return text
 
 
 if __name__ == "__main__":

@@ -84,16 +84,19 @@ _SANITIZED = r"""
 import torch, kernel_api
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
 torch.manual_seed(0)
-cases = [(torch.bfloat16, 5, 1000), (torch.bfloat16, 3, 4104), (torch.float32, 3, 333), (torch.float16, 2, 70001),
-         (torch.bfloat16, 9, 8), (torch.float32, 2, 16384)]
+cases = [(torch.bfloat16, 5, 1000, 0), (torch.bfloat16, 3, 4104, 0), (torch.float32, 3, 333, 0),
+         (torch.float16, 2, 70001, 0), (torch.bfloat16, 9, 8, 0), (torch.float32, 2, 16384, 0),
+         (torch.bfloat16, 3, 4097, 3), (torch.float32, 2, 70001, 1)]
 n = 0
-for dtype, rows, cols in cases:
-    x = torch.randn(rows, cols, device="cuda").to(dtype)
-    out = torch.empty_like(x)
+def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
+    return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
+for dtype, rows, cols, offset in cases:
+    x = at(rows, cols, dtype, offset)
+    out = at(rows, cols, dtype, offset)
     a = SoftmaxArguments(x, out)
     for k in kernel_api.get_kernels(a, providers="cuda_src"):
         k.run(a); n += 1
-    gi = torch.empty_like(x)
+    gi = at(rows, cols, dtype, offset)
     b = SoftmaxBackwardArguments(x, out, gi)
     for k in kernel_api.get_kernels(b, providers="cuda_src"):
         k.run(b); n += 1

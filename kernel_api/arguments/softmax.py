@@ -11,8 +11,12 @@ from ..core.tensor_attributes import TensorAttributes
 from .base import _ROW2, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor
 
 
-def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int, int]:
-    """Attributes of a tensor reduced along its last dim; (attrs, rows, cols)."""
+def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int, int, int]:
+    """Attributes of a tensor reduced along its last dim; (attrs, rows, cols, phase).
+
+    ``phase`` is where the rows sit relative to 16-byte boundaries: the byte offsets of the
+    first row and of the row stride modulo 16. Kernels that peel each row's unaligned head
+    need one phase for all operands, and the attributes' divisibility cannot say that."""
     dt = _element_type(t, name)
     if t.is_neg():  # (no supported dtype is complex, so none carries the conjugate bit)
         raise _lazy_bit_error(t, name)
@@ -32,8 +36,10 @@ def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int,
                 f"spaced; call .contiguous()") from None
     else:
         row_stride = cols
-    div = _divisibility(t.data_ptr(), t.element_size(), (cols, row_stride) if rows > 1 else (cols,))
-    return _attributes(dt, _ROW2, div), rows, cols
+    ptr, size = t.data_ptr(), t.element_size()
+    div = _divisibility(ptr, size, (cols, row_stride) if rows > 1 else (cols,))
+    phase = ptr % 16 | (row_stride * size % 16 if rows > 1 else 0) << 4
+    return _attributes(dt, _ROW2, div), rows, cols, phase
 
 
 def _normalize_dim(dim: Any, ndim: int) -> int:
@@ -73,14 +79,15 @@ class SoftmaxArguments(Arguments):
         _require_tensor(out, "out")
         self.dim = _normalize_dim(dim, x.dim())
         _check_like("out", out, "x", x, contiguous=True)
-        xa, self.rows, self.cols = _rows_attributes(x, "x")
-        oa, _, _ = _rows_attributes(out, "out")
+        xa, self.rows, self.cols, xp = _rows_attributes(x, "x")
+        oa, _, _, op = _rows_attributes(out, "out")
         self.x, self.out = x, out
         self.device = x.device
         self.device_index = x.get_device()
         self._verdicts = self._binding = None
         self.tensor_attributes = {"x": xa, "out": oa}
-        self.signature = ("softmax", xa._key, oa._key, x.get_device())
+        # (phases agree: whether peeled kernels take the operands; choices are cached per signature)
+        self.signature = ("softmax", xa._key, oa._key, xp == op, x.get_device())
 
     def __repr__(self) -> str:
         return f"SoftmaxArguments(rows={self.rows}, cols={self.cols}, dtype={self.tensor_attributes['x'].dtype}, device={self.device})"
@@ -98,15 +105,16 @@ class SoftmaxBackwardArguments(Arguments):
         self.dim = _normalize_dim(dim, out.dim())
         _check_like("grad_out", grad_out, "out", out)
         _check_like("grad_in", grad_in, "out", out, contiguous=True)
-        ga, self.rows, self.cols = _rows_attributes(grad_out, "grad_out")
-        oa, _, _ = _rows_attributes(out, "out")
-        ia, _, _ = _rows_attributes(grad_in, "grad_in")
+        ga, self.rows, self.cols, gp = _rows_attributes(grad_out, "grad_out")
+        oa, _, _, op = _rows_attributes(out, "out")
+        ia, _, _, ip = _rows_attributes(grad_in, "grad_in")
         self.grad_out, self.out, self.grad_in = grad_out, out, grad_in
         self.device = out.device
         self.device_index = out.get_device()
         self._verdicts = self._binding = None
         self.tensor_attributes = {"grad_out": ga, "out": oa, "grad_in": ia}
-        self.signature = ("softmax_bwd", ga._key, oa._key, ia._key, out.get_device())
+        # (phases agree: whether peeled kernels take the operands; choices are cached per signature)
+        self.signature = ("softmax_bwd", ga._key, oa._key, ia._key, gp == op == ip, out.get_device())
 
     def __repr__(self) -> str:
         return (f"SoftmaxBackwardArguments(rows={self.rows}, cols={self.cols}, "

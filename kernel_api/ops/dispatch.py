@@ -333,7 +333,36 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
     return _softmax_eager(x, dim, out, stream)
 
 
+def _moved_dim(t: torch.Tensor, dim: Any) -> int | None:
+    """For an operand the kernels cannot take as it is (``dim`` not last, or rows that are not
+    dense and evenly spaced): ``dim`` normalised, so the caller moves it last into a contiguous
+    copy; None when the kernels take ``t`` (or when ``dim`` is invalid: the arguments say why)."""
+    ndim = t.dim()
+    if isinstance(dim, bool) or not isinstance(dim, int) or ndim == 0 or not -ndim <= dim < ndim:
+        return None
+    d = dim % ndim
+    if d == ndim - 1 and t.is_contiguous():
+        return None
+    if d == ndim - 1 and (t.shape[-1] <= 1 or t.stride(-1) == 1):
+        try:
+            t.view(-1, t.shape[-1])  # rows one stride apart: the kernels take them as they are
+            return None
+        except RuntimeError:
+            pass
+    return d
+
+
 def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: Any) -> torch.Tensor:
+    d = _moved_dim(x, dim) if isinstance(x, _Tensor) else None
+    if d is not None:
+        # As torch does for any layout: softmax along dim of a contiguous copy with dim last.
+        y = _softmax_eager(x.movedim(d, -1).contiguous(), -1, None, stream).movedim(-1, d)
+        if out is None:
+            return y
+        if out.shape != x.shape:
+            raise ValueError(f"operand out: shape {tuple(out.shape)} must equal x's {tuple(x.shape)}")
+        out.copy_(y)  # (copy_ bumps out's version)
+        return out
     given = out is not None  # the caller's tensor: its version counter is bumped after the write
     if not given:
         out = x.new_empty(x.shape)
@@ -368,6 +397,18 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
 
 def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int, grad_in: torch.Tensor | None,
                             stream: Any) -> torch.Tensor:
+    d = _moved_dim(out, dim) if isinstance(out, _Tensor) and isinstance(grad_out, _Tensor) else None
+    if d is None and isinstance(grad_out, _Tensor) and isinstance(out, _Tensor):
+        d = _moved_dim(grad_out, dim)
+    if d is not None and grad_out.shape == out.shape:
+        g = _softmax_backward_eager(grad_out.movedim(d, -1).contiguous(), out.movedim(d, -1).contiguous(), -1,
+                                    None, stream).movedim(-1, d)
+        if grad_in is None:
+            return g
+        if grad_in.shape != out.shape:
+            raise ValueError(f"operand grad_in: shape {tuple(grad_in.shape)} must equal out's {tuple(out.shape)}")
+        grad_in.copy_(g)
+        return grad_in
     given = grad_in is not None  # the caller's tensor: its version counter is bumped after the write
     if not given:
         grad_in = out.new_empty(out.shape)

@@ -62,17 +62,54 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
 
 
 def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
-    """Estimated time of a row-wise (softmax) kernel: prefers the strategy sized for the row."""
+    """Estimated time of a row-wise (softmax) kernel: prefers the strategy sized for the row,
+    16-byte accesses over scalar ones, one pass over two, and enough CTAs to fill the SMs.
+
+    Read from the `RowReductionDesignMetadata`: ``strategy``, ``threads_per_row``,
+    ``vector_bytes``, the row range, and ``extra``'s ``passes`` (reads of the input),
+    ``peel`` (scalar row edges), ``rows_per_cta`` (warp) and ``cluster`` (CTAs per row).
+    """
     design = kernel.metadata.design
     cols = getattr(args, "cols", 1)
+    rows = getattr(args, "rows", 1)
     strategy = getattr(design, "strategy", "block")
     lo, hi = getattr(design, "min_cols", 1), getattr(design, "max_cols", None)
     penalty = 1.0 if (cols >= lo and (hi is None or cols <= hi)) else 4.0
     threads = getattr(design, "threads_per_row", 32)
     if strategy == "warp":
-        penalty *= 1.0 if cols <= 2048 else 3.0
-    elif cols < threads * 4:
-        penalty *= 2.0  # most threads of the row idle
+        # (at 1024 a CTA per row is faster already: 4.00 against 3.54 TB/s, bf16 65536x1024 on an H200)
+        penalty *= 1.0 if cols < 1024 else 3.0
+    elif cols < min(threads, 256) * 4:
+        # A short row on a CTA: few loads in flight per CTA (the register kernels size their
+        # CTA to the row, so a wide design alone idles no threads).
+        penalty *= 2.0
+    extra = dict(getattr(design, "extra", ()) or ())
+    if getattr(design, "vector_bytes", 16) < 16:
+        penalty *= 1.15  # scalar accesses: more instructions per byte (measured 5-30 % slower)
+    if extra.get("peel"):
+        penalty *= 1.02  # a row's unaligned head and tail, per row
+    penalty *= 1.0 + 0.5 * (extra.get("passes", 1) - 1)  # the input read again (partly from L2)
+    ept = extra.get("elements_per_thread")
+    if ept:
+        # Register rows: 64 bytes per thread and row held measured best (bf16 forward: 32
+        # elements; f32 forward and bf16 backward, which holds two rows: 16).
+        elem = next(iter(args.tensor_attributes.values())).dtype.bytes
+        if ept * elem * (2 if hasattr(args, "grad_out") else 1) != 64:
+            penalty *= 1.03
+    cluster = extra.get("cluster", 1)
+    if cluster > 1:
+        # Each row waits on cluster barriers and clusters are scheduled whole: measured on an
+        # H200 (benchmarks/results/softmax-NVIDIA_H200-s21.json) 1.8x-7x slower than a CTA per
+        # row on rows of 4095 (clusters of 2-8) and 1.4x-3x on 50257; the cost fades as each
+        # CTA's slice of the row grows past 16K elements.
+        penalty *= 1.0 + 0.5 * cluster * min(1.0, 16384 * cluster / max(cols, 1))
+    # Memory-bound: with fewer CTAs than SMs, the idle SMs' share of the bandwidth is lost.
+    if strategy == "warp":
+        ctas = rows / extra.get("rows_per_cta", 4)
+    else:
+        ctas = rows * extra.get("cluster", 1)
+    if ctas < sm_count:
+        penalty *= sm_count / max(ctas, 1)
     return penalty / kernel.metadata.kernel_class.performance_hint
 
 

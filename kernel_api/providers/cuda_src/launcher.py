@@ -198,6 +198,15 @@ class CudaLauncher:
             raise KernelLaunchError(f"{self.label}: could not allow {smem} bytes of dynamic shared memory: {err}")
         self._smem_set[device] = smem
 
+    @staticmethod
+    def _bind_context(device: int) -> bool:
+        """Make ``device``'s primary context current on this thread; whether that succeeded."""
+        try:
+            _core_api().Device(device).set_current()
+        except Exception:  # noqa: BLE001 - the caller reports the launch's own error
+            return False
+        return True
+
     def _convert(self, params: Sequence[Any]) -> tuple:
         sizes = self._param_sizes
         if sizes is not None and len(sizes) != len(params):
@@ -235,6 +244,11 @@ class CudaLauncher:
         try:
             _core.launch(s, cfg, self._kernel, *params)
         except Exception as exc:
+            if "CUDA_ERROR_INVALID_CONTEXT" in str(exc) and self._bind_context(device):
+                # A thread torch never bound a context to (autograd's device threads skip
+                # cudaSetDevice when the device already reads as current): bind the primary one.
+                _core.launch(s, cfg, self._kernel, *params)
+                return
             raise KernelLaunchError(
                 f"{self.label}: launch of {self.name_expression} with grid={grid}, block={block}, "
                 f"shared memory={smem} B on stream {stream:#x} (device {device}) failed: {exc}") from exc

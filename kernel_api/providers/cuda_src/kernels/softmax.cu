@@ -95,27 +95,61 @@ __device__ __forceinline__ Pack<T, VEC> load_pack(const typename T::raw* p) {
   return v;
 }
 
-// A thread's share of a row: NV packs, STRIDE packs apart. All loads are issued before any
-// is converted, so that they are in flight together (converting right after each load would
-// wait on it).
+// A row as the vector loops see it: PEEL kernels take rows at any element alignment and split
+// each into `head` scalar elements up to the first 16-byte boundary, `nvec` VEC-wide accesses
+// from there, and `tail` scalar elements after them (head, tail < VEC). Without PEEL the
+// interface guarantees 16-byte-aligned rows whose length VEC divides, so head = tail = 0.
+struct Span {
+  int head, nvec, tail;
+};
+template <class T, int VEC, bool PEEL>
+__device__ __forceinline__ Span row_span(const void* row, int cols) {
+  Span s;
+  s.head = 0;
+  if constexpr (PEEL) {
+    const int mis = (int)(((unsigned long long)row & 15) / sizeof(typename T::raw));
+    s.head = min((VEC - mis) & (VEC - 1), cols);
+  }
+  s.nvec = (cols - s.head) / VEC;
+  s.tail = cols - s.head - s.nvec * VEC;
+  return s;
+}
+
+// A thread's share of a row: NV packs, STRIDE packs apart, of the nvec packs from p. All loads
+// are issued before any is converted, so that they are in flight together (converting right
+// after each load would wait on it).
 template <class T, int VEC, int NV, int STRIDE>
-__device__ __forceinline__ void issue_row(const typename T::raw* __restrict__ p, int cols, int t,
+__device__ __forceinline__ void issue_row(const typename T::raw* __restrict__ p, int nvec, int t,
                                           Pack<T, VEC> (&raw)[NV]) {
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const int c = (j * STRIDE + t) * VEC;
-    if (c < cols) raw[j] = load_pack<T, VEC>(p + c);
+    const int v = j * STRIDE + t;
+    if (v < nvec) raw[j] = load_pack<T, VEC>(p + (i64)v * VEC);
   }
 }
 template <class T, int VEC, int NV, int STRIDE>
-__device__ __forceinline__ void convert_row(const Pack<T, VEC> (&raw)[NV], int cols, int t, float fill,
+__device__ __forceinline__ void convert_row(const Pack<T, VEC> (&raw)[NV], int nvec, int t, float fill,
                                             float (&f)[NV][VEC]) {
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const bool ok = (j * STRIDE + t) * VEC < cols;
+    const bool ok = j * STRIDE + t < nvec;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) f[j][k] = ok ? T::load(raw[j].r[k]) : fill;
   }
+}
+
+// The peeled elements of a row: thread t < head holds head element t and thread t < tail
+// holds tail element t (``fill`` where it holds none). Needs at least VEC threads per row.
+template <class T, int VEC>
+__device__ __forceinline__ void load_edges(const typename T::raw* row, const Span& s, int t, float fill, float& h,
+                                           float& e) {
+  h = t < s.head ? T::load(row[t]) : fill;
+  e = t < s.tail ? T::load(row[s.head + (i64)s.nvec * VEC + t]) : fill;
+}
+template <class T, int VEC>
+__device__ __forceinline__ void store_edges(typename T::raw* row, const Span& s, int t, float h, float e) {
+  if (t < s.head) row[t] = T::store(h);
+  if (t < s.tail) row[s.head + (i64)s.nvec * VEC + t] = T::store(e);
 }
 
 template <class T, int VEC>
@@ -175,23 +209,32 @@ __device__ __forceinline__ float block_sum(float v, float* sm) {
 __device__ __forceinline__ float exp_shifted(float v, float m) { return exp2f((v - m) * KA_LOG2E); }
 
 // ---------------------------------------------------------------- register-resident rows
-// THREADS_PER_ROW lanes share a row; each holds NV accesses of VEC elements.
-template <class T, int VEC, int NV, int THREADS_PER_ROW, int THREADS>
+// THREADS_PER_ROW lanes share a row; each holds NV accesses of VEC elements (and, with PEEL,
+// up to two peeled elements).
+template <class T, int VEC, int NV, int THREADS_PER_ROW, int THREADS, bool PEEL>
 __device__ __forceinline__ void fwd_row_regs(const typename T::raw* __restrict__ xr, typename T::raw* __restrict__ yr,
                                              int cols, int t, float* sm) {
+  const Span sp = row_span<T, VEC, PEEL>(xr, cols);
   float v[NV][VEC];
+  float eh = -KA_INF, et = -KA_INF;
   {
     Pack<T, VEC> raw[NV];
-    issue_row<T, VEC, NV, THREADS_PER_ROW>(xr, cols, t, raw);
-    convert_row<T, VEC, NV, THREADS_PER_ROW>(raw, cols, t, -KA_INF, v);
+    issue_row<T, VEC, NV, THREADS_PER_ROW>(xr + sp.head, sp.nvec, t, raw);
+    if constexpr (PEEL) load_edges<T, VEC>(xr, sp, t, -KA_INF, eh, et);
+    convert_row<T, VEC, NV, THREADS_PER_ROW>(raw, sp.nvec, t, -KA_INF, v);
   }
-  float m = -KA_INF;
+  float m = fmaxf(eh, et);
 #pragma unroll
   for (int j = 0; j < NV; ++j)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) m = fmaxf(m, v[j][k]);
   m = THREADS_PER_ROW == 32 ? warp_max(m) : block_max<THREADS>(m, sm);
   float s = 0.f;
+  if constexpr (PEEL) {
+    eh = exp_shifted(eh, m);
+    et = exp_shifted(et, m);
+    s = eh + et;
+  }
 #pragma unroll
   for (int j = 0; j < NV; ++j)
 #pragma unroll
@@ -201,99 +244,110 @@ __device__ __forceinline__ void fwd_row_regs(const typename T::raw* __restrict__
     }
   s = THREADS_PER_ROW == 32 ? warp_sum(s) : block_sum<THREADS>(s, sm + 32);
   const float inv = 1.f / s;
+  typename T::raw* yb = yr + sp.head;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const int c = (j * THREADS_PER_ROW + t) * VEC;
-    if (c < cols) {
+    const int c = j * THREADS_PER_ROW + t;
+    if (c < sp.nvec) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) v[j][k] *= inv;
-      store_vec<T, VEC>(yr + c, v[j]);
+      store_vec<T, VEC>(yb + (i64)c * VEC, v[j]);
     }
   }
+  if constexpr (PEEL) store_edges<T, VEC>(yr, sp, t, eh * inv, et * inv);
 }
 
-template <class T, int VEC, int NV, int THREADS_PER_ROW, int THREADS>
+template <class T, int VEC, int NV, int THREADS_PER_ROW, int THREADS, bool PEEL>
 __device__ __forceinline__ void bwd_row_regs(const typename T::raw* __restrict__ gr, const typename T::raw* __restrict__ yr,
                                              typename T::raw* __restrict__ dr, int cols, int t, float* sm) {
+  const Span sp = row_span<T, VEC, PEEL>(yr, cols);
   float g[NV][VEC], y[NV][VEC];
+  float gh = 0.f, gt = 0.f, yh = 0.f, yt = 0.f;
   {
     Pack<T, VEC> rg[NV], ry[NV];
-    issue_row<T, VEC, NV, THREADS_PER_ROW>(gr, cols, t, rg);
-    issue_row<T, VEC, NV, THREADS_PER_ROW>(yr, cols, t, ry);
-    convert_row<T, VEC, NV, THREADS_PER_ROW>(rg, cols, t, 0.f, g);
-    convert_row<T, VEC, NV, THREADS_PER_ROW>(ry, cols, t, 0.f, y);
+    issue_row<T, VEC, NV, THREADS_PER_ROW>(gr + sp.head, sp.nvec, t, rg);
+    issue_row<T, VEC, NV, THREADS_PER_ROW>(yr + sp.head, sp.nvec, t, ry);
+    if constexpr (PEEL) {
+      load_edges<T, VEC>(gr, sp, t, 0.f, gh, gt);
+      load_edges<T, VEC>(yr, sp, t, 0.f, yh, yt);
+    }
+    convert_row<T, VEC, NV, THREADS_PER_ROW>(rg, sp.nvec, t, 0.f, g);
+    convert_row<T, VEC, NV, THREADS_PER_ROW>(ry, sp.nvec, t, 0.f, y);
   }
-  float dot = 0.f;
+  float dot = gh * yh + gt * yt;
 #pragma unroll
   for (int j = 0; j < NV; ++j)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dot = fmaf(g[j][k], y[j][k], dot);
   dot = THREADS_PER_ROW == 32 ? warp_sum(dot) : block_sum<THREADS>(dot, sm);
+  typename T::raw* db = dr + sp.head;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const int c = (j * THREADS_PER_ROW + t) * VEC;
-    if (c < cols) {
+    const int c = j * THREADS_PER_ROW + t;
+    if (c < sp.nvec) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) g[j][k] = y[j][k] * (g[j][k] - dot);
-      store_vec<T, VEC>(dr + c, g[j]);
+      store_vec<T, VEC>(db + (i64)c * VEC, g[j]);
     }
   }
+  if constexpr (PEEL) store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
 }
 
 // One warp per row, WARPS rows per CTA.
-template <class T, int VEC, int NV, int WARPS>
+template <class T, int VEC, int NV, int WARPS, bool PEEL = false>
 __global__ void __launch_bounds__(WARPS * 32) fwd_warp(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y,
                                                        i64 rows, i64 cols, i64 ldx, i64 ldy) {
   const i64 row = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   if (row >= rows) return;
-  fwd_row_regs<T, VEC, NV, 32, 32>(x + row * ldx, y + row * ldy, (int)cols, threadIdx.x & 31, nullptr);
+  fwd_row_regs<T, VEC, NV, 32, 32, PEEL>(x + row * ldx, y + row * ldy, (int)cols, threadIdx.x & 31, nullptr);
 }
 
-template <class T, int VEC, int NV, int WARPS>
+template <class T, int VEC, int NV, int WARPS, bool PEEL = false>
 __global__ void __launch_bounds__(WARPS * 32) bwd_warp(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
                                                        typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy,
                                                        i64 ldy, i64 lddx) {
   const i64 row = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   if (row >= rows) return;
-  bwd_row_regs<T, VEC, NV, 32, 32>(dy + row * lddy, y + row * ldy, dx + row * lddx, (int)cols, threadIdx.x & 31, nullptr);
+  bwd_row_regs<T, VEC, NV, 32, 32, PEEL>(dy + row * lddy, y + row * ldy, dx + row * lddx, (int)cols, threadIdx.x & 31,
+                                         nullptr);
 }
 
 // One CTA of THREADS per row.
-template <class T, int VEC, int NV, int THREADS>
+template <class T, int VEC, int NV, int THREADS, bool PEEL = false>
 __global__ void __launch_bounds__(THREADS) fwd_block(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y,
                                                      i64 rows, i64 cols, i64 ldx, i64 ldy) {
   __shared__ float sm[64];
   const i64 row = blockIdx.x;
-  fwd_row_regs<T, VEC, NV, THREADS, THREADS>(x + row * ldx, y + row * ldy, (int)cols, threadIdx.x, sm);
+  fwd_row_regs<T, VEC, NV, THREADS, THREADS, PEEL>(x + row * ldx, y + row * ldy, (int)cols, threadIdx.x, sm);
 }
 
-template <class T, int VEC, int NV, int THREADS>
+template <class T, int VEC, int NV, int THREADS, bool PEEL = false>
 __global__ void __launch_bounds__(THREADS) bwd_block(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
                                                      typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy,
                                                      i64 ldy, i64 lddx) {
   __shared__ float sm[32];
   const i64 row = blockIdx.x;
-  bwd_row_regs<T, VEC, NV, THREADS, THREADS>(dy + row * lddy, y + row * ldy, dx + row * lddx, (int)cols, threadIdx.x, sm);
+  bwd_row_regs<T, VEC, NV, THREADS, THREADS, PEEL>(dy + row * lddy, y + row * ldy, dx + row * lddx, (int)cols, threadIdx.x,
+                                                   sm);
 }
 
 // ---------------------------------------------------------------- rows of any length
-// Pass 1 keeps a running (max, sum) per thread, rescaling the sum when the max grows, so the
-// row is read twice in all (statistics, then output) instead of three times.
+// A CTA's statistics over the vectors [0, nvec) from xb (plus, with PEEL, the edges eh, et
+// it holds), read in chunks of THREADS x UNROLL vectors: a running (max, sum) per thread,
+// the sum rescaled when the max grows, so the row is read twice in all (statistics, then
+// output) instead of three times. Returns the thread's (m, s).
 template <class T, int VEC, int UNROLL, int THREADS>
-__global__ void __launch_bounds__(THREADS) fwd_looped(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y,
-                                                      i64 rows, i64 cols, i64 ldx, i64 ldy) {
-  __shared__ float sm[64];
-  const typename T::raw* xr = x + (i64)blockIdx.x * ldx;
-  typename T::raw* yr = y + (i64)blockIdx.x * ldy;
-  const i64 chunk = (i64)THREADS * VEC * UNROLL;  // elements the CTA covers per iteration
-  const int t = threadIdx.x;
-  float m = -KA_INF, s = 0.f;
-  for (i64 off = 0; off < cols; off += chunk) {
-    const int rest = (int)(cols - off < chunk ? cols - off : chunk);  // elements left in this chunk
+__device__ __forceinline__ void online_stats(const typename T::raw* __restrict__ xb, int nvec, int t, float e0, float e1,
+                                             float& m, float& s) {
+  m = fmaxf(e0, e1);
+  s = m == -KA_INF ? 0.f : exp_shifted(e0, m) + exp_shifted(e1, m);
+  const int chunk = THREADS * UNROLL;  // vectors the CTA covers per iteration
+  for (int off = 0; off < nvec; off += chunk) {
+    const int rest = nvec - off < chunk ? nvec - off : chunk;
     float v[UNROLL][VEC];
     {
       Pack<T, VEC> raw[UNROLL];
-      issue_row<T, VEC, UNROLL, THREADS>(xr + off, rest, t, raw);
+      issue_row<T, VEC, UNROLL, THREADS>(xb + (i64)off * VEC, rest, t, raw);
       convert_row<T, VEC, UNROLL, THREADS>(raw, rest, t, -KA_INF, v);
     }
     float cm = m;
@@ -312,47 +366,50 @@ __global__ void __launch_bounds__(THREADS) fwd_looped(const typename T::raw* __r
         for (int k = 0; k < VEC; ++k) s += exp_shifted(v[u][k], m);
     }
   }
-  const float row_max = block_max<THREADS>(m, sm);
-  s = m == -KA_INF ? 0.f : s * exp_shifted(m, row_max);
-  const float inv = 1.f / block_sum<THREADS>(s, sm + 32);
-  for (i64 off = 0; off < cols; off += chunk) {
-    const int rest = (int)(cols - off < chunk ? cols - off : chunk);  // elements left in this chunk
+}
+
+// y = exp(x - row_max) * inv over the vectors [0, nvec) from xb / yb. REVERSE walks the chunks
+// last to first: the statistics pass read them first to last, so the latest are likeliest
+// still in L2.
+template <class T, int VEC, int UNROLL, int THREADS, bool REVERSE = false>
+__device__ __forceinline__ void write_scaled(const typename T::raw* __restrict__ xb, typename T::raw* __restrict__ yb,
+                                             int nvec, int t, float row_max, float inv) {
+  const int chunk = THREADS * UNROLL;
+  const int chunks = (nvec + chunk - 1) / chunk;
+  for (int i = 0; i < chunks; ++i) {
+    const int off = (REVERSE ? chunks - 1 - i : i) * chunk;
+    const int rest = nvec - off < chunk ? nvec - off : chunk;
     float v[UNROLL][VEC];
     {
       Pack<T, VEC> raw[UNROLL];
-      issue_row<T, VEC, UNROLL, THREADS>(xr + off, rest, t, raw);
+      issue_row<T, VEC, UNROLL, THREADS>(xb + (i64)off * VEC, rest, t, raw);
       convert_row<T, VEC, UNROLL, THREADS>(raw, rest, t, 0.f, v);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int c = (u * THREADS + t) * VEC;
+      const int c = u * THREADS + t;
       if (c < rest) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) v[u][k] = exp_shifted(v[u][k], row_max) * inv;
-        store_vec<T, VEC>(yr + off + c, v[u]);
+        store_vec<T, VEC>(yb + (i64)(off + c) * VEC, v[u]);
       }
     }
   }
 }
 
+// sum(dy * y) over the vectors [0, nvec) from gb / yb.
 template <class T, int VEC, int UNROLL, int THREADS>
-__global__ void __launch_bounds__(THREADS) bwd_looped(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
-                                                      typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy,
-                                                      i64 ldy, i64 lddx) {
-  __shared__ float sm[32];
-  const typename T::raw* gr = dy + (i64)blockIdx.x * lddy;
-  const typename T::raw* yr = y + (i64)blockIdx.x * ldy;
-  typename T::raw* dr = dx + (i64)blockIdx.x * lddx;
-  const i64 chunk = (i64)THREADS * VEC * UNROLL;
-  const int t = threadIdx.x;
+__device__ __forceinline__ float dot_stats(const typename T::raw* __restrict__ gb, const typename T::raw* __restrict__ yb,
+                                           int nvec, int t) {
+  const int chunk = THREADS * UNROLL;
   float dot = 0.f;
-  for (i64 off = 0; off < cols; off += chunk) {
-    const int rest = (int)(cols - off < chunk ? cols - off : chunk);  // elements left in this chunk
+  for (int off = 0; off < nvec; off += chunk) {
+    const int rest = nvec - off < chunk ? nvec - off : chunk;
     float g[UNROLL][VEC], w[UNROLL][VEC];
     {
       Pack<T, VEC> rg[UNROLL], ry[UNROLL];
-      issue_row<T, VEC, UNROLL, THREADS>(gr + off, rest, t, rg);
-      issue_row<T, VEC, UNROLL, THREADS>(yr + off, rest, t, ry);
+      issue_row<T, VEC, UNROLL, THREADS>(gb + (i64)off * VEC, rest, t, rg);
+      issue_row<T, VEC, UNROLL, THREADS>(yb + (i64)off * VEC, rest, t, ry);
       convert_row<T, VEC, UNROLL, THREADS>(rg, rest, t, 0.f, g);
       convert_row<T, VEC, UNROLL, THREADS>(ry, rest, t, 0.f, w);
     }
@@ -361,27 +418,78 @@ __global__ void __launch_bounds__(THREADS) bwd_looped(const typename T::raw* __r
 #pragma unroll
       for (int k = 0; k < VEC; ++k) dot = fmaf(g[u][k], w[u][k], dot);
   }
-  dot = block_sum<THREADS>(dot, sm);
-  for (i64 off = 0; off < cols; off += chunk) {
-    const int rest = (int)(cols - off < chunk ? cols - off : chunk);  // elements left in this chunk
+  return dot;
+}
+
+// dx = y * (dy - dot) over the vectors [0, nvec) (REVERSE: as in write_scaled).
+template <class T, int VEC, int UNROLL, int THREADS, bool REVERSE = false>
+__device__ __forceinline__ void write_grad(const typename T::raw* __restrict__ gb, const typename T::raw* __restrict__ yb,
+                                           typename T::raw* __restrict__ db, int nvec, int t, float dot) {
+  const int chunk = THREADS * UNROLL;
+  const int chunks = (nvec + chunk - 1) / chunk;
+  for (int i = 0; i < chunks; ++i) {
+    const int off = (REVERSE ? chunks - 1 - i : i) * chunk;
+    const int rest = nvec - off < chunk ? nvec - off : chunk;
     float g[UNROLL][VEC], w[UNROLL][VEC];
     {
       Pack<T, VEC> rg[UNROLL], ry[UNROLL];
-      issue_row<T, VEC, UNROLL, THREADS>(gr + off, rest, t, rg);
-      issue_row<T, VEC, UNROLL, THREADS>(yr + off, rest, t, ry);
+      issue_row<T, VEC, UNROLL, THREADS>(gb + (i64)off * VEC, rest, t, rg);
+      issue_row<T, VEC, UNROLL, THREADS>(yb + (i64)off * VEC, rest, t, ry);
       convert_row<T, VEC, UNROLL, THREADS>(rg, rest, t, 0.f, g);
       convert_row<T, VEC, UNROLL, THREADS>(ry, rest, t, 0.f, w);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int c = (u * THREADS + t) * VEC;
+      const int c = u * THREADS + t;
       if (c < rest) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) g[u][k] = w[u][k] * (g[u][k] - dot);
-        store_vec<T, VEC>(dr + off + c, g[u]);
+        store_vec<T, VEC>(db + (i64)(off + c) * VEC, g[u]);
       }
     }
   }
+}
+
+// One CTA per row of any length, two passes over the row.
+template <class T, int VEC, int UNROLL, int THREADS, bool PEEL = false>
+__global__ void __launch_bounds__(THREADS) fwd_looped(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y,
+                                                      i64 rows, i64 cols, i64 ldx, i64 ldy) {
+  __shared__ float sm[64];
+  const typename T::raw* xr = x + (i64)blockIdx.x * ldx;
+  typename T::raw* yr = y + (i64)blockIdx.x * ldy;
+  const int t = threadIdx.x;
+  const Span sp = row_span<T, VEC, PEEL>(xr, (int)cols);
+  float eh = -KA_INF, et = -KA_INF;
+  if constexpr (PEEL) load_edges<T, VEC>(xr, sp, t, -KA_INF, eh, et);
+  float m, s;
+  online_stats<T, VEC, UNROLL, THREADS>(xr + sp.head, sp.nvec, t, eh, et, m, s);
+  const float row_max = block_max<THREADS>(m, sm);
+  s = m == -KA_INF ? 0.f : s * exp_shifted(m, row_max);
+  const float inv = 1.f / block_sum<THREADS>(s, sm + 32);
+  write_scaled<T, VEC, UNROLL, THREADS>(xr + sp.head, yr + sp.head, sp.nvec, t, row_max, inv);
+  if constexpr (PEEL)
+    store_edges<T, VEC>(yr, sp, t, exp_shifted(eh, row_max) * inv, exp_shifted(et, row_max) * inv);
+}
+
+template <class T, int VEC, int UNROLL, int THREADS, bool PEEL = false>
+__global__ void __launch_bounds__(THREADS) bwd_looped(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
+                                                      typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy,
+                                                      i64 ldy, i64 lddx) {
+  __shared__ float sm[32];
+  const typename T::raw* gr = dy + (i64)blockIdx.x * lddy;
+  const typename T::raw* yr = y + (i64)blockIdx.x * ldy;
+  typename T::raw* dr = dx + (i64)blockIdx.x * lddx;
+  const int t = threadIdx.x;
+  const Span sp = row_span<T, VEC, PEEL>(yr, (int)cols);
+  float gh = 0.f, gt = 0.f, yh = 0.f, yt = 0.f;
+  if constexpr (PEEL) {
+    load_edges<T, VEC>(gr, sp, t, 0.f, gh, gt);
+    load_edges<T, VEC>(yr, sp, t, 0.f, yh, yt);
+  }
+  float dot = gh * yh + gt * yt + dot_stats<T, VEC, UNROLL, THREADS>(gr + sp.head, yr + sp.head, sp.nvec, t);
+  dot = block_sum<THREADS>(dot, sm);
+  write_grad<T, VEC, UNROLL, THREADS>(gr + sp.head, yr + sp.head, dr + sp.head, sp.nvec, t, dot);
+  if constexpr (PEEL) store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
 }
 
 }  // namespace ka_softmax

@@ -9,6 +9,12 @@ their own:
 
 - ``looped``: one CTA per row of any length, two passes over the input.
 
+Each 16-byte-vector configuration also comes *peeled* (``..._peel<vec>``): it takes rows at
+any element alignment and length, handling each row's head up to its first 16-byte boundary
+and its tail as scalar elements and the rest as 16-byte vectors. It needs every operand's
+rows to start at the same offset from a 16-byte boundary (true for contiguous operands of any
+row length); the ``_a1`` instances take the rest.
+
 An instance's compiled artifact is specialised on the row length's bucket (the template's
 registers per thread and threads per CTA), chosen at compile time; ``compile_key`` includes
 it, so `Kernel.run` without an artifact compiles each bucket once.
@@ -16,6 +22,7 @@ it, so `Kernel.run` without an artifact compiles each bucket once.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +31,7 @@ import torch
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.dtypes import DataType
 from ....core.errors import UnsupportedArgumentsError
-from ....metadata import KernelMetadata, RowReductionDesignMetadata
+from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
 from ....core.status import Status
 from ....utils import MAX_GRID_X
 from ... import softmax_config
@@ -36,6 +43,8 @@ _TYPES = {DataType.f32: "ka_softmax::F32", DataType.f16: "ka_softmax::F16", Data
 LOOPED_THREADS = 512
 LOOPED_ELEMENTS = 16  # per thread per iteration (VEC x UNROLL)
 _LOOPED = {"strategy": "looped", "max_cols": None}
+#: The longest row (elements) the kernels index with 32-bit ints.
+MAX_COLS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -60,11 +69,12 @@ class _SoftmaxBase(CudaSourceKernel):
         self.ept: int = params.get("ept", 0)
         self.vec: int = params["vec"]
         self.max_cols: int | None = params["max_cols"]
+        self.peel: bool = params.get("peel", False)
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
     def instance_name(cls, params: dict) -> str:
-        return softmax_config.kernel_name(cls, params)
+        return _name(cls, params)
 
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
@@ -72,11 +82,19 @@ class _SoftmaxBase(CudaSourceKernel):
         if params["strategy"] == "looped":
             design = RowReductionDesignMetadata("block", LOOPED_THREADS, params["vec"] * params["dtype"].bytes, 1, None,
                                                 extra=(("passes", 2),))
-        return softmax_config.kernel_metadata(cls, params, cls.backward, design)
+        metadata = softmax_config.kernel_metadata(cls, params, cls.backward, design)
+        if not params.get("peel"):
+            return metadata
+        # Any element alignment: the operands need only element alignment, the design says peeled.
+        design = metadata.design
+        return KernelMetadata(_name(cls, params), cls, softmax_operands(params["dtype"], 1, backward=cls.backward),
+                              design=dataclasses.replace(design, extra=design.extra + (("peel", True),)),
+                              min_cc=metadata.min_cc)
 
     @classmethod
     def variant_params(cls) -> list[dict]:
-        return softmax_config.configs(cls.backward, (_LOOPED,))
+        found = softmax_config.configs(cls.backward, (_LOOPED,))
+        return found + [dict(p, peel=True) for p in found if p["vec"] > 1]
 
     @classmethod
     def check_definition(cls) -> None:
@@ -85,6 +103,12 @@ class _SoftmaxBase(CudaSourceKernel):
     # ---- support --------------------------------------------------------------------------
     def _supports(self, args: Any) -> Status:
         cols, rows = args.cols, args.rows
+        if cols > MAX_COLS:
+            return Status.fail(f"{self.metadata.kernel_name}: rows of {cols:,} elements exceed its 2^31-1")
+        if self.peel:
+            status = peel_status(self.metadata.kernel_name, args, self.vec)
+            if not status:
+                return status
         if self.max_cols is not None and cols > self.max_cols:
             return Status.fail(f"{self.metadata.kernel_name}: rows of {cols} elements exceed its {self.max_cols}; "
                                f"a block/looped instance handles longer rows")
@@ -102,14 +126,15 @@ class _SoftmaxBase(CudaSourceKernel):
         t = _TYPES[self.dtype]
         vec = self.vec
         op = "bwd" if self.backward else "fwd"
+        peel = ", true" if self.peel else ""  # (PEEL defaults to false)
         if self.strategy != "looped":
             b = softmax_config.register_bucket(self.strategy, vec, self.ept, cols, self.backward)
-            # the last template parameter: warps (rows) per CTA of *_warp, threads of *_block
+            # the fourth template parameter: warps (rows) per CTA of *_warp, threads of *_block
             last = b.rows_per_cta if self.strategy == "warp" else b.threads_per_row
-            return (f"ka_softmax::{op}_{self.strategy}<{t}, {vec}, {b.nv}, {last}>",
+            return (f"ka_softmax::{op}_{self.strategy}<{t}, {vec}, {b.nv}, {last}{peel}>",
                     _Plan(self.strategy, b.capacity, b.rows_per_cta, b.cta_threads))
         unroll = max(1, LOOPED_ELEMENTS // vec)
-        return (f"ka_softmax::{op}_looped<{t}, {vec}, {unroll}, {LOOPED_THREADS}>",
+        return (f"ka_softmax::{op}_looped<{t}, {vec}, {unroll}, {LOOPED_THREADS}{peel}>",
                 _Plan("looped", None, 1, LOOPED_THREADS))
 
     def name_expression(self, args: Any) -> str:
@@ -121,6 +146,29 @@ class _SoftmaxBase(CudaSourceKernel):
     def launch_config(self, args: Any) -> tuple:
         plan = self._instance(args.cols)[1]
         return (-(-args.rows // plan.rows_per_cta), plan.threads)
+
+
+def _name(cls: type, params: dict) -> str:
+    """The shared naming, with ``_peel<vec>`` in place of ``_a<vec>`` for peeled instances."""
+    name = softmax_config.kernel_name(cls, params)
+    if params.get("peel"):
+        name = name[: name.rindex("_a")] + f"_peel{params['vec']}"
+    return name
+
+
+def peel_status(name: str, args: Any, vec: int) -> Status:
+    """Whether a peeled kernel of ``vec``-element vectors takes ``args``: every operand's rows
+    must sit at one offset from a 16-byte boundary, so that one split of a row into head,
+    vectors and tail serves them all (the row pointers and row strides agree modulo ``vec``)."""
+    offsets = set()
+    for op in args.tensor_attributes:
+        t = getattr(args, op)
+        offsets.add(((t.data_ptr() // t.element_size()) % vec,
+                     _row_stride(t, args.cols) % vec if args.rows > 1 else 0))
+    if len(offsets) > 1:
+        return Status.fail(f"{name}: the operands' rows start at different offsets from a 16-byte boundary "
+                           f"(element offset, row stride mod {vec}: {sorted(offsets)}); an _a1 instance takes them")
+    return Status.success()
 
 
 def _row_stride(t: torch.Tensor, cols: int) -> int:

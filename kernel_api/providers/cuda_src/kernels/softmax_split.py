@@ -1,0 +1,203 @@
+"""Interface of the split-row softmax kernels (implementation: softmax_split.cu, compiled after
+softmax.cu, whose helpers it uses).
+
+Two registered families, `CudaSoftmaxSplitForward` (`SoftmaxArguments`) and
+`CudaSoftmaxSplitBackward` (`SoftmaxBackwardArguments`), for sm_90: each row is split across
+the CTAs of a thread-block cluster, which combine their partial statistics through
+distributed shared memory. They serve rows longer than one CTA holds (a 1M-element row) and
+few long rows, which one CTA per row would spread over few SMs. Per dtype (bf16, f16, f32)
+the instances are
+
+- ``split_ept{16,32}_c{2,4,8}``: clusters of 2, 4 or 8 CTAs, the row held in registers (one
+  read, one write), 16 elements per thread in CTAs of up to 1024 threads or 32 (forward only)
+  in CTAs of up to 512, so rows of up to cluster x 16K elements;
+- ``split_looped_c8``: clusters of 8 CTAs over rows of any length, each CTA reading its slice
+  twice (statistics, then output; the second read mostly hits L2).
+
+Every instance peels rows (16-byte vectors after a scalar head, see softmax.py), so it takes
+operands at any alignment whose rows share one offset from a 16-byte boundary. An artifact is
+specialised on the threads per CTA the row length needs (``compile_key`` includes it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
+from ....core.dtypes import DataType
+from ....core.errors import UnsupportedArgumentsError
+from ....core.status import Status
+from ....core.streams import stream_handle
+from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
+from ....utils import MAX_GRID_X, next_pow2
+from ... import softmax_config
+from .. import CudaSourceProvider
+from ..kernel import CudaSourceKernel
+from .softmax import _TYPES, MAX_COLS, _row_stride, peel_status
+
+#: Cluster sizes (portable: at most 8).
+CLUSTERS = (2, 4, 8)
+#: Most threads per CTA (at 1024, 64 registers per thread hold 16 elements, not 32).
+MAX_THREADS = {16: 1024, 32: 512}
+#: Fewest threads per CTA (at least one 16-byte vector's elements, for the peeled edges).
+MIN_THREADS = 128
+#: Elements per thread of the register-resident instances (the backward holds two rows).
+EPT_FORWARD, EPT_BACKWARD = (16, 32), (16,)
+#: Threads and elements per thread per chunk of the looped instances.
+LOOPED_THREADS, LOOPED_EPT = 512, 32
+MIN_CC = 90  # thread-block clusters
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Launch state fixed at compile time: CTAs per row (the cluster), threads per CTA, and the
+    longest row the artifact handles (None: any)."""
+
+    cluster: int
+    threads: int
+    capacity: int | None
+
+
+class _SplitBase(CudaSourceKernel):
+    source_file = "softmax_split.cu"
+    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
+    backward: bool = False
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.dtype: DataType = params["dtype"]
+        self.cluster: int = params["cluster"]
+        self.looped: bool = params["looped"]
+        self.ept: int = params.get("ept", 0)
+        self.vec: int = 16 // self.dtype.bytes
+        self.max_cols: int | None = params["max_cols"]
+
+    @classmethod
+    def get_source(cls) -> str:
+        text = cls._source_texts.get(cls)
+        if text is None:
+            from .softmax import CudaSoftmaxForward
+
+            text = cls._source_texts[cls] = CudaSoftmaxForward.get_source() + "\n" + super().get_source()
+        return text
+
+    # ---- generation --------------------------------------------------------------------
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        found = []
+        for dtype in softmax_config.DTYPES:
+            for ept in (EPT_BACKWARD if cls.backward else EPT_FORWARD):
+                for c in CLUSTERS:
+                    found.append(dict(dtype=dtype, cluster=c, ept=ept, looped=False,
+                                      max_cols=c * MAX_THREADS[ept] * ept))
+            found.append(dict(dtype=dtype, cluster=CLUSTERS[-1], looped=True, max_cols=None))
+        return found
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        kind = "split_looped" if params["looped"] else f"split_ept{params['ept']}"
+        return f"{cls.__name__}_{params['dtype']}_{kind}_c{params['cluster']}_peel{16 // params['dtype'].bytes}"
+
+    @classmethod
+    def make_metadata(cls, params: dict) -> KernelMetadata:
+        c, vec = params["cluster"], 16 // params["dtype"].bytes
+        extra = (("cluster", c), ("peel", True)) + ((("passes", 2),) if params["looped"] else ())
+        threads = LOOPED_THREADS if params["looped"] else MAX_THREADS[params["ept"]]
+        # Rows one CTA holds go to the block kernels unless they are few (see row_cost).
+        design = RowReductionDesignMetadata("cluster", threads * c, 16, 1, params["max_cols"], extra=extra)
+        return KernelMetadata(cls.instance_name(params), cls,
+                              softmax_operands(params["dtype"], 1, backward=cls.backward), design=design,
+                              min_cc=MIN_CC)
+
+    @classmethod
+    def check_definition(cls) -> None:
+        pass  # names come from name_expression, not kernel_name
+
+    # ---- support --------------------------------------------------------------------------
+    def _supports(self, args: Any) -> Status:
+        cols, rows = args.cols, args.rows
+        name = self.metadata.kernel_name
+        if cols > MAX_COLS:
+            return Status.fail(f"{name}: rows of {cols:,} elements exceed its 2^31-1")
+        if self.max_cols is not None and cols > self.max_cols:
+            return Status.fail(f"{name}: rows of {cols:,} elements exceed its {self.max_cols:,} "
+                               f"(a larger cluster or split_looped instance takes them)")
+        blocks = rows * self.cluster
+        if blocks > MAX_GRID_X:
+            return Status.fail(f"{name}: rows={rows:,} need {blocks:,} CTAs, past the grid's x limit of "
+                               f"2^31-1 = {MAX_GRID_X:,}")
+        return peel_status(name, args, self.vec)
+
+    # ---- compile: the template instance for this row length ------------------------------
+    def plan(self, cols: int) -> tuple[str, SplitPlan]:
+        """The template instance and launch plan for rows of ``cols`` elements."""
+        t, vec, c = _TYPES[self.dtype], self.vec, self.cluster
+        op = "bwd" if self.backward else "fwd"
+        if self.looped:
+            nv = max(1, LOOPED_EPT // vec)
+            return (f"ka_softmax::{op}_split<{t}, {vec}, {nv}, {LOOPED_THREADS}, {c}, false>",
+                    SplitPlan(c, LOOPED_THREADS, None))
+        nv = self.ept // vec
+        per_cta = -(-max(cols, 1) // (vec * c))  # vectors per CTA (a bound: the peeled edges are scalars)
+        threads = min(MAX_THREADS[self.ept], max(MIN_THREADS, next_pow2(-(-per_cta // nv))))
+        return (f"ka_softmax::{op}_split<{t}, {vec}, {nv}, {threads}, {c}, true>",
+                SplitPlan(c, threads, threads * nv * vec * c))
+
+    def name_expression(self, args: Any) -> str:
+        return self.plan(args.cols)[0]
+
+    def launch_plan(self, args: Any, launcher: Any) -> SplitPlan:
+        return self.plan(args.cols)[1]
+
+    def launch_config(self, args: Any) -> tuple:
+        p = self.plan(args.cols)[1]
+        return (args.rows * p.cluster, p.threads)
+
+    def _checked_plan(self, args: Any, artifact: Any) -> SplitPlan | None:
+        p: SplitPlan = artifact.extra
+        if p.capacity is not None and args.cols > p.capacity:
+            raise UnsupportedArgumentsError(
+                f"{self.metadata.kernel_name}: the compiled artifact handles rows of up to {p.capacity} elements, "
+                f"got {args.cols}; compile for these arguments (kernel.compile(args)) or call run without an artifact")
+        if args.rows == 0 or args.cols == 0:
+            return None
+        return p
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxSplitForward(_SplitBase):
+    """``out = softmax(x, dim=-1)``, each row split across a thread-block cluster (f32 math)."""
+
+    supported_args_type = SoftmaxArguments
+    backward = False
+
+    def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        p = self._checked_plan(args, artifact)
+        if p is None:
+            return
+        rows, cols = args.rows, args.cols
+        x, out = args.x, args.out
+        device = x.device.index
+        artifact.compiled_obj.launch(
+            stream_handle(stream, device), device, rows * p.cluster, p.threads, 0,
+            (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols))
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxSplitBackward(_SplitBase):
+    """``grad_in = out * (grad_out - sum(grad_out * out))``, each row split across a cluster."""
+
+    supported_args_type = SoftmaxBackwardArguments
+    backward = True
+
+    def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        p = self._checked_plan(args, artifact)
+        if p is None:
+            return
+        rows, cols = args.rows, args.cols
+        g, y, d = args.grad_out, args.out, args.grad_in
+        device = y.device.index
+        artifact.compiled_obj.launch(
+            stream_handle(stream, device), device, rows * p.cluster, p.threads, 0,
+            (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols), cols))

@@ -1,0 +1,341 @@
+"""Softmax for any row: peeled (any alignment) CUDA kernels, rows split across a cluster
+(CudaSoftmaxSplit*), PickAny's ranking of them, and ops.softmax on any layout and dim.
+
+CPU: discovery, support, naming, selection, the dispatch signature. GPU (@pytest.mark.gpu):
+float64 references on fresh random data, outputs inside NaN-filled buffers whose margins must
+stay untouched, for odd row lengths, misaligned base pointers and long rows, forward and
+backward, all three dtypes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+from kernel_api.providers.cuda_src.kernels.softmax import CudaSoftmaxBackward, CudaSoftmaxForward
+from kernel_api.providers.cuda_src.kernels.softmax_split import CudaSoftmaxSplitBackward, CudaSoftmaxSplitForward
+from kernel_api.tuning.policies import rank_candidates
+
+from test_softmax import check_backward, check_forward, make_rows
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_MARGIN = 64  # elements of poisoned buffer before and after each output (a multiple of 16 bytes)
+
+
+def _names(kernels) -> list[str]:
+    return [k.metadata.kernel_name for k in kernels]
+
+
+# ---------------------------------------------------------------------------------- CPU
+def test_split_instances_are_generated_for_sm90_only():
+    fwd = _names(CudaSoftmaxSplitForward.generate_kernels(None, cc=90))
+    bwd = _names(CudaSoftmaxSplitBackward.generate_kernels(None, cc=90))
+    assert "CudaSoftmaxSplitForward_bf16_split_ept32_c4_peel8" in fwd
+    assert "CudaSoftmaxSplitForward_f32_split_looped_c8_peel4" in fwd
+    assert "CudaSoftmaxSplitBackward_f16_split_ept16_c2_peel8" in bwd
+    assert len(fwd) == 3 * 7 and len(bwd) == 3 * 4
+    assert not CudaSoftmaxSplitForward.generate_kernels(None, cc=80)  # clusters need sm_90
+
+
+def test_peeled_instances_take_odd_rows_and_matching_misalignment():
+    odd = torch.randn(4, 4097, dtype=torch.bfloat16)
+    names = _names(kernel_api.get_kernels(SoftmaxArguments(odd, torch.empty_like(odd)), cc=90))
+    assert "CudaSoftmaxForward_bf16_block_ept16_peel8" in names
+    assert "CudaSoftmaxForward_bf16_block_ept16_a8" not in names
+    # x and out one element past a 16-byte boundary, rows 4096 apart: one phase, peeled kernels take it
+    xb, ob = torch.randn(4 * 4096 + 8, dtype=torch.bfloat16), torch.empty(4 * 4096 + 8, dtype=torch.bfloat16)
+    x, out = xb[1:1 + 4 * 4096].view(4, 4096), ob[1:1 + 4 * 4096].view(4, 4096)
+    names = _names(kernel_api.get_kernels(SoftmaxArguments(x, out), cc=90))
+    assert "CudaSoftmaxForward_bf16_block_ept16_peel8" in names
+    # out aligned but x not: no one split of a row serves both, only scalar kernels remain
+    args = SoftmaxArguments(x, torch.empty(4, 4096, dtype=torch.bfloat16))
+    kernels = kernel_api.get_kernels(args, cc=90)
+    assert kernels and not any("peel" in n for n in _names(kernels))
+    rejected = CudaSoftmaxForward.generate_kernels(None, cc=90)
+    peel = next(k for k in rejected if k.metadata.kernel_name == "CudaSoftmaxForward_bf16_block_ept16_peel8")
+    assert "different offsets from a 16-byte boundary" in peel.supports(args, 90).error
+
+
+def test_signature_tells_whether_the_operands_rows_share_a_phase():
+    """The dispatch cache is keyed by the signature: a peeled kernel chosen for operands of one
+    phase must not be reused for operands whose divisibility is the same but phases differ."""
+    xb = torch.randn(3 * 4099 + 16, dtype=torch.float32)
+    ob = torch.empty(3 * 4099 + 16, dtype=torch.float32)
+    x = xb[1:1 + 3 * 4099].view(3, 4099)
+    same = SoftmaxArguments(x, ob[1:1 + 3 * 4099].view(3, 4099))
+    other = SoftmaxArguments(x, ob[2:2 + 3 * 4099].view(3, 4099))
+    assert same.tensor_attributes == other.tensor_attributes
+    assert same.signature != other.signature
+    g = SoftmaxBackwardArguments(x, x, ob[1:1 + 3 * 4099].view(3, 4099))
+    g2 = SoftmaxBackwardArguments(x, x, ob[3:3 + 3 * 4099].view(3, 4099))
+    assert g.signature != g2.signature
+
+
+def test_split_row_limits_and_refusals():
+    by_name = {k.metadata.kernel_name: k for k in CudaSoftmaxSplitForward.generate_kernels(None, cc=90)}
+    c2 = by_name["CudaSoftmaxSplitForward_bf16_split_ept16_c2_peel8"]
+    assert c2.metadata.design.max_cols == 2 * 1024 * 16 and c2.metadata.design.strategy == "cluster"
+    x = torch.randn(2, 2 * 16384 + 1, dtype=torch.bfloat16)
+    status = c2.supports(SoftmaxArguments(x, torch.empty_like(x)), 90)
+    assert not status and "exceed its 32,768" in status.error
+    looped = by_name["CudaSoftmaxSplitForward_bf16_split_looped_c8_peel8"]
+    assert looped.supports(SoftmaxArguments(x, torch.empty_like(x)), 90)
+    # one artifact per thread count the row needs
+    short = torch.randn(2, 1000, dtype=torch.bfloat16)
+    assert c2.name_expression(SoftmaxArguments(short, torch.empty_like(short))).endswith("128, 2, true>")
+    assert c2.name_expression(SoftmaxArguments(x[:, :32768], torch.empty(2, 32768, dtype=torch.bfloat16))) \
+        .endswith("1024, 2, true>")
+
+
+def test_split_kernels_compile_for_sm90a_without_a_gpu():
+    for cls, make in ((CudaSoftmaxSplitForward, lambda x: SoftmaxArguments(x, torch.empty_like(x))),
+                      (CudaSoftmaxSplitBackward, lambda x: SoftmaxBackwardArguments(x, x, torch.empty_like(x)))):
+        for name, cols in (("f16_split_ept16_c4", 50257), ("bf16_split_looped_c8", 2**20 + 3)):
+            kernel = next(k for k in cls.generate_kernels(None, cc=90)
+                          if k.metadata.kernel_name.startswith(f"{cls.__name__}_{name}"))
+            x = torch.randn(1, cols).to(kernel.dtype.to_torch())
+            artifact = kernel.compile(make(x), cc=90)
+            assert artifact.extra.cluster == kernel.cluster
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
+    """PickAny (rank_candidates) on the benchmark's shapes, as measured on an H200
+    (benchmarks/results/softmax-NVIDIA_H200-s21.json): peeled 16-byte kernels for odd rows, one
+    CTA per row while rows are many (clusters cost their barriers), a cluster split for few
+    long rows, a CTA rather than a warp per row from 1024 elements."""
+    def first(rows, cols, backward=False):
+        x = torch.empty(rows, cols, dtype=dtype)
+        args = SoftmaxBackwardArguments(x, x, torch.empty_like(x)) if backward else SoftmaxArguments(x, torch.empty_like(x))
+        return rank_candidates(kernel_api.get_kernels(args, cc=90), args)[0].metadata.kernel_name
+
+    for backward in (False, True):
+        assert "peel" in first(8192, 4097, backward) and "Split" not in first(8192, 4097, backward)
+        assert "_looped_peel" in first(4096, 50257, backward)
+        assert "_block_" in first(65536, 1024, backward)
+        assert "_warp_" in first(65536, 512, backward)
+        assert "_split_looped_c8" in first(1, 2**20, backward)
+        assert "_split_looped_c8" in first(32, 2**20, backward)
+        assert first(32768, 4096, backward).endswith(f"_a{16 // torch.empty(0, dtype=dtype).element_size()}")
+        assert "Split" in first(8, 32768, backward)  # 8 CTAs would leave most SMs idle
+
+
+def test_ops_moves_the_softmax_dim_last_only_when_needed():
+    from kernel_api.ops.dispatch import _moved_dim
+
+    x = torch.randn(4, 6, 8)
+    assert _moved_dim(x, -1) is None and _moved_dim(x, 2) is None
+    assert _moved_dim(x, 0) == 0 and _moved_dim(x, -2) == 1
+    assert _moved_dim(x.transpose(1, 2), -1) == 2          # last dim not unit-stride
+    assert _moved_dim(x[:, :, 1:], -1) is None             # rows one stride apart: taken as they are
+    assert _moved_dim(x[:, 1:, :], -1) == 2                # rows not evenly spaced
+    assert _moved_dim(x, 5) is None and _moved_dim(x, "a") is None  # invalid: the arguments explain
+
+
+# ---------------------------------------------------------------------------------- GPU
+def _poisoned(rows: int, cols: int, dtype: torch.dtype, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A NaN-filled flat buffer and a contiguous (rows, cols) view into it ``offset`` elements
+    past a margin (so the view starts at any alignment)."""
+    buf = torch.full((rows * cols + 2 * _MARGIN + offset,), float("nan"), device="cuda", dtype=dtype)
+    start = _MARGIN + offset
+    return buf, buf[start:start + rows * cols].view(rows, cols)
+
+
+def _margins_untouched(buf: torch.Tensor, rows: int, cols: int, offset: int, what: str) -> None:
+    start = _MARGIN + offset
+    assert bool(buf[:start].isnan().all()) and bool(buf[start + rows * cols:].isnan().all()), \
+        f"{what}: wrote outside its output"
+
+
+def _input_at(rows: int, cols: int, dtype: torch.dtype, offset: int) -> torch.Tensor:
+    """Fresh random rows (with the hard rows of make_rows) at ``offset`` elements past a 256-byte boundary."""
+    flat = torch.empty(rows * cols + offset + 64, device="cuda", dtype=dtype)
+    x = flat[offset:offset + rows * cols].view(rows, cols)
+    x.copy_(make_rows(rows, cols, dtype))
+    return x
+
+
+_ODD = [(67, 1), (67, 3), (67, 7), (5, 4097), (3, 50257), (2, 65537)]
+_PROVIDERS = ("cuda_src", "torch")  # (the CuTe DSL kernels' own tests cover them)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_forward_odd_rows_every_kernel(dtype, offset):
+    for rows, cols in _ODD:
+        x = _input_at(rows, cols, dtype, offset)
+        buf, out = _poisoned(rows, cols, dtype, offset)
+        args = SoftmaxArguments(x, out)
+        kernels = kernel_api.get_kernels(args, providers=_PROVIDERS)
+        assert any("peel" in n for n in _names(kernels)), (rows, cols, offset)
+        for k in kernels:
+            out.fill_(float("nan"))
+            k.run(args)
+            torch.cuda.synchronize()
+            what = f"{k.metadata.kernel_name} {rows}x{cols} offset {offset}"
+            check_forward(out, x, what)
+            _margins_untouched(buf, rows, cols, offset, what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0, 1, 5])
+def test_backward_odd_rows_every_kernel(dtype, offset):
+    for rows, cols in _ODD:
+        g = _input_at(rows, cols, dtype, offset)
+        g.copy_(torch.randn(rows, cols, device="cuda") * 4)
+        y = _input_at(rows, cols, dtype, offset)
+        y.copy_(torch.softmax(torch.randn(rows, cols, device="cuda") * 2, -1))
+        buf, grad_in = _poisoned(rows, cols, dtype, offset)
+        args = SoftmaxBackwardArguments(g, y, grad_in)
+        kernels = kernel_api.get_kernels(args, providers=_PROVIDERS)
+        assert any("peel" in n for n in _names(kernels)), (rows, cols, offset)
+        for k in kernels:
+            grad_in.fill_(float("nan"))
+            k.run(args)
+            torch.cuda.synchronize()
+            what = f"{k.metadata.kernel_name} {rows}x{cols} offset {offset}"
+            check_backward(grad_in, g, y, what, slack=4.0 if k.metadata.provider == "torch" else 1.0)
+            _margins_untouched(buf, rows, cols, offset, what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_strided_rows(dtype):
+    """x = big[:, 1:] (rows cols+1 apart, one element past each boundary) into a contiguous out."""
+    rows, cols = 9, 4103
+    big = make_rows(rows, cols + 1, dtype)
+    x = big[:, 1:]
+    buf, out = _poisoned(rows, cols, dtype)
+    args = SoftmaxArguments(x, out)
+    kernels = kernel_api.get_kernels(args, providers=_PROVIDERS)
+    assert kernels
+    for k in kernels:
+        out.fill_(float("nan"))
+        k.run(args)
+        torch.cuda.synchronize()
+        check_forward(out, x, f"{k.metadata.kernel_name} big[:, 1:]")
+        _margins_untouched(buf, rows, cols, 0, k.metadata.kernel_name)
+
+
+_LONG = [(1, 2**20, 0), (3, 2**20 + 3, 0), (2, 2**20 + 3, 3), (8, 300001, 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_long_rows_split_kernels(dtype):
+    """Rows one CTA cannot hold, on every split instance that takes them, forward and backward."""
+    for rows, cols, offset in _LONG:
+        x = _input_at(rows, cols, dtype, offset)
+        buf, out = _poisoned(rows, cols, dtype, offset)
+        args = SoftmaxArguments(x, out)
+        kernels = [k for k in kernel_api.get_kernels(args) if isinstance(k, CudaSoftmaxSplitForward)]
+        assert kernels, (rows, cols)
+        for k in kernels:
+            out.fill_(float("nan"))
+            k.run(args)
+            torch.cuda.synchronize()
+            what = f"{k.metadata.kernel_name} {rows}x{cols}+{offset}"
+            check_forward(out, x, what)
+            _margins_untouched(buf, rows, cols, offset, what)
+        g = _input_at(rows, cols, dtype, offset)
+        g.copy_(torch.randn(rows, cols, device="cuda") * 4)
+        y = _input_at(rows, cols, dtype, offset)
+        y.copy_(torch.softmax(torch.randn(rows, cols, device="cuda") * 2, -1))
+        gbuf, grad_in = _poisoned(rows, cols, dtype, offset)
+        bargs = SoftmaxBackwardArguments(g, y, grad_in)
+        bk = [k for k in kernel_api.get_kernels(bargs) if isinstance(k, CudaSoftmaxSplitBackward)]
+        assert bk
+        for k in bk:
+            grad_in.fill_(float("nan"))
+            k.run(bargs)
+            torch.cuda.synchronize()
+            what = f"{k.metadata.kernel_name} {rows}x{cols}+{offset}"
+            check_backward(grad_in, g, bargs.out, what)
+            _margins_untouched(gbuf, rows, cols, offset, what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ops_softmax_any_layout_and_dim(dtype):
+    """ops.softmax (and its autograd backward) on transposed, sliced and batched inputs, along
+    any dim, returns what torch.softmax returns."""
+    base = torch.randn(6, 40, 333, device="cuda", dtype=torch.float32).to(dtype)
+    cases = [(base.transpose(1, 2), -1), (base[:, 1:, :], -1), (base[:, :, ::2], -1), (base, 0), (base, 1),
+             (base.transpose(0, 2), -2), (base[:, 3], 0)]
+    for x, dim in cases:
+        y = kernel_api.ops.softmax(x, dim)
+        assert y.shape == x.shape
+        check_forward(y.movedim(dim, -1).contiguous(), x.movedim(dim, -1).contiguous(),
+                      f"ops.softmax strides {x.stride()} dim {dim}")
+        out = torch.full(x.shape, float("nan"), device="cuda", dtype=dtype)
+        assert kernel_api.ops.softmax(x, dim, out=out) is out
+        assert torch.equal(out, y)
+        # autograd: the backward through the registry's kernels, against torch's
+        xg = x.detach().requires_grad_(True)
+        grad = torch.randn(x.shape, device="cuda").to(dtype)
+        kernel_api.ops.softmax(xg, dim).backward(grad)
+        xr = x.detach().double().requires_grad_(True)
+        torch.softmax(xr, dim).backward(grad.double())
+        assert torch.allclose(xg.grad.double(), xr.grad, atol=2e-2, rtol=2e-2), (x.stride(), dim)
+        # softmax_backward directly on non-contiguous operands
+        gi = kernel_api.ops.softmax_backward(grad.transpose(0, -1).contiguous().transpose(0, -1), y, dim)
+        yd = y.double()
+        ref_g = yd * (grad.double() - (grad.double() * yd).sum(dim, keepdim=True))
+        assert torch.allclose(gi.double(), ref_g, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_pick_any_choice_runs_long_rows_through_ops():
+    """ops.softmax on 1x1M and 8x1M rows (PickAny: a cluster split) matches the reference."""
+    for rows in (1, 8):
+        x = make_rows(rows, 2**20, torch.bfloat16)
+        y = kernel_api.ops.softmax(x)
+        check_forward(y, x, f"ops.softmax {rows}x1M")
+        assert math.isclose(float(y[-1].double().sum()), 1.0, rel_tol=1e-2)
+
+
+_SANITIZED = r"""
+import torch, kernel_api
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+torch.manual_seed(0)
+def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
+    return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
+n = 0
+for dtype, rows, cols, offset in [(torch.bfloat16, 3, 4097, 3), (torch.float32, 2, 70001, 1), (torch.float16, 2, 9, 1)]:
+    x, out, gi = (at(rows, cols, dtype, offset) for _ in range(3))
+    for args in (SoftmaxArguments(x, out), SoftmaxBackwardArguments(x, out, gi)):
+        for k in kernel_api.get_kernels(args, providers="cuda_src"):
+            if "peel" in k.metadata.kernel_name:
+                k.run(args); n += 1
+torch.cuda.synchronize()
+print("launches", n)
+"""
+
+
+@pytest.mark.gpu
+def test_memcheck_peeled_and_split_kernels():
+    """The peeled and split kernels on misaligned odd rows under compute-sanitizer memcheck
+    (caching allocator off: each operand is its own allocation, so an overrun is caught)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer not installed")
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
+                           "--error-exitcode", "3", sys.executable, "-c", _SANITIZED],
+                          env=env, capture_output=True, text=True, timeout=600)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
+    launches = int(proc.stdout.split("launches")[-1].split()[0])
+    assert launches >= 20, tail
