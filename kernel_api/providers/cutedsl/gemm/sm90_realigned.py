@@ -59,6 +59,8 @@ _AB_TYPES = (DataType.bf16, DataType.f16)
 _COST_UNITS_PER_SECOND = 2.61e12
 #: Bytes per second a strided device copy (torch's copy_, read + write) sustains on the H200.
 _COPY_BYTES_PER_SECOND = 2.5e12
+#: Stage with cudaMemcpy2DAsync (else torch's copy_).
+_USE_MEMCPY_2D = True
 #: Launch and tail of one copy kernel.
 _COPY_FIXED_SECONDS = 3e-6
 
@@ -130,6 +132,44 @@ class _Plan:
         self.views, self.staged, self.inner_bytes, self.total_bytes = views, staged, inner_bytes, total_bytes
 
 
+_memcpy_2d: list = []  # [cudaMemcpy2DAsync, the device-to-device kind], once imported
+
+
+def copy_2d(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int) -> bool:
+    """Copy ``src`` into ``dst`` (same shape and majorness) with ``cudaMemcpy2DAsync`` on the raw
+    ``stream``: one 2-D copy per batch, or one for all batches when each operand's batches follow
+    each other at the matrix stride. The driver's pitched copy runs at any alignment. False (and
+    nothing copied) where a pitch is smaller than a line (an expanded or overlapping operand)."""
+    rank = src.dim()
+    ld_mode = rank - 2 if row_major else rank - 1
+    lines, width = src.shape[ld_mode], src.shape[rank - 1 if row_major else rank - 2]
+    size = src.element_size()
+    sp, dp = src.stride(ld_mode), dst.stride(ld_mode)
+    if lines == 1:
+        sp = dp = width
+    if sp < width or dp < width:
+        return False
+    batches = src.shape[0] if rank == 3 else 1
+    if batches > 1 and src.stride(0) == lines * sp and dst.stride(0) == lines * dp:
+        lines, batches = lines * batches, 1
+    elif batches > 1 and (src.stride(0) < lines * sp or dst.stride(0) < lines * dp):
+        return False
+    if not _memcpy_2d:
+        from cuda.bindings import runtime
+
+        _memcpy_2d[:] = [runtime.cudaMemcpy2DAsync, runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice]
+    memcpy, kind = _memcpy_2d
+    s_ptr, d_ptr = src.data_ptr(), dst.data_ptr()
+    for b in range(batches):
+        offset = b * size
+        err = memcpy(d_ptr + offset * (dst.stride(0) if rank == 3 else 0), dp * size,
+                     s_ptr + offset * (src.stride(0) if rank == 3 else 0), sp * size,
+                     width * size, lines, kind, stream)[0]
+        if int(err) != 0:
+            raise RuntimeError(f"cudaMemcpy2DAsync failed: {err}")
+    return True
+
+
 # raw stream handle -> torch stream object, for running the copies on the launch stream
 _torch_streams: dict[tuple[int, int], torch.cuda.Stream] = {}
 
@@ -171,6 +211,7 @@ class Sm90RealignedGemm(GemmKernelBase):
         #: (name, row-major?, alignment in elements) of the operands TMA addresses
         self._operands = tuple((name, getattr(md, name).layout == "t", getattr(md, name).divisibility)
                                for name in ("A", "B", "out"))
+        self._row_major = {name: row_major for name, row_major, _ in self._operands}
 
     # ---- discovery -----------------------------------------------------------------
     @staticmethod
@@ -281,13 +322,14 @@ class Sm90RealignedGemm(GemmKernelBase):
             if plan.inner_bytes:
                 inner_ws = workspace[:plan.inner_bytes]
         staged_out = None
+        handle = stream_handle(stream, args.device_index)
         with _launch_stream(stream, args.device):
             for name, offset, stride, size in plan.staged:
                 src = getattr(args, name)
                 dst = workspace[offset:offset + size].view(src.dtype).as_strided(src.shape, stride)
                 if name == "out":
                     staged_out = dst
-                else:
+                elif not (_USE_MEMCPY_2D and copy_2d(dst, src, self._row_major[name], handle)):
                     dst.copy_(src)
                 views[name] = dst
             ep = args.epilogue
@@ -297,5 +339,6 @@ class Sm90RealignedGemm(GemmKernelBase):
                 C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
             artifact.compiled_obj(views["A"], views["B"], views["out"], C, bias, alpha, beta,
                                   *self.inner._extra_launch_args(args, inner_ws), to_cuda_stream(stream))
-            if staged_out is not None:
+            if staged_out is not None and not (_USE_MEMCPY_2D and copy_2d(args.out, staged_out, self._row_major["out"],
+                                                                           handle)):
                 args.out.copy_(staged_out)
