@@ -57,10 +57,12 @@ _AB_TYPES = (DataType.bf16, DataType.f16)
 # family's cost reached on the H200 (issue #16: 43.8 us for 114.3M units at 64x8192x8192; the
 # same calibration as the small-M family's), so copy time adds to the inner kernel's tile cost.
 _COST_UNITS_PER_SECOND = 2.61e12
-#: Bytes per second a strided device copy (torch's copy_, read + write) sustains on the H200.
-_COPY_BYTES_PER_SECOND = 2.5e12
-#: Stage with cudaMemcpy2DAsync (else torch's copy_).
-_USE_MEMCPY_2D = True
+#: Bytes per second (read + write) the staging copies sustain on the H200: 1.4-2.4 TB/s measured
+#: (torch's copy_ into a padded view 1.6-1.8, cudaMemcpy2DAsync 1.4 on 8 KB lines, 2.4 on 100 KB).
+_COPY_BYTES_PER_SECOND = 1.8e12
+#: Lines at least this long (bytes) are staged with cudaMemcpy2DAsync, shorter ones with torch's
+#: copy_ (H200: 2.4 vs 1.8 TB/s on 100 KB lines, 1.4 vs 1.6 on 8 KB lines).
+_MEMCPY_2D_MIN_LINE_BYTES = 32768
 #: Launch and tail of one copy kernel.
 _COPY_FIXED_SECONDS = 3e-6
 
@@ -70,40 +72,26 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def tma_view(t: torch.Tensor, row_major: bool, align: int) -> torch.Tensor | None:
-    """``t`` (or a view of it) when TMA can address it in place, else None (it must be copied).
+    """``t`` when TMA can address it in place, else None (it must be staged in a padded copy).
 
     TMA needs a 16-byte aligned base pointer and strides that are multiples of ``align``
-    elements (16 bytes); the extents may be anything. A stride of a mode of extent 1 (the leading
-    dimension of a single row, the batch stride of a single batch) addresses nothing, so a
-    misaligned one is replaced by an aligned value in a view rather than forcing a copy. A zero
-    stride of a mode wider than 1 (an expanded operand) is staged too.
+    elements (16 bytes); the extents may be anything. Also staged: a zero stride of a mode wider
+    than 1 (an expanded operand), and a single line (one row of a row-major operand) whose
+    contiguous extent is not a multiple of ``align``: measured on the H200, the kernel then
+    wrote that line up to its next 16-byte boundary (an out of shape (1, 77) with stride (80, 1)
+    got 3 elements past its end); a copy of one line costs nothing worth saving.
     """
     if t.data_ptr() % TMA_ALIGN_BYTES:
         return None
+    rank = t.dim()
+    unit = rank - 1 if row_major else rank - 2
     shape, stride = t.shape, t.stride()
-    ld_mode = t.dim() - 2 if row_major else t.dim() - 1
-    lines = shape[ld_mode]  # rows of a row-major operand, columns of a column-major one
-    ld = stride[ld_mode]
-    new_ld = ld
-    if ld % align or ld == 0:
-        if lines > 1:
+    for mode in range(rank):
+        if mode != unit and (stride[mode] % align or (stride[mode] == 0 and shape[mode] > 1)):
             return None
-        new_ld = max(align, _round_up(shape[-1] if row_major else shape[-2], align))
-    new_batch = None
-    if t.dim() == 3:
-        batch = stride[0]
-        new_batch = batch
-        if batch % align or batch == 0:
-            if shape[0] > 1:
-                return None
-            new_batch = max(align, new_ld * lines)
-    if new_ld == ld and new_batch == (stride[0] if t.dim() == 3 else None):
-        return t
-    new_stride = list(stride)
-    new_stride[ld_mode] = new_ld
-    if t.dim() == 3:
-        new_stride[0] = new_batch
-    return t.as_strided(shape, new_stride)
+    if shape[rank - 2 if row_major else rank - 1] == 1 and shape[unit] % align:
+        return None
+    return t
 
 
 def padded_layout(shape: tuple[int, ...], row_major: bool, align: int) -> tuple[tuple[int, ...], int]:
@@ -168,6 +156,11 @@ def copy_2d(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int) 
         if int(err) != 0:
             raise RuntimeError(f"cudaMemcpy2DAsync failed: {err}")
     return True
+
+
+def _long_lines(t: torch.Tensor, row_major: bool) -> bool:
+    """Whether ``t``'s contiguous lines are long enough for cudaMemcpy2DAsync to beat copy_."""
+    return t.shape[-1 if row_major else -2] * t.element_size() >= _MEMCPY_2D_MIN_LINE_BYTES
 
 
 # raw stream handle -> torch stream object, for running the copies on the launch stream
@@ -329,7 +322,7 @@ class Sm90RealignedGemm(GemmKernelBase):
                 dst = workspace[offset:offset + size].view(src.dtype).as_strided(src.shape, stride)
                 if name == "out":
                     staged_out = dst
-                elif not (_USE_MEMCPY_2D and copy_2d(dst, src, self._row_major[name], handle)):
+                elif not (_long_lines(src, self._row_major[name]) and copy_2d(dst, src, self._row_major[name], handle)):
                     dst.copy_(src)
                 views[name] = dst
             ep = args.epilogue
@@ -339,6 +332,6 @@ class Sm90RealignedGemm(GemmKernelBase):
                 C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
             artifact.compiled_obj(views["A"], views["B"], views["out"], C, bias, alpha, beta,
                                   *self.inner._extra_launch_args(args, inner_ws), to_cuda_stream(stream))
-            if staged_out is not None and not (_USE_MEMCPY_2D and copy_2d(args.out, staged_out, self._row_major["out"],
-                                                                           handle)):
+            if staged_out is not None and not (_long_lines(staged_out, self._row_major["out"])
+                                               and copy_2d(args.out, staged_out, self._row_major["out"], handle)):
                 args.out.copy_(staged_out)
