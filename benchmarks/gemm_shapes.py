@@ -1,0 +1,267 @@
+"""GEMM on the shapes users have (issue #16, "How to show it"): for each case, our PickBest winner,
+PickAny's choice, ``kernel_api.ops.gemm`` and cuBLAS (``torch.matmul``), in one process.
+
+    python3 benchmarks/gemm_shapes.py --group odd --repeats 3        # the four odd shapes, 3 runs
+    python3 benchmarks/gemm_shapes.py --group odd,aligned --tag s21
+    python3 benchmarks/gemm_shapes.py --list                          # the groups and their cases
+
+Groups (`GROUPS`): ``odd`` (odd extents and leading dimensions: goal 1), ``aligned`` (the seven
+16-byte aligned bf16 shapes: goal 5); ``small_m``, ``f32`` and ``f64`` are named for later work and
+still empty. A case is (M, N, K, dtype, layouts, L); add one to a group's list to run it.
+
+Per case:
+- **PickBest**: `kernel_api.tuning.PickBest` over our own kernels (every provider but torch's),
+  ``--max-candidates`` best ranked, measured afresh (no tuning record reused);
+- **PickAny**: the analytic choice over every candidate ``ops.gemm`` would see (torch's included);
+- **ops.gemm**: the front door under the default policy (PickAny), with ``out=``;
+- **cuBLAS**: ``torch.matmul(A, B, out=...)``.
+
+Timing (the house method of benchmarks/small_m.py, whose ``time_group`` this reuses): the
+contestants run in alternating order in one process, rotated each repetition, each launch between
+its own CUDA events, behind a sleep kernel so the host queues ahead of the GPU; medians of
+``--repeat`` launches. Inputs are fresh random data, rotated over enough sets to exceed 256 MB
+(the H200's L2 is 50-60 MB). ``--repeats N`` repeats the timing N times and reports the median
+and the spread of each ratio. Every contestant's output is checked against float64 first.
+
+Prints one table per group last; JSON goes to benchmarks/results/gemm_shapes-<device>-<tag>.json
+(and to $OUT when that folder exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import kernel_api  # noqa: E402
+from kernel_api import GemmArguments  # noqa: E402
+from kernel_api.tuning.policies import PickAny, PickBest  # noqa: E402
+from small_m import geomean, time_group  # noqa: E402  (the house timing)
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f64": torch.float64}
+ROTATE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Case:
+    """One problem: ``layouts`` is A, B, out each 't' (row-major) or 'n' (column-major)."""
+
+    M: int
+    N: int
+    K: int
+    dtype: str = "bf16"
+    layouts: str = "ttt"
+    L: int | None = None
+
+    @property
+    def name(self) -> str:
+        batch = f"{self.L}x" if self.L else ""
+        return f"{self.dtype} {batch}{self.M}x{self.N}x{self.K} {self.layouts}"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.M * self.N * self.K * (self.L or 1)
+
+
+GROUPS: dict[str, list[Case]] = {
+    # goal 1: odd sizes and leading dimensions (every operand contiguous, row-major)
+    "odd": [Case(4096, 50257, 4096), Case(4095, 4096, 4095), Case(4097, 4097, 4097, "f16"),
+            Case(2000, 3000, 1001)],
+    # goal 5: the seven 16-byte aligned bf16 shapes
+    "aligned": [Case(8192, 8192, 8192), Case(4096, 4096, 4096), Case(2048, 2048, 2048), Case(4096, 14336, 4096),
+                Case(4096, 4096, 14336), Case(128, 8192, 8192), Case(16384, 1024, 16384)],
+    # named for later work (goals 2-4): filled by the sessions that do them
+    "small_m": [],
+    "f32": [],
+    "f64": [],
+}
+
+
+def operand(rows: int, cols: int, L: int | None, dtype: torch.dtype, column_major: bool) -> torch.Tensor:
+    lead = () if L is None else (L,)
+    if column_major:
+        return torch.randn(*lead, cols, rows, device="cuda", dtype=torch.float32).to(dtype).transpose(-1, -2)
+    return torch.randn(*lead, rows, cols, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def make_sets(case: Case) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Rotating (A, B, out, torch_out) sets of fresh random data, together past ROTATE_BYTES."""
+    dt = DTYPES[case.dtype]
+    size = torch.empty((), dtype=dt).element_size()
+    per_set = (case.M * case.K + case.K * case.N + 2 * case.M * case.N) * size * (case.L or 1)
+    sets = []
+    for _ in range(max(1, min(16, -(-ROTATE_BYTES // per_set)))):
+        A = operand(case.M, case.K, case.L, dt, case.layouts[0] == "n")
+        B = operand(case.K, case.N, case.L, dt, case.layouts[1] == "n")
+        out = operand(case.M, case.N, case.L, dt, case.layouts[2] == "n")
+        sets.append((A, B, out, torch.empty_like(out)))
+    return sets
+
+
+def rel_error(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> float:
+    """Norm-wise relative error against float64 on the first 256 rows (cheap at any size)."""
+    rows = slice(0, min(256, A.shape[-2]))
+    ref = A[..., rows, :].double() @ B.double()
+    got = out[..., rows, :].double()
+    return float(torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref))
+
+
+def short(name: str) -> str:
+    return name if len(name) <= 90 else name[:87] + "..."
+
+
+def bench_case(case: Case, opts: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    sets = make_sets(case)
+    args = [GemmArguments(A, B, out, accumulator_type=torch.float32) for A, B, out, _ in sets]
+    candidates = kernel_api.get_kernels(args[0])
+    ours = [k for k in candidates if k.metadata.provider != "torch"]
+    rec: dict = {"case": asdict(case), "name": case.name, "buffer_sets": len(sets), "candidates": len(candidates)}
+    if not ours:
+        rec["error"] = "no kernel of ours takes it"
+        return rec
+    tuned = PickBest(max_candidates=opts.max_candidates, use_records=False, repeat=opts.repeat).tune(args[0], ours)
+    best = tuned.winner
+    rec["pickbest"] = best.name
+    rec["pickbest_measured"] = {m.kernel_name: (m.median_ms if m.failure is None else m.failure)
+                                for m in tuned.measurements}
+    anyk = PickAny().choose(args[0], candidates)
+    rec["pickany"] = anyk.name
+    artifacts = {best.name: best.compile(args[0])}
+    if anyk.name not in artifacts:
+        artifacts[anyk.name] = anyk.compile(args[0])
+    n = len(sets)
+
+    def run_with(kernel):
+        artifact = artifacts[kernel.name]
+        return lambda i: kernel.run(args[i % n], compiled_artifact=artifact)
+
+    fns = {"pickbest": run_with(best), "pickany": run_with(anyk),
+           "ops": lambda i: kernel_api.ops.gemm(sets[i % n][0], sets[i % n][1], out=sets[i % n][2]),
+           "cublas": lambda i: torch.matmul(sets[i % n][0], sets[i % n][1], out=sets[i % n][3])}
+    errors = {}
+    for name, fn in fns.items():
+        A, B, out, tout = sets[0]
+        (tout if name == "cublas" else out).fill_(float("nan"))
+        fn(0)
+        torch.cuda.synchronize()
+        errors[name] = rel_error(tout if name == "cublas" else out, A, B)
+    rec["rel_error"] = errors
+    tol = 1e-2
+    bad = {k: v for k, v in errors.items() if not v < tol}
+    if bad:
+        rec["error"] = f"wrong results: {bad}"
+        print(f"{case.name}: WRONG RESULTS {bad}", flush=True)
+    runs = []
+    for _ in range(opts.repeats):
+        ms, behind = time_group(fns, opts.repeat)
+        runs.append({"ms": ms, "host_bound": behind})
+    rec["runs"] = runs
+    med = {k: statistics.median(r["ms"][k] for r in runs) for k in fns}
+    rec["median_ms"] = med
+    rec["tflops"] = {k: case.flops / (v * 1e-3) / 1e12 for k, v in med.items()}
+    for k in ("pickbest", "pickany", "ops"):
+        ratios = [r["ms"]["cublas"] / r["ms"][k] for r in runs]
+        rec[f"{k}_vs_cublas"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    rec["pickany_vs_pickbest"] = med["pickbest"] / med["pickany"]
+    rec["seconds"] = time.perf_counter() - t0
+    print(f"{case.name}: PickBest {rec['tflops']['pickbest']:.0f} TFLOP/s ({rec['pickbest_vs_cublas']['median']:.2f}x "
+          f"cuBLAS {rec['tflops']['cublas']:.0f}), PickAny {rec['pickany_vs_cublas']['median']:.2f}x, "
+          f"ops.gemm {rec['ops_vs_cublas']['median']:.2f}x  [{short(best.name)}] ({rec['seconds']:.0f} s)", flush=True)
+    del args, sets
+    torch.cuda.empty_cache()
+    return rec
+
+
+def summarise(rows: list[dict]) -> dict:
+    good = [r for r in rows if "runs" in r]
+    if not good:
+        return {}
+    out = {"cases": len(rows), "timed": len(good)}
+    for k in ("pickbest", "pickany", "ops"):
+        meds = [r[f"{k}_vs_cublas"]["median"] for r in good]
+        out[f"geomean_{k}_vs_cublas"] = geomean(meds)
+        out[f"min_{k}_vs_cublas"] = min(meds)
+    out["min_pickany_vs_pickbest"] = min(r["pickany_vs_pickbest"] for r in good)
+    return out
+
+
+def print_table(group: str, rows: list[dict], summary: dict) -> None:
+    print(f"\n== group {group} ==")
+    print(f"{'case':<28} {'PickBest':>9} {'PickAny':>9} {'ops.gemm':>9} {'cuBLAS':>9}   "
+          f"{'best/cuBLAS':>18} {'any/cuBLAS':>10} {'any/best':>8}  winner (PickAny's if other)")
+    for r in rows:
+        if "runs" not in r:
+            print(f"{r['name']:<28} {r.get('error', 'not timed')}")
+            continue
+        t = r["tflops"]
+        b = r["pickbest_vs_cublas"]
+        spread = f"{b['median']:.2f} [{b['min']:.2f}-{b['max']:.2f}]"
+        other = "" if r["pickany"] == r["pickbest"] else f"  (any: {short(r['pickany'])})"
+        print(f"{r['name']:<28} {t['pickbest']:>9.0f} {t['pickany']:>9.0f} {t['ops']:>9.0f} {t['cublas']:>9.0f}   "
+              f"{spread:>18} {r['pickany_vs_cublas']['median']:>10.2f} {r['pickany_vs_pickbest']:>8.2f}  "
+              f"{short(r['pickbest'])}{other}")
+    if summary:
+        print(f"geomean vs cuBLAS: PickBest {summary['geomean_pickbest_vs_cublas']:.2f}x (min "
+              f"{summary['min_pickbest_vs_cublas']:.2f}), PickAny {summary['geomean_pickany_vs_cublas']:.2f}x (min "
+              f"{summary['min_pickany_vs_cublas']:.2f}), ops.gemm {summary['geomean_ops_vs_cublas']:.2f}x; "
+              f"PickAny within {100 * (1 - summary['min_pickany_vs_pickbest']):.0f}% of PickBest at worst")
+    print("(TFLOP/s; ratios are cuBLAS time / ours, median over --repeats runs [min-max])")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--group", default="odd", help=f"comma-separated groups: {', '.join(GROUPS)}")
+    p.add_argument("--repeats", type=int, default=1, help="timing runs per case (the spread is reported)")
+    p.add_argument("--repeat", type=int, default=30, help="launches per contestant per timing run")
+    p.add_argument("--max-candidates", type=int, default=6, help="PickBest: best-ranked candidates measured")
+    p.add_argument("--tag", default="run")
+    p.add_argument("--list", action="store_true", help="print the groups and their cases, and exit")
+    opts = p.parse_args()
+    groups = opts.group.split(",")
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        sys.exit(f"unknown group(s) {unknown}; known: {', '.join(GROUPS)}")
+    if opts.list:
+        for g in GROUPS:
+            print(f"{g}: {', '.join(c.name for c in GROUPS[g]) or '(no cases yet)'}")
+        return
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    device = torch.cuda.get_device_name()
+    t0 = time.perf_counter()
+    results = {}
+    for g in groups:
+        if not GROUPS[g]:
+            print(f"group {g}: no cases yet", flush=True)
+        rows = [bench_case(case, opts) for case in GROUPS[g]]
+        results[g] = {"cases": rows, "summary": summarise(rows)}
+    doc = {"device": device, "torch": torch.__version__, "options": vars(opts), "argv": sys.argv,
+           "timing": "alternating launches behind a sleep kernel (small_m.time_group), CUDA events per launch, "
+                     "median of --repeat per run, median over --repeats runs",
+           "groups": results, "seconds": time.perf_counter() - t0}
+    name = f"gemm_shapes-{device.replace(' ', '_')}-{opts.tag}.json"
+    paths = [os.path.join(ROOT, "benchmarks", "results", name)]
+    if os.environ.get("OUT") and os.path.isdir(os.environ["OUT"]):
+        paths.append(os.path.join(os.environ["OUT"], name))
+    os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
+    for path in paths:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+    for g in groups:
+        print_table(g, results[g]["cases"], results[g]["summary"])
+    print(f"\n{device}; JSON: {', '.join(paths)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""`Sm90RealignedGemm`: the Hopper TMA + WGMMA GEMM for f16/bf16 operands of any alignment.
+
+TMA reads and writes global memory only at 16-byte aligned base pointers and strides, so
+`Sm90WarpSpecializedGemm` declares a divisibility of 16 bytes for A, B and out, and everything
+else (an odd N such as GPT-2's 50257, an odd K or M, a view such as ``big[:, 1:]``) used to fall
+to the SIMT fallback at 0.13-0.19x cuBLAS. This family takes any alignment: per launch, each of
+A, B and out that TMA cannot address in place is staged in a padded, 16-byte aligned copy in
+the workspace (same majorness, leading dimension rounded up to 8 elements, each region 256-byte
+aligned), and one `Sm90WarpSpecializedGemm` configuration runs on the aligned views. A
+misaligned out is computed into its padded copy and copied back (the inner kernel applies the
+whole epilogue, so the copy-back is a plain copy). TMA bounds every access by the logical
+extents, so the padding is never read nor written by the kernel. The copies cost O(MK + KN +
+MN) memory traffic against the O(MNK) multiply: a few percent on large problems.
+
+Operands that TMA can address as they are (an aligned pointer and strides, whatever the
+extents, e.g. an odd K inside a buffer whose rows are padded) are used in place. C and the bias
+are read element by element by the inner kernel's epilogue and are never copied.
+
+Arguments whose A, B and out are all 16-byte aligned are refused (`Sm90WarpSpecializedGemm`
+serves them without the staging checks and the workspace); so discovery offers this family
+exactly where the direct kernel is not offered, and `PickAny` ranks it by its own estimate
+(`estimated_cost`: the inner kernel's tile model plus the copies), which puts it far ahead of
+the SIMT fallback on every problem but tiny ones.
+
+The compiled artifact is the inner kernel's (compiled for the aligned views: the inner compile
+depends on the rank, the epilogue and C's layout, never on A/B/out's sizes or alignment), so
+one artifact serves every misaligned shape of one layout and epilogue, and it shares the disk
+cache with the direct kernel's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+
+from ....arguments import GemmArguments
+from ....core.artifact import CompiledArtifact
+from ....core.dtypes import DataType
+from ....core.status import Status
+from ....core.streams import stream_handle, to_cuda_stream
+from ....launcher import Launcher
+from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
+from ....utils import strides_to_layout_string
+from .. import CuTeDSLProvider
+from .common import FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation
+from .sm90_warpspecialized import F32_OUT_CONFIGS, Sm90WarpSpecializedGemm, tma_divisibility
+
+#: TMA's alignment unit for base pointers and strides.
+TMA_ALIGN_BYTES = 16
+#: Alignment of each staged region (and of the inner kernel's stream-K workspace) in the workspace.
+REGION_ALIGN_BYTES = 256
+_AB_TYPES = (DataType.bf16, DataType.f16)
+
+# PickAny's cost units (`kernel_api.tuning.policies.gemm_cost`) per second: the rate the Sm90
+# family's cost reached on the H200 (issue #16: 43.8 us for 114.3M units at 64x8192x8192; the
+# same calibration as the small-M family's), so copy time adds to the inner kernel's tile cost.
+_COST_UNITS_PER_SECOND = 2.61e12
+#: Bytes per second (read + write) the staging copies sustain on the H200: 1.4-2.4 TB/s measured
+#: (torch's copy_ into a padded view 1.6-1.8, cudaMemcpy2DAsync 1.4 on 8 KB lines, 2.4 on 100 KB).
+_COPY_BYTES_PER_SECOND = 1.8e12
+#: Lines at least this long (bytes) are staged with cudaMemcpy2DAsync, shorter ones with torch's
+#: copy_ (H200: 2.4 vs 1.8 TB/s on 100 KB lines, 1.4 vs 1.6 on 8 KB lines).
+_MEMCPY_2D_MIN_LINE_BYTES = 32768
+#: Launch and tail of one copy kernel.
+_COPY_FIXED_SECONDS = 3e-6
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def tma_view(t: torch.Tensor, row_major: bool, align: int) -> torch.Tensor | None:
+    """``t`` when TMA can address it in place, else None (it must be staged in a padded copy).
+
+    TMA needs a 16-byte aligned base pointer and strides that are multiples of ``align``
+    elements (16 bytes); the extents may be anything. Also staged: a zero stride of a mode wider
+    than 1 (an expanded operand), and a single line (one row of a row-major operand) whose
+    contiguous extent is not a multiple of ``align``: measured on the H200, the kernel then
+    wrote that line up to its next 16-byte boundary (an out of shape (1, 77) with stride (80, 1)
+    got 3 elements past its end); a copy of one line costs nothing worth saving.
+    """
+    if t.data_ptr() % TMA_ALIGN_BYTES:
+        return None
+    rank = t.dim()
+    unit = rank - 1 if row_major else rank - 2
+    shape, stride = t.shape, t.stride()
+    for mode in range(rank):
+        if mode != unit and (stride[mode] % align or (stride[mode] == 0 and shape[mode] > 1)):
+            return None
+    if shape[rank - 2 if row_major else rank - 1] == 1 and shape[unit] % align:
+        return None
+    return t
+
+
+def padded_layout(shape: tuple[int, ...], row_major: bool, align: int) -> tuple[tuple[int, ...], int]:
+    """(strides, elements) of a packed copy of an operand of ``shape`` whose leading dimension
+    is rounded up to ``align`` elements (the batch stride follows)."""
+    rows, cols = shape[-2], shape[-1]
+    if row_major:
+        ld = _round_up(max(cols, 1), align)
+        matrix, stride = rows * ld, (ld, 1)
+    else:
+        ld = _round_up(max(rows, 1), align)
+        matrix, stride = cols * ld, (1, ld)
+    if len(shape) == 3:
+        return (matrix, *stride), shape[0] * matrix
+    return stride, matrix
+
+
+class _Plan:
+    """Where one launch's operands come from: ``views`` (name -> tensor TMA reads in place) and
+    ``staged`` ((name, byte offset, strides, byte size) of each padded copy), the inner kernel's
+    workspace bytes (at offset 0) and the total workspace bytes."""
+
+    __slots__ = ("views", "staged", "inner_bytes", "total_bytes")
+
+    def __init__(self, views: dict, staged: list, inner_bytes: int, total_bytes: int) -> None:
+        self.views, self.staged, self.inner_bytes, self.total_bytes = views, staged, inner_bytes, total_bytes
+
+
+_memcpy_2d: list = []  # [cudaMemcpy2DAsync, the device-to-device kind], once imported
+
+
+def copy_2d(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int) -> bool:
+    """Copy ``src`` into ``dst`` (same shape and majorness) with ``cudaMemcpy2DAsync`` on the raw
+    ``stream``: one 2-D copy per batch, or one for all batches when each operand's batches follow
+    each other at the matrix stride. The driver's pitched copy runs at any alignment. False (and
+    nothing copied) where a pitch is smaller than a line (an expanded or overlapping operand)."""
+    rank = src.dim()
+    ld_mode = rank - 2 if row_major else rank - 1
+    lines, width = src.shape[ld_mode], src.shape[rank - 1 if row_major else rank - 2]
+    size = src.element_size()
+    sp, dp = src.stride(ld_mode), dst.stride(ld_mode)
+    if lines == 1:
+        sp = dp = width
+    if sp < width or dp < width:
+        return False
+    batches = src.shape[0] if rank == 3 else 1
+    if batches > 1 and src.stride(0) == lines * sp and dst.stride(0) == lines * dp:
+        lines, batches = lines * batches, 1
+    elif batches > 1 and (src.stride(0) < lines * sp or dst.stride(0) < lines * dp):
+        return False
+    if not _memcpy_2d:
+        from cuda.bindings import runtime
+
+        _memcpy_2d[:] = [runtime.cudaMemcpy2DAsync, runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice]
+    memcpy, kind = _memcpy_2d
+    s_ptr, d_ptr = src.data_ptr(), dst.data_ptr()
+    for b in range(batches):
+        offset = b * size
+        err = memcpy(d_ptr + offset * (dst.stride(0) if rank == 3 else 0), dp * size,
+                     s_ptr + offset * (src.stride(0) if rank == 3 else 0), sp * size,
+                     width * size, lines, kind, stream)[0]
+        if int(err) != 0:
+            raise RuntimeError(f"cudaMemcpy2DAsync failed: {err}")
+    return True
+
+
+def _long_lines(t: torch.Tensor, row_major: bool) -> bool:
+    """Whether ``t``'s contiguous lines are long enough for cudaMemcpy2DAsync to beat copy_."""
+    return t.shape[-1 if row_major else -2] * t.element_size() >= _MEMCPY_2D_MIN_LINE_BYTES
+
+
+# raw stream handle -> torch stream object, for running the copies on the launch stream
+_torch_streams: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+
+def _launch_stream(stream: Any, device: torch.device) -> contextlib.AbstractContextManager:
+    """A context in which torch ops run on ``stream`` (any spelling kernel_api accepts)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = stream_handle(stream, index)
+    if handle == torch.cuda.current_stream(index).cuda_stream:
+        return contextlib.nullcontext()
+    found = _torch_streams.get((handle, index))
+    if found is None:
+        if len(_torch_streams) > 256:
+            _torch_streams.clear()
+        found = _torch_streams[(handle, index)] = torch.cuda.ExternalStream(handle, device=device)
+    return torch.cuda.stream(found)
+
+
+@CuTeDSLProvider.register
+class Sm90RealignedGemm(GemmKernelBase):
+    """`Sm90WarpSpecializedGemm` for A, B and out of any alignment (f16/bf16 in, f32 accumulate);
+    see the module docstring.
+
+    Names read ``Sm90RealignedGemm_<inner configuration>_align1x1x1``; ``design`` is the inner
+    kernel's. The workspace (`get_workspace_size`) holds the inner kernel's stream-K workspace
+    (if any) and the padded copies; `Kernel.run` allocates it on the launch stream when none is
+    given.
+    """
+
+    performance_hint = 1.0  # the inner kernel's (estimated_cost adds the copies)
+    batch_on_grid_z = False  # persistent: the inner kernel's scheduler walks the batches
+    workspace_free = False
+    specialise_c_alignment = True  # as the inner kernel compiles C (the template's compile_key keys on it)
+
+    def __init__(self, metadata: KernelMetadata, inner: Sm90WarpSpecializedGemm) -> None:
+        super().__init__(metadata)
+        self.inner = inner
+        md = inner.metadata.operands
+        #: (name, row-major?, alignment in elements) of the operands TMA addresses
+        self._operands = tuple((name, getattr(md, name).layout == "t", getattr(md, name).divisibility)
+                               for name in ("A", "B", "out"))
+        self._row_major = {name: row_major for name, row_major, _ in self._operands}
+
+    # ---- discovery -----------------------------------------------------------------
+    @staticmethod
+    def generate_kernels(metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
+                         cc: int | None = None) -> list["Sm90RealignedGemm"]:
+        """One instance per (types, layouts, inner configuration); none unless cc is 90.
+
+        The inner configurations are the ones the direct kernel also emits for an f32 output
+        (128x256 cooperative, 128x128 and 64x128 pingpong, 128x128 pingpong stream-K): one per
+        shape class is enough here, where the copies, not the last percent of the multiply,
+        decide against cuBLAS.
+        """
+        if cc is not None and cc != 90:
+            return []
+        if not epilogue_supported_by_generation(epilogue_args, FULL_EPILOGUE):
+            return []
+        kernels = []
+        for ab in _AB_TYPES:
+            for out_type in (ab, DataType.f32):
+                for stride_A, stride_B, stride_out in LAYOUT_COMBOS:
+                    for cfg in F32_OUT_CONFIGS:
+                        inner = Sm90WarpSpecializedGemm._make(ab, out_type, stride_A, stride_B, stride_out, cfg)
+                        operands = GemmOperandsMetadata(
+                            TensorAttributes(ab, stride_A, 1), TensorAttributes(ab, stride_B, 1),
+                            TensorAttributes(out_type, stride_out, 1), accumulator_type=DataType.f32)
+                        tail = inner.name[len("Sm90WarpSpecializedGemm_"):].rpartition("_align")[0]
+                        metadata = KernelMetadata(f"Sm90RealignedGemm_{tail}_align1x1x1", Sm90RealignedGemm, operands,
+                                                  inner.metadata.design, min_cc=90, max_cc=90, epilogue=FULL_EPILOGUE)
+                        if metadata_filter is None or metadata_filter(metadata):
+                            kernels.append(Sm90RealignedGemm(metadata, inner))
+        return kernels
+
+    def _family_supports(self, args: GemmArguments) -> Status | None:
+        attrs = args.tensor_attributes
+        if all(attrs[name].divisibility % align == 0 for name, _, align in self._operands):
+            return Status.fail("A, B and out are all 16-byte aligned: Sm90WarpSpecializedGemm reads them in place "
+                               "(nothing to realign)")
+        return self.inner._family_supports(args)  # K=0 and the persistent scheduler's tile counter
+
+    # ---- workspace -------------------------------------------------------------------
+    def _plan(self, args: GemmArguments) -> _Plan:
+        inner_bytes = _round_up(self.inner.get_workspace_size(args), REGION_ALIGN_BYTES)
+        offset = inner_bytes
+        views: dict[str, torch.Tensor] = {}
+        staged = []
+        for name, row_major, align in self._operands:
+            t = getattr(args, name)
+            view = tma_view(t, row_major, align)
+            if view is not None:
+                views[name] = view
+                continue
+            stride, elements = padded_layout(t.shape, row_major, align)
+            size = elements * t.element_size()
+            staged.append((name, offset, stride, size))
+            offset += _round_up(size, REGION_ALIGN_BYTES)
+        return _Plan(views, staged, inner_bytes, offset)
+
+    def get_workspace_size(self, args: GemmArguments) -> int:
+        """The inner kernel's workspace (stream-K) plus a padded copy of each of A, B and out that
+        TMA cannot address in place (leading dimension rounded up to 16 bytes), each region
+        256-byte aligned; 0 for an empty problem."""
+        if args.M == 0 or args.N == 0 or args.L == 0:
+            return 0
+        return self._plan(args).total_bytes
+
+    # ---- PickAny -----------------------------------------------------------------------
+    def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
+        """The inner kernel's tile-model cost plus the copies (read + write of every staged
+        operand at `_COPY_BYTES_PER_SECOND`, and a launch each), in `gemm_cost` units."""
+        from ....tuning.policies import gemm_cost
+
+        seconds = 0.0
+        for name, row_major, align in self._operands:
+            t = getattr(args, name)
+            if tma_view(t, row_major, align) is None:
+                seconds += 2 * t.numel() * t.element_size() / _COPY_BYTES_PER_SECOND + _COPY_FIXED_SECONDS
+        return gemm_cost(self.inner, args, sm_count) + seconds * _COST_UNITS_PER_SECOND
+
+    # ---- compile / run ---------------------------------------------------------------
+    def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
+        """The inner kernel's compile for ``args``' rank, epilogue and C: it builds its operands
+        from its own metadata (16-byte aligned), never from A/B/out's sizes or alignment."""
+        return CompiledArtifact(self.inner.compile(args, cc).compiled_obj, self)
+
+    def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
+        return None  # every launch stages operands in a workspace
+
+    def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        if args.M == 0 or args.N == 0 or args.L == 0:
+            return  # nothing to write
+        plan = self._plan(args)
+        views = plan.views
+        inner_ws = None
+        if plan.total_bytes:
+            if not isinstance(workspace, torch.Tensor):
+                raise ValueError(f"{self.name}: needs a workspace of {plan.total_bytes} bytes (get_workspace_size), "
+                                 f"got {type(workspace).__name__}")
+            if workspace.dtype is not torch.uint8:
+                workspace = workspace.view(-1).view(torch.uint8)
+            if workspace.numel() < plan.total_bytes:
+                raise ValueError(f"{self.name}: the workspace has {workspace.numel()} bytes but these arguments need "
+                                 f"{plan.total_bytes} (get_workspace_size)")
+            if workspace.device != args.device:
+                raise ValueError(f"{self.name}: the workspace is on {workspace.device} but the operands are on "
+                                 f"{args.device}")
+            if workspace.data_ptr() % REGION_ALIGN_BYTES:
+                raise ValueError(f"{self.name}: the workspace must be {REGION_ALIGN_BYTES}-byte aligned")
+            if plan.inner_bytes:
+                inner_ws = workspace[:plan.inner_bytes]
+        staged_out = None
+        handle = stream_handle(stream, args.device_index)
+        with _launch_stream(stream, args.device):
+            for name, offset, stride, size in plan.staged:
+                src = getattr(args, name)
+                dst = workspace[offset:offset + size].view(src.dtype).as_strided(src.shape, stride)
+                if name == "out":
+                    staged_out = dst
+                elif not (_long_lines(src, self._row_major[name]) and copy_2d(dst, src, self._row_major[name], handle)):
+                    dst.copy_(src)
+                views[name] = dst
+            ep = args.epilogue
+            if ep is None:
+                C, bias, alpha, beta = None, None, 1.0, 0.0
+            else:
+                C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
+            artifact.compiled_obj(views["A"], views["B"], views["out"], C, bias, alpha, beta,
+                                  *self.inner._extra_launch_args(args, inner_ws), to_cuda_stream(stream))
+            if staged_out is not None and not (_long_lines(staged_out, self._row_major["out"])
+                                               and copy_2d(args.out, staged_out, self._row_major["out"], handle)):
+                args.out.copy_(staged_out)
