@@ -189,11 +189,39 @@ def test_front_door_honours_settings_providers():
         with kernel_api.settings(providers=["cutedsl", "cuda_src"]):
             assert _rel(ops.gemm(A, B), ref) <= 1e-2
             assert [k.metadata.provider for k in kernel_used()] in (["cutedsl"], ["cuda_src"])
-    # the default (all providers) keeps our tensor-core kernel on this aligned shape
+    # the default (all providers) keeps our tensor-core kernel where its tiles fill the waves,
+    # and takes cuBLAS for this small problem (6 output tiles on 132 SMs)
     ops.gemm(A, B)
-    assert kernel_used()[0].metadata.provider != "torch"
+    assert kernel_used()[0].metadata.provider == "torch"
+    A1 = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+    B1 = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    ops.gemm(A1, B1)
+    assert any(k.metadata.provider == "cutedsl" for k in kernel_used())
     # an odd shape (only SIMT of ours fits) goes to torch by default
     A2 = torch.randn(101, 77, device="cuda", dtype=torch.bfloat16)
     B2 = torch.randn(77, 55, device="cuda", dtype=torch.bfloat16)
     assert _rel(ops.gemm(A2, B2), A2.double() @ B2.double()) <= 1e-2
     assert any(type(k) is TorchGemm for k in kernel_used())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_torch_gemm_launcher_takes_each_calls_bias_and_stream(activation):
+    """Repeated front-door calls with torch's kernel come from ops' fast dictionary (TorchGemm's
+    launcher): each call's own bias and values, on the stream asked for."""
+    from kernel_api.ops import dispatch
+    act = {None: lambda z: z, "relu": torch.relu, "gelu": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}
+    W = torch.randn(256, 384, device="cuda", dtype=torch.bfloat16) * 0.05
+    side = torch.cuda.Stream()
+    with kernel_api.settings(providers=["torch"]):
+        for step in range(3):
+            x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+            bias = torch.randn(384, device="cuda", dtype=torch.bfloat16)
+            ref = act[activation](x.double() @ W.double() + bias.double())
+            assert _rel(ops.gemm(x, W, bias=bias, activation=activation), ref) <= 2e-2, step
+            side.wait_stream(torch.cuda.current_stream())
+            out = ops.gemm(x, W, bias=bias, activation=activation, stream=side)  # not the current stream
+            torch.cuda.current_stream().wait_stream(side)
+            assert _rel(out, ref) <= 2e-2, step
+        token = current().scope_token
+    assert any(len(key) == 4 and key[0][0] == id(token) and key[2] == activation for key in dispatch._fast)
