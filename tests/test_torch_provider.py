@@ -225,3 +225,14 @@ def test_torch_gemm_launcher_takes_each_calls_bias_and_stream(activation):
             assert _rel(out, ref) <= 2e-2, step
         token = current().scope_token
     assert any(len(key) == 4 and key[0][0] == id(token) and key[2] == activation for key in dispatch._fast)
+
+
+def test_pickany_takes_cublaslt_gelu_epilogue_for_gpt2_c_fc():
+    """GPT-2's c_fc (8192 x 3072 x 768, row bias, tanh GELU): cuBLASLt's fused epilogue ran in
+    0.069 ms against our best 0.081 ms on the H200; with the bias alone ours stays first."""
+    bf = dict(dtype=torch.bfloat16)
+    A, B, out = torch.empty(8192, 768, **bf), torch.empty(768, 3072, **bf), torch.empty(8192, 3072, **bf)
+    gelu = kernel_api.EpilogueArguments(bias=torch.empty(3072, **bf), activation="gelu")
+    assert _ranked(GemmArguments(A, B, out, epilogue=gelu))[0].startswith("TorchGemm")
+    bias_only = kernel_api.EpilogueArguments(bias=torch.empty(3072, **bf))
+    assert _ranked(GemmArguments(A, B, out, epilogue=bias_only))[0].startswith("Sm90")

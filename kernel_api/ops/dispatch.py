@@ -352,12 +352,12 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
         out = _new_gemm_output(A, B)
     epilogue = fast_key = None
     if alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None:
-        epilogue = EpilogueArguments(alpha=alpha, beta=beta, C=C, bias=bias, activation=activation)
-        if (beta == 0.0 and accumulator_type is None and type(A) is _Tensor and type(B) is _Tensor
-                and type(out) is _Tensor and (bias is None or (type(bias) is _Tensor and bias.dim() == 1))):
+        if (beta == 0.0 and accumulator_type is None and type(alpha) in (float, int) and type(A) is _Tensor
+                and type(B) is _Tensor and type(out) is _Tensor
+                and (bias is None or (type(bias) is _Tensor and bias.dim() == 1))):
             # A repeated epilogue call (nn layers: bias, activation): launched from ``_fast`` with
             # this call's bias (`_epilogue_entry`), keyed on its metadata as well.
-            fast_key = (_raw_gemm_key(current().scope_token, A, B, out), float(alpha), activation,
+            fast_key = (_raw_gemm_key(current().scope_token, A, B, out), alpha, activation,
                         None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 1023,
                                                    bias.get_device()))
             found = _fast.get(fast_key)
@@ -377,6 +377,8 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                 if given:
                     _increment_version((out,))
                 return out
+        # (built after the fast path: a recorded call is validated by its first call's arguments)
+        epilogue = EpilogueArguments(alpha=alpha, beta=beta, C=C, bias=bias, activation=activation)
     elif accumulator_type is None and type(A) is _Tensor and type(B) is _Tensor and type(out) is _Tensor:
         fast_key = _raw_gemm_key(current().scope_token, A, B, out)
         found = _fast.get(fast_key)

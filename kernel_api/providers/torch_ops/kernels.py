@@ -50,6 +50,9 @@ TORCH_GEMM_HINT = 0.95
 # keeps our Sm80 family (any output alignment) ahead there, and cuBLAS ahead of SIMT.
 TORCH_UNALIGNED_FACTOR = 0.17
 _TILE_INTENSITY = 128 * 256 / (128 + 256)
+# cuBLASLt's fused bias + GELU epilogue against ours (same fusion): GPT-2's c_fc at 8192 tokens,
+# 0.069 ms against our best 0.081 (benchmarks/results/selection_torch-NVIDIA_H200.json).
+TORCH_GELU_EPILOGUE_FACTOR = 0.85
 # torch chooses its algorithm (and tile) per call: tile (0, 0, 0) says "none fixed", so
 # metadata filters on tile sizes pass these instances over.
 _LIBRARY = BLASDesignMetadata(tile_shape=(0, 0, 0), schedule="library")
@@ -108,14 +111,19 @@ class TorchGemm(_TorchKernel):
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
         """The work spread evenly over the SMs (no wave quantisation) at `TORCH_GEMM_HINT`'s
         efficiency for a 128x256 tile, times 1 / `TORCH_UNALIGNED_FACTOR` when an operand is
-        not 16-byte aligned."""
+        not 16-byte aligned, times `TORCH_GELU_EPILOGUE_FACTOR` for cuBLASLt's bias + GELU."""
         efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
         for attrs in args.tensor_attributes.values():
             if attrs.divisibility * attrs.dtype.bytes < 16:
                 efficiency *= TORCH_UNALIGNED_FACTOR
                 break
         work = max(args.M, 1) * max(args.N, 1) * max(args.K, 1) * max(args.L, 1)
-        return work / max(sm_count, 1) / efficiency
+        cost = work / max(sm_count, 1) / efficiency
+        epilogue = args.epilogue
+        if (epilogue is not None and epilogue.activation == "gelu" and epilogue.bias_kind == "row"
+                and args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0):
+            cost *= TORCH_GELU_EPILOGUE_FACTOR  # the _addmm_activation path (`_run`)
+        return cost
 
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
         """torch calls for the common cases (a product; a row bias, relu or gelu on a 2-D one),
