@@ -108,6 +108,9 @@ def test_linear_rejects_cpu_inputs_and_dtype_mixes_naming_the_layer():
         layer(torch.empty(2, 8, device="meta"))
     with pytest.raises(ValueError, match="6 features"):
         layer(torch.empty(2, 6, device="meta", dtype=torch.bfloat16))
+    layer.bias.data = layer.bias.data.float()  # a dtype mix in the parameters: the bias is named
+    with pytest.raises(TypeError, match="bias dtype torch.float32 differs from the weight's torch.bfloat16"):
+        layer(torch.empty(2, 8, device="meta", dtype=torch.bfloat16))
 
 
 def test_patched_model_traces_under_make_fx_with_the_custom_op():
