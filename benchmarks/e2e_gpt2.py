@@ -488,7 +488,8 @@ def main(argv=None) -> int:
         os.remove(partial)
     if os.environ.get("OUT"):
         for path in saved:
-            shutil.copy(path, os.environ["OUT"])
+            if os.path.dirname(os.path.abspath(path)) != os.path.abspath(os.environ["OUT"]):  # (--out-dir $OUT)
+                shutil.copy(path, os.environ["OUT"])
 
     log("")
     log(f"saved {', '.join(saved)}" + ("" if png.endswith(".png") else f"; {png}"))

@@ -2,8 +2,17 @@
 warm (disk-cached) compile time; and how well PickAny's heuristic ranks kernels.
 
     python benchmarks/selection.py [--shapes 4096x4096x4096,...] [--workers 16] [--max-candidates 24]
+    python benchmarks/selection.py --torch-evidence [--top 4] [--budget-s 120]
 
 Prints a table last and writes benchmarks/results/selection-<device>.json.
+
+``--torch-evidence``: the torch (cuBLAS) provider's PickAny cost against measurement, for GPT-2's
+GEMMs (prefill M = 8192 with the model's layouts and fused bias / gelu, the lm_head's aligned
+50256 columns and its whole 50257, decode M = 64, the backward's dX and dW) and the issue #16
+sweep shapes: PickAny's choice with and without the torch provider, PickBest's winner among our
+top ``--top`` kernels by PickAny's ranking plus cuBLAS (each timed, CUDA events, median), and
+whether PickAny's choice is within 10% of PickBest's winner. Writes
+benchmarks/results/selection_torch-<device>.json.
 """
 
 from __future__ import annotations
@@ -82,6 +91,109 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (vx * vy) if vx and vy else float("nan")
 
 
+# (label, M, N, K, kind): the operands as GPT-2 has them (kinds in _evidence_args).
+GPT2_GEMMS = [("c_attn", 8192, 2304, 768, "conv1d"), ("attn.c_proj", 8192, 768, 768, "conv1d"),
+              ("c_fc+gelu", 8192, 3072, 768, "conv1d_gelu"), ("mlp.c_proj", 8192, 768, 3072, "conv1d"),
+              ("lm_head aligned part", 8192, 50256, 768, "lm_head_head"), ("lm_head whole", 8192, 50257, 768, "lm_head"),
+              ("c_attn M=64", 64, 2304, 768, "conv1d"), ("c_fc+gelu M=64", 64, 3072, 768, "conv1d_gelu"),
+              ("mlp.c_proj M=64", 64, 768, 3072, "conv1d"), ("lm_head M=64", 64, 50257, 768, "lm_head"),
+              ("c_attn dX", 8192, 768, 2304, "dX"), ("c_fc dX", 8192, 768, 3072, "dX"),
+              ("mlp.c_proj dX", 8192, 3072, 768, "dX"), ("c_attn dW", 768, 2304, 8192, "dW"),
+              ("c_fc dW", 768, 3072, 8192, "dW"), ("mlp.c_proj dW", 3072, 768, 8192, "dW")]
+
+
+def _evidence_args(M: int, N: int, K: int, kind: str):
+    """GemmArguments with GPT-2's layouts: Conv1D weights (K, N) row-major with a row bias;
+    the lm_head's weight (vocab, 768) read transposed (column-major B); dX = dY @ W^T (B a
+    column-major view); dW = X^T @ dY (A a column-major view); "plain": row-major A and B."""
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    epilogue = None
+    if kind.startswith("conv1d"):
+        A, B = torch.randn(M, K, **bf), torch.randn(K, N, **bf) * 0.05
+        epilogue = kernel_api.EpilogueArguments(bias=torch.randn(N, **bf),
+                                                activation="gelu" if kind.endswith("gelu") else None)
+        out = torch.empty(M, N, **bf)
+    elif kind in ("lm_head", "lm_head_head"):
+        A, B = torch.randn(M, K, **bf), torch.randn(50257, K, **bf).t()[:, :N]
+        # the aligned part is written into the padded rows ops.gemm allocates
+        out = torch.empty(M, 50264, **bf)[:, :N] if kind == "lm_head_head" else torch.empty(M, N, **bf)
+    elif kind == "dX":
+        A, B = torch.randn(M, K, **bf), torch.randn(N, K, **bf).t()
+        out = torch.empty(M, N, **bf)
+    elif kind == "dW":
+        A, B = torch.randn(K, M, **bf).t(), torch.randn(K, N, **bf)
+        out = torch.empty(M, N, **bf)
+    else:
+        A, B, out = torch.randn(M, K, **bf), torch.randn(K, N, **bf), torch.empty(M, N, **bf)
+    return kernel_api.GemmArguments(A, B, out, epilogue=epilogue)
+
+
+def torch_evidence(ns) -> None:
+    """The ``--torch-evidence`` report (see the module docstring)."""
+    from kernel_api.tuning.policies import rank_candidates
+    device = torch.cuda.get_device_name()
+    cases = GPT2_GEMMS + [(f"sweep {s}", *map(int, s.split("x")), "plain") for s in SWEEP]
+    rows, t_start = [], time.perf_counter()
+    path = os.path.join(ROOT, "benchmarks", "results", f"selection_torch-{device.replace(' ', '_')}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+
+    def save(done: bool) -> None:
+        within = [r["pickany_within_10pct"] for r in rows if "pickany_within_10pct" in r]
+        summary = dict(device=device, torch=torch.__version__, top=ns.top, complete=done, cases=rows,
+                       pickany_within_10pct=f"{sum(within)}/{len(within)}")
+        for target in [path] + ([os.path.join(os.environ["OUT"], os.path.basename(path))] if os.environ.get("OUT") else []):
+            with open(target, "w") as f:
+                json.dump(summary, f, indent=2)
+
+    for label, M, N, K, kind in cases:
+        if ns.budget_s and time.perf_counter() - t_start > ns.budget_s:
+            rows.append(dict(case=label, skipped=f"past --budget-s {ns.budget_s:g}"))
+            continue
+        try:
+            args = _evidence_args(M, N, K, kind)
+            every = kernel_api.get_kernels(args)
+            ours = [k for k in every if k.metadata.provider != "torch"]
+            theirs = [k for k in every if k.metadata.provider == "torch"]
+            ranked = rank_candidates(every, args)
+            any_with = ranked[0].metadata.kernel_name
+            any_without = rank_candidates(ours, args)[0].metadata.kernel_name if ours else None
+            measured = rank_candidates(ours, args)[: ns.top] + theirs[:1]
+            picker = PickBest(num_workers=ns.workers, max_candidates=None, use_records=False)
+            result = picker.tune(args, candidates=measured, force=True)
+            times = {m.kernel_name: m.median_ms for m in result.measurements if m.median_ms is not None}
+            best = min(times.values())
+            row = dict(case=label, M=M, N=N, K=K, kind=kind, pickany=any_with, pickany_ours_only=any_without,
+                       pickbest=result.winner.metadata.kernel_name, pickbest_ms=best, times_ms=times,
+                       failed={m.kernel_name: m.failure for m in result.measurements if m.failure},
+                       torch_ms=next((v for k, v in times.items() if k.startswith("TorchGemm")), None),
+                       pickany_ms=times.get(any_with), pickany_ours_only_ms=times.get(any_without))
+            if row["pickany_ms"] is not None:
+                row["pickany_within_10pct"] = row["pickany_ms"] <= 1.1 * best
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            row = dict(case=label, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        rows.append(row)
+        if "error" in row or "skipped" in row:
+            print(f"{label}: {row.get('error') or row.get('skipped')}", flush=True)
+        else:
+            print(f"{label}: PickAny {row['pickany']} ({row['pickany_ms']}), ours-only {row['pickany_ours_only']} "
+                  f"({row['pickany_ours_only_ms']}), PickBest {row['pickbest']} {best:.4f} ms, torch {row['torch_ms']}",
+                  flush=True)
+        save(False)
+    save(True)
+    print(f"\ndevice {device}; PickBest among our top {ns.top} by PickAny's ranking and cuBLAS")
+    print(f"{'case':26} {'best ms':>8} {'torch ms':>8} {'any ms':>8} {'ours1 ms':>8} {'any<=1.1x':>9}  PickAny / PickBest")
+    fmt = lambda v: f"{v:8.4f}" if isinstance(v, float) else f"{'-':>8}"  # noqa: E731
+    for r in rows:
+        if "pickbest_ms" not in r:
+            print(f"{r['case']:26} {r.get('error') or r.get('skipped')}")
+            continue
+        print(f"{r['case']:26} {fmt(r['pickbest_ms'])} {fmt(r['torch_ms'])} {fmt(r['pickany_ms'])} "
+              f"{fmt(r['pickany_ours_only_ms'])} {str(r.get('pickany_within_10pct', '-')):>9}  "
+              f"{r['pickany'][:40]} / {r['pickbest'][:40]}")
+    within = [r["pickany_within_10pct"] for r in rows if "pickany_within_10pct" in r]
+    print(f"PickAny within 10% of PickBest's winner on {sum(within)}/{len(within)} cases; wrote {path}")
+
+
 def run_child(code: str, env: dict) -> str:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900).stdout
 
@@ -91,7 +203,15 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SWEEP))
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     p.add_argument("--max-candidates", type=int, default=24)
+    p.add_argument("--torch-evidence", action="store_true", help="the torch provider's PickAny cost against "
+                   "measurement on GPT-2's and the sweep's GEMMs (see the module docstring)")
+    p.add_argument("--top", type=int, default=4, help="--torch-evidence: our kernels measured per case")
+    p.add_argument("--budget-s", type=float, default=0, help="--torch-evidence: skip cases not started within "
+                   "this many seconds (0: no limit)")
     ns = p.parse_args()
+    if ns.torch_evidence:
+        torch_evidence(ns)
+        return
     cache = tempfile.mkdtemp(prefix="kernel_api_sel_")
     os.environ["KERNEL_API_CACHE_DIR"] = cache
     env = dict(os.environ)

@@ -192,7 +192,7 @@ def test_ops_fast_path_fallbacks_are_logged_at_debug(caplog, monkeypatch):
             dispatch._log_fast_path(kernel, None, args, fast_key, given, tag)
         return [r.getMessage() for r in caplog.records if r.name == "kernel_api.ops.dispatch"]
 
-    assert "epilogue" in said(_StubKernel(None), fast_key=None, tag=0)[0]
+    assert "C operand" in said(_StubKernel(None), fast_key=None, tag=0)[0]
     assert "re-stride" in said(_StubKernel(None), given=(A, B, out.clone()))[0]
     assert "no fast path" in said(_StubKernel(None))[0]
     assert "not a TVM-FFI function" in said(_StubKernel(Launcher(lambda *a: None, ())))[0]

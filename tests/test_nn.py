@@ -108,6 +108,9 @@ def test_linear_rejects_cpu_inputs_and_dtype_mixes_naming_the_layer():
         layer(torch.empty(2, 8, device="meta"))
     with pytest.raises(ValueError, match="6 features"):
         layer(torch.empty(2, 6, device="meta", dtype=torch.bfloat16))
+    layer.bias.data = layer.bias.data.float()  # a dtype mix in the parameters: the bias is named
+    with pytest.raises(TypeError, match="bias dtype torch.float32 differs from the weight's torch.bfloat16"):
+        layer(torch.empty(2, 8, device="meta", dtype=torch.bfloat16))
 
 
 def test_patched_model_traces_under_make_fx_with_the_custom_op():
@@ -280,3 +283,59 @@ def test_transformers_gpt2_every_projection_goes_through_kernel_api():
     assert "lm_head" in names
     unpatch(model)
     assert not patched_modules(model)
+
+
+# ---- misaligned N: split columns into a padded output; padded gradients in the backward -------
+def _stand_in_launch(calls):
+    """A `dispatch._launch` stand-in: computes the GemmArguments' GEMM with torch into args.out."""
+    def launch(args, stream=None, fast_key=None, tensors=(), tag=0):
+        ep = args.epilogue
+        z = args.A @ args.B
+        if ep is not None:
+            z = ep.alpha * z
+            if ep.C is not None:
+                z = z + ep.beta * ep.C
+            if ep.bias is not None:
+                z = z + (ep.bias if ep.bias_kind == "row" else ep.bias.reshape(-1, 1))
+            if ep.activation is not None:
+                z = {"relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}[ep.activation](z)
+        args.out.copy_(z)
+        calls.append((args.M, args.N, args.K, args.out.stride()))
+    return launch
+
+
+def test_gemm_with_misaligned_columns_splits_into_a_padded_output(monkeypatch):
+    """N = 37 float32 (rows of 148 bytes) at M = 256: the first 36 columns and the last one are
+    two GEMMs (the first aligned to 16 bytes) writing one output whose rows are padded to 40;
+    the fake implementation gives the same strides; small M or aligned N are left whole."""
+    calls = []
+    monkeypatch.setattr(dispatch, "_launch", _stand_in_launch(calls))
+    g = torch.Generator().manual_seed(3)
+    A, B, bias = (torch.randn(*s, generator=g) for s in ((256, 24), (24, 37), (37,)))
+    out = ops.gemm(A, B, bias=bias, activation="relu")
+    assert out.shape == (256, 37) and out.stride() == (40, 1)
+    assert [c[:3] for c in calls] == [(256, 36, 24), (256, 1, 24)]
+    assert torch.allclose(out, F.relu(A.double() @ B.double() + bias.double()).float(), atol=1e-5)
+    fake = torch.ops.kernel_api.gemm(A.to("meta"), B.to("meta"), None, bias.to("meta"), 1.0, 0.0, "relu")
+    assert fake.shape == out.shape and fake.stride() == out.stride()
+    calls.clear()
+    assert ops.gemm(A[:255], B).stride() == (37, 1) and ops.gemm(A, B[:, :36]).is_contiguous()
+    assert [c[:3] for c in calls] == [(255, 37, 24), (256, 36, 24)]
+
+
+def test_gemm_backward_with_misaligned_columns_matches_torch(monkeypatch):
+    """The lm_head's case in float64 (rows of 37 elements, not a multiple of 16 bytes): the
+    gradient is copied into padded rows and dA, dB split at the aligned column; the gradients
+    equal torch's."""
+    calls = []
+    monkeypatch.setattr(dispatch, "_launch", _stand_in_launch(calls))
+    g = torch.Generator().manual_seed(4)
+    A = torch.randn(256, 24, dtype=torch.float64, generator=g, requires_grad=True)
+    W = torch.randn(37, 24, dtype=torch.float64, generator=g, requires_grad=True)
+    grad = torch.randn(256, 37, dtype=torch.float64, generator=g)
+    y = ops.gemm(A, W.t())
+    y.backward(grad)
+    assert torch.allclose(A.grad, grad @ W.detach()) and torch.allclose(W.grad, grad.t() @ A.detach())
+    # dA: the aligned 36 columns of the contraction, then the last one accumulated (C);
+    # dB^T: its first 36 rows, then the last one
+    assert (256, 24, 36) in [c[:3] for c in calls] and (36, 24, 256) in [c[:3] for c in calls]

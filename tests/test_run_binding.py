@@ -197,8 +197,10 @@ def test_a_launcher_of_a_tvm_ffi_function_packs_its_snapshot_and_records_for_the
     assert torch.equal(torch.from_dlpack(seen[-1][0]), A) and seen[-1][2:] == (1.0, 7, None)
 
 
-def test_cutedsl_kernels_offer_a_launcher_for_plain_launches_only():
-    """The shipped CuTe DSL families' _launcher (no compile: a stub artifact stands in)."""
+def test_cutedsl_kernels_offer_a_launcher_for_launches_without_c():
+    """The shipped CuTe DSL families' _launcher (no compile: a stub artifact stands in): plain
+    launches, and epilogues without a C operand with the arguments' alpha and (resolved) bias
+    in the tail; none with a C operand (not a launcher tensor, so it would go stale)."""
     import kernel_api
     from kernel_api import EpilogueArguments, SoftmaxArguments
 
@@ -212,9 +214,14 @@ def test_cutedsl_kernels_offer_a_launcher_for_plain_launches_only():
         artifact = CompiledArtifact(stub, kernel, 90)
         launcher = kernel._launcher(args, artifact)
         assert launcher.function is stub and not launcher.ffi and launcher.tail == (None, None, 1.0, 0.0)
-        epilogue = GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0))
+        scaled = GemmArguments(A, B, out, epilogue=EpilogueArguments(alpha=2.0))
+        assert kernel._launcher(scaled, artifact).tail == (None, None, 2.0, 0.0)
+        biased = GemmArguments(A, B, out, epilogue=EpilogueArguments(bias=torch.randn(48).half(), activation="relu"))
+        tail = kernel._launcher(biased, artifact).tail
+        assert tail[0] is None and tail[1] is biased.epilogue.bias and tail[2:] == (1.0, 0.0)
+        with_c = GemmArguments(A, B, out, epilogue=EpilogueArguments(beta=1.0, C=torch.randn(64, 48).half()))
         empty = GemmArguments(A[:0], B, out[:0])
-        assert kernel._launcher(epilogue, artifact) is None and kernel._launcher(empty, artifact) is None
+        assert kernel._launcher(with_c, artifact) is None and kernel._launcher(empty, artifact) is None
     x = torch.randn(4, 96).half()
     softmax = kernel_api.get_kernels(SoftmaxArguments(x, torch.empty_like(x)), cc=90, providers=["cutedsl"])
     assert softmax

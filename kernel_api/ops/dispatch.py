@@ -131,10 +131,31 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
         if fast_key is not None:
             if len(_fast) >= _FAST_LIMIT:
                 _fast.clear()
+            extents = tuple(byte_extent(t) for t in tensors)
+            if type(args) is GemmArguments and args.epilogue is not None:
+                entry = _epilogue_entry(launcher, args.epilogue.bias, index, token, extents)
+                if entry is not None:
+                    _fast[fast_key] = entry
+                return
             # keep policy alive (its id() is in the key); extents for the overlap check
-            _fast[fast_key] = (launcher, index, token, tuple(byte_extent(t) for t in tensors))
+            _fast[fast_key] = (launcher, index, token, extents)
         if tag and launcher.ffi:
             _record_native(launcher, token, tensors, tag)
+
+
+def _epilogue_entry(launcher: Launcher, bias: Any, index: int, token: Any, extents: tuple) -> tuple | None:
+    """``_fast``'s entry for a GEMM with an epilogue (alpha, bias, activation; no C):
+    ``(function, tail before the bias, tail after it, device index, token, extents)``. The
+    launcher's tail holds the recorded call's bias; later calls pass their own bias in its
+    place (found by identity), so no launch reuses a stale bias tensor. None when the tail
+    does not hold the bias (nothing is recorded then)."""
+    tail = launcher.tail
+    if bias is None:
+        return (launcher.function, tail, (), index, token, extents)
+    for i, value in enumerate(tail):
+        if value is bias:
+            return (launcher.function, tail[:i], tail[i + 1:], index, token, extents)
+    return None
 
 
 def _log_fast_path(kernel: Any, artifact: Any, args: Any, fast_key: tuple | None, tensors: tuple, tag: int) -> None:
@@ -142,7 +163,8 @@ def _log_fast_path(kernel: Any, artifact: Any, args: Any, fast_key: tuple | None
     not be recorded in the C launch table or the Python fast dictionary (nothing when they will)."""
     name = kernel.metadata.kernel_name
     if fast_key is None and not tag:
-        _log.debug("%s: calls with an epilogue or accumulator_type always take the Python path", name)
+        _log.debug("%s: calls with a C operand, a bias of more than one dimension, a tensor subclass or "
+                   "accumulator_type always take the Python path", name)
         return
     if not tensors or not all(getattr(args, n) is t for n, t in zip(args.tensor_attributes, tensors)):
         _log.debug("%s: the arguments re-stride the operands, so repeated calls take the Python path", name)
@@ -272,14 +294,90 @@ def _new_gemm_output(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return A.new_empty((*A.shape[:-1], B.shape[-1]))
 
 
+# Problems with at least this many rows have their misaligned columns split off (`split_columns`):
+# below it, copying nothing but launching twice costs more than the tensor cores save.
+SPLIT_MIN_ROWS = 256
+
+
+def split_columns(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, beta: float,
+                  bias: torch.Tensor | None) -> int:
+    """Columns of a new output that a GEMM computes apart from the rest, or 0 (shapes and
+    dtypes only, so fake tensors give the same answer).
+
+    A row of N elements that is not a multiple of 16 bytes (GPT-2's 50257-token lm_head) gives
+    every kernel that needs aligned rows (the tensor-core families) divisibility 1, leaving a
+    slow path. For a 2-D problem of at least `SPLIT_MIN_ROWS` rows and no C, the output is
+    allocated with rows padded to 16 bytes (``torch.empty_strided``: same shape, row stride
+    rounded up) and computed as two GEMMs: the aligned first ``N - N % vec`` columns, then the
+    few left. The result is that strided tensor, as torch.compile's own padding makes."""
+    if A.dim() != 2 or B.dim() != 2 or (C is not None and beta != 0.0):
+        return 0
+    N, vec = B.shape[-1], 16 // A.element_size()
+    if N % vec == 0 or N < 4 * vec or A.shape[0] < SPLIT_MIN_ROWS:
+        return 0
+    if bias is not None:
+        shape, M = tuple(bias.shape), A.shape[0]
+        if not (shape in ((N,), (1, N), (M, 1)) or (shape == (M,) and M != N)):
+            return 0  # the unsplit call explains the bad shape
+    return N - N % vec
+
+
+def padded_output(A: torch.Tensor, N: int) -> torch.Tensor:
+    """A new (M, N) output of A's dtype whose rows start 16 bytes apart (`split_columns`)."""
+    vec = 16 // A.element_size()
+    return torch.empty_strided((A.shape[0], N), (-(-N // vec) * vec, 1), dtype=A.dtype, device=A.device)
+
+
+def _gemm_split(A: torch.Tensor, B: torch.Tensor, head: int, alpha: float, bias: torch.Tensor | None,
+                activation: str | None, accumulator_type: Any, stream: Any) -> torch.Tensor:
+    """`split_columns`' two GEMMs into one padded output."""
+    N = B.shape[-1]
+    out = padded_output(A, N)
+    row = bias is not None and tuple(bias.shape) in ((N,), (1, N))
+    _gemm_eager(A, B[:, :head], out[:, :head], alpha, 0.0, None, bias[..., :head] if row else bias, activation,
+                accumulator_type, stream)
+    _gemm_eager(A, B[:, head:], out[:, head:], alpha, 0.0, None, bias[..., head:] if row else bias, activation,
+                accumulator_type, stream)
+    return out
+
+
 def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alpha: float, beta: float,
                 C: torch.Tensor | None, bias: torch.Tensor | None, activation: str | None,
                 accumulator_type: Any, stream: Any) -> torch.Tensor:
     given = out is not None  # the caller's tensor: its version counter is bumped after the write
     if not given:
+        head = split_columns(A, B, C, beta, bias) if A.dim() == 2 else 0
+        if head:
+            return _gemm_split(A, B, head, alpha, bias, activation, accumulator_type, stream)
         out = _new_gemm_output(A, B)
     epilogue = fast_key = None
     if alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None:
+        if (beta == 0.0 and accumulator_type is None and type(alpha) in (float, int) and type(A) is _Tensor
+                and type(B) is _Tensor and type(out) is _Tensor
+                and (bias is None or (type(bias) is _Tensor and bias.dim() == 1))):
+            # A repeated epilogue call (nn layers: bias, activation): launched from ``_fast`` with
+            # this call's bias (`_epilogue_entry`), keyed on its metadata as well.
+            fast_key = (_raw_gemm_key(current().scope_token, A, B, out), alpha, activation,
+                        None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 1023,
+                                                   bias.get_device()))
+            found = _fast.get(fast_key)
+            if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found[5])
+                    and not (A.is_neg() or B.is_neg() or out.is_neg() or (bias is not None and bias.is_neg()))):
+                device = _current_device()
+                if found[3] != device:
+                    with torch.cuda.device(found[3]):
+                        found[0](A, B, out, *found[1], *(() if bias is None else (bias,)), *found[2],
+                                 to_cuda_stream(stream))
+                else:
+                    cu_stream = None
+                    if stream is None and _current_raw_stream is not None:
+                        cu_stream = _cu_streams.get(_current_raw_stream(device))
+                    found[0](A, B, out, *found[1], *(() if bias is None else (bias,)), *found[2],
+                             cu_stream if cu_stream is not None else to_cuda_stream(stream))
+                if given:
+                    _increment_version((out,))
+                return out
+        # (built after the fast path: a recorded call is validated by its first call's arguments)
         epilogue = EpilogueArguments(alpha=alpha, beta=beta, C=C, bias=bias, activation=activation)
     elif accumulator_type is None and type(A) is _Tensor and type(B) is _Tensor and type(out) is _Tensor:
         fast_key = _raw_gemm_key(current().scope_token, A, B, out)

@@ -31,20 +31,72 @@ def _gemm_shape(A: torch.Tensor, B: torch.Tensor) -> tuple[int, ...]:
 
 
 # ---- gemm -----------------------------------------------------------------------------------
-@torch.library.custom_op(f"{_NS}::gemm", mutates_args=())
+# Defined with torch.library.Library rather than torch.library.custom_op: custom_op's Python
+# wrappers (argument checks, the autograd kernel's redispatch) cost about 40 us a call, more than
+# a small GEMM runs; here a call that needs no autograd goes from the Autograd kernel straight
+# to the implementation (`_gemm_autograd`), about as cheap as the dispatcher itself.
+_lib = torch.library.Library(_NS, "FRAGMENT")
+_lib.define("gemm(Tensor A, Tensor B, Tensor? C=None, Tensor? bias=None, float alpha=1.0, float beta=0.0, "
+            "str? activation=None) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
+_Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+
+
 def gemm(A: torch.Tensor, B: torch.Tensor, C: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
          alpha: float = 1.0, beta: float = 0.0, activation: Optional[str] = None) -> torch.Tensor:
-    """``activation(alpha * A @ B + beta * C + bias)`` through the registry."""
+    """``activation(alpha * A @ B + beta * C + bias)`` through the registry (the op's
+    implementation, below autograd; call ``torch.ops.kernel_api.gemm``)."""
     return _ops._gemm_eager(A, B, None, alpha, beta, C, bias, activation, None, None)
 
 
-@gemm.register_fake
+_lib.impl("gemm", gemm, "CompositeExplicitAutograd")
+
+
 def _gemm_fake(A, B, C=None, bias=None, alpha=1.0, beta=0.0, activation=None):
     if A.dim() != B.dim() or A.dim() not in (2, 3):
         raise ValueError(f"kernel_api::gemm: A and B must both be rank 2 or 3, got {A.dim()} and {B.dim()}")
     if A.shape[-1] != B.shape[-2]:
         raise ValueError(f"kernel_api::gemm: K mismatch, A is {tuple(A.shape)} and B is {tuple(B.shape)}")
+    # The implementation's output layout exactly (padded rows where it splits the columns).
+    if A.dim() == 2 and _ops.split_columns(A, B, C, beta, bias):
+        return _ops.padded_output(A, B.shape[-1])
     return A.new_empty(_gemm_shape(A, B))
+
+
+torch.library.register_fake(f"{_NS}::gemm", _gemm_fake, lib=_lib)
+
+
+class _GemmFunction(torch.autograd.Function):
+    """The op under autograd: the forward runs it below autograd, the backward is `_gemm_backward`."""
+
+    @staticmethod
+    def forward(ctx: Any, A, B, C, bias, alpha, beta, activation):
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            out = torch.ops.kernel_api.gemm.default(A, B, C, bias, alpha, beta, activation)
+        _gemm_setup(ctx, (A, B, C, bias, alpha, beta, activation), out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return _gemm_backward(ctx, grad)
+
+
+def _gemm_autograd(A, B, C=None, bias=None, alpha=1.0, beta=0.0, activation=None):
+    """The op's Autograd kernel: `_GemmFunction` when a gradient is wanted; otherwise the
+    implementation itself for plain CUDA tensors outside dispatch modes (nothing below
+    autograd would do anything else with them), else the usual redispatch."""
+    if _grad_enabled() and (A.requires_grad or B.requires_grad or (C is not None and C.requires_grad)
+                            or (bias is not None and bias.requires_grad)):
+        return _GemmFunction.apply(A, B, C, bias, alpha, beta, activation)
+    if (type(A) is _Tensor and type(B) is _Tensor and A.is_cuda and (C is None or type(C) is _Tensor)
+            and (bias is None or type(bias) is _Tensor) and not _dispatch_modes()):
+        return _ops._gemm_eager(A, B, None, alpha, beta, C, bias, activation, None, None)
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        return torch.ops.kernel_api.gemm.default(A, B, C, bias, alpha, beta, activation)
+
+
+_lib.impl("gemm", _gemm_autograd, "Autograd")
 
 
 def _gemm_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
@@ -71,19 +123,68 @@ def _activation_backward(grad: torch.Tensor, z: torch.Tensor, activation: str) -
     raise ValueError(f"kernel_api::gemm backward: unknown activation {activation!r}")
 
 
+def _aligned_grad(grad: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``grad`` with dense rows, and the columns of its aligned part (0: all of it).
+
+    A 2-D gradient whose rows are not a multiple of 16 bytes (the lm_head's 50257 logits) is
+    copied into rows padded to 16 bytes (one pass over it), and the GEMMs that read it are split
+    at the last aligned column (`_split_contraction`, `_split_rows`), so tensor-core kernels
+    take nearly all the work instead of an alignment-1 path."""
+    if grad.dim() == 2 and grad.shape[0] >= _ops.SPLIT_MIN_ROWS:
+        N, vec = grad.shape[1], 16 // grad.element_size()
+        if N % vec and N >= 4 * vec:
+            padded = _ops.padded_output(grad, N)
+            padded.copy_(grad)
+            return padded, N - N % vec
+    return grad.contiguous(), 0
+
+
+def _bw_gemm(A: torch.Tensor, B: torch.Tensor, out: Optional[torch.Tensor] = None, alpha: float = 1.0,
+             beta: float = 0.0, C: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A GEMM of the backward: CUDA tensors through the front door (its launch tables, or the
+    op again under tracing or double backward), others (meta) through the op."""
+    if A.is_cuda:
+        return _ops.gemm(A, B, out, alpha=alpha, beta=beta, C=C, bias=bias)
+    result = torch.ops.kernel_api.gemm(A, B, C, bias, alpha, beta, None)
+    return result if out is None else out.copy_(result)
+
+
+def _split_contraction(X: torch.Tensor, Y: torch.Tensor, head: int, alpha: float) -> torch.Tensor:
+    """``alpha * X @ Y`` with the contraction split at ``head``: the aligned part, then the rest
+    accumulated into it (the C operand)."""
+    out = _bw_gemm(X[:, :head], Y[:head], alpha=alpha)
+    return _bw_gemm(X[:, head:], Y[head:], alpha=alpha, beta=1.0, C=out)
+
+
+def _split_rows(X: torch.Tensor, Y: torch.Tensor, head: int, alpha: float) -> torch.Tensor:
+    """``alpha * X @ Y`` with the output's rows split at ``head`` (X's aligned rows, then the rest)."""
+    out = X.new_empty((X.shape[0], Y.shape[1]))
+    _bw_gemm(X[:head], Y, out[:head], alpha=alpha)
+    _bw_gemm(X[head:], Y, out[head:], alpha=alpha)
+    return out
+
+
 def _gemm_backward(ctx: Any, grad: torch.Tensor) -> tuple:
     A, B = ctx.saved_tensors[:2]
-    grad = grad.contiguous()
+    grad, head = _aligned_grad(grad)
     if ctx.activation is not None:
         C, bias = ctx.saved_tensors[2:]
-        z = torch.ops.kernel_api.gemm(A, B, C, bias, ctx.alpha, ctx.beta, None)
+        z = _bw_gemm(A, B, alpha=ctx.alpha, beta=ctx.beta, C=C, bias=bias)
         grad = _activation_backward(grad, z, ctx.activation).contiguous()
+        head = 0
     gA = gB = gC = gbias = None
     # The transposed operands are column-major views: the kernels take them without copies.
     if ctx.needs_input_grad[0]:
-        gA = torch.ops.kernel_api.gemm(grad, B.transpose(-1, -2), None, None, ctx.alpha, 0.0, None)
+        if head:
+            gA = _split_contraction(grad, B.transpose(-1, -2), head, ctx.alpha)
+        else:
+            gA = _bw_gemm(grad, B.transpose(-1, -2), alpha=ctx.alpha)
     if ctx.needs_input_grad[1]:
-        gB = torch.ops.kernel_api.gemm(A.transpose(-1, -2), grad, None, None, ctx.alpha, 0.0, None)
+        if head:
+            # dB^T = grad^T A: its rows are grad's columns, so the aligned ones split off.
+            gB = _split_rows(grad.transpose(-1, -2), A, head, ctx.alpha).transpose(-1, -2)
+        else:
+            gB = _bw_gemm(A.transpose(-1, -2), grad, alpha=ctx.alpha)
     if ctx.has_C and ctx.needs_input_grad[2]:
         gC = grad * ctx.beta
     if ctx.bias_shape is not None and ctx.needs_input_grad[3]:
@@ -92,9 +193,6 @@ def _gemm_backward(ctx: Any, grad: torch.Tensor) -> tuple:
         row_bias = ctx.bias_shape in ((n,), (1, n))
         gbias = (rows.sum(dim=(0, 1)) if row_bias else rows.sum(dim=(0, 2))).reshape(ctx.bias_shape)
     return gA, gB, gC, gbias, None, None, None
-
-
-gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup)
 
 
 # ---- softmax --------------------------------------------------------------------------------

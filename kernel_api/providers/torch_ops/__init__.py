@@ -5,8 +5,10 @@ kernels beside ours, so discovery lists them and PickBest measures them too.
 gelu, cuBLASLt's fused epilogues; ``torch.addmm`` for a row bias alone), any layout and
 alignment of f16, bf16, f32 and f64; `TorchSoftmax` and `TorchSoftmaxBackward` run
 ``torch._softmax`` and ``torch._softmax_backward_data``. Nothing is compiled: ``compile``
-returns an artifact holding nothing. PickAny ranks them below our tensor-core kernels and
-above the SIMT fallback (`TorchGemm.estimated_cost`). The package is named
+returns an artifact holding nothing. PickAny models cuBLAS as a tensor-core library without
+wave quantisation (it splits K), slowed down by unaligned operands, so it takes cuBLAS where
+our tiles would leave SMs idle and ours elsewhere (`TorchGemm.estimated_cost`, measured on
+the H200 in benchmarks/selection.py). The package is named
 ``torch_ops`` so that ``import torch`` inside it means PyTorch.
 """
 

@@ -8,7 +8,7 @@ picks its own algorithm per call, so an instance is one entry in a tuning table,
 
 from __future__ import annotations
 
-import math
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -17,8 +17,9 @@ from ...arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArgumen
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
 from ...core.status import Status
-from ...core.streams import stream_handle
+from ...core.streams import current_raw_stream as _current_raw_stream, stream_handle
 from ...kernel import Kernel
+from ...launcher import Launcher
 from ...metadata import (BLASDesignMetadata, EpilogueMetadata, GemmOperandsMetadata, KernelMetadata, RowReductionDesignMetadata,
                          SoftmaxBackwardOperandsMetadata, SoftmaxOperandsMetadata, TensorAttributes)
 from . import TorchProvider
@@ -34,13 +35,24 @@ _TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": torch.nn.functional.silu,
 }
 
-# PickAny's model of cuBLAS in `kernel_api.tuning.policies.gemm_cost` units: the tile model at
-# this efficiency, with the cheapest of a few cuBLAS-like tiles. 0.3 lies between our SIMT
-# family (0.05: 0.13-0.19x cuBLAS on the H200) and our tensor-core families (Sm80 0.55,
-# Sm90 1.0), so PickAny keeps our tensor-core kernels wherever one fits and prefers cuBLAS
-# to the SIMT fallback; PickBest measures them all.
-TORCH_GEMM_HINT = 0.3
-_TILES = ((64, 64), (128, 128), (128, 256))
+# PickAny's model of cuBLAS in `kernel_api.tuning.policies.gemm_cost` units: a tensor-core
+# library at TORCH_GEMM_HINT (our Sm90 family: 1.0) with the efficiency of a 128x256 tile, but
+# without wave quantisation: cuBLAS splits K or streams tiles where whole tiles would leave SMs
+# idle. Measured on the H200 (benchmarks/profile_gpt2.py, GPT-2 at 8192 tokens): cuBLAS ran
+# the per-layer projections in 0.90x our time, the dW GEMMs (K = 8192, few output tiles) in
+# 0.68x, decode (M = 64) in 0.6x, and matched PickBest's Sm90 choice within 3% on the
+# issue #16 square and LLM shapes (one wave or many). So PickAny takes cuBLAS where our best
+# tile model loses more than ~5% to quantisation, and ours where it does not.
+TORCH_GEMM_HINT = 0.95
+# cuBLAS with an operand not 16-byte aligned (a leading dimension or extent) falls to
+# alignment-1 kernels: 6.7 ms for GPT-2's lm_head (8192 x 50257 x 768) against 0.9 ms padded,
+# and 97-141 TFLOP/s on issue #16's odd shapes; about this fraction of its aligned speed. It
+# keeps our Sm80 family (any output alignment) ahead there, and cuBLAS ahead of SIMT.
+TORCH_UNALIGNED_FACTOR = 0.17
+_TILE_INTENSITY = 128 * 256 / (128 + 256)
+# cuBLASLt's fused bias + GELU epilogue against ours (same fusion): GPT-2's c_fc at 8192 tokens,
+# 0.069 ms against our best 0.081 (benchmarks/results/selection_torch-NVIDIA_H200.json).
+TORCH_GELU_EPILOGUE_FACTOR = 0.85
 # torch chooses its algorithm (and tile) per call: tile (0, 0, 0) says "none fixed", so
 # metadata filters on tile sizes pass these instances over.
 _LIBRARY = BLASDesignMetadata(tile_shape=(0, 0, 0), schedule="library")
@@ -53,9 +65,12 @@ def _torch_stream(stream: Any) -> Any:
     return torch.cuda.stream(torch.cuda.ExternalStream(stream_handle(stream)))
 
 
+_current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
+
+
 class _TorchKernel(Kernel):
-    """Common to the torch kernels: nothing to compile, no workspace, no fast-path launcher
-    (every launch is a torch call through ``_run``)."""
+    """Common to the torch kernels: nothing to compile, no workspace (`TorchGemm` offers
+    launchers for its common cases; the others launch through ``_run``)."""
 
     workspace_free = True
 
@@ -94,14 +109,37 @@ class TorchGemm(_TorchKernel):
         return found
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
-        """The tile model of `gemm_cost` at `TORCH_GEMM_HINT`, with the cheapest tile of `_TILES`."""
-        best = math.inf
-        for tm, tn in _TILES:
-            tiles = math.ceil(args.M / tm) * math.ceil(args.N / tn) * args.L
-            intensity = tm * tn / (tm + tn)
-            efficiency = TORCH_GEMM_HINT * intensity / (intensity + 32)
-            best = min(best, math.ceil(tiles / max(sm_count, 1)) * tm * tn * max(args.K, 1) / efficiency)
-        return best
+        """The work spread evenly over the SMs (no wave quantisation) at `TORCH_GEMM_HINT`'s
+        efficiency for a 128x256 tile, times 1 / `TORCH_UNALIGNED_FACTOR` when an operand is
+        not 16-byte aligned, times `TORCH_GELU_EPILOGUE_FACTOR` for cuBLASLt's bias + GELU."""
+        efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
+        for attrs in args.tensor_attributes.values():
+            if attrs.divisibility * attrs.dtype.bytes < 16:
+                efficiency *= TORCH_UNALIGNED_FACTOR
+                break
+        work = max(args.M, 1) * max(args.N, 1) * max(args.K, 1) * max(args.L, 1)
+        cost = work / max(sm_count, 1) / efficiency
+        epilogue = args.epilogue
+        if (epilogue is not None and epilogue.activation == "gelu" and epilogue.bias_kind == "row"
+                and args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0):
+            cost *= TORCH_GELU_EPILOGUE_FACTOR  # the _addmm_activation path (`_run`)
+        return cost
+
+    def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """torch calls for the common cases (a product; a row bias, relu or gelu on a 2-D one),
+        so repeated `kernel_api.ops` calls skip building arguments; the bias is the arguments'
+        own, which `kernel_api.ops` replaces by each call's."""
+        epilogue = args.epilogue
+        if epilogue is None:
+            return Launcher(_matmul_launch)
+        if (args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0 and epilogue.bias is not None
+                and epilogue.bias_kind == "row"):
+            if epilogue.activation is None:
+                return Launcher(_addmm_launch, (epilogue.bias,))
+            if epilogue.activation in ("relu", "gelu"):
+                return Launcher(_addmm_gelu_launch if epilogue.activation == "gelu" else _addmm_relu_launch,
+                                (epilogue.bias,))
+        return None
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
         A, B, out, epilogue = args.A, args.B, args.out, args.epilogue
@@ -129,6 +167,37 @@ class TorchGemm(_TorchKernel):
             if activation is not None:
                 z = _TORCH_ACTIVATIONS[activation](z)
             out.copy_(z)
+
+
+def _on_current_stream(stream: Any) -> bool:
+    """Whether ``stream`` (a CUstream from kernel_api's launch paths) is torch's current one."""
+    return _current_raw_stream is not None and int(stream) == _current_raw_stream(_current_device())
+
+
+def _matmul_launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, stream: Any) -> None:
+    if _on_current_stream(stream):
+        torch.matmul(A, B, out=out)
+    else:
+        with _torch_stream(stream):
+            torch.matmul(A, B, out=out)
+
+
+def _addmm_launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, bias: torch.Tensor, stream: Any) -> None:
+    if _on_current_stream(stream):
+        torch.addmm(bias, A, B, out=out)
+    else:
+        with _torch_stream(stream):
+            torch.addmm(bias, A, B, out=out)
+
+
+def _addmm_gelu_launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, bias: torch.Tensor, stream: Any) -> None:
+    with contextlib.nullcontext() if _on_current_stream(stream) else _torch_stream(stream):
+        torch._addmm_activation(bias, A, B, use_gelu=True, out=out)
+
+
+def _addmm_relu_launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, bias: torch.Tensor, stream: Any) -> None:
+    with contextlib.nullcontext() if _on_current_stream(stream) else _torch_stream(stream):
+        torch._addmm_activation(bias, A, B, use_gelu=False, out=out)
 
 
 def _row_design() -> RowReductionDesignMetadata:

@@ -113,6 +113,19 @@ class EpilogueSpec:
         return "_".join(parts) or "none"
 
 
+def epilogue_tail(args: GemmArguments) -> tuple | None:
+    """``(C, bias, alpha, beta)`` of a launch for ``args``, the constants after the tensors in
+    a `Launcher`'s tail; None when C is read (a C operand is not among the tensors a launcher
+    passes, so a constant C would go stale). The bias is ``args``' own (resolved) tensor:
+    `kernel_api.ops` finds it in the tail by identity and passes the caller's bias there."""
+    ep = args.epilogue
+    if ep is None:
+        return (None, None, 1.0, 0.0)
+    if ep.beta != 0.0:
+        return None
+    return (None, ep.bias, ep.alpha, 0.0)
+
+
 def epilogue_supported_by_generation(epilogue_args: Any, epilogue: EpilogueMetadata) -> bool:
     """Whether instances with ``epilogue`` metadata can honour ``epilogue_args`` entirely."""
     if epilogue_args is None:
@@ -262,9 +275,10 @@ class GemmKernelBase(CuteDslKernel):
                                   to_cuda_stream(stream))
 
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
-        if args.epilogue is not None or not (args.M and args.N and args.L):
+        if not (args.M and args.N and args.L):
             return None
-        return Launcher(artifact, (None, None, 1.0, 0.0))  # C, bias, alpha, beta
+        tail = epilogue_tail(args)
+        return None if tail is None else Launcher(artifact, tail)
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         return 0

@@ -31,7 +31,8 @@ from ....core.status import Status
 from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from ..kernel import fake_tensor
-from .common import FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation
+from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation,
+                     epilogue_tail)
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
 SM90_SMEM_BYTES = 232448
@@ -291,8 +292,10 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
         """The launch with C, bias, alpha, beta, clusters, workspace, epoch after the tensors,
         for a launch that needs nothing but the tensors and the stream (no stream-K workspace,
-        no epilogue, a non-empty problem, a device seen before)."""
-        if self._stream_k or args.epilogue is not None or not (args.M and args.N and args.L):
+        no C operand, a non-empty problem, a device seen before); a bias and alpha are
+        constants of the tail (`epilogue_tail`)."""
+        if self._stream_k or not (args.M and args.N and args.L):
             return None
         clusters = self._clusters.get(args.device_index)
-        return None if clusters is None else Launcher(artifact, (None, None, 1.0, 0.0, clusters, None, 0))
+        tail = epilogue_tail(args)
+        return None if clusters is None or tail is None else Launcher(artifact, (*tail, clusters, None, 0))
