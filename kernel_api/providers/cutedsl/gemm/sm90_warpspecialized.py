@@ -287,6 +287,15 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
                     f"{_MAX_SLOTS:,})")
         return None
 
+    def estimated_cost(self, args: GemmArguments, sm_count: int) -> float | None:
+        """3xTF32: the tile model's time of a GEMM with K' = 3K, plus the split pre-pass (about
+        a tenth more at K=4096); other configurations use the generic model."""
+        if not self._split3:
+            return None
+        from ....tuning.policies import gemm_cost  # the tuning package imports the registry
+
+        return 3.3 * gemm_cost(self, args, sm_count)
+
     def get_workspace_size(self, args: GemmArguments) -> int:
         """Stream-K configurations keep one partial f32 tile per CTA of the persistent grid;
         3xTF32 keeps the split A (M x 3K) and B (N x 3K), rows padded to 16 bytes."""

@@ -1,0 +1,185 @@
+"""GPU checks of the f32 instances of `Sm90WarpSpecializedGemm` (tf32 and 3xTF32) and of the
+f32 precision rule of `kernel_api.ops`: float64 references on fresh random data, NaN-filled
+outputs, odd extents where the layout allows, batched and rank 2, fused epilogues. The 3xTF32
+error is held to cuBLAS FP32's (``allow_tf32=False``) on the same data, measured in the test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api.arguments import EpilogueArguments, GemmArguments
+from kernel_api.dtypes import DataType
+from kernel_api.ops import dispatch
+from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
+from gemm_family_utils import epilogue_reference, relative_error
+from test_sm90_gemm_gpu import operand, shape_for
+
+pytestmark = pytest.mark.gpu
+
+#: tf32 operands keep 10 mantissa bits: norm-wise errors near 3e-4 for random data
+TF32_TOL = 3e-3
+_F32 = {k.name: k for k in Sm90WarpSpecializedGemm.generate_kernels(
+    lambda m: m.operands.math_type in (DataType.tf32, DataType.tf32x3), cc=90)}
+_TF32 = sorted(n for n, k in _F32.items() if k.metadata.operands.math_type is DataType.tf32)
+_TF32X3 = sorted(n for n, k in _F32.items() if k.metadata.operands.math_type is DataType.tf32x3)
+
+
+def _needs_sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+
+
+class _Tf32:
+    """Sets torch's allow_tf32 for the block and restores it."""
+
+    def __init__(self, allow: bool) -> None:
+        self.allow = allow
+
+    def __enter__(self):
+        self.saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = self.allow
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+
+def _problem(kernel, M, N, K, L, rank, gen, pad=0):
+    ops = kernel.metadata.operands
+    batch = (L,) if rank == 3 else ()
+    A = operand(batch + (M, K), torch.float32, ops.A.layout == "n", gen, pad=pad)
+    B = operand(batch + (K, N), torch.float32, ops.B.layout == "n", gen, pad=pad)
+    out = operand(batch + (M, N), torch.float32, ops.out.layout == "n", gen).fill_(float("nan"))
+    return A, B, out
+
+
+def _cublas_fp32_error(A, B, ref) -> float:
+    with _Tf32(False):
+        return relative_error(torch.matmul(A, B), ref)
+
+
+def _gen(name: str, salt: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed((hash(name) + salt) & 0x7FFFFFFF)
+
+
+@pytest.mark.parametrize("name", _TF32 + _TF32X3)
+def test_f32_instance(name):
+    """Every f32 instance: batched odd shapes and a multi-tile shape, rank 2 and 3."""
+    _needs_sm90()
+    kernel = _F32[name]
+    split3 = kernel.metadata.operands.math_type is DataType.tf32x3
+    gen = _gen(name, 1)
+    tm, tn = kernel.config.tile_mn
+    for base, L, rank in (((203, 301, 139), 3, 3), ((tm * 4 + 37, tn * 4 + 11, 1001), 1, 2), ((77, 45, 5), 2, 3)):
+        M, N, K = shape_for(kernel, base)
+        A, B, out = _problem(kernel, M, N, K, L, rank, gen)
+        args = GemmArguments(A, B, out, accumulator_type=torch.float32)
+        status = kernel.supports(args)
+        assert status, f"{name} rejected {(L, M, N, K)}: {status.error}"
+        kernel.run(args)
+        torch.cuda.synchronize()
+        ref = A.double() @ B.double()
+        err = relative_error(out, ref)
+        if split3:
+            limit = 1.5 * _cublas_fp32_error(A, B, ref)
+            assert err <= limit, f"{name} {(L, M, N, K)}: 3xTF32 error {err:.3e} > 1.5 x cuBLAS FP32's ({limit:.3e})"
+        else:
+            assert err < TF32_TOL, f"{name} {(L, M, N, K)}: tf32 error {err:.3e} >= {TF32_TOL:.0e}"
+
+
+@pytest.mark.parametrize("name", [n for n in _TF32X3 if "_tnt_" in n or "_nnn_" in n])
+def test_3xtf32_unaligned_and_strided_operands(name):
+    """3xTF32 reads A and B with plain loads: odd leading dimensions and offsets are fine."""
+    _needs_sm90()
+    kernel = _F32[name]
+    gen = _gen(name, 2)
+    M, N, K = shape_for(kernel, (131, 264, 333))
+    A, B, out = _problem(kernel, M, N, K, 2, 3, gen, pad=3)  # leading dimensions padded by 3: odd
+    assert A.stride(-1 if kernel.metadata.operands.A.layout == "n" else -2) % 4 != 0
+    args = GemmArguments(A, B, out, accumulator_type=torch.float32)
+    assert kernel.supports(args), kernel.supports(args).error
+    kernel.run(args)
+    torch.cuda.synchronize()
+    ref = A.double() @ B.double()
+    err = relative_error(out, ref)
+    assert err <= 1.5 * _cublas_fp32_error(A, B, ref), f"{name}: error {err:.3e}"
+
+
+@pytest.mark.parametrize("math", ["tf32", "tf32x3"])
+@pytest.mark.parametrize("epi", [dict(alpha=0.5, beta=2.0, C=True, bias="row", activation="gelu"),
+                                 dict(bias="column", activation="relu")], ids=["ab_c_biasrow_gelu", "biascol_relu"])
+def test_f32_fused_epilogue(math, epi):
+    _needs_sm90()
+    name = next(n for n in (_TF32 if math == "tf32" else _TF32X3) if "_tnt_" in n and "cooperative" in n)
+    kernel = _F32[name]
+    gen = _gen(name, 3)
+    M, N, K, L = 200, 300, 260, 2
+    A, B, out = _problem(kernel, M, N, K, L, 3, gen)
+    kw = dict(epi)
+    bias_kind = kw.pop("bias")
+    if kw.pop("C", False):
+        kw["C"] = torch.randn(L, M, N, device="cuda", generator=gen)
+    kw["bias"] = torch.randn(N, device="cuda", generator=gen) if bias_kind == "row" else \
+        torch.randn(M, 1, device="cuda", generator=gen)
+    ep = EpilogueArguments(**kw)
+    args = GemmArguments(A, B, out, accumulator_type=torch.float32, epilogue=ep)
+    kernel.run(args)
+    torch.cuda.synchronize()
+    ref = epilogue_reference(A.double() @ B.double(), ep, bias_kind, M, N)
+    err = relative_error(out, ref)
+    assert err < (TF32_TOL if math == "tf32" else 1e-5), f"{name} {epi}: error {err:.3e}"
+
+
+def _chosen_math(A, B) -> DataType:
+    """The math type of the kernel ops chose for the last f32 problem of A's shape."""
+    found = [kernel for (_, _, shape, tf32), (kernel, _, _) in dispatch._dispatch.items()
+             if shape[:3] == (A.shape[-2], B.shape[-1], A.shape[-1]) and tf32 is torch.backends.cuda.matmul.allow_tf32]
+    assert len(found) == 1, found
+    return found[0].metadata.operands.math_type
+
+
+@pytest.mark.parametrize("b_column_major", [True, False])
+def test_ops_gemm_f32_follows_torch_precision(b_column_major):
+    """ops.gemm on f32: accurate (no tf32 kernel, error <= 1.5 x cuBLAS FP32's) while torch
+    disallows TF32; tf32 allowed once torch allows it; accurate again after switching back,
+    without clearing any cache (repeated calls take the fast paths)."""
+    _needs_sm90()
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    M, N, K = 1000, 1536, 2048
+    A = torch.randn(M, K, device="cuda", generator=gen)
+    B = torch.randn(N, K, device="cuda", generator=gen).t() if b_column_major else \
+        torch.randn(K, N, device="cuda", generator=gen)
+    ref = A.double() @ B.double()
+    fp32_err = _cublas_fp32_error(A, B, ref)
+    out = torch.full((M, N), float("nan"), device="cuda")
+    dispatch.clear_dispatch_cache()
+    for allow in (False, True, False, True, False):
+        with _Tf32(allow):
+            for _ in range(3):  # first call chooses; the others take the fast paths
+                out.fill_(float("nan"))
+                kernel_api.ops.gemm(A, B, out=out)
+                torch.cuda.synchronize()
+                err = relative_error(out, ref)
+                if allow:
+                    assert err < TF32_TOL
+                else:
+                    assert err <= 1.5 * fp32_err, f"allow_tf32=False: error {err:.3e} vs cuBLAS FP32 {fp32_err:.3e}"
+            math = _chosen_math(A, B)
+            if not allow:
+                assert math is not DataType.tf32
+            elif b_column_major:
+                assert math is DataType.tf32  # PickAny prefers the faster tf32 kernel when allowed
+    with _Tf32(False):
+        torch.set_float32_matmul_precision("high")
+        try:
+            out.fill_(float("nan"))
+            kernel_api.ops.gemm(A, B, out=out)
+            torch.cuda.synchronize()
+            assert relative_error(out, ref) < TF32_TOL
+        finally:
+            torch.set_float32_matmul_precision("highest")
+    out.fill_(float("nan"))
+    kernel_api.ops.gemm(A, B, out=out)
+    torch.cuda.synchronize()
+    assert relative_error(out, ref) <= 1.5 * fp32_err
