@@ -9,13 +9,18 @@ of math type tf32 is timed against cuBLAS TF32 (``allow_tf32=True``) and each tf
 against cuBLAS FP32 (``allow_tf32=False``) and cuBLAS TF32: launches alternate (cuBLAS, ours,
 cuBLAS, ours ...), each bracketed by CUDA events, medians over ``--repeats`` pairs, inputs
 rotating over enough random sets to exceed twice the L2. Every result's relative error against
-float64 (on the first set) is recorded for ours and for cuBLAS. Writes
+float64 (on the first set) is recorded for ours and for cuBLAS. ``--promote 0 1 2 4`` also times
+each emitted 3xTF32 configuration with those accumulator promotion intervals (k-tiles per
+promotion; 0: none) and, with ``--previous``, the 128x256 cooperative tile without promotion
+(the first 3xTF32 design). ``--compile-only`` fills the disk cache and exits (``--shard i/n``
+takes every n-th kernel, so several processes can compile at once). Writes
 ``benchmarks/results/gemm_f32-<device>-s21.json`` (``--out``) and prints a table last.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -27,7 +32,9 @@ import torch  # noqa: E402
 
 import kernel_api  # noqa: E402
 from kernel_api.dtypes import DataType  # noqa: E402
-from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm  # noqa: E402
+from kernel_api.metadata import COLUMN_MAJOR, ROW_MAJOR  # noqa: E402
+from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import (  # noqa: E402
+    CONFIGS, TF32X3_CONFIGS, Sm90WarpSpecializedGemm)
 from kernel_api.tuning.timing import L2_FLUSH_BYTES, relative_error, rotation_count  # noqa: E402
 from kernel_api.tuning.timing import time_cuda_pair as time_pair  # noqa: E402
 
@@ -53,6 +60,27 @@ def make_sets(M: int, N: int, K: int, b_row_major: bool) -> list:
     return bufs
 
 
+def variants(promote: list[int], previous: bool, b_row_major: bool) -> list:
+    """3xTF32 instances beyond the emitted ones: each emitted configuration with the given
+    promotion intervals, and (``previous``) the 128x256 cooperative tile without promotion."""
+    cfgs = [dataclasses.replace(c, promote_every=n) for c in TF32X3_CONFIGS for n in promote]
+    if previous:
+        cfgs.append(CONFIGS[0])
+    f32 = DataType.f32
+    stride_b = ROW_MAJOR if b_row_major else COLUMN_MAJOR
+    return [Sm90WarpSpecializedGemm._make(f32, f32, ROW_MAJOR, stride_b, ROW_MAJOR, c, DataType.tf32x3) for c in cfgs]
+
+
+def candidates(args, opts, b_row_major: bool) -> list:
+    """The emitted tf32/tf32x3 instances for ``args`` and the requested variants, filtered by
+    ``--configs``."""
+    found = kernel_api.get_kernels(args, metadata_filter=lambda m: (
+        m.kernel_class is Sm90WarpSpecializedGemm and m.operands.math_type in (DataType.tf32, DataType.tf32x3)))
+    names = {k.name for k in found}
+    found += [k for k in variants(opts.promote, opts.previous, b_row_major) if k.name not in names and k.supports(args)]
+    return [k for k in found if re.search(opts.configs, k.name)]
+
+
 def cublas(bufs: list, tf32: bool):
     def run(i: int) -> None:
         A, B, out, _ = bufs[i]
@@ -76,10 +104,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--configs", default=".", help="regex on kernel names")
     parser.add_argument("--b-row-major", action="store_true", help="also time 3xTF32 with a row-major B")
+    parser.add_argument("--promote", nargs="*", type=int, default=[],
+                        help="also time 3xTF32 with these promotion intervals (k-tiles; 0 = none)")
+    parser.add_argument("--previous", action="store_true",
+                        help="also time the 128x256 cooperative 3xTF32 without promotion")
+    parser.add_argument("--compile-only", action="store_true", help="compile (fill the disk cache) and exit")
+    parser.add_argument("--shard", default="0/1", help="i/n: compile-only takes every n-th kernel from i")
     parser.add_argument("--out", default=None)
     opts = parser.parse_args()
     device = torch.cuda.get_device_name()
     torch.manual_seed(0)
+    if opts.compile_only:
+        i, n = (int(x) for x in opts.shard.split("/"))
+        for b_row in ([False, True] if opts.b_row_major else [False]):
+            # (the compile-time signature: dtypes, layouts, alignment; any shape with 16-byte strides)
+            args = make_sets(256, 256, 256, b_row)[0][3]
+            for kernel in candidates(args, opts, b_row)[i::n]:
+                kernel.compile(args)
+                print("compiled", kernel.name, flush=True)
+        return
     saved = torch.backends.cuda.matmul.allow_tf32
     artifacts: dict = {}
     rows = []
@@ -91,9 +134,7 @@ def main() -> None:
                 bufs = make_sets(M, N, K, b_row)
                 ref = bufs[0][0].double() @ bufs[0][1].double()
                 errs = {"cublas_tf32": cublas_error(bufs, ref, True), "cublas_fp32": cublas_error(bufs, ref, False)}
-                found = kernel_api.get_kernels(bufs[0][3], metadata_filter=lambda m: (
-                    m.kernel_class is Sm90WarpSpecializedGemm and m.operands.math_type in (DataType.tf32, DataType.tf32x3)))
-                for kernel in [k for k in found if re.search(opts.configs, k.name)]:
+                for kernel in candidates(bufs[0][3], opts, b_row):
                     math = kernel.metadata.operands.math_type
                     key = (kernel.name, bufs[0][3].signature)
                     if key not in artifacts:
@@ -110,6 +151,7 @@ def main() -> None:
                         kernel.run(bufs[i][3], compiled_artifact=art, workspace=ws, assume_supported_args=True)
 
                     row = {"shape": [M, N, K], "layout": "tt" if b_row else "tn", "math": str(math),
+                           "promote_every": kernel.config.promote_every,
                            "kernel": kernel.name, "rel_err": err, "cublas_tf32_err": errs["cublas_tf32"],
                            "cublas_fp32_err": errs["cublas_fp32"], "workspace_bytes": size}
                     torch.backends.cuda.matmul.allow_tf32 = True
@@ -152,6 +194,13 @@ def main() -> None:
               f"{r['vs_cublas_tf32']:6.3f} {r.get('vs_cublas_fp32', float('nan')):6.3f} "
               f"{r['cublas_tf32_tflops']:7.1f} {r.get('cublas_fp32_tflops', float('nan')):7.1f} "
               f"{r['cublas_tf32_err']:8.1e} {r['cublas_fp32_err']:8.1e}")
+    print(f"\n3xTF32, every instance: error as a multiple of cuBLAS FP32's on the same data\n"
+          f"{'shape':16s} {'lay':3s} {'config':60s} {'TF/s':>7s} {'xFP32':>6s} {'err':>8s} {'err/FP32':>8s}")
+    for r in rows:
+        if r["math"] == "tf32x3":
+            cfg = re.sub(r"^.*?_f32acc_\w{3}_", "", r["kernel"])[:60]
+            print(f"{'x'.join(map(str, r['shape'])):16s} {r['layout']:3s} {cfg:60s} {r['tflops']:7.1f} "
+                  f"{r['vs_cublas_fp32']:6.3f} {r['rel_err']:8.1e} {r['rel_err'] / r['cublas_fp32_err']:8.2f}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the f32 precision rule of `kernel_api.ops` (candidate filtering and cache keys).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -43,8 +44,14 @@ def test_discovery_lists_tf32_and_3xtf32_instances():
     # tf32: K-major A and B only (row-major A, column-major B), either out layout
     assert {(k.metadata.operands.A.layout, k.metadata.operands.B.layout) for k in tf32} == {("t", "n")}
     assert len(tf32) == 2 * len(TF32_CONFIGS)
-    # 3xTF32: every layout, any A/B alignment (the pre-pass reads them), no stream-K
+    # 3xTF32: every layout, any A/B alignment (the pre-pass reads them), no stream-K; the wgmma
+    # accumulator promoted into registers, so each consumer warpgroup holds 64 x 128 twice
     assert len(x3) == 8 * len(TF32X3_CONFIGS) and not any(k.config.stream_k for k in x3)
+    for k in x3:
+        tm, tn = k.config.tile_mn
+        assert k.config.promote_every >= 1 and f"_promote{k.config.promote_every}_" in k.name
+        assert tm * tn // (1 if k.config.schedule == "pingpong" else 2) == 64 * 128
+    assert not any(k.config.promote_every for k in tf32)
     for k in kernels:
         ops, d = k.metadata.operands, k.metadata.design
         assert ops.B.dtype is ops.out.dtype is DataType.f32 and ops.accumulator_type is DataType.f32
@@ -93,9 +100,13 @@ def test_precision_rule_filters_candidates(tf32_flag):
     args = _f32_args(True, M=4096, N=4096, K=4096)
     found = kernel_api.get_kernels(args, cc=90)
     strict = dispatch.allowed_math(found, False)
-    assert strict and all(k.metadata.operands.math_type is DataType.f32 for k in strict)
+    # under "highest": the f32-accurate kernels, 3xTF32 (promoted accumulation) and f32 math
+    assert {k.metadata.operands.math_type for k in strict} == {DataType.tf32x3, DataType.f32}
+    assert [k for k in found if k not in strict] == [k for k in found if k.metadata.operands.math_type is DataType.tf32]
     assert dispatch.allowed_math(found, True) == found
-    assert rank_candidates(strict, args)[0].metadata.operands.math_type is DataType.f32
+    # PickAny prefers 3xTF32 (2.5x cuBLAS FP32 on an H200) to cuBLAS FP32 and SIMT
+    best = rank_candidates(strict, args)[0]
+    assert best.metadata.operands.math_type is DataType.tf32x3 and isinstance(best, Sm90WarpSpecializedGemm)
     assert rank_candidates(dispatch.allowed_math(found, True), args)[0].metadata.operands.math_type is DataType.tf32
     # bf16 kernels are untouched
     bf = torch.randn(64, 64).bfloat16()
@@ -128,7 +139,8 @@ _COMPILE = textwrap.dedent("""
     args = kernel_api.GemmArguments(A, B, out, accumulator_type=torch.float32)
     for math in ("tf32", "tf32x3"):
         k = [k for k in kernel_api.get_kernels(args, cc=90) if isinstance(k, Sm90WarpSpecializedGemm)
-             and str(k.metadata.operands.math_type) == math and "pingpong_swz8m" in k.name][0]
+             and str(k.metadata.operands.math_type) == math
+             and ("pingpong_swz8m" if math == "tf32" else "cooperative_swz8m") in k.name][0]
         assert k.compile(args, cc=90).cc == 90
         print("compiled", k.name)
 """)
@@ -147,3 +159,7 @@ def test_compile_tf32_and_3xtf32_for_sm90a(tmp_path):
         assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in ptx and "cp.async.bulk.tensor" in ptx
     split = [p for p in ptxs if "cvt.rna.tf32.f32" in p]
     assert len(split) == 1 and "_split_kernel" in split[0]  # the 3xTF32 pre-pass
+    # 3xTF32 promotes: once a k-tile's wgmmas are done, FADDs into the register accumulator
+    promote = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+0;\s*add\.f32")
+    assert promote.search(split[0])
+    assert not any(promote.search(p) for p in ptxs if p is not split[0])  # tf32: as before

@@ -78,6 +78,9 @@ class Sm90Config:
     #: are 4+ waves (0 = never: only a last wave at most a quarter full). Measured neutral at
     #: K=4096 and a loss at K>=14336 (benchmarks/NOTES-sm90.md, run 7), so off by default.
     sk_any_wave_max_k_tiles: int = 0
+    #: add the wgmma accumulator into a register f32 accumulator every this many k-tiles (0 =
+    #: never): the tensor cores' truncating accumulation then spans only those k-tiles (3xTF32)
+    promote_every: int = 0
 
     @property
     def tag(self) -> str:
@@ -89,7 +92,8 @@ class Sm90Config:
         return (f"tile{self.tile_mn[0]}x{self.tile_mn[1]}x{k_tile}_cluster{self.cluster_mn[0]}x{self.cluster_mn[1]}"
                 f"_{self.schedule}{'_streamk' if self.stream_k else ''}"
                 f"{f'_skk{self.sk_any_wave_max_k_tiles}' if self.sk_any_wave_max_k_tiles else ''}"
-                f"_swz{self.swizzle}{raster}_epi{self.epi_n}")
+                f"_swz{self.swizzle}{raster}_epi{self.epi_n}"
+                f"{f'_promote{self.promote_every}' if self.promote_every else ''}")
 
 
 #: The design points generate_kernels emits for every operand type/layout combination with a
@@ -109,10 +113,18 @@ CONFIGS: tuple[Sm90Config, ...] = (
 #: The subset also emitted with an f32 output (one per schedule and shape class).
 F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
 
-#: f32 operands (f32 output): tf32 takes the f32-output subset; 3xTF32 its data-parallel members
-#: (its workspace holds the split operands, so no stream-K).
+#: 3xTF32 adds its wgmma accumulator into a register f32 accumulator every this many k-tiles.
+TF32X3_PROMOTE_EVERY = 1
+
+#: f32 operands (f32 output): tf32 takes the f32-output subset. 3xTF32 needs f32 accuracy, so it
+#: promotes its wgmma accumulator (`Sm90Config.promote_every`): twice the accumulator registers,
+#: which fit with a 64 x 128 share per consumer warpgroup (128x128 cooperative, 64x128 pingpong);
+#: no stream-K (its workspace holds the split operands).
 TF32_CONFIGS: tuple[Sm90Config, ...] = F32_OUT_CONFIGS
-TF32X3_CONFIGS: tuple[Sm90Config, ...] = tuple(c for c in F32_OUT_CONFIGS if not c.stream_k)
+TF32X3_CONFIGS: tuple[Sm90Config, ...] = (
+    Sm90Config((128, 128), (2, 1), "cooperative", swizzle=8, promote_every=TF32X3_PROMOTE_EVERY),
+    Sm90Config((64, 128), (2, 1), "pingpong", swizzle=1, promote_every=TF32X3_PROMOTE_EVERY),
+)
 
 _AB_TYPES = (DataType.bf16, DataType.f16)
 
@@ -321,7 +333,8 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
                                            cfg.raster_along_m, self.ab_stages, self.epi_stages,
                                            EpilogueSpec.from_signature(args.epilogue_signature), cfg.epi_n,
                                            cfg.stream_k, cfg.sk_any_wave_max_k_tiles,
-                                           k_tile=k_tile(self.metadata.operands.A.dtype), split3=self._split3)
+                                           k_tile=k_tile(self.metadata.operands.A.dtype), split3=self._split3,
+                                           promote_every=cfg.promote_every)
 
     def _extra_compile_args(self, args: GemmArguments) -> tuple:
         """Cluster count, stream-K workspace (bytes; None without stream-K), launch counter."""

@@ -8,6 +8,15 @@ A and B K-major: the tf32 wgmma cannot transpose 32-bit operands in shared memor
 small = the remainder rounded to tf32), and the same kernel multiplies those with K' = 3K, so
 ``big_a big_b + big_a small_b + small_a big_b`` is summed in f32, the small products first.
 
+The tensor cores' f32 accumulation is not IEEE (partial sums are truncated, not rounded), so
+an accumulator carried through a long K chain drifts linearly with K: 3xTF32 measured 9.6e-6
+norm-wise at K = 4096, 8x cuBLAS FP32. ``promote_every = n`` keeps the wgmma accumulator to n
+k-tiles: it restarts from zero (scale-d = 0) every n k-tiles and, once those wgmmas are done
+(``wgmma.wait_group 0``), is added into a second f32 register accumulator with ordinary
+(round-to-nearest) FADDs, as FP8 GEMMs promote their partial sums. It needs twice the
+accumulator registers (64 x N x 2 words per warpgroup), so only tiles whose warpgroup share is
+64 x 128 take it.
+
 Structure of one CTA (384 threads, one CTA per SM, grid = as many clusters as fit at once):
 
 - warpgroup 0 is the producer: its first warp walks the CTA's tiles and issues TMA loads of
@@ -102,7 +111,9 @@ class Sm90WarpSpecializedGemmImpl:
     """The CuTe DSL kernel; one object per configuration (all arguments are compile-time).
 
     ``tile_mn``: CTA tile (M, N); ``k_tile``: 64 for 16-bit operands, 32 for f32 (tf32: 128
-    bytes, the swizzle width). ``split3``: f32 operands as 3xTF32 through the workspace. ``cluster_mn``: (2, 1) multicasts B across the
+    bytes, the swizzle width). ``split3``: f32 operands as 3xTF32 through the workspace.
+    ``promote_every``: add the wgmma accumulator into a register f32 accumulator every that many
+    k-tiles (0: accumulate in the wgmma accumulator only). ``cluster_mn``: (2, 1) multicasts B across the
     two CTAs of a cluster, (1, 2) multicasts A. ``schedule``: "cooperative" or "pingpong".
     ``swizzle``: clusters per raster band; ``raster_along_m``: walk M fastest.
     ``ab_stages``/``epi_stages``: shared-memory ring depths (the interface sizes them).
@@ -112,7 +123,7 @@ class Sm90WarpSpecializedGemmImpl:
     def __init__(self, tile_mn: tuple[int, int], cluster_mn: tuple[int, int], schedule: str, swizzle: int,
                  raster_along_m: bool, ab_stages: int, epi_stages: int, epilogue, epi_n: int = 32,
                  stream_k: bool = False, sk_any_wave_max_k_tiles: int = 0, k_tile: int = 64,
-                 split3: bool = False) -> None:
+                 split3: bool = False, promote_every: int = 0) -> None:
         if schedule not in ("cooperative", "pingpong"):
             raise ValueError(f"schedule must be 'cooperative' or 'pingpong', got {schedule!r}")
         self.tile_m, self.tile_n = tile_mn
@@ -128,6 +139,9 @@ class Sm90WarpSpecializedGemmImpl:
         self.split3 = bool(split3)
         if self.split3 and self.stream_k:
             raise ValueError("3xTF32 (split3) uses the workspace for the split operands: no stream-K")
+        self.promote_every = int(promote_every)
+        if self.promote_every < 0:
+            raise ValueError(f"promote_every must be >= 0, got {promote_every}")
         self.scaled = bool(epilogue.scaled)
         self.has_c = bool(epilogue.has_c)
         self.bias = epilogue.bias
@@ -398,6 +412,15 @@ class Sm90WarpSpecializedGemmImpl:
         return valid, tile, kb, ke, dp_next, sk_cur
 
     @cute.jit
+    def _promote(self, acc: cute.Tensor, acc_sum: cute.Tensor):
+        """acc_sum += acc once the committed wgmmas are done; then a wgmma fence, as the next
+        wgmma writes registers this thread just read."""
+        warpgroup.wait_group(0)
+        for v in cutlass.range_constexpr(cute.size(acc)):
+            acc_sum[v] = acc_sum[v] + acc[v]
+        warpgroup.fence()
+
+    @cute.jit
     def _activate(self, x: Float32) -> Float32:
         y = x
         if const_expr(self.activation == "relu"):
@@ -539,6 +562,10 @@ class Sm90WarpSpecializedGemmImpl:
             tCrB = tiled_mma.make_fragment_B(tCsB)
             acc_shape = thr_mma.partition_shape_C((self.tile_m, self.tile_n))
             acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+            # what the epilogue (and stream-K) reads: the promoted sum, or the wgmma accumulator
+            acc_sum = acc
+            if const_expr(self.promote_every > 0):
+                acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
             k_blocks = cute.size(tCrA, mode=[2])
 
             # epilogue partitions: accumulator fragment -> (stmatrix) -> swizzled smem subtile
@@ -549,7 +576,7 @@ class Sm90WarpSpecializedGemmImpl:
             tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(shape_atom, tiled_mma))
             thr_r2s = tiled_r2s.get_slice(etid)
             tRS_sD = thr_r2s.partition_D(sD)                               # (R2S, R2S_M, R2S_N, slot)
-            tRS_acc = tiled_r2s.retile(acc)
+            tRS_acc = tiled_r2s.retile(acc_sum)
             rD_shape = cute.shape(thr_r2s.partition_S(sD))[:3]
             tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
             tRS_rOut = cute.make_rmem_tensor(rD_shape, self.d_dtype)
@@ -611,6 +638,8 @@ class Sm90WarpSpecializedGemmImpl:
                 # the first k-block overwrites the accumulators (scale-d = 0): no zero fill, which
                 # would make ptxas serialise the first wgmmas behind the register moves
                 tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                if const_expr(self.promote_every > 0):
+                    acc_sum.fill(0.0)  # (its own registers: no wait on the wgmma accumulator)
                 ab_pipe.consumer_wait(read_state)
                 warpgroup.fence()
                 for kb_i in cutlass.range_constexpr(k_blocks):
@@ -619,14 +648,31 @@ class Sm90WarpSpecializedGemmImpl:
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
                 read_state.advance()
+                if const_expr(self.promote_every == 1):
+                    self._promote(acc, acc_sum)
                 for k in range(1, n_k):
                     ab_pipe.consumer_wait(read_state)
+                    # with promotion, a new group of k-tiles restarts the wgmma accumulator
+                    if const_expr(self.promote_every == 1):
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                    elif const_expr(self.promote_every > 1):
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, k % self.promote_every != 0)
                     for kb_i in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb_i, read_state.index)],
                                   tCrB[(None, None, kb_i, read_state.index)], acc)
+                        if const_expr(self.promote_every > 0):
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.commit_group()
-                    # keep one k-tile of wgmma in flight; the one before it is done with its stage
-                    warpgroup.wait_group(1)
+                    if const_expr(self.promote_every == 1):
+                        self._promote(acc, acc_sum)  # (waits for this k-tile's wgmmas)
+                    elif const_expr(self.promote_every > 1):
+                        if (k + 1) % self.promote_every == 0:
+                            self._promote(acc, acc_sum)
+                        else:
+                            warpgroup.wait_group(1)
+                    else:
+                        # keep one k-tile of wgmma in flight; the one before it is done with its stage
+                        warpgroup.wait_group(1)
                     ab_pipe.consumer_release(release_state)
                     release_state.advance()
                     read_state.advance()
@@ -638,6 +684,9 @@ class Sm90WarpSpecializedGemmImpl:
                         cute.arch.barrier_arrive(barrier_id=_BAR_ORDER + 1 - cwg,
                                                  number_of_threads=2 * _THREADS_PER_WG)
                 warpgroup.wait_group(0)
+                if const_expr(self.promote_every > 1):
+                    if n_k % self.promote_every != 0:
+                        self._promote(acc, acc_sum)  # the last, partial group
                 ab_pipe.consumer_release(release_state)
                 release_state.advance()
                 if const_expr(self.pingpong):
@@ -650,8 +699,8 @@ class Sm90WarpSpecializedGemmImpl:
                     if kb > 0:
                         # the tail of a tile whose head another cluster owns: leave the partial sum
                         base = my_slot * slot_elems + etid
-                        for v in cutlass.range_constexpr(cute.size(acc)):
-                            partials[base + v * self.epi_threads] = acc[v]
+                        for v in cutlass.range_constexpr(cute.size(acc_sum)):
+                            partials[base + v * self.epi_threads] = acc_sum[v]
                         epi_bar.arrive_and_wait()
                         if etid == 0:
                             cute.arch.fence_acq_rel_gpu()
@@ -669,8 +718,8 @@ class Sm90WarpSpecializedGemmImpl:
                                             scope="gpu")
                         epi_bar.arrive_and_wait()
                         base = next_slot * slot_elems + etid
-                        for v in cutlass.range_constexpr(cute.size(acc)):
-                            acc[v] = acc[v] + partials[base + v * self.epi_threads]
+                        for v in cutlass.range_constexpr(cute.size(acc_sum)):
+                            acc_sum[v] = acc_sum[v] + partials[base + v * self.epi_threads]
 
                 # ------------------------------------------------------------ epilogue
                 if do_epilogue > 0:
