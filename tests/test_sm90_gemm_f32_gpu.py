@@ -1,7 +1,8 @@
 """GPU checks of the f32 instances of `Sm90WarpSpecializedGemm` (tf32 and 3xTF32) and of the
 f32 precision rule of `kernel_api.ops`: float64 references on fresh random data, NaN-filled
 outputs, odd extents where the layout allows, batched and rank 2, fused epilogues. The 3xTF32
-error is held to cuBLAS FP32's (``allow_tf32=False``) on the same data, measured in the test."""
+error is held to cuBLAS FP32's (``allow_tf32=False``) on the same data, measured in the test, or
+to 3xTF32's own K-independent floor (`_split3_limit`)."""
 
 from __future__ import annotations
 
@@ -59,11 +60,20 @@ def _cublas_fp32_error(A, B, ref) -> float:
         return relative_error(torch.matmul(A, B), ref)
 
 
+#: 3xTF32's own floor: big + small keep 22 of an f32 operand's 24 bits (|x - big - small| <=
+#: 2^-22 |x|) and small x small is dropped, so a product is off by ~2^-22 relative whatever K is
+#: (measured 2.4e-7 .. 3.2e-7 norm-wise at K = 4096 .. 8192 on an H200), while cuBLAS FP32's error
+#: starts at 2^-24 and grows with sqrt(K) (1.1e-6 at K = 4096): below K ~ 300, or where cuBLAS
+#: splits K, cuBLAS FP32 is the more accurate one (the 1.5x bound alone failed there, run s21-2).
+SPLIT3_FLOOR = 4 * 2.0**-22
+
+
 def _split3_limit(A, B, ref, K: int) -> float:
-    """What 3xTF32 is held to: 1.5 x cuBLAS FP32's error on the same data (its accumulator is
-    promoted into register FADDs every k-tile, so the tensor cores' truncation does not pile up
-    along K; without that it measured 2.3e-9 K, 8x cuBLAS FP32 at K = 4096)."""
-    return 1.5 * _cublas_fp32_error(A, B, ref)
+    """What 3xTF32 is held to: 1.5 x cuBLAS FP32's error on the same data or `SPLIT3_FLOOR`,
+    the larger. Independent of K: the accumulator is promoted into register FADDs every
+    k-tile or two, so the tensor cores' truncating accumulation does not pile up along K
+    (without that: 2.3e-9 K, 9.6e-6 at K = 4096, which the floor fails)."""
+    return max(1.5 * _cublas_fp32_error(A, B, ref), SPLIT3_FLOOR)
 
 
 def _gen(name: str, salt: int) -> torch.Generator:
@@ -97,10 +107,10 @@ def test_f32_instance(name):
 
 @pytest.mark.parametrize("name", [n for n in _TF32X3 if "_tnt_" in n])
 @pytest.mark.parametrize("K", [4096, 8192])
-def test_3xtf32_long_k_as_accurate_as_cublas_fp32(name, K):
+def test_3xtf32_long_k_error_does_not_grow_with_k(name, K):
     """Long K, where an unpromoted tensor-core accumulator drifts (truncation, linear in K):
-    no worse than 1.5 x cuBLAS FP32's error, on zero-mean data and on non-negative data (whose
-    partial sums all share one sign, so truncation errors cannot cancel)."""
+    within `_split3_limit`, on zero-mean data and on non-negative data (whose partial sums all
+    share one sign, so truncation errors cannot cancel)."""
     _needs_sm90()
     kernel = _F32[name]
     gen = _gen(name, 4 + K)
@@ -114,8 +124,8 @@ def test_3xtf32_long_k_as_accurate_as_cublas_fp32(name, K):
         kernel.run(args)
         torch.cuda.synchronize()
         ref = A.double() @ B.double()
-        err, fp32 = relative_error(out, ref), _cublas_fp32_error(A, B, ref)
-        assert err <= 1.5 * fp32, f"{name} K={K} positive={positive}: error {err:.3e}, cuBLAS FP32 {fp32:.3e}"
+        err, limit = relative_error(out, ref), _split3_limit(A, B, ref, K)
+        assert err <= limit, f"{name} K={K} positive={positive}: error {err:.3e} > {limit:.3e}"
 
 
 @pytest.mark.parametrize("name", [n for n in _TF32X3 if "_tnt_" in n or "_nnn_" in n])
@@ -171,8 +181,8 @@ def _chosen_math(A, B) -> DataType:
 
 @pytest.mark.parametrize("b_column_major", [True, False])
 def test_ops_gemm_f32_follows_torch_precision(b_column_major):
-    """ops.gemm on f32: 3xTF32 (no tf32 kernel, error <= 1.5 x cuBLAS FP32's) while torch
-    disallows TF32; tf32 allowed once torch allows it; accurate again after switching back,
+    """ops.gemm on f32: f32 math (no tf32/tf32x3 kernel, error <= 1.5 x cuBLAS FP32's) while
+    torch disallows TF32; tf32 allowed once torch allows it; accurate again after switching back,
     without clearing any cache (repeated calls take the fast paths)."""
     _needs_sm90()
     gen = torch.Generator(device="cuda").manual_seed(1234)
@@ -197,7 +207,7 @@ def test_ops_gemm_f32_follows_torch_precision(b_column_major):
                     assert err <= 1.5 * fp32_err, f"allow_tf32=False: error {err:.3e} vs cuBLAS FP32 {fp32_err:.3e}"
             math = _chosen_math(A, B)
             if not allow:
-                assert math is DataType.tf32x3  # PickAny prefers it to cuBLAS FP32 (2.5x faster)
+                assert math is DataType.f32
             elif b_column_major:
                 assert math is DataType.tf32  # PickAny prefers the faster tf32 kernel when allowed
     with _Tf32(False):

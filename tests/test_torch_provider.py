@@ -71,23 +71,6 @@ def test_pickany_prefers_torch_to_simt_where_simt_is_our_only_kernel(shape, dtyp
     assert all(n.startswith("SimtGemm") for n in names[1:])
 
 
-@pytest.mark.parametrize("shape", [(1001, 1004, 999), (4096, 4096, 4095), (8191, 768, 3071), (4096, 4096, 4096)])
-def test_pickany_ranks_3xtf32_then_cublas_fp32_then_simt_for_f32(shape):
-    """f32 while torch disallows TF32 (the candidates kernel_api.ops then has, tf32 left out):
-    3xTF32 (2.5x cuBLAS FP32 on an H200, as accurate) first, cuBLAS FP32 above the SIMT fallback.
-    (N multiple of 4: the 3xTF32 kernels store the output with TMA.)"""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        args = _gemm_args(*shape, dtype=torch.float32)
-        found = [k for k in get_kernels(args, cc=90) if str(k.metadata.operands.math_type) != "tf32"]
-        names = [k.metadata.kernel_name for k in rank_candidates(found, args)]
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-    assert "_tf32x3_" in names[0], names[:3]
-    first_torch = next(i for i, n in enumerate(names) if n.startswith("TorchGemm"))
-    assert first_torch < next(i for i, n in enumerate(names) if n.startswith("SimtGemm"))
-
 
 def test_settings_providers_restricts_and_keys_the_front_door_caches():
     base = current()

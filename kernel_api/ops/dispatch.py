@@ -13,11 +13,11 @@ fake implementations and autograd formulas; otherwise they launch directly. A te
 in-place op would: a backward that saved it raises instead of using the overwritten values.
 
 f32 GEMMs follow torch's matmul precision (README, "f32 GEMM precision"): kernels whose math
-type is ``tf32`` are candidates only while torch lets cuBLAS use TF32
+type is ``tf32`` or ``tf32x3`` are candidates only while torch lets cuBLAS use TF32
 (``torch.backends.cuda.matmul.allow_tf32``, i.e. ``torch.set_float32_matmul_precision`` "high"
-or "medium"); otherwise the choice is among the f32-accurate kernels: ``tf32x3`` (3xTF32 with
-its accumulator promoted, measured no less accurate than cuBLAS FP32) and f32 math (cuBLAS FP32
-through the torch provider, SIMT). The setting is read once per f32 call and is part of the cache keys, so a change takes effect at
+or "medium"); otherwise the choice is among f32-math kernels (cuBLAS FP32 through the torch
+provider, SIMT). The
+setting is read once per f32 call and is part of the cache keys, so a change takes effect at
 the next call; f32 calls are therefore never entered in the C launch table, which cannot read it.
 """
 
@@ -75,14 +75,19 @@ _f32 = torch.float32
 _tf32_allowed = torch._C._get_cublas_allow_tf32
 
 
+#: Math types of f32-operand kernels not always as accurate as cuBLAS FP32, offered by ops only
+#: while torch allows TF32. 3xTF32 with its accumulator promoted measures 0.2x cuBLAS FP32's
+#: norm-wise error at K >= 4096 on an H200, but its split keeps 22 of f32's 24 operand bits: a
+#: K-independent floor near 2^-22 that cuBLAS FP32 undercuts at small K (GPU tests, README).
+_TF32_MATH = frozenset({DataType.tf32, DataType.tf32x3})
+
+
 def allowed_math(kernels: list, tf32_allowed: bool) -> list:
-    """``kernels`` less those with tf32 math when torch does not allow TF32 matmuls (the f32
-    precision rule of `kernel_api.ops`). tf32x3 and f32-math kernels always stay: a tf32x3
-    kernel's error is held to cuBLAS FP32's (the 3xTF32 GEMM promotes the tensor cores'
-    truncating accumulation into register FADDs every k-tile; tests/test_sm90_gemm_f32_gpu.py)."""
+    """``kernels`` less those with tf32 or tf32x3 math when torch does not allow TF32 matmuls
+    (the f32 precision rule of `kernel_api.ops`; f32-math kernels always stay)."""
     if tf32_allowed:
         return kernels
-    return [k for k in kernels if k.metadata.operands.math_type is not DataType.tf32]
+    return [k for k in kernels if k.metadata.operands.math_type not in _TF32_MATH]
 
 
 def _raw_gemm_key(policy: Any, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> tuple:

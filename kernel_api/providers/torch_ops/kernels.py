@@ -40,11 +40,6 @@ _TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 # Sm90 1.0), so PickAny keeps our tensor-core kernels wherever one fits and prefers cuBLAS
 # to the SIMT fallback; PickBest measures them all.
 TORCH_GEMM_HINT = 0.3
-# f32 while torch disallows TF32: cuBLAS runs FFMA on the CUDA cores, 8x its TF32 time on an H200
-# (benchmarks/gemm_f32.py). The tile model prices tf32 kernels like 16-bit ones (3xTF32 at 3.3x
-# a tile's cost), so this factor puts cuBLAS FP32 behind 3xTF32 (measured 2.5x faster) on large
-# problems and still ahead of our SIMT family (0.05) on small ones.
-TORCH_FP32_FACTOR = 2.0
 _TILES = ((64, 64), (128, 128), (128, 256))
 # torch chooses its algorithm (and tile) per call: tile (0, 0, 0) says "none fixed", so
 # metadata filters on tile sizes pass these instances over.
@@ -99,16 +94,13 @@ class TorchGemm(_TorchKernel):
         return found
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
-        """The tile model of `gemm_cost` at `TORCH_GEMM_HINT`, with the cheapest tile of `_TILES`
-        (f32 without TF32: `TORCH_FP32_FACTOR` times that)."""
+        """The tile model of `gemm_cost` at `TORCH_GEMM_HINT`, with the cheapest tile of `_TILES`."""
         best = math.inf
         for tm, tn in _TILES:
             tiles = math.ceil(args.M / tm) * math.ceil(args.N / tn) * args.L
             intensity = tm * tn / (tm + tn)
             efficiency = TORCH_GEMM_HINT * intensity / (intensity + 32)
             best = min(best, math.ceil(tiles / max(sm_count, 1)) * tm * tn * max(args.K, 1) / efficiency)
-        if self.metadata.operands.A.dtype is DataType.f32 and not torch._C._get_cublas_allow_tf32():
-            best *= TORCH_FP32_FACTOR
         return best
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:

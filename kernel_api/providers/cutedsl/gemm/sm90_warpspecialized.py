@@ -113,8 +113,11 @@ CONFIGS: tuple[Sm90Config, ...] = (
 #: The subset also emitted with an f32 output (one per schedule and shape class).
 F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
 
-#: 3xTF32 adds its wgmma accumulator into a register f32 accumulator every this many k-tiles.
-TF32X3_PROMOTE_EVERY = 1
+#: 3xTF32 adds its wgmma accumulator into a register f32 accumulator every this many k-tiles:
+#: 2 measured as accurate as 1 (0.2x cuBLAS FP32's error at K = 4096 and 8192) and 10-25% faster
+#: (98-108 TFLOP/s at 128x128 cooperative, 1.9-2.3x cuBLAS FP32); 4 is no faster and 1.5x the
+#: error (benchmarks/results/gemm_f32-NVIDIA_H200-s21-run2.txt).
+TF32X3_PROMOTE_EVERY = 2
 
 #: f32 operands (f32 output): tf32 takes the f32-output subset. 3xTF32 needs f32 accuracy, so it
 #: promotes its wgmma accumulator (`Sm90Config.promote_every`): twice the accumulator registers,
