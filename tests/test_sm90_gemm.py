@@ -38,7 +38,8 @@ def _args(M=256, N=512, K=128, dtype=torch.bfloat16, out_dtype=None, a_col=False
 
 
 def test_instances_names_and_metadata():
-    kernels = Sm90WarpSpecializedGemm.generate_kernels(None, cc=90)
+    # (f32 operands, tf32 and 3xTF32 math: test_sm90_gemm_f32.py)
+    kernels = [k for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90) if k.metadata.operands.A.dtype.bits == 16]
     names = [k.name for k in kernels]
     assert len(names) == len(set(names)) == 2 * 8 * (len(CONFIGS) + len(F32_OUT_CONFIGS))
     for k in kernels:
@@ -98,8 +99,8 @@ def test_epilogue_discovery():
                                       bias=torch.randn(512).to(torch.bfloat16), activation="silu")
     found = kernel_api.get_kernels(_args(epilogue=ep), cc=90, metadata_filter=_sm90)
     assert len(found) == len(CONFIGS)
-    assert len(Sm90WarpSpecializedGemm.generate_kernels(None, epilogue_args=ep, cc=90)) == \
-        2 * 8 * (len(CONFIGS) + len(F32_OUT_CONFIGS))
+    assert len(Sm90WarpSpecializedGemm.generate_kernels(lambda m: m.operands.A.dtype.bits == 16, epilogue_args=ep,
+                                                        cc=90)) == 2 * 8 * (len(CONFIGS) + len(F32_OUT_CONFIGS))
 
 
 @pytest.mark.parametrize("case", ["K odd", "N odd", "pointer offset", "batch stride"])

@@ -91,9 +91,11 @@ def test_pickany_keeps_sm80_first_for_an_unaligned_output():
 @pytest.mark.parametrize("shape", [(1001, 1003, 999), (37, 53, 29), (4096, 4096, 4095), (8191, 768, 3071)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_pickany_prefers_torch_to_simt_where_simt_is_our_only_kernel(shape, dtype):
-    names = _ranked(_gemm_args(*shape, dtype=dtype))
+    # (f32: 3xTF32 takes any alignment too; its place is the next test's)
+    names = [n for n in _ranked(_gemm_args(*shape, dtype=dtype)) if "_tf32x3_" not in n]
     assert names[0].startswith("TorchGemm"), names[:3]
     assert all(n.startswith("SimtGemm") for n in names[1:])
+
 
 
 def test_settings_providers_restricts_and_keys_the_front_door_caches():

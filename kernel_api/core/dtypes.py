@@ -20,6 +20,9 @@ class DataType(enum.Enum):
     f64 = "f64"
     f32 = "f32"
     tf32 = "tf32"
+    #: a math type only: f32 operands as three tf32 products (big*big + big*small + small*big),
+    #: about f32 accuracy (kernel metadata's ``math_type``; stored as float32)
+    tf32x3 = "tf32x3"
     f16 = "f16"
     bf16 = "bf16"
     e4m3 = "e4m3"
@@ -64,14 +67,15 @@ class DataType(enum.Enum):
 
 
 _BITS = {
-    DataType.f64: 64, DataType.f32: 32, DataType.tf32: 32, DataType.f16: 16, DataType.bf16: 16,
+    DataType.f64: 64, DataType.f32: 32, DataType.tf32: 32, DataType.tf32x3: 32, DataType.f16: 16, DataType.bf16: 16,
     DataType.e4m3: 8, DataType.e5m2: 8, DataType.i64: 64, DataType.i32: 32, DataType.i8: 8,
     DataType.u8: 8,
 }
-_FLOATS = frozenset({DataType.f64, DataType.f32, DataType.tf32, DataType.f16, DataType.bf16,
+_FLOATS = frozenset({DataType.f64, DataType.f32, DataType.tf32, DataType.tf32x3, DataType.f16, DataType.bf16,
                      DataType.e4m3, DataType.e5m2})
 _TO_TORCH = {
     DataType.f64: torch.float64, DataType.f32: torch.float32, DataType.tf32: torch.float32,
+    DataType.tf32x3: torch.float32,
     DataType.f16: torch.float16, DataType.bf16: torch.bfloat16,
     DataType.e4m3: torch.float8_e4m3fn, DataType.e5m2: torch.float8_e5m2,
     DataType.i64: torch.int64, DataType.i32: torch.int32, DataType.i8: torch.int8,
@@ -83,13 +87,13 @@ _CUTLASS_NAMES = {
     DataType.e5m2: "Float8E5M2", DataType.i64: "Int64", DataType.i32: "Int32",
     DataType.i8: "Int8", DataType.u8: "Uint8",
 }
-_FROM_TORCH = {v: k for k, v in _TO_TORCH.items() if k is not DataType.tf32}
+_FROM_TORCH = {v: k for k, v in _TO_TORCH.items() if k not in (DataType.tf32, DataType.tf32x3)}
 _FROM_CUTLASS_NAME = {v: k for k, v in _CUTLASS_NAMES.items()}
 _FROM_NAME = {
     **{d.value: d for d in DataType},
     "float64": DataType.f64, "double": DataType.f64, "fp64": DataType.f64,
     "float32": DataType.f32, "float": DataType.f32, "fp32": DataType.f32,
-    "tfloat32": DataType.tf32,
+    "tfloat32": DataType.tf32, "3xtf32": DataType.tf32x3,
     "float16": DataType.f16, "half": DataType.f16, "fp16": DataType.f16,
     "bfloat16": DataType.bf16,
     "float8_e4m3fn": DataType.e4m3, "fp8_e4m3": DataType.e4m3,

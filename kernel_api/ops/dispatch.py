@@ -11,6 +11,14 @@ go through the ``torch.ops.kernel_api.*`` custom ops (`kernel_api.ops.library`),
 fake implementations and autograd formulas; otherwise they launch directly. A tensor given as
 ``out=`` (``grad_in=``) has its autograd version counter bumped after the write, as a torch
 in-place op would: a backward that saved it raises instead of using the overwritten values.
+
+f32 GEMMs follow torch's matmul precision (README, "f32 GEMM precision"): kernels whose math
+type is ``tf32`` or ``tf32x3`` are candidates only while torch lets cuBLAS use TF32
+(``torch.backends.cuda.matmul.allow_tf32``, i.e. ``torch.set_float32_matmul_precision`` "high"
+or "medium"); otherwise the choice is among f32-math kernels (cuBLAS FP32 through the torch
+provider, SIMT). The
+setting is read once per f32 call and is part of the cache keys, so a change takes effect at
+the next call; f32 calls are therefore never entered in the C launch table, which cannot read it.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import torch
 
 from .. import native, registry
 from ..arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, byte_extent
+from ..core.dtypes import DataType
 from ..core.errors import DeviceError
 from ..tuning.settings import _current as _settings  # the context variable itself: no call frame per op
 from ..tuning.settings import current
@@ -59,15 +68,37 @@ _grad_enabled = torch.is_grad_enabled
 # backward that saved the overwritten tensor raise instead of using the new values.
 _increment_version = torch._C._increment_version
 _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
+_f32 = torch.float32
+# What torch.matmul's cuBLAS call reads (allow_tf32, which float32_matmul_precision "high"/"medium"
+# and the fp32_precision API set too); a C call, unlike torch.get_float32_matmul_precision, which
+# can raise when the legacy and new APIs were mixed.
+_tf32_allowed = torch._C._get_cublas_allow_tf32
+
+
+#: Math types of f32-operand kernels not always as accurate as cuBLAS FP32, offered by ops only
+#: while torch allows TF32. 3xTF32 with its accumulator promoted measures 0.2x cuBLAS FP32's
+#: norm-wise error at K >= 4096 on an H200, but its split keeps 22 of f32's 24 operand bits: a
+#: K-independent floor near 2^-22 that cuBLAS FP32 undercuts at small K (GPU tests, README).
+_TF32_MATH = frozenset({DataType.tf32, DataType.tf32x3})
+
+
+def allowed_math(kernels: list, tf32_allowed: bool) -> list:
+    """``kernels`` less those with tf32 or tf32x3 math when torch does not allow TF32 matmuls
+    (the f32 precision rule of `kernel_api.ops`; f32-math kernels always stay)."""
+    if tf32_allowed:
+        return kernels
+    return [k for k in kernels if k.metadata.operands.math_type not in _TF32_MATH]
 
 
 def _raw_gemm_key(policy: Any, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> tuple:
     """Everything GemmArguments' summary (and so the choice and its support verdict) depends
     on, read straight off the tensors. Pointer bits up to 1024 bytes: the largest alignment
     arguments record (128 elements of 8 bytes)."""
-    return (id(policy), A.dtype, B.dtype, out.dtype, A.shape, B.shape, out.shape, A.stride(), B.stride(),
+    dtype = A.dtype
+    return (id(policy), dtype, B.dtype, out.dtype, A.shape, B.shape, out.shape, A.stride(), B.stride(),
             out.stride(), (A.data_ptr() & 1023) | (B.data_ptr() & 1023) << 10 | (out.data_ptr() & 1023) << 20,
-            A.get_device(), B.get_device(), out.get_device())
+            A.get_device(), B.get_device(), out.get_device(),
+            _tf32_allowed() if dtype is _f32 else None)  # f32: the choice follows torch's precision
 
 
 def _may_overlap(out_ptr: int, a_ptr: int, b_ptr: int, extents: tuple[int, int, int]) -> bool:
@@ -93,12 +124,15 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
     policy = scope.policy
     # scope_token: the policy, or (policy, providers) when settings restrict the providers
     token = scope.scope_token
+    tf32 = None
     if type(args) is GemmArguments:
         shape = (args.M, args.N, args.K, args.L)
+        if args.A.dtype is _f32:
+            tf32 = _tf32_allowed()
     else:
         shape = (args.rows, args.cols)
     # The signature ends with the operands' device index, so choices are per device.
-    key = (id(token), args.signature, shape)
+    key = (id(token), args.signature, shape, tf32)
     found = _dispatch.get(key)
     if found is None:
         device = args.device
@@ -107,6 +141,8 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             raise DeviceError(f"operand {name} is on {device}; kernel_api.ops run on CUDA tensors")
         with torch.cuda.device(device):
             candidates = registry.get_kernels(args, providers=scope.providers)
+            if tf32 is not None:
+                candidates = allowed_math(candidates, tf32)
             if not candidates:
                 raise registry.no_kernel_error(args)
             kernel = policy.choose(args, candidates)
@@ -400,8 +436,9 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
             if given:
                 _increment_version((out,))
             return out
+    # (f32 calls stay out of the C launch table: their choice follows torch's matmul precision)
     _launch(GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue), stream, fast_key,
-            (A, B, out), _GEMM_TAG if epilogue is None and accumulator_type is None else 0)
+            (A, B, out), _GEMM_TAG if epilogue is None and accumulator_type is None and A.dtype is not _f32 else 0)
     if given:
         _increment_version((out,))
     return out

@@ -11,6 +11,13 @@ TMA needs 16-byte aligned base pointers and strides, so every operand's metadata
 divisibility of 16 bytes (8 elements of a 16-bit type, 4 of f32): discovery never hands such
 a kernel misaligned operands.
 
+f32 operands come in two math types (``metadata.operands.math_type``): ``tf32`` (the tf32
+wgmma reads A and B K-major only: A row-major, B column-major; K tile 32) and ``tf32x3``
+(3xTF32: a pre-pass splits A and B into tf32 big and small parts in the workspace, so any
+layout and alignment of A and B is taken, and the products are summed to about f32 accuracy;
+see the implementation's docstring). ``kernel_api.ops`` leaves tf32 out unless torch allows
+TF32 for matmuls (README, "f32 GEMM precision").
+
 Stream-K configurations (``_streamk_`` in the name) need a workspace (`get_workspace_size`: one
 f32 tile per CTA of the persistent grid plus completion flags); ``Kernel.run`` allocates it when
 none is given. Performance notes and measurements: ``benchmarks/NOTES-sm90.md``.
@@ -26,7 +33,7 @@ from typing import Any, Callable
 from ....arguments import GemmArguments
 from ....core.dtypes import DataType
 from ....launcher import Launcher
-from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
+from ....metadata import COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
 from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
@@ -38,6 +45,7 @@ from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase,
 SM90_SMEM_BYTES = 232448
 #: Room kept for the mbarriers (padded to the 1 KB alignment of the operand buffers).
 _BARRIER_BYTES = 1024
+#: K tile of 16-bit operands (128 bytes: the widest swizzle); f32 operands take 32 (`k_tile`).
 K_TILE = 64
 _INT32_MAX = 2**31 - 1
 #: Stream-K workspace layout (mirrors the implementation): completion flags, then partial tiles.
@@ -71,14 +79,22 @@ class Sm90Config:
     #: are 4+ waves (0 = never: only a last wave at most a quarter full). Measured neutral at
     #: K=4096 and a loss at K>=14336 (benchmarks/NOTES-sm90.md, run 7), so off by default.
     sk_any_wave_max_k_tiles: int = 0
+    #: add the wgmma accumulator into a register f32 accumulator every this many k-tiles (0 =
+    #: never): the tensor cores' truncating accumulation then spans only those k-tiles (3xTF32)
+    promote_every: int = 0
 
     @property
     def tag(self) -> str:
+        return self.tag_for(K_TILE)
+
+    def tag_for(self, k_tile: int) -> str:
+        """The name part of this design point with a K tile of ``k_tile``."""
         raster = "m" if self.raster_along_m else "n"
-        return (f"tile{self.tile_mn[0]}x{self.tile_mn[1]}x{K_TILE}_cluster{self.cluster_mn[0]}x{self.cluster_mn[1]}"
+        return (f"tile{self.tile_mn[0]}x{self.tile_mn[1]}x{k_tile}_cluster{self.cluster_mn[0]}x{self.cluster_mn[1]}"
                 f"_{self.schedule}{'_streamk' if self.stream_k else ''}"
                 f"{f'_skk{self.sk_any_wave_max_k_tiles}' if self.sk_any_wave_max_k_tiles else ''}"
-                f"_swz{self.swizzle}{raster}_epi{self.epi_n}")
+                f"_swz{self.swizzle}{raster}_epi{self.epi_n}"
+                f"{f'_promote{self.promote_every}' if self.promote_every else ''}")
 
 
 #: The design points generate_kernels emits for every operand type/layout combination with a
@@ -98,7 +114,33 @@ CONFIGS: tuple[Sm90Config, ...] = (
 #: The subset also emitted with an f32 output (one per schedule and shape class).
 F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
 
+#: 3xTF32 adds its wgmma accumulator into a register f32 accumulator every this many k-tiles:
+#: 2 measured as accurate as 1 (0.2x cuBLAS FP32's error at K = 4096 and 8192) and 10-25% faster
+#: (98-108 TFLOP/s at 128x128 cooperative, 1.9-2.3x cuBLAS FP32); 4 is no faster and 1.5x the
+#: error (benchmarks/results/gemm_f32-NVIDIA_H200-s21-run2.txt).
+TF32X3_PROMOTE_EVERY = 2
+
+#: f32 operands (f32 output): tf32 takes the f32-output subset. 3xTF32 needs f32 accuracy, so it
+#: promotes its wgmma accumulator (`Sm90Config.promote_every`): twice the accumulator registers,
+#: which fit with a 64 x 128 share per consumer warpgroup (128x128 cooperative, 64x128 pingpong);
+#: no stream-K (its workspace holds the split operands).
+TF32_CONFIGS: tuple[Sm90Config, ...] = F32_OUT_CONFIGS
+TF32X3_CONFIGS: tuple[Sm90Config, ...] = (
+    Sm90Config((128, 128), (2, 1), "cooperative", swizzle=8, promote_every=TF32X3_PROMOTE_EVERY),
+    Sm90Config((64, 128), (2, 1), "pingpong", swizzle=1, promote_every=TF32X3_PROMOTE_EVERY),
+)
+
 _AB_TYPES = (DataType.bf16, DataType.f16)
+
+
+def k_tile(ab_type: DataType) -> int:
+    """K extent of one shared-memory stage: 128 bytes of a row (64 16-bit or 32 f32 elements)."""
+    return 128 // ab_type.bytes
+
+
+def split3_row_words(K: int) -> int:
+    """Words per row of a 3xTF32 workspace operand: 3K, padded to TMA's 16 bytes."""
+    return -(-3 * K // 4) * 4
 
 
 def tma_divisibility(dtype: DataType) -> int:
@@ -116,7 +158,7 @@ def plan_stages(cfg: Sm90Config, ab_type: DataType, out_type: DataType) -> tuple
     epi_tile = (64 if cfg.schedule == "pingpong" else 128, cfg.epi_n)
     rings = 2 if cfg.schedule == "pingpong" else 1
     epi_stage_bytes = epi_tile[0] * epi_tile[1] * out_type.bytes * rings
-    ab_stage_bytes = (tm + tn) * K_TILE * ab_type.bytes
+    ab_stage_bytes = (tm + tn) * k_tile(ab_type) * ab_type.bytes
     budget = SM90_SMEM_BYTES - _BARRIER_BYTES
     ab_stages = min(8, (budget - 2 * epi_stage_bytes) // ab_stage_bytes)
     if ab_stages < 2:
@@ -183,7 +225,8 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         self.config = config
         self.ab_stages = ab_stages
         self.epi_stages = epi_stages
-        self.workspace_free = not config.stream_k
+        self._split3 = metadata.operands.math_type is DataType.tf32x3
+        self.workspace_free = not (config.stream_k or self._split3)
         self._stream_k = config.stream_k
         self._clusters: dict[int, int] = {}
 
@@ -204,20 +247,33 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
                         kernel = Sm90WarpSpecializedGemm._make(ab, out_type, stride_A, stride_B, stride_out, cfg)
                         if metadata_filter is None or metadata_filter(kernel.metadata):
                             kernels.append(kernel)
+        f32 = DataType.f32
+        for math, configs in ((DataType.tf32, TF32_CONFIGS), (DataType.tf32x3, TF32X3_CONFIGS)):
+            for stride_A, stride_B, stride_out in LAYOUT_COMBOS:
+                if math is DataType.tf32 and (stride_A != ROW_MAJOR or stride_B != COLUMN_MAJOR):
+                    continue  # the tf32 wgmma reads K-major A and B only
+                for cfg in configs:
+                    kernel = Sm90WarpSpecializedGemm._make(f32, f32, stride_A, stride_B, stride_out, cfg, math)
+                    if metadata_filter is None or metadata_filter(kernel.metadata):
+                        kernels.append(kernel)
         return kernels
 
     @staticmethod
     def _make(ab: DataType, out_type: DataType, stride_A: tuple, stride_B: tuple, stride_out: tuple,
-              cfg: Sm90Config) -> "Sm90WarpSpecializedGemm":
+              cfg: Sm90Config, math: DataType | None = None) -> "Sm90WarpSpecializedGemm":
+        """One instance; ``math`` is tf32 or tf32x3 for f32 operands (None: the operand type)."""
         ab_stages, epi_stages, _ = plan_stages(cfg, ab, out_type)
-        ab_div, out_div = tma_divisibility(ab), tma_divisibility(out_type)
+        # 3xTF32 reads A and B with plain loads in its pre-pass: any alignment
+        ab_div = 1 if math is DataType.tf32x3 else tma_divisibility(ab)
+        out_div = tma_divisibility(out_type)
         operands = GemmOperandsMetadata(
             TensorAttributes(ab, stride_A, ab_div), TensorAttributes(ab, stride_B, ab_div),
-            TensorAttributes(out_type, stride_out, out_div), accumulator_type=DataType.f32)
-        name = (f"Sm90WarpSpecializedGemm_{ab}{ab}_{out_type}_f32acc_"
-                f"{strides_to_layout_string(stride_A, stride_B, stride_out)}_{cfg.tag}_stages{ab_stages}x{epi_stages}"
-                f"_align{ab_div}x{ab_div}x{out_div}")
-        design = BLASDesignMetadata(tile_shape=(*cfg.tile_mn, K_TILE), cluster_shape=(*cfg.cluster_mn, 1),
+            TensorAttributes(out_type, stride_out, out_div), accumulator_type=DataType.f32, math_type=math)
+        kt = k_tile(ab)
+        name = (f"Sm90WarpSpecializedGemm_{ab}{ab}_{out_type}_{f'{math}_' if math else ''}f32acc_"
+                f"{strides_to_layout_string(stride_A, stride_B, stride_out)}_{cfg.tag_for(kt)}"
+                f"_stages{ab_stages}x{epi_stages}_align{ab_div}x{ab_div}x{out_div}")
+        design = BLASDesignMetadata(tile_shape=(*cfg.tile_mn, kt), cluster_shape=(*cfg.cluster_mn, 1),
                                     stages=ab_stages, schedule=cfg.schedule, swizzle=cfg.swizzle,
                                     extra=(("raster", "m" if cfg.raster_along_m else "n"),
                                            ("epilogue_stages", epi_stages)))
@@ -230,6 +286,9 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         # single batch's stride (TMA descriptors encode it).
         if args.K == 0:
             return Status.fail("K=0: a TMA descriptor cannot describe an empty operand")
+        if self._split3 and split3_row_words(args.K) > _INT32_MAX - 256:
+            return Status.fail(f"K={args.K:,}: the 3xTF32 workspace rows of 3K words exceed the 32-bit extents "
+                               f"of this kernel")
         # The persistent scheduler counts cluster tiles (clusters_m * clusters_n * L) in an Int32
         # and steps its cursor past the last one by up to one wave of clusters. (There are never
         # more cluster tiles than outputs.)
@@ -244,8 +303,20 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
                     f"{_MAX_SLOTS:,})")
         return None
 
+    def estimated_cost(self, args: GemmArguments, sm_count: int) -> float | None:
+        """3xTF32: the tile model's time of a GEMM with K' = 3K, plus the split pre-pass (about
+        a tenth more at K=4096); other configurations use the generic model."""
+        if not self._split3:
+            return None
+        from ....tuning.policies import gemm_cost  # the tuning package imports the registry
+
+        return 3.3 * gemm_cost(self, args, sm_count)
+
     def get_workspace_size(self, args: GemmArguments) -> int:
-        """Stream-K configurations keep one partial f32 tile per CTA of the persistent grid."""
+        """Stream-K configurations keep one partial f32 tile per CTA of the persistent grid;
+        3xTF32 keeps the split A (M x 3K) and B (N x 3K), rows padded to 16 bytes."""
+        if self._split3:
+            return 4 * split3_row_words(args.K) * (args.M + args.N) * args.L
         if not self.config.stream_k or args.device.type != "cuda":
             return 0
         cm, cn = self.config.cluster_mn
@@ -265,13 +336,15 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         return Sm90WarpSpecializedGemmImpl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
                                            cfg.raster_along_m, self.ab_stages, self.epi_stages,
                                            EpilogueSpec.from_signature(args.epilogue_signature), cfg.epi_n,
-                                           cfg.stream_k, cfg.sk_any_wave_max_k_tiles)
+                                           cfg.stream_k, cfg.sk_any_wave_max_k_tiles,
+                                           k_tile=k_tile(self.metadata.operands.A.dtype), split3=self._split3,
+                                           promote_every=cfg.promote_every)
 
     def _extra_compile_args(self, args: GemmArguments) -> tuple:
         """Cluster count, stream-K workspace (bytes; None without stream-K), launch counter."""
         import cutlass
 
-        workspace = fake_tensor(DataType.u8, 1, 0, 256) if self.config.stream_k else None
+        workspace = fake_tensor(DataType.u8, 1, 0, 256) if (self.config.stream_k or self._split3) else None
         return (cutlass.Int32(1), workspace, cutlass.Int64(0))
 
     def _extra_launch_args(self, args: GemmArguments, workspace: Any) -> tuple:
@@ -280,6 +353,10 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         if clusters is None:
             cm, cn = self.config.cluster_mn
             clusters = self._clusters[args.device_index] = max_active_clusters(max(args.device_index, 0), cm * cn)
+        if self._split3:
+            if workspace is None or workspace.numel() < self.get_workspace_size(args):
+                raise ValueError(f"{self.name}: needs a workspace of {self.get_workspace_size(args)} bytes")
+            return (clusters, workspace, 0)
         if not self._stream_k:
             return (clusters, None, 0)
         cm, cn = self.config.cluster_mn
@@ -292,9 +369,9 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
         """The launch with C, bias, alpha, beta, clusters, workspace, epoch after the tensors,
         for a launch that needs nothing but the tensors and the stream (no stream-K workspace,
-        no C operand, a non-empty problem, a device seen before); a bias and alpha are
-        constants of the tail (`epilogue_tail`)."""
-        if self._stream_k or not (args.M and args.N and args.L):
+        no C operand, a non-empty problem, a device seen before; not 3xTF32, whose split pass
+        needs the workspace); a bias and alpha are constants of the tail (`epilogue_tail`)."""
+        if self._stream_k or self._split3 or not (args.M and args.N and args.L):
             return None
         clusters = self._clusters.get(args.device_index)
         tail = epilogue_tail(args)

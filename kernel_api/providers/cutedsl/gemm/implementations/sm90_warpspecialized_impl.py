@@ -1,7 +1,21 @@
 """Persistent, warp-specialized TMA + WGMMA GEMM for sm_90a, written in CuTe DSL.
 
 ``out = act(alpha * (A @ B) + beta * C + bias)`` with f16/bf16 operands, f32 accumulation and
-f16/bf16/f32 output, batched over L.
+f16/bf16/f32 output, batched over L. f32 operands run in tf32 (``wgmma ... .tf32``, K tile 32,
+A and B K-major: the tf32 wgmma cannot transpose 32-bit operands in shared memory), or, with
+``split3``, as 3xTF32: a pre-pass (`_split_kernel`) writes ``[small | big | big]`` of A and
+``[big | small | big]`` of B along K into the workspace (big = the operand rounded to tf32,
+small = the remainder rounded to tf32), and the same kernel multiplies those with K' = 3K, so
+``big_a big_b + big_a small_b + small_a big_b`` is summed in f32, the small products first.
+
+The tensor cores' f32 accumulation is not IEEE (partial sums are truncated, not rounded), so
+an accumulator carried through a long K chain drifts linearly with K: 3xTF32 measured 9.6e-6
+norm-wise at K = 4096, 8x cuBLAS FP32. ``promote_every = n`` keeps the wgmma accumulator to n
+k-tiles: it restarts from zero (scale-d = 0) every n k-tiles and, once those wgmmas are done
+(``wgmma.wait_group 0``), is added into a second f32 register accumulator with ordinary
+(round-to-nearest) FADDs, as FP8 GEMMs promote their partial sums. It needs twice the
+accumulator registers (64 x N x 2 words per warpgroup), so only tiles whose warpgroup share is
+64 x 128 take it.
 
 Structure of one CTA (384 threads, one CTA per SM, grid = as many clusters as fit at once):
 
@@ -44,6 +58,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
+from cutlass._mlir.dialects import llvm
+import cutlass._mlir.dialects.cute_nvgpu as _cute_nvgpu_ir
+from cutlass.cute.core import _pack_shape
+from cutlass.cute.atom import make_atom
 
 # Named barrier ids (0 is __syncthreads).
 _BAR_EPI = 1            # cooperative epilogue: both consumer warpgroups
@@ -51,15 +69,51 @@ _BAR_EPI_WG = 2         # pingpong epilogue: 2 + warpgroup
 _BAR_ORDER = 4          # pingpong main-loop turn: 4 + warpgroup
 
 _THREADS_PER_WG = 128
-_K_TILE = 64
+# 3xTF32 split pre-pass: threads per CTA, elements per thread, grid rows (grid-stride beyond).
+_SPLIT_THREADS = 256
+_SPLIT_VEC = 8
+_SPLIT_MAX_ROWS = 65535
 # Stream-K workspace: 64-bit completion flags (one per CTA slot) first, partial tiles after.
 _FLAG_BYTES = 8192
+
+
+class _MmaTF32Op(warpgroup.mma.MmaOp):
+    """``wgmma.mma_async ... .f32.tf32.tf32`` (m64nNk8) with both operands K-major in shared
+    memory. The DSL's `make_trivial_tiled_mma` offers no tf32 op; the SM90 MMA atom type takes
+    the tf32 element type as it takes f16/bf16."""
+
+    descriptive_name = "warpgroup TF32 MMA Operation"
+
+    def __init__(self, tile_n: int) -> None:
+        k_major = cute.nvgpu.OperandMajorMode.K
+        super().__init__(cutlass.TFloat32, cutlass.TFloat32, Float32, (64, tile_n, 8),
+                         warpgroup.OperandSource.SMEM, k_major, k_major)
+
+    def _make_trait(self, *, loc=None, ip=None, **kwargs):
+        shape_mnk = _pack_shape(self.shape_mnk, loc=loc, ip=ip)
+        ty = _cute_nvgpu_ir.MmaAtomSM90Type.get(
+            shape_mnk.type.attribute, self.a_major_mode._to_ir(), self.b_major_mode._to_ir(),
+            self.a_dtype.mlir_type, self.b_dtype.mlir_type, self.acc_dtype.mlir_type, self.a_src._to_ir())
+        return warpgroup.mma.MmaF16BF16Trait(make_atom(ty, [cutlass.Boolean(False).ir_value(loc=loc, ip=ip)],
+                                                       loc=loc, ip=ip))
+
+
+@cutlass.dsl_user_op
+def _tf32_small_bits(a: Float32, big_bits: Int32, *, loc=None, ip=None) -> Int32:
+    """tf32(a - big) (round to nearest, ties away) as bits, ``big_bits`` being tf32(a)."""
+    return Int32(llvm.inline_asm(
+        Int32.mlir_type, [Float32(a).ir_value(loc=loc, ip=ip), Int32(big_bits).ir_value(loc=loc, ip=ip)],
+        "{ .reg .f32 b, s; mov.b32 b, $2; sub.f32 s, $1, b; cvt.rna.tf32.f32 $0, s; }",
+        "=r,f,r", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 class Sm90WarpSpecializedGemmImpl:
     """The CuTe DSL kernel; one object per configuration (all arguments are compile-time).
 
-    ``tile_mn``: CTA tile (M, N); K tile is 64. ``cluster_mn``: (2, 1) multicasts B across the
+    ``tile_mn``: CTA tile (M, N); ``k_tile``: 64 for 16-bit operands, 32 for f32 (tf32: 128
+    bytes, the swizzle width). ``split3``: f32 operands as 3xTF32 through the workspace.
+    ``promote_every``: add the wgmma accumulator into a register f32 accumulator every that many
+    k-tiles (0: accumulate in the wgmma accumulator only). ``cluster_mn``: (2, 1) multicasts B across the
     two CTAs of a cluster, (1, 2) multicasts A. ``schedule``: "cooperative" or "pingpong".
     ``swizzle``: clusters per raster band; ``raster_along_m``: walk M fastest.
     ``ab_stages``/``epi_stages``: shared-memory ring depths (the interface sizes them).
@@ -68,7 +122,8 @@ class Sm90WarpSpecializedGemmImpl:
 
     def __init__(self, tile_mn: tuple[int, int], cluster_mn: tuple[int, int], schedule: str, swizzle: int,
                  raster_along_m: bool, ab_stages: int, epi_stages: int, epilogue, epi_n: int = 32,
-                 stream_k: bool = False, sk_any_wave_max_k_tiles: int = 0) -> None:
+                 stream_k: bool = False, sk_any_wave_max_k_tiles: int = 0, k_tile: int = 64,
+                 split3: bool = False, promote_every: int = 0) -> None:
         if schedule not in ("cooperative", "pingpong"):
             raise ValueError(f"schedule must be 'cooperative' or 'pingpong', got {schedule!r}")
         self.tile_m, self.tile_n = tile_mn
@@ -80,6 +135,13 @@ class Sm90WarpSpecializedGemmImpl:
         self.epi_stages = epi_stages
         self.stream_k = bool(stream_k)
         self.sk_any_wave_max_k_tiles = int(sk_any_wave_max_k_tiles)
+        self.k_tile = int(k_tile)
+        self.split3 = bool(split3)
+        if self.split3 and self.stream_k:
+            raise ValueError("3xTF32 (split3) uses the workspace for the split operands: no stream-K")
+        self.promote_every = int(promote_every)
+        if self.promote_every < 0:
+            raise ValueError(f"promote_every must be >= 0, got {promote_every}")
         self.scaled = bool(epilogue.scaled)
         self.has_c = bool(epilogue.has_c)
         self.bias = epilogue.bias
@@ -130,19 +192,36 @@ class Sm90WarpSpecializedGemmImpl:
         c = None
         if const_expr(self.has_c):
             c = self._mnl_view(mC, False)
+        tf32 = const_expr(a.element_type == Float32)
+        if const_expr(a.element_type != b.element_type or (a.element_type.width != 16 and not tf32)):
+            raise TypeError(f"A and B must share a 16-bit type or f32, got {a.element_type} and {b.element_type}")
+        if const_expr(self.split3 and not tf32):
+            raise TypeError("split3 (3xTF32) needs f32 operands")
+        # (3xTF32 reads A and B in any layout: the pre-pass writes K-major copies)
+        if const_expr(tf32 and not self.split3 and (LayoutEnum.from_tensor(a) != LayoutEnum.ROW_MAJOR
+                                                    or LayoutEnum.from_tensor(b) != LayoutEnum.ROW_MAJOR)):
+            raise TypeError("tf32 wgmma needs K-major A (row-major) and K-major B (column-major)")
+        if const_expr(self.split3):
+            a, b = self._split_operands(a, b, mWorkspace, stream)
+            mWorkspace = None
+        elif const_expr(tf32):
+            # TMA moves the f32 bits as they are; the tf32 wgmma ignores the low 13 mantissa bits
+            a = cute.make_tensor(cute.recast_ptr(a.iterator, dtype=cutlass.TFloat32), a.layout)
+            b = cute.make_tensor(cute.recast_ptr(b.iterator, dtype=cutlass.TFloat32), b.layout)
         self.a_dtype = a.element_type
         self.b_dtype = b.element_type
         self.d_dtype = d.element_type
         self.a_layout = LayoutEnum.from_tensor(a)
         self.b_layout = LayoutEnum.from_tensor(b)
         self.d_layout = LayoutEnum.from_tensor(d)
-        if const_expr(self.a_dtype != self.b_dtype or self.a_dtype.width != 16):
-            raise TypeError(f"A and B must share a 16-bit type, got {self.a_dtype} and {self.b_dtype}")
 
-        tile_mnk = (self.tile_m, self.tile_n, _K_TILE)
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(), self.b_layout.sm90_mma_major_mode(),
-            self.acc_dtype, self.atom_layout, tiler_mn=(64, self.tile_n))
+        tile_mnk = (self.tile_m, self.tile_n, self.k_tile)
+        if const_expr(tf32):
+            tiled_mma = cute.make_tiled_mma(cute.make_mma_atom(_MmaTF32Op(self.tile_n)), self.atom_layout)
+        else:
+            tiled_mma = sm90_utils.make_trivial_tiled_mma(
+                self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
+                self.b_layout.sm90_mma_major_mode(), self.acc_dtype, self.atom_layout, tiler_mn=(64, self.tile_n))
         a_smem = sm90_utils.make_smem_layout_a(self.a_layout, tile_mnk, self.a_dtype, self.ab_stages)
         b_smem = sm90_utils.make_smem_layout_b(self.b_layout, tile_mnk, self.b_dtype, self.ab_stages)
         epi_smem = sm90_utils.make_smem_layout_epi(self.d_dtype, self.d_layout, self.epi_tile,
@@ -153,9 +232,9 @@ class Sm90WarpSpecializedGemmImpl:
         b_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.cluster_m > 1) \
             else cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
-            a_op, a, cute.slice_(a_smem, (None, None, 0)), (self.tile_m, _K_TILE), num_multicast=self.cluster_n)
+            a_op, a, cute.slice_(a_smem, (None, None, 0)), (self.tile_m, self.k_tile), num_multicast=self.cluster_n)
         tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
-            b_op, b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, _K_TILE), num_multicast=self.cluster_m)
+            b_op, b, cute.slice_(b_smem, (None, None, 0)), (self.tile_n, self.k_tile), num_multicast=self.cluster_m)
         tma_atom_d, tma_d = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), d, cute.slice_(epi_smem, (None, None, 0)), self.epi_tile)
 
@@ -188,6 +267,65 @@ class Sm90WarpSpecializedGemmImpl:
             min_blocks_per_mp=1,
             stream=stream,
         )
+
+    # ------------------------------------------------------------------ 3xTF32 split
+    @cute.jit
+    def _split_operands(self, a: cute.Tensor, b: cute.Tensor, mWorkspace: cute.Tensor, stream: cuda.CUstream):
+        """Launch the split pre-pass of A (M, K, L) and B (N, K, L), both K-major, into the
+        workspace; return the tf32 views (M, 3K, L) and (N, 3K, L) the GEMM reads.
+
+        Workspace: A's rows, then B's, each row 3K words padded to 4 (TMA's 16-byte strides)."""
+        m, k, l = a.shape
+        n = b.shape[0]
+        k3 = k * 3
+        ldw = cute.assume((k3 + 3) // 4 * 4, divby=4)
+        ld64 = cutlass.Int64(ldw)
+        words = cute.recast_ptr(mWorkspace.iterator, dtype=Int32)
+        a_ws = cute.make_tensor(words, cute.make_layout((m, k3, l), stride=(ld64, 1, ld64 * m)))
+        b_words = words + ld64 * m * l
+        b_ws = cute.make_tensor(b_words, cute.make_layout((n, k3, l), stride=(ld64, 1, ld64 * n)))
+        per_cta = _SPLIT_THREADS * _SPLIT_VEC
+        self._split_kernel(a, a_ws, 0).launch(
+            grid=((k + per_cta - 1) // per_cta, cutlass.min(m * l, _SPLIT_MAX_ROWS), 1),
+            block=[_SPLIT_THREADS, 1, 1], stream=stream)
+        self._split_kernel(b, b_ws, 1).launch(
+            grid=((k + per_cta - 1) // per_cta, cutlass.min(n * l, _SPLIT_MAX_ROWS), 1),
+            block=[_SPLIT_THREADS, 1, 1], stream=stream)
+        a_tf = cute.make_tensor(cute.recast_ptr(words, dtype=cutlass.TFloat32), a_ws.layout)
+        b_tf = cute.make_tensor(cute.recast_ptr(b_words, dtype=cutlass.TFloat32), b_ws.layout)
+        return a_tf, b_tf
+
+    @cute.kernel
+    def _split_kernel(self, src: cute.Tensor, dst: cute.Tensor, small_segment: cutlass.Constexpr):
+        """dst[r, s*K + k, l] = tf32 bits of big (segments != small_segment) or small (==)
+        of src[r, k, l]; rows r walk the grid's y (grid-stride), k the x (coalesced)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        _, gy, _ = cute.arch.grid_dim()
+        r_ext, k_ext, l_ext = src.shape
+        rows = r_ext * l_ext
+        row = by
+        k0 = bx * (_SPLIT_THREADS * _SPLIT_VEC) + tidx
+        vals = cute.make_rmem_tensor((_SPLIT_VEC,), Float32)
+        while row < rows:
+            batch = row // r_ext
+            r = row - batch * r_ext
+            # all loads first: several in flight per thread (stores might alias them otherwise)
+            for j in cutlass.range_constexpr(_SPLIT_VEC):
+                if k0 + j * _SPLIT_THREADS < k_ext:
+                    vals[j] = src[r, k0 + j * _SPLIT_THREADS, batch]
+            for j in cutlass.range_constexpr(_SPLIT_VEC):
+                kk = k0 + j * _SPLIT_THREADS
+                if kk < k_ext:
+                    x = vals[j]
+                    big = Int32(cute.arch.cvt_f32_tf32(x))
+                    small = _tf32_small_bits(x, big)
+                    for seg in cutlass.range_constexpr(3):
+                        if const_expr(seg == small_segment):
+                            dst[r, kk + seg * k_ext, batch] = small
+                        else:
+                            dst[r, kk + seg * k_ext, batch] = big
+            row = row + gy
 
     # ------------------------------------------------------------------ device side
     @cute.jit
@@ -274,6 +412,15 @@ class Sm90WarpSpecializedGemmImpl:
         return valid, tile, kb, ke, dp_next, sk_cur
 
     @cute.jit
+    def _promote(self, acc: cute.Tensor, acc_sum: cute.Tensor):
+        """acc_sum += acc once the committed wgmmas are done; then a wgmma fence, as the next
+        wgmma writes registers this thread just read."""
+        warpgroup.wait_group(0)
+        for v in cutlass.range_constexpr(cute.size(acc)):
+            acc_sum[v] = acc_sum[v] + acc[v]
+        warpgroup.fence()
+
+    @cute.jit
     def _activate(self, x: Float32) -> Float32:
         y = x
         if const_expr(self.activation == "relu"):
@@ -332,8 +479,8 @@ class Sm90WarpSpecializedGemmImpl:
         sD = storage.sD.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
 
         # (bM, bK, tiles M, tiles K, L) and friends
-        gA = cute.local_tile(mA_mkl, (self.tile_m, _K_TILE), (None, None, None))
-        gB = cute.local_tile(mB_nkl, (self.tile_n, _K_TILE), (None, None, None))
+        gA = cute.local_tile(mA_mkl, (self.tile_m, self.k_tile), (None, None, None))
+        gB = cute.local_tile(mB_nkl, (self.tile_n, self.k_tile), (None, None, None))
         gD = cute.local_tile(mD_mnl, (self.tile_m, self.tile_n), (None, None, None))
         k_tiles = cute.size(gA, mode=[3])
 
@@ -415,6 +562,10 @@ class Sm90WarpSpecializedGemmImpl:
             tCrB = tiled_mma.make_fragment_B(tCsB)
             acc_shape = thr_mma.partition_shape_C((self.tile_m, self.tile_n))
             acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+            # what the epilogue (and stream-K) reads: the promoted sum, or the wgmma accumulator
+            acc_sum = acc
+            if const_expr(self.promote_every > 0):
+                acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
             k_blocks = cute.size(tCrA, mode=[2])
 
             # epilogue partitions: accumulator fragment -> (stmatrix) -> swizzled smem subtile
@@ -425,7 +576,7 @@ class Sm90WarpSpecializedGemmImpl:
             tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(shape_atom, tiled_mma))
             thr_r2s = tiled_r2s.get_slice(etid)
             tRS_sD = thr_r2s.partition_D(sD)                               # (R2S, R2S_M, R2S_N, slot)
-            tRS_acc = tiled_r2s.retile(acc)
+            tRS_acc = tiled_r2s.retile(acc_sum)
             rD_shape = cute.shape(thr_r2s.partition_S(sD))[:3]
             tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
             tRS_rOut = cute.make_rmem_tensor(rD_shape, self.d_dtype)
@@ -487,6 +638,8 @@ class Sm90WarpSpecializedGemmImpl:
                 # the first k-block overwrites the accumulators (scale-d = 0): no zero fill, which
                 # would make ptxas serialise the first wgmmas behind the register moves
                 tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                if const_expr(self.promote_every > 0):
+                    acc_sum.fill(0.0)  # (its own registers: no wait on the wgmma accumulator)
                 ab_pipe.consumer_wait(read_state)
                 warpgroup.fence()
                 for kb_i in cutlass.range_constexpr(k_blocks):
@@ -495,14 +648,31 @@ class Sm90WarpSpecializedGemmImpl:
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
                 read_state.advance()
+                if const_expr(self.promote_every == 1):
+                    self._promote(acc, acc_sum)
                 for k in range(1, n_k):
                     ab_pipe.consumer_wait(read_state)
+                    # with promotion, a new group of k-tiles restarts the wgmma accumulator
+                    if const_expr(self.promote_every == 1):
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                    elif const_expr(self.promote_every > 1):
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, k % self.promote_every != 0)
                     for kb_i in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb_i, read_state.index)],
                                   tCrB[(None, None, kb_i, read_state.index)], acc)
+                        if const_expr(self.promote_every > 0):
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.commit_group()
-                    # keep one k-tile of wgmma in flight; the one before it is done with its stage
-                    warpgroup.wait_group(1)
+                    if const_expr(self.promote_every == 1):
+                        self._promote(acc, acc_sum)  # (waits for this k-tile's wgmmas)
+                    elif const_expr(self.promote_every > 1):
+                        if (k + 1) % self.promote_every == 0:
+                            self._promote(acc, acc_sum)
+                        else:
+                            warpgroup.wait_group(1)
+                    else:
+                        # keep one k-tile of wgmma in flight; the one before it is done with its stage
+                        warpgroup.wait_group(1)
                     ab_pipe.consumer_release(release_state)
                     release_state.advance()
                     read_state.advance()
@@ -514,6 +684,9 @@ class Sm90WarpSpecializedGemmImpl:
                         cute.arch.barrier_arrive(barrier_id=_BAR_ORDER + 1 - cwg,
                                                  number_of_threads=2 * _THREADS_PER_WG)
                 warpgroup.wait_group(0)
+                if const_expr(self.promote_every > 1):
+                    if n_k % self.promote_every != 0:
+                        self._promote(acc, acc_sum)  # the last, partial group
                 ab_pipe.consumer_release(release_state)
                 release_state.advance()
                 if const_expr(self.pingpong):
@@ -526,8 +699,8 @@ class Sm90WarpSpecializedGemmImpl:
                     if kb > 0:
                         # the tail of a tile whose head another cluster owns: leave the partial sum
                         base = my_slot * slot_elems + etid
-                        for v in cutlass.range_constexpr(cute.size(acc)):
-                            partials[base + v * self.epi_threads] = acc[v]
+                        for v in cutlass.range_constexpr(cute.size(acc_sum)):
+                            partials[base + v * self.epi_threads] = acc_sum[v]
                         epi_bar.arrive_and_wait()
                         if etid == 0:
                             cute.arch.fence_acq_rel_gpu()
@@ -545,8 +718,8 @@ class Sm90WarpSpecializedGemmImpl:
                                             scope="gpu")
                         epi_bar.arrive_and_wait()
                         base = next_slot * slot_elems + etid
-                        for v in cutlass.range_constexpr(cute.size(acc)):
-                            acc[v] = acc[v] + partials[base + v * self.epi_threads]
+                        for v in cutlass.range_constexpr(cute.size(acc_sum)):
+                            acc_sum[v] = acc_sum[v] + partials[base + v * self.epi_threads]
 
                 # ------------------------------------------------------------ epilogue
                 if do_epilogue > 0:
