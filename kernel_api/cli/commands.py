@@ -214,14 +214,14 @@ def cmd_records(ns: argparse.Namespace) -> int:
 def cmd_precompile(ns: argparse.Namespace) -> int:
     from .precompile import run_precompile
 
-    return run_precompile(ns.shapes, ns.cc, ns.top, ns.workers)
+    return run_precompile(ns.shapes, ns.cc, ns.top, ns.workers, providers=ns.provider)
 
 
 def cmd_bundle(ns: argparse.Namespace) -> int:
     from .precompile import run_bundle_create, run_bundle_install
 
     if ns.action == "create":
-        return run_bundle_create(ns.file, ns.shapes, ns.cc, ns.top, ns.workers)
+        return run_bundle_create(ns.file, ns.shapes, ns.cc, ns.top, ns.workers, providers=ns.provider)
     if ns.shapes is not None:
         raise ValueError("--shapes is for `bundle create`")
     return run_bundle_install(ns.file)
@@ -273,6 +273,8 @@ def make_parser() -> argparse.ArgumentParser:
     pre_p.add_argument("--cc", required=True, help="target compute capability, e.g. 90")
     pre_p.add_argument("--top", type=int, default=1, help="candidates per shape, in PickAny's order (default 1)")
     pre_p.add_argument("--workers", type=int, default=None, help="compile processes (default: min(4, CPUs))")
+    pre_p.add_argument("--provider", action="append", default=None,
+                       help="rank only this provider's kernels (repeatable; the torch provider compiles nothing)")
     bundle_p = sub.add_parser("bundle", help="carry compiled kernels and tuning records to other machines (tar)")
     bundle_p.add_argument("action", choices=("create", "install"),
                           help="create: pack the cache and records; install: check and unpack one")
@@ -282,6 +284,8 @@ def make_parser() -> argparse.ArgumentParser:
     bundle_p.add_argument("--cc", default=None, help="with --shapes: target compute capability, e.g. 90")
     bundle_p.add_argument("--top", type=int, default=1, help="with --shapes: candidates per shape (default 1)")
     bundle_p.add_argument("--workers", type=int, default=None, help="with --shapes: compile processes")
+    bundle_p.add_argument("--provider", action="append", default=None,
+                          help="with --shapes: rank only this provider's kernels (repeatable)")
     return parser
 
 

@@ -91,7 +91,7 @@ def entry_arguments(entry: dict, index: int, source: str = "shapes file") -> Any
 
 
 def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
-                   show: Callable[..., Any] = print) -> int:
+                   show: Callable[..., Any] = print, providers: list[str] | None = None) -> int:
     """``precompile``: compile, report, and return the exit status (1 when anything failed)."""
     from ..core.arch import normalize_cc
     from ..core.cache import cache_dir
@@ -108,7 +108,7 @@ def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
     entries = load_shapes(shapes)
     arguments = [entry_arguments(e, i, f"shapes file {shapes}") for i, e in enumerate(entries)]
     results = precompile(arguments, target, top=top, num_workers=workers or default_workers(),
-                         progress=progress("precompile"))
+                         progress=progress("precompile"), providers=providers)
     failed = [r for r in results if r.failure is not None]
     for r in failed:
         show(f"entry {r.entry}: {r.kernel_name or 'no kernel'}: {r.failure.splitlines()[0]}", file=sys.stderr)
@@ -118,7 +118,7 @@ def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
 
 
 def run_bundle_create(path: str, shapes: str | None, cc: Any, top: int, workers: int | None,
-                      show: Callable[..., Any] = print) -> int:
+                      show: Callable[..., Any] = print, providers: list[str] | None = None) -> int:
     """``bundle create``: pack the cache and the tuning records; with ``shapes``, compile those
     shapes into a temporary cache folder first and pack only its kernels."""
     from ..core.cache import ENV_DIR, cache_dir
@@ -136,7 +136,7 @@ def run_bundle_create(path: str, shapes: str | None, cc: Any, top: int, workers:
             previous = os.environ.get(ENV_DIR)
             os.environ[ENV_DIR] = scratch
             try:
-                status = run_precompile(shapes, cc, top, workers, show=show)
+                status = run_precompile(shapes, cc, top, workers, show=show, providers=providers)
             finally:
                 if previous is None:
                     del os.environ[ENV_DIR]

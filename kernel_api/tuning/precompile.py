@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .. import registry
 from ..core.arch import normalize_cc
@@ -36,7 +36,7 @@ def default_workers() -> int:
 
 def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: int | None = None,
                progress: Callable[[int, int, str], None] | None = None,
-               timeout: float | None = None) -> list[PrecompileResult]:
+               timeout: float | None = None, providers: Sequence[str] | None = None) -> list[PrecompileResult]:
     """Compile the ``top`` best-ranked candidates (PickAny's order) of each arguments object for
     ``cc`` into the disk caches, in worker processes.
 
@@ -48,6 +48,10 @@ def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: i
         num_workers: worker processes (default `default_workers`).
         progress: called as ``progress(done, total, label)`` after each compile.
         timeout: seconds one compile may take before its worker is stopped (None: no limit).
+        providers: only these providers' kernels are ranked (None: every provider). Vendor
+            kernels (the ``torch`` provider) compile nothing ahead of time, so a problem whose
+            best-ranked kernel is one of them leaves nothing in the cache; name our providers
+            (``["cutedsl", "cuda_src"]``) to warm our kernels for it regardless.
 
     Returns:
         One `PrecompileResult` per kernel tried, in the problems' order. A problem no kernel
@@ -67,7 +71,7 @@ def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: i
     results: list[PrecompileResult | None] = []
     requests, slots = [], []
     for index, args in enumerate(arguments):
-        kernels = registry.get_kernels(args, cc=target)
+        kernels = registry.get_kernels(args, cc=target, providers=providers)
         if not kernels:
             results.append(PrecompileResult(index, "", f"no kernel for {args!r} at cc {target} "
                                                        f"(`kernel-api explain` says why)"))
