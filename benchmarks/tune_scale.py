@@ -2,6 +2,11 @@
 
     python benchmarks/tune_scale.py                      # 16 shapes, 8 candidates each
     python benchmarks/tune_scale.py --max-candidates 4 --repeat 20
+    torchrun --standalone --nproc-per-node 2 -m kernel_api.tune \
+        --shapes benchmarks/tune_scale_shapes.json --max-candidates 8     # the same shapes, one rank per GPU
+
+The shapes are benchmarks/tune_scale_shapes.json (a ``kernel-api tune --shapes`` file): prefill-
+and training-sized projections of a few model widths, and square problems.
 
 1. Compiles each shape's candidates (the best-ranked ``--max-candidates``, PickBest's order) for
    this GPU's cc into the compile cache (`precompile`, timed and reported), so that both tuning
@@ -31,16 +36,12 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from kernel_api.cli.commands import gemm_arguments  # noqa: E402
+from kernel_api.cli.precompile import entry_arguments, load_shapes  # noqa: E402
 from kernel_api.tuning.precompile import precompile  # noqa: E402
 from kernel_api.tuning.records import TuningRecords  # noqa: E402
 from kernel_api.tuning.scale import tune_shapes  # noqa: E402
 
-# (M, N, K): prefill- and training-sized projections of a few model widths, and square problems.
-SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 2048, 2048), (1024, 1024, 1024),
-          (8192, 4096, 4096), (4096, 8192, 4096), (4096, 4096, 8192), (8192, 2048, 8192),
-          (2048, 8192, 2048), (4096, 11008, 4096), (4096, 4096, 11008), (8192, 1024, 4096),
-          (1024, 8192, 8192), (2048, 4096, 1024), (512, 4096, 4096), (4096, 512, 4096)]
+SHAPES_FILE = os.path.join(ROOT, "benchmarks", "tune_scale_shapes.json")
 WITHIN = 0.03
 
 
@@ -49,14 +50,15 @@ def main() -> None:
     parser.add_argument("--max-candidates", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--compile-workers", type=int, default=None, help="for the compile step (default: CPUs, <= 16)")
-    parser.add_argument("--layout", default="tnt")
+    parser.add_argument("--shapes", default=SHAPES_FILE, help="a shapes file (default: the 16 bf16 GEMMs)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_scale.py needs a CUDA GPU")
     gpus = torch.cuda.device_count()
     device = torch.cuda.get_device_name(0)
     major, minor = torch.cuda.get_device_capability(0)
-    problems = [gemm_arguments(m, n, k, dtype="bf16", layout=args.layout) for m, n, k in SHAPES]
+    entries = load_shapes(args.shapes)
+    problems = [entry_arguments(e, i) for i, e in enumerate(entries)]
 
     start = time.perf_counter()
     compiled = precompile(problems, major * 10 + minor, top=args.max_candidates,
@@ -86,8 +88,9 @@ def main() -> None:
     multi = runs.get(f"{gpus}gpu", single)
     speedup = single["seconds"] / multi["seconds"]
     rows, agree = [], 0
-    for (m, n, k), one, many in zip(SHAPES, single["results"], multi["results"]):
-        row = {"shape": [m, n, k], "single_winner": one.kernel_name, "single_ms": one.median_ms,
+    for e, one, many in zip(entries, single["results"], multi["results"]):
+        row = {"shape": [e["m"], e["n"], e["k"]] if e["op"] == "gemm" else [e["rows"], e["cols"]],
+               "single_winner": one.kernel_name, "single_ms": one.median_ms,
                "multi_winner": many.kernel_name, "multi_ms": many.median_ms, "multi_device": many.device,
                "failure": one.failure or many.failure}
         if one.failure is None and many.failure is None:
@@ -114,7 +117,7 @@ def main() -> None:
           f"speedup {speedup:.2f}x; {agree} of {len(rows)} winners the same or within 3%")
 
     summary = {"device": device, "gpus": gpus, "max_candidates": args.max_candidates, "repeat": args.repeat,
-               "layout": args.layout, "compile_s": compile_s, "compile_failures": len(failed),
+               "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s, "compile_failures": len(failed),
                "single_gpu_s": single["seconds"], "multi_gpu_s": multi["seconds"], "speedup": speedup,
                "winners_ok": agree, "shapes": rows, "torch": torch.__version__}
     name = f"tune_scale-{device.replace(' ', '_')}-{gpus}gpu.json"

@@ -244,7 +244,10 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
             tensors on the ``meta`` device do (``kernel_api.cli.precompile.load_shapes`` and
             ``entry_arguments`` read a shapes file into them).
         devices: CUDA device indices (default: every visible GPU). One worker process per
-            device tunes its shard; with one device the shard is tuned in this process.
+            device tunes its shard; with one device the shard is tuned in this process. A
+            worker sees the kernels that register on import (the shipped providers and the
+            plugins' entry points), not kernel classes this process registered at run time:
+            tune those with one device.
         max_candidates, repeat, compile_timeout, bucket: as for `PickBest` (a bucket function
             must be importable by other processes: a module-level function or
             ``"module:function"``).
