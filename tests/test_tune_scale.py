@@ -118,6 +118,22 @@ def test_the_parent_merges_the_shard_records_and_reports_in_order(monkeypatch, t
     assert {r.operation: r.kernel_name for r in store.all()} == {"op0": "old_winner", "op1": "k1"}
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a worker that cannot use its GPU")
+def test_a_worker_that_dies_fails_its_problems_with_its_stderr(monkeypatch, tmp_path):
+    """Two worker processes started (as on two GPUs) on a machine without CUDA: each dies at its
+    first CUDA call, and each of its problems is reported failed with the worker's last words."""
+    monkeypatch.setattr(scale, "_visible_devices", lambda devices: [0, 1])
+    store = TuningRecords(tmp_path / "t.sqlite")
+    results = tune_shapes([gemm_arguments(64, 64, 64), gemm_arguments(256, 256, 256), softmax_arguments(64, 64)],
+                          records=store)
+    assert [r.index for r in results] == [0, 1, 2] and {r.device for r in results} == {0, 1}
+    for r in results:
+        assert r.record is None and r.failure.startswith(f"the tuning worker for GPU {r.device} exited (1) before "
+                                                         f"it finished: ")
+        assert "CUDA" in r.failure.splitlines()[0]  # its traceback's last line, then the tail
+    assert store.all() == []
+
+
 # ---- the command line -----------------------------------------------------------------------
 def _cli(capsys, *argv):
     status = main(list(argv))

@@ -349,14 +349,16 @@ class _TuneWorker:
             _log.info("tune worker for GPU %d: %s", self.device, exc)
         except BaseException as exc:  # a failing progress callback: re-raised by the caller
             self.error = exc
+            self.process.kill()
         finally:
             code = self.process.wait()
             missing = [i for i, _, _ in self.entries if i not in self.answered]
             if missing and self.error is None:
                 self.stderr.seek(0)
                 tail = self.stderr.read().decode(errors="replace").strip()[-800:]
+                # The last line (an exception's message) first: one-line reports show it.
                 why = f"the tuning worker for GPU {self.device} exited ({code}) before it finished" + \
-                      (f": {tail}" if tail else "")
+                      (f": {tail.splitlines()[-1]}\n{tail}" if tail else "")
                 for i in missing:
                     self.done(ShapeTuning(i, self.device, failure=why))
 
@@ -372,5 +374,6 @@ class _TuneWorker:
                 self.process.kill()
             except OSError:
                 pass
-        self.thread.join(timeout=10)
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout=10)
         self.stderr.close()
