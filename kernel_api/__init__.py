@@ -28,6 +28,7 @@ from .core.status import Reason, Status
 from . import registry, kernel, providers  # noqa: E402  (providers register themselves)
 from .tuning.policies import PickAny, PickBest, Policy  # noqa: E402
 from .tuning.settings import settings  # noqa: E402
+from .tuning.scale import tune_shapes  # noqa: E402
 from . import ops  # noqa: E402
 from . import nn  # noqa: E402  (torch modules through ops)
 
@@ -40,5 +41,5 @@ __all__ = [
     "RegistrationError", "RowReductionDesignMetadata", "SoftmaxArguments", "SoftmaxBackwardArguments",
     "SoftmaxBackwardOperandsMetadata", "SoftmaxOperandsMetadata", "Status", "TensorAttributes",
     "UnsupportedArgumentsError", "available_providers", "explain", "get_kernels", "plugin_errors",
-    "register_provider", "PickAny", "PickBest", "Policy", "settings", "ops", "nn",
+    "register_provider", "PickAny", "PickBest", "Policy", "settings", "tune_shapes", "ops", "nn",
 ]

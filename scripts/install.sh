@@ -4,6 +4,11 @@
 #   bash scripts/install.sh               install
 #   bash scripts/install.sh --dry-run     print the decisions and the commands, change nothing
 #   bash scripts/install.sh --which-python   print the interpreter it installs into (scripts/python runs it)
+#   bash scripts/install.sh --lower-bounds   (with --dry-run or --which-python too) install into
+#       ./.venv-lower-bounds, a separate environment, with every ranged dependency at its lower
+#       bound (pip -c ci/lower-bounds.txt) and the cu13 extra the constraints are written for:
+#       what CI tests the declared lower bounds with (.ci/run). Never into an existing environment,
+#       which it would downgrade.
 #
 # Where: $PYTHON if set; else the active virtual or conda environment's python3; else ./.venv when
 # it exists; else python3, unless that interpreter is marked externally managed (PEP 668: a
@@ -28,13 +33,19 @@ cd "$(dirname "$0")/.."
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 CPU_INDEX=https://download.pytorch.org/whl/cpu
 BUILD_REQUIREMENTS=("setuptools>=70.1" "apache-tvm-ffi>=0.1.15,<0.2")  # = pyproject's [build-system] requires
+LOWER_BOUNDS_FILE=ci/lower-bounds.txt
 MODE=install
-case "${1:-}" in
-  "") ;;
-  --dry-run) MODE=dry-run ;;
-  --which-python) MODE=which ;;
-  *) echo "usage: bash scripts/install.sh [--dry-run | --which-python]" >&2; exit 2 ;;
-esac
+LOWER_BOUNDS=""
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) MODE=dry-run ;;
+    --which-python) MODE=which ;;
+    --lower-bounds) LOWER_BOUNDS=1 ;;
+    *) echo "usage: bash scripts/install.sh [--dry-run | --which-python] [--lower-bounds]" >&2; exit 2 ;;
+  esac
+done
+CONSTRAINTS=()
+if [ -n "$LOWER_BOUNDS" ]; then CONSTRAINTS=(-c "$LOWER_BOUNDS_FILE"); fi
 
 say() { if [ "$MODE" != which ]; then echo "install.sh: $*"; fi; }
 run() {
@@ -83,7 +94,10 @@ local_torch_wheel() {
 
 # --- which interpreter ---
 CREATE_VENV=""
-if [ -n "${PYTHON:-}" ]; then
+if [ -n "$LOWER_BOUNDS" ]; then
+  PY=.venv-lower-bounds/bin/python WHY="--lower-bounds: a separate environment at the lower bounds"
+  if [ ! -x "$PY" ]; then CREATE_VENV=python3; fi
+elif [ -n "${PYTHON:-}" ]; then
   PY=$PYTHON WHY="\$PYTHON"
 elif [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then
   PY=python3 WHY="the active environment (${VIRTUAL_ENV:-${CONDA_PREFIX}})"
@@ -103,9 +117,12 @@ fi
 say "python: $PY ($WHY)"
 
 if [ -n "$CREATE_VENV" ]; then
-  say "venv: creating ./.venv with $CREATE_VENV (scripts/python runs it; or: source .venv/bin/activate)"
-  if ! run "$CREATE_VENV" -m venv .venv; then
-    echo "install.sh: '$CREATE_VENV -m venv .venv' failed; on Debian/Ubuntu install the venv module first" \
+  VENV_DIR=${PY%/bin/python}
+  RUNNER="scripts/python runs it"
+  if [ -n "$LOWER_BOUNDS" ]; then RUNNER="run it as $PY"; fi
+  say "venv: creating ./$VENV_DIR with $CREATE_VENV ($RUNNER; or: source $VENV_DIR/bin/activate)"
+  if ! run "$CREATE_VENV" -m venv "$VENV_DIR"; then
+    echo "install.sh: '$CREATE_VENV -m venv $VENV_DIR' failed; on Debian/Ubuntu install the venv module first" \
          "(sudo apt install python3-venv), or set PYTHON to an interpreter you may install into" >&2
     exit 1
   fi
@@ -139,8 +156,15 @@ fi
 
 # --- CUDA extra ---
 CUDA=${KERNEL_API_CUDA:-auto}
+if [ -n "$LOWER_BOUNDS" ]; then
+  if [ "$CUDA" != auto ] && [ "$CUDA" != cu13 ]; then
+    echo "install.sh: --lower-bounds installs the cu13 extra ($LOWER_BOUNDS_FILE pins its bounds), not '$CUDA'" >&2
+    exit 2
+  fi
+  CUDA=cu13
+fi
 case "$CUDA" in
-  cu12|cu13|none) WHY="KERNEL_API_CUDA" ;;
+  cu12|cu13|none) WHY="KERNEL_API_CUDA"; if [ -n "$LOWER_BOUNDS" ]; then WHY="--lower-bounds"; fi ;;
   auto)
     if ! fresh && has_cutlass_dsl "$PY"; then
       CUDA=none WHY="nvidia-cutlass-dsl is installed: keeping its CUDA stack"
@@ -160,8 +184,11 @@ EXTRAS=dev
 if [ "$CUDA" != none ]; then EXTRAS="$CUDA,dev"; fi
 say "cuda extra: $CUDA ($WHY)"
 
-run "$PY" -m pip install -q "${BUILD_REQUIREMENTS[@]}"
-run "$PY" -m pip install -q --no-build-isolation -e ".[$EXTRAS]"
-if [ "$PY" != python3 ] && [ "$MODE" = install ]; then
+if [ -n "$LOWER_BOUNDS" ]; then say "constraints: $LOWER_BOUNDS_FILE (every ranged dependency at its lower bound)"; fi
+run "$PY" -m pip install -q ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"} "${BUILD_REQUIREMENTS[@]}"
+run "$PY" -m pip install -q ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"} --no-build-isolation -e ".[$EXTRAS]"
+if [ -n "$LOWER_BOUNDS" ] && [ "$MODE" = install ]; then
+  say "installed into $PY at the lower bounds: run things with it (e.g. $PY -m pytest -q)"
+elif [ "$PY" != python3 ] && [ "$MODE" = install ]; then
   say "installed into $PY: run things with scripts/python (e.g. scripts/python -m pytest -q) or activate it"
 fi

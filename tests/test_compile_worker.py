@@ -16,7 +16,7 @@ import torch
 
 import kernel_api
 from kernel_api import GemmArguments
-from kernel_api.tuning.compile_worker import _Worker, _worker_environment, CompileRequest, describe_arguments
+from kernel_api.tuning.compile_worker import _Worker, worker_environment, CompileRequest, describe_arguments
 from kernel_api.providers.cuda_src import CudaSourceProvider
 from kernel_api.tuning.policies import PickBest
 
@@ -234,7 +234,7 @@ def test_pool_size_follows_num_workers(kernels_module, monkeypatch):
 def test_worker_gets_the_parents_environment_and_path(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path / "plugins"))
     monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(tmp_path / "cache"))
-    env = _worker_environment()
+    env = worker_environment()
     assert env["KERNEL_API_CACHE_DIR"] == str(tmp_path / "cache")
     paths = env["PYTHONPATH"].split(os.pathsep)
     assert str(REPO) in paths and paths.index(str(tmp_path / "plugins")) < paths.index(str(REPO))
@@ -245,7 +245,7 @@ def test_worker_exits_when_its_parent_dies(kernels_module, tmp_path):
     code = textwrap.dedent(f'''
         import dataclasses, os, sys, time
         sys.path[:0] = [{str(REPO)!r}, {str(tmp_path)!r}]
-        from kernel_api.tuning.compile_worker import _Worker, _encode, _worker_environment, CompileRequest
+        from kernel_api.tuning.compile_worker import _Worker, _encode, worker_environment, CompileRequest
         from kernel_api.tuning.compile_worker import describe_arguments
         import torch
         from kernel_api import GemmArguments
@@ -253,7 +253,7 @@ def test_worker_exits_when_its_parent_dies(kernels_module, tmp_path):
         args = GemmArguments(torch.empty(64, 32, **meta), torch.empty(32, 48, **meta),
                              torch.empty(64, 48, **meta), accumulator_type=torch.float32)
         kind, description = describe_arguments(args)
-        worker = _Worker(_worker_environment())
+        worker = _Worker(worker_environment())
         worker.process.stdin.write(_encode(dataclasses.asdict(CompileRequest(
             "worker_kernels", "HangingWorkerGemm", "HangingWorkerGemm_tile16", 90, kind, description))))
         print(worker.process.pid, flush=True)

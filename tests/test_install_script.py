@@ -74,10 +74,10 @@ def run(repo: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def plan(repo: Path, **env: str) -> dict[str, str]:
+def plan(repo: Path, *args: str, **env: str) -> dict[str, str]:
     """The decisions of a dry run: {"python": ..., "torch": ..., "cuda extra": ..., "venv": ...,
     "commands": "\n"-joined would-run lines}."""
-    done = run(repo, "--dry-run", **env)
+    done = run(repo, "--dry-run", *args, **env)
     assert done.returncode == 0, done.stderr
     decisions = {"commands": "\n".join(line for line in done.stdout.splitlines() if line.startswith("would run:"))}
     for line in done.stdout.splitlines():
@@ -200,3 +200,23 @@ def test_the_externally_managed_probe(tmp_path, monkeypatch, capsys):
     assert probe() == "1"
     monkeypatch.setattr(sys, "base_prefix", sys.prefix + "-base")  # inside a venv, PEP 668 does not apply
     assert probe() == "0"
+
+
+def test_lower_bounds_install_into_their_own_environment_with_the_constraints(repo):
+    """--lower-bounds: never the active environment (it would be downgraded), always cu13 (the
+    extra ci/lower-bounds.txt is written for), and -c that file on every pip install."""
+    p = plan(repo, "--lower-bounds", VIRTUAL_ENV="/somewhere/venv")
+    assert p["python"].startswith(".venv-lower-bounds/bin/python (--lower-bounds")
+    assert "would run: python3 -m venv .venv-lower-bounds" in p["commands"]
+    assert p["cuda extra"] == "cu13 (--lower-bounds)"
+    installs = [c for c in p["commands"].splitlines() if "-m pip install -q" in c and "torch" not in c]
+    assert installs == [
+        r"would run: .venv-lower-bounds/bin/python -m pip install -q -c ci/lower-bounds.txt setuptools\>=70.1 "
+        r"apache-tvm-ffi\>=0.1.15\,\<0.2",
+        r"would run: .venv-lower-bounds/bin/python -m pip install -q -c ci/lower-bounds.txt --no-build-isolation "
+        r"-e .\[cu13\,dev\]"]
+    which = run(repo, "--which-python", "--lower-bounds")
+    assert which.stdout.strip() == ".venv-lower-bounds/bin/python"
+    bad = run(repo, "--dry-run", "--lower-bounds", KERNEL_API_CUDA="cu12")
+    assert bad.returncode == 2 and "--lower-bounds installs the cu13 extra" in bad.stderr
+

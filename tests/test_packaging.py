@@ -157,3 +157,49 @@ def test_install_script_installs_the_build_requirements():
     assert line, "install.sh: BUILD_REQUIREMENTS=(...) not found"
     assert re.findall(r'"([^"]+)"', line.group(1)) == PROJECT["build-system"]["requires"]
     assert "--no-build-isolation" in script
+
+
+LOWER_BOUNDS = ROOT / "ci" / "lower-bounds.txt"
+# Ranged requirements ci/lower-bounds.txt leaves free, and why.
+NOT_PINNED = {
+    "torch": "CI keeps the CPU torch it finds (a local wheel or PyTorch's CPU index); PyPI's old torch "
+             "releases are CUDA builds that pull gigabytes of CUDA wheels",
+    "setuptools": "a build requirement: the environment's torch needs a newer one (torch 2.13 wants >= 77.0.3)",
+}
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in LOWER_BOUNDS.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            req = requirements.Requirement(line)
+            specs = list(req.specifier)
+            assert len(specs) == 1 and specs[0].operator == "==", f"ci/lower-bounds.txt: {line} (want name==version)"
+            pins[req.name] = specs[0].version
+    return pins
+
+
+def test_every_ranged_dependency_is_pinned_to_its_lower_bound_for_ci():
+    """ci/lower-bounds.txt (what `install.sh --lower-bounds` and so .ci/run install with) pins,
+    for CI's install (`.[cu13,dev]`, the build requirements), every requirement with a lower bound
+    to the lowest release of its range: the bound itself or its first release (13.0 -> 13.0.48)."""
+    version = pytest.importorskip("packaging.version")
+    reqs = parse(DEPENDENCIES + EXTRAS["cu13"] + EXTRAS["dev"] + EXTRAS["plot"] + PROJECT["build-system"]["requires"])
+    bounds: dict = {}
+    for r in reqs:
+        for spec in r.specifier:
+            if spec.operator == ">=":
+                bounds[r.name] = max(bounds.get(r.name, version.Version("0")), version.Version(spec.version))
+    pins = _pins()
+    missing = sorted(name for name in bounds if name not in pins and name not in NOT_PINNED)
+    assert not missing, f"ranged dependencies without a pin in ci/lower-bounds.txt: {missing}"
+    assert not set(pins) & set(NOT_PINNED), "pinned although listed as not pinned"
+    assert not set(pins) - set(bounds), f"pins of no ranged dependency: {sorted(set(pins) - set(bounds))}"
+    for name, pinned in pins.items():
+        found = version.Version(pinned)
+        for r in reqs:
+            assert r.name != name or r.specifier.contains(found, prereleases=True), f"{name}=={pinned} is outside {r}"
+        bound = bounds[name]
+        assert found.release[:len(bound.release)] == bound.release, \
+            f"{name}=={pinned} is not the lower bound {bound} (nor a release of it)"

@@ -6,6 +6,7 @@
     kernel-api env [--json]          # versions, driver, GPUs, cache: paste it into bug reports
     kernel-api records export FILE.json | records import FILE.json   # tuning records across machines
     kernel-api precompile --shapes FILE.json --cc 90 [--top N] [--workers N]   # fill the compile cache
+    kernel-api tune --shapes FILE.json [--devices 0,1] [--export FILE.json]   # tune on every GPU (GPU)
     kernel-api bundle create FILE.tar [--shapes FILE.json --cc 90] | bundle install FILE.tar
 
 Errors that kernel_api reports on purpose (`KernelApiError`, bad values, a missing optional
@@ -172,6 +173,17 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 
 
 def cmd_tune(ns: argparse.Namespace) -> int:
+    if ns.op is None:
+        if ns.shapes is None:
+            raise ValueError("tune: give a shapes file (--shapes FILE) or a problem (tune gemm --m ... / tune softmax ...)")
+        from .precompile import run_tune_shapes
+
+        return run_tune_shapes(ns.shapes, ns.devices, ns.export, ns.max_candidates, ns.repeat, ns.shapes_workers,
+                               ns.shapes_force, ns.bucket)
+    for flag, value in (("--shapes", ns.shapes), ("--devices", ns.devices), ("--export", ns.export),
+                        ("--bucket", ns.bucket)):
+        if value is not None:
+            raise ValueError(f"tune: {flag} is for a shapes file (tune --shapes FILE), not with a problem ({ns.op})")
     args = _gpu_arguments(ns)
     if args is None:
         return 3
@@ -251,6 +263,19 @@ def make_parser() -> argparse.ArgumentParser:
                 op_parser.add_argument("--json", default=None, help="write the table as JSON here")
             else:
                 op_parser.add_argument("--force", action="store_true", help="measure even if a record exists")
+    tune_p._subparsers._group_actions[0].required = False  # or a shapes file:
+    tune_p.add_argument("--shapes", default=None, help="tune every problem of this JSON file (the format of "
+                                                       "`precompile --shapes`), sharded over the GPUs")
+    tune_p.add_argument("--devices", default=None, help="with --shapes: GPU indices, e.g. 0,1 (default: all)")
+    tune_p.add_argument("--export", default=None, help="with --shapes: also write the winners' records here (JSON)")
+    tune_p.add_argument("--max-candidates", type=int, default=24, help="with --shapes: candidates per problem, "
+                                                                       "best-ranked first (default 24)")
+    tune_p.add_argument("--repeat", type=int, default=30, help="with --shapes: timed runs per candidate")
+    tune_p.add_argument("--workers", dest="shapes_workers", type=int, default=None,
+                        help="with --shapes: compile processes per GPU (default: CPUs / GPUs, at most 8)")
+    tune_p.add_argument("--force", dest="shapes_force", action="store_true",
+                        help="with --shapes: measure problems that already have a record")
+    tune_p.add_argument("--bucket", default=None, help="with --shapes: record per shape bucket, e.g. pow2_m")
     cache_p = sub.add_parser("cache", help="inspect or clear the compile caches and tuning records")
     cache_p.add_argument("action", choices=("info", "clear"))
     demo = sub.add_parser("demo", help="discover + compile a GEMM; on a GPU also run, verify and time vs torch")

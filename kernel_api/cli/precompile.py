@@ -1,5 +1,5 @@
-"""``kernel-api precompile --shapes FILE --cc 90`` and ``kernel-api bundle create/install``:
-the shapes file and the commands.
+"""``kernel-api precompile --shapes FILE --cc 90``, ``kernel-api tune --shapes FILE`` and
+``kernel-api bundle create/install``: the shapes file and the commands.
 
 The shapes file is a JSON list of problems::
 
@@ -161,3 +161,71 @@ def run_bundle_install(path: str, show: Callable[..., Any] = print) -> int:
          f"already present; records: {counts.records.added} added, {counts.records.replaced} replaced, "
          f"{counts.records.kept} kept (the local record was as new or newer)")
     return 0
+
+
+def parse_devices(text: str | None) -> list[int] | None:
+    """``--devices 0,1`` -> [0, 1]; None -> None (every visible GPU)."""
+    if text is None:
+        return None
+    try:
+        devices = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--devices: expected comma-separated GPU indices such as 0,1, got {text!r}") from None
+    if any(d < 0 for d in devices):
+        raise ValueError(f"--devices: GPU indices are >= 0, got {text!r}")
+    return devices
+
+
+def _describe(entry: dict) -> str:
+    if entry["op"] == "gemm":
+        batch = f"x{entry['batch']}" if entry["batch"] is not None else ""
+        return f"gemm {entry['m']}x{entry['n']}x{entry['k']}{batch} {entry['dtype']} {entry['layout']}"
+    return f"softmax {entry['rows']}x{entry['cols']} {entry['dtype']}"
+
+
+def report_tuning(entries: list[dict], results: list, show: Callable[..., Any] = print) -> int:
+    """Print one line per problem (failures on stderr); returns the number of failures."""
+    failed = 0
+    for entry, r in zip(entries, results):
+        if r.failure is not None:
+            failed += 1
+            show(f"entry {r.index} ({_describe(entry)}): {r.failure.splitlines()[0]}", file=sys.stderr)
+            continue
+        source = "tuning record" if r.from_record else f"measured on GPU {r.device}"
+        show(f"entry {r.index} ({_describe(entry)}): {r.kernel_name} {r.median_ms * 1e3:.1f} us ({source})")
+    return failed
+
+
+def run_tune_shapes(shapes: str, devices: str | None, export: str | None, max_candidates: int | None,
+                    repeat: int, workers: int | None, force: bool, bucket: str | None,
+                    show: Callable[..., Any] = print) -> int:
+    """``tune --shapes``: tune every problem of the file on the GPUs, record the winners, report;
+    returns the exit status (1 when any problem failed)."""
+    import time
+
+    from ..tuning.records import records_to_json, write_json_atomically
+    from ..tuning.scale import tune_shapes
+    from .progress import progress
+
+    if max_candidates is not None and max_candidates < 1:
+        raise ValueError(f"--max-candidates must be >= 1, got {max_candidates}")
+    if repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {repeat}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    entries = load_shapes(shapes)
+    arguments = [entry_arguments(e, i, f"shapes file {shapes}") for i, e in enumerate(entries)]
+    chosen = parse_devices(devices)
+    start = time.perf_counter()
+    results = tune_shapes(arguments, chosen, max_candidates=max_candidates, repeat=repeat, num_workers=workers,
+                          force=force, bucket=bucket, progress=progress("tune"))
+    seconds = time.perf_counter() - start
+    failed = report_tuning(entries, results, show)
+    gpus = len({r.device for r in results})
+    show(f"tuned {len(results) - failed} of {len(results)} problem(s) on {gpus} GPU(s) in {seconds:.1f} s; "
+         f"winners in the tuning records")
+    if export is not None:
+        found = [r.record for r in results if r.record is not None]
+        write_json_atomically(export, records_to_json(found))
+        show(f"exported {len(found)} tuning record(s) to {export}")
+    return 1 if failed else 0

@@ -92,13 +92,19 @@ def describe_arguments(args: Any) -> tuple[str, dict] | None:
     return None
 
 
-def arguments_from_description(kind: str, description: dict) -> Any:
-    """Arguments on the ``meta`` device (no memory) with the described signature."""
+def arguments_from_description(kind: str, description: dict, device: str | torch.device = "meta") -> Any:
+    """Arguments with the described signature: on the ``meta`` device (no memory), or on
+    ``device`` with uninitialised memory (tuning fills its own random inputs)."""
     def make(x: dict) -> torch.Tensor:
         dtype = getattr(torch, x["dtype"])
-        # A meta tensor's data_ptr is its storage offset in bytes: the offset keeps the alignment.
-        return torch.empty(0, dtype=dtype, device="meta").as_strided(tuple(x["shape"]), tuple(x["stride"]),
-                                                                      x["offset"])
+        shape, stride, offset = tuple(x["shape"]), tuple(x["stride"]), x["offset"]
+        if torch.device(device).type == "meta":
+            # A meta tensor's data_ptr is its storage offset in bytes: the offset keeps the alignment.
+            return torch.empty(0, dtype=dtype, device="meta").as_strided(shape, stride, offset)
+        # The storage's own alignment is generous (CUDA allocations: 512 bytes), so the offset in
+        # elements reproduces the described pointer alignment.
+        extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+        return torch.empty(offset + extent, dtype=dtype, device=device).as_strided(shape, stride, offset)
     if kind == "gemm":
         return GemmArguments(make(description["A"]), make(description["B"]), make(description["out"]),
                              accumulator_type=description["acc"])
@@ -196,8 +202,9 @@ def main() -> None:
 
 
 # ---- the parent side ------------------------------------------------------------------------
-def _worker_environment() -> dict[str, str]:
-    """The parent's environment, with its import path so the worker imports the same modules."""
+def worker_environment() -> dict[str, str]:
+    """The parent's environment, with its import path so a worker process (compile or tuning
+    worker) imports the same modules."""
     env = dict(os.environ)
     # In the parent's order, so that every module resolves as it did there.
     paths: list[str] = []
@@ -346,7 +353,7 @@ def compile_requests(requests: list[CompileRequest], num_workers: int,
     errors: list[BaseException] = []
     lock = threading.Lock()
     stopping = threading.Event()
-    env = _worker_environment()
+    env = worker_environment()
 
     def drive() -> None:
         worker = None

@@ -23,7 +23,8 @@ from ..core.arch import device_cc
 from ..arguments import GemmArguments
 from ..core.errors import NoKernelFoundError
 from ..kernel import Kernel
-from .records import TuningRecords, operation_key, toolchain_versions
+from .buckets import PREFIX as _BUCKET_PREFIX, Bucket, resolve_bucket
+from .records import TuningRecord, TuningRecords, operation_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
 from .timing import relative_error, rotation_count, time_cuda
 
@@ -165,11 +166,14 @@ class Measurement:
 
 @dataclass
 class TuneResult:
-    """What `PickBest.tune` found: the winner, every candidate's measurement, and the record."""
+    """What `PickBest.tune` found: the winner, every candidate's measurement, whether it came
+    from a tuning record, and the record (found, or written by this tuning; None when the
+    policy keeps no records)."""
 
     winner: Kernel
     measurements: list[Measurement] = field(default_factory=list)
     from_record: bool = False
+    record: TuningRecord | None = None
 
 
 class PickBest(Policy):
@@ -180,13 +184,35 @@ class PickBest(Policy):
     ``num_workers``: compile processes (default: the `settings` scope's, else up to 8);
     ``compile_timeout``: seconds one compile may take in a worker before it is stopped and the
     kernel reported as failed (None: no limit).
+
+    ``bucket`` keys the records by a range of shapes instead of the exact shape (see
+    `kernel_api.tuning.buckets`): ``"pow2_m"`` (M, or a softmax's rows, in power-of-two buckets
+    65..128, 129..256, ...; everything else exact), ``"module:function"`` or a function
+    ``(args) -> bucket label or None``. Lookups try the exact shape's record first, then the
+    bucket's. The first shape met in a bucket is tuned with the caller's own arguments and its
+    winner recorded for the bucket; a later shape in the bucket reuses it without measuring, as
+    long as the winner supports the new arguments. When it does not (a kernel whose
+    ``_supports`` limits M, met at an M of the bucket outside that limit), the new shape is
+    tuned and recorded under its exact shape, and the bucket's record stays.
+
+    When is a bucket's winner the right one? It is exact when the candidates' relative speed
+    does not change within the bucket: every M of the bucket fills the same number of tile rows
+    for every candidate (M at most the smallest tile's M, as in decode: buckets up to 64 with
+    64-row tiles), or the kernels' time does not depend on M (a small-M GEMM limited by reading
+    B). Otherwise it is a heuristic: a tile's utilisation and the wave count (``ceil(M / tile_m)``
+    tile rows over the SMs) change within the bucket, so the kernel measured at the bucket's
+    first M can be a few percent behind the best one at another M; tune the sizes that matter
+    most exactly (``tune_shapes`` or `tune` without a bucket), since exact records win.
+    To make a bucket's record independent of traffic order, tune it ahead of time with the
+    bucket's largest M (``kernel-api tune --shapes``, ``tune_shapes(..., bucket="pow2_m")``).
     """
 
     def __init__(self, num_workers: int | None = None, max_candidates: int | None = 24, repeat: int = 30,
                  records: TuningRecords | None = None, use_records: bool = True,
                  progress: Callable[[int, int, str], None] | None = None,
-                 compile_timeout: float | None = 900.0) -> None:
+                 compile_timeout: float | None = 900.0, bucket: str | Bucket | None = None) -> None:
         self.num_workers = num_workers
+        self.bucket = resolve_bucket(bucket)
         self.compile_timeout = compile_timeout
         self.max_candidates = max_candidates
         self.repeat = repeat
@@ -202,26 +228,70 @@ class PickBest(Policy):
             self.records = TuningRecords()
         return self.records
 
-    def tune(self, args: Any, candidates: list[Kernel] | None = None, force: bool = False) -> TuneResult:
+    def _device(self, args: Any) -> tuple[str, int]:
+        """(device name, cc) of the GPU that ``args`` run on: the records' key."""
         if not torch.cuda.is_available() or args.device.type != "cuda":
             raise RuntimeError("PickBest needs a CUDA GPU and CUDA tensors; PickAny ranks kernels without one")
+        return torch.cuda.get_device_name(args.device), device_cc(args.device.index)
+
+    def _bucket_shape(self, args: Any) -> str | None:
+        """The records' shape key of ``args``' bucket, or None (no bucket, or none for these args)."""
+        if self.bucket is None:
+            return None
+        label = self.bucket(args)
+        return None if label is None else _BUCKET_PREFIX + label
+
+    def _find_record(self, args: Any, candidates: list[Kernel], device_name: str,
+                     cc: int) -> tuple[TuneResult | None, str]:
+        """(the result a usable tuning record gives, or None; the shape key a new measurement
+        of ``args`` is recorded under)."""
+        operation, shape = operation_key(args)
+        bucket_shape = self._bucket_shape(args)
+        record_shape = bucket_shape or shape
+        if not self.use_records:
+            return None, record_shape
+        for key in (shape, bucket_shape) if bucket_shape else (shape,):
+            found = self._records().lookup(device_name, cc, operation, key)
+            if found is None:
+                continue
+            kernel = next((k for k in candidates if k.metadata.kernel_name == found.kernel_name), None)
+            if kernel is not None and kernel.supports(args):
+                _log.debug("PickBest: tuning record %s for %s on %s: %s (%.4f ms)", key, _problem(args),
+                           device_name, found.kernel_name, found.median_ms)
+                return TuneResult(kernel, [Measurement(found.kernel_name, found.median_ms)], from_record=True,
+                                  record=found), record_shape
+            _log.debug("PickBest: the tuning record %s's %s does not support %s; tuning it", key,
+                       found.kernel_name, _problem(args))
+            if key == bucket_shape:
+                record_shape = shape  # the bucket's winner stays for the shapes it suits
+        return None, record_shape
+
+    def recorded(self, args: Any, candidates: list[Kernel] | None = None) -> TuneResult | None:
+        """What `tune` would take from the tuning records for ``args`` without measuring (the
+        exact shape's record, else the bucket's, if its kernel is among ``candidates`` and
+        supports ``args``), or None."""
+        device_name, cc = self._device(args)
+        if candidates is None:
+            candidates = registry.get_kernels(args)
+        return self._find_record(args, candidates, device_name, cc)[0]
+
+    def tune(self, args: Any, candidates: list[Kernel] | None = None, force: bool = False) -> TuneResult:
+        """Choose the fastest correct kernel of ``candidates`` (default: every kernel supporting
+        ``args``) for ``args``: from a tuning record when one exists (exact shape first, then
+        the bucket's; ``force`` measures anyway), else by measuring them, recording the winner
+        under the bucket's key (or the exact shape's, see the class docstring)."""
+        device_name, cc = self._device(args)
         if candidates is None:
             candidates = registry.get_kernels(args)
         if not candidates:
             raise registry.no_kernel_error(args)
-        device_name = torch.cuda.get_device_name(args.device)
-        cc = device_cc(args.device.index)
         operation, shape = operation_key(args)
-        if self.use_records and not force:
-            found = self._records().lookup(device_name, cc, operation, shape)
+        if force:  # measure, and record for the bucket (re-tuned with these arguments) or the shape
+            record_shape = self._bucket_shape(args) or shape
+        else:
+            found, record_shape = self._find_record(args, candidates, device_name, cc)
             if found is not None:
-                for k in candidates:
-                    if k.metadata.kernel_name == found.kernel_name:
-                        _log.debug("PickBest: tuning record for %s on %s: %s (%.4f ms)", _problem(args),
-                                   device_name, found.kernel_name, found.median_ms)
-                        return TuneResult(k, [Measurement(found.kernel_name, found.median_ms)], from_record=True)
-                _log.debug("PickBest: the tuning record's %s for %s is no candidate now; tuning again",
-                           found.kernel_name, _problem(args))
+                return found
         ranked = rank_candidates(candidates, args)
         if self.max_candidates is not None:
             ranked = ranked[: self.max_candidates]
@@ -239,10 +309,12 @@ class PickBest(Policy):
         for m in measurements:
             if m.failure is not None:
                 _log.debug("PickBest: %s failed: %s", m.kernel_name, m.failure)
+        record = None
         if self.use_records:
-            self._records().record(device_name, cc, operation, shape, good[0].kernel_name, good[0].median_ms,
-                                   {m.kernel_name: m.median_ms for m in good[1:]}, toolchain_versions())
-        return TuneResult(winner, measurements)
+            record = self._records().record(device_name, cc, operation, record_shape, good[0].kernel_name,
+                                            good[0].median_ms, {m.kernel_name: m.median_ms for m in good[1:]},
+                                            toolchain_versions())
+        return TuneResult(winner, measurements, record=record)
 
     def _worker_count(self) -> int:
         """This policy's ``num_workers``, else the current `settings`' one, else up to 8 (by CPUs)."""

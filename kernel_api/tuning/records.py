@@ -98,13 +98,16 @@ class TuningRecords:
 
     ``toolchain_key`` is what lookups match and records carry (default: this process's
     kernel_api and DSL versions, `kernel_api.core.toolchain.tuning_toolchain`); ``timeout`` is
-    SQLite's busy timeout in seconds.
+    SQLite's busy timeout in seconds. ``read_only``: `record` writes nothing and keeps the new
+    record in this object (its `lookup` returns it): the tuning workers of `tune_shapes` read
+    the store and hand their records to the parent, which merges them in one transaction.
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, toolchain_key: str | None = None,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, read_only: bool = False) -> None:
         self.path = Path(path) if path is not None else cache_dir() / "tuning.sqlite"
         self.timeout = timeout
+        self.read_only = read_only
         self._toolchain_key = toolchain_key
         self._local = threading.local()
         self._memory_fallback = False
@@ -215,7 +218,8 @@ class TuningRecords:
 
     def record(self, device: str, cc: int, operation: str, shape: str, kernel_name: str, median_ms: float,
                runners_up: dict[str, float], toolchain: dict[str, str]) -> TuningRecord:
-        """Store (replace) the winner for this key and toolchain, and return it.
+        """Store (replace) the winner for this key and toolchain, and return it (a read-only
+        store only keeps it in this object).
 
         A failed write warns instead of raising, and the winner is still returned by this
         object's `lookup` for the rest of the process: the measurement is not lost.
@@ -232,6 +236,9 @@ class TuningRecords:
                              row)
 
         key = (device, cc, operation, shape)
+        if self.read_only:
+            self._unsaved[key] = found
+            return found
         try:
             self._execute(write)
         except (sqlite3.Error, OSError) as exc:
