@@ -77,7 +77,8 @@ def test_aligned_problems_are_left_to_the_direct_kernel(shape):
     args = meta_args(*shape)
     candidates = kernel_api.get_kernels(args, cc=90)
     assert not any(isinstance(k, Sm90RealignedGemm) for k in candidates)
-    assert isinstance(PickAny().choose(args, candidates), Sm90WarpSpecializedGemm)
+    ours = [k for k in candidates if k.metadata.provider != "torch"]  # (cuBLAS leads thin ones)
+    assert isinstance(PickAny().choose(args, ours), Sm90WarpSpecializedGemm)
     k = Sm90RealignedGemm.generate_kernels(lambda m: "_ttt_" in m.kernel_name and "bf16bf16_bf16" in m.kernel_name,
                                            cc=90)[0]
     status = k.supports(args, 90)

@@ -177,16 +177,18 @@ def _row_stride(t: torch.Tensor, cols: int) -> int:
     return t.view(-1, cols).stride(0)
 
 
-def _check_capacity(kernel: _SoftmaxBase, plan: _Plan, cols: int) -> None:
+def _check_capacity(kernel: Any, plan: Any, cols: int) -> None:
     if plan.capacity is not None and cols > plan.capacity:
         raise UnsupportedArgumentsError(
             f"{kernel.metadata.kernel_name}: the compiled artifact handles rows of up to {plan.capacity} elements, "
             f"got {cols}; compile for these arguments (kernel.compile(args)) or call run without an artifact")
 
 
-def _launch_plan(kernel: Any, args: Any, artifact: Any) -> _Plan | None:
-    """The artifact's launch plan, checked against the row length; None when there is no work."""
-    plan: _Plan = artifact.extra
+def _launch_plan(kernel: Any, args: Any, artifact: Any) -> Any:
+    """The artifact's launch plan (this module's `_Plan` or the split family's `SplitPlan`: both
+    carry the ``capacity`` it was compiled for), checked against the row length; None when there
+    is no work."""
+    plan = artifact.extra
     if plan.capacity is not None and args.cols > plan.capacity:
         _check_capacity(kernel, plan, args.cols)
     if args.rows == 0 or args.cols == 0:

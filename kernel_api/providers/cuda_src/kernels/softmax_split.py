@@ -26,7 +26,6 @@ from typing import Any
 
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.dtypes import DataType
-from ....core.errors import UnsupportedArgumentsError
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
@@ -34,7 +33,7 @@ from ....utils import MAX_GRID_X, next_pow2
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, MAX_COLS, _row_stride, peel_status
+from .softmax import _TYPES, MAX_COLS, _launch_plan, _row_stride, peel_status
 
 #: Cluster sizes (portable: at most 8).
 CLUSTERS = (2, 4, 8)
@@ -154,16 +153,6 @@ class _SplitBase(CudaSourceKernel):
         p = self.plan(args.cols)[1]
         return (args.rows * p.cluster, p.threads)
 
-    def _checked_plan(self, args: Any, artifact: Any) -> SplitPlan | None:
-        p: SplitPlan = artifact.extra
-        if p.capacity is not None and args.cols > p.capacity:
-            raise UnsupportedArgumentsError(
-                f"{self.metadata.kernel_name}: the compiled artifact handles rows of up to {p.capacity} elements, "
-                f"got {args.cols}; compile for these arguments (kernel.compile(args)) or call run without an artifact")
-        if args.rows == 0 or args.cols == 0:
-            return None
-        return p
-
 
 @CudaSourceProvider.register
 class CudaSoftmaxSplitForward(_SplitBase):
@@ -173,7 +162,7 @@ class CudaSoftmaxSplitForward(_SplitBase):
     backward = False
 
     def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        p = self._checked_plan(args, artifact)
+        p = _launch_plan(self, args, artifact)
         if p is None:
             return
         rows, cols = args.rows, args.cols
@@ -192,7 +181,7 @@ class CudaSoftmaxSplitBackward(_SplitBase):
     backward = True
 
     def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        p = self._checked_plan(args, artifact)
+        p = _launch_plan(self, args, artifact)
         if p is None:
             return
         rows, cols = args.rows, args.cols
