@@ -140,7 +140,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=101)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--providers", default="cutedsl,cuda_src",
+                        help="providers ops and PickAny consider (default: ours; the bare call is our kernel's, and "
+                             "PickAny ranks cuBLAS first for a problem this small)")
     opts = parser.parse_args()
+    with kernel_api.settings(providers=opts.providers.split(",")):
+        measure(opts)
+
+
+def measure(opts: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("host_latency.py needs a CUDA GPU")
 
@@ -152,7 +160,7 @@ def main() -> None:
     stream = torch.cuda.current_stream()
 
     args = GemmArguments(A, B, out)
-    kernel = kernel_api.PickAny().choose(args, kernel_api.get_kernels(args))
+    kernel = kernel_api.PickAny().choose(args, kernel_api.get_kernels(args, providers=opts.providers.split(",")))
     artifact = kernel.compile(args)
     kernel.run(args, compiled_artifact=artifact, stream=stream)
     torch.cuda.synchronize()

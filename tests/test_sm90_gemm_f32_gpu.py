@@ -114,7 +114,7 @@ def test_3xtf32_long_k_error_does_not_grow_with_k(name, K):
     _needs_sm90()
     kernel = _F32[name]
     gen = _gen(name, 4 + K)
-    M, N = 389, 270
+    M, N, _ = shape_for(kernel, (389, 270, K))  # (out's rows rounded to its 16-byte alignment)
     for positive in (False, True):
         A, B, out = _problem(kernel, M, N, K, 1, 2, gen)
         if positive:
@@ -135,7 +135,7 @@ def test_3xtf32_unaligned_and_strided_operands(name):
     kernel = _F32[name]
     gen = _gen(name, 2)
     M, N, K = shape_for(kernel, (131, 264, 333))
-    A, B, out = _problem(kernel, M, N, K, 2, 3, gen, pad=3)  # leading dimensions padded by 3: odd
+    A, B, out = _problem(kernel, M, N, K, 2, 3, gen, pad=1)  # leading dimensions padded by 1: misaligned
     assert A.stride(-1 if kernel.metadata.operands.A.layout == "n" else -2) % 4 != 0
     args = GemmArguments(A, B, out, accumulator_type=torch.float32)
     assert kernel.supports(args), kernel.supports(args).error
@@ -171,12 +171,12 @@ def test_f32_fused_epilogue(math, epi):
     assert err < (TF32_TOL if math == "tf32" else 1e-5), f"{name} {epi}: error {err:.3e}"
 
 
-def _chosen_math(A, B) -> DataType:
-    """The math type of the kernel ops chose for the last f32 problem of A's shape."""
+def _chosen(A, B):
+    """The kernel ops chose for the last f32 problem of A's shape."""
     found = [kernel for (_, _, shape, tf32), (kernel, _, _) in dispatch._dispatch.items()
              if shape[:3] == (A.shape[-2], B.shape[-1], A.shape[-1]) and tf32 is torch.backends.cuda.matmul.allow_tf32]
     assert len(found) == 1, found
-    return found[0].metadata.operands.math_type
+    return found[0]
 
 
 @pytest.mark.parametrize("b_column_major", [True, False])
@@ -205,11 +205,14 @@ def test_ops_gemm_f32_follows_torch_precision(b_column_major):
                     assert err < TF32_TOL
                 else:
                     assert err <= 1.5 * fp32_err, f"allow_tf32=False: error {err:.3e} vs cuBLAS FP32 {fp32_err:.3e}"
-            math = _chosen_math(A, B)
+            kernel = _chosen(A, B)
+            math = kernel.metadata.operands.math_type
             if not allow:
                 assert math is DataType.f32
             elif b_column_major:
-                assert math is DataType.tf32  # PickAny prefers the faster tf32 kernel when allowed
+                # PickAny prefers a tf32 kernel when allowed: ours, or cuBLAS, which then runs TF32
+                # too (measured level with ours: benchmarks/results/gemm_f32-NVIDIA_H200-s21.json)
+                assert math is DataType.tf32 or kernel.metadata.provider == "torch", kernel.name
     with _Tf32(False):
         torch.set_float32_matmul_precision("high")
         try:
@@ -218,7 +221,8 @@ def test_ops_gemm_f32_follows_torch_precision(b_column_major):
             torch.cuda.synchronize()
             assert relative_error(out, ref) < TF32_TOL
             if b_column_major:
-                assert _chosen_math(A, B) is DataType.tf32
+                chosen = _chosen(A, B)
+                assert chosen.metadata.operands.math_type is DataType.tf32 or chosen.metadata.provider == "torch"
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False  # (the legacy flag overrides the precision)
     out.fill_(float("nan"))
