@@ -511,3 +511,23 @@ def test_gpu_arguments_recalled_with_an_explicit_accumulator_run_correctly():
         kernel.run(args)
         torch.cuda.synchronize()
         torch.testing.assert_close(out, (A.double() @ B.double()).half(), atol=2e-2, rtol=2e-2)
+
+
+def test_the_python_fast_path_takes_parameters(monkeypatch):
+    """nn layers pass their weight (GPT-2's Conv1D: the Parameter itself) and their bias as
+    torch.nn.Parameter: repeated calls with them take the recorded launchers, as plain tensors
+    do (they went through GemmArguments on every call: GPT-2 patched was host-bound)."""
+    launched = []
+    A, out = torch.randn(16, 8), torch.empty(16, 12)
+    W = torch.nn.Parameter(torch.randn(8, 12))
+    bias = torch.nn.Parameter(torch.randn(12))
+    _python_launchers_only(monkeypatch, A, W, out, launched)
+    # an epilogue call (bias, activation): recorded as (function, tail before the bias, tail after it, ...)
+    key = (ops._raw_gemm_key(current().scope_token, A, W, out), 1.0, "gelu",
+           (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 1023, bias.get_device()))
+    extents = tuple(ops.byte_extent(t) for t in (A, W, out))
+    monkeypatch.setitem(ops._fast, key, (lambda *t: launched.append(t), (), (), -1, current().scope_token, extents))
+    with torch.no_grad():  # (parameters require grad: inference, as a prefill runs)
+        assert ops.gemm(A, W, out=out, stream=0) is out and len(launched) == 1
+        assert ops.gemm(A, W, out=out, bias=bias, activation="gelu", stream=0) is out
+    assert len(launched) == 2 and launched[-1][3] is bias

@@ -170,7 +170,7 @@ def test_ops_gemm_fast_path_reuses_launchers_only_for_identical_metadata(our_ker
         out = torch.full((A.shape[0], B.shape[1]), float("nan"), device="cuda", dtype=A.dtype)
         assert ops.gemm(A, B, out=out) is out
         torch.testing.assert_close(out, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
-        expected.add(_raw_gemm_key(current().policy, A, B, out))
+        expected.add(_raw_gemm_key(current().scope_token, A, B, out))
         # at most one launcher per distinct raw metadata (pointer bits included); kernels
         # without a fast launcher (e.g. those needing a workspace) record none
         assert set(ops._fast) <= expected

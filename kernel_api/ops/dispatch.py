@@ -55,6 +55,11 @@ _tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the
 # The op in the low bits of a C-table tag (policy ids are 16-byte aligned addresses).
 _GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
 _Tensor = torch.Tensor
+#: Operand types the fast paths take as they are: plain tensors and parameters (nn layers pass
+#: their weight, or GPT-2's Conv1D weight itself, and their bias as `torch.nn.Parameter`; a
+#: parameter adds no __torch_function__ or __torch_dispatch__ behaviour at run time). Other
+#: subclasses go to GemmArguments, which sees what they are.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _is_compiling = torch.compiler.is_compiling
 # The C table's guard against tracing, cheaper than _is_compiling (three calls): Dynamo folds
 # is_dynamo_compiling to True, so it traces nothing after it; the other tracers (make_fx,
@@ -388,9 +393,9 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
         out = _new_gemm_output(A, B)
     epilogue = fast_key = None
     if alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None:
-        if (beta == 0.0 and accumulator_type is None and type(alpha) in (float, int) and type(A) is _Tensor
-                and type(B) is _Tensor and type(out) is _Tensor
-                and (bias is None or (type(bias) is _Tensor and bias.dim() == 1))):
+        if (beta == 0.0 and accumulator_type is None and type(alpha) in (float, int) and type(A) in _PLAIN
+                and type(B) in _PLAIN and type(out) in _PLAIN
+                and (bias is None or (type(bias) in _PLAIN and bias.dim() == 1))):
             # A repeated epilogue call (nn layers: bias, activation): launched from ``_fast`` with
             # this call's bias (`_epilogue_entry`), keyed on its metadata as well.
             fast_key = (_raw_gemm_key(current().scope_token, A, B, out), alpha, activation,
@@ -415,7 +420,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                 return out
         # (built after the fast path: a recorded call is validated by its first call's arguments)
         epilogue = EpilogueArguments(alpha=alpha, beta=beta, C=C, bias=bias, activation=activation)
-    elif accumulator_type is None and type(A) is _Tensor and type(B) is _Tensor and type(out) is _Tensor:
+    elif accumulator_type is None and type(A) in _PLAIN and type(B) in _PLAIN and type(out) in _PLAIN:
         fast_key = _raw_gemm_key(current().scope_token, A, B, out)
         found = _fast.get(fast_key)
         # (the key has no lazy negative bit: such operands go to GemmArguments, which refuses them)
