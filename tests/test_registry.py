@@ -256,3 +256,22 @@ def test_explain_reports_wrong_args_type_per_class(toy):
     toy_rows = [r for r in explanation if r.kernel_class == "ToyGemm"]
     assert toy_rows and toy_rows[0].kernel_name is None and "GemmArguments" in toy_rows[0].reason
     assert "ToyGemm" in str(explanation)
+
+
+def test_explain_names_every_class_that_takes_other_arguments(toy):
+    """The one line of classes taking another arguments type wraps instead of being clipped at
+    the summary's width: a class past the width was named nowhere (ToyGemm went missing once
+    the shipped GEMM classes filled the line)."""
+    none = staticmethod(lambda *args, **kwargs: [])  # (instance names must be unique: none needed here)
+    extra = [type(f"ToyGemmWithAQuiteLongClassName{i}", (ToyGemm,), {"generate_kernels": none}) for i in range(6)]
+    for cls in extra:
+        ToyProvider.register(cls)
+    try:
+        x = torch.randn(4, 8)
+        text = str(kernel_api.explain(kernel_api.SoftmaxArguments(x, torch.empty_like(x)), cc=90))
+        for cls in (ToyGemm, *extra):
+            assert cls.__name__ in text, text
+        assert all(len(line) <= 120 for line in text.splitlines())
+    finally:
+        for cls in extra:
+            ToyProvider.unregister(cls)

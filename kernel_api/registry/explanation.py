@@ -5,6 +5,7 @@ nearest misses.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,7 +208,10 @@ class Explanation(list):
         reject_lines = [self._rejected_line(k, rs, total[k], width) for k, rs in rejected.items()]
         reject_lines += class_lines
         if other_args:
-            reject_lines += [f"  for {k}: {', '.join(v)}" for k, v in other_args.items()]
+            # wrapped, not clipped: a class listed past the width would be named nowhere
+            for k, v in other_args.items():
+                reject_lines += textwrap.wrap(f"for {k}: {', '.join(v)}", width, initial_indent="  ",
+                                              subsequent_indent="    ", break_on_hyphens=False)
         if reject_lines:
             reject_lines.insert(0, "Rejected, by class (reasons nearest to fitting first; instance counts):")
         foot = [f"{len(self)} rejection(s): .all() (kernel-api explain --all) lists each"] if len(self) else []
