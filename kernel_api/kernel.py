@@ -57,7 +57,7 @@ import torch
 from .core.arch import arch_string, device_cc, normalize_cc
 from .arguments import Arguments
 from .core.artifact import CompiledArtifact
-from .core.errors import CompilationError, DeviceError, UnsupportedArgumentsError
+from .core.errors import ArtifactNotCachedError, CompilationError, DeviceError, UnsupportedArgumentsError
 from .core import streams as _streams
 from .core.streams import stream_handle, to_cuda_stream
 from .launcher import Binding, Launcher
@@ -68,6 +68,11 @@ from .core.status import _SUCCESS, Status
 # CuteDslKernel.cute_compile honour ``kernel.compile(args, cc=90)`` even when a kernel's own
 # compile method does not pass cc along.
 compile_target_cc: contextvars.ContextVar[int | None] = contextvars.ContextVar("compile_target_cc", default=None)
+
+#: While True, compiles of classes with ``compiles_from_cache_only`` load a cached artifact or
+#: raise `ArtifactNotCachedError` instead of compiling: tuning asks which candidates still need
+#: worker processes without compiling anything in this one (`compile_from_cache_only`).
+cache_only: contextvars.ContextVar[bool] = contextvars.ContextVar("kernel_api_cache_only", default=False)
 
 # Whether a compile is in progress: a subclass's compile calling its base's is one compile, logged once.
 _compiling: contextvars.ContextVar[bool] = contextvars.ContextVar("kernel_api_compiling", default=False)
@@ -125,6 +130,32 @@ def _kernel_name(kernel: "Kernel") -> str:
 def _target(cc: Any) -> str:
     """How a compile's log record names its target: "cc 90 (sm_90a)", or the current GPU's."""
     return "the current GPU" if cc is None else f"cc {cc} ({arch_string(cc)})"
+
+
+def compile_from_cache_only(kernel: "Kernel", args: Any, cc: int) -> Any:
+    """``kernel.compile(args, cc)`` if that is a disk-cache hit, else None, compiling nothing:
+    None too for kernels whose ``compile`` is not declared to honour `cache_only`
+    (``compiles_from_cache_only`` in the class that defines it) and for a compile that fails
+    (the worker that compiles it reports why)."""
+    if not _declares_cache_only(type(kernel)):
+        return None
+    token = cache_only.set(True)
+    try:
+        return kernel.compile(args, cc)
+    except Exception as exc:  # ArtifactNotCachedError, or an error a worker will report
+        if not isinstance(exc, ArtifactNotCachedError):
+            _log.debug("cache probe of %s: %s: %s", _kernel_name(kernel), type(exc).__name__, exc)
+        return None
+    finally:
+        cache_only.reset(token)
+
+
+def _declares_cache_only(cls: type) -> bool:
+    """Whether the class whose ``compile`` ``cls`` uses declares ``compiles_from_cache_only``."""
+    for klass in cls.__mro__:
+        if "compile" in klass.__dict__:
+            return klass.__dict__.get("compiles_from_cache_only", False) is True
+    return False
 
 
 def check_target_cc(kernel: "Kernel", cc: int) -> None:
@@ -193,6 +224,11 @@ class Kernel(abc.ABC):
     """
 
     supported_args_type: type | None = None
+    #: True, set by the class that defines ``compile``, when that ``compile`` honours
+    #: `cache_only` (loads a cached artifact or raises `ArtifactNotCachedError`): the shipped
+    #: families' do. A subclass that overrides ``compile`` without saying so again is never
+    #: probed in the tuning process: its candidates are compiled in worker processes.
+    compiles_from_cache_only: bool = False
     #: Relative peak speed of the family, for `PickAny`'s analytic ranking (e.g. 1.0 for wgmma
     #: tensor-core kernels, 0.05 for CUDA-core FMA); families that do not say get 0.5.
     performance_hint: float = 0.5

@@ -210,7 +210,8 @@ def test_worker_failures_are_reported_per_kernel(kernels_module, tmp_path, monke
     assert not _children() - earlier_children, "a compile worker outlived the call"
 
 
-def test_pool_size_follows_num_workers(kernels_module, monkeypatch):
+def test_pool_size_follows_num_workers(kernels_module, monkeypatch, tmp_path):
+    monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(tmp_path / "cache"))  # (cached kernels start no worker)
     started = []
     real = _Worker.__init__
 
@@ -229,6 +230,34 @@ def test_pool_size_follows_num_workers(kernels_module, monkeypatch):
         results = PickBest()._precompile(args, pool, 90)
     assert results == {"WorkerGemm_tile16": None, "WorkerGemm_tile32": None}
     assert len(started) == 2  # never more workers than kernels
+
+
+def test_cached_candidates_are_loaded_here_and_start_no_worker(kernels_module, monkeypatch, tmp_path):
+    """Candidates whose artifact is in the disk cache are loaded in this process (compiling
+    nothing: `compile_from_cache_only`); only the others go to workers. A class that overrides
+    compile without declaring `compiles_from_cache_only` is never probed here (this one would
+    end the process)."""
+    from kernel_api.kernel import compile_from_cache_only
+    from kernel_api.providers.cuda_src import compiler
+    from kernel_api.tuning import compile_worker
+
+    monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(tmp_path / "cache"))
+    compiler.clear_memory_cache()
+    args = _meta_args()
+    pool = kernel_api.get_kernels(args, cc=90, providers="cuda_src", metadata_filter=lambda m: m.kernel_class in (
+        kernels_module.WorkerGemm, kernels_module.CrashingWorkerGemm))
+    names = [k.metadata.kernel_name for k in pool]
+    assert names == ["WorkerGemm_tile16", "WorkerGemm_tile32", "CrashingWorkerGemm_tile16"]
+    assert compile_from_cache_only(pool[0], args, 90) is None and _cubins(tmp_path / "cache") == []  # nothing compiled
+    pool[0].compile(args, 90)
+    compiler.clear_memory_cache()  # (a new process: only the disk cache holds it)
+    assert compile_from_cache_only(pool[0], args, 90) is not None
+    sent = []
+    monkeypatch.setattr(compile_worker, "compile_requests",
+                        lambda requests, workers, **kw: sent.extend(r.kernel_name for r in requests) or [None] * len(requests))
+    results = compile_worker.compile_in_workers(args, pool, 90, num_workers=2)
+    assert sent == ["WorkerGemm_tile32", "CrashingWorkerGemm_tile16"]
+    assert results == {name: None for name in names}
 
 
 def test_worker_gets_the_parents_environment_and_path(tmp_path, monkeypatch):

@@ -35,6 +35,11 @@ class CompilationError(KernelApiError, RuntimeError):
     """A kernel failed to compile; the message carries the compiler's log."""
 
 
+class ArtifactNotCachedError(CompilationError):
+    """A compile under `kernel_api.kernel.compile_from_cache_only` found no cached artifact
+    (it compiles nothing): the caller compiles elsewhere, e.g. in worker processes."""
+
+
 class KernelLaunchError(KernelApiError, RuntimeError):
     """A launch failed; the message names the kernel."""
 

@@ -315,13 +315,33 @@ def compile_in_workers(args: Any, kernels: list, cc: int, num_workers: int,
     if described is None:
         return {}
     kind, description = described
+    cached: dict[str, str | None] = {}
     pending = []
-    for kernel in kernels:
+    for kernel in uncached(kernels, args, cc, cached):
         request = compile_request(kernel, cc, kind, description)
         if request is not None:
             pending.append(request)
     failures = compile_requests(pending, num_workers, progress=progress, timeout=timeout)
-    return {request.kernel_name: failure for request, failure in zip(pending, failures)}
+    return {**cached, **{request.kernel_name: failure for request, failure in zip(pending, failures)}}
+
+
+def uncached(kernels: list, args: Any, cc: int, hits: dict[str, str | None] | None = None) -> list:
+    """Those of ``kernels`` whose artifact for ``args`` and ``cc`` is not in the disk caches:
+    the others are loaded in this process (`kernel_api.kernel.compile_from_cache_only`, which
+    compiles nothing) and entered in ``hits`` as compiled (None). A warm cache (a bundle
+    installed, an earlier tuning) then starts no worker process at all."""
+    from ..kernel import compile_from_cache_only
+
+    left = []
+    for kernel in kernels:
+        if compile_from_cache_only(kernel, args, cc) is None:
+            left.append(kernel)
+        elif hits is not None:
+            hits[kernel.metadata.kernel_name] = None
+    if len(left) < len(kernels):
+        logger.debug("%d of %d candidate(s) loaded from the disk caches; %d left to compile in workers",
+                     len(kernels) - len(left), len(kernels), len(left))
+    return left
 
 
 def compile_request(kernel: Any, cc: int, kind: str, description: dict) -> CompileRequest | None:

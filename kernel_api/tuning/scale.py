@@ -35,7 +35,7 @@ from ..arguments import GemmArguments
 from ..core.errors import DeviceError
 from .buckets import Bucket, bucket_reference
 from .compile_worker import (DEFAULT_COMPILE_TIMEOUT_S, arguments_from_description, compile_request,
-                             compile_requests, describe_arguments, worker_environment)
+                             compile_requests, describe_arguments, uncached, worker_environment)
 from .policies import PickBest, rank_candidates
 from .records import TuningRecord, TuningRecords
 
@@ -175,7 +175,7 @@ def tune_shard(entries: Sequence[tuple[int, str, dict]], device: int, options: T
                 continue
             problems.append((index, args, candidates))
             if options.num_workers > 1:
-                ranked = rank_candidates(candidates, args)[: options.max_candidates]
+                ranked = uncached(rank_candidates(candidates, args)[: options.max_candidates], args, cc)
                 requests += [r for r in (compile_request(k, cc, kind, description) for k in ranked) if r is not None]
         if requests:  # the whole shard's compiles in one pool; the measurements load them from the disk cache
             compile_requests(requests, options.num_workers, timeout=options.compile_timeout)

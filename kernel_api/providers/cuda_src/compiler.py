@@ -26,7 +26,8 @@ from typing import Any, Iterable, Mapping
 
 from ...core.arch import arch_string, normalize_cc
 from ...core.cache import DiskCache, make_key, tree_digest
-from ...core.errors import CompilationError, strip_ansi
+from ...core.errors import ArtifactNotCachedError, CompilationError, strip_ansi
+from ...kernel import cache_only
 
 _FORMAT = 1  # bump when the cached payload layout changes
 _log = logging.getLogger(__name__)
@@ -166,6 +167,8 @@ def compile_cuda(source: str, *, cc: Any, name_expressions: Iterable[str], inclu
                 return compiled
         else:
             _log.debug("NVRTC cubin cache miss: %s %s for %s (key %.16s)", source_name, list(names), arch, key)
+    if cache_only.get():
+        raise ArtifactNotCachedError(f"{source_name}: no cached cubin for {arch} (a compile from the cache only)")
     Program, ProgramOptions = _program_api()
     incs = user_incs + (default_include_dirs() if toolkit_headers else ())
     opts = ProgramOptions(name=source_name, arch=arch, std=std, define_macro=list(macro) or None,

@@ -227,6 +227,8 @@ class CudaSourceKernel(Kernel):
     def compile_key(self, args: Any, cc: int | None) -> tuple:
         return (self.name_expression(args), tuple(sorted(self.defines_for(args).items())), cc)
 
+    compiles_from_cache_only = True  # (compile_cuda honours cache_only)
+
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
         """NVRTC-compile this instance for ``cc`` (default: the current GPU); no GPU needed with a cc."""
         target = _target_cc(cc)

@@ -23,8 +23,8 @@ import torch
 from ...core.arch import arch_string, device_cc
 from ...core.cache import DiskCache, make_key, tree_digest
 from ...core.dtypes import from_torch
-from ...core.errors import CompilationError, DeviceError, strip_ansi
-from ...kernel import Kernel, check_target_cc, compile_target_cc
+from ...core.errors import ArtifactNotCachedError, CompilationError, DeviceError, strip_ansi
+from ...kernel import Kernel, cache_only, check_target_cc, compile_target_cc
 from ...launcher import ffi_function  # (also imported from here by benchmarks and tests)
 from ...metadata import TensorAttributes
 
@@ -193,6 +193,8 @@ class CuteDslKernel(Kernel):
             loaded = _load_cached(key, name)
             if loaded is not None:
                 return self._launch_ready(loaded)
+        if cache_only.get():
+            raise ArtifactNotCachedError(f"{name}: no cached artifact (a compile from the cache only)")
         start = time.perf_counter()
         try:
             compiled = cute.compile(impl, *converted, options=options, **kwargs)

@@ -74,6 +74,8 @@ class _TorchKernel(Kernel):
 
     workspace_free = True
 
+    compiles_from_cache_only = True  # (nothing to compile)
+
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
         return CompiledArtifact(None, self)
 

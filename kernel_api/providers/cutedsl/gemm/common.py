@@ -223,6 +223,8 @@ class GemmKernelBase(CuteDslKernel):
         return dict(a_k_major=md.A.layout == "t", b_k_major=md.B.layout == "n", out_n_major=md.out.layout == "t",
                     spec=EpilogueSpec.from_signature(args.epilogue_signature))
 
+    compiles_from_cache_only = True  # (its compile's cost is in cute_compile, which honours cache_only)
+
     def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
         """Compile for ``args``' signature (rank, layouts, alignment, epilogue); shapes stay dynamic."""
         import cutlass

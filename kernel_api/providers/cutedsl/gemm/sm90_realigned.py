@@ -284,6 +284,8 @@ class Sm90RealignedGemm(GemmKernelBase):
         return gemm_cost(self.inner, args, sm_count) + seconds * _COST_UNITS_PER_SECOND
 
     # ---- compile / run ---------------------------------------------------------------
+    compiles_from_cache_only = True  # (its compile's cost is in cute_compile, which honours cache_only)
+
     def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
         """The inner kernel's compile for ``args``' rank, epilogue and C: it builds its operands
         from its own metadata (16-byte aligned), never from A/B/out's sizes or alignment."""

@@ -80,6 +80,8 @@ class _CuteSoftmaxBase(CuteDslKernel):
     def compile_key(self, args: Any, cc: int | None) -> tuple:
         return (self._bucket(args.cols), cc)
 
+    compiles_from_cache_only = True  # (its compile's cost is in cute_compile, which honours cache_only)
+
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
         """Compile the bucket of ``args``' row length (no GPU needed with an explicit cc)."""
         from cutlass.cute.runtime import make_fake_stream
