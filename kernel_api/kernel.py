@@ -34,6 +34,10 @@ Optional:
 - ``workspace_free = True``: ``get_workspace_size`` is always 0, so ``run`` skips asking;
 - ``performance_hint``: a float policies use to rank families before measuring (tensor-core
   families about 1.0, SIMT about 0.1);
+- ``compiles_from_cache_only = True`` (in the class that defines ``compile``): that compile
+  honours `cache_only`, loading a cached artifact or raising `ArtifactNotCachedError` without
+  compiling, so tuning loads cached candidates in its own process and starts compile workers
+  for the others only;
 - ``estimated_cost(self, args, sm_count) -> float | None``: the family's own run-time estimate
   for `PickAny`, in `kernel_api.tuning.policies`' cost units, where the generic model cannot
   describe it (split-K, memory-bound, vendor kernels). None (the default): the generic model.
