@@ -28,7 +28,6 @@ from .core.status import Reason, Status
 from . import registry, kernel, providers  # noqa: E402  (providers register themselves)
 from .tuning.policies import PickAny, PickBest, Policy  # noqa: E402
 from .tuning.settings import settings  # noqa: E402
-from .tuning.scale import tune_shapes  # noqa: E402
 from . import ops  # noqa: E402
 from . import nn  # noqa: E402  (torch modules through ops)
 
@@ -43,3 +42,14 @@ __all__ = [
     "UnsupportedArgumentsError", "available_providers", "explain", "get_kernels", "plugin_errors",
     "register_provider", "PickAny", "PickBest", "Policy", "settings", "tune_shapes", "ops", "nn",
 ]
+
+
+def __getattr__(name: str):
+    # tune_shapes (multi-GPU tuning: worker processes, sharding) is imported on first use, not
+    # with every `import kernel_api` (about 10 ms of module set-up that most programs never need).
+    if name == "tune_shapes":
+        from .tuning.scale import tune_shapes
+
+        globals()["tune_shapes"] = tune_shapes
+        return tune_shapes
+    raise AttributeError(f"module 'kernel_api' has no attribute {name!r}")
