@@ -1,7 +1,7 @@
 """Tuning 16 bf16 GEMM shapes on one GPU and on every visible GPU (`kernel_api.tune_shapes`).
 
-    python benchmarks/tune_scale.py                      # 16 shapes, 8 candidates each
-    python benchmarks/tune_scale.py --max-candidates 4 --repeat 20
+    python benchmarks/tune_scale.py                      # 16 shapes, 8 candidates each, 3 rounds
+    python benchmarks/tune_scale.py --max-candidates 4 --repeat 20 --rounds 1
     torchrun --standalone --nproc-per-node 2 -m kernel_api.tune \
         --shapes benchmarks/tune_scale_shapes.json --max-candidates 8     # the same shapes, one rank per GPU
 
@@ -9,24 +9,34 @@ The shapes are benchmarks/tune_scale_shapes.json (a ``kernel-api tune --shapes``
 and training-sized projections of a few model widths, and square problems.
 
 1. Compiles each shape's candidates (the best-ranked ``--max-candidates``, PickBest's order) for
-   this GPU's cc into the compile cache (`precompile`, timed and reported), so that both tuning
-   runs find the same warm cache and their wall times compare tuning, not compiling.
-2. Tunes the 16 shapes on GPU 0 alone (in this process, as `tune_shapes` does with one device),
-   with fresh tuning records.
-3. Tunes them on every visible GPU (one worker process per GPU, the shards balanced by
-   estimated cost), with other fresh tuning records.
+   this GPU's cc into the compile cache (`precompile`, timed and reported), so that every tuning
+   run finds the same warm disk cache and the wall times compare tuning, not compiling.
+2. Pays this process's one-time costs before any timed run (the CuTe DSL's import, a CUDA
+   context and cuBLAS handle on every GPU), so that they count against no configuration.
+3. ``--rounds`` rounds, each timing every configuration once, in an order rotated per round:
+   GPU 0 alone (in this process); every GPU with a thread per GPU (``isolation="threads"``, the
+   default); every GPU with a worker process per GPU (``"processes"``, whose start-up is part
+   of its time). Before each run the in-memory kernel instances and compiled artifacts are
+   dropped, so each run loads its artifacts from the disk cache as a new tuning would, and each
+   run writes fresh tuning records.
 
-Prints both wall times and the speedup, and per shape whether the multi-GPU winner is the
-single-GPU winner or within 3 % of its time; the comparison uses the single-GPU run's own
-timings of both kernels (every verified candidate's median is in its record), so both times
-come from the same GPU. JSON to benchmarks/results/tune_scale-<device>-<n>gpu.json (and $OUT/).
+Prints each configuration's median wall time (and its spread over the rounds), the speedups,
+and per shape whether each multi-GPU winner is the single-GPU winner or within 3 % of its time;
+the comparison uses the first single-GPU run's own timings of both kernels (every verified
+candidate's median is in its record), so both times come from the same GPU. ``--profile`` also
+writes a cProfile summary of one extra single-GPU run. JSON to
+benchmarks/results/tune_scale-<device>-<n>gpu.json (and $OUT/).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -36,7 +46,9 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
+from kernel_api import registry  # noqa: E402
 from kernel_api.cli.precompile import entry_arguments, load_shapes  # noqa: E402
+from kernel_api.providers.cuda_src.compiler import clear_memory_cache  # noqa: E402
 from kernel_api.tuning.precompile import precompile  # noqa: E402
 from kernel_api.tuning.records import TuningRecords  # noqa: E402
 from kernel_api.tuning.scale import tune_shapes  # noqa: E402
@@ -45,12 +57,51 @@ SHAPES_FILE = os.path.join(ROOT, "benchmarks", "tune_scale_shapes.json")
 WITHIN = 0.03
 
 
+def warm_up(gpus: int) -> None:
+    """This process's one-time costs, paid before any timed run: the CuTe DSL's import, and a
+    CUDA context, cuBLAS handle and caching-allocator pool on every GPU."""
+    import cutlass.cute  # noqa: F401
+
+    for d in range(gpus):
+        with torch.cuda.device(d):
+            x = torch.randn(256, 256, device=f"cuda:{d}", dtype=torch.bfloat16)
+            (x @ x).sum().item()
+            torch.matmul(x.double(), x.double()).sum().item()
+
+
+def forget_loaded_kernels() -> None:
+    """Drop the kernel instances (with the artifacts they loaded) and NVRTC's in-memory compiles,
+    so a run loads from the disk cache as a new tuning would."""
+    registry.clear_caches()
+    clear_memory_cache()
+
+
+def profile_single_gpu(problems: list, args: argparse.Namespace, scratch: str) -> None:
+    """cProfile of one more single-GPU tuning: the top functions by cumulative and own time."""
+    forget_loaded_kernels()
+    store = TuningRecords(os.path.join(scratch, "profile.sqlite"))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    tune_shapes(problems, [0], max_candidates=args.max_candidates, repeat=args.repeat, num_workers=1, records=store)
+    profiler.disable()
+    text = io.StringIO()
+    for key in ("cumulative", "tottime"):
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(40)
+    path = os.path.join(os.environ.get("OUT") or os.path.join(ROOT, "benchmarks", "results"), "tune_scale-profile.txt")
+    with open(path, "w") as f:
+        f.write(text.getvalue())
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-candidates", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--compile-workers", type=int, default=None, help="for the compile step (default: CPUs, <= 16)")
     parser.add_argument("--shapes", default=SHAPES_FILE, help="a shapes file (default: the 16 bf16 GEMMs)")
+    parser.add_argument("--rounds", type=int, default=3, help="times each configuration is timed (order rotated)")
+    parser.add_argument("--profile", action="store_true", help="cProfile one more single-GPU run ($OUT or results/)")
+    parser.add_argument("--tag", default="", help="appended to the JSON file's name")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_scale.py needs a CUDA GPU")
@@ -68,59 +119,78 @@ def main() -> None:
     print(f"compiled {len(compiled) - len(failed)} of {len(compiled)} candidates in {compile_s:.1f} s "
           f"(cc {major}{minor})" + (f"; failed: {[r.kernel_name for r in failed][:5]}" if failed else ""))
 
-    runs = {}
+    warm_up(gpus)
+    configurations = [("1gpu", [0], "threads")]
+    if gpus > 1:
+        configurations += [(f"{gpus}gpu-threads", list(range(gpus)), "threads"),
+                           (f"{gpus}gpu-processes", list(range(gpus)), "processes")]
+    runs: dict[str, list[dict]] = {label: [] for label, _, _ in configurations}
     with tempfile.TemporaryDirectory(prefix="tune_scale-") as scratch:
-        for label, devices in (("1gpu", [0]), (f"{gpus}gpu", list(range(gpus)))):
-            store = TuningRecords(os.path.join(scratch, f"{label}.sqlite"))
-            start = time.perf_counter()
-            # num_workers=1: the candidates are in the compile cache already; no compile pools.
-            results = tune_shapes(problems, devices, max_candidates=args.max_candidates, repeat=args.repeat,
-                                  num_workers=1, records=store)
-            seconds = time.perf_counter() - start
-            runs[label] = {"seconds": seconds, "results": results}
-            bad = [r for r in results if r.failure is not None]
-            print(f"{label}: {seconds:.1f} s for {len(results)} shapes" +
-                  (f"; {len(bad)} failed: {bad[0].failure}" if bad else ""))
-            if gpus == 1:
-                break
+        for round_ in range(args.rounds):
+            shift = round_ % len(configurations)
+            for label, devices, isolation in configurations[shift:] + configurations[:shift]:
+                store = TuningRecords(os.path.join(scratch, f"{label}-{round_}.sqlite"))
+                forget_loaded_kernels()
+                start = time.perf_counter()
+                # num_workers=1: the candidates are in the compile cache already; no compile pools.
+                results = tune_shapes(problems, devices, max_candidates=args.max_candidates, repeat=args.repeat,
+                                      num_workers=1, records=store, isolation=isolation)
+                seconds = time.perf_counter() - start
+                runs[label].append({"seconds": seconds, "results": results})
+                bad = [r for r in results if r.failure is not None]
+                print(f"round {round_}: {label}: {seconds:.2f} s for {len(results)} shapes" +
+                      (f"; {len(bad)} failed: {bad[0].failure}" if bad else ""))
+        if args.profile:
+            profile_single_gpu(problems, args, scratch)
 
-    single = runs["1gpu"]
-    multi = runs.get(f"{gpus}gpu", single)
-    speedup = single["seconds"] / multi["seconds"]
-    rows, agree = [], 0
-    for e, one, many in zip(entries, single["results"], multi["results"]):
+    single = runs["1gpu"][0]
+    medians = {label: statistics.median(r["seconds"] for r in found) for label, found in runs.items()}
+    spreads = {label: [min(r["seconds"] for r in found), max(r["seconds"] for r in found)]
+               for label, found in runs.items()}
+    speedups = {label: medians["1gpu"] / medians[label] for label in medians if label != "1gpu"}
+    rows = []
+    agree = {label: 0 for label in speedups}
+    for i, (e, one) in enumerate(zip(entries, single["results"])):
         row = {"shape": [e["m"], e["n"], e["k"]] if e["op"] == "gemm" else [e["rows"], e["cols"]],
-               "single_winner": one.kernel_name, "single_ms": one.median_ms,
-               "multi_winner": many.kernel_name, "multi_ms": many.median_ms, "multi_device": many.device,
-               "failure": one.failure or many.failure}
-        if one.failure is None and many.failure is None:
-            same = one.kernel_name == many.kernel_name
-            # The multi-GPU winner's time in the single-GPU run (same GPU as the single winner's).
-            theirs = one.median_ms if same else one.record.runners_up.get(many.kernel_name)
-            row["multi_winner_ms_on_gpu0"] = theirs
-            row["slower_by"] = None if theirs is None else theirs / one.median_ms - 1.0
-            row["ok"] = same or (theirs is not None and theirs <= one.median_ms * (1 + WITHIN))
-            agree += row["ok"]
-        else:
-            row["ok"] = False
+               "single_winner": one.kernel_name, "single_ms": one.median_ms, "failure": one.failure, "multi": {}}
+        for label in speedups:
+            many = runs[label][0]["results"][i]
+            verdict = {"winner": many.kernel_name, "ms": many.median_ms, "device": many.device,
+                       "failure": many.failure, "ok": False}
+            if one.failure is None and many.failure is None:
+                same = one.kernel_name == many.kernel_name
+                # The multi-GPU winner's time in the single-GPU run (same GPU as the single winner's).
+                theirs = one.median_ms if same else one.record.runners_up.get(many.kernel_name)
+                verdict["winner_ms_on_gpu0"] = theirs
+                verdict["slower_by"] = None if theirs is None else theirs / one.median_ms - 1.0
+                verdict["ok"] = same or (theirs is not None and theirs <= one.median_ms * (1 + WITHIN))
+                agree[label] += verdict["ok"]
+            row["multi"][label] = verdict
         rows.append(row)
 
-    print(f"\n{'shape':>18} {'1-GPU winner':<58} {'us':>8}  {'same / within 3%':<18} GPU")
+    labels = list(speedups)
+    print(f"\n{'shape':>18} {'1-GPU winner':<58} {'us':>8}  " + "  ".join(f"{label:<22}" for label in labels))
     for r in rows:
         shape = "x".join(map(str, r["shape"]))
-        verdict = "same" if r["single_winner"] == r["multi_winner"] else (
-            f"{r['slower_by'] * 100:+.1f}%" if r.get("slower_by") is not None else "n/a")
-        print(f"{shape:>18} {str(r['single_winner'])[:58]:<58} {(r['single_ms'] or 0) * 1e3:8.1f}  "
-              f"{verdict + ('' if r['ok'] else ' FAIL'):<18} {r['multi_device']}")
-    print(f"\ncompile (both runs then hit the cache): {compile_s:.1f} s")
-    print(f"tuning on 1 GPU: {single['seconds']:.1f} s; on {gpus} GPUs: {multi['seconds']:.1f} s; "
-          f"speedup {speedup:.2f}x; {agree} of {len(rows)} winners the same or within 3%")
+        cells = []
+        for label in labels:
+            v = r["multi"][label]
+            verdict = "same" if v["winner"] == r["single_winner"] else (
+                f"{v['slower_by'] * 100:+.1f}%" if v.get("slower_by") is not None else "n/a")
+            cells.append(f"{verdict + ('' if v['ok'] else ' FAIL') + ' GPU ' + str(v['device']):<22}")
+        print(f"{shape:>18} {str(r['single_winner'])[:58]:<58} {(r['single_ms'] or 0) * 1e3:8.1f}  " + "  ".join(cells))
+    print(f"\ncompile (every run then hits the disk cache): {compile_s:.1f} s; {args.rounds} round(s)")
+    for label in medians:
+        extra = "" if label == "1gpu" else (f"; speedup {speedups[label]:.2f}x; {agree[label]} of {len(rows)} "
+                                            f"winners the same or within 3%")
+        print(f"{label:>16}: median {medians[label]:.2f} s [{spreads[label][0]:.2f}-{spreads[label][1]:.2f}]{extra}")
 
     summary = {"device": device, "gpus": gpus, "max_candidates": args.max_candidates, "repeat": args.repeat,
-               "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s, "compile_failures": len(failed),
-               "single_gpu_s": single["seconds"], "multi_gpu_s": multi["seconds"], "speedup": speedup,
-               "winners_ok": agree, "shapes": rows, "torch": torch.__version__}
-    name = f"tune_scale-{device.replace(' ', '_')}-{gpus}gpu.json"
+               "rounds": args.rounds, "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s,
+               "compile_failures": len(failed), "seconds": {k: [r["seconds"] for r in v] for k, v in runs.items()},
+               "median_s": medians, "speedup": speedups, "winners_ok": agree, "shapes": rows,
+               "torch": torch.__version__}
+    name = f"tune_scale-{device.replace(' ', '_')}-{gpus}gpu{args.tag and '-' + args.tag}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]
     if os.environ.get("OUT"):
         paths.append(os.path.join(os.environ["OUT"], name))

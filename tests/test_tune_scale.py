@@ -118,6 +118,71 @@ def test_the_parent_merges_the_shard_records_and_reports_in_order(monkeypatch, t
     assert {r.operation: r.kernel_name for r in store.all()} == {"op0": "old_winner", "op1": "k1"}
 
 
+def _threaded_shard(seen, barrier):
+    """A stand-in `tune_shard` for two threads: both must be inside it at once (the barrier
+    times out if the shards ran one after another)."""
+    import threading
+
+    def shard(entries, device, options, records, done):
+        seen[device] = dict(thread=threading.current_thread().name, bucket=options.bucket,
+                            read_only=records.read_only, order=[e[0] for e in entries])
+        barrier.wait(timeout=10)
+        out = []
+        for index, kind, _ in entries:
+            rec = records.record("Fake GPU", 90, f"op{index}", kind, f"k{index}", 0.5, {}, {})
+            out.append(ShapeTuning(index, device, f"k{index}", 0.5, False, rec))
+            done(out[-1])
+        return out
+
+    return shard
+
+
+def test_threads_tune_the_shards_at_once_and_the_caller_merges(monkeypatch, tmp_path):
+    """isolation="threads" (the default): one thread per GPU in this process, running at the same
+    time; a bucket function is passed as it is (no worker has to import it); the records are
+    merged by the caller."""
+    import threading
+
+    seen = {}
+    monkeypatch.setattr(scale, "_visible_devices", lambda devices: [0, 1])
+    monkeypatch.setattr(scale, "tune_shard", _threaded_shard(seen, threading.Barrier(2)))
+    store = TuningRecords(tmp_path / "t.sqlite")
+    bucket = lambda args: "b"  # noqa: E731 - a local function: no worker process could import it
+    shapes = [gemm_arguments(64, 64, 64), gemm_arguments(4096, 4096, 4096), softmax_arguments(64, 64)]
+    progress = []
+    results = tune_shapes(shapes, bucket=bucket, records=store, progress=lambda d, t, label: progress.append(d))
+    assert sorted(seen) == [0, 1] and {v["thread"] for v in seen.values()} == {"kernel_api-tune-gpu0",
+                                                                                "kernel_api-tune-gpu1"}
+    assert all(v["bucket"] is bucket and v["read_only"] for v in seen.values())
+    assert seen[0]["order"] == [1]  # the costliest problem alone on the first GPU
+    assert [r.index for r in results] == [0, 1, 2] and [r.device for r in results] == [1, 0, 1]
+    assert sorted(progress) == [1, 2, 3]
+    assert sorted(r.operation for r in store.all()) == ["op0", "op1", "op2"]
+
+
+def test_a_failing_progress_callback_stops_every_thread_and_is_raised(monkeypatch, tmp_path):
+    import threading
+
+    monkeypatch.setattr(scale, "_visible_devices", lambda devices: [0, 1])
+    monkeypatch.setattr(scale, "tune_shard", _threaded_shard({}, threading.Barrier(2)))
+
+    def progress(done, total, label):
+        raise RuntimeError("progress bar broke")
+
+    store = TuningRecords(tmp_path / "t.sqlite")
+    with pytest.raises(RuntimeError, match="progress bar broke"):
+        tune_shapes([gemm_arguments(64, 64, 64), gemm_arguments(128, 64, 64), gemm_arguments(256, 64, 64),
+                     gemm_arguments(512, 64, 64)], records=store, progress=progress)
+    assert store.all() == []  # nothing merged from a tuning that failed
+    assert not [t for t in threading.enumerate() if t.name.startswith("kernel_api-tune-gpu")]
+
+
+def test_tune_shapes_refuses_an_unknown_isolation(monkeypatch):
+    monkeypatch.setattr(scale, "_visible_devices", lambda devices: [0, 1])
+    with pytest.raises(ValueError, match="isolation must be one of"):
+        tune_shapes([gemm_arguments(64, 64, 64)], isolation="fork")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a worker that cannot use its GPU")
 def test_a_worker_that_dies_fails_its_problems_with_its_stderr(monkeypatch, tmp_path):
     """Two worker processes started (as on two GPUs) on a machine without CUDA: each dies at its
@@ -125,7 +190,7 @@ def test_a_worker_that_dies_fails_its_problems_with_its_stderr(monkeypatch, tmp_
     monkeypatch.setattr(scale, "_visible_devices", lambda devices: [0, 1])
     store = TuningRecords(tmp_path / "t.sqlite")
     results = tune_shapes([gemm_arguments(64, 64, 64), gemm_arguments(256, 256, 256), softmax_arguments(64, 64)],
-                          records=store)
+                          records=store, isolation="processes")
     assert [r.index for r in results] == [0, 1, 2] and {r.device for r in results} == {0, 1}
     for r in results:
         assert r.record is None and r.failure.startswith(f"the tuning worker for GPU {r.device} exited (1) before "
@@ -184,11 +249,15 @@ def test_cli_tune_parses_its_options(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(scale, "tune_shapes", fake_tune_shapes)
     export = tmp_path / "winners.json"
     status, out, err = _cli(capsys, "tune", "--shapes", str(good), "--devices", "0,1", "--max-candidates", "8",
-                            "--workers", "3", "--force", "--bucket", "pow2_m", "--export", str(export))
+                            "--workers", "3", "--force", "--bucket", "pow2_m", "--export", str(export),
+                            "--isolation", "processes")
     assert status == 1  # a problem failed
     (arguments, devices, kw), = calls
     assert devices == [0, 1] and len(arguments) == 2 and isinstance(arguments[0], GemmArguments)
     assert kw["max_candidates"] == 8 and kw["num_workers"] == 3 and kw["force"] and kw["bucket"] == "pow2_m"
+    assert kw["isolation"] == "processes"
+    _cli(capsys, "tune", "--shapes", str(good))
+    assert calls[-1][2]["isolation"] == "threads"  # the default
     assert "entry 0 (gemm 256x256x128 bf16 tnt): k0 250.0 us (measured on GPU 0)" in out
     assert "entry 1 (softmax 64x1000 bf16): RuntimeError: boom" in err
     assert [r.kernel_name for r in records_from_json(json.loads(export.read_text()))] == ["k0"]

@@ -179,9 +179,9 @@ def cmd_tune(ns: argparse.Namespace) -> int:
         from .precompile import run_tune_shapes
 
         return run_tune_shapes(ns.shapes, ns.devices, ns.export, ns.max_candidates, ns.repeat, ns.shapes_workers,
-                               ns.shapes_force, ns.bucket)
+                               ns.shapes_force, ns.bucket, isolation=ns.isolation)
     for flag, value in (("--shapes", ns.shapes), ("--devices", ns.devices), ("--export", ns.export),
-                        ("--bucket", ns.bucket)):
+                        ("--bucket", ns.bucket), ("--isolation", ns.isolation)):
         if value is not None:
             raise ValueError(f"tune: {flag} is for a shapes file (tune --shapes FILE), not with a problem ({ns.op})")
     args = _gpu_arguments(ns)
@@ -276,6 +276,9 @@ def make_parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--force", dest="shapes_force", action="store_true",
                         help="with --shapes: measure problems that already have a record")
     tune_p.add_argument("--bucket", default=None, help="with --shapes: record per shape bucket, e.g. pow2_m")
+    tune_p.add_argument("--isolation", default=None, choices=("threads", "processes"),
+                        help="with --shapes on several GPUs: a thread per GPU in this process (default) or a "
+                             "worker process per GPU")
     cache_p = sub.add_parser("cache", help="inspect or clear the compile caches and tuning records")
     cache_p.add_argument("action", choices=("info", "clear"))
     demo = sub.add_parser("demo", help="discover + compile a GEMM; on a GPU also run, verify and time vs torch")

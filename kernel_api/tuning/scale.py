@@ -2,9 +2,22 @@
 
 The problems are split into one shard per GPU, balanced by their estimated tuning time
 (`tuning_cost`, `shard_by_cost`: longest first onto the least loaded GPU), and each shard is
-tuned by `PickBest` in its own worker process, ``python -m kernel_api.tuning.tune_worker`` with
-``CUDA_VISIBLE_DEVICES`` set to its one GPU (like the compile workers, it never re-imports the
-caller's ``__main__``). With one GPU the shard is tuned in the calling process.
+tuned by `PickBest` on its GPU:
+
+- ``isolation="threads"`` (the default): one thread of the calling process per GPU. A GPU's
+  measurements wait on that GPU with the GIL released, so the GPUs measure at the same time,
+  and nothing is started: a worker process pays the interpreter's, torch's, the DSL's and a
+  CUDA context's start-up (about 5 s on an H200 host, as long as tuning 16 GEMMs on one GPU,
+  `benchmarks/tune_scale.py`). Host work (loading artifacts, launching) still takes turns on
+  the GIL. CuTe DSL compiles and loads take turns on a lock of their own (the DSL's compiler
+  state is process-wide).
+- ``isolation="processes"``: one worker process per GPU, ``python -m
+  kernel_api.tuning.tune_worker`` with ``CUDA_VISIBLE_DEVICES`` set to its one GPU (like the
+  compile workers, it never re-imports the caller's ``__main__``). The host work runs in
+  parallel too, which pays off when tuning is long enough to hide the start-up, or when a
+  crash in a kernel should take down only its worker.
+
+With one GPU the shard is tuned in the calling thread.
 
 A shard first compiles all its candidates in one pool of compile workers (shared by its
 problems, filling the disk caches), then measures its problems one after another. The workers
@@ -230,11 +243,16 @@ def default_workers(gpus: int) -> int:
     return max(1, min(8, (os.cpu_count() or 1) // max(1, gpus)))
 
 
+#: How `tune_shapes` runs the shards of several GPUs.
+ISOLATIONS = ("threads", "processes")
+
+
 def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, max_candidates: int | None = 24,
                 repeat: int = 30, num_workers: int | None = None, force: bool = False,
                 bucket: str | Bucket | None = None, compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
                 records: TuningRecords | None = None,
-                progress: Callable[[int, int, str], None] | None = None) -> list[ShapeTuning]:
+                progress: Callable[[int, int, str], None] | None = None,
+                isolation: str = "threads") -> list[ShapeTuning]:
     """Tune every problem of ``shapes`` with `PickBest`, sharded over the GPUs ``devices``, and
     write the winners to the tuning records.
 
@@ -243,11 +261,8 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
             backward); only their signature counts (shapes, strides, dtypes, alignment), so
             tensors on the ``meta`` device do (``kernel_api.cli.precompile.load_shapes`` and
             ``entry_arguments`` read a shapes file into them).
-        devices: CUDA device indices (default: every visible GPU). One worker process per
-            device tunes its shard; with one device the shard is tuned in this process. A
-            worker sees the kernels that register on import (the shipped providers and the
-            plugins' entry points), not kernel classes this process registered at run time:
-            tune those with one device.
+        devices: CUDA device indices (default: every visible GPU), each tuning one shard (see
+            ``isolation``); with one device the shard is tuned in the calling thread.
         max_candidates, repeat, compile_timeout, bucket: as for `PickBest` (a bucket function
             must be importable by other processes: a module-level function or
             ``"module:function"``).
@@ -255,7 +270,14 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
             devices, at most 8).
         force: measure problems that already have a tuning record.
         records: the store to read and merge the winners into (default: the cache folder's).
-        progress: called as ``progress(done, total, label)`` after each problem.
+        progress: called as ``progress(done, total, label)`` after each problem (from the
+            thread or the reader of the shard that finished it, one call at a time).
+        isolation: with several devices, ``"threads"`` (one thread per device in this
+            process: no start-up; the kernels are this process's, classes registered at run
+            time included) or ``"processes"`` (one worker process per device: the host work in
+            parallel too, but each worker's start-up costs seconds, and a worker sees only the
+            kernels that register on import: the shipped providers and the plugins' entry
+            points). See the module docstring.
 
     Returns:
         One `ShapeTuning` per problem, in ``shapes``' order; a failed problem (no kernel, every
@@ -265,6 +287,8 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
         DeviceError: no CUDA GPU is visible.
         ValueError: a bad ``devices`` or option, or a problem that cannot be sent to a worker.
     """
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     chosen = _visible_devices(devices)
     if max_candidates is not None and max_candidates < 1:
         raise ValueError(f"max_candidates must be >= 1 or None, got {max_candidates}")
@@ -274,8 +298,9 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     described = describe_shapes(shapes)
     # A worker process resolves the bucket by name; this process can use any function.
+    in_process = len(chosen) == 1 or isolation == "threads"
     options = TuneOptions(max_candidates, repeat, num_workers or default_workers(len(chosen)), force,
-                          bucket if len(chosen) == 1 else bucket_reference(bucket), compile_timeout)
+                          bucket if in_process else bucket_reference(bucket), compile_timeout)
     store = records if records is not None else TuningRecords()
     shards = shard_by_cost([tuning_cost(a, repeat) for a in shapes], len(chosen))
     total = len(shapes)
@@ -292,6 +317,9 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
     reader = TuningRecords(store.path, toolchain_key=store.toolchain_key, read_only=True)
     if len(chosen) == 1:
         tune_shard([(i, *described[i]) for i in shards[0]], chosen[0], options, reader, done)
+    elif isolation == "threads":
+        _tune_in_threads([(device, [(i, *described[i]) for i in shard]) for device, shard in zip(chosen, shards)
+                          if shard], options, reader, done)
     else:
         workers = [_TuneWorker(device, [(i, *described[i]) for i in shard], options, store, done)
                    for device, shard in zip(chosen, shards) if shard]
@@ -308,6 +336,47 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
     if tuned:
         store.merge(tuned)
     return results
+
+
+class _Stopped(Exception):
+    """Raised in a tuning thread's progress report once another thread failed: it stops there."""
+
+
+def _tune_in_threads(jobs: list[tuple[int, list[tuple[int, str, dict]]]], options: TuneOptions,
+                     records: TuningRecords, done: Callable[[ShapeTuning], None]) -> None:
+    """`tune_shard` of each ``(device, entries)`` job in a thread of its own. The first exception
+    of a thread (a failing ``done``, an interrupt) stops the others at their next problem and
+    is raised here once all have stopped."""
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def report(result: ShapeTuning) -> None:
+        if stop.is_set():
+            raise _Stopped()
+        done(result)
+
+    def work(device: int, entries: list[tuple[int, str, dict]]) -> None:
+        try:
+            tune_shard(entries, device, options, records, report)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # handed to the caller's thread
+            failures.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=work, args=job, daemon=True, name=f"kernel_api-tune-gpu{job[0]}")
+               for job in jobs]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=0.2)  # (a bare join would hold off KeyboardInterrupt until it returns)
+    except BaseException:
+        stop.set()
+        raise
+    if failures:
+        raise failures[0]
 
 
 class _TuneWorker:

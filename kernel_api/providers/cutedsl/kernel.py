@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -70,6 +71,10 @@ def fake_tensor_like(attrs: TensorAttributes, rank: int) -> Any:
 
 _artifacts = DiskCache("cutedsl")
 _log = logging.getLogger(__name__)
+#: CuTe DSL compiles and artifact loads take turns: the DSL's compiler state (MLIR context, the
+#: JIT's execution engines) is process-wide, and `tune_shapes` compiles from several threads.
+#: Reentrant: a kernel's compile may compile a helper kernel of its own.
+_dsl_lock = threading.RLock()
 
 
 # The package whose sources every artifact is keyed on: built-in kernels import helpers
@@ -174,8 +179,6 @@ class CuteDslKernel(Kernel):
         the compiler assume the alignment a kernel's metadata guarantees. Extra compile
         options go in ``options=``.
         """
-        import cutlass.cute as cute
-
         cc = _target_cc()
         check_target_cc(self, cc)  # also when cc comes from the GPU rather than compile(cc=...)
         options = kwargs.pop("options", "") or ""
@@ -184,8 +187,13 @@ class CuteDslKernel(Kernel):
             flags.append("--enable-tvm-ffi")
         if "--gpu-arch" not in options:
             flags.append(f"--gpu-arch {arch_string(cc)}")
+        with _dsl_lock:
+            return self._cute_compile_locked(impl, args, kwargs, cc, " ".join(flags))
+
+    def _cute_compile_locked(self, impl: Any, args: tuple, kwargs: dict, cc: int, options: str) -> Any:
+        import cutlass.cute as cute
+
         converted = [_compile_arg(a) for a in args]
-        options = " ".join(flags)
         name = getattr(getattr(self, "_metadata", None), "kernel_name", type(self).__name__)
         key = None
         if self.enable_tvm_ffi and not kwargs:
