@@ -105,16 +105,23 @@ class RowBucket:
         return self.threads_per_row * self.rows_per_cta
 
 
-def register_bucket(strategy: str, vec: int, ept: int, cols: int, backward: bool) -> RowBucket:
-    """The smallest bucket of a ``warp`` or ``block`` instance that holds rows of ``cols``
-    (powers of two, so few artifacts serve every row length)."""
+def register_bucket(strategy: str, vec: int, ept: int, cols: int, backward: bool, warp_granular: bool = False) -> RowBucket:
+    """The smallest bucket of a ``warp`` or ``block`` instance that holds rows of ``cols``.
+
+    A ``block`` CTA has a power of two of threads (few artifacts serve every row length), or
+    with ``warp_granular`` a multiple of 32: a row just past a power of two (4097 elements)
+    then keeps ``ept`` elements per thread in flight instead of half as many in a CTA of
+    twice the threads, whose occupancy caps the bytes in flight per SM. Its block reductions
+    must then take any number of warps.
+    """
     nvec = max(1, -(-max(cols, 1) // vec))
     if strategy == "warp":
         nv = min(next_pow2(-(-nvec // 32)), WARP_MAX_COLS // (32 * vec))
         return RowBucket(vec, nv, 32, WARPS_PER_CTA)
     nv = max(1, ept // vec)
-    threads = min(max(32, next_pow2(-(-nvec // nv))), block_threads_max(backward, ept))
-    return RowBucket(vec, nv, threads, 1)
+    need = -(-nvec // nv)
+    threads = 32 * -(-need // 32) if warp_granular else next_pow2(need)
+    return RowBucket(vec, nv, min(max(32, threads), block_threads_max(backward, ept)), 1)
 
 
 def rows_per_cta(strategy: str) -> int:

@@ -16,8 +16,9 @@ rows to start at the same offset from a 16-byte boundary (true for contiguous op
 row length); the ``_a1`` instances take the rest.
 
 An instance's compiled artifact is specialised on the row length's bucket (the template's
-registers per thread and threads per CTA), chosen at compile time; ``compile_key`` includes
-it, so `Kernel.run` without an artifact compiles each bucket once.
+registers per thread and threads per CTA, a multiple of 32 for ``block``: the block
+reductions take any number of warps), chosen at compile time; ``compile_key`` includes it, so
+`Kernel.run` without an artifact compiles each bucket once.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class _SoftmaxBase(CudaSourceKernel):
         op = "bwd" if self.backward else "fwd"
         peel = ", true" if self.peel else ""  # (PEEL defaults to false)
         if self.strategy != "looped":
-            b = softmax_config.register_bucket(self.strategy, vec, self.ept, cols, self.backward)
+            b = softmax_config.register_bucket(self.strategy, vec, self.ept, cols, self.backward, warp_granular=True)
             # the fourth template parameter: warps (rows) per CTA of *_warp, threads of *_block
             last = b.rows_per_cta if self.strategy == "warp" else b.threads_per_row
             return (f"ka_softmax::{op}_{self.strategy}<{t}, {vec}, {b.nv}, {last}{peel}>",
