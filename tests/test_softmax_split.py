@@ -114,7 +114,9 @@ def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
 
     for backward in (False, True):
         assert "peel" in first(8192, 4097, backward) and "Split" not in first(8192, 4097, backward)
-        assert "_looped_peel" in first(4096, 50257, backward)
+        # rows one CTA's shared memory holds are staged there (test_softmax_smem); f32's
+        # backward (two rows of 201 KB) is looped
+        assert ("_looped_peel" if backward and dtype == torch.float32 else "_smem_peel") in first(4096, 50257, backward)
         assert "_block_" in first(65536, 1024, backward)
         assert "_warp_" in first(65536, 512, backward)
         assert "_split_looped_c8" in first(1, 2**20, backward)

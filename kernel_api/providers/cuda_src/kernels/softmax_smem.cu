@@ -1,0 +1,187 @@
+// Row softmax (forward and backward) with one CTA per row and the whole row staged in shared
+// memory: rows too long for one CTA's registers but short enough for its shared memory
+// (4096x50257). Compiled after softmax.cu (the interface, softmax_smem.py, joins the two
+// sources), whose spans, conversions, stores and reductions it uses.
+//
+// Each thread copies its share of the row's 16-byte vectors (vector j * THREADS + t) into
+// shared memory with cp.async, in STAGES commit groups, and later reads back only the vectors
+// it copied itself: no barrier guards the row buffer, and the statistics of stage s are taken
+// while the later stages are still in flight. The row is read from DRAM once (the looped
+// kernels read it twice); the output pass reads shared memory. Rows are peeled as in
+// softmax.cu (scalar head and tail in registers); the interface sizes the dynamic shared
+// memory from the row, so two CTAs share an SM when two rows fit, and one CTA's copies then
+// overlap the other's output pass.
+
+namespace ka_softmax {
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most `n` of this thread's commit groups are pending (n is a constant once the
+// caller's stage loop is unrolled).
+__device__ __forceinline__ void cp_async_wait(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+  }
+}
+
+// Copy this thread's vectors [0, nvec) of src (16-byte aligned) to buf, stage by stage:
+// stage s holds the thread's vector slots [s * per_stage, (s + 1) * per_stage).
+template <int THREADS, int STAGES>
+__device__ __forceinline__ void stage_row(uint4* buf, const uint4* src, int nvec, int t, int per_stage) {
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) {
+    for (int j = s * per_stage; j < (s + 1) * per_stage; ++j) {
+      const int v = j * THREADS + t;
+      if (v < nvec) cp_async16(buf + v, src + v);
+    }
+    cp_async_commit();
+  }
+}
+
+template <class T, int VEC>
+__device__ __forceinline__ void unpack(uint4 u, float (&f)[VEC]) {
+  Pack<T, VEC> p;
+  p.u = u;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) f[k] = T::load(p.r[k]);
+}
+
+template <class T, int VEC, int THREADS, int STAGES>
+__global__ void __launch_bounds__(THREADS) fwd_smem(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y,
+                                                    i64 rows, i64 cols, i64 ldx, i64 ldy) {
+  extern __shared__ uint4 buf[];
+  __shared__ float sm[64];
+  const typename T::raw* xr = x + (i64)blockIdx.x * ldx;
+  typename T::raw* yr = y + (i64)blockIdx.x * ldy;
+  const int t = threadIdx.x;
+  const Span sp = row_span<T, VEC, true>(xr, (int)cols);
+  const int per_thread = (sp.nvec + THREADS - 1) / THREADS;
+  const int per_stage = (per_thread + STAGES - 1) / STAGES;
+  stage_row<THREADS, STAGES>(buf, reinterpret_cast<const uint4*>(xr + sp.head), sp.nvec, t, per_stage);
+  float eh, et;
+  load_edges<T, VEC>(xr, sp, t, -KA_INF, eh, et);
+  // Running (max, sum) over the stages as they land, as online_stats does over chunks.
+  float m = fmaxf(eh, et);
+  float s = m == -KA_INF ? 0.f : exp_shifted(eh, m) + exp_shifted(et, m);
+#pragma unroll
+  for (int st = 0; st < STAGES; ++st) {
+    cp_async_wait(STAGES - 1 - st);
+    const int j1 = min((st + 1) * per_stage, per_thread);
+    float cm = m;
+    for (int j = st * per_stage; j < j1; ++j) {
+      const int v = j * THREADS + t;
+      if (v < sp.nvec) {
+        float f[VEC];
+        unpack<T, VEC>(buf[v], f);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) cm = fmaxf(cm, f[k]);
+      }
+    }
+    if (cm > m) {
+      s *= exp_shifted(m, cm);
+      m = cm;
+    }
+    if (m != -KA_INF) {  // a thread that has seen only -inf contributes nothing (not NaN)
+      for (int j = st * per_stage; j < j1; ++j) {
+        const int v = j * THREADS + t;
+        if (v < sp.nvec) {
+          float f[VEC];
+          unpack<T, VEC>(buf[v], f);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) s += exp_shifted(f[k], m);
+        }
+      }
+    }
+  }
+  const float row_max = block_max<THREADS>(m, sm);
+  s = m == -KA_INF ? 0.f : s * exp_shifted(m, row_max);
+  const float inv = 1.f / block_sum<THREADS>(s, sm + 32);
+  typename T::raw* yb = yr + sp.head;
+  for (int j = 0; j < per_thread; ++j) {
+    const int v = j * THREADS + t;
+    if (v < sp.nvec) {
+      float f[VEC];
+      unpack<T, VEC>(buf[v], f);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) f[k] = exp_shifted(f[k], row_max) * inv;
+      store_vec<T, VEC>(yb + (i64)v * VEC, f);
+    }
+  }
+  store_edges<T, VEC>(yr, sp, t, exp_shifted(eh, row_max) * inv, exp_shifted(et, row_max) * inv);
+}
+
+// The backward stages dy and y: the buffer holds dy's vectors, then y's (nvec apart).
+template <class T, int VEC, int THREADS, int STAGES>
+__global__ void __launch_bounds__(THREADS) bwd_smem(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
+                                                    typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy,
+                                                    i64 ldy, i64 lddx) {
+  extern __shared__ uint4 buf[];
+  __shared__ float sm[32];
+  const typename T::raw* gr = dy + (i64)blockIdx.x * lddy;
+  const typename T::raw* yr = y + (i64)blockIdx.x * ldy;
+  typename T::raw* dr = dx + (i64)blockIdx.x * lddx;
+  const int t = threadIdx.x;
+  const Span sp = row_span<T, VEC, true>(yr, (int)cols);
+  const int per_thread = (sp.nvec + THREADS - 1) / THREADS;
+  const int per_stage = (per_thread + STAGES - 1) / STAGES;
+  uint4* gbuf = buf;
+  uint4* ybuf = buf + sp.nvec;
+  const uint4* gsrc = reinterpret_cast<const uint4*>(gr + sp.head);
+  const uint4* ysrc = reinterpret_cast<const uint4*>(yr + sp.head);
+#pragma unroll
+  for (int st = 0; st < STAGES; ++st) {
+    for (int j = st * per_stage; j < (st + 1) * per_stage; ++j) {
+      const int v = j * THREADS + t;
+      if (v < sp.nvec) {
+        cp_async16(gbuf + v, gsrc + v);
+        cp_async16(ybuf + v, ysrc + v);
+      }
+    }
+    cp_async_commit();
+  }
+  float gh, gt, yh, yt;
+  load_edges<T, VEC>(gr, sp, t, 0.f, gh, gt);
+  load_edges<T, VEC>(yr, sp, t, 0.f, yh, yt);
+  float dot = gh * yh + gt * yt;
+#pragma unroll
+  for (int st = 0; st < STAGES; ++st) {
+    cp_async_wait(STAGES - 1 - st);
+    const int j1 = min((st + 1) * per_stage, per_thread);
+    for (int j = st * per_stage; j < j1; ++j) {
+      const int v = j * THREADS + t;
+      if (v < sp.nvec) {
+        float g[VEC], w[VEC];
+        unpack<T, VEC>(gbuf[v], g);
+        unpack<T, VEC>(ybuf[v], w);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) dot = fmaf(g[k], w[k], dot);
+      }
+    }
+  }
+  dot = block_sum<THREADS>(dot, sm);
+  typename T::raw* db = dr + sp.head;
+  for (int j = 0; j < per_thread; ++j) {
+    const int v = j * THREADS + t;
+    if (v < sp.nvec) {
+      float g[VEC], w[VEC];
+      unpack<T, VEC>(gbuf[v], g);
+      unpack<T, VEC>(ybuf[v], w);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) g[k] = w[k] * (g[k] - dot);
+      store_vec<T, VEC>(db + (i64)v * VEC, g);
+    }
+  }
+  store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
+}
+
+}  // namespace ka_softmax

@@ -1,0 +1,198 @@
+"""Interface of the shared-memory-row softmax kernels (implementation: softmax_smem.cu,
+compiled after softmax.cu, whose helpers it uses).
+
+Two registered families, `CudaSoftmaxSmemForward` (`SoftmaxArguments`) and
+`CudaSoftmaxSmemBackward` (`SoftmaxBackwardArguments`), for sm_90 and sm_100 (227 KB of
+shared memory per CTA): one CTA per row, the whole row (the backward: dy's and y's rows)
+copied once into dynamic shared memory with cp.async, its statistics taken as the copies
+land, the output computed from shared memory. They serve rows longer than one CTA's registers
+hold and shorter than its shared memory: ``smem_peel<vec>`` per dtype, rows of up to
+`max_cols` elements (bf16/f16: 116K forward, 58K backward; f32: half that). The looped
+kernels read such rows twice; these read them once.
+
+Every instance peels rows (16-byte vectors after a scalar head, see softmax.py), so it takes
+operands at any alignment whose rows share one offset from a 16-byte boundary. An artifact is
+specialised on the threads per CTA (``compile_key`` includes it); the shared memory is sized
+at launch from the row length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
+from ....core.dtypes import DataType
+from ....core.status import Status
+from ....core.streams import stream_handle
+from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
+from ....utils import MAX_GRID_X
+from ... import softmax_config
+from .. import CudaSourceProvider
+from ..kernel import CudaSourceKernel
+from .softmax import _TYPES, MAX_COLS, _launch_plan, _row_stride, peel_status
+
+#: Dynamic shared memory one CTA may use on sm_90/sm_100 (227 KB opt-in, less the kernel's
+#: static reduction scratch).
+MAX_SMEM_BYTES = 227 * 1024 - 256
+#: Shared memory of one SM (228 KB) and what the system reserves per CTA (1 KB): rows up to
+#: `TWO_PER_SM_BYTES` let two CTAs share an SM, the copies of one overlapping the other's work.
+SM_SMEM_BYTES, CTA_RESERVED_BYTES = 228 * 1024, 1024
+TWO_PER_SM_BYTES = SM_SMEM_BYTES // 2 - CTA_RESERVED_BYTES - 256
+#: Threads per CTA when two CTAs share an SM, and when one CTA has it alone.
+THREADS_SHARED, THREADS_ALONE = 512, 1024
+#: cp.async commit groups per row: statistics start when the first lands.
+STAGES = 4
+MIN_CC, MAX_CC = 90, 100
+
+
+@dataclass(frozen=True)
+class SmemPlan:
+    """Launch state fixed at compile time: threads per CTA, and the longest row the artifact
+    handles (it is compiled for any row up to the shared memory's limit)."""
+
+    threads: int
+    capacity: int
+    rows_per_cta: int = 1
+
+
+def row_smem_bytes(cols: int, dtype: DataType, backward: bool) -> int:
+    """Dynamic shared memory for rows of ``cols`` elements: the 16-byte vectors of one row
+    (the backward: two rows), at most ``cols // vec`` of them after the peeled head."""
+    return (cols * dtype.bytes // 16) * 16 * (2 if backward else 1)
+
+
+def max_cols(dtype: DataType, backward: bool) -> int:
+    """The longest row whose vectors fit `MAX_SMEM_BYTES` (plus a peeled head and tail)."""
+    vec = 16 // dtype.bytes
+    return (MAX_SMEM_BYTES // (16 * (2 if backward else 1))) * vec + vec - 1
+
+
+class _SmemBase(CudaSourceKernel):
+    source_file = "softmax_smem.cu"
+    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
+    backward: bool = False
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.dtype: DataType = params["dtype"]
+        self.vec: int = 16 // self.dtype.bytes
+        self.max_cols: int = params["max_cols"]
+
+    @classmethod
+    def get_source(cls) -> str:
+        text = cls._source_texts.get(cls)
+        if text is None:
+            from .softmax import CudaSoftmaxForward
+
+            text = cls._source_texts[cls] = CudaSoftmaxForward.get_source() + "\n" + super().get_source()
+        return text
+
+    # ---- generation --------------------------------------------------------------------
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        return [dict(dtype=dtype, max_cols=max_cols(dtype, cls.backward)) for dtype in softmax_config.DTYPES]
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        return f"{cls.__name__}_{params['dtype']}_smem_peel{16 // params['dtype'].bytes}"
+
+    @classmethod
+    def make_metadata(cls, params: dict) -> KernelMetadata:
+        design = RowReductionDesignMetadata("smem", THREADS_SHARED, 16, 1, params["max_cols"],
+                                            extra=(("peel", True), ("stages", STAGES)))
+        return KernelMetadata(cls.instance_name(params), cls,
+                              softmax_operands(params["dtype"], 1, backward=cls.backward), design=design,
+                              min_cc=MIN_CC, max_cc=MAX_CC)
+
+    @classmethod
+    def check_definition(cls) -> None:
+        pass  # names come from name_expression, not kernel_name
+
+    # ---- support --------------------------------------------------------------------------
+    def _supports(self, args: Any) -> Status:
+        cols, rows = args.cols, args.rows
+        name = self.metadata.kernel_name
+        if cols > MAX_COLS:
+            return Status.fail(f"{name}: rows of {cols:,} elements exceed its 2^31-1")
+        if cols > self.max_cols:
+            return Status.fail(f"{name}: rows of {cols:,} elements need "
+                               f"{row_smem_bytes(cols, self.dtype, self.backward):,} bytes of shared memory, "
+                               f"past its {MAX_SMEM_BYTES:,} (rows of up to {self.max_cols:,}); "
+                               f"a looped or split instance takes them")
+        if rows > MAX_GRID_X:
+            return Status.fail(f"{name}: rows={rows:,} need {rows:,} CTAs, past the grid's x limit of "
+                               f"2^31-1 = {MAX_GRID_X:,}")
+        return peel_status(name, args, self.vec)
+
+    # ---- compile: the template instance for this row length ------------------------------
+    def threads_for(self, cols: int) -> int:
+        """Threads per CTA: `THREADS_SHARED` while two rows' buffers fit an SM, else
+        `THREADS_ALONE` (one CTA per SM issues the copies and the math alone)."""
+        two = row_smem_bytes(cols, self.dtype, self.backward) <= TWO_PER_SM_BYTES
+        return THREADS_SHARED if two else THREADS_ALONE
+
+    def plan(self, cols: int) -> tuple[str, SmemPlan]:
+        """The template instance and launch plan for rows of ``cols`` elements."""
+        threads = self.threads_for(cols)
+        op = "bwd" if self.backward else "fwd"
+        return (f"ka_softmax::{op}_smem<{_TYPES[self.dtype]}, {self.vec}, {threads}, {STAGES}>",
+                SmemPlan(threads, self.max_cols))
+
+    def name_expression(self, args: Any) -> str:
+        return self.plan(args.cols)[0]
+
+    def launch_plan(self, args: Any, launcher: Any) -> SmemPlan:
+        return self.plan(args.cols)[1]
+
+    def launch_config(self, args: Any) -> tuple:
+        p = self.plan(args.cols)[1]
+        return (args.rows, p.threads, row_smem_bytes(args.cols, self.dtype, self.backward))
+
+    # ---- ranking ---------------------------------------------------------------------------
+    def estimated_cost(self, args: Any, sm_count: int) -> float:
+        """`row_cost`'s model (one read, peeled, a CTA per row) times the cost of staging in
+        shared memory: 1.1 with two CTAs per SM, 1.25 with one (its copies and its output
+        pass no longer overlap another CTA's). So the register kernels keep the rows they
+        hold, and these take the longer rows from the looped kernels (1.5: two reads)."""
+        from ....tuning.policies import row_cost
+
+        two = row_smem_bytes(args.cols, self.dtype, self.backward) <= TWO_PER_SM_BYTES
+        return row_cost(self, args, sm_count) * (1.1 if two else 1.25)
+
+
+def _launch(kernel: _SmemBase, args: Any, artifact: Any, stream: Any, device: int, params: tuple) -> None:
+    p = _launch_plan(kernel, args, artifact)
+    if p is None:
+        return
+    artifact.compiled_obj.launch(stream_handle(stream, device), device, args.rows, p.threads,
+                                 row_smem_bytes(args.cols, kernel.dtype, kernel.backward), params)
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxSmemForward(_SmemBase):
+    """``out = softmax(x, dim=-1)``, each row staged once in one CTA's shared memory (f32 math)."""
+
+    supported_args_type = SoftmaxArguments
+    backward = False
+
+    def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        rows, cols = args.rows, args.cols
+        x, out = args.x, args.out
+        _launch(self, args, artifact, stream, x.device.index,
+                (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols))
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxSmemBackward(_SmemBase):
+    """``grad_in = out * (grad_out - sum(grad_out * out))``, dy's and y's rows staged in shared memory."""
+
+    supported_args_type = SoftmaxBackwardArguments
+    backward = True
+
+    def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        rows, cols = args.rows, args.cols
+        g, y, d = args.grad_out, args.out, args.grad_in
+        _launch(self, args, artifact, stream, y.device.index,
+                (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols),
+                 cols))
