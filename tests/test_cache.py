@@ -122,3 +122,12 @@ def test_concurrent_processes_never_see_partial_entries(tmp_path):
 def test_default_dir_is_platform_user_cache(monkeypatch):
     monkeypatch.delenv("KERNEL_API_CACHE_DIR", raising=False)
     assert "kernel_api" in str(kcache.cache_dir())
+
+
+def test_default_dir_follows_xdg_cache_home_changes(monkeypatch, tmp_path):
+    """The platform folder is looked up once per environment value, not once per process."""
+    monkeypatch.delenv("KERNEL_API_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a"))
+    assert kcache.cache_dir() == tmp_path / "a" / "kernel_api"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "b"))
+    assert kcache.cache_dir() == tmp_path / "b" / "kernel_api"

@@ -67,3 +67,39 @@ def test_two_processes_compiling_at_once_both_succeed(tmp_path):
 def test_cache_can_be_disabled(tmp_path):
     result(compile_in_new_process(tmp_path, {"KERNEL_API_CACHE": "0"}))
     assert entries(tmp_path) == []
+
+
+def test_later_loads_skip_the_dsl_library_search_and_fall_back_when_refused(monkeypatch, tmp_path):
+    """The first cached artifact loads through ``cute.runtime.load_module`` (which finds and loads
+    the DSL's runtime libraries); later ones construct its module class directly; a class that
+    refuses the call sends loads back through the function."""
+    import cutlass.cute as cute
+
+    from kernel_api.providers.cutedsl import kernel as dsl
+
+    calls = []
+
+    class Module:
+        def __init__(self, path, enable_tvm_ffi=False):
+            calls.append(("class", path, enable_tvm_ffi))
+
+    Module.__name__ = "ExternalBinaryModule"
+
+    def load_module(path, enable_tvm_ffi=False):
+        calls.append(("function", path, enable_tvm_ffi))
+        return Module.__new__(Module)
+
+    monkeypatch.setattr(cute.runtime, "load_module", load_module)
+    monkeypatch.setattr(dsl, "_module_class", [])
+    dsl._load_module("a.o")
+    dsl._load_module("b.o")
+    assert calls == [("function", "a.o", True), ("class", "b.o", True)]
+
+    class Refusing:
+        def __init__(self, path, **kwargs):
+            raise TypeError("unexpected keyword argument 'enable_tvm_ffi'")
+
+    dsl._module_class[:] = [Refusing]
+    calls.clear()
+    dsl._load_module("c.o")
+    assert calls == [("function", "c.o", True)] and dsl._module_class == [Module]

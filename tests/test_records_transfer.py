@@ -111,3 +111,12 @@ def test_export_writes_atomically(tmp_path, monkeypatch):
         export_records(path, TuningRecords(tmp_path / "a.sqlite"))
     assert path.read_text() == "previous"
     assert [p for p in os.listdir(tmp_path) if p.endswith(".part")] == []
+
+
+def test_toolchain_versions_are_read_once_and_handed_out_as_new_dicts():
+    from kernel_api.tuning import records
+
+    first = records.toolchain_versions()
+    first["torch"] = "changed by a caller"
+    assert records.toolchain_versions()["torch"] != "changed by a caller"
+    assert records._toolchain_versions.cache_info().currsize == 1

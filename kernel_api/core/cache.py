@@ -20,6 +20,7 @@ an include folder), for keys that must change whenever a file the artifact was b
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -56,10 +57,17 @@ def cache_dir() -> Path:
     explicit = os.environ.get(ENV_DIR)
     if explicit:
         return Path(explicit).expanduser()
+    return _platform_cache_dir(os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _platform_cache_dir(xdg_cache_home: str | None, home: str | None) -> Path:
+    """The platform's user cache folder for kernel_api, for the environment values it reads
+    (looked up once per value: every cache read asks for the folder)."""
     try:
         import platformdirs
     except ImportError:  # a bare machine without platformdirs: follow the XDG convention
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = xdg_cache_home or os.path.join(os.path.expanduser("~"), ".cache")
         return Path(base) / "kernel_api"
     return Path(platformdirs.user_cache_dir("kernel_api", appauthor=False))
 

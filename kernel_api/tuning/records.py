@@ -19,6 +19,7 @@ overwrites a newer local winner.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -426,7 +427,14 @@ def import_records(path: str | os.PathLike, records: TuningRecords | None = None
 
 
 def toolchain_versions() -> dict[str, str]:
-    """Versions that a recorded timing depends on."""
+    """Versions that a recorded timing depends on (a new dict each call)."""
+    return dict(_toolchain_versions())
+
+
+@functools.lru_cache(maxsize=1)
+def _toolchain_versions() -> tuple[tuple[str, str], ...]:
+    # Read once per process: installed versions do not change under a running process, and
+    # each look-up scans the installed distributions (milliseconds per tuned problem).
     from importlib.metadata import version
 
     import torch
@@ -437,7 +445,7 @@ def toolchain_versions() -> dict[str, str]:
             found[dist] = version(dist)
         except Exception:
             pass
-    return found
+    return tuple(found.items())
 
 
 def operation_key(args: Any) -> tuple[str, str]:

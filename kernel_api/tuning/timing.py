@@ -28,12 +28,15 @@ def time_cuda(run: Callable[[int], None], sets: int = 1, warmup: int = 5, repeat
     for i in range(warmup):
         run(i % sets)
     torch.cuda.synchronize()
+    # The stream looked up once: Event.record() without one asks torch for it every time,
+    # which is most of the host time between two short launches (tuning is host-bound there).
+    stream = torch.cuda.current_stream()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
     for i in range(repeat):
-        starts[i].record()
+        starts[i].record(stream)
         run(i % sets)
-        ends[i].record()
+        ends[i].record(stream)
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     if min_total_ms and sum(samples) < min_total_ms and repeat < 10000:
@@ -56,13 +59,14 @@ def time_cuda_pair(first: Callable[[int], None], second: Callable[[int], None], 
         first(i % sets)
         second(i % sets)
     torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
     events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(repeat)]
     for i, (e0, e1, e2) in enumerate(events):
-        e0.record()
+        e0.record(stream)
         first(i % sets)
-        e1.record()
+        e1.record(stream)
         second(i % sets)
-        e2.record()
+        e2.record(stream)
     torch.cuda.synchronize()
     return (statistics.median(a.elapsed_time(b) for a, b, _ in events),
             statistics.median(b.elapsed_time(c) for _, b, c in events))

@@ -236,13 +236,11 @@ def _load_cached(key: str, name: str = "") -> Any:
     if data is None:
         _log.debug("CuTe DSL artifact cache miss: %s (key %.16s)", name, key)
         return None
-    import cutlass.cute as cute
-
     fd, path = tempfile.mkstemp(suffix=".o", prefix="kernel_api-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        module = cute.runtime.load_module(path, enable_tvm_ffi=True)
+        module = _load_module(path)
         function = getattr(module, _FUNCTION_NAME)
     except Exception as exc:
         # A valid checksum but an object the loader rejects (e.g. other toolchain build):
@@ -260,6 +258,27 @@ def _load_cached(key: str, name: str = "") -> Any:
             os.unlink(path)
         except OSError:
             pass
+
+
+_module_class: list = []  # the DSL's module class, once its runtime libraries are loaded
+
+
+def _load_module(path: str) -> Any:
+    """``cute.runtime.load_module(path, enable_tvm_ffi=True)``. That function first finds and
+    loads the DSL's runtime libraries (a search of the file system each call: about a third of
+    a cached artifact's load); the libraries stay loaded, so later loads construct the module
+    class it returned directly. Should that class not take the call, the function is used again."""
+    if _module_class:
+        try:
+            return _module_class[0](path, enable_tvm_ffi=True)
+        except TypeError:  # another DSL version's constructor
+            _module_class.clear()
+    import cutlass.cute as cute
+
+    module = cute.runtime.load_module(path, enable_tvm_ffi=True)
+    if type(module).__name__ == "ExternalBinaryModule":
+        _module_class[:] = [type(module)]
+    return module
 
 
 def _store(key: str, compiled: Any, name: str = "") -> None:
