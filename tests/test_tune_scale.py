@@ -323,17 +323,18 @@ def test_python_m_kernel_api_tune_reports_a_bad_shapes_file_in_one_line(tmp_path
 
 # ---- GPU ------------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_tune_shapes_on_every_visible_gpu_writes_the_records(tmp_path):
+@pytest.mark.parametrize("isolation", ["threads", "processes"])
+def test_tune_shapes_on_every_visible_gpu_writes_the_records(tmp_path, isolation):
     store = TuningRecords(tmp_path / "tuning.sqlite")
     shapes = [gemm_arguments(512, 512, 256, dtype="bf16", layout="tnt"), softmax_arguments(256, 1024, "bf16")]
-    results = tune_shapes(shapes, max_candidates=3, repeat=5, records=store)
+    results = tune_shapes(shapes, max_candidates=3, repeat=5, records=store, isolation=isolation)
     assert [r.failure for r in results] == [None, None]
     assert all(not r.from_record and r.median_ms > 0 for r in results)
     if torch.cuda.device_count() >= 2:
         assert {r.device for r in results} == {0, 1}  # one problem per GPU
     stored = {(r.operation, r.shape): r.kernel_name for r in store.all()}
     assert len(stored) == 2 and sorted(stored.values()) == sorted(r.kernel_name for r in results)
-    again = tune_shapes(shapes, max_candidates=3, repeat=5, records=store)  # now from the records
+    again = tune_shapes(shapes, max_candidates=3, repeat=5, records=store, isolation=isolation)  # from the records
     assert all(r.from_record for r in again) and [r.kernel_name for r in again] == [r.kernel_name for r in results]
 
 
