@@ -191,7 +191,3 @@ class CudaSoftmaxSplitBackward(_SplitBase):
             stream_handle(stream, device), device, rows * p.cluster, p.threads, 0,
             (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols), cols))
 
-
-# The shared-memory-row family registers with the split family (the provider's catalog
-# imports this module); it imports this package's softmax module only, so no cycle.
-from . import softmax_smem  # noqa: E402,F401  (registers CudaSoftmaxSmemForward / CudaSoftmaxSmemBackward)
