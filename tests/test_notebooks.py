@@ -82,7 +82,9 @@ def _run_as_script(path: Path, tmp_path: Path, timeout: int) -> None:
     kernels defined in cells. Its output is shown when it fails."""
     script = tmp_path / (path.stem + ".py")
     script.write_text(notebook_script(path))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    # The notebook's folder first: a Jupyter kernel imports modules beside the notebook (001's
+    # f64_gemm_impl), while a script's own folder (here tmp_path) is what Python puts first.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path.parent)] + [p for p in sys.path if p])}
     done = subprocess.run([sys.executable, str(script)], cwd=path.parent, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, f"{path.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
@@ -109,10 +111,14 @@ def test_the_script_fallback_runs_cells_in_order_and_fails_on_an_error(tmp_path)
         path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells}))
         return path
 
-    # cells share one namespace, run from the notebook's folder, and see this process's sys.path
+    # cells share one namespace, run from the notebook's folder, import modules beside the
+    # notebook, and see this process's sys.path
+    (tmp_path / "nb").mkdir(exist_ok=True)
+    (tmp_path / "nb" / "beside_the_notebook.py").write_text("VALUE = 1\n")
     _run_as_script(notebook("import os, inspect\ndef f(): return 41",
                             "assert f() + 1 == 42 and os.path.basename(os.getcwd()) == 'nb'\n"
-                            "assert 'return 41' in inspect.getsource(f)\nimport kernel_api"), tmp_path, timeout=120)
+                            "assert 'return 41' in inspect.getsource(f)\nimport kernel_api",
+                            "from beside_the_notebook import VALUE\nassert VALUE == 1"), tmp_path, timeout=120)
     with pytest.raises(AssertionError, match="ZeroDivisionError"):
         _run_as_script(notebook("x = 1", "1 / 0"), tmp_path, timeout=120)
 
