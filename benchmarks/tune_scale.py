@@ -51,6 +51,7 @@ from kernel_api.cli.precompile import entry_arguments, load_shapes  # noqa: E402
 from kernel_api.providers.cuda_src.compiler import clear_memory_cache  # noqa: E402
 from kernel_api.tuning.precompile import precompile  # noqa: E402
 from kernel_api.tuning.records import TuningRecords  # noqa: E402
+from kernel_api.tuning import policies, scale  # noqa: E402
 from kernel_api.tuning.scale import tune_shapes  # noqa: E402
 
 SHAPES_FILE = os.path.join(ROOT, "benchmarks", "tune_scale_shapes.json")
@@ -102,9 +103,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="times each configuration is timed (order rotated)")
     parser.add_argument("--profile", action="store_true", help="cProfile one more single-GPU run ($OUT or results/)")
     parser.add_argument("--tag", default="", help="appended to the JSON file's name")
+    parser.add_argument("--no-prefetch", action="store_true",
+                        help="PickBest loads each candidate in its turn (not while the GPU times the one before)")
+    parser.add_argument("--multi", default="threads,processes",
+                        help="multi-GPU runs: threads, processes, threads-si (threads, 0.5 ms switch interval)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_scale.py needs a CUDA GPU")
+    policies._PREFETCH_NEXT = not args.no_prefetch
     gpus = torch.cuda.device_count()
     device = torch.cuda.get_device_name(0)
     major, minor = torch.cuda.get_device_capability(0)
@@ -122,8 +128,7 @@ def main() -> None:
     warm_up(gpus)
     configurations = [("1gpu", [0], "threads")]
     if gpus > 1:
-        configurations += [(f"{gpus}gpu-threads", list(range(gpus)), "threads"),
-                           (f"{gpus}gpu-processes", list(range(gpus)), "processes")]
+        configurations += [(f"{gpus}gpu-{kind}", list(range(gpus)), kind) for kind in args.multi.split(",")]
     runs: dict[str, list[dict]] = {label: [] for label, _, _ in configurations}
     with tempfile.TemporaryDirectory(prefix="tune_scale-") as scratch:
         for round_ in range(args.rounds):
@@ -133,8 +138,11 @@ def main() -> None:
                 forget_loaded_kernels()
                 start = time.perf_counter()
                 # num_workers=1: the candidates are in the compile cache already; no compile pools.
+                # threads-si: threads with a 0.5 ms interpreter switch interval (an experiment)
+                scale._THREAD_SWITCH_INTERVAL_S = 0.0005 if isolation == "threads-si" else None
                 results = tune_shapes(problems, devices, max_candidates=args.max_candidates, repeat=args.repeat,
-                                      num_workers=1, records=store, isolation=isolation)
+                                      num_workers=1, records=store, isolation=isolation.split("-")[0])
+                scale._THREAD_SWITCH_INTERVAL_S = None
                 seconds = time.perf_counter() - start
                 runs[label].append({"seconds": seconds, "results": results})
                 bad = [r for r in results if r.failure is not None]
@@ -186,7 +194,8 @@ def main() -> None:
         print(f"{label:>16}: median {medians[label]:.2f} s [{spreads[label][0]:.2f}-{spreads[label][1]:.2f}]{extra}")
 
     summary = {"device": device, "gpus": gpus, "max_candidates": args.max_candidates, "repeat": args.repeat,
-               "rounds": args.rounds, "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s,
+               "rounds": args.rounds, "prefetch": not args.no_prefetch,
+               "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s,
                "compile_failures": len(failed), "seconds": {k: [r["seconds"] for r in v] for k, v in runs.items()},
                "median_s": medians, "speedup": speedups, "winners_ok": agree, "shapes": rows,
                "torch": torch.__version__}

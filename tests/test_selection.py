@@ -169,3 +169,49 @@ def test_ops_validate_arguments():
         kernel_api.ops.gemm(torch.randn(8, 8), torch.randn(7, 8))
     with pytest.raises(ValueError, match="beta"):
         kernel_api.ops.gemm(torch.randn(8, 8), torch.randn(8, 8), beta=1.0)
+
+
+def test_pick_best_loads_the_next_candidate_while_the_gpu_times_this_one(monkeypatch):
+    """PickBest._measure: the next candidate's compile runs inside this one's timing (after its
+    launches are queued), and a failure of that early compile is the next candidate's failure."""
+    from kernel_api.tuning import policies
+
+    events = []
+
+    class Fake:
+        def __init__(self, name, fails=False):
+            self.metadata = type("M", (), {"kernel_name": name})()
+            self.fails = fails
+
+        def compile(self, args):
+            events.append(("compile", self.metadata.kernel_name))
+            if self.fails:
+                raise RuntimeError("boom")
+            return f"artifact-{self.metadata.kernel_name}"
+
+        def run(self, args, compiled_artifact=None, assume_supported_args=False):
+            assert compiled_artifact == f"artifact-{self.metadata.kernel_name}"
+
+    def fake_time_cuda(run, sets=1, repeat=50, while_waiting=None, **kw):
+        run(0)
+        events.append(("queued", None))
+        if while_waiting is not None:
+            while_waiting()
+        return {"median_ms": 1.0}
+
+    args = type("A", (), {"tensors": lambda self: {}})()
+    monkeypatch.setattr(policies, "time_cuda", fake_time_cuda)
+    monkeypatch.setattr(policies, "random_like", lambda a: a)
+    monkeypatch.setattr(policies, "reference", lambda a: None)
+    monkeypatch.setattr(policies, "relative_error", lambda o, r: 0.0)
+    monkeypatch.setattr(policies, "tolerance", lambda a, k=None: 1e-2)
+    monkeypatch.setattr(policies, "output_of", lambda a: type("O", (), {"fill_": lambda self, v: None})())
+    monkeypatch.setattr(policies.torch.cuda, "synchronize", lambda *a: None)
+    found = policies.PickBest()._measure(args, [Fake("a"), Fake("b", fails=True), Fake("c")])
+    assert events == [("compile", "a"), ("queued", None), ("compile", "b"),
+                      ("compile", "c"), ("queued", None)]  # c: b failed, so c compiles in its turn
+    assert [(m.kernel_name, m.failure) for m in found] == [("a", None), ("b", "RuntimeError: boom"), ("c", None)]
+    monkeypatch.setattr(policies, "_PREFETCH_NEXT", False)
+    events.clear()
+    policies.PickBest()._measure(args, [Fake("a"), Fake("c")])
+    assert events == [("compile", "a"), ("queued", None), ("compile", "c"), ("queued", None)]

@@ -137,6 +137,11 @@ def rank_candidates(kernels: list[Kernel], args: Any) -> list[Kernel]:
     return [k for _, _, k in sorted((estimated_cost(k, args, sm), i, k) for i, k in enumerate(kernels))]
 
 
+#: Whether `PickBest` loads the next candidate while the GPU times the current one (a switch
+#: for benchmarks/tune_scale.py's comparison).
+_PREFETCH_NEXT = True
+
+
 class Policy:
     """Chooses one kernel for an arguments object."""
 
@@ -342,10 +347,25 @@ class PickBest(Policy):
         check = random_like(args)
         expected = reference(check)
         results = []
+        # The next candidate is compiled (loaded from the disk cache, mostly) while the GPU runs
+        # this one's timed launches: the host's share of tuning overlaps the GPU's.
+        loaded: dict[int, tuple[Any, BaseException | None]] = {}
+
+        def load(index: int) -> None:
+            if _PREFETCH_NEXT and index < len(kernels) and index not in loaded:
+                try:
+                    loaded[index] = (kernels[index].compile(check), None)
+                except Exception as exc:  # reported when that candidate's turn comes
+                    loaded[index] = (None, exc)
+
         for i, kernel in enumerate(kernels, 1):
             name = kernel.metadata.kernel_name
             try:
-                artifact = kernel.compile(check)
+                artifact, failure = loaded.pop(i - 1, (None, None))
+                if failure is not None:
+                    raise failure
+                if artifact is None:
+                    artifact = kernel.compile(check)
                 kernel.run(check, compiled_artifact=artifact)
                 torch.cuda.synchronize()
                 err = relative_error(output_of(check), expected)
@@ -355,7 +375,8 @@ class PickBest(Policy):
                     results.append(Measurement(name, error=err, failure=f"wrong result: relative error {err:.2e} > {tol:.0e}"))
                     continue
                 timing = time_cuda(lambda j: kernel.run(inputs[j], compiled_artifact=artifact,
-                                                        assume_supported_args=True), sets=sets, repeat=self.repeat)
+                                                        assume_supported_args=True), sets=sets, repeat=self.repeat,
+                                   while_waiting=lambda: load(i))
                 results.append(Measurement(name, timing["median_ms"], err))
             except Exception as exc:
                 results.append(Measurement(name, failure=f"{type(exc).__name__}: {str(exc)[:300]}"))

@@ -338,6 +338,12 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
     return results
 
 
+#: The interpreter's thread switch interval while tuning threads run (None: left as it is). A
+#: thread whose GPU finished waits for the GIL until the holder blocks or this interval ends,
+#: its GPU idle meanwhile; under evaluation (benchmarks/tune_scale.py's threads-si runs).
+_THREAD_SWITCH_INTERVAL_S: float | None = None
+
+
 class _Stopped(Exception):
     """Raised in a tuning thread's progress report once another thread failed: it stops there."""
 
@@ -366,6 +372,9 @@ def _tune_in_threads(jobs: list[tuple[int, list[tuple[int, str, dict]]]], option
 
     threads = [threading.Thread(target=work, args=job, daemon=True, name=f"kernel_api-tune-gpu{job[0]}")
                for job in jobs]
+    interval = sys.getswitchinterval()
+    if _THREAD_SWITCH_INTERVAL_S is not None:
+        sys.setswitchinterval(_THREAD_SWITCH_INTERVAL_S)
     for t in threads:
         t.start()
     try:
@@ -375,6 +384,8 @@ def _tune_in_threads(jobs: list[tuple[int, list[tuple[int, str, dict]]]], option
     except BaseException:
         stop.set()
         raise
+    finally:
+        sys.setswitchinterval(interval)
     if failures:
         raise failures[0]
 
