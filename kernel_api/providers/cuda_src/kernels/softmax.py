@@ -233,3 +233,15 @@ class CudaSoftmaxBackward(_SoftmaxBase):
         artifact.compiled_obj.launch(
             stream_handle(stream, device), device, (rows + plan.rows_per_cta - 1) // plan.rows_per_cta, plan.threads, 0,
             (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols), cols))
+
+
+class JoinsSoftmaxSource:
+    """Mixin for the softmax families compiled after softmax.cu, whose spans, conversions,
+    stores and reductions they use: their source is softmax.cu's followed by their own."""
+
+    @classmethod
+    def get_source(cls) -> str:
+        text = cls._source_texts.get(cls)
+        if text is None:
+            text = cls._source_texts[cls] = CudaSoftmaxForward.get_source() + "\n" + super().get_source()
+        return text

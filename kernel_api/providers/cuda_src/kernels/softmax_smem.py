@@ -30,7 +30,7 @@ from ....utils import MAX_GRID_X
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, MAX_COLS, _launch_plan, _row_stride, peel_status
+from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _launch_plan, _row_stride, peel_status
 
 #: Dynamic shared memory one CTA may use on sm_90/sm_100 (227 KB opt-in, less the kernel's
 #: static reduction scratch).
@@ -68,7 +68,7 @@ def max_cols(dtype: DataType, backward: bool) -> int:
     return (MAX_SMEM_BYTES // (16 * (2 if backward else 1))) * vec + vec - 1
 
 
-class _SmemBase(CudaSourceKernel):
+class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     source_file = "softmax_smem.cu"
     convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
     backward: bool = False
@@ -78,15 +78,6 @@ class _SmemBase(CudaSourceKernel):
         self.dtype: DataType = params["dtype"]
         self.vec: int = 16 // self.dtype.bytes
         self.max_cols: int = params["max_cols"]
-
-    @classmethod
-    def get_source(cls) -> str:
-        text = cls._source_texts.get(cls)
-        if text is None:
-            from .softmax import CudaSoftmaxForward
-
-            text = cls._source_texts[cls] = CudaSoftmaxForward.get_source() + "\n" + super().get_source()
-        return text
 
     # ---- generation --------------------------------------------------------------------
     @classmethod

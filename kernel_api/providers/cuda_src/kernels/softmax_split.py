@@ -33,7 +33,7 @@ from ....utils import MAX_GRID_X, next_pow2
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, MAX_COLS, _launch_plan, _row_stride, peel_status
+from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _launch_plan, _row_stride, peel_status
 
 #: Cluster sizes (portable: at most 8).
 CLUSTERS = (2, 4, 8)
@@ -58,7 +58,7 @@ class SplitPlan:
     capacity: int | None
 
 
-class _SplitBase(CudaSourceKernel):
+class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
     source_file = "softmax_split.cu"
     convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
     backward: bool = False
@@ -71,15 +71,6 @@ class _SplitBase(CudaSourceKernel):
         self.ept: int = params.get("ept", 0)
         self.vec: int = 16 // self.dtype.bytes
         self.max_cols: int | None = params["max_cols"]
-
-    @classmethod
-    def get_source(cls) -> str:
-        text = cls._source_texts.get(cls)
-        if text is None:
-            from .softmax import CudaSoftmaxForward
-
-            text = cls._source_texts[cls] = CudaSoftmaxForward.get_source() + "\n" + super().get_source()
-        return text
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
