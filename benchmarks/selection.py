@@ -3,6 +3,7 @@ warm (disk-cached) compile time; and how well PickAny's heuristic ranks kernels.
 
     python benchmarks/selection.py [--shapes 4096x4096x4096,...] [--workers 16] [--max-candidates 24]
     python benchmarks/selection.py --torch-evidence [--top 4] [--budget-s 120]
+    python benchmarks/selection.py --replay benchmarks/results/selection_torch-<device>.json   # no GPU needed
 
 Prints a table last and writes benchmarks/results/selection-<device>.json.
 
@@ -13,6 +14,12 @@ sweep shapes: PickAny's choice with and without the torch provider, PickBest's w
 top ``--top`` kernels by PickAny's ranking plus cuBLAS (each timed, CUDA events, median), and
 whether PickAny's choice is within 10% of PickBest's winner. Writes
 benchmarks/results/selection_torch-<device>.json.
+
+``--replay FILE``: PickAny's choice under the current cost model for each case of a recorded
+``--torch-evidence`` run, looked up in that run's timings (on meta tensors, for the 132 SMs of an
+H100/H200: no GPU needed). A cost-model change can be checked against the measurements that
+prompted it; a choice the run did not time is reported as such. In-sample by construction: the
+next GPU run is the check.
 """
 
 from __future__ import annotations
@@ -194,6 +201,42 @@ def torch_evidence(ns) -> None:
     print(f"PickAny within 10% of PickBest's winner on {sum(within)}/{len(within)} cases; wrote {path}")
 
 
+def _meta_evidence_args(M: int, N: int, K: int, kind: str):
+    """`_evidence_args` with every tensor on the meta device (shapes, strides, dtypes only)."""
+    real_randn, real_empty = torch.randn, torch.empty
+    try:
+        torch.randn = lambda *a, **k: real_randn(*a, **{**k, "device": "meta"})
+        torch.empty = lambda *a, **k: real_empty(*a, **{**k, "device": "meta"})
+        return _evidence_args(M, N, K, kind)
+    finally:
+        torch.randn, torch.empty = real_randn, real_empty
+
+
+def replay(path: str) -> None:
+    """The ``--replay`` report (see the module docstring)."""
+    from kernel_api.tuning.policies import rank_candidates
+
+    recorded = json.load(open(path))
+    print(f"replaying {path} ({recorded.get('device')}): PickAny now, in that run's timings")
+    print(f"{'case':26} {'best ms':>8} {'now ms':>8} {'then ms':>8} {'now<=1.1x':>9}  PickAny now")
+    within, timed = 0, 0
+    for r in recorded.get("cases", []):
+        if "times_ms" not in r:
+            continue
+        args = _meta_evidence_args(r["M"], r["N"], r["K"], r["kind"])
+        choice = rank_candidates(kernel_api.get_kernels(args, cc=90), args)[0].metadata.kernel_name
+        now = r["times_ms"].get(choice)
+        ok = None if now is None else now <= 1.1 * r["pickbest_ms"]
+        timed += now is not None
+        within += bool(ok)
+        shown = f"{now:8.4f}" if now is not None else f"{'untimed':>8}"
+        then = r.get("pickany_ms")
+        print(f"{r['case']:26} {r['pickbest_ms']:8.4f} {shown} {then if then is None else f'{then:8.4f}'} "
+              f"{str(ok if ok is not None else '-'):>9}  {choice[:60]}")
+    print(f"PickAny now within 10% of the run's PickBest winner on {within}/{timed} timed cases "
+          f"(the run itself: {recorded.get('pickany_within_10pct')})")
+
+
 def run_child(code: str, env: dict) -> str:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900).stdout
 
@@ -208,7 +251,11 @@ def main() -> None:
     p.add_argument("--top", type=int, default=4, help="--torch-evidence: our kernels measured per case")
     p.add_argument("--budget-s", type=float, default=0, help="--torch-evidence: skip cases not started within "
                    "this many seconds (0: no limit)")
+    p.add_argument("--replay", default=None, help="a --torch-evidence JSON: PickAny's choices now, in its timings")
     ns = p.parse_args()
+    if ns.replay:
+        replay(ns.replay)
+        return
     if ns.torch_evidence:
         torch_evidence(ns)
         return
