@@ -53,6 +53,12 @@ _TILE_INTENSITY = 128 * 256 / (128 + 256)
 # cuBLASLt's fused bias + GELU epilogue against ours (same fusion): GPT-2's c_fc at 8192 tokens,
 # 0.069 ms against our best 0.081 (benchmarks/results/selection_torch-NVIDIA_H200.json).
 TORCH_GELU_EPILOGUE_FACTOR = 0.85
+# cuBLAS's per-output work (prologue, epilogue, the store) in k-steps: it loses ground to our
+# Sm90 family as K shrinks. Measured (selection.py --torch-evidence, GPT-2's projections at 8192
+# tokens): at K = 768 cuBLAS ran at 0.81x (H200) / 0.84x (H100) our speed on 8192 x 768 and at
+# 0.92x on the H100's 8192 x 2304, while at K = 2304-3072 it ran 1.04-1.2x faster; the flat
+# TORCH_GEMM_HINT alone took cuBLAS for all of them. So its cost is (1 + this / K) times the work.
+TORCH_FIXED_K_STEPS = 77
 # torch chooses its algorithm (and tile) per call: tile (0, 0, 0) says "none fixed", so
 # metadata filters on tile sizes pass these instances over.
 _LIBRARY = BLASDesignMetadata(tile_shape=(0, 0, 0), schedule="library")
@@ -112,14 +118,15 @@ class TorchGemm(_TorchKernel):
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
         """The work spread evenly over the SMs (no wave quantisation) at `TORCH_GEMM_HINT`'s
-        efficiency for a 128x256 tile, times 1 / `TORCH_UNALIGNED_FACTOR` when an operand is
-        not 16-byte aligned, times `TORCH_GELU_EPILOGUE_FACTOR` for cuBLASLt's bias + GELU."""
+        efficiency for a 128x256 tile, with `TORCH_FIXED_K_STEPS` more k-steps per output, times
+        1 / `TORCH_UNALIGNED_FACTOR` when an operand is not 16-byte aligned, times
+        `TORCH_GELU_EPILOGUE_FACTOR` for cuBLASLt's bias + GELU."""
         efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
         for attrs in args.tensor_attributes.values():
             if attrs.divisibility * attrs.dtype.bytes < 16:
                 efficiency *= TORCH_UNALIGNED_FACTOR
                 break
-        work = max(args.M, 1) * max(args.N, 1) * max(args.K, 1) * max(args.L, 1)
+        work = max(args.M, 1) * max(args.N, 1) * (max(args.K, 1) + TORCH_FIXED_K_STEPS) * max(args.L, 1)
         cost = work / max(sm_count, 1) / efficiency
         epilogue = args.epilogue
         if (epilogue is not None and epilogue.activation == "gelu" and epilogue.bias_kind == "row"
