@@ -160,6 +160,7 @@ def test_install_script_installs_the_build_requirements():
 
 
 LOWER_BOUNDS = ROOT / "ci" / "lower-bounds.txt"
+LOWER_BOUNDS_CU12 = ROOT / "ci" / "lower-bounds-cu12.txt"
 # Ranged requirements ci/lower-bounds.txt leaves free, and why.
 NOT_PINNED = {
     "torch": "CI keeps the CPU torch it finds (a local wheel or PyTorch's CPU index); PyPI's old torch "
@@ -168,32 +169,39 @@ NOT_PINNED = {
 }
 
 
-def _pins() -> dict[str, str]:
+def _pins(path: Path = LOWER_BOUNDS) -> dict[str, str]:
     pins = {}
-    for line in LOWER_BOUNDS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
             req = requirements.Requirement(line)
             specs = list(req.specifier)
-            assert len(specs) == 1 and specs[0].operator == "==", f"ci/lower-bounds.txt: {line} (want name==version)"
+            assert len(specs) == 1 and specs[0].operator == "==", f"ci/{path.name}: {line} (want name==version)"
             pins[req.name] = specs[0].version
     return pins
 
 
-def test_every_ranged_dependency_is_pinned_to_its_lower_bound_for_ci():
+@pytest.mark.parametrize("path,declared", [
+    (LOWER_BOUNDS, lambda: DEPENDENCIES + EXTRAS["cu13"] + EXTRAS["dev"] + EXTRAS["plot"]
+     + PROJECT["build-system"]["requires"]),
+    (LOWER_BOUNDS_CU12, lambda: DEPENDENCIES + EXTRAS["cu12"]),
+], ids=["cu13-dev-install", "cu12-resolve"])
+def test_every_ranged_dependency_is_pinned_to_its_lower_bound_for_ci(path, declared):
     """ci/lower-bounds.txt (what `install.sh --lower-bounds` and so .ci/run install with) pins,
     for CI's install (`.[cu13,dev]`, the build requirements), every requirement with a lower bound
-    to the lowest release of its range: the bound itself or its first release (13.0 -> 13.0.48)."""
+    to the lowest release of its range: the bound itself or its first release (13.0 -> 13.0.48).
+    ci/lower-bounds-cu12.txt does the same for `.[cu12]`'s runtime dependencies (CI resolves
+    them with pip, without installing)."""
     version = pytest.importorskip("packaging.version")
-    reqs = parse(DEPENDENCIES + EXTRAS["cu13"] + EXTRAS["dev"] + EXTRAS["plot"] + PROJECT["build-system"]["requires"])
+    reqs = parse(declared())
     bounds: dict = {}
     for r in reqs:
         for spec in r.specifier:
             if spec.operator == ">=":
                 bounds[r.name] = max(bounds.get(r.name, version.Version("0")), version.Version(spec.version))
-    pins = _pins()
+    pins = _pins(path)
     missing = sorted(name for name in bounds if name not in pins and name not in NOT_PINNED)
-    assert not missing, f"ranged dependencies without a pin in ci/lower-bounds.txt: {missing}"
+    assert not missing, f"ranged dependencies without a pin in ci/{path.name}: {missing}"
     assert not set(pins) & set(NOT_PINNED), "pinned although listed as not pinned"
     assert not set(pins) - set(bounds), f"pins of no ranged dependency: {sorted(set(pins) - set(bounds))}"
     for name, pinned in pins.items():
