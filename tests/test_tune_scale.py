@@ -226,6 +226,11 @@ def test_cli_tune_shapes_errors_are_one_line(tmp_path, capsys):
     assert status == 2 and "give a shapes file (--shapes FILE) or a problem" in err
     status, _, err = _cli(capsys, "tune", "--shapes", str(good), "gemm", "--m", "8", "--n", "8", "--k", "8")
     assert status == 2 and "--shapes is for a shapes file" in err
+    status, _, err = _cli(capsys, "tune", "--isolation", "processes", "gemm", "--m", "8", "--n", "8", "--k", "8")
+    assert status == 2 and "--isolation is for a shapes file" in err
+    with pytest.raises(SystemExit):  # argparse's own message for a value outside the choices
+        main(["tune", "--shapes", str(good), "--isolation", "fork"])
+    assert "invalid choice: 'fork'" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
