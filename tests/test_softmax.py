@@ -287,3 +287,29 @@ def test_empty_rows_are_a_no_op():
     for kernel in kernel_api.get_kernels(args, providers="cuda_src"):
         kernel.run(args)
     torch.cuda.synchronize()
+
+
+# Sentinel buffers for kernel outputs and inputs at any alignment (the split and smem tests).
+SENTINEL_MARGIN = 64  # elements of poisoned buffer before and after each output (a multiple of 16 bytes)
+
+
+def poisoned(rows: int, cols: int, dtype: torch.dtype, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A NaN-filled flat buffer and a contiguous (rows, cols) view into it ``offset`` elements
+    past a margin (so the view starts at any alignment)."""
+    buf = torch.full((rows * cols + 2 * SENTINEL_MARGIN + offset,), float("nan"), device="cuda", dtype=dtype)
+    start = SENTINEL_MARGIN + offset
+    return buf, buf[start:start + rows * cols].view(rows, cols)
+
+
+def margins_untouched(buf: torch.Tensor, rows: int, cols: int, offset: int, what: str) -> None:
+    start = SENTINEL_MARGIN + offset
+    assert bool(buf[:start].isnan().all()) and bool(buf[start + rows * cols:].isnan().all()), \
+        f"{what}: wrote outside its output"
+
+
+def input_at(rows: int, cols: int, dtype: torch.dtype, offset: int) -> torch.Tensor:
+    """Fresh random rows (with the hard rows of make_rows) at ``offset`` elements past a 256-byte boundary."""
+    flat = torch.empty(rows * cols + offset + 64, device="cuda", dtype=dtype)
+    x = flat[offset:offset + rows * cols].view(rows, cols)
+    x.copy_(make_rows(rows, cols, dtype))
+    return x

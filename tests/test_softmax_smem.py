@@ -24,9 +24,9 @@ from kernel_api.providers.cuda_src.kernels.softmax_smem import CudaSoftmaxSmemBa
 from kernel_api.tuning.policies import rank_candidates
 
 from test_softmax import check_backward, check_forward, make_rows
+from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MARGIN = 64  # elements of poisoned buffer before and after each output (a multiple of 16 bytes)
 _CLASSES = (CudaSoftmaxSmemForward, CudaSoftmaxSmemBackward)
 
 
@@ -197,25 +197,6 @@ def test_pick_any_stages_rows_in_shared_memory_past_the_registers(dtype):
 
 
 # ----------------------------------------------------------------------------------- GPU
-def _poisoned(rows: int, cols: int, dtype: torch.dtype, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    buf = torch.full((rows * cols + 2 * _MARGIN + offset,), float("nan"), device="cuda", dtype=dtype)
-    start = _MARGIN + offset
-    return buf, buf[start:start + rows * cols].view(rows, cols)
-
-
-def _margins_untouched(buf: torch.Tensor, rows: int, cols: int, offset: int, what: str) -> None:
-    start = _MARGIN + offset
-    assert bool(buf[:start].isnan().all()) and bool(buf[start + rows * cols:].isnan().all()), \
-        f"{what}: wrote outside its output"
-
-
-def _input_at(rows: int, cols: int, dtype: torch.dtype, offset: int) -> torch.Tensor:
-    flat = torch.empty(rows * cols + offset + 64, device="cuda", dtype=dtype)
-    x = flat[offset:offset + rows * cols].view(rows, cols)
-    x.copy_(make_rows(rows, cols, dtype))
-    return x
-
-
 def _gpu_cols(kernel) -> list[int]:
     """Row lengths at the family's edges: short and odd, 4096x50257's, the longest with two
     CTAs per SM and one past it, the longest row."""

@@ -20,9 +20,9 @@ from kernel_api.providers.cuda_src.kernels.softmax_split import CudaSoftmaxSplit
 from kernel_api.tuning.policies import rank_candidates
 
 from test_softmax import check_backward, check_forward, make_rows
+from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MARGIN = 64  # elements of poisoned buffer before and after each output (a multiple of 16 bytes)
 
 
 def _names(kernels) -> list[str]:
@@ -138,28 +138,6 @@ def test_ops_moves_the_softmax_dim_last_only_when_needed():
 
 
 # ---------------------------------------------------------------------------------- GPU
-def _poisoned(rows: int, cols: int, dtype: torch.dtype, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A NaN-filled flat buffer and a contiguous (rows, cols) view into it ``offset`` elements
-    past a margin (so the view starts at any alignment)."""
-    buf = torch.full((rows * cols + 2 * _MARGIN + offset,), float("nan"), device="cuda", dtype=dtype)
-    start = _MARGIN + offset
-    return buf, buf[start:start + rows * cols].view(rows, cols)
-
-
-def _margins_untouched(buf: torch.Tensor, rows: int, cols: int, offset: int, what: str) -> None:
-    start = _MARGIN + offset
-    assert bool(buf[:start].isnan().all()) and bool(buf[start + rows * cols:].isnan().all()), \
-        f"{what}: wrote outside its output"
-
-
-def _input_at(rows: int, cols: int, dtype: torch.dtype, offset: int) -> torch.Tensor:
-    """Fresh random rows (with the hard rows of make_rows) at ``offset`` elements past a 256-byte boundary."""
-    flat = torch.empty(rows * cols + offset + 64, device="cuda", dtype=dtype)
-    x = flat[offset:offset + rows * cols].view(rows, cols)
-    x.copy_(make_rows(rows, cols, dtype))
-    return x
-
-
 _ODD = [(67, 1), (67, 3), (67, 7), (5, 4097), (3, 50257), (2, 65537)]
 _PROVIDERS = ("cuda_src", "torch")  # (the CuTe DSL kernels' own tests cover them)
 
