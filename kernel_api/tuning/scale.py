@@ -7,8 +7,8 @@ tuned by `PickBest` on its GPU:
 - ``isolation="threads"`` (the default): one thread of the calling process per GPU. A GPU's
   measurements wait on that GPU with the GIL released, so the GPUs measure at the same time,
   and nothing is started: a worker process pays the interpreter's, torch's, the DSL's and a
-  CUDA context's start-up (about 5 s on an H200 host, as long as tuning 16 GEMMs on one GPU,
-  `benchmarks/tune_scale.py`). Host work (loading artifacts, launching) still takes turns on
+  CUDA context's start-up (5 to 10 s on the H200 and H100 hosts measured, two to four times
+  tuning 16 GEMMs on one GPU: `benchmarks/NOTES-tune-scale.md`). Host work (loading artifacts, launching) still takes turns on
   the GIL. CuTe DSL compiles and loads take turns on a lock of their own (the DSL's compiler
   state is process-wide).
 - ``isolation="processes"``: one worker process per GPU, ``python -m
@@ -340,7 +340,9 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
 
 #: The interpreter's thread switch interval while tuning threads run (None: left as it is). A
 #: thread whose GPU finished waits for the GIL until the holder blocks or this interval ends,
-#: its GPU idle meanwhile; under evaluation (benchmarks/tune_scale.py's threads-si runs).
+#: its GPU idle meanwhile. 0.5 ms gained 1.61x -> 1.68x without PickBest's loading ahead and
+#: nothing with it (benchmarks/NOTES-tune-scale.md), so it stays off; tune_scale.py's
+#: ``--multi threads-si`` sets it for that comparison.
 _THREAD_SWITCH_INTERVAL_S: float | None = None
 
 
