@@ -171,12 +171,15 @@ def test_ops_validate_arguments():
         kernel_api.ops.gemm(torch.randn(8, 8), torch.randn(8, 8), beta=1.0)
 
 
-def test_pick_best_loads_the_next_candidate_while_the_gpu_times_this_one(monkeypatch):
-    """PickBest._measure: the next candidate's compile runs inside this one's timing (after its
-    launches are queued), and a failure of that early compile is the next candidate's failure."""
+def _pipelined_measure(monkeypatch, errors=None, broken=()):
+    """Fakes for PickBest._measure: (the fake kernel class, the events list they append to, the
+    arguments to pass).
+    ``errors``: a kernel's relative error (default 0); ``broken``: kernels whose timed launches
+    fail when waited for (an asynchronous launch error)."""
     from kernel_api.tuning import policies
 
     events = []
+    errors = errors or {}
 
     class Fake:
         def __init__(self, name, fails=False):
@@ -191,27 +194,70 @@ def test_pick_best_loads_the_next_candidate_while_the_gpu_times_this_one(monkeyp
 
         def run(self, args, compiled_artifact=None, assume_supported_args=False):
             assert compiled_artifact == f"artifact-{self.metadata.kernel_name}"
+            assert args is not shared, "each kernel runs on its own copy of the arguments"
+            events.append(("run", self.metadata.kernel_name)) if not assume_supported_args else None
+            shared.current = self.metadata.kernel_name
 
-    def fake_time_cuda(run, sets=1, repeat=50, while_waiting=None, **kw):
-        run(0)
-        events.append(("queued", None))
-        if while_waiting is not None:
-            while_waiting()
-        return {"median_ms": 1.0}
+    class FakeTiming:
+        def __init__(self, run, sets=1, repeat=50, gpu_floor_ms=0.0, **kw):
+            run(0)
+            self.name = shared.current
+            events.append(("queued", self.name))
 
-    args = type("A", (), {"tensors": lambda self: {}})()
-    monkeypatch.setattr(policies, "time_cuda", fake_time_cuda)
-    monkeypatch.setattr(policies, "random_like", lambda a: a)
-    monkeypatch.setattr(policies, "reference", lambda a: None)
-    monkeypatch.setattr(policies, "relative_error", lambda o, r: 0.0)
+        def result(self):
+            events.append(("waited", self.name))
+            if self.name in broken:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return {"median_ms": 1.0}
+
+    class Args:
+        def tensors(self):
+            return {}
+
+    shared = Args()
+    monkeypatch.setattr(policies, "QueuedTiming", FakeTiming)
+    monkeypatch.setattr(policies, "random_like", lambda a: shared)
+    monkeypatch.setattr(policies, "reference", lambda a: torch.zeros(1))
+    monkeypatch.setattr(policies, "relative_error_tensor",
+                        lambda o, r, n=None: torch.tensor(errors.get(shared.current, 0.0), dtype=torch.float64))
     monkeypatch.setattr(policies, "tolerance", lambda a, k=None: 1e-2)
     monkeypatch.setattr(policies, "output_of", lambda a: type("O", (), {"fill_": lambda self, v: None})())
-    monkeypatch.setattr(policies.torch.cuda, "synchronize", lambda *a: None)
+    return Fake, events, shared
+
+
+def test_pick_best_queues_the_next_candidate_before_waiting_for_this_one(monkeypatch):
+    """PickBest._measure keeps the GPU busy: candidate n+1 is compiled and its launches queued
+    before candidate n's results are waited for, and a failure of the early compile is n+1's."""
+    from kernel_api.tuning import policies
+
+    Fake, events, args = _pipelined_measure(monkeypatch)
+    found = policies.PickBest()._measure(args, [Fake("a"), Fake("b"), Fake("c")])
+    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "b"),
+                      ("run", "b"), ("queued", "b"), ("compile", "c"), ("waited", "a"),
+                      ("run", "c"), ("queued", "c"), ("waited", "b"), ("waited", "c")]
+    assert [(m.kernel_name, m.median_ms, m.failure) for m in found] == [("a", 1.0, None), ("b", 1.0, None),
+                                                                        ("c", 1.0, None)]
+    events.clear()
     found = policies.PickBest()._measure(args, [Fake("a"), Fake("b", fails=True), Fake("c")])
-    assert events == [("compile", "a"), ("queued", None), ("compile", "b"),
-                      ("compile", "c"), ("queued", None)]  # c: b failed, so c compiles in its turn
+    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "b"), ("compile", "c"),
+                      ("waited", "a"), ("run", "c"), ("queued", "c"), ("waited", "c")]
     assert [(m.kernel_name, m.failure) for m in found] == [("a", None), ("b", "RuntimeError: boom"), ("c", None)]
     monkeypatch.setattr(policies, "_PREFETCH_NEXT", False)
     events.clear()
     policies.PickBest()._measure(args, [Fake("a"), Fake("c")])
-    assert events == [("compile", "a"), ("queued", None), ("compile", "c"), ("queued", None)]
+    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "c"), ("run", "c"),
+                      ("queued", "c"), ("waited", "a"), ("waited", "c")]
+
+
+def test_pick_best_pipelined_measure_reports_wrong_results_and_launch_failures(monkeypatch):
+    """A wrong result read back after the next candidate was queued still fails its own
+    candidate (with its error), and so does a launch error that surfaces only when waited for."""
+    from kernel_api.tuning import policies
+
+    Fake, _, args = _pipelined_measure(monkeypatch, errors={"b": 0.5}, broken={"c"})
+    found = policies.PickBest()._measure(args, [Fake("a"), Fake("b"), Fake("c"), Fake("d")])
+    assert [m.kernel_name for m in found] == ["a", "b", "c", "d"]
+    assert found[0].failure is None and found[0].error == 0.0
+    assert found[1].median_ms is None and found[1].error == 0.5 and "relative error 5.00e-01 > 1e-02" in found[1].failure
+    assert "illegal memory access" in found[2].failure and found[2].median_ms is None
+    assert found[3].failure is None and found[3].median_ms == 1.0

@@ -8,6 +8,7 @@ strides without a unit mode). They run on the hot path, so they are written for 
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -52,6 +53,15 @@ class Arguments:
         Run by ``Kernel.run`` with checks on (once per arguments object) and by
         `kernel_api.ops`; kept out of construction so building arguments stays cheap.
         """
+
+
+def unbound_copy(args: Arguments) -> Arguments:
+    """A copy of ``args`` sharing its tensors and summary but not the launch a kernel bound to
+    it, nor the support verdicts: the next kernel to run on the copy binds a launch of its own
+    (a tuner times several kernels on one set of tensors, each on its bound fast path)."""
+    new = copy.copy(args)
+    new._verdicts = new._binding = None
+    return new
 
 
 def byte_extent(t: torch.Tensor) -> int:

@@ -21,12 +21,14 @@ import torch
 from .. import registry
 from ..core.arch import device_cc
 from ..arguments import GemmArguments
+from ..arguments.base import unbound_copy
+from ..core.dtypes import DataType
 from ..core.errors import NoKernelFoundError
 from ..kernel import Kernel
 from .buckets import PREFIX as _BUCKET_PREFIX, Bucket, resolve_bucket
 from .records import TuningRecord, TuningRecords, operation_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
-from .timing import relative_error, rotation_count, time_cuda
+from .timing import QueuedTiming, relative_error_tensor, rotation_count
 
 _log = logging.getLogger(__name__)
 
@@ -342,13 +344,26 @@ class PickBest(Policy):
         return compile_in_workers(args, kernels, cc, workers, progress=self.progress, timeout=self.compile_timeout)
 
     def _measure(self, args: Any, kernels: list[Kernel]) -> list[Measurement]:
+        """Verify and time each of ``kernels`` on fresh random data (see the class docstring).
+
+        Nothing waits for the GPU between candidates: a candidate's verification (NaN-filled
+        output, run, error computed on the GPU) and timed launches are queued; then the next
+        candidate is loaded and queued while the GPU runs them, and only then are the earlier
+        candidate's error and samples read. The GPU stays busy across candidates, and the host's
+        share (loading, launching) overlaps it.
+        """
         sets = rotation_count(sum(t.numel() * t.element_size() for t in args.tensors().values()))
         inputs = [random_like(args) for _ in range(sets)]
         check = random_like(args)
-        expected = reference(check)
-        results = []
-        # The next candidate is compiled (loaded from the disk cache, mostly) while the GPU runs
-        # this one's timed launches: the host's share of tuning overlaps the GPU's.
+        expected = reference(check).double()
+        expected_norm = torch.linalg.vector_norm(expected)
+        floor_ms = gpu_floor_ms(args)
+        # Errors come back through pinned memory: reading a GPU scalar (.item()) would wait for
+        # everything queued after it, the next candidate's launches included.
+        errors = torch.empty(len(kernels), dtype=torch.float64, pin_memory=torch.cuda.is_available())
+        results: list[Measurement | None] = [None] * len(kernels)
+        # Each candidate's artifact is loaded (from the disk cache, mostly) before the previous
+        # candidate's results are waited for: the host's share of tuning overlaps the GPU's.
         loaded: dict[int, tuple[Any, BaseException | None]] = {}
 
         def load(index: int) -> None:
@@ -358,29 +373,75 @@ class PickBest(Policy):
                 except Exception as exc:  # reported when that candidate's turn comes
                     loaded[index] = (None, exc)
 
-        for i, kernel in enumerate(kernels, 1):
+        def queue(index: int) -> _Queued | None:
+            kernel = kernels[index]
             name = kernel.metadata.kernel_name
             try:
-                artifact, failure = loaded.pop(i - 1, (None, None))
+                artifact, failure = loaded.pop(index, (None, None))
                 if failure is not None:
                     raise failure
                 if artifact is None:
                     artifact = kernel.compile(check)
-                kernel.run(check, compiled_artifact=artifact)
-                torch.cuda.synchronize()
-                err = relative_error(output_of(check), expected)
-                tol = tolerance(check, kernel)
+                # Copies of the arguments, so this kernel binds its own fast launch to them.
+                own_check = unbound_copy(check)
+                own = [unbound_copy(a) for a in inputs]
                 output_of(check).fill_(float("nan"))
-                if not err <= tol:
-                    results.append(Measurement(name, error=err, failure=f"wrong result: relative error {err:.2e} > {tol:.0e}"))
-                    continue
-                timing = time_cuda(lambda j: kernel.run(inputs[j], compiled_artifact=artifact,
-                                                        assume_supported_args=True), sets=sets, repeat=self.repeat,
-                                   while_waiting=lambda: load(i))
-                results.append(Measurement(name, timing["median_ms"], err))
+                kernel.run(own_check, compiled_artifact=artifact)
+                errors[index].copy_(relative_error_tensor(output_of(check), expected, expected_norm),
+                                    non_blocking=True)
+                timing = QueuedTiming(lambda j: kernel.run(own[j], compiled_artifact=artifact,
+                                                           assume_supported_args=True),
+                                      sets, repeat=self.repeat, gpu_floor_ms=floor_ms)
+                return _Queued(name, tolerance(check, kernel), timing)
             except Exception as exc:
-                results.append(Measurement(name, failure=f"{type(exc).__name__}: {str(exc)[:300]}"))
-            if self.progress:
-                self.progress(i, len(kernels), name)
-        return results
+                results[index] = Measurement(name, failure=_failure(exc))
+                return None
 
+        def finish(queued: _Queued | None, index: int) -> None:
+            if queued is not None:
+                try:
+                    samples = queued.timing.result()  # waits for this candidate's last launch
+                    err = float(errors[index])  # copied before the timed launches ran
+                    tol = queued.tolerance
+                    results[index] = (Measurement(queued.name, samples["median_ms"], err) if err <= tol else
+                                      Measurement(queued.name, error=err,
+                                                  failure=f"wrong result: relative error {err:.2e} > {tol:.0e}"))
+                except Exception as exc:
+                    results[index] = Measurement(queued.name, failure=_failure(exc))
+            if self.progress:
+                self.progress(index + 1, len(kernels), kernels[index].metadata.kernel_name)
+
+        pending: _Queued | None = None
+        for index in range(len(kernels)):
+            queued = queue(index)
+            load(index + 1)
+            if index:
+                finish(pending, index - 1)
+            pending = queued
+        if kernels:
+            finish(pending, len(kernels) - 1)
+        return [m for m in results if m is not None]
+
+
+@dataclass
+class _Queued:
+    """One candidate whose verification and timed launches are queued on the GPU."""
+
+    name: str
+    tolerance: float
+    timing: QueuedTiming
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def gpu_floor_ms(args: Any) -> float:
+    """A lower bound of one run's GPU time for ``args`` (ms): its FLOPs at more than an H200's
+    dense tensor-core peak for its dtype, or its bytes at more than its memory bandwidth. Tells
+    `QueuedTiming` when the host may be slower than the GPU."""
+    if isinstance(args, GemmArguments):
+        dtype = args.tensor_attributes["A"].dtype
+        flops_per_ms = 7e10 if dtype is DataType.f64 else 5e11 if dtype is DataType.f32 else 1e12
+        return 2.0 * args.M * args.N * args.K * args.L / flops_per_ms
+    return sum(t.numel() * t.element_size() for t in args.tensors().values()) / 5e9

@@ -4,6 +4,7 @@ rotating input sets so repeated runs do not measure the L2 cache."""
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -18,35 +19,98 @@ def rotation_count(bytes_per_set: int, min_bytes: int = 2 * L2_FLUSH_BYTES, cap:
     return max(1, min(cap, -(-min_bytes // bytes_per_set)))
 
 
+#: Longest GPU head start (ms) `QueuedTiming` gives: the spin kernel's time is lost to the GPU.
+MAX_HEAD_START_MS = 10.0
+#: Host time per timed call beyond the call itself: its two event records (measured 5-10 us).
+_EVENT_PAIR_MS = 0.012
+
+_cycles_per_ms: dict[int, float] = {}  # device index -> torch.cuda._sleep cycles per ms
+
+
+def gpu_sleep(ms: float, stream: torch.cuda.Stream | None = None) -> None:
+    """Queue a GPU spin of about ``ms`` milliseconds (calibrated once per device: one sync)."""
+    device = torch.cuda.current_device()
+    rate = _cycles_per_ms.get(device)
+    if rate is None:
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1000)
+            a.record()
+            torch.cuda._sleep(1_000_000)
+            b.record()
+            b.synchronize()
+        rate = _cycles_per_ms[device] = 1_000_000 / max(a.elapsed_time(b), 1e-3)
+    with torch.cuda.stream(stream or torch.cuda.current_stream()):
+        torch.cuda._sleep(max(1, int(ms * rate)))
+
+
+class QueuedTiming:
+    """``repeat`` calls of ``run(i)`` (i = index of the input set, cycling over ``sets``) queued
+    on ``stream`` after ``warmup`` untimed ones, each timed call between its own CUDA events,
+    and not waited for: `result` waits for the last and summarises (median/min/mean in ms).
+
+    Queueing without waiting lets the host do other work (load the next kernel, queue the next
+    measurement) while the GPU runs these calls, so the GPU need not idle between measurements.
+
+    ``gpu_floor_ms`` is a lower bound of one call's GPU time (0: unknown). When the host needs
+    longer than that per call (measured over the warm-up calls), the GPU would catch up with
+    the host and each sample would include the host's gap before its launch; the timed calls
+    are then queued behind a GPU spin long enough for the host to queue them all (at most
+    `MAX_HEAD_START_MS`), so the samples hold GPU time only.
+    """
+
+    __slots__ = ("starts", "ends", "head_start_ms")
+
+    def __init__(self, run: Callable[[int], None], sets: int = 1, warmup: int = 5, repeat: int = 50,
+                 stream: torch.cuda.Stream | None = None, gpu_floor_ms: float = 0.0) -> None:
+        # The stream looked up once: Event.record() without one asks torch for it every time,
+        # which is most of the host time between two short launches (tuning is host-bound there).
+        stream = stream or torch.cuda.current_stream()
+        began = time.perf_counter()
+        for i in range(warmup):
+            run(i % sets)
+        self.head_start_ms = 0.0
+        if warmup:
+            host_ms = (time.perf_counter() - began) * 1e3 / warmup + _EVENT_PAIR_MS
+            if host_ms > gpu_floor_ms:
+                self.head_start_ms = min(MAX_HEAD_START_MS, 1.25 * host_ms * repeat + 0.05)
+                gpu_sleep(self.head_start_ms, stream)
+        self.starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+        self.ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+        for i, (start, end) in enumerate(zip(self.starts, self.ends)):
+            start.record(stream)
+            run(i % sets)
+            end.record(stream)
+
+    def ready(self) -> bool:
+        """Whether the GPU has run every timed call (never waits)."""
+        return self.ends[-1].query()
+
+    def samples(self) -> list[float]:
+        """Each timed call's ms, once the GPU ran them (waits for the last, the GIL released)."""
+        self.ends[-1].synchronize()
+        return [s.elapsed_time(e) for s, e in zip(self.starts, self.ends)]
+
+    def result(self) -> dict:
+        """``{"median_ms", "min_ms", "mean_ms", "samples"}`` (waits for the last call)."""
+        samples = self.samples()
+        return {"median_ms": statistics.median(samples), "min_ms": min(samples),
+                "mean_ms": statistics.fmean(samples), "samples": len(samples)}
+
+
 def time_cuda(run: Callable[[int], None], sets: int = 1, warmup: int = 5, repeat: int = 50,
-              min_total_ms: float = 0.0, while_waiting: Callable[[], None] | None = None) -> dict:
-    """Time ``run(i)`` (i = index of the input set, cycling over ``sets``) with CUDA events.
+              min_total_ms: float = 0.0, gpu_floor_ms: float = 0.0) -> dict:
+    """Time ``run(i)`` (i = index of the input set, cycling over ``sets``) with CUDA events and
+    wait for the result: `QueuedTiming` (its head start included) then its `~QueuedTiming.result`.
 
     Each timed sample is one call bracketed by its own events; returns median/min/mean in ms
     and the samples. ``min_total_ms`` raises ``repeat`` for very short calls.
-    ``while_waiting`` is called once after the timed calls are queued and before waiting for
-    them: host work that overlaps the GPU's (the samples are event times, which host work done
-    meanwhile does not change).
     """
-    for i in range(warmup):
-        run(i % sets)
-    torch.cuda.synchronize()
-    # The stream looked up once: Event.record() without one asks torch for it every time,
-    # which is most of the host time between two short launches (tuning is host-bound there).
-    stream = torch.cuda.current_stream()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-    for i in range(repeat):
-        starts[i].record(stream)
-        run(i % sets)
-        ends[i].record(stream)
-    if while_waiting is not None:
-        while_waiting()
-    torch.cuda.synchronize()
-    samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    timing = QueuedTiming(run, sets, warmup=warmup, repeat=repeat, gpu_floor_ms=gpu_floor_ms)
+    samples = timing.samples()
     if min_total_ms and sum(samples) < min_total_ms and repeat < 10000:
         more = int(repeat * min_total_ms / max(sum(samples), 1e-3))
-        return time_cuda(run, sets, warmup=0, repeat=min(10000, max(repeat, more)))
+        return time_cuda(run, sets, warmup=1, repeat=min(10000, max(repeat, more)), gpu_floor_ms=gpu_floor_ms)
     return {"median_ms": statistics.median(samples), "min_ms": min(samples),
             "mean_ms": statistics.fmean(samples), "samples": len(samples)}
 
@@ -58,13 +122,18 @@ def time_cuda_pair(first: Callable[[int], None], second: Callable[[int], None], 
 
     Clock and power drift during the run then hit both alike, which makes the ratio of the two
     medians far more stable than timing one after the other (on a power-capped GPU the clock
-    moves by more than the few percent two good GEMMs differ by).
+    moves by more than the few percent two good GEMMs differ by). The timed calls are queued
+    behind a GPU spin sized from the warm-up's host time, so calls shorter than their launch
+    overhead are timed without the host's gaps.
     """
+    stream = torch.cuda.current_stream()
+    began = time.perf_counter()
     for i in range(warmup):
         first(i % sets)
         second(i % sets)
-    torch.cuda.synchronize()
-    stream = torch.cuda.current_stream()
+    if warmup:  # a head start for the GPU, as QueuedTiming gives: no host gaps in the samples
+        host_ms = (time.perf_counter() - began) * 1e3 / warmup + 1.5 * _EVENT_PAIR_MS
+        gpu_sleep(min(MAX_HEAD_START_MS, 1.25 * host_ms * repeat + 0.05), stream)
     events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(repeat)]
     for i, (e0, e1, e2) in enumerate(events):
         e0.record(stream)
@@ -77,14 +146,20 @@ def time_cuda_pair(first: Callable[[int], None], second: Callable[[int], None], 
             statistics.median(b.elapsed_time(c) for _, b, c in events))
 
 
+def relative_error_tensor(out: torch.Tensor, ref: torch.Tensor, ref_norm: torch.Tensor | None = None) -> torch.Tensor:
+    """||out - ref|| / ||ref|| in float64 as a 0-d tensor on ``out``'s device (inf if ``out`` has
+    a NaN or inf), computed without waiting for the GPU. ``ref_norm``: ||ref||, when known."""
+    o = out.double()
+    if ref_norm is None:
+        ref_norm = torch.linalg.vector_norm(ref.double())
+    num = torch.linalg.vector_norm(o - ref.double())
+    err = torch.where(ref_norm > 0, num / ref_norm, num)
+    return torch.where(torch.isfinite(o).all(), err, float("inf"))
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64; inf if out has NaN/inf where ref does not."""
-    o, r = out.double(), ref.double()
-    if not torch.isfinite(o).all():
-        return float("inf")
-    denom = torch.linalg.vector_norm(r).item()
-    num = torch.linalg.vector_norm(o - r).item()
-    return num / denom if denom else num
+    return float(relative_error_tensor(out, ref))
 
 
 def tensors_bytes(tensors: Sequence[torch.Tensor]) -> int:

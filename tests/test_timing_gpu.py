@@ -1,0 +1,59 @@
+"""kernel_api.tuning.timing on a GPU: samples hold GPU time, not the host's launch gaps, and a
+queued timing does not wait until asked."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from kernel_api.tuning.timing import QueuedTiming, relative_error, relative_error_tensor, time_cuda, time_cuda_pair
+
+pytestmark = pytest.mark.gpu
+
+
+def _slow_host_launch(x: torch.Tensor):
+    """A launch that costs the host 1 ms before a tiny kernel (a few microseconds of GPU work)."""
+    def run(_: int) -> None:
+        time.sleep(0.001)
+        x.add_(1.0)
+    return run
+
+
+def test_timed_samples_leave_out_the_hosts_gaps():
+    # Without a head start the GPU would wait about 1 ms for each launch between its events.
+    x = torch.zeros(256, device="cuda")
+    found = time_cuda(_slow_host_launch(x), repeat=5)
+    assert found["median_ms"] < 0.3, found
+    first, second = time_cuda_pair(_slow_host_launch(x), _slow_host_launch(x), repeat=4)
+    assert first < 0.3 and second < 0.3, (first, second)
+    assert x[0].item() == 5 + 5 + 2 * (5 + 4)  # every call ran once: warm-ups and timed
+
+
+def test_no_head_start_when_the_gpu_is_slower_than_the_host():
+    x = torch.zeros(256, device="cuda")
+    timing = QueuedTiming(lambda i: x.add_(1.0), repeat=3, gpu_floor_ms=1e9)
+    assert timing.head_start_ms == 0.0
+    timing.result()
+    timing = QueuedTiming(_slow_host_launch(x), repeat=3)
+    assert timing.head_start_ms > 3.0
+
+
+def test_queued_timing_returns_before_the_gpu_ran_the_calls():
+    x = torch.zeros(256, device="cuda")
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU spin ahead of the calls
+    timing = QueuedTiming(lambda i: x.add_(1.0), repeat=10, gpu_floor_ms=1e9)
+    assert not timing.ready()
+    found = timing.result()
+    assert timing.ready() and found["samples"] == 10 and found["median_ms"] < 1.0
+
+
+def test_relative_error_tensor_stays_on_the_gpu_and_flags_non_finite_values():
+    ref = torch.randn(64, 64, device="cuda", dtype=torch.float64)
+    out = (ref * 1.001).float()
+    err = relative_error_tensor(out, ref)
+    assert err.device.type == "cuda" and err.dim() == 0
+    assert err.item() == pytest.approx(1e-3, rel=1e-2) and relative_error(out, ref) == pytest.approx(err.item())
+    out[3, 5] = float("nan")
+    assert relative_error(out, ref) == float("inf")
