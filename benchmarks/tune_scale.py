@@ -39,6 +39,7 @@ import pstats
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -94,6 +95,94 @@ def profile_single_gpu(problems: list, args: argparse.Namespace, scratch: str) -
     print(f"wrote {path}")
 
 
+class Breakdown:
+    """Host time per thread and activity, from wrappers around the tuning's main steps: queueing
+    a candidate's timed launches (`QueuedTiming`), waiting for them (GIL released), loading
+    artifacts (CuTe DSL and NVRTC), making inputs and references, and finding the candidates.
+    What a thread's wall time leaves over is its other host work and its waits for the GIL."""
+
+    STEPS = {"queue": (policies.QueuedTiming, "__init__"), "wait": (policies.QueuedTiming, "samples"),
+             "setup": [(policies, "random_like"), (policies, "reference")],
+             "discovery": (registry, "get_kernels")}
+
+    def __init__(self) -> None:
+        from kernel_api.providers.cuda_src.kernel import CudaSourceKernel
+        from kernel_api.providers.cutedsl.kernel import CuteDslKernel
+
+        self.seconds: dict[tuple[str, str], float] = {}
+        self.walls: dict[str, float] = {}
+        self.steps = {**self.STEPS, "load": [(CuteDslKernel, "cute_compile"), (CudaSourceKernel, "compile")]}
+        self.saved: list[tuple[object, str, object]] = []
+
+    def _wrap(self, owner: object, name: str, label: str) -> None:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        seconds = self.seconds
+
+        def timed(*a, **kw):
+            began = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                key = (threading.current_thread().name, label)
+                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - began
+
+        self.saved.append((owner, name, original))
+        setattr(owner, name, timed)
+
+    def __enter__(self) -> "Breakdown":
+        for label, where in self.steps.items():
+            for owner, name in where if isinstance(where, list) else [where]:
+                self._wrap(owner, name, label)
+        original = scale.tune_shard
+        walls = self.walls
+
+        def shard(*a, **kw):
+            began = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                walls[threading.current_thread().name] = time.perf_counter() - began
+
+        self.saved.append((scale, "tune_shard", original))
+        scale.tune_shard = shard
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, original in reversed(self.saved):
+            setattr(owner, name, original)
+
+    def table(self) -> list[dict]:
+        rows = []
+        for thread, wall in sorted(self.walls.items()):
+            row = {"thread": thread, "wall_s": wall}
+            for label in self.steps:
+                row[label + "_s"] = self.seconds.get((thread, label), 0.0)
+            row["other_s"] = wall - sum(row[label + "_s"] for label in self.steps)
+            rows.append(row)
+        return rows
+
+
+def breakdown_runs(problems: list, args: argparse.Namespace, scratch: str, configurations: list) -> dict:
+    """One more run of each configuration but the processes', instrumented (`Breakdown`)."""
+    found = {}
+    for label, devices, isolation in configurations:
+        if isolation == "processes":
+            continue
+        forget_loaded_kernels()
+        store = TuningRecords(os.path.join(scratch, f"breakdown-{label}.sqlite"))
+        with Breakdown() as b:
+            start = time.perf_counter()
+            tune_shapes(problems, devices, max_candidates=args.max_candidates, repeat=args.repeat, num_workers=1,
+                        records=store, isolation=isolation.split("-")[0])
+            seconds = time.perf_counter() - start
+        found[label] = {"seconds": seconds, "threads": b.table()}
+        print(f"\nbreakdown of one {label} run: {seconds:.2f} s wall (seconds per thread)")
+        print(f"{'thread':>24} " + " ".join(f"{k:>9}" for k in ("wall", *b.steps, "other")))
+        for row in found[label]["threads"]:
+            print(f"{row['thread']:>24} " + " ".join(f"{row[k + '_s']:9.3f}" for k in ("wall", *b.steps, "other")))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-candidates", type=int, default=8)
@@ -102,6 +191,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=SHAPES_FILE, help="a shapes file (default: the 16 bf16 GEMMs)")
     parser.add_argument("--rounds", type=int, default=3, help="times each configuration is timed (order rotated)")
     parser.add_argument("--profile", action="store_true", help="cProfile one more single-GPU run ($OUT or results/)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time one more run per in-process configuration by step and thread (Breakdown)")
     parser.add_argument("--tag", default="", help="appended to the JSON file's name")
     parser.add_argument("--no-prefetch", action="store_true",
                         help="PickBest loads each candidate in its turn (not while the GPU times the one before)")
@@ -150,6 +241,7 @@ def main() -> None:
                       (f"; {len(bad)} failed: {bad[0].failure}" if bad else ""))
         if args.profile:
             profile_single_gpu(problems, args, scratch)
+        breakdown = breakdown_runs(problems, args, scratch, configurations) if args.breakdown else None
 
     single = runs["1gpu"][0]
     medians = {label: statistics.median(r["seconds"] for r in found) for label, found in runs.items()}
@@ -198,7 +290,7 @@ def main() -> None:
                "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s,
                "compile_failures": len(failed), "seconds": {k: [r["seconds"] for r in v] for k, v in runs.items()},
                "median_s": medians, "speedup": speedups, "winners_ok": agree, "shapes": rows,
-               "torch": torch.__version__}
+               "torch": torch.__version__, "breakdown": breakdown}
     name = f"tune_scale-{device.replace(' ', '_')}-{gpus}gpu{args.tag and '-' + args.tag}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]
     if os.environ.get("OUT"):

@@ -44,6 +44,19 @@ def gpu_sleep(ms: float, stream: torch.cuda.Stream | None = None) -> None:
         torch.cuda._sleep(max(1, int(ms * rate)))
 
 
+def _host_ms_per_call(run: Callable[[int], None], sets: int, warmup: int) -> float | None:
+    """Run the ``warmup`` calls; the host's ms per call: the median of the calls after the first
+    (which may bind, load or allocate), None without warm-up calls."""
+    times = []
+    for i in range(warmup):
+        began = time.perf_counter()
+        run(i % sets)
+        times.append(time.perf_counter() - began)
+    if not times:
+        return None
+    return statistics.median(times[1:] or times) * 1e3
+
+
 class QueuedTiming:
     """``repeat`` calls of ``run(i)`` (i = index of the input set, cycling over ``sets``) queued
     on ``stream`` after ``warmup`` untimed ones, each timed call between its own CUDA events,
@@ -66,15 +79,12 @@ class QueuedTiming:
         # The stream looked up once: Event.record() without one asks torch for it every time,
         # which is most of the host time between two short launches (tuning is host-bound there).
         stream = stream or torch.cuda.current_stream()
-        began = time.perf_counter()
-        for i in range(warmup):
-            run(i % sets)
+        host_ms = _host_ms_per_call(run, sets, warmup)
         self.head_start_ms = 0.0
-        if warmup:
-            host_ms = (time.perf_counter() - began) * 1e3 / warmup + _EVENT_PAIR_MS
-            if host_ms > gpu_floor_ms:
-                self.head_start_ms = min(MAX_HEAD_START_MS, 1.25 * host_ms * repeat + 0.05)
-                gpu_sleep(self.head_start_ms, stream)
+        if host_ms is not None and host_ms + _EVENT_PAIR_MS > gpu_floor_ms:
+            # Enough for the host to queue every timed call while the GPU runs them at its floor.
+            self.head_start_ms = min(MAX_HEAD_START_MS, 1.25 * repeat * (host_ms + _EVENT_PAIR_MS - gpu_floor_ms) + 0.05)
+            gpu_sleep(self.head_start_ms, stream)
         self.starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
         self.ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
         for i, (start, end) in enumerate(zip(self.starts, self.ends)):
@@ -127,13 +137,14 @@ def time_cuda_pair(first: Callable[[int], None], second: Callable[[int], None], 
     overhead are timed without the host's gaps.
     """
     stream = torch.cuda.current_stream()
-    began = time.perf_counter()
-    for i in range(warmup):
-        first(i % sets)
-        second(i % sets)
-    if warmup:  # a head start for the GPU, as QueuedTiming gives: no host gaps in the samples
-        host_ms = (time.perf_counter() - began) * 1e3 / warmup + 1.5 * _EVENT_PAIR_MS
-        gpu_sleep(min(MAX_HEAD_START_MS, 1.25 * host_ms * repeat + 0.05), stream)
+
+    def both(i: int) -> None:
+        first(i)
+        second(i)
+
+    host_ms = _host_ms_per_call(both, sets, warmup)
+    if host_ms is not None:  # a head start for the GPU, as QueuedTiming gives: no host gaps in the samples
+        gpu_sleep(min(MAX_HEAD_START_MS, 1.25 * repeat * (host_ms + 1.5 * _EVENT_PAIR_MS) + 0.05), stream)
     events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(repeat)]
     for i, (e0, e1, e2) in enumerate(events):
         e0.record(stream)
