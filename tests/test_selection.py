@@ -225,33 +225,34 @@ def _pipelined_measure(monkeypatch, errors=None, broken=()):
     return Fake, events, shared
 
 
-def test_pick_best_queues_the_next_candidate_before_waiting_for_this_one(monkeypatch):
-    """PickBest._measure keeps the GPU busy: candidate n+1 is compiled and its launches queued
-    before candidate n's results are waited for, and a failure of the early compile is n+1's."""
+def test_pick_best_loads_the_next_candidate_while_the_gpu_runs_this_one(monkeypatch):
+    """PickBest._measure: candidate n+1 is compiled after candidate n's launches are queued and
+    before they are waited for (its own first launch waits until the GPU is idle), and a
+    failure of that early compile is n+1's."""
     from kernel_api.tuning import policies
 
     Fake, events, args = _pipelined_measure(monkeypatch)
     found = policies.PickBest()._measure(args, [Fake("a"), Fake("b"), Fake("c")])
-    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "b"),
-                      ("run", "b"), ("queued", "b"), ("compile", "c"), ("waited", "a"),
-                      ("run", "c"), ("queued", "c"), ("waited", "b"), ("waited", "c")]
+    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "b"), ("waited", "a"),
+                      ("run", "b"), ("queued", "b"), ("compile", "c"), ("waited", "b"),
+                      ("run", "c"), ("queued", "c"), ("waited", "c")]
     assert [(m.kernel_name, m.median_ms, m.failure) for m in found] == [("a", 1.0, None), ("b", 1.0, None),
                                                                         ("c", 1.0, None)]
     events.clear()
     found = policies.PickBest()._measure(args, [Fake("a"), Fake("b", fails=True), Fake("c")])
-    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "b"), ("compile", "c"),
-                      ("waited", "a"), ("run", "c"), ("queued", "c"), ("waited", "c")]
+    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "b"), ("waited", "a"),
+                      ("compile", "c"), ("run", "c"), ("queued", "c"), ("waited", "c")]
     assert [(m.kernel_name, m.failure) for m in found] == [("a", None), ("b", "RuntimeError: boom"), ("c", None)]
     monkeypatch.setattr(policies, "_PREFETCH_NEXT", False)
     events.clear()
     policies.PickBest()._measure(args, [Fake("a"), Fake("c")])
-    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "c"), ("run", "c"),
-                      ("queued", "c"), ("waited", "a"), ("waited", "c")]
+    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("waited", "a"), ("compile", "c"),
+                      ("run", "c"), ("queued", "c"), ("waited", "c")]
 
 
 def test_pick_best_pipelined_measure_reports_wrong_results_and_launch_failures(monkeypatch):
-    """A wrong result read back after the next candidate was queued still fails its own
-    candidate (with its error), and so does a launch error that surfaces only when waited for."""
+    """A wrong result read back from the GPU fails its own candidate (with its error), and so
+    does a launch error that surfaces only when waited for; the others are measured."""
     from kernel_api.tuning import policies
 
     Fake, _, args = _pipelined_measure(monkeypatch, errors={"b": 0.5}, broken={"c"})
