@@ -6,6 +6,11 @@ reads the kernel's per-device limits once per device, and keeps per-launch work 
 dictionary look-ups: `cuda.core` stream wrappers are cached by raw handle and
 ``LaunchConfig`` objects by (grid, block, shared memory); a configuration is checked against
 the device's limits the first time it is seen.
+
+``launch(..., cooperative=True)`` launches a grid whose CTAs wait on each other (a persistent
+kernel's groups): the driver then guarantees that every CTA is resident at once, or fails the
+launch. The grid is first checked against `max_coresident` (occupancy x SMs), so a grid too
+large is a `KernelLaunchError` that says so, never a hang.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def _stream(handle: int) -> Any:
 
 
 class _DeviceLimits:
-    __slots__ = ("max_threads", "max_block", "max_grid", "max_smem_optin", "max_smem_default")
+    __slots__ = ("max_threads", "max_block", "max_grid", "max_smem_optin", "max_smem_default", "sms", "cooperative")
 
     def __init__(self, device: int) -> None:
         from cuda.bindings import driver as drv
@@ -69,6 +74,20 @@ class _DeviceLimits:
                          attr(A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z))
         self.max_smem_optin = attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.max_smem_default = attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)
+        self.sms = attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        self.cooperative = bool(attr(A.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH))
+
+
+def _cooperative_config(core: Any, grid: tuple, block: tuple, smem: int, label: str) -> Any:
+    """A cuda.core ``LaunchConfig`` with the cooperative attribute (``is_cooperative``; cuda.core
+    0.3 named it ``cooperative_launch``)."""
+    for flag in ("is_cooperative", "cooperative_launch"):
+        try:
+            return core.LaunchConfig(grid=grid, block=block, shmem_size=smem, **{flag: True})
+        except TypeError:
+            continue
+    raise KernelLaunchError(f"{label}: this cuda.core ({getattr(core, '__version__', '?')}) cannot launch cooperative "
+                            f"kernels (its LaunchConfig takes neither is_cooperative nor cooperative_launch)")
 
 
 def _dims(value: Any, what: str, label: str) -> tuple[int, int, int]:
@@ -105,6 +124,7 @@ class CudaLauncher:
         self._devices: dict[int, _DeviceLimits] = {}
         self._configs: dict[tuple, Any] = {}
         self._smem_set: dict[int, int] = {}
+        self._coresident: dict[tuple, int] = {}
         self._lock = threading.Lock()
 
     # ---- loading (once) ----------------------------------------------------------------
@@ -151,8 +171,39 @@ class CudaLauncher:
             lim = self._devices[device] = _DeviceLimits(device)
         return lim
 
+    def max_dynamic_smem(self, device: int) -> int:
+        """The most dynamic shared memory one CTA of this kernel may ask for on ``device``
+        (the opt-in limit less the kernel's static shared memory)."""
+        lim = self._limits(device)
+        try:
+            static_smem = int(self.kernel.attributes[device].shared_size_bytes)
+        except Exception:
+            static_smem = 0
+        return lim.max_smem_optin - static_smem
+
+    def max_coresident(self, device: int, threads: int, smem: int) -> int:
+        """How many CTAs of ``threads`` threads and ``smem`` bytes of dynamic shared memory can
+        be resident on ``device`` at once (occupancy per SM x SMs): a cooperative grid's limit."""
+        key = (device, threads, smem)
+        found = self._coresident.get(key)
+        if found is not None:
+            return found
+        lim = self._limits(device)
+        static_smem = lim.max_smem_optin - self.max_dynamic_smem(device)
+        if smem > lim.max_smem_default - static_smem and self._smem_set.get(device, -1) < smem:
+            self._allow_smem(device, smem)  # (the occupancy counts only what the kernel is allowed)
+        try:
+            with torch.cuda.device(device):  # (the query asks the current context's device)
+                per_sm = int(self.kernel.occupancy.max_active_blocks_per_multiprocessor(threads, smem))
+        except Exception as exc:
+            raise KernelLaunchError(f"{self.label}: could not read the occupancy of {threads} threads and {smem} B of "
+                                    f"shared memory per CTA on device {device}: {exc}") from exc
+        found = self._coresident[key] = per_sm * lim.sms
+        return found
+
     def _config(self, key: tuple, device: int) -> Any:
-        grid, block, smem = key
+        grid, block, smem = key[:3]
+        cooperative = len(key) > 3 and key[3]
         label = self.label
         g = _dims(grid, "grid", label)
         b = _dims(block, "block", label)
@@ -180,9 +231,25 @@ class CudaLauncher:
         if smem > lim.max_smem_default - static_smem and self._smem_set.get(device, -1) < smem:
             self._allow_smem(device, smem)
         core = _core_api()
-        cfg = core.LaunchConfig(grid=g, block=b, shmem_size=smem)
+        if cooperative:
+            self._check_cooperative(device, g, threads, smem)
+            cfg = _cooperative_config(core, g, b, smem, label)
+        else:
+            cfg = core.LaunchConfig(grid=g, block=b, shmem_size=smem)
         self._configs[(key, device)] = cfg
         return cfg
+
+    def _check_cooperative(self, device: int, grid: tuple, threads: int, smem: int) -> None:
+        lim = self._limits(device)
+        if not lim.cooperative:
+            raise KernelLaunchError(f"{self.label}: device {device} does not support cooperative launches")
+        ctas = grid[0] * grid[1] * grid[2]
+        fit = self.max_coresident(device, threads, smem)
+        if ctas > fit:
+            raise KernelLaunchError(
+                f"{self.label}: a cooperative launch of {ctas} CTAs exceeds the {fit} that can be resident at once "
+                f"on device {device} ({fit // max(lim.sms, 1)} per SM x {lim.sms} SMs with {threads} threads and "
+                f"{smem} B of dynamic shared memory each); its CTAs wait on each other, so all must be resident")
 
     def _allow_smem(self, device: int, smem: int) -> None:
         # Above 48 KB a kernel must opt in to more dynamic shared memory, per device.
@@ -231,11 +298,15 @@ class CudaLauncher:
         return tuple(out)
 
     # ---- the hot path -------------------------------------------------------------------
-    def launch(self, stream: int, device: int, grid: Any, block: Any, smem: int, params: Sequence[Any]) -> None:
-        """Launch on the raw stream handle ``stream`` of ``device``."""
-        cfg = self._configs.get(((grid, block, smem), device))
+    def launch(self, stream: int, device: int, grid: Any, block: Any, smem: int, params: Sequence[Any],
+               cooperative: bool = False) -> None:
+        """Launch on the raw stream handle ``stream`` of ``device``; ``cooperative``: with every
+        CTA guaranteed resident at once (or a `KernelLaunchError`), for grids whose CTAs wait
+        on each other."""
+        key = (grid, block, smem, True) if cooperative else (grid, block, smem)
+        cfg = self._configs.get((key, device))
         if cfg is None:
-            cfg = self._config((grid, block, smem), device)
+            cfg = self._config(key, device)
         if self.convert_args:
             params = self._convert(params)
         s = _streams.get(stream)
@@ -250,5 +321,6 @@ class CudaLauncher:
                 _core.launch(s, cfg, self._kernel, *params)
                 return
             raise KernelLaunchError(
-                f"{self.label}: launch of {self.name_expression} with grid={grid}, block={block}, "
-                f"shared memory={smem} B on stream {stream:#x} (device {device}) failed: {exc}") from exc
+                f"{self.label}: {'cooperative ' if cooperative else ''}launch of {self.name_expression} with "
+                f"grid={grid}, block={block}, shared memory={smem} B on stream {stream:#x} (device {device}) "
+                f"failed: {exc}") from exc

@@ -1,0 +1,565 @@
+// Row softmax (forward and backward) for rows too long for one CTA, at DRAM bandwidth: a
+// persistent, cooperatively launched grid whose CTAs are grouped, S CTAs per row, each
+// staging its slice of the row in shared memory so that the input is read from DRAM once.
+// Compiled after softmax.cu (the interface, softmax_rowgroup.py, joins the two sources),
+// whose spans, conversions, stores, reductions and looped passes it uses. sm_90+ (TMA bulk
+// copies, mbarriers).
+//
+// Grid: G groups of S CTAs (gridDim.x == G * S, at most what is co-resident: the launch is
+// cooperative, so every CTA is resident and the spin-waits below always end). Group g takes
+// rows g, g + G, g + 2G, ... (one "wave" per row); CTA `rank` of the group takes the
+// rank-th of S balanced slices of the row's 16-byte vectors (rows are peeled: the head up to
+// the first 16-byte boundary and the tail are scalars that rank 0 holds).
+//
+// Inside a CTA: one producer warp (one lane) copies each wave's slice into a ring of RING
+// chunks of 16 KB in dynamic shared memory with cp.async.bulk (TMA), one full/empty mbarrier
+// pair per chunk, running ahead into the next waves as far as the ring allows; RG_CONSUMERS
+// threads compute. The first `cap` vectors of a slice are staged (cap: at most the ring);
+// the rest of a slice too long for the ring (f32 backward of 4M columns) is read by the
+// consumers themselves twice, statistics then output, the second read from L2.
+//
+// Per wave, the consumers
+//   forward:  1a. each thread's max m_t over its staged vectors (as the chunks land);
+//             1b. e = exp(x - m_t) written back over x in shared memory, s_t = sum(e)
+//                 (one exp per element; e is rounded to the storage type, which the
+//                 output is rounded to anyway);
+//             the thread's (m, s) merged with its overflow's and edges' online (m, s),
+//             reduced over the CTA, published, combined over the group;
+//             2.  y = e * exp(m_t - M) / total, from shared memory, each chunk released
+//                 to the producer once read; overflow and edges recomputed from global.
+//   backward: 1.  sum(dy * y) over the slice (staged: dy and y side by side in a chunk);
+//             reduced, published, combined; 2. dx = y * (dy - dot).
+//
+// The group's CTAs meet through the global workspace: per CTA two 16-byte slots (the wave's
+// parity), each a 64-bit tag and two floats. A CTA writes its partial, then release-stores
+// the tag of (launch, wave); its peers acquire-load the tags of all S slots until each reads
+// the current one (spinning with nanosleep). Tags carry a per-launch value (the host's
+// epoch mixed with %gridid), so stale or uninitialised workspace never reads as current and
+// no launch has to reset anything: the workspace may come fresh from any allocator. Two
+// slots per CTA, because a CTA may publish wave w + 1 while a slow peer still reads wave w;
+// it cannot publish w + 2 before every peer published w + 1, i.e. finished reading w.
+// Every CTA of a group combines the S partials in the same order, so all agree bit for bit.
+
+namespace ka_softmax {
+
+typedef unsigned long long u64;
+
+#define RG_CONSUMERS 512
+#define RG_THREADS (RG_CONSUMERS + 32)
+#define RG_CHUNK_BYTES 16384
+#define RG_CHUNK_U4 (RG_CHUNK_BYTES / 16)
+#define RG_MAX_CHUNKS 16
+// A peer that has not published after this long means a broken launch (never a correct one:
+// the CTAs are co-resident); trap instead of hanging. Generous for compute-sanitizer runs.
+#ifndef RG_TIMEOUT_NS
+#define RG_TIMEOUT_NS 30000000000ull
+#endif
+
+namespace rowgroup {
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(u64* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u64* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* bar, unsigned parity) {
+  const unsigned addr = smem_u32(bar);
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// The staged loads are read once: first out of L2.
+__device__ __forceinline__ u64 evict_first_policy() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, u64* bar, u64 policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
+      : "memory");
+}
+
+// Consumer threads only (the producer warp never joins): barrier 1.
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(RG_CONSUMERS) : "memory"); }
+
+__device__ __forceinline__ void st_release(u64* p, u64 v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 ld_acquire(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed(float* p, float v) {
+  asm volatile("st.relaxed.gpu.global.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
+__device__ __forceinline__ float ld_relaxed(const float* p) {
+  float v;
+  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 global_timer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The high 32 bits of this launch's tags: the host's epoch (a per-process counter) mixed
+// with %gridid (a per-launch number of the context, so CUDA graph replays differ too).
+__device__ __forceinline__ unsigned launch_tag(i64 epoch) {
+  u64 g;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+  return (unsigned)epoch ^ ((unsigned)g * 0x9E3779B1u);
+}
+
+// Workspace slot of CTA `cta` for waves of parity `par`: {tag, a, b} in 16 bytes.
+__device__ __forceinline__ u64* slot_of(u64* ws, i64 cta, int par) { return ws + (cta * 2 + par) * 2; }
+
+__device__ __forceinline__ void publish(u64* slot, u64 tag, float a, float b) {
+  float* v = reinterpret_cast<float*>(slot + 1);
+  st_relaxed(v, a);
+  st_relaxed(v + 1, b);
+  st_release(slot, tag);  // orders the two stores above before the tag
+}
+
+__device__ __forceinline__ void wait_tag(const u64* slot, u64 tag) {
+  if (ld_acquire(slot) == tag) return;
+  const u64 t0 = global_timer();
+  unsigned ns = 32;
+  while (ld_acquire(slot) != tag) {
+    asm volatile("nanosleep.u32 %0;" ::"r"(ns));
+    if (ns < 256) ns <<= 1;
+    if (global_timer() - t0 > RG_TIMEOUT_NS) __trap();
+  }
+}
+
+// (m, s) pairs: s = sum of exp(v - m) over some values. Merging keeps an empty pair
+// (-inf, 0) from turning into NaN.
+__device__ __forceinline__ void pair_merge(float& m, float& s, float m2, float s2) {
+  const float M = fmaxf(m, m2);
+  const float a = m == -KA_INF ? 0.f : s * exp_shifted(m, M);
+  const float b = m2 == -KA_INF ? 0.f : s2 * exp_shifted(m2, M);
+  m = M;
+  s = a + b;
+}
+__device__ __forceinline__ void warp_pair(float& m, float& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    pair_merge(m, s, m2, s2);
+  }
+}
+
+// The CTA's (m, s) over the consumer threads' pairs; valid in every lane of warp 0.
+__device__ __forceinline__ void cta_pair(float& m, float& s, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  warp_pair(m, s);
+  if (lane == 0) {
+    red[warp] = m;
+    red[32 + warp] = s;
+  }
+  consumer_sync();
+  if (warp == 0) {
+    m = lane < RG_CONSUMERS / 32 ? red[lane] : -KA_INF;
+    s = lane < RG_CONSUMERS / 32 ? red[32 + lane] : 0.f;
+    warp_pair(m, s);
+  }
+}
+// The CTA's sum over the consumer threads; valid in every lane of warp 0.
+__device__ __forceinline__ float cta_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) red[warp] = v;
+  consumer_sync();
+  if (warp == 0) v = warp_sum(lane < RG_CONSUMERS / 32 ? red[lane] : 0.f);
+  return v;
+}
+
+// A row's split: its span, this CTA's slice [v0, v0 + n) of the vectors, how many of them
+// are staged (the first min(n, cap)) and in how many chunks of CV vectors.
+struct RowSlice {
+  Span sp;
+  i64 v0;
+  int n, staged, nch;
+};
+template <class T, int VEC>
+__device__ __forceinline__ RowSlice row_slice(const typename T::raw* row, int cols, int S, int rank, int cap, int cv) {
+  RowSlice s;
+  s.sp = row_span<T, VEC, true>(row, cols);
+  const i64 nv = s.sp.nvec;
+  s.v0 = nv * rank / S;  // balanced: slices differ by at most one vector
+  s.n = (int)(nv * (rank + 1) / S - s.v0);
+  s.staged = min(s.n, cap);
+  s.nch = (s.staged + cv - 1) / cv;
+  return s;
+}
+
+template <class T, int VEC>
+__device__ __forceinline__ void unpack16(uint4 u, float (&f)[VEC]) {
+  Pack<T, VEC> p;
+  p.u = u;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) f[k] = T::load(p.r[k]);
+}
+template <class T, int VEC>
+__device__ __forceinline__ uint4 pack16(const float (&f)[VEC]) {
+  Pack<T, VEC> p;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) p.r[k] = T::store(f[k]);
+  return p.u;
+}
+
+// Launch arguments the host planned; a violation would deadlock the ring or the groups, so
+// it traps (the interface never launches one).
+__device__ __forceinline__ void check_plan(i64 S, i64 G, i64 cap, i64 ring, int cv) {
+  if (S < 1 || G < 1 || ring < 1 || ring > RG_MAX_CHUNKS || cap < 0 || cap > ring * cv || (i64)gridDim.x != S * G ||
+      blockDim.x != RG_THREADS)
+    __trap();
+}
+
+__device__ __forceinline__ void init_ring(u64* full, u64* empty, int ring) {
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < ring; ++i) {
+      mbar_init(&full[i], 1);                    // the producer's expect_tx arrival
+      mbar_init(&empty[i], RG_CONSUMERS / 32);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
+// The producer: one lane copies every wave's staged vectors chunk by chunk into the ring,
+// waiting for each chunk's previous contents to be released. Backward chunks hold CV
+// vectors of dy, then CV of y.
+template <class T, int VEC, bool BWD>
+__device__ void produce(const typename T::raw* __restrict__ a, const typename T::raw* __restrict__ b, i64 rows,
+                        int cols, i64 lda, i64 ldb, int S, int G, int cap, int ring, uint4* rbuf, u64* full,
+                        u64* empty) {
+  constexpr int CV = RG_CHUNK_U4 / (BWD ? 2 : 1);
+  const int rank = blockIdx.x % S, group = blockIdx.x / S;
+  const u64 policy = evict_first_policy();
+  int sl = 0;
+  unsigned ph = 0;
+  for (i64 r = group; r < rows; r += G) {
+    const typename T::raw* ar = a + r * lda;
+    const typename T::raw* br = BWD ? b + r * ldb : ar;
+    const RowSlice s = row_slice<T, VEC>(br, cols, S, rank, cap, CV);  // (the backward's span is y's)
+    const char* asrc = reinterpret_cast<const char*>(ar + s.sp.head) + s.v0 * 16;
+    const char* bsrc = reinterpret_cast<const char*>(br + s.sp.head) + s.v0 * 16;
+    for (int k = 0; k < s.nch; ++k) {
+      mbar_wait(&empty[sl], ph ^ 1u);  // (the first pass through the ring finds every chunk free)
+      const unsigned bytes = (unsigned)min(CV, s.staged - k * CV) * 16u;
+      uint4* dst = rbuf + (i64)sl * RG_CHUNK_U4;
+      mbar_expect_tx(&full[sl], BWD ? 2 * bytes : bytes);
+      bulk_load(dst, asrc + (i64)k * CV * 16, bytes, &full[sl], policy);
+      if constexpr (BWD) bulk_load(dst + CV, bsrc + (i64)k * CV * 16, bytes, &full[sl], policy);
+      if (++sl == ring) {
+        sl = 0;
+        ph ^= 1u;
+      }
+    }
+  }
+}
+
+// Release chunk `sl` to the producer once every consumer warp is done with it.
+template <bool WROTE>
+__device__ __forceinline__ void release(u64* empty, int sl) {
+  // The forward wrote e into the chunk (generic proxy); the producer's next copy writes it
+  // through the async proxy.
+  if constexpr (WROTE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) mbar_arrive(empty + sl);
+}
+
+template <class T, int VEC>
+__device__ void fwd_consume(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y, i64 rows, int cols,
+                            i64 ldx, i64 ldy, u64* ws, unsigned hi, int S, int G, int cap, int ring, uint4* rbuf,
+                            u64* full, u64* empty, float* red, float* bc) {
+  typedef typename T::raw R;
+  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4, VPT = CV / NC;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int rank = blockIdx.x % S, group = blockIdx.x / S;
+  int slot = 0;  // ring position of this wave's first chunk, and its fill parity
+  unsigned phase = 0;
+  i64 w = 0;
+  for (i64 r = group; r < rows; r += G, ++w) {
+    const R* xr = x + r * ldx;
+    R* yr = y + r * ldy;
+    const RowSlice s = row_slice<T, VEC>(xr, cols, S, rank, cap, CV);
+    const R* xb = xr + s.sp.head + s.v0 * VEC;
+    R* yb = yr + s.sp.head + s.v0 * VEC;
+    const int over = s.n - s.staged;
+    // Overflow and edges first (global loads, while the staged chunks land): online (m, s).
+    float eh = -KA_INF, et = -KA_INF;
+    if (rank == 0) load_edges<T, VEC>(xr, s.sp, t, -KA_INF, eh, et);
+    float mo, so;
+    online_stats<T, VEC, 4, NC>(xb + (i64)s.staged * VEC, over, t, eh, et, mo, so);
+    // 1a. the thread's max over its staged vectors
+    float ms = -KA_INF;
+    {
+      int sl = slot;
+      unsigned ph = phase;
+      for (int k = 0; k < s.nch; ++k) {
+        mbar_wait(&full[sl], ph);
+        const uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          if (k * CV + i * NC + t < s.staged) {
+            float f[VEC];
+            unpack16<T, VEC>(cb[i * NC + t], f);
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
+          }
+        }
+        if (++sl == ring) {
+          sl = 0;
+          ph ^= 1u;
+        }
+      }
+    }
+    // 1b. e = exp(x - ms) in place, and its sum (nothing to do when all were -inf)
+    float ss = 0.f;
+    if (ms != -KA_INF) {
+      int sl = slot;
+      for (int k = 0; k < s.nch; ++k) {
+        uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          if (k * CV + i * NC + t < s.staged) {
+            float f[VEC];
+            unpack16<T, VEC>(cb[i * NC + t], f);
+            float part = 0.f;
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) {
+              f[q] = exp_shifted(f[q], ms);
+              part += f[q];
+            }
+            ss += part;
+            cb[i * NC + t] = pack16<T, VEC>(f);
+          }
+        }
+        if (++sl == ring) sl = 0;
+      }
+    }
+    float m = ms, sum = ss;
+    pair_merge(m, sum, mo, so);
+    cta_pair(m, sum, red);
+    if (warp == 0) {
+      if (S > 1) {
+        const u64 tag = ((u64)hi << 32) | (unsigned)w;
+        const int par = (int)(w & 1);
+        if (lane == 0) publish(slot_of(ws, blockIdx.x, par), tag, m, sum);
+        float gm = -KA_INF, gs = 0.f;
+        for (int p = lane; p < S; p += 32) {
+          const u64* ps = slot_of(ws, (i64)group * S + p, par);
+          wait_tag(ps, tag);
+          const float* v = reinterpret_cast<const float*>(ps + 1);
+          pair_merge(gm, gs, ld_relaxed(v), ld_relaxed(v + 1));
+        }
+        warp_pair(gm, gs);
+        m = gm;
+        sum = gs;
+      }
+      if (lane == 0) {
+        bc[0] = m;
+        bc[1] = sum;
+      }
+    }
+    consumer_sync();
+    const float row_max = bc[0];
+    // An all -inf row gives NaN, as torch.softmax does.
+    const float inv = row_max == -KA_INF ? __int_as_float(0x7fc00000) : 1.f / bc[1];
+    const float scale = ms == -KA_INF ? 0.f * inv : exp_shifted(ms, row_max) * inv;
+    // 2. output: staged from shared memory, releasing each chunk; overflow and edges again
+    {
+      int sl = slot;
+      for (int k = 0; k < s.nch; ++k) {
+        const uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          const int v = k * CV + i * NC + t;
+          if (v < s.staged) {
+            float f[VEC];
+            if (ms != -KA_INF) {
+              unpack16<T, VEC>(cb[i * NC + t], f);
+            } else {
+#pragma unroll
+              for (int q = 0; q < VEC; ++q) f[q] = 0.f;
+            }
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) f[q] *= scale;
+            store_vec<T, VEC>(yb + (i64)v * VEC, f);
+          }
+        }
+        release<true>(empty, sl);
+        if (++sl == ring) sl = 0;
+      }
+    }
+    write_scaled<T, VEC, 4, NC>(xb + (i64)s.staged * VEC, yb + (i64)s.staged * VEC, over, t, row_max, inv);
+    if (rank == 0) store_edges<T, VEC>(yr, s.sp, t, exp_shifted(eh, row_max) * inv, exp_shifted(et, row_max) * inv);
+    // advance the ring past this wave's chunks
+    slot += s.nch;
+    while (slot >= ring) {
+      slot -= ring;
+      phase ^= 1u;
+    }
+  }
+}
+
+template <class T, int VEC>
+__device__ void bwd_consume(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
+                            typename T::raw* __restrict__ dx, i64 rows, int cols, i64 lddy, i64 ldy, i64 lddx, u64* ws,
+                            unsigned hi, int S, int G, int cap, int ring, uint4* rbuf, u64* full, u64* empty,
+                            float* red, float* bc) {
+  typedef typename T::raw R;
+  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4 / 2, VPT = CV / NC;
+  static_assert(VPT >= 1, "a backward chunk holds at least one vector per consumer");
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int rank = blockIdx.x % S, group = blockIdx.x / S;
+  int slot = 0;
+  unsigned phase = 0;
+  i64 w = 0;
+  for (i64 r = group; r < rows; r += G, ++w) {
+    const R* gr = dy + r * lddy;
+    const R* yr = y + r * ldy;
+    R* dr = dx + r * lddx;
+    const RowSlice s = row_slice<T, VEC>(yr, cols, S, rank, cap, CV);
+    const i64 o = s.sp.head + s.v0 * VEC;
+    const i64 oo = o + (i64)s.staged * VEC;  // the overflow's first element
+    const int over = s.n - s.staged;
+    float gh = 0.f, gt = 0.f, yh = 0.f, yt = 0.f;
+    if (rank == 0) {
+      load_edges<T, VEC>(gr, s.sp, t, 0.f, gh, gt);
+      load_edges<T, VEC>(yr, s.sp, t, 0.f, yh, yt);
+    }
+    float dot = gh * yh + gt * yt + dot_stats<T, VEC, 2, NC>(gr + oo, yr + oo, over, t);
+    {
+      int sl = slot;
+      unsigned ph = phase;
+      for (int k = 0; k < s.nch; ++k) {
+        mbar_wait(&full[sl], ph);
+        const uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          if (k * CV + i * NC + t < s.staged) {
+            float g[VEC], v[VEC];
+            unpack16<T, VEC>(cb[i * NC + t], g);
+            unpack16<T, VEC>(cb[CV + i * NC + t], v);
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) dot = fmaf(g[q], v[q], dot);
+          }
+        }
+        if (++sl == ring) {
+          sl = 0;
+          ph ^= 1u;
+        }
+      }
+    }
+    dot = cta_sum(dot, red);
+    if (warp == 0) {
+      if (S > 1) {
+        const u64 tag = ((u64)hi << 32) | (unsigned)w;
+        const int par = (int)(w & 1);
+        if (lane == 0) publish(slot_of(ws, blockIdx.x, par), tag, dot, 0.f);
+        float total = 0.f;
+        for (int p = lane; p < S; p += 32) {
+          const u64* ps = slot_of(ws, (i64)group * S + p, par);
+          wait_tag(ps, tag);
+          total += ld_relaxed(reinterpret_cast<const float*>(ps + 1));
+        }
+        dot = warp_sum(total);
+      }
+      if (lane == 0) bc[0] = dot;
+    }
+    consumer_sync();
+    dot = bc[0];
+    {
+      int sl = slot;
+      for (int k = 0; k < s.nch; ++k) {
+        const uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          const int v = k * CV + i * NC + t;
+          if (v < s.staged) {
+            float g[VEC], u[VEC];
+            unpack16<T, VEC>(cb[i * NC + t], g);
+            unpack16<T, VEC>(cb[CV + i * NC + t], u);
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) g[q] = u[q] * (g[q] - dot);
+            store_vec<T, VEC>(dr + o + (i64)v * VEC, g);
+          }
+        }
+        release<false>(empty, sl);
+        if (++sl == ring) sl = 0;
+      }
+    }
+    write_grad<T, VEC, 2, NC>(gr + oo, yr + oo, dr + oo, over, t, dot);
+    if (rank == 0) store_edges<T, VEC>(dr, s.sp, t, yh * (gh - dot), yt * (gt - dot));
+    slot += s.nch;
+    while (slot >= ring) {
+      slot -= ring;
+      phase ^= 1u;
+    }
+  }
+}
+
+}  // namespace rowgroup
+
+// The dynamic shared memory: the ring of `ring` chunks.
+extern __shared__ __align__(128) uint4 rg_ring[];
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(RG_THREADS, 1)
+    fwd_rowgroup(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y, i64 rows, i64 cols, i64 ldx,
+                 i64 ldy, u64* ws, i64 epoch, i64 S, i64 G, i64 cap, i64 ring) {
+  __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
+  __shared__ float red[64];
+  __shared__ float bc[2];
+  rowgroup::check_plan(S, G, cap, ring, RG_CHUNK_U4);
+  rowgroup::init_ring(full, empty, (int)ring);
+  if (threadIdx.x >= RG_CONSUMERS) {
+    if (threadIdx.x == RG_CONSUMERS)
+      rowgroup::produce<T, VEC, false>(x, x, rows, (int)cols, ldx, ldx, (int)S, (int)G, (int)cap, (int)ring, rg_ring,
+                                       full, empty);
+    return;
+  }
+  rowgroup::fwd_consume<T, VEC>(x, y, rows, (int)cols, ldx, ldy, ws, rowgroup::launch_tag(epoch), (int)S, (int)G,
+                                (int)cap, (int)ring, rg_ring, full, empty, red, bc);
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(RG_THREADS, 1)
+    bwd_rowgroup(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
+                 typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy, i64 ldy, i64 lddx, u64* ws, i64 epoch,
+                 i64 S, i64 G, i64 cap, i64 ring) {
+  __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
+  __shared__ float red[64];
+  __shared__ float bc[2];
+  rowgroup::check_plan(S, G, cap, ring, RG_CHUNK_U4 / 2);
+  rowgroup::init_ring(full, empty, (int)ring);
+  if (threadIdx.x >= RG_CONSUMERS) {
+    if (threadIdx.x == RG_CONSUMERS)
+      rowgroup::produce<T, VEC, true>(dy, y, rows, (int)cols, lddy, ldy, (int)S, (int)G, (int)cap, (int)ring, rg_ring,
+                                      full, empty);
+    return;
+  }
+  rowgroup::bwd_consume<T, VEC>(dy, y, dx, rows, (int)cols, lddy, ldy, lddx, ws, rowgroup::launch_tag(epoch), (int)S,
+                                (int)G, (int)cap, (int)ring, rg_ring, full, empty, red, bc);
+}
+
+}  // namespace ka_softmax

@@ -1,0 +1,372 @@
+"""Interface of the row-group softmax kernels (implementation: softmax_rowgroup.cu, compiled
+after softmax.cu, whose helpers it uses).
+
+Two registered families, `CudaSoftmaxRowGroupForward` (`SoftmaxArguments`) and
+`CudaSoftmaxRowGroupBackward` (`SoftmaxBackwardArguments`), for sm_90 and sm_100: softmax at
+DRAM bandwidth for rows too long for one CTA (1M, 4M elements), whose input the looped and
+cluster-split kernels read twice. One instance per dtype, ``rowgroup_peel<vec>``.
+
+Design:
+
+- A persistent grid of at most as many CTAs as are co-resident (one per SM: each takes the
+  most dynamic shared memory a CTA may have, a ring of 16 KB chunks), launched
+  *cooperatively*: the launch fails with a clear error rather than start CTAs that could
+  wait on CTAs never scheduled.
+- The CTAs are grouped, ``ctas_per_row`` (S) per row: each stages its slice of the row (the
+  backward: of dy and y) in shared memory with TMA bulk copies, so the input is read from
+  DRAM once. Rows beyond the G = CTAs // S resident at once are processed in waves by the
+  same CTAs; a producer warp copies the next waves' slices into the ring while the
+  consumers reduce, wait and write the current one, so DRAM stays busy across waves.
+- Each CTA publishes its partial statistics (forward: max and sum of exp; backward:
+  sum(dy * y)) in the workspace (`get_workspace_size`: two 16-byte slots per CTA) behind a
+  tag of (launch, wave) stored with release semantics; the S CTAs of a row spin (acquire
+  loads, nanosleep) until all S tags are current, combine the partials in one order (all
+  agree bit for bit) and write their slices. Tags carry a per-launch value, so the
+  workspace needs no initialisation or reset: back-to-back launches, waves and fresh
+  allocations all work.
+- `plan_rows` (pure Python) picks S for the shape from a small timing model (`estimate_us`):
+  larger slices hide the group's meeting (about 2 us) behind the next wave's copies, but
+  must leave ring chunks free for that prefetch, and fill the SMs without a ragged last
+  wave. E.g. on 132 SMs: 32x1M bf16 forward, 33 CTAs per row (4 rows at once, 8 waves of
+  62 KB slices); 8x4M bf16, all 132 CTAs on one row at a time (8 waves).
+
+Fallback for rows whose slice the ring cannot hold (f32 backward of 4M columns: 254 KB of dy
+and y per CTA with all 132 SMs on one row): the first ``ring - PREFETCH_CHUNKS`` chunks of
+the slice are staged, the rest is read by the consumer threads themselves for the
+statistics and again for the output. That second read comes from L2: per wave it is at most
+the ring's overflow on every SM (about 12 MB on 132 SMs), read a few microseconds earlier,
+while the staged copies are marked evict-first. The slices are as large as they can be
+(every SM on the row) so that the overflow is the smallest possible share.
+
+Every instance peels rows (16-byte vectors after a scalar head, see softmax.py), so it takes
+operands at any alignment whose rows share one offset from a 16-byte boundary, and strided
+rows. The artifact (one per dtype and direction) serves every shape; the plan is made at
+launch from the device's SM count and shared memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
+from ....core.dtypes import DataType
+from ....core.status import Status
+from ....core.streams import stream_handle
+from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
+from ... import softmax_config
+from .. import CudaSourceProvider
+from ..kernel import CudaSourceKernel
+from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _row_stride, peel_status
+
+#: Compute threads per CTA, plus one producer warp (softmax_rowgroup.cu's RG_CONSUMERS).
+CONSUMERS = 512
+THREADS = CONSUMERS + 32
+#: Bytes per ring chunk (one TMA copy, or two for the backward's dy and y) and the most
+#: chunks a ring has (the kernel's mbarrier arrays).
+CHUNK_BYTES, MAX_CHUNKS = 16384, 16
+#: Chunks left free for the next wave's copies when a slice overflows the ring.
+PREFETCH_CHUNKS = 4
+#: Workspace bytes per CTA: two slots of {64-bit tag, two floats}.
+SLOT_BYTES = 32
+#: What the plan assumes without a GPU (an H100 / H200): SMs, and dynamic shared memory a
+#: CTA may have (227 KB) less the kernel's static barriers and reduction scratch.
+DEFAULT_SMS = 132
+DEFAULT_RING = (232448 - 1024) // CHUNK_BYTES
+#: Rows from this length are what the family is built (and measured) for; below, PickAny
+#: ranks it after the register, smem, looped and cluster-split kernels (`estimated_cost`).
+MIN_COLS = 2**17
+MIN_CC, MAX_CC = 90, 100
+
+# The timing model of `estimate_us` (microseconds, bytes): DRAM bandwidth of the whole GPU
+# and the most one SM streams, a group's meeting (publish, the slowest peer, the tags'
+# round trip through L2), a lone CTA's own reduction, elements per microsecond one SM's
+# consumers process from shared memory, and the cost of an overflow byte read again from L2.
+_BW, _SM_BW = 3.6e6, 8.0e4
+_T_MEET, _T_SOLO = 2.0, 0.3
+_RATE = {False: 2.0e4, True: 4.0e4}
+_L2_REREAD = 0.5
+
+
+def chunk_vectors(backward: bool) -> int:
+    """16-byte vectors per array in one chunk (the backward's chunk holds dy's and y's)."""
+    return CHUNK_BYTES // 16 // (2 if backward else 1)
+
+
+@dataclass(frozen=True)
+class RowGroupPlan:
+    """How a launch maps rows onto the persistent grid.
+
+    ``ctas_per_row`` (S) CTAs share each row; ``groups`` (G) rows are processed at once;
+    ``waves`` = ceil(rows / G). Each CTA's slice holds at most ``slice_vectors`` 16-byte
+    vectors (per array), of which up to ``staged_vectors`` go through the shared-memory
+    ring of ``ring_chunks`` chunks; the rest (``overflow_vectors``) is read twice.
+    ``estimate_us``: the model's time on an H100/H200-like GPU.
+    """
+
+    ctas_per_row: int
+    groups: int
+    waves: int
+    slice_vectors: int
+    staged_vectors: int
+    ring_chunks: int
+    backward: bool
+    estimate_us: float
+
+    @property
+    def grid(self) -> int:
+        return self.groups * self.ctas_per_row
+
+    @property
+    def overflow_vectors(self) -> int:
+        return self.slice_vectors - self.staged_vectors
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per CTA: the ring."""
+        return self.ring_chunks * CHUNK_BYTES
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.grid * SLOT_BYTES
+
+
+def row_vectors(cols: int, elem_bytes: int) -> int:
+    """The most 16-byte vectors a peeled row of ``cols`` elements has (head 0)."""
+    return cols // (16 // elem_bytes)
+
+
+def slice_bounds(nvec: int, ctas_per_row: int, rank: int) -> tuple[int, int]:
+    """The vectors [v0, v1) of a row's ``nvec`` that CTA ``rank`` of its group takes (the
+    kernel's `row_slice`: balanced, sizes differ by at most one)."""
+    return nvec * rank // ctas_per_row, nvec * (rank + 1) // ctas_per_row
+
+
+def estimate_us(rows: int, cols: int, elem_bytes: int, backward: bool, ctas_per_row: int, groups: int,
+                slice_vectors: int, staged_vectors: int, ring_chunks: int) -> float:
+    """The model's run time of a plan (microseconds).
+
+    Per wave, a CTA moves its slice (reads and the write; an overflow's second read at half
+    a DRAM byte) at its share of the bandwidth (D), and spends the group's meeting plus its
+    shared-memory passes (C). With ring chunks free for the next wave's copies the two
+    overlap (a wave takes max(D, C)); without, they add. One wave is load, meet, store.
+    """
+    S, G = ctas_per_row, groups
+    waves = -(-rows // G)
+    arrays = 2 if backward else 1
+    vec = 16 // elem_bytes
+    cv = chunk_vectors(backward)
+    overflow = slice_vectors - staged_vectors
+    moved = slice_vectors * 16 * (arrays + 1) + overflow * 16 * arrays * _L2_REREAD
+    chunks = max(1, -(-staged_vectors // cv))
+    overlap = min(1.0, max(0, ring_chunks - chunks) / chunks)
+    compute = (_T_MEET if S > 1 else _T_SOLO) + slice_vectors * vec / _RATE[backward]
+
+    def wave(active: int) -> float:
+        d = moved / min(_BW / (active * S), _SM_BW)
+        if waves == 1:
+            return d + compute
+        return overlap * max(d, compute) + (1.0 - overlap) * (d + compute)
+
+    last = rows - (waves - 1) * G
+    total = (waves - 1) * wave(G) + wave(last)
+    if waves > 1:
+        total += min(compute, moved / min(_BW / (G * S), _SM_BW))  # the first load / last meeting
+    return total
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_rows(rows: int, cols: int, elem_bytes: int, backward: bool, ctas: int = DEFAULT_SMS,
+              ring_chunks: int = DEFAULT_RING) -> RowGroupPlan:
+    """The plan of least `estimate_us` for ``rows`` x ``cols`` on ``ctas`` co-resident CTAs
+    with rings of ``ring_chunks`` chunks (ties: fewer CTAs per row)."""
+    if rows < 1 or cols < 1 or ctas < 1 or not 1 <= ring_chunks <= MAX_CHUNKS:
+        raise ValueError(f"plan_rows: no plan for rows={rows}, cols={cols}, ctas={ctas}, ring={ring_chunks}")
+    nvec = row_vectors(cols, elem_bytes)
+    cv = chunk_vectors(backward)
+    ring_vectors = ring_chunks * cv
+    reserve = min(PREFETCH_CHUNKS, ring_chunks - 1)
+    best = None
+    for S in range(1, min(ctas, max(1, nvec)) + 1):
+        G = min(ctas // S, rows)
+        slice_vectors = -(-nvec // S)
+        staged = slice_vectors if slice_vectors <= ring_vectors else (ring_chunks - reserve) * cv
+        t = estimate_us(rows, cols, elem_bytes, backward, S, G, slice_vectors, staged, ring_chunks)
+        if best is None or t < best[0]:
+            best = (t, S, G, slice_vectors, staged)
+    t, S, G, slice_vectors, staged = best
+    return RowGroupPlan(S, G, -(-rows // G), slice_vectors, staged, ring_chunks, backward, t)
+
+
+# Tags of the workspace slots carry a per-launch 32-bit epoch (a random start, then a counter)
+# in their high word, so no slot left by another launch reads as current.
+_epoch = [random.SystemRandom().getrandbits(32)]
+_epoch_lock = threading.Lock()
+
+
+def next_epoch() -> int:
+    """This process's next launch epoch (32 bits)."""
+    with _epoch_lock:
+        _epoch[0] = (_epoch[0] + 1) & 0xFFFFFFFF
+        return _epoch[0]
+
+
+@dataclass(frozen=True)
+class _DeviceFit:
+    """A device's room for the grid: co-resident CTAs and chunks per CTA's ring."""
+
+    ctas: int
+    ring_chunks: int
+
+
+class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
+    source_file = "softmax_rowgroup.cu"
+    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
+    backward: bool = False
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.dtype: DataType = params["dtype"]
+        self.vec: int = 16 // self.dtype.bytes
+        self._fits: dict[int, _DeviceFit] = {}
+
+    # ---- generation --------------------------------------------------------------------
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        return [dict(dtype=dtype) for dtype in softmax_config.DTYPES]
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        return f"{cls.__name__}_{params['dtype']}_rowgroup_peel{16 // params['dtype'].bytes}"
+
+    @classmethod
+    def make_metadata(cls, params: dict) -> KernelMetadata:
+        design = RowReductionDesignMetadata("rowgroup", CONSUMERS, 16, MIN_COLS, None,
+                                            extra=(("peel", True), ("cooperative", True),
+                                                   ("chunk_bytes", CHUNK_BYTES)))
+        return KernelMetadata(cls.instance_name(params), cls,
+                              softmax_operands(params["dtype"], 1, backward=cls.backward), design=design,
+                              min_cc=MIN_CC, max_cc=MAX_CC)
+
+    @classmethod
+    def check_definition(cls) -> None:
+        pass  # names come from name_expression, not kernel_name
+
+    # ---- support --------------------------------------------------------------------------
+    def _supports(self, args: Any) -> Status:
+        name = self.metadata.kernel_name
+        if args.cols > MAX_COLS:
+            return Status.fail(f"{name}: rows of {args.cols:,} elements exceed its 2^31-1")
+        # Any number of rows: the persistent grid takes them in waves.
+        return peel_status(name, args, self.vec)
+
+    # ---- compile: one template instance per dtype and direction ---------------------------
+    def name_expression(self, args: Any) -> str:
+        op = "bwd" if self.backward else "fwd"
+        return f"ka_softmax::{op}_rowgroup<{_TYPES[self.dtype]}, {self.vec}>"
+
+    # ---- plan --------------------------------------------------------------------------------
+    def _fit(self, launcher: Any, device: int) -> _DeviceFit:
+        fit = self._fits.get(device)
+        if fit is None:
+            ring = min(MAX_CHUNKS, launcher.max_dynamic_smem(device) // CHUNK_BYTES)
+            if ring < 1:
+                raise RuntimeError(f"{self.metadata.kernel_name}: device {device} lacks the shared memory "
+                                   f"for one {CHUNK_BYTES}-byte chunk per CTA")
+            ctas = launcher.max_coresident(device, THREADS, ring * CHUNK_BYTES)
+            fit = self._fits[device] = _DeviceFit(ctas, ring)
+        return fit
+
+    def plan(self, args: Any, ctas: int = DEFAULT_SMS, ring_chunks: int = DEFAULT_RING) -> RowGroupPlan:
+        """The plan for ``args`` on ``ctas`` co-resident CTAs with ``ring_chunks``-chunk rings."""
+        return plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, ctas, ring_chunks)
+
+    def launch_config(self, args: Any) -> tuple:
+        p = self.plan(args)
+        return (p.grid, THREADS, p.smem_bytes)
+
+    def get_workspace_size(self, args: Any) -> int:
+        """Two 16-byte slots per CTA of the grid (one CTA per SM; room for two)."""
+        return SLOT_BYTES * 2 * _sm_count(args.device)
+
+    # ---- ranking ---------------------------------------------------------------------------
+    def estimated_cost(self, args: Any, sm_count: int) -> float:
+        """`row_cost`'s units: the plan's modelled time over one pass at full bandwidth, for
+        the peeled edges (1.02) and the family's `performance_hint`. So the cluster-split
+        and looped kernels (two reads: 1.5x and more) lose the long rows, and a lone long
+        row, which they spread over few SMs, comes here too. Rows shorter than `MIN_COLS`
+        stay with the families measured there: four times the cost plus 100, past what the
+        generic model gives them (few rows of 64K elements cost the cluster splits 20-85)."""
+        p = plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, max(sm_count, 1),
+                      DEFAULT_RING)
+        ideal = args.rows * args.cols * self.dtype.bytes * (3 if self.backward else 2) / _BW
+        cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / type(self).performance_hint
+        return cost if args.cols >= MIN_COLS else 4.0 * cost + 100.0
+
+    # ---- launch ------------------------------------------------------------------------------
+    def _launch(self, args: Any, artifact: Any, stream: Any, workspace: Any, params: tuple) -> None:
+        if args.rows == 0 or args.cols == 0:
+            return
+        device = args.device.index
+        if device is None:
+            device = torch.cuda.current_device()
+        launcher = artifact.compiled_obj
+        fit = self._fit(launcher, device)
+        p = self.plan(args, fit.ctas, fit.ring_chunks)
+        if (workspace is None or workspace.numel() * workspace.element_size() < p.workspace_bytes
+                or workspace.data_ptr() % 16):
+            got = "none" if workspace is None else f"{workspace.numel() * workspace.element_size()} bytes at {workspace.data_ptr():#x}"
+            raise ValueError(f"{self.metadata.kernel_name}: needs a 16-byte aligned workspace of {p.workspace_bytes} "
+                             f"bytes (get_workspace_size), got {got}")
+        if p.staged_vectors > p.ring_chunks * chunk_vectors(self.backward) or p.grid > fit.ctas:
+            raise RuntimeError(f"{self.metadata.kernel_name}: inconsistent plan {p} for {fit}")  # (the kernel would trap)
+        tail = (workspace.data_ptr(), next_epoch(), p.ctas_per_row, p.groups, p.staged_vectors, p.ring_chunks)
+        launcher.launch(stream_handle(stream, device), device, p.grid, THREADS, p.smem_bytes, params + tail,
+                        cooperative=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_SMS * 2  # (a bound for planning without a GPU)
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxRowGroupForward(_RowGroupBase):
+    """``out = softmax(x, dim=-1)`` for long rows: S CTAs per row of a cooperative persistent
+    grid, each staging its slice once in shared memory (f32 math)."""
+
+    supported_args_type = SoftmaxArguments
+    backward = False
+
+    def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        rows, cols = args.rows, args.cols
+        x, out = args.x, args.out
+        self._launch(args, artifact, stream, workspace,
+                     (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols))
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxRowGroupBackward(_RowGroupBase):
+    """``grad_in = out * (grad_out - sum(grad_out * out))`` for long rows, dy's and y's slices
+    staged once in shared memory."""
+
+    supported_args_type = SoftmaxBackwardArguments
+    backward = True
+
+    def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        rows, cols = args.rows, args.cols
+        g, y, d = args.grad_out, args.out, args.grad_in
+        self._launch(args, artifact, stream, workspace,
+                     (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols),
+                      _row_stride(y, cols), cols))
