@@ -146,6 +146,8 @@ def test_plan_invariants(ctas, ring):
                     reserve = min(rg.PREFETCH_CHUNKS, ring - 1)
                     assert p.slice_vectors > ring * cv and -(-p.staged_vectors // cv) == ring - reserve, what
                 assert p.workspace_bytes == p.grid * rg.SLOT_BYTES
+                chunks = rg.wave_chunks(p.staged_vectors, backward)
+                assert not p.ahead or (p.ctas_per_row > 1 and 3 * chunks <= ring), what  # two waves held, one coming
 
 
 def test_slices_cover_every_vector_once():
@@ -229,9 +231,10 @@ def test_run_launches_the_plan_cooperatively(cls, monkeypatch):
     assert first["smem"] == p.smem_bytes == 14 * rg.CHUNK_BYTES and first["stream"] == 0x1234
     params = first["params"]
     assert len(params) == _signature_params("bwd_rowgroup" if cls.backward else "fwd_rowgroup")
-    ws_ptr, epoch, S, G, cap, ring = params[-6:]
-    assert (ws_ptr, S, G, cap, ring) == (ws.data_ptr(), p.ctas_per_row, p.groups, p.staged_vectors, p.ring_chunks)
-    assert second["params"][-5] != epoch and 0 <= epoch < 2**32
+    ws_ptr, epoch, S, G, cap, ring, ahead = params[-7:]
+    assert (ws_ptr, S, G, cap, ring, ahead) == (ws.data_ptr(), p.ctas_per_row, p.groups, p.staged_vectors,
+                                                p.ring_chunks, int(p.ahead))
+    assert second["params"][-6] != epoch and 0 <= epoch < 2**32
     if cls.backward:  # dy, y, dx, rows, cols, their row strides
         assert params[:8] == (x.data_ptr(), x.data_ptr(), out.data_ptr(), 32, cols, cols + 8, cols + 8, cols)
     else:  # x, out, rows, cols, their row strides

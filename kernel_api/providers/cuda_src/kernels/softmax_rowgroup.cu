@@ -24,20 +24,24 @@
 //                 (one exp per element; e is rounded to the storage type, which the
 //                 output is rounded to anyway);
 //             the thread's (m, s) merged with its overflow's and edges' online (m, s),
-//             reduced over the CTA, published, combined over the group;
+//             reduced over the CTA, published; later combined over the group;
 //             2.  y = e * exp(m_t - M) / total, from shared memory, each chunk released
 //                 to the producer once read; overflow and edges recomputed from global.
-//   backward: 1.  sum(dy * y) over the slice (staged: dy and y side by side in a chunk);
-//             reduced, published, combined; 2. dx = y * (dy - dot).
+//   backward: 1.  sum(dy * y) over the slice (staged: dy and y side by side in a chunk),
+//             reduced, published; later combined; 2. dx = y * (dy - dot).
+// With `ahead` (the host's choice when the ring holds three waves' chunks), wave w + 1's
+// statistics are taken and published before waiting for wave w's group: the meeting's
+// latency hides behind that work instead of stalling every wave.
 //
-// The group's CTAs meet through the global workspace: per CTA two 16-byte slots (the wave's
-// parity), each a 64-bit tag and two floats. A CTA writes its partial, then release-stores
-// the tag of (launch, wave); its peers acquire-load the tags of all S slots until each reads
-// the current one (spinning with nanosleep). Tags carry a per-launch value (the host's
-// epoch mixed with %gridid), so stale or uninitialised workspace never reads as current and
-// no launch has to reset anything: the workspace may come fresh from any allocator. Two
-// slots per CTA, because a CTA may publish wave w + 1 while a slow peer still reads wave w;
-// it cannot publish w + 2 before every peer published w + 1, i.e. finished reading w.
+// The group's CTAs meet through the global workspace: per CTA RG_SLOTS 16-byte slots (by
+// wave, modulo RG_SLOTS), each a 64-bit tag and two floats. A CTA writes its partial, then
+// release-stores the tag of (launch, wave); its peers acquire-load the tags of all S slots
+// until each reads the current one (spinning with nanosleep). Tags carry a per-launch value
+// (the host's epoch mixed with %gridid), so stale or uninitialised workspace never reads as
+// current and no launch has to reset anything: the workspace may come fresh from any
+// allocator. Four slots per CTA: a CTA publishes wave w + 4 (the slot of w) only after it
+// has seen every peer's wave w + 2, which each peer publishes only after reading all of wave
+// w (with `ahead`, a peer publishes w + 1 before it reads w; without, two would do).
 // Every CTA of a group combines the S partials in the same order, so all agree bit for bit.
 
 namespace ka_softmax {
@@ -127,8 +131,10 @@ __device__ __forceinline__ unsigned launch_tag(i64 epoch) {
   return (unsigned)epoch ^ ((unsigned)g * 0x9E3779B1u);
 }
 
-// Workspace slot of CTA `cta` for waves of parity `par`: {tag, a, b} in 16 bytes.
-__device__ __forceinline__ u64* slot_of(u64* ws, i64 cta, int par) { return ws + (cta * 2 + par) * 2; }
+// Workspace slot of CTA `cta` for wave `w`: {tag, a, b} in 16 bytes, RG_SLOTS per CTA.
+#define RG_SLOTS 4
+__device__ __forceinline__ u64* slot_of(u64* ws, i64 cta, i64 w) { return ws + (cta * RG_SLOTS + (w & (RG_SLOTS - 1))) * 2; }
+__device__ __forceinline__ u64 tag_of(unsigned hi, i64 w) { return ((u64)hi << 32) | (unsigned)w; }
 
 __device__ __forceinline__ void publish(u64* slot, u64 tag, float a, float b) {
   float* v = reinterpret_cast<float*>(slot + 1);
@@ -226,9 +232,10 @@ __device__ __forceinline__ uint4 pack16(const float (&f)[VEC]) {
 
 // Launch arguments the host planned; a violation would deadlock the ring or the groups, so
 // it traps (the interface never launches one).
-__device__ __forceinline__ void check_plan(i64 S, i64 G, i64 cap, i64 ring, int cv) {
-  if (S < 1 || G < 1 || ring < 1 || ring > RG_MAX_CHUNKS || cap < 0 || cap > ring * cv || (i64)gridDim.x != S * G ||
-      blockDim.x != RG_THREADS)
+__device__ __forceinline__ void check_plan(i64 S, i64 G, i64 cap, i64 ring, i64 ahead, int cv) {
+  const i64 chunks = (cap + cv - 1) / cv;
+  if (S < 1 || G < 1 || ring < 1 || ring > RG_MAX_CHUNKS || cap < 0 || chunks > ring || ahead < 0 || ahead > 1 ||
+      (ahead && 2 * chunks > ring) || (i64)gridDim.x != S * G || blockDim.x != RG_THREADS)
     __trap();
 }
 
@@ -286,235 +293,305 @@ __device__ __forceinline__ void release(u64* empty, int sl) {
   if ((threadIdx.x & 31) == 0) mbar_arrive(empty + sl);
 }
 
-template <class T, int VEC>
-__device__ void fwd_consume(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y, i64 rows, int cols,
-                            i64 ldx, i64 ldy, u64* ws, unsigned hi, int S, int G, int cap, int ring, uint4* rbuf,
-                            u64* full, u64* empty, float* red, float* bc) {
-  typedef typename T::raw R;
-  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4, VPT = CV / NC;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int rank = blockIdx.x % S, group = blockIdx.x / S;
-  int slot = 0;  // ring position of this wave's first chunk, and its fill parity
-  unsigned phase = 0;
-  i64 w = 0;
-  for (i64 r = group; r < rows; r += G, ++w) {
-    const R* xr = x + r * ldx;
-    R* yr = y + r * ldy;
-    const RowSlice s = row_slice<T, VEC>(xr, cols, S, rank, cap, CV);
-    const R* xb = xr + s.sp.head + s.v0 * VEC;
-    R* yb = yr + s.sp.head + s.v0 * VEC;
-    const int over = s.n - s.staged;
-    // Overflow and edges first (global loads, while the staged chunks land): online (m, s).
-    float eh = -KA_INF, et = -KA_INF;
-    if (rank == 0) load_edges<T, VEC>(xr, s.sp, t, -KA_INF, eh, et);
-    float mo, so;
-    online_stats<T, VEC, 4, NC>(xb + (i64)s.staged * VEC, over, t, eh, et, mo, so);
-    // 1a. the thread's max over its staged vectors
-    float ms = -KA_INF;
-    {
-      int sl = slot;
-      unsigned ph = phase;
-      for (int k = 0; k < s.nch; ++k) {
-        mbar_wait(&full[sl], ph);
-        const uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-          if (k * CV + i * NC + t < s.staged) {
-            float f[VEC];
-            unpack16<T, VEC>(cb[i * NC + t], f);
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
-          }
-        }
-        if (++sl == ring) {
-          sl = 0;
-          ph ^= 1u;
-        }
-      }
-    }
-    // 1b. e = exp(x - ms) in place, and its sum (nothing to do when all were -inf)
-    float ss = 0.f;
-    if (ms != -KA_INF) {
-      int sl = slot;
-      for (int k = 0; k < s.nch; ++k) {
-        uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-          if (k * CV + i * NC + t < s.staged) {
-            float f[VEC];
-            unpack16<T, VEC>(cb[i * NC + t], f);
-            float part = 0.f;
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) {
-              f[q] = exp_shifted(f[q], ms);
-              part += f[q];
-            }
-            ss += part;
-            cb[i * NC + t] = pack16<T, VEC>(f);
-          }
-        }
-        if (++sl == ring) sl = 0;
-      }
-    }
-    float m = ms, sum = ss;
-    pair_merge(m, sum, mo, so);
-    cta_pair(m, sum, red);
-    if (warp == 0) {
-      if (S > 1) {
-        const u64 tag = ((u64)hi << 32) | (unsigned)w;
-        const int par = (int)(w & 1);
-        if (lane == 0) publish(slot_of(ws, blockIdx.x, par), tag, m, sum);
-        float gm = -KA_INF, gs = 0.f;
-        for (int p = lane; p < S; p += 32) {
-          const u64* ps = slot_of(ws, (i64)group * S + p, par);
-          wait_tag(ps, tag);
-          const float* v = reinterpret_cast<const float*>(ps + 1);
-          pair_merge(gm, gs, ld_relaxed(v), ld_relaxed(v + 1));
-        }
-        warp_pair(gm, gs);
-        m = gm;
-        sum = gs;
-      }
-      if (lane == 0) {
-        bc[0] = m;
-        bc[1] = sum;
-      }
-    }
-    consumer_sync();
-    const float row_max = bc[0];
-    // An all -inf row gives NaN, as torch.softmax does.
-    const float inv = row_max == -KA_INF ? __int_as_float(0x7fc00000) : 1.f / bc[1];
-    const float scale = ms == -KA_INF ? 0.f * inv : exp_shifted(ms, row_max) * inv;
-    // 2. output: staged from shared memory, releasing each chunk; overflow and edges again
-    {
-      int sl = slot;
-      for (int k = 0; k < s.nch; ++k) {
-        const uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-          const int v = k * CV + i * NC + t;
-          if (v < s.staged) {
-            float f[VEC];
-            if (ms != -KA_INF) {
-              unpack16<T, VEC>(cb[i * NC + t], f);
-            } else {
-#pragma unroll
-              for (int q = 0; q < VEC; ++q) f[q] = 0.f;
-            }
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) f[q] *= scale;
-            store_vec<T, VEC>(yb + (i64)v * VEC, f);
-          }
-        }
-        release<true>(empty, sl);
-        if (++sl == ring) sl = 0;
-      }
-    }
-    write_scaled<T, VEC, 4, NC>(xb + (i64)s.staged * VEC, yb + (i64)s.staged * VEC, over, t, row_max, inv);
-    if (rank == 0) store_edges<T, VEC>(yr, s.sp, t, exp_shifted(eh, row_max) * inv, exp_shifted(et, row_max) * inv);
-    // advance the ring past this wave's chunks
-    slot += s.nch;
-    while (slot >= ring) {
-      slot -= ring;
-      phase ^= 1u;
-    }
+// What the consumers share: the operands (forward: a = x, out = y; backward: a = dy, b = y,
+// out = dx), the plan, this CTA's place in it, and the shared-memory ring and scratch.
+template <class T>
+struct Ctx {
+  const typename T::raw* a;
+  const typename T::raw* b;
+  typename T::raw* out;
+  i64 rows, lda, ldb, ldo;
+  int cols, S, G, cap, ring, rank, group;
+  u64* ws;
+  unsigned hi;
+  uint4* rbuf;
+  u64* full;
+  u64* empty;
+  float* red;  // [2][64]: by wave parity, as two waves' reductions may be in flight
+  float* bc;
+};
+
+// A wave between its statistics and its output: row, wave number, the ring position (and
+// fill parity) of its first chunk and its chunk count (the output recomputes the slice,
+// which saves registers), what the output needs again (forward: the thread's staged max
+// and its edge elements; backward: the edges of dy, y), and the CTA's partial (warp 0).
+struct Wave {
+  i64 r, w;
+  int slot, nch;
+  unsigned phase;
+  float ms, e0, e1, e2, e3;
+  float ca, cb;
+};
+
+__device__ __forceinline__ void advance(int& slot, unsigned& phase, int nch, int ring) {
+  slot += nch;
+  while (slot >= ring) {
+    slot -= ring;
+    phase ^= 1u;
   }
 }
 
+// Forward statistics of wave P (P.r, P.w, P.slot, P.phase set): overflow and edges first
+// (global loads, while the staged chunks land); 1a. the thread's max over its staged
+// vectors; 1b. e = exp(x - max) in place and its sum; the CTA's (m, s) published.
 template <class T, int VEC>
-__device__ void bwd_consume(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
-                            typename T::raw* __restrict__ dx, i64 rows, int cols, i64 lddy, i64 ldy, i64 lddx, u64* ws,
-                            unsigned hi, int S, int G, int cap, int ring, uint4* rbuf, u64* full, u64* empty,
-                            float* red, float* bc) {
+__device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
+  typedef typename T::raw R;
+  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4, VPT = CV / NC;
+  const int t = threadIdx.x;
+  const R* xr = c.a + P.r * c.lda;
+  const RowSlice s = row_slice<T, VEC>(xr, c.cols, c.S, c.rank, c.cap, CV);
+  P.nch = s.nch;
+  const R* xb = xr + s.sp.head + s.v0 * VEC;
+  P.e0 = P.e1 = -KA_INF;
+  if (c.rank == 0) load_edges<T, VEC>(xr, s.sp, t, -KA_INF, P.e0, P.e1);
+  float mo, so;
+  online_stats<T, VEC, 2, NC>(xb + (i64)s.staged * VEC, s.n - s.staged, t, P.e0, P.e1, mo, so);
+  float ms = -KA_INF;
+  {
+    int sl = P.slot;
+    unsigned ph = P.phase;
+    for (int k = 0; k < s.nch; ++k) {
+      mbar_wait(&c.full[sl], ph);
+      const uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        if (k * CV + i * NC + t < s.staged) {
+          float f[VEC];
+          unpack16<T, VEC>(cb[i * NC + t], f);
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
+        }
+      }
+      if (++sl == c.ring) {
+        sl = 0;
+        ph ^= 1u;
+      }
+    }
+  }
+  float ss = 0.f;
+  if (ms != -KA_INF) {  // (all -inf: nothing to store; the output pass writes zeros)
+    int sl = P.slot;
+    for (int k = 0; k < s.nch; ++k) {
+      uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        if (k * CV + i * NC + t < s.staged) {
+          float f[VEC];
+          unpack16<T, VEC>(cb[i * NC + t], f);
+          float part = 0.f;
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) {
+            f[q] = exp_shifted(f[q], ms);
+            part += f[q];
+          }
+          ss += part;
+          cb[i * NC + t] = pack16<T, VEC>(f);
+        }
+      }
+      if (++sl == c.ring) sl = 0;
+    }
+  }
+  P.ms = ms;
+  float m = ms, sum = ss;
+  pair_merge(m, sum, mo, so);
+  cta_pair(m, sum, c.red + (P.w & 1) * 64);
+  P.ca = m;
+  P.cb = sum;
+  if (t == 0 && c.S > 1) publish(slot_of(c.ws, blockIdx.x, P.w), tag_of(c.hi, P.w), m, sum);
+}
+
+// Forward output of wave P: the group's (max, sum) (warp 0 waits for the S partials), then
+// y from shared memory, releasing each chunk, and the overflow and edges from global.
+template <class T, int VEC>
+__device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
+  typedef typename T::raw R;
+  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4, VPT = CV / NC;
+  const int t = threadIdx.x, lane = t & 31;
+  if ((t >> 5) == 0) {
+    float m = P.ca, sum = P.cb;
+    if (c.S > 1) {
+      const u64 tag = tag_of(c.hi, P.w);
+      m = -KA_INF;
+      sum = 0.f;
+      for (int p = lane; p < c.S; p += 32) {
+        const u64* ps = slot_of(c.ws, (i64)c.group * c.S + p, P.w);
+        wait_tag(ps, tag);
+        const float* v = reinterpret_cast<const float*>(ps + 1);
+        pair_merge(m, sum, ld_relaxed(v), ld_relaxed(v + 1));
+      }
+      warp_pair(m, sum);
+    }
+    if (lane == 0) {
+      c.bc[0] = m;
+      c.bc[1] = sum;
+    }
+  }
+  consumer_sync();
+  const float row_max = c.bc[0];
+  // An all -inf row gives NaN, as torch.softmax does.
+  const float inv = row_max == -KA_INF ? __int_as_float(0x7fc00000) : 1.f / c.bc[1];
+  const float ms = P.ms;
+  const float scale = ms == -KA_INF ? 0.f * inv : exp_shifted(ms, row_max) * inv;
+  const R* xr = c.a + P.r * c.lda;
+  R* yr = c.out + P.r * c.ldo;
+  const RowSlice s = row_slice<T, VEC>(xr, c.cols, c.S, c.rank, c.cap, CV);
+  const i64 o = s.sp.head + s.v0 * VEC;
+  int sl = P.slot;
+  for (int k = 0; k < s.nch; ++k) {
+    const uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = k * CV + i * NC + t;
+      if (v < s.staged) {
+        float f[VEC];
+        if (ms != -KA_INF) {
+          unpack16<T, VEC>(cb[i * NC + t], f);
+        } else {
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) f[q] = 0.f;
+        }
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) f[q] *= scale;
+        store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
+      }
+    }
+    release<true>(c.empty, sl);
+    if (++sl == c.ring) sl = 0;
+  }
+  const i64 oo = o + (i64)s.staged * VEC;
+  write_scaled<T, VEC, 2, NC>(xr + oo, yr + oo, s.n - s.staged, t, row_max, inv);
+  if (c.rank == 0) store_edges<T, VEC>(yr, s.sp, t, exp_shifted(P.e0, row_max) * inv, exp_shifted(P.e1, row_max) * inv);
+}
+
+// Backward statistics of wave P: sum(dy * y) over the overflow, the edges and the staged
+// chunks (dy's vectors, then y's), published.
+template <class T, int VEC>
+__device__ void bwd_stats(const Ctx<T>& c, Wave& P) {
   typedef typename T::raw R;
   constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4 / 2, VPT = CV / NC;
   static_assert(VPT >= 1, "a backward chunk holds at least one vector per consumer");
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int rank = blockIdx.x % S, group = blockIdx.x / S;
+  const int t = threadIdx.x;
+  const R* gr = c.a + P.r * c.lda;
+  const R* yr = c.b + P.r * c.ldb;
+  const RowSlice s = row_slice<T, VEC>(yr, c.cols, c.S, c.rank, c.cap, CV);
+  P.nch = s.nch;
+  const i64 oo = s.sp.head + (s.v0 + s.staged) * VEC;  // the overflow's first element
+  P.e0 = P.e1 = P.e2 = P.e3 = 0.f;
+  if (c.rank == 0) {
+    load_edges<T, VEC>(gr, s.sp, t, 0.f, P.e0, P.e1);
+    load_edges<T, VEC>(yr, s.sp, t, 0.f, P.e2, P.e3);
+  }
+  float dot = P.e0 * P.e2 + P.e1 * P.e3 + dot_stats<T, VEC, 2, NC>(gr + oo, yr + oo, s.n - s.staged, t);
+  int sl = P.slot;
+  unsigned ph = P.phase;
+  for (int k = 0; k < s.nch; ++k) {
+    mbar_wait(&c.full[sl], ph);
+    const uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (k * CV + i * NC + t < s.staged) {
+        float g[VEC], v[VEC];
+        unpack16<T, VEC>(cb[i * NC + t], g);
+        unpack16<T, VEC>(cb[CV + i * NC + t], v);
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) dot = fmaf(g[q], v[q], dot);
+      }
+    }
+    if (++sl == c.ring) {
+      sl = 0;
+      ph ^= 1u;
+    }
+  }
+  dot = cta_sum(dot, c.red + (P.w & 1) * 64);
+  P.ca = dot;
+  if (t == 0 && c.S > 1) publish(slot_of(c.ws, blockIdx.x, P.w), tag_of(c.hi, P.w), dot, 0.f);
+}
+
+// Backward output of wave P: the group's sum(dy * y), then dx = y * (dy - dot).
+template <class T, int VEC>
+__device__ void bwd_finish(const Ctx<T>& c, const Wave& P) {
+  typedef typename T::raw R;
+  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4 / 2, VPT = CV / NC;
+  const int t = threadIdx.x, lane = t & 31;
+  if ((t >> 5) == 0) {
+    float dot = P.ca;
+    if (c.S > 1) {
+      const u64 tag = tag_of(c.hi, P.w);
+      float total = 0.f;
+      for (int p = lane; p < c.S; p += 32) {
+        const u64* ps = slot_of(c.ws, (i64)c.group * c.S + p, P.w);
+        wait_tag(ps, tag);
+        total += ld_relaxed(reinterpret_cast<const float*>(ps + 1));
+      }
+      dot = warp_sum(total);
+    }
+    if (lane == 0) c.bc[0] = dot;
+  }
+  consumer_sync();
+  const float dot = c.bc[0];
+  const R* gr = c.a + P.r * c.lda;
+  const R* yr = c.b + P.r * c.ldb;
+  const RowSlice s = row_slice<T, VEC>(yr, c.cols, c.S, c.rank, c.cap, CV);
+  R* dr = c.out + P.r * c.ldo;
+  const i64 o = s.sp.head + s.v0 * VEC;
+  int sl = P.slot;
+  for (int k = 0; k < s.nch; ++k) {
+    const uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = k * CV + i * NC + t;
+      if (v < s.staged) {
+        float g[VEC], u[VEC];
+        unpack16<T, VEC>(cb[i * NC + t], g);
+        unpack16<T, VEC>(cb[CV + i * NC + t], u);
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) g[q] = u[q] * (g[q] - dot);
+        store_vec<T, VEC>(dr + o + (i64)v * VEC, g);
+      }
+    }
+    release<false>(c.empty, sl);
+    if (++sl == c.ring) sl = 0;
+  }
+  const i64 oo = o + (i64)s.staged * VEC;
+  write_grad<T, VEC, 2, NC>(gr + oo, yr + oo, dr + oo, s.n - s.staged, t, dot);
+  if (c.rank == 0) store_edges<T, VEC>(dr, s.sp, t, P.e2 * (P.e0 - dot), P.e3 * (P.e1 - dot));
+}
+
+// The consumers' waves. With `ahead`, wave w + 1's statistics are taken and published
+// before waiting for wave w's group, so the meeting's latency hides behind that work (the
+// ring then holds two waves' chunks: the host allows it only when three fit).
+template <class T, int VEC, bool BWD>
+__device__ void consume(const Ctx<T>& c, bool ahead) {
   int slot = 0;
   unsigned phase = 0;
-  i64 w = 0;
-  for (i64 r = group; r < rows; r += G, ++w) {
-    const R* gr = dy + r * lddy;
-    const R* yr = y + r * ldy;
-    R* dr = dx + r * lddx;
-    const RowSlice s = row_slice<T, VEC>(yr, cols, S, rank, cap, CV);
-    const i64 o = s.sp.head + s.v0 * VEC;
-    const i64 oo = o + (i64)s.staged * VEC;  // the overflow's first element
-    const int over = s.n - s.staged;
-    float gh = 0.f, gt = 0.f, yh = 0.f, yt = 0.f;
-    if (rank == 0) {
-      load_edges<T, VEC>(gr, s.sp, t, 0.f, gh, gt);
-      load_edges<T, VEC>(yr, s.sp, t, 0.f, yh, yt);
+  Wave P, N;
+  P.r = c.group;
+  P.w = 0;
+  P.slot = slot;
+  P.phase = phase;
+  if (P.r >= c.rows) return;  // (the host makes G <= rows)
+  if constexpr (BWD) bwd_stats<T, VEC>(c, P); else fwd_stats<T, VEC>(c, P);
+  advance(slot, phase, P.nch, c.ring);
+  for (;;) {
+    const bool more = P.r + c.G < c.rows;
+    if (more) {
+      N.r = P.r + c.G;
+      N.w = P.w + 1;
+      N.slot = slot;
+      N.phase = phase;
     }
-    float dot = gh * yh + gt * yt + dot_stats<T, VEC, 2, NC>(gr + oo, yr + oo, over, t);
-    {
-      int sl = slot;
-      unsigned ph = phase;
-      for (int k = 0; k < s.nch; ++k) {
-        mbar_wait(&full[sl], ph);
-        const uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-          if (k * CV + i * NC + t < s.staged) {
-            float g[VEC], v[VEC];
-            unpack16<T, VEC>(cb[i * NC + t], g);
-            unpack16<T, VEC>(cb[CV + i * NC + t], v);
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) dot = fmaf(g[q], v[q], dot);
-          }
-        }
-        if (++sl == ring) {
-          sl = 0;
-          ph ^= 1u;
-        }
-      }
+    if (more && ahead) {
+      if constexpr (BWD) bwd_stats<T, VEC>(c, N); else fwd_stats<T, VEC>(c, N);
+      advance(slot, phase, N.nch, c.ring);
     }
-    dot = cta_sum(dot, red);
-    if (warp == 0) {
-      if (S > 1) {
-        const u64 tag = ((u64)hi << 32) | (unsigned)w;
-        const int par = (int)(w & 1);
-        if (lane == 0) publish(slot_of(ws, blockIdx.x, par), tag, dot, 0.f);
-        float total = 0.f;
-        for (int p = lane; p < S; p += 32) {
-          const u64* ps = slot_of(ws, (i64)group * S + p, par);
-          wait_tag(ps, tag);
-          total += ld_relaxed(reinterpret_cast<const float*>(ps + 1));
-        }
-        dot = warp_sum(total);
-      }
-      if (lane == 0) bc[0] = dot;
+    if constexpr (BWD) bwd_finish<T, VEC>(c, P); else fwd_finish<T, VEC>(c, P);
+    if (!more) break;
+    if (!ahead) {
+      if constexpr (BWD) bwd_stats<T, VEC>(c, N); else fwd_stats<T, VEC>(c, N);
+      advance(slot, phase, N.nch, c.ring);
     }
-    consumer_sync();
-    dot = bc[0];
-    {
-      int sl = slot;
-      for (int k = 0; k < s.nch; ++k) {
-        const uint4* cb = rbuf + (i64)sl * RG_CHUNK_U4;
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-          const int v = k * CV + i * NC + t;
-          if (v < s.staged) {
-            float g[VEC], u[VEC];
-            unpack16<T, VEC>(cb[i * NC + t], g);
-            unpack16<T, VEC>(cb[CV + i * NC + t], u);
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) g[q] = u[q] * (g[q] - dot);
-            store_vec<T, VEC>(dr + o + (i64)v * VEC, g);
-          }
-        }
-        release<false>(empty, sl);
-        if (++sl == ring) sl = 0;
-      }
-    }
-    write_grad<T, VEC, 2, NC>(gr + oo, yr + oo, dr + oo, over, t, dot);
-    if (rank == 0) store_edges<T, VEC>(dr, s.sp, t, yh * (gh - dot), yt * (gt - dot));
-    slot += s.nch;
-    while (slot >= ring) {
-      slot -= ring;
-      phase ^= 1u;
-    }
+    P = N;
   }
 }
 
@@ -526,11 +603,11 @@ extern __shared__ __align__(128) uint4 rg_ring[];
 template <class T, int VEC>
 __global__ void __launch_bounds__(RG_THREADS, 1)
     fwd_rowgroup(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y, i64 rows, i64 cols, i64 ldx,
-                 i64 ldy, u64* ws, i64 epoch, i64 S, i64 G, i64 cap, i64 ring) {
+                 i64 ldy, u64* ws, i64 epoch, i64 S, i64 G, i64 cap, i64 ring, i64 ahead) {
   __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
-  __shared__ float red[64];
+  __shared__ float red[128];
   __shared__ float bc[2];
-  rowgroup::check_plan(S, G, cap, ring, RG_CHUNK_U4);
+  rowgroup::check_plan(S, G, cap, ring, ahead, RG_CHUNK_U4);
   rowgroup::init_ring(full, empty, (int)ring);
   if (threadIdx.x >= RG_CONSUMERS) {
     if (threadIdx.x == RG_CONSUMERS)
@@ -538,19 +615,21 @@ __global__ void __launch_bounds__(RG_THREADS, 1)
                                        full, empty);
     return;
   }
-  rowgroup::fwd_consume<T, VEC>(x, y, rows, (int)cols, ldx, ldy, ws, rowgroup::launch_tag(epoch), (int)S, (int)G,
-                                (int)cap, (int)ring, rg_ring, full, empty, red, bc);
+  const rowgroup::Ctx<T> c{x, x, y, rows, ldx, ldx, ldy, (int)cols, (int)S, (int)G, (int)cap, (int)ring,
+                           (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, rowgroup::launch_tag(epoch), rg_ring,
+                           full, empty, red, bc};
+  rowgroup::consume<T, VEC, false>(c, ahead != 0);
 }
 
 template <class T, int VEC>
 __global__ void __launch_bounds__(RG_THREADS, 1)
     bwd_rowgroup(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
                  typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy, i64 ldy, i64 lddx, u64* ws, i64 epoch,
-                 i64 S, i64 G, i64 cap, i64 ring) {
+                 i64 S, i64 G, i64 cap, i64 ring, i64 ahead) {
   __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
-  __shared__ float red[64];
+  __shared__ float red[128];
   __shared__ float bc[2];
-  rowgroup::check_plan(S, G, cap, ring, RG_CHUNK_U4 / 2);
+  rowgroup::check_plan(S, G, cap, ring, ahead, RG_CHUNK_U4 / 2);
   rowgroup::init_ring(full, empty, (int)ring);
   if (threadIdx.x >= RG_CONSUMERS) {
     if (threadIdx.x == RG_CONSUMERS)
@@ -558,8 +637,10 @@ __global__ void __launch_bounds__(RG_THREADS, 1)
                                       full, empty);
     return;
   }
-  rowgroup::bwd_consume<T, VEC>(dy, y, dx, rows, (int)cols, lddy, ldy, lddx, ws, rowgroup::launch_tag(epoch), (int)S,
-                                (int)G, (int)cap, (int)ring, rg_ring, full, empty, red, bc);
+  const rowgroup::Ctx<T> c{dy, y, dx, rows, lddy, ldy, lddx, (int)cols, (int)S, (int)G, (int)cap, (int)ring,
+                           (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, rowgroup::launch_tag(epoch), rg_ring,
+                           full, empty, red, bc};
+  rowgroup::consume<T, VEC, true>(c, ahead != 0);
 }
 
 }  // namespace ka_softmax

@@ -72,8 +72,8 @@ THREADS = CONSUMERS + 32
 CHUNK_BYTES, MAX_CHUNKS = 16384, 16
 #: Chunks left free for the next wave's copies when a slice overflows the ring.
 PREFETCH_CHUNKS = 4
-#: Workspace bytes per CTA: two slots of {64-bit tag, two floats}.
-SLOT_BYTES = 32
+#: Workspace bytes per CTA: four slots of {64-bit tag, two floats} (softmax_rowgroup.cu's RG_SLOTS).
+SLOT_BYTES = 64
 #: What the plan assumes without a GPU (an H100 / H200): SMs, and dynamic shared memory a
 #: CTA may have (227 KB) less the kernel's static barriers and reduction scratch.
 DEFAULT_SMS = 132
@@ -88,7 +88,7 @@ MIN_CC, MAX_CC = 90, 100
 # round trip through L2), a lone CTA's own reduction, elements per microsecond one SM's
 # consumers process from shared memory, and the cost of an overflow byte read again from L2.
 _BW, _SM_BW = 3.6e6, 8.0e4
-_T_MEET, _T_SOLO = 2.0, 0.3
+_T_MEET, _T_SOLO = 3.0, 0.3
 _RATE = {False: 2.0e4, True: 4.0e4}
 _L2_REREAD = 0.5
 
@@ -106,7 +106,10 @@ class RowGroupPlan:
     ``waves`` = ceil(rows / G). Each CTA's slice holds at most ``slice_vectors`` 16-byte
     vectors (per array), of which up to ``staged_vectors`` go through the shared-memory
     ring of ``ring_chunks`` chunks; the rest (``overflow_vectors``) is read twice.
-    ``estimate_us``: the model's time on an H100/H200-like GPU.
+    ``ahead``: the consumers take (and publish) a wave's statistics before waiting for the
+    previous wave's group, which needs two waves' chunks in the ring (the plan asks for three,
+    so that the copies still run ahead). ``estimate_us``: the model's time on an
+    H100/H200-like GPU.
     """
 
     ctas_per_row: int
@@ -116,6 +119,7 @@ class RowGroupPlan:
     staged_vectors: int
     ring_chunks: int
     backward: bool
+    ahead: bool
     estimate_us: float
 
     @property
@@ -147,25 +151,39 @@ def slice_bounds(nvec: int, ctas_per_row: int, rank: int) -> tuple[int, int]:
     return nvec * rank // ctas_per_row, nvec * (rank + 1) // ctas_per_row
 
 
+def wave_chunks(staged_vectors: int, backward: bool) -> int:
+    """Ring chunks one wave's staged slice takes."""
+    return -(-staged_vectors // chunk_vectors(backward))
+
+
+def looks_ahead(ctas_per_row: int, staged_vectors: int, ring_chunks: int, backward: bool) -> bool:
+    """Whether the consumers publish a wave before waiting for the previous one's group: when
+    there is a group to wait for and the ring holds three waves' chunks."""
+    return ctas_per_row > 1 and 3 * wave_chunks(staged_vectors, backward) <= ring_chunks
+
+
 def estimate_us(rows: int, cols: int, elem_bytes: int, backward: bool, ctas_per_row: int, groups: int,
                 slice_vectors: int, staged_vectors: int, ring_chunks: int) -> float:
     """The model's run time of a plan (microseconds).
 
     Per wave, a CTA moves its slice (reads and the write; an overflow's second read at half
-    a DRAM byte) at its share of the bandwidth (D), and spends the group's meeting plus its
-    shared-memory passes (C). With ring chunks free for the next wave's copies the two
-    overlap (a wave takes max(D, C)); without, they add. One wave is load, meet, store.
+    a DRAM byte) at its share of the bandwidth (D), and spends its shared-memory passes and
+    the group's meeting (C; looking ahead, the meeting overlaps the next wave's statistics,
+    about half the passes). With ring chunks free for the next wave's copies the two overlap
+    (a wave takes max(D, C)); without, they add. One wave is load, meet, store.
     """
     S, G = ctas_per_row, groups
     waves = -(-rows // G)
     arrays = 2 if backward else 1
     vec = 16 // elem_bytes
-    cv = chunk_vectors(backward)
     overflow = slice_vectors - staged_vectors
     moved = slice_vectors * 16 * (arrays + 1) + overflow * 16 * arrays * _L2_REREAD
-    chunks = max(1, -(-staged_vectors // cv))
-    overlap = min(1.0, max(0, ring_chunks - chunks) / chunks)
-    compute = (_T_MEET if S > 1 else _T_SOLO) + slice_vectors * vec / _RATE[backward]
+    chunks = max(1, wave_chunks(staged_vectors, backward))
+    ahead = looks_ahead(S, staged_vectors, ring_chunks, backward)
+    overlap = min(1.0, max(0, ring_chunks - chunks * (2 if ahead else 1)) / chunks)
+    work = slice_vectors * vec / _RATE[backward]
+    meet = _T_MEET if S > 1 else _T_SOLO
+    compute = work + (max(0.0, meet - work / 2) if ahead else meet)
 
     def wave(active: int) -> float:
         d = moved / min(_BW / (active * S), _SM_BW)
@@ -200,7 +218,8 @@ def plan_rows(rows: int, cols: int, elem_bytes: int, backward: bool, ctas: int =
         if best is None or t < best[0]:
             best = (t, S, G, slice_vectors, staged)
     t, S, G, slice_vectors, staged = best
-    return RowGroupPlan(S, G, -(-rows // G), slice_vectors, staged, ring_chunks, backward, t)
+    return RowGroupPlan(S, G, -(-rows // G), slice_vectors, staged, ring_chunks, backward,
+                        looks_ahead(S, staged, ring_chunks, backward), t)
 
 
 # Tags of the workspace slots carry a per-launch 32-bit epoch (a random start, then a counter)
@@ -291,7 +310,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         return (p.grid, THREADS, p.smem_bytes)
 
     def get_workspace_size(self, args: Any) -> int:
-        """Two 16-byte slots per CTA of the grid (one CTA per SM; room for two)."""
+        """`SLOT_BYTES` per CTA of the grid (one CTA per SM; room for two)."""
         return SLOT_BYTES * 2 * _sm_count(args.device)
 
     # ---- ranking ---------------------------------------------------------------------------
@@ -323,9 +342,11 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
             got = "none" if workspace is None else f"{workspace.numel() * workspace.element_size()} bytes at {workspace.data_ptr():#x}"
             raise ValueError(f"{self.metadata.kernel_name}: needs a 16-byte aligned workspace of {p.workspace_bytes} "
                              f"bytes (get_workspace_size), got {got}")
-        if p.staged_vectors > p.ring_chunks * chunk_vectors(self.backward) or p.grid > fit.ctas:
+        chunks = wave_chunks(p.staged_vectors, self.backward)
+        if chunks > p.ring_chunks or (p.ahead and 2 * chunks > p.ring_chunks) or p.grid > fit.ctas:
             raise RuntimeError(f"{self.metadata.kernel_name}: inconsistent plan {p} for {fit}")  # (the kernel would trap)
-        tail = (workspace.data_ptr(), next_epoch(), p.ctas_per_row, p.groups, p.staged_vectors, p.ring_chunks)
+        tail = (workspace.data_ptr(), next_epoch(), p.ctas_per_row, p.groups, p.staged_vectors, p.ring_chunks,
+                int(p.ahead))
         launcher.launch(stream_handle(stream, device), device, p.grid, THREADS, p.smem_bytes, params + tail,
                         cooperative=True)
 
