@@ -186,6 +186,9 @@ def _pipelined_measure(monkeypatch, errors=None, broken=()):
             self.metadata = type("M", (), {"kernel_name": name})()
             self.fails = fails
 
+        def compile_key(self, args, cc):
+            return ("signature", cc)
+
         def compile(self, args):
             events.append(("compile", self.metadata.kernel_name))
             if self.fails:
@@ -211,11 +214,14 @@ def _pipelined_measure(monkeypatch, errors=None, broken=()):
             return {"median_ms": 1.0}
 
     class Args:
+        device_index = 0
+
         def tensors(self):
             return {}
 
     shared = Args()
     monkeypatch.setattr(policies, "QueuedTiming", FakeTiming)
+    monkeypatch.setattr(policies, "device_cc", lambda index: 90)
     monkeypatch.setattr(policies, "random_like", lambda a: shared)
     monkeypatch.setattr(policies, "reference", lambda a: torch.zeros(1))
     monkeypatch.setattr(policies, "relative_error_tensor",
@@ -225,29 +231,47 @@ def _pipelined_measure(monkeypatch, errors=None, broken=()):
     return Fake, events, shared
 
 
-def test_pick_best_loads_the_next_candidate_while_the_gpu_runs_this_one(monkeypatch):
-    """PickBest._measure: candidate n+1 is compiled after candidate n's launches are queued and
-    before they are waited for (its own first launch waits until the GPU is idle), and a
-    failure of that early compile is n+1's."""
+def test_pick_best_verifies_every_candidate_before_queueing_timed_launches(monkeypatch):
+    """PickBest._measure: pass 1 loads each candidate (the next one while the GPU checks this
+    one) and queues its check; pass 2 queues the timed launches, waiting for candidate n only
+    after n+2 is queued. A failed early load is its own candidate's failure."""
     from kernel_api.tuning import policies
 
     Fake, events, args = _pipelined_measure(monkeypatch)
-    found = policies.PickBest()._measure(args, [Fake("a"), Fake("b"), Fake("c")])
-    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "b"), ("waited", "a"),
-                      ("run", "b"), ("queued", "b"), ("compile", "c"), ("waited", "b"),
-                      ("run", "c"), ("queued", "c"), ("waited", "c")]
-    assert [(m.kernel_name, m.median_ms, m.failure) for m in found] == [("a", 1.0, None), ("b", 1.0, None),
-                                                                        ("c", 1.0, None)]
+    found = policies.PickBest()._measure(args, [Fake("a"), Fake("b"), Fake("c"), Fake("d")])
+    assert events == [("compile", "a"), ("run", "a"), ("compile", "b"), ("run", "b"), ("compile", "c"),
+                      ("run", "c"), ("compile", "d"), ("run", "d"),
+                      ("queued", "a"), ("queued", "b"), ("queued", "c"), ("waited", "a"), ("queued", "d"),
+                      ("waited", "b"), ("waited", "c"), ("waited", "d")]
+    assert [(m.kernel_name, m.median_ms, m.failure) for m in found] == [
+        ("a", 1.0, None), ("b", 1.0, None), ("c", 1.0, None), ("d", 1.0, None)]
     events.clear()
     found = policies.PickBest()._measure(args, [Fake("a"), Fake("b", fails=True), Fake("c")])
-    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("compile", "b"), ("waited", "a"),
-                      ("compile", "c"), ("run", "c"), ("queued", "c"), ("waited", "c")]
+    assert events == [("compile", "a"), ("run", "a"), ("compile", "b"), ("compile", "c"), ("run", "c"),
+                      ("queued", "a"), ("queued", "c"), ("waited", "a"), ("waited", "c")]
     assert [(m.kernel_name, m.failure) for m in found] == [("a", None), ("b", "RuntimeError: boom"), ("c", None)]
     monkeypatch.setattr(policies, "_PREFETCH_NEXT", False)
     events.clear()
     policies.PickBest()._measure(args, [Fake("a"), Fake("c")])
-    assert events == [("compile", "a"), ("run", "a"), ("queued", "a"), ("waited", "a"), ("compile", "c"),
-                      ("run", "c"), ("queued", "c"), ("waited", "c")]
+    assert events == [("compile", "a"), ("run", "a"), ("compile", "c"), ("run", "c"),
+                      ("queued", "a"), ("queued", "c"), ("waited", "a"), ("waited", "c")]
+
+
+def test_pick_best_loads_each_kernel_once_per_device_and_compile_key(monkeypatch):
+    """Tuning several shapes with one PickBest loads a kernel shared by them once (per device
+    and compile key), not once per shape."""
+    from kernel_api.tuning import policies
+
+    Fake, events, args = _pipelined_measure(monkeypatch)
+    picker = policies.PickBest()
+    a, b = Fake("a"), Fake("b")
+    picker._measure(args, [a, b])
+    picker._measure(args, [b, a])
+    assert [e for e in events if e[0] == "compile"] == [("compile", "a"), ("compile", "b")]
+    args.device_index = 1  # another GPU: loaded again
+    picker._measure(args, [a])
+    assert [e for e in events if e[0] == "compile"] == [("compile", "a"), ("compile", "b"), ("compile", "a")]
+    assert policies.PickBest()._artifact(a, args) == "artifact-a" and events[-1] == ("compile", "a")
 
 
 def test_pick_best_pipelined_measure_reports_wrong_results_and_launch_failures(monkeypatch):

@@ -226,6 +226,7 @@ class PickBest(Policy):
         self.records = records
         self.use_records = use_records
         self.progress = progress
+        self._loaded: dict[tuple, tuple[Kernel, Any]] = {}
 
     def choose(self, args: Any, candidates: list[Kernel]) -> Kernel:
         return self.tune(args, candidates).winner
@@ -343,17 +344,29 @@ class PickBest(Policy):
 
         return compile_in_workers(args, kernels, cc, workers, progress=self.progress, timeout=self.compile_timeout)
 
+    def _artifact(self, kernel: Kernel, args: Any) -> Any:
+        """``kernel``'s artifact for ``args``: loaded once per policy, device and compile key, so
+        tuning many shapes loads each kernel once (a load from the disk cache costs 2-3 ms of
+        host time, and the first launch of what it loaded waits for the GPU)."""
+        key = (id(kernel), args.device_index, kernel.compile_key(args, device_cc(args.device_index)))
+        found = self._loaded.get(key)
+        if found is None:
+            found = self._loaded[key] = (kernel, kernel.compile(args))
+        return found[1]
+
     def _measure(self, args: Any, kernels: list[Kernel]) -> list[Measurement]:
         """Verify and time each of ``kernels`` on fresh random data (see the class docstring).
 
-        One wait per candidate: its verification (NaN-filled output, run, error computed on the
-        GPU and copied back without waiting) and its timed launches are queued, the next
-        candidate is loaded while the GPU runs them, and then the error and samples are read.
+        In two passes over the candidates, so the GPU waits for the host only in the first:
 
-        Why not queue the next candidate before waiting for this one: a kernel's first launch
-        loads its module into the CUDA context, which waits for the GPU to finish its queued
-        work (measured on an H100: 0.6 ms per launch on average, the GIL held, when queued two
-        deep). Loading while the GPU is idle costs that wait nothing.
+        1. verify: load each candidate (the next one while the GPU runs this one's check) and
+           queue its check (NaN-filled output, one run, the error computed on the GPU and copied
+           back without waiting). A kernel's first launch loads its module into the CUDA
+           context, which waits for all work queued before it (benchmarks/first_launch_wait.py:
+           the whole queue, on an H100), so no timed launches are queued yet;
+        2. time: queue each verified candidate's timed launches (`QueuedTiming`) while the GPU
+           runs the previous ones, at most two candidates ahead (a full launch queue would block
+           the host inside a launch), and read their samples.
         """
         sets = rotation_count(sum(t.numel() * t.element_size() for t in args.tensors().values()))
         inputs = [random_like(args) for _ in range(sets)]
@@ -362,72 +375,71 @@ class PickBest(Policy):
         expected_norm = torch.linalg.vector_norm(expected)
         floor_ms = gpu_floor_ms(args)
         # Errors come back through pinned memory: reading a GPU scalar (.item()) would wait for
-        # everything queued after it, the next candidate's launches included.
+        # everything queued after it.
         errors = torch.empty(len(kernels), dtype=torch.float64, pin_memory=torch.cuda.is_available())
         results: list[Measurement | None] = [None] * len(kernels)
-        # Each candidate's artifact is loaded (from the disk cache, mostly) before the previous
-        # candidate's results are waited for: the host's share of tuning overlaps the GPU's.
-        loaded: dict[int, tuple[Any, BaseException | None]] = {}
+        artifacts: dict[int, Any] = {}
+        early: dict[int, Exception] = {}
 
         def load(index: int) -> None:
-            if _PREFETCH_NEXT and index < len(kernels) and index not in loaded:
+            if index < len(kernels) and index not in artifacts and index not in early:
                 try:
-                    loaded[index] = (kernels[index].compile(check), None)
+                    artifacts[index] = self._artifact(kernels[index], check)
                 except Exception as exc:  # reported when that candidate's turn comes
-                    loaded[index] = (None, exc)
+                    early[index] = exc
 
-        def queue(index: int) -> _Queued | None:
-            kernel = kernels[index]
-            name = kernel.metadata.kernel_name
+        def fail(index: int, exc: BaseException) -> None:
+            results[index] = Measurement(kernels[index].metadata.kernel_name, failure=_failure(exc))
+            artifacts.pop(index, None)
+
+        for index, kernel in enumerate(kernels):  # 1. verify
+            load(index)
             try:
-                artifact, failure = loaded.pop(index, (None, None))
-                if failure is not None:
-                    raise failure
-                if artifact is None:
-                    artifact = kernel.compile(check)
-                # Copies of the arguments, so this kernel binds its own fast launch to them.
-                own_check = unbound_copy(check)
-                own = [unbound_copy(a) for a in inputs]
+                if index in early:
+                    raise early[index]
                 output_of(check).fill_(float("nan"))
-                kernel.run(own_check, compiled_artifact=artifact)
+                kernel.run(unbound_copy(check), compiled_artifact=artifacts[index])
                 errors[index].copy_(relative_error_tensor(output_of(check), expected, expected_norm),
                                     non_blocking=True)
-                timing = QueuedTiming(lambda j: kernel.run(own[j], compiled_artifact=artifact,
-                                                           assume_supported_args=True),
-                                      sets, repeat=self.repeat, gpu_floor_ms=floor_ms)
-                return _Queued(name, tolerance(check, kernel), timing)
             except Exception as exc:
-                results[index] = Measurement(name, failure=_failure(exc))
-                return None
+                fail(index, exc)
+            if _PREFETCH_NEXT:
+                load(index + 1)
 
-        def finish(queued: _Queued | None, index: int) -> None:
-            if queued is not None:
+        queued: dict[int, QueuedTiming] = {}
+
+        def finish(index: int) -> None:
+            kernel = kernels[index]
+            timing = queued.pop(index, None)
+            if timing is not None:
                 try:
-                    samples = queued.timing.result()  # waits for this candidate's last launch
-                    err = float(errors[index])  # copied before the timed launches ran
-                    tol = queued.tolerance
-                    results[index] = (Measurement(queued.name, samples["median_ms"], err) if err <= tol else
-                                      Measurement(queued.name, error=err,
+                    samples = timing.result()  # waits for this candidate's last launch
+                    err = float(errors[index])  # copied before any timed launch
+                    tol = tolerance(check, kernel)
+                    name = kernel.metadata.kernel_name
+                    results[index] = (Measurement(name, samples["median_ms"], err) if err <= tol else
+                                      Measurement(name, error=err,
                                                   failure=f"wrong result: relative error {err:.2e} > {tol:.0e}"))
                 except Exception as exc:
-                    results[index] = Measurement(queued.name, failure=_failure(exc))
+                    fail(index, exc)
             if self.progress:
-                self.progress(index + 1, len(kernels), kernels[index].metadata.kernel_name)
+                self.progress(index + 1, len(kernels), kernel.metadata.kernel_name)
 
-        for index in range(len(kernels)):
-            queued = queue(index)
-            load(index + 1)
-            finish(queued, index)
+        for index, kernel in enumerate(kernels):  # 2. time
+            if index in artifacts:
+                own = [unbound_copy(a) for a in inputs]  # this kernel binds its own fast launch to them
+                artifact = artifacts[index]
+                try:
+                    queued[index] = QueuedTiming(lambda j: kernel.run(own[j], compiled_artifact=artifact,
+                                                                      assume_supported_args=True),
+                                                 sets, repeat=self.repeat, gpu_floor_ms=floor_ms)
+                except Exception as exc:
+                    fail(index, exc)
+            if index >= 2:
+                finish(index - 2)
+        for index in range(max(0, len(kernels) - 2), len(kernels)):
+            finish(index)
         return [m for m in results if m is not None]
-
-
-@dataclass
-class _Queued:
-    """One candidate whose verification and timed launches are queued on the GPU."""
-
-    name: str
-    tolerance: float
-    timing: QueuedTiming
 
 
 def _failure(exc: BaseException) -> str:
