@@ -57,6 +57,18 @@ def test_tuning_cost_grows_with_the_work_and_small_problems_cost_about_the_same(
     assert tuning_cost(softmax_arguments(32768, 4096)) > tuning_cost(softmax_arguments(64, 64))
 
 
+def test_shards_of_the_benchmark_shapes_carry_about_equal_gpu_work():
+    """The 16 GEMMs of benchmarks/tune_scale.py split over 2 GPUs with about equal FLOPs: the
+    host's share per candidate (about 2 ms) no longer outweighs the GPU's (it split them 55/45)."""
+    from kernel_api.cli.precompile import entry_arguments, load_shapes
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "tune_scale_shapes.json")
+    problems = [entry_arguments(e, i) for i, e in enumerate(load_shapes(path))]
+    shards = shard_by_cost([tuning_cost(a) for a in problems], 2)
+    flops = [sum(2 * problems[i].M * problems[i].N * problems[i].K for i in shard) for shard in shards]
+    assert max(flops) / min(flops) < 1.1, flops
+
+
 def test_a_worker_rebuilds_the_arguments_with_memory_on_a_device():
     A = torch.empty(100, 64, dtype=torch.bfloat16)[:, :48]  # strided, with an offset below
     B = torch.empty(48 * 72 + 3, dtype=torch.bfloat16)[3:].view(48, 72)

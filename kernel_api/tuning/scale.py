@@ -54,9 +54,13 @@ from .records import TuningRecord, TuningRecords
 
 _log = logging.getLogger(__name__)
 
-#: Seconds per candidate that tuning costs whatever the problem's size (loading the artifact,
-#: verifying it, the timing loop's set-up): small problems are balanced by count.
-_FIXED_S = 0.05
+#: Seconds of host work per candidate whatever the problem's size (loading the artifact, the
+#: verification, queueing the launches): 1.6 ms measured on an H100 (0.21 s for 16 shapes x 8
+#: candidates, `benchmarks/tune_scale.py --breakdown`, session 23); the GPU's time, which this
+#: host work overlaps, is what the shards are balanced by.
+_FIXED_S = 0.002
+#: Untimed runs per candidate besides the timed ones: the check and the warm-up.
+_UNTIMED_RUNS = 6
 #: Throughputs for the estimate: about what the best bf16 kernels reach on an H100/H200.
 _FLOPS_PER_S = 6e14
 _BYTES_PER_S = 3e12
@@ -102,13 +106,13 @@ class TuneOptions:
 
 def tuning_cost(args: Any, repeat: int = 30) -> float:
     """Estimated seconds one candidate of ``args`` takes to tune: a fixed part plus ``repeat``
-    runs at a typical throughput (FLOPs for a GEMM, bytes moved otherwise). Only its ratios
+    timed and the untimed runs at a typical throughput (FLOPs for a GEMM, bytes moved otherwise). Only its ratios
     matter: `shard_by_cost` balances with it."""
     if isinstance(args, GemmArguments):
         seconds = 2.0 * args.M * args.N * args.K * args.L / _FLOPS_PER_S
     else:
         seconds = sum(t.numel() * t.element_size() for t in args.tensors().values()) / _BYTES_PER_S
-    return _FIXED_S + repeat * seconds
+    return _FIXED_S + (repeat + _UNTIMED_RUNS) * seconds
 
 
 def shard_by_cost(costs: Sequence[float], count: int) -> list[list[int]]:
