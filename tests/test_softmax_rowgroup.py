@@ -251,6 +251,21 @@ def test_run_launches_the_plan_cooperatively(cls, monkeypatch):
     assert len(fake.launches) == 2
 
 
+def test_caps_and_a_fixed_split_reach_the_launch(monkeypatch):
+    """`limit_ctas`, `limit_ring` and `ctas_per_row` (tests, experiments) shape the plan launched."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    k = _kernel(CudaSoftmaxRowGroupBackward, torch.float32)
+    k.limit_ctas, k.limit_ring, k.ctas_per_row = 12, 3, 5
+    args = _args(CudaSoftmaxRowGroupBackward, torch.empty(7, 150001))
+    fake = _FakeLauncher()
+    k._run(args, types.SimpleNamespace(compiled_obj=fake), 0x1, torch.empty(k.get_workspace_size(args), dtype=torch.uint8))
+    launch = fake.launches[0]
+    S, G, cap, ring, ahead = launch["params"][-5:]
+    assert (S, G, ring, launch["grid"], launch["smem"]) == (5, 2, 3, 10, 3 * rg.CHUNK_BYTES)
+    p = plan_rows(7, 150001, 4, True, 12, 3, 5)
+    assert cap == p.staged_vectors < p.slice_vectors and ahead == int(p.ahead)  # (the slice overflows 3 chunks)
+
+
 def test_workspace_and_launch_config_without_a_gpu():
     k = _kernel(CudaSoftmaxRowGroupForward, torch.float32)
     args = _args(CudaSoftmaxRowGroupForward, torch.empty(8, 2**20))
@@ -401,6 +416,74 @@ def test_backward_shapes(dtype):
     for rows, cols, offset in shapes:
         _check_backward_at(rows, cols, dtype, offset, k)
         torch.cuda.empty_cache()
+
+
+# (limit_ctas, limit_ring, ctas_per_row, rows, cols, offset): slices overflowing rings of 1-3
+# chunks (the overflow read twice), rings wrapping many times, both consumer schedules (with
+# and without the look-ahead), odd groupings, one CTA per row.
+_SMALL = [(7, 3, None, 9, 70001, 3), (12, 3, 3, 10, 150001, 1), (5, 2, 5, 4, 99999, 0), (16, 6, 1, 33, 40003, 5),
+          (24, 1, None, 3, 400001, 0), (9, 14, 4, 11, 9001, 7)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_small_rings_and_grids(cls, dtype):
+    k = _kernel(cls, dtype)
+    torch.manual_seed(len(str(dtype)) + 3 * cls.backward)
+    try:
+        for ctas, ring, S, rows, cols, offset in _SMALL:
+            k.limit_ctas, k.limit_ring, k.ctas_per_row = ctas, ring, S
+            if cls.backward:
+                _check_backward_at(rows, cols, dtype, offset, k)
+            else:
+                _check_forward_at(rows, cols, dtype, offset, k)
+    finally:
+        k.limit_ctas = k.limit_ring = k.ctas_per_row = None
+
+
+_SANITIZED = r"""
+import torch
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+from kernel_api.providers.cuda_src.kernels.softmax_rowgroup import CudaSoftmaxRowGroupBackward, CudaSoftmaxRowGroupForward
+torch.manual_seed(0)
+def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
+    return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
+n = 0
+for cls in (CudaSoftmaxRowGroupForward, CudaSoftmaxRowGroupBackward):
+    for k in cls.generate_kernels(None, cc=90):
+        dtype = k.dtype.to_torch()
+        for ctas, ring, S, rows, cols, offset in [(None, None, None, 3, 200003, 3), (6, 2, 3, 5, 30011, 1)]:
+            k.limit_ctas, k.limit_ring, k.ctas_per_row = ctas, ring, S
+            x, out, gi = (at(rows, cols, dtype, offset) for _ in range(3))
+            k.run(SoftmaxBackwardArguments(x, out, gi) if cls.backward else SoftmaxArguments(x, out)); n += 1
+torch.cuda.synchronize()
+print("launches", n)
+"""
+
+
+@pytest.mark.gpu
+def test_memcheck():
+    """Both directions, every dtype, a row split over many CTAs and a small ring whose slices
+    overflow, misaligned, under compute-sanitizer memcheck (caching allocator off: each
+    operand and workspace is its own allocation, so an overrun is caught)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer not installed")
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
+                           "--error-exitcode", "3", sys.executable, "-c", _SANITIZED],
+                          env=env, capture_output=True, text=True, timeout=900)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
+    assert int(proc.stdout.split("launches")[-1].split()[0]) == 12, tail
 
 
 @pytest.mark.gpu

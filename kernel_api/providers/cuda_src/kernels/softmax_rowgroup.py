@@ -200,9 +200,10 @@ def estimate_us(rows: int, cols: int, elem_bytes: int, backward: bool, ctas_per_
 
 @functools.lru_cache(maxsize=4096)
 def plan_rows(rows: int, cols: int, elem_bytes: int, backward: bool, ctas: int = DEFAULT_SMS,
-              ring_chunks: int = DEFAULT_RING) -> RowGroupPlan:
+              ring_chunks: int = DEFAULT_RING, ctas_per_row: int | None = None) -> RowGroupPlan:
     """The plan of least `estimate_us` for ``rows`` x ``cols`` on ``ctas`` co-resident CTAs
-    with rings of ``ring_chunks`` chunks (ties: fewer CTAs per row)."""
+    with rings of ``ring_chunks`` chunks (ties: fewer CTAs per row); ``ctas_per_row`` fixes S
+    (at most ``ctas``) instead of searching."""
     if rows < 1 or cols < 1 or ctas < 1 or not 1 <= ring_chunks <= MAX_CHUNKS:
         raise ValueError(f"plan_rows: no plan for rows={rows}, cols={cols}, ctas={ctas}, ring={ring_chunks}")
     nvec = row_vectors(cols, elem_bytes)
@@ -210,7 +211,8 @@ def plan_rows(rows: int, cols: int, elem_bytes: int, backward: bool, ctas: int =
     ring_vectors = ring_chunks * cv
     reserve = min(PREFETCH_CHUNKS, ring_chunks - 1)
     best = None
-    for S in range(1, min(ctas, max(1, nvec)) + 1):
+    candidates = range(1, min(ctas, max(1, nvec)) + 1) if ctas_per_row is None else (max(1, min(ctas_per_row, ctas)),)
+    for S in candidates:
         G = min(ctas // S, rows)
         slice_vectors = -(-nvec // S)
         staged = slice_vectors if slice_vectors <= ring_vectors else (ring_chunks - reserve) * cv
@@ -253,6 +255,11 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         self.dtype: DataType = params["dtype"]
         self.vec: int = 16 // self.dtype.bytes
         self._fits: dict[int, _DeviceFit] = {}
+        # Caps on the grid and the ring, and a fixed CTAs-per-row, for tests and experiments
+        # (None: the device's room and `plan_rows`' choice).
+        self.limit_ctas: int | None = None
+        self.limit_ring: int | None = None
+        self.ctas_per_row: int | None = None
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -303,7 +310,8 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     def plan(self, args: Any, ctas: int = DEFAULT_SMS, ring_chunks: int = DEFAULT_RING) -> RowGroupPlan:
         """The plan for ``args`` on ``ctas`` co-resident CTAs with ``ring_chunks``-chunk rings."""
-        return plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, ctas, ring_chunks)
+        return plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, ctas, ring_chunks,
+                         self.ctas_per_row)
 
     def launch_config(self, args: Any) -> tuple:
         p = self.plan(args)
@@ -336,7 +344,9 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
             device = torch.cuda.current_device()
         launcher = artifact.compiled_obj
         fit = self._fit(launcher, device)
-        p = self.plan(args, fit.ctas, fit.ring_chunks)
+        ctas = fit.ctas if self.limit_ctas is None else max(1, min(fit.ctas, self.limit_ctas))
+        ring = fit.ring_chunks if self.limit_ring is None else max(1, min(fit.ring_chunks, self.limit_ring))
+        p = self.plan(args, ctas, ring)
         if (workspace is None or workspace.numel() * workspace.element_size() < p.workspace_bytes
                 or workspace.data_ptr() % 16):
             got = "none" if workspace is None else f"{workspace.numel() * workspace.element_size()} bytes at {workspace.data_ptr():#x}"
