@@ -293,7 +293,11 @@ class _PlainConfig(_Config):  # a cuda.core without cooperative launches
         super().__init__(grid, block, shmem_size)
 
 
-def _fake_launcher(monkeypatch, config_type=_Config, per_sm=1, sms=132, cooperative=True):
+def _no_occupancy(threads, smem):
+    raise RuntimeError("no occupancy query here")
+
+
+def _fake_launcher(monkeypatch, config_type=_Config, per_sm=1, sms=132, cooperative=True, occupancy=None):
     launched = []
     core = types.SimpleNamespace(LaunchConfig=config_type, __version__="fake",
                                  launch=lambda stream, cfg, kernel, *params: launched.append((cfg, params)),
@@ -304,12 +308,14 @@ def _fake_launcher(monkeypatch, config_type=_Config, per_sm=1, sms=132, cooperat
     lch = launcher_mod.CudaLauncher(compiled, "k<1>", "FakeKernel", convert_args=False)
     lch._kernel = types.SimpleNamespace(
         attributes={0: types.SimpleNamespace(max_threads_per_block=1024, shared_size_bytes=520)},
-        occupancy=types.SimpleNamespace(max_active_blocks_per_multiprocessor=lambda threads, smem: per_sm))
+        occupancy=types.SimpleNamespace(max_active_blocks_per_multiprocessor=occupancy or (lambda threads, smem: per_sm)))
     limits = object.__new__(launcher_mod._DeviceLimits)
     for name, value in dict(max_threads=1024, max_block=(1024, 1024, 64), max_grid=(2**31 - 1, 65535, 65535),
-                            max_smem_optin=232448, max_smem_default=49152, sms=sms, cooperative=cooperative).items():
+                            max_smem_optin=232448, max_smem_default=49152, sms=sms, cooperative=cooperative,
+                            threads_per_sm=2048, smem_per_sm=233472, smem_reserved=1024).items():
         setattr(limits, name, value)
     lch._devices[0] = limits
+    lch._allow_smem = lambda device, smem: lch._smem_set.__setitem__(device, smem)  # (no driver here)
     return lch, launched
 
 
@@ -321,6 +327,15 @@ def test_cooperative_launch_sets_the_attribute(monkeypatch):
     assert cfg.flags == {"is_cooperative": True} and cfg.grid == (132, 1, 1) and params == (1, 2)
     assert plain.flags == {}  # the same shape launched plainly is its own configuration
     assert lch.max_coresident(0, 544, 40000) == 132 and lch.max_dynamic_smem(0) == 232448 - 520
+
+
+def test_coresident_ctas_from_the_device_limits_without_the_occupancy_query(monkeypatch):
+    """(A cuda.core whose occupancy query fails for the kernel's handle: threads and shared
+    memory per SM decide; the driver would refuse a grid too large anyway.)"""
+    lch, _ = _fake_launcher(monkeypatch, occupancy=_no_occupancy)
+    assert lch.max_coresident(0, 544, 14 * 16384) == 132  # one 224 KB ring per SM
+    assert lch.max_coresident(0, 544, 2 * 16384) == 3 * 132  # threads: 2048 // 544
+    assert lch.max_coresident(0, 256, 100 * 1024) == 2 * 132  # shared memory: 228 KB // (100 KB + 1.5 KB)
 
 
 def test_cooperative_launch_with_cuda_core_0_3(monkeypatch):

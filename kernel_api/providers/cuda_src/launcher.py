@@ -15,6 +15,7 @@ large is a `KernelLaunchError` that says so, never a hang.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Sequence
 
@@ -23,6 +24,7 @@ import torch
 from ...core.errors import DeviceError, KernelLaunchError
 from .compiler import CompiledCuda
 
+_log = logging.getLogger(__name__)
 _streams: dict[int, Any] = {}  # raw cudaStream_t -> cuda.core Stream (borrowed, not owned)
 _lock = threading.Lock()
 _core: Any = None
@@ -54,7 +56,8 @@ def _stream(handle: int) -> Any:
 
 
 class _DeviceLimits:
-    __slots__ = ("max_threads", "max_block", "max_grid", "max_smem_optin", "max_smem_default", "sms", "cooperative")
+    __slots__ = ("max_threads", "max_block", "max_grid", "max_smem_optin", "max_smem_default", "sms", "cooperative",
+                 "threads_per_sm", "smem_per_sm", "smem_reserved")
 
     def __init__(self, device: int) -> None:
         from cuda.bindings import driver as drv
@@ -76,6 +79,9 @@ class _DeviceLimits:
         self.max_smem_default = attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)
         self.sms = attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         self.cooperative = bool(attr(A.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH))
+        self.threads_per_sm = attr(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+        self.smem_per_sm = attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+        self.smem_reserved = attr(A.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)
 
 
 def _cooperative_config(core: Any, grid: tuple, block: tuple, smem: int, label: str) -> Any:
@@ -171,15 +177,22 @@ class CudaLauncher:
             lim = self._devices[device] = _DeviceLimits(device)
         return lim
 
+    def _static_smem(self, device: int) -> int:
+        """The kernel's static shared memory on ``device`` (0 when cuda.core cannot say)."""
+        attrs = self.kernel.attributes
+        try:
+            return int(attrs.shared_size_bytes(device))  # cuda.core >= 0.4: methods taking the device
+        except Exception:
+            pass
+        try:
+            return int(attrs[device].shared_size_bytes)
+        except Exception:
+            return 0
+
     def max_dynamic_smem(self, device: int) -> int:
         """The most dynamic shared memory one CTA of this kernel may ask for on ``device``
         (the opt-in limit less the kernel's static shared memory)."""
-        lim = self._limits(device)
-        try:
-            static_smem = int(self.kernel.attributes[device].shared_size_bytes)
-        except Exception:
-            static_smem = 0
-        return lim.max_smem_optin - static_smem
+        return self._limits(device).max_smem_optin - self._static_smem(device)
 
     def max_coresident(self, device: int, threads: int, smem: int) -> int:
         """How many CTAs of ``threads`` threads and ``smem`` bytes of dynamic shared memory can
@@ -189,15 +202,19 @@ class CudaLauncher:
         if found is not None:
             return found
         lim = self._limits(device)
-        static_smem = lim.max_smem_optin - self.max_dynamic_smem(device)
+        static_smem = self._static_smem(device)
         if smem > lim.max_smem_default - static_smem and self._smem_set.get(device, -1) < smem:
             self._allow_smem(device, smem)  # (the occupancy counts only what the kernel is allowed)
         try:
             with torch.cuda.device(device):  # (the query asks the current context's device)
                 per_sm = int(self.kernel.occupancy.max_active_blocks_per_multiprocessor(threads, smem))
-        except Exception as exc:
-            raise KernelLaunchError(f"{self.label}: could not read the occupancy of {threads} threads and {smem} B of "
-                                    f"shared memory per CTA on device {device}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - estimated from the device's limits instead
+            # Threads and shared memory per SM (registers are the launch bounds'); were it too
+            # many, the driver refuses the cooperative launch, which never hangs either.
+            per_sm = max(0, min(lim.threads_per_sm // max(threads, 1),
+                                lim.smem_per_sm // max(smem + static_smem + lim.smem_reserved, 1)))
+            _log.debug("%s: occupancy query failed (%s); %d CTA(s) per SM from the device's limits", self.label,
+                       exc, per_sm)
         found = self._coresident[key] = per_sm * lim.sms
         return found
 
