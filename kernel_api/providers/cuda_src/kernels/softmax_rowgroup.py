@@ -18,17 +18,25 @@ Design:
   same CTAs; a producer warp copies the next waves' slices into the ring while the
   consumers reduce, wait and write the current one, so DRAM stays busy across waves.
 - Each CTA publishes its partial statistics (forward: max and sum of exp; backward:
-  sum(dy * y)) in the workspace (`get_workspace_size`: two 16-byte slots per CTA) behind a
-  tag of (launch, wave) stored with release semantics; the S CTAs of a row spin (acquire
-  loads, nanosleep) until all S tags are current, combine the partials in one order (all
-  agree bit for bit) and write their slices. Tags carry a per-launch value, so the
-  workspace needs no initialisation or reset: back-to-back launches, waves and fresh
-  allocations all work.
+  sum(dy * y)) in the workspace (`get_workspace_size`: four 16-byte slots per CTA, by wave)
+  behind a tag of (launch, wave) stored with release semantics; the S CTAs of a row spin
+  (acquire loads, nanosleep) until all S tags are current, combine the partials in one order
+  (all agree bit for bit) and write their slices. Tags carry a per-launch value (an epoch
+  from the host, mixed with %gridid on the device), so the workspace needs no
+  initialisation or reset: back-to-back launches, waves and fresh allocations all work.
+  Tags rather than per-row arrival counters: a counter must start at zero, which
+  `Kernel.run`'s fresh allocation does not promise, and resetting it would need every
+  reader to have seen it.
+- When the ring holds three waves' chunks (``ahead``), the consumers take and publish wave
+  w + 1's statistics before waiting for wave w's group: the meeting's latency (the slowest
+  peer, the tags' round trip through L2) hides behind that work instead of stalling every
+  wave.
 - `plan_rows` (pure Python) picks S for the shape from a small timing model (`estimate_us`):
-  larger slices hide the group's meeting (about 2 us) behind the next wave's copies, but
-  must leave ring chunks free for that prefetch, and fill the SMs without a ragged last
-  wave. E.g. on 132 SMs: 32x1M bf16 forward, 33 CTAs per row (4 rows at once, 8 waves of
-  62 KB slices); 8x4M bf16, all 132 CTAs on one row at a time (8 waves).
+  larger slices amortise the group's meeting (modelled at 3 us) over more data, but must
+  leave ring chunks free for the next waves' copies (and for the look-ahead), and the grid
+  should fill the SMs without a ragged last wave. E.g. on 132 SMs with 14-chunk rings:
+  32x1M bf16 forward, 33 CTAs per row (4 rows at once, 8 waves of 62 KB slices); 8x4M
+  bf16, all 132 CTAs on one row at a time (8 waves).
 
 Fallback for rows whose slice the ring cannot hold (f32 backward of 4M columns: 254 KB of dy
 and y per CTA with all 132 SMs on one row): the first ``ring - PREFETCH_CHUNKS`` chunks of
