@@ -268,6 +268,17 @@ def main() -> None:
             row["multi"][label] = verdict
         rows.append(row)
 
+    # The noise floor of that criterion: later single-GPU runs judged against the first alike.
+    repeat_agree = []
+    for later in runs["1gpu"][1:]:
+        ok = 0
+        for one, again in zip(single["results"], later["results"]):
+            if one.failure is None and again.failure is None:
+                theirs = one.median_ms if one.kernel_name == again.kernel_name else \
+                    one.record.runners_up.get(again.kernel_name)
+                ok += theirs is not None and theirs <= one.median_ms * (1 + WITHIN)
+        repeat_agree.append(ok)
+
     labels = list(speedups)
     print(f"\n{'shape':>18} {'1-GPU winner':<58} {'us':>8}  " + "  ".join(f"{label:<22}" for label in labels))
     for r in rows:
@@ -280,6 +291,8 @@ def main() -> None:
             cells.append(f"{verdict + ('' if v['ok'] else ' FAIL') + ' GPU ' + str(v['device']):<22}")
         print(f"{shape:>18} {str(r['single_winner'])[:58]:<58} {(r['single_ms'] or 0) * 1e3:8.1f}  " + "  ".join(cells))
     print(f"\ncompile (every run then hits the disk cache): {compile_s:.1f} s; {args.rounds} round(s)")
+    if repeat_agree:
+        print(f"winners of the later 1-GPU runs the same or within 3% of the first's: {repeat_agree} of {len(rows)}")
     for label in medians:
         extra = "" if label == "1gpu" else (f"; speedup {speedups[label]:.2f}x; {agree[label]} of {len(rows)} "
                                             f"winners the same or within 3%")
@@ -289,7 +302,8 @@ def main() -> None:
                "rounds": args.rounds, "prefetch": not args.no_prefetch,
                "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s,
                "compile_failures": len(failed), "seconds": {k: [r["seconds"] for r in v] for k, v in runs.items()},
-               "median_s": medians, "speedup": speedups, "winners_ok": agree, "shapes": rows,
+               "median_s": medians, "speedup": speedups, "winners_ok": agree,
+               "winners_ok_1gpu_repeats": repeat_agree, "shapes": rows,
                "torch": torch.__version__, "breakdown": breakdown}
     name = f"tune_scale-{device.replace(' ', '_')}-{gpus}gpu{args.tag and '-' + args.tag}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]

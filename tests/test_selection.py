@@ -171,15 +171,17 @@ def test_ops_validate_arguments():
         kernel_api.ops.gemm(torch.randn(8, 8), torch.randn(8, 8), beta=1.0)
 
 
-def _pipelined_measure(monkeypatch, errors=None, broken=()):
+def _pipelined_measure(monkeypatch, errors=None, broken=(), medians=None, paired=None):
     """Fakes for PickBest._measure: (the fake kernel class, the events list they append to, the
     arguments to pass).
     ``errors``: a kernel's relative error (default 0); ``broken``: kernels whose timed launches
-    fail when waited for (an asynchronous launch error)."""
+    fail when waited for (an asynchronous launch error); ``medians``: a kernel's median ms
+    (default 1, 2, 3... for a, b, c...: no near ties); ``paired``: what the alternating
+    re-timing of two kernels returns."""
     from kernel_api.tuning import policies
 
     events = []
-    errors = errors or {}
+    errors, medians = errors or {}, medians or {}
 
     class Fake:
         def __init__(self, name, fails=False):
@@ -211,7 +213,15 @@ def _pipelined_measure(monkeypatch, errors=None, broken=()):
             events.append(("waited", self.name))
             if self.name in broken:
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            return {"median_ms": 1.0}
+            return {"median_ms": medians.get(self.name, 1.0 + ord(self.name) - ord("a"))}
+
+    def fake_pair(first, second, sets, warmup=5, repeat=50):
+        names = []
+        for run in (first, second):
+            run(0)
+            names.append(shared.current)
+        events.append(("paired", *names))
+        return paired[tuple(names)]
 
     class Args:
         device_index = 0
@@ -222,6 +232,7 @@ def _pipelined_measure(monkeypatch, errors=None, broken=()):
     shared = Args()
     monkeypatch.setattr(policies, "QueuedTiming", FakeTiming)
     monkeypatch.setattr(policies, "device_cc", lambda index: 90)
+    monkeypatch.setattr(policies, "time_cuda_pair", fake_pair)
     monkeypatch.setattr(policies, "random_like", lambda a: shared)
     monkeypatch.setattr(policies, "reference", lambda a: torch.zeros(1))
     monkeypatch.setattr(policies, "relative_error_tensor",
@@ -244,7 +255,7 @@ def test_pick_best_verifies_every_candidate_before_queueing_timed_launches(monke
                       ("queued", "a"), ("queued", "b"), ("queued", "c"), ("waited", "a"), ("queued", "d"),
                       ("waited", "b"), ("waited", "c"), ("waited", "d")]
     assert [(m.kernel_name, m.median_ms, m.failure) for m in found] == [
-        ("a", 1.0, None), ("b", 1.0, None), ("c", 1.0, None), ("d", 1.0, None)]
+        ("a", 1.0, None), ("b", 2.0, None), ("c", 3.0, None), ("d", 4.0, None)]
     events.clear()
     found = policies.PickBest()._measure(args, [Fake("a"), Fake("b", fails=True), Fake("c")])
     assert events == [("compile", "a"), ("run", "a"), ("compile", "b"), ("compile", "c"), ("run", "c"),
@@ -285,4 +296,20 @@ def test_pick_best_pipelined_measure_reports_wrong_results_and_launch_failures(m
     assert found[0].failure is None and found[0].error == 0.0
     assert found[1].median_ms is None and found[1].error == 0.5 and "relative error 5.00e-01 > 1e-02" in found[1].failure
     assert "illegal memory access" in found[2].failure and found[2].median_ms is None
-    assert found[3].failure is None and found[3].median_ms == 1.0
+    assert found[3].failure is None and found[3].median_ms == 4.0
+
+
+def test_pick_best_retimes_a_near_tie_of_the_two_fastest_alternately(monkeypatch):
+    """Two fastest within 5 %: both re-timed with alternating launches, whose medians decide
+    (here the second-measured kernel wins); a clear winner is not re-timed."""
+    from kernel_api.tuning import policies
+
+    Fake, events, args = _pipelined_measure(monkeypatch, medians={"a": 1.00, "b": 3.0, "c": 1.04},
+                                            paired={("a", "c"): (1.02, 0.99)})
+    found = policies.PickBest()._measure(args, [Fake("a"), Fake("b"), Fake("c")])
+    assert events[-1] == ("paired", "a", "c")
+    assert [(m.kernel_name, m.median_ms) for m in found] == [("a", 1.02), ("b", 3.0), ("c", 0.99)]
+    Fake, events, args = _pipelined_measure(monkeypatch, medians={"a": 1.00, "b": 3.0, "c": 1.06})
+    found = policies.PickBest()._measure(args, [Fake("a"), Fake("b"), Fake("c")])
+    assert not [e for e in events if e[0] == "paired"]
+    assert [m.median_ms for m in found] == [1.0, 3.0, 1.06]
