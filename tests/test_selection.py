@@ -171,13 +171,12 @@ def test_ops_validate_arguments():
         kernel_api.ops.gemm(torch.randn(8, 8), torch.randn(8, 8), beta=1.0)
 
 
-def _pipelined_measure(monkeypatch, errors=None, broken=(), medians=None, paired=None):
+def _pipelined_measure(monkeypatch, errors=None, broken=(), medians=None):
     """Fakes for PickBest._measure: (the fake kernel class, the events list they append to, the
     arguments to pass).
     ``errors``: a kernel's relative error (default 0); ``broken``: kernels whose timed launches
     fail when waited for (an asynchronous launch error); ``medians``: a kernel's median ms
-    (default 1, 2, 3... for a, b, c...: no near ties); ``paired``: what the alternating
-    re-timing of two kernels returns."""
+    (default 1, 2, 3... for a, b, c...)."""
     from kernel_api.tuning import policies
 
     events = []
@@ -215,14 +214,6 @@ def _pipelined_measure(monkeypatch, errors=None, broken=(), medians=None, paired
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
             return {"median_ms": medians.get(self.name, 1.0 + ord(self.name) - ord("a"))}
 
-    def fake_pair(first, second, sets, warmup=5, repeat=50):
-        names = []
-        for run in (first, second):
-            run(0)
-            names.append(shared.current)
-        events.append(("paired", *names))
-        return paired[tuple(names)]
-
     class Args:
         device_index = 0
 
@@ -232,7 +223,6 @@ def _pipelined_measure(monkeypatch, errors=None, broken=(), medians=None, paired
     shared = Args()
     monkeypatch.setattr(policies, "QueuedTiming", FakeTiming)
     monkeypatch.setattr(policies, "device_cc", lambda index: 90)
-    monkeypatch.setattr(policies, "time_cuda_pair", fake_pair)
     monkeypatch.setattr(policies, "random_like", lambda a: shared)
     monkeypatch.setattr(policies, "reference", lambda a: torch.zeros(1))
     monkeypatch.setattr(policies, "relative_error_tensor",
@@ -297,19 +287,3 @@ def test_pick_best_pipelined_measure_reports_wrong_results_and_launch_failures(m
     assert found[1].median_ms is None and found[1].error == 0.5 and "relative error 5.00e-01 > 1e-02" in found[1].failure
     assert "illegal memory access" in found[2].failure and found[2].median_ms is None
     assert found[3].failure is None and found[3].median_ms == 4.0
-
-
-def test_pick_best_retimes_a_near_tie_of_the_two_fastest_alternately(monkeypatch):
-    """Two fastest within 5 %: both re-timed with alternating launches, whose medians decide
-    (here the second-measured kernel wins); a clear winner is not re-timed."""
-    from kernel_api.tuning import policies
-
-    Fake, events, args = _pipelined_measure(monkeypatch, medians={"a": 1.00, "b": 3.0, "c": 1.04},
-                                            paired={("a", "c"): (1.02, 0.99)})
-    found = policies.PickBest()._measure(args, [Fake("a"), Fake("b"), Fake("c")])
-    assert events[-1] == ("paired", "a", "c")
-    assert [(m.kernel_name, m.median_ms) for m in found] == [("a", 1.02), ("b", 3.0), ("c", 0.99)]
-    Fake, events, args = _pipelined_measure(monkeypatch, medians={"a": 1.00, "b": 3.0, "c": 1.06})
-    found = policies.PickBest()._measure(args, [Fake("a"), Fake("b"), Fake("c")])
-    assert not [e for e in events if e[0] == "paired"]
-    assert [m.median_ms for m in found] == [1.0, 3.0, 1.06]

@@ -28,7 +28,7 @@ from ..kernel import Kernel
 from .buckets import PREFIX as _BUCKET_PREFIX, Bucket, resolve_bucket
 from .records import TuningRecord, TuningRecords, operation_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
-from .timing import QueuedTiming, relative_error_tensor, rotation_count, time_cuda_pair
+from .timing import QueuedTiming, relative_error_tensor, rotation_count
 
 _log = logging.getLogger(__name__)
 
@@ -138,9 +138,6 @@ def rank_candidates(kernels: list[Kernel], args: Any) -> list[Kernel]:
     sm = _sm_count(getattr(args, "device", None))
     return [k for _, _, k in sorted((estimated_cost(k, args, sm), i, k) for i, k in enumerate(kernels))]
 
-
-#: Relative gap under which `PickBest` re-times its two fastest candidates with alternating launches.
-NEAR_TIE = 0.05
 
 #: Whether `PickBest` loads the next candidate while the GPU times the current one (a switch
 #: for benchmarks/tune_scale.py's comparison).
@@ -410,7 +407,6 @@ class PickBest(Policy):
                 load(index + 1)
 
         queued: dict[int, QueuedTiming] = {}
-        timed_runs: dict[int, Callable[[int], None]] = {}
 
         def finish(index: int) -> None:
             kernel = kernels[index]
@@ -432,37 +428,17 @@ class PickBest(Policy):
         for index, kernel in enumerate(kernels):  # 2. time
             if index in artifacts:
                 own = [unbound_copy(a) for a in inputs]  # this kernel binds its own fast launch to them
-                timed_runs[index] = _timed_run(kernel, own, artifacts[index])
                 try:
-                    queued[index] = QueuedTiming(timed_runs[index], sets, repeat=self.repeat, gpu_floor_ms=floor_ms)
+                    queued[index] = QueuedTiming(_timed_run(kernel, own, artifacts[index]), sets,
+                                                 repeat=self.repeat, gpu_floor_ms=floor_ms)
                 except Exception as exc:
                     fail(index, exc)
             if index >= 2:
                 finish(index - 2)
         for index in range(max(0, len(kernels) - 2), len(kernels)):
             finish(index)
-        self._confirm_near_tie(results, timed_runs, sets)
         return [m for m in results if m is not None]
 
-    def _confirm_near_tie(self, results: list[Measurement | None], runs: dict[int, Callable[[int], None]],
-                          sets: int) -> None:
-        """When the two fastest candidates are within `NEAR_TIE` of each other, time them again
-        with alternating launches (`time_cuda_pair`: clock drift then hits both alike) and keep
-        those medians: which of two near-equal kernels wins should not depend on when each was
-        timed (measured: single-sample-run winners 4-7 % apart on the same GPU)."""
-        good = sorted((m.median_ms, i) for i, m in enumerate(results)
-                      if m is not None and m.failure is None and m.median_ms is not None)
-        if len(good) < 2 or good[1][0] > good[0][0] * (1 + NEAR_TIE):
-            return
-        (_, first), (_, second) = good[0], good[1]
-        try:
-            first_ms, second_ms = time_cuda_pair(runs[first], runs[second], sets, warmup=2, repeat=self.repeat)
-        except Exception as exc:  # keep the single timings
-            _log.debug("PickBest: the paired timing of the two fastest failed: %s", exc)
-            return
-        _log.debug("PickBest: near tie %s %.4f / %s %.4f ms re-timed alternately: %.4f / %.4f ms",
-                   results[first].kernel_name, good[0][0], results[second].kernel_name, good[1][0], first_ms, second_ms)
-        results[first].median_ms, results[second].median_ms = first_ms, second_ms
 
 
 def _timed_run(kernel: Kernel, own: list[Any], artifact: Any) -> Callable[[int], None]:
