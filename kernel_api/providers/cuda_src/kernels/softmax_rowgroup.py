@@ -2,9 +2,14 @@
 after softmax.cu, whose helpers it uses).
 
 Two registered families, `CudaSoftmaxRowGroupForward` (`SoftmaxArguments`) and
-`CudaSoftmaxRowGroupBackward` (`SoftmaxBackwardArguments`), for sm_90 and sm_100: softmax at
-DRAM bandwidth for rows too long for one CTA (1M, 4M elements), whose input the looped and
-cluster-split kernels read twice. One instance per dtype, ``rowgroup_peel<vec>``.
+`CudaSoftmaxRowGroupBackward` (`SoftmaxBackwardArguments`), for sm_90 and sm_100: softmax for
+rows too long for one CTA (1M, 4M elements), whose input the looped and cluster-split kernels
+read twice; this one reads it once. One instance per dtype, ``rowgroup_peel<vec>``.
+
+Measured (H100, session 23, benchmarks/NOTES-softmax-long.md): 1.4-1.9 TB/s on the 64-128 MB
+long-row cases, 47-63 % of the copy rate, not yet the bandwidth it aims at; 1.0-2x the
+cluster-split kernels in bf16/f16 (2x on one 1M row), about equal in f32. A fit over the
+CTAs-per-row sweep puts about 36 us of every launch outside the data's transfer time.
 
 Design:
 
