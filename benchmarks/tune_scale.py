@@ -191,6 +191,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=SHAPES_FILE, help="a shapes file (default: the 16 bf16 GEMMs)")
     parser.add_argument("--rounds", type=int, default=3, help="times each configuration is timed (order rotated)")
     parser.add_argument("--profile", action="store_true", help="cProfile one more single-GPU run ($OUT or results/)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="PickBest times the candidates against each other in rounds (policies._INTERLEAVE)")
     parser.add_argument("--breakdown", action="store_true",
                         help="time one more run per in-process configuration by step and thread (Breakdown)")
     parser.add_argument("--tag", default="", help="appended to the JSON file's name")
@@ -202,6 +204,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("tune_scale.py needs a CUDA GPU")
     policies._PREFETCH_NEXT = not args.no_prefetch
+    policies._INTERLEAVE = args.interleave
     gpus = torch.cuda.device_count()
     device = torch.cuda.get_device_name(0)
     major, minor = torch.cuda.get_device_capability(0)
@@ -299,7 +302,7 @@ def main() -> None:
         print(f"{label:>16}: median {medians[label]:.2f} s [{spreads[label][0]:.2f}-{spreads[label][1]:.2f}]{extra}")
 
     summary = {"device": device, "gpus": gpus, "max_candidates": args.max_candidates, "repeat": args.repeat,
-               "rounds": args.rounds, "prefetch": not args.no_prefetch,
+               "rounds": args.rounds, "prefetch": not args.no_prefetch, "interleave": args.interleave,
                "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s,
                "compile_failures": len(failed), "seconds": {k: [r["seconds"] for r in v] for k, v in runs.items()},
                "median_s": medians, "speedup": speedups, "winners_ok": agree,

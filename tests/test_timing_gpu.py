@@ -57,3 +57,14 @@ def test_relative_error_tensor_stays_on_the_gpu_and_flags_non_finite_values():
     assert err.item() == pytest.approx(1e-3, rel=1e-2) and relative_error(out, ref) == pytest.approx(err.item())
     out[3, 5] = float("nan")
     assert relative_error(out, ref) == float("inf")
+
+
+def test_interleaved_rounds_time_each_call_without_the_hosts_gaps():
+    from kernel_api.tuning.timing import time_interleaved
+
+    x = torch.zeros(256, device="cuda")
+    y = torch.zeros(1 << 22, device="cuda")  # 16 MB: a copy of it takes tens of microseconds
+    found = time_interleaved({"slow host": _slow_host_launch(x), "copy": lambda i: y.mul_(1.0)}, repeat=4)
+    assert found["slow host"]["median_ms"] < 0.3 and found["slow host"]["samples"] == 4, found
+    assert found["copy"]["median_ms"] > found["slow host"]["median_ms"], found
+    assert x[0].item() == 5 + 4

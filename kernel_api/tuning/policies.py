@@ -28,7 +28,7 @@ from ..kernel import Kernel
 from .buckets import PREFIX as _BUCKET_PREFIX, Bucket, resolve_bucket
 from .records import TuningRecord, TuningRecords, operation_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
-from .timing import QueuedTiming, relative_error_tensor, rotation_count
+from .timing import QueuedTiming, relative_error_tensor, rotation_count, time_interleaved
 
 _log = logging.getLogger(__name__)
 
@@ -138,6 +138,11 @@ def rank_candidates(kernels: list[Kernel], args: Any) -> list[Kernel]:
     sm = _sm_count(getattr(args, "device", None))
     return [k for _, _, k in sorted((estimated_cost(k, args, sm), i, k) for i, k in enumerate(kernels))]
 
+
+#: Whether `PickBest` times its candidates against each other in rounds (`time_interleaved`:
+#: drift hits all alike) instead of one after the other. Off until measured against the
+#: default on a GPU (benchmarks/tune_scale.py --interleave; NOTES-tune-scale.md).
+_INTERLEAVE = False
 
 #: Whether `PickBest` loads the next candidate while the GPU times the current one (a switch
 #: for benchmarks/tune_scale.py's comparison).
@@ -406,7 +411,7 @@ class PickBest(Policy):
             if _PREFETCH_NEXT:
                 load(index + 1)
 
-        queued: dict[int, QueuedTiming] = {}
+        queued: dict[int, QueuedTiming | _Done] = {}
 
         def finish(index: int) -> None:
             kernel = kernels[index]
@@ -425,6 +430,17 @@ class PickBest(Policy):
             if self.progress:
                 self.progress(index + 1, len(kernels), kernel.metadata.kernel_name)
 
+        if _INTERLEAVE:  # 2. time, every verified candidate in each round
+            timed = {index: _timed_run(kernels[index], [unbound_copy(a) for a in inputs], artifacts[index])
+                     for index in range(len(kernels)) if index in artifacts}
+            found = time_interleaved(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms)
+            for index in range(len(kernels)):
+                if isinstance(found.get(index), Exception):
+                    fail(index, found[index])
+                elif index in found:
+                    queued[index] = _Done(found[index])
+                finish(index)
+            return [m for m in results if m is not None]
         for index, kernel in enumerate(kernels):  # 2. time
             if index in artifacts:
                 own = [unbound_copy(a) for a in inputs]  # this kernel binds its own fast launch to them
@@ -439,6 +455,16 @@ class PickBest(Policy):
             finish(index)
         return [m for m in results if m is not None]
 
+
+
+class _Done:
+    """A timing already read (`time_interleaved`'s), where `PickBest._measure` expects a queued one."""
+
+    def __init__(self, summary: dict) -> None:
+        self.summary = summary
+
+    def result(self) -> dict:
+        return self.summary
 
 
 def _timed_run(kernel: Kernel, own: list[Any], artifact: Any) -> Callable[[int], None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -106,6 +106,75 @@ class QueuedTiming:
         samples = self.samples()
         return {"median_ms": statistics.median(samples), "min_ms": min(samples),
                 "mean_ms": statistics.fmean(samples), "samples": len(samples)}
+
+
+def _summary(samples: list[float]) -> dict:
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "mean_ms": statistics.fmean(samples),
+            "samples": len(samples)}
+
+
+def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup: int = 5, repeat: int = 50,
+                     gpu_floor_ms: float = 0.0, max_queued: int = 96) -> dict[Any, dict | Exception]:
+    """Time several calls against each other: after ``warmup`` calls of each alone, ``repeat``
+    rounds in which every call of ``runs`` is launched once, in turn, each launch between its
+    own CUDA events. Returns per key `QueuedTiming.result`'s summary, or the exception its call
+    raised (it is left out of the later rounds).
+
+    Clock and power drift then hit all the calls alike (timed one after the other, each
+    candidate meets the GPU in another state). The input set advances with every launch, not
+    every round, so no launch reads what the one before it left in L2 (``sets`` as
+    `rotation_count` gives). Rounds are queued in chunks of at most ``max_queued`` launches,
+    a chunk only once the one before the last has run (a full launch queue would block the
+    host inside a launch), each behind a GPU head start when the host is slower than the
+    calls (``gpu_floor_ms``: a lower bound of one call's GPU time, as for `QueuedTiming`).
+    """
+    stream = torch.cuda.current_stream()
+    failures: dict[Any, Exception] = {}
+    host_ms: dict[Any, float] = {}
+    for key, run in runs.items():
+        try:
+            host_ms[key] = _host_ms_per_call(run, sets, warmup) or 0.0
+        except Exception as exc:
+            failures[key] = exc
+    live = [key for key in runs if key not in failures]
+    chunks: list[list[tuple[Any, Any, Any]]] = []
+    waited = -1
+    launches = 0
+    rounds_per_chunk = max(1, max_queued // max(1, len(live)))
+    done = 0
+    while done < repeat and live:
+        rounds = min(rounds_per_chunk, repeat - done)
+        behind_ms = sum(host_ms[k] + _EVENT_PAIR_MS - gpu_floor_ms for k in live)
+        if behind_ms > 0:
+            gpu_sleep(min(MAX_HEAD_START_MS, 1.25 * rounds * behind_ms + 0.05), stream)
+        chunk = []
+        for _ in range(rounds):
+            for key in list(live):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                try:
+                    runs[key](launches % sets)
+                except Exception as exc:
+                    failures[key] = exc
+                    live.remove(key)
+                    continue
+                finally:
+                    launches += 1
+                end.record(stream)
+                chunk.append((key, start, end))
+        chunks.append(chunk)
+        done += rounds
+        if len(chunks) >= 2 and chunks[-2]:  # the chunk before this one has run: at most two queued
+            chunks[-2][-1][2].synchronize()
+            waited = len(chunks) - 2
+    for i, chunk in enumerate(chunks):
+        if i > waited and chunk:
+            chunk[-1][2].synchronize()
+    samples: dict[Any, list[float]] = {key: [] for key in runs}
+    for chunk in chunks:
+        for key, start, end in chunk:
+            samples[key].append(start.elapsed_time(end))
+    return {key: failures[key] if key in failures else _summary(samples[key]) for key in runs}
 
 
 def time_cuda(run: Callable[[int], None], sets: int = 1, warmup: int = 5, repeat: int = 50,

@@ -1,0 +1,128 @@
+"""kernel_api.tuning.timing.time_interleaved on the CPU: CUDA events, the stream and the GPU spin
+are faked by a clock that each call advances by its kernel's duration."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_api.tuning import timing
+
+
+class _Clock:
+    """The fake GPU: ``now`` advances with each call; events read it when recorded."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        self.log: list = []
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self, stream=None):
+                self.t = clock.now
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+            def synchronize(self):
+                clock.log.append(("wait", self.t))
+
+        monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+        monkeypatch.setattr(timing.torch.cuda, "current_stream", lambda: None)
+        monkeypatch.setattr(timing, "gpu_sleep", lambda ms, stream=None: clock.log.append(("sleep", round(ms, 3))))
+
+    def kernel(self, name: str, ms: float, fail_at: int | None = None):
+        def run(i: int) -> None:
+            self.log.append((name, i))
+            if fail_at is not None and sum(1 for e in self.log if e[0] == name) == fail_at:
+                raise RuntimeError(f"{name} broke")
+            self.now += ms
+        return run
+
+
+def test_rounds_launch_every_call_in_turn_on_a_new_input_set(monkeypatch):
+    clock = _Clock(monkeypatch)
+    runs = {"a": clock.kernel("a", 2.0), "b": clock.kernel("b", 1.0), "c": clock.kernel("c", 3.0)}
+    found = timing.time_interleaved(runs, sets=4, warmup=2, repeat=3, gpu_floor_ms=1e9)
+    launches = [e for e in clock.log if e[0] in runs]
+    assert launches[:6] == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]  # warm-ups, each alone
+    assert launches[6:] == [("a", 0), ("b", 1), ("c", 2), ("a", 3), ("b", 0), ("c", 1), ("a", 2), ("b", 3),
+                            ("c", 0)]  # rounds; the set advances with every launch
+    assert {k: (v["median_ms"], v["samples"]) for k, v in found.items()} == {"a": (2.0, 3), "b": (1.0, 3),
+                                                                           "c": (3.0, 3)}
+    assert not [e for e in clock.log if e[0] == "sleep"]  # the GPU is slower than the host: no head start
+
+
+def test_rounds_are_queued_in_chunks_two_ahead_of_the_waits(monkeypatch):
+    clock = _Clock(monkeypatch)
+    runs = {"a": clock.kernel("a", 1.0), "b": clock.kernel("b", 1.0)}
+    timing.time_interleaved(runs, warmup=1, repeat=5, gpu_floor_ms=1e9, max_queued=4)  # 2 rounds per chunk
+    marks = [e[0] if e[0] in ("wait", "sleep") else "launch" for e in clock.log[2:]]
+    # chunks of 4, 4 and 2 launches; the first is waited for once the second is queued, and so on
+    assert marks == ["launch"] * 8 + ["wait"] + ["launch"] * 2 + ["wait", "wait"]
+
+
+def test_a_failing_call_is_reported_and_left_out_of_later_rounds(monkeypatch):
+    clock = _Clock(monkeypatch)
+    runs = {"a": clock.kernel("a", 1.0), "b": clock.kernel("b", 2.0, fail_at=3), "c": clock.kernel("c", 1.5, fail_at=1)}
+    found = timing.time_interleaved(runs, warmup=1, repeat=4, gpu_floor_ms=1e9)
+    assert isinstance(found["c"], RuntimeError)  # failed in its warm-up: never timed
+    assert isinstance(found["b"], RuntimeError) and "b broke" in str(found["b"])  # failed in round 2
+    assert found["a"]["samples"] == 4 and found["a"]["median_ms"] == 1.0
+    assert [e[0] for e in clock.log if e[0] in runs][-2:] == ["a", "a"]  # b gone after its failure
+
+
+def test_a_host_slower_than_the_calls_gets_a_head_start_per_chunk(monkeypatch):
+    clock = _Clock(monkeypatch)
+    runs = {"a": clock.kernel("a", 0.001), "b": clock.kernel("b", 0.001)}
+    timing.time_interleaved(runs, warmup=2, repeat=4, gpu_floor_ms=0.0, max_queued=4)
+    sleeps = [e for e in clock.log if e[0] == "sleep"]
+    assert len(sleeps) == 2 and all(0 < ms <= timing.MAX_HEAD_START_MS for _, ms in sleeps)
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_pick_best_measures_the_same_either_way(monkeypatch, interleave):
+    """PickBest._measure with the candidates timed one after another or in rounds: the same
+    measurements and failures (fake kernels, clock-faked timing)."""
+    from kernel_api.tuning import policies
+    import torch
+
+    clock = _Clock(monkeypatch)
+
+    class Fake:
+        def __init__(self, name, ms, wrong=False):
+            self.metadata = type("M", (), {"kernel_name": name})()
+            self.ms, self.wrong = ms, wrong
+
+        def compile_key(self, args, cc):
+            return cc
+
+        def compile(self, args):
+            return self
+
+        def run(self, args, compiled_artifact=None, assume_supported_args=False):
+            if not assume_supported_args:
+                shared.last = self
+            clock.now += self.ms
+
+    class Args:
+        device_index = 0
+
+        def tensors(self):
+            return {}
+
+    shared = Args()
+    monkeypatch.setattr(policies, "_INTERLEAVE", interleave)
+    monkeypatch.setattr(policies, "device_cc", lambda index: 90)
+    monkeypatch.setattr(policies, "random_like", lambda a: shared)
+    monkeypatch.setattr(policies, "reference", lambda a: torch.zeros(1))
+    monkeypatch.setattr(policies, "relative_error_tensor",
+                        lambda o, r, n=None: torch.tensor(0.5 if shared.last.wrong else 0.0, dtype=torch.float64))
+    monkeypatch.setattr(policies, "tolerance", lambda a, k=None: 1e-2)
+    monkeypatch.setattr(policies, "output_of", lambda a: type("O", (), {"fill_": lambda self, v: None})())
+    found = policies.PickBest(repeat=5)._measure(shared, [Fake("a", 2.0), Fake("b", 1.0, wrong=True), Fake("c", 3.0)])
+    assert [(m.kernel_name, m.median_ms, m.failure is None) for m in found] == [
+        ("a", 2.0, True), ("b", None, False), ("c", 3.0, True)]
+    assert "relative error 5.00e-01" in found[1].failure
