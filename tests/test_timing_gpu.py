@@ -63,7 +63,7 @@ def test_interleaved_rounds_time_each_call_without_the_hosts_gaps():
     from kernel_api.tuning.timing import time_interleaved
 
     x = torch.zeros(256, device="cuda")
-    y = torch.zeros(1 << 22, device="cuda")  # 16 MB: a copy of it takes tens of microseconds
+    y = torch.zeros(1 << 22, device="cuda")  # 16 MB: scaling it in place takes about 10 us
     found = time_interleaved({"slow host": _slow_host_launch(x), "copy": lambda i: y.mul_(1.0)}, repeat=4)
     assert found["slow host"]["median_ms"] < 0.3 and found["slow host"]["samples"] == 4, found
     assert found["copy"]["median_ms"] > found["slow host"]["median_ms"], found
