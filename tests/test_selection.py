@@ -214,6 +214,17 @@ def _pipelined_measure(monkeypatch, errors=None, broken=(), medians=None):
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
             return {"median_ms": medians.get(self.name, 1.0 + ord(self.name) - ord("a"))}
 
+    shared = fake_measure_inputs(monkeypatch, lambda args: errors.get(args.current, 0.0))
+    monkeypatch.setattr(policies, "QueuedTiming", FakeTiming)
+    return Fake, events, shared
+
+
+def fake_measure_inputs(monkeypatch, error_of):
+    """Fakes PickBest._measure's inputs, reference, error and output (no GPU): returns the one
+    arguments object every input set stands for; ``error_of(it)`` is the relative error a check
+    finds (``it`` as the last verified run left it)."""
+    from kernel_api.tuning import policies
+
     class Args:
         device_index = 0
 
@@ -221,15 +232,14 @@ def _pipelined_measure(monkeypatch, errors=None, broken=(), medians=None):
             return {}
 
     shared = Args()
-    monkeypatch.setattr(policies, "QueuedTiming", FakeTiming)
     monkeypatch.setattr(policies, "device_cc", lambda index: 90)
     monkeypatch.setattr(policies, "random_like", lambda a: shared)
     monkeypatch.setattr(policies, "reference", lambda a: torch.zeros(1))
     monkeypatch.setattr(policies, "relative_error_tensor",
-                        lambda o, r, n=None: torch.tensor(errors.get(shared.current, 0.0), dtype=torch.float64))
+                        lambda o, r, n=None: torch.tensor(error_of(shared), dtype=torch.float64))
     monkeypatch.setattr(policies, "tolerance", lambda a, k=None: 1e-2)
     monkeypatch.setattr(policies, "output_of", lambda a: type("O", (), {"fill_": lambda self, v: None})())
-    return Fake, events, shared
+    return shared
 
 
 def test_pick_best_verifies_every_candidate_before_queueing_timed_launches(monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_api.tuning import timing
+from test_selection import fake_measure_inputs
 
 
 class _Clock:
@@ -87,7 +88,6 @@ def test_pick_best_measures_the_same_either_way(monkeypatch, interleave):
     """PickBest._measure with the candidates timed one after another or in rounds: the same
     measurements and failures (fake kernels, clock-faked timing)."""
     from kernel_api.tuning import policies
-    import torch
 
     clock = _Clock(monkeypatch)
 
@@ -107,21 +107,8 @@ def test_pick_best_measures_the_same_either_way(monkeypatch, interleave):
                 shared.last = self
             clock.now += self.ms
 
-    class Args:
-        device_index = 0
-
-        def tensors(self):
-            return {}
-
-    shared = Args()
+    shared = fake_measure_inputs(monkeypatch, lambda args: 0.5 if args.last.wrong else 0.0)
     monkeypatch.setattr(policies, "_INTERLEAVE", interleave)
-    monkeypatch.setattr(policies, "device_cc", lambda index: 90)
-    monkeypatch.setattr(policies, "random_like", lambda a: shared)
-    monkeypatch.setattr(policies, "reference", lambda a: torch.zeros(1))
-    monkeypatch.setattr(policies, "relative_error_tensor",
-                        lambda o, r, n=None: torch.tensor(0.5 if shared.last.wrong else 0.0, dtype=torch.float64))
-    monkeypatch.setattr(policies, "tolerance", lambda a, k=None: 1e-2)
-    monkeypatch.setattr(policies, "output_of", lambda a: type("O", (), {"fill_": lambda self, v: None})())
     found = policies.PickBest(repeat=5)._measure(shared, [Fake("a", 2.0), Fake("b", 1.0, wrong=True), Fake("c", 3.0)])
     assert [(m.kernel_name, m.median_ms, m.failure is None) for m in found] == [
         ("a", 2.0, True), ("b", None, False), ("c", 3.0, True)]

@@ -411,18 +411,16 @@ class PickBest(Policy):
             if _PREFETCH_NEXT:
                 load(index + 1)
 
-        queued: dict[int, QueuedTiming | _Done] = {}
-
-        def finish(index: int) -> None:
+        def finish(index: int, summary: Callable[[], dict] | None) -> None:
+            """Record candidate ``index`` from ``summary()`` (its timing; None: it failed before)."""
             kernel = kernels[index]
-            timing = queued.pop(index, None)
-            if timing is not None:
+            if summary is not None:
                 try:
-                    samples = timing.result()  # waits for this candidate's last launch
+                    median_ms = summary()["median_ms"]  # may wait for this candidate's last launch
                     err = float(errors[index])  # copied before any timed launch
                     tol = tolerance(check, kernel)
                     name = kernel.metadata.kernel_name
-                    results[index] = (Measurement(name, samples["median_ms"], err) if err <= tol else
+                    results[index] = (Measurement(name, median_ms, err) if err <= tol else
                                       Measurement(name, error=err,
                                                   failure=f"wrong result: relative error {err:.2e} > {tol:.0e}"))
                 except Exception as exc:
@@ -435,12 +433,12 @@ class PickBest(Policy):
                      for index in range(len(kernels)) if index in artifacts}
             found = time_interleaved(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms)
             for index in range(len(kernels)):
-                if isinstance(found.get(index), Exception):
-                    fail(index, found[index])
-                elif index in found:
-                    queued[index] = _Done(found[index])
-                finish(index)
+                got = found.get(index)
+                if isinstance(got, Exception):
+                    fail(index, got)
+                finish(index, None if got is None or isinstance(got, Exception) else (lambda got=got: got))
             return [m for m in results if m is not None]
+        queued: dict[int, QueuedTiming] = {}
         for index, kernel in enumerate(kernels):  # 2. time
             if index in artifacts:
                 own = [unbound_copy(a) for a in inputs]  # this kernel binds its own fast launch to them
@@ -450,21 +448,12 @@ class PickBest(Policy):
                 except Exception as exc:
                     fail(index, exc)
             if index >= 2:
-                finish(index - 2)
+                waiting = queued.pop(index - 2, None)
+                finish(index - 2, waiting and waiting.result)
         for index in range(max(0, len(kernels) - 2), len(kernels)):
-            finish(index)
+            waiting = queued.pop(index, None)
+            finish(index, waiting and waiting.result)
         return [m for m in results if m is not None]
-
-
-
-class _Done:
-    """A timing already read (`time_interleaved`'s), where `PickBest._measure` expects a queued one."""
-
-    def __init__(self, summary: dict) -> None:
-        self.summary = summary
-
-    def result(self) -> dict:
-        return self.summary
 
 
 def _timed_run(kernel: Kernel, own: list[Any], artifact: Any) -> Callable[[int], None]:

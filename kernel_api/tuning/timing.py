@@ -57,6 +57,11 @@ def _host_ms_per_call(run: Callable[[int], None], sets: int, warmup: int) -> flo
     return statistics.median(times[1:] or times) * 1e3
 
 
+def _summary(samples: list[float]) -> dict:
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "mean_ms": statistics.fmean(samples),
+            "samples": len(samples)}
+
+
 class QueuedTiming:
     """``repeat`` calls of ``run(i)`` (i = index of the input set, cycling over ``sets``) queued
     on ``stream`` after ``warmup`` untimed ones, each timed call between its own CUDA events,
@@ -103,14 +108,7 @@ class QueuedTiming:
 
     def result(self) -> dict:
         """``{"median_ms", "min_ms", "mean_ms", "samples"}`` (waits for the last call)."""
-        samples = self.samples()
-        return {"median_ms": statistics.median(samples), "min_ms": min(samples),
-                "mean_ms": statistics.fmean(samples), "samples": len(samples)}
-
-
-def _summary(samples: list[float]) -> dict:
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "mean_ms": statistics.fmean(samples),
-            "samples": len(samples)}
+        return _summary(self.samples())
 
 
 def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup: int = 5, repeat: int = 50,
@@ -190,8 +188,7 @@ def time_cuda(run: Callable[[int], None], sets: int = 1, warmup: int = 5, repeat
     if min_total_ms and sum(samples) < min_total_ms and repeat < 10000:
         more = int(repeat * min_total_ms / max(sum(samples), 1e-3))
         return time_cuda(run, sets, warmup=1, repeat=min(10000, max(repeat, more)), gpu_floor_ms=gpu_floor_ms)
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples),
-            "mean_ms": statistics.fmean(samples), "samples": len(samples)}
+    return _summary(samples)
 
 
 def time_cuda_pair(first: Callable[[int], None], second: Callable[[int], None], sets: int = 1, warmup: int = 5,

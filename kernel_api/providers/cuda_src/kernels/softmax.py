@@ -148,6 +148,14 @@ class _SoftmaxBase(CudaSourceKernel):
         plan = self._instance(args.cols)[1]
         return (-(-args.rows // plan.rows_per_cta), plan.threads)
 
+    def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        plan = _launch_plan(self, args, artifact)
+        if plan is None:
+            return
+        device = args.device.index
+        artifact.compiled_obj.launch(stream_handle(stream, device), device, -(-args.rows // plan.rows_per_cta),
+                                     plan.threads, 0, row_params(args))
+
 
 def _name(cls: type, params: dict) -> str:
     """The shared naming, with ``_peel<vec>`` in place of ``_a<vec>`` for peeled instances."""
@@ -178,6 +186,18 @@ def _row_stride(t: torch.Tensor, cols: int) -> int:
     return t.view(-1, cols).stride(0)
 
 
+def row_params(args: Any) -> tuple:
+    """The parameters every softmax kernel of this provider starts with: the row pointers,
+    extents and row strides. Forward: (x, out, rows, cols, ld x, ld out); backward: (dy, y, dx,
+    rows, cols, ld dy, ld y, ld dx). Outputs are written dense (ld = cols)."""
+    rows, cols = args.rows, args.cols
+    if isinstance(args, SoftmaxBackwardArguments):
+        g, y, d = args.grad_out, args.out, args.grad_in
+        return (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols), cols)
+    x, out = args.x, args.out
+    return (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols)
+
+
 def _check_capacity(kernel: Any, plan: Any, cols: int) -> None:
     if plan.capacity is not None and cols > plan.capacity:
         raise UnsupportedArgumentsError(
@@ -204,17 +224,6 @@ class CudaSoftmaxForward(_SoftmaxBase):
     supported_args_type = SoftmaxArguments
     backward = False
 
-    def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        plan = _launch_plan(self, args, artifact)
-        if plan is None:
-            return
-        rows, cols = args.rows, args.cols
-        x, out = args.x, args.out
-        device = x.device.index
-        artifact.compiled_obj.launch(
-            stream_handle(stream, device), device, (rows + plan.rows_per_cta - 1) // plan.rows_per_cta, plan.threads, 0,
-            (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols))
-
 
 @CudaSourceProvider.register
 class CudaSoftmaxBackward(_SoftmaxBase):
@@ -222,17 +231,6 @@ class CudaSoftmaxBackward(_SoftmaxBase):
 
     supported_args_type = SoftmaxBackwardArguments
     backward = True
-
-    def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        plan = _launch_plan(self, args, artifact)
-        if plan is None:
-            return
-        rows, cols = args.rows, args.cols
-        g, y, d = args.grad_out, args.out, args.grad_in
-        device = y.device.index
-        artifact.compiled_obj.launch(
-            stream_handle(stream, device), device, (rows + plan.rows_per_cta - 1) // plan.rows_per_cta, plan.threads, 0,
-            (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols), cols))
 
 
 class JoinsSoftmaxSource:

@@ -75,7 +75,7 @@ from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_ope
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _row_stride, peel_status
+from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, peel_status, row_params
 
 #: Compute threads per CTA, plus one producer warp (softmax_rowgroup.cu's RG_CONSUMERS).
 CONSUMERS = 512
@@ -349,7 +349,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         return cost if args.cols >= MIN_COLS else 4.0 * cost + 100.0
 
     # ---- launch ------------------------------------------------------------------------------
-    def _launch(self, args: Any, artifact: Any, stream: Any, workspace: Any, params: tuple) -> None:
+    def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
         if args.rows == 0 or args.cols == 0:
             return
         device = args.device.index
@@ -370,7 +370,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
             raise RuntimeError(f"{self.metadata.kernel_name}: inconsistent plan {p} for {fit}")  # (the kernel would trap)
         tail = (workspace.data_ptr(), next_epoch(), p.ctas_per_row, p.groups, p.staged_vectors, p.ring_chunks,
                 int(p.ahead))
-        launcher.launch(stream_handle(stream, device), device, p.grid, THREADS, p.smem_bytes, params + tail,
+        launcher.launch(stream_handle(stream, device), device, p.grid, THREADS, p.smem_bytes, row_params(args) + tail,
                         cooperative=True)
 
 
@@ -393,12 +393,6 @@ class CudaSoftmaxRowGroupForward(_RowGroupBase):
     supported_args_type = SoftmaxArguments
     backward = False
 
-    def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        rows, cols = args.rows, args.cols
-        x, out = args.x, args.out
-        self._launch(args, artifact, stream, workspace,
-                     (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols))
-
 
 @CudaSourceProvider.register
 class CudaSoftmaxRowGroupBackward(_RowGroupBase):
@@ -407,10 +401,3 @@ class CudaSoftmaxRowGroupBackward(_RowGroupBase):
 
     supported_args_type = SoftmaxBackwardArguments
     backward = True
-
-    def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        rows, cols = args.rows, args.cols
-        g, y, d = args.grad_out, args.out, args.grad_in
-        self._launch(args, artifact, stream, workspace,
-                     (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols),
-                      _row_stride(y, cols), cols))

@@ -30,7 +30,7 @@ from ....utils import MAX_GRID_X
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _launch_plan, _row_stride, peel_status
+from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _launch_plan, peel_status, row_params
 
 #: Dynamic shared memory one CTA may use on sm_90/sm_100 (227 KB opt-in, less the kernel's
 #: static reduction scratch).
@@ -140,6 +140,14 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
         p = self.plan(args.cols)[1]
         return (args.rows, p.threads, row_smem_bytes(args.cols, self.dtype, self.backward))
 
+    def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        p = _launch_plan(self, args, artifact)
+        if p is None:
+            return
+        device = args.device.index
+        artifact.compiled_obj.launch(stream_handle(stream, device), device, args.rows, p.threads,
+                                     row_smem_bytes(args.cols, self.dtype, self.backward), row_params(args))
+
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
         """`row_cost`'s model (one read, peeled, a CTA per row) times the cost of staging in
@@ -152,26 +160,12 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
         return row_cost(self, args, sm_count) * (1.1 if two else 1.25)
 
 
-def _launch(kernel: _SmemBase, args: Any, artifact: Any, stream: Any, device: int, params: tuple) -> None:
-    p = _launch_plan(kernel, args, artifact)
-    if p is None:
-        return
-    artifact.compiled_obj.launch(stream_handle(stream, device), device, args.rows, p.threads,
-                                 row_smem_bytes(args.cols, kernel.dtype, kernel.backward), params)
-
-
 @CudaSourceProvider.register
 class CudaSoftmaxSmemForward(_SmemBase):
     """``out = softmax(x, dim=-1)``, each row staged once in one CTA's shared memory (f32 math)."""
 
     supported_args_type = SoftmaxArguments
     backward = False
-
-    def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        rows, cols = args.rows, args.cols
-        x, out = args.x, args.out
-        _launch(self, args, artifact, stream, x.device.index,
-                (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols))
 
 
 @CudaSourceProvider.register
@@ -180,10 +174,3 @@ class CudaSoftmaxSmemBackward(_SmemBase):
 
     supported_args_type = SoftmaxBackwardArguments
     backward = True
-
-    def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        rows, cols = args.rows, args.cols
-        g, y, d = args.grad_out, args.out, args.grad_in
-        _launch(self, args, artifact, stream, y.device.index,
-                (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols),
-                 cols))

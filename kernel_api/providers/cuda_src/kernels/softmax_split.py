@@ -33,7 +33,7 @@ from ....utils import MAX_GRID_X, next_pow2
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _launch_plan, _row_stride, peel_status
+from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _launch_plan, peel_status, row_params
 
 #: Cluster sizes (portable: at most 8).
 CLUSTERS = (2, 4, 8)
@@ -91,7 +91,7 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
-        c, vec = params["cluster"], 16 // params["dtype"].bytes
+        c = params["cluster"]
         extra = (("cluster", c), ("peel", True)) + ((("passes", 2),) if params["looped"] else ())
         threads = LOOPED_THREADS if params["looped"] else MAX_THREADS[params["ept"]]
         # Rows one CTA holds go to the block kernels unless they are few (see row_cost).
@@ -144,6 +144,14 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
         p = self.plan(args.cols)[1]
         return (args.rows * p.cluster, p.threads)
 
+    def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        p = _launch_plan(self, args, artifact)
+        if p is None:
+            return
+        device = args.device.index
+        artifact.compiled_obj.launch(stream_handle(stream, device), device, args.rows * p.cluster, p.threads, 0,
+                                     row_params(args))
+
 
 @CudaSourceProvider.register
 class CudaSoftmaxSplitForward(_SplitBase):
@@ -152,17 +160,6 @@ class CudaSoftmaxSplitForward(_SplitBase):
     supported_args_type = SoftmaxArguments
     backward = False
 
-    def _run(self, args: SoftmaxArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        p = _launch_plan(self, args, artifact)
-        if p is None:
-            return
-        rows, cols = args.rows, args.cols
-        x, out = args.x, args.out
-        device = x.device.index
-        artifact.compiled_obj.launch(
-            stream_handle(stream, device), device, rows * p.cluster, p.threads, 0,
-            (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols))
-
 
 @CudaSourceProvider.register
 class CudaSoftmaxSplitBackward(_SplitBase):
@@ -170,15 +167,3 @@ class CudaSoftmaxSplitBackward(_SplitBase):
 
     supported_args_type = SoftmaxBackwardArguments
     backward = True
-
-    def _run(self, args: SoftmaxBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        p = _launch_plan(self, args, artifact)
-        if p is None:
-            return
-        rows, cols = args.rows, args.cols
-        g, y, d = args.grad_out, args.out, args.grad_in
-        device = y.device.index
-        artifact.compiled_obj.launch(
-            stream_handle(stream, device), device, rows * p.cluster, p.threads, 0,
-            (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols), cols))
-
