@@ -121,3 +121,40 @@ def test_memcheck_clean():
     assert proc.returncode == 0, tail
     assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
     assert "launches" in proc.stdout
+
+
+@pytest.mark.parametrize("family", ["CudaSoftmax", "CudaSoftmaxSplit", "CudaSoftmaxSmem"])
+@pytest.mark.parametrize("backward", [False, True])
+def test_each_family_launches_its_rows_with_the_row_parameters(monkeypatch, family, backward):
+    """The grid, block, shared memory and parameters a family's run hands its launcher (CPU,
+    a recording launcher): rows, the row pointers, extents and strides, strided input rows."""
+    import importlib
+
+    from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+    from kernel_api.kernel import CompiledArtifact
+
+    module = importlib.import_module({"CudaSoftmax": "kernel_api.providers.cuda_src.kernels.softmax",
+                                      "CudaSoftmaxSplit": "kernel_api.providers.cuda_src.kernels.softmax_split",
+                                      "CudaSoftmaxSmem": "kernel_api.providers.cuda_src.kernels.softmax_smem"}[family])
+    cls = getattr(module, family + ("Backward" if backward else "Forward"))
+    rows, cols = 6, 4096
+    wide = torch.zeros(rows, cols + 64, dtype=torch.float16)[:, :cols]  # row stride cols + 64
+    if backward:
+        args = SoftmaxBackwardArguments(wide, torch.zeros(rows, cols, dtype=torch.float16),
+                                        torch.empty(rows, cols, dtype=torch.float16))
+        params = (wide.data_ptr(), args.out.data_ptr(), args.grad_in.data_ptr(), rows, cols, cols + 64, cols, cols)
+    else:
+        args = SoftmaxArguments(wide, torch.empty(rows, cols, dtype=torch.float16))
+        params = (wide.data_ptr(), args.out.data_ptr(), rows, cols, cols + 64, cols)
+    kernel = next(k for k in cls.generate_kernels(None, cc=90) if k.supports(args, 90).error is None)
+    calls = []
+
+    class Recorder:
+        def launch(self, stream, device, grid, block, smem, launch_params, **kw):
+            calls.append((grid, block, smem, launch_params))
+
+    monkeypatch.setattr(module, "stream_handle", lambda stream, device: 0)
+    artifact = CompiledArtifact(Recorder(), kernel, 90, extra=kernel.launch_plan(args, None))
+    kernel._run(args, artifact, None)
+    config = kernel.launch_config(args)  # (grid, block[, shared memory])
+    assert calls == [(config[0], config[1], config[2] if len(config) > 2 else 0, params)]
