@@ -110,7 +110,8 @@ class Breakdown:
 
     STEPS = {"queue": (policies.QueuedTiming, "__init__"), "wait": (policies.QueuedTiming, "samples"),
              "setup": [(policies, "random_like"), (policies, "reference")],
-             "discovery": (registry, "get_kernels")}
+             "discovery": (registry, "get_kernels"),
+             "interleaved": (policies, "time_interleaved")}
 
     def __init__(self) -> None:
         from kernel_api.providers.cuda_src.kernel import CudaSourceKernel
@@ -223,13 +224,16 @@ def main() -> None:
     parser.add_argument("--shapes", default=SHAPES_FILE, help="a shapes file (default: the 16 bf16 GEMMs)")
     parser.add_argument("--rounds", type=int, default=3, help="times each configuration is timed (order rotated)")
     parser.add_argument("--profile", action="store_true", help="cProfile one more single-GPU run ($OUT or results/)")
-    parser.add_argument("--interleave", action="store_true",
-                        help="PickBest times the candidates against each other in rounds (policies._INTERLEAVE)")
+    parser.add_argument("--sequential", action="store_true",
+                        help="PickBest times the candidates one after the other, not in rounds (policies._INTERLEAVE off)")
     parser.add_argument("--breakdown", action="store_true",
                         help="time one more run per in-process configuration by step and thread (Breakdown)")
     parser.add_argument("--tag", default="", help="appended to the JSON file's name")
     parser.add_argument("--no-prefetch", action="store_true",
                         help="PickBest loads each candidate in its turn (not while the GPU times the one before)")
+    parser.add_argument("--first-launch-early", action="store_true",
+                        help="PickBest launches new artifacts once before queueing the reference "
+                             "(policies._FIRST_LAUNCH_EARLY)")
     parser.add_argument("--arbiter-repeat", type=int, default=200,
                         help="launches of each kernel per interleaved round when re-timing a disagreement (0: off)")
     parser.add_argument("--multi", default="threads,processes",
@@ -238,7 +242,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("tune_scale.py needs a CUDA GPU")
     policies._PREFETCH_NEXT = not args.no_prefetch
-    policies._INTERLEAVE = args.interleave
+    policies._INTERLEAVE = not args.sequential
+    policies._FIRST_LAUNCH_EARLY = args.first_launch_early
     gpus = torch.cuda.device_count()
     device = torch.cuda.get_device_name(0)
     major, minor = torch.cuda.get_device_capability(0)
@@ -264,18 +269,23 @@ def main() -> None:
             for label, devices, isolation in configurations[shift:] + configurations[:shift]:
                 store = TuningRecords(os.path.join(scratch, f"{label}-{round_}.sqlite"))
                 forget_loaded_kernels()
-                start = time.perf_counter()
                 # num_workers=1: the candidates are in the compile cache already; no compile pools.
                 # threads-si: threads with a 0.5 ms interpreter switch interval (an experiment)
                 scale._THREAD_SWITCH_INTERVAL_S = 0.0005 if isolation == "threads-si" else None
-                results = tune_shapes(problems, devices, max_candidates=args.max_candidates, repeat=args.repeat,
-                                      num_workers=1, records=store, isolation=isolation.split("-")[0])
+                with Breakdown() as b:  # a few wrappers: each thread's wall and waits, every round
+                    start = time.perf_counter()
+                    results = tune_shapes(problems, devices, max_candidates=args.max_candidates,
+                                          repeat=args.repeat, num_workers=1, records=store,
+                                          isolation=isolation.split("-")[0])
+                    seconds = time.perf_counter() - start
                 scale._THREAD_SWITCH_INTERVAL_S = None
-                seconds = time.perf_counter() - start
-                runs[label].append({"seconds": seconds, "results": results})
+                threads = b.table()
+                runs[label].append({"seconds": seconds, "results": results, "threads": threads})
                 bad = [r for r in results if r.failure is not None]
+                walls = "; ".join(f"{t['thread'].replace('kernel_api-tune-', '')} {t['wall_s']:.2f} s "
+                                  f"(timing {t['wait_s'] + t['interleaved_s']:.2f})" for t in threads)
                 print(f"round {round_}: {label}: {seconds:.2f} s for {len(results)} shapes" +
-                      (f"; {len(bad)} failed: {bad[0].failure}" if bad else ""))
+                      (f" [{walls}]" if walls else "") + (f"; {len(bad)} failed: {bad[0].failure}" if bad else ""))
         if args.profile:
             profile_single_gpu(problems, args, scratch)
         breakdown = breakdown_runs(problems, args, scratch, configurations) if args.breakdown else None
@@ -352,7 +362,9 @@ def main() -> None:
         print(f"{label:>16}: median {medians[label]:.2f} s [{spreads[label][0]:.2f}-{spreads[label][1]:.2f}]{extra}")
 
     summary = {"device": device, "gpus": gpus, "max_candidates": args.max_candidates, "repeat": args.repeat,
-               "rounds": args.rounds, "prefetch": not args.no_prefetch, "interleave": args.interleave,
+               "rounds": args.rounds, "prefetch": not args.no_prefetch, "interleave": not args.sequential,
+               "first_launch_early": args.first_launch_early,
+               "threads": {k: [r["threads"] for r in v] for k, v in runs.items()},
                "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s,
                "compile_failures": len(failed), "seconds": {k: [r["seconds"] for r in v] for k, v in runs.items()},
                "median_s": medians, "speedup": speedups, "winners_ok": agree,

@@ -216,6 +216,7 @@ def _pipelined_measure(monkeypatch, errors=None, broken=(), medians=None):
 
     shared = fake_measure_inputs(monkeypatch, lambda args: errors.get(args.current, 0.0))
     monkeypatch.setattr(policies, "QueuedTiming", FakeTiming)
+    monkeypatch.setattr(policies, "_INTERLEAVE", False)  # the one-after-the-other timing pass
     return Fake, events, shared
 
 
@@ -240,6 +241,35 @@ def fake_measure_inputs(monkeypatch, error_of):
     monkeypatch.setattr(policies, "tolerance", lambda a, k=None: 1e-2)
     monkeypatch.setattr(policies, "output_of", lambda a: type("O", (), {"fill_": lambda self, v: None})())
     return shared
+
+
+def test_pick_best_launches_new_artifacts_before_queueing_the_reference(monkeypatch):
+    """With _FIRST_LAUNCH_EARLY, each artifact's first launch on a device comes before the float64
+    reference is queued (a CuTe DSL first launch waits for the whole GPU queue holding the GIL),
+    once per policy: the next problem sharing the kernels queues its reference at once. A kernel
+    whose first launch fails is that candidate's failure, not the others'."""
+    from kernel_api.tuning import policies
+
+    Fake, events, args = _pipelined_measure(monkeypatch)
+    monkeypatch.setattr(policies, "_FIRST_LAUNCH_EARLY", True)
+    monkeypatch.setattr(policies, "reference", lambda a: events.append(("reference",)) or torch.zeros(1))
+    picker = policies.PickBest()
+    a, b = Fake("a"), Fake("b")
+    picker._measure(args, [a, b])
+    assert events[:5] == [("compile", "a"), ("run", "a"), ("compile", "b"), ("run", "b"), ("reference",)]
+    assert events[5:7] == [("run", "a"), ("run", "b")]  # the checks
+    events.clear()
+    picker._measure(args, [a, b, Fake("c")])  # the registry gives the same kernel instances
+    assert events[:3] == [("compile", "c"), ("run", "c"), ("reference",)]  # only c is new
+
+    class FirstLaunchFails(Fake):
+        def run(self, args, compiled_artifact=None, assume_supported_args=False):
+            raise RuntimeError("cannot load module")
+
+    events.clear()
+    found = policies.PickBest()._measure(args, [FirstLaunchFails("a"), Fake("b")])
+    assert [(m.kernel_name, m.failure is None) for m in found] == [("a", False), ("b", True)]
+    assert "cannot load module" in found[0].failure
 
 
 def test_pick_best_verifies_every_candidate_before_queueing_timed_launches(monkeypatch):

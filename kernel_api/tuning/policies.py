@@ -140,9 +140,14 @@ def rank_candidates(kernels: list[Kernel], args: Any) -> list[Kernel]:
 
 
 #: Whether `PickBest` times its candidates against each other in rounds (`time_interleaved`:
-#: drift hits all alike) instead of one after the other. Off until measured against the
-#: default on a GPU (benchmarks/tune_scale.py --interleave; NOTES-tune-scale.md).
-_INTERLEAVE = False
+#: drift hits all alike) instead of one after the other. On: measured on 2 H100s (session 24,
+#: benchmarks/tune_scale.py), later single-GPU tunings agreed with the first on 15-16 of 16
+#: winners against 14-15 timed one after the other, in the same wall time.
+_INTERLEAVE = True
+
+#: Whether `PickBest` launches each newly loaded artifact once before queueing the reference
+#: (`PickBest._first_launches`; a switch for benchmarks/tune_scale.py's comparison).
+_FIRST_LAUNCH_EARLY = False
 
 #: Whether `PickBest` loads the next candidate while the GPU times the current one (a switch
 #: for benchmarks/tune_scale.py's comparison).
@@ -232,6 +237,7 @@ class PickBest(Policy):
         self.use_records = use_records
         self.progress = progress
         self._loaded: dict[tuple, tuple[Kernel, Any]] = {}
+        self._launched: set[int] = set()  # id() of the artifacts in _loaded launched once already
 
     def choose(self, args: Any, candidates: list[Kernel]) -> Kernel:
         return self.tune(args, candidates).winner
@@ -359,6 +365,24 @@ class PickBest(Policy):
             found = self._loaded[key] = (kernel, kernel.compile(args))
         return found[1]
 
+    def _first_launches(self, kernels: list[Kernel], check: Any, artifacts: dict[int, Any],
+                        early: dict[int, Exception], load: Callable[[int], None]) -> None:
+        """Launch once each candidate whose artifact has not run on this device yet, before the
+        float64 reference is queued: a CuTe DSL artifact's first launch waits for all work queued
+        on the GPU, holding the GIL (benchmarks/first_launch_wait.py), so behind a reference
+        GEMM it would stall every other tuning thread of this process as well."""
+        for index, kernel in enumerate(kernels):
+            load(index)
+            artifact = artifacts.get(index)
+            if artifact is None or id(artifact) in self._launched:
+                continue
+            self._launched.add(id(artifact))
+            try:
+                kernel.run(unbound_copy(check), compiled_artifact=artifact)
+            except Exception as exc:  # reported when the check pass reaches this candidate
+                early[index] = exc
+                artifacts.pop(index)
+
     def _measure(self, args: Any, kernels: list[Kernel]) -> list[Measurement]:
         """Verify and time each of ``kernels`` on fresh random data (see the class docstring).
 
@@ -376,12 +400,6 @@ class PickBest(Policy):
         sets = rotation_count(sum(t.numel() * t.element_size() for t in args.tensors().values()))
         inputs = [random_like(args) for _ in range(sets)]
         check = random_like(args)
-        expected = reference(check).double()
-        expected_norm = torch.linalg.vector_norm(expected)
-        floor_ms = gpu_floor_ms(args)
-        # Errors come back through pinned memory: reading a GPU scalar (.item()) would wait for
-        # everything queued after it.
-        errors = torch.empty(len(kernels), dtype=torch.float64, pin_memory=torch.cuda.is_available())
         results: list[Measurement | None] = [None] * len(kernels)
         artifacts: dict[int, Any] = {}
         early: dict[int, Exception] = {}
@@ -392,6 +410,15 @@ class PickBest(Policy):
                     artifacts[index] = self._artifact(kernels[index], check)
                 except Exception as exc:  # reported when that candidate's turn comes
                     early[index] = exc
+
+        if _FIRST_LAUNCH_EARLY:
+            self._first_launches(kernels, check, artifacts, early, load)
+        expected = reference(check).double()
+        expected_norm = torch.linalg.vector_norm(expected)
+        floor_ms = gpu_floor_ms(args)
+        # Errors come back through pinned memory: reading a GPU scalar (.item()) would wait for
+        # everything queued after it.
+        errors = torch.empty(len(kernels), dtype=torch.float64, pin_memory=torch.cuda.is_available())
 
         def fail(index: int, exc: BaseException) -> None:
             results[index] = Measurement(kernels[index].metadata.kernel_name, failure=_failure(exc))
