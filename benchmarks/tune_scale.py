@@ -231,9 +231,9 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="appended to the JSON file's name")
     parser.add_argument("--no-prefetch", action="store_true",
                         help="PickBest loads each candidate in its turn (not while the GPU times the one before)")
-    parser.add_argument("--first-launch-early", action="store_true",
-                        help="PickBest launches new artifacts once before queueing the reference "
-                             "(policies._FIRST_LAUNCH_EARLY)")
+    parser.add_argument("--first-launch-late", action="store_true",
+                        help="PickBest's first launch of an artifact is its check, behind the reference "
+                             "(policies._FIRST_LAUNCH_EARLY off)")
     parser.add_argument("--arbiter-repeat", type=int, default=200,
                         help="launches of each kernel per interleaved round when re-timing a disagreement (0: off)")
     parser.add_argument("--multi", default="threads,processes",
@@ -243,7 +243,7 @@ def main() -> None:
         sys.exit("tune_scale.py needs a CUDA GPU")
     policies._PREFETCH_NEXT = not args.no_prefetch
     policies._INTERLEAVE = not args.sequential
-    policies._FIRST_LAUNCH_EARLY = args.first_launch_early
+    policies._FIRST_LAUNCH_EARLY = not args.first_launch_late
     gpus = torch.cuda.device_count()
     device = torch.cuda.get_device_name(0)
     major, minor = torch.cuda.get_device_capability(0)
@@ -363,7 +363,7 @@ def main() -> None:
 
     summary = {"device": device, "gpus": gpus, "max_candidates": args.max_candidates, "repeat": args.repeat,
                "rounds": args.rounds, "prefetch": not args.no_prefetch, "interleave": not args.sequential,
-               "first_launch_early": args.first_launch_early,
+               "first_launch_early": not args.first_launch_late,
                "threads": {k: [r["threads"] for r in v] for k, v in runs.items()},
                "shapes_file": os.path.relpath(args.shapes, ROOT), "compile_s": compile_s,
                "compile_failures": len(failed), "seconds": {k: [r["seconds"] for r in v] for k, v in runs.items()},

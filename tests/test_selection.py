@@ -217,6 +217,7 @@ def _pipelined_measure(monkeypatch, errors=None, broken=(), medians=None):
     shared = fake_measure_inputs(monkeypatch, lambda args: errors.get(args.current, 0.0))
     monkeypatch.setattr(policies, "QueuedTiming", FakeTiming)
     monkeypatch.setattr(policies, "_INTERLEAVE", False)  # the one-after-the-other timing pass
+    monkeypatch.setattr(policies, "_FIRST_LAUNCH_EARLY", False)  # each check is the first launch
     return Fake, events, shared
 
 

@@ -146,8 +146,10 @@ def rank_candidates(kernels: list[Kernel], args: Any) -> list[Kernel]:
 _INTERLEAVE = True
 
 #: Whether `PickBest` launches each newly loaded artifact once before queueing the reference
-#: (`PickBest._first_launches`; a switch for benchmarks/tune_scale.py's comparison).
-_FIRST_LAUNCH_EARLY = False
+#: (`PickBest._first_launches`). On: measured on 2 H100s (session 24, benchmarks/tune_scale.py),
+#: the 2-GPU runs went from 1.01-1.29 s (one thread stalled behind the other's first launches)
+#: to 1.00-1.03 s.
+_FIRST_LAUNCH_EARLY = True
 
 #: Whether `PickBest` loads the next candidate while the GPU times the current one (a switch
 #: for benchmarks/tune_scale.py's comparison).
