@@ -99,16 +99,23 @@ def test_refusals_say_why():
 
 
 def test_plans_for_the_long_benchmark_shapes():
-    """On 132 SMs with 14-chunk rings (H100/H200): slices of about 62 KB (forward) in 8 waves
-    for 32x1M and 8x4M bf16, every SM on one row for 8x4M; only the f32 backward of 4M
-    columns (254 KB of dy and y per CTA) overflows the ring."""
+    """On 132 SMs with 14-chunk rings (H100/H200), the slices the session-23 sweep ran fastest
+    with: 128 KB in the forward (32x1M bf16: S=16, 8 rows at once, 4 waves; 8x4M: S=64),
+    about 186 KB of dy and y in the backward (32x1M bf16: S=22); a lone row on every SM;
+    only the f32 backward of 4M columns (254 KB of dy and y per CTA) overflows the ring."""
     p = plan_rows(32, 2**20, 2, False)
-    assert (p.ctas_per_row, p.groups, p.waves, p.grid) == (33, 4, 8, 132)
-    assert p.slice_vectors == -(-2**17 // 33) and p.overflow_vectors == 0
+    assert (p.ctas_per_row, p.groups, p.waves, p.grid) == (16, 8, 4, 128)
+    assert p.slice_vectors == 2**17 // 16 and p.overflow_vectors == 0
     p = plan_rows(8, 2**22, 2, False)
-    assert (p.ctas_per_row, p.groups, p.waves) == (132, 1, 8) and p.overflow_vectors == 0
+    assert (p.ctas_per_row, p.groups, p.waves) == (64, 2, 4) and p.overflow_vectors == 0
+    p = plan_rows(32, 2**20, 2, True)
+    assert (p.ctas_per_row, p.groups, p.waves) == (22, 6, 6) and p.overflow_vectors == 0
+    p = plan_rows(32, 2**20, 4, False)
+    assert (p.ctas_per_row, p.groups, p.waves) == (32, 4, 8)
     p = plan_rows(1, 2**20, 2, False)
     assert p.waves == 1 and p.grid == 132
+    p = plan_rows(4, 2**20, 2, False)
+    assert (p.ctas_per_row, p.waves, p.grid) == (33, 1, 132)  # rows that fit one wave share the grid
     for eb in (2, 4):
         for backward in (False, True):
             for rows, cols in LONG:
