@@ -273,6 +273,31 @@ def test_caps_and_a_fixed_split_reach_the_launch(monkeypatch):
     assert cap == p.staged_vectors < p.slice_vectors and ahead == int(p.ahead)  # (the slice overflows 3 chunks)
 
 
+def test_a_smaller_ring_plans_for_the_ctas_it_lets_reside(monkeypatch):
+    """`limit_ring` below the device's ring: the plan is made for the CTAs that ring lets
+    reside (asked of the launcher; two per SM at most, the workspace's room), and launched."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    class TwoPerSm(_FakeLauncher):
+        def max_coresident(self, device, threads, smem):
+            return 132 * (2 if smem <= 7 * rg.CHUNK_BYTES else 1) * (3 if smem <= rg.CHUNK_BYTES else 1)
+
+    k = _kernel(CudaSoftmaxRowGroupForward, torch.bfloat16)
+    args = _args(CudaSoftmaxRowGroupForward, torch.empty(32, 2**20, dtype=torch.bfloat16))
+    fake = TwoPerSm()
+    plan, resident = k.group_plan(args, fake, 0)
+    assert resident == 132 and plan.ring_chunks == rg.DEFAULT_RING  # the device's own ring
+    k.limit_ring = 7
+    plan, resident = k.group_plan(args, fake, 0)
+    assert resident == 264 and plan.ring_chunks == 7 and 0.96 * 264 <= plan.grid <= 264
+    k.limit_ring = 1
+    assert k.group_plan(args, fake, 0)[1] == 264  # capped at two per SM
+    k.limit_ring = 7
+    ws = torch.empty(k.get_workspace_size(args), dtype=torch.uint8)
+    k._run(args, types.SimpleNamespace(compiled_obj=fake), 0x1, ws)
+    assert fake.launches[-1]["grid"] == plan.grid and fake.launches[-1]["smem"] == 7 * rg.CHUNK_BYTES
+
+
 def test_workspace_and_launch_config_without_a_gpu():
     k = _kernel(CudaSoftmaxRowGroupForward, torch.float32)
     args = _args(CudaSoftmaxRowGroupForward, torch.empty(8, 2**20))

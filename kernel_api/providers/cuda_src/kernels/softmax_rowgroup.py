@@ -374,6 +374,19 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / type(self).performance_hint
         return cost if args.cols >= MIN_COLS else 4.0 * cost + 100.0
 
+    def group_plan(self, args: Any, launcher: Any, device: int) -> tuple[RowGroupPlan, int]:
+        """The plan a launch on ``device`` takes and the co-resident CTAs it was made for: the
+        device's fit, or with `limit_ring` below it the CTAs of that smaller ring (two per SM
+        where registers allow: at most twice the full ring's, as the workspace has room for), capped
+        by `limit_ctas`."""
+        fit = self._fit(launcher, device)
+        ring, resident = fit.ring_chunks, fit.ctas
+        if self.limit_ring is not None and self.limit_ring < ring:
+            ring = max(1, self.limit_ring)
+            resident = min(launcher.max_coresident(device, THREADS, ring * CHUNK_BYTES), 2 * fit.ctas)
+        ctas = resident if self.limit_ctas is None else max(1, min(resident, self.limit_ctas))
+        return self.plan(args, ctas, ring), resident
+
     # ---- launch ------------------------------------------------------------------------------
     def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
         if args.rows == 0 or args.cols == 0:
@@ -382,18 +395,15 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         if device is None:
             device = torch.cuda.current_device()
         launcher = artifact.compiled_obj
-        fit = self._fit(launcher, device)
-        ctas = fit.ctas if self.limit_ctas is None else max(1, min(fit.ctas, self.limit_ctas))
-        ring = fit.ring_chunks if self.limit_ring is None else max(1, min(fit.ring_chunks, self.limit_ring))
-        p = self.plan(args, ctas, ring)
+        p, resident = self.group_plan(args, launcher, device)
         if (workspace is None or workspace.numel() * workspace.element_size() < p.workspace_bytes
                 or workspace.data_ptr() % 16):
             got = "none" if workspace is None else f"{workspace.numel() * workspace.element_size()} bytes at {workspace.data_ptr():#x}"
             raise ValueError(f"{self.metadata.kernel_name}: needs a 16-byte aligned workspace of {p.workspace_bytes} "
                              f"bytes (get_workspace_size), got {got}")
         chunks = wave_chunks(p.staged_vectors, self.backward)
-        if chunks > p.ring_chunks or (p.ahead and 2 * chunks > p.ring_chunks) or p.grid > fit.ctas:
-            raise RuntimeError(f"{self.metadata.kernel_name}: inconsistent plan {p} for {fit}")  # (the kernel would trap)
+        if chunks > p.ring_chunks or (p.ahead and 2 * chunks > p.ring_chunks) or p.grid > resident:
+            raise RuntimeError(f"{self.metadata.kernel_name}: inconsistent plan {p} for {resident} co-resident CTAs")  # (the kernel would trap)
         tail = (workspace.data_ptr(), next_epoch(), p.ctas_per_row, p.groups, p.staged_vectors, p.ring_chunks,
                 int(p.ahead))
         launcher.launch(stream_handle(stream, device), device, p.grid, THREADS, p.smem_bytes, row_params(args) + tail,

@@ -1,0 +1,133 @@
+"""The row-group softmax family's plans swept: ring size (shared memory per CTA, hence CTAs per
+SM) and CTAs per row (S), each point checked against float64 and timed against torch.
+
+    python3 benchmarks/softmax_rowgroup_sweep.py                          # the plan, rings 14/7/6
+    python3 benchmarks/softmax_rowgroup_sweep.py --S plan,8,11,16,22,33,44,66,132 --rings 14   # session 23's
+
+For each dtype, direction and long shape (default 32x1M and 8x4M, as issue #16's goal 6), and each
+ring of ``--rings`` chunks of 16 KB (14: one CTA per SM, the default plan; 7 or 6: room for two
+CTAs per SM where registers allow), each S of ``--S`` (``plan``: `plan_rows`' choice for that
+ring): the plan launched (S, row groups G, waves, slice per array, overflow), the relative error
+against float64, and TB/s (bytes moved once: read x / write out; backward: dy, y, dx) from the
+median of ``--iters`` launches alternated with torch's (`time_cuda_pair`, rotating input sets
+past L2), ``--repeats`` times. Prints a table (the best point per case marked) and writes
+benchmarks/results/softmax-rowgroup-sweep-<device>[-tag].json (and $OUT/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import kernel_api  # noqa: E402
+from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg  # noqa: E402
+from kernel_api.tuning.timing import time_cuda_pair  # noqa: E402
+from softmax import DTYPES, _case_tensors  # noqa: E402
+
+SHAPES = [(32, 2**20), (8, 2**22)]
+
+
+def row_group_kernel(args) -> rg._RowGroupBase:
+    """The family's kernel for ``args`` (the one instance discovery gives)."""
+    found = [k for k in kernel_api.get_kernels(args) if isinstance(k, rg._RowGroupBase)]
+    if not found:
+        raise RuntimeError(f"no row-group kernel for {args}")
+    return found[0]
+
+
+def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, rings: list[int], splits: list,
+               iters: int, repeats: int) -> list[dict]:
+    nbytes, sets, argsets, outs, ref, torch_fn = _case_tensors(rows, cols, dtype, backward)
+    kernel = row_group_kernel(argsets[0])
+    artifact = kernel.compile(argsets[0])
+    launcher = artifact.compiled_obj
+    device = torch.cuda.current_device()
+    points = []
+    try:
+        for ring in rings:
+            for split in splits:
+                kernel.limit_ring = ring
+                kernel.ctas_per_row = None if split == "plan" else int(split)
+                plan, resident = kernel.group_plan(argsets[0], launcher, device)  # what _run launches
+                point = {"ring": ring, "S_asked": split, "resident_ctas": resident, "S": plan.ctas_per_row,
+                         "G": plan.groups, "waves": plan.waves, "slice_kb": plan.slice_vectors * 16 / 1024,
+                         "overflow_vectors": plan.overflow_vectors, "ahead": plan.ahead}
+                try:
+                    outs[0].fill_(float("nan"))
+                    kernel.run(argsets[0], compiled_artifact=artifact)
+                    torch.cuda.synchronize()
+                    point["rel_err"] = ((outs[0].double() - ref).norm() / ref.norm()).item()
+                    if not point["rel_err"] < 1e-2:
+                        raise RuntimeError(f"wrong result: relative error {point['rel_err']:.2e}")
+                    ms = [time_cuda_pair(torch_fn, lambda i: kernel.run(argsets[i], compiled_artifact=artifact,
+                                                                        assume_supported_args=True),
+                                         sets=sets, repeat=iters) for _ in range(repeats)]
+                    point["torch_ms"] = statistics.median(t for t, _ in ms)
+                    point["ms_runs"] = [k for _, k in ms]
+                    point["ms"] = statistics.median(point["ms_runs"])
+                    point["tbs"] = nbytes / (point["ms"] * 1e-3) / 1e12
+                except Exception as exc:  # report, keep sweeping
+                    point["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                points.append(point)
+    finally:
+        kernel.limit_ring = kernel.ctas_per_row = None
+    return points
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", default="bf16,f32")
+    ap.add_argument("--directions", default="fwd,bwd")
+    ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
+    ap.add_argument("--rings", default="14,7,6", help="ring chunks per CTA (16 KB each)")
+    ap.add_argument("--S", default="plan", help="CTAs per row: 'plan' and/or numbers")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--tag", default="")
+    opts = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("softmax_rowgroup_sweep.py needs a CUDA GPU")
+    rings = [int(r) for r in opts.rings.split(",")]
+    splits = [s if s == "plan" else int(s) for s in opts.S.split(",")]
+    device = torch.cuda.get_device_name()
+    report = {"device": device, "torch": torch.__version__, "cases": []}
+    print(f"{'case':>28} {'ring':>4} {'S':>4} {'G':>3} {'waves':>5} {'slice KB':>8} {'over':>6} {'TB/s':>6} "
+          f"{'torch':>6}  note")
+    for dname in opts.dtypes.split(","):
+        for direction in opts.directions.split(","):
+            for shape in opts.shapes.split(","):
+                rows, cols = map(int, shape.split("x"))
+                points = sweep_case(rows, cols, DTYPES[dname], direction == "bwd", rings, splits, opts.iters,
+                                    opts.repeats)
+                case = f"{dname} {direction} {rows}x{cols}"
+                report["cases"].append({"dtype": dname, "direction": direction, "shape": [rows, cols],
+                                        "points": points})
+                timed = [p for p in points if "tbs" in p]
+                best = max(timed, key=lambda p: p["tbs"]) if timed else None
+                for p in points:
+                    note = p.get("error", "") or ("best" if p is best else "") + (" (plan)" if p["S_asked"] == "plan" else "")
+                    tbs = f"{p['tbs']:6.2f}" if "tbs" in p else f"{'-':>6}"
+                    torch_tbs = (f"{p['tbs'] * p['ms'] / p['torch_ms']:6.2f}" if "tbs" in p else f"{'-':>6}")
+                    print(f"{case:>28} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} {p['slice_kb']:8.0f} "
+                          f"{p['overflow_vectors']:6d} {tbs} {torch_tbs}  {note}", flush=True)
+    name = f"softmax-rowgroup-sweep-{device.replace(' ', '_')}{opts.tag and '-' + opts.tag}.json"
+    paths = [os.path.join(ROOT, "benchmarks", "results", name)]
+    if os.environ.get("OUT"):
+        paths.append(os.path.join(os.environ["OUT"], name))
+    for path in paths:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
