@@ -157,14 +157,18 @@ def test_repeated_epilogue_gemm_uses_the_fast_entry_with_each_calls_own_bias():
     A = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
     W = torch.randn(256, 384, device="cuda", dtype=torch.bfloat16) * 0.05
     dispatch.clear_dispatch_cache()
-    for step in range(3):
+    alignments = set()
+    for step in range(6):
         bias = torch.randn(384, device="cuda", dtype=torch.bfloat16)  # a new tensor (and values) each call
         x = torch.randn_like(A)
         out = ops.gemm(x, W, bias=bias, activation="gelu")
         ref = F.gelu(x.double() @ W.double() + bias.double(), approximate="tanh")
         assert _rel(out, ref) <= 2e-2, step
+        # the fast key holds each pointer's bits below 1024 (the alignment arguments record)
+        alignments.add((x.data_ptr() & 1023, out.data_ptr() & 1023, bias.data_ptr() & 1023))
     entries = [v for k, v in dispatch._fast.items() if len(k) == 4 and k[2] == "gelu"]
-    assert len(entries) == 1 and len(entries[0]) == 6  # recorded once, as an epilogue entry
+    # recorded once per pointer-alignment class the allocator happened to give, as epilogue entries
+    assert len(entries) == len(alignments) < 6 and all(len(e) == 6 for e in entries)
     # no tensor is kept by the entry (the bias goes in at each call)
     assert not any(isinstance(c, torch.Tensor) for c in entries[0][1] + entries[0][2])
 
