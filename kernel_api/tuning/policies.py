@@ -147,8 +147,8 @@ _INTERLEAVE = True
 
 #: Whether `PickBest` launches each newly loaded artifact once before queueing the reference
 #: (`PickBest._first_launches`). On: measured on 2 H100s (session 24, benchmarks/tune_scale.py),
-#: the 2-GPU runs went from 1.01-1.29 s (one thread stalled behind the other's first launches)
-#: to 1.00-1.03 s.
+#: the 2-GPU rounds went from 1.01-1.29 s (one thread stalled behind the other's first
+#: launches) to 1.00-1.15 s, and 0.99-1.05 s in the final run.
 _FIRST_LAUNCH_EARLY = True
 
 #: Whether `PickBest` loads the next candidate while the GPU times the current one (a switch
@@ -395,9 +395,13 @@ class PickBest(Policy):
            back without waiting). A kernel's first launch loads its module into the CUDA
            context, which waits for all work queued before it (benchmarks/first_launch_wait.py:
            the whole queue, on an H100), so no timed launches are queued yet;
-        2. time: queue each verified candidate's timed launches (`QueuedTiming`) while the GPU
-           runs the previous ones, at most two candidates ahead (a full launch queue would block
-           the host inside a launch), and read their samples.
+        2. time: with `_INTERLEAVE` (the default), every verified candidate once per round
+           (`time_interleaved`); otherwise each candidate's timed launches (`QueuedTiming`)
+           queued while the GPU runs the previous ones, at most two candidates ahead (a full
+           launch queue would block the host inside a launch), and their samples read.
+
+        With `_FIRST_LAUNCH_EARLY` (the default), artifacts new to this policy are launched once
+        before the reference is queued (`_first_launches`).
         """
         sets = rotation_count(sum(t.numel() * t.element_size() for t in args.tensors().values()))
         inputs = [random_like(args) for _ in range(sets)]
