@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,6 +22,7 @@ from kernel_api.arguments import EpilogueArguments
 from kernel_api.core.errors import CompilationError
 from kernel_api.providers.cuda_src.kernels.gemm_small_m import CLUSTER, CONFIGS, MIN_M, SPLITS, CudaGemmSmallM
 from kernel_api.tuning.timing import relative_error
+from memcheck import run_memcheck
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 # Relative Frobenius error allowed (rounding the output dominates: unit roundoff 2^-8 for bf16, 2^-11
@@ -309,13 +308,5 @@ print("launches", n)
 def test_memcheck_clean():
     """Every instance on small odd shapes (partial tiles, empty splits) under compute-sanitizer
     memcheck, the caching allocator off so that each tensor is its own allocation."""
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(tests_dir), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
-                           "--error-exitcode", "3", sys.executable, "-c", _SANITIZED % tests_dir],
-                          env=env, capture_output=True, text=True, timeout=900)
-    tail = (proc.stdout + proc.stderr)[-3000:]
-    assert proc.returncode == 0, tail
-    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
-    assert "launches 73" in proc.stdout, tail
+    out = run_memcheck(_SANITIZED % os.path.dirname(os.path.abspath(__file__)))
+    assert "launches 73" in out, out[-3000:]

@@ -29,6 +29,7 @@ from kernel_api.providers.cuda_src.kernels.softmax_rowgroup import (CudaSoftmaxR
                                                                      CudaSoftmaxRowGroupForward, plan_rows)
 from kernel_api.tuning.policies import rank_candidates
 
+from memcheck import run_memcheck
 from test_softmax import check_backward, check_forward, make_rows
 from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 from test_softmax_smem import _resources
@@ -514,23 +515,8 @@ def test_memcheck():
     """Both directions, every dtype, a row split over many CTAs and a small ring whose slices
     overflow, misaligned, under compute-sanitizer memcheck (caching allocator off: each
     operand and workspace is its own allocation, so an overrun is caught)."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    if shutil.which("compute-sanitizer") is None:
-        pytest.skip("compute-sanitizer not installed")
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                           os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
-                           "--error-exitcode", "3", sys.executable, "-c", _SANITIZED],
-                          env=env, capture_output=True, text=True, timeout=900)
-    tail = (proc.stdout + proc.stderr)[-3000:]
-    assert proc.returncode == 0, tail
-    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
-    assert int(proc.stdout.split("launches")[-1].split()[0]) == 12, tail
+    out = run_memcheck(_SANITIZED)
+    assert int(out.split("launches")[-1].split()[0]) == 12, out[-3000:]
 
 
 @pytest.mark.gpu

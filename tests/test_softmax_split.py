@@ -19,6 +19,7 @@ from kernel_api.providers.cuda_src.kernels.softmax import CudaSoftmaxBackward, C
 from kernel_api.providers.cuda_src.kernels.softmax_split import CudaSoftmaxSplitBackward, CudaSoftmaxSplitForward
 from kernel_api.tuning.policies import rank_candidates
 
+from memcheck import run_memcheck
 from test_softmax import check_backward, check_forward, make_rows
 from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 
@@ -302,21 +303,6 @@ print("launches", n)
 def test_memcheck_peeled_and_split_kernels():
     """The peeled and split kernels on misaligned odd rows under compute-sanitizer memcheck
     (caching allocator off: each operand is its own allocation, so an overrun is caught)."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    if shutil.which("compute-sanitizer") is None:
-        pytest.skip("compute-sanitizer not installed")
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                           os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
-                           "--error-exitcode", "3", sys.executable, "-c", _SANITIZED],
-                          env=env, capture_output=True, text=True, timeout=600)
-    tail = (proc.stdout + proc.stderr)[-3000:]
-    assert proc.returncode == 0, tail
-    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
-    launches = int(proc.stdout.split("launches")[-1].split()[0])
-    assert launches >= 20, tail
+    out = run_memcheck(_SANITIZED, timeout=600)
+    launches = int(out.split("launches")[-1].split()[0])
+    assert launches >= 20, out[-3000:]

@@ -1,0 +1,32 @@
+"""Running a test's script under compute-sanitizer memcheck, as the kernel families' memcheck
+tests do: the caching allocator off (each tensor its own allocation, so an overrun is caught),
+API errors not reported (they are not memory errors, and cuda.core probes kernel parameters
+that way), this checkout first on PYTHONPATH."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_memcheck(code: str, timeout: int = 900) -> str:
+    """Run ``python -c code`` under memcheck (the test skips without compute-sanitizer); assert
+    a clean exit and a clean error summary; return its stdout. The messages carry the tail of
+    what it printed."""
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer not installed")
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
+                           "--error-exitcode", "3", sys.executable, "-c", code],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
+    return proc.stdout
