@@ -118,7 +118,6 @@ class Breakdown:
         from kernel_api.providers.cutedsl.kernel import CuteDslKernel
 
         self.seconds: dict[tuple[str, str], float] = {}
-        self.walls: dict[str, float] = {}
         self.steps = {**self.STEPS, "load": [(CuteDslKernel, "cute_compile"), (CudaSourceKernel, "compile")]}
         self.saved: list[tuple[object, str, object]] = []
 
@@ -141,19 +140,12 @@ class Breakdown:
         for label, where in self.steps.items():
             for owner, name in where if isinstance(where, list) else [where]:
                 self._wrap(owner, name, label)
-        original = scale.tune_shard
-        walls = self.walls
-
-        def shard(*a, **kw):
-            began = time.perf_counter()
-            try:
-                return original(*a, **kw)
-            finally:
-                walls[threading.current_thread().name] = time.perf_counter() - began
-
-        self.saved.append((scale, "tune_shard", original))
-        scale.tune_shard = shard
+        self._wrap(scale, "tune_shard", "wall")  # one shard per thread: its wall time
         return self
+
+    @property
+    def walls(self) -> dict[str, float]:
+        return {thread: s for (thread, label), s in self.seconds.items() if label == "wall"}
 
     def __exit__(self, *exc) -> None:
         for owner, name, original in reversed(self.saved):
