@@ -104,8 +104,9 @@ class _SoftmaxBase(CudaSourceKernel):
     # ---- support --------------------------------------------------------------------------
     def _supports(self, args: Any) -> Status:
         cols, rows = args.cols, args.rows
-        if cols > MAX_COLS:
-            return Status.fail(f"{self.metadata.kernel_name}: rows of {cols:,} elements exceed its 2^31-1")
+        too_long = row_length_status(self.metadata.kernel_name, cols)
+        if too_long is not None:
+            return too_long
         if self.peel:
             status = peel_status(self.metadata.kernel_name, args, self.vec)
             if not status:
@@ -233,9 +234,32 @@ class CudaSoftmaxBackward(_SoftmaxBase):
     backward = True
 
 
+def row_length_status(name: str, cols: int) -> Status | None:
+    """Kernel ``name``'s refusal of rows longer than the kernels index with 32-bit ints
+    (`MAX_COLS`), else None."""
+    if cols > MAX_COLS:
+        return Status.fail(f"{name}: rows of {cols:,} elements exceed its 2^31-1")
+    return None
+
+
 class JoinsSoftmaxSource:
     """Mixin for the softmax families compiled after softmax.cu, whose spans, conversions,
-    stores and reductions they use: their source is softmax.cu's followed by their own."""
+    stores and reductions they use: their source is softmax.cu's followed by their own. Also
+    what their generation shares: metadata from a design, and template names from
+    ``name_expression`` rather than the kernel name."""
+
+    @classmethod
+    def family_metadata(cls, params: dict, design: RowReductionDesignMetadata, min_cc: int,
+                        max_cc: int | None = None) -> KernelMetadata:
+        """Metadata of instance ``params``: its name, the softmax operands of its dtype (any
+        element alignment: the rows are peeled) and ``design``."""
+        return KernelMetadata(cls.instance_name(params), cls,
+                              softmax_operands(params["dtype"], 1, backward=cls.backward), design=design,
+                              min_cc=min_cc, max_cc=max_cc)
+
+    @classmethod
+    def check_definition(cls) -> None:
+        pass  # names come from name_expression, not kernel_name
 
     @classmethod
     def get_source(cls) -> str:

@@ -71,11 +71,11 @@ from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
-from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
+from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, peel_status, row_params
+from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
 
 #: Compute threads per CTA, plus one producer warp (softmax_rowgroup.cu's RG_CONSUMERS).
 CONSUMERS = 512
@@ -314,19 +314,14 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         design = RowReductionDesignMetadata("rowgroup", CONSUMERS, 16, MIN_COLS, None,
                                             extra=(("peel", True), ("cooperative", True),
                                                    ("chunk_bytes", CHUNK_BYTES)))
-        return KernelMetadata(cls.instance_name(params), cls,
-                              softmax_operands(params["dtype"], 1, backward=cls.backward), design=design,
-                              min_cc=MIN_CC, max_cc=MAX_CC)
-
-    @classmethod
-    def check_definition(cls) -> None:
-        pass  # names come from name_expression, not kernel_name
+        return cls.family_metadata(params, design, MIN_CC, MAX_CC)
 
     # ---- support --------------------------------------------------------------------------
     def _supports(self, args: Any) -> Status:
         name = self.metadata.kernel_name
-        if args.cols > MAX_COLS:
-            return Status.fail(f"{name}: rows of {args.cols:,} elements exceed its 2^31-1")
+        too_long = row_length_status(name, args.cols)
+        if too_long is not None:
+            return too_long
         # Any number of rows: the persistent grid takes them in waves.
         return peel_status(name, args, self.vec)
 

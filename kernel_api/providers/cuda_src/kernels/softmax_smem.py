@@ -25,12 +25,12 @@ from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
-from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
+from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ....utils import MAX_GRID_X
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _launch_plan, peel_status, row_params
+from .softmax import _TYPES, JoinsSoftmaxSource, _launch_plan, peel_status, row_length_status, row_params
 
 #: Dynamic shared memory one CTA may use on sm_90/sm_100 (227 KB opt-in, less the kernel's
 #: static reduction scratch).
@@ -92,20 +92,15 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     def make_metadata(cls, params: dict) -> KernelMetadata:
         design = RowReductionDesignMetadata("smem", THREADS_SHARED, 16, 1, params["max_cols"],
                                             extra=(("peel", True), ("stages", STAGES)))
-        return KernelMetadata(cls.instance_name(params), cls,
-                              softmax_operands(params["dtype"], 1, backward=cls.backward), design=design,
-                              min_cc=MIN_CC, max_cc=MAX_CC)
-
-    @classmethod
-    def check_definition(cls) -> None:
-        pass  # names come from name_expression, not kernel_name
+        return cls.family_metadata(params, design, MIN_CC, MAX_CC)
 
     # ---- support --------------------------------------------------------------------------
     def _supports(self, args: Any) -> Status:
         cols, rows = args.cols, args.rows
         name = self.metadata.kernel_name
-        if cols > MAX_COLS:
-            return Status.fail(f"{name}: rows of {cols:,} elements exceed its 2^31-1")
+        too_long = row_length_status(name, cols)
+        if too_long is not None:
+            return too_long
         if cols > self.max_cols:
             return Status.fail(f"{name}: rows of {cols:,} elements need "
                                f"{row_smem_bytes(cols, self.dtype, self.backward):,} bytes of shared memory, "

@@ -28,12 +28,12 @@ from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
-from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
+from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ....utils import MAX_GRID_X, next_pow2
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, MAX_COLS, JoinsSoftmaxSource, _launch_plan, peel_status, row_params
+from .softmax import _TYPES, JoinsSoftmaxSource, _launch_plan, peel_status, row_length_status, row_params
 
 #: Cluster sizes (portable: at most 8).
 CLUSTERS = (2, 4, 8)
@@ -96,20 +96,15 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
         threads = LOOPED_THREADS if params["looped"] else MAX_THREADS[params["ept"]]
         # Rows one CTA holds go to the block kernels unless they are few (see row_cost).
         design = RowReductionDesignMetadata("cluster", threads * c, 16, 1, params["max_cols"], extra=extra)
-        return KernelMetadata(cls.instance_name(params), cls,
-                              softmax_operands(params["dtype"], 1, backward=cls.backward), design=design,
-                              min_cc=MIN_CC)
-
-    @classmethod
-    def check_definition(cls) -> None:
-        pass  # names come from name_expression, not kernel_name
+        return cls.family_metadata(params, design, MIN_CC)
 
     # ---- support --------------------------------------------------------------------------
     def _supports(self, args: Any) -> Status:
         cols, rows = args.cols, args.rows
         name = self.metadata.kernel_name
-        if cols > MAX_COLS:
-            return Status.fail(f"{name}: rows of {cols:,} elements exceed its 2^31-1")
+        too_long = row_length_status(name, cols)
+        if too_long is not None:
+            return too_long
         if self.max_cols is not None and cols > self.max_cols:
             return Status.fail(f"{name}: rows of {cols:,} elements exceed its {self.max_cols:,} "
                                f"(a larger cluster or split_looped instance takes them)")
