@@ -6,8 +6,10 @@ PickAny's choice, ``kernel_api.ops.gemm`` and cuBLAS (``torch.matmul``), in one 
     python3 benchmarks/gemm_shapes.py --list                          # the groups and their cases
 
 Groups (`GROUPS`): ``odd`` (odd extents and leading dimensions: goal 1), ``aligned`` (the seven
-16-byte aligned bf16 shapes: goal 5); ``small_m``, ``f32`` and ``f64`` are named for later work and
-still empty. A case is (M, N, K, dtype, layouts, L); add one to a group's list to run it.
+16-byte aligned bf16 shapes: goal 5), ``small_m`` (M in 1..128 against N, K in 4096..14336, B
+column-major as an nn.Linear weight: goal 2), ``f32`` (against torch's default FP32: goal 3) and
+``f64`` (against DGEMM: goal 4). A case is (M, N, K, dtype, layouts, L); add one to a group's list
+to run it. ``--cases REGEX`` runs the matching cases only.
 
 Per case:
 - **PickBest**: `kernel_api.tuning.PickBest` over our own kernels (every provider but torch's),
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -80,10 +83,15 @@ GROUPS: dict[str, list[Case]] = {
     # goal 5: the seven 16-byte aligned bf16 shapes
     "aligned": [Case(8192, 8192, 8192), Case(4096, 4096, 4096), Case(2048, 2048, 2048), Case(4096, 14336, 4096),
                 Case(4096, 4096, 14336), Case(128, 8192, 8192), Case(16384, 1024, 16384)],
-    # named for later work (goals 2-4): filled by the sessions that do them
-    "small_m": [],
-    "f32": [],
-    "f64": [],
+    # goal 2: decode and prefill tails, every M x (N, K) of the issue; B column-major as an
+    # nn.Linear weight is (out = x @ W.T)
+    "small_m": [Case(M, N, K, "bf16", "tnt") for M in (1, 8, 16, 64, 128)
+                for N in (4096, 8192, 14336) for K in (4096, 8192, 14336)],
+    # goal 3: f32 as `torch.matmul` runs it by default (cuBLAS FP32, no TF32): ops.gemm's f32
+    # pick must keep that accuracy (the TF32 comparisons are in benchmarks/gemm_f32.py)
+    "f32": [Case(4096, 4096, 4096, "f32", "tnt"), Case(8192, 8192, 8192, "f32", "tnt")],
+    # goal 4: f64 on the FP64 tensor cores against cuBLAS DGEMM
+    "f64": [Case(2048, 2048, 2048, "f64"), Case(8192, 8192, 8192, "f64")],
 }
 
 
@@ -226,6 +234,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=30, help="launches per contestant per timing run")
     p.add_argument("--max-candidates", type=int, default=6, help="PickBest: best-ranked candidates measured")
     p.add_argument("--tag", default="run")
+    p.add_argument("--cases", default=None, help="regular expression: only the cases whose name matches "
+                                                  "(e.g. '^bf16 (1|64)x')")
     p.add_argument("--list", action="store_true", help="print the groups and their cases, and exit")
     opts = p.parse_args()
     groups = opts.group.split(",")
@@ -244,7 +254,8 @@ def main() -> None:
     for g in groups:
         if not GROUPS[g]:
             print(f"group {g}: no cases yet", flush=True)
-        rows = [bench_case(case, opts) for case in GROUPS[g]]
+        picked = [c for c in GROUPS[g] if opts.cases is None or re.search(opts.cases, c.name)]
+        rows = [bench_case(case, opts) for case in picked]
         results[g] = {"cases": rows, "summary": summarise(rows)}
     doc = {"device": device, "torch": torch.__version__, "options": vars(opts), "argv": sys.argv,
            "timing": "alternating launches behind a sleep kernel (small_m.time_group), CUDA events per launch, "
