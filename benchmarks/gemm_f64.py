@@ -51,11 +51,21 @@ CANDIDATES = (
 )
 
 
-def candidate_name(tile, warps, stages, mma_k, group: int = 0) -> str:
+#: `CudaGemmF64` (cuda_src) configurations, by `F64Config.tag`: candidates ``cuda:<tag>``.
+CUDA_CANDIDATES = ("tile128x64x16_warps2x2_stages3_k8", "tile128x64x16_warps2x2_stages4_k8",
+                   "tile128x64x16_warps2x2_stages3_k16", "tile128x128x16_warps2x4_stages3_k8",
+                   "tile64x64x16_warps2x2_stages4_k8")
+
+
+def candidate_name(tile, warps=None, stages=None, mma_k=None, group: int = 0) -> str:
+    if tile == "cuda":
+        return f"cuda:{warps}"
     return f"{tile[0]}x{tile[1]}x{tile[2]}_w{warps[0]}x{warps[1]}_s{stages}_k{mma_k}" + (f"_g{group}" if group else "")
 
 
 def parse_candidate(text: str):
+    if text.startswith("cuda:"):
+        return ("cuda", text[5:])
     m = re.fullmatch(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)_k(\d+)(?:_g(\d+))?", text)
     if not m:
         raise argparse.ArgumentTypeError(f"candidate {text!r}: expected BMxBNxBK_wWMxWN_sS_kK[_gG]")
@@ -63,9 +73,17 @@ def parse_candidate(text: str):
     return (v[0], v[1], v[2]), (v[3], v[4]), v[5], v[6], v[7]
 
 
-def make_kernel(tile, warps, stages, mma_k, group: int = 0, layouts: str = "ttt", align: int = 2):
+def make_kernel(tile, warps=None, stages=None, mma_k=None, group: int = 0, layouts: str = "ttt", align: int = 2):
     """An f64 `Sm80TensorOpGemm` instance of this design (``layouts``: A, B, out; t = row-major;
-    ``group``: M-tiles per rasterisation group, 0 for the (M tiles, N tiles) grid)."""
+    ``group``: M-tiles per rasterisation group, 0 for the (M tiles, N tiles) grid), or for
+    ``("cuda", tag)`` the `CudaGemmF64` instance of that configuration and ``layouts``."""
+    if tile == "cuda":
+        from kernel_api.providers.cuda_src.kernels.gemm_f64 import CudaGemmF64
+        found = [k for k in CudaGemmF64.generate_kernels(None)
+                 if k.config.tag == warps and k.metadata.kernel_name.split("_")[2] == layouts]
+        if not found:
+            raise argparse.ArgumentTypeError(f"no CudaGemmF64 configuration {warps!r} (known: {CUDA_CANDIDATES})")
+        return found[0]
     from kernel_api.core.dtypes import DataType
     from kernel_api.metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
     from kernel_api.providers.cutedsl.gemm.common import tiled_gemm_metadata
@@ -172,7 +190,8 @@ def bench_size(n: int, candidates, iters: int, warmup: int, repeats: int, log) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", type=int, default=[2048, 4096, 8192], help="square sizes M = N = K")
-    parser.add_argument("--candidates", nargs="+", type=parse_candidate, help="BMxBNxBK_wWMxWN_sS_kK (default: all)")
+    parser.add_argument("--candidates", nargs="+", type=parse_candidate,
+                        help="BMxBNxBK_wWMxWN_sS_kK or cuda:<CudaGemmF64 tag> (default: all)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20, help="alternating pairs per timing run")
     parser.add_argument("--repeats", type=int, default=3, help="timing runs per candidate (spread)")
@@ -184,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.cuda.get_device_name()
     torch.manual_seed(0)
-    candidates = opts.candidates or list(CANDIDATES)
+    candidates = opts.candidates or list(CANDIDATES) + [("cuda", tag) for tag in CUDA_CANDIDATES]
     if opts.jobs:
         precompile(candidates, opts.jobs, lambda s: print(s, flush=True))
     rows = []

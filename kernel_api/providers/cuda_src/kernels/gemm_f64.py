@@ -1,0 +1,220 @@
+"""Interface of the f64 tensor-core GEMM (implementation: gemm_f64.cu beside this file).
+
+`CudaGemmF64` computes ``out = A @ B`` in float64 on Hopper's FP64 tensor cores
+(``mma.sync`` m16n8k16 .f64, sm_90) for any M, N, K, batched or not, with A, B and out each
+row- or column-major. The operands' base pointers must be 16-byte aligned and their leading
+dimensions and batch strides even (16-byte rows: the copies into shared memory are 16-byte
+``cp.async``); extents may be odd (the edges are zero-filled). out needs only its natural
+8-byte alignment. Plain epilogue (alpha=1, beta=0; calls with a fused epilogue go to the
+`Sm80TensorOpGemm` f64 instances). Design: gemm_f64.cu's header and benchmarks/NOTES-f64.md.
+
+Instances: one per (A, B, out) layout and tile configuration (`CONFIGS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ....arguments import GemmArguments
+from ....core.dtypes import DataType
+from ....core.status import Status
+from ....core.streams import stream_handle
+from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
+from .. import CudaSourceProvider
+from ..kernel import CudaSourceKernel
+
+ROW = (0, 0, 1)
+COL = (0, 1, 0)
+BK = 16
+#: Shared memory of one Hopper SM, and what the system reserves per CTA.
+SM_SMEM_BYTES = 233472
+CTA_RESERVED_SMEM = 1024
+#: Row tiles per raster band (gemm_f64.cu's GROUP_M): a wave's tiles share A and B in L2.
+GROUP_M = 8
+_INDEX_LIMIT = 2**31 - 1024  # M, N, K are 32-bit inside the kernel (with room for a tile past the edge)
+_MAX_BATCH = 65535           # batches run on gridDim.y
+
+
+@dataclass(frozen=True)
+class F64Config:
+    """A tile BM x BN (x 16 deep), WM x WN warps, a ring of ``stages`` k tiles, and the CTAs per
+    SM that ``__launch_bounds__`` sizes the registers for."""
+
+    bm: int
+    bn: int
+    wm: int
+    wn: int
+    stages: int
+    min_ctas: int
+    mma_k: int = 8  # DMMA depth: m16n8k8 or m16n8k16
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * BK * 8
+
+    @property
+    def ctas_per_sm(self) -> int:
+        by_smem = SM_SMEM_BYTES // (self.smem_bytes + CTA_RESERVED_SMEM)
+        return max(1, min(by_smem, self.min_ctas))
+
+    @property
+    def tag(self) -> str:
+        return f"tile{self.bm}x{self.bn}x{BK}_warps{self.wm}x{self.wn}_stages{self.stages}_k{self.mma_k}"
+
+
+#: 128x64 with 4 warps (64x32 each) and 2 CTAs per SM is cuBLAS's DGEMM design on Hopper
+#: (ncu: sm90_xmma_gemm_f64..._tilesize128x64x16_stage3_warpsize2x2x1); 128x128 with 8 warps
+#: halves the operand traffic per flop at one CTA per SM; 64x64 fills the SMs on small problems.
+CONFIGS: tuple[F64Config, ...] = (
+    F64Config(128, 64, 2, 2, 3, 2, 8),
+    F64Config(128, 64, 2, 2, 4, 2, 8),
+    F64Config(128, 64, 2, 2, 3, 2, 16),
+    F64Config(128, 128, 2, 4, 3, 1, 8),
+    F64Config(64, 64, 2, 2, 4, 2, 8),
+)
+
+_sm_counts: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device | None) -> int:
+    if device is None or device.type != "cuda":
+        return 132
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _sm_counts.get(index)
+    if count is None:
+        count = _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
+
+
+def _layout_letter(kmajor_or_nmajor: bool) -> str:
+    return "t" if kmajor_or_nmajor else "n"
+
+
+@CudaSourceProvider.register
+class CudaGemmF64(CudaSourceKernel):
+    """f64 GEMM on the FP64 tensor cores (sm_90): 16-byte cp.async copies into swizzled shared
+    memory, k-permuted 16-byte fragment loads, DMMA m16n8k16, any extents and layouts."""
+
+    supported_args_type = GemmArguments
+    source_file = "gemm_f64.cu"
+    convert_arguments = False  # every kernel parameter is a pointer or a 64-bit int
+    workspace_free = True
+    #: ranks the family in `gemm_cost`'s tile model (with `estimated_cost`'s CTAs per SM)
+    performance_hint = 0.6
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.a_kmajor: bool = params["a"] == "t"   # row-major A: K contiguous
+        self.b_kmajor: bool = params["b"] == "n"   # column-major B: K contiguous
+        self.o_nmajor: bool = params["out"] == "t"  # row-major out: N contiguous
+        self.config: F64Config = params["config"]
+
+    # ---- generation --------------------------------------------------------------------
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        return [dict(a=a, b=b, out=o, config=c)
+                for c in CONFIGS for a in "tn" for b in "tn" for o in "tn"]
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        return f"CudaGemmF64_f64_{params['a']}{params['b']}{params['out']}_{params['config'].tag}_align2"
+
+    @classmethod
+    def make_metadata(cls, params: dict) -> KernelMetadata:
+        c: F64Config = params["config"]
+        f64 = DataType.f64
+        # Divisibility 1: extents may be odd; pointer and leading-dimension alignment is checked
+        # in `_supports` (the metadata's divisibility would also demand even extents).
+        operands = GemmOperandsMetadata(TensorAttributes(f64, ROW if params["a"] == "t" else COL, 1),
+                                        TensorAttributes(f64, ROW if params["b"] == "t" else COL, 1),
+                                        TensorAttributes(f64, ROW if params["out"] == "t" else COL, 1),
+                                        accumulator_type=f64)
+        design = BLASDesignMetadata(tile_shape=(c.bm, c.bn, BK), cluster_shape=(1, 1, 1), stages=c.stages,
+                                    schedule="multistage",
+                                    extra=(("warps", (c.wm, c.wn)), ("ctas_per_sm", c.ctas_per_sm),
+                                           ("mma", f"m16n8k{c.mma_k}.f64"), ("raster_group", GROUP_M)))
+        return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=90, max_cc=90)
+
+    @classmethod
+    def check_definition(cls) -> None:
+        pass  # names come from name_expression, not kernel_name
+
+    # ---- support --------------------------------------------------------------------------
+    def _lead(self, t: torch.Tensor, contiguous_last: bool) -> int:
+        return t.stride(-2) if contiguous_last else t.stride(-1)
+
+    @staticmethod
+    def _batch_stride(t: torch.Tensor, L: int) -> int:
+        return t.stride(0) if t.dim() == 3 and L > 1 else 0
+
+    def _supports(self, args: GemmArguments) -> Status:
+        for name, t, contiguous_last in (("A", args.A, self.a_kmajor), ("B", args.B, not self.b_kmajor)):
+            if t.data_ptr() % 16:
+                return Status.fail(f"operand {name}: base address {t.data_ptr():#x} is not 16-byte aligned "
+                                   f"(the kernel copies 16-byte chunks)")
+            lead, batch = self._lead(t, contiguous_last), self._batch_stride(t, args.L)
+            if lead % 2 or batch % 2:
+                what = f"leading dimension {lead}" if lead % 2 else f"batch stride {batch}"
+                return Status.fail(f"operand {name}: {what} is odd; the kernel needs even leading dimensions "
+                                   f"and batch strides (16-byte rows)")
+        if args.out.data_ptr() % 8:
+            return Status.fail(f"operand out: base address {args.out.data_ptr():#x} is not 8-byte aligned")
+        for name, value in (("M", args.M), ("N", args.N), ("K", args.K)):
+            if value > _INDEX_LIMIT:
+                return Status.fail(f"operand A/B: {name}={value:,} exceeds the kernel's 32-bit index "
+                                   f"(at most {_INDEX_LIMIT:,})")
+        if args.L > _MAX_BATCH:
+            return Status.fail(f"operand A: batch L={args.L:,} exceeds the grid's y limit of {_MAX_BATCH:,}")
+        tiles = -(-args.M // self.config.bm) * -(-args.N // self.config.bn)
+        if tiles > 2**31 - 1:
+            return Status.fail(f"operand out: {tiles:,} tiles of {self.config.bm}x{self.config.bn} exceed the "
+                               f"grid's x limit")
+        return Status.success()
+
+    # ---- ranking -------------------------------------------------------------------------------
+    def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
+        """`gemm_cost`'s tile model with the CTAs that share an SM: waves of
+        SMs x `F64Config.ctas_per_sm` tiles, each tile's work at the efficiency of its intensity."""
+        from ....tuning.policies import gemm_cost
+        return gemm_cost(self, args, sm_count * self.config.ctas_per_sm) * self.config.ctas_per_sm
+
+    # ---- compile and launch -----------------------------------------------------------------
+    def name_expression(self, args: Any) -> str:
+        c = self.config
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        return (f"ka_gemm_f64::gemm_f64<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, {c.bn}, "
+                f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {c.mma_k}, {GROUP_M}>")
+
+    def grid(self, args: GemmArguments) -> tuple[int, int, int]:
+        c = self.config
+        return (-(-args.M // c.bm) * -(-args.N // c.bn), args.L, 1)
+
+    def launch_config(self, args: GemmArguments) -> tuple:
+        return self.grid(args), self.config.threads, self.config.smem_bytes
+
+    def _run(self, args: GemmArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        if args.M == 0 or args.N == 0 or args.L == 0:
+            return
+        c = self.config
+        device = args.device.index
+        if device is None:
+            device = torch.cuda.current_device()
+        A, B, out, L = args.A, args.B, args.out, args.L
+        ldo, batch_o = self._lead(out, self.o_nmajor), self._batch_stride(out, L)
+        # 16-byte stores of column pairs need a 16-byte aligned row-major out with even strides.
+        out_vec = self.o_nmajor and out.data_ptr() % 16 == 0 and ldo % 2 == 0 and batch_o % 2 == 0
+        artifact.compiled_obj.launch(
+            stream_handle(stream, device), device, self.grid(args), c.threads, c.smem_bytes,
+            (A.data_ptr(), B.data_ptr(), out.data_ptr(), args.M, args.N, args.K, self._lead(A, self.a_kmajor),
+             self._lead(B, not self.b_kmajor), ldo, self._batch_stride(A, L), self._batch_stride(B, L), batch_o,
+             int(out_vec)))
+
+
+__all__ = ["CONFIGS", "CudaGemmF64", "F64Config"]

@@ -1,0 +1,171 @@
+"""The CUDA f64 tensor-core GEMM (cuda_src `CudaGemmF64`): generation, refusals, compilation for
+sm_90a without a GPU; on a GPU, every instance and layout against a float64 reference on the
+CPU inside sentinel-filled buffers, at odd extents, odd-but-even-strided leading dimensions,
+batches, and compute-sanitizer memcheck."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from kernel_api import GemmArguments
+from kernel_api.providers.cuda_src.kernels.gemm_f64 import CONFIGS, CudaGemmF64
+from memcheck import run_memcheck
+
+
+def instances(layouts: str | None = None) -> list[CudaGemmF64]:
+    found = CudaGemmF64.generate_kernels(None, cc=90)
+    return [k for k in found if layouts is None or k.metadata.kernel_name.split("_")[2] == layouts]
+
+
+def operand(rows: int, cols: int, layout: str, L: int, pad: int, device: str) -> torch.Tensor:
+    """Fresh random (L,) rows x cols f64, row-major ('t') or column-major ('n'), with ``pad``
+    extra elements per leading dimension, rounded up to an even leading dimension."""
+    if layout == "t":
+        ld = cols + pad + (cols + pad) % 2
+        t = torch.randn(L, rows, ld, device=device, dtype=torch.float64)[..., :cols]
+    else:
+        ld = rows + pad + (rows + pad) % 2
+        t = torch.randn(L, cols, ld, device=device, dtype=torch.float64)[..., :rows].transpose(-1, -2)
+    return t if L > 1 else t[0]
+
+
+def check(kernel: CudaGemmF64, M: int, N: int, K: int, L: int = 1, pad: int = 0, artifact=None) -> float:
+    """Run on fresh random operands; assert every output written, nothing outside it (NaN sentinels
+    around out intact), and the error against a CPU float64 product."""
+    layouts = kernel.metadata.kernel_name.split("_")[2]
+    seed = random.randrange(2**31)
+    torch.manual_seed(seed)
+    what = f"{kernel.metadata.kernel_name} M={M} N={N} K={K} L={L} pad={pad} seed={seed}"
+    A = operand(M, K, layouts[0], L, pad, "cuda")
+    B = operand(K, N, layouts[1], L, pad, "cuda")
+    if layouts[2] == "t":
+        big = torch.full((L, M + 2, N + 16), float("nan"), device="cuda", dtype=torch.float64)
+        out = big[:, 1:M + 1, 8:8 + N]
+    else:
+        big = torch.full((L, N + 2, M + 16), float("nan"), device="cuda", dtype=torch.float64)
+        out = big[:, 1:N + 1, 8:8 + M].transpose(-1, -2)
+    if L == 1:
+        out = out[0]
+    args = GemmArguments(A, B, out)
+    status = kernel.supports(args)
+    assert status, f"{what}: not supported: {status.error}"
+    kernel.run(args, compiled_artifact=artifact)
+    torch.cuda.synchronize()
+    ref = A.cpu() @ B.cpu()
+    got = out.cpu()
+    assert torch.isfinite(got).all(), f"{what}: outputs left unwritten"
+    inside = torch.zeros_like(big, dtype=torch.bool)
+    if layouts[2] == "t":
+        inside[:, 1:M + 1, 8:8 + N] = True
+    else:
+        inside[:, 1:N + 1, 8:8 + M] = True
+    assert torch.isnan(big[~inside]).all(), f"{what}: stores outside out"
+    scale = (A.abs().cpu() @ B.abs().cpu()).clamp_min(1e-300)
+    err = float(((got - ref).abs() / scale).max())
+    assert err < 1e-13, f"{what}: max error {err:.2e} of sum |a||b|"
+    return err
+
+
+def test_generation_and_metadata():
+    ks = instances()
+    assert len(ks) == 8 * len(CONFIGS)
+    names = {k.metadata.kernel_name for k in ks}
+    assert len(names) == len(ks)
+    for k in ks:
+        md = k.metadata
+        assert md.min_cc == md.max_cc == 90
+        assert md.operands.accumulator_type.name == "f64"
+        assert md.design.tile_shape[2] == 16
+
+
+def _meta(M, N, K, layouts="ttt", L=1, device="meta"):
+    A = operand(M, K, layouts[0], L, 0, device)
+    B = operand(K, N, layouts[1], L, 0, device)
+    out = operand(M, N, layouts[2], L, 0, device)
+    return A, B, out
+
+
+def test_refusals_name_the_operand_and_the_problem():
+    k = instances("ttt")[0]
+    A = torch.empty(64, 33, dtype=torch.float64)  # lda 33: odd
+    B = torch.empty(33, 64, dtype=torch.float64)
+    status = k.supports(GemmArguments(A, B, torch.empty(64, 64, dtype=torch.float64)))
+    assert not status and "operand A" in status.error and "leading dimension 33" in status.error
+    A = torch.empty(64, 34, dtype=torch.float64)[:, 1:33]  # base off 16 bytes
+    status = k.supports(GemmArguments(A, torch.empty(32, 64, dtype=torch.float64),
+                                      torch.empty(64, 64, dtype=torch.float64)))
+    assert not status and "operand A" in status.error and "16-byte" in status.error
+    B = torch.empty(32, 66, dtype=torch.float64)[:, 1:65]
+    status = k.supports(GemmArguments(torch.empty(64, 32, dtype=torch.float64), B,
+                                      torch.empty(64, 64, dtype=torch.float64)))
+    assert not status and "operand B" in status.error
+
+
+def test_odd_extents_with_even_strides_are_taken():
+    k = instances("ttt")[0]
+    A = torch.empty(77, 46, dtype=torch.float64)[:, :45]
+    B = torch.empty(45, 100, dtype=torch.float64)[:, :99]
+    assert k.supports(GemmArguments(A, B, torch.empty(77, 99, dtype=torch.float64)))
+
+
+def test_compiles_for_sm90a_without_a_gpu():
+    A = torch.empty(64, 64, dtype=torch.float64)
+    for k in instances("ttt") + instances("nnn"):
+        art = k.compile(GemmArguments(A, A, torch.empty_like(A)), cc=90)
+        assert art is not None
+
+
+GPU_SHAPES = [(1, 1, 1), (131, 77, 45), (128, 64, 16), (257, 129, 33), (64, 200, 300), (300, 64, 17)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layouts", ["ttt", "ttn", "tnt", "tnn", "ntt", "ntn", "nnt", "nnn"])
+def test_every_instance_matches_float64(layouts):
+    for k in instances(layouts):
+        art = k.compile(GemmArguments(*_meta(64, 64, 64, layouts, device="cpu")))
+        for M, N, K in GPU_SHAPES:
+            check(k, M, N, K, artifact=art)
+        check(k, 190, 94, 70, pad=6, artifact=art)  # leading dimensions past the extents
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layouts", ["ttt", "tnt", "nnn"])
+def test_batched(layouts):
+    for k in instances(layouts):
+        check(k, 100, 72, 50, L=3)
+
+
+@pytest.mark.gpu
+def test_large_matches_cublas_closely():
+    """2048^3 against cuBLAS DGEMM on the GPU (the float64 CPU product would take long)."""
+    for k in instances("ttt"):
+        A = torch.randn(2048, 2048, device="cuda", dtype=torch.float64)
+        B = torch.randn(2048, 2048, device="cuda", dtype=torch.float64)
+        out = torch.full_like(A, float("nan"))
+        k.run(GemmArguments(A, B, out))
+        ref = A @ B
+        err = float((out - ref).abs().max() / (A.abs() @ B.abs()).max())
+        assert err < 1e-14, f"{k.metadata.kernel_name}: {err:.2e}"
+
+
+_SANITIZED = r"""
+import sys
+sys.path.insert(0, %r)
+from test_gemm_f64_cuda import check, instances
+n = 0
+for layouts in ("ttt", "tnt", "ntn", "nnn"):
+    for k in instances(layouts):
+        check(k, 37, 21, 19); n += 1
+        check(k, 130, 66, 18, pad=2); n += 1
+print("launches", n)
+"""
+
+
+@pytest.mark.gpu
+def test_memcheck_clean():
+    out = run_memcheck(_SANITIZED % os.path.dirname(os.path.abspath(__file__)))
+    assert f"launches {4 * len(CONFIGS) * 2}" in out, out[-3000:]
