@@ -1,24 +1,19 @@
 // f64 GEMM on Hopper's FP64 tensor cores: out[M, N] = A[M, K] @ B[K, N] (per batch), sm_90
-// (mma.sync m16n8k16 .f64). Self-contained (no toolkit headers) so NVRTC compiles it anywhere.
+// (mma.sync m16n8k8 .f64). Self-contained (no toolkit headers) so NVRTC compiles it anywhere.
 //
 // Why this design (benchmarks/NOTES-f64.md): the CuTe DSL f64 kernel ran at 70 % of the DMMA
-// pipe with its L1/shared-memory pipe 85 % busy (ncu, H200, 2048^3), from 8-byte fragment
-// loads and 8-byte global->shared copies of K-major operands; cuBLAS's DGEMM
-// (128x64x16 tiles, 4 warps, 3 stages, 2 CTAs per SM) keeps shared memory 38 % busy at 91 %.
-// Here:
+// pipe with its L1/shared-memory pipe 85 % busy (ncu, H200, 2048^3), from bank conflicts and
+// 8-byte global->shared copies of K-major operands; cuBLAS's DGEMM (128x64x16 tiles, 4 warps,
+// m16n8k8, 3 stages, 2 CTAs per SM) keeps shared memory 38 % busy at 91 %. Here:
 //
 //  * Every global->shared copy is a 16-byte cp.async along the operand's contiguous dimension
 //    (K-major or M/N-major), so each warp instruction moves whole 128-byte lines; chunks past
 //    M, N or K are zero-filled (src size 0 or 8 bytes, so odd extents need no padding copy).
-//  * The DMMA's k order is permuted: within each 16-deep k step, the instruction's k index
-//    t + 4q (t = lane % 4, q = 0..3) is fed physical k 4t + q. The sum over k is the same, and
-//    a lane's four A values of one row (and four B values of one column) are then 32
-//    contiguous bytes: two 16-byte loads (LDS.128) from a K-major tile instead of four LDS.64.
-//    M/N-major tiles are read with LDS.64 (the four k of a lane lie in four rows).
-//  * Shared tiles are XOR-swizzled in 16-byte chunks, conflict-free for the 16-byte copies
-//    and the fragment loads: K-major rows (16 f64 = 8 chunks) chunk ^= row & 7; M/N-major
-//    rows (BM or BN f64) chunk ^= (k >> 1) & 6, which puts the 4 k rows a half-warp reads
-//    into 4 different chunk pairs.
+//    Interior tiles copy without bounds checks, from a base pointer plus constant strides.
+//  * Shared tiles are XOR-swizzled in 16-byte chunks (see swz) so that the 16-byte copies and
+//    the 8-byte fragment loads (each straight into the DMMA's operand registers: no moves)
+//    are free of bank conflicts; the fragment addresses are lane constants plus immediates.
+//  * mma.sync m16n8k8 .f64 (as cuBLAS), a warp tile of 64 x 32 (128 x 64 / 2 x 2 warps).
 //  * A multistage cp.async ring (STAGES), one __syncthreads per 16-deep k tile; with 128
 //    threads and 2 CTAs per SM one CTA's barrier is hidden by the other's DMMAs.
 //  * CTAs walk the (M tiles, N tiles) grid in groups of GROUP_M row tiles, so a wave's A and
@@ -48,28 +43,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ void lds128(u32 addr, double& a, double& b) {
-  asm volatile("ld.shared.v2.f64 {%0, %1}, [%2];\n" : "=d"(a), "=d"(b) : "r"(addr));
-}
 __device__ __forceinline__ double lds64(u32 addr) {
   double a;
   asm volatile("ld.shared.f64 %0, [%1];\n" : "=d"(a) : "r"(addr));
   return a;
 }
 
-// D = A(16x16) B(16x8) + D. a[v]: row g + 8 (v % 2), k t + 4 (v / 2); b[v]: k t + 4 v, column g;
-// d[v]: row g + 8 (v / 2), column 2t + v % 2 (g = lane / 4, t = lane % 4).
-__device__ __forceinline__ void dmma16816(double* d, const double* a, const double* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7, %8, %9, %10, %11}, "
-      "{%12, %13, %14, %15}, {%0, %1, %2, %3};\n"
-      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]), "d"(b[0]), "d"(b[1]),
-        "d"(b[2]), "d"(b[3]));
-}
-
 // D = A(16x8) B(8x8) + D. a[v]: row g + 8 (v % 2), k t + 4 (v / 2); b[v]: k t + 4 v, column g;
-// d as dmma16816.
+// d[v]: row g + 8 (v / 2), column 2t + v % 2 (g = lane / 4, t = lane % 4).
 __device__ __forceinline__ void dmma1688(double* d, const double* a, const double* b) {
   asm volatile(
       "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -78,66 +59,91 @@ __device__ __forceinline__ void dmma1688(double* d, const double* a, const doubl
       : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
 }
 
-// Byte offset of element (row, col) in a swizzled tile whose rows are CONTIG f64 long.
-// K-major tiles: row = m or n, col = k (CONTIG = 16). M/N-major: row = k, col = m or n.
-// The XOR terms make the fragment loads of MMA_K-deep steps conflict-free (see load_frag).
-template <int CONTIG, bool KMAJOR, int MMA_K>
+// Shared tiles, one per operand and ring slot, rows of 16-byte chunks:
+//   K-major: a row per m (n), 16 k = 8 chunks;  chunk ^= 2 (row & 3)
+//   M/N-major: a row per k, EXT m (n);          chunk ^= 2 (k & 3)
+// A half-warp's fragment loads (rows g = 0..3 or 4..7, k t = 0..3, one 8-byte value each)
+// then fall on 16 different 8-byte bank pairs: the XOR puts the four rows (k) into four
+// different chunk pairs. The 16-byte copies write whole rows, conflict-free under any XOR.
+template <int EXT, bool KMAJOR>
 __device__ __forceinline__ u32 swz(int row, int col) {
   const int chunk = col >> 1;
-  int s;
-  if (KMAJOR)  // k16: a quarter-warp reads rows g, g + 1 at chunks 2t + p; k8: at chunks 4 step + t
-    s = MMA_K == 16 ? (row & 7) : (((row & 1) << 2) | ((row >> 1) & 3));
-  else  // a half-warp reads k rows 4t + q (k16) or 8 step + 2t + p (k8), 4 m/n pairs each
-    s = MMA_K == 16 ? ((row >> 1) & 6) : (row & 6);
-  return (u32)((row * CONTIG + ((chunk ^ s) << 1) + (col & 1)) * 8);
+  const int x = (row & 3) << 1;  // row: m/n (K-major) or k (M/N-major)
+  return (u32)((row * (KMAJOR ? 16 : EXT) + ((chunk ^ x) << 1) + (col & 1)) * 8);
 }
 
-// Copy one operand tile (ROWS x COLS in the M/N x K sense) of k tile `k0` into shared memory.
-// KMAJOR: global rows are m (or n), 16 k each; else global rows are k, EXT m (or n) each.
-// `mn0`: the tile's first m (n); `mn_ext`, `K`: the operand's extents.
-template <int EXT, bool KMAJOR, int THREADS, int MMA_K>
+// Per-thread copy plan of one operand tile: the thread's chunks are rows r0, r0 + STEP, ...
+// (K-major: rows m/n, chunk kc; M/N-major: rows k, chunk at m/n mc), so global and shared
+// addresses of chunk i are a base plus i times a stride.
+template <int EXT, bool KMAJOR, int THREADS>
+struct CopyPlan {
+  static constexpr int PER_ROW = KMAJOR ? 8 : EXT / 2;  // chunks per row
+  static constexpr int STEP = THREADS / PER_ROW;        // rows between a thread's chunks
+  static constexpr int COUNT = EXT * 16 / 2 / THREADS;  // chunks per thread
+  static_assert(THREADS % PER_ROW == 0 && (EXT * 8) % THREADS == 0, "tile chunks must spread evenly");
+  int r0, c0;  // first row, element offset in the row
+  __device__ __forceinline__ CopyPlan(int tid) {
+    r0 = tid / PER_ROW;
+    c0 = (tid % PER_ROW) * 2;
+  }
+  // Byte offset of chunk i in the tile (STEP % 4 == 0 keeps the row XOR: a constant stride).
+  __device__ __forceinline__ u32 dst(int i) const { return swz<EXT, KMAJOR>(r0 + i * STEP, c0); }
+};
+
+// Copy one operand tile of k tile `k0`: `src` is the operand, `mn0` the tile's first m (n).
+// Interior tiles (FULL) copy without bounds checks; edge tiles zero-fill past mn_ext and K.
+template <int EXT, bool KMAJOR, int THREADS, bool FULL>
 __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ src, i64 ld, int mn0, int mn_ext,
-                                          int k0, int K, int tid) {
-  constexpr int BK = 16;
-  constexpr int CHUNKS = EXT * BK / 2;
-  static_assert(CHUNKS % THREADS == 0, "tile chunks must spread evenly over the threads");
+                                          int k0, int K, const CopyPlan<EXT, KMAJOR, THREADS>& plan) {
+  using P = CopyPlan<EXT, KMAJOR, THREADS>;
+  const int mn = KMAJOR ? mn0 + plan.r0 : mn0 + plan.c0;
+  const int k = KMAJOR ? k0 + plan.c0 : k0 + plan.r0;
+  const double* p = src + (KMAJOR ? (i64)mn * ld + k : (i64)k * ld + mn);
+  const i64 step = (i64)P::STEP * ld;
 #pragma unroll
-  for (int i = 0; i < CHUNKS / THREADS; ++i) {
-    const int c = tid + i * THREADS;
-    if (KMAJOR) {
-      const int r = c >> 3, kc = (c & 7) << 1;  // row r, k pair kc
-      const int mn = mn0 + r, k = k0 + kc;
-      const int valid = (mn < mn_ext) ? min(max(K - k, 0), 2) : 0;
-      const double* p = valid ? src + (i64)mn * ld + k : src;
-      cp_async16(dst + swz<BK, true, MMA_K>(r, kc), p, (u32)(valid * 8));
+  for (int i = 0; i < P::COUNT; ++i) {
+    const u32 d = dst + plan.dst(i);
+    if (FULL) {
+      cp_async16(d, p + i * step, 16u);
     } else {
-      constexpr int PER_ROW = EXT / 2;
-      const int r = c / PER_ROW, mc = (c % PER_ROW) << 1;  // k row r, m/n pair mc
-      const int k = k0 + r, mn = mn0 + mc;
-      const int valid = (k < K) ? min(max(mn_ext - mn, 0), 2) : 0;
-      const double* p = valid ? src + (i64)k * ld + mn : src;
-      cp_async16(dst + swz<EXT, false, MMA_K>(r, mc), p, (u32)(valid * 8));
+      int valid;
+      if (KMAJOR)
+        valid = (mn + i * P::STEP < mn_ext) ? min(max(K - k, 0), 2) : 0;
+      else
+        valid = (k + i * P::STEP < K) ? min(max(mn_ext - mn, 0), 2) : 0;
+      cp_async16(d, valid ? p + i * step : src, (u32)(valid * 8));
     }
   }
 }
 
-// A lane's values of one operand row (m or n) for one MMA_K-deep step at k offset k0 of the
-// tile. k16: physical k 4t .. 4t + 3, fed to the DMMA as its k t, t + 4, t + 8, t + 12;
-// k8: physical k 2t, 2t + 1 as its k t, t + 4. K-major tiles: 16-byte loads of adjacent k.
-template <int EXT, bool KMAJOR, int MMA_K>
-__device__ __forceinline__ void load_frag(u32 base, int row, int k0, int t, double* v) {
-  constexpr int PER = MMA_K / 4;  // values per lane and row
-  if (KMAJOR) {
+// Byte offsets of a lane's fragment values within a tile, for fragment row (m or n)
+// `row0` + 8 u (u = 0, 1, ... as an immediate) and k `kk` + t (kk = 0, 4, 8, 12): the
+// lane-constant parts are computed once; the rest folds into the loads' immediates.
+template <int EXT, bool KMAJOR>
+struct FragPlan {
+  u32 base;     // lane's offset for u = 0, kk = 0
+  u32 var[4];   // K-major: by kk / 4 (the k chunk meets the row XOR); M/N-major: by u & 1
+  __device__ __forceinline__ FragPlan(int row0, int t) {
+    if (KMAJOR) {
+      // row0 & 3 is the lane's g & 3 for every u (row0 + 8 u), so the XOR is lane-constant.
+      base = (u32)(row0 * 16 * 8);
 #pragma unroll
-    for (int p = 0; p < PER; p += 2) lds128(base + swz<16, true, MMA_K>(row, k0 + PER * t + p), v[p], v[p + 1]);
-  } else {
+      for (int q = 0; q < 4; ++q) var[q] = swz<EXT, true>(row0, 4 * q + t) - base;
+    } else {
+      base = (u32)(t * EXT * 8);  // k row t (kk adds 4 rows: the same k & 3)
 #pragma unroll
-    for (int q = 0; q < PER; ++q) v[q] = lds64(base + swz<EXT, false, MMA_K>(k0 + PER * t + q, row));
+      for (int q = 0; q < 2; ++q) var[q] = swz<EXT, false>(t, row0 + 8 * q) - base;
+      var[2] = var[3] = 0;
+    }
   }
-}
+  __device__ __forceinline__ u32 at(int u, int kk) const {
+    if (KMAJOR) return base + (u32)(u * 8 * 16 * 8) + var[kk >> 2];
+    return base + (u32)(kk * EXT * 8) + (u32)((u >> 1) * 16 * 8) + var[u & 1];
+  }
+};
 
 template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
-          int MMA_K, int GROUP_M>
+          int GROUP_M>
 __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
     gemm_f64(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
              i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec) {
@@ -181,11 +187,20 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0;
 
+  const CopyPlan<BM, A_KMAJOR, THREADS> a_copy(tid);
+  const CopyPlan<BN, B_KMAJOR, THREADS> b_copy(tid);
+  const bool interior_mn = m0 + BM <= M && n0 + BN <= N;
   const int ktiles = (K + BK - 1) / BK;
+  const int full_ktiles = interior_mn ? K / BK : 0;  // k tiles copied without bounds checks
   auto load_stage = [&](int kt) {
     const int slot = kt % STAGES;
-    load_tile<BM, A_KMAJOR, THREADS, MMA_K>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, tid);
-    load_tile<BN, B_KMAJOR, THREADS, MMA_K>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, tid);
+    if (kt < full_ktiles) {
+      load_tile<BM, A_KMAJOR, THREADS, true>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
+      load_tile<BN, B_KMAJOR, THREADS, true>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
+    } else {
+      load_tile<BM, A_KMAJOR, THREADS, false>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
+      load_tile<BN, B_KMAJOR, THREADS, false>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
+    }
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -193,8 +208,9 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
     cp_async_commit();
   }
 
-  const int a_row = wm * TM + g;  // + 16 i + 8 h
-  const int b_row = wn * TN + g;  // + 8 j
+  // Fragment rows: A's m wm TM + g (+ 16 i + 8 h), B's n wn TN + g (+ 8 j).
+  const FragPlan<BM, A_KMAJOR> a_frag(wm * TM + g, t);
+  const FragPlan<BN, B_KMAJOR> b_frag(wn * TN + g, t);
   for (int kt = 0; kt < ktiles; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile kt landed for every thread; slot (kt - 1) % STAGES is free
@@ -203,29 +219,23 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
 
     const int slot = kt % STAGES;
     const u32 a_base = sA + slot * A_STAGE, b_base = sB + slot * B_STAGE;
-    constexpr int PER = MMA_K / 4;
 #pragma unroll
-    for (int k0 = 0; k0 < BK; k0 += MMA_K) {
-      double fb[FN][PER];
+    for (int k0 = 0; k0 < BK; k0 += 8) {
+      double fb[FN][2];
 #pragma unroll
-      for (int j = 0; j < FN; ++j) load_frag<BN, B_KMAJOR, MMA_K>(b_base, b_row + 8 * j, k0, t, fb[j]);
+      for (int j = 0; j < FN; ++j) {
+        fb[j][0] = lds64(b_base + b_frag.at(j, k0));
+        fb[j][1] = lds64(b_base + b_frag.at(j, k0 + 4));
+      }
 #pragma unroll
       for (int i = 0; i < FM; ++i) {
-        double lo[PER], hi[PER], fa[2 * PER];
-        load_frag<BM, A_KMAJOR, MMA_K>(a_base, a_row + 16 * i, k0, t, lo);
-        load_frag<BM, A_KMAJOR, MMA_K>(a_base, a_row + 16 * i + 8, k0, t, hi);
+        double fa[4];
+        fa[0] = lds64(a_base + a_frag.at(2 * i, k0));
+        fa[1] = lds64(a_base + a_frag.at(2 * i + 1, k0));
+        fa[2] = lds64(a_base + a_frag.at(2 * i, k0 + 4));
+        fa[3] = lds64(a_base + a_frag.at(2 * i + 1, k0 + 4));
 #pragma unroll
-        for (int q = 0; q < PER; ++q) {
-          fa[2 * q] = lo[q];
-          fa[2 * q + 1] = hi[q];
-        }
-#pragma unroll
-        for (int j = 0; j < FN; ++j) {
-          if (MMA_K == 16)
-            dmma16816(acc[i][j], fa, fb[j]);
-          else
-            dmma1688(acc[i][j], fa, fb[j]);
-        }
+        for (int j = 0; j < FN; ++j) dmma1688(acc[i][j], fa, fb[j]);
       }
     }
   }

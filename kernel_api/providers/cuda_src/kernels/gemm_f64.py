@@ -1,7 +1,7 @@
 """Interface of the f64 tensor-core GEMM (implementation: gemm_f64.cu beside this file).
 
 `CudaGemmF64` computes ``out = A @ B`` in float64 on Hopper's FP64 tensor cores
-(``mma.sync`` m16n8k16 .f64, sm_90) for any M, N, K, batched or not, with A, B and out each
+(``mma.sync`` m16n8k8 .f64, sm_90) for any M, N, K, batched or not, with A, B and out each
 row- or column-major. The operands' base pointers must be 16-byte aligned and their leading
 dimensions and batch strides even (16-byte rows: the copies into shared memory are 16-byte
 ``cp.async``); extents may be odd (the edges are zero-filled). out needs only its natural
@@ -49,7 +49,6 @@ class F64Config:
     wn: int
     stages: int
     min_ctas: int
-    mma_k: int = 8  # DMMA depth: m16n8k8 or m16n8k16
 
     @property
     def threads(self) -> int:
@@ -66,18 +65,17 @@ class F64Config:
 
     @property
     def tag(self) -> str:
-        return f"tile{self.bm}x{self.bn}x{BK}_warps{self.wm}x{self.wn}_stages{self.stages}_k{self.mma_k}"
+        return f"tile{self.bm}x{self.bn}x{BK}_warps{self.wm}x{self.wn}_stages{self.stages}"
 
 
 #: 128x64 with 4 warps (64x32 each) and 2 CTAs per SM is cuBLAS's DGEMM design on Hopper
 #: (ncu: sm90_xmma_gemm_f64..._tilesize128x64x16_stage3_warpsize2x2x1); 128x128 with 8 warps
 #: halves the operand traffic per flop at one CTA per SM; 64x64 fills the SMs on small problems.
 CONFIGS: tuple[F64Config, ...] = (
-    F64Config(128, 64, 2, 2, 3, 2, 8),
-    F64Config(128, 64, 2, 2, 4, 2, 8),
-    F64Config(128, 64, 2, 2, 3, 2, 16),
-    F64Config(128, 128, 2, 4, 3, 1, 8),
-    F64Config(64, 64, 2, 2, 4, 2, 8),
+    F64Config(128, 64, 2, 2, 3, 2),
+    F64Config(128, 64, 2, 2, 4, 2),
+    F64Config(128, 128, 2, 4, 3, 1),
+    F64Config(64, 64, 2, 2, 4, 3),
 )
 
 _sm_counts: dict[int, int] = {}
@@ -100,7 +98,7 @@ def _layout_letter(kmajor_or_nmajor: bool) -> str:
 @CudaSourceProvider.register
 class CudaGemmF64(CudaSourceKernel):
     """f64 GEMM on the FP64 tensor cores (sm_90): 16-byte cp.async copies into swizzled shared
-    memory, k-permuted 16-byte fragment loads, DMMA m16n8k16, any extents and layouts."""
+    memory, conflict-free fragment loads, DMMA m16n8k8, any extents and layouts."""
 
     supported_args_type = GemmArguments
     source_file = "gemm_f64.cu"
@@ -139,7 +137,7 @@ class CudaGemmF64(CudaSourceKernel):
         design = BLASDesignMetadata(tile_shape=(c.bm, c.bn, BK), cluster_shape=(1, 1, 1), stages=c.stages,
                                     schedule="multistage",
                                     extra=(("warps", (c.wm, c.wn)), ("ctas_per_sm", c.ctas_per_sm),
-                                           ("mma", f"m16n8k{c.mma_k}.f64"), ("raster_group", GROUP_M)))
+                                           ("mma", "m16n8k8.f64"), ("raster_group", GROUP_M)))
         return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=90, max_cc=90)
 
     @classmethod
@@ -190,7 +188,7 @@ class CudaGemmF64(CudaSourceKernel):
         c = self.config
         b = lambda v: "true" if v else "false"  # noqa: E731
         return (f"ka_gemm_f64::gemm_f64<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, {c.bn}, "
-                f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {c.mma_k}, {GROUP_M}>")
+                f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {GROUP_M}>")
 
     def grid(self, args: GemmArguments) -> tuple[int, int, int]:
         c = self.config
