@@ -1,16 +1,19 @@
-"""The row-group softmax family's plans swept: ring size (shared memory per CTA, hence CTAs per
-SM) and CTAs per row (S), each point checked against float64 and timed against torch.
+"""The row-group softmax family's plans swept: variant (CTAs per SM), ring size (shared memory
+per CTA) and CTAs per row (S), each point checked against float64 and timed against torch.
 
-    python3 benchmarks/softmax_rowgroup_sweep.py                          # the plan, rings 14/7/6
-    python3 benchmarks/softmax_rowgroup_sweep.py --S plan,8,11,16,22,33,44,66,132 --rings 14   # session 23's
+    python3 benchmarks/softmax_rowgroup_sweep.py                          # both variants, the plan, rings 14/7/6
+    python3 benchmarks/softmax_rowgroup_sweep.py --variants 1 --S plan,8,11,16,22,33,44,66,132 --rings 14   # session 23's
 
-For each dtype, direction and long shape (default 32x1M and 8x4M, as issue #16's goal 6), and each
-ring of ``--rings`` chunks of 16 KB (14: one CTA per SM, the default plan; 7 or 6: room for two
-CTAs per SM where registers allow), each S of ``--S`` (``plan``: `plan_rows`' choice for that
-ring): the plan launched (S, row groups G, waves, slice per array, overflow), the relative error
-against float64, and TB/s (bytes moved once: read x / write out; backward: dy, y, dx) from the
-median of ``--iters`` launches alternated with torch's (`time_cuda_pair`, rotating input sets
-past L2), ``--repeats`` times. Prints a table (the best point per case marked) and writes
+For each dtype, direction and long shape (default 32x1M and 8x4M, as issue #16's goal 6), each
+variant of ``--variants`` (1: one CTA of 512 consumers per SM, ``rowgroup``; 2: two CTAs of 256
+per SM, ``rowgroup2``), each ring of ``--rings`` chunks of 16 KB (a cap: 14 is the one-CTA
+variant's own ring, the two-CTA variant's is 7, so larger values leave it at 7; points whose
+ring and S repeat one already run are skipped), each S of ``--S`` (``plan``: `plan_rows`'
+choice for that ring and the CTAs it lets reside): the plan launched (S, row groups G, waves,
+slice per array, overflow), the relative error against float64, and TB/s (bytes moved once:
+read x / write out; backward: dy, y, dx) from the median of ``--iters`` launches alternated
+with torch's (`time_cuda_pair`, rotating input sets past L2), ``--repeats`` times. Prints a
+table (the best point per case marked) and writes
 benchmarks/results/softmax-rowgroup-sweep-<device>[-tag].json (and $OUT/).
 """
 
@@ -36,51 +39,66 @@ from softmax import DTYPES, _case_tensors  # noqa: E402
 SHAPES = [(32, 2**20), (8, 2**22)]
 
 
-def row_group_kernel(args) -> rg._RowGroupBase:
-    """The family's kernel for ``args`` (the one instance discovery gives)."""
-    found = [k for k in kernel_api.get_kernels(args) if isinstance(k, rg._RowGroupBase)]
+def row_group_kernel(args, ctas_per_sm: int = 1) -> rg._RowGroupBase:
+    """The family's instance for ``args`` with ``ctas_per_sm`` CTAs per SM (discovery's)."""
+    found = [k for k in kernel_api.get_kernels(args)
+             if isinstance(k, rg._RowGroupBase) and k.ctas_per_sm == ctas_per_sm]
     if not found:
-        raise RuntimeError(f"no row-group kernel for {args}")
+        raise RuntimeError(f"no row-group kernel with {ctas_per_sm} CTA(s) per SM for {args}")
     return found[0]
 
 
-def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, rings: list[int], splits: list,
-               iters: int, repeats: int) -> list[dict]:
+def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variants: list[int], rings: list[int],
+               splits: list, iters: int, repeats: int) -> list[dict]:
     nbytes, sets, argsets, outs, ref, torch_fn = _case_tensors(rows, cols, dtype, backward)
-    kernel = row_group_kernel(argsets[0])
-    artifact = kernel.compile(argsets[0])
-    launcher = artifact.compiled_obj
     device = torch.cuda.current_device()
     points = []
-    try:
-        for ring in rings:
-            for split in splits:
-                kernel.limit_ring = ring
-                kernel.ctas_per_row = None if split == "plan" else int(split)
-                plan, resident = kernel.group_plan(argsets[0], launcher, device)  # what _run launches
-                point = {"ring": ring, "S_asked": split, "resident_ctas": resident, "S": plan.ctas_per_row,
-                         "G": plan.groups, "waves": plan.waves, "slice_kb": plan.slice_vectors * 16 / 1024,
-                         "overflow_vectors": plan.overflow_vectors, "ahead": plan.ahead}
-                try:
-                    outs[0].fill_(float("nan"))
-                    kernel.run(argsets[0], compiled_artifact=artifact)
-                    torch.cuda.synchronize()
-                    point["rel_err"] = ((outs[0].double() - ref).norm() / ref.norm()).item()
-                    if not point["rel_err"] < 1e-2:
-                        raise RuntimeError(f"wrong result: relative error {point['rel_err']:.2e}")
-                    ms = [time_cuda_pair(torch_fn, lambda i: kernel.run(argsets[i], compiled_artifact=artifact,
-                                                                        assume_supported_args=True),
-                                         sets=sets, repeat=iters) for _ in range(repeats)]
-                    point["torch_ms"] = statistics.median(t for t, _ in ms)
-                    point["ms_runs"] = [k for _, k in ms]
-                    point["ms"] = statistics.median(point["ms_runs"])
-                    point["tbs"] = nbytes / (point["ms"] * 1e-3) / 1e12
-                except Exception as exc:  # report, keep sweeping
-                    point["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                points.append(point)
-    finally:
-        kernel.limit_ring = kernel.ctas_per_row = None
+    for ctas_per_sm in variants:
+        kernel = row_group_kernel(argsets[0], ctas_per_sm)
+        artifact = kernel.compile(argsets[0])
+        launcher = artifact.compiled_obj
+        seen = set()
+        try:
+            for ring in rings:
+                for split in splits:
+                    kernel.limit_ring = ring
+                    kernel.ctas_per_row = None if split == "plan" else int(split)
+                    plan, resident = kernel.group_plan(argsets[0], launcher, device)  # what _run launches
+                    if (plan.ring_chunks, split) in seen:
+                        continue  # (a ring above the variant's own: the same point again)
+                    seen.add((plan.ring_chunks, split))
+                    point = {"variant": ctas_per_sm, "kernel": kernel.metadata.kernel_name, "threads": kernel.threads,
+                             "ring_asked": ring, "ring": plan.ring_chunks, "S_asked": split, "resident_ctas": resident,
+                             "S": plan.ctas_per_row, "G": plan.groups, "waves": plan.waves,
+                             "slice_kb": plan.slice_vectors * 16 / 1024, "overflow_vectors": plan.overflow_vectors,
+                             "ahead": plan.ahead}
+                    points.append(_measure(point, kernel, artifact, argsets, outs, ref, torch_fn, sets, nbytes, iters,
+                                           repeats))
+        finally:
+            kernel.limit_ring = kernel.ctas_per_row = None
     return points
+
+
+def _measure(point: dict, kernel, artifact, argsets, outs, ref, torch_fn, sets: int, nbytes: int, iters: int,
+             repeats: int) -> dict:
+    """Check one point against float64 and time it against torch (errors reported in the point)."""
+    try:
+        outs[0].fill_(float("nan"))
+        kernel.run(argsets[0], compiled_artifact=artifact)
+        torch.cuda.synchronize()
+        point["rel_err"] = ((outs[0].double() - ref).norm() / ref.norm()).item()
+        if not point["rel_err"] < 1e-2:
+            raise RuntimeError(f"wrong result: relative error {point['rel_err']:.2e}")
+        ms = [time_cuda_pair(torch_fn, lambda i: kernel.run(argsets[i], compiled_artifact=artifact,
+                                                            assume_supported_args=True),
+                             sets=sets, repeat=iters) for _ in range(repeats)]
+        point["torch_ms"] = statistics.median(t for t, _ in ms)
+        point["ms_runs"] = [k for _, k in ms]
+        point["ms"] = statistics.median(point["ms_runs"])
+        point["tbs"] = nbytes / (point["ms"] * 1e-3) / 1e12
+    except Exception as exc:  # report, keep sweeping
+        point["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return point
 
 
 def main() -> None:
@@ -88,7 +106,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bf16,f32")
     ap.add_argument("--directions", default="fwd,bwd")
     ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
-    ap.add_argument("--rings", default="14,7,6", help="ring chunks per CTA (16 KB each)")
+    ap.add_argument("--variants", default="1,2", help="CTAs per SM: 1 (rowgroup), 2 (rowgroup2)")
+    ap.add_argument("--rings", default="14,7,6", help="ring chunks per CTA (16 KB each; a cap per variant)")
     ap.add_argument("--S", default="plan", help="CTAs per row: 'plan' and/or numbers")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
@@ -96,18 +115,21 @@ def main() -> None:
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_rowgroup_sweep.py needs a CUDA GPU")
+    variants = [int(v) for v in opts.variants.split(",")]
+    if not set(variants) <= set(rg.CONSUMERS_BY_CTAS_PER_SM):
+        sys.exit(f"--variants: CTAs per SM among {sorted(rg.CONSUMERS_BY_CTAS_PER_SM)}")
     rings = [int(r) for r in opts.rings.split(",")]
     splits = [s if s == "plan" else int(s) for s in opts.S.split(",")]
     device = torch.cuda.get_device_name()
-    report = {"device": device, "torch": torch.__version__, "cases": []}
-    print(f"{'case':>28} {'ring':>4} {'S':>4} {'G':>3} {'waves':>5} {'slice KB':>8} {'over':>6} {'TB/s':>6} "
+    report = {"device": device, "torch": torch.__version__, "variants": variants, "cases": []}
+    print(f"{'case':>28} {'var':>3} {'ring':>4} {'S':>4} {'G':>3} {'waves':>5} {'slice KB':>8} {'over':>6} {'TB/s':>6} "
           f"{'torch':>6}  note")
     for dname in opts.dtypes.split(","):
         for direction in opts.directions.split(","):
             for shape in opts.shapes.split(","):
                 rows, cols = map(int, shape.split("x"))
-                points = sweep_case(rows, cols, DTYPES[dname], direction == "bwd", rings, splits, opts.iters,
-                                    opts.repeats)
+                points = sweep_case(rows, cols, DTYPES[dname], direction == "bwd", variants, rings, splits,
+                                    opts.iters, opts.repeats)
                 case = f"{dname} {direction} {rows}x{cols}"
                 report["cases"].append({"dtype": dname, "direction": direction, "shape": [rows, cols],
                                         "points": points})
@@ -117,7 +139,7 @@ def main() -> None:
                     note = p.get("error", "") or ("best" if p is best else "") + (" (plan)" if p["S_asked"] == "plan" else "")
                     tbs = f"{p['tbs']:6.2f}" if "tbs" in p else f"{'-':>6}"
                     torch_tbs = (f"{p['tbs'] * p['ms'] / p['torch_ms']:6.2f}" if "tbs" in p else f"{'-':>6}")
-                    print(f"{case:>28} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} {p['slice_kb']:8.0f} "
+                    print(f"{case:>28} {p['variant']:3d} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} {p['slice_kb']:8.0f} "
                           f"{p['overflow_vectors']:6d} {tbs} {torch_tbs}  {note}", flush=True)
     name = f"softmax-rowgroup-sweep-{device.replace(' ', '_')}{opts.tag and '-' + opts.tag}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]

@@ -1,15 +1,21 @@
 """Softmax for very long rows on a cooperative persistent grid (CudaSoftmaxRowGroup*), and the
 cuda_src launcher's cooperative launches.
 
+Both variants of each dtype and direction: one CTA per SM (512 consumers) and two (256
+consumers, ``rowgroup2``).
+
 CPU: registration and metadata, refusals, the launch plan (CTAs per row, waves, slices,
-staging) and the slices' cover of a row, NVRTC compiles for sm_90a without local memory,
-the launch arguments `_run` assembles (against the kernel's signature), the launcher's
-cooperative configuration and its refusal of grids that cannot all be resident, PickAny's
-ranking. GPU (@pytest.mark.gpu): float64 references on fresh random rows (with -inf rows and
-huge magnitudes), outputs inside NaN-filled buffers whose margins must stay untouched, for
-1x1M, 8x1M, 32x1M, 8x4M, odd rows, misaligned base pointers, strided rows, forward and
-backward, all three dtypes; back-to-back launches on one stream, repeated launches on the
-same buffers, and ops.softmax choosing the family."""
+staging) and the slices' cover of a row, the two-CTA fit (the largest ring two CTAs share an
+SM with) against a fake launcher, NVRTC compiles for sm_90a without local memory (traced
+builds too) and their defines, the launch arguments `_run` assembles (against the kernel's
+signature), the trace's sizing and parsing, the launcher's cooperative configuration and its
+refusal of grids that cannot all be resident, PickAny's ranking. GPU (@pytest.mark.gpu):
+float64 references on fresh random rows (with -inf rows and huge magnitudes), outputs inside
+NaN-filled buffers whose margins must stay untouched, for 1x1M, 8x1M, 32x1M, 8x4M, odd rows,
+misaligned base pointers, strided rows, small rings that overflow, forward and backward, all
+three dtypes, both variants; back-to-back launches on one stream, repeated launches on the
+same buffers, two CTAs per SM really resident, the traced build's output and stamps, and
+ops.softmax choosing the family."""
 
 from __future__ import annotations
 
@@ -36,6 +42,8 @@ from test_softmax_smem import _resources
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CLASSES = (CudaSoftmaxRowGroupForward, CudaSoftmaxRowGroupBackward)
+#: CTAs per SM of the two instances per dtype and direction
+VARIANTS = (1, 2)
 _ELEM = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 #: benchmarks/softmax.py's "long" case
 LONG = [(1, 2**20), (8, 2**20), (32, 2**20), (8, 2**22)]
@@ -48,8 +56,10 @@ def _args(cls, x: torch.Tensor, out: torch.Tensor | None = None):
     return SoftmaxArguments(x, out)
 
 
-def _kernel(cls, dtype: torch.dtype):
-    return next(k for k in cls.generate_kernels(None, cc=90) if k.dtype.to_torch() == dtype)
+def _kernel(cls, dtype: torch.dtype, ctas_per_sm: int = 1):
+    """A fresh instance (its limits and trace switch are its own)."""
+    return next(k for k in cls.generate_kernels(None, cc=90)
+                if k.dtype.to_torch() == dtype and k.ctas_per_sm == ctas_per_sm)
 
 
 def _first(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> str:
@@ -62,22 +72,66 @@ def _first(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> str:
 def test_instances_names_and_metadata():
     fwd = {k.metadata.kernel_name: k for k in CudaSoftmaxRowGroupForward.generate_kernels(None, cc=90)}
     bwd = {k.metadata.kernel_name: k for k in CudaSoftmaxRowGroupBackward.generate_kernels(None, cc=90)}
-    assert sorted(fwd) == ["CudaSoftmaxRowGroupForward_bf16_rowgroup_peel8", "CudaSoftmaxRowGroupForward_f16_rowgroup_peel8",
-                           "CudaSoftmaxRowGroupForward_f32_rowgroup_peel4"]
+    assert sorted(fwd) == [f"CudaSoftmaxRowGroupForward_{d}_rowgroup{n}_peel{v}"
+                           for d, v in (("bf16", 8), ("f16", 8), ("f32", 4)) for n in ("2", "")]
     assert sorted(bwd) == [n.replace("Forward", "Backward") for n in sorted(fwd)]
-    k = fwd["CudaSoftmaxRowGroupForward_bf16_rowgroup_peel8"]
-    md = k.metadata
-    assert md.provider == "cuda_src" and md.min_cc == 90
-    assert md.design.strategy == "rowgroup" and md.design.max_cols is None and md.design.min_cols == rg.MIN_COLS
-    assert dict(md.design.extra)["cooperative"] and dict(md.design.extra)["peel"]
-    assert md.operands.x.divisibility == 1  # any alignment (peeled)
+    # the one-CTA instances (the names tuning records use) come first
+    assert [k.ctas_per_sm for k in CudaSoftmaxRowGroupForward.generate_kernels(None, cc=90)] == [1, 1, 1, 2, 2, 2]
+    for name, ctas_per_sm, consumers in [("CudaSoftmaxRowGroupForward_bf16_rowgroup_peel8", 1, 512),
+                                         ("CudaSoftmaxRowGroupForward_bf16_rowgroup2_peel8", 2, 256)]:
+        k = fwd[name]
+        md = k.metadata
+        assert (k.ctas_per_sm, k.consumers, k.threads) == (ctas_per_sm, consumers, consumers + 32)
+        assert md.provider == "cuda_src" and md.min_cc == 90
+        assert md.design.strategy == "rowgroup" and md.design.max_cols is None and md.design.min_cols == rg.MIN_COLS
+        extra = dict(md.design.extra)
+        assert extra["cooperative"] and extra["peel"]
+        assert md.design.threads_per_row == extra["consumers"] == consumers and extra["ctas_per_sm"] == ctas_per_sm
+        assert md.operands.x.divisibility == 1  # any alignment (peeled)
+    assert (rg.CONSUMERS, rg.THREADS) == (512, 544)  # (the one-CTA instances')
     assert not CudaSoftmaxRowGroupForward.generate_kernels(None, cc=80)  # TMA bulk copies, mbarriers: sm_90+
     # discovered through the registry, for both directions
     x = torch.empty(4, 2**20, dtype=torch.bfloat16)
     assert "CudaSoftmaxRowGroupForward_bf16_rowgroup_peel8" in {
         k.metadata.kernel_name for k in kernel_api.get_kernels(_args(CudaSoftmaxRowGroupForward, x), cc=90)}
-    assert "CudaSoftmaxRowGroupBackward_bf16_rowgroup_peel8" in {
+    assert {"CudaSoftmaxRowGroupBackward_bf16_rowgroup_peel8", "CudaSoftmaxRowGroupBackward_bf16_rowgroup2_peel8"} <= {
         k.metadata.kernel_name for k in kernel_api.get_kernels(_args(CudaSoftmaxRowGroupBackward, x), cc=90)}
+
+
+def test_defines_and_compile_keys():
+    """Consumers and launch bounds reach the source through defines (part of the compile key,
+    so each variant and the traced build are artifacts of their own); the one-CTA defines are
+    the source's defaults; the traced build adds RG_TRACE and its wave count."""
+    args = _args(CudaSoftmaxRowGroupForward, torch.empty(3, 1000, dtype=torch.bfloat16))
+    one, two = (_kernel(CudaSoftmaxRowGroupForward, torch.bfloat16, n) for n in VARIANTS)
+    assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1}
+    assert two.defines_for(args) == {"RG_CONSUMERS": 256, "RG_MIN_BLOCKS": 2}
+    src = CudaSoftmaxRowGroupForward.get_source()
+    assert "#ifndef RG_CONSUMERS\n#define RG_CONSUMERS 512" in src
+    assert "#ifndef RG_MIN_BLOCKS\n#define RG_MIN_BLOCKS 1" in src
+    assert "__launch_bounds__(RG_THREADS, 1)" not in src
+    assert src.count("__launch_bounds__(RG_THREADS, RG_MIN_BLOCKS)") == 2
+    keys = {one.compile_key(args, 90), two.compile_key(args, 90)}
+    one.trace = two.trace = True
+    assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_TRACE": 1,
+                                     "RG_TRACE_WAVES": rg.TRACE_WAVES}
+    keys |= {one.compile_key(args, 90), two.compile_key(args, 90)}
+    assert len(keys) == 4
+    assert len({k[0] for k in keys}) == 1  # one template instance, four builds
+
+
+
+def test_one_cta_build_is_the_source_default():
+    """The one-CTA instance's explicit defines compile the same cubin as none (the defaults the
+    source had before they became parameters; RG_TRACE off adds nothing)."""
+    from kernel_api.providers.cuda_src.compiler import compile_cuda
+
+    k = _kernel(CudaSoftmaxRowGroupBackward, torch.bfloat16)
+    args = _args(CudaSoftmaxRowGroupBackward, torch.empty(3, 1000, dtype=torch.bfloat16))
+    built = k.compile(args, cc=90).compiled_obj.compiled
+    plain = compile_cuda(k.get_source(), cc=90, name_expressions=[k.name_expression(args)], defines={},
+                         source_name=k.source_name())
+    assert built.cubin == plain.cubin
 
 
 def test_refusals_say_why():
@@ -129,6 +183,28 @@ def test_plans_for_the_long_benchmark_shapes():
     assert p.smem_bytes == rg.DEFAULT_RING * rg.CHUNK_BYTES <= 227 * 1024
 
 
+def test_two_cta_plans_for_the_long_benchmark_shapes():
+    """Two CTAs per SM (264 on 132 SMs, 7-chunk rings): the same measured slice targets as a
+    share of the (halved) ring, so twice the CTAs per row with half the slices; the f32
+    backward of 4M columns keeps the one-CTA ring's share of staged chunks (5 of 7)."""
+    assert rg.default_ring(1) == rg.DEFAULT_RING == 14 and rg.default_ring(2) == 7
+    assert [rg.prefetch_reserve(r) for r in (1, 2, 3, 6, 7, 14)] == [0, 1, 1, 2, 2, rg.PREFETCH_CHUNKS]
+    p = plan_rows(32, 2**20, 2, False, 264, 7)
+    assert (p.ctas_per_row, p.groups, p.waves, p.grid, p.slice_vectors * 16) == (32, 8, 4, 256, 64 * 1024)
+    p = plan_rows(32, 2**20, 2, True, 264, 7)
+    assert (p.ctas_per_row, p.groups, p.waves, p.grid) == (43, 6, 6, 258)
+    p = plan_rows(1, 2**20, 2, False, 264, 7)
+    assert p.grid == 264 and p.waves == 1
+    for eb in (2, 4):
+        for backward in (False, True):
+            for rows, cols in LONG:
+                p = plan_rows(rows, cols, eb, backward, 264, 7)
+                assert 255 <= p.grid <= 264, (rows, cols, eb, backward, p)
+                assert (p.overflow_vectors > 0) == (eb == 4 and backward and cols == 2**22), p
+    p = plan_rows(8, 2**22, 4, True, 264, 7)
+    assert p.staged_vectors == 5 * rg.chunk_vectors(True) and p.smem_bytes == 7 * rg.CHUNK_BYTES
+
+
 @pytest.mark.parametrize("ctas,ring", [(132, 14), (148, 14), (16, 3), (1, 1), (7, 2)])
 def test_plan_invariants(ctas, ring):
     """What the kernel relies on (else it traps): the grid fits, every row has a group, the
@@ -151,7 +227,8 @@ def test_plan_invariants(ctas, ring):
                 assert 0 <= p.staged_vectors <= min(p.slice_vectors, ring * cv), what
                 if p.overflow_vectors:
                     # (chunks left for the next wave's copies)
-                    reserve = min(rg.PREFETCH_CHUNKS, ring - 1)
+                    reserve = rg.prefetch_reserve(ring)
+                    assert 0 <= reserve < ring
                     assert p.slice_vectors > ring * cv and -(-p.staged_vectors // cv) == ring - reserve, what
                 assert p.workspace_bytes == p.grid * rg.SLOT_BYTES
                 chunks = rg.wave_chunks(p.staged_vectors, backward)
@@ -170,25 +247,30 @@ def test_slices_cover_every_vector_once():
             assert max(sizes) - min(sizes) <= 1 and max(sizes) <= -(-nvec // S)
 
 
+@pytest.mark.parametrize("trace", [False, True])
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
 @pytest.mark.parametrize("cls", _CLASSES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_compiles_for_sm90a_without_spills(cls, dtype):
-    """One artifact per dtype and direction (any shape); the cubin's report: no local memory,
-    registers that let a CTA of 544 threads launch."""
-    k = _kernel(cls, dtype)
+def test_compiles_for_sm90a_without_spills(cls, dtype, ctas_per_sm, trace):
+    """One artifact per dtype, direction and variant (any shape), and a traced one; the cubin's
+    report: no local memory, registers that let `ctas_per_sm` CTAs share an SM's 64K."""
+    k = _kernel(cls, dtype, ctas_per_sm)
+    k.trace = trace
     args = _args(cls, torch.empty(3, 1000, dtype=dtype))
     artifact = k.compile(args, cc=90)
     assert artifact.compiled_obj.compiled.arch == "sm_90a"
+    assert artifact.extra == rg.RowGroupBuild(k.consumers, ctas_per_sm, trace)
     op = "bwd" if cls.backward else "fwd"
     assert artifact.compiled_obj.name_expression == f"ka_softmax::{op}_rowgroup<{rg._TYPES[k.dtype]}, {k.vec}>"
     assert k.compile_key(_args(cls, torch.empty(8, 2**20, dtype=dtype)), 90) == k.compile_key(args, 90)
     res = _resources(artifact)
     assert res.get(0x11, 0) == 0 and res.get(0x12, 0) == 0, f"{k.metadata.kernel_name}: local memory {res}"
-    assert 0 < res[0x2f] <= 65536 // (rg.THREADS + 32) // 8 * 8, res
+    assert 0 < res[0x2f] <= 65536 // (ctas_per_sm * k.threads) // 8 * 8, res
 
 
-def test_compiles_for_sm100a():
-    k = _kernel(CudaSoftmaxRowGroupBackward, torch.bfloat16)
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
+def test_compiles_for_sm100a(ctas_per_sm):
+    k = _kernel(CudaSoftmaxRowGroupBackward, torch.bfloat16, ctas_per_sm)
     assert k.compile(_args(CudaSoftmaxRowGroupBackward, torch.empty(3, 1000, dtype=torch.bfloat16)),
                      cc=100).compiled_obj.compiled.arch == "sm_100a"
 
@@ -216,6 +298,79 @@ class _FakeLauncher:
                                   cooperative=cooperative))
 
 
+class _OccupancyLauncher(_FakeLauncher):
+    """An H100-like device: CTAs per SM from registers (``regs`` per thread, by warp), threads,
+    and ``smem_per_sm`` shared memory (the ring, 896 bytes static, 1 KB reserved per CTA; a
+    CTA may have all but 1 KB of it), at most ``cap``."""
+
+    def __init__(self, sms: int = 132, regs: int = 96, cap: int = 32, smem_per_sm: int = 233472) -> None:
+        super().__init__(sms, smem_per_sm - 1024 - 896)
+        self.sms, self.regs, self.cap, self.smem_per_sm, self.asked = sms, regs, cap, smem_per_sm, []
+
+    def max_coresident(self, device: int, threads: int, smem: int) -> int:
+        self.asked.append((threads, smem))
+        warps = -(-threads // 32)
+        per_sm = min(65536 // (warps * 32 * self.regs), 2048 // threads, self.smem_per_sm // (smem + 896 + 1024),
+                     self.cap)
+        return per_sm * self.sms
+
+
+def test_two_cta_fit_takes_the_largest_ring_two_share():
+    """`_fit`: the one-CTA instances take the full ring (one per SM); the two-CTA ones the
+    largest ring for which two CTAs of 288 threads reside per SM (7 chunks on an H100's
+    228 KB), and the grid of 2 x SMs; where registers allow only one, a full ring for one per
+    SM (logged), still a valid plan."""
+    one = _kernel(CudaSoftmaxRowGroupForward, torch.bfloat16, 1)
+    two = _kernel(CudaSoftmaxRowGroupForward, torch.bfloat16, 2)
+    fake = _OccupancyLauncher()
+    f1, f2 = one._fit(fake, 0), two._fit(fake, 0)
+    assert (f1.ctas, f1.ring_chunks, f1.sms) == (132, 14, 132)
+    assert (f2.ctas, f2.ring_chunks, f2.sms) == (264, 7, 132)
+    assert {t for t, _ in fake.asked} == {544, 288}  # each asked with its own block size
+    assert two._fit(fake, 0) is f2  # (once per device)
+    # other devices: 148 SMs; 200 KB of shared memory per SM (a full ring of 12 chunks)
+    assert two._fit(_OccupancyLauncher(sms=148), 1) == rg._DeviceFit(296, 7, 148)
+    assert two._fit(_OccupancyLauncher(smem_per_sm=200 * 1024), 2) == rg._DeviceFit(264, 6, 132)
+    assert one._fit(_OccupancyLauncher(smem_per_sm=200 * 1024), 2) == rg._DeviceFit(132, 12, 132)
+    # registers for one CTA per SM only: the full ring, SMs CTAs
+    assert two._fit(_OccupancyLauncher(regs=128), 3) == rg._DeviceFit(132, 14, 132)
+
+
+@pytest.mark.parametrize("cls", _CLASSES)
+def test_two_cta_group_plan_and_overrides(cls, monkeypatch):
+    """The plan a two-CTA launch takes is made for its ring and 2 x SMs; `limit_ring` below it
+    plans for what that ring lets reside (at most two per SM: the workspace's room),
+    `limit_ctas` caps the grid, `ctas_per_row` fixes S; the launch uses 288 threads."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    k = _kernel(cls, torch.bfloat16, 2)
+    args = _args(cls, torch.empty(32, 2**20, dtype=torch.bfloat16))
+    fake = _OccupancyLauncher(cap=4)  # (small rings would let 4 reside by shared memory alone)
+    plan, resident = k.group_plan(args, fake, 0)
+    assert resident == 264 and plan == plan_rows(32, 2**20, 2, cls.backward, 264, 7)
+    assert plan.grid > 132 and plan.ring_chunks == 7
+    ws = torch.empty(k.get_workspace_size(args), dtype=torch.uint8)
+    assert ws.numel() >= rg.SLOT_BYTES * 264
+    k._run(args, types.SimpleNamespace(compiled_obj=fake), 0x1, ws)
+    launch = fake.launches[-1]
+    assert (launch["grid"], launch["block"], launch["smem"]) == (plan.grid, 288, 7 * rg.CHUNK_BYTES)
+    assert launch["cooperative"]
+    k.limit_ring = 2
+    plan, resident = k.group_plan(args, fake, 0)
+    assert resident == 264 and plan.ring_chunks == 2  # capped at two per SM
+    k.limit_ring = 12  # above the fit's ring: the fit stands
+    assert k.group_plan(args, fake, 0)[0].ring_chunks == 7
+    k.limit_ring, k.limit_ctas, k.ctas_per_row = 3, 50, 7
+    plan, resident = k.group_plan(args, fake, 0)
+    assert (plan.ctas_per_row, plan.groups, plan.ring_chunks, plan.grid) == (7, 7, 3, 49)
+    k._run(args, types.SimpleNamespace(compiled_obj=fake), 0x1, ws)
+    S, G, cap, ring, ahead = fake.launches[-1]["params"][-5:]
+    assert (S, G, ring, fake.launches[-1]["grid"]) == (7, 7, 3, 49)
+    # the one-CTA instance with a 7-chunk ring (registers let only one of 544 threads reside)
+    k1 = _kernel(cls, torch.bfloat16, 1)
+    k1.limit_ring = 7
+    assert k1.group_plan(args, fake, 0)[1] == 132
+
+
 @pytest.mark.parametrize("cls", _CLASSES)
 def test_run_launches_the_plan_cooperatively(cls, monkeypatch):
     """`_run` (no GPU: a fake launcher) launches the plan for the device's room, cooperatively,
@@ -235,7 +390,7 @@ def test_run_launches_the_plan_cooperatively(cls, monkeypatch):
     k._run(args, artifact, 0x1234, ws)
     p = plan_rows(32, cols, 2, cls.backward, 120, (232448 - 520) // rg.CHUNK_BYTES)
     first, second = fake.launches
-    assert first["cooperative"] and first["grid"] == p.grid <= 120 and first["block"] == rg.THREADS
+    assert first["cooperative"] and first["grid"] == p.grid <= 120 and first["block"] == rg.THREADS == k.threads
     assert first["smem"] == p.smem_bytes == 14 * rg.CHUNK_BYTES and first["stream"] == 0x1234
     params = first["params"]
     assert len(params) == _signature_params("bwd_rowgroup" if cls.backward else "fwd_rowgroup")
@@ -292,22 +447,93 @@ def test_a_smaller_ring_plans_for_the_ctas_it_lets_reside(monkeypatch):
     plan, resident = k.group_plan(args, fake, 0)
     assert resident == 264 and plan.ring_chunks == 7 and 0.96 * 264 <= plan.grid <= 264
     k.limit_ring = 1
-    assert k.group_plan(args, fake, 0)[1] == 264  # capped at two per SM
+    assert k.group_plan(args, fake, 0)[1] == 264  # capped at two per SM (of the full ring's CTAs)
     k.limit_ring = 7
     ws = torch.empty(k.get_workspace_size(args), dtype=torch.uint8)
     k._run(args, types.SimpleNamespace(compiled_obj=fake), 0x1, ws)
     assert fake.launches[-1]["grid"] == plan.grid and fake.launches[-1]["smem"] == 7 * rg.CHUNK_BYTES
 
 
-def test_workspace_and_launch_config_without_a_gpu():
-    k = _kernel(CudaSoftmaxRowGroupForward, torch.float32)
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
+def test_workspace_and_launch_config_without_a_gpu(ctas_per_sm):
+    k = _kernel(CudaSoftmaxRowGroupForward, torch.float32, ctas_per_sm)
     args = _args(CudaSoftmaxRowGroupForward, torch.empty(8, 2**20))
     grid, block, smem = k.launch_config(args)
     p = k.plan(args)
-    assert (grid, block, smem) == (p.grid, rg.THREADS, p.smem_bytes)
-    assert k.get_workspace_size(args) >= p.workspace_bytes
+    assert p == plan_rows(8, 2**20, 4, False, 132 * ctas_per_sm, rg.default_ring(ctas_per_sm))
+    assert (grid, block, smem) == (p.grid, 32 + (512 if ctas_per_sm == 1 else 256), p.smem_bytes)
+    # room for two CTAs per SM of the device (here: the planning bound without a GPU)
+    assert k.get_workspace_size(args) == rg.SLOT_BYTES * rg.MAX_CTAS_PER_SM * 2 * rg.DEFAULT_SMS >= p.workspace_bytes
     e1, e2 = rg.next_epoch(), rg.next_epoch()
     assert e1 != e2 and 0 <= e1 < 2**32 and 0 <= e2 < 2**32
+
+
+# ---- the trace (RG_TRACE builds) --------------------------------------------------------
+def _fake_trace(plan, waves_of=lambda cta: 3, tag=0xABC, base=10**12) -> torch.Tensor:
+    """A workspace as a traced launch of ``plan`` leaves it: slots (garbage), then per CTA its
+    head and stamps increasing by phase."""
+    ws = torch.full((plan.traced_workspace_bytes + 64,), 0x5A, dtype=torch.uint8)
+    words = ws[plan.workspace_bytes:plan.traced_workspace_bytes].view(torch.int64).view(plan.grid, rg.TRACE_WORDS)
+    words.zero_()
+    for cta in range(plan.grid):
+        waves = waves_of(cta)
+        t = base + 1000 * cta
+        head = (rg.TRACE_MAGIC << 32) | waves
+        words[cta, :8] = torch.tensor([head, t, t + 1, t + 10**6, t + 2, t + 3, tag, cta // 2])
+        for w in range(min(waves, rg.TRACE_WAVES)):
+            words[cta, 8 + 4 * w:12 + 4 * w] = torch.tensor([t + 100 * w + 10, t + 100 * w + 20, t + 100 * w + 30,
+                                                             t + 100 * w + 5])
+    return ws
+
+
+def test_trace_sizing_and_reading(monkeypatch):
+    """A traced instance: its own artifact (defines), a workspace with `TRACE_CTA_BYTES` more
+    per CTA of the largest grid, `_run` asking for the traced size whenever the artifact is
+    traced (whatever `trace` says now), `clear_trace` zeroing the trace alone, `read_trace`
+    parsing records, bounding recorded waves at `TRACE_WAVES` and refusing stale ones."""
+    assert rg.TRACE_WORDS == 8 + 4 * rg.TRACE_WAVES and rg.TRACE_CTA_BYTES == 8 * rg.TRACE_WORDS == 576
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    k = _kernel(CudaSoftmaxRowGroupForward, torch.bfloat16, 2)
+    args = _args(CudaSoftmaxRowGroupForward, torch.empty(32, 2**20, dtype=torch.bfloat16))
+    plain = k.get_workspace_size(args)
+    k.trace = True
+    traced = k.get_workspace_size(args)
+    assert traced == plain + rg.TRACE_CTA_BYTES * rg.MAX_CTAS_PER_SM * 2 * rg.DEFAULT_SMS
+    p = k.plan(args)
+    assert p.traced_workspace_bytes == p.grid * (rg.SLOT_BYTES + rg.TRACE_CTA_BYTES) <= traced
+    # the build decides the size _run asks for
+    fake = _OccupancyLauncher()
+    traced_artifact = types.SimpleNamespace(compiled_obj=fake, extra=rg.RowGroupBuild(256, 2, True))
+    plain_artifact = types.SimpleNamespace(compiled_obj=fake, extra=rg.RowGroupBuild(256, 2, False))
+    k.trace = False
+    small = torch.empty(plain, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="with trace"):
+        k._run(args, traced_artifact, 0x1, small)
+    k._run(args, plain_artifact, 0x1, small)
+    k._run(args, traced_artifact, 0x1, torch.empty(traced, dtype=torch.uint8))
+    assert len(fake.launches) == 2
+    # parsing
+    plan = plan_rows(40, 3000, 2, False, 12, 3, 4)  # 3 groups of 4, 14 waves
+    ws = _fake_trace(plan, waves_of=lambda cta: 20 if cta < 4 else 5)
+    recs = rg.read_trace(ws, plan)
+    assert len(recs) == plan.grid == 12
+    r = recs[5]
+    assert (r["cta"], r["rank"], r["group"], r["sm"], r["waves"], r["tag"]) == (5, 1, 1, 2, 5, 0xABC)
+    assert r["entry"] == 10**12 + 5000 and r["exit"] == r["entry"] + 10**6 and r["issue_first"] == r["entry"] + 2
+    assert r["stats"] == [r["entry"] + 100 * w + 10 for w in range(5)] and len(r["issued"]) == 5
+    assert recs[0]["waves"] == 20 and len(recs[0]["met"]) == rg.TRACE_WAVES  # (later waves not recorded)
+    # clear_trace zeroes the trace and leaves the slots
+    rg.clear_trace(ws, plan)
+    assert int(ws[plan.workspace_bytes:plan.traced_workspace_bytes].sum()) == 0
+    assert bool((ws[:plan.workspace_bytes] == 0x5A).all()) and bool((ws[plan.traced_workspace_bytes:] == 0x5A).all())
+    with pytest.raises(ValueError, match="CTA 0 left no complete trace record"):
+        rg.read_trace(ws, plan)
+    ws = _fake_trace(plan)
+    ws[plan.workspace_bytes + 11 * rg.TRACE_CTA_BYTES + 48] ^= 1  # CTA 11's tag
+    with pytest.raises(ValueError, match="2 launch tags"):
+        rg.read_trace(ws, plan)
+    with pytest.raises(ValueError, match="holds"):
+        rg.read_trace(ws[:plan.traced_workspace_bytes - 8], plan)
 
 
 # ---- the launcher's cooperative launches (cuda.core and the device stood in for) ----------
@@ -394,11 +620,18 @@ def test_cooperative_launch_refusals_are_errors_not_hangs(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pick_any_takes_long_rows_only(dtype):
     """The long shapes (benchmarks/softmax.py's "long" case) go to the row-group family: the
-    cluster-split and looped kernels read those rows twice. The ordinary shapes keep the
-    kernels measured best there (register, shared-memory, looped and cluster-split)."""
+    cluster-split and looped kernels read those rows twice; its measured one-CTA instance
+    first, the unmeasured two-CTA one right after. The ordinary shapes keep the kernels
+    measured best there (register, shared-memory, looped and cluster-split)."""
     for backward in (False, True):
         for rows, cols in LONG + [(4, 2**21), (64, 2**20), (256, 2**18)]:
-            assert "RowGroup" in _first(rows, cols, dtype, backward), (rows, cols, backward)
+            first = _first(rows, cols, dtype, backward)
+            assert "RowGroup" in first and "_rowgroup_peel" in first, (rows, cols, backward, first)
+            x = torch.empty(rows, cols, dtype=dtype, device="meta")
+            args = (SoftmaxBackwardArguments(x, x, torch.empty_like(x)) if backward
+                    else SoftmaxArguments(x, torch.empty_like(x)))
+            ranked = rank_candidates(kernel_api.get_kernels(args, cc=90), args)
+            assert "_rowgroup2_peel" in ranked[1].metadata.kernel_name, (rows, cols, backward)
         for rows, cols in [(32768, 4096), (16384, 16384), (65536, 1024), (4096, 50257), (8192, 4097),
                            (16384, 4095), (8, 32768), (65536, 512), (2, 65536)]:
             assert "RowGroup" not in _first(rows, cols, dtype, backward), (rows, cols, backward)
@@ -445,9 +678,10 @@ _SHAPES = [s if len(s) == 3 else (*s, 0) for s in _SHAPES]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_forward_shapes(dtype):
-    k = _kernel(CudaSoftmaxRowGroupForward, dtype)
+def test_forward_shapes(dtype, ctas_per_sm):
+    k = _kernel(CudaSoftmaxRowGroupForward, dtype, ctas_per_sm)
     torch.manual_seed(len(str(dtype)))
     for rows, cols, offset in _SHAPES:
         _check_forward_at(rows, cols, dtype, offset, k)
@@ -455,10 +689,11 @@ def test_forward_shapes(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_backward_shapes(dtype):
+def test_backward_shapes(dtype, ctas_per_sm):
     """(f32 8x4M: slices past the ring, the overflow read twice; also misaligned, 2x(4M+3).)"""
-    k = _kernel(CudaSoftmaxRowGroupBackward, dtype)
+    k = _kernel(CudaSoftmaxRowGroupBackward, dtype, ctas_per_sm)
     torch.manual_seed(len(str(dtype)) + 1)
     shapes = _SHAPES + ([(2, 2**22 + 3, 1)] if dtype == torch.float32 else [])
     for rows, cols, offset in shapes:
@@ -468,16 +703,18 @@ def test_backward_shapes(dtype):
 
 # (limit_ctas, limit_ring, ctas_per_row, rows, cols, offset): slices overflowing rings of 1-3
 # chunks (the overflow read twice), rings wrapping many times, both consumer schedules (with
-# and without the look-ahead), odd groupings, one CTA per row.
+# and without the look-ahead), odd groupings, one CTA per row. (A limit_ring above the
+# instance's own ring, 14 for the two-CTA one, leaves its ring of 7.)
 _SMALL = [(7, 3, None, 9, 70001, 3), (12, 3, 3, 10, 150001, 1), (5, 2, 5, 4, 99999, 0), (16, 6, 1, 33, 40003, 5),
           (24, 1, None, 3, 400001, 0), (9, 14, 4, 11, 9001, 7)]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
 @pytest.mark.parametrize("cls", _CLASSES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_small_rings_and_grids(cls, dtype):
-    k = _kernel(cls, dtype)
+def test_small_rings_and_grids(cls, dtype, ctas_per_sm):
+    k = _kernel(cls, dtype, ctas_per_sm)
     torch.manual_seed(len(str(dtype)) + 3 * cls.backward)
     try:
         for ctas, ring, S, rows, cols, offset in _SMALL:
@@ -512,23 +749,24 @@ print("launches", n)
 
 @pytest.mark.gpu
 def test_memcheck():
-    """Both directions, every dtype, a row split over many CTAs and a small ring whose slices
-    overflow, misaligned, under compute-sanitizer memcheck (caching allocator off: each
-    operand and workspace is its own allocation, so an overrun is caught)."""
+    """Both directions, every dtype, both variants, a row split over many CTAs and a small
+    ring whose slices overflow, misaligned, under compute-sanitizer memcheck (caching
+    allocator off: each operand and workspace is its own allocation, so an overrun is caught)."""
     out = run_memcheck(_SANITIZED)
-    assert int(out.split("launches")[-1].split()[0]) == 12, out[-3000:]
+    assert int(out.split("launches")[-1].split()[0]) == 24, out[-3000:]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_strided_rows(dtype):
+def test_strided_rows(dtype, ctas_per_sm):
     """Rows of a wider buffer, three elements past a 16-byte boundary and of odd length (each
     row at another phase), into a poisoned contiguous output: taken when the row stride keeps
     every operand's rows at one phase (stride cols + 3 vectors), refused otherwise; the
     backward's dy and y strided alike."""
     rows, cols, offset = 6, 2**20 + 1, 3
     vec = 16 // _ELEM[dtype]
-    k = _kernel(CudaSoftmaxRowGroupForward, dtype)
+    k = _kernel(CudaSoftmaxRowGroupForward, dtype, ctas_per_sm)
     bufo, out = _poisoned(rows, cols, dtype, offset)
 
     def strided(stride: int) -> torch.Tensor:
@@ -545,7 +783,7 @@ def test_strided_rows(dtype):
     torch.cuda.synchronize()
     check_forward(out, x, f"{k.metadata.kernel_name} strided")
     _margins_untouched(bufo, rows, cols, offset, f"{k.metadata.kernel_name} strided")
-    kb = _kernel(CudaSoftmaxRowGroupBackward, dtype)
+    kb = _kernel(CudaSoftmaxRowGroupBackward, dtype, ctas_per_sm)
     g, y = strided(cols + 3 * vec), strided(cols + 5 * vec)
     g.copy_(torch.randn(rows, cols, device="cuda") * 4)
     y.copy_(torch.softmax(torch.randn(rows, cols, device="cuda") * 2, -1))
@@ -559,13 +797,14 @@ def test_strided_rows(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
 @pytest.mark.parametrize("cls", _CLASSES)
-def test_back_to_back_and_repeated_launches(cls):
+def test_back_to_back_and_repeated_launches(cls, ctas_per_sm):
     """Launches queued on one stream without synchronising (each finds the workspace as the
     previous left it), a different shape between them, and the same buffers run again:
     every result right, the repeat bit-identical."""
     dtype = torch.bfloat16
-    k = _kernel(cls, dtype)
+    k = _kernel(cls, dtype, ctas_per_sm)
     shapes = [(32, 2**20), (5, 300007), (32, 2**20), (1, 2**20)]
     runs = []
     for rows, cols in shapes:
@@ -599,9 +838,10 @@ def test_back_to_back_and_repeated_launches(cls):
 
 
 @pytest.mark.gpu
-def test_side_stream_and_fresh_data():
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
+def test_side_stream_and_fresh_data(ctas_per_sm):
     """One artifact over new data each call on a side stream."""
-    k = _kernel(CudaSoftmaxRowGroupForward, torch.float16)
+    k = _kernel(CudaSoftmaxRowGroupForward, torch.float16, ctas_per_sm)
     x = torch.empty(8, 2**20, device="cuda", dtype=torch.float16)
     out = torch.empty_like(x)
     args = SoftmaxArguments(x, out)
@@ -629,3 +869,105 @@ def test_ops_pick_any_runs_long_rows_here():
     y = kernel_api.ops.softmax((torch.randn(32, 2**20, device="cuda") * 2).to(torch.bfloat16))
     g = torch.randn_like(y)
     check_backward(kernel_api.ops.softmax_backward(g, y, -1), g, y, "ops.softmax_backward 32x1M")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", _CLASSES)
+def test_two_ctas_per_sm_reside(cls):
+    """On the device: the two-CTA fit is two per SM with a ring of at least 6 chunks (7
+    expected on an H100 / H200), the one-CTA fit one per SM with the full ring; a traced launch
+    of the whole grid puts exactly two (one) CTAs on every SM it uses (%smid)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x = make_rows(2, 2**20, torch.bfloat16)
+    for ctas_per_sm in VARIANTS:
+        k = _kernel(cls, torch.bfloat16, ctas_per_sm)
+        k.trace = True
+        g, y = _backward_operands(2, 2**20, torch.bfloat16, 0)
+        args = (SoftmaxBackwardArguments(g, y, torch.empty_like(g)) if cls.backward
+                else SoftmaxArguments(x, torch.empty_like(x)))
+        artifact = k.compile(args)
+        fit = k._fit(artifact.compiled_obj, torch.cuda.current_device())
+        if ctas_per_sm == 1:
+            assert (fit.ctas, fit.sms, fit.ring_chunks) == (sms, sms, rg.DEFAULT_RING), fit
+        else:
+            assert fit.ctas == 2 * sms and fit.sms == sms and 6 <= fit.ring_chunks <= 7, fit
+        k.ctas_per_row = fit.ctas  # (every resident CTA on row 0, then row 1)
+        plan, resident = k.group_plan(args, artifact.compiled_obj, torch.cuda.current_device())
+        assert plan.grid == resident == fit.ctas
+        ws = torch.empty(k.get_workspace_size(args), dtype=torch.uint8, device="cuda")
+        rg.clear_trace(ws, plan)
+        k.run(args, compiled_artifact=artifact, workspace=ws)
+        torch.cuda.synchronize()
+        per_sm: dict[int, int] = {}
+        for r in rg.read_trace(ws, plan):
+            per_sm[r["sm"]] = per_sm.get(r["sm"], 0) + 1
+        assert set(per_sm.values()) == {ctas_per_sm} and len(per_sm) == sms, per_sm
+
+
+def _check_trace(records: list, plan, rows: int) -> None:
+    """Per CTA: the waves its group took, and stamps in causal order (consumer thread 0's:
+    entry <= ready <= stats <= met <= stored <= exit, wave after wave; the producer's: after
+    entry, in issue order)."""
+    assert len(records) == plan.grid
+    for r in records:
+        what = f"CTA {r['cta']}: {r}"
+        waves = -(-(rows - r["group"]) // plan.groups) if r["group"] < rows else 0
+        assert r["waves"] == waves and len(r["stats"]) == min(waves, rg.TRACE_WAVES), what
+        assert 0 < r["entry"] <= r["ready"] <= r["exit"], what
+        last = r["ready"]
+        for w in range(len(r["stats"])):
+            assert last <= r["stats"][w] <= r["met"][w] <= r["stored"][w] <= r["exit"], (w, what)
+            last = r["stats"][w]
+        issued = [r["issue_first"]] + r["issued"] + [r["producer_done"]]
+        assert r["entry"] <= r["issue_first"] and issued == sorted(issued), what
+
+
+# (limit_ctas, limit_ring, ctas_per_row, rows, cols, offset): a long case, waves past those the
+# trace records (20 of 16), slices overflowing a 2-chunk ring, a lone row on the whole grid.
+_TRACED = [(None, None, None, 32, 2**20, 0), (6, 3, 2, 60, 70001, 3), (9, 2, 3, 7, 150001, 1),
+           (None, None, None, 1, 2**20, 0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_traced_build_is_correct_and_its_stamps_ordered(cls, dtype, ctas_per_sm):
+    """The RG_TRACE build: the float64 reference, untouched margins, bit for bit the plain
+    build's output, and a complete trace per CTA with ordered stamps."""
+    torch.manual_seed(7 + ctas_per_sm)
+    plain = _kernel(cls, dtype, ctas_per_sm)
+    traced = _kernel(cls, dtype, ctas_per_sm)
+    traced.trace = True
+    device = torch.cuda.current_device()
+    for ctas, ring, S, rows, cols, offset in _TRACED:
+        for k in (plain, traced):
+            k.limit_ctas, k.limit_ring, k.ctas_per_row = ctas, ring, S
+        if cls.backward:
+            g, y = _backward_operands(rows, cols, dtype, offset)
+            buf, out = _poisoned(rows, cols, dtype, offset)
+            args = SoftmaxBackwardArguments(g, y, out)
+        else:
+            x = _input_at(rows, cols, dtype, offset)
+            buf, out = _poisoned(rows, cols, dtype, offset)
+            args = SoftmaxArguments(x, out)
+        assert traced.supports(args), traced.supports(args).error
+        artifact = traced.compile(args)
+        assert artifact.extra.traced
+        plan, _ = traced.group_plan(args, artifact.compiled_obj, device)
+        ws = torch.empty(traced.get_workspace_size(args), dtype=torch.uint8, device="cuda")
+        rg.clear_trace(ws, plan)
+        traced.run(args, compiled_artifact=artifact, workspace=ws)
+        torch.cuda.synchronize()
+        what = f"{traced.metadata.kernel_name} traced {rows}x{cols}+{offset}"
+        if cls.backward:
+            check_backward(out, g, y, what)
+        else:
+            check_forward(out, x, what)
+        _margins_untouched(buf, rows, cols, offset, what)
+        _check_trace(rg.read_trace(ws, plan), plan, rows)
+        first = out.clone()
+        out.fill_(float("nan"))
+        plain.run(args)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int8), first.view(torch.int8)), f"{what}: differs from the plain build"

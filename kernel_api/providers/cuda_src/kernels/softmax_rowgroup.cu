@@ -43,16 +43,32 @@
 // has seen every peer's wave w + 2, which each peer publishes only after reading all of wave
 // w (with `ahead`, a peer publishes w + 1 before it reads w; without, two would do).
 // Every CTA of a group combines the S partials in the same order, so all agree bit for bit.
+//
+// Compile-time parameters (the interface sets them per instance): RG_CONSUMERS compute
+// threads (512, or 256 so that RG_MIN_BLOCKS = 2 CTAs, each with half the ring, share an SM
+// within the register file) and RG_MIN_BLOCKS, the launch bounds' CTAs per SM. RG_TRACE
+// (off by default; the code without it is unchanged) makes consumer thread 0 and the producer
+// lane record %globaltimer stamps per CTA in a trace after the workspace slots: see
+// "Per-phase trace" below and softmax_rowgroup.py's `read_trace`.
 
 namespace ka_softmax {
 
 typedef unsigned long long u64;
 
+#ifndef RG_CONSUMERS
 #define RG_CONSUMERS 512
+#endif
+#ifndef RG_MIN_BLOCKS
+#define RG_MIN_BLOCKS 1
+#endif
 #define RG_THREADS (RG_CONSUMERS + 32)
 #define RG_CHUNK_BYTES 16384
 #define RG_CHUNK_U4 (RG_CHUNK_BYTES / 16)
 #define RG_MAX_CHUNKS 16
+// A chunk's vectors split evenly over the consumers (forward: CHUNK_U4, backward: half each
+// for dy and y); the reductions' scratch holds one value per consumer warp, at most 32.
+static_assert(RG_CONSUMERS % 32 == 0 && RG_CONSUMERS / 32 <= 32, "RG_CONSUMERS: whole warps, at most 32");
+static_assert((RG_CHUNK_U4 / 2) % RG_CONSUMERS == 0, "RG_CONSUMERS must divide a backward chunk's vectors");
 // A peer that has not published after this long means a broken launch (never a correct one:
 // the CTAs are co-resident); trap instead of hanging. Generous for compute-sanitizer runs.
 #ifndef RG_TIMEOUT_NS
@@ -142,6 +158,37 @@ __device__ __forceinline__ void publish(u64* slot, u64 tag, float a, float b) {
   st_relaxed(v + 1, b);
   st_release(slot, tag);  // orders the two stores above before the tag
 }
+
+// ---- Per-phase trace (RG_TRACE builds only) ------------------------------------------------
+// After the grid's slots (gridDim.x * RG_SLOTS 16-byte slots), RG_TRACE_WORDS 64-bit words per
+// CTA: a head (TR_*) and, for each of the first RG_TRACE_WAVES waves, TW_* stamps. Stamps are
+// %globaltimer nanoseconds; consumer thread 0 writes all but the producer lane's TR_ISSUE_FIRST,
+// TR_PRODUCER_DONE and TW_ISSUED. The head's TR_HEADER word is written last: RG_TRACE_MAGIC in
+// the high half, the waves this CTA processed in the low half.
+#ifdef RG_TRACE
+#ifndef RG_TRACE_WAVES
+#define RG_TRACE_WAVES 16
+#endif
+#define RG_TRACE_HEAD 8
+#define RG_TRACE_WORDS (RG_TRACE_HEAD + 4 * RG_TRACE_WAVES)
+#define RG_TRACE_MAGIC 0x52475452u  // "RGTR"
+enum { TR_HEADER, TR_ENTRY, TR_READY, TR_EXIT, TR_ISSUE_FIRST, TR_PRODUCER_DONE, TR_TAG, TR_SMID };
+enum { TW_STATS, TW_MET, TW_STORED, TW_ISSUED };
+#define RG_TRACE_ONLY(...) __VA_ARGS__
+__device__ __forceinline__ u64* trace_of(u64* ws) {
+  return ws + (u64)gridDim.x * RG_SLOTS * 2 + (u64)blockIdx.x * RG_TRACE_WORDS;
+}
+__device__ __forceinline__ void trace_wave(u64* tr, i64 w, int what) {
+  if (w < RG_TRACE_WAVES) tr[RG_TRACE_HEAD + 4 * w + what] = global_timer();
+}
+__device__ __forceinline__ unsigned sm_id() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+#else
+#define RG_TRACE_ONLY(...)
+#endif
 
 __device__ __forceinline__ void wait_tag(const u64* slot, u64 tag) {
   if (ld_acquire(slot) == tag) return;
@@ -256,12 +303,13 @@ __device__ __forceinline__ void init_ring(u64* full, u64* empty, int ring) {
 template <class T, int VEC, bool BWD>
 __device__ void produce(const typename T::raw* __restrict__ a, const typename T::raw* __restrict__ b, i64 rows,
                         int cols, i64 lda, i64 ldb, int S, int G, int cap, int ring, uint4* rbuf, u64* full,
-                        u64* empty) {
+                        u64* empty RG_TRACE_ONLY(, u64* tr)) {
   constexpr int CV = RG_CHUNK_U4 / (BWD ? 2 : 1);
   const int rank = blockIdx.x % S, group = blockIdx.x / S;
   const u64 policy = evict_first_policy();
   int sl = 0;
   unsigned ph = 0;
+  RG_TRACE_ONLY(i64 wave = 0; bool first = true;)
   for (i64 r = group; r < rows; r += G) {
     const typename T::raw* ar = a + r * lda;
     const typename T::raw* br = BWD ? b + r * ldb : ar;
@@ -275,12 +323,18 @@ __device__ void produce(const typename T::raw* __restrict__ a, const typename T:
       mbar_expect_tx(&full[sl], BWD ? 2 * bytes : bytes);
       bulk_load(dst, asrc + (i64)k * CV * 16, bytes, &full[sl], policy);
       if constexpr (BWD) bulk_load(dst + CV, bsrc + (i64)k * CV * 16, bytes, &full[sl], policy);
+      RG_TRACE_ONLY(if (first) {
+        tr[TR_ISSUE_FIRST] = global_timer();
+        first = false;
+      })
       if (++sl == ring) {
         sl = 0;
         ph ^= 1u;
       }
     }
+    RG_TRACE_ONLY(trace_wave(tr, wave++, TW_ISSUED);)
   }
+  RG_TRACE_ONLY(tr[TR_PRODUCER_DONE] = global_timer();)
 }
 
 // Release chunk `sl` to the producer once every consumer warp is done with it.
@@ -322,6 +376,27 @@ struct Wave {
   float ms, e0, e1, e2, e3;
   float ca, cb;
 };
+
+#ifdef RG_TRACE
+// Every consumer has issued the wave's stores (the traced build's one extra barrier per wave).
+template <class T>
+__device__ __forceinline__ void trace_stored(const Ctx<T>& c, i64 w) {
+  consumer_sync();
+  if (threadIdx.x == 0) trace_wave(trace_of(c.ws), w, TW_STORED);
+}
+// Consumer thread 0's last words: exit time, launch tag, SM, then the head that marks the
+// record complete.
+template <class T>
+__device__ __forceinline__ void trace_exit(const Ctx<T>& c) {
+  if (threadIdx.x != 0) return;
+  u64* tr = trace_of(c.ws);
+  tr[TR_EXIT] = global_timer();
+  tr[TR_TAG] = c.hi;
+  tr[TR_SMID] = sm_id();
+  const i64 waves = c.group < c.rows ? (c.rows - 1 - c.group) / c.G + 1 : 0;
+  tr[TR_HEADER] = ((u64)RG_TRACE_MAGIC << 32) | (unsigned)waves;
+}
+#endif
 
 __device__ __forceinline__ void advance(int& slot, unsigned& phase, int nch, int ring) {
   slot += nch;
@@ -396,6 +471,7 @@ __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
   float m = ms, sum = ss;
   pair_merge(m, sum, mo, so);
   cta_pair(m, sum, c.red + (P.w & 1) * 64);
+  RG_TRACE_ONLY(if (t == 0) trace_wave(trace_of(c.ws), P.w, TW_STATS);)
   P.ca = m;
   P.cb = sum;
   if (t == 0 && c.S > 1) publish(slot_of(c.ws, blockIdx.x, P.w), tag_of(c.hi, P.w), m, sum);
@@ -428,6 +504,7 @@ __device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
     }
   }
   consumer_sync();
+  RG_TRACE_ONLY(if (t == 0) trace_wave(trace_of(c.ws), P.w, TW_MET);)
   const float row_max = c.bc[0];
   // An all -inf row gives NaN, as torch.softmax does.
   const float inv = row_max == -KA_INF ? __int_as_float(0x7fc00000) : 1.f / c.bc[1];
@@ -462,6 +539,7 @@ __device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
   const i64 oo = o + (i64)s.staged * VEC;
   write_scaled<T, VEC, 2, NC>(xr + oo, yr + oo, s.n - s.staged, t, row_max, inv);
   if (c.rank == 0) store_edges<T, VEC>(yr, s.sp, t, exp_shifted(P.e0, row_max) * inv, exp_shifted(P.e1, row_max) * inv);
+  RG_TRACE_ONLY(trace_stored(c, P.w);)
 }
 
 // Backward statistics of wave P: sum(dy * y) over the overflow, the edges and the staged
@@ -504,6 +582,7 @@ __device__ void bwd_stats(const Ctx<T>& c, Wave& P) {
     }
   }
   dot = cta_sum(dot, c.red + (P.w & 1) * 64);
+  RG_TRACE_ONLY(if (t == 0) trace_wave(trace_of(c.ws), P.w, TW_STATS);)
   P.ca = dot;
   if (t == 0 && c.S > 1) publish(slot_of(c.ws, blockIdx.x, P.w), tag_of(c.hi, P.w), dot, 0.f);
 }
@@ -529,6 +608,7 @@ __device__ void bwd_finish(const Ctx<T>& c, const Wave& P) {
     if (lane == 0) c.bc[0] = dot;
   }
   consumer_sync();
+  RG_TRACE_ONLY(if (t == 0) trace_wave(trace_of(c.ws), P.w, TW_MET);)
   const float dot = c.bc[0];
   const R* gr = c.a + P.r * c.lda;
   const R* yr = c.b + P.r * c.ldb;
@@ -556,6 +636,7 @@ __device__ void bwd_finish(const Ctx<T>& c, const Wave& P) {
   const i64 oo = o + (i64)s.staged * VEC;
   write_grad<T, VEC, 2, NC>(gr + oo, yr + oo, dr + oo, s.n - s.staged, t, dot);
   if (c.rank == 0) store_edges<T, VEC>(dr, s.sp, t, P.e2 * (P.e0 - dot), P.e3 * (P.e1 - dot));
+  RG_TRACE_ONLY(trace_stored(c, P.w);)
 }
 
 // The consumers' waves. With `ahead`, wave w + 1's statistics are taken and published
@@ -601,46 +682,54 @@ __device__ void consume(const Ctx<T>& c, bool ahead) {
 extern __shared__ __align__(128) uint4 rg_ring[];
 
 template <class T, int VEC>
-__global__ void __launch_bounds__(RG_THREADS, 1)
+__global__ void __launch_bounds__(RG_THREADS, RG_MIN_BLOCKS)
     fwd_rowgroup(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y, i64 rows, i64 cols, i64 ldx,
                  i64 ldy, u64* ws, i64 epoch, i64 S, i64 G, i64 cap, i64 ring, i64 ahead) {
   __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
   __shared__ float red[128];
   __shared__ float bc[2];
+  RG_TRACE_ONLY(u64* const tr = rowgroup::trace_of(ws);
+                if (threadIdx.x == 0) tr[rowgroup::TR_ENTRY] = rowgroup::global_timer();)
   rowgroup::check_plan(S, G, cap, ring, ahead, RG_CHUNK_U4);
   rowgroup::init_ring(full, empty, (int)ring);
+  RG_TRACE_ONLY(if (threadIdx.x == 0) tr[rowgroup::TR_READY] = rowgroup::global_timer();)
   if (threadIdx.x >= RG_CONSUMERS) {
     if (threadIdx.x == RG_CONSUMERS)
       rowgroup::produce<T, VEC, false>(x, x, rows, (int)cols, ldx, ldx, (int)S, (int)G, (int)cap, (int)ring, rg_ring,
-                                       full, empty);
+                                       full, empty RG_TRACE_ONLY(, tr));
     return;
   }
   const rowgroup::Ctx<T> c{x, x, y, rows, ldx, ldx, ldy, (int)cols, (int)S, (int)G, (int)cap, (int)ring,
                            (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, rowgroup::launch_tag(epoch), rg_ring,
                            full, empty, red, bc};
   rowgroup::consume<T, VEC, false>(c, ahead != 0);
+  RG_TRACE_ONLY(rowgroup::trace_exit(c);)
 }
 
 template <class T, int VEC>
-__global__ void __launch_bounds__(RG_THREADS, 1)
+__global__ void __launch_bounds__(RG_THREADS, RG_MIN_BLOCKS)
     bwd_rowgroup(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
                  typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy, i64 ldy, i64 lddx, u64* ws, i64 epoch,
                  i64 S, i64 G, i64 cap, i64 ring, i64 ahead) {
   __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
   __shared__ float red[128];
   __shared__ float bc[2];
+  RG_TRACE_ONLY(u64* const tr = rowgroup::trace_of(ws);
+                if (threadIdx.x == 0) tr[rowgroup::TR_ENTRY] = rowgroup::global_timer();)
   rowgroup::check_plan(S, G, cap, ring, ahead, RG_CHUNK_U4 / 2);
   rowgroup::init_ring(full, empty, (int)ring);
+  RG_TRACE_ONLY(if (threadIdx.x == 0) tr[rowgroup::TR_READY] = rowgroup::global_timer();)
   if (threadIdx.x >= RG_CONSUMERS) {
     if (threadIdx.x == RG_CONSUMERS)
       rowgroup::produce<T, VEC, true>(dy, y, rows, (int)cols, lddy, ldy, (int)S, (int)G, (int)cap, (int)ring, rg_ring,
-                                      full, empty);
+                                      full, empty RG_TRACE_ONLY(, tr));
     return;
   }
   const rowgroup::Ctx<T> c{dy, y, dx, rows, lddy, ldy, lddx, (int)cols, (int)S, (int)G, (int)cap, (int)ring,
                            (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, rowgroup::launch_tag(epoch), rg_ring,
                            full, empty, red, bc};
   rowgroup::consume<T, VEC, true>(c, ahead != 0);
+  RG_TRACE_ONLY(rowgroup::trace_exit(c);)
 }
 
 }  // namespace ka_softmax

@@ -4,7 +4,12 @@ after softmax.cu, whose helpers it uses).
 Two registered families, `CudaSoftmaxRowGroupForward` (`SoftmaxArguments`) and
 `CudaSoftmaxRowGroupBackward` (`SoftmaxBackwardArguments`), for sm_90 and sm_100: softmax for
 rows too long for one CTA (1M, 4M elements), whose input the looped and cluster-split kernels
-read twice; this one reads it once. One instance per dtype, ``rowgroup_peel<vec>``.
+read twice; this one reads it once. Two instances per dtype (``ctas_per_sm``):
+``rowgroup_peel<vec>``, one CTA of 512 consumer threads per SM with the largest ring, and
+``rowgroup2_peel<vec>``, two CTAs of 256 consumers per SM (`__launch_bounds__(288, 2)`, 92-96
+registers without spills), each with the largest ring that still lets two reside (7 chunks on
+an H100 / H200): while one CTA meets its group or stores, the other's copies keep DRAM busy.
+The second is not measured yet; PickAny ranks it just after the first (`estimated_cost`).
 
 Measured (H100, session 23, benchmarks/NOTES-softmax-long.md): 1.4-1.9 TB/s on the 64-128 MB
 long-row cases, 47-63 % of the copy rate, not yet the bandwidth it aims at; 1.0-2x the
@@ -13,8 +18,8 @@ CTAs-per-row sweep puts about 36 us of every launch outside the data's transfer 
 
 Design:
 
-- A persistent grid of at most as many CTAs as are co-resident (one per SM: each takes the
-  most dynamic shared memory a CTA may have, a ring of 16 KB chunks), launched
+- A persistent grid of at most as many CTAs as are co-resident (``ctas_per_sm`` per SM: each
+  takes the most dynamic shared memory that lets them reside, a ring of 16 KB chunks), launched
   *cooperatively*: the launch fails with a clear error rather than start CTAs that could
   wait on CTAs never scheduled.
 - The CTAs are grouped, ``ctas_per_row`` (S) per row: each stages its slice of the row (the
@@ -44,7 +49,7 @@ Design:
   bf16, all 132 CTAs on one row at a time (8 waves).
 
 Fallback for rows whose slice the ring cannot hold (f32 backward of 4M columns: 254 KB of dy
-and y per CTA with all 132 SMs on one row): the first ``ring - PREFETCH_CHUNKS`` chunks of
+and y per CTA with all 132 SMs on one row): the first ``ring - prefetch_reserve(ring)`` chunks of
 the slice are staged, the rest is read by the consumer threads themselves for the
 statistics and again for the output. That second read comes from L2: per wave it is at most
 the ring's overflow on every SM (about 12 MB on 132 SMs), read a few microseconds earlier,
@@ -53,13 +58,23 @@ while the staged copies are marked evict-first. The slices are as large as they 
 
 Every instance peels rows (16-byte vectors after a scalar head, see softmax.py), so it takes
 operands at any alignment whose rows share one offset from a 16-byte boundary, and strided
-rows. The artifact (one per dtype and direction) serves every shape; the plan is made at
-launch from the device's SM count and shared memory.
+rows. The artifact (one per dtype, direction and ``ctas_per_sm``) serves every shape; the plan
+is made at launch from the device's SM count and shared memory.
+
+Per-phase trace (experiments): with ``kernel.trace = True`` the instance compiles a separate
+artifact with ``RG_TRACE`` defined, whose consumer thread 0 and producer lane record
+%globaltimer stamps per CTA (entry, ring ready, per wave: statistics done, group met, output
+stored, the producer's last copy issued; exit) for the first `TRACE_WAVES` waves, in
+`TRACE_CTA_BYTES` per CTA after the workspace slots (`get_workspace_size` grows to hold them).
+`clear_trace` before the launch, `read_trace(workspace, plan)` after it. The traced build adds
+one consumer barrier per wave (before the "stored" stamp); without ``RG_TRACE`` the cubin is
+the same as before the switch existed.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import threading
 from dataclasses import dataclass
@@ -77,13 +92,22 @@ from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
 
-#: Compute threads per CTA, plus one producer warp (softmax_rowgroup.cu's RG_CONSUMERS).
+_log = logging.getLogger(__name__)
+
+#: Compute threads per CTA, plus one producer warp (softmax_rowgroup.cu's RG_CONSUMERS), of
+#: the one-CTA-per-SM instances.
 CONSUMERS = 512
 THREADS = CONSUMERS + 32
+#: Consumer threads by CTAs per SM: with two, 256 keep the kernels at 92-96 registers without
+#: spills (512 would be forced to 56 and spill).
+CONSUMERS_BY_CTAS_PER_SM = {1: 512, 2: 256}
+#: The most CTAs per SM any plan uses: the workspace (`get_workspace_size`) has room for them.
+MAX_CTAS_PER_SM = 2
 #: Bytes per ring chunk (one TMA copy, or two for the backward's dy and y) and the most
 #: chunks a ring has (the kernel's mbarrier arrays).
 CHUNK_BYTES, MAX_CHUNKS = 16384, 16
-#: Chunks left free for the next wave's copies when a slice overflows the ring.
+#: Chunks of a full (`DEFAULT_RING`) ring left free for the next wave's copies when a slice
+#: overflows it; smaller rings keep the same share (`prefetch_reserve`).
 PREFETCH_CHUNKS = 4
 #: Workspace bytes per CTA: four slots of {64-bit tag, two floats} (softmax_rowgroup.cu's RG_SLOTS).
 SLOT_BYTES = 64
@@ -91,6 +115,17 @@ SLOT_BYTES = 64
 #: CTA may have (227 KB) less the kernel's static barriers and reduction scratch.
 DEFAULT_SMS = 132
 DEFAULT_RING = (232448 - 1024) // CHUNK_BYTES
+#: An H100 / H200 SM's shared memory, what the driver reserves per CTA, and a bound on the
+#: kernel's static shared memory (896 bytes): the rings that let several CTAs share an SM.
+_SM_SMEM, _CTA_RESERVED_SMEM, _STATIC_SMEM = 233472, 1024, 1024
+#: The trace of an ``RG_TRACE`` build (softmax_rowgroup.cu's RG_TRACE_*): per CTA a head of
+#: `TRACE_HEAD_WORDS` 64-bit words, then four per wave for the first `TRACE_WAVES` waves
+#: (later waves are processed but not recorded); `TRACE_MAGIC` marks a complete record.
+TRACE_WAVES = 16
+TRACE_HEAD_WORDS = 8
+TRACE_WORDS = TRACE_HEAD_WORDS + 4 * TRACE_WAVES
+TRACE_CTA_BYTES = 8 * TRACE_WORDS
+TRACE_MAGIC = 0x52475452
 #: Rows from this length are what the family is built (and measured) for; below, PickAny
 #: ranks it after the register, smem, looped and cluster-split kernels (`estimated_cost`).
 MIN_COLS = 2**17
@@ -104,6 +139,23 @@ _BW, _SM_BW = 3.6e6, 8.0e4
 _T_MEET, _T_SOLO = 3.0, 0.3
 _RATE = {False: 2.0e4, True: 4.0e4}
 _L2_REREAD = 0.5
+#: The ranking's hint scale of instances not yet measured on a GPU (the two-CTA ones).
+_UNMEASURED_HINT = 0.98
+
+
+def default_ring(ctas_per_sm: int) -> int:
+    """Ring chunks per CTA without a GPU to ask: `DEFAULT_RING` for one CTA per SM, else the
+    most that ``ctas_per_sm`` CTAs fit in an H100 / H200 SM's shared memory (7 for two)."""
+    if ctas_per_sm <= 1:
+        return DEFAULT_RING
+    return max(1, min(DEFAULT_RING, (_SM_SMEM // ctas_per_sm - _CTA_RESERVED_SMEM - _STATIC_SMEM) // CHUNK_BYTES))
+
+
+def prefetch_reserve(ring_chunks: int) -> int:
+    """Chunks of a ``ring_chunks`` ring left free for the next wave's copies when a slice
+    overflows it: `PREFETCH_CHUNKS` of a full ring, the same share (rounded up) of a smaller
+    one, so two CTAs with half rings keep an SM's reserve; at least one chunk stays staged."""
+    return min(ring_chunks - 1, -(-PREFETCH_CHUNKS * ring_chunks // DEFAULT_RING))
 
 
 def chunk_vectors(backward: bool) -> int:
@@ -150,7 +202,13 @@ class RowGroupPlan:
 
     @property
     def workspace_bytes(self) -> int:
+        """The workspace slots of the grid (a traced build needs `traced_workspace_bytes`)."""
         return self.grid * SLOT_BYTES
+
+    @property
+    def traced_workspace_bytes(self) -> int:
+        """The slots and, after them, `TRACE_CTA_BYTES` of trace per CTA."""
+        return self.grid * (SLOT_BYTES + TRACE_CTA_BYTES)
 
 
 def row_vectors(cols: int, elem_bytes: int) -> int:
@@ -252,7 +310,7 @@ def plan_rows(rows: int, cols: int, elem_bytes: int, backward: bool, ctas: int =
         raise ValueError(f"plan_rows: no plan for rows={rows}, cols={cols}, ctas={ctas}, ring={ring_chunks}")
     nvec = row_vectors(cols, elem_bytes)
     cv = chunk_vectors(backward)
-    reserve = min(PREFETCH_CHUNKS, ring_chunks - 1)
+    reserve = prefetch_reserve(ring_chunks)
     S = (pick_ctas_per_row(rows, nvec, backward, ctas, ring_chunks) if ctas_per_row is None
          else max(1, min(ctas_per_row, ctas)))
     G = min(ctas // S, rows)
@@ -276,12 +334,67 @@ def next_epoch() -> int:
         return _epoch[0]
 
 
+def clear_trace(workspace: torch.Tensor, plan: RowGroupPlan) -> None:
+    """Zero the trace region of ``workspace`` for a traced launch of ``plan`` (so a stamp the
+    launch does not write reads 0, and a stale record has no `TRACE_MAGIC`). The slots before
+    it are left alone (their tags need no reset)."""
+    start = plan.workspace_bytes
+    workspace.view(torch.uint8).view(-1)[start:start + plan.grid * TRACE_CTA_BYTES].zero_()
+
+
+def read_trace(workspace: torch.Tensor, plan: RowGroupPlan) -> list[dict]:
+    """The per-CTA records a traced launch of ``plan`` left in ``workspace`` (after the slots):
+    one dict per CTA with ``cta``, ``rank``, ``group``, ``sm``, ``waves`` (processed), ``tag``
+    (the launch's, equal in all), the stamps ``entry``, ``ready`` (ring initialised), ``exit``,
+    ``issue_first`` and ``producer_done`` (the producer's first copy issued, its last), and per
+    recorded wave (at most `TRACE_WAVES`) the lists ``stats`` (statistics done), ``met`` (the
+    group's partials combined), ``stored`` (every consumer's stores issued), ``issued`` (the
+    wave's last copy issued). Stamps are %globaltimer nanoseconds; 0 where none was written
+    (a CTA without copies). Raises ValueError where a record is incomplete or stale (not a
+    traced build, or a launch that did not finish)."""
+    words = workspace.view(torch.uint8).view(-1)
+    start, n = plan.workspace_bytes, plan.grid * TRACE_CTA_BYTES
+    if words.numel() < start + n:
+        raise ValueError(f"read_trace: the workspace holds {words.numel()} bytes, the trace of {plan.grid} CTAs "
+                         f"ends at {start + n}")
+    raw = words[start:start + n].cpu().view(torch.int64).view(plan.grid, TRACE_WORDS).tolist()
+    records, tags = [], set()
+    for cta, w in enumerate(raw):
+        head = w[0] & 0xFFFFFFFFFFFFFFFF
+        if head >> 32 != TRACE_MAGIC:
+            raise ValueError(f"read_trace: CTA {cta} left no complete trace record (header {head:#x}): not an "
+                             f"RG_TRACE build, or the trace was not cleared before the launch")
+        waves = head & 0xFFFFFFFF
+        rec = min(waves, TRACE_WAVES)
+        per_wave = [w[TRACE_HEAD_WORDS + 4 * i:TRACE_HEAD_WORDS + 4 * i + 4] for i in range(rec)]
+        tags.add(w[6])
+        records.append(dict(cta=cta, rank=cta % plan.ctas_per_row, group=cta // plan.ctas_per_row, sm=w[7],
+                            waves=waves, tag=w[6], entry=w[1], ready=w[2], exit=w[3], issue_first=w[4],
+                            producer_done=w[5], stats=[v[0] for v in per_wave], met=[v[1] for v in per_wave],
+                            stored=[v[2] for v in per_wave], issued=[v[3] for v in per_wave]))
+    if len(tags) > 1:
+        raise ValueError(f"read_trace: the records carry {len(tags)} launch tags: CTAs of different launches")
+    return records
+
+
 @dataclass(frozen=True)
 class _DeviceFit:
-    """A device's room for the grid: co-resident CTAs and chunks per CTA's ring."""
+    """A device's room for the grid: co-resident CTAs, chunks per CTA's ring, and SMs."""
 
     ctas: int
     ring_chunks: int
+    sms: int
+
+
+@dataclass(frozen=True)
+class RowGroupBuild:
+    """What an artifact was compiled with (``artifact.extra``): consumer threads, the launch
+    bounds' CTAs per SM, and whether it records a trace (then its launches need
+    `RowGroupPlan.traced_workspace_bytes`)."""
+
+    consumers: int
+    ctas_per_sm: int
+    traced: bool
 
 
 class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
@@ -293,27 +406,37 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         super().__init__(metadata, params)
         self.dtype: DataType = params["dtype"]
         self.vec: int = 16 // self.dtype.bytes
+        self.ctas_per_sm: int = params.get("ctas_per_sm", 1)
+        self.consumers: int = CONSUMERS_BY_CTAS_PER_SM[self.ctas_per_sm]
+        self.threads: int = self.consumers + 32
         self._fits: dict[int, _DeviceFit] = {}
         # Caps on the grid and the ring, and a fixed CTAs-per-row, for tests and experiments
         # (None: the device's room and `plan_rows`' choice).
         self.limit_ctas: int | None = None
         self.limit_ring: int | None = None
         self.ctas_per_row: int | None = None
+        # Compile (and size the workspace for) the RG_TRACE build: experiments only.
+        self.trace: bool = False
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
     def variant_params(cls) -> list[dict]:
-        return [dict(dtype=dtype) for dtype in softmax_config.DTYPES]
+        # (the one-CTA instances first: discovery's order, and what ties in the ranking keep)
+        return [dict(dtype=dtype, ctas_per_sm=n) for n in (1, 2) for dtype in softmax_config.DTYPES]
 
     @classmethod
     def instance_name(cls, params: dict) -> str:
-        return f"{cls.__name__}_{params['dtype']}_rowgroup_peel{16 // params['dtype'].bytes}"
+        n = params.get("ctas_per_sm", 1)
+        return f"{cls.__name__}_{params['dtype']}_rowgroup{n if n > 1 else ''}_peel{16 // params['dtype'].bytes}"
 
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
-        design = RowReductionDesignMetadata("rowgroup", CONSUMERS, 16, MIN_COLS, None,
+        n = params.get("ctas_per_sm", 1)
+        consumers = CONSUMERS_BY_CTAS_PER_SM[n]
+        design = RowReductionDesignMetadata("rowgroup", consumers, 16, MIN_COLS, None,
                                             extra=(("peel", True), ("cooperative", True),
-                                                   ("chunk_bytes", CHUNK_BYTES)))
+                                                   ("chunk_bytes", CHUNK_BYTES), ("consumers", consumers),
+                                                   ("ctas_per_sm", n)))
         return cls.family_metadata(params, design, MIN_CC, MAX_CC)
 
     # ---- support --------------------------------------------------------------------------
@@ -330,30 +453,60 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         op = "bwd" if self.backward else "fwd"
         return f"ka_softmax::{op}_rowgroup<{_TYPES[self.dtype]}, {self.vec}>"
 
+    def defines_for(self, args: Any) -> dict[str, int]:
+        """The consumer count and launch bounds of this instance, and the trace switch."""
+        defines = {"RG_CONSUMERS": self.consumers, "RG_MIN_BLOCKS": self.ctas_per_sm}
+        if self.trace:
+            defines.update(RG_TRACE=1, RG_TRACE_WAVES=TRACE_WAVES)
+        return defines
+
+    def launch_plan(self, args: Any, launcher: Any) -> RowGroupBuild:
+        """Stored with the artifact: `_run` sizes the workspace by the build, not by `trace`."""
+        return RowGroupBuild(self.consumers, self.ctas_per_sm, self.trace)
+
     # ---- plan --------------------------------------------------------------------------------
     def _fit(self, launcher: Any, device: int) -> _DeviceFit:
+        """The device's room: the largest ring (at most `MAX_CHUNKS`) that lets `ctas_per_sm`
+        CTAs share each SM, and the CTAs that then reside. A full ring takes more than half an
+        SM's shared memory, so the CTAs it lets reside are the SMs."""
         fit = self._fits.get(device)
         if fit is None:
-            ring = min(MAX_CHUNKS, launcher.max_dynamic_smem(device) // CHUNK_BYTES)
-            if ring < 1:
+            full = min(MAX_CHUNKS, launcher.max_dynamic_smem(device) // CHUNK_BYTES)
+            if full < 1:
                 raise RuntimeError(f"{self.metadata.kernel_name}: device {device} lacks the shared memory "
                                    f"for one {CHUNK_BYTES}-byte chunk per CTA")
-            ctas = launcher.max_coresident(device, THREADS, ring * CHUNK_BYTES)
-            fit = self._fits[device] = _DeviceFit(ctas, ring)
+            sms = launcher.max_coresident(device, self.threads, full * CHUNK_BYTES)
+            ring, ctas = full, sms
+            if self.ctas_per_sm > 1:
+                want = self.ctas_per_sm * sms
+                ring = next((r for r in range(full, 0, -1)
+                             if launcher.max_coresident(device, self.threads, r * CHUNK_BYTES) >= want), None)
+                if ring is None:  # (registers or threads): still correct, one CTA per SM
+                    _log.warning("%s: no ring lets %d CTAs share an SM of device %d; planning for %d CTAs",
+                                 self.metadata.kernel_name, self.ctas_per_sm, device, sms)
+                    ring = full
+                else:
+                    ctas = want
+            fit = self._fits[device] = _DeviceFit(ctas, ring, sms)
         return fit
 
-    def plan(self, args: Any, ctas: int = DEFAULT_SMS, ring_chunks: int = DEFAULT_RING) -> RowGroupPlan:
-        """The plan for ``args`` on ``ctas`` co-resident CTAs with ``ring_chunks``-chunk rings."""
+    def plan(self, args: Any, ctas: int | None = None, ring_chunks: int | None = None) -> RowGroupPlan:
+        """The plan for ``args`` on ``ctas`` co-resident CTAs with ``ring_chunks``-chunk rings
+        (default: an H100 / H200's, `DEFAULT_SMS` x `ctas_per_sm` and `default_ring`)."""
+        ctas = DEFAULT_SMS * self.ctas_per_sm if ctas is None else ctas
+        ring_chunks = default_ring(self.ctas_per_sm) if ring_chunks is None else ring_chunks
         return plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, ctas, ring_chunks,
                          self.ctas_per_row)
 
     def launch_config(self, args: Any) -> tuple:
         p = self.plan(args)
-        return (p.grid, THREADS, p.smem_bytes)
+        return (p.grid, self.threads, p.smem_bytes)
 
     def get_workspace_size(self, args: Any) -> int:
-        """`SLOT_BYTES` per CTA of the grid (one CTA per SM; room for two)."""
-        return SLOT_BYTES * 2 * _sm_count(args.device)
+        """`SLOT_BYTES` per CTA of the largest grid (`MAX_CTAS_PER_SM` per SM), and with `trace`
+        `TRACE_CTA_BYTES` more per CTA."""
+        per_cta = SLOT_BYTES + (TRACE_CTA_BYTES if self.trace else 0)
+        return per_cta * MAX_CTAS_PER_SM * _sm_count(args.device)
 
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
@@ -362,23 +515,30 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         and looped kernels (two reads: 1.5x and more) lose the long rows, and a lone long
         row, which they spread over few SMs, comes here too. Rows shorter than `MIN_COLS`
         stay with the families measured there: four times the cost plus 100, past what the
-        generic model gives them (few rows of 64K elements cost the cluster splits 20-85)."""
+        generic model gives them (few rows of 64K elements cost the cluster splits 20-85).
+
+        The two-CTA instances are not measured yet, and the model has no term for two CTAs
+        sharing an SM: they take the one-CTA plan's cost over a hint 2 % lower
+        (`_UNMEASURED_HINT`), so PickAny keeps the measured one-CTA instance first and the
+        two-CTA one right after it, until a GPU run says otherwise."""
         p = plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, max(sm_count, 1),
                       DEFAULT_RING)
         ideal = args.rows * args.cols * self.dtype.bytes * (3 if self.backward else 2) / _BW
-        cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / type(self).performance_hint
+        hint = type(self).performance_hint * (_UNMEASURED_HINT if self.ctas_per_sm > 1 else 1.0)
+        cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / hint
         return cost if args.cols >= MIN_COLS else 4.0 * cost + 100.0
 
     def group_plan(self, args: Any, launcher: Any, device: int) -> tuple[RowGroupPlan, int]:
         """The plan a launch on ``device`` takes and the co-resident CTAs it was made for: the
-        device's fit, or with `limit_ring` below it the CTAs of that smaller ring (two per SM
-        where registers allow: at most twice the full ring's, as the workspace has room for), capped
-        by `limit_ctas`."""
+        device's fit (`_fit`), or with `limit_ring` below its ring the CTAs of that smaller ring
+        (more per SM where registers allow, at most `MAX_CTAS_PER_SM`: the workspace's room),
+        capped by `limit_ctas`."""
         fit = self._fit(launcher, device)
         ring, resident = fit.ring_chunks, fit.ctas
         if self.limit_ring is not None and self.limit_ring < ring:
             ring = max(1, self.limit_ring)
-            resident = min(launcher.max_coresident(device, THREADS, ring * CHUNK_BYTES), 2 * fit.ctas)
+            resident = min(launcher.max_coresident(device, self.threads, ring * CHUNK_BYTES),
+                           MAX_CTAS_PER_SM * fit.sms)
         ctas = resident if self.limit_ctas is None else max(1, min(resident, self.limit_ctas))
         return self.plan(args, ctas, ring), resident
 
@@ -391,18 +551,22 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
             device = torch.cuda.current_device()
         launcher = artifact.compiled_obj
         p, resident = self.group_plan(args, launcher, device)
-        if (workspace is None or workspace.numel() * workspace.element_size() < p.workspace_bytes
+        # (the build, not `trace`, decides: a traced artifact writes its trace past the slots)
+        build = getattr(artifact, "extra", None)
+        traced = build.traced if isinstance(build, RowGroupBuild) else self.trace
+        need = p.traced_workspace_bytes if traced else p.workspace_bytes
+        if (workspace is None or workspace.numel() * workspace.element_size() < need
                 or workspace.data_ptr() % 16):
             got = "none" if workspace is None else f"{workspace.numel() * workspace.element_size()} bytes at {workspace.data_ptr():#x}"
-            raise ValueError(f"{self.metadata.kernel_name}: needs a 16-byte aligned workspace of {p.workspace_bytes} "
-                             f"bytes (get_workspace_size), got {got}")
+            raise ValueError(f"{self.metadata.kernel_name}: needs a 16-byte aligned workspace of {need} "
+                             f"bytes (get_workspace_size{' with trace' if traced else ''}), got {got}")
         chunks = wave_chunks(p.staged_vectors, self.backward)
         if chunks > p.ring_chunks or (p.ahead and 2 * chunks > p.ring_chunks) or p.grid > resident:
             raise RuntimeError(f"{self.metadata.kernel_name}: inconsistent plan {p} for {resident} co-resident CTAs")  # (the kernel would trap)
         tail = (workspace.data_ptr(), next_epoch(), p.ctas_per_row, p.groups, p.staged_vectors, p.ring_chunks,
                 int(p.ahead))
-        launcher.launch(stream_handle(stream, device), device, p.grid, THREADS, p.smem_bytes, row_params(args) + tail,
-                        cooperative=True)
+        launcher.launch(stream_handle(stream, device), device, p.grid, self.threads, p.smem_bytes,
+                        row_params(args) + tail, cooperative=True)
 
 
 @functools.lru_cache(maxsize=64)
