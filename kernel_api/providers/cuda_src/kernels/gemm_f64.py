@@ -79,7 +79,7 @@ CONFIGS: tuple[F64Config, ...] = (
     F64Config(128, 64, 2, 2, 3, 2, 0.76),
     F64Config(128, 64, 2, 2, 4, 2, 0.765),
     F64Config(128, 128, 2, 4, 3, 1, 1.0),
-    F64Config(64, 64, 2, 2, 4, 3, 0.67),
+    F64Config(64, 64, 2, 2, 4, 3, 0.7),
 )
 
 _sm_counts: dict[int, int] = {}
