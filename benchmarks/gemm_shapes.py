@@ -131,7 +131,8 @@ def short(name: str) -> str:
 def bench_case(case: Case, opts: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     sets = make_sets(case)
-    args = [GemmArguments(A, B, out, accumulator_type=torch.float32) for A, B, out, _ in sets]
+    acc = torch.float64 if case.dtype == "f64" else torch.float32
+    args = [GemmArguments(A, B, out, accumulator_type=acc) for A, B, out, _ in sets]
     candidates = kernel_api.get_kernels(args[0])
     ours = [k for k in candidates if k.metadata.provider != "torch"]
     rec: dict = {"case": asdict(case), "name": case.name, "buffer_sets": len(sets), "candidates": len(candidates)}
