@@ -82,23 +82,6 @@ CONFIGS: tuple[F64Config, ...] = (
     F64Config(64, 64, 2, 2, 4, 3, 0.7),
 )
 
-_sm_counts: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device | None) -> int:
-    if device is None or device.type != "cuda":
-        return 132
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    count = _sm_counts.get(index)
-    if count is None:
-        count = _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return count
-
-
-def _layout_letter(kmajor_or_nmajor: bool) -> str:
-    return "t" if kmajor_or_nmajor else "n"
-
-
 @CudaSourceProvider.register
 class CudaGemmF64(CudaSourceKernel):
     """f64 GEMM on the FP64 tensor cores (sm_90): 16-byte cp.async copies into swizzled shared
