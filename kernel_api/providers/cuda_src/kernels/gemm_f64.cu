@@ -143,7 +143,7 @@ struct FragPlan {
 };
 
 template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
-          int GROUP_M>
+          bool PREFETCH, int GROUP_M>
 __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
     gemm_f64(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
              i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec) {
@@ -211,31 +211,67 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
   // Fragment rows: A's m wm TM + g (+ 16 i + 8 h), B's n wn TN + g (+ 8 j).
   const FragPlan<BM, A_KMAJOR> a_frag(wm * TM + g, t);
   const FragPlan<BN, B_KMAJOR> b_frag(wn * TN + g, t);
-  for (int kt = 0; kt < ktiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // tile kt landed for every thread; slot (kt - 1) % STAGES is free
-    if (kt + STAGES - 1 < ktiles) load_stage(kt + STAGES - 1);
-    cp_async_commit();
-
-    const int slot = kt % STAGES;
+  // One 8-deep k step's fragments: A for every 16-row tile, B for every 8-column tile.
+  struct Frags {
+    double a[FM][4];
+    double b[FN][2];
+  };
+  auto load_frags = [&](int slot, int k0, Frags& f) {
     const u32 a_base = sA + slot * A_STAGE, b_base = sB + slot * B_STAGE;
 #pragma unroll
-    for (int k0 = 0; k0 < BK; k0 += 8) {
-      double fb[FN][2];
+    for (int j = 0; j < FN; ++j) {
+      f.b[j][0] = lds64(b_base + b_frag.at(j, k0));
+      f.b[j][1] = lds64(b_base + b_frag.at(j, k0 + 4));
+    }
 #pragma unroll
-      for (int j = 0; j < FN; ++j) {
-        fb[j][0] = lds64(b_base + b_frag.at(j, k0));
-        fb[j][1] = lds64(b_base + b_frag.at(j, k0 + 4));
+    for (int i = 0; i < FM; ++i) {
+      f.a[i][0] = lds64(a_base + a_frag.at(2 * i, k0));
+      f.a[i][1] = lds64(a_base + a_frag.at(2 * i + 1, k0));
+      f.a[i][2] = lds64(a_base + a_frag.at(2 * i, k0 + 4));
+      f.a[i][3] = lds64(a_base + a_frag.at(2 * i + 1, k0 + 4));
+    }
+  };
+  auto mma_step = [&](const Frags& f) {
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+      for (int j = 0; j < FN; ++j) dmma1688(acc[i][j], f.a[i], f.b[j]);
+  };
+
+  if (PREFETCH) {
+    // The next step's fragments load while this step's DMMAs run: step 1 of a tile from the
+    // same slot, step 0 of the next tile right after the barrier that makes it visible
+    // (taken before the last step, whose fragments are already in registers, so the slot
+    // the barrier frees is the current one).
+    Frags f0, f1;
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (STAGES - 1 < ktiles) load_stage(STAGES - 1);
+    cp_async_commit();
+    if (ktiles > 0) load_frags(0, 0, f0);
+    for (int kt = 0; kt < ktiles; ++kt) {
+      load_frags(kt % STAGES, 8, f1);
+      mma_step(f0);
+      if (kt + 1 < ktiles) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile kt + 1 landed; every thread holds tile kt's fragments
+        if (kt + STAGES < ktiles) load_stage(kt + STAGES);
+        cp_async_commit();
+        load_frags((kt + 1) % STAGES, 0, f0);
       }
+      mma_step(f1);
+    }
+  } else {
+    for (int kt = 0; kt < ktiles; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // tile kt landed for every thread; slot (kt - 1) % STAGES is free
+      if (kt + STAGES - 1 < ktiles) load_stage(kt + STAGES - 1);
+      cp_async_commit();
 #pragma unroll
-      for (int i = 0; i < FM; ++i) {
-        double fa[4];
-        fa[0] = lds64(a_base + a_frag.at(2 * i, k0));
-        fa[1] = lds64(a_base + a_frag.at(2 * i + 1, k0));
-        fa[2] = lds64(a_base + a_frag.at(2 * i, k0 + 4));
-        fa[3] = lds64(a_base + a_frag.at(2 * i + 1, k0 + 4));
-#pragma unroll
-        for (int j = 0; j < FN; ++j) dmma1688(acc[i][j], fa, fb[j]);
+      for (int k0 = 0; k0 < BK; k0 += 8) {
+        Frags f;
+        load_frags(kt % STAGES, k0, f);
+        mma_step(f);
       }
     }
   }

@@ -53,6 +53,8 @@ class F64Config:
     #: results/gemm_f64-NVIDIA_H200-s25.json: 2048^3 / 8192^3 TF/s 54.0 / 51.1 for 128x64 s3,
     #: 53.4 / 51.0 s4, 47.8 / 45.4 for 128x128, 51.6 / 48.2 for 64x64)
     cost_scale: float = 1.0
+    #: load the next k step's fragments while this step's DMMAs run (more registers)
+    prefetch: bool = False
 
     @property
     def threads(self) -> int:
@@ -69,7 +71,8 @@ class F64Config:
 
     @property
     def tag(self) -> str:
-        return f"tile{self.bm}x{self.bn}x{BK}_warps{self.wm}x{self.wn}_stages{self.stages}"
+        return (f"tile{self.bm}x{self.bn}x{BK}_warps{self.wm}x{self.wn}_stages{self.stages}"
+                + ("_prefetch" if self.prefetch else ""))
 
 
 #: 128x64 with 4 warps (64x32 each) and 2 CTAs per SM is cuBLAS's DGEMM design on Hopper
@@ -80,6 +83,9 @@ CONFIGS: tuple[F64Config, ...] = (
     F64Config(128, 64, 2, 2, 4, 2, 0.765),
     F64Config(128, 128, 2, 4, 3, 1, 1.0),
     F64Config(64, 64, 2, 2, 4, 3, 0.7),
+    F64Config(128, 64, 2, 2, 3, 2, 0.76, True),
+    F64Config(128, 64, 2, 2, 4, 2, 0.76, True),
+    F64Config(64, 64, 2, 2, 4, 3, 0.7, True),
 )
 
 @CudaSourceProvider.register
@@ -177,7 +183,7 @@ class CudaGemmF64(CudaSourceKernel):
         c = self.config
         b = lambda v: "true" if v else "false"  # noqa: E731
         return (f"ka_gemm_f64::gemm_f64<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, {c.bn}, "
-                f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {GROUP_M}>")
+                f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}>")
 
     def grid(self, args: GemmArguments) -> tuple[int, int, int]:
         c = self.config
