@@ -86,6 +86,8 @@ CONFIGS: tuple[F64Config, ...] = (
     F64Config(128, 64, 2, 2, 3, 2, 0.76, True),
     F64Config(128, 64, 2, 2, 4, 2, 0.76, True),
     F64Config(64, 64, 2, 2, 4, 3, 0.7, True),
+    F64Config(128, 64, 4, 2, 3, 2, 0.76),
+    F64Config(64, 64, 2, 2, 3, 4, 0.7),
 )
 
 @CudaSourceProvider.register
