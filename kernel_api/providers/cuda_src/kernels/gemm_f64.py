@@ -50,8 +50,8 @@ class F64Config:
     stages: int
     min_ctas: int
     #: `estimated_cost`'s correction of the tile model, from the measured speed (H200, session 25,
-    #: results/gemm_f64-NVIDIA_H200-s25.json: 2048^3 / 8192^3 TF/s 54.0 / 51.1 for 128x64 s3,
-    #: 53.4 / 51.0 s4, 47.8 / 45.4 for 128x128, 51.6 / 48.2 for 64x64)
+    #: results/gemm_f64-NVIDIA_H200-s25*.json; 128x128 with 8 warps, measured at 47.8 / 45.4 TF/s
+    #: at 2048^3 / 8192^3, is the model's 1.0)
     cost_scale: float = 1.0
     #: load the next k step's fragments while this step's DMMAs run (more registers)
     prefetch: bool = False
@@ -75,19 +75,15 @@ class F64Config:
                 + ("_prefetch" if self.prefetch else ""))
 
 
-#: 128x64 with 4 warps (64x32 each) and 2 CTAs per SM is cuBLAS's DGEMM design on Hopper
-#: (ncu: sm90_xmma_gemm_f64..._tilesize128x64x16_stage3_warpsize2x2x1); 128x128 with 8 warps
-#: halves the operand traffic per flop at one CTA per SM; 64x64 fills the SMs on small problems.
+#: The configurations that won a size in the sweep (benchmarks/NOTES-f64.md, session 25, H200):
+#: 128x64 with 4 warps of 64x32 and 2 CTAs per SM (cuBLAS's DGEMM design on Hopper: ncu shows
+#: sm90_xmma_gemm_f64..._tilesize128x64x16_stage3_warpsize2x2x1), 0.91-0.93x cuBLAS; 64x64 with
+#: 3 CTAs per SM and the prefetching main loop, 0.91-0.94x. Measured and dropped: 4 stages,
+#: 128x128 with 8 warps (0.77-0.81x), 8 warps of 32x32 (0.83x), prefetching 128x64 (0.88-0.89x:
+#: 254 registers), 64x64 without prefetch (0.87-0.93x).
 CONFIGS: tuple[F64Config, ...] = (
     F64Config(128, 64, 2, 2, 3, 2, 0.76),
-    F64Config(128, 64, 2, 2, 4, 2, 0.765),
-    F64Config(128, 128, 2, 4, 3, 1, 1.0),
-    F64Config(64, 64, 2, 2, 4, 3, 0.7),
-    F64Config(128, 64, 2, 2, 3, 2, 0.76, True),
-    F64Config(128, 64, 2, 2, 4, 2, 0.76, True),
-    F64Config(64, 64, 2, 2, 4, 3, 0.7, True),
-    F64Config(128, 64, 4, 2, 3, 2, 0.76),
-    F64Config(64, 64, 2, 2, 3, 4, 0.7),
+    F64Config(64, 64, 2, 2, 4, 3, 0.77, True),
 )
 
 @CudaSourceProvider.register
