@@ -252,6 +252,20 @@ def test_pick_any_chooses_it_for_small_m_only(layout):
         assert candidates and not isinstance(kernel_api.PickAny().choose(args, candidates), CudaGemmSmallM), M
 
 
+@pytest.mark.parametrize("M", [1, 8, 16])
+@pytest.mark.parametrize("N,K", [(4096, 4096), (8192, 8192), (14336, 4096), (14336, 14336)])
+def test_pick_any_weighs_streaming_b_at_decode(M, N, K):
+    """At M <= 16 the time is reading B (benchmarks/results/gemm_shapes-NVIDIA_H200-s25-small-m.json:
+    the family 0.98-1.14x cuBLAS, the Sm90 tiles 1.4-1.8x slower than both); the MAC models
+    priced cuBLAS and the Sm90 tiles as if B cost nothing (Sm90 at 22 us for 117 MB), so
+    PickAny took cuBLAS everywhere and, among ours, Sm90 at N = 14336."""
+    args = _meta_args(M, N, K)
+    candidates = kernel_api.get_kernels(args, cc=90)
+    assert isinstance(kernel_api.PickAny().choose(args, candidates), CudaGemmSmallM)
+    ours = [k for k in candidates if not isinstance(k, TorchGemm)]
+    assert isinstance(kernel_api.PickAny().choose(args, ours), CudaGemmSmallM)
+
+
 # ---- GPU ------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,layout,M,N,K,padded", gpu_cases())

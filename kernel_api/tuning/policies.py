@@ -39,14 +39,36 @@ def _sm_count(device: torch.device | None) -> int:
     return 132  # an H100/H200, the machines we target when no GPU is present
 
 
+#: gemm_cost's units per second: the rate the Sm90 family's cost showed on the H200 at
+#: 64x8192x8192 (issue #16: 43.8 us for 114.3M units of its 64x128 tile).
+GEMM_COST_UNITS_PER_SECOND = 2.61e12
+#: Skinny GEMMs (min(M, N) at most this) are bound by streaming the large operand, which the
+#: tile model does not see: whole-tile kernels get a floor of their bytes at
+#: `TILE_STREAM_BYTES_PER_SECOND`, fitted to the Sm90 family's 64x128 and 128x128 tiles on the
+#: H200 at M = 1 and 16 (1.4-2.7 TB/s effective: 57.7 us at 1x8192x8192, 150-174 us at
+#: 1x14336x14336; benchmarks/results/gemm_shapes-NVIDIA_H200-s25-small-m.json), where the tile
+#: model alone predicted 22 us for 117 MB.
+SKINNY_GEMM = 128
+TILE_STREAM_BYTES_PER_SECOND = 2.5e12
+
+
+def gemm_bytes(args: GemmArguments) -> int:
+    """Bytes of A and B read and out written once."""
+    attrs = args.tensor_attributes
+    L = max(args.L, 1)
+    return L * (args.M * args.K * attrs["A"].dtype.bytes + args.K * args.N * attrs["B"].dtype.bytes
+                + args.M * args.N * attrs["out"].dtype.bytes)
+
+
 def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     """Estimated run time (arbitrary units) of a GEMM kernel instance on ``args``.
 
     The busiest SM sets the time: it runs ceil(tiles / SMs) tiles (wave quantisation), each
     costing a full tile's work (edge tiles pay full price: tile utilisation) at an efficiency
     that grows with the tile's arithmetic intensity tm*tn/(tm+tn) and the family's
-    `Kernel.performance_hint`. A kernel whose time this tile model cannot describe (split-K,
-    memory-bound) gives its own estimate in these units: `Kernel.estimated_cost`.
+    `Kernel.performance_hint`; for skinny problems (`SKINNY_GEMM`) at least the time to stream
+    the operands at `TILE_STREAM_BYTES_PER_SECOND`. A kernel whose time this tile model cannot
+    describe (split-K, memory-bound) gives its own estimate in these units: `Kernel.estimated_cost`.
     """
     design = kernel.metadata.design
     tile = getattr(design, "tile_shape", None) or (64, 64, 8)
@@ -61,7 +83,10 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     efficiency = kernel.metadata.kernel_class.performance_hint * intensity / (intensity + 32)
     if cluster_size > 1:
         efficiency *= 1.0 + 0.03 * math.log2(cluster_size)  # multicast cuts operand traffic
-    return tiles_per_sm * tm * tn * max(args.K, 1) / max(efficiency, 1e-6)
+    cost = tiles_per_sm * tm * tn * max(args.K, 1) / max(efficiency, 1e-6)
+    if min(args.M, args.N) <= SKINNY_GEMM:
+        cost = max(cost, gemm_bytes(args) / TILE_STREAM_BYTES_PER_SECOND * GEMM_COST_UNITS_PER_SECOND)
+    return cost
 
 
 def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:

@@ -59,6 +59,17 @@ TORCH_GELU_EPILOGUE_FACTOR = 0.85
 # 0.92x on the H100's 8192 x 2304, while at K = 2304-3072 it ran 1.04-1.2x faster; the flat
 # TORCH_GEMM_HINT alone took cuBLAS for all of them. So its cost is (1 + this / K) times the work.
 TORCH_FIXED_K_STEPS = 77
+# A floor under cuBLAS's cost where the problem is a matrix-vector product in all but name
+# (min(M, N) <= TORCH_STREAM_MAX_ROWS: decode steps), bound by reading the large operand: a fixed
+# time plus the bytes of A, B and out at a streaming rate, fitted to cuBLAS on the H200 at M = 1,
+# N = K = 4096 / 8192 / 14336 (15.4 / 36.8 / 105.6 us: benchmarks/results/small_m-NVIDIA_H200-s20-run1.json).
+# Without it the MAC model made cuBLAS look 50-100x cheaper than it is at M = 1, and PickAny
+# never weighed the small-M family against it. Not above 16 rows: the fixed time does not hold
+# for small problems (GPT-2's decode at M = 64, 2304 x 768: cuBLAS well under 6.5 us), where the
+# MAC model's ranking was measured right (test_torch_provider).
+TORCH_STREAM_MAX_ROWS = 16
+TORCH_STREAM_FIXED_SECONDS = 6.5e-6
+TORCH_STREAM_BYTES_PER_SECOND = 4.1e12
 # torch chooses its algorithm (and tile) per call: tile (0, 0, 0) says "none fixed", so
 # metadata filters on tile sizes pass these instances over.
 _LIBRARY = BLASDesignMetadata(tile_shape=(0, 0, 0), schedule="library")
@@ -118,7 +129,8 @@ class TorchGemm(_TorchKernel):
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
         """The work spread evenly over the SMs (no wave quantisation) at `TORCH_GEMM_HINT`'s
-        efficiency for a 128x256 tile, with `TORCH_FIXED_K_STEPS` more k-steps per output, times
+        efficiency for a 128x256 tile, with `TORCH_FIXED_K_STEPS` more k-steps per output, or
+        the time to stream the operands when that is longer (`_streaming_cost`), times
         1 / `TORCH_UNALIGNED_FACTOR` when an operand is not 16-byte aligned, times
         `TORCH_GELU_EPILOGUE_FACTOR` for cuBLASLt's bias + GELU."""
         efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
@@ -127,12 +139,23 @@ class TorchGemm(_TorchKernel):
                 efficiency *= TORCH_UNALIGNED_FACTOR
                 break
         work = max(args.M, 1) * max(args.N, 1) * (max(args.K, 1) + TORCH_FIXED_K_STEPS) * max(args.L, 1)
-        cost = work / max(sm_count, 1) / efficiency
+        cost = max(work / max(sm_count, 1) / efficiency, self._streaming_cost(args))
         epilogue = args.epilogue
         if (epilogue is not None and epilogue.activation == "gelu" and epilogue.bias_kind == "row"
                 and args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0):
             cost *= TORCH_GELU_EPILOGUE_FACTOR  # the _addmm_activation path (`_run`)
         return cost
+
+    @staticmethod
+    def _streaming_cost(args: GemmArguments) -> float:
+        """Up to `TORCH_STREAM_MAX_ROWS` rows (or columns), `TORCH_STREAM_FIXED_SECONDS` plus
+        reading A and B and writing out at `TORCH_STREAM_BYTES_PER_SECOND`, in gemm_cost units;
+        else 0."""
+        from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND, gemm_bytes
+        if min(args.M, args.N) > TORCH_STREAM_MAX_ROWS:
+            return 0.0
+        seconds = TORCH_STREAM_FIXED_SECONDS + gemm_bytes(args) / TORCH_STREAM_BYTES_PER_SECOND
+        return seconds * GEMM_COST_UNITS_PER_SECOND
 
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
         """torch calls for the common cases (a product; a row bias, relu or gelu on a 2-D one),

@@ -90,14 +90,18 @@ MIN_M: dict[int, int] = {mp: lo + 1 if lo else 0 for lo, mp in zip((0, *CONFIGS)
 # they are converted from predicted seconds with the rate that the Sm90 family's cost reached
 # on the H200 at 64x8192x8192 (issue #16: 43.8 us for 114.3M units of its 64x128 tile).
 _COST_UNITS_PER_SECOND = 2.61e12
-_B_BYTES_PER_SECOND = 3.6e12     # sustained HBM read rate we expect when streaming B
+# Streaming B: a fixed time (launch, pipeline fill, the cluster reduction) and a rate, fitted to
+# this family on the H200 at M = 1, N = K = 4096 / 8192 / 14336 (14.6 / 39.7 / 100.5 us:
+# benchmarks/results/small_m-NVIDIA_H200-s20-run1.json); the first model (3.6 TB/s + 2.5 us)
+# was 20 % optimistic at 4096^2 and 16 % pessimistic at 14336^2.
+_B_BYTES_PER_SECOND = 4.39e12
 _L2_BYTES_PER_SECOND = 9.0e12    # A's re-reads (once per column tile) come from L2
 # The rate this family's mma.sync work reaches on the H200 once it is compute-bound: 67-90 TFLOP/s
 # at M = 64 and 128 (benchmarks/results/small_m-NVIDIA_H200-s20-run1.json), far below the Sm80
 # family's 316-447 at large sizes. With it PickAny keeps M > 32 on the Sm90 family, which is
 # faster there (the family is 0.4-0.6x cuBLAS at M = 64 and 128).
 _MMA_FLOPS = 80e12
-_FIXED_SECONDS = 2.5e-6          # launch, pipeline fill and the cluster reduction
+_FIXED_SECONDS = 7.0e-6
 
 
 _sm_counts: dict[int, int] = {}
