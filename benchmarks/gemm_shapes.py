@@ -47,6 +47,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kernel_api  # noqa: E402
+from kernel_api.ops.dispatch import allowed_math  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
 from kernel_api.tuning.policies import PickAny, PickBest  # noqa: E402
 from small_m import geomean, time_group  # noqa: E402  (the house timing)
@@ -65,11 +66,14 @@ class Case:
     dtype: str = "bf16"
     layouts: str = "ttt"
     L: int | None = None
+    #: f32 only: run with torch.backends.cuda.matmul.allow_tf32 on (cuBLAS TF32, and our tf32 /
+    #: 3xTF32 kernels become candidates, as for ops.gemm); off: FP32 precision on both sides
+    tf32: bool = False
 
     @property
     def name(self) -> str:
         batch = f"{self.L}x" if self.L else ""
-        return f"{self.dtype} {batch}{self.M}x{self.N}x{self.K} {self.layouts}"
+        return f"{self.dtype} {batch}{self.M}x{self.N}x{self.K} {self.layouts}" + (" tf32" if self.tf32 else "")
 
     @property
     def flops(self) -> float:
@@ -87,9 +91,10 @@ GROUPS: dict[str, list[Case]] = {
     # nn.Linear weight is (out = x @ W.T)
     "small_m": [Case(M, N, K, "bf16", "tnt") for M in (1, 8, 16, 64, 128)
                 for N in (4096, 8192, 14336) for K in (4096, 8192, 14336)],
-    # goal 3: f32 as `torch.matmul` runs it by default (cuBLAS FP32, no TF32): ops.gemm's f32
-    # pick must keep that accuracy (the TF32 comparisons are in benchmarks/gemm_f32.py)
-    "f32": [Case(4096, 4096, 4096, "f32", "tnt"), Case(8192, 8192, 8192, "f32", "tnt")],
+    # goal 3: f32 at torch's default precision (cuBLAS FP32; only f32-math kernels may be chosen,
+    # as ops.gemm does) and with TF32 allowed (cuBLAS TF32 against our tf32 / 3xTF32 kernels);
+    # benchmarks/gemm_f32.py times each tf32 and 3xTF32 configuration against both
+    "f32": [Case(n, n, n, "f32", "tnt", tf32=tf32) for tf32 in (False, True) for n in (4096, 8192)],
     # goal 4: f64 on the FP64 tensor cores against cuBLAS DGEMM
     "f64": [Case(2048, 2048, 2048, "f64"), Case(8192, 8192, 8192, "f64")],
 }
@@ -129,11 +134,22 @@ def short(name: str) -> str:
 
 
 def bench_case(case: Case, opts: argparse.Namespace) -> dict:
+    """`_bench_case` with torch's TF32 switch set as the case asks (and restored)."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = case.tf32
+    try:
+        return _bench_case(case, opts)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _bench_case(case: Case, opts: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     sets = make_sets(case)
     acc = torch.float64 if case.dtype == "f64" else torch.float32
     args = [GemmArguments(A, B, out, accumulator_type=acc) for A, B, out, _ in sets]
-    candidates = kernel_api.get_kernels(args[0])
+    # f32: the candidates ops.gemm would weigh under this precision (tf32 math only with TF32 on)
+    candidates = allowed_math(kernel_api.get_kernels(args[0]), case.tf32)
     ours = [k for k in candidates if k.metadata.provider != "torch"]
     rec: dict = {"case": asdict(case), "name": case.name, "buffer_sets": len(sets), "candidates": len(candidates)}
     if not ours:
