@@ -52,9 +52,7 @@ CANDIDATES = (
 
 
 #: `CudaGemmF64` (cuda_src) configurations, by `F64Config.tag`: candidates ``cuda:<tag>``.
-CUDA_CANDIDATES = ("tile128x64x16_warps2x2_stages3", "tile64x64x16_warps2x2_stages4_prefetch",
-                   "tile128x64x16_warps2x2_stages3_interleaved", "tile64x64x16_warps2x2_stages4_interleaved",
-                   "tile64x64x16_warps2x2_stages3_interleaved")
+CUDA_CANDIDATES = ("tile128x64x16_warps2x2_stages3", "tile64x64x16_warps2x2_stages4_prefetch")
 
 
 def candidate_name(tile, warps=None, stages=None, mma_k=None, group: int = 0) -> str:

@@ -90,13 +90,11 @@ struct CopyPlan {
   __device__ __forceinline__ u32 dst(int i) const { return swz<EXT, KMAJOR>(r0 + i * STEP, c0); }
 };
 
-// Copy the thread's chunks [lo, hi) of one operand tile of k tile `k0` (lo, hi: constants once
-// the caller's loops unroll): `src` is the operand, `mn0` the tile's first m (n). Interior tiles
-// (FULL) copy without bounds checks; edge tiles zero-fill past mn_ext and K.
+// Copy one operand tile of k tile `k0`: `src` is the operand, `mn0` the tile's first m (n).
+// Interior tiles (FULL) copy without bounds checks; edge tiles zero-fill past mn_ext and K.
 template <int EXT, bool KMAJOR, int THREADS, bool FULL>
 __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ src, i64 ld, int mn0, int mn_ext,
-                                          int k0, int K, const CopyPlan<EXT, KMAJOR, THREADS>& plan, int lo = 0,
-                                          int hi = CopyPlan<EXT, KMAJOR, THREADS>::COUNT) {
+                                          int k0, int K, const CopyPlan<EXT, KMAJOR, THREADS>& plan) {
   using P = CopyPlan<EXT, KMAJOR, THREADS>;
   const int mn = KMAJOR ? mn0 + plan.r0 : mn0 + plan.c0;
   const int k = KMAJOR ? k0 + plan.c0 : k0 + plan.r0;
@@ -104,7 +102,6 @@ __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ sr
   const i64 step = (i64)P::STEP * ld;
 #pragma unroll
   for (int i = 0; i < P::COUNT; ++i) {
-    if (i < lo || i >= hi) continue;
     const u32 d = dst + plan.dst(i);
     if (FULL) {
       cp_async16(d, p + i * step, 16u);
@@ -146,7 +143,7 @@ struct FragPlan {
 };
 
 template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
-          bool PREFETCH, bool INTERLEAVE, int GROUP_M>
+          bool PREFETCH, int GROUP_M>
 __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
     gemm_f64(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
              i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec) {
@@ -263,52 +260,6 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
         load_frags((kt + 1) % STAGES, 0, f0);
       }
       mma_step(f1);
-    }
-  } else if (INTERLEAVE) {
-    // The next stage's copies are spread over the k tile, one share after each row tile's
-    // DMMAs, so the load/store unit works while the DMMA pipe does (as cuBLAS's loop does)
-    // instead of taking its turn after the barrier.
-    constexpr int CA = CopyPlan<BM, A_KMAJOR, THREADS>::COUNT, CB = CopyPlan<BN, B_KMAJOR, THREADS>::COUNT;
-    constexpr int PARTS = 2 * FM;
-    for (int kt = 0; kt < ktiles; ++kt) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();  // tile kt landed for every thread; slot (kt - 1) % STAGES is free
-      const int next = kt + STAGES - 1, nslot = next % STAGES;
-      const bool load = next < ktiles, full = next < full_ktiles;
-      const int slot = kt % STAGES;
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const u32 a_base = sA + slot * A_STAGE, b_base = sB + slot * B_STAGE;
-        double fb[FN][2];
-#pragma unroll
-        for (int j = 0; j < FN; ++j) {
-          fb[j][0] = lds64(b_base + b_frag.at(j, 8 * s));
-          fb[j][1] = lds64(b_base + b_frag.at(j, 8 * s + 4));
-        }
-#pragma unroll
-        for (int i = 0; i < FM; ++i) {
-          double fa[4];
-          fa[0] = lds64(a_base + a_frag.at(2 * i, 8 * s));
-          fa[1] = lds64(a_base + a_frag.at(2 * i + 1, 8 * s));
-          fa[2] = lds64(a_base + a_frag.at(2 * i, 8 * s + 4));
-          fa[3] = lds64(a_base + a_frag.at(2 * i + 1, 8 * s + 4));
-#pragma unroll
-          for (int j = 0; j < FN; ++j) dmma1688(acc[i][j], fa, fb[j]);
-          const int part = s * FM + i;
-          const int lo = part * (CA + CB) / PARTS, hi = (part + 1) * (CA + CB) / PARTS;
-          if (load) {
-            const u32 da = sA + nslot * A_STAGE, db = sB + nslot * B_STAGE;
-            if (full) {
-              load_tile<BM, A_KMAJOR, THREADS, true>(da, A, lda, m0, M, next * BK, K, a_copy, lo, hi);
-              load_tile<BN, B_KMAJOR, THREADS, true>(db, B, ldb, n0, N, next * BK, K, b_copy, lo - CA, hi - CA);
-            } else {
-              load_tile<BM, A_KMAJOR, THREADS, false>(da, A, lda, m0, M, next * BK, K, a_copy, lo, hi);
-              load_tile<BN, B_KMAJOR, THREADS, false>(db, B, ldb, n0, N, next * BK, K, b_copy, lo - CA, hi - CA);
-            }
-          }
-        }
-      }
-      cp_async_commit();
     }
   } else {
     for (int kt = 0; kt < ktiles; ++kt) {
