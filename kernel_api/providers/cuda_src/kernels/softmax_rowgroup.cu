@@ -681,29 +681,38 @@ __device__ void consume(const Ctx<T>& c, bool ahead) {
 // The dynamic shared memory: the ring of `ring` chunks.
 extern __shared__ __align__(128) uint4 rg_ring[];
 
+namespace rowgroup {
+// One CTA's whole run, either direction: the ring, the producer warp, the consumers' waves.
+// `a`, `b`: the forward's x (twice) or the backward's dy and y; `out`: y or dx.
+template <class T, int VEC, bool BWD>
+__device__ __forceinline__ void run(const typename T::raw* __restrict__ a, const typename T::raw* __restrict__ b,
+                                    typename T::raw* __restrict__ out, i64 rows, i64 cols, i64 lda, i64 ldb,
+                                    i64 ldo, u64* ws, i64 epoch, i64 S, i64 G, i64 cap, i64 ring, i64 ahead) {
+  __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
+  __shared__ float red[128];
+  __shared__ float bc[2];
+  RG_TRACE_ONLY(u64* const tr = trace_of(ws); if (threadIdx.x == 0) tr[TR_ENTRY] = global_timer();)
+  check_plan(S, G, cap, ring, ahead, BWD ? RG_CHUNK_U4 / 2 : RG_CHUNK_U4);
+  init_ring(full, empty, (int)ring);
+  RG_TRACE_ONLY(if (threadIdx.x == 0) tr[TR_READY] = global_timer();)
+  if (threadIdx.x >= RG_CONSUMERS) {
+    if (threadIdx.x == RG_CONSUMERS)
+      produce<T, VEC, BWD>(a, b, rows, (int)cols, lda, ldb, (int)S, (int)G, (int)cap, (int)ring, rg_ring, full,
+                           empty RG_TRACE_ONLY(, tr));
+    return;
+  }
+  const Ctx<T> c{a, b, out, rows, lda, ldb, ldo, (int)cols, (int)S, (int)G, (int)cap, (int)ring,
+                 (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, launch_tag(epoch), rg_ring, full, empty, red, bc};
+  consume<T, VEC, BWD>(c, ahead != 0);
+  RG_TRACE_ONLY(trace_exit(c);)
+}
+}  // namespace rowgroup
+
 template <class T, int VEC>
 __global__ void __launch_bounds__(RG_THREADS, RG_MIN_BLOCKS)
     fwd_rowgroup(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y, i64 rows, i64 cols, i64 ldx,
                  i64 ldy, u64* ws, i64 epoch, i64 S, i64 G, i64 cap, i64 ring, i64 ahead) {
-  __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
-  __shared__ float red[128];
-  __shared__ float bc[2];
-  RG_TRACE_ONLY(u64* const tr = rowgroup::trace_of(ws);
-                if (threadIdx.x == 0) tr[rowgroup::TR_ENTRY] = rowgroup::global_timer();)
-  rowgroup::check_plan(S, G, cap, ring, ahead, RG_CHUNK_U4);
-  rowgroup::init_ring(full, empty, (int)ring);
-  RG_TRACE_ONLY(if (threadIdx.x == 0) tr[rowgroup::TR_READY] = rowgroup::global_timer();)
-  if (threadIdx.x >= RG_CONSUMERS) {
-    if (threadIdx.x == RG_CONSUMERS)
-      rowgroup::produce<T, VEC, false>(x, x, rows, (int)cols, ldx, ldx, (int)S, (int)G, (int)cap, (int)ring, rg_ring,
-                                       full, empty RG_TRACE_ONLY(, tr));
-    return;
-  }
-  const rowgroup::Ctx<T> c{x, x, y, rows, ldx, ldx, ldy, (int)cols, (int)S, (int)G, (int)cap, (int)ring,
-                           (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, rowgroup::launch_tag(epoch), rg_ring,
-                           full, empty, red, bc};
-  rowgroup::consume<T, VEC, false>(c, ahead != 0);
-  RG_TRACE_ONLY(rowgroup::trace_exit(c);)
+  rowgroup::run<T, VEC, false>(x, x, y, rows, cols, ldx, ldx, ldy, ws, epoch, S, G, cap, ring, ahead);
 }
 
 template <class T, int VEC>
@@ -711,25 +720,7 @@ __global__ void __launch_bounds__(RG_THREADS, RG_MIN_BLOCKS)
     bwd_rowgroup(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
                  typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy, i64 ldy, i64 lddx, u64* ws, i64 epoch,
                  i64 S, i64 G, i64 cap, i64 ring, i64 ahead) {
-  __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
-  __shared__ float red[128];
-  __shared__ float bc[2];
-  RG_TRACE_ONLY(u64* const tr = rowgroup::trace_of(ws);
-                if (threadIdx.x == 0) tr[rowgroup::TR_ENTRY] = rowgroup::global_timer();)
-  rowgroup::check_plan(S, G, cap, ring, ahead, RG_CHUNK_U4 / 2);
-  rowgroup::init_ring(full, empty, (int)ring);
-  RG_TRACE_ONLY(if (threadIdx.x == 0) tr[rowgroup::TR_READY] = rowgroup::global_timer();)
-  if (threadIdx.x >= RG_CONSUMERS) {
-    if (threadIdx.x == RG_CONSUMERS)
-      rowgroup::produce<T, VEC, true>(dy, y, rows, (int)cols, lddy, ldy, (int)S, (int)G, (int)cap, (int)ring, rg_ring,
-                                      full, empty RG_TRACE_ONLY(, tr));
-    return;
-  }
-  const rowgroup::Ctx<T> c{dy, y, dx, rows, lddy, ldy, lddx, (int)cols, (int)S, (int)G, (int)cap, (int)ring,
-                           (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, rowgroup::launch_tag(epoch), rg_ring,
-                           full, empty, red, bc};
-  rowgroup::consume<T, VEC, true>(c, ahead != 0);
-  RG_TRACE_ONLY(rowgroup::trace_exit(c);)
+  rowgroup::run<T, VEC, true>(dy, y, dx, rows, cols, lddy, ldy, lddx, ws, epoch, S, G, cap, ring, ahead);
 }
 
 }  // namespace ka_softmax
