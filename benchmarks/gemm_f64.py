@@ -44,8 +44,8 @@ CANDIDATES = (
     ((128, 64, 32), (2, 2), 2, 16),
     ((64, 64, 32), (2, 2), 3, 16),
     ((64, 64, 16), (2, 2), 4, 16),
-    # not measured yet (added after the s21 run): a 1-D grid walked 8 / 16 M-tiles at a time,
-    # for the L2 reuse the (M tiles, N tiles) grid lacks at 8192^3
+    # a 1-D grid walked 8 / 16 M-tiles at a time (L2 reuse at 8192^3): measured in sessions 23
+    # and 25, no gain (NOTES-f64.md)
     ((128, 128, 16), (2, 4), 3, 16, 8),
     ((128, 128, 16), (2, 4), 3, 16, 16),
 )

@@ -9,7 +9,8 @@ read twice; this one reads it once. Two instances per dtype (``ctas_per_sm``):
 ``rowgroup2_peel<vec>``, two CTAs of 256 consumers per SM (`__launch_bounds__(288, 2)`, 92-96
 registers without spills), each with the largest ring that still lets two reside (7 chunks on
 an H100 / H200): while one CTA meets its group or stores, the other's copies keep DRAM busy.
-The second is not measured yet; PickAny ranks it just after the first (`estimated_cost`).
+Measured (H200, session 25): the second is 1-5 % faster on the 32x1M cases and slower on one
+lone row; PickAny ranks it just after the first (`estimated_cost`).
 
 Measured (H100, session 23, benchmarks/NOTES-softmax-long.md): 1.4-1.9 TB/s on the 64-128 MB
 long-row cases, 47-63 % of the copy rate, not yet the bandwidth it aims at; 1.0-2x the
@@ -139,8 +140,10 @@ _BW, _SM_BW = 3.6e6, 8.0e4
 _T_MEET, _T_SOLO = 3.0, 0.3
 _RATE = {False: 2.0e4, True: 4.0e4}
 _L2_REREAD = 0.5
-#: The ranking's hint scale of instances not yet measured on a GPU (the two-CTA ones).
-_UNMEASURED_HINT = 0.98
+#: The ranking's hint scale of the two-CTA instances: within a few per cent of the one-CTA
+#: ones either way (H200, session 25: 1-5 % faster at 32x1M, 20 % slower on a lone 1M row,
+#: benchmarks/results/softmax-NVIDIA_H200-s25.txt), so they rank just after them.
+_TWO_CTA_HINT = 0.98
 
 
 def default_ring(ctas_per_sm: int) -> int:
@@ -517,14 +520,14 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         stay with the families measured there: four times the cost plus 100, past what the
         generic model gives them (few rows of 64K elements cost the cluster splits 20-85).
 
-        The two-CTA instances are not measured yet, and the model has no term for two CTAs
-        sharing an SM: they take the one-CTA plan's cost over a hint 2 % lower
-        (`_UNMEASURED_HINT`), so PickAny keeps the measured one-CTA instance first and the
-        two-CTA one right after it, until a GPU run says otherwise."""
+        The model has no term for two CTAs sharing an SM: the two-CTA instances take the
+        one-CTA plan's cost over a hint 2 % lower (`_TWO_CTA_HINT`), so PickAny keeps the
+        one-CTA instance first and the two-CTA one right after it (measured within a few per
+        cent of each other, neither ahead on every shape)."""
         p = plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, max(sm_count, 1),
                       DEFAULT_RING)
         ideal = args.rows * args.cols * self.dtype.bytes * (3 if self.backward else 2) / _BW
-        hint = type(self).performance_hint * (_UNMEASURED_HINT if self.ctas_per_sm > 1 else 1.0)
+        hint = type(self).performance_hint * (_TWO_CTA_HINT if self.ctas_per_sm > 1 else 1.0)
         cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / hint
         return cost if args.cols >= MIN_COLS else 4.0 * cost + 100.0
 
