@@ -241,11 +241,13 @@ def main() -> None:
     variants = [int(v) for v in opts.variants.split(",")]
     if not set(variants) <= set(rg.CONSUMERS_BY_CTAS_PER_SM):
         sys.exit(f"--variants: CTAs per SM among {sorted(rg.CONSUMERS_BY_CTAS_PER_SM)}")
-    scratch = None if opts.no_flush else torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    scratch = None if opts.no_flush else torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
 
     def flush() -> None:
         if scratch is not None:
-            scratch.zero_()  # (256 MB through L2: nothing of the last launch stays)
+            # 256 MB read through L2: nothing of the last launch stays, and (unlike a write)
+            # no dirty lines are left for the next launch's reads to wait behind
+            torch.amax(scratch)
 
     device = torch.cuda.get_device_name()
     report = {"device": device, "torch": torch.__version__, "tag": opts.tag, "trace_waves": rg.TRACE_WAVES,
