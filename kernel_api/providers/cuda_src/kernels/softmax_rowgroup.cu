@@ -63,9 +63,6 @@ typedef unsigned long long u64;
 #endif
 #define RG_THREADS (RG_CONSUMERS + 32)
 #define RG_CHUNK_BYTES 16384
-#ifndef RG_COPY_PARTS
-#define RG_COPY_PARTS 1
-#endif
 #define RG_CHUNK_U4 (RG_CHUNK_BYTES / 16)
 #define RG_MAX_CHUNKS 16
 // A chunk's vectors split evenly over the consumers (forward: CHUNK_U4, backward: half each
@@ -324,15 +321,7 @@ __device__ void produce(const typename T::raw* __restrict__ a, const typename T:
       const unsigned bytes = (unsigned)min(CV, s.staged - k * CV) * 16u;
       uint4* dst = rbuf + (i64)sl * RG_CHUNK_U4;
       mbar_expect_tx(&full[sl], BWD ? 2 * bytes : bytes);
-      if constexpr (!BWD && RG_COPY_PARTS > 1) {
-        // (experiment) the forward's chunk as RG_COPY_PARTS smaller bulk copies
-        const unsigned part = ((bytes / RG_COPY_PARTS) + 15u) & ~15u;
-        for (unsigned off = 0; off < bytes; off += part)
-          bulk_load(reinterpret_cast<char*>(dst) + off, asrc + (i64)k * CV * 16 + off, min(part, bytes - off),
-                    &full[sl], policy);
-      } else {
-        bulk_load(dst, asrc + (i64)k * CV * 16, bytes, &full[sl], policy);
-      }
+      bulk_load(dst, asrc + (i64)k * CV * 16, bytes, &full[sl], policy);
       if constexpr (BWD) bulk_load(dst + CV, bsrc + (i64)k * CV * 16, bytes, &full[sl], policy);
       RG_TRACE_ONLY(if (first) {
         tr[TR_ISSUE_FIRST] = global_timer();

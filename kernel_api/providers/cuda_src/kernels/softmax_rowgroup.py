@@ -420,8 +420,6 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         self.ctas_per_row: int | None = None
         # Compile (and size the workspace for) the RG_TRACE build: experiments only.
         self.trace: bool = False
-        # (experiment) bulk copies per forward chunk (RG_COPY_PARTS)
-        self.copy_parts: int = 1
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -463,8 +461,6 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         defines = {"RG_CONSUMERS": self.consumers, "RG_MIN_BLOCKS": self.ctas_per_sm}
         if self.trace:
             defines.update(RG_TRACE=1, RG_TRACE_WAVES=TRACE_WAVES)
-        if self.copy_parts != 1:
-            defines["RG_COPY_PARTS"] = self.copy_parts
         return defines
 
     def launch_plan(self, args: Any, launcher: Any) -> RowGroupBuild:
