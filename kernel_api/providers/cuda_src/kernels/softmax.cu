@@ -83,6 +83,22 @@ struct Pack<T, VEC, true> {
   };
 };
 
+// A 16-byte pack (one vector in shared memory) to floats and back.
+template <class T, int VEC>
+__device__ __forceinline__ void unpack16(uint4 u, float (&f)[VEC]) {
+  Pack<T, VEC> p;
+  p.u = u;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) f[k] = T::load(p.r[k]);
+}
+template <class T, int VEC>
+__device__ __forceinline__ uint4 pack16(const float (&f)[VEC]) {
+  Pack<T, VEC> p;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) p.r[k] = T::store(f[k]);
+  return p.u;
+}
+
 template <class T, int VEC>
 __device__ __forceinline__ Pack<T, VEC> load_pack(const typename T::raw* p) {
   Pack<T, VEC> v;

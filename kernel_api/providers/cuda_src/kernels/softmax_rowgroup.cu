@@ -262,20 +262,6 @@ __device__ __forceinline__ RowSlice row_slice(const typename T::raw* row, int co
   return s;
 }
 
-template <class T, int VEC>
-__device__ __forceinline__ void unpack16(uint4 u, float (&f)[VEC]) {
-  Pack<T, VEC> p;
-  p.u = u;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) f[k] = T::load(p.r[k]);
-}
-template <class T, int VEC>
-__device__ __forceinline__ uint4 pack16(const float (&f)[VEC]) {
-  Pack<T, VEC> p;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) p.r[k] = T::store(f[k]);
-  return p.u;
-}
 
 // Launch arguments the host planned; a violation would deadlock the ring or the groups, so
 // it traps (the interface never launches one).
@@ -406,13 +392,40 @@ __device__ __forceinline__ void advance(int& slot, unsigned& phase, int nch, int
   }
 }
 
+// The one walk over a wave's staged chunks in the ring, from its first slot: for each chunk
+// `on_vector(cb, i, v)` for this thread's vectors (cb: the chunk, i: the vector's index in it
+// as NC * j + t, v: its index in the slice). ARRIVE (WAIT): wait for each chunk to land, the
+// first pass over a wave; RELEASE: hand each chunk back to the producer after the last pass
+// (WROTE: the consumers wrote into it). CV: vectors per chunk and array.
+enum WalkKind { PASS, ARRIVE, RELEASE, RELEASE_WROTE };
+template <int CV, int NC, WalkKind KIND, class F>
+__device__ __forceinline__ void walk_chunks(uint4* rbuf, u64* full, u64* empty, int ring, int slot,
+                                            unsigned phase, int nch, int staged, F&& on_vector) {
+  constexpr int VPT = CV / NC;
+  const int t = threadIdx.x;
+  for (int k = 0; k < nch; ++k) {
+    if constexpr (KIND == ARRIVE) mbar_wait(&full[slot], phase);
+    uint4* cb = rbuf + (i64)slot * RG_CHUNK_U4;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = k * CV + i * NC + t;
+      if (v < staged) on_vector(cb, i * NC + t, v);
+    }
+    if constexpr (KIND == RELEASE || KIND == RELEASE_WROTE) release<KIND == RELEASE_WROTE>(empty, slot);
+    if (++slot == ring) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+}
+
 // Forward statistics of wave P (P.r, P.w, P.slot, P.phase set): overflow and edges first
 // (global loads, while the staged chunks land); 1a. the thread's max over its staged
 // vectors; 1b. e = exp(x - max) in place and its sum; the CTA's (m, s) published.
 template <class T, int VEC>
 __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
   typedef typename T::raw R;
-  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4, VPT = CV / NC;
+  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4;
   const int t = threadIdx.x;
   const R* xr = c.a + P.r * c.lda;
   const RowSlice s = row_slice<T, VEC>(xr, c.cols, c.S, c.rank, c.cap, CV);
@@ -423,50 +436,28 @@ __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
   float mo, so;
   online_stats<T, VEC, 2, NC>(xb + (i64)s.staged * VEC, s.n - s.staged, t, P.e0, P.e1, mo, so);
   float ms = -KA_INF;
-  {
-    int sl = P.slot;
-    unsigned ph = P.phase;
-    for (int k = 0; k < s.nch; ++k) {
-      mbar_wait(&c.full[sl], ph);
-      const uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+  walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                              [&](const uint4* cb, int i, int) {
+                                float f[VEC];
+                                unpack16<T, VEC>(cb[i], f);
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (k * CV + i * NC + t < s.staged) {
-          float f[VEC];
-          unpack16<T, VEC>(cb[i * NC + t], f);
-#pragma unroll
-          for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
-        }
-      }
-      if (++sl == c.ring) {
-        sl = 0;
-        ph ^= 1u;
-      }
-    }
-  }
+                                for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
+                              });
   float ss = 0.f;
-  if (ms != -KA_INF) {  // (all -inf: nothing to store; the output pass writes zeros)
-    int sl = P.slot;
-    for (int k = 0; k < s.nch; ++k) {
-      uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+  if (ms != -KA_INF)  // (all -inf: nothing to store; the output pass writes zeros)
+    walk_chunks<CV, NC, PASS>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                              [&](uint4* cb, int i, int) {
+                                float f[VEC];
+                                unpack16<T, VEC>(cb[i], f);
+                                float part = 0.f;
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (k * CV + i * NC + t < s.staged) {
-          float f[VEC];
-          unpack16<T, VEC>(cb[i * NC + t], f);
-          float part = 0.f;
-#pragma unroll
-          for (int q = 0; q < VEC; ++q) {
-            f[q] = exp_shifted(f[q], ms);
-            part += f[q];
-          }
-          ss += part;
-          cb[i * NC + t] = pack16<T, VEC>(f);
-        }
-      }
-      if (++sl == c.ring) sl = 0;
-    }
-  }
+                                for (int q = 0; q < VEC; ++q) {
+                                  f[q] = exp_shifted(f[q], ms);
+                                  part += f[q];
+                                }
+                                ss += part;
+                                cb[i] = pack16<T, VEC>(f);  // e in place
+                              });
   P.ms = ms;
   float m = ms, sum = ss;
   pair_merge(m, sum, mo, so);
@@ -482,7 +473,7 @@ __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
 template <class T, int VEC>
 __device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
   typedef typename T::raw R;
-  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4, VPT = CV / NC;
+  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4;
   const int t = threadIdx.x, lane = t & 31;
   if ((t >> 5) == 0) {
     float m = P.ca, sum = P.cb;
@@ -514,28 +505,19 @@ __device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
   R* yr = c.out + P.r * c.ldo;
   const RowSlice s = row_slice<T, VEC>(xr, c.cols, c.S, c.rank, c.cap, CV);
   const i64 o = s.sp.head + s.v0 * VEC;
-  int sl = P.slot;
-  for (int k = 0; k < s.nch; ++k) {
-    const uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+  walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                                     [&](const uint4* cb, int i, int v) {
+                                       float f[VEC];
+                                       if (ms != -KA_INF) {
+                                         unpack16<T, VEC>(cb[i], f);
+                                       } else {
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = k * CV + i * NC + t;
-      if (v < s.staged) {
-        float f[VEC];
-        if (ms != -KA_INF) {
-          unpack16<T, VEC>(cb[i * NC + t], f);
-        } else {
+                                         for (int q = 0; q < VEC; ++q) f[q] = 0.f;
+                                       }
 #pragma unroll
-          for (int q = 0; q < VEC; ++q) f[q] = 0.f;
-        }
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) f[q] *= scale;
-        store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
-      }
-    }
-    release<true>(c.empty, sl);
-    if (++sl == c.ring) sl = 0;
-  }
+                                       for (int q = 0; q < VEC; ++q) f[q] *= scale;
+                                       store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
+                                     });
   const i64 oo = o + (i64)s.staged * VEC;
   write_scaled<T, VEC, 2, NC>(xr + oo, yr + oo, s.n - s.staged, t, row_max, inv);
   if (c.rank == 0) store_edges<T, VEC>(yr, s.sp, t, exp_shifted(P.e0, row_max) * inv, exp_shifted(P.e1, row_max) * inv);
@@ -561,26 +543,14 @@ __device__ void bwd_stats(const Ctx<T>& c, Wave& P) {
     load_edges<T, VEC>(yr, s.sp, t, 0.f, P.e2, P.e3);
   }
   float dot = P.e0 * P.e2 + P.e1 * P.e3 + dot_stats<T, VEC, 2, NC>(gr + oo, yr + oo, s.n - s.staged, t);
-  int sl = P.slot;
-  unsigned ph = P.phase;
-  for (int k = 0; k < s.nch; ++k) {
-    mbar_wait(&c.full[sl], ph);
-    const uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+  walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                              [&](const uint4* cb, int i, int) {
+                                float g[VEC], v[VEC];
+                                unpack16<T, VEC>(cb[i], g);
+                                unpack16<T, VEC>(cb[CV + i], v);
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (k * CV + i * NC + t < s.staged) {
-        float g[VEC], v[VEC];
-        unpack16<T, VEC>(cb[i * NC + t], g);
-        unpack16<T, VEC>(cb[CV + i * NC + t], v);
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) dot = fmaf(g[q], v[q], dot);
-      }
-    }
-    if (++sl == c.ring) {
-      sl = 0;
-      ph ^= 1u;
-    }
-  }
+                                for (int q = 0; q < VEC; ++q) dot = fmaf(g[q], v[q], dot);
+                              });
   dot = cta_sum(dot, c.red + (P.w & 1) * 64);
   RG_TRACE_ONLY(if (t == 0) trace_wave(trace_of(c.ws), P.w, TW_STATS);)
   P.ca = dot;
@@ -591,7 +561,7 @@ __device__ void bwd_stats(const Ctx<T>& c, Wave& P) {
 template <class T, int VEC>
 __device__ void bwd_finish(const Ctx<T>& c, const Wave& P) {
   typedef typename T::raw R;
-  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4 / 2, VPT = CV / NC;
+  constexpr int NC = RG_CONSUMERS, CV = RG_CHUNK_U4 / 2;
   const int t = threadIdx.x, lane = t & 31;
   if ((t >> 5) == 0) {
     float dot = P.ca;
@@ -615,24 +585,15 @@ __device__ void bwd_finish(const Ctx<T>& c, const Wave& P) {
   const RowSlice s = row_slice<T, VEC>(yr, c.cols, c.S, c.rank, c.cap, CV);
   R* dr = c.out + P.r * c.ldo;
   const i64 o = s.sp.head + s.v0 * VEC;
-  int sl = P.slot;
-  for (int k = 0; k < s.nch; ++k) {
-    const uint4* cb = c.rbuf + (i64)sl * RG_CHUNK_U4;
+  walk_chunks<CV, NC, RELEASE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                               [&](const uint4* cb, int i, int v) {
+                                 float g[VEC], u[VEC];
+                                 unpack16<T, VEC>(cb[i], g);
+                                 unpack16<T, VEC>(cb[CV + i], u);
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = k * CV + i * NC + t;
-      if (v < s.staged) {
-        float g[VEC], u[VEC];
-        unpack16<T, VEC>(cb[i * NC + t], g);
-        unpack16<T, VEC>(cb[CV + i * NC + t], u);
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) g[q] = u[q] * (g[q] - dot);
-        store_vec<T, VEC>(dr + o + (i64)v * VEC, g);
-      }
-    }
-    release<false>(c.empty, sl);
-    if (++sl == c.ring) sl = 0;
-  }
+                                 for (int q = 0; q < VEC; ++q) g[q] = u[q] * (g[q] - dot);
+                                 store_vec<T, VEC>(dr + o + (i64)v * VEC, g);
+                               });
   const i64 oo = o + (i64)s.staged * VEC;
   write_grad<T, VEC, 2, NC>(gr + oo, yr + oo, dr + oo, s.n - s.staged, t, dot);
   if (c.rank == 0) store_edges<T, VEC>(dr, s.sp, t, P.e2 * (P.e0 - dot), P.e3 * (P.e1 - dot));

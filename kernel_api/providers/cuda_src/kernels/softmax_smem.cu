@@ -48,14 +48,6 @@ __device__ __forceinline__ void stage_row(uint4* buf, const uint4* src, int nvec
   }
 }
 
-template <class T, int VEC>
-__device__ __forceinline__ void unpack(uint4 u, float (&f)[VEC]) {
-  Pack<T, VEC> p;
-  p.u = u;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) f[k] = T::load(p.r[k]);
-}
-
 template <class T, int VEC, int THREADS, int STAGES>
 __global__ void __launch_bounds__(THREADS) fwd_smem(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y,
                                                     i64 rows, i64 cols, i64 ldx, i64 ldy) {
@@ -82,7 +74,7 @@ __global__ void __launch_bounds__(THREADS) fwd_smem(const typename T::raw* __res
       const int v = j * THREADS + t;
       if (v < sp.nvec) {
         float f[VEC];
-        unpack<T, VEC>(buf[v], f);
+        unpack16<T, VEC>(buf[v], f);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) cm = fmaxf(cm, f[k]);
       }
@@ -96,7 +88,7 @@ __global__ void __launch_bounds__(THREADS) fwd_smem(const typename T::raw* __res
         const int v = j * THREADS + t;
         if (v < sp.nvec) {
           float f[VEC];
-          unpack<T, VEC>(buf[v], f);
+          unpack16<T, VEC>(buf[v], f);
 #pragma unroll
           for (int k = 0; k < VEC; ++k) s += exp_shifted(f[k], m);
         }
@@ -111,7 +103,7 @@ __global__ void __launch_bounds__(THREADS) fwd_smem(const typename T::raw* __res
     const int v = j * THREADS + t;
     if (v < sp.nvec) {
       float f[VEC];
-      unpack<T, VEC>(buf[v], f);
+      unpack16<T, VEC>(buf[v], f);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) f[k] = exp_shifted(f[k], row_max) * inv;
       store_vec<T, VEC>(yb + (i64)v * VEC, f);
@@ -161,8 +153,8 @@ __global__ void __launch_bounds__(THREADS) bwd_smem(const typename T::raw* __res
       const int v = j * THREADS + t;
       if (v < sp.nvec) {
         float g[VEC], w[VEC];
-        unpack<T, VEC>(gbuf[v], g);
-        unpack<T, VEC>(ybuf[v], w);
+        unpack16<T, VEC>(gbuf[v], g);
+        unpack16<T, VEC>(ybuf[v], w);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) dot = fmaf(g[k], w[k], dot);
       }
@@ -174,8 +166,8 @@ __global__ void __launch_bounds__(THREADS) bwd_smem(const typename T::raw* __res
     const int v = j * THREADS + t;
     if (v < sp.nvec) {
       float g[VEC], w[VEC];
-      unpack<T, VEC>(gbuf[v], g);
-      unpack<T, VEC>(ybuf[v], w);
+      unpack16<T, VEC>(gbuf[v], g);
+      unpack16<T, VEC>(ybuf[v], w);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) g[k] = w[k] * (g[k] - dot);
       store_vec<T, VEC>(db + (i64)v * VEC, g);
