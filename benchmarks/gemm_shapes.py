@@ -32,7 +32,6 @@ Prints one table per group last; JSON goes to benchmarks/results/gemm_shapes-<de
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -50,6 +49,7 @@ import kernel_api  # noqa: E402
 from kernel_api.ops.dispatch import allowed_math  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
 from kernel_api.tuning.policies import PickAny, PickBest  # noqa: E402
+from results_io import result_name, write_result  # noqa: E402
 from small_m import geomean, time_group  # noqa: E402  (the house timing)
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f64": torch.float64}
@@ -278,14 +278,7 @@ def main() -> None:
            "timing": "alternating launches behind a sleep kernel (small_m.time_group), CUDA events per launch, "
                      "median of --repeat per run, median over --repeats runs",
            "groups": results, "seconds": time.perf_counter() - t0}
-    name = f"gemm_shapes-{device.replace(' ', '_')}-{opts.tag}.json"
-    paths = [os.path.join(ROOT, "benchmarks", "results", name)]
-    if os.environ.get("OUT") and os.path.isdir(os.environ["OUT"]):
-        paths.append(os.path.join(os.environ["OUT"], name))
-    os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
-    for path in paths:
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
+    paths = write_result(result_name("gemm_shapes", device, opts.tag), doc)
     for g in groups:
         print_table(g, results[g]["cases"], results[g]["summary"])
     print(f"\n{device}; JSON: {', '.join(paths)}")

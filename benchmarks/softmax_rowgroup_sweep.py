@@ -20,7 +20,6 @@ benchmarks/results/softmax-rowgroup-sweep-<device>[-tag].json (and $OUT/).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -34,6 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import kernel_api  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg  # noqa: E402
 from kernel_api.tuning.timing import time_cuda_pair  # noqa: E402
+from results_io import result_name, write_result  # noqa: E402
 from softmax import DTYPES, _case_tensors  # noqa: E402
 
 SHAPES = [(32, 2**20), (8, 2**22)]
@@ -141,13 +141,7 @@ def main() -> None:
                     torch_tbs = (f"{p['tbs'] * p['ms'] / p['torch_ms']:6.2f}" if "tbs" in p else f"{'-':>6}")
                     print(f"{case:>28} {p['variant']:3d} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} {p['slice_kb']:8.0f} "
                           f"{p['overflow_vectors']:6d} {tbs} {torch_tbs}  {note}", flush=True)
-    name = f"softmax-rowgroup-sweep-{device.replace(' ', '_')}{opts.tag and '-' + opts.tag}.json"
-    paths = [os.path.join(ROOT, "benchmarks", "results", name)]
-    if os.environ.get("OUT"):
-        paths.append(os.path.join(os.environ["OUT"], name))
-    for path in paths:
-        with open(path, "w") as f:
-            json.dump(report, f, indent=2)
+    for path in write_result(result_name("softmax-rowgroup-sweep", device, opts.tag), report, indent=2):
         print(f"wrote {path}")
 
 

@@ -30,7 +30,6 @@ a directory), with ``--raw`` the first traced launch's per-CTA records too.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -40,10 +39,12 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments  # noqa: E402
 from kernel_api.core.arch import device_cc  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg  # noqa: E402
+from results_io import result_name, write_result  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 DEFAULT_CASES = "32x1M:bf16,32x1M:f32,8x4M:bf16,8x4M:f32,1x1M:bf16"
@@ -265,13 +266,7 @@ def main() -> None:
                     print_case(entry)
                 report["cases"].append(entry)
                 torch.cuda.empty_cache()
-    name = f"softmax-rowgroup-trace-{device.replace(' ', '_')}{opts.tag and '-' + opts.tag}.json"
-    paths = [os.path.join(ROOT, "benchmarks", "results", name)]
-    if os.path.isdir(os.environ.get("OUT", "")):
-        paths.append(os.path.join(os.environ["OUT"], name))
-    for path in paths:
-        with open(path, "w") as f:
-            json.dump(report, f, indent=1)
+    for path in write_result(result_name("softmax-rowgroup-trace", device, opts.tag), report):
         print(f"wrote {path}")
 
 
