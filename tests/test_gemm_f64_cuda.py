@@ -105,6 +105,20 @@ def test_refusals_name_the_operand_and_the_problem():
     assert not status and "operand B" in status.error
 
 
+def test_refusals_of_batches_and_sizes_past_the_grid_and_index_limits():
+    k = instances("ttt")[0]
+    f64 = dict(dtype=torch.float64, device="meta")
+    A = torch.empty(65536, 2, 2, **f64)
+    status = k.supports(GemmArguments(A, A, torch.empty_like(A)))
+    assert not status and "operand A" in status.error and "65,536" in status.error
+    A = torch.as_strided(torch.empty(3 * 4 * 6 + 1, **f64), (3, 4, 6), (25, 6, 1))  # batch stride 25
+    status = k.supports(GemmArguments(A, torch.empty(3, 6, 4, **f64), torch.empty(3, 4, 4, **f64)))
+    assert not status and "operand A" in status.error and "batch stride 25" in status.error
+    status = k.supports(GemmArguments(torch.empty(1, 2, **f64), torch.empty(2, 2**31, **f64),
+                                      torch.empty(1, 2**31, **f64)))
+    assert not status and "operand B" in status.error and "N=2,147,483,648" in status.error
+
+
 def test_odd_extents_with_even_strides_are_taken():
     k = instances("ttt")[0]
     A = torch.empty(77, 46, dtype=torch.float64)[:, :45]

@@ -156,9 +156,9 @@ class CudaGemmF64(CudaSourceKernel):
                                    f"and batch strides (16-byte rows)")
         if args.out.data_ptr() % 8:
             return Status.fail(f"operand out: base address {args.out.data_ptr():#x} is not 8-byte aligned")
-        for name, value in (("M", args.M), ("N", args.N), ("K", args.K)):
+        for operand, name, value in (("A", "M", args.M), ("B", "N", args.N), ("A", "K", args.K)):
             if value > _INDEX_LIMIT:
-                return Status.fail(f"operand A/B: {name}={value:,} exceeds the kernel's 32-bit index "
+                return Status.fail(f"operand {operand}: {name}={value:,} exceeds the kernel's 32-bit index "
                                    f"(at most {_INDEX_LIMIT:,})")
         if args.L > _MAX_BATCH:
             return Status.fail(f"operand A: batch L={args.L:,} exceeds the grid's y limit of {_MAX_BATCH:,}")
