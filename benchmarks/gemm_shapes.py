@@ -121,6 +121,16 @@ def make_sets(case: Case) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return sets
 
 
+def case_arguments(case: Case, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> GemmArguments:
+    """The case's GEMM: f64 accumulates in f64 (no f64 kernel takes an f32 accumulator), the rest in f32."""
+    return GemmArguments(A, B, out, accumulator_type=torch.float64 if case.dtype == "f64" else torch.float32)
+
+
+def case_candidates(case: Case, args: GemmArguments) -> list:
+    """The kernels ops.gemm would weigh for the case: tf32 / 3xTF32 math only with TF32 on."""
+    return allowed_math(kernel_api.get_kernels(args), case.tf32)
+
+
 def rel_error(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> float:
     """Norm-wise relative error against float64 on the first 256 rows (cheap at any size)."""
     rows = slice(0, min(256, A.shape[-2]))
@@ -146,10 +156,8 @@ def bench_case(case: Case, opts: argparse.Namespace) -> dict:
 def _bench_case(case: Case, opts: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     sets = make_sets(case)
-    acc = torch.float64 if case.dtype == "f64" else torch.float32
-    args = [GemmArguments(A, B, out, accumulator_type=acc) for A, B, out, _ in sets]
-    # f32: the candidates ops.gemm would weigh under this precision (tf32 math only with TF32 on)
-    candidates = allowed_math(kernel_api.get_kernels(args[0]), case.tf32)
+    args = [case_arguments(case, A, B, out) for A, B, out, _ in sets]
+    candidates = case_candidates(case, args[0])
     ours = [k for k in candidates if k.metadata.provider != "torch"]
     rec: dict = {"case": asdict(case), "name": case.name, "buffer_sets": len(sets), "candidates": len(candidates)}
     if not ours:
