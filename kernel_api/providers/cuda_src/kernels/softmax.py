@@ -246,7 +246,16 @@ class JoinsSoftmaxSource:
     """Mixin for the softmax families compiled after softmax.cu, whose spans, conversions,
     stores and reductions they use: their source is softmax.cu's followed by their own. Also
     what their generation shares: metadata from a design, and template names from
-    ``name_expression`` rather than the kernel name."""
+    ``name_expression`` rather than the kernel name; and what every instance has: its dtype
+    and the elements of a 16-byte vector (``vec``), parameters passed as Python ints."""
+
+    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
+    backward: bool = False
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.dtype: DataType = params["dtype"]
+        self.vec: int = 16 // self.dtype.bytes
 
     @classmethod
     def family_metadata(cls, params: dict, design: RowReductionDesignMetadata, min_cc: int,

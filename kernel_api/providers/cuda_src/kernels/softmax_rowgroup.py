@@ -84,7 +84,6 @@ from typing import Any
 import torch
 
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
-from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
@@ -402,13 +401,9 @@ class RowGroupBuild:
 
 class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
     source_file = "softmax_rowgroup.cu"
-    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
-    backward: bool = False
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
-        self.dtype: DataType = params["dtype"]
-        self.vec: int = 16 // self.dtype.bytes
         self.ctas_per_sm: int = params.get("ctas_per_sm", 1)
         self.consumers: int = CONSUMERS_BY_CTAS_PER_SM[self.ctas_per_sm]
         self.threads: int = self.consumers + 32

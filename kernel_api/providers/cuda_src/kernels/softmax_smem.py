@@ -70,13 +70,9 @@ def max_cols(dtype: DataType, backward: bool) -> int:
 
 class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     source_file = "softmax_smem.cu"
-    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
-    backward: bool = False
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
-        self.dtype: DataType = params["dtype"]
-        self.vec: int = 16 // self.dtype.bytes
         self.max_cols: int = params["max_cols"]
 
     # ---- generation --------------------------------------------------------------------

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
-from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
@@ -60,16 +59,12 @@ class SplitPlan:
 
 class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
     source_file = "softmax_split.cu"
-    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
-    backward: bool = False
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
-        self.dtype: DataType = params["dtype"]
         self.cluster: int = params["cluster"]
         self.looped: bool = params["looped"]
         self.ept: int = params.get("ept", 0)
-        self.vec: int = 16 // self.dtype.bytes
         self.max_cols: int | None = params["max_cols"]
 
     # ---- generation --------------------------------------------------------------------
