@@ -19,14 +19,13 @@
 // consumers themselves twice, statistics then output, the second read from L2.
 //
 // Per wave, the consumers
-//   forward:  1a. each thread's max m_t over its staged vectors (as the chunks land);
-//             1b. e = exp(x - m_t) written back over x in shared memory, s_t = sum(e)
-//                 (one exp per element; e is rounded to the storage type, which the
-//                 output is rounded to anyway);
-//             the thread's (m, s) merged with its overflow's and edges' online (m, s),
-//             reduced over the CTA, published; later combined over the group;
-//             2.  y = e * exp(m_t - M) / total, from shared memory, each chunk released
-//                 to the producer once read; overflow and edges recomputed from global.
+//   forward:  1.  each thread's running (max, sum of exp) over its staged vectors as the
+//                 chunks land (the exps overlap the copies), merged with its overflow's
+//                 and edges' online (m, s), reduced over the CTA, published; later
+//                 combined over the group into the row's (M, total);
+//             2.  y = exp(x - M) / total from shared memory (a second exp per element,
+//                 overlapping the stores), each chunk released to the producer once
+//                 read; overflow and edges recomputed from global.
 //   backward: 1.  sum(dy * y) over the slice (staged: dy and y side by side in a chunk),
 //             reduced, published; later combined; 2. dx = y * (dy - dot).
 // With `ahead` (the host's choice when the ring holds three waves' chunks), wave w + 1's
@@ -323,12 +322,9 @@ __device__ void produce(const typename T::raw* __restrict__ a, const typename T:
   RG_TRACE_ONLY(tr[TR_PRODUCER_DONE] = global_timer();)
 }
 
-// Release chunk `sl` to the producer once every consumer warp is done with it.
-template <bool WROTE>
+// Release chunk `sl` to the producer once every consumer warp is done with it (the consumers
+// only read the ring, so no proxy fence is needed before the producer's next bulk copy).
 __device__ __forceinline__ void release(u64* empty, int sl) {
-  // The forward wrote e into the chunk (generic proxy); the producer's next copy writes it
-  // through the async proxy.
-  if constexpr (WROTE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncwarp();
   if ((threadIdx.x & 31) == 0) mbar_arrive(empty + sl);
 }
@@ -359,7 +355,7 @@ struct Wave {
   i64 r, w;
   int slot, nch;
   unsigned phase;
-  float ms, e0, e1, e2, e3;
+  float e0, e1, e2, e3;
   float ca, cb;
 };
 
@@ -395,9 +391,9 @@ __device__ __forceinline__ void advance(int& slot, unsigned& phase, int nch, int
 // The one walk over a wave's staged chunks in the ring, from its first slot: for each chunk
 // `on_vector(cb, i, v)` for this thread's vectors (cb: the chunk, i: the vector's index in it
 // as NC * j + t, v: its index in the slice). ARRIVE (WAIT): wait for each chunk to land, the
-// first pass over a wave; RELEASE: hand each chunk back to the producer after the last pass
-// (WROTE: the consumers wrote into it). CV: vectors per chunk and array.
-enum WalkKind { PASS, ARRIVE, RELEASE, RELEASE_WROTE };
+// first pass over a wave; RELEASE: hand each chunk back to the producer after the last pass.
+// CV: vectors per chunk and array.
+enum WalkKind { ARRIVE, RELEASE };
 template <int CV, int NC, WalkKind KIND, class F>
 __device__ __forceinline__ void walk_chunks(uint4* rbuf, u64* full, u64* empty, int ring, int slot,
                                             unsigned phase, int nch, int staged, F&& on_vector) {
@@ -411,7 +407,7 @@ __device__ __forceinline__ void walk_chunks(uint4* rbuf, u64* full, u64* empty, 
       const int v = k * CV + i * NC + t;
       if (v < staged) on_vector(cb, i * NC + t, v);
     }
-    if constexpr (KIND == RELEASE || KIND == RELEASE_WROTE) release<KIND == RELEASE_WROTE>(empty, slot);
+    if constexpr (KIND == RELEASE) release(empty, slot);
     if (++slot == ring) {
       slot = 0;
       phase ^= 1u;
@@ -420,8 +416,8 @@ __device__ __forceinline__ void walk_chunks(uint4* rbuf, u64* full, u64* empty, 
 }
 
 // Forward statistics of wave P (P.r, P.w, P.slot, P.phase set): overflow and edges first
-// (global loads, while the staged chunks land); 1a. the thread's max over its staged
-// vectors; 1b. e = exp(x - max) in place and its sum; the CTA's (m, s) published.
+// (global loads, while the staged chunks land); then the thread's running (max, sum) over
+// its staged vectors as they land; the CTA's (m, s) published.
 template <class T, int VEC>
 __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
   typedef typename T::raw R;
@@ -435,30 +431,28 @@ __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
   if (c.rank == 0) load_edges<T, VEC>(xr, s.sp, t, -KA_INF, P.e0, P.e1);
   float mo, so;
   online_stats<T, VEC, 2, NC>(xb + (i64)s.staged * VEC, s.n - s.staged, t, P.e0, P.e1, mo, so);
-  float ms = -KA_INF;
+  // One pass as the chunks land: a running (max, sum), the sum rescaled when the max grows
+  // (rarely, after the first vectors), so the exps overlap the copies instead of following
+  // the slice's last chunk; the output pass recomputes exp(x - M) from the staged x.
+  float ms = -KA_INF, ss = 0.f;
   walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
                               [&](const uint4* cb, int i, int) {
                                 float f[VEC];
                                 unpack16<T, VEC>(cb[i], f);
+                                float vm = f[0];
 #pragma unroll
-                                for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
-                              });
-  float ss = 0.f;
-  if (ms != -KA_INF)  // (all -inf: nothing to store; the output pass writes zeros)
-    walk_chunks<CV, NC, PASS>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                              [&](uint4* cb, int i, int) {
-                                float f[VEC];
-                                unpack16<T, VEC>(cb[i], f);
-                                float part = 0.f;
-#pragma unroll
-                                for (int q = 0; q < VEC; ++q) {
-                                  f[q] = exp_shifted(f[q], ms);
-                                  part += f[q];
+                                for (int q = 1; q < VEC; ++q) vm = fmaxf(vm, f[q]);
+                                if (vm > ms) {
+                                  ss *= exp_shifted(ms, vm);
+                                  ms = vm;
                                 }
-                                ss += part;
-                                cb[i] = pack16<T, VEC>(f);  // e in place
+                                if (ms != -KA_INF) {  // only -inf so far: nothing to add (not NaN)
+                                  float part = 0.f;
+#pragma unroll
+                                  for (int q = 0; q < VEC; ++q) part += exp_shifted(f[q], ms);
+                                  ss += part;
+                                }
                               });
-  P.ms = ms;
   float m = ms, sum = ss;
   pair_merge(m, sum, mo, so);
   cta_pair(m, sum, c.red + (P.w & 1) * 64);
@@ -499,25 +493,18 @@ __device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
   const float row_max = c.bc[0];
   // An all -inf row gives NaN, as torch.softmax does.
   const float inv = row_max == -KA_INF ? __int_as_float(0x7fc00000) : 1.f / c.bc[1];
-  const float ms = P.ms;
-  const float scale = ms == -KA_INF ? 0.f * inv : exp_shifted(ms, row_max) * inv;
   const R* xr = c.a + P.r * c.lda;
   R* yr = c.out + P.r * c.ldo;
   const RowSlice s = row_slice<T, VEC>(xr, c.cols, c.S, c.rank, c.cap, CV);
   const i64 o = s.sp.head + s.v0 * VEC;
-  walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                     [&](const uint4* cb, int i, int v) {
-                                       float f[VEC];
-                                       if (ms != -KA_INF) {
-                                         unpack16<T, VEC>(cb[i], f);
-                                       } else {
+  walk_chunks<CV, NC, RELEASE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                               [&](const uint4* cb, int i, int v) {
+                                 float f[VEC];
+                                 unpack16<T, VEC>(cb[i], f);
 #pragma unroll
-                                         for (int q = 0; q < VEC; ++q) f[q] = 0.f;
-                                       }
-#pragma unroll
-                                       for (int q = 0; q < VEC; ++q) f[q] *= scale;
-                                       store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
-                                     });
+                                 for (int q = 0; q < VEC; ++q) f[q] = exp_shifted(f[q], row_max) * inv;
+                                 store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
+                               });
   const i64 oo = o + (i64)s.staged * VEC;
   write_scaled<T, VEC, 2, NC>(xr + oo, yr + oo, s.n - s.staged, t, row_max, inv);
   if (c.rank == 0) store_edges<T, VEC>(yr, s.sp, t, exp_shifted(P.e0, row_max) * inv, exp_shifted(P.e1, row_max) * inv);
