@@ -2,7 +2,7 @@
 why the M = 64 / 128 instances of `CudaGemmSmallM` run at half the speed of M = 16 on the
 same B (benchmarks/NOTES-small-m.md).
 
-    python3 benchmarks/small_m_ncu.py --occupancy          # clusters of 8 resident at once, per instance
+    python3 benchmarks/small_m_ncu.py --occupancy          # CTAs per SM and clusters counted on, per instance
     ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy \
 --section LaunchStats --section MemoryWorkloadAnalysis \
 python3 benchmarks/small_m_ncu.py --cases 16x4096x4096:4 64x4096x4096:4 64x4096x4096:8
@@ -35,9 +35,9 @@ def parse_case(text: str) -> tuple[int, int, int, int]:
 
 
 def occupancy() -> None:
-    """Per instance: CTAs per SM the plan assumes, and the clusters of 8 the driver lets reside."""
-    import cuda.core as core
-
+    """Per instance: CTAs per SM (the plan's and the driver's) and the clusters of 8 the split
+    rule counts on (`max_clusters`); ncu's Occupancy section ("Max Active Clusters") gives the
+    driver's number for the launched grid."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for mp in CONFIGS:
         kernel = instance("bf16", "col", mp)
@@ -47,18 +47,10 @@ def occupancy() -> None:
         artifact = kernel.compile(args)
         kernel.run(args, compiled_artifact=artifact)  # loads the cubin
         c = kernel.config
-        launcher = artifact.compiled_obj
-        cu_kernel = launcher.kernel
-        try:
-            cfg = core.LaunchConfig(grid=(CLUSTER * 64, 1, 1), cluster=(CLUSTER, 1, 1), block=(c.threads, 1, 1),
-                                    shmem_size=c.smem_bytes)
-            clusters = cu_kernel.occupancy.max_active_clusters(cfg)
-        except Exception as exc:  # noqa: BLE001 - reported, not fatal
-            clusters = f"query failed: {exc}"
-        per_sm = cu_kernel.occupancy.max_active_blocks_per_multiprocessor(c.threads, c.smem_bytes)
+        per_sm = artifact.compiled_obj.kernel.occupancy.max_active_blocks_per_multiprocessor(c.threads, c.smem_bytes)
         print(f"MP={mp:3d} threads={c.threads} smem={c.smem_bytes} planned CTAs/SM={c.ctas_per_sm} "
-              f"driver CTAs/SM={per_sm} ({per_sm * sms} CTAs = {per_sm * sms // CLUSTER} clusters if packing were free); "
-              f"max active clusters of {CLUSTER}: {clusters}", flush=True)
+              f"driver CTAs/SM={per_sm}; clusters of {CLUSTER} the split rule counts on: "
+              f"{kernel.max_clusters(sms)} (without packing loss {per_sm * sms // CLUSTER})", flush=True)
 
 
 def main() -> None:

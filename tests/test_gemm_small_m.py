@@ -223,10 +223,16 @@ def test_split_plan():
                     s = kk.split_for(M, N, K, 1)
                     tiles, ktiles = -(-N // c.bn), -(-K // c.bk)
                     assert s in SPLITS
-                    assert s == 1 or (tiles * s <= 132 * c.ctas_per_sm and ktiles >= 2 * s)
+                    assert s == 1 or (-(-tiles * s // CLUSTER) <= kk.max_clusters(132) and ktiles >= 2 * s)
                     plan = kk.plan(_meta_args(M, N, K, torch.float16, layout))
                     assert plan.split == s and plan.tiles == tiles and plan.grid[0] % CLUSTER == 0
                     assert tiles * s <= plan.grid[0] < tiles * s + CLUSTER
+    # Whole clusters must fit: 2 CTAs per SM leave room for 29 clusters of 8 on 132 SMs (the H200
+    # measured 30), so 32 column tiles x split 8 = 32 clusters would run in two waves: split 4.
+    k64 = instance("bf16", "col", 64)
+    assert k64.config.ctas_per_sm == 2 and k64.max_clusters(132) == 29
+    assert k64.split_for(64, 4096, 4096, 1) == 4
+    assert instance("bf16", "col", 16).max_clusters(132) == 44
     k.split_k = 8
     assert k.split_for(8, 14336, 4096, 1) == 8
     k.split_k = None

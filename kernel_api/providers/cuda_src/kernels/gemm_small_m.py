@@ -35,6 +35,11 @@ COL = (0, 1, 0)
 #: CTAs per thread-block cluster (KA_CLUSTER in the .cu): the largest split-K.
 CLUSTER = 8
 SPLITS = (1, 2, 4, 8)
+#: Clusters of CLUSTER CTAs that can reside at once, as a share of (SMs x CTAs per SM) / CLUSTER:
+#: a cluster must fit inside one GPC, so the slots left over in each GPC are lost. Measured on an
+#: H200 (132 SMs; ncu "Max Active Clusters", benchmarks/small_m_ncu.py, session 26): 45 clusters at
+#: 3 CTAs per SM (49.5 without the loss) and 30 at 2 (33).
+CLUSTER_PACKING = 0.9
 #: Shared memory of one Hopper SM, and what the system reserves per CTA.
 SM_SMEM_BYTES = 233472
 CTA_RESERVED_SMEM = 1024
@@ -209,18 +214,26 @@ class CudaGemmSmallM(CudaSourceKernel):
     def split_for(self, M: int, N: int, K: int, L: int, sm_count: int = 132) -> int:
         """The split-K count for a shape: the largest of 1, 2, 4, 8 that keeps every CTA resident
         at once (one wave: memory-bound CTAs of equal work then finish together) and gives each
-        split at least two k-tiles; 1 when even that overfills the machine."""
+        split at least two k-tiles; 1 when even that overfills the machine. Residency counts
+        whole clusters (`max_clusters`): the grid launches as clusters of `CLUSTER` CTAs."""
         if self._split_k is not None:
             return self._split_k
         c = self.config
         tiles = -(-N // c.bn) * L
         ktiles = -(-K // c.bk)
-        capacity = sm_count * c.ctas_per_sm
+        clusters = self.max_clusters(sm_count)
         best = 1
         for s in SPLITS[1:]:
-            if tiles * s <= capacity and ktiles >= 2 * s:
+            if -(-tiles * s // CLUSTER) <= clusters and ktiles >= 2 * s:
                 best = s
         return best
+
+    def max_clusters(self, sm_count: int = 132) -> int:
+        """Clusters of `CLUSTER` CTAs of this instance that can reside at once on ``sm_count`` SMs
+        (`CLUSTER_PACKING` of the slots: a cluster must fit in one GPC). At 64x4096x4096 a split
+        of 8 (32 clusters) against the 30 that fit ran in two waves: 32.1 us, against 24.4 us at a
+        split of 4 (benchmarks/results/small_m-NVIDIA_H200-s20-run1.json)."""
+        return max(1, int(CLUSTER_PACKING * sm_count * self.config.ctas_per_sm / CLUSTER))
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
         """Predicted run time in `kernel_api.tuning.policies.gemm_cost` units (PickAny ranks by it).
@@ -271,4 +284,4 @@ class CudaGemmSmallM(CudaSourceKernel):
              split, tiles))
 
 
-__all__ = ["CLUSTER", "CONFIGS", "MIN_M", "CudaGemmSmallM", "LaunchPlan", "SmallMConfig"]
+__all__ = ["CLUSTER", "CLUSTER_PACKING", "CONFIGS", "MIN_M", "CudaGemmSmallM", "LaunchPlan", "SmallMConfig"]
