@@ -19,16 +19,14 @@
 // consumers themselves twice, statistics then output, the second read from L2.
 //
 // Per wave, the consumers
-//   forward:  1.  a running (max, sum of exp) over the staged vectors as the chunks land
-//                 (the exps overlap the copies): with one CTA per SM the max is the warp's,
-//                 recorded per chunk, and e = exp(x - max) is stored in place (rounded to
-//                 the storage type, which the output is rounded to anyway); merged with the
-//                 thread's overflow's and edges' online (m, s), reduced over the CTA,
-//                 published; later combined over the group into the row's (M, total);
-//             2.  y = e * exp(max - M) / total from shared memory (with two CTAs per SM,
-//                 which have no room for the per-chunk maxima: exp(x - M) / total), each
-//                 chunk released to the producer once read; overflow and edges recomputed
-//                 from global.
+//   forward:  1a. each thread's max m_t over its staged vectors (as the chunks land);
+//             1b. e = exp(x - m_t) written back over x in shared memory, s_t = sum(e)
+//                 (one exp per element; e is rounded to the storage type, which the
+//                 output is rounded to anyway);
+//             the thread's (m, s) merged with its overflow's and edges' online (m, s),
+//             reduced over the CTA, published; later combined over the group;
+//             2.  y = e * exp(m_t - M) / total, from shared memory, each chunk released
+//                 to the producer once read; overflow and edges recomputed from global.
 //   backward: 1.  sum(dy * y) over the slice (staged: dy and y side by side in a chunk),
 //             reduced, published; later combined; 2. dx = y * (dy - dot).
 // With `ahead` (the host's choice when the ring holds three waves' chunks), wave w + 1's
@@ -67,12 +65,6 @@ typedef unsigned long long u64;
 #define RG_CHUNK_BYTES 16384
 #define RG_CHUNK_U4 (RG_CHUNK_BYTES / 16)
 #define RG_MAX_CHUNKS 16
-// The forward keeps each warp's running max per ring chunk (`wref`, RG_MAX_CHUNKS x warps
-// floats of static shared memory) so that it can store e = exp(x - max) in place as each chunk
-// lands: with one CTA per SM. Two CTAs per SM have no shared memory to spare for it and
-// recompute exp(x - M) in the output pass instead.
-#define RG_CHUNK_REF (RG_MIN_BLOCKS == 1)
-#define RG_WARPS (RG_CONSUMERS / 32)
 // A chunk's vectors split evenly over the consumers (forward: CHUNK_U4, backward: half each
 // for dy and y); the reductions' scratch holds one value per consumer warp, at most 32.
 static_assert(RG_CONSUMERS % 32 == 0 && RG_CONSUMERS / 32 <= 32, "RG_CONSUMERS: whole warps, at most 32");
@@ -334,8 +326,8 @@ __device__ void produce(const typename T::raw* __restrict__ a, const typename T:
 // Release chunk `sl` to the producer once every consumer warp is done with it.
 template <bool WROTE>
 __device__ __forceinline__ void release(u64* empty, int sl) {
-  // WROTE: the forward stored e into the chunk (generic proxy); the producer's next copy
-  // writes it through the async proxy.
+  // The forward wrote e into the chunk (generic proxy); the producer's next copy writes it
+  // through the async proxy.
   if constexpr (WROTE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncwarp();
   if ((threadIdx.x & 31) == 0) mbar_arrive(empty + sl);
@@ -357,7 +349,6 @@ struct Ctx {
   u64* empty;
   float* red;  // [2][64]: by wave parity, as two waves' reductions may be in flight
   float* bc;
-  float* wref;  // [RG_MAX_CHUNKS][RG_WARPS] with RG_CHUNK_REF: the max e of chunk slot is relative to
 };
 
 // A wave between its statistics and its output: row, wave number, the ring position (and
@@ -368,7 +359,7 @@ struct Wave {
   i64 r, w;
   int slot, nch;
   unsigned phase;
-  float e0, e1, e2, e3;
+  float ms, e0, e1, e2, e3;
   float ca, cb;
 };
 
@@ -401,18 +392,26 @@ __device__ __forceinline__ void advance(int& slot, unsigned& phase, int nch, int
   }
 }
 
-// The one walk over a wave's staged chunks in the ring, from its first slot: `on_chunk(cb,
-// slot, k)` for the k-th chunk (cb: its vectors). ARRIVE: wait for each chunk to land, the
+// The one walk over a wave's staged chunks in the ring, from its first slot: for each chunk
+// `on_vector(cb, i, v)` for this thread's vectors (cb: the chunk, i: the vector's index in it
+// as NC * j + t, v: its index in the slice). ARRIVE (WAIT): wait for each chunk to land, the
 // first pass over a wave; RELEASE: hand each chunk back to the producer after the last pass
-// (WROTE: the consumers wrote into it).
-enum WalkKind { ARRIVE, RELEASE };
-template <WalkKind KIND, bool WROTE = false, class F>
-__device__ __forceinline__ void walk_ring(uint4* rbuf, u64* full, u64* empty, int ring, int slot, unsigned phase,
-                                          int nch, F&& on_chunk) {
+// (WROTE: the consumers wrote into it). CV: vectors per chunk and array.
+enum WalkKind { PASS, ARRIVE, RELEASE, RELEASE_WROTE };
+template <int CV, int NC, WalkKind KIND, class F>
+__device__ __forceinline__ void walk_chunks(uint4* rbuf, u64* full, u64* empty, int ring, int slot,
+                                            unsigned phase, int nch, int staged, F&& on_vector) {
+  constexpr int VPT = CV / NC;
+  const int t = threadIdx.x;
   for (int k = 0; k < nch; ++k) {
     if constexpr (KIND == ARRIVE) mbar_wait(&full[slot], phase);
-    on_chunk(rbuf + (i64)slot * RG_CHUNK_U4, slot, k);
-    if constexpr (KIND == RELEASE) release<WROTE>(empty, slot);
+    uint4* cb = rbuf + (i64)slot * RG_CHUNK_U4;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = k * CV + i * NC + t;
+      if (v < staged) on_vector(cb, i * NC + t, v);
+    }
+    if constexpr (KIND == RELEASE || KIND == RELEASE_WROTE) release<KIND == RELEASE_WROTE>(empty, slot);
     if (++slot == ring) {
       slot = 0;
       phase ^= 1u;
@@ -420,26 +419,9 @@ __device__ __forceinline__ void walk_ring(uint4* rbuf, u64* full, u64* empty, in
   }
 }
 
-// walk_ring, calling `on_vector(cb, i, v)` for this thread's vectors of each chunk (i: the
-// vector's index in the chunk as NC * j + t, v: its index in the slice). CV: vectors per
-// chunk and array.
-template <int CV, int NC, WalkKind KIND, bool WROTE = false, class F>
-__device__ __forceinline__ void walk_chunks(uint4* rbuf, u64* full, u64* empty, int ring, int slot,
-                                            unsigned phase, int nch, int staged, F&& on_vector) {
-  constexpr int VPT = CV / NC;
-  const int t = threadIdx.x;
-  walk_ring<KIND, WROTE>(rbuf, full, empty, ring, slot, phase, nch, [&](uint4* cb, int, int k) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = k * CV + i * NC + t;
-      if (v < staged) on_vector(cb, i * NC + t, v);
-    }
-  });
-}
-
 // Forward statistics of wave P (P.r, P.w, P.slot, P.phase set): overflow and edges first
-// (global loads, while the staged chunks land); then the thread's running (max, sum) over
-// its staged vectors as they land; the CTA's (m, s) published.
+// (global loads, while the staged chunks land); 1a. the thread's max over its staged
+// vectors; 1b. e = exp(x - max) in place and its sum; the CTA's (m, s) published.
 template <class T, int VEC>
 __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
   typedef typename T::raw R;
@@ -453,72 +435,30 @@ __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
   if (c.rank == 0) load_edges<T, VEC>(xr, s.sp, t, -KA_INF, P.e0, P.e1);
   float mo, so;
   online_stats<T, VEC, 2, NC>(xb + (i64)s.staged * VEC, s.n - s.staged, t, P.e0, P.e1, mo, so);
-  // One pass as the chunks land: a running (max, sum), the sum rescaled when the max grows
-  // (rarely, after the first vectors), so the exps overlap the copies instead of following
-  // the slice's last chunk.
-  float ms = -KA_INF, ss = 0.f;
-  if constexpr (RG_CHUNK_REF) {
-    // The running max is the warp's, recorded per chunk (`wref`), and e = exp(x - max) is
-    // stored in place (rounded to the storage type, which the output is rounded to anyway):
-    // the output pass scales e by exp(max - M) / total, one exp per chunk.
-    constexpr int VPT = CV / NC;
-    const int warp = t >> 5, lane = t & 31;
-    walk_ring<ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, [&](uint4* cb, int slot, int k) {
-      float cm = -KA_INF;
+  float ms = -KA_INF;
+  walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                              [&](const uint4* cb, int i, int) {
+                                float f[VEC];
+                                unpack16<T, VEC>(cb[i], f);
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (k * CV + i * NC + t < s.staged) {
-          float f[VEC];
-          unpack16<T, VEC>(cb[i * NC + t], f);
+                                for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
+                              });
+  float ss = 0.f;
+  if (ms != -KA_INF)  // (all -inf: nothing to store; the output pass writes zeros)
+    walk_chunks<CV, NC, PASS>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                              [&](uint4* cb, int i, int) {
+                                float f[VEC];
+                                unpack16<T, VEC>(cb[i], f);
+                                float part = 0.f;
 #pragma unroll
-          for (int q = 0; q < VEC; ++q) cm = fmaxf(cm, f[q]);
-        }
-      }
-      cm = warp_max(cm);
-      if (cm > ms) {
-        ss *= exp_shifted(ms, cm);
-        ms = cm;
-      }
-      if (lane == 0) c.wref[slot * RG_WARPS + warp] = ms;
-      if (ms != -KA_INF) {  // (all -inf so far: nothing to add or store; the output writes zeros)
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-          if (k * CV + i * NC + t < s.staged) {  // (read again: fewer registers than keeping it)
-            float f[VEC];
-            unpack16<T, VEC>(cb[i * NC + t], f);
-            float part = 0.f;
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) {
-              f[q] = exp_shifted(f[q], ms);
-              part += f[q];
-            }
-            ss += part;
-            cb[i * NC + t] = pack16<T, VEC>(f);
-          }
-        }
-      }
-    });
-  } else {
-    // (two CTAs per SM: no room for `wref`; the output pass recomputes exp(x - M).)
-    walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                [&](const uint4* cb, int i, int) {
-                                  float f[VEC];
-                                  unpack16<T, VEC>(cb[i], f);
-                                  float vm = f[0];
-#pragma unroll
-                                  for (int q = 1; q < VEC; ++q) vm = fmaxf(vm, f[q]);
-                                  if (vm > ms) {
-                                    ss *= exp_shifted(ms, vm);
-                                    ms = vm;
-                                  }
-                                  if (ms != -KA_INF) {  // only -inf so far: nothing to add (not NaN)
-                                    float part = 0.f;
-#pragma unroll
-                                    for (int q = 0; q < VEC; ++q) part += exp_shifted(f[q], ms);
-                                    ss += part;
-                                  }
-                                });
-  }
+                                for (int q = 0; q < VEC; ++q) {
+                                  f[q] = exp_shifted(f[q], ms);
+                                  part += f[q];
+                                }
+                                ss += part;
+                                cb[i] = pack16<T, VEC>(f);  // e in place
+                              });
+  P.ms = ms;
   float m = ms, sum = ss;
   pair_merge(m, sum, mo, so);
   cta_pair(m, sum, c.red + (P.w & 1) * 64);
@@ -559,43 +499,25 @@ __device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
   const float row_max = c.bc[0];
   // An all -inf row gives NaN, as torch.softmax does.
   const float inv = row_max == -KA_INF ? __int_as_float(0x7fc00000) : 1.f / c.bc[1];
+  const float ms = P.ms;
+  const float scale = ms == -KA_INF ? 0.f * inv : exp_shifted(ms, row_max) * inv;
   const R* xr = c.a + P.r * c.lda;
   R* yr = c.out + P.r * c.ldo;
   const RowSlice s = row_slice<T, VEC>(xr, c.cols, c.S, c.rank, c.cap, CV);
   const i64 o = s.sp.head + s.v0 * VEC;
-  if constexpr (RG_CHUNK_REF) {
-    const int warp = t >> 5;
-    walk_ring<RELEASE, true>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, [&](uint4* cb, int slot, int k) {
-      const float ref = c.wref[slot * RG_WARPS + warp];
-      // An all -inf part of the chunk holds x, not e: zeros (NaN when the whole row is -inf).
-      const float scale = ref == -KA_INF ? 0.f * inv : exp_shifted(ref, row_max) * inv;
+  walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                                     [&](const uint4* cb, int i, int v) {
+                                       float f[VEC];
+                                       if (ms != -KA_INF) {
+                                         unpack16<T, VEC>(cb[i], f);
+                                       } else {
 #pragma unroll
-      for (int i = 0; i < CV / NC; ++i) {
-        const int v = k * CV + i * NC + t;
-        if (v < s.staged) {
-          float f[VEC];
-          if (ref != -KA_INF) {
-            unpack16<T, VEC>(cb[i * NC + t], f);
-          } else {
+                                         for (int q = 0; q < VEC; ++q) f[q] = 0.f;
+                                       }
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) f[q] = 0.f;
-          }
-#pragma unroll
-          for (int q = 0; q < VEC; ++q) f[q] *= scale;
-          store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
-        }
-      }
-    });
-  } else {
-    walk_chunks<CV, NC, RELEASE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                 [&](const uint4* cb, int i, int v) {
-                                   float f[VEC];
-                                   unpack16<T, VEC>(cb[i], f);
-#pragma unroll
-                                   for (int q = 0; q < VEC; ++q) f[q] = exp_shifted(f[q], row_max) * inv;
-                                   store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
-                                 });
-  }
+                                       for (int q = 0; q < VEC; ++q) f[q] *= scale;
+                                       store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
+                                     });
   const i64 oo = o + (i64)s.staged * VEC;
   write_scaled<T, VEC, 2, NC>(xr + oo, yr + oo, s.n - s.staged, t, row_max, inv);
   if (c.rank == 0) store_edges<T, VEC>(yr, s.sp, t, exp_shifted(P.e0, row_max) * inv, exp_shifted(P.e1, row_max) * inv);
@@ -730,7 +652,6 @@ __device__ __forceinline__ void run(const typename T::raw* __restrict__ a, const
   __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
   __shared__ float red[128];
   __shared__ float bc[2];
-  __shared__ float wref[RG_CHUNK_REF && !BWD ? RG_MAX_CHUNKS * RG_WARPS : 1];
   RG_TRACE_ONLY(u64* const tr = trace_of(ws); if (threadIdx.x == 0) tr[TR_ENTRY] = global_timer();)
   check_plan(S, G, cap, ring, ahead, BWD ? RG_CHUNK_U4 / 2 : RG_CHUNK_U4);
   init_ring(full, empty, (int)ring);
@@ -742,7 +663,7 @@ __device__ __forceinline__ void run(const typename T::raw* __restrict__ a, const
     return;
   }
   const Ctx<T> c{a, b, out, rows, lda, ldb, ldo, (int)cols, (int)S, (int)G, (int)cap, (int)ring,
-                 (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, launch_tag(epoch), rg_ring, full, empty, red, bc, wref};
+                 (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, launch_tag(epoch), rg_ring, full, empty, red, bc};
   consume<T, VEC, BWD>(c, ahead != 0);
   RG_TRACE_ONLY(trace_exit(c);)
 }
