@@ -1,0 +1,237 @@
+"""Interface of the two-launch streaming softmax (implementation: softmax_stream.cu, compiled
+after softmax.cu, whose helpers it uses).
+
+Two registered families, `CudaSoftmaxStreamForward` (`SoftmaxArguments`) and
+`CudaSoftmaxStreamBackward` (`SoftmaxBackwardArguments`), one instance per dtype
+(``..._stream_peel<vec>``), for rows too long for one CTA. Every row is cut into parts of
+`PART_BYTES` per input, one CTA per part:
+
+1. a statistics launch writes each part's partial (forward: max and sum of exp; backward:
+   sum(dy * y)) into the workspace (`get_workspace_size`: 8 or 4 bytes per part);
+2. an output launch, parts in reverse order, combines the row's partials (in one fixed order,
+   so every part of a row agrees bit for bit), re-reads its part and writes the output.
+
+The input is read twice, the second time partly from L2 (the parts the first launch read last
+come first), but neither launch waits on another CTA: there is no cooperative launch, no
+cluster and no wave of group meetings, which is what limits the row-group family
+(`softmax_rowgroup.py`) on the longest rows. Rows are peeled (any element alignment whose rows
+share one offset from a 16-byte boundary, as the other peeled families).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
+from ....core.artifact import CompiledArtifact
+from ....core.status import Status
+from ....core.streams import stream_handle
+from ....metadata import KernelMetadata, RowReductionDesignMetadata
+from ....utils import MAX_GRID_X
+from ... import softmax_config
+from .. import CudaSourceProvider
+from ..compiler import compile_cuda
+from ..kernel import CudaSourceKernel, _target_cc
+from ..launcher import CudaLauncher
+from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
+
+MIN_CC = 80  # (plain loads and stores: nothing past sm_80)
+THREADS = 512
+#: 16-byte vectors each thread keeps in flight per array (forward: 32 KB per CTA; backward,
+#: two arrays: the same bytes).
+UNROLL = {False: 4, True: 2}
+#: Bytes of each input per part (one CTA), at most; smaller parts where the problem has
+#: fewer than `MIN_PARTS_PER_SM` parts per SM at this size.
+PART_BYTES = 64 * 1024
+MIN_PART_BYTES = 8 * 1024
+MIN_PARTS_PER_SM = 4
+#: Rows from this length are what the family is for (a CTA or a cluster holds shorter ones).
+MIN_COLS = 2**15
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """One launch pair: parts per row, 16-byte vectors per part, and the grid (rows x parts)."""
+
+    parts_per_row: int
+    part_vectors: int
+    grid: int
+
+    def workspace_bytes(self, backward: bool) -> int:
+        return self.grid * (4 if backward else 8)
+
+
+def plan_parts(rows: int, cols: int, elem_bytes: int, sm_count: int = 132,
+               part_bytes: int = PART_BYTES) -> StreamPlan:
+    """The parts for ``rows`` x ``cols``: ``part_bytes`` per input, halved down to
+    `MIN_PART_BYTES` while the grid has fewer than `MIN_PARTS_PER_SM` parts per SM."""
+    vec = 16 // elem_bytes
+    nvec = -(-max(cols, 1) // vec)  # (a bound: a peeled row has at most this many vectors)
+    part = max(1, part_bytes // 16)
+    while part * 16 > MIN_PART_BYTES and rows * -(-nvec // part) < MIN_PARTS_PER_SM * sm_count:
+        part //= 2
+    bpr = -(-nvec // part)
+    return StreamPlan(bpr, part, rows * bpr)
+
+
+@dataclass(frozen=True)
+class StreamBuild:
+    """What an artifact holds besides the statistics kernel's launcher (its ``compiled_obj``):
+    the output kernel's launcher and the CTA size both were compiled for."""
+
+    output: CudaLauncher
+    threads: int
+
+
+class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
+    source_file = "softmax_stream.cu"
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        #: Threads per CTA, 16-byte loads in flight per thread and array, bytes of each input
+        #: per part: the defaults above; settable for tuning and tests (the first two are
+        #: template parameters, part of the compile key through the name expressions).
+        self.threads: int = THREADS
+        self.unroll: int = UNROLL[self.backward]
+        self.part_bytes: int = PART_BYTES
+
+    # ---- generation --------------------------------------------------------------------
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        return [dict(dtype=dt) for dt in softmax_config.DTYPES]
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        return f"{cls.__name__}_{params['dtype']}_stream_peel{16 // params['dtype'].bytes}"
+
+    @classmethod
+    def make_metadata(cls, params: dict) -> KernelMetadata:
+        design = RowReductionDesignMetadata("stream", THREADS, 16, MIN_COLS, None,
+                                            extra=(("peel", True), ("passes", 2), ("launches", 2),
+                                                   ("part_bytes", PART_BYTES)))
+        return cls.family_metadata(params, design, MIN_CC)
+
+    # ---- support --------------------------------------------------------------------------
+    def _supports(self, args: Any) -> Status:
+        name = self.metadata.kernel_name
+        too_long = row_length_status(name, args.cols)
+        if too_long is not None:
+            return too_long
+        p = self.plan(args)
+        if p.grid > MAX_GRID_X:
+            return Status.fail(f"{name}: rows={args.rows:,} x {p.parts_per_row:,} parts need {p.grid:,} CTAs, past "
+                               f"the grid's x limit of 2^31-1 = {MAX_GRID_X:,}")
+        return peel_status(name, args, self.vec)
+
+    # ---- compile: both launches from one module ----------------------------------------------
+    def name_expressions(self) -> tuple[str, str]:
+        """The statistics and the output kernels' template instances."""
+        op = "bwd" if self.backward else "fwd"
+        t = f"{_TYPES[self.dtype]}, {self.vec}, {self.unroll}, {self.threads}"
+        return f"ka_softmax::{op}_stream_stats<{t}>", f"ka_softmax::{op}_stream_out<{t}>"
+
+    def name_expression(self, args: Any) -> str:
+        return self.name_expressions()[0]
+
+    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
+        """NVRTC-compile both kernels into one module: the artifact's launcher is the
+        statistics kernel's, its ``extra`` a `StreamBuild` with the output kernel's."""
+        target = _target_cc(cc)
+        stats, out = self.name_expressions()
+        compiled = compile_cuda(self.get_source(), cc=target, name_expressions=[stats, out],
+                                include_dirs=self.include_dirs, defines=self.defines_for(args),
+                                source_name=self.source_name(), options=self.compile_options)
+        name = self.metadata.kernel_name
+        output = CudaLauncher(compiled, out, f"{name} (output)", convert_args=False)
+        return CompiledArtifact(CudaLauncher(compiled, stats, f"{name} (statistics)", convert_args=False), self,
+                                target, extra=StreamBuild(output, self.threads))
+
+    # ---- launch ------------------------------------------------------------------------------
+    def plan(self, args: Any) -> StreamPlan:
+        return plan_parts(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, _sm_count(args.device),
+                          self.part_bytes)
+
+    def get_workspace_size(self, args: Any) -> int:
+        return self.plan(args).workspace_bytes(self.backward)
+
+    def launch_config(self, args: Any) -> tuple:
+        return (self.plan(args).grid, self.threads)
+
+    def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        if args.rows == 0 or args.cols == 0:
+            return
+        p = self.plan(args)
+        need = p.workspace_bytes(self.backward)
+        if workspace is None or workspace.numel() * workspace.element_size() < need or workspace.data_ptr() % 8:
+            got = "none" if workspace is None else (f"{workspace.numel() * workspace.element_size()} bytes at "
+                                                    f"{workspace.data_ptr():#x}")
+            raise ValueError(f"{self.metadata.kernel_name}: needs an 8-byte aligned workspace of {need} bytes "
+                             f"(get_workspace_size), got {got}")
+        device = args.device.index
+        if device is None:
+            device = torch.cuda.current_device()
+        handle = stream_handle(stream, device)
+        params = row_params(args) + (workspace.data_ptr(), p.parts_per_row, p.part_vectors)
+        build = artifact.extra
+        artifact.compiled_obj.launch(handle, device, p.grid, build.threads, 0, params)
+        build.output.launch(handle, device, p.grid, build.threads, 0, params)
+
+    # ---- ranking ---------------------------------------------------------------------------
+    def estimated_cost(self, args: Any, sm_count: int) -> float:
+        """`row_cost`'s units (the time of one pass at the copy rate is 1): the input read by
+        the statistics launch at `_READ_BW`, then re-read (less what L2 still holds,
+        `_L2_REUSE_BYTES`) and the output written at `_COPY_BW`, plus `_LAUNCH_US` per launch;
+        1.02 for the peeled edges. Rows shorter than `MIN_COLS` stay with the one-CTA and
+        cluster families: four times the cost plus 100."""
+        inputs = 2 if self.backward else 1
+        elem = self.dtype.bytes
+        read = args.rows * args.cols * elem * inputs
+        write = args.rows * args.cols * elem
+        reread = max(0.0, read - _L2_REUSE_BYTES)
+        seconds = read / _READ_BW + (reread + write) / _COPY_BW + 2 * _LAUNCH_US * 1e-6
+        ideal = (read + write) / _COPY_BW
+        cost = seconds / max(ideal, 1e-12) * 1.02 / type(self).performance_hint
+        return cost if args.cols >= MIN_COLS else 4.0 * cost + 100.0
+
+
+# The model's rates (H200; refitted from benchmarks/softmax.py runs of this family).
+_READ_BW = 4.3e12
+_COPY_BW = 4.2e12
+_L2_REUSE_BYTES = 30e6
+_LAUNCH_US = 2.0
+
+
+@functools.lru_cache(maxsize=64)
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxStreamForward(_StreamBase):
+    """``out = softmax(x, dim=-1)`` for long rows in two streaming launches: per-part
+    statistics, then the output (f32 math)."""
+
+    supported_args_type = SoftmaxArguments
+    backward = False
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxStreamBackward(_StreamBase):
+    """``grad_in = out * (grad_out - sum(grad_out * out))`` for long rows in two streaming
+    launches: per-part sums of dy * y, then the output."""
+
+    supported_args_type = SoftmaxBackwardArguments
+    backward = True
+
+
+__all__ = ["CudaSoftmaxStreamBackward", "CudaSoftmaxStreamForward", "StreamBuild", "StreamPlan", "plan_parts"]
