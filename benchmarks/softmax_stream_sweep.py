@@ -4,8 +4,8 @@ next to the row-group family's plan, each point checked against float64 and time
     python3 benchmarks/softmax_stream_sweep.py                      # the long shapes, bf16 and f32, both directions
     python3 benchmarks/softmax_stream_sweep.py --configs 512x4x64,256x8x64 --shapes 32x1048576 --dtypes bf16
 
-``--configs`` THREADSxUNROLLxPART_KB (threads per CTA, 16-byte loads in flight per thread and
-array, KB of each input per part; ``default`` is the family's). Per point: TB/s (bytes moved
+``--configs`` THREADSxUNROLLxPART_KB (threads per CTA, 16-byte vectors per thread and array in
+one loop step, KB of each input per part; 0 or ``default``: the family's). Per point: TB/s (bytes moved
 once: read x, write out; backward dy, y, dx) from the median of ``--iters`` launches alternated
 with torch's (`time_cuda_pair`, rotating input sets past L2), ``--repeats`` times, and the
 relative error against float64. The row-group family's one-CTA instance under its own plan is
@@ -83,7 +83,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bf16,f32")
     ap.add_argument("--directions", default="fwd,bwd")
     ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
-    ap.add_argument("--configs", default="default,512x4x32,512x4x128,256x8x64,1024x2x64,512x8x64")
+    ap.add_argument("--configs", default="default,0x0x32,0x0x128,512x4x64,512x2x64,512x1x64,256x4x64",
+                    help="THREADSxUNROLLxPART_KB, comma-separated; 0 takes the family's default, default = 0x0x0")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tag", default="")

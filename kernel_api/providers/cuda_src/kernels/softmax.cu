@@ -221,8 +221,15 @@ __device__ __forceinline__ float block_sum(float v, float* sm) {
 }
 
 // exp(v - m) with m the row maximum; v - m <= 0 so nothing overflows. A row of all -inf
-// gives NaN, as torch.softmax does.
-__device__ __forceinline__ float exp_shifted(float v, float m) { return exp2f((v - m) * KA_LOG2E); }
+// gives NaN, as torch.softmax does. ex2.approx.ftz: one MUFU.EX2, where exp2f's handling of
+// subnormal results costs three more instructions per element (the forward's statistics
+// were instruction-bound, session 26); results below 2^-126 flush to zero, an error below
+// 1.2e-38, under every dtype's output resolution there (an f32 output's subnormals aside).
+__device__ __forceinline__ float exp_shifted(float v, float m) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"((v - m) * KA_LOG2E));
+  return r;
+}
 
 // ---------------------------------------------------------------- register-resident rows
 // THREADS_PER_ROW lanes share a row; each holds NV accesses of VEC elements (and, with PEEL,

@@ -40,10 +40,12 @@ from ..launcher import CudaLauncher
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
 
 MIN_CC = 80  # (plain loads and stores: nothing past sm_80)
-THREADS = 512
-#: 16-byte vectors each thread keeps in flight per array (forward: 32 KB per CTA; backward,
-#: two arrays: the same bytes).
-UNROLL = {False: 4, True: 2}
+THREADS = 1024
+#: 16-byte vectors per thread and array in one step of a part's loop; the next step's loads are
+#: issued before a step is processed, so a CTA keeps 64 KB in flight (forward: 2 x 1024 x 2 x
+#: 16 bytes; backward: two arrays of 1 vector), and the forward's 32 registers let two CTAs
+#: share an SM.
+UNROLL = {False: 2, True: 1}
 #: Bytes of each input per part (one CTA), at most; smaller parts where the problem has
 #: fewer than `MIN_PARTS_PER_SM` parts per SM at this size.
 PART_BYTES = 64 * 1024
