@@ -1,6 +1,7 @@
 """Softmax forward/backward: kernel_api's PickBest winner and PickAny's choice against torch, in one process.
 
     python3 benchmarks/softmax.py [--dtypes bf16,f16,f32] [--cases aligned,odd,long] [--repeats 3]
+    python3 benchmarks/softmax.py --replay [FILE ...]   # no GPU: PickAny now vs. recorded times
 
 Per dtype, case (aligned shapes of at least 64 MB; odd row lengths such as 4096x50257;
 rows too long for one CTA such as 1x1M, 8x1M, 32x1M, 8x4M) and direction, every candidate of
@@ -11,6 +12,10 @@ verified kernel (what `PickBest` measures and records). ``--repeats`` measuremen
 spread. Bytes are one read of each input and one write of each output (forward: x, out;
 backward: grad_out, out, grad_in). Also measured: the copy rate, the host cost of
 ``Kernel.run`` and the cubin cache. JSON: benchmarks/results/softmax-<device>-<tag>.json.
+
+``--replay`` needs no GPU: for every case of recorded JSONs (default: the H100/H200 ones) it
+ranks the currently registered candidates with the current cost model (cc 90, the file's SM
+count) and compares the best-ranked measured one with the measured best (`replay_case`).
 """
 
 from __future__ import annotations
@@ -104,6 +109,139 @@ def timed_kernels(args: Any, cc: int, providers: tuple[str, ...], top: int) -> t
     if ranked[0] not in mine:
         mine.append(ranked[0])
     return mine, ranked[0]
+
+
+#: The sm count a replay assumes when a results file does not record one (an H100 / H200).
+REPLAY_SMS = 132
+_DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SHORT_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+def _measured_ms(kernel: dict) -> float | None:
+    """A recorded kernel's time (ms): its ``ms`` (a median already, or a list to take the median
+    of), else the median of its ``ms_runs``; None for a kernel that failed."""
+    ms = kernel.get("ms")
+    if isinstance(ms, list):
+        return statistics.median(ms) if ms else None
+    if ms is None and kernel.get("ms_runs"):
+        return statistics.median(kernel["ms_runs"])
+    return ms
+
+
+def replay_case(entry: dict, sms: int = REPLAY_SMS, cc: int = 90) -> dict:
+    """PickAny's choice *now* for one recorded case (``results[i]`` of a benchmark JSON), from
+    the currently registered candidates and cost model, against what the case measured.
+
+    The candidates are ranked as `timed_kernels` ranks them (on `_meta_arguments`, ``cc``,
+    ``sms`` SMs); the choice is the best-ranked one that the case measured (``top_unmeasured``
+    names PickAny's real top choice when the case did not measure it). Torch's time (the
+    median of ``torch_ms``) counts as its softmax kernel's. Measured kernels that are no
+    longer registered, or no longer candidates for the shape, are left out (``skipped``).
+    ``ratio``: best ms / choice ms (1.0: the choice is the fastest measured); ``choice_runs``:
+    the fastest and slowest of the choice's repeated measurements (None with one)."""
+    from kernel_api.tuning.policies import rank_candidates
+
+    rows, cols = entry["shape"]
+    backward = entry["op"] == "bwd"
+    args = _meta_arguments(rows, cols, _DTYPE_NAMES[entry["dtype"]], backward)
+    ranked = rank_candidates(kernel_api.get_kernels(args, cc=cc), args, sm_count=sms)
+    names = [k.metadata.kernel_name for k in ranked]
+    measured = {n: ms for n, k in entry["kernels"].items() for ms in [_measured_ms(k)] if ms is not None}
+    torch_name = next((n for n, k in zip(names, ranked) if k.metadata.provider == "torch"), None)
+    if torch_name is not None and entry.get("torch_ms"):
+        measured.setdefault(torch_name, statistics.median(entry["torch_ms"]))
+    skipped = sorted(n for n in measured if n not in names)
+    usable = {n: ms for n, ms in measured.items() if n in names}
+    result = {"shape": [rows, cols], "dtype": entry["dtype"], "op": entry["op"], "skipped": skipped,
+              "top": names[0] if names else None, "choice": None, "choice_ms": None, "best": None,
+              "best_ms": None, "ratio": None, "top_unmeasured": False, "recorded_pick": entry.get("pick_any")}
+    if not usable:
+        return result
+    choice = next(n for n in names if n in usable)
+    best = min(usable, key=usable.get)
+    runs = entry["kernels"].get(choice, {}).get("ms_runs") or []
+    result.update(choice=choice, choice_ms=usable[choice], best=best, best_ms=usable[best],
+                  ratio=usable[best] / usable[choice], top_unmeasured=choice != names[0],
+                  choice_runs=[min(runs), max(runs)] if len(runs) > 1 else None)
+    return result
+
+
+def replay_file(path: str, cc: int = 90) -> dict:
+    """`replay_case` for every case of a softmax benchmark JSON: ``{"file", "sms", "cases"}``,
+    or ``{"file", "unusable": why}`` for a file of another structure (the older
+    ``forward``/``backward`` reports)."""
+    with open(path) as f:
+        report = json.load(f)
+    results = report.get("results") if isinstance(report, dict) else None
+    if not isinstance(results, list) or not all(
+            isinstance(e, dict) and {"shape", "dtype", "op", "kernels"} <= e.keys() for e in results):
+        keys = sorted(report)[:8] if isinstance(report, dict) else type(report).__name__
+        return {"file": path, "unusable": f"no results[] of shape/dtype/op/kernels (keys: {keys})"}
+    sms = report.get("sms") or REPLAY_SMS
+    return {"file": path, "sms": sms, "device": report.get("device"),
+            "cases": [replay_case(e, sms, cc) for e in results]}
+
+
+def replay(paths: list[str], within: float = 0.9) -> list[dict]:
+    """Print, per file and case, PickAny's choice now against the measured best, and a summary."""
+    found = []
+    everything = []
+    for path in paths:
+        got = replay_file(path)
+        found.append(got)
+        name = os.path.basename(path)
+        if "unusable" in got:
+            print(f"{name}: skipped, {got['unusable']}")
+            continue
+        print(f"\n{name} ({got['device']}, {got['sms']} SMs): PickAny now vs. the measured best")
+        print(f"  {'dtype':4s} {'op':3s} {'shape':>12s}  {'choice now':52s} {'ms':>8s}  "
+              f"{'measured best':52s} {'ms':>8s}  best/choice")
+        skipped = set()
+        for c in got["cases"]:
+            skipped.update(c["skipped"])
+            shape = f"{c['shape'][0]}x{c['shape'][1]}"
+            dt = _SHORT_DTYPES.get(c["dtype"], c["dtype"])
+            if c["choice"] is None:
+                print(f"  {dt:4s} {c['op']:3s} {shape:>12s}  nothing measured is a candidate now")
+                continue
+            runs = c["choice_runs"]
+            flags = ("" if c["ratio"] >= within else "  <-- outside 10 %") + (
+                f"  (PickAny's top {c['top']} was not measured)" if c["top_unmeasured"] else "") + (
+                f"  (noisy: the choice's runs {runs[0]:.4f}-{runs[1]:.4f} ms)"
+                if runs and runs[1] > 1.1 * runs[0] else "")
+            print(f"  {dt:4s} {c['op']:3s} {shape:>12s}  {c['choice']:52s} {c['choice_ms']:8.4f}  "
+                  f"{c['best']:52s} {c['best_ms']:8.4f}  {c['ratio']:5.3f}{flags}")
+        usable = [c for c in got["cases"] if c["ratio"] is not None]
+        everything += [(name, c) for c in usable]
+        _replay_summary(name, usable, within)
+        print(f"  {len(skipped)} measured kernel name(s) not candidates now, left out"
+              + (": " + ", ".join(sorted(skipped)[:6]) + (" ..." if len(skipped) > 6 else "") if skipped else ""))
+    if everything:
+        print()
+        _replay_summary("all files", [c for _, c in everything], within)
+    return found
+
+
+def _replay_summary(label: str, cases: list[dict], within: float) -> None:
+    if not cases:
+        print(f"  {label}: no case to replay")
+        return
+    good = sum(c["ratio"] >= within for c in cases)
+    worst = min(cases, key=lambda c: c["ratio"])
+    unmeasured = sum(c["top_unmeasured"] for c in cases)
+    print(f"  {label}: {good}/{len(cases)} cases within {100 * (1 - within):.0f} % of the measured best; worst "
+          f"{worst['ratio']:.3f} ({_SHORT_DTYPES.get(worst['dtype'], worst['dtype'])} {worst['op']} "
+          f"{worst['shape'][0]}x{worst['shape'][1]}: {worst['choice']} vs. {worst['best']})"
+          + (f"; {unmeasured} case(s) whose top choice was not measured" if unmeasured else ""))
+
+
+def default_replay_files() -> list[str]:
+    """The H100 / H200 softmax results: softmax-NVIDIA_*.json and softmax-nvidia-h200.json."""
+    import glob
+
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    return sorted(glob.glob(os.path.join(here, "softmax-NVIDIA_*.json"))) + sorted(
+        glob.glob(os.path.join(here, "softmax-nvidia-h200.json")))
 
 
 def precompile(plan: list, cc: int, workers: int) -> None:
@@ -311,7 +449,13 @@ def main() -> None:
     ap.add_argument("--skip-host", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also compare cache-hint variants of the CUDA kernels")
     ap.add_argument("--only-sweep", action="store_true", help="run only the cache-hint sweep")
+    ap.add_argument("--replay", nargs="*", metavar="FILE", default=None,
+                    help="no GPU: PickAny's choice now (current candidates and cost model) for every case of "
+                         "these softmax JSONs against what they measured (none: the H100/H200 softmax results)")
     opts = ap.parse_args()
+    if opts.replay is not None:
+        replay(opts.replay or default_replay_files())
+        return
     props = torch.cuda.get_device_properties(0)
     device = props.name
     report = {"device": device, "sms": props.multi_processor_count, "torch": torch.__version__,

@@ -89,17 +89,55 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     return cost
 
 
-def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
+#: The cluster barrier's cost in `row_cost`, as the bytes per thread a row's slice must move for
+#: the barrier to cost as much again (the cluster term is 1 + this / bytes per thread, bytes
+#: being the CTA's slice read and written once over its threads). Fitted to the register
+#: split (``split_ept*``) on the H200 (benchmarks/results/softmax-NVIDIA_H200-s21.json and
+#: -s25-wide.json): the backward, one block reduction before its cluster exchange, 1.09-1.23x
+#: the copy rate at 192 bytes per thread (f32 4096-32768 columns), 1.36-1.40x at 147 (f32
+#: 50257, 8 CTAs), 1.8-2.2x at 48-74 (bf16/f16 50257, f32 and bf16 4097) and 4.2x at 24 (bf16
+#: 4097, 8 CTAs); the forward, which takes a row's max and then its sum of exponentials
+#: before the exchange, 2-3x as costly (1.3-2.7x at 98-256 bytes per thread, 3.4-8x at
+#: 16-32); 128 keeps its 50257 rows behind the looped kernels, as measured (1.19-1.39x of
+#: them, s21). The backward's 45 puts its f32 50257 rows on 8 CTAs of 512 threads (0.67-0.74x
+#: the looped kernel's time on the H100 and H200) and keeps bf16's on the shared-memory
+#: kernel (1.4-1.8x faster than the split). Any value from 20 to 60 (backward) and from 100 up
+#: (forward) ranks the recorded cases alike (benchmarks/softmax.py --replay).
+CLUSTER_SYNC_BYTES_PER_THREAD = {False: 128.0, True: 45.0}
+#: A cluster CTA of 1024 threads (56-64 registers each in the sm_90 cubins) has its SM to
+#: itself: no other CTA's loads overlap its barrier waits. Measured (s21, s22, s25-wide)
+#: 1.04-1.12x the time of the 512-thread CTAs of a cluster twice as large at the same bytes
+#: per thread (f32 and bf16 backward 50257 and 32768, f32 forward 50257).
+CLUSTER_CTA_ALONE = 1.1
+#: Forward register rows (``block``) of more than this many elements: the CTA's registers
+#: (56-63 per thread at 1024 threads in the sm_90 cubins of ept32) let one CTA reside per SM,
+#: and between its loads and its stores come two block reductions and the exponentials,
+#: when the SM's memory pipe idles. Measured (H200, softmax-NVIDIA_H200-s25-wide.json): the
+#: ept32 kernels at 8192x32768 1.19-1.35x the copy rate, 1.11-1.15x the time of the
+#: shared-memory kernel, against 1.08-1.10x for ept32 at 4096-16384 columns (512 threads or
+#: fewer, s21). (The backward, one reduction, alone on its SM at 16384 columns, ept16 at 1024
+#: threads with 42-54 registers, stays at 1.05-1.07x: no term.)
+REGISTER_ROW_ALONE_ELEMENTS = 16384
+REGISTER_ROW_ALONE_FORWARD = 1.15
+
+
+def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None = None) -> float:
     """Estimated time of a row-wise (softmax) kernel: prefers the strategy sized for the row,
-    16-byte accesses over scalar ones, one pass over two, and enough CTAs to fill the SMs.
+    16-byte accesses over scalar ones, one pass over two, and enough CTAs to fill the SMs;
+    charges a cluster split its barrier per row over the bytes each thread moves
+    (`CLUSTER_SYNC_BYTES_PER_THREAD`, `CLUSTER_CTA_ALONE`) and a forward register row that
+    leaves one CTA per SM (`REGISTER_ROW_ALONE_FORWARD`).
 
     Read from the `RowReductionDesignMetadata`: ``strategy``, ``threads_per_row``,
     ``vector_bytes``, the row range, and ``extra``'s ``passes`` (reads of the input),
     ``peel`` (scalar row edges), ``rows_per_cta`` (warp) and ``cluster`` (CTAs per row).
+    ``cta_threads``: the threads of one CTA for these arguments, where the kernel sizes its
+    CTA to the row (the cluster splits); default ``threads_per_row / cluster``.
     """
     design = kernel.metadata.design
     cols = getattr(args, "cols", 1)
     rows = getattr(args, "rows", 1)
+    backward = hasattr(args, "grad_out")
     strategy = getattr(design, "strategy", "block")
     lo, hi = getattr(design, "min_cols", 1), getattr(design, "max_cols", None)
     penalty = 1.0 if (cols >= lo and (hi is None or cols <= hi)) else 4.0
@@ -118,19 +156,23 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
         penalty *= 1.02  # a row's unaligned head and tail, per row
     penalty *= 1.0 + 0.5 * (extra.get("passes", 1) - 1)  # the input read again (partly from L2)
     ept = extra.get("elements_per_thread")
+    elem = next(iter(args.tensor_attributes.values())).dtype.bytes if hasattr(args, "tensor_attributes") else 4
     if ept:
         # Register rows: 64 bytes per thread and row held measured best (bf16 forward: 32
         # elements; f32 forward and bf16 backward, which holds two rows: 16).
-        elem = next(iter(args.tensor_attributes.values())).dtype.bytes
-        if ept * elem * (2 if hasattr(args, "grad_out") else 1) != 64:
+        if ept * elem * (2 if backward else 1) != 64:
             penalty *= 1.03
+        if strategy == "block" and not backward and cols > REGISTER_ROW_ALONE_ELEMENTS:
+            penalty *= REGISTER_ROW_ALONE_FORWARD
     cluster = extra.get("cluster", 1)
     if cluster > 1:
-        # Each row waits on cluster barriers and clusters are scheduled whole: measured on an
-        # H200 (benchmarks/results/softmax-NVIDIA_H200-s21.json) 1.8x-7x slower than a CTA per
-        # row on rows of 4095 (clusters of 2-8) and 1.4x-3x on 50257; the cost fades as each
-        # CTA's slice of the row grows past 16K elements.
-        penalty *= 1.0 + 0.5 * cluster * min(1.0, 16384 * cluster / max(cols, 1))
+        # Each row waits on a cluster barrier, which its slice's transfers must amortise:
+        # bytes per thread (the slice read and written once, over the CTA's threads).
+        cta = cta_threads or max(1, threads // cluster)
+        per_thread = max(cols, 1) * elem * (3 if backward else 2) / (cluster * cta)
+        penalty *= 1.0 + CLUSTER_SYNC_BYTES_PER_THREAD[backward] / per_thread
+        if cta >= 1024:
+            penalty *= CLUSTER_CTA_ALONE
     # Memory-bound: with fewer CTAs than SMs, the idle SMs' share of the bandwidth is lost.
     if strategy == "warp":
         ctas = rows / extra.get("rows_per_cta", 4)
@@ -158,9 +200,10 @@ def _problem(args: Any) -> str:
     return f"{type(args).__name__} {getattr(args, 'rows', '?')}x{getattr(args, 'cols', '?')}"
 
 
-def rank_candidates(kernels: list[Kernel], args: Any) -> list[Kernel]:
-    """Candidates ordered by the analytic heuristic (cheapest first, generation order on ties)."""
-    sm = _sm_count(getattr(args, "device", None))
+def rank_candidates(kernels: list[Kernel], args: Any, sm_count: int | None = None) -> list[Kernel]:
+    """Candidates ordered by the analytic heuristic (cheapest first, generation order on ties),
+    for ``sm_count`` SMs (default: the arguments' device's, else an H100/H200's)."""
+    sm = _sm_count(getattr(args, "device", None)) if sm_count is None else sm_count
     return [k for _, _, k in sorted((estimated_cost(k, args, sm), i, k) for i, k in enumerate(kernels))]
 
 

@@ -44,6 +44,14 @@ THREADS_SHARED, THREADS_ALONE = 512, 1024
 #: cp.async commit groups per row: statistics start when the first lands.
 STAGES = 4
 MIN_CC, MAX_CC = 90, 100
+#: PickAny's cost of staging a row in shared memory, on `row_cost`'s one-read model. One
+#: factor for both thread counts: the instances with an SM to themselves (1024 threads) were
+#: measured at least as fast per byte as those sharing one (H200: 0.97-1.10x the copy rate at
+#: f32 8192x32768 and 4096x50257, bf16 backward 8192x32768 and 4096x50257, against 1.17-1.19x
+#: for the two-per-SM bf16 forward at 8192x32768 and 4096x50257; s22-h200, s25-wide), so the
+#: earlier 1.25 for one CTA per SM kept the f32 forward of 8192x32768 on a register kernel
+#: 1.15x slower.
+STAGING_COST = 1.1
 
 
 @dataclass(frozen=True)
@@ -141,14 +149,13 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
-        """`row_cost`'s model (one read, peeled, a CTA per row) times the cost of staging in
-        shared memory: 1.1 with two CTAs per SM, 1.25 with one (its copies and its output
-        pass no longer overlap another CTA's). So the register kernels keep the rows they
-        hold, and these take the longer rows from the looped kernels (1.5: two reads)."""
+        """`row_cost`'s model (one read, peeled, a CTA per row) times `STAGING_COST`, whether
+        two CTAs share an SM or one has it alone. So the register kernels keep the rows they
+        hold (but the forward's past 16K elements, which `row_cost` finds alone on their
+        SMs), and these take the longer rows from the looped kernels (1.5: two reads)."""
         from ....tuning.policies import row_cost
 
-        two = row_smem_bytes(args.cols, self.dtype, self.backward) <= TWO_PER_SM_BYTES
-        return row_cost(self, args, sm_count) * (1.1 if two else 1.25)
+        return row_cost(self, args, sm_count) * STAGING_COST
 
 
 @CudaSourceProvider.register

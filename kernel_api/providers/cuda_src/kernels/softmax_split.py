@@ -14,6 +14,12 @@ the instances are
 - ``split_looped_c8``: clusters of 8 CTAs over rows of any length, each CTA reading its slice
   twice (statistics, then output; the second read mostly hits L2).
 
+PickAny (`estimated_cost`, `row_cost`'s cluster term) charges each row's cluster barrier over the
+bytes each thread of the CTA moves: the register instances are measured fastest for the f32
+backward of 32K-50K columns, past one CTA's registers and shared memory (H100, H200: 0.67-0.74x
+the looped kernel's time), and, with rows enough to fill the SMs, slower than a CTA per row
+wherever one holds the row.
+
 Every instance peels rows (16-byte vectors after a scalar head, see softmax.py), so it takes
 operands at any alignment whose rows share one offset from a 16-byte boundary. An artifact is
 specialised on the threads per CTA the row length needs (``compile_key`` includes it).
@@ -141,6 +147,14 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
         device = args.device.index
         artifact.compiled_obj.launch(stream_handle(stream, device), device, args.rows * p.cluster, p.threads, 0,
                                      row_params(args))
+
+    # ---- ranking ---------------------------------------------------------------------------
+    def estimated_cost(self, args: Any, sm_count: int) -> float:
+        """`row_cost` with the threads this instance's CTA has for the row (`plan`): its
+        cluster term counts the bytes each thread moves per barrier."""
+        from ....tuning.policies import row_cost
+
+        return row_cost(self, args, sm_count, cta_threads=self.plan(max(args.cols, 1))[1].threads)
 
 
 @CudaSourceProvider.register

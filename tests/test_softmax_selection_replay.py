@@ -1,0 +1,144 @@
+"""PickAny's softmax choice against the recorded measurements (issue #16, goal 7: within 10 %
+of the measured best on every recorded case), replayed on the CPU.
+
+`benchmarks/softmax.py --replay` ranks today's candidates with today's cost model for every
+case of the H100/H200 softmax results (benchmarks/results/softmax-NVIDIA_*.json) and takes
+the best-ranked kernel that the case measured; its time against the case's fastest is the
+ratio checked here. A results file that is missing skips its tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+WITHIN = 0.9
+
+#: The recorded files of the results[] structure, replayed in full (a new results file is
+#: added here once PickAny has been checked against it).
+FILES = [
+    "softmax-NVIDIA_H100_80GB_HBM3-s22-h100.json",
+    "softmax-NVIDIA_H100_80GB_HBM3-s23-rowgroup.json",
+    "softmax-NVIDIA_H100_80GB_HBM3-s24-rowgroup-plan.json",
+    "softmax-NVIDIA_H200-s21.json",
+    "softmax-NVIDIA_H200-s22-h200.json",
+    "softmax-NVIDIA_H200-s25-shared-run.json",
+    "softmax-NVIDIA_H200-s25-wide.json",
+    "softmax-NVIDIA_H200-s25.json",
+    "softmax-NVIDIA_H200-s26-before.json",
+    "softmax-NVIDIA_H200-s26-chunkref.json",
+    "softmax-NVIDIA_H200-s26-online.json",
+    "softmax-NVIDIA_H200-s26-s25kernel.json",
+]
+
+#: The cases this cost model brought within 10 %: (file, dtype, op, rows, cols, the ratio
+#: best ms / choice ms before it, when PickAny took the looped kernel for the f32 backward and
+#: the ept32 register kernel for the 8192x32768 forward), and the kernel it takes now.
+FIXED = [
+    ("softmax-NVIDIA_H100_80GB_HBM3-s22-h100.json", "float32", "bwd", 4096, 50257, 0.672, "split_ept16_c8"),
+    ("softmax-NVIDIA_H200-s21.json", "float32", "bwd", 4096, 50257, 0.722, "split_ept16_c8"),
+    ("softmax-NVIDIA_H200-s22-h200.json", "float32", "bwd", 4096, 50257, 0.723, "split_ept16_c8"),
+    ("softmax-NVIDIA_H200-s25-wide.json", "float32", "bwd", 4096, 50257, 0.729, "split_ept16_c8"),
+    ("softmax-NVIDIA_H200-s25-wide.json", "float32", "bwd", 1024, 50257, 0.743, "split_ept16_c8"),
+    ("softmax-NVIDIA_H200-s25-wide.json", "float32", "bwd", 8192, 32768, 0.662, "split_ept16_c4"),
+    ("softmax-NVIDIA_H200-s25-wide.json", "float32", "fwd", 8192, 32768, 0.869, "_smem_"),
+    # (within 10 % before, at 0.902; the shared-memory kernel now, as measured best)
+    ("softmax-NVIDIA_H200-s25-wide.json", "bfloat16", "fwd", 8192, 32768, 0.902, "_smem_"),
+]
+
+#: Recorded cases outside 10 % that no cost model should follow: what each measured.
+NOT_MODEL_MISSES = {
+    # The pick's two runs were 0.0470 and 0.0866 ms (their median 0.0668): its fast run is
+    # within 1 % of the best, as the f16 case of the same file (0.0474 against 0.0473).
+    ("softmax-NVIDIA_H100_80GB_HBM3-s22-h100.json", "bfloat16", "fwd", 8192, 4097): "noisy",
+    # Measured before the block kernels' CTAs became warp multiples (commit 49bf0ba): the
+    # ept16 kernel then ran 512 threads with half its elements; the same shapes after it
+    # (s22-h200, H100 s22) measure today's pick, ept16, best.
+    ("softmax-NVIDIA_H200-s21.json", "bfloat16", "bwd", 8192, 4097): "superseded",
+    ("softmax-NVIDIA_H200-s21.json", "float16", "bwd", 8192, 4097): "superseded",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _bench():
+    spec = importlib.util.spec_from_file_location("_softmax_bench", os.path.join(ROOT, "benchmarks", "softmax.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def _replayed(name: str) -> dict:
+    path = os.path.join(RESULTS, name)
+    if not os.path.exists(path):
+        pytest.skip(f"{name} is not in benchmarks/results")
+    got = _bench().replay_file(path)
+    assert "unusable" not in got, got
+    return got
+
+
+def _case(name: str, dtype: str, op: str, rows: int, cols: int) -> dict:
+    found = [c for c in _replayed(name)["cases"]
+             if (c["dtype"], c["op"], tuple(c["shape"])) == (dtype, op, (rows, cols))]
+    assert len(found) == 1, (name, dtype, op, rows, cols, len(found))
+    return found[0]
+
+
+@pytest.mark.parametrize("name,dtype,op,rows,cols,before,kernel", FIXED)
+def test_fixed_cases_choose_within_10_percent(name, dtype, op, rows, cols, before, kernel):
+    c = _case(name, dtype, op, rows, cols)
+    assert kernel in c["choice"], c
+    assert c["ratio"] >= WITHIN, c
+    assert c["ratio"] > before
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_recorded_case_within_10_percent(name):
+    """Every case of the file chooses within 10 % of its measured best, but the few whose
+    measurement no model should follow (`NOT_MODEL_MISSES`)."""
+    outside = []
+    for c in _replayed(name)["cases"]:
+        key = (name, c["dtype"], c["op"], *c["shape"])
+        if c["ratio"] is None:
+            continue
+        if c["ratio"] < WITHIN and key not in NOT_MODEL_MISSES:
+            outside.append(f"{c['dtype']} {c['op']} {c['shape']}: {c['choice']} at {c['ratio']:.3f} of {c['best']}")
+    assert not outside, "\n".join(outside)
+
+
+def test_replay_leaves_out_unknown_kernels_and_says_when_the_top_was_not_measured(tmp_path):
+    """A kernel name no longer registered is left out (and reported); when PickAny's top choice
+    was not measured, the first measured kernel in its ranking stands in, flagged; a recorded
+    ``ms`` list counts by its median; a file of another structure is reported unusable."""
+    import torch
+    from kernel_api import get_kernels
+    from kernel_api.tuning.policies import rank_candidates
+
+    bench = _bench()
+    args = bench._meta_arguments(4096, 50257, torch.float32, True)
+    ranked = [k.metadata.kernel_name for k in rank_candidates(get_kernels(args, cc=90), args, sm_count=132)]
+    first, second = ranked[1], ranked[2]  # (the top is left unmeasured)
+    case = {"shape": [4096, 50257], "dtype": "float32", "op": "bwd", "pick_any": "x",
+            "kernels": {second: {"ms": 1.1, "ms_runs": [1.0, 1.2]},
+                        first: {"ms": [1.0, 1.4, 1.3]},
+                        "CudaSoftmaxBackward_f32_gone_a4": {"ms": 0.5},
+                        ranked[3]: {"error": "failed"}}}
+    path = tmp_path / "softmax-test.json"
+    path.write_text(json.dumps({"device": "test", "results": [case]}))
+    got = bench.replay_file(str(path))
+    assert got["sms"] == bench.REPLAY_SMS
+    (c,) = got["cases"]
+    assert c["skipped"] == ["CudaSoftmaxBackward_f32_gone_a4"]
+    assert c["top"] == ranked[0] and c["top_unmeasured"]
+    assert (c["choice"], c["choice_ms"], c["choice_runs"]) == (first, 1.3, None)
+    assert (c["best"], c["best_ms"]) == (second, 1.1)
+    assert c["ratio"] == pytest.approx(1.1 / 1.3)
+    old = tmp_path / "softmax-old.json"
+    old.write_text(json.dumps({"device": "test", "forward": [], "backward": []}))
+    assert "unusable" in bench.replay_file(str(old))
