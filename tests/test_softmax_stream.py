@@ -90,7 +90,7 @@ def test_compiles_for_sm90a_without_spills(cls, dtype):
         res = info[compiled.symbols[expr]]
         assert res.get(0x11, 0) == 0 and res.get(0x12, 0) == 0, (expr, res)  # no spill stores / loads
         assert 0 < res[0x2f] <= 65536 // ss.THREADS, (expr, res)
-    if not cls.backward:
+    if not cls.backward:  # two CTAs per SM at least
         stats = info[compiled.symbols[k.name_expressions()[0]]]
         assert stats[0x2f] <= 65536 // (2 * ss.THREADS), stats
 
@@ -130,12 +130,12 @@ def test_run_launches_statistics_then_output(cls, monkeypatch):
     monkeypatch.setattr(type(args), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
     calls = []
     artifact = type("A", (), {"compiled_obj": _FakeLauncher(calls, "stats"),
-                              "extra": StreamBuild(_FakeLauncher(calls, "out"), 1024)})()
+                              "extra": StreamBuild(_FakeLauncher(calls, "out"), 512)})()
     ws = torch.empty(k.get_workspace_size(args) // 4, dtype=torch.float32)
     k._run(args, artifact, None, ws)
     p = k.plan(args)
     assert [c[0] for c in calls] == ["stats", "out"]
-    assert calls[0][1:] == calls[1][1:] and calls[0][1:4] == (p.grid, 1024, 0)
+    assert calls[0][1:] == calls[1][1:] and calls[0][1:4] == (p.grid, 512, 0)
     params = calls[0][4]
     assert len(params) == (8 if cls.backward else 6) + 3
     assert params[-3:] == (ws.data_ptr(), p.parts_per_row, p.part_vectors)

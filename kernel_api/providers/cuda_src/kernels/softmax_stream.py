@@ -40,19 +40,21 @@ from ..launcher import CudaLauncher
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
 
 MIN_CC = 80  # (plain loads and stores: nothing past sm_80)
-THREADS = 1024
+THREADS = 512
 #: 16-byte vectors per thread and array in one step of a part's loop; the next step's loads are
-#: issued before a step is processed, so a CTA keeps 64 KB in flight (forward: 2 x 1024 x 2 x
-#: 16 bytes; backward: two arrays of 1 vector), and the forward's 32 registers let two CTAs
-#: share an SM.
-UNROLL = {False: 2, True: 1}
+#: issued before a step is processed, so a CTA keeps 32 KB (forward) or 64 KB (backward: two
+#: arrays) in flight. Measured on an H200 (benchmarks/softmax_stream_sweep.py, session 26):
+#: 512 threads x 2 within 2 % of the best of 256-1024 threads x 1-4 on the long shapes, 1024
+#: threads 4-12 % slower.
+UNROLL = {False: 2, True: 2}
 #: Bytes of each input per part (one CTA), at most; smaller parts where the problem has
 #: fewer than `MIN_PARTS_PER_SM` parts per SM at this size.
 PART_BYTES = 64 * 1024
 MIN_PART_BYTES = 8 * 1024
 MIN_PARTS_PER_SM = 4
-#: Rows from this length are what the family is for (a CTA or a cluster holds shorter ones).
-MIN_COLS = 2**15
+#: Rows from this length are what the family is built (and measured) for, as the row-group
+#: family's; a CTA or a cluster holds shorter ones.
+MIN_COLS = 2**17
 
 
 @dataclass(frozen=True)
