@@ -54,7 +54,7 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
     try:
         for threads, unroll, part_kb in configs:
             kernel.threads = threads or ss.THREADS
-            kernel.unroll = unroll or ss.UNROLL[backward]
+            kernel.unroll = unroll or ss.default_unroll(backward, kernel.dtype.bytes)
             kernel.part_bytes = (part_kb or ss.PART_BYTES // 1024) * 1024
             p = kernel.plan(argsets[0])
             point = {"kernel": kernel.metadata.kernel_name,
@@ -63,7 +63,8 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
             points.append(_measure(point, kernel, kernel.compile(argsets[0]), argsets, outs, ref, torch_fn, sets,
                                    nbytes, iters, repeats))
     finally:
-        kernel.threads, kernel.unroll, kernel.part_bytes = ss.THREADS, ss.UNROLL[backward], ss.PART_BYTES
+        kernel.threads, kernel.unroll, kernel.part_bytes = (ss.THREADS, ss.default_unroll(backward, kernel.dtype.bytes),
+                                                            ss.PART_BYTES)
     return points
 
 

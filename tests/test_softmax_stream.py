@@ -106,7 +106,7 @@ def test_tuning_attributes_reach_the_template():
         k.part_bytes = 16 * 1024
         assert k.plan(args).part_vectors == 1024
     finally:
-        k.threads, k.unroll, k.part_bytes = ss.THREADS, ss.UNROLL[False], ss.PART_BYTES
+        k.threads, k.unroll, k.part_bytes = ss.THREADS, ss.default_unroll(False, 2), ss.PART_BYTES
 
 
 class _FakeLauncher:
@@ -227,7 +227,7 @@ def test_small_parts_and_other_ctas(cls, dtype):
             for rows, cols, offset in [(5, 300007, 3), (2, 2**20, 0), (33, 40003, 1)]:
                 _check(cls, k, rows, cols, dtype, offset)
     finally:
-        k.threads, k.unroll, k.part_bytes = ss.THREADS, ss.UNROLL[cls.backward], ss.PART_BYTES
+        k.threads, k.unroll, k.part_bytes = ss.THREADS, ss.default_unroll(cls.backward, k.dtype.bytes), ss.PART_BYTES
 
 
 _SANITIZED = r"""

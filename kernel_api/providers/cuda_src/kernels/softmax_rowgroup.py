@@ -323,6 +323,15 @@ def plan_rows(rows: int, cols: int, elem_bytes: int, backward: bool, ctas: int =
                         looks_ahead(S, staged, ring_chunks, backward), t)
 
 
+def row_group_cost(rows: int, cols: int, elem_bytes: int, backward: bool, sm_count: int, hint: float) -> float:
+    """`CudaSoftmaxRowGroup*.estimated_cost` for one-CTA plans on ``sm_count`` SMs with family hint
+    ``hint`` (`row_cost`'s units: the plan's `estimate_us` over one pass at full bandwidth)."""
+    p = plan_rows(max(rows, 1), max(cols, 1), elem_bytes, backward, max(sm_count, 1), DEFAULT_RING)
+    ideal = rows * cols * elem_bytes * (3 if backward else 2) / _BW
+    cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / hint
+    return cost if cols >= MIN_COLS else 4.0 * cost + 100.0
+
+
 # Tags of the workspace slots carry a per-launch 32-bit epoch (a random start, then a counter)
 # in their high word, so no slot left by another launch reads as current.
 _epoch = [random.SystemRandom().getrandbits(32)]
@@ -519,12 +528,8 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         one-CTA plan's cost over a hint 2 % lower (`_TWO_CTA_HINT`), so PickAny keeps the
         one-CTA instance first and the two-CTA one right after it (measured within a few per
         cent of each other, neither ahead on every shape)."""
-        p = plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, max(sm_count, 1),
-                      DEFAULT_RING)
-        ideal = args.rows * args.cols * self.dtype.bytes * (3 if self.backward else 2) / _BW
         hint = type(self).performance_hint * (_TWO_CTA_HINT if self.ctas_per_sm > 1 else 1.0)
-        cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / hint
-        return cost if args.cols >= MIN_COLS else 4.0 * cost + 100.0
+        return row_group_cost(args.rows, args.cols, self.dtype.bytes, self.backward, sm_count, hint)
 
     def group_plan(self, args: Any, launcher: Any, device: int) -> tuple[RowGroupPlan, int]:
         """The plan a launch on ``device`` takes and the co-resident CTAs it was made for: the

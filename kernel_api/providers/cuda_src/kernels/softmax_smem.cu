@@ -14,6 +14,11 @@
 
 namespace ka_softmax {
 
+// CTAs per SM the launch bounds promise: two of 512 threads (rows whose buffers two CTAs hold),
+// one of 1024. Without it ptxas squeezed the 1024-thread f32 forward to 32 registers for a
+// second CTA that its shared memory never lets in, and spilled (session 26).
+#define SMEM_MIN_BLOCKS(threads) ((threads) <= 512 ? 2 : 1)
+
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
@@ -49,7 +54,7 @@ __device__ __forceinline__ void stage_row(uint4* buf, const uint4* src, int nvec
 }
 
 template <class T, int VEC, int THREADS, int STAGES>
-__global__ void __launch_bounds__(THREADS) fwd_smem(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y,
+__global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) fwd_smem(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y,
                                                     i64 rows, i64 cols, i64 ldx, i64 ldy) {
   extern __shared__ uint4 buf[];
   __shared__ float sm[64];
@@ -114,7 +119,7 @@ __global__ void __launch_bounds__(THREADS) fwd_smem(const typename T::raw* __res
 
 // The backward stages dy and y: the buffer holds dy's vectors, then y's (nvec apart).
 template <class T, int VEC, int THREADS, int STAGES>
-__global__ void __launch_bounds__(THREADS) bwd_smem(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
+__global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
                                                     typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy,
                                                     i64 ldy, i64 lddx) {
   extern __shared__ uint4 buf[];

@@ -38,15 +38,25 @@ from ..compiler import compile_cuda
 from ..kernel import CudaSourceKernel, _target_cc
 from ..launcher import CudaLauncher
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
+from .softmax_rowgroup import DEFAULT_RING, plan_rows, row_group_cost
 
 MIN_CC = 80  # (plain loads and stores: nothing past sm_80)
 THREADS = 512
-#: 16-byte vectors per thread and array in one step of a part's loop; the next step's loads are
-#: issued before a step is processed, so a CTA keeps 32 KB (forward) or 64 KB (backward: two
-#: arrays) in flight. Measured on an H200 (benchmarks/softmax_stream_sweep.py, session 26):
-#: 512 threads x 2 within 2 % of the best of 256-1024 threads x 1-4 on the long shapes, 1024
-#: threads 4-12 % slower.
+#: 16-byte vectors per thread and array in one step of a part's loop (`default_unroll`); the
+#: next step's loads are issued before a step is processed, so a CTA keeps 32 KB (forward) or
+#: 32-64 KB (backward: two arrays) in flight. Measured on an H200
+#: (benchmarks/softmax_stream_sweep.py, session 26): 512 threads x 2 within 2 % of the best of
+#: 256-1024 threads x 1-4 on the long shapes, 1024 threads 4-12 % slower; the 16-bit backward
+#: takes 1 (as fast, and 2 needs more than the 64 registers two CTAs per SM allow).
 UNROLL = {False: 2, True: 2}
+UNROLL_BACKWARD_16BIT = 1
+
+
+def default_unroll(backward: bool, elem_bytes: int) -> int:
+    """The step's vectors per thread and array for a direction and element size."""
+    return UNROLL_BACKWARD_16BIT if backward and elem_bytes < 4 else UNROLL[backward]
+
+
 #: Bytes of each input per part (one CTA), at most; smaller parts where the problem has
 #: fewer than `MIN_PARTS_PER_SM` parts per SM at this size.
 PART_BYTES = 64 * 1024
@@ -100,7 +110,7 @@ class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
         #: per part: the defaults above; settable for tuning and tests (the first two are
         #: template parameters, part of the compile key through the name expressions).
         self.threads: int = THREADS
-        self.unroll: int = UNROLL[self.backward]
+        self.unroll: int = default_unroll(self.backward, self.dtype.bytes)
         self.part_bytes: int = PART_BYTES
 
     # ---- generation --------------------------------------------------------------------
@@ -186,27 +196,22 @@ class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
-        """`row_cost`'s units (the time of one pass at the copy rate is 1): the input read by
-        the statistics launch at `_READ_BW`, then re-read (less what L2 still holds,
-        `_L2_REUSE_BYTES`) and the output written at `_COPY_BW`, plus `_LAUNCH_US` per launch;
-        1.02 for the peeled edges. Rows shorter than `MIN_COLS` stay with the one-CTA and
-        cluster families: four times the cost plus 100."""
-        inputs = 2 if self.backward else 1
-        elem = self.dtype.bytes
-        read = args.rows * args.cols * elem * inputs
-        write = args.rows * args.cols * elem
-        reread = max(0.0, read - _L2_REUSE_BYTES)
-        seconds = read / _READ_BW + (reread + write) / _COPY_BW + 2 * _LAUNCH_US * 1e-6
-        ideal = (read + write) / _COPY_BW
-        cost = seconds / max(ideal, 1e-12) * 1.02 / type(self).performance_hint
-        return cost if args.cols >= MIN_COLS else 4.0 * cost + 100.0
+        """`row_cost`'s units, relative to the row-group family's cost for the same problem
+        (`row_group_cost`, which also keeps rows under `MIN_COLS` with the one-CTA and cluster
+        families): `_ALONE_FACTOR` of it where the row-group plan gives each row the whole grid
+        (one row group: every wave a meeting of all CTAs, which nothing overlaps), else
+        `_GROUPED_FACTOR`. Measured on an H200 (benchmarks/softmax.py --cases long, session 26):
+        with one row group this family was 0.93-1.22x the row-group kernel's speed (1x1M, 8x4M
+        in f32, bf16 8x4M backward), with several 0.83-1.09x (8x1M, 32x1M, bf16 8x4M forward)."""
+        plan = plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, max(sm_count, 1),
+                         DEFAULT_RING)
+        base = row_group_cost(args.rows, args.cols, self.dtype.bytes, self.backward, sm_count,
+                              type(self).performance_hint)
+        return base * (_ALONE_FACTOR if plan.groups == 1 else _GROUPED_FACTOR)
 
 
-# The model's rates (H200; refitted from benchmarks/softmax.py runs of this family).
-_READ_BW = 4.3e12
-_COPY_BW = 4.2e12
-_L2_REUSE_BYTES = 30e6
-_LAUNCH_US = 2.0
+_ALONE_FACTOR = 0.9
+_GROUPED_FACTOR = 1.1
 
 
 @functools.lru_cache(maxsize=64)
@@ -238,4 +243,5 @@ class CudaSoftmaxStreamBackward(_StreamBase):
     backward = True
 
 
-__all__ = ["CudaSoftmaxStreamBackward", "CudaSoftmaxStreamForward", "StreamBuild", "StreamPlan", "plan_parts"]
+__all__ = ["CudaSoftmaxStreamBackward", "CudaSoftmaxStreamForward", "StreamBuild", "StreamPlan", "default_unroll",
+           "plan_parts"]
