@@ -271,11 +271,14 @@ def estimate_us(rows: int, cols: int, elem_bytes: int, backward: bool, ctas_per_
     return total
 
 
-# The slices the measured sweep ran fastest with (results/softmax-rowgroup-sweep-...-s23.txt, 12
-# cases on an H100): the forward's at 124-128 KB, 8 of a 14-chunk ring, in all six; the
-# backward's dy and y at about 186 KB, 12 chunks (or the grid's whole width, where that
-# overflows). As fractions of the ring, so smaller rings (other GPUs, tests) scale alike.
-_TARGET_CHUNKS_OF_14 = {False: 8, True: 12}
+# The slices the measured sweeps ran fastest with: the forward's at 124-128 KB, 8 of a 14-chunk
+# ring (results/softmax-rowgroup-sweep-...-s23.txt, all six forward cases on an H100; the plan
+# was best or within 2 % on the H200 too, ...-H200-s26-rings); the backward's dy and y at 128 KB,
+# 8 chunks (...-H200-s26-bwd-S: bf16 and f16 at S = 32, f32 at S = 64 were fastest for 8, 32 and
+# 64 rows of 1M, 3-20 % ahead of the 12 chunks the H100's s23 sweep had chosen, whose kernel
+# has changed since), or the grid's whole width where that overflows. As fractions of the ring,
+# so smaller rings (two CTAs per SM, other GPUs, tests) scale alike.
+_TARGET_CHUNKS_OF_14 = {False: 8, True: 8}
 #: The least share of the co-resident CTAs a plan keeps busy (else more CTAs per row, smaller
 #: slices): 128 of 132, as the sweep's fastest plans (S=16, G=8 for 32x1M bf16) did.
 _MIN_FILL = 0.965
