@@ -125,7 +125,7 @@ def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
         # (1M-element rows go to the row-group family, a lone one to the stream family:
         # test_softmax_rowgroup's test_pick_any_takes_long_rows_only)
         assert "_stream_" in first(1, 2**20, backward)
-        assert "_rowgroup_" in first(32, 2**20, backward)
+        assert "RowGroup" in first(32, 2**20, backward)
         assert first(32768, 4096, backward).endswith(f"_a{16 // torch.empty(0, dtype=dtype).element_size()}")
         assert "Split" in first(8, 32768, backward)  # 8 CTAs would leave most SMs idle
 

@@ -139,10 +139,15 @@ _BW, _SM_BW = 3.6e6, 8.0e4
 _T_MEET, _T_SOLO = 3.0, 0.3
 _RATE = {False: 2.0e4, True: 4.0e4}
 _L2_REREAD = 0.5
-#: The ranking's hint scale of the two-CTA instances: within a few per cent of the one-CTA
-#: ones either way (H200, session 25: 1-5 % faster at 32x1M, 20 % slower on a lone 1M row,
-#: benchmarks/results/softmax-NVIDIA_H200-s25.txt), so they rank just after them.
+#: The ranking's hint scale of the two-CTA instances: just after the one-CTA ones (0.98), but
+#: ahead of them for 16-bit forwards whose one-CTA plan has `_TWO_CTA_MIN_GROUPS` row groups or
+#: more (1.03), whose exps per byte a second CTA's copies overlap: H200, session 26
+#: (benchmarks/results/softmax-rowgroup-sweep-NVIDIA_H200-s26-variants-S.json, both at their
+#: plans): bf16 forward 2-8 % faster at 8, 32 and 64 rows of 1M (8 groups), slower at 8x4M (2
+#: groups) and on a lone 1M row (13-20 %); f32 forward 2-3 % slower, every backward 3-8 % slower.
 _TWO_CTA_HINT = 0.98
+_TWO_CTA_HINT_16BIT_FORWARD = 1.03
+_TWO_CTA_MIN_GROUPS = 4
 
 
 def default_ring(ctas_per_sm: int) -> int:
@@ -529,9 +534,15 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
 
         The model has no term for two CTAs sharing an SM: the two-CTA instances take the
         one-CTA plan's cost over a hint 2 % lower (`_TWO_CTA_HINT`), so PickAny keeps the
-        one-CTA instance first and the two-CTA one right after it (measured within a few per
-        cent of each other, neither ahead on every shape)."""
-        hint = type(self).performance_hint * (_TWO_CTA_HINT if self.ctas_per_sm > 1 else 1.0)
+        one-CTA instance first and the two-CTA one right after it, except for 16-bit forwards,
+        with several row groups, where the two-CTA instances measured faster and rank first
+        (`_TWO_CTA_HINT_16BIT_FORWARD`)."""
+        two = _TWO_CTA_HINT
+        if self.ctas_per_sm > 1 and not self.backward and self.dtype.bytes == 2:
+            one_cta = plan_rows(max(args.rows, 1), max(args.cols, 1), 2, False, max(sm_count, 1), DEFAULT_RING)
+            if one_cta.groups >= _TWO_CTA_MIN_GROUPS:
+                two = _TWO_CTA_HINT_16BIT_FORWARD
+        hint = type(self).performance_hint * (two if self.ctas_per_sm > 1 else 1.0)
         return row_group_cost(args.rows, args.cols, self.dtype.bytes, self.backward, sm_count, hint)
 
     def group_plan(self, args: Any, launcher: Any, device: int) -> tuple[RowGroupPlan, int]:
