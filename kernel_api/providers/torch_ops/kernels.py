@@ -70,6 +70,42 @@ TORCH_FIXED_K_STEPS = 77
 TORCH_STREAM_MAX_ROWS = 16
 TORCH_STREAM_FIXED_SECONDS = 6.5e-6
 TORCH_STREAM_BYTES_PER_SECOND = 4.1e12
+# cuBLAS's output tile by operand element size, for `TorchGemm._tiles`: 16-bit nvjet kernels run
+# 128x256-class tiles (192x128 to 320x128 in the profiles: benchmarks/NOTES-sm90.md, the prefill
+# and train sections of results/profile_gpt2-NVIDIA_H200-s21c-before.txt; `_TILE_INTENSITY` is
+# 128x256's), DGEMM 128x64 (ncu: sm90_xmma_gemm_f64..._tilesize128x64x16, NOTES-f64.md); f32
+# 128x128 (not profiled; every recorded f32 case has many waves of either).
+_CUBLAS_TILE = {2: (128, 256), 4: (128, 128), 8: (128, 64)}
+# The MAC model spreads cuBLAS's work evenly over the SMs. On an output of fewer tiles than SMs
+# that balance is bought by splitting K (split-K or stream-K), which is not free: the s =
+# ceil(SMs / tiles) partial sums (f32; f64 for DGEMM) are written and read back once each, at
+# the rate tile kernels stream (`TILE_STREAM_BYTES_PER_SECOND`), and a reduction kernel runs
+# (cublasLt::splitKreduce_kernel: 12 launches 0.028 ms, 2.3 us each, in the H200 decode profile,
+# results/profile_gpt2-NVIDIA_H200-s21c-before.txt). Measured: GPT-2's c_attn dW (768 x 2304 x
+# 8192: 54 tiles, s = 3, 42 MB of partials) cuBLAS 0.0512 ms against 0.0454 for our 128x128
+# tile (H100, results/selection_torch-NVIDIA_H100_80GB_HBM3.json; 0.0447 against 0.0441 on the
+# H200, profile_gpt2 s21c's gemms section), where the even spread alone put cuBLAS 18 % ahead;
+# the c_fc / mlp.c_proj dW (72 tiles, s = 2) stay cuBLAS's, as measured (0.060 / 0.056 ms
+# against our 0.081). (At a partials rate of 3.8 TB/s or more c_attn dW would go to cuBLAS
+# again; at 2.5 cuBLAS is costed 8 % above our kernel.) Not where min(M, N) <= SKINNY_GEMM:
+# there cuBLAS runs narrow tiles (nvjet 64x32 / 64x8 at GPT-2's decode) and its streaming time
+# alone matches the measurements (H200, M = 64 / 128 at N, K >= 4096: 6.5 us + the bytes at
+# 4.1 TB/s within 10 % of the measured 15-103 us, results/gemm_shapes-NVIDIA_H200-s25-small-m.json).
+TORCH_SPLIT_K_REDUCE_SECONDS = 2.3e-6
+# cuBLASLt's bias + GELU on an output below one wave of its tiles (a decode step): measured
+# 2.4-2.6x the bias-only call at M = 64 (H100: GPT-2's c_fc+gelu, 64 x 3072 x 768, 0.0763 ms;
+# c_attn / mlp.c_proj at M = 64 with the bias alone 0.0293 / 0.0323 ms) and 3.5x our fused
+# epilogue (0.0215-0.0236 ms), while at 8192 tokens it is the fastest (TORCH_GELU_EPILOGUE_FACTOR).
+# The likely reason is more work rather than a slower kernel: torch runs a GEMM and separate bias
+# and GELU kernels when cuBLASLt offers no fused algorithm (aten/src/ATen/native/cuda/Blas.cpp,
+# addmm_out_cuda_impl's fallback when lt_success is false). Modelled as that fallback: no fused
+# discount, and two more passes over the output, each a small kernel and its launch gap on the
+# GPU (the decode profile's elementwise kernels take 1.1-1.3 us each, profile_gpt2 s21c; about
+# 1 us more between dependent launches is assumed, not measured here). Those H100 samples were taken without a GPU head start
+# (timing.py before commit 245d64f): the host's launch time is in them, so their ratio, not their
+# absolute time, is what this term follows. A pass of 1.7 us or more puts our fused kernel first
+# there; an nsys profile of the decode c_fc+gelu call would confirm or refute the fallback.
+TORCH_EPILOGUE_PASS_SECONDS = 2.5e-6
 # torch chooses its algorithm (and tile) per call: tile (0, 0, 0) says "none fixed", so
 # metadata filters on tile sizes pass these instances over.
 _LIBRARY = BLASDesignMetadata(tile_shape=(0, 0, 0), schedule="library")
@@ -129,22 +165,51 @@ class TorchGemm(_TorchKernel):
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
         """The work spread evenly over the SMs (no wave quantisation) at `TORCH_GEMM_HINT`'s
-        efficiency for a 128x256 tile, with `TORCH_FIXED_K_STEPS` more k-steps per output, or
-        the time to stream the operands when that is longer (`_streaming_cost`), times
-        1 / `TORCH_UNALIGNED_FACTOR` when an operand is not 16-byte aligned, times
-        `TORCH_GELU_EPILOGUE_FACTOR` for cuBLASLt's bias + GELU."""
+        efficiency for a 128x256 tile, with `TORCH_FIXED_K_STEPS` more k-steps per output, plus
+        the split-K reduction that spread costs on a non-skinny output of fewer tiles than SMs
+        (`_split_k_cost`), or the time to stream the operands when that is longer
+        (`_streaming_cost`), times 1 / `TORCH_UNALIGNED_FACTOR` when an operand is not 16-byte
+        aligned; for cuBLASLt's bias + GELU times `TORCH_GELU_EPILOGUE_FACTOR`, or on an output
+        below one wave of tiles plus two passes of `TORCH_EPILOGUE_PASS_SECONDS` instead."""
+        from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND
         efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
         for attrs in args.tensor_attributes.values():
             if attrs.divisibility * attrs.dtype.bytes < 16:
                 efficiency *= TORCH_UNALIGNED_FACTOR
                 break
         work = max(args.M, 1) * max(args.N, 1) * (max(args.K, 1) + TORCH_FIXED_K_STEPS) * max(args.L, 1)
-        cost = max(work / max(sm_count, 1) / efficiency, self._streaming_cost(args))
+        cost = max(work / max(sm_count, 1) / efficiency + self._split_k_cost(args, sm_count),
+                   self._streaming_cost(args))
         epilogue = args.epilogue
         if (epilogue is not None and epilogue.activation == "gelu" and epilogue.bias_kind == "row"
                 and args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0):
-            cost *= TORCH_GELU_EPILOGUE_FACTOR  # the _addmm_activation path (`_run`)
+            # the _addmm_activation path (`_run`)
+            if self._tiles(args) < sm_count:
+                cost += 2 * TORCH_EPILOGUE_PASS_SECONDS * GEMM_COST_UNITS_PER_SECOND
+            else:
+                cost *= TORCH_GELU_EPILOGUE_FACTOR
         return cost
+
+    @staticmethod
+    def _tiles(args: GemmArguments) -> int:
+        """Output tiles of cuBLAS's tile for the operands' element size (`_CUBLAS_TILE`)."""
+        tm, tn = _CUBLAS_TILE.get(args.tensor_attributes["A"].dtype.bytes, (128, 256))
+        return -(-args.M // tm) * -(-args.N // tn) * max(args.L, 1)
+
+    def _split_k_cost(self, args: GemmArguments, sm_count: int) -> float:
+        """On an output of min(M, N) > `SKINNY_GEMM` with fewer cuBLAS tiles than SMs, the split-K
+        reduction: ceil(SMs / tiles) partial sums of the output in the accumulator type, written
+        and read back at `TILE_STREAM_BYTES_PER_SECOND`, plus `TORCH_SPLIT_K_REDUCE_SECONDS`, in
+        gemm_cost units; else 0."""
+        from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, TILE_STREAM_BYTES_PER_SECOND
+        tiles = self._tiles(args)
+        if min(args.M, args.N) <= SKINNY_GEMM or tiles >= sm_count:
+            return 0.0
+        splits = -(-sm_count // max(tiles, 1))
+        accumulator = 8 if args.tensor_attributes["A"].dtype.bytes == 8 else 4
+        partial_bytes = 2 * splits * args.M * args.N * max(args.L, 1) * accumulator
+        seconds = TORCH_SPLIT_K_REDUCE_SECONDS + partial_bytes / TILE_STREAM_BYTES_PER_SECOND
+        return seconds * GEMM_COST_UNITS_PER_SECOND
 
     @staticmethod
     def _streaming_cost(args: GemmArguments) -> float:
