@@ -23,6 +23,7 @@ import argparse
 import os
 import statistics
 import sys
+from typing import Iterator
 
 import torch
 
@@ -101,6 +102,27 @@ def _measure(point: dict, kernel, artifact, argsets, outs, ref, torch_fn, sets: 
     return point
 
 
+def swept_cases(opts: argparse.Namespace, report: dict, sweep) -> Iterator[tuple[str, list[dict], dict | None]]:
+    """For each dtype, direction and shape of ``opts``: ``sweep(rows, cols, dtype, backward)``'s
+    points, entered in ``report["cases"]``; yields the case's label, its points and the fastest."""
+    for dname in opts.dtypes.split(","):
+        for direction in opts.directions.split(","):
+            for shape in opts.shapes.split(","):
+                rows, cols = map(int, shape.split("x"))
+                points = sweep(rows, cols, DTYPES[dname], direction == "bwd")
+                report["cases"].append({"dtype": dname, "direction": direction, "shape": [rows, cols],
+                                        "points": points})
+                timed = [p for p in points if "tbs" in p]
+                yield f"{dname} {direction} {rows}x{cols}", points, max(timed, key=lambda p: p["tbs"]) if timed else None
+
+
+def speed_cells(p: dict) -> tuple[str, str]:
+    """A point's TB/s and torch's in the same run, as table cells ('-' for a point not timed)."""
+    if "tbs" not in p:
+        return f"{'-':>6}", f"{'-':>6}"
+    return f"{p['tbs']:6.2f}", f"{p['tbs'] * p['ms'] / p['torch_ms']:6.2f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="bf16,f32")
@@ -124,23 +146,16 @@ def main() -> None:
     report = {"device": device, "torch": torch.__version__, "variants": variants, "cases": []}
     print(f"{'case':>28} {'var':>3} {'ring':>4} {'S':>4} {'G':>3} {'waves':>5} {'slice KB':>8} {'over':>6} {'TB/s':>6} "
           f"{'torch':>6}  note")
-    for dname in opts.dtypes.split(","):
-        for direction in opts.directions.split(","):
-            for shape in opts.shapes.split(","):
-                rows, cols = map(int, shape.split("x"))
-                points = sweep_case(rows, cols, DTYPES[dname], direction == "bwd", variants, rings, splits,
-                                    opts.iters, opts.repeats)
-                case = f"{dname} {direction} {rows}x{cols}"
-                report["cases"].append({"dtype": dname, "direction": direction, "shape": [rows, cols],
-                                        "points": points})
-                timed = [p for p in points if "tbs" in p]
-                best = max(timed, key=lambda p: p["tbs"]) if timed else None
-                for p in points:
-                    note = p.get("error", "") or ("best" if p is best else "") + (" (plan)" if p["S_asked"] == "plan" else "")
-                    tbs = f"{p['tbs']:6.2f}" if "tbs" in p else f"{'-':>6}"
-                    torch_tbs = (f"{p['tbs'] * p['ms'] / p['torch_ms']:6.2f}" if "tbs" in p else f"{'-':>6}")
-                    print(f"{case:>28} {p['variant']:3d} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} {p['slice_kb']:8.0f} "
-                          f"{p['overflow_vectors']:6d} {tbs} {torch_tbs}  {note}", flush=True)
+
+    def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
+        return sweep_case(rows, cols, dtype, backward, variants, rings, splits, opts.iters, opts.repeats)
+
+    for case, points, best in swept_cases(opts, report, sweep):
+        for p in points:
+            note = p.get("error", "") or ("best" if p is best else "") + (" (plan)" if p["S_asked"] == "plan" else "")
+            tbs, torch_tbs = speed_cells(p)
+            print(f"{case:>28} {p['variant']:3d} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} {p['slice_kb']:8.0f} "
+                  f"{p['overflow_vectors']:6d} {tbs} {torch_tbs}  {note}", flush=True)
     for path in write_result(result_name("softmax-rowgroup-sweep", device, opts.tag), report, indent=2):
         print(f"wrote {path}")
 

@@ -29,8 +29,8 @@ import kernel_api  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_stream as ss  # noqa: E402
 from results_io import result_name, write_result  # noqa: E402
-from softmax import DTYPES, _case_tensors  # noqa: E402
-from softmax_rowgroup_sweep import _measure  # noqa: E402
+from softmax import _case_tensors  # noqa: E402
+from softmax_rowgroup_sweep import _measure, speed_cells, swept_cases  # noqa: E402
 
 SHAPES = [(32, 2**20), (8, 2**22)]
 
@@ -96,23 +96,17 @@ def main() -> None:
     device = torch.cuda.get_device_name()
     report = {"device": device, "torch": torch.__version__, "cases": []}
     print(f"{'case':>26} {'kernel config':>22} {'parts':>6} {'part KB':>7} {'TB/s':>6} {'torch':>6}  note")
-    for dname in opts.dtypes.split(","):
-        for direction in opts.directions.split(","):
-            for shape in opts.shapes.split(","):
-                rows, cols = map(int, shape.split("x"))
-                points = sweep_case(rows, cols, DTYPES[dname], direction == "bwd", configs, opts.iters, opts.repeats)
-                case = f"{dname} {direction} {rows}x{cols}"
-                report["cases"].append({"dtype": dname, "direction": direction, "shape": [rows, cols],
-                                        "points": points})
-                timed = [p for p in points if "tbs" in p]
-                best = max(timed, key=lambda p: p["tbs"]) if timed else None
-                for p in points:
-                    note = p.get("error", "") or ("best" if p is best else "")
-                    tbs = f"{p['tbs']:6.2f}" if "tbs" in p else f"{'-':>6}"
-                    torch_tbs = f"{p['tbs'] * p['ms'] / p['torch_ms']:6.2f}" if "tbs" in p else f"{'-':>6}"
-                    parts = p.get("parts_per_row", "")
-                    part_kb = f"{p['part_kb']:7.0f}" if "part_kb" in p else f"{'':>7}"
-                    print(f"{case:>26} {p['config']:>22} {parts!s:>6} {part_kb} {tbs} {torch_tbs}  {note}", flush=True)
+
+    def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
+        return sweep_case(rows, cols, dtype, backward, configs, opts.iters, opts.repeats)
+
+    for case, points, best in swept_cases(opts, report, sweep):
+        for p in points:
+            note = p.get("error", "") or ("best" if p is best else "")
+            tbs, torch_tbs = speed_cells(p)
+            part_kb = f"{p['part_kb']:7.0f}" if "part_kb" in p else f"{'':>7}"
+            print(f"{case:>26} {p['config']:>22} {p.get('parts_per_row', '')!s:>6} {part_kb} {tbs} {torch_tbs}  {note}",
+                  flush=True)
     for path in write_result(result_name("softmax-stream-sweep", device, opts.tag), report, indent=2):
         print(f"wrote {path}")
 
