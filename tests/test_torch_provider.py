@@ -79,6 +79,16 @@ def test_pickany_takes_cublas_where_our_tiles_leave_sms_idle(shape, b_col):
     assert _ranked(args)[0].startswith("TorchGemm")
 
 
+@pytest.mark.parametrize("shape", [(256, 384, 512), (512, 512, 768), (384, 256, 1000)])
+def test_pickany_takes_cublas_for_small_problems_it_would_not_split(shape):
+    """A few output tiles over a short K: cuBLAS takes them whole, with no split-K reduction to
+    pay for (a split keeps at least `TORCH_SPLIT_K_MIN_PIECE` of K per piece). Session 26's
+    split-K term charged 256 x 384 x 512 33 splits, which ranked our tile kernel first and failed
+    test_front_door_honours_settings_providers on the H200."""
+    M, N, K = shape
+    assert _ranked(_gemm_args(M, N, K))[0].startswith("TorchGemm")
+
+
 def test_pickany_keeps_our_tensor_cores_first_for_an_unaligned_output():
     """GPT-2's lm_head at a decode batch (N = 50257: output rows of odd length): our Sm80 family
     writes any output alignment (measured 0.04 ms against cuBLAS's alignment-1 kernel, 0.16 ms),

@@ -92,6 +92,11 @@ _CUBLAS_TILE = {2: (128, 256), 4: (128, 128), 8: (128, 64)}
 # alone matches the measurements (H200, M = 64 / 128 at N, K >= 4096: 6.5 us + the bytes at
 # 4.1 TB/s within 10 % of the measured 15-103 us, results/gemm_shapes-NVIDIA_H200-s25-small-m.json).
 TORCH_SPLIT_K_REDUCE_SECONDS = 2.3e-6
+# A split is only worth its reduction where each piece keeps a long k range: at most K /
+# `TORCH_SPLIT_K_MIN_PIECE` splits (an assumption, not profiled: a 256 x 384 x 512 product, 4
+# tiles, would otherwise be charged 33 splits, and the GPU test that expects cuBLAS for such a
+# small problem failed on that in session 26).
+TORCH_SPLIT_K_MIN_PIECE = 1024
 # cuBLASLt's bias + GELU on an output below one wave of its tiles (a decode step): measured
 # 2.4-2.6x the bias-only call at M = 64 (H100: GPT-2's c_fc+gelu, 64 x 3072 x 768, 0.0763 ms;
 # c_attn / mlp.c_proj at M = 64 with the bias alone 0.0293 / 0.0323 ms) and 3.5x our fused
@@ -198,14 +203,17 @@ class TorchGemm(_TorchKernel):
 
     def _split_k_cost(self, args: GemmArguments, sm_count: int) -> float:
         """On an output of min(M, N) > `SKINNY_GEMM` with fewer cuBLAS tiles than SMs, the split-K
-        reduction: ceil(SMs / tiles) partial sums of the output in the accumulator type, written
+        reduction: ceil(SMs / tiles) partial sums (at most K / `TORCH_SPLIT_K_MIN_PIECE`; none
+        below two) of the output in the accumulator type, written
         and read back at `TILE_STREAM_BYTES_PER_SECOND`, plus `TORCH_SPLIT_K_REDUCE_SECONDS`, in
         gemm_cost units; else 0."""
         from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, TILE_STREAM_BYTES_PER_SECOND
         tiles = self._tiles(args)
         if min(args.M, args.N) <= SKINNY_GEMM or tiles >= sm_count:
             return 0.0
-        splits = -(-sm_count // max(tiles, 1))
+        splits = min(-(-sm_count // max(tiles, 1)), args.K // TORCH_SPLIT_K_MIN_PIECE)
+        if splits < 2:
+            return 0.0
         accumulator = 8 if args.tensor_attributes["A"].dtype.bytes == 8 else 4
         partial_bytes = 2 * splits * args.M * args.N * max(args.L, 1) * accumulator
         seconds = TORCH_SPLIT_K_REDUCE_SECONDS + partial_bytes / TILE_STREAM_BYTES_PER_SECOND
