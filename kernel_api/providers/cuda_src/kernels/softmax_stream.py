@@ -13,9 +13,11 @@ Two registered families, `CudaSoftmaxStreamForward` (`SoftmaxArguments`) and
 
 The input is read twice, the second time partly from L2 (the parts the first launch read last
 come first), but neither launch waits on another CTA: there is no cooperative launch, no
-cluster and no wave of group meetings, which is what limits the row-group family
-(`softmax_rowgroup.py`) on the longest rows. Rows are peeled (any element alignment whose rows
-share one offset from a 16-byte boundary, as the other peeled families).
+cluster and no wave of group meetings. So it beats the row-group family (`softmax_rowgroup.py`,
+one read) where that family's plan gives each row the whole grid or half of it, and loses
+elsewhere (H200, session 26: benchmarks/NOTES-softmax-long.md); `estimated_cost` ranks it so.
+Rows are peeled (any element alignment whose rows share one offset from a 16-byte boundary, as
+the other peeled families).
 """
 
 from __future__ import annotations
