@@ -4,12 +4,12 @@
 // spans, conversions, loops, stores and reductions it uses.
 //
 //   1. *_stream_stats: each part's statistics into the workspace (forward: its (max, sum of
-//      exp(x - max)) as a float2; backward: sum(dy * y) as a float), the part's vectors read
-//      two steps of UNROLL x THREADS 16-byte loads deep per CTA (`walk_part`).
+//      exp(x - max)) as a float2; backward: sum(dy * y) as a float), with softmax.cu's loops
+//      (UNROLL x THREADS 16-byte loads in flight per CTA).
 //   2. *_stream_out: each part combines its row's partials (every part of a row in the same
 //      order, so all agree bit for bit), re-reads its vectors and writes the output. The
-//      parts run in the reverse of the first launch's order, so the data the first launch
-//      read last, which is still in L2, is read first.
+//      parts run in the reverse of the first launch's order and each part's vectors last to
+//      first, so the data the first launch read last, which is still in L2, is read first.
 //
 // Against the one-read designs (a row staged in shared memory across a CTA group), this reads
 // the input twice, the second time partly from L2, but both launches stream at the memory's
@@ -44,45 +44,6 @@ __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   }
 }
 
-// The loops over a part's vectors [0, n) from xb (and a second array's), in steps of THREADS x
-// UNROLL vectors: each step's loads are issued before the previous step is processed (the
-// part's loads two steps deep per thread), and the raw 16-byte packs are converted as they
-// are used, which keeps the registers for two CTAs of 512 threads and more per SM.
-template <class T, int VEC, int UNROLL, int THREADS, class F>
-__device__ __forceinline__ void walk_part(const typename T::raw* __restrict__ xb, int n, int t, F&& on_step) {
-  constexpr int STEP = THREADS * UNROLL;
-  Pack<T, VEC> cur[UNROLL], nxt[UNROLL];
-  issue_row<T, VEC, UNROLL, THREADS>(xb, n, t, cur);
-  for (int off = 0; off < n; off += STEP) {
-    const int rest = n - off;
-    if (rest > STEP) issue_row<T, VEC, UNROLL, THREADS>(xb + (i64)(off + STEP) * VEC, rest - STEP, t, nxt);
-    on_step(cur, off, rest);
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) cur[u] = nxt[u];
-  }
-}
-template <class T, int VEC, int UNROLL, int THREADS, class F>
-__device__ __forceinline__ void walk_part2(const typename T::raw* __restrict__ ab, const typename T::raw* __restrict__ bb,
-                                          int n, int t, F&& on_step) {
-  constexpr int STEP = THREADS * UNROLL;
-  Pack<T, VEC> ca[UNROLL], cb[UNROLL], na[UNROLL], nb[UNROLL];
-  issue_row<T, VEC, UNROLL, THREADS>(ab, n, t, ca);
-  issue_row<T, VEC, UNROLL, THREADS>(bb, n, t, cb);
-  for (int off = 0; off < n; off += STEP) {
-    const int rest = n - off;
-    if (rest > STEP) {
-      issue_row<T, VEC, UNROLL, THREADS>(ab + (i64)(off + STEP) * VEC, rest - STEP, t, na);
-      issue_row<T, VEC, UNROLL, THREADS>(bb + (i64)(off + STEP) * VEC, rest - STEP, t, nb);
-    }
-    on_step(ca, cb, off, rest);
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      ca[u] = na[u];
-      cb[u] = nb[u];
-    }
-  }
-}
-
 }  // namespace stream
 
 template <class T, int VEC, int UNROLL, int THREADS>
@@ -96,29 +57,8 @@ __global__ void __launch_bounds__(THREADS) fwd_stream_stats(const typename T::ra
   const stream::Part q = stream::part_of(blockIdx.x, bpr, bv, sp.nvec);
   float eh = -KA_INF, et = -KA_INF;
   if (q.p == 0) load_edges<T, VEC>(xr, sp, t, -KA_INF, eh, et);
-  // A running (max, sum of exp), the sum rescaled when the max grows (as online_stats).
-  float m = fmaxf(eh, et);
-  float s = m == -KA_INF ? 0.f : exp_shifted(eh, m) + exp_shifted(et, m);
-  stream::walk_part<T, VEC, UNROLL, THREADS>(
-      xr + sp.head + (i64)q.v0 * VEC, q.n, t, [&](const Pack<T, VEC>(&raw)[UNROLL], int, int rest) {
-        float cm = m;
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-          if (u * THREADS + t < rest)
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) cm = fmaxf(cm, T::load(raw[u].r[k]));
-        if (cm > m) {
-          s *= exp_shifted(m, cm);
-          m = cm;
-        }
-        if (m != -KA_INF) {  // a thread that has seen only -inf contributes nothing (not NaN)
-#pragma unroll
-          for (int u = 0; u < UNROLL; ++u)
-            if (u * THREADS + t < rest)
-#pragma unroll
-              for (int k = 0; k < VEC; ++k) s += exp_shifted(T::load(raw[u].r[k]), m);
-        }
-      });
+  float m, s;
+  online_stats<T, VEC, UNROLL, THREADS>(xr + sp.head + (i64)q.v0 * VEC, q.n, t, eh, et, m, s);
   const float part_max = block_max<THREADS>(m, sm);
   s = m == -KA_INF ? 0.f : s * exp_shifted(m, part_max);
   const float part_sum = block_sum<THREADS>(s, sm + 32);
@@ -146,18 +86,7 @@ __global__ void __launch_bounds__(THREADS) fwd_stream_out(const typename T::raw*
   const Span sp = row_span<T, VEC, true>(xr, (int)cols);
   const stream::Part q = stream::part_of(w, bpr, bv, sp.nvec);
   const i64 o = sp.head + (i64)q.v0 * VEC;
-  typename T::raw* yb = yr + o;
-  stream::walk_part<T, VEC, UNROLL, THREADS>(xr + o, q.n, t, [&](const Pack<T, VEC>(&raw)[UNROLL], int off, int rest) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      if (u * THREADS + t < rest) {
-        float f[VEC];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) f[k] = exp_shifted(T::load(raw[u].r[k]), row_max) * inv;
-        store_vec<T, VEC>(yb + (i64)(off + u * THREADS + t) * VEC, f);
-      }
-    }
-  });
+  write_scaled<T, VEC, UNROLL, THREADS, true>(xr + o, yr + o, q.n, t, row_max, inv);
   if (q.p == 0) {
     float eh, et;
     load_edges<T, VEC>(xr, sp, t, -KA_INF, eh, et);
@@ -185,15 +114,7 @@ __global__ void __launch_bounds__(THREADS) bwd_stream_stats(const typename T::ra
     dot = gh * yh + gt * yt;
   }
   const i64 o = sp.head + (i64)q.v0 * VEC;
-  stream::walk_part2<T, VEC, UNROLL, THREADS>(
-      gr + o, yr + o, q.n, t,
-      [&](const Pack<T, VEC>(&g)[UNROLL], const Pack<T, VEC>(&w)[UNROLL], int, int rest) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-          if (u * THREADS + t < rest)
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) dot = fmaf(T::load(g[u].r[k]), T::load(w[u].r[k]), dot);
-      });
+  dot += dot_stats<T, VEC, UNROLL, THREADS>(gr + o, yr + o, q.n, t);
   dot = block_sum<THREADS>(dot, sm);
   if (t == 0) ws[blockIdx.x] = dot;
 }
@@ -217,23 +138,7 @@ __global__ void __launch_bounds__(THREADS) bwd_stream_out(const typename T::raw*
   const Span sp = row_span<T, VEC, true>(yr, (int)cols);
   const stream::Part q = stream::part_of(w, bpr, bv, sp.nvec);
   const i64 o = sp.head + (i64)q.v0 * VEC;
-  typename T::raw* db = dr + o;
-  stream::walk_part2<T, VEC, UNROLL, THREADS>(
-      gr + o, yr + o, q.n, t,
-      [&](const Pack<T, VEC>(&g)[UNROLL], const Pack<T, VEC>(&w)[UNROLL], int off, int rest) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-          if (u * THREADS + t < rest) {
-            float f[VEC];
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-              const float yv = T::load(w[u].r[k]);
-              f[k] = yv * (T::load(g[u].r[k]) - dot);
-            }
-            store_vec<T, VEC>(db + (i64)(off + u * THREADS + t) * VEC, f);
-          }
-        }
-      });
+  write_grad<T, VEC, UNROLL, THREADS, true>(gr + o, yr + o, dr + o, q.n, t, dot);
   if (q.p == 0) {
     float gh, gt, yh, yt;
     load_edges<T, VEC>(gr, sp, t, 0.f, gh, gt);

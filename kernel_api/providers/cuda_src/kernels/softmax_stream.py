@@ -44,12 +44,10 @@ from .softmax_rowgroup import DEFAULT_RING, plan_rows, row_group_cost
 
 MIN_CC = 80  # (plain loads and stores: nothing past sm_80)
 THREADS = 512
-#: 16-byte vectors per thread and array in one step of a part's loop (`default_unroll`); the
-#: next step's loads are issued before a step is processed, so a CTA keeps 32 KB (forward) or
-#: 32-64 KB (backward: two arrays) in flight. Measured on an H200
-#: (benchmarks/softmax_stream_sweep.py, session 26): 512 threads x 2 within 2 % of the best of
-#: 256-1024 threads x 1-4 on the long shapes, 1024 threads 4-12 % slower; the 16-bit backward
-#: takes 1 (as fast, and 2 needs more than the 64 registers two CTAs per SM allow).
+#: 16-byte vectors per thread and array in flight per step of softmax.cu's loops
+#: (`default_unroll`). Measured on an H200 (benchmarks/softmax_stream_sweep.py, session 26):
+#: 512 threads x 2 within 2 % of the best of 256-1024 threads x 1-4 on the long shapes, 1024
+#: threads 4-12 % slower; the 16-bit backward takes 1 (within 2 % of 4 there).
 UNROLL = {False: 2, True: 2}
 UNROLL_BACKWARD_16BIT = 1
 
