@@ -91,10 +91,8 @@ CONFIGS: dict[int, SmallMConfig] = {
 #: The fewest rows each instance takes: every M has exactly one instance, the one padding least.
 MIN_M: dict[int, int] = {mp: lo + 1 if lo else 0 for lo, mp in zip((0, *CONFIGS), CONFIGS)}
 
-# PickAny's time model of this family. gemm_cost's units are MACs per SM at full efficiency;
-# they are converted from predicted seconds with the rate that the Sm90 family's cost reached
-# on the H200 at 64x8192x8192 (issue #16: 43.8 us for 114.3M units of its 64x128 tile).
-_COST_UNITS_PER_SECOND = 2.61e12
+# PickAny's time model of this family, in predicted seconds (converted to gemm_cost's units with
+# `kernel_api.tuning.policies.GEMM_COST_UNITS_PER_SECOND`).
 # Streaming B: a fixed time (launch, pipeline fill, the cluster reduction) and a rate, fitted to
 # this family on the H200 at M = 1, N = K = 4096 / 8192 / 14336 (14.6 / 39.7 / 100.5 us:
 # benchmarks/results/small_m-NVIDIA_H200-s20-run1.json); the first model (3.6 TB/s + 2.5 us)
@@ -248,7 +246,9 @@ class CudaGemmSmallM(CudaSourceKernel):
         # B passes through L2 on its way from memory, so L2 carries B and A's re-reads together.
         memory = max(b_bytes / _B_BYTES_PER_SECOND, (b_bytes + a_l2_bytes) / _L2_BYTES_PER_SECOND)
         compute = 2 * c.mp * N * K * L / _MMA_FLOPS
-        return (max(memory, compute) + _FIXED_SECONDS) * _COST_UNITS_PER_SECOND
+        from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND
+
+        return (max(memory, compute) + _FIXED_SECONDS) * GEMM_COST_UNITS_PER_SECOND
 
     # ---- compile and launch -----------------------------------------------------------------
     def name_expression(self, args: Any) -> str:

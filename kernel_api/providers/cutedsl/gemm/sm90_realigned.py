@@ -53,10 +53,6 @@ TMA_ALIGN_BYTES = 16
 REGION_ALIGN_BYTES = 256
 _AB_TYPES = (DataType.bf16, DataType.f16)
 
-# PickAny's cost units (`kernel_api.tuning.policies.gemm_cost`) per second: the rate the Sm90
-# family's cost reached on the H200 (issue #16: 43.8 us for 114.3M units at 64x8192x8192; the
-# same calibration as the small-M family's), so copy time adds to the inner kernel's tile cost.
-_COST_UNITS_PER_SECOND = 2.61e12
 #: Bytes per second (read + write) the staging copies sustain on the H200: 1.4-2.4 TB/s measured
 #: (torch's copy_ into a padded view 1.6-1.8, cudaMemcpy2DAsync 1.4 on 8 KB lines, 2.4 on 100 KB).
 _COPY_BYTES_PER_SECOND = 1.8e12
@@ -273,15 +269,16 @@ class Sm90RealignedGemm(GemmKernelBase):
     # ---- PickAny -----------------------------------------------------------------------
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
         """The inner kernel's tile-model cost plus the copies (read + write of every staged
-        operand at `_COPY_BYTES_PER_SECOND`, and a launch each), in `gemm_cost` units."""
-        from ....tuning.policies import gemm_cost
+        operand at `_COPY_BYTES_PER_SECOND`, and a launch each), in `gemm_cost` units
+        (`GEMM_COST_UNITS_PER_SECOND`)."""
+        from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND, gemm_cost
 
         seconds = 0.0
         for name, row_major, align in self._operands:
             t = getattr(args, name)
             if tma_view(t, row_major, align) is None:
                 seconds += 2 * t.numel() * t.element_size() / _COPY_BYTES_PER_SECOND + _COPY_FIXED_SECONDS
-        return gemm_cost(self.inner, args, sm_count) + seconds * _COST_UNITS_PER_SECOND
+        return gemm_cost(self.inner, args, sm_count) + seconds * GEMM_COST_UNITS_PER_SECOND
 
     # ---- compile / run ---------------------------------------------------------------
     compiles_from_cache_only = True  # (its compile's cost is in cute_compile, which honours cache_only)
