@@ -229,11 +229,19 @@ class CudaSourceKernel(Kernel):
 
     compiles_from_cache_only = True  # (compile_cuda honours cache_only)
 
+    def companion_name_expressions(self, args: Any) -> Sequence[str]:
+        """More kernels compiled into the same module as ``name_expression(args)`` (default
+        none), for an instance whose ``_run`` launches several: ``launch_plan`` makes their
+        launchers from ``launcher.compiled``. They follow from the same parameters, so the
+        compile key need not name them."""
+        return ()
+
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
         """NVRTC-compile this instance for ``cc`` (default: the current GPU); no GPU needed with a cc."""
         target = _target_cc(cc)
         expr = self.name_expression(args)
-        compiled = compile_cuda(self.get_source(), cc=target, name_expressions=[expr],
+        compiled = compile_cuda(self.get_source(), cc=target,
+                                name_expressions=[expr, *self.companion_name_expressions(args)],
                                 include_dirs=self.include_dirs, defines=self.defines_for(args),
                                 source_name=self.source_name(), options=self.compile_options)
         launcher = CudaLauncher(compiled, expr, self.metadata.kernel_name, convert_args=self.convert_arguments)

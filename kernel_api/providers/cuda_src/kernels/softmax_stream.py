@@ -29,15 +29,13 @@ from typing import Any
 import torch
 
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
-from ....core.artifact import CompiledArtifact
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ....utils import MAX_GRID_X
 from ... import softmax_config
 from .. import CudaSourceProvider
-from ..compiler import compile_cuda
-from ..kernel import CudaSourceKernel, _target_cc
+from ..kernel import CudaSourceKernel
 from ..launcher import CudaLauncher
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
 from .softmax_rowgroup import DEFAULT_RING, plan_rows, row_group_cost
@@ -151,18 +149,15 @@ class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
     def name_expression(self, args: Any) -> str:
         return self.name_expressions()[0]
 
-    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
-        """NVRTC-compile both kernels into one module: the artifact's launcher is the
-        statistics kernel's, its ``extra`` a `StreamBuild` with the output kernel's."""
-        target = _target_cc(cc)
-        stats, out = self.name_expressions()
-        compiled = compile_cuda(self.get_source(), cc=target, name_expressions=[stats, out],
-                                include_dirs=self.include_dirs, defines=self.defines_for(args),
-                                source_name=self.source_name(), options=self.compile_options)
-        name = self.metadata.kernel_name
-        output = CudaLauncher(compiled, out, f"{name} (output)", convert_args=False)
-        return CompiledArtifact(CudaLauncher(compiled, stats, f"{name} (statistics)", convert_args=False), self,
-                                target, extra=StreamBuild(output, self.threads))
+    def companion_name_expressions(self, args: Any) -> tuple[str, ...]:
+        return self.name_expressions()[1:]
+
+    def launch_plan(self, args: Any, launcher: CudaLauncher) -> StreamBuild:
+        """The artifact's ``extra``: the output kernel's launcher (compiled in the statistics
+        kernel's module, `companion_name_expressions`) and the CTA size both were built for."""
+        out = self.name_expressions()[1]
+        return StreamBuild(CudaLauncher(launcher.compiled, out, f"{self.metadata.kernel_name} (output)",
+                                        convert_args=False), self.threads)
 
     # ---- launch ------------------------------------------------------------------------------
     def plan(self, args: Any) -> StreamPlan:
