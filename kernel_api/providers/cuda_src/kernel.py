@@ -81,7 +81,9 @@ class CudaSourceKernel(Kernel):
 
     and the one method that is always kernel-specific, ``launch_config(args)``, returning
     ``(grid, block)`` or ``(grid, block, dynamic_shared_memory_bytes)``. Override
-    ``kernel_arguments(args)`` when the kernel takes more than the operands' pointers.
+    ``kernel_arguments(args)`` when the kernel takes more than the operands' pointers, and
+    ``companion_name_expressions(args)`` with ``launch_plan`` and ``_run`` when one call launches
+    several kernels of the source (softmax_stream.py does).
     """
 
     source: ClassVar[str | None] = None
