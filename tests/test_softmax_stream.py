@@ -156,6 +156,15 @@ def test_workspace_refusals(cls, monkeypatch):
         k._run(args, artifact, None, small)
 
 
+@pytest.mark.parametrize("cls", _CLASSES)
+def test_refuses_a_grid_past_the_x_limit(cls):
+    """2^31 rows of 7 parts each: more CTAs than gridDim.x takes, refused with the count."""
+    k = _kernel(cls, torch.bfloat16)
+    x = torch.empty(2**31, 200000, dtype=torch.bfloat16, device="meta")
+    status = k.supports(_args(cls, x))
+    assert not status and "past the grid's x limit" in status.error and "7 parts" in status.error
+
+
 def test_peeling_needs_one_offset():
     k = _kernel(CudaSoftmaxStreamForward, torch.bfloat16)
     flat = torch.empty(2 * 50001 + 16, dtype=torch.bfloat16)
