@@ -79,9 +79,16 @@ def make_kernel(tile, warps=None, stages=None, mma_k=None, group: int = 0, layou
         from kernel_api.providers.cuda_src.kernels.gemm_f64 import CudaGemmF64
         found = [k for k in CudaGemmF64.generate_kernels(None)
                  if k.config.tag == warps and k.metadata.kernel_name.split("_")[2] == layouts]
-        if not found:
-            raise argparse.ArgumentTypeError(f"no CudaGemmF64 configuration {warps!r} (known: {CUDA_CANDIDATES})")
-        return found[0]
+        if found:
+            return found[0]
+        # a configuration outside the family's CONFIGS, built from its tag
+        from kernel_api.providers.cuda_src.kernels.gemm_f64 import F64Config
+        try:
+            config = F64Config.from_tag(warps)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{e} (the family's: {CUDA_CANDIDATES})") from None
+        params = dict(a=layouts[0], b=layouts[1], out=layouts[2], config=config)
+        return CudaGemmF64(CudaGemmF64.make_metadata(params), params)
     from kernel_api.core.dtypes import DataType
     from kernel_api.metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
     from kernel_api.providers.cutedsl.gemm.common import tiled_gemm_metadata

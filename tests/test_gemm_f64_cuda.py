@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernel_api import GemmArguments
-from kernel_api.providers.cuda_src.kernels.gemm_f64 import CONFIGS, CudaGemmF64
+from kernel_api.providers.cuda_src.kernels.gemm_f64 import CONFIGS, CudaGemmF64, F64Config
 from memcheck import run_memcheck
 
 
@@ -133,6 +133,39 @@ def test_compiles_for_sm90a_without_a_gpu():
         assert art is not None
 
 
+#: Design knobs outside CONFIGS that benchmarks/gemm_f64.py measures (NOTES-f64.md, session 27):
+#: m16n8k16, 32-deep k tiles, where the next stage's copies issue.
+KNOB_TAGS = ("tile128x64x16_warps2x2_stages3_mma16", "tile128x64x32_warps2x2_stages2_mma16",
+             "tile64x64x32_warps2x2_stages2_mma16_ctas3", "tile128x64x16_warps2x2_stages4_copy2",
+             "tile64x64x16_warps2x2_stages4_copy1_ctas3", "tile128x64x32_warps2x2_stages2")
+
+
+def knob_instance(tag: str, layouts: str) -> CudaGemmF64:
+    params = dict(a=layouts[0], b=layouts[1], out=layouts[2], config=F64Config.from_tag(tag))
+    return CudaGemmF64(CudaGemmF64.make_metadata(params), params)
+
+
+def test_config_tags_round_trip_and_bad_tags_are_refused():
+    for c in CONFIGS:
+        assert F64Config.from_tag(c.tag) == c
+    c = F64Config.from_tag("tile128x64x32_warps2x2_stages2_mma16_copy2_ctas2")
+    assert (c.bk, c.mma_k, c.copy_at, c.min_ctas, c.smem_bytes) == (32, 16, 2, 2, 2 * 192 * 32 * 8)
+    assert c.tag == "tile128x64x32_warps2x2_stages2_mma16_copy2"
+    # min_ctas defaults to what shared memory allows, at most 2
+    assert F64Config.from_tag("tile128x128x32_warps2x4_stages4").min_ctas == 1
+    with pytest.raises(ValueError, match="expected tileBMxBNxBK"):
+        F64Config.from_tag("tile128x64_warps2x2")
+
+
+def test_design_knobs_compile_for_sm90a_in_every_layout():
+    A = torch.empty(64, 64, dtype=torch.float64)
+    for tag in KNOB_TAGS:
+        for layouts in ("ttt", "ntn", "tnt", "nnn"):
+            k = knob_instance(tag, layouts)
+            assert f"_{layouts}_{F64Config.from_tag(tag).tag}_" in k.metadata.kernel_name
+            assert k.compile(GemmArguments(A, A, torch.empty_like(A)), cc=90) is not None
+
+
 GPU_SHAPES = [(1, 1, 1), (131, 77, 45), (128, 64, 16), (257, 129, 33), (64, 200, 300), (300, 64, 17)]
 
 
@@ -144,6 +177,16 @@ def test_every_instance_matches_float64(layouts):
         for M, N, K in GPU_SHAPES:
             check(k, M, N, K, artifact=art)
         check(k, 190, 94, 70, pad=6, artifact=art)  # leading dimensions past the extents
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tag", KNOB_TAGS)
+def test_design_knobs_match_float64(tag):
+    for layouts in ("ttt", "ttn", "ntn", "nnt"):
+        k = knob_instance(tag, layouts)
+        for M, N, K in GPU_SHAPES + [(190, 94, 70)]:
+            check(k, M, N, K)
+        check(k, 100, 72, 50, L=2, pad=4)
 
 
 @pytest.mark.gpu

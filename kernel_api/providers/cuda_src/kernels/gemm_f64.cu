@@ -14,8 +14,11 @@
 //    the 8-byte fragment loads (each straight into the DMMA's operand registers: no moves)
 //    are free of bank conflicts; the fragment addresses are lane constants plus immediates.
 //  * mma.sync m16n8k8 .f64 (as cuBLAS), a warp tile of 64 x 32 (128 x 64 / 2 x 2 warps).
-//  * A multistage cp.async ring (STAGES), one __syncthreads per 16-deep k tile; with 128
+//  * A multistage cp.async ring (STAGES), one __syncthreads per BK-deep k tile (16); with 128
 //    threads and 2 CTAs per SM one CTA's barrier is hidden by the other's DMMAs.
+//  * Knobs the benchmark measures (NOTES-f64.md, session 27; none beat the defaults by more
+//    than 1 %): BK 32, MMA_K 16 (m16n8k16: half the DMMA instructions), and COPY_AT, where in
+//    a k tile the next stage's copies issue.
 //  * CTAs walk the (M tiles, N tiles) grid in groups of GROUP_M row tiles, so a wave's A and
 //    B tiles stay in L2.
 //
@@ -59,43 +62,62 @@ __device__ __forceinline__ void dmma1688(double* d, const double* a, const doubl
       : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
 }
 
+// D = A(16x16) B(16x8) + D: the k8 fragments extended along k (a[v]: k t + 4 (v / 2); b[v]:
+// k t + 4 v), half the instructions per flop.
+__device__ __forceinline__ void dmma16816(double* d, const double* a, const double* b) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7, %8, %9, %10, %11}, "
+      "{%12, %13, %14, %15}, {%0, %1, %2, %3};\n"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]), "d"(b[0]),
+        "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
+
+template <int MMA_K>
+__device__ __forceinline__ void dmma(double* d, const double* a, const double* b) {
+  if (MMA_K == 16)
+    dmma16816(d, a, b);
+  else
+    dmma1688(d, a, b);
+}
+
 // Shared tiles, one per operand and ring slot, rows of 16-byte chunks:
 //   K-major: a row per m (n), 16 k = 8 chunks;  chunk ^= 2 (row & 3)
 //   M/N-major: a row per k, EXT m (n);          chunk ^= 2 (k & 3)
 // A half-warp's fragment loads (rows g = 0..3 or 4..7, k t = 0..3, one 8-byte value each)
 // then fall on 16 different 8-byte bank pairs: the XOR puts the four rows (k) into four
 // different chunk pairs. The 16-byte copies write whole rows, conflict-free under any XOR.
-template <int EXT, bool KMAJOR>
+template <int EXT, bool KMAJOR, int BK>
 __device__ __forceinline__ u32 swz(int row, int col) {
   const int chunk = col >> 1;
   const int x = (row & 3) << 1;  // row: m/n (K-major) or k (M/N-major)
-  return (u32)((row * (KMAJOR ? 16 : EXT) + ((chunk ^ x) << 1) + (col & 1)) * 8);
+  return (u32)((row * (KMAJOR ? BK : EXT) + ((chunk ^ x) << 1) + (col & 1)) * 8);
 }
 
 // Per-thread copy plan of one operand tile: the thread's chunks are rows r0, r0 + STEP, ...
 // (K-major: rows m/n, chunk kc; M/N-major: rows k, chunk at m/n mc), so global and shared
 // addresses of chunk i are a base plus i times a stride.
-template <int EXT, bool KMAJOR, int THREADS>
+template <int EXT, bool KMAJOR, int THREADS, int BK>
 struct CopyPlan {
-  static constexpr int PER_ROW = KMAJOR ? 8 : EXT / 2;  // chunks per row
-  static constexpr int STEP = THREADS / PER_ROW;        // rows between a thread's chunks
-  static constexpr int COUNT = EXT * 16 / 2 / THREADS;  // chunks per thread
-  static_assert(THREADS % PER_ROW == 0 && (EXT * 8) % THREADS == 0, "tile chunks must spread evenly");
+  static constexpr int PER_ROW = KMAJOR ? BK / 2 : EXT / 2;  // chunks per row
+  static constexpr int STEP = THREADS / PER_ROW;             // rows between a thread's chunks
+  static constexpr int COUNT = EXT * BK / 2 / THREADS;       // chunks per thread
+  static_assert(THREADS % PER_ROW == 0 && (EXT * BK / 2) % THREADS == 0, "tile chunks must spread evenly");
   int r0, c0;  // first row, element offset in the row
   __device__ __forceinline__ CopyPlan(int tid) {
     r0 = tid / PER_ROW;
     c0 = (tid % PER_ROW) * 2;
   }
   // Byte offset of chunk i in the tile (STEP % 4 == 0 keeps the row XOR: a constant stride).
-  __device__ __forceinline__ u32 dst(int i) const { return swz<EXT, KMAJOR>(r0 + i * STEP, c0); }
+  __device__ __forceinline__ u32 dst(int i) const { return swz<EXT, KMAJOR, BK>(r0 + i * STEP, c0); }
 };
 
 // Copy one operand tile of k tile `k0`: `src` is the operand, `mn0` the tile's first m (n).
 // Interior tiles (FULL) copy without bounds checks; edge tiles zero-fill past mn_ext and K.
-template <int EXT, bool KMAJOR, int THREADS, bool FULL>
+template <int EXT, bool KMAJOR, int THREADS, int BK, bool FULL>
 __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ src, i64 ld, int mn0, int mn_ext,
-                                          int k0, int K, const CopyPlan<EXT, KMAJOR, THREADS>& plan) {
-  using P = CopyPlan<EXT, KMAJOR, THREADS>;
+                                          int k0, int K, const CopyPlan<EXT, KMAJOR, THREADS, BK>& plan) {
+  using P = CopyPlan<EXT, KMAJOR, THREADS, BK>;
   const int mn = KMAJOR ? mn0 + plan.r0 : mn0 + plan.c0;
   const int k = KMAJOR ? k0 + plan.c0 : k0 + plan.r0;
   const double* p = src + (KMAJOR ? (i64)mn * ld + k : (i64)k * ld + mn);
@@ -119,42 +141,43 @@ __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ sr
 // Byte offsets of a lane's fragment values within a tile, for fragment row (m or n)
 // `row0` + 8 u (u = 0, 1, ... as an immediate) and k `kk` + t (kk = 0, 4, 8, 12): the
 // lane-constant parts are computed once; the rest folds into the loads' immediates.
-template <int EXT, bool KMAJOR>
+template <int EXT, bool KMAJOR, int BK>
 struct FragPlan {
-  u32 base;     // lane's offset for u = 0, kk = 0
-  u32 var[4];   // K-major: by kk / 4 (the k chunk meets the row XOR); M/N-major: by u & 1
+  static constexpr int VARS = KMAJOR ? BK / 4 : 2;
+  u32 base;        // lane's offset for u = 0, kk = 0
+  u32 var[VARS];   // K-major: by kk / 4 (the k chunk meets the row XOR); M/N-major: by u & 1
   __device__ __forceinline__ FragPlan(int row0, int t) {
     if (KMAJOR) {
       // row0 & 3 is the lane's g & 3 for every u (row0 + 8 u), so the XOR is lane-constant.
-      base = (u32)(row0 * 16 * 8);
+      base = (u32)(row0 * BK * 8);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) var[q] = swz<EXT, true>(row0, 4 * q + t) - base;
+      for (int q = 0; q < VARS; ++q) var[q] = swz<EXT, true, BK>(row0, 4 * q + t) - base;
     } else {
       base = (u32)(t * EXT * 8);  // k row t (kk adds 4 rows: the same k & 3)
 #pragma unroll
-      for (int q = 0; q < 2; ++q) var[q] = swz<EXT, false>(t, row0 + 8 * q) - base;
-      var[2] = var[3] = 0;
+      for (int q = 0; q < VARS; ++q) var[q] = swz<EXT, false, BK>(t, row0 + 8 * q) - base;
     }
   }
   __device__ __forceinline__ u32 at(int u, int kk) const {
-    if (KMAJOR) return base + (u32)(u * 8 * 16 * 8) + var[kk >> 2];
+    if (KMAJOR) return base + (u32)(u * 8 * BK * 8) + var[kk >> 2];
     return base + (u32)(kk * EXT * 8) + (u32)((u >> 1) * 16 * 8) + var[u & 1];
   }
 };
 
 template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
-          bool PREFETCH, int GROUP_M>
+          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int COPY_AT = 0>
 __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
     gemm_f64(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
              i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec) {
   constexpr int THREADS = WM * WN * 32;
-  constexpr int BK = 16;
   constexpr int TM = BM / WM, TN = BN / WN;  // warp tile
   constexpr int FM = TM / 16, FN = TN / 8;   // DMMA tiles per warp
   constexpr int A_STAGE = BM * BK * 8, B_STAGE = BN * BK * 8;  // bytes
   static_assert(TM % 16 == 0 && TN % 8 == 0, "warp tile must be whole DMMA tiles");
   static_assert(A_KMAJOR || BM >= 16, "M-major rows need >= 8 chunks");
   static_assert(B_KMAJOR || BN >= 16, "N-major rows need >= 8 chunks");
+  static_assert((MMA_K == 8 || MMA_K == 16) && BK % MMA_K == 0, "k tile must be whole DMMA steps");
+  static_assert(!PREFETCH || BK == 2 * MMA_K, "the prefetching loop runs two steps per k tile");
 
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 sA = smem_u32(smem);
@@ -187,19 +210,19 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0;
 
-  const CopyPlan<BM, A_KMAJOR, THREADS> a_copy(tid);
-  const CopyPlan<BN, B_KMAJOR, THREADS> b_copy(tid);
+  const CopyPlan<BM, A_KMAJOR, THREADS, BK> a_copy(tid);
+  const CopyPlan<BN, B_KMAJOR, THREADS, BK> b_copy(tid);
   const bool interior_mn = m0 + BM <= M && n0 + BN <= N;
   const int ktiles = (K + BK - 1) / BK;
   const int full_ktiles = interior_mn ? K / BK : 0;  // k tiles copied without bounds checks
   auto load_stage = [&](int kt) {
     const int slot = kt % STAGES;
     if (kt < full_ktiles) {
-      load_tile<BM, A_KMAJOR, THREADS, true>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
-      load_tile<BN, B_KMAJOR, THREADS, true>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
+      load_tile<BM, A_KMAJOR, THREADS, BK, true>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
+      load_tile<BN, B_KMAJOR, THREADS, BK, true>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
     } else {
-      load_tile<BM, A_KMAJOR, THREADS, false>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
-      load_tile<BN, B_KMAJOR, THREADS, false>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
+      load_tile<BM, A_KMAJOR, THREADS, BK, false>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
+      load_tile<BN, B_KMAJOR, THREADS, BK, false>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
     }
   };
 #pragma unroll
@@ -209,33 +232,29 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
   }
 
   // Fragment rows: A's m wm TM + g (+ 16 i + 8 h), B's n wn TN + g (+ 8 j).
-  const FragPlan<BM, A_KMAJOR> a_frag(wm * TM + g, t);
-  const FragPlan<BN, B_KMAJOR> b_frag(wn * TN + g, t);
-  // One 8-deep k step's fragments: A for every 16-row tile, B for every 8-column tile.
+  const FragPlan<BM, A_KMAJOR, BK> a_frag(wm * TM + g, t);
+  const FragPlan<BN, B_KMAJOR, BK> b_frag(wn * TN + g, t);
+  // One MMA_K-deep k step's fragments: A for every 16-row tile, B for every 8-column tile.
   struct Frags {
-    double a[FM][4];
-    double b[FN][2];
+    double a[FM][MMA_K / 2];
+    double b[FN][MMA_K / 4];
   };
   auto load_frags = [&](int slot, int k0, Frags& f) {
     const u32 a_base = sA + slot * A_STAGE, b_base = sB + slot * B_STAGE;
 #pragma unroll
-    for (int j = 0; j < FN; ++j) {
-      f.b[j][0] = lds64(b_base + b_frag.at(j, k0));
-      f.b[j][1] = lds64(b_base + b_frag.at(j, k0 + 4));
-    }
+    for (int j = 0; j < FN; ++j)
 #pragma unroll
-    for (int i = 0; i < FM; ++i) {
-      f.a[i][0] = lds64(a_base + a_frag.at(2 * i, k0));
-      f.a[i][1] = lds64(a_base + a_frag.at(2 * i + 1, k0));
-      f.a[i][2] = lds64(a_base + a_frag.at(2 * i, k0 + 4));
-      f.a[i][3] = lds64(a_base + a_frag.at(2 * i + 1, k0 + 4));
-    }
+      for (int v = 0; v < MMA_K / 4; ++v) f.b[j][v] = lds64(b_base + b_frag.at(j, k0 + 4 * v));
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+      for (int v = 0; v < MMA_K / 2; ++v) f.a[i][v] = lds64(a_base + a_frag.at(2 * i + v % 2, k0 + 4 * (v / 2)));
   };
   auto mma_step = [&](const Frags& f) {
 #pragma unroll
     for (int i = 0; i < FM; ++i)
 #pragma unroll
-      for (int j = 0; j < FN; ++j) dmma1688(acc[i][j], f.a[i], f.b[j]);
+      for (int j = 0; j < FN; ++j) dmma<MMA_K>(acc[i][j], f.a[i], f.b[j]);
   };
 
   if (PREFETCH) {
@@ -250,7 +269,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
     cp_async_commit();
     if (ktiles > 0) load_frags(0, 0, f0);
     for (int kt = 0; kt < ktiles; ++kt) {
-      load_frags(kt % STAGES, 8, f1);
+      load_frags(kt % STAGES, MMA_K, f1);
       mma_step(f0);
       if (kt + 1 < ktiles) {
         cp_async_wait<STAGES - 2>();
@@ -262,16 +281,24 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
       mma_step(f1);
     }
   } else {
+    // COPY_AT: where the next stage's copies issue within a k tile: 0 right after the barrier,
+    // 1 after the first step's fragment loads (their latency under the copies' issue), 2 after
+    // the first step's DMMAs.
     for (int kt = 0; kt < ktiles; ++kt) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();  // tile kt landed for every thread; slot (kt - 1) % STAGES is free
-      if (kt + STAGES - 1 < ktiles) load_stage(kt + STAGES - 1);
-      cp_async_commit();
+      auto issue_copies = [&]() {
+        if (kt + STAGES - 1 < ktiles) load_stage(kt + STAGES - 1);
+        cp_async_commit();
+      };
+      if (COPY_AT == 0) issue_copies();
 #pragma unroll
-      for (int k0 = 0; k0 < BK; k0 += 8) {
+      for (int k0 = 0; k0 < BK; k0 += MMA_K) {
         Frags f;
         load_frags(kt % STAGES, k0, f);
+        if (k0 == 0 && COPY_AT == 1) issue_copies();
         mma_step(f);
+        if (k0 == 0 && COPY_AT == 2) issue_copies();
       }
     }
   }

@@ -13,6 +13,8 @@ Instances: one per (A, B, out) layout and tile configuration (`CONFIGS`).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,6 @@ from ..kernel import CudaSourceKernel
 
 ROW = (0, 0, 1)
 COL = (0, 1, 0)
-BK = 16
 #: Shared memory of one Hopper SM, and what the system reserves per CTA.
 SM_SMEM_BYTES = 233472
 CTA_RESERVED_SMEM = 1024
@@ -55,6 +56,13 @@ class F64Config:
     cost_scale: float = 1.0
     #: load the next k step's fragments while this step's DMMAs run (more registers)
     prefetch: bool = False
+    #: depth of a shared-memory k tile (one barrier each)
+    bk: int = 16
+    #: the DMMA's k: 8 (m16n8k8, as cuBLAS) or 16 (m16n8k16: half the instructions per flop)
+    mma_k: int = 8
+    #: where the next stage's copies issue in a k tile (gemm_f64.cu's COPY_AT): 0 after the
+    #: barrier, 1 after the first step's fragment loads, 2 after its DMMAs
+    copy_at: int = 0
 
     @property
     def threads(self) -> int:
@@ -62,17 +70,37 @@ class F64Config:
 
     @property
     def smem_bytes(self) -> int:
-        return self.stages * (self.bm + self.bn) * BK * 8
+        return self.stages * (self.bm + self.bn) * self.bk * 8
 
     @property
     def ctas_per_sm(self) -> int:
         by_smem = SM_SMEM_BYTES // (self.smem_bytes + CTA_RESERVED_SMEM)
         return max(1, min(by_smem, self.min_ctas))
 
+    @classmethod
+    def from_tag(cls, tag: str) -> "F64Config":
+        """The configuration a `tag` names: the family's own (`CONFIGS`, with its cost scale and
+        CTAs per SM) or one beyond it for benchmarks, with an optional ``_ctasN`` suffix for
+        ``min_ctas`` (default: as many as shared memory allows, at most 2)."""
+        for config in CONFIGS:
+            if config.tag == tag:
+                return config
+        m = re.fullmatch(r"tile(\d+)x(\d+)x(\d+)_warps(\d+)x(\d+)_stages(\d+)(_prefetch)?(?:_mma(\d+))?(?:_copy(\d))?"
+                         r"(?:_ctas(\d+))?",
+                         tag)
+        if not m:
+            raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ctasN]")
+        bm, bn, bk, wm, wn, stages = (int(v) for v in m.groups()[:6])
+        config = cls(bm, bn, wm, wn, stages, 2, prefetch=bool(m.group(7)), bk=bk, mma_k=int(m.group(8) or 8),
+                           copy_at=int(m.group(9) or 0))
+        by_smem = SM_SMEM_BYTES // (config.smem_bytes + CTA_RESERVED_SMEM)
+        return dataclasses.replace(config, min_ctas=int(m.group(10)) if m.group(10) else max(1, min(by_smem, 2)))
+
     @property
     def tag(self) -> str:
-        return (f"tile{self.bm}x{self.bn}x{BK}_warps{self.wm}x{self.wn}_stages{self.stages}"
-                + ("_prefetch" if self.prefetch else ""))
+        return (f"tile{self.bm}x{self.bn}x{self.bk}_warps{self.wm}x{self.wn}_stages{self.stages}"
+                + ("_prefetch" if self.prefetch else "") + (f"_mma{self.mma_k}" if self.mma_k != 8 else "")
+                + (f"_copy{self.copy_at}" if self.copy_at else ""))
 
 
 #: The configurations that won a size in the sweep (benchmarks/NOTES-f64.md, session 25, H200):
@@ -126,10 +154,10 @@ class CudaGemmF64(CudaSourceKernel):
                                         TensorAttributes(f64, ROW if params["b"] == "t" else COL, 1),
                                         TensorAttributes(f64, ROW if params["out"] == "t" else COL, 1),
                                         accumulator_type=f64)
-        design = BLASDesignMetadata(tile_shape=(c.bm, c.bn, BK), cluster_shape=(1, 1, 1), stages=c.stages,
+        design = BLASDesignMetadata(tile_shape=(c.bm, c.bn, c.bk), cluster_shape=(1, 1, 1), stages=c.stages,
                                     schedule="multistage",
                                     extra=(("warps", (c.wm, c.wn)), ("ctas_per_sm", c.ctas_per_sm),
-                                           ("mma", "m16n8k8.f64"), ("raster_group", GROUP_M)))
+                                           ("mma", f"m16n8k{c.mma_k}.f64"), ("raster_group", GROUP_M)))
         return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=90, max_cc=90)
 
     @classmethod
@@ -182,7 +210,7 @@ class CudaGemmF64(CudaSourceKernel):
         c = self.config
         b = lambda v: "true" if v else "false"  # noqa: E731
         return (f"ka_gemm_f64::gemm_f64<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, {c.bn}, "
-                f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}>")
+                f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, {c.copy_at}>")
 
     def grid(self, args: GemmArguments) -> tuple[int, int, int]:
         c = self.config
