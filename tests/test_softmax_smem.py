@@ -20,14 +20,15 @@ from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
 from kernel_api.errors import UnsupportedArgumentsError
 from kernel_api.providers.cuda_src.kernels import softmax_smem
 from kernel_api.providers.cuda_src.kernels.softmax import CudaSoftmaxBackward, CudaSoftmaxForward
-from kernel_api.providers.cuda_src.kernels.softmax_smem import CudaSoftmaxSmemBackward, CudaSoftmaxSmemForward
+from kernel_api.providers.cuda_src.kernels.softmax_smem import (CudaSoftmaxSmemBackward, CudaSoftmaxSmemForward,
+                                                              CudaSoftmaxSmemYBackward)
 from kernel_api.tuning.policies import rank_candidates
 
 from test_softmax import check_backward, check_forward, make_rows
 from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_CLASSES = (CudaSoftmaxSmemForward, CudaSoftmaxSmemBackward)
+_CLASSES = (CudaSoftmaxSmemForward, CudaSoftmaxSmemBackward, CudaSoftmaxSmemYBackward)
 
 
 def _args(cls, x: torch.Tensor):
@@ -42,8 +43,7 @@ def _kernel(cls, dtype: torch.dtype):
 
 def _two_per_sm_cols(kernel) -> int:
     """The longest row whose buffers still let two CTAs share an SM."""
-    per_row = 2 if kernel.backward else 1
-    return softmax_smem.TWO_PER_SM_BYTES // (16 * per_row) * kernel.vec + kernel.vec - 1
+    return softmax_smem.TWO_PER_SM_BYTES // (16 * kernel.staged_rows) * kernel.vec + kernel.vec - 1
 
 
 # ----------------------------------------------------------------------------- cubin report
@@ -86,18 +86,23 @@ def _resources(artifact) -> dict[int, int]:
 def test_instances_names_and_limits():
     fwd = {k.metadata.kernel_name: k for k in CudaSoftmaxSmemForward.generate_kernels(None, cc=90)}
     bwd = {k.metadata.kernel_name: k for k in CudaSoftmaxSmemBackward.generate_kernels(None, cc=90)}
+    ybwd = {k.metadata.kernel_name: k for k in CudaSoftmaxSmemYBackward.generate_kernels(None, cc=90)}
     assert sorted(fwd) == ["CudaSoftmaxSmemForward_bf16_smem_peel8", "CudaSoftmaxSmemForward_f16_smem_peel8",
                            "CudaSoftmaxSmemForward_f32_smem_peel4"]
     assert len(bwd) == 3
     k = fwd["CudaSoftmaxSmemForward_bf16_smem_peel8"]
     assert k.metadata.design.strategy == "smem" and k.metadata.design.max_cols == k.max_cols
     # the longest row's vectors fill the shared memory a CTA may have, one more vector does not
-    for kernel in list(fwd.values()) + list(bwd.values()):
-        assert softmax_smem.row_smem_bytes(kernel.max_cols, kernel.dtype, kernel.backward) <= \
+    for kernel in list(fwd.values()) + list(bwd.values()) + list(ybwd.values()):
+        assert softmax_smem.row_smem_bytes(kernel.max_cols, kernel.dtype, kernel.staged_rows) <= \
             softmax_smem.MAX_SMEM_BYTES < softmax_smem.row_smem_bytes(kernel.max_cols + 1, kernel.dtype,
-                                                                      kernel.backward)
+                                                                      kernel.staged_rows)
     assert (fwd["CudaSoftmaxSmemForward_f32_smem_peel4"].max_cols - 3) * 2 + 7 == k.max_cols == 116103
     assert bwd["CudaSoftmaxSmemBackward_bf16_smem_peel8"].max_cols == 58055
+    # the y-staged backward holds one row, as the forward does: f32 rows of GPT-2's 50257
+    assert ybwd["CudaSoftmaxSmemYBackward_f32_smemy_peel4"].max_cols == 58051
+    assert ybwd["CudaSoftmaxSmemYBackward_bf16_smemy_peel8"].max_cols == 116103
+    assert ybwd["CudaSoftmaxSmemYBackward_f32_smemy_peel4"].metadata.design.strategy == "smemy"
     assert not CudaSoftmaxSmemForward.generate_kernels(None, cc=80)  # 227 KB of shared memory: sm_90, sm_100
     assert not CudaSoftmaxSmemForward.generate_kernels(None, cc=120)
 
@@ -137,7 +142,7 @@ def test_compiles_for_sm90a_without_spills(cls, dtype):
         args = _args(cls, torch.empty(3, cols, dtype=dtype))
         assert k.supports(args, 90), (cols, k.supports(args, 90).error)
         grid, threads, smem = k.launch_config(args)
-        assert grid == 3 and smem == softmax_smem.row_smem_bytes(cols, k.dtype, cls.backward) <= softmax_smem.MAX_SMEM_BYTES
+        assert grid == 3 and smem == softmax_smem.row_smem_bytes(cols, k.dtype, cls.staged_rows) <= softmax_smem.MAX_SMEM_BYTES
         assert threads == (softmax_smem.THREADS_SHARED if smem <= softmax_smem.TWO_PER_SM_BYTES
                            else softmax_smem.THREADS_ALONE)
         artifact = k.compile(args, cc=90)
@@ -225,10 +230,11 @@ def test_forward_at_the_limits(dtype, offset):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cls", [CudaSoftmaxSmemBackward, CudaSoftmaxSmemYBackward])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("offset", [0, 5])
-def test_backward_at_the_limits(dtype, offset):
-    k = _kernel(CudaSoftmaxSmemBackward, dtype)
+def test_backward_at_the_limits(cls, dtype, offset):
+    k = _kernel(cls, dtype)
     torch.manual_seed(offset * 11 + len(str(dtype)))
     for cols in _gpu_cols(k):
         rows = 5

@@ -181,4 +181,114 @@ __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem(co
   store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
 }
 
+// L2 policies for the y-staged backward (below): dy is read twice, so its first read asks L2 to
+// keep it (evict_last) and its second, its last use, to drop it first; y is read once.
+__device__ __forceinline__ unsigned long long l2_policy_evict_last() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ unsigned long long l2_policy_evict_first() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint4 ld16_policy(const void* p, unsigned long long policy) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(policy));
+  return r;
+}
+__device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, unsigned long long policy) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "l"(policy)
+               : "memory");
+}
+
+// The backward for rows whose dy and y do not both fit shared memory but y alone does (f32 rows
+// of 29K-58K elements, 16-bit rows of 58K-116K): y is staged as the forward stages x, dy is
+// read from global memory twice -- for the dot product as y's stages land, and again in the
+// output pass, which L2 serves (the first read asked L2 to keep it). DRAM traffic stays one
+// read of y and dy and one write of dx; the looped kernels read both rows twice.
+template <class T, int VEC, int THREADS, int STAGES>
+__global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem_y(const typename T::raw* __restrict__ dy, const typename T::raw* __restrict__ y,
+                                                      typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy,
+                                                      i64 ldy, i64 lddx) {
+  extern __shared__ uint4 buf[];
+  __shared__ float sm[32];
+  const typename T::raw* gr = dy + (i64)blockIdx.x * lddy;
+  const typename T::raw* yr = y + (i64)blockIdx.x * ldy;
+  typename T::raw* dr = dx + (i64)blockIdx.x * lddx;
+  const int t = threadIdx.x;
+  const Span sp = row_span<T, VEC, true>(yr, (int)cols);
+  const int per_thread = (sp.nvec + THREADS - 1) / THREADS;
+  const int per_stage = (per_thread + STAGES - 1) / STAGES;
+  const unsigned long long keep = l2_policy_evict_last(), drop = l2_policy_evict_first();
+  const uint4* ysrc = reinterpret_cast<const uint4*>(yr + sp.head);
+  const uint4* gsrc = reinterpret_cast<const uint4*>(gr + sp.head);
+#pragma unroll
+  for (int st = 0; st < STAGES; ++st) {
+    for (int j = st * per_stage; j < (st + 1) * per_stage; ++j) {
+      const int v = j * THREADS + t;
+      if (v < sp.nvec) cp_async16_policy(buf + v, ysrc + v, drop);
+    }
+    cp_async_commit();
+  }
+  float gh, gt, yh, yt;
+  load_edges<T, VEC>(gr, sp, t, 0.f, gh, gt);
+  load_edges<T, VEC>(yr, sp, t, 0.f, yh, yt);
+  float dot = gh * yh + gt * yt;
+  // dy in batches of DY_BATCH vectors, all issued before any is used (in flight together).
+  constexpr int DY_BATCH = 4;
+#pragma unroll
+  for (int st = 0; st < STAGES; ++st) {
+    const int j1 = min((st + 1) * per_stage, per_thread);
+    for (int j0 = st * per_stage; j0 < j1; j0 += DY_BATCH) {
+      uint4 g[DY_BATCH];
+#pragma unroll
+      for (int b = 0; b < DY_BATCH; ++b) {
+        const int v = (j0 + b) * THREADS + t;
+        if (j0 + b < j1 && v < sp.nvec) g[b] = ld16_policy(gsrc + v, keep);
+      }
+      if (j0 == st * per_stage) cp_async_wait(STAGES - 1 - st);  // y's stage st has landed
+#pragma unroll
+      for (int b = 0; b < DY_BATCH; ++b) {
+        const int v = (j0 + b) * THREADS + t;
+        if (j0 + b < j1 && v < sp.nvec) {
+          float gf[VEC], w[VEC];
+          unpack16<T, VEC>(g[b], gf);
+          unpack16<T, VEC>(buf[v], w);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) dot = fmaf(gf[k], w[k], dot);
+        }
+      }
+    }
+    if (st * per_stage >= j1) cp_async_wait(STAGES - 1 - st);  // an empty stage still retires its group
+  }
+  dot = block_sum<THREADS>(dot, sm);
+  typename T::raw* db = dr + sp.head;
+  for (int j0 = 0; j0 < per_thread; j0 += DY_BATCH) {
+    uint4 g[DY_BATCH];
+#pragma unroll
+    for (int b = 0; b < DY_BATCH; ++b) {
+      const int v = (j0 + b) * THREADS + t;
+      if (j0 + b < per_thread && v < sp.nvec) g[b] = ld16_policy(gsrc + v, drop);
+    }
+#pragma unroll
+    for (int b = 0; b < DY_BATCH; ++b) {
+      const int v = (j0 + b) * THREADS + t;
+      if (j0 + b < per_thread && v < sp.nvec) {
+        float gf[VEC], w[VEC];
+        unpack16<T, VEC>(g[b], gf);
+        unpack16<T, VEC>(buf[v], w);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) gf[k] = w[k] * (gf[k] - dot);
+        store_vec<T, VEC>(db + (i64)v * VEC, gf);
+      }
+    }
+  }
+  store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
+}
+
 }  // namespace ka_softmax

@@ -1,14 +1,16 @@
 """Interface of the shared-memory-row softmax kernels (implementation: softmax_smem.cu,
 compiled after softmax.cu, whose helpers it uses).
 
-Two registered families, `CudaSoftmaxSmemForward` (`SoftmaxArguments`) and
-`CudaSoftmaxSmemBackward` (`SoftmaxBackwardArguments`), for sm_90 and sm_100 (227 KB of
-shared memory per CTA): one CTA per row, the whole row (the backward: dy's and y's rows)
-copied once into dynamic shared memory with cp.async, its statistics taken as the copies
-land, the output computed from shared memory. They serve rows longer than one CTA's registers
-hold and shorter than its shared memory: ``smem_peel<vec>`` per dtype, rows of up to
-`max_cols` elements (bf16/f16: 116K forward, 58K backward; f32: half that). The looped
-kernels read such rows twice; these read them once.
+Three registered families, `CudaSoftmaxSmemForward` (`SoftmaxArguments`),
+`CudaSoftmaxSmemBackward` and `CudaSoftmaxSmemYBackward` (`SoftmaxBackwardArguments`), for
+sm_90 and sm_100 (227 KB of shared memory per CTA): one CTA per row, the whole row (the
+backward: dy's and y's rows; the y-staged backward: y's) copied once into dynamic shared
+memory with cp.async, its statistics taken as the copies land, the output computed from
+shared memory (the y-staged backward re-reads dy, from L2). They serve rows longer than one
+CTA's registers hold and shorter than its shared memory: ``smem_peel<vec>`` /
+``smemy_peel<vec>`` per dtype, rows of up to `max_cols` elements (bf16/f16: 116K forward and
+y-staged backward, 58K backward; f32: half that). The looped kernels read such rows twice
+from DRAM; these read them once.
 
 Every instance peels rows (16-byte vectors after a scalar head, see softmax.py), so it takes
 operands at any alignment whose rows share one offset from a 16-byte boundary. An artifact is
@@ -52,6 +54,10 @@ MIN_CC, MAX_CC = 90, 100
 #: earlier 1.25 for one CTA per SM kept the f32 forward of 8192x32768 on a register kernel
 #: 1.15x slower.
 STAGING_COST = 1.1
+#: The y-staged backward's further factor: its second read of dy comes from L2. Measured 0.89-0.93x
+#: the two-row staging's speed where both fit (H200, bf16 1024-8192 rows of 32768-50257,
+#: results/softmax-NVIDIA_H200-s27-smemy.json), so it takes only the rows that staging cannot.
+Y_STAGING_COST = 1.1
 
 
 @dataclass(frozen=True)
@@ -64,20 +70,26 @@ class SmemPlan:
     rows_per_cta: int = 1
 
 
-def row_smem_bytes(cols: int, dtype: DataType, backward: bool) -> int:
-    """Dynamic shared memory for rows of ``cols`` elements: the 16-byte vectors of one row
-    (the backward: two rows), at most ``cols // vec`` of them after the peeled head."""
-    return (cols * dtype.bytes // 16) * 16 * (2 if backward else 1)
+def row_smem_bytes(cols: int, dtype: DataType, staged_rows: int) -> int:
+    """Dynamic shared memory for ``staged_rows`` rows of ``cols`` elements (the forward and the
+    y-staged backward stage one, the backward two): their 16-byte vectors, at most
+    ``cols // vec`` per row after the peeled head."""
+    return (cols * dtype.bytes // 16) * 16 * staged_rows
 
 
-def max_cols(dtype: DataType, backward: bool) -> int:
+def max_cols(dtype: DataType, staged_rows: int) -> int:
     """The longest row whose vectors fit `MAX_SMEM_BYTES` (plus a peeled head and tail)."""
     vec = 16 // dtype.bytes
-    return (MAX_SMEM_BYTES // (16 * (2 if backward else 1))) * vec + vec - 1
+    return (MAX_SMEM_BYTES // (16 * staged_rows)) * vec + vec - 1
 
 
 class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     source_file = "softmax_smem.cu"
+    #: rows each CTA stages in shared memory (the backward: dy's and y's)
+    staged_rows: int = 1
+    #: the template (softmax_smem.cu) and the name part of the instances
+    template: str = "fwd_smem"
+    tag: str = "smem"
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
@@ -86,15 +98,15 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     # ---- generation --------------------------------------------------------------------
     @classmethod
     def variant_params(cls) -> list[dict]:
-        return [dict(dtype=dtype, max_cols=max_cols(dtype, cls.backward)) for dtype in softmax_config.DTYPES]
+        return [dict(dtype=dtype, max_cols=max_cols(dtype, cls.staged_rows)) for dtype in softmax_config.DTYPES]
 
     @classmethod
     def instance_name(cls, params: dict) -> str:
-        return f"{cls.__name__}_{params['dtype']}_smem_peel{16 // params['dtype'].bytes}"
+        return f"{cls.__name__}_{params['dtype']}_{cls.tag}_peel{16 // params['dtype'].bytes}"
 
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
-        design = RowReductionDesignMetadata("smem", THREADS_SHARED, 16, 1, params["max_cols"],
+        design = RowReductionDesignMetadata(cls.tag, THREADS_SHARED, 16, 1, params["max_cols"],
                                             extra=(("peel", True), ("stages", STAGES)))
         return cls.family_metadata(params, design, MIN_CC, MAX_CC)
 
@@ -107,7 +119,7 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
             return too_long
         if cols > self.max_cols:
             return Status.fail(f"{name}: rows of {cols:,} elements need "
-                               f"{row_smem_bytes(cols, self.dtype, self.backward):,} bytes of shared memory, "
+                               f"{row_smem_bytes(cols, self.dtype, self.staged_rows):,} bytes of shared memory, "
                                f"past its {MAX_SMEM_BYTES:,} (rows of up to {self.max_cols:,}); "
                                f"a looped or split instance takes them")
         if rows > MAX_GRID_X:
@@ -119,14 +131,13 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     def threads_for(self, cols: int) -> int:
         """Threads per CTA: `THREADS_SHARED` while two rows' buffers fit an SM, else
         `THREADS_ALONE` (one CTA per SM issues the copies and the math alone)."""
-        two = row_smem_bytes(cols, self.dtype, self.backward) <= TWO_PER_SM_BYTES
+        two = row_smem_bytes(cols, self.dtype, self.staged_rows) <= TWO_PER_SM_BYTES
         return THREADS_SHARED if two else THREADS_ALONE
 
     def plan(self, cols: int) -> tuple[str, SmemPlan]:
         """The template instance and launch plan for rows of ``cols`` elements."""
         threads = self.threads_for(cols)
-        op = "bwd" if self.backward else "fwd"
-        return (f"ka_softmax::{op}_smem<{_TYPES[self.dtype]}, {self.vec}, {threads}, {STAGES}>",
+        return (f"ka_softmax::{self.template}<{_TYPES[self.dtype]}, {self.vec}, {threads}, {STAGES}>",
                 SmemPlan(threads, self.max_cols))
 
     def name_expression(self, args: Any) -> str:
@@ -137,7 +148,7 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     def launch_config(self, args: Any) -> tuple:
         p = self.plan(args.cols)[1]
-        return (args.rows, p.threads, row_smem_bytes(args.cols, self.dtype, self.backward))
+        return (args.rows, p.threads, row_smem_bytes(args.cols, self.dtype, self.staged_rows))
 
     def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
         p = _launch_plan(self, args, artifact)
@@ -145,7 +156,7 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
             return
         device = args.device.index
         artifact.compiled_obj.launch(stream_handle(stream, device), device, args.rows, p.threads,
-                                     row_smem_bytes(args.cols, self.dtype, self.backward), row_params(args))
+                                     row_smem_bytes(args.cols, self.dtype, self.staged_rows), row_params(args))
 
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
@@ -155,7 +166,7 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
         SMs), and these take the longer rows from the looped kernels (1.5: two reads)."""
         from ....tuning.policies import row_cost
 
-        return row_cost(self, args, sm_count) * STAGING_COST
+        return row_cost(self, args, sm_count) * STAGING_COST * (Y_STAGING_COST if self.template == "bwd_smem_y" else 1.0)
 
 
 @CudaSourceProvider.register
@@ -172,3 +183,16 @@ class CudaSoftmaxSmemBackward(_SmemBase):
 
     supported_args_type = SoftmaxBackwardArguments
     backward = True
+    staged_rows = 2
+    template = "bwd_smem"
+
+
+@CudaSourceProvider.register
+class CudaSoftmaxSmemYBackward(_SmemBase):
+    """``grad_in = out * (grad_out - sum(grad_out * out))``, y's row staged in shared memory and
+    dy's read twice (the second time from L2): rows too long for both to be staged."""
+
+    supported_args_type = SoftmaxBackwardArguments
+    backward = True
+    template = "bwd_smem_y"
+    tag = "smemy"
