@@ -94,6 +94,10 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
         self.max_cols: int = params["max_cols"]
+        #: commit groups per row, and threads per CTA (None: `threads_for`'s choice); attributes
+        #: so that benchmarks/softmax_smem_sweep.py can vary them (the compile key follows them)
+        self.stages: int = STAGES
+        self.threads: int | None = None
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -131,13 +135,15 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     def threads_for(self, cols: int) -> int:
         """Threads per CTA: `THREADS_SHARED` while two rows' buffers fit an SM, else
         `THREADS_ALONE` (one CTA per SM issues the copies and the math alone)."""
+        if self.threads is not None:
+            return self.threads
         two = row_smem_bytes(cols, self.dtype, self.staged_rows) <= TWO_PER_SM_BYTES
         return THREADS_SHARED if two else THREADS_ALONE
 
     def plan(self, cols: int) -> tuple[str, SmemPlan]:
         """The template instance and launch plan for rows of ``cols`` elements."""
         threads = self.threads_for(cols)
-        return (f"ka_softmax::{self.template}<{_TYPES[self.dtype]}, {self.vec}, {threads}, {STAGES}>",
+        return (f"ka_softmax::{self.template}<{_TYPES[self.dtype]}, {self.vec}, {threads}, {self.stages}>",
                 SmemPlan(threads, self.max_cols))
 
     def name_expression(self, args: Any) -> str:
