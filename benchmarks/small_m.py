@@ -247,8 +247,11 @@ ALT_CONFIGS = {
     8: [SmallMConfig(8, 128, 128, 3, 4, 1, 2), SmallMConfig(8, 64, 64, 8, 4, 1, 3), SmallMConfig(8, 32, 128, 4, 2, 1, 4)],
     16: [SmallMConfig(16, 128, 128, 3, 4, 1, 2), SmallMConfig(16, 64, 64, 8, 4, 1, 3),
          SmallMConfig(16, 32, 128, 4, 2, 1, 4)],
-    64: [SmallMConfig(64, 64, 128, 3, 2, 2, 2), SmallMConfig(64, 128, 64, 6, 2, 2, 1)],
-    128: [SmallMConfig(128, 128, 64, 4, 2, 2, 1), SmallMConfig(128, 256, 64, 3, 4, 2, 1)],
+    # (8 warps per CTA: two per scheduler at 2 CTAs per SM, for the latency-bound M = 64 / 128; session 27)
+    64: [SmallMConfig(64, 64, 128, 3, 2, 2, 2), SmallMConfig(64, 128, 64, 6, 2, 2, 1),
+         SmallMConfig(64, 128, 64, 4, 4, 2, 2), SmallMConfig(64, 128, 64, 4, 2, 4, 2)],
+    128: [SmallMConfig(128, 128, 64, 4, 2, 2, 1), SmallMConfig(128, 256, 64, 3, 4, 2, 1),
+          SmallMConfig(128, 128, 64, 3, 4, 2, 2)],
 }
 EXPLORE_SHAPES = [(M, N, K) for M in (1, 16, 64, 128) for N, K in ((4096, 4096), (8192, 8192), (14336, 4096))]
 
