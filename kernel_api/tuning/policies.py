@@ -49,6 +49,20 @@ GEMM_COST_UNITS_PER_SECOND = 2.61e12
 #: 1x14336x14336; benchmarks/results/gemm_shapes-NVIDIA_H200-s25-small-m.json), where the tile
 #: model alone predicted 22 us for 117 MB.
 SKINNY_GEMM = 128
+#: A two-CTA cluster along the output's longer side of tiles (2x1 on a tall output, 1x2 on a
+#: wide one) against the same tile clustered along the shorter side: measured 1.04-1.22x the
+#: time on the tall outputs of GPT-2's prefill and its backward (H100 and H200: c_attn, attn and
+#: mlp c_proj, the dX products; 8192x1024x4096, 4096x512x4096, 16384x1024x16384 in the tuning
+#: records) and 1.02-1.12x on wide ones (lm_head, c_attn dW, 1024x8192x8192, 4096x11008x4096);
+#: results/selection_torch-*.json, results/tune_torchrun-*.json. Square outputs: no term.
+CLUSTER_ALONG_LONG_SIDE = 1.05
+#: A cluster longer than the output's tiles along its dimension (2x1 on a one-tile M: the
+#: grid's second CTA of every cluster has no rows) against the same tile clustered the other
+#: way: 1.24-1.96x the time at M = 1-128 (H200 small-M runs, results/gemm_shapes-NVIDIA_H200-
+#: s25-small-m*.json; H100 128x8192x8192 1.27-1.29x), although the SMs are not all busy: the
+#: empty CTA still takes its multicast share and paces its partner. Not a wave effect, so a
+#: factor on the whole cost, streaming floor included.
+CLUSTER_PAST_THE_TILES = 1.3
 TILE_STREAM_BYTES_PER_SECOND = 2.5e12
 
 
@@ -74,18 +88,25 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     tile = getattr(design, "tile_shape", None) or (64, 64, 8)
     tm, tn = tile[0], tile[1]
     cluster = getattr(design, "cluster_shape", (1, 1, 1))
-    tiles = math.ceil(args.M / tm) * math.ceil(args.N / tn) * args.L
+    cm, cn = max(1, cluster[0]), max(1, cluster[1])
+    m_tiles, n_tiles = math.ceil(args.M / tm), math.ceil(args.N / tn)
+    # The grid is whole clusters: a cluster along M on a one-tile M (decode) runs an empty CTA.
+    tiles = math.ceil(m_tiles / cm) * cm * math.ceil(n_tiles / cn) * cn * args.L
     # Clusters are placed whole, so a GPC's leftover SMs may idle with large clusters.
-    cluster_size = max(1, cluster[0] * cluster[1])
+    cluster_size = cm * cn
     usable_sms = max(1, sm_count - sm_count % cluster_size)
     tiles_per_sm = math.ceil(tiles / usable_sms)  # wave quantisation: the busiest SM sets the time
     intensity = tm * tn / (tm + tn)
     efficiency = kernel.metadata.kernel_class.performance_hint * intensity / (intensity + 32)
     if cluster_size > 1:
         efficiency *= 1.0 + 0.03 * math.log2(cluster_size)  # multicast cuts operand traffic
+    if (cm > cn and m_tiles > n_tiles >= cn) or (cn > cm and n_tiles > m_tiles >= cm):
+        efficiency /= CLUSTER_ALONG_LONG_SIDE  # (see its comment)
     cost = tiles_per_sm * tm * tn * max(args.K, 1) / max(efficiency, 1e-6)
     if min(args.M, args.N) <= SKINNY_GEMM:
         cost = max(cost, gemm_bytes(args) / TILE_STREAM_BYTES_PER_SECOND * GEMM_COST_UNITS_PER_SECOND)
+    if cm > m_tiles or cn > n_tiles:
+        cost *= CLUSTER_PAST_THE_TILES  # (see its comment)
     return cost
 
 
