@@ -53,6 +53,28 @@ def device_cc(device_index: int | None = None) -> int:
     return major * 10 + minor
 
 
+#: SMs assumed when planning without a GPU (an H100/H200 SXM, the machines we target).
+DEFAULT_SM_COUNT = 132
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device | None = None) -> int:
+    """Streaming multiprocessors of a CUDA ``device`` (its index, else the current one), looked
+    up once per device; `DEFAULT_SM_COUNT` for a device that is not CUDA (meta and CPU tensors
+    when planning without a GPU) or for None without a GPU."""
+    if device is None:
+        if not torch.cuda.is_available():
+            return DEFAULT_SM_COUNT
+        return _device_sms(torch.cuda.current_device())
+    if device.type != "cuda":
+        return DEFAULT_SM_COUNT
+    return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def resolve_cc(cc: Any = None, device: torch.device | None = None) -> int | None:
     """An explicit ``cc`` always wins; else the cc of ``device`` (if CUDA) or of the current GPU.
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .. import registry
-from ..core.arch import device_cc
+from ..core.arch import DEFAULT_SM_COUNT, device_cc, sm_count
 from ..arguments import GemmArguments
 from ..arguments.base import unbound_copy
 from ..core.dtypes import DataType
@@ -34,9 +34,8 @@ _log = logging.getLogger(__name__)
 
 
 def _sm_count(device: torch.device | None) -> int:
-    if device is not None and device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132  # an H100/H200, the machines we target when no GPU is present
+    # (None here means no tensor device: plan for the machines we target, not the current GPU)
+    return sm_count(device) if device is not None else DEFAULT_SM_COUNT
 
 
 #: gemm_cost's units per second: the rate the Sm90 family's cost showed on the H200 at
@@ -56,6 +55,16 @@ SKINNY_GEMM = 128
 #: records) and 1.02-1.12x on wide ones (lm_head, c_attn dW, 1024x8192x8192, 4096x11008x4096);
 #: results/selection_torch-*.json, results/tune_torchrun-*.json. Square outputs: no term.
 CLUSTER_ALONG_LONG_SIDE = 1.05
+#: A cooperative schedule (both consumer warpgroups on one tile) stores each tile's epilogue
+#: while no MMA runs; ping-pong overlaps it with the other warpgroup's main loop. The stall is
+#: a fixed share of a tile's work in k-steps: the efficiency over 1 + this / K. Fitted to
+#: GPT-2's lm_head (8192 x 50256 x 768): the 128x256 cooperative tile at 1.08x (H100) and
+#: 1.26x (H200) the 128x128 ping-pong tile's time, where the intensity term alone rates it 9 %
+#: faster. Bounded above by the issue #16 sweep (K >= 4096, cooperative 0.94-1.04x): from 100
+#: on, cuBLAS would outrank our tiles at 4096^3 and 8192^3, where they are measured faster
+#: (results/selection_torch-*.json of session 27). 60 leaves the H200's lm_head on the
+#: cooperative tile (0.80 of the best).
+COOPERATIVE_EPILOGUE_K = 80.0
 #: A cluster longer than the output's tiles along its dimension (2x1 on a one-tile M: the
 #: grid's second CTA of every cluster has no rows) against the same tile clustered the other
 #: way: 1.24-1.96x the time at M = 1-128 (H200 small-M runs, results/gemm_shapes-NVIDIA_H200-
@@ -102,6 +111,8 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
         efficiency *= 1.0 + 0.03 * math.log2(cluster_size)  # multicast cuts operand traffic
     if (cm > cn and m_tiles > n_tiles >= cn) or (cn > cm and n_tiles > m_tiles >= cm):
         efficiency /= CLUSTER_ALONG_LONG_SIDE  # (see its comment)
+    if getattr(design, "schedule", None) == "cooperative":
+        efficiency /= 1.0 + COOPERATIVE_EPILOGUE_K / max(args.K, 1)  # (see its comment)
     cost = tiles_per_sm * tm * tn * max(args.K, 1) / max(efficiency, 1e-6)
     if min(args.M, args.N) <= SKINNY_GEMM:
         cost = max(cost, gemm_bytes(args) / TILE_STREAM_BYTES_PER_SECOND * GEMM_COST_UNITS_PER_SECOND)

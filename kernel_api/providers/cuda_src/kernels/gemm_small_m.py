@@ -24,6 +24,7 @@ import torch
 
 from ....arguments import GemmArguments
 from ....core.dtypes import DataType
+from ....core.arch import DEFAULT_SM_COUNT, sm_count
 from ....core.status import Status
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
@@ -107,17 +108,8 @@ _MMA_FLOPS = 80e12
 _FIXED_SECONDS = 7.0e-6
 
 
-_sm_counts: dict[int, int] = {}
-
-
 def _sm_count(device: torch.device | None) -> int:
-    if device is None or device.type != "cuda":
-        return 132
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    count = _sm_counts.get(index)
-    if count is None:
-        count = _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return count
+    return sm_count(device) if device is not None else DEFAULT_SM_COUNT
 
 
 class LaunchPlan(NamedTuple):

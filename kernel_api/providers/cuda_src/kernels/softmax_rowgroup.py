@@ -84,6 +84,7 @@ from typing import Any
 import torch
 
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
+from ....core.arch import sm_count
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
@@ -586,15 +587,10 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
                         row_params(args) + tail, cooperative=True)
 
 
-@functools.lru_cache(maxsize=64)
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return DEFAULT_SMS * 2  # (a bound for planning without a GPU)
-    return _sms(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_count(device)
 
 
 @CudaSourceProvider.register
