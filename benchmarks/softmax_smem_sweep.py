@@ -49,13 +49,13 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
     try:
         for threads, stages in configs:
             kernel.threads = threads or None
-            kernel.stages = stages or sm.STAGES
+            kernel.stages = stages or kernel.default_stages
             point = {"kernel": kernel.metadata.kernel_name,
                      "config": f"{kernel.threads_for(cols)}x{kernel.stages}" + ("" if threads or stages else " (default)")}
             points.append(_measure(point, kernel, kernel.compile(argsets[0]), argsets, outs, ref, torch_fn, sets,
                                    nbytes, iters, repeats))
     finally:
-        kernel.threads, kernel.stages = None, sm.STAGES
+        kernel.threads, kernel.stages = None, kernel.default_stages
     return points
 
 

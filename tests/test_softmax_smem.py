@@ -103,6 +103,8 @@ def test_instances_names_and_limits():
     assert ybwd["CudaSoftmaxSmemYBackward_f32_smemy_peel4"].max_cols == 58051
     assert ybwd["CudaSoftmaxSmemYBackward_bf16_smemy_peel8"].max_cols == 116103
     assert ybwd["CudaSoftmaxSmemYBackward_f32_smemy_peel4"].metadata.design.strategy == "smemy"
+    # two commit groups for the y-staged backward (its sweep), four for the others
+    assert {k.stages for k in ybwd.values()} == {2} and {k.stages for k in bwd.values()} == {softmax_smem.STAGES}
     assert not CudaSoftmaxSmemForward.generate_kernels(None, cc=80)  # 227 KB of shared memory: sm_90, sm_100
     assert not CudaSoftmaxSmemForward.generate_kernels(None, cc=120)
 
@@ -147,7 +149,7 @@ def test_compiles_for_sm90a_without_spills(cls, dtype):
                            else softmax_smem.THREADS_ALONE)
         artifact = k.compile(args, cc=90)
         assert artifact.compiled_obj.compiled.arch == "sm_90a"
-        assert artifact.compiled_obj.name_expression.endswith(f", {threads}, {softmax_smem.STAGES}>")
+        assert artifact.compiled_obj.name_expression.endswith(f", {threads}, {k.default_stages}>")
         res = _resources(artifact)
         assert res.get(0x11, 0) == 0 and res.get(0x12, 0) == 0, f"{k.metadata.kernel_name} cols={cols}: local memory {res}"
         assert 0 < res[0x2f] <= 64, res

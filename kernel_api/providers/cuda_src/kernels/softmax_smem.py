@@ -90,13 +90,15 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     #: the template (softmax_smem.cu) and the name part of the instances
     template: str = "fwd_smem"
     tag: str = "smem"
+    #: commit groups per row (`STAGES`; the y-staged backward its own)
+    default_stages: int = STAGES
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
         self.max_cols: int = params["max_cols"]
         #: commit groups per row, and threads per CTA (None: `threads_for`'s choice); attributes
         #: so that benchmarks/softmax_smem_sweep.py can vary them (the compile key follows them)
-        self.stages: int = STAGES
+        self.stages: int = self.default_stages
         self.threads: int | None = None
 
     # ---- generation --------------------------------------------------------------------
@@ -202,3 +204,6 @@ class CudaSoftmaxSmemYBackward(_SmemBase):
     backward = True
     template = "bwd_smem_y"
     tag = "smemy"
+    #: 2 commit groups: +1 % over 4 at f32 1024 and 4096 rows of 50257 (H200,
+    #: results/softmax-smem-sweep-NVIDIA_H200-s27.*), 8 no better
+    default_stages = 2
