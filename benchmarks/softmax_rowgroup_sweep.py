@@ -116,6 +116,27 @@ def swept_cases(opts: argparse.Namespace, report: dict, sweep) -> Iterator[tuple
                 yield f"{dname} {direction} {rows}x{cols}", points, max(timed, key=lambda p: p["tbs"]) if timed else None
 
 
+def add_case_arguments(ap: argparse.ArgumentParser, shapes: list[tuple[int, int]]) -> None:
+    """The options every softmax sweep takes: dtypes, directions, shapes, iterations, repeats, tag."""
+    ap.add_argument("--dtypes", default="bf16,f32")
+    ap.add_argument("--directions", default="fwd,bwd")
+    ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in shapes))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--tag", default="")
+
+
+def run_sweep(name: str, opts: argparse.Namespace, report: dict, sweep, header: str, line) -> None:
+    """Print ``header``, then ``line(case, point, note)`` for every point of every case (the
+    note: the point's error, or "best"), and write the report as results/<name>-<device>[-tag].json."""
+    print(header)
+    for case, points, best in swept_cases(opts, report, sweep):
+        for p in points:
+            print(line(case, p, p.get("error", "") or ("best" if p is best else "")), flush=True)
+    for path in write_result(result_name(name, report["device"], opts.tag), report, indent=2):
+        print(f"wrote {path}")
+
+
 def speed_cells(p: dict) -> tuple[str, str]:
     """A point's TB/s and torch's in the same run, as table cells ('-' for a point not timed)."""
     if "tbs" not in p:
@@ -125,15 +146,10 @@ def speed_cells(p: dict) -> tuple[str, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtypes", default="bf16,f32")
-    ap.add_argument("--directions", default="fwd,bwd")
-    ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
+    add_case_arguments(ap, SHAPES)
     ap.add_argument("--variants", default="1,2", help="CTAs per SM: 1 (rowgroup), 2 (rowgroup2)")
     ap.add_argument("--rings", default="14,7,6", help="ring chunks per CTA (16 KB each; a cap per variant)")
     ap.add_argument("--S", default="plan", help="CTAs per row: 'plan' and/or numbers")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--tag", default="")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_rowgroup_sweep.py needs a CUDA GPU")
@@ -142,22 +158,20 @@ def main() -> None:
         sys.exit(f"--variants: CTAs per SM among {sorted(rg.CONSUMERS_BY_CTAS_PER_SM)}")
     rings = [int(r) for r in opts.rings.split(",")]
     splits = [s if s == "plan" else int(s) for s in opts.S.split(",")]
-    device = torch.cuda.get_device_name()
-    report = {"device": device, "torch": torch.__version__, "variants": variants, "cases": []}
-    print(f"{'case':>28} {'var':>3} {'ring':>4} {'S':>4} {'G':>3} {'waves':>5} {'slice KB':>8} {'over':>6} {'TB/s':>6} "
-          f"{'torch':>6}  note")
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "variants": variants, "cases": []}
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
         return sweep_case(rows, cols, dtype, backward, variants, rings, splits, opts.iters, opts.repeats)
 
-    for case, points, best in swept_cases(opts, report, sweep):
-        for p in points:
-            note = p.get("error", "") or ("best" if p is best else "") + (" (plan)" if p["S_asked"] == "plan" else "")
-            tbs, torch_tbs = speed_cells(p)
-            print(f"{case:>28} {p['variant']:3d} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} {p['slice_kb']:8.0f} "
-                  f"{p['overflow_vectors']:6d} {tbs} {torch_tbs}  {note}", flush=True)
-    for path in write_result(result_name("softmax-rowgroup-sweep", device, opts.tag), report, indent=2):
-        print(f"wrote {path}")
+    def line(case: str, p: dict, note: str) -> str:
+        tbs, torch_tbs = speed_cells(p)
+        note += " (plan)" if p.get("S_asked") == "plan" and not p.get("error") else ""
+        return (f"{case:>28} {p['variant']:3d} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} "
+                f"{p['slice_kb']:8.0f} {p['overflow_vectors']:6d} {tbs} {torch_tbs}  {note}")
+
+    run_sweep("softmax-rowgroup-sweep", opts, report, sweep,
+              f"{'case':>28} {'var':>3} {'ring':>4} {'S':>4} {'G':>3} {'waves':>5} {'slice KB':>8} {'over':>6} "
+              f"{'TB/s':>6} {'torch':>6}  note", line)
 
 
 if __name__ == "__main__":

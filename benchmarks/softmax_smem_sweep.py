@@ -26,9 +26,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import kernel_api  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_smem as sm  # noqa: E402
 from kernel_api.tuning.policies import rank_candidates  # noqa: E402
-from results_io import result_name, write_result  # noqa: E402
 from softmax import _case_tensors  # noqa: E402
-from softmax_rowgroup_sweep import _measure, speed_cells, swept_cases  # noqa: E402
+from softmax_rowgroup_sweep import _measure, add_case_arguments, run_sweep, speed_cells  # noqa: E402
 
 SHAPES = [(1024, 50257), (4096, 50257)]
 
@@ -74,32 +73,24 @@ def parse_configs(text: str) -> list[tuple[int, int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtypes", default="bf16,f32")
-    ap.add_argument("--directions", default="fwd,bwd")
-    ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
+    add_case_arguments(ap, SHAPES)
     ap.add_argument("--configs", default="default,0x2,0x8,512x4,1024x4,256x4",
                     help="THREADSxSTAGES, comma-separated; 0 takes the family's choice, default = 0x0")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--tag", default="")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_smem_sweep.py needs a CUDA GPU")
     configs = parse_configs(opts.configs)
-    device = torch.cuda.get_device_name()
-    report = {"device": device, "torch": torch.__version__, "cases": []}
-    print(f"{'case':>26} {'kernel':>44} {'threads x stages':>18} {'TB/s':>6} {'torch':>6}  note")
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
         return sweep_case(rows, cols, dtype, backward, configs, opts.iters, opts.repeats)
 
-    for case, points, best in swept_cases(opts, report, sweep):
-        for p in points:
-            note = p.get("error", "") or ("best" if p is best else "")
-            tbs, torch_tbs = speed_cells(p)
-            print(f"{case:>26} {p['kernel']:>44} {p['config']:>18} {tbs} {torch_tbs}  {note}", flush=True)
-    for path in write_result(result_name("softmax-smem-sweep", device, opts.tag), report, indent=2):
-        print(f"wrote {path}")
+    def line(case: str, p: dict, note: str) -> str:
+        tbs, torch_tbs = speed_cells(p)
+        return f"{case:>26} {p['kernel']:>44} {p['config']:>18} {tbs} {torch_tbs}  {note}"
+
+    run_sweep("softmax-smem-sweep", opts, report, sweep,
+              f"{'case':>26} {'kernel':>44} {'threads x stages':>18} {'TB/s':>6} {'torch':>6}  note", line)
 
 
 if __name__ == "__main__":

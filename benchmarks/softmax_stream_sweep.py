@@ -28,9 +28,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import kernel_api  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_stream as ss  # noqa: E402
-from results_io import result_name, write_result  # noqa: E402
 from softmax import _case_tensors  # noqa: E402
-from softmax_rowgroup_sweep import _measure, speed_cells, swept_cases  # noqa: E402
+from softmax_rowgroup_sweep import _measure, add_case_arguments, run_sweep, speed_cells  # noqa: E402
 
 SHAPES = [(32, 2**20), (8, 2**22)]
 
@@ -81,34 +80,25 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtypes", default="bf16,f32")
-    ap.add_argument("--directions", default="fwd,bwd")
-    ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
+    add_case_arguments(ap, SHAPES)
     ap.add_argument("--configs", default="default,0x0x32,0x0x128,512x4x64,512x2x64,512x1x64,256x4x64",
                     help="THREADSxUNROLLxPART_KB, comma-separated; 0 takes the family's default, default = 0x0x0")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--tag", default="")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_stream_sweep.py needs a CUDA GPU")
     configs = parse_configs(opts.configs)
-    device = torch.cuda.get_device_name()
-    report = {"device": device, "torch": torch.__version__, "cases": []}
-    print(f"{'case':>26} {'kernel config':>22} {'parts':>6} {'part KB':>7} {'TB/s':>6} {'torch':>6}  note")
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
         return sweep_case(rows, cols, dtype, backward, configs, opts.iters, opts.repeats)
 
-    for case, points, best in swept_cases(opts, report, sweep):
-        for p in points:
-            note = p.get("error", "") or ("best" if p is best else "")
-            tbs, torch_tbs = speed_cells(p)
-            part_kb = f"{p['part_kb']:7.0f}" if "part_kb" in p else f"{'':>7}"
-            print(f"{case:>26} {p['config']:>22} {p.get('parts_per_row', '')!s:>6} {part_kb} {tbs} {torch_tbs}  {note}",
-                  flush=True)
-    for path in write_result(result_name("softmax-stream-sweep", device, opts.tag), report, indent=2):
-        print(f"wrote {path}")
+    def line(case: str, p: dict, note: str) -> str:
+        tbs, torch_tbs = speed_cells(p)
+        part_kb = f"{p['part_kb']:7.0f}" if "part_kb" in p else f"{'':>7}"
+        return f"{case:>26} {p['config']:>22} {p.get('parts_per_row', '')!s:>6} {part_kb} {tbs} {torch_tbs}  {note}"
+
+    run_sweep("softmax-stream-sweep", opts, report, sweep,
+              f"{'case':>26} {'kernel config':>22} {'parts':>6} {'part KB':>7} {'TB/s':>6} {'torch':>6}  note", line)
 
 
 if __name__ == "__main__":
