@@ -29,7 +29,7 @@ SMALL_M_PICKANY = "gemm_shapes-NVIDIA_H200-s25-small-m-pickany.json"
 
 #: The recorded files replayed in full.
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
-         "gemm_shapes-NVIDIA_H200-s25-f64.json"]
+         "gemm_shapes-NVIDIA_H200-s25-f64.json", "gemm_shapes-NVIDIA_H200-s27-splitall.json"]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The

@@ -252,3 +252,27 @@ def test_launch_arguments_of_every_run_path():
     finally:
         for k in (plain, streamk):
             k._clusters.pop(-1, None)  # registry instances are shared with other tests
+
+
+def test_split_all_instances_share_every_tile_over_the_grid():
+    """The split_all design points (decode and prefill tails): 16-bit instances in every layout,
+    named ``_splitall_``, with a stream-K workspace; the implementation refuses split_all
+    without stream-K's fix-up; PickAny ranks them after cuBLAS at M = 64 (measured 0.88-0.98x
+    of it, results/gemm_shapes-NVIDIA_H200-s27-splitall.json) and first among ours."""
+    import kernel_api
+    from kernel_api.providers.cutedsl.gemm.implementations.sm90_warpspecialized_impl import Sm90WarpSpecializedGemmImpl
+    from kernel_api.tuning.policies import rank_candidates
+
+    split = [c for c in CONFIGS if c.split_all]
+    assert split and all(c.stream_k for c in split)
+    names = [k.metadata.kernel_name for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90)
+             if "_splitall_" in k.metadata.kernel_name]
+    assert len(names) == len(split) * 2 * 8  # bf16 / f16, 8 layouts (16-bit outputs only)
+    epilogue = type("E", (), dict(scaled=False, has_c=False, bias=None, activation=None))()
+    with pytest.raises(ValueError, match="needs stream_k"):
+        Sm90WarpSpecializedGemmImpl((64, 128), (1, 1), "pingpong", 1, True, 4, 2, epilogue, split_all=True)
+    A = torch.empty(64, 8192, dtype=torch.bfloat16, device="meta")
+    W = torch.empty(8192, 8192, dtype=torch.bfloat16, device="meta")
+    args = kernel_api.GemmArguments(A, W.t(), torch.empty(64, 8192, dtype=torch.bfloat16, device="meta"))
+    ranked = [k.metadata.kernel_name for k in rank_candidates(kernel_api.get_kernels(args, cc=90), args)]
+    assert ranked[0].startswith("TorchGemm") and "_splitall_" in ranked[1]

@@ -148,6 +148,70 @@ def test_stream_k_splits_tiles(name):
         assert err < TOLERANCE[args.out.dtype], f"{name} run {attempt}: relative error {err:.3e}"
 
 
+@pytest.mark.parametrize("name", [n for n in _ALL if "_splitall_" in n and ("_ttt_" in n or "_tnt_" in n)
+                                  and "_bf16bf16_bf16_" in n])
+def test_split_all_shares_every_tile_over_the_grid(name):
+    """split_all: every tile's k-iterations spread over the whole persistent grid, so one tile's
+    pieces come from several clusters (decode shapes: 1, 2 or 4 tiles per column of SMs), a
+    share may lie inside one tile, K may give fewer k-iterations than clusters (the grid
+    shrinks), batches and odd M; a fused epilogue applied once by the head cluster; twice on
+    one workspace (stale flags must not pass for fresh ones) with bit-identical results."""
+    _needs_sm90()
+    kernel = _ALL[name]
+    gen = _gen(name, 4)
+    for (M, N, K), L, epilogue in (((64, 4096, 4096), 1, None), ((1, 4096, 14336), 1, None),
+                                   ((77, 1024, 1000), 3, dict(alpha=0.5, bias="row")),
+                                   ((128, 8192, 64), 1, None), ((200, 512, 4096), 2, dict(bias="row", activation="gelu")),
+                                   ((1024, 1024, 1024), 1, None)):
+        M, N, K = shape_for(kernel, (M, N, K))
+        args, ref = make_problem(kernel, M, N, K, L, 3 if L > 1 else 2, gen, epilogue=epilogue)
+        assert kernel.supports(args), kernel.supports(args).error
+        workspace = torch.empty(kernel.get_workspace_size(args), dtype=torch.uint8, device="cuda")
+        first = None
+        for attempt in range(2):
+            args.out.fill_(float("nan"))
+            kernel.run(args, workspace=workspace)
+            torch.cuda.synchronize()
+            err = relative_error(args.out, ref)
+            assert err < TOLERANCE[args.out.dtype], f"{name} {(L, M, N, K)} run {attempt}: relative error {err:.3e}"
+            if first is None:
+                first = args.out.clone()
+            else:
+                assert torch.equal(first, args.out), f"{name} {(L, M, N, K)}: the two runs differ"
+
+
+_SPLIT_ALL_SANITIZED = """
+import torch, kernel_api
+from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
+runs = 0
+for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90):
+    name = k.metadata.kernel_name
+    if "_splitall_" not in name or "_bf16bf16_bf16_" not in name or "_tnt_" not in name:
+        continue
+    for M, N, K in ((64, 1024, 1000), (77, 512, 4096), (1, 256, 64)):
+        A = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        W = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        args = kernel_api.GemmArguments(A, W.t(), out)
+        k.run(args)
+        torch.cuda.synchronize()
+        err = ((out.double() - A.double() @ W.double().t()).norm() / (A.double() @ W.double().t()).norm()).item()
+        assert err < 8e-3, (name, M, N, K, err)
+        runs += 1
+print("split_all runs", runs)
+"""
+
+
+def test_split_all_memcheck_clean():
+    """The split_all instances (pieces of a tile from several clusters, partials through the
+    workspace) under compute-sanitizer memcheck, on odd skinny shapes."""
+    _needs_sm90()
+    from memcheck import run_memcheck
+
+    out = run_memcheck(_SPLIT_ALL_SANITIZED)
+    assert "split_all runs 6" in out, out[-3000:]
+
+
 _EPILOGUES = [
     dict(alpha=0.5),
     dict(alpha=1.5, beta=-0.75, C=True),

@@ -82,6 +82,10 @@ class Sm90Config:
     #: add the wgmma accumulator into a register f32 accumulator every this many k-tiles (0 =
     #: never): the tensor cores' truncating accumulation then spans only those k-tiles (3xTF32)
     promote_every: int = 0
+    #: (with stream_k) cut every tile along K and share all tiles' k-iterations equally over the
+    #: whole persistent grid, a tile's pieces summed by its head cluster: outputs of fewer tiles
+    #: than SMs (decode and prefill tails), where a tile per CTA leaves most SMs idle
+    split_all: bool = False
 
     @property
     def tag(self) -> str:
@@ -91,7 +95,7 @@ class Sm90Config:
         """The name part of this design point with a K tile of ``k_tile``."""
         raster = "m" if self.raster_along_m else "n"
         return (f"tile{self.tile_mn[0]}x{self.tile_mn[1]}x{k_tile}_cluster{self.cluster_mn[0]}x{self.cluster_mn[1]}"
-                f"_{self.schedule}{'_streamk' if self.stream_k else ''}"
+                f"_{self.schedule}{'_splitall' if self.split_all else '_streamk' if self.stream_k else ''}"
                 f"{f'_skk{self.sk_any_wave_max_k_tiles}' if self.sk_any_wave_max_k_tiles else ''}"
                 f"_swz{self.swizzle}{raster}_epi{self.epi_n}"
                 f"{f'_promote{self.promote_every}' if self.promote_every else ''}")
@@ -110,6 +114,8 @@ CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((64, 128), (2, 1), "pingpong", swizzle=1),
     Sm90Config((128, 128), (2, 1), "pingpong", swizzle=8, stream_k=True),
     Sm90Config((128, 128), (1, 2), "pingpong", swizzle=4, raster_along_m=False, stream_k=True),
+    Sm90Config((64, 128), (1, 1), "pingpong", stream_k=True, split_all=True),
+    Sm90Config((128, 128), (1, 1), "pingpong", stream_k=True, split_all=True),
 )
 #: The subset also emitted with an f32 output (one per schedule and shape class).
 F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
@@ -203,6 +209,31 @@ def max_active_clusters(device_index: int, cluster_size: int) -> int:
                         value = sms // cluster_size
                 _max_clusters[key] = value = max(1, value)
     return value
+
+
+#: `split_all_cost`'s terms, fitted to the split instances' times at M = 64 and 128 (N, K in
+#: 4096..14336, H200, results/gemm_shapes-NVIDIA_H200-s27-splitall.json; within 15 %): the grid
+#: streams its operands at 4.2 TB/s (4.4 for the 64x128 tile at M = 64, as cuBLAS) behind a
+#: fixed 12 us (cuBLAS: 6.8), the launch, the pipeline fill and the head clusters' fix-up.
+SPLIT_ALL_STREAM_BYTES_PER_SECOND = 4.2e12
+SPLIT_ALL_FIXED_SECONDS = 12e-6
+
+
+def split_all_cost(kernel: "Sm90WarpSpecializedGemm", args: GemmArguments, sm_count: int) -> float:
+    """PickAny's cost of a split_all instance: its tiles' MMA work spread evenly over every SM
+    (no wave quantisation: the k-iterations are shared), or streaming the operands when that
+    is longer (B once per row of tiles, A once per column), plus a fixed cost."""
+    from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND
+
+    tm, tn = kernel.config.tile_mn
+    m_tiles, n_tiles = -(-args.M // tm), -(-args.N // tn)
+    intensity = tm * tn / (tm + tn)
+    efficiency = kernel.performance_hint * intensity / (intensity + 32)
+    compute = m_tiles * n_tiles * args.L * tm * tn * max(args.K, 1) / max(sm_count, 1) / efficiency
+    elem = args.A.element_size()
+    streamed = (args.K * args.N * m_tiles + args.M * args.K * n_tiles + args.M * args.N) * args.L * elem
+    stream = (streamed / SPLIT_ALL_STREAM_BYTES_PER_SECOND + SPLIT_ALL_FIXED_SECONDS) * GEMM_COST_UNITS_PER_SECOND
+    return max(compute, stream)
 
 
 @CuTeDSLProvider.register
@@ -306,11 +337,13 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float | None:
         """3xTF32: the tile model's time of a GEMM with K' = 3K, plus the split pre-pass (about
         a tenth more at K=4096); other configurations use the generic model."""
+        from ....tuning import policies  # the tuning package imports the registry
+
+        if self.config.split_all:
+            return split_all_cost(self, args, sm_count)
         if not self._split3:
             return None
-        from ....tuning.policies import gemm_cost  # the tuning package imports the registry
-
-        return 3.3 * gemm_cost(self, args, sm_count)
+        return 3.3 * policies.gemm_cost(self, args, sm_count)
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         """Stream-K configurations keep one partial f32 tile per CTA of the persistent grid;
@@ -338,7 +371,7 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
                                            EpilogueSpec.from_signature(args.epilogue_signature), cfg.epi_n,
                                            cfg.stream_k, cfg.sk_any_wave_max_k_tiles,
                                            k_tile=k_tile(self.metadata.operands.A.dtype), split3=self._split3,
-                                           promote_every=cfg.promote_every)
+                                           promote_every=cfg.promote_every, split_all=cfg.split_all)
 
     def _extra_compile_args(self, args: GemmArguments) -> tuple:
         """Cluster count, stream-K workspace (bytes; None without stream-K), launch counter."""

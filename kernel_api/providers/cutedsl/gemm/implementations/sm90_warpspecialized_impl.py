@@ -123,7 +123,7 @@ class Sm90WarpSpecializedGemmImpl:
     def __init__(self, tile_mn: tuple[int, int], cluster_mn: tuple[int, int], schedule: str, swizzle: int,
                  raster_along_m: bool, ab_stages: int, epi_stages: int, epilogue, epi_n: int = 32,
                  stream_k: bool = False, sk_any_wave_max_k_tiles: int = 0, k_tile: int = 64,
-                 split3: bool = False, promote_every: int = 0) -> None:
+                 split3: bool = False, promote_every: int = 0, split_all: bool = False) -> None:
         if schedule not in ("cooperative", "pingpong"):
             raise ValueError(f"schedule must be 'cooperative' or 'pingpong', got {schedule!r}")
         self.tile_m, self.tile_n = tile_mn
@@ -136,6 +136,10 @@ class Sm90WarpSpecializedGemmImpl:
         self.stream_k = bool(stream_k)
         self.sk_any_wave_max_k_tiles = int(sk_any_wave_max_k_tiles)
         self.k_tile = int(k_tile)
+        self.split_all = bool(split_all)
+        if self.split_all and not self.stream_k:
+            raise ValueError("split_all spreads every tile's k-iterations over the grid with stream-K's fixup: "
+                             "it needs stream_k")
         self.split3 = bool(split3)
         if self.split3 and self.stream_k:
             raise ValueError("3xTF32 (split3) uses the workspace for the split operands: no stream-K")
@@ -246,6 +250,10 @@ class Sm90WarpSpecializedGemmImpl:
         clusters_n = (tiles_n + self.cluster_n - 1) // self.cluster_n
         total_clusters = clusters_m * clusters_n * l
         grid_clusters = cutlass.min(total_clusters, max_active_clusters)
+        if const_expr(self.split_all):
+            # every co-resident cluster, as long as each gets a k-iteration
+            k_iters = (a.shape[1] + self.k_tile - 1) // self.k_tile
+            grid_clusters = cutlass.min(total_clusters * k_iters, max_active_clusters)
 
         ab_stages, epi_slots = self.ab_stages, self.epi_stages * self.epi_rings
 
@@ -395,7 +403,14 @@ class Sm90WarpSpecializedGemmImpl:
                     has_tail = cutlass.select_(kb_first > 0, Int32(1), Int32(0))
                     full_start = t_first + has_tail
                     n_full = t_end - full_start
-                    if sk_cur < n_full:
+                    if t_first == t_end and kb_first > 0:
+                        # (split_all) the whole share inside one tile: one middle piece
+                        if sk_cur == 0:
+                            valid = Int32(1)
+                            tile = dp_tiles + t_first
+                            kb = kb_first
+                            ke = ke_last
+                    elif sk_cur < n_full:
                         valid = Int32(1)
                         tile = dp_tiles + full_start + sk_cur
                         ke = k_tiles
@@ -503,7 +518,14 @@ class Sm90WarpSpecializedGemmImpl:
         dp_tiles = total_clusters
         sk_begin = Int32(0)
         sk_end = Int32(0)
-        if const_expr(self.stream_k):
+        if const_expr(self.split_all):
+            # Skinny outputs (fewer tiles than SMs): every tile is cut along K, the whole grid
+            # sharing all tiles' k-iterations equally (a tile may span several clusters).
+            dp_tiles = Int32(0)
+            work = cutlass.Int64(total_clusters) * cutlass.Int64(k_tiles)
+            sk_begin = Int32(cutlass.Int64(first_cluster) * work // cutlass.Int64(grid_clusters))
+            sk_end = Int32(cutlass.Int64(first_cluster + 1) * work // cutlass.Int64(grid_clusters))
+        elif const_expr(self.stream_k):
             rem = total_clusters % grid_clusters
             # Optionally (sk_any_wave_max_k_tiles > 0) split a fuller last wave too at short K, once
             # 4+ whole waves come before it (with fewer, the split pieces dominate).
@@ -608,7 +630,6 @@ class Sm90WarpSpecializedGemmImpl:
                 partials = cute.make_tensor(cute.recast_ptr(mWorkspace.iterator + _FLAG_BYTES, dtype=Float32),
                                             cute.make_layout((cute.size(mWorkspace) - _FLAG_BYTES) // 4))
                 my_slot = first_cluster * cluster_size + cta_rank
-                next_slot = my_slot + cluster_size
             dp_next = first_cluster
             sk_cur = Int32(0)
             if const_expr(self.pingpong):
@@ -707,19 +728,26 @@ class Sm90WarpSpecializedGemmImpl:
                             cute.arch.store(flags.iterator + my_slot, epoch, sem="release", scope="gpu")
                         do_epilogue = Int32(0)
                     elif ke < k_tiles:
-                        # the head of a split tile: add the tail the next cluster left
-                        if etid == 0:
-                            seen = cute.arch.load(flags.iterator + next_slot, cutlass.Int64, sem="acquire",
-                                                  scope="gpu")
-                            while seen != epoch:
-                                seen = cute.arch.load(flags.iterator + next_slot, cutlass.Int64, sem="acquire",
+                        # the head of a split tile: add the tails the following clusters left, in
+                        # cluster order (so a shape always sums alike). The tile's last k-iteration
+                        # lies in cluster ceil(end * G / work) - 1; stream-K's 2-way splits stop at
+                        # the next cluster, split_all's may span several.
+                        tile_end = cutlass.Int64(unit_tile - dp_tiles + 1) * cutlass.Int64(k_tiles)
+                        last_cluster = Int32((tile_end * cutlass.Int64(grid_clusters) + work - 1) // work - 1)
+                        for contributor in range(first_cluster + 1, last_cluster + 1):
+                            slot = contributor * cluster_size + cta_rank
+                            if etid == 0:
+                                seen = cute.arch.load(flags.iterator + slot, cutlass.Int64, sem="acquire",
                                                       scope="gpu")
-                            cute.arch.store(flags.iterator + next_slot, cutlass.Int64(0), sem="relaxed",
-                                            scope="gpu")
-                        epi_bar.arrive_and_wait()
-                        base = next_slot * slot_elems + etid
-                        for v in cutlass.range_constexpr(cute.size(acc_sum)):
-                            acc_sum[v] = acc_sum[v] + partials[base + v * self.epi_threads]
+                                while seen != epoch:
+                                    seen = cute.arch.load(flags.iterator + slot, cutlass.Int64, sem="acquire",
+                                                          scope="gpu")
+                                cute.arch.store(flags.iterator + slot, cutlass.Int64(0), sem="relaxed",
+                                                scope="gpu")
+                            epi_bar.arrive_and_wait()
+                            base = slot * slot_elems + etid
+                            for v in cutlass.range_constexpr(cute.size(acc_sum)):
+                                acc_sum[v] = acc_sum[v] + partials[base + v * self.epi_threads]
 
                 # ------------------------------------------------------------ epilogue
                 if do_epilogue > 0:
