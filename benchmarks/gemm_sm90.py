@@ -51,6 +51,10 @@ EXPLORE = [
                sk_any_wave_max_k_tiles=1 << 20),
     Sm90Config((256, 128), (1, 2), "cooperative", swizzle=4, raster_along_m=False, stream_k=True),
     Sm90Config((64, 256), (2, 1), "pingpong", swizzle=4, stream_k=True),
+    # split_all (every tile cut along K over the grid) with wider tiles (fewer partials per tile)
+    # and with A multicast across a 1x2 cluster (session 27)
+    Sm90Config((64, 256), (1, 1), "pingpong", stream_k=True, split_all=True),
+    Sm90Config((64, 128), (1, 2), "pingpong", raster_along_m=False, stream_k=True, split_all=True),
 ]
 CHECK_SHAPES = [(1, 999, 1000, 136), (3, 264, 520, 72), (1, 128, 8192, 1024), (2, 1032, 264, 2056)]
 
