@@ -36,7 +36,10 @@ Tiles are visited in a rasterised order (``swizzle`` consecutive clusters share 
 band, or an M band) so concurrently running CTAs reuse A/B tiles in L2. With ``stream_k``, a
 last wave at most a quarter full is avoided by cutting the last waves' tiles along K into equal
 per-cluster shares; a split tile is finished by the cluster holding its first k-tile, which adds
-the partial accumulator its neighbour left in the workspace (flagged with a per-launch epoch).
+the partial accumulators the following clusters left in the workspace, in cluster order
+(flagged with a per-launch epoch). ``split_all`` (with ``stream_k``) does that for every tile
+over the whole co-resident grid, for outputs of fewer tiles than SMs: a tile's pieces may then
+come from several clusters, and a cluster's share may lie inside one tile.
 
 The calling convention is ``impl(A, B, out, C_or_None, bias_or_None, alpha, beta,
 max_active_clusters, workspace_or_None, epoch, stream)`` with A (L,M,K)/(M,K), B (L,K,N)/(K,N), out and C
