@@ -14,6 +14,16 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+#: The start of a softmax family's sanitized script: the argument types, a seed, and ``at``,
+#: fresh rows in their own allocation ``offset`` elements in (rows at any alignment).
+SOFTMAX_PREAMBLE = r"""
+import torch
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+torch.manual_seed(0)
+def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
+    return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
+"""
+
 
 def run_memcheck(code: str, timeout: int = 900) -> str:
     """Run ``python -c code`` under memcheck (the test skips without compute-sanitizer); assert

@@ -35,7 +35,7 @@ from kernel_api.providers.cuda_src.kernels.softmax_rowgroup import (CudaSoftmaxR
                                                                      CudaSoftmaxRowGroupForward, plan_rows)
 from kernel_api.tuning.policies import rank_candidates
 
-from memcheck import run_memcheck
+from memcheck import SOFTMAX_PREAMBLE, run_memcheck
 from test_softmax import check_backward, check_forward, make_rows
 from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 from test_softmax_smem import _resources
@@ -741,13 +741,8 @@ def test_small_rings_and_grids(cls, dtype, ctas_per_sm):
         k.limit_ctas = k.limit_ring = k.ctas_per_row = None
 
 
-_SANITIZED = r"""
-import torch
-from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+_SANITIZED = SOFTMAX_PREAMBLE + r"""
 from kernel_api.providers.cuda_src.kernels.softmax_rowgroup import CudaSoftmaxRowGroupBackward, CudaSoftmaxRowGroupForward
-torch.manual_seed(0)
-def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
-    return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
 n = 0
 for cls in (CudaSoftmaxRowGroupForward, CudaSoftmaxRowGroupBackward):
     for k in cls.generate_kernels(None, cc=90):

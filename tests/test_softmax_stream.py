@@ -19,7 +19,7 @@ from kernel_api.providers.cuda_src.kernels import softmax_stream as ss
 from kernel_api.providers.cuda_src.kernels.softmax_stream import (CudaSoftmaxStreamBackward, CudaSoftmaxStreamForward,
                                                                   StreamBuild, plan_parts)
 
-from memcheck import run_memcheck
+from memcheck import SOFTMAX_PREAMBLE, run_memcheck
 from test_softmax import check_backward, check_forward
 from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 from test_softmax_smem import _nv_info
@@ -239,13 +239,8 @@ def test_small_parts_and_other_ctas(cls, dtype):
         k.threads, k.unroll, k.part_bytes = ss.THREADS, ss.default_unroll(cls.backward, k.dtype.bytes), ss.PART_BYTES
 
 
-_SANITIZED = r"""
-import torch
-from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+_SANITIZED = SOFTMAX_PREAMBLE + r"""
 from kernel_api.providers.cuda_src.kernels.softmax_stream import CudaSoftmaxStreamBackward, CudaSoftmaxStreamForward
-torch.manual_seed(0)
-def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
-    return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
 n = 0
 for cls in (CudaSoftmaxStreamForward, CudaSoftmaxStreamBackward):
     for k in cls.generate_kernels(None, cc=90):

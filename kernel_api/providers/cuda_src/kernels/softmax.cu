@@ -182,6 +182,34 @@ __device__ __forceinline__ void store_vec(typename T::raw* p, const float (&f)[V
   }
 }
 
+// The peeled head and tail of a backward row (dy's and y's; zeros where a thread holds none or
+// nothing was loaded), their share of sum(dy * y), and their gradient.
+template <class T, int VEC>
+struct BackwardEdges {
+  float gh = 0.f, gt = 0.f, yh = 0.f, yt = 0.f;
+  __device__ __forceinline__ void load(const typename T::raw* gr, const typename T::raw* yr, const Span& s, int t) {
+    load_edges<T, VEC>(gr, s, t, 0.f, gh, gt);
+    load_edges<T, VEC>(yr, s, t, 0.f, yh, yt);
+  }
+  __device__ __forceinline__ float dot() const { return gh * yh + gt * yt; }
+  __device__ __forceinline__ void store(typename T::raw* dr, const Span& s, int t, float dot) const {
+    store_edges<T, VEC>(dr, s, t, yh * (gh - dot), yt * (gt - dot));
+  }
+};
+
+// L2 eviction policies for loads with a cache hint: evict_first for data read for the last
+// time, evict_last for data read again soon.
+__device__ __forceinline__ unsigned long long l2_evict_first_policy() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ unsigned long long l2_evict_last_policy() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -285,19 +313,16 @@ __device__ __forceinline__ void bwd_row_regs(const typename T::raw* __restrict__
                                              typename T::raw* __restrict__ dr, int cols, int t, float* sm) {
   const Span sp = row_span<T, VEC, PEEL>(yr, cols);
   float g[NV][VEC], y[NV][VEC];
-  float gh = 0.f, gt = 0.f, yh = 0.f, yt = 0.f;
+  BackwardEdges<T, VEC> e;
   {
     Pack<T, VEC> rg[NV], ry[NV];
     issue_row<T, VEC, NV, THREADS_PER_ROW>(gr + sp.head, sp.nvec, t, rg);
     issue_row<T, VEC, NV, THREADS_PER_ROW>(yr + sp.head, sp.nvec, t, ry);
-    if constexpr (PEEL) {
-      load_edges<T, VEC>(gr, sp, t, 0.f, gh, gt);
-      load_edges<T, VEC>(yr, sp, t, 0.f, yh, yt);
-    }
+    if constexpr (PEEL) e.load(gr, yr, sp, t);
     convert_row<T, VEC, NV, THREADS_PER_ROW>(rg, sp.nvec, t, 0.f, g);
     convert_row<T, VEC, NV, THREADS_PER_ROW>(ry, sp.nvec, t, 0.f, y);
   }
-  float dot = gh * yh + gt * yt;
+  float dot = e.dot();
 #pragma unroll
   for (int j = 0; j < NV; ++j)
 #pragma unroll
@@ -313,7 +338,7 @@ __device__ __forceinline__ void bwd_row_regs(const typename T::raw* __restrict__
       store_vec<T, VEC>(db + (i64)c * VEC, g[j]);
     }
   }
-  if constexpr (PEEL) store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
+  if constexpr (PEEL) e.store(dr, sp, t, dot);
 }
 
 // One warp per row, WARPS rows per CTA.
@@ -504,15 +529,12 @@ __global__ void __launch_bounds__(THREADS) bwd_looped(const typename T::raw* __r
   typename T::raw* dr = dx + (i64)blockIdx.x * lddx;
   const int t = threadIdx.x;
   const Span sp = row_span<T, VEC, PEEL>(yr, (int)cols);
-  float gh = 0.f, gt = 0.f, yh = 0.f, yt = 0.f;
-  if constexpr (PEEL) {
-    load_edges<T, VEC>(gr, sp, t, 0.f, gh, gt);
-    load_edges<T, VEC>(yr, sp, t, 0.f, yh, yt);
-  }
-  float dot = gh * yh + gt * yt + dot_stats<T, VEC, UNROLL, THREADS>(gr + sp.head, yr + sp.head, sp.nvec, t);
+  BackwardEdges<T, VEC> e;
+  if constexpr (PEEL) e.load(gr, yr, sp, t);
+  float dot = e.dot() + dot_stats<T, VEC, UNROLL, THREADS>(gr + sp.head, yr + sp.head, sp.nvec, t);
   dot = block_sum<THREADS>(dot, sm);
   write_grad<T, VEC, UNROLL, THREADS>(gr + sp.head, yr + sp.head, dr + sp.head, sp.nvec, t, dot);
-  if constexpr (PEEL) store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
+  if constexpr (PEEL) e.store(dr, sp, t, dot);
 }
 
 }  // namespace ka_softmax

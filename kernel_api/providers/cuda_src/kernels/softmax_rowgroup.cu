@@ -100,12 +100,6 @@ __device__ __forceinline__ void mbar_wait(u64* bar, unsigned parity) {
   } while (!done);
 }
 
-// The staged loads are read once: first out of L2.
-__device__ __forceinline__ u64 evict_first_policy() {
-  u64 p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, u64* bar, u64 policy) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
@@ -292,7 +286,7 @@ __device__ void produce(const typename T::raw* __restrict__ a, const typename T:
                         u64* empty RG_TRACE_ONLY(, u64* tr)) {
   constexpr int CV = RG_CHUNK_U4 / (BWD ? 2 : 1);
   const int rank = blockIdx.x % S, group = blockIdx.x / S;
-  const u64 policy = evict_first_policy();
+  const u64 policy = l2_evict_first_policy();  // the staged loads are read once: first out of L2
   int sl = 0;
   unsigned ph = 0;
   RG_TRACE_ONLY(i64 wave = 0; bool first = true;)

@@ -146,10 +146,9 @@ __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem(co
     }
     cp_async_commit();
   }
-  float gh, gt, yh, yt;
-  load_edges<T, VEC>(gr, sp, t, 0.f, gh, gt);
-  load_edges<T, VEC>(yr, sp, t, 0.f, yh, yt);
-  float dot = gh * yh + gt * yt;
+  BackwardEdges<T, VEC> e;
+  e.load(gr, yr, sp, t);
+  float dot = e.dot();
 #pragma unroll
   for (int st = 0; st < STAGES; ++st) {
     cp_async_wait(STAGES - 1 - st);
@@ -178,21 +177,11 @@ __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem(co
       store_vec<T, VEC>(db + (i64)v * VEC, g);
     }
   }
-  store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
+  e.store(dr, sp, t, dot);
 }
 
-// L2 policies for the y-staged backward (below): dy is read twice, so its first read asks L2 to
+// The y-staged backward's (below) hinted loads: dy is read twice, so its first read asks L2 to
 // keep it (evict_last) and its second, its last use, to drop it first; y is read once.
-__device__ __forceinline__ unsigned long long l2_policy_evict_last() {
-  unsigned long long p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ unsigned long long l2_policy_evict_first() {
-  unsigned long long p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
 __device__ __forceinline__ uint4 ld16_policy(const void* p, unsigned long long policy) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
@@ -224,7 +213,7 @@ __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem_y(
   const Span sp = row_span<T, VEC, true>(yr, (int)cols);
   const int per_thread = (sp.nvec + THREADS - 1) / THREADS;
   const int per_stage = (per_thread + STAGES - 1) / STAGES;
-  const unsigned long long keep = l2_policy_evict_last(), drop = l2_policy_evict_first();
+  const unsigned long long keep = l2_evict_last_policy(), drop = l2_evict_first_policy();
   const uint4* ysrc = reinterpret_cast<const uint4*>(yr + sp.head);
   const uint4* gsrc = reinterpret_cast<const uint4*>(gr + sp.head);
 #pragma unroll
@@ -235,10 +224,9 @@ __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem_y(
     }
     cp_async_commit();
   }
-  float gh, gt, yh, yt;
-  load_edges<T, VEC>(gr, sp, t, 0.f, gh, gt);
-  load_edges<T, VEC>(yr, sp, t, 0.f, yh, yt);
-  float dot = gh * yh + gt * yt;
+  BackwardEdges<T, VEC> e;
+  e.load(gr, yr, sp, t);
+  float dot = e.dot();
   // dy in batches of DY_BATCH vectors, all issued before any is used (in flight together).
   constexpr int DY_BATCH = 4;
 #pragma unroll
@@ -288,7 +276,7 @@ __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem_y(
       }
     }
   }
-  store_edges<T, VEC>(dr, sp, t, yh * (gh - dot), yt * (gt - dot));
+  e.store(dr, sp, t, dot);
 }
 
 }  // namespace ka_softmax

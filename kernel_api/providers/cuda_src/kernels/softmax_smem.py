@@ -92,6 +92,8 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
     tag: str = "smem"
     #: commit groups per row (`STAGES`; the y-staged backward its own)
     default_stages: int = STAGES
+    #: PickAny's factor on `STAGING_COST` (the y-staged backward's second read of dy)
+    staging_cost_factor: float = 1.0
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
@@ -174,7 +176,7 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
         SMs), and these take the longer rows from the looped kernels (1.5: two reads)."""
         from ....tuning.policies import row_cost
 
-        return row_cost(self, args, sm_count) * STAGING_COST * (Y_STAGING_COST if self.template == "bwd_smem_y" else 1.0)
+        return row_cost(self, args, sm_count) * STAGING_COST * self.staging_cost_factor
 
 
 @CudaSourceProvider.register
@@ -204,6 +206,7 @@ class CudaSoftmaxSmemYBackward(_SmemBase):
     backward = True
     template = "bwd_smem_y"
     tag = "smemy"
+    staging_cost_factor = Y_STAGING_COST
     #: 2 commit groups: +1 % over 4 at f32 1024 and 4096 rows of 50257 (H200,
     #: results/softmax-smem-sweep-NVIDIA_H200-s27.*), 8 no better
     default_stages = 2

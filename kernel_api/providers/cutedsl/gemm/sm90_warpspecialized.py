@@ -335,15 +335,16 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         return None
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float | None:
-        """3xTF32: the tile model's time of a GEMM with K' = 3K, plus the split pre-pass (about
-        a tenth more at K=4096); other configurations use the generic model."""
-        from ....tuning import policies  # the tuning package imports the registry
-
+        """split_all: `split_all_cost`. 3xTF32: the tile model's time of a GEMM with K' = 3K, plus
+        the split pre-pass (about a tenth more at K=4096); other configurations use the generic
+        model."""
         if self.config.split_all:
             return split_all_cost(self, args, sm_count)
         if not self._split3:
             return None
-        return 3.3 * policies.gemm_cost(self, args, sm_count)
+        from ....tuning.policies import gemm_cost  # the tuning package imports the registry
+
+        return 3.3 * gemm_cost(self, args, sm_count)
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         """Stream-K configurations keep one partial f32 tile per CTA of the persistent grid;
