@@ -165,6 +165,9 @@ def test_split_all_shares_every_tile_over_the_grid(name):
                                    ((1024, 1024, 1024), 1, None)):
         M, N, K = shape_for(kernel, (M, N, K))
         args, ref = make_problem(kernel, M, N, K, L, 3 if L > 1 else 2, gen, epilogue=epilogue)
+        # out inside a NaN-filled buffer 8 columns wider: a store past N would overwrite the margin
+        big = torch.full(args.out.shape[:-1] + (N + 8,), float("nan"), device="cuda", dtype=args.out.dtype)
+        args = GemmArguments(args.A, args.B, big[..., :N], accumulator_type=torch.float32, epilogue=args.epilogue)
         assert kernel.supports(args), kernel.supports(args).error
         workspace = torch.empty(kernel.get_workspace_size(args), dtype=torch.uint8, device="cuda")
         first = None
@@ -174,6 +177,7 @@ def test_split_all_shares_every_tile_over_the_grid(name):
             torch.cuda.synchronize()
             err = relative_error(args.out, ref)
             assert err < TOLERANCE[args.out.dtype], f"{name} {(L, M, N, K)} run {attempt}: relative error {err:.3e}"
+            assert torch.isnan(big[..., N:]).all(), f"{name} {(L, M, N, K)}: stores past the output's N"
             if first is None:
                 first = args.out.clone()
             else:

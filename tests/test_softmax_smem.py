@@ -114,6 +114,11 @@ def test_refusals_say_why():
     x = torch.empty(2, 50257)
     status = k.supports(_args(CudaSoftmaxSmemBackward, x), 90)
     assert not status and "402,048 bytes of shared memory" in status.error and "rows of up to 29,027" in status.error
+    # the y-staged backward takes that row (one 201 KB buffer) and refuses one past its own limit
+    ky = _kernel(CudaSoftmaxSmemYBackward, torch.float32)
+    assert ky.supports(_args(CudaSoftmaxSmemYBackward, x), 90)
+    status = ky.supports(_args(CudaSoftmaxSmemYBackward, torch.empty(2, ky.max_cols + 1)), 90)
+    assert not status and "rows of up to 58,051" in status.error and "shared memory" in status.error
     # operands whose rows start at different offsets from a 16-byte boundary: no one peel
     xb = torch.randn(4 * 40000 + 8, dtype=torch.bfloat16)
     x = xb[1:1 + 4 * 40000].view(4, 40000)
