@@ -55,6 +55,13 @@ EXPLORE = [
     # and with A multicast across a 1x2 cluster (session 27)
     Sm90Config((64, 256), (1, 1), "pingpong", stream_k=True, split_all=True),
     Sm90Config((64, 128), (1, 2), "pingpong", raster_along_m=False, stream_k=True, split_all=True),
+    # decode-sized M without split-K (session 28; the 64x64 1x2 and 1x4 tiles are emitted): other
+    # narrow N tiles, each streaming its B slab over the whole K (as cuBLAS's 64x32 tiles do), A
+    # multicast along N, deeper rings of the smaller stages
+    Sm90Config((64, 32), (1, 1), "pingpong"),
+    Sm90Config((64, 32), (1, 2), "pingpong", raster_along_m=False, max_ab_stages=16),
+    Sm90Config((128, 32), (1, 2), "pingpong", raster_along_m=False, max_ab_stages=16),
+    Sm90Config((128, 64), (1, 2), "pingpong", raster_along_m=False, max_ab_stages=12),
 ]
 CHECK_SHAPES = [(1, 999, 1000, 136), (3, 264, 520, 72), (1, 128, 8192, 1024), (2, 1032, 264, 2056)]
 

@@ -257,8 +257,10 @@ def test_launch_arguments_of_every_run_path():
 def test_split_all_instances_share_every_tile_over_the_grid():
     """The split_all design points (decode and prefill tails): 16-bit instances in every layout,
     named ``_splitall_``, with a stream-K workspace; the implementation refuses split_all
-    without stream-K's fix-up; PickAny ranks them after cuBLAS at M = 64 (measured 0.88-0.98x
-    of it, results/gemm_shapes-NVIDIA_H200-s27-splitall.json) and first among ours."""
+    without stream-K's fix-up; PickAny ranks them after cuBLAS and the narrow 64x64 tiles at
+    M = 64 (measured 0.88-0.98x of cuBLAS, results/gemm_shapes-NVIDIA_H200-s27-splitall.json;
+    the narrow tiles 0.97-1.07x, results/gemm_sm90-NVIDIA_H200-s28-narrow.json) and ahead of
+    the data-parallel 64x128 tile."""
     import kernel_api
     from kernel_api.providers.cutedsl.gemm.implementations.sm90_warpspecialized_impl import Sm90WarpSpecializedGemmImpl
     from kernel_api.tuning.policies import rank_candidates
@@ -275,4 +277,47 @@ def test_split_all_instances_share_every_tile_over_the_grid():
     W = torch.empty(8192, 8192, dtype=torch.bfloat16, device="meta")
     args = kernel_api.GemmArguments(A, W.t(), torch.empty(64, 8192, dtype=torch.bfloat16, device="meta"))
     ranked = [k.metadata.kernel_name for k in rank_candidates(kernel_api.get_kernels(args, cc=90), args)]
-    assert ranked[0].startswith("TorchGemm") and "_splitall_" in ranked[1]
+    assert ranked[0].startswith("TorchGemm")
+    assert all("_tile64x64x64_" in name for name in ranked[1:3]) and "_splitall_" in ranked[3]
+    assert ranked.index(next(n for n in ranked if "tile64x128x64_cluster2x1" in n)) > 3
+
+
+def test_narrow_tiles_stream_b_at_decode_sizes():
+    """The narrow (64x64, A multicast along N) design points: emitted in every 16-bit layout with
+    their deeper rings named (``_maxst``); `narrow_tile_cost` reproduces the H200 measurements
+    it was fitted to within 10 % (results/gemm_sm90-NVIDIA_H200-s28-narrow.json), charges a
+    second wave of clusters and a one-tile M below the tile's 64 rows, and ranks the narrow
+    tiles last at large M."""
+    import kernel_api
+    from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import NARROW_PARTIAL_M, narrow_tile_cost
+    from kernel_api.tuning.policies import GEMM_COST_UNITS_PER_SECOND, rank_candidates
+
+    narrow = [c for c in CONFIGS if c.narrow]
+    assert [(c.tile_mn, c.cluster_mn) for c in narrow] == [((64, 64), (1, 2)), ((64, 64), (1, 4))]
+    kernels = [k for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90) if k.config.narrow]
+    assert len(kernels) == len(narrow) * 2 * 8
+    assert all("_maxst" in k.metadata.kernel_name and k.ab_stages > 8 for k in kernels)
+
+    def args_of(M, N, K):
+        A = torch.empty(M, K, dtype=torch.bfloat16, device="meta")
+        B = torch.empty(K, N, dtype=torch.bfloat16, device="meta")
+        return kernel_api.GemmArguments(A, B, torch.empty(M, N, dtype=torch.bfloat16, device="meta"))
+
+    def micros(kernel, M, N, K):
+        return narrow_tile_cost(kernel, args_of(M, N, K), 132) / GEMM_COST_UNITS_PER_SECOND * 1e6
+
+    ttt = {k.config.cluster_mn: k for k in kernels if "_bf16bf16_bf16_f32acc_ttt_" in k.metadata.kernel_name}
+    measured = {((1, 2), (64, 8192, 8192)): 36.9, ((1, 4), (64, 4096, 4096)): 13.2, ((1, 2), (64, 14336, 4096)): 34.9,
+                ((1, 4), (64, 4096, 14336)): 35.3, ((1, 2), (128, 14336, 14336)): 204.3}
+    for (cluster, shape), us in measured.items():
+        assert micros(ttt[cluster], *shape) == pytest.approx(us, rel=0.1), (cluster, shape)
+    # 66 clusters of two fit on 132 SMs: a 67th adds 1.5 % of the bytes but a second wave, in which
+    # the busiest SM takes in twice the slabs
+    one, two = micros(ttt[(1, 2)], 64, 66 * 128, 4096), micros(ttt[(1, 2)], 64, 67 * 128, 4096)
+    assert two > 1.2 * one
+    partial = micros(ttt[(1, 2)], 8, 8192, 8192)
+    assert partial == pytest.approx(NARROW_PARTIAL_M * micros(ttt[(1, 2)], 64, 8192, 8192), rel=0.02)
+    big = args_of(4096, 4096, 4096)
+    ours = [k for k in rank_candidates(kernel_api.get_kernels(big, cc=90), big)
+            if isinstance(k, Sm90WarpSpecializedGemm) and k.metadata.operands.math_type is None]
+    assert all(k.config.narrow for k in ours[-2:]) and not any(k.config.narrow for k in ours[:-2])

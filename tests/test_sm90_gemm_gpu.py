@@ -216,6 +216,57 @@ def test_split_all_memcheck_clean():
     assert "split_all runs 6" in out, out[-3000:]
 
 
+@pytest.mark.parametrize("name", [n for n in _ALL if "_tile64x64x64_" in n and ("_ttt_" in n or "_tnt_" in n)
+                                  and "_bf16bf16_bf16_" in n])
+def test_narrow_tiles_at_decode_sizes(name):
+    """The narrow 64x64 tiles (A multicast over 1x2 / 1x4 clusters, rings of 12-16 stages):
+    one-tile M below and above 64, two M tiles, N leaving a cluster's last CTAs without columns
+    (N = 72: two tiles in a cluster of four), more clusters than fit at once (a second wave),
+    batches and a fused epilogue, each output inside a NaN-filled buffer 8 columns wider."""
+    _needs_sm90()
+    kernel = _ALL[name]
+    gen = _gen(name, 5)
+    for (M, N, K), L, epilogue in (((1, 4096, 4096), 1, None), ((8, 72, 1000), 1, None), ((64, 8192, 8192), 1, None),
+                                   ((100, 4104, 520), 2, dict(alpha=0.5, bias="row")),
+                                   ((64, 67 * 256 + 8, 256), 1, None), ((130, 1000, 64), 3, dict(activation="gelu"))):
+        M, N, K = shape_for(kernel, (M, N, K))
+        args, ref = make_problem(kernel, M, N, K, L, 3 if L > 1 else 2, gen, epilogue=epilogue)
+        big = torch.full(args.out.shape[:-1] + (N + 8,), float("nan"), device="cuda", dtype=args.out.dtype)
+        args = GemmArguments(args.A, args.B, big[..., :N], accumulator_type=torch.float32, epilogue=args.epilogue)
+        _run_and_check(kernel, args, ref, f"(L,M,N,K)=({L},{M},{N},{K})")
+        assert torch.isnan(big[..., N:]).all(), f"{name} {(L, M, N, K)}: stores past the output's N"
+
+
+_NARROW_SANITIZED = """
+import torch, kernel_api
+from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
+runs = 0
+for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90):
+    name = k.metadata.kernel_name
+    if "_tile64x64x64_" not in name or "_bf16bf16_bf16_" not in name or "_tnt_" not in name:
+        continue
+    for M, N, K in ((64, 1000, 1000), (7, 72, 4096), (130, 264, 64)):
+        A = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        W = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        k.run(kernel_api.GemmArguments(A, W.t(), out))
+        torch.cuda.synchronize()
+        ref = A.double() @ W.double().t()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 8e-3, (name, M, N, K)
+        runs += 1
+print("narrow runs", runs)
+"""
+
+
+def test_narrow_tiles_memcheck_clean():
+    """The narrow tiles (1x2 and 1x4 clusters multicasting A) under compute-sanitizer memcheck."""
+    _needs_sm90()
+    from memcheck import run_memcheck
+
+    out = run_memcheck(_NARROW_SANITIZED)
+    assert "narrow runs 6" in out, out[-3000:]
+
+
 _EPILOGUES = [
     dict(alpha=0.5),
     dict(alpha=1.5, beta=-0.75, C=True),
@@ -227,7 +278,8 @@ _EPILOGUES = [
 
 @pytest.mark.parametrize("name", [n for n in _ALL if ("_ttt_" in n or "_ntn_" in n)
                                   and ("_bf16bf16_bf16_" in n or "_f16f16_f32_" in n)
-                                  and ("cluster2x1_cooperative" in n or "128x128x64_cluster2x1_pingpong" in n)])
+                                  and ("cluster2x1_cooperative" in n or "128x128x64_cluster2x1_pingpong" in n
+                                       or "64x64x64_cluster1x4" in n)])
 @pytest.mark.parametrize("epi", range(len(_EPILOGUES)))
 def test_fused_epilogue(name, epi):
     _needs_sm90()

@@ -89,15 +89,31 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     The busiest SM sets the time: it runs ceil(tiles / SMs) tiles (wave quantisation), each
     costing a full tile's work (edge tiles pay full price: tile utilisation) at an efficiency
     that grows with the tile's arithmetic intensity tm*tn/(tm+tn) and the family's
-    `Kernel.performance_hint`; for skinny problems (`SKINNY_GEMM`) at least the time to stream
-    the operands at `TILE_STREAM_BYTES_PER_SECOND`. A kernel whose time this tile model cannot
-    describe (split-K, memory-bound) gives its own estimate in these units: `Kernel.estimated_cost`.
+    `Kernel.performance_hint` (`tile_work_cost`); for skinny problems (`SKINNY_GEMM`) at least
+    the time to stream the operands at `TILE_STREAM_BYTES_PER_SECOND`. A kernel whose time this
+    tile model cannot describe (split-K, memory-bound) gives its own estimate in these units:
+    `Kernel.estimated_cost`.
     """
+    cost = tile_work_cost(kernel, args, sm_count)
+    if min(args.M, args.N) <= SKINNY_GEMM:
+        cost = max(cost, gemm_bytes(args) / TILE_STREAM_BYTES_PER_SECOND * GEMM_COST_UNITS_PER_SECOND)
+    tm, tn, cm, cn = _tile_and_cluster(kernel)
+    if cm > math.ceil(args.M / tm) or cn > math.ceil(args.N / tn):
+        cost *= CLUSTER_PAST_THE_TILES  # (see its comment)
+    return cost
+
+
+def _tile_and_cluster(kernel: Kernel) -> tuple[int, int, int, int]:
     design = kernel.metadata.design
     tile = getattr(design, "tile_shape", None) or (64, 64, 8)
-    tm, tn = tile[0], tile[1]
     cluster = getattr(design, "cluster_shape", (1, 1, 1))
-    cm, cn = max(1, cluster[0]), max(1, cluster[1])
+    return tile[0], tile[1], max(1, cluster[0]), max(1, cluster[1])
+
+
+def tile_work_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
+    """`gemm_cost`'s tile model alone: the busiest SM's tiles of MMA work, no streaming floor."""
+    design = kernel.metadata.design
+    tm, tn, cm, cn = _tile_and_cluster(kernel)
     m_tiles, n_tiles = math.ceil(args.M / tm), math.ceil(args.N / tn)
     # The grid is whole clusters: a cluster along M on a one-tile M (decode) runs an empty CTA.
     tiles = math.ceil(m_tiles / cm) * cm * math.ceil(n_tiles / cn) * cn * args.L
@@ -113,12 +129,7 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
         efficiency /= CLUSTER_ALONG_LONG_SIDE  # (see its comment)
     if getattr(design, "schedule", None) == "cooperative":
         efficiency /= 1.0 + COOPERATIVE_EPILOGUE_K / max(args.K, 1)  # (see its comment)
-    cost = tiles_per_sm * tm * tn * max(args.K, 1) / max(efficiency, 1e-6)
-    if min(args.M, args.N) <= SKINNY_GEMM:
-        cost = max(cost, gemm_bytes(args) / TILE_STREAM_BYTES_PER_SECOND * GEMM_COST_UNITS_PER_SECOND)
-    if cm > m_tiles or cn > n_tiles:
-        cost *= CLUSTER_PAST_THE_TILES  # (see its comment)
-    return cost
+    return tiles_per_sm * tm * tn * max(args.K, 1) / max(efficiency, 1e-6)
 
 
 #: The cluster barrier's cost in `row_cost`, as the bytes per thread a row's slice must move for

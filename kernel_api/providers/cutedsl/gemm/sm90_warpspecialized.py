@@ -86,6 +86,15 @@ class Sm90Config:
     #: whole persistent grid, a tile's pieces summed by its head cluster: outputs of fewer tiles
     #: than SMs (decode and prefill tails), where a tile per CTA leaves most SMs idle
     split_all: bool = False
+    #: the deepest A/B ring plan_stages may give (narrow decode tiles stream B through more,
+    #: smaller stages: bytes in flight per SM, not stage count, hide DRAM latency)
+    max_ab_stages: int = 8
+
+    @property
+    def narrow(self) -> bool:
+        """A decode tile: at most 64 columns, so that about one tile per SM streams its slab of B
+        over the whole K (`narrow_tile_cost`)."""
+        return self.tile_mn[1] <= 64 and not self.split_all
 
     @property
     def tag(self) -> str:
@@ -98,13 +107,16 @@ class Sm90Config:
                 f"_{self.schedule}{'_splitall' if self.split_all else '_streamk' if self.stream_k else ''}"
                 f"{f'_skk{self.sk_any_wave_max_k_tiles}' if self.sk_any_wave_max_k_tiles else ''}"
                 f"_swz{self.swizzle}{raster}_epi{self.epi_n}"
-                f"{f'_promote{self.promote_every}' if self.promote_every else ''}")
+                f"{f'_promote{self.promote_every}' if self.promote_every else ''}"
+                f"{f'_maxst{self.max_ab_stages}' if self.max_ab_stages != 8 else ''}")
 
 
 #: The design points generate_kernels emits for every operand type/layout combination with a
 #: 16-bit output. Large problems: 128x256 / 256x128 cooperative and 128x128 / 64x256 pingpong,
 #: each with 2-CTA multicast; stream-K variants remove the partial last wave (tile counts are
-#: rarely multiples of the SM count); skinny M: 64x128 pingpong keeps more SMs busy.
+#: rarely multiples of the SM count); skinny M: 64x128 pingpong keeps more SMs busy, split_all
+#: cuts every tile along K, and 64x64 tiles with A multicast along N (1x2, 1x4 clusters; deeper
+#: rings of their small stages) stream B without split-K at M <= 64.
 CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4),
     Sm90Config((256, 128), (1, 2), "cooperative", swizzle=4, raster_along_m=False),
@@ -116,6 +128,8 @@ CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 128), (1, 2), "pingpong", swizzle=4, raster_along_m=False, stream_k=True),
     Sm90Config((64, 128), (1, 1), "pingpong", stream_k=True, split_all=True),
     Sm90Config((128, 128), (1, 1), "pingpong", stream_k=True, split_all=True),
+    Sm90Config((64, 64), (1, 2), "pingpong", raster_along_m=False, max_ab_stages=16),
+    Sm90Config((64, 64), (1, 4), "pingpong", raster_along_m=False, max_ab_stages=12),
 )
 #: The subset also emitted with an f32 output (one per schedule and shape class).
 F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
@@ -166,7 +180,7 @@ def plan_stages(cfg: Sm90Config, ab_type: DataType, out_type: DataType) -> tuple
     epi_stage_bytes = epi_tile[0] * epi_tile[1] * out_type.bytes * rings
     ab_stage_bytes = (tm + tn) * k_tile(ab_type) * ab_type.bytes
     budget = SM90_SMEM_BYTES - _BARRIER_BYTES
-    ab_stages = min(8, (budget - 2 * epi_stage_bytes) // ab_stage_bytes)
+    ab_stages = min(cfg.max_ab_stages, (budget - 2 * epi_stage_bytes) // ab_stage_bytes)
     if ab_stages < 2:
         raise ValueError(f"{cfg.tag}: tile too large for shared memory")
     epi_stages = max(2, min(4, (budget - ab_stages * ab_stage_bytes) // epi_stage_bytes))
@@ -234,6 +248,48 @@ def split_all_cost(kernel: "Sm90WarpSpecializedGemm", args: GemmArguments, sm_co
     streamed = (args.K * args.N * m_tiles + args.M * args.K * n_tiles + args.M * args.N) * args.L * elem
     stream = (streamed / SPLIT_ALL_STREAM_BYTES_PER_SECOND + SPLIT_ALL_FIXED_SECONDS) * GEMM_COST_UNITS_PER_SECOND
     return max(compute, stream)
+
+
+#: `narrow_tile_cost`'s terms, fitted to the 64x64 tiles (1x2 and 1x4 clusters) at M = 64 and
+#: 128 on the H200 (results/gemm_sm90-NVIDIA_H200-s28-narrow.json; N, K in 4096..14336): DRAM
+#: streams the unique bytes at 4.0 TB/s, an SM takes in its tiles' B slabs and its multicast
+#: share of A at 68 GB/s (64 SMs at 64x4096x14336 ran at 3.3 TB/s), behind a fixed 3.5 us; the
+#: MMAs run at most at 5 TFLOP/s per SM (660 over 132 SMs, the family's best).
+NARROW_DRAM_BYTES_PER_SECOND = 4.0e12
+NARROW_SM_BYTES_PER_SECOND = 68e9
+NARROW_FIXED_SECONDS = 3.5e-6
+NARROW_SM_FLOPS = 5e12
+#: A tile whose rows are mostly past M (M < 64: TMA zero-fills the rest of every A box) ran
+#: 1.2-1.3x the time of M = 64 on the same B (1x8192x8192, 8x, 16x: 44.8-54.8 us against
+#: 36.9-50.7; the 64x128 tile alike, 1.22x). The cause is not known; measured, so charged.
+NARROW_PARTIAL_M = 1.3
+
+
+def narrow_tile_cost(kernel: "Sm90WarpSpecializedGemm", args: GemmArguments, sm_count: int) -> float:
+    """PickAny's cost of a narrow (decode) tile: the longer of DRAM streaming B once per row of
+    tiles (plus A and out), the busiest SM taking in its tiles' operands and its MMAs, the grid
+    being whole clusters in waves of the co-resident ones, plus a fixed cost
+    (`NARROW_PARTIAL_M` where M fills less than one tile)."""
+    from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND
+
+    tm, tn = kernel.config.tile_mn
+    cm, cn = kernel.config.cluster_mn
+    m_tiles, n_tiles = -(-args.M // tm), -(-args.N // tn)
+    clusters = -(-m_tiles // cm) * -(-n_tiles // cn) * args.L
+    if args.device.type == "cuda":
+        resident = max_active_clusters(args.device.index or 0, cm * cn)
+    else:
+        resident = max(1, sm_count // (cm * cn))
+    waves = -(-clusters // resident)  # tiles per SM of the busiest SM
+    elem = args.A.element_size()
+    per_sm = waves * args.K * (tn + tm / cn) * elem  # A arrives multicast: 1/cn of it per CTA
+    unique = (args.K * args.N * m_tiles + args.M * args.K + args.M * args.N) * args.L * elem
+    seconds = NARROW_FIXED_SECONDS + max(unique / NARROW_DRAM_BYTES_PER_SECOND,
+                                         per_sm / NARROW_SM_BYTES_PER_SECOND,
+                                         2.0 * waves * tm * tn * args.K / NARROW_SM_FLOPS)
+    if args.M < tm:
+        seconds *= NARROW_PARTIAL_M
+    return seconds * GEMM_COST_UNITS_PER_SECOND
 
 
 @CuTeDSLProvider.register
@@ -335,11 +391,13 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         return None
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float | None:
-        """split_all: `split_all_cost`. 3xTF32: the tile model's time of a GEMM with K' = 3K, plus
+        """split_all: `split_all_cost`; narrow tiles: `narrow_tile_cost`. 3xTF32: the tile model's time of a GEMM with K' = 3K, plus
         the split pre-pass (about a tenth more at K=4096); other configurations use the generic
         model."""
         if self.config.split_all:
             return split_all_cost(self, args, sm_count)
+        if self.config.narrow:
+            return narrow_tile_cost(self, args, sm_count)
         if not self._split3:
             return None
         from ....tuning.policies import gemm_cost  # the tuning package imports the registry
