@@ -257,7 +257,7 @@ def test_launch_arguments_of_every_run_path():
 def test_split_all_instances_share_every_tile_over_the_grid():
     """The split_all design points (decode and prefill tails): 16-bit instances in every layout,
     named ``_splitall_``, with a stream-K workspace; the implementation refuses split_all
-    without stream-K's fix-up; PickAny ranks them after cuBLAS and the narrow 64x64 tiles at
+    without stream-K's fix-up; PickAny ranks them after the narrow 64x64 tiles and cuBLAS at
     M = 64 (measured 0.88-0.98x of cuBLAS, results/gemm_shapes-NVIDIA_H200-s27-splitall.json;
     the narrow tiles 0.97-1.07x, results/gemm_sm90-NVIDIA_H200-s28-narrow.json) and ahead of
     the data-parallel 64x128 tile."""
@@ -277,8 +277,8 @@ def test_split_all_instances_share_every_tile_over_the_grid():
     W = torch.empty(8192, 8192, dtype=torch.bfloat16, device="meta")
     args = kernel_api.GemmArguments(A, W.t(), torch.empty(64, 8192, dtype=torch.bfloat16, device="meta"))
     ranked = [k.metadata.kernel_name for k in rank_candidates(kernel_api.get_kernels(args, cc=90), args)]
-    assert ranked[0].startswith("TorchGemm")
-    assert all("_tile64x64x64_" in name for name in ranked[1:3]) and "_splitall_" in ranked[3]
+    assert all("_tile64x64x64_" in name for name in ranked[:2]) and ranked[2].startswith("TorchGemm")
+    assert "_splitall_" in ranked[3]
     assert ranked.index(next(n for n in ranked if "tile64x128x64_cluster2x1" in n)) > 3
 
 

@@ -64,10 +64,14 @@ TORCH_FIXED_K_STEPS = 77
 # time plus the bytes of A, B and out at a streaming rate, fitted to cuBLAS on the H200 at M = 1,
 # N = K = 4096 / 8192 / 14336 (15.4 / 36.8 / 105.6 us: benchmarks/results/small_m-NVIDIA_H200-s20-run1.json).
 # Without it the MAC model made cuBLAS look 50-100x cheaper than it is at M = 1, and PickAny
-# never weighed the small-M family against it. Not above 16 rows: the fixed time does not hold
-# for small problems (GPT-2's decode at M = 64, 2304 x 768: cuBLAS well under 6.5 us), where the
-# MAC model's ranking was measured right (test_torch_provider).
+# never weighed the small-M family against it. Up to SKINNY_GEMM (128) rows it holds too where
+# the operands are at least TORCH_STREAM_MIN_BYTES: at M = 64 and 128, N, K in 4096..14336
+# (34-412 MB), cuBLAS took 0.88-1.03x of it (results/gemm_shapes-NVIDIA_H200-s28-narrow.json),
+# where the MAC model said 0.3-0.5x; not for small problems, where the fixed time does not hold
+# (GPT-2's decode at M = 64, 2304 x 768, 3.6 MB: cuBLAS well under 6.5 us), and the MAC model's
+# ranking was measured right (test_torch_provider).
 TORCH_STREAM_MAX_ROWS = 16
+TORCH_STREAM_MIN_BYTES = 32 << 20
 TORCH_STREAM_FIXED_SECONDS = 6.5e-6
 TORCH_STREAM_BYTES_PER_SECOND = 4.1e12
 # cuBLAS's output tile by operand element size, for `TorchGemm._tiles`: 16-bit nvjet kernels run
@@ -207,13 +211,15 @@ class TorchGemm(_TorchKernel):
 
     @staticmethod
     def _streaming_cost(args: GemmArguments) -> float:
-        """Up to `TORCH_STREAM_MAX_ROWS` rows (or columns), `TORCH_STREAM_FIXED_SECONDS` plus
+        """Up to `TORCH_STREAM_MAX_ROWS` rows (or columns), and up to `SKINNY_GEMM` where the
+        operands take at least `TORCH_STREAM_MIN_BYTES`, `TORCH_STREAM_FIXED_SECONDS` plus
         reading A and B and writing out at `TORCH_STREAM_BYTES_PER_SECOND`, in gemm_cost units;
         else 0."""
-        from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND, gemm_bytes
-        if min(args.M, args.N) > TORCH_STREAM_MAX_ROWS:
+        from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, gemm_bytes
+        rows, streamed = min(args.M, args.N), gemm_bytes(args)
+        if rows > SKINNY_GEMM or (rows > TORCH_STREAM_MAX_ROWS and streamed < TORCH_STREAM_MIN_BYTES):
             return 0.0
-        seconds = TORCH_STREAM_FIXED_SECONDS + gemm_bytes(args) / TORCH_STREAM_BYTES_PER_SECOND
+        seconds = TORCH_STREAM_FIXED_SECONDS + streamed / TORCH_STREAM_BYTES_PER_SECOND
         return seconds * GEMM_COST_UNITS_PER_SECOND
 
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
