@@ -62,6 +62,11 @@ EXPLORE = [
     Sm90Config((64, 32), (1, 2), "pingpong", raster_along_m=False, max_ab_stages=16),
     Sm90Config((128, 32), (1, 2), "pingpong", raster_along_m=False, max_ab_stages=16),
     Sm90Config((128, 64), (1, 2), "pingpong", raster_along_m=False, max_ab_stages=12),
+    # M = 128: both consumer warpgroups on one narrow tile (a 64-row half each)
+    Sm90Config((128, 64), (1, 2), "cooperative", raster_along_m=False, max_ab_stages=12),
+    Sm90Config((128, 64), (1, 4), "cooperative", raster_along_m=False, max_ab_stages=12),
+    Sm90Config((128, 32), (1, 2), "cooperative", raster_along_m=False, max_ab_stages=16),
+    Sm90Config((128, 32), (1, 4), "cooperative", raster_along_m=False, max_ab_stages=16),
 ]
 CHECK_SHAPES = [(1, 999, 1000, 136), (3, 264, 520, 72), (1, 128, 8192, 1024), (2, 1032, 264, 2056)]
 
