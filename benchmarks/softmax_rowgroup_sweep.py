@@ -20,6 +20,7 @@ benchmarks/results/softmax-rowgroup-sweep-<device>[-tag].json (and $OUT/).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -40,22 +41,29 @@ from softmax import DTYPES, _case_tensors  # noqa: E402
 SHAPES = [(32, 2**20), (8, 2**22)]
 
 
-def row_group_kernel(args, ctas_per_sm: int = 1) -> rg._RowGroupBase:
-    """The family's instance for ``args`` with ``ctas_per_sm`` CTAs per SM (discovery's)."""
+def row_group_kernel(args, ctas_per_sm: int = 1, bulk_out: bool | None = None) -> rg._RowGroupBase:
+    """The family's instance for ``args`` with ``ctas_per_sm`` CTAs per SM (discovery's); with
+    ``bulk_out`` True or False a copy set to that store build (True: RG_BULK_OUT, the storer
+    warp's TMA bulk stores; False: stores from the consumer threads)."""
     found = [k for k in kernel_api.get_kernels(args)
              if isinstance(k, rg._RowGroupBase) and k.ctas_per_sm == ctas_per_sm]
     if not found:
         raise RuntimeError(f"no row-group kernel with {ctas_per_sm} CTA(s) per SM for {args}")
-    return found[0]
+    kernel = found[0]
+    if bulk_out is not None and bulk_out != kernel.bulk_out:
+        kernel = copy.copy(kernel)
+        kernel.bulk_out = bulk_out
+    return kernel
 
 
-def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variants: list[int], rings: list[int],
+def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variants: list[str], rings: list[int],
                splits: list, iters: int, repeats: int) -> list[dict]:
     nbytes, sets, argsets, outs, ref, torch_fn = _case_tensors(rows, cols, dtype, backward)
     device = torch.cuda.current_device()
     points = []
-    for ctas_per_sm in variants:
-        kernel = row_group_kernel(argsets[0], ctas_per_sm)
+    for variant in variants:
+        ctas_per_sm = int(variant.rstrip("bt"))
+        kernel = row_group_kernel(argsets[0], ctas_per_sm, {"b": True, "t": False}.get(variant[-1]))
         artifact = kernel.compile(argsets[0])
         launcher = artifact.compiled_obj
         seen = set()
@@ -68,7 +76,7 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variant
                     if (plan.ring_chunks, split) in seen:
                         continue  # (a ring above the variant's own: the same point again)
                     seen.add((plan.ring_chunks, split))
-                    point = {"variant": ctas_per_sm, "kernel": kernel.metadata.kernel_name, "threads": kernel.threads,
+                    point = {"variant": variant, "kernel": kernel.metadata.kernel_name, "threads": kernel.threads,
                              "ring_asked": ring, "ring": plan.ring_chunks, "S_asked": split, "resident_ctas": resident,
                              "S": plan.ctas_per_row, "G": plan.groups, "waves": plan.waves,
                              "slice_kb": plan.slice_vectors * 16 / 1024, "overflow_vectors": plan.overflow_vectors,
@@ -147,14 +155,16 @@ def speed_cells(p: dict) -> tuple[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_arguments(ap, SHAPES)
-    ap.add_argument("--variants", default="1,2", help="CTAs per SM: 1 (rowgroup), 2 (rowgroup2)")
+    ap.add_argument("--variants", default="1,2", help="CTAs per SM: 1 (rowgroup), 2 (rowgroup2), each in the "
+                    "instance's store build; with a suffix 'b' (1b, 2b) the bulk-store build (RG_BULK_OUT: the "
+                    "forward's), 't' the consumer threads' stores (the backward's)")
     ap.add_argument("--rings", default="14,7,6", help="ring chunks per CTA (16 KB each; a cap per variant)")
     ap.add_argument("--S", default="plan", help="CTAs per row: 'plan' and/or numbers")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_rowgroup_sweep.py needs a CUDA GPU")
-    variants = [int(v) for v in opts.variants.split(",")]
-    if not set(variants) <= set(rg.CONSUMERS_BY_CTAS_PER_SM):
+    variants = opts.variants.split(",")
+    if not {int(v.rstrip("bt")) for v in variants} <= set(rg.CONSUMERS_BY_CTAS_PER_SM):
         sys.exit(f"--variants: CTAs per SM among {sorted(rg.CONSUMERS_BY_CTAS_PER_SM)}")
     rings = [int(r) for r in opts.rings.split(",")]
     splits = [s if s == "plan" else int(s) for s in opts.S.split(",")]
@@ -166,7 +176,7 @@ def main() -> None:
     def line(case: str, p: dict, note: str) -> str:
         tbs, torch_tbs = speed_cells(p)
         note += " (plan)" if p.get("S_asked") == "plan" and not p.get("error") else ""
-        return (f"{case:>28} {p['variant']:3d} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} "
+        return (f"{case:>28} {p['variant']:>3} {p['ring']:4d} {p['S']:4d} {p['G']:3d} {p['waves']:5d} "
                 f"{p['slice_kb']:8.0f} {p['overflow_vectors']:6d} {tbs} {torch_tbs}  {note}")
 
     run_sweep("softmax-rowgroup-sweep", opts, report, sweep,

@@ -81,7 +81,10 @@ def test_instances_names_and_metadata():
                                          ("CudaSoftmaxRowGroupForward_bf16_rowgroup2_peel8", 2, 256)]:
         k = fwd[name]
         md = k.metadata
-        assert (k.ctas_per_sm, k.consumers, k.threads) == (ctas_per_sm, consumers, consumers + 32)
+        # the forward's storer warp (its bulk-store build) besides the producer warp
+        assert (k.ctas_per_sm, k.consumers, k.threads) == (ctas_per_sm, consumers, consumers + 64)
+        assert k.bulk_out and not bwd[name.replace("Forward", "Backward")].bulk_out
+        assert bwd[name.replace("Forward", "Backward")].threads == consumers + 32
         assert md.provider == "cuda_src" and md.min_cc == 90
         assert md.design.strategy == "rowgroup" and md.design.max_cols is None and md.design.min_cols == rg.MIN_COLS
         extra = dict(md.design.extra)
@@ -104,8 +107,11 @@ def test_defines_and_compile_keys():
     the source's defaults; the traced build adds RG_TRACE and its wave count."""
     args = _args(CudaSoftmaxRowGroupForward, torch.empty(3, 1000, dtype=torch.bfloat16))
     one, two = (_kernel(CudaSoftmaxRowGroupForward, torch.bfloat16, n) for n in VARIANTS)
-    assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1}
-    assert two.defines_for(args) == {"RG_CONSUMERS": 256, "RG_MIN_BLOCKS": 2}
+    assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_BULK_OUT": 1}
+    assert two.defines_for(args) == {"RG_CONSUMERS": 256, "RG_MIN_BLOCKS": 2, "RG_BULK_OUT": 1}
+    back = _kernel(CudaSoftmaxRowGroupBackward, torch.bfloat16, 1)
+    assert back.defines_for(_args(CudaSoftmaxRowGroupBackward, torch.empty(3, 1000))) == {
+        "RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1}
     src = CudaSoftmaxRowGroupForward.get_source()
     assert "#ifndef RG_CONSUMERS\n#define RG_CONSUMERS 512" in src
     assert "#ifndef RG_MIN_BLOCKS\n#define RG_MIN_BLOCKS 1" in src
@@ -114,7 +120,7 @@ def test_defines_and_compile_keys():
     keys = {one.compile_key(args, 90), two.compile_key(args, 90)}
     one.trace = two.trace = True
     assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_TRACE": 1,
-                                     "RG_TRACE_WAVES": rg.TRACE_WAVES}
+                                     "RG_TRACE_WAVES": rg.TRACE_WAVES, "RG_BULK_OUT": 1}
     keys |= {one.compile_key(args, 90), two.compile_key(args, 90)}
     assert len(keys) == 4
     assert len({k[0] for k in keys}) == 1  # one template instance, four builds
@@ -260,7 +266,7 @@ def test_compiles_for_sm90a_without_spills(cls, dtype, ctas_per_sm, trace):
     args = _args(cls, torch.empty(3, 1000, dtype=dtype))
     artifact = k.compile(args, cc=90)
     assert artifact.compiled_obj.compiled.arch == "sm_90a"
-    assert artifact.extra == rg.RowGroupBuild(k.consumers, ctas_per_sm, trace)
+    assert artifact.extra == rg.RowGroupBuild(k.consumers, ctas_per_sm, trace, not cls.backward)
     op = "bwd" if cls.backward else "fwd"
     assert artifact.compiled_obj.name_expression == f"ka_softmax::{op}_rowgroup<{rg._TYPES[k.dtype]}, {k.vec}>"
     assert k.compile_key(_args(cls, torch.empty(8, 2**20, dtype=dtype)), 90) == k.compile_key(args, 90)
@@ -327,7 +333,7 @@ def test_two_cta_fit_takes_the_largest_ring_two_share():
     f1, f2 = one._fit(fake, 0), two._fit(fake, 0)
     assert (f1.ctas, f1.ring_chunks, f1.sms) == (132, 14, 132)
     assert (f2.ctas, f2.ring_chunks, f2.sms) == (264, 7, 132)
-    assert {t for t, _ in fake.asked} == {544, 288}  # each asked with its own block size
+    assert {t for t, _ in fake.asked} == {576, 320}  # each asked with its own block size (and storer warp)
     assert two._fit(fake, 0) is f2  # (once per device)
     # other devices: 148 SMs; 200 KB of shared memory per SM (a full ring of 12 chunks)
     assert two._fit(_OccupancyLauncher(sms=148), 1) == rg._DeviceFit(296, 7, 148)
@@ -353,7 +359,7 @@ def test_two_cta_group_plan_and_overrides(cls, monkeypatch):
     assert ws.numel() >= rg.SLOT_BYTES * 264
     k._run(args, types.SimpleNamespace(compiled_obj=fake), 0x1, ws)
     launch = fake.launches[-1]
-    assert (launch["grid"], launch["block"], launch["smem"]) == (plan.grid, 288, 7 * rg.CHUNK_BYTES)
+    assert (launch["grid"], launch["block"], launch["smem"]) == (plan.grid, 288 + 32 * k.bulk_out, 7 * rg.CHUNK_BYTES)
     assert launch["cooperative"]
     k.limit_ring = 2
     plan, resident = k.group_plan(args, fake, 0)
@@ -391,7 +397,8 @@ def test_run_launches_the_plan_cooperatively(cls, monkeypatch):
     k._run(args, artifact, 0x1234, ws)
     p = plan_rows(32, cols, 2, cls.backward, 120, (232448 - 520) // rg.CHUNK_BYTES)
     first, second = fake.launches
-    assert first["cooperative"] and first["grid"] == p.grid <= 120 and first["block"] == rg.THREADS == k.threads
+    assert first["cooperative"] and first["grid"] == p.grid <= 120 and first["block"] == k.threads
+    assert k.threads == rg.THREADS + (0 if cls.backward else 32)  # (the forward's storer warp)
     assert first["smem"] == p.smem_bytes == 14 * rg.CHUNK_BYTES and first["stream"] == 0x1234
     params = first["params"]
     assert len(params) == _signature_params("bwd_rowgroup" if cls.backward else "fwd_rowgroup")
@@ -462,7 +469,7 @@ def test_workspace_and_launch_config_without_a_gpu(ctas_per_sm):
     grid, block, smem = k.launch_config(args)
     p = k.plan(args)
     assert p == plan_rows(8, 2**20, 4, False, 132 * ctas_per_sm, rg.default_ring(ctas_per_sm))
-    assert (grid, block, smem) == (p.grid, 32 + (512 if ctas_per_sm == 1 else 256), p.smem_bytes)
+    assert (grid, block, smem) == (p.grid, 64 + (512 if ctas_per_sm == 1 else 256), p.smem_bytes)
     # room for two CTAs per SM of the device (here: the planning bound without a GPU)
     assert k.get_workspace_size(args) == rg.SLOT_BYTES * rg.MAX_CTAS_PER_SM * 2 * rg.DEFAULT_SMS >= p.workspace_bytes
     e1, e2 = rg.next_epoch(), rg.next_epoch()
@@ -737,6 +744,31 @@ def test_small_rings_and_grids(cls, dtype, ctas_per_sm):
                 _check_backward_at(rows, cols, dtype, offset, k)
             else:
                 _check_forward_at(rows, cols, dtype, offset, k)
+    finally:
+        k.limit_ctas = k.limit_ring = k.ctas_per_row = None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_other_store_build(cls, dtype, ctas_per_sm):
+    """Each direction's other build, an experiment switch (`bulk_out`): the forward storing from
+    its consumer threads, the backward through a storer warp's TMA bulk stores (measured
+    slower, results/softmax-rowgroup-sweep-NVIDIA_H200-s28-bulk.json). The long and odd shapes,
+    then small rings and grids (overflowing slices, rings wrapping many times, with and without
+    the look-ahead), each output inside a poisoned margin."""
+    k = _kernel(cls, dtype, ctas_per_sm)
+    k.bulk_out = not k.bulk_out
+    check = _check_backward_at if cls.backward else _check_forward_at
+    torch.manual_seed(len(str(dtype)) + 5 * cls.backward)
+    for rows, cols, offset in _SHAPES:
+        check(rows, cols, dtype, offset, k)
+        torch.cuda.empty_cache()
+    try:
+        for ctas, ring, S, rows, cols, offset in _SMALL:
+            k.limit_ctas, k.limit_ring, k.ctas_per_row = ctas, ring, S
+            check(rows, cols, dtype, offset, k)
     finally:
         k.limit_ctas = k.limit_ring = k.ctas_per_row = None
 

@@ -44,6 +44,13 @@
 // w (with `ahead`, a peer publishes w + 1 before it reads w; without, two would do).
 // Every CTA of a group combines the S partials in the same order, so all agree bit for bit.
 //
+// RG_BULK_OUT builds add a storer warp: the consumers write each staged chunk's output over
+// its input in shared memory and hand the chunk over (a `written` mbarrier per chunk); the
+// storer's lane writes it to global memory with a TMA bulk store and, once the store has read
+// the chunk, releases it to the producer. The consumers then go on to the next wave while the
+// stores drain. (Every operand's rows start at one phase of 16 bytes, which the interface
+// checks, so the output's slices are as aligned as the staged ones.)
+//
 // Compile-time parameters (the interface sets them per instance): RG_CONSUMERS compute
 // threads (512, or 256 so that RG_MIN_BLOCKS = 2 CTAs, each with half the ring, share an SM
 // within the register file) and RG_MIN_BLOCKS, the launch bounds' CTAs per SM. RG_TRACE
@@ -61,7 +68,12 @@ typedef unsigned long long u64;
 #ifndef RG_MIN_BLOCKS
 #define RG_MIN_BLOCKS 1
 #endif
-#define RG_THREADS (RG_CONSUMERS + 32)
+#ifndef RG_BULK_OUT
+#define RG_BULK_OUT 0
+#endif
+#define RG_THREADS (RG_CONSUMERS + 32 + 32 * RG_BULK_OUT)
+// Bulk stores a storer keeps in flight before it waits for the oldest to have read its chunk.
+#define RG_STORES_IN_FLIGHT 4
 #define RG_CHUNK_BYTES 16384
 #define RG_CHUNK_U4 (RG_CHUNK_BYTES / 16)
 #define RG_MAX_CHUNKS 16
@@ -106,6 +118,30 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
           smem_u32(dst)),
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
       : "memory");
+}
+
+__device__ __forceinline__ bool mbar_test(u64* bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, unsigned bytes, u64 policy) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;" ::"l"(dst),
+               "r"(smem_u32(src)), "r"(bytes), "l"(policy)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Wait until at most N bulk stores still have to read their shared memory (READ) or complete.
+template <int N, bool READ>
+__device__ __forceinline__ void bulk_wait() {
+  if constexpr (READ)
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+  else
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // Consumer threads only (the producer warp never joins): barrier 1.
@@ -266,11 +302,12 @@ __device__ __forceinline__ void check_plan(i64 S, i64 G, i64 cap, i64 ring, i64 
     __trap();
 }
 
-__device__ __forceinline__ void init_ring(u64* full, u64* empty, int ring) {
+__device__ __forceinline__ void init_ring(u64* full, u64* empty, u64* written, int ring) {
   if (threadIdx.x == 0) {
     for (int i = 0; i < ring; ++i) {
-      mbar_init(&full[i], 1);                    // the producer's expect_tx arrival
-      mbar_init(&empty[i], RG_CONSUMERS / 32);  // one arrival per consumer warp
+      mbar_init(&full[i], 1);                                    // the producer's expect_tx arrival
+      mbar_init(&empty[i], RG_BULK_OUT ? 1 : RG_CONSUMERS / 32);  // the storer, or one arrival per consumer warp
+      if (RG_BULK_OUT) mbar_init(&written[i], RG_CONSUMERS / 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -317,6 +354,58 @@ __device__ void produce(const typename T::raw* __restrict__ a, const typename T:
   RG_TRACE_ONLY(tr[TR_PRODUCER_DONE] = global_timer();)
 }
 
+#if RG_BULK_OUT
+// The storer: one lane walks the waves' staged chunks as the producer does, and writes each
+// chunk the consumers have handed over (`written`) to its place in the output with a TMA bulk
+// store, releasing the chunk to the producer once the store has read it. Up to
+// RG_STORES_IN_FLIGHT stores stay in flight; before waiting for a chunk that is not yet
+// written it releases every chunk already stored, so the producer never waits on it.
+// Backward chunks hold dx (over dy) first.
+template <class T, int VEC, bool BWD>
+__device__ void store_out(const typename T::raw* __restrict__ span_src, typename T::raw* __restrict__ out, i64 rows,
+                          int cols, i64 lds, i64 ldo, int S, int G, int cap, int ring, uint4* rbuf, u64* written,
+                          u64* empty) {
+  constexpr int CV = RG_CHUNK_U4 / (BWD ? 2 : 1);
+  const int rank = blockIdx.x % S, group = blockIdx.x / S;
+  const u64 policy = l2_evict_first_policy();  // the output is not read again here
+  // The chunks stored but not yet released: np of them, from ring slot `oldest` on.
+  int oldest = 0, np = 0;
+  auto release_oldest = [&]() {
+    mbar_arrive(&empty[oldest]);
+    if (++oldest == ring) oldest = 0;
+    --np;
+  };
+  int sl = 0;
+  unsigned ph = 0;
+  for (i64 r = group; r < rows; r += G) {
+    const typename T::raw* sr = span_src + r * lds;
+    const RowSlice s = row_slice<T, VEC>(sr, cols, S, rank, cap, CV);
+    char* dst = reinterpret_cast<char*>(out + r * ldo + s.sp.head) + s.v0 * 16;
+    for (int k = 0; k < s.nch; ++k) {
+      if (!mbar_test(&written[sl], ph)) {
+        bulk_wait<0, true>();
+        while (np > 0) release_oldest();
+        mbar_wait(&written[sl], ph);
+      }
+      const unsigned bytes = (unsigned)min(CV, s.staged - k * CV) * 16u;
+      bulk_store(dst + (i64)k * CV * 16, rbuf + (i64)sl * RG_CHUNK_U4, bytes, policy);
+      ++np;
+      if (np > RG_STORES_IN_FLIGHT) {
+        bulk_wait<RG_STORES_IN_FLIGHT, true>();
+        release_oldest();
+      }
+      if (++sl == ring) {
+        sl = 0;
+        ph ^= 1u;
+      }
+    }
+  }
+  bulk_wait<0, true>();
+  while (np > 0) release_oldest();
+  bulk_wait<0, false>();  // the writes done before the CTA exits
+}
+#endif
+
 // Release chunk `sl` to the producer once every consumer warp is done with it.
 template <bool WROTE>
 __device__ __forceinline__ void release(u64* empty, int sl) {
@@ -343,6 +432,7 @@ struct Ctx {
   u64* empty;
   float* red;  // [2][64]: by wave parity, as two waves' reductions may be in flight
   float* bc;
+  u64* written;  // (RG_BULK_OUT: the consumers hand each output chunk to the storer here)
 };
 
 // A wave between its statistics and its output: row, wave number, the ring position (and
@@ -499,19 +589,32 @@ __device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
   R* yr = c.out + P.r * c.ldo;
   const RowSlice s = row_slice<T, VEC>(xr, c.cols, c.S, c.rank, c.cap, CV);
   const i64 o = s.sp.head + s.v0 * VEC;
+  auto y_of = [&](const uint4& e, float (&f)[VEC]) {
+    if (ms != -KA_INF) {
+      unpack16<T, VEC>(e, f);
+    } else {
+#pragma unroll
+      for (int q = 0; q < VEC; ++q) f[q] = 0.f;
+    }
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) f[q] *= scale;
+  };
+#if RG_BULK_OUT
+  // y over e in the chunk, handed to the storer
+  walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
+                                     [&](uint4* cb, int i, int) {
+                                       float f[VEC];
+                                       y_of(cb[i], f);
+                                       cb[i] = pack16<T, VEC>(f);
+                                     });
+#else
   walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
                                      [&](const uint4* cb, int i, int v) {
                                        float f[VEC];
-                                       if (ms != -KA_INF) {
-                                         unpack16<T, VEC>(cb[i], f);
-                                       } else {
-#pragma unroll
-                                         for (int q = 0; q < VEC; ++q) f[q] = 0.f;
-                                       }
-#pragma unroll
-                                       for (int q = 0; q < VEC; ++q) f[q] *= scale;
+                                       y_of(cb[i], f);
                                        store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
                                      });
+#endif
   const i64 oo = o + (i64)s.staged * VEC;
   write_scaled<T, VEC, 2, NC>(xr + oo, yr + oo, s.n - s.staged, t, row_max, inv);
   if (c.rank == 0) store_edges<T, VEC>(yr, s.sp, t, exp_shifted(P.e0, row_max) * inv, exp_shifted(P.e1, row_max) * inv);
@@ -579,15 +682,29 @@ __device__ void bwd_finish(const Ctx<T>& c, const Wave& P) {
   const RowSlice s = row_slice<T, VEC>(yr, c.cols, c.S, c.rank, c.cap, CV);
   R* dr = c.out + P.r * c.ldo;
   const i64 o = s.sp.head + s.v0 * VEC;
+  auto dx_of = [&](const uint4* cb, int i, float (&g)[VEC]) {
+    float u[VEC];
+    unpack16<T, VEC>(cb[i], g);
+    unpack16<T, VEC>(cb[CV + i], u);
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) g[q] = u[q] * (g[q] - dot);
+  };
+#if RG_BULK_OUT
+  // dx over dy in the chunk, handed to the storer
+  walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
+                                     [&](uint4* cb, int i, int) {
+                                       float g[VEC];
+                                       dx_of(cb, i, g);
+                                       cb[i] = pack16<T, VEC>(g);
+                                     });
+#else
   walk_chunks<CV, NC, RELEASE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
                                [&](const uint4* cb, int i, int v) {
-                                 float g[VEC], u[VEC];
-                                 unpack16<T, VEC>(cb[i], g);
-                                 unpack16<T, VEC>(cb[CV + i], u);
-#pragma unroll
-                                 for (int q = 0; q < VEC; ++q) g[q] = u[q] * (g[q] - dot);
+                                 float g[VEC];
+                                 dx_of(cb, i, g);
                                  store_vec<T, VEC>(dr + o + (i64)v * VEC, g);
                                });
+#endif
   const i64 oo = o + (i64)s.staged * VEC;
   write_grad<T, VEC, 2, NC>(gr + oo, yr + oo, dr + oo, s.n - s.staged, t, dot);
   if (c.rank == 0) store_edges<T, VEC>(dr, s.sp, t, P.e2 * (P.e0 - dot), P.e3 * (P.e1 - dot));
@@ -644,20 +761,32 @@ __device__ __forceinline__ void run(const typename T::raw* __restrict__ a, const
                                     typename T::raw* __restrict__ out, i64 rows, i64 cols, i64 lda, i64 ldb,
                                     i64 ldo, u64* ws, i64 epoch, i64 S, i64 G, i64 cap, i64 ring, i64 ahead) {
   __shared__ __align__(8) u64 full[RG_MAX_CHUNKS], empty[RG_MAX_CHUNKS];
+#if RG_BULK_OUT
+  __shared__ __align__(8) u64 written[RG_MAX_CHUNKS];
+#else
+  u64* const written = nullptr;
+#endif
   __shared__ float red[128];
   __shared__ float bc[2];
   RG_TRACE_ONLY(u64* const tr = trace_of(ws); if (threadIdx.x == 0) tr[TR_ENTRY] = global_timer();)
   check_plan(S, G, cap, ring, ahead, BWD ? RG_CHUNK_U4 / 2 : RG_CHUNK_U4);
-  init_ring(full, empty, (int)ring);
+  init_ring(full, empty, written, (int)ring);
   RG_TRACE_ONLY(if (threadIdx.x == 0) tr[TR_READY] = global_timer();)
   if (threadIdx.x >= RG_CONSUMERS) {
     if (threadIdx.x == RG_CONSUMERS)
       produce<T, VEC, BWD>(a, b, rows, (int)cols, lda, ldb, (int)S, (int)G, (int)cap, (int)ring, rg_ring, full,
                            empty RG_TRACE_ONLY(, tr));
+#if RG_BULK_OUT
+    // the storer: the slices follow the forward's x, the backward's y (their peeled spans)
+    if (threadIdx.x == RG_CONSUMERS + 32)
+      store_out<T, VEC, BWD>(BWD ? b : a, out, rows, (int)cols, BWD ? ldb : lda, ldo, (int)S, (int)G, (int)cap,
+                             (int)ring, rg_ring, written, empty);
+#endif
     return;
   }
   const Ctx<T> c{a, b, out, rows, lda, ldb, ldo, (int)cols, (int)S, (int)G, (int)cap, (int)ring,
-                 (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, launch_tag(epoch), rg_ring, full, empty, red, bc};
+                 (int)(blockIdx.x % S), (int)(blockIdx.x / S), ws, launch_tag(epoch), rg_ring, full, empty, red, bc,
+                 written};
   consume<T, VEC, BWD>(c, ahead != 0);
   RG_TRACE_ONLY(trace_exit(c);)
 }

@@ -415,6 +415,7 @@ class RowGroupBuild:
     consumers: int
     ctas_per_sm: int
     traced: bool
+    bulk_out: bool = False
 
 
 class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
@@ -424,8 +425,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         super().__init__(metadata, params)
         self.ctas_per_sm: int = params.get("ctas_per_sm", 1)
         self.consumers: int = CONSUMERS_BY_CTAS_PER_SM[self.ctas_per_sm]
-        self.threads: int = self.consumers + 32
-        self._fits: dict[int, _DeviceFit] = {}
+        self._fits: dict[tuple[int, int], _DeviceFit] = {}  # by (device, threads per CTA)
         # Caps on the grid and the ring, and a fixed CTAs-per-row, for tests and experiments
         # (None: the device's room and `plan_rows`' choice).
         self.limit_ctas: int | None = None
@@ -433,6 +433,15 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         self.ctas_per_row: int | None = None
         # Compile (and size the workspace for) the RG_TRACE build: experiments only.
         self.trace: bool = False
+        # The RG_BULK_OUT build (a storer warp writes the staged output with TMA bulk stores):
+        # the forward's (`BULK_OUT_FORWARD`); the backward's measured slower, an experiment.
+        self.bulk_out: bool = not self.backward
+
+    @property
+    def threads(self) -> int:
+        """Threads per CTA: the consumers, the producer warp and, in the bulk-store build, the
+        storer warp."""
+        return self.consumers + 32 + (32 if self.bulk_out else 0)
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -474,18 +483,20 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         defines = {"RG_CONSUMERS": self.consumers, "RG_MIN_BLOCKS": self.ctas_per_sm}
         if self.trace:
             defines.update(RG_TRACE=1, RG_TRACE_WAVES=TRACE_WAVES)
+        if self.bulk_out:
+            defines["RG_BULK_OUT"] = 1
         return defines
 
     def launch_plan(self, args: Any, launcher: Any) -> RowGroupBuild:
         """Stored with the artifact: `_run` sizes the workspace by the build, not by `trace`."""
-        return RowGroupBuild(self.consumers, self.ctas_per_sm, self.trace)
+        return RowGroupBuild(self.consumers, self.ctas_per_sm, self.trace, self.bulk_out)
 
     # ---- plan --------------------------------------------------------------------------------
     def _fit(self, launcher: Any, device: int) -> _DeviceFit:
         """The device's room: the largest ring (at most `MAX_CHUNKS`) that lets `ctas_per_sm`
         CTAs share each SM, and the CTAs that then reside. A full ring takes more than half an
         SM's shared memory, so the CTAs it lets reside are the SMs."""
-        fit = self._fits.get(device)
+        fit = self._fits.get((device, self.threads))
         if fit is None:
             full = min(MAX_CHUNKS, launcher.max_dynamic_smem(device) // CHUNK_BYTES)
             if full < 1:
@@ -503,7 +514,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
                     ring = full
                 else:
                     ctas = want
-            fit = self._fits[device] = _DeviceFit(ctas, ring, sms)
+            fit = self._fits[(device, self.threads)] = _DeviceFit(ctas, ring, sms)
         return fit
 
     def plan(self, args: Any, ctas: int | None = None, ring_chunks: int | None = None) -> RowGroupPlan:
@@ -581,11 +592,12 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         chunks = wave_chunks(p.staged_vectors, self.backward)
         if chunks > p.ring_chunks or (p.ahead and 2 * chunks > p.ring_chunks) or p.grid > resident:
             raise RuntimeError(f"{self.metadata.kernel_name}: inconsistent plan {p} for {resident} co-resident CTAs")  # (the kernel would trap)
+        bulk = build.bulk_out if isinstance(build, RowGroupBuild) else self.bulk_out
+        threads = self.consumers + 32 + (32 if bulk else 0)
         tail = (workspace.data_ptr(), next_epoch(), p.ctas_per_row, p.groups, p.staged_vectors, p.ring_chunks,
                 int(p.ahead))
-        launcher.launch(stream_handle(stream, device), device, p.grid, self.threads, p.smem_bytes,
+        launcher.launch(stream_handle(stream, device), device, p.grid, threads, p.smem_bytes,
                         row_params(args) + tail, cooperative=True)
-
 
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
