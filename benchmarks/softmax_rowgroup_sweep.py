@@ -41,7 +41,8 @@ from softmax import DTYPES, _case_tensors  # noqa: E402
 SHAPES = [(32, 2**20), (8, 2**22)]
 
 
-def row_group_kernel(args, ctas_per_sm: int = 1, bulk_out: bool | None = None) -> rg._RowGroupBase:
+def row_group_kernel(args, ctas_per_sm: int = 1, bulk_out: bool | None = None,
+                     packed_math: bool | None = None) -> rg._RowGroupBase:
     """The family's instance for ``args`` with ``ctas_per_sm`` CTAs per SM (discovery's); with
     ``bulk_out`` True or False a copy set to that store build (True: RG_BULK_OUT, the storer
     warp's TMA bulk stores; False: stores from the consumer threads)."""
@@ -50,9 +51,11 @@ def row_group_kernel(args, ctas_per_sm: int = 1, bulk_out: bool | None = None) -
     if not found:
         raise RuntimeError(f"no row-group kernel with {ctas_per_sm} CTA(s) per SM for {args}")
     kernel = found[0]
-    if bulk_out is not None and bulk_out != kernel.bulk_out:
+    if (bulk_out is not None and bulk_out != kernel.bulk_out) or (packed_math is not None
+                                                                  and packed_math != kernel.packed_math):
         kernel = copy.copy(kernel)
-        kernel.bulk_out = bulk_out
+        kernel.bulk_out = kernel.bulk_out if bulk_out is None else bulk_out
+        kernel.packed_math = kernel.packed_math if packed_math is None else packed_math
     return kernel
 
 
@@ -62,8 +65,10 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variant
     device = torch.cuda.current_device()
     points = []
     for variant in variants:
-        ctas_per_sm = int(variant.rstrip("bt"))
-        kernel = row_group_kernel(argsets[0], ctas_per_sm, {"b": True, "t": False}.get(variant[-1]))
+        ctas_per_sm = int(variant.rstrip("btps"))
+        store = True if "b" in variant else False if "t" in variant else None
+        packed = True if "p" in variant else False if "s" in variant else None
+        kernel = row_group_kernel(argsets[0], ctas_per_sm, store, packed)
         artifact = kernel.compile(argsets[0])
         launcher = artifact.compiled_obj
         seen = set()
@@ -157,14 +162,15 @@ def main() -> None:
     add_case_arguments(ap, SHAPES)
     ap.add_argument("--variants", default="1,2", help="CTAs per SM: 1 (rowgroup), 2 (rowgroup2), each in the "
                     "instance's store build; with a suffix 'b' (1b, 2b) the bulk-store build (RG_BULK_OUT: the "
-                    "forward's), 't' the consumer threads' stores (the backward's)")
+                    "forward's), 't' the consumer threads' stores (the backward's); and with 'p' / 's' "
+                    "packed 16-bit math (RG_PACKED_MATH, the 16-bit forwards') / f32 math")
     ap.add_argument("--rings", default="14,7,6", help="ring chunks per CTA (16 KB each; a cap per variant)")
     ap.add_argument("--S", default="plan", help="CTAs per row: 'plan' and/or numbers")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_rowgroup_sweep.py needs a CUDA GPU")
     variants = opts.variants.split(",")
-    if not {int(v.rstrip("bt")) for v in variants} <= set(rg.CONSUMERS_BY_CTAS_PER_SM):
+    if not {int(v.rstrip("btps")) for v in variants} <= set(rg.CONSUMERS_BY_CTAS_PER_SM):
         sys.exit(f"--variants: CTAs per SM among {sorted(rg.CONSUMERS_BY_CTAS_PER_SM)}")
     rings = [int(r) for r in opts.rings.split(",")]
     splits = [s if s == "plan" else int(s) for s in opts.S.split(",")]

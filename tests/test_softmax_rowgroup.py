@@ -107,8 +107,11 @@ def test_defines_and_compile_keys():
     the source's defaults; the traced build adds RG_TRACE and its wave count."""
     args = _args(CudaSoftmaxRowGroupForward, torch.empty(3, 1000, dtype=torch.bfloat16))
     one, two = (_kernel(CudaSoftmaxRowGroupForward, torch.bfloat16, n) for n in VARIANTS)
-    assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_BULK_OUT": 1}
-    assert two.defines_for(args) == {"RG_CONSUMERS": 256, "RG_MIN_BLOCKS": 2, "RG_BULK_OUT": 1}
+    assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_BULK_OUT": 1, "RG_PACKED_MATH": 1}
+    assert two.defines_for(args) == {"RG_CONSUMERS": 256, "RG_MIN_BLOCKS": 2, "RG_BULK_OUT": 1, "RG_PACKED_MATH": 1}
+    f32 = _kernel(CudaSoftmaxRowGroupForward, torch.float32, 1)
+    assert f32.defines_for(_args(CudaSoftmaxRowGroupForward, torch.empty(3, 1000))) == {
+        "RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_BULK_OUT": 1}
     back = _kernel(CudaSoftmaxRowGroupBackward, torch.bfloat16, 1)
     assert back.defines_for(_args(CudaSoftmaxRowGroupBackward, torch.empty(3, 1000))) == {
         "RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1}
@@ -120,7 +123,7 @@ def test_defines_and_compile_keys():
     keys = {one.compile_key(args, 90), two.compile_key(args, 90)}
     one.trace = two.trace = True
     assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_TRACE": 1,
-                                     "RG_TRACE_WAVES": rg.TRACE_WAVES, "RG_BULK_OUT": 1}
+                                     "RG_TRACE_WAVES": rg.TRACE_WAVES, "RG_BULK_OUT": 1, "RG_PACKED_MATH": 1}
     keys |= {one.compile_key(args, 90), two.compile_key(args, 90)}
     assert len(keys) == 4
     assert len({k[0] for k in keys}) == 1  # one template instance, four builds
@@ -769,6 +772,28 @@ def test_the_other_store_build(cls, dtype, ctas_per_sm):
         for ctas, ring, S, rows, cols, offset in _SMALL:
             k.limit_ctas, k.limit_ring, k.ctas_per_row = ctas, ring, S
             check(rows, cols, dtype, offset, k)
+    finally:
+        k.limit_ctas = k.limit_ring = k.ctas_per_row = None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_scalar_math_build(dtype, ctas_per_sm):
+    """The 16-bit forwards without their RG_PACKED_MATH (the slice's max and bf16's output
+    scaling in f32, an experiment switch; the packed build is the instances' own): the long and
+    odd shapes and small rings, each output inside a poisoned margin, against float64."""
+    k = _kernel(CudaSoftmaxRowGroupForward, dtype, ctas_per_sm)
+    assert k.packed_math
+    k.packed_math = False
+    torch.manual_seed(11 + len(str(dtype)))
+    for rows, cols, offset in _SHAPES:
+        _check_forward_at(rows, cols, dtype, offset, k)
+        torch.cuda.empty_cache()
+    try:
+        for ctas, ring, S, rows, cols, offset in _SMALL:
+            k.limit_ctas, k.limit_ring, k.ctas_per_row = ctas, ring, S
+            _check_forward_at(rows, cols, dtype, offset, k)
     finally:
         k.limit_ctas = k.limit_ring = k.ctas_per_row = None
 

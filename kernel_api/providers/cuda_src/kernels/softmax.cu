@@ -23,14 +23,17 @@ typedef long long i64;
 #define KA_INF __int_as_float(0x7f800000)
 #define KA_LOG2E 1.4426950408889634f
 
+// KIND: what packed 16-bit math applies (max2_pack, scale_pack_bf16): 0 none, 1 bf16x2, 2 f16x2.
 struct F32 {
   typedef float raw;
+  enum { KIND = 0 };
   static __device__ __forceinline__ float load(float v) { return v; }
   static __device__ __forceinline__ float store(float v) { return v; }
 };
 
 struct BF16 {
   typedef u16 raw;
+  enum { KIND = 1 };
   static __device__ __forceinline__ float load(u16 v) { return __uint_as_float(((unsigned)v) << 16); }
   static __device__ __forceinline__ u16 store(float v) {
     u16 r;
@@ -41,6 +44,7 @@ struct BF16 {
 
 struct F16 {
   typedef u16 raw;
+  enum { KIND = 2 };
   static __device__ __forceinline__ float load(u16 v) {
     float r;
     asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(v));
@@ -97,6 +101,50 @@ __device__ __forceinline__ uint4 pack16(const float (&f)[VEC]) {
 #pragma unroll
   for (int k = 0; k < VEC; ++k) p.r[k] = T::store(f[k]);
   return p.u;
+}
+
+// Packed 16-bit math on a 16-byte pack (T::KIND 1: bf16, 2: f16): two values per instruction.
+// The running maximum of the pack's values, two lanes at a time (max rounds nothing, so this is
+// exact; a NaN loses to the other operand, as with fmaxf); `max2_init` is -inf in both lanes,
+// `max2_value` the larger lane as a float.
+template <class T>
+__device__ __forceinline__ unsigned max2_init() {
+  return T::KIND == 1 ? 0xFF80FF80u : 0xFC00FC00u;
+}
+template <class T>
+__device__ __forceinline__ unsigned max2_pack(uint4 u, unsigned acc) {
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (T::KIND == 1)
+      asm("max.bf16x2 %0, %0, %1;" : "+r"(acc) : "r"(w[i]));
+    else
+      asm("max.f16x2 %0, %0, %1;" : "+r"(acc) : "r"(w[i]));
+  }
+  return acc;
+}
+template <class T>
+__device__ __forceinline__ float max2_value(unsigned acc) {
+  return fmaxf(T::load((u16)(acc & 0xFFFFu)), T::load((u16)(acc >> 16)));
+}
+// bf16 values times a float scale, rounded once to bf16: the scale split into bf16 parts
+// hi + lo, each value v to fma(v, hi, v * lo) (v * lo is 2^-8 of the product or less, so its
+// own rounding is below the result's). sm_90 (mul.rn.bf16x2).
+__device__ __forceinline__ void scale_split_bf16(float scale, unsigned& hi2, unsigned& lo2) {
+  const u16 hi = BF16::store(scale);
+  const u16 lo = BF16::store(scale - BF16::load(hi));
+  hi2 = (unsigned)hi | ((unsigned)hi << 16);
+  lo2 = (unsigned)lo | ((unsigned)lo << 16);
+}
+__device__ __forceinline__ uint4 scale_pack_bf16(uint4 u, unsigned hi2, unsigned lo2) {
+  unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned t;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(t) : "r"(w[i]), "r"(lo2));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(w[i]) : "r"(w[i]), "r"(hi2), "r"(t));
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 template <class T, int VEC>

@@ -72,6 +72,11 @@ typedef unsigned long long u64;
 #define RG_BULK_OUT 0
 #endif
 #define RG_THREADS (RG_CONSUMERS + 32 + 32 * RG_BULK_OUT)
+// Packed 16-bit math in the forward: the slice's max two values at a time, and (bf16, bulk
+// build) the output as e times the scale two at a time (softmax.cu's max2_pack, scale_pack_bf16).
+#ifndef RG_PACKED_MATH
+#define RG_PACKED_MATH 0
+#endif
 // Bulk stores a storer keeps in flight before it waits for the oldest to have read its chunk.
 #define RG_STORES_IN_FLIGHT 4
 #define RG_CHUNK_BYTES 16384
@@ -520,13 +525,21 @@ __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
   float mo, so;
   online_stats<T, VEC, 2, NC>(xb + (i64)s.staged * VEC, s.n - s.staged, t, P.e0, P.e1, mo, so);
   float ms = -KA_INF;
-  walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                              [&](const uint4* cb, int i, int) {
-                                float f[VEC];
-                                unpack16<T, VEC>(cb[i], f);
+#if RG_PACKED_MATH
+  if constexpr (T::KIND != 0) {  // 16-bit values: their max two at a time, no conversions
+    unsigned m2 = max2_init<T>();
+    walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                                [&](const uint4* cb, int i, int) { m2 = max2_pack<T>(cb[i], m2); });
+    ms = max2_value<T>(m2);
+  } else
+#endif
+    walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+                                [&](const uint4* cb, int i, int) {
+                                  float f[VEC];
+                                  unpack16<T, VEC>(cb[i], f);
 #pragma unroll
-                                for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
-                              });
+                                  for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
+                                });
   float ss = 0.f;
   if (ms != -KA_INF)  // (all -inf: nothing to store; the output pass writes zeros)
     walk_chunks<CV, NC, PASS>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
@@ -601,12 +614,20 @@ __device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
   };
 #if RG_BULK_OUT
   // y over e in the chunk, handed to the storer
-  walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                     [&](uint4* cb, int i, int) {
-                                       float f[VEC];
-                                       y_of(cb[i], f);
-                                       cb[i] = pack16<T, VEC>(f);
-                                     });
+#if RG_PACKED_MATH
+  if (T::KIND == 1 && ms != -KA_INF) {  // bf16: e times the scale two at a time, rounded once
+    unsigned hi2, lo2;
+    scale_split_bf16(scale, hi2, lo2);
+    walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
+                                       [&](uint4* cb, int i, int) { cb[i] = scale_pack_bf16(cb[i], hi2, lo2); });
+  } else
+#endif
+    walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
+                                       [&](uint4* cb, int i, int) {
+                                         float f[VEC];
+                                         y_of(cb[i], f);
+                                         cb[i] = pack16<T, VEC>(f);
+                                       });
 #else
   walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
                                      [&](const uint4* cb, int i, int v) {
