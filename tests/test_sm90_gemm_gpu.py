@@ -184,26 +184,33 @@ def test_split_all_shares_every_tile_over_the_grid(name):
                 assert torch.equal(first, args.out), f"{name} {(L, M, N, K)}: the two runs differ"
 
 
-_SPLIT_ALL_SANITIZED = """
+def _sanitized_decode_script(name_part: str, shapes: tuple, label: str) -> str:
+    """A compute-sanitizer script: the bf16 ``_tnt_`` instances whose name holds ``name_part``
+    on decode-like ``shapes`` (M, N, K) against float64, printing ``<label> runs <count>``."""
+    return f"""
 import torch, kernel_api
 from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
 runs = 0
 for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90):
     name = k.metadata.kernel_name
-    if "_splitall_" not in name or "_bf16bf16_bf16_" not in name or "_tnt_" not in name:
+    if "{name_part}" not in name or "_bf16bf16_bf16_" not in name or "_tnt_" not in name:
         continue
-    for M, N, K in ((64, 1024, 1000), (77, 512, 4096), (1, 256, 64)):
+    for M, N, K in {shapes!r}:
         A = torch.randn(M, K, device="cuda").to(torch.bfloat16)
         W = torch.randn(N, K, device="cuda").to(torch.bfloat16)
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        args = kernel_api.GemmArguments(A, W.t(), out)
-        k.run(args)
+        k.run(kernel_api.GemmArguments(A, W.t(), out))
         torch.cuda.synchronize()
-        err = ((out.double() - A.double() @ W.double().t()).norm() / (A.double() @ W.double().t()).norm()).item()
+        ref = A.double() @ W.double().t()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err < 8e-3, (name, M, N, K, err)
         runs += 1
-print("split_all runs", runs)
+print("{label} runs", runs)
 """
+
+
+_SPLIT_ALL_SANITIZED = _sanitized_decode_script("_splitall_", ((64, 1024, 1000), (77, 512, 4096), (1, 256, 64)),
+                                                "split_all")
 
 
 def test_split_all_memcheck_clean():
@@ -237,25 +244,8 @@ def test_narrow_tiles_at_decode_sizes(name):
         assert torch.isnan(big[..., N:]).all(), f"{name} {(L, M, N, K)}: stores past the output's N"
 
 
-_NARROW_SANITIZED = """
-import torch, kernel_api
-from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
-runs = 0
-for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90):
-    name = k.metadata.kernel_name
-    if "_tile64x64x64_" not in name or "_bf16bf16_bf16_" not in name or "_tnt_" not in name:
-        continue
-    for M, N, K in ((64, 1000, 1000), (7, 72, 4096), (130, 264, 64)):
-        A = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-        W = torch.randn(N, K, device="cuda").to(torch.bfloat16)
-        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        k.run(kernel_api.GemmArguments(A, W.t(), out))
-        torch.cuda.synchronize()
-        ref = A.double() @ W.double().t()
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 8e-3, (name, M, N, K)
-        runs += 1
-print("narrow runs", runs)
-"""
+_NARROW_SANITIZED = _sanitized_decode_script("_tile64x64x64_", ((64, 1000, 1000), (7, 72, 4096), (130, 264, 64)),
+                                             "narrow")
 
 
 def test_narrow_tiles_memcheck_clean():

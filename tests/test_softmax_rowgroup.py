@@ -763,8 +763,13 @@ def test_the_other_store_build(cls, dtype, ctas_per_sm):
     the look-ahead), each output inside a poisoned margin."""
     k = _kernel(cls, dtype, ctas_per_sm)
     k.bulk_out = not k.bulk_out
-    check = _check_backward_at if cls.backward else _check_forward_at
     torch.manual_seed(len(str(dtype)) + 5 * cls.backward)
+    _check_shapes_and_small_rings(k, dtype)
+
+
+def _check_shapes_and_small_rings(k, dtype: torch.dtype) -> None:
+    """``k`` (a build of its own) on `_SHAPES`, then on `_SMALL`'s rings and grids."""
+    check = _check_backward_at if k.backward else _check_forward_at
     for rows, cols, offset in _SHAPES:
         check(rows, cols, dtype, offset, k)
         torch.cuda.empty_cache()
@@ -787,15 +792,7 @@ def test_scalar_math_build(dtype, ctas_per_sm):
     assert k.packed_math
     k.packed_math = False
     torch.manual_seed(11 + len(str(dtype)))
-    for rows, cols, offset in _SHAPES:
-        _check_forward_at(rows, cols, dtype, offset, k)
-        torch.cuda.empty_cache()
-    try:
-        for ctas, ring, S, rows, cols, offset in _SMALL:
-            k.limit_ctas, k.limit_ring, k.ctas_per_row = ctas, ring, S
-            _check_forward_at(rows, cols, dtype, offset, k)
-    finally:
-        k.limit_ctas = k.limit_ring = k.ctas_per_row = None
+    _check_shapes_and_small_rings(k, dtype)
 
 
 _SANITIZED = SOFTMAX_PREAMBLE + r"""
