@@ -146,9 +146,14 @@ _L2_REREAD = 0.5
 #: (benchmarks/results/softmax-rowgroup-sweep-NVIDIA_H200-s26-variants-S.json, both at their
 #: plans): bf16 forward 2-8 % faster at 8, 32 and 64 rows of 1M (8 groups), slower at 8x4M (2
 #: groups) and on a lone 1M row (13-20 %); f32 forward 2-3 % slower, every backward 3-8 % slower.
+#: Since the forwards' bulk stores and packed math (session 28, results/softmax-NVIDIA_H200-
+#: s28-final-long.json and -s28-packed sweep) the two-CTA instance stays 2-5 % faster at 32 and
+#: 64 rows of 1M (4 and 8 waves) but is 8-10 % slower at 8x1M, whose 8 rows are one wave: so it
+#: ranks first only where the one-CTA plan also runs `_TWO_CTA_MIN_WAVES` waves or more.
 _TWO_CTA_HINT = 0.98
 _TWO_CTA_HINT_16BIT_FORWARD = 1.03
 _TWO_CTA_MIN_GROUPS = 4
+_TWO_CTA_MIN_WAVES = 2
 
 
 def default_ring(ctas_per_sm: int) -> int:
@@ -552,12 +557,12 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         The model has no term for two CTAs sharing an SM: the two-CTA instances take the
         one-CTA plan's cost over a hint 2 % lower (`_TWO_CTA_HINT`), so PickAny keeps the
         one-CTA instance first and the two-CTA one right after it, except for 16-bit forwards,
-        with several row groups, where the two-CTA instances measured faster and rank first
-        (`_TWO_CTA_HINT_16BIT_FORWARD`)."""
+        with several row groups in two waves or more, where the two-CTA instances measured
+        faster and rank first (`_TWO_CTA_HINT_16BIT_FORWARD`)."""
         two = _TWO_CTA_HINT
         if self.ctas_per_sm > 1 and not self.backward and self.dtype.bytes == 2:
             one_cta = plan_rows(max(args.rows, 1), max(args.cols, 1), 2, False, max(sm_count, 1), DEFAULT_RING)
-            if one_cta.groups >= _TWO_CTA_MIN_GROUPS:
+            if one_cta.groups >= _TWO_CTA_MIN_GROUPS and one_cta.waves >= _TWO_CTA_MIN_WAVES:
                 two = _TWO_CTA_HINT_16BIT_FORWARD
         hint = type(self).performance_hint * (two if self.ctas_per_sm > 1 else 1.0)
         return row_group_cost(args.rows, args.cols, self.dtype.bytes, self.backward, sm_count, hint)
