@@ -129,6 +129,18 @@ def swept_cases(opts: argparse.Namespace, report: dict, sweep) -> Iterator[tuple
                 yield f"{dname} {direction} {rows}x{cols}", points, max(timed, key=lambda p: p["tbs"]) if timed else None
 
 
+def parse_configs(text: str, fields: int) -> list[tuple[int, ...]]:
+    """``--configs`` of the per-family sweeps: comma-separated ``AxB[xC]`` integer tuples of
+    ``fields`` values, ``default`` standing for all zeros (the family's own choices)."""
+    found = []
+    for item in text.split(","):
+        values = (0,) * fields if item == "default" else tuple(int(v) for v in item.split("x"))
+        if len(values) != fields:
+            raise SystemExit(f"--configs {item}: expected {fields} numbers joined by 'x'")
+        found.append(values)
+    return found
+
+
 def add_case_arguments(ap: argparse.ArgumentParser, shapes: list[tuple[int, int]]) -> None:
     """The options every softmax sweep takes: dtypes, directions, shapes, iterations, repeats, tag."""
     ap.add_argument("--dtypes", default="bf16,f32")

@@ -27,7 +27,7 @@ import kernel_api  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_smem as sm  # noqa: E402
 from kernel_api.tuning.policies import rank_candidates  # noqa: E402
 from softmax import _case_tensors  # noqa: E402
-from softmax_rowgroup_sweep import _measure, add_case_arguments, run_sweep, speed_cells  # noqa: E402
+from softmax_rowgroup_sweep import _measure, add_case_arguments, parse_configs, run_sweep, speed_cells  # noqa: E402
 
 SHAPES = [(1024, 50257), (4096, 50257)]
 
@@ -58,16 +58,11 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
     return points
 
 
-def parse_configs(text: str) -> list[tuple[int, int]]:
-    found = []
-    for item in text.split(","):
-        if item == "default":
-            found.append((0, 0))
-        else:
-            threads, stages = (int(v) for v in item.split("x"))
-            if stages > 8:
-                raise SystemExit(f"--configs {item}: at most 8 commit groups (cp.async.wait_group's immediates)")
-            found.append((threads, stages))
+def smem_configs(text: str) -> list[tuple[int, int]]:
+    found = parse_configs(text, 2)
+    for threads, stages in found:
+        if stages > 8:
+            raise SystemExit(f"--configs {threads}x{stages}: at most 8 commit groups (cp.async.wait_group's immediates)")
     return found
 
 
@@ -79,7 +74,7 @@ def main() -> None:
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_smem_sweep.py needs a CUDA GPU")
-    configs = parse_configs(opts.configs)
+    configs = smem_configs(opts.configs)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:

@@ -29,7 +29,7 @@ import kernel_api  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_stream as ss  # noqa: E402
 from softmax import _case_tensors  # noqa: E402
-from softmax_rowgroup_sweep import _measure, add_case_arguments, run_sweep, speed_cells  # noqa: E402
+from softmax_rowgroup_sweep import _measure, add_case_arguments, parse_configs, run_sweep, speed_cells  # noqa: E402
 
 SHAPES = [(32, 2**20), (8, 2**22)]
 
@@ -67,17 +67,6 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
     return points
 
 
-def parse_configs(text: str) -> list[tuple[int, int, int]]:
-    found = []
-    for item in text.split(","):
-        if item == "default":
-            found.append((0, 0, 0))
-        else:
-            t, u, p = (int(v) for v in item.split("x"))
-            found.append((t, u, p))
-    return found
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_arguments(ap, SHAPES)
@@ -86,7 +75,7 @@ def main() -> None:
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_stream_sweep.py needs a CUDA GPU")
-    configs = parse_configs(opts.configs)
+    configs = parse_configs(opts.configs, 3)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:

@@ -79,6 +79,13 @@ def make_problem(kernel, M: int, N: int, K: int, L: int, rank: int, gen: torch.G
     return GemmArguments(A, B, out, accumulator_type=torch.float32, epilogue=ep), ref
 
 
+def in_nan_margin(args: GemmArguments, N: int) -> tuple[GemmArguments, torch.Tensor]:
+    """``args`` with its output moved inside a NaN-filled buffer 8 columns wider (returned too):
+    a store past N overwrites the margin."""
+    big = torch.full(args.out.shape[:-1] + (N + 8,), float("nan"), device="cuda", dtype=args.out.dtype)
+    return GemmArguments(args.A, args.B, big[..., :N], accumulator_type=torch.float32, epilogue=args.epilogue), big
+
+
 # (f32 operands, tf32 and 3xTF32 math: test_sm90_gemm_f32_gpu.py)
 _ALL = {k.name: k for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90) if k.metadata.operands.A.dtype.bits == 16}
 # One instance per schedule/tile/cluster for the deeper checks (bf16, row-major).
@@ -165,9 +172,7 @@ def test_split_all_shares_every_tile_over_the_grid(name):
                                    ((1024, 1024, 1024), 1, None)):
         M, N, K = shape_for(kernel, (M, N, K))
         args, ref = make_problem(kernel, M, N, K, L, 3 if L > 1 else 2, gen, epilogue=epilogue)
-        # out inside a NaN-filled buffer 8 columns wider: a store past N would overwrite the margin
-        big = torch.full(args.out.shape[:-1] + (N + 8,), float("nan"), device="cuda", dtype=args.out.dtype)
-        args = GemmArguments(args.A, args.B, big[..., :N], accumulator_type=torch.float32, epilogue=args.epilogue)
+        args, big = in_nan_margin(args, N)
         assert kernel.supports(args), kernel.supports(args).error
         workspace = torch.empty(kernel.get_workspace_size(args), dtype=torch.uint8, device="cuda")
         first = None
@@ -238,8 +243,7 @@ def test_narrow_tiles_at_decode_sizes(name):
                                    ((64, 67 * 256 + 8, 256), 1, None), ((130, 1000, 64), 3, dict(activation="gelu"))):
         M, N, K = shape_for(kernel, (M, N, K))
         args, ref = make_problem(kernel, M, N, K, L, 3 if L > 1 else 2, gen, epilogue=epilogue)
-        big = torch.full(args.out.shape[:-1] + (N + 8,), float("nan"), device="cuda", dtype=args.out.dtype)
-        args = GemmArguments(args.A, args.B, big[..., :N], accumulator_type=torch.float32, epilogue=args.epilogue)
+        args, big = in_nan_margin(args, N)
         _run_and_check(kernel, args, ref, f"(L,M,N,K)=({L},{M},{N},{K})")
         assert torch.isnan(big[..., N:]).all(), f"{name} {(L, M, N, K)}: stores past the output's N"
 

@@ -230,6 +230,20 @@ __device__ __forceinline__ void store_vec(typename T::raw* p, const float (&f)[V
   }
 }
 
+// One CTA's row (blockIdx.x) of the backward's operands dy, y and dx, and y's span (the
+// interface keeps the three at one phase of 16 bytes, so y's span cuts all three).
+template <class T, int VEC, bool PEEL>
+struct BackwardRow {
+  const typename T::raw* g;
+  const typename T::raw* y;
+  typename T::raw* d;
+  Span sp;
+  __device__ __forceinline__ BackwardRow(const typename T::raw* dy, const typename T::raw* y_, typename T::raw* dx,
+                                         i64 cols, i64 lddy, i64 ldy, i64 lddx)
+      : g(dy + (i64)blockIdx.x * lddy), y(y_ + (i64)blockIdx.x * ldy), d(dx + (i64)blockIdx.x * lddx),
+        sp(row_span<T, VEC, PEEL>(y, (int)cols)) {}
+};
+
 // The peeled head and tail of a backward row (dy's and y's; zeros where a thread holds none or
 // nothing was loaded), their share of sum(dy * y), and their gradient.
 template <class T, int VEC>
@@ -572,11 +586,12 @@ __global__ void __launch_bounds__(THREADS) bwd_looped(const typename T::raw* __r
                                                       typename T::raw* __restrict__ dx, i64 rows, i64 cols, i64 lddy,
                                                       i64 ldy, i64 lddx) {
   __shared__ float sm[32];
-  const typename T::raw* gr = dy + (i64)blockIdx.x * lddy;
-  const typename T::raw* yr = y + (i64)blockIdx.x * ldy;
-  typename T::raw* dr = dx + (i64)blockIdx.x * lddx;
+  const BackwardRow<T, VEC, PEEL> row(dy, y, dx, cols, lddy, ldy, lddx);
+  const typename T::raw* gr = row.g;
+  const typename T::raw* yr = row.y;
+  typename T::raw* dr = row.d;
   const int t = threadIdx.x;
-  const Span sp = row_span<T, VEC, PEEL>(yr, (int)cols);
+  const Span sp = row.sp;
   BackwardEdges<T, VEC> e;
   if constexpr (PEEL) e.load(gr, yr, sp, t);
   float dot = e.dot() + dot_stats<T, VEC, UNROLL, THREADS>(gr + sp.head, yr + sp.head, sp.nvec, t);

@@ -319,6 +319,31 @@ __device__ __forceinline__ void init_ring(u64* full, u64* empty, u64* written, i
   __syncthreads();
 }
 
+// The CTA's waves in order (rows group, group + G, ...), each staged chunk of each in ring
+// order, as the producer fills the ring and the storer empties it: `on_row(r, s)` for row r's
+// slice s, then `on_chunk(s, k, slot, parity)` for each of its chunks k, and `on_wave()` after
+// the row. The slices follow `span` (rows `lds` apart): the forward's x, the backward's y. CV:
+// vectors per chunk and array.
+template <class T, int VEC, int CV, class R, class F, class W>
+__device__ __forceinline__ void walk_waves(const typename T::raw* __restrict__ span, i64 lds, i64 rows, int cols, int S,
+                                           int G, int cap, int ring, R&& on_row, F&& on_chunk, W&& on_wave) {
+  const int rank = blockIdx.x % S, group = blockIdx.x / S;
+  int sl = 0;
+  unsigned ph = 0;
+  for (i64 r = group; r < rows; r += G) {
+    const RowSlice s = row_slice<T, VEC>(span + r * lds, cols, S, rank, cap, CV);
+    on_row(r, s);
+    for (int k = 0; k < s.nch; ++k) {
+      on_chunk(s, k, sl, ph);
+      if (++sl == ring) {
+        sl = 0;
+        ph ^= 1u;
+      }
+    }
+    on_wave();
+  }
+}
+
 // The producer: one lane copies every wave's staged vectors chunk by chunk into the ring,
 // waiting for each chunk's previous contents to be released. Backward chunks hold CV
 // vectors of dy, then CV of y.
@@ -327,35 +352,31 @@ __device__ void produce(const typename T::raw* __restrict__ a, const typename T:
                         int cols, i64 lda, i64 ldb, int S, int G, int cap, int ring, uint4* rbuf, u64* full,
                         u64* empty RG_TRACE_ONLY(, u64* tr)) {
   constexpr int CV = RG_CHUNK_U4 / (BWD ? 2 : 1);
-  const int rank = blockIdx.x % S, group = blockIdx.x / S;
   const u64 policy = l2_evict_first_policy();  // the staged loads are read once: first out of L2
-  int sl = 0;
-  unsigned ph = 0;
   RG_TRACE_ONLY(i64 wave = 0; bool first = true;)
-  for (i64 r = group; r < rows; r += G) {
-    const typename T::raw* ar = a + r * lda;
-    const typename T::raw* br = BWD ? b + r * ldb : ar;
-    const RowSlice s = row_slice<T, VEC>(br, cols, S, rank, cap, CV);  // (the backward's span is y's)
-    const char* asrc = reinterpret_cast<const char*>(ar + s.sp.head) + s.v0 * 16;
-    const char* bsrc = reinterpret_cast<const char*>(br + s.sp.head) + s.v0 * 16;
-    for (int k = 0; k < s.nch; ++k) {
-      mbar_wait(&empty[sl], ph ^ 1u);  // (the first pass through the ring finds every chunk free)
-      const unsigned bytes = (unsigned)min(CV, s.staged - k * CV) * 16u;
-      uint4* dst = rbuf + (i64)sl * RG_CHUNK_U4;
-      mbar_expect_tx(&full[sl], BWD ? 2 * bytes : bytes);
-      bulk_load(dst, asrc + (i64)k * CV * 16, bytes, &full[sl], policy);
-      if constexpr (BWD) bulk_load(dst + CV, bsrc + (i64)k * CV * 16, bytes, &full[sl], policy);
-      RG_TRACE_ONLY(if (first) {
-        tr[TR_ISSUE_FIRST] = global_timer();
-        first = false;
-      })
-      if (++sl == ring) {
-        sl = 0;
-        ph ^= 1u;
-      }
-    }
-    RG_TRACE_ONLY(trace_wave(tr, wave++, TW_ISSUED);)
-  }
+  const char* asrc = nullptr;
+  const char* bsrc = nullptr;
+  walk_waves<T, VEC, CV>(
+      BWD ? b : a, BWD ? ldb : lda, rows, cols, S, G, cap, ring,  // (the backward's span is y's)
+      [&](i64 r, const RowSlice& s) {
+        const typename T::raw* ar = a + r * lda;
+        const typename T::raw* br = BWD ? b + r * ldb : ar;
+        asrc = reinterpret_cast<const char*>(ar + s.sp.head) + s.v0 * 16;
+        bsrc = reinterpret_cast<const char*>(br + s.sp.head) + s.v0 * 16;
+      },
+      [&](const RowSlice& s, int k, int sl, unsigned ph) {
+        mbar_wait(&empty[sl], ph ^ 1u);  // (the first pass through the ring finds every chunk free)
+        const unsigned bytes = (unsigned)min(CV, s.staged - k * CV) * 16u;
+        uint4* dst = rbuf + (i64)sl * RG_CHUNK_U4;
+        mbar_expect_tx(&full[sl], BWD ? 2 * bytes : bytes);
+        bulk_load(dst, asrc + (i64)k * CV * 16, bytes, &full[sl], policy);
+        if constexpr (BWD) bulk_load(dst + CV, bsrc + (i64)k * CV * 16, bytes, &full[sl], policy);
+        RG_TRACE_ONLY(if (first) {
+          tr[TR_ISSUE_FIRST] = global_timer();
+          first = false;
+        })
+      },
+      [&]() { RG_TRACE_ONLY(trace_wave(tr, wave++, TW_ISSUED);) });
   RG_TRACE_ONLY(tr[TR_PRODUCER_DONE] = global_timer();)
 }
 
@@ -367,11 +388,10 @@ __device__ void produce(const typename T::raw* __restrict__ a, const typename T:
 // written it releases every chunk already stored, so the producer never waits on it.
 // Backward chunks hold dx (over dy) first.
 template <class T, int VEC, bool BWD>
-__device__ void store_out(const typename T::raw* __restrict__ span_src, typename T::raw* __restrict__ out, i64 rows,
+__device__ void store_out(const typename T::raw* __restrict__ span, typename T::raw* __restrict__ out, i64 rows,
                           int cols, i64 lds, i64 ldo, int S, int G, int cap, int ring, uint4* rbuf, u64* written,
                           u64* empty) {
   constexpr int CV = RG_CHUNK_U4 / (BWD ? 2 : 1);
-  const int rank = blockIdx.x % S, group = blockIdx.x / S;
   const u64 policy = l2_evict_first_policy();  // the output is not read again here
   // The chunks stored but not yet released: np of them, from ring slot `oldest` on.
   int oldest = 0, np = 0;
@@ -380,31 +400,25 @@ __device__ void store_out(const typename T::raw* __restrict__ span_src, typename
     if (++oldest == ring) oldest = 0;
     --np;
   };
-  int sl = 0;
-  unsigned ph = 0;
-  for (i64 r = group; r < rows; r += G) {
-    const typename T::raw* sr = span_src + r * lds;
-    const RowSlice s = row_slice<T, VEC>(sr, cols, S, rank, cap, CV);
-    char* dst = reinterpret_cast<char*>(out + r * ldo + s.sp.head) + s.v0 * 16;
-    for (int k = 0; k < s.nch; ++k) {
-      if (!mbar_test(&written[sl], ph)) {
-        bulk_wait<0, true>();
-        while (np > 0) release_oldest();
-        mbar_wait(&written[sl], ph);
-      }
-      const unsigned bytes = (unsigned)min(CV, s.staged - k * CV) * 16u;
-      bulk_store(dst + (i64)k * CV * 16, rbuf + (i64)sl * RG_CHUNK_U4, bytes, policy);
-      ++np;
-      if (np > RG_STORES_IN_FLIGHT) {
-        bulk_wait<RG_STORES_IN_FLIGHT, true>();
-        release_oldest();
-      }
-      if (++sl == ring) {
-        sl = 0;
-        ph ^= 1u;
-      }
-    }
-  }
+  char* dst = nullptr;
+  walk_waves<T, VEC, CV>(
+      span, lds, rows, cols, S, G, cap, ring,
+      [&](i64 r, const RowSlice& s) { dst = reinterpret_cast<char*>(out + r * ldo + s.sp.head) + s.v0 * 16; },
+      [&](const RowSlice& s, int k, int sl, unsigned ph) {
+        if (!mbar_test(&written[sl], ph)) {
+          bulk_wait<0, true>();
+          while (np > 0) release_oldest();
+          mbar_wait(&written[sl], ph);
+        }
+        const unsigned bytes = (unsigned)min(CV, s.staged - k * CV) * 16u;
+        bulk_store(dst + (i64)k * CV * 16, rbuf + (i64)sl * RG_CHUNK_U4, bytes, policy);
+        ++np;
+        if (np > RG_STORES_IN_FLIGHT) {
+          bulk_wait<RG_STORES_IN_FLIGHT, true>();
+          release_oldest();
+        }
+      },
+      []() {});
   bulk_wait<0, true>();
   while (np > 0) release_oldest();
   bulk_wait<0, false>();  // the writes done before the CTA exits

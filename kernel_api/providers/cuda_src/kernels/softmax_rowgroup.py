@@ -447,9 +447,13 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     @property
     def threads(self) -> int:
+        """Threads per CTA of this instance's build (`threads_of`)."""
+        return self.threads_of(self.bulk_out)
+
+    def threads_of(self, bulk_out: bool) -> int:
         """Threads per CTA: the consumers, the producer warp and, in the bulk-store build, the
         storer warp."""
-        return self.consumers + 32 + (32 if self.bulk_out else 0)
+        return self.consumers + 32 + (32 if bulk_out else 0)
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -602,8 +606,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         chunks = wave_chunks(p.staged_vectors, self.backward)
         if chunks > p.ring_chunks or (p.ahead and 2 * chunks > p.ring_chunks) or p.grid > resident:
             raise RuntimeError(f"{self.metadata.kernel_name}: inconsistent plan {p} for {resident} co-resident CTAs")  # (the kernel would trap)
-        bulk = build.bulk_out if isinstance(build, RowGroupBuild) else self.bulk_out
-        threads = self.consumers + 32 + (32 if bulk else 0)
+        threads = self.threads_of(build.bulk_out if isinstance(build, RowGroupBuild) else self.bulk_out)
         tail = (workspace.data_ptr(), next_epoch(), p.ctas_per_row, p.groups, p.staged_vectors, p.ring_chunks,
                 int(p.ahead))
         launcher.launch(stream_handle(stream, device), device, p.grid, threads, p.smem_bytes,

@@ -53,6 +53,15 @@ __device__ __forceinline__ void stage_row(uint4* buf, const uint4* src, int nvec
   }
 }
 
+// A row of nvec vectors over THREADS threads (vector j * THREADS + t is thread t's j-th) in
+// STAGES commit groups: each thread's vectors, and how many of them one stage holds.
+template <int THREADS, int STAGES>
+struct StageSplit {
+  int per_thread, per_stage;
+  __device__ __forceinline__ explicit StageSplit(int nvec)
+      : per_thread((nvec + THREADS - 1) / THREADS), per_stage((per_thread + STAGES - 1) / STAGES) {}
+};
+
 template <class T, int VEC, int THREADS, int STAGES>
 __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) fwd_smem(const typename T::raw* __restrict__ x, typename T::raw* __restrict__ y,
                                                     i64 rows, i64 cols, i64 ldx, i64 ldy) {
@@ -62,8 +71,8 @@ __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) fwd_smem(co
   typename T::raw* yr = y + (i64)blockIdx.x * ldy;
   const int t = threadIdx.x;
   const Span sp = row_span<T, VEC, true>(xr, (int)cols);
-  const int per_thread = (sp.nvec + THREADS - 1) / THREADS;
-  const int per_stage = (per_thread + STAGES - 1) / STAGES;
+  const StageSplit<THREADS, STAGES> split(sp.nvec);
+  const int per_thread = split.per_thread, per_stage = split.per_stage;
   stage_row<THREADS, STAGES>(buf, reinterpret_cast<const uint4*>(xr + sp.head), sp.nvec, t, per_stage);
   float eh, et;
   load_edges<T, VEC>(xr, sp, t, -KA_INF, eh, et);
@@ -124,13 +133,14 @@ __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem(co
                                                     i64 ldy, i64 lddx) {
   extern __shared__ uint4 buf[];
   __shared__ float sm[32];
-  const typename T::raw* gr = dy + (i64)blockIdx.x * lddy;
-  const typename T::raw* yr = y + (i64)blockIdx.x * ldy;
-  typename T::raw* dr = dx + (i64)blockIdx.x * lddx;
+  const BackwardRow<T, VEC, true> row(dy, y, dx, cols, lddy, ldy, lddx);
+  const typename T::raw* gr = row.g;
+  const typename T::raw* yr = row.y;
+  typename T::raw* dr = row.d;
   const int t = threadIdx.x;
-  const Span sp = row_span<T, VEC, true>(yr, (int)cols);
-  const int per_thread = (sp.nvec + THREADS - 1) / THREADS;
-  const int per_stage = (per_thread + STAGES - 1) / STAGES;
+  const Span sp = row.sp;
+  const StageSplit<THREADS, STAGES> split(sp.nvec);
+  const int per_thread = split.per_thread, per_stage = split.per_stage;
   uint4* gbuf = buf;
   uint4* ybuf = buf + sp.nvec;
   const uint4* gsrc = reinterpret_cast<const uint4*>(gr + sp.head);
@@ -206,13 +216,14 @@ __global__ void __launch_bounds__(THREADS, SMEM_MIN_BLOCKS(THREADS)) bwd_smem_y(
                                                       i64 ldy, i64 lddx) {
   extern __shared__ uint4 buf[];
   __shared__ float sm[32];
-  const typename T::raw* gr = dy + (i64)blockIdx.x * lddy;
-  const typename T::raw* yr = y + (i64)blockIdx.x * ldy;
-  typename T::raw* dr = dx + (i64)blockIdx.x * lddx;
+  const BackwardRow<T, VEC, true> row(dy, y, dx, cols, lddy, ldy, lddx);
+  const typename T::raw* gr = row.g;
+  const typename T::raw* yr = row.y;
+  typename T::raw* dr = row.d;
   const int t = threadIdx.x;
-  const Span sp = row_span<T, VEC, true>(yr, (int)cols);
-  const int per_thread = (sp.nvec + THREADS - 1) / THREADS;
-  const int per_stage = (per_thread + STAGES - 1) / STAGES;
+  const Span sp = row.sp;
+  const StageSplit<THREADS, STAGES> split(sp.nvec);
+  const int per_thread = split.per_thread, per_stage = split.per_stage;
   const unsigned long long keep = l2_evict_last_policy(), drop = l2_evict_first_policy();
   const uint4* ysrc = reinterpret_cast<const uint4*>(yr + sp.head);
   const uint4* gsrc = reinterpret_cast<const uint4*>(gr + sp.head);
