@@ -57,10 +57,12 @@ def make_operands(dtype: torch.dtype, layout: str, M: int, N: int, K: int, L: in
 
 
 def check_gemm(kernel: CudaGemmSmallM, M: int, N: int, K: int, L: int = 1, padded: bool = False,
-               split: int | None = None, artifact=None, repeat_identical: bool = False) -> float:
+               split: int | None = None, artifact=None, repeat_identical: bool = False,
+               workspace: torch.Tensor | None = None) -> float:
     """Run ``kernel`` on fresh random operands and assert the result: every output written, no
     store outside it (NaN sentinels intact), norm and element-wise error against float64.
-    Returns the relative error."""
+    Returns the relative error. Also checks kernels without a split-K knob (``split`` None), run
+    with ``workspace`` when one is given."""
     dtype = kernel.dtype.to_torch()
     layout = "col" if kernel.b_kmajor else "row"
     seed = random.randrange(2**31)
@@ -70,16 +72,19 @@ def check_gemm(kernel: CudaGemmSmallM, M: int, N: int, K: int, L: int = 1, padde
     args = GemmArguments(A, B, out)
     status = kernel.supports(args)
     assert status, f"{what}: not supported: {status.error}"
-    kernel.split_k = split
+    splits = hasattr(kernel, "split_k")
+    if splits:
+        kernel.split_k = split
     try:
-        kernel.run(args, compiled_artifact=artifact)
+        kernel.run(args, compiled_artifact=artifact, workspace=workspace)
         torch.cuda.synchronize()
         first = out.clone() if repeat_identical else None
         if repeat_identical:
-            kernel.run(args, compiled_artifact=artifact)
+            kernel.run(args, compiled_artifact=artifact, workspace=workspace)
             torch.cuda.synchronize()
     finally:
-        kernel.split_k = None
+        if splits:
+            kernel.split_k = None
     inside = torch.zeros_like(big, dtype=torch.bool)
     inside[:, 1:M + 1, 8:8 + N] = True
     assert torch.isnan(big[~inside]).all(), f"{what}: a store landed outside out"

@@ -76,8 +76,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +89,7 @@ from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
+from .launch_epoch import next_epoch
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
 
 _log = logging.getLogger(__name__)
@@ -344,19 +343,6 @@ def row_group_cost(rows: int, cols: int, elem_bytes: int, backward: bool, sm_cou
     ideal = rows * cols * elem_bytes * (3 if backward else 2) / _BW
     cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / hint
     return cost if cols >= MIN_COLS else 4.0 * cost + 100.0
-
-
-# Tags of the workspace slots carry a per-launch 32-bit epoch (a random start, then a counter)
-# in their high word, so no slot left by another launch reads as current.
-_epoch = [random.SystemRandom().getrandbits(32)]
-_epoch_lock = threading.Lock()
-
-
-def next_epoch() -> int:
-    """This process's next launch epoch (32 bits)."""
-    with _epoch_lock:
-        _epoch[0] = (_epoch[0] + 1) & 0xFFFFFFFF
-        return _epoch[0]
 
 
 def clear_trace(workspace: torch.Tensor, plan: RowGroupPlan) -> None:

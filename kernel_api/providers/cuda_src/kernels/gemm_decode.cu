@@ -1,0 +1,420 @@
+// Decode GEMM: out[M, N] = A[M, K] @ B[K, N] for M <= 16 rows, bf16 or f16 operands, f32
+// accumulation, sm_90. Self-contained (no toolkit headers) so NVRTC compiles it anywhere.
+//
+// At M <= 16 the time is reading B (K x N) once. The split-K family (gemm_small_m.cu) cuts B
+// into a grid of tiles x splits; how many CTAs share an SM then depends on the shape, and at
+// N = 8192 it streamed 10-15 % below cuBLAS. This kernel gives every SM the same bytes:
+//
+//  * Stream-K over one persistent CTA per SM. The work is the flat list of (column tile,
+//    k-tile) steps, tile-major; CTA c takes steps [c*I/G, (c+1)*I/G). A CTA's range may start
+//    and end inside a tile, so a tile's k-steps can come from several consecutive CTAs
+//    ("segments").
+//  * A producer warp streams the CTA's steps through a ring of STAGES shared-memory stages with
+//    cp.async.bulk (TMA) row copies and full/empty mbarriers; B carries an L2 evict-first hint
+//    (read once), A evict-last (every tile re-reads it). Rows are padded by 16 bytes so the
+//    ldmatrix reads are free of bank conflicts without a swizzle. Rows past N and M are not
+//    copied (their outputs are never stored); k past K inside the last k-tile is zeroed.
+//  * BN / 16 consumer warps multiply with mma.sync m16n8k16 on the swapped operands
+//    (out^T = B^T A^T: B^T is the 16-row operand, so M pads to 8 or 16, not 64).
+//  * A segment that covers its whole tile stores the output directly. Otherwise it parks its
+//    f32 partial in the workspace (two slots per CTA: its first and its last segment), and the
+//    last segment to arrive at the tile's counter sums all of the tile's partials in CTA order
+//    and stores. The order is fixed by the shape and grid, so results are bit-identical
+//    whichever segment arrives last, and no CTA ever waits for another (no residency
+//    assumption, no deadlock). Counters carry a per-launch tag (the host's epoch mixed with
+//    %gridid) in their high word, so a stale or uninitialised workspace never counts, and the
+//    finishing segment resets its counter to 0.
+//
+// Layouts: A row-major (K contiguous, lda), out row-major (N contiguous, ldo). B either K-major
+// (B_KMAJOR: element (k, n) at B[n * ldb + k], i.e. B = W.t() for an nn.Linear weight W[N, K])
+// or N-major (element (k, n) at B[k * ldb + n]). The interface guarantees 16-byte alignment of
+// every base pointer, leading dimension, batch stride and contiguous extent (N and K multiples
+// of 8), which the bulk copies need. Every parameter is 64-bit (the launcher passes Python ints).
+
+namespace ka_gemm_decode {
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ u64 l2_policy_first() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ u64 l2_policy_last() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar, u64 policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(u32 addr, u32& r0, u32& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+// DT: 0 = bf16, 1 = f16.
+template <int DT>
+__device__ __forceinline__ void mma16816(float* d, const u32* a, const u32* b) {
+  if (DT == 0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+// Two f32 -> one 32-bit word of two 16-bit values, lo at the lower address (round to nearest even).
+template <int DT>
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+  u32 r;
+  if (DT == 0) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+
+__device__ __forceinline__ void st_global16(void* p, u32 a, u32 b, u32 c, u32 d) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+// Partials bypass L1 both ways: other SMs write and read them.
+__device__ __forceinline__ void st_cg_f4(float* p, float4 v) {
+  asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ float4 ld_cg_f4(const float* p) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 ld_relaxed_u64(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 cas_acq_rel_u64(u64* p, u64 expected, u64 desired) {
+  u64 old;
+  asm volatile("atom.acq_rel.gpu.global.cas.b64 %0, [%1], %2, %3;" : "=l"(old) : "l"(p), "l"(expected), "l"(desired)
+               : "memory");
+  return old;
+}
+__device__ __forceinline__ void st_relaxed_u64(u64* p, u64 v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// This launch's counter tag: the host's epoch (a per-process counter) mixed with %gridid (a
+// per-launch number of the context, so CUDA graph replays differ too); never 0, the reset value.
+__device__ __forceinline__ u32 launch_tag(i64 epoch) {
+  u64 g;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+  const u32 t = (u32)epoch ^ ((u32)g * 0x9E3779B1u);
+  return t ? t : 1u;
+}
+
+// Count one arrival at a tile's counter; returns the arrivals of this launch so far.
+__device__ __forceinline__ u32 arrive_at(u64* counter, u32 tag) {
+  u64 old = ld_relaxed_u64(counter);
+  for (;;) {
+    const u64 want = (u32)(old >> 32) == tag ? old + 1 : (((u64)tag << 32) | 1u);
+    const u64 seen = cas_acq_rel_u64(counter, old, want);
+    if (seen == old) return (u32)want;
+    old = seen;
+  }
+}
+
+// The consumer warps only (the producer never joins): named barrier 1.
+template <int THREADS>
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+}
+
+// The CTA whose step range holds step i, for ranges [c*I/G, (c+1)*I/G) with I >= G.
+__device__ __forceinline__ i64 cta_of(i64 i, i64 I, i64 G) { return ((i + 1) * G - 1) / I; }
+__device__ __forceinline__ i64 begin_of(i64 c, i64 I, i64 G) { return c * I / G; }
+
+// Shared-memory plan (bytes). Rows are padded by 16 bytes: 8 rows of an ldmatrix then start in
+// 8 different 16-byte bank groups.
+template <bool B_KMAJOR, int MP, int BN, int BK, int STAGES>
+struct Plan {
+  static constexpr int kRowK = BK * 2 + 16;                    // a K-major row (B^T or A) of one k-tile
+  static constexpr int kRowN = BN * 2 + 16;                    // an N-major row of B
+  static constexpr int kB = B_KMAJOR ? BN * kRowK : BK * kRowN;
+  static constexpr int kA = MP * kRowK;
+  static constexpr int kStage = kB + kA;
+  static constexpr int kPartialStride = BN + 4;                // floats per row of the staged tile
+  static constexpr int kPartial = MP * kPartialStride * 4;
+  static constexpr int kBars = STAGES * 2 * 8;
+  static constexpr int kBytes = STAGES * kStage + kPartial + kBars + 16;
+};
+
+template <int DT, bool B_KMAJOR, int MP, int BN, int BK, int STAGES>
+__global__ void __launch_bounds__((BN / 16 + 1) * 32, 1)
+    gemm_decode(const u16* __restrict__ A, const u16* __restrict__ B, u16* __restrict__ out, i64 M_, i64 N_, i64 K_,
+                i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 L, u64* __restrict__ ws,
+                i64 epoch) {
+  using P = Plan<B_KMAJOR, MP, BN, BK, STAGES>;
+  constexpr int CW = BN / 16;         // consumer warps, 16 output columns each
+  constexpr int CT = CW * 32;         // consumer threads
+  constexpr int FM = MP / 8;          // mma column fragments (8 rows of out each)
+  constexpr int NCH = BN / 8;         // 8-column chunks per tile row
+  constexpr int PS = P::kPartialStride;
+  static_assert(BN % 16 == 0 && MP % 8 == 0 && MP <= 16 && BK % 16 == 0, "tile shape");
+  static_assert(MP * NCH <= 8 * CT, "the epilogue walks the tile in at most 8 rounds");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const u32 ring = smem_u32(smem);
+  float* stage_out = reinterpret_cast<float*>(smem + STAGES * P::kStage);
+  u64* bars = reinterpret_cast<u64*>(smem + STAGES * P::kStage + P::kPartial);
+  const u32 full0 = smem_u32(bars);
+  const u32 empty0 = full0 + STAGES * 8;
+  int* last_flag = reinterpret_cast<int*>(smem + STAGES * P::kStage + P::kPartial + P::kBars);
+
+  const int M = (int)M_, N = (int)N_, K = (int)K_;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const i64 NT = (N + BN - 1) / BN;
+  const i64 KT = (K + BK - 1) / BK;
+  const i64 I = NT * L * KT;
+  const i64 G = gridDim.x;
+  const i64 c = blockIdx.x;
+  const i64 first = begin_of(c, I, G), last = begin_of(c + 1, I, G);
+  const int rows = M < MP ? M : MP;
+
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full0 + s * 8, 1);
+      mbar_init(empty0 + s * 8, CW);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == CW) {
+    // ---- producer: one warp, its lanes share each stage's row copies -------------------------
+    const u64 keep_a = l2_policy_last(), stream_b = l2_policy_first();
+    int slot = 0;
+    u32 phase = 0;
+    for (i64 it = first; it < last; ++it) {
+      const i64 tile = it / KT, kt = it - tile * KT;
+      const i64 l = tile / NT, nt = tile - l * NT;
+      const int n0 = (int)nt * BN, k0 = (int)kt * BK;
+      const int kn = K - k0 < BK ? K - k0 : BK;  // k of this step
+      const int nn = N - n0 < BN ? N - n0 : BN;  // columns of this step
+      const u32 full = full0 + slot * 8;
+      const u32 sB = ring + slot * P::kStage, sA = sB + P::kB;
+      if (lane == 0) mbar_wait(empty0 + slot * 8, phase ^ 1);
+      __syncwarp();
+      if (kn < BK) {
+        // The last k-tile: zero what the copies leave of the k range, in every row that is read.
+        const int tail = (BK - kn) * 2;  // bytes per K-major row
+        if (B_KMAJOR) {
+          for (int x = lane; x < nn * (tail / 16); x += 32) {
+            const int r = x / (tail / 16), q = x - r * (tail / 16);
+            *reinterpret_cast<uint4*>(smem + slot * P::kStage + r * P::kRowK + kn * 2 + q * 16) = make_uint4(0, 0, 0, 0);
+          }
+        } else {
+          constexpr int q16 = BN * 2 / 16;
+          for (int x = lane; x < (BK - kn) * q16; x += 32) {
+            const int r = kn + x / q16, q = x % q16;
+            *reinterpret_cast<uint4*>(smem + slot * P::kStage + r * P::kRowN + q * 16) = make_uint4(0, 0, 0, 0);
+          }
+        }
+        for (int x = lane; x < rows * (tail / 16); x += 32) {
+          const int r = x / (tail / 16), q = x - r * (tail / 16);
+          *reinterpret_cast<uint4*>(smem + slot * P::kStage + P::kB + r * P::kRowK + kn * 2 + q * 16) =
+              make_uint4(0, 0, 0, 0);
+        }
+        // Order these generic-proxy stores before later bulk copies into the same slot.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncwarp();
+      }
+      const u32 b_bytes = B_KMAJOR ? (u32)nn * kn * 2 : (u32)kn * nn * 2;
+      if (lane == 0) mbar_expect_tx(full, b_bytes + (u32)rows * kn * 2);
+      __syncwarp();
+      const u16* Bl = B + l * batch_b;
+      if (B_KMAJOR) {
+        for (int r = lane; r < nn; r += 32)
+          bulk_load(sB + r * P::kRowK, Bl + (i64)(n0 + r) * ldb + k0, kn * 2, full, stream_b);
+      } else {
+        for (int r = lane; r < kn; r += 32)
+          bulk_load(sB + r * P::kRowN, Bl + (i64)(k0 + r) * ldb + n0, nn * 2, full, stream_b);
+      }
+      const u16* Al = A + l * batch_a;
+      for (int m = lane; m < rows; m += 32) bulk_load(sA + m * P::kRowK, Al + (i64)m * lda + k0, kn * 2, full, keep_a);
+      if (++slot == STAGES) {
+        slot = 0;
+        phase ^= 1;
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ------------------------------------------------------------------------------
+  const int l7 = lane & 7, lhi = lane >> 4, lmid = (lane >> 3) & 1;
+  // B^T fragment (16 n x 16 k) lane address at k-step 0: matrices (n0-7,k0-7) (n8-15,k0-7)
+  // (n0-7,k8-15) (n8-15,k8-15).
+  const u32 b_lane = B_KMAJOR ? (u32)((warp * 16 + l7 + lmid * 8) * P::kRowK + lhi * 16)
+                              : (u32)((l7 + lhi * 8) * P::kRowN + (warp * 2 + lmid) * 16);
+  // A^T fragments (16 k x 8 m), two m8 tiles per x4: (m0-7,k0-7) (m0-7,k8-15) (m8-15,k0-7) (m8-15,k8-15).
+  const u32 a_lane = (u32)((l7 + (FM == 2 ? lhi * 8 : 0)) * P::kRowK + lmid * 16);
+  u32* wsu = reinterpret_cast<u32*>(ws);
+  u64* counters = ws;
+  float* partials = reinterpret_cast<float*>(wsu + ((NT * L * 2 + 3) & ~(i64)3));  // 16-byte aligned
+  const u32 tag = launch_tag(epoch);
+
+  int slot = 0;
+  u32 phase = 0;
+  i64 it = first;
+  while (it < last) {
+    const i64 tile = it / KT;
+    const i64 seg_begin = it;
+    const i64 seg_end = last < (tile + 1) * KT ? last : (tile + 1) * KT;
+    float acc[FM][4];
+#pragma unroll
+    for (int j = 0; j < FM; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+    for (; it < seg_end; ++it) {
+      const u32 sB = ring + slot * P::kStage, sA = sB + P::kB;
+      mbar_wait(full0 + slot * 8, phase);
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        u32 bf[4], af[FM][2];
+        if (B_KMAJOR)
+          ldsm_x4(sB + b_lane + kk * 32, bf[0], bf[1], bf[2], bf[3]);
+        else
+          ldsm_x4_trans(sB + b_lane + kk * 16 * P::kRowN, bf[0], bf[1], bf[2], bf[3]);
+        if (FM == 2)
+          ldsm_x4(sA + a_lane + kk * 32, af[0][0], af[0][1], af[FM - 1][0], af[FM - 1][1]);
+        else
+          ldsm_x2(sA + a_lane + kk * 32, af[0][0], af[0][1]);
+#pragma unroll
+        for (int j = 0; j < FM; ++j) mma16816<DT>(acc[j], bf, af[j]);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + slot * 8);
+      if (++slot == STAGES) {
+        slot = 0;
+        phase ^= 1;
+      }
+    }
+
+    // ---- the segment's result: stage it as [m][n] f32 ------------------------------------------
+    consumers_sync<CT>();  // the previous segment's readers are done with stage_out
+    {
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int j = 0; j < FM; ++j) {
+        const int n = warp * 16 + g, m = j * 8 + 2 * t;
+        stage_out[m * PS + n] = acc[j][0];
+        stage_out[(m + 1) * PS + n] = acc[j][1];
+        stage_out[m * PS + n + 8] = acc[j][2];
+        stage_out[(m + 1) * PS + n + 8] = acc[j][3];
+      }
+    }
+    consumers_sync<CT>();
+    const i64 l = tile / NT, nt = tile - l * NT;
+    const int n0 = (int)nt * BN;
+    u16* out_l = out + l * batch_o;
+    const bool whole = seg_begin == tile * KT && seg_end == (tile + 1) * KT;
+    const int chunks = rows * NCH;
+    if (whole) {
+      for (int x = tid; x < chunks; x += CT) {
+        const int m = x / NCH, q = x - m * NCH, n = n0 + q * 8;
+        if (n < N) {
+          const float4 lo = *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8);
+          const float4 hi = *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8 + 4);
+          st_global16(out_l + (i64)m * ldo + n, pack2<DT>(lo.x, lo.y), pack2<DT>(lo.z, lo.w), pack2<DT>(hi.x, hi.y),
+                      pack2<DT>(hi.z, hi.w));
+        }
+      }
+      continue;
+    }
+    // A partial: park it in this CTA's slot (0: its first segment, 1: its last).
+    float* mine = partials + (c * 2 + (seg_begin == first ? 0 : 1)) * (MP * BN);
+    for (int x = tid; x < chunks; x += CT) {
+      const int m = x / NCH, q = x - m * NCH;
+      st_cg_f4(mine + m * BN + q * 8, *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8));
+      st_cg_f4(mine + m * BN + q * 8 + 4, *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8 + 4));
+    }
+    __threadfence();
+    consumers_sync<CT>();
+    const i64 c_first = cta_of(tile * KT, I, G), c_last = cta_of((tile + 1) * KT - 1, I, G);
+    if (tid == 0) {
+      const u32 arrived = arrive_at(counters + tile, tag);
+      const bool finish = arrived == (u32)(c_last - c_first + 1);
+      if (finish) st_relaxed_u64(counters + tile, 0);  // every arrival of this launch is in
+      *last_flag = finish;
+    }
+    consumers_sync<CT>();
+    if (!*last_flag) continue;
+    __threadfence();
+    for (int x = tid; x < chunks; x += CT) {
+      const int m = x / NCH, q = x - m * NCH, n = n0 + q * 8;
+      if (n >= N) continue;
+      float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+      for (i64 p = c_first; p <= c_last; ++p) {
+        // CTA p's segment of this tile is its first (slot 0) unless p began in an earlier tile.
+        const float* src = partials + (p * 2 + (begin_of(p, I, G) < tile * KT ? 1 : 0)) * (MP * BN) + m * BN + q * 8;
+        const float4 a = ld_cg_f4(src), b = ld_cg_f4(src + 4);
+        lo.x += a.x; lo.y += a.y; lo.z += a.z; lo.w += a.w;
+        hi.x += b.x; hi.y += b.y; hi.z += b.z; hi.w += b.w;
+      }
+      st_global16(out_l + (i64)m * ldo + n, pack2<DT>(lo.x, lo.y), pack2<DT>(lo.z, lo.w), pack2<DT>(hi.x, hi.y),
+                  pack2<DT>(hi.z, hi.w));
+    }
+  }
+}
+
+}  // namespace ka_gemm_decode
