@@ -20,6 +20,8 @@ cuBLAS; JSON goes to benchmarks/results/decode-<device>-<tag>.json (and to $OUT 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import os
 import statistics
 import sys
@@ -51,25 +53,44 @@ def check_output(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, what: str)
         raise AssertionError(f"{what}: relative error {err:.3e} against float64")
 
 
-def bench(shape: Shape, M: int, dec, dec_art, sm, sm_art, repeat: int) -> dict:
+def parse_variant(text: str) -> dict:
+    """'p2s6c2' -> producer_warps=2, max_stages=6, ctas_per_sm=2 ('default': none)."""
+    fields = {"p": "producer_warps", "s": "max_stages", "c": "ctas_per_sm"}
+    out, i = {}, 0
+    while text != "default" and i < len(text):
+        j = i + 1
+        while j < len(text) and text[j].isdigit():
+            j += 1
+        out[fields[text[i]]] = int(text[i + 1:j])
+        i = j
+    return out
+
+
+def bench(shape: Shape, M: int, decs: dict, sm, sm_art, repeat: int) -> dict:
+    """Times (ms) of every decode variant, the split-K family and cuBLAS on one shape."""
     As, outs, args = shape.for_m(M)
     sets = shape.sets
     outs_sm = [torch.empty_like(o) for o in outs]
     outs_t = [torch.empty_like(o) for o in outs]
     args_sm = [GemmArguments(a, b, o) for a, b, o in zip(As, shape.Bs, outs_sm)]
-    ws = torch.empty(max(dec.get_workspace_size(a) for a in args), dtype=torch.uint8, device="cuda")
-    fns = {
-        "decode": lambda i: dec.run(args[i % sets], compiled_artifact=dec_art, workspace=ws, assume_supported_args=True),
-        "small_m": lambda i: sm.run(args_sm[i % sets], compiled_artifact=sm_art, assume_supported_args=True),
-        "cublas": lambda i: torch.matmul(As[i % sets], shape.Bs[i % sets], out=outs_t[i % sets]),
-    }
-    for name, target in (("decode", outs), ("small_m", outs_sm), ("cublas", outs_t)):
-        target[0].fill_(float("nan"))
-        fns[name](0)
+    ws = torch.empty(max(d.get_workspace_size(a) for d, _ in decs.values() for a in args[:1]), dtype=torch.uint8,
+                     device="cuda")
+    fns, targets = {}, {}
+    for name, (dec, art) in decs.items():
+        fns[name] = (lambda i, dec=dec, art=art: dec.run(args[i % sets], compiled_artifact=art, workspace=ws,
+                                                         assume_supported_args=True))
+        targets[name] = outs
+    fns["small_m"] = lambda i: sm.run(args_sm[i % sets], compiled_artifact=sm_art, assume_supported_args=True)
+    fns["cublas"] = lambda i: torch.matmul(As[i % sets], shape.Bs[i % sets], out=outs_t[i % sets])
+    targets.update(small_m=outs_sm, cublas=outs_t)
+    for name, fn in fns.items():
+        targets[name][0].fill_(float("nan"))
+        fn(0)
         torch.cuda.synchronize()
-        check_output(target[0], As[0], shape.Bs[0], f"{name} M={M} N={shape.N} K={shape.K} {shape.layout}")
+        check_output(targets[name][0], As[0], shape.Bs[0], f"{name} M={M} N={shape.N} K={shape.K} {shape.layout}")
     ms, behind = time_group(fns, repeat)
-    return {"ms": ms, "host_bound": behind, "grid": dec.plan(args[0]).grid}
+    grids = {name: dec.plan(args[0]).grid for name, (dec, _) in decs.items()}
+    return {"ms": ms, "host_bound": behind, "grid": grids}
 
 
 def run_checks() -> None:
@@ -92,15 +113,23 @@ def run_checks() -> None:
 _compiled: dict = {}
 
 
-def compiled(dt: str, layout: str, M: int) -> tuple:
-    """((decode kernel, artifact), (small-M kernel, artifact)) for (dtype, layout, M), compiled once."""
+def compiled(dt: str, layout: str, M: int, variants: list[str]) -> tuple:
+    """({"decode" or "decode:<variant>": (kernel, artifact)}, (small-M kernel, artifact)) for
+    (dtype, layout, M), compiled once."""
     key = (dt, layout, M)
     if key not in _compiled:
         A = torch.randn(M, 64, device="cuda", dtype=DTYPES[dt])
         B = torch.randn(64, 64, device="cuda", dtype=DTYPES[dt])
         args = GemmArguments(A, B.t() if layout == "col" else B, torch.empty(M, 64, device="cuda", dtype=DTYPES[dt]))
-        dec, sm = decode_instance(dt, layout, M), instance(dt, layout, M)
-        _compiled[key] = ((dec, dec.compile(args)), (sm, sm.compile(args)))
+        base, sm = decode_instance(dt, layout, M), instance(dt, layout, M)
+        decs = {}
+        for v in variants:
+            k = base
+            if v != "default":
+                k = copy.copy(base)  # same family and checks, another template instance
+                k.config = dataclasses.replace(base.config, **parse_variant(v))
+            decs["decode" if v == "default" else f"decode:{v}"] = (k, k.compile(args))
+        _compiled[key] = (decs, (sm, sm.compile(args)))
     return _compiled[key]
 
 
@@ -113,8 +142,12 @@ def main() -> None:
     p.add_argument("--shapes", default=None, help="comma-separated NxK (default: the 9 of N, K in 4096/8192/14336)")
     p.add_argument("--sweeps", type=int, default=3)
     p.add_argument("--repeat", type=int, default=40)
+    p.add_argument("--variants", default="default",
+                   help="comma-separated decode designs: default, or knobs p<producer warps> s<max stages> "
+                        "c<CTAs per SM>, e.g. default,p2,c2s5")
     p.add_argument("--tag", default="run")
     opts = p.parse_args()
+    variants = opts.variants.split(",")
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     device = torch.cuda.get_device_name()
@@ -132,11 +165,11 @@ def main() -> None:
                 for N, K in nks:
                     shape = Shape(DTYPES[dt], layout, N, K)
                     for M in Ms:
-                        (dec, dec_art), (sm, sm_art) = compiled(dt, layout, M)
-                        rec = bench(shape, M, dec, dec_art, sm, sm_art, opts.repeat)
+                        decs, (sm, sm_art) = compiled(dt, layout, M, variants)
+                        rec = bench(shape, M, decs, sm, sm_art, opts.repeat)
                         key = (dt, layout, M, N, K)
                         r = records.setdefault(key, {"dtype": dt, "layout": layout, "M": M, "N": N, "K": K,
-                                                     "grid": rec["grid"], "sweeps": [], "host_bound": False})
+                                                     "grids": rec["grid"], "sweeps": [], "host_bound": False})
                         r["sweeps"].append(rec["ms"])
                         r["host_bound"] |= rec["host_bound"]
                     del shape
@@ -145,11 +178,13 @@ def main() -> None:
     for (dt, layout, M, N, K), r in records.items():
         b = 2 * N * K
         med = {n: statistics.median(s[n] for s in r["sweeps"]) for n in r["sweeps"][0]}
-        ratios = [s["cublas"] / s["decode"] for s in r["sweeps"]]
+        first = next(n for n in med if n.startswith("decode"))
+        ratios = [s["cublas"] / s[first] for s in r["sweeps"]]
         r["median_ms"] = med
         r["TBps"] = {n: b / (v * 1e-3) / 1e12 for n, v in med.items()}
         r["decode_vs_cublas"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-        r["decode_vs_small_m"] = med["small_m"] / med["decode"]
+        r["decode_vs_small_m"] = med["small_m"] / med[first]
+        r["variants_vs_cublas"] = {n: med["cublas"] / v for n, v in med.items() if n.startswith("decode")}
         rows.append(r)
     out = {"device": device, "torch": torch.__version__, "copy_TBps": bw, "options": vars(opts),
            "argv": sys.argv, "timing": "alternating launches behind a sleep kernel, CUDA events per launch, "
@@ -159,16 +194,18 @@ def main() -> None:
         for layout in opts.layouts.split(","):
             sel = [r for r in rows if r["dtype"] == dt and r["layout"] == layout]
             print(f"\n== {dt} B {layout} (TB/s of B; ratio = cuBLAS time / ours) ==")
-            print(f"{'case':>16} {'grid':>5} {'decode':>7} {'small_m':>7} {'cuBLAS':>7}  {'dec/cuBLAS':>20} "
-                  f"{'dec/small_m':>11}")
+            names = [n for n in sel[0]["TBps"] if n.startswith("decode")]
+            print(f"{'case':>16} " + " ".join(f"{n[:14]:>14}" for n in names) +
+                  f" {'small_m':>7} {'cuBLAS':>7}  {names[0][:10] + '/cuBLAS':>22} {'/small_m':>8}")
             for r in sel:
                 t, q = r["TBps"], r["decode_vs_cublas"]
-                print(f"{r['M']:>4}x{r['N']}x{r['K']:<5} {r['grid']:>5} {t['decode']:7.2f} {t['small_m']:7.2f} "
-                      f"{t['cublas']:7.2f}  {q['median']:5.3f} [{q['min']:.3f}-{q['max']:.3f}] "
-                      f"{r['decode_vs_small_m']:11.3f}" + ("  (host-bound?)" if r["host_bound"] else ""))
-            print(f"geomean decode/cuBLAS {geomean([r['decode_vs_cublas']['median'] for r in sel]):.3f}, "
-                  f"min {min(r['decode_vs_cublas']['median'] for r in sel):.3f}; "
-                  f"small_m/cuBLAS {geomean([r['median_ms']['cublas'] / r['median_ms']['small_m'] for r in sel]):.3f}")
+                print(f"{r['M']:>4}x{r['N']}x{r['K']:<5} " + " ".join(f"{t[n]:14.2f}" for n in names) +
+                      f" {t['small_m']:7.2f} {t['cublas']:7.2f}  {q['median']:5.3f} [{q['min']:.3f}-{q['max']:.3f}] "
+                      f"{r['decode_vs_small_m']:8.3f}" + ("  (host-bound?)" if r["host_bound"] else ""))
+            for n in names:
+                print(f"geomean {n}/cuBLAS {geomean([r['variants_vs_cublas'][n] for r in sel]):.3f}, "
+                      f"min {min(r['variants_vs_cublas'][n] for r in sel):.3f}")
+            print(f"small_m/cuBLAS {geomean([r['median_ms']['cublas'] / r['median_ms']['small_m'] for r in sel]):.3f}")
     print(f"\n{device}; JSON: {', '.join(paths)}")
 
 

@@ -122,7 +122,7 @@ def test_compiles_for_sm90a_without_a_gpu():
         c = k.config
         assert launcher.name_expression == (
             f"ka_gemm_decode::gemm_decode<{0 if dtype == 'bf16' else 1}, {'true' if layout == 'col' else 'false'}, "
-            f"{c.mp}, {TILE_N}, {TILE_K}, {c.stages}>")
+            f"{c.mp}, {TILE_N}, {TILE_K}, {c.stages}, {c.producer_warps}>")
         assert launcher.compiled.arch == "sm_90a" and launcher.compiled.cubin[:4] == b"\x7fELF"
     with pytest.raises(CompilationError, match="cannot compile for compute capability 80"):
         k.compile(args, cc=80)

@@ -9,11 +9,13 @@
 //    k-tile) steps, tile-major; CTA c takes steps [c*I/G, (c+1)*I/G). A CTA's range may start
 //    and end inside a tile, so a tile's k-steps can come from several consecutive CTAs
 //    ("segments").
-//  * A producer warp streams the CTA's steps through a ring of STAGES shared-memory stages with
-//    cp.async.bulk (TMA) row copies and full/empty mbarriers; B carries an L2 evict-first hint
-//    (read once), A evict-last (every tile re-reads it). Rows are padded by 16 bytes so the
-//    ldmatrix reads are free of bank conflicts without a swizzle. Rows past N and M are not
-//    copied (their outputs are never stored); k past K inside the last k-tile is zeroed.
+//  * Producer warps stream the CTA's steps through a ring of STAGES shared-memory stages with
+//    16-byte cp.async (zero-filled past N, M and K), each lane's copies arriving on the stage's
+//    full mbarrier when they land (cp.async.mbarrier.arrive); consumers free a stage through its
+//    empty mbarrier. B carries an L2 evict-first hint (read once), A evict-last (every tile
+//    re-reads it). Rows are padded by 16 bytes so the ldmatrix reads are free of bank conflicts
+//    without a swizzle. (Row-sized cp.async.bulk copies of 256 bytes measured 5x slower: the
+//    TMA unit's per-copy cost, not the bytes, set the pace.)
 //  * BN / 16 consumer warps multiply with mma.sync m16n8k16 on the swapped operands
 //    (out^T = B^T A^T: B^T is the 16-row operand, so M pads to 8 or 16, not 64).
 //  * A segment that covers its whole tile stores the output directly. Otherwise it parks its
@@ -29,7 +31,7 @@
 // (B_KMAJOR: element (k, n) at B[n * ldb + k], i.e. B = W.t() for an nn.Linear weight W[N, K])
 // or N-major (element (k, n) at B[k * ldb + n]). The interface guarantees 16-byte alignment of
 // every base pointer, leading dimension, batch stride and contiguous extent (N and K multiples
-// of 8), which the bulk copies need. Every parameter is 64-bit (the launcher passes Python ints).
+// of 8), so every 16-byte chunk is wholly inside or outside the matrix. Every parameter is 64-bit (the launcher passes Python ints).
 
 namespace ka_gemm_decode {
 
@@ -54,9 +56,6 @@ __device__ __forceinline__ u64 l2_policy_last() {
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
@@ -70,12 +69,16 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
         : "memory");
   } while (!done);
 }
-__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar, u64 policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
+// 16 bytes global -> shared; src_bytes 0 zero-fills the chunk without reading src.
+__device__ __forceinline__ void cp_async16_hint(u32 dst, const void* src, u32 src_bytes, u64 policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+// An arrival on `bar` once every cp.async this thread issued so far has landed (counted in the
+// barrier's expected arrivals: .noinc).
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
@@ -198,8 +201,8 @@ struct Plan {
   static constexpr int kBytes = STAGES * kStage + kPartial + kBars + 16;
 };
 
-template <int DT, bool B_KMAJOR, int MP, int BN, int BK, int STAGES>
-__global__ void __launch_bounds__((BN / 16 + 1) * 32, 1)
+template <int DT, bool B_KMAJOR, int MP, int BN, int BK, int STAGES, int PW>
+__global__ void __launch_bounds__((BN / 16 + PW) * 32, 1)
     gemm_decode(const u16* __restrict__ A, const u16* __restrict__ B, u16* __restrict__ out, i64 M_, i64 N_, i64 K_,
                 i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 L, u64* __restrict__ ws,
                 i64 epoch) {
@@ -208,6 +211,8 @@ __global__ void __launch_bounds__((BN / 16 + 1) * 32, 1)
   constexpr int CT = CW * 32;         // consumer threads
   constexpr int FM = MP / 8;          // mma column fragments (8 rows of out each)
   constexpr int NCH = BN / 8;         // 8-column chunks per tile row
+  constexpr int KCH = BK / 8;         // 16-byte chunks per K-major row
+  constexpr int PT = PW * 32;         // producer threads
   constexpr int PS = P::kPartialStride;
   static_assert(BN % 16 == 0 && MP % 8 == 0 && MP <= 16 && BK % 16 == 0, "tile shape");
   static_assert(MP * NCH <= 8 * CT, "the epilogue walks the tile in at most 8 rounds");
@@ -232,65 +237,51 @@ __global__ void __launch_bounds__((BN / 16 + 1) * 32, 1)
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full0 + s * 8, 1);
+      mbar_init(full0 + s * 8, PT);
       mbar_init(empty0 + s * 8, CW);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
-  if (warp == CW) {
-    // ---- producer: one warp, its lanes share each stage's row copies -------------------------
+  if (warp >= CW) {
+    // ---- producers: PW warps copy each stage with 16-byte cp.async (zero-filled past N, M and
+    // K); each lane's copies arrive on the stage's full barrier when they land. ----------------
     const u64 keep_a = l2_policy_last(), stream_b = l2_policy_first();
+    const int pl = tid - CT;
     int slot = 0;
     u32 phase = 0;
     for (i64 it = first; it < last; ++it) {
       const i64 tile = it / KT, kt = it - tile * KT;
       const i64 l = tile / NT, nt = tile - l * NT;
       const int n0 = (int)nt * BN, k0 = (int)kt * BK;
-      const int kn = K - k0 < BK ? K - k0 : BK;  // k of this step
-      const int nn = N - n0 < BN ? N - n0 : BN;  // columns of this step
-      const u32 full = full0 + slot * 8;
       const u32 sB = ring + slot * P::kStage, sA = sB + P::kB;
       if (lane == 0) mbar_wait(empty0 + slot * 8, phase ^ 1);
       __syncwarp();
-      if (kn < BK) {
-        // The last k-tile: zero what the copies leave of the k range, in every row that is read.
-        const int tail = (BK - kn) * 2;  // bytes per K-major row
-        if (B_KMAJOR) {
-          for (int x = lane; x < nn * (tail / 16); x += 32) {
-            const int r = x / (tail / 16), q = x - r * (tail / 16);
-            *reinterpret_cast<uint4*>(smem + slot * P::kStage + r * P::kRowK + kn * 2 + q * 16) = make_uint4(0, 0, 0, 0);
-          }
-        } else {
-          constexpr int q16 = BN * 2 / 16;
-          for (int x = lane; x < (BK - kn) * q16; x += 32) {
-            const int r = kn + x / q16, q = x % q16;
-            *reinterpret_cast<uint4*>(smem + slot * P::kStage + r * P::kRowN + q * 16) = make_uint4(0, 0, 0, 0);
-          }
-        }
-        for (int x = lane; x < rows * (tail / 16); x += 32) {
-          const int r = x / (tail / 16), q = x - r * (tail / 16);
-          *reinterpret_cast<uint4*>(smem + slot * P::kStage + P::kB + r * P::kRowK + kn * 2 + q * 16) =
-              make_uint4(0, 0, 0, 0);
-        }
-        // Order these generic-proxy stores before later bulk copies into the same slot.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncwarp();
-      }
-      const u32 b_bytes = B_KMAJOR ? (u32)nn * kn * 2 : (u32)kn * nn * 2;
-      if (lane == 0) mbar_expect_tx(full, b_bytes + (u32)rows * kn * 2);
-      __syncwarp();
       const u16* Bl = B + l * batch_b;
       if (B_KMAJOR) {
-        for (int r = lane; r < nn; r += 32)
-          bulk_load(sB + r * P::kRowK, Bl + (i64)(n0 + r) * ldb + k0, kn * 2, full, stream_b);
+#pragma unroll 4
+        for (int x = pl; x < BN * KCH; x += PT) {
+          const int r = x / KCH, q = x % KCH, n = n0 + r, k = k0 + q * 8;
+          const bool ok = n < N && k < K;
+          cp_async16_hint(sB + r * P::kRowK + q * 16, ok ? Bl + (i64)n * ldb + k : Bl, ok ? 16u : 0u, stream_b);
+        }
       } else {
-        for (int r = lane; r < kn; r += 32)
-          bulk_load(sB + r * P::kRowN, Bl + (i64)(k0 + r) * ldb + n0, nn * 2, full, stream_b);
+#pragma unroll 4
+        for (int x = pl; x < BK * NCH; x += PT) {
+          const int r = x / NCH, q = x % NCH, k = k0 + r, n = n0 + q * 8;
+          const bool ok = n < N && k < K;
+          cp_async16_hint(sB + r * P::kRowN + q * 16, ok ? Bl + (i64)k * ldb + n : Bl, ok ? 16u : 0u, stream_b);
+        }
       }
       const u16* Al = A + l * batch_a;
-      for (int m = lane; m < rows; m += 32) bulk_load(sA + m * P::kRowK, Al + (i64)m * lda + k0, kn * 2, full, keep_a);
+#pragma unroll
+      for (int x = pl; x < MP * KCH; x += PT) {
+        const int m = x / KCH, q = x % KCH, k = k0 + q * 8;
+        const bool ok = m < M && k < K;
+        cp_async16_hint(sA + m * P::kRowK + q * 16, ok ? Al + (i64)m * lda + k : Al, ok ? 16u : 0u, keep_a);
+      }
+      cp_async_arrive(full0 + slot * 8);
       if (++slot == STAGES) {
         slot = 0;
         phase ^= 1;

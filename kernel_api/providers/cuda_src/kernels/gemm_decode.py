@@ -3,7 +3,7 @@
 `CudaGemmDecode` computes ``out = A @ B`` for M <= 16 rows (decode steps), where the time is
 reading B (K x N) once. One persistent CTA per SM takes an equal share of the flat list of
 (column tile, k-tile) steps (stream-K), so every SM streams the same bytes whatever the shape;
-a producer warp feeds a deep shared-memory ring with TMA bulk copies, four consumer warps
+a producer warp feeds a deep shared-memory ring with cp.async copies, four consumer warps
 multiply with mma.sync, and tiles split between CTAs are finished by whichever of their
 segments arrives last, summing the parked partials in a fixed order (deterministic; no CTA
 waits for another).
@@ -39,8 +39,11 @@ COL = (0, 1, 0)
 #: Column tile (output columns per step; one consumer warp per 16) and k per step.
 TILE_N = 64
 TILE_K = 128
-#: Dynamic shared memory one CTA may opt into on Hopper (227 KB).
+#: Dynamic shared memory one CTA may opt into on Hopper (227 KB), an SM's shared memory, and
+#: what the system reserves per CTA.
 MAX_SMEM_BYTES = 232448
+SM_SMEM_BYTES = 233472
+CTA_RESERVED_SMEM = 1024
 MAX_STAGES = 12
 _DT_TAG = {DataType.bf16: 0, DataType.f16: 1}
 _INDEX_LIMIT = 2**31 - 1024  # N, K and M are 32-bit inside the kernel
@@ -52,6 +55,11 @@ class DecodeConfig:
 
     mp: int
     b_kmajor: bool
+    producer_warps: int = 1
+    #: the ring's depth cap (the deepest that fits shared memory, up to this)
+    max_stages: int = MAX_STAGES
+    #: CTAs of the persistent grid per SM (more than 1 needs rings that fit side by side)
+    ctas_per_sm: int = 1
 
     @property
     def consumer_warps(self) -> int:
@@ -59,7 +67,7 @@ class DecodeConfig:
 
     @property
     def threads(self) -> int:
-        return 32 * (self.consumer_warps + 1)
+        return 32 * (self.consumer_warps + self.producer_warps)
 
     @property
     def stage_bytes(self) -> int:
@@ -73,11 +81,18 @@ class DecodeConfig:
 
     @property
     def stages(self) -> int:
-        """The deepest ring (at most `MAX_STAGES`) that fits `MAX_SMEM_BYTES`."""
-        s = MAX_STAGES
-        while self.smem_bytes(s) > MAX_SMEM_BYTES:
+        """The deepest ring (at most `max_stages`) that fits `MAX_SMEM_BYTES` per CTA, or the SM's
+        shared memory shared by `ctas_per_sm` CTAs."""
+        budget = min(MAX_SMEM_BYTES, SM_SMEM_BYTES // self.ctas_per_sm - CTA_RESERVED_SMEM)
+        s = self.max_stages
+        while self.smem_bytes(s) > budget:
             s -= 1
         return s
+
+    def tag(self) -> str:
+        """The design knobs that differ from the defaults (for benchmark variants)."""
+        return "".join(f"{k}{v}" for k, v, d in (("p", self.producer_warps, 1), ("s", self.max_stages, MAX_STAGES),
+                                                  ("c", self.ctas_per_sm, 1)) if v != d) or "default"
 
 
 class DecodePlan(NamedTuple):
@@ -105,12 +120,12 @@ class DecodePlan(NamedTuple):
         return self.cta_of((tile + 1) * self.ktiles - 1) - self.cta_of(tile * self.ktiles) + 1
 
 
-def plan_for(M: int, N: int, K: int, L: int, mp: int, sms: int) -> DecodePlan:
-    """The launch for an (M, N, K, L) problem on ``sms`` SMs: one CTA per SM, fewer when there
-    are fewer steps than SMs (every CTA gets at least one)."""
+def plan_for(M: int, N: int, K: int, L: int, mp: int, sms: int, ctas_per_sm: int = 1) -> DecodePlan:
+    """The launch for an (M, N, K, L) problem on ``sms`` SMs: ``ctas_per_sm`` CTAs per SM, fewer
+    when there are fewer steps (every CTA gets at least one)."""
     tiles = -(-N // TILE_N) * L
     ktiles = -(-K // TILE_K)
-    grid = max(1, min(sms, tiles * ktiles))
+    grid = max(1, min(sms * ctas_per_sm, tiles * ktiles))
     counters = -(-tiles * 8 // 16) * 16
     return DecodePlan(tiles, ktiles, grid, counters + grid * 2 * mp * TILE_N * 4)
 
@@ -132,7 +147,7 @@ def _sm_count(device: torch.device | None) -> int:
 @CudaSourceProvider.register
 class CudaGemmDecode(CudaSourceKernel):
     """Stream-K GEMM for M <= 16 (bf16/f16, f32 accumulate, sm_90): one CTA per SM streams an
-    equal share of B through a TMA-fed ring, mma.sync tensor cores, split tiles finished by
+    equal share of B through a deep cp.async ring, mma.sync tensor cores, split tiles finished by
     their last segment from partials summed in a fixed order."""
 
     supported_args_type = GemmArguments
@@ -200,7 +215,8 @@ class CudaGemmDecode(CudaSourceKernel):
     # ---- the plan -----------------------------------------------------------------------------
     def plan(self, args: GemmArguments) -> DecodePlan:
         """The launch for ``args`` (`plan_for` on the device's SMs)."""
-        return plan_for(args.M, args.N, args.K, args.L, self.config.mp, _sm_count(args.device))
+        c = self.config
+        return plan_for(args.M, args.N, args.K, args.L, c.mp, _sm_count(args.device), c.ctas_per_sm)
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         """A tagged counter per column tile and two f32 partial tiles per CTA (no zeroing needed)."""
@@ -221,7 +237,7 @@ class CudaGemmDecode(CudaSourceKernel):
     def name_expression(self, args: Any) -> str:
         c = self.config
         return (f"ka_gemm_decode::gemm_decode<{_DT_TAG[self.dtype]}, {'true' if c.b_kmajor else 'false'}, "
-                f"{c.mp}, {TILE_N}, {TILE_K}, {c.stages}>")
+                f"{c.mp}, {TILE_N}, {TILE_K}, {c.stages}, {c.producer_warps}>")
 
     def launch_config(self, args: GemmArguments) -> tuple:
         c = self.config
