@@ -54,8 +54,8 @@ def check_output(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, what: str)
 
 
 def parse_variant(text: str) -> dict:
-    """'p2s6c2' -> producer_warps=2, max_stages=6, ctas_per_sm=2 ('default': none)."""
-    fields = {"p": "producer_warps", "s": "max_stages", "c": "ctas_per_sm"}
+    """'c2s4' -> ctas_per_sm=2, max_stages=4 ('default': none)."""
+    fields = {"s": "max_stages", "c": "ctas_per_sm"}
     out, i = {}, 0
     while text != "default" and i < len(text):
         j = i + 1
@@ -143,8 +143,8 @@ def main() -> None:
     p.add_argument("--sweeps", type=int, default=3)
     p.add_argument("--repeat", type=int, default=40)
     p.add_argument("--variants", default="default",
-                   help="comma-separated decode designs: default, or knobs p<producer warps> s<max stages> "
-                        "c<CTAs per SM>, e.g. default,p2,c2s5")
+                   help="comma-separated decode designs: default, or knobs c<CTAs per SM> s<max stages>, "
+                        "e.g. default,c2,c1s8")
     p.add_argument("--tag", default="run")
     opts = p.parse_args()
     variants = opts.variants.split(",")

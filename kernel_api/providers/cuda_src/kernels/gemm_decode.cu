@@ -1,23 +1,24 @@
 // Decode GEMM: out[M, N] = A[M, K] @ B[K, N] for M <= 16 rows, bf16 or f16 operands, f32
 // accumulation, sm_90. Self-contained (no toolkit headers) so NVRTC compiles it anywhere.
 //
-// At M <= 16 the time is reading B (K x N) once. The split-K family (gemm_small_m.cu) cuts B
-// into a grid of tiles x splits; how many CTAs share an SM then depends on the shape, and at
-// N = 8192 it streamed 10-15 % below cuBLAS. This kernel gives every SM the same bytes:
+// At M <= 16 the time is reading B (K x N) once, and a CTA reads as fast as it keeps bytes in
+// flight. The split-K family (gemm_small_m.cu) cuts B into a grid of tiles x splits, so how
+// many CTAs (and bytes in flight) an SM gets depends on the shape: at N = 8192 it runs one or
+// two CTAs per SM and streams 10-15 % below cuBLAS. This kernel gives every SM the same work:
 //
-//  * Stream-K over one persistent CTA per SM. The work is the flat list of (column tile,
-//    k-tile) steps, tile-major; CTA c takes steps [c*I/G, (c+1)*I/G). A CTA's range may start
-//    and end inside a tile, so a tile's k-steps can come from several consecutive CTAs
-//    ("segments").
-//  * Producer warps stream the CTA's steps through a ring of STAGES shared-memory stages with
-//    16-byte cp.async (zero-filled past N, M and K), each lane's copies arriving on the stage's
-//    full mbarrier when they land (cp.async.mbarrier.arrive); consumers free a stage through its
-//    empty mbarrier. B carries an L2 evict-first hint (read once), A evict-last (every tile
-//    re-reads it). Rows are padded by 16 bytes so the ldmatrix reads are free of bank conflicts
-//    without a swizzle. (Row-sized cp.async.bulk copies of 256 bytes measured 5x slower: the
-//    TMA unit's per-copy cost, not the bytes, set the pace.)
-//  * BN / 16 consumer warps multiply with mma.sync m16n8k16 on the swapped operands
-//    (out^T = B^T A^T: B^T is the 16-row operand, so M pads to 8 or 16, not 64).
+//  * Stream-K over a persistent grid of CTAS_PER_SM CTAs per SM. The work is the flat list of
+//    (column tile, k-tile) steps, tile-major; CTA c takes steps [c*I/G, (c+1)*I/G). A CTA's
+//    range may start and end inside a tile, so a tile's k-steps can come from several
+//    consecutive CTAs ("segments").
+//  * Every thread copies its share of each step with 16-byte cp.async (zero-filled past N, M
+//    and K), STAGES deep, and the pipeline runs on across segment boundaries. B carries an L2
+//    evict-first hint (read once). Shared tiles are XOR-swizzled in 16-byte chunks
+//    (chunk ^= row & 7), so the copies and the ldmatrix reads are free of bank conflicts.
+//    (Measured and dropped: a producer warp feeding a deep mbarrier ring, with 256-byte
+//    cp.async.bulk row copies 0.7 TB/s, with cp.async 1.3-3.0 TB/s on the H200: the producers'
+//    issue rate set the pace.)
+//  * BN / 16 warps multiply with mma.sync m16n8k16 on the swapped operands (out^T = B^T A^T:
+//    B^T is the 16-row operand, so M pads to 8 or 16, not 64).
 //  * A segment that covers its whole tile stores the output directly. Otherwise it parks its
 //    f32 partial in the workspace (two slots per CTA: its first and its last segment), and the
 //    last segment to arrive at the tile's counter sums all of the tile's partials in CTA order
@@ -31,7 +32,8 @@
 // (B_KMAJOR: element (k, n) at B[n * ldb + k], i.e. B = W.t() for an nn.Linear weight W[N, K])
 // or N-major (element (k, n) at B[k * ldb + n]). The interface guarantees 16-byte alignment of
 // every base pointer, leading dimension, batch stride and contiguous extent (N and K multiples
-// of 8), so every 16-byte chunk is wholly inside or outside the matrix. Every parameter is 64-bit (the launcher passes Python ints).
+// of 8), so every 16-byte chunk is wholly inside or outside the matrix. Every parameter is
+// 64-bit (the launcher passes Python ints).
 
 namespace ka_gemm_decode {
 
@@ -53,32 +55,16 @@ __device__ __forceinline__ u64 l2_policy_last() {
   return p;
 }
 
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  u32 done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 // 16 bytes global -> shared; src_bytes 0 zero-fills the chunk without reading src.
 __device__ __forceinline__ void cp_async16_hint(u32 dst, const void* src, u32 src_bytes, u64 policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes), "l"(policy)
                : "memory");
 }
-// An arrival on `bar` once every cp.async this thread issued so far has landed (counted in the
-// barrier's expected arrivals: .noinc).
-__device__ __forceinline__ void cp_async_arrive(u32 bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
@@ -176,54 +162,42 @@ __device__ __forceinline__ u32 arrive_at(u64* counter, u32 tag) {
   }
 }
 
-// The consumer warps only (the producer never joins): named barrier 1.
-template <int THREADS>
-__device__ __forceinline__ void consumers_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
-}
 
 // The CTA whose step range holds step i, for ranges [c*I/G, (c+1)*I/G) with I >= G.
 __device__ __forceinline__ i64 cta_of(i64 i, i64 I, i64 G) { return ((i + 1) * G - 1) / I; }
 __device__ __forceinline__ i64 begin_of(i64 c, i64 I, i64 G) { return c * I / G; }
 
-// Shared-memory plan (bytes). Rows are padded by 16 bytes: 8 rows of an ldmatrix then start in
-// 8 different 16-byte bank groups.
-template <bool B_KMAJOR, int MP, int BN, int BK, int STAGES>
+// Shared-memory plan (bytes): the ring of stages (B, then A) and the staged f32 result tile.
+template <int MP, int BN, int BK, int STAGES>
 struct Plan {
-  static constexpr int kRowK = BK * 2 + 16;                    // a K-major row (B^T or A) of one k-tile
-  static constexpr int kRowN = BN * 2 + 16;                    // an N-major row of B
-  static constexpr int kB = B_KMAJOR ? BN * kRowK : BK * kRowN;
-  static constexpr int kA = MP * kRowK;
+  static constexpr int kB = BN * BK * 2;
+  static constexpr int kA = MP * BK * 2;
   static constexpr int kStage = kB + kA;
-  static constexpr int kPartialStride = BN + 4;                // floats per row of the staged tile
+  static constexpr int kPartialStride = BN + 4;  // floats per row of the staged tile
   static constexpr int kPartial = MP * kPartialStride * 4;
-  static constexpr int kBars = STAGES * 2 * 8;
-  static constexpr int kBytes = STAGES * kStage + kPartial + kBars + 16;
+  static constexpr int kBytes = STAGES * kStage + kPartial + 16;
 };
 
-template <int DT, bool B_KMAJOR, int MP, int BN, int BK, int STAGES, int PW>
-__global__ void __launch_bounds__((BN / 16 + PW) * 32, 1)
+template <int DT, bool B_KMAJOR, int MP, int BN, int BK, int STAGES, int CTAS_PER_SM>
+__global__ void __launch_bounds__(BN / 16 * 32, CTAS_PER_SM)
     gemm_decode(const u16* __restrict__ A, const u16* __restrict__ B, u16* __restrict__ out, i64 M_, i64 N_, i64 K_,
                 i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 L, u64* __restrict__ ws,
                 i64 epoch) {
-  using P = Plan<B_KMAJOR, MP, BN, BK, STAGES>;
-  constexpr int CW = BN / 16;         // consumer warps, 16 output columns each
-  constexpr int CT = CW * 32;         // consumer threads
+  using P = Plan<MP, BN, BK, STAGES>;
+  constexpr int W = BN / 16;          // warps, 16 output columns each
+  constexpr int T = W * 32;           // threads
   constexpr int FM = MP / 8;          // mma column fragments (8 rows of out each)
-  constexpr int NCH = BN / 8;         // 8-column chunks per tile row
-  constexpr int KCH = BK / 8;         // 16-byte chunks per K-major row
-  constexpr int PT = PW * 32;         // producer threads
+  constexpr int NCH = BN / 8;         // 16-byte chunks along n
+  constexpr int KCH = BK / 8;         // 16-byte chunks along k
   constexpr int PS = P::kPartialStride;
   static_assert(BN % 16 == 0 && MP % 8 == 0 && MP <= 16 && BK % 16 == 0, "tile shape");
-  static_assert(MP * NCH <= 8 * CT, "the epilogue walks the tile in at most 8 rounds");
+  static_assert(KCH >= 8 && (B_KMAJOR || NCH >= 8), "swizzled rows need >= 8 chunks");
+  static_assert((BN * BK / 8) % T == 0, "B's chunks spread evenly over the threads");
 
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 ring = smem_u32(smem);
   float* stage_out = reinterpret_cast<float*>(smem + STAGES * P::kStage);
-  u64* bars = reinterpret_cast<u64*>(smem + STAGES * P::kStage + P::kPartial);
-  const u32 full0 = smem_u32(bars);
-  const u32 empty0 = full0 + STAGES * 8;
-  int* last_flag = reinterpret_cast<int*>(smem + STAGES * P::kStage + P::kPartial + P::kBars);
+  int* last_flag = reinterpret_cast<int*>(smem + STAGES * P::kStage + P::kPartial);
 
   const int M = (int)M_, N = (int)N_, K = (int)K_;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -234,115 +208,114 @@ __global__ void __launch_bounds__((BN / 16 + PW) * 32, 1)
   const i64 c = blockIdx.x;
   const i64 first = begin_of(c, I, G), last = begin_of(c + 1, I, G);
   const int rows = M < MP ? M : MP;
+  const u64 stream_b = l2_policy_first(), keep_a = l2_policy_last();
 
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full0 + s * 8, PT);
-      mbar_init(empty0 + s * 8, CW);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  // The next step to load, as (batch l, column tile nt, k-tile kt): advanced one step at a time
+  // (no 64-bit division per step).
+  i64 ld_l, ld_nt, ld_kt;
+  {
+    const i64 tile = first / KT;
+    ld_kt = first - tile * KT;
+    ld_l = tile / NT;
+    ld_nt = tile - ld_l * NT;
   }
-  __syncthreads();
-
-  if (warp >= CW) {
-    // ---- producers: PW warps copy each stage with 16-byte cp.async (zero-filled past N, M and
-    // K); each lane's copies arrive on the stage's full barrier when they land. ----------------
-    const u64 keep_a = l2_policy_last(), stream_b = l2_policy_first();
-    const int pl = tid - CT;
-    int slot = 0;
-    u32 phase = 0;
-    for (i64 it = first; it < last; ++it) {
-      const i64 tile = it / KT, kt = it - tile * KT;
-      const i64 l = tile / NT, nt = tile - l * NT;
-      const int n0 = (int)nt * BN, k0 = (int)kt * BK;
-      const u32 sB = ring + slot * P::kStage, sA = sB + P::kB;
-      if (lane == 0) mbar_wait(empty0 + slot * 8, phase ^ 1);
-      __syncwarp();
-      const u16* Bl = B + l * batch_b;
-      if (B_KMAJOR) {
-#pragma unroll 4
-        for (int x = pl; x < BN * KCH; x += PT) {
-          const int r = x / KCH, q = x % KCH, n = n0 + r, k = k0 + q * 8;
-          const bool ok = n < N && k < K;
-          cp_async16_hint(sB + r * P::kRowK + q * 16, ok ? Bl + (i64)n * ldb + k : Bl, ok ? 16u : 0u, stream_b);
-        }
-      } else {
-#pragma unroll 4
-        for (int x = pl; x < BK * NCH; x += PT) {
-          const int r = x / NCH, q = x % NCH, k = k0 + r, n = n0 + q * 8;
-          const bool ok = n < N && k < K;
-          cp_async16_hint(sB + r * P::kRowN + q * 16, ok ? Bl + (i64)k * ldb + n : Bl, ok ? 16u : 0u, stream_b);
-        }
+  // Copies of the next step into ring slot `slot`: B then A, 16-byte chunks, zero-filled outside.
+  auto load_step = [&](int slot) {
+    const i64 l = ld_l;
+    const int n0 = (int)ld_nt * BN, k0 = (int)ld_kt * BK;
+    if (++ld_kt == KT) {
+      ld_kt = 0;
+      if (++ld_nt == NT) {
+        ld_nt = 0;
+        ++ld_l;
       }
-      const u16* Al = A + l * batch_a;
+    }
+    const u32 sB = ring + slot * P::kStage, sA = sB + P::kB;
+    const u16* Bl = B + l * batch_b;
 #pragma unroll
-      for (int x = pl; x < MP * KCH; x += PT) {
+    for (int i = 0; i < BN * BK / 8 / T; ++i) {
+      const int x = tid + i * T;
+      if (B_KMAJOR) {
+        const int r = x / KCH, q = x % KCH, n = n0 + r, k = k0 + q * 8;
+        const bool ok = n < N && k < K;
+        cp_async16_hint(sB + (r * KCH + (q ^ (r & 7))) * 16, ok ? Bl + (i64)n * ldb + k : Bl, ok ? 16u : 0u, stream_b);
+      } else {
+        const int r = x / NCH, q = x % NCH, k = k0 + r, n = n0 + q * 8;
+        const bool ok = n < N && k < K;
+        cp_async16_hint(sB + (r * NCH + (q ^ (r & 7))) * 16, ok ? Bl + (i64)k * ldb + n : Bl, ok ? 16u : 0u, stream_b);
+      }
+    }
+    const u16* Al = A + l * batch_a;
+#pragma unroll
+    for (int i = 0; i < (MP * KCH + T - 1) / T; ++i) {
+      const int x = tid + i * T;
+      if ((MP * KCH) % T == 0 || x < MP * KCH) {
         const int m = x / KCH, q = x % KCH, k = k0 + q * 8;
         const bool ok = m < M && k < K;
-        cp_async16_hint(sA + m * P::kRowK + q * 16, ok ? Al + (i64)m * lda + k : Al, ok ? 16u : 0u, keep_a);
-      }
-      cp_async_arrive(full0 + slot * 8);
-      if (++slot == STAGES) {
-        slot = 0;
-        phase ^= 1;
+        cp_async16_hint(sA + (m * KCH + (q ^ (m & 7))) * 16, ok ? Al + (i64)m * lda + k : Al, ok ? 16u : 0u, keep_a);
       }
     }
-    return;
-  }
+  };
 
-  // ---- consumers ------------------------------------------------------------------------------
+  // ldmatrix lane coordinates. Fragment rows start at multiples of 8, so a lane's row & 7 is
+  // lane & 7 and its swizzle term is the same for every fragment.
   const int l7 = lane & 7, lhi = lane >> 4, lmid = (lane >> 3) & 1;
-  // B^T fragment (16 n x 16 k) lane address at k-step 0: matrices (n0-7,k0-7) (n8-15,k0-7)
-  // (n0-7,k8-15) (n8-15,k8-15).
-  const u32 b_lane = B_KMAJOR ? (u32)((warp * 16 + l7 + lmid * 8) * P::kRowK + lhi * 16)
-                              : (u32)((l7 + lhi * 8) * P::kRowN + (warp * 2 + lmid) * 16);
+  // B^T fragment (16 n x 16 k): matrices (n0-7,k0-7) (n8-15,k0-7) (n0-7,k8-15) (n8-15,k8-15).
+  const u32 b_row = B_KMAJOR ? (u32)((warp * 16 + l7 + lmid * 8) * BK * 2) : (u32)((l7 + lhi * 8) * BN * 2);
   // A^T fragments (16 k x 8 m), two m8 tiles per x4: (m0-7,k0-7) (m0-7,k8-15) (m8-15,k0-7) (m8-15,k8-15).
-  const u32 a_lane = (u32)((l7 + (FM == 2 ? lhi * 8 : 0)) * P::kRowK + lmid * 16);
+  const u32 a_row = (u32)((l7 + (FM == 2 ? lhi * 8 : 0)) * BK * 2);
+
   u32* wsu = reinterpret_cast<u32*>(ws);
   u64* counters = ws;
   float* partials = reinterpret_cast<float*>(wsu + ((NT * L * 2 + 3) & ~(i64)3));  // 16-byte aligned
   const u32 tag = launch_tag(epoch);
 
+  float acc[FM][4];
+#pragma unroll
+  for (int j = 0; j < FM; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (first + s < last) load_step(s);
+    cp_async_commit();
+  }
+  i64 seg_begin = first;
+  i64 tile = first / KT;             // the tile of step `it`
+  i64 tile_end = (tile + 1) * KT;    // its first step past the end
   int slot = 0;
-  u32 phase = 0;
-  i64 it = first;
-  while (it < last) {
-    const i64 tile = it / KT;
-    const i64 seg_begin = it;
-    const i64 seg_end = last < (tile + 1) * KT ? last : (tile + 1) * KT;
-    float acc[FM][4];
-#pragma unroll
-    for (int j = 0; j < FM; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-
-    for (; it < seg_end; ++it) {
-      const u32 sB = ring + slot * P::kStage, sA = sB + P::kB;
-      mbar_wait(full0 + slot * 8, phase);
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        u32 bf[4], af[FM][2];
-        if (B_KMAJOR)
-          ldsm_x4(sB + b_lane + kk * 32, bf[0], bf[1], bf[2], bf[3]);
-        else
-          ldsm_x4_trans(sB + b_lane + kk * 16 * P::kRowN, bf[0], bf[1], bf[2], bf[3]);
-        if (FM == 2)
-          ldsm_x4(sA + a_lane + kk * 32, af[0][0], af[0][1], af[FM - 1][0], af[FM - 1][1]);
-        else
-          ldsm_x2(sA + a_lane + kk * 32, af[0][0], af[0][1]);
-#pragma unroll
-        for (int j = 0; j < FM; ++j) mma16816<DT>(acc[j], bf, af[j]);
-      }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty0 + slot * 8);
-      if (++slot == STAGES) {
-        slot = 0;
-        phase ^= 1;
-      }
+  for (i64 it = first; it < last; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    {
+      const i64 pre = it + STAGES - 1;  // refills the slot computed in the previous step
+      if (pre < last) load_step((slot + STAGES - 1) % STAGES);
+      cp_async_commit();
     }
+    const u32 sB = ring + slot * P::kStage, sA = sB + P::kB;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      u32 bf[4], af[FM][2];
+      if (B_KMAJOR) {
+        ldsm_x4(sB + b_row + (u32)((((kk * 2 + lhi) ^ l7)) * 16), bf[0], bf[1], bf[2], bf[3]);
+      } else {
+        ldsm_x4_trans(sB + b_row + (u32)(kk * 16 * BN * 2) + (u32)(((warp * 2 + lmid) ^ l7) * 16), bf[0], bf[1],
+                      bf[2], bf[3]);
+      }
+      const u32 achunk = (u32)(((kk * 2 + lmid) ^ l7) * 16);
+      if (FM == 2)
+        ldsm_x4(sA + a_row + achunk, af[0][0], af[0][1], af[FM - 1][0], af[FM - 1][1]);
+      else
+        ldsm_x2(sA + a_row + achunk, af[0][0], af[0][1]);
+#pragma unroll
+      for (int j = 0; j < FM; ++j) mma16816<DT>(acc[j], bf, af[j]);
+    }
+    if (++slot == STAGES) slot = 0;
 
-    // ---- the segment's result: stage it as [m][n] f32 ------------------------------------------
-    consumers_sync<CT>();  // the previous segment's readers are done with stage_out
+    if (it + 1 != last && it + 1 != tile_end) continue;  // the segment goes on
+
+    // ---- the segment [seg_begin, it] of `tile` is done: stage it as [m][n] f32 ------------------
     {
       const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -352,16 +325,23 @@ __global__ void __launch_bounds__((BN / 16 + PW) * 32, 1)
         stage_out[(m + 1) * PS + n] = acc[j][1];
         stage_out[m * PS + n + 8] = acc[j][2];
         stage_out[(m + 1) * PS + n + 8] = acc[j][3];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
       }
     }
-    consumers_sync<CT>();
-    const i64 l = tile / NT, nt = tile - l * NT;
+    __syncthreads();
+    const i64 seg_tile = tile, tile_begin = tile_end - KT;
+    const bool whole = seg_begin == tile_begin && it + 1 == tile_end;
+    const bool own_first = seg_begin == first;
+    seg_begin = it + 1;
+    ++tile;
+    tile_end += KT;
+    const i64 l = seg_tile / NT, nt = seg_tile - l * NT;
     const int n0 = (int)nt * BN;
     u16* out_l = out + l * batch_o;
-    const bool whole = seg_begin == tile * KT && seg_end == (tile + 1) * KT;
     const int chunks = rows * NCH;
     if (whole) {
-      for (int x = tid; x < chunks; x += CT) {
+      for (int x = tid; x < chunks; x += T) {
         const int m = x / NCH, q = x - m * NCH, n = n0 + q * 8;
         if (n < N) {
           const float4 lo = *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8);
@@ -370,34 +350,37 @@ __global__ void __launch_bounds__((BN / 16 + PW) * 32, 1)
                       pack2<DT>(hi.z, hi.w));
         }
       }
+      __syncthreads();  // stage_out is read before the next segment writes it
       continue;
     }
     // A partial: park it in this CTA's slot (0: its first segment, 1: its last).
-    float* mine = partials + (c * 2 + (seg_begin == first ? 0 : 1)) * (MP * BN);
-    for (int x = tid; x < chunks; x += CT) {
+    float* mine = partials + (c * 2 + (own_first ? 0 : 1)) * (MP * BN);
+    for (int x = tid; x < chunks; x += T) {
       const int m = x / NCH, q = x - m * NCH;
       st_cg_f4(mine + m * BN + q * 8, *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8));
       st_cg_f4(mine + m * BN + q * 8 + 4, *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8 + 4));
     }
     __threadfence();
-    consumers_sync<CT>();
-    const i64 c_first = cta_of(tile * KT, I, G), c_last = cta_of((tile + 1) * KT - 1, I, G);
+    __syncthreads();
+    const i64 c_first = cta_of(tile_begin, I, G), c_last = cta_of(tile_begin + KT - 1, I, G);
     if (tid == 0) {
-      const u32 arrived = arrive_at(counters + tile, tag);
+      const u32 arrived = arrive_at(counters + seg_tile, tag);
       const bool finish = arrived == (u32)(c_last - c_first + 1);
-      if (finish) st_relaxed_u64(counters + tile, 0);  // every arrival of this launch is in
+      if (finish) st_relaxed_u64(counters + seg_tile, 0);  // every arrival of this launch is in
       *last_flag = finish;
     }
-    consumers_sync<CT>();
-    if (!*last_flag) continue;
+    __syncthreads();
+    const bool finish = *last_flag;
+    __syncthreads();  // last_flag is read before the next segment writes it
+    if (!finish) continue;
     __threadfence();
-    for (int x = tid; x < chunks; x += CT) {
+    for (int x = tid; x < chunks; x += T) {
       const int m = x / NCH, q = x - m * NCH, n = n0 + q * 8;
       if (n >= N) continue;
       float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
       for (i64 p = c_first; p <= c_last; ++p) {
         // CTA p's segment of this tile is its first (slot 0) unless p began in an earlier tile.
-        const float* src = partials + (p * 2 + (begin_of(p, I, G) < tile * KT ? 1 : 0)) * (MP * BN) + m * BN + q * 8;
+        const float* src = partials + (p * 2 + (begin_of(p, I, G) < tile_begin ? 1 : 0)) * (MP * BN) + m * BN + q * 8;
         const float4 a = ld_cg_f4(src), b = ld_cg_f4(src + 4);
         lo.x += a.x; lo.y += a.y; lo.z += a.z; lo.w += a.w;
         hi.x += b.x; hi.y += b.y; hi.z += b.z; hi.w += b.w;
@@ -406,6 +389,7 @@ __global__ void __launch_bounds__((BN / 16 + PW) * 32, 1)
                   pack2<DT>(hi.z, hi.w));
     }
   }
+  cp_async_wait<0>();
 }
 
 }  // namespace ka_gemm_decode

@@ -1,12 +1,11 @@
 """Interface of the decode GEMM (implementation: gemm_decode.cu beside this file).
 
 `CudaGemmDecode` computes ``out = A @ B`` for M <= 16 rows (decode steps), where the time is
-reading B (K x N) once. One persistent CTA per SM takes an equal share of the flat list of
-(column tile, k-tile) steps (stream-K), so every SM streams the same bytes whatever the shape;
-a producer warp feeds a deep shared-memory ring with cp.async copies, four consumer warps
-multiply with mma.sync, and tiles split between CTAs are finished by whichever of their
-segments arrives last, summing the parked partials in a fixed order (deterministic; no CTA
-waits for another).
+reading B (K x N) once. A persistent grid (three CTAs per SM) takes equal shares of the flat
+list of (column tile, k-tile) steps (stream-K), so every SM streams the same bytes whatever
+the shape. Each CTA's threads copy B with 16-byte cp.async and multiply with mma.sync; tiles
+split between CTAs are finished by whichever of their segments arrives last, summing the
+parked partials in a fixed order (deterministic; no CTA waits for another).
 
 Instances, per operand type (bf16, f16) and B layout (row-major ``A @ B``, or column-major
 ``x @ W.t()`` as nn.Linear computes it), one per padded row count MP in 8, 16 (M <= 8, and
@@ -44,55 +43,50 @@ TILE_K = 128
 MAX_SMEM_BYTES = 232448
 SM_SMEM_BYTES = 233472
 CTA_RESERVED_SMEM = 1024
-MAX_STAGES = 12
+MAX_STAGES = 8
 _DT_TAG = {DataType.bf16: 0, DataType.f16: 1}
 _INDEX_LIMIT = 2**31 - 1024  # N, K and M are 32-bit inside the kernel
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One design point: padded rows MP, B layout, and the ring depth that fits shared memory."""
+    """One design point: padded rows MP, B layout, CTAs of the persistent grid per SM, and the
+    ring depth (the deepest that fits their share of shared memory, up to `max_stages`)."""
 
     mp: int
     b_kmajor: bool
-    producer_warps: int = 1
-    #: the ring's depth cap (the deepest that fits shared memory, up to this)
+    ctas_per_sm: int = 3
     max_stages: int = MAX_STAGES
-    #: CTAs of the persistent grid per SM (more than 1 needs rings that fit side by side)
-    ctas_per_sm: int = 1
 
     @property
-    def consumer_warps(self) -> int:
+    def warps(self) -> int:
         return TILE_N // 16
 
     @property
     def threads(self) -> int:
-        return 32 * (self.consumer_warps + self.producer_warps)
+        return 32 * self.warps
 
     @property
     def stage_bytes(self) -> int:
-        # Rows padded by 16 bytes (gemm_decode.cu's Plan): K-major rows of one k-tile, N-major rows of a tile.
-        row_k = TILE_K * 2 + 16
-        b = TILE_N * row_k if self.b_kmajor else TILE_K * (TILE_N * 2 + 16)
-        return b + self.mp * row_k
+        return (TILE_N + self.mp) * TILE_K * 2
 
     def smem_bytes(self, stages: int) -> int:
-        return stages * self.stage_bytes + self.mp * (TILE_N + 4) * 4 + stages * 16 + 16
+        return stages * self.stage_bytes + self.mp * (TILE_N + 4) * 4 + 16
 
     @property
     def stages(self) -> int:
-        """The deepest ring (at most `max_stages`) that fits `MAX_SMEM_BYTES` per CTA, or the SM's
-        shared memory shared by `ctas_per_sm` CTAs."""
+        """The deepest ring (at most `max_stages`) that fits the SM's shared memory shared by
+        `ctas_per_sm` CTAs (and `MAX_SMEM_BYTES` per CTA)."""
         budget = min(MAX_SMEM_BYTES, SM_SMEM_BYTES // self.ctas_per_sm - CTA_RESERVED_SMEM)
         s = self.max_stages
-        while self.smem_bytes(s) > budget:
+        while s > 2 and self.smem_bytes(s) > budget:
             s -= 1
         return s
 
     def tag(self) -> str:
         """The design knobs that differ from the defaults (for benchmark variants)."""
-        return "".join(f"{k}{v}" for k, v, d in (("p", self.producer_warps, 1), ("s", self.max_stages, MAX_STAGES),
-                                                  ("c", self.ctas_per_sm, 1)) if v != d) or "default"
+        return "".join(f"{k}{v}" for k, v, d in (("c", self.ctas_per_sm, 3), ("s", self.max_stages, MAX_STAGES))
+                       if v != d) or "default"
 
 
 class DecodePlan(NamedTuple):
@@ -120,7 +114,7 @@ class DecodePlan(NamedTuple):
         return self.cta_of((tile + 1) * self.ktiles - 1) - self.cta_of(tile * self.ktiles) + 1
 
 
-def plan_for(M: int, N: int, K: int, L: int, mp: int, sms: int, ctas_per_sm: int = 1) -> DecodePlan:
+def plan_for(M: int, N: int, K: int, L: int, mp: int, sms: int, ctas_per_sm: int = 3) -> DecodePlan:
     """The launch for an (M, N, K, L) problem on ``sms`` SMs: ``ctas_per_sm`` CTAs per SM, fewer
     when there are fewer steps (every CTA gets at least one)."""
     tiles = -(-N // TILE_N) * L
@@ -146,8 +140,8 @@ def _sm_count(device: torch.device | None) -> int:
 
 @CudaSourceProvider.register
 class CudaGemmDecode(CudaSourceKernel):
-    """Stream-K GEMM for M <= 16 (bf16/f16, f32 accumulate, sm_90): one CTA per SM streams an
-    equal share of B through a deep cp.async ring, mma.sync tensor cores, split tiles finished by
+    """Stream-K GEMM for M <= 16 (bf16/f16, f32 accumulate, sm_90): a persistent grid streams
+    equal shares of B through cp.async rings, mma.sync tensor cores, split tiles finished by
     their last segment from partials summed in a fixed order."""
 
     supported_args_type = GemmArguments
@@ -185,7 +179,7 @@ class CudaGemmDecode(CudaSourceKernel):
         design = BLASDesignMetadata(tile_shape=(c.mp, TILE_N, TILE_K), cluster_shape=(1, 1, 1), stages=c.stages,
                                     schedule="streamk_persistent",
                                     extra=(("min_m", 1 if c.mp == 8 else 9), ("max_m", c.mp),
-                                           ("warps", (c.consumer_warps, 1))))
+                                           ("warps", (c.warps, 1)), ("ctas_per_sm", c.ctas_per_sm)))
         # No fused epilogue (metadata epilogue None): calls with alpha/beta/bias/activation go elsewhere.
         return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=90, max_cc=90)
 
@@ -237,7 +231,7 @@ class CudaGemmDecode(CudaSourceKernel):
     def name_expression(self, args: Any) -> str:
         c = self.config
         return (f"ka_gemm_decode::gemm_decode<{_DT_TAG[self.dtype]}, {'true' if c.b_kmajor else 'false'}, "
-                f"{c.mp}, {TILE_N}, {TILE_K}, {c.stages}, {c.producer_warps}>")
+                f"{c.mp}, {TILE_N}, {TILE_K}, {c.stages}, {c.ctas_per_sm}>")
 
     def launch_config(self, args: GemmArguments) -> tuple:
         c = self.config
