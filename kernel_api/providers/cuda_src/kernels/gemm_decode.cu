@@ -119,6 +119,9 @@ __device__ __forceinline__ void st_cg_f4(float* p, float4 v) {
   asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");
 }
+__device__ __forceinline__ void st_cg_f32(float* p, float v) {
+  asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
 __device__ __forceinline__ float4 ld_cg_f4(const float* p) {
   float4 v;
   asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
@@ -175,7 +178,7 @@ struct Plan {
   static constexpr int kStage = kB + kA;
   static constexpr int kPartialStride = BN + 4;  // floats per row of the staged tile
   static constexpr int kPartial = MP * kPartialStride * 4;
-  static constexpr int kBytes = STAGES * kStage + kPartial + 16;
+  static constexpr int kBytes = STAGES * kStage + kPartial + 16;  // + the hand-off flags
 };
 
 template <int DT, bool B_KMAJOR, int MP, int BN, int BK, int STAGES, int CTAS_PER_SM>
@@ -270,11 +273,13 @@ __global__ void __launch_bounds__(BN / 16 * 32, CTAS_PER_SM)
   float* partials = reinterpret_cast<float*>(wsu + ((NT * L * 2 + 3) & ~(i64)3));  // 16-byte aligned
   const u32 tag = launch_tag(epoch);
 
-  float acc[FM][4];
+  float acc[FM][4], first_acc[FM][4];
 #pragma unroll
   for (int j = 0; j < FM; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    for (int e = 0; e < 4; ++e) acc[j][e] = first_acc[j][e] = 0.f;
+  bool pub_first = false, pub_last = false, last_is_first = false;
+  i64 first_tile = 0;
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -315,8 +320,36 @@ __global__ void __launch_bounds__(BN / 16 * 32, CTAS_PER_SM)
 
     if (it + 1 != last && it + 1 != tile_end) continue;  // the segment goes on
 
-    // ---- the segment [seg_begin, it] of `tile` is done: stage it as [m][n] f32 ------------------
-    {
+    // ---- the segment [seg_begin, it] of `tile` is done ------------------------------------------
+    const i64 tile_begin = tile_end - KT;
+    const bool whole = seg_begin == tile_begin && it + 1 == tile_end;
+    const bool own_first = seg_begin == first;
+    const i64 seg_tile = tile;
+    seg_begin = it + 1;
+    ++tile;
+    tile_end += KT;
+    if (!whole) {
+      // A partial is parked only after the last step (no copies in flight then, so the
+      // fences before the hand-off wait for nothing): the first in registers, the last in acc.
+      if (own_first && it + 1 != last) {
+#pragma unroll
+        for (int j = 0; j < FM; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            first_acc[j][e] = acc[j][e];
+            acc[j][e] = 0.f;
+          }
+      }
+      if (own_first) {
+        pub_first = true;
+        first_tile = seg_tile;
+      } else {
+        pub_last = true;  // a partial that is not the CTA's first ends its range
+      }
+      if (own_first && it + 1 == last) last_is_first = true;
+      continue;
+    }
+    {  // a whole tile: stage it as [m][n] f32, store 16 bytes per thread
       const int g = lane >> 2, t = lane & 3;
 #pragma unroll
       for (int j = 0; j < FM; ++j) {
@@ -330,51 +363,70 @@ __global__ void __launch_bounds__(BN / 16 * 32, CTAS_PER_SM)
       }
     }
     __syncthreads();
-    const i64 seg_tile = tile, tile_begin = tile_end - KT;
-    const bool whole = seg_begin == tile_begin && it + 1 == tile_end;
-    const bool own_first = seg_begin == first;
-    seg_begin = it + 1;
-    ++tile;
-    tile_end += KT;
     const i64 l = seg_tile / NT, nt = seg_tile - l * NT;
     const int n0 = (int)nt * BN;
     u16* out_l = out + l * batch_o;
-    const int chunks = rows * NCH;
-    if (whole) {
-      for (int x = tid; x < chunks; x += T) {
-        const int m = x / NCH, q = x - m * NCH, n = n0 + q * 8;
-        if (n < N) {
-          const float4 lo = *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8);
-          const float4 hi = *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8 + 4);
-          st_global16(out_l + (i64)m * ldo + n, pack2<DT>(lo.x, lo.y), pack2<DT>(lo.z, lo.w), pack2<DT>(hi.x, hi.y),
-                      pack2<DT>(hi.z, hi.w));
-        }
+    for (int x = tid; x < rows * NCH; x += T) {
+      const int m = x / NCH, q = x - m * NCH, n = n0 + q * 8;
+      if (n < N) {
+        const float4 lo = *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8);
+        const float4 hi = *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8 + 4);
+        st_global16(out_l + (i64)m * ldo + n, pack2<DT>(lo.x, lo.y), pack2<DT>(lo.z, lo.w), pack2<DT>(hi.x, hi.y),
+                    pack2<DT>(hi.z, hi.w));
       }
-      __syncthreads();  // stage_out is read before the next segment writes it
-      continue;
     }
-    // A partial: park it in this CTA's slot (0: its first segment, 1: its last).
-    float* mine = partials + (c * 2 + (own_first ? 0 : 1)) * (MP * BN);
-    for (int x = tid; x < chunks; x += T) {
-      const int m = x / NCH, q = x - m * NCH;
-      st_cg_f4(mine + m * BN + q * 8, *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8));
-      st_cg_f4(mine + m * BN + q * 8 + 4, *reinterpret_cast<const float4*>(stage_out + m * PS + q * 8 + 4));
+    __syncthreads();  // stage_out is read before the next whole tile writes it
+  }
+  cp_async_wait<0>();
+  if (!pub_first && !pub_last) return;
+
+  // ---- hand-off: park the partials (slot 0: the first segment, slot 1: the last), count them
+  // at their tiles' counters; a tile's last arrival sums all its partials in CTA order. -----------
+  const int g = lane >> 2, t = lane & 3;
+  auto park = [&](const float (&v)[FM][4], int s) {
+    float* dst = partials + (c * 2 + s) * (MP * BN);
+#pragma unroll
+    for (int j = 0; j < FM; ++j) {
+      const int n = warp * 16 + g, m = j * 8 + 2 * t;
+      st_cg_f32(dst + m * BN + n, v[j][0]);
+      st_cg_f32(dst + (m + 1) * BN + n, v[j][1]);
+      st_cg_f32(dst + m * BN + n + 8, v[j][2]);
+      st_cg_f32(dst + (m + 1) * BN + n + 8, v[j][3]);
     }
+  };
+  if (pub_first) {
+    if (last_is_first)
+      park(acc, 0);
+    else
+      park(first_acc, 0);
+  }
+  if (pub_last) park(acc, 1);
+  __threadfence();
+  __syncthreads();
+  const i64 last_tile = (last - 1) / KT;
+  if (tid == 0) {
+    for (int s = 0; s < 2; ++s) {
+      int finish = 0;
+      if (s == 0 ? pub_first : pub_last) {
+        const i64 tl = s == 0 ? first_tile : last_tile;
+        const i64 c_first = cta_of(tl * KT, I, G), c_last = cta_of(tl * KT + KT - 1, I, G);
+        const u32 arrived = arrive_at(counters + tl, tag);
+        finish = arrived == (u32)(c_last - c_first + 1);
+        if (finish) st_relaxed_u64(counters + tl, 0);  // every arrival of this launch is in
+      }
+      last_flag[s] = finish;
+    }
+  }
+  __syncthreads();
+  for (int s = 0; s < 2; ++s) {
+    if (!last_flag[s]) continue;
     __threadfence();
-    __syncthreads();
+    const i64 tl = s == 0 ? first_tile : last_tile, tile_begin = tl * KT;
     const i64 c_first = cta_of(tile_begin, I, G), c_last = cta_of(tile_begin + KT - 1, I, G);
-    if (tid == 0) {
-      const u32 arrived = arrive_at(counters + seg_tile, tag);
-      const bool finish = arrived == (u32)(c_last - c_first + 1);
-      if (finish) st_relaxed_u64(counters + seg_tile, 0);  // every arrival of this launch is in
-      *last_flag = finish;
-    }
-    __syncthreads();
-    const bool finish = *last_flag;
-    __syncthreads();  // last_flag is read before the next segment writes it
-    if (!finish) continue;
-    __threadfence();
-    for (int x = tid; x < chunks; x += T) {
+    const i64 l = tl / NT, nt = tl - l * NT;
+    const int n0 = (int)nt * BN;
+    u16* out_l = out + l * batch_o;
+    for (int x = tid; x < rows * NCH; x += T) {
       const int m = x / NCH, q = x - m * NCH, n = n0 + q * 8;
       if (n >= N) continue;
       float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
@@ -389,7 +441,6 @@ __global__ void __launch_bounds__(BN / 16 * 32, CTAS_PER_SM)
                   pack2<DT>(hi.z, hi.w));
     }
   }
-  cp_async_wait<0>();
 }
 
 }  // namespace ka_gemm_decode
