@@ -2,7 +2,6 @@
 
 from .kernels import softmax  # noqa: F401,E402  (registers CudaSoftmaxForward / CudaSoftmaxBackward)
 from .kernels import gemm_small_m  # noqa: F401,E402  (registers CudaGemmSmallM)
-from .kernels import gemm_decode  # noqa: F401,E402  (registers CudaGemmDecode)
 from .kernels import gemm_f64  # noqa: F401,E402  (registers CudaGemmF64)
 from .kernels import softmax_split  # noqa: F401,E402  (registers CudaSoftmaxSplitForward / CudaSoftmaxSplitBackward)
 from .kernels import softmax_smem  # noqa: F401,E402  (registers the CudaSoftmaxSmem* families)
