@@ -160,6 +160,16 @@ CLUSTER_CTA_ALONE = 1.1
 #: shared-memory kernel, against 1.08-1.10x for ept32 at 4096-16384 columns (512 threads or
 #: fewer, s21). (The backward, one reduction, alone on its SM at 16384 columns, ept16 at 1024
 #: threads with 42-54 registers, stays at 1.05-1.07x: no term.)
+#: A peeled kernel (scalar row head and tail, 16-byte vectors between) against the same
+#: configuration for aligned rows, on aligned rows: the head and tail are empty there, and the
+#: peeled kernels measured as fast or faster. 168 same-run pairs of the H100/H200 softmax runs
+#: of sessions 21-28 (results/softmax-NVIDIA_*-s2*.json): aligned/peeled time ratio median 1.00,
+#: the aligned kernel 9-13 % slower on every 65536x1024 forward (all dtypes, ept16) and f32
+#: 16384-column ept32 backward, up to 6 % faster on 16-bit 16384^2 forwards; the cause is not
+#: known (their SASS differs only by the peeled edges). Below 1, so peeled kernels win ties:
+#: PickAny's f32 65536x1024 forward goes from the aligned kernel's 3.57 TB/s to the peeled one's
+#: 3.91 (results/softmax-NVIDIA_H200-s28-final.json; replay unchanged, 663/666 within 10 %).
+PEELED_ROWS = 0.99
 REGISTER_ROW_ALONE_ELEMENTS = 16384
 REGISTER_ROW_ALONE_FORWARD = 1.15
 
@@ -196,7 +206,7 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None =
     if getattr(design, "vector_bytes", 16) < 16:
         penalty *= 1.15  # scalar accesses: more instructions per byte (measured 5-30 % slower)
     if extra.get("peel"):
-        penalty *= 1.02  # a row's unaligned head and tail, per row
+        penalty *= PEELED_ROWS  # (see its comment)
     penalty *= 1.0 + 0.5 * (extra.get("passes", 1) - 1)  # the input read again (partly from L2)
     ept = extra.get("elements_per_thread")
     elem = next(iter(args.tensor_attributes.values())).dtype.bytes if hasattr(args, "tensor_attributes") else 4
