@@ -244,9 +244,13 @@ def run_checks() -> None:
 
 # --explore: other tiles/pipelines per padded M (B column-major), each timed against the shipped config.
 ALT_CONFIGS = {
-    8: [SmallMConfig(8, 128, 128, 3, 4, 1, 2), SmallMConfig(8, 64, 64, 8, 4, 1, 3), SmallMConfig(8, 32, 128, 4, 2, 1, 4)],
-    16: [SmallMConfig(16, 128, 128, 3, 4, 1, 2), SmallMConfig(16, 64, 64, 8, 4, 1, 3),
-         SmallMConfig(16, 32, 128, 4, 2, 1, 4)],
+    # (session 29: longer k per row piece, 512 bytes to 1 KB of each B row per stage, in case
+    # DRAM row locality is what holds N = 8192 at 3.4 TB/s; session 27's 128x128, 64x64x8-stage
+    # and 32-column alternatives were within 3 % or slower: results/small_m-NVIDIA_H200-s27-explore.json)
+    8: [SmallMConfig(8, 64, 256, 3, 4, 1, 2), SmallMConfig(8, 64, 512, 3, 4, 1, 1), SmallMConfig(8, 32, 512, 2, 2, 1, 2),
+        SmallMConfig(8, 32, 256, 3, 2, 1, 3)],
+    16: [SmallMConfig(16, 64, 256, 4, 4, 1, 1), SmallMConfig(16, 64, 512, 2, 4, 1, 1),
+         SmallMConfig(16, 32, 512, 2, 2, 1, 2), SmallMConfig(16, 32, 256, 3, 2, 1, 3)],
     # (8 warps per CTA: two per scheduler at 2 CTAs per SM, for the latency-bound M = 64 / 128; session 27)
     64: [SmallMConfig(64, 64, 128, 3, 2, 2, 2), SmallMConfig(64, 128, 64, 6, 2, 2, 1),
          SmallMConfig(64, 128, 64, 4, 4, 2, 2), SmallMConfig(64, 128, 64, 4, 2, 4, 2)],
@@ -256,11 +260,14 @@ ALT_CONFIGS = {
 EXPLORE_SHAPES = [(M, N, K) for M in (1, 16, 64, 128) for N, K in ((4096, 4096), (8192, 8192), (14336, 4096))]
 
 
-def explore(repeat: int) -> list[dict]:
-    """Each alternative config against the shipped one and torch (alternating), bf16, B column-major."""
+def explore(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
+    """Each alternative config against the shipped one and torch (alternating), bf16, B column-major;
+    ``ms``: only these M of `EXPLORE_SHAPES`."""
     found = []
     shapes: dict = {}
     for M, N, K in EXPLORE_SHAPES:
+        if ms and M not in ms:
+            continue
         shape = shapes.get((N, K))
         if shape is None:
             shapes.clear()
@@ -313,6 +320,8 @@ def main() -> None:
     p.add_argument("--no-splits", action="store_true", help="skip timing every forced split-K count")
     p.add_argument("--no-ops", action="store_true", help="skip ops.gemm (PickAny)")
     p.add_argument("--explore", action="store_true", help="also time alternative tiles/pipelines (bf16, col)")
+    p.add_argument("--explore-m", default=None, help="comma-separated M of the explored shapes (default: all)")
+    p.add_argument("--explore-only", action="store_true", help="skip the benchmark sweeps (with --explore)")
     p.add_argument("--tag", default="run")
     opts = p.parse_args()
     if not torch.cuda.is_available():
@@ -343,7 +352,7 @@ def main() -> None:
     print(f"{device}: copy {bw:.2f} TB/s (read+write); compiled {len(compiled)} instances in {compile_s:.1f} s",
           flush=True)
     records = {}
-    for sweep in range(opts.sweeps):
+    for sweep in range(0 if opts.explore_only else opts.sweeps):
         for dt in dtypes:
             for layout in layouts:
                 for N, K in nks:
@@ -364,7 +373,8 @@ def main() -> None:
                     del shape
                     torch.cuda.empty_cache()
         print(f"sweep {sweep + 1}/{opts.sweeps} done at {time.perf_counter() - t0:.0f} s", flush=True)
-    explored = explore(opts.repeat) if opts.explore else []
+    explore_ms = tuple(int(m) for m in opts.explore_m.split(",")) if opts.explore_m else None
+    explored = explore(opts.repeat, explore_ms) if opts.explore or opts.explore_only else []
     # Summaries.
     rows = []
     for key, rec in records.items():
@@ -388,6 +398,8 @@ def main() -> None:
     for dt in dtypes:
         for layout in layouts:
             sel = [r for r in rows if r["dtype"] == dt and r["layout"] == layout]
+            if not sel:
+                continue
             summary[f"{dt}_{layout}"] = {
                 "geomean_speedup_kernel": geomean([r["speedup_vs_torch"]["median"] for r in sel]),
                 "geomean_speedup_ops": geomean([r.get("ops_speedup_vs_torch", 0) for r in sel]),
@@ -421,6 +433,8 @@ def main() -> None:
     for dt in dtypes:
         for layout in sorted(layouts, key=lambda x: x == "col"):
             sel = [r for r in rows if r["dtype"] == dt and r["layout"] == layout]
+            if not sel:
+                continue
             what = "x @ W.t(), B column-major" if layout == "col" else "A @ B, B row-major"
             print(f"\n{dt} {layout} ({what}); us = median over {opts.sweeps} sweeps of medians of {opts.repeat}; "
                   f"speed-up = torch / ours [sweep min-max]")
