@@ -303,6 +303,40 @@ def explore(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
     return found
 
 
+def explore_clusters(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
+    """The shipped configuration built with clusters of c = 1, 2, 4 CTAs (no cluster launch at
+    1) at split c, against the shipped build (clusters of 8, the heuristic's split) and torch,
+    alternating; bf16, B column-major, `EXPLORE_SHAPES` (only ``ms`` when given)."""
+    found = []
+    for M, N, K in EXPLORE_SHAPES:
+        if (ms and M not in ms) or M > 16:
+            continue
+        shape = Shape(torch.bfloat16, "col", N, K)
+        base = instance("bf16", "col", M)
+        As, outs, args = shape.for_m(M)
+        torch_outs = [torch.empty_like(o) for o in outs]
+        base_art = base.compile(args[0])
+        sets, Bs = shape.sets, shape.Bs
+        fns = {"shipped": lambda i: base.run(args[i % sets], compiled_artifact=base_art, assume_supported_args=True),
+               "torch": lambda i: torch.matmul(As[i % sets], Bs[i % sets], out=torch_outs[i % sets])}
+        rec = {"M": M, "N": N, "K": K, "shipped_split": base.split_for(M, N, K, 1, _sm_count())}
+        for c in (1, 2, 4):
+            k = copy.copy(base)
+            k.defines = {"KA_CLUSTER": c}
+            k.split_k = c
+            art = k.compile(args[0])
+            outs[0].fill_(float("nan"))
+            k.run(args[0], compiled_artifact=art)
+            torch.cuda.synchronize()
+            check_output(outs[0], As[0], Bs[0], f"cluster {c} M={M} N={N} K={K}")
+            fns[f"c{c}"] = lambda i, k=k, art=art: k.run(args[i % sets], compiled_artifact=art,
+                                                        assume_supported_args=True)
+        rec["ms"], rec["host_bound"] = time_group(fns, repeat)
+        found.append(rec)
+        torch.cuda.empty_cache()
+    return found
+
+
 def geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
@@ -321,7 +355,9 @@ def main() -> None:
     p.add_argument("--no-ops", action="store_true", help="skip ops.gemm (PickAny)")
     p.add_argument("--explore", action="store_true", help="also time alternative tiles/pipelines (bf16, col)")
     p.add_argument("--explore-m", default=None, help="comma-separated M of the explored shapes (default: all)")
-    p.add_argument("--explore-only", action="store_true", help="skip the benchmark sweeps (with --explore)")
+    p.add_argument("--explore-only", action="store_true", help="skip the benchmark sweeps (explorations only)")
+    p.add_argument("--explore-clusters", action="store_true",
+                   help="also time the M <= 16 instances built with clusters of 1, 2, 4 CTAs (split = cluster)")
     p.add_argument("--tag", default="run")
     opts = p.parse_args()
     if not torch.cuda.is_available():
@@ -374,7 +410,8 @@ def main() -> None:
                     torch.cuda.empty_cache()
         print(f"sweep {sweep + 1}/{opts.sweeps} done at {time.perf_counter() - t0:.0f} s", flush=True)
     explore_ms = tuple(int(m) for m in opts.explore_m.split(",")) if opts.explore_m else None
-    explored = explore(opts.repeat, explore_ms) if opts.explore or opts.explore_only else []
+    explored = explore(opts.repeat, explore_ms) if opts.explore else []
+    clusters = explore_clusters(opts.repeat, explore_ms) if opts.explore_clusters else []
     # Summaries.
     rows = []
     for key, rec in records.items():
@@ -412,7 +449,8 @@ def main() -> None:
     result = {"device": device, "torch": torch.__version__, "sm_count": _sm_count(), "copy_TBps": bw,
               "compile_seconds": compile_s, "options": vars(opts), "timing": "alternating launches behind a sleep "
               "kernel, CUDA events per launch, median of repeat per sweep, median over sweeps",
-              "summary": summary, "shapes": rows, "explore": explored, "seconds": time.perf_counter() - t0}
+              "summary": summary, "shapes": rows, "explore": explored, "explore_clusters": clusters,
+              "seconds": time.perf_counter() - t0}
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     name = f"small_m-{device.replace(' ', '_')}-{opts.tag}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]
@@ -429,6 +467,12 @@ def main() -> None:
             res = (f"{r['alt_vs_shipped']:5.2f}  ({r['ms']['alt'] * 1e3:7.1f} us vs {r['ms']['shipped'] * 1e3:7.1f}, "
                    f"torch {r['ms']['torch'] * 1e3:7.1f}; split {r['split']})" if "error" not in r else r["error"][:80])
             print(f"{r['M']:>4} {r['N']:>6} {r['K']:>6}  {tag:<24} {res}")
+    if clusters:
+        print("\nclusters (bf16, B column-major): us, alternating; c<n>: clusters of n CTAs at split n")
+        for r in clusters:
+            t = r["ms"]
+            print(f"{r['M']:>4} {r['N']:>6} {r['K']:>6}  shipped {t['shipped'] * 1e3:6.1f} (split {r['shipped_split']})  "
+                  + "  ".join(f"c{c} {t[f'c{c}'] * 1e3:6.1f}" for c in (1, 2, 4)) + f"  torch {t['torch'] * 1e3:6.1f}")
     # The tables, last (B column-major, the decode case, at the very end).
     for dt in dtypes:
         for layout in sorted(layouts, key=lambda x: x == "col"):

@@ -34,7 +34,16 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
+// CTAs per cluster: the largest split. (A build with another value, e.g. 1 for split 1 without
+// a cluster launch, is an experiment: benchmarks/small_m.py --explore-clusters.)
+#ifndef KA_CLUSTER
 #define KA_CLUSTER 8
+#endif
+#if KA_CLUSTER > 1
+#define KA_CLUSTER_DIMS __cluster_dims__(KA_CLUSTER, 1, 1)
+#else
+#define KA_CLUSTER_DIMS
+#endif
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -139,7 +148,7 @@ struct SmemPlan {
 };
 
 template <int DT, bool B_KMAJOR, int MP, int BN, int BK, int STAGES, int WN, int WM, int MIN_CTAS>
-__global__ void __cluster_dims__(KA_CLUSTER, 1, 1) __launch_bounds__(WN * WM * 32, MIN_CTAS)
+__global__ void KA_CLUSTER_DIMS __launch_bounds__(WN * WM * 32, MIN_CTAS)
     gemm_small_m(const u16* __restrict__ A, const u16* __restrict__ B, u16* __restrict__ out, i64 M_, i64 N_,
                  i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 split_,
                  i64 tiles_) {
