@@ -306,10 +306,10 @@ def explore(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
 def explore_clusters(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
     """The shipped configuration built with clusters of c = 1, 2, 4 CTAs (no cluster launch at
     1) at split c, against the shipped build (clusters of 8, the heuristic's split) and torch,
-    alternating; bf16, B column-major, `EXPLORE_SHAPES` (only ``ms`` when given)."""
+    alternating; bf16, B column-major, M in ``ms`` (default 1, 16) x every (N, K) of `NK_FULL`."""
     found = []
-    for M, N, K in EXPLORE_SHAPES:
-        if (ms and M not in ms) or M > 16:
+    for M, N, K in [(M, N, K) for N, K in NK_FULL for M in (ms or (1, 16))]:
+        if M > 16:
             continue
         shape = Shape(torch.bfloat16, "col", N, K)
         base = instance("bf16", "col", M)
