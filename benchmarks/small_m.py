@@ -41,7 +41,8 @@ sys.path.insert(0, ROOT)
 
 import kernel_api  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
-from kernel_api.providers.cuda_src.kernels.gemm_small_m import MIN_M, SPLITS, CudaGemmSmallM, SmallMConfig  # noqa: E402
+from kernel_api.providers.cuda_src.kernels.gemm_small_m import (CLUSTER, MIN_M, SPLITS, CudaGemmSmallM,  # noqa: E402
+                                                                 SmallMConfig)
 
 M_VALUES = (1, 8, 16, 64, 128)
 NK_FULL = [(n, k) for n in (4096, 8192, 14336) for k in (4096, 8192, 14336)]
@@ -304,8 +305,8 @@ def explore(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
 
 
 def explore_clusters(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
-    """The shipped configuration built with clusters of c = 1, 2, 4 CTAs (no cluster launch at
-    1) at split c, against the shipped build (clusters of 8, the heuristic's split) and torch,
+    """The shipped configuration built with clusters of c = 1, 2, 4 CTAs at split c, against the
+    shipped instance (its split; clusters of 8, of 2 at split 2 since session 29) and torch,
     alternating; bf16, B column-major, M in ``ms`` (default 1, 16) x every (N, K) of `NK_FULL`."""
     found = []
     for M, N, K in [(M, N, K) for N, K in NK_FULL for M in (ms or (1, 16))]:
@@ -321,9 +322,9 @@ def explore_clusters(repeat: int, ms: tuple[int, ...] | None = None) -> list[dic
                "torch": lambda i: torch.matmul(As[i % sets], Bs[i % sets], out=torch_outs[i % sets])}
         rec = {"M": M, "N": N, "K": K, "shipped_split": base.split_for(M, N, K, 1, _sm_count())}
         for c in (1, 2, 4):
-            k = copy.copy(base)
-            k.defines = {"KA_CLUSTER": c}
-            k.split_k = c
+            k = copy.copy(base)  # the same instance with a companion kernel for clusters of c
+            k.cluster_sizes = lambda c=c: (CLUSTER, c)
+            k.cluster, k.split_k = c, c
             art = k.compile(args[0])
             outs[0].fill_(float("nan"))
             k.run(args[0], compiled_artifact=art)
@@ -357,7 +358,7 @@ def main() -> None:
     p.add_argument("--explore-m", default=None, help="comma-separated M of the explored shapes (default: all)")
     p.add_argument("--explore-only", action="store_true", help="skip the benchmark sweeps (explorations only)")
     p.add_argument("--explore-clusters", action="store_true",
-                   help="also time the M <= 16 instances built with clusters of 1, 2, 4 CTAs (split = cluster)")
+                   help="also time the M <= 16 instances with clusters of 1, 2, 4 CTAs (split = cluster)")
     p.add_argument("--tag", default="run")
     opts = p.parse_args()
     if not torch.cuda.is_available():

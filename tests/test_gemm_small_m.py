@@ -20,7 +20,8 @@ from kernel_api.providers.torch_ops.kernels import TorchGemm
 from kernel_api import GemmArguments
 from kernel_api.arguments import EpilogueArguments
 from kernel_api.core.errors import CompilationError
-from kernel_api.providers.cuda_src.kernels.gemm_small_m import CLUSTER, CONFIGS, MIN_M, SPLITS, CudaGemmSmallM
+from kernel_api.providers.cuda_src.kernels.gemm_small_m import (CLUSTER, CONFIGS, MIN_M, SPLIT2_CLUSTER, SPLITS,
+                                                                 CudaGemmSmallM)
 from kernel_api.tuning.timing import relative_error
 from memcheck import run_memcheck
 
@@ -206,7 +207,10 @@ def test_compiles_for_sm90a_without_a_gpu():
         c = k.config
         assert launcher.name_expression == (
             f"ka_gemm_small_m::gemm_small_m<{0 if dtype == 'bf16' else 1}, {'true' if layout == 'col' else 'false'}, "
-            f"{c.mp}, {c.bn}, {c.bk}, {c.stages}, {c.wn}, {c.wm}, {c.min_ctas}>")
+            f"{c.mp}, {c.bn}, {c.bk}, {c.stages}, {c.wn}, {c.wm}, {c.min_ctas}, {CLUSTER}>")
+        # MP <= 16: the split-2 kernel (clusters of SPLIT2_CLUSTER) from the same module
+        assert set(artifact.extra) == ({CLUSTER, SPLIT2_CLUSTER} if M <= 16 else {CLUSTER})
+        assert all(x.compiled is launcher.compiled for x in artifact.extra.values())
         assert launcher.compiled.arch == "sm_90a" and launcher.compiled.cubin[:4] == b"\x7fELF"
         assert artifact.cc == 90
     with pytest.raises(CompilationError, match="cannot compile for compute capability 80"):
@@ -243,6 +247,29 @@ def test_split_plan():
     k.split_k = None
     with pytest.raises(ValueError, match="split_k must be None or one of .* got 3"):
         k.split_k = 3
+
+
+def test_clusters_of_two_at_split_two():
+    """Split 2 launches clusters of 2 CTAs at MP <= 16 (H200: 33-34 us against 39-40 with
+    clusters of 8 at 8192^2, results/small_m-NVIDIA_H200-s29-clusters.json); every other
+    split, and MP >= 32, keeps clusters of 8."""
+    for M in (1, 8, 16):
+        k = instance("bf16", "col", M)
+        assert k.plan(_meta_args(M, 8192, 8192))[:2] == (2, 128)
+        assert k.plan(_meta_args(M, 8192, 8192)).cluster == SPLIT2_CLUSTER == 2
+        assert k.plan(_meta_args(M, 4096, 4096)).split == 4 and k.plan(_meta_args(M, 4096, 4096)).cluster == CLUSTER
+        assert k.plan(_meta_args(M, 14336, 4096)).cluster == CLUSTER
+        k.split_k, k.cluster = 2, CLUSTER  # forced: clusters of 8 at split 2 (tests, tuning)
+        try:
+            assert k.plan(_meta_args(M, 8192, 8192)).cluster == CLUSTER
+        finally:
+            k.split_k, k.cluster = None, None
+    k64 = instance("bf16", "col", 64)
+    k64.split_k = 2
+    assert k64.plan(_meta_args(64, 4096, 4096)).cluster == CLUSTER and k64.cluster_sizes() == (CLUSTER,)
+    k64.split_k = None
+    with pytest.raises(ValueError, match="cluster must be None or one of"):
+        k64.cluster = 2
 
 
 @pytest.mark.parametrize("layout", ["col", "row"])
@@ -289,6 +316,37 @@ def test_matches_float64(dtype, layout, M, N, K, padded):
 @pytest.mark.parametrize("M,K,split", SPLIT_CASES)
 def test_forced_splits_are_right_and_deterministic(layout, M, K, split):
     check_gemm(instance("bf16", layout, M), M, 520, K, split=split, repeat_identical=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["col", "row"])
+@pytest.mark.parametrize("M,N,K", [(1, 8192, 8192), (16, 520, 1656), (9, 8200, 136)])
+def test_split_two_clusters_of_two_and_eight_agree(layout, M, N, K):
+    """At split 2 the clusters-of-2 kernel (the default for MP <= 16) and the clusters-of-8 one
+    sum the same two partials in the same order: both right, bit for bit the same."""
+    k = instance("bf16", layout, M)
+    assert k.plan(_meta_args(M, N, K, layout=layout)).split == 2 or N == 520
+    A, B, out, big = make_operands(torch.bfloat16, layout, M, N, K)
+    args = GemmArguments(A, B, out)
+    results = {}
+    k.split_k = 2
+    try:
+        for cluster in (SPLIT2_CLUSTER, CLUSTER):
+            k.cluster = cluster
+            assert k.plan(args).cluster == cluster
+            big.fill_(float("nan"))
+            k.run(args)
+            torch.cuda.synchronize()
+            results[cluster] = big.clone()
+    finally:
+        k.split_k, k.cluster = None, None
+    inside = torch.zeros_like(big, dtype=torch.bool)
+    inside[1:M + 1, 8:8 + N] = True
+    for got in results.values():
+        assert torch.isnan(got[~inside]).all() and not torch.isnan(got[inside]).any()
+    assert torch.equal(results[SPLIT2_CLUSTER], results[CLUSTER])
+    ref = torch.matmul(A.double(), B.double())
+    assert relative_error(out, ref) <= NORM_TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu

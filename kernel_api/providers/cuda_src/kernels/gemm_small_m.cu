@@ -19,6 +19,10 @@
 //    barrier each CTA sums a 1/SPLIT slice of the tile over all SPLIT partials in rank order
 //    through distributed shared memory, converts, and stores 16 bytes per thread. The order
 //    of the sum is fixed by SPLIT alone, so a given shape always gets bit-identical results.
+//    CLUSTER is a template parameter: the interface launches clusters of 8 CTAs, or of 2
+//    where the split is 2 (at N = 8192 clusters of 8 CTAs ran 10-20 % slower than clusters of
+//    2 at the same split on an H200, while at split 1 and 4 clusters of 8 were as fast or
+//    faster than smaller ones: benchmarks/small_m.py --explore-clusters).
 //
 // Layouts: A row-major (K contiguous, lda), out row-major (N contiguous, ldo). B either
 // K-major (B_KMAJOR: element (k, n) at B[n * ldb + k], i.e. B = W.t() for an nn.Linear weight
@@ -34,16 +38,6 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
-// CTAs per cluster: the largest split. (A build with another value, e.g. 1 for split 1 without
-// a cluster launch, is an experiment: benchmarks/small_m.py --explore-clusters.)
-#ifndef KA_CLUSTER
-#define KA_CLUSTER 8
-#endif
-#if KA_CLUSTER > 1
-#define KA_CLUSTER_DIMS __cluster_dims__(KA_CLUSTER, 1, 1)
-#else
-#define KA_CLUSTER_DIMS
-#endif
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -147,8 +141,8 @@ struct SmemPlan {
   static constexpr int kBytes = kPipe > kPartial ? kPipe : kPartial;
 };
 
-template <int DT, bool B_KMAJOR, int MP, int BN, int BK, int STAGES, int WN, int WM, int MIN_CTAS>
-__global__ void KA_CLUSTER_DIMS __launch_bounds__(WN * WM * 32, MIN_CTAS)
+template <int DT, bool B_KMAJOR, int MP, int BN, int BK, int STAGES, int WN, int WM, int MIN_CTAS, int CLUSTER>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(WN * WM * 32, MIN_CTAS)
     gemm_small_m(const u16* __restrict__ A, const u16* __restrict__ B, u16* __restrict__ out, i64 M_, i64 N_,
                  i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 split_,
                  i64 tiles_) {
@@ -356,9 +350,9 @@ __global__ void KA_CLUSTER_DIMS __launch_bounds__(WN * WM * 32, MIN_CTAS)
         if (split > 1) {
           // Every partial's loads in flight at once (one remote round trip, not `split`), then
           // the sum in rank order: the same bits whichever CTA computes it.
-          float4 plo[KA_CLUSTER], phi[KA_CLUSTER];
+          float4 plo[CLUSTER], phi[CLUSTER];
 #pragma unroll
-          for (int q = 0; q < KA_CLUSTER; ++q) {
+          for (int q = 0; q < CLUSTER; ++q) {
             if (q < split) {
               const u32 src = map_rank(off, base_rank + (u32)q);
               plo[q] = ld_cluster_f4(src);
@@ -368,7 +362,7 @@ __global__ void KA_CLUSTER_DIMS __launch_bounds__(WN * WM * 32, MIN_CTAS)
           lo = plo[0];
           hi = phi[0];
 #pragma unroll
-          for (int q = 1; q < KA_CLUSTER; ++q) {
+          for (int q = 1; q < CLUSTER; ++q) {
             if (q < split) {
               lo.x += plo[q].x; lo.y += plo[q].y; lo.z += plo[q].z; lo.w += plo[q].w;
               hi.x += phi[q].x; hi.y += phi[q].y; hi.z += phi[q].z; hi.w += phi[q].w;

@@ -29,13 +29,22 @@ from ....core.status import Status
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
+from ..launcher import CudaLauncher
 from ....core.streams import stream_handle
 
 ROW = (0, 0, 1)
 COL = (0, 1, 0)
-#: CTAs per thread-block cluster (KA_CLUSTER in the .cu): the largest split-K.
+#: CTAs per thread-block cluster (the kernel's CLUSTER template parameter): the largest split-K.
 CLUSTER = 8
 SPLITS = (1, 2, 4, 8)
+#: At split 2 the MP <= 16 instances launch clusters of this many CTAs instead of `CLUSTER`
+#: (a second kernel compiled into the same module). Measured on an H200 at M = 1 and 16, B
+#: column-major, N = 8192 (benchmarks/results/small_m-NVIDIA_H200-s29-clusters.json): clusters
+#: of 2 at split 2 ran 33.2-34.3 us at 8192^2 against 38.6-40.0 with clusters of 8 (cuBLAS
+#: 36.5-37.0), 57.1-57.4 against 61.5-64.9 at K = 14336, 21.0-21.6 against 22.3-22.4 at
+#: K = 4096. At split 1 and 4 (N = 14336, 4096) clusters of 8 were as fast or faster than
+#: clusters of 1, 2 or 4, so those keep them.
+SPLIT2_CLUSTER = 2
 #: Clusters of CLUSTER CTAs that can reside at once, as a share of (SMs x CTAs per SM) / CLUSTER:
 #: a cluster must fit inside one GPC, so the slots left over in each GPC are lost. Measured on an
 #: H200 (132 SMs; ncu "Max Active Clusters", benchmarks/small_m_ncu.py, session 26): 45 clusters at
@@ -113,11 +122,13 @@ def _sm_count(device: torch.device | None) -> int:
 
 
 class LaunchPlan(NamedTuple):
-    """How one call is launched: the split-K count, the column tiles and the grid."""
+    """How one call is launched: the split-K count, the column tiles, the grid and the CTAs per
+    cluster (the grid's x is padded to whole clusters of `CLUSTER`, a multiple of every size)."""
 
     split: int
     tiles: int
     grid: tuple[int, int, int]
+    cluster: int = CLUSTER
 
 
 @CudaSourceProvider.register
@@ -138,6 +149,7 @@ class CudaGemmSmallM(CudaSourceKernel):
         self.b_kmajor: bool = params["b_layout"] == "col"
         self.config: SmallMConfig = CONFIGS[params["mp"]]
         self._split_k: int | None = None
+        self._cluster: int | None = None
 
     @property
     def split_k(self) -> int | None:
@@ -150,6 +162,30 @@ class CudaGemmSmallM(CudaSourceKernel):
             raise ValueError(f"{self.metadata.kernel_name}: split_k must be None or one of {SPLITS} (it must divide "
                              f"the cluster of {CLUSTER} CTAs that reduces the splits), got {value!r}")
         self._split_k = value
+
+    @property
+    def cluster(self) -> int | None:
+        """A forced cluster size (`CLUSTER`, or `SPLIT2_CLUSTER` at split 2 for MP <= 16) instead
+        of the per-split choice (None); for tuning and tests."""
+        return self._cluster
+
+    @cluster.setter
+    def cluster(self, value: int | None) -> None:
+        allowed = self.cluster_sizes()
+        if value is not None and (type(value) is not int or value not in allowed):
+            raise ValueError(f"{self.metadata.kernel_name}: cluster must be None or one of {allowed}, got {value!r}")
+        self._cluster = value
+
+    def cluster_sizes(self) -> tuple[int, ...]:
+        """The cluster sizes this instance's module holds kernels for."""
+        return (CLUSTER, SPLIT2_CLUSTER) if self.config.mp <= 16 else (CLUSTER,)
+
+    def cluster_for(self, split: int) -> int:
+        """CTAs per cluster for a launch at ``split``: `SPLIT2_CLUSTER` at split 2 where this
+        instance has that kernel, else `CLUSTER` (a forced `cluster` wins where it can hold the split)."""
+        if self._cluster is not None and self._cluster % split == 0:
+            return self._cluster
+        return SPLIT2_CLUSTER if split == 2 and SPLIT2_CLUSTER in self.cluster_sizes() else CLUSTER
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -243,17 +279,33 @@ class CudaGemmSmallM(CudaSourceKernel):
         return (max(memory, compute) + _FIXED_SECONDS) * GEMM_COST_UNITS_PER_SECOND
 
     # ---- compile and launch -----------------------------------------------------------------
-    def name_expression(self, args: Any) -> str:
+    def name_expression_for(self, cluster: int) -> str:
+        """The kernel template instance that launches clusters of ``cluster`` CTAs."""
         c = self.config
         return (f"ka_gemm_small_m::gemm_small_m<{_DT_TAG[self.dtype]}, {'true' if self.b_kmajor else 'false'}, "
-                f"{c.mp}, {c.bn}, {c.bk}, {c.stages}, {c.wn}, {c.wm}, {c.min_ctas}>")
+                f"{c.mp}, {c.bn}, {c.bk}, {c.stages}, {c.wn}, {c.wm}, {c.min_ctas}, {cluster}>")
+
+    def name_expression(self, args: Any) -> str:
+        return self.name_expression_for(CLUSTER)
+
+    def companion_name_expressions(self, args: Any) -> tuple[str, ...]:
+        return tuple(self.name_expression_for(n) for n in self.cluster_sizes() if n != CLUSTER)
+
+    def launch_plan(self, args: Any, launcher: CudaLauncher) -> dict[int, CudaLauncher]:
+        """The artifact's ``extra``: a launcher per cluster size, the companions' from the same module."""
+        found = {CLUSTER: launcher}
+        for n in self.cluster_sizes():
+            if n != CLUSTER:
+                found[n] = CudaLauncher(launcher.compiled, self.name_expression_for(n),
+                                        f"{self.metadata.kernel_name} (clusters of {n})", convert_args=False)
+        return found
 
     def plan(self, args: GemmArguments) -> LaunchPlan:
-        """The launch for ``args``; the grid's x is padded to whole clusters (the padding CTAs
-        only join the cluster barriers)."""
+        """The launch for ``args``; the grid's x is padded to whole clusters of `CLUSTER` (the
+        padding CTAs only join the cluster barriers)."""
         split = self.split_for(args.M, args.N, args.K, args.L, _sm_count(args.device))
         tiles = -(-args.N // self.config.bn)
-        return LaunchPlan(split, tiles, (-(-tiles * split // CLUSTER) * CLUSTER, args.L, 1))
+        return LaunchPlan(split, tiles, (-(-tiles * split // CLUSTER) * CLUSTER, args.L, 1), self.cluster_for(split))
 
     def launch_config(self, args: GemmArguments) -> tuple:
         return self.plan(args).grid, self.config.threads, self.config.smem_bytes
@@ -262,18 +314,20 @@ class CudaGemmSmallM(CudaSourceKernel):
         if args.M == 0 or args.N == 0 or args.L == 0:
             return
         c = self.config
-        split, tiles, grid = self.plan(args)
+        split, tiles, grid, cluster = self.plan(args)
+        launcher = artifact.extra[cluster] if cluster != CLUSTER else artifact.compiled_obj
         device = args.device.index
         if device is None:
             device = torch.cuda.current_device()
         A, B, out = args.A, args.B, args.out
         batched = A.dim() == 3 and args.L > 1
         ldb = B.stride(-1) if self.b_kmajor else B.stride(-2)
-        artifact.compiled_obj.launch(
+        launcher.launch(
             stream_handle(stream, device), device, grid, c.threads, c.smem_bytes,
             (A.data_ptr(), B.data_ptr(), out.data_ptr(), args.M, args.N, args.K, A.stride(-2), ldb, out.stride(-2),
              A.stride(0) if batched else 0, B.stride(0) if batched else 0, out.stride(0) if batched else 0,
              split, tiles))
 
 
-__all__ = ["CLUSTER", "CLUSTER_PACKING", "CONFIGS", "MIN_M", "CudaGemmSmallM", "LaunchPlan", "SmallMConfig"]
+__all__ = ["CLUSTER", "CLUSTER_PACKING", "CONFIGS", "MIN_M", "SPLIT2_CLUSTER", "CudaGemmSmallM", "LaunchPlan",
+           "SmallMConfig"]
