@@ -325,7 +325,6 @@ def test_split_two_clusters_of_two_and_eight_agree(layout, M, N, K):
     """At split 2 the clusters-of-2 kernel (the default for MP <= 16) and the clusters-of-8 one
     sum the same two partials in the same order: both right, bit for bit the same."""
     k = instance("bf16", layout, M)
-    assert k.plan(_meta_args(M, N, K, layout=layout)).split == 2 or N == 520
     A, B, out, big = make_operands(torch.bfloat16, layout, M, N, K)
     args = GemmArguments(A, B, out)
     results = {}
@@ -341,7 +340,7 @@ def test_split_two_clusters_of_two_and_eight_agree(layout, M, N, K):
     finally:
         k.split_k, k.cluster = None, None
     inside = torch.zeros_like(big, dtype=torch.bool)
-    inside[1:M + 1, 8:8 + N] = True
+    inside[:, 1:M + 1, 8:8 + N] = True  # (make_operands' buffer has a batch mode of 1)
     for got in results.values():
         assert torch.isnan(got[~inside]).all() and not torch.isnan(got[inside]).any()
     assert torch.equal(results[SPLIT2_CLUSTER], results[CLUSTER])
