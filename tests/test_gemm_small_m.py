@@ -343,7 +343,7 @@ def test_split_two_clusters_of_two_and_eight_agree(layout, M, N, K):
     inside[:, 1:M + 1, 8:8 + N] = True  # (make_operands' buffer has a batch mode of 1)
     for got in results.values():
         assert torch.isnan(got[~inside]).all() and not torch.isnan(got[inside]).any()
-    assert torch.equal(results[SPLIT2_CLUSTER], results[CLUSTER])
+    assert torch.equal(results[SPLIT2_CLUSTER][inside], results[CLUSTER][inside])  # (NaN sentinels outside)
     ref = torch.matmul(A.double(), B.double())
     assert relative_error(out, ref) <= NORM_TOL[torch.bfloat16]
 
