@@ -307,11 +307,10 @@ def explore(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
 def explore_clusters(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
     """The shipped configuration built with clusters of c = 1, 2, 4 CTAs at split c, against the
     shipped instance (its split; clusters of 8, of 2 at split 2 since session 29) and torch,
-    alternating; bf16, B column-major, M in ``ms`` (default 1, 16) x every (N, K) of `NK_FULL`."""
+    alternating; bf16, B column-major, M in ``ms`` (default 1, 16) x every (N, K) of `NK_FULL`
+    (at M > 16 the instance gets a companion kernel for each cluster size timed)."""
     found = []
     for M, N, K in [(M, N, K) for N, K in NK_FULL for M in (ms or (1, 16))]:
-        if M > 16:
-            continue
         shape = Shape(torch.bfloat16, "col", N, K)
         base = instance("bf16", "col", M)
         As, outs, args = shape.for_m(M)
@@ -358,7 +357,7 @@ def main() -> None:
     p.add_argument("--explore-m", default=None, help="comma-separated M of the explored shapes (default: all)")
     p.add_argument("--explore-only", action="store_true", help="skip the benchmark sweeps (explorations only)")
     p.add_argument("--explore-clusters", action="store_true",
-                   help="also time the M <= 16 instances with clusters of 1, 2, 4 CTAs (split = cluster)")
+                   help="also time the instances of --explore-m's M with clusters of 1, 2, 4 CTAs (split = cluster)")
     p.add_argument("--tag", default="run")
     opts = p.parse_args()
     if not torch.cuda.is_available():
