@@ -208,8 +208,8 @@ def test_compiles_for_sm90a_without_a_gpu():
         assert launcher.name_expression == (
             f"ka_gemm_small_m::gemm_small_m<{0 if dtype == 'bf16' else 1}, {'true' if layout == 'col' else 'false'}, "
             f"{c.mp}, {c.bn}, {c.bk}, {c.stages}, {c.wn}, {c.wm}, {c.min_ctas}, {CLUSTER}>")
-        # MP <= 16: the split-2 kernel (clusters of SPLIT2_CLUSTER) from the same module
-        assert set(artifact.extra) == ({CLUSTER, SPLIT2_CLUSTER} if M <= 16 else {CLUSTER})
+        # the split-2 kernel (clusters of SPLIT2_CLUSTER) from the same module
+        assert set(artifact.extra) == {CLUSTER, SPLIT2_CLUSTER}
         assert all(x.compiled is launcher.compiled for x in artifact.extra.values())
         assert launcher.compiled.arch == "sm_90a" and launcher.compiled.cubin[:4] == b"\x7fELF"
         assert artifact.cc == 90
@@ -250,9 +250,9 @@ def test_split_plan():
 
 
 def test_clusters_of_two_at_split_two():
-    """Split 2 launches clusters of 2 CTAs at MP <= 16 (H200: 33-34 us against 39-40 with
-    clusters of 8 at 8192^2, results/small_m-NVIDIA_H200-s29-clusters.json); every other
-    split, and MP >= 32, keeps clusters of 8."""
+    """Split 2 launches clusters of 2 CTAs (H200: 33-34 us against 39-40 with clusters of 8 at
+    M <= 16 and 8192^2, results/small_m-NVIDIA_H200-s29-clusters*.json); every other split keeps
+    clusters of 8."""
     for M in (1, 8, 16):
         k = instance("bf16", "col", M)
         assert k.plan(_meta_args(M, 8192, 8192))[:2] == (2, 128)
@@ -266,10 +266,12 @@ def test_clusters_of_two_at_split_two():
             k.split_k, k.cluster = None, None
     k64 = instance("bf16", "col", 64)
     k64.split_k = 2
-    assert k64.plan(_meta_args(64, 4096, 4096)).cluster == CLUSTER and k64.cluster_sizes() == (CLUSTER,)
+    assert k64.plan(_meta_args(64, 4096, 4096)).cluster == SPLIT2_CLUSTER
+    k64.split_k = 4
+    assert k64.plan(_meta_args(64, 4096, 4096)).cluster == CLUSTER
     k64.split_k = None
     with pytest.raises(ValueError, match="cluster must be None or one of"):
-        k64.cluster = 2
+        k64.cluster = 4
 
 
 @pytest.mark.parametrize("layout", ["col", "row"])
@@ -320,9 +322,10 @@ def test_forced_splits_are_right_and_deterministic(layout, M, K, split):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["col", "row"])
-@pytest.mark.parametrize("M,N,K", [(1, 8192, 8192), (16, 520, 1656), (9, 8200, 136)])
+@pytest.mark.parametrize("M,N,K", [(1, 8192, 8192), (16, 520, 1656), (9, 8200, 136), (33, 8192, 4096),
+                                   (100, 1000, 1656)])
 def test_split_two_clusters_of_two_and_eight_agree(layout, M, N, K):
-    """At split 2 the clusters-of-2 kernel (the default for MP <= 16) and the clusters-of-8 one
+    """At split 2 the clusters-of-2 kernel (the default) and the clusters-of-8 one
     sum the same two partials in the same order: both right, bit for bit the same."""
     k = instance("bf16", layout, M)
     A, B, out, big = make_operands(torch.bfloat16, layout, M, N, K)

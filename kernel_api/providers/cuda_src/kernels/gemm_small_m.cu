@@ -20,7 +20,7 @@
 //    through distributed shared memory, converts, and stores 16 bytes per thread. The order
 //    of the sum is fixed by SPLIT alone, so a given shape always gets bit-identical results.
 //    CLUSTER is a template parameter: the interface launches clusters of 8 CTAs, or of 2
-//    where the split is 2 (at N = 8192 clusters of 8 CTAs ran 10-20 % slower than clusters of
+//    where the split is 2 (at N = 8192 clusters of 8 CTAs ran 10-40 % slower than clusters of
 //    2 at the same split on an H200, while at split 1 and 4 clusters of 8 were as fast or
 //    faster than smaller ones: benchmarks/small_m.py --explore-clusters).
 //

@@ -37,13 +37,14 @@ COL = (0, 1, 0)
 #: CTAs per thread-block cluster (the kernel's CLUSTER template parameter): the largest split-K.
 CLUSTER = 8
 SPLITS = (1, 2, 4, 8)
-#: At split 2 the MP <= 16 instances launch clusters of this many CTAs instead of `CLUSTER`
-#: (a second kernel compiled into the same module). Measured on an H200 at M = 1 and 16, B
-#: column-major, N = 8192 (benchmarks/results/small_m-NVIDIA_H200-s29-clusters.json): clusters
-#: of 2 at split 2 ran 33.2-34.3 us at 8192^2 against 38.6-40.0 with clusters of 8 (cuBLAS
+#: At split 2 every instance launches clusters of this many CTAs instead of `CLUSTER` (a
+#: second kernel compiled into the same module). Measured on an H200, B column-major
+#: (benchmarks/results/small_m-NVIDIA_H200-s29-clusters*.json): at M = 1 and 16 clusters of 2
+#: at split 2 ran 33.2-34.3 us at 8192^2 against 38.6-40.0 with clusters of 8 (cuBLAS
 #: 36.5-37.0), 57.1-57.4 against 61.5-64.9 at K = 14336, 21.0-21.6 against 22.3-22.4 at
-#: K = 4096. At split 1 and 4 (N = 14336, 4096) clusters of 8 were as fast or faster than
-#: clusters of 1, 2 or 4, so those keep them.
+#: K = 4096 (the H100 agrees); at M = 32 and 64 they were faster on 11 of the 12 split-2
+#: shapes (8192^2: 38.0 / 46.5 us against 49.2 / 67.0), 8 % slower at 32x14336x4096. At split
+#: 1 and 4 clusters of 8 were as fast or faster than clusters of 1, 2 or 4, so those keep them.
 SPLIT2_CLUSTER = 2
 #: Clusters of CLUSTER CTAs that can reside at once, as a share of (SMs x CTAs per SM) / CLUSTER:
 #: a cluster must fit inside one GPC, so the slots left over in each GPC are lost. Measured on an
@@ -165,8 +166,8 @@ class CudaGemmSmallM(CudaSourceKernel):
 
     @property
     def cluster(self) -> int | None:
-        """A forced cluster size (`CLUSTER`, or `SPLIT2_CLUSTER` at split 2 for MP <= 16) instead
-        of the per-split choice (None); for tuning and tests."""
+        """A forced cluster size (`CLUSTER` or `SPLIT2_CLUSTER`, holding the split) instead of the
+        per-split choice (None); for tuning and tests."""
         return self._cluster
 
     @cluster.setter
@@ -178,11 +179,11 @@ class CudaGemmSmallM(CudaSourceKernel):
 
     def cluster_sizes(self) -> tuple[int, ...]:
         """The cluster sizes this instance's module holds kernels for."""
-        return (CLUSTER, SPLIT2_CLUSTER) if self.config.mp <= 16 else (CLUSTER,)
+        return (CLUSTER, SPLIT2_CLUSTER)
 
     def cluster_for(self, split: int) -> int:
         """CTAs per cluster for a launch at ``split``: `SPLIT2_CLUSTER` at split 2 where this
-        instance has that kernel, else `CLUSTER` (a forced `cluster` wins where it can hold the split)."""
+        instance has that kernel, else `CLUSTER` (a forced `cluster` wins where it holds the split)."""
         if self._cluster is not None and self._cluster % split == 0:
             return self._cluster
         return SPLIT2_CLUSTER if split == 2 and SPLIT2_CLUSTER in self.cluster_sizes() else CLUSTER
