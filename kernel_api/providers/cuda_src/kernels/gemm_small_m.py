@@ -42,9 +42,10 @@ SPLITS = (1, 2, 4, 8)
 #: (benchmarks/results/small_m-NVIDIA_H200-s29-clusters*.json): at M = 1 and 16 clusters of 2
 #: at split 2 ran 33.2-34.3 us at 8192^2 against 38.6-40.0 with clusters of 8 (cuBLAS
 #: 36.5-37.0), 57.1-57.4 against 61.5-64.9 at K = 14336, 21.0-21.6 against 22.3-22.4 at
-#: K = 4096 (the H100 agrees); at M = 32 and 64 they were faster on 11 of the 12 split-2
-#: shapes (8192^2: 38.0 / 46.5 us against 49.2 / 67.0), 8 % slower at 32x14336x4096. At split
-#: 1 and 4 clusters of 8 were as fast or faster than clusters of 1, 2 or 4, so those keep them.
+#: K = 4096 (the H100 agrees); at M = 32 and 64, the shipped instance timed in the same slot
+#: of the alternation before and after (-clusters-m32 and -m32-after), as fast or faster on all
+#: 12 split-2 shapes (8192^2: 41.0 / 46.5 us against 49.2 / 67.0). At split 1 and 4 clusters of
+#: 8 were as fast or faster than clusters of 1, 2 or 4, so those keep them.
 SPLIT2_CLUSTER = 2
 #: Clusters of CLUSTER CTAs that can reside at once, as a share of (SMs x CTAs per SM) / CLUSTER:
 #: a cluster must fit inside one GPC, so the slots left over in each GPC are lost. Measured on an
