@@ -19,7 +19,7 @@ Per case:
 - **cuBLAS**: ``torch.matmul(A, B, out=...)``.
 
 Timing (the house method of benchmarks/small_m.py, whose ``time_group`` this reuses): the
-contestants run in alternating order in one process, rotated each repetition, each launch between
+contestants run in alternating order in one process, shuffled each repetition, each launch between
 its own CUDA events, behind a sleep kernel so the host queues ahead of the GPU; medians of
 ``--repeat`` launches. Inputs are fresh random data, rotated over enough sets to exceed 256 MB
 (the H200's L2 is 50-60 MB). ``--repeats N`` repeats the timing N times and reports the median

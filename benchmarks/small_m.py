@@ -10,7 +10,7 @@ nn.Linear computes ``x @ W.t()`` (the decode case); ``row``: B is a row-major K 
 
 How it times (see benchmarks/NOTES-small-m.md):
 - Contestants run in ALTERNATING order in one process (kernel, ops.gemm, torch, and the kernel at
-  every forced split-K count), rotated each repetition, each launch between its own CUDA events.
+  every forced split-K count), shuffled each repetition, each launch between its own CUDA events.
 - A sleep kernel is queued first so the host enqueues the whole group ahead of the GPU: the events
   then time the kernels back to back, not the host's launch latency (these kernels last 8-120 us).
 - Every launch reads another input set; the sets of B together exceed 256 MB (the H200's L2 is
@@ -30,6 +30,7 @@ import copy
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -93,10 +94,15 @@ def sleep_ms(ms: float) -> None:
 
 
 def time_group(fns: dict, repeat: int) -> tuple[dict[str, float], bool]:
-    """Median ms of each ``fns[name](launch_index)``, launched alternately (order rotated each
-    repetition) behind a sleep kernel, every launch between its own events. Also returns whether
-    the host may still have fallen behind the GPU (then launch gaps are in the times)."""
+    """Median ms of each ``fns[name](launch_index)``, launched alternately (order shuffled each
+    repetition, seeded) behind a sleep kernel, every launch between its own events. Also returns
+    whether the host may still have fallen behind the GPU (then launch gaps are in the times).
+
+    The order is shuffled, not rotated: rotated, each contestant always followed the same one,
+    and what ran before showed in the time (session 29: the same kernel in two slots of one
+    group measured 33.5 and 36.4 us, results/small_m-NVIDIA_H200-s29-clusters-after.json)."""
     names = list(fns)
+    rng = random.Random(len(names) * 1000003 + repeat)
     counter = 0
     start = time.perf_counter()
     for _ in range(2):
@@ -113,7 +119,8 @@ def time_group(fns: dict, repeat: int) -> tuple[dict[str, float], bool]:
         start = time.perf_counter()
         orders = []
         for r in range(repeat):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[:]
+            rng.shuffle(order)
             orders.append(order)
             ev = events[r]
             ev[0].record()
