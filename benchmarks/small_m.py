@@ -311,9 +311,19 @@ def explore(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
     return found
 
 
+#: --explore-clusters' designs: (CTAs per cluster, split); clusters of 8 at split 2 is the
+#: family's launch before session 29.
+CLUSTER_VARIANTS = ((1, 1), (2, 2), (4, 4), (8, 2))
+
+
+def _cluster_label(c: int, split: int) -> str:
+    return f"c{c}" if c == split else f"c{c}s{split}"
+
+
 def explore_clusters(repeat: int, ms: tuple[int, ...] | None = None) -> list[dict]:
-    """The shipped configuration built with clusters of c = 1, 2, 4 CTAs at split c, against the
-    shipped instance (its split; clusters of 8, of 2 at split 2 since session 29) and torch,
+    """The shipped configuration with clusters of c = 1, 2, 4 CTAs at split c and of 8 at split 2
+    (`CLUSTER_VARIANTS`), against the shipped instance (its split; clusters of 8, of 2 at split 2
+    since session 29) and torch,
     alternating; bf16, B column-major, M in ``ms`` (default 1, 16) x every (N, K) of `NK_FULL`
     (at M > 16 the instance gets a companion kernel for each cluster size timed)."""
     found = []
@@ -327,17 +337,17 @@ def explore_clusters(repeat: int, ms: tuple[int, ...] | None = None) -> list[dic
         fns = {"shipped": lambda i: base.run(args[i % sets], compiled_artifact=base_art, assume_supported_args=True),
                "torch": lambda i: torch.matmul(As[i % sets], Bs[i % sets], out=torch_outs[i % sets])}
         rec = {"M": M, "N": N, "K": K, "shipped_split": base.split_for(M, N, K, 1, _sm_count())}
-        for c in (1, 2, 4):
+        for c, split in CLUSTER_VARIANTS:
             k = copy.copy(base)  # the same instance with a companion kernel for clusters of c
             k.cluster_sizes = lambda c=c: (CLUSTER, c)
-            k.cluster, k.split_k = c, c
+            k.cluster, k.split_k = c, split
             art = k.compile(args[0])
             outs[0].fill_(float("nan"))
             k.run(args[0], compiled_artifact=art)
             torch.cuda.synchronize()
-            check_output(outs[0], As[0], Bs[0], f"cluster {c} M={M} N={N} K={K}")
-            fns[f"c{c}"] = lambda i, k=k, art=art: k.run(args[i % sets], compiled_artifact=art,
-                                                        assume_supported_args=True)
+            check_output(outs[0], As[0], Bs[0], f"cluster {c} split {split} M={M} N={N} K={K}")
+            fns[_cluster_label(c, split)] = lambda i, k=k, art=art: k.run(args[i % sets], compiled_artifact=art,
+                                                                         assume_supported_args=True)
         rec["ms"], rec["host_bound"] = time_group(fns, repeat)
         found.append(rec)
         torch.cuda.empty_cache()
@@ -364,7 +374,7 @@ def main() -> None:
     p.add_argument("--explore-m", default=None, help="comma-separated M of the explored shapes (default: all)")
     p.add_argument("--explore-only", action="store_true", help="skip the benchmark sweeps (explorations only)")
     p.add_argument("--explore-clusters", action="store_true",
-                   help="also time the instances of --explore-m's M with clusters of 1, 2, 4 CTAs (split = cluster)")
+                   help="also time the instances of --explore-m's M with other clusters (CLUSTER_VARIANTS)")
     p.add_argument("--tag", default="run")
     opts = p.parse_args()
     if not torch.cuda.is_available():
@@ -475,11 +485,14 @@ def main() -> None:
                    f"torch {r['ms']['torch'] * 1e3:7.1f}; split {r['split']})" if "error" not in r else r["error"][:80])
             print(f"{r['M']:>4} {r['N']:>6} {r['K']:>6}  {tag:<24} {res}")
     if clusters:
-        print("\nclusters (bf16, B column-major): us, alternating; c<n>: clusters of n CTAs at split n")
+        print("\nclusters (bf16, B column-major): us, alternating; c<n>: clusters of n CTAs at split n, "
+              "c<n>s<k>: at split k")
         for r in clusters:
             t = r["ms"]
             print(f"{r['M']:>4} {r['N']:>6} {r['K']:>6}  shipped {t['shipped'] * 1e3:6.1f} (split {r['shipped_split']})  "
-                  + "  ".join(f"c{c} {t[f'c{c}'] * 1e3:6.1f}" for c in (1, 2, 4)) + f"  torch {t['torch'] * 1e3:6.1f}")
+                  + "  ".join(f"{_cluster_label(c, s)} {t[_cluster_label(c, s)] * 1e3:6.1f}"
+                              for c, s in CLUSTER_VARIANTS if _cluster_label(c, s) in t)
+                  + f"  torch {t['torch'] * 1e3:6.1f}")
     # The tables, last (B column-major, the decode case, at the very end).
     for dt in dtypes:
         for layout in sorted(layouts, key=lambda x: x == "col"):
