@@ -38,14 +38,12 @@ COL = (0, 1, 0)
 CLUSTER = 8
 SPLITS = (1, 2, 4, 8)
 #: At split 2 every instance launches clusters of this many CTAs instead of `CLUSTER` (a
-#: second kernel compiled into the same module). Measured on an H200, B column-major
-#: (benchmarks/results/small_m-NVIDIA_H200-s29-clusters*.json): at M = 1 and 16 clusters of 2
-#: at split 2 ran 33.2-34.3 us at 8192^2 against 38.6-40.0 with clusters of 8 (cuBLAS
-#: 36.5-37.0), 57.1-57.4 against 61.5-64.9 at K = 14336, 21.0-21.6 against 22.3-22.4 at
-#: K = 4096 (the H100 agrees); at M = 32 and 64, the shipped instance timed in the same slot
-#: of the alternation before and after (-clusters-m32 and -m32-after), as fast or faster on all
-#: 12 split-2 shapes (8192^2: 41.0 / 46.5 us against 49.2 / 67.0). At split 1 and 4 clusters of
-#: 8 were as fast or faster than clusters of 1, 2 or 4, so those keep them.
+#: second kernel compiled into the same module). Measured with the shuffled house timing, B
+#: column-major, at N = 8192 (benchmarks/results/small_m-*-s29-clusters-shuffled*.json), clusters
+#: of 2 against 8 at split 2: H200 M = 1: 36.1 against 39.8 us at 8192^2 (cuBLAS 36.6), 58.3
+#: against 64.3 at K = 14336, 20.8 against 22.8 at K = 4096; M = 16 2-5 % faster; M = 32 16-19 %
+#: (41.0 against 48.6 at 8192^2); H100 2-8 % (M = 1 8192^2: 49.7 against 53.3, cuBLAS 50.4).
+#: At split 1 and 4 clusters of 8 were as fast or faster than clusters of 1, 2 or 4.
 SPLIT2_CLUSTER = 2
 #: Clusters of CLUSTER CTAs that can reside at once, as a share of (SMs x CTAs per SM) / CLUSTER:
 #: a cluster must fit inside one GPC, so the slots left over in each GPC are lost. Measured on an
