@@ -46,7 +46,7 @@ WITHIN = 1.1  # a choice within 10 % of the best: its time <= 1.1 x the best's
 #: gemm_shapes groups (small_m, f32, f64), session 28's M = 64 / 128 group (narrow tiles), its
 #: final run of every group (H200) and its H100 decode run (M = 8, 64, 128), and session 29's
 #: M <= 16 runs with clusters of 2 at split 2 (H200, H100; rotated and shuffled house timing)
-#: and its shuffled H200 run of the odd, aligned, f32 and f64 groups.
+#: and its shuffled H200 runs of the odd, aligned, f32 and f64 groups and of M = 64 / 128.
 DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-NVIDIA_H200.json",
                  "gemm_shapes-NVIDIA_H200-s25-small-m.json", "gemm_shapes-NVIDIA_H200-s25-small-m-pickany.json",
                  "gemm_shapes-NVIDIA_H200-s25-f32.json", "gemm_shapes-NVIDIA_H200-s25-f64.json",
@@ -54,7 +54,7 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s28-h100.json", "gemm_shapes-NVIDIA_H200-s29-clusters.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-clusters-h100.json", "gemm_shapes-NVIDIA_H200-s29-shuffled.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json",
-                 "gemm_shapes-NVIDIA_H200-s29-shuffled-final.json"]
+                 "gemm_shapes-NVIDIA_H200-s29-shuffled-final.json", "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json"]
 
 
 def _selection():

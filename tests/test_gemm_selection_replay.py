@@ -36,7 +36,8 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          "gemm_shapes-NVIDIA_H200-s25-f64.json", SPLIT_ALL, NARROW, FINAL,
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s28-h100.json", "gemm_shapes-NVIDIA_H200-s29-clusters.json",
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-clusters-h100.json", "gemm_shapes-NVIDIA_H200-s29-shuffled.json",
-         "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json", SHUFFLED_FINAL]
+         "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json", SHUFFLED_FINAL,
+         "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json"]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
