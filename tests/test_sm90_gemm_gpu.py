@@ -107,6 +107,21 @@ def _run_and_check(kernel, args, ref, what: str) -> None:
     assert err < tol, f"{kernel.name} {what}: relative error {err:.3e} >= {tol:.0e} ({args})"
 
 
+def _run_twice_on_one_workspace(kernel, args, ref, what: str) -> list[torch.Tensor]:
+    """Run ``kernel`` twice on one workspace (stale flags must not pass for fresh ones), the
+    output NaN-filled before each run; assert each result against ``ref``; the two outputs."""
+    workspace = torch.empty(kernel.get_workspace_size(args), dtype=torch.uint8, device="cuda")
+    outs = []
+    for attempt in range(2):
+        args.out.fill_(float("nan"))
+        kernel.run(args, workspace=workspace)
+        torch.cuda.synchronize()
+        err = relative_error(args.out, ref)
+        assert err < TOLERANCE[args.out.dtype], f"{what} run {attempt}: relative error {err:.3e}"
+        outs.append(args.out.clone())
+    return outs
+
+
 def _gen(name: str, salt: int) -> torch.Generator:
     return torch.Generator(device="cuda").manual_seed((hash(name) + salt) & 0x7FFFFFFF)
 
@@ -146,13 +161,7 @@ def test_stream_k_splits_tiles(name):
     M, N, K = shape_for(kernel, (12 * tm * cm - 37, 12 * tn * cn - 11, 1000))
     args, ref = make_problem(kernel, M, N, K, 2, 3, gen, epilogue=dict(alpha=0.5, bias="row"))
     assert kernel.get_workspace_size(args) > 0
-    workspace = torch.empty(kernel.get_workspace_size(args), dtype=torch.uint8, device="cuda")
-    for attempt in range(2):
-        args.out.fill_(float("nan"))
-        kernel.run(args, workspace=workspace)
-        torch.cuda.synchronize()
-        err = relative_error(args.out, ref)
-        assert err < TOLERANCE[args.out.dtype], f"{name} run {attempt}: relative error {err:.3e}"
+    _run_twice_on_one_workspace(kernel, args, ref, name)
 
 
 @pytest.mark.parametrize("name", [n for n in _ALL if "_splitall_" in n and ("_ttt_" in n or "_tnt_" in n)
@@ -174,19 +183,9 @@ def test_split_all_shares_every_tile_over_the_grid(name):
         args, ref = make_problem(kernel, M, N, K, L, 3 if L > 1 else 2, gen, epilogue=epilogue)
         args, big = in_nan_margin(args, N)
         assert kernel.supports(args), kernel.supports(args).error
-        workspace = torch.empty(kernel.get_workspace_size(args), dtype=torch.uint8, device="cuda")
-        first = None
-        for attempt in range(2):
-            args.out.fill_(float("nan"))
-            kernel.run(args, workspace=workspace)
-            torch.cuda.synchronize()
-            err = relative_error(args.out, ref)
-            assert err < TOLERANCE[args.out.dtype], f"{name} {(L, M, N, K)} run {attempt}: relative error {err:.3e}"
-            assert torch.isnan(big[..., N:]).all(), f"{name} {(L, M, N, K)}: stores past the output's N"
-            if first is None:
-                first = args.out.clone()
-            else:
-                assert torch.equal(first, args.out), f"{name} {(L, M, N, K)}: the two runs differ"
+        first, second = _run_twice_on_one_workspace(kernel, args, ref, f"{name} {(L, M, N, K)}")
+        assert torch.isnan(big[..., N:]).all(), f"{name} {(L, M, N, K)}: stores past the output's N"
+        assert torch.equal(first, second), f"{name} {(L, M, N, K)}: the two runs differ"
 
 
 def _sanitized_decode_script(name_part: str, shapes: tuple, label: str) -> str:

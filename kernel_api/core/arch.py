@@ -75,6 +75,12 @@ def sm_count(device: torch.device | None = None) -> int:
     return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def planning_sm_count(device: torch.device | None) -> int:
+    """SMs to plan a launch for: ``device``'s (`sm_count`), or `DEFAULT_SM_COUNT` when there is
+    no device (the machines we target, not whichever GPU is current)."""
+    return sm_count(device) if device is not None else DEFAULT_SM_COUNT
+
+
 def resolve_cc(cc: Any = None, device: torch.device | None = None) -> int | None:
     """An explicit ``cc`` always wins; else the cc of ``device`` (if CUDA) or of the current GPU.
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .. import registry
-from ..core.arch import DEFAULT_SM_COUNT, device_cc, sm_count
+from ..core.arch import device_cc, planning_sm_count
 from ..arguments import GemmArguments
 from ..arguments.base import unbound_copy
 from ..core.dtypes import DataType
@@ -33,9 +33,7 @@ from .timing import QueuedTiming, relative_error_tensor, rotation_count, time_in
 _log = logging.getLogger(__name__)
 
 
-def _sm_count(device: torch.device | None) -> int:
-    # (None here means no tensor device: plan for the machines we target, not the current GPU)
-    return sm_count(device) if device is not None else DEFAULT_SM_COUNT
+_sm_count = planning_sm_count
 
 
 #: gemm_cost's units per second: the rate the Sm90 family's cost showed on the H200 at
@@ -152,14 +150,6 @@ CLUSTER_SYNC_BYTES_PER_THREAD = {False: 128.0, True: 45.0}
 #: 1.04-1.12x the time of the 512-thread CTAs of a cluster twice as large at the same bytes
 #: per thread (f32 and bf16 backward 50257 and 32768, f32 forward 50257).
 CLUSTER_CTA_ALONE = 1.1
-#: Forward register rows (``block``) of more than this many elements: the CTA's registers
-#: (56-63 per thread at 1024 threads in the sm_90 cubins of ept32) let one CTA reside per SM,
-#: and between its loads and its stores come two block reductions and the exponentials,
-#: when the SM's memory pipe idles. Measured (H200, softmax-NVIDIA_H200-s25-wide.json): the
-#: ept32 kernels at 8192x32768 1.19-1.35x the copy rate, 1.11-1.15x the time of the
-#: shared-memory kernel, against 1.08-1.10x for ept32 at 4096-16384 columns (512 threads or
-#: fewer, s21). (The backward, one reduction, alone on its SM at 16384 columns, ept16 at 1024
-#: threads with 42-54 registers, stays at 1.05-1.07x: no term.)
 #: A peeled kernel (scalar row head and tail, 16-byte vectors between) against the same
 #: configuration for aligned rows, on aligned rows: the head and tail are empty there, and the
 #: peeled kernels measured as fast or faster. 168 same-run pairs of the H100/H200 softmax runs
@@ -170,6 +160,14 @@ CLUSTER_CTA_ALONE = 1.1
 #: PickAny's f32 65536x1024 forward goes from the aligned kernel's 3.57 TB/s to the peeled one's
 #: 3.91 (results/softmax-NVIDIA_H200-s28-final.json; replay unchanged, 663/666 within 10 %).
 PEELED_ROWS = 0.99
+#: Forward register rows (``block``) of more than this many elements: the CTA's registers
+#: (56-63 per thread at 1024 threads in the sm_90 cubins of ept32) let one CTA reside per SM,
+#: and between its loads and its stores come two block reductions and the exponentials,
+#: when the SM's memory pipe idles. Measured (H200, softmax-NVIDIA_H200-s25-wide.json): the
+#: ept32 kernels at 8192x32768 1.19-1.35x the copy rate, 1.11-1.15x the time of the
+#: shared-memory kernel, against 1.08-1.10x for ept32 at 4096-16384 columns (512 threads or
+#: fewer, s21). (The backward, one reduction, alone on its SM at 16384 columns, ept16 at 1024
+#: threads with 42-54 registers, stays at 1.05-1.07x: no term.)
 REGISTER_ROW_ALONE_ELEMENTS = 16384
 REGISTER_ROW_ALONE_FORWARD = 1.15
 

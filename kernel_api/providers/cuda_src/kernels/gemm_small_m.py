@@ -24,7 +24,7 @@ import torch
 
 from ....arguments import GemmArguments
 from ....core.dtypes import DataType
-from ....core.arch import DEFAULT_SM_COUNT, sm_count
+from ....core.arch import planning_sm_count
 from ....core.status import Status
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
@@ -117,8 +117,7 @@ _MMA_FLOPS = 80e12
 _FIXED_SECONDS = 7.0e-6
 
 
-def _sm_count(device: torch.device | None) -> int:
-    return sm_count(device) if device is not None else DEFAULT_SM_COUNT
+_sm_count = planning_sm_count
 
 
 class LaunchPlan(NamedTuple):

@@ -598,6 +598,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         launcher.launch(stream_handle(stream, device), device, p.grid, threads, p.smem_bytes,
                         row_params(args) + tail, cooperative=True)
 
+
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return DEFAULT_SMS * 2  # (a bound for planning without a GPU)
