@@ -358,7 +358,7 @@ def host_overhead(calls: int = 20000) -> dict:
 
 def cache_timing() -> dict:
     """Cold NVRTC compile vs. loading the cubin from the disk cache (memory cache cleared)."""
-    from kernel_api.providers.cuda_src import compiler
+    from kernel_api.nvrtc import compiler
     from kernel_api.providers.cuda_src.kernels.softmax import CudaSoftmaxForward
 
     name = "ka_softmax::fwd_block<ka_softmax::BF16, 8, 4, 512>"
@@ -395,9 +395,9 @@ HINT_VARIANTS = {
 
 def hint_sweep(dtype: torch.dtype, iters: int) -> list:
     """Time the cuda_src register kernels with each 16-byte load/store cache-hint variant."""
-    from kernel_api.providers.cuda_src.compiler import compile_cuda
+    from kernel_api.nvrtc import compile_cuda
     from kernel_api.providers.cuda_src.kernels.softmax import CudaSoftmaxBackward, CudaSoftmaxForward
-    from kernel_api.providers.cuda_src.launcher import CudaLauncher
+    from kernel_api.nvrtc import CudaLauncher
 
     rows_out = []
     cc = torch.cuda.get_device_capability()

@@ -53,7 +53,7 @@ import torch  # noqa: E402
 from kernel_api import registry  # noqa: E402
 from kernel_api.arguments.base import unbound_copy  # noqa: E402
 from kernel_api.cli.precompile import entry_arguments, load_shapes  # noqa: E402
-from kernel_api.providers.cuda_src.compiler import clear_memory_cache  # noqa: E402
+from kernel_api.nvrtc import clear_memory_cache  # noqa: E402
 from kernel_api.tuning.precompile import precompile  # noqa: E402
 from kernel_api.tuning.records import TuningRecords  # noqa: E402
 from kernel_api.tuning import policies, scale  # noqa: E402

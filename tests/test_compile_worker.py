@@ -238,7 +238,7 @@ def test_cached_candidates_are_loaded_here_and_start_no_worker(kernels_module, m
     compile without declaring `compiles_from_cache_only` is never probed here (this one would
     end the process)."""
     from kernel_api.kernel import compile_from_cache_only
-    from kernel_api.providers.cuda_src import compiler
+    from kernel_api.nvrtc import compiler
     from kernel_api.tuning import compile_worker
 
     monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(tmp_path / "cache"))

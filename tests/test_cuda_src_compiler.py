@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from kernel_api.errors import CompilationError
-from kernel_api.providers.cuda_src import compiler
-from kernel_api.providers.cuda_src.compiler import compile_cuda
+from kernel_api.nvrtc import compiler
+from kernel_api.nvrtc import compile_cuda
 
 SOURCE = r"""
 template <typename T, int N>
@@ -109,7 +109,7 @@ _CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 from kernel_api.providers.cuda_src.kernels.softmax import CudaSoftmaxForward
-from kernel_api.providers.cuda_src.compiler import compile_cuda
+from kernel_api.nvrtc import compile_cuda
 t1 = time.perf_counter()
 c = compile_cuda(CudaSoftmaxForward.get_source(), cc=90, name_expressions=[sys.argv[1]],
                  source_name="softmax.cu")

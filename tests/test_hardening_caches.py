@@ -16,8 +16,8 @@ import torch
 import kernel_api
 from kernel_api.core import cache as kcache
 from kernel_api.errors import CompilationError
-from kernel_api.providers.cuda_src import compiler
-from kernel_api.providers.cuda_src.compiler import compile_cuda
+from kernel_api.nvrtc import compiler
+from kernel_api.nvrtc import compile_cuda
 from kernel_api.tuning.records import TuningRecords
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -146,6 +146,10 @@ BOTTOM = ("kernel_api.core", "kernel_api.native")
     ("kernel_api.native", ("kernel_api.native",)),
     ("kernel_api.arguments", BOTTOM + ("kernel_api.arguments",)),
     ("kernel_api.metadata", BOTTOM + ("kernel_api.arguments", "kernel_api.metadata")),
+    # NVRTC compiles and cubin launches: above the kernel layer (the cache-only switch), below
+    # the providers that share it
+    ("kernel_api.nvrtc", BOTTOM + ("kernel_api.arguments", "kernel_api.metadata", "kernel_api.kernel",
+                                   "kernel_api.launcher", "kernel_api.utils", "kernel_api.nvrtc")),
 ])
 def test_layer_imports_only_itself_and_the_layers_below(layer, allowed):
     offences = _layer_offences((layer,), allowed)
@@ -154,7 +158,23 @@ def test_layer_imports_only_itself_and_the_layers_below(layer, allowed):
 
 def test_lower_layers_import_no_ops_cli_tuning_or_providers():
     lower = BOTTOM + ("kernel_api.arguments", "kernel_api.metadata", "kernel_api.kernel", "kernel_api.registry",
-                      "kernel_api.utils")
+                      "kernel_api.utils", "kernel_api.nvrtc")
     upper = ("kernel_api.ops", "kernel_api.cli", "kernel_api.tuning", "kernel_api.providers")
     offences = _layer_offences(lower, forbidden=upper)
+    assert not offences, "\n".join(offences)
+
+
+def test_providers_never_import_each_other():
+    """A provider package imports no module of another provider, at import time or inside a
+    function: what two providers share lives in a layer below them (e.g. `kernel_api.nvrtc`)."""
+    root = PACKAGE / "providers"
+    packages = sorted(p.name for p in root.iterdir() if (p / "__init__.py").exists())
+    assert {"cutedsl", "cuda_src", "torch_ops"} <= set(packages)
+    offences = []
+    for own in packages:
+        for path in sorted((root / own).rglob("*.py")):
+            for line, name in _imports(path):
+                other = name.split(".")[2] if name.startswith("kernel_api.providers.") else None
+                if other in packages and other != own:
+                    offences.append(f"{path.relative_to(root)}:{line} imports {name}")
     assert not offences, "\n".join(offences)

@@ -40,7 +40,7 @@ _NEW_PROCESS = textwrap.dedent("""
     from kernel_api.cli.commands import gemm_arguments, softmax_arguments
     from kernel_api.tuning.policies import rank_candidates
     from kernel_api.providers.cutedsl import kernel as cute_kernel
-    from kernel_api.providers.cuda_src import compiler
+    from kernel_api.nvrtc import compiler
     problems = [softmax_arguments(64, 1000, "bf16"), gemm_arguments(256, 256, 128, None, "bf16", "tnt")]
     chosen = [rank_candidates(registry.get_kernels(a, cc=90, providers=["cutedsl", "cuda_src"]), a)[0]
               for a in problems]

@@ -29,7 +29,7 @@ import torch
 import kernel_api
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
 from kernel_api.errors import KernelLaunchError
-from kernel_api.providers.cuda_src import launcher as launcher_mod
+from kernel_api.nvrtc import launcher as launcher_mod
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg
 from kernel_api.providers.cuda_src.kernels.softmax_rowgroup import (CudaSoftmaxRowGroupBackward,
                                                                      CudaSoftmaxRowGroupForward, plan_rows)
@@ -133,7 +133,7 @@ def test_defines_and_compile_keys():
 def test_one_cta_build_is_the_source_default():
     """The one-CTA instance's explicit defines compile the same cubin as none (the defaults the
     source had before they became parameters; RG_TRACE off adds nothing)."""
-    from kernel_api.providers.cuda_src.compiler import compile_cuda
+    from kernel_api.nvrtc import compile_cuda
 
     k = _kernel(CudaSoftmaxRowGroupBackward, torch.bfloat16)
     args = _args(CudaSoftmaxRowGroupBackward, torch.empty(3, 1000, dtype=torch.bfloat16))

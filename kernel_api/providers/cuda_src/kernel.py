@@ -47,9 +47,9 @@ from ...core.errors import CompilationError, DeviceError
 from ...kernel import Kernel, compile_target_cc
 from ...metadata import KernelMetadata, OperandsMetadata
 from ...core.status import Status
-from .compiler import compile_cuda
+from ...nvrtc import compile_cuda
 from ...core.streams import stream_handle
-from .launcher import CudaLauncher
+from ...nvrtc import CudaLauncher
 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9]+")
 

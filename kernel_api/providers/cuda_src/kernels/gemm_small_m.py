@@ -29,7 +29,7 @@ from ....core.status import Status
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from ..launcher import CudaLauncher
+from ....nvrtc import CudaLauncher
 from ....core.streams import stream_handle
 
 ROW = (0, 0, 1)

@@ -36,7 +36,7 @@ from ....utils import MAX_GRID_X
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from ..launcher import CudaLauncher
+from ....nvrtc import CudaLauncher
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
 from .softmax_rowgroup import DEFAULT_RING, plan_rows, row_group_cost
 

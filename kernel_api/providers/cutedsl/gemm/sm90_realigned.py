@@ -45,6 +45,7 @@ from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from .common import FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation
+from .implementations.line_copy import copy_lines
 from .sm90_warpspecialized import F32_OUT_CONFIGS, Sm90WarpSpecializedGemm, tma_divisibility
 
 #: TMA's alignment unit for base pointers and strides.
@@ -56,6 +57,9 @@ _AB_TYPES = (DataType.bf16, DataType.f16)
 #: Bytes per second (read + write) the staging copies sustain on the H200: 1.4-2.4 TB/s measured
 #: (torch's copy_ into a padded view 1.6-1.8, cudaMemcpy2DAsync 1.4 on 8 KB lines, 2.4 on 100 KB).
 _COPY_BYTES_PER_SECOND = 1.8e12
+#: Stage with the line-copy kernel (`copy_lines`); False: torch's copy_ and cudaMemcpy2DAsync
+#: only (benchmarks/realign_copy.py compares the two).
+USE_LINE_COPY = True
 #: Lines at least this long (bytes) are staged with cudaMemcpy2DAsync, shorter ones with torch's
 #: copy_ (H200: 2.4 vs 1.8 TB/s on 100 KB lines, 1.4 vs 1.6 on 8 KB lines).
 _MEMCPY_2D_MIN_LINE_BYTES = 32768
@@ -157,6 +161,16 @@ def copy_2d(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int) 
 def _long_lines(t: torch.Tensor, row_major: bool) -> bool:
     """Whether ``t``'s contiguous lines are long enough for cudaMemcpy2DAsync to beat copy_."""
     return t.shape[-1 if row_major else -2] * t.element_size() >= _MEMCPY_2D_MIN_LINE_BYTES
+
+
+def stage_copy(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int, device: int) -> None:
+    """Copy ``src`` into ``dst`` (an operand into its padded copy, or the padded out back) on the
+    raw ``stream``: the line-copy kernel where it takes the pair (`copy_lines`), else
+    cudaMemcpy2DAsync on long lines, else torch's ``copy_`` (run inside `_launch_stream`)."""
+    if USE_LINE_COPY and copy_lines(dst, src, row_major, stream, device):
+        return
+    if not (_long_lines(src, row_major) and copy_2d(dst, src, row_major, stream)):
+        dst.copy_(src)
 
 
 # raw stream handle -> torch stream object, for running the copies on the launch stream
@@ -321,8 +335,8 @@ class Sm90RealignedGemm(GemmKernelBase):
                 dst = workspace[offset:offset + size].view(src.dtype).as_strided(src.shape, stride)
                 if name == "out":
                     staged_out = dst
-                elif not (_long_lines(src, self._row_major[name]) and copy_2d(dst, src, self._row_major[name], handle)):
-                    dst.copy_(src)
+                else:
+                    stage_copy(dst, src, self._row_major[name], handle, args.device_index)
                 views[name] = dst
             ep = args.epilogue
             if ep is None:
@@ -331,6 +345,5 @@ class Sm90RealignedGemm(GemmKernelBase):
                 C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
             artifact.compiled_obj(views["A"], views["B"], views["out"], C, bias, alpha, beta,
                                   *self.inner._extra_launch_args(args, inner_ws), to_cuda_stream(stream))
-            if staged_out is not None and not (_long_lines(staged_out, self._row_major["out"])
-                                               and copy_2d(args.out, staged_out, self._row_major["out"], handle)):
-                args.out.copy_(staged_out)
+            if staged_out is not None:
+                stage_copy(args.out, staged_out, self._row_major["out"], handle, args.device_index)

@@ -1,0 +1,240 @@
+"""The realigned GEMM's staging copies (issue #16, goal 1): the line-copy kernel
+(`kernel_api/providers/cutedsl/gemm/implementations/line_copy.cu`) against what it replaced,
+torch's ``copy_`` and ``cudaMemcpy2DAsync``; then `Sm90RealignedGemm` with either against
+cuBLAS on the odd shapes.
+
+    python3 benchmarks/realign_copy.py [--repeat 30] [--gemm-repeat 20] [--tag T] [--skip-gemm]
+
+Copies: every method of a case runs in one shuffled group (`small_m.time_group`: CUDA events
+per launch, median), on operand sets rotated over >= 256 MB so that no copy reads what L2
+kept; TB/s counts the bytes read + written once. Each method's result is checked bit for bit
+against torch's, inside a sentinel-filled destination (the padding must keep its sentinel).
+
+GEMMs: per odd shape, the realigned 128x256 cooperative and 128x128 ping-pong instances with
+each copy method and torch.matmul (cuBLAS), shuffled per repetition, A/B rotated; the output
+is compared with torch's. JSON and text go to benchmarks/results/realign_copy-<device>[-tag].*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import kernel_api  # noqa: E402
+from kernel_api import GemmArguments  # noqa: E402
+from kernel_api.providers.cutedsl.gemm import sm90_realigned  # noqa: E402
+from kernel_api.providers.cutedsl.gemm.implementations.line_copy import copy_lines  # noqa: E402
+from results_io import result_name, write_result  # noqa: E402
+from small_m import ROTATE_BYTES, copy_rate, time_group  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+SENTINEL = {torch.bfloat16: -7.0, torch.float16: -7.0, torch.float32: -7.0}
+
+#: (label, dtype, rows, cols, row-major, direction, element offset of the unaligned side): the
+#: copies of the odd group's shapes. "in": a user operand (odd leading dimension, or a view at
+#: an odd offset) into its padded copy; "out": the padded out back into the user's.
+COPY_CASES = [
+    ("A of 4097^3", "f16", 4097, 4097, True, "in", 0),
+    ("A of 4095x4096x4095", "bf16", 4095, 4095, True, "in", 0),
+    ("B of 4096x50257x4096", "bf16", 4096, 50257, True, "in", 0),
+    ("out of 4096x50257x4096", "bf16", 4096, 50257, True, "out", 0),
+    ("out of 4097^3", "f16", 4097, 4097, True, "out", 0),
+    ("out of 4097^3, f32", "f32", 4097, 4097, True, "out", 0),
+    ("A col-major 4097x4097", "bf16", 4097, 4097, False, "in", 0),
+    ("A of 2000x3000x1001", "bf16", 2000, 1001, True, "in", 0),
+    ("big[:, 3:] 8192x8189", "bf16", 8192, 8189, True, "in", 3),
+    ("A of 8200x1023", "bf16", 8200, 1023, True, "in", 0),
+]
+
+#: (label, dtype, M, N, K): the odd group (gemm_shapes.py --group odd).
+GEMM_CASES = [
+    ("bf16 4096x50257x4096", "bf16", 4096, 50257, 4096),
+    ("bf16 4095x4096x4095", "bf16", 4095, 4096, 4095),
+    ("f16 4097x4097x4097", "f16", 4097, 4097, 4097),
+    ("bf16 2000x3000x1001", "bf16", 2000, 3000, 1001),
+]
+
+
+def _padded(rows: int, cols: int, row_major: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the padded view, its whole buffer) of a rows x cols operand, leading dimension rounded to 16 bytes."""
+    align = 16 // torch.empty((), dtype=dtype).element_size()
+    if row_major:
+        ld = -(-cols // align) * align
+        buf = torch.full((rows, ld), SENTINEL[dtype], device="cuda", dtype=dtype)
+        return buf[:, :cols], buf
+    ld = -(-rows // align) * align
+    buf = torch.full((cols, ld), SENTINEL[dtype], device="cuda", dtype=dtype)
+    return buf[:, :rows].t(), buf
+
+
+def _user(rows: int, cols: int, row_major: bool, dtype: torch.dtype, offset: int, fill: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a user operand with its odd layout, its whole buffer): contiguous rows x cols (or a view at ``offset``)."""
+    if row_major:
+        buf = torch.randn(rows, cols + offset, device="cuda").to(dtype) if fill else \
+            torch.full((rows, cols + offset), SENTINEL[dtype], device="cuda", dtype=dtype)
+        return buf[:, offset:], buf
+    buf = torch.randn(cols, rows + offset, device="cuda").to(dtype) if fill else \
+        torch.full((cols, rows + offset), SENTINEL[dtype], device="cuda", dtype=dtype)
+    return buf[:, offset:].t(), buf
+
+
+def copy_case(case: tuple, repeat: int) -> dict:
+    label, dname, rows, cols, row_major, direction, offset = case
+    dtype = DTYPES[dname]
+    size = torch.empty((), dtype=dtype).element_size()
+    nbytes = rows * cols * size
+    sets = max(2, -(-ROTATE_BYTES // (2 * nbytes)))
+    pairs = []
+    for _ in range(sets):
+        if direction == "in":
+            src, _ = _user(rows, cols, row_major, dtype, offset, fill=True)
+            dst, dbuf = _padded(rows, cols, row_major, dtype)
+        else:
+            src, _ = _padded(rows, cols, row_major, dtype)
+            src.copy_(torch.randn(rows, cols, device="cuda").to(dtype))
+            dst, dbuf = _user(rows, cols, row_major, dtype, offset, fill=False)
+        pairs.append((src, dst, dbuf))
+    stream = torch.cuda.current_stream().cuda_stream
+    device = torch.cuda.current_device()
+
+    def line(i: int) -> None:
+        src, dst, _ = pairs[i % sets]
+        assert copy_lines(dst, src, row_major, stream, device)
+
+    def torch_copy(i: int) -> None:
+        src, dst, _ = pairs[i % sets]
+        dst.copy_(src)
+
+    def memcpy2d(i: int) -> None:
+        src, dst, _ = pairs[i % sets]
+        assert sm90_realigned.copy_2d(dst, src, row_major, stream)
+
+    methods = {"line_copy": line, "copy_": torch_copy, "memcpy2d": memcpy2d}
+    # bit-exact against torch's copy, padding untouched
+    checks = {}
+    src, dst, dbuf = pairs[0]
+    expect = dbuf.clone()
+    expect_view = expect.as_strided(dst.shape, dst.stride(), dst.storage_offset() - dbuf.storage_offset())
+    expect_view.copy_(src)
+    for name, fn in methods.items():
+        dbuf.fill_(SENTINEL[dtype])
+        fn(0)
+        torch.cuda.synchronize()
+        checks[name] = bool(torch.equal(dbuf, expect))
+    ms, behind = time_group(methods, repeat)
+    tbs = {n: 2 * nbytes / (t * 1e-3) / 1e12 for n, t in ms.items()}
+    return {"case": label, "dtype": dname, "rows": rows, "cols": cols, "row_major": row_major,
+            "direction": direction, "offset": offset, "bytes": nbytes, "ms": ms, "tb_s": tbs, "exact": checks,
+            "host_behind": behind}
+
+
+def _instances(dtype: str) -> dict:
+    want = {"coop128x256": "tile128x256x64_cluster2x1_cooperative", "pp128x128": "tile128x128x64_cluster2x1_pingpong_swz"}
+    found = {}
+    for k in sm90_realigned.Sm90RealignedGemm.generate_kernels(None, cc=90):
+        n = k.metadata.kernel_name
+        if not n.startswith(f"Sm90RealignedGemm_{dtype}{dtype}_{dtype}_") or "_ttt_" not in n:
+            continue
+        for short, part in want.items():
+            if part in n:
+                found[short] = k
+    return found
+
+
+def gemm_case(case: tuple, repeat: int) -> dict:
+    label, dname, M, N, K = case
+    dtype = DTYPES[dname]
+    per_set = 2 * (M * K + K * N)
+    sets = max(2, -(-ROTATE_BYTES // per_set))
+    As = [torch.randn(M, K, device="cuda").to(dtype) for _ in range(sets)]
+    Bs = [torch.randn(K, N, device="cuda").to(dtype) for _ in range(sets)]
+    out = torch.empty(M, N, device="cuda", dtype=dtype)
+    ref = torch.empty(M, N, device="cuda", dtype=dtype)
+    args = [GemmArguments(As[i], Bs[i], out) for i in range(sets)]
+    kernels = _instances(dname)
+    fns, errors = {}, {}
+    for short, k in kernels.items():
+        assert k.supports(args[0]), (short, k.supports(args[0]))
+        art = k.compile(args[0])
+        ws = torch.empty(k.get_workspace_size(args[0]), device="cuda", dtype=torch.uint8)
+        for copies in ("line_copy", "torch_copies"):
+            use = copies == "line_copy"
+
+            def run(i: int, k=k, art=art, ws=ws, use=use) -> None:
+                sm90_realigned.USE_LINE_COPY = use
+                k.run(args[i % sets], art, workspace=ws, assume_supported_args=True)
+
+            fns[f"{short}+{copies}"] = run
+    fns["cublas"] = lambda i: torch.matmul(As[i % sets], Bs[i % sets], out=ref)
+    for name, fn in fns.items():
+        if name == "cublas":
+            continue
+        out.fill_(float("nan"))
+        fn(0)
+        torch.matmul(As[0], Bs[0], out=ref)
+        torch.cuda.synchronize()
+        errors[name] = float(((out.float() - ref.float()).norm() / ref.float().norm()).item())
+    ms, behind = time_group(fns, repeat)
+    sm90_realigned.USE_LINE_COPY = True
+    tflops = {n: 2 * M * N * K / (t * 1e-3) / 1e12 for n, t in ms.items()}
+    return {"case": label, "M": M, "N": N, "K": K, "dtype": dname, "ms": ms, "tflops": tflops,
+            "vs_cublas": {n: ms["cublas"] / t for n, t in ms.items()}, "rel_error_vs_cublas": errors,
+            "host_behind": behind}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--gemm-repeat", type=int, default=20)
+    p.add_argument("--runs", type=int, default=2, help="GEMM groups per case (the spread)")
+    p.add_argument("--tag", default="")
+    p.add_argument("--skip-gemm", action="store_true")
+    a = p.parse_args()
+    device = torch.cuda.get_device_name()
+    doc = {"device": device, "torch": torch.__version__, "argv": sys.argv, "copy_rate_tb_s": copy_rate(),
+           "copies": [], "gemms": []}
+    lines = [f"{device}; device copy rate {doc['copy_rate_tb_s']:.2f} TB/s (read + write)", "",
+             f"{'copy':28s} {'line_copy':>10s} {'copy_':>10s} {'memcpy2d':>10s}   TB/s; exact (line, copy_, 2d)"]
+    for case in COPY_CASES:
+        r = copy_case(case, a.repeat)
+        doc["copies"].append(r)
+        t = r["tb_s"]
+        lines.append(f"{r['case']:28s} {t['line_copy']:10.2f} {t['copy_']:10.2f} {t['memcpy2d']:10.2f}   "
+                     f"{r['exact']['line_copy']}, {r['exact']['copy_']}, {r['exact']['memcpy2d']}")
+        print(lines[-1], flush=True)
+    if not a.skip_gemm:
+        lines += ["", "GEMM (realigned instance + copies), ms per run; ratio cuBLAS / ours"]
+        for case in GEMM_CASES:
+            runs = [gemm_case(case, a.gemm_repeat) for _ in range(a.runs)]
+            doc["gemms"].append({"case": case[0], "runs": runs})
+            names = [n for n in runs[0]["ms"] if n != "cublas"]
+            for n in names:
+                ratios = [r["vs_cublas"][n] for r in runs]
+                lines.append(f"{case[0]:24s} {n:26s} {statistics.median([r['ms'][n] for r in runs]):8.4f} ms  "
+                             f"{statistics.median([r['tflops'][n] for r in runs]):6.1f} TF/s  "
+                             f"x{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]  "
+                             f"err {runs[0]['rel_error_vs_cublas'][n]:.1e}")
+                print(lines[-1], flush=True)
+            lines.append(f"{case[0]:24s} {'cublas':26s} {statistics.median([r['ms']['cublas'] for r in runs]):8.4f} ms")
+            print(lines[-1], flush=True)
+    name = result_name("realign_copy", device, a.tag)
+    paths = write_result(name, doc)
+    with open(paths[0][:-5] + ".txt", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    out = os.environ.get("OUT", "")
+    if out and os.path.isdir(out):
+        with open(os.path.join(out, name[:-5] + ".txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

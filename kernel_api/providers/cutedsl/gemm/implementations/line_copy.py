@@ -1,0 +1,90 @@
+"""`copy_lines`: the copies `Sm90RealignedGemm` stages its operands with (``line_copy.cu``).
+
+A line is a row of a row-major operand or a column of a column-major one, the unit TMA needs
+16-byte aligned. ``copy_lines(dst, src, row_major, stream, device)`` copies every line of
+``src`` into ``dst`` (same shape, dtype and majorness) whatever either side's alignment, at
+close to the device's copy rate; it declines (returns False, copying nothing) what it does not
+take, and the caller then uses torch's ``copy_``. The kernel is compiled with NVRTC once per
+process (the disk cache keeps the cubin) on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+
+from .....nvrtc import CudaLauncher, compile_cuda
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "line_copy.cu")
+THREADS = 256
+#: Destination vectors (16 bytes) per CTA: THREADS x the kernel's UNROLL.
+SEG_CHUNKS = THREADS * 4
+_ELEMENT_SIZES = (2, 4)
+_launchers: dict[int, CudaLauncher] = {}
+_lock = threading.Lock()
+
+
+def _launcher(element_size: int) -> CudaLauncher:
+    found = _launchers.get(element_size)
+    if found is None:
+        with _lock:
+            found = _launchers.get(element_size)
+            if found is None:
+                with open(_SOURCE) as f:
+                    source = f.read()
+                names = [f"ka_line_copy::line_copy<{size}>" for size in _ELEMENT_SIZES]
+                compiled = compile_cuda(source, cc=90, name_expressions=names, source_name="line_copy.cu",
+                                        toolkit_headers=False)
+                for size, name in zip(_ELEMENT_SIZES, names):
+                    _launchers[size] = CudaLauncher(compiled, name, f"line_copy<{size}>", convert_args=False)
+                found = _launchers[element_size]
+    return found
+
+
+def line_geometry(t: torch.Tensor, row_major: bool) -> tuple[int, int, int, int, int] | None:
+    """(batches, lines, line elements, line pitch, batch stride) of ``t`` in elements, or None
+    when its lines are not contiguous (a stride other than 1 along them)."""
+    rank = t.dim()
+    if rank not in (2, 3):
+        return None
+    unit, line_mode = (rank - 1, rank - 2) if row_major else (rank - 2, rank - 1)
+    if t.shape[unit] > 1 and t.stride(unit) != 1:
+        return None
+    batches = t.shape[0] if rank == 3 else 1
+    return batches, t.shape[line_mode], t.shape[unit], t.stride(line_mode), t.stride(0) if rank == 3 else 0
+
+
+def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int, device: int) -> bool:
+    """Copy ``src`` into ``dst`` on the raw ``stream`` handle of ``device``; False (nothing
+    copied) unless both are CUDA tensors of one 2- or 4-byte dtype and shape, with contiguous
+    lines, and ``dst``'s lines and batches do not overlap. ``src`` may overlap itself (an
+    expanded operand)."""
+    size = src.element_size()
+    if (size not in _ELEMENT_SIZES or dst.dtype != src.dtype or dst.shape != src.shape or not src.is_cuda
+            or not dst.is_cuda):
+        return False
+    s, d = line_geometry(src, row_major), line_geometry(dst, row_major)
+    if s is None or d is None:
+        return False
+    batches, lines, width, s_pitch, s_batch = s
+    _, _, _, d_pitch, d_batch = d
+    if batches == 0 or lines == 0 or width == 0:
+        return True
+    if (lines > 1 and d_pitch < width) or (batches > 1 and d_batch < lines * d_pitch):
+        return False  # dst's lines overlap: not a copy this kernel may reorder
+    segs = -(-(width * size + 15) // 16 // SEG_CHUNKS) or 1
+    grid = batches * lines * segs
+    if grid >= 2**31:
+        return False
+    _launcher(size).launch(stream, device, (grid, 1, 1), (THREADS, 1, 1), 0,
+                           (src.data_ptr(), dst.data_ptr(), width * size, lines, s_pitch * size, d_pitch * size,
+                            s_batch * size, d_batch * size, segs))
+    return True
+
+
+def launcher_for(element_size: int) -> Any:
+    """The compiled kernel for ``element_size`` (tests read its registers)."""
+    return _launcher(element_size)
