@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
 
 import torch
 
@@ -20,7 +19,7 @@ from .....nvrtc import CudaLauncher, compile_cuda
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "line_copy.cu")
 THREADS = 256
-#: Destination vectors (16 bytes) per CTA: THREADS x the kernel's UNROLL.
+#: Destination vector slots (16 bytes) per CTA: THREADS x the kernel's UNROLL.
 SEG_CHUNKS = THREADS * 4
 _ELEMENT_SIZES = (2, 4)
 _launchers: dict[int, CudaLauncher] = {}
@@ -75,16 +74,13 @@ def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: in
         return True
     if (lines > 1 and d_pitch < width) or (batches > 1 and d_batch < lines * d_pitch):
         return False  # dst's lines overlap: not a copy this kernel may reorder
-    segs = -(-(width * size + 15) // 16 // SEG_CHUNKS) or 1
-    grid = batches * lines * segs
+    cpl = (width * size + 30) // 16  # vector slots per line: its vectors at any destination alignment
+    total = batches * lines * cpl
+    grid = -(-total // SEG_CHUNKS)
     if grid >= 2**31:
         return False
     _launcher(size).launch(stream, device, (grid, 1, 1), (THREADS, 1, 1), 0,
                            (src.data_ptr(), dst.data_ptr(), width * size, lines, s_pitch * size, d_pitch * size,
-                            s_batch * size, d_batch * size, segs))
+                            s_batch * size, d_batch * size, cpl, total))
     return True
 
-
-def launcher_for(element_size: int) -> Any:
-    """The compiled kernel for ``element_size`` (tests read its registers)."""
-    return _launcher(element_size)
