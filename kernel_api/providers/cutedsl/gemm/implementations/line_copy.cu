@@ -14,9 +14,9 @@
 // whole one whose second source vector would end past the line (the last line of an
 // allocation whose size is no multiple of 16), are copied element by element.
 //
-// Grid: the lines' destination vectors in one flat range, SEG_CHUNKS per CTA (short lines
-// share a CTA, long ones span several); THREADS threads each take UNROLL vectors, all loads
-// before all stores.
+// Grid: units of UNIT_SLOTS destination vectors of one line, one per warp (a CTA takes
+// several short lines; a long line spans CTAs); each thread takes UNROLL vectors of its
+// warp's unit, all loads before all stores.
 
 namespace ka_line_copy {
 
@@ -26,7 +26,7 @@ typedef long long i64;
 
 constexpr int THREADS = 256;
 constexpr int UNROLL = 4;
-constexpr int SEG_CHUNKS = THREADS * UNROLL;
+constexpr int UNIT_SLOTS = 32 * UNROLL;  // destination vectors per warp
 
 __device__ __forceinline__ uint4 load16(const char* p) {
   uint4 v;
@@ -62,78 +62,64 @@ __device__ __forceinline__ uint4 funnel(uint4 lo, uint4 hi, int k) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// Where flat slot f (line f / cpl, vector f % cpl of it) copies from and to.
-struct Slot {
-  const char* s;  // the line's source
-  char* d;        // the line's destination
-  i64 head;       // bytes of the line's first aligned destination vector before the line
-  i64 c;          // the slot's destination vector in the line
-  int k;          // offset of that vector's source from a 16-byte boundary
-};
-
-__device__ __forceinline__ Slot locate(u64 f, u64 cpl, i64 lines, const char* src, char* dst, i64 src_pitch,
-                                       i64 dst_pitch, i64 src_batch, i64 dst_batch) {
+// ELEM: the element size in bytes (2 or 4; every address and pitch is a multiple of it).
+// width: bytes per line; pitches and batch strides in bytes (a source pitch may be 0 or
+// smaller than a line: an expanded operand). The work is units of UNIT_SLOTS destination
+// vectors, upl units per line (a line's vectors at any destination alignment), one unit per
+// warp: the line's geometry (one division) is worked out once per thread for its UNROLL
+// vectors, and short lines do not leave most of a CTA idle.
+template <int ELEM>
+__global__ void __launch_bounds__(THREADS) line_copy(const char* __restrict__ src, char* __restrict__ dst, i64 width,
+                                                   i64 lines, i64 src_pitch, i64 dst_pitch, i64 src_batch,
+                                                   i64 dst_batch, i64 upl, i64 units) {
+  const u64 unit = (u64)blockIdx.x * (THREADS / 32) + (threadIdx.x >> 5);
+  if (unit >= (u64)units) return;
+  const int lane = threadIdx.x & 31;
   u64 line_all;
-  if ((f >> 32) == 0 && (cpl >> 32) == 0)
-    line_all = (u32)f / (u32)cpl;  // the common case: a 32-bit division
+  if ((unit >> 32) == 0 && ((u64)upl >> 32) == 0)
+    line_all = (u32)unit / (u32)upl;  // the common case: a 32-bit division
   else
-    line_all = f / cpl;
-  Slot o;
-  o.c = (i64)(f - line_all * cpl);
+    line_all = unit / (u64)upl;
+  const i64 seg = (i64)(unit - line_all * (u64)upl);
   i64 batch = 0, line = (i64)line_all;
   if (line >= lines) {
     batch = line / lines;
     line -= batch * lines;
   }
-  o.s = src + batch * src_batch + line * src_pitch;
-  o.d = dst + batch * dst_batch + line * dst_pitch;
-  o.head = (i64)((u64)o.d & 15);
-  o.k = (int)((u64)(o.s - o.head) & 15);
-  return o;
-}
+  const char* const s = src + batch * src_batch + line * src_pitch;
+  char* const d = dst + batch * dst_batch + line * dst_pitch;
+  const i64 head = (i64)((u64)d & 15);  // bytes of the line's first aligned destination vector before the line
+  const int k = (int)((u64)(s - head) & 15);  // offset of every vector's source from a 16-byte boundary
+  const char* const s_aligned = s - head - k;  // the aligned vector holding vector 0's first source byte
+  char* const d0 = d - head;
 
-// ELEM: the element size in bytes (2 or 4; every address and pitch is a multiple of it).
-// width: bytes per line; pitches and batch strides in bytes (a source pitch may be 0 or
-// smaller than a line: an expanded operand). The work is cpl vector slots per line (one more
-// than the vectors of a line whose destination is aligned, for the ones that are not), all
-// lines' slots in one flat range of `total`, SEG_CHUNKS per CTA: short lines share a CTA.
-template <int ELEM>
-__global__ void __launch_bounds__(THREADS) line_copy(const char* __restrict__ src, char* __restrict__ dst, i64 width,
-                                                   i64 lines, i64 src_pitch, i64 dst_pitch, i64 src_batch,
-                                                   i64 dst_batch, i64 cpl, i64 total) {
-  const u64 first = (u64)blockIdx.x * SEG_CHUNKS + threadIdx.x;
-  Slot sl[UNROLL];
+  const i64 c0 = seg * UNIT_SLOTS + lane;
   uint4 v[UNROLL];
-  bool full[UNROLL], used[UNROLL];
+  bool full[UNROLL];
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
-    const u64 f = first + (u64)u * THREADS;
-    used[u] = f < (u64)total;
-    full[u] = false;
-    if (!used[u]) continue;
-    sl[u] = locate(f, (u64)cpl, lines, src, dst, src_pitch, dst_pitch, src_batch, dst_batch);
-    const i64 c = sl[u].c, head = sl[u].head;
-    const int k = sl[u].k;
-    // whole, and (k > 0) its second aligned source vector ends inside the line
+    const i64 c = c0 + u * 32;
+    // whole, and (k > 0) its second aligned source vector ends inside the line: the last
+    // granule of a line may be the last of an allocation whose size is no multiple of 16
     full[u] = (c > 0 || head == 0) && ((c + 1) << 4) <= head + width && (k == 0 || (c << 4) + 32 - head - k <= width);
     if (full[u]) {
-      const char* p = sl[u].s - head - k + (c << 4);  // the aligned vector holding the first source byte
+      const char* p = s_aligned + (c << 4);
       v[u] = load16(p);
       if (k) v[u] = funnel(v[u], load16(p + 16), k);
     }
   }
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
+    const i64 c = c0 + u * 32;
     if (full[u]) {
-      store16(sl[u].d - sl[u].head + (sl[u].c << 4), v[u]);
-    } else if (used[u]) {  // a partial vector at an end of the line (or a slot past it): by element
-      const i64 c = sl[u].c, head = sl[u].head;
+      store16(d0 + (c << 4), v[u]);
+    } else {  // a partial vector at an end of the line, or a slot past it: element by element
       const i64 lo = max((c << 4) - head, (i64)0), hi = min(((c + 1) << 4) - head, width);
       for (i64 x = lo; x < hi; x += ELEM) {
         if (ELEM == 4)
-          *(u32*)(sl[u].d + x) = *(const u32*)(sl[u].s + x);
+          *(u32*)(d + x) = *(const u32*)(s + x);
         else
-          *(unsigned short*)(sl[u].d + x) = *(const unsigned short*)(sl[u].s + x);
+          *(unsigned short*)(d + x) = *(const unsigned short*)(s + x);
       }
     }
   }

@@ -19,8 +19,8 @@ from .....nvrtc import CudaLauncher, compile_cuda
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "line_copy.cu")
 THREADS = 256
-#: Destination vector slots (16 bytes) per CTA: THREADS x the kernel's UNROLL.
-SEG_CHUNKS = THREADS * 4
+#: Destination vectors (16 bytes) per warp's unit of work: 32 x the kernel's UNROLL.
+UNIT_SLOTS = 32 * 4
 _ELEMENT_SIZES = (2, 4)
 _launchers: dict[int, CudaLauncher] = {}
 _lock = threading.Lock()
@@ -74,13 +74,14 @@ def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: in
         return True
     if (lines > 1 and d_pitch < width) or (batches > 1 and d_batch < lines * d_pitch):
         return False  # dst's lines overlap: not a copy this kernel may reorder
-    cpl = (width * size + 30) // 16  # vector slots per line: its vectors at any destination alignment
-    total = batches * lines * cpl
-    grid = -(-total // SEG_CHUNKS)
+    slots = (width * size + 30) // 16  # destination vectors of a line at any alignment
+    upl = -(-slots // UNIT_SLOTS)
+    units = batches * lines * upl
+    grid = -(-units // (THREADS // 32))
     if grid >= 2**31:
         return False
     _launcher(size).launch(stream, device, (grid, 1, 1), (THREADS, 1, 1), 0,
                            (src.data_ptr(), dst.data_ptr(), width * size, lines, s_pitch * size, d_pitch * size,
-                            s_batch * size, d_batch * size, cpl, total))
+                            s_batch * size, d_batch * size, upl, units))
     return True
 
