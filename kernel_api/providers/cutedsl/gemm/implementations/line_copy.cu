@@ -14,9 +14,9 @@
 // whole one whose second source vector would end past the line (the last line of an
 // allocation whose size is no multiple of 16), are copied element by element.
 //
-// Grid: units of UNIT_SLOTS destination vectors of one line, one per warp (a CTA takes
-// several short lines; a long line spans CTAs); each thread takes UNROLL vectors of its
-// warp's unit, all loads before all stores.
+// Grid: units of destination vectors of one line, a warp's or a CTA's (warp units let a CTA
+// take several short lines); each thread takes UNROLL vectors of its unit, all loads before
+// all stores.
 
 namespace ka_line_copy {
 
@@ -26,7 +26,6 @@ typedef long long i64;
 
 constexpr int THREADS = 256;
 constexpr int UNROLL = 4;
-constexpr int UNIT_SLOTS = 32 * UNROLL;  // destination vectors per warp
 
 __device__ __forceinline__ uint4 load16(const char* p) {
   uint4 v;
@@ -63,18 +62,21 @@ __device__ __forceinline__ uint4 funnel(uint4 lo, uint4 hi, int k) {
 }
 
 // ELEM: the element size in bytes (2 or 4; every address and pitch is a multiple of it).
-// width: bytes per line; pitches and batch strides in bytes (a source pitch may be 0 or
-// smaller than a line: an expanded operand). The work is units of UNIT_SLOTS destination
-// vectors, upl units per line (a line's vectors at any destination alignment), one unit per
-// warp: the line's geometry (one division) is worked out once per thread for its UNROLL
-// vectors, and short lines do not leave most of a CTA idle.
-template <int ELEM>
+// GROUP: threads per unit of work (32: a warp, THREADS: the CTA). width: bytes per line;
+// pitches and batch strides in bytes (a source pitch may be 0 or smaller than a line: an
+// expanded operand). A unit is GROUP x UNROLL destination vectors of one line, upl units per
+// line (its vectors at any destination alignment); thread t of a unit takes vectors t,
+// t + GROUP, ... The line's geometry (one division) is worked out once per thread. Warp
+// units keep short lines from leaving most of a CTA idle.
+template <int ELEM, int GROUP>
 __global__ void __launch_bounds__(THREADS) line_copy(const char* __restrict__ src, char* __restrict__ dst, i64 width,
                                                    i64 lines, i64 src_pitch, i64 dst_pitch, i64 src_batch,
                                                    i64 dst_batch, i64 upl, i64 units) {
-  const u64 unit = (u64)blockIdx.x * (THREADS / 32) + (threadIdx.x >> 5);
+  static_assert(THREADS % GROUP == 0 && GROUP % 32 == 0, "units are whole warps of a CTA");
+  constexpr int UNIT = GROUP * UNROLL;
+  const u64 unit = (u64)blockIdx.x * (THREADS / GROUP) + threadIdx.x / GROUP;
   if (unit >= (u64)units) return;
-  const int lane = threadIdx.x & 31;
+  const int t = threadIdx.x % GROUP;
   u64 line_all;
   if ((unit >> 32) == 0 && ((u64)upl >> 32) == 0)
     line_all = (u32)unit / (u32)upl;  // the common case: a 32-bit division
@@ -93,27 +95,30 @@ __global__ void __launch_bounds__(THREADS) line_copy(const char* __restrict__ sr
   const char* const s_aligned = s - head - k;  // the aligned vector holding vector 0's first source byte
   char* const d0 = d - head;
 
-  const i64 c0 = seg * UNIT_SLOTS + lane;
+  const i64 c0 = seg * UNIT + t;  // the thread's first vector; then every GROUP-th
+  // Bytes from vector c0's start to the line's end (capped: only small values matter). Vector
+  // c0 + GROUP u is whole and its source vectors end inside the line (the last granule of a
+  // line may be the last of an allocation whose size is no multiple of 16) when
+  // 16 GROUP u + need <= rem.
+  const int rem = (int)min(head + width - (c0 << 4), (i64)(1 << 30));
+  const int need = k ? 32 - k : 16;
+  const bool first_ok = c0 > 0 || head == 0;  // vector 0 is partial unless the line is aligned
+  const char* const p = s_aligned + (c0 << 4);
+  char* const q = d0 + (c0 << 4);
   uint4 v[UNROLL];
-  bool full[UNROLL];
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
-    const i64 c = c0 + u * 32;
-    // whole, and (k > 0) its second aligned source vector ends inside the line: the last
-    // granule of a line may be the last of an allocation whose size is no multiple of 16
-    full[u] = (c > 0 || head == 0) && ((c + 1) << 4) <= head + width && (k == 0 || (c << 4) + 32 - head - k <= width);
-    if (full[u]) {
-      const char* p = s_aligned + (c << 4);
-      v[u] = load16(p);
-      if (k) v[u] = funnel(v[u], load16(p + 16), k);
+    if ((u > 0 || first_ok) && 16 * GROUP * u + need <= rem) {
+      v[u] = load16(p + 16 * GROUP * u);
+      if (k) v[u] = funnel(v[u], load16(p + 16 * GROUP * u + 16), k);
     }
   }
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
-    const i64 c = c0 + u * 32;
-    if (full[u]) {
-      store16(d0 + (c << 4), v[u]);
-    } else {  // a partial vector at an end of the line, or a slot past it: element by element
+    if ((u > 0 || first_ok) && 16 * GROUP * u + need <= rem) {
+      store16(q + 16 * GROUP * u, v[u]);
+    } else if (16 * GROUP * u < rem) {  // a partial vector at an end of the line: element by element
+      const i64 c = c0 + GROUP * u;
       const i64 lo = max((c << 4) - head, (i64)0), hi = min(((c + 1) << 4) - head, width);
       for (i64 x = lo; x < hi; x += ELEM) {
         if (ELEM == 4)

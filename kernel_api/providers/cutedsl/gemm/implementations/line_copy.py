@@ -19,27 +19,32 @@ from .....nvrtc import CudaLauncher, compile_cuda
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "line_copy.cu")
 THREADS = 256
-#: Destination vectors (16 bytes) per warp's unit of work: 32 x the kernel's UNROLL.
-UNIT_SLOTS = 32 * 4
+#: Destination vectors (16 bytes) each thread copies (the kernel's UNROLL).
+UNROLL = 4
+#: Threads per unit of work: a warp (short lines) or the CTA.
+GROUPS = (32, THREADS)
+#: Lines of fewer destination vectors than this take warp units (several lines per CTA).
+WARP_UNITS_BELOW = 512
 _ELEMENT_SIZES = (2, 4)
-_launchers: dict[int, CudaLauncher] = {}
+_launchers: dict[tuple[int, int], CudaLauncher] = {}
 _lock = threading.Lock()
 
 
-def _launcher(element_size: int) -> CudaLauncher:
-    found = _launchers.get(element_size)
+def _launcher(element_size: int, group: int) -> CudaLauncher:
+    found = _launchers.get((element_size, group))
     if found is None:
         with _lock:
-            found = _launchers.get(element_size)
+            found = _launchers.get((element_size, group))
             if found is None:
                 with open(_SOURCE) as f:
                     source = f.read()
-                names = [f"ka_line_copy::line_copy<{size}>" for size in _ELEMENT_SIZES]
+                keys = [(size, g) for size in _ELEMENT_SIZES for g in GROUPS]
+                names = [f"ka_line_copy::line_copy<{size}, {g}>" for size, g in keys]
                 compiled = compile_cuda(source, cc=90, name_expressions=names, source_name="line_copy.cu",
                                         toolkit_headers=False)
-                for size, name in zip(_ELEMENT_SIZES, names):
-                    _launchers[size] = CudaLauncher(compiled, name, f"line_copy<{size}>", convert_args=False)
-                found = _launchers[element_size]
+                for key, name in zip(keys, names):
+                    _launchers[key] = CudaLauncher(compiled, name, f"line_copy<{key[0]}, {key[1]}>", convert_args=False)
+                found = _launchers[(element_size, group)]
     return found
 
 
@@ -56,11 +61,12 @@ def line_geometry(t: torch.Tensor, row_major: bool) -> tuple[int, int, int, int,
     return batches, t.shape[line_mode], t.shape[unit], t.stride(line_mode), t.stride(0) if rank == 3 else 0
 
 
-def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int, device: int) -> bool:
+def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int, device: int,
+               group: int | None = None) -> bool:
     """Copy ``src`` into ``dst`` on the raw ``stream`` handle of ``device``; False (nothing
     copied) unless both are CUDA tensors of one 2- or 4-byte dtype and shape, with contiguous
     lines, and ``dst``'s lines and batches do not overlap. ``src`` may overlap itself (an
-    expanded operand)."""
+    expanded operand). ``group``: threads per unit of work (`GROUPS`; None: by the line length)."""
     size = src.element_size()
     if (size not in _ELEMENT_SIZES or dst.dtype != src.dtype or dst.shape != src.shape or not src.is_cuda
             or not dst.is_cuda):
@@ -75,13 +81,15 @@ def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: in
     if (lines > 1 and d_pitch < width) or (batches > 1 and d_batch < lines * d_pitch):
         return False  # dst's lines overlap: not a copy this kernel may reorder
     slots = (width * size + 30) // 16  # destination vectors of a line at any alignment
-    upl = -(-slots // UNIT_SLOTS)
+    if group is None:
+        group = THREADS if slots >= WARP_UNITS_BELOW else 32
+    upl = -(-slots // (group * UNROLL))
     units = batches * lines * upl
-    grid = -(-units // (THREADS // 32))
+    grid = -(-units // (THREADS // group))
     if grid >= 2**31:
         return False
-    _launcher(size).launch(stream, device, (grid, 1, 1), (THREADS, 1, 1), 0,
-                           (src.data_ptr(), dst.data_ptr(), width * size, lines, s_pitch * size, d_pitch * size,
-                            s_batch * size, d_batch * size, upl, units))
+    _launcher(size, group).launch(stream, device, (grid, 1, 1), (THREADS, 1, 1), 0,
+                                  (src.data_ptr(), dst.data_ptr(), width * size, lines, s_pitch * size,
+                                   d_pitch * size, s_batch * size, d_batch * size, upl, units))
     return True
 
