@@ -54,17 +54,19 @@ TMA_ALIGN_BYTES = 16
 REGION_ALIGN_BYTES = 256
 _AB_TYPES = (DataType.bf16, DataType.f16)
 
-#: Bytes per second (read + write) the staging copies sustain on the H200: 1.4-2.4 TB/s measured
-#: (torch's copy_ into a padded view 1.6-1.8, cudaMemcpy2DAsync 1.4 on 8 KB lines, 2.4 on 100 KB).
-_COPY_BYTES_PER_SECOND = 1.8e12
+#: Bytes per second (read + write) the staging copies sustain on the H200 with the line-copy
+#: kernel (`copy_lines`): 2.9 TB/s on 8 KB lines, 3.5-3.6 on 16 KB, 3.96 on 100 KB, and 2.0 on
+#: 2 KB lines of 16 MB (benchmarks/results/realign_copy-NVIDIA_H200-s30-groups.txt; torch's copy_
+#: and cudaMemcpy2DAsync, which staged before it, ran 1.4-2.4).
+_COPY_BYTES_PER_SECOND = 3.5e12
 #: Stage with the line-copy kernel (`copy_lines`); False: torch's copy_ and cudaMemcpy2DAsync
 #: only (benchmarks/realign_copy.py compares the two).
 USE_LINE_COPY = True
 #: Lines at least this long (bytes) are staged with cudaMemcpy2DAsync, shorter ones with torch's
 #: copy_ (H200: 2.4 vs 1.8 TB/s on 100 KB lines, 1.4 vs 1.6 on 8 KB lines).
 _MEMCPY_2D_MIN_LINE_BYTES = 32768
-#: Launch and tail of one copy kernel.
-_COPY_FIXED_SECONDS = 3e-6
+#: Launch and tail of one copy kernel (4 MB of 2 KB lines took 8.4 us, 2.3 of them moving bytes).
+_COPY_FIXED_SECONDS = 5e-6
 
 
 def _round_up(value: int, multiple: int) -> int:
