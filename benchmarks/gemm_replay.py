@@ -54,7 +54,8 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s28-h100.json", "gemm_shapes-NVIDIA_H200-s29-clusters.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-clusters-h100.json", "gemm_shapes-NVIDIA_H200-s29-shuffled.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json",
-                 "gemm_shapes-NVIDIA_H200-s29-shuffled-final.json", "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json"]
+                 "gemm_shapes-NVIDIA_H200-s29-shuffled-final.json", "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json",
+                 "gemm_shapes-NVIDIA_H200-s30-odd.json", "gemm_shapes-NVIDIA_H100_80GB_HBM3-s30-odd-h100.json"]
 
 
 def _selection():
