@@ -27,6 +27,17 @@ typedef long long i64;
 constexpr int THREADS = 256;
 constexpr int UNROLL = 4;
 
+template <int ELEM>
+struct Bits;
+template <>
+struct Bits<2> {
+  typedef unsigned short type;
+};
+template <>
+struct Bits<4> {
+  typedef u32 type;
+};
+
 __device__ __forceinline__ uint4 load16(const char* p) {
   uint4 v;
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -59,6 +70,26 @@ __device__ __forceinline__ uint4 funnel(uint4 lo, uint4 hi, int k) {
 #undef KA_FUNNEL_CASE
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// The elements of line bytes [x0, x0 + 16) inside [0, width), one at a time: all loads before
+// all stores, so the up to 8 loads share one memory latency (a loop of load-store pairs waited
+// for each in turn, and every line has two such vectors).
+template <int ELEM>
+__device__ __forceinline__ void copy_partial(const char* s, char* d, i64 x0, i64 width) {
+  typedef typename Bits<ELEM>::type T;
+  constexpr int N = 16 / ELEM;
+  T e[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const i64 x = x0 + i * ELEM;
+    if (x >= 0 && x < width) e[i] = *(const T*)(s + x);
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const i64 x = x0 + i * ELEM;
+    if (x >= 0 && x < width) *(T*)(d + x) = e[i];
+  }
 }
 
 // ELEM: the element size in bytes (2 or 4; every address and pitch is a multiple of it).
@@ -118,14 +149,7 @@ __global__ void __launch_bounds__(THREADS) line_copy(const char* __restrict__ sr
     if ((u > 0 || first_ok) && 16 * GROUP * u + need <= rem) {
       store16(q + 16 * GROUP * u, v[u]);
     } else if (16 * GROUP * u < rem) {  // a partial vector at an end of the line: element by element
-      const i64 c = c0 + GROUP * u;
-      const i64 lo = max((c << 4) - head, (i64)0), hi = min(((c + 1) << 4) - head, width);
-      for (i64 x = lo; x < hi; x += ELEM) {
-        if (ELEM == 4)
-          *(u32*)(d + x) = *(const u32*)(s + x);
-        else
-          *(unsigned short*)(d + x) = *(const unsigned short*)(s + x);
-      }
+      copy_partial<ELEM>(s, d, ((c0 + GROUP * u) << 4) - head, width);
     }
   }
 }
