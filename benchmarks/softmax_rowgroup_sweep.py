@@ -60,15 +60,18 @@ def row_group_kernel(args, ctas_per_sm: int = 1, bulk_out: bool | None = None,
 
 
 def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variants: list[str], rings: list[int],
-               splits: list, iters: int, repeats: int) -> list[dict]:
+               splits: list, iters: int, repeats: int, staggers: tuple[int, ...] = (0,)) -> list[dict]:
     nbytes, sets, argsets, outs, ref, torch_fn = _case_tensors(rows, cols, dtype, backward)
     device = torch.cuda.current_device()
     points = []
-    for variant in variants:
+    for variant, stagger in [(v, s) for v in variants for s in staggers]:
         ctas_per_sm = int(variant.rstrip("btps"))
         store = True if "b" in variant else False if "t" in variant else None
         packed = True if "p" in variant else False if "s" in variant else None
         kernel = row_group_kernel(argsets[0], ctas_per_sm, store, packed)
+        if stagger:
+            kernel = copy.copy(kernel)
+            kernel.stagger_ns = stagger
         artifact = kernel.compile(argsets[0])
         launcher = artifact.compiled_obj
         seen = set()
@@ -81,7 +84,8 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variant
                     if (plan.ring_chunks, split) in seen:
                         continue  # (a ring above the variant's own: the same point again)
                     seen.add((plan.ring_chunks, split))
-                    point = {"variant": variant, "kernel": kernel.metadata.kernel_name, "threads": kernel.threads,
+                    point = {"variant": variant if not stagger else f"{variant}@{stagger}",
+                             "kernel": kernel.metadata.kernel_name, "threads": kernel.threads, "stagger_ns": stagger,
                              "ring_asked": ring, "ring": plan.ring_chunks, "S_asked": split, "resident_ctas": resident,
                              "S": plan.ctas_per_row, "G": plan.groups, "waves": plan.waves,
                              "slice_kb": plan.slice_vectors * 16 / 1024, "overflow_vectors": plan.overflow_vectors,
@@ -178,6 +182,8 @@ def main() -> None:
                     "packed 16-bit math (RG_PACKED_MATH, the 16-bit forwards') / f32 math")
     ap.add_argument("--rings", default="14,7,6", help="ring chunks per CTA (16 KB each; a cap per variant)")
     ap.add_argument("--S", default="plan", help="CTAs per row: 'plan' and/or numbers")
+    ap.add_argument("--stagger", default="0", help="ns the upper half of the row groups starts late (RG_STAGGER_NS; "
+                    "0: the shipped build), each value a point; the variant column shows it after '@'")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_rowgroup_sweep.py needs a CUDA GPU")
@@ -189,7 +195,8 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "variants": variants, "cases": []}
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
-        return sweep_case(rows, cols, dtype, backward, variants, rings, splits, opts.iters, opts.repeats)
+        return sweep_case(rows, cols, dtype, backward, variants, rings, splits, opts.iters, opts.repeats,
+                          tuple(int(v) for v in opts.stagger.split(",")))
 
     def line(case: str, p: dict, note: str) -> str:
         tbs, torch_tbs = speed_cells(p)

@@ -77,6 +77,11 @@ typedef unsigned long long u64;
 #ifndef RG_PACKED_MATH
 #define RG_PACKED_MATH 0
 #endif
+// Experiment switch (`stagger_ns`): the upper half of the row groups starts this many ns late,
+// so that while one half meets and normalises (no DRAM traffic) the other loads and stores.
+#ifndef RG_STAGGER_NS
+#define RG_STAGGER_NS 0
+#endif
 // Bulk stores a storer keeps in flight before it waits for the oldest to have read its chunk.
 #define RG_STORES_IN_FLIGHT 4
 #define RG_CHUNK_BYTES 16384
@@ -806,6 +811,12 @@ __device__ __forceinline__ void run(const typename T::raw* __restrict__ a, const
   RG_TRACE_ONLY(u64* const tr = trace_of(ws); if (threadIdx.x == 0) tr[TR_ENTRY] = global_timer();)
   check_plan(S, G, cap, ring, ahead, BWD ? RG_CHUNK_U4 / 2 : RG_CHUNK_U4);
   init_ring(full, empty, written, (int)ring);
+#if RG_STAGGER_NS
+  if (G > 1 && (i64)blockIdx.x / S >= (G + 1) / 2) {
+    const u64 t0 = global_timer();
+    while (global_timer() - t0 < (u64)RG_STAGGER_NS) asm volatile("nanosleep.u32 %0;" ::"r"(256u));
+  }
+#endif
   RG_TRACE_ONLY(if (threadIdx.x == 0) tr[TR_READY] = global_timer();)
   if (threadIdx.x >= RG_CONSUMERS) {
     if (threadIdx.x == RG_CONSUMERS)

@@ -430,6 +430,9 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         # RG_PACKED_MATH: the 16-bit forwards' max and (bf16) output scaling two values at a
         # time, 1-7 % faster (results/softmax-rowgroup-sweep-NVIDIA_H200-s28-packed.json).
         self.packed_math: bool = not self.backward and self.dtype.bytes == 2
+        # RG_STAGGER_NS: the upper half of the row groups starts this many ns late (0: off), an
+        # experiment (benchmarks/softmax_rowgroup_sweep.py --stagger).
+        self.stagger_ns: int = 0
 
     @property
     def threads(self) -> int:
@@ -485,6 +488,8 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
             defines["RG_BULK_OUT"] = 1
         if self.packed_math:
             defines["RG_PACKED_MATH"] = 1
+        if self.stagger_ns:
+            defines["RG_STAGGER_NS"] = int(self.stagger_ns)
         return defines
 
     def launch_plan(self, args: Any, launcher: Any) -> RowGroupBuild:
