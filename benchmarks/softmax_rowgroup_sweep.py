@@ -183,7 +183,8 @@ def main() -> None:
     ap.add_argument("--rings", default="14,7,6", help="ring chunks per CTA (16 KB each; a cap per variant)")
     ap.add_argument("--S", default="plan", help="CTAs per row: 'plan' and/or numbers")
     ap.add_argument("--stagger", default="0", help="ns the upper half of the row groups starts late (RG_STAGGER_NS; "
-                    "0: the shipped build), each value a point; the variant column shows it after '@'")
+                    "0: the shipped build; negative: group g of G starts g / G of |value| late), each value a point; "
+                    "the variant column shows it after '@'")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_rowgroup_sweep.py needs a CUDA GPU")

@@ -431,7 +431,8 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         # time, 1-7 % faster (results/softmax-rowgroup-sweep-NVIDIA_H200-s28-packed.json).
         self.packed_math: bool = not self.backward and self.dtype.bytes == 2
         # RG_STAGGER_NS: the upper half of the row groups starts this many ns late (0: off), an
-        # experiment (benchmarks/softmax_rowgroup_sweep.py --stagger).
+        # experiment (benchmarks/softmax_rowgroup_sweep.py --stagger); negative: group g starts
+        # g / G of -stagger_ns late (RG_STAGGER_RAMP).
         self.stagger_ns: int = 0
 
     @property
@@ -489,7 +490,9 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         if self.packed_math:
             defines["RG_PACKED_MATH"] = 1
         if self.stagger_ns:
-            defines["RG_STAGGER_NS"] = int(self.stagger_ns)
+            defines["RG_STAGGER_NS"] = abs(int(self.stagger_ns))
+            if self.stagger_ns < 0:
+                defines["RG_STAGGER_RAMP"] = 1
         return defines
 
     def launch_plan(self, args: Any, launcher: Any) -> RowGroupBuild:
