@@ -60,7 +60,7 @@ def row_group_kernel(args, ctas_per_sm: int = 1, bulk_out: bool | None = None,
 
 
 def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variants: list[str], rings: list[int],
-               splits: list, iters: int, repeats: int, staggers: tuple[int, ...] = (0,)) -> list[dict]:
+               splits: list, iters: int, repeats: int, staggers: tuple = (None,)) -> list[dict]:
     nbytes, sets, argsets, outs, ref, torch_fn = _case_tensors(rows, cols, dtype, backward)
     device = torch.cuda.current_device()
     points = []
@@ -69,7 +69,7 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variant
         store = True if "b" in variant else False if "t" in variant else None
         packed = True if "p" in variant else False if "s" in variant else None
         kernel = row_group_kernel(argsets[0], ctas_per_sm, store, packed)
-        if stagger:
+        if stagger is not None and stagger != kernel.stagger_ns:
             kernel = copy.copy(kernel)
             kernel.stagger_ns = stagger
         artifact = kernel.compile(argsets[0])
@@ -84,8 +84,9 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, variant
                     if (plan.ring_chunks, split) in seen:
                         continue  # (a ring above the variant's own: the same point again)
                     seen.add((plan.ring_chunks, split))
-                    point = {"variant": variant if not stagger else f"{variant}@{stagger}",
-                             "kernel": kernel.metadata.kernel_name, "threads": kernel.threads, "stagger_ns": stagger,
+                    point = {"variant": variant if stagger is None else f"{variant}@{stagger}",
+                             "kernel": kernel.metadata.kernel_name, "threads": kernel.threads,
+                             "stagger_ns": kernel.stagger_ns,
                              "ring_asked": ring, "ring": plan.ring_chunks, "S_asked": split, "resident_ctas": resident,
                              "S": plan.ctas_per_row, "G": plan.groups, "waves": plan.waves,
                              "slice_kb": plan.slice_vectors * 16 / 1024, "overflow_vectors": plan.overflow_vectors,
@@ -182,9 +183,9 @@ def main() -> None:
                     "packed 16-bit math (RG_PACKED_MATH, the 16-bit forwards') / f32 math")
     ap.add_argument("--rings", default="14,7,6", help="ring chunks per CTA (16 KB each; a cap per variant)")
     ap.add_argument("--S", default="plan", help="CTAs per row: 'plan' and/or numbers")
-    ap.add_argument("--stagger", default="0", help="ns the upper half of the row groups starts late (RG_STAGGER_NS; "
-                    "0: the shipped build; negative: group g of G starts g / G of |value| late), each value a point; "
-                    "the variant column shows it after '@'")
+    ap.add_argument("--stagger", default="", help="ns the upper half of the row groups starts late with 4+ waves "
+                    "(RG_STAGGER_NS; 0: none), each value a point, shown after '@' in the variant column; default: "
+                    "the instance's own (the forward's STAGGER_NS_FORWARD)")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_rowgroup_sweep.py needs a CUDA GPU")
@@ -197,7 +198,7 @@ def main() -> None:
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
         return sweep_case(rows, cols, dtype, backward, variants, rings, splits, opts.iters, opts.repeats,
-                          tuple(int(v) for v in opts.stagger.split(",")))
+                          tuple(int(v) for v in opts.stagger.split(",")) if opts.stagger else (None,))
 
     def line(case: str, p: dict, note: str) -> str:
         tbs, torch_tbs = speed_cells(p)

@@ -107,11 +107,14 @@ def test_defines_and_compile_keys():
     the source's defaults; the traced build adds RG_TRACE and its wave count."""
     args = _args(CudaSoftmaxRowGroupForward, torch.empty(3, 1000, dtype=torch.bfloat16))
     one, two = (_kernel(CudaSoftmaxRowGroupForward, torch.bfloat16, n) for n in VARIANTS)
-    assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_BULK_OUT": 1, "RG_PACKED_MATH": 1}
-    assert two.defines_for(args) == {"RG_CONSUMERS": 256, "RG_MIN_BLOCKS": 2, "RG_BULK_OUT": 1, "RG_PACKED_MATH": 1}
+    stagger = {"RG_STAGGER_NS": rg.STAGGER_NS_FORWARD}  # the forwards' (the backward measured no gain)
+    assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_BULK_OUT": 1, "RG_PACKED_MATH": 1,
+                                     **stagger}
+    assert two.defines_for(args) == {"RG_CONSUMERS": 256, "RG_MIN_BLOCKS": 2, "RG_BULK_OUT": 1, "RG_PACKED_MATH": 1,
+                                     **stagger}
     f32 = _kernel(CudaSoftmaxRowGroupForward, torch.float32, 1)
     assert f32.defines_for(_args(CudaSoftmaxRowGroupForward, torch.empty(3, 1000))) == {
-        "RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_BULK_OUT": 1}
+        "RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_BULK_OUT": 1, **stagger}
     back = _kernel(CudaSoftmaxRowGroupBackward, torch.bfloat16, 1)
     assert back.defines_for(_args(CudaSoftmaxRowGroupBackward, torch.empty(3, 1000))) == {
         "RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1}
@@ -123,7 +126,8 @@ def test_defines_and_compile_keys():
     keys = {one.compile_key(args, 90), two.compile_key(args, 90)}
     one.trace = two.trace = True
     assert one.defines_for(args) == {"RG_CONSUMERS": 512, "RG_MIN_BLOCKS": 1, "RG_TRACE": 1,
-                                     "RG_TRACE_WAVES": rg.TRACE_WAVES, "RG_BULK_OUT": 1, "RG_PACKED_MATH": 1}
+                                     "RG_TRACE_WAVES": rg.TRACE_WAVES, "RG_BULK_OUT": 1, "RG_PACKED_MATH": 1,
+                                     **stagger}
     keys |= {one.compile_key(args, 90), two.compile_key(args, 90)}
     assert len(keys) == 4
     assert len({k[0] for k in keys}) == 1  # one template instance, four builds
@@ -725,6 +729,32 @@ def test_backward_shapes(dtype, ctas_per_sm):
     for rows, cols, offset in shapes:
         _check_backward_at(rows, cols, dtype, offset, k)
         torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctas_per_sm", VARIANTS)
+def test_stagger_changes_timing_only(ctas_per_sm):
+    """The forward's stagger (the upper half of the groups starting late with 4+ waves) gives the
+    same bits as none, on a grid of 4 groups and 10 waves."""
+    import copy
+
+    k = _kernel(CudaSoftmaxRowGroupForward, torch.bfloat16, ctas_per_sm)
+    assert k.stagger_ns == rg.STAGGER_NS_FORWARD
+    plain = copy.copy(k)
+    plain.stagger_ns = 0
+    x = _input_at(40, 70001, torch.bfloat16, 1)
+    outs = []
+    for kernel in (k, plain):
+        kernel.limit_ctas, kernel.ctas_per_row = 12, 3
+        try:
+            out = torch.full_like(x, float("nan"))
+            kernel.run(SoftmaxArguments(x, out))
+            torch.cuda.synchronize()
+            outs.append(out)
+        finally:
+            kernel.limit_ctas = kernel.ctas_per_row = None
+    check_forward(outs[0], x, "staggered 40x70001")
+    assert torch.equal(outs[0], outs[1])
 
 
 # (limit_ctas, limit_ring, ctas_per_row, rows, cols, offset): slices overflowing rings of 1-3

@@ -126,6 +126,11 @@ TRACE_HEAD_WORDS = 8
 TRACE_WORDS = TRACE_HEAD_WORDS + 4 * TRACE_WAVES
 TRACE_CTA_BYTES = 8 * TRACE_WORDS
 TRACE_MAGIC = 0x52475452
+#: The forward's stagger (RG_STAGGER_NS): with 4+ waves the upper half of the row groups starts
+#: this late. Swept on the H200 (results/softmax-rowgroup-sweep-NVIDIA_H200-s30-stagger*.json):
+#: 1.5-3 us made the forwards of 32 and 64 rows of 1M 3-5 % faster (one CTA per SM; 1-3 %
+#: with two), 6-12 us and a ramp over all groups no better or slower; the backward moved 0-2 %.
+STAGGER_NS_FORWARD = 3000
 #: Rows from this length are what the family is built (and measured) for; below, PickAny
 #: ranks it after the register, smem, looped and cluster-split kernels (`estimated_cost`).
 MIN_COLS = 2**17
@@ -430,10 +435,9 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         # RG_PACKED_MATH: the 16-bit forwards' max and (bf16) output scaling two values at a
         # time, 1-7 % faster (results/softmax-rowgroup-sweep-NVIDIA_H200-s28-packed.json).
         self.packed_math: bool = not self.backward and self.dtype.bytes == 2
-        # RG_STAGGER_NS: the upper half of the row groups starts this many ns late (0: off), an
-        # experiment (benchmarks/softmax_rowgroup_sweep.py --stagger); negative: group g starts
-        # g / G of -stagger_ns late (RG_STAGGER_RAMP).
-        self.stagger_ns: int = 0
+        # RG_STAGGER_NS: with 4+ waves the upper half of the row groups starts this many ns late
+        # (0: off); the forward's (`STAGGER_NS_FORWARD`), the backward measured no gain.
+        self.stagger_ns: int = 0 if self.backward else STAGGER_NS_FORWARD
 
     @property
     def threads(self) -> int:
@@ -490,9 +494,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         if self.packed_math:
             defines["RG_PACKED_MATH"] = 1
         if self.stagger_ns:
-            defines["RG_STAGGER_NS"] = abs(int(self.stagger_ns))
-            if self.stagger_ns < 0:
-                defines["RG_STAGGER_RAMP"] = 1
+            defines["RG_STAGGER_NS"] = int(self.stagger_ns)
         return defines
 
     def launch_plan(self, args: Any, launcher: Any) -> RowGroupBuild:
