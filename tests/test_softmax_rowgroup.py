@@ -747,14 +747,14 @@ def test_stagger_changes_timing_only(ctas_per_sm):
     for kernel in (k, plain):
         kernel.limit_ctas, kernel.ctas_per_row = 12, 3
         try:
-            out = torch.full_like(x, float("nan"))
+            _, out = _poisoned(40, 70001, torch.bfloat16, 1)  # rows at x's phase
             kernel.run(SoftmaxArguments(x, out))
             torch.cuda.synchronize()
             outs.append(out)
         finally:
             kernel.limit_ctas = kernel.ctas_per_row = None
     check_forward(outs[0], x, "staggered 40x70001")
-    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))  # bits (NaN margins)
 
 
 # (limit_ctas, limit_ring, ctas_per_row, rows, cols, offset): slices overflowing rings of 1-3
