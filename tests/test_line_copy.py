@@ -17,9 +17,10 @@ SENTINEL = -3.0
 
 
 def test_the_kernel_compiles_for_sm90_without_a_gpu():
-    compiled = line_copy._launcher(2, 32).compiled
+    compiled = line_copy._launcher(2, line_copy.UNITS[0]).compiled
     assert compiled.arch == "sm_90a"
-    assert set(compiled.symbols) == {f"ka_line_copy::line_copy<{e}, {g}>" for e in (2, 4) for g in (32, 256)}
+    assert set(compiled.symbols) == {f"ka_line_copy::line_copy<{e}, {g}, {u}>" for e in (2, 4)
+                                     for g, u in line_copy.UNITS}
 
 
 def test_line_geometry():
@@ -64,7 +65,7 @@ def _view(buf: torch.Tensor, rows: int, cols: int, row_major: bool, offset: int,
     return buf.as_strided((rows, cols), (1, pitch), offset)
 
 
-def _check(rows, cols, row_major, s_off, d_off, s_pad, d_pad, dtype, group=None):
+def _check(rows, cols, row_major, s_off, d_off, s_pad, d_pad, dtype, unit=None):
     width = cols if row_major else rows
     lines = rows if row_major else cols
     s_pitch, d_pitch = width + s_pad, width + d_pad
@@ -75,27 +76,27 @@ def _check(rows, cols, row_major, s_off, d_off, s_pad, d_pad, dtype, group=None)
     expect = dst_buf.clone()
     _view(expect, rows, cols, row_major, d_off, d_pitch).copy_(src)
     stream = torch.cuda.current_stream().cuda_stream
-    assert copy_lines(dst, src, row_major, stream, torch.cuda.current_device(), group)
+    assert copy_lines(dst, src, row_major, stream, torch.cuda.current_device(), unit)
     torch.cuda.synchronize()
     assert torch.equal(dst_buf.view(torch.int16 if dtype != torch.float32 else torch.int32),
                        expect.view(torch.int16 if dtype != torch.float32 else torch.int32)), \
-        (rows, cols, row_major, s_off, d_off, s_pad, d_pad, dtype, group)
+        (rows, cols, row_major, s_off, d_off, s_pad, d_pad, dtype, unit)
 
 
 @gpu
-@pytest.mark.parametrize("group", [32, 256])
+@pytest.mark.parametrize("unit", line_copy.UNITS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_every_alignment_of_source_and_destination(dtype, group):
+def test_every_alignment_of_source_and_destination(dtype, unit):
     """Source and destination at every element offset within 16 bytes, odd and even pitches,
     lines from 1 element to a few thousand (one and several segments)."""
     _needs_gpu()
     per = 16 // torch.empty((), dtype=dtype).element_size()
     for s_off, d_off in itertools.product(range(per), range(per)):
         for cols in (1, 2, per - 1, per, per + 1, 3 * per + 1, 1023):
-            _check(3, cols, True, s_off, d_off, s_off % 3, (per - d_off) % per + 1, dtype, group)
+            _check(3, cols, True, s_off, d_off, s_off % 3, (per - d_off) % per + 1, dtype, unit)
     for cols in (4095, 8191, 8192 + 5, 3 * 4096 + 1):  # lines over several units
-        _check(5, cols, True, 3 % per, 1, 1, 7, dtype, group)
-    _check(5000, 7, True, 1, 2, 0, 1, dtype, group)  # many short lines
+        _check(5, cols, True, 3 % per, 1, 1, 7, dtype, unit)
+    _check(5000, 7, True, 1, 2, 0, 1, dtype, unit)  # many short lines
 
 
 @gpu

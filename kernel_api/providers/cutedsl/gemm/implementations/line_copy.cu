@@ -25,7 +25,6 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 constexpr int THREADS = 256;
-constexpr int UNROLL = 4;
 
 template <int ELEM>
 struct Bits;
@@ -93,13 +92,13 @@ __device__ __forceinline__ void copy_partial(const char* s, char* d, i64 x0, i64
 }
 
 // ELEM: the element size in bytes (2 or 4; every address and pitch is a multiple of it).
-// GROUP: threads per unit of work (32: a warp, THREADS: the CTA). width: bytes per line;
+// GROUP: threads per unit of work (whole warps of the CTA), UNROLL: vectors per thread. width: bytes per line;
 // pitches and batch strides in bytes (a source pitch may be 0 or smaller than a line: an
 // expanded operand). A unit is GROUP x UNROLL destination vectors of one line, upl units per
 // line (its vectors at any destination alignment); thread t of a unit takes vectors t,
 // t + GROUP, ... The line's geometry (one division) is worked out once per thread. Warp
 // units keep short lines from leaving most of a CTA idle.
-template <int ELEM, int GROUP>
+template <int ELEM, int GROUP, int UNROLL>
 __global__ void __launch_bounds__(THREADS) line_copy(const char* __restrict__ src, char* __restrict__ dst, i64 width,
                                                    i64 lines, i64 src_pitch, i64 dst_pitch, i64 src_batch,
                                                    i64 dst_batch, i64 upl, i64 units) {

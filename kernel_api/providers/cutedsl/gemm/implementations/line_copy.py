@@ -19,32 +19,33 @@ from .....nvrtc import CudaLauncher, compile_cuda
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "line_copy.cu")
 THREADS = 256
-#: Destination vectors (16 bytes) each thread copies (the kernel's UNROLL).
-UNROLL = 4
-#: Threads per unit of work: a warp (short lines) or the CTA.
-GROUPS = (32, THREADS)
+#: The kernel's units of work, (threads, vectors per thread): a warp's for short lines (several
+#: lines per CTA), a CTA's, and two warps' of 8 vectors (half a CTA's threads per 512 vectors).
+UNITS = ((32, 4), (256, 4), (64, 8))
 #: Lines of fewer destination vectors than this take warp units (several lines per CTA).
 WARP_UNITS_BELOW = 512
 _ELEMENT_SIZES = (2, 4)
-_launchers: dict[tuple[int, int], CudaLauncher] = {}
+_launchers: dict[tuple[int, int, int], CudaLauncher] = {}
 _lock = threading.Lock()
 
 
-def _launcher(element_size: int, group: int) -> CudaLauncher:
-    found = _launchers.get((element_size, group))
+def _launcher(element_size: int, unit: tuple[int, int]) -> CudaLauncher:
+    key = (element_size, *unit)
+    found = _launchers.get(key)
     if found is None:
         with _lock:
-            found = _launchers.get((element_size, group))
+            found = _launchers.get(key)
             if found is None:
                 with open(_SOURCE) as f:
                     source = f.read()
-                keys = [(size, g) for size in _ELEMENT_SIZES for g in GROUPS]
-                names = [f"ka_line_copy::line_copy<{size}, {g}>" for size, g in keys]
+                keys = [(size, g, u) for size in _ELEMENT_SIZES for g, u in UNITS]
+                names = [f"ka_line_copy::line_copy<{size}, {g}, {u}>" for size, g, u in keys]
                 compiled = compile_cuda(source, cc=90, name_expressions=names, source_name="line_copy.cu",
                                         toolkit_headers=False)
-                for key, name in zip(keys, names):
-                    _launchers[key] = CudaLauncher(compiled, name, f"line_copy<{key[0]}, {key[1]}>", convert_args=False)
-                found = _launchers[(element_size, group)]
+                for k, name in zip(keys, names):
+                    _launchers[k] = CudaLauncher(compiled, name, f"line_copy<{k[0]}, {k[1]}, {k[2]}>",
+                                                 convert_args=False)
+                found = _launchers[key]
     return found
 
 
@@ -62,11 +63,11 @@ def line_geometry(t: torch.Tensor, row_major: bool) -> tuple[int, int, int, int,
 
 
 def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int, device: int,
-               group: int | None = None) -> bool:
+               unit: tuple[int, int] | None = None) -> bool:
     """Copy ``src`` into ``dst`` on the raw ``stream`` handle of ``device``; False (nothing
     copied) unless both are CUDA tensors of one 2- or 4-byte dtype and shape, with contiguous
     lines, and ``dst``'s lines and batches do not overlap. ``src`` may overlap itself (an
-    expanded operand). ``group``: threads per unit of work (`GROUPS`; None: by the line length)."""
+    expanded operand). ``unit``: one of `UNITS` (None: by the line length)."""
     size = src.element_size()
     if (size not in _ELEMENT_SIZES or dst.dtype != src.dtype or dst.shape != src.shape or not src.is_cuda
             or not dst.is_cuda):
@@ -81,15 +82,16 @@ def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: in
     if (lines > 1 and d_pitch < width) or (batches > 1 and d_batch < lines * d_pitch):
         return False  # dst's lines overlap: not a copy this kernel may reorder
     slots = (width * size + 30) // 16  # destination vectors of a line at any alignment
-    if group is None:
-        group = THREADS if slots >= WARP_UNITS_BELOW else 32
-    upl = -(-slots // (group * UNROLL))
+    if unit is None:
+        unit = UNITS[1] if slots >= WARP_UNITS_BELOW else UNITS[0]
+    group, unroll = unit
+    upl = -(-slots // (group * unroll))
     units = batches * lines * upl
     grid = -(-units // (THREADS // group))
     if grid >= 2**31:
         return False
-    _launcher(size, group).launch(stream, device, (grid, 1, 1), (THREADS, 1, 1), 0,
-                                  (src.data_ptr(), dst.data_ptr(), width * size, lines, s_pitch * size,
-                                   d_pitch * size, s_batch * size, d_batch * size, upl, units))
+    _launcher(size, unit).launch(stream, device, (grid, 1, 1), (THREADS, 1, 1), 0,
+                                 (src.data_ptr(), dst.data_ptr(), width * size, lines, s_pitch * size,
+                                  d_pitch * size, s_batch * size, d_batch * size, upl, units))
     return True
 
