@@ -23,6 +23,47 @@ def test_the_kernel_compiles_for_sm90_without_a_gpu():
                                      for g, u in line_copy.UNITS}
 
 
+def test_prepare_compiles_it_and_honours_cache_only(tmp_path, monkeypatch):
+    """`prepare` (the realigned GEMM's compile calls it) compiles or loads the cubin; under
+    `compile_from_cache_only` an uncached cubin raises instead of compiling."""
+    from kernel_api.core.errors import ArtifactNotCachedError
+    from kernel_api.kernel import cache_only
+    from kernel_api.nvrtc import compiler
+
+    monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(tmp_path))  # an empty cache
+    monkeypatch.setattr(line_copy, "_launchers", {})
+    compiler.clear_memory_cache()
+    token = cache_only.set(True)
+    try:
+        with pytest.raises(ArtifactNotCachedError):
+            line_copy.prepare()
+    finally:
+        cache_only.reset(token)
+    assert not line_copy._launchers
+    line_copy.prepare()
+    assert len(line_copy._launchers) == 2 * len(line_copy.UNITS)
+    compiler.clear_memory_cache()  # as a new process: only the disk cache holds it
+    monkeypatch.setattr(line_copy, "_launchers", {})
+    token = cache_only.set(True)
+    try:
+        line_copy.prepare()
+    finally:
+        cache_only.reset(token)
+    assert len(line_copy._launchers) == 2 * len(line_copy.UNITS)
+    compiler.clear_memory_cache()
+
+
+def test_the_realigned_compile_prepares_it(monkeypatch):
+    from types import SimpleNamespace
+
+    called = []
+    monkeypatch.setattr(sm90_realigned, "prepare_line_copy", lambda: called.append(True))
+    kernel = sm90_realigned.Sm90RealignedGemm.generate_kernels(None, cc=90)[0]
+    monkeypatch.setattr(kernel.inner, "compile", lambda args, cc=None: SimpleNamespace(compiled_obj="inner"))
+    artifact = kernel.compile(None, 90)
+    assert called and artifact.compiled_obj == "inner"
+
+
 def test_line_geometry():
     t = torch.empty(5, 9)
     assert line_geometry(t, True) == (1, 5, 9, 9, 0)

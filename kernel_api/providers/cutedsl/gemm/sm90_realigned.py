@@ -46,6 +46,7 @@ from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from .common import FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation
 from .implementations.line_copy import copy_lines
+from .implementations.line_copy import prepare as prepare_line_copy
 from .sm90_warpspecialized import F32_OUT_CONFIGS, Sm90WarpSpecializedGemm, tma_divisibility
 
 #: TMA's alignment unit for base pointers and strides.
@@ -301,7 +302,9 @@ class Sm90RealignedGemm(GemmKernelBase):
 
     def compile(self, args: GemmArguments, cc: int | None = None) -> CompiledArtifact:
         """The inner kernel's compile for ``args``' rank, epilogue and C: it builds its operands
-        from its own metadata (16-byte aligned), never from A/B/out's sizes or alignment."""
+        from its own metadata (16-byte aligned), never from A/B/out's sizes or alignment. The
+        line-copy kernel is compiled (or loaded) here too."""
+        prepare_line_copy()  # the staging copies' NVRTC cubin (cached on disk)
         return CompiledArtifact(self.inner.compile(args, cc).compiled_obj, self)
 
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:

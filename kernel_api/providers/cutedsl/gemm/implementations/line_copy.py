@@ -5,7 +5,7 @@ A line is a row of a row-major operand or a column of a column-major one, the un
 ``src`` into ``dst`` (same shape, dtype and majorness) whatever either side's alignment, at
 close to the device's copy rate; it declines (returns False, copying nothing) what it does not
 take, and the caller then uses torch's ``copy_``. The kernel is compiled with NVRTC once per
-process (the disk cache keeps the cubin) on first use.
+process (the disk cache keeps the cubin), by `prepare` or on first use.
 """
 
 from __future__ import annotations
@@ -48,6 +48,13 @@ def _launcher(element_size: int, unit: tuple[int, int]) -> CudaLauncher:
                                                  convert_args=False)
                 found = _launchers[key]
     return found
+
+
+def prepare() -> None:
+    """Compile (or load from the disk cache) the kernel now, not at the first copy: the realigned
+    GEMM's compile calls this, so precompiles and compile workers cover it, and under
+    `kernel_api.kernel.compile_from_cache_only` a cubin missing from the cache raises there."""
+    _launcher(_ELEMENT_SIZES[0], UNITS[0])
 
 
 def line_geometry(t: torch.Tensor, row_major: bool) -> tuple[int, int, int, int, int] | None:
