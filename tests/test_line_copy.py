@@ -106,7 +106,7 @@ def _view(buf: torch.Tensor, rows: int, cols: int, row_major: bool, offset: int,
     return buf.as_strided((rows, cols), (1, pitch), offset)
 
 
-def _check(rows, cols, row_major, s_off, d_off, s_pad, d_pad, dtype, unit=None, max_ctas=None):
+def _check(rows, cols, row_major, s_off, d_off, s_pad, d_pad, dtype, unit=None):
     width = cols if row_major else rows
     lines = rows if row_major else cols
     s_pitch, d_pitch = width + s_pad, width + d_pad
@@ -117,7 +117,7 @@ def _check(rows, cols, row_major, s_off, d_off, s_pad, d_pad, dtype, unit=None, 
     expect = dst_buf.clone()
     _view(expect, rows, cols, row_major, d_off, d_pitch).copy_(src)
     stream = torch.cuda.current_stream().cuda_stream
-    assert copy_lines(dst, src, row_major, stream, torch.cuda.current_device(), unit, max_ctas)
+    assert copy_lines(dst, src, row_major, stream, torch.cuda.current_device(), unit)
     torch.cuda.synchronize()
     assert torch.equal(dst_buf.view(torch.int16 if dtype != torch.float32 else torch.int32),
                        expect.view(torch.int16 if dtype != torch.float32 else torch.int32)), \
@@ -153,15 +153,6 @@ def test_operand_shapes_both_directions(row_major, direction):
             _check(rows, cols, row_major, 1, 0, 0, padded - width, torch.float16)
         else:
             _check(rows, cols, row_major, 0, 3, padded - width, 0, torch.float16)
-
-
-@gpu
-@pytest.mark.parametrize("unit", line_copy.UNITS)
-def test_a_capped_grid_loops_over_the_units(unit):
-    _needs_gpu()
-    for rows, cols, cap in ((300, 1001, 3), (7, 40001, 2), (1000, 9, 1)):
-        _check(rows, cols, True, 1, 0, 0, 7, torch.bfloat16, unit, cap)
-        _check(rows, cols, False, 0, 5, 3, 0, torch.float32, unit, cap)
 
 
 @gpu

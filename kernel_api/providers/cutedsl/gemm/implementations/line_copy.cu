@@ -99,10 +99,14 @@ __device__ __forceinline__ void copy_partial(const char* s, char* d, i64 x0, i64
 // t + GROUP, ... The line's geometry (one division) is worked out once per thread. Warp
 // units keep short lines from leaving most of a CTA idle.
 template <int ELEM, int GROUP, int UNROLL>
-__device__ __forceinline__ void copy_unit(u64 unit, int t, const char* __restrict__ src, char* __restrict__ dst,
-                                          i64 width, i64 lines, i64 src_pitch, i64 dst_pitch, i64 src_batch,
-                                          i64 dst_batch, i64 upl) {
+__global__ void __launch_bounds__(THREADS) line_copy(const char* __restrict__ src, char* __restrict__ dst, i64 width,
+                                                   i64 lines, i64 src_pitch, i64 dst_pitch, i64 src_batch,
+                                                   i64 dst_batch, i64 upl, i64 units) {
+  static_assert(THREADS % GROUP == 0 && GROUP % 32 == 0, "units are whole warps of a CTA");
   constexpr int UNIT = GROUP * UNROLL;
+  const u64 unit = (u64)blockIdx.x * (THREADS / GROUP) + threadIdx.x / GROUP;
+  if (unit >= (u64)units) return;
+  const int t = threadIdx.x % GROUP;
   u64 line_all;
   if ((unit >> 32) == 0 && ((u64)upl >> 32) == 0)
     line_all = (u32)unit / (u32)upl;  // the common case: a 32-bit division
@@ -147,18 +151,6 @@ __device__ __forceinline__ void copy_unit(u64 unit, int t, const char* __restric
       copy_partial<ELEM>(s, d, ((c0 + GROUP * u) << 4) - head, width);
     }
   }
-}
-
-// The grid walks the units (grid-stride: a grid smaller than the units loops).
-template <int ELEM, int GROUP, int UNROLL>
-__global__ void __launch_bounds__(THREADS) line_copy(const char* __restrict__ src, char* __restrict__ dst, i64 width,
-                                                   i64 lines, i64 src_pitch, i64 dst_pitch, i64 src_batch,
-                                                   i64 dst_batch, i64 upl, i64 units) {
-  static_assert(THREADS % GROUP == 0 && GROUP % 32 == 0, "units are whole warps of a CTA");
-  const int t = threadIdx.x % GROUP;
-  const u64 step = (u64)gridDim.x * (THREADS / GROUP);
-  for (u64 unit = (u64)blockIdx.x * (THREADS / GROUP) + threadIdx.x / GROUP; unit < (u64)units; unit += step)
-    copy_unit<ELEM, GROUP, UNROLL>(unit, t, src, dst, width, lines, src_pitch, dst_pitch, src_batch, dst_batch, upl);
 }
 
 }  // namespace ka_line_copy

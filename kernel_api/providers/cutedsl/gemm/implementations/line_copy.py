@@ -71,12 +71,11 @@ def line_geometry(t: torch.Tensor, row_major: bool) -> tuple[int, int, int, int,
 
 
 def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: int, device: int,
-               unit: tuple[int, int] | None = None, max_ctas: int | None = None) -> bool:
+               unit: tuple[int, int] | None = None) -> bool:
     """Copy ``src`` into ``dst`` on the raw ``stream`` handle of ``device``; False (nothing
     copied) unless both are CUDA tensors of one 2- or 4-byte dtype and shape, with contiguous
     lines, and ``dst``'s lines and batches do not overlap. ``src`` may overlap itself (an
-    expanded operand). ``unit``: one of `UNITS` (None: by the line length); ``max_ctas``: a cap on
-    the grid, whose CTAs then loop over the units (None: a CTA per unit's share)."""
+    expanded operand). ``unit``: one of `UNITS` (None: by the line length)."""
     size = src.element_size()
     if (size not in _ELEMENT_SIZES or dst.dtype != src.dtype or dst.shape != src.shape or not src.is_cuda
             or not dst.is_cuda):
@@ -97,8 +96,6 @@ def copy_lines(dst: torch.Tensor, src: torch.Tensor, row_major: bool, stream: in
     upl = -(-slots // (group * unroll))
     units = batches * lines * upl
     grid = -(-units // (THREADS // group))
-    if max_ctas:
-        grid = min(grid, max_ctas)
     if grid >= 2**31:
         return False
     _launcher(size, unit).launch(stream, device, (grid, 1, 1), (THREADS, 1, 1), 0,
