@@ -7,7 +7,8 @@ cuBLAS on the odd shapes.
 
 Copies: every method of a case runs in one shuffled group (`small_m.time_group`: CUDA events
 per launch, median), on operand sets rotated over >= 256 MB so that no copy reads what L2
-kept; TB/s counts the bytes read + written once. Each method's result is checked bit for bit
+kept; TB/s counts the bytes read + written once. Columns: line_copy (the unit `copy_lines`
+picks by the line length), warp / cta (each unit forced), copy_, memcpy2d. Each method's result is checked bit for bit
 against torch's, inside a sentinel-filled destination (the padding must keep its sentinel).
 
 GEMMs: per odd shape, the realigned 128x256 cooperative and 128x128 ping-pong instances with
