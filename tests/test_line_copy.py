@@ -87,10 +87,6 @@ def test_declines_what_it_does_not_take(why, dst, src):
     assert copy_lines(dst, src, True, 0, 0) is False, why
 
 
-def _on(device: str, *tensors):
-    return [t.to(device) for t in tensors]
-
-
 gpu = pytest.mark.gpu
 
 
