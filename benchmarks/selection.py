@@ -38,7 +38,8 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 import kernel_api  # noqa: E402
-from kernel_api.tuning.policies import PickBest, estimated_cost, _sm_count  # noqa: E402
+from kernel_api.core.arch import planning_sm_count  # noqa: E402
+from kernel_api.tuning.policies import PickBest, estimated_cost  # noqa: E402
 
 SWEEP = ["8192x8192x8192", "4096x4096x4096", "2048x2048x2048", "4096x14336x4096", "4096x4096x14336",
          "128x8192x8192", "16384x1024x16384"]
@@ -263,7 +264,7 @@ def main() -> None:
     os.environ["KERNEL_API_CACHE_DIR"] = cache
     env = dict(os.environ)
     device = torch.cuda.get_device_name()
-    sm = _sm_count(torch.device("cuda"))
+    sm = planning_sm_count(torch.device("cuda"))
     per_shape = []
     for shape in ns.shapes.split(","):
         m, n, k = map(int, shape.split("x"))

@@ -33,9 +33,6 @@ from .timing import QueuedTiming, relative_error_tensor, rotation_count, time_in
 _log = logging.getLogger(__name__)
 
 
-_sm_count = planning_sm_count
-
-
 #: gemm_cost's units per second: the rate the Sm90 family's cost showed on the H200 at
 #: 64x8192x8192 (issue #16: 43.8 us for 114.3M units of its 64x128 tile).
 GEMM_COST_UNITS_PER_SECOND = 2.61e12
@@ -254,7 +251,7 @@ def _problem(args: Any) -> str:
 def rank_candidates(kernels: list[Kernel], args: Any, sm_count: int | None = None) -> list[Kernel]:
     """Candidates ordered by the analytic heuristic (cheapest first, generation order on ties),
     for ``sm_count`` SMs (default: the arguments' device's, else an H100/H200's)."""
-    sm = _sm_count(getattr(args, "device", None)) if sm_count is None else sm_count
+    sm = planning_sm_count(getattr(args, "device", None)) if sm_count is None else sm_count
     return [k for _, _, k in sorted((estimated_cost(k, args, sm), i, k) for i, k in enumerate(kernels))]
 
 

@@ -117,9 +117,6 @@ _MMA_FLOPS = 80e12
 _FIXED_SECONDS = 7.0e-6
 
 
-_sm_count = planning_sm_count
-
-
 class LaunchPlan(NamedTuple):
     """How one call is launched: the split-K count, the column tiles, the grid and the CTAs per
     cluster (the grid's x is padded to whole clusters of `CLUSTER`, a multiple of every size)."""
@@ -302,7 +299,7 @@ class CudaGemmSmallM(CudaSourceKernel):
     def plan(self, args: GemmArguments) -> LaunchPlan:
         """The launch for ``args``; the grid's x is padded to whole clusters of `CLUSTER` (the
         padding CTAs only join the cluster barriers)."""
-        split = self.split_for(args.M, args.N, args.K, args.L, _sm_count(args.device))
+        split = self.split_for(args.M, args.N, args.K, args.L, planning_sm_count(args.device))
         tiles = -(-args.N // self.config.bn)
         return LaunchPlan(split, tiles, (-(-tiles * split // CLUSTER) * CLUSTER, args.L, 1), self.cluster_for(split))
 

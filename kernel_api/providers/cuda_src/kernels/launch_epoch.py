@@ -1,6 +1,6 @@
 """Per-launch epochs for kernels whose workspace slots carry tags (the row-group softmax's
-meeting slots, the decode GEMM's tile counters): a tag holds the launch's epoch, so a slot
-left by another launch, or never written, does not read as current."""
+meeting slots): a tag holds the launch's epoch, so a slot left by another launch, or never
+written, does not read as current."""
 
 from __future__ import annotations
 

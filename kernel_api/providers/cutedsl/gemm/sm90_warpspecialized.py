@@ -391,9 +391,9 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         return None
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float | None:
-        """split_all: `split_all_cost`; narrow tiles: `narrow_tile_cost`. 3xTF32: the tile model's time of a GEMM with K' = 3K, plus
-        the split pre-pass (about a tenth more at K=4096); other configurations use the generic
-        model."""
+        """split_all: `split_all_cost`; narrow tiles: `narrow_tile_cost`. 3xTF32: the tile model's
+        time of a GEMM with K' = 3K, plus the split pre-pass (about a tenth more at K=4096); other
+        configurations use the generic model."""
         if self.config.split_all:
             return split_all_cost(self, args, sm_count)
         if self.config.narrow:
