@@ -4,6 +4,7 @@ torch's ``copy_`` and ``cudaMemcpy2DAsync``; then `Sm90RealignedGemm` with eithe
 cuBLAS on the odd shapes.
 
     python3 benchmarks/realign_copy.py [--repeat 30] [--gemm-repeat 20] [--tag T] [--skip-gemm]
+    python3 benchmarks/realign_copy.py --parts [--pitches 16,128] [--gemm-repeat 20] [--runs 2] [--tag T]
 
 Copies: every method of a case runs in one shuffled group (`small_m.time_group`: CUDA events
 per launch, median), on operand sets rotated over >= 256 MB so that no copy reads what L2
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 
@@ -31,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kernel_api  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
+from kernel_api.core.streams import to_cuda_stream  # noqa: E402
 from kernel_api.providers.cutedsl.gemm import sm90_realigned  # noqa: E402
 from kernel_api.providers.cutedsl.gemm.implementations.line_copy import copy_lines  # noqa: E402
 from results_io import result_name, write_result  # noqa: E402
@@ -138,12 +141,12 @@ def copy_case(case: tuple, repeat: int) -> dict:
             "host_behind": behind}
 
 
-def _instances(dtype: str) -> dict:
+def _instances(dtype: str, layouts: str = "ttt") -> dict:
     want = {"coop128x256": "tile128x256x64_cluster2x1_cooperative", "pp128x128": "tile128x128x64_cluster2x1_pingpong_swz"}
     found = {}
     for k in sm90_realigned.Sm90RealignedGemm.generate_kernels(None, cc=90):
         n = k.metadata.kernel_name
-        if not n.startswith(f"Sm90RealignedGemm_{dtype}{dtype}_{dtype}_") or "_ttt_" not in n:
+        if not n.startswith(f"Sm90RealignedGemm_{dtype}{dtype}_{dtype}_") or f"_{layouts}_" not in n:
             continue
         for short, part in want.items():
             if part in n:
@@ -192,6 +195,122 @@ def gemm_case(case: tuple, repeat: int) -> dict:
             "host_behind": behind}
 
 
+#: (label, dtype, M, N, K, B column-major): `--parts` cases, the odd group's and GPT-2's lm_head
+#: over the whole vocabulary (B the (50257, 768) embedding read transposed: only out is staged).
+PARTS_CASES = [
+    ("f16 4097x4097x4097", "f16", 4097, 4097, 4097, False),
+    ("bf16 4097x4097x4097", "bf16", 4097, 4097, 4097, False),
+    ("bf16 4095x4096x4095", "bf16", 4095, 4096, 4095, False),
+    ("bf16 4096x50257x4096", "bf16", 4096, 50257, 4096, False),
+    ("bf16 8192x50257x768 tnt", "bf16", 8192, 50257, 768, True),
+]
+
+
+def parts_case(case: tuple, repeat: int, pitches: tuple[int, ...] = (0,)) -> dict:
+    """Where a realigned run's time goes, per instance: the whole run, its inner kernel alone on
+    operands staged beforehand, and the staging copies alone (in, and out back), in one shuffled
+    group with cuBLAS. ``whole - inner - copies`` is what running them in sequence adds.
+    ``pitches``: the staged copies' pitch alignments (`sm90_realigned.STAGED_PITCH_BYTES`) to
+    compare, each its own contestants (0: the module's)."""
+    label, dname, M, N, K, b_col = case
+    dtype = DTYPES[dname]
+    per_set = 2 * (M * K + K * N + M * N)
+    sets = max(2, -(-ROTATE_BYTES // per_set))
+    As = [torch.randn(M, K, device="cuda").to(dtype) for _ in range(sets)]
+    Bs = [(torch.randn(N, K, device="cuda").to(dtype).t() if b_col else torch.randn(K, N, device="cuda").to(dtype))
+          for _ in range(sets)]
+    out = torch.empty(M, N, device="cuda", dtype=dtype)
+    ref = torch.empty(M, N, device="cuda", dtype=dtype)
+    args = [GemmArguments(As[i], Bs[i], out) for i in range(sets)]
+    kernels = _instances(dname, "tnt" if b_col else "ttt")
+    stream = torch.cuda.current_stream().cuda_stream
+    device = torch.cuda.current_device()
+    cu_stream = to_cuda_stream(torch.cuda.current_stream())
+    default_pitch = sm90_realigned.STAGED_PITCH_BYTES
+    fns, staged_names, contestants = {}, {}, []
+    for pitch in [p or default_pitch for p in pitches]:
+        sm90_realigned.STAGED_PITCH_BYTES = pitch
+        suffix = f"@{pitch}" if len(pitches) > 1 else ""
+        for short, k in kernels.items():
+            art = k.compile(args[0])
+            wss = [torch.empty(k.get_workspace_size(args[0]), device="cuda", dtype=torch.uint8) for _ in range(sets)]
+            plan = k._plan(args[0])
+            staged_names[pitch] = [f"{name} ld {stride}" for name, _, stride, _ in plan.staged]
+            views = []
+            for i in range(sets):
+                v = {name: getattr(args[i], name) for name in plan.views}  # read in place
+                staged = []
+                for name, offset, stride, nbytes in plan.staged:
+                    src = getattr(args[i], name)
+                    dst = wss[i][offset:offset + nbytes].view(src.dtype).as_strided(src.shape, stride)
+                    v[name] = dst
+                    staged.append((name, dst, src))
+                views.append((v, staged))
+            extra = k.inner._extra_launch_args(args[0], None)
+
+            def whole(i: int, k=k, art=art, wss=wss, pitch=pitch) -> None:
+                sm90_realigned.STAGED_PITCH_BYTES = pitch
+                k.run(args[i % sets], art, workspace=wss[i % sets], assume_supported_args=True)
+
+            def inner(i: int, art=art, views=views, extra=extra) -> None:
+                v, _ = views[i % sets]
+                art.compiled_obj(v["A"], v["B"], v["out"], None, None, 1.0, 0.0, *extra, cu_stream)
+
+            for i in range(sets):  # stage every set once, so the inner kernel reads real operands
+                for name, dst, src in views[i][1]:
+                    if name != "out":
+                        sm90_realigned.stage_copy(dst, src, k._row_major[name], stream, device)
+            contestants.append(short + suffix)
+            fns[f"{short}{suffix} whole"] = whole
+            fns[f"{short}{suffix} inner"] = inner
+            if f"copies{suffix}" not in fns:
+                def copies(i: int, k=k, views=views) -> None:
+                    for name, dst, src in views[i % sets][1]:
+                        if name == "out":
+                            sm90_realigned.stage_copy(src, dst, k._row_major[name], stream, device)
+                        else:
+                            sm90_realigned.stage_copy(dst, src, k._row_major[name], stream, device)
+
+                fns[f"copies{suffix}"] = copies
+    fns["cublas"] = lambda i: torch.matmul(As[i % sets], Bs[i % sets], out=ref)
+    errors = {}
+    for name in contestants:
+        out.fill_(float("nan"))
+        fns[f"{name} whole"](0)
+        torch.matmul(As[0], Bs[0], out=ref)
+        torch.cuda.synchronize()
+        errors[name] = float(((out.float() - ref.float()).norm() / ref.float().norm()).item())
+    ms, behind = time_group(fns, repeat)
+    sm90_realigned.STAGED_PITCH_BYTES = default_pitch
+    return {"case": label, "M": M, "N": N, "K": K, "dtype": dname, "b_col": b_col, "staged": staged_names,
+            "contestants": contestants, "ms": ms, "rel_error_vs_cublas": errors, "host_behind": behind}
+
+
+def parts_main(a: argparse.Namespace) -> None:
+    device = torch.cuda.get_device_name()
+    pitches = tuple(int(p) for p in a.pitches.split(","))
+    doc = {"device": device, "torch": torch.__version__, "argv": sys.argv, "parts": []}
+    lines = [f"{device}; ms (median of {a.gemm_repeat} shuffled launches per run, median over {a.runs} runs)",
+             f"{'case':26s} {'instance':16s} {'whole':>8s} {'inner':>8s} {'copies':>8s} {'rest':>8s} {'cuBLAS':>8s}"]
+    for case in [c for c in PARTS_CASES if re.search(a.cases, c[0])]:
+        runs = [parts_case(case, a.gemm_repeat, pitches) for _ in range(a.runs)]
+        doc["parts"].append({"case": case[0], "runs": runs})
+        med = {n: statistics.median([r["ms"][n] for r in runs]) for n in runs[0]["ms"]}
+        for name in runs[0]["contestants"]:
+            suffix = name[name.index("@"):] if "@" in name else ""
+            pitch = int(suffix[1:]) if suffix else sm90_realigned.STAGED_PITCH_BYTES
+            w, i, c = med[f"{name} whole"], med[f"{name} inner"], med[f"copies{suffix}"]
+            lines.append(f"{case[0]:26s} {name:16s} {w:8.4f} {i:8.4f} {c:8.4f} {w - i - c:8.4f} {med['cublas']:8.4f}"
+                         f"  (staged: {', '.join(runs[0]['staged'][pitch])}; err {runs[0]['rel_error_vs_cublas'][name]:.1e})")
+            print(lines[-1], flush=True)
+    name = result_name("realign_parts", device, a.tag)
+    paths = write_result(name, doc)
+    for path in paths:
+        with open(path[:-5] + ".txt", "w") as f:
+            f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=30)
@@ -199,7 +318,15 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=2, help="GEMM groups per case (the spread)")
     p.add_argument("--tag", default="")
     p.add_argument("--skip-gemm", action="store_true")
+    p.add_argument("--parts", action="store_true",
+                   help="only where each realigned GEMM's time goes: whole run, inner kernel, copies (PARTS_CASES)")
+    p.add_argument("--cases", default="", help="--parts: a regular expression the case labels must match")
+    p.add_argument("--pitches", default="0",
+                   help="--parts: staged pitch alignments in bytes to compare, e.g. 16,128 (0: the module's)")
     a = p.parse_args()
+    if a.parts:
+        parts_main(a)
+        return
     device = torch.cuda.get_device_name()
     doc = {"device": device, "torch": torch.__version__, "argv": sys.argv, "copy_rate_tb_s": copy_rate(),
            "copies": [], "gemms": []}

@@ -15,8 +15,8 @@ import torch
 
 import kernel_api
 from kernel_api import EpilogueArguments, GemmArguments
-from kernel_api.providers.cutedsl.gemm.sm90_realigned import (REGION_ALIGN_BYTES, Sm90RealignedGemm, padded_layout,
-                                                              tma_view)
+from kernel_api.providers.cutedsl.gemm.sm90_realigned import (REGION_ALIGN_BYTES, STAGED_PITCH_BYTES, Sm90RealignedGemm,
+                                                              padded_layout, tma_view)
 from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
 from kernel_api.tuning.policies import PickAny
 
@@ -102,24 +102,27 @@ def test_k_zero_is_refused_with_a_reason():
 
 
 def test_workspace_stages_exactly_the_misaligned_operands():
-    # N odd: B (K x N, ld N) and out (M x N, ld N) are staged, A is read in place.
+    # N odd: B (K x N, ld N) and out (M x N, ld N) are staged, A is read in place. A staged
+    # leading dimension is a multiple of 128 bytes (STAGED_PITCH_BYTES; 64 bf16 elements).
+    assert STAGED_PITCH_BYTES == 128
     args = meta_args(4096, 50257, 4096)
     k = realigned(args, cooperative="cooperative")[0]
-    region = _round(4096 * _round(50257, 8) * 2, REGION_ALIGN_BYTES)
+    region = _round(4096 * 50304 * 2, REGION_ALIGN_BYTES)
     assert k.get_workspace_size(args) == 2 * region
     plan = k._plan(args)
     assert [s[0] for s in plan.staged] == ["B", "out"] and set(plan.views) == {"A"}
     assert [s[1] for s in plan.staged] == [0, region]
+    assert [s[2] for s in plan.staged] == [(50304, 1), (50304, 1)]
     # K odd: A (ld K) and B (K rows of ld N=4096: aligned) -> only A is staged; out in place.
     args = meta_args(4095, 4096, 4095)
     k = realigned(args, cooperative="cooperative")[0]
     assert [s[0] for s in k._plan(args).staged] == ["A"]
     assert k.get_workspace_size(args) == _round(4095 * 4096 * 2, REGION_ALIGN_BYTES)
-    # f16 4097^3: all three; f32 out is padded to 4 elements.
+    # f16 4097^3: all three; f16 rows padded to 64 elements, f32 ones to 32.
     args = meta_args(4097, 4097, 4097, dtype=torch.float16, out_dtype=torch.float32)
     k = realigned(args, cooperative="cooperative")[0]
     sizes = [s[3] for s in k._plan(args).staged]
-    assert sizes == [4097 * 4104 * 2, 4097 * 4104 * 2, 4097 * 4100 * 4]
+    assert sizes == [4097 * 4160 * 2, 4097 * 4160 * 2, 4097 * 4128 * 4]
     # empty problems need nothing
     assert k.get_workspace_size(meta_args(0, 4097, 4097, dtype=torch.float16, out_dtype=torch.float32)) == 0
 
@@ -136,8 +139,11 @@ def test_workspace_of_column_major_and_batched_operands():
     assert [s[0] for s in plan.staged] == ["A", "out"] and set(plan.views) == {"B"}
     a_stride, a_elems = padded_layout(A.shape, False, 8)
     assert a_stride == (40 * K, 1, 40) and a_elems == L * K * 40
-    o_stride, o_elems = padded_layout(out.shape, False, 8)
-    assert o_stride == (40 * N, 1, 40) and o_elems == L * N * 40
+    a_stride, a_elems = padded_layout(A.shape, False, 64)  # what the plan stages: 128-byte columns
+    assert a_stride == (64 * K, 1, 64) and a_elems == L * K * 64
+    assert [s[2] for s in plan.staged] == [(64 * K, 1, 64), (64 * N, 1, 64)]
+    o_stride, o_elems = padded_layout(out.shape, False, 64)
+    assert o_stride == (64 * N, 1, 64) and o_elems == L * N * 64
     assert k.get_workspace_size(args) == _round(a_elems * 2, 256) + _round(o_elems * 2, 256)
 
 

@@ -4,8 +4,8 @@ TMA reads and writes global memory only at 16-byte aligned base pointers and str
 `Sm90WarpSpecializedGemm` declares a divisibility of 16 bytes for A, B and out, and everything
 else (an odd N such as GPT-2's 50257, an odd K or M, a view such as ``big[:, 1:]``) used to fall
 to the SIMT fallback at 0.13-0.19x cuBLAS. This family takes any alignment: per launch, each of
-A, B and out that TMA cannot address in place is staged in a padded, 16-byte aligned copy in
-the workspace (same majorness, leading dimension rounded up to 8 elements, each region 256-byte
+A, B and out that TMA cannot address in place is staged in a padded, aligned copy in the
+workspace (same majorness, leading dimension rounded up to 128 bytes, each region 256-byte
 aligned), and one `Sm90WarpSpecializedGemm` configuration runs on the aligned views. A
 misaligned out is computed into its padded copy and copied back (the inner kernel applies the
 whole epilogue, so the copy-back is a plain copy). TMA bounds every access by the logical
@@ -56,6 +56,13 @@ from .sm90_warpspecialized import F32_OUT_CONFIGS, Sm90WarpSpecializedGemm, tma_
 TMA_ALIGN_BYTES = 16
 #: Alignment of each staged region (and of the inner kernel's stream-K workspace) in the workspace.
 REGION_ALIGN_BYTES = 256
+#: The staged copies' leading dimension is rounded up to this many bytes, not to TMA's 16: at
+#: a pitch that is no multiple of 128 bytes most rows of a TMA box straddle two 128-byte lines.
+#: Measured on the H200 (benchmarks/realign_copy.py --parts --pitches 16,128, results/
+#: realign_parts-NVIDIA_H200-s31-pitch.txt), whole runs: f16 4097^3 3 % (128x256 cooperative)
+#: and 8 % (128x128 ping-pong) faster, 4096x50257x4096 2 % / 7 %, 8192x50257x768 4 % / 2 %;
+#: 256-1024 bytes gained nothing more (...-s31-pitch2.txt).
+STAGED_PITCH_BYTES = 128
 _AB_TYPES = (DataType.bf16, DataType.f16)
 
 #: Bytes per second (read + write) the staging copies sustain on the H200 with the line-copy
@@ -272,7 +279,7 @@ class Sm90RealignedGemm(GemmKernelBase):
             if view is not None:
                 views[name] = view
                 continue
-            stride, elements = padded_layout(t.shape, row_major, align)
+            stride, elements = padded_layout(t.shape, row_major, max(align, STAGED_PITCH_BYTES // t.element_size()))
             size = elements * t.element_size()
             staged.append((name, offset, stride, size))
             offset += _round_up(size, REGION_ALIGN_BYTES)
@@ -280,7 +287,7 @@ class Sm90RealignedGemm(GemmKernelBase):
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         """The inner kernel's workspace (stream-K) plus a padded copy of each of A, B and out that
-        TMA cannot address in place (leading dimension rounded up to 16 bytes), each region
+        TMA cannot address in place (leading dimension rounded up to `STAGED_PITCH_BYTES`), each region
         256-byte aligned; 0 for an empty problem."""
         if args.M == 0 or args.N == 0 or args.L == 0:
             return 0
