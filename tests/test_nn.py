@@ -323,6 +323,17 @@ def test_gemm_with_misaligned_columns_splits_into_a_padded_output(monkeypatch):
     assert [c[:3] for c in calls] == [(255, 37, 24), (256, 36, 24)]
 
 
+def test_long_padded_rows_start_128_bytes_apart():
+    """Rows of 4 KB and more are padded to 128 bytes (TMA's lines), shorter ones to 16: the
+    lm_head's 50257 bf16 logits get a row stride of 50304, not 50264; eager and fake alike."""
+    for dtype, n, stride in ((torch.bfloat16, 50257, 50304), (torch.float32, 1037, 1056), (torch.bfloat16, 2047, 2048),
+                             (torch.bfloat16, 2041, 2048), (torch.float32, 1021, 1024), (torch.bfloat16, 2039, 2040)):
+        A = torch.empty(256, 64, dtype=dtype, device="meta")
+        assert dispatch.padded_output(A, n).stride() == (stride, 1), (dtype, n)
+        fake = torch.ops.kernel_api.gemm(A, torch.empty(64, n, dtype=dtype, device="meta"), None, None, 1.0, 0.0, None)
+        assert fake.shape == (256, n) and fake.stride() == (stride, 1), (dtype, n)
+
+
 def test_gemm_backward_with_misaligned_columns_matches_torch(monkeypatch):
     """The lm_head's case in float64 (rows of 37 elements, not a multiple of 16 bytes): the
     gradient is copied into padded rows and dA, dB split at the aligned column; the gradients

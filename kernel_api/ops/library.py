@@ -127,7 +127,7 @@ def _aligned_grad(grad: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``grad`` with dense rows, and the columns of its aligned part (0: all of it).
 
     A 2-D gradient whose rows are not a multiple of 16 bytes (the lm_head's 50257 logits) is
-    copied into rows padded to 16 bytes (one pass over it), and the GEMMs that read it are split
+    copied into padded rows (`padded_output`, one pass over it), and the GEMMs that read it are split
     at the last aligned column (`_split_contraction`, `_split_rows`), so tensor-core kernels
     take nearly all the work instead of an alignment-1 path."""
     if grad.dim() == 2 and grad.shape[0] >= _ops.SPLIT_MIN_ROWS:
