@@ -33,7 +33,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kernel_api  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
+from kernel_api.core.dtypes import DataType  # noqa: E402
 from kernel_api.core.streams import to_cuda_stream  # noqa: E402
+from kernel_api.providers.cutedsl.gemm.common import COLUMN_MAJOR, ROW_MAJOR  # noqa: E402
+from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90Config  # noqa: E402
 from kernel_api.providers.cutedsl.gemm import sm90_realigned  # noqa: E402
 from kernel_api.providers.cutedsl.gemm.implementations.line_copy import copy_lines  # noqa: E402
 from results_io import result_name, write_result  # noqa: E402
@@ -141,6 +144,22 @@ def copy_case(case: tuple, repeat: int) -> dict:
             "host_behind": behind}
 
 
+#: Inner configurations `--parts --extra` can add to the shipped instances (name -> Sm90Config):
+#: stream-K twins of the shipped tiles that also split a fuller last wave (K <= 80 k-tiles).
+EXTRA_CONFIGS = {
+    "coop128x256sk": Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4, stream_k=True),
+    "coop128x256sk80": Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4, stream_k=True,
+                                  sk_any_wave_max_k_tiles=80),
+    "pp128x128sk80": Sm90Config((128, 128), (2, 1), "pingpong", swizzle=8, stream_k=True, sk_any_wave_max_k_tiles=80),
+}
+
+
+def _extra_instances(dtype: str, layouts: str, names: list[str]) -> dict:
+    ab = {"bf16": DataType.bf16, "f16": DataType.f16}[dtype]
+    strides = [ROW_MAJOR if c == "t" else COLUMN_MAJOR for c in layouts]
+    return {n: sm90_realigned.Sm90RealignedGemm.instance(ab, ab, *strides, EXTRA_CONFIGS[n]) for n in names}
+
+
 def _instances(dtype: str, layouts: str = "ttt") -> dict:
     want = {"coop128x256": "tile128x256x64_cluster2x1_cooperative", "pp128x128": "tile128x128x64_cluster2x1_pingpong_swz"}
     found = {}
@@ -202,16 +221,17 @@ PARTS_CASES = [
     ("bf16 4097x4097x4097", "bf16", 4097, 4097, 4097, False),
     ("bf16 4095x4096x4095", "bf16", 4095, 4096, 4095, False),
     ("bf16 4096x50257x4096", "bf16", 4096, 50257, 4096, False),
+    ("bf16 2000x3000x1001", "bf16", 2000, 3000, 1001, False),
     ("bf16 8192x50257x768 tnt", "bf16", 8192, 50257, 768, True),
 ]
 
 
-def parts_case(case: tuple, repeat: int, pitches: tuple[int, ...] = (0,)) -> dict:
+def parts_case(case: tuple, repeat: int, pitches: tuple[int, ...] = (0,), extra: tuple[str, ...] = ()) -> dict:
     """Where a realigned run's time goes, per instance: the whole run, its inner kernel alone on
     operands staged beforehand, and the staging copies alone (in, and out back), in one shuffled
     group with cuBLAS. ``whole - inner - copies`` is what running them in sequence adds.
     ``pitches``: the staged copies' pitch alignments (`sm90_realigned.STAGED_PITCH_BYTES`) to
-    compare, each its own contestants (0: the module's)."""
+    compare, each its own contestants (0: the module's); ``extra``: `EXTRA_CONFIGS` to add."""
     label, dname, M, N, K, b_col = case
     dtype = DTYPES[dname]
     per_set = 2 * (M * K + K * N + M * N)
@@ -222,7 +242,8 @@ def parts_case(case: tuple, repeat: int, pitches: tuple[int, ...] = (0,)) -> dic
     out = torch.empty(M, N, device="cuda", dtype=dtype)
     ref = torch.empty(M, N, device="cuda", dtype=dtype)
     args = [GemmArguments(As[i], Bs[i], out) for i in range(sets)]
-    kernels = _instances(dname, "tnt" if b_col else "ttt")
+    layouts = "tnt" if b_col else "ttt"
+    kernels = _instances(dname, layouts) | _extra_instances(dname, layouts, list(extra))
     stream = torch.cuda.current_stream().cuda_stream
     device = torch.cuda.current_device()
     cu_stream = to_cuda_stream(torch.cuda.current_stream())
@@ -246,15 +267,17 @@ def parts_case(case: tuple, repeat: int, pitches: tuple[int, ...] = (0,)) -> dic
                     v[name] = dst
                     staged.append((name, dst, src))
                 views.append((v, staged))
-            extra = k.inner._extra_launch_args(args[0], None)
+            inner_ws = [w[:plan.inner_bytes] if plan.inner_bytes else None for w in wss]
 
             def whole(i: int, k=k, art=art, wss=wss, pitch=pitch) -> None:
                 sm90_realigned.STAGED_PITCH_BYTES = pitch
                 k.run(args[i % sets], art, workspace=wss[i % sets], assume_supported_args=True)
 
-            def inner(i: int, art=art, views=views, extra=extra) -> None:
+            def inner(i: int, k=k, art=art, views=views, inner_ws=inner_ws) -> None:
                 v, _ = views[i % sets]
-                art.compiled_obj(v["A"], v["B"], v["out"], None, None, 1.0, 0.0, *extra, cu_stream)
+                # (a stream-K inner kernel takes a new epoch per launch: _extra_launch_args)
+                art.compiled_obj(v["A"], v["B"], v["out"], None, None, 1.0, 0.0,
+                                 *k.inner._extra_launch_args(args[i % sets], inner_ws[i % sets]), cu_stream)
 
             for i in range(sets):  # stage every set once, so the inner kernel reads real operands
                 for name, dst, src in views[i][1]:
@@ -293,7 +316,8 @@ def parts_main(a: argparse.Namespace) -> None:
     lines = [f"{device}; ms (median of {a.gemm_repeat} shuffled launches per run, median over {a.runs} runs)",
              f"{'case':26s} {'instance':16s} {'whole':>8s} {'inner':>8s} {'copies':>8s} {'rest':>8s} {'cuBLAS':>8s}"]
     for case in [c for c in PARTS_CASES if re.search(a.cases, c[0])]:
-        runs = [parts_case(case, a.gemm_repeat, pitches) for _ in range(a.runs)]
+        extra = tuple(n for n in a.extra.split(",") if n)
+        runs = [parts_case(case, a.gemm_repeat, pitches, extra) for _ in range(a.runs)]
         doc["parts"].append({"case": case[0], "runs": runs})
         med = {n: statistics.median([r["ms"][n] for r in runs]) for n in runs[0]["ms"]}
         for name in runs[0]["contestants"]:
@@ -321,6 +345,7 @@ def main() -> None:
     p.add_argument("--parts", action="store_true",
                    help="only where each realigned GEMM's time goes: whole run, inner kernel, copies (PARTS_CASES)")
     p.add_argument("--cases", default="", help="--parts: a regular expression the case labels must match")
+    p.add_argument("--extra", default="", help=f"--parts: inner configurations to add ({', '.join(EXTRA_CONFIGS)})")
     p.add_argument("--pitches", default="0",
                    help="--parts: staged pitch alignments in bytes to compare, e.g. 16,128 (0: the module's)")
     a = p.parse_args()

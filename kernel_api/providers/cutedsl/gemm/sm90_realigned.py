@@ -50,7 +50,7 @@ from .. import CuTeDSLProvider
 from .common import FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation
 from .implementations.line_copy import copy_lines
 from .implementations.line_copy import prepare as prepare_line_copy
-from .sm90_warpspecialized import F32_OUT_CONFIGS, Sm90WarpSpecializedGemm, tma_divisibility
+from .sm90_warpspecialized import F32_OUT_CONFIGS, Sm90Config, Sm90WarpSpecializedGemm, tma_divisibility
 
 #: TMA's alignment unit for base pointers and strides.
 TMA_ALIGN_BYTES = 16
@@ -249,16 +249,24 @@ class Sm90RealignedGemm(GemmKernelBase):
             for out_type in (ab, DataType.f32):
                 for stride_A, stride_B, stride_out in LAYOUT_COMBOS:
                     for cfg in F32_OUT_CONFIGS:
-                        inner = Sm90WarpSpecializedGemm._make(ab, out_type, stride_A, stride_B, stride_out, cfg)
-                        operands = GemmOperandsMetadata(
-                            TensorAttributes(ab, stride_A, 1), TensorAttributes(ab, stride_B, 1),
-                            TensorAttributes(out_type, stride_out, 1), accumulator_type=DataType.f32)
-                        tail = inner.name[len("Sm90WarpSpecializedGemm_"):].rpartition("_align")[0]
-                        metadata = KernelMetadata(f"Sm90RealignedGemm_{tail}_align1x1x1", Sm90RealignedGemm, operands,
-                                                  inner.metadata.design, min_cc=90, max_cc=90, epilogue=FULL_EPILOGUE)
-                        if metadata_filter is None or metadata_filter(metadata):
-                            kernels.append(Sm90RealignedGemm(metadata, inner))
+                        kernel = Sm90RealignedGemm.instance(ab, out_type, stride_A, stride_B, stride_out, cfg)
+                        if metadata_filter is None or metadata_filter(kernel.metadata):
+                            kernels.append(kernel)
         return kernels
+
+    @staticmethod
+    def instance(ab: DataType, out_type: DataType, stride_A: tuple, stride_B: tuple, stride_out: tuple,
+                 cfg: Sm90Config) -> "Sm90RealignedGemm":
+        """The instance on one inner configuration (``cfg``; benchmarks try others than
+        `generate_kernels`' with it)."""
+        inner = Sm90WarpSpecializedGemm._make(ab, out_type, stride_A, stride_B, stride_out, cfg)
+        operands = GemmOperandsMetadata(
+            TensorAttributes(ab, stride_A, 1), TensorAttributes(ab, stride_B, 1),
+            TensorAttributes(out_type, stride_out, 1), accumulator_type=DataType.f32)
+        tail = inner.name[len("Sm90WarpSpecializedGemm_"):].rpartition("_align")[0]
+        metadata = KernelMetadata(f"Sm90RealignedGemm_{tail}_align1x1x1", Sm90RealignedGemm, operands,
+                                  inner.metadata.design, min_cc=90, max_cc=90, epilogue=FULL_EPILOGUE)
+        return Sm90RealignedGemm(metadata, inner)
 
     def _family_supports(self, args: GemmArguments) -> Status | None:
         attrs = args.tensor_attributes
