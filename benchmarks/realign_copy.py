@@ -161,7 +161,7 @@ def _extra_instances(dtype: str, layouts: str, names: list[str]) -> dict:
 
 
 def _instances(dtype: str, layouts: str = "ttt") -> dict:
-    want = {"coop128x256": "tile128x256x64_cluster2x1_cooperative", "pp128x128": "tile128x128x64_cluster2x1_pingpong_swz"}
+    want = {"coop128x256": "tile128x256x64_cluster2x1_cooperative_swz", "pp128x128": "tile128x128x64_cluster2x1_pingpong_swz"}
     found = {}
     for k in sm90_realigned.Sm90RealignedGemm.generate_kernels(None, cc=90):
         n = k.metadata.kernel_name

@@ -46,7 +46,7 @@ def realigned(args, **match):
 def test_generation_names_and_metadata():
     kernels = Sm90RealignedGemm.generate_kernels(None, cc=90)
     names = [k.name for k in kernels]
-    assert len(names) == len(set(names)) == 2 * 2 * 8 * 4
+    assert len(names) == len(set(names)) == 2 * 2 * 8 * 5  # (A/B type, out type, layouts, REALIGNED_CONFIGS)
     for k in kernels:
         assert k.name.startswith("Sm90RealignedGemm_") and k.name.endswith("_align1x1x1")
         assert isinstance(k.inner, Sm90WarpSpecializedGemm)
@@ -270,11 +270,13 @@ CASES = [
     (31, 45, 1, None, "ttt", (0, 0, 0), (0, 0, 0)),
     (200, 128, 99, None, "ttt", (5, 0, 0), (0, 0, 0)),       # A: odd K inside an aligned ld -> in place
     (1024, 2431, 1001, None, "ttt", (0, 0, 0), (0, 0, 0)),   # 152 tiles of 128x128: stream-K splits
-]
+    (4097, 4097, 136, None, "ttt", (0, 0, 0), (0, 0, 0)),    # 289 cluster tiles of 128x256: 4.4 waves, the
+]                                                             # fuller last wave split (skk80)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tag", ["cooperative", "tile128x128x64_cluster2x1_pingpong_swz8m", "tile64x128", "streamk"])
+@pytest.mark.parametrize("tag", ["cooperative_swz", "tile128x128x64_cluster2x1_pingpong_swz8m", "tile64x128",
+                                 "pingpong_streamk", "cooperative_streamk_skk80"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_awkward_shapes_every_config(tag, case):
     _needs_sm90()
@@ -303,7 +305,7 @@ def test_every_layout_combination(layouts):
 def test_other_types(dtype, out_dtype):
     _needs_sm90()
     args, buf, ref = problem(321, 199, 257, dtype=dtype, out_dtype=out_dtype, seed=3)
-    k = _kernel_for(args, "cooperative")
+    k = _kernel_for(args, "cooperative_swz")
     k.run(args)
     torch.cuda.synchronize()
     _check_out(buf, args.out, ref, TOL[out_dtype], k.name)
@@ -326,7 +328,7 @@ def test_fused_epilogue_on_a_staged_out(epilogue):
 def test_side_stream_and_given_workspace():
     _needs_sm90()
     args, buf, ref = problem(517, 389, 263, seed=11)
-    k = _kernel_for(args, "streamk")
+    k = _kernel_for(args, "pingpong_streamk")
     size = k.get_workspace_size(args)
     workspace = torch.empty(size + 4096, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.Stream()
@@ -361,3 +363,24 @@ def test_ops_gemm_picks_it_and_is_right(shape):
     torch.cuda.synchronize()
     err = float(torch.linalg.vector_norm(z.double() - ref2) / torch.linalg.vector_norm(ref2))
     assert err < TOL[torch.bfloat16]
+
+
+def test_stream_k_waves_follow_the_kernel_rule():
+    """`stream_k_waves` mirrors the implementation's split rule: a fuller last wave is split
+    only after 4 whole waves at K of at most 80 k-tiles, a quarter-full one with one whole wave
+    before it, and PickAny takes the split 128x256 tile at f16 4097^3 (4.4 waves)."""
+    from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import STREAM_K_SPLIT_COST, Sm90Config, stream_k_waves
+
+    any_wave = Sm90Config((128, 256), (2, 1), "cooperative", stream_k=True, sk_any_wave_max_k_tiles=80)
+    quarter = Sm90Config((128, 256), (2, 1), "cooperative", stream_k=True)
+    # 17 x 17 = 289 clusters over 66: 4 whole waves and 25 left (more than a quarter)
+    assert stream_k_waves(any_wave, meta_args(4097, 4097, 4097), 132, 64) == (5, 3 + 91 / 66 * (1 + STREAM_K_SPLIT_COST))
+    assert stream_k_waves(quarter, meta_args(4097, 4097, 4097), 132, 64) is None
+    assert stream_k_waves(any_wave, meta_args(4097, 4097, 81 * 64 + 1), 132, 64) is None  # K past 80 k-tiles
+    assert stream_k_waves(any_wave, meta_args(4097, 2049, 4097), 132, 64) is None  # 153 clusters: under 4 waves
+    # 10 clusters past 2 whole waves (at most a quarter): both split the last 76
+    assert stream_k_waves(quarter, meta_args(256 * 142, 256, 512), 132, 64) == (3, 1 + 76 / 66 * (1 + STREAM_K_SPLIT_COST))
+    assert stream_k_waves(any_wave, meta_args(4096, 4096, 4096), 132, 64) is None  # 256 clusters: 58 left, 3 waves
+    args = meta_args(4097, 4097, 4097, dtype=torch.float16)
+    best = PickAny().choose(args, kernel_api.get_kernels(args, cc=90))
+    assert "cooperative_streamk_skk80" in best.name, best.name

@@ -153,6 +153,36 @@ TF32X3_CONFIGS: tuple[Sm90Config, ...] = (
 _AB_TYPES = (DataType.bf16, DataType.f16)
 
 
+#: The split share of a stream-K launch costs this much more per tile-equivalent than whole
+#: tiles: the fix-up (partials through the workspace) and the k offsets that no longer line up
+#: between neighbouring clusters (less L2 reuse). Realigned 128x256 cooperative tile with
+#: fuller last waves split, against its data-parallel twin (H200, results/realign_parts-
+#: NVIDIA_H200-s31-sk.txt): f16 / bf16 4097^3 0.93-0.95x the time (4.38 waves; the inner
+#: kernel alone 4.66 rounds against 5: 0.2 here), 4096x50257x4096 1.01x (47.76 waves: nothing
+#: to gain). 0.1-0.15 rank all six measured realigned cases within 2 % of their best (0.2
+#: leaves f16 and bf16 4097^3 on the ping-pong tile, 0.85-0.87 of it, whose 8.5 waves the tile
+#: model rates too well there); 0.15 keeps 4096x50257x4096 on the data-parallel twin.
+STREAM_K_SPLIT_COST = 0.15
+
+
+def stream_k_waves(cfg: Sm90Config, args: GemmArguments, sm_count: int, k_tile_elems: int) -> tuple[int, float] | None:
+    """(whole waves a data-parallel grid runs, the busiest cluster's tile-equivalents with the
+    stream-K split) for ``cfg`` on ``args`` with ``sm_count`` SMs, or None where the kernel's
+    rule splits nothing (mirrors the implementation: the last wave, with one whole wave before
+    it, is cut along K when it is at most a quarter full, or any last wave after 4 whole ones
+    at K of at most ``sk_any_wave_max_k_tiles`` k-tiles)."""
+    (tm, tn), (cm, cn) = cfg.tile_mn, cfg.cluster_mn
+    clusters = -(-(-(-args.M // tm)) // cm) * -(-(-(-args.N // tn)) // cn) * max(args.L, 1)
+    grid = max(1, sm_count // (cm * cn))
+    rem = clusters % grid
+    k_tiles = -(-max(args.K, 1) // k_tile_elems)
+    any_wave = k_tiles <= cfg.sk_any_wave_max_k_tiles and clusters >= 4 * grid
+    if rem == 0 or rem > (grid if any_wave else grid // 4) or clusters < grid + rem:
+        return None
+    split = rem + grid
+    return -(-clusters // grid), (clusters - split) // grid + split / grid * (1.0 + STREAM_K_SPLIT_COST)
+
+
 def k_tile(ab_type: DataType) -> int:
     """K extent of one shared-memory stage: 128 bytes of a row (64 16-bit or 32 f32 elements)."""
     return 128 // ab_type.bytes
@@ -392,17 +422,26 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float | None:
         """split_all: `split_all_cost`; narrow tiles: `narrow_tile_cost`. 3xTF32: the tile model's
-        time of a GEMM with K' = 3K, plus the split pre-pass (about a tenth more at K=4096); other
-        configurations use the generic model."""
+        time of a GEMM with K' = 3K, plus the split pre-pass (about a tenth more at K=4096).
+        Stream-K that splits fuller last waves (``sk_any_wave_max_k_tiles``), where it splits:
+        the tile model's with the split share for the last waves (`stream_k_waves`). Other
+        configurations use the generic model: the stream-K twins that split only a last wave at
+        most a quarter full are ranked as their data-parallel twins, as the recorded choices
+        were (no GPU run has timed the choices a split-aware rank would change for them: GPT-2's
+        dW products)."""
         if self.config.split_all:
             return split_all_cost(self, args, sm_count)
         if self.config.narrow:
             return narrow_tile_cost(self, args, sm_count)
-        if not self._split3:
-            return None
-        from ....tuning.policies import gemm_cost  # the tuning package imports the registry
+        from ....tuning.policies import SKINNY_GEMM, gemm_cost  # the tuning package imports the registry
 
-        return 3.3 * gemm_cost(self, args, sm_count)
+        if self._split3:
+            return 3.3 * gemm_cost(self, args, sm_count)
+        if self.config.stream_k and self.config.sk_any_wave_max_k_tiles and min(args.M, args.N) > SKINNY_GEMM:
+            waves = stream_k_waves(self.config, args, sm_count, k_tile(self.metadata.operands.A.dtype))
+            if waves is not None:
+                return gemm_cost(self, args, sm_count) * waves[1] / waves[0]
+        return None
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         """Stream-K configurations keep one partial f32 tile per CTA of the persistent grid;
