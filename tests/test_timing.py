@@ -49,11 +49,38 @@ def test_rounds_launch_every_call_in_turn_on_a_new_input_set(monkeypatch):
     found = timing.time_interleaved(runs, sets=4, warmup=2, repeat=3, gpu_floor_ms=1e9)
     launches = [e for e in clock.log if e[0] in runs]
     assert launches[:6] == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]  # warm-ups, each alone
-    assert launches[6:] == [("a", 0), ("b", 1), ("c", 2), ("a", 3), ("b", 0), ("c", 1), ("a", 2), ("b", 3),
-                            ("c", 0)]  # rounds; the set advances with every launch
+    rounds = launches[6:]
+    assert [i for _, i in rounds] == [0, 1, 2, 3, 0, 1, 2, 3, 0]  # the set advances with every launch
+    for r in range(3):  # every call once per round
+        assert sorted(name for name, _ in rounds[3 * r:3 * r + 3]) == ["a", "b", "c"]
     assert {k: (v["median_ms"], v["samples"]) for k, v in found.items()} == {"a": (2.0, 3), "b": (1.0, 3),
                                                                            "c": (3.0, 3)}
     assert not [e for e in clock.log if e[0] == "sleep"]  # the GPU is slower than the host: no head start
+
+
+def test_the_order_is_shuffled_each_round_so_no_call_always_follows_the_same_one(monkeypatch):
+    """A call whose time depends on the call before it: "b" takes 1 ms after "a" and 3 ms
+    otherwise. In a fixed order a, b, c it always followed "a"; shuffled it follows both others,
+    and its samples show both neighbours; the orders repeat for the same keys and repeat count
+    (seeded)."""
+    clock = _Clock(monkeypatch)
+    last = {"name": None}
+
+    def call(name: str):
+        def run(i: int) -> None:
+            clock.log.append((name, i))
+            clock.now += (1.0 if last["name"] == "a" else 3.0) if name == "b" else 2.0
+            last["name"] = name
+        return run
+
+    runs = {"a": call("a"), "b": call("b"), "c": call("c")}
+    found = timing.time_interleaved(runs, warmup=1, repeat=40, gpu_floor_ms=1e9)
+    launches = [e[0] for e in clock.log if e[0] in runs][3:]
+    assert {launches[j - 1] for j in range(1, len(launches)) if launches[j] == "b"} >= {"a", "c"}
+    assert found["b"]["samples"] == 40 and found["b"]["min_ms"] == 1.0 and found["b"]["mean_ms"] > 1.5
+    clock.log.clear()
+    timing.time_interleaved(runs, warmup=1, repeat=40, gpu_floor_ms=1e9)
+    assert [e[0] for e in clock.log if e[0] in runs][3:] == launches
 
 
 def test_rounds_are_queued_in_chunks_two_ahead_of_the_waits(monkeypatch):

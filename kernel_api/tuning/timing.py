@@ -3,6 +3,7 @@ rotating input sets so repeated runs do not measure the L2 cache."""
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -114,9 +115,17 @@ class QueuedTiming:
 def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup: int = 5, repeat: int = 50,
                      gpu_floor_ms: float = 0.0, max_queued: int = 96) -> dict[Any, dict | Exception]:
     """Time several calls against each other: after ``warmup`` calls of each alone, ``repeat``
-    rounds in which every call of ``runs`` is launched once, in turn, each launch between its
-    own CUDA events. Returns per key `QueuedTiming.result`'s summary, or the exception its call
-    raised (it is left out of the later rounds).
+    rounds in which every call of ``runs`` is launched once, each launch between its own CUDA
+    events, in an order shuffled every round (seeded: the same keys and ``repeat`` give the same
+    orders). Returns per key `QueuedTiming.result`'s summary, or the exception its call raised
+    (it is left out of the later rounds).
+
+    Shuffled, not in a fixed order: a call's time depends on the one launched before it (what
+    that one left in L2, its power draw). In a fixed order every call always followed the same
+    other one: identical kernels in two slots of one group measured up to 12 % apart, and
+    PickBest put the ping-pong stream-K tile 2 % ahead at 4096x50257x4096 where alternating
+    shuffled timings measured it 7-8 % behind (benchmarks/NOTES-small-m.md, session 29;
+    NOTES-realign.md, session 31).
 
     Clock and power drift then hit all the calls alike (timed one after the other, each
     candidate meets the GPU in another state). The input set advances with every launch, not
@@ -135,6 +144,7 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
         except Exception as exc:
             failures[key] = exc
     live = [key for key in runs if key not in failures]
+    order = random.Random(len(runs) * 1000003 + repeat)
     chunks: list[list[tuple[Any, Any, Any]]] = []
     waited = -1
     launches = 0
@@ -147,7 +157,9 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
             gpu_sleep(min(MAX_HEAD_START_MS, 1.25 * rounds * behind_ms + 0.05), stream)
         chunk = []
         for _ in range(rounds):
-            for key in list(live):
+            turn = list(live)
+            order.shuffle(turn)
+            for key in turn:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record(stream)
                 try:
