@@ -48,7 +48,7 @@ WITHIN = 1.1  # a choice within 10 % of the best: its time <= 1.1 x the best's
 #: M <= 16 runs with clusters of 2 at split 2 (H200, H100; rotated and shuffled house timing)
 #: and its shuffled H200 runs of the odd, aligned, f32 and f64 groups and of M = 64 / 128;
 #: sessions 30 and 31's odd group (31: the staged copies at a 128-byte pitch; then the
-#: cooperative stream-K instance added).
+#: cooperative stream-K instance added; then PickBest's timing shuffled, odd and aligned groups).
 DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-NVIDIA_H200.json",
                  "gemm_shapes-NVIDIA_H200-s25-small-m.json", "gemm_shapes-NVIDIA_H200-s25-small-m-pickany.json",
                  "gemm_shapes-NVIDIA_H200-s25-f32.json", "gemm_shapes-NVIDIA_H200-s25-f64.json",
@@ -59,7 +59,7 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H200-s29-shuffled-final.json", "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json",
                  "gemm_shapes-NVIDIA_H200-s30-odd.json", "gemm_shapes-NVIDIA_H100_80GB_HBM3-s30-odd-h100.json",
                  "gemm_shapes-NVIDIA_H200-s30-odd-final.json", "gemm_shapes-NVIDIA_H200-s31-odd.json",
-                 "gemm_shapes-NVIDIA_H200-s31-odd-sk.json"]
+                 "gemm_shapes-NVIDIA_H200-s31-odd-sk.json", "gemm_shapes-NVIDIA_H200-s31-shuffled-pickbest.json"]
 
 
 def _selection():
