@@ -42,7 +42,9 @@ def test_no_head_start_when_the_gpu_is_slower_than_the_host():
 
 def test_queued_timing_returns_before_the_gpu_ran_the_calls():
     x = torch.zeros(256, device="cuda")
-    torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU spin ahead of the calls
+    # About 1 s of GPU spin ahead of the calls: the host must queue them and ask before it ends
+    # (0.1 s was too short with 8 test workers compiling beside it: s31-timing.log)
+    torch.cuda._sleep(2_000_000_000)
     timing = QueuedTiming(lambda i: x.add_(1.0), repeat=10, gpu_floor_ms=1e9)
     assert not timing.ready()
     found = timing.result()
