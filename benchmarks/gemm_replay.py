@@ -59,7 +59,8 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H200-s29-shuffled-final.json", "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json",
                  "gemm_shapes-NVIDIA_H200-s30-odd.json", "gemm_shapes-NVIDIA_H100_80GB_HBM3-s30-odd-h100.json",
                  "gemm_shapes-NVIDIA_H200-s30-odd-final.json", "gemm_shapes-NVIDIA_H200-s31-odd.json",
-                 "gemm_shapes-NVIDIA_H200-s31-odd-sk.json", "gemm_shapes-NVIDIA_H200-s31-shuffled-pickbest.json"]
+                 "gemm_shapes-NVIDIA_H200-s31-odd-sk.json", "gemm_shapes-NVIDIA_H200-s31-shuffled-pickbest.json",
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s31-odd-h100.json"]
 
 
 def _selection():

@@ -36,6 +36,7 @@ ODD_S30_FINAL = "gemm_shapes-NVIDIA_H200-s30-odd-final.json"
 ODD_S31 = "gemm_shapes-NVIDIA_H200-s31-odd.json"
 ODD_S31_SK = "gemm_shapes-NVIDIA_H200-s31-odd-sk.json"
 S31_SHUFFLED = "gemm_shapes-NVIDIA_H200-s31-shuffled-pickbest.json"
+ODD_S31_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s31-odd-h100.json"
 
 #: The recorded files replayed in full.
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
@@ -44,7 +45,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-clusters-h100.json", "gemm_shapes-NVIDIA_H200-s29-shuffled.json",
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json", SHUFFLED_FINAL,
          "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json", ODD_S30, ODD_S30_H100, ODD_S30_FINAL, ODD_S31,
-         ODD_S31_SK, S31_SHUFFLED]
+         ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
