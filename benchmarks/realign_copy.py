@@ -226,12 +226,14 @@ PARTS_CASES = [
 ]
 
 
-def parts_case(case: tuple, repeat: int, pitches: tuple[int, ...] = (0,), extra: tuple[str, ...] = ()) -> dict:
+def parts_case(case: tuple, repeat: int, pitches: tuple[int, ...] = (0,), extra: tuple[str, ...] = (),
+               cublas: bool = True) -> dict:
     """Where a realigned run's time goes, per instance: the whole run, its inner kernel alone on
     operands staged beforehand, and the staging copies alone (in, and out back), in one shuffled
     group with cuBLAS. ``whole - inner - copies`` is what running them in sequence adds.
     ``pitches``: the staged copies' pitch alignments (`sm90_realigned.STAGED_PITCH_BYTES`) to
-    compare, each its own contestants (0: the module's); ``extra``: `EXTRA_CONFIGS` to add."""
+    compare, each its own contestants (0: the module's); ``extra``: `EXTRA_CONFIGS` to add;
+    ``cublas``: torch.matmul among the contestants (its reference output is computed anyway)."""
     label, dname, M, N, K, b_col = case
     dtype = DTYPES[dname]
     per_set = 2 * (M * K + K * N + M * N)
@@ -295,7 +297,9 @@ def parts_case(case: tuple, repeat: int, pitches: tuple[int, ...] = (0,), extra:
                             sm90_realigned.stage_copy(dst, src, k._row_major[name], stream, device)
 
                 fns[f"copies{suffix}"] = copies
-    fns["cublas"] = lambda i: torch.matmul(As[i % sets], Bs[i % sets], out=ref)
+    matmul = lambda i: torch.matmul(As[i % sets], Bs[i % sets], out=ref)  # noqa: E731
+    if cublas:
+        fns["cublas"] = matmul
     errors = {}
     for name in contestants:
         out.fill_(float("nan"))
@@ -317,14 +321,14 @@ def parts_main(a: argparse.Namespace) -> None:
              f"{'case':26s} {'instance':16s} {'whole':>8s} {'inner':>8s} {'copies':>8s} {'rest':>8s} {'cuBLAS':>8s}"]
     for case in [c for c in PARTS_CASES if re.search(a.cases, c[0])]:
         extra = tuple(n for n in a.extra.split(",") if n)
-        runs = [parts_case(case, a.gemm_repeat, pitches, extra) for _ in range(a.runs)]
+        runs = [parts_case(case, a.gemm_repeat, pitches, extra, not a.no_cublas) for _ in range(a.runs)]
         doc["parts"].append({"case": case[0], "runs": runs})
         med = {n: statistics.median([r["ms"][n] for r in runs]) for n in runs[0]["ms"]}
         for name in runs[0]["contestants"]:
             suffix = name[name.index("@"):] if "@" in name else ""
             pitch = int(suffix[1:]) if suffix else sm90_realigned.STAGED_PITCH_BYTES
             w, i, c = med[f"{name} whole"], med[f"{name} inner"], med[f"copies{suffix}"]
-            lines.append(f"{case[0]:26s} {name:16s} {w:8.4f} {i:8.4f} {c:8.4f} {w - i - c:8.4f} {med['cublas']:8.4f}"
+            lines.append(f"{case[0]:26s} {name:16s} {w:8.4f} {i:8.4f} {c:8.4f} {w - i - c:8.4f} {med.get('cublas', 0):8.4f}"
                          f"  (staged: {', '.join(runs[0]['staged'][pitch])}; err {runs[0]['rel_error_vs_cublas'][name]:.1e})")
             print(lines[-1], flush=True)
     name = result_name("realign_parts", device, a.tag)
@@ -345,6 +349,7 @@ def main() -> None:
     p.add_argument("--parts", action="store_true",
                    help="only where each realigned GEMM's time goes: whole run, inner kernel, copies (PARTS_CASES)")
     p.add_argument("--cases", default="", help="--parts: a regular expression the case labels must match")
+    p.add_argument("--no-cublas", action="store_true", help="--parts: leave torch.matmul out of the timed group")
     p.add_argument("--extra", default="", help=f"--parts: inner configurations to add ({', '.join(EXTRA_CONFIGS)})")
     p.add_argument("--pitches", default="0",
                    help="--parts: staged pitch alignments in bytes to compare, e.g. 16,128 (0: the module's)")
