@@ -381,6 +381,7 @@ def test_stream_k_waves_follow_the_kernel_rule():
     # 10 clusters past 2 whole waves (at most a quarter): both split the last 76
     assert stream_k_waves(quarter, meta_args(256 * 142, 256, 512), 132, 64) == (3, 1 + 76 / 66 * (1 + STREAM_K_SPLIT_COST))
     assert stream_k_waves(any_wave, meta_args(4096, 4096, 4096), 132, 64) is None  # 256 clusters: 58 left, 3 waves
+    assert stream_k_waves(quarter, meta_args(1280, 256, 512), 132, 64) is None  # 5 clusters: a grid of 5, no split
     args = meta_args(4097, 4097, 4097, dtype=torch.float16)
     best = PickAny().choose(args, kernel_api.get_kernels(args, cc=90))
     assert "cooperative_streamk_skk80" in best.name, best.name

@@ -171,13 +171,16 @@ def stream_k_waves(cfg: Sm90Config, args: GemmArguments, sm_count: int, k_tile_e
     rule splits nothing (mirrors the implementation: the last wave, with one whole wave before
     it, is cut along K when it is at most a quarter full, or any last wave after 4 whole ones
     at K of at most ``sk_any_wave_max_k_tiles`` k-tiles)."""
+    def ceil_div(a: int, b: int) -> int:
+        return -(-a // b)
+
     (tm, tn), (cm, cn) = cfg.tile_mn, cfg.cluster_mn
-    clusters = -(-(-(-args.M // tm)) // cm) * -(-(-(-args.N // tn)) // cn) * max(args.L, 1)
-    grid = max(1, sm_count // (cm * cn))
+    clusters = ceil_div(ceil_div(args.M, tm), cm) * ceil_div(ceil_div(args.N, tn), cn) * max(args.L, 1)
+    grid = max(1, min(sm_count // (cm * cn), clusters))  # the persistent grid: never more clusters than tiles
     rem = clusters % grid
-    k_tiles = -(-max(args.K, 1) // k_tile_elems)
+    k_tiles = ceil_div(max(args.K, 1), k_tile_elems)
     any_wave = k_tiles <= cfg.sk_any_wave_max_k_tiles and clusters >= 4 * grid
-    if rem == 0 or rem > (grid if any_wave else grid // 4) or clusters < grid + rem:
+    if rem == 0 or rem > (grid if any_wave else grid // 4):
         return None
     split = rem + grid
     return -(-clusters // grid), (clusters - split) // grid + split / grid * (1.0 + STREAM_K_SPLIT_COST)
