@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from kernel_api import ops  # noqa: E402
 from kernel_api.ops import dispatch  # noqa: E402
-from results_io import result_name, write_result  # noqa: E402
+from results_io import result_doc, result_name, write_result_with_text  # noqa: E402
 from small_m import ROTATE_BYTES, time_group  # noqa: E402
 
 #: (label, tokens, vocabulary, hidden): GPT-2 small's lm_head at 8 x 1024 and 4 x 1024 tokens.
@@ -95,8 +95,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--tag", default="")
     a = p.parse_args()
-    device = torch.cuda.get_device_name()
-    doc = {"device": device, "torch": torch.__version__, "argv": sys.argv, "cases": []}
+    doc = result_doc(cases=[])
+    device = doc["device"]
     lines = [f"{device}; ms, median of {a.repeat} shuffled launches per run, median [min-max] over {a.runs} runs"]
     for case in CASES:
         runs = [run_case(case, a.repeat) for _ in range(a.runs)]
@@ -112,9 +112,7 @@ def main() -> None:
                             ", ".join(f"{k} {v:.1e}" for k, v in err.items()) if err else ""))
             print(lines[-1], flush=True)
     name = result_name("padded_rows", device, a.tag)
-    for path in write_result(name, doc):
-        with open(path[:-5] + ".txt", "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_result_with_text(name, doc, lines)
     print("\n".join(lines))
 
 

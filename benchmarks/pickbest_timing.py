@@ -28,7 +28,7 @@ import kernel_api  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
 from kernel_api.tuning.reference import random_like  # noqa: E402
 from kernel_api.tuning.timing import time_interleaved  # noqa: E402
-from results_io import result_name, write_result  # noqa: E402
+from results_io import result_doc, result_name, write_result_with_text  # noqa: E402
 from small_m import time_group  # noqa: E402
 
 #: (label, dtype, M, N, K, B column-major, allow tf32, kernel name parts of the two contestants)
@@ -80,8 +80,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=40)
     p.add_argument("--tag", default="")
     a = p.parse_args()
-    device = torch.cuda.get_device_name()
-    doc = {"device": device, "torch": torch.__version__, "argv": sys.argv, "cases": []}
+    doc = result_doc(cases=[])
+    device = doc["device"]
     lines = [f"{device}; median ms of {a.repeat} launches; coop / pp (pp/coop); cuBLAS where in the group"]
     for case in CASES:
         r = run_case(case, a.repeat)
@@ -91,9 +91,7 @@ def main() -> None:
             lines.append(f"{r['case']:22s} {method:24s} {ms['coop']:.4f} / {ms['pp']:.4f} ({ms['pp'] / ms['coop']:.3f}){cub}")
             print(lines[-1], flush=True)
     name = result_name("pickbest_timing", device, a.tag)
-    for path in write_result(name, doc):
-        with open(path[:-5] + ".txt", "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_result_with_text(name, doc, lines)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from kernel_api.providers.cutedsl.gemm.common import COLUMN_MAJOR, ROW_MAJOR  # 
 from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90Config  # noqa: E402
 from kernel_api.providers.cutedsl.gemm import sm90_realigned  # noqa: E402
 from kernel_api.providers.cutedsl.gemm.implementations.line_copy import copy_lines  # noqa: E402
-from results_io import result_name, write_result  # noqa: E402
+from results_io import result_doc, result_name, write_result_with_text  # noqa: E402
 from small_m import ROTATE_BYTES, copy_rate, time_group  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -314,9 +314,9 @@ def parts_case(case: tuple, repeat: int, pitches: tuple[int, ...] = (0,), extra:
 
 
 def parts_main(a: argparse.Namespace) -> None:
-    device = torch.cuda.get_device_name()
     pitches = tuple(int(p) for p in a.pitches.split(","))
-    doc = {"device": device, "torch": torch.__version__, "argv": sys.argv, "parts": []}
+    doc = result_doc(parts=[])
+    device = doc["device"]
     lines = [f"{device}; ms (median of {a.gemm_repeat} shuffled launches per run, median over {a.runs} runs)",
              f"{'case':26s} {'instance':16s} {'whole':>8s} {'inner':>8s} {'copies':>8s} {'rest':>8s} {'cuBLAS':>8s}"]
     for case in [c for c in PARTS_CASES if re.search(a.cases, c[0])]:
@@ -331,11 +331,7 @@ def parts_main(a: argparse.Namespace) -> None:
             lines.append(f"{case[0]:26s} {name:16s} {w:8.4f} {i:8.4f} {c:8.4f} {w - i - c:8.4f} {med.get('cublas', 0):8.4f}"
                          f"  (staged: {', '.join(runs[0]['staged'][pitch])}; err {runs[0]['rel_error_vs_cublas'][name]:.1e})")
             print(lines[-1], flush=True)
-    name = result_name("realign_parts", device, a.tag)
-    paths = write_result(name, doc)
-    for path in paths:
-        with open(path[:-5] + ".txt", "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_result_with_text(result_name("realign_parts", device, a.tag), doc, lines)
     print("\n".join(lines))
 
 
@@ -357,9 +353,8 @@ def main() -> None:
     if a.parts:
         parts_main(a)
         return
-    device = torch.cuda.get_device_name()
-    doc = {"device": device, "torch": torch.__version__, "argv": sys.argv, "copy_rate_tb_s": copy_rate(),
-           "copies": [], "gemms": []}
+    doc = result_doc(copy_rate_tb_s=copy_rate(), copies=[], gemms=[])
+    device = doc["device"]
     lines = [f"{device}; device copy rate {doc['copy_rate_tb_s']:.2f} TB/s (read + write)", "",
              f"{'copy':28s} {'line_copy':>10s} {'warp':>6s} {'cta':>6s} {'copy_':>10s} {'memcpy2d':>10s}   TB/s; "
              f"all exact"]
@@ -385,14 +380,7 @@ def main() -> None:
                 print(lines[-1], flush=True)
             lines.append(f"{case[0]:24s} {'cublas':26s} {statistics.median([r['ms']['cublas'] for r in runs]):8.4f} ms")
             print(lines[-1], flush=True)
-    name = result_name("realign_copy", device, a.tag)
-    paths = write_result(name, doc)
-    with open(paths[0][:-5] + ".txt", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    out = os.environ.get("OUT", "")
-    if out and os.path.isdir(out):
-        with open(os.path.join(out, name[:-5] + ".txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_result_with_text(result_name("realign_copy", device, a.tag), doc, lines)
     print("\n".join(lines))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -25,3 +26,20 @@ def write_result(name: str, doc: dict, indent: int = 1) -> list[str]:
         with open(path, "w") as f:
             json.dump(doc, f, indent=indent, default=str)
     return paths
+
+
+def write_result_with_text(name: str, doc: dict, lines: list[str]) -> list[str]:
+    """`write_result`, and ``lines`` as a ``.txt`` beside each JSON it wrote; the JSON paths."""
+    paths = write_result(name, doc)
+    for path in paths:
+        with open(path[:-5] + ".txt", "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return paths
+
+
+def result_doc(**fields) -> dict:
+    """A results document's head: the current CUDA device's name, torch's version and the
+    command line, then ``fields``."""
+    import torch
+
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "argv": sys.argv, **fields}

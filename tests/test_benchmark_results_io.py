@@ -33,3 +33,25 @@ def test_writes_results_and_a_copy_in_out_only_when_it_is_a_folder(tmp_path, mon
     paths = rio.write_result("b.json", {"y": (1, 2)})
     assert paths == [str(tmp_path / "results" / "b.json"), str(out / "b.json")]
     assert json.loads((out / "b.json").read_text()) == {"y": [1, 2]}
+
+
+def test_text_beside_every_json(tmp_path, monkeypatch):
+    rio = _module()
+    monkeypatch.setattr(rio, "RESULTS", str(tmp_path / "results"))
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("OUT", str(out))
+    paths = rio.write_result_with_text("c.json", {"z": 3}, ["line 1", "line 2"])
+    assert paths == [str(tmp_path / "results" / "c.json"), str(out / "c.json")]
+    for folder in (tmp_path / "results", out):
+        assert (folder / "c.txt").read_text() == "line 1\nline 2\n"
+
+
+def test_document_head(monkeypatch):
+    rio = _module()
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    doc = rio.result_doc(cases=[])
+    assert doc["device"] == "NVIDIA H200" and doc["torch"] == torch.__version__ and doc["cases"] == []
+    assert isinstance(doc["argv"], list)

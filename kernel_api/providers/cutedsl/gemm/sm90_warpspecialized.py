@@ -171,14 +171,11 @@ def stream_k_waves(cfg: Sm90Config, args: GemmArguments, sm_count: int, k_tile_e
     rule splits nothing (mirrors the implementation: the last wave, with one whole wave before
     it, is cut along K when it is at most a quarter full, or any last wave after 4 whole ones
     at K of at most ``sk_any_wave_max_k_tiles`` k-tiles)."""
-    def ceil_div(a: int, b: int) -> int:
-        return -(-a // b)
-
     (tm, tn), (cm, cn) = cfg.tile_mn, cfg.cluster_mn
-    clusters = ceil_div(ceil_div(args.M, tm), cm) * ceil_div(ceil_div(args.N, tn), cn) * max(args.L, 1)
+    clusters = -(-args.M // (tm * cm)) * -(-args.N // (tn * cn)) * max(args.L, 1)
     grid = max(1, min(sm_count // (cm * cn), clusters))  # the persistent grid: never more clusters than tiles
     rem = clusters % grid
-    k_tiles = ceil_div(max(args.K, 1), k_tile_elems)
+    k_tiles = -(-max(args.K, 1) // k_tile_elems)
     any_wave = k_tiles <= cfg.sk_any_wave_max_k_tiles and clusters >= 4 * grid
     if rem == 0 or rem > (grid if any_wave else grid // 4):
         return None
@@ -436,11 +433,13 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
             return split_all_cost(self, args, sm_count)
         if self.config.narrow:
             return narrow_tile_cost(self, args, sm_count)
+        if not (self._split3 or self.config.sk_any_wave_max_k_tiles):
+            return None
         from ....tuning.policies import SKINNY_GEMM, gemm_cost  # the tuning package imports the registry
 
         if self._split3:
             return 3.3 * gemm_cost(self, args, sm_count)
-        if self.config.stream_k and self.config.sk_any_wave_max_k_tiles and min(args.M, args.N) > SKINNY_GEMM:
+        if self.config.stream_k and min(args.M, args.N) > SKINNY_GEMM:
             waves = stream_k_waves(self.config, args, sm_count, k_tile(self.metadata.operands.A.dtype))
             if waves is not None:
                 return gemm_cost(self, args, sm_count) * waves[1] / waves[0]
