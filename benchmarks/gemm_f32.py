@@ -60,15 +60,32 @@ def make_sets(M: int, N: int, K: int, b_row_major: bool) -> list:
     return bufs
 
 
-def variants(promote: list[int], previous: bool, b_row_major: bool) -> list:
-    """3xTF32 instances beyond the emitted ones: each emitted configuration with the given
-    promotion intervals, and (``previous``) the 128x256 cooperative tile without promotion."""
+#: tf32 design points beyond the emitted ones (``--tf32-extra``): the 128x256 cooperative tile
+#: (the 4096^3 winner) with the other cluster, a wider raster band, the last wave split by
+#: stream-K at any fullness, and the 256x128 / 128x128 cooperative tiles.
+TF32_EXTRA: tuple = (
+    CONFIGS[1],
+    dataclasses.replace(CONFIGS[0], cluster_mn=(1, 2), raster_along_m=False),
+    dataclasses.replace(CONFIGS[0], swizzle=8),
+    dataclasses.replace(CONFIGS[0], stream_k=True, sk_any_wave_max_k_tiles=1 << 20),
+    dataclasses.replace(CONFIGS[0], tile_mn=(128, 128), swizzle=8),
+)
+
+
+def variants(promote: list[int], previous: bool, b_row_major: bool, tf32_extra: bool = False) -> list:
+    """Instances beyond the emitted ones: 3xTF32 with each emitted configuration at the given
+    promotion intervals, (``previous``) the 128x256 cooperative 3xTF32 tile without promotion,
+    and (``tf32_extra``) tf32 at the `TF32_EXTRA` design points."""
     cfgs = [dataclasses.replace(c, promote_every=n) for c in TF32X3_CONFIGS for n in promote]
     if previous:
         cfgs.append(CONFIGS[0])
     f32 = DataType.f32
     stride_b = ROW_MAJOR if b_row_major else COLUMN_MAJOR
-    return [Sm90WarpSpecializedGemm._make(f32, f32, ROW_MAJOR, stride_b, ROW_MAJOR, c, DataType.tf32x3) for c in cfgs]
+    made = [Sm90WarpSpecializedGemm._make(f32, f32, ROW_MAJOR, stride_b, ROW_MAJOR, c, DataType.tf32x3) for c in cfgs]
+    if tf32_extra:
+        made += [Sm90WarpSpecializedGemm._make(f32, f32, ROW_MAJOR, stride_b, ROW_MAJOR, c, DataType.tf32)
+                 for c in TF32_EXTRA]
+    return made
 
 
 def candidates(args, opts, b_row_major: bool) -> list:
@@ -77,7 +94,7 @@ def candidates(args, opts, b_row_major: bool) -> list:
     found = kernel_api.get_kernels(args, metadata_filter=lambda m: (
         m.kernel_class is Sm90WarpSpecializedGemm and m.operands.math_type in (DataType.tf32, DataType.tf32x3)))
     names = {k.name for k in found}
-    found += [k for k in variants(opts.promote, opts.previous, b_row_major) if k.name not in names and k.supports(args)]
+    found += [k for k in variants(opts.promote, opts.previous, b_row_major, opts.tf32_extra) if k.name not in names and k.supports(args)]
     return [k for k in found if re.search(opts.configs, k.name)]
 
 
@@ -108,6 +125,8 @@ def main() -> None:
                         help="also time 3xTF32 with these promotion intervals (k-tiles; 0 = none)")
     parser.add_argument("--previous", action="store_true",
                         help="also time the 128x256 cooperative 3xTF32 without promotion")
+    parser.add_argument("--tf32-extra", action="store_true",
+                        help="also time tf32 at the TF32_EXTRA design points (other clusters, bands, stream-K)")
     parser.add_argument("--compile-only", action="store_true", help="compile (fill the disk cache) and exit")
     parser.add_argument("--shard", default="0/1", help="i/n: compile-only takes every n-th kernel from i")
     parser.add_argument("--out", default=None)

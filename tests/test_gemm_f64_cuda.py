@@ -133,11 +133,16 @@ def test_compiles_for_sm90a_without_a_gpu():
         assert art is not None
 
 
-#: Design knobs outside CONFIGS that benchmarks/gemm_f64.py measures (NOTES-f64.md, session 27):
-#: m16n8k16, 32-deep k tiles, where the next stage's copies issue.
+#: Design knobs outside CONFIGS that benchmarks/gemm_f64.py measures (NOTES-f64.md, sessions 27
+#: and 32): m16n8k16, 32-deep k tiles, where the next stage's copies issue, the warp-specialized
+#: kernel (with and without prefetching, 3 and 4 stages, m16n8k16).
 KNOB_TAGS = ("tile128x64x16_warps2x2_stages3_mma16", "tile128x64x32_warps2x2_stages2_mma16",
              "tile64x64x32_warps2x2_stages2_mma16_ctas3", "tile128x64x16_warps2x2_stages4_copy2",
              "tile64x64x16_warps2x2_stages4_copy1_ctas3", "tile128x64x32_warps2x2_stages2")
+WS_TAGS = ("tile128x64x16_warps2x2_stages3_ws", "tile128x64x16_warps2x2_stages4_ws",
+           "tile64x64x16_warps2x2_stages4_prefetch_ws", "tile128x64x32_warps2x2_stages2_mma16_ws",
+           "tile128x64x16_warps2x2_stages3_mma16_ws", "tile128x128x16_warps2x4_stages4_mma16_ws")
+KNOB_TAGS += WS_TAGS
 
 
 def knob_instance(tag: str, layouts: str) -> CudaGemmF64:
@@ -155,6 +160,20 @@ def test_config_tags_round_trip_and_bad_tags_are_refused():
     assert F64Config.from_tag("tile128x128x32_warps2x4_stages4").min_ctas == 1
     with pytest.raises(ValueError, match="expected tileBMxBNxBK"):
         F64Config.from_tag("tile128x64_warps2x2")
+
+
+def test_warp_specialized_tags():
+    """`_ws`: a producer warpgroup beside the 4 consumer warps, a full and an empty mbarrier per
+    slot; only one consumer warpgroup and no copy placement knob."""
+    c = F64Config.from_tag("tile128x64x16_warps2x2_stages3_ws")
+    assert (c.ws, c.threads, c.smem_bytes, c.min_ctas) == (True, 256, 3 * 192 * 16 * 8 + 48, 2)
+    assert F64Config.from_tag(c.tag) == c and c.tag.endswith("_ws")
+    k = knob_instance(c.tag, "tnn")
+    assert "gemm_f64_ws<true, true, false, 128, 64, 2, 2, 3, 2," in k.name_expression(None)
+    assert F64Config.from_tag("tile128x128x16_warps2x4_stages4_mma16_ws").threads == 384
+    for bad in ("tile128x64x16_warps2x1_stages3_ws", "tile128x64x16_warps2x2_stages3_copy1_ws"):
+        with pytest.raises(ValueError, match="warp-specialized"):
+            F64Config.from_tag(bad)
 
 
 def test_design_knobs_compile_for_sm90a_in_every_layout():
@@ -212,10 +231,10 @@ def test_large_matches_cublas_closely():
 _SANITIZED = r"""
 import sys
 sys.path.insert(0, %r)
-from test_gemm_f64_cuda import check, instances
+from test_gemm_f64_cuda import WS_TAGS, check, instances, knob_instance
 n = 0
 for layouts in ("ttt", "tnt", "ntn", "nnn"):
-    for k in instances(layouts):
+    for k in instances(layouts) + [knob_instance(tag, layouts) for tag in WS_TAGS]:
         check(k, 37, 21, 19); n += 1
         check(k, 130, 66, 18, pad=2); n += 1
 print("launches", n)
@@ -225,4 +244,4 @@ print("launches", n)
 @pytest.mark.gpu
 def test_memcheck_clean():
     out = run_memcheck(_SANITIZED % os.path.dirname(os.path.abspath(__file__)))
-    assert f"launches {4 * len(CONFIGS) * 2}" in out, out[-3000:]
+    assert f"launches {4 * (len(CONFIGS) + len(WS_TAGS)) * 2}" in out, out[-3000:]

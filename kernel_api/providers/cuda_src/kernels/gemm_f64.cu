@@ -52,6 +52,29 @@ __device__ __forceinline__ double lds64(u32 addr) {
   return a;
 }
 
+// mbarriers of the warp-specialized kernel (shared::cta, one phase per ring pass).
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued so far has landed (the count set at
+// init includes this arrival: .noinc).
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
 // D = A(16x8) B(8x8) + D. a[v]: row g + 8 (v % 2), k t + 4 (v / 2); b[v]: k t + 4 v, column g;
 // d[v]: row g + 8 (v / 2), column 2t + v % 2 (g = lane / 4, t = lane % 4).
 __device__ __forceinline__ void dmma1688(double* d, const double* a, const double* b) {
@@ -164,6 +187,79 @@ struct FragPlan {
   }
 };
 
+// A warp's share of the block tile: FM x FN DMMA tiles whose fragments (A rows a_row0 + 16 i
+// [+8], B columns b_row0 + 8 j) load from a ring slot's shared tiles, one MMA_K-deep k step
+// at a time.
+template <int BM, int BN, bool A_KMAJOR, bool B_KMAJOR, int BK, int MMA_K, int FM, int FN>
+struct WarpMma {
+  struct Frags {
+    double a[FM][MMA_K / 2];
+    double b[FN][MMA_K / 4];
+  };
+  FragPlan<BM, A_KMAJOR, BK> a_frag;
+  FragPlan<BN, B_KMAJOR, BK> b_frag;
+  __device__ __forceinline__ WarpMma(int a_row0, int b_row0, int t) : a_frag(a_row0, t), b_frag(b_row0, t) {}
+  __device__ __forceinline__ void load(u32 a_base, u32 b_base, int k0, Frags& f) const {
+#pragma unroll
+    for (int j = 0; j < FN; ++j)
+#pragma unroll
+      for (int v = 0; v < MMA_K / 4; ++v) f.b[j][v] = lds64(b_base + b_frag.at(j, k0 + 4 * v));
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+      for (int v = 0; v < MMA_K / 2; ++v) f.a[i][v] = lds64(a_base + a_frag.at(2 * i + v % 2, k0 + 4 * (v / 2)));
+  }
+  __device__ __forceinline__ void mma(double (&acc)[FM][FN][4], const Frags& f) const {
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+      for (int j = 0; j < FN; ++j) dmma<MMA_K>(acc[i][j], f.a[i], f.b[j]);
+  }
+};
+
+// The output tile's grid position (grouped raster): GROUP_M row tiles per band, the band's
+// tiles column by column, so a wave's A and B tiles stay in L2.
+template <int BM, int BN, int GROUP_M>
+__device__ __forceinline__ void tile_origin(int pid, int M, int N, int& m0, int& n0) {
+  const int m_tiles = (M + BM - 1) / BM, n_tiles = (N + BN - 1) / BN;
+  const int band = pid / (GROUP_M * n_tiles);
+  const int first_m = band * GROUP_M;
+  const int band_rows = min(m_tiles - first_m, GROUP_M);
+  const int in_band = pid - band * GROUP_M * n_tiles;
+  m0 = (first_m + in_band % band_rows) * BM;
+  n0 = (in_band / band_rows) * BN;
+}
+
+// Epilogue: a warp's accumulators (FM x FN DMMA tiles from (wm0, wn0)); each lane owns (row g
+// [+8], columns 2t, 2t + 1) of every 16x8 tile.
+template <bool O_NMAJOR, int FM, int FN>
+__device__ __forceinline__ void store_acc(const double (&acc)[FM][FN][4], double* __restrict__ out, int wm0, int wn0,
+                                          int M, int N, i64 ldo, bool out_vec, int g, int t) {
+#pragma unroll
+  for (int i = 0; i < FM; ++i)
+#pragma unroll
+    for (int j = 0; j < FN; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = wm0 + 16 * i + 8 * h + g;
+        const int n = wn0 + 8 * j + 2 * t;
+        if (m >= M) continue;
+        const double v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+        if (O_NMAJOR) {
+          double* p = out + (i64)m * ldo + n;
+          if (out_vec && n + 1 < N) {
+            asm volatile("st.global.v2.f64 [%0], {%1, %2};" ::"l"(p), "d"(v0), "d"(v1) : "memory");
+          } else {
+            if (n < N) p[0] = v0;
+            if (n + 1 < N) p[1] = v1;
+          }
+        } else {
+          if (n < N) out[(i64)n * ldo + m] = v0;
+          if (n + 1 < N) out[(i64)(n + 1) * ldo + m] = v1;
+        }
+      }
+}
+
 template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
           bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int COPY_AT = 0>
 __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
@@ -188,15 +284,8 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
   const int g = lane >> 2, t = lane & 3;
   const int wm = warp / WN, wn = warp % WN;
 
-  // Grouped raster: GROUP_M row tiles per band, the band's tiles column by column.
-  const int m_tiles = (M + BM - 1) / BM, n_tiles = (N + BN - 1) / BN;
-  const int pid = blockIdx.x;
-  const int band = pid / (GROUP_M * n_tiles);
-  const int first_m = band * GROUP_M;
-  const int band_rows = min(m_tiles - first_m, GROUP_M);
-  const int in_band = pid - band * GROUP_M * n_tiles;
-  const int m0 = (first_m + in_band % band_rows) * BM;
-  const int n0 = (in_band / band_rows) * BN;
+  int m0, n0;
+  tile_origin<BM, BN, GROUP_M>(blockIdx.x, M, N, m0, n0);
 
   A += (i64)blockIdx.y * batch_a;
   B += (i64)blockIdx.y * batch_b;
@@ -232,30 +321,10 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
   }
 
   // Fragment rows: A's m wm TM + g (+ 16 i + 8 h), B's n wn TN + g (+ 8 j).
-  const FragPlan<BM, A_KMAJOR, BK> a_frag(wm * TM + g, t);
-  const FragPlan<BN, B_KMAJOR, BK> b_frag(wn * TN + g, t);
-  // One MMA_K-deep k step's fragments: A for every 16-row tile, B for every 8-column tile.
-  struct Frags {
-    double a[FM][MMA_K / 2];
-    double b[FN][MMA_K / 4];
-  };
-  auto load_frags = [&](int slot, int k0, Frags& f) {
-    const u32 a_base = sA + slot * A_STAGE, b_base = sB + slot * B_STAGE;
-#pragma unroll
-    for (int j = 0; j < FN; ++j)
-#pragma unroll
-      for (int v = 0; v < MMA_K / 4; ++v) f.b[j][v] = lds64(b_base + b_frag.at(j, k0 + 4 * v));
-#pragma unroll
-    for (int i = 0; i < FM; ++i)
-#pragma unroll
-      for (int v = 0; v < MMA_K / 2; ++v) f.a[i][v] = lds64(a_base + a_frag.at(2 * i + v % 2, k0 + 4 * (v / 2)));
-  };
-  auto mma_step = [&](const Frags& f) {
-#pragma unroll
-    for (int i = 0; i < FM; ++i)
-#pragma unroll
-      for (int j = 0; j < FN; ++j) dmma<MMA_K>(acc[i][j], f.a[i], f.b[j]);
-  };
+  const WarpMma<BM, BN, A_KMAJOR, B_KMAJOR, BK, MMA_K, FM, FN> warp_mma(wm * TM + g, wn * TN + g, t);
+  using Frags = typename decltype(warp_mma)::Frags;
+  auto load_frags = [&](int slot, int k0, Frags& f) { warp_mma.load(sA + slot * A_STAGE, sB + slot * B_STAGE, k0, f); };
+  auto mma_step = [&](const Frags& f) { warp_mma.mma(acc, f); };
 
   if (PREFETCH) {
     // The next step's fragments load while this step's DMMAs run: step 1 of a tile from the
@@ -304,30 +373,141 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
   }
   cp_async_wait<0>();
 
-  // Epilogue: each lane owns (row g [+8], columns 2t, 2t + 1) of every 16x8 tile.
+  store_acc<O_NMAJOR, FM, FN>(acc, out, m0 + wm * TM, n0 + wn * TN, M, N, ldo, out_vec != 0, g, t);
+}
+
+// Warp-specialized variant: a producer warpgroup issues every copy and signals each ring slot's
+// arrival on an mbarrier (cp.async.mbarrier.arrive), and the WM x WN consumer warps (whole
+// warpgroups) wait only for the slot they read and release it on a second mbarrier. No block-wide
+// barrier per k tile and no copy instructions among the DMMAs; the producers hand their
+// registers to the consumers (setmaxnreg), which keep the single-barrier kernel's budget.
+// PREFETCH: a k step's fragments load while the previous step's DMMAs run, across tiles too.
+template <int CONSUMERS, int MIN_CTAS>
+struct WsRegs {
+  static constexpr int THREADS = 128 + CONSUMERS;  // a producer warpgroup and the consumers
+  static constexpr int LAUNCH = (65536 / (THREADS * MIN_CTAS)) & ~7;
+  // the producers' registers: the fewest without spills (ptxas -v, sm_90a), the rest to the consumers
+  static constexpr int PRODUCER = MIN_CTAS == 1 ? 56 : MIN_CTAS == 2 ? 40 : 24;
+  static constexpr int C = ((LAUNCH * THREADS - 128 * PRODUCER) / CONSUMERS) & ~7;
+  static constexpr int CONSUMER = C > 248 ? 248 : C;
+};
+
+template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
+          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8>
+__global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS>::THREADS, MIN_CTAS)
+    gemm_f64_ws(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
+                i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec) {
+  constexpr int GROUP = 128;  // threads of a warpgroup: the producers
+  constexpr int CONSUMERS = WM * WN * 32;
+  using Regs = WsRegs<CONSUMERS, MIN_CTAS>;
+  constexpr int TM = BM / WM, TN = BN / WN;
+  constexpr int FM = TM / 16, FN = TN / 8;
+  constexpr int A_STAGE = BM * BK * 8, B_STAGE = BN * BK * 8;
+  static_assert(CONSUMERS % GROUP == 0, "the consumers are whole warpgroups");
+  static_assert(TM % 16 == 0 && TN % 8 == 0, "warp tile must be whole DMMA tiles");
+  static_assert((MMA_K == 8 || MMA_K == 16) && BK % MMA_K == 0, "k tile must be whole DMMA steps");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const u32 sA = smem_u32(smem);
+  const u32 sB = sA + STAGES * A_STAGE;
+  const u32 full = sB + STAGES * B_STAGE;  // STAGES mbarriers: slot landed
+  const u32 empty = full + STAGES * 8;     // STAGES mbarriers: slot read by every consumer
+
+  const int M = (int)M_, N = (int)N_, K = (int)K_;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + 8 * s, GROUP);
+      mbar_init(empty + 8 * s, CONSUMERS);
+    }
+  }
+  __syncthreads();
+
+  int m0, n0;
+  tile_origin<BM, BN, GROUP_M>(blockIdx.x, M, N, m0, n0);
+  A += (i64)blockIdx.y * batch_a;
+  B += (i64)blockIdx.y * batch_b;
+  out += (i64)blockIdx.y * batch_o;
+  const int ktiles = (K + BK - 1) / BK;
+
+  if (tid >= CONSUMERS) {  // producers: the last warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs::PRODUCER));
+    const int ptid = tid - CONSUMERS;
+    const CopyPlan<BM, A_KMAJOR, GROUP, BK> a_copy(ptid);
+    const CopyPlan<BN, B_KMAJOR, GROUP, BK> b_copy(ptid);
+    const bool interior_mn = m0 + BM <= M && n0 + BN <= N;
+    const int full_ktiles = interior_mn ? K / BK : 0;
+    for (int kt = 0; kt < ktiles; ++kt) {
+      const int slot = kt % STAGES;
+      if (kt >= STAGES) mbar_wait(empty + 8 * slot, (u32)((kt / STAGES - 1) & 1));
+      const u32 dA = sA + slot * A_STAGE, dB = sB + slot * B_STAGE;
+      if (kt < full_ktiles) {
+        load_tile<BM, A_KMAJOR, GROUP, BK, true>(dA, A, lda, m0, M, kt * BK, K, a_copy);
+        load_tile<BN, B_KMAJOR, GROUP, BK, true>(dB, B, ldb, n0, N, kt * BK, K, b_copy);
+      } else {
+        load_tile<BM, A_KMAJOR, GROUP, BK, false>(dA, A, lda, m0, M, kt * BK, K, a_copy);
+        load_tile<BN, B_KMAJOR, GROUP, BK, false>(dB, B, ldb, n0, N, kt * BK, K, b_copy);
+      }
+      cp_async_arrive(full + 8 * slot);
+    }
+    cp_async_wait<0>();  // no copy outlives its thread
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::CONSUMER));
+  const int lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int wm = warp / WN, wn = warp % WN;
+  double acc[FM][FN][4];
 #pragma unroll
   for (int i = 0; i < FM; ++i)
 #pragma unroll
     for (int j = 0; j < FN; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int m = m0 + wm * TM + 16 * i + 8 * h + g;
-        const int n = n0 + wn * TN + 8 * j + 2 * t;
-        if (m >= M) continue;
-        const double v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-        if (O_NMAJOR) {
-          double* p = out + (i64)m * ldo + n;
-          if (out_vec && n + 1 < N) {
-            asm volatile("st.global.v2.f64 [%0], {%1, %2};" ::"l"(p), "d"(v0), "d"(v1) : "memory");
-          } else {
-            if (n < N) p[0] = v0;
-            if (n + 1 < N) p[1] = v1;
-          }
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0;
+
+  const WarpMma<BM, BN, A_KMAJOR, B_KMAJOR, BK, MMA_K, FM, FN> warp_mma(wm * TM + g, wn * TN + g, t);
+  using Frags = typename decltype(warp_mma)::Frags;
+  constexpr int STEPS = BK / MMA_K;
+  auto base_a = [&](int kt) { return sA + (kt % STAGES) * A_STAGE; };
+  auto base_b = [&](int kt) { return sB + (kt % STAGES) * B_STAGE; };
+  auto wait_full = [&](int kt) { mbar_wait(full + 8 * (kt % STAGES), (u32)((kt / STAGES) & 1)); };
+  if (PREFETCH) {
+    Frags f[2];
+    if (ktiles > 0) {
+      wait_full(0);
+      warp_mma.load(base_a(0), base_b(0), 0, f[0]);
+    }
+    for (int kt = 0; kt < ktiles; ++kt) {
+#pragma unroll
+      for (int s = 0; s < STEPS; ++s) {
+        if (s + 1 < STEPS) {
+          warp_mma.load(base_a(kt), base_b(kt), (s + 1) * MMA_K, f[(s + 1) & 1]);
         } else {
-          if (n < N) out[(i64)n * ldo + m] = v0;
-          if (n + 1 < N) out[(i64)(n + 1) * ldo + m] = v1;
+          mbar_arrive(empty + 8 * (kt % STAGES));  // every fragment of tile kt is loaded
+          if (kt + 1 < ktiles) {
+            wait_full(kt + 1);
+            warp_mma.load(base_a(kt + 1), base_b(kt + 1), 0, f[(s + 1) & 1]);
+          }
         }
+        warp_mma.mma(acc, f[s & 1]);
       }
+    }
+    static_assert(!PREFETCH || STEPS % 2 == 0, "the prefetching loop alternates two fragment sets per tile");
+  } else {
+    for (int kt = 0; kt < ktiles; ++kt) {
+      wait_full(kt);
+#pragma unroll
+      for (int s = 0; s < STEPS; ++s) {
+        Frags f;
+        warp_mma.load(base_a(kt), base_b(kt), s * MMA_K, f);
+        if (s + 1 == STEPS) mbar_arrive(empty + 8 * (kt % STAGES));
+        warp_mma.mma(acc, f);
+      }
+    }
+  }
+  store_acc<O_NMAJOR, FM, FN>(acc, out, m0 + wm * TM, n0 + wn * TN, M, N, ldo, out_vec != 0, g, t);
 }
 
 }  // namespace ka_gemm_f64

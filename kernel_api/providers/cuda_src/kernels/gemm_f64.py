@@ -63,14 +63,19 @@ class F64Config:
     #: where the next stage's copies issue in a k tile (gemm_f64.cu's COPY_AT): 0 after the
     #: barrier, 1 after the first step's fragment loads, 2 after its DMMAs
     copy_at: int = 0
+    #: warp-specialized (gemm_f64.cu's gemm_f64_ws): a producer warpgroup copies and signals each
+    #: slot on an mbarrier; the consumers (whole warpgroups: wm * wn of 4 or 8) never meet at a
+    #: barrier
+    ws: bool = False
 
     @property
     def threads(self) -> int:
-        return 32 * self.wm * self.wn
+        return 32 * self.wm * self.wn + (128 if self.ws else 0)
 
     @property
     def smem_bytes(self) -> int:
-        return self.stages * (self.bm + self.bn) * self.bk * 8
+        ring = self.stages * (self.bm + self.bn) * self.bk * 8
+        return ring + (2 * 8 * self.stages if self.ws else 0)  # ws: a full and an empty mbarrier per slot
 
     @property
     def ctas_per_sm(self) -> int:
@@ -86,21 +91,24 @@ class F64Config:
             if config.tag == tag:
                 return config
         m = re.fullmatch(r"tile(\d+)x(\d+)x(\d+)_warps(\d+)x(\d+)_stages(\d+)(_prefetch)?(?:_mma(\d+))?(?:_copy(\d))?"
-                         r"(?:_ctas(\d+))?",
+                         r"(_ws)?(?:_ctas(\d+))?",
                          tag)
         if not m:
-            raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ctasN]")
+            raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ws][_ctasN]")
         bm, bn, bk, wm, wn, stages = (int(v) for v in m.groups()[:6])
         config = cls(bm, bn, wm, wn, stages, 2, prefetch=bool(m.group(7)), bk=bk, mma_k=int(m.group(8) or 8),
-                           copy_at=int(m.group(9) or 0))
+                           copy_at=int(m.group(9) or 0), ws=bool(m.group(10)))
+        if config.ws and (config.wm * config.wn % 4 or config.copy_at):
+            raise ValueError(f"F64Config tag {tag!r}: the warp-specialized kernel takes whole warpgroups of consumer "
+                             f"warps (4 or 8) and no _copy option")
         by_smem = SM_SMEM_BYTES // (config.smem_bytes + CTA_RESERVED_SMEM)
-        return dataclasses.replace(config, min_ctas=int(m.group(10)) if m.group(10) else max(1, min(by_smem, 2)))
+        return dataclasses.replace(config, min_ctas=int(m.group(11)) if m.group(11) else max(1, min(by_smem, 2)))
 
     @property
     def tag(self) -> str:
         return (f"tile{self.bm}x{self.bn}x{self.bk}_warps{self.wm}x{self.wn}_stages{self.stages}"
                 + ("_prefetch" if self.prefetch else "") + (f"_mma{self.mma_k}" if self.mma_k != 8 else "")
-                + (f"_copy{self.copy_at}" if self.copy_at else ""))
+                + (f"_copy{self.copy_at}" if self.copy_at else "") + ("_ws" if self.ws else ""))
 
 
 #: The configurations that won a size in the sweep (benchmarks/NOTES-f64.md, session 25, H200):
@@ -209,6 +217,9 @@ class CudaGemmF64(CudaSourceKernel):
     def name_expression(self, args: Any) -> str:
         c = self.config
         b = lambda v: "true" if v else "false"  # noqa: E731
+        if c.ws:
+            return (f"ka_gemm_f64::gemm_f64_ws<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, "
+                    f"{c.bn}, {c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}>")
         return (f"ka_gemm_f64::gemm_f64<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, {c.bn}, "
                 f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, {c.copy_at}>")
 
