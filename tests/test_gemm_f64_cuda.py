@@ -79,7 +79,8 @@ def test_generation_and_metadata():
         md = k.metadata
         assert md.min_cc == md.max_cc == 90
         assert md.operands.accumulator_type.name == "f64"
-        assert md.design.tile_shape[2] == 16
+        assert md.design.tile_shape[2] == k.config.bk
+        assert md.design.schedule == ("warpspecialized" if k.config.ws else "multistage")
 
 
 def _meta(M, N, K, layouts="ttt", L=1, device="meta"):

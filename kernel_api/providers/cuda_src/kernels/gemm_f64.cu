@@ -16,6 +16,9 @@
 //  * mma.sync m16n8k8 .f64 (as cuBLAS), a warp tile of 64 x 32 (128 x 64 / 2 x 2 warps).
 //  * A multistage cp.async ring (STAGES), one __syncthreads per BK-deep k tile (16); with 128
 //    threads and 2 CTAs per SM one CTA's barrier is hidden by the other's DMMAs.
+//  * gemm_f64_ws (session 32, 0.95-0.99x cuBLAS where the kernel above ran at 0.89x): the same
+//    copies, swizzle and fragments, but a producer warpgroup issues the copies and the consumer
+//    warps wait per ring slot on mbarriers instead of meeting at a block barrier every k tile.
 //  * Knobs the benchmark measures (NOTES-f64.md, session 27; none beat the defaults by more
 //    than 1 %): BK 32, MMA_K 16 (m16n8k16: half the DMMA instructions), and COPY_AT, where in
 //    a k tile the next stage's copies issue.

@@ -111,22 +111,25 @@ class F64Config:
                 + (f"_copy{self.copy_at}" if self.copy_at else "") + ("_ws" if self.ws else ""))
 
 
-#: The configurations that won a size in the sweep (benchmarks/NOTES-f64.md, session 25, H200):
-#: 128x64 with 4 warps of 64x32 and 2 CTAs per SM (cuBLAS's DGEMM design on Hopper: ncu shows
-#: sm90_xmma_gemm_f64..._tilesize128x64x16_stage3_warpsize2x2x1), 0.91-0.93x cuBLAS; 64x64 with
-#: 3 CTAs per SM and the prefetching main loop, 0.91-0.94x. Measured and dropped: 4 stages,
-#: 128x128 with 8 warps (0.77-0.81x), 8 warps of 32x32 (0.83x), prefetching 128x64 (0.88-0.89x:
-#: 254 registers), 64x64 without prefetch (0.87-0.93x), the next stage's copies spread between
-#: the DMMAs as cuBLAS's loop does (0.78-0.87x).
+#: The configurations that won a size in the sweeps (benchmarks/NOTES-f64.md, sessions 25 and 32,
+#: H200). The warp-specialized kernel with m16n8k16 and 32-deep k tiles: 128x128 with 8 consumer
+#: warps of 64x32 and 1 CTA per SM, 0.96-0.99x cuBLAS DGEMM at 2048-8192^3, and 128x64 with 4
+#: consumer warps and 2 CTAs per SM, 0.95-0.97x (the single-barrier 128x64, cuBLAS's own design,
+#: ran at 0.89x in the same runs, and 4 stages, 64x64, 256x64, 6 stages and prefetching under
+#: warp specialisation measured no better: results/gemm_f64-NVIDIA_H200-s32-ws*.txt). 64x64
+#: with 3 CTAs per SM and the prefetching single-barrier loop keeps small outputs' SMs busy.
+#: The cost scales fit the measured speeds of session 32 (the 128x64 single-barrier tile at 0.76).
 CONFIGS: tuple[F64Config, ...] = (
-    F64Config(128, 64, 2, 2, 3, 2, 0.76),
+    F64Config(128, 128, 2, 4, 3, 1, 0.83, bk=32, mma_k=16, ws=True),
+    F64Config(128, 64, 2, 2, 2, 2, 0.74, bk=32, mma_k=16, ws=True),
     F64Config(64, 64, 2, 2, 4, 3, 0.77, True),
 )
 
 @CudaSourceProvider.register
 class CudaGemmF64(CudaSourceKernel):
     """f64 GEMM on the FP64 tensor cores (sm_90): 16-byte cp.async copies into swizzled shared
-    memory, conflict-free fragment loads, DMMA m16n8k8, any extents and layouts."""
+    memory (by a producer warpgroup, through mbarriers, in the warp-specialized instances),
+    conflict-free fragment loads, DMMA m16n8k8 / m16n8k16, any extents and layouts."""
 
     supported_args_type = GemmArguments
     source_file = "gemm_f64.cu"
@@ -163,7 +166,7 @@ class CudaGemmF64(CudaSourceKernel):
                                         TensorAttributes(f64, ROW if params["out"] == "t" else COL, 1),
                                         accumulator_type=f64)
         design = BLASDesignMetadata(tile_shape=(c.bm, c.bn, c.bk), cluster_shape=(1, 1, 1), stages=c.stages,
-                                    schedule="multistage",
+                                    schedule="warpspecialized" if c.ws else "multistage",
                                     extra=(("warps", (c.wm, c.wn)), ("ctas_per_sm", c.ctas_per_sm),
                                            ("mma", f"m16n8k{c.mma_k}.f64"), ("raster_group", GROUP_M)))
         return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=90, max_cc=90)

@@ -25,6 +25,7 @@ none is given. Performance notes and measurements: ``benchmarks/NOTES-sm90.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from dataclasses import dataclass
@@ -144,7 +145,10 @@ TF32X3_PROMOTE_EVERY = 2
 #: promotes its wgmma accumulator (`Sm90Config.promote_every`): twice the accumulator registers,
 #: which fit with a 64 x 128 share per consumer warpgroup (128x128 cooperative, 64x128 pingpong);
 #: no stream-K (its workspace holds the split operands).
-TF32_CONFIGS: tuple[Sm90Config, ...] = F32_OUT_CONFIGS
+#: tf32 adds the 128x256 cooperative tile in raster bands of 8 clusters: 1.009-1.010x cuBLAS TF32
+#: at 4096^3 in two paired runs where the bands of 4 ran at 0.999-1.000x (H200, session 32,
+#: results/gemm_f32-NVIDIA_H200-s32-extra*.txt; at 8192^3 0.996x, where the ping-pong tiles lead).
+TF32_CONFIGS: tuple[Sm90Config, ...] = F32_OUT_CONFIGS + (dataclasses.replace(CONFIGS[0], swizzle=8),)
 TF32X3_CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 128), (2, 1), "cooperative", swizzle=8, promote_every=TF32X3_PROMOTE_EVERY),
     Sm90Config((64, 128), (2, 1), "pingpong", swizzle=1, promote_every=TF32X3_PROMOTE_EVERY),
