@@ -220,6 +220,16 @@ struct WarpMma {
   }
 };
 
+template <int FM, int FN>
+__device__ __forceinline__ void zero_acc(double (&acc)[FM][FN][4]) {
+#pragma unroll
+  for (int i = 0; i < FM; ++i)
+#pragma unroll
+    for (int j = 0; j < FN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0;
+}
+
 // The output tile's grid position (grouped raster): GROUP_M row tiles per band, the band's
 // tiles column by column, so a wave's A and B tiles stay in L2.
 template <int BM, int BN, int GROUP_M>
@@ -295,12 +305,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
   out += (i64)blockIdx.y * batch_o;
 
   double acc[FM][FN][4];
-#pragma unroll
-  for (int i = 0; i < FM; ++i)
-#pragma unroll
-    for (int j = 0; j < FN; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0;
+  zero_acc(acc);
 
   const CopyPlan<BM, A_KMAJOR, THREADS, BK> a_copy(tid);
   const CopyPlan<BN, B_KMAJOR, THREADS, BK> b_copy(tid);
@@ -409,6 +414,7 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS>::THREADS, MIN_C
   static_assert(CONSUMERS % GROUP == 0, "the consumers are whole warpgroups");
   static_assert(TM % 16 == 0 && TN % 8 == 0, "warp tile must be whole DMMA tiles");
   static_assert((MMA_K == 8 || MMA_K == 16) && BK % MMA_K == 0, "k tile must be whole DMMA steps");
+  static_assert(!PREFETCH || (BK / MMA_K) % 2 == 0, "the prefetching loop alternates two fragment sets per tile");
 
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 sA = smem_u32(smem);
@@ -463,12 +469,7 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS>::THREADS, MIN_C
   const int g = lane >> 2, t = lane & 3;
   const int wm = warp / WN, wn = warp % WN;
   double acc[FM][FN][4];
-#pragma unroll
-  for (int i = 0; i < FM; ++i)
-#pragma unroll
-    for (int j = 0; j < FN; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0;
+  zero_acc(acc);
 
   const WarpMma<BM, BN, A_KMAJOR, B_KMAJOR, BK, MMA_K, FM, FN> warp_mma(wm * TM + g, wn * TN + g, t);
   using Frags = typename decltype(warp_mma)::Frags;
@@ -497,7 +498,6 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS>::THREADS, MIN_C
         warp_mma.mma(acc, f[s & 1]);
       }
     }
-    static_assert(!PREFETCH || STEPS % 2 == 0, "the prefetching loop alternates two fragment sets per tile");
   } else {
     for (int kt = 0; kt < ktiles; ++kt) {
       wait_full(kt);
