@@ -24,6 +24,10 @@ its own CUDA events, behind a sleep kernel so the host queues ahead of the GPU; 
 ``--repeat`` launches. Inputs are fresh random data, rotated over enough sets to exceed 256 MB
 (the H200's L2 is 50-60 MB). ``--repeats N`` repeats the timing N times and reports the median
 and the spread of each ratio. Every contestant's output is checked against float64 first.
+``--sustained-ms T`` times after T ms of untimed back-to-back launches instead of after the
+sleep kernel: short timed bursts after an idle GPU run at the top clock, sustained GEMM work
+does not, and some kernels lose more to that than others (NOTES-sm90.md, session 33).
+PickBest's own timing queues its rounds back to back from whatever state the GPU is in.
 
 Prints one table per group last; JSON goes to benchmarks/results/gemm_shapes-<device>-<tag>.json
 (and to $OUT when that folder exists).
@@ -197,7 +201,7 @@ def _bench_case(case: Case, opts: argparse.Namespace) -> dict:
         print(f"{case.name}: WRONG RESULTS {bad}", flush=True)
     runs = []
     for _ in range(opts.repeats):
-        ms, behind = time_group(fns, opts.repeat)
+        ms, behind = time_group(fns, opts.repeat, sustained_ms=opts.sustained_ms)
         runs.append({"ms": ms, "host_bound": behind})
     rec["runs"] = runs
     med = {k: statistics.median(r["ms"][k] for r in runs) for k in fns}
@@ -257,6 +261,9 @@ def main() -> None:
     p.add_argument("--group", default="odd", help=f"comma-separated groups: {', '.join(GROUPS)}")
     p.add_argument("--repeats", type=int, default=1, help="timing runs per case (the spread is reported)")
     p.add_argument("--repeat", type=int, default=30, help="launches per contestant per timing run")
+    p.add_argument("--sustained-ms", type=float, default=0.0,
+                   help="time after this many ms of untimed back-to-back launches of the group instead of after "
+                        "an idle sleep kernel (the power state of sustained work; small_m.time_group)")
     p.add_argument("--max-candidates", type=int, default=6, help="PickBest: best-ranked candidates measured")
     p.add_argument("--tag", default="run")
     p.add_argument("--cases", default=None, help="regular expression: only the cases whose name matches "
@@ -283,8 +290,9 @@ def main() -> None:
         rows = [bench_case(case, opts) for case in picked]
         results[g] = {"cases": rows, "summary": summarise(rows)}
     doc = {"device": device, "torch": torch.__version__, "options": vars(opts), "argv": sys.argv,
-           "timing": "alternating launches behind a sleep kernel (small_m.time_group), CUDA events per launch, "
-                     "median of --repeat per run, median over --repeats runs",
+           "timing": ("alternating launches behind " + (f"{opts.sustained_ms:g} ms of untimed back-to-back launches "
+                      "of the group" if opts.sustained_ms else "a sleep kernel") + " (small_m.time_group), CUDA "
+                      "events per launch, median of --repeat per run, median over --repeats runs"),
            "groups": results, "seconds": time.perf_counter() - t0}
     paths = write_result(result_name("gemm_shapes", device, opts.tag), doc)
     for g in groups:

@@ -93,10 +93,15 @@ def sleep_ms(ms: float) -> None:
     torch.cuda._sleep(int(ms * _cycles_per_ms[0]))
 
 
-def time_group(fns: dict, repeat: int) -> tuple[dict[str, float], bool]:
+def time_group(fns: dict, repeat: int, sustained_ms: float = 0.0) -> tuple[dict[str, float], bool]:
     """Median ms of each ``fns[name](launch_index)``, launched alternately (order shuffled each
     repetition, seeded) behind a sleep kernel, every launch between its own events. Also returns
     whether the host may still have fallen behind the GPU (then launch gaps are in the times).
+
+    ``sustained_ms``: instead of the sleep kernel (an idle GPU, whose power state lets the first
+    ~50 ms of work run at the top clock), untimed shuffled rounds of the same launches, at least
+    this many ms of GPU work, so the timed rounds run in the power state of back-to-back work
+    (on an H200, tf32 4096^3 GEMMs ran 17 % slower after ~100 ms of it: NOTES-sm90.md, session 33).
 
     The order is shuffled, not rotated: rotated, each contestant always followed the same one,
     and what ran before showed in the time (session 29: the same kernel in two slots of one
@@ -115,7 +120,20 @@ def time_group(fns: dict, repeat: int) -> tuple[dict[str, float], bool]:
     behind = True
     for _attempt in range(3):
         events = [[torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)] for _ in range(repeat)]
-        sleep_ms(budget)
+        if sustained_ms > 0:
+            # per_launch_ms (host + GPU) bounds a launch's GPU time from above: queue rounds for at
+            # least the head start and the sustained span at half that rate
+            rounds = max(1, math.ceil(2 * max(budget, sustained_ms) / (per_launch_ms * len(names))))
+            for _ in range(rounds):
+                order = names[:]
+                rng.shuffle(order)
+                for name in order:
+                    fns[name](counter)
+                    counter += 1
+            head_done = torch.cuda.Event()
+            head_done.record()
+        else:
+            sleep_ms(budget)
         start = time.perf_counter()
         orders = []
         for r in range(repeat):
@@ -129,8 +147,10 @@ def time_group(fns: dict, repeat: int) -> tuple[dict[str, float], bool]:
                 counter += 1
                 ev[j + 1].record()
         host_ms = (time.perf_counter() - start) * 1e3
+        # sustained: gaps were possible only if the GPU ran out of untimed rounds before the last
+        # timed launch was queued
+        behind = head_done.query() if sustained_ms > 0 else host_ms > 0.9 * budget
         torch.cuda.synchronize()
-        behind = host_ms > 0.9 * budget
         if not behind or budget >= 200.0:
             break
         budget = min(200.0, 2 * host_ms + 2.0)  # the host fell behind the queue: sleep longer, redo

@@ -142,7 +142,9 @@ KNOB_TAGS = ("tile128x64x16_warps2x2_stages3_mma16", "tile128x64x32_warps2x2_sta
              "tile64x64x16_warps2x2_stages4_copy1_ctas3", "tile128x64x32_warps2x2_stages2")
 WS_TAGS = ("tile128x64x16_warps2x2_stages3_ws", "tile128x64x16_warps2x2_stages4_ws",
            "tile64x64x16_warps2x2_stages4_prefetch_ws", "tile128x64x32_warps2x2_stages2_mma16_ws",
-           "tile128x64x16_warps2x2_stages3_mma16_ws", "tile128x128x16_warps2x4_stages4_mma16_ws")
+           "tile128x64x16_warps2x2_stages3_mma16_ws", "tile128x128x16_warps2x4_stages4_mma16_ws",
+           # 12 consumer warps of 32x32; rows of 48 / 96 chunks copied by 96 of the 128 producers
+           "tile128x96x32_warps4x3_stages3_mma16_ws_p64", "tile192x64x32_warps6x2_stages3_mma16_ws_p64")
 KNOB_TAGS += WS_TAGS
 
 
@@ -172,7 +174,11 @@ def test_warp_specialized_tags():
     k = knob_instance(c.tag, "tnn")
     assert "gemm_f64_ws<true, true, false, 128, 64, 2, 2, 3, 2," in k.name_expression(None)
     assert F64Config.from_tag("tile128x128x16_warps2x4_stages4_mma16_ws").threads == 384
-    for bad in ("tile128x64x16_warps2x1_stages3_ws", "tile128x64x16_warps2x2_stages3_copy1_ws"):
+    c = F64Config.from_tag("tile128x96x32_warps4x3_stages3_mma16_ws_p64")
+    assert (c.threads, c.producer_regs, c.min_ctas) == (512, 64, 1) and F64Config.from_tag(c.tag) == c
+    assert knob_instance(c.tag, "ttt").name_expression(None).endswith(", 32, 16, 64>")
+    for bad in ("tile128x64x16_warps2x1_stages3_ws", "tile128x64x16_warps2x2_stages3_copy1_ws",
+                "tile128x64x16_warps2x2_stages3_p64"):
         with pytest.raises(ValueError, match="warp-specialized"):
             F64Config.from_tag(bad)
 

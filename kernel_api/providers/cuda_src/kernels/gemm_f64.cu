@@ -126,24 +126,31 @@ __device__ __forceinline__ u32 swz(int row, int col) {
 template <int EXT, bool KMAJOR, int THREADS, int BK>
 struct CopyPlan {
   static constexpr int PER_ROW = KMAJOR ? BK / 2 : EXT / 2;  // chunks per row
-  static constexpr int STEP = THREADS / PER_ROW;             // rows between a thread's chunks
-  static constexpr int COUNT = EXT * BK / 2 / THREADS;       // chunks per thread
-  static_assert(THREADS % PER_ROW == 0 && (EXT * BK / 2) % THREADS == 0, "tile chunks must spread evenly");
+  // Threads that copy: whole rows' worth (a 96-wide M/N-major tile has 48 chunks per row, so
+  // 96 of 128 threads copy it), each its chunks STEP rows apart.
+  static constexpr int ACTIVE = THREADS / PER_ROW * PER_ROW;
+  static constexpr int STEP = ACTIVE / PER_ROW;            // rows between a thread's chunks
+  static constexpr int COUNT = EXT * BK / 2 / ACTIVE;      // chunks per copying thread
+  static_assert(PER_ROW <= THREADS && (EXT * BK / 2) % ACTIVE == 0, "tile chunks must spread evenly");
   int r0, c0;  // first row, element offset in the row
+  bool active;
   __device__ __forceinline__ CopyPlan(int tid) {
     r0 = tid / PER_ROW;
     c0 = (tid % PER_ROW) * 2;
+    active = ACTIVE == THREADS || tid < ACTIVE;
   }
   // Byte offset of chunk i in the tile (STEP % 4 == 0 keeps the row XOR: a constant stride).
   __device__ __forceinline__ u32 dst(int i) const { return swz<EXT, KMAJOR, BK>(r0 + i * STEP, c0); }
 };
 
 // Copy one operand tile of k tile `k0`: `src` is the operand, `mn0` the tile's first m (n).
+// Threads past the plan's ACTIVE copy nothing.
 // Interior tiles (FULL) copy without bounds checks; edge tiles zero-fill past mn_ext and K.
 template <int EXT, bool KMAJOR, int THREADS, int BK, bool FULL>
 __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ src, i64 ld, int mn0, int mn_ext,
                                           int k0, int K, const CopyPlan<EXT, KMAJOR, THREADS, BK>& plan) {
   using P = CopyPlan<EXT, KMAJOR, THREADS, BK>;
+  if (!plan.active) return;
   const int mn = KMAJOR ? mn0 + plan.r0 : mn0 + plan.c0;
   const int k = KMAJOR ? k0 + plan.c0 : k0 + plan.r0;
   const double* p = src + (KMAJOR ? (i64)mn * ld + k : (i64)k * ld + mn);
@@ -390,24 +397,27 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
 // barrier per k tile and no copy instructions among the DMMAs; the producers hand their
 // registers to the consumers (setmaxnreg), which keep the single-barrier kernel's budget.
 // PREFETCH: a k step's fragments load while the previous step's DMMAs run, across tiles too.
-template <int CONSUMERS, int MIN_CTAS>
+// PRODUCER_REGS: the producers' registers (0: by CTAs per SM, below).
+template <int CONSUMERS, int MIN_CTAS, int PRODUCER_REGS = 0>
 struct WsRegs {
   static constexpr int THREADS = 128 + CONSUMERS;  // a producer warpgroup and the consumers
   static constexpr int LAUNCH = (65536 / (THREADS * MIN_CTAS)) & ~7;
-  // the producers' registers: the fewest without spills (ptxas -v, sm_90a), the rest to the consumers
-  static constexpr int PRODUCER = MIN_CTAS == 1 ? 56 : MIN_CTAS == 2 ? 40 : 24;
+  // the producers' registers: the fewest without spills (ptxas -v, sm_90a), the rest to the
+  // consumers; a copy plan with rows of 48 or 96 chunks (96- or 192-wide M/N-major tiles)
+  // needs more than the power-of-two tiles' plans
+  static constexpr int PRODUCER = PRODUCER_REGS ? PRODUCER_REGS : MIN_CTAS == 1 ? 56 : MIN_CTAS == 2 ? 40 : 24;
   static constexpr int C = ((LAUNCH * THREADS - 128 * PRODUCER) / CONSUMERS) & ~7;
   static constexpr int CONSUMER = C > 248 ? 248 : C;
 };
 
 template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
-          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8>
-__global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS>::THREADS, MIN_CTAS)
+          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int PRODUCER_REGS = 0>
+__global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>::THREADS, MIN_CTAS)
     gemm_f64_ws(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
                 i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec) {
   constexpr int GROUP = 128;  // threads of a warpgroup: the producers
   constexpr int CONSUMERS = WM * WN * 32;
-  using Regs = WsRegs<CONSUMERS, MIN_CTAS>;
+  using Regs = WsRegs<CONSUMERS, MIN_CTAS, PRODUCER_REGS>;
   constexpr int TM = BM / WM, TN = BN / WN;
   constexpr int FM = TM / 16, FN = TN / 8;
   constexpr int A_STAGE = BM * BK * 8, B_STAGE = BN * BK * 8;

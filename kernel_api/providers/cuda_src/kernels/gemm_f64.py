@@ -67,6 +67,9 @@ class F64Config:
     #: slot on an mbarrier; the consumers (whole warpgroups: wm * wn of 4 or 8) never meet at a
     #: barrier
     ws: bool = False
+    #: registers the warp-specialized kernel's producers keep (0: gemm_f64.cu's WsRegs default by
+    #: CTAs per SM); the rest go to the consumers
+    producer_regs: int = 0
 
     @property
     def threads(self) -> int:
@@ -91,24 +94,27 @@ class F64Config:
             if config.tag == tag:
                 return config
         m = re.fullmatch(r"tile(\d+)x(\d+)x(\d+)_warps(\d+)x(\d+)_stages(\d+)(_prefetch)?(?:_mma(\d+))?(?:_copy(\d))?"
-                         r"(_ws)?(?:_ctas(\d+))?",
+                         r"(_ws)?(?:_p(\d+))?(?:_ctas(\d+))?",
                          tag)
         if not m:
-            raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ws][_ctasN]")
+            raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ws][_pR][_ctasN]")
         bm, bn, bk, wm, wn, stages = (int(v) for v in m.groups()[:6])
         config = cls(bm, bn, wm, wn, stages, 2, prefetch=bool(m.group(7)), bk=bk, mma_k=int(m.group(8) or 8),
-                           copy_at=int(m.group(9) or 0), ws=bool(m.group(10)))
+                           copy_at=int(m.group(9) or 0), ws=bool(m.group(10)), producer_regs=int(m.group(11) or 0))
+        if config.producer_regs and not config.ws:
+            raise ValueError(f"F64Config tag {tag!r}: _pN (producer registers) needs the warp-specialized kernel (_ws)")
         if config.ws and (config.wm * config.wn % 4 or config.copy_at):
             raise ValueError(f"F64Config tag {tag!r}: the warp-specialized kernel takes whole warpgroups of consumer "
                              f"warps (4 or 8) and no _copy option")
         by_smem = SM_SMEM_BYTES // (config.smem_bytes + CTA_RESERVED_SMEM)
-        return dataclasses.replace(config, min_ctas=int(m.group(11)) if m.group(11) else max(1, min(by_smem, 2)))
+        return dataclasses.replace(config, min_ctas=int(m.group(12)) if m.group(12) else max(1, min(by_smem, 2)))
 
     @property
     def tag(self) -> str:
         return (f"tile{self.bm}x{self.bn}x{self.bk}_warps{self.wm}x{self.wn}_stages{self.stages}"
                 + ("_prefetch" if self.prefetch else "") + (f"_mma{self.mma_k}" if self.mma_k != 8 else "")
-                + (f"_copy{self.copy_at}" if self.copy_at else "") + ("_ws" if self.ws else ""))
+                + (f"_copy{self.copy_at}" if self.copy_at else "") + ("_ws" if self.ws else "")
+                + (f"_p{self.producer_regs}" if self.producer_regs else ""))
 
 
 #: The configurations that won a size in the sweeps (benchmarks/NOTES-f64.md, sessions 25 and 32,
@@ -222,7 +228,8 @@ class CudaGemmF64(CudaSourceKernel):
         b = lambda v: "true" if v else "false"  # noqa: E731
         if c.ws:
             return (f"ka_gemm_f64::gemm_f64_ws<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, "
-                    f"{c.bn}, {c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}>")
+                    f"{c.bn}, {c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, "
+                    f"{c.producer_regs}>")
         return (f"ka_gemm_f64::gemm_f64<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, {c.bn}, "
                 f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, {c.copy_at}>")
 
