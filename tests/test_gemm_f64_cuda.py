@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernel_api import GemmArguments
-from kernel_api.providers.cuda_src.kernels.gemm_f64 import CONFIGS, CudaGemmF64, F64Config
+from kernel_api.providers.cuda_src.kernels.gemm_f64 import CONFIGS, SPLIT_WAVE_COST, CudaGemmF64, F64Config
 from memcheck import run_memcheck
 
 
@@ -192,6 +192,28 @@ def test_design_knobs_compile_for_sm90a_in_every_layout():
             assert k.compile(GemmArguments(A, A, torch.empty_like(A)), cc=90) is not None
 
 
+def test_stream_k_splits_only_a_short_last_wave():
+    """`split_plan`: the tiles past whole waves go stream-K when they fill at most a quarter of
+    a wave (at least 4 k tiles per split), one batch only; the workspace holds their partials."""
+    big, small = (knob_instance(tag, "ttt") for tag in ("tile128x128x32_warps2x4_stages3_mma16_ws",
+                                                         "tile128x64x32_warps2x2_stages2_mma16_ws"))
+    args = GemmArguments(*_meta(8192, 8192, 8192))
+    # 4096 tiles on 132 SMs: 31 whole waves and 4 tiles, each split 33 ways
+    assert big.split_plan(args, 132) == (4092, 33)
+    assert big.get_workspace_size(args) == 4 * 33 * 128 * 128 * 8  # (meta tensors plan for 132 SMs)
+    assert small.split_plan(args, 132) == (8184, 33)  # 2 CTAs per SM: 8192 tiles, 264 slots
+    assert big.split_plan(GemmArguments(*_meta(2048, 2048, 2048)), 132) is None  # 124 of 132: too full
+    assert big.split_plan(GemmArguments(*_meta(8192, 8192, 8192, L=2)), 132) is None  # batched
+    assert big.split_plan(GemmArguments(*_meta(8192, 8192, 64)), 132) is None  # 2 k tiles: nothing to split
+    assert big.split_plan(GemmArguments(*_meta(8192, 8192, 256)), 132) == (4092, 2)  # 8 k tiles: 4 each
+    assert big.split_plan(GemmArguments(*_meta(1024, 1024, 8192)), 132) is None  # one wave
+    assert knob_instance("tile64x64x16_warps2x2_stages4_prefetch", "ttt").split_plan(args, 132) is None  # not ws
+    # the tile model's 32nd wave becomes 1 / 33 of one (plus the partial sums' share)
+    with_split = big.estimated_cost(args, 132)
+    big.split_plan = lambda *a, **k: None
+    assert with_split == pytest.approx(big.estimated_cost(args, 132) * (31 + SPLIT_WAVE_COST / 33) / 32)
+
+
 GPU_SHAPES = [(1, 1, 1), (131, 77, 45), (128, 64, 16), (257, 129, 33), (64, 200, 300), (300, 64, 17)]
 
 
@@ -235,15 +257,49 @@ def test_large_matches_cublas_closely():
         assert err < 1e-14, f"{k.metadata.kernel_name}: {err:.2e}"
 
 
+def split_case(k: CudaGemmF64) -> tuple[int, int, int]:
+    """Odd M, N, K whose output tiles are one whole wave on this GPU and a few more (at most 7),
+    which `split_plan` runs stream-K (8 splits of K's 32 k tiles)."""
+    slots = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count * k.config.ctas_per_sm
+    return 7 * k.config.bm - 5, (slots // 7 + 1) * k.config.bn - 3, 1001
+
+
+SPLIT_TAGS = ("tile128x128x32_warps2x4_stages3_mma16_ws", "tile128x64x32_warps2x2_stages2_mma16_ws")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tag", SPLIT_TAGS)
+@pytest.mark.parametrize("layouts", ["ttt", "ntn", "tnn"])
+def test_stream_k_last_wave_matches_float64(tag, layouts):
+    """The split last wave (both out layouts: the partial sums are stored and added up in each),
+    edge tiles included, against float64; and bit for bit the same on a second run."""
+    k = knob_instance(tag, layouts)
+    M, N, K = split_case(k)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    plan = k.split_plan(GemmArguments(*_meta(M, N, K, layouts)), sms)
+    assert plan is not None and plan[1] == 8, plan
+    check(k, M, N, K)
+    args = GemmArguments(*_meta(M, N, K, layouts, device="cuda"))  # fresh random operands
+    out = args.out
+    k.run(args)
+    first = out.clone()
+    out.fill_(float("nan"))
+    k.run(args)
+    assert torch.equal(out, first), f"{k.metadata.kernel_name}: the split sums differ between runs"
+
+
 _SANITIZED = r"""
 import sys
 sys.path.insert(0, %r)
-from test_gemm_f64_cuda import WS_TAGS, check, instances, knob_instance
+from test_gemm_f64_cuda import SPLIT_TAGS, WS_TAGS, check, instances, knob_instance, split_case
 n = 0
 for layouts in ("ttt", "tnt", "ntn", "nnn"):
     for k in instances(layouts) + [knob_instance(tag, layouts) for tag in WS_TAGS]:
         check(k, 37, 21, 19); n += 1
         check(k, 130, 66, 18, pad=2); n += 1
+    for tag in SPLIT_TAGS:  # the stream-K last wave and its reduction
+        k = knob_instance(tag, layouts)
+        check(k, *split_case(k)); n += 1
 print("launches", n)
 """
 
@@ -251,4 +307,4 @@ print("launches", n)
 @pytest.mark.gpu
 def test_memcheck_clean():
     out = run_memcheck(_SANITIZED % os.path.dirname(os.path.abspath(__file__)))
-    assert f"launches {4 * (len(CONFIGS) + len(WS_TAGS)) * 2}" in out, out[-3000:]
+    assert f"launches {4 * ((len(CONFIGS) + len(WS_TAGS)) * 2 + len(SPLIT_TAGS))}" in out, out[-3000:]

@@ -414,7 +414,8 @@ template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, i
           bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int PRODUCER_REGS = 0>
 __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>::THREADS, MIN_CTAS)
     gemm_f64_ws(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
-                i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec) {
+                i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec,
+                double* __restrict__ partial, i64 tile_base, i64 splits) {
   constexpr int GROUP = 128;  // threads of a warpgroup: the producers
   constexpr int CONSUMERS = WM * WN * 32;
   using Regs = WsRegs<CONSUMERS, MIN_CTAS, PRODUCER_REGS>;
@@ -443,30 +444,47 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>:
   }
   __syncthreads();
 
+  // Stream-K over a last partial wave (splits > 0, one batch): CTA tile_base + u takes the k
+  // range u % splits (of `splits` even parts) of tile tile_base + u / splits and stores its
+  // partial sums to `partial`, which gemm_f64_split_reduce adds up in a fixed order. The
+  // earlier CTAs each compute a whole tile, as without splits.
+  const int all_ktiles = (K + BK - 1) / BK;
+  const bool split_cta = splits > 0 && (i64)blockIdx.x >= tile_base;
+  int tile = blockIdx.x, k_first = 0, ktiles = all_ktiles;
+  if (split_cta) {
+    const int unit = blockIdx.x - (int)tile_base, part = unit % (int)splits;
+    tile = (int)tile_base + unit / (int)splits;
+    k_first = (int)((i64)all_ktiles * part / splits);
+    ktiles = (int)((i64)all_ktiles * (part + 1) / splits) - k_first;
+  }
   int m0, n0;
-  tile_origin<BM, BN, GROUP_M>(blockIdx.x, M, N, m0, n0);
+  tile_origin<BM, BN, GROUP_M>(tile, M, N, m0, n0);
   A += (i64)blockIdx.y * batch_a;
   B += (i64)blockIdx.y * batch_b;
   out += (i64)blockIdx.y * batch_o;
-  const int ktiles = (K + BK - 1) / BK;
 
   if (tid >= CONSUMERS) {  // producers: the last warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs::PRODUCER));
     const int ptid = tid - CONSUMERS;
     const CopyPlan<BM, A_KMAJOR, GROUP, BK> a_copy(ptid);
     const CopyPlan<BN, B_KMAJOR, GROUP, BK> b_copy(ptid);
+    // The operands as seen from k_first (K shortened alike), so the loop needs no offset register.
+    const i64 k_off = (i64)k_first * BK;
+    A += A_KMAJOR ? k_off : k_off * lda;
+    B += B_KMAJOR ? k_off : k_off * ldb;
+    const int Kp = K - (int)k_off;
     const bool interior_mn = m0 + BM <= M && n0 + BN <= N;
-    const int full_ktiles = interior_mn ? K / BK : 0;
+    const int full_ktiles = interior_mn ? Kp / BK : 0;
     for (int kt = 0; kt < ktiles; ++kt) {
       const int slot = kt % STAGES;
       if (kt >= STAGES) mbar_wait(empty + 8 * slot, (u32)((kt / STAGES - 1) & 1));
       const u32 dA = sA + slot * A_STAGE, dB = sB + slot * B_STAGE;
       if (kt < full_ktiles) {
-        load_tile<BM, A_KMAJOR, GROUP, BK, true>(dA, A, lda, m0, M, kt * BK, K, a_copy);
-        load_tile<BN, B_KMAJOR, GROUP, BK, true>(dB, B, ldb, n0, N, kt * BK, K, b_copy);
+        load_tile<BM, A_KMAJOR, GROUP, BK, true>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
+        load_tile<BN, B_KMAJOR, GROUP, BK, true>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
       } else {
-        load_tile<BM, A_KMAJOR, GROUP, BK, false>(dA, A, lda, m0, M, kt * BK, K, a_copy);
-        load_tile<BN, B_KMAJOR, GROUP, BK, false>(dB, B, ldb, n0, N, kt * BK, K, b_copy);
+        load_tile<BM, A_KMAJOR, GROUP, BK, false>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
+        load_tile<BN, B_KMAJOR, GROUP, BK, false>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
       }
       cp_async_arrive(full + 8 * slot);
     }
@@ -520,7 +538,33 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>:
       }
     }
   }
-  store_acc<O_NMAJOR, FM, FN>(acc, out, m0 + wm * TM, n0 + wn * TN, M, N, ldo, out_vec != 0, g, t);
+  // A stream-K CTA stores the whole tile's partial sums, laid out as out is (rows or columns of
+  // the tile). Decided from the kernel's parameters here, so nothing extra stays live in the loop.
+  const bool to_partial = splits > 0 && (i64)blockIdx.x >= tile_base;
+  store_acc<O_NMAJOR, FM, FN>(acc, to_partial ? partial + ((i64)blockIdx.x - tile_base) * (BM * BN) : out,
+                              (to_partial ? 0 : m0) + wm * TM, (to_partial ? 0 : n0) + wn * TN, to_partial ? BM : M,
+                              to_partial ? BN : N, to_partial ? (O_NMAJOR ? BN : BM) : ldo, to_partial || out_vec != 0,
+                              g, t);
+}
+
+// out's tiles tile_base + blockIdx.x from the `splits` partial tiles of each (gemm_f64_ws with
+// splits), summed in split order (deterministic); blockIdx.y picks 256 of the tile's elements.
+template <bool O_NMAJOR, int BM, int BN, int GROUP_M>
+__global__ void __launch_bounds__(256)
+    gemm_f64_split_reduce(const double* __restrict__ partial, double* __restrict__ out, i64 M_, i64 N_, i64 ldo,
+                          i64 tile_base, i64 splits) {
+  constexpr int FAST = O_NMAJOR ? BN : BM;  // the contiguous extent, in the partials and in out
+  static_assert((BM * BN) % 256 == 0, "a tile is whole blocks of 256 elements");
+  const int M = (int)M_, N = (int)N_;
+  int m0, n0;
+  tile_origin<BM, BN, GROUP_M>((int)tile_base + blockIdx.x, M, N, m0, n0);
+  const int e = blockIdx.y * 256 + threadIdx.x;
+  const int m = m0 + (O_NMAJOR ? e / FAST : e % FAST), n = n0 + (O_NMAJOR ? e % FAST : e / FAST);
+  if (m >= M || n >= N) return;
+  const double* p = partial + (i64)blockIdx.x * splits * (BM * BN) + e;
+  double sum = 0.0;
+  for (int s = 0; s < (int)splits; ++s) sum += p[(i64)s * (BM * BN)];
+  out[O_NMAJOR ? (i64)m * ldo + n : (i64)n * ldo + m] = sum;
 }
 
 }  // namespace ka_gemm_f64

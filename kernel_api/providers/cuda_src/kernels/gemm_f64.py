@@ -21,12 +21,14 @@ from typing import Any
 import torch
 
 from ....arguments import GemmArguments
+from ....core.arch import planning_sm_count
 from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
+from ..launcher import CudaLauncher
 
 ROW = (0, 0, 1)
 COL = (0, 1, 0)
@@ -35,6 +37,11 @@ SM_SMEM_BYTES = 233472
 CTA_RESERVED_SMEM = 1024
 #: Row tiles per raster band (gemm_f64.cu's GROUP_M): a wave's tiles share A and B in L2.
 GROUP_M = 8
+#: Fewest k tiles a stream-K CTA of the last wave takes (`CudaGemmF64.split_plan`).
+MIN_SPLIT_KTILES = 4
+#: `CudaGemmF64.estimated_cost`'s split last wave, in tiles' time per split (the split share of a
+#: tile, its partial sums written and added up): an estimate until timed
+SPLIT_WAVE_COST = 1.25
 _INDEX_LIMIT = 2**31 - 1024  # M, N, K are 32-bit inside the kernel (with room for a tile past the edge)
 _MAX_BATCH = 65535           # batches run on gridDim.y
 
@@ -70,6 +77,9 @@ class F64Config:
     #: registers the warp-specialized kernel's producers keep (0: gemm_f64.cu's WsRegs default by
     #: CTAs per SM); the rest go to the consumers
     producer_regs: int = 0
+    #: warp-specialized: run a last wave at most a quarter full as stream-K (`CudaGemmF64.split_plan`);
+    #: False (tag ``_dp``) keeps every tile whole, for comparison
+    split_last_wave: bool = True
 
     @property
     def threads(self) -> int:
@@ -94,27 +104,30 @@ class F64Config:
             if config.tag == tag:
                 return config
         m = re.fullmatch(r"tile(\d+)x(\d+)x(\d+)_warps(\d+)x(\d+)_stages(\d+)(_prefetch)?(?:_mma(\d+))?(?:_copy(\d))?"
-                         r"(_ws)?(?:_p(\d+))?(?:_ctas(\d+))?",
+                         r"(_ws)?(?:_p(\d+))?(_dp)?(?:_ctas(\d+))?",
                          tag)
         if not m:
-            raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ws][_pR][_ctasN]")
+            raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ws][_pR][_dp][_ctasN]")
         bm, bn, bk, wm, wn, stages = (int(v) for v in m.groups()[:6])
         config = cls(bm, bn, wm, wn, stages, 2, prefetch=bool(m.group(7)), bk=bk, mma_k=int(m.group(8) or 8),
-                           copy_at=int(m.group(9) or 0), ws=bool(m.group(10)), producer_regs=int(m.group(11) or 0))
-        if config.producer_regs and not config.ws:
-            raise ValueError(f"F64Config tag {tag!r}: _pN (producer registers) needs the warp-specialized kernel (_ws)")
+                           copy_at=int(m.group(9) or 0), ws=bool(m.group(10)), producer_regs=int(m.group(11) or 0),
+                     split_last_wave=not m.group(12))
+        if (config.producer_regs or m.group(12)) and not config.ws:
+            raise ValueError(f"F64Config tag {tag!r}: _pN (producer registers) and _dp (no stream-K last wave) need "
+                             f"the warp-specialized kernel (_ws)")
         if config.ws and (config.wm * config.wn % 4 or config.copy_at):
             raise ValueError(f"F64Config tag {tag!r}: the warp-specialized kernel takes whole warpgroups of consumer "
                              f"warps (4 or 8) and no _copy option")
         by_smem = SM_SMEM_BYTES // (config.smem_bytes + CTA_RESERVED_SMEM)
-        return dataclasses.replace(config, min_ctas=int(m.group(12)) if m.group(12) else max(1, min(by_smem, 2)))
+        return dataclasses.replace(config, min_ctas=int(m.group(13)) if m.group(13) else max(1, min(by_smem, 2)))
 
     @property
     def tag(self) -> str:
         return (f"tile{self.bm}x{self.bn}x{self.bk}_warps{self.wm}x{self.wn}_stages{self.stages}"
                 + ("_prefetch" if self.prefetch else "") + (f"_mma{self.mma_k}" if self.mma_k != 8 else "")
                 + (f"_copy{self.copy_at}" if self.copy_at else "") + ("_ws" if self.ws else "")
-                + (f"_p{self.producer_regs}" if self.producer_regs else ""))
+                + (f"_p{self.producer_regs}" if self.producer_regs else "")
+                + ("_dp" if self.ws and not self.split_last_wave else ""))
 
 
 #: The configurations that won a size in the sweeps (benchmarks/NOTES-f64.md, sessions 25 and 32,
@@ -140,7 +153,7 @@ class CudaGemmF64(CudaSourceKernel):
     supported_args_type = GemmArguments
     source_file = "gemm_f64.cu"
     convert_arguments = False  # every kernel parameter is a pointer or a 64-bit int
-    workspace_free = True
+    workspace_free = False  # the warp-specialized instances' stream-K partials (`split_plan`)
     #: ranks the family in `gemm_cost`'s tile model (with `estimated_cost`'s CTAs per SM)
     performance_hint = 0.6
 
@@ -220,7 +233,46 @@ class CudaGemmF64(CudaSourceKernel):
         scaled by the configuration's measured speed (`F64Config.cost_scale`)."""
         from ....tuning.policies import gemm_cost
         c = self.config
-        return gemm_cost(self, args, sm_count * c.ctas_per_sm) * c.ctas_per_sm * c.cost_scale
+        cost = gemm_cost(self, args, sm_count * c.ctas_per_sm) * c.ctas_per_sm * c.cost_scale
+        plan = self.split_plan(args, sm_count)
+        if plan is not None:  # the last wave takes about 1 / splits of a tile's time, plus the partial sums
+            slots = sm_count * c.ctas_per_sm
+            waves = -(-(-(-args.M // c.bm) * -(-args.N // c.bn)) // slots)
+            cost *= (waves - 1 + SPLIT_WAVE_COST / plan[1]) / waves
+        return cost
+
+    # ---- stream-K over the last wave ----------------------------------------------------------
+    def split_plan(self, args: GemmArguments, sm_count: int | None = None) -> tuple[int, int] | None:
+        """``(tile_base, splits)`` when the warp-specialized kernel runs the output tiles past a
+        whole number of waves as stream-K (None: every CTA computes a whole tile).
+
+        A last wave of R tiles on S slots (SMs x CTAs per SM) holds R / S of the GPU for a whole
+        tile's time: at 8192^3 and 128x128 tiles, 4 tiles of the 32nd wave leave 128 of 132 SMs
+        idle for 3 % of the run. Split, each of those tiles' k range goes to ``splits`` CTAs
+        (``splits * R <= S``, at least `MIN_SPLIT_KTILES` k tiles each), which store partial
+        sums that a second launch adds up in a fixed order (deterministic). Only where the last
+        wave is at most a quarter full (the partial sums' traffic must stay small against the
+        idle time it saves) and for one batch. ``sm_count``: the SMs to plan for (default: the
+        arguments' device's)."""
+        c = self.config
+        if not (c.ws and c.split_last_wave) or args.L != 1:
+            return None
+        tiles = -(-args.M // c.bm) * -(-args.N // c.bn)
+        slots = (planning_sm_count(args.device) if sm_count is None else sm_count) * c.ctas_per_sm
+        last = tiles % slots
+        if tiles <= slots or last == 0 or 4 * last > slots:
+            return None
+        splits = min(slots // last, -(-args.K // c.bk) // MIN_SPLIT_KTILES)
+        return (tiles - last, splits) if splits >= 2 else None
+
+    def get_workspace_size(self, args: GemmArguments) -> int:
+        plan = self.split_plan(args)
+        if plan is None:
+            return 0
+        tile_base, splits = plan
+        c = self.config
+        tiles = -(-args.M // c.bm) * -(-args.N // c.bn)
+        return (tiles - tile_base) * splits * c.bm * c.bn * 8
 
     # ---- compile and launch -----------------------------------------------------------------
     def name_expression(self, args: Any) -> str:
@@ -232,6 +284,21 @@ class CudaGemmF64(CudaSourceKernel):
                     f"{c.producer_regs}>")
         return (f"ka_gemm_f64::gemm_f64<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, {c.bn}, "
                 f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, {c.copy_at}>")
+
+    def _reduce_expression(self) -> str:
+        c = self.config
+        return (f"ka_gemm_f64::gemm_f64_split_reduce<{'true' if self.o_nmajor else 'false'}, {c.bm}, {c.bn}, "
+                f"{GROUP_M}>")
+
+    def companion_name_expressions(self, args: Any) -> tuple[str, ...]:
+        return (self._reduce_expression(),) if self.config.ws else ()
+
+    def launch_plan(self, args: Any, launcher: CudaLauncher) -> CudaLauncher | None:
+        """The artifact's ``extra``: the split reduction's launcher (warp-specialized instances)."""
+        if not self.config.ws:
+            return None
+        return CudaLauncher(launcher.compiled, self._reduce_expression(), f"{self.metadata.kernel_name} (split sums)",
+                            convert_args=False)
 
     def grid(self, args: GemmArguments) -> tuple[int, int, int]:
         c = self.config
@@ -251,11 +318,27 @@ class CudaGemmF64(CudaSourceKernel):
         ldo, batch_o = self._lead(out, self.o_nmajor), self._batch_stride(out, L)
         # 16-byte stores of column pairs need a 16-byte aligned row-major out with even strides.
         out_vec = self.o_nmajor and out.data_ptr() % 16 == 0 and ldo % 2 == 0 and batch_o % 2 == 0
-        artifact.compiled_obj.launch(
-            stream_handle(stream, device), device, self.grid(args), c.threads, c.smem_bytes,
-            (A.data_ptr(), B.data_ptr(), out.data_ptr(), args.M, args.N, args.K, self._lead(A, self.a_kmajor),
-             self._lead(B, not self.b_kmajor), ldo, self._batch_stride(A, L), self._batch_stride(B, L), batch_o,
-             int(out_vec)))
+        handle = stream_handle(stream, device)
+        params = (A.data_ptr(), B.data_ptr(), out.data_ptr(), args.M, args.N, args.K, self._lead(A, self.a_kmajor),
+                  self._lead(B, not self.b_kmajor), ldo, self._batch_stride(A, L), self._batch_stride(B, L), batch_o,
+                  int(out_vec))
+        if not c.ws:
+            artifact.compiled_obj.launch(handle, device, self.grid(args), c.threads, c.smem_bytes, params)
+            return
+        plan = self.split_plan(args)
+        if plan is None:
+            artifact.compiled_obj.launch(handle, device, self.grid(args), c.threads, c.smem_bytes, params + (0, 0, 0))
+            return
+        tile_base, splits = plan
+        split_tiles = self.grid(args)[0] - tile_base
+        if workspace is None or workspace.numel() < self.get_workspace_size(args):
+            raise ValueError(f"{self.metadata.kernel_name}: operand workspace: needs {self.get_workspace_size(args)} "
+                             f"bytes for the stream-K partial sums")
+        partial = workspace.data_ptr()
+        artifact.compiled_obj.launch(handle, device, (tile_base + split_tiles * splits, 1, 1), c.threads,
+                                     c.smem_bytes, params + (partial, tile_base, splits))
+        artifact.extra.launch(handle, device, (split_tiles, c.bm * c.bn // 256, 1), 256, 0,
+                              (partial, out.data_ptr(), args.M, args.N, ldo, tile_base, splits))
 
 
 __all__ = ["CONFIGS", "CudaGemmF64", "F64Config"]
