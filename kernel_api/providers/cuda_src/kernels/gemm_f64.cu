@@ -19,6 +19,10 @@
 //  * gemm_f64_ws (session 32, 0.95-0.99x cuBLAS where the kernel above ran at 0.89x): the same
 //    copies, swizzle and fragments, but a producer warpgroup issues the copies and the consumer
 //    warps wait per ring slot on mbarriers instead of meeting at a block barrier every k tile.
+//  * Stream-K over a last wave at most a quarter full (session 33; the Python side plans it):
+//    its tiles' k ranges are split over the wave's CTAs, which store partial sums that
+//    gemm_f64_split_reduce adds up in a fixed order. At 8192^3 the 32nd wave held 4 tiles on
+//    132 SMs; split, the instances ran 1.4-2 % faster.
 //  * Knobs the benchmark measures (NOTES-f64.md, session 27; none beat the defaults by more
 //    than 1 %): BK 32, MMA_K 16 (m16n8k16: half the DMMA instructions), and COPY_AT, where in
 //    a k tile the next stage's copies issue.

@@ -6,7 +6,9 @@ row- or column-major. The operands' base pointers must be 16-byte aligned and th
 dimensions and batch strides even (16-byte rows: the copies into shared memory are 16-byte
 ``cp.async``); extents may be odd (the edges are zero-filled). out needs only its natural
 8-byte alignment. Plain epilogue (alpha=1, beta=0; calls with a fused epilogue go to the
-`Sm80TensorOpGemm` f64 instances). Design: gemm_f64.cu's header and benchmarks/NOTES-f64.md.
+`Sm80TensorOpGemm` f64 instances). The warp-specialized instances run a last wave at most a
+quarter full as stream-K (`CudaGemmF64.split_plan`; workspace for the partial sums, added up
+in a fixed order by a second launch). Design: gemm_f64.cu's header and benchmarks/NOTES-f64.md.
 
 Instances: one per (A, B, out) layout and tile configuration (`CONFIGS`).
 """
