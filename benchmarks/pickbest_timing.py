@@ -44,39 +44,55 @@ CASES = [
 ]
 
 
-def run_case(case: tuple, repeat: int, clocks: ClockSampler | None = None) -> dict:
-    label, dtype, M, N, K, b_col, tf32, parts = case
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    A = torch.randn(M, K, device="cuda", dtype=dtype)
-    B = torch.randn(N, K, device="cuda", dtype=dtype).t() if b_col else torch.randn(K, N, device="cuda", dtype=dtype)
-    args = GemmArguments(A, B, torch.empty(M, N, device="cuda", dtype=dtype))
-    kernels = {}
-    for k in kernel_api.get_kernels(args, cc=90):
-        for short, part in parts.items():
-            if part in k.metadata.kernel_name and short not in kernels:
-                kernels[short] = k
-    artifacts = {short: k.compile(args) for short, k in kernels.items()}
-    sets = [random_like(args) for _ in range(3)]
-    result = {"case": label, "kernels": {s: k.metadata.kernel_name for s, k in kernels.items()}, "ms": {}}
+class Contest:
+    """One case's two kernels compiled, three input sets of fresh random data, and `runs`: the
+    launch functions of a group (torch.matmul's tf32 setting follows the case while it runs)."""
 
-    def runs(n_sets: int, cublas: bool) -> dict:
-        fns = {short: (lambda i, k=k, art=artifacts[short]: k.run(sets[i % n_sets], compiled_artifact=art,
-                                                                   assume_supported_args=True))
-               for short, k in kernels.items()}
+    def __init__(self, case: tuple) -> None:
+        self.label, dtype, M, N, K, b_col, self.tf32, parts = case
+        torch.backends.cuda.matmul.allow_tf32 = self.tf32
+        A = torch.randn(M, K, device="cuda", dtype=dtype)
+        B = (torch.randn(N, K, device="cuda", dtype=dtype).t() if b_col
+             else torch.randn(K, N, device="cuda", dtype=dtype))
+        args = GemmArguments(A, B, torch.empty(M, N, device="cuda", dtype=dtype))
+        self.kernels = {}
+        for k in kernel_api.get_kernels(args, cc=90):
+            for short, part in parts.items():
+                if part in k.metadata.kernel_name and short not in self.kernels:
+                    self.kernels[short] = k
+        self.artifacts = {short: k.compile(args) for short, k in self.kernels.items()}
+        self.sets = [random_like(args) for _ in range(3)]
+
+    def names(self) -> dict:
+        return {s: k.metadata.kernel_name for s, k in self.kernels.items()}
+
+    def runs(self, n_sets: int, cublas: bool) -> dict:
+        sets = self.sets
+        fns = {short: (lambda i, k=k, art=self.artifacts[short]: k.run(sets[i % n_sets], compiled_artifact=art,
+                                                                        assume_supported_args=True))
+               for short, k in self.kernels.items()}
         if cublas:
             fns["cublas"] = lambda i: torch.matmul(sets[i % n_sets].A, sets[i % n_sets].B, out=sets[i % n_sets].out)
         return fns
 
+    def close(self) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def run_case(case: tuple, repeat: int, clocks: ClockSampler | None = None) -> dict:
+    contest = Contest(case)
+    label = contest.label
+    result = {"case": label, "kernels": contest.names(), "ms": {}}
     for n_sets in (1, 3):
         for cublas in (False, True):
             tag = f"sets{n_sets}{'+cublas' if cublas else ''}"
             with clocks.window(f"{label} pickbest {tag}") if clocks else contextlib.nullcontext():
-                found = time_interleaved(runs(n_sets, cublas), n_sets, repeat=repeat)
+                found = time_interleaved(contest.runs(n_sets, cublas), n_sets, repeat=repeat)
             result["ms"][f"pickbest {tag}"] = {k: v["median_ms"] for k, v in found.items()}
             with clocks.window(f"{label} house {tag}") if clocks else contextlib.nullcontext():
-                ms, _ = time_group(runs(n_sets, cublas), repeat)
+                ms, _ = time_group(contest.runs(n_sets, cublas), repeat)
             result["ms"][f"house {tag}"] = ms
-    torch.backends.cuda.matmul.allow_tf32 = False
+    contest.close()
     return result
 
 
@@ -84,23 +100,9 @@ def run_bursts(case: tuple, bursts: list[int], clocks: ClockSampler | None = Non
     """The house method on three input sets with cuBLAS in the group, once per burst length
     (launches of each kernel, alternating), each burst after a second of idle GPU; the SM clock
     sampled over the burst's own launches (the span after the house method's sleep kernel)."""
-    label, dtype, M, N, K, b_col, tf32, parts = case
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    A = torch.randn(M, K, device="cuda", dtype=dtype)
-    B = torch.randn(N, K, device="cuda", dtype=dtype).t() if b_col else torch.randn(K, N, device="cuda", dtype=dtype)
-    args = GemmArguments(A, B, torch.empty(M, N, device="cuda", dtype=dtype))
-    kernels = {}
-    for k in kernel_api.get_kernels(args, cc=90):
-        for short, part in parts.items():
-            if part in k.metadata.kernel_name and short not in kernels:
-                kernels[short] = k
-    artifacts = {short: k.compile(args) for short, k in kernels.items()}
-    sets = [random_like(args) for _ in range(3)]
-    fns = {short: (lambda i, k=k, art=artifacts[short]: k.run(sets[i % 3], compiled_artifact=art,
-                                                               assume_supported_args=True))
-           for short, k in kernels.items()}
-    fns["cublas"] = lambda i: torch.matmul(sets[i % 3].A, sets[i % 3].B, out=sets[i % 3].out)
-    result = {"case": label, "kernels": {s: k.metadata.kernel_name for s, k in kernels.items()}, "bursts": {}}
+    contest = Contest(case)
+    fns = contest.runs(3, cublas=True)
+    result = {"case": contest.label, "kernels": contest.names(), "bursts": {}}
     for repeat in bursts:
         torch.cuda.synchronize()
         time.sleep(1.0)
@@ -109,11 +111,11 @@ def run_bursts(case: tuple, bursts: list[int], clocks: ClockSampler | None = Non
         busy_s = sum(ms.values()) * repeat / 1e3
         entry = {"launches_each": repeat, "busy_ms": busy_s * 1e3, "ms": ms}
         if clocks:
-            name = f"{label} burst {repeat}"
+            name = f"{contest.label} burst {repeat}"
             clocks.windows[name] = [(ended - busy_s, ended)]
             entry["clocks"] = clocks.summary()[name]
         result["bursts"][str(repeat)] = entry
-    torch.backends.cuda.matmul.allow_tf32 = False
+    contest.close()
     return result
 
 
