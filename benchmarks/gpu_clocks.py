@@ -37,7 +37,7 @@ class ClockSampler:
 
     def __enter__(self) -> "ClockSampler":
         if self.available:
-            index = torch.cuda.current_device()
+            index = torch.cuda.current_device() if torch.cuda.is_available() else 0
             self._proc = subprocess.Popen(
                 ["nvidia-smi", "-i", str(index), "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                  f"-lms={self.period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
