@@ -102,6 +102,30 @@ def test_a_failing_call_is_reported_and_left_out_of_later_rounds(monkeypatch):
     assert [e[0] for e in clock.log if e[0] in runs][-2:] == ["a", "a"]  # b gone after its failure
 
 
+def test_settle_rounds_run_untimed_before_the_timed_ones_in_the_same_orders(monkeypatch):
+    """``settle_ms``: untimed shuffled rounds for that much GPU time by the floor (20 ms at 2 x
+    0.5 ms a round: 20 rounds), between the warm-ups and the timed rounds, whose orders and
+    input sets continue as without them; none when the floor is unknown."""
+    clock = _Clock(monkeypatch)
+    runs = {"a": clock.kernel("a", 1.0), "b": clock.kernel("b", 1.0)}
+    timing.time_interleaved(runs, sets=3, warmup=1, repeat=6, gpu_floor_ms=0.5)
+    plain = [e for e in clock.log if e[0] in runs][2:]
+    clock.log.clear()
+    found = timing.time_interleaved(runs, sets=3, warmup=1, repeat=6, gpu_floor_ms=0.5, settle_ms=20.0)
+    launches = [e for e in clock.log if e[0] in runs][2:]
+    settle, timed = launches[:40], launches[40:]
+    assert sorted(name for name, _ in settle) == ["a"] * 20 + ["b"] * 20
+    assert [name for name, _ in timed] == [name for name, _ in plain]  # the seeded timed orders
+    assert [i for _, i in launches] == [i % 3 for i in range(52)]  # the set advances over both
+    assert found["a"]["samples"] == found["b"]["samples"] == 6
+    clock.log.clear()
+    timing.time_interleaved(runs, warmup=1, repeat=6, gpu_floor_ms=0.0, settle_ms=20.0)
+    assert len([e for e in clock.log if e[0] in runs]) == 2 + 12
+    clock.log.clear()
+    timing.time_interleaved(runs, warmup=1, repeat=6, gpu_floor_ms=1e-6, settle_ms=200.0)  # capped
+    assert len([e for e in clock.log if e[0] in runs]) == 2 + timing.MAX_SETTLE_LAUNCHES + 12
+
+
 def test_a_host_slower_than_the_calls_gets_a_head_start_per_chunk(monkeypatch):
     clock = _Clock(monkeypatch)
     runs = {"a": clock.kernel("a", 0.001), "b": clock.kernel("b", 0.001)}

@@ -271,6 +271,13 @@ _FIRST_LAUNCH_EARLY = True
 #: for benchmarks/tune_scale.py's comparison).
 _PREFETCH_NEXT = True
 
+#: GPU time (ms) of untimed rounds `PickBest` runs before its timed ones (`time_interleaved`'s
+#: ``settle_ms``), so it ranks the candidates in the power state of sustained work. Measured on
+#: an H200 (benchmarks/NOTES-sm90.md, session 33): tf32 4096^3 GEMMs ran 17-22 % slower after
+#: ~100 ms back to back than in the first ~40 ms, and the fastest tile differed between the
+#: two; PickBest's rounds used to start near that step, its samples of four tiles tying there.
+_SETTLE_MS = 200.0
+
 
 class Policy:
     """Chooses one kernel for an arguments object."""
@@ -512,7 +519,7 @@ class PickBest(Policy):
            context, which waits for all work queued before it (benchmarks/first_launch_wait.py:
            the whole queue, on an H100), so no timed launches are queued yet;
         2. time: with `_INTERLEAVE` (the default), every verified candidate once per round
-           (`time_interleaved`); otherwise each candidate's timed launches (`QueuedTiming`)
+           (`time_interleaved`), after `_SETTLE_MS` of untimed rounds; otherwise each candidate's timed launches (`QueuedTiming`)
            queued while the GPU runs the previous ones, at most two candidates ahead (a full
            launch queue would block the host inside a launch), and their samples read.
 
@@ -580,7 +587,7 @@ class PickBest(Policy):
         if _INTERLEAVE:  # 2. time, every verified candidate in each round
             timed = {index: _timed_run(kernels[index], [unbound_copy(a) for a in inputs], artifacts[index])
                      for index in range(len(kernels)) if index in artifacts}
-            found = time_interleaved(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms)
+            found = time_interleaved(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms, settle_ms=_SETTLE_MS)
             for index in range(len(kernels)):
                 got = found.get(index)
                 if isinstance(got, Exception):

@@ -3,6 +3,7 @@ rotating input sets so repeated runs do not measure the L2 cache."""
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -112,8 +113,13 @@ class QueuedTiming:
         return _summary(self.samples())
 
 
+#: Most untimed launches `time_interleaved` queues to settle the GPU's power state.
+MAX_SETTLE_LAUNCHES = 2000
+
+
 def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup: int = 5, repeat: int = 50,
-                     gpu_floor_ms: float = 0.0, max_queued: int = 96) -> dict[Any, dict | Exception]:
+                     gpu_floor_ms: float = 0.0, max_queued: int = 96,
+                     settle_ms: float = 0.0) -> dict[Any, dict | Exception]:
     """Time several calls against each other: after ``warmup`` calls of each alone, ``repeat``
     rounds in which every call of ``runs`` is launched once, each launch between its own CUDA
     events, in an order shuffled every round (seeded: the same keys and ``repeat`` give the same
@@ -134,6 +140,13 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
     a chunk only once the one before the last has run (a full launch queue would block the
     host inside a launch), each behind a GPU head start when the host is slower than the
     calls (``gpu_floor_ms``: a lower bound of one call's GPU time, as for `QueuedTiming`).
+
+    ``settle_ms``: before the timed rounds, untimed shuffled rounds of the same calls for at least
+    this much GPU time (by ``gpu_floor_ms``; at most `MAX_SETTLE_LAUNCHES` launches), so the
+    samples come from the power state of back-to-back work rather than from a GPU that idled
+    before: on an H200, tf32 4096^3 GEMMs ran at the top clock for the first ~40 ms of work and
+    17-22 % slower after ~100 ms, and which of two kernels was faster flipped
+    (benchmarks/NOTES-sm90.md, session 33). The timed rounds keep their seeded orders.
     """
     stream = torch.cuda.current_stream()
     failures: dict[Any, Exception] = {}
@@ -144,10 +157,25 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
         except Exception as exc:
             failures[key] = exc
     live = [key for key in runs if key not in failures]
+    launches = 0
+    if settle_ms > 0 and gpu_floor_ms > 0 and live:
+        rounds = min(math.ceil(settle_ms / (gpu_floor_ms * len(live))), MAX_SETTLE_LAUNCHES // len(live))
+        shuffle = random.Random(len(runs) * 7919 + repeat)
+        for _ in range(rounds):
+            turn = list(live)
+            shuffle.shuffle(turn)
+            for key in turn:
+                if key in failures:
+                    continue
+                try:
+                    runs[key](launches % sets)
+                except Exception as exc:
+                    failures[key] = exc
+                    live.remove(key)
+                launches += 1
     order = random.Random(len(runs) * 1000003 + repeat)
     chunks: list[list[tuple[Any, Any, Any]]] = []
     waited = -1
-    launches = 0
     rounds_per_chunk = max(1, max_queued // max(1, len(live)))
     done = 0
     while done < repeat and live:
