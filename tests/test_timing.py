@@ -164,3 +164,36 @@ def test_pick_best_measures_the_same_either_way(monkeypatch, interleave):
     assert [(m.kernel_name, m.median_ms, m.failure is None) for m in found] == [
         ("a", 2.0, True), ("b", None, False), ("c", 3.0, True)]
     assert "relative error 5.00e-01" in found[1].failure
+
+
+@pytest.mark.parametrize("settle", [None, 0.0, 50.0])
+def test_pick_best_settles_the_gpu_before_timing(monkeypatch, settle):
+    """PickBest hands its ``settle_ms`` (default `policies._SETTLE_MS`) and the problem's GPU
+    floor to the interleaved timing."""
+    from kernel_api.tuning import policies
+
+    seen = {}
+
+    def fake_interleaved(runs, sets, repeat, gpu_floor_ms, settle_ms):
+        seen.update(settle_ms=settle_ms, gpu_floor_ms=gpu_floor_ms)
+        return {key: {"median_ms": 1.0} for key in runs}
+
+    class Fake:
+        metadata = type("M", (), {"kernel_name": "k"})()
+
+        def compile_key(self, args, cc):
+            return cc
+
+        def compile(self, args):
+            return self
+
+        def run(self, args, compiled_artifact=None, assume_supported_args=False):
+            pass
+
+    shared = fake_measure_inputs(monkeypatch, lambda args: 0.0)
+    monkeypatch.setattr(policies, "time_interleaved", fake_interleaved)
+    monkeypatch.setattr(policies, "gpu_floor_ms", lambda args: 0.25)
+    picker = policies.PickBest(repeat=5) if settle is None else policies.PickBest(repeat=5, settle_ms=settle)
+    found = picker._measure(shared, [Fake()])
+    assert found[0].median_ms == 1.0
+    assert seen == {"settle_ms": policies._SETTLE_MS if settle is None else settle, "gpu_floor_ms": 0.25}

@@ -327,6 +327,13 @@ class PickBest(Policy):
     ``compile_timeout``: seconds one compile may take in a worker before it is stopped and the
     kernel reported as failed (None: no limit).
 
+    ``settle_ms`` (default `_SETTLE_MS`, 200): GPU time of untimed rounds of the candidates
+    before the timed ones, so the winner is the fastest in the power state of sustained work
+    (a training step's GEMMs back to back). On a power-capped GPU that state can rank kernels
+    differently from the first tens of ms after idle: at tf32 4096^3 on an H200 the ping-pong
+    tile won the one and lost the other by 12 % (benchmarks/NOTES-sm90.md, session 33). 0 times
+    from whatever state the GPU is in.
+
     ``bucket`` keys the records by a range of shapes instead of the exact shape (see
     `kernel_api.tuning.buckets`): ``"pow2_m"`` (M, or a softmax's rows, in power-of-two buckets
     65..128, 129..256, ...; everything else exact), ``"module:function"`` or a function
@@ -352,8 +359,10 @@ class PickBest(Policy):
     def __init__(self, num_workers: int | None = None, max_candidates: int | None = 24, repeat: int = 30,
                  records: TuningRecords | None = None, use_records: bool = True,
                  progress: Callable[[int, int, str], None] | None = None,
-                 compile_timeout: float | None = 900.0, bucket: str | Bucket | None = None) -> None:
+                 compile_timeout: float | None = 900.0, bucket: str | Bucket | None = None,
+                 settle_ms: float = _SETTLE_MS) -> None:
         self.num_workers = num_workers
+        self.settle_ms = settle_ms
         self.bucket = resolve_bucket(bucket)
         self.compile_timeout = compile_timeout
         self.max_candidates = max_candidates
@@ -519,9 +528,10 @@ class PickBest(Policy):
            context, which waits for all work queued before it (benchmarks/first_launch_wait.py:
            the whole queue, on an H100), so no timed launches are queued yet;
         2. time: with `_INTERLEAVE` (the default), every verified candidate once per round
-           (`time_interleaved`), after `_SETTLE_MS` of untimed rounds; otherwise each candidate's timed launches (`QueuedTiming`)
-           queued while the GPU runs the previous ones, at most two candidates ahead (a full
-           launch queue would block the host inside a launch), and their samples read.
+           (`time_interleaved`), after ``settle_ms`` of untimed rounds; otherwise each
+           candidate's timed launches (`QueuedTiming`) queued while the GPU runs the previous
+           ones, at most two candidates ahead (a full launch queue would block the host inside
+           a launch), and their samples read.
 
         With `_FIRST_LAUNCH_EARLY` (the default), artifacts new to this policy are launched once
         before the reference is queued (`_first_launches`).
@@ -587,7 +597,7 @@ class PickBest(Policy):
         if _INTERLEAVE:  # 2. time, every verified candidate in each round
             timed = {index: _timed_run(kernels[index], [unbound_copy(a) for a in inputs], artifacts[index])
                      for index in range(len(kernels)) if index in artifacts}
-            found = time_interleaved(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms, settle_ms=_SETTLE_MS)
+            found = time_interleaved(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms, settle_ms=self.settle_ms)
             for index in range(len(kernels)):
                 got = found.get(index)
                 if isinstance(got, Exception):
