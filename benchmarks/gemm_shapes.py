@@ -27,7 +27,8 @@ and the spread of each ratio. Every contestant's output is checked against float
 ``--sustained-ms T`` times after T ms of untimed back-to-back launches instead of after the
 sleep kernel: short timed bursts after an idle GPU run at the top clock, sustained GEMM work
 does not, and some kernels lose more to that than others (NOTES-sm90.md, session 33).
-PickBest's own timing queues its rounds back to back from whatever state the GPU is in.
+PickBest's own timing runs after 200 ms of untimed rounds (`PickBest`'s ``settle_ms``), in the
+sustained state.
 
 Prints one table per group last; JSON goes to benchmarks/results/gemm_shapes-<device>-<tag>.json
 (and to $OUT when that folder exists).

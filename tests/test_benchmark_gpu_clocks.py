@@ -3,19 +3,15 @@ stand-in nvidia-smi that prints fixed readings."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmark_modules import load
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_clocks", os.path.join(ROOT, "benchmarks", "gpu_clocks.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("gpu_clocks")
 
 
 def _fake_smi(folder, mhz: str, watts: str) -> None:

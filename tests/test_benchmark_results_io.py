@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmark_modules import load
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("results_io", os.path.join(ROOT, "benchmarks", "results_io.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("results_io")
 
 
 def test_names_carry_device_and_tag():
