@@ -571,4 +571,119 @@ __global__ void __launch_bounds__(256)
   out[O_NMAJOR ? (i64)m * ldo + n : (i64)n * ldo + m] = sum;
 }
 
+// Split-barrier variant (session 33): no producer warps. Every thread copies its share of each
+// k tile (as in gemm_f64) and arrives on the slot's "full" mbarrier when its copies land; it
+// waits only for the tile it reads, and before refilling a slot only for every thread having
+// read that slot's previous tile (the "empty" mbarrier, on which each thread arrives after its
+// last fragment load of a tile). So no thread waits at a block barrier, and with no producer
+// warpgroup the consumers keep the whole register file (255 each at 256 threads per SM), room
+// for PREFETCH: the next step's fragments load while this step's DMMAs run.
+template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
+          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8>
+__global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
+    gemm_f64_mb(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
+                i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec) {
+  constexpr int THREADS = WM * WN * 32;
+  constexpr int TM = BM / WM, TN = BN / WN;
+  constexpr int FM = TM / 16, FN = TN / 8;
+  constexpr int A_STAGE = BM * BK * 8, B_STAGE = BN * BK * 8;
+  constexpr int STEPS = BK / MMA_K;
+  static_assert(TM % 16 == 0 && TN % 8 == 0, "warp tile must be whole DMMA tiles");
+  static_assert((MMA_K == 8 || MMA_K == 16) && BK % MMA_K == 0, "k tile must be whole DMMA steps");
+  static_assert(STAGES >= 2, "a slot to read and one to fill");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const u32 sA = smem_u32(smem);
+  const u32 sB = sA + STAGES * A_STAGE;
+  const u32 full = sB + STAGES * B_STAGE;
+  const u32 empty = full + STAGES * 8;
+
+  const int M = (int)M_, N = (int)N_, K = (int)K_;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int wm = warp / WN, wn = warp % WN;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + 8 * s, THREADS);
+      mbar_init(empty + 8 * s, THREADS);
+    }
+  }
+  __syncthreads();
+
+  int m0, n0;
+  tile_origin<BM, BN, GROUP_M>(blockIdx.x, M, N, m0, n0);
+  A += (i64)blockIdx.y * batch_a;
+  B += (i64)blockIdx.y * batch_b;
+  out += (i64)blockIdx.y * batch_o;
+  const int ktiles = (K + BK - 1) / BK;
+
+  const CopyPlan<BM, A_KMAJOR, THREADS, BK> a_copy(tid);
+  const CopyPlan<BN, B_KMAJOR, THREADS, BK> b_copy(tid);
+  const int full_ktiles = m0 + BM <= M && n0 + BN <= N ? K / BK : 0;
+  // This thread's copies of k tile kt into its slot, once every thread has read the slot's
+  // previous tile (kt - STAGES), then its arrival on the slot's full barrier.
+  auto fill = [&](int kt) {
+    const int slot = kt % STAGES;
+    if (kt >= STAGES) mbar_wait(empty + 8 * slot, (u32)((kt / STAGES - 1) & 1));
+    const u32 dA = sA + slot * A_STAGE, dB = sB + slot * B_STAGE;
+    if (kt < full_ktiles) {
+      load_tile<BM, A_KMAJOR, THREADS, BK, true>(dA, A, lda, m0, M, kt * BK, K, a_copy);
+      load_tile<BN, B_KMAJOR, THREADS, BK, true>(dB, B, ldb, n0, N, kt * BK, K, b_copy);
+    } else {
+      load_tile<BM, A_KMAJOR, THREADS, BK, false>(dA, A, lda, m0, M, kt * BK, K, a_copy);
+      load_tile<BN, B_KMAJOR, THREADS, BK, false>(dB, B, ldb, n0, N, kt * BK, K, b_copy);
+    }
+    cp_async_arrive(full + 8 * slot);
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < ktiles) fill(s);
+
+  double acc[FM][FN][4];
+  zero_acc(acc);
+  const WarpMma<BM, BN, A_KMAJOR, B_KMAJOR, BK, MMA_K, FM, FN> warp_mma(wm * TM + g, wn * TN + g, t);
+  using Frags = typename decltype(warp_mma)::Frags;
+  auto base_a = [&](int kt) { return sA + (kt % STAGES) * A_STAGE; };
+  auto base_b = [&](int kt) { return sB + (kt % STAGES) * B_STAGE; };
+  auto wait_full = [&](int kt) { mbar_wait(full + 8 * (kt % STAGES), (u32)((kt / STAGES) & 1)); };
+  if (PREFETCH) {
+    Frags f[2];
+    if (ktiles > 0) {
+      wait_full(0);
+      warp_mma.load(base_a(0), base_b(0), 0, f[0]);
+    }
+    for (int kt = 0; kt < ktiles; ++kt) {
+#pragma unroll
+      for (int s = 0; s < STEPS; ++s) {
+        if (s + 1 < STEPS) {
+          warp_mma.load(base_a(kt), base_b(kt), (s + 1) * MMA_K, f[(s + 1) & 1]);
+        } else {
+          mbar_arrive(empty + 8 * (kt % STAGES));  // every fragment of tile kt is in registers
+          if (kt + 1 < ktiles) {
+            wait_full(kt + 1);
+            warp_mma.load(base_a(kt + 1), base_b(kt + 1), 0, f[(s + 1) & 1]);
+          }
+        }
+        warp_mma.mma(acc, f[s & 1]);
+        if (s == 0 && kt + STAGES - 1 < ktiles) fill(kt + STAGES - 1);  // the slot tile kt - 1 used
+      }
+    }
+  } else {
+    for (int kt = 0; kt < ktiles; ++kt) {
+      wait_full(kt);
+#pragma unroll
+      for (int s = 0; s < STEPS; ++s) {
+        Frags f;
+        warp_mma.load(base_a(kt), base_b(kt), s * MMA_K, f);
+        if (s + 1 == STEPS) mbar_arrive(empty + 8 * (kt % STAGES));
+        warp_mma.mma(acc, f);
+        if (s == 0 && kt + STAGES - 1 < ktiles) fill(kt + STAGES - 1);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  store_acc<O_NMAJOR, FM, FN>(acc, out, m0 + wm * TM, n0 + wn * TN, M, N, ldo, out_vec != 0, g, t);
+}
+
 }  // namespace ka_gemm_f64
