@@ -79,9 +79,6 @@ class F64Config:
     #: registers the warp-specialized kernel's producers keep (0: gemm_f64.cu's WsRegs default by
     #: CTAs per SM); the rest go to the consumers
     producer_regs: int = 0
-    #: split barriers without producer warps (gemm_f64.cu's gemm_f64_mb): every thread copies and
-    #: waits on per-slot mbarriers, so no block-wide barrier and the whole register file computes
-    mb: bool = False
     #: warp-specialized: run a last wave at most a quarter full as stream-K (`CudaGemmF64.split_plan`);
     #: False (tag ``_dp``) keeps every tile whole, for comparison
     split_last_wave: bool = True
@@ -93,7 +90,7 @@ class F64Config:
     @property
     def smem_bytes(self) -> int:
         ring = self.stages * (self.bm + self.bn) * self.bk * 8
-        return ring + (2 * 8 * self.stages if self.ws or self.mb else 0)  # a full and an empty mbarrier per slot
+        return ring + (2 * 8 * self.stages if self.ws else 0)  # ws: a full and an empty mbarrier per slot
 
     @property
     def ctas_per_sm(self) -> int:
@@ -109,16 +106,14 @@ class F64Config:
             if config.tag == tag:
                 return config
         m = re.fullmatch(r"tile(\d+)x(\d+)x(\d+)_warps(\d+)x(\d+)_stages(\d+)(_prefetch)?(?:_mma(\d+))?(?:_copy(\d))?"
-                         r"(_ws)?(?:_p(\d+))?(_dp)?(_mb)?(?:_ctas(\d+))?",
+                         r"(_ws)?(?:_p(\d+))?(_dp)?(?:_ctas(\d+))?",
                          tag)
         if not m:
-            raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ws][_pR][_dp][_mb][_ctasN]")
+            raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ws][_pR][_dp][_ctasN]")
         bm, bn, bk, wm, wn, stages = (int(v) for v in m.groups()[:6])
         config = cls(bm, bn, wm, wn, stages, 2, prefetch=bool(m.group(7)), bk=bk, mma_k=int(m.group(8) or 8),
                            copy_at=int(m.group(9) or 0), ws=bool(m.group(10)), producer_regs=int(m.group(11) or 0),
-                     split_last_wave=not m.group(12), mb=bool(m.group(13)))
-        if config.mb and (config.ws or config.copy_at):
-            raise ValueError(f"F64Config tag {tag!r}: _mb (split barriers) excludes _ws and _copy")
+                     split_last_wave=not m.group(12))
         if (config.producer_regs or m.group(12)) and not config.ws:
             raise ValueError(f"F64Config tag {tag!r}: _pN (producer registers) and _dp (no stream-K last wave) need "
                              f"the warp-specialized kernel (_ws)")
@@ -126,7 +121,7 @@ class F64Config:
             raise ValueError(f"F64Config tag {tag!r}: the warp-specialized kernel takes whole warpgroups of consumer "
                              f"warps (4 or 8) and no _copy option")
         by_smem = SM_SMEM_BYTES // (config.smem_bytes + CTA_RESERVED_SMEM)
-        return dataclasses.replace(config, min_ctas=int(m.group(14)) if m.group(14) else max(1, min(by_smem, 2)))
+        return dataclasses.replace(config, min_ctas=int(m.group(13)) if m.group(13) else max(1, min(by_smem, 2)))
 
     @property
     def tag(self) -> str:
@@ -134,7 +129,7 @@ class F64Config:
                 + ("_prefetch" if self.prefetch else "") + (f"_mma{self.mma_k}" if self.mma_k != 8 else "")
                 + (f"_copy{self.copy_at}" if self.copy_at else "") + ("_ws" if self.ws else "")
                 + (f"_p{self.producer_regs}" if self.producer_regs else "")
-                + ("_dp" if self.ws and not self.split_last_wave else "") + ("_mb" if self.mb else ""))
+                + ("_dp" if self.ws and not self.split_last_wave else ""))
 
 
 #: The configurations that won a size in the sweeps (benchmarks/NOTES-f64.md, sessions 25 and 32,
@@ -285,9 +280,6 @@ class CudaGemmF64(CudaSourceKernel):
     def name_expression(self, args: Any) -> str:
         c = self.config
         b = lambda v: "true" if v else "false"  # noqa: E731
-        if c.mb:
-            return (f"ka_gemm_f64::gemm_f64_mb<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, "
-                    f"{c.bn}, {c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}>")
         if c.ws:
             return (f"ka_gemm_f64::gemm_f64_ws<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, "
                     f"{c.bn}, {c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, "
