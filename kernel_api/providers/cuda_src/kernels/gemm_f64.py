@@ -41,9 +41,11 @@ CTA_RESERVED_SMEM = 1024
 GROUP_M = 8
 #: Fewest k tiles a stream-K CTA of the last wave takes (`CudaGemmF64.split_plan`).
 MIN_SPLIT_KTILES = 4
-#: `CudaGemmF64.estimated_cost`'s split last wave, in tiles' time per split (the split share of a
-#: tile, its partial sums written and added up): an estimate until timed
-SPLIT_WAVE_COST = 1.25
+#: `CudaGemmF64.estimated_cost`'s split last wave, in tiles' time per split: 15 / 33 of a tile's
+#: time at 8192^3, fitted to the measured gains (the 32nd wave split 33 ways saved 2.0 % of the
+#: 128x128 tile's time and 1.4 % of the 128x64 tile's, against 3 % idle: its CTAs start as the
+#: whole tiles' drain, and store and add up partial sums; results/gemm_f64-NVIDIA_H200-s33-split.*)
+SPLIT_WAVE_COST = 15.0
 _INDEX_LIMIT = 2**31 - 1024  # M, N, K are 32-bit inside the kernel (with room for a tile past the edge)
 _MAX_BATCH = 65535           # batches run on gridDim.y
 
@@ -237,7 +239,7 @@ class CudaGemmF64(CudaSourceKernel):
         c = self.config
         cost = gemm_cost(self, args, sm_count * c.ctas_per_sm) * c.ctas_per_sm * c.cost_scale
         plan = self.split_plan(args, sm_count)
-        if plan is not None:  # the last wave takes about 1 / splits of a tile's time, plus the partial sums
+        if plan is not None:  # the split last wave: SPLIT_WAVE_COST / splits of a tile's time
             slots = sm_count * c.ctas_per_sm
             waves = -(-(-(-args.M // c.bm) * -(-args.N // c.bn)) // slots)
             cost *= (waves - 1 + SPLIT_WAVE_COST / plan[1]) / waves
