@@ -208,6 +208,13 @@ def test_stream_k_splits_only_a_short_last_wave():
     assert big.split_plan(GemmArguments(*_meta(8192, 8192, 256)), 132) == (4092, 2)  # 8 k tiles: 4 each
     assert big.split_plan(GemmArguments(*_meta(1024, 1024, 8192)), 132) is None  # one wave
     assert knob_instance("tile64x64x16_warps2x2_stages4_prefetch", "ttt").split_plan(args, 132) is None  # not ws
+    # only the warp-specialized instances ask for a workspace; too small a one is refused by name
+    assert not big.workspace_free and knob_instance("tile64x64x16_warps2x2_stages4_prefetch", "ttt").workspace_free
+    plan = big.split_plan(args, 132)
+    with pytest.raises(ValueError, match="operand workspace: needs 17301504 bytes .* got 1024 bytes"):
+        big._partials_address(args, plan, torch.empty(1024, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="operand workspace: needs .* got none"):
+        big._partials_address(args, plan, None)
     # the tile model's 32nd wave becomes 1 / 33 of one (plus the partial sums' share)
     with_split = big.estimated_cost(args, 132)
     big.split_plan = lambda *a, **k: None

@@ -160,19 +160,7 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
     launches = 0
     if settle_ms > 0 and gpu_floor_ms > 0 and live:
         rounds = min(math.ceil(settle_ms / (gpu_floor_ms * len(live))), MAX_SETTLE_LAUNCHES // len(live))
-        shuffle = random.Random(len(runs) * 7919 + repeat)
-        for _ in range(rounds):
-            turn = list(live)
-            shuffle.shuffle(turn)
-            for key in turn:
-                if key in failures:
-                    continue
-                try:
-                    runs[key](launches % sets)
-                except Exception as exc:
-                    failures[key] = exc
-                    live.remove(key)
-                launches += 1
+        launches = _untimed_rounds(runs, live, failures, rounds, sets, random.Random(len(runs) * 7919 + repeat))
     order = random.Random(len(runs) * 1000003 + repeat)
     chunks: list[list[tuple[Any, Any, Any]]] = []
     waited = -1
@@ -213,6 +201,24 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
         for key, start, end in chunk:
             samples[key].append(start.elapsed_time(end))
     return {key: failures[key] if key in failures else _summary(samples[key]) for key in runs}
+
+
+def _untimed_rounds(runs: dict[Any, Callable[[int], None]], live: list, failures: dict, rounds: int, sets: int,
+                    shuffle: random.Random) -> int:
+    """``rounds`` shuffled rounds of the ``live`` calls, untimed (launch i on input set i % sets);
+    a call that raises moves from ``live`` to ``failures``. Returns the launches made."""
+    launches = 0
+    for _ in range(rounds):
+        turn = list(live)
+        shuffle.shuffle(turn)
+        for key in turn:
+            try:
+                runs[key](launches % sets)
+            except Exception as exc:
+                failures[key] = exc
+                live.remove(key)
+            launches += 1
+    return launches
 
 
 def time_cuda(run: Callable[[int], None], sets: int = 1, warmup: int = 5, repeat: int = 50,

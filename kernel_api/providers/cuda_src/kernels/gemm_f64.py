@@ -157,7 +157,7 @@ class CudaGemmF64(CudaSourceKernel):
     supported_args_type = GemmArguments
     source_file = "gemm_f64.cu"
     convert_arguments = False  # every kernel parameter is a pointer or a 64-bit int
-    workspace_free = False  # the warp-specialized instances' stream-K partials (`split_plan`)
+    workspace_free = False  # per instance (__init__): the warp-specialized ones' stream-K partials
     #: ranks the family in `gemm_cost`'s tile model (with `estimated_cost`'s CTAs per SM)
     performance_hint = 0.6
 
@@ -167,6 +167,8 @@ class CudaGemmF64(CudaSourceKernel):
         self.b_kmajor: bool = params["b"] == "n"   # column-major B: K contiguous
         self.o_nmajor: bool = params["out"] == "t"  # row-major out: N contiguous
         self.config: F64Config = params["config"]
+        # only the warp-specialized instances ever need a workspace (`split_plan`)
+        self.workspace_free = not self.config.ws
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -271,12 +273,21 @@ class CudaGemmF64(CudaSourceKernel):
 
     def get_workspace_size(self, args: GemmArguments) -> int:
         plan = self.split_plan(args)
-        if plan is None:
-            return 0
-        tile_base, splits = plan
+        return 0 if plan is None else self._partials_bytes(args, plan)
+
+    def _partials_bytes(self, args: GemmArguments, plan: tuple[int, int]) -> int:
+        """Bytes of the partial sums of ``plan``'s split tiles (one whole tile per split)."""
         c = self.config
-        tiles = -(-args.M // c.bm) * -(-args.N // c.bn)
-        return (tiles - tile_base) * splits * c.bm * c.bn * 8
+        return (self.grid(args)[0] - plan[0]) * plan[1] * c.bm * c.bn * 8
+
+    def _partials_address(self, args: GemmArguments, plan: tuple[int, int], workspace: Any) -> int:
+        """Where ``plan``'s partial sums go: ``workspace``'s address, once it is large enough."""
+        needed = self._partials_bytes(args, plan)
+        if workspace is None or workspace.numel() * workspace.element_size() < needed:
+            got = "none" if workspace is None else f"{workspace.numel() * workspace.element_size()} bytes"
+            raise ValueError(f"{self.metadata.kernel_name}: operand workspace: needs {needed} bytes for the "
+                             f"stream-K partial sums, got {got}")
+        return workspace.data_ptr()
 
     # ---- compile and launch -----------------------------------------------------------------
     def name_expression(self, args: Any) -> str:
@@ -335,10 +346,7 @@ class CudaGemmF64(CudaSourceKernel):
             return
         tile_base, splits = plan
         split_tiles = self.grid(args)[0] - tile_base
-        if workspace is None or workspace.numel() < self.get_workspace_size(args):
-            raise ValueError(f"{self.metadata.kernel_name}: operand workspace: needs {self.get_workspace_size(args)} "
-                             f"bytes for the stream-K partial sums")
-        partial = workspace.data_ptr()
+        partial = self._partials_address(args, plan, workspace)
         artifact.compiled_obj.launch(handle, device, (tile_base + split_tiles * splits, 1, 1), c.threads,
                                      c.smem_bytes, params + (partial, tile_base, splits))
         artifact.extra.launch(handle, device, (split_tiles, c.bm * c.bn // 256, 1), 256, 0,
