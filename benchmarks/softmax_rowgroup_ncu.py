@@ -1,13 +1,21 @@
-"""One row-group softmax launch at a time, for Nsight Compute: the in-kernel duration of a lone
-1x1M bf16 row (one wave) and of 32x1M (four waves), three launches each.
+"""Row-group softmax launches for Nsight Compute: by default a lone 1x1M bf16 row (one wave) and
+32x1M (four waves), three launches each; with ``--case`` one shape, dtype, direction and
+variant (CTAs per SM).
 
     ncu --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,\
 launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
 -k regex:rowgroup python3 benchmarks/softmax_rowgroup_ncu.py
 
-(results/ncu-rowgroup-<device>-s24.txt.)
+(results/ncu-rowgroup-<device>-s24.txt.) Where the consumers' time goes, per SASS instruction
+(session 34; summarised by ncu_sass_regions.py):
+
+    ncu --set full --import-source yes --launch-skip 1 --launch-count 1 -k regex:rowgroup -o fwd \
+python3 benchmarks/softmax_rowgroup_ncu.py --case 32 1048576 bf16 fwd 1
+    ncu -i fwd.ncu-rep --page source --csv --print-source sass > fwd_sass.csv
+    python3 benchmarks/ncu_sass_regions.py fwd_sass.csv
 """
 
+import argparse
 import os
 import sys
 
@@ -16,14 +24,38 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernel_api  # noqa: E402
-from kernel_api import SoftmaxArguments  # noqa: E402
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg  # noqa: E402
 
-for rows, cols in ((1, 2**20), (32, 2**20)):
-    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-    args = SoftmaxArguments(x, torch.empty_like(x))
-    kernel = next(k for k in kernel_api.get_kernels(args) if isinstance(k, rg._RowGroupBase))
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def launch(rows: int, cols: int, dtype: torch.dtype, backward: bool = False, ctas_per_sm: int | None = None,
+           times: int = 3) -> None:
+    """``times`` launches of the family's instance (discovery's first, or the one with
+    ``ctas_per_sm``) on fresh random data."""
+    x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+    if backward:
+        y = torch.softmax(x.float(), -1).to(dtype)
+        args = SoftmaxBackwardArguments(torch.randn_like(x), y, torch.empty_like(x))
+    else:
+        args = SoftmaxArguments(x, torch.empty_like(x))
+    kernel = next(k for k in kernel_api.get_kernels(args) if isinstance(k, rg._RowGroupBase)
+                  and ctas_per_sm in (None, k.ctas_per_sm))
     artifact = kernel.compile(args)
-    for _ in range(3):
+    for _ in range(times):
         kernel.run(args, compiled_artifact=artifact)
     torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", nargs=5, metavar=("ROWS", "COLS", "DTYPE", "DIR", "CTAS_PER_SM"),
+                    help="one case: e.g. 32 1048576 bf16 fwd 1")
+    opts = ap.parse_args()
+    if opts.case:
+        rows, cols, dname, direction, cps = opts.case
+        launch(int(rows), int(cols), DTYPES[dname], direction == "bwd", int(cps))
+    else:
+        for rows, cols in ((1, 2**20), (32, 2**20)):
+            launch(rows, cols, torch.bfloat16)

@@ -82,6 +82,26 @@ typedef unsigned long long u64;
 #ifndef RG_STAGGER_NS
 #define RG_STAGGER_NS 0
 #endif
+// Values in flight per consumer thread in the passes over the ring (walk_chunks' BATCH; 0: each
+// vector loaded, used and stored in turn behind a bound check, the walk before session 34): the
+// forward's max, its exp, its bf16 packed output, its float output (-1: f32 with two vectors per
+// chunk 4, else 0) and the backward's passes. The defaults are the best of session 34's A/B runs
+// (benchmarks/softmax_rowgroup_ab.py, NOTES-softmax-long.md); the macros are experiment switches.
+#ifndef RG_BATCH_MAX
+#define RG_BATCH_MAX 2
+#endif
+#ifndef RG_BATCH_EXP
+#define RG_BATCH_EXP 2
+#endif
+#ifndef RG_BATCH_OUT_BF16
+#define RG_BATCH_OUT_BF16 4
+#endif
+#ifndef RG_BATCH_OUT_FLOAT
+#define RG_BATCH_OUT_FLOAT -1
+#endif
+#ifndef RG_BATCH_BWD
+#define RG_BATCH_BWD 2
+#endif
 // Bulk stores a storer keeps in flight before it waits for the oldest to have read its chunk.
 #define RG_STORES_IN_FLIGHT 4
 #define RG_CHUNK_BYTES 16384
@@ -239,6 +259,19 @@ __device__ __forceinline__ void wait_tag(const u64* slot, u64 tag) {
     if (ns < 256) ns <<= 1;
     if (global_timer() - t0 > RG_TIMEOUT_NS) __trap();
   }
+}
+
+// The sum of N values as a pairwise tree: log2(N) dependent adds instead of N.
+template <int N>
+__device__ __forceinline__ float tree_sum(const float (&f)[N]) {
+  float h[N];
+#pragma unroll
+  for (int q = 0; q < N; ++q) h[q] = f[q];
+#pragma unroll
+  for (int w = 1; w < N; w <<= 1)
+#pragma unroll
+    for (int q = 0; q + w < N; q += 2 * w) h[q] += h[q + w];
+  return h[0];
 }
 
 // (m, s) pairs: s = sum of exp(v - m) over some values. Merging keeps an empty pair
@@ -430,14 +463,18 @@ __device__ void store_out(const typename T::raw* __restrict__ span, typename T::
 }
 #endif
 
-// Release chunk `sl` to the producer once every consumer warp is done with it.
-template <bool WROTE>
-__device__ __forceinline__ void release(u64* empty, int sl) {
+// Release the N chunks `sl` to the producer (or the storer) once every consumer warp is done
+// with them.
+template <bool WROTE, int N>
+__device__ __forceinline__ void release(u64* empty, const int (&sl)[N]) {
   // The forward wrote e into the chunk (generic proxy); the producer's next copy writes it
-  // through the async proxy.
+  // through the async proxy. One fence covers every chunk of the step.
   if constexpr (WROTE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncwarp();
-  if ((threadIdx.x & 31) == 0) mbar_arrive(empty + sl);
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int g = 0; g < N; ++g) mbar_arrive(empty + sl[g]);
+  }
 }
 
 // What the consumers share: the operands (forward: a = x, out = y; backward: a = dy, b = y,
@@ -500,30 +537,88 @@ __device__ __forceinline__ void advance(int& slot, unsigned& phase, int nch, int
   }
 }
 
-// The one walk over a wave's staged chunks in the ring, from its first slot: for each chunk
-// `on_vector(cb, i, v)` for this thread's vectors (cb: the chunk, i: the vector's index in it
-// as NC * j + t, v: its index in the slice). ARRIVE (WAIT): wait for each chunk to land, the
-// first pass over a wave; RELEASE: hand each chunk back to the producer after the last pass
-// (WROTE: the consumers wrote into it). CV: vectors per chunk and array.
-enum WalkKind { PASS, ARRIVE, RELEASE, RELEASE_WROTE };
-template <int CV, int NC, WalkKind KIND, class F>
+// The one walk over a wave's staged chunks in the ring, from its first slot. Each thread's
+// vectors of a chunk are loaded into registers, A per vector (the chunk holds A arrays of CV
+// vectors: the backward's dy, then y), handed to `on_vector(x, v)` (x: the A values, v: the
+// vector's index in the slice) and, if the pass writes, x[0] stored back. ARRIVE: wait for
+// each chunk to land, the first pass over a wave; REWRITE: write each vector back (the
+// forward's e); RELEASE: hand each chunk back to the producer after the last pass (WROTE: write
+// each vector back first; FENCED: an earlier pass wrote into the chunk).
+//
+// The passes are latency-bound (4 consumer warps per scheduler; session 34's profile: each
+// vector's load, math and store in series), so whole chunks take no per-vector bound check and
+// up to BATCH values per thread are loaded before the first is used: the thread's vectors of
+// one chunk, or of two chunks per step where one holds too few (then a release's fence is paid
+// once per step). BATCH is the caller's: what its math leaves registers for.
+enum WalkKind { REWRITE, ARRIVE, RELEASE, RELEASE_FENCED, RELEASE_WROTE };
+template <int CV, int NC, WalkKind KIND, int A, int BATCH, class F>
 __device__ __forceinline__ void walk_chunks(uint4* rbuf, u64* full, u64* empty, int ring, int slot,
                                             unsigned phase, int nch, int staged, F&& on_vector) {
   constexpr int VPT = CV / NC;
+  constexpr bool WRITES = KIND == REWRITE || KIND == RELEASE_WROTE;
+  constexpr bool RELEASES = KIND == RELEASE || KIND == RELEASE_FENCED || KIND == RELEASE_WROTE;
+  constexpr bool FENCE = KIND == RELEASE_FENCED || KIND == RELEASE_WROTE;
+  // chunks per step, and vectors of a chunk loaded together
+  constexpr int STEP = KIND != ARRIVE && BATCH >= 2 * VPT * A ? BATCH / (VPT * A) : 1;  // (BATCH 0: none)
+  constexpr int GROUP = VPT * A <= BATCH ? VPT : (BATCH / A > 0 ? BATCH / A : 1);
+  static_assert(VPT % GROUP == 0, "a chunk's vectors in whole groups");
   const int t = threadIdx.x;
-  for (int k = 0; k < nch; ++k) {
+  auto next = [&]() {
+    if (++slot == ring) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  };
+  int k = 0;
+  for (; BATCH > 0 && k + STEP <= nch && (k + STEP) * CV <= staged; k += STEP) {  // whole chunks
+    int sl[STEP];
+    uint4* cb[STEP];
+#pragma unroll
+    for (int g = 0; g < STEP; ++g) {
+      if constexpr (KIND == ARRIVE) mbar_wait(&full[slot], phase);
+      sl[g] = slot;
+      cb[g] = rbuf + (i64)slot * RG_CHUNK_U4;
+      next();
+    }
+#pragma unroll
+    for (int i0 = 0; i0 < VPT; i0 += GROUP) {
+      uint4 x[STEP][GROUP][A];
+#pragma unroll
+      for (int g = 0; g < STEP; ++g)
+#pragma unroll
+        for (int i = 0; i < GROUP; ++i)
+#pragma unroll
+          for (int a = 0; a < A; ++a) x[g][i][a] = cb[g][a * CV + (i0 + i) * NC + t];
+#pragma unroll
+      for (int g = 0; g < STEP; ++g)
+#pragma unroll
+        for (int i = 0; i < GROUP; ++i) on_vector(x[g][i], (k + g) * CV + (i0 + i) * NC + t);
+      if constexpr (WRITES) {
+#pragma unroll
+        for (int g = 0; g < STEP; ++g)
+#pragma unroll
+          for (int i = 0; i < GROUP; ++i) cb[g][(i0 + i) * NC + t] = x[g][i][0];
+      }
+    }
+    if constexpr (RELEASES) release<FENCE>(empty, sl);
+  }
+  for (; k < nch; ++k) {  // the rest a chunk at a time, each vector checked
     if constexpr (KIND == ARRIVE) mbar_wait(&full[slot], phase);
     uint4* cb = rbuf + (i64)slot * RG_CHUNK_U4;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int v = k * CV + i * NC + t;
-      if (v < staged) on_vector(cb, i * NC + t, v);
+      if (v < staged) {
+        uint4 x[A];
+#pragma unroll
+        for (int a = 0; a < A; ++a) x[a] = cb[a * CV + i * NC + t];
+        on_vector(x, v);
+        if constexpr (WRITES) cb[i * NC + t] = x[0];
+      }
     }
-    if constexpr (KIND == RELEASE || KIND == RELEASE_WROTE) release<KIND == RELEASE_WROTE>(empty, slot);
-    if (++slot == ring) {
-      slot = 0;
-      phase ^= 1u;
-    }
+    const int sl[1] = {slot};
+    if constexpr (RELEASES) release<FENCE>(empty, sl);
+    next();
   }
 }
 
@@ -547,33 +642,32 @@ __device__ void fwd_stats(const Ctx<T>& c, Wave& P) {
 #if RG_PACKED_MATH
   if constexpr (T::KIND != 0) {  // 16-bit values: their max two at a time, no conversions
     unsigned m2 = max2_init<T>();
-    walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                [&](const uint4* cb, int i, int) { m2 = max2_pack<T>(cb[i], m2); });
+    walk_chunks<CV, NC, ARRIVE, 1, RG_BATCH_MAX>(
+        c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+        [&](const uint4 (&x)[1], int) { m2 = max2_pack<T>(x[0], m2); });
     ms = max2_value<T>(m2);
   } else
 #endif
-    walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                [&](const uint4* cb, int i, int) {
-                                  float f[VEC];
-                                  unpack16<T, VEC>(cb[i], f);
+    walk_chunks<CV, NC, ARRIVE, 1, RG_BATCH_MAX>(
+        c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+        [&](const uint4 (&x)[1], int) {
+          float f[VEC];
+          unpack16<T, VEC>(x[0], f);
 #pragma unroll
-                                  for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
-                                });
+          for (int q = 0; q < VEC; ++q) ms = fmaxf(ms, f[q]);
+        });
   float ss = 0.f;
   if (ms != -KA_INF)  // (all -inf: nothing to store; the output pass writes zeros)
-    walk_chunks<CV, NC, PASS>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                              [&](uint4* cb, int i, int) {
-                                float f[VEC];
-                                unpack16<T, VEC>(cb[i], f);
-                                float part = 0.f;
+    walk_chunks<CV, NC, REWRITE, 1, RG_BATCH_EXP>(
+        c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+        [&](uint4 (&x)[1], int) {
+          float f[VEC];
+          unpack16<T, VEC>(x[0], f);
 #pragma unroll
-                                for (int q = 0; q < VEC; ++q) {
-                                  f[q] = exp_shifted(f[q], ms);
-                                  part += f[q];
-                                }
-                                ss += part;
-                                cb[i] = pack16<T, VEC>(f);  // e in place
-                              });
+          for (int q = 0; q < VEC; ++q) f[q] = exp_shifted(f[q], ms);
+          ss += tree_sum<VEC>(f);
+          x[0] = pack16<T, VEC>(f);  // e in place
+        });
   P.ms = ms;
   float m = ms, sum = ss;
   pair_merge(m, sum, mo, so);
@@ -631,29 +725,46 @@ __device__ void fwd_finish(const Ctx<T>& c, const Wave& P) {
 #pragma unroll
     for (int q = 0; q < VEC; ++q) f[q] *= scale;
   };
+  // Values in flight per thread in the float output passes: f32 with two vectors per chunk
+  // takes two chunks per step (+1-7 %; its traced build, whose stamps take registers, one);
+  // f16 (at 96 registers, where batches spill) and 4 vectors per chunk were as fast or faster
+  // with the plain walk. (bf16 comes here only for a slice of -inf: 2, what keeps its traced
+  // build without spills.)
+#ifdef RG_TRACE
+  constexpr int F32_OUT_BATCH = 2;
+#else
+  constexpr int F32_OUT_BATCH = 4;
+#endif
+  constexpr int FLOAT_OUT_BATCH = RG_BATCH_OUT_FLOAT >= 0 ? RG_BATCH_OUT_FLOAT
+                                  : T::KIND == 1                ? 2
+                                  : T::KIND == 0 && CV / NC <= 2 ? F32_OUT_BATCH
+                                                                 : 0;
 #if RG_BULK_OUT
   // y over e in the chunk, handed to the storer
 #if RG_PACKED_MATH
   if (T::KIND == 1 && ms != -KA_INF) {  // bf16: e times the scale two at a time, rounded once
     unsigned hi2, lo2;
     scale_split_bf16(scale, hi2, lo2);
-    walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                       [&](uint4* cb, int i, int) { cb[i] = scale_pack_bf16(cb[i], hi2, lo2); });
+    walk_chunks<CV, NC, RELEASE_WROTE, 1, RG_BATCH_OUT_BF16>(
+        c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
+        [&](uint4 (&x)[1], int) { x[0] = scale_pack_bf16(x[0], hi2, lo2); });
   } else
 #endif
-    walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                       [&](uint4* cb, int i, int) {
-                                         float f[VEC];
-                                         y_of(cb[i], f);
-                                         cb[i] = pack16<T, VEC>(f);
-                                       });
+    walk_chunks<CV, NC, RELEASE_WROTE, 1, FLOAT_OUT_BATCH>(
+        c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
+        [&](uint4 (&x)[1], int) {
+          float f[VEC];
+          y_of(x[0], f);
+          x[0] = pack16<T, VEC>(f);
+        });
 #else
-  walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                     [&](const uint4* cb, int i, int v) {
-                                       float f[VEC];
-                                       y_of(cb[i], f);
-                                       store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
-                                     });
+  walk_chunks<CV, NC, RELEASE_FENCED, 1, FLOAT_OUT_BATCH>(
+      c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+      [&](const uint4 (&x)[1], int v) {
+        float f[VEC];
+        y_of(x[0], f);
+        store_vec<T, VEC>(yr + o + (i64)v * VEC, f);
+      });
 #endif
   const i64 oo = o + (i64)s.staged * VEC;
   write_scaled<T, VEC, 2, NC>(xr + oo, yr + oo, s.n - s.staged, t, row_max, inv);
@@ -680,14 +791,15 @@ __device__ void bwd_stats(const Ctx<T>& c, Wave& P) {
     load_edges<T, VEC>(yr, s.sp, t, 0.f, P.e2, P.e3);
   }
   float dot = P.e0 * P.e2 + P.e1 * P.e3 + dot_stats<T, VEC, 2, NC>(gr + oo, yr + oo, s.n - s.staged, t);
-  walk_chunks<CV, NC, ARRIVE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                              [&](const uint4* cb, int i, int) {
-                                float g[VEC], v[VEC];
-                                unpack16<T, VEC>(cb[i], g);
-                                unpack16<T, VEC>(cb[CV + i], v);
+  walk_chunks<CV, NC, ARRIVE, 2, RG_BATCH_BWD>(
+      c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+      [&](const uint4 (&x)[2], int) {
+        float g[VEC], v[VEC];
+        unpack16<T, VEC>(x[0], g);
+        unpack16<T, VEC>(x[1], v);
 #pragma unroll
-                                for (int q = 0; q < VEC; ++q) dot = fmaf(g[q], v[q], dot);
-                              });
+        for (int q = 0; q < VEC; ++q) dot = fmaf(g[q], v[q], dot);
+      });
   dot = cta_sum(dot, c.red + (P.w & 1) * 64);
   RG_TRACE_ONLY(if (t == 0) trace_wave(trace_of(c.ws), P.w, TW_STATS);)
   P.ca = dot;
@@ -722,28 +834,30 @@ __device__ void bwd_finish(const Ctx<T>& c, const Wave& P) {
   const RowSlice s = row_slice<T, VEC>(yr, c.cols, c.S, c.rank, c.cap, CV);
   R* dr = c.out + P.r * c.ldo;
   const i64 o = s.sp.head + s.v0 * VEC;
-  auto dx_of = [&](const uint4* cb, int i, float (&g)[VEC]) {
+  auto dx_of = [&](const uint4 (&x)[2], float (&g)[VEC]) {
     float u[VEC];
-    unpack16<T, VEC>(cb[i], g);
-    unpack16<T, VEC>(cb[CV + i], u);
+    unpack16<T, VEC>(x[0], g);
+    unpack16<T, VEC>(x[1], u);
 #pragma unroll
     for (int q = 0; q < VEC; ++q) g[q] = u[q] * (g[q] - dot);
   };
 #if RG_BULK_OUT
   // dx over dy in the chunk, handed to the storer
-  walk_chunks<CV, NC, RELEASE_WROTE>(c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
-                                     [&](uint4* cb, int i, int) {
-                                       float g[VEC];
-                                       dx_of(cb, i, g);
-                                       cb[i] = pack16<T, VEC>(g);
-                                     });
+  walk_chunks<CV, NC, RELEASE_WROTE, 2, RG_BATCH_BWD>(
+      c.rbuf, c.full, c.written, c.ring, P.slot, P.phase, s.nch, s.staged,
+      [&](uint4 (&x)[2], int) {
+        float g[VEC];
+        dx_of(x, g);
+        x[0] = pack16<T, VEC>(g);
+      });
 #else
-  walk_chunks<CV, NC, RELEASE>(c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
-                               [&](const uint4* cb, int i, int v) {
-                                 float g[VEC];
-                                 dx_of(cb, i, g);
-                                 store_vec<T, VEC>(dr + o + (i64)v * VEC, g);
-                               });
+  walk_chunks<CV, NC, RELEASE, 2, RG_BATCH_BWD>(
+      c.rbuf, c.full, c.empty, c.ring, P.slot, P.phase, s.nch, s.staged,
+      [&](const uint4 (&x)[2], int v) {
+        float g[VEC];
+        dx_of(x, g);
+        store_vec<T, VEC>(dr + o + (i64)v * VEC, g);
+      });
 #endif
   const i64 oo = o + (i64)s.staged * VEC;
   write_grad<T, VEC, 2, NC>(gr + oo, yr + oo, dr + oo, s.n - s.staged, t, dot);
