@@ -50,10 +50,11 @@ def base_source(opts: argparse.Namespace) -> str:
                           text=True).stdout
 
 
-def build(kernel: rg._RowGroupBase, text: str | None = None, defines: dict | None = None) -> rg._RowGroupBase:
+def build(kernel: rg._RowGroupBase, text: str | None = None, defines: dict | None = None,
+          consumers: int | None = None) -> rg._RowGroupBase:
     """A copy of ``kernel`` that compiles softmax.cu followed by ``text`` (default: its own
     source) with ``defines`` added to its own (its own artifact: the compile cache keys on the
-    source and the defines)."""
+    source and the defines), and with ``consumers`` compute threads per CTA if given."""
     cls = type(kernel)
     joined = cls.get_source() if text is None else sm.CudaSoftmaxForward.get_source() + "\n" + text
     extra = dict(defines or {})
@@ -62,6 +63,8 @@ def build(kernel: rg._RowGroupBase, text: str | None = None, defines: dict | Non
         "defines_for": lambda self, args: {**cls.defines_for(self, args), **extra}})
     copied = copy.copy(kernel)
     copied.__class__ = built_cls
+    if consumers:
+        copied.consumers = consumers
     return copied
 
 
@@ -71,10 +74,10 @@ def parse_defines(text: str) -> dict[str, int]:
 
 
 def compare(rows: int, cols: int, dtype: torch.dtype, backward: bool, variant: int, text: str, iters: int,
-            repeats: int, base_defines: dict, new_defines: dict) -> dict:
+            repeats: int, base_defines: dict, new_defines: dict, new_consumers: int | None = None) -> dict:
     nbytes, sets, argsets, outs, ref, _ = _case_tensors(rows, cols, dtype, backward)
     new = row_group_kernel(argsets[0], variant)
-    builds = {"base": build(new, text, base_defines), "new": build(new, None, new_defines)}
+    builds = {"base": build(new, text, base_defines), "new": build(new, None, new_defines, new_consumers)}
     point = {"variant": variant, "kernel": new.metadata.kernel_name}
     runs = {}
     for name, kernel in builds.items():
@@ -112,13 +115,14 @@ def main() -> None:
     src.add_argument("--base-rev", help="a git revision whose softmax_rowgroup.cu to compare against")
     ap.add_argument("--base-defines", default="", help="NAME=value,... added to the base build's defines")
     ap.add_argument("--new-defines", default="", help="NAME=value,... added to the working tree's build's defines")
+    ap.add_argument("--new-consumers", type=int, help="compute threads per CTA of the working tree's build")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_rowgroup_ab.py needs a CUDA GPU")
     text = base_source(opts)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "base": opts.base_source or opts.base_rev, "base_defines": parse_defines(opts.base_defines),
-              "new_defines": parse_defines(opts.new_defines), "cases": []}
+              "new_defines": parse_defines(opts.new_defines), "new_consumers": opts.new_consumers, "cases": []}
     print(f"{'case':>26} {'var':>3} {'base TB/s':>9} {'new TB/s':>9} {'new/base':>8} {'range':>13}")
     for dname in opts.dtypes.split(","):
         for direction in opts.directions.split(","):
@@ -126,7 +130,7 @@ def main() -> None:
                 rows, cols = map(int, shape.split("x"))
                 for variant in (int(v) for v in opts.variants.split(",")):
                     p = compare(rows, cols, DTYPES[dname], direction == "bwd", variant, text, opts.iters,
-                                opts.repeats, report["base_defines"], report["new_defines"])
+                                opts.repeats, report["base_defines"], report["new_defines"], opts.new_consumers)
                     p.update(dtype=dname, direction=direction, shape=[rows, cols])
                     report["cases"].append(p)
                     case = f"{dname} {direction} {rows}x{cols}"

@@ -3,6 +3,7 @@ stamps (softmax_rowgroup.py's `read_trace`), next to the plain build's kernel ti
 
     python3 benchmarks/softmax_rowgroup_trace.py --tag s25
     python3 benchmarks/softmax_rowgroup_trace.py --cases 1x1M:bf16 --variants 2 --directions fwd --launches 10
+    python3 benchmarks/softmax_rowgroup_trace.py --cases 32x1M:bf16 --variants 1 --directions fwd --S plan,32
 
 Cases (``--cases``, rows x cols:dtype; default 32x1M and 8x4M in bf16 and f32, and 1x1M bf16),
 each forward and backward (``--directions``) and for each variant (``--variants``: 1, one CTA of
@@ -152,11 +153,13 @@ def _event_us(fn, flush, iters: int) -> float:
     return statistics.median(times)
 
 
-def trace_case(rows: int, cols: int, dname: str, backward: bool, ctas_per_sm: int, opts, flush) -> dict:
+def trace_case(rows: int, cols: int, dname: str, backward: bool, ctas_per_sm: int, opts, flush,
+               ctas_per_row: int | None = None) -> dict:
     dtype = DTYPES[dname]
     cc = device_cc(None)
     cls = rg.CudaSoftmaxRowGroupBackward if backward else rg.CudaSoftmaxRowGroupForward
     plain, traced = (_instance(cls, dtype, ctas_per_sm, cc, t) for t in (False, True))
+    plain.ctas_per_row = traced.ctas_per_row = ctas_per_row  # (None: the plan's)
     args, result = _operands(rows, cols, dtype, backward)
     status = traced.supports(args)
     if not status:
@@ -229,6 +232,7 @@ def main() -> None:
     ap.add_argument("--cases", default=DEFAULT_CASES, help="rows x cols:dtype, comma-separated")
     ap.add_argument("--directions", default="fwd,bwd")
     ap.add_argument("--variants", default="1,2", help="CTAs per SM: 1 (rowgroup), 2 (rowgroup2)")
+    ap.add_argument("--S", default="plan", help="CTAs per row: 'plan' and/or numbers, each a case")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20, help="launches timed between events, per build")
     ap.add_argument("--launches", type=int, default=5, help="traced launches summarised")
@@ -255,9 +259,10 @@ def main() -> None:
               "flushed": scratch is not None, "cases": []}
     for rows, cols, dname in cases:
         for direction in opts.directions.split(","):
-            for ctas_per_sm in variants:
+            for ctas_per_sm, split in [(v, s) for v in variants for s in opts.S.split(",")]:
                 try:
-                    entry = trace_case(rows, cols, dname, direction == "bwd", ctas_per_sm, opts, flush)
+                    entry = trace_case(rows, cols, dname, direction == "bwd", ctas_per_sm, opts, flush,
+                                       None if split == "plan" else int(split))
                 except Exception as exc:  # report, go on with the next case
                     entry = {"dtype": dname, "direction": direction, "shape": [rows, cols], "variant": ctas_per_sm,
                              "error": f"{type(exc).__name__}: {exc}"[:500]}

@@ -195,23 +195,27 @@ class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
         (`row_group_cost`, which also keeps rows under `MIN_COLS` with the one-CTA and cluster
         families): `_ALONE_FACTOR` of it where the row-group plan gives each row the whole grid
         (one row group: every wave a meeting of all CTAs, which nothing overlaps), else
-        `_GROUPED_FACTOR`. Measured on an H200 (benchmarks/softmax.py --cases long, session 26):
+        `_GROUPED_FACTOR` (which plans count as alone: `_FEW_GROUPS`). Measured on an H200
+        (benchmarks/softmax.py --cases long, session 26):
         with one row group this family was 0.93-1.22x the row-group kernel's speed (1x1M, 8x4M
         in f32, bf16 8x4M backward), with several 0.83-1.09x (8x1M, 32x1M, bf16 8x4M forward)."""
         plan = plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, max(sm_count, 1),
                          DEFAULT_RING)
         base = row_group_cost(args.rows, args.cols, self.dtype.bytes, self.backward, sm_count,
                               type(self).performance_hint)
-        few = plan.groups <= _FEW_GROUPS[self.backward]
+        few = plan.groups <= _FEW_GROUPS[self.backward, self.dtype.bytes == 2]
         return base * (_ALONE_FACTOR if few else _GROUPED_FACTOR)
 
 
 _ALONE_FACTOR = 0.9
 _GROUPED_FACTOR = 1.1
-#: The row-group plans this family beats: one row group, and for the forward two (bf16 8x4M,
-#: S = 64: 2.20 against 2.03 TB/s; the f32 backward of 8x1M and 32x1M, S = 64 in two groups,
-#: stays with the row-group kernel, 2.53-2.65 against 2.27-2.39).
-_FEW_GROUPS = {False: 2, True: 1}
+#: The row-group plans this family beats, by (backward, 16-bit): one row group, and for the f32
+#: forward two (f32 4x2M). The 16-bit forwards of two groups (8x4M, S = 64) went to this family
+#: at 2.20 against 2.03 TB/s (bf16, session 26) and to the row-group kernel since session 34's
+#: batched passes (bf16 2.44 against 2.27, f16 2.28 against 2.27: results/softmax-NVIDIA_H200-s34-walk.*).
+#: The f32 backward of 8x1M and 32x1M, S = 64 in two groups, stays with the row-group kernel
+#: (2.53-2.65 against 2.27-2.39).
+_FEW_GROUPS = {(False, False): 2, (False, True): 1, (True, False): 1, (True, True): 1}
 
 
 _sm_count = sm_count  # (a module name the tests patch)
