@@ -1,7 +1,8 @@
 """The row-group softmax family against another version of its own source, in one process: each
 instance of the working tree paired with the same instance compiled from ``--base-source`` (a
 copy of softmax_rowgroup.cu, e.g. ``git show <rev>:kernel_api/providers/cuda_src/kernels/softmax_rowgroup.cu``)
-or ``--base-rev`` (read with git, where the checkout has its history).
+or ``--base-rev`` (read with git, where the checkout has its history), joined to softmax.cu's
+helpers: the revision's, ``--base-shared-source``, or the working tree's.
 
     python3 benchmarks/softmax_rowgroup_ab.py --base-rev HEAD~1 --tag s34-walk
     python3 benchmarks/softmax_rowgroup_ab.py --base-source /tmp/old.cu --dtypes bf16 --directions fwd
@@ -39,24 +40,41 @@ from softmax import _case_tensors  # noqa: E402
 from softmax_rowgroup_sweep import DTYPES, SHAPES, add_case_arguments, row_group_kernel  # noqa: E402
 
 SOURCE = "kernel_api/providers/cuda_src/kernels/softmax_rowgroup.cu"
+SHARED_SOURCE = "kernel_api/providers/cuda_src/kernels/softmax.cu"
+
+
+def _git_show(rev: str, path: str) -> str:
+    return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True,
+                          text=True).stdout
 
 
 def base_source(opts: argparse.Namespace) -> str:
-    """The base build's row-group source text, from ``--base-source`` or ``--base-rev``."""
+    """The base build's whole source text: softmax.cu (``--base-shared-source``, the revision's
+    with ``--base-rev``, else the working tree's) followed by softmax_rowgroup.cu
+    (``--base-source`` or ``--base-rev``)."""
     if opts.base_source:
         with open(opts.base_source) as f:
-            return f.read()
-    return subprocess.run(["git", "show", f"{opts.base_rev}:{SOURCE}"], cwd=ROOT, check=True, capture_output=True,
-                          text=True).stdout
+            own = f.read()
+    else:
+        own = _git_show(opts.base_rev, SOURCE)
+    if opts.base_shared_source:
+        with open(opts.base_shared_source) as f:
+            shared = f.read()
+    elif opts.base_rev:
+        shared = _git_show(opts.base_rev, SHARED_SOURCE)
+    else:
+        shared = sm.CudaSoftmaxForward.get_source()
+    return shared + "\n" + own
 
 
 def build(kernel: rg._RowGroupBase, text: str | None = None, defines: dict | None = None,
           consumers: int | None = None) -> rg._RowGroupBase:
-    """A copy of ``kernel`` that compiles softmax.cu followed by ``text`` (default: its own
-    source) with ``defines`` added to its own (its own artifact: the compile cache keys on the
-    source and the defines), and with ``consumers`` compute threads per CTA if given."""
+    """A copy of ``kernel`` that compiles ``text`` (the whole source: softmax.cu's and the
+    family's; default: its own) with ``defines`` added to its own (its own artifact: the compile
+    cache keys on the source and the defines), and with ``consumers`` compute threads per CTA
+    if given."""
     cls = type(kernel)
-    joined = cls.get_source() if text is None else sm.CudaSoftmaxForward.get_source() + "\n" + text
+    joined = cls.get_source() if text is None else text
     extra = dict(defines or {})
     built_cls = type(f"AB{cls.__name__}", (cls,), {
         "get_source": classmethod(lambda c: joined),
@@ -113,6 +131,8 @@ def main() -> None:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--base-source", help="a copy of softmax_rowgroup.cu to compare against")
     src.add_argument("--base-rev", help="a git revision whose softmax_rowgroup.cu to compare against")
+    ap.add_argument("--base-shared-source", help="a copy of softmax.cu for the base build (default: the "
+                    "--base-rev's, else the working tree's)")
     ap.add_argument("--base-defines", default="", help="NAME=value,... added to the base build's defines")
     ap.add_argument("--new-defines", default="", help="NAME=value,... added to the working tree's build's defines")
     ap.add_argument("--new-consumers", type=int, help="compute threads per CTA of the working tree's build")
@@ -121,7 +141,7 @@ def main() -> None:
         sys.exit("softmax_rowgroup_ab.py needs a CUDA GPU")
     text = base_source(opts)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "base": opts.base_source or opts.base_rev, "base_defines": parse_defines(opts.base_defines),
+              "base": opts.base_source or opts.base_rev, "base_shared": opts.base_shared_source, "base_defines": parse_defines(opts.base_defines),
               "new_defines": parse_defines(opts.new_defines), "new_consumers": opts.new_consumers, "cases": []}
     print(f"{'case':>26} {'var':>3} {'base TB/s':>9} {'new TB/s':>9} {'new/base':>8} {'range':>13}")
     for dname in opts.dtypes.split(","):

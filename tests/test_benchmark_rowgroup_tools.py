@@ -36,13 +36,27 @@ def test_ab_builds_compile_their_own_source_and_defines():
         own_text = f.read()
     text = own_text.replace("#define RG_STORES_IN_FLIGHT 4", "#define RG_STORES_IN_FLIGHT 2")
     assert text != own_text
-    assert _cubin(ab.build(kernel, own_text), args) == own
-    other = ab.build(kernel, text)
+    shared = rg.CudaSoftmaxRowGroupForward.get_source()[: -len(own_text)]
+    assert _cubin(ab.build(kernel, shared + own_text), args) == own
+    other = ab.build(kernel, shared + text)
     assert _cubin(other, args) != own
     knob = ab.build(kernel, None, {"RG_BATCH_OUT_BF16": 2})
     assert knob.defines_for(args) == {**kernel.defines_for(args), "RG_BATCH_OUT_BF16": 2}
     assert _cubin(knob, args) != own
     assert type(kernel) is rg.CudaSoftmaxRowGroupForward and kernel.defines_for(args).get("RG_BATCH_OUT_BF16") is None
+
+
+def test_ab_base_source_joins_the_shared_helpers(tmp_path):
+    import argparse
+
+    ab = load("softmax_rowgroup_ab")
+    (tmp_path / "own.cu").write_text("// own\n")
+    (tmp_path / "shared.cu").write_text("// shared\n")
+    opts = argparse.Namespace(base_source=str(tmp_path / "own.cu"), base_rev=None, base_shared_source=None)
+    working = ab.sm.CudaSoftmaxForward.get_source()
+    assert ab.base_source(opts) == working + "\n// own\n"
+    opts.base_shared_source = str(tmp_path / "shared.cu")
+    assert ab.base_source(opts) == "// shared\n\n// own\n"
 
 
 def test_ab_parse_defines():

@@ -90,10 +90,20 @@ struct Pack<T, VEC, true> {
 // A 16-byte pack (one vector in shared memory) to floats and back.
 template <class T, int VEC>
 __device__ __forceinline__ void unpack16(uint4 u, float (&f)[VEC]) {
-  Pack<T, VEC> p;
-  p.u = u;
+  if constexpr (T::KIND == 1) {  // bf16 pairs: a shift and a mask per word, no 16-bit extracts
+    static_assert(VEC == 8, "a 16-byte pack holds 8 bf16 values");
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) f[k] = T::load(p.r[k]);
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+  } else {
+    Pack<T, VEC> p;
+    p.u = u;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) f[k] = T::load(p.r[k]);
+  }
 }
 template <class T, int VEC>
 __device__ __forceinline__ uint4 pack16(const float (&f)[VEC]) {
