@@ -84,8 +84,8 @@ typedef unsigned long long u64;
 #endif
 // Values in flight per consumer thread in the passes over the ring (walk_chunks' BATCH; 0: each
 // vector loaded, used and stored in turn behind a bound check, the walk before session 34): the
-// forward's max, its exp, its bf16 packed output, its float output (-1: f32 with two vectors per
-// chunk 4, else 0) and the backward's passes. The defaults are the best of session 34's A/B runs
+// forward's max, its exp, its bf16 packed output, its float output (-1: the rule in fwd_finish,
+// FLOAT_OUT_BATCH) and the backward's passes. The defaults are the best of session 34's A/B runs
 // (benchmarks/softmax_rowgroup_ab.py, NOTES-softmax-long.md); the macros are experiment switches.
 #ifndef RG_BATCH_MAX
 #define RG_BATCH_MAX 2
