@@ -22,12 +22,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kernel_api  # noqa: E402
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments  # noqa: E402
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg  # noqa: E402
-
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+from softmax import DTYPES  # noqa: E402
 
 
 def launch(rows: int, cols: int, dtype: torch.dtype, backward: bool = False, ctas_per_sm: int | None = None,
