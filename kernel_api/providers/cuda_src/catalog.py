@@ -7,3 +7,4 @@ from .kernels import softmax_split  # noqa: F401,E402  (registers CudaSoftmaxSpl
 from .kernels import softmax_smem  # noqa: F401,E402  (registers the CudaSoftmaxSmem* families)
 from .kernels import softmax_rowgroup  # noqa: F401,E402  (registers CudaSoftmaxRowGroupForward / CudaSoftmaxRowGroupBackward)
 from .kernels import softmax_stream  # noqa: F401,E402  (registers CudaSoftmaxStreamForward / CudaSoftmaxStreamBackward)
+from .kernels import softmax_window  # noqa: F401,E402  (registers CudaSoftmaxWindowForward / CudaSoftmaxWindowBackward)

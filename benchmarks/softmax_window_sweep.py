@@ -1,0 +1,105 @@
+"""The L2-window softmax (`CudaSoftmaxWindow*`) swept over its part size, ring, CTAs per SM and schedule,
+next to the row-group family's plan and the stream family, each point checked against float64
+and timed against torch.
+
+    python3 benchmarks/softmax_window_sweep.py                      # the long shapes, bf16 and f32, both directions
+    python3 benchmarks/softmax_window_sweep.py --configs 256x8x2x2x5x5,512x4x2x2x5x5 --shapes 32x1048576 --dtypes bf16
+
+``--configs`` THREADSxUNROLLxNSLOTxMIN_BLOCKSxDELAY10xSLACK10 (threads per CTA; 16-byte vectors per
+thread and part; ring steps; the launch bounds' CTAs per SM; the schedule's delay and slack in
+tenths of a grid; 0 or ``default``: the family's). Per point: TB/s (bytes
+moved once: read x, write out; backward dy, y, dx) from the median of ``--iters`` launches
+alternated with torch's (`time_cuda_pair`, rotating input sets past L2), ``--repeats`` times,
+and the relative error against float64; the plan's parts per row, grid and L2 window. The
+row-group family's one-CTA instance under its own plan and the stream family's default are the
+reference points. JSON: benchmarks/results/softmax-window-sweep-<device>[-tag].json (and $OUT/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg  # noqa: E402
+from kernel_api.providers.cuda_src.kernels import softmax_stream as ss  # noqa: E402
+from kernel_api.providers.cuda_src.kernels import softmax_window as sw  # noqa: E402
+from softmax import _case_tensors  # noqa: E402
+from softmax_rowgroup_sweep import _measure, add_case_arguments, parse_configs, run_sweep, speed_cells  # noqa: E402
+from softmax_stream_sweep import _family  # noqa: E402
+
+SHAPES = [(32, 2**20), (8, 2**22)]
+
+
+def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs: list, iters: int,
+               repeats: int) -> list[dict]:
+    nbytes, sets, argsets, outs, ref, torch_fn = _case_tensors(rows, cols, dtype, backward)
+    points = []
+    for cls, label in ((rg._RowGroupBase, "row-group plan"), (ss._StreamBase, "stream default")):
+        ref_kernel = _family(argsets[0], cls)
+        points.append(_measure({"kernel": ref_kernel.metadata.kernel_name, "config": label}, ref_kernel,
+                               ref_kernel.compile(argsets[0]), argsets, outs, ref, torch_fn, sets, nbytes, iters,
+                               repeats))
+    kernel = _family(argsets[0], sw._WindowBase)
+    device = torch.cuda.current_device()
+    try:
+        for threads, unroll, nslot, min_blocks, delay10, slack10 in configs:
+            kernel.threads = threads or sw.THREADS
+            kernel.unroll = unroll or sw.UNROLL[backward]
+            kernel.nslot = nslot or sw.NSLOT
+            kernel.min_blocks = min_blocks or sw.MIN_BLOCKS
+            kernel.delay_rounds = delay10 / 10 if delay10 else sw.DELAY_ROUNDS
+            kernel.slack_rounds = slack10 / 10 if slack10 else sw.SLACK_ROUNDS
+            point = {"kernel": kernel.metadata.kernel_name,
+                     "config": f"{kernel.threads}x{kernel.unroll}x{kernel.nslot}x{kernel.min_blocks}x{round(kernel.delay_rounds * 10)}"
+                               f"x{round(kernel.slack_rounds * 10)}"}
+            try:  # (a ring past the SM's shared memory: reported, the sweep goes on)
+                artifact = kernel.compile(argsets[0])
+                p = kernel.plan(argsets[0], kernel.resident_ctas(artifact.compiled_obj, device))
+            except Exception as exc:  # noqa: BLE001
+                points.append({**point, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                continue
+            point.update(parts_per_row=p.parts_per_row, part_kb=p.part_vectors * 16 / 1024, grid=p.grid, lag=p.lag,
+                         window_mb=p.window_bytes(backward) / 2**20)
+            points.append(_measure(point, kernel, artifact, argsets, outs, ref, torch_fn, sets, nbytes, iters,
+                                   repeats))
+    finally:
+        kernel.threads, kernel.unroll, kernel.nslot = sw.THREADS, sw.UNROLL[backward], sw.NSLOT
+        kernel.min_blocks = sw.MIN_BLOCKS
+        kernel.delay_rounds, kernel.slack_rounds = sw.DELAY_ROUNDS, sw.SLACK_ROUNDS
+    return points
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_case_arguments(ap, SHAPES)
+    ap.add_argument("--configs", default="default,512x4x0x0x0x0,0x0x3x0x0x0,0x0x0x0x7x7",
+                    help="THREADSxUNROLLxNSLOTxMIN_BLOCKSxDELAY10xSLACK10, comma-separated; 0 takes the "
+                         "family's default, default = 0x0x0x0x0x0")
+    opts = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("softmax_window_sweep.py needs a CUDA GPU")
+    configs = parse_configs(opts.configs, 6)
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
+
+    def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
+        return sweep_case(rows, cols, dtype, backward, configs, opts.iters, opts.repeats)
+
+    def line(case: str, p: dict, note: str) -> str:
+        tbs, torch_tbs = speed_cells(p)
+        grid = f"{p['grid']:>5} {p['window_mb']:6.1f}" if "grid" in p else f"{'':>5} {'':>6}"
+        return f"{case:>26} {p['config']:>20} {p.get('parts_per_row', '')!s:>6} {grid} {tbs} {torch_tbs}  {note}"
+
+    run_sweep("softmax-window-sweep", opts, report, sweep,
+              f"{'case':>26} {'kernel config':>20} {'parts':>6} {'grid':>5} {'win MB':>6} {'TB/s':>6} {'torch':>6}  "
+              f"note", line)
+
+
+if __name__ == "__main__":
+    main()

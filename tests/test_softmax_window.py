@@ -1,0 +1,290 @@
+"""Softmax for long rows in one launch whose second read comes from L2 (CudaSoftmaxWindow*).
+
+CPU: registration and metadata, the plan (every vector of a row in exactly one part; a lag of at
+least a row's parts, so no output waits on a later step; the window it keeps in L2), the
+workspace's size and refusals, NVRTC compiles for sm_90a without local memory and with
+registers for the launch bounds' CTAs per SM, the cooperative launch `_run` makes (grid of the
+co-resident CTAs, parameters matching the kernels' signatures), peeling refusals, the ranking
+against the row-group family. GPU (@pytest.mark.gpu): float64 references on fresh random rows
+(with -inf rows and huge magnitudes), outputs inside NaN-filled buffers whose margins must stay
+untouched, for the long benchmark shapes, odd and misaligned rows, many rows of few parts, small
+parts, the smallest lag (a row's parts) and no slack, few CTAs; forward and backward, all three
+dtypes; a workspace filled with garbage and one left by a launch of another shape; repeated
+launches bit-identical; memcheck."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
+from kernel_api.providers.cuda_src.kernels import softmax_window as sw
+from kernel_api.providers.cuda_src.kernels.softmax_window import (CudaSoftmaxWindowBackward, CudaSoftmaxWindowForward,
+                                                                  plan_window, ring_bytes, workspace_bytes)
+
+from memcheck import SOFTMAX_PREAMBLE, run_memcheck
+from test_softmax import check_backward, check_forward
+from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
+from test_softmax_smem import _nv_info
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CLASSES = (CudaSoftmaxWindowForward, CudaSoftmaxWindowBackward)
+LONG = [(1, 2**20), (8, 2**20), (32, 2**20), (8, 2**22)]
+
+
+def _kernel(cls, dtype: torch.dtype):
+    (k,) = [k for k in cls.generate_kernels(None, cc=90) if k.dtype.to_torch() == dtype]
+    return k
+
+
+def _args(cls, x: torch.Tensor, out: torch.Tensor | None = None):
+    out = torch.empty_like(x) if out is None else out
+    return SoftmaxBackwardArguments(x, x, out) if cls.backward else SoftmaxArguments(x, out)
+
+
+def _reset(k) -> None:
+    k.threads, k.unroll, k.nslot, k.min_blocks = sw.THREADS, sw.UNROLL[k.backward], sw.NSLOT, sw.MIN_BLOCKS
+    k.delay_rounds, k.slack_rounds, k.max_ctas_per_sm = sw.DELAY_ROUNDS, sw.SLACK_ROUNDS, None
+
+
+def test_instances_names_and_metadata():
+    names = [k.metadata.kernel_name for cls in _CLASSES for k in cls.generate_kernels(None, cc=90)]
+    assert names == [f"CudaSoftmaxWindow{d}_{t}_window_peel{v}" for d in ("Forward", "Backward")
+                     for t, v in (("bf16", 8), ("f16", 8), ("f32", 4))]
+    md = _kernel(CudaSoftmaxWindowForward, torch.bfloat16).metadata
+    assert md.design.strategy == "window" and md.min_cc == 80 and md.design.min_cols == sw.MIN_COLS
+    assert dict(md.design.extra)["cooperative"] is True and dict(md.design.extra)["passes"] == 2
+    assert md.operands.x.divisibility == md.operands.out.divisibility == 1  # peeled: any element alignment
+
+
+@pytest.mark.parametrize("rows,cols,elem", [(32, 2**20, 2), (8, 2**22, 4), (1, 2**20, 2), (1, 8, 2), (5, 3, 4),
+                                            (4096, 50257, 2), (3, 1000003, 4), (100000, 33, 2)])
+@pytest.mark.parametrize("grid", [1, 7, 264, 528])
+@pytest.mark.parametrize("delay,slack", [(0.0, 0.0), (0.5, 0.5), (2.5, 1.0)])
+def test_plan_covers_rows_and_orders_the_steps(rows, cols, elem, grid, delay, slack):
+    p = plan_window(rows, cols, elem, grid, 1024, delay, slack)
+    vec = 16 // elem
+    nvec = -(-cols // vec)
+    assert p.parts == rows * p.parts_per_row and p.part_vectors == 1024
+    assert p.parts_per_row * p.part_vectors >= nvec > (p.parts_per_row - 1) * p.part_vectors
+    assert 1 <= p.grid <= min(grid, p.parts)
+    assert p.delay == int(delay * p.grid + 0.5) and p.lag == p.parts_per_row + p.delay + int(slack * p.grid + 0.5)
+    # Row r's combination (step (r + 1) * bpr - 1 + delay) comes after its last statistics part and
+    # before its first output part (step r * bpr + lag): every wait is for an earlier step.
+    for r in {0, rows // 2, rows - 1}:
+        last_stats = (r + 1) * p.parts_per_row - 1
+        combine = last_stats + p.delay
+        assert last_stats <= combine < r * p.parts_per_row + p.lag
+    assert p.window_bytes(True) == 2 * p.window_bytes(False) == 2 * p.lag * 1024 * 16
+
+
+def test_plans_for_the_long_benchmark_shapes():
+    p = plan_window(32, 2**20, 2, 264)  # bf16 1M rows: 64 parts of 32 KB, half a grid of delay and of slack
+    assert (p.parts_per_row, p.parts, p.grid, p.delay, p.lag) == (64, 2048, 264, 132, 328)
+    assert p.window_bytes(False) == 328 * 32 * 1024 <= sw.L2_WINDOW_BYTES
+    p = plan_window(8, 2**22, 4, 264, 1024)  # the f32 backward of 4M rows: 1024 parts of 16 KB a row
+    assert (p.parts_per_row, p.lag) == (1024, 1288) and p.window_bytes(True) > sw.L2_WINDOW_BYTES
+
+
+def test_workspace_and_ring_bytes():
+    assert workspace_bytes(3, 7) == 160
+    k = _kernel(CudaSoftmaxWindowForward, torch.bfloat16)
+    assert k.get_workspace_size(_args(CudaSoftmaxWindowForward, torch.empty(32, 2**20, dtype=torch.bfloat16,
+                                                                            device="meta"))) == (2048 + 32) * 16
+    # Two CTAs per SM fit the 227 KB an H100 / H200 SM lends: 64 KB of ring each, both directions.
+    assert ring_bytes(2048, 2, False) == 64 * 1024 == ring_bytes(1024, 2, True)
+    assert k.smem_bytes == 64 * 1024 == _kernel(CudaSoftmaxWindowBackward, torch.float32).smem_bytes
+
+
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiles_for_sm90a_without_spills(cls, dtype):
+    """No local memory, and registers for the launch bounds' two CTAs per SM."""
+    k = _kernel(cls, dtype)
+    artifact = k.compile(_args(cls, torch.empty(4, 100000, dtype=dtype)), cc=90)
+    compiled = artifact.compiled_obj.compiled
+    assert compiled.arch == "sm_90a"
+    res = _nv_info(compiled.cubin)[compiled.symbols[artifact.compiled_obj.name_expression]]
+    assert res.get(0x11, 0) == 0 and res.get(0x12, 0) == 0, res
+    assert 0 < res[0x2f] <= 65536 // (sw.MIN_BLOCKS * sw.THREADS), res
+
+
+def test_tuning_attributes_reach_the_compile_key():
+    k = _kernel(CudaSoftmaxWindowForward, torch.float16)
+    args = _args(CudaSoftmaxWindowForward, torch.empty(64, 70000, dtype=torch.float16))
+    try:
+        base = k.compile_key(args, 90)
+        k.threads, k.unroll, k.min_blocks, k.nslot = 256, 4, 3, 2
+        assert k.name_expression(args) == "ka_softmax::fwd_window<ka_softmax::F16, 8, 4, 256, 2>"
+        assert k.defines_for(args) == {"WN_MIN_BLOCKS": 3} and k.compile_key(args, 90) != base
+    finally:
+        _reset(k)
+
+
+class _FakeLauncher:
+    def __init__(self, calls, per_sm=2):
+        self.calls, self.per_sm = calls, per_sm
+
+    def max_coresident(self, device, threads, smem):
+        return self.per_sm * 132
+
+    def launch(self, stream, device, grid, block, smem, params, cooperative=False):
+        self.calls.append((grid, block, smem, params, cooperative))
+
+
+def _signature_params(kernel_name: str) -> int:
+    m = re.search(rf"\b{kernel_name}\(([^)]*)\)", CudaSoftmaxWindowForward.get_source())
+    return len(m.group(1).split(","))
+
+
+@pytest.mark.parametrize("cls", _CLASSES)
+def test_run_launches_cooperatively_on_the_resident_grid(cls, monkeypatch):
+    monkeypatch.setattr(sw, "stream_handle", lambda stream, device: 0)
+    monkeypatch.setattr(sw, "_sm_count", lambda device: 132)
+    k = _kernel(cls, torch.bfloat16)
+    args = _args(cls, torch.empty(8, 2**20, dtype=torch.bfloat16))
+    monkeypatch.setattr(type(args), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    calls = []
+    artifact = type("A", (), {"compiled_obj": _FakeLauncher(calls)})()
+    ws = torch.empty(k.get_workspace_size(args) // 4, dtype=torch.float32)
+    try:
+        k._run(args, artifact, None, ws)
+        k.max_ctas_per_sm = 1
+        k._run(args, artifact, None, ws)
+    finally:
+        _reset(k)
+    (grid, block, smem, params, coop), second = calls
+    p = k.plan(args, 264)
+    assert (grid, block, smem, coop) == (264, sw.THREADS, 64 * 1024, True) and second[0] == 132
+    assert len(params) == _signature_params(f"{'bwd' if cls.backward else 'fwd'}_window")
+    assert params[-5:-1] == (ws.data_ptr(), p.parts_per_row, p.lag, p.delay)
+    assert 0 <= params[-1] < 2**32 and second[3][-1] != params[-1]  # a new epoch per launch
+
+
+@pytest.mark.parametrize("cls", _CLASSES)
+def test_workspace_refusals(cls, monkeypatch):
+    monkeypatch.setattr(sw, "_sm_count", lambda device: 132)
+    k = _kernel(cls, torch.float32)
+    args = _args(cls, torch.empty(4, 2**17, dtype=torch.float32))
+    need = k.get_workspace_size(args)
+    artifact = type("A", (), {"compiled_obj": None})()
+    with pytest.raises(ValueError, match=f"needs a 16-byte aligned workspace of {need} bytes.*got none"):
+        k._run(args, artifact, None, None)
+    with pytest.raises(ValueError, match=f"workspace of {need} bytes"):
+        k._run(args, artifact, None, torch.empty(need // 4 - 1, dtype=torch.float32))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        k._run(args, artifact, None, torch.empty(need // 4 + 4, dtype=torch.float32)[1:])
+
+
+def test_peeling_needs_one_offset():
+    k = _kernel(CudaSoftmaxWindowForward, torch.bfloat16)
+    flat = torch.empty(2 * 50001 + 16, dtype=torch.bfloat16)
+    x = flat[1:1 + 2 * 50001].view(2, 50001)
+    status = k.supports(SoftmaxArguments(x, flat[:2 * 50001].view(2, 50001)))
+    assert not status and "different offsets" in status.error
+    other = torch.empty(2 * 50001 + 16, dtype=torch.bfloat16)[9:9 + 2 * 50001].view(2, 50001)  # same phase
+    assert k.supports(SoftmaxArguments(x, other))
+
+
+# ----------------------------------------------------------------------------------- GPU
+def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int, workspace=None) -> None:
+    what = (f"{k.metadata.kernel_name} {rows}x{cols}+{offset} {k.threads}x{k.unroll} ring {k.nslot} "
+            f"delay {k.delay_rounds} slack {k.slack_rounds} cap {k.max_ctas_per_sm}")
+    buf, out = _poisoned(rows, cols, dtype, offset)
+    if cls.backward:
+        g = _input_at(rows, cols, dtype, offset)
+        g.copy_(torch.randn(rows, cols, device="cuda") * 4)
+        y = _input_at(rows, cols, dtype, offset)
+        y.copy_(torch.softmax(torch.randn(rows, cols, device="cuda") * 2, -1))
+        args = SoftmaxBackwardArguments(g, y, out)
+    else:
+        x = _input_at(rows, cols, dtype, offset)
+        args = SoftmaxArguments(x, out)
+    assert k.supports(args), k.supports(args).error
+    k.run(args, workspace=workspace)
+    torch.cuda.synchronize()
+    if cls.backward:
+        check_backward(out, g, y, what)
+    else:
+        check_forward(out, x, what)
+    _margins_untouched(buf, rows, cols, offset, what)
+    first = out.clone()
+    k.run(args, workspace=workspace)  # again: the same bits (partials combined in part order)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.uint8), first.view(torch.uint8)), what
+
+
+# (rows, cols, element offset past a 16-byte boundary): the long benchmark shapes, odd rows,
+# misaligned bases, many rows of a few parts, short rows (one part, mostly edges), a row
+# shorter than a vector.
+_SHAPES = [(*s, 0) for s in LONG] + [(3, 1000003, 0), (2, 2**20 + 5, 3), (257, 131075, 1), (67, 4097, 5),
+                                     (5, 3, 1), (4, 50257, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shapes(cls, dtype):
+    k = _kernel(cls, dtype)
+    torch.manual_seed(len(str(dtype)) + 7 * cls.backward)
+    for rows, cols, offset in _SHAPES:
+        _check(cls, k, rows, cols, dtype, offset)
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plans_at_the_edges(cls, dtype):
+    """Parts of 2 KB (hundreds per row), no delay and no slack (outputs wait on rows just
+    combined, combinations on parts just published), long delays, a ring of two steps, one CTA
+    per SM and other CTA shapes."""
+    k = _kernel(cls, dtype)
+    torch.manual_seed(11 + cls.backward)
+    try:
+        for threads, unroll, nslot, delay, slack, cap in [(128, 1, 3, 0.5, 0.5, None), (512, 1, 3, 0.0, 0.0, None),
+                                                          (256, 8, 2, 0.0, 0.0, 1), (256, 2, 3, 3.0, 1.0, None),
+                                                          (512, 1, 4, 0.2, 0.0, 1)]:
+            k.threads, k.unroll, k.nslot, k.delay_rounds, k.slack_rounds, k.max_ctas_per_sm = (threads, unroll, nslot,
+                                                                                               delay, slack, cap)
+            for rows, cols, offset in [(5, 300007, 3), (2, 2**20, 0), (33, 40003, 1)]:
+                _check(cls, k, rows, cols, dtype, offset)
+    finally:
+        _reset(k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", _CLASSES)
+def test_any_workspace_contents(cls):
+    """A workspace of random bits, then one left by a launch of another shape (other parts per
+    row, other counters' totals): the tags make both read as stale."""
+    k = _kernel(cls, torch.bfloat16)
+    torch.manual_seed(5)
+    ws = torch.randint(-2**31, 2**31 - 1, (2**22,), dtype=torch.int32, device="cuda")
+    for rows, cols, offset in [(7, 300007, 3), (9, 2**20, 0), (7, 300007, 3), (40, 131075, 1)]:
+        _check(cls, k, rows, cols, torch.bfloat16, offset, workspace=ws)
+
+
+_SANITIZED = SOFTMAX_PREAMBLE + r"""
+from kernel_api.providers.cuda_src.kernels.softmax_window import CudaSoftmaxWindowBackward, CudaSoftmaxWindowForward
+n = 0
+for cls in (CudaSoftmaxWindowForward, CudaSoftmaxWindowBackward):
+    for k in cls.generate_kernels(None, cc=90):
+        dtype = k.dtype.to_torch()
+        for unroll, rows, cols, offset in [(4, 3, 200003, 3), (1, 5, 30011, 1)]:
+            k.unroll = unroll
+            x, out, gi = (at(rows, cols, dtype, offset) for _ in range(3))
+            k.run(SoftmaxBackwardArguments(x, out, gi) if cls.backward else SoftmaxArguments(x, out)); n += 1
+torch.cuda.synchronize()
+print("launches", n)
+"""
+
+
+@pytest.mark.gpu
+def test_memcheck():
+    """Both directions, every dtype, two part sizes, misaligned rows, under compute-sanitizer
+    memcheck (each operand and workspace its own allocation)."""
+    out = run_memcheck(_SANITIZED)
+    assert int(out.split("launches")[-1].split()[0]) == 12, out[-3000:]
