@@ -5,9 +5,10 @@ and timed against torch.
     python3 benchmarks/softmax_window_sweep.py                      # the long shapes, bf16 and f32, both directions
     python3 benchmarks/softmax_window_sweep.py --configs 256x8x2x2x5x5,512x4x2x2x5x5 --shapes 32x1048576 --dtypes bf16
 
-``--configs`` THREADSxUNROLLxNSLOTxMIN_BLOCKSxDELAY10xSLACK10 (threads per CTA; 16-byte vectors per
-thread and part; ring steps; the launch bounds' CTAs per SM; the schedule's delay and slack in
-tenths of a grid; 0 or ``default``: the family's). Per point: TB/s (bytes
+``--configs`` THREADSxUNROLLxNSLOTxMIN_BLOCKSxDELAY10xSLACK10[xALIGN[xPREFETCH]] (threads per CTA;
+16-byte vectors per thread and part; ring steps; the launch bounds' CTAs per SM; the schedule's
+delay and slack in tenths of a grid; the lag a whole number of grids, 1 off, 2 on; steps the copies
+run ahead; 0 or ``default``: the family's). Per point: TB/s (bytes
 moved once: read x, write out; backward dy, y, dx) from the median of ``--iters`` launches
 alternated with torch's (`time_cuda_pair`, rotating input sets past L2), ``--repeats`` times,
 and the relative error against float64; the plan's parts per row, grid and L2 window. The
@@ -32,6 +33,15 @@ from kernel_api.providers.cuda_src.kernels import softmax_stream as ss  # noqa: 
 from kernel_api.providers.cuda_src.kernels import softmax_window as sw  # noqa: E402
 from softmax import _case_tensors  # noqa: E402
 from softmax_rowgroup_sweep import _measure, add_case_arguments, parse_configs, run_sweep, speed_cells  # noqa: E402
+
+
+def parse_configs_any(text: str, lengths: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """`parse_configs` taking any of ``lengths`` numbers per config."""
+    found = []
+    for item in text.split(","):
+        n = len(item.split("x"))
+        found += parse_configs(item, n if n in lengths else lengths[0])
+    return found
 from softmax_stream_sweep import _family  # noqa: E402
 
 SHAPES = [(32, 2**20), (8, 2**22)]
@@ -49,16 +59,19 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
     kernel = _family(argsets[0], sw._WindowBase)
     device = torch.cuda.current_device()
     try:
-        for threads, unroll, nslot, min_blocks, delay10, slack10 in configs:
+        for threads, unroll, nslot, min_blocks, delay10, slack10, align, prefetch in configs:
             kernel.threads = threads or sw.THREADS
             kernel.unroll = unroll or sw.UNROLL[backward]
             kernel.nslot = nslot or sw.NSLOT
             kernel.min_blocks = min_blocks or sw.MIN_BLOCKS
             kernel.delay_rounds = delay10 / 10 if delay10 else sw.DELAY_ROUNDS
             kernel.slack_rounds = slack10 / 10 if slack10 else sw.SLACK_ROUNDS
+            kernel.align = align == 2 if align else sw.ALIGN
+            kernel.prefetch = prefetch or sw.PREFETCH
             point = {"kernel": kernel.metadata.kernel_name,
-                     "config": f"{kernel.threads}x{kernel.unroll}x{kernel.nslot}x{kernel.min_blocks}x{round(kernel.delay_rounds * 10)}"
-                               f"x{round(kernel.slack_rounds * 10)}"}
+                     "config": f"{kernel.threads}x{kernel.unroll}x{kernel.nslot}x{kernel.min_blocks}"
+                               f"x{round(kernel.delay_rounds * 10)}x{round(kernel.slack_rounds * 10)}"
+                               f"x{1 + kernel.align}x{kernel.prefetch}"}
             try:  # (a ring past the SM's shared memory: reported, the sweep goes on)
                 artifact = kernel.compile(argsets[0])
                 p = kernel.plan(argsets[0], kernel.resident_ctas(artifact.compiled_obj, device))
@@ -73,6 +86,7 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
         kernel.threads, kernel.unroll, kernel.nslot = sw.THREADS, sw.UNROLL[backward], sw.NSLOT
         kernel.min_blocks = sw.MIN_BLOCKS
         kernel.delay_rounds, kernel.slack_rounds = sw.DELAY_ROUNDS, sw.SLACK_ROUNDS
+        kernel.align, kernel.prefetch = sw.ALIGN, sw.PREFETCH
     return points
 
 
@@ -85,7 +99,7 @@ def main() -> None:
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_window_sweep.py needs a CUDA GPU")
-    configs = parse_configs(opts.configs, 6)
+    configs = [c + (0,) * (8 - len(c)) for c in parse_configs_any(opts.configs, (6, 7, 8))]
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:

@@ -25,7 +25,7 @@ from kernel_api.providers.cuda_src.kernels.softmax_window import (CudaSoftmaxWin
                                                                   plan_window, ring_bytes, workspace_bytes)
 
 from memcheck import SOFTMAX_PREAMBLE, run_memcheck
-from test_softmax import check_backward, check_forward
+from test_softmax import check_backward, check_forward, make_rows
 from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 from test_softmax_smem import _nv_info
 
@@ -46,7 +46,8 @@ def _args(cls, x: torch.Tensor, out: torch.Tensor | None = None):
 
 def _reset(k) -> None:
     k.threads, k.unroll, k.nslot, k.min_blocks = sw.THREADS, sw.UNROLL[k.backward], sw.NSLOT, sw.MIN_BLOCKS
-    k.delay_rounds, k.slack_rounds, k.max_ctas_per_sm = sw.DELAY_ROUNDS, sw.SLACK_ROUNDS, None
+    k.prefetch = sw.PREFETCH
+    k.delay_rounds, k.slack_rounds, k.max_ctas_per_sm, k.align = sw.DELAY_ROUNDS, sw.SLACK_ROUNDS, None, sw.ALIGN
 
 
 def test_instances_names_and_metadata():
@@ -63,14 +64,18 @@ def test_instances_names_and_metadata():
                                             (4096, 50257, 2), (3, 1000003, 4), (100000, 33, 2)])
 @pytest.mark.parametrize("grid", [1, 7, 264, 528])
 @pytest.mark.parametrize("delay,slack", [(0.0, 0.0), (0.5, 0.5), (2.5, 1.0)])
-def test_plan_covers_rows_and_orders_the_steps(rows, cols, elem, grid, delay, slack):
-    p = plan_window(rows, cols, elem, grid, 1024, delay, slack)
+@pytest.mark.parametrize("align", [False, True])
+def test_plan_covers_rows_and_orders_the_steps(rows, cols, elem, grid, delay, slack, align):
+    p = plan_window(rows, cols, elem, grid, 1024, delay, slack, align)
     vec = 16 // elem
     nvec = -(-cols // vec)
     assert p.parts == rows * p.parts_per_row and p.part_vectors == 1024
     assert p.parts_per_row * p.part_vectors >= nvec > (p.parts_per_row - 1) * p.part_vectors
     assert 1 <= p.grid <= min(grid, p.parts)
-    assert p.delay == int(delay * p.grid + 0.5) and p.lag == p.parts_per_row + p.delay + int(slack * p.grid + 0.5)
+    base = p.parts_per_row + p.delay + int(slack * p.grid + 0.5)
+    assert p.delay == int(delay * p.grid + 0.5)
+    # aligned: the least whole number of grids past the base, so part w's output step is on its statistics' CTA
+    assert p.lag == (-(-base // p.grid) * p.grid if align else base)
     # Row r's combination (step (r + 1) * bpr - 1 + delay) comes after its last statistics part and
     # before its first output part (step r * bpr + lag): every wait is for an earlier step.
     for r in {0, rows // 2, rows - 1}:
@@ -81,11 +86,14 @@ def test_plan_covers_rows_and_orders_the_steps(rows, cols, elem, grid, delay, sl
 
 
 def test_plans_for_the_long_benchmark_shapes():
-    p = plan_window(32, 2**20, 2, 264)  # bf16 1M rows: 64 parts of 32 KB, half a grid of delay and of slack
-    assert (p.parts_per_row, p.parts, p.grid, p.delay, p.lag) == (64, 2048, 264, 132, 328)
-    assert p.window_bytes(False) == 328 * 32 * 1024 <= sw.L2_WINDOW_BYTES
+    # bf16 1M rows: 64 parts of 32 KB, combined 0.3 grids after their last part; the lag one grid (64 + 79
+    # + 26 steps, rounded up): each CTA outputs, one step later, the part it took the statistics of.
+    p = plan_window(32, 2**20, 2, 264)
+    assert (p.parts_per_row, p.parts, p.grid, p.delay, p.lag) == (64, 2048, 264, 79, 264)
+    assert p.window_bytes(False) == 264 * 32 * 1024
+    assert plan_window(8, 2**22, 2, 264).lag == 2 * 264  # (256 parts a row: two grids)
     p = plan_window(8, 2**22, 4, 264, 1024)  # the f32 backward of 4M rows: 1024 parts of 16 KB a row
-    assert (p.parts_per_row, p.lag) == (1024, 1288) and p.window_bytes(True) > sw.L2_WINDOW_BYTES
+    assert (p.parts_per_row, p.lag) == (1024, 5 * 264) and p.window_bytes(True) == 2 * 5 * 264 * 16 * 1024
 
 
 def test_workspace_and_ring_bytes():
@@ -93,9 +101,9 @@ def test_workspace_and_ring_bytes():
     k = _kernel(CudaSoftmaxWindowForward, torch.bfloat16)
     assert k.get_workspace_size(_args(CudaSoftmaxWindowForward, torch.empty(32, 2**20, dtype=torch.bfloat16,
                                                                             device="meta"))) == (2048 + 32) * 16
-    # Two CTAs per SM fit the 227 KB an H100 / H200 SM lends: 64 KB of ring each, both directions.
-    assert ring_bytes(2048, 2, False) == 64 * 1024 == ring_bytes(1024, 2, True)
-    assert k.smem_bytes == 64 * 1024 == _kernel(CudaSoftmaxWindowBackward, torch.float32).smem_bytes
+    # Two CTAs per SM fit the 227 KB an H100 / H200 SM lends: 96 KB of ring each, both directions.
+    assert ring_bytes(2048, 3, False) == 96 * 1024 == ring_bytes(1024, 3, True)
+    assert k.smem_bytes == 96 * 1024 == _kernel(CudaSoftmaxWindowBackward, torch.float32).smem_bytes
 
 
 @pytest.mark.parametrize("cls", _CLASSES)
@@ -117,7 +125,7 @@ def test_tuning_attributes_reach_the_compile_key():
     try:
         base = k.compile_key(args, 90)
         k.threads, k.unroll, k.min_blocks, k.nslot = 256, 4, 3, 2
-        assert k.name_expression(args) == "ka_softmax::fwd_window<ka_softmax::F16, 8, 4, 256, 2>"
+        assert k.name_expression(args) == "ka_softmax::fwd_window<ka_softmax::F16, 8, 4, 256, 2, 1>"
         assert k.defines_for(args) == {"WN_MIN_BLOCKS": 3} and k.compile_key(args, 90) != base
     finally:
         _reset(k)
@@ -157,7 +165,7 @@ def test_run_launches_cooperatively_on_the_resident_grid(cls, monkeypatch):
         _reset(k)
     (grid, block, smem, params, coop), second = calls
     p = k.plan(args, 264)
-    assert (grid, block, smem, coop) == (264, sw.THREADS, 64 * 1024, True) and second[0] == 132
+    assert (grid, block, smem, coop) == (264, sw.THREADS, 96 * 1024, True) and second[0] == 132
     assert len(params) == _signature_params(f"{'bwd' if cls.backward else 'fwd'}_window")
     assert params[-5:-1] == (ws.data_ptr(), p.parts_per_row, p.lag, p.delay)
     assert 0 <= params[-1] < 2**32 and second[3][-1] != params[-1]  # a new epoch per launch
@@ -178,6 +186,34 @@ def test_workspace_refusals(cls, monkeypatch):
         k._run(args, artifact, None, torch.empty(need // 4 + 4, dtype=torch.float32)[1:])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pick_any_takes_long_rows_of_many_parts(dtype):
+    """PickAny puts the window family first where each CTA of the 264-CTA grid (132 SMs) takes
+    at least `MIN_STEPS` statistics parts (32x1M, 64x1M, 8x4M: measured faster than the row-group
+    and stream families there), after them where the problem has fewer parts (a lone 1M row, 8x1M:
+    the pipeline's fill and drain dominate), and never on rows one CTA or cluster holds."""
+    from kernel_api.tuning.policies import rank_candidates
+
+    import kernel_api
+
+    for backward in (False, True):
+        for rows, cols in LONG + [(64, 2**20), (4, 2**21), (256, 2**18)]:
+            x = torch.empty(rows, cols, dtype=dtype, device="meta")
+            args = _args(_CLASSES[backward], x)
+            ranked = [k.metadata.kernel_name for k in rank_candidates(kernel_api.get_kernels(args, cc=90), args)]
+            k = _kernel(_CLASSES[backward], dtype)
+            p = plan_window(rows, cols, x.element_size(), 264, k.part_vectors)
+            many = p.parts >= sw.MIN_STEPS * 264
+            assert ("Window" in ranked[0]) == many, (rows, cols, backward, ranked[:3])
+            if not many:
+                assert any("Window" in n for n in ranked[1:]), (rows, cols, backward)
+        for rows, cols in [(32768, 4096), (16384, 16384), (65536, 1024), (4096, 50257), (8192, 4097), (2, 65536)]:
+            x = torch.empty(rows, cols, dtype=dtype, device="meta")
+            args = _args(_CLASSES[backward], x)
+            first = rank_candidates(kernel_api.get_kernels(args, cc=90), args)[0].metadata.kernel_name
+            assert "Window" not in first, (rows, cols, backward, first)
+
+
 def test_peeling_needs_one_offset():
     k = _kernel(CudaSoftmaxWindowForward, torch.bfloat16)
     flat = torch.empty(2 * 50001 + 16, dtype=torch.bfloat16)
@@ -191,7 +227,7 @@ def test_peeling_needs_one_offset():
 # ----------------------------------------------------------------------------------- GPU
 def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int, workspace=None) -> None:
     what = (f"{k.metadata.kernel_name} {rows}x{cols}+{offset} {k.threads}x{k.unroll} ring {k.nslot} "
-            f"delay {k.delay_rounds} slack {k.slack_rounds} cap {k.max_ctas_per_sm}")
+            f"delay {k.delay_rounds} slack {k.slack_rounds} cap {k.max_ctas_per_sm} align {k.align} ahead {k.prefetch}")
     buf, out = _poisoned(rows, cols, dtype, offset)
     if cls.backward:
         g = _input_at(rows, cols, dtype, offset)
@@ -239,16 +275,24 @@ def test_shapes(cls, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_plans_at_the_edges(cls, dtype):
     """Parts of 2 KB (hundreds per row), no delay and no slack (outputs wait on rows just
-    combined, combinations on parts just published), long delays, a ring of two steps, one CTA
-    per SM and other CTA shapes."""
+    combined, combinations on parts just published), long delays, rings of two to four steps with
+    copies one or two steps ahead, lags of one grid (the output from the ring) and more (from L2),
+    unaligned lags, one CTA per SM and other CTA shapes."""
     k = _kernel(cls, dtype)
     torch.manual_seed(11 + cls.backward)
     try:
-        for threads, unroll, nslot, delay, slack, cap in [(128, 1, 3, 0.5, 0.5, None), (512, 1, 3, 0.0, 0.0, None),
-                                                          (256, 8, 2, 0.0, 0.0, 1), (256, 2, 3, 3.0, 1.0, None),
-                                                          (512, 1, 4, 0.2, 0.0, 1)]:
-            k.threads, k.unroll, k.nslot, k.delay_rounds, k.slack_rounds, k.max_ctas_per_sm = (threads, unroll, nslot,
-                                                                                               delay, slack, cap)
+        # (the aligned plans with a lag of one grid and a ring of three output from the ring; the others re-read)
+        for threads, unroll, nslot, delay, slack, cap, align, ahead in [(128, 1, 3, 0.5, 0.5, None, True, 1),
+                                                                        (512, 1, 3, 0.0, 0.0, None, False, 1),
+                                                                        (256, 8, 2, 0.0, 0.0, 1, True, 1),
+                                                                        (256, 2, 3, 3.0, 1.0, None, True, 1),
+                                                                        (512, 1, 4, 0.2, 0.0, 1, True, 1),
+                                                                        (256, 4, 3, 0.0, 0.0, 1, True, 1),
+                                                                        (256, 4, 4, 0.3, 0.1, None, True, 2),
+                                                                        (256, 2, 3, 0.0, 0.0, 1, False, 2)]:
+            k.threads, k.unroll, k.nslot, k.delay_rounds, k.slack_rounds, k.max_ctas_per_sm, k.align = (
+                threads, unroll, nslot, delay, slack, cap, align)
+            k.prefetch = ahead
             for rows, cols, offset in [(5, 300007, 3), (2, 2**20, 0), (33, 40003, 1)]:
                 _check(cls, k, rows, cols, dtype, offset)
     finally:
@@ -265,6 +309,25 @@ def test_any_workspace_contents(cls):
     ws = torch.randint(-2**31, 2**31 - 1, (2**22,), dtype=torch.int32, device="cuda")
     for rows, cols, offset in [(7, 300007, 3), (9, 2**20, 0), (7, 300007, 3), (40, 131075, 1)]:
         _check(cls, k, rows, cols, torch.bfloat16, offset, workspace=ws)
+
+
+@pytest.mark.gpu
+def test_ops_pick_any_runs_long_rows_here():
+    """ops.softmax and its backward on 32x1M (PickAny: this family) match the references."""
+    import math
+
+    import kernel_api
+    from kernel_api.tuning.policies import rank_candidates
+
+    x = make_rows(32, 2**20, torch.bfloat16)
+    args = SoftmaxArguments(x, torch.empty_like(x))
+    assert "Window" in rank_candidates(kernel_api.get_kernels(args), args)[0].metadata.kernel_name
+    y = kernel_api.ops.softmax(x)
+    check_forward(y, x, "ops.softmax 32x1M")
+    assert math.isclose(float(y[-1].double().sum()), 1.0, rel_tol=1e-2)
+    y = kernel_api.ops.softmax((torch.randn(32, 2**20, device="cuda") * 2).to(torch.bfloat16))
+    g = torch.randn_like(y)
+    check_backward(kernel_api.ops.softmax_backward(g, y, -1), g, y, "ops.softmax_backward 32x1M")
 
 
 _SANITIZED = SOFTMAX_PREAMBLE + r"""

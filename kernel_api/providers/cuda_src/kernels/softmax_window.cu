@@ -17,8 +17,8 @@
 // re-reads was read `lag` parts earlier: with lag x part bytes well under the L2, the re-read hits
 // L2 and DRAM moves each input once and each output once.
 //
-// Each thread copies its own vectors of a step's two parts (statistics and output) into a ring of
-// NSLOT steps in shared memory with cp.async, NSLOT - 1 steps ahead, and reads back only its own
+// Each thread copies its own vectors of a step's statistics part into a ring of NSLOT steps in shared
+// memory with cp.async, PD steps ahead, and reads back only its own
 // vectors: the loads stay in flight across the step's reductions and waits with no barrier for
 // the ring. Tags carry this launch's tag (the host's epoch mixed with %gridid), so the workspace
 // needs no initialisation and CUDA graph replays differ.
@@ -301,7 +301,7 @@ __device__ __forceinline__ uint4 neg_inf_pack() {
 
 // Forward. Ring: NSLOT steps x BV vectors of statistics parts (dynamic shared memory); the output
 // part's vectors go to registers.
-template <class T, int VEC, int U, int THREADS, int NSLOT>
+template <class T, int VEC, int U, int THREADS, int NSLOT, int PD>
 __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typename T::raw* __restrict__ x,
                                                                      typename T::raw* __restrict__ y, i64 rows,
                                                                      i64 cols, i64 ldx, i64 ldy, void* __restrict__ ws,
@@ -320,22 +320,26 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
     if (j < sc.parts) window::copy_part<T, VEC, U, THREADS>(ring + slot * BV, x, ldx, j, sc, n_cols, t);
     window::cp_async_commit();
   };
+  static_assert(PD >= 1 && NSLOT > PD, "the ring holds the steps in flight and the current one");
 #pragma unroll
-  for (int k = 0; k < NSLOT - 1; ++k) issue((int)blockIdx.x + k * G, k);
+  for (int q = 0; q < PD; ++q) issue((int)blockIdx.x + q * G, q);
   // The output part's vectors of the next step are loaded at the end of this one (after this
   // step's output has used the registers), so their L2 latency hides behind a whole step.
+  // With a lag of one grid (and a ring of PD + 2 steps) the output part is the one this CTA took the
+  // statistics of in the previous step, still in the ring: no second read at all.
+  const bool reuse = NSLOT >= PD + 2 && sc.lag == G;
   uint4 out_in[U];
   {
     const int w0 = sc.output_part(blockIdx.x);
-    if (w0 >= 0) window::load_part<T, VEC, U, THREADS>(out_in, x, ldx, w0, sc, n_cols, t);
+    if (!reuse && w0 >= 0) window::load_part<T, VEC, U, THREADS>(out_in, x, ldx, w0, sc, n_cols, t);
   }
   int k = 0;
   for (int j = blockIdx.x; j < steps; j += G, ++k) {
-    issue(j + (NSLOT - 1) * G, (k + NSLOT - 1) % NSLOT);
+    issue(j + PD * G, (k + PD) % NSLOT);
     const int w = sc.output_part(j);
     window::Peek row_peek;  // (the output's row result, asked for now: its latency hides behind the statistics)
     if (w >= 0) row_peek = window::peek(row_slot + 2 * (i64)sc.row_of(w));
-    window::cp_async_wait<NSLOT - 1>();  // this thread's copies of step j have landed
+    window::cp_async_wait<PD>();  // this thread's copies of step j have landed
     if (j < sc.parts) {  // statistics of part j
       const uint4* s = ring + (k % NSLOT) * BV;
       const int r = sc.row_of(j);
@@ -413,7 +417,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
         const int c = u * THREADS + t;
         if (c < q.n) {
           float f[VEC];
-          unpack16<T, VEC>(out_in[u], f);
+          unpack16<T, VEC>(reuse ? ring[((k + NSLOT - 1) % NSLOT) * BV + c] : out_in[u], f);
           if (ffma) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) f[e] = window::ex2_ftz(fmaf(f[e], KA_LOG2E, c0));
@@ -431,14 +435,14 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
       }
     }
     const int wn = sc.output_part(j + G);
-    if (wn >= 0) window::load_part<T, VEC, U, THREADS>(out_in, x, ldx, wn, sc, n_cols, t);
+    if (!reuse && wn >= 0) window::load_part<T, VEC, U, THREADS>(out_in, x, ldx, wn, sc, n_cols, t);
   }
   window::cp_async_wait<0>();
 }
 
 // Backward. Ring: NSLOT steps x {statistics dy, y} x BV vectors; the output part's dy and y go to
 // registers.
-template <class T, int VEC, int U, int THREADS, int NSLOT>
+template <class T, int VEC, int U, int THREADS, int NSLOT, int PD>
 __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typename T::raw* __restrict__ dy,
                                                                      const typename T::raw* __restrict__ y,
                                                                      typename T::raw* __restrict__ dx, i64 rows,
@@ -463,23 +467,25 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typen
     }
     window::cp_async_commit();
   };
+  static_assert(PD >= 1 && NSLOT > PD, "the ring holds the steps in flight and the current one");
 #pragma unroll
-  for (int k = 0; k < NSLOT - 1; ++k) issue((int)blockIdx.x + k * G, k);
+  for (int q = 0; q < PD; ++q) issue((int)blockIdx.x + q * G, q);
+  const bool reuse = NSLOT >= PD + 2 && sc.lag == G;  // (as the forward's)
   uint4 out_g[U], out_y[U];  // (the next step's output vectors, as the forward's)
   {
     const int w0 = sc.output_part(blockIdx.x);
-    if (w0 >= 0) {
+    if (!reuse && w0 >= 0) {
       window::load_part<T, VEC, U, THREADS>(out_g, dy, lddy, w0, sc, n_cols, t);
       window::load_part<T, VEC, U, THREADS>(out_y, y, ldy, w0, sc, n_cols, t);
     }
   }
   int k = 0;
   for (int j = blockIdx.x; j < steps; j += G, ++k) {
-    issue(j + (NSLOT - 1) * G, (k + NSLOT - 1) % NSLOT);
+    issue(j + PD * G, (k + PD) % NSLOT);
     const int w = sc.output_part(j);
     window::Peek row_peek;
     if (w >= 0) row_peek = window::peek(row_slot + 2 * (i64)sc.row_of(w));
-    window::cp_async_wait<NSLOT - 1>();
+    window::cp_async_wait<PD>();
     if (j < sc.parts) {  // statistics of part j
       const uint4* s = ring + (k % NSLOT) * 2 * BV;
       const int r = sc.row_of(j);
@@ -534,8 +540,9 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typen
         const int c = u * THREADS + t;
         if (c < q.n) {
           float g[VEC], v[VEC];
-          unpack16<T, VEC>(out_g[u], g);
-          unpack16<T, VEC>(out_y[u], v);
+          const uint4* so = ring + ((k + NSLOT - 1) % NSLOT) * 2 * BV;
+          unpack16<T, VEC>(reuse ? so[c] : out_g[u], g);
+          unpack16<T, VEC>(reuse ? so[BV + c] : out_y[u], v);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) g[e] = v[e] * (g[e] - dot);
           store_vec<T, VEC>(dp + (i64)c * VEC, g);
@@ -548,7 +555,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typen
       }
     }
     const int wn = sc.output_part(j + G);
-    if (wn >= 0) {
+    if (!reuse && wn >= 0) {
       window::load_part<T, VEC, U, THREADS>(out_g, dy, lddy, wn, sc, n_cols, t);
       window::load_part<T, VEC, U, THREADS>(out_y, y, ldy, wn, sc, n_cols, t);
     }

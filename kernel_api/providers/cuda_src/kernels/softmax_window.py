@@ -52,17 +52,20 @@ THREADS = 256
 #: direction: the backward's ring holds two operands a step (dy, y), so its parts are half the
 #: size to keep two CTAs per SM.
 UNROLL = {False: 8, True: 4}
-#: Steps in each CTA's shared-memory ring (copies run NSLOT - 1 steps ahead).
-NSLOT = 2
+#: Steps in each CTA's shared-memory ring, and how many steps ahead the copies run: a ring of
+#: PREFETCH + 2 steps also keeps the previous step's part for the output (a lag of one grid).
+NSLOT = 3
+PREFETCH = 1
 #: CTAs per SM the launch bounds ask registers for (the grid is every co-resident CTA).
 MIN_BLOCKS = 2
 #: Grids of steps between a row's last statistics part and its combination (so its partials
 #: are published by then), and again between the combination and the row's first output part.
-DELAY_ROUNDS = 0.5
-SLACK_ROUNDS = 0.5
-#: Bytes between a part's two reads that the L2 keeps (the H100 / H200 L2 holds 50 MB; the
-#: outputs stream through it too).
-L2_WINDOW_BYTES = 32 * 1024 * 1024
+DELAY_ROUNDS = 0.3
+SLACK_ROUNDS = 0.1
+#: Whether the lag is a whole number of grids (`plan_window`'s ``align``): each part's output then
+#: runs on the CTA that took its statistics, and with a lag of one grid it reads the part from its
+#: ring, not from L2.
+ALIGN = True
 #: Rows from this length are what the family is built for, as the row-group family's.
 MIN_COLS = 2**17
 #: Workspace bytes per part and per row: a 16-byte slot each.
@@ -99,11 +102,13 @@ def ring_bytes(part_vectors: int, nslot: int, backward: bool) -> int:
 
 
 def plan_window(rows: int, cols: int, elem_bytes: int, grid: int, part_vectors: int = UNROLL[False] * THREADS,
-                delay_rounds: float = DELAY_ROUNDS, slack_rounds: float = SLACK_ROUNDS) -> WindowPlan:
+                delay_rounds: float = DELAY_ROUNDS, slack_rounds: float = SLACK_ROUNDS,
+                align: bool = ALIGN) -> WindowPlan:
     """The parts of ``rows`` x ``cols`` at ``part_vectors`` 16-byte vectors per input, on at most
     ``grid`` co-resident CTAs; a row's combination ``delay_rounds`` grids after its last
     statistics part, its first output ``slack_rounds`` grids after that (the lag: a row's parts
-    plus both, so every wait is for an earlier step)."""
+    plus both, so every wait is for an earlier step); with ``align``, the lag rounded up to a
+    whole number of grids, so that the CTA that reads a part for its statistics reads it again."""
     vec = 16 // elem_bytes
     nvec = -(-max(cols, 1) // vec)  # (a bound: a peeled row has at most this many vectors)
     bpr = max(1, -(-nvec // part_vectors))
@@ -111,6 +116,8 @@ def plan_window(rows: int, cols: int, elem_bytes: int, grid: int, part_vectors: 
     grid = max(1, min(grid, parts))
     delay = int(delay_rounds * grid + 0.5)
     lag = bpr + delay + int(slack_rounds * grid + 0.5)
+    if align:  # (a whole number of grids: part w's output runs on the CTA that read it for the statistics)
+        lag = -(-lag // grid) * grid
     return WindowPlan(bpr, part_vectors, parts, grid, delay, lag)
 
 
@@ -126,9 +133,11 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
         self.threads: int = THREADS
         self.unroll: int = UNROLL[self.backward]
         self.nslot: int = NSLOT
+        self.prefetch: int = PREFETCH
         self.min_blocks: int = MIN_BLOCKS
         self.delay_rounds: float = DELAY_ROUNDS
         self.slack_rounds: float = SLACK_ROUNDS
+        self.align: bool = ALIGN
         self.max_ctas_per_sm: int | None = None
 
     @property
@@ -168,7 +177,7 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
     def name_expression(self, args: Any) -> str:
         op = "bwd" if self.backward else "fwd"
         return (f"ka_softmax::{op}_window<{_TYPES[self.dtype]}, {self.vec}, {self.unroll}, {self.threads}, "
-                f"{self.nslot}>")
+                f"{self.nslot}, {self.prefetch}>")
 
     def defines_for(self, args: Any) -> dict[str, int]:
         return {"WN_MIN_BLOCKS": int(self.min_blocks)}
@@ -186,7 +195,7 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     def plan(self, args: Any, grid: int) -> WindowPlan:
         return plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, grid, self.part_vectors,
-                           self.delay_rounds, self.slack_rounds)
+                           self.delay_rounds, self.slack_rounds, self.align)
 
     def get_workspace_size(self, args: Any) -> int:
         p = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, 1, self.part_vectors)
@@ -217,18 +226,26 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
     def estimated_cost(self, args: Any, sm_count: int) -> float:
         """`row_cost`'s units, relative to the row-group family's cost for the same problem
         (`row_group_cost`, which also keeps rows under `MIN_COLS` with the one-CTA and cluster
-        families): `_FITS_FACTOR` of it where the plan's window fits `L2_WINDOW_BYTES`, else
-        `_SPILLS_FACTOR` (the second read then comes from DRAM)."""
+        families): `_MANY_STEPS_FACTOR` of it where each CTA of a grid of `MIN_BLOCKS` per SM
+        takes at least `MIN_STEPS` statistics parts, else `_FEW_STEPS_FACTOR` (ranked after the
+        row-group and stream families: with few steps the pipeline's fill and drain, a lag of
+        statistics-only and output-only steps, is most of the launch).
+
+        Measured on an H200 (benchmarks/softmax_window_sweep.py, session 35): 2.9-3.3 TB/s on
+        32x1M and 64x1M in every dtype and direction, 2.5-2.8 on 8x4M, against the row-group
+        family's 2.4-2.9 and the stream family's 2.3-2.6 in the same runs."""
         base = row_group_cost(args.rows, args.cols, self.dtype.bytes, self.backward, sm_count,
                               type(self).performance_hint)
-        p = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, max(sm_count, 1) * self.min_blocks,
-                        self.part_vectors, self.delay_rounds, self.slack_rounds)
-        fits = p.window_bytes(self.backward) <= L2_WINDOW_BYTES
-        return base * (_FITS_FACTOR if fits else _SPILLS_FACTOR)
+        grid = max(sm_count, 1) * MIN_BLOCKS
+        p = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, grid, self.part_vectors)
+        many = p.parts >= MIN_STEPS * grid
+        return base * (_MANY_STEPS_FACTOR if many else _FEW_STEPS_FACTOR)
 
 
-_FITS_FACTOR = 1.2  # (provisional: ranked after the row-group family until measured)
-_SPILLS_FACTOR = 1.5
+#: Statistics parts per CTA from which the family ranks first (`estimated_cost`).
+MIN_STEPS = 3
+_MANY_STEPS_FACTOR = 0.8
+_FEW_STEPS_FACTOR = 1.2
 
 _sm_count = sm_count  # (a module name the tests patch)
 
