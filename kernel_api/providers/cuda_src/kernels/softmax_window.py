@@ -224,28 +224,20 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
-        """`row_cost`'s units, relative to the row-group family's cost for the same problem
+        """`row_cost`'s units: `_COST_FACTOR` of the row-group family's cost for the same problem
         (`row_group_cost`, which also keeps rows under `MIN_COLS` with the one-CTA and cluster
-        families): `_MANY_STEPS_FACTOR` of it where each CTA of a grid of `MIN_BLOCKS` per SM
-        takes at least `MIN_STEPS` statistics parts, else `_FEW_STEPS_FACTOR` (ranked after the
-        row-group and stream families: with few steps the pipeline's fill and drain, a lag of
-        statistics-only and output-only steps, is most of the launch).
+        families), so PickAny takes this family first on every long row.
 
-        Measured on an H200 (benchmarks/softmax_window_sweep.py, session 35): 2.9-3.3 TB/s on
-        32x1M and 64x1M in every dtype and direction, 2.5-2.8 on 8x4M, against the row-group
-        family's 2.4-2.9 and the stream family's 2.3-2.6 in the same runs."""
+        Measured on an H200 (benchmarks/softmax.py --cases long, session 35,
+        results/softmax-NVIDIA_H200-s35-window.*): the fastest on 22 of the 24 long cases (1x1M,
+        8x1M, 32x1M, 8x4M; every dtype, both directions), 0.46-3.16 TB/s, and within 1-3 % of
+        the row-group kernel on the other two (16-bit backwards of 8x1M)."""
         base = row_group_cost(args.rows, args.cols, self.dtype.bytes, self.backward, sm_count,
                               type(self).performance_hint)
-        grid = max(sm_count, 1) * MIN_BLOCKS
-        p = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, grid, self.part_vectors)
-        many = p.parts >= MIN_STEPS * grid
-        return base * (_MANY_STEPS_FACTOR if many else _FEW_STEPS_FACTOR)
+        return base * _COST_FACTOR
 
 
-#: Statistics parts per CTA from which the family ranks first (`estimated_cost`).
-MIN_STEPS = 3
-_MANY_STEPS_FACTOR = 0.8
-_FEW_STEPS_FACTOR = 1.2
+_COST_FACTOR = 0.8
 
 _sm_count = sm_count  # (a module name the tests patch)
 
