@@ -47,8 +47,12 @@ from softmax_stream_sweep import _family  # noqa: E402
 SHAPES = [(32, 2**20), (8, 2**22)]
 
 
+#: ``--defines`` sets: compile-time defines each config is also measured with (softmax.cu's store hint).
+DEFINE_SETS = {"cs": {}, "wb": {"KA_ST16": '"st.global.v4.u32"'}, "na": {"KA_ST16": '"st.global.L1::no_allocate.v4.u32"'}}
+
+
 def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs: list, iters: int,
-               repeats: int) -> list[dict]:
+               repeats: int, define_sets: tuple[str, ...] = ("cs",)) -> list[dict]:
     nbytes, sets, argsets, outs, ref, torch_fn = _case_tensors(rows, cols, dtype, backward)
     points = []
     for cls, label in ((rg._RowGroupBase, "row-group plan"), (ss._StreamBase, "stream default")):
@@ -59,7 +63,9 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
     kernel = _family(argsets[0], sw._WindowBase)
     device = torch.cuda.current_device()
     try:
-        for threads, unroll, nslot, min_blocks, delay10, slack10, align, prefetch in configs:
+        for (threads, unroll, nslot, min_blocks, delay10, slack10, align, prefetch), dset in (
+                (c, d) for c in configs for d in define_sets):
+            kernel.extra_defines = dict(DEFINE_SETS[dset])
             kernel.threads = threads or sw.THREADS
             kernel.unroll = unroll or sw.UNROLL[backward]
             kernel.nslot = nslot or sw.NSLOT
@@ -71,7 +77,7 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
             point = {"kernel": kernel.metadata.kernel_name,
                      "config": f"{kernel.threads}x{kernel.unroll}x{kernel.nslot}x{kernel.min_blocks}"
                                f"x{round(kernel.delay_rounds * 10)}x{round(kernel.slack_rounds * 10)}"
-                               f"x{1 + kernel.align}x{kernel.prefetch}"}
+                               f"x{1 + kernel.align}x{kernel.prefetch}" + ("" if dset == "cs" else f" {dset}")}
             try:  # (a ring past the SM's shared memory: reported, the sweep goes on)
                 artifact = kernel.compile(argsets[0])
                 p = kernel.plan(argsets[0], kernel.resident_ctas(artifact.compiled_obj, device))
@@ -87,6 +93,7 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
         kernel.min_blocks = sw.MIN_BLOCKS
         kernel.delay_rounds, kernel.slack_rounds = sw.DELAY_ROUNDS, sw.SLACK_ROUNDS
         kernel.align, kernel.prefetch = sw.ALIGN, sw.PREFETCH
+        kernel.extra_defines = {}
     return points
 
 
@@ -96,6 +103,8 @@ def main() -> None:
     ap.add_argument("--configs", default="default,512x4x0x0x0x0,0x0x3x0x0x0,0x0x0x0x7x7",
                     help="THREADSxUNROLLxNSLOTxMIN_BLOCKSxDELAY10xSLACK10, comma-separated; 0 takes the "
                          "family's default, default = 0x0x0x0x0x0")
+    ap.add_argument("--defines", default="cs", help=f"comma-separated define sets of {sorted(DEFINE_SETS)} "
+                    "each config is measured with (cs: the family's own)")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_window_sweep.py needs a CUDA GPU")
@@ -103,7 +112,8 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
-        return sweep_case(rows, cols, dtype, backward, configs, opts.iters, opts.repeats)
+        return sweep_case(rows, cols, dtype, backward, configs, opts.iters, opts.repeats,
+                          tuple(opts.defines.split(",")))
 
     def line(case: str, p: dict, note: str) -> str:
         tbs, torch_tbs = speed_cells(p)

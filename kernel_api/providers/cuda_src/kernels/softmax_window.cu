@@ -367,7 +367,11 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
         m = fmaxf(window::tree_max<U>(mu), fmaxf(eh, et));
       }
       float sum = 0.f;
+#ifdef WN_COPY_ONLY  // (a diagnostic, benchmarks/softmax_window_copyonly.py: no exps, wrong results)
+      if (false) {
+#else
       if (m != -KA_INF) {
+#endif
         float su[U];  // (one chain per vector, then a tree over the vectors)
         if (T::KIND != 0 && fabsf(m) < FFMA_MAX_ABS) {
           const float c = -m * KA_LOG2E;
@@ -418,7 +422,11 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
         if (c < q.n) {
           float f[VEC];
           unpack16<T, VEC>(reuse ? ring[((k + NSLOT - 1) % NSLOT) * BV + c] : out_in[u], f);
+#ifdef WN_COPY_ONLY
+          if (true) {
+#else
           if (ffma) {
+#endif
 #pragma unroll
             for (int e = 0; e < VEC; ++e) f[e] = window::ex2_ftz(fmaf(f[e], KA_LOG2E, c0));
           } else {

@@ -139,6 +139,8 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
         self.slack_rounds: float = SLACK_ROUNDS
         self.align: bool = ALIGN
         self.max_ctas_per_sm: int | None = None
+        #: Extra compile-time defines (experiments: e.g. softmax.cu's KA_ST16, the stores' cache hint).
+        self.extra_defines: dict[str, Any] = {}
 
     @property
     def part_vectors(self) -> int:
@@ -180,7 +182,7 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
                 f"{self.nslot}, {self.prefetch}>")
 
     def defines_for(self, args: Any) -> dict[str, int]:
-        return {"WN_MIN_BLOCKS": int(self.min_blocks)}
+        return {"WN_MIN_BLOCKS": int(self.min_blocks), **self.extra_defines}
 
     # ---- launch ------------------------------------------------------------------------------
     def resident_ctas(self, launcher: Any, device: int) -> int:
