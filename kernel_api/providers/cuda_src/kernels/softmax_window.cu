@@ -1,27 +1,29 @@
 // Row softmax (forward and backward) for long rows in one persistent launch that reads each input
-// from DRAM once, the second read coming from L2. Compiled after softmax.cu (the interface,
-// softmax_window.py, joins the two sources), whose conversions, edges, stores and reductions it
-// uses.
+// from DRAM once. Compiled after softmax.cu (the interface, softmax_window.py, joins the two
+// sources), whose conversions, edges, stores and reductions it uses.
 //
 // Every row is cut into parts of BV = U x THREADS 16-byte vectors (after the row's scalar head, as
-// softmax.cu peels rows); part w (rows in order, parts in order within a row) is read twice. Step j
+// softmax.cu peels rows); part w (rows in order, parts in order within a row) is used twice. Step j
 // of the launch does, in this order:
 //   statistics of part j: its partial (forward: max and sum of exp(x - max); backward: sum(dy * y))
-//     into the part's workspace slot behind a tag (a release store: nobody waits for it here);
+//     into the part's workspace slot behind a tag (nobody waits for it here);
 //   the combination of row r where j = (r + 1) * bpr - 1 + delay, i.e. `delay` steps after the
 //     row's last statistics: the row's partials in part order (deterministic), published in the
 //     row's slot behind a tag;
-//   output of part j - lag: wait (acquire) for its row's tag, then write the output.
+//   output of part j - lag: wait for its row's tag, then write the output.
 // CTA b takes steps b, b + grid, ... in order. With lag > bpr - 1 + delay every wait is for an
-// earlier step, so a co-resident grid (a cooperative launch) always progresses. The data an output
-// re-reads was read `lag` parts earlier: with lag x part bytes well under the L2, the re-read hits
-// L2 and DRAM moves each input once and each output once.
+// earlier step, so a co-resident grid (a cooperative launch) always progresses. The interface
+// makes the lag a whole number of grids: part w's output then runs on the CTA that took its
+// statistics. With a lag of one grid that CTA still holds the part in its ring (the previous
+// step's slot) and nothing is read twice; with longer lags the output re-reads the part, lag parts
+// after its first read, from L2 (into registers, one step ahead). Either way DRAM moves each input
+// once and each output once.
 //
-// Each thread copies its own vectors of a step's statistics part into a ring of NSLOT steps in shared
-// memory with cp.async, PD steps ahead, and reads back only its own
-// vectors: the loads stay in flight across the step's reductions and waits with no barrier for
-// the ring. Tags carry this launch's tag (the host's epoch mixed with %gridid), so the workspace
-// needs no initialisation and CUDA graph replays differ.
+// Each thread copies its own vectors of a step's statistics part into a ring of NSLOT steps in
+// shared memory with cp.async, PD steps ahead, and reads back only its own vectors: the loads stay
+// in flight across the step's reductions and waits with no barrier for the ring. Tags carry this
+// launch's tag (the host's epoch mixed with %gridid), so the workspace needs no initialisation and
+// CUDA graph replays differ.
 //
 // Workspace: a 16-byte slot per part {tag, partial (, max)}, then a 16-byte slot per row {tag,
 // a, b}.

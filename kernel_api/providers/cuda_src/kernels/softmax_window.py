@@ -1,9 +1,10 @@
-"""Interface of the L2-window softmax (implementation: softmax_window.cu, compiled after
-softmax.cu, whose helpers it uses).
+"""Interface of the window softmax (implementation: softmax_window.cu, compiled after softmax.cu,
+whose helpers it uses).
 
 Two registered families, `CudaSoftmaxWindowForward` (`SoftmaxArguments`) and
 `CudaSoftmaxWindowBackward` (`SoftmaxBackwardArguments`), one instance per dtype
-(``..._window_peel<vec>``), for rows too long for one CTA. One persistent, cooperative launch:
+(``..._window_peel<vec>``), for rows too long for one CTA; PickAny's choice on every long row
+(`estimated_cost`). One persistent, cooperative launch:
 
 - every row is cut into parts of ``unroll`` x `THREADS` 16-byte vectors per input; step j of the
   launch takes the statistics of part j (its partial into the part's workspace slot behind a
@@ -11,16 +12,23 @@ Two registered families, `CudaSoftmaxWindowForward` (`SoftmaxArguments`) and
   part order, deterministic, into the row's slot behind a tag), and the output of part j - ``lag``
   (wait for its row's tag, write the output);
 - ``lag`` (`plan_window`) is a row's parts plus the delay plus a slack, so every wait is for an
-  earlier step (no deadlock in a co-resident grid), and the ``lag`` parts read between a part's
-  two reads (`WindowPlan.window_bytes`) stay in L2: DRAM moves each input once;
-- each thread copies its own vectors of a step's parts into a shared-memory ring with cp.async,
-  `NSLOT` - 1 steps ahead, so the loads stay in flight across the step's reductions and waits.
+  earlier step (no deadlock in a co-resident grid), rounded up to whole grids (`ALIGN`): part w's
+  output runs on the CTA that read it. With a lag of one grid (rows of up to 0.6 grids of parts:
+  the 1M-element rows, but the f32 backward's) the part is still in that CTA's shared-memory ring;
+  with longer rows the output re-reads it from L2, ``lag`` parts after the first read
+  (`WindowPlan.window_bytes`). DRAM moves each input once;
+- each thread copies its own vectors of a step's statistics part into the ring with cp.async,
+  `PREFETCH` steps ahead, so the loads stay in flight across the step's reductions and waits;
+- 16-bit outputs of rows whose maximum is below 64 in magnitude take the exponent as one FFMA
+  (softmax_window.cu, FFMA_MAX_ABS: a relative error below 2^-17), the others the exact form.
 
 Against the row-group family (`softmax_rowgroup.py`: slices staged in shared memory, a group
 of CTAs meeting per wave), no group of CTAs waits in lockstep. Against the stream family
-(`softmax_stream.py`: two launches), the second read comes from L2 rather than mostly from
-DRAM. Its limit is the L2: a row whose window passes `L2_WINDOW_BYTES` is read twice from
-DRAM, and PickAny ranks it so (`estimated_cost`).
+(`softmax_stream.py`: two launches), nothing is read twice from DRAM. Measured on an H200
+(benchmarks/NOTES-softmax-long.md, session 35): 1.02-1.18x the faster of the two on the 64 MB+
+long rows, 2.4-3.2 TB/s; a build without the exps (WN_COPY_ONLY,
+benchmarks/softmax_window_copyonly.py) is only 2-8 % faster, so its memory pipeline, not its
+math, is what keeps it at 77-80 % of torch's copy of the same bytes (that build: 80-84 %).
 
 Rows are peeled (any element alignment whose rows share one offset from a 16-byte boundary, as
 the other peeled families). The workspace (`get_workspace_size`) needs no initialisation: its
