@@ -204,6 +204,17 @@ def test_pick_any_takes_long_rows(dtype):
             assert ("Window" in first) == first_is_window, (rows, cols, backward, first)
 
 
+@pytest.mark.parametrize("cls", _CLASSES)
+def test_refuses_problems_past_32_bit_step_numbers(cls):
+    """2^30 rows of 2 parts each: 2^31 parts, more than the kernel's int step numbers reach;
+    refused with the count. 2^26 rows of 2 parts are taken."""
+    k = _kernel(cls, torch.bfloat16)
+    cols = k.part_vectors * 8 + 1  # (two parts a row)
+    status = k.supports(_args(cls, torch.empty(2**30, cols, dtype=torch.bfloat16, device="meta")))
+    assert not status and "2,147,483,648 parts" in status.error and "step numbers" in status.error
+    assert k.supports(_args(cls, torch.empty(2**26, cols, dtype=torch.bfloat16, device="meta")))
+
+
 def test_peeling_needs_one_offset():
     k = _kernel(CudaSoftmaxWindowForward, torch.bfloat16)
     flat = torch.empty(2 * 50001 + 16, dtype=torch.bfloat16)

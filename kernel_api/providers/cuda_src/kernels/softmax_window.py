@@ -74,6 +74,9 @@ SLACK_ROUNDS = 0.1
 #: runs on the CTA that took its statistics, and with a lag of one grid it reads the part from its
 #: ring, not from L2.
 ALIGN = True
+#: A bound on the grid's share of the lag (delay, slack and the rounding up: a few grids of at most
+#: 16 CTAs per SM on a few hundred SMs), for the 32-bit step numbers' check (`_supports`).
+MAX_GRID_STEPS = 2**20
 #: Rows from this length are what the family is built for, as the row-group family's.
 MIN_COLS = 2**17
 #: Workspace bytes per part and per row: a 16-byte slot each.
@@ -181,6 +184,12 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
         too_long = row_length_status(name, args.cols)
         if too_long is not None:
             return too_long
+        # The kernel numbers steps (parts + lag, the lag at most the parts plus a few grids) with
+        # 32-bit ints.
+        p = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, 1, self.part_vectors)
+        if 2 * p.parts + MAX_GRID_STEPS >= 2**31:
+            return Status.fail(f"{name}: {args.rows:,} rows of {p.parts_per_row:,} parts are {p.parts:,} parts, "
+                               f"past the {(2**31 - MAX_GRID_STEPS) // 2:,} its step numbers reach")
         return peel_status(name, args, self.vec)
 
     # ---- compile -------------------------------------------------------------------------------
