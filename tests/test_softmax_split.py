@@ -125,10 +125,10 @@ def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
             assert "_split_ept16_c8_peel" in first(4096, 65536, backward)
         assert "_block_" in first(65536, 1024, backward)
         assert "_warp_" in first(65536, 512, backward)
-        # (1M-element rows go to the row-group family, a lone one to the stream family:
-        # test_softmax_rowgroup's test_pick_any_takes_long_rows_only)
-        assert "_stream_" in first(1, 2**20, backward)
-        assert "RowGroup" in first(32, 2**20, backward)
+        # (1M-element rows, one or many, go to the window family since session 35:
+        # test_softmax_window's test_pick_any_takes_long_rows)
+        assert "_window_" in first(1, 2**20, backward)
+        assert "_window_" in first(32, 2**20, backward)
         # aligned rows take a peeled 16-byte kernel (empty edges; policies.PEELED_ROWS)
         assert first(32768, 4096, backward).endswith(f"_peel{16 // torch.empty(0, dtype=dtype).element_size()}")
         assert "Split" in first(8, 32768, backward)  # 8 CTAs would leave most SMs idle

@@ -331,6 +331,16 @@ __device__ __forceinline__ float exp_shifted(float v, float m) {
   return r;
 }
 
+// (m, s) merged with (m2, s2), both sums of exp(v - their max) (the long-row families' partials).
+__device__ __forceinline__ void merge_stats(float& m, float& s, float m2, float s2) {
+  if (m2 > m) {
+    s = s * exp_shifted(m, m2) + s2;
+    m = m2;
+  } else if (m2 != -KA_INF) {
+    s += s2 * exp_shifted(m2, m);
+  }
+}
+
 // ---------------------------------------------------------------- register-resident rows
 // THREADS_PER_ROW lanes share a row; each holds NV accesses of VEC elements (and, with PEEL,
 // up to two peeled elements).

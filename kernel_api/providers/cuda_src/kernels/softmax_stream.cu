@@ -34,16 +34,6 @@ __device__ __forceinline__ Part part_of(i64 w, i64 bpr, i64 bv, int nvec) {
   return q;
 }
 
-// (m, s) merged with the pair (m2, s2), both sums of exp(v - their max).
-__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
-  if (m2 > m) {
-    s = s * exp_shifted(m, m2) + s2;
-    m = m2;
-  } else if (m2 != -KA_INF) {
-    s += s2 * exp_shifted(m2, m);
-  }
-}
-
 }  // namespace stream
 
 template <class T, int VEC, int UNROLL, int THREADS>
@@ -76,7 +66,7 @@ __global__ void __launch_bounds__(THREADS) fwd_stream_out(const typename T::raw*
   float m = -KA_INF, s = 0.f;
   for (i64 j = t; j < bpr; j += THREADS) {
     const float2 v = ws[r * bpr + j];
-    stream::merge(m, s, v.x, v.y);
+    merge_stats(m, s, v.x, v.y);
   }
   const float row_max = block_max<THREADS>(m, sm);
   s = m == -KA_INF ? 0.f : s * exp_shifted(m, row_max);

@@ -135,16 +135,6 @@ __device__ __forceinline__ Part part_of(int w, const FastDiv& bpr_div, int bpr, 
   return q;
 }
 
-// (m, s) merged with (m2, s2), both sums of exp(v - their max).
-__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
-  if (m2 > m) {
-    s = s * exp_shifted(m, m2) + s2;
-    m = m2;
-  } else if (m2 != -KA_INF) {
-    s += s2 * exp_shifted(m2, m);
-  }
-}
-
 // A warp's (max, sum of exp(v - max)) from each lane's: the max first, then each lane's sum
 // rescaled to it (one exp per lane), then the sums.
 __device__ __forceinline__ float2 warp_stats(float m, float s) {
@@ -402,7 +392,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
       for (int c = t; c < sc.bpr; c += THREADS) {
         const int p = cr * sc.bpr + c;
         const float2 pv = window::await_slot(part_slot + 2 * (i64)p, window::slot_tag(tag, p));
-        window::merge(rm, rs, pv.x, pv.y);
+        merge_stats(rm, rs, pv.x, pv.y);
       }
       const float2 row = window::block_stats<THREADS>(rm, rs, red[2]);  // (all -inf: 1 / 0, NaN as torch)
       if (t == 0) window::publish(row_slot + 2 * (i64)cr, window::slot_tag(tag, (i64)sc.parts + cr), row.x, 1.f / row.y);
