@@ -28,6 +28,7 @@ from memcheck import SOFTMAX_PREAMBLE, run_memcheck
 from test_softmax import check_backward, check_forward, make_rows
 from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 from test_softmax_smem import _nv_info
+from test_softmax_stream import _SHAPES as _STREAM_SHAPES
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CLASSES = (CudaSoftmaxWindowForward, CudaSoftmaxWindowBackward)
@@ -253,11 +254,10 @@ def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int, worksp
     assert torch.equal(out.view(torch.uint8), first.view(torch.uint8)), what
 
 
-# (rows, cols, element offset past a 16-byte boundary): the long benchmark shapes, odd rows,
-# misaligned bases, many rows of a few parts, short rows (one part, mostly edges), a row
-# shorter than a vector.
-_SHAPES = [(*s, 0) for s in LONG] + [(3, 1000003, 0), (2, 2**20 + 5, 3), (257, 131075, 1), (67, 4097, 5),
-                                     (5, 3, 1), (4, 50257, 2)]
+# (rows, cols, element offset past a 16-byte boundary): the stream family's, the long benchmark
+# shapes, odd rows, misaligned bases, many rows of a few parts, short rows (one part, mostly edges),
+# a row shorter than a vector.
+_SHAPES = _STREAM_SHAPES
 
 
 @pytest.mark.gpu
