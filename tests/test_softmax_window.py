@@ -120,6 +120,14 @@ def test_compiles_for_sm90a_without_spills(cls, dtype):
     assert 0 < res[0x2f] <= 65536 // (sw.MIN_BLOCKS * sw.THREADS), res
 
 
+@pytest.mark.parametrize("cc,arch", [(80, "sm_80"), (100, "sm_100a")])
+def test_compiles_for_other_architectures(cc, arch):
+    """Nothing in the kernels is Hopper's own: cp.async, plain stores, relaxed 64-bit accesses."""
+    for cls in _CLASSES:
+        k = _kernel(cls, torch.bfloat16)
+        assert k.compile(_args(cls, torch.empty(4, 100000, dtype=torch.bfloat16)), cc=cc).compiled_obj.compiled.arch == arch
+
+
 def test_tuning_attributes_reach_the_compile_key():
     k = _kernel(CudaSoftmaxWindowForward, torch.float16)
     args = _args(CudaSoftmaxWindowForward, torch.empty(64, 70000, dtype=torch.float16))
