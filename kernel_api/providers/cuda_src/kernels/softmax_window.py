@@ -54,7 +54,7 @@ from .launch_epoch import next_epoch
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
 from .softmax_rowgroup import row_group_cost
 
-MIN_CC = 80  # (cp.async, plain stores, acquire / release: nothing past sm_80)
+MIN_CC = 80  # (cp.async, relaxed 64-bit accesses, a cooperative launch: nothing past sm_80)
 THREADS = 256
 #: 16-byte vectors per thread and operand in a part (a part is unroll x THREADS vectors), by
 #: direction: the backward's ring holds two operands a step (dy, y), so its parts are half the
@@ -97,7 +97,8 @@ class WindowPlan:
     lag: int
 
     def window_bytes(self, backward: bool) -> int:
-        """Bytes read between a part's statistics and its output: what L2 must keep."""
+        """Bytes read between a part's statistics and its output: what L2 must keep where the
+        output re-reads its part (a lag past one grid)."""
         return self.lag * self.part_vectors * 16 * (2 if backward else 1)
 
 
@@ -108,7 +109,7 @@ def workspace_bytes(rows: int, parts: int) -> int:
 
 def ring_bytes(part_vectors: int, nslot: int, backward: bool) -> int:
     """Dynamic shared memory of a CTA: ``nslot`` steps of a statistics part of each input (the
-    output part's vectors go to registers)."""
+    output reads the previous step's slot, or with a longer lag registers loaded from L2)."""
     return nslot * (2 if backward else 1) * part_vectors * 16
 
 
