@@ -107,8 +107,8 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // n / d for 0 <= n < 2^31 by a multiply and a shift (Granlund-Montgomery): M = ceil(2^s / d) with
 // s = 31 + ceil(log2 d), so n * M < 2^64 and the rounding error stays below one quotient step. The
-// schedule divides step and part numbers by the parts per row and the grid on every step; a
-// 64-bit division is a ~100-instruction subroutine.
+// schedule divides step and part numbers by the parts per row several times a step; a 64-bit
+// division is a ~100-instruction subroutine.
 struct FastDiv {
   u64 m;
   int s;
