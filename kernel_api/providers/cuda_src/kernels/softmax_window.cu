@@ -271,17 +271,6 @@ __device__ __forceinline__ float tree_max(float (&h)[N]) {
     for (int q = 0; q + w < N; q += 2 * w) h[q] = fmaxf(h[q], h[q + w]);
   return h[0];
 }
-// The larger lanes of two packed 16-bit pairs (exact).
-template <class T>
-__device__ __forceinline__ unsigned max2(unsigned a, unsigned b) {
-  unsigned r;
-  if constexpr (T::KIND == 1)
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  else
-    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
 // A 16-byte pack of -inf values (what a missing vector counts as in a maximum).
 template <class T>
 __device__ __forceinline__ uint4 neg_inf_pack() {
@@ -292,7 +281,7 @@ __device__ __forceinline__ uint4 neg_inf_pack() {
 }  // namespace window
 
 // Forward. Ring: NSLOT steps x BV vectors of statistics parts (dynamic shared memory); the output
-// part's vectors go to registers.
+// reads the previous step's slot (a lag of one grid) or registers loaded from L2 a step ahead.
 template <class T, int VEC, int U, int THREADS, int NSLOT, int PD>
 __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typename T::raw* __restrict__ x,
                                                                      typename T::raw* __restrict__ y, i64 rows,
@@ -350,8 +339,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if constexpr (T::KIND != 0) {  // (16-bit: two values at a time, exact)
-            const unsigned a = window::max2<T>(raw[u].x, raw[u].y), b = window::max2<T>(raw[u].z, raw[u].w);
-            mu[u] = max2_value<T>(window::max2<T>(a, b));
+            mu[u] = max2_value<T>(max2_pack<T>(raw[u], max2_init<T>()));
           }
           unpack16<T, VEC>(raw[u], v[u]);
           if constexpr (T::KIND == 0) mu[u] = fmaxf(fmaxf(v[u][0], v[u][1]), fmaxf(v[u][2], v[u][3]));
@@ -440,8 +428,8 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
   window::cp_async_wait<0>();
 }
 
-// Backward. Ring: NSLOT steps x {statistics dy, y} x BV vectors; the output part's dy and y go to
-// registers.
+// Backward. Ring: NSLOT steps x {statistics dy, y} x BV vectors; the output reads dy and y as the
+// forward reads x.
 template <class T, int VEC, int U, int THREADS, int NSLOT, int PD>
 __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typename T::raw* __restrict__ dy,
                                                                      const typename T::raw* __restrict__ y,

@@ -204,7 +204,7 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     # ---- launch ------------------------------------------------------------------------------
     def resident_ctas(self, launcher: Any, device: int) -> int:
-        """The co-resident CTAs of this build on ``device``, capped by `ctas_per_sm`."""
+        """The co-resident CTAs of this build on ``device``, capped by `max_ctas_per_sm`."""
         ctas = launcher.max_coresident(device, self.threads, self.smem_bytes)
         if self.max_ctas_per_sm is not None:
             ctas = min(ctas, self.max_ctas_per_sm * _sm_count(torch.device("cuda", device)))
@@ -264,8 +264,8 @@ _sm_count = sm_count  # (a module name the tests patch)
 
 @CudaSourceProvider.register
 class CudaSoftmaxWindowForward(_WindowBase):
-    """``out = softmax(x, dim=-1)`` for long rows in one launch whose second read of each part
-    comes from L2 (f32 math)."""
+    """``out = softmax(x, dim=-1)`` for long rows in one launch that reads x from DRAM once (f32
+    math)."""
 
     supported_args_type = SoftmaxArguments
     backward = False
@@ -273,8 +273,8 @@ class CudaSoftmaxWindowForward(_WindowBase):
 
 @CudaSourceProvider.register
 class CudaSoftmaxWindowBackward(_WindowBase):
-    """``grad_in = out * (grad_out - sum(grad_out * out))`` for long rows in one launch whose
-    second read of each part comes from L2."""
+    """``grad_in = out * (grad_out - sum(grad_out * out))`` for long rows in one launch that
+    reads dy and y from DRAM once."""
 
     supported_args_type = SoftmaxBackwardArguments
     backward = True
