@@ -309,6 +309,45 @@ def test_plans_at_the_edges(cls, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_rows_and_batches(dtype):
+    """Rows of a wider buffer (row stride 8 elements past the row: the same phase from a 16-byte
+    boundary as the dense output's rows, which peeling needs) and a 3-d batch, forward and
+    backward, against float64."""
+    torch.manual_seed(3)
+    cols = 200003
+    wide = make_rows(6, cols + 8, dtype)
+    x = wide[:, :cols]
+    out = torch.full((6, cols), float("nan"), device="cuda", dtype=dtype)
+    k = _kernel(CudaSoftmaxWindowForward, dtype)
+    assert k.supports(SoftmaxArguments(x, out))
+    k.run(SoftmaxArguments(x, out))
+    torch.cuda.synchronize()
+    check_forward(out, x, f"{k.metadata.kernel_name} strided")
+    x3 = make_rows(2 * 3, 150001, dtype).view(2, 3, 150001)
+    out3 = torch.full_like(x3, float("nan"))
+    k.run(SoftmaxArguments(x3, out3))
+    torch.cuda.synchronize()
+    check_forward(out3.view(6, -1), x3.view(6, -1), f"{k.metadata.kernel_name} batched")
+    kb = _kernel(CudaSoftmaxWindowBackward, dtype)
+    y = torch.softmax(torch.randn(6, cols, device="cuda") * 2, -1).to(dtype)
+    g_wide = (torch.randn(6, cols + 8, device="cuda") * 4).to(dtype)
+    g = g_wide[:, :cols]
+    gi = torch.full((6, cols), float("nan"), device="cuda", dtype=dtype)
+    args = SoftmaxBackwardArguments(g, y, gi)
+    assert kb.supports(args), kb.supports(args).error
+    kb.run(args)
+    torch.cuda.synchronize()
+    check_backward(gi, g, y, f"{kb.metadata.kernel_name} strided")
+    y3 = torch.softmax(torch.randn(2, 3, 150001, device="cuda") * 2, -1).to(dtype)
+    g3 = (torch.randn(2, 3, 150001, device="cuda") * 4).to(dtype)
+    gi3 = torch.full_like(y3, float("nan"))
+    kb.run(SoftmaxBackwardArguments(g3, y3, gi3))
+    torch.cuda.synchronize()
+    check_backward(gi3.view(6, -1), g3.view(6, -1), y3.view(6, -1), f"{kb.metadata.kernel_name} batched")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("cls", _CLASSES)
 def test_any_workspace_contents(cls):
     """A workspace of random bits, then one left by a launch of another shape (other parts per
