@@ -9,8 +9,8 @@ against the row-group family. GPU (@pytest.mark.gpu): float64 references on fres
 (with -inf rows and huge magnitudes), outputs inside NaN-filled buffers whose margins must stay
 untouched, for the long benchmark shapes, odd and misaligned rows, many rows of few parts, small
 parts, the smallest lag (a row's parts) and no slack, few CTAs; forward and backward, all three
-dtypes; a workspace filled with garbage and one left by a launch of another shape; repeated
-launches bit-identical; memcheck."""
+dtypes; strided rows and 3-d batches; a workspace filled with garbage and one left by a launch of
+another shape; repeated launches bit-identical; memcheck."""
 
 from __future__ import annotations
 
