@@ -1,6 +1,7 @@
 """The L2-window softmax (`CudaSoftmaxWindow*`) swept over its part size, ring, CTAs per SM and schedule,
-next to the row-group family's plan and the stream family, each point checked against float64
-and timed against torch.
+next to the row-group family's plan, the stream family and the family's own build for the problem
+(``by problem``: `choose_build`, what PickAny runs), each point checked against float64 and timed
+against torch. The configs fix the build (``by_problem`` off).
 
     python3 benchmarks/softmax_window_sweep.py                      # the long shapes, bf16 and f32, both directions
     python3 benchmarks/softmax_window_sweep.py --configs 256x8x2x2x5x5,512x4x2x2x5x5 --shapes 32x1048576 --dtypes bf16
@@ -47,12 +48,16 @@ from softmax_stream_sweep import _family  # noqa: E402
 SHAPES = [(32, 2**20), (8, 2**22)]
 
 
-#: ``--defines`` sets: compile-time defines each config is also measured with (softmax.cu's store hint).
-DEFINE_SETS = {"cs": {}, "wb": {"KA_ST16": '"st.global.v4.u32"'}, "na": {"KA_ST16": '"st.global.L1::no_allocate.v4.u32"'}}
+#: ``--defines`` sets: compile-time defines each config is also measured with (softmax.cu's store hint;
+#: late / peek: the row combination after the step's output (WN_COMBINE_LATE) / its partials asked for
+#: at the top of the step (WN_PEEKS per thread).
+DEFINE_SETS = {"cs": {}, "wb": {"KA_ST16": '"st.global.v4.u32"'}, "na": {"KA_ST16": '"st.global.L1::no_allocate.v4.u32"'},
+               "late": {"WN_COMBINE_LATE": 1}, "peek": {"WN_PEEKS": 1}, "peeklate": {"WN_PEEKS": 1, "WN_COMBINE_LATE": 1},
+               "peek2": {"WN_PEEKS": 2}, "peek2late": {"WN_PEEKS": 2, "WN_COMBINE_LATE": 1}}
 
 
 def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs: list, iters: int,
-               repeats: int, define_sets: tuple[str, ...] = ("cs",)) -> list[dict]:
+               repeats: int, define_sets: tuple[str, ...] = ("cs",), ctas_per_sm: int | None = None) -> list[dict]:
     nbytes, sets, argsets, outs, ref, torch_fn = _case_tensors(rows, cols, dtype, backward)
     points = []
     for cls, label in ((rg._RowGroupBase, "row-group plan"), (ss._StreamBase, "stream default")):
@@ -62,6 +67,14 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
                                repeats))
     kernel = _family(argsets[0], sw._WindowBase)
     device = torch.cuda.current_device()
+    kernel.max_ctas_per_sm = ctas_per_sm
+    b = kernel.build(argsets[0])  # (the family's own choice for the problem: what PickAny runs)
+    points.append(_measure({"kernel": kernel.metadata.kernel_name,
+                            "config": f"by problem {b.unroll}x{b.nslot}x{round(b.delay_rounds * 10)}"
+                                      + (f" peeks {b.peeks}" if b.peeks else "")},
+                           kernel, kernel.compile(argsets[0]), argsets, outs, ref, torch_fn, sets, nbytes, iters,
+                           repeats))
+    kernel.by_problem = False
     try:
         for (threads, unroll, nslot, min_blocks, delay10, slack10, align, prefetch), dset in (
                 (c, d) for c in configs for d in define_sets):
@@ -74,6 +87,7 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
             kernel.slack_rounds = slack10 / 10 if slack10 else sw.SLACK_ROUNDS
             kernel.align = align == 2 if align else sw.ALIGN
             kernel.prefetch = prefetch or sw.PREFETCH
+            kernel.max_ctas_per_sm = ctas_per_sm
             point = {"kernel": kernel.metadata.kernel_name,
                      "config": f"{kernel.threads}x{kernel.unroll}x{kernel.nslot}x{kernel.min_blocks}"
                                f"x{round(kernel.delay_rounds * 10)}x{round(kernel.slack_rounds * 10)}"
@@ -93,6 +107,8 @@ def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs
         kernel.min_blocks = sw.MIN_BLOCKS
         kernel.delay_rounds, kernel.slack_rounds = sw.DELAY_ROUNDS, sw.SLACK_ROUNDS
         kernel.align, kernel.prefetch = sw.ALIGN, sw.PREFETCH
+        kernel.max_ctas_per_sm = None
+        kernel.by_problem = True
         kernel.extra_defines = {}
     return points
 
@@ -105,6 +121,8 @@ def main() -> None:
                          "family's default, default = 0x0x0x0x0x0")
     ap.add_argument("--defines", default="cs", help=f"comma-separated define sets of {sorted(DEFINE_SETS)} "
                     "each config is measured with (cs: the family's own)")
+    ap.add_argument("--ctas-per-sm", type=int, default=None,
+                    help="cap the CTAs per SM (default: every co-resident one; a smaller ring lets more reside)")
     opts = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("softmax_window_sweep.py needs a CUDA GPU")
@@ -113,7 +131,7 @@ def main() -> None:
 
     def sweep(rows: int, cols: int, dtype: torch.dtype, backward: bool) -> list[dict]:
         return sweep_case(rows, cols, dtype, backward, configs, opts.iters, opts.repeats,
-                          tuple(opts.defines.split(",")))
+                          tuple(opts.defines.split(",")), opts.ctas_per_sm)
 
     def line(case: str, p: dict, note: str) -> str:
         tbs, torch_tbs = speed_cells(p)

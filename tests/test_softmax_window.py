@@ -47,7 +47,7 @@ def _args(cls, x: torch.Tensor, out: torch.Tensor | None = None):
 
 def _reset(k) -> None:
     k.threads, k.unroll, k.nslot, k.min_blocks = sw.THREADS, sw.UNROLL[k.backward], sw.NSLOT, sw.MIN_BLOCKS
-    k.prefetch = sw.PREFETCH
+    k.prefetch, k.peeks, k.by_problem = sw.PREFETCH, 0, True
     k.delay_rounds, k.slack_rounds, k.max_ctas_per_sm, k.align = sw.DELAY_ROUNDS, sw.SLACK_ROUNDS, None, sw.ALIGN
 
 
@@ -100,8 +100,15 @@ def test_plans_for_the_long_benchmark_shapes():
 def test_workspace_and_ring_bytes():
     assert workspace_bytes(3, 7) == 160
     k = _kernel(CudaSoftmaxWindowForward, torch.bfloat16)
+    # (sized for the smallest parts any build cuts: the deep ring's 6 x 256 vectors, 86 a row)
     assert k.get_workspace_size(_args(CudaSoftmaxWindowForward, torch.empty(32, 2**20, dtype=torch.bfloat16,
-                                                                            device="meta"))) == (2048 + 32) * 16
+                                                                            device="meta"))) == (86 * 32 + 32) * 16
+    k.by_problem = False
+    try:
+        assert k.get_workspace_size(_args(CudaSoftmaxWindowForward, torch.empty(32, 2**20, dtype=torch.bfloat16,
+                                                                                device="meta"))) == (2048 + 32) * 16
+    finally:
+        _reset(k)
     # Two CTAs per SM fit the 227 KB an H100 / H200 SM lends: 96 KB of ring each, both directions.
     assert ring_bytes(2048, 3, False) == 96 * 1024 == ring_bytes(1024, 3, True)
     assert k.smem_bytes == 96 * 1024 == _kernel(CudaSoftmaxWindowBackward, torch.float32).smem_bytes
@@ -109,10 +116,12 @@ def test_workspace_and_ring_bytes():
 
 @pytest.mark.parametrize("cls", _CLASSES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_compiles_for_sm90a_without_spills(cls, dtype):
-    """No local memory, and registers for the launch bounds' two CTAs per SM."""
+@pytest.mark.parametrize("rows,cols", [(4, 100000), (32, 2**20), (8, 2**22)])
+def test_compiles_for_sm90a_without_spills(cls, dtype, rows, cols):
+    """No local memory, and registers for the launch bounds' two CTAs per SM: the default build,
+    the deep ring (32x1M) and the peeking combination (8x4M, f32 and the 16-bit backward)."""
     k = _kernel(cls, dtype)
-    artifact = k.compile(_args(cls, torch.empty(4, 100000, dtype=dtype)), cc=90)
+    artifact = k.compile(_args(cls, torch.empty(rows, cols, dtype=dtype, device="meta")), cc=90)
     compiled = artifact.compiled_obj.compiled
     assert compiled.arch == "sm_90a"
     res = _nv_info(compiled.cubin)[compiled.symbols[artifact.compiled_obj.name_expression]]
@@ -133,9 +142,13 @@ def test_tuning_attributes_reach_the_compile_key():
     args = _args(CudaSoftmaxWindowForward, torch.empty(64, 70000, dtype=torch.float16))
     try:
         base = k.compile_key(args, 90)
+        k.by_problem = False
+        assert k.compile_key(args, 90) == base  # (this problem's own build is the attributes' defaults)
         k.threads, k.unroll, k.min_blocks, k.nslot = 256, 4, 3, 2
         assert k.name_expression(args) == "ka_softmax::fwd_window<ka_softmax::F16, 8, 4, 256, 2, 1>"
         assert k.defines_for(args) == {"WN_MIN_BLOCKS": 3} and k.compile_key(args, 90) != base
+        k.peeks = 2
+        assert k.defines_for(args) == {"WN_MIN_BLOCKS": 3, "WN_PEEKS": 2}
     finally:
         _reset(k)
 
@@ -236,8 +249,9 @@ def test_peeling_needs_one_offset():
 
 # ----------------------------------------------------------------------------------- GPU
 def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int, workspace=None) -> None:
-    what = (f"{k.metadata.kernel_name} {rows}x{cols}+{offset} {k.threads}x{k.unroll} ring {k.nslot} "
-            f"delay {k.delay_rounds} slack {k.slack_rounds} cap {k.max_ctas_per_sm} align {k.align} ahead {k.prefetch}")
+    what = (f"{k.metadata.kernel_name} {rows}x{cols}+{offset} {k.threads} threads "
+            f"{'by problem' if k.by_problem else 'attributes'} slack {k.slack_rounds} cap {k.max_ctas_per_sm} "
+            f"align {k.align} ahead {k.prefetch}")
     buf, out = _poisoned(rows, cols, dtype, offset)
     if cls.backward:
         g = _input_at(rows, cols, dtype, offset)
@@ -249,6 +263,7 @@ def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int, worksp
         x = _input_at(rows, cols, dtype, offset)
         args = SoftmaxArguments(x, out)
     assert k.supports(args), k.supports(args).error
+    what += f" {k.build(args)}"
     k.run(args, workspace=workspace)
     torch.cuda.synchronize()
     if cls.backward:
@@ -291,17 +306,18 @@ def test_plans_at_the_edges(cls, dtype):
     torch.manual_seed(11 + cls.backward)
     try:
         # (the aligned plans with a lag of one grid and a ring of three output from the ring; the others re-read)
-        for threads, unroll, nslot, delay, slack, cap, align, ahead in [(128, 1, 3, 0.5, 0.5, None, True, 1),
-                                                                        (512, 1, 3, 0.0, 0.0, None, False, 1),
-                                                                        (256, 8, 2, 0.0, 0.0, 1, True, 1),
-                                                                        (256, 2, 3, 3.0, 1.0, None, True, 1),
-                                                                        (512, 1, 4, 0.2, 0.0, 1, True, 1),
-                                                                        (256, 4, 3, 0.0, 0.0, 1, True, 1),
-                                                                        (256, 4, 4, 0.3, 0.1, None, True, 2),
-                                                                        (256, 2, 3, 0.0, 0.0, 1, False, 2)]:
+        # (then the deep ring: lags of two and three grids still in the ring; partials asked for
+        # early, two a thread with more parts a row than that covers, and with no delay)
+        for threads, unroll, nslot, delay, slack, cap, align, ahead, peeks in [
+                (128, 1, 3, 0.5, 0.5, None, True, 1, 0), (512, 1, 3, 0.0, 0.0, None, False, 1, 0),
+                (256, 8, 2, 0.0, 0.0, 1, True, 1, 0), (256, 2, 3, 3.0, 1.0, None, True, 1, 0),
+                (512, 1, 4, 0.2, 0.0, 1, True, 1, 0), (256, 4, 3, 0.0, 0.0, 1, True, 1, 0),
+                (256, 4, 4, 0.3, 0.1, None, True, 2, 0), (256, 2, 3, 0.0, 0.0, 1, False, 2, 0),
+                (256, 3, 4, 1.0, 0.1, None, True, 1, 0), (256, 1, 5, 2.0, 0.1, None, True, 1, 0),
+                (128, 1, 3, 0.3, 0.1, None, True, 1, 2), (256, 2, 3, 0.0, 0.0, 1, True, 1, 1)]:
             k.threads, k.unroll, k.nslot, k.delay_rounds, k.slack_rounds, k.max_ctas_per_sm, k.align = (
                 threads, unroll, nslot, delay, slack, cap, align)
-            k.prefetch = ahead
+            k.prefetch, k.peeks, k.by_problem = ahead, peeks, False
             for rows, cols, offset in [(5, 300007, 3), (2, 2**20, 0), (33, 40003, 1)]:
                 _check(cls, k, rows, cols, dtype, offset)
     finally:
@@ -384,8 +400,9 @@ n = 0
 for cls in (CudaSoftmaxWindowForward, CudaSoftmaxWindowBackward):
     for k in cls.generate_kernels(None, cc=90):
         dtype = k.dtype.to_torch()
-        for unroll, rows, cols, offset in [(4, 3, 200003, 3), (1, 5, 30011, 1)]:
-            k.unroll = unroll
+        for unroll, nslot, delay, rows, cols, offset in [(4, 3, 0.3, 3, 200003, 3), (1, 3, 0.3, 5, 30011, 1),
+                                                         (1, 4, 1.0, 3, 200003, 3)]:
+            k.by_problem, k.unroll, k.nslot, k.delay_rounds = False, unroll, nslot, delay
             x, out, gi = (at(rows, cols, dtype, offset) for _ in range(3))
             k.run(SoftmaxBackwardArguments(x, out, gi) if cls.backward else SoftmaxArguments(x, out)); n += 1
 torch.cuda.synchronize()
@@ -395,7 +412,50 @@ print("launches", n)
 
 @pytest.mark.gpu
 def test_memcheck():
-    """Both directions, every dtype, two part sizes, misaligned rows, under compute-sanitizer
-    memcheck (each operand and workspace its own allocation)."""
+    """Both directions, every dtype, two part sizes and the deep ring (a lag of two grids from the
+    ring), misaligned rows, under compute-sanitizer memcheck (each operand and workspace its own
+    allocation)."""
     out = run_memcheck(_SANITIZED)
-    assert int(out.split("launches")[-1].split()[0]) == 12, out[-3000:]
+    assert int(out.split("launches")[-1].split()[0]) == 18, out[-3000:]
+
+
+@pytest.mark.parametrize("rows,cols,dtype,backward,want", [
+    # (the deep ring where a problem has at least four grids of its parts and a lag of two grids)
+    (32, 2**20, torch.bfloat16, False, (6, 4, 0, 1.0)), (32, 2**20, torch.bfloat16, True, (3, 4, 0, 1.0)),
+    (32, 2**20, torch.float32, False, (6, 4, 0, 1.0)), (257, 131075, torch.float16, False, (6, 4, 0, 1.0)),
+    # (f32 backward 1M rows: 342 deep parts a row make the lag three grids; default parts, from the ring)
+    (32, 2**20, torch.float32, True, (4, 3, 0, 0.3)),
+    # (rows of more parts than a CTA has threads: the combinations peek; the output re-reads from L2)
+    (8, 2**22, torch.float32, False, (8, 3, 1, 0.3)), (8, 2**22, torch.float32, True, (4, 3, 1, 0.3)),
+    (8, 2**22, torch.bfloat16, True, (4, 3, 1, 0.3)), (8, 2**22, torch.bfloat16, False, (8, 3, 0, 0.3)),
+    # (too few parts for the deep ring's longer ramp)
+    (8, 2**20, torch.bfloat16, False, (8, 3, 0, 0.3)), (1, 2**20, torch.float32, True, (4, 3, 0, 0.3)),
+    (5, 3, torch.float32, False, (8, 3, 0, 0.3))])
+def test_build_by_problem(rows, cols, dtype, backward, want, monkeypatch):
+    """`choose_build` on 132 SMs (an H100 / H200): which build each benchmark shape gets, that the
+    compile key follows it, and that a launch plans for the build its artifact holds (not for the
+    args it is given) with that build's ring."""
+    monkeypatch.setattr(sw, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(sw, "stream_handle", lambda stream, device: 0)
+    cls = _CLASSES[backward]
+    k = _kernel(cls, dtype)
+    args = _args(cls, torch.empty(rows, cols, dtype=dtype, device="meta"))
+    b = k.build(args)
+    assert (b.unroll, b.nslot, b.peeks, b.delay_rounds) == want
+    assert f", {b.unroll}, {sw.THREADS}, {b.nslot}, {sw.PREFETCH}>" in k.name_expression(args)
+    assert k.defines_for(args).get("WN_PEEKS", 0) == b.peeks
+    assert k.launch_config(args)[2] == ring_bytes(b.unroll * sw.THREADS, b.nslot, backward) <= 96 * 1024
+    # every build's parts fit the workspace the args ask for
+    for unroll in (sw.UNROLL[backward], sw.RING2_UNROLL[backward]):
+        parts = plan_window(rows, cols, k.dtype.bytes, 1, unroll * sw.THREADS).parts
+        assert k.get_workspace_size(args) >= workspace_bytes(rows, parts)
+    other = sw.WindowBuild(2, 5, 1, 2.0)  # (an artifact compiled for other args)
+    calls = []
+    artifact = type("A", (), {"compiled_obj": _FakeLauncher(calls), "extra": other})()
+    cpu = _args(cls, torch.empty(rows, cols, dtype=dtype))
+    monkeypatch.setattr(type(cpu), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    k._run(cpu, artifact, None, torch.empty(k.get_workspace_size(args) // 4 + 4, dtype=torch.float32))
+    ((grid, _, smem, params, _),) = calls
+    p = k.plan(args, 264, other)
+    assert smem == ring_bytes(2 * sw.THREADS, 5, backward) and grid == p.grid
+    assert params[-4:-1] == (p.parts_per_row, p.lag, p.delay)

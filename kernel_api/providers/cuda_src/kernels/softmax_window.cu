@@ -31,6 +31,12 @@
 #ifndef WN_MIN_BLOCKS
 #define WN_MIN_BLOCKS 2  // CTAs per SM the launch bounds leave registers for
 #endif
+#ifndef WN_PEEKS
+#define WN_PEEKS 0  // partials per thread the combination asks for at the top of its step
+#endif
+#ifndef WN_COMBINE_LATE
+#define WN_COMBINE_LATE 0  // 1: the combination after the step's output, not before it
+#endif
 #ifndef WN_TIMEOUT_NS
 #define WN_TIMEOUT_NS 30000000000ull  // a wait past 30 s is a bug (even under compute-sanitizer): trap, not hang
 #endif
@@ -80,7 +86,11 @@ __device__ __forceinline__ bool current(const Peek& v, unsigned tag) {
 // The pair of `slot`, first peeked as `v`: polled again until both words carry `tag`
 // (nanosleep between polls; trap after WN_TIMEOUT_NS, which only a bug can reach).
 __device__ __forceinline__ float2 await_slot(const u64* slot, unsigned tag, Peek v) {
+#ifdef WN_NO_WAIT  // (a diagnostic, benchmarks/softmax_window_copyonly.py: no waits, wrong results)
+  if (false) {
+#else
   if (!current(v, tag)) {
+#endif
     const u64 t0 = global_timer();
     unsigned ns = 64;
     for (;;) {
@@ -94,6 +104,38 @@ __device__ __forceinline__ float2 await_slot(const u64* slot, unsigned tag, Peek
   return make_float2(__uint_as_float((unsigned)v.w0), __uint_as_float((unsigned)v.w1));
 }
 __device__ __forceinline__ float2 await_slot(const u64* slot, unsigned tag) { return await_slot(slot, tag, peek(slot)); }
+
+// The partials of row cr that a combination merges: each thread's first N (parts c = t,
+// t + threads, ...) asked for early (`ask`, at the top of the step) so their L2 latency hides behind
+// the statistics; `each` hands f every one of the thread's partials in part order, waiting where
+// a peek was not current yet.
+template <int N>
+struct Peeks {
+  Peek v[N > 0 ? N : 1];
+  __device__ __forceinline__ void ask(const u64* part_slot, int cr, int bpr, int t, int threads) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int c = t + i * threads;
+      if (cr >= 0 && c < bpr) v[i] = peek(part_slot + 2 * ((i64)cr * bpr + c));
+    }
+  }
+  template <class F>
+  __device__ __forceinline__ void each(const u64* part_slot, unsigned tag, int cr, int bpr, int t, int threads,
+                                       F f) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int c = t + i * threads;
+      if (c < bpr) {
+        const int p = cr * bpr + c;
+        f(await_slot(part_slot + 2 * (i64)p, slot_tag(tag, p), v[i]));
+      }
+    }
+    for (int c = t + N * threads; c < bpr; c += threads) {
+      const int p = cr * bpr + c;
+      f(await_slot(part_slot + 2 * (i64)p, slot_tag(tag, p)));
+    }
+  }
+};
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -184,6 +226,9 @@ struct Schedule {
         bpr_div((unsigned)bpr_) {}
   __device__ __forceinline__ int steps() const { return parts + lag; }
   __device__ __forceinline__ int combined_row(int j) const {
+#ifdef WN_NO_COMBINE  // (a diagnostic, benchmarks/softmax_window_copyonly.py: no combinations, wrong results)
+    return -1;
+#endif
     const int k = j - delay + 1;
     if (k < bpr) return -1;
     const int q = bpr_div.div(k);
@@ -306,9 +351,10 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
   for (int q = 0; q < PD; ++q) issue((int)blockIdx.x + q * G, q);
   // The output part's vectors of the next step are loaded at the end of this one (after this
   // step's output has used the registers), so their L2 latency hides behind a whole step.
-  // With a lag of one grid (and a ring of PD + 2 steps) the output part is the one this CTA took the
-  // statistics of in the previous step, still in the ring: no second read at all.
-  const bool reuse = NSLOT >= PD + 2 && sc.lag == G;
+  // With a lag of L whole grids and a ring of at least PD + 1 + L steps, the output part is the one
+  // this CTA took the statistics of L steps ago, still in the ring: no second read at all.
+  const int lag_steps = sc.lag / G;  // (this CTA's steps between a part's statistics and its output)
+  const bool reuse = sc.lag % G == 0 && NSLOT >= PD + 1 + lag_steps;
   uint4 out_in[U];
   {
     const int w0 = sc.output_part(blockIdx.x);
@@ -320,6 +366,9 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
     const int w = sc.output_part(j);
     window::Peek row_peek;  // (the output's row result, asked for now: its latency hides behind the statistics)
     if (w >= 0) row_peek = window::peek(row_slot + 2 * (i64)sc.row_of(w));
+    const int cr = sc.combined_row(j);  // (the row this step combines, or -1)
+    window::Peeks<WN_PEEKS> partials;
+    partials.ask(part_slot, cr, sc.bpr, t, THREADS);
     window::cp_async_wait<PD>();  // this thread's copies of step j have landed
     if (j < sc.parts) {  // statistics of part j
       const uint4* s = ring + (k % NSLOT) * BV;
@@ -374,18 +423,15 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
       const float2 part = window::block_stats<THREADS>(m, sum, red[k & 1]);
       if (t == 0) window::publish(part_slot + 2 * (i64)j, window::slot_tag(tag, j), part.x, part.y);
     }
-    const int cr = sc.combined_row(j);
-    if (cr >= 0) {  // the row's partials, in part order
+    auto combine = [&]() {  // the row's partials, in part order
+      if (cr < 0) return;
       float rm = -KA_INF, rs = 0.f;
-      for (int c = t; c < sc.bpr; c += THREADS) {
-        const int p = cr * sc.bpr + c;
-        const float2 pv = window::await_slot(part_slot + 2 * (i64)p, window::slot_tag(tag, p));
-        merge_stats(rm, rs, pv.x, pv.y);
-      }
+      partials.each(part_slot, tag, cr, sc.bpr, t, THREADS, [&](float2 pv) { merge_stats(rm, rs, pv.x, pv.y); });
       const float2 row = window::block_stats<THREADS>(rm, rs, red[2]);  // (all -inf: 1 / 0, NaN as torch)
       if (t == 0) window::publish(row_slot + 2 * (i64)cr, window::slot_tag(tag, (i64)sc.parts + cr), row.x, 1.f / row.y);
       __syncthreads();  // (red[2] is read before the next combination writes it)
-    }
+    };
+    if (!WN_COMBINE_LATE) combine();
     if (w >= 0) {  // output of part w
       const int r = sc.row_of(w);
       const float2 st = window::await_slot(row_slot + 2 * (i64)r, window::slot_tag(tag, (i64)sc.parts + r), row_peek);
@@ -401,7 +447,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
         const int c = u * THREADS + t;
         if (c < q.n) {
           float f[VEC];
-          unpack16<T, VEC>(reuse ? ring[((k + NSLOT - 1) % NSLOT) * BV + c] : out_in[u], f);
+          unpack16<T, VEC>(reuse ? ring[((k + NSLOT - lag_steps) % NSLOT) * BV + c] : out_in[u], f);
 #ifdef WN_COPY_ONLY
           if (true) {
 #else
@@ -422,6 +468,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
         store_edges<T, VEC>(yr, sp, t, exp_shifted(eh, st.x) * st.y, exp_shifted(et, st.x) * st.y);
       }
     }
+    if (WN_COMBINE_LATE) combine();
     const int wn = sc.output_part(j + G);
     if (!reuse && wn >= 0) window::load_part<T, VEC, U, THREADS>(out_in, x, ldx, wn, sc, n_cols, t);
   }
@@ -458,7 +505,8 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typen
   static_assert(PD >= 1 && NSLOT > PD, "the ring holds the steps in flight and the current one");
 #pragma unroll
   for (int q = 0; q < PD; ++q) issue((int)blockIdx.x + q * G, q);
-  const bool reuse = NSLOT >= PD + 2 && sc.lag == G;  // (as the forward's)
+  const int lag_steps = sc.lag / G;  // (as the forward's)
+  const bool reuse = sc.lag % G == 0 && NSLOT >= PD + 1 + lag_steps;
   uint4 out_g[U], out_y[U];  // (the next step's output vectors, as the forward's)
   {
     const int w0 = sc.output_part(blockIdx.x);
@@ -473,6 +521,9 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typen
     const int w = sc.output_part(j);
     window::Peek row_peek;
     if (w >= 0) row_peek = window::peek(row_slot + 2 * (i64)sc.row_of(w));
+    const int cr = sc.combined_row(j);
+    window::Peeks<WN_PEEKS> partials;
+    partials.ask(part_slot, cr, sc.bpr, t, THREADS);
     window::cp_async_wait<PD>();
     if (j < sc.parts) {  // statistics of part j
       const uint4* s = ring + (k % NSLOT) * 2 * BV;
@@ -503,17 +554,15 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typen
       dot = window::block_total<THREADS>(dot + window::tree_sum<U>(du), red[k & 1]);
       if (t == 0) window::publish(part_slot + 2 * (i64)j, window::slot_tag(tag, j), dot, 0.f);
     }
-    const int cr = sc.combined_row(j);
-    if (cr >= 0) {  // the row's partials, in part order
+    auto combine = [&]() {  // the row's partials, in part order
+      if (cr < 0) return;
       float part = 0.f;
-      for (int c = t; c < sc.bpr; c += THREADS) {
-        const int p = cr * sc.bpr + c;
-        part += window::await_slot(part_slot + 2 * (i64)p, window::slot_tag(tag, p)).x;
-      }
+      partials.each(part_slot, tag, cr, sc.bpr, t, THREADS, [&](float2 pv) { part += pv.x; });
       const float total = window::block_total<THREADS>(part, red[2]);
       if (t == 0) window::publish(row_slot + 2 * (i64)cr, window::slot_tag(tag, (i64)sc.parts + cr), total, 0.f);
       __syncthreads();
-    }
+    };
+    if (!WN_COMBINE_LATE) combine();
     if (w >= 0) {  // output of part w
       const int r = sc.row_of(w);
       const float dot = window::await_slot(row_slot + 2 * (i64)r, window::slot_tag(tag, (i64)sc.parts + r), row_peek).x;
@@ -528,7 +577,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typen
         const int c = u * THREADS + t;
         if (c < q.n) {
           float g[VEC], v[VEC];
-          const uint4* so = ring + ((k + NSLOT - 1) % NSLOT) * 2 * BV;
+          const uint4* so = ring + ((k + NSLOT - lag_steps) % NSLOT) * 2 * BV;
           unpack16<T, VEC>(reuse ? so[c] : out_g[u], g);
           unpack16<T, VEC>(reuse ? so[BV + c] : out_y[u], v);
 #pragma unroll
@@ -542,6 +591,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typen
         e.store(dr, sp, t, dot);
       }
     }
+    if (WN_COMBINE_LATE) combine();
     const int wn = sc.output_part(j + G);
     if (!reuse && wn >= 0) {
       window::load_part<T, VEC, U, THREADS>(out_g, dy, lddy, wn, sc, n_cols, t);

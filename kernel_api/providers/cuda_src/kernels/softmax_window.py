@@ -19,6 +19,11 @@ Two registered families, `CudaSoftmaxWindowForward` (`SoftmaxArguments`) and
   (`WindowPlan.window_bytes`). DRAM moves each input once;
 - each thread copies its own vectors of a step's statistics part into the ring with cp.async,
   `PREFETCH` steps ahead, so the loads stay in flight across the step's reductions and waits;
+- the build follows the problem (`choose_build`, stored with the artifact as a `WindowBuild`): on
+  problems of many grids of parts, a deep ring (24 KB parts, four steps) with each row's
+  combination a grid after its last part, so every lag is two grids, still in the ring, and no
+  output waits on its own round of steps; rows of more parts than a CTA has threads have their
+  combinations ask for the partials at the top of the step (`PEEKS`);
 - 16-bit outputs of rows whose maximum is below 64 in magnitude take the exponent as one FFMA
   (softmax_window.cu, FFMA_MAX_ABS: a relative error below 2^-17), the others the exact form.
 
@@ -28,7 +33,10 @@ of CTAs meeting per wave), no group of CTAs waits in lockstep. Against the strea
 (benchmarks/NOTES-softmax-long.md, session 35): 1.02-1.18x the faster of the two on the 64 MB+
 long rows, 2.4-3.2 TB/s; a build without the exps (WN_COPY_ONLY,
 benchmarks/softmax_window_copyonly.py) is only 2-8 % faster, so its memory pipeline, not its
-math, is what keeps it at 77-80 % of torch's copy of the same bytes (that build: 80-84 %).
+math, is what keeps it at 77-80 % of torch's copy of the same bytes (that build: 80-84 %). Session 36
+(benchmarks/stream_probe.py, softmax_window_copyonly.py): the same cp.async ring copying alone moves
+0.97 of torch's copy, and a build without the row combinations gains 6-7 %: the schedule's
+combinations and the waits between CTAs of one round cost the rest, not the memory pipeline.
 
 Rows are peeled (any element alignment whose rows share one offset from a 16-byte boundary, as
 the other peeled families). The workspace (`get_workspace_size`) needs no initialisation: its
@@ -37,6 +45,7 @@ slots carry a per-launch tag.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +86,24 @@ ALIGN = True
 #: A bound on the grid's share of the lag (delay, slack and the rounding up: a few grids of at most
 #: 16 CTAs per SM on a few hundred SMs), for the 32-bit step numbers' check (`_supports`).
 MAX_GRID_STEPS = 2**20
+#: The deep-ring build, for problems of many grids of parts (`choose_build`): parts of
+#: RING2_UNROLL vectors per thread and operand (24 KB of ring a step in either direction), a ring of
+#: RING2_NSLOT steps, and each row's combination a whole grid after its last statistics part. Every
+#: lag is then two grids, which the ring still holds (no second read), and no output waits on work
+#: of its own round of steps: with a lag of one grid, the rows that straddle two rounds make the
+#: output of one CTA wait on the statistics and the combination of others in the same round.
+#: Measured on an H200 (NOTES-softmax-long.md, session 36): 3.27 against 3.14-3.16 TB/s on f32
+#: 32x1M forward, 3.10-3.12 against 2.96-2.99 on bf16 32x1M backward, even on bf16 32x1M forward.
+RING2_UNROLL = {False: 6, True: 3}
+RING2_NSLOT = 4
+RING2_DELAY_ROUNDS = 1.0
+#: Grids of parts from which `choose_build` takes the deep ring: its lag of two grids is more steps
+#: without output at the start and without statistics at the end.
+RING2_MIN_GRIDS = 4
+#: Partials per thread a combination asks for at the top of its step (WN_PEEKS) where a row has more
+#: parts than a CTA threads, so each thread merges several and would wait on each in turn: 2-3 % on
+#: f32 8x4M (512 and 1024 parts a row), none on 256 or fewer and 1-4 % slower on the 1M rows.
+PEEKS = 1
 #: Rows from this length are what the family is built for, as the row-group family's.
 MIN_COLS = 2**17
 #: Workspace bytes per part and per row: a 16-byte slot each.
@@ -100,6 +127,32 @@ class WindowPlan:
         """Bytes read between a part's statistics and its output: what L2 must keep where the
         output re-reads its part (a lag past one grid)."""
         return self.lag * self.part_vectors * 16 * (2 if backward else 1)
+
+
+@dataclass(frozen=True)
+class WindowBuild:
+    """What one compiled kernel of the family is: 16-byte vectors per thread and part, ring steps,
+    partials per thread a combination asks for early, and the delay its launches are planned with
+    (stored with the artifact, so a launch plans for the kernel it has)."""
+
+    unroll: int
+    nslot: int
+    peeks: int
+    delay_rounds: float
+
+
+@functools.lru_cache(maxsize=1024)  # (on every run's compile key: a lookup, not two plans)
+def choose_build(rows: int, cols: int, elem_bytes: int, backward: bool, grid: int,
+                 threads: int = THREADS) -> WindowBuild:
+    """The build for ``rows`` x ``cols`` on ``grid`` co-resident CTAs: the deep ring
+    (`RING2_UNROLL`) where its plan has at least `RING2_MIN_GRIDS` grids of parts and a lag of two
+    grids, else the default parts (`UNROLL`), with `PEEKS` where a row has more of them than a
+    CTA threads."""
+    deep = plan_window(rows, cols, elem_bytes, grid, RING2_UNROLL[backward] * threads, RING2_DELAY_ROUNDS)
+    if deep.parts >= RING2_MIN_GRIDS * deep.grid and deep.lag == 2 * deep.grid:
+        return WindowBuild(RING2_UNROLL[backward], RING2_NSLOT, 0, RING2_DELAY_ROUNDS)
+    p = plan_window(rows, cols, elem_bytes, grid, UNROLL[backward] * threads)
+    return WindowBuild(UNROLL[backward], NSLOT, PEEKS if p.parts_per_row > threads else 0, DELAY_ROUNDS)
 
 
 def workspace_bytes(rows: int, parts: int) -> int:
@@ -138,13 +191,17 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
-        #: Threads per CTA, vectors per thread and part, ring steps, the launch bounds' CTAs per
-        #: SM (compile-time: part of the compile key through the name expression and the
-        #: defines), the schedule's delay and slack, and a cap on the CTAs per SM (None: every
-        #: co-resident one): the defaults above, settable for tuning and tests.
+        #: Threads per CTA, vectors per thread and part, ring steps, partials asked for early, the
+        #: launch bounds' CTAs per SM (compile-time: part of the compile key through the name
+        #: expression and the defines), the schedule's delay and slack, and a cap on the CTAs per
+        #: SM (None: every co-resident one): the defaults above, settable for tuning and tests.
+        #: With ``by_problem`` (the default) `choose_build` sets the part size, ring, peeks and
+        #: delay per problem, and ``unroll``, ``nslot``, ``peeks`` and ``delay_rounds`` are unused.
+        self.by_problem: bool = True
         self.threads: int = THREADS
         self.unroll: int = UNROLL[self.backward]
         self.nslot: int = NSLOT
+        self.peeks: int = 0
         self.prefetch: int = PREFETCH
         self.min_blocks: int = MIN_BLOCKS
         self.delay_rounds: float = DELAY_ROUNDS
@@ -156,11 +213,24 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     @property
     def part_vectors(self) -> int:
+        """Vectors per part of the attributes' build (``by_problem`` off)."""
         return self.unroll * self.threads
 
     @property
     def smem_bytes(self) -> int:
+        """Ring bytes of the attributes' build (``by_problem`` off)."""
         return ring_bytes(self.part_vectors, self.nslot, self.backward)
+
+    def build(self, args: Any) -> WindowBuild:
+        """The kernel to compile and launch for ``args``: `choose_build`'s for the device's
+        co-resident grid (``by_problem``), else the attributes'."""
+        if not self.by_problem:
+            return WindowBuild(self.unroll, self.nslot, self.peeks, self.delay_rounds)
+        return choose_build(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward,
+                            _sm_count(args.device) * self.min_blocks, self.threads)
+
+    def _build_smem(self, build: WindowBuild) -> int:
+        return ring_bytes(build.unroll * self.threads, build.nslot, self.backward)
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -187,7 +257,7 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
             return too_long
         # The kernel numbers steps (parts + lag, the lag at most the parts plus a few grids) with
         # 32-bit ints.
-        p = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, 1, self.part_vectors)
+        p = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, 1, self._least_part_vectors())
         if 2 * p.parts + MAX_GRID_STEPS >= 2**31:
             return Status.fail(f"{name}: {args.rows:,} rows of {p.parts_per_row:,} parts are {p.parts:,} parts, "
                                f"past the {(2**31 - MAX_GRID_STEPS) // 2:,} its step numbers reach")
@@ -196,16 +266,24 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
     # ---- compile -------------------------------------------------------------------------------
     def name_expression(self, args: Any) -> str:
         op = "bwd" if self.backward else "fwd"
-        return (f"ka_softmax::{op}_window<{_TYPES[self.dtype]}, {self.vec}, {self.unroll}, {self.threads}, "
-                f"{self.nslot}, {self.prefetch}>")
+        b = self.build(args)
+        return (f"ka_softmax::{op}_window<{_TYPES[self.dtype]}, {self.vec}, {b.unroll}, {self.threads}, "
+                f"{b.nslot}, {self.prefetch}>")
 
     def defines_for(self, args: Any) -> dict[str, int]:
-        return {"WN_MIN_BLOCKS": int(self.min_blocks), **self.extra_defines}
+        peeks = self.build(args).peeks
+        return {"WN_MIN_BLOCKS": int(self.min_blocks), **({"WN_PEEKS": peeks} if peeks else {}), **self.extra_defines}
+
+    def launch_plan(self, args: Any, launcher: Any) -> WindowBuild:
+        """Stored with the artifact: `_run` plans for the build it holds, whatever ``args`` it
+        is given."""
+        return self.build(args)
 
     # ---- launch ------------------------------------------------------------------------------
-    def resident_ctas(self, launcher: Any, device: int) -> int:
-        """The co-resident CTAs of this build on ``device``, capped by `max_ctas_per_sm`."""
-        ctas = launcher.max_coresident(device, self.threads, self.smem_bytes)
+    def resident_ctas(self, launcher: Any, device: int, smem: int | None = None) -> int:
+        """The co-resident CTAs of a build with ``smem`` ring bytes (default: the attributes')
+        on ``device``, capped by `max_ctas_per_sm`."""
+        ctas = launcher.max_coresident(device, self.threads, self.smem_bytes if smem is None else smem)
         if self.max_ctas_per_sm is not None:
             ctas = min(ctas, self.max_ctas_per_sm * _sm_count(torch.device("cuda", device)))
         if ctas < 1:
@@ -213,16 +291,25 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
                                f"device {device}")
         return ctas
 
-    def plan(self, args: Any, grid: int) -> WindowPlan:
-        return plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, grid, self.part_vectors,
-                           self.delay_rounds, self.slack_rounds, self.align)
+    def plan(self, args: Any, grid: int, build: WindowBuild | None = None) -> WindowPlan:
+        """The launch of ``build`` (default: `build(args)`) for ``args`` on ``grid`` CTAs."""
+        b = self.build(args) if build is None else build
+        return plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, grid, b.unroll * self.threads,
+                           b.delay_rounds, self.slack_rounds, self.align)
+
+    def _least_part_vectors(self) -> int:
+        """The smallest parts any build of this instance cuts (the most parts: the workspace and
+        the step-number bound hold for every build, also an artifact compiled for other args)."""
+        unrolls = [self.unroll] + ([UNROLL[self.backward], RING2_UNROLL[self.backward]] if self.by_problem else [])
+        return min(unrolls) * self.threads
 
     def get_workspace_size(self, args: Any) -> int:
-        p = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, 1, self.part_vectors)
+        p = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, 1, self._least_part_vectors())
         return workspace_bytes(max(args.rows, 1), p.parts)
 
     def launch_config(self, args: Any) -> tuple:
-        return (self.plan(args, _sm_count(args.device) * self.min_blocks).grid, self.threads, self.smem_bytes)
+        b = self.build(args)
+        return (self.plan(args, _sm_count(args.device) * self.min_blocks, b).grid, self.threads, self._build_smem(b))
 
     def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
         if args.rows == 0 or args.cols == 0:
@@ -237,10 +324,13 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
         if device is None:
             device = torch.cuda.current_device()
         launcher = artifact.compiled_obj
-        p = self.plan(args, self.resident_ctas(launcher, device))
+        build = getattr(artifact, "extra", None)
+        if not isinstance(build, WindowBuild):
+            build = self.build(args)
+        smem = self._build_smem(build)
+        p = self.plan(args, self.resident_ctas(launcher, device, smem), build)
         params = row_params(args) + (workspace.data_ptr(), p.parts_per_row, p.lag, p.delay, next_epoch())
-        launcher.launch(stream_handle(stream, device), device, p.grid, self.threads, self.smem_bytes, params,
-                        cooperative=True)
+        launcher.launch(stream_handle(stream, device), device, p.grid, self.threads, smem, params, cooperative=True)
 
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
@@ -280,4 +370,5 @@ class CudaSoftmaxWindowBackward(_WindowBase):
     backward = True
 
 
-__all__ = ["CudaSoftmaxWindowBackward", "CudaSoftmaxWindowForward", "WindowPlan", "plan_window", "workspace_bytes"]
+__all__ = ["CudaSoftmaxWindowBackward", "CudaSoftmaxWindowForward", "WindowBuild", "WindowPlan", "choose_build",
+           "plan_window", "workspace_bytes"]
