@@ -50,12 +50,10 @@ SHAPES = [(32, 2**20), (8, 2**22)]
 
 #: ``--defines`` sets: compile-time defines each config is also measured with (softmax.cu's store hint;
 #: late / peek: the row combination after the step's output (WN_COMBINE_LATE) / its partials asked for
-#: at the top of the step (WN_PEEKS per thread); polyK: every K-th vector's exponent of a 16-bit forward on
-#: the FMA pipe (WN_POLY_EVERY).
+#: at the top of the step (WN_PEEKS per thread). (The polyK sets of results/...-s36-poly.json: commit cf13d90.)
 DEFINE_SETS = {"cs": {}, "wb": {"KA_ST16": '"st.global.v4.u32"'}, "na": {"KA_ST16": '"st.global.L1::no_allocate.v4.u32"'},
                "late": {"WN_COMBINE_LATE": 1}, "peek": {"WN_PEEKS": 1}, "peeklate": {"WN_PEEKS": 1, "WN_COMBINE_LATE": 1},
-               "peek2": {"WN_PEEKS": 2}, "peek2late": {"WN_PEEKS": 2, "WN_COMBINE_LATE": 1},
-               **{f"poly{k}": {"WN_POLY_EVERY": k} for k in (1, 2, 3, 4)}}
+               "peek2": {"WN_PEEKS": 2}, "peek2late": {"WN_PEEKS": 2, "WN_COMBINE_LATE": 1}}
 
 
 def sweep_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, configs: list, iters: int,

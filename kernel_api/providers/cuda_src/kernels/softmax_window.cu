@@ -291,31 +291,6 @@ __device__ __forceinline__ float ex2_ftz(float a) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
   return r;
 }
-// 2^a for a <= 0 on the FMA and integer pipes instead of the MUFU (an experiment, WN_POLY_EVERY:
-// every WN_POLY_EVERY-th vector of a 16-bit forward takes it): a rounded to an integer n with the
-// 1.5 x 2^23 shift, 2^(a - n) on [-0.5, 0.5] by a degree-4 Taylor polynomial (relative error below
-// 2^-14, under a tenth of an f16 output's unit in the last place), n added to the exponent; 0 below
-// 2^-125 (and for -inf) as ex2.approx.ftz flushes.
-#ifndef WN_POLY_EVERY
-#define WN_POLY_EVERY 0
-#endif
-__device__ __forceinline__ float ex2_poly(float a) {
-  const float shift = 12582912.f;  // 1.5 x 2^23: a + shift keeps round(a) in its low mantissa bits
-  const float ac = fmaxf(a, -125.f);
-  const float t = ac + shift;
-  const float f = ac - (t - shift);
-  float p = fmaf(0.009618129f, f, 0.05550411f);
-  p = fmaf(p, f, 0.2402265f);
-  p = fmaf(p, f, 0.6931472f);
-  p = fmaf(p, f, 1.f);
-  const float r = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-  return a < -125.f ? 0.f : r;
-}
-// (u: the vector's index in an unrolled loop, so the choice folds at compile time)
-__device__ __forceinline__ float ex2_mixed(float a, int u) {
-  return WN_POLY_EVERY > 0 && u % (WN_POLY_EVERY > 0 ? WN_POLY_EVERY : 1) == WN_POLY_EVERY - 1 ? ex2_poly(a)
-                                                                                               : ex2_ftz(a);
-}
 __device__ __forceinline__ float lg2_ftz(float a) {
   float r;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
@@ -433,7 +408,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
           for (int u = 0; u < U; ++u) {
             su[u] = 0.f;
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) su[u] += window::ex2_mixed(fmaf(v[u][e], KA_LOG2E, c), u);
+            for (int e = 0; e < VEC; ++e) su[u] += window::ex2_ftz(fmaf(v[u][e], KA_LOG2E, c));
           }
         } else {
 #pragma unroll
@@ -479,7 +454,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
           if (ffma) {
 #endif
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) f[e] = window::ex2_mixed(fmaf(f[e], KA_LOG2E, c0), u);
+            for (int e = 0; e < VEC; ++e) f[e] = window::ex2_ftz(fmaf(f[e], KA_LOG2E, c0));
           } else {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) f[e] = exp_shifted(f[e], st.x) * st.y;
