@@ -15,7 +15,7 @@ def result_name(prefix: str, device: str, tag: str = "") -> str:
     return f"{prefix}-{device.replace(' ', '_')}{'-' + tag if tag else ''}.json"
 
 
-def write_result(name: str, doc: dict, indent: int = 1) -> list[str]:
+def write_result(name: str, doc: dict, indent: int | None = None) -> list[str]:
     """Write ``doc`` as JSON to the results folder and to ``$OUT`` (if it is a folder); the paths."""
     paths = [os.path.join(RESULTS, name)]
     out = os.environ.get("OUT", "")
