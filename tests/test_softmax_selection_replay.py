@@ -41,6 +41,8 @@ FILES = [
     "softmax-NVIDIA_H100_80GB_HBM3-s35-window.json",
     "softmax-NVIDIA_H200-s36-builds.json",
     "softmax-NVIDIA_H100_80GB_HBM3-s36-builds.json",
+    "softmax-NVIDIA_H200-s36-final.json",
+    "softmax-NVIDIA_H100_80GB_HBM3-s36-final-h100.json",
 ]
 
 #: The cases this cost model brought within 10 %: (file, dtype, op, rows, cols, the ratio

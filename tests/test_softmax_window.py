@@ -420,9 +420,14 @@ def test_memcheck():
 
 
 @pytest.mark.parametrize("rows,cols,dtype,backward,want", [
-    # (the deep ring where a problem has at least four grids of its parts and a lag of two grids)
-    (32, 2**20, torch.bfloat16, False, (6, 4, 0, 1.0)), (32, 2**20, torch.bfloat16, True, (3, 4, 0, 1.0)),
-    (32, 2**20, torch.float32, False, (6, 4, 0, 1.0)), (257, 131075, torch.float16, False, (6, 4, 0, 1.0)),
+    # (the deep ring on at least eight grids of parts, rows of at least an eighth of a grid, and a
+    # lag of two grids)
+    (32, 2**20, torch.bfloat16, True, (3, 4, 0, 1.0)), (32, 2**20, torch.float32, False, (6, 4, 0, 1.0)),
+    (32, 2**20, torch.bfloat16, False, (6, 4, 0, 1.0)), (16, 2**20, torch.float32, False, (6, 4, 0, 1.0)),
+    (256, 2**18, torch.float32, True, (3, 4, 0, 1.0)), (257, 262147, torch.float16, True, (3, 4, 0, 1.0)),
+    # (16-bit forwards of 16x1M: 5.2 grids of parts; rows of 22 parts, a twelfth of a grid)
+    (16, 2**20, torch.bfloat16, False, (8, 3, 0, 0.3)), (257, 131075, torch.float16, False, (8, 3, 0, 0.3)),
+    (128, 2**17, torch.bfloat16, True, (4, 3, 0, 0.3)), (128, 2**17, torch.float32, False, (8, 3, 0, 0.3)),
     # (f32 backward 1M rows: 342 deep parts a row make the lag three grids; default parts, from the ring)
     (32, 2**20, torch.float32, True, (4, 3, 0, 0.3)),
     # (rows of more parts than a CTA has threads: the combinations peek; the output re-reads from L2)

@@ -20,10 +20,10 @@ Two registered families, `CudaSoftmaxWindowForward` (`SoftmaxArguments`) and
 - each thread copies its own vectors of a step's statistics part into the ring with cp.async,
   `PREFETCH` steps ahead, so the loads stay in flight across the step's reductions and waits;
 - the build follows the problem (`choose_build`, stored with the artifact as a `WindowBuild`): on
-  problems of many grids of parts, a deep ring (24 KB parts, four steps) with each row's
-  combination a grid after its last part, so every lag is two grids, still in the ring, and no
-  output waits on its own round of steps; rows of more parts than a CTA has threads have their
-  combinations ask for the partials at the top of the step (`PEEKS`);
+  problems of many grids of parts and rows of many parts, a deep ring (24 KB parts, four steps) with
+  each row's combination a grid after its last part, so every lag is two grids, still in the
+  ring, and no output waits on its own round of steps; rows of more parts than a CTA has threads
+  have their combinations ask for the partials at the top of the step (`PEEKS`);
 - 16-bit outputs of rows whose maximum is below 64 in magnitude take the exponent as one FFMA
   (softmax_window.cu, FFMA_MAX_ABS: a relative error below 2^-17), the others the exact form.
 
@@ -93,13 +93,19 @@ MAX_GRID_STEPS = 2**20
 #: of its own round of steps: with a lag of one grid, the rows that straddle two rounds make the
 #: output of one CTA wait on the statistics and the combination of others in the same round.
 #: Measured on an H200 (NOTES-softmax-long.md, session 36): 3.27 against 3.14-3.16 TB/s on f32
-#: 32x1M forward, 3.10-3.12 against 2.96-2.99 on bf16 32x1M backward, even on bf16 32x1M forward.
+#: 32x1M forward, 3.10-3.12 against 2.96-2.99 on bf16 32x1M backward, 4-9 % on 16x1M and 256x256K
+#: backwards and f32 forwards, 1-2 % on 16-bit 32x1M and 64x1M forwards (4 % on an H100); the
+#: 16-bit forwards, bound by instruction issue, lose 5-7 % to its smaller parts on fewer parts.
 RING2_UNROLL = {False: 6, True: 3}
 RING2_NSLOT = 4
 RING2_DELAY_ROUNDS = 1.0
-#: Grids of parts from which `choose_build` takes the deep ring: its lag of two grids is more steps
-#: without output at the start and without statistics at the end.
-RING2_MIN_GRIDS = 4
+#: Grids of parts from which `choose_build` takes the deep ring (its lag of two grids is more steps
+#: without output at the start and without statistics at the end), and the least share of a grid a
+#: row's parts must be (rows of fewer parts rarely straddle two rounds, so the lag of one grid costs
+#: them little: 128 rows of 128K elements, 22 parts a row, run 6-7 % slower on the deep ring, 43
+#: parts 4-6 % faster; 16x1M 16-bit forwards, 5.2 grids of parts, 5 % slower, 10.4 grids faster).
+RING2_MIN_GRIDS = 8
+RING2_MIN_ROW_GRIDS = 0.125
 #: Partials per thread a combination asks for at the top of its step (WN_PEEKS) where a row has more
 #: parts than a CTA threads, so each thread merges several and would wait on each in turn: 2-3 % on
 #: f32 8x4M (512 and 1024 parts a row), none on 256 or fewer and 1-4 % slower on the 1M rows.
@@ -145,11 +151,12 @@ class WindowBuild:
 def choose_build(rows: int, cols: int, elem_bytes: int, backward: bool, grid: int,
                  threads: int = THREADS) -> WindowBuild:
     """The build for ``rows`` x ``cols`` on ``grid`` co-resident CTAs: the deep ring
-    (`RING2_UNROLL`) where its plan has at least `RING2_MIN_GRIDS` grids of parts and a lag of two
-    grids, else the default parts (`UNROLL`), with `PEEKS` where a row has more of them than a
-    CTA threads."""
+    (`RING2_UNROLL`) where its plan has at least `RING2_MIN_GRIDS` grids of parts, rows of at
+    least `RING2_MIN_ROW_GRIDS` of a grid, and a lag of two grids; else the default parts
+    (`UNROLL`), with `PEEKS` where a row has more of them than a CTA threads."""
     deep = plan_window(rows, cols, elem_bytes, grid, RING2_UNROLL[backward] * threads, RING2_DELAY_ROUNDS)
-    if deep.parts >= RING2_MIN_GRIDS * deep.grid and deep.lag == 2 * deep.grid:
+    if (deep.parts >= RING2_MIN_GRIDS * deep.grid and deep.parts_per_row >= RING2_MIN_ROW_GRIDS * deep.grid
+            and deep.lag == 2 * deep.grid):
         return WindowBuild(RING2_UNROLL[backward], RING2_NSLOT, 0, RING2_DELAY_ROUNDS)
     p = plan_window(rows, cols, elem_bytes, grid, UNROLL[backward] * threads)
     return WindowBuild(UNROLL[backward], NSLOT, PEEKS if p.parts_per_row > threads else 0, DELAY_ROUNDS)
