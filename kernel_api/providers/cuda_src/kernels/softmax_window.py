@@ -94,8 +94,8 @@ MAX_GRID_STEPS = 2**20
 #: output of one CTA wait on the statistics and the combination of others in the same round.
 #: Measured on an H200 (NOTES-softmax-long.md, session 36): 3.27 against 3.14-3.16 TB/s on f32
 #: 32x1M forward, 3.10-3.12 against 2.96-2.99 on bf16 32x1M backward, 4-9 % on 16x1M and 256x256K
-#: backwards and f32 forwards, 1-2 % on 16-bit 32x1M and 64x1M forwards (4 % on an H100); the
-#: 16-bit forwards, bound by instruction issue, lose 5-7 % to its smaller parts on fewer parts.
+#: backwards and f32 forwards, 1-2 % on 16-bit 32x1M and 64x1M forwards (4 % on an H100); 16-bit
+#: forwards of fewer grids of parts, bound by instruction issue, lose 5-7 % to its smaller parts.
 RING2_UNROLL = {False: 6, True: 3}
 RING2_NSLOT = 4
 RING2_DELAY_ROUNDS = 1.0
