@@ -92,7 +92,8 @@ def test_instances_names_and_metadata():
         assert k.bulk_out and not bwd[name.replace("Forward", "Backward")].bulk_out
         assert bwd[name.replace("Forward", "Backward")].threads == consumers + 32
         assert md.provider == "cuda_src" and md.min_cc == 90
-        assert md.design.strategy == "rowgroup" and md.design.max_cols is None and md.design.min_cols == rg.MIN_COLS
+        assert md.design.strategy == "rowgroup" and md.design.max_cols is None
+        assert md.design.min_cols == rg.long_rows_from(2) == 116104  # (one past the smem family's bf16 rows)
         extra = dict(md.design.extra)
         assert extra["cooperative"] and extra["peel"]
         assert md.design.threads_per_row == extra["consumers"] == consumers and extra["ctas_per_sm"] == ctas_per_sm

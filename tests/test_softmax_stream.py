@@ -45,7 +45,7 @@ def test_instances_names_and_metadata():
                      for t, v in (("bf16", 8), ("f16", 8), ("f32", 4))]
     k = _kernel(CudaSoftmaxStreamForward, torch.bfloat16)
     md = k.metadata
-    assert md.design.strategy == "stream" and md.min_cc == 80 and md.design.min_cols == ss.MIN_COLS
+    assert md.design.strategy == "stream" and md.min_cc == 80 and md.design.min_cols == ss.long_rows_from(2)
     assert dict(md.design.extra)["launches"] == 2 and dict(md.design.extra)["passes"] == 2
     assert md.operands.x.divisibility == md.operands.out.divisibility == 1  # peeled: any element alignment
 

@@ -56,7 +56,7 @@ def test_instances_names_and_metadata():
     assert names == [f"CudaSoftmaxWindow{d}_{t}_window_peel{v}" for d in ("Forward", "Backward")
                      for t, v in (("bf16", 8), ("f16", 8), ("f32", 4))]
     md = _kernel(CudaSoftmaxWindowForward, torch.bfloat16).metadata
-    assert md.design.strategy == "window" and md.min_cc == 80 and md.design.min_cols == sw.MIN_COLS
+    assert md.design.strategy == "window" and md.min_cc == 80 and md.design.min_cols == sw.long_rows_from(2)
     assert dict(md.design.extra)["cooperative"] is True and dict(md.design.extra)["passes"] == 2
     assert md.operands.x.divisibility == md.operands.out.divisibility == 1  # peeled: any element alignment
 
@@ -464,3 +464,33 @@ def test_build_by_problem(rows, cols, dtype, backward, want, monkeypatch):
     p = k.plan(args, 264, other)
     assert smem == ring_bytes(2 * sw.THREADS, 5, backward) and grid == p.grid
     assert params[-4:-1] == (p.parts_per_row, p.lag, p.delay)
+
+
+@pytest.mark.parametrize("rows,cols,dtype,backward,first", [
+    # (rows one CTA's shared memory stages: the smem families)
+    (2048, 65536, torch.bfloat16, False, "SmemForward"), (2048, 100000, torch.float16, True, "SmemYBackward"),
+    # (past them and shorter than 2^17: the long-row families, measured 15-33 % faster than the
+    # register and cluster-split kernels there; forwards of fewer than 9 window parts a row on
+    # the row-group kernel)
+    (2048, 128256, torch.bfloat16, False, "RowGroupForward"), (8192, 128256, torch.float16, True, "WindowBackward"),
+    (2048, 65536, torch.float32, False, "RowGroupForward"), (2048, 100000, torch.float32, False, "WindowForward"),
+    (2048, 128256, torch.float32, False, "WindowForward"), (2048, 65536, torch.float32, True, "WindowBackward"),
+    (2048, 100000, torch.float32, True, "WindowBackward"),
+    # (and the long rows: 16-bit forwards of 152064, 10 parts a row, on the window)
+    (2048, 152064, torch.bfloat16, False, "WindowForward"),
+    # (few rows: the cluster splits below 16, the long-row families from 16)
+    (8, 100000, torch.float32, True, "SplitBackward"), (2, 65536, torch.bfloat16, False, "SplitForward"),
+    (32, 100000, torch.float32, False, "WindowForward"), (64, 128256, torch.float32, False, "WindowForward")])
+def test_pick_any_between_shared_memory_rows_and_long_rows(rows, cols, dtype, backward, first):
+    """PickAny's first choice on the LM-head rows of session 36's vocabulary sweep
+    (benchmarks/results/softmax-NVIDIA_H200-s36-vocab*.json: the measured fastest family, or within
+    7 % of it), on 132 SMs. Rows between the smem families' reach and 2^17 elements go to the
+    long-row families from 16 rows (`softmax_rowgroup.LONG_ROWS_MIN_ROWS`); fewer stay with the
+    cluster splits."""
+    from kernel_api.tuning.policies import rank_candidates
+
+    import kernel_api
+
+    args = _args(_CLASSES[backward], torch.empty(rows, cols, dtype=dtype, device="meta"))
+    top = rank_candidates(kernel_api.get_kernels(args, cc=90), args, sm_count=132)[0].metadata.kernel_name
+    assert top.startswith("CudaSoftmax" + first), top

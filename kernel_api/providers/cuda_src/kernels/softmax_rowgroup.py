@@ -83,6 +83,7 @@ import torch
 
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.arch import sm_count
+from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
@@ -91,6 +92,7 @@ from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from .launch_epoch import next_epoch
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
+from .softmax_smem import max_cols as smem_max_cols
 
 _log = logging.getLogger(__name__)
 
@@ -132,7 +134,8 @@ TRACE_MAGIC = 0x52475452
 #: with two), 6-12 us and a ramp over all groups no better or slower; the backward moved 0-2 %.
 STAGGER_NS_FORWARD = 3000
 #: Rows from this length are what the family is built (and measured) for; below, PickAny
-#: ranks it after the register, smem, looped and cluster-split kernels (`estimated_cost`).
+#: ranks it after the register, smem, looped and cluster-split kernels (`estimated_cost`),
+#: except for rows too long for one CTA's shared memory (`long_rows_from`).
 MIN_COLS = 2**17
 MIN_CC, MAX_CC = 90, 100
 
@@ -341,13 +344,34 @@ def plan_rows(rows: int, cols: int, elem_bytes: int, backward: bool, ctas: int =
                         looks_ahead(S, staged, ring_chunks, backward), t)
 
 
+#: The fewest rows between `long_rows_from` and `MIN_COLS` elements the long-row families are
+#: ranked for: on an H200 (results/softmax-NVIDIA_H200-s36-vocab-few.json) the cluster splits ran
+#: fastest on 2 and 8 such rows, the row-group and window kernels 1.15-1.6x faster from 16.
+LONG_ROWS_MIN_ROWS = 16
+
+
+def long_rows_from(elem_bytes: int) -> int:
+    """The shortest row the long-row families (row-group, window, stream) are ranked for: one
+    past what a CTA's shared memory stages (`softmax_smem.max_cols` of the forward and the
+    y-staged backward: 116K 16-bit, 58K f32 elements), at most `MIN_COLS`. Between the two the
+    register and cluster-split kernels read the row twice; measured on an H200 (2048 and 8192
+    rows of 65536-128256 elements, benchmarks/NOTES-softmax-long.md, session 36) the row-group
+    and window kernels ran 15-33 % faster there."""
+    dtype = DataType.f32 if elem_bytes == 4 else DataType.bf16
+    return min(MIN_COLS, smem_max_cols(dtype, 1) + 1)
+
+
 def row_group_cost(rows: int, cols: int, elem_bytes: int, backward: bool, sm_count: int, hint: float) -> float:
     """`CudaSoftmaxRowGroup*.estimated_cost` for one-CTA plans on ``sm_count`` SMs with family hint
-    ``hint`` (`row_cost`'s units: the plan's `estimate_us` over one pass at full bandwidth)."""
+    ``hint`` (`row_cost`'s units: the plan's `estimate_us` over one pass at full bandwidth); rows
+    shorter than `MIN_COLS` four times that plus 100, unless they are at least `long_rows_from`
+    long and at least `LONG_ROWS_MIN_ROWS` (fewer rows of such lengths are the cluster splits'
+    case)."""
     p = plan_rows(max(rows, 1), max(cols, 1), elem_bytes, backward, max(sm_count, 1), DEFAULT_RING)
     ideal = rows * cols * elem_bytes * (3 if backward else 2) / _BW
     cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / hint
-    return cost if cols >= MIN_COLS else 4.0 * cost + 100.0
+    long_rows = cols >= MIN_COLS or (cols >= long_rows_from(elem_bytes) and rows >= LONG_ROWS_MIN_ROWS)
+    return cost if long_rows else 4.0 * cost + 100.0
 
 
 def clear_trace(workspace: torch.Tensor, plan: RowGroupPlan) -> None:
@@ -464,7 +488,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
     def make_metadata(cls, params: dict) -> KernelMetadata:
         n = params.get("ctas_per_sm", 1)
         consumers = CONSUMERS_BY_CTAS_PER_SM[n]
-        design = RowReductionDesignMetadata("rowgroup", consumers, 16, MIN_COLS, None,
+        design = RowReductionDesignMetadata("rowgroup", consumers, 16, long_rows_from(params["dtype"].bytes), None,
                                             extra=(("peel", True), ("cooperative", True),
                                                    ("chunk_bytes", CHUNK_BYTES), ("consumers", consumers),
                                                    ("ctas_per_sm", n)))
@@ -550,9 +574,10 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         """`row_cost`'s units: the plan's modelled time over one pass at full bandwidth, for
         the peeled edges (1.02) and the family's `performance_hint`. So the cluster-split
         and looped kernels (two reads: 1.5x and more) lose the long rows, and a lone long
-        row, which they spread over few SMs, comes here too. Rows shorter than `MIN_COLS`
-        stay with the families measured there: four times the cost plus 100, past what the
-        generic model gives them (few rows of 64K elements cost the cluster splits 20-85).
+        row, which they spread over few SMs, comes here too. Rows shorter than
+        `long_rows_from` stay with the families measured there: four times the cost plus 100,
+        past what the generic model gives them (few rows of 64K elements cost the cluster splits
+        20-85).
 
         The model has no term for two CTAs sharing an SM: the two-CTA instances take the
         one-CTA plan's cost over a hint 2 % lower (`_TWO_CTA_HINT`), so PickAny keeps the

@@ -38,7 +38,7 @@ from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from ....nvrtc import CudaLauncher
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
-from .softmax_rowgroup import DEFAULT_RING, plan_rows, row_group_cost
+from .softmax_rowgroup import DEFAULT_RING, long_rows_from, plan_rows, row_group_cost
 
 MIN_CC = 80  # (plain loads and stores: nothing past sm_80)
 THREADS = 512
@@ -60,9 +60,6 @@ def default_unroll(backward: bool, elem_bytes: int) -> int:
 PART_BYTES = 64 * 1024
 MIN_PART_BYTES = 8 * 1024
 MIN_PARTS_PER_SM = 4
-#: Rows from this length are what the family is built (and measured) for, as the row-group
-#: family's; a CTA or a cluster holds shorter ones.
-MIN_COLS = 2**17
 
 
 @dataclass(frozen=True)
@@ -122,7 +119,7 @@ class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
-        design = RowReductionDesignMetadata("stream", THREADS, 16, MIN_COLS, None,
+        design = RowReductionDesignMetadata("stream", THREADS, 16, long_rows_from(params["dtype"].bytes), None,
                                             extra=(("peel", True), ("passes", 2), ("launches", 2),
                                                    ("part_bytes", PART_BYTES)))
         return cls.family_metadata(params, design, MIN_CC)
@@ -192,8 +189,8 @@ class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
         """`row_cost`'s units, relative to the row-group family's cost for the same problem
-        (`row_group_cost`, which also keeps rows under `MIN_COLS` with the one-CTA and cluster
-        families): `_ALONE_FACTOR` of it where the row-group plan gives each row the whole grid
+        (`row_group_cost`, which keeps rows shorter than `long_rows_from` with the one-CTA and
+        cluster families): `_ALONE_FACTOR` of it where the row-group plan gives each row the whole grid
         (one row group: every wave a meeting of all CTAs, which nothing overlaps), else
         `_GROUPED_FACTOR` (which plans count as alone: `_FEW_GROUPS`). Measured on an H200
         (benchmarks/softmax.py --cases long, session 26):

@@ -61,7 +61,7 @@ from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from .launch_epoch import next_epoch
 from .softmax import _TYPES, JoinsSoftmaxSource, peel_status, row_length_status, row_params
-from .softmax_rowgroup import row_group_cost
+from .softmax_rowgroup import long_rows_from, row_group_cost
 
 MIN_CC = 80  # (cp.async, relaxed 64-bit accesses, a cooperative launch: nothing past sm_80)
 THREADS = 256
@@ -110,8 +110,6 @@ RING2_MIN_ROW_GRIDS = 0.125
 #: parts than a CTA threads, so each thread merges several and would wait on each in turn: 2-3 % on
 #: f32 8x4M (512 and 1024 parts a row), none on 256 or fewer and 1-4 % slower on the 1M rows.
 PEEKS = 1
-#: Rows from this length are what the family is built for, as the row-group family's.
-MIN_COLS = 2**17
 #: Workspace bytes per part and per row: a 16-byte slot each.
 SLOT_BYTES = 16
 
@@ -250,7 +248,7 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
-        design = RowReductionDesignMetadata("window", THREADS, 16, MIN_COLS, None,
+        design = RowReductionDesignMetadata("window", THREADS, 16, long_rows_from(params["dtype"].bytes), None,
                                             extra=(("peel", True), ("cooperative", True), ("passes", 2),
                                                    ("part_bytes", UNROLL[cls.backward] * THREADS * 16),
                                                    ("ring_steps", NSLOT)))
@@ -342,19 +340,34 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
         """`row_cost`'s units: `_COST_FACTOR` of the row-group family's cost for the same problem
-        (`row_group_cost`, which also keeps rows under `MIN_COLS` with the one-CTA and cluster
-        families), so PickAny takes this family first on every long row.
+        (`row_group_cost`, which keeps rows shorter than `long_rows_from` with the one-CTA and
+        cluster families), so PickAny takes this family first on every long row, but forward rows
+        of fewer than `_SHORT_FORWARD_PARTS` parts, which rank after the row-group family.
 
         Measured on an H200 (benchmarks/softmax.py --cases long, session 35,
         results/softmax-NVIDIA_H200-s35-window.*): the fastest on 22 of the 24 long cases (1x1M,
         8x1M, 32x1M, 8x4M; every dtype, both directions), 0.46-3.16 TB/s, and within 1-3 % of
-        the row-group kernel on the other two (16-bit backwards of 8x1M)."""
+        the row-group kernel on the other two (16-bit backwards of 8x1M). Session 36
+        (results/softmax-NVIDIA_H200-s36-vocab*.json): the fastest on f32 rows of 100000 and
+        128256 elements and on 16-bit backwards of 128256, where the register and cluster-split
+        kernels ran 15-25 % slower."""
         base = row_group_cost(args.rows, args.cols, self.dtype.bytes, self.backward, sm_count,
                               type(self).performance_hint)
+        if not self.backward:
+            bpr = plan_window(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, 1,
+                              UNROLL[False] * THREADS).parts_per_row
+            if bpr < _SHORT_FORWARD_PARTS:
+                return base * _COST_FACTOR * _SHORT_FORWARD_FACTOR
         return base * _COST_FACTOR
 
 
 _COST_FACTOR = 0.8
+#: Forward rows of fewer parts than this (a combination every few parts) rank after the row-group
+#: family: measured on an H200 (benchmarks/NOTES-softmax-long.md, session 36), 8 parts a row ran
+#: 0.84 of the row-group kernel's rate at 16-bit 128256 elements and 0.93 at f32 65536; 10 and
+#: more parts ran faster than it (16-bit 152064, f32 100000 and 128256).
+_SHORT_FORWARD_PARTS = 9
+_SHORT_FORWARD_FACTOR = 1.5
 
 _sm_count = sm_count  # (a module name the tests patch)
 
