@@ -356,7 +356,8 @@ def long_rows_from(elem_bytes: int) -> int:
     y-staged backward: 116K 16-bit, 58K f32 elements), at most `MIN_COLS`. Between the two the
     register and cluster-split kernels read the row twice; measured on an H200 (2048 and 8192
     rows of 65536-128256 elements, benchmarks/NOTES-softmax-long.md, session 36) the row-group
-    and window kernels ran 15-33 % faster there."""
+    and window kernels ran 17-33 % faster there, and within 2 % of the cluster split on f32
+    backwards of 65536."""
     dtype = DataType.f32 if elem_bytes == 4 else DataType.bf16
     return min(MIN_COLS, smem_max_cols(dtype, 1) + 1)
 
