@@ -149,6 +149,11 @@ def test_tuning_attributes_reach_the_compile_key():
         assert k.defines_for(args) == {"WN_MIN_BLOCKS": 3} and k.compile_key(args, 90) != base
         k.peeks = 2
         assert k.defines_for(args) == {"WN_MIN_BLOCKS": 3, "WN_PEEKS": 2}
+        # the delay is planned from the build stored with the artifact: a cached artifact of
+        # another delay must not serve (the compile key names it)
+        before = k.compile_key(args, 90)
+        k.delay_rounds = 1.0
+        assert k.compile_key(args, 90) != before and k.compile_key(args, 90)[:2] == before[:2]
     finally:
         _reset(k)
 

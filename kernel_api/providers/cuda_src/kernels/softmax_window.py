@@ -279,6 +279,12 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
         peeks = self.build(args).peeks
         return {"WN_MIN_BLOCKS": int(self.min_blocks), **({"WN_PEEKS": peeks} if peeks else {}), **self.extra_defines}
 
+    def compile_key(self, args: Any, cc: int | None) -> tuple:
+        """The name expression, defines and cc, and the build's delay: `launch_plan` stores the
+        whole build with the artifact, so an artifact cached for one delay is not reused for
+        another."""
+        return super().compile_key(args, cc) + (self.build(args).delay_rounds,)
+
     def launch_plan(self, args: Any, launcher: Any) -> WindowBuild:
         """Stored with the artifact: `_run` plans for the build it holds, whatever ``args`` it
         is given."""
