@@ -22,6 +22,11 @@ from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
 torch.manual_seed(0)
 def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
     return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
+n = 0
+def launch(k, backward, rows, cols, dtype, offset):  # one run of k on operands from `at`, counted in n
+    global n
+    x, out, gi = (at(rows, cols, dtype, offset) for _ in range(3))
+    k.run(SoftmaxBackwardArguments(x, out, gi) if backward else SoftmaxArguments(x, out)); n += 1
 """
 
 

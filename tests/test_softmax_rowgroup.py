@@ -838,14 +838,12 @@ def test_scalar_math_build(dtype, ctas_per_sm):
 
 _SANITIZED = SOFTMAX_PREAMBLE + r"""
 from kernel_api.providers.cuda_src.kernels.softmax_rowgroup import CudaSoftmaxRowGroupBackward, CudaSoftmaxRowGroupForward
-n = 0
 for cls in (CudaSoftmaxRowGroupForward, CudaSoftmaxRowGroupBackward):
     for k in cls.generate_kernels(None, cc=90):
         dtype = k.dtype.to_torch()
         for ctas, ring, S, rows, cols, offset in [(None, None, None, 3, 200003, 3), (6, 2, 3, 5, 30011, 1)]:
             k.limit_ctas, k.limit_ring, k.ctas_per_row = ctas, ring, S
-            x, out, gi = (at(rows, cols, dtype, offset) for _ in range(3))
-            k.run(SoftmaxBackwardArguments(x, out, gi) if cls.backward else SoftmaxArguments(x, out)); n += 1
+            launch(k, cls.backward, rows, cols, dtype, offset)
 torch.cuda.synchronize()
 print("launches", n)
 """

@@ -177,7 +177,9 @@ def test_peeling_needs_one_offset():
 
 
 # ----------------------------------------------------------------------------------- GPU
-def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int) -> None:
+def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int, workspace=None, describe=None) -> None:
+    """One launch of ``k`` against float64 inside a poisoned buffer, then a second one bit for
+    bit; ``workspace`` is passed to both runs, ``describe(args)`` (if given) joins the message."""
     what = f"{k.metadata.kernel_name} {rows}x{cols}+{offset}"
     buf, out = _poisoned(rows, cols, dtype, offset)
     if cls.backward:
@@ -190,7 +192,9 @@ def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int) -> Non
         x = _input_at(rows, cols, dtype, offset)
         args = SoftmaxArguments(x, out)
     assert k.supports(args), k.supports(args).error
-    k.run(args)
+    if describe is not None:
+        what += f" {describe(args)}"
+    k.run(args, workspace=workspace)
     torch.cuda.synchronize()
     if cls.backward:
         check_backward(out, g, y, what)
@@ -198,7 +202,7 @@ def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int) -> Non
         check_forward(out, x, what)
     _margins_untouched(buf, rows, cols, offset, what)
     first = out.clone()
-    k.run(args)  # again on the same buffers: the same bits (a fixed order of the partials)
+    k.run(args, workspace=workspace)  # again on the same buffers: the same bits (a fixed order of the partials)
     torch.cuda.synchronize()
     assert torch.equal(out.view(torch.uint8) if out.dtype == torch.float32 else out.view(torch.int16),
                        first.view(torch.uint8) if out.dtype == torch.float32 else first.view(torch.int16)), what
@@ -241,14 +245,12 @@ def test_small_parts_and_other_ctas(cls, dtype):
 
 _SANITIZED = SOFTMAX_PREAMBLE + r"""
 from kernel_api.providers.cuda_src.kernels.softmax_stream import CudaSoftmaxStreamBackward, CudaSoftmaxStreamForward
-n = 0
 for cls in (CudaSoftmaxStreamForward, CudaSoftmaxStreamBackward):
     for k in cls.generate_kernels(None, cc=90):
         dtype = k.dtype.to_torch()
         for part, rows, cols, offset in [(65536, 3, 200003, 3), (1024, 5, 30011, 1)]:
             k.part_bytes = part
-            x, out, gi = (at(rows, cols, dtype, offset) for _ in range(3))
-            k.run(SoftmaxBackwardArguments(x, out, gi) if cls.backward else SoftmaxArguments(x, out)); n += 1
+            launch(k, cls.backward, rows, cols, dtype, offset)
 torch.cuda.synchronize()
 print("launches", n)
 """

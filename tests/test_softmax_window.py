@@ -26,9 +26,8 @@ from kernel_api.providers.cuda_src.kernels.softmax_window import (CudaSoftmaxWin
 
 from memcheck import SOFTMAX_PREAMBLE, run_memcheck
 from test_softmax import check_backward, check_forward, make_rows
-from test_softmax import input_at as _input_at, margins_untouched as _margins_untouched, poisoned as _poisoned
 from test_softmax_smem import _nv_info
-from test_softmax_stream import _SHAPES as _STREAM_SHAPES
+from test_softmax_stream import _SHAPES as _STREAM_SHAPES, _check as _stream_check
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CLASSES = (CudaSoftmaxWindowForward, CudaSoftmaxWindowBackward)
@@ -254,32 +253,11 @@ def test_peeling_needs_one_offset():
 
 # ----------------------------------------------------------------------------------- GPU
 def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int, workspace=None) -> None:
-    what = (f"{k.metadata.kernel_name} {rows}x{cols}+{offset} {k.threads} threads "
-            f"{'by problem' if k.by_problem else 'attributes'} slack {k.slack_rounds} cap {k.max_ctas_per_sm} "
-            f"align {k.align} ahead {k.prefetch}")
-    buf, out = _poisoned(rows, cols, dtype, offset)
-    if cls.backward:
-        g = _input_at(rows, cols, dtype, offset)
-        g.copy_(torch.randn(rows, cols, device="cuda") * 4)
-        y = _input_at(rows, cols, dtype, offset)
-        y.copy_(torch.softmax(torch.randn(rows, cols, device="cuda") * 2, -1))
-        args = SoftmaxBackwardArguments(g, y, out)
-    else:
-        x = _input_at(rows, cols, dtype, offset)
-        args = SoftmaxArguments(x, out)
-    assert k.supports(args), k.supports(args).error
-    what += f" {k.build(args)}"
-    k.run(args, workspace=workspace)
-    torch.cuda.synchronize()
-    if cls.backward:
-        check_backward(out, g, y, what)
-    else:
-        check_forward(out, x, what)
-    _margins_untouched(buf, rows, cols, offset, what)
-    first = out.clone()
-    k.run(args, workspace=workspace)  # again: the same bits (partials combined in part order)
-    torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.uint8), first.view(torch.uint8)), what
+    """test_softmax_stream's check (float64 reference, poisoned margins, a bit-identical rerun),
+    its message naming this family's settings and the build the launch takes."""
+    settings = (f"{k.threads} threads {'by problem' if k.by_problem else 'attributes'} slack {k.slack_rounds} "
+                f"cap {k.max_ctas_per_sm} align {k.align} ahead {k.prefetch}")
+    _stream_check(cls, k, rows, cols, dtype, offset, workspace, lambda args: f"{settings} {k.build(args)}")
 
 
 # (rows, cols, element offset past a 16-byte boundary): the stream family's, the long benchmark
@@ -401,15 +379,13 @@ def test_ops_pick_any_runs_long_rows_here():
 
 _SANITIZED = SOFTMAX_PREAMBLE + r"""
 from kernel_api.providers.cuda_src.kernels.softmax_window import CudaSoftmaxWindowBackward, CudaSoftmaxWindowForward
-n = 0
 for cls in (CudaSoftmaxWindowForward, CudaSoftmaxWindowBackward):
     for k in cls.generate_kernels(None, cc=90):
         dtype = k.dtype.to_torch()
         for unroll, nslot, delay, rows, cols, offset in [(4, 3, 0.3, 3, 200003, 3), (1, 3, 0.3, 5, 30011, 1),
                                                          (1, 4, 1.0, 3, 200003, 3)]:
             k.by_problem, k.unroll, k.nslot, k.delay_rounds = False, unroll, nslot, delay
-            x, out, gi = (at(rows, cols, dtype, offset) for _ in range(3))
-            k.run(SoftmaxBackwardArguments(x, out, gi) if cls.backward else SoftmaxArguments(x, out)); n += 1
+            launch(k, cls.backward, rows, cols, dtype, offset)
 torch.cuda.synchronize()
 print("launches", n)
 """

@@ -62,6 +62,8 @@ class _SoftmaxBase(CudaSourceKernel):
     source_file = "softmax.cu"
     convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
     backward: bool = False
+    #: the family's part of an instance name (`instance_name`)
+    tag: str = ""
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
@@ -251,11 +253,23 @@ class JoinsSoftmaxSource:
 
     convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
     backward: bool = False
+    #: the family's part of an instance name (`instance_name`)
+    tag: str = ""
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
         self.dtype: DataType = params["dtype"]
         self.vec: int = 16 // self.dtype.bytes
+
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        """One instance per dtype (families with more parameters override it)."""
+        return [dict(dtype=dt) for dt in softmax_config.DTYPES]
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        """``<class>_<dtype>_<tag>_peel<vec>`` (families with more parameters override it)."""
+        return f"{cls.__name__}_{params['dtype']}_{cls.tag}_peel{16 // params['dtype'].bytes}"
 
     @classmethod
     def family_metadata(cls, params: dict, design: RowReductionDesignMetadata, min_cc: int,

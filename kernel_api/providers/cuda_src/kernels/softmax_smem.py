@@ -109,10 +109,6 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
         return [dict(dtype=dtype, max_cols=max_cols(dtype, cls.staged_rows)) for dtype in softmax_config.DTYPES]
 
     @classmethod
-    def instance_name(cls, params: dict) -> str:
-        return f"{cls.__name__}_{params['dtype']}_{cls.tag}_peel{16 // params['dtype'].bytes}"
-
-    @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
         design = RowReductionDesignMetadata(cls.tag, THREADS_SHARED, 16, 1, params["max_cols"],
                                             extra=(("peel", True), ("stages", STAGES)))

@@ -33,7 +33,6 @@ from ....core.status import Status
 from ....core.streams import stream_handle
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ....utils import MAX_GRID_X
-from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from ....nvrtc import CudaLauncher
@@ -98,6 +97,7 @@ class StreamBuild:
 
 class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
     source_file = "softmax_stream.cu"
+    tag = "stream"
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
@@ -109,14 +109,6 @@ class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
         self.part_bytes: int = PART_BYTES
 
     # ---- generation --------------------------------------------------------------------
-    @classmethod
-    def variant_params(cls) -> list[dict]:
-        return [dict(dtype=dt) for dt in softmax_config.DTYPES]
-
-    @classmethod
-    def instance_name(cls, params: dict) -> str:
-        return f"{cls.__name__}_{params['dtype']}_stream_peel{16 // params['dtype'].bytes}"
-
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
         design = RowReductionDesignMetadata("stream", THREADS, 16, long_rows_from(params["dtype"].bytes), None,

@@ -202,18 +202,6 @@ __device__ __forceinline__ float2 block_stats(float m, float s, float2* red) {
   }
   return v;
 }
-// The CTA's sum in thread 0 (the same protocol).
-template <int THREADS>
-__device__ __forceinline__ float block_total(float v, float* red) {
-  v = warp_sum(v);
-  if constexpr (THREADS > 32) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    if (warp == 0) v = warp_sum(lane < THREADS / 32 ? red[lane] : 0.f);
-  }
-  return v;
-}
 
 // The step schedule (all numbers below 2^31: the interface refuses larger problems): step j
 // combines row (j - delay + 1) / bpr - 1 when bpr divides j - delay + 1, and outputs part
@@ -551,14 +539,14 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) bwd_window(const typen
           for (int e = 0; e < VEC; ++e) du[u] = fmaf(g[e], v[e], du[u]);
         }
       }
-      dot = window::block_total<THREADS>(dot + window::tree_sum<U>(du), red[k & 1]);
+      dot = block_sum<THREADS>(dot + window::tree_sum<U>(du), red[k & 1]);
       if (t == 0) window::publish(part_slot + 2 * (i64)j, window::slot_tag(tag, j), dot, 0.f);
     }
     auto combine = [&]() {  // the row's partials, in part order
       if (cr < 0) return;
       float part = 0.f;
       partials.each(part_slot, tag, cr, sc.bpr, t, THREADS, [&](float2 pv) { part += pv.x; });
-      const float total = window::block_total<THREADS>(part, red[2]);
+      const float total = block_sum<THREADS>(part, red[2]);
       if (t == 0) window::publish(row_slot + 2 * (i64)cr, window::slot_tag(tag, (i64)sc.parts + cr), total, 0.f);
       __syncthreads();
     };

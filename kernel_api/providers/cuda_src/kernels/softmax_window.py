@@ -56,7 +56,6 @@ from ....core.arch import sm_count
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
-from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from .launch_epoch import next_epoch
@@ -193,6 +192,7 @@ def plan_window(rows: int, cols: int, elem_bytes: int, grid: int, part_vectors: 
 
 class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
     source_file = "softmax_window.cu"
+    tag = "window"
 
     def __init__(self, metadata: KernelMetadata, params: dict) -> None:
         super().__init__(metadata, params)
@@ -239,14 +239,6 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
-    def variant_params(cls) -> list[dict]:
-        return [dict(dtype=dt) for dt in softmax_config.DTYPES]
-
-    @classmethod
-    def instance_name(cls, params: dict) -> str:
-        return f"{cls.__name__}_{params['dtype']}_window_peel{16 // params['dtype'].bytes}"
-
-    @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
         design = RowReductionDesignMetadata("window", THREADS, 16, long_rows_from(params["dtype"].bytes), None,
                                             extra=(("peel", True), ("cooperative", True), ("passes", 2),
@@ -270,20 +262,26 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
 
     # ---- compile -------------------------------------------------------------------------------
     def name_expression(self, args: Any) -> str:
-        op = "bwd" if self.backward else "fwd"
-        b = self.build(args)
-        return (f"ka_softmax::{op}_window<{_TYPES[self.dtype]}, {self.vec}, {b.unroll}, {self.threads}, "
-                f"{b.nslot}, {self.prefetch}>")
+        return self._name_for(self.build(args))
 
     def defines_for(self, args: Any) -> dict[str, int]:
-        peeks = self.build(args).peeks
-        return {"WN_MIN_BLOCKS": int(self.min_blocks), **({"WN_PEEKS": peeks} if peeks else {}), **self.extra_defines}
+        return self._defines_for(self.build(args))
 
     def compile_key(self, args: Any, cc: int | None) -> tuple:
         """The name expression, defines and cc, and the build's delay: `launch_plan` stores the
         whole build with the artifact, so an artifact cached for one delay is not reused for
-        another."""
-        return super().compile_key(args, cc) + (self.build(args).delay_rounds,)
+        another. (Every run without an artifact asks for it: one `build`.)"""
+        b = self.build(args)
+        return (self._name_for(b), tuple(sorted(self._defines_for(b).items())), cc, b.delay_rounds)
+
+    def _name_for(self, b: WindowBuild) -> str:
+        op = "bwd" if self.backward else "fwd"
+        return (f"ka_softmax::{op}_window<{_TYPES[self.dtype]}, {self.vec}, {b.unroll}, {self.threads}, "
+                f"{b.nslot}, {self.prefetch}>")
+
+    def _defines_for(self, b: WindowBuild) -> dict[str, int]:
+        return {"WN_MIN_BLOCKS": int(self.min_blocks), **({"WN_PEEKS": b.peeks} if b.peeks else {}),
+                **self.extra_defines}
 
     def launch_plan(self, args: Any, launcher: Any) -> WindowBuild:
         """Stored with the artifact: `_run` plans for the build it holds, whatever ``args`` it
