@@ -1059,3 +1059,21 @@ def test_traced_build_is_correct_and_its_stamps_ordered(cls, dtype, ctas_per_sm)
         plain.run(args)
         torch.cuda.synchronize()
         assert torch.equal(out.view(torch.int8), first.view(torch.int8)), f"{what}: differs from the plain build"
+
+
+def test_ranks_long_rows_where_the_few_row_sweep_measured_them_fastest():
+    """`ranks_long_rows`: rows of 2^17 elements and more at any count; from `long_rows_from` at
+    16 rows and more; from 128 KB (64K 16-bit, 32K f32 elements) at 16-47 rows, where the
+    smem kernels leave most SMs idle and the cluster splits need two waves or more
+    (results/softmax-NVIDIA_*-s37-fewrows-*.json)."""
+    assert rg.ranks_long_rows(1, rg.MIN_COLS, 2) and rg.ranks_long_rows(1, rg.MIN_COLS, 4)
+    assert not rg.ranks_long_rows(15, rg.long_rows_from(2), 2) and rg.ranks_long_rows(16, rg.long_rows_from(2), 2)
+    assert rg.ranks_long_rows(4096, rg.long_rows_from(4), 4)
+    for elem in (2, 4):
+        few = rg.FEW_ROWS_FROM_BYTES // elem
+        assert rg.ranks_long_rows(16, few, elem) and rg.ranks_long_rows(47, few, elem)
+        assert not rg.ranks_long_rows(16, few - 1, elem)
+        assert not rg.ranks_long_rows(15, few, elem) and not rg.ranks_long_rows(48, few, elem)
+        # (the cost: four times plus 100 where the family does not rank)
+        inside = rg.row_group_cost(32, few, elem, False, 132, 1.0)
+        assert rg.row_group_cost(64, few, elem, False, 132, 1.0) > 100 > inside

@@ -102,6 +102,49 @@ def test_split_kernels_compile_for_sm90a_without_a_gpu():
             assert artifact.extra.cluster == kernel.cluster
 
 
+@pytest.mark.parametrize("cls", [CudaSoftmaxSplitForward, CudaSoftmaxSplitBackward])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("cols", [4096, 16384, 32768, 100000])
+def test_ctas_per_sm_matches_the_compiled_registers(cls, dtype, cols):
+    """`ctas_per_sm` (PickAny's wave term) from `softmax_split.REGISTERS` names as many CTAs per
+    SM as the compiled cubin's registers and threads allow, for every instance of the dtype."""
+    from test_softmax_smem import _nv_info
+
+    from kernel_api.providers.cuda_src.kernels import softmax_split as sp
+
+    x = torch.empty(1, cols, dtype=dtype)
+    args = SoftmaxBackwardArguments(x, x, torch.empty_like(x)) if cls.backward else SoftmaxArguments(x, torch.empty_like(x))
+    for kernel in cls.generate_kernels(None, cc=90):
+        if kernel.dtype.to_torch() != dtype or not kernel.supports(args, 90):
+            continue
+        artifact = kernel.compile(args, cc=90)
+        compiled = artifact.compiled_obj.compiled
+        regs = _nv_info(compiled.cubin)[compiled.symbols[artifact.compiled_obj.name_expression]][0x2f]
+        threads = artifact.extra.threads
+        granted = -(-regs // sp.REGISTER_GRANULE) * sp.REGISTER_GRANULE
+        resident = max(1, min(sp.SM_THREADS // threads, sp.SM_REGISTERS // (threads * granted)))
+        assert kernel.ctas_per_sm(cols) == resident, (kernel.metadata.kernel_name, cols, threads, regs)
+
+
+def test_pick_any_charges_the_clusters_waves():
+    """A wave holds about `CLUSTER_PACKING` of the SMs' clusters: the 8-CTA split of one
+    1024-thread CTA per SM (bf16 backward, 100000 elements) costs the same per problem up to
+    12 rows (one wave of fewer CTAs than SMs), twice that at 16 (two waves), as its measured
+    times do (7-8 us, then 11-12 us: results/softmax-NVIDIA_H200-s37-fewrows-bf16.json). With two
+    CTAs per SM (65536 elements) a wave holds 24 rows, past the SMs' count: no step."""
+    kernel = next(k for k in CudaSoftmaxSplitBackward.generate_kernels(None, cc=90)
+                  if k.metadata.kernel_name == "CudaSoftmaxSplitBackward_bf16_split_ept16_c8_peel8")
+    assert kernel.ctas_per_sm(100000) == 1 and kernel.ctas_per_sm(65536) == 2
+
+    def per_problem(rows: int, cols: int = 100000) -> float:  # (the cost is time over bytes)
+        x = torch.empty(rows, cols, dtype=torch.bfloat16, device="meta")
+        return kernel.estimated_cost(SoftmaxBackwardArguments(x, x, torch.empty_like(x)), 132) * rows
+
+    assert per_problem(12) == pytest.approx(per_problem(4))
+    assert per_problem(16) == pytest.approx(2 * per_problem(12))
+    assert per_problem(48, 65536) == pytest.approx(2 * per_problem(24, 65536))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
     """PickAny (rank_candidates) on the benchmark's shapes, as measured on an H200

@@ -147,6 +147,12 @@ CLUSTER_SYNC_BYTES_PER_THREAD = {False: 128.0, True: 45.0}
 #: 1.04-1.12x the time of the 512-thread CTAs of a cluster twice as large at the same bytes
 #: per thread (f32 and bf16 backward 50257 and 32768, f32 forward 50257).
 CLUSTER_CTA_ALONE = 1.1
+#: The share of the SMs whose CTAs a wave of thread-block clusters fills, in `row_cost`'s wave
+#: term: clusters must fit in one GPC, and on the H100/H200 (132 SMs) the 8-CTA clusters of
+#: 1024-thread CTAs (one per SM) ran 12 rows in one wave and 16 in two
+#: (results/softmax-NVIDIA_*-s37-fewrows-*.json: the split kernels' times step at 16, 24-32, ...
+#: rows), 0.73-0.79 of the SMs. 0.75 ranks the recorded few-row cases best (0.6-0.8 within 1 %).
+CLUSTER_PACKING = 0.75
 #: A peeled kernel (scalar row head and tail, 16-byte vectors between) against the same
 #: configuration for aligned rows, on aligned rows: the head and tail are empty there, and the
 #: peeled kernels measured as fast or faster. 168 same-run pairs of the H100/H200 softmax runs
@@ -169,18 +175,23 @@ REGISTER_ROW_ALONE_ELEMENTS = 16384
 REGISTER_ROW_ALONE_FORWARD = 1.15
 
 
-def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None = None) -> float:
+def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None = None,
+             ctas_per_sm: int | None = None, lone_cta_share: float = 1.0) -> float:
     """Estimated time of a row-wise (softmax) kernel: prefers the strategy sized for the row,
     16-byte accesses over scalar ones, one pass over two, and enough CTAs to fill the SMs;
     charges a cluster split its barrier per row over the bytes each thread moves
-    (`CLUSTER_SYNC_BYTES_PER_THREAD`, `CLUSTER_CTA_ALONE`) and a forward register row that
-    leaves one CTA per SM (`REGISTER_ROW_ALONE_FORWARD`).
+    (`CLUSTER_SYNC_BYTES_PER_THREAD`, `CLUSTER_CTA_ALONE`) and its waves of clusters
+    (`CLUSTER_PACKING`), and a forward register row that leaves one CTA per SM
+    (`REGISTER_ROW_ALONE_FORWARD`).
 
     Read from the `RowReductionDesignMetadata`: ``strategy``, ``threads_per_row``,
     ``vector_bytes``, the row range, and ``extra``'s ``passes`` (reads of the input),
     ``peel`` (scalar row edges), ``rows_per_cta`` (warp) and ``cluster`` (CTAs per row).
     ``cta_threads``: the threads of one CTA for these arguments, where the kernel sizes its
     CTA to the row (the cluster splits); default ``threads_per_row / cluster``.
+    ``ctas_per_sm``: how many of a cluster kernel's CTAs one SM holds for these arguments
+    (None: no wave term). ``lone_cta_share``: the bandwidth a CTA alone on its SM streams, in
+    shares of the GPU's over ``sm_count`` (1: an SM without a CTA is bandwidth lost).
     """
     design = kernel.metadata.design
     cols = getattr(args, "cols", 1)
@@ -221,13 +232,19 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None =
         penalty *= 1.0 + CLUSTER_SYNC_BYTES_PER_THREAD[backward] / per_thread
         if cta >= 1024:
             penalty *= CLUSTER_CTA_ALONE
-    # Memory-bound: with fewer CTAs than SMs, the idle SMs' share of the bandwidth is lost.
     if strategy == "warp":
         ctas = rows / extra.get("rows_per_cta", 4)
     else:
         ctas = rows * extra.get("cluster", 1)
-    if ctas < sm_count:
-        penalty *= sm_count / max(ctas, 1)
+    if cluster > 1 and ctas_per_sm is not None:
+        # A wave of clusters takes about as long however few rows it holds (each CTA's slice
+        # and barriers are latency-bound there), so the cost is per wave, not per row.
+        per_wave = max(1, int(sm_count * ctas_per_sm * CLUSTER_PACKING / cluster))
+        penalty *= max(1.0, -(-rows // per_wave) * sm_count / max(ctas, 1))
+    elif ctas * lone_cta_share < sm_count:
+        # Memory-bound: with fewer CTAs than SMs, the idle SMs' share of the bandwidth is lost
+        # (beyond what a lone CTA streams more than its share).
+        penalty *= sm_count / max(ctas * lone_cta_share, 1)
     return penalty / kernel.metadata.kernel_class.performance_hint
 
 

@@ -135,7 +135,8 @@ TRACE_MAGIC = 0x52475452
 STAGGER_NS_FORWARD = 3000
 #: Rows from this length are what the family is built (and measured) for; below, PickAny
 #: ranks it after the register, smem, looped and cluster-split kernels (`estimated_cost`),
-#: except for rows too long for one CTA's shared memory (`long_rows_from`).
+#: except for rows too long for one CTA's shared memory (`long_rows_from`) and few long rows
+#: of a length it reaches (`ranks_long_rows`).
 MIN_COLS = 2**17
 MIN_CC, MAX_CC = 90, 100
 
@@ -348,6 +349,14 @@ def plan_rows(rows: int, cols: int, elem_bytes: int, backward: bool, ctas: int =
 #: ranked for: on an H200 (results/softmax-NVIDIA_H200-s36-vocab-few.json) the cluster splits ran
 #: fastest on 2 and 8 such rows, the row-group and window kernels 1.15-1.6x faster from 16.
 LONG_ROWS_MIN_ROWS = 16
+#: Few rows the smem families reach, ranked for the long-row families too: rows of at least
+#: `FEW_ROWS_FROM_BYTES` (82K 16-bit, 41K f32 elements), from `LONG_ROWS_MIN_ROWS` to below
+#: `FEW_ROWS_BELOW`. There the one-CTA-per-row smem kernels leave most SMs idle and the cluster
+#: splits need two waves or more: on an H100 and an H200 (results/softmax-NVIDIA_*-s37-fewrows-*.json)
+#: the row-group and window kernels ran fastest on 16-40 rows of 82K-116K 16-bit elements, by up
+#: to 1.4x; from 48 rows the smem kernels are as fast or faster.
+FEW_ROWS_FROM_BYTES = 128 * 1024
+FEW_ROWS_BELOW = 48
 
 
 def long_rows_from(elem_bytes: int) -> int:
@@ -364,15 +373,25 @@ def long_rows_from(elem_bytes: int) -> int:
 
 def row_group_cost(rows: int, cols: int, elem_bytes: int, backward: bool, sm_count: int, hint: float) -> float:
     """`CudaSoftmaxRowGroup*.estimated_cost` for one-CTA plans on ``sm_count`` SMs with family hint
-    ``hint`` (`row_cost`'s units: the plan's `estimate_us` over one pass at full bandwidth); rows
-    shorter than `MIN_COLS` four times that plus 100, unless they are at least `long_rows_from`
-    long and at least `LONG_ROWS_MIN_ROWS` (fewer rows of such lengths are the cluster splits'
-    case)."""
+    ``hint`` (`row_cost`'s units: the plan's `estimate_us` over one pass at full bandwidth); four
+    times that plus 100 where the family does not rank (`ranks_long_rows`: rows shorter than
+    `MIN_COLS` that the smem or cluster-split families take)."""
     p = plan_rows(max(rows, 1), max(cols, 1), elem_bytes, backward, max(sm_count, 1), DEFAULT_RING)
     ideal = rows * cols * elem_bytes * (3 if backward else 2) / _BW
     cost = p.estimate_us / max(ideal, 1e-9) * 1.02 / hint
-    long_rows = cols >= MIN_COLS or (cols >= long_rows_from(elem_bytes) and rows >= LONG_ROWS_MIN_ROWS)
-    return cost if long_rows else 4.0 * cost + 100.0
+    return cost if ranks_long_rows(rows, cols, elem_bytes) else 4.0 * cost + 100.0
+
+
+def ranks_long_rows(rows: int, cols: int, elem_bytes: int) -> bool:
+    """Whether ``rows`` x ``cols`` is a problem the long-row families rank for (`row_group_cost`):
+    rows of `MIN_COLS` elements and more; from `long_rows_from` at `LONG_ROWS_MIN_ROWS` rows or
+    more; and from `FEW_ROWS_FROM_BYTES` at `LONG_ROWS_MIN_ROWS` up to `FEW_ROWS_BELOW` rows."""
+    if cols >= MIN_COLS:
+        return True
+    if rows < LONG_ROWS_MIN_ROWS:
+        return False
+    return cols >= long_rows_from(elem_bytes) or (cols * elem_bytes >= FEW_ROWS_FROM_BYTES
+                                                  and rows < FEW_ROWS_BELOW)
 
 
 def clear_trace(workspace: torch.Tensor, plan: RowGroupPlan) -> None:
@@ -576,7 +595,8 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         the peeled edges (1.02) and the family's `performance_hint`. So the cluster-split
         and looped kernels (two reads: 1.5x and more) lose the long rows, and a lone long
         row, which they spread over few SMs, comes here too. Rows shorter than
-        `long_rows_from` stay with the families measured there: four times the cost plus 100,
+        `long_rows_from` stay with the families measured there (but the few rows of
+        `ranks_long_rows`): four times the cost plus 100,
         past what the generic model gives them (few rows of 64K elements cost the cluster splits
         20-85).
 

@@ -58,6 +58,12 @@ STAGING_COST = 1.1
 #: the two-row staging's speed where both fit (H200, bf16 1024-8192 rows of 32768-50257,
 #: results/softmax-NVIDIA_H200-s27-smemy.json), so it takes only the rows that staging cannot.
 Y_STAGING_COST = 1.1
+#: The bandwidth one CTA streams alone on its SM, in shares of the GPU's over its SMs
+#: (`row_cost`'s ``lone_cta_share``): with fewer rows than SMs these kernels' times stay flat
+#: up to about 64 rows and each CTA streams its row at 40-50 GB/s (H100 and H200,
+#: results/softmax-NVIDIA_*-s37-fewrows-*.json), 1.5x a 132nd of 3.6 TB/s. So from 48-64 rows
+#: of 50K-116K 16-bit elements they rank ahead of the cluster splits, as measured.
+LONE_CTA_SHARE = 1.5
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,7 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
         SMs), and these take the longer rows from the looped kernels (1.5: two reads)."""
         from ....tuning.policies import row_cost
 
-        return row_cost(self, args, sm_count) * STAGING_COST * self.staging_cost_factor
+        return row_cost(self, args, sm_count, lone_cta_share=LONE_CTA_SHARE) * STAGING_COST * self.staging_cost_factor
 
 
 @CudaSourceProvider.register

@@ -51,6 +51,41 @@ EPT_FORWARD, EPT_BACKWARD = (16, 32), (16,)
 #: Threads and elements per thread per chunk of the looped instances.
 LOOPED_THREADS, LOOPED_EPT = 512, 32
 MIN_CC = 90  # thread-block clusters
+#: Registers per thread of the instances (`ptxas` for sm_90a, CUDA 13, by
+#: ``(backward, ept or "looped", element bytes, threads per CTA)``; scripts/split_registers.py
+#: prints it), for the CTAs one SM holds (`ctas_per_sm`): PickAny's wave term (`row_cost`). The
+#: ept32 forward's 512-thread CTAs at 96-105 and the looped f32 forward at 113 leave one CTA per
+#: SM, the looped 16-bit forward at 64 two.
+REGISTERS = {
+    (False, 'looped', 2, 512): 64,
+    (False, 'looped', 4, 512): 113,
+    (False, 16, 2, 1024): 51,
+    (False, 16, 2, 128): 48,
+    (False, 16, 2, 256): 48,
+    (False, 16, 2, 512): 60,
+    (False, 16, 4, 1024): 54,
+    (False, 16, 4, 128): 48,
+    (False, 16, 4, 256): 48,
+    (False, 16, 4, 512): 60,
+    (False, 32, 2, 128): 80,
+    (False, 32, 2, 256): 80,
+    (False, 32, 2, 512): 105,
+    (False, 32, 4, 128): 80,
+    (False, 32, 4, 256): 80,
+    (False, 32, 4, 512): 96,
+    (True, 'looped', 2, 512): 74,
+    (True, 'looped', 4, 512): 108,
+    (True, 16, 2, 1024): 60,
+    (True, 16, 2, 128): 48,
+    (True, 16, 2, 256): 48,
+    (True, 16, 2, 512): 55,
+    (True, 16, 4, 1024): 64,
+    (True, 16, 4, 128): 56,
+    (True, 16, 4, 256): 62,
+    (True, 16, 4, 512): 62,
+}
+#: Registers and threads of one SM (sm_90), and the allocation's granule per thread.
+SM_REGISTERS, SM_THREADS, REGISTER_GRANULE = 65536, 2048, 8
 
 
 @dataclass(frozen=True)
@@ -133,6 +168,14 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
     def name_expression(self, args: Any) -> str:
         return self.plan(args.cols)[0]
 
+    def ctas_per_sm(self, cols: int) -> int:
+        """The CTAs of this instance one SM holds for rows of ``cols`` elements: by threads and
+        by registers (`REGISTERS`)."""
+        threads = self.plan(max(cols, 1))[1].threads
+        regs = REGISTERS[(self.backward, "looped" if self.looped else self.ept, self.dtype.bytes, threads)]
+        regs = -(-regs // REGISTER_GRANULE) * REGISTER_GRANULE
+        return max(1, min(SM_THREADS // threads, SM_REGISTERS // (threads * regs)))
+
     def launch_plan(self, args: Any, launcher: Any) -> SplitPlan:
         return self.plan(args.cols)[1]
 
@@ -151,10 +194,15 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
         """`row_cost` with the threads this instance's CTA has for the row (`plan`): its
-        cluster term counts the bytes each thread moves per barrier."""
+        cluster term counts the bytes each thread moves per barrier; and the CTAs an SM holds
+        (`ctas_per_sm`), for its waves of clusters: on few rows of 82K-128K 16-bit elements the
+        8-CTA clusters of one CTA per SM step from one wave to two at 16 rows, where the
+        row-group and window kernels ran 1.2-1.3x faster (results/softmax-NVIDIA_*-s37-fewrows-*)."""
         from ....tuning.policies import row_cost
 
-        return row_cost(self, args, sm_count, cta_threads=self.plan(max(args.cols, 1))[1].threads)
+        cols = max(args.cols, 1)
+        return row_cost(self, args, sm_count, cta_threads=self.plan(cols)[1].threads,
+                        ctas_per_sm=self.ctas_per_sm(cols))
 
 
 @CudaSourceProvider.register

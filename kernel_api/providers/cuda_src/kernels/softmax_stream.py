@@ -182,7 +182,7 @@ class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
     def estimated_cost(self, args: Any, sm_count: int) -> float:
         """`row_cost`'s units, relative to the row-group family's cost for the same problem
         (`row_group_cost`, which keeps rows shorter than `long_rows_from` with the one-CTA and
-        cluster families): `_ALONE_FACTOR` of it where the row-group plan gives each row the whole grid
+        cluster families, but the few rows of `ranks_long_rows`): `_ALONE_FACTOR` of it where the row-group plan gives each row the whole grid
         (one row group: every wave a meeting of all CTAs, which nothing overlaps), else
         `_GROUPED_FACTOR` (which plans count as alone: `_FEW_GROUPS`). Measured on an H200
         (benchmarks/softmax.py --cases long, session 26):

@@ -345,7 +345,7 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
     def estimated_cost(self, args: Any, sm_count: int) -> float:
         """`row_cost`'s units: `_COST_FACTOR` of the row-group family's cost for the same problem
         (`row_group_cost`, which keeps rows shorter than `long_rows_from` with the one-CTA and
-        cluster families), so PickAny takes this family first on every long row, but forward rows
+        cluster families, but the few rows of `ranks_long_rows`), so PickAny takes this family first on every long row, but forward rows
         of fewer than `_SHORT_FORWARD_PARTS` parts, which rank after the row-group family.
 
         Measured on an H200 (benchmarks/softmax.py --cases long, session 35,
