@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -15,8 +16,30 @@ def result_name(prefix: str, device: str, tag: str = "") -> str:
     return f"{prefix}-{device.replace(' ', '_')}{'-' + tag if tag else ''}.json"
 
 
+#: Significant digits a float keeps in the results' JSON: timings are repeatable to 2-3, so 6
+#: lose nothing, and the files (which travel to the GPU machine with the tree) stay small.
+DIGITS = 6
+
+
+def rounded(doc: Any, digits: int = DIGITS) -> Any:
+    """``doc`` with every float rounded to ``digits`` significant digits (containers copied)."""
+    if isinstance(doc, float):
+        return float(f"{doc:.{digits}g}")
+    if isinstance(doc, dict):
+        return {k: rounded(v, digits) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [rounded(v, digits) for v in doc]
+    return doc
+
+
+def dump(doc: Any, f: Any, indent: int | None = None) -> None:
+    """``doc`` as JSON into the open file ``f``: floats `rounded`, compact unless ``indent``."""
+    json.dump(rounded(doc), f, indent=indent, separators=None if indent else (",", ":"), default=str)
+
+
 def write_result(name: str, doc: dict, indent: int | None = None) -> list[str]:
-    """Write ``doc`` as JSON to the results folder and to ``$OUT`` (if it is a folder); the paths."""
+    """Write ``doc`` as JSON (`dump`) to the results folder and to ``$OUT`` (if it is a folder);
+    the paths."""
     paths = [os.path.join(RESULTS, name)]
     out = os.environ.get("OUT", "")
     if out and os.path.isdir(out):
@@ -24,7 +47,7 @@ def write_result(name: str, doc: dict, indent: int | None = None) -> list[str]:
     os.makedirs(RESULTS, exist_ok=True)
     for path in paths:
         with open(path, "w") as f:
-            json.dump(doc, f, indent=indent, default=str)
+            dump(doc, f, indent)
     return paths
 
 

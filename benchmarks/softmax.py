@@ -32,8 +32,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kernel_api  # noqa: E402
+import results_io  # noqa: E402
 from typing import Any  # noqa: E402
 
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments  # noqa: E402
@@ -489,7 +491,7 @@ def main() -> None:
     def save() -> None:  # after every case, so that a run cut short keeps what it measured
         for target in [path] + ([os.path.join(os.environ["OUT"], name)] if os.environ.get("OUT") else []):
             with open(target, "w") as f:
-                json.dump(report, f, indent=1)
+                results_io.dump(report, f)
 
     report["results"] = []
     print(_HEADER, flush=True)
