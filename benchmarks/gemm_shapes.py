@@ -8,7 +8,8 @@ PickAny's choice, ``kernel_api.ops.gemm`` and cuBLAS (``torch.matmul``), in one 
 Groups (`GROUPS`): ``odd`` (odd extents and leading dimensions: goal 1), ``aligned`` (the seven
 16-byte aligned bf16 shapes: goal 5), ``small_m`` (M in 1..128 against N, K in 4096..14336, B
 column-major as an nn.Linear weight: goal 2), ``f32`` (against torch's default FP32: goal 3) and
-``f64`` (against DGEMM: goal 4). A case is (M, N, K, dtype, layouts, L); add one to a group's list
+``f64`` (against DGEMM: goal 4), ``models`` (a Llama-3-8B layer's projections at 512-8192 tokens and
+its lm_head: PickAny beyond the issue's shapes). A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
 
 Per case:
@@ -102,6 +103,12 @@ GROUPS: dict[str, list[Case]] = {
     "f32": [Case(n, n, n, "f32", "tnt", tf32=tf32) for tf32 in (False, True) for n in (4096, 8192)],
     # goal 4: f64 on the FP64 tensor cores against cuBLAS DGEMM
     "f64": [Case(2048, 2048, 2048, "f64"), Case(8192, 8192, 8192, "f64")],
+    # goal 7 beyond the shapes: a Llama-3-8B layer's projections (hidden 4096; q, k, v
+    # fused to 6144; the MLP's gate and up fused to 28672; down from 14336) at 512, 2048 and 8192
+    # tokens, and its 128256-token lm_head; B column-major as nn.Linear weights are
+    "models": [Case(M, N, K, "bf16", "tnt") for M in (512, 2048, 8192)
+               for N, K in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))]
+              + [Case(2048, 128256, 4096, "bf16", "tnt")],
 }
 
 

@@ -37,6 +37,9 @@ ODD_S31 = "gemm_shapes-NVIDIA_H200-s31-odd.json"
 ODD_S31_SK = "gemm_shapes-NVIDIA_H200-s31-odd-sk.json"
 S31_SHUFFLED = "gemm_shapes-NVIDIA_H200-s31-shuffled-pickbest.json"
 ODD_S31_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s31-odd-h100.json"
+#: Session 37's Llama-3-8B layer shapes (``--group models``), with the 128x192 tile
+MODELS = "gemm_shapes-NVIDIA_H200-s37-models-a-192.json"
+MODELS_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-models-192-h100.json"
 
 #: The recorded files replayed in full.
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
@@ -45,7 +48,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-clusters-h100.json", "gemm_shapes-NVIDIA_H200-s29-shuffled.json",
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json", SHUFFLED_FINAL,
          "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json", ODD_S30, ODD_S30_H100, ODD_S30_FINAL, ODD_S31,
-         ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100]
+         ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
@@ -115,6 +118,15 @@ def test_fixed_cases_choose_within_10_percent(name, case, before, family):
     assert r["choice"].startswith(family), r
     assert r["within"], r
     assert r["ratio"] > before
+
+
+@pytest.mark.parametrize("name", [MODELS, MODELS_H100])
+def test_qkv_projection_at_512_tokens_takes_the_128x192_tile(name):
+    """bf16 512x6144x4096 (a Llama-3-8B qkv projection at 512 tokens): 128 tiles of 128x192, one
+    wave, where every other tile ran 0.76x cuBLAS (session 37, ...-s37-models-a.json before the
+    tile existed) and this one 1.01x on both cards."""
+    r = _case(name, "bf16 512x6144x4096 tnt")
+    assert "_tile128x192x64_" in r["choice"] and r["within"] and r["ratio"] > 0.99, r
 
 
 def test_f16_4097_cubed_takes_the_split_tile():

@@ -148,15 +148,17 @@ def test_interface_does_not_import_cutlass():
 
 
 # Compiles in a subprocess that keeps the PTX and cubin, then greps them: one instance per
-# schedule, covering column-major operands, f32 output, rank 3 and a full fused epilogue.
+# schedule, covering column-major operands, f32 output, rank 3 and a full fused epilogue, and the
+# 128x192 tile (wgmma n192).
 _COMPILE_SCRIPT = textwrap.dedent("""
     import sys, torch, kernel_api
     from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
     def mk(shape, dt, col):
         t = torch.randn(*shape).to(dt)
         return t.transpose(-1, -2).contiguous().transpose(-1, -2) if col else t
-    cases = [("cluster2x1_cooperative_swz", "tnt", torch.bfloat16, 2, False),
-             ("128x128x64_cluster2x1_pingpong_streamk", "nnn", torch.float32, 3, True)]
+    cases = [("128x256x64_cluster2x1_cooperative_swz", "tnt", torch.bfloat16, 2, False),
+             ("128x128x64_cluster2x1_pingpong_streamk", "nnn", torch.float32, 3, True),
+             ("128x192x64_cluster2x1_cooperative_swz", "ntt", torch.bfloat16, 2, False)]
     for cfg, lay, odt, rank, fused in cases:
         sh = (lambda r, c: (2, r, c)) if rank == 3 else (lambda r, c: (r, c))
         A = mk(sh(256, 128), torch.bfloat16, lay[0] == "n"); B = mk(sh(128, 256), torch.bfloat16, lay[1] == "n")
@@ -197,17 +199,17 @@ def test_compile_for_sm90a_emits_wgmma_and_tma(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("compiled") == 2
+    assert proc.stdout.count("compiled") == 3
     ptxs = sorted(p for p in os.listdir(tmp_path) if p.endswith(".ptx"))
     cubins = sorted(p for p in os.listdir(tmp_path) if p.endswith(".cubin"))
-    assert len(ptxs) == 2 and len(cubins) == 2
+    assert len(ptxs) == 3 and len(cubins) == 3
     for name in ptxs:
         ptx = (tmp_path / name).read_text()
         assert ".target sm_90a" in ptx
         assert "wgmma.mma_async.sync.aligned.m64n" in ptx
         assert "cp.async.bulk.tensor" in ptx and "mbarrier" in ptx
         assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
-        assert ".multicast::cluster" in ptx  # both cases use a 2-CTA cluster
+        assert ".multicast::cluster" in ptx  # every case uses a 2-CTA cluster
     streamk = [n for n in ptxs if "ld.acquire.gpu" in (tmp_path / n).read_text()]
     assert len(streamk) == 1  # the stream-K case waits for its partner's partial tile
     tool = _nvdisasm()

@@ -117,7 +117,11 @@ class Sm90Config:
 #: each with 2-CTA multicast; stream-K variants remove the partial last wave (tile counts are
 #: rarely multiples of the SM count); skinny M: 64x128 pingpong keeps more SMs busy, split_all
 #: cuts every tile along K, and 64x64 tiles with A multicast along N (1x2, 1x4 clusters; deeper
-#: rings of their small stages) stream B without split-K at M <= 64.
+#: rings of their small stages) stream B without split-K at M <= 64. The 128x192 cooperative tile
+#: fits outputs whose 128x128 tiles leave a partial wave and whose 128x256 tiles leave SMs idle:
+#: bf16 512x6144x4096 (a Llama-3-8B qkv projection at 512 tokens) is 128 tiles, one wave, at
+#: 1.01x cuBLAS on the H100 and the H200, where the other tiles ran 0.76x (session 37,
+#: benchmarks/NOTES-sm90.md).
 CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4),
     Sm90Config((256, 128), (1, 2), "cooperative", swizzle=4, raster_along_m=False),
@@ -131,6 +135,7 @@ CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 128), (1, 1), "pingpong", stream_k=True, split_all=True),
     Sm90Config((64, 64), (1, 2), "pingpong", raster_along_m=False, max_ab_stages=16),
     Sm90Config((64, 64), (1, 4), "pingpong", raster_along_m=False, max_ab_stages=12),
+    Sm90Config((128, 192), (2, 1), "cooperative", swizzle=4),
 )
 #: The subset also emitted with an f32 output (one per schedule and shape class).
 F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
