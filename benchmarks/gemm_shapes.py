@@ -9,7 +9,8 @@ Groups (`GROUPS`): ``odd`` (odd extents and leading dimensions: goal 1), ``align
 16-byte aligned bf16 shapes: goal 5), ``small_m`` (M in 1..128 against N, K in 4096..14336, B
 column-major as an nn.Linear weight: goal 2), ``f32`` (against torch's default FP32: goal 3) and
 ``f64`` (against DGEMM: goal 4), ``models`` (a Llama-3-8B layer's projections at 512-8192 tokens and
-its lm_head: PickAny beyond the issue's shapes). A case is (M, N, K, dtype, layouts, L); add one to a group's list
+its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and Llama-3-70B's at 256
+and 1024 tokens). A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
 
 Per case:
@@ -109,6 +110,12 @@ GROUPS: dict[str, list[Case]] = {
     "models": [Case(M, N, K, "bf16", "tnt") for M in (512, 2048, 8192)
                for N, K in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))]
               + [Case(2048, 128256, 4096, "bf16", "tnt")],
+    # and two other widths at 256 and 1024 tokens: Qwen2-7B (hidden 3584; qkv 4608; gate and up
+    # 37888; down from 18944) and Llama-3-70B (hidden 8192; qkv 10240; gate and up 57344; down
+    # from 28672)
+    "models_more": [Case(M, N, K, "bf16", "tnt") for M in (256, 1024)
+                    for N, K in ((4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944),
+                                 (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))],
 }
 
 
