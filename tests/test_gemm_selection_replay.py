@@ -41,6 +41,7 @@ ODD_S31_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s31-odd-h100.json"
 MODELS = "gemm_shapes-NVIDIA_H200-s37-models-a-192.json"
 MODELS_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-models-192-h100.json"
 MODELS_MORE = "gemm_shapes-NVIDIA_H200-s37-models-more.json"
+WAVE_FIT = "gemm_shapes-NVIDIA_H200-s37-wave-fit.json"
 
 #: The recorded files replayed in full.
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
@@ -50,7 +51,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json", SHUFFLED_FINAL,
          "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json", ODD_S30, ODD_S30_H100, ODD_S30_FINAL, ODD_S31,
          ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100,
-         MODELS_MORE]
+         MODELS_MORE, WAVE_FIT]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
@@ -75,11 +76,8 @@ OPEN_MISSES = {
     # 0.0360-0.0402 ms across the two runs and two contestant slots, cuBLAS 0.0357-0.0364.
     (SMALL_M, "bf16 1x8192x8192 tnt"): "within the kernel's run-to-run spread",
     (SMALL_M_PICKANY, "bf16 8x8192x8192 tnt"): "within the kernel's run-to-run spread",
-    # Session 37's Qwen2-7B / Llama-3-70B shapes: every tile of ours ran 0.90-0.92x cuBLAS at
-    # 256x10240x8192 (PickAny's 128x192 tile 0.0710 ms, cuBLAS 0.0639, ranked 3 % behind it) and
-    # at 1024x3584x3584 (the 128x256 tile 0.0428, the 128x128 one 0.0427, cuBLAS 0.0388): the
-    # cost model has no term that puts cuBLAS first there.
-    (MODELS_MORE, "bf16 256x10240x8192 tnt"): "cuBLAS 10 % ahead of every tile of ours",
+    # Session 37's Qwen2-7B shape 1024x3584x3584: every tile of ours ran 0.90-0.91x cuBLAS (the
+    # 128x256 tile 0.0428 ms, the 128x128 one 0.0427, cuBLAS 0.0388).
     (MODELS_MORE, "bf16 1024x3584x3584 tnt"): "cuBLAS 10 % ahead of every tile of ours",
 }
 
@@ -87,6 +85,11 @@ OPEN_MISSES = {
 #: runs before the narrow 64x64 tiles existed (PickAny takes them at M = 64 where they stream B
 #: faster than cuBLAS's floor); session 28's run times them (`NARROW`: 18 of 18 within 10 %).
 UNTIMED: set = {
+    # The 128x160 tile (session 37), which these runs did not have, for GPT-2's c_fc and
+    # mlp.c_proj weight gradients and Llama-3-70B's qkv at 256 tokens: WAVE_FIT times it, 1.00x,
+    # 1.00x and 1.04x cuBLAS (`test_wave_fit_shapes_take_the_128x160_tile`).
+    (H100, "c_fc dW"), (H100, "mlp.c_proj dW"), (H200, "c_fc dW"), (H200, "mlp.c_proj dW"),
+    (MODELS_MORE, "bf16 256x10240x8192 tnt")} | {
     # f16 4097^3 (odd group): PickAny takes the 128x256 cooperative tile with stream-K over fuller
     # last waves (`sm90_realigned.REALIGNED_CONFIGS`, session 31), which these runs did not have.
     # They had the 128x128 ping-pong tile chosen, at 0.82-0.90 of the best with the staged copies
@@ -135,6 +138,15 @@ def test_qkv_projection_at_512_tokens_takes_the_128x192_tile(name):
     tile existed) and this one 1.01x on both cards."""
     r = _case(name, "bf16 512x6144x4096 tnt")
     assert "_tile128x192x64_" in r["choice"] and r["within"] and r["ratio"] > 0.99, r
+
+
+@pytest.mark.parametrize("case", ["bf16 768x3072x8192 ntt", "bf16 3072x768x8192 ntt", "bf16 256x10240x8192 tnt"])
+def test_wave_fit_shapes_take_the_128x160_tile(case):
+    """GPT-2's c_fc and mlp.c_proj weight gradients (120 tiles of 128x160) and Llama-3-70B's qkv at
+    256 tokens (128 tiles; every other tile of ours 0.90-0.92x cuBLAS in MODELS_MORE): the 128x160
+    tile, the measured best or within 1 % of it."""
+    r = _case(WAVE_FIT, case)
+    assert "_tile128x160x64_" in r["choice"] and r["within"] and r["ratio"] > 0.99, r
 
 
 def test_f16_4097_cubed_takes_the_split_tile():

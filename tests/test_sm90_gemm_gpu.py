@@ -260,15 +260,18 @@ def test_narrow_tiles_memcheck_clean():
     assert "narrow runs 6" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("name", [n for n in _ALL if "_tile128x192x64_" in n and ("_ttt_" in n or "_tnt_" in n)])
-def test_tile_128x192_at_its_edges(name):
-    """The 128x192 cooperative tile (wgmma n192; one wave of 128 tiles at 512x6144): N that is no
-    multiple of 192 (a last tile of 8 or 184 columns), odd M, K of one k tile, batches, and the
-    Llama-3 qkv shape, each output inside a NaN-filled buffer 8 columns wider."""
+@pytest.mark.parametrize("name", [n for n in _ALL if ("_tile128x192x64_" in n or "_tile128x160x64_" in n)
+                                  and ("_ttt_" in n or "_tnt_" in n or "_ntt_" in n)])
+def test_wave_fitting_tiles_at_their_edges(name):
+    """The 128x192 and 128x160 cooperative tiles (wgmma n192 / n160; one wave of 128 tiles at
+    512x6144 / 256x10240): N that is no multiple of the tile (a last tile of 8 or 184 / 40 or 56
+    columns), odd M, K of one k tile, batches, and the model shapes that called for them, each
+    output inside a NaN-filled buffer 8 columns wider."""
     _needs_sm90()
     kernel = _ALL[name]
     gen = _gen(name, 7)
-    for (M, N, K), L in (((512, 6144, 4096), 1), ((301, 200, 136), 1), ((129, 376, 64), 2), ((1000, 1544, 520), 1)):
+    model = (512, 6144, 4096) if "_tile128x192x64_" in name else (256, 10240, 8192)
+    for (M, N, K), L in ((model, 1), ((301, 200, 136), 1), ((129, 376, 64), 2), ((1000, 1544, 520), 1)):
         M, N, K = shape_for(kernel, (M, N, K))
         args, ref = make_problem(kernel, M, N, K, L, 3 if L > 1 else 2, gen)
         args, big = in_nan_margin(args, N)
@@ -276,17 +279,19 @@ def test_tile_128x192_at_its_edges(name):
         assert torch.isnan(big[..., N:]).all(), f"{name} {(L, M, N, K)}: stores past the output's N"
 
 
-_TILE_128X192_SANITIZED = _sanitized_decode_script("_tile128x192x64_", ((512, 6144, 256), (301, 200, 136), (7, 392, 72)),
-                                                   "tile128x192")
+_WAVE_FIT_SANITIZED = _sanitized_decode_script("_tile128x1", ((512, 6144, 256), (301, 200, 136), (7, 392, 72)),
+                                               "wave-fit")
 
 
-def test_tile_128x192_memcheck_clean():
-    """The 128x192 tile under compute-sanitizer memcheck."""
+def test_wave_fitting_tiles_memcheck_clean():
+    """The 128x160 and 128x192 tiles under compute-sanitizer memcheck (with the 128x128 ones the
+    name filter also takes: 3 shapes each)."""
     _needs_sm90()
     from memcheck import run_memcheck
 
-    out = run_memcheck(_TILE_128X192_SANITIZED)
-    assert "tile128x192 runs 3" in out, out[-3000:]
+    out = run_memcheck(_WAVE_FIT_SANITIZED)
+    runs = 3 * sum(1 for n in _ALL if "_tile128x1" in n and "_bf16bf16_bf16_" in n and "_tnt_" in n)
+    assert f"wave-fit runs {runs}" in out, out[-3000:]
 
 
 _EPILOGUES = [

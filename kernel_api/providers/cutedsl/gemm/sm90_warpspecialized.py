@@ -120,8 +120,10 @@ class Sm90Config:
 #: rings of their small stages) stream B without split-K at M <= 64. The 128x192 cooperative tile
 #: fits outputs whose 128x128 tiles leave a partial wave and whose 128x256 tiles leave SMs idle:
 #: bf16 512x6144x4096 (a Llama-3-8B qkv projection at 512 tokens) is 128 tiles, one wave, at
-#: 1.01x cuBLAS on the H100 and the H200, where the other tiles ran 0.76x (session 37,
-#: benchmarks/NOTES-sm90.md).
+#: 1.01x cuBLAS on the H100 and the H200, where the other tiles ran 0.76x; the 128x160 one,
+#: bf16 256x10240x8192 (Llama-3-70B's qkv at 256 tokens, 128 tiles) at 1.04x where the others
+#: ran 0.90-0.92x, and GPT-2's c_fc weight gradient (768x3072x8192, 120 tiles) at 1.00x
+#: (session 37, benchmarks/NOTES-sm90.md).
 CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4),
     Sm90Config((256, 128), (1, 2), "cooperative", swizzle=4, raster_along_m=False),
@@ -136,6 +138,7 @@ CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((64, 64), (1, 2), "pingpong", raster_along_m=False, max_ab_stages=16),
     Sm90Config((64, 64), (1, 4), "pingpong", raster_along_m=False, max_ab_stages=12),
     Sm90Config((128, 192), (2, 1), "cooperative", swizzle=4),
+    Sm90Config((128, 160), (2, 1), "cooperative", swizzle=4),
 )
 #: The subset also emitted with an f32 output (one per schedule and shape class).
 F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
