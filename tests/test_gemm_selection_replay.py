@@ -42,6 +42,7 @@ MODELS = "gemm_shapes-NVIDIA_H200-s37-models-a-192.json"
 MODELS_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-models-192-h100.json"
 MODELS_MORE = "gemm_shapes-NVIDIA_H200-s37-models-more.json"
 WAVE_FIT = "gemm_shapes-NVIDIA_H200-s37-wave-fit.json"
+WAVE_FIT_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-wave-fit-h100.json"
 
 #: The recorded files replayed in full.
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
@@ -51,7 +52,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json", SHUFFLED_FINAL,
          "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json", ODD_S30, ODD_S30_H100, ODD_S30_FINAL, ODD_S31,
          ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100,
-         MODELS_MORE, WAVE_FIT]
+         MODELS_MORE, WAVE_FIT, WAVE_FIT_H100]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
@@ -85,11 +86,10 @@ OPEN_MISSES = {
 #: runs before the narrow 64x64 tiles existed (PickAny takes them at M = 64 where they stream B
 #: faster than cuBLAS's floor); session 28's run times them (`NARROW`: 18 of 18 within 10 %).
 UNTIMED: set = {
-    # The 128x160 tile (session 37), which these runs did not have, for GPT-2's c_fc and
-    # mlp.c_proj weight gradients and Llama-3-70B's qkv at 256 tokens: WAVE_FIT times it, 1.00x,
-    # 1.00x and 1.04x cuBLAS (`test_wave_fit_shapes_take_the_128x160_tile`).
-    (H100, "c_fc dW"), (H100, "mlp.c_proj dW"), (H200, "c_fc dW"), (H200, "mlp.c_proj dW"),
-    (MODELS_MORE, "bf16 256x10240x8192 tnt")} | {
+    # The 128x160 tile (session 37), which these runs did not have, for GPT-2's c_fc weight
+    # gradient and Llama-3-70B's qkv at 256 tokens: WAVE_FIT and WAVE_FIT_H100 time it, 1.00x /
+    # 0.97x and 1.04x / 1.00x cuBLAS (`test_wave_fit_shapes_take_the_128x160_tile`).
+    (H100, "c_fc dW"), (H200, "c_fc dW"), (MODELS_MORE, "bf16 256x10240x8192 tnt")} | {
     # f16 4097^3 (odd group): PickAny takes the 128x256 cooperative tile with stream-K over fuller
     # last waves (`sm90_realigned.REALIGNED_CONFIGS`, session 31), which these runs did not have.
     # They had the 128x128 ping-pong tile chosen, at 0.82-0.90 of the best with the staged copies
@@ -140,13 +140,17 @@ def test_qkv_projection_at_512_tokens_takes_the_128x192_tile(name):
     assert "_tile128x192x64_" in r["choice"] and r["within"] and r["ratio"] > 0.99, r
 
 
-@pytest.mark.parametrize("case", ["bf16 768x3072x8192 ntt", "bf16 3072x768x8192 ntt", "bf16 256x10240x8192 tnt"])
-def test_wave_fit_shapes_take_the_128x160_tile(case):
-    """GPT-2's c_fc and mlp.c_proj weight gradients (120 tiles of 128x160) and Llama-3-70B's qkv at
-    256 tokens (128 tiles; every other tile of ours 0.90-0.92x cuBLAS in MODELS_MORE): the 128x160
-    tile, the measured best or within 1 % of it."""
-    r = _case(WAVE_FIT, case)
-    assert "_tile128x160x64_" in r["choice"] and r["within"] and r["ratio"] > 0.99, r
+@pytest.mark.parametrize("name", [WAVE_FIT, WAVE_FIT_H100])
+def test_wave_fit_shapes_take_the_128x160_tile(name):
+    """GPT-2's c_fc weight gradient (120 tiles of 128x160) and Llama-3-70B's qkv at 256 tokens (128
+    tiles; every other tile of ours 0.90-0.92x cuBLAS in MODELS_MORE) take the 128x160 tile;
+    mlp.c_proj's weight gradient, where the tile ran 0.84x cuBLAS on the H100, takes cuBLAS
+    (the tile's ``cost_factor``)."""
+    for case in ("bf16 768x3072x8192 ntt", "bf16 256x10240x8192 tnt"):
+        r = _case(name, case)
+        assert "_tile128x160x64_" in r["choice"] and r["within"], r
+    r = _case(name, "bf16 3072x768x8192 ntt")
+    assert r["choice"].startswith("TorchGemm") and r["within"], r
 
 
 def test_f16_4097_cubed_takes_the_split_tile():
