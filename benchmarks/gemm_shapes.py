@@ -10,7 +10,7 @@ Groups (`GROUPS`): ``odd`` (odd extents and leading dimensions: goal 1), ``align
 column-major as an nn.Linear weight: goal 2), ``f32`` (against torch's default FP32: goal 3) and
 ``f64`` (against DGEMM: goal 4), ``models`` (a Llama-3-8B layer's projections at 512-8192 tokens and
 its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and Llama-3-70B's at 256
-and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160 or 128x192 tiles).
+and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles).
 A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
 
@@ -117,11 +117,13 @@ GROUPS: dict[str, list[Case]] = {
     "models_more": [Case(M, N, K, "bf16", "tnt") for M in (256, 1024)
                     for N, K in ((4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944),
                                  (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))],
-    # outputs whose tiles fill whole waves only at 160 or 192 columns: GPT-2's weight gradients
-    # (A a column-major view of the activations), Llama-3-70B's qkv at 256 and 1024 tokens
+    # outputs whose tiles fill whole waves only at 160, 192 or 224 columns: GPT-2's weight
+    # gradients (A a column-major view of the activations), Llama-3-70B's qkv at 256 and 1024
+    # tokens, Qwen2-7B's o and down projections at 1024 tokens
     "wave_fit": [Case(768, 3072, 8192, "bf16", "ntt"), Case(3072, 768, 8192, "bf16", "ntt"),
                  Case(256, 10240, 8192, "bf16", "tnt"), Case(1024, 10240, 8192, "bf16", "tnt"),
-                 Case(768, 2304, 8192, "bf16", "ntt")],
+                 Case(768, 2304, 8192, "bf16", "ntt"), Case(1024, 3584, 3584, "bf16", "tnt"),
+                 Case(1024, 3584, 18944, "bf16", "tnt")],
 }
 
 

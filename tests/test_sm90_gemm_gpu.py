@@ -190,14 +190,15 @@ def test_split_all_shares_every_tile_over_the_grid(name):
 
 def _sanitized_decode_script(name_part: str, shapes: tuple, label: str) -> str:
     """A compute-sanitizer script: the bf16 ``_tnt_`` instances whose name holds ``name_part``
-    on decode-like ``shapes`` (M, N, K) against float64, printing ``<label> runs <count>``."""
+    (or one of its ``|``-separated parts) on decode-like ``shapes`` (M, N, K) against float64,
+    printing ``<label> runs <count>``."""
     return f"""
 import torch, kernel_api
 from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
 runs = 0
 for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90):
     name = k.metadata.kernel_name
-    if "{name_part}" not in name or "_bf16bf16_bf16_" not in name or "_tnt_" not in name:
+    if not any(p in name for p in "{name_part}".split("|")) or "_bf16bf16_bf16_" not in name or "_tnt_" not in name:
         continue
     for M, N, K in {shapes!r}:
         A = torch.randn(M, K, device="cuda").to(torch.bfloat16)
@@ -260,17 +261,21 @@ def test_narrow_tiles_memcheck_clean():
     assert "narrow runs 6" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("name", [n for n in _ALL if ("_tile128x192x64_" in n or "_tile128x160x64_" in n)
+_WAVE_FIT_TILES = {"_tile128x192x64_": (512, 6144, 4096), "_tile128x160x64_": (256, 10240, 8192),
+                   "_tile128x224x64_": (1024, 3584, 3584)}
+
+
+@pytest.mark.parametrize("name", [n for n in _ALL if any(t in n for t in _WAVE_FIT_TILES)
                                   and ("_ttt_" in n or "_tnt_" in n or "_ntt_" in n)])
 def test_wave_fitting_tiles_at_their_edges(name):
-    """The 128x192 and 128x160 cooperative tiles (wgmma n192 / n160; one wave of 128 tiles at
-    512x6144 / 256x10240): N that is no multiple of the tile (a last tile of 8 or 184 / 40 or 56
-    columns), odd M, K of one k tile, batches, and the model shapes that called for them, each
-    output inside a NaN-filled buffer 8 columns wider."""
+    """The 128x192, 128x160 and 128x224 cooperative tiles (wgmma n192 / n160 / n224; one wave of
+    128 tiles at 512x6144 / 256x10240 / 1024x3584): N that is no multiple of the tile, odd M, K of
+    one k tile, batches, and the model shapes that called for them, each output inside a
+    NaN-filled buffer 8 columns wider."""
     _needs_sm90()
     kernel = _ALL[name]
     gen = _gen(name, 7)
-    model = (512, 6144, 4096) if "_tile128x192x64_" in name else (256, 10240, 8192)
+    model = next(shape for t, shape in _WAVE_FIT_TILES.items() if t in name)
     for (M, N, K), L in ((model, 1), ((301, 200, 136), 1), ((129, 376, 64), 2), ((1000, 1544, 520), 1)):
         M, N, K = shape_for(kernel, (M, N, K))
         args, ref = make_problem(kernel, M, N, K, L, 3 if L > 1 else 2, gen)
@@ -279,19 +284,17 @@ def test_wave_fitting_tiles_at_their_edges(name):
         assert torch.isnan(big[..., N:]).all(), f"{name} {(L, M, N, K)}: stores past the output's N"
 
 
-_WAVE_FIT_SANITIZED = _sanitized_decode_script("_tile128x1", ((512, 6144, 256), (301, 200, 136), (7, 392, 72)),
-                                               "wave-fit")
+_WAVE_FIT_SANITIZED = _sanitized_decode_script("|".join(_WAVE_FIT_TILES),
+                                               ((512, 6144, 256), (301, 200, 136), (7, 392, 72)), "wave-fit")
 
 
 def test_wave_fitting_tiles_memcheck_clean():
-    """The 128x160 and 128x192 tiles under compute-sanitizer memcheck (with the 128x128 ones the
-    name filter also takes: 3 shapes each)."""
+    """The 128x160, 128x192 and 128x224 tiles under compute-sanitizer memcheck (3 shapes each)."""
     _needs_sm90()
     from memcheck import run_memcheck
 
     out = run_memcheck(_WAVE_FIT_SANITIZED)
-    runs = 3 * sum(1 for n in _ALL if "_tile128x1" in n and "_bf16bf16_bf16_" in n and "_tnt_" in n)
-    assert f"wave-fit runs {runs}" in out, out[-3000:]
+    assert f"wave-fit runs {3 * len(_WAVE_FIT_TILES)}" in out, out[-3000:]
 
 
 _EPILOGUES = [
