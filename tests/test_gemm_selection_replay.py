@@ -44,6 +44,7 @@ MODELS_MORE = "gemm_shapes-NVIDIA_H200-s37-models-more.json"
 WAVE_FIT = "gemm_shapes-NVIDIA_H200-s37-wave-fit.json"
 WAVE_FIT_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-wave-fit-h100.json"
 WAVE_FIT_224 = "gemm_shapes-NVIDIA_H200-s37-wave-fit-224.json"
+WAVE_FIT_224_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-wave-fit-224-h100.json"
 
 #: The recorded files replayed in full.
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
@@ -53,7 +54,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json", SHUFFLED_FINAL,
          "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json", ODD_S30, ODD_S30_H100, ODD_S30_FINAL, ODD_S31,
          ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100,
-         MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224]
+         MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224, WAVE_FIT_224_H100]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
@@ -154,12 +155,13 @@ def test_wave_fit_shapes_take_the_128x160_tile(name):
     assert r["choice"].startswith("TorchGemm") and r["within"], r
 
 
+@pytest.mark.parametrize("name", [WAVE_FIT_224, WAVE_FIT_224_H100])
 @pytest.mark.parametrize("case", ["bf16 1024x3584x3584 tnt", "bf16 1024x3584x18944 tnt"])
-def test_qwen_projections_take_the_128x224_tile(case):
+def test_qwen_projections_take_the_128x224_tile(name, case):
     """Qwen2-7B's o and down projections at 1024 tokens: 128 tiles of 128x224, one wave (every
-    earlier tile of ours 0.90-0.94x cuBLAS in MODELS_MORE); 0.99x and 1.02x with it (cuBLAS the
-    measured best at 3584x3584, 1 % ahead)."""
-    r = _case(WAVE_FIT_224, case)
+    earlier tile of ours 0.90-0.94x cuBLAS in MODELS_MORE); with it 0.99x and 1.02x on the H200
+    (cuBLAS the measured best at 3584x3584, 1 % ahead), 1.04x and 1.10x on the H100."""
+    r = _case(name, case)
     assert "_tile128x224x64_" in r["choice"] and r["within"] and r["ratio"] > 0.98, r
 
 

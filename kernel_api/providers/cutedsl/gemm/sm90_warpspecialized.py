@@ -127,7 +127,8 @@ class Sm90Config:
 #: bf16 256x10240x8192 (Llama-3-70B's qkv at 256 tokens, 128 tiles) at 1.04x where the others
 #: ran 0.90-0.92x, and GPT-2's c_fc weight gradient (768x3072x8192, 120 tiles) at 1.00x
 #: and the 128x224 one, Qwen2-7B's o and down projections at 1024 tokens (1024x3584, 128 tiles)
-#: at 0.99x and 1.02x where the others ran 0.90-0.94x (session 37, benchmarks/NOTES-sm90.md).
+#: at 0.99x and 1.02x (H200; 1.04x and 1.10x on an H100) where the others ran 0.90-0.94x
+#: (session 37, benchmarks/NOTES-sm90.md).
 CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4),
     Sm90Config((256, 128), (1, 2), "cooperative", swizzle=4, raster_along_m=False),
