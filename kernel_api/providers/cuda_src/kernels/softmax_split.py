@@ -168,10 +168,10 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
     def name_expression(self, args: Any) -> str:
         return self.plan(args.cols)[0]
 
-    def ctas_per_sm(self, cols: int) -> int:
-        """The CTAs of this instance one SM holds for rows of ``cols`` elements: by threads and
-        by registers (`REGISTERS`)."""
-        threads = self.plan(max(cols, 1))[1].threads
+    def ctas_per_sm(self, cols: int, threads: int | None = None) -> int:
+        """The CTAs of this instance one SM holds for rows of ``cols`` elements (CTAs of
+        ``threads``, when the caller has the plan): by threads and by registers (`REGISTERS`)."""
+        threads = threads or self.plan(max(cols, 1))[1].threads
         regs = REGISTERS[(self.backward, "looped" if self.looped else self.ept, self.dtype.bytes, threads)]
         regs = -(-regs // REGISTER_GRANULE) * REGISTER_GRANULE
         return max(1, min(SM_THREADS // threads, SM_REGISTERS // (threads * regs)))
@@ -201,8 +201,8 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
         from ....tuning.policies import row_cost
 
         cols = max(args.cols, 1)
-        return row_cost(self, args, sm_count, cta_threads=self.plan(cols)[1].threads,
-                        ctas_per_sm=self.ctas_per_sm(cols))
+        threads = self.plan(cols)[1].threads
+        return row_cost(self, args, sm_count, cta_threads=threads, ctas_per_sm=self.ctas_per_sm(cols, threads))
 
 
 @CudaSourceProvider.register

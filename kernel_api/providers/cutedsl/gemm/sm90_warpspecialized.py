@@ -458,11 +458,12 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
             return split_all_cost(self, args, sm_count)
         if self.config.narrow:
             return narrow_tile_cost(self, args, sm_count)
+        if not (self._split3 or self.config.sk_any_wave_max_k_tiles or self.config.cost_factor != 1.0):
+            return None  # (the generic model, `policies.gemm_cost`, ranks it)
         from ....tuning.policies import SKINNY_GEMM, gemm_cost  # the tuning package imports the registry
 
         if not (self._split3 or self.config.sk_any_wave_max_k_tiles):
-            return None if self.config.cost_factor == 1.0 else self.config.cost_factor * gemm_cost(self, args, sm_count)
-
+            return self.config.cost_factor * gemm_cost(self, args, sm_count)
         if self._split3:
             return 3.3 * gemm_cost(self, args, sm_count)
         if self.config.stream_k and min(args.M, args.N) > SKINNY_GEMM:
