@@ -180,6 +180,38 @@ def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
         assert "Split" in first(8, 32768, backward)  # 8 CTAs would leave most SMs idle
 
 
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pick_any_takes_register_rows_on_problems_too_small_to_fill_the_gpu(dtype, backward):
+    """1-64 rows of 8192 elements take 5-7 us on any kernel: the one-pass register rows, whose
+    loads are all in flight at once, ran 0.5-1.5 us faster than the cluster splits and the
+    shared-memory kernels there (H200, results/softmax-NVIDIA_H200-s37-shortrows-*.json), which
+    `policies.STAGED_ROW_LATENCY_BYTES` and `REGISTER_ROW_LONE_SHARE` now charge. Longer rows of
+    few rows stay on the splits (their one row per CTA would take longer than the fixed time)."""
+    from kernel_api.tuning.policies import STAGED_ROW_LATENCY_BYTES, fixed_row_cost, single_trip
+
+    def ranked(rows, cols):
+        x = torch.empty(rows, cols, dtype=dtype)
+        args = SoftmaxBackwardArguments(x, x, torch.empty_like(x)) if backward else SoftmaxArguments(x, torch.empty_like(x))
+        return args, rank_candidates(kernel_api.get_kernels(args, cc=90), args)
+
+    # (f32 backwards of 1-32 such rows, 96 KB a row, stay on the split: 5.1-5.9 us against the
+    # register rows' 4.8-5.2, within 10 % but at 32 rows)
+    for rows in (64,) if dtype == torch.float32 and backward else (1, 4, 16, 64):
+        args, kernels = ranked(rows, 8192)
+        assert "_block_" in kernels[0].metadata.kernel_name, (rows, kernels[0].metadata.kernel_name)
+        split = next(k for k in kernels if "Split" in k.metadata.kernel_name)
+        assert not single_trip(split.metadata.design) and single_trip(kernels[0].metadata.design)
+        assert fixed_row_cost(kernels[0], args) == 0.0
+        nbytes = rows * 8192 * x_bytes(dtype) * (3 if backward else 2)
+        assert fixed_row_cost(split, args) == pytest.approx(STAGED_ROW_LATENCY_BYTES / nbytes)
+    assert "Split" in ranked(4, 32768)[1][0].metadata.kernel_name
+
+
+def x_bytes(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_pick_any_takes_peeled_kernels_for_aligned_rows(dtype):
     """On aligned rows the aligned 16-byte kernels ran 9-13 % slower than the peeled ones at

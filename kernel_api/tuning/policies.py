@@ -173,10 +173,26 @@ PEELED_ROWS = 0.99
 #: threads with 42-54 registers, stays at 1.05-1.07x: no term.)
 REGISTER_ROW_ALONE_ELEMENTS = 16384
 REGISTER_ROW_ALONE_FORWARD = 1.15
+#: The bandwidth a one-pass register row CTA (``block``) alone on its SM streams, in shares of
+#: the GPU's over the SMs (`row_cost`'s ``lone_cta_share``): its loads are all in flight at
+#: once, so with fewer rows than SMs its time grows with the row, not with the idle SMs. On the
+#: H200 (results/softmax-NVIDIA_H200-s37-shortrows-*.json) 1-64 rows of 8192 16-bit elements
+#: ran 4.8-5.0 us, and one row's time grew by 2.3 us from 16K to 32K elements: 56 GB/s, 2.0
+#: shares of 3.6 TB/s over 132 SMs.
+REGISTER_ROW_LONE_SHARE = 2.0
+#: A row-wise kernel whose rows make more than one trip to memory or to other CTAs before their
+#: stores (a second pass, a shared-memory staging step, a cluster exchange, partials combined
+#: through a workspace) takes longer than a one-pass register row (``block`` or ``warp``) by a
+#: fixed time, whatever the problem's size: the bytes the GPU streams meanwhile at full
+#: bandwidth, here 4 MB (1.1 us at 3.6 TB/s). Measured (H200, the same short-row files): one
+#: row of 8K-32K elements took 5.3-5.7 us on the cluster splits, 4.8-7.1 us on the register
+#: rows; 32-64 rows of 8192 took 6.3 us on the shared-memory kernel and 5.0 on the register
+#: rows. 3-6 MB rank those files alike; no other recorded case moves (`fixed_row_cost`).
+STAGED_ROW_LATENCY_BYTES = 4.0e6
 
 
 def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None = None,
-             ctas_per_sm: int | None = None, lone_cta_share: float = 1.0) -> float:
+             ctas_per_sm: int | None = None, lone_cta_share: float | None = None) -> float:
     """Estimated time of a row-wise (softmax) kernel: prefers the strategy sized for the row,
     16-byte accesses over scalar ones, one pass over two, and enough CTAs to fill the SMs;
     charges a cluster split its barrier per row over the bytes each thread moves
@@ -191,7 +207,8 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None =
     CTA to the row (the cluster splits); default ``threads_per_row / cluster``.
     ``ctas_per_sm``: how many of a cluster kernel's CTAs one SM holds for these arguments
     (None: no wave term). ``lone_cta_share``: the bandwidth a CTA alone on its SM streams, in
-    shares of the GPU's over ``sm_count`` (1: an SM without a CTA is bandwidth lost).
+    shares of the GPU's over ``sm_count`` (1: an SM without a CTA is bandwidth lost); default
+    `REGISTER_ROW_LONE_SHARE` for one-pass register rows (``block``), else 1.
     """
     design = kernel.metadata.design
     cols = getattr(args, "cols", 1)
@@ -218,7 +235,10 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None =
     elem = next(iter(args.tensor_attributes.values())).dtype.bytes if hasattr(args, "tensor_attributes") else 4
     if ept:
         # Register rows: 64 bytes per thread and row held measured best (bf16 forward: 32
-        # elements; f32 forward and bf16 backward, which holds two rows: 16).
+        # elements; f32 forward and bf16 backward, which holds two rows: 16). The cluster
+        # splits' slices too: over the 501 f32 forward pairs of session 37's sweeps (2-256 rows
+        # of 8K-128K elements, results/softmax-NVIDIA_*-s37-*f32*.json) 32 elements a thread
+        # took a median 1.02x the time of 16 (10th-90th percentile 0.94-1.11x).
         if ept * elem * (2 if backward else 1) != 64:
             penalty *= 1.03
         if strategy == "block" and not backward and cols > REGISTER_ROW_ALONE_ELEMENTS:
@@ -236,6 +256,8 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None =
         ctas = rows / extra.get("rows_per_cta", 4)
     else:
         ctas = rows * extra.get("cluster", 1)
+    if lone_cta_share is None:
+        lone_cta_share = REGISTER_ROW_LONE_SHARE if strategy == "block" and single_trip(design) else 1.0
     if cluster > 1 and ctas_per_sm is not None:
         # A wave of clusters takes about as long however few rows it holds (each CTA's slice
         # and barriers are latency-bound there), so the cost is per wave, not per row.
@@ -248,14 +270,42 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None =
     return penalty / kernel.metadata.kernel_class.performance_hint
 
 
+def single_trip(design: Any) -> bool:
+    """Whether a row-wise design reads its rows once into registers and stores them without
+    waiting on a second pass, shared-memory staging or other CTAs: ``block`` or ``warp``, one
+    pass, no cluster (`STAGED_ROW_LATENCY_BYTES`)."""
+    extra = dict(getattr(design, "extra", ()) or ())
+    return (getattr(design, "strategy", "block") in ("block", "warp") and extra.get("passes", 1) == 1
+            and extra.get("cluster", 1) == 1)
+
+
+def row_problem_bytes(args: Any) -> int:
+    """Bytes a row-wise (softmax) problem moves at the least: its operands read and written once
+    (forward: x and out; backward: y, dy and dx)."""
+    rows, cols = getattr(args, "rows", 1), getattr(args, "cols", 1)
+    elem = next(iter(args.tensor_attributes.values())).dtype.bytes if hasattr(args, "tensor_attributes") else 4
+    return max(rows * cols * elem * (3 if hasattr(args, "grad_out") else 2), 1)
+
+
+def fixed_row_cost(kernel: Kernel, args: Any) -> float:
+    """The fixed time a row-wise kernel adds to its estimate, in `row_cost`'s units (multiples
+    of the problem's bytes at full bandwidth): `STAGED_ROW_LATENCY_BYTES` for every design but
+    a one-pass register row (`single_trip`), 0 for that."""
+    if single_trip(kernel.metadata.design):
+        return 0.0
+    return STAGED_ROW_LATENCY_BYTES / row_problem_bytes(args)
+
+
 def estimated_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
-    """The kernel's own estimate (`Kernel.estimated_cost`) or else the generic model's."""
-    own = kernel.estimated_cost(args, sm_count)
-    if own is not None:
-        return own
+    """The kernel's own estimate (`Kernel.estimated_cost`) or else the generic model's; for a
+    row-wise problem plus the design's fixed time (`fixed_row_cost`), which decides the
+    problems too small to fill the GPU."""
     if isinstance(args, GemmArguments):
-        return gemm_cost(kernel, args, sm_count)
-    return row_cost(kernel, args, sm_count)
+        own = kernel.estimated_cost(args, sm_count)
+        return gemm_cost(kernel, args, sm_count) if own is None else own
+    own = kernel.estimated_cost(args, sm_count)
+    base = row_cost(kernel, args, sm_count) if own is None else own
+    return base + fixed_row_cost(kernel, args)
 
 
 def _problem(args: Any) -> str:

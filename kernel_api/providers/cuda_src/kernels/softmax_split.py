@@ -128,7 +128,8 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
         c = params["cluster"]
-        extra = (("cluster", c), ("peel", True)) + ((("passes", 2),) if params["looped"] else ())
+        extra = (("cluster", c), ("peel", True)) + ((("passes", 2),) if params["looped"] else
+                                                     (("elements_per_thread", params["ept"]),))
         threads = LOOPED_THREADS if params["looped"] else MAX_THREADS[params["ept"]]
         # Rows one CTA holds go to the block kernels unless they are few (see row_cost).
         design = RowReductionDesignMetadata("cluster", threads * c, 16, 1, params["max_cols"], extra=extra)
