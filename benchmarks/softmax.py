@@ -322,6 +322,23 @@ def summarise(entry: dict, copy_tbs: float) -> None:
     entry["pick_any_over_best"] = (ok[entry["best"]]["ms"] / any_["ms"]) if any_ and entry["best"] else None
 
 
+#: Per-kernel fields `summarise` derives from the measured ones; `lean_report` drops them.
+DERIVED_KERNEL_FIELDS = ("tbs", "tbs_spread", "frac_copy", "x_torch")
+
+
+def lean_report(report: dict) -> dict:
+    """``report`` without the per-kernel `DERIVED_KERNEL_FIELDS` (they follow from ``ms``,
+    ``ms_runs``, ``bytes``, ``copy_tbs`` and ``torch_ms``), for sweeps of many small cases whose
+    files travel with the tree; marked ``derived_fields_dropped``."""
+    lean = {k: v for k, v in report.items() if k != "results"}
+    lean["derived_fields_dropped"] = ("per kernel " + ", ".join(DERIVED_KERNEL_FIELDS[:-1]) + " and "
+                                      + DERIVED_KERNEL_FIELDS[-1] + " (they follow from ms, ms_runs, bytes, "
+                                      "copy_tbs and torch_ms)")
+    lean["results"] = [{**e, "kernels": {n: {f: v for f, v in k.items() if f not in DERIVED_KERNEL_FIELDS}
+                                         for n, k in e["kernels"].items()}} for e in report.get("results", [])]
+    return lean
+
+
 def host_overhead(calls: int = 20000) -> dict:
     """Wall time per call of run() on a tiny problem (the host, not the GPU, is the limit)."""
     x = torch.randn(1, 32, device="cuda")
@@ -449,6 +466,8 @@ def main() -> None:
     ap.add_argument("--tag", default="s21", help="suffix of the JSON file name")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--skip-host", action="store_true")
+    ap.add_argument("--lean", action="store_true", help="write the JSON without the per-kernel fields derived "
+                    "from the timings (`lean_report`): for sweeps of many cases")
     ap.add_argument("--sweep", action="store_true", help="also compare cache-hint variants of the CUDA kernels")
     ap.add_argument("--only-sweep", action="store_true", help="run only the cache-hint sweep")
     ap.add_argument("--replay", nargs="*", metavar="FILE", default=None,
@@ -491,7 +510,7 @@ def main() -> None:
     def save() -> None:  # after every case, so that a run cut short keeps what it measured
         for target in [path] + ([os.path.join(os.environ["OUT"], name)] if os.environ.get("OUT") else []):
             with open(target, "w") as f:
-                results_io.dump(report, f)
+                results_io.dump(lean_report(report) if opts.lean else report, f)
 
     report["results"] = []
     print(_HEADER, flush=True)

@@ -75,6 +75,8 @@ NOT_MODEL_MISSES = {
     # (s22-h200, H100 s22) measure today's pick, ept16, best.
     ("softmax-NVIDIA_H200-s21.json", "bfloat16", "bwd", 8192, 4097): "superseded",
     ("softmax-NVIDIA_H200-s21.json", "float16", "bwd", 8192, 4097): "superseded",
+    # The pick's two runs were 0.0058 and 0.0152 ms: its fast run is 0.95 of the best (0.0055).
+    ("softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-f16-h100.json", "float16", "fwd", 96, 10000): "noisy",
 }
 
 
@@ -124,10 +126,22 @@ FEW_ROWS_FILES = {
     # (1-128 rows of 8K-32K elements, measured after session 37's terms were set: 108 of 140,
     # session 36's model 104; the misses were 5-9 us problems where the register kernels' plain
     # launch beat the cluster splits and the smem kernels by 0.5-1.5 us. Session 38's fixed time
-    # of staged designs (`policies.STAGED_ROW_LATENCY_BYTES`) and the register rows' lone CTAs
-    # (`policies.REGISTER_ROW_LONE_SHARE`), fitted here: 131 of 140)
+    # of the staged designs (`policies.STAGED_ROW_LATENCY_BYTES`) and the register rows' lone
+    # CTAs (`policies.REGISTER_ROW_LONE_SHARE`) were fitted here: 132 of 140)
     "softmax-NVIDIA_H200-s37-shortrows-bf16.json": (70, 70),
-    "softmax-NVIDIA_H200-s37-shortrows-f32.json": (61, 70),
+    "softmax-NVIDIA_H200-s37-shortrows-f32.json": (62, 70),
+    # (session 38: 2-96 rows of 2K-28K elements, f16/bf16/f32, H200, measured to check the two
+    # terms at 4 MB and then used to set 6: 250 of 252, session 37's model 102)
+    "softmax-NVIDIA_H200-s38-shortrows-heldout-bf16.json": (84, 84),
+    "softmax-NVIDIA_H200-s38-shortrows-heldout-f16.json": (84, 84),
+    "softmax-NVIDIA_H200-s38-shortrows-heldout-f32.json": (82, 84),
+    # (session 38, H100, measured after the terms were set: both short-row grids, 379 of 392;
+    # session 37's model 198)
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-bf16-h100.json": (69, 70),
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-f32-h100.json": (62, 70),
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-bf16-h100.json": (84, 84),
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-f16-h100.json": (83, 84),
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-f32-h100.json": (81, 84),
 }
 FEW_ROWS_WORST = 0.75
 
@@ -175,12 +189,13 @@ def test_few_row_cases_fixed_in_session_37(name, dtype, op, rows, cols, before, 
 @pytest.mark.parametrize("name", sorted(FEW_ROWS_FILES))
 def test_few_row_sweeps_keep_their_share_within_10_percent(name):
     """The dense few-row sweeps keep at least the cases within 10 % they had when the terms were
-    set, and no case below `FEW_ROWS_WORST`."""
+    set, and no case below `FEW_ROWS_WORST` (but a noisy measurement, `NOT_MODEL_MISSES`)."""
     within, total = FEW_ROWS_FILES[name]
     cases = [c for c in _replayed(name)["cases"] if c["ratio"] is not None]
     assert len(cases) == total
     got = sum(c["ratio"] >= WITHIN for c in cases)
-    worst = min(cases, key=lambda c: c["ratio"])
+    worst = min((c for c in cases if (name, c["dtype"], c["op"], *c["shape"]) not in NOT_MODEL_MISSES),
+                key=lambda c: c["ratio"])
     assert got >= within, f"{got}/{total} within 10 % (was {within})"
     assert worst["ratio"] >= FEW_ROWS_WORST, worst
 
@@ -229,3 +244,26 @@ def test_replay_leaves_out_unknown_kernels_and_says_when_the_top_was_not_measure
     old = tmp_path / "softmax-old.json"
     old.write_text(json.dumps({"device": "test", "forward": [], "backward": []}))
     assert "unusable" in bench.replay_file(str(old))
+
+
+def test_lean_report_drops_only_the_derived_fields_and_replays_alike(tmp_path):
+    """`softmax.lean_report` (``--lean``) keeps every measured field a replay reads and drops the
+    per-kernel ones `summarise` derives from them; a lean file replays as the full one."""
+    bench = _bench()
+    name = "softmax-NVIDIA_H200-s38-shortrows-heldout-bf16.json"
+    full = json.loads(open(os.path.join(RESULTS, name)).read())
+    entry = {**full["results"][0], "kernels": {n: {**k, "tbs": 1.0, "tbs_spread": [0.9, 1.1], "frac_copy": 0.3,
+                                                   "x_torch": 2.0}
+                                               for n, k in full["results"][0]["kernels"].items()}}
+    report = {**full, "results": [entry]}
+    lean = bench.lean_report(report)
+    assert "derived_fields_dropped" in lean and report["results"][0]["kernels"] == entry["kernels"]  # not mutated
+    for n, k in lean["results"][0]["kernels"].items():
+        assert not set(bench.DERIVED_KERNEL_FIELDS) & set(k), (n, k)
+        assert {f: v for f, v in entry["kernels"][n].items() if f not in bench.DERIVED_KERNEL_FIELDS} == k
+    paths = []
+    for label, doc in (("full", report), ("lean", lean)):
+        paths.append(tmp_path / f"softmax-{label}.json")
+        paths[-1].write_text(json.dumps(doc))
+    a, b = (bench.replay_file(str(p))["cases"] for p in paths)
+    assert a == b and a[0]["ratio"] is not None

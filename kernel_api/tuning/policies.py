@@ -184,11 +184,15 @@ REGISTER_ROW_LONE_SHARE = 2.0
 #: stores (a second pass, a shared-memory staging step, a cluster exchange, partials combined
 #: through a workspace) takes longer than a one-pass register row (``block`` or ``warp``) by a
 #: fixed time, whatever the problem's size: the bytes the GPU streams meanwhile at full
-#: bandwidth, here 4 MB (1.1 us at 3.6 TB/s). Measured (H200, the same short-row files): one
-#: row of 8K-32K elements took 5.3-5.7 us on the cluster splits, 4.8-7.1 us on the register
-#: rows; 32-64 rows of 8192 took 6.3 us on the shared-memory kernel and 5.0 on the register
-#: rows. 3-6 MB rank those files alike; no other recorded case moves (`fixed_row_cost`).
-STAGED_ROW_LATENCY_BYTES = 4.0e6
+#: bandwidth, here 6 MB (1.7 us at 3.6 TB/s; with `REGISTER_ROW_LONE_SHARE` it is what the
+#: register rows' lead comes to on problems that leave SMs idle). Measured on the H200 (session 37's
+#: results/softmax-NVIDIA_H200-s37-shortrows-*.json): one row of 8K-32K elements took 5.3-5.7 us
+#: on the cluster splits, 4.8-7.1 us on the register rows; 32-64 rows of 8192 took 6.3 us on the
+#: shared-memory kernel and 5.0 on the register rows. Fitted on those and on session 38's
+#: held-out H200 sweep (2-96 rows of 2K-28K elements, f16/bf16/f32: 4-7 MB rank it alike, 250 of
+#: 252 within 10 %), checked on an H100's sweeps of both grids measured afterwards
+#: (results/softmax-NVIDIA_H100_80GB_HBM3-s38-*: 379 of 392, 198 with session 37's model).
+STAGED_ROW_LATENCY_BYTES = 6.0e6
 
 
 def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None = None,
