@@ -292,7 +292,9 @@ class Kernel(abc.ABC):
     # ---- optional hooks ----------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float | None:
         """Optional: predicted run time on ``args`` in `kernel_api.tuning.policies`' cost units
-        (which `PickAny` ranks by), or None (the default) to use the generic model."""
+        (which `PickAny` ranks by), or None (the default) to use the generic model. For a
+        row-wise problem `PickAny` adds the design's fixed time (`policies.fixed_row_cost`) to
+        either."""
         return None
 
     def _launcher(self, args: Any, artifact: CompiledArtifact) -> Launcher | None:
