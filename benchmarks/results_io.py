@@ -3,6 +3,7 @@ folder exists (the GPU machine's run returns what is written there)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -66,3 +67,35 @@ def result_doc(**fields) -> dict:
     import torch
 
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "argv": sys.argv, **fields}
+
+
+def load(path: str) -> Any:
+    """A results document from ``path``: JSON, or gzipped JSON where the name ends in ``.gz``."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def gzip_result(path: str) -> str:
+    """Replace the JSON file ``path`` by ``path + ".gz"`` (no timestamp inside, so the bytes
+    depend on the content alone); the new path. For sweeps of many cases: their files travel
+    with the tree to the GPU machine, where the whole tree shares 64 MiB with the DSL's pack."""
+    target = path + ".gz"
+    with open(path, "rb") as src:
+        data = src.read()
+    json.loads(data)  # refuse to pack what is not JSON
+    tmp = target + ".tmp"
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as f:
+        f.write(data)
+    os.replace(tmp, target)
+    os.remove(path)
+    return target
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="gzip results JSON in place (FILE -> FILE.gz)")
+    ap.add_argument("--gzip", nargs="+", metavar="FILE", required=True)
+    for name in ap.parse_args().gzip:
+        print(gzip_result(name))

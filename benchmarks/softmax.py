@@ -172,8 +172,7 @@ def replay_file(path: str, cc: int = 90) -> dict:
     """`replay_case` for every case of a softmax benchmark JSON: ``{"file", "sms", "cases"}``,
     or ``{"file", "unusable": why}`` for a file of another structure (the older
     ``forward``/``backward`` reports)."""
-    with open(path) as f:
-        report = json.load(f)
+    report = results_io.load(path)
     results = report.get("results") if isinstance(report, dict) else None
     if not isinstance(results, list) or not all(
             isinstance(e, dict) and {"shape", "dtype", "op", "kernels"} <= e.keys() for e in results):
@@ -238,12 +237,12 @@ def _replay_summary(label: str, cases: list[dict], within: float) -> None:
 
 
 def default_replay_files() -> list[str]:
-    """The H100 / H200 softmax results: softmax-NVIDIA_*.json and softmax-nvidia-h200.json."""
+    """The H100 / H200 softmax results: softmax-NVIDIA_*.json[.gz] and softmax-nvidia-h200.json."""
     import glob
 
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-    return sorted(glob.glob(os.path.join(here, "softmax-NVIDIA_*.json"))) + sorted(
-        glob.glob(os.path.join(here, "softmax-nvidia-h200.json")))
+    return sorted(glob.glob(os.path.join(here, "softmax-NVIDIA_*.json")) + glob.glob(
+        os.path.join(here, "softmax-NVIDIA_*.json.gz"))) + sorted(glob.glob(os.path.join(here, "softmax-nvidia-h200.json")))
 
 
 def precompile(plan: list, cc: int, workers: int) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmark_modules import load
 
 
@@ -50,3 +52,25 @@ def test_document_head(monkeypatch):
     doc = rio.result_doc(cases=[])
     assert doc["device"] == "NVIDIA H200" and doc["torch"] == torch.__version__ and doc["cases"] == []
     assert isinstance(doc["argv"], list)
+
+
+def test_gzip_result_replaces_the_json_and_load_reads_both(tmp_path):
+    """Sweeps whose files would crowd the tree are stored gzipped: `gzip_result` packs a JSON
+    file in place (the same bytes for the same content: no timestamp inside) and `load` reads
+    either form; what is not JSON is refused and left alone."""
+    rio = _module()
+    doc = {"results": [{"shape": [2, 2048], "ms": 0.0043}]}
+    plain = tmp_path / "a.json"
+    plain.write_text(json.dumps(doc))
+    assert rio.load(str(plain)) == doc
+    packed = rio.gzip_result(str(plain))
+    assert packed == str(plain) + ".gz" and not plain.exists()
+    assert rio.load(packed) == doc
+    again = tmp_path / "b.json"
+    again.write_text(json.dumps(doc))
+    assert open(rio.gzip_result(str(again)), "rb").read() == open(packed, "rb").read()
+    bad = tmp_path / "c.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError):
+        rio.gzip_result(str(bad))
+    assert bad.exists() and not (tmp_path / "c.json.gz").exists()

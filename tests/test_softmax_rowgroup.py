@@ -1065,7 +1065,7 @@ def test_ranks_long_rows_where_the_few_row_sweep_measured_them_fastest():
     """`ranks_long_rows`: rows of 2^17 elements and more at any count; from `long_rows_from` at
     16 rows and more; from 128 KB (64K 16-bit, 32K f32 elements) at 16-47 rows, where the
     smem kernels leave most SMs idle and the cluster splits need two waves or more
-    (results/softmax-NVIDIA_*-s37-fewrows-*.json)."""
+    (results/softmax-NVIDIA_*-s37-fewrows-*.json.gz)."""
     assert rg.ranks_long_rows(1, rg.MIN_COLS, 2) and rg.ranks_long_rows(1, rg.MIN_COLS, 4)
     assert not rg.ranks_long_rows(15, rg.long_rows_from(2), 2) and rg.ranks_long_rows(16, rg.long_rows_from(2), 2)
     assert rg.ranks_long_rows(4096, rg.long_rows_from(4), 4)

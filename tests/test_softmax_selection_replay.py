@@ -76,7 +76,7 @@ NOT_MODEL_MISSES = {
     ("softmax-NVIDIA_H200-s21.json", "bfloat16", "bwd", 8192, 4097): "superseded",
     ("softmax-NVIDIA_H200-s21.json", "float16", "bwd", 8192, 4097): "superseded",
     # The pick's two runs were 0.0058 and 0.0152 ms: its fast run is 0.95 of the best (0.0055).
-    ("softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-f16-h100.json", "float16", "fwd", 96, 10000): "noisy",
+    ("softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-f16-h100.json.gz", "float16", "fwd", 96, 10000): "noisy",
 }
 
 
@@ -114,34 +114,34 @@ FIXED_FEW_ROWS = [
 #: outside 10 % (0.76-0.90) is close families trading places: row-group against window, the
 #: cluster split's variants, the smem kernels against the splits at 36-64 rows.
 FEW_ROWS_FILES = {
-    "softmax-NVIDIA_H100_80GB_HBM3-s37-fewrows-bf16-h100.json": (170, 182),
-    "softmax-NVIDIA_H100_80GB_HBM3-s37-fewrows-f32-h100.json": (91, 100),
-    "softmax-NVIDIA_H200-s37-fewrows-bf16.json": (55, 64),
-    "softmax-NVIDIA_H200-s37-fewrows-bf16b.json": (115, 118),
-    "softmax-NVIDIA_H200-s37-fewrows-f32.json": (94, 100),
-    "softmax-NVIDIA_H100_80GB_HBM3-s37-heldout-f16-h100.json": (112, 126),
-    "softmax-NVIDIA_H100_80GB_HBM3-s37-heldout-f32-h100.json": (119, 126),
-    "softmax-NVIDIA_H200-s37-heldout-f16.json": (111, 126),
-    "softmax-NVIDIA_H200-s37-heldout-f32.json": (118, 126),
+    "softmax-NVIDIA_H100_80GB_HBM3-s37-fewrows-bf16-h100.json.gz": (170, 182),
+    "softmax-NVIDIA_H100_80GB_HBM3-s37-fewrows-f32-h100.json.gz": (91, 100),
+    "softmax-NVIDIA_H200-s37-fewrows-bf16.json.gz": (55, 64),
+    "softmax-NVIDIA_H200-s37-fewrows-bf16b.json.gz": (115, 118),
+    "softmax-NVIDIA_H200-s37-fewrows-f32.json.gz": (94, 100),
+    "softmax-NVIDIA_H100_80GB_HBM3-s37-heldout-f16-h100.json.gz": (112, 126),
+    "softmax-NVIDIA_H100_80GB_HBM3-s37-heldout-f32-h100.json.gz": (119, 126),
+    "softmax-NVIDIA_H200-s37-heldout-f16.json.gz": (111, 126),
+    "softmax-NVIDIA_H200-s37-heldout-f32.json.gz": (118, 126),
     # (1-128 rows of 8K-32K elements, measured after session 37's terms were set: 108 of 140,
     # session 36's model 104; the misses were 5-9 us problems where the register kernels' plain
     # launch beat the cluster splits and the smem kernels by 0.5-1.5 us. Session 38's fixed time
     # of the staged designs (`policies.STAGED_ROW_LATENCY_BYTES`) and the register rows' lone
     # CTAs (`policies.REGISTER_ROW_LONE_SHARE`) were fitted here: 132 of 140)
-    "softmax-NVIDIA_H200-s37-shortrows-bf16.json": (70, 70),
-    "softmax-NVIDIA_H200-s37-shortrows-f32.json": (62, 70),
+    "softmax-NVIDIA_H200-s37-shortrows-bf16.json.gz": (70, 70),
+    "softmax-NVIDIA_H200-s37-shortrows-f32.json.gz": (62, 70),
     # (session 38: 2-96 rows of 2K-28K elements, f16/bf16/f32, H200, measured to check the two
     # terms at 4 MB and then used to set 6: 250 of 252, session 37's model 102)
-    "softmax-NVIDIA_H200-s38-shortrows-heldout-bf16.json": (84, 84),
-    "softmax-NVIDIA_H200-s38-shortrows-heldout-f16.json": (84, 84),
-    "softmax-NVIDIA_H200-s38-shortrows-heldout-f32.json": (82, 84),
+    "softmax-NVIDIA_H200-s38-shortrows-heldout-bf16.json.gz": (84, 84),
+    "softmax-NVIDIA_H200-s38-shortrows-heldout-f16.json.gz": (84, 84),
+    "softmax-NVIDIA_H200-s38-shortrows-heldout-f32.json.gz": (82, 84),
     # (session 38, H100, measured after the terms were set: both short-row grids, 379 of 392;
     # session 37's model 198)
-    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-bf16-h100.json": (69, 70),
-    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-f32-h100.json": (62, 70),
-    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-bf16-h100.json": (84, 84),
-    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-f16-h100.json": (83, 84),
-    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-f32-h100.json": (81, 84),
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-bf16-h100.json.gz": (69, 70),
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-f32-h100.json.gz": (62, 70),
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-bf16-h100.json.gz": (84, 84),
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-f16-h100.json.gz": (83, 84),
+    "softmax-NVIDIA_H100_80GB_HBM3-s38-shortrows-heldout-f32-h100.json.gz": (81, 84),
 }
 FEW_ROWS_WORST = 0.75
 
@@ -149,6 +149,13 @@ FEW_ROWS_WORST = 0.75
 @functools.lru_cache(maxsize=1)
 def _bench():
     spec = importlib.util.spec_from_file_location("_softmax_bench", os.path.join(ROOT, "benchmarks", "softmax.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _results_io():
+    spec = importlib.util.spec_from_file_location("_results_io", os.path.join(ROOT, "benchmarks", "results_io.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -250,8 +257,8 @@ def test_lean_report_drops_only_the_derived_fields_and_replays_alike(tmp_path):
     """`softmax.lean_report` (``--lean``) keeps every measured field a replay reads and drops the
     per-kernel ones `summarise` derives from them; a lean file replays as the full one."""
     bench = _bench()
-    name = "softmax-NVIDIA_H200-s38-shortrows-heldout-bf16.json"
-    full = json.loads(open(os.path.join(RESULTS, name)).read())
+    name = "softmax-NVIDIA_H200-s38-shortrows-heldout-bf16.json.gz"
+    full = _results_io().load(os.path.join(RESULTS, name))
     entry = {**full["results"][0], "kernels": {n: {**k, "tbs": 1.0, "tbs_spread": [0.9, 1.1], "frac_copy": 0.3,
                                                    "x_torch": 2.0}
                                                for n, k in full["results"][0]["kernels"].items()}}

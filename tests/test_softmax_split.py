@@ -130,7 +130,7 @@ def test_pick_any_charges_the_clusters_waves():
     """A wave holds about `CLUSTER_PACKING` of the SMs' clusters: the 8-CTA split of one
     1024-thread CTA per SM (bf16 backward, 100000 elements) costs the same per problem up to
     12 rows (one wave of fewer CTAs than SMs), twice that at 16 (two waves), as its measured
-    times do (7-8 us, then 11-12 us: results/softmax-NVIDIA_H200-s37-fewrows-bf16.json). With two
+    times do (7-8 us, then 11-12 us: results/softmax-NVIDIA_H200-s37-fewrows-bf16.json.gz). With two
     CTAs per SM (65536 elements) a wave holds 24 rows, past the SMs' count: no step."""
     kernel = next(k for k in CudaSoftmaxSplitBackward.generate_kernels(None, cc=90)
                   if k.metadata.kernel_name == "CudaSoftmaxSplitBackward_bf16_split_ept16_c8_peel8")
@@ -185,7 +185,7 @@ def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
 def test_pick_any_takes_register_rows_on_problems_too_small_to_fill_the_gpu(dtype, backward):
     """1-64 rows of 8192 elements take 5-7 us on any kernel: the one-pass register rows, whose
     loads are all in flight at once, ran 0.5-1.5 us faster than the cluster splits and the
-    shared-memory kernels there (H200, results/softmax-NVIDIA_H200-s37-shortrows-*.json), which
+    shared-memory kernels there (H200, results/softmax-NVIDIA_H200-s37-shortrows-*.json.gz), which
     `policies.STAGED_ROW_LATENCY_BYTES` and `REGISTER_ROW_LONE_SHARE` now charge. Longer rows of
     few rows stay on the splits (their one row per CTA would take longer than the fixed time)."""
     from kernel_api.tuning.policies import STAGED_ROW_LATENCY_BYTES, fixed_row_cost, single_trip

@@ -471,7 +471,7 @@ def test_build_by_problem(rows, cols, dtype, backward, want, monkeypatch):
 def test_pick_any_between_shared_memory_rows_and_long_rows(rows, cols, dtype, backward, first):
     """PickAny's first choice on the LM-head rows of session 36's vocabulary sweep
     (benchmarks/results/softmax-NVIDIA_H200-s36-vocab*.json: the measured fastest family, or within
-    7 % of it) and session 37's few-row sweeps (results/softmax-NVIDIA_*-s37-fewrows-*.json: the
+    7 % of it) and session 37's few-row sweeps (results/softmax-NVIDIA_*-s37-fewrows-*.json.gz: the
     fastest family on the H100 and the H200, within 2 %), on 132 SMs. Rows between the smem
     families' reach and 2^17 elements go to the long-row families from 16 rows
     (`softmax_rowgroup.LONG_ROWS_MIN_ROWS`), and so do 16-47 rows of 128 KB or more

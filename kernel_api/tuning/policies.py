@@ -150,7 +150,7 @@ CLUSTER_CTA_ALONE = 1.1
 #: The share of the SMs whose CTAs a wave of thread-block clusters fills, in `row_cost`'s wave
 #: term: clusters must fit in one GPC, and on the H100/H200 (132 SMs) the 8-CTA clusters of
 #: 1024-thread CTAs (one per SM) ran 12 rows in one wave and 16 in two
-#: (results/softmax-NVIDIA_*-s37-fewrows-*.json: the split kernels' times step at 16, 24-32, ...
+#: (results/softmax-NVIDIA_*-s37-fewrows-*.json.gz: the split kernels' times step at 16, 24-32, ...
 #: rows), 0.73-0.79 of the SMs. 0.75 ranks the recorded few-row cases best (0.6-0.8 within 1 %).
 CLUSTER_PACKING = 0.75
 #: A peeled kernel (scalar row head and tail, 16-byte vectors between) against the same
@@ -176,7 +176,7 @@ REGISTER_ROW_ALONE_FORWARD = 1.15
 #: The bandwidth a one-pass register row CTA (``block``) alone on its SM streams, in shares of
 #: the GPU's over the SMs (`row_cost`'s ``lone_cta_share``): its loads are all in flight at
 #: once, so with fewer rows than SMs its time grows with the row, not with the idle SMs. On the
-#: H200 (results/softmax-NVIDIA_H200-s37-shortrows-*.json) 1-64 rows of 8192 16-bit elements
+#: H200 (results/softmax-NVIDIA_H200-s37-shortrows-*.json.gz) 1-64 rows of 8192 16-bit elements
 #: ran 4.8-5.0 us, and one row's time grew by 2.3 us from 16K to 32K elements: 56 GB/s, 2.0
 #: shares of 3.6 TB/s over 132 SMs.
 REGISTER_ROW_LONE_SHARE = 2.0
@@ -186,7 +186,7 @@ REGISTER_ROW_LONE_SHARE = 2.0
 #: fixed time, whatever the problem's size: the bytes the GPU streams meanwhile at full
 #: bandwidth, here 6 MB (1.7 us at 3.6 TB/s; with `REGISTER_ROW_LONE_SHARE` it is what the
 #: register rows' lead comes to on problems that leave SMs idle). Measured on the H200 (session 37's
-#: results/softmax-NVIDIA_H200-s37-shortrows-*.json): one row of 8K-32K elements took 5.3-5.7 us
+#: results/softmax-NVIDIA_H200-s37-shortrows-*.json.gz): one row of 8K-32K elements took 5.3-5.7 us
 #: on the cluster splits, 4.8-7.1 us on the register rows; 32-64 rows of 8192 took 6.3 us on the
 #: shared-memory kernel and 5.0 on the register rows. Fitted on those and on session 38's
 #: held-out H200 sweep (2-96 rows of 2K-28K elements, f16/bf16/f32: 4-7 MB rank it alike, 250 of
@@ -241,7 +241,7 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None =
         # Register rows: 64 bytes per thread and row held measured best (bf16 forward: 32
         # elements; f32 forward and bf16 backward, which holds two rows: 16). The cluster
         # splits' slices too: over the 501 f32 forward pairs of session 37's sweeps (2-256 rows
-        # of 8K-128K elements, results/softmax-NVIDIA_*-s37-*f32*.json) 32 elements a thread
+        # of 8K-128K elements, results/softmax-NVIDIA_*-s37-*f32*.json.gz) 32 elements a thread
         # took a median 1.02x the time of 16 (10th-90th percentile 0.94-1.11x).
         if ept * elem * (2 if backward else 1) != 64:
             penalty *= 1.03

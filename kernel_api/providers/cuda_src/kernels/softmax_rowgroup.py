@@ -352,7 +352,7 @@ LONG_ROWS_MIN_ROWS = 16
 #: Few rows the smem families reach, ranked for the long-row families too: rows of at least
 #: `FEW_ROWS_FROM_BYTES` (82K 16-bit, 41K f32 elements), from `LONG_ROWS_MIN_ROWS` to below
 #: `FEW_ROWS_BELOW`. There the one-CTA-per-row smem kernels leave most SMs idle and the cluster
-#: splits need two waves or more: on an H100 and an H200 (results/softmax-NVIDIA_*-s37-fewrows-*.json)
+#: splits need two waves or more: on an H100 and an H200 (results/softmax-NVIDIA_*-s37-fewrows-*.json.gz)
 #: the row-group and window kernels ran fastest on 16-40 rows of 82K-116K 16-bit elements, by up
 #: to 1.4x; from 48 rows the smem kernels are as fast or faster.
 FEW_ROWS_FROM_BYTES = 128 * 1024

@@ -61,7 +61,7 @@ Y_STAGING_COST = 1.1
 #: The bandwidth one CTA streams alone on its SM, in shares of the GPU's over its SMs
 #: (`row_cost`'s ``lone_cta_share``): with fewer rows than SMs these kernels' times stay flat
 #: up to about 64 rows and each CTA streams its row at 40-50 GB/s (H100 and H200,
-#: results/softmax-NVIDIA_*-s37-fewrows-*.json), 1.5x a 132nd of 3.6 TB/s. So from 48-64 rows
+#: results/softmax-NVIDIA_*-s37-fewrows-*.json.gz), 1.5x a 132nd of 3.6 TB/s. So from 48-64 rows
 #: of 50K-116K 16-bit elements they rank ahead of the cluster splits, as measured.
 LONE_CTA_SHARE = 1.5
 
