@@ -10,7 +10,8 @@ Groups (`GROUPS`): ``odd`` (odd extents and leading dimensions: goal 1), ``align
 column-major as an nn.Linear weight: goal 2), ``f32`` (against torch's default FP32: goal 3) and
 ``f64`` (against DGEMM: goal 4), ``models`` (a Llama-3-8B layer's projections at 512-8192 tokens and
 its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and Llama-3-70B's at 256
-and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles).
+and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles),
+``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens).
 A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
 
@@ -124,6 +125,12 @@ GROUPS: dict[str, list[Case]] = {
                  Case(256, 10240, 8192, "bf16", "tnt"), Case(1024, 10240, 8192, "bf16", "tnt"),
                  Case(768, 2304, 8192, "bf16", "ntt"), Case(1024, 3584, 3584, "bf16", "tnt"),
                  Case(1024, 3584, 18944, "bf16", "tnt")],
+    # problems of 5-30 us, where launch and pipeline fill weigh as much as the math: squares of
+    # 256-2048, and a GPT-2-small / BERT-base layer (hidden 768; qkv 2304; MLP 3072) at 128 and
+    # 512 tokens
+    "small": [Case(n, n, n) for n in (256, 512, 1024, 2048)]
+             + [Case(M, N, K, "bf16", "tnt") for M in (128, 512)
+                for N, K in ((2304, 768), (768, 768), (3072, 768), (768, 3072))],
 }
 
 
