@@ -58,8 +58,12 @@ CLUSTER_ALONG_LONG_SIDE = 1.05
 #: faster. Bounded above by the issue #16 sweep (K >= 4096, cooperative 0.94-1.04x): from 100
 #: on, cuBLAS would outrank our tiles at 4096^3 and 8192^3, where they are measured faster
 #: (results/selection_torch-*.json of session 27). 60 leaves the H200's lm_head on the
-#: cooperative tile (0.80 of the best).
-COOPERATIVE_EPILOGUE_K = 80.0
+#: cooperative tile (0.80 of the best). From 80 to 75 (session 38) for 2048^3, where the two
+#: tiles' costs tied (one wave of 128x256 tiles against two of 128x128) and the generation
+#: order took the ping-pong tile: on an H100 the 128x256 cooperative tile ran 0.894x its time
+#: in PickBest's settled timing and 0.85x in the burst one (results/gemm_shapes-NVIDIA_H100_80GB_
+#: HBM3-s38-small-h100.json), on H200s 0.997-1.004x (s21, s31, s38); no other recorded case moves.
+COOPERATIVE_EPILOGUE_K = 75.0
 #: A cluster longer than the output's tiles along its dimension (2x1 on a one-tile M: the
 #: grid's second CTA of every cluster has no rows) against the same tile clustered the other
 #: way: 1.24-1.96x the time at M = 1-128 (H200 small-M runs, results/gemm_shapes-NVIDIA_H200-
