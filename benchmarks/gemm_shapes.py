@@ -11,7 +11,9 @@ column-major as an nn.Linear weight: goal 2), ``f32`` (against torch's default F
 ``f64`` (against DGEMM: goal 4), ``models`` (a Llama-3-8B layer's projections at 512-8192 tokens and
 its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and Llama-3-70B's at 256
 and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles),
-``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens).
+``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens), ``batched``
+(attention's batched products at head dims 64 and 128, MoE experts), ``odd_small`` (small problems
+with odd extents).
 A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
 
@@ -131,6 +133,16 @@ GROUPS: dict[str, list[Case]] = {
     "small": [Case(n, n, n) for n in (256, 512, 1024, 2048)]
              + [Case(M, N, K, "bf16", "tnt") for M in (128, 512)
                 for N, K in ((2304, 768), (768, 768), (3072, 768), (768, 3072))],
+    # batched products as attention runs them outside a fused kernel (L = batch x heads): scores
+    # Q K^T (K stored row-major: B column-major) and P V, head dims 64 and 128; and eight MoE
+    # experts' up projections at 512 tokens each
+    "batched": [Case(512, 512, 64, "bf16", "tnt", 32), Case(512, 64, 512, "bf16", "ttt", 32),
+                Case(1024, 1024, 128, "bf16", "tnt", 32), Case(1024, 128, 1024, "bf16", "ttt", 32),
+                Case(256, 256, 64, "bf16", "tnt", 64), Case(256, 64, 256, "bf16", "ttt", 64),
+                Case(512, 2048, 1024, "bf16", "tnt", 8)],
+    # small problems with odd extents (the realigned and staged paths at a few microseconds)
+    "odd_small": [Case(1000, 1000, 1000), Case(777, 1333, 555), Case(4095, 1024, 511, "f16"),
+                  Case(100, 5000, 3001, "bf16", "tnt")],
 }
 
 
