@@ -146,6 +146,10 @@ GROUPS: dict[str, list[Case]] = {
     # a grid of odd extents at 0.1-45 GFLOP (where cuBLAS's unaligned path and our staged copies
     # both pay fixed times), and a second grid of other extents to check a model fitted on the first
     "odd_sweep": [Case(M, N, K) for M in (100, 777, 1500, 3000) for N in (1333, 5001) for K in (555, 3001)],
+    # tiny odd problems (launch-bound: which single-launch kernel, if any, beats cuBLAS's
+    # alignment-1 path there)
+    "odd_tiny": [Case(37, 53, 29), Case(37, 53, 29, "f16"), Case(129, 257, 65), Case(333, 333, 333),
+                 Case(61, 1025, 513, "bf16", "tnt")],
     "odd_sweep2": [Case(M, N, K, "bf16", lay) for M, N, K, lay in
                    ((250, 2999, 999, "ttt"), (450, 777, 4001, "ttt"), (1111, 1111, 1111, "ttt"),
                     (2222, 3333, 777, "ttt"), (63, 9001, 2047, "tnt"), (1025, 4099, 1537, "tnt"),
