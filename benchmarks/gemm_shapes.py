@@ -13,7 +13,8 @@ its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and
 and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles),
 ``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens), ``batched``
 (attention's batched products at head dims 64 and 128, MoE experts), ``odd_small`` (small problems
-with odd extents), ``odd_sweep`` and ``odd_sweep2`` (grids of them, to fit and to check PickAny).
+with odd extents), ``odd_sweep``, ``odd_sweep2`` and ``odd_tiny`` (grids of them, down to a few
+microseconds).
 A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
 
@@ -143,8 +144,8 @@ GROUPS: dict[str, list[Case]] = {
     # small problems with odd extents (the realigned and staged paths at a few microseconds)
     "odd_small": [Case(1000, 1000, 1000), Case(777, 1333, 555), Case(4095, 1024, 511, "f16"),
                   Case(100, 5000, 3001, "bf16", "tnt")],
-    # a grid of odd extents at 0.1-45 GFLOP (where cuBLAS's unaligned path and our staged copies
-    # both pay fixed times), and a second grid of other extents to check a model fitted on the first
+    # grids of odd extents at 0.1-45 GFLOP, where cuBLAS's alignment-1 path and our staged
+    # copies both pay fixed times (NOTES-sm90.md, session 38)
     "odd_sweep": [Case(M, N, K) for M in (100, 777, 1500, 3000) for N in (1333, 5001) for K in (555, 3001)],
     # tiny odd problems (launch-bound: which single-launch kernel, if any, beats cuBLAS's
     # alignment-1 path there)

@@ -49,14 +49,6 @@ TORCH_GEMM_HINT = 0.95
 # and 97-141 TFLOP/s on issue #16's odd shapes; about this fraction of its aligned speed. It
 # keeps our Sm80 family (any output alignment) ahead there, and cuBLAS ahead of SIMT.
 TORCH_UNALIGNED_FACTOR = 0.17
-# ... and a fixed time on top, which decides small problems: on 16-bit problems of 0.1-3 GFLOP with
-# odd extents cuBLAS ran 5-23 us longer than the work term alone (median 10; H200,
-# benchmarks/results/gemm_shapes-NVIDIA_H200-s38-odd-sweep.json and -s38-batched-oddsmall.json),
-# where our staged (realigned) kernels, whose copies' fixed times their own estimate counts, ran
-# 1.2-1.5x faster than it on 777x1333x555 and 100x5001x555. 15 us ranks every recorded case best
-# (10-25 us within one case); the check grid (-s38-odd-sweep2.json) went from 5 to 7 of 8 within 10 %.
-# Measured on 16-bit operands only, so applied to them only.
-TORCH_UNALIGNED_FIXED_SECONDS = 15e-6
 _TILE_INTENSITY = 128 * 256 / (128 + 256)
 # cuBLASLt's fused bias + GELU epilogue against ours (same fusion): GPT-2's c_fc at 8192 tokens,
 # 0.069 ms against our best 0.081 (benchmarks/results/selection_torch-NVIDIA_H200.json).
@@ -178,18 +170,13 @@ class TorchGemm(_TorchKernel):
         the split-K reduction that spread costs on a non-skinny output of fewer tiles than SMs
         (`_split_k_cost`), or the time to stream the operands when that is longer
         (`_streaming_cost`), times 1 / `TORCH_UNALIGNED_FACTOR` when an operand is not 16-byte
-        aligned (and plus `TORCH_UNALIGNED_FIXED_SECONDS` for 16-bit operands); for cuBLASLt's
-        bias + GELU times `TORCH_GELU_EPILOGUE_FACTOR`."""
+        aligned; for cuBLASLt's bias + GELU times `TORCH_GELU_EPILOGUE_FACTOR`."""
         efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
-        unaligned = any(attrs.divisibility * attrs.dtype.bytes < 16 for attrs in args.tensor_attributes.values())
-        if unaligned:
+        if any(attrs.divisibility * attrs.dtype.bytes < 16 for attrs in args.tensor_attributes.values()):
             efficiency *= TORCH_UNALIGNED_FACTOR
         work = max(args.M, 1) * max(args.N, 1) * (max(args.K, 1) + TORCH_FIXED_K_STEPS) * max(args.L, 1)
         cost = max(work / max(sm_count, 1) / efficiency + self._split_k_cost(args, sm_count),
                    self._streaming_cost(args))
-        if unaligned and args.tensor_attributes["A"].dtype.bytes == 2:
-            from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND
-            cost += TORCH_UNALIGNED_FIXED_SECONDS * GEMM_COST_UNITS_PER_SECOND
         epilogue = args.epilogue
         if (epilogue is not None and epilogue.activation == "gelu" and epilogue.bias_kind == "row"
                 and args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0):
