@@ -55,6 +55,9 @@ BATCHED_ODD_SMALL = "gemm_shapes-NVIDIA_H200-s38-batched-oddsmall.json"
 ODD_SWEEP = "gemm_shapes-NVIDIA_H200-s38-odd-sweep.json"
 ODD_SWEEP2 = "gemm_shapes-NVIDIA_H200-s38-odd-sweep2.json"
 ODD_TINY = "gemm_shapes-NVIDIA_H200-s38-odd-tiny.json"
+#: 2048^3 on an H100 after `COOPERATIVE_EPILOGUE_K` 75 (PickAny's choice measured directly)
+AFTER_2048 = ["gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-h100.json",
+              "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json"]
 
 #: The recorded files replayed in full.
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
@@ -65,7 +68,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json", ODD_S30, ODD_S30_H100, ODD_S30_FINAL, ODD_S31,
          ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100,
          MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224, WAVE_FIT_224_H100, SMALL, SMALL_H100, MODELS_MORE_H100,
-         BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY]
+         BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY, *AFTER_2048]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
