@@ -62,7 +62,9 @@ CLUSTER_ALONG_LONG_SIDE = 1.05
 #: tiles' costs tied (one wave of 128x256 tiles against two of 128x128) and the generation
 #: order took the ping-pong tile: on an H100 the 128x256 cooperative tile ran 0.894x its time
 #: in PickBest's settled timing and 0.85x in the burst one (results/gemm_shapes-NVIDIA_H100_80GB_
-#: HBM3-s38-small-h100.json), on H200s 0.997-1.004x (s21, s31, s38); no other recorded case moves.
+#: HBM3-s38-small-h100.json), on H200s 0.997-1.004x (s21, s31, s38). One case measured later
+#: moved the other way: the staged kernels' 777x5001x555 (s38-odd-sweep), where the two tiles'
+#: costs are within 0.3 %, went to the cooperative tile at 0.86x the 64x128 one.
 COOPERATIVE_EPILOGUE_K = 75.0
 #: A cluster longer than the output's tiles along its dimension (2x1 on a one-tile M: the
 #: grid's second CTA of every cluster has no rows) against the same tile clustered the other
