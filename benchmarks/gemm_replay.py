@@ -60,7 +60,21 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H200-s30-odd.json", "gemm_shapes-NVIDIA_H100_80GB_HBM3-s30-odd-h100.json",
                  "gemm_shapes-NVIDIA_H200-s30-odd-final.json", "gemm_shapes-NVIDIA_H200-s31-odd.json",
                  "gemm_shapes-NVIDIA_H200-s31-odd-sk.json", "gemm_shapes-NVIDIA_H200-s31-shuffled-pickbest.json",
-                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s31-odd-h100.json"]
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s31-odd-h100.json",
+                 # session 37: model shapes and the wave-fitting tiles; session 38: small, batched
+                 # and odd-shaped problems, models_more on an H100, 2048^3 after its change
+                 "gemm_shapes-NVIDIA_H200-s37-models-a-192.json", "gemm_shapes-NVIDIA_H200-s37-models-b-192.json",
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-models-192-h100.json",
+                 "gemm_shapes-NVIDIA_H200-s37-models-more.json", "gemm_shapes-NVIDIA_H200-s37-wave-fit.json",
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-wave-fit-h100.json",
+                 "gemm_shapes-NVIDIA_H200-s37-wave-fit-224.json",
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-wave-fit-224-h100.json",
+                 "gemm_shapes-NVIDIA_H200-s38-small.json", "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-small-h100.json",
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-models-more-h100.json",
+                 "gemm_shapes-NVIDIA_H200-s38-batched-oddsmall.json", "gemm_shapes-NVIDIA_H200-s38-odd-sweep.json",
+                 "gemm_shapes-NVIDIA_H200-s38-odd-sweep2.json", "gemm_shapes-NVIDIA_H200-s38-odd-tiny.json",
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-h100.json",
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json"]
 
 
 def _selection():
@@ -144,6 +158,7 @@ def replay_file(path: str) -> list[dict]:
 
 def main(argv: list[str]) -> None:
     paths = argv or [os.path.join(RESULTS, f) for f in DEFAULT_FILES]
+    totals = [0, 0]
     for path in paths:
         for p in sorted(glob.glob(path)) or [path]:
             if not os.path.exists(p):
@@ -162,6 +177,9 @@ def main(argv: list[str]) -> None:
             then_ok = sum(1 for r in rows if r["then_ms"] is not None and r["then_ms"] <= WITHIN * r["best_ms"])
             print(f"within 10 % now: {sum(r['within'] for r in timed)}/{len(timed)} timed "
                   f"({len(rows) - len(timed)} untimed); the run's own choice: {then_ok}/{len(rows)}")
+            totals[0] += sum(r["within"] for r in timed)
+            totals[1] += len(timed)
+    print(f"\nall files: {totals[0]}/{totals[1]} timed cases within 10 % of the measured best")
 
 
 if __name__ == "__main__":
