@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import kernel_api  # noqa: E402
+from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import max_active_clusters  # noqa: E402
 from kernel_api.tuning.policies import PickAny  # noqa: E402
 from gemm_shapes import Case, case_arguments, case_candidates, make_sets, rel_error  # noqa: E402
 from results_io import result_name, write_result_with_text  # noqa: E402
@@ -82,7 +83,6 @@ def main() -> None:
                 continue
             tm, tn = k.config.tile_mn
             tiles = -(-M // tm) * -(-N // tn)
-            from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import max_active_clusters
             resident = max_active_clusters(0, 1)
             short = f"split{tm}x{tn}"
             # a fresh instance per grid: the cached cluster count is per instance

@@ -195,8 +195,8 @@ REGISTER_ROW_LONE_SHARE = 2.0
 #: results/softmax-NVIDIA_H200-s37-shortrows-*.json.gz): one row of 8K-32K elements took 5.3-5.7 us
 #: on the cluster splits, 4.8-7.1 us on the register rows; 32-64 rows of 8192 took 6.3 us on the
 #: shared-memory kernel and 5.0 on the register rows. Fitted on those and on session 38's
-#: held-out H200 sweep (2-96 rows of 2K-28K elements, f16/bf16/f32: 4-7 MB rank it alike, 250 of
-#: 252 within 10 %), checked on an H100's sweeps of both grids measured afterwards
+#: held-out H200 sweep (2-96 rows of 2K-28K elements, f16/bf16/f32: 6-8 MB rank it alike, 250 of
+#: 252 within 10 %; 4 MB 239), checked on an H100's sweeps of both grids measured afterwards
 #: (results/softmax-NVIDIA_H100_80GB_HBM3-s38-*: 379 of 392, 198 with session 37's model).
 STAGED_ROW_LATENCY_BYTES = 6.0e6
 
@@ -242,7 +242,7 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None =
         penalty *= PEELED_ROWS  # (see its comment)
     penalty *= 1.0 + 0.5 * (extra.get("passes", 1) - 1)  # the input read again (partly from L2)
     ept = extra.get("elements_per_thread")
-    elem = next(iter(args.tensor_attributes.values())).dtype.bytes if hasattr(args, "tensor_attributes") else 4
+    elem = _row_element_bytes(args)
     if ept:
         # Register rows: 64 bytes per thread and row held measured best (bf16 forward: 32
         # elements; f32 forward and bf16 backward, which holds two rows: 16). The cluster
@@ -289,12 +289,16 @@ def single_trip(design: Any) -> bool:
             and extra.get("cluster", 1) == 1)
 
 
+def _row_element_bytes(args: Any) -> int:
+    """Bytes of one element of a row-wise problem's operands (4 where the arguments carry none)."""
+    return next(iter(args.tensor_attributes.values())).dtype.bytes if hasattr(args, "tensor_attributes") else 4
+
+
 def row_problem_bytes(args: Any) -> int:
     """Bytes a row-wise (softmax) problem moves at the least: its operands read and written once
     (forward: x and out; backward: y, dy and dx)."""
     rows, cols = getattr(args, "rows", 1), getattr(args, "cols", 1)
-    elem = next(iter(args.tensor_attributes.values())).dtype.bytes if hasattr(args, "tensor_attributes") else 4
-    return max(rows * cols * elem * (3 if hasattr(args, "grad_out") else 2), 1)
+    return max(rows * cols * _row_element_bytes(args) * (3 if hasattr(args, "grad_out") else 2), 1)
 
 
 def fixed_row_cost(kernel: Kernel, args: Any) -> float:
@@ -310,12 +314,10 @@ def estimated_cost(kernel: Kernel, args: Any, sm_count: int) -> float:
     """The kernel's own estimate (`Kernel.estimated_cost`) or else the generic model's; for a
     row-wise problem plus the design's fixed time (`fixed_row_cost`), which decides the
     problems too small to fill the GPU."""
-    if isinstance(args, GemmArguments):
-        own = kernel.estimated_cost(args, sm_count)
-        return gemm_cost(kernel, args, sm_count) if own is None else own
     own = kernel.estimated_cost(args, sm_count)
-    base = row_cost(kernel, args, sm_count) if own is None else own
-    return base + fixed_row_cost(kernel, args)
+    if isinstance(args, GemmArguments):
+        return gemm_cost(kernel, args, sm_count) if own is None else own
+    return (row_cost(kernel, args, sm_count) if own is None else own) + fixed_row_cost(kernel, args)
 
 
 def _problem(args: Any) -> str:
