@@ -74,7 +74,9 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H200-s38-batched-oddsmall.json", "gemm_shapes-NVIDIA_H200-s38-odd-sweep.json",
                  "gemm_shapes-NVIDIA_H200-s38-odd-sweep2.json", "gemm_shapes-NVIDIA_H200-s38-odd-tiny.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-h100.json",
-                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json"]
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json",
+                 # session 39: small odd problems held out from the alignment-1 models' first fit
+                 "gemm_shapes-NVIDIA_H200-s39-odd-heldout.json"]
 
 
 def _selection():

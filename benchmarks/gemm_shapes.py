@@ -13,7 +13,7 @@ its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and
 and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles),
 ``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens), ``batched``
 (attention's batched products at head dims 64 and 128, MoE experts), ``odd_small`` (small problems
-with odd extents), ``odd_sweep``, ``odd_sweep2`` and ``odd_tiny`` (grids of them, down to a few
+with odd extents), ``odd_sweep``, ``odd_sweep2``, ``odd_tiny`` and ``odd_heldout`` (grids of them, down to a few
 microseconds).
 A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
@@ -155,6 +155,15 @@ GROUPS: dict[str, list[Case]] = {
                    ((250, 2999, 999, "ttt"), (450, 777, 4001, "ttt"), (1111, 1111, 1111, "ttt"),
                     (2222, 3333, 777, "ttt"), (63, 9001, 2047, "tnt"), (1025, 4099, 1537, "tnt"),
                     (3001, 999, 333, "ttt"), (600, 7000, 1000, "tnt"))],
+    # held out from the fit of session 39's alignment-1 models (cuBLAS's path, SimtGemm, the
+    # staged kernels): tiny f16 / bf16 pairs, 0.1-20 GFLOP, batched, and GPT-2's vocabulary at
+    # decode (M = 1, 8, 64) and prefill
+    "odd_heldout": [Case(45, 77, 31), Case(45, 77, 31, "f16"), Case(200, 129, 97), Case(200, 129, 97, "f16"),
+                    Case(257, 513, 127, "f16"), Case(95, 1000, 300), Case(300, 2000, 700),
+                    Case(555, 3333, 1201), Case(129, 7777, 999, "bf16", "tnt"), Case(2000, 1999, 257),
+                    Case(900, 900, 2999), Case(50, 20001, 1500), Case(1200, 3001, 1800),
+                    Case(3333, 777, 2222, "bf16", "tnt"), Case(40, 4097, 4097), Case(257, 129, 99, "bf16", "ttt", 16),
+                    Case(1, 50257, 768), Case(8, 50257, 4096), Case(64, 50257, 768), Case(2048, 50257, 768)],
 }
 
 

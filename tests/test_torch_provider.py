@@ -102,11 +102,12 @@ def test_pickany_keeps_our_tensor_cores_first_for_an_unaligned_output():
         names.index(next(n for n in names if n.startswith("SimtGemm")))
 
 
-@pytest.mark.parametrize("shape", [(1001, 1003, 999), (37, 53, 29), (4096, 4096, 4095), (8191, 768, 3071)])
+@pytest.mark.parametrize("shape", [(1001, 1003, 999), (129, 257, 65), (4096, 4096, 4095), (8191, 768, 3071)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_pickany_prefers_torch_to_simt_where_simt_is_our_only_kernel(shape, dtype):
     # (f32: 3xTF32 takes any alignment too; its place is the next test's. f16/bf16:
-    # Sm90RealignedGemm too, ranked in test_gemm_realigned.py)
+    # Sm90RealignedGemm too, ranked in test_gemm_realigned.py. The one place SIMT leads,
+    # bf16 problems of a few microseconds, is test_unaligned_cost_models.py's.)
     names = [n for n in _ranked(_gemm_args(*shape, dtype=dtype))
              if "_tf32x3_" not in n and not n.startswith("Sm90RealignedGemm")]
     assert names[0].startswith("TorchGemm"), names[:3]

@@ -49,6 +49,18 @@ TORCH_GEMM_HINT = 0.95
 # and 97-141 TFLOP/s on issue #16's odd shapes; about this fraction of its aligned speed. It
 # keeps our Sm80 family (any output alignment) ahead there, and cuBLAS ahead of SIMT.
 TORCH_UNALIGNED_FACTOR = 0.17
+# For 16-bit operands that path is modelled on its own (`TorchGemm._unaligned_cost`): 64x64
+# output tiles, one per SM at a time, each TORCH_UNALIGNED_TILE_K_SECONDS per k (split along K
+# on fewer tiles than SMs), after a fixed time per dtype (TORCH_UNALIGNED_FIXED_SECONDS: f16's
+# alignment-1 kernels start 3-4 us sooner, 5.1-7.1 us against bf16's 7.8-10 on 37x53x29 to
+# 257x513x127). Fitted to the 58 recorded bf16/f16 problems with an operand not 16-byte aligned,
+# 37x53x29 to 4096x50257x4096 (H200 and H100, sessions 21-39): rms log error 0.23, where the
+# factor above (no fixed time) was 5-23 us short from 0.1 to 4 GFLOP (100x5001x555: 7.8 us
+# estimated, 31.3 measured) and PickAny took cuBLAS there at 0.67-0.87x of the staged kernels.
+# What it misses most: M <= 100 against N >= 5000 (100x5001x555, 64x50257x768: 0.55-0.75x the
+# measured time), where cuBLAS picks slower kernels than at the same tiles elsewhere.
+TORCH_UNALIGNED_FIXED_SECONDS = {DataType.f16: 5e-6, DataType.bf16: 9e-6}
+TORCH_UNALIGNED_TILE_K_SECONDS = 9.5e-9
 _TILE_INTENSITY = 128 * 256 / (128 + 256)
 # cuBLASLt's fused bias + GELU epilogue against ours (same fusion): GPT-2's c_fc at 8192 tokens,
 # 0.069 ms against our best 0.081 (benchmarks/results/selection_torch-NVIDIA_H200.json).
@@ -173,6 +185,8 @@ class TorchGemm(_TorchKernel):
         aligned; for cuBLASLt's bias + GELU times `TORCH_GELU_EPILOGUE_FACTOR`."""
         efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
         if any(attrs.divisibility * attrs.dtype.bytes < 16 for attrs in args.tensor_attributes.values()):
+            if args.tensor_attributes["A"].dtype.bytes == 2:
+                return self._unaligned_cost(args, sm_count)
             efficiency *= TORCH_UNALIGNED_FACTOR
         work = max(args.M, 1) * max(args.N, 1) * (max(args.K, 1) + TORCH_FIXED_K_STEPS) * max(args.L, 1)
         cost = max(work / max(sm_count, 1) / efficiency + self._split_k_cost(args, sm_count),
@@ -182,6 +196,22 @@ class TorchGemm(_TorchKernel):
                 and args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0):
             cost *= TORCH_GELU_EPILOGUE_FACTOR  # the _addmm_activation path (`_run`)
         return cost
+
+    def _unaligned_cost(self, args: GemmArguments, sm_count: int) -> float:
+        """cuBLAS's alignment-1 path for 16-bit operands: `TORCH_UNALIGNED_FIXED_SECONDS` (by
+        dtype) plus the waves of 64x64 tiles at `TORCH_UNALIGNED_TILE_K_SECONDS` per k (split
+        along K on fewer tiles than SMs, as `_split_k_cost` has it), or streaming the operands
+        where that is longer (`_streaming_cost`), in gemm_cost units: the run time, launch
+        included, as `SimtGemm`'s and the staged kernels' estimates are."""
+        from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND
+        tiles = -(-args.M // 64) * -(-args.N // 64) * max(args.L, 1)
+        waves = -(-tiles // max(sm_count, 1))
+        # fewer tiles than SMs: K split in pieces of at least TORCH_SPLIT_K_MIN_PIECE (100x1333x3001,
+        # 42 tiles: 21.4 us measured, 35 estimated without)
+        splits = max(1, min(sm_count // max(tiles, 1), args.K // TORCH_SPLIT_K_MIN_PIECE))
+        fixed = TORCH_UNALIGNED_FIXED_SECONDS[args.tensor_attributes["A"].dtype]
+        seconds = fixed + waves * max(args.K, 1) * TORCH_UNALIGNED_TILE_K_SECONDS / splits
+        return max(seconds * GEMM_COST_UNITS_PER_SECOND, self._streaming_cost(args))
 
     @staticmethod
     def _tiles(args: GemmArguments) -> int:

@@ -33,6 +33,21 @@ _TILES = (
 )
 _STAGES = 3
 
+# PickAny's model of a SIMT launch (`SimtGemm.estimated_cost`), fitted to the a1 bf16/f16
+# kernels on odd shapes of 37x53x29 to 4096x50257x4096 (H200, sessions 21 and 38:
+# results/gemm_shapes-NVIDIA_H200-s38-odd-*.json and -s21-final.json; rms log error 0.07 /
+# 0.24 / 0.14 for the three tiles) and the f32 kernels at 4096^3 and 8192^3 (-s25-f32.json,
+# -s32-f32.json). A launch costs SIMT_FIXED_SECONDS; a CTA alone on its SM takes `latency`
+# per k (its loads wait on memory: a 32x32 tile runs at 16 GFLOP/s), and each further CTA on
+# the busiest SM adds `throughput` per k (CTAs overlap until the SM's FMA pipes fill). The
+# generic tile model had rated a lone 32x32 CTA 6-8x too fast (333^3: 7.8 us against 40.7), so
+# PickAny took SIMT where cuBLAS runs 3-5x faster.
+SIMT_FIXED_SECONDS = 3.3e-6
+# (BM, BN): (latency, throughput for 2-byte operands, throughput for 4-byte ones) in ns per k.
+# 8-byte operands take twice the 4-byte throughput (Hopper's FP64 FMA rate is half FP32's;
+# not measured).
+SIMT_NS_PER_K = {(128, 128): (224.0, 214.0, 98.0), (64, 64): (242.0, 77.0, 21.0), (32, 32): (124.5, 9.9, 11.2)}
+
 
 @CuTeDSLProvider.register
 class SimtGemm(GemmKernelBase):
@@ -64,6 +79,21 @@ class SimtGemm(GemmKernelBase):
                         if metadata.supports_cc(cc) and metadata_filter(metadata):
                             kernels.append(SimtGemm(metadata))
         return kernels
+
+    def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
+        """`SIMT_FIXED_SECONDS` plus K times the busiest SM's time per k (`SIMT_NS_PER_K`: one
+        CTA's latency, and the throughput for each further CTA), in `gemm_cost` units: the
+        run time itself, launch included, as cuBLAS's alignment-1 estimate is."""
+        from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND
+
+        tm, tn = self.metadata.design.tile_shape[:2]
+        latency, two_byte, four_byte = SIMT_NS_PER_K[(tm, tn)]
+        element = self.metadata.operands.A.dtype.bytes
+        throughput = two_byte if element == 2 else four_byte * (element // 4)
+        tiles = -(-args.M // tm) * -(-args.N // tn) * max(args.L, 1)
+        per_sm = max(-(-tiles // max(sm_count, 1)), 1)
+        seconds = SIMT_FIXED_SECONDS + max(args.K, 1) * (latency + (per_sm - 1) * throughput) * 1e-9
+        return seconds * GEMM_COST_UNITS_PER_SECOND
 
     def _family_supports(self, args: GemmArguments) -> Status | None:
         # The grid is (M tiles, N tiles, L) (simt_impl.py): N tiles are bounded by gridDim.y.
