@@ -13,7 +13,7 @@ its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and
 and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles),
 ``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens), ``batched``
 (attention's batched products at head dims 64 and 128, MoE experts), ``odd_small`` (small problems
-with odd extents), ``odd_sweep``, ``odd_sweep2``, ``odd_tiny`` and ``odd_heldout`` (grids of them, down to a few
+with odd extents), ``odd_sweep``, ``odd_sweep2``, ``odd_tiny``, ``odd_heldout`` and ``odd_heldout2`` (grids of them, down to a few
 microseconds).
 A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
@@ -164,6 +164,15 @@ GROUPS: dict[str, list[Case]] = {
                     Case(900, 900, 2999), Case(50, 20001, 1500), Case(1200, 3001, 1800),
                     Case(3333, 777, 2222, "bf16", "tnt"), Case(40, 4097, 4097), Case(257, 129, 99, "bf16", "ttt", 16),
                     Case(1, 50257, 768), Case(8, 50257, 4096), Case(64, 50257, 768), Case(2048, 50257, 768)],
+    # held out from their second fit (with odd_heldout), and nn.Linear's layout at GPT-2's
+    # vocabulary (B column-major: only the output's rows are odd)
+    "odd_heldout2": [Case(33, 65, 17), Case(33, 65, 17, "f16"), Case(150, 300, 45), Case(400, 250, 99, "f16"),
+                     Case(120, 2222, 640), Case(700, 900, 1100), Case(1000, 3000, 500, "f16"),
+                     Case(256, 6000, 999, "bf16", "tnt"), Case(80, 12000, 800), Case(30, 8000, 2000),
+                     Case(500, 500, 5000), Case(1800, 2500, 400), Case(3500, 3500, 900, "f16"),
+                     Case(5000, 1000, 3001, "bf16", "ntt"), Case(300, 301, 257, "bf16", "ttt", 8),
+                     Case(8, 50257, 768, "bf16", "tnt"), Case(64, 50257, 768, "bf16", "tnt"),
+                     Case(2048, 50257, 768, "bf16", "tnt")],
 }
 
 
