@@ -75,8 +75,9 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H200-s38-odd-sweep2.json", "gemm_shapes-NVIDIA_H200-s38-odd-tiny.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-h100.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json",
-                 # session 39: small odd problems held out from the alignment-1 models' first fit
-                 "gemm_shapes-NVIDIA_H200-s39-odd-heldout.json"]
+                 # session 39: small odd problems held out from the alignment-1 models' first fit,
+                 # and from their second
+                 "gemm_shapes-NVIDIA_H200-s39-odd-heldout.json", "gemm_shapes-NVIDIA_H200-s39-odd-heldout2.json"]
 
 
 def _selection():
