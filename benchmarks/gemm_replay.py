@@ -77,7 +77,8 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json",
                  # session 39: small odd problems held out from the alignment-1 models' first fit,
                  # and from their second
-                 "gemm_shapes-NVIDIA_H200-s39-odd-heldout.json", "gemm_shapes-NVIDIA_H200-s39-odd-heldout2.json"]
+                 "gemm_shapes-NVIDIA_H200-s39-odd-heldout.json", "gemm_shapes-NVIDIA_H200-s39-odd-heldout2.json",
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-h100.json"]
 
 
 def _selection():
