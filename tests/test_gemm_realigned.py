@@ -18,7 +18,7 @@ from kernel_api import EpilogueArguments, GemmArguments
 from kernel_api.providers.cutedsl.gemm.sm90_realigned import (REGION_ALIGN_BYTES, STAGED_PITCH_BYTES, Sm90RealignedGemm,
                                                               padded_layout, tma_view)
 from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import Sm90WarpSpecializedGemm
-from kernel_api.tuning.policies import PickAny
+from kernel_api.tuning.policies import PickAny, estimated_cost
 
 ISSUE_SHAPES = [((4096, 50257, 4096), torch.bfloat16), ((4095, 4096, 4095), torch.bfloat16),
                 ((4097, 4097, 4097), torch.float16), ((2000, 3000, 1001), torch.bfloat16)]
@@ -369,19 +369,36 @@ def test_stream_k_waves_follow_the_kernel_rule():
     """`stream_k_waves` mirrors the implementation's split rule: a fuller last wave is split
     only after 4 whole waves at K of at most 80 k-tiles, a quarter-full one with one whole wave
     before it, and PickAny takes the split 128x256 tile at f16 4097^3 (4.4 waves)."""
-    from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import STREAM_K_SPLIT_COST, Sm90Config, stream_k_waves
+    from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import (STREAM_K_FIXUP_K_TILES, STREAM_K_SPLIT_COST,
+                                                                        Sm90Config, stream_k_waves)
+
+    def split(k_tiles):  # a split tile-equivalent's cost at k_tiles
+        return 1 + STREAM_K_SPLIT_COST + STREAM_K_FIXUP_K_TILES / k_tiles
 
     any_wave = Sm90Config((128, 256), (2, 1), "cooperative", stream_k=True, sk_any_wave_max_k_tiles=80)
     quarter = Sm90Config((128, 256), (2, 1), "cooperative", stream_k=True)
     # 17 x 17 = 289 clusters over 66: 4 whole waves and 25 left (more than a quarter)
-    assert stream_k_waves(any_wave, meta_args(4097, 4097, 4097), 132, 64) == (5, 3 + 91 / 66 * (1 + STREAM_K_SPLIT_COST))
+    assert stream_k_waves(any_wave, meta_args(4097, 4097, 4097), 132, 64) == (5, 3 + 91 / 66 * split(65))
     assert stream_k_waves(quarter, meta_args(4097, 4097, 4097), 132, 64) is None
     assert stream_k_waves(any_wave, meta_args(4097, 4097, 81 * 64 + 1), 132, 64) is None  # K past 80 k-tiles
     assert stream_k_waves(any_wave, meta_args(4097, 2049, 4097), 132, 64) is None  # 153 clusters: under 4 waves
     # 10 clusters past 2 whole waves (at most a quarter): both split the last 76
-    assert stream_k_waves(quarter, meta_args(256 * 142, 256, 512), 132, 64) == (3, 1 + 76 / 66 * (1 + STREAM_K_SPLIT_COST))
+    assert stream_k_waves(quarter, meta_args(256 * 142, 256, 512), 132, 64) == (3, 1 + 76 / 66 * split(8))
     assert stream_k_waves(any_wave, meta_args(4096, 4096, 4096), 132, 64) is None  # 256 clusters: 58 left, 3 waves
     assert stream_k_waves(quarter, meta_args(1280, 256, 512), 132, 64) is None  # 5 clusters: a grid of 5, no split
     args = meta_args(4097, 4097, 4097, dtype=torch.float16)
     best = PickAny().choose(args, kernel_api.get_kernels(args, cc=90))
     assert "cooperative_streamk_skk80" in best.name, best.name
+
+
+@pytest.mark.parametrize("M,N,K", [(1800, 2500, 400), (777, 5001, 555)])
+def test_stream_k_split_pays_its_fix_up_at_short_k(M, N, K):
+    """At 7-9 k-tiles the split 128x256 tile measured 1.07-1.17x its data-parallel twin's time
+    (staged, H200 and H100: gemm_shapes-*-s38-odd-sweep, -s39-odd-*), so it must not rank ahead
+    of it there; a flat split cost (session 31's) rated it 30 % faster."""
+    args = meta_args(M, N, K)
+    costs = {k.metadata.kernel_name: estimated_cost(k, args, 132) for k in kernel_api.get_kernels(args, cc=90)
+             if k.metadata.kernel_name.startswith("Sm90RealignedGemm") and "tile128x256x64" in k.metadata.kernel_name}
+    split = next(v for n, v in costs.items() if "_streamk_skk80_" in n)
+    whole = next(v for n, v in costs.items() if "_streamk_" not in n)
+    assert split > whole

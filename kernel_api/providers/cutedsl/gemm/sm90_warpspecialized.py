@@ -178,20 +178,24 @@ _AB_TYPES = (DataType.bf16, DataType.f16)
 
 
 #: The split share of a stream-K launch costs this much more per tile-equivalent than whole
-#: tiles: the fix-up (partials through the workspace) and the k offsets that no longer line up
-#: between neighbouring clusters (less L2 reuse). Realigned 128x256 cooperative tile with
-#: fuller last waves split, against its data-parallel twin (H200, results/realign_parts-
-#: NVIDIA_H200-s31-sk.txt): f16 / bf16 4097^3 0.93-0.95x the time (4.38 waves; the inner
-#: kernel alone 4.66 rounds against 5: 0.2 here), 4096x50257x4096 1.01x (47.76 waves: nothing
-#: to gain). 0.1-0.15 rank all six measured realigned cases within 2 % of their best (0.2
-#: leaves f16 and bf16 4097^3 on the ping-pong tile, 0.85-0.87 of it, whose 8.5 waves the tile
-#: model rates too well there); 0.15 keeps 4096x50257x4096 on the data-parallel twin.
-STREAM_K_SPLIT_COST = 0.15
+#: tiles (the k offsets that no longer line up between neighbouring clusters: less L2 reuse) ...
+STREAM_K_SPLIT_COST = 0.03
+#: ... plus this many k-tiles of work: a split tile's partial accumulators (128 KB for 128x256
+#: in f32) go out through L2 and come back for the fix-up, about 5 us at an SM's share of the
+#: bandwidth, whatever K is. Fitted (session 39) on the 123 recorded pairs of the 128x256
+#: cooperative tile with and without the split (rms log error of their time ratio 0.037; a
+#: flat 0.15, session 31's term, 0.058): the split measured 7-17 % slower than its
+#: data-parallel twin at K of 7-9 k-tiles (staged 1800x2500x400 and 777x5001x555, H200 and
+#: H100: results/gemm_shapes-*-s38-odd-sweep, -s39-odd-*), where the flat term rated it 30 %
+#: faster, and 0.93-0.96x at 4097^3 (65 k-tiles: 0.15 in all, as before; results/realign_parts-
+#: NVIDIA_H200-s31-sk.txt). 0.03 rather than the fit's 0.05-0.15 keeps f16 / bf16 4097^3 on the
+#: split tile (more leaves them on the ping-pong tile, 0.85-0.90 of it).
+STREAM_K_FIXUP_K_TILES = 8
 
 
 def stream_k_waves(cfg: Sm90Config, args: GemmArguments, sm_count: int, k_tile_elems: int) -> tuple[int, float] | None:
     """(whole waves a data-parallel grid runs, the busiest cluster's tile-equivalents with the
-    stream-K split) for ``cfg`` on ``args`` with ``sm_count`` SMs, or None where the kernel's
+    stream-K split, its share costed `STREAM_K_SPLIT_COST` and `STREAM_K_FIXUP_K_TILES` more) for ``cfg`` on ``args`` with ``sm_count`` SMs, or None where the kernel's
     rule splits nothing (mirrors the implementation: the last wave, with one whole wave before
     it, is cut along K when it is at most a quarter full, or any last wave after 4 whole ones
     at K of at most ``sk_any_wave_max_k_tiles`` k-tiles)."""
@@ -204,7 +208,8 @@ def stream_k_waves(cfg: Sm90Config, args: GemmArguments, sm_count: int, k_tile_e
     if rem == 0 or rem > (grid if any_wave else grid // 4):
         return None
     split = rem + grid
-    return -(-clusters // grid), (clusters - split) // grid + split / grid * (1.0 + STREAM_K_SPLIT_COST)
+    split_cost = 1.0 + STREAM_K_SPLIT_COST + STREAM_K_FIXUP_K_TILES / k_tiles
+    return -(-clusters // grid), (clusters - split) // grid + split / grid * split_cost
 
 
 def k_tile(ab_type: DataType) -> int:
