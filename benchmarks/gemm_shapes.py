@@ -13,7 +13,7 @@ its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and
 and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles),
 ``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens), ``batched``
 (attention's batched products at head dims 64 and 128, MoE experts), ``odd_small`` (small problems
-with odd extents), ``odd_sweep``, ``odd_sweep2``, ``odd_tiny``, ``odd_heldout`` and ``odd_heldout2`` (grids of them, down to a few
+with odd extents), ``odd_sweep``, ``odd_sweep2``, ``odd_tiny``, ``odd_heldout``, ``odd_heldout2`` and ``odd_wide`` (grids of them, down to a few
 microseconds).
 A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
@@ -173,6 +173,12 @@ GROUPS: dict[str, list[Case]] = {
                      Case(5000, 1000, 3001, "bf16", "ntt"), Case(300, 301, 257, "bf16", "ttt", 8),
                      Case(8, 50257, 768, "bf16", "tnt"), Case(64, 50257, 768, "bf16", "tnt"),
                      Case(2048, 50257, 768, "bf16", "tnt")],
+    # f32 (FP32 and TF32) and f64 with odd extents and leading dimensions: no run had measured
+    # cuBLAS's path there before session 39, which PickAny rates at `TORCH_UNALIGNED_FACTOR`
+    "odd_wide": [Case(M, N, K, dt, lay, tf32=tf32)
+                 for dt, tf32 in (("f32", False), ("f32", True), ("f64", False))
+                 for M, N, K, lay in ((333, 333, 333, "ttt"), (777, 1333, 555, "ttt"), (1000, 1000, 999, "ttt"),
+                                      (2000, 3000, 1001, "ttt"), (4095, 4096, 4095, "ttt"), (64, 50257, 768, "tnt"))],
 }
 
 
