@@ -64,6 +64,9 @@ ODD_HELDOUT2 = "gemm_shapes-NVIDIA_H200-s39-odd-heldout2.json"
 #: ... and those two, odd_tiny and odd_sweep2 on an H100 (45 of 51 within 10 %; session 38's
 #: model: 41)
 ODD_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-h100.json"
+#: f32 (FP32 and TF32) and f64 odd shapes (``odd_wide``, H200), the first measured
+ODD_WIDE_F32 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f32.json"
+ODD_WIDE_F64 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64.json"
 #: 2048^3 on an H100 after `COOPERATIVE_EPILOGUE_K` 75 (PickAny's choice measured directly)
 AFTER_2048 = ["gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-h100.json",
               "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json"]
@@ -77,7 +80,8 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json", ODD_S30, ODD_S30_H100, ODD_S30_FINAL, ODD_S31,
          ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100,
          MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224, WAVE_FIT_224_H100, SMALL, SMALL_H100, MODELS_MORE_H100,
-         BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY, ODD_HELDOUT, ODD_HELDOUT2, ODD_H100, *AFTER_2048]
+         BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY, ODD_HELDOUT, ODD_HELDOUT2, ODD_H100, ODD_WIDE_F32, ODD_WIDE_F64,
+         *AFTER_2048]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
@@ -111,6 +115,12 @@ FIXED = [
     # `sm90_warpspecialized.STREAM_K_FIXUP_K_TILES`: the split 128x256 tile at 9 k-tiles, which
     # PickAny took at 0.0391 ms (session 38), against the 64x128 tile's 0.0337
     (ODD_SWEEP, "bf16 777x5001x555 ttt", 0.858, "Sm90RealignedGemm_bf16bf16_bf16_f32acc_ttt_tile64x128"),
+    # `torch_ops.kernels.TORCH_UNALIGNED_FACTOR` by element size (f32 0.35, f64 0.8; 0.17 for all
+    # before): cuBLAS TF32 and DGEMM on odd shapes, where 3xTF32 and the Sm80 DMMA tiles were taken
+    (ODD_WIDE_F32, "f32 1000x1000x999 ttt tf32", 0.66, "TorchGemm"),
+    (ODD_WIDE_F32, "f32 4095x4096x4095 ttt tf32", 0.78, "TorchGemm"),
+    (ODD_WIDE_F64, "f64 777x1333x555 ttt", 0.65, "TorchGemm"),
+    (ODD_WIDE_F64, "f64 1000x1000x999 ttt", 0.70, "TorchGemm"),
 ]
 
 #: Recorded cases still outside 10 %, with what each measured.
@@ -147,6 +157,11 @@ OPEN_MISSES = {
     # ... and 700x900x1100, the staged 64x128 tile 0.0246 against cuBLAS's 0.0221 (0.898; 0.924
     # on the H200)
     (ODD_H100, "bf16 700x900x1100 ttt"): "the staged kernels against cuBLAS, 10 %",
+    # nn.Linear's layout at GPT-2's vocabulary in f32 and f64 (only the output's rows odd):
+    # cuBLAS TF32 0.0741 ms against the Sm80 tf32 64x128 tile's 0.0608 (0.821; PickAny took the
+    # 128x256 tile before, 0.0776); DGEMM 0.1208 against CudaGemmF64's 64x64 tile, 0.1074 (0.889)
+    (ODD_WIDE_F32, "f32 64x50257x768 tnt tf32"): "cuBLAS against the Sm80 tf32 tiles, output unaligned",
+    (ODD_WIDE_F64, "f64 64x50257x768 tnt"): "cuBLAS against CudaGemmF64, output unaligned",
     # The small-M kernel against cuBLAS at N = K = 8192 (0.88-0.91): the same kernel measured
     # 0.0360-0.0402 ms across the two runs and two contestant slots, cuBLAS 0.0357-0.0364.
     (SMALL_M, "bf16 1x8192x8192 tnt"): "within the kernel's run-to-run spread",

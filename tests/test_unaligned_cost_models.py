@@ -1,6 +1,7 @@
 """PickAny's models of the GEMM kernels that take operands TMA cannot address (an odd leading
-dimension or extent): cuBLAS's alignment-1 path (`TorchGemm._unaligned_cost`), `SimtGemm`
-and the staged kernels (`Sm90RealignedGemm`). All three estimate the run time itself, launches
+dimension or extent): cuBLAS's alignment-1 path (`TorchGemm._unaligned_cost` for 16-bit
+operands, `TORCH_UNALIGNED_FACTOR` for f32 / f64), `SimtGemm` and the staged kernels
+(`Sm90RealignedGemm`). All three estimate the run time itself, launches
 included, so the fixed times that decide problems of 5-50 us weigh alike; fitted to the H200
 and H100 runs of sessions 21-39 (`benchmarks/gemm_replay.py` replays them). Session 38's model
 had none of these fixed times: it rated cuBLAS 5-23 us short from 0.1 to 4 GFLOP and a lone
@@ -74,6 +75,11 @@ def test_staged_estimate_carries_the_inner_launch():
     # the SIMT 32x32 tile on the tiniest bf16 problems (6.6-6.8 us against cuBLAS's 7.8-8.1)
     ((37, 53, 29), torch.bfloat16, False, "SimtGemm"),
     ((45, 77, 31), torch.bfloat16, False, "SimtGemm"),
+    # cuBLAS TF32 and DGEMM on odd shapes (`TORCH_UNALIGNED_FACTOR` by element size): 1.28-1.5x
+    # our 3xTF32 and Sm80 DMMA tiles there (s39 odd_wide)
+    ((4095, 4096, 4095), torch.float32, False, "TorchGemm"),
+    ((1000, 1000, 999), torch.float64, False, "TorchGemm"),
+    ((777, 1333, 555), torch.float64, False, "TorchGemm"),
 ])
 def test_pickany_follows_the_measured_order_on_small_odd_problems(shape, dtype, b_col, family):
     assert _first(_args(*shape, dtype=dtype, b_col=b_col)).startswith(family)

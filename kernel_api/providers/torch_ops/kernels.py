@@ -45,19 +45,26 @@ _TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 # tile model loses more than ~5% to quantisation, and ours where it does not.
 TORCH_GEMM_HINT = 0.95
 # cuBLAS with an operand not 16-byte aligned (a leading dimension or extent) falls to
-# alignment-1 kernels: 6.7 ms for GPT-2's lm_head (8192 x 50257 x 768) against 0.9 ms padded,
-# and 97-141 TFLOP/s on issue #16's odd shapes; about this fraction of its aligned speed. It
-# keeps our Sm80 family (any output alignment) ahead there, and cuBLAS ahead of SIMT.
-TORCH_UNALIGNED_FACTOR = 0.17
-# For 16-bit operands that path is modelled on its own (`TorchGemm._unaligned_cost`): 64x64
+# alignment-1 kernels. For 4- and 8-byte operands PickAny rates them at this fraction of the
+# aligned model's speed, by element size. Measured on odd shapes of 333^3 to 4095x4096x4095
+# (H200, session 39, results/gemm_shapes-NVIDIA_H200-s39-odd-wide-f{32,64}.json): TF32 ran
+# 57-124 TFLOP/s, against 376 aligned at 4096^3 (f32: 0.35; FP32's SIMT path runs its aligned
+# rate, 29-49, but competes only with SimtGemm, 2-5x slower); DGEMM 7-46 against 58 aligned
+# (f64: 0.8). Session 38's single 0.17 took our 3xTF32 kernels at 0.66-0.78x cuBLAS TF32 and the
+# Sm80 DMMA tiles at 0.65-0.71x DGEMM on these shapes. 16-bit operands have their own model
+# (`TorchGemm._unaligned_cost`, below).
+TORCH_UNALIGNED_FACTOR = {4: 0.35, 8: 0.8}
+# For 16-bit operands the alignment-1 path is modelled on its own (`TorchGemm._unaligned_cost`): 64x64
 # output tiles, one per SM at a time, each TORCH_UNALIGNED_TILE_K_SECONDS per k (split along K
 # on fewer tiles than SMs), after a fixed time per dtype (TORCH_UNALIGNED_FIXED_SECONDS: f16's
 # alignment-1 kernels start 3-4 us sooner, 5.1-7.1 us against bf16's 7.8-10 on 37x53x29 to
 # 257x513x127). Fitted to the 58 recorded bf16/f16 problems with an operand not 16-byte aligned,
 # 37x53x29 to 4096x50257x4096 (H200 and H100, sessions 21-39): rms log error 0.23, where the
 # factor above (no fixed time) was 5-23 us short from 0.1 to 4 GFLOP (100x5001x555: 7.8 us
-# estimated, 31.3 measured) and PickAny took cuBLAS there at 0.67-0.87x of the staged kernels.
-# What it misses most: M <= 100 against N >= 5000 (100x5001x555, 64x50257x768: 0.55-0.75x the
+# estimated, 31.3 measured) and PickAny took cuBLAS there at 0.67-0.87x of the staged kernels
+# (session 38's factor for every dtype: 0.17, from 6.7 ms for GPT-2's lm_head, 8192 x 50257 x
+# 768, against 0.9 ms padded).
+# What it misses most: M <= 100 against N >= 4000 (100x5001x555, 64x50257x768: 0.55-0.75x the
 # measured time), where cuBLAS picks slower kernels than at the same tiles elsewhere.
 TORCH_UNALIGNED_FIXED_SECONDS = {DataType.f16: 5e-6, DataType.bf16: 9e-6}
 TORCH_UNALIGNED_TILE_K_SECONDS = 9.5e-9
@@ -181,13 +188,14 @@ class TorchGemm(_TorchKernel):
         efficiency for a 128x256 tile, with `TORCH_FIXED_K_STEPS` more k-steps per output, plus
         the split-K reduction that spread costs on a non-skinny output of fewer tiles than SMs
         (`_split_k_cost`), or the time to stream the operands when that is longer
-        (`_streaming_cost`), times 1 / `TORCH_UNALIGNED_FACTOR` when an operand is not 16-byte
-        aligned; for cuBLASLt's bias + GELU times `TORCH_GELU_EPILOGUE_FACTOR`."""
+        (`_streaming_cost`), times 1 / `TORCH_UNALIGNED_FACTOR` (by element size) when an
+        operand is not 16-byte aligned, 16-bit operands then taking `_unaligned_cost` instead;
+        for cuBLASLt's bias + GELU times `TORCH_GELU_EPILOGUE_FACTOR`."""
         efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
         if any(attrs.divisibility * attrs.dtype.bytes < 16 for attrs in args.tensor_attributes.values()):
             if args.tensor_attributes["A"].dtype.bytes == 2:
                 return self._unaligned_cost(args, sm_count)
-            efficiency *= TORCH_UNALIGNED_FACTOR
+            efficiency *= TORCH_UNALIGNED_FACTOR[args.tensor_attributes["A"].dtype.bytes]
         work = max(args.M, 1) * max(args.N, 1) * (max(args.K, 1) + TORCH_FIXED_K_STEPS) * max(args.L, 1)
         cost = max(work / max(sm_count, 1) / efficiency + self._split_k_cost(args, sm_count),
                    self._streaming_cost(args))
