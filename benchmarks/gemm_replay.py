@@ -80,7 +80,9 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H200-s39-odd-heldout.json", "gemm_shapes-NVIDIA_H200-s39-odd-heldout2.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-h100.json",
                  # and f32 / f64 odd shapes
-                 "gemm_shapes-NVIDIA_H200-s39-odd-wide-f32.json", "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64.json"]
+                 "gemm_shapes-NVIDIA_H200-s39-odd-wide-f32.json", "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64.json",
+                 "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-align1.json",
+                 "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-final.json", "gemm_shapes-NVIDIA_H200-s39-f64-aligned.json"]
 
 
 def _selection():

@@ -1,7 +1,8 @@
 """The CUDA f64 tensor-core GEMM (cuda_src `CudaGemmF64`): generation, refusals, compilation for
 sm_90a without a GPU; on a GPU, every instance and layout against a float64 reference on the
-CPU inside sentinel-filled buffers, at odd extents, odd-but-even-strided leading dimensions,
-batches, and compute-sanitizer memcheck."""
+CPU inside sentinel-filled buffers, at odd extents, odd-but-even-strided leading dimensions
+(the ``_align1`` instances also odd ones, odd batch strides and 8-byte-offset bases), batches,
+and compute-sanitizer memcheck."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from kernel_api import GemmArguments
-from kernel_api.providers.cuda_src.kernels.gemm_f64 import CONFIGS, SPLIT_WAVE_COST, CudaGemmF64, F64Config
+from kernel_api.providers.cuda_src.kernels.gemm_f64 import CONFIGS, COPY8_COST, SPLIT_WAVE_COST, CudaGemmF64, F64Config
 from memcheck import run_memcheck
 
 
@@ -21,27 +22,32 @@ def instances(layouts: str | None = None) -> list[CudaGemmF64]:
     return [k for k in found if layouts is None or k.metadata.kernel_name.split("_")[2] == layouts]
 
 
-def operand(rows: int, cols: int, layout: str, L: int, pad: int, device: str) -> torch.Tensor:
+def operand(rows: int, cols: int, layout: str, L: int, pad: int, device: str, odd: bool = False) -> torch.Tensor:
     """Fresh random (L,) rows x cols f64, row-major ('t') or column-major ('n'), with ``pad``
-    extra elements per leading dimension, rounded up to an even leading dimension."""
-    if layout == "t":
-        ld = cols + pad + (cols + pad) % 2
-        t = torch.randn(L, rows, ld, device=device, dtype=torch.float64)[..., :cols]
-    else:
-        ld = rows + pad + (rows + pad) % 2
-        t = torch.randn(L, cols, ld, device=device, dtype=torch.float64)[..., :rows].transpose(-1, -2)
+    extra elements per leading dimension, rounded up to an even leading dimension; ``odd``: an
+    odd leading dimension and batch stride instead, and the base one element (8 bytes) past a
+    16-byte boundary."""
+    inner = cols if layout == "t" else rows
+    ld = inner + pad + (inner + pad) % 2 + (1 if odd else 0)
+    outer = rows if layout == "t" else cols
+    flat = torch.randn(L * outer * ld + 2 * L + 1, device=device, dtype=torch.float64)
+    t = flat[1:].as_strided((L, outer, ld), (outer * ld + 1, ld, 1)) if odd else flat[:L * outer * ld].view(L, outer, ld)
+    t = t[..., :inner]
+    t = t if layout == "t" else t.transpose(-1, -2)
     return t if L > 1 else t[0]
 
 
-def check(kernel: CudaGemmF64, M: int, N: int, K: int, L: int = 1, pad: int = 0, artifact=None) -> float:
-    """Run on fresh random operands; assert every output written, nothing outside it (NaN sentinels
-    around out intact), and the error against a CPU float64 product."""
+def check(kernel: CudaGemmF64, M: int, N: int, K: int, L: int = 1, pad: int = 0, artifact=None,
+          odd: bool = False) -> float:
+    """Run on fresh random operands (``odd``: A's and B's leading dimensions and batch strides
+    odd, their bases 8 bytes off 16-byte alignment); assert every output written, nothing
+    outside it (NaN sentinels around out intact), and the error against a CPU float64 product."""
     layouts = kernel.metadata.kernel_name.split("_")[2]
     seed = random.randrange(2**31)
     torch.manual_seed(seed)
-    what = f"{kernel.metadata.kernel_name} M={M} N={N} K={K} L={L} pad={pad} seed={seed}"
-    A = operand(M, K, layouts[0], L, pad, "cuda")
-    B = operand(K, N, layouts[1], L, pad, "cuda")
+    what = f"{kernel.metadata.kernel_name} M={M} N={N} K={K} L={L} pad={pad} odd={odd} seed={seed}"
+    A = operand(M, K, layouts[0], L, pad, "cuda", odd)
+    B = operand(K, N, layouts[1], L, pad, "cuda", odd)
     if layouts[2] == "t":
         big = torch.full((L, M + 2, N + 16), float("nan"), device="cuda", dtype=torch.float64)
         out = big[:, 1:M + 1, 8:8 + N]
@@ -72,7 +78,7 @@ def check(kernel: CudaGemmF64, M: int, N: int, K: int, L: int = 1, pad: int = 0,
 
 def test_generation_and_metadata():
     ks = instances()
-    assert len(ks) == 8 * len(CONFIGS)
+    assert len(ks) == 2 * 8 * len(CONFIGS)  # 16- and 8-byte copies
     names = {k.metadata.kernel_name for k in ks}
     assert len(names) == len(ks)
     for k in ks:
@@ -120,6 +126,26 @@ def test_refusals_of_batches_and_sizes_past_the_grid_and_index_limits():
     assert not status and "operand B" in status.error and "N=2,147,483,648" in status.error
 
 
+def test_align1_instances_take_odd_strides_and_8_byte_bases():
+    """The ``_align1`` instances (8-byte copies) take what the ``_align2`` ones refuse: odd
+    leading dimensions and batch strides, bases 8 bytes off 16; they compile with COPY8 and rank
+    after the 16-byte instance of their configuration wherever both apply (`COPY8_COST`)."""
+    odd = GemmArguments(*(operand(r, c, "t", 2, 0, "cpu", odd=True) for r, c in ((77, 45), (45, 99))),
+                        torch.empty(2, 77, 99, dtype=torch.float64))
+    even = GemmArguments(*_meta(256, 256, 256))
+    for layouts in ("ttt", "nnn"):
+        wide = [k for k in instances(layouts) if k.align == 2]
+        narrow = [k for k in instances(layouts) if k.align == 1]
+        assert [k.config for k in wide] == [k.config for k in narrow]
+        for w, n in zip(wide, narrow):
+            assert n.metadata.kernel_name.endswith("_align1") and n.name_expression(None).endswith(", true>")
+            assert not w.name_expression(None).endswith(", true>")
+            if layouts == "ttt":
+                assert n.supports(odd) and not w.supports(odd)
+            assert n.estimated_cost(even, 132) == pytest.approx(w.estimated_cost(even, 132) * COPY8_COST)
+    assert instances("ttt")[-1].compile(odd, cc=90) is not None
+
+
 def test_odd_extents_with_even_strides_are_taken():
     k = instances("ttt")[0]
     A = torch.empty(77, 46, dtype=torch.float64)[:, :45]
@@ -148,8 +174,8 @@ WS_TAGS = ("tile128x64x16_warps2x2_stages3_ws", "tile128x64x16_warps2x2_stages4_
 KNOB_TAGS += WS_TAGS
 
 
-def knob_instance(tag: str, layouts: str) -> CudaGemmF64:
-    params = dict(a=layouts[0], b=layouts[1], out=layouts[2], config=F64Config.from_tag(tag))
+def knob_instance(tag: str, layouts: str, align: int = 2) -> CudaGemmF64:
+    params = dict(a=layouts[0], b=layouts[1], out=layouts[2], config=F64Config.from_tag(tag), align=align)
     return CudaGemmF64(CudaGemmF64.make_metadata(params), params)
 
 
@@ -235,6 +261,19 @@ def test_every_instance_matches_float64(layouts):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layouts", ["ttt", "ttn", "tnt", "tnn", "ntt", "ntn", "nnt", "nnn"])
+def test_align1_instances_match_float64_on_odd_strides(layouts):
+    """8-byte copies: odd leading dimensions and batch strides, bases 8 bytes off 16, at odd
+    and edge-only extents, batched."""
+    for k in (k for k in instances(layouts) if k.align == 1):
+        art = k.compile(GemmArguments(*_meta(64, 64, 64, layouts, device="cpu")))
+        for M, N, K in GPU_SHAPES:
+            check(k, M, N, K, artifact=art, odd=True)
+        check(k, 190, 94, 70, pad=6, artifact=art, odd=True)
+        check(k, 100, 72, 51, L=3, artifact=art, odd=True)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tag", KNOB_TAGS)
 def test_design_knobs_match_float64(tag):
     for layouts in ("ttt", "ttn", "ntn", "nnt"):
@@ -286,6 +325,7 @@ def test_stream_k_last_wave_matches_float64(tag, layouts):
     plan = k.split_plan(GemmArguments(*_meta(M, N, K, layouts)), sms)
     assert plan is not None and plan[1] == 8, plan
     check(k, M, N, K)
+    check(knob_instance(tag, layouts, align=1), M, N, K, odd=True)  # the same with 8-byte copies
     args = GemmArguments(*_meta(M, N, K, layouts, device="cuda"))  # fresh random operands
     out = args.out
     k.run(args)
@@ -302,8 +342,8 @@ from test_gemm_f64_cuda import SPLIT_TAGS, WS_TAGS, check, instances, knob_insta
 n = 0
 for layouts in ("ttt", "tnt", "ntn", "nnn"):
     for k in instances(layouts) + [knob_instance(tag, layouts) for tag in WS_TAGS]:
-        check(k, 37, 21, 19); n += 1
-        check(k, 130, 66, 18, pad=2); n += 1
+        check(k, 37, 21, 19, odd=k.align == 1); n += 1
+        check(k, 130, 66, 18, pad=2, odd=k.align == 1); n += 1
     for tag in SPLIT_TAGS:  # the stream-K last wave and its reduction
         k = knob_instance(tag, layouts)
         check(k, *split_case(k)); n += 1
@@ -314,4 +354,4 @@ print("launches", n)
 @pytest.mark.gpu
 def test_memcheck_clean():
     out = run_memcheck(_SANITIZED % os.path.dirname(os.path.abspath(__file__)))
-    assert f"launches {4 * ((len(CONFIGS) + len(WS_TAGS)) * 2 + len(SPLIT_TAGS))}" in out, out[-3000:]
+    assert f"launches {4 * ((2 * len(CONFIGS) + len(WS_TAGS)) * 2 + len(SPLIT_TAGS))}" in out, out[-3000:]

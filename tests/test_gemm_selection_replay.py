@@ -67,6 +67,11 @@ ODD_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-h100.json"
 #: f32 (FP32 and TF32) and f64 odd shapes (``odd_wide``, H200), the first measured
 ODD_WIDE_F32 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f32.json"
 ODD_WIDE_F64 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64.json"
+#: ... f64 again with `CudaGemmF64`'s 8-byte-copy instances (``_align1``), measured by PickBest
+#: (``-align1``), then with PickAny's final model (``-final``), and the f64 group beside it
+ODD_WIDE_F64_ALIGN1 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-align1.json"
+ODD_WIDE_F64_FINAL = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-final.json"
+F64_S39 = "gemm_shapes-NVIDIA_H200-s39-f64-aligned.json"
 #: 2048^3 on an H100 after `COOPERATIVE_EPILOGUE_K` 75 (PickAny's choice measured directly)
 AFTER_2048 = ["gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-h100.json",
               "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json"]
@@ -81,7 +86,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100,
          MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224, WAVE_FIT_224_H100, SMALL, SMALL_H100, MODELS_MORE_H100,
          BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY, ODD_HELDOUT, ODD_HELDOUT2, ODD_H100, ODD_WIDE_F32, ODD_WIDE_F64,
-         *AFTER_2048]
+         ODD_WIDE_F64_ALIGN1, ODD_WIDE_F64_FINAL, F64_S39, *AFTER_2048]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
@@ -121,6 +126,10 @@ FIXED = [
     (ODD_WIDE_F32, "f32 4095x4096x4095 ttt tf32", 0.78, "TorchGemm"),
     (ODD_WIDE_F64, "f64 777x1333x555 ttt", 0.65, "TorchGemm"),
     (ODD_WIDE_F64, "f64 1000x1000x999 ttt", 0.70, "TorchGemm"),
+    # `CudaGemmF64`'s 8-byte-copy instances from 2000x3000x1001 up (1.22-1.27x DGEMM), with
+    # `TORCH_DGEMM_COST` (PickAny's choice measured in ODD_WIDE_F64_FINAL)
+    (ODD_WIDE_F64_FINAL, "f64 2000x3000x1001 ttt", 0.82, "CudaGemmF64_f64_ttt_tile128x128x32_warps2x4_stages3_mma16_ws_align1"),
+    (ODD_WIDE_F64_FINAL, "f64 4095x4096x4095 ttt", 0.79, "CudaGemmF64_f64_ttt_tile128x128x32_warps2x4_stages3_mma16_ws_align1"),
 ]
 
 #: Recorded cases still outside 10 %, with what each measured.
@@ -162,6 +171,8 @@ OPEN_MISSES = {
     # 128x256 tile before, 0.0776); DGEMM 0.1208 against CudaGemmF64's 64x64 tile, 0.1074 (0.889)
     (ODD_WIDE_F32, "f32 64x50257x768 tnt tf32"): "cuBLAS against the Sm80 tf32 tiles, output unaligned",
     (ODD_WIDE_F64, "f64 64x50257x768 tnt"): "cuBLAS against CudaGemmF64, output unaligned",
+    (ODD_WIDE_F64_ALIGN1, "f64 64x50257x768 tnt"): "cuBLAS against CudaGemmF64, output unaligned",
+    (ODD_WIDE_F64_FINAL, "f64 64x50257x768 tnt"): "cuBLAS against CudaGemmF64, output unaligned",
     # The small-M kernel against cuBLAS at N = K = 8192 (0.88-0.91): the same kernel measured
     # 0.0360-0.0402 ms across the two runs and two contestant slots, cuBLAS 0.0357-0.0364.
     (SMALL_M, "bf16 1x8192x8192 tnt"): "within the kernel's run-to-run spread",
@@ -190,7 +201,10 @@ UNTIMED: set = {
     # 2048^3 on the 128x256 cooperative tile since session 38 (`COOPERATIVE_EPILOGUE_K` 75):
     # these runs timed the ping-pong tiles only; SMALL, SMALL_H100 and the s21 / s31 runs time
     # both (H200: a tie, 0.997-1.004x; H100: 0.894x the ping-pong tile's time)
-    (name, "bf16 2048x2048x2048 ttt") for name in (FINAL, SHUFFLED_FINAL)}
+    (name, "bf16 2048x2048x2048 ttt") for name in (FINAL, SHUFFLED_FINAL)} | {
+    # f64 from 2000x3000x1001 up: CudaGemmF64's 8-byte-copy instances, which this run did not
+    # have; ODD_WIDE_F64_ALIGN1 and ODD_WIDE_F64_FINAL time them (1.21-1.27x DGEMM)
+    (ODD_WIDE_F64, "f64 2000x3000x1001 ttt"), (ODD_WIDE_F64, "f64 4095x4096x4095 ttt")}
 
 
 @functools.lru_cache(maxsize=1)

@@ -80,6 +80,11 @@ def test_staged_estimate_carries_the_inner_launch():
     ((4095, 4096, 4095), torch.float32, False, "TorchGemm"),
     ((1000, 1000, 999), torch.float64, False, "TorchGemm"),
     ((777, 1333, 555), torch.float64, False, "TorchGemm"),
+    # CudaGemmF64's 8-byte copies from a few hundred us (1.22-1.27x DGEMM), DGEMM where aligned
+    ((4095, 4096, 4095), torch.float64, False, "CudaGemmF64"),
+    ((2000, 3000, 1001), torch.float64, False, "CudaGemmF64"),
+    ((2048, 2048, 2048), torch.float64, False, "TorchGemm"),
+    ((8192, 8192, 8192), torch.float64, False, "TorchGemm"),
 ])
 def test_pickany_follows_the_measured_order_on_small_odd_problems(shape, dtype, b_col, family):
     assert _first(_args(*shape, dtype=dtype, b_col=b_col)).startswith(family)

@@ -54,6 +54,14 @@ TORCH_GEMM_HINT = 0.95
 # Sm80 DMMA tiles at 0.65-0.71x DGEMM on these shapes. 16-bit operands have their own model
 # (`TorchGemm._unaligned_cost`, below).
 TORCH_UNALIGNED_FACTOR = {4: 0.35, 8: 0.8}
+# DGEMM's time against the tile model that ranks our f64 kernels: the MAC model's 128x256
+# efficiency is a 16-bit library's, and `CudaGemmF64`'s estimates (its `performance_hint` and
+# cost scales) stand 1.43-1.50x above it at 2048^3 and 8192^3 where it ran 0.97-0.98x DGEMM's
+# speed (results/gemm_shapes-NVIDIA_H200-s33-f64-*.json). 1.4 keeps DGEMM first there (by 2 and
+# 7 %) and weighs our odd-stride kernels (8-byte copies, 1.21-1.27x DGEMM from 2000x3000x1001
+# up, results/gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-align1.json) against it; without it the
+# f64 alignment-1 factor alone made DGEMM look 1.4x faster than it is.
+TORCH_DGEMM_COST = 1.4
 # For 16-bit operands the alignment-1 path is modelled on its own (`TorchGemm._unaligned_cost`): 64x64
 # output tiles, one per SM at a time, each TORCH_UNALIGNED_TILE_K_SECONDS per k (split along K
 # on fewer tiles than SMs), after a fixed time per dtype (TORCH_UNALIGNED_FIXED_SECONDS: f16's
@@ -190,12 +198,15 @@ class TorchGemm(_TorchKernel):
         (`_split_k_cost`), or the time to stream the operands when that is longer
         (`_streaming_cost`), times 1 / `TORCH_UNALIGNED_FACTOR` (by element size) when an
         operand is not 16-byte aligned, 16-bit operands then taking `_unaligned_cost` instead;
-        for cuBLASLt's bias + GELU times `TORCH_GELU_EPILOGUE_FACTOR`."""
+        f64's work times `TORCH_DGEMM_COST`; for cuBLASLt's bias + GELU times
+        `TORCH_GELU_EPILOGUE_FACTOR`."""
         efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
         if any(attrs.divisibility * attrs.dtype.bytes < 16 for attrs in args.tensor_attributes.values()):
             if args.tensor_attributes["A"].dtype.bytes == 2:
                 return self._unaligned_cost(args, sm_count)
             efficiency *= TORCH_UNALIGNED_FACTOR[args.tensor_attributes["A"].dtype.bytes]
+        if args.tensor_attributes["A"].dtype.bytes == 8:
+            efficiency /= TORCH_DGEMM_COST
         work = max(args.M, 1) * max(args.N, 1) * (max(args.K, 1) + TORCH_FIXED_K_STEPS) * max(args.L, 1)
         cost = max(work / max(sm_count, 1) / efficiency + self._split_k_cost(args, sm_count),
                    self._streaming_cost(args))

@@ -32,7 +32,8 @@
 // Layouts: A_KMAJOR: A(m, k) at A[m * lda + k] (row-major) else A[k * lda + m]; B_KMAJOR:
 // B(k, n) at B[n * ldb + k] (column-major) else B[k * ldb + n]; O_NMAJOR: out(m, n) at
 // out[m * ldo + n] (row-major) else out[n * ldo + m]. The interface guarantees 16-byte aligned
-// base pointers of A and B, even leading dimensions and batch strides; out_vec says whether
+// base pointers of A and B, even leading dimensions and batch strides (COPY8: 8-byte aligned
+// bases, any leading dimension and batch stride); out_vec says whether
 // out takes 16-byte stores (else 8-byte). Batches run on gridDim.y.
 
 namespace ka_gemm_f64 {
@@ -46,6 +47,11 @@ __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_gene
 // 16 bytes global -> shared; src_bytes < 16 zero-fills the rest without reading past src + src_bytes.
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, u32 src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// 8 bytes (one element; the variant for operands 8-byte aligned only): cp.async takes 8-byte
+// copies through L1 (.ca) only.
+__device__ __forceinline__ void cp_async8(u32 dst, const void* src, u32 src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -150,7 +156,9 @@ struct CopyPlan {
 // Copy one operand tile of k tile `k0`: `src` is the operand, `mn0` the tile's first m (n).
 // Threads past the plan's ACTIVE copy nothing.
 // Interior tiles (FULL) copy without bounds checks; edge tiles zero-fill past mn_ext and K.
-template <int EXT, bool KMAJOR, int THREADS, int BK, bool FULL>
+// COPY8: each 16-byte chunk as two 8-byte copies, for operands whose base or leading
+// dimension is not 16-byte aligned (odd leading dimensions); the shared layout is the same.
+template <int EXT, bool KMAJOR, int THREADS, int BK, bool FULL, bool COPY8>
 __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ src, i64 ld, int mn0, int mn_ext,
                                           int k0, int K, const CopyPlan<EXT, KMAJOR, THREADS, BK>& plan) {
   using P = CopyPlan<EXT, KMAJOR, THREADS, BK>;
@@ -163,14 +171,24 @@ __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ sr
   for (int i = 0; i < P::COUNT; ++i) {
     const u32 d = dst + plan.dst(i);
     if (FULL) {
-      cp_async16(d, p + i * step, 16u);
+      if (COPY8) {
+        cp_async8(d, p + i * step, 8u);
+        cp_async8(d + 8, p + i * step + 1, 8u);
+      } else {
+        cp_async16(d, p + i * step, 16u);
+      }
     } else {
       int valid;
       if (KMAJOR)
         valid = (mn + i * P::STEP < mn_ext) ? min(max(K - k, 0), 2) : 0;
       else
         valid = (k + i * P::STEP < K) ? min(max(mn_ext - mn, 0), 2) : 0;
-      cp_async16(d, valid ? p + i * step : src, (u32)(valid * 8));
+      if (COPY8) {  // (elements past the edge: zero-filled, nothing read)
+        cp_async8(d, valid > 0 ? p + i * step : src, valid > 0 ? 8u : 0u);
+        cp_async8(d + 8, valid > 1 ? p + i * step + 1 : src, valid > 1 ? 8u : 0u);
+      } else {
+        cp_async16(d, valid ? p + i * step : src, (u32)(valid * 8));
+      }
     }
   }
 }
@@ -285,7 +303,7 @@ __device__ __forceinline__ void store_acc(const double (&acc)[FM][FN][4], double
 }
 
 template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
-          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int COPY_AT = 0>
+          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int COPY_AT = 0, bool COPY8 = false>
 __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
     gemm_f64(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
              i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec) {
@@ -326,11 +344,11 @@ __global__ void __launch_bounds__(WM * WN * 32, MIN_CTAS)
   auto load_stage = [&](int kt) {
     const int slot = kt % STAGES;
     if (kt < full_ktiles) {
-      load_tile<BM, A_KMAJOR, THREADS, BK, true>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
-      load_tile<BN, B_KMAJOR, THREADS, BK, true>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
+      load_tile<BM, A_KMAJOR, THREADS, BK, true, COPY8>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
+      load_tile<BN, B_KMAJOR, THREADS, BK, true, COPY8>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
     } else {
-      load_tile<BM, A_KMAJOR, THREADS, BK, false>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
-      load_tile<BN, B_KMAJOR, THREADS, BK, false>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
+      load_tile<BM, A_KMAJOR, THREADS, BK, false, COPY8>(sA + slot * A_STAGE, A, lda, m0, M, kt * BK, K, a_copy);
+      load_tile<BN, B_KMAJOR, THREADS, BK, false, COPY8>(sB + slot * B_STAGE, B, ldb, n0, N, kt * BK, K, b_copy);
     }
   };
 #pragma unroll
@@ -415,7 +433,7 @@ struct WsRegs {
 };
 
 template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
-          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int PRODUCER_REGS = 0>
+          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int PRODUCER_REGS = 0, bool COPY8 = false>
 __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>::THREADS, MIN_CTAS)
     gemm_f64_ws(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
                 i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec,
@@ -484,11 +502,11 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>:
       if (kt >= STAGES) mbar_wait(empty + 8 * slot, (u32)((kt / STAGES - 1) & 1));
       const u32 dA = sA + slot * A_STAGE, dB = sB + slot * B_STAGE;
       if (kt < full_ktiles) {
-        load_tile<BM, A_KMAJOR, GROUP, BK, true>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
-        load_tile<BN, B_KMAJOR, GROUP, BK, true>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
+        load_tile<BM, A_KMAJOR, GROUP, BK, true, COPY8>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
+        load_tile<BN, B_KMAJOR, GROUP, BK, true, COPY8>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
       } else {
-        load_tile<BM, A_KMAJOR, GROUP, BK, false>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
-        load_tile<BN, B_KMAJOR, GROUP, BK, false>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
+        load_tile<BM, A_KMAJOR, GROUP, BK, false, COPY8>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
+        load_tile<BN, B_KMAJOR, GROUP, BK, false, COPY8>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
       }
       cp_async_arrive(full + 8 * slot);
     }

@@ -2,15 +2,16 @@
 
 `CudaGemmF64` computes ``out = A @ B`` in float64 on Hopper's FP64 tensor cores
 (``mma.sync`` m16n8k8 .f64, sm_90) for any M, N, K, batched or not, with A, B and out each
-row- or column-major. The operands' base pointers must be 16-byte aligned and their leading
-dimensions and batch strides even (16-byte rows: the copies into shared memory are 16-byte
-``cp.async``); extents may be odd (the edges are zero-filled). out needs only its natural
+row- or column-major. The ``_align2`` instances need A's and B's base pointers 16-byte aligned
+and their leading dimensions and batch strides even (16-byte rows: the copies into shared
+memory are 16-byte ``cp.async``); the ``_align1`` ones take any f64 operand (8-byte copies,
+`COPY8_COST`). Extents may be odd (the edges are zero-filled). out needs only its natural
 8-byte alignment. Plain epilogue (alpha=1, beta=0; calls with a fused epilogue go to the
 `Sm80TensorOpGemm` f64 instances). The warp-specialized instances run a last wave at most a
 quarter full as stream-K (`CudaGemmF64.split_plan`; workspace for the partial sums, added up
 in a fixed order by a second launch). Design: gemm_f64.cu's header and benchmarks/NOTES-f64.md.
 
-Instances: one per (A, B, out) layout and tile configuration (`CONFIGS`).
+Instances: one per (A, B, out) layout, tile configuration (`CONFIGS`) and copy width.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ MIN_SPLIT_KTILES = 4
 #: 128x128 tile's time and 1.4 % of the 128x64 tile's, against 3 % idle: its CTAs start as the
 #: whole tiles' drain, and store and add up partial sums; results/gemm_f64-NVIDIA_H200-s33-split.*)
 SPLIT_WAVE_COST = 15.0
+#: `CudaGemmF64.estimated_cost`'s factor for the ``_align1`` instances (two 8-byte copies per
+#: 16-byte chunk): it ranks them after the 16-byte ones wherever both apply.
+COPY8_COST = 1.05
 _INDEX_LIMIT = 2**31 - 1024  # M, N, K are 32-bit inside the kernel (with room for a tile past the edge)
 _MAX_BATCH = 65535           # batches run on gridDim.y
 
@@ -167,18 +171,21 @@ class CudaGemmF64(CudaSourceKernel):
         self.b_kmajor: bool = params["b"] == "n"   # column-major B: K contiguous
         self.o_nmajor: bool = params["out"] == "t"  # row-major out: N contiguous
         self.config: F64Config = params["config"]
+        #: 2: 16-byte copies (A and B 16-byte aligned, even strides); 1: 8-byte copies (any)
+        self.align: int = params.get("align", 2)
         # only the warp-specialized instances ever need a workspace (`split_plan`)
         self.workspace_free = not self.config.ws
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
     def variant_params(cls) -> list[dict]:
-        return [dict(a=a, b=b, out=o, config=c)
-                for c in CONFIGS for a in "tn" for b in "tn" for o in "tn"]
+        return [dict(a=a, b=b, out=o, config=c, align=align)
+                for align in (2, 1) for c in CONFIGS for a in "tn" for b in "tn" for o in "tn"]
 
     @classmethod
     def instance_name(cls, params: dict) -> str:
-        return f"CudaGemmF64_f64_{params['a']}{params['b']}{params['out']}_{params['config'].tag}_align2"
+        return (f"CudaGemmF64_f64_{params['a']}{params['b']}{params['out']}_{params['config'].tag}"
+                f"_align{params.get('align', 2)}")
 
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
@@ -210,6 +217,10 @@ class CudaGemmF64(CudaSourceKernel):
 
     def _supports(self, args: GemmArguments) -> Status:
         for name, t, contiguous_last in (("A", args.A, self.a_kmajor), ("B", args.B, not self.b_kmajor)):
+            if self.align == 1:
+                if t.data_ptr() % 8:
+                    return Status.fail(f"operand {name}: base address {t.data_ptr():#x} is not 8-byte aligned")
+                continue
             if t.data_ptr() % 16:
                 return Status.fail(f"operand {name}: base address {t.data_ptr():#x} is not 16-byte aligned "
                                    f"(the kernel copies 16-byte chunks)")
@@ -236,10 +247,18 @@ class CudaGemmF64(CudaSourceKernel):
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
         """`gemm_cost`'s tile model with the CTAs that share an SM (waves of SMs x
         `F64Config.ctas_per_sm` tiles, each tile's work at the efficiency of its intensity),
-        scaled by the configuration's measured speed (`F64Config.cost_scale`)."""
-        from ....tuning.policies import gemm_cost
+        scaled by the configuration's measured speed (`F64Config.cost_scale`) and, for 8-byte
+        copies, `COPY8_COST`; on skinny outputs at least `gemm_cost`'s streaming floor (which
+        the CTAs per SM do not multiply: session 39, 64x50257x768 rated the 64x64 tile 2.9x
+        its measured time)."""
+        from ....tuning.policies import (GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, TILE_STREAM_BYTES_PER_SECOND,
+                                         gemm_bytes, tile_work_cost)
         c = self.config
-        cost = gemm_cost(self, args, sm_count * c.ctas_per_sm) * c.ctas_per_sm * c.cost_scale
+        cost = tile_work_cost(self, args, sm_count * c.ctas_per_sm) * c.ctas_per_sm * c.cost_scale
+        if min(args.M, args.N) <= SKINNY_GEMM:  # (`gemm_cost`'s streaming floor, not scaled by the CTAs per SM)
+            cost = max(cost, gemm_bytes(args) / TILE_STREAM_BYTES_PER_SECOND * GEMM_COST_UNITS_PER_SECOND)
+        if self.align == 1:
+            cost *= COPY8_COST
         plan = self.split_plan(args, sm_count)
         if plan is not None:  # the split last wave: SPLIT_WAVE_COST / splits of a tile's time
             slots = sm_count * c.ctas_per_sm
@@ -293,12 +312,14 @@ class CudaGemmF64(CudaSourceKernel):
     def name_expression(self, args: Any) -> str:
         c = self.config
         b = lambda v: "true" if v else "false"  # noqa: E731
+        copy8 = ", true" if self.align == 1 else ""  # (COPY8; its default false otherwise)
         if c.ws:
             return (f"ka_gemm_f64::gemm_f64_ws<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, "
                     f"{c.bn}, {c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, "
-                    f"{c.producer_regs}>")
+                    f"{c.producer_regs}{copy8}>")
         return (f"ka_gemm_f64::gemm_f64<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, {c.bn}, "
-                f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, {c.copy_at}>")
+                f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, {c.copy_at}"
+                f"{copy8}>")
 
     def _reduce_expression(self) -> str:
         c = self.config
