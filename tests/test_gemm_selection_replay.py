@@ -72,6 +72,9 @@ ODD_WIDE_F64 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64.json"
 ODD_WIDE_F64_ALIGN1 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-align1.json"
 ODD_WIDE_F64_FINAL = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-final.json"
 F64_S39 = "gemm_shapes-NVIDIA_H200-s39-f64-aligned.json"
+#: both on an H100 with the final model (18 of 18 within 10 %)
+ODD_WIDE_H100 = ["gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-wide-f32-h100.json",
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-wide-f64-h100.json"]
 #: 2048^3 on an H100 after `COOPERATIVE_EPILOGUE_K` 75 (PickAny's choice measured directly)
 AFTER_2048 = ["gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-h100.json",
               "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json"]
@@ -86,7 +89,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100,
          MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224, WAVE_FIT_224_H100, SMALL, SMALL_H100, MODELS_MORE_H100,
          BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY, ODD_HELDOUT, ODD_HELDOUT2, ODD_H100, ODD_WIDE_F32, ODD_WIDE_F64,
-         ODD_WIDE_F64_ALIGN1, ODD_WIDE_F64_FINAL, F64_S39, *AFTER_2048]
+         ODD_WIDE_F64_ALIGN1, ODD_WIDE_F64_FINAL, F64_S39, *ODD_WIDE_H100, *AFTER_2048]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
