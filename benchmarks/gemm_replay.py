@@ -84,7 +84,8 @@ DEFAULT_FILES = ["selection_torch-NVIDIA_H100_80GB_HBM3.json", "selection_torch-
                  "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-align1.json",
                  "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-final.json", "gemm_shapes-NVIDIA_H200-s39-f64-aligned.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-wide-f32-h100.json",
-                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-wide-f64-h100.json"]
+                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-wide-f64-h100.json",
+                 "gemm_shapes-NVIDIA_H200-s39-odd-narrow.json"]
 
 
 def _selection():

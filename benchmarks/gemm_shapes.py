@@ -13,7 +13,7 @@ its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and
 and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles),
 ``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens), ``batched``
 (attention's batched products at head dims 64 and 128, MoE experts), ``odd_small`` (small problems
-with odd extents), ``odd_sweep``, ``odd_sweep2``, ``odd_tiny``, ``odd_heldout``, ``odd_heldout2`` and ``odd_wide`` (grids of them, down to a few
+with odd extents), ``odd_sweep``, ``odd_sweep2``, ``odd_tiny``, ``odd_heldout``, ``odd_heldout2``, ``odd_wide`` and ``odd_narrow`` (grids of them, down to a few
 microseconds).
 A case is (M, N, K, dtype, layouts, L); add one to a group's list
 to run it. ``--cases REGEX`` runs the matching cases only.
@@ -179,6 +179,11 @@ GROUPS: dict[str, list[Case]] = {
                  for dt, tf32 in (("f32", False), ("f32", True), ("f64", False))
                  for M, N, K, lay in ((333, 333, 333, "ttt"), (777, 1333, 555, "ttt"), (1000, 1000, 999, "ttt"),
                                       (2000, 3000, 1001, "ttt"), (4095, 4096, 4095, "ttt"), (64, 50257, 768, "tnt"))],
+    # narrow odd outputs (17-128 rows against thousands of columns), held out from a narrow-output
+    # factor on cuBLAS's alignment-1 estimate, which they showed did not hold (session 39)
+    "odd_narrow": [Case(32, 6001, 1001), Case(48, 30001, 512), Case(20, 12289, 2049), Case(64, 9999, 4095),
+                   Case(56, 4097, 777, "bf16", "tnt"), Case(24, 32001, 4096, "bf16", "tnt"), Case(33, 8191, 1537, "f16"),
+                   Case(128, 6001, 1001)],
 }
 
 

@@ -72,6 +72,8 @@ ODD_WIDE_F64 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64.json"
 ODD_WIDE_F64_ALIGN1 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-align1.json"
 ODD_WIDE_F64_FINAL = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-final.json"
 F64_S39 = "gemm_shapes-NVIDIA_H200-s39-f64-aligned.json"
+#: narrow odd outputs (``odd_narrow``, H200; 7 of 8 within 10 %, session 38's model 5)
+ODD_NARROW = "gemm_shapes-NVIDIA_H200-s39-odd-narrow.json"
 #: both on an H100 with the final model (18 of 18 within 10 %)
 ODD_WIDE_H100 = ["gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-wide-f32-h100.json",
                  "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-wide-f64-h100.json"]
@@ -89,7 +91,8 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100,
          MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224, WAVE_FIT_224_H100, SMALL, SMALL_H100, MODELS_MORE_H100,
          BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY, ODD_HELDOUT, ODD_HELDOUT2, ODD_H100, ODD_WIDE_F32, ODD_WIDE_F64,
-         ODD_WIDE_F64_ALIGN1, ODD_WIDE_F64_FINAL, F64_S39, *ODD_WIDE_H100, *AFTER_2048]
+         ODD_WIDE_F64_ALIGN1, ODD_WIDE_F64_FINAL, F64_S39, *ODD_WIDE_H100, ODD_NARROW,
+         *AFTER_2048]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
@@ -150,6 +153,9 @@ OPEN_MISSES = {
     (ODD_HELDOUT, "bf16 50x20001x1500 ttt"): "cuBLAS's alignment-1 path at M <= 100, N >= 4000",
     (ODD_HELDOUT, "bf16 40x4097x4097 ttt"): "cuBLAS's alignment-1 path at M <= 100, N >= 4000",
     (ODD_HELDOUT, "bf16 64x50257x768 ttt"): "cuBLAS's alignment-1 path at M <= 100, N >= 4000",
+    # (a factor of 1.9 on cuBLAS's estimate at 17-64 rows against 4000+ columns fitted the five
+    # above and failed on the held-out narrow group: 6 of 8 there against 7 without; reverted)
+    (ODD_NARROW, "bf16 64x9999x4095 ttt"): "cuBLAS's alignment-1 path at M <= 100, N >= 4000",
     # 95x1000x300 (one staged copy, of A): cuBLAS 0.0082 ms, estimated 0.0119; the staged 64x128
     # tile 0.0095, estimated 0.0096
     (ODD_HELDOUT, "bf16 95x1000x300 ttt"): "cuBLAS's alignment-1 path, estimate 45 % long",
