@@ -292,9 +292,16 @@ class Kernel(abc.ABC):
     # ---- optional hooks ----------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float | None:
         """Optional: predicted run time on ``args`` in `kernel_api.tuning.policies`' cost units
-        (which `PickAny` ranks by), or None (the default) to use the generic model. For a
-        row-wise problem `PickAny` adds the design's fixed time (`policies.fixed_row_cost`) to
-        either."""
+        (which `PickAny` ranks by; `policies.GEMM_COST_UNITS_PER_SECOND` per second), or None
+        (the default) to use the generic model. For a row-wise problem `PickAny` adds the
+        design's fixed time (`policies.fixed_row_cost`) to either.
+
+        GEMMs: the generic tile model and the aligned families' own estimates leave out the few
+        microseconds every launch costs (alike for all of them, it does not change their order).
+        The families that take operands TMA cannot read in place compete where fixed times
+        decide, so theirs are whole run times, launches and staging copies included: cuBLAS's
+        alignment-1 path, `SimtGemm`, `Sm90RealignedGemm` (benchmarks/NOTES-sm90.md, session 39).
+        A new family of that kind should estimate the same way."""
         return None
 
     def _launcher(self, args: Any, artifact: CompiledArtifact) -> Launcher | None:
