@@ -31,7 +31,10 @@ def operand(rows: int, cols: int, layout: str, L: int, pad: int, device: str, od
     ld = inner + pad + (inner + pad) % 2 + (1 if odd else 0)
     outer = rows if layout == "t" else cols
     flat = torch.randn(L * outer * ld + 2 * L + 1, device=device, dtype=torch.float64)
-    t = flat[1:].as_strided((L, outer, ld), (outer * ld + 1, ld, 1)) if odd else flat[:L * outer * ld].view(L, outer, ld)
+    if odd:
+        t = flat[1:].as_strided((L, outer, ld), (outer * ld + 1, ld, 1))
+    else:
+        t = flat[:L * outer * ld].view(L, outer, ld)
     t = t[..., :inner]
     t = t if layout == "t" else t.transpose(-1, -2)
     return t if L > 1 else t[0]

@@ -95,13 +95,19 @@ def gemm_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
     tile model cannot describe (split-K, memory-bound) gives its own estimate in these units:
     `Kernel.estimated_cost`.
     """
-    cost = tile_work_cost(kernel, args, sm_count)
-    if min(args.M, args.N) <= SKINNY_GEMM:
-        cost = max(cost, gemm_bytes(args) / TILE_STREAM_BYTES_PER_SECOND * GEMM_COST_UNITS_PER_SECOND)
+    cost = max(tile_work_cost(kernel, args, sm_count), streaming_floor(args))
     tm, tn, cm, cn = _tile_and_cluster(kernel)
     if cm > math.ceil(args.M / tm) or cn > math.ceil(args.N / tn):
         cost *= CLUSTER_PAST_THE_TILES  # (see its comment)
     return cost
+
+
+def streaming_floor(args: GemmArguments) -> float:
+    """`gemm_cost`'s floor for skinny problems (`SKINNY_GEMM`): the operands' bytes at
+    `TILE_STREAM_BYTES_PER_SECOND`, in its units; 0 for the others."""
+    if min(args.M, args.N) > SKINNY_GEMM:
+        return 0.0
+    return gemm_bytes(args) / TILE_STREAM_BYTES_PER_SECOND * GEMM_COST_UNITS_PER_SECOND
 
 
 def _tile_and_cluster(kernel: Kernel) -> tuple[int, int, int, int]:

@@ -62,8 +62,8 @@ TORCH_UNALIGNED_FACTOR = {4: 0.35, 8: 0.8}
 # up, results/gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-align1.json) against it; without it the
 # f64 alignment-1 factor alone made DGEMM look 1.4x faster than it is.
 TORCH_DGEMM_COST = 1.4
-# For 16-bit operands the alignment-1 path is modelled on its own (`TorchGemm._unaligned_cost`): 64x64
-# output tiles, one per SM at a time, each TORCH_UNALIGNED_TILE_K_SECONDS per k (split along K
+# For 16-bit operands the alignment-1 path is modelled on its own (`TorchGemm._unaligned_cost`):
+# 64x64 output tiles, one per SM at a time, each TORCH_UNALIGNED_TILE_K_SECONDS per k (split along K
 # on fewer tiles than SMs), after a fixed time per dtype (TORCH_UNALIGNED_FIXED_SECONDS: f16's
 # alignment-1 kernels start 3-4 us sooner, 5.1-7.1 us against bf16's 7.8-10 on 37x53x29 to
 # 257x513x127). Fitted to the 58 recorded bf16/f16 problems with an operand not 16-byte aligned,
@@ -201,11 +201,12 @@ class TorchGemm(_TorchKernel):
         f64's work times `TORCH_DGEMM_COST`; for cuBLASLt's bias + GELU times
         `TORCH_GELU_EPILOGUE_FACTOR`."""
         efficiency = TORCH_GEMM_HINT * _TILE_INTENSITY / (_TILE_INTENSITY + 32)
+        element = args.tensor_attributes["A"].dtype.bytes
         if any(attrs.divisibility * attrs.dtype.bytes < 16 for attrs in args.tensor_attributes.values()):
-            if args.tensor_attributes["A"].dtype.bytes == 2:
+            if element == 2:
                 return self._unaligned_cost(args, sm_count)
-            efficiency *= TORCH_UNALIGNED_FACTOR[args.tensor_attributes["A"].dtype.bytes]
-        if args.tensor_attributes["A"].dtype.bytes == 8:
+            efficiency *= TORCH_UNALIGNED_FACTOR[element]
+        if element == 8:
             efficiency /= TORCH_DGEMM_COST
         work = max(args.M, 1) * max(args.N, 1) * (max(args.K, 1) + TORCH_FIXED_K_STEPS) * max(args.L, 1)
         cost = max(work / max(sm_count, 1) / efficiency + self._split_k_cost(args, sm_count),

@@ -248,15 +248,13 @@ class CudaGemmF64(CudaSourceKernel):
         """`gemm_cost`'s tile model with the CTAs that share an SM (waves of SMs x
         `F64Config.ctas_per_sm` tiles, each tile's work at the efficiency of its intensity),
         scaled by the configuration's measured speed (`F64Config.cost_scale`) and, for 8-byte
-        copies, `COPY8_COST`; on skinny outputs at least `gemm_cost`'s streaming floor (which
+        copies, `COPY8_COST`; at least the streaming floor (`policies.streaming_floor`, which
         the CTAs per SM do not multiply: session 39, 64x50257x768 rated the 64x64 tile 2.9x
         its measured time)."""
-        from ....tuning.policies import (GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, TILE_STREAM_BYTES_PER_SECOND,
-                                         gemm_bytes, tile_work_cost)
+        from ....tuning.policies import streaming_floor, tile_work_cost
         c = self.config
-        cost = tile_work_cost(self, args, sm_count * c.ctas_per_sm) * c.ctas_per_sm * c.cost_scale
-        if min(args.M, args.N) <= SKINNY_GEMM:  # (`gemm_cost`'s streaming floor, not scaled by the CTAs per SM)
-            cost = max(cost, gemm_bytes(args) / TILE_STREAM_BYTES_PER_SECOND * GEMM_COST_UNITS_PER_SECOND)
+        cost = max(tile_work_cost(self, args, sm_count * c.ctas_per_sm) * c.ctas_per_sm * c.cost_scale,
+                   streaming_floor(args))
         if self.align == 1:
             cost *= COPY8_COST
         plan = self.split_plan(args, sm_count)

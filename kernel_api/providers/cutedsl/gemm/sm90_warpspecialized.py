@@ -195,8 +195,8 @@ STREAM_K_FIXUP_K_TILES = 8
 
 def stream_k_waves(cfg: Sm90Config, args: GemmArguments, sm_count: int, k_tile_elems: int) -> tuple[int, float] | None:
     """(whole waves a data-parallel grid runs, the busiest cluster's tile-equivalents with the
-    stream-K split, its share costed `STREAM_K_SPLIT_COST` and `STREAM_K_FIXUP_K_TILES` more) for ``cfg`` on ``args`` with ``sm_count`` SMs, or None where the kernel's
-    rule splits nothing (mirrors the implementation: the last wave, with one whole wave before
+    stream-K split, its share costed `STREAM_K_SPLIT_COST` and `STREAM_K_FIXUP_K_TILES` more)
+    for ``cfg`` on ``args`` with ``sm_count`` SMs, or None where the kernel's rule splits nothing (mirrors the implementation: the last wave, with one whole wave before
     it, is cut along K when it is at most a quarter full, or any last wave after 4 whole ones
     at K of at most ``sk_any_wave_max_k_tiles`` k-tiles)."""
     (tm, tn), (cm, cn) = cfg.tile_mn, cfg.cluster_mn
