@@ -149,6 +149,17 @@ def test_align1_instances_take_odd_strides_and_8_byte_bases():
     assert instances("ttt")[-1].compile(odd, cc=90) is not None
 
 
+def test_align1_instances_refuse_a_base_off_its_8_bytes():
+    """An f64 operand whose base is 4 bytes off (a view into a byte buffer) is refused by name."""
+    A = torch.frombuffer(bytearray(8 * 130), dtype=torch.float64, offset=4, count=128).view(8, 16)
+    if A.data_ptr() % 8 == 0:
+        pytest.skip("the byte buffer's base left the view 8-byte aligned")
+    args = GemmArguments(A, torch.empty(16, 8, dtype=torch.float64), torch.empty(8, 8, dtype=torch.float64))
+    for k in (k for k in instances("ttt") if k.align == 1):
+        status = k.supports(args)
+        assert not status and "operand A" in status.error and "not 8-byte aligned" in status.error
+
+
 def test_odd_extents_with_even_strides_are_taken():
     k = instances("ttt")[0]
     A = torch.empty(77, 46, dtype=torch.float64)[:, :45]
