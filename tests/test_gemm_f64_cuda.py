@@ -185,10 +185,6 @@ WS_TAGS = ("tile128x64x16_warps2x2_stages3_ws", "tile128x64x16_warps2x2_stages4_
            "tile128x64x16_warps2x2_stages3_mma16_ws", "tile128x128x16_warps2x4_stages4_mma16_ws",
            # 12 consumer warps of 32x32; rows of 48 / 96 chunks copied by 96 of the 128 producers
            "tile128x96x32_warps4x3_stages3_mma16_ws_p64", "tile192x64x32_warps6x2_stages3_mma16_ws_p64")
-#: interior k tiles by TMA bulk copies into padded rows (edge tiles by cp.async into the same rows)
-BULK_TAGS = ("tile128x128x32_warps2x4_stages3_mma16_ws_bulk", "tile128x64x32_warps2x2_stages2_mma16_ws_bulk",
-             "tile128x64x16_warps2x2_stages3_mma16_ws_bulk")
-WS_TAGS += BULK_TAGS
 KNOB_TAGS += WS_TAGS
 
 
@@ -328,7 +324,7 @@ def split_case(k: CudaGemmF64) -> tuple[int, int, int]:
     return 7 * k.config.bm - 5, (slots // 7 + 1) * k.config.bn - 3, 1001
 
 
-SPLIT_TAGS = ("tile128x128x32_warps2x4_stages3_mma16_ws", "tile128x64x32_warps2x2_stages2_mma16_ws") + BULK_TAGS[:2]
+SPLIT_TAGS = ("tile128x128x32_warps2x4_stages3_mma16_ws", "tile128x64x32_warps2x2_stages2_mma16_ws")
 
 
 @pytest.mark.gpu

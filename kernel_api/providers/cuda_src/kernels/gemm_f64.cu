@@ -77,18 +77,6 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 __device__ __forceinline__ void cp_async_arrive(u32 bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// Arrives on `bar` and adds `bytes` to the transactions its phase waits for (the bulk copies'
-// complete_tx counts them off).
-__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// One contiguous run of `bytes` (a multiple of 16, 16-byte aligned ends) global -> shared by the
-// TMA unit, counted off `bar`'s transactions when it lands.
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
   u32 done;
   do {
@@ -135,30 +123,17 @@ __device__ __forceinline__ void dmma(double* d, const double* a, const double* b
 // A half-warp's fragment loads (rows g = 0..3 or 4..7, k t = 0..3, one 8-byte value each)
 // then fall on 16 different 8-byte bank pairs: the XOR puts the four rows (k) into four
 // different chunk pairs. The 16-byte copies write whole rows, conflict-free under any XOR.
-//
-// PAD (the bulk-copy kernel, BULK below): unswizzled rows padded by 4 elements instead (32 bytes,
-// so consecutive rows start 8 banks apart), because a bulk copy writes a row as it lies in global
-// memory. The same half-warp's fragment loads then touch banks 8 r + 2 c (r, c = 0..3): distinct.
-template <int EXT, bool KMAJOR, int BK, bool PAD = false>
-struct TileLayout {
-  static constexpr int ROW = (KMAJOR ? BK : EXT) + (PAD ? 4 : 0);  // elements a row spans
-  static constexpr int ROWS = KMAJOR ? EXT : BK;
-  static constexpr int BYTES = ROWS * ROW * 8;
-  static constexpr int ROW_BYTES = ROW * 8;
-};
-template <int EXT, bool KMAJOR, int BK, bool PAD = false>
+template <int EXT, bool KMAJOR, int BK>
 __device__ __forceinline__ u32 swz(int row, int col) {
-  constexpr int ROW = TileLayout<EXT, KMAJOR, BK, PAD>::ROW;
-  if (PAD) return (u32)((row * ROW + col) * 8);
   const int chunk = col >> 1;
   const int x = (row & 3) << 1;  // row: m/n (K-major) or k (M/N-major)
-  return (u32)((row * ROW + ((chunk ^ x) << 1) + (col & 1)) * 8);
+  return (u32)((row * (KMAJOR ? BK : EXT) + ((chunk ^ x) << 1) + (col & 1)) * 8);
 }
 
 // Per-thread copy plan of one operand tile: the thread's chunks are rows r0, r0 + STEP, ...
 // (K-major: rows m/n, chunk kc; M/N-major: rows k, chunk at m/n mc), so global and shared
 // addresses of chunk i are a base plus i times a stride.
-template <int EXT, bool KMAJOR, int THREADS, int BK, bool PAD = false>
+template <int EXT, bool KMAJOR, int THREADS, int BK>
 struct CopyPlan {
   static constexpr int PER_ROW = KMAJOR ? BK / 2 : EXT / 2;  // chunks per row
   // Threads that copy: whole rows' worth (a 96-wide M/N-major tile has 48 chunks per row, so
@@ -175,7 +150,7 @@ struct CopyPlan {
     active = ACTIVE == THREADS || tid < ACTIVE;
   }
   // Byte offset of chunk i in the tile (STEP % 4 == 0 keeps the row XOR: a constant stride).
-  __device__ __forceinline__ u32 dst(int i) const { return swz<EXT, KMAJOR, BK, PAD>(r0 + i * STEP, c0); }
+  __device__ __forceinline__ u32 dst(int i) const { return swz<EXT, KMAJOR, BK>(r0 + i * STEP, c0); }
 };
 
 // Copy one operand tile of k tile `k0`: `src` is the operand, `mn0` the tile's first m (n).
@@ -183,10 +158,10 @@ struct CopyPlan {
 // Interior tiles (FULL) copy without bounds checks; edge tiles zero-fill past mn_ext and K.
 // COPY8: each 16-byte chunk as two 8-byte copies, for operands whose base or leading
 // dimension is not 16-byte aligned (odd leading dimensions); the shared layout is the same.
-template <int EXT, bool KMAJOR, int THREADS, int BK, bool FULL, bool COPY8, bool PAD = false>
+template <int EXT, bool KMAJOR, int THREADS, int BK, bool FULL, bool COPY8>
 __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ src, i64 ld, int mn0, int mn_ext,
-                                          int k0, int K, const CopyPlan<EXT, KMAJOR, THREADS, BK, PAD>& plan) {
-  using P = CopyPlan<EXT, KMAJOR, THREADS, BK, PAD>;
+                                          int k0, int K, const CopyPlan<EXT, KMAJOR, THREADS, BK>& plan) {
+  using P = CopyPlan<EXT, KMAJOR, THREADS, BK>;
   if (!plan.active) return;
   const int mn = KMAJOR ? mn0 + plan.r0 : mn0 + plan.c0;
   const int k = KMAJOR ? k0 + plan.c0 : k0 + plan.r0;
@@ -221,41 +196,40 @@ __device__ __forceinline__ void load_tile(u32 dst, const double* __restrict__ sr
 // Byte offsets of a lane's fragment values within a tile, for fragment row (m or n)
 // `row0` + 8 u (u = 0, 1, ... as an immediate) and k `kk` + t (kk = 0, 4, 8, 12): the
 // lane-constant parts are computed once; the rest folds into the loads' immediates.
-template <int EXT, bool KMAJOR, int BK, bool PAD = false>
+template <int EXT, bool KMAJOR, int BK>
 struct FragPlan {
-  static constexpr int ROW_BYTES = TileLayout<EXT, KMAJOR, BK, PAD>::ROW_BYTES;
   static constexpr int VARS = KMAJOR ? BK / 4 : 2;
   u32 base;        // lane's offset for u = 0, kk = 0
   u32 var[VARS];   // K-major: by kk / 4 (the k chunk meets the row XOR); M/N-major: by u & 1
   __device__ __forceinline__ FragPlan(int row0, int t) {
     if (KMAJOR) {
       // row0 & 3 is the lane's g & 3 for every u (row0 + 8 u), so the XOR is lane-constant.
-      base = (u32)(row0 * ROW_BYTES);
+      base = (u32)(row0 * BK * 8);
 #pragma unroll
-      for (int q = 0; q < VARS; ++q) var[q] = swz<EXT, true, BK, PAD>(row0, 4 * q + t) - base;
+      for (int q = 0; q < VARS; ++q) var[q] = swz<EXT, true, BK>(row0, 4 * q + t) - base;
     } else {
-      base = (u32)(t * ROW_BYTES);  // k row t (kk adds 4 rows: the same k & 3)
+      base = (u32)(t * EXT * 8);  // k row t (kk adds 4 rows: the same k & 3)
 #pragma unroll
-      for (int q = 0; q < VARS; ++q) var[q] = swz<EXT, false, BK, PAD>(t, row0 + 8 * q) - base;
+      for (int q = 0; q < VARS; ++q) var[q] = swz<EXT, false, BK>(t, row0 + 8 * q) - base;
     }
   }
   __device__ __forceinline__ u32 at(int u, int kk) const {
-    if (KMAJOR) return base + (u32)(u * 8 * ROW_BYTES) + var[kk >> 2];
-    return base + (u32)(kk * ROW_BYTES) + (u32)((u >> 1) * 16 * 8) + var[u & 1];
+    if (KMAJOR) return base + (u32)(u * 8 * BK * 8) + var[kk >> 2];
+    return base + (u32)(kk * EXT * 8) + (u32)((u >> 1) * 16 * 8) + var[u & 1];
   }
 };
 
 // A warp's share of the block tile: FM x FN DMMA tiles whose fragments (A rows a_row0 + 16 i
 // [+8], B columns b_row0 + 8 j) load from a ring slot's shared tiles, one MMA_K-deep k step
 // at a time.
-template <int BM, int BN, bool A_KMAJOR, bool B_KMAJOR, int BK, int MMA_K, int FM, int FN, bool PAD = false>
+template <int BM, int BN, bool A_KMAJOR, bool B_KMAJOR, int BK, int MMA_K, int FM, int FN>
 struct WarpMma {
   struct Frags {
     double a[FM][MMA_K / 2];
     double b[FN][MMA_K / 4];
   };
-  FragPlan<BM, A_KMAJOR, BK, PAD> a_frag;
-  FragPlan<BN, B_KMAJOR, BK, PAD> b_frag;
+  FragPlan<BM, A_KMAJOR, BK> a_frag;
+  FragPlan<BN, B_KMAJOR, BK> b_frag;
   __device__ __forceinline__ WarpMma(int a_row0, int b_row0, int t) : a_frag(a_row0, t), b_frag(b_row0, t) {}
   __device__ __forceinline__ void load(u32 a_base, u32 b_base, int k0, Frags& f) const {
 #pragma unroll
@@ -459,8 +433,7 @@ struct WsRegs {
 };
 
 template <bool A_KMAJOR, bool B_KMAJOR, bool O_NMAJOR, int BM, int BN, int WM, int WN, int STAGES, int MIN_CTAS,
-          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int PRODUCER_REGS = 0, bool COPY8 = false,
-          bool BULK = false>
+          bool PREFETCH, int GROUP_M, int BK = 16, int MMA_K = 8, int PRODUCER_REGS = 0, bool COPY8 = false>
 __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>::THREADS, MIN_CTAS)
     gemm_f64_ws(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ out, i64 M_, i64 N_,
                 i64 K_, i64 lda, i64 ldb, i64 ldo, i64 batch_a, i64 batch_b, i64 batch_o, i64 out_vec,
@@ -470,10 +443,7 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>:
   using Regs = WsRegs<CONSUMERS, MIN_CTAS, PRODUCER_REGS>;
   constexpr int TM = BM / WM, TN = BN / WN;
   constexpr int FM = TM / 16, FN = TN / 8;
-  using ATile = TileLayout<BM, A_KMAJOR, BK, BULK>;
-  using BTile = TileLayout<BN, B_KMAJOR, BK, BULK>;
-  constexpr int A_STAGE = ATile::BYTES, B_STAGE = BTile::BYTES;
-  static_assert(!(BULK && COPY8), "bulk copies need 16-byte aligned rows");
+  constexpr int A_STAGE = BM * BK * 8, B_STAGE = BN * BK * 8;
   static_assert(CONSUMERS % GROUP == 0, "the consumers are whole warpgroups");
   static_assert(TM % 16 == 0 && TN % 8 == 0, "warp tile must be whole DMMA tiles");
   static_assert((MMA_K == 8 || MMA_K == 16) && BK % MMA_K == 0, "k tile must be whole DMMA steps");
@@ -518,8 +488,8 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>:
   if (tid >= CONSUMERS) {  // producers: the last warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs::PRODUCER));
     const int ptid = tid - CONSUMERS;
-    const CopyPlan<BM, A_KMAJOR, GROUP, BK, BULK> a_copy(ptid);
-    const CopyPlan<BN, B_KMAJOR, GROUP, BK, BULK> b_copy(ptid);
+    const CopyPlan<BM, A_KMAJOR, GROUP, BK> a_copy(ptid);
+    const CopyPlan<BN, B_KMAJOR, GROUP, BK> b_copy(ptid);
     // The operands as seen from k_first (K shortened alike), so the loop needs no offset register.
     const i64 k_off = (i64)k_first * BK;
     A += A_KMAJOR ? k_off : k_off * lda;
@@ -531,36 +501,12 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>:
       const int slot = kt % STAGES;
       if (kt >= STAGES) mbar_wait(empty + 8 * slot, (u32)((kt / STAGES - 1) & 1));
       const u32 dA = sA + slot * A_STAGE, dB = sB + slot * B_STAGE;
-      if (BULK && kt < full_ktiles) {
-        // Interior k tile: the first producer warp has the TMA unit copy each tile row (a
-        // contiguous run in global memory) into its padded shared row; the slot's mbarrier
-        // waits for the bytes, and for every producer's arrival (one phase per fill).
-        if (ptid == 0) {
-          mbar_arrive_expect_tx(full + 8 * slot, (u32)((BM + BN) * BK * 8));
-        } else {
-          mbar_arrive(full + 8 * slot);
-        }
-        if (ptid < 32) {
-          const i64 k = (i64)kt * BK;
-#pragma unroll 1
-          for (int r = ptid; r < ATile::ROWS; r += 32) {
-            const double* src = A_KMAJOR ? A + (i64)(m0 + r) * lda + k : A + (k + r) * lda + m0;
-            bulk_copy(dA + r * ATile::ROW_BYTES, src, (u32)((A_KMAJOR ? BK : BM) * 8), full + 8 * slot);
-          }
-#pragma unroll 1
-          for (int r = ptid; r < BTile::ROWS; r += 32) {
-            const double* src = B_KMAJOR ? B + (i64)(n0 + r) * ldb + k : B + (k + r) * ldb + n0;
-            bulk_copy(dB + r * BTile::ROW_BYTES, src, (u32)((B_KMAJOR ? BK : BN) * 8), full + 8 * slot);
-          }
-        }
-        continue;
-      }
       if (kt < full_ktiles) {
-        load_tile<BM, A_KMAJOR, GROUP, BK, true, COPY8, BULK>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
-        load_tile<BN, B_KMAJOR, GROUP, BK, true, COPY8, BULK>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
+        load_tile<BM, A_KMAJOR, GROUP, BK, true, COPY8>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
+        load_tile<BN, B_KMAJOR, GROUP, BK, true, COPY8>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
       } else {
-        load_tile<BM, A_KMAJOR, GROUP, BK, false, COPY8, BULK>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
-        load_tile<BN, B_KMAJOR, GROUP, BK, false, COPY8, BULK>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
+        load_tile<BM, A_KMAJOR, GROUP, BK, false, COPY8>(dA, A, lda, m0, M, kt * BK, Kp, a_copy);
+        load_tile<BN, B_KMAJOR, GROUP, BK, false, COPY8>(dB, B, ldb, n0, N, kt * BK, Kp, b_copy);
       }
       cp_async_arrive(full + 8 * slot);
     }
@@ -575,7 +521,7 @@ __global__ void __launch_bounds__(WsRegs<WM * WN * 32, MIN_CTAS, PRODUCER_REGS>:
   double acc[FM][FN][4];
   zero_acc(acc);
 
-  const WarpMma<BM, BN, A_KMAJOR, B_KMAJOR, BK, MMA_K, FM, FN, BULK> warp_mma(wm * TM + g, wn * TN + g, t);
+  const WarpMma<BM, BN, A_KMAJOR, B_KMAJOR, BK, MMA_K, FM, FN> warp_mma(wm * TM + g, wn * TN + g, t);
   using Frags = typename decltype(warp_mma)::Frags;
   constexpr int STEPS = BK / MMA_K;
   auto base_a = [&](int kt) { return sA + (kt % STAGES) * A_STAGE; };

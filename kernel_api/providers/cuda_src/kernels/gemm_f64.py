@@ -88,9 +88,6 @@ class F64Config:
     #: warp-specialized: run a last wave at most a quarter full as stream-K (`CudaGemmF64.split_plan`);
     #: False (tag ``_dp``) keeps every tile whole, for comparison
     split_last_wave: bool = True
-    #: warp-specialized, 16-byte copies: interior k tiles arrive by TMA bulk copies, one per tile
-    #: row, into rows padded by 4 elements (gemm_f64.cu's BULK); edge tiles keep the cp.async copies
-    bulk: bool = False
 
     @property
     def threads(self) -> int:
@@ -98,8 +95,7 @@ class F64Config:
 
     @property
     def smem_bytes(self) -> int:
-        # (bulk: K-major rows padded by 4 elements, the larger of the two layouts' pads)
-        ring = self.stages * (self.bm + self.bn) * (self.bk + (4 if self.bulk else 0)) * 8
+        ring = self.stages * (self.bm + self.bn) * self.bk * 8
         return ring + (2 * 8 * self.stages if self.ws else 0)  # ws: a full and an empty mbarrier per slot
 
     @property
@@ -116,29 +112,29 @@ class F64Config:
             if config.tag == tag:
                 return config
         m = re.fullmatch(r"tile(\d+)x(\d+)x(\d+)_warps(\d+)x(\d+)_stages(\d+)(_prefetch)?(?:_mma(\d+))?(?:_copy(\d))?"
-                         r"(_ws)?(?:_p(\d+))?(_bulk)?(_dp)?(?:_ctas(\d+))?",
+                         r"(_ws)?(?:_p(\d+))?(_dp)?(?:_ctas(\d+))?",
                          tag)
         if not m:
             raise ValueError(f"F64Config tag {tag!r}: expected tileBMxBNxBK_warpsWMxWN_stagesS[_prefetch][_mmaK][_copyC][_ws][_pR][_dp][_ctasN]")
         bm, bn, bk, wm, wn, stages = (int(v) for v in m.groups()[:6])
         config = cls(bm, bn, wm, wn, stages, 2, prefetch=bool(m.group(7)), bk=bk, mma_k=int(m.group(8) or 8),
                            copy_at=int(m.group(9) or 0), ws=bool(m.group(10)), producer_regs=int(m.group(11) or 0),
-                     bulk=bool(m.group(12)), split_last_wave=not m.group(13))
-        if (config.producer_regs or config.bulk or m.group(13)) and not config.ws:
-            raise ValueError(f"F64Config tag {tag!r}: _pN (producer registers), _bulk (bulk copies) and _dp (no "
-                             f"stream-K last wave) need the warp-specialized kernel (_ws)")
+                     split_last_wave=not m.group(12))
+        if (config.producer_regs or m.group(12)) and not config.ws:
+            raise ValueError(f"F64Config tag {tag!r}: _pN (producer registers) and _dp (no stream-K last wave) need "
+                             f"the warp-specialized kernel (_ws)")
         if config.ws and (config.wm * config.wn % 4 or config.copy_at):
             raise ValueError(f"F64Config tag {tag!r}: the warp-specialized kernel takes whole warpgroups of consumer "
                              f"warps (4 or 8) and no _copy option")
         by_smem = SM_SMEM_BYTES // (config.smem_bytes + CTA_RESERVED_SMEM)
-        return dataclasses.replace(config, min_ctas=int(m.group(14)) if m.group(14) else max(1, min(by_smem, 2)))
+        return dataclasses.replace(config, min_ctas=int(m.group(13)) if m.group(13) else max(1, min(by_smem, 2)))
 
     @property
     def tag(self) -> str:
         return (f"tile{self.bm}x{self.bn}x{self.bk}_warps{self.wm}x{self.wn}_stages{self.stages}"
                 + ("_prefetch" if self.prefetch else "") + (f"_mma{self.mma_k}" if self.mma_k != 8 else "")
                 + (f"_copy{self.copy_at}" if self.copy_at else "") + ("_ws" if self.ws else "")
-                + (f"_p{self.producer_regs}" if self.producer_regs else "") + ("_bulk" if self.bulk else "")
+                + (f"_p{self.producer_regs}" if self.producer_regs else "")
                 + ("_dp" if self.ws and not self.split_last_wave else ""))
 
 
@@ -316,11 +312,9 @@ class CudaGemmF64(CudaSourceKernel):
         b = lambda v: "true" if v else "false"  # noqa: E731
         copy8 = ", true" if self.align == 1 else ""  # (COPY8; its default false otherwise)
         if c.ws:
-            # bulk copies need 16-byte rows: the 8-byte-copy instances keep cp.async
-            tail = copy8 or (", false, true" if c.bulk else "")
             return (f"ka_gemm_f64::gemm_f64_ws<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, "
                     f"{c.bn}, {c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, "
-                    f"{c.producer_regs}{tail}>")
+                    f"{c.producer_regs}{copy8}>")
         return (f"ka_gemm_f64::gemm_f64<{b(self.a_kmajor)}, {b(self.b_kmajor)}, {b(self.o_nmajor)}, {c.bm}, {c.bn}, "
                 f"{c.wm}, {c.wn}, {c.stages}, {c.min_ctas}, {b(c.prefetch)}, {GROUP_M}, {c.bk}, {c.mma_k}, {c.copy_at}"
                 f"{copy8}>")
