@@ -34,6 +34,10 @@ and the spread of each ratio. Every contestant's output is checked against float
 ``--sustained-ms T`` times after T ms of untimed back-to-back launches instead of after the
 sleep kernel: short timed bursts after an idle GPU run at the top clock, sustained GEMM work
 does not, and some kernels lose more to that than others (NOTES-sm90.md, session 33).
+``--own-state-ms T`` times each contestant in its own power state instead (`small_m.time_own_state`:
+T ms of its own untimed back-to-back launches, then ``--repeat`` timed ones, the contestants in a
+shuffled order per run): under the power cap a kernel that draws less runs at a higher clock, which
+interleaved launches hide (NOTES-f64.md, session 40).
 PickBest's own timing runs after 200 ms of untimed rounds (`PickBest`'s ``settle_ms``), in the
 sustained state.
 
@@ -62,7 +66,7 @@ from kernel_api.ops.dispatch import allowed_math  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
 from kernel_api.tuning.policies import PickAny, PickBest  # noqa: E402
 from results_io import result_name, write_result  # noqa: E402
-from small_m import geomean, time_group  # noqa: E402  (the house timing)
+from small_m import geomean, time_group, time_own_state  # noqa: E402  (the house timing)
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f64": torch.float64}
 ROTATE_BYTES = 256 << 20
@@ -283,7 +287,10 @@ def _bench_case(case: Case, opts: argparse.Namespace) -> dict:
         rec["error"] = f"wrong results: {bad}"
         print(f"{case.name}: WRONG RESULTS {bad}", flush=True)
     runs = []
-    for _ in range(opts.repeats):
+    for run in range(opts.repeats):
+        if opts.own_state_ms:
+            runs.append({"ms": time_own_state(fns, opts.repeat, opts.own_state_ms, seed=run), "host_bound": False})
+            continue
         ms, behind = time_group(fns, opts.repeat, sustained_ms=opts.sustained_ms)
         runs.append({"ms": ms, "host_bound": behind})
     rec["runs"] = runs
@@ -347,6 +354,9 @@ def main() -> None:
     p.add_argument("--sustained-ms", type=float, default=0.0,
                    help="time after this many ms of untimed back-to-back launches of the group instead of after "
                         "an idle sleep kernel (the power state of sustained work; small_m.time_group)")
+    p.add_argument("--own-state-ms", type=float, default=0.0,
+                   help="time each contestant on its own after this many ms of its own untimed launches (its own "
+                        "power state; small_m.time_own_state) instead of interleaved")
     p.add_argument("--max-candidates", type=int, default=6, help="PickBest: best-ranked candidates measured")
     p.add_argument("--tag", default="run")
     p.add_argument("--cases", default=None, help="regular expression: only the cases whose name matches "
@@ -373,7 +383,10 @@ def main() -> None:
         rows = [bench_case(case, opts) for case in picked]
         results[g] = {"cases": rows, "summary": summarise(rows)}
     doc = {"device": device, "torch": torch.__version__, "options": vars(opts), "argv": sys.argv,
-           "timing": ("alternating launches behind " + (f"{opts.sustained_ms:g} ms of untimed back-to-back launches "
+           "timing": (f"each contestant on its own, after {opts.own_state_ms:g} ms of its own untimed launches, "
+                      "the contestants in a shuffled order per run (small_m.time_own_state), CUDA events per launch, "
+                      "median of --repeat per run, median over --repeats runs" if opts.own_state_ms else
+                      "alternating launches behind " + (f"{opts.sustained_ms:g} ms of untimed back-to-back launches "
                       "of the group" if opts.sustained_ms else "a sleep kernel") + " (small_m.time_group), CUDA "
                       "events per launch, median of --repeat per run, median over --repeats runs"),
            "groups": results, "seconds": time.perf_counter() - t0}

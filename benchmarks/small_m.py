@@ -161,6 +161,45 @@ def time_group(fns: dict, repeat: int, sustained_ms: float = 0.0) -> tuple[dict[
     return {n: statistics.median(v) for n, v in samples.items()}, behind
 
 
+def time_own_state(fns: dict, repeat: int, settle_ms: float, seed: int = 0) -> dict[str, float]:
+    """Median ms of each ``fns[name](launch_index)``, each contestant timed in its own power state.
+
+    `time_group` times the contestants' launches interleaved, so all of them run at the clock their
+    mix sets. Under the power cap a kernel that draws less runs at a higher clock when it runs on
+    its own (f64 at 8192^3: our 128x128 tile at 1725 MHz, cuBLAS DGEMM at 1635, both at the cap;
+    NOTES-f64.md, session 40). Here, in a shuffled order, each contestant first runs ``settle_ms``
+    of GPU time of its own back-to-back launches untimed, then ``repeat`` more, each between its
+    own CUDA events. Meant for problems of 0.1 ms and more: shorter launches leave the GPU waiting
+    on the host, whose gaps let the clock rise."""
+    names = list(fns)
+    random.Random(seed * 1000003 + len(names)).shuffle(names)
+    counter = 0
+    out = {}
+    for name in names:
+        fn = fns[name]
+        probe = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        fn(counter)
+        counter += 1
+        probe[0].record()
+        fn(counter)
+        counter += 1
+        probe[1].record()
+        probe[1].synchronize()
+        launches = max(1, min(100000, math.ceil(settle_ms / max(probe[0].elapsed_time(probe[1]), 1e-3))))
+        for _ in range(launches):
+            fn(counter)
+            counter += 1
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(repeat + 1)]
+        events[0].record()
+        for r in range(repeat):
+            fn(counter)
+            counter += 1
+            events[r + 1].record()
+        events[-1].synchronize()
+        out[name] = statistics.median(events[r].elapsed_time(events[r + 1]) for r in range(repeat))
+    return out
+
+
 class Shape:
     """Input sets for one (dtype, layout, N, K): B rotated over >= 256 MB; A and out per M."""
 
