@@ -39,7 +39,7 @@ T ms of its own untimed back-to-back launches, then ``--repeat`` timed ones, the
 shuffled order per run): under the power cap a kernel that draws less runs at a higher clock, which
 interleaved launches hide (NOTES-f64.md, session 40).
 PickBest's own timing runs after 200 ms of untimed rounds (`PickBest`'s ``settle_ms``), in the
-sustained state.
+sustained state; ``--pickbest-power-state own`` has it time each candidate in its own power state.
 
 Prints one table per group last; JSON goes to benchmarks/results/gemm_shapes-<device>-<tag>.json
 (and to $OUT when that folder exists).
@@ -254,7 +254,8 @@ def _bench_case(case: Case, opts: argparse.Namespace) -> dict:
     if not ours:
         rec["error"] = "no kernel of ours takes it"
         return rec
-    tuned = PickBest(max_candidates=opts.max_candidates, use_records=False, repeat=opts.repeat).tune(args[0], ours)
+    tuned = PickBest(max_candidates=opts.max_candidates, use_records=False, repeat=opts.repeat,
+                     power_state=opts.pickbest_power_state).tune(args[0], ours)
     best = tuned.winner
     rec["pickbest"] = best.name
     rec["pickbest_measured"] = {m.kernel_name: (m.median_ms if m.failure is None else m.failure)
@@ -357,6 +358,9 @@ def main() -> None:
     p.add_argument("--own-state-ms", type=float, default=0.0,
                    help="time each contestant on its own after this many ms of its own untimed launches (its own "
                         "power state; small_m.time_own_state) instead of interleaved")
+    p.add_argument("--pickbest-power-state", choices=("shared", "own"), default="shared",
+                   help="PickBest's timing: the candidates in turn at one clock (shared) or each in its own "
+                        "power state (own; PickBest's power_state)")
     p.add_argument("--max-candidates", type=int, default=6, help="PickBest: best-ranked candidates measured")
     p.add_argument("--tag", default="run")
     p.add_argument("--cases", default=None, help="regular expression: only the cases whose name matches "

@@ -197,3 +197,113 @@ def test_pick_best_settles_the_gpu_before_timing(monkeypatch, settle):
     found = picker._measure(shared, [Fake()])
     assert found[0].median_ms == 1.0
     assert seen == {"settle_ms": policies._SETTLE_MS if settle is None else settle, "gpu_floor_ms": 0.25}
+
+
+class _PowerCappedGpu:
+    """A fake power-capped GPU: each kernel needs a number of cycles and draws a power per cycle;
+    the clock is the cap over the mean draw of the last few launches (at most 1), so a launch takes
+    its cycles over that clock. Events read the fake time."""
+
+    def __init__(self, monkeypatch, window: int = 8):
+        self.now = 0.0
+        self.recent: list[float] = []
+        self.window = window
+        self.log: list = []
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self, stream=None):
+                self.t = clock.now
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+            def synchronize(self):
+                pass
+
+        monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+        monkeypatch.setattr(timing.torch.cuda, "current_stream", lambda: None)
+        monkeypatch.setattr(timing, "gpu_sleep", lambda ms, stream=None: None)
+
+    def kernel(self, name: str, cycles: float, draw: float):
+        def run(i: int) -> None:
+            self.log.append((name, i))
+            self.recent = (self.recent + [draw])[-self.window:]
+            clock = min(1.0, 1.0 / (sum(self.recent) / len(self.recent)))  # the cap is 1.0
+            self.now += cycles / clock
+        return run
+
+
+def test_own_state_ranks_by_energy_where_interleaving_ranks_by_cycles(monkeypatch):
+    """A kernel that needs 5 % fewer cycles but draws 20 % more per cycle: launched in turn with
+    another, both run at the clock of their mix and it wins; each on its own at the cap, its
+    energy per call is the higher and it loses (what benchmarks/gemm_power.py measured for bf16
+    ping-pong tiles against cuBLAS)."""
+    gpu = _PowerCappedGpu(monkeypatch)
+    runs = {"hungry": gpu.kernel("hungry", 0.95, 1.44), "frugal": gpu.kernel("frugal", 1.0, 1.2)}
+    shared = timing.time_interleaved(runs, sets=2, warmup=2, repeat=20, gpu_floor_ms=0.5, settle_ms=10.0)
+    assert shared["hungry"]["median_ms"] < shared["frugal"]["median_ms"]
+    own = timing.time_own_state(runs, sets=2, warmup=2, repeat=20, gpu_floor_ms=0.5, settle_ms=10.0)
+    assert own["hungry"]["median_ms"] == pytest.approx(0.95 * 1.44)  # its own clock: 1 / 1.44
+    assert own["frugal"]["median_ms"] == pytest.approx(1.0 * 1.2)
+    assert own["frugal"]["median_ms"] < own["hungry"]["median_ms"]
+
+
+def test_own_state_settles_each_call_alone_then_times_it(monkeypatch):
+    """Per pass (the calls in a shuffled order), each call's settle launches (``settle_ms`` by the
+    floor, at most MAX_SETTLE_LAUNCHES) run back to back right before its timed share; the input
+    set advances with every launch; a failing call is reported and dropped."""
+    clock = _Clock(monkeypatch)
+    runs = {"a": clock.kernel("a", 1.0), "b": clock.kernel("b", 2.0), "c": clock.kernel("c", 1.0, fail_at=4)}
+    found = timing.time_own_state(runs, sets=3, warmup=1, repeat=4, gpu_floor_ms=0.5, settle_ms=2.0)
+    launches = [e for e in clock.log if e[0] in runs][3:]  # after one warm-up each
+    assert [i for _, i in launches] == [i % 3 for i in range(len(launches))]
+    blocks = []  # runs of the same call
+    for name, _ in launches:
+        if blocks and blocks[-1][0] == name:
+            blocks[-1][1] += 1
+        else:
+            blocks.append([name, 1])
+    ok = [b for b in blocks if b[0] != "c"]
+    assert len(ok) == 2 * timing.OWN_STATE_PASSES and all(n == 4 + 2 for _, n in ok)  # 4 settle + 2 timed
+    assert {k: (v["median_ms"], v["samples"]) for k, v in found.items() if k != "c"} == {"a": (1.0, 4), "b": (2.0, 4)}
+    assert isinstance(found["c"], RuntimeError) and "c broke" in str(found["c"])
+    assert [b for b in blocks if b[0] == "c"] == [["c", 3]]  # its 3rd launch (4th with the warm-up) failed
+    clock.log.clear()
+    timing.time_own_state({"a": runs["a"]}, warmup=0, repeat=3, gpu_floor_ms=1e-6, settle_ms=200.0)  # capped
+    assert len([e for e in clock.log if e[0] == "a"]) == timing.OWN_STATE_PASSES * timing.MAX_SETTLE_LAUNCHES + 3
+    clock.log.clear()
+    timing.time_own_state({"a": runs["a"]}, warmup=0, repeat=3, gpu_floor_ms=0.0, settle_ms=200.0)  # floor unknown
+    assert len([e for e in clock.log if e[0] == "a"]) == 3
+
+
+@pytest.mark.parametrize("state", ["shared", "own"])
+def test_pick_best_times_in_the_power_state_it_is_asked_for(monkeypatch, state):
+    from kernel_api.tuning import policies
+
+    seen = []
+    for name in ("time_interleaved", "time_own_state"):
+        monkeypatch.setattr(policies, name, lambda runs, sets, repeat, gpu_floor_ms, settle_ms, name=name:
+                            seen.append(name) or {key: {"median_ms": 1.0} for key in runs})
+
+    class Fake:
+        metadata = type("M", (), {"kernel_name": "k"})()
+
+        def compile_key(self, args, cc):
+            return cc
+
+        def compile(self, args):
+            return self
+
+        def run(self, args, compiled_artifact=None, assume_supported_args=False):
+            pass
+
+    shared = fake_measure_inputs(monkeypatch, lambda args: 0.0)
+    found = policies.PickBest(repeat=5, power_state=state)._measure(shared, [Fake()])
+    assert found[0].median_ms == 1.0
+    assert seen == ["time_own_state" if state == "own" else "time_interleaved"]
+    with pytest.raises(ValueError, match="power_state must be 'shared' or 'own', got 'hot'"):
+        policies.PickBest(power_state="hot")

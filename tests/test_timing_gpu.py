@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from kernel_api.tuning.timing import QueuedTiming, relative_error, relative_error_tensor, time_cuda, time_cuda_pair
+from kernel_api.tuning.timing import (QueuedTiming, relative_error, relative_error_tensor, time_cuda, time_cuda_pair,
+                                      time_own_state)
 
 pytestmark = pytest.mark.gpu
 
@@ -75,3 +76,28 @@ def test_interleaved_rounds_time_each_call_without_the_hosts_gaps():
     assert found["slow host"]["median_ms"] < 0.3 and found["slow host"]["samples"] == 4, found
     assert found["copy"]["median_ms"] > found["slow host"]["median_ms"], found
     assert x[0].item() == 5 + 4
+
+
+def test_own_state_times_each_call_after_its_own_settle_launches():
+    """Two GEMMs of different size, each timed in its own power state: every launch ran (warm-up,
+    settle and timed: counted on the GPU), the samples are the calls' GPU times (the larger
+    one's 8x the flops takes the longer) and a failing call is reported, not raised."""
+    a = torch.randn(1024, 1024, device="cuda")
+    big = torch.randn(2048, 2048, device="cuda")
+    count = torch.zeros(2, device="cuda")
+
+    def gemm(x, slot):
+        def run(_: int) -> None:
+            torch.mm(x, x)
+            count[slot] += 1
+        return run
+
+    def broken(_: int) -> None:
+        raise RuntimeError("no launch")
+
+    found = time_own_state({"small": gemm(a, 0), "big": gemm(big, 1), "broken": broken}, warmup=2, repeat=6,
+                           gpu_floor_ms=0.05, settle_ms=5.0)
+    assert isinstance(found["broken"], RuntimeError)
+    assert found["small"]["samples"] == found["big"]["samples"] == 6
+    assert found["big"]["median_ms"] > 3 * found["small"]["median_ms"], found
+    assert count.tolist() == [2 + 2 * 100 + 6] * 2  # warm-ups, settle launches (5 ms / 0.05 ms) per pass, timed

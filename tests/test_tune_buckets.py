@@ -149,3 +149,21 @@ def test_force_retunes_the_bucket(toy, tmp_path):
     again = picker.tune(gemm(120), candidates(gemm(120)), force=True)
     assert picker.measured == [70, 120] and again.record.shape.startswith("bucket:pow2_m M=65..128")
     assert len(picker.records.all()) == 1
+
+
+def test_winners_timed_in_their_own_power_state_are_recorded_apart(toy, tmp_path):
+    """PickBest(power_state="own") keys its records apart (the timings can rank kernels
+    differently): neither policy answers from the other's record, each reuses its own."""
+    records = TuningRecords(tmp_path / "t.sqlite")
+    pool = candidates(gemm(100))
+    shared = FakePickBest(fastest=pool[0].metadata.kernel_name, records=records)
+    own = FakePickBest(fastest=pool[1].metadata.kernel_name, records=records, power_state="own")
+    assert shared.tune(gemm(100), pool).winner is pool[0]
+    assert own.tune(gemm(100), pool).winner is pool[1] and own.measured == [100]
+    assert own.tune(gemm(100), pool).from_record and own.measured == [100]
+    assert shared.tune(gemm(100), pool).winner is pool[0] and shared.measured == [100]
+    shape = operation_key(gemm(100))[1]
+    assert sorted(r.shape for r in records.all()) == sorted([shape, "own-power:" + shape])
+    bucketed = FakePickBest(records=records, power_state="own", bucket="pow2_m")
+    assert bucketed.tune(gemm(70), candidates(gemm(70))).record.shape == \
+        "own-power:bucket:pow2_m M=65..128 N=256 K=512 L=1"

@@ -28,7 +28,7 @@ from ..kernel import Kernel
 from .buckets import PREFIX as _BUCKET_PREFIX, Bucket, resolve_bucket
 from .records import TuningRecord, TuningRecords, operation_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
-from .timing import QueuedTiming, relative_error_tensor, rotation_count, time_interleaved
+from .timing import QueuedTiming, relative_error_tensor, rotation_count, time_interleaved, time_own_state
 
 _log = logging.getLogger(__name__)
 
@@ -363,6 +363,10 @@ _PREFETCH_NEXT = True
 #: two; PickBest's rounds used to start near that step, its samples of four tiles tying there.
 _SETTLE_MS = 200.0
 
+#: Prefix of the records' shape keys of winners timed in their own power state
+#: (``PickBest(power_state="own")``).
+_OWN_STATE_PREFIX = "own-power:"
+
 
 class Policy:
     """Chooses one kernel for an arguments object."""
@@ -419,6 +423,16 @@ class PickBest(Policy):
     tile won the one and lost the other by 12 % (benchmarks/NOTES-sm90.md, session 33). 0 times
     from whatever state the GPU is in.
 
+    ``power_state``: ``"shared"`` (the default) times the candidates in turn after the settle
+    rounds (`time_interleaved`), so all run at one clock and the fastest is the one that needs
+    the fewest cycles; ``"own"`` times each after ``settle_ms`` of its own launches
+    (`time_own_state`), so each runs at the clock its own power draw allows, and the fastest is
+    the one that finishes soonest when it alone runs back to back on a power-capped GPU: for
+    large GEMMs in a sustained workload, a kernel that draws more power per cycle slows
+    everything at the cap. The two differ by up to 20 % (benchmarks/NOTES-f64.md, session 40:
+    on an H100 a bf16 ping-pong tile ran 0.78x cuBLAS on its own); ``"own"`` costs
+    ``settle_ms`` of GPU time per candidate twice.
+
     ``bucket`` keys the records by a range of shapes instead of the exact shape (see
     `kernel_api.tuning.buckets`): ``"pow2_m"`` (M, or a softmax's rows, in power-of-two buckets
     65..128, 129..256, ...; everything else exact), ``"module:function"`` or a function
@@ -445,9 +459,12 @@ class PickBest(Policy):
                  records: TuningRecords | None = None, use_records: bool = True,
                  progress: Callable[[int, int, str], None] | None = None,
                  compile_timeout: float | None = 900.0, bucket: str | Bucket | None = None,
-                 settle_ms: float = _SETTLE_MS) -> None:
+                 settle_ms: float = _SETTLE_MS, power_state: str = "shared") -> None:
+        if power_state not in ("shared", "own"):
+            raise ValueError(f"PickBest: power_state must be 'shared' or 'own', got {power_state!r}")
         self.num_workers = num_workers
         self.settle_ms = settle_ms
+        self.power_state = power_state
         self.bucket = resolve_bucket(bucket)
         self.compile_timeout = compile_timeout
         self.max_candidates = max_candidates
@@ -477,13 +494,23 @@ class PickBest(Policy):
         if self.bucket is None:
             return None
         label = self.bucket(args)
-        return None if label is None else _BUCKET_PREFIX + label
+        return None if label is None else self._timed_key(_BUCKET_PREFIX + label)
+
+    def _shape(self, args: Any) -> tuple[str, str]:
+        """(operation, shape) keys of ``args``' record, the shape marked by `_timed_key`."""
+        operation, shape = operation_key(args)
+        return operation, self._timed_key(shape)
+
+    def _timed_key(self, shape: str) -> str:
+        """A records' shape key as this policy times: winners in their own power state are
+        recorded apart (the two timings can rank kernels differently)."""
+        return shape if self.power_state == "shared" else _OWN_STATE_PREFIX + shape
 
     def _find_record(self, args: Any, candidates: list[Kernel], device_name: str,
                      cc: int) -> tuple[TuneResult | None, str]:
         """(the result a usable tuning record gives, or None; the shape key a new measurement
         of ``args`` is recorded under)."""
-        operation, shape = operation_key(args)
+        operation, shape = self._shape(args)
         bucket_shape = self._bucket_shape(args)
         record_shape = bucket_shape or shape
         if not self.use_records:
@@ -523,7 +550,7 @@ class PickBest(Policy):
             candidates = registry.get_kernels(args)
         if not candidates:
             raise registry.no_kernel_error(args)
-        operation, shape = operation_key(args)
+        operation, shape = self._shape(args)
         if force:  # measure, and record for the bucket (re-tuned with these arguments) or the shape
             record_shape = self._bucket_shape(args) or shape
         else:
@@ -613,7 +640,8 @@ class PickBest(Policy):
            context, which waits for all work queued before it (benchmarks/first_launch_wait.py:
            the whole queue, on an H100), so no timed launches are queued yet;
         2. time: with `_INTERLEAVE` (the default), every verified candidate once per round
-           (`time_interleaved`), after ``settle_ms`` of untimed rounds; otherwise each
+           (`time_interleaved`), after ``settle_ms`` of untimed rounds, or with ``power_state``
+           ``"own"`` each in its own power state (`time_own_state`); otherwise each
            candidate's timed launches (`QueuedTiming`) queued while the GPU runs the previous
            ones, at most two candidates ahead (a full launch queue would block the host inside
            a launch), and their samples read.
@@ -682,7 +710,8 @@ class PickBest(Policy):
         if _INTERLEAVE:  # 2. time, every verified candidate in each round
             timed = {index: _timed_run(kernels[index], [unbound_copy(a) for a in inputs], artifacts[index])
                      for index in range(len(kernels)) if index in artifacts}
-            found = time_interleaved(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms, settle_ms=self.settle_ms)
+            timer = time_own_state if self.power_state == "own" else time_interleaved
+            found = timer(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms, settle_ms=self.settle_ms)
             for index in range(len(kernels)):
                 got = found.get(index)
                 if isinstance(got, Exception):

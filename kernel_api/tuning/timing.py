@@ -203,6 +203,73 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
     return {key: failures[key] if key in failures else _summary(samples[key]) for key in runs}
 
 
+#: Timed passes `time_own_state` makes over the calls, each in a fresh shuffled order.
+OWN_STATE_PASSES = 2
+
+
+def time_own_state(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup: int = 5, repeat: int = 50,
+                   gpu_floor_ms: float = 0.0, settle_ms: float = 200.0) -> dict[Any, dict | Exception]:
+    """Time several calls each in its own power state: in `OWN_STATE_PASSES` passes (the order of
+    the calls shuffled in each, seeded), each call runs ``settle_ms`` of GPU time of its own
+    back-to-back launches untimed (by ``gpu_floor_ms``; at most `MAX_SETTLE_LAUNCHES`), then its
+    share of ``repeat`` launches, each between its own CUDA events. Returns what
+    `time_interleaved` returns.
+
+    Why: `time_interleaved` launches the calls in turn, so they all run at the one clock their mix
+    sets, and a call's time is its cycles at that clock. Run on its own, a power-capped GPU
+    clocks each kernel by its own draw: the time is its energy per call over the power limit,
+    which is what replacing one kernel by another in a sustained workload changes. On an H200
+    and an H100 at the 700 W cap the two rank differently (benchmarks/NOTES-f64.md, session 40):
+    bf16 ping-pong tiles took 4-6 % fewer cycles than cuBLAS and ran 0.92-0.97x its speed on
+    their own (0.78x on the H100) at 1320-1395 MHz against 1500, while the f64 128x128 tile
+    took 2-3 % more cycles than DGEMM and ran 1.03-1.04x on its own at 1755-1815 MHz against
+    1650-1695. Drift between the passes is not cancelled as interleaving cancels it; the
+    median over both passes halves it. Meant for calls of tens of microseconds and more: when
+    the host cannot keep the GPU busy, the idle gaps let the clock rise in any order.
+    """
+    stream = torch.cuda.current_stream()
+    failures: dict[Any, Exception] = {}
+    host_ms: dict[Any, float] = {}
+    for key, run in runs.items():
+        try:
+            host_ms[key] = _host_ms_per_call(run, sets, warmup) or 0.0
+        except Exception as exc:
+            failures[key] = exc
+    settle = (min(math.ceil(settle_ms / gpu_floor_ms), MAX_SETTLE_LAUNCHES)
+              if settle_ms > 0 and gpu_floor_ms > 0 else 0)
+    order = random.Random(len(runs) * 1000003 + repeat)
+    samples: dict[Any, list[float]] = {key: [] for key in runs}
+    launches = 0
+    for p in range(OWN_STATE_PASSES):
+        share = repeat // OWN_STATE_PASSES + (1 if p < repeat % OWN_STATE_PASSES else 0)
+        turn = [key for key in runs if key not in failures]
+        order.shuffle(turn)
+        for key in turn:
+            run = runs[key]
+            timed = []
+            try:
+                for _ in range(settle):
+                    launches += 1
+                    run((launches - 1) % sets)
+                behind_ms = share * (host_ms[key] + _EVENT_PAIR_MS - gpu_floor_ms)
+                if behind_ms > 0 and not settle:  # (after settle launches the queue is ahead)
+                    gpu_sleep(min(MAX_HEAD_START_MS, 1.25 * behind_ms + 0.05), stream)
+                for _ in range(share):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record(stream)
+                    launches += 1
+                    run((launches - 1) % sets)
+                    end.record(stream)
+                    timed.append((start, end))
+            except Exception as exc:
+                failures[key] = exc
+                continue
+            if timed:
+                timed[-1][1].synchronize()
+                samples[key].extend(start.elapsed_time(end) for start, end in timed)
+    return {key: failures[key] if key in failures else _summary(samples[key]) for key in runs}
+
+
 def _untimed_rounds(runs: dict[Any, Callable[[int], None]], live: list, failures: dict, rounds: int, sets: int,
                     shuffle: random.Random) -> int:
     """``rounds`` shuffled rounds of the ``live`` calls, untimed (launch i on input set i % sets);
