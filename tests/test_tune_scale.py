@@ -122,9 +122,10 @@ def test_the_parent_merges_the_shard_records_and_reports_in_order(monkeypatch, t
     progress = []
     shapes = [gemm_arguments(64, 64, 64), gemm_arguments(4096, 4096, 4096), softmax_arguments(64, 64)]
     results = tune_shapes(shapes, max_candidates=8, repeat=5, bucket="pow2_m", records=store,
-                          progress=lambda d, t, label: progress.append((d, t)))
+                          progress=lambda d, t, label: progress.append((d, t)), power_state="own")
     assert seen["device"] == 3 and seen["read_only"] and seen["order"][0] == 1  # the costliest first
     assert seen["options"].max_candidates == 8 and seen["options"].repeat == 5 and seen["options"].bucket == "pow2_m"
+    assert seen["options"].power_state == "own"
     assert [r.index for r in results] == [0, 1, 2] and results[2].failure.startswith("NoKernelFoundError")
     assert sorted(progress) == [(1, 3), (2, 3), (3, 3)]
     assert {r.operation: r.kernel_name for r in store.all()} == {"op0": "old_winner", "op1": "k1"}
@@ -187,6 +188,31 @@ def test_a_failing_progress_callback_stops_every_thread_and_is_raised(monkeypatc
                      gemm_arguments(512, 64, 64)], records=store, progress=progress)
     assert store.all() == []  # nothing merged from a tuning that failed
     assert not [t for t in threading.enumerate() if t.name.startswith("kernel_api-tune-gpu")]
+
+
+def test_tune_shapes_refuses_an_unknown_power_state(monkeypatch):
+    monkeypatch.setattr(scale, "_visible_devices", lambda devices: [0])
+    with pytest.raises(ValueError, match="power_state must be 'shared' or 'own', got 'cool'"):
+        tune_shapes([gemm_arguments(64, 64, 64)], power_state="cool")
+
+
+def test_shards_tune_with_the_power_state_asked_for(monkeypatch, tmp_path):
+    """`tune_shard` builds its PickBest with the options' power state."""
+    made = []
+
+    class Recorder(scale.PickBest):
+        def __init__(self, **kw):
+            made.append(kw["power_state"])
+            super().__init__(**kw)
+
+    monkeypatch.setattr(scale, "PickBest", Recorder)
+    monkeypatch.setattr(scale.torch.cuda, "set_device", lambda device: None, raising=False)
+    options = scale.TuneOptions(power_state="own")
+    try:
+        scale.tune_shard([], 0, options, TuningRecords(tmp_path / "t.sqlite"))
+    except Exception:  # nothing to tune; only the policy's construction matters here
+        pass
+    assert made == ["own"]
 
 
 def test_tune_shapes_refuses_an_unknown_isolation(monkeypatch):
@@ -267,14 +293,14 @@ def test_cli_tune_parses_its_options(tmp_path, capsys, monkeypatch):
     export = tmp_path / "winners.json"
     status, out, err = _cli(capsys, "tune", "--shapes", str(good), "--devices", "0,1", "--max-candidates", "8",
                             "--workers", "3", "--force", "--bucket", "pow2_m", "--export", str(export),
-                            "--isolation", "processes")
+                            "--isolation", "processes", "--power-state", "own")
     assert status == 1  # a problem failed
     (arguments, devices, kw), = calls
     assert devices == [0, 1] and len(arguments) == 2 and isinstance(arguments[0], GemmArguments)
     assert kw["max_candidates"] == 8 and kw["num_workers"] == 3 and kw["force"] and kw["bucket"] == "pow2_m"
-    assert kw["isolation"] == "processes"
+    assert kw["isolation"] == "processes" and kw["power_state"] == "own"
     _cli(capsys, "tune", "--shapes", str(good))
-    assert calls[-1][2]["isolation"] == "threads"  # the default
+    assert calls[-1][2]["isolation"] == "threads" and calls[-1][2]["power_state"] == "shared"  # the defaults
     assert "entry 0 (gemm 256x256x128 bf16 tnt): k0 250.0 us (measured on GPU 0)" in out
     assert "entry 1 (softmax 64x1000 bf16): RuntimeError: boom" in err
     assert [r.kernel_name for r in records_from_json(json.loads(export.read_text()))] == ["k0"]

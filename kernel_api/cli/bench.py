@@ -101,8 +101,9 @@ def _plot(rows: list[dict], unit: str, path: str, title: str) -> None:
     plt.close(fig)
 
 
-def tune(args: Any, num_workers: int | None = None, force: bool = False, show: Any = print) -> Any:
-    picker = PickBest(num_workers=num_workers, progress=progress("tune"))
+def tune(args: Any, num_workers: int | None = None, force: bool = False, show: Any = print,
+         power_state: str = "shared") -> Any:
+    picker = PickBest(num_workers=num_workers, progress=progress("tune"), power_state=power_state)
     result = picker.tune(args, force=force)
     source = "tuning record" if result.from_record else "measurement"
     best = result.measurements[0] if result.from_record else min(

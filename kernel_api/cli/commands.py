@@ -179,7 +179,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
         from .precompile import run_tune_shapes
 
         return run_tune_shapes(ns.shapes, ns.devices, ns.export, ns.max_candidates, ns.repeat, ns.shapes_workers,
-                               ns.shapes_force, ns.bucket, isolation=ns.isolation)
+                               ns.shapes_force, ns.bucket, isolation=ns.isolation, power_state=ns.power_state)
     for flag, value in (("--shapes", ns.shapes), ("--devices", ns.devices), ("--export", ns.export),
                         ("--bucket", ns.bucket), ("--isolation", ns.isolation)):
         if value is not None:
@@ -189,7 +189,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
         return 3
     from .bench import tune
 
-    tune(args, num_workers=ns.workers, force=ns.force)
+    tune(args, num_workers=ns.workers, force=ns.force, power_state=ns.power_state)
     return 0
 
 
@@ -239,6 +239,12 @@ def cmd_bundle(ns: argparse.Namespace) -> int:
     return run_bundle_install(ns.file)
 
 
+POWER_STATES = ("shared", "own")
+POWER_STATE_HELP = ("how the candidates are timed: in turn at one shared clock (shared, the default) or each after "
+                    "its own settle launches at the clock its own power draw allows (own: the fastest when it "
+                    "alone runs back to back at the power cap); recorded apart")
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernel-api", description="Discover, explain, benchmark and tune kernels.")
     parser.add_argument("--debug", action="store_true",
@@ -263,6 +269,8 @@ def make_parser() -> argparse.ArgumentParser:
                 op_parser.add_argument("--json", default=None, help="write the table as JSON here")
             else:
                 op_parser.add_argument("--force", action="store_true", help="measure even if a record exists")
+                op_parser.add_argument("--power-state", dest="power_state", choices=POWER_STATES,
+                                       default=argparse.SUPPRESS, help=POWER_STATE_HELP)
     tune_p._subparsers._group_actions[0].required = False  # or a shapes file:
     tune_p.add_argument("--shapes", default=None, help="tune every problem of this JSON file (the format of "
                                                        "`precompile --shapes`), sharded over the GPUs")
@@ -276,6 +284,8 @@ def make_parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--force", dest="shapes_force", action="store_true",
                         help="with --shapes: measure problems that already have a record")
     tune_p.add_argument("--bucket", default=None, help="with --shapes: record per shape bucket, e.g. pow2_m")
+    tune_p.add_argument("--power-state", dest="power_state", choices=POWER_STATES, default="shared",
+                        help=POWER_STATE_HELP)
     tune_p.add_argument("--isolation", default=None, choices=("threads", "processes"),
                         help="with --shapes on several GPUs: a thread per GPU in this process (default) or a "
                              "worker process per GPU")

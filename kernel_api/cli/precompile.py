@@ -198,7 +198,8 @@ def report_tuning(entries: list[dict], results: list, show: Callable[..., Any] =
 
 def run_tune_shapes(shapes: str, devices: str | None, export: str | None, max_candidates: int | None,
                     repeat: int, workers: int | None, force: bool, bucket: str | None,
-                    show: Callable[..., Any] = print, isolation: str | None = None) -> int:
+                    show: Callable[..., Any] = print, isolation: str | None = None,
+                    power_state: str = "shared") -> int:
     """``tune --shapes``: tune every problem of the file on the GPUs, record the winners, report;
     returns the exit status (1 when any problem failed)."""
     import time
@@ -218,7 +219,8 @@ def run_tune_shapes(shapes: str, devices: str | None, export: str | None, max_ca
     chosen = parse_devices(devices)
     start = time.perf_counter()
     results = tune_shapes(arguments, chosen, max_candidates=max_candidates, repeat=repeat, num_workers=workers,
-                          force=force, bucket=bucket, progress=progress("tune"), isolation=isolation or "threads")
+                          force=force, bucket=bucket, progress=progress("tune"), isolation=isolation or "threads",
+                          power_state=power_state)
     seconds = time.perf_counter() - start
     failed = report_tuning(entries, results, show)
     gpus = len({r.device for r in results})

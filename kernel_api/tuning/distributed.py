@@ -40,14 +40,14 @@ def tune_distributed(shapes: Sequence[Any], *, export: str | os.PathLike | None 
                      force: bool = False, bucket: str | Bucket | None = None,
                      compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S, records: TuningRecords | None = None,
                      progress: Callable[[int, int, str], None] | None = None,
-                     shard_tuner: ShardTuner | None = None) -> list[ShapeTuning]:
+                     shard_tuner: ShardTuner | None = None, power_state: str = "shared") -> list[ShapeTuning]:
     """Tune ``shapes`` across the ranks of a torch.distributed job; every rank returns the
     results of all of them and ends with every winner in its tuning records.
 
     Args:
         shapes: arguments objects, the same list on every rank (see `tune_shapes`).
         export: rank 0 writes every winner (`records_to_json`) to this JSON file.
-        max_candidates, repeat, num_workers, force, bucket, compile_timeout: as in `tune_shapes`
+        max_candidates, repeat, num_workers, force, bucket, compile_timeout, power_state: as in `tune_shapes`
             (``num_workers`` per rank).
         records: the store to read and merge into (default: the cache folder's).
         progress: called as ``progress(done, total, label)`` after each problem of this rank.
@@ -77,7 +77,7 @@ def tune_distributed(shapes: Sequence[Any], *, export: str | os.PathLike | None 
         shards = shard_by_cost([tuning_cost(a, repeat) for a in shapes], world)
         mine = [(i, *described[i]) for i in shards[rank]]
         options = TuneOptions(max_candidates, repeat, num_workers or default_workers(1), force,
-                              bucket_reference(bucket), compile_timeout)
+                              bucket_reference(bucket), compile_timeout, power_state)
         store = records if records is not None else TuningRecords()
         reader = TuningRecords(store.path, toolchain_key=store.toolchain_key, read_only=True)
         if shard_tuner is None:

@@ -102,6 +102,7 @@ class TuneOptions:
     force: bool = False
     bucket: Any = None  # a name or "module:function" (what a worker process can resolve), or a function
     compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S
+    power_state: str = "shared"  # PickBest's: the candidates timed at one clock, or each at its own
 
 
 def tuning_cost(args: Any, repeat: int = 30) -> float:
@@ -163,7 +164,8 @@ def tune_shard(entries: Sequence[tuple[int, str, dict]], device: int, options: T
     winners in the results only). ``done`` is called with each problem's result as it ends.
     A problem that fails (no kernel, every candidate failed) is a result with ``failure``."""
     picker = PickBest(num_workers=1, max_candidates=options.max_candidates, repeat=options.repeat,
-                      records=records, bucket=options.bucket, compile_timeout=options.compile_timeout)
+                      records=records, bucket=options.bucket, compile_timeout=options.compile_timeout,
+                      power_state=options.power_state)
     target = f"cuda:{device}"
     problems: list[tuple[int, Any, list]] = []
     results: dict[int, ShapeTuning] = {}
@@ -256,7 +258,7 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
                 bucket: str | Bucket | None = None, compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
                 records: TuningRecords | None = None,
                 progress: Callable[[int, int, str], None] | None = None,
-                isolation: str = "threads") -> list[ShapeTuning]:
+                isolation: str = "threads", power_state: str = "shared") -> list[ShapeTuning]:
     """Tune every problem of ``shapes`` with `PickBest`, sharded over the GPUs ``devices``, and
     write the winners to the tuning records.
 
@@ -267,7 +269,7 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
             ``entry_arguments`` read a shapes file into them).
         devices: CUDA device indices (default: every visible GPU), each tuning one shard (see
             ``isolation``); with one device the shard is tuned in the calling thread.
-        max_candidates, repeat, compile_timeout, bucket: as for `PickBest` (a bucket function
+        max_candidates, repeat, compile_timeout, bucket, power_state: as for `PickBest` (a bucket function
             must be importable by other processes: a module-level function or
             ``"module:function"``).
         num_workers: compile processes per device (default: the CPUs shared among the
@@ -300,11 +302,13 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     if num_workers is not None and num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if power_state not in ("shared", "own"):
+        raise ValueError(f"power_state must be 'shared' or 'own', got {power_state!r}")
     described = describe_shapes(shapes)
     # A worker process resolves the bucket by name; this process can use any function.
     in_process = len(chosen) == 1 or isolation == "threads"
     options = TuneOptions(max_candidates, repeat, num_workers or default_workers(len(chosen)), force,
-                          bucket if in_process else bucket_reference(bucket), compile_timeout)
+                          bucket if in_process else bucket_reference(bucket), compile_timeout, power_state)
     store = records if records is not None else TuningRecords()
     shards = shard_by_cost([tuning_cost(a, repeat) for a in shapes], len(chosen))
     total = len(shapes)
