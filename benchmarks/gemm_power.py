@@ -7,7 +7,7 @@ goals 4 and 5): is a gap one of clock (power) or of work per cycle?
 A candidate is ``cuda:<tag>`` (f64: a `CudaGemmF64` configuration, as in gemm_f64.py),
 ``sm90:TMxTN:CMxCN:schedule[:swzS][:n]`` (16-bit: an `Sm90WarpSpecializedGemm` design point, emitted
 or not; ``n``: raster along N) or a piece of an instance name that `kernel_api.get_kernels` offers for
-the problem (row-major A, B and out; the first instance whose name contains it).
+the problem (row-major A and out, B as ``--layouts`` says; the first instance whose name contains it).
 
 Per size, each contestant (cuBLAS, then the candidates, in turn, ``--rounds`` times) runs back to back on rotating fresh random inputs for ``--seconds`` after the same time of
 untimed launches (the power controller settles within ~0.1 s, NOTES-sm90.md session 33), while
@@ -73,7 +73,9 @@ def find_kernel(candidate: str, args: GemmArguments):
         swizzle = next((int(p[3:]) for p in parts[3:] if p.startswith("swz")), 1)
         cfg = Sm90Config(tile, cluster, parts[2], swizzle=swizzle, raster_along_m="n" not in parts[3:])
         ab = from_torch(args.A.dtype)
-        return Sm90WarpSpecializedGemm._make(ab, ab, ROW_MAJOR, ROW_MAJOR, ROW_MAJOR, cfg)
+        from kernel_api.metadata import COLUMN_MAJOR
+        b_stride = COLUMN_MAJOR if args.B.stride(-2) == 1 else ROW_MAJOR
+        return Sm90WarpSpecializedGemm._make(ab, ab, ROW_MAJOR, b_stride, ROW_MAJOR, cfg)
     found = [k for k in kernel_api.get_kernels(args) if candidate in k.metadata.kernel_name]
     if not found:
         raise SystemExit(f"no kernel for this problem has {candidate!r} in its name")
@@ -81,12 +83,13 @@ def find_kernel(candidate: str, args: GemmArguments):
 
 
 def bench_size(n: int, dtype: torch.dtype, candidates, seconds: float, rounds: int, sampler: ClockSampler,
-               log) -> dict:
+               log, b_column_major: bool = False) -> dict:
     flops = 2.0 * n ** 3
     sets = []
     for _ in range(rotation_count(3 * n * n * dtype.itemsize)):
         A = torch.randn(n, n, device="cuda", dtype=dtype)
         B = torch.randn(n, n, device="cuda", dtype=dtype)
+        B = B.t() if b_column_major else B
         sets.append((A, B, torch.empty(n, n, device="cuda", dtype=dtype)))
     contestants = {"cuBLAS": lambda i: torch.matmul(sets[i][0], sets[i][1], out=sets[i][2])}
     arg_sets = [GemmArguments(A, B, out) for A, B, out in sets]
@@ -132,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", nargs="+", required=True,
                         help="cuda:<CudaGemmF64 tag> (f64) or a piece of an instance name")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="f64")
+    parser.add_argument("--layouts", choices=("ttt", "tnt"), default="ttt",
+                        help="A, B, out: t row-major, n column-major (tnt: what the tf32 kernels take)")
+    parser.add_argument("--tf32", action="store_true", help="f32: cuBLAS with TF32 on (torch's allow_tf32)")
     parser.add_argument("--seconds", type=float, default=1.5, help="GPU time per sampled window")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tag", default="")
@@ -141,16 +147,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.cuda.get_device_name()
     torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = opts.tf32
     rows = []
     with ClockSampler() as sampler:
         for n in opts.sizes:
             print(f"{n}^3 {opts.dtype}", flush=True)
             rows.append(bench_size(n, DTYPES[opts.dtype], opts.candidates, opts.seconds, opts.rounds, sampler,
-                                   lambda s: print(s, flush=True)))
+                                   lambda s: print(s, flush=True), b_column_major=opts.layouts == "tnt"))
     slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_")
     path = os.path.join(HERE, "results", f"gemm_power-{slug}{'-' + opts.tag if opts.tag else ''}.json")
     with open(path, "w") as f:
         json.dump({"device": device, "torch": torch.__version__, "argv": sys.argv[1:], "dtype": opts.dtype,
+                   "tf32": opts.tf32, "layouts": opts.layouts,
                    "seconds": opts.seconds,
                    "rounds": opts.rounds, "sampler": sampler.available, "rows": rows}, f, indent=1)
     print(f"\nwrote {path}\n")
