@@ -36,7 +36,8 @@ import kernel_api  # noqa: E402
 from gemm_f64 import make_kernel  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
 from kernel_api.arguments import GemmArguments  # noqa: E402
-from kernel_api.tuning.timing import rotation_count  # noqa: E402
+from kernel_api.tuning.policies import gpu_floor_ms  # noqa: E402
+from kernel_api.tuning.timing import rotation_count, time_interleaved  # noqa: E402
 
 
 def run_for(launch, sets: int, seconds: float) -> tuple[float, int]:
@@ -83,7 +84,7 @@ def find_kernel(candidate: str, args: GemmArguments):
 
 
 def bench_size(n: int, dtype: torch.dtype, candidates, seconds: float, rounds: int, sampler: ClockSampler,
-               log, b_column_major: bool = False) -> dict:
+               log, b_column_major: bool = False, interleaved: bool = False) -> dict:
     flops = 2.0 * n ** 3
     sets = []
     for _ in range(rotation_count(3 * n * n * dtype.itemsize)):
@@ -109,6 +110,16 @@ def bench_size(n: int, dtype: torch.dtype, candidates, seconds: float, rounds: i
                                                              assume_supported_args=True))
     times: dict[str, list[float]] = {name: [] for name in contestants}
     for r in range(rounds):
+        if interleaved:  # the contestants in turn, at the clock of their mix (PickBest's default timing)
+            with sampler.window(f"{n}:interleaved"):
+                found = time_interleaved(contestants, len(sets), repeat=30, gpu_floor_ms=gpu_floor_ms(arg_sets[0]),
+                                         settle_ms=1000.0 * seconds)
+            for name, got in found.items():
+                if isinstance(got, Exception):
+                    raise got
+                times[name].append(got["median_ms"])
+                log(f"  round {r} {name:>50}: {got['median_ms']:.3f} ms (interleaved)")
+            continue
         for name, launch in contestants.items():
             run_for(launch, len(sets), seconds)  # settle at this kernel's own power state
             with sampler.window(f"{n}:{name}"):
@@ -118,7 +129,7 @@ def bench_size(n: int, dtype: torch.dtype, candidates, seconds: float, rounds: i
     clocks = sampler.summary()
     row = {"size": n, "buffer_sets": len(sets), "contestants": {}}
     for name, runs in times.items():
-        c = clocks.get(f"{n}:{name}", {})
+        c = clocks.get(f"{n}:{'interleaved' if interleaved else name}", {})
         ms = statistics.median(runs)
         mhz = c.get("sm_mhz")
         row["contestants"][name] = {"ms_runs": runs, "ms": ms, "tflops": flops / ms / 1e9, "sm_mhz": mhz,
@@ -137,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="f64")
     parser.add_argument("--layouts", choices=("ttt", "tnt"), default="ttt",
                         help="A, B, out: t row-major, n column-major (tnt: what the tf32 kernels take)")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="time the contestants in turn instead (time_interleaved after --seconds of untimed "
+                             "rounds, 30 launches each per round): one shared clock; the clock reported is the mix's")
     parser.add_argument("--tf32", action="store_true", help="f32: cuBLAS with TF32 on (torch's allow_tf32)")
     parser.add_argument("--seconds", type=float, default=1.5, help="GPU time per sampled window")
     parser.add_argument("--rounds", type=int, default=2)
@@ -153,12 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         for n in opts.sizes:
             print(f"{n}^3 {opts.dtype}", flush=True)
             rows.append(bench_size(n, DTYPES[opts.dtype], opts.candidates, opts.seconds, opts.rounds, sampler,
-                                   lambda s: print(s, flush=True), b_column_major=opts.layouts == "tnt"))
+                                   lambda s: print(s, flush=True), b_column_major=opts.layouts == "tnt",
+                                   interleaved=opts.interleaved))
     slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_")
     path = os.path.join(HERE, "results", f"gemm_power-{slug}{'-' + opts.tag if opts.tag else ''}.json")
     with open(path, "w") as f:
         json.dump({"device": device, "torch": torch.__version__, "argv": sys.argv[1:], "dtype": opts.dtype,
-                   "tf32": opts.tf32, "layouts": opts.layouts,
+                   "tf32": opts.tf32, "layouts": opts.layouts, "interleaved": opts.interleaved,
                    "seconds": opts.seconds,
                    "rounds": opts.rounds, "sampler": sampler.available, "rows": rows}, f, indent=1)
     print(f"\nwrote {path}\n")
