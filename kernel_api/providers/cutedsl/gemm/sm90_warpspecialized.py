@@ -151,6 +151,17 @@ CONFIGS: tuple[Sm90Config, ...] = (
     # (1.05 as the 128x160 tile's: unmeasured on most shapes, it ranks first only where it fills
     # a wave the others leave partial, 7 % ahead of them: Qwen2-7B's 3584-column projections)
     Sm90Config((128, 224), (2, 1), "cooperative", swizzle=4, cost_factor=1.05),
+    # The ping-pong tiles in raster bands of 16 clusters: a wave's 264 tiles then span about as
+    # many rows as columns of the output, so A's and B's panels are read from DRAM fewer times:
+    # at bf16 8192^3, 2.16 GB against 3.56 (bands of 8) and 4.73 (1x2 in bands of 4 along N) under
+    # ncu; paired with cuBLAS 1.035-1.043x at 4096^3 / 8192^3 against 1.016-1.037x, and 1-3 %
+    # faster each in its own power state (H200, session 40: results/gemm_power-NVIDIA_H200-s40-
+    # bf16-swizzle*). After their twins (the stream-K ones too): the tile model ties them, so
+    # PickAny's choice is unchanged and PickBest measures both.
+    Sm90Config((128, 128), (2, 1), "pingpong", swizzle=16),
+    Sm90Config((128, 128), (1, 2), "pingpong", swizzle=16, raster_along_m=False),
+    Sm90Config((128, 128), (2, 1), "pingpong", swizzle=16, stream_k=True),
+    Sm90Config((128, 128), (1, 2), "pingpong", swizzle=16, raster_along_m=False, stream_k=True),
 )
 #: The subset also emitted with an f32 output (one per schedule and shape class).
 F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], CONFIGS[6])
