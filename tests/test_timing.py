@@ -166,6 +166,21 @@ def test_pick_best_measures_the_same_either_way(monkeypatch, interleave):
     assert "relative error 5.00e-01" in found[1].failure
 
 
+class _InstantKernel:
+    """A kernel PickBest can load and run that does nothing (the timing is faked)."""
+
+    metadata = type("M", (), {"kernel_name": "k"})()
+
+    def compile_key(self, args, cc):
+        return cc
+
+    def compile(self, args):
+        return self
+
+    def run(self, args, compiled_artifact=None, assume_supported_args=False):
+        pass
+
+
 @pytest.mark.parametrize("settle", [None, 0.0, 50.0])
 def test_pick_best_settles_the_gpu_before_timing(monkeypatch, settle):
     """PickBest hands its ``settle_ms`` (default `policies._SETTLE_MS`) and the problem's GPU
@@ -178,55 +193,24 @@ def test_pick_best_settles_the_gpu_before_timing(monkeypatch, settle):
         seen.update(settle_ms=settle_ms, gpu_floor_ms=gpu_floor_ms)
         return {key: {"median_ms": 1.0} for key in runs}
 
-    class Fake:
-        metadata = type("M", (), {"kernel_name": "k"})()
-
-        def compile_key(self, args, cc):
-            return cc
-
-        def compile(self, args):
-            return self
-
-        def run(self, args, compiled_artifact=None, assume_supported_args=False):
-            pass
-
     shared = fake_measure_inputs(monkeypatch, lambda args: 0.0)
     monkeypatch.setattr(policies, "time_interleaved", fake_interleaved)
     monkeypatch.setattr(policies, "gpu_floor_ms", lambda args: 0.25)
     picker = policies.PickBest(repeat=5) if settle is None else policies.PickBest(repeat=5, settle_ms=settle)
-    found = picker._measure(shared, [Fake()])
+    found = picker._measure(shared, [_InstantKernel()])
     assert found[0].median_ms == 1.0
     assert seen == {"settle_ms": policies._SETTLE_MS if settle is None else settle, "gpu_floor_ms": 0.25}
 
 
-class _PowerCappedGpu:
+class _PowerCappedGpu(_Clock):
     """A fake power-capped GPU: each kernel needs a number of cycles and draws a power per cycle;
     the clock is the cap over the mean draw of the last few launches (at most 1), so a launch takes
-    its cycles over that clock. Events read the fake time."""
+    its cycles over that clock."""
 
     def __init__(self, monkeypatch, window: int = 8):
-        self.now = 0.0
+        super().__init__(monkeypatch)
         self.recent: list[float] = []
         self.window = window
-        self.log: list = []
-        clock = self
-
-        class Event:
-            def __init__(self, enable_timing=False):
-                self.t = None
-
-            def record(self, stream=None):
-                self.t = clock.now
-
-            def elapsed_time(self, other):
-                return other.t - self.t
-
-            def synchronize(self):
-                pass
-
-        monkeypatch.setattr(timing.torch.cuda, "Event", Event)
-        monkeypatch.setattr(timing.torch.cuda, "current_stream", lambda: None)
-        monkeypatch.setattr(timing, "gpu_sleep", lambda ms, stream=None: None)
 
     def kernel(self, name: str, cycles: float, draw: float):
         def run(i: int) -> None:
@@ -289,20 +273,8 @@ def test_pick_best_times_in_the_power_state_it_is_asked_for(monkeypatch, state):
         monkeypatch.setattr(policies, name, lambda runs, sets, repeat, gpu_floor_ms, settle_ms, name=name:
                             seen.append(name) or {key: {"median_ms": 1.0} for key in runs})
 
-    class Fake:
-        metadata = type("M", (), {"kernel_name": "k"})()
-
-        def compile_key(self, args, cc):
-            return cc
-
-        def compile(self, args):
-            return self
-
-        def run(self, args, compiled_artifact=None, assume_supported_args=False):
-            pass
-
     shared = fake_measure_inputs(monkeypatch, lambda args: 0.0)
-    found = policies.PickBest(repeat=5, power_state=state)._measure(shared, [Fake()])
+    found = policies.PickBest(repeat=5, power_state=state)._measure(shared, [_InstantKernel()])
     assert found[0].median_ms == 1.0
     assert seen == ["time_own_state" if state == "own" else "time_interleaved"]
     with pytest.raises(ValueError, match="power_state must be 'shared' or 'own', got 'hot'"):

@@ -59,6 +59,20 @@ def _host_ms_per_call(run: Callable[[int], None], sets: int, warmup: int) -> flo
     return statistics.median(times[1:] or times) * 1e3
 
 
+def _warm_up_each(runs: dict[Any, Callable[[int], None]], sets: int,
+                  warmup: int) -> tuple[dict[Any, float], dict[Any, Exception]]:
+    """Each call's ``warmup`` calls alone: (the host's ms per call of each that ran, the
+    exception of each that raised)."""
+    failures: dict[Any, Exception] = {}
+    host_ms: dict[Any, float] = {}
+    for key, run in runs.items():
+        try:
+            host_ms[key] = _host_ms_per_call(run, sets, warmup) or 0.0
+        except Exception as exc:
+            failures[key] = exc
+    return host_ms, failures
+
+
 def _summary(samples: list[float]) -> dict:
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "mean_ms": statistics.fmean(samples),
             "samples": len(samples)}
@@ -149,13 +163,7 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
     (benchmarks/NOTES-sm90.md, session 33). The timed rounds keep their seeded orders.
     """
     stream = torch.cuda.current_stream()
-    failures: dict[Any, Exception] = {}
-    host_ms: dict[Any, float] = {}
-    for key, run in runs.items():
-        try:
-            host_ms[key] = _host_ms_per_call(run, sets, warmup) or 0.0
-        except Exception as exc:
-            failures[key] = exc
+    host_ms, failures = _warm_up_each(runs, sets, warmup)
     live = [key for key in runs if key not in failures]
     launches = 0
     if settle_ms > 0 and gpu_floor_ms > 0 and live:
@@ -228,13 +236,7 @@ def time_own_state(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup
     the host cannot keep the GPU busy, the idle gaps let the clock rise in any order.
     """
     stream = torch.cuda.current_stream()
-    failures: dict[Any, Exception] = {}
-    host_ms: dict[Any, float] = {}
-    for key, run in runs.items():
-        try:
-            host_ms[key] = _host_ms_per_call(run, sets, warmup) or 0.0
-        except Exception as exc:
-            failures[key] = exc
+    host_ms, failures = _warm_up_each(runs, sets, warmup)
     settle = (min(math.ceil(settle_ms / gpu_floor_ms), MAX_SETTLE_LAUNCHES)
               if settle_ms > 0 and gpu_floor_ms > 0 else 0)
     order = random.Random(len(runs) * 1000003 + repeat)
