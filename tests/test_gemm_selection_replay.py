@@ -82,6 +82,14 @@ AFTER_2048 = ["gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-h100.json",
               "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json"]
 
 #: The recorded files replayed in full.
+#: Session 40's aligned and f64 groups, interleaved after 300 ms and each contestant in its own
+#: power state (PickBest also so in the "pickown" files), before and after the ping-pong tiles in
+#: raster bands of 16 (benchmarks/NOTES-sm90.md and NOTES-f64.md, session 40).
+S40 = [f"gemm_shapes-NVIDIA_H200-s40-{tag}.json" for tag in (
+    "aligned-sustained", "aligned-own", "aligned-own-pickown", "aligned-swz16-sustained", "aligned-swz16-own",
+    "aligned-swz16sk-sustained", "f64-sustained", "f64-own", "f64-own-pickown")] + [
+    f"gemm_shapes-NVIDIA_H100_80GB_HBM3-s40-{tag}-h100.json" for tag in (
+        "aligned-sustained", "aligned-own", "f64-own-pickown")]
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
          "gemm_shapes-NVIDIA_H200-s25-f64.json", SPLIT_ALL, NARROW, FINAL,
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s28-h100.json", "gemm_shapes-NVIDIA_H200-s29-clusters.json",
@@ -92,7 +100,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224, WAVE_FIT_224_H100, SMALL, SMALL_H100, MODELS_MORE_H100,
          BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY, ODD_HELDOUT, ODD_HELDOUT2, ODD_H100, ODD_WIDE_F32, ODD_WIDE_F64,
          ODD_WIDE_F64_ALIGN1, ODD_WIDE_F64_FINAL, F64_S39, *ODD_WIDE_H100, ODD_NARROW,
-         *AFTER_2048]
+         *AFTER_2048, *S40]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
