@@ -83,15 +83,17 @@ def find_kernel(candidate: str, args: GemmArguments):
     return found[0]
 
 
-def bench_size(n: int, dtype: torch.dtype, candidates, seconds: float, rounds: int, sampler: ClockSampler,
+def bench_size(n: int | tuple[int, int, int], dtype: torch.dtype, candidates, seconds: float, rounds: int, sampler: ClockSampler,
                log, b_column_major: bool = False, interleaved: bool = False) -> dict:
-    flops = 2.0 * n ** 3
+    M, N, K = n if isinstance(n, tuple) else (n, n, n)
+    n = f"{M}x{N}x{K}" if isinstance(n, tuple) else n
+    flops = 2.0 * M * N * K
     sets = []
-    for _ in range(rotation_count(3 * n * n * dtype.itemsize)):
-        A = torch.randn(n, n, device="cuda", dtype=dtype)
-        B = torch.randn(n, n, device="cuda", dtype=dtype)
-        B = B.t() if b_column_major else B
-        sets.append((A, B, torch.empty(n, n, device="cuda", dtype=dtype)))
+    for _ in range(rotation_count((M * K + K * N + M * N) * dtype.itemsize)):
+        A = torch.randn(M, K, device="cuda", dtype=dtype)
+        B = torch.randn(N, K, device="cuda", dtype=dtype).t() if b_column_major else \
+            torch.randn(K, N, device="cuda", dtype=dtype)
+        sets.append((A, B, torch.empty(M, N, device="cuda", dtype=dtype)))
     contestants = {"cuBLAS": lambda i: torch.matmul(sets[i][0], sets[i][1], out=sets[i][2])}
     arg_sets = [GemmArguments(A, B, out) for A, B, out in sets]
     for cand in candidates:
@@ -142,7 +144,8 @@ def bench_size(n: int, dtype: torch.dtype, candidates, seconds: float, rounds: i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", nargs="+", type=int, default=[8192])
+    parser.add_argument("--sizes", nargs="*", type=int, default=[8192], help="square sizes (none: --shapes only)")
+    parser.add_argument("--shapes", nargs="+", default=[], help="also these MxNxK problems")
     parser.add_argument("--candidates", nargs="+", required=True,
                         help="cuda:<CudaGemmF64 tag> (f64) or a piece of an instance name")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="f64")
@@ -164,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = opts.tf32
     rows = []
     with ClockSampler() as sampler:
-        for n in opts.sizes:
-            print(f"{n}^3 {opts.dtype}", flush=True)
+        for n in list(opts.sizes) + [tuple(int(v) for v in t.split("x")) for t in opts.shapes]:
+            print(f"{n if isinstance(n, tuple) else f'{n}^3'} {opts.dtype}", flush=True)
             rows.append(bench_size(n, DTYPES[opts.dtype], opts.candidates, opts.seconds, opts.rounds, sampler,
                                    lambda s: print(s, flush=True), b_column_major=opts.layouts == "tnt",
                                    interleaved=opts.interleaved))
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {path}\n")
     for r in rows:
         base = r["contestants"]["cuBLAS"]
-        print(f"{r['size']}^3: {'contestant':>70} {'ms':>7} {'TF/s':>6} {'x':>6} {'MHz':>6} {'W':>6} {'Mcyc':>7}")
+        print(f"{r['size']}{'^3' if isinstance(r['size'], int) else ''}: {'contestant':>70} {'ms':>7} {'TF/s':>6} {'x':>6} {'MHz':>6} {'W':>6} {'Mcyc':>7}")
         for name, e in r["contestants"].items():
             cyc = f"{e['mcycles']:7.2f}" if e["mcycles"] else "      -"
             print(f"{'':>8}{name[-70:]:>70} {e['ms']:7.3f} {e['tflops']:6.1f} {base['ms'] / e['ms']:6.3f} "

@@ -430,7 +430,10 @@ class PickBest(Policy):
     the one that finishes soonest when it alone runs back to back on a power-capped GPU: for
     large GEMMs in a sustained workload, a kernel that draws more power per cycle slows
     everything at the cap. The two differ by up to 20 % (benchmarks/NOTES-f64.md, session 40:
-    on an H100 a bf16 ping-pong tile ran 0.78x cuBLAS on its own); ``"own"`` costs
+    on an H100 a bf16 ping-pong tile ran 0.78x cuBLAS on its own). The shared clock also
+    depends on which candidates are measured: on an H100 at bf16 4096x4096x14336, ten tiles
+    mostly of the power-hungry ping-pong kind ranked one first that ran 0.85x cuBLAS beside
+    cuBLAS, where ``"own"`` took one at 1.00x (NOTES-sm90.md, session 40). ``"own"`` costs
     ``settle_ms`` of GPU time per candidate twice.
 
     ``bucket`` keys the records by a range of shapes instead of the exact shape (see
