@@ -89,7 +89,8 @@ S40 = [f"gemm_shapes-NVIDIA_H200-s40-{tag}.json" for tag in (
     "aligned-sustained", "aligned-own", "aligned-own-pickown", "aligned-swz16-sustained", "aligned-swz16-own",
     "aligned-swz16sk-sustained", "f64-sustained", "f64-own", "f64-own-pickown")] + [
     f"gemm_shapes-NVIDIA_H100_80GB_HBM3-s40-{tag}-h100.json" for tag in (
-        "aligned-sustained", "aligned-own", "f64-own-pickown")]
+        "aligned-sustained", "aligned-own", "f64-own-pickown", "aligned-swz16sk-sustained",
+        "aligned-swz16sk-pickown-sustained", "kheavy-pickown")]
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
          "gemm_shapes-NVIDIA_H200-s25-f64.json", SPLIT_ALL, NARROW, FINAL,
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s28-h100.json", "gemm_shapes-NVIDIA_H200-s29-clusters.json",
