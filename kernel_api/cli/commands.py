@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import registry
+from ..tuning import policies
 from ..core.arch import normalize_cc
 from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 from ..core.dtypes import to_dtype
@@ -239,7 +240,6 @@ def cmd_bundle(ns: argparse.Namespace) -> int:
     return run_bundle_install(ns.file)
 
 
-POWER_STATES = ("shared", "own")
 POWER_STATE_HELP = ("how the candidates are timed: in turn at one shared clock (shared, the default) or each after "
                     "its own settle launches at the clock its own power draw allows (own: the fastest when it "
                     "alone runs back to back at the power cap); recorded apart")
@@ -269,7 +269,7 @@ def make_parser() -> argparse.ArgumentParser:
                 op_parser.add_argument("--json", default=None, help="write the table as JSON here")
             else:
                 op_parser.add_argument("--force", action="store_true", help="measure even if a record exists")
-                op_parser.add_argument("--power-state", dest="power_state", choices=POWER_STATES,
+                op_parser.add_argument("--power-state", dest="power_state", choices=policies.POWER_STATES,
                                        default=argparse.SUPPRESS, help=POWER_STATE_HELP)
     tune_p._subparsers._group_actions[0].required = False  # or a shapes file:
     tune_p.add_argument("--shapes", default=None, help="tune every problem of this JSON file (the format of "
@@ -284,7 +284,7 @@ def make_parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--force", dest="shapes_force", action="store_true",
                         help="with --shapes: measure problems that already have a record")
     tune_p.add_argument("--bucket", default=None, help="with --shapes: record per shape bucket, e.g. pow2_m")
-    tune_p.add_argument("--power-state", dest="power_state", choices=POWER_STATES, default="shared",
+    tune_p.add_argument("--power-state", dest="power_state", choices=policies.POWER_STATES, default="shared",
                         help=POWER_STATE_HELP)
     tune_p.add_argument("--isolation", default=None, choices=("threads", "processes"),
                         help="with --shapes on several GPUs: a thread per GPU in this process (default) or a "

@@ -367,6 +367,16 @@ _SETTLE_MS = 200.0
 #: (``PickBest(power_state="own")``).
 _OWN_STATE_PREFIX = "own-power:"
 
+#: `PickBest`'s timings: the candidates in turn at one shared clock, or each in its own power state.
+POWER_STATES = ("shared", "own")
+
+
+def check_power_state(power_state: str) -> str:
+    """``power_state`` when it names one of `POWER_STATES`, else a ValueError saying so."""
+    if power_state not in POWER_STATES:
+        raise ValueError(f"power_state must be 'shared' or 'own', got {power_state!r}")
+    return power_state
+
 
 class Policy:
     """Chooses one kernel for an arguments object."""
@@ -463,11 +473,9 @@ class PickBest(Policy):
                  progress: Callable[[int, int, str], None] | None = None,
                  compile_timeout: float | None = 900.0, bucket: str | Bucket | None = None,
                  settle_ms: float = _SETTLE_MS, power_state: str = "shared") -> None:
-        if power_state not in ("shared", "own"):
-            raise ValueError(f"PickBest: power_state must be 'shared' or 'own', got {power_state!r}")
         self.num_workers = num_workers
         self.settle_ms = settle_ms
-        self.power_state = power_state
+        self.power_state = check_power_state(power_state)
         self.bucket = resolve_bucket(bucket)
         self.compile_timeout = compile_timeout
         self.max_candidates = max_candidates

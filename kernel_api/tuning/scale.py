@@ -49,7 +49,7 @@ from ..core.errors import DeviceError
 from .buckets import Bucket, bucket_reference
 from .compile_worker import (DEFAULT_COMPILE_TIMEOUT_S, arguments_from_description, compile_request,
                              compile_requests, describe_arguments, uncached, worker_environment)
-from .policies import PickBest, rank_candidates
+from .policies import PickBest, check_power_state, rank_candidates
 from .records import TuningRecord, TuningRecords
 
 _log = logging.getLogger(__name__)
@@ -302,8 +302,7 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     if num_workers is not None and num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    if power_state not in ("shared", "own"):
-        raise ValueError(f"power_state must be 'shared' or 'own', got {power_state!r}")
+    check_power_state(power_state)
     described = describe_shapes(shapes)
     # A worker process resolves the bucket by name; this process can use any function.
     in_process = len(chosen) == 1 or isolation == "threads"
