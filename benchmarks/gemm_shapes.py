@@ -38,8 +38,9 @@ does not, and some kernels lose more to that than others (NOTES-sm90.md, session
 T ms of its own untimed back-to-back launches, then ``--repeat`` timed ones, the contestants in a
 shuffled order per run): under the power cap a kernel that draws less runs at a higher clock, which
 interleaved launches hide (NOTES-f64.md, session 40).
-PickBest's own timing runs after 200 ms of untimed rounds (`PickBest`'s ``settle_ms``), in the
-sustained state; ``--pickbest-power-state own`` has it time each candidate in its own power state.
+PickBest's own timing runs after 200 ms of untimed launches (`PickBest`'s ``settle_ms``), in the
+sustained state, each candidate in its own power state (``--pickbest-power-state own``, the library's
+default since session 41) or the candidates in turn (``shared``: the runs before session 41).
 
 Prints one table per group last; JSON goes to benchmarks/results/gemm_shapes-<device>-<tag>.json
 (and to $OUT when that folder exists).
@@ -64,7 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernel_api  # noqa: E402
 from kernel_api.ops.dispatch import allowed_math  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
-from kernel_api.tuning.policies import PickAny, PickBest  # noqa: E402
+from kernel_api.tuning.policies import DEFAULT_POWER_STATE, POWER_STATES, PickAny, PickBest  # noqa: E402
 from results_io import result_name, write_result  # noqa: E402
 from small_m import geomean, time_group, time_own_state  # noqa: E402  (the house timing)
 
@@ -358,9 +359,10 @@ def main() -> None:
     p.add_argument("--own-state-ms", type=float, default=0.0,
                    help="time each contestant on its own after this many ms of its own untimed launches (its own "
                         "power state; small_m.time_own_state) instead of interleaved")
-    p.add_argument("--pickbest-power-state", choices=("shared", "own"), default="shared",
-                   help="PickBest's timing: the candidates in turn at one clock (shared) or each in its own "
-                        "power state (own; PickBest's power_state)")
+    p.add_argument("--pickbest-power-state", choices=POWER_STATES, default=DEFAULT_POWER_STATE,
+                   help="PickBest's timing: each candidate in its own power state (own, the library's default "
+                        "since session 41) or the candidates in turn at one clock (shared, the default before; "
+                        "PickBest's power_state)")
     p.add_argument("--max-candidates", type=int, default=6, help="PickBest: best-ranked candidates measured")
     p.add_argument("--tag", default="run")
     p.add_argument("--cases", default=None, help="regular expression: only the cases whose name matches "

@@ -357,7 +357,7 @@ def test_without_tqdm_there_is_no_progress_and_no_error(monkeypatch):
 
 def test_tune_takes_the_power_state_before_or_after_the_problem(monkeypatch, toy):
     """``tune --power-state own gemm ...`` and ``tune gemm ... --power-state own`` reach
-    PickBest's ``power_state``; the default is ``shared``; anything else is refused by argparse."""
+    PickBest's ``power_state``; the default is ``own``; anything else is refused by argparse."""
     from kernel_api.cli import bench, commands
 
     seen = []
@@ -367,7 +367,8 @@ def test_tune_takes_the_power_state_before_or_after_the_problem(monkeypatch, toy
     problem = ["gemm", "--m", "64", "--n", "64", "--k", "64", "--dtype", "f16", "--provider", "toy"]
     assert main(["tune", "--power-state", "own", *problem]) == 0
     assert main(["tune", *problem, "--power-state", "own"]) == 0
+    assert main(["tune", *problem, "--power-state", "shared"]) == 0
     assert main(["tune", *problem]) == 0
-    assert seen == ["own", "own", "shared"]
+    assert seen == ["own", "own", "shared", "own"]
     with pytest.raises(SystemExit):
         main(["tune", *problem, "--power-state", "hot"])

@@ -184,7 +184,7 @@ class _InstantKernel:
 @pytest.mark.parametrize("settle", [None, 0.0, 50.0])
 def test_pick_best_settles_the_gpu_before_timing(monkeypatch, settle):
     """PickBest hands its ``settle_ms`` (default `policies._SETTLE_MS`) and the problem's GPU
-    floor to the interleaved timing."""
+    floor to its timing, in either power state."""
     from kernel_api.tuning import policies
 
     seen = {}
@@ -195,11 +195,15 @@ def test_pick_best_settles_the_gpu_before_timing(monkeypatch, settle):
 
     shared = fake_measure_inputs(monkeypatch, lambda args: 0.0)
     monkeypatch.setattr(policies, "time_interleaved", fake_interleaved)
+    monkeypatch.setattr(policies, "time_own_state", fake_interleaved)
     monkeypatch.setattr(policies, "gpu_floor_ms", lambda args: 0.25)
-    picker = policies.PickBest(repeat=5) if settle is None else policies.PickBest(repeat=5, settle_ms=settle)
-    found = picker._measure(shared, [_InstantKernel()])
-    assert found[0].median_ms == 1.0
-    assert seen == {"settle_ms": policies._SETTLE_MS if settle is None else settle, "gpu_floor_ms": 0.25}
+    for state in policies.POWER_STATES:
+        seen.clear()
+        picker = policies.PickBest(repeat=5, power_state=state) if settle is None else \
+            policies.PickBest(repeat=5, settle_ms=settle, power_state=state)
+        found = picker._measure(shared, [_InstantKernel()])
+        assert found[0].median_ms == 1.0
+        assert seen == {"settle_ms": policies._SETTLE_MS if settle is None else settle, "gpu_floor_ms": 0.25}
 
 
 class _PowerCappedGpu(_Clock):
@@ -264,8 +268,38 @@ def test_own_state_settles_each_call_alone_then_times_it(monkeypatch):
     assert len([e for e in clock.log if e[0] == "a"]) == 3
 
 
-@pytest.mark.parametrize("state", ["shared", "own"])
+def test_own_state_gives_a_host_slower_than_the_calls_a_head_start_after_the_settle(monkeypatch):
+    """Where the host needs longer per launch than the call's GPU floor, the settle launches do not
+    leave the GPU's queue ahead of the host (it drains them as fast as they come), so each call's
+    timed share is queued behind a GPU spin, as in `time_interleaved`; else every sample would
+    hold the host's gap before its launch (a launch-bound softmax or small GEMM ranked by host
+    time). Not where the floor says the GPU is the slower."""
+    clock = _Clock(monkeypatch)
+    runs = {"a": clock.kernel("a", 0.001), "b": clock.kernel("b", 0.001)}
+    timing.time_own_state(runs, warmup=2, repeat=4, gpu_floor_ms=1e-6, settle_ms=0.01)
+    launches_and_sleeps = [e[0] for e in clock.log if e[0] in ("a", "b", "sleep")][4:]  # after the warm-ups
+    blocks = []
+    for name in launches_and_sleeps:
+        if blocks and blocks[-1][0] == name:
+            blocks[-1][1] += 1
+        else:
+            blocks.append([name, 1])
+    # per pass and call: its settle launches, a head start, its 2 timed launches
+    assert [b[1] for b in blocks if b[0] == "sleep"] == [1] * (2 * timing.OWN_STATE_PASSES)
+    for i, (name, count) in enumerate(blocks):
+        if name == "sleep":
+            assert blocks[i - 1][0] == blocks[i + 1][0] != "sleep" and blocks[i + 1][1] >= 2
+    sleeps = [ms for e, ms in (e for e in clock.log if e[0] == "sleep")]
+    assert all(0 < ms <= timing.MAX_HEAD_START_MS for ms in sleeps)
+    clock.log.clear()
+    timing.time_own_state(runs, warmup=2, repeat=4, gpu_floor_ms=50.0, settle_ms=100.0)
+    assert not [e for e in clock.log if e[0] == "sleep"]
+
+
+@pytest.mark.parametrize("state", ["shared", "own", None])
 def test_pick_best_times_in_the_power_state_it_is_asked_for(monkeypatch, state):
+    """``power_state`` picks the timer; without one, each candidate in its own power state (the
+    shared timing's choices ran down to 0.85x cuBLAS: NOTES-sm90.md, sessions 40 and 41)."""
     from kernel_api.tuning import policies
 
     seen = []
@@ -274,8 +308,9 @@ def test_pick_best_times_in_the_power_state_it_is_asked_for(monkeypatch, state):
                             seen.append(name) or {key: {"median_ms": 1.0} for key in runs})
 
     shared = fake_measure_inputs(monkeypatch, lambda args: 0.0)
-    found = policies.PickBest(repeat=5, power_state=state)._measure(shared, [_InstantKernel()])
+    picker = policies.PickBest(repeat=5) if state is None else policies.PickBest(repeat=5, power_state=state)
+    found = picker._measure(shared, [_InstantKernel()])
     assert found[0].median_ms == 1.0
-    assert seen == ["time_own_state" if state == "own" else "time_interleaved"]
+    assert seen == ["time_interleaved" if state == "shared" else "time_own_state"]
     with pytest.raises(ValueError, match="power_state must be 'shared' or 'own', got 'hot'"):
         policies.PickBest(power_state="hot")

@@ -300,7 +300,7 @@ def test_cli_tune_parses_its_options(tmp_path, capsys, monkeypatch):
     assert kw["max_candidates"] == 8 and kw["num_workers"] == 3 and kw["force"] and kw["bucket"] == "pow2_m"
     assert kw["isolation"] == "processes" and kw["power_state"] == "own"
     _cli(capsys, "tune", "--shapes", str(good))
-    assert calls[-1][2]["isolation"] == "threads" and calls[-1][2]["power_state"] == "shared"  # the defaults
+    assert calls[-1][2]["isolation"] == "threads" and calls[-1][2]["power_state"] == "own"  # the defaults
     assert "entry 0 (gemm 256x256x128 bf16 tnt): k0 250.0 us (measured on GPU 0)" in out
     assert "entry 1 (softmax 64x1000 bf16): RuntimeError: boom" in err
     assert [r.kernel_name for r in records_from_json(json.loads(export.read_text()))] == ["k0"]

@@ -14,7 +14,7 @@ from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArgument
 from ..core.cache import cache_dir
 from ..tuning.records import TuningRecords
 from ..tuning.reference import random_like
-from ..tuning.policies import PickBest, rank_candidates
+from ..tuning.policies import DEFAULT_POWER_STATE, PickBest, rank_candidates
 from ..tuning.timing import rotation_count, time_cuda
 from .errors import require
 from .format import format_table
@@ -102,7 +102,7 @@ def _plot(rows: list[dict], unit: str, path: str, title: str) -> None:
 
 
 def tune(args: Any, num_workers: int | None = None, force: bool = False, show: Any = print,
-         power_state: str = "shared") -> Any:
+         power_state: str = DEFAULT_POWER_STATE) -> Any:
     picker = PickBest(num_workers=num_workers, progress=progress("tune"), power_state=power_state)
     result = picker.tune(args, force=force)
     source = "tuning record" if result.from_record else "measurement"

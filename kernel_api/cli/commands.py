@@ -240,9 +240,10 @@ def cmd_bundle(ns: argparse.Namespace) -> int:
     return run_bundle_install(ns.file)
 
 
-POWER_STATE_HELP = ("how the candidates are timed: in turn at one shared clock (shared, the default) or each after "
-                    "its own settle launches at the clock its own power draw allows (own: the fastest when it "
-                    "alone runs back to back at the power cap); recorded apart")
+POWER_STATE_HELP = ("how the candidates are timed: each after its own settle launches at the clock its own power "
+                    "draw allows (own, the default: the fastest when it alone runs back to back at the power "
+                    "cap) or in turn at one shared clock (shared: the fewest cycles at the clock their mix "
+                    "sets); recorded apart")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -284,7 +285,7 @@ def make_parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--force", dest="shapes_force", action="store_true",
                         help="with --shapes: measure problems that already have a record")
     tune_p.add_argument("--bucket", default=None, help="with --shapes: record per shape bucket, e.g. pow2_m")
-    tune_p.add_argument("--power-state", dest="power_state", choices=policies.POWER_STATES, default="shared",
+    tune_p.add_argument("--power-state", dest="power_state", choices=policies.POWER_STATES, default=policies.DEFAULT_POWER_STATE,
                         help=POWER_STATE_HELP)
     tune_p.add_argument("--isolation", default=None, choices=("threads", "processes"),
                         help="with --shapes on several GPUs: a thread per GPU in this process (default) or a "

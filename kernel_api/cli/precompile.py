@@ -199,11 +199,12 @@ def report_tuning(entries: list[dict], results: list, show: Callable[..., Any] =
 def run_tune_shapes(shapes: str, devices: str | None, export: str | None, max_candidates: int | None,
                     repeat: int, workers: int | None, force: bool, bucket: str | None,
                     show: Callable[..., Any] = print, isolation: str | None = None,
-                    power_state: str = "shared") -> int:
+                    power_state: str | None = None) -> int:
     """``tune --shapes``: tune every problem of the file on the GPUs, record the winners, report;
     returns the exit status (1 when any problem failed)."""
     import time
 
+    from ..tuning.policies import DEFAULT_POWER_STATE
     from ..tuning.records import records_to_json, write_json_atomically
     from ..tuning.scale import tune_shapes
     from .progress import progress
@@ -220,7 +221,7 @@ def run_tune_shapes(shapes: str, devices: str | None, export: str | None, max_ca
     start = time.perf_counter()
     results = tune_shapes(arguments, chosen, max_candidates=max_candidates, repeat=repeat, num_workers=workers,
                           force=force, bucket=bucket, progress=progress("tune"), isolation=isolation or "threads",
-                          power_state=power_state)
+                          power_state=power_state or DEFAULT_POWER_STATE)
     seconds = time.perf_counter() - start
     failed = report_tuning(entries, results, show)
     gpus = len({r.device for r in results})

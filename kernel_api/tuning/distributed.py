@@ -24,6 +24,7 @@ import torch
 from ..core.errors import DeviceError
 from .buckets import Bucket, bucket_reference
 from .compile_worker import DEFAULT_COMPILE_TIMEOUT_S
+from .policies import DEFAULT_POWER_STATE
 from .records import TuningRecords, records_to_json, write_json_atomically
 from .scale import ShapeTuning, TuneOptions, default_workers, describe_shapes, shard_by_cost, tune_shard, tuning_cost
 
@@ -40,7 +41,7 @@ def tune_distributed(shapes: Sequence[Any], *, export: str | os.PathLike | None 
                      force: bool = False, bucket: str | Bucket | None = None,
                      compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S, records: TuningRecords | None = None,
                      progress: Callable[[int, int, str], None] | None = None,
-                     shard_tuner: ShardTuner | None = None, power_state: str = "shared") -> list[ShapeTuning]:
+                     shard_tuner: ShardTuner | None = None, power_state: str = DEFAULT_POWER_STATE) -> list[ShapeTuning]:
     """Tune ``shapes`` across the ranks of a torch.distributed job; every rank returns the
     results of all of them and ends with every winner in its tuning records.
 

@@ -369,6 +369,12 @@ _OWN_STATE_PREFIX = "own-power:"
 
 #: `PickBest`'s timings: the candidates in turn at one shared clock, or each in its own power state.
 POWER_STATES = ("shared", "own")
+#: `PickBest`'s timing unless told otherwise. "own": over the aligned bf16 group of
+#: benchmarks/gemm_shapes.py its choices ran 0.99-1.02x cuBLAS launched in turn with it on an H100
+#: and an H200, where "shared"'s ran down to 0.85x on the H100 (a tile that waits on DRAM, ranked
+#: first at the low clock of ten power-hungry candidates); each kernel on its own (H200), "own"'s
+#: geomean 0.99x, "shared"'s 0.97x (benchmarks/NOTES-sm90.md, sessions 40 and 41).
+DEFAULT_POWER_STATE = "own"
 
 
 def check_power_state(power_state: str) -> str:
@@ -426,25 +432,31 @@ class PickBest(Policy):
     ``compile_timeout``: seconds one compile may take in a worker before it is stopped and the
     kernel reported as failed (None: no limit).
 
-    ``settle_ms`` (default `_SETTLE_MS`, 200): GPU time of untimed rounds of the candidates
-    before the timed ones, so the winner is the fastest in the power state of sustained work
-    (a training step's GEMMs back to back). On a power-capped GPU that state can rank kernels
-    differently from the first tens of ms after idle: at tf32 4096^3 on an H200 the ping-pong
-    tile won the one and lost the other by 12 % (benchmarks/NOTES-sm90.md, session 33). 0 times
-    from whatever state the GPU is in.
+    ``settle_ms`` (default `_SETTLE_MS`, 200): GPU time of untimed launches before the timed
+    ones, so the winner is the fastest in the power state of sustained work (a training step's
+    GEMMs back to back). On a power-capped GPU that state can rank kernels differently from the
+    first tens of ms after idle: at tf32 4096^3 on an H200 the ping-pong tile won the one and
+    lost the other by 12 % (benchmarks/NOTES-sm90.md, session 33). 0 times from whatever state
+    the GPU is in.
 
-    ``power_state``: ``"shared"`` (the default) times the candidates in turn after the settle
-    rounds (`time_interleaved`), so all run at one clock and the fastest is the one that needs
-    the fewest cycles; ``"own"`` times each after ``settle_ms`` of its own launches
+    ``power_state``: how the candidates are timed. ``"own"`` (the default,
+    `DEFAULT_POWER_STATE`) times each after ``settle_ms`` of its own back-to-back launches
     (`time_own_state`), so each runs at the clock its own power draw allows, and the fastest is
     the one that finishes soonest when it alone runs back to back on a power-capped GPU: for
     large GEMMs in a sustained workload, a kernel that draws more power per cycle slows
-    everything at the cap. The two differ by up to 20 % (benchmarks/NOTES-f64.md, session 40:
-    on an H100 a bf16 ping-pong tile ran 0.78x cuBLAS on its own). The shared clock also
-    depends on which candidates are measured: on an H100 at bf16 4096x4096x14336, ten tiles
-    mostly of the power-hungry ping-pong kind ranked one first that ran 0.85x cuBLAS beside
-    cuBLAS, where ``"own"`` took one at 1.00x (NOTES-sm90.md, session 40). ``"own"`` costs
-    ``settle_ms`` of GPU time per candidate twice.
+    everything at the cap. ``"shared"`` times the candidates in turn after ``settle_ms`` of
+    untimed rounds (`time_interleaved`), so all run at one clock and the fastest is the one that
+    needs the fewest cycles at the clock their mix sets. The two differ by up to 20 %
+    (benchmarks/NOTES-f64.md, session 40: on an H100 a bf16 ping-pong tile ran 0.78x cuBLAS on
+    its own), and the shared clock depends on which candidates are measured: on an H100 at bf16
+    4096x4096x14336, ten tiles mostly of the power-hungry ping-pong kind ranked one first that
+    ran 0.85x cuBLAS beside cuBLAS. Over the aligned bf16 group of benchmarks/gemm_shapes.py,
+    launched in turn with cuBLAS, ``"own"``'s choices ran 0.99-1.02x cuBLAS on an H100 and an
+    H200, ``"shared"``'s 1.00-1.06x on the H200 and 0.85-1.03x on the H100; each kernel on its
+    own (H200), geomean 0.99x against 0.97x (NOTES-sm90.md, sessions 40 and 41). ``"own"``
+    costs ``settle_ms`` of GPU time per candidate twice (``"shared"``: once in all): about 5 s
+    for 10-24 candidates of a large GEMM, once per shape (the winner is recorded). Records of the
+    two timings are kept apart.
 
     ``bucket`` keys the records by a range of shapes instead of the exact shape (see
     `kernel_api.tuning.buckets`): ``"pow2_m"`` (M, or a softmax's rows, in power-of-two buckets
@@ -472,7 +484,7 @@ class PickBest(Policy):
                  records: TuningRecords | None = None, use_records: bool = True,
                  progress: Callable[[int, int, str], None] | None = None,
                  compile_timeout: float | None = 900.0, bucket: str | Bucket | None = None,
-                 settle_ms: float = _SETTLE_MS, power_state: str = "shared") -> None:
+                 settle_ms: float = _SETTLE_MS, power_state: str = DEFAULT_POWER_STATE) -> None:
         self.num_workers = num_workers
         self.settle_ms = settle_ms
         self.power_state = check_power_state(power_state)

@@ -49,7 +49,7 @@ from ..core.errors import DeviceError
 from .buckets import Bucket, bucket_reference
 from .compile_worker import (DEFAULT_COMPILE_TIMEOUT_S, arguments_from_description, compile_request,
                              compile_requests, describe_arguments, uncached, worker_environment)
-from .policies import PickBest, check_power_state, rank_candidates
+from .policies import DEFAULT_POWER_STATE, PickBest, check_power_state, rank_candidates
 from .records import TuningRecord, TuningRecords
 
 _log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class TuneOptions:
     force: bool = False
     bucket: Any = None  # a name or "module:function" (what a worker process can resolve), or a function
     compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S
-    power_state: str = "shared"  # PickBest's: the candidates timed at one clock, or each at its own
+    power_state: str = DEFAULT_POWER_STATE  # PickBest's: the candidates timed at one clock, or each at its own
 
 
 def tuning_cost(args: Any, repeat: int = 30) -> float:
@@ -258,7 +258,7 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
                 bucket: str | Bucket | None = None, compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
                 records: TuningRecords | None = None,
                 progress: Callable[[int, int, str], None] | None = None,
-                isolation: str = "threads", power_state: str = "shared") -> list[ShapeTuning]:
+                isolation: str = "threads", power_state: str = DEFAULT_POWER_STATE) -> list[ShapeTuning]:
     """Tune every problem of ``shapes`` with `PickBest`, sharded over the GPUs ``devices``, and
     write the winners to the tuning records.
 

@@ -232,8 +232,10 @@ def time_own_state(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup
     their own (0.78x on the H100) at 1320-1395 MHz against 1500, while the f64 128x128 tile
     took 2-3 % more cycles than DGEMM and ran 1.03-1.04x on its own at 1755-1815 MHz against
     1650-1695. Drift between the passes is not cancelled as interleaving cancels it; the
-    median over both passes halves it. Meant for calls of tens of microseconds and more: when
-    the host cannot keep the GPU busy, the idle gaps let the clock rise in any order.
+    median over both passes halves it. Where the host needs longer per launch than
+    ``gpu_floor_ms``, each timed share is queued behind a GPU spin (as in `time_interleaved`), so
+    the samples hold GPU time only; such calls cannot keep the GPU at its power cap anyway, and
+    rank as they would interleaved.
     """
     stream = torch.cuda.current_stream()
     host_ms, failures = _warm_up_each(runs, sets, warmup)
@@ -254,7 +256,7 @@ def time_own_state(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup
                     launches += 1
                     run((launches - 1) % sets)
                 behind_ms = share * (host_ms[key] + _EVENT_PAIR_MS - gpu_floor_ms)
-                if behind_ms > 0 and not settle:  # (after settle launches the queue is ahead)
+                if behind_ms > 0:  # (a host slower than the call: the settle launches left no queue)
                     gpu_sleep(min(MAX_HEAD_START_MS, 1.25 * behind_ms + 0.05), stream)
                 for _ in range(share):
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
