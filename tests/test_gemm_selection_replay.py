@@ -91,6 +91,11 @@ S40 = [f"gemm_shapes-NVIDIA_H200-s40-{tag}.json" for tag in (
     f"gemm_shapes-NVIDIA_H100_80GB_HBM3-s40-{tag}-h100.json" for tag in (
         "aligned-sustained", "aligned-own", "f64-own-pickown", "aligned-swz16sk-sustained",
         "aligned-swz16sk-pickown-sustained", "kheavy-pickown")]
+#: Session 41's: the aligned group with PickBest in its own power state on an H200, and with
+#: PickBest's new default (the same timing) on an H100, with the small group there.
+S41 = ["gemm_shapes-NVIDIA_H200-s41-aligned-pickown-sustained.json",
+       "gemm_shapes-NVIDIA_H100_80GB_HBM3-s41-aligned-default-sustained-h100.json",
+       "gemm_shapes-NVIDIA_H100_80GB_HBM3-s41-small-default-h100.json"]
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
          "gemm_shapes-NVIDIA_H200-s25-f64.json", SPLIT_ALL, NARROW, FINAL,
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s28-h100.json", "gemm_shapes-NVIDIA_H200-s29-clusters.json",
@@ -101,7 +106,7 @@ FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.
          MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224, WAVE_FIT_224_H100, SMALL, SMALL_H100, MODELS_MORE_H100,
          BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY, ODD_HELDOUT, ODD_HELDOUT2, ODD_H100, ODD_WIDE_F32, ODD_WIDE_F64,
          ODD_WIDE_F64_ALIGN1, ODD_WIDE_F64_FINAL, F64_S39, *ODD_WIDE_H100, ODD_NARROW,
-         *AFTER_2048, *S40]
+         *AFTER_2048, *S40, *S41]
 
 #: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
 #: (file, case, the ratio best / choice before them, the family PickAny takes now). The
