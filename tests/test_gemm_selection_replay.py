@@ -93,11 +93,13 @@ S40 = [f"gemm_shapes-NVIDIA_H200-s40-{tag}.json" for tag in (
         "aligned-swz16sk-pickown-sustained", "kheavy-pickown")]
 #: Session 41's: the aligned group with PickBest in its own power state on an H200, and with
 #: PickBest's new default (the same timing) on an H100, with the small group there; the f32 and
-#: f64 groups with the new default on an H200, launched in turn and (tf32) each on its own.
+#: f64 groups with the new default on an H200, launched in turn and (tf32) each on its own, and
+#: the Llama-3-8B layer's GEMMs (held out from the choice of the default).
 S41 = ["gemm_shapes-NVIDIA_H200-s41-aligned-pickown-sustained.json",
        "gemm_shapes-NVIDIA_H100_80GB_HBM3-s41-aligned-default-sustained-h100.json",
        "gemm_shapes-NVIDIA_H100_80GB_HBM3-s41-small-default-h100.json",
-       "gemm_shapes-NVIDIA_H200-s41-f32-f64-default.json", "gemm_shapes-NVIDIA_H200-s41-tf32-own-default.json"]
+       "gemm_shapes-NVIDIA_H200-s41-f32-f64-default.json", "gemm_shapes-NVIDIA_H200-s41-tf32-own-default.json",
+       "gemm_shapes-NVIDIA_H200-s41-models-default.json"]
 FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
          "gemm_shapes-NVIDIA_H200-s25-f64.json", SPLIT_ALL, NARROW, FINAL,
          "gemm_shapes-NVIDIA_H100_80GB_HBM3-s28-h100.json", "gemm_shapes-NVIDIA_H200-s29-clusters.json",
