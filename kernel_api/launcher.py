@@ -12,7 +12,9 @@ shapes, strides, pointer alignment, device) equal ``args``' is one call
   calls with equal metadata, without building arguments (`Launcher.launch`);
 - when ``function`` is a TVM-FFI function (`Launcher.ffi`), `kernel_api.ops` records
   ``(function, tail)`` in the C launch table (`kernel_api.native`), which launches repeated
-  calls without Python at all.
+  calls without Python at all; a kernel that launches through torch instead offers
+  ``torch_call`` (``torch_call(*inputs, out=output)`` on the current stream), which the C table
+  calls for repeated plain `ops.gemm` calls on the current stream.
 
 The stream comes last: a ``cuda.bindings`` CUstream from the Python paths
 (`kernel_api.core.streams.to_cuda_stream`), the raw pointer (or None for the current stream)
@@ -66,15 +68,22 @@ class Launcher:
     kernel's ``keep_gil_during_launch`` is False) is bound through the native entry points,
     whose launches hold the GIL; one that releases the GIL around calls is bound as a plain
     partial, which lets other threads run while it launches.
+
+    ``torch_call``: for a kernel that launches through torch (no tail), a callable doing the
+    same work as ``function`` on the caller's current stream, called as
+    ``torch_call(*inputs, out=output)`` with the tensors in order, the output last (torch.matmul
+    for `TorchGemm`). The C launch table then runs repeated plain calls of `kernel_api.ops.gemm`
+    without Python frames of ours: torch.matmul's own host time plus about a microsecond.
     """
 
-    __slots__ = ("function", "tail", "ffi")
+    __slots__ = ("function", "tail", "ffi", "torch_call")
 
     function: Callable[..., Any]
     tail: tuple
     ffi: bool
+    torch_call: Callable[..., Any] | None
 
-    def __init__(self, compiled: Any, tail: Sequence[Any] = ()) -> None:
+    def __init__(self, compiled: Any, tail: Sequence[Any] = (), torch_call: Callable[..., Any] | None = None) -> None:
         if isinstance(compiled, CompiledArtifact):
             compiled = compiled.compiled_obj
         resolved = ffi_function(compiled)
@@ -88,9 +97,13 @@ class Launcher:
             constants = None
         if constants is None:
             raise TypeError(f"Launcher: tail must be a sequence of the constants after the tensors, got {tail!r}")
+        if torch_call is not None and (not callable(torch_call) or constants or resolved is not None):
+            raise TypeError("Launcher: torch_call must be a callable, for a torch-launched function without a tail, "
+                            f"got {torch_call!r}")
         object.__setattr__(self, "function", function)
         object.__setattr__(self, "tail", constants)
         object.__setattr__(self, "ffi", resolved is not None)
+        object.__setattr__(self, "torch_call", torch_call)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Launcher is immutable (cannot set {name})")
@@ -101,7 +114,9 @@ class Launcher:
     def __repr__(self) -> str:
         function = getattr(self, "function", None)
         name = getattr(function, "__name__", type(function).__name__)
-        return f"Launcher({name}, tail={getattr(self, 'tail', None)!r}, ffi={getattr(self, 'ffi', None)})"
+        call = getattr(self, "torch_call", None)
+        return (f"Launcher({name}, tail={getattr(self, 'tail', None)!r}, ffi={getattr(self, 'ffi', None)}"
+                f"{'' if call is None else ', torch_call=' + getattr(call, '__name__', type(call).__name__)})")
 
     def launch(self, tensors: Sequence[torch.Tensor], stream: Any) -> None:
         """Launch for ``tensors`` (in ``args.tensor_attributes`` order) on ``stream`` (a CUstream)."""

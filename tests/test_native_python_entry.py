@@ -403,3 +403,88 @@ def test_entry_points_name_their_arguments_when_called_wrongly(entry):
                  lambda: entry.launch("not a tag", None, x)):
         with pytest.raises(TypeError):  # tags are ints
             call()
+
+
+class TorchCallSpy:
+    """A torch call as `TorchGemm` records one (torch.matmul): computes, and logs what it saw."""
+
+    def __init__(self, raises: Exception | None = None):
+        self.calls = []
+        self.raises = raises
+
+    def __call__(self, A, B, *, out):
+        self.calls.append((seen(A), seen(B), seen(out)))
+        if self.raises is not None:
+            raise self.raises
+        return torch.matmul(A, B, out=out)
+
+
+def _python_launch(*args):
+    raise AssertionError("a recorded torch call must not go through the launcher's Python function")
+
+
+def test_ops_gemm_runs_a_recorded_torch_call_from_c(entry):
+    """A launcher with ``torch_call`` (a kernel launching through torch) is recorded for the
+    operands' metadata; repeated plain calls on the current stream run it from gemm_plain, the
+    output passed as ``out=`` (a new one for out=None), its version bumped. Other streams,
+    overlapping outputs and other metadata are left to the Python path."""
+    import kernel_api
+
+    spy = TorchCallSpy()
+    A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
+    ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, out), ops._GEMM_TAG)
+    assert ops._gemm_plain is entry.gemm_plain and entry.calls() == 1
+    version = out._version
+    assert ops.gemm(A, B, out=out) is out and spy.calls[-1] == (seen(A), seen(B), seen(out))
+    assert torch.allclose(out, A @ B) and out._version > version
+    A.copy_(torch.randn(16, 8))  # new data, same metadata
+    assert ops.gemm(A, B, out=out) is out and torch.allclose(out, A @ B) and len(spy.calls) == 2
+    spare = torch.empty(16, 4)
+    ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, spare), ops._GEMM_TAG)
+    entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, lambda A, B: spare, ops.to_cuda_stream,
+                        ops._increment_version)
+    try:
+        assert ops.gemm(A, B) is spare  # out=None: run into new_output's tensor
+    finally:
+        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, ops._new_gemm_output,
+                            ops.to_cuda_stream, ops._increment_version)
+    assert spy.calls[-1][2] == seen(spare) and torch.allclose(spare, A @ B) and len(spy.calls) == 3
+    plain = lambda **kw: entry.gemm_plain(ops._GEMM_TAG, kw.get("A", A), B, kw.get("out", out), 1.0, 0.0, None, None,
+                                          None, None, kw.get("stream"))  # noqa: E731
+    assert plain(stream=12345) is None  # not the current stream: the Python path
+    wide = torch.empty(32, 8)
+    assert plain(A=wide[:16], out=wide[16:, :4]) is None  # other metadata (strides): no entry
+    alias = torch.empty(16, 8)
+    ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (alias, B, alias[:, :4]),
+                           ops._GEMM_TAG)
+    assert plain(A=alias, out=alias[:, :4]) is None  # the output overlaps A: the Python path judges
+    with kernel_api.settings(policy=kernel_api.PickAny()):
+        assert plain() is None  # another policy has no entry
+    assert len(spy.calls) == 3
+    ops.clear_dispatch_cache()
+    assert entry.calls() == 0 and plain() is None
+
+
+def test_a_torch_call_that_raises_is_left_to_the_python_path(entry):
+    import kernel_api
+
+    spy = TorchCallSpy(raises=RuntimeError("cuBLAS failed"))
+    A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
+    ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, out), ops._GEMM_TAG)
+    assert entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None) is None
+    assert len(spy.calls) == 1
+    with pytest.raises(kernel_api.errors.DeviceError):  # the Python path explains (CPU operands here)
+        ops.gemm(A, B, out=out)
+
+
+def test_record_call_names_its_arguments_and_declines_what_it_cannot_key(entry):
+    x = torch.randn(4, 4)
+    with pytest.raises(TypeError, match=r"record_call\(tag, call, \*tensors\)"):
+        entry.record_call(1, torch.matmul)
+    with pytest.raises(TypeError, match="call must be callable"):
+        entry.record_call(1, "torch.matmul", x, x, x)
+    assert entry.record_call(1, torch.matmul, x, x, torch.empty(4, 4, device="meta")) is False
+    assert entry.calls() == 0
+    with pytest.raises(TypeError, match="torch_call must be a callable"):
+        Launcher(_python_launch, (1,), torch_call=torch.matmul)  # a tail: not a torch launch
+    assert "torch_call=matmul" in repr(Launcher(_python_launch, torch_call=torch.matmul))

@@ -268,3 +268,39 @@ def test_pickany_weighs_cublas_per_output_work_against_short_k(M, N, K, ours):
                          epilogue=kernel_api.EpilogueArguments(bias=torch.empty(N, **bf)))
     first = _ranked(args)[0]
     assert first.startswith("Sm90" if ours else "TorchGemm"), first
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allocate", [False, True])
+def test_ops_gemm_runs_torch_chosen_problems_from_the_c_table(allocate):
+    """A problem the policy gives cuBLAS (`TorchGemm`) is recorded as a torch call after its first
+    ops.gemm; repeated plain calls run torch.matmul from the C entry points (nothing reaches ops'
+    Python fast path) and write the right values (into a NaN-filled output, or a new one)."""
+    from kernel_api import native
+    from kernel_api.ops import dispatch as ops
+
+    if native.entry() is None:
+        pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
+    ops.clear_dispatch_cache()
+    A = torch.randn(96, 72, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(80, 72, device="cuda", dtype=torch.bfloat16).t()
+    out = torch.empty(96, 80, device="cuda", dtype=torch.bfloat16)
+    with kernel_api.settings(providers="torch"):
+        kernel_api.ops.gemm(A, B) if allocate else kernel_api.ops.gemm(A, B, out=out)
+        assert native.entry().calls() == 1
+        ops._fast.clear()
+        for _ in range(2):
+            A.copy_(torch.randn_like(A))
+            if allocate:
+                got = kernel_api.ops.gemm(A, B)
+            else:
+                out.fill_(float("nan"))
+                got = kernel_api.ops.gemm(A, B, out=out)
+                assert got is out
+            torch.cuda.synchronize()
+            assert _rel(got, A.double() @ B.double()) <= 1e-2
+        # served from C: the Python path would have recorded its launch again (allocating calls:
+        # where the caching allocator hands out memory of other pointer alignment, they miss)
+        assert allocate or not ops._fast
+    ops.clear_dispatch_cache()
+    assert native.entry().calls() == 0

@@ -116,20 +116,6 @@ void ByteRange(const DLTensor* t, uintptr_t* first, uintptr_t* end) {
   *end = *first + static_cast<uintptr_t>(span + 1) * bytes;
 }
 
-// Whether the last tensor (the one a launch writes) may share memory with another operand.
-// Conservative (byte ranges): such calls go back to Python, which judges them exactly.
-bool OutputMayOverlap(const TVMFFIAny* tensors, int count) {
-  uintptr_t out_first, out_end;
-  ByteRange(AsTensor(tensors[count - 1]), &out_first, &out_end);
-  if (out_first == out_end) return false;
-  for (int i = 0; i < count - 1; ++i) {
-    uintptr_t first, end;
-    ByteRange(AsTensor(tensors[i]), &first, &end);
-    if (first < out_end && out_first < end) return true;
-  }
-  return false;
-}
-
 int RaiseError(const char* kind, const char* message) {
   TVMFFIErrorSetRaisedFromCStr(kind, message);
   return -1;
@@ -144,6 +130,18 @@ void SetBool(TVMFFIAny* result, bool value) {
 }  // namespace
 
 namespace kernel_api_native {
+
+bool OutputMayOverlap(const TVMFFIAny* tensors, int count) {
+  uintptr_t out_first, out_end;
+  ByteRange(AsTensor(tensors[count - 1]), &out_first, &out_end);
+  if (out_first == out_end) return false;
+  for (int i = 0; i < count - 1; ++i) {
+    uintptr_t first, end;
+    ByteRange(AsTensor(tensors[i]), &first, &end);
+    if (first < out_end && out_first < end) return true;
+  }
+  return false;
+}
 
 bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key) {
   key->reserve(sizeof(int64_t) * (2 + count * (4 + 2 * 3)));

@@ -23,4 +23,8 @@ int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensor
 // memory behind a non-empty tensor: a tracer's fake tensor).
 bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key);
 
+// Whether the last of `tensors` (the one a launch writes) may share memory with another of them.
+// Conservative (byte ranges): such calls go back to Python, which judges them exactly.
+bool OutputMayOverlap(const TVMFFIAny* tensors, int count);
+
 }  // namespace kernel_api_native

@@ -18,6 +18,10 @@
 //   remember(tag, value, *tensors) -> bool; recall(tag, *tensors) -> value | None; forget()
 //       a dictionary keyed like the launch table (dtypes, devices, shapes, strides, pointer
 //       alignment): what Python computed from tensors' metadata, found again without Python.
+//   record_call(tag, call, *tensors) -> bool; forget_calls(); calls() -> int
+//       torch calls keyed like the launch table, for kernels that launch through torch on the
+//       current stream (cuBLAS through torch.matmul): gemm_plain calls call(A, B, out=out) for a
+//       plain call on the current stream that the table itself has no entry for.
 //
 // Tensors carrying torch's lazy negative or conjugate bit (which DLPack cannot express) are never
 // read (see "Lazy bits" below): launch, gemm_plain and recall miss, remember declines, and bind
@@ -465,8 +469,47 @@ bool BumpVersion(PyObject* out) {
   return true;
 }
 
+// ---- torch calls ---------------------------------------------------------------------------
+
+// Guarded by the GIL (every caller holds it). Values are strong references.
+std::unordered_map<std::string, PyObject*> torch_calls;
+constexpr size_t kTorchCallLimit = 4096;
+PyObject* out_kwnames = nullptr;  // ("out",): the output passed by keyword, as torch functions take it
+
+void ForgetTorchCalls() {
+  std::unordered_map<std::string, PyObject*> old;
+  old.swap(torch_calls);
+  for (auto& item : old) Py_DECREF(item.second);  // may run Python code: the map is already empty
+}
+
+// Runs the torch call recorded under `tag` for the operands' metadata as call(*inputs, out=output),
+// the output being the last operand, on the current stream. 1 when it ran; 0 when none is recorded
+// or the output may share memory with an input; -1 with a Python error (the call raised).
+int CallRecorded(long long tag, PyObject* const* objects, const TVMFFIAny* operands, int count) {
+  if (torch_calls.empty()) return 0;
+  thread_local std::string key;  // reused: no allocation per call once it has grown
+  key.clear();
+  if (!kernel_api_native::TensorKey(tag, operands, count, &key)) return 0;
+  auto found = torch_calls.find(key);
+  if (found == torch_calls.end() || kernel_api_native::OutputMayOverlap(operands, count)) return 0;
+  if (out_kwnames == nullptr) {
+    PyObject* name = PyUnicode_InternFromString("out");
+    if (name == nullptr) return -1;
+    out_kwnames = PyTuple_Pack(1, name);
+    Py_DECREF(name);
+    if (out_kwnames == nullptr) return -1;
+  }
+  PyObject* call = found->second;
+  Py_INCREF(call);  // held during the call: Python code it runs may forget the entry
+  PyObject* result = PyObject_Vectorcall(call, objects, static_cast<size_t>(count - 1), out_kwnames);
+  Py_DECREF(call);
+  if (result == nullptr) return -1;
+  Py_DECREF(result);
+  return 1;
+}
+
 // ops.gemm(A, B, out, ...) for a plain call whose operands' metadata the launch table has an entry
-// for: launched, and the output returned; None (no Python error) whenever it declines, and the
+// for (or, on the current stream, a recorded torch call): launched, and the output returned; None (no Python error) whenever it declines, and the
 // caller's Python path decides. The contract (the 11 arguments, when it declines or raises, who
 // calls it) is documented in one place: docs/architecture.md, "The gemm_plain contract".
 PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -533,6 +576,14 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     TVMFFIErrorMoveFromRaised(&error);
     if (error != nullptr) TVMFFIObjectDecRef(error);
     launched = false;
+  }
+  if (!launched && args[10] == Py_None) {
+    const int called = CallRecorded(tag, objects, operands, 3);
+    if (called < 0) {
+      PyErr_Clear();  // the Python path runs the call again and reports
+    } else {
+      launched = called == 1;
+    }
   }
   if (!launched) {
     Py_DECREF(target);
@@ -609,6 +660,41 @@ PyObject* Remember(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   Py_RETURN_TRUE;
 }
+
+PyObject* RecordCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 3 || nargs - 2 > kMaxTensors) {
+    PyErr_SetString(PyExc_TypeError, "record_call(tag, call, *tensors): between 1 and 8 tensors");
+    return nullptr;
+  }
+  if (!Configured()) return nullptr;
+  const long long tag = PyLong_AsLongLong(args[0]);
+  if (tag == -1 && PyErr_Occurred()) return nullptr;
+  if (!PyCallable_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "record_call: call must be callable");
+    return nullptr;
+  }
+  std::string key;
+  if (!MetadataKey(tag, args + 2, static_cast<int>(nargs - 2), &key)) {
+    PyErr_Clear();  // tensors that cannot be keyed (meta, fake, no DLPack form): nothing recorded
+    Py_RETURN_FALSE;
+  }
+  if (torch_calls.size() >= kTorchCallLimit) ForgetTorchCalls();
+  Py_INCREF(args[1]);
+  auto inserted = torch_calls.emplace(std::move(key), args[1]);
+  if (!inserted.second) {
+    PyObject* old = inserted.first->second;
+    inserted.first->second = args[1];
+    Py_DECREF(old);
+  }
+  Py_RETURN_TRUE;
+}
+
+PyObject* ForgetCalls(PyObject*, PyObject*) {
+  ForgetTorchCalls();
+  Py_RETURN_NONE;
+}
+
+PyObject* TorchCallCount(PyObject*, PyObject*) { return PyLong_FromSize_t(torch_calls.size()); }
 
 PyObject* ForgetAll(PyObject*, PyObject*) {
   Forget();
@@ -851,6 +937,11 @@ PyMethodDef methods[] = {
      "remember(tag, value, *tensors) -> bool: remember value for these tensors' metadata (False: cannot key them)."},
     {"forget", ForgetAll, METH_NOARGS, "forget(): drop every remembered value."},
     {"remembered", RememberedCount, METH_NOARGS, "remembered() -> int: how many values are remembered."},
+    {"record_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(RecordCall)), METH_FASTCALL,
+     "record_call(tag, call, *tensors) -> bool: gemm_plain runs call(*inputs, out=output) for these tensors' "
+     "metadata on the current stream (False: cannot key them)."},
+    {"forget_calls", ForgetCalls, METH_NOARGS, "forget_calls(): drop every recorded torch call."},
+    {"calls", TorchCallCount, METH_NOARGS, "calls() -> int: how many torch calls are recorded."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -182,6 +182,8 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             _fast[fast_key] = (launcher, index, token, extents)
         if tag and launcher.ffi:
             _record_native(launcher, token, tensors, tag)
+        elif tag == _GEMM_TAG and launcher.torch_call is not None:
+            _record_torch_call(launcher, token, tensors, tag)
 
 
 def _epilogue_entry(launcher: Launcher, bias: Any, index: int, token: Any, extents: tuple) -> tuple | None:
@@ -213,7 +215,7 @@ def _log_fast_path(kernel: Any, artifact: Any, args: Any, fast_key: tuple | None
     launcher = kernel._launcher(args, artifact)
     if launcher is None:
         _log.debug("%s: no fast path (_launcher returned None); every call goes through Kernel.run", name)
-    elif tag and not launcher.ffi:
+    elif tag and not launcher.ffi and (tag != _GEMM_TAG or launcher.torch_call is None):
         _log.debug("%s: not a TVM-FFI function, so not in the C launch table; repeated calls use the Python "
                    "fast path", name)
     elif tag and native.table() is None:
@@ -221,15 +223,14 @@ def _log_fast_path(kernel: Any, artifact: Any, args: Any, fast_key: tuple | None
                    native.why_not())
 
 
-def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) -> None:
-    """Enter ``launcher`` (a TVM-FFI function's) in the C launch table under ``tag`` for
-    operands with ``tensors``' raw metadata."""
+def _load_table() -> bool:
+    """Load the C launch table and its CPython entry points once; whether the table is there."""
     global _table, _table_launch, _gemm_plain
     if _table is None:
         _table = native.table()
         if _table is None:
             # (no log record here: every softmax call comes here then; `_log_fast_path` says it once)
-            return
+            return False
         entry = native.entry()
         if entry is not None:
             _table_launch = entry.launch  # reads torch tensors without allocating (python_entry.cc)
@@ -241,11 +242,43 @@ def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) ->
                        native.why_not_entry())
             _table.launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
             _table_launch = _declining_lazy_bits(_table.launch)
+    return True
+
+
+def _tag_policy(policy: Any) -> None:
+    """Keep ``policy`` alive while its id() tags entries of the C table (clearing the table and
+    the recorded torch calls when too many policies have)."""
     if id(policy) not in _tagged_policies and len(_tagged_policies) >= _FAST_LIMIT:
         _table.clear()  # a policy per call would otherwise keep every policy alive
+        _forget_torch_calls()
         _tagged_policies.clear()
     _tagged_policies[id(policy)] = policy
+
+
+def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) -> None:
+    """Enter ``launcher`` (a TVM-FFI function's) in the C launch table under ``tag`` for
+    operands with ``tensors``' raw metadata."""
+    if not _load_table():
+        return
+    _tag_policy(policy)
     _table.record(id(policy) | tag, launcher.function, len(tensors), *tensors, *launcher.tail)
+
+
+def _record_torch_call(launcher: Launcher, policy: Any, tensors: tuple, tag: int) -> None:
+    """Enter ``launcher.torch_call`` (a kernel launching through torch: `TorchGemm`) in the C
+    entry points' torch calls under ``tag`` for operands with ``tensors``' raw metadata:
+    ``gemm_plain`` then runs ``torch_call(A, B, out=out)`` for repeated plain calls on the
+    current stream (other streams take the Python path)."""
+    if not _load_table() or _gemm_plain is None:
+        return
+    _tag_policy(policy)
+    native.entry().record_call(id(policy) | tag, launcher.torch_call, *tensors)
+
+
+def _forget_torch_calls() -> None:
+    entry = native.entry() if _gemm_plain is not None else None
+    if entry is not None:
+        entry.forget_calls()
 
 
 def _declining_lazy_bits(launch: Any) -> Any:
@@ -574,4 +607,5 @@ def clear_dispatch_cache() -> None:
     _fast.clear()
     if _table is not None:
         _table.clear()
+        _forget_torch_calls()
     _tagged_policies.clear()

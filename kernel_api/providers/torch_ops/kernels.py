@@ -276,7 +276,10 @@ class TorchGemm(_TorchKernel):
         own, which `kernel_api.ops` replaces by each call's."""
         epilogue = args.epilogue
         if epilogue is None:
-            return Launcher(_matmul_launch)
+            # torch_call: repeated plain ops.gemm calls on the current stream run from the C entry
+            # points: 1.4-2.1 us of host time over torch.matmul's own where ops' Python path took
+            # 8.5-10.3 (bf16, an H200 host; benchmarks/host_latency_torch.py, session 41)
+            return Launcher(_matmul_launch, torch_call=torch.matmul)
         if (args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0 and epilogue.bias is not None
                 and epilogue.bias_kind == "row"):
             if epilogue.activation is None:
