@@ -618,6 +618,27 @@ bool MetadataKey(long long tag, PyObject* const* objects, int count, std::string
   return kernel_api_native::TensorKey(tag, operands, count, key);
 }
 
+// Keeps `value` (a new strong reference) in *store under the key of (tag, tensors), emptying the
+// store first (`forget`) when it holds `limit` values: Python's True, or False (no Python error)
+// when the tensors cannot be keyed (meta, fake, no DLPack form).
+PyObject* StoreByMetadata(std::unordered_map<std::string, PyObject*>* store, size_t limit, void (*forget)(),
+                          long long tag, PyObject* value, PyObject* const* tensors, int count) {
+  std::string key;
+  if (!MetadataKey(tag, tensors, count, &key)) {
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+  }
+  if (store->size() >= limit) forget();
+  Py_INCREF(value);
+  auto inserted = store->emplace(std::move(key), value);
+  if (!inserted.second) {
+    PyObject* old = inserted.first->second;
+    inserted.first->second = value;
+    Py_DECREF(old);
+  }
+  Py_RETURN_TRUE;
+}
+
 PyObject* Recall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 2 || nargs - 1 > kMaxTensors) {
     PyErr_SetString(PyExc_TypeError, "recall(tag, *tensors): between 1 and 8 tensors");
@@ -645,20 +666,7 @@ PyObject* Remember(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!Configured()) return nullptr;
   const long long tag = PyLong_AsLongLong(args[0]);
   if (tag == -1 && PyErr_Occurred()) return nullptr;
-  std::string key;
-  if (!MetadataKey(tag, args + 2, static_cast<int>(nargs - 2), &key)) {
-    PyErr_Clear();  // tensors that cannot be keyed (meta, fake, no DLPack form): nothing to remember
-    Py_RETURN_FALSE;
-  }
-  if (remembered.size() >= kRememberLimit) Forget();
-  Py_INCREF(args[1]);
-  auto inserted = remembered.emplace(std::move(key), args[1]);
-  if (!inserted.second) {
-    PyObject* old = inserted.first->second;
-    inserted.first->second = args[1];
-    Py_DECREF(old);
-  }
-  Py_RETURN_TRUE;
+  return StoreByMetadata(&remembered, kRememberLimit, Forget, tag, args[1], args + 2, static_cast<int>(nargs - 2));
 }
 
 PyObject* RecordCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -673,20 +681,8 @@ PyObject* RecordCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "record_call: call must be callable");
     return nullptr;
   }
-  std::string key;
-  if (!MetadataKey(tag, args + 2, static_cast<int>(nargs - 2), &key)) {
-    PyErr_Clear();  // tensors that cannot be keyed (meta, fake, no DLPack form): nothing recorded
-    Py_RETURN_FALSE;
-  }
-  if (torch_calls.size() >= kTorchCallLimit) ForgetTorchCalls();
-  Py_INCREF(args[1]);
-  auto inserted = torch_calls.emplace(std::move(key), args[1]);
-  if (!inserted.second) {
-    PyObject* old = inserted.first->second;
-    inserted.first->second = args[1];
-    Py_DECREF(old);
-  }
-  Py_RETURN_TRUE;
+  return StoreByMetadata(&torch_calls, kTorchCallLimit, ForgetTorchCalls, tag, args[1], args + 2,
+                         static_cast<int>(nargs - 2));
 }
 
 PyObject* ForgetCalls(PyObject*, PyObject*) {
