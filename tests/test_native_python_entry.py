@@ -488,3 +488,35 @@ def test_record_call_names_its_arguments_and_declines_what_it_cannot_key(entry):
     with pytest.raises(TypeError, match="torch_call must be a callable"):
         Launcher(_python_launch, (1,), torch_call=torch.matmul)  # a tail: not a torch launch
     assert "torch_call=matmul" in repr(Launcher(_python_launch, torch_call=torch.matmul))
+
+
+def test_f32_entries_are_kept_per_tf32_flag(entry):
+    """The choice for f32 operands follows torch's TF32 flag, so gemm_plain looks f32 GEMMs up
+    under the tag with `_TF32_TAG` set while torch allows TF32: an entry recorded with the flag
+    off is not used with it on (the Python path chooses again), and the other way round. Without
+    the flag's hook (configure_ops with None) f32 operands are declined."""
+    spy = TorchCallSpy()
+    A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
+    plain = lambda: entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None)  # noqa: E731
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, out), ops._GEMM_TAG)
+        assert plain() is out and len(spy.calls) == 1
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert plain() is None and len(spy.calls) == 1  # chosen with TF32 off: not used with it on
+        ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, out),
+                               ops._GEMM_TAG | ops._TF32_TAG)
+        assert plain() is out and len(spy.calls) == 2
+        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, ops._new_gemm_output,
+                            ops.to_cuda_stream, ops._increment_version, None)
+        try:
+            assert plain() is None and len(spy.calls) == 2  # no way to read the flag: declined
+        finally:
+            entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, ops._new_gemm_output,
+                                ops.to_cuda_stream, ops._increment_version, ops._tf32_allowed)
+        half = (A.half(), B.half(), out.half())  # other dtypes: no TF32 bit
+        ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, half, ops._GEMM_TAG)
+        assert entry.gemm_plain(ops._GEMM_TAG, *half, 1.0, 0.0, None, None, None, None, None) is half[2]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved

@@ -11,7 +11,11 @@
 //   bind(function, tensors, tail) -> BoundLaunch
 //       BoundLaunch(stream) calls function(*tensors, *tail, stream), reading the tensors' current
 //       metadata at each call; `tail` (None, bool, int, float) is converted once.
-//   configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version)
+//   configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version
+//                 [, tf32_allowed])
+//       tf32_allowed() -> bool (torch's cuBLAS TF32 flag): f32 GEMMs are looked up under the tag
+//       with kTf32Tag set while it is True, since the choice for f32 operands follows it; without
+//       it gemm_plain declines f32 operands
 //   gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
 //       -> out | None: `kernel_api.ops.gemm`'s table launch for a plain call; its contract is in
 //       docs/architecture.md ("The gemm_plain contract")
@@ -347,6 +351,10 @@ PyObject* Launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 // ---- ops.gemm's plain calls ------------------------------------------------------------------
 
+// OR'd into an f32 GEMM's tag while torch allows TF32 (kernel_api.ops.dispatch._TF32_TAG): the
+// op tags take the low two bits, and policy ids are 16-byte aligned addresses.
+constexpr long long kTf32Tag = 4;
+
 // What `kernel_api.ops` hands over in configure_ops (strong references).
 struct OpsHooks {
   PyObject* settings = nullptr;        // the ContextVar of kernel_api.settings (.policy_id)
@@ -355,6 +363,7 @@ struct OpsHooks {
   PyObject* new_output = nullptr;      // (A, B) -> the tensor ops.gemm allocates for out=None
   PyObject* to_stream = nullptr;       // kernel_api.utils.to_cuda_stream
   PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a tuple of tensors)
+  PyObject* tf32_allowed = nullptr;    // torch._C._get_cublas_allow_tf32, or None: f32 declined
   // Its C function and self when it is a METH_O builtin (as in torch 2.x), called directly.
   PyCFunction increment_version_function = nullptr;
   PyObject* increment_version_self = nullptr;  // (borrowed: increment_version holds it)
@@ -364,10 +373,16 @@ struct OpsHooks {
 } ops;
 
 PyObject* ConfigureOps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 6) {
+  if (nargs != 6 && nargs != 7) {
     PyErr_SetString(PyExc_TypeError,
-                    "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version)");
+                    "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version"
+                    "[, tf32_allowed])");
     return nullptr;
+  }
+  if (nargs == 7) {  // (six: the hook stays as it was)
+    PyObject* hook = args[6] == Py_None ? nullptr : args[6];
+    Py_XINCREF(hook);
+    Py_XSETREF(ops.tf32_allowed, hook);
   }
   PyObject** slots[] = {&ops.settings,   &ops.dispatch_modes, &ops.grad_enabled,
                         &ops.new_output, &ops.to_stream,      &ops.increment_version};
@@ -554,6 +569,18 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_XDECREF(target);
     Py_RETURN_NONE;
   }
+  long long keyed_tag = tag;
+  if (tensors[0].dtype.code == kDLFloat && tensors[0].dtype.bits == 32) {
+    // f32: the choice follows torch's TF32 flag, so entries are kept per flag (kTf32Tag)
+    PyObject* allowed = ops.tf32_allowed == nullptr ? nullptr : PyObject_CallNoArgs(ops.tf32_allowed);
+    if (allowed == nullptr) {
+      PyErr_Clear();
+      Py_DECREF(target);
+      Py_RETURN_NONE;
+    }
+    if (allowed == Py_True) keyed_tag |= kTf32Tag;
+    Py_DECREF(allowed);
+  }
   PyObject* stream_object = args[10];
   if (stream_object != Py_None) {
     stream_object = PyObject_CallOneArg(ops.to_stream, stream_object);
@@ -571,14 +598,14 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   bool launched = false;
   if (!stream_ok) {
     PyErr_Clear();
-  } else if (kernel_api_native::LaunchRecorded(tag, stream, operands, 3, &launched) != 0) {
+  } else if (kernel_api_native::LaunchRecorded(keyed_tag, stream, operands, 3, &launched) != 0) {
     TVMFFIObjectHandle error = nullptr;  // dropped: the Python path runs the call again and reports
     TVMFFIErrorMoveFromRaised(&error);
     if (error != nullptr) TVMFFIObjectDecRef(error);
     launched = false;
   }
   if (!launched && args[10] == Py_None) {
-    const int called = CallRecorded(tag, objects, operands, 3);
+    const int called = CallRecorded(keyed_tag, objects, operands, 3);
     if (called < 0) {
       PyErr_Clear();  // the Python path runs the call again and reports
     } else {
@@ -923,7 +950,7 @@ PyMethodDef methods[] = {
     {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Bind)), METH_FASTCALL,
      "bind(function, tensors, tail) -> BoundLaunch: function(*tensors, *tail, stream) per call."},
     {"configure_ops", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(ConfigureOps)), METH_FASTCALL,
-     "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version): what "
+     "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version[, tf32_allowed]): what "
      "gemm_plain uses."},
     {"gemm_plain", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(GemmPlain)), METH_FASTCALL,
      "gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream) -> out | None."},

@@ -54,6 +54,9 @@ _gemm_plain: Any = None
 _tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the C table alive
 # The op in the low bits of a C-table tag (policy ids are 16-byte aligned addresses).
 _GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
+# OR'd into an f32 GEMM's tag while torch allows TF32 (python_entry.cc's kTf32Tag): the choice for
+# f32 operands follows torch's matmul precision, so the C entries are kept per flag.
+_TF32_TAG = 4
 _Tensor = torch.Tensor
 #: Operand types the fast paths take as they are: plain tensors and parameters (nn layers pass
 #: their weight, or GPT-2's Conv1D weight itself, and their bias as `torch.nn.Parameter`; a
@@ -180,10 +183,13 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
                 return
             # keep policy alive (its id() is in the key); extents for the overlap check
             _fast[fast_key] = (launcher, index, token, extents)
+        # f32 GEMMs: recorded under the TF32 flag they were chosen with, which gemm_plain reads
+        # per call (the TVM-FFI table's own launch, without the entry points, cannot: none there)
+        recorded_tag = tag | _TF32_TAG if tf32 and tag == _GEMM_TAG else tag
         if tag and launcher.ffi:
-            _record_native(launcher, token, tensors, tag)
+            _record_native(launcher, token, tensors, recorded_tag, needs_entry_points=tf32 is not None)
         elif tag == _GEMM_TAG and launcher.torch_call is not None:
-            _record_torch_call(launcher, token, tensors, tag)
+            _record_torch_call(launcher, token, tensors, recorded_tag)
 
 
 def _epilogue_entry(launcher: Launcher, bias: Any, index: int, token: Any, extents: tuple) -> tuple | None:
@@ -235,7 +241,7 @@ def _load_table() -> bool:
         if entry is not None:
             _table_launch = entry.launch  # reads torch tensors without allocating (python_entry.cc)
             entry.configure_ops(_settings, _dispatch_modes, _grad_enabled, _new_gemm_output, to_cuda_stream,
-                                _increment_version)
+                                _increment_version, _tf32_allowed)
             _gemm_plain = entry.gemm_plain
         else:
             _log.debug("the launch table's CPython entry points are unavailable (%s): launching through TVM-FFI",
@@ -255,10 +261,12 @@ def _tag_policy(policy: Any) -> None:
     _tagged_policies[id(policy)] = policy
 
 
-def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int) -> None:
+def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int,
+                   needs_entry_points: bool = False) -> None:
     """Enter ``launcher`` (a TVM-FFI function's) in the C launch table under ``tag`` for
-    operands with ``tensors``' raw metadata."""
-    if not _load_table():
+    operands with ``tensors``' raw metadata (``needs_entry_points``: only where gemm_plain
+    serves the entry, f32 GEMMs keyed by the TF32 flag)."""
+    if not _load_table() or (needs_entry_points and _gemm_plain is None):
         return
     _tag_policy(policy)
     _table.record(id(policy) | tag, launcher.function, len(tensors), *tensors, *launcher.tail)
@@ -483,9 +491,9 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
             if given:
                 _increment_version((out,))
             return out
-    # (f32 calls stay out of the C launch table: their choice follows torch's matmul precision)
+    # (f32 entries of the C launch table are tagged by torch's TF32 flag: `_launch`, gemm_plain)
     _launch(GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue), stream, fast_key,
-            (A, B, out), _GEMM_TAG if epilogue is None and accumulator_type is None and A.dtype is not _f32 else 0)
+            (A, B, out), _GEMM_TAG if epilogue is None and accumulator_type is None else 0)
     if given:
         _increment_version((out,))
     return out
