@@ -20,7 +20,7 @@ that the launch queue never fills, so the host is timed and not the GPU; median 
 - ``ops.gemm(A, B, out=out)`` and ``ops.gemm(A, B)`` (allocating) after warm-up (served by the
   C launch table when it builds here), and ops' Python fast path, which serves them otherwise.
 
-Writes benchmarks/results/host_latency-<device>.json (and $OUT/ when set); prints a table last.
+Writes benchmarks/results/host_latency-<device>[-tag].json (and $OUT/ when set); prints a table last.
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=101)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--tag", default="", help="suffix of the JSON's name (host_latency-<device>-<tag>.json)")
     parser.add_argument("--providers", default="cutedsl,cuda_src",
                         help="providers ops and PickAny consider (default: ours; the bare call is our kernel's, and "
                              "PickAny ranks cuBLAS first for a problem this small)")
@@ -236,7 +237,7 @@ def measure(opts: argparse.Namespace) -> None:
         "gemm_arguments_recalled_natively": arguments._recall is not None,
         "native_entry_unavailable_because": kernel_api.native.why_not_entry(),
     }
-    name = f"host_latency-{device.replace(' ', '_')}.json"
+    name = f"host_latency-{device.replace(' ', '_')}{'-' + opts.tag if opts.tag else ''}.json"
     paths = [os.path.join(ROOT, "benchmarks", "results", name)]
     if os.environ.get("OUT"):
         paths.append(os.path.join(os.environ["OUT"], name))

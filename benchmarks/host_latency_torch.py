@@ -7,7 +7,7 @@ next to ``torch.matmul`` itself: what the front door costs when it does not laun
 the C launch table). Here the same method (host time per call, `host_latency.per_call_us`: back-to-back
 calls few enough that the launch queue never fills, rows interleaved, median over repeats; paired
 differences against ``torch.matmul(A, B, out=out)``) on problems PickAny gives cuBLAS: a small bf16
-product and f32 ones (f32 calls stay out of the C table: their choice follows torch's matmul precision).
+product and f32 ones (f32 entries are keyed by torch's TF32 flag, which their choice follows).
 Rows: ``torch.matmul(out=)``, ``ops.gemm(out=)``, ``ops.gemm`` allocating against ``torch.matmul``
 allocating, and `TorchGemm.run` on bound arguments. Writes
 benchmarks/results/host_latency_torch-<device>[-tag].json (and $OUT/ when set); prints a table last.

@@ -372,7 +372,7 @@ def test_gemm_plain_launches_only_plain_calls_outside_modes_and_autograd(entry):
     try:
         assert plain(out=None) is spare and fn.calls[-1][2] == seen(spare)  # out=None: launched into new_output's
     finally:
-        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, ops._new_gemm_output,
+        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, None,
                             ops.to_cuda_stream, ops._increment_version)
     assert plain(stream=12345) is out and fn.calls[-1][-1].value == 12345
 
@@ -412,8 +412,8 @@ class TorchCallSpy:
         self.calls = []
         self.raises = raises
 
-    def __call__(self, A, B, *, out):
-        self.calls.append((seen(A), seen(B), seen(out)))
+    def __call__(self, A, B, *, out=None):
+        self.calls.append((seen(A), seen(B)) if out is None else (seen(A), seen(B), seen(out)))
         if self.raises is not None:
             raise self.raises
         return torch.matmul(A, B, out=out)
@@ -446,7 +446,7 @@ def test_ops_gemm_runs_a_recorded_torch_call_from_c(entry):
     try:
         assert ops.gemm(A, B) is spare  # out=None: run into new_output's tensor
     finally:
-        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, ops._new_gemm_output,
+        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, None,
                             ops.to_cuda_stream, ops._increment_version)
     assert spy.calls[-1][2] == seen(spare) and torch.allclose(spare, A @ B) and len(spy.calls) == 3
     plain = lambda **kw: entry.gemm_plain(ops._GEMM_TAG, kw.get("A", A), B, kw.get("out", out), 1.0, 0.0, None, None,
@@ -508,15 +508,94 @@ def test_f32_entries_are_kept_per_tf32_flag(entry):
         ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, out),
                                ops._GEMM_TAG | ops._TF32_TAG)
         assert plain() is out and len(spy.calls) == 2
-        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, ops._new_gemm_output,
+        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, None,
                             ops.to_cuda_stream, ops._increment_version, None)
         try:
             assert plain() is None and len(spy.calls) == 2  # no way to read the flag: declined
         finally:
-            entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, ops._new_gemm_output,
+            entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, None,
                                 ops.to_cuda_stream, ops._increment_version, ops._tf32_allowed)
         half = (A.half(), B.half(), out.half())  # other dtypes: no TF32 bit
         ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, half, ops._GEMM_TAG)
         assert entry.gemm_plain(ops._GEMM_TAG, *half, 1.0, 0.0, None, None, None, None, None) is half[2]
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("shapes", [((16, 8), (8, 4)), ((3, 16, 8), (3, 8, 4)), ((3, 16, 8), (8, 4))])
+def test_gemm_plain_makes_new_outputs_as_the_python_path_does(entry, shapes):
+    """With no new_output hook (as kernel_api.ops configures it), gemm_plain makes an allocating
+    call's output itself: the tensor `_new_gemm_output` makes (shape, dtype, strides, device),
+    into which the recorded call writes. A torch call that served it is then kept for (A, B)
+    alone, so the next allocating call lets torch allocate."""
+    spy = TorchCallSpy()
+    A, B = torch.randn(*shapes[0]), torch.randn(*shapes[1])
+    expected = ops._new_gemm_output(A, B)
+    # entries for outputs at every 4-byte offset modulo 1024: keys hold the pointer's low 10 bits
+    room = torch.empty(expected.numel() + 256)
+    for offset in range(256):
+        at = room[offset:offset + expected.numel()].view(expected.shape)
+        ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, at),
+                               ops._GEMM_TAG)
+    assert entry.calls() == 256
+    first = entry.gemm_plain(ops._GEMM_TAG, A, B, None, 1.0, 0.0, None, None, None, None, None)
+    assert len(spy.calls) == 1 and len(spy.calls[0]) == 3  # into the output gemm_plain made
+    assert entry.calls() == 257  # kept for (A, B) alone
+    second = entry.gemm_plain(ops._GEMM_TAG, A, B, None, 1.0, 0.0, None, None, None, None, None)
+    assert len(spy.calls) == 2 and spy.calls[1] == (seen(A), seen(B))  # torch allocated it
+    for got in (first, second):
+        assert got.shape == expected.shape and got.stride() == expected.stride() and got.dtype == expected.dtype
+        assert got.device == expected.device and not got.requires_grad
+        assert torch.allclose(got, torch.matmul(A, B))
+    assert first.data_ptr() != second.data_ptr()
+
+
+def test_allocating_calls_run_a_torch_call_that_allocates(entry):
+    """A torch call recorded from an allocating call (``new_output``) is also keyed by A and B
+    alone: repeated allocating plain calls run ``torch_call(A, B)`` and return torch's tensor,
+    with no output made first; out= calls keep their own entry, other streams and other
+    metadata take the Python path, and a call that raises is left to it."""
+    spy = TorchCallSpy()
+    A, B = torch.randn(16, 8), torch.randn(8, 4)
+    plain = lambda a=A, out=None, stream=None: entry.gemm_plain(  # noqa: E731
+        ops._GEMM_TAG, a, B, out, 1.0, 0.0, None, None, None, None, stream)
+    made = ops._new_gemm_output(A, B)
+    ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, made), ops._GEMM_TAG,
+                           new_output=True)
+    assert entry.calls() == 2
+    got = plain()
+    assert spy.calls[-1] == (seen(A), seen(B)) and torch.allclose(got, A @ B)  # torch allocated it
+    assert plain(stream=12345) is None and len(spy.calls) == 1  # not the current stream: the Python path
+    assert plain(a=torch.randn(32, 16)[:, :8]) is None and len(spy.calls) == 1  # other strides: no entry
+    assert plain(out=made) is made and len(spy.calls[-1]) == 3  # out=: the entry with the output
+    spy.raises = RuntimeError("cuBLAS failed")
+    assert plain() is None and not PyErr_pending()
+    ops.clear_dispatch_cache()
+    assert entry.calls() == 0
+
+
+def PyErr_pending() -> bool:
+    """Whether a call left a Python error set: the next C-API call would raise SystemError."""
+    try:
+        torch.empty(1)
+    except SystemError:
+        return True
+    return False
+
+
+def test_allocating_torch_calls_are_kept_per_tf32_flag(entry):
+    """f32: the allocating entry, like the out= one, is keyed by torch's TF32 flag."""
+    spy = TorchCallSpy()
+    A, B = torch.randn(16, 8), torch.randn(8, 4)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy,
+                               (A, B, ops._new_gemm_output(A, B)), ops._GEMM_TAG, new_output=True)
+        assert entry.gemm_plain(ops._GEMM_TAG, A, B, None, 1.0, 0.0, None, None, None, None, None) is not None
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert entry.gemm_plain(ops._GEMM_TAG, A, B, None, 1.0, 0.0, None, None, None, None, None) is None
+        assert len(spy.calls) == 1
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+

@@ -288,20 +288,20 @@ def test_ops_gemm_runs_torch_chosen_problems_from_the_c_table(allocate, dtype):
     out = torch.empty(96, 80, device="cuda", dtype=dtype)
     with kernel_api.settings(providers="torch"):
         kernel_api.ops.gemm(A, B) if allocate else kernel_api.ops.gemm(A, B, out=out)
-        assert native.entry().calls() == 1
+        assert native.entry().calls() == (2 if allocate else 1)  # allocating: also keyed by (A, B) alone
         ops._fast.clear()
         for _ in range(2):
             A.copy_(torch.randn_like(A))
             if allocate:
                 got = kernel_api.ops.gemm(A, B)
+                assert got.shape == (96, 80) and got.is_contiguous() and got.dtype == dtype
             else:
                 out.fill_(float("nan"))
                 got = kernel_api.ops.gemm(A, B, out=out)
                 assert got is out
             torch.cuda.synchronize()
             assert _rel(got, A.double() @ B.double()) <= (1e-2 if dtype == torch.bfloat16 else 1e-5)
-        # served from C: the Python path would have recorded its launch again (allocating calls:
-        # where the caching allocator hands out memory of other pointer alignment, they miss)
-        assert allocate or not ops._fast
+        # served from C: the Python path would have recorded its launch again
+        assert not ops._fast
     ops.clear_dispatch_cache()
     assert native.entry().calls() == 0

@@ -13,6 +13,8 @@
 //       metadata at each call; `tail` (None, bool, int, float) is converted once.
 //   configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version
 //                 [, tf32_allowed])
+//       new_output(A, B) -> the output of an allocating call, or None: made here as
+//       `A.new_empty((*A.shape[:-1], B.shape[-1]))` (NewOutput).
 //       tf32_allowed() -> bool (torch's cuBLAS TF32 flag): f32 GEMMs are looked up under the tag
 //       with kTf32Tag set while it is True, since the choice for f32 operands follows it; without
 //       it gemm_plain declines f32 operands
@@ -25,7 +27,8 @@
 //   record_call(tag, call, *tensors) -> bool; forget_calls(); calls() -> int
 //       torch calls keyed like the launch table, for kernels that launch through torch on the
 //       current stream (cuBLAS through torch.matmul): gemm_plain calls call(A, B, out=out) for a
-//       plain call on the current stream that the table itself has no entry for.
+//       plain call on the current stream that the table itself has no entry for; a call recorded
+//       with kNewOutputTag for (A, B) alone serves allocating calls as call(A, B).
 //
 // Tensors carrying torch's lazy negative or conjugate bit (which DLPack cannot express) are never
 // read (see "Lazy bits" below): launch, gemm_plain and recall miss, remember declines, and bind
@@ -360,7 +363,7 @@ struct OpsHooks {
   PyObject* settings = nullptr;        // the ContextVar of kernel_api.settings (.policy_id)
   PyObject* dispatch_modes = nullptr;  // torch._C._len_torch_dispatch_stack
   PyObject* grad_enabled = nullptr;    // torch.is_grad_enabled
-  PyObject* new_output = nullptr;      // (A, B) -> the tensor ops.gemm allocates for out=None
+  PyObject* new_output = nullptr;      // (A, B) -> out for out=None, or None: NewOutput, here
   PyObject* to_stream = nullptr;       // kernel_api.utils.to_cuda_stream
   PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a tuple of tensors)
   PyObject* tf32_allowed = nullptr;    // torch._C._get_cublas_allow_tf32, or None: f32 declined
@@ -370,6 +373,7 @@ struct OpsHooks {
   PyObject* written = nullptr;         // the 1-tuple passed to it, reused (see BumpVersion)
   PyObject* policy_id = nullptr;       // interned names
   PyObject* requires_grad = nullptr;
+  PyObject* new_empty = nullptr;
 } ops;
 
 PyObject* ConfigureOps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -397,8 +401,37 @@ PyObject* ConfigureOps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   if (ops.policy_id == nullptr) ops.policy_id = PyUnicode_InternFromString("policy_id");
   if (ops.requires_grad == nullptr) ops.requires_grad = PyUnicode_InternFromString("requires_grad");
-  if (ops.policy_id == nullptr || ops.requires_grad == nullptr) return nullptr;
+  if (ops.new_empty == nullptr) ops.new_empty = PyUnicode_InternFromString("new_empty");
+  if (ops.policy_id == nullptr || ops.requires_grad == nullptr || ops.new_empty == nullptr) return nullptr;
   Py_RETURN_NONE;
+}
+
+// The output ops.gemm allocates for out=None, as `kernel_api.ops.dispatch._new_gemm_output` makes
+// it: A.new_empty((*A.shape[:-1], B.shape[-1])), from the shapes already read (a, b), without that
+// Python function's frame. The `new_output` hook instead when configure_ops was given one.
+PyObject* NewOutput(PyObject* A, PyObject* B, const DLTensor& a, const DLTensor& b) {
+  if (ops.new_output != Py_None) {
+    PyObject* inputs[] = {A, B};
+    return PyObject_Vectorcall(ops.new_output, inputs, 2, nullptr);
+  }
+  if (a.ndim < 1 || b.ndim < 1) {
+    PyErr_SetString(PyExc_ValueError, "gemm: A and B need at least one dimension");
+    return nullptr;
+  }
+  PyObject* shape = PyTuple_New(a.ndim);
+  if (shape == nullptr) return nullptr;
+  for (int i = 0; i < a.ndim; ++i) {
+    PyObject* extent = PyLong_FromLongLong(i + 1 < a.ndim ? a.shape[i] : b.shape[b.ndim - 1]);
+    if (extent == nullptr) {
+      Py_DECREF(shape);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(shape, i, extent);
+  }
+  PyObject* call[] = {A, shape};
+  PyObject* made = PyObject_VectorcallMethod(ops.new_empty, call, 2, nullptr);
+  Py_DECREF(shape);
+  return made;
 }
 
 bool IsExactly(PyObject* number, double value) {
@@ -497,17 +530,43 @@ void ForgetTorchCalls() {
   for (auto& item : old) Py_DECREF(item.second);  // may run Python code: the map is already empty
 }
 
-// Runs the torch call recorded under `tag` for the operands' metadata as call(*inputs, out=output),
-// the output being the last operand, on the current stream. 1 when it ran; 0 when none is recorded
-// or the output may share memory with an input; -1 with a Python error (the call raised).
-int CallRecorded(long long tag, PyObject* const* objects, const TVMFFIAny* operands, int count) {
+// OR'd into the tag of a torch call recorded for allocating calls, keyed by (A, B) alone
+// (kernel_api.ops.dispatch._NEW_OUTPUT_TAG): it runs as call(A, B), torch allocating the output.
+constexpr long long kNewOutputTag = 8;
+
+// How CallRecorded passes the output, the last operand.
+enum class OutputArgument {
+  kGiven,  // the caller's: call(*inputs, out=output)
+  kMade,   // made by gemm_plain for an allocating call: the same, and on success the call is also
+           // kept under kNewOutputTag for the inputs alone, so the next allocating call lets torch
+           // allocate (`kNone`)
+  kNone,   // no output among the operands: call(*inputs), its result returned
+};
+
+// Keeps `call` for allocating calls with the inputs' metadata (the operands less the output).
+void KeepForNewOutputs(long long tag, PyObject* call, const TVMFFIAny* operands, int count) {
+  std::string key;
+  if (!kernel_api_native::TensorKey(tag | kNewOutputTag, operands, count - 1, &key)) return;
+  if (torch_calls.count(key) != 0) return;
+  if (torch_calls.size() >= kTorchCallLimit) return;  // (forgetting here could drop `call` itself)
+  Py_INCREF(call);
+  torch_calls.emplace(std::move(key), call);
+}
+
+// Runs the torch call recorded under `tag` for the operands' metadata, on the current stream
+// (`how`: see OutputArgument; with kNone its result goes to *result, a new reference). 1 when it
+// ran; 0 when none is recorded or the output may share memory with an input; -1 with a Python
+// error (the call raised).
+int CallRecorded(long long tag, PyObject* const* objects, const TVMFFIAny* operands, int count, OutputArgument how,
+                 PyObject** result = nullptr) {
   if (torch_calls.empty()) return 0;
   thread_local std::string key;  // reused: no allocation per call once it has grown
   key.clear();
   if (!kernel_api_native::TensorKey(tag, operands, count, &key)) return 0;
   auto found = torch_calls.find(key);
-  if (found == torch_calls.end() || kernel_api_native::OutputMayOverlap(operands, count)) return 0;
-  if (out_kwnames == nullptr) {
+  const bool output = how != OutputArgument::kNone;
+  if (found == torch_calls.end() || (output && kernel_api_native::OutputMayOverlap(operands, count))) return 0;
+  if (output && out_kwnames == nullptr) {
     PyObject* name = PyUnicode_InternFromString("out");
     if (name == nullptr) return -1;
     out_kwnames = PyTuple_Pack(1, name);
@@ -516,11 +575,32 @@ int CallRecorded(long long tag, PyObject* const* objects, const TVMFFIAny* opera
   }
   PyObject* call = found->second;
   Py_INCREF(call);  // held during the call: Python code it runs may forget the entry
-  PyObject* result = PyObject_Vectorcall(call, objects, static_cast<size_t>(count - 1), out_kwnames);
+  PyObject* made = output ? PyObject_Vectorcall(call, objects, static_cast<size_t>(count - 1), out_kwnames)
+                          : PyObject_Vectorcall(call, objects, static_cast<size_t>(count), nullptr);
+  if (made != nullptr && how == OutputArgument::kMade) KeepForNewOutputs(tag, call, operands, count);
   Py_DECREF(call);
-  if (result == nullptr) return -1;
-  Py_DECREF(result);
+  if (made == nullptr) return -1;
+  if (result != nullptr) {
+    *result = made;
+  } else {
+    Py_DECREF(made);
+  }
   return 1;
+}
+
+// The tag an f32 GEMM is looked up under: with kTf32Tag while torch allows TF32. -1 (no Python
+// error) when the flag cannot be read: the call is declined.
+long long KeyedTag(long long tag, const DLTensor& a) {
+  if (a.dtype.code != kDLFloat || a.dtype.bits != 32) return tag;
+  // f32: the choice follows torch's TF32 flag, so entries are kept per flag (kTf32Tag)
+  PyObject* allowed = ops.tf32_allowed == nullptr ? nullptr : PyObject_CallNoArgs(ops.tf32_allowed);
+  if (allowed == nullptr) {
+    PyErr_Clear();
+    return -1;
+  }
+  const long long keyed = allowed == Py_True ? tag | kTf32Tag : tag;
+  Py_DECREF(allowed);
+  return keyed;
 }
 
 // ops.gemm(A, B, out, ...) for a plain call whose operands' metadata the launch table has an entry
@@ -552,34 +632,35 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_Clear();
     Py_RETURN_NONE;
   }
-  PyObject* target = nullptr;
-  if (out == Py_None) {
-    PyObject* inputs[] = {A, B};
-    target = PyObject_Vectorcall(ops.new_output, inputs, 2, nullptr);
-  } else {
-    Py_INCREF(out);
-    target = out;
-  }
-  PyObject* const objects[] = {A, B, target};
+  PyObject* objects[] = {A, B, out};
   DLTensor tensors[3];
   TVMFFIAny operands[3];
-  // (new_output's tensor is new memory from new_empty: it carries no lazy bit)
-  if (target == nullptr || !ReadOperands(objects, 3, tensors, operands, out == Py_None ? 2 : -1)) {
+  if (!ReadOperands(objects, 2, tensors, operands)) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  const long long keyed_tag = KeyedTag(tag, tensors[0]);
+  if (keyed_tag == -1) Py_RETURN_NONE;
+  if (out == Py_None) {
+    if (args[10] == Py_None) {  // a torch call recorded for allocating calls: torch allocates
+      PyObject* made = nullptr;
+      const int called = CallRecorded(keyed_tag | kNewOutputTag, objects, operands, 2, OutputArgument::kNone, &made);
+      if (called == 1) return made;
+      if (called < 0) {
+        PyErr_Clear();  // the Python path runs the call again and reports
+        Py_RETURN_NONE;
+      }
+    }
+    objects[2] = NewOutput(A, B, tensors[0], tensors[1]);
+  } else {
+    Py_INCREF(out);
+  }
+  PyObject* target = objects[2];
+  // (a new output is new memory from new_empty: it carries no lazy bit)
+  if (target == nullptr || !ReadOperands(objects + 2, 1, tensors + 2, operands + 2, out == Py_None ? 0 : -1)) {
     PyErr_Clear();
     Py_XDECREF(target);
     Py_RETURN_NONE;
-  }
-  long long keyed_tag = tag;
-  if (tensors[0].dtype.code == kDLFloat && tensors[0].dtype.bits == 32) {
-    // f32: the choice follows torch's TF32 flag, so entries are kept per flag (kTf32Tag)
-    PyObject* allowed = ops.tf32_allowed == nullptr ? nullptr : PyObject_CallNoArgs(ops.tf32_allowed);
-    if (allowed == nullptr) {
-      PyErr_Clear();
-      Py_DECREF(target);
-      Py_RETURN_NONE;
-    }
-    if (allowed == Py_True) keyed_tag |= kTf32Tag;
-    Py_DECREF(allowed);
   }
   PyObject* stream_object = args[10];
   if (stream_object != Py_None) {
@@ -605,7 +686,8 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     launched = false;
   }
   if (!launched && args[10] == Py_None) {
-    const int called = CallRecorded(keyed_tag, objects, operands, 3);
+    const int called = CallRecorded(keyed_tag, objects, operands, 3,
+                                    out == Py_None ? OutputArgument::kMade : OutputArgument::kGiven);
     if (called < 0) {
       PyErr_Clear();  // the Python path runs the call again and reports
     } else {

@@ -57,6 +57,9 @@ _GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
 # OR'd into an f32 GEMM's tag while torch allows TF32 (python_entry.cc's kTf32Tag): the choice for
 # f32 operands follows torch's matmul precision, so the C entries are kept per flag.
 _TF32_TAG = 4
+# OR'd into the tag of a torch call recorded for allocating calls, keyed by (A, B) alone
+# (python_entry.cc's kNewOutputTag): gemm_plain runs it as torch_call(A, B), which allocates.
+_NEW_OUTPUT_TAG = 8
 _Tensor = torch.Tensor
 #: Operand types the fast paths take as they are: plain tensors and parameters (nn layers pass
 #: their weight, or GPT-2's Conv1D weight itself, and their bias as `torch.nn.Parameter`; a
@@ -123,10 +126,12 @@ def _launch_fast(found: tuple, stream: Any, *tensors: torch.Tensor) -> None:
         launcher.launch(tensors, to_cuda_stream(stream))
 
 
-def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = (), tag: int = 0) -> None:
+def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = (), tag: int = 0,
+            new_output: bool = False) -> None:
     """Choose (once per policy, signature and shape), compile and launch; then, when the
     arguments kept the caller's ``tensors`` as they are, record the kernel's launcher for
-    them: in ``_fast`` under ``fast_key`` and in the C launch table under ``tag``."""
+    them: in ``_fast`` under ``fast_key`` and in the C launch table under ``tag``
+    (``new_output``: the output is `_new_gemm_output`'s, so a torch call serves allocating calls)."""
     args.check_memory()  # the run below assumes the arguments supported
     scope = current()
     policy = scope.policy
@@ -189,7 +194,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
         if tag and launcher.ffi:
             _record_native(launcher, token, tensors, recorded_tag, needs_entry_points=tf32 is not None)
         elif tag == _GEMM_TAG and launcher.torch_call is not None:
-            _record_torch_call(launcher, token, tensors, recorded_tag)
+            _record_torch_call(launcher, token, tensors, recorded_tag, new_output)
 
 
 def _epilogue_entry(launcher: Launcher, bias: Any, index: int, token: Any, extents: tuple) -> tuple | None:
@@ -240,7 +245,8 @@ def _load_table() -> bool:
         entry = native.entry()
         if entry is not None:
             _table_launch = entry.launch  # reads torch tensors without allocating (python_entry.cc)
-            entry.configure_ops(_settings, _dispatch_modes, _grad_enabled, _new_gemm_output, to_cuda_stream,
+            # (new_output None: C makes `_new_gemm_output`'s tensor itself, without its frame)
+            entry.configure_ops(_settings, _dispatch_modes, _grad_enabled, None, to_cuda_stream,
                                 _increment_version, _tf32_allowed)
             _gemm_plain = entry.gemm_plain
         else:
@@ -272,15 +278,20 @@ def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int,
     _table.record(id(policy) | tag, launcher.function, len(tensors), *tensors, *launcher.tail)
 
 
-def _record_torch_call(launcher: Launcher, policy: Any, tensors: tuple, tag: int) -> None:
+def _record_torch_call(launcher: Launcher, policy: Any, tensors: tuple, tag: int, new_output: bool = False) -> None:
     """Enter ``launcher.torch_call`` (a kernel launching through torch: `TorchGemm`) in the C
     entry points' torch calls under ``tag`` for operands with ``tensors``' raw metadata:
     ``gemm_plain`` then runs ``torch_call(A, B, out=out)`` for repeated plain calls on the
-    current stream (other streams take the Python path)."""
+    current stream (other streams take the Python path). ``new_output``: the output was
+    `_new_gemm_output`'s, so allocating calls with A's and B's metadata run ``torch_call(A, B)``,
+    letting torch allocate (the same tensor, without a new_empty of ours first)."""
     if not _load_table() or _gemm_plain is None:
         return
     _tag_policy(policy)
-    native.entry().record_call(id(policy) | tag, launcher.torch_call, *tensors)
+    entry = native.entry()
+    entry.record_call(id(policy) | tag, launcher.torch_call, *tensors)
+    if new_output:
+        entry.record_call(id(policy) | tag | _NEW_OUTPUT_TAG, launcher.torch_call, *tensors[:2])
 
 
 def _forget_torch_calls() -> None:
@@ -493,7 +504,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
             return out
     # (f32 entries of the C launch table are tagged by torch's TF32 flag: `_launch`, gemm_plain)
     _launch(GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue), stream, fast_key,
-            (A, B, out), _GEMM_TAG if epilogue is None and accumulator_type is None else 0)
+            (A, B, out), _GEMM_TAG if epilogue is None and accumulator_type is None else 0, not given)
     if given:
         _increment_version((out,))
     return out
