@@ -13,8 +13,9 @@ shapes, strides, pointer alignment, device) equal ``args``' is one call
 - when ``function`` is a TVM-FFI function (`Launcher.ffi`), `kernel_api.ops` records
   ``(function, tail)`` in the C launch table (`kernel_api.native`), which launches repeated
   calls without Python at all; a kernel that launches through torch instead offers
-  ``torch_call`` (``torch_call(*inputs, out=output)`` on the current stream), which the C table
-  calls for repeated plain `ops.gemm` calls on the current stream.
+  ``torch_call`` (``torch_call(*inputs, out=output)`` on the current stream, or
+  ``torch_call(*inputs)`` for an allocating call), which the C table calls for repeated plain
+  `ops.gemm` calls on the current stream.
 
 The stream comes last: a ``cuda.bindings`` CUstream from the Python paths
 (`kernel_api.core.streams.to_cuda_stream`), the raw pointer (or None for the current stream)
@@ -74,6 +75,8 @@ class Launcher:
     ``torch_call(*inputs, out=output)`` with the tensors in order, the output last (torch.matmul
     for `TorchGemm`). The C launch table then runs repeated plain calls of `kernel_api.ops.gemm`
     without Python frames of ours: torch.matmul's own host time plus about a microsecond.
+    Allocating calls (no ``out``) call ``torch_call(*inputs)``, which must return a new output
+    shaped as ``(*A.shape[:-1], N)``, contiguous, of A's dtype (what torch.matmul returns).
     """
 
     __slots__ = ("function", "tail", "ffi", "torch_call")
