@@ -5,9 +5,9 @@ goals 4 and 5): is a gap one of clock (power) or of work per cycle?
     python3 benchmarks/gemm_power.py --dtype bf16 --sizes 4096 8192 --candidates tile128x128x64_cluster1x2_pingpong ...
 
 A candidate is ``cuda:<tag>`` (f64: a `CudaGemmF64` configuration, as in gemm_f64.py),
-``sm90:TMxTN:CMxCN:schedule[:swzS][:n][:sk][:skkT]`` (16-bit: an `Sm90WarpSpecializedGemm` design point,
+``sm90:TMxTN:CMxCN:schedule[:swzS][:n][:sk][:skkT][:sa]`` (16-bit: an `Sm90WarpSpecializedGemm` design point,
 emitted or not; ``n``: raster along N; ``sk``: stream-K; ``skkT``: stream-K splits any last wave at K of at most
-T k-tiles) or a piece of an instance name that `kernel_api.get_kernels` offers for
+T k-tiles; ``sa``: split_all, every tile cut along K over the whole grid) or a piece of an instance name that `kernel_api.get_kernels` offers for
 the problem (row-major A and out, B as ``--layouts`` says; the first instance whose name contains it).
 
 Per size, each contestant (cuBLAS, then the candidates, in turn, ``--rounds`` times) runs back to back on rotating fresh random inputs for ``--seconds`` after the same time of
@@ -74,7 +74,7 @@ def find_kernel(candidate: str, args: GemmArguments):
         tile, cluster = (tuple(int(v) for v in p.split("x")) for p in parts[:2])
         swizzle = next((int(p[3:]) for p in parts[3:] if p.startswith("swz")), 1)
         cfg = Sm90Config(tile, cluster, parts[2], swizzle=swizzle, raster_along_m="n" not in parts[3:],
-                         stream_k="sk" in parts[3:],
+                         stream_k="sk" in parts[3:] or "sa" in parts[3:], split_all="sa" in parts[3:],
                          sk_any_wave_max_k_tiles=next((int(p[3:]) for p in parts[3:] if p.startswith("skk")), 0))
         ab = from_torch(args.A.dtype)
         from kernel_api.metadata import COLUMN_MAJOR

@@ -288,7 +288,7 @@ def test_transformers_gpt2_every_projection_goes_through_kernel_api():
 # ---- misaligned N: split columns into a padded output; padded gradients in the backward -------
 def _stand_in_launch(calls):
     """A `dispatch._launch` stand-in: computes the GemmArguments' GEMM with torch into args.out."""
-    def launch(args, stream=None, fast_key=None, tensors=(), tag=0):
+    def launch(args, stream=None, fast_key=None, tensors=(), tag=0, new_output=False):
         ep = args.epilogue
         z = args.A @ args.B
         if ep is not None:
