@@ -599,3 +599,48 @@ def test_allocating_torch_calls_are_kept_per_tf32_flag(entry):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_gemm_plain_leaves_allocating_calls_that_split_columns_to_python(entry, dtype):
+    """An allocating call whose columns `split_columns` splits (two GEMMs into a padded output)
+    is declined by gemm_plain even where an entry for a dense output of its metadata exists, so
+    it gets the split and the padded output of the Python path; every other shape is served."""
+    vec = 16 // torch.empty(0, dtype=dtype).element_size()
+    shapes = [(M, N, 8) for M in (ops.SPLIT_MIN_ROWS - 1, ops.SPLIT_MIN_ROWS, 300)
+              for N in (4 * vec - 1, 4 * vec, 4 * vec + 1, 5 * vec, 5 * vec + 3)]
+    for M, N, K in shapes:
+        spy = TorchCallSpy()
+        A, B = torch.randn(M, K).to(dtype), torch.randn(K, N).to(dtype)
+        dense = ops._new_gemm_output(A, B)
+        room = torch.empty(dense.numel() + 1024 // dense.element_size(), dtype=dtype)
+        for offset in range(1024 // dense.element_size()):  # every pointer offset modulo 1024
+            ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy,
+                                   (A, B, room[offset:offset + dense.numel()].view(dense.shape)), ops._GEMM_TAG)
+        got = entry.gemm_plain(ops._GEMM_TAG, A, B, None, 1.0, 0.0, None, None, None, None, None)
+        splits = ops.split_columns(A, B, None, 0.0, None) > 0
+        assert (got is None) == splits, (dtype, M, N)
+        assert got is None or torch.allclose(got.double(), A.double() @ B.double(), rtol=1e-2, atol=1e-2)
+        ops.clear_dispatch_cache()
+
+
+def test_the_table_launch_without_entry_points_leaves_split_columns_to_python(monkeypatch):
+    """Where the CPython entry points are missing, ops.gemm's own table launch declines the same
+    allocating calls gemm_plain does: those whose columns `split_columns` splits."""
+    import kernel_api
+
+    seen_shapes = []
+
+    def table_launch(tag, stream, A, B, out):
+        seen_shapes.append(tuple(out.shape))
+        return True
+
+    monkeypatch.setattr(ops, "_gemm_plain", None)
+    monkeypatch.setattr(ops, "_table_launch", table_launch)
+    A = torch.randn(ops.SPLIT_MIN_ROWS, 8)
+    assert ops.gemm(A, torch.randn(8, 36)).shape == (ops.SPLIT_MIN_ROWS, 36)  # aligned rows: launched
+    assert ops.gemm(A[:-1], torch.randn(8, 37)).shape == (ops.SPLIT_MIN_ROWS - 1, 37)  # too few rows to split
+    assert seen_shapes == [(ops.SPLIT_MIN_ROWS, 36), (ops.SPLIT_MIN_ROWS - 1, 37)]
+    with pytest.raises(kernel_api.DeviceError):  # split: the Python path (CPU tensors: refused there)
+        ops.gemm(A, torch.randn(8, 37))
+    assert len(seen_shapes) == 2

@@ -588,6 +588,21 @@ int CallRecorded(long long tag, PyObject* const* objects, const TVMFFIAny* opera
   return 1;
 }
 
+// Whether kernel_api.ops would split an allocating call's columns (`dispatch.split_columns` with
+// no C and no bias): 2-D operands, rows of N elements not a multiple of 16 bytes, N at least four
+// 16-byte vectors, at least kSplitMinRows rows. Such a call gets a padded output from two GEMMs on
+// the Python path, so gemm_plain leaves it there rather than run one GEMM into a dense output.
+constexpr int64_t kSplitMinRows = 256;  // dispatch.SPLIT_MIN_ROWS
+
+bool SplitsColumns(const DLTensor& a, const DLTensor& b) {
+  if (a.ndim != 2 || b.ndim != 2) return false;
+  const int64_t element = (static_cast<int64_t>(a.dtype.bits) * a.dtype.lanes + 7) / 8;
+  if (element <= 0 || element > 16 || 16 % element != 0) return false;
+  const int64_t vec = 16 / element;
+  const int64_t n = b.shape[1];
+  return n % vec != 0 && n >= 4 * vec && a.shape[0] >= kSplitMinRows;
+}
+
 // The tag an f32 GEMM is looked up under: with kTf32Tag while torch allows TF32. -1 (no Python
 // error) when the flag cannot be read: the call is declined.
 long long KeyedTag(long long tag, const DLTensor& a) {
@@ -642,6 +657,7 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const long long keyed_tag = KeyedTag(tag, tensors[0]);
   if (keyed_tag == -1) Py_RETURN_NONE;
   if (out == Py_None) {
+    if (SplitsColumns(tensors[0], tensors[1])) Py_RETURN_NONE;  // two GEMMs into a padded output
     if (args[10] == Py_None) {  // a torch call recorded for allocating calls: torch allocates
       PyObject* made = nullptr;
       const int called = CallRecorded(keyed_tag | kNewOutputTag, objects, operands, 2, OutputArgument::kNone, &made);

@@ -350,7 +350,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
         elif (_table_launch is not None and not _dispatch_modes() and C is None and bias is None
               and activation is None and accumulator_type is None and alpha == 1.0 and beta == 0.0):
             try:
-                if not ((A.requires_grad or B.requires_grad) and _grad_enabled()):
+                if not ((A.requires_grad or B.requires_grad) and _grad_enabled()) and (
+                        out is not None or not split_columns(A, B, None, 0.0, None)):
                     target = _new_gemm_output(A, B) if out is None else out
                     if _table_launch(_settings.get().policy_id | _GEMM_TAG,
                                      None if stream is None else to_cuda_stream(stream), A, B, target):
@@ -389,7 +390,7 @@ def _new_gemm_output(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 # Problems with at least this many rows have their misaligned columns split off (`split_columns`):
 # below it, copying nothing but launching twice costs more than the tensor cores save.
-SPLIT_MIN_ROWS = 256
+SPLIT_MIN_ROWS = 256  # (python_entry.cc's kSplitMinRows: gemm_plain leaves such calls here)
 
 
 def split_columns(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, beta: float,
