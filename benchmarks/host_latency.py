@@ -18,7 +18,9 @@ that the launch queue never fills, so the host is timed and not the GPU; median 
 - ``kernel.run(args, compiled_artifact=art, stream=s)`` with and without
   ``assume_supported_args=True``;
 - ``ops.gemm(A, B, out=out)`` and ``ops.gemm(A, B)`` (allocating) after warm-up (served by the
-  C launch table when it builds here), and ops' Python fast path, which serves them otherwise.
+  C launch table when it builds here), and ops' Python fast path, which serves them otherwise;
+- with a row bias (and gelu), against ``torch.addmm``; and a layer's forward under no_grad,
+  torch's ``nn.Linear`` against `kernel_api.nn`'s patch of it.
 
 Writes benchmarks/results/host_latency-<device>[-tag].json (and $OUT/ when set); prints a table last.
 """
@@ -42,6 +44,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 import kernel_api  # noqa: E402
+import kernel_api.nn  # noqa: E402
 import kernel_api.arguments.gemm as arguments  # noqa: E402  (GemmArguments' summaries: _recall)
 from kernel_api import GemmArguments  # noqa: E402
 from kernel_api.ops import dispatch as ops  # noqa: E402  (the front door's module: _table, _gemm_eager)
@@ -53,6 +56,11 @@ TARGETS_US = {  # over the bare call, except GemmArguments (absolute)
     "kernel.run (assume_supported_args)": ("over_bare", 0.3),
     "ops.gemm(A, B, out=out)": ("over_bare", 1.0),
 }
+
+
+def _no_grad(layer: Any, x: Any) -> Any:
+    with torch.no_grad():
+        return layer(x)
 
 
 def per_call_us(rows: dict[str, Callable[[], Any]], calls: int, repeats: int) -> dict[str, list[float]]:
@@ -173,6 +181,9 @@ def measure(opts: argparse.Namespace) -> None:
     function = ffi_function(compiled)
     compiled = function or compiled
     ops.gemm(A, B, out=out)  # warm the dispatch cache (same PickAny choice)
+    bias = torch.randn(n, device="cuda", dtype=torch.float16)
+    linear = torch.nn.Linear(n, n, device="cuda", dtype=torch.float16)
+    patched = kernel_api.nn.patch(torch.nn.Sequential(torch.nn.Linear(n, n, device="cuda", dtype=torch.float16)))[0]
 
     rows = {
         "bare compiled call": lambda: compiled(*bare_args),
@@ -188,6 +199,14 @@ def measure(opts: argparse.Namespace) -> None:
         "ops.gemm(A, B)": lambda: ops.gemm(A, B),
         # the Python fast path ops falls back to where the C launch table cannot be built
         "ops.gemm(out=), Python path": lambda: ops._gemm_eager(A, B, out, 1.0, 0.0, None, None, None, None, None),
+        # a row bias, alone and with an activation (nn.Linear's call): against torch's addmm
+        "torch.addmm(bias, A, B, out=out)": lambda: torch.addmm(bias, A, B, out=out),
+        "ops.gemm(out=, bias=)": lambda: ops.gemm(A, B, out=out, bias=bias),
+        "ops.gemm(out=, bias=, gelu)": lambda: ops.gemm(A, B, out=out, bias=bias, activation="gelu"),
+        "ops.gemm(bias=)": lambda: ops.gemm(A, B, bias=bias),
+        # a layer's forward at inference: torch's nn.Linear against kernel_api.nn's patch of it
+        "torch nn.Linear, no_grad": lambda: _no_grad(linear, A),
+        "kernel_api.nn.Linear, no_grad": lambda: _no_grad(patched, A),
     }
     if function is not None:
         # a second handle on the same function, with TVM-FFI's default of releasing the GIL per call

@@ -9,7 +9,9 @@ calls few enough that the launch queue never fills, rows interleaved, median ove
 differences against ``torch.matmul(A, B, out=out)``) on problems PickAny gives cuBLAS: a small bf16
 product and f32 ones (f32 entries are keyed by torch's TF32 flag, which their choice follows).
 Rows: ``torch.matmul(out=)``, ``ops.gemm(out=)``, ``ops.gemm`` allocating against ``torch.matmul``
-allocating, and `TorchGemm.run` on bound arguments. Writes
+allocating, `TorchGemm.run` on bound arguments; with a row bias, ``ops.gemm`` against
+``torch.addmm`` (out= and allocating); and a layer's forward under no_grad, torch's ``nn.Linear``
+against `kernel_api.nn`'s patch of it. Writes
 benchmarks/results/host_latency_torch-<device>[-tag].json (and $OUT/ when set); prints a table last.
 """
 
@@ -28,6 +30,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import kernel_api  # noqa: E402
+import kernel_api.nn  # noqa: E402
 from host_latency import over_reference, per_call_us  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
 from kernel_api.tuning.policies import PickAny  # noqa: E402
@@ -48,6 +51,9 @@ def rows_for(dtype: torch.dtype, n: int) -> tuple[dict, str]:
     torch.cuda.synchronize()
     ref = A.double() @ B.double()
     assert torch.allclose(out.double(), ref, rtol=2e-2, atol=2e-2 * n ** 0.5), "ops.gemm: wrong result"
+    bias = torch.randn(n, device="cuda", dtype=dtype)
+    linear = torch.nn.Linear(n, n, device="cuda", dtype=dtype)
+    patched = kernel_api.nn.patch(torch.nn.Sequential(torch.nn.Linear(n, n, device="cuda", dtype=dtype)))[0]
     return {
         "torch.matmul(out=)": lambda: torch.matmul(A, B, out=tout),
         "ops.gemm(out=)": lambda: kernel_api.ops.gemm(A, B, out=out),
@@ -55,7 +61,19 @@ def rows_for(dtype: torch.dtype, n: int) -> tuple[dict, str]:
         "ops.gemm": lambda: kernel_api.ops.gemm(A, B),
         "kernel.run (bound, assume_supported_args)": lambda: chosen.run(args, compiled_artifact=artifact,
                                                                         assume_supported_args=True),
+        # a row bias (torch.addmm where PickAny gives cuBLAS the product) and a layer's forward
+        "torch.addmm(out=)": lambda: torch.addmm(bias, A, B, out=tout),
+        "ops.gemm(out=, bias=)": lambda: kernel_api.ops.gemm(A, B, out=out, bias=bias),
+        "torch.addmm": lambda: torch.addmm(bias, A, B),
+        "ops.gemm(bias=)": lambda: kernel_api.ops.gemm(A, B, bias=bias),
+        "torch nn.Linear, no_grad": lambda: _no_grad(linear, A),
+        "kernel_api.nn.Linear, no_grad": lambda: _no_grad(patched, A),
     }, chosen.metadata.kernel_name
+
+
+def _no_grad(layer, x):
+    with torch.no_grad():
+        return layer(x)
 
 
 def main() -> None:

@@ -70,12 +70,12 @@ class Launcher:
     whose launches hold the GIL; one that releases the GIL around calls is bound as a plain
     partial, which lets other threads run while it launches.
 
-    ``torch_call``: for a kernel that launches through torch (no tail), a callable doing the
-    same work as ``function`` on the caller's current stream, called as
-    ``torch_call(*inputs, out=output)`` with the tensors in order, the output last (torch.matmul
-    for `TorchGemm`). The C launch table then runs repeated plain calls of `kernel_api.ops.gemm`
+    ``torch_call``: for a kernel that launches through torch (a tail of tensors only, such as a
+    bias), a callable doing the same work as ``function`` on the caller's current stream, called
+    as ``torch_call(*inputs, *tail, out=output)`` with the tensors in order, the output last
+    (torch.matmul for `TorchGemm`'s product, torch.addmm's for its bias epilogues). The C launch table then runs repeated plain calls of `kernel_api.ops.gemm`
     without Python frames of ours: torch.matmul's own host time plus about a microsecond.
-    Allocating calls (no ``out``) call ``torch_call(*inputs)``, which must return a new output
+    Allocating calls (no ``out``) call ``torch_call(*inputs, *tail)``, which must return a new output
     shaped as ``(*A.shape[:-1], N)``, contiguous, of A's dtype (what torch.matmul returns).
     """
 
@@ -100,9 +100,10 @@ class Launcher:
             constants = None
         if constants is None:
             raise TypeError(f"Launcher: tail must be a sequence of the constants after the tensors, got {tail!r}")
-        if torch_call is not None and (not callable(torch_call) or constants or resolved is not None):
-            raise TypeError("Launcher: torch_call must be a callable, for a torch-launched function without a tail, "
-                            f"got {torch_call!r}")
+        if torch_call is not None and (not callable(torch_call) or resolved is not None
+                                       or not all(isinstance(c, torch.Tensor) for c in constants)):
+            raise TypeError("Launcher: torch_call must be a callable, for a torch-launched function whose tail holds "
+                            f"only tensors, got {torch_call!r}")
         object.__setattr__(self, "function", function)
         object.__setattr__(self, "tail", constants)
         object.__setattr__(self, "ffi", resolved is not None)

@@ -644,3 +644,133 @@ def test_the_table_launch_without_entry_points_leaves_split_columns_to_python(mo
     with pytest.raises(kernel_api.DeviceError):  # split: the Python path (CPU tensors: refused there)
         ops.gemm(A, torch.randn(8, 37))
     assert len(seen_shapes) == 2
+
+
+class EpilogueSpy:
+    """A bias epilogue's torch call as `TorchGemm` records one (torch.addmm's): computes and logs."""
+
+    def __init__(self, activation=None):
+        self.calls = []
+        self.activation = activation
+        self.raises = None
+
+    def __call__(self, A, B, bias, *, out=None):
+        self.calls.append(tuple(seen(t) for t in (A, B, bias) + (() if out is None else (out,))))
+        if self.raises is not None:
+            raise self.raises
+        y = torch.addmm(bias, A, B)
+        y = torch.relu(y) if self.activation == "relu" else y
+        return y if out is None else out.copy_(y)
+
+
+def _epilogue_tag(activation=None):
+    return ops._GEMM_TAG | ops._EPILOGUE_CODES[activation] << ops._EPILOGUE_SHIFT
+
+
+def test_a_recorded_bias_call_runs_from_c(entry):
+    """A torch call recorded for a call with a row bias (and an activation) serves repeated
+    calls with that bias's metadata and that activation from gemm_plain, as call(A, B, bias,
+    out=out), the output's version bumped; another activation, alpha, bias metadata, a bias that
+    requires grad under autograd, an output overlapping the bias, a C operand or another stream
+    take the Python path."""
+    spy = EpilogueSpy("relu")
+    A, B, bias, out = torch.randn(16, 8), torch.randn(8, 4), torch.randn(4), torch.empty(16, 4)
+    ops._record_torch_call(Launcher(_python_launch, (bias,), torch_call=spy), current().policy, (A, B, bias, out),
+                           _epilogue_tag("relu"))
+
+    def plain(alpha=1.0, C=None, b=bias, activation="relu", o=out, stream=None):
+        return entry.gemm_plain(ops._GEMM_TAG, A, B, o, alpha, 0.0, C, b, activation, None, stream)
+
+    version = out._version
+    assert plain() is out and spy.calls[-1] == (seen(A), seen(B), seen(bias), seen(out)) and out._version > version
+    assert torch.allclose(out, torch.relu(A @ B + bias), atol=1e-5)
+    bias.copy_(torch.randn(4))  # new values, same metadata: this call's bias is used
+    assert plain() is out and torch.allclose(out, torch.relu(A @ B + bias), atol=1e-5) and len(spy.calls) == 2
+    assert plain(activation=None) is None and plain(activation="gelu") is None  # other activations: no entry
+    assert plain(activation="RELU") is None and plain(activation="tanh") is None  # spelled otherwise: Python's
+    assert plain(alpha=2.0) is None and plain(C=out) is None and plain(stream=12345) is None
+    assert plain(b=torch.randn(8)[::2]) is None  # a strided bias: other metadata
+    bias.requires_grad_(True)
+    try:
+        assert plain() is None  # autograd must see the op
+        with torch.no_grad():
+            assert plain() is out
+    finally:
+        bias.requires_grad_(False)
+    room = torch.empty(16 * 4 + 4)
+    ops._record_torch_call(Launcher(_python_launch, (room[:4],), torch_call=spy), current().policy,
+                           (A, B, room[:4], room[4:].view(16, 4)), _epilogue_tag("relu"))
+    assert plain(b=room[:4], o=room[:64].view(16, 4)) is None  # the output overlaps the bias
+    assert len(spy.calls) == 3
+    ops.clear_dispatch_cache()
+    assert entry.calls() == 0 and plain() is None
+
+
+def test_allocating_bias_calls_let_torch_allocate(entry):
+    """Recorded from an allocating call (``new_output``), a bias call is also kept for (A, B,
+    bias) alone: repeated allocating calls run call(A, B, bias) and return torch's tensor; one
+    that raises is left to the Python path."""
+    spy = EpilogueSpy()
+    A, B, bias = torch.randn(16, 8), torch.randn(8, 4), torch.randn(4)
+    made = ops._new_gemm_output(A, B)
+    ops._record_torch_call(Launcher(_python_launch, (bias,), torch_call=spy), current().policy, (A, B, bias, made),
+                           _epilogue_tag(), new_output=True)
+    assert entry.calls() == 2
+    got = entry.gemm_plain(ops._GEMM_TAG, A, B, None, 1.0, 0.0, None, bias, None, None, None)
+    assert spy.calls[-1] == (seen(A), seen(B), seen(bias)) and torch.allclose(got, A @ B + bias, atol=1e-5)
+    spy.raises = RuntimeError("cuBLAS failed")
+    assert entry.gemm_plain(ops._GEMM_TAG, A, B, None, 1.0, 0.0, None, bias, None, None, None) is None
+    assert not PyErr_pending()
+
+
+def test_torch_gemm_offers_torch_calls_for_its_bias_epilogues():
+    """`TorchGemm`'s launchers for a row bias (alone, relu, gelu) carry the torch call that
+    gemm_plain records; each computes what the launcher's function does, into out= or allocating."""
+    from kernel_api.providers.torch_ops import kernels as torch_kernels
+
+    A, B, bias = torch.randn(16, 8), torch.randn(8, 4), torch.randn(4)
+    pairs = {torch_kernels._addmm_call: torch_kernels._addmm_launch,
+             torch_kernels._addmm_relu_call: torch_kernels._addmm_relu_launch,
+             torch_kernels._addmm_gelu_call: torch_kernels._addmm_gelu_launch}
+    for call, launch in pairs.items():
+        want = torch.full((16, 4), float("nan"))
+        launch(A, B, want, bias, None)
+        if call is torch_kernels._addmm_relu_call:
+            assert torch.allclose(want, torch.relu(A @ B + bias), atol=1e-5)
+        out = torch.full((16, 4), float("nan"))
+        call(A, B, bias, out=out)
+        assert torch.equal(out, want), call.__name__
+        assert torch.equal(call(A, B, bias), want), call.__name__
+    assert torch.allclose(torch_kernels._addmm_call(A, B, bias), A @ B + bias, atol=1e-5)
+    with pytest.raises(TypeError, match="torch_call must be a callable"):
+        Launcher(_python_launch, (bias, 1.0), torch_call=torch_kernels._addmm_call)  # not only tensors
+
+
+def _at_alignment(shape: tuple, low: int) -> torch.Tensor:
+    """A dense f32 tensor of ``shape`` whose data pointer is ``low`` modulo 1024."""
+    numel = shape[0] * shape[1]
+    room = torch.empty(numel + 512)
+    offset = ((low - room.data_ptr()) % 1024) // 4
+    return room[offset:offset + numel].view(shape)
+
+
+@pytest.mark.parametrize("low", [0, 512])
+def test_allocating_bias_calls_use_a_call_recorded_for_an_allocator_made_output(entry, low):
+    """A bias call's torch call recorded for a dense output at the caching allocator's alignment
+    (an out= call's) serves allocating calls too, without an output made first: kept for (A, B,
+    bias) and run as call(A, B, bias). One recorded for an output at another alignment does not
+    (the allocator never makes one there), and neither does one for other dtypes' outputs."""
+    spy = EpilogueSpy()
+    A, B, bias = torch.randn(16, 8), torch.randn(8, 4), torch.randn(4)
+    allocating = lambda: entry.gemm_plain(ops._GEMM_TAG, A, B, None, 1.0, 0.0, None, bias, None, None,  # noqa: E731
+                                          None)
+    ops._record_torch_call(Launcher(_python_launch, (bias,), torch_call=spy), current().policy,
+                           (A, B, bias, _at_alignment((16, 4), 64)), _epilogue_tag())
+    assert allocating() is None and not spy.calls  # no output the allocator would make
+    ops._record_torch_call(Launcher(_python_launch, (bias,), torch_call=spy), current().policy,
+                           (A, B, bias, _at_alignment((16, 4), low)), _epilogue_tag())
+    assert entry.calls() == 2
+    got = allocating()
+    assert spy.calls == [(seen(A), seen(B), seen(bias))] and entry.calls() == 3  # kept for the inputs
+    assert torch.allclose(got, A @ B + bias, atol=1e-5) and got.is_contiguous()
+    assert allocating() is not None and len(spy.calls) == 2

@@ -150,7 +150,9 @@ def test_patched_transformers_gpt2_logits_match():
 # ---- the hot paths of the nn layers' GEMMs ------------------------------------------------------
 def test_repeated_epilogue_gemm_uses_the_fast_entry_with_each_calls_own_bias():
     """A bias + gelu GEMM called again with equal metadata is launched from ops' fast
-    dictionary; each call's own bias (and input) is used, never the recorded one's."""
+    dictionary, or, where PickAny gives it to cuBLAS, from the C entry points' recorded torch
+    call (which then serves calls before they reach the dictionary); each call's own bias (and
+    input) is used, never the recorded one's."""
     from kernel_api import ops
     from kernel_api.ops import dispatch
     torch.manual_seed(10)
@@ -167,8 +169,9 @@ def test_repeated_epilogue_gemm_uses_the_fast_entry_with_each_calls_own_bias():
         # the fast key holds each pointer's bits below 1024 (the alignment arguments record)
         alignments.add((x.data_ptr() & 1023, out.data_ptr() & 1023, bias.data_ptr() & 1023))
     entries = [v for k, v in dispatch._fast.items() if len(k) == 4 and k[2] == "gelu"]
-    # recorded once per pointer-alignment class the allocator happened to give, as epilogue entries
-    assert len(entries) == len(alignments) < 6 and all(len(e) == 6 for e in entries)
+    # recorded at most once per pointer-alignment class the allocator happened to give, as
+    # epilogue entries (fewer where the C entry points served calls first)
+    assert 1 <= len(entries) <= len(alignments) < 6 and all(len(e) == 6 for e in entries)
     # no tensor is kept by the entry (the bias goes in at each call)
     assert not any(isinstance(c, torch.Tensor) for c in entries[0][1] + entries[0][2])
 

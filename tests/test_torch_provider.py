@@ -305,3 +305,49 @@ def test_ops_gemm_runs_torch_chosen_problems_from_the_c_table(allocate, dtype):
         assert not ops._fast
     ops.clear_dispatch_cache()
     assert native.entry().calls() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("allocate", [False, True])
+def test_ops_gemm_runs_torch_chosen_bias_epilogues_from_the_c_entry_points(activation, allocate):
+    """A row bias (and relu / gelu) on a problem the policy gives cuBLAS: after the first call,
+    repeated calls run torch.addmm's from the C entry points (nothing reaches ops' Python fast
+    path) and write the right values, into a NaN-filled output or a new one; the same through a
+    kernel_api.nn.Linear under no_grad."""
+    import kernel_api.nn
+    from kernel_api import native
+    from kernel_api.ops import dispatch as ops
+
+    if native.entry() is None:
+        pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
+    ops.clear_dispatch_cache()
+    A = torch.randn(96, 72, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(80, 72, device="cuda", dtype=torch.bfloat16).t()
+    bias = torch.randn(80, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(96, 80, device="cuda", dtype=torch.bfloat16)
+    act = {None: lambda z: z, "relu": torch.relu,
+           "gelu": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}[activation]
+    with kernel_api.settings(providers="torch"):
+        call = (lambda: kernel_api.ops.gemm(A, B, bias=bias, activation=activation)) if allocate else \
+            (lambda: kernel_api.ops.gemm(A, B, out=out, bias=bias, activation=activation))
+        call()
+        assert native.entry().calls() == (2 if allocate else 1)
+        ops._fast.clear()
+        for _ in range(2):
+            A.copy_(torch.randn_like(A))
+            bias.copy_(torch.randn_like(bias))
+            out.fill_(float("nan"))
+            got = call()
+            assert allocate or got is out
+            torch.cuda.synchronize()
+            assert _rel(got, act(A.double() @ B.double() + bias.double())) <= 1e-2
+        assert not ops._fast  # served from C: the Python path would have recorded its launch again
+        layer = kernel_api.nn.Linear(72, 80, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(96, 72, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            layer(x)
+            ops._fast.clear()
+            got = layer(x)
+        assert not ops._fast and _rel(got, x.double() @ layer.weight.double().t() + layer.bias.double()) <= 1e-2
+    ops.clear_dispatch_cache()

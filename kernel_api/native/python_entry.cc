@@ -19,16 +19,18 @@
 //       with kTf32Tag set while it is True, since the choice for f32 operands follows it; without
 //       it gemm_plain declines f32 operands
 //   gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
-//       -> out | None: `kernel_api.ops.gemm`'s table launch for a plain call; its contract is in
-//       docs/architecture.md ("The gemm_plain contract")
+//       -> out | None: `kernel_api.ops.gemm`'s table launch for a plain call (or a recorded torch
+//       call for one with a row bias and an activation); its contract is in docs/architecture.md
+//       ("The gemm_plain contract")
 //   remember(tag, value, *tensors) -> bool; recall(tag, *tensors) -> value | None; forget()
 //       a dictionary keyed like the launch table (dtypes, devices, shapes, strides, pointer
 //       alignment): what Python computed from tensors' metadata, found again without Python.
 //   record_call(tag, call, *tensors) -> bool; forget_calls(); calls() -> int
 //       torch calls keyed like the launch table, for kernels that launch through torch on the
-//       current stream (cuBLAS through torch.matmul): gemm_plain calls call(A, B, out=out) for a
-//       plain call on the current stream that the table itself has no entry for; a call recorded
-//       with kNewOutputTag for (A, B) alone serves allocating calls as call(A, B).
+//       current stream (cuBLAS through torch.matmul, torch.addmm): gemm_plain calls
+//       call(A, B[, bias], out=out) for a call on the current stream that the table itself has no
+//       entry for; a call recorded with kNewOutputTag for the inputs alone serves allocating
+//       calls as call(A, B[, bias]).
 //
 // Tensors carrying torch's lazy negative or conjugate bit (which DLPack cannot express) are never
 // read (see "Lazy bits" below): launch, gemm_plain and recall miss, remember declines, and bind
@@ -458,15 +460,16 @@ int RequiresGrad(PyObject* tensor) {
 
 // Whether a launch now would bypass something Python must see: a torch dispatch mode (a
 // tracer's, or the user's), or autograd. -1 with a Python error.
-int NeedsPython(PyObject* A, PyObject* B) {
+int NeedsPython(PyObject* A, PyObject* B, PyObject* bias = nullptr) {
   PyObject* modes = PyObject_CallNoArgs(ops.dispatch_modes);
   if (modes == nullptr) return -1;
   const long depth = PyLong_AsLong(modes);
   Py_DECREF(modes);
   if (depth != 0) return depth == -1 && PyErr_Occurred() ? -1 : 1;
-  const int a = RequiresGrad(A);
-  const int b = a == 0 ? RequiresGrad(B) : a;
-  if (b <= 0) return b;
+  int grad = RequiresGrad(A);
+  if (grad == 0) grad = RequiresGrad(B);
+  if (grad == 0 && bias != nullptr) grad = RequiresGrad(bias);
+  if (grad <= 0) return grad;
   PyObject* enabled = PyObject_CallNoArgs(ops.grad_enabled);
   if (enabled == nullptr) return -1;
   const int result = enabled == Py_True;
@@ -603,6 +606,45 @@ bool SplitsColumns(const DLTensor& a, const DLTensor& b) {
   return n % vec != 0 && n >= 4 * vec && a.shape[0] >= kSplitMinRows;
 }
 
+// The torch call recorded for these inputs (operands[0, inputs)) with a dense output as the
+// caching allocator makes one: A's dtype and device, shape (*A.shape[:-1], N), row-major, its data
+// 512-byte aligned (low pointer bits 0 or 512). Found without allocating the output; borrowed, or
+// nullptr. operands[inputs] is scratch.
+PyObject* RecordedForDenseOutput(long long tag, TVMFFIAny* operands, int inputs, const DLTensor& a,
+                                 const DLTensor& b) {
+  if (torch_calls.empty() || a.ndim < 1 || b.ndim < 1 || a.ndim > 8) return nullptr;
+  int64_t shape[8];
+  int64_t strides[8];
+  for (int i = 0; i + 1 < a.ndim; ++i) shape[i] = a.shape[i];
+  shape[a.ndim - 1] = b.shape[b.ndim - 1];
+  int64_t stride = 1;
+  for (int i = a.ndim - 1; i >= 0; --i) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  DLTensor dense{};
+  dense.ndim = a.ndim;
+  dense.shape = shape;
+  dense.strides = strides;
+  dense.dtype = a.dtype;
+  dense.device = a.device;
+  SetPointer(&operands[inputs], kTVMFFIDLTensorPtr, &dense);
+  std::string key;
+  PyObject* found_call = nullptr;
+  for (uintptr_t low : {uintptr_t{0}, uintptr_t{512}}) {
+    dense.data = reinterpret_cast<void*>((uintptr_t{1} << 20) | low);  // (only the low 10 bits are keyed)
+    key.clear();
+    if (!kernel_api_native::TensorKey(tag, operands, inputs + 1, &key)) break;
+    auto found = torch_calls.find(key);
+    if (found != torch_calls.end()) {
+      found_call = found->second;
+      break;
+    }
+  }
+  SetPointer(&operands[inputs], kTVMFFINone, nullptr);
+  return found_call;
+}
+
 // The tag an f32 GEMM is looked up under: with kTf32Tag while torch allows TF32. -1 (no Python
 // error) when the flag cannot be read: the call is declined.
 long long KeyedTag(long long tag, const DLTensor& a) {
@@ -618,10 +660,27 @@ long long KeyedTag(long long tag, const DLTensor& a) {
   return keyed;
 }
 
-// ops.gemm(A, B, out, ...) for a plain call whose operands' metadata the launch table has an entry
-// for (or, on the current stream, a recorded torch call): launched, and the output returned; None (no Python error) whenever it declines, and the
-// caller's Python path decides. The contract (the 11 arguments, when it declines or raises, who
-// calls it) is documented in one place: docs/architecture.md, "The gemm_plain contract".
+// A call with a row bias (and an activation) is keyed by (A, B, bias, out) under its tag with
+// the activation's code at kEpilogueShift (kernel_api.ops.dispatch._EPILOGUE_SHIFT): policy ids
+// are user-space addresses, far below 2^60. Codes: no activation 1, relu 2, gelu 3, silu 4.
+constexpr int kEpilogueShift = 60;
+
+// The activation's code (1 for None), or -1 (no Python error) for anything else.
+long long ActivationCode(PyObject* activation) {
+  if (activation == Py_None) return 1;
+  if (!PyUnicode_CheckExact(activation)) return -1;
+  static const char* const names[] = {"relu", "gelu", "silu"};
+  for (int i = 0; i < 3; ++i) {
+    if (PyUnicode_CompareWithASCIIString(activation, names[i]) == 0) return 2 + i;
+  }
+  return -1;
+}
+
+// ops.gemm(A, B, out, ...) for a plain call, or one with just a row bias and an activation, whose
+// operands' metadata the launch table has an entry for (or, on the current stream, a recorded
+// torch call): launched, and the output returned; None (no Python error) whenever it declines,
+// and the caller's Python path decides. The contract (the 11 arguments, when it declines or
+// raises, who calls it) is documented in one place: docs/architecture.md, "The gemm_plain contract".
 PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 11) {
     PyErr_SetString(PyExc_TypeError,
@@ -632,12 +691,22 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* A = args[1];
   PyObject* B = args[2];
   PyObject* out = args[3];
-  if (args[6] != Py_None || args[7] != Py_None || args[8] != Py_None || args[9] != Py_None ||
-      !IsExactly(args[4], 1.0) || !IsExactly(args[5], 0.0)) {
+  PyObject* bias = args[7] == Py_None ? nullptr : args[7];
+  if (args[6] != Py_None || args[9] != Py_None || !IsExactly(args[4], 1.0) || !IsExactly(args[5], 0.0)) {
+    Py_RETURN_NONE;
+  }
+  long long epilogue = 0;
+  if (bias != nullptr) {
+    // Only recorded torch calls serve these (the launch table holds no epilogue entries), on the
+    // current stream; our own kernels' epilogues take the Python path, so a miss costs little.
+    if (torch_calls.empty() || args[10] != Py_None) Py_RETURN_NONE;
+    epilogue = ActivationCode(args[8]);
+    if (epilogue < 0 || !PyObject_TypeCheck(bias, tensor_type)) Py_RETURN_NONE;
+  } else if (args[8] != Py_None) {
     Py_RETURN_NONE;
   }
   if (!PyObject_TypeCheck(A, tensor_type) || !PyObject_TypeCheck(B, tensor_type)) Py_RETURN_NONE;
-  const int needs_python = NeedsPython(A, B);
+  const int needs_python = NeedsPython(A, B, bias);
   if (needs_python != 0) {
     PyErr_Clear();
     Py_RETURN_NONE;
@@ -647,33 +716,55 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_Clear();
     Py_RETURN_NONE;
   }
-  PyObject* objects[] = {A, B, out};
-  DLTensor tensors[3];
-  TVMFFIAny operands[3];
-  if (!ReadOperands(objects, 2, tensors, operands)) {
+  // operands: A, B, the bias if any, then the output
+  const int inputs = bias == nullptr ? 2 : 3;
+  PyObject* objects[] = {A, B, bias == nullptr ? out : bias, out};
+  DLTensor tensors[4];
+  TVMFFIAny operands[4];
+  if (!ReadOperands(objects, inputs, tensors, operands)) {
     PyErr_Clear();
     Py_RETURN_NONE;
   }
-  const long long keyed_tag = KeyedTag(tag, tensors[0]);
+  long long keyed_tag = KeyedTag(tag, tensors[0]);
   if (keyed_tag == -1) Py_RETURN_NONE;
+  keyed_tag |= epilogue << kEpilogueShift;
   if (out == Py_None) {
     if (SplitsColumns(tensors[0], tensors[1])) Py_RETURN_NONE;  // two GEMMs into a padded output
     if (args[10] == Py_None) {  // a torch call recorded for allocating calls: torch allocates
       PyObject* made = nullptr;
-      const int called = CallRecorded(keyed_tag | kNewOutputTag, objects, operands, 2, OutputArgument::kNone, &made);
+      const int called = CallRecorded(keyed_tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone,
+                                      &made);
       if (called == 1) return made;
       if (called < 0) {
         PyErr_Clear();  // the Python path runs the call again and reports
         Py_RETURN_NONE;
       }
     }
-    objects[2] = NewOutput(A, B, tensors[0], tensors[1]);
+    if (bias != nullptr) {
+      // No output is made for these (the Python path would make another on a miss): a torch call
+      // recorded for a dense output as the allocator makes one (an out= call's, or an allocating
+      // call the Python path served) is kept for the inputs alone and run allocating.
+      PyObject* call = args[10] == Py_None
+                           ? RecordedForDenseOutput(keyed_tag, operands, inputs, tensors[0], tensors[1])
+                           : nullptr;
+      if (call == nullptr) Py_RETURN_NONE;
+      KeepForNewOutputs(keyed_tag, call, operands, inputs + 1);
+      PyObject* made = nullptr;
+      const int called = CallRecorded(keyed_tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone,
+                                      &made);
+      if (called == 1) return made;
+      PyErr_Clear();  // (raised, or not kept: the Python path runs the call and reports)
+      Py_RETURN_NONE;
+    }
+    objects[inputs] = NewOutput(A, B, tensors[0], tensors[1]);
   } else {
     Py_INCREF(out);
   }
-  PyObject* target = objects[2];
+  PyObject* target = objects[inputs];
+  const int count = inputs + 1;
   // (a new output is new memory from new_empty: it carries no lazy bit)
-  if (target == nullptr || !ReadOperands(objects + 2, 1, tensors + 2, operands + 2, out == Py_None ? 0 : -1)) {
+  if (target == nullptr ||
+      !ReadOperands(objects + inputs, 1, tensors + inputs, operands + inputs, out == Py_None ? 0 : -1)) {
     PyErr_Clear();
     Py_XDECREF(target);
     Py_RETURN_NONE;
@@ -695,14 +786,14 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   bool launched = false;
   if (!stream_ok) {
     PyErr_Clear();
-  } else if (kernel_api_native::LaunchRecorded(keyed_tag, stream, operands, 3, &launched) != 0) {
+  } else if (bias == nullptr && kernel_api_native::LaunchRecorded(keyed_tag, stream, operands, count, &launched) != 0) {
     TVMFFIObjectHandle error = nullptr;  // dropped: the Python path runs the call again and reports
     TVMFFIErrorMoveFromRaised(&error);
     if (error != nullptr) TVMFFIObjectDecRef(error);
     launched = false;
   }
   if (!launched && args[10] == Py_None) {
-    const int called = CallRecorded(keyed_tag, objects, operands, 3,
+    const int called = CallRecorded(keyed_tag, objects, operands, count,
                                     out == Py_None ? OutputArgument::kMade : OutputArgument::kGiven);
     if (called < 0) {
       PyErr_Clear();  // the Python path runs the call again and reports

@@ -45,7 +45,7 @@ def _project(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, b
     ``fuse_when_training``, is applied by torch after the GEMM (bias still fused): torch keeps
     the pre-activation for the derivative, where the fused op's backward would recompute it
     with one more GEMM (`kernel_api.ops.library`)."""
-    if x.device.type not in ("cuda", "meta"):
+    if not (x.is_cuda or x.is_meta):
         raise DeviceError(f"{_layer_name(layer)}: input is on {x.device}; kernel_api.nn layers run on CUDA tensors "
                           f"(move the model with .cuda(), or kernel_api.nn.unpatch it)")
     if _autocast_enabled("cuda"):
@@ -62,8 +62,8 @@ def _project(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, b
     if x.shape[-1] != K:
         raise ValueError(f"{_layer_name(layer)}: input has {x.shape[-1]} features in its last dimension, "
                          f"the layer takes {K}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
+    two_d = x.dim() == 2  # (the common case: no reshapes either way)
+    x2 = x if two_d else x.reshape(-1, K)
     unfused = activation is not None and not fuse_when_training and _grad_enabled() and (
         x.requires_grad or weight_kn.requires_grad or (bias is not None and bias.requires_grad))
     if x2.shape[0] == 0:  # nothing to launch; torch gives the empty result (and its grads)
@@ -73,7 +73,7 @@ def _project(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, b
         y = _ops.gemm(x2, weight_kn, bias=bias, activation=None if unfused else activation)
     if unfused:
         y = _TORCH_ACTIVATIONS[activation](y)
-    return y.reshape(*lead, N)
+    return y if two_d else y.reshape(*x.shape[:-1], N)
 
 
 def _layer_name(layer: torch.nn.Module) -> str:

@@ -60,6 +60,10 @@ _TF32_TAG = 4
 # OR'd into the tag of a torch call recorded for allocating calls, keyed by (A, B) alone
 # (python_entry.cc's kNewOutputTag): gemm_plain runs it as torch_call(A, B), which allocates.
 _NEW_OUTPUT_TAG = 8
+# A call with a row bias is keyed with its activation's code at bit `_EPILOGUE_SHIFT` of the tag
+# (python_entry.cc's kEpilogueShift; policy ids are user-space addresses, far below 2^60).
+_EPILOGUE_SHIFT = 60
+_EPILOGUE_CODES = {None: 1, "relu": 2, "gelu": 3, "silu": 4}
 _Tensor = torch.Tensor
 #: Operand types the fast paths take as they are: plain tensors and parameters (nn layers pass
 #: their weight, or GPT-2's Conv1D weight itself, and their bias as `torch.nn.Parameter`; a
@@ -182,9 +186,18 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
                 _fast.clear()
             extents = tuple(byte_extent(t) for t in tensors)
             if type(args) is GemmArguments and args.epilogue is not None:
-                entry = _epilogue_entry(launcher, args.epilogue.bias, index, token, extents)
+                epilogue = args.epilogue
+                entry = _epilogue_entry(launcher, epilogue.bias, index, token, extents)
                 if entry is not None:
                     _fast[fast_key] = entry
+                    code = _EPILOGUE_CODES.get(epilogue.activation)
+                    if (launcher.torch_call is not None and epilogue.bias is not None and code is not None
+                            and epilogue.alpha == 1.0 and id(token) >> _EPILOGUE_SHIFT == 0):
+                        # (the fast key holds beta 0 and no C): gemm_plain serves repeated calls
+                        A, B, out = tensors
+                        _record_torch_call(launcher, token, (A, B, epilogue.bias, out),
+                                           _GEMM_TAG | (_TF32_TAG if tf32 else 0) | code << _EPILOGUE_SHIFT,
+                                           new_output)
                 return
             # keep policy alive (its id() is in the key); extents for the overlap check
             _fast[fast_key] = (launcher, index, token, extents)
@@ -280,18 +293,19 @@ def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int,
 
 def _record_torch_call(launcher: Launcher, policy: Any, tensors: tuple, tag: int, new_output: bool = False) -> None:
     """Enter ``launcher.torch_call`` (a kernel launching through torch: `TorchGemm`) in the C
-    entry points' torch calls under ``tag`` for operands with ``tensors``' raw metadata:
-    ``gemm_plain`` then runs ``torch_call(A, B, out=out)`` for repeated plain calls on the
-    current stream (other streams take the Python path). ``new_output``: the output was
-    `_new_gemm_output`'s, so allocating calls with A's and B's metadata run ``torch_call(A, B)``,
-    letting torch allocate (the same tensor, without a new_empty of ours first)."""
+    entry points' torch calls under ``tag`` for operands with ``tensors``' raw metadata
+    (A, B, the bias of a call with one, the output last): ``gemm_plain`` then runs
+    ``torch_call(A, B[, bias], out=out)`` for repeated calls on the current stream (other streams
+    take the Python path). ``new_output``: the output was `_new_gemm_output`'s, so allocating
+    calls with the inputs' metadata run ``torch_call(A, B[, bias])``, letting torch allocate (the
+    same tensor, without a new_empty of ours first)."""
     if not _load_table() or _gemm_plain is None:
         return
     _tag_policy(policy)
     entry = native.entry()
     entry.record_call(id(policy) | tag, launcher.torch_call, *tensors)
     if new_output:
-        entry.record_call(id(policy) | tag | _NEW_OUTPUT_TAG, launcher.torch_call, *tensors[:2])
+        entry.record_call(id(policy) | tag | _NEW_OUTPUT_TAG, launcher.torch_call, *tensors[:-1])
 
 
 def _forget_torch_calls() -> None:

@@ -282,11 +282,13 @@ class TorchGemm(_TorchKernel):
             return Launcher(_matmul_launch, torch_call=torch.matmul)
         if (args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0 and epilogue.bias is not None
                 and epilogue.bias_kind == "row"):
+            # torch_call: repeated calls on the current stream run from the C entry points too
             if epilogue.activation is None:
-                return Launcher(_addmm_launch, (epilogue.bias,))
+                return Launcher(_addmm_launch, (epilogue.bias,), torch_call=_addmm_call)
             if epilogue.activation in ("relu", "gelu"):
-                return Launcher(_addmm_gelu_launch if epilogue.activation == "gelu" else _addmm_relu_launch,
-                                (epilogue.bias,))
+                gelu = epilogue.activation == "gelu"
+                return Launcher(_addmm_gelu_launch if gelu else _addmm_relu_launch, (epilogue.bias,),
+                                torch_call=_addmm_gelu_call if gelu else _addmm_relu_call)
         return None
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
@@ -346,6 +348,22 @@ def _addmm_gelu_launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, bias
 def _addmm_relu_launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, bias: torch.Tensor, stream: Any) -> None:
     with contextlib.nullcontext() if _on_current_stream(stream) else _torch_stream(stream):
         torch._addmm_activation(bias, A, B, use_gelu=False, out=out)
+
+
+# The same products as `Launcher.torch_call`s, on the current stream: (A, B, bias[, out=out]),
+# allocating when out is None.
+def _addmm_call(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.addmm(bias, A, B, out=out)
+
+
+def _addmm_gelu_call(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    return torch._addmm_activation(bias, A, B, use_gelu=True, out=out)
+
+
+def _addmm_relu_call(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    return torch._addmm_activation(bias, A, B, use_gelu=False, out=out)
 
 
 def _row_design() -> RowReductionDesignMetadata:
