@@ -13,9 +13,9 @@ shapes, strides, pointer alignment, device) equal ``args``' is one call
 - when ``function`` is a TVM-FFI function (`Launcher.ffi`), `kernel_api.ops` records
   ``(function, tail)`` in the C launch table (`kernel_api.native`), which launches repeated
   calls without Python at all; a kernel that launches through torch instead offers
-  ``torch_call`` (``torch_call(*inputs, out=output)`` on the current stream, or
-  ``torch_call(*inputs)`` for an allocating call), which the C table calls for repeated plain
-  `ops.gemm` calls on the current stream.
+  ``torch_call`` (``torch_call(*inputs, *tail, out=output)`` on the current stream, or
+  ``torch_call(*inputs, *tail)`` for an allocating call), which the C entry points call for
+  repeated `ops.gemm` calls on the current stream.
 
 The stream comes last: a ``cuda.bindings`` CUstream from the Python paths
 (`kernel_api.core.streams.to_cuda_stream`), the raw pointer (or None for the current stream)
@@ -73,10 +73,11 @@ class Launcher:
     ``torch_call``: for a kernel that launches through torch (a tail of tensors only, such as a
     bias), a callable doing the same work as ``function`` on the caller's current stream, called
     as ``torch_call(*inputs, *tail, out=output)`` with the tensors in order, the output last
-    (torch.matmul for `TorchGemm`'s product, torch.addmm's for its bias epilogues). The C launch table then runs repeated plain calls of `kernel_api.ops.gemm`
-    without Python frames of ours: torch.matmul's own host time plus about a microsecond.
-    Allocating calls (no ``out``) call ``torch_call(*inputs, *tail)``, which must return a new output
-    shaped as ``(*A.shape[:-1], N)``, contiguous, of A's dtype (what torch.matmul returns).
+    (torch.matmul for `TorchGemm`'s product, torch.addmm's for its bias epilogues). The C entry
+    points then run repeated `kernel_api.ops.gemm` calls without Python frames of ours: torch's
+    own host time plus a microsecond or two. Allocating calls (no ``out``) call
+    ``torch_call(*inputs, *tail)``, which must return a new output shaped as
+    ``(*A.shape[:-1], N)``, contiguous, of A's dtype (what torch.matmul returns).
     """
 
     __slots__ = ("function", "tail", "ffi", "torch_call")

@@ -74,6 +74,18 @@ bool Configured() {
   return false;
 }
 
+// The tag (args[0]) of an entry point taking `lead` arguments before 1 to kMaxTensors tensors;
+// false with a Python error (a TypeError naming `usage` for a wrong count).
+bool ReadTag(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t lead, const char* usage, long long* tag) {
+  if (nargs < lead + 1 || nargs - lead > kMaxTensors) {
+    PyErr_Format(PyExc_TypeError, "%s: between 1 and %d tensors", usage, kMaxTensors);
+    return false;
+  }
+  if (!Configured()) return false;
+  *tag = PyLong_AsLongLong(args[0]);
+  return !(*tag == -1 && PyErr_Occurred());
+}
+
 // Sets *set to what `method` (is_neg or is_conj) answers for `object`; false with a Python error
 // when it raised.
 bool Flag(PyCFunction method, PyObject* object, bool* set) {
@@ -333,13 +345,8 @@ PyObject* Configure(PyObject*, PyObject* type) {
 }
 
 PyObject* Launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 3 || nargs - 2 > kMaxTensors) {
-    PyErr_SetString(PyExc_TypeError, "launch(tag, stream, *tensors): between 1 and 8 tensors");
-    return nullptr;
-  }
-  if (!Configured()) return nullptr;
-  const long long tag = PyLong_AsLongLong(args[0]);
-  if (tag == -1 && PyErr_Occurred()) return nullptr;
+  long long tag;
+  if (!ReadTag(args, nargs, 2, "launch(tag, stream, *tensors)", &tag)) return nullptr;
   const int count = static_cast<int>(nargs - 2);
   DLTensor tensors[kMaxTensors];
   TVMFFIAny operands[kMaxTensors];
@@ -645,6 +652,20 @@ PyObject* RecordedForDenseOutput(long long tag, TVMFFIAny* operands, int inputs,
   return found_call;
 }
 
+// Runs the torch call kept for allocating calls with these inputs (objects and operands
+// [0, inputs)) as call(*inputs), its result in *made: 1, 0 when none is kept, -1 with a Python
+// error. With `from_dense_output` (bias calls, for which gemm_plain makes no output), a call
+// recorded for an allocator-made dense output is kept for the inputs first when none is.
+int CallForNewOutput(long long tag, PyObject* const* objects, TVMFFIAny* operands, int inputs,
+                     const DLTensor* tensors, bool from_dense_output, PyObject** made) {
+  const int called = CallRecorded(tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone, made);
+  if (called != 0 || !from_dense_output) return called;
+  PyObject* call = RecordedForDenseOutput(tag, operands, inputs, tensors[0], tensors[1]);
+  if (call == nullptr) return 0;
+  KeepForNewOutputs(tag, call, operands, inputs + 1);
+  return CallRecorded(tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone, made);
+}
+
 // The tag an f32 GEMM is looked up under: with kTf32Tag while torch allows TF32. -1 (no Python
 // error) when the flag cannot be read: the call is declined.
 long long KeyedTag(long long tag, const DLTensor& a) {
@@ -730,32 +751,17 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   keyed_tag |= epilogue << kEpilogueShift;
   if (out == Py_None) {
     if (SplitsColumns(tensors[0], tensors[1])) Py_RETURN_NONE;  // two GEMMs into a padded output
-    if (args[10] == Py_None) {  // a torch call recorded for allocating calls: torch allocates
+    if (args[10] == Py_None) {  // a torch call kept for allocating calls: torch allocates
       PyObject* made = nullptr;
-      const int called = CallRecorded(keyed_tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone,
-                                      &made);
+      const int called = CallForNewOutput(keyed_tag, objects, operands, inputs, tensors, bias != nullptr, &made);
       if (called == 1) return made;
       if (called < 0) {
         PyErr_Clear();  // the Python path runs the call again and reports
         Py_RETURN_NONE;
       }
     }
-    if (bias != nullptr) {
-      // No output is made for these (the Python path would make another on a miss): a torch call
-      // recorded for a dense output as the allocator makes one (an out= call's, or an allocating
-      // call the Python path served) is kept for the inputs alone and run allocating.
-      PyObject* call = args[10] == Py_None
-                           ? RecordedForDenseOutput(keyed_tag, operands, inputs, tensors[0], tensors[1])
-                           : nullptr;
-      if (call == nullptr) Py_RETURN_NONE;
-      KeepForNewOutputs(keyed_tag, call, operands, inputs + 1);
-      PyObject* made = nullptr;
-      const int called = CallRecorded(keyed_tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone,
-                                      &made);
-      if (called == 1) return made;
-      PyErr_Clear();  // (raised, or not kept: the Python path runs the call and reports)
-      Py_RETURN_NONE;
-    }
+    // No output is made for a bias call: on a miss the Python path would make another.
+    if (bias != nullptr) Py_RETURN_NONE;
     objects[inputs] = NewOutput(A, B, tensors[0], tensors[1]);
   } else {
     Py_INCREF(out);
@@ -856,13 +862,8 @@ PyObject* StoreByMetadata(std::unordered_map<std::string, PyObject*>* store, siz
 }
 
 PyObject* Recall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 2 || nargs - 1 > kMaxTensors) {
-    PyErr_SetString(PyExc_TypeError, "recall(tag, *tensors): between 1 and 8 tensors");
-    return nullptr;
-  }
-  if (!Configured()) return nullptr;
-  const long long tag = PyLong_AsLongLong(args[0]);
-  if (tag == -1 && PyErr_Occurred()) return nullptr;
+  long long tag;
+  if (!ReadTag(args, nargs, 1, "recall(tag, *tensors)", &tag)) return nullptr;
   thread_local std::string key;  // reused: no allocation per call once it has grown
   if (!MetadataKey(tag, args + 1, static_cast<int>(nargs - 1), &key)) {
     PyErr_Clear();  // not tensors this can key: the caller computes
@@ -875,24 +876,14 @@ PyObject* Recall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* Remember(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 3 || nargs - 2 > kMaxTensors) {
-    PyErr_SetString(PyExc_TypeError, "remember(tag, value, *tensors): between 1 and 8 tensors");
-    return nullptr;
-  }
-  if (!Configured()) return nullptr;
-  const long long tag = PyLong_AsLongLong(args[0]);
-  if (tag == -1 && PyErr_Occurred()) return nullptr;
+  long long tag;
+  if (!ReadTag(args, nargs, 2, "remember(tag, value, *tensors)", &tag)) return nullptr;
   return StoreByMetadata(&remembered, kRememberLimit, Forget, tag, args[1], args + 2, static_cast<int>(nargs - 2));
 }
 
 PyObject* RecordCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 3 || nargs - 2 > kMaxTensors) {
-    PyErr_SetString(PyExc_TypeError, "record_call(tag, call, *tensors): between 1 and 8 tensors");
-    return nullptr;
-  }
-  if (!Configured()) return nullptr;
-  const long long tag = PyLong_AsLongLong(args[0]);
-  if (tag == -1 && PyErr_Occurred()) return nullptr;
+  long long tag;
+  if (!ReadTag(args, nargs, 2, "record_call(tag, call, *tensors)", &tag)) return nullptr;
   if (!PyCallable_Check(args[1])) {
     PyErr_SetString(PyExc_TypeError, "record_call: call must be callable");
     return nullptr;
