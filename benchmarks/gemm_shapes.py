@@ -2,7 +2,7 @@
 PickAny's choice, ``kernel_api.ops.gemm`` and cuBLAS (``torch.matmul``), in one process.
 
     python3 benchmarks/gemm_shapes.py --group odd --repeats 3        # the four odd shapes, 3 runs
-    python3 benchmarks/gemm_shapes.py --group odd,aligned --tag s21
+    python3 benchmarks/gemm_shapes.py --group odd,aligned --tag mine
     python3 benchmarks/gemm_shapes.py --list                          # the groups and their cases
 
 Groups (`GROUPS`): ``odd`` (odd extents and leading dimensions: goal 1), ``aligned`` (the seven
@@ -25,7 +25,7 @@ Per case:
 - **ops.gemm**: the front door under the default policy (PickAny), with ``out=``;
 - **cuBLAS**: ``torch.matmul(A, B, out=...)``.
 
-Timing (the house method of benchmarks/small_m.py, whose ``time_group`` this reuses): the
+Timing (the house method, benchmarks/house_timing.py's ``time_group``): the
 contestants run in alternating order in one process, shuffled each repetition, each launch between
 its own CUDA events, behind a sleep kernel so the host queues ahead of the GPU; medians of
 ``--repeat`` launches. Inputs are fresh random data, rotated over enough sets to exceed 256 MB
@@ -33,14 +33,14 @@ its own CUDA events, behind a sleep kernel so the host queues ahead of the GPU; 
 and the spread of each ratio. Every contestant's output is checked against float64 first.
 ``--sustained-ms T`` times after T ms of untimed back-to-back launches instead of after the
 sleep kernel: short timed bursts after an idle GPU run at the top clock, sustained GEMM work
-does not, and some kernels lose more to that than others (NOTES-sm90.md, session 33).
-``--own-state-ms T`` times each contestant in its own power state instead (`small_m.time_own_state`:
+does not, and some kernels lose more to that than others (docs/performance.md, "Power state").
+``--own-state-ms T`` times each contestant in its own power state instead (`house_timing.time_own_state`:
 T ms of its own untimed back-to-back launches, then ``--repeat`` timed ones, the contestants in a
 shuffled order per run): under the power cap a kernel that draws less runs at a higher clock, which
-interleaved launches hide (NOTES-f64.md, session 40).
+interleaved launches hide (docs/performance.md, "f64 and f32 GEMM").
 PickBest's own timing runs after 200 ms of untimed launches (`PickBest`'s ``settle_ms``), in the
 sustained state, each candidate in its own power state (``--pickbest-power-state own``, the library's
-default since session 41) or the candidates in turn (``shared``: the runs before session 41).
+default) or the candidates in turn (``shared``).
 
 Prints one table per group last; JSON goes to benchmarks/results/gemm_shapes-<device>-<tag>.json
 (and to $OUT when that folder exists).
@@ -67,7 +67,7 @@ from kernel_api.ops.dispatch import allowed_math  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
 from kernel_api.tuning.policies import DEFAULT_POWER_STATE, POWER_STATES, PickAny, PickBest  # noqa: E402
 from results_io import result_name, write_result  # noqa: E402
-from small_m import geomean, time_group, time_own_state  # noqa: E402  (the house timing)
+from house_timing import geomean, time_group, time_own_state  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f64": torch.float64}
 ROTATE_BYTES = 256 << 20
@@ -110,7 +110,7 @@ GROUPS: dict[str, list[Case]] = {
                 for N in (4096, 8192, 14336) for K in (4096, 8192, 14336)],
     # goal 3: f32 at torch's default precision (cuBLAS FP32; only f32-math kernels may be chosen,
     # as ops.gemm does) and with TF32 allowed (cuBLAS TF32 against our tf32 / 3xTF32 kernels);
-    # benchmarks/gemm_f32.py times each tf32 and 3xTF32 configuration against both
+    # (each tf32 and 3xTF32 configuration is a PickBest candidate here)
     "f32": [Case(n, n, n, "f32", "tnt", tf32=tf32) for tf32 in (False, True) for n in (4096, 8192)],
     # goal 4: f64 on the FP64 tensor cores against cuBLAS DGEMM
     "f64": [Case(2048, 2048, 2048, "f64"), Case(8192, 8192, 8192, "f64")],
@@ -150,7 +150,7 @@ GROUPS: dict[str, list[Case]] = {
     "odd_small": [Case(1000, 1000, 1000), Case(777, 1333, 555), Case(4095, 1024, 511, "f16"),
                   Case(100, 5000, 3001, "bf16", "tnt")],
     # grids of odd extents at 0.1-45 GFLOP, where cuBLAS's alignment-1 path and our staged
-    # copies both pay fixed times (NOTES-sm90.md, session 38)
+    # copies both pay fixed times (docs/performance.md, "Realigned GEMM")
     "odd_sweep": [Case(M, N, K) for M in (100, 777, 1500, 3000) for N in (1333, 5001) for K in (555, 3001)],
     # tiny odd problems (launch-bound: which single-launch kernel, if any, beats cuBLAS's
     # alignment-1 path there)
@@ -160,7 +160,7 @@ GROUPS: dict[str, list[Case]] = {
                    ((250, 2999, 999, "ttt"), (450, 777, 4001, "ttt"), (1111, 1111, 1111, "ttt"),
                     (2222, 3333, 777, "ttt"), (63, 9001, 2047, "tnt"), (1025, 4099, 1537, "tnt"),
                     (3001, 999, 333, "ttt"), (600, 7000, 1000, "tnt"))],
-    # held out from the fit of session 39's alignment-1 models (cuBLAS's path, SimtGemm, the
+    # held out from the fit of the alignment-1 models (cuBLAS's path, SimtGemm, the
     # staged kernels): tiny f16 / bf16 pairs, 0.1-20 GFLOP, batched, and GPT-2's vocabulary at
     # decode (M = 1, 8, 64) and prefill
     "odd_heldout": [Case(45, 77, 31), Case(45, 77, 31, "f16"), Case(200, 129, 97), Case(200, 129, 97, "f16"),
@@ -179,13 +179,13 @@ GROUPS: dict[str, list[Case]] = {
                      Case(8, 50257, 768, "bf16", "tnt"), Case(64, 50257, 768, "bf16", "tnt"),
                      Case(2048, 50257, 768, "bf16", "tnt")],
     # f32 (FP32 and TF32) and f64 with odd extents and leading dimensions: no run had measured
-    # cuBLAS's path there before session 39, which PickAny rates at `TORCH_UNALIGNED_FACTOR`
+    # cuBLAS's path there before, which PickAny rates at `TORCH_UNALIGNED_FACTOR`
     "odd_wide": [Case(M, N, K, dt, lay, tf32=tf32)
                  for dt, tf32 in (("f32", False), ("f32", True), ("f64", False))
                  for M, N, K, lay in ((333, 333, 333, "ttt"), (777, 1333, 555, "ttt"), (1000, 1000, 999, "ttt"),
                                       (2000, 3000, 1001, "ttt"), (4095, 4096, 4095, "ttt"), (64, 50257, 768, "tnt"))],
     # narrow odd outputs (17-128 rows against thousands of columns), held out from a narrow-output
-    # factor on cuBLAS's alignment-1 estimate, which they showed did not hold (session 39)
+    # factor on cuBLAS's alignment-1 estimate, which they showed did not hold
     "odd_narrow": [Case(32, 6001, 1001), Case(48, 30001, 512), Case(20, 12289, 2049), Case(64, 9999, 4095),
                    Case(56, 4097, 777, "bf16", "tnt"), Case(24, 32001, 4096, "bf16", "tnt"), Case(33, 8191, 1537, "f16"),
                    Case(128, 6001, 1001)],
@@ -355,14 +355,13 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=30, help="launches per contestant per timing run")
     p.add_argument("--sustained-ms", type=float, default=0.0,
                    help="time after this many ms of untimed back-to-back launches of the group instead of after "
-                        "an idle sleep kernel (the power state of sustained work; small_m.time_group)")
+                        "an idle sleep kernel (the power state of sustained work; house_timing.time_group)")
     p.add_argument("--own-state-ms", type=float, default=0.0,
                    help="time each contestant on its own after this many ms of its own untimed launches (its own "
-                        "power state; small_m.time_own_state) instead of interleaved")
+                        "power state; house_timing.time_own_state) instead of interleaved")
     p.add_argument("--pickbest-power-state", choices=POWER_STATES, default=DEFAULT_POWER_STATE,
-                   help="PickBest's timing: each candidate in its own power state (own, the library's default "
-                        "since session 41) or the candidates in turn at one clock (shared, the default before; "
-                        "PickBest's power_state)")
+                   help="PickBest's timing: each candidate in its own power state (own, the library's default) "
+                        "or the candidates in turn at one clock (shared; PickBest's power_state)")
     p.add_argument("--max-candidates", type=int, default=6, help="PickBest: best-ranked candidates measured")
     p.add_argument("--tag", default="run")
     p.add_argument("--cases", default=None, help="regular expression: only the cases whose name matches "
@@ -390,10 +389,10 @@ def main() -> None:
         results[g] = {"cases": rows, "summary": summarise(rows)}
     doc = {"device": device, "torch": torch.__version__, "options": vars(opts), "argv": sys.argv,
            "timing": (f"each contestant on its own, after {opts.own_state_ms:g} ms of its own untimed launches, "
-                      "the contestants in a shuffled order per run (small_m.time_own_state), CUDA events per launch, "
+                      "the contestants in a shuffled order per run (house_timing.time_own_state), CUDA events per launch, "
                       "median of --repeat per run, median over --repeats runs" if opts.own_state_ms else
                       "alternating launches behind " + (f"{opts.sustained_ms:g} ms of untimed back-to-back launches "
-                      "of the group" if opts.sustained_ms else "a sleep kernel") + " (small_m.time_group), CUDA "
+                      "of the group" if opts.sustained_ms else "a sleep kernel") + " (house_timing.time_group), CUDA "
                       "events per launch, median of --repeat per run, median over --repeats runs"),
            "groups": results, "seconds": time.perf_counter() - t0}
     paths = write_result(result_name("gemm_shapes", device, opts.tag), doc)

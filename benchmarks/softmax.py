@@ -13,9 +13,11 @@ spread. Bytes are one read of each input and one write of each output (forward: 
 backward: grad_out, out, grad_in). Also measured: the copy rate, the host cost of
 ``Kernel.run`` and the cubin cache. JSON: benchmarks/results/softmax-<device>-<tag>.json.
 
-``--replay`` needs no GPU: for every case of recorded JSONs (default: the H100/H200 ones) it
-ranks the currently registered candidates with the current cost model (cc 90, the file's SM
-count) and compares the best-ranked measured one with the measured best (`replay_case`).
+``--replay`` needs no GPU: for every case of recorded JSONs (default: the softmax results in
+benchmarks/results) it ranks the currently registered candidates with the current cost model
+(cc 90, the file's SM count) and compares the best-ranked measured one with the measured best
+(`replay_case`, on `kernel_api.tuning.replay`). The tests replay the curated cases of
+tests/data/measured_softmax_times.json the same way.
 """
 
 from __future__ import annotations
@@ -115,7 +117,6 @@ def timed_kernels(args: Any, cc: int, providers: tuple[str, ...], top: int) -> t
 
 #: The sm count a replay assumes when a results file does not record one (an H100 / H200).
 REPLAY_SMS = 132
-_DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SHORT_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
@@ -132,40 +133,30 @@ def _measured_ms(kernel: dict) -> float | None:
 
 def replay_case(entry: dict, sms: int = REPLAY_SMS, cc: int = 90) -> dict:
     """PickAny's choice *now* for one recorded case (``results[i]`` of a benchmark JSON), from
-    the currently registered candidates and cost model, against what the case measured.
+    the currently registered candidates and cost model, against what the case measured
+    (`kernel_api.tuning.replay.replay_softmax`: the best-ranked measured candidate).
 
-    The candidates are ranked as `timed_kernels` ranks them (on `_meta_arguments`, ``cc``,
-    ``sms`` SMs); the choice is the best-ranked one that the case measured (``top_unmeasured``
-    names PickAny's real top choice when the case did not measure it). Torch's time (the
-    median of ``torch_ms``) counts as its softmax kernel's. Measured kernels that are no
-    longer registered, or no longer candidates for the shape, are left out (``skipped``).
-    ``ratio``: best ms / choice ms (1.0: the choice is the fastest measured); ``choice_runs``:
-    the fastest and slowest of the choice's repeated measurements (None with one)."""
+    A kernel's time is its ``ms`` (`_measured_ms`); torch's (the median of ``torch_ms``) counts
+    as its softmax kernel's. ``ratio``: best ms / choice ms (1.0: the choice is the fastest
+    measured); ``choice_runs``: the fastest and slowest of the choice's repeated measurements
+    (None with one)."""
+    from kernel_api.tuning.replay import SoftmaxProblem, candidates, replay_ranking
     from kernel_api.tuning.policies import rank_candidates
 
     rows, cols = entry["shape"]
-    backward = entry["op"] == "bwd"
-    args = _meta_arguments(rows, cols, _DTYPE_NAMES[entry["dtype"]], backward)
-    ranked = rank_candidates(kernel_api.get_kernels(args, cc=cc), args, sm_count=sms)
+    args = SoftmaxProblem(rows, cols, entry["dtype"], entry["op"]).arguments()
+    ranked = rank_candidates(candidates(args, cc=cc), args, sm_count=sms)
     names = [k.metadata.kernel_name for k in ranked]
     measured = {n: ms for n, k in entry["kernels"].items() for ms in [_measured_ms(k)] if ms is not None}
     torch_name = next((n for n, k in zip(names, ranked) if k.metadata.provider == "torch"), None)
     if torch_name is not None and entry.get("torch_ms"):
         measured.setdefault(torch_name, statistics.median(entry["torch_ms"]))
-    skipped = sorted(n for n in measured if n not in names)
-    usable = {n: ms for n, ms in measured.items() if n in names}
-    result = {"shape": [rows, cols], "dtype": entry["dtype"], "op": entry["op"], "skipped": skipped,
-              "top": names[0] if names else None, "choice": None, "choice_ms": None, "best": None,
-              "best_ms": None, "ratio": None, "top_unmeasured": False, "recorded_pick": entry.get("pick_any")}
-    if not usable:
-        return result
-    choice = next(n for n in names if n in usable)
-    best = min(usable, key=usable.get)
-    runs = entry["kernels"].get(choice, {}).get("ms_runs") or []
-    result.update(choice=choice, choice_ms=usable[choice], best=best, best_ms=usable[best],
-                  ratio=usable[best] / usable[choice], top_unmeasured=choice != names[0],
-                  choice_runs=[min(runs), max(runs)] if len(runs) > 1 else None)
-    return result
+    r = replay_ranking(names, measured, stand_in=True)
+    runs = entry["kernels"].get(r.choice, {}).get("ms_runs") or [] if r.choice else []
+    return {"shape": [rows, cols], "dtype": entry["dtype"], "op": entry["op"], "skipped": list(r.skipped),
+            "top": r.top, "choice": r.choice, "choice_ms": r.choice_ms, "best": r.best, "best_ms": r.best_ms,
+            "ratio": r.ratio, "top_unmeasured": r.top_unmeasured, "recorded_pick": entry.get("pick_any"),
+            "choice_runs": [min(runs), max(runs)] if len(runs) > 1 else None}
 
 
 def replay_file(path: str, cc: int = 90) -> dict:

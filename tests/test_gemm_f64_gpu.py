@@ -1,4 +1,4 @@
-"""GPU checks of the f64 (DMMA) mode of `Sm80TensorOpGemm` and of every design ``benchmarks/gemm_f64.py`` times.
+"""GPU checks of the f64 (DMMA) mode of `Sm80TensorOpGemm`.
 
 Each case draws fresh f64 random operands (full 53-bit mantissas, so a product computed in any
 narrower type fails), places the output inside a NaN-filled guard buffer (a store outside it,
@@ -10,9 +10,7 @@ the alignment allows, in every layout combination. Run with ``pytest -m gpu -n 8
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import os
 
 import pytest
 import torch
@@ -36,14 +34,6 @@ def _cc() -> int:
 def _family_f64() -> dict:
     return {k.metadata.kernel_name: k for k in kernel_api.get_kernels(None, cc=_cc(), providers="cutedsl")
             if type(k).__name__ == "Sm80TensorOpGemm" and k.metadata.operands.A.dtype.name == "f64"}
-
-
-def _bench_module():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "gemm_f64.py")
-    spec = importlib.util.spec_from_file_location("gemm_f64_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _operand(L: int, rows: int, cols: int, column_major: bool, offset: int, gen) -> torch.Tensor:
@@ -129,30 +119,3 @@ def test_misaligned_f64_falls_back_to_alignment_1():
         torch.cuda.synchronize()
         ref = torch.matmul(A, B)
         assert float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)) <= TOL
-
-
-def _candidate_cases() -> list:
-    bench = _bench_module()
-    cases = []
-    # Every candidate design on the benchmark's own signature (rank 2, ttt, a2), then in the
-    # other layouts, alternating alignments 1 and 2.
-    for cand in bench.CANDIDATES:
-        name = bench.candidate_name(*cand)
-        cases.append(pytest.param(cand, "ttt", 2, 2, id=f"{name}-ttt-a2-rank2"))
-        for i, lay in enumerate(LAYOUTS):
-            align = 1 + (i + (lay == "ttt")) % 2
-            cases.append(pytest.param(cand, lay, align, 3, id=f"{name}-{lay}-a{align}"))
-    return cases
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cand, layouts, align, rank", _candidate_cases())
-def test_benchmark_candidates(cand, layouts, align, rank):
-    kernel = _bench_module().make_kernel(*cand, layouts=layouts, align=align)
-    if cand[3] > 4 and _cc() < 90:
-        pytest.skip("m16n8k8/m16n8k16 f64 MMA needs sm_90")
-    if rank == 2:
-        check_case(kernel, 257, 190, 131, 1, offset=1, rank=2)
-        return
-    for M, N, K, L in SHAPES:
-        check_case(kernel, M, N, K, L, offset=1)

@@ -1,136 +1,124 @@
-"""PickAny's GEMM choice against the recorded GPU measurements (issue #16, goal 7: within 10 %
-of the measured best), replayed on the CPU.
+"""PickAny's GEMM choice against recorded GPU measurements (issue #16, goal 7: within 10 % of
+the measured best), replayed on the CPU.
 
-`benchmarks/gemm_replay.py` ranks today's candidates with today's cost model (meta tensors,
-132 SMs) for every timed case of the H100 / H200 torch evidence
-(``selection_torch-*.json``: GPT-2's GEMMs and the issue #16 sweep; the H100 file is session 27's
-GPU-only run, ``...-s22.json`` the superseded one whose samples held host time) and of the H200 session 25
-``gemm_shapes`` runs (small_m, f32, f64), and looks the choice up in the case's timings. A
-results file that is missing skips its tests. Kernel discovery needs no GPU and imports no
-CuTe DSL.
+`kernel_api.tuning.replay` ranks today's candidates with today's cost model (meta tensors, cc 90,
+132 SMs) for every case of ``tests/data/measured_gemm_times.json`` and looks the choice up in the
+case's times. The runs there are named by device and content: the GPT-2 and issue-sweep
+selection evidence, and benchmarks/gemm_shapes.py's groups (small_m, f32, f64, odd, aligned,
+models, models_more, wave_fit, small, batched, odd_small, the odd grids and the held-out odd
+problems). ``benchmarks/gemm_replay.py`` prints the same replay for result files. Kernel
+discovery needs no GPU and imports no CuTe DSL.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
+import json
 import math
 import os
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
-H100 = "selection_torch-NVIDIA_H100_80GB_HBM3.json"
-H200 = "selection_torch-NVIDIA_H200.json"
-SMALL_M = "gemm_shapes-NVIDIA_H200-s25-small-m.json"
-SMALL_M_PICKANY = "gemm_shapes-NVIDIA_H200-s25-small-m-pickany.json"
-SPLIT_ALL = "gemm_shapes-NVIDIA_H200-s27-splitall.json"
-NARROW = "gemm_shapes-NVIDIA_H200-s28-narrow.json"
-FINAL = "gemm_shapes-NVIDIA_H200-s28-final.json"
-SHUFFLED_FINAL = "gemm_shapes-NVIDIA_H200-s29-shuffled-final.json"
-ODD_S30 = "gemm_shapes-NVIDIA_H200-s30-odd.json"
-ODD_S30_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s30-odd-h100.json"
-ODD_S30_FINAL = "gemm_shapes-NVIDIA_H200-s30-odd-final.json"
-ODD_S31 = "gemm_shapes-NVIDIA_H200-s31-odd.json"
-ODD_S31_SK = "gemm_shapes-NVIDIA_H200-s31-odd-sk.json"
-S31_SHUFFLED = "gemm_shapes-NVIDIA_H200-s31-shuffled-pickbest.json"
-ODD_S31_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s31-odd-h100.json"
-#: Session 37's Llama-3-8B layer shapes (``--group models``), with the 128x192 tile
-MODELS = "gemm_shapes-NVIDIA_H200-s37-models-a-192.json"
-MODELS_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-models-192-h100.json"
-MODELS_MORE = "gemm_shapes-NVIDIA_H200-s37-models-more.json"
-WAVE_FIT = "gemm_shapes-NVIDIA_H200-s37-wave-fit.json"
-WAVE_FIT_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-wave-fit-h100.json"
-WAVE_FIT_224 = "gemm_shapes-NVIDIA_H200-s37-wave-fit-224.json"
-WAVE_FIT_224_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s37-wave-fit-224-h100.json"
-#: Session 38's 5-30 us problems (``--group small``) on both cards, and ``models_more`` on an H100
-SMALL = "gemm_shapes-NVIDIA_H200-s38-small.json"
-SMALL_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-small-h100.json"
-MODELS_MORE_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-models-more-h100.json"
-#: ... and its batched and small odd problems (``--group batched,odd_small``), two grids of
-#: small odd problems (``odd_sweep``, ``odd_sweep2``) and tiny ones (``odd_tiny``)
-BATCHED_ODD_SMALL = "gemm_shapes-NVIDIA_H200-s38-batched-oddsmall.json"
-ODD_SWEEP = "gemm_shapes-NVIDIA_H200-s38-odd-sweep.json"
-ODD_SWEEP2 = "gemm_shapes-NVIDIA_H200-s38-odd-sweep2.json"
-ODD_TINY = "gemm_shapes-NVIDIA_H200-s38-odd-tiny.json"
-#: Session 39's small odd problems, measured to check the alignment-1 models fitted on the files
-#: above (``odd_heldout``), then fitted on with them
-ODD_HELDOUT = "gemm_shapes-NVIDIA_H200-s39-odd-heldout.json"
+from kernel_api.tuning.replay import GemmProblem, Replayed, replay_gemm
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "measured_gemm_times.json")
+
+H100 = "H100 GPT-2 and sweep"
+H200 = "H200 GPT-2 and sweep"
+#: M in 1..128 against N, K in 4096..14336 (``--group small_m``): our best and PickAny's choice
+SMALL_M = "H200 small-m"
+SMALL_M_PICKANY = "H200 small-m-pickany"
+#: M = 64 with every split-K count timed, before the narrow 64x64 tiles
+SPLIT_ALL = "H200 splitall"
+#: M = 64 / 128 with the narrow tiles
+NARROW = "H200 narrow"
+FINAL = "H200 final"
+SHUFFLED_FINAL = "H200 shuffled-final"
+#: The odd group: staged copies at a 16-byte pitch (H200, H100, then a final H200 run) ...
+ODD = "H200 odd"
+ODD_H100_A = "H100 odd"
+ODD_FINAL = "H200 odd-final"
+#: ... at a 128-byte pitch, then with the cooperative stream-K instance, then PickBest's timing shuffled
+ODD_B = "H200 odd (b)"
+ODD_SK = "H200 odd-sk"
+SHUFFLED_PICKBEST = "H200 shuffled-pickbest"
+ODD_H100_B = "H100 odd (b)"
+#: A Llama-3-8B layer's projections (``--group models``), with the 128x192 tile
+MODELS = "H200 models-a-192"
+MODELS_H100 = "H100 models-192"
+MODELS_MORE = "H200 models-more"
+WAVE_FIT = "H200 wave-fit"
+WAVE_FIT_H100 = "H100 wave-fit"
+WAVE_FIT_224 = "H200 wave-fit-224"
+WAVE_FIT_224_H100 = "H100 wave-fit-224"
+#: 5-30 us problems (``--group small``) on both cards, and ``models_more`` on an H100
+SMALL = "H200 small"
+SMALL_H100 = "H100 small"
+MODELS_MORE_H100 = "H100 models-more"
+#: batched and small odd problems (``--group batched,odd_small``), two grids of small odd
+#: problems (``odd_sweep``, ``odd_sweep2``) and tiny ones (``odd_tiny``)
+BATCHED_ODD_SMALL = "H200 batched-oddsmall"
+ODD_SWEEP = "H200 odd-sweep"
+ODD_SWEEP2 = "H200 odd-sweep2"
+ODD_TINY = "H200 odd-tiny"
+#: Small odd problems held out from the alignment-1 models' first fit (``odd_heldout``), then
+#: fitted on with the runs above
+ODD_HELDOUT = "H200 odd-heldout"
 #: ... and more, measured after that second fit (``odd_heldout2``): 17 of 18 within 10 %, where
-#: session 38's model had 15 (GPT-2's lm_head in nn.Linear's layout at 8 tokens: cuBLAS, 0.24x)
-ODD_HELDOUT2 = "gemm_shapes-NVIDIA_H200-s39-odd-heldout2.json"
-#: ... and those two, odd_tiny and odd_sweep2 on an H100 (45 of 51 within 10 %; session 38's
-#: model: 41)
-ODD_H100 = "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-h100.json"
+#: the model before the fit had 15 (GPT-2's lm_head in nn.Linear's layout at 8 tokens: cuBLAS, 0.24x)
+ODD_HELDOUT2 = "H200 odd-heldout2"
+#: ... and those two, odd_tiny and odd_sweep2 on an H100 (45 of 51 within 10 %; before the fit: 41)
+ODD_H100 = "H100 odd (c)"
 #: f32 (FP32 and TF32) and f64 odd shapes (``odd_wide``, H200), the first measured
-ODD_WIDE_F32 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f32.json"
-ODD_WIDE_F64 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64.json"
+ODD_WIDE_F32 = "H200 odd-wide-f32"
+ODD_WIDE_F64 = "H200 odd-wide-f64"
 #: ... f64 again with `CudaGemmF64`'s 8-byte-copy instances (``_align1``), measured by PickBest
-#: (``-align1``), then with PickAny's final model (``-final``), and the f64 group beside it
-ODD_WIDE_F64_ALIGN1 = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-align1.json"
-ODD_WIDE_F64_FINAL = "gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-final.json"
-F64_S39 = "gemm_shapes-NVIDIA_H200-s39-f64-aligned.json"
-#: narrow odd outputs (``odd_narrow``, H200; 7 of 8 within 10 %, session 38's model 5)
-ODD_NARROW = "gemm_shapes-NVIDIA_H200-s39-odd-narrow.json"
-#: both on an H100 with the final model (18 of 18 within 10 %)
-ODD_WIDE_H100 = ["gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-wide-f32-h100.json",
-                 "gemm_shapes-NVIDIA_H100_80GB_HBM3-s39-odd-wide-f64-h100.json"]
-#: 2048^3 on an H100 after `COOPERATIVE_EPILOGUE_K` 75 (PickAny's choice measured directly)
-AFTER_2048 = ["gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-h100.json",
-              "gemm_shapes-NVIDIA_H100_80GB_HBM3-s38-2048-sustained-h100.json"]
+#: (``-align1``), then with PickAny's final model (``-final``)
+ODD_WIDE_F64_ALIGN1 = "H200 odd-wide-f64-align1"
+ODD_WIDE_F64_FINAL = "H200 odd-wide-f64-final"
+#: narrow odd outputs (``odd_narrow``, H200; 7 of 8 within 10 %, the model before 5)
+ODD_NARROW = "H200 odd-narrow"
 
-#: The recorded files replayed in full.
-#: Session 40's aligned and f64 groups, interleaved after 300 ms and each contestant in its own
-#: power state (PickBest also so in the "pickown" files), before and after the ping-pong tiles in
-#: raster bands of 16 (benchmarks/NOTES-sm90.md and NOTES-f64.md, session 40).
-S40 = [f"gemm_shapes-NVIDIA_H200-s40-{tag}.json" for tag in (
-    "aligned-sustained", "aligned-own", "aligned-own-pickown", "aligned-swz16-sustained", "aligned-swz16-own",
-    "aligned-swz16sk-sustained", "f64-sustained", "f64-own", "f64-own-pickown")] + [
-    f"gemm_shapes-NVIDIA_H100_80GB_HBM3-s40-{tag}-h100.json" for tag in (
-        "aligned-sustained", "aligned-own", "f64-own-pickown", "aligned-swz16sk-sustained",
-        "aligned-swz16sk-pickown-sustained", "kheavy-pickown")]
-#: Session 41's: the aligned group with PickBest in its own power state on an H200, and with
-#: PickBest's new default (the same timing) on an H100, with the small group there; the f32 and
-#: f64 groups with the new default on an H200, launched in turn and (tf32) each on its own, and
-#: the Llama-3-8B layer's GEMMs (held out from the choice of the default).
-S41 = ["gemm_shapes-NVIDIA_H200-s41-aligned-pickown-sustained.json",
-       "gemm_shapes-NVIDIA_H100_80GB_HBM3-s41-aligned-default-sustained-h100.json",
-       "gemm_shapes-NVIDIA_H100_80GB_HBM3-s41-small-default-h100.json",
-       "gemm_shapes-NVIDIA_H200-s41-f32-f64-default.json", "gemm_shapes-NVIDIA_H200-s41-tf32-own-default.json",
-       "gemm_shapes-NVIDIA_H200-s41-models-default.json", "gemm_shapes-NVIDIA_H200-s41-models-more-default.json",
-       "gemm_shapes-NVIDIA_H200-s41-models-more-first-rerun.json"]
-# Session 42, after ops.gemm's torch calls moved to C: the host-bound case of the two runs above
-# (PickAny's TorchGemm 1.02x cuBLAS, our best tile 0.77x) and the small group
-S42 = ["gemm_shapes-NVIDIA_H200-s42-host-bound-case.json", "gemm_shapes-NVIDIA_H200-s42-small.json"]
-FILES = [H100, H200, SMALL_M, SMALL_M_PICKANY, "gemm_shapes-NVIDIA_H200-s25-f32.json",
-         "gemm_shapes-NVIDIA_H200-s25-f64.json", SPLIT_ALL, NARROW, FINAL,
-         "gemm_shapes-NVIDIA_H100_80GB_HBM3-s28-h100.json", "gemm_shapes-NVIDIA_H200-s29-clusters.json",
-         "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-clusters-h100.json", "gemm_shapes-NVIDIA_H200-s29-shuffled.json",
-         "gemm_shapes-NVIDIA_H100_80GB_HBM3-s29-shuffled-h100.json", SHUFFLED_FINAL,
-         "gemm_shapes-NVIDIA_H200-s29-shuffled-m64.json", ODD_S30, ODD_S30_H100, ODD_S30_FINAL, ODD_S31,
-         ODD_S31_SK, S31_SHUFFLED, ODD_S31_H100, MODELS, "gemm_shapes-NVIDIA_H200-s37-models-b-192.json", MODELS_H100,
-         MODELS_MORE, WAVE_FIT, WAVE_FIT_H100, WAVE_FIT_224, WAVE_FIT_224_H100, SMALL, SMALL_H100, MODELS_MORE_H100,
-         BATCHED_ODD_SMALL, ODD_SWEEP, ODD_SWEEP2, ODD_TINY, ODD_HELDOUT, ODD_HELDOUT2, ODD_H100, ODD_WIDE_F32, ODD_WIDE_F64,
-         ODD_WIDE_F64_ALIGN1, ODD_WIDE_F64_FINAL, F64_S39, *ODD_WIDE_H100, ODD_NARROW,
-         *AFTER_2048, *S40, *S41, *S42]
 
-#: The cases this session's cost terms brought within 10 % (session 27's GPU-only H100 evidence):
-#: (file, case, the ratio best / choice before them, the family PickAny takes now). The
-#: cluster-orientation term (`policies.CLUSTER_ALONG_LONG_SIDE`) turns GPT-2's tall prefill
-#: outputs to the 1x2 cluster; the GELU term's removal gives cuBLASLt's fused bias + GELU back
-#: its discount at a decode step.
+@functools.lru_cache(maxsize=1)
+def _runs() -> dict:
+    with open(DATA) as f:
+        return json.load(f)["runs"]
+
+
+#: Every recorded run, replayed in full.
+RUNS = sorted(_runs())
+
+
+@functools.lru_cache(maxsize=None)
+def _replayed(run: str) -> tuple[tuple[str, Replayed], ...]:
+    doc = _runs()[run]
+    return tuple((c["case"], replay_gemm(GemmProblem(**c["problem"]),
+                                         {k: ms for k, ms in zip(doc["kernels"], c["ms"]) if ms is not None}))
+                 for c in doc["cases"])
+
+
+def _case(run: str, case: str) -> Replayed:
+    found = [r for name, r in _replayed(run) if name == case]
+    assert len(found) == 1, (run, case, len(found))
+    return found[0]
+
+
+#: The cases that cost terms brought within 10 %: (run, case, the ratio best / choice before
+#: them, the family PickAny takes now). The cluster-orientation term
+#: (`policies.CLUSTER_ALONG_LONG_SIDE`) turns GPT-2's tall prefill outputs to the 1x2 cluster;
+#: without a GELU term cuBLASLt's fused bias + GELU keeps its discount at a decode step.
 FIXED = [
     (H100, "c_attn", 0.897, "Sm90WarpSpecializedGemm"),       # 1x2: 0.0548 ms against 2x1's 0.0572
     (H100, "attn.c_proj", 0.854, "Sm90WarpSpecializedGemm"),  # 1x2: 0.0218 against 0.0247
     (H100, "c_fc+gelu M=64", 0.770, "TorchGemm"),             # 0.0084 against our 64x128 tile's 0.0110
     # `policies.COOPERATIVE_EPILOGUE_K`: GPT-2's lm_head (K = 768) on the ping-pong 128x128 tile
     (H200, "lm_head aligned part", 0.796, "Sm90WarpSpecializedGemm"),  # 0.8889 against 1.1167
-    # (session 38, `COOPERATIVE_EPILOGUE_K` 80 -> 75) 2048^3 on the 128x256 cooperative tile: one
-    # wave against the ping-pong 128x128's two, 0.0273 ms against 0.0321 on the H100
+    # (`COOPERATIVE_EPILOGUE_K` 75, not 80) 2048^3 on the 128x256 cooperative tile: one wave
+    # against the ping-pong 128x128's two, 0.0273 ms against 0.0321 on the H100
     (SMALL_H100, "bf16 2048x2048x2048 ttt", 0.851, "Sm90WarpSpecializedGemm_bf16bf16_bf16_f32acc_ttt_tile128x256"),
-    # (session 39) the alignment-1 models in seconds, launches included (cuBLAS's path:
+    # the alignment-1 models in seconds, launches included (cuBLAS's path:
     # `TorchGemm._unaligned_cost`; `SimtGemm.estimated_cost`; the staged kernels' inner launch):
     # the staged kernels where cuBLAS's estimate had no fixed time ...
     (ODD_SWEEP, "bf16 777x1333x555 ttt", 0.845, "Sm90RealignedGemm"),          # 0.0224 ms against 0.0266
@@ -146,7 +134,7 @@ FIXED = [
     (ODD_HELDOUT2, "bf16 8x50257x768 tnt", 0.238, "Sm80TensorOpGemm"),
     (ODD_HELDOUT2, "bf16 33x65x17 ttt", 0.722, "SimtGemm"),
     # `sm90_warpspecialized.STREAM_K_FIXUP_K_TILES`: the split 128x256 tile at 9 k-tiles, which
-    # PickAny took at 0.0391 ms (session 38), against the 64x128 tile's 0.0337
+    # PickAny took at 0.0391 ms, against the 64x128 tile's 0.0337
     (ODD_SWEEP, "bf16 777x5001x555 ttt", 0.858, "Sm90RealignedGemm_bf16bf16_bf16_f32acc_ttt_tile64x128"),
     # `torch_ops.kernels.TORCH_UNALIGNED_FACTOR` by element size (f32 0.35, f64 0.8; 0.17 for all
     # before): cuBLAS TF32 and DGEMM on odd shapes, where 3xTF32 and the Sm80 DMMA tiles were taken
@@ -167,8 +155,8 @@ OPEN_MISSES = {
     # was the H200's best (0.0573 against 0.0583-0.0593): the devices disagree on the order.
     (H100, "mlp.c_proj dX"): "devices disagree",
     # Small odd problems where cuBLAS's alignment-1 path runs slower kernels than the model's
-    # 64x64 tiles (`TorchGemm._unaligned_cost`; session 39): M <= 100 against N >= 4000, where the
-    # staged kernels are 1.15-1.5x faster: 100x5001x555 0.0313 ms against 0.0209 (the model says
+    # 64x64 tiles (`TorchGemm._unaligned_cost`): M <= 100 against N >= 4000, where the staged
+    # kernels are 1.15-1.5x faster: 100x5001x555 0.0313 ms against 0.0209 (the model says
     # 0.0195: at K = 3001 the same output took cuBLAS 0.0467), 64x50257x768 0.1161 against 0.0775.
     (ODD_SWEEP, "bf16 100x5001x555 ttt"): "cuBLAS's alignment-1 path at M <= 100, N >= 4000",
     (ODD_SWEEP2, "bf16 63x9001x2047 tnt"): "cuBLAS's alignment-1 path at M <= 100, N >= 4000",
@@ -176,7 +164,7 @@ OPEN_MISSES = {
     (ODD_HELDOUT, "bf16 40x4097x4097 ttt"): "cuBLAS's alignment-1 path at M <= 100, N >= 4000",
     (ODD_HELDOUT, "bf16 64x50257x768 ttt"): "cuBLAS's alignment-1 path at M <= 100, N >= 4000",
     # (a factor of 1.9 on cuBLAS's estimate at 17-64 rows against 4000+ columns fitted the five
-    # above and failed on the held-out narrow group: 6 of 8 there against 7 without; reverted)
+    # above and failed on the held-out narrow group: 6 of 8 there against 7 without)
     (ODD_NARROW, "bf16 64x9999x4095 ttt"): "cuBLAS's alignment-1 path at M <= 100, N >= 4000",
     # 95x1000x300 (one staged copy, of A): cuBLAS 0.0082 ms, estimated 0.0119; the staged 64x128
     # tile 0.0095, estimated 0.0096
@@ -208,79 +196,64 @@ OPEN_MISSES = {
     # 0.0360-0.0402 ms across the two runs and two contestant slots, cuBLAS 0.0357-0.0364.
     (SMALL_M, "bf16 1x8192x8192 tnt"): "within the kernel's run-to-run spread",
     (SMALL_M_PICKANY, "bf16 8x8192x8192 tnt"): "within the kernel's run-to-run spread",
-    # A run the benchmark flagged host-bound (its first case, 20-35 us problems on a slow host):
-    # cuBLAS timed 33 us there against 18 us in session 37's run, PickAny's TorchGemm 40 us.
-    # Re-run in session 42 (S42): TorchGemm 1.02x cuBLAS (23.0 us), our best tile 0.77x.
-    ("gemm_shapes-NVIDIA_H200-s41-models-more-default.json", "bf16 256x4608x3584 tnt"): "host-bound run",
-    ("gemm_shapes-NVIDIA_H200-s41-models-more-first-rerun.json", "bf16 256x4608x3584 tnt"): "host-bound run",
+    # Runs the benchmark flagged host-bound (their first case, 20-35 us problems on a slow host):
+    # cuBLAS timed 33 us there against 18 us in the models-more run, PickAny's TorchGemm 40 us.
+    # Re-run alone ("H200 host-bound-case"): TorchGemm 1.02x cuBLAS (23.0 us), our best tile 0.77x.
+    ("H200 models-more-default", "bf16 256x4608x3584 tnt"): "host-bound run",
+    ("H200 models-more-first-rerun", "bf16 256x4608x3584 tnt"): "host-bound run",
 }
 
 #: Cases whose choice today the run did not time (no ratio): the M = 64 decode shapes of the
 #: runs before the narrow 64x64 tiles existed (PickAny takes them at M = 64 where they stream B
-#: faster than cuBLAS's floor); session 28's run times them (`NARROW`: 18 of 18 within 10 %).
+#: faster than cuBLAS's floor); NARROW times them (18 of 18 within 10 %).
 UNTIMED: set = {
-    # The 128x160 tile (session 37), which these runs did not have, for GPT-2's c_fc weight
-    # gradient and Llama-3-70B's qkv at 256 tokens: WAVE_FIT and WAVE_FIT_H100 time it, 1.00x /
-    # 0.97x and 1.04x / 1.00x cuBLAS (`test_wave_fit_shapes_take_the_128x160_tile`).
+    # The 128x160 tile, which these runs did not have, for GPT-2's c_fc weight gradient and
+    # Llama-3-70B's qkv at 256 tokens: WAVE_FIT and WAVE_FIT_H100 time it, 1.00x / 0.97x and
+    # 1.04x / 1.00x cuBLAS (`test_wave_fit_shapes_take_the_128x160_tile`).
     (H100, "c_fc dW"), (H200, "c_fc dW"), (MODELS_MORE, "bf16 256x10240x8192 tnt"),
     # and the 128x224 tile for Qwen2-7B's o and down projections at 1024 tokens, where every
     # earlier tile ran 0.90-0.94x cuBLAS: WAVE_FIT_224 times it, 0.99x and 1.02x
     (MODELS_MORE, "bf16 1024x3584x3584 tnt"), (MODELS_MORE, "bf16 1024x3584x18944 tnt")} | {
     # f16 4097^3 (odd group): PickAny takes the 128x256 cooperative tile with stream-K over fuller
-    # last waves (`sm90_realigned.REALIGNED_CONFIGS`, session 31), which these runs did not have.
-    # They had the 128x128 ping-pong tile chosen, at 0.82-0.90 of the best with the staged copies
-    # at a 16-byte pitch (sessions 28-30), 0.943 at the 128-byte pitch (ODD_S31); ODD_S31_SK
-    # times today's choice, the best of the five instances (`test_f16_4097_cubed_takes_the_split_tile`).
-    (name, "f16 4097x4097x4097 ttt") for name in (FINAL, SHUFFLED_FINAL, ODD_S30, ODD_S30_H100, ODD_S30_FINAL, ODD_S31)} | {(SMALL_M, f"bf16 64x{n}x{k} tnt") for n, k in ((4096, 4096), (8192, 8192), (14336, 4096), (14336, 14336))} | {
+    # last waves (`sm90_realigned.REALIGNED_CONFIGS`), which these runs did not have. They had
+    # the 128x128 ping-pong tile chosen, at 0.82-0.90 of the best with the staged copies at a
+    # 16-byte pitch, 0.943 at the 128-byte pitch (ODD_B); ODD_SK times today's choice, the best
+    # of the five instances (`test_f16_4097_cubed_takes_the_split_tile`).
+    (name, "f16 4097x4097x4097 ttt") for name in (FINAL, SHUFFLED_FINAL, ODD, ODD_H100_A, ODD_FINAL, ODD_B)} | {
+    (SMALL_M, f"bf16 64x{n}x{k} tnt") for n, k in ((4096, 4096), (8192, 8192), (14336, 4096), (14336, 14336))} | {
     (SPLIT_ALL, f"bf16 64x{n}x{k} tnt") for n in (4096, 8192, 14336) for k in (4096, 8192, 14336)
     if (n, k) != (4096, 14336)} | {
-    # 2048^3 on the 128x256 cooperative tile since session 38 (`COOPERATIVE_EPILOGUE_K` 75):
-    # these runs timed the ping-pong tiles only; SMALL, SMALL_H100 and the s21 / s31 runs time
-    # both (H200: a tie, 0.997-1.004x; H100: 0.894x the ping-pong tile's time)
+    # 2048^3 on the 128x256 cooperative tile (`COOPERATIVE_EPILOGUE_K` 75): these runs timed the
+    # ping-pong tiles only; SMALL, SMALL_H100 and the odd runs time both (H200: a tie,
+    # 0.997-1.004x; H100: 0.894x the ping-pong tile's time)
     (name, "bf16 2048x2048x2048 ttt") for name in (FINAL, SHUFFLED_FINAL)} | {
     # f64 from 2000x3000x1001 up: CudaGemmF64's 8-byte-copy instances, which this run did not
     # have; ODD_WIDE_F64_ALIGN1 and ODD_WIDE_F64_FINAL time them (1.21-1.27x DGEMM)
     (ODD_WIDE_F64, "f64 2000x3000x1001 ttt"), (ODD_WIDE_F64, "f64 4095x4096x4095 ttt")}
 
 
-@functools.lru_cache(maxsize=1)
-def _replayer():
-    path = os.path.join(ROOT, "benchmarks", "gemm_replay.py")
-    spec = importlib.util.spec_from_file_location("_gemm_replay", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@functools.lru_cache(maxsize=None)
-def _replayed(name: str) -> tuple[dict, ...]:
-    path = os.path.join(RESULTS, name)
-    if not os.path.exists(path):
-        pytest.skip(f"{name} is not in benchmarks/results")
-    return tuple(_replayer().replay_file(path))
-
-
-def _case(name: str, case: str) -> dict:
-    found = [r for r in _replayed(name) if r["case"] == case]
-    assert len(found) == 1, (name, case, len(found))
-    return found[0]
+def test_every_named_run_and_case_is_recorded():
+    named = {run for run, *_ in FIXED} | {run for run, _ in OPEN_MISSES} | {run for run, _ in UNTIMED}
+    assert named <= set(RUNS), named - set(RUNS)
+    for run, case in [(r, c) for r, c, *_ in FIXED] + list(OPEN_MISSES) + sorted(UNTIMED):
+        assert any(name == case for name, _ in _replayed(run)), (run, case)
 
 
 @pytest.mark.parametrize("name,case,before,family", FIXED)
 def test_fixed_cases_choose_within_10_percent(name, case, before, family):
     r = _case(name, case)
-    assert r["choice"].startswith(family), r
-    assert r["within"], r
-    assert r["ratio"] > before
+    assert r.choice.startswith(family), r
+    assert r.within, r
+    assert r.ratio > before
 
 
 @pytest.mark.parametrize("name", [MODELS, MODELS_H100])
 def test_qkv_projection_at_512_tokens_takes_the_128x192_tile(name):
     """bf16 512x6144x4096 (a Llama-3-8B qkv projection at 512 tokens): 128 tiles of 128x192, one
-    wave, where every other tile ran 0.76x cuBLAS (session 37, ...-s37-models-a.json before the
-    tile existed) and this one 1.01x on both cards."""
+    wave, where every other tile ran 0.76x cuBLAS before the tile existed and this one 1.01x on
+    both cards."""
     r = _case(name, "bf16 512x6144x4096 tnt")
-    assert "_tile128x192x64_" in r["choice"] and r["within"] and r["ratio"] > 0.99, r
+    assert "_tile128x192x64_" in r.choice and r.within and r.ratio > 0.99, r
 
 
 @pytest.mark.parametrize("name", [WAVE_FIT, WAVE_FIT_H100])
@@ -291,9 +264,9 @@ def test_wave_fit_shapes_take_the_128x160_tile(name):
     (the tile's ``cost_factor``)."""
     for case in ("bf16 768x3072x8192 ntt", "bf16 256x10240x8192 tnt"):
         r = _case(name, case)
-        assert "_tile128x160x64_" in r["choice"] and r["within"], r
+        assert "_tile128x160x64_" in r.choice and r.within, r
     r = _case(name, "bf16 3072x768x8192 ntt")
-    assert r["choice"].startswith("TorchGemm") and r["within"], r
+    assert r.choice.startswith("TorchGemm") and r.within, r
 
 
 @pytest.mark.parametrize("name", [WAVE_FIT_224, WAVE_FIT_224_H100])
@@ -303,26 +276,26 @@ def test_qwen_projections_take_the_128x224_tile(name, case):
     earlier tile of ours 0.90-0.94x cuBLAS in MODELS_MORE); with it 0.99x and 1.02x on the H200
     (cuBLAS the measured best at 3584x3584, 1 % ahead), 1.04x and 1.10x on the H100."""
     r = _case(name, case)
-    assert "_tile128x224x64_" in r["choice"] and r["within"] and r["ratio"] > 0.98, r
+    assert "_tile128x224x64_" in r.choice and r.within and r.ratio > 0.98, r
 
 
 def test_f16_4097_cubed_takes_the_split_tile():
-    r = _case(ODD_S31_SK, "f16 4097x4097x4097 ttt")
-    assert "cooperative_streamk_skk80" in r["choice"] and r["within"] and r["ratio"] > 0.99, r
+    r = _case(ODD_SK, "f16 4097x4097x4097 ttt")
+    assert "cooperative_streamk_skk80" in r.choice and r.within and r.ratio > 0.99, r
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", RUNS)
 def test_every_recorded_case_within_10_percent(name):
-    """Every timed case of the file chooses within 10 % of its measured best, but the open
+    """Every timed case of the run chooses within 10 % of its measured best, but the open
     misses (`OPEN_MISSES`). A choice the run did not time fails unless listed in `UNTIMED`."""
     outside, untimed = [], []
-    for r in _replayed(name):
-        key = (name, r["case"])
-        if r["within"] is None:
+    for case, r in _replayed(name):
+        key = (name, case)
+        if r.within is None:
             if key not in UNTIMED:
-                untimed.append(f"{r['case']}: {r['choice']}")
-        elif not r["within"] and key not in OPEN_MISSES:
-            outside.append(f"{r['case']}: {r['choice']} at {r['ratio']:.3f} of {r['best']}")
+                untimed.append(f"{case}: {r.choice}")
+        elif not r.within and key not in OPEN_MISSES:
+            outside.append(f"{case}: {r.choice} at {r.ratio:.3f} of {r.best}")
     assert not outside, "\n".join(outside)
     assert not untimed, "choices the run did not time:\n" + "\n".join(untimed)
 
@@ -438,3 +411,22 @@ def test_cooperative_tiles_pay_their_epilogue_at_short_k():
     assert cost(lm_head, pingpong) < cost(lm_head, cooperative)
     assert cost(big, cooperative) < cost(big, pingpong)
     assert 60 < COOPERATIVE_EPILOGUE_K < 100  # (the bounds its comment gives)
+
+
+def test_f32_and_f64_problems_have_our_kernels_and_the_front_doors_math():
+    """Every recorded f32 / f64 problem has kernels of ours among the candidates (f64 accumulates
+    in f64: with an f32 accumulator none would be found), and tf32 / 3xTF32 math only where torch
+    allowed TF32 (the f32 precision rule of ``ops.gemm``), on aligned problems always."""
+    from kernel_api.core.dtypes import DataType
+    from kernel_api.tuning.replay import candidates
+
+    problems = {GemmProblem(**c["problem"]) for doc in _runs().values() for c in doc["cases"]
+                if c["problem"].get("dtype") in ("f32", "f64")}
+    assert any(p.dtype == "f64" for p in problems) and any(p.tf32 for p in problems)
+    for problem in sorted(problems, key=repr):
+        found = candidates(problem.arguments(), tf32=problem.tf32)
+        assert [k for k in found if k.metadata.provider != "torch"], problem
+        maths = {k.metadata.operands.math_type for k in found}
+        tf32_math = bool(maths & {DataType.tf32, DataType.tf32x3})
+        aligned = all(n % 16 == 0 for n in (problem.M, problem.N, problem.K))
+        assert tf32_math == problem.tf32 if aligned else not tf32_math or problem.tf32, (problem, maths)
