@@ -19,7 +19,8 @@ What the subclass implements (the contract is `kernel_api.kernel`'s):
   ``CompiledArtifact(self.cute_compile(impl, *operands, make_fake_stream()), self)``.
   `cute_compile` compiles for the requested ``cc`` (no GPU needed) or the GPU's, turns torch
   tensors into fake tensors with dynamic shapes (`fake_tensor_like` keeps the metadata's
-  alignment) and caches the compiled function on disk;
+  alignment) and caches the compiled function on disk, keyed on the code the class and the
+  implementation run (`kernel_api.core.fingerprint`: notebook cells and helper modules included);
 - ``_run(self, args, artifact, stream, workspace=None)``: typically
   ``self.cute_run(artifact.compiled_obj, *tensors, *constants, to_cuda_stream(stream))``;
 - ``get_workspace_size(self, args) -> int``: bytes of workspace ``_run`` needs (0: none).

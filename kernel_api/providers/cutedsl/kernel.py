@@ -10,13 +10,13 @@ every problem size of a signature; at run time TVM-FFI takes the torch tensors d
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import os
 import sys
 import tempfile
 import threading
 import time
+import types
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from ...core.arch import arch_string, device_cc
 from ...core.cache import DiskCache, make_key, tree_digest
 from ...core.dtypes import from_torch
 from ...core.errors import ArtifactNotCachedError, CompilationError, DeviceError, strip_ansi
+from ...core.fingerprint import code_fingerprint
 from ...kernel import Kernel, cache_only, check_target_cc, compile_target_cc
 from ...launcher import ffi_function  # (also imported from here by benchmarks and tests)
 from ...metadata import TensorAttributes
@@ -99,26 +100,29 @@ def _package_source_hash() -> str:
     return tree_digest(_PACKAGE_DIR, _SOURCE_SUFFIXES)
 
 
-@functools.lru_cache(maxsize=None)
-def _module_source_hash(module_name: str) -> str:
-    """Hash of a module's source; modules of this package are covered by `_package_source_hash`."""
-    if module_name == _PACKAGE or module_name.startswith(_PACKAGE + "."):
+def _code_hash(obj: Any) -> str:
+    """What ``obj`` (an implementation object, a kernel class, or a module's name) runs: objects
+    of this package are covered by `_package_source_hash`; others by `code_fingerprint`, which
+    follows the bytecode of everything they reach (a kernel in a notebook's ``__main__``, whose
+    source cannot be read, and helpers in other modules included)."""
+    if isinstance(obj, str):
+        module = obj
+        obj = sys.modules.get(obj)
+    else:
+        owner = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)
+        module = getattr(owner, "__module__", None) or ""
+    if module == _PACKAGE or module.startswith(_PACKAGE + "."):
         return "in-package"
-    module = sys.modules.get(module_name)
-    try:
-        source = inspect.getsource(module) if module is not None else module_name
-    except (OSError, TypeError):
-        source = module_name
-    return make_key(source)
+    return code_fingerprint(obj) if obj is not None else make_key(module)
 
 
-def _artifact_key(name: str, impl: Any, converted_args: list, options: str, kernel_module: str) -> str:
+def _artifact_key(name: str, impl: Any, converted_args: list, options: str, kernel_class: Any) -> str:
     """The disk-cache key of a compiled function: the kernel, its implementation object, the
-    compile arguments and options, this package's sources, the sources of the implementation's
-    and kernel class's modules when they live elsewhere, and the toolchain."""
+    compile arguments and options, this package's sources, the code the implementation and the
+    kernel class (or a module, by name) run when they live elsewhere, and the toolchain."""
     impl_desc = _impl_description(impl)
     return make_key(name, impl_desc, [_describe(a) for a in converted_args], options, _toolchain_versions(),
-                    _package_source_hash(), _module_source_hash(impl_desc[0]), _module_source_hash(kernel_module))
+                    _package_source_hash(), _code_hash(impl), _code_hash(kernel_class))
 
 
 def _describe(value: Any) -> Any:
@@ -132,9 +136,13 @@ def _describe(value: Any) -> Any:
 
 
 def _impl_description(impl: Any) -> Any:
+    """(module, qualified name, attribute reprs) of an implementation object; a class or
+    function has no attributes here (their reprs hold addresses: `_code_hash` covers them)."""
+    if isinstance(impl, (type, types.FunctionType)):
+        return (impl.__module__, impl.__qualname__, ())
     state = getattr(impl, "__dict__", None)
     fields = sorted((k, repr(v)) for k, v in state.items()) if state else ()
-    owner = impl if isinstance(impl, type) or callable(impl) and not state else type(impl)
+    owner = impl if callable(impl) and not state else type(impl)
     return (getattr(owner, "__module__", ""), getattr(owner, "__qualname__", repr(owner)), fields)
 
 
@@ -197,7 +205,7 @@ class CuteDslKernel(Kernel):
         name = getattr(getattr(self, "_metadata", None), "kernel_name", type(self).__name__)
         key = None
         if self.enable_tvm_ffi and not kwargs:
-            key = _artifact_key(name, impl, converted, options, type(self).__module__)
+            key = _artifact_key(name, impl, converted, options, type(self))
             loaded = _load_cached(key, name)
             if loaded is not None:
                 return self._launch_ready(loaded)
