@@ -183,14 +183,14 @@ class _InstantKernel:
 
 @pytest.mark.parametrize("settle", [None, 0.0, 50.0])
 def test_pick_best_settles_the_gpu_before_timing(monkeypatch, settle):
-    """PickBest hands its ``settle_ms`` (default `policies._SETTLE_MS`) and the problem's GPU
-    floor to its timing, in either power state."""
+    """PickBest hands its ``settle_ms`` (default `policies._SETTLE_MS`), the problem's GPU
+    floor and its ``timing`` (default "as_called") to its timing, in either power state."""
     from kernel_api.tuning import policies
 
     seen = {}
 
-    def fake_interleaved(runs, sets, repeat, gpu_floor_ms, settle_ms):
-        seen.update(settle_ms=settle_ms, gpu_floor_ms=gpu_floor_ms)
+    def fake_interleaved(runs, sets, repeat, gpu_floor_ms, settle_ms, timing):
+        seen.update(settle_ms=settle_ms, gpu_floor_ms=gpu_floor_ms, timing=timing)
         return {key: {"median_ms": 1.0} for key in runs}
 
     shared = fake_measure_inputs(monkeypatch, lambda args: 0.0)
@@ -203,7 +203,11 @@ def test_pick_best_settles_the_gpu_before_timing(monkeypatch, settle):
             policies.PickBest(repeat=5, settle_ms=settle, power_state=state)
         found = picker._measure(shared, [_InstantKernel()])
         assert found[0].median_ms == 1.0
-        assert seen == {"settle_ms": policies._SETTLE_MS if settle is None else settle, "gpu_floor_ms": 0.25}
+        assert seen == {"settle_ms": policies._SETTLE_MS if settle is None else settle, "gpu_floor_ms": 0.25,
+                        "timing": "as_called"}
+    seen.clear()
+    policies.PickBest(repeat=5, timing="device")._measure(shared, [_InstantKernel()])
+    assert seen["timing"] == "device"
 
 
 class _PowerCappedGpu(_Clock):
@@ -304,7 +308,7 @@ def test_pick_best_times_in_the_power_state_it_is_asked_for(monkeypatch, state):
 
     seen = []
     for name in ("time_interleaved", "time_own_state"):
-        monkeypatch.setattr(policies, name, lambda runs, sets, repeat, gpu_floor_ms, settle_ms, name=name:
+        monkeypatch.setattr(policies, name, lambda runs, sets, repeat, gpu_floor_ms, settle_ms, timing, name=name:
                             seen.append(name) or {key: {"median_ms": 1.0} for key in runs})
 
     shared = fake_measure_inputs(monkeypatch, lambda args: 0.0)

@@ -11,7 +11,7 @@ import kernel_api
 from kernel_api import GemmArguments, Status, registry
 from kernel_api.tuning.buckets import bucket_reference, pow2_m, pow2_range, resolve_bucket
 from kernel_api.tuning.policies import Measurement, PickBest
-from kernel_api.tuning.records import TuningRecords, operation_key
+from kernel_api.tuning.records import TuningRecords, operation_key, record_key
 
 from toy_kernels import ToyGemm, ToyProvider
 
@@ -31,10 +31,6 @@ def gemm(m, n=256, k=512):
 
 def candidates(args):
     return kernel_api.get_kernels(args, metadata_filter=lambda m: m.kernel_class is ToyGemm, cc=90)
-
-
-#: The records' shape prefix of winners timed in their own power state: PickBest's default timing.
-OWN = "own-power:"
 
 
 class FakePickBest(PickBest):
@@ -86,7 +82,7 @@ def test_one_tuning_per_bucket_reused_for_unseen_m(toy, tmp_path):
     picker = FakePickBest(records=records, bucket="pow2_m")
     first = picker.tune(gemm(70), candidates(gemm(70)))
     assert not first.from_record and picker.measured == [70]
-    assert first.record.shape == OWN + "bucket:pow2_m M=65..128 N=256 K=512 L=1"
+    assert first.record.shape == "bucket:pow2_m M=65..128 N=256 K=512 L=1"
     for m in (65, 100, 128):  # unseen M of the same bucket: the winner, without measuring
         again = picker.tune(gemm(m), candidates(gemm(m)))
         assert again.from_record and again.winner.metadata.kernel_name == first.winner.metadata.kernel_name
@@ -102,8 +98,8 @@ def test_different_buckets_tune_separately(toy, tmp_path):
         picker.tune(gemm(m), candidates(gemm(m)))
     assert picker.measured == [70, 129, 3]
     shapes = sorted(r.shape for r in picker.records.all())
-    assert shapes == [OWN + "bucket:pow2_m M=129..256 N=256 K=512 L=1", OWN + "bucket:pow2_m M=3..4 N=256 K=512 L=1",
-                      OWN + "bucket:pow2_m M=65..128 N=256 K=512 L=1"]
+    assert shapes == ["bucket:pow2_m M=129..256 N=256 K=512 L=1", "bucket:pow2_m M=3..4 N=256 K=512 L=1",
+                      "bucket:pow2_m M=65..128 N=256 K=512 L=1"]
 
 
 def test_without_a_bucket_every_shape_is_tuned(toy, tmp_path):
@@ -111,7 +107,7 @@ def test_without_a_bucket_every_shape_is_tuned(toy, tmp_path):
     for m in (70, 100, 70):
         picker.tune(gemm(m), candidates(gemm(m)))
     assert picker.measured == [70, 100]
-    assert sorted(r.shape for r in picker.records.all()) == [OWN + operation_key(gemm(100))[1], OWN + operation_key(gemm(70))[1]]
+    assert sorted(r.shape for r in picker.records.all()) == [operation_key(gemm(100))[1], operation_key(gemm(70))[1]]
 
 
 def test_an_exact_record_wins_over_the_bucket(toy, tmp_path):
@@ -139,8 +135,9 @@ def test_a_bucket_winner_that_does_not_support_the_new_args_is_not_used(toy, tmp
     result = picker.tune(gemm(100), [k for k in pool if k.supports(gemm(100))])
     assert not result.from_record and picker.measured == [70, 100]
     assert result.winner.metadata.kernel_name != winner
-    assert result.record.shape == OWN + operation_key(gemm(100))[1]  # under its exact shape...
-    bucket = picker.records.lookup("Fake GPU", 90, operation_key(gemm(70))[0], OWN + "bucket:" + pow2_m(gemm(70)))
+    assert result.record.shape == operation_key(gemm(100))[1]  # under its exact shape...
+    bucket = picker.records.lookup("Fake GPU", 90, *record_key(gemm(70), picker.record_context(gemm(70)),
+                                                               "bucket:" + pow2_m(gemm(70))))
     assert bucket.kernel_name == winner  # ...and the bucket keeps its winner for the M it suits
     assert picker.tune(gemm(75), pool).winner.metadata.kernel_name == winner
     assert picker.tune(gemm(100), pool).from_record  # its exact record
@@ -151,7 +148,7 @@ def test_force_retunes_the_bucket(toy, tmp_path):
     picker = FakePickBest(records=TuningRecords(tmp_path / "t.sqlite"), bucket="pow2_m")
     picker.tune(gemm(70), candidates(gemm(70)))
     again = picker.tune(gemm(120), candidates(gemm(120)), force=True)
-    assert picker.measured == [70, 120] and again.record.shape.startswith(OWN + "bucket:pow2_m M=65..128")
+    assert picker.measured == [70, 120] and again.record.shape.startswith("bucket:pow2_m M=65..128")
     assert len(picker.records.all()) == 1
 
 
@@ -169,7 +166,8 @@ def test_winners_timed_in_their_own_power_state_are_recorded_apart(toy, tmp_path
     assert own.tune(gemm(100), pool).from_record and own.measured == [100]
     assert shared.tune(gemm(100), pool).winner is pool[0] and shared.measured == [100]
     shape = operation_key(gemm(100))[1]
-    assert sorted(r.shape for r in records.all()) == sorted([shape, "own-power:" + shape])
+    assert [r.shape for r in records.all()] == [shape, shape]
+    assert sorted(r.operation.rpartition("timing=")[2] for r in records.all()) == ["as_called/own", "as_called/shared"]
     bucketed = FakePickBest(records=records, power_state="own", bucket="pow2_m")
     assert bucketed.tune(gemm(70), candidates(gemm(70))).record.shape == \
-        "own-power:bucket:pow2_m M=65..128 N=256 K=512 L=1"
+        "bucket:pow2_m M=65..128 N=256 K=512 L=1"

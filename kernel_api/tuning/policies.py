@@ -26,9 +26,10 @@ from ..core.dtypes import DataType
 from ..core.errors import NoKernelFoundError
 from ..kernel import Kernel
 from .buckets import PREFIX as _BUCKET_PREFIX, Bucket, resolve_bucket
-from .records import TuningRecord, TuningRecords, operation_key, toolchain_versions
+from .records import RecordContext, RecordKey, TuningRecord, TuningRecords, record_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
-from .timing import QueuedTiming, relative_error_tensor, rotation_count, time_interleaved, time_own_state
+from .timing import (QueuedTiming, check_timing, relative_error_tensor, rotation_count, time_interleaved,
+                     time_own_state)
 
 _log = logging.getLogger(__name__)
 
@@ -363,10 +364,6 @@ _PREFETCH_NEXT = True
 #: two; PickBest's rounds used to start near that step, its samples of four tiles tying there.
 _SETTLE_MS = 200.0
 
-#: Prefix of the records' shape keys of winners timed in their own power state
-#: (``PickBest(power_state="own")``).
-_OWN_STATE_PREFIX = "own-power:"
-
 #: `PickBest`'s timings: the candidates in turn at one shared clock, or each in its own power state.
 POWER_STATES = ("shared", "own")
 #: `PickBest`'s timing unless told otherwise. "own": over the aligned bf16 group of
@@ -382,6 +379,26 @@ def check_power_state(power_state: str) -> str:
     if power_state not in POWER_STATES:
         raise ValueError(f"power_state must be 'shared' or 'own', got {power_state!r}")
     return power_state
+
+
+#: `PickBest`'s timing unless told otherwise (`kernel_api.tuning.timing.TIMINGS`): "as_called"
+#: charges each candidate the host time of its calls where that outlasts its kernel, as a loop
+#: of `kernel_api.ops` calls is charged. "device" (GPU time only) ranked the small-M family first
+#: at bf16 3x9216x3072, where each call took the Python launch path and ran 0.64-0.66x
+#: torch.matmul back to back (H200); it remains the choice for code that replays CUDA graphs.
+DEFAULT_TIMING = "as_called"
+
+_cublas_allows_tf32 = torch._C._get_cublas_allow_tf32
+
+
+def math_setting(args: Any) -> str:
+    """The math a setting allows for ``args``' kernels (`RecordContext.math`): for f32 GEMMs
+    ``"tf32"`` while torch allows TF32 matmuls (``torch.backends.cuda.matmul.allow_tf32``,
+    float32 matmul precision "high" or "medium") and ``"f32"`` otherwise; ``"native"`` for
+    problems no setting changes."""
+    if isinstance(args, GemmArguments) and args.tensor_attributes["A"].dtype is DataType.f32:
+        return "tf32" if _cublas_allows_tf32() else "f32"
+    return "native"
 
 
 class Policy:
@@ -455,8 +472,20 @@ class PickBest(Policy):
     H200, ``"shared"``'s 1.00-1.06x on the H200 and 0.85-1.03x on the H100; each kernel on its
     own (H200), geomean 0.99x against 0.97x (NOTES-sm90.md, sessions 40 and 41). ``"own"``
     costs ``settle_ms`` of GPU time per candidate twice (``"shared"``: once in all): about 5 s
-    for 10-24 candidates of a large GEMM, once per shape (the winner is recorded). Records of the
-    two timings are kept apart.
+    for 10-24 candidates of a large GEMM, once per shape (the winner is recorded).
+
+    ``timing`` (default `DEFAULT_TIMING`, ``"as_called"``): what a sample holds, in either power
+    state (`kernel_api.tuning.timing.TIMINGS`). ``"as_called"`` times runs of back-to-back calls
+    through the kernel's recorded launch (its `Launcher`, which `kernel_api.ops` records too),
+    nothing queued ahead of them: a kernel whose calls cost the host more than the GPU is
+    charged the host's time, as a loop of `kernel_api.ops` calls is. ``"device"`` times GPU work
+    only (each call queued behind a GPU spin): for code that captures its calls in CUDA graphs
+    and replays them, where the host's work is done once.
+
+    A record is keyed on everything that changes the candidates or their ranking besides the
+    problem (`record_context`): the math torch allows for f32 GEMMs (TF32), the providers of the
+    `kernel_api.settings` scope, ``timing`` and ``power_state``. A winner is never reused under
+    a setting its measurement did not cover.
 
     ``bucket`` keys the records by a range of shapes instead of the exact shape (see
     `kernel_api.tuning.buckets`): ``"pow2_m"`` (M, or a softmax's rows, in power-of-two buckets
@@ -484,10 +513,12 @@ class PickBest(Policy):
                  records: TuningRecords | None = None, use_records: bool = True,
                  progress: Callable[[int, int, str], None] | None = None,
                  compile_timeout: float | None = 900.0, bucket: str | Bucket | None = None,
-                 settle_ms: float = _SETTLE_MS, power_state: str = DEFAULT_POWER_STATE) -> None:
+                 settle_ms: float = _SETTLE_MS, power_state: str = DEFAULT_POWER_STATE,
+                 timing: str = DEFAULT_TIMING) -> None:
         self.num_workers = num_workers
         self.settle_ms = settle_ms
         self.power_state = check_power_state(power_state)
+        self.timing = check_timing(timing)
         self.bucket = resolve_bucket(bucket)
         self.compile_timeout = compile_timeout
         self.max_candidates = max_candidates
@@ -512,47 +543,46 @@ class PickBest(Policy):
             raise RuntimeError("PickBest needs a CUDA GPU and CUDA tensors; PickAny ranks kernels without one")
         return torch.cuda.get_device_name(args.device), device_cc(args.device.index)
 
-    def _bucket_shape(self, args: Any) -> str | None:
-        """The records' shape key of ``args``' bucket, or None (no bucket, or none for these args)."""
-        if self.bucket is None:
-            return None
-        label = self.bucket(args)
-        return None if label is None else self._timed_key(_BUCKET_PREFIX + label)
+    def record_context(self, args: Any) -> RecordContext:
+        """What ``args``' record is keyed on besides the problem: the math allowed
+        (`math_setting`), the providers of the current `kernel_api.settings` scope and this
+        policy's timing and power state."""
+        from .settings import current  # settings imports this module
 
-    def _shape(self, args: Any) -> tuple[str, str]:
-        """(operation, shape) keys of ``args``' record, the shape marked by `_timed_key`."""
-        operation, shape = operation_key(args)
-        return operation, self._timed_key(shape)
+        return RecordContext(math_setting(args), current().providers, f"{self.timing}/{self.power_state}")
 
-    def _timed_key(self, shape: str) -> str:
-        """A records' shape key as this policy times: winners in their own power state are
-        recorded apart (the two timings can rank kernels differently)."""
-        return shape if self.power_state == "shared" else _OWN_STATE_PREFIX + shape
+    def _record_key(self, args: Any, bucketed: bool = False) -> RecordKey | None:
+        """The key of ``args``' record (`kernel_api.tuning.records.record_key` under
+        `record_context`), or with ``bucketed`` its bucket's (None: no bucket, or none for them)."""
+        if not bucketed:
+            return record_key(args, self.record_context(args))
+        label = None if self.bucket is None else self.bucket(args)
+        return None if label is None else record_key(args, self.record_context(args), _BUCKET_PREFIX + label)
 
     def _find_record(self, args: Any, candidates: list[Kernel], device_name: str,
-                     cc: int) -> tuple[TuneResult | None, str]:
-        """(the result a usable tuning record gives, or None; the shape key a new measurement
-        of ``args`` is recorded under)."""
-        operation, shape = self._shape(args)
-        bucket_shape = self._bucket_shape(args)
-        record_shape = bucket_shape or shape
+                     cc: int) -> tuple[TuneResult | None, RecordKey]:
+        """(the result a usable tuning record gives, or None; the key a new measurement of
+        ``args`` is recorded under)."""
+        exact = self._record_key(args)
+        bucket = self._record_key(args, bucketed=True)
+        store_key = bucket or exact
         if not self.use_records:
-            return None, record_shape
-        for key in (shape, bucket_shape) if bucket_shape else (shape,):
-            found = self._records().lookup(device_name, cc, operation, key)
+            return None, store_key
+        for key in (exact, bucket) if bucket else (exact,):
+            found = self._records().lookup(device_name, cc, key.operation, key.shape)
             if found is None:
                 continue
             kernel = next((k for k in candidates if k.metadata.kernel_name == found.kernel_name), None)
             if kernel is not None and kernel.supports(args):
-                _log.debug("PickBest: tuning record %s for %s on %s: %s (%.4f ms)", key, _problem(args),
+                _log.debug("PickBest: tuning record %s for %s on %s: %s (%.4f ms)", key.shape, _problem(args),
                            device_name, found.kernel_name, found.median_ms)
                 return TuneResult(kernel, [Measurement(found.kernel_name, found.median_ms)], from_record=True,
-                                  record=found), record_shape
-            _log.debug("PickBest: the tuning record %s's %s does not support %s; tuning it", key,
+                                  record=found), store_key
+            _log.debug("PickBest: the tuning record %s's %s does not support %s; tuning it", key.shape,
                        found.kernel_name, _problem(args))
-            if key == bucket_shape:
-                record_shape = shape  # the bucket's winner stays for the shapes it suits
-        return None, record_shape
+            if key == bucket:
+                store_key = exact  # the bucket's winner stays for the shapes it suits
+        return None, store_key
 
     def recorded(self, args: Any, candidates: list[Kernel] | None = None) -> TuneResult | None:
         """What `tune` would take from the tuning records for ``args`` without measuring (the
@@ -560,24 +590,32 @@ class PickBest(Policy):
         supports ``args``), or None."""
         device_name, cc = self._device(args)
         if candidates is None:
-            candidates = registry.get_kernels(args)
+            candidates = self._candidates(args)
         return self._find_record(args, candidates, device_name, cc)[0]
+
+    @staticmethod
+    def _candidates(args: Any) -> list[Kernel]:
+        """Every kernel supporting ``args`` among the providers of the current `kernel_api.settings`
+        scope (those its records are keyed on)."""
+        from .settings import current  # settings imports this module
+
+        return registry.get_kernels(args, providers=current().providers)
 
     def tune(self, args: Any, candidates: list[Kernel] | None = None, force: bool = False) -> TuneResult:
         """Choose the fastest correct kernel of ``candidates`` (default: every kernel supporting
-        ``args``) for ``args``: from a tuning record when one exists (exact shape first, then
-        the bucket's; ``force`` measures anyway), else by measuring them, recording the winner
-        under the bucket's key (or the exact shape's, see the class docstring)."""
+        ``args`` among the current `kernel_api.settings` scope's providers) for ``args``: from a
+        tuning record when one exists (exact shape first, then the bucket's; ``force`` measures
+        anyway), else by measuring them, recording the winner under the bucket's key (or the
+        exact shape's, see the class docstring)."""
         device_name, cc = self._device(args)
         if candidates is None:
-            candidates = registry.get_kernels(args)
+            candidates = self._candidates(args)
         if not candidates:
             raise registry.no_kernel_error(args)
-        operation, shape = self._shape(args)
         if force:  # measure, and record for the bucket (re-tuned with these arguments) or the shape
-            record_shape = self._bucket_shape(args) or shape
+            store_key = self._record_key(args, bucketed=True) or self._record_key(args)
         else:
-            found, record_shape = self._find_record(args, candidates, device_name, cc)
+            found, store_key = self._find_record(args, candidates, device_name, cc)
             if found is not None:
                 return found
         ranked = rank_candidates(candidates, args)
@@ -599,9 +637,9 @@ class PickBest(Policy):
                 _log.debug("PickBest: %s failed: %s", m.kernel_name, m.failure)
         record = None
         if self.use_records:
-            record = self._records().record(device_name, cc, operation, record_shape, good[0].kernel_name,
-                                            good[0].median_ms, {m.kernel_name: m.median_ms for m in good[1:]},
-                                            toolchain_versions())
+            record = self._records().record(device_name, cc, store_key.operation, store_key.shape,
+                                            good[0].kernel_name, good[0].median_ms,
+                                            {m.kernel_name: m.median_ms for m in good[1:]}, toolchain_versions())
         return TuneResult(winner, measurements, record=record)
 
     def _worker_count(self) -> int:
@@ -664,7 +702,9 @@ class PickBest(Policy):
            the whole queue, on an H100), so no timed launches are queued yet;
         2. time: with `_INTERLEAVE` (the default), every verified candidate once per round
            (`time_interleaved`), after ``settle_ms`` of untimed rounds, or with ``power_state``
-           ``"own"`` each in its own power state (`time_own_state`); otherwise each
+           ``"own"`` each in its own power state (`time_own_state`), either as ``timing`` says
+           (each candidate's calls through its bound launch, `Kernel.run` with the arguments it
+           ran before: the `Launcher` that `kernel_api.ops` records too); otherwise (GPU time only) each
            candidate's timed launches (`QueuedTiming`) queued while the GPU runs the previous
            ones, at most two candidates ahead (a full launch queue would block the host inside
            a launch), and their samples read.
@@ -734,7 +774,8 @@ class PickBest(Policy):
             timed = {index: _timed_run(kernels[index], [unbound_copy(a) for a in inputs], artifacts[index])
                      for index in range(len(kernels)) if index in artifacts}
             timer = time_own_state if self.power_state == "own" else time_interleaved
-            found = timer(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms, settle_ms=self.settle_ms)
+            found = timer(timed, sets, repeat=self.repeat, gpu_floor_ms=floor_ms, settle_ms=self.settle_ms,
+                          timing=self.timing)
             for index in range(len(kernels)):
                 got = found.get(index)
                 if isinstance(got, Exception):

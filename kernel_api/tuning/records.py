@@ -456,3 +456,47 @@ def operation_key(args: Any) -> tuple[str, str]:
     else:
         shape = f"{getattr(args, 'rows', '?')}x{getattr(args, 'cols', '?')}"
     return signature, shape
+
+
+#: The format of the keys `record_key` builds, first in their operation field. Records stored
+#: under an older format (the bare signature, which said nothing of the math allowed, the
+#: providers or the timing) are never matched, so no winner is reused for a setting that its
+#: measurement did not cover.
+RECORD_KEY_FORMAT = "k2"
+
+
+class RecordContext(NamedTuple):
+    """What decides a tuning's winner besides the problem: everything that changes the candidate
+    set or how the candidates are ranked.
+
+    ``math``: the math the candidates may use where a setting chooses it (for f32 GEMMs
+    ``"tf32"`` while torch allows TF32 matmuls, else ``"f32"``: cuBLAS follows that flag and
+    `kernel_api.ops` offers tf32 and 3xTF32 kernels only under it); ``"native"`` where no
+    setting does. ``providers``: the provider names the candidates came from (sorted; None:
+    every registered provider). ``timing``: the policy's measuring options that can rank kernels
+    differently, e.g. ``"as_called/own"``.
+    """
+
+    math: str = "native"
+    providers: tuple[str, ...] | None = None
+    timing: str = ""
+
+
+class RecordKey(NamedTuple):
+    """The (operation, shape) fields of a tuning record, as `TuningRecords.lookup` and
+    `TuningRecords.record` take them."""
+
+    operation: str
+    shape: str
+
+
+def record_key(args: Any, context: RecordContext, bucket: str | None = None) -> RecordKey:
+    """The key of ``args``' tuning record under ``context``: the operation field holds
+    `RECORD_KEY_FORMAT`, the operands' signature and every field of ``context``; the shape field
+    the problem's shape (`operation_key`), or ``bucket`` (a shape-range label, see
+    `kernel_api.tuning.buckets`) in its place. Lookups and stores build their keys here alone."""
+    signature, shape = operation_key(args)
+    providers = "all" if context.providers is None else ",".join(context.providers)
+    operation = (f"{RECORD_KEY_FORMAT} {signature} math={context.math} providers={providers} "
+                 f"timing={context.timing or '-'}")
+    return RecordKey(operation, shape if bucket is None else bucket)

@@ -1,5 +1,13 @@
 """Measuring GPU work the way our numbers are quoted: CUDA events, median of many runs,
-rotating input sets so repeated runs do not measure the L2 cache."""
+rotating input sets so repeated runs do not measure the L2 cache.
+
+The timings that rank candidates against each other (`time_interleaved`, `time_own_state`)
+measure in one of two ways (`TIMINGS`). ``as_called``: each sample is a run of back-to-back
+calls between one pair of events, divided by the calls, with nothing queued ahead of them, so a
+call whose host work outlasts its kernel is charged that host time, as a loop of such calls
+would be. ``device``: each call between its own events, queued behind a GPU spin where the host
+is slower than the calls, so the samples hold GPU time only: what a CUDA graph's replay of the
+kernel costs, where the host's work is done once at capture."""
 
 from __future__ import annotations
 
@@ -25,6 +33,30 @@ def rotation_count(bytes_per_set: int, min_bytes: int = 2 * L2_FLUSH_BYTES, cap:
 MAX_HEAD_START_MS = 10.0
 #: Host time per timed call beyond the call itself: its two event records (measured 5-10 us).
 _EVENT_PAIR_MS = 0.012
+
+#: The ways `time_interleaved` and `time_own_state` measure (see the module docstring).
+TIMINGS = ("as_called", "device")
+#: An ``as_called`` sample's length: enough back-to-back calls for about this many ms (by the
+#: warm-up's host time per call and the GPU floor), at most `AS_CALLED_MAX_CALLS`. A sample that
+#: starts on an idle GPU holds its first call's host time too; over this many calls that is a
+#: percent or two of a call that the GPU bounds.
+AS_CALLED_SAMPLE_MS = 0.5
+AS_CALLED_MAX_CALLS = 256
+
+
+def check_timing(timing: str) -> str:
+    """``timing`` when it names one of `TIMINGS`, else a ValueError saying so."""
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be 'as_called' or 'device', got {timing!r}")
+    return timing
+
+
+def calls_per_sample(host_ms: float, gpu_floor_ms: float) -> int:
+    """Back-to-back calls in one ``as_called`` sample for a call taking ``host_ms`` of host time
+    (warm-up) and at least ``gpu_floor_ms`` of GPU time: `AS_CALLED_SAMPLE_MS` worth."""
+    per_call = max(host_ms, gpu_floor_ms, 1e-4)
+    return max(1, min(AS_CALLED_MAX_CALLS, math.ceil(AS_CALLED_SAMPLE_MS / per_call)))
+
 
 _cycles_per_ms: dict[int, float] = {}  # device index -> torch.cuda._sleep cycles per ms
 
@@ -133,7 +165,7 @@ MAX_SETTLE_LAUNCHES = 2000
 
 def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup: int = 5, repeat: int = 50,
                      gpu_floor_ms: float = 0.0, max_queued: int = 96,
-                     settle_ms: float = 0.0) -> dict[Any, dict | Exception]:
+                     settle_ms: float = 0.0, timing: str = "device") -> dict[Any, dict | Exception]:
     """Time several calls against each other: after ``warmup`` calls of each alone, ``repeat``
     rounds in which every call of ``runs`` is launched once, each launch between its own CUDA
     events, in an order shuffled every round (seeded: the same keys and ``repeat`` give the same
@@ -161,10 +193,18 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
     before: on an H200, tf32 4096^3 GEMMs ran at the top clock for the first ~40 ms of work and
     17-22 % slower after ~100 ms, and which of two kernels was faster flipped
     (benchmarks/NOTES-sm90.md, session 33). The timed rounds keep their seeded orders.
+
+    ``timing`` (`TIMINGS`): ``"device"`` as above; ``"as_called"``: a call's turn in a round is
+    `calls_per_sample` back-to-back calls between one event pair (its sample: their time over
+    the calls), queued behind no head start, so host time that outlasts the kernels counts. Each
+    such turn starts once the GPU has run the one before it: queued behind another call's
+    backlog, a call's host time would be hidden.
     """
+    as_called = check_timing(timing) == "as_called"
     stream = torch.cuda.current_stream()
     host_ms, failures = _warm_up_each(runs, sets, warmup)
     live = [key for key in runs if key not in failures]
+    calls = {key: calls_per_sample(host_ms[key], gpu_floor_ms) if as_called else 1 for key in live}
     launches = 0
     if settle_ms > 0 and gpu_floor_ms > 0 and live:
         rounds = min(math.ceil(settle_ms / (gpu_floor_ms * len(live))), MAX_SETTLE_LAUNCHES // len(live))
@@ -172,30 +212,34 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
     order = random.Random(len(runs) * 1000003 + repeat)
     chunks: list[list[tuple[Any, Any, Any]]] = []
     waited = -1
-    rounds_per_chunk = max(1, max_queued // max(1, len(live)))
+    rounds_per_chunk = max(1, max_queued // max(1, sum(calls[k] for k in live)))
+    last_end: Any = None
     done = 0
     while done < repeat and live:
         rounds = min(rounds_per_chunk, repeat - done)
         behind_ms = sum(host_ms[k] + _EVENT_PAIR_MS - gpu_floor_ms for k in live)
-        if behind_ms > 0:
+        if behind_ms > 0 and not as_called:
             gpu_sleep(min(MAX_HEAD_START_MS, 1.25 * rounds * behind_ms + 0.05), stream)
         chunk = []
         for _ in range(rounds):
             turn = list(live)
             order.shuffle(turn)
             for key in turn:
+                if as_called and last_end is not None:
+                    last_end.synchronize()  # (see the docstring)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record(stream)
                 try:
-                    runs[key](launches % sets)
+                    for _ in range(calls[key]):
+                        launches += 1
+                        runs[key]((launches - 1) % sets)
                 except Exception as exc:
                     failures[key] = exc
                     live.remove(key)
                     continue
-                finally:
-                    launches += 1
                 end.record(stream)
                 chunk.append((key, start, end))
+                last_end = end
         chunks.append(chunk)
         done += rounds
         if len(chunks) >= 2 and chunks[-2]:  # the chunk before this one has run: at most two queued
@@ -207,7 +251,7 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
     samples: dict[Any, list[float]] = {key: [] for key in runs}
     for chunk in chunks:
         for key, start, end in chunk:
-            samples[key].append(start.elapsed_time(end))
+            samples[key].append(start.elapsed_time(end) / calls[key])
     return {key: failures[key] if key in failures else _summary(samples[key]) for key in runs}
 
 
@@ -216,7 +260,8 @@ OWN_STATE_PASSES = 2
 
 
 def time_own_state(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup: int = 5, repeat: int = 50,
-                   gpu_floor_ms: float = 0.0, settle_ms: float = 200.0) -> dict[Any, dict | Exception]:
+                   gpu_floor_ms: float = 0.0, settle_ms: float = 200.0,
+                   timing: str = "device") -> dict[Any, dict | Exception]:
     """Time several calls each in its own power state: in `OWN_STATE_PASSES` passes (the order of
     the calls shuffled in each, seeded), each call runs ``settle_ms`` of GPU time of its own
     back-to-back launches untimed (by ``gpu_floor_ms``; at most `MAX_SETTLE_LAUNCHES`), then its
@@ -236,7 +281,13 @@ def time_own_state(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup
     ``gpu_floor_ms``, each timed share is queued behind a GPU spin (as in `time_interleaved`), so
     the samples hold GPU time only; such calls cannot keep the GPU at its power cap anyway, and
     rank as they would interleaved.
+
+    ``timing`` (`TIMINGS`): ``"device"`` as above; ``"as_called"``: each sample is
+    `calls_per_sample` back-to-back calls between one event pair (their time over the calls),
+    queued behind no head start, so host time that outlasts the kernels counts (each call's
+    share is waited for before the next call's settle, so no call runs behind another's backlog).
     """
+    as_called = check_timing(timing) == "as_called"
     stream = torch.cuda.current_stream()
     host_ms, failures = _warm_up_each(runs, sets, warmup)
     settle = (min(math.ceil(settle_ms / gpu_floor_ms), MAX_SETTLE_LAUNCHES)
@@ -250,19 +301,21 @@ def time_own_state(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup
         order.shuffle(turn)
         for key in turn:
             run = runs[key]
+            calls = calls_per_sample(host_ms[key], gpu_floor_ms) if as_called else 1
             timed = []
             try:
                 for _ in range(settle):
                     launches += 1
                     run((launches - 1) % sets)
                 behind_ms = share * (host_ms[key] + _EVENT_PAIR_MS - gpu_floor_ms)
-                if behind_ms > 0:  # (a host slower than the call: the settle launches left no queue)
+                if behind_ms > 0 and not as_called:  # (a host slower than the call: the settle left no queue)
                     gpu_sleep(min(MAX_HEAD_START_MS, 1.25 * behind_ms + 0.05), stream)
                 for _ in range(share):
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record(stream)
-                    launches += 1
-                    run((launches - 1) % sets)
+                    for _ in range(calls):
+                        launches += 1
+                        run((launches - 1) % sets)
                     end.record(stream)
                     timed.append((start, end))
             except Exception as exc:
@@ -270,7 +323,7 @@ def time_own_state(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup
                 continue
             if timed:
                 timed[-1][1].synchronize()
-                samples[key].extend(start.elapsed_time(end) for start, end in timed)
+                samples[key].extend(start.elapsed_time(end) / calls for start, end in timed)
     return {key: failures[key] if key in failures else _summary(samples[key]) for key in runs}
 
 
