@@ -26,7 +26,8 @@ _BUILTIN_MODULES = (
     "kernel_api.providers.torch_ops.catalog",
 )
 
-_plugins_loaded = False
+_plugins_loaded = False  # set once every plugin was imported
+_loading = False  # True while the thread holding `_lock` imports them
 
 
 class Provider:
@@ -122,24 +123,36 @@ def unregister_provider(name: str) -> None:
 
 
 def _load_plugins() -> None:
-    global _plugins_loaded
+    """Import the built-in provider modules and the plugins, once per process.
+
+    Other threads wait on `_lock` until every plugin is imported, so no discovery (and no
+    choice the ops dispatch caches) sees part of them. The loading thread itself may call
+    discovery from a plugin's import (the lock is re-entrant): it sees what is registered so
+    far. Loading counts as done only when it finished; an exception that escapes it (a
+    KeyboardInterrupt) leaves the next discovery to try again.
+    """
+    global _plugins_loaded, _loading
     if _plugins_loaded:
         return
     with _lock:
-        if _plugins_loaded:
+        if _plugins_loaded or _loading:
             return
-        _plugins_loaded = True
-        targets: list[tuple[str, str]] = [(m, m) for m in _BUILTIN_MODULES]
+        _loading = True
         try:
-            from importlib.metadata import entry_points
+            targets: list[tuple[str, str]] = [(m, m) for m in _BUILTIN_MODULES]
+            try:
+                from importlib.metadata import entry_points
 
-            for ep in entry_points(group=ENTRY_POINT_GROUP):
-                if ep.value not in _BUILTIN_MODULES:
-                    targets.append((ep.name, ep.value))
-        except Exception as exc:  # a broken metadata install must not break discovery
-            _report_plugin_error("<entry points>", exc)
-        for name, value in targets:
-            _load_one(name, value)
+                for ep in entry_points(group=ENTRY_POINT_GROUP):
+                    if ep.value not in _BUILTIN_MODULES:
+                        targets.append((ep.name, ep.value))
+            except Exception as exc:  # a broken metadata install must not break discovery
+                _report_plugin_error("<entry points>", exc)
+            for name, value in targets:
+                _load_one(name, value)
+        finally:
+            _loading = False
+        _plugins_loaded = True
 
 
 def _load_one(name: str, value: str) -> None:
