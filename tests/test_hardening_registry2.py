@@ -141,3 +141,41 @@ def test_plugin_calling_discovery_while_it_loads_does_not_deadlock(plugins):
     assert f"{name}_0" in names
     assert f"{name}_0" in sys.modules[name].SEEN  # what was registered so far
     assert not [k for k in registry.plugin_errors() if name in k]
+
+
+class StopEverything(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("raised", ["SystemExit(3)", "GeneratorExit()", "StopEverything('plugin says stop')"])
+def test_plugin_raising_a_base_exception_is_reported_and_the_next_loads(plugins, raised, capsys):
+    bad, _ = plugins(raw=f"from {__name__} import StopEverything\nraise {raised}\n")
+    good, _ = plugins()
+    with pytest.warns(RuntimeWarning, match=bad):
+        names = [k.metadata.kernel_name for k in kernel_api.get_kernels(softmax_args())]
+    assert f"{good}_0" in names
+    errors = registry.plugin_errors()
+    label = next(k for k in errors if bad in k)
+    assert errors[label].startswith(raised.partition("(")[0])
+
+
+def test_cli_list_survives_a_plugin_calling_sys_exit(plugins, capsys):
+    from kernel_api.cli.commands import main
+
+    plugins(raw="import sys\nsys.exit(3)\n")
+    good, _ = plugins()
+    with pytest.warns(RuntimeWarning, match="SystemExit: 3"):
+        status = main(["list", "softmax", "--rows", "4", "--cols", "8", "--dtype", "f32"])
+    assert status == 0
+    assert f"{good}_0" in capsys.readouterr().out
+
+
+def test_keyboard_interrupt_at_plugin_import_propagates_and_loading_is_retried(plugins, tmp_path):
+    name, _ = plugins(raw="raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        kernel_api.get_kernels(softmax_args())
+    assert not registration._plugins_loaded and not [k for k in registration._plugin_errors if name in k]
+    # The next discovery loads again: here the plugin has been fixed meanwhile.
+    (tmp_path / f"{name}.py").write_text(PLUGIN.format(before="", after="", provider=f"p_{name}", prefix=name,
+                                                       count=1))
+    assert f"{name}_0" in [k.metadata.kernel_name for k in kernel_api.get_kernels(softmax_args())]

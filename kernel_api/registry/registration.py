@@ -156,6 +156,12 @@ def _load_plugins() -> None:
 
 
 def _load_one(name: str, value: str) -> None:
+    """Import one plugin (and register its provider, for ``module:Provider``). Whatever its
+    import raises is reported in `plugin_errors` and the plugin skipped, BaseExceptions too
+    (``sys.exit()``, GeneratorExit...): one plugin must not end the process or stop the
+    plugins after it. Except KeyboardInterrupt: a Ctrl-C during loading must stop the program,
+    and one the plugin's own code raises cannot be told apart from it, so it propagates
+    (loading is tried again by the next discovery)."""
     try:
         module_name, _, attr = value.partition(":")
         obj = importlib.import_module(module_name.strip())
@@ -164,12 +170,15 @@ def _load_one(name: str, value: str) -> None:
                 obj = getattr(obj, part)
             if isinstance(obj, type) and issubclass(obj, Provider):
                 register_provider(obj)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - see the docstring
         _report_plugin_error(f"{name} ({value})", exc)
 
 
 def _report_plugin_error(label: str, exc: BaseException) -> None:
-    message = f"{type(exc).__name__}: {exc}"
+    text = str(exc)
+    message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     _plugin_errors[label] = message
     warnings.warn(f"kernel_api: plugin {label} failed to load and is skipped: {message}", RuntimeWarning, stacklevel=3)
 
