@@ -453,7 +453,7 @@ def main() -> None:
                     "(PickAny's choice and torch always are)")
     ap.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1), help="compile worker processes")
     ap.add_argument("--top", type=int, default=10, help="candidates timed per case, best ranked by PickAny first")
-    ap.add_argument("--tag", default="s21", help="suffix of the JSON file name")
+    ap.add_argument("--tag", default="run", help="suffix of the JSON file name")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--skip-host", action="store_true")
     ap.add_argument("--lean", action="store_true", help="write the JSON without the per-kernel fields derived "
