@@ -14,6 +14,15 @@ carries a SHA-256 of its payload, so a truncated or corrupt file is detected, de
 reported as a miss (the caller rebuilds it). When the folder cannot be written, the cache
 warns once and keeps entries in memory for the rest of the process.
 
+Entries are executable code, so they are loaded only from folders and files that only this
+user can write (`kernel_api.core.trust`'s rule: owned by this user or root, not writable by
+others). `DiskCache.get` is the one place every loader (CuTe DSL objects, NVRTC cubins) reads an
+entry through: it checks the cache folder and the namespace folder, then the opened entry
+itself. An untrusted folder or entry is a miss, logged once as a warning; the caller compiles,
+and its entry is kept in memory for the process (an untrusted entry in a trusted folder is
+replaced by the rebuilt one). Staged files left by a killed writer (``.*.part``) are removed once
+they are an hour old (`remove_stale_parts`).
+
 ``tree_digest(folder, suffixes)`` hashes the contents of a source tree (a provider package,
 an include folder), for keys that must change whenever a file the artifact was built from does.
 """
@@ -27,11 +36,13 @@ import os
 import re
 import struct
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from .files import atomic_file
+from .trust import path_problem, stat_problem
 
 ENV_DIR = "KERNEL_API_CACHE_DIR"
 ENV_ENABLE = "KERNEL_API_CACHE"
@@ -39,11 +50,16 @@ ENV_ENABLE = "KERNEL_API_CACHE"
 _MAGIC = b"KAPICH1\n"  # 8 bytes: format of an entry file
 _HEADER = struct.Struct("<8s32sQ")  # magic, sha256(payload), payload length
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,119}$")  # no '.', '..' or hidden folder
+_CHUNK = 1 << 20
+STALE_PART_SECONDS = 3600  # a staged file this old has no writer left: a bundle stages in seconds to minutes
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _memory: dict[tuple[str, str, str], bytes] = {}  # fallback store for unwritable folders
 _warned: set[str] = set()
+_untrusted_warned: set[str] = set()
+_swept: set[str] = set()  # folders whose stale staged files this process removed already
 _file_digests: dict[str, tuple[int, int, bytes]] = {}  # path -> (mtime_ns, size, sha256 of contents)
 
 
@@ -140,20 +156,97 @@ def decode_entry(blob: bytes) -> bytes | None:
     return payload
 
 
+def entry_file_ok(path: str | os.PathLike) -> bool:
+    """Whether the file ``path`` holds a valid entry (what `decode_entry` checks), read in
+    chunks so a large file is never held in memory whole."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                return False
+            magic, digest, length = _HEADER.unpack(header)
+            h = hashlib.sha256()
+            size = 0
+            while chunk := f.read(_CHUNK):
+                size += len(chunk)
+                h.update(chunk)
+    except OSError:
+        return False
+    return magic == _MAGIC and size == length and h.digest() == digest
+
+
+def folder_problem(folder: str | os.PathLike) -> str | None:
+    """Why entries of the namespace folder ``folder`` must not be loaded (it, or the cache
+    folder above it, may be written by another user), or None.
+
+    Args:
+        folder: a namespace folder, ``<cache dir>/<namespace>``.
+
+    Returns:
+        The problem, naming the folder (see `kernel_api.core.trust.stat_problem`), or None.
+    """
+    folder = Path(folder)
+    return path_problem(folder.parent) or path_problem(folder)
+
+
+def remove_stale_parts(folder: str | os.PathLike, max_age_s: float = STALE_PART_SECONDS) -> int:
+    """Delete staged files (``.*.part``: `atomic_file`'s and a bundle install's) older than
+    ``max_age_s`` in ``folder``: what a writer killed before its rename left behind. A live
+    writer's staged file is younger: it is written and renamed within one install.
+
+    Args:
+        folder: a namespace folder.
+        max_age_s: the age, from the last modification, past which a staged file is removed.
+
+    Returns:
+        How many files were removed.
+    """
+    removed = 0
+    cutoff = time.time() - max_age_s
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not (entry.name.startswith(".") and entry.name.endswith(".part")):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                os.unlink(entry.path)
+                removed += 1
+        except OSError:
+            continue  # renamed or removed meanwhile
+    if removed:
+        _log.debug("cache: removed %d stale staged file(s) in %s", removed, folder)
+    return removed
+
+
+def _warn_untrusted(subject: str, problem: str) -> None:
+    """Log ``problem`` once per ``subject`` (a folder) as a warning."""
+    with _lock:
+        if subject in _untrusted_warned:
+            return
+        _untrusted_warned.add(subject)
+    _log.warning("kernel_api: not loading compiled artifacts: %s; compiling in memory instead "
+                 "(docs/security.md)", problem)
+
+
 class DiskCache:
     """Byte blobs under ``<cache dir>/<namespace>/``, keyed by strings.
 
     ``directory`` fixes the root folder; by default it is read from the environment at each
     call (so tests and users may change ``KERNEL_API_CACHE_DIR`` at run time). ``stats``
-    counts hits, misses, corrupt entries discarded and writes, for tests and reports.
+    counts hits, misses, corrupt entries discarded, writes and untrusted folders or entries
+    not loaded, for tests and reports.
     """
 
     def __init__(self, namespace: str, directory: str | os.PathLike | None = None) -> None:
-        if not namespace or not _SAFE_KEY.match(namespace):
-            raise ValueError(f"DiskCache namespace {namespace!r}: use letters, digits, '.', '_' or '-'")
+        if not namespace or not _NAMESPACE.match(namespace):
+            raise ValueError(f"DiskCache namespace {namespace!r}: use letters, digits, '.', '_' or '-', "
+                             f"not starting with '.'")
         self.namespace = namespace
         self._directory = None if directory is None else Path(directory)
-        self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "writes": 0}
+        self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "writes": 0, "untrusted": 0}
 
     @property
     def directory(self) -> Path:
@@ -176,12 +269,22 @@ class DiskCache:
             _log.debug("%s cache hit (in memory): %.16s", self.namespace, key)
             return memo
         path = folder / f"{_file_key(key)}.bin"
-        try:
-            with open(path, "rb") as f:
-                blob = f.read()
-        except OSError:
+        problem = folder_problem(folder)
+        if problem is None:
+            try:
+                with open(path, "rb") as f:
+                    # The opened file itself is checked: nothing can swap it between check and read.
+                    problem = stat_problem(os.fstat(f.fileno()))
+                    problem = None if problem is None else f"cache entry {path} {problem}"
+                    blob = f.read() if problem is None else b""
+            except OSError:
+                self.stats["misses"] += 1
+                _log.debug("%s cache miss: %s", self.namespace, path)
+                return None
+        if problem is not None:
+            self.stats["untrusted"] += 1
             self.stats["misses"] += 1
-            _log.debug("%s cache miss: %s", self.namespace, path)
+            _warn_untrusted(str(folder), problem)
             return None
         payload = decode_entry(blob)
         if payload is None:
@@ -209,6 +312,12 @@ class DiskCache:
         data = bytes(data)
         folder = self.directory
         path = folder / f"{_file_key(key)}.bin"
+        problem = folder_problem(folder)
+        if problem is not None:  # another user could replace what we write: keep it to ourselves
+            _warn_untrusted(str(folder), problem)
+            with _lock:
+                _memory[(str(folder), self.namespace, key)] = data
+            return False
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with atomic_file(path) as f:
@@ -226,6 +335,9 @@ class DiskCache:
             return False
         self.stats["writes"] += 1
         _log.debug("%s cache: stored %s (%d bytes)", self.namespace, path, len(data))
+        if str(folder) not in _swept:
+            _swept.add(str(folder))
+            remove_stale_parts(folder)
         return True
 
     def delete(self, key: str) -> None:
