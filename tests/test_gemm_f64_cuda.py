@@ -174,8 +174,8 @@ def test_compiles_for_sm90a_without_a_gpu():
         assert art is not None
 
 
-#: Design knobs outside CONFIGS that benchmarks/gemm_f64.py measures (NOTES-f64.md, sessions 27
-#: and 32): m16n8k16, 32-deep k tiles, where the next stage's copies issue, the warp-specialized
+#: Design knobs outside CONFIGS, measured against the shipped ones (docs/performance.md, "f64 and
+#: f32 GEMM"): m16n8k16, 32-deep k tiles, where the next stage's copies issue, the warp-specialized
 #: kernel (with and without prefetching, 3 and 4 stages, m16n8k16).
 KNOB_TAGS = ("tile128x64x16_warps2x2_stages3_mma16", "tile128x64x32_warps2x2_stages2_mma16",
              "tile64x64x32_warps2x2_stages2_mma16_ctas3", "tile128x64x16_warps2x2_stages4_copy2",

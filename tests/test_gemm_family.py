@@ -314,7 +314,7 @@ def test_compiles_for_sm90a_without_a_gpu(cls, types, layouts, align, tile, rank
 @pytest.mark.parametrize("cc, expected", [(90, {(128, 128): 16, (64, 64): 8}), (80, {(128, 128): 4, (64, 64): 4})])
 def test_f64_instances_pick_the_measured_dmma_shape(cc, expected):
     """The f64 configurations name their sm_90 DMMA (m16n8k16 for the 128x128 tile, m16n8k8 for
-    the 64x64 one: benchmarks/gemm_f64.py); before sm_90 only m8n8k4 exists."""
+    the 64x64 one, the faster shape of each as measured); before sm_90 only m8n8k4 exists."""
     from kernel_api.kernel import compile_target_cc
 
     kernels = [k for k in family(cc=cc, cls="Sm80TensorOpGemm") if k.metadata.operands.A.dtype is DataType.f64]

@@ -394,8 +394,8 @@ def test_stream_k_waves_follow_the_kernel_rule():
 @pytest.mark.parametrize("M,N,K", [(1800, 2500, 400), (777, 5001, 555)])
 def test_stream_k_split_pays_its_fix_up_at_short_k(M, N, K):
     """At 7-9 k-tiles the split 128x256 tile measured 1.07-1.17x its data-parallel twin's time
-    (staged, H200 and H100: gemm_shapes-*-s38-odd-sweep, -s39-odd-*), so it must not rank ahead
-    of it there; a flat split cost (session 31's) rated it 30 % faster."""
+    (staged, H200 and H100: gemm_shapes.py's odd_sweep and odd_heldout groups), so it must not
+    rank ahead of it there; a flat split cost rated it 30 % faster."""
     args = meta_args(M, N, K)
     costs = {k.metadata.kernel_name: estimated_cost(k, args, 132) for k in kernel_api.get_kernels(args, cc=90)
              if k.metadata.kernel_name.startswith("Sm90RealignedGemm") and "tile128x256x64" in k.metadata.kernel_name}

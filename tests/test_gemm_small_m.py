@@ -3,7 +3,7 @@ compilation for sm_90a without a GPU, PickAny's choice; on a GPU, every M of int
 float64 reference inside sentinel-filled buffers, forced splits, batches, determinism, ops.gemm
 and compute-sanitizer memcheck.
 
-`check_gemm` and `GPU_CASES` are also what ``benchmarks/small_m.py --check`` runs.
+`check_gemm` and `GPU_CASES` drive the GPU sweep.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def check_gemm(kernel: CudaGemmSmallM, M: int, N: int, K: int, L: int = 1, padde
     return err
 
 
-# ---- the GPU sweep (also run by benchmarks/small_m.py --check) ------------------------------------------
+# ---- the GPU sweep ----------------------------------------------------------------------------------------
 M_VALUES = (1, 2, 7, 8, 15, 16, 17, 33, 64, 100, 128)
 NK_VALUES = ((4104, 1000), (1000, 4104), (4096, 14336))
 
@@ -251,8 +251,8 @@ def test_split_plan():
 
 def test_clusters_of_two_at_split_two():
     """Split 2 launches clusters of 2 CTAs (H200: 33-34 us against 39-40 with clusters of 8 at
-    M <= 16 and 8192^2, results/small_m-NVIDIA_H200-s29-clusters*.json); every other split keeps
-    clusters of 8."""
+    M <= 16 and 8192^2; docs/performance.md, "Small-M GEMM"); every other split keeps clusters
+    of 8."""
     for M in (1, 8, 16):
         k = instance("bf16", "col", M)
         assert k.plan(_meta_args(M, 8192, 8192))[:2] == (2, 128)
@@ -276,7 +276,7 @@ def test_clusters_of_two_at_split_two():
 
 @pytest.mark.parametrize("layout", ["col", "row"])
 def test_pick_any_chooses_it_for_small_m_only(layout):
-    # Measured on the H200 (benchmarks/results/small_m-NVIDIA_H200-s20-run1.json): at M <= 16 the
+    # Measured on the H200 (gemm_shapes.py --group small_m): at M <= 16 the
     # family beats the Sm90 family's 64-row tiles and is within 5 % of cuBLAS (0.99-1.04x at
     # N = K = 4096), so either may lead; at M = 64 and 128 it is the slower one.
     for M in (1, 8, 16):
@@ -295,7 +295,7 @@ def test_pick_any_chooses_it_for_small_m_only(layout):
 @pytest.mark.parametrize("M", [1, 8, 16])
 @pytest.mark.parametrize("N,K", [(4096, 4096), (8192, 8192), (14336, 4096), (14336, 14336)])
 def test_pick_any_weighs_streaming_b_at_decode(M, N, K):
-    """At M <= 16 the time is reading B (benchmarks/results/gemm_shapes-NVIDIA_H200-s25-small-m.json:
+    """At M <= 16 the time is reading B (H200, gemm_shapes.py --group small_m:
     the family 0.98-1.14x cuBLAS, the Sm90 tiles 1.4-1.8x slower than both); the MAC models
     priced cuBLAS and the Sm90 tiles as if B cost nothing (Sm90 at 22 us for 117 MB), so
     PickAny took cuBLAS everywhere and, among ours, Sm90 at N = 14336."""

@@ -260,8 +260,7 @@ def test_split_all_instances_share_every_tile_over_the_grid():
     """The split_all design points (decode and prefill tails): 16-bit instances in every layout,
     named ``_splitall_``, with a stream-K workspace; the implementation refuses split_all
     without stream-K's fix-up; PickAny ranks them after the narrow 64x64 tiles and cuBLAS at
-    M = 64 (measured 0.88-0.98x of cuBLAS, results/gemm_shapes-NVIDIA_H200-s27-splitall.json;
-    the narrow tiles 0.97-1.07x, results/gemm_sm90-NVIDIA_H200-s28-narrow.json) and ahead of
+    M = 64 (measured 0.88-0.98x of cuBLAS on an H200; the narrow tiles 0.97-1.07x) and ahead of
     the data-parallel 64x128 tile."""
     import kernel_api
     from kernel_api.providers.cutedsl.gemm.implementations.sm90_warpspecialized_impl import Sm90WarpSpecializedGemmImpl
@@ -287,7 +286,7 @@ def test_split_all_instances_share_every_tile_over_the_grid():
 def test_narrow_tiles_stream_b_at_decode_sizes():
     """The narrow (64x64, A multicast along N) design points: emitted in every 16-bit layout with
     their deeper rings named (``_maxst``); `narrow_tile_cost` reproduces the H200 measurements
-    it was fitted to within 10 % (results/gemm_sm90-NVIDIA_H200-s28-narrow.json), charges a
+    it was fitted to within 10 % (M = 64 and 128 against N, K of 4096-14336), charges a
     second wave of clusters and a one-tile M below the tile's 64 rows, and ranks the narrow
     tiles last at large M."""
     import kernel_api

@@ -64,7 +64,7 @@ def _cublas_fp32_error(A, B, ref) -> float:
 #: 2^-22 |x|) and small x small is dropped, so a product is off by ~2^-22 relative whatever K is
 #: (measured 2.4e-7 .. 3.2e-7 norm-wise at K = 4096 .. 8192 on an H200), while cuBLAS FP32's error
 #: starts at 2^-24 and grows with sqrt(K) (1.1e-6 at K = 4096): below K ~ 300, or where cuBLAS
-#: splits K, cuBLAS FP32 is the more accurate one (the 1.5x bound alone failed there, run s21-2).
+#: splits K, cuBLAS FP32 is the more accurate one (the 1.5x bound alone fails there).
 SPLIT3_FLOOR = 4 * 2.0**-22
 
 
@@ -211,7 +211,7 @@ def test_ops_gemm_f32_follows_torch_precision(b_column_major):
                 assert math is DataType.f32
             elif b_column_major:
                 # PickAny prefers a tf32 kernel when allowed: ours, or cuBLAS, which then runs TF32
-                # too (measured level with ours: benchmarks/results/gemm_f32-NVIDIA_H200-s21.json)
+                # too (measured level with ours: docs/performance.md, "f64 and f32 GEMM")
                 assert math is DataType.tf32 or kernel.metadata.provider == "torch", kernel.name
     with _Tf32(False):
         torch.set_float32_matmul_precision("high")

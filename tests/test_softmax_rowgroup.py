@@ -62,8 +62,8 @@ def _kernel(cls, dtype: torch.dtype, ctas_per_sm: int = 1):
 
 
 def _ranked_without_window(args) -> list:
-    """PickAny's order with the L2-window family left out (it ranks first on most long rows since
-    session 35; test_softmax_window.py checks where): the order among the families before it."""
+    """PickAny's order with the L2-window family left out (it ranks first on most long rows;
+    test_softmax_window.py checks where): the order among the families before it."""
     return [k for k in rank_candidates(kernel_api.get_kernels(args, cc=90), args)
             if "Window" not in k.metadata.kernel_name]
 
@@ -176,7 +176,7 @@ def test_refusals_say_why():
 def test_plans_for_the_long_benchmark_shapes():
     """On 132 SMs with 14-chunk rings (H100/H200), the slices the sweeps ran fastest with:
     128 KB in the forward (32x1M bf16: S=16, 8 rows at once, 4 waves; 8x4M: S=64), 128 KB of
-    dy and y in the backward (32x1M bf16: S=32, session 26's H200 sweep); a lone row on every
+    dy and y in the backward (32x1M bf16: S=32, measured on an H200); a lone row on every
     SM; only the f32 backward of 4M columns (254 KB of dy and y per CTA) overflows the ring."""
     p = plan_rows(32, 2**20, 2, False)
     assert (p.ctas_per_row, p.groups, p.waves, p.grid) == (16, 8, 4, 128)
@@ -644,11 +644,11 @@ def test_pick_any_takes_long_rows_only(dtype):
     """The long shapes (benchmarks/softmax.py's "long" case) go to the row-group family where
     its plan has several row groups, its one-CTA instance first and the two-CTA one right
     after (the reverse for 16-bit forwards of 4+ groups in two waves or more: 8x1M, one wave,
-    keeps the one-CTA instance first since session 28's bulk stores; the cluster-split and looped kernels
+    keeps the one-CTA instance first, with the bulk stores; the cluster-split and looped kernels
     read those rows twice); where the plan gives each row the whole grid (one row group: a lone
     row, 8x4M in f32) or, f32 forward, half of it, the two-launch stream family goes first
-    (measured 0.93-1.22x the row-group kernel there, session 26; the 16-bit forwards of two
-    groups, 8x4M, went to the row-group kernel with session 34's batched passes). The
+    (measured 0.93-1.22x the row-group kernel there; the 16-bit forwards of two groups, 8x4M,
+    go to the row-group kernel, whose batched passes are faster there). The
     ordinary shapes keep the kernels measured best there (register, shared-memory, looped and
     cluster-split). (Among the families before the L2-window one, which test_softmax_window.py
     places.)"""
@@ -799,7 +799,7 @@ def test_small_rings_and_grids(cls, dtype, ctas_per_sm):
 def test_the_other_store_build(cls, dtype, ctas_per_sm):
     """Each direction's other build, an experiment switch (`bulk_out`): the forward storing from
     its consumer threads, the backward through a storer warp's TMA bulk stores (measured
-    slower, results/softmax-rowgroup-sweep-NVIDIA_H200-s28-bulk.json). The long and odd shapes,
+    slower on an H200). The long and odd shapes,
     then small rings and grids (overflowing slices, rings wrapping many times, with and without
     the look-ahead), each output inside a poisoned margin."""
     k = _kernel(cls, dtype, ctas_per_sm)
@@ -1065,7 +1065,7 @@ def test_ranks_long_rows_where_the_few_row_sweep_measured_them_fastest():
     """`ranks_long_rows`: rows of 2^17 elements and more at any count; from `long_rows_from` at
     16 rows and more; from 128 KB (64K 16-bit, 32K f32 elements) at 16-47 rows, where the
     smem kernels leave most SMs idle and the cluster splits need two waves or more
-    (results/softmax-NVIDIA_*-s37-fewrows-*.json.gz)."""
+    (the few-row sweeps of tests/data/measured_softmax_times.json)."""
     assert rg.ranks_long_rows(1, rg.MIN_COLS, 2) and rg.ranks_long_rows(1, rg.MIN_COLS, 4)
     assert not rg.ranks_long_rows(15, rg.long_rows_from(2), 2) and rg.ranks_long_rows(16, rg.long_rows_from(2), 2)
     assert rg.ranks_long_rows(4096, rg.long_rows_from(4), 4)

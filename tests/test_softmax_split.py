@@ -130,7 +130,7 @@ def test_pick_any_charges_the_clusters_waves():
     """A wave holds about `CLUSTER_PACKING` of the SMs' clusters: the 8-CTA split of one
     1024-thread CTA per SM (bf16 backward, 100000 elements) costs the same per problem up to
     12 rows (one wave of fewer CTAs than SMs), twice that at 16 (two waves), as its measured
-    times do (7-8 us, then 11-12 us: results/softmax-NVIDIA_H200-s37-fewrows-bf16.json.gz). With two
+    times do (7-8 us, then 11-12 us on an H200). With two
     CTAs per SM (65536 elements) a wave holds 24 rows, past the SMs' count: no step."""
     kernel = next(k for k in CudaSoftmaxSplitBackward.generate_kernels(None, cc=90)
                   if k.metadata.kernel_name == "CudaSoftmaxSplitBackward_bf16_split_ept16_c8_peel8")
@@ -148,7 +148,7 @@ def test_pick_any_charges_the_clusters_waves():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
     """PickAny (rank_candidates) on the benchmark's shapes, as measured on an H200
-    (benchmarks/results/softmax-NVIDIA_H200-s21.json): peeled 16-byte kernels for odd rows, one
+    (benchmarks/softmax.py): peeled 16-byte kernels for odd rows, one
     CTA per row while rows are many (clusters cost their barriers), a cluster split for few
     long rows, a CTA rather than a warp per row from 1024 elements."""
     def first(rows, cols, backward=False):
@@ -160,18 +160,17 @@ def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
         assert "peel" in first(8192, 4097, backward) and "Split" not in first(8192, 4097, backward)
         # rows one CTA's shared memory holds are staged there (test_softmax_smem); f32's
         # backward (two rows of 201 KB) stages y alone and re-reads dy from L2: 3.58 TB/s against
-        # the 8-CTA split's 3.11 (H200, results/softmax-NVIDIA_H200-s27-smemy.json)
+        # the 8-CTA split's 3.11 (H200)
         assert ("_smemy_peel" if backward and dtype == torch.float32 else "_smem_peel") in \
             first(4096, 50257, backward)
-        # f32 rows too long for y's staging: the 8-CTA split ran 3.47 TB/s at 4096x65536 (same
-        # file); since session 36 the window family ranks first there (3.39 against the split's
-        # 3.47 at 2048x65536, results/softmax-NVIDIA_H200-s36-vocab2.json; 15-25 % faster than it
-        # on longer rows)
+        # f32 rows too long for y's staging: the 8-CTA split ran 3.47 TB/s at 4096x65536; the
+        # window family ranks first there (3.39 against the split's 3.47 at 2048x65536, H200;
+        # 15-25 % faster than it on longer rows)
         if backward and dtype == torch.float32:
             assert "_window_peel" in first(4096, 65536, backward)
         assert "_block_" in first(65536, 1024, backward)
         assert "_warp_" in first(65536, 512, backward)
-        # (1M-element rows, one or many, go to the window family since session 35:
+        # (1M-element rows, one or many, go to the window family:
         # test_softmax_window's test_pick_any_takes_long_rows)
         assert "_window_" in first(1, 2**20, backward)
         assert "_window_" in first(32, 2**20, backward)
@@ -185,7 +184,7 @@ def test_pick_any_prefers_vectors_and_splits_long_or_few_rows(dtype):
 def test_pick_any_takes_register_rows_on_problems_too_small_to_fill_the_gpu(dtype, backward):
     """1-64 rows of 8192 elements take 5-7 us on any kernel: the one-pass register rows, whose
     loads are all in flight at once, ran 0.5-1.5 us faster than the cluster splits and the
-    shared-memory kernels there (H200, results/softmax-NVIDIA_H200-s37-shortrows-*.json.gz), which
+    shared-memory kernels there (H200, the short-row sweeps of tests/data), which
     `policies.STAGED_ROW_LATENCY_BYTES` and `REGISTER_ROW_LONE_SHARE` now charge. Longer rows of
     few rows stay on the splits (their one row per CTA would take longer than the fixed time)."""
     from kernel_api.tuning.policies import STAGED_ROW_LATENCY_BYTES, fixed_row_cost, single_trip
@@ -215,7 +214,7 @@ def x_bytes(dtype: torch.dtype) -> int:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_pick_any_takes_peeled_kernels_for_aligned_rows(dtype):
     """On aligned rows the aligned 16-byte kernels ran 9-13 % slower than the peeled ones at
-    65536x1024 forwards (H200, results/softmax-NVIDIA_H200-s28-final.json: f32 3.57 against
+    65536x1024 forwards (H200: f32 3.57 against
     3.91 TB/s, PickAny's choice then) and never more than 6 % faster over 168 measured pairs."""
     x = torch.empty(65536, 1024, dtype=dtype)
     args = SoftmaxArguments(x, torch.empty_like(x))

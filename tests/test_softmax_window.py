@@ -215,7 +215,7 @@ def test_workspace_refusals(cls, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pick_any_takes_long_rows(dtype):
     """PickAny puts the window family first on every long row (1x1M to 8x4M: measured the fastest
-    on 22 of 24 long cases, session 35), and never on rows one CTA or cluster holds."""
+    on 22 of 24 long cases on an H200), and never on rows one CTA or cluster holds."""
     from kernel_api.tuning.policies import rank_candidates
 
     import kernel_api
@@ -462,17 +462,16 @@ def test_build_by_problem(rows, cols, dtype, backward, want, monkeypatch):
     # (few rows: the cluster splits below 16, the long-row families from 16)
     (8, 100000, torch.float32, True, "SplitBackward"), (2, 65536, torch.bfloat16, False, "SplitForward"),
     (32, 100000, torch.float32, False, "WindowForward"), (64, 128256, torch.float32, False, "WindowForward"),
-    # (few rows of lengths the smem families reach, session 37: the cluster splits while one wave
+    # (few rows of lengths the smem families reach: the cluster splits while one wave
     # of clusters holds the rows, the long-row families past it, the smem kernels from 48-64 rows)
     (8, 100000, torch.bfloat16, True, "SplitBackward"), (24, 82000, torch.bfloat16, True, "WindowBackward"),
     (64, 100000, torch.bfloat16, True, "SmemYBackward"), (32, 65536, torch.bfloat16, False, "SplitForward"),
     (64, 82000, torch.bfloat16, False, "SmemForward"), (128, 50000, torch.bfloat16, False, "SmemForward"),
     (24, 100000, torch.float32, False, "WindowForward"), (128, 32768, torch.float32, True, "SmemYBackward")])
 def test_pick_any_between_shared_memory_rows_and_long_rows(rows, cols, dtype, backward, first):
-    """PickAny's first choice on the LM-head rows of session 36's vocabulary sweep
-    (benchmarks/results/softmax-NVIDIA_H200-s36-vocab*.json: the measured fastest family, or within
-    7 % of it) and session 37's few-row sweeps (results/softmax-NVIDIA_*-s37-fewrows-*.json.gz: the
-    fastest family on the H100 and the H200, within 2 %), on 132 SMs. Rows between the smem
+    """PickAny's first choice on the LM-head rows of the vocabulary sweep (H200: the measured
+    fastest family, or within 7 % of it) and the few-row sweeps (the fastest family on the H100
+    and the H200, within 2 %; tests/data/measured_softmax_times.json), on 132 SMs. Rows between the smem
     families' reach and 2^17 elements go to the long-row families from 16 rows
     (`softmax_rowgroup.LONG_ROWS_MIN_ROWS`), and so do 16-47 rows of 128 KB or more
     (`ranks_long_rows`); fewer stay with the cluster splits."""

@@ -232,8 +232,8 @@ class _PowerCappedGpu(_Clock):
 def test_own_state_ranks_by_energy_where_interleaving_ranks_by_cycles(monkeypatch):
     """A kernel that needs 5 % fewer cycles but draws 20 % more per cycle: launched in turn with
     another, both run at the clock of their mix and it wins; each on its own at the cap, its
-    energy per call is the higher and it loses (what benchmarks/gemm_power.py measured for bf16
-    ping-pong tiles against cuBLAS)."""
+    energy per call is the higher and it loses (as measured for bf16 ping-pong tiles against
+    cuBLAS: docs/performance.md, "Power state")."""
     gpu = _PowerCappedGpu(monkeypatch)
     runs = {"hungry": gpu.kernel("hungry", 0.95, 1.44), "frugal": gpu.kernel("frugal", 1.0, 1.2)}
     shared = timing.time_interleaved(runs, sets=2, warmup=2, repeat=20, gpu_floor_ms=0.5, settle_ms=10.0)
@@ -303,7 +303,7 @@ def test_own_state_gives_a_host_slower_than_the_calls_a_head_start_after_the_set
 @pytest.mark.parametrize("state", ["shared", "own", None])
 def test_pick_best_times_in_the_power_state_it_is_asked_for(monkeypatch, state):
     """``power_state`` picks the timer; without one, each candidate in its own power state (the
-    shared timing's choices ran down to 0.85x cuBLAS: NOTES-sm90.md, sessions 40 and 41)."""
+    shared timing's choices ran down to 0.85x cuBLAS: docs/performance.md, "SM90 GEMM tiles")."""
     from kernel_api.tuning import policies
 
     seen = []

@@ -44,12 +44,12 @@ def test_no_head_start_when_the_gpu_is_slower_than_the_host():
 
 def test_queued_timing_returns_before_the_gpu_ran_the_calls():
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-        # Under 8 workers it failed even with a 1 s spin (results/gpu-tests-NVIDIA_H200-s31-timing2.log);
+        # Under 8 workers it failed even with a 1 s spin (H200);
         # alone it passes.
         pytest.skip("races a GPU spin against the host: needs the GPU and the host to itself (run without -n)")
     x = torch.zeros(256, device="cuda")
     # About 1 s of GPU spin ahead of the calls: the host must queue them and ask before it ends
-    # (0.1 s was too short with 8 test workers compiling beside it: s31-timing.log)
+    # (0.1 s was too short with 8 test workers compiling beside it)
     torch.cuda._sleep(2_000_000_000)
     timing = QueuedTiming(lambda i: x.add_(1.0), repeat=10, gpu_floor_ms=1e9)
     assert not timing.ready()

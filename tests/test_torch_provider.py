@@ -67,11 +67,11 @@ def test_pickany_keeps_our_tensor_core_kernels_first_where_their_tiles_fill_the_
                                          ((64, 2304, 768), False), ((64, 768, 3072), False),
                                          ((128, 8192, 8192), True)])
 def test_pickany_takes_cublas_where_our_tiles_leave_sms_idle(shape, b_col):
-    """GPT-2's mlp.c_proj dW (K = 8192, few output tiles: cuBLAS 0.68x the time of our tiles of
-    session 27 on the H200; 0.84x that of the 128x160 tile of session 37 on the H100), decode
+    """GPT-2's mlp.c_proj dW (K = 8192, few output tiles: cuBLAS 0.68x the time of our 128x128
+    and 128x256 tiles on the H200; 0.84x that of the 128x160 tile on the H100), decode
     projections (M = 64) and a thin prefill: cuBLAS splits K where whole tiles cannot fill the
     SMs, which the tile model charges our kernels for. (c_fc's dW, 768x3072x8192, takes the
-    128x160 tile since session 37: 120 tiles, one wave, 1.00x cuBLAS on the H200 and 0.97x on the
+    128x160 tile: 120 tiles, one wave, 1.00x cuBLAS on the H200 and 0.97x on the
     H100; tests/test_gemm_selection_replay.py.)"""
     M, N, K = shape
     if shape[2] == 8192 and not b_col:  # dW = X^T @ dY: A column-major
@@ -85,8 +85,8 @@ def test_pickany_takes_cublas_where_our_tiles_leave_sms_idle(shape, b_col):
 @pytest.mark.parametrize("shape", [(256, 384, 512), (512, 512, 768), (384, 256, 1000)])
 def test_pickany_takes_cublas_for_small_problems_it_would_not_split(shape):
     """A few output tiles over a short K: cuBLAS takes them whole, with no split-K reduction to
-    pay for (a split keeps at least `TORCH_SPLIT_K_MIN_PIECE` of K per piece). Session 26's
-    split-K term charged 256 x 384 x 512 33 splits, which ranked our tile kernel first and failed
+    pay for (a split keeps at least `TORCH_SPLIT_K_MIN_PIECE` of K per piece). A split-K term
+    without that floor charged 256 x 384 x 512 33 splits, which ranked our tile kernel first and failed
     test_front_door_honours_settings_providers on the H200."""
     M, N, K = shape
     assert _ranked(_gemm_args(M, N, K))[0].startswith("TorchGemm")
@@ -260,7 +260,7 @@ def test_pickany_takes_cublaslt_gelu_epilogue_for_gpt2_c_fc():
 @pytest.mark.parametrize("M,N,K,ours", [(8192, 768, 768, True), (8192, 2304, 768, True),
                                         (8192, 768, 3072, False), (8192, 768, 2304, False)])
 def test_pickany_weighs_cublas_per_output_work_against_short_k(M, N, K, ours):
-    """GPT-2's projections with their row bias (selection.py --torch-evidence): at K = 768 our
+    """GPT-2's projections with their row bias (the "GPT-2 and sweep" runs of tests/data): at K = 768 our
     Sm90 kernels ran 1.08-1.26x faster than cuBLAS (H100, H200), at K = 2304-3072 cuBLAS ran
     1.04-1.2x faster; a flat cuBLAS efficiency took cuBLAS for all four."""
     bf = dict(dtype=torch.bfloat16)
