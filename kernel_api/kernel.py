@@ -300,7 +300,7 @@ class Kernel(abc.ABC):
         microseconds every launch costs (alike for all of them, it does not change their order).
         The families that take operands TMA cannot read in place compete where fixed times
         decide, so theirs are whole run times, launches and staging copies included: cuBLAS's
-        alignment-1 path, `SimtGemm`, `Sm90RealignedGemm` (benchmarks/NOTES-sm90.md, session 39).
+        alignment-1 path, `SimtGemm`, `Sm90RealignedGemm` (docs/performance.md, "Choosing").
         A new family of that kind should estimate the same way."""
         return None
 

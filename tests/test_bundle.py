@@ -61,14 +61,14 @@ def test_install_copies_the_entries_and_merges_the_records(source, tmp_path):
     root, bundle = source
     target = tmp_path / "target"
     TuningRecords(target / "tuning.sqlite").merge([_record("s2", "local-newer", NEW)])
-    counts = install_bundle(bundle, cache_root=target)
+    counts = install_bundle(bundle, cache_root=target, trusted=True)
     assert (counts.files_added, counts.files_present) == (2, 0)
     assert tuple(counts.records) == (1, 0, 1)
     assert DiskCache("cutedsl", target).get("a" * 64) == b"object file"
     assert DiskCache("cubin", target).get("b" * 64) == b"cubin"
     assert {r.shape: r.kernel_name for r in TuningRecords(target / "tuning.sqlite").all()} == \
         {"s1": "K1", "s2": "local-newer"}  # the newer local record is never overwritten
-    again = install_bundle(bundle, cache_root=target)
+    again = install_bundle(bundle, cache_root=target, trusted=True)
     assert (again.files_added, again.files_present) == (0, 2)
     assert [f for f in _cache_files(target) if f.endswith(".part")] == []
 
@@ -79,7 +79,7 @@ def test_a_tampered_file_is_named_and_nothing_is_installed(source, tmp_path):
     _rewrite(bundle, lambda name, data: (name, data[:-1] + b"X") if name.startswith("cutedsl/") else (name, data))
     target = tmp_path / "target"
     with pytest.raises(BundleError, match=r"file 'cutedsl/a{64}\.bin' fails its SHA-256 check"):
-        install_bundle(bundle, cache_root=target)
+        install_bundle(bundle, cache_root=target, trusted=True)
     assert (target / "cubin").is_dir()  # staged there, then removed
     assert _cache_files(target) == []  # no entry, and no half-written file
     assert not (target / "tuning.sqlite").exists() or TuningRecords(target / "tuning.sqlite").all() == []
@@ -90,11 +90,11 @@ def test_a_missing_or_an_unlisted_file_is_refused(source, tmp_path):
     original = bundle.read_bytes()
     _rewrite(bundle, lambda name, data: None if name.startswith("cutedsl/") else (name, data))
     with pytest.raises(BundleError, match=r"file 'cutedsl/a{64}\.bin' is listed in its manifest but missing"):
-        install_bundle(bundle, cache_root=tmp_path / "t1")
+        install_bundle(bundle, cache_root=tmp_path / "t1", trusted=True)
     bundle.write_bytes(original)
     _rewrite(bundle, lambda name, data: ("../evil.bin", data) if name.startswith("cutedsl/") else (name, data))
     with pytest.raises(BundleError, match=r"file '../evil.bin' is not in its manifest"):
-        install_bundle(bundle, cache_root=tmp_path / "t2")
+        install_bundle(bundle, cache_root=tmp_path / "t2", trusted=True)
     assert not (tmp_path / "evil.bin").exists()
     assert not (tmp_path / "t2").exists() or _cache_files(tmp_path / "t2") == []
 
@@ -110,19 +110,19 @@ def test_another_toolchain_is_refused_naming_the_versions(source, tmp_path):
         return name, json.dumps(manifest).encode()
     _rewrite(bundle, older)
     with pytest.raises(BundleError, match=r"another toolchain, refusing it: nvidia-cutlass-dsl 4\.7\.0 cu13 \(here: "):
-        install_bundle(bundle, cache_root=tmp_path / "target")
+        install_bundle(bundle, cache_root=tmp_path / "target", trusted=True)
     assert not (tmp_path / "target").exists() or _cache_files(tmp_path / "target") == []
 
 
 def test_not_a_bundle(tmp_path):
     (tmp_path / "x.tar").write_bytes(b"not a tar at all" * 100)
     with pytest.raises(BundleError, match="cannot read it as a tar file"):
-        install_bundle(tmp_path / "x.tar", cache_root=tmp_path / "t")
+        install_bundle(tmp_path / "x.tar", cache_root=tmp_path / "t", trusted=True)
     with tarfile.open(tmp_path / "y.tar", "w") as tar:
         info = tarfile.TarInfo("hello.txt")
         tar.addfile(info, io.BytesIO(b""))
     with pytest.raises(BundleError, match="not a kernel_api bundle"):
-        install_bundle(tmp_path / "y.tar", cache_root=tmp_path / "t")
+        install_bundle(tmp_path / "y.tar", cache_root=tmp_path / "t", trusted=True)
 
 
 def test_the_manifest_records_toolchain_and_hashes(source):
@@ -138,7 +138,7 @@ def test_the_manifest_records_toolchain_and_hashes(source):
 def test_cli_errors_are_one_line(source, tmp_path, capsys):
     _, bundle = source
     _rewrite(bundle, lambda name, data: (name, data + b"!") if name == "records.json" else (name, data))
-    assert main(["bundle", "install", str(bundle)]) == 2
+    assert main(["bundle", "install", str(bundle), "--trust"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "file 'records.json' fails its SHA-256 check" in err
 
@@ -156,7 +156,7 @@ def test_bundle_of_shapes_then_install_gives_a_warm_compile_in_a_new_process(tmp
     assert _cache_files(tmp_path / "source") == []  # the shapes were compiled into a scratch folder
     target = tmp_path / "target"
     monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(target))
-    assert main(["bundle", "install", str(bundle)]) == 0
+    assert main(["bundle", "install", str(bundle), "--trust"]) == 0
     assert "2 kernel(s) added" in capsys.readouterr().out
     assert [r.kernel_name for r in TuningRecords().all()] == ["K1"]
     done = subprocess.run([sys.executable, "-c", _NEW_PROCESS], capture_output=True, text=True, timeout=600,

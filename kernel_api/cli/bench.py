@@ -113,20 +113,34 @@ def tune(args: Any, num_workers: int | None = None, force: bool = False, show: A
 
 
 def cache_info(show: Any = print) -> dict:
+    """``cache info``: the cache folder (and whether its entries may be loaded), its entries per
+    namespace, the tuning records, and the bundles installed into it (their provenance)."""
+    from ..core.trust import path_problem
+    from ..tuning.bundle import PROVENANCE, installed_bundles
+
     root = cache_dir()
     info = {"directory": str(root), "namespaces": {}}
     if root.exists():
-        for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name != PROVENANCE):
             files = list(sub.glob("*.bin"))
             info["namespaces"][sub.name] = {"entries": len(files), "bytes": sum(f.stat().st_size for f in files)}
     records = TuningRecords().all() if (root / "tuning.sqlite").exists() else []
     info["tuning_records"] = len(records)
+    info["untrusted"] = path_problem(root)
+    info["bundles"] = installed_bundles(root)
     show(f"cache directory: {root}")
+    if info["untrusted"]:
+        show(f"  NOT LOADED: {info['untrusted']}; entries are compiled in memory instead (docs/security.md)")
     for name, d in info["namespaces"].items():
         show(f"  {name}: {d['entries']} entries, {d['bytes'] / 1e6:.1f} MB")
     show(f"  tuning records: {len(records)}")
     for r in records[-10:]:
         show(f"    {r.device} cc{r.cc} {r.shape}: {r.kernel_name} {r.median_ms * 1e3:.1f} us ({r.created})")
+    show(f"  bundles installed: {len(info['bundles'])}")
+    for b in info["bundles"]:
+        toolchain = ", ".join(f"{k} {v}" for k, v in sorted(b.get("toolchain", {}).items()))
+        show(f"    {b.get('installed')} {b.get('file')} sha256 {b.get('sha256')}: {len(b.get('entries', []))} "
+             f"entries, {b.get('records')} records; {b.get('vouched')}; made {b.get('created')} with {toolchain}")
     return info
 
 

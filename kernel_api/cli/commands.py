@@ -7,7 +7,8 @@
     kernel-api records export FILE.json | records import FILE.json   # tuning records across machines
     kernel-api precompile --shapes FILE.json --cc 90 [--top N] [--workers N]   # fill the compile cache
     kernel-api tune --shapes FILE.json [--devices 0,1] [--export FILE.json]   # tune on every GPU (GPU)
-    kernel-api bundle create FILE.tar [--shapes FILE.json --cc 90] | bundle install FILE.tar
+    kernel-api bundle create FILE.tar [--shapes FILE.json --cc 90] [--sign KEY] | bundle install FILE.tar --trust
+    kernel-api trust add KEY.pub | trust list | trust remove SHA256:...   # keys that may sign bundles
 
 Errors that kernel_api reports on purpose (`KernelApiError`, bad values, a missing optional
 dependency) print one line on stderr and exit non-zero; ``--debug`` (or ``KERNEL_API_DEBUG=1``)
@@ -234,10 +235,20 @@ def cmd_bundle(ns: argparse.Namespace) -> int:
     from .precompile import run_bundle_create, run_bundle_install
 
     if ns.action == "create":
-        return run_bundle_create(ns.file, ns.shapes, ns.cc, ns.top, ns.workers, providers=ns.provider)
-    if ns.shapes is not None:
-        raise ValueError("--shapes is for `bundle create`")
-    return run_bundle_install(ns.file)
+        if ns.trust:
+            raise ValueError("--trust is for `bundle install`")
+        return run_bundle_create(ns.file, ns.shapes, ns.cc, ns.top, ns.workers, providers=ns.provider,
+                                 sign_with=ns.sign)
+    for flag, value in (("--shapes", ns.shapes), ("--sign", ns.sign)):
+        if value is not None:
+            raise ValueError(f"{flag} is for `bundle create`")
+    return run_bundle_install(ns.file, trusted=ns.trust)
+
+
+def cmd_trust(ns: argparse.Namespace) -> int:
+    from .trust import run_trust
+
+    return run_trust(ns.action, ns.key)
 
 
 POWER_STATE_HELP = ("how the candidates are timed: each after its own settle launches at the clock its own power "
@@ -325,13 +336,22 @@ def make_parser() -> argparse.ArgumentParser:
     bundle_p.add_argument("--workers", type=int, default=None, help="with --shapes: compile processes")
     bundle_p.add_argument("--provider", action="append", default=None,
                           help="with --shapes: rank only this provider's kernels (repeatable)")
+    bundle_p.add_argument("--sign", default=None, metavar="KEY",
+                          help="create: sign the bundle with this Ed25519 private key (needs cryptography)")
+    bundle_p.add_argument("--trust", action="store_true",
+                          help="install: you trust the bundle's source (it holds code this machine will run); "
+                               "not needed for a bundle signed by a key of `kernel-api trust list`")
+    trust_p = sub.add_parser("trust", help="the public keys whose signed bundles install without --trust")
+    trust_p.add_argument("action", choices=("add", "list", "remove"),
+                         help="add KEY.pub (an Ed25519 key: OpenSSH or PEM), list, remove SHA256:FINGERPRINT")
+    trust_p.add_argument("key", nargs="?", default=None, help="add: the public key file; remove: its fingerprint")
     return parser
 
 
 COMMANDS = {"list": cmd_list, "explain": cmd_explain, "demo": cmd_demo, "bench": cmd_bench, "tune": cmd_tune,
             "cache": cmd_cache, "env": cmd_env,
             "records": cmd_records, "precompile": cmd_precompile,
-            "bundle": cmd_bundle}
+            "bundle": cmd_bundle, "trust": cmd_trust}
 
 
 def _debug(ns: argparse.Namespace) -> bool:

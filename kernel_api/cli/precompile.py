@@ -118,18 +118,23 @@ def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
 
 
 def run_bundle_create(path: str, shapes: str | None, cc: Any, top: int, workers: int | None,
-                      show: Callable[..., Any] = print, providers: list[str] | None = None) -> int:
+                      show: Callable[..., Any] = print, providers: list[str] | None = None,
+                      sign_with: str | None = None) -> int:
     """``bundle create``: pack the cache and the tuning records; with ``shapes``, compile those
-    shapes into a temporary cache folder first and pack only its kernels."""
+    shapes into a temporary cache folder first and pack only its kernels; with ``sign_with``,
+    sign the manifest with that private key."""
     from ..core.cache import ENV_DIR, cache_dir
+    from ..core.trust import sign_manifest
     from ..tuning.bundle import create_bundle
     from ..tuning.records import TuningRecords
 
     if shapes is None:
         if cc is not None:
             raise ValueError("--cc is for --shapes (it picks the architecture they are compiled for)")
-        manifest = create_bundle(path)
+        manifest = create_bundle(path, sign_with=sign_with)
     else:
+        if sign_with is not None:
+            sign_manifest(b"", sign_with)  # an unusable key fails now, not after the compiles
         records = TuningRecords(cache_dir() / "tuning.sqlite")
         with tempfile.TemporaryDirectory(prefix="kernel_api-bundle-") as scratch:
             # The workers inherit the environment: they compile into the scratch folder.
@@ -144,19 +149,21 @@ def run_bundle_create(path: str, shapes: str | None, cc: Any, top: int, workers:
                     os.environ[ENV_DIR] = previous
             if status != 0:
                 raise KernelApiError(f"bundle {path} not written: some kernels of {shapes} failed to compile")
-            manifest = create_bundle(path, cache_root=scratch, records=records)
+            manifest = create_bundle(path, cache_root=scratch, records=records, sign_with=sign_with)
     kernels = len(manifest["files"]) - 1
     show(f"wrote {path}: {kernels} compiled kernel(s) and the tuning records, for "
-         + ", ".join(f"{k} {v}" for k, v in manifest["toolchain"].items()))
+         + ", ".join(f"{k} {v}" for k, v in manifest["toolchain"].items())
+         + ("; signed" if sign_with is not None else ""))
     return 0
 
 
-def run_bundle_install(path: str, show: Callable[..., Any] = print) -> int:
-    """``bundle install``: check the bundle and install it into the cache and the records."""
+def run_bundle_install(path: str, show: Callable[..., Any] = print, trusted: bool = False) -> int:
+    """``bundle install``: check the bundle and install it into the cache and the records;
+    ``trusted`` is ``--trust`` (see `kernel_api.tuning.bundle.install_bundle`)."""
     from ..core.cache import cache_dir
     from ..tuning.bundle import install_bundle
 
-    counts = install_bundle(path)
+    counts = install_bundle(path, trusted=trusted)
     show(f"installed {path} into {cache_dir()}: {counts.files_added} kernel(s) added, {counts.files_present} "
          f"already present; records: {counts.records.added} added, {counts.records.replaced} replaced, "
          f"{counts.records.kept} kept (the local record was as new or newer)")

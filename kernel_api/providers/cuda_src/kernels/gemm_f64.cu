@@ -1,7 +1,7 @@
 // f64 GEMM on Hopper's FP64 tensor cores: out[M, N] = A[M, K] @ B[K, N] (per batch), sm_90
 // (mma.sync m16n8k8 .f64). Self-contained (no toolkit headers) so NVRTC compiles it anywhere.
 //
-// Why this design (benchmarks/NOTES-f64.md): the CuTe DSL f64 kernel ran at 70 % of the DMMA
+// Why this design (docs/performance.md, "f64 and f32 GEMM"): the CuTe DSL f64 kernel ran at 70 % of the DMMA
 // pipe with its L1/shared-memory pipe 85 % busy (ncu, H200, 2048^3), from bank conflicts and
 // 8-byte global->shared copies of K-major operands; cuBLAS's DGEMM (128x64x16 tiles, 4 warps,
 // m16n8k8, 3 stages, 2 CTAs per SM) keeps shared memory 38 % busy at 91 %. Here:
@@ -16,14 +16,14 @@
 //  * mma.sync m16n8k8 .f64 (as cuBLAS), a warp tile of 64 x 32 (128 x 64 / 2 x 2 warps).
 //  * A multistage cp.async ring (STAGES), one __syncthreads per BK-deep k tile (16); with 128
 //    threads and 2 CTAs per SM one CTA's barrier is hidden by the other's DMMAs.
-//  * gemm_f64_ws (session 32, 0.95-0.99x cuBLAS where the kernel above ran at 0.89x): the same
+//  * gemm_f64_ws (0.95-0.99x cuBLAS where the kernel above ran at 0.89x): the same
 //    copies, swizzle and fragments, but a producer warpgroup issues the copies and the consumer
 //    warps wait per ring slot on mbarriers instead of meeting at a block barrier every k tile.
-//  * Stream-K over a last wave at most a quarter full (session 33; the Python side plans it):
+//  * Stream-K over a last wave at most a quarter full (the Python side plans it):
 //    its tiles' k ranges are split over the wave's CTAs, which store partial sums that
 //    gemm_f64_split_reduce adds up in a fixed order. At 8192^3 the 32nd wave held 4 tiles on
 //    132 SMs; split, the instances ran 1.4-2 % faster.
-//  * Knobs the benchmark measures (NOTES-f64.md, session 27; none beat the defaults by more
+//  * Knobs measured against the defaults (none beat them by more
 //    than 1 %): BK 32, MMA_K 16 (m16n8k16: half the DMMA instructions), and COPY_AT, where in
 //    a k tile the next stage's copies issue.
 //  * CTAs walk the (M tiles, N tiles) grid in groups of GROUP_M row tiles, so a wave's A and

@@ -9,7 +9,8 @@ memory are 16-byte ``cp.async``); the ``_align1`` ones take any f64 operand (8-b
 8-byte alignment. Plain epilogue (alpha=1, beta=0; calls with a fused epilogue go to the
 `Sm80TensorOpGemm` f64 instances). The warp-specialized instances run a last wave at most a
 quarter full as stream-K (`CudaGemmF64.split_plan`; workspace for the partial sums, added up
-in a fixed order by a second launch). Design: gemm_f64.cu's header and benchmarks/NOTES-f64.md.
+in a fixed order by a second launch). Design: gemm_f64.cu's header; measurements:
+docs/performance.md, "f64 and f32 GEMM".
 
 Instances: one per (A, B, out) layout, tile configuration (`CONFIGS`) and copy width.
 """
@@ -45,7 +46,7 @@ MIN_SPLIT_KTILES = 4
 #: `CudaGemmF64.estimated_cost`'s split last wave, in tiles' time per split: 15 / 33 of a tile's
 #: time at 8192^3, fitted to the measured gains (the 32nd wave split 33 ways saved 2.0 % of the
 #: 128x128 tile's time and 1.4 % of the 128x64 tile's, against 3 % idle: its CTAs start as the
-#: whole tiles' drain, and store and add up partial sums; results/gemm_f64-NVIDIA_H200-s33-split.*)
+#: whole tiles' drain, and store and add up partial sums; H200)
 SPLIT_WAVE_COST = 15.0
 #: `CudaGemmF64.estimated_cost`'s factor for the ``_align1`` instances (two 8-byte copies per
 #: 16-byte chunk): it ranks them after the 16-byte ones wherever both apply.
@@ -65,9 +66,9 @@ class F64Config:
     wn: int
     stages: int
     min_ctas: int
-    #: `estimated_cost`'s correction of the tile model, from the measured speed (H200, session 25,
-    #: results/gemm_f64-NVIDIA_H200-s25*.json; 128x128 with 8 warps, measured at 47.8 / 45.4 TF/s
-    #: at 2048^3 / 8192^3, is the model's 1.0)
+    #: `estimated_cost`'s correction of the tile model, from the measured speed (H200; 128x128
+    #: with 8 warps and a block barrier, measured at 47.8 / 45.4 TF/s at 2048^3 / 8192^3, is the
+    #: model's 1.0)
     cost_scale: float = 1.0
     #: load the next k step's fragments while this step's DMMAs run (more registers)
     prefetch: bool = False
@@ -138,14 +139,14 @@ class F64Config:
                 + ("_dp" if self.ws and not self.split_last_wave else ""))
 
 
-#: The configurations that won a size in the sweeps (benchmarks/NOTES-f64.md, sessions 25 and 32,
-#: H200). The warp-specialized kernel with m16n8k16 and 32-deep k tiles: 128x128 with 8 consumer
+#: The configurations that won a size in the sweeps (H200; docs/performance.md, "f64 and f32
+#: GEMM"). The warp-specialized kernel with m16n8k16 and 32-deep k tiles: 128x128 with 8 consumer
 #: warps of 64x32 and 1 CTA per SM, 0.96-0.99x cuBLAS DGEMM at 2048-8192^3, and 128x64 with 4
 #: consumer warps and 2 CTAs per SM, 0.95-0.97x (the single-barrier 128x64, cuBLAS's own design,
 #: ran at 0.89x in the same runs, and 4 stages, 64x64, 256x64, 6 stages and prefetching under
-#: warp specialisation measured no better: results/gemm_f64-NVIDIA_H200-s32-ws*.txt). 64x64
+#: warp specialisation measured no better). 64x64
 #: with 3 CTAs per SM and the prefetching single-barrier loop keeps small outputs' SMs busy.
-#: The cost scales fit the measured speeds of session 32 (the 128x64 single-barrier tile at 0.76).
+#: The cost scales fit the measured speeds of these sweeps (the 128x64 single-barrier tile at 0.76).
 CONFIGS: tuple[F64Config, ...] = (
     F64Config(128, 128, 2, 4, 3, 1, 0.83, bk=32, mma_k=16, ws=True),
     F64Config(128, 64, 2, 2, 2, 2, 0.74, bk=32, mma_k=16, ws=True),
@@ -249,7 +250,7 @@ class CudaGemmF64(CudaSourceKernel):
         `F64Config.ctas_per_sm` tiles, each tile's work at the efficiency of its intensity),
         scaled by the configuration's measured speed (`F64Config.cost_scale`) and, for 8-byte
         copies, `COPY8_COST`; at least the streaming floor (`policies.streaming_floor`, which
-        the CTAs per SM do not multiply: session 39, 64x50257x768 rated the 64x64 tile 2.9x
+        the CTAs per SM do not multiply: multiplied, 64x50257x768 rated the 64x64 tile 2.9x
         its measured time)."""
         from ....tuning.policies import streaming_floor, tile_work_cost
         c = self.config
