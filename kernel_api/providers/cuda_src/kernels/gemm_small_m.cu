@@ -22,7 +22,7 @@
 //    CLUSTER is a template parameter: the interface launches clusters of 8 CTAs, or of 2
 //    where the split is 2 (at N = 8192 clusters of 8 CTAs ran 10-40 % slower than clusters of
 //    2 at the same split on an H200, while at split 1 and 4 clusters of 8 were as fast or
-//    faster than smaller ones: benchmarks/small_m.py --explore-clusters).
+//    faster than smaller ones; docs/performance.md, "Small-M GEMM").
 //
 // Layouts: A row-major (K contiguous, lda), out row-major (N contiguous, ldo). B either
 // K-major (B_KMAJOR: element (k, n) at B[n * ldb + k], i.e. B = W.t() for an nn.Linear weight

@@ -11,8 +11,8 @@ Instances, per operand type (bf16, f16) and B layout (row-major ``A @ B``, or co
 an instance takes the M that it pads least (MP/2 < M <= MP; M <= 8 for MP=8). A is row-major, out row-major, every operand 16-byte aligned
 (base pointer, leading dimension, batch stride and contiguous extent: N and K are multiples of
 8); plain epilogue only (alpha=1, beta=0). The split count is chosen per shape at launch
-(`CudaGemmSmallM.split_for`); set ``kernel.split_k`` to force one (1, 2, 4 or 8). Design
-notes and predictions: ``benchmarks/NOTES-small-m.md``.
+(`CudaGemmSmallM.split_for`); set ``kernel.split_k`` to force one (1, 2, 4 or 8). What it
+reaches and why it stops there (reading B at DRAM bandwidth): docs/performance.md, "Small-M GEMM".
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ CLUSTER = 8
 SPLITS = (1, 2, 4, 8)
 #: At split 2 every instance launches clusters of this many CTAs instead of `CLUSTER` (a
 #: second kernel compiled into the same module). Measured with the shuffled house timing, B
-#: column-major, at N = 8192 (benchmarks/results/small_m-*-s29-clusters-shuffled*.json), clusters
+#: column-major, at N = 8192 (docs/performance.md, "Small-M GEMM"), clusters
 #: of 2 against 8 at split 2: H200 M = 1: 36.1 against 39.8 us at 8192^2 (cuBLAS 36.6), 58.3
 #: against 64.3 at K = 14336, 20.8 against 22.8 at K = 4096; M = 16 2-5 % faster; M = 32 16-19 %
 #: (41.0 against 48.6 at 8192^2); H100 2-8 % (M = 1 8192^2: 49.7 against 53.3, cuBLAS 50.4).
@@ -47,7 +47,7 @@ SPLITS = (1, 2, 4, 8)
 SPLIT2_CLUSTER = 2
 #: Clusters of CLUSTER CTAs that can reside at once, as a share of (SMs x CTAs per SM) / CLUSTER:
 #: a cluster must fit inside one GPC, so the slots left over in each GPC are lost. Measured on an
-#: H200 (132 SMs; ncu "Max Active Clusters", benchmarks/small_m_ncu.py, session 26): 45 clusters at
+#: H200 (132 SMs; ncu's "Max Active Clusters"): 45 clusters at
 #: 3 CTAs per SM (49.5 without the loss) and 30 at 2 (33).
 CLUSTER_PACKING = 0.9
 #: Shared memory of one Hopper SM, and what the system reserves per CTA.
@@ -86,7 +86,7 @@ class SmallMConfig:
         return max(1, min(by_smem, 2048 // self.threads, 32))
 
 
-#: Per padded M: the tile and pipeline (see benchmarks/NOTES-small-m.md for the reasoning).
+#: Per padded M: the tile and pipeline.
 #: MP <= 16: 64 columns x 128 k per stage (256-byte row pieces of a K-major B), 3 CTAs per SM.
 #: MP >= 32: 128 columns so that A, re-read from L2 once per column tile, costs at most a
 #: quarter (MP=32) to the same (MP=128) of B's bytes; warps split 2 x 2 for MP >= 64.
@@ -105,12 +105,12 @@ MIN_M: dict[int, int] = {mp: lo + 1 if lo else 0 for lo, mp in zip((0, *CONFIGS)
 # `kernel_api.tuning.policies.GEMM_COST_UNITS_PER_SECOND`).
 # Streaming B: a fixed time (launch, pipeline fill, the cluster reduction) and a rate, fitted to
 # this family on the H200 at M = 1, N = K = 4096 / 8192 / 14336 (14.6 / 39.7 / 100.5 us:
-# benchmarks/results/small_m-NVIDIA_H200-s20-run1.json); the first model (3.6 TB/s + 2.5 us)
+# the family alone against cuBLAS, alternating launches); the first model (3.6 TB/s + 2.5 us)
 # was 20 % optimistic at 4096^2 and 16 % pessimistic at 14336^2.
 _B_BYTES_PER_SECOND = 4.39e12
 _L2_BYTES_PER_SECOND = 9.0e12    # A's re-reads (once per column tile) come from L2
 # The rate this family's mma.sync work reaches on the H200 once it is compute-bound: 67-90 TFLOP/s
-# at M = 64 and 128 (benchmarks/results/small_m-NVIDIA_H200-s20-run1.json), far below the Sm80
+# at M = 64 and 128 (the same runs), far below the Sm80
 # family's 316-447 at large sizes. With it PickAny keeps M > 32 on the Sm90 family, which is
 # faster there (the family is 0.4-0.6x cuBLAS at M = 64 and 128).
 _MMA_FLOPS = 80e12
@@ -254,7 +254,7 @@ class CudaGemmSmallM(CudaSourceKernel):
         """Clusters of `CLUSTER` CTAs of this instance that can reside at once on ``sm_count`` SMs
         (`CLUSTER_PACKING` of the slots: a cluster must fit in one GPC). At 64x4096x4096 a split
         of 8 (32 clusters) against the 30 that fit ran in two waves: 32.1 us, against 24.4 us at a
-        split of 4 (benchmarks/results/small_m-NVIDIA_H200-s20-run1.json)."""
+        split of 4 (H200)."""
         return max(1, int(CLUSTER_PACKING * sm_count * self.config.ctas_per_sm / CLUSTER))
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
