@@ -7,8 +7,8 @@ alignment of f16, bf16, f32 and f64; `TorchSoftmax` and `TorchSoftmaxBackward` r
 ``torch._softmax`` and ``torch._softmax_backward_data``. Nothing is compiled: ``compile``
 returns an artifact holding nothing. PickAny models cuBLAS as a tensor-core library without
 wave quantisation (it splits K), slowed down by unaligned operands, so it takes cuBLAS where
-our tiles would leave SMs idle and ours elsewhere (`TorchGemm.estimated_cost`, measured on
-the H200 in benchmarks/selection.py). The package is named
+our tiles would leave SMs idle and ours elsewhere (`TorchGemm.estimated_cost`, fitted to
+H100 and H200 measurements: docs/performance.md, "Choosing"). The package is named
 ``torch_ops`` so that ``import torch`` inside it means PyTorch.
 """
 

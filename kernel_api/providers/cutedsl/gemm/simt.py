@@ -34,10 +34,9 @@ _TILES = (
 _STAGES = 3
 
 # PickAny's model of a SIMT launch (`SimtGemm.estimated_cost`), fitted to the a1 bf16/f16
-# kernels on odd shapes of 37x53x29 to 4096x50257x4096 (H200, sessions 21 and 38:
-# results/gemm_shapes-NVIDIA_H200-s38-odd-*.json and -s21-final.json; rms log error 0.07 /
-# 0.24 / 0.14 for the three tiles) and the f32 kernels at 4096^3 and 8192^3 (-s25-f32.json,
-# -s32-f32.json). A launch costs SIMT_FIXED_SECONDS; a CTA alone on its SM takes `latency`
+# kernels on odd shapes of 37x53x29 to 4096x50257x4096 (H200, gemm_shapes.py's odd groups;
+# rms log error 0.07 / 0.24 / 0.14 for the three tiles) and the f32 kernels at 4096^3 and 8192^3
+# (its f32 group). A launch costs SIMT_FIXED_SECONDS; a CTA alone on its SM takes `latency`
 # per k (its loads wait on memory: a 32x32 tile runs at 16 GFLOP/s), and each further CTA on
 # the busiest SM adds `throughput` per k (CTAs overlap until the SM's FMA pipes fill). The
 # generic tile model had rated a lone 32x32 CTA 6-8x too fast (333^3: 7.8 us against 40.7), so

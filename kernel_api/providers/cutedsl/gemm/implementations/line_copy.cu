@@ -4,7 +4,7 @@
 // anywhere.
 //
 // Why not torch's copy_ or cudaMemcpy2DAsync: with a misaligned side neither vectorises, and
-// both ran at 1.4-2.4 TB/s on the H200 (benchmarks/NOTES-realign.md), where a copy can run at
+// both ran at 1.4-2.4 TB/s on the H200 (docs/performance.md, "Realigned GEMM"), where a copy can run at
 // about 4. Here every destination store is a whole aligned 16-byte vector except at the two
 // ends of a line; its 16 source bytes sit at some byte offset from a 16-byte boundary, so a
 // thread reads the two aligned vectors that hold them (the second one is its neighbour's

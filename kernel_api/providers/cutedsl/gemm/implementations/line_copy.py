@@ -21,7 +21,7 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "line_copy.cu
 THREADS = 256  # line_copy.cu's THREADS (its launch bounds)
 #: The kernel's units of work, (threads, vectors per thread): a warp's for short lines (several
 #: lines per CTA) and a CTA's. (Two warps of 8 vectors each, half the threads per 512 vectors,
-#: ran 2.2 TB/s on 8 KB lines against the CTA's 2.9: results/realign_copy-NVIDIA_H200-s30-units8.txt.)
+#: ran 2.2 TB/s on 8 KB lines against the CTA's 2.9 on an H200.)
 UNITS = ((32, 4), (256, 4))
 #: Lines of fewer destination vectors than this take warp units (several lines per CTA).
 WARP_UNITS_BELOW = 512
