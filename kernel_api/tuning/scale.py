@@ -8,7 +8,7 @@ tuned by `PickBest` on its GPU:
   measurements wait on that GPU with the GIL released, so the GPUs measure at the same time,
   and nothing is started: a worker process pays the interpreter's, torch's, the DSL's and a
   CUDA context's start-up (5 to 10 s on the H200 and H100 hosts measured, two to four times
-  tuning 16 GEMMs on one GPU: `benchmarks/NOTES-tune-scale.md`). Host work (loading artifacts, launching) still takes turns on
+  tuning 16 GEMMs on one GPU: docs/performance.md, "Tuning at scale"). Host work (loading artifacts, launching) still takes turns on
   the GIL. CuTe DSL compiles and loads take turns on a lock of their own (the DSL's compiler
   state is process-wide).
 - ``isolation="processes"``: one worker process per GPU, ``python -m
@@ -56,7 +56,7 @@ _log = logging.getLogger(__name__)
 
 #: Seconds of host work per candidate whatever the problem's size (loading the artifact, the
 #: verification, queueing the launches): 1.6 ms measured on an H100 (0.21 s for 16 shapes x 8
-#: candidates, `benchmarks/tune_scale.py --breakdown`, session 23); the GPU's time, which this
+#: candidates, `benchmarks/tune_scale.py --breakdown`); the GPU's time, which this
 #: host work overlaps, is what the shards are balanced by.
 _FIXED_S = 0.002
 #: Untimed runs per candidate besides the timed ones: the check and the warm-up.
@@ -348,7 +348,7 @@ def tune_shapes(shapes: Sequence[Any], devices: Sequence[int] | None = None, *, 
 #: The interpreter's thread switch interval while tuning threads run (None: left as it is). A
 #: thread whose GPU finished waits for the GIL until the holder blocks or this interval ends,
 #: its GPU idle meanwhile. 0.5 ms gained 1.61x -> 1.68x without PickBest's loading ahead and
-#: nothing with it (benchmarks/NOTES-tune-scale.md), so it stays off; tune_scale.py's
+#: nothing with it (2 H100s), so it stays off; tune_scale.py's
 #: ``--multi threads-si`` sets it for that comparison.
 _THREAD_SWITCH_INTERVAL_S: float | None = None
 

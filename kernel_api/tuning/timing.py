@@ -176,8 +176,7 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
     that one left in L2, its power draw). In a fixed order every call always followed the same
     other one: identical kernels in two slots of one group measured up to 12 % apart, and
     PickBest put the ping-pong stream-K tile 2 % ahead at 4096x50257x4096 where alternating
-    shuffled timings measured it 7-8 % behind (benchmarks/NOTES-small-m.md, session 29;
-    NOTES-realign.md, session 31).
+    shuffled timings measured it 7-8 % behind (H200; docs/performance.md, "Measuring").
 
     Clock and power drift then hit all the calls alike (timed one after the other, each
     candidate meets the GPU in another state). The input set advances with every launch, not
@@ -192,7 +191,7 @@ def time_interleaved(runs: dict[Any, Callable[[int], None]], sets: int = 1, warm
     samples come from the power state of back-to-back work rather than from a GPU that idled
     before: on an H200, tf32 4096^3 GEMMs ran at the top clock for the first ~40 ms of work and
     17-22 % slower after ~100 ms, and which of two kernels was faster flipped
-    (benchmarks/NOTES-sm90.md, session 33). The timed rounds keep their seeded orders.
+    (docs/performance.md, "Power state"). The timed rounds keep their seeded orders.
 
     ``timing`` (`TIMINGS`): ``"device"`` as above; ``"as_called"``: a call's turn in a round is
     `calls_per_sample` back-to-back calls between one event pair (its sample: their time over
@@ -272,7 +271,7 @@ def time_own_state(runs: dict[Any, Callable[[int], None]], sets: int = 1, warmup
     sets, and a call's time is its cycles at that clock. Run on its own, a power-capped GPU
     clocks each kernel by its own draw: the time is its energy per call over the power limit,
     which is what replacing one kernel by another in a sustained workload changes. On an H200
-    and an H100 at the 700 W cap the two rank differently (benchmarks/NOTES-f64.md, session 40):
+    and an H100 at the 700 W cap the two rank differently (docs/performance.md, "Power state"):
     bf16 ping-pong tiles took 4-6 % fewer cycles than cuBLAS and ran 0.92-0.97x its speed on
     their own (0.78x on the H100) at 1320-1395 MHz against 1500, while the f64 128x128 tile
     took 2-3 % more cycles than DGEMM and ran 1.03-1.04x on its own at 1755-1815 MHz against
