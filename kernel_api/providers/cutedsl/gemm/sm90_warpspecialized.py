@@ -20,7 +20,7 @@ TF32 for matmuls (README, "f32 GEMM precision").
 
 Stream-K configurations (``_streamk_`` in the name) need a workspace (`get_workspace_size`: one
 f32 tile per CTA of the persistent grid plus completion flags); ``Kernel.run`` allocates it when
-none is given. Performance notes and measurements: ``benchmarks/NOTES-sm90.md``.
+none is given. What it reaches and what limits it: docs/performance.md, "SM90 GEMM tiles".
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Sm90Config:
     stream_k: bool = False   # split the last waves' tiles along K so every SM gets equal work
     #: stream-K also splits a fuller last wave when K has at most this many k-tiles and there
     #: are 4+ waves (0 = never: only a last wave at most a quarter full). Measured neutral at
-    #: K=4096 and a loss at K>=14336 (benchmarks/NOTES-sm90.md, run 7), so off by default.
+    #: K=4096 and a loss at K>=14336 (H200, paired with cuBLAS), so off by default.
     sk_any_wave_max_k_tiles: int = 0
     #: add the wgmma accumulator into a register f32 accumulator every this many k-tiles (0 =
     #: never): the tensor cores' truncating accumulation then spans only those k-tiles (3xTF32)
@@ -128,7 +128,7 @@ class Sm90Config:
 #: ran 0.90-0.92x, and GPT-2's c_fc weight gradient (768x3072x8192, 120 tiles) at 1.00x
 #: and the 128x224 one, Qwen2-7B's o and down projections at 1024 tokens (1024x3584, 128 tiles)
 #: at 0.99x and 1.02x (H200; 1.04x and 1.10x on an H100) where the others ran 0.90-0.94x
-#: (session 37, benchmarks/NOTES-sm90.md).
+#: (gemm_shapes.py --group models,models_more,wave_fit; docs/performance.md, "SM90 GEMM tiles").
 CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4),
     Sm90Config((256, 128), (1, 2), "cooperative", swizzle=4, raster_along_m=False),
@@ -155,8 +155,8 @@ CONFIGS: tuple[Sm90Config, ...] = (
     # many rows as columns of the output, so A's and B's panels are read from DRAM fewer times:
     # at bf16 8192^3, 2.16 GB against 3.56 (bands of 8) and 4.73 (1x2 in bands of 4 along N) under
     # ncu; paired with cuBLAS 1.035-1.043x at 4096^3 / 8192^3 against 1.016-1.037x, and 1-3 %
-    # faster each in its own power state (H200, session 40: results/gemm_power-NVIDIA_H200-s40-
-    # bf16-swizzle*). After their twins (the stream-K ones too): the tile model ties them, so
+    # faster each in its own power state (H200; docs/performance.md, "SM90 GEMM tiles"). After
+    # their twins (the stream-K ones too): the tile model ties them, so
     # PickAny's choice is unchanged and PickBest measures both.
     Sm90Config((128, 128), (2, 1), "pingpong", swizzle=16),
     Sm90Config((128, 128), (1, 2), "pingpong", swizzle=16, raster_along_m=False),
@@ -169,7 +169,7 @@ F32_OUT_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5], C
 #: 3xTF32 adds its wgmma accumulator into a register f32 accumulator every this many k-tiles:
 #: 2 measured as accurate as 1 (0.2x cuBLAS FP32's error at K = 4096 and 8192) and 10-25% faster
 #: (98-108 TFLOP/s at 128x128 cooperative, 1.9-2.3x cuBLAS FP32); 4 is no faster and 1.5x the
-#: error (benchmarks/results/gemm_f32-NVIDIA_H200-s21-run2.txt).
+#: error (H200).
 TF32X3_PROMOTE_EVERY = 2
 
 #: f32 operands (f32 output): tf32 takes the f32-output subset. 3xTF32 needs f32 accuracy, so it
@@ -177,8 +177,8 @@ TF32X3_PROMOTE_EVERY = 2
 #: which fit with a 64 x 128 share per consumer warpgroup (128x128 cooperative, 64x128 pingpong);
 #: no stream-K (its workspace holds the split operands).
 #: tf32 adds the 128x256 cooperative tile in raster bands of 8 clusters: 1.009-1.010x cuBLAS TF32
-#: at 4096^3 in two paired runs where the bands of 4 ran at 0.999-1.000x (H200, session 32,
-#: results/gemm_f32-NVIDIA_H200-s32-extra*.txt; at 8192^3 0.996x, where the ping-pong tiles lead).
+#: at 4096^3 in two paired runs where the bands of 4 ran at 0.999-1.000x (H200; at 8192^3
+#: 0.996x, where the ping-pong tiles lead).
 TF32_CONFIGS: tuple[Sm90Config, ...] = F32_OUT_CONFIGS + (dataclasses.replace(CONFIGS[0], swizzle=8),)
 TF32X3_CONFIGS: tuple[Sm90Config, ...] = (
     Sm90Config((128, 128), (2, 1), "cooperative", swizzle=8, promote_every=TF32X3_PROMOTE_EVERY),
@@ -193,13 +193,12 @@ _AB_TYPES = (DataType.bf16, DataType.f16)
 STREAM_K_SPLIT_COST = 0.03
 #: ... plus this many k-tiles of work: a split tile's partial accumulators (128 KB for 128x256
 #: in f32) go out through L2 and come back for the fix-up, about 5 us at an SM's share of the
-#: bandwidth, whatever K is. Fitted (session 39) on the 123 recorded pairs of the 128x256
-#: cooperative tile with and without the split (rms log error of their time ratio 0.037; a
-#: flat 0.15, session 31's term, 0.058): the split measured 7-17 % slower than its
-#: data-parallel twin at K of 7-9 k-tiles (staged 1800x2500x400 and 777x5001x555, H200 and
-#: H100: results/gemm_shapes-*-s38-odd-sweep, -s39-odd-*), where the flat term rated it 30 %
-#: faster, and 0.93-0.96x at 4097^3 (65 k-tiles: 0.15 in all, as before; results/realign_parts-
-#: NVIDIA_H200-s31-sk.txt). 0.03 rather than the fit's 0.05-0.15 keeps f16 / bf16 4097^3 on the
+#: bandwidth, whatever K is. Fitted on the 123 recorded pairs of the 128x256 cooperative tile
+#: with and without the split (rms log error of their time ratio 0.037; a flat 0.15 term,
+#: 0.058): the split measured 7-17 % slower than its data-parallel twin at K of 7-9 k-tiles
+#: (staged 1800x2500x400 and 777x5001x555, H200 and H100: gemm_shapes.py's odd_sweep and
+#: odd_heldout groups), where the flat term rated it 30 % faster, and 0.93-0.96x at 4097^3
+#: (65 k-tiles: 0.15 in all, as before). 0.03 rather than the fit's 0.05-0.15 keeps f16 / bf16 4097^3 on the
 #: split tile (more leaves them on the ping-pong tile, 0.85-0.90 of it).
 STREAM_K_FIXUP_K_TILES = 8
 
@@ -296,7 +295,7 @@ def max_active_clusters(device_index: int, cluster_size: int) -> int:
 
 
 #: `split_all_cost`'s terms, fitted to the split instances' times at M = 64 and 128 (N, K in
-#: 4096..14336, H200, results/gemm_shapes-NVIDIA_H200-s27-splitall.json; within 15 %): the grid
+#: 4096..14336, H200, gemm_shapes.py --group small_m; within 15 %): the grid
 #: streams its operands at 4.2 TB/s (4.4 for the 64x128 tile at M = 64, as cuBLAS) behind a
 #: fixed 12 us (cuBLAS: 6.8), the launch, the pipeline fill and the head clusters' fix-up.
 SPLIT_ALL_STREAM_BYTES_PER_SECOND = 4.2e12
@@ -321,7 +320,7 @@ def split_all_cost(kernel: "Sm90WarpSpecializedGemm", args: GemmArguments, sm_co
 
 
 #: `narrow_tile_cost`'s terms, fitted to the 64x64 tiles (1x2 and 1x4 clusters) at M = 64 and
-#: 128 on the H200 (results/gemm_sm90-NVIDIA_H200-s28-narrow.json; N, K in 4096..14336): DRAM
+#: 128 on the H200 (paired with cuBLAS; N, K in 4096..14336): DRAM
 #: streams the unique bytes at 4.0 TB/s, an SM takes in its tiles' B slabs and its multicast
 #: share of A at 68 GB/s (64 SMs at 64x4096x14336 ran at 3.3 TB/s), behind a fixed 3.5 us; the
 #: MMAs run at most at 5 TFLOP/s per SM (660 over 132 SMs, the family's best).
