@@ -14,8 +14,10 @@ What a subclass implements:
 - ``_supports(self, args) -> Status``: the checks metadata cannot express (shapes, limits...);
 - ``compile(self, args, cc=None) -> CompiledArtifact``: compile for ``args``' compile-time
   signature and target ``cc`` (no GPU needed when ``cc`` is given). kernel_api wraps it: the
-  target is checked against the metadata first, provider helpers see it (`compile_target_cc`)
-  and the artifact's ``cc`` is filled in;
+  arguments' type and the target are checked first (TypeError for another operation's
+  arguments, `CompilationError` for a cc outside the metadata's), provider helpers see the
+  target (`compile_target_cc`), a result other than a `CompiledArtifact` raises TypeError, and
+  the artifact's ``cc`` is filled in;
 - ``_run(self, args, artifact, stream, workspace=None)``: launch ``artifact`` for ``args`` on
   ``stream`` (any spelling `kernel_api.core.streams` accepts; ``to_cuda_stream`` converts);
 - ``get_workspace_size(self, args) -> int``: bytes of device workspace ``_run`` needs.
@@ -95,6 +97,10 @@ def _wrap_compile(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def compile(self: "Kernel", args: Any, cc: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        expected = type(self).supported_args_type
+        if expected is not None and not isinstance(args, expected):
+            raise TypeError(f"{_kernel_name(self)}.compile: expected {expected.__name__}, got {type(args).__name__} "
+                            f"(arguments of another operation)")
         target = normalize_cc(cc)
         if target is not None:
             check_target_cc(self, target)
@@ -115,7 +121,10 @@ def _wrap_compile(fn: Callable) -> Callable:
             compile_target_cc.reset(token)
             if outer is not None:
                 _compiling.reset(outer)
-        if isinstance(artifact, CompiledArtifact) and artifact.cc is None:
+        if not isinstance(artifact, CompiledArtifact):
+            raise TypeError(f"{type(self).__qualname__}.compile returned {type(artifact).__name__} for "
+                            f"{_kernel_name(self)}, not a CompiledArtifact (return CompiledArtifact(compiled, self))")
+        if artifact.cc is None:
             artifact.cc = target if target is not None else compile_target_cc.get()
         if outer is not None:
             _log.info("compiled %s for %s in %.3f s", _kernel_name(self),
@@ -246,7 +255,10 @@ class Kernel(abc.ABC):
         super().__init_subclass__(**kwargs)
         _refuse_final(cls)
         _wrap_own_compile(cls)
-        type.__setattr__(cls, "_kernel_api_prepared", cls.compile)
+        # Not the abstract compile itself: abc would list the mark as a missing method too.
+        compile_fn = cls.compile
+        type.__setattr__(cls, "_kernel_api_prepared",
+                         None if getattr(compile_fn, "__isabstractmethod__", False) else compile_fn)
 
     def __init__(self, metadata: KernelMetadata) -> None:
         if not isinstance(metadata, KernelMetadata):

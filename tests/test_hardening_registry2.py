@@ -179,3 +179,181 @@ def test_keyboard_interrupt_at_plugin_import_propagates_and_loading_is_retried(p
     (tmp_path / f"{name}.py").write_text(PLUGIN.format(before="", after="", provider=f"p_{name}", prefix=name,
                                                        count=1))
     assert f"{name}_0" in [k.metadata.kernel_name for k in kernel_api.get_kernels(softmax_args())]
+
+
+# ---- smaller refusals ----------------------------------------------------------------------
+
+class Hardening2Provider(kernel_api.Provider):
+    name = "hardening2"
+
+
+@pytest.fixture
+def provider():
+    yield Hardening2Provider
+    for cls in Hardening2Provider.kernel_classes():
+        Hardening2Provider.unregister(cls)
+    registry.unregister_provider("hardening2")
+
+
+def run_in_module(source, **names):
+    """Execute ``source`` as the body of a fresh module (a notebook cell's namespace)."""
+    module = types.ModuleType(f"cell_{uuid.uuid4().hex[:8]}")
+    module.__dict__.update(names)
+    exec(compile(textwrap.dedent(source), f"<{module.__name__}>", "exec"), module.__dict__)
+    return module
+
+
+KERNEL_CLASS = '''
+    import torch
+    from kernel_api import CompiledArtifact, Kernel, KernelMetadata, GemmArguments, GemmOperandsMetadata
+    from kernel_api import TensorAttributes
+
+    @Provider.register
+    class {cls}(Kernel):
+        supported_args_type = GemmArguments
+
+        @staticmethod
+        def generate_kernels(metadata_filter, epilogue_args=None, cc=None):
+            attrs = TensorAttributes(torch.float64, {pattern}, 1)
+            return [{cls}(KernelMetadata({name!r}, {cls}, GemmOperandsMetadata(attrs, attrs, attrs, "f64")))]
+
+        def _supports(self, args):
+            return None
+
+        def get_workspace_size(self, args):
+            return 0
+
+        def compile(self, args, cc=None):
+            return {result}
+
+        def _run(self, args, artifact, stream, workspace=None):
+            pass
+'''
+
+
+def kernel_class(provider, cls, name, pattern=(0, 0, 1), result="CompiledArtifact(None, self)"):
+    source = KERNEL_CLASS.format(cls=cls, name=name, pattern=pattern, result=result)
+    return getattr(run_in_module(source, Provider=provider), cls)
+
+
+def gemm_args(*shape_l):
+    A, B, out = (torch.randn(*shape_l, 4, 4, dtype=torch.float64) for _ in range(3))
+    return kernel_api.GemmArguments(A, B, out)
+
+
+def test_duplicate_name_is_refused_when_generate_kernels_names_its_own_class(provider):
+    kernel_class(provider, "FirstOwner", "Hardening2_dup")
+    with pytest.raises(kernel_api.RegistrationError, match="Hardening2_dup.*FirstOwner"):
+        kernel_class(provider, "SecondOwner", "Hardening2_dup")
+    assert [c.__name__ for c in provider.kernel_classes()] == ["FirstOwner"]
+
+
+def test_cute_dsl_kernel_without_compile_names_the_class_and_the_method():
+    from kernel_api.providers.cutedsl import CuTeDSLProvider
+    from kernel_api.providers.cutedsl.kernel import CuteDslKernel
+
+    class NoCompile(CuteDslKernel):
+        supported_args_type = SoftmaxArguments
+
+        @staticmethod
+        def generate_kernels(metadata_filter, epilogue_args=None, cc=None):
+            return []
+
+        def _supports(self, args):
+            return None
+
+        def get_workspace_size(self, args):
+            return 0
+
+        def _run(self, args, artifact, stream, workspace=None):
+            pass
+
+    with pytest.raises(kernel_api.RegistrationError) as info:
+        CuTeDSLProvider.register(NoCompile)
+    assert str(info.value) == "NoCompile does not implement abstract method(s): compile"
+    assert NoCompile.__abstractmethods__ == frozenset({"compile"})
+
+
+def test_compile_refuses_another_operations_arguments_and_a_result_that_is_no_artifact(provider):
+    gemm = kernel_class(provider, "GemmOnly", "Hardening2_gemm")
+    kernel = kernel_api.get_kernels(gemm_args(), metadata_filter=lambda m: m.kernel_class is gemm)[0]
+    with pytest.raises(TypeError, match=r"^Hardening2_gemm.compile: expected GemmArguments, got SoftmaxArguments"):
+        kernel.compile(softmax_args(), cc=90)
+    assert kernel.compile(gemm_args(), cc=90).cc == 90
+    nothing = kernel_class(provider, "ReturnsNone", "Hardening2_none", result="None")
+    kernel = nothing(kernel.metadata)
+    with pytest.raises(TypeError, match=r"^ReturnsNone.compile returned NoneType .*not a CompiledArtifact"):
+        kernel.compile(gemm_args(), cc=90)
+
+
+def test_pick_any_without_candidates_says_none_were_given():
+    with pytest.raises(kernel_api.NoKernelFoundError, match="^PickAny.choose: no candidates given"):
+        kernel_api.PickAny().choose(softmax_args(), [])
+
+
+@pytest.mark.parametrize("cc, error", [("0", ValueError), (0, ValueError), ("sm_5", ValueError), (250, ValueError),
+                                       ("ninety", ValueError), (9.0, TypeError), (True, TypeError)])
+def test_targets_that_are_no_compute_capability_are_refused_naming_cc(cc, error):
+    with pytest.raises(error, match="^cc: "):
+        kernel_api.get_kernels(softmax_args(), cc=cc)
+    assert kernel_api.get_kernels(softmax_args(), cc=35, providers="cutedsl") == []  # valid: none for it
+
+
+def test_demo_names_the_target_it_compiles_for(monkeypatch, capsys):
+    from kernel_api.cli import demo
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(registry, "get_kernels", lambda args, cc=None: [])
+    monkeypatch.setattr(registry, "explain", lambda args, cc=None: f"explained for cc {cc}")
+    assert demo.run_demo(64, 64, 64, "f16", 1, cc="80") == 1
+    out = capsys.readouterr().out
+    assert "targeting sm_80," in out and "sm_90a" not in out and "explained for cc 80" in out
+    demo.run_demo(64, 64, 64, "f16", 1)
+    assert "targeting sm_90a," in capsys.readouterr().out
+
+
+def test_k_mismatch_names_the_dimension_and_the_operand():
+    A, B = torch.empty(64, 32), torch.empty(64, 64)
+    with pytest.raises(ValueError, match=r"^operand B: K mismatch \(K dimension: A has 32, B has 64; "):
+        kernel_api.GemmArguments(A, B, torch.empty(64, 64))
+    with pytest.raises(ValueError, match=r"^operand out: N mismatch \(N dimension: B has 64, out has 8; "):
+        kernel_api.GemmArguments(torch.empty(64, 64), B, torch.empty(64, 8))
+
+
+def test_rank2_stride_pattern_takes_rank2_operands_only(provider):
+    matrices = kernel_class(provider, "MatricesOnly", "Hardening2_rank2", pattern=(0, 1))
+    batched = kernel_class(provider, "AnyRank", "Hardening2_rank3", pattern=(0, 0, 1))
+    mine = lambda m: m.kernel_class in (matrices, batched)  # noqa: E731
+    assert [k.name for k in kernel_api.get_kernels(gemm_args(), metadata_filter=mine)] == \
+        ["Hardening2_rank2", "Hardening2_rank3"]
+    assert [k.name for k in kernel_api.get_kernels(gemm_args(2), metadata_filter=mine)] == ["Hardening2_rank3"]
+    assert [k.name for k in kernel_api.get_kernels(gemm_args(1), metadata_filter=mine)] == ["Hardening2_rank3"]
+    reasons = [r for r in kernel_api.explain(gemm_args(2)) if r.kernel_class == "MatricesOnly"]
+    assert [(r.operand, r.kind) for r in reasons] == [("A", kernel_api.Reason.SHAPE)]
+    assert reasons[0].reason.startswith("operand A: rank 3 (batched) but the kernel's stride pattern (0, 1) is rank 2")
+
+
+# ---- arguments on fake tensors (torch.compile's strict tracing) -------------------------------
+
+def test_arguments_on_fake_tensors_never_ask_for_a_data_pointer():
+    import torch._functorch.config as functorch_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=False):
+        with FakeTensorMode():
+            A, B, out = torch.empty(64, 32), torch.empty(32, 16), torch.empty(64, 16)
+            shifted = torch.empty(64 * 32 + 1)[1:].view(64, 32)  # one element past the storage's start
+            x = torch.empty(8, 32)
+            bias = torch.empty(16)
+        with pytest.raises(RuntimeError, match="data pointer"):
+            A.data_ptr()  # strict mode: what kernel_api must not call
+        args = kernel_api.GemmArguments(A, B, out)
+        assert args.tensor_attributes["A"].divisibility == 32  # the storage offset's alignment (0)
+        args.check_memory()
+        odd = kernel_api.GemmArguments(shifted, B, out)
+        assert odd.tensor_attributes["A"].divisibility == 1
+        assert any("data pointer (4 bytes past" in r.reason for r in kernel_api.explain(odd, cc=90))
+        epilogue = kernel_api.EpilogueArguments(bias=bias)
+        assert kernel_api.GemmArguments(A, B, out, epilogue=epilogue).epilogue is not None
+        soft = kernel_api.SoftmaxArguments(x, torch.empty_like(x))
+        assert soft.tensor_attributes["x"].divisibility == 32

@@ -22,6 +22,14 @@ _BYTES = {dt: max(1, bits // 8) for dt, bits in _BITS.items()}
 _MAX_DIVISIBILITY = 128
 _ROW2 = (0, 1)
 
+try:  # tensors without real storage: torch.compile traces with them
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    _STORAGELESS: tuple[type, ...] = (FakeTensor, FunctionalTensor)
+except ImportError:  # another torch layout: data_ptr is asked as for any tensor
+    _STORAGELESS = ()
+
 
 class Arguments:
     """Base of all arguments objects.
@@ -38,6 +46,10 @@ class Arguments:
     ``.resolve_conj()``; the tensors passed are kept, never silently copied), and an output
     whose elements overlap (a zero stride on a dimension longer than 1, e.g. from ``expand``),
     which thread blocks would race writing.
+
+    Operands may be fake tensors (FakeTensor, FunctionalTensor, as torch.compile traces with):
+    their data pointer is never asked for (strict tracing refuses it); their alignment is taken
+    to be that of their storage offset, as for a storage allocated aligned.
     """
 
     __slots__ = ("tensor_attributes", "signature", "device", "device_index", "_verdicts", "_binding")
@@ -64,6 +76,15 @@ def unbound_copy(args: Arguments) -> Arguments:
     return new
 
 
+def data_pointer(t: torch.Tensor) -> int:
+    """``t.data_ptr()``, except for a FakeTensor or FunctionalTensor (torch.compile's tracing,
+    whose strict mode refuses ``data_ptr``): their byte offset into the storage, so their
+    alignment is that of the storage offset (storages are allocated aligned)."""
+    if type(t) is not torch.Tensor and isinstance(t, _STORAGELESS):
+        return t.storage_offset() * t.element_size()
+    return t.data_ptr()
+
+
 def byte_extent(t: torch.Tensor) -> int:
     """Bytes from a tensor's first element to past its last (0 when empty)."""
     if not t.numel():
@@ -73,7 +94,9 @@ def byte_extent(t: torch.Tensor) -> int:
 
 def _dense_extent(t: torch.Tensor) -> tuple[int, int] | None:
     """[first byte, end) of a tensor whose elements fill that range exactly; None for strided
-    views with gaps, empty tensors and tensors without memory (meta), which are not judged."""
+    views with gaps, empty tensors and tensors without memory (meta, fake), which are not judged."""
+    if type(t) is not torch.Tensor and isinstance(t, _STORAGELESS):
+        return None
     ptr, extent = t.data_ptr(), byte_extent(t)
     if not ptr or extent != t.numel() * t.element_size():
         return None
@@ -198,7 +221,7 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
     elif output and ((rows > 1 and stride[-2] < cols) if pattern is ROW_MAJOR else (cols > 1 and stride[-1] < rows)):
         raise _overlap_error(name, shape, stride)
     itemsize = _BYTES[dt]
-    ptr = t.data_ptr()
+    ptr = t.data_ptr() if type(t) is torch.Tensor else data_pointer(t)
     bits |= ptr // itemsize if ptr % itemsize == 0 else 1
     g = bits & -bits if bits else _MAX_DIVISIBILITY
     if g > _MAX_DIVISIBILITY:

@@ -15,7 +15,7 @@ import torch
 from .. import native
 from ..core.dtypes import _FLOATS, _FROM_TORCH, DataType, to_dtype
 from ..core.tensor_attributes import TensorAttributes
-from .base import Arguments, _matrix_attributes, _require_tensor, _shares_memory
+from .base import _STORAGELESS, Arguments, _matrix_attributes, _require_tensor, _shares_memory
 from .epilogue import EpilogueArguments
 
 # kernel_api.native's recall/remember once its CPython entry points load (see _use_native);
@@ -80,10 +80,10 @@ class GemmArguments(Arguments):
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, accumulator_type: Any = None,
                  epilogue: EpilogueArguments | None = None) -> None:
-        if _recall is not None and epilogue is None:
+        if _recall is not None and epilogue is None and (type(A) is torch.Tensor or not isinstance(A, _STORAGELESS)):
             # Operands with the raw metadata (dtypes, shapes, strides, pointer alignment, devices)
             # of earlier arguments without epilogue and with this accumulator have their summary:
-            # found in C, without recomputing it.
+            # found in C, without recomputing it. (Not for fake tensors: C reads data pointers.)
             if accumulator_type is None:
                 tag = _GEMM_SUMMARY
             else:
@@ -120,18 +120,21 @@ class GemmArguments(Arguments):
         M, K = sa[-2], sa[-1]
         N = sb[-1]
         if sb[-2] != K:
-            raise ValueError(f"operand B: K mismatch, B is {tuple(sb)} but A is {tuple(sa)} (K={K})")
+            raise ValueError(f"operand B: K mismatch (K dimension: A has {K}, B has {sb[-2]}; "
+                             f"A is {tuple(sa)}, B is {tuple(sb)})")
         if so[-2] != M:
-            raise ValueError(f"operand out: M mismatch, out is {tuple(so)} but A is {tuple(sa)} (M={M})")
+            raise ValueError(f"operand out: M mismatch (M dimension: A has {M}, out has {so[-2]}; "
+                             f"A is {tuple(sa)}, out is {tuple(so)})")
         if so[-1] != N:
-            raise ValueError(f"operand out: N mismatch, out is {tuple(so)} but B is {tuple(sb)} (N={N})")
+            raise ValueError(f"operand out: N mismatch (N dimension: B has {N}, out has {so[-1]}; "
+                             f"B is {tuple(sb)}, out is {tuple(so)})")
         L = 1
         if rank == 3:
             L = sa[0]
             if sb[0] != L:
-                raise ValueError(f"operand B: batch mismatch, B has L={sb[0]} but A has L={L}")
+                raise ValueError(f"operand B: batch mismatch (batch dimension L: A has {L}, B has {sb[0]})")
             if so[0] != L:
-                raise ValueError(f"operand out: batch mismatch, out has L={so[0]} but A has L={L}")
+                raise ValueError(f"operand out: batch mismatch (batch dimension L: A has {L}, out has {so[0]})")
         device_index = A.get_device()
         if B.get_device() != device_index or (device_index < 0 and B.device != A.device):
             raise ValueError(f"operand B: on {B.device} but A is on {A.device}")

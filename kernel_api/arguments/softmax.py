@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from ..core.tensor_attributes import TensorAttributes
-from .base import _ROW2, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor
+from .base import (_ROW2, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor,
+                   data_pointer)
 
 
 def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int, int, int]:
@@ -36,7 +37,7 @@ def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int,
                 f"spaced; call .contiguous()") from None
     else:
         row_stride = cols
-    ptr, size = t.data_ptr(), t.element_size()
+    ptr, size = data_pointer(t), t.element_size()
     div = _divisibility(ptr, size, (cols, row_stride) if rows > 1 else (cols,))
     phase = ptr % 16 | (row_stride * size % 16 if rows > 1 else 0) << 4
     return _attributes(dt, _ROW2, div), rows, cols, phase

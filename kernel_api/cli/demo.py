@@ -1,7 +1,7 @@
 """``kernel-api demo``: the main job in one command.
 
 Discovers the kernels for a GEMM (default 4096^3 bf16, row-major), compiles the first few
-(for the local GPU, or for sm_90a without one); on a GPU also runs each, verifies it against
+(for ``--cc``, else the local GPU, else sm_90a); on a GPU also runs each, verifies it against
 torch in float64-accumulated reference and times it against torch.matmul in the same process.
 """
 
@@ -14,6 +14,7 @@ import torch
 
 from .. import registry
 from ..arguments import GemmArguments
+from ..core.arch import arch_string, normalize_cc
 from ..core.dtypes import to_dtype
 from ..tuning.timing import relative_error, rotation_count, time_cuda
 from .format import format_table
@@ -44,13 +45,15 @@ def run_demo(m: int = 4096, n: int = 4096, k: int = 4096, dtype: str = "bf16", m
         B = torch.empty(k, n, device=device, dtype=torch_dtype)
     out = torch.empty(m, n, device=device, dtype=torch_dtype)
     args = GemmArguments(A, B, out)
-    target = cc if cc is not None else (None if on_gpu else 90)
+    target = normalize_cc(cc, "--cc")
+    if target is None and not on_gpu:
+        target = 90
     t0 = time.perf_counter()
     kernels = registry.get_kernels(args, cc=target)
     found_ms = (time.perf_counter() - t0) * 1e3
     print(f"{args!r}")
     print(f"{len(kernels)} kernel(s) discovered in {found_ms:.1f} ms"
-          f"{'' if on_gpu else ' (no GPU: targeting sm_90a, compile only)'}")
+          f"{'' if on_gpu else f' (no GPU: targeting {arch_string(target)}, compile only)'}")
     if not kernels:
         print(registry.explain(args, cc=target))
         return 1

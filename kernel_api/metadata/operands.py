@@ -41,6 +41,11 @@ class GemmOperandsMetadata(OperandsMetadata):
 
     ``math_type`` is the type the multiply runs in when it differs from A's, e.g.
     ``tf32`` for f32 operands on tensor cores, so users can filter such kernels out.
+
+    Rank: a rank-3 stride pattern (``(0, 0, 1)``) takes (L, M, K)-style and (M, K)-style
+    operands; a rank-2 pattern (``(0, 1)``) takes (M, K)-style operands only, so a kernel
+    written for matrices is never handed batched tensors. (`GemmArguments` records rank-3
+    patterns for both ranks; the operands' rank is compared here.)
     """
 
     operand_names = ("A", "B", "out")
@@ -54,6 +59,17 @@ class GemmOperandsMetadata(OperandsMetadata):
         self.A, self.B, self.out = A, B, out
         self.accumulator_type = to_dtype(accumulator_type, "accumulator_type")
         self.math_type = A.dtype if math_type is None else to_dtype(math_type, "math_type")
+
+    def supports(self, args: Any) -> Status:
+        status = super().supports(args)
+        if status and args.A.dim() == 3:
+            for name in self.operand_names:
+                pattern = getattr(self, name).stride
+                if len(pattern) == 2:
+                    return Status.fail(
+                        f"operand {name}: rank 3 (batched) but the kernel's stride pattern {pattern} is rank 2: it "
+                        f"takes rank-2 operands only", kind=Reason.SHAPE, operand=name, actual=3, required=2)
+        return status
 
     def _supports_scalars(self, args: Any) -> Status:
         if args.accumulator_type is not self.accumulator_type:

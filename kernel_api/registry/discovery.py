@@ -111,12 +111,23 @@ def get_kernels(args: Arguments | None = None, metadata_filter: Callable[[Kernel
                 cc: Any = None, providers: Any = None, limit: int | None = None) -> list[Kernel]:
     """Every kernel instance that can run ``args``, in generation order.
 
-    ``metadata_filter`` keeps instances whose metadata it accepts; ``cc`` targets an
-    architecture (default: the arguments' GPU, else the current GPU, else no filtering);
-    ``providers`` restricts to provider names/classes; ``limit`` caps the result length.
-    With ``args=None``, every generated instance (for ``cc``) passing the filter is returned.
-    A kernel class whose generation or support checks raise is skipped where it fails, with
-    a warning, and listed in `plugin_errors`.
+    Args:
+        args: the problem (e.g. `GemmArguments`); None lists every generated instance (for
+            ``cc``) that passes ``metadata_filter``.
+        metadata_filter: keeps the instances whose `KernelMetadata` it accepts.
+        cc: the target architecture, as 90, "90", "sm_90a" or (9, 0); default: the arguments'
+            GPU, else the current GPU, else no filtering by architecture. A target that is no
+            compute capability (outside 30..199, e.g. 0 or "0", or text that is none) raises
+            ValueError naming ``cc``, another kind of value (a float, a bool) TypeError: a
+            mistyped target is refused rather than answered with an empty list. A valid target
+            that no kernel supports gives [].
+        providers: provider names or classes to search (default: all).
+        limit: at most this many instances.
+
+    Returns:
+        The instances whose metadata and ``_supports`` accept ``args``. A kernel class whose
+        generation or support checks raise is skipped where it fails, with a warning, and
+        listed in `plugin_errors`.
     """
     _check_query(args, metadata_filter, limit)
     _load_plugins()

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..arguments import Arguments, GemmArguments
+from ..arguments.base import data_pointer
 from ..core.arch import resolve_cc
 from ..core.errors import NoKernelFoundError
 from ..core.status import Reason, Status
@@ -80,8 +81,9 @@ def _alignment_detail(args: Any, operand: str, need: int) -> str:
         bad.append(f"{operand}'s {'leading dimension' if d >= last - 1 else 'batch stride'} {stride[d]}")
     if t.device.type != "meta":  # meta tensors count as fully aligned
         boundary = need * t.element_size()
-        if t.data_ptr() % boundary:
-            bad.append(f"{operand}'s data pointer ({t.data_ptr() % boundary} bytes past a {boundary}-byte boundary)")
+        past = data_pointer(t) % boundary
+        if past:
+            bad.append(f"{operand}'s data pointer ({past} bytes past a {boundary}-byte boundary)")
     return f"{', '.join(bad)} not a multiple of {need}" if bad else ""
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import types
 import typing
 from typing import Any
 
@@ -68,7 +69,7 @@ def _names_of(kernel_class: type, strict: bool = False) -> frozenset[str] | None
         return cached[1]
     names: frozenset[str] | None = None
     try:
-        found = kernel_class.generate_kernels(_always, None, None)
+        found = _own_name_bound(kernel_class, fn)(_always, None, None)
     except Exception as exc:  # noqa: BLE001 - methods may be filled in after registration (seed notebook)
         _log.debug("instance names of %s not checked at registration: %s", kernel_class.__qualname__, exc)
     else:
@@ -80,6 +81,37 @@ def _names_of(kernel_class: type, strict: bool = False) -> frozenset[str] | None
             names = None
     _names[kernel_class] = (token, names)
     return names
+
+
+def _own_name_bound(kernel_class: type, method: Any) -> Any:
+    """``kernel_class.generate_kernels`` with the class's name resolving to the class.
+
+    A class decorator runs before the class's name is bound, so a ``generate_kernels`` that
+    makes its instances by that name (``return [MyGemm(md)]``, usual in a static method) would
+    raise NameError at registration, or, in a re-run notebook cell, make instances of the class
+    being replaced. This calls a copy of the function whose globals (a copy of them) or empty
+    closure cell bind the name to ``kernel_class``; nothing the module sees changes.
+    """
+    func = getattr(method, "__func__", method)
+    if not isinstance(func, types.FunctionType):
+        return method
+    name, code = kernel_class.__name__, func.__code__
+    namespace = func.__globals__
+    rebind_global = name in code.co_names and namespace.get(name) is not kernel_class
+    closure = func.__closure__
+    if closure and name in code.co_freevars:
+        cell = closure[code.co_freevars.index(name)]
+        try:
+            cell.cell_contents
+        except ValueError:  # the class's own, not assigned yet
+            closure = tuple(types.CellType(kernel_class) if c is cell else c for c in closure)
+    if not rebind_global and closure is func.__closure__:
+        return method
+    copy = types.FunctionType(code, dict(namespace, **{name: kernel_class}) if rebind_global else namespace,
+                              func.__name__, func.__defaults__, closure)
+    copy.__kwdefaults__ = func.__kwdefaults__
+    owner = getattr(method, "__self__", None)  # a classmethod's class
+    return types.MethodType(copy, owner) if owner is not None else copy
 
 
 def _check_unique_names(provider: type, kernel_class: type) -> None:

@@ -413,7 +413,8 @@ class PickAny(Policy):
 
     def choose(self, args: Any, candidates: list[Kernel]) -> Kernel:
         if not candidates:
-            raise registry.no_kernel_error(args)
+            raise NoKernelFoundError(f"PickAny.choose: no candidates given for {args!r} (pass "
+                                     f"kernel_api.get_kernels(args); kernel_api.explain(args) says why it is empty)")
         chosen = rank_candidates(candidates, args)[0]
         _log.debug("PickAny chose %s (best ranked of %d candidates) for %s", chosen.metadata.kernel_name,
                    len(candidates), _problem(args))
