@@ -13,7 +13,7 @@ extents, so the padding is never read nor written by the kernel. The copies cost
 MN) memory traffic against the O(MNK) multiply: a few percent on large problems. They run on
 the line-copy kernel (``implementations/line_copy.cu``, NVRTC: aligned 16-byte stores fed by
 funnel-shifted aligned loads, 2.9-3.8 TB/s on the H200 where torch's copy_ and
-cudaMemcpy2DAsync ran 1.4-2.4; benchmarks/NOTES-realign.md).
+cudaMemcpy2DAsync ran 1.4-2.4; docs/performance.md, "Realigned GEMM").
 
 Operands that TMA can address as they are (an aligned pointer and strides, whatever the
 extents, e.g. an odd K inside a buffer whose rows are padded) are used in place. C and the bias
@@ -58,27 +58,27 @@ TMA_ALIGN_BYTES = 16
 REGION_ALIGN_BYTES = 256
 #: The staged copies' leading dimension is rounded up to this many bytes, not to TMA's 16: at
 #: a pitch that is no multiple of 128 bytes most rows of a TMA box straddle two 128-byte lines.
-#: Measured on the H200 (benchmarks/realign_copy.py --parts --pitches 16,128, results/
-#: realign_parts-NVIDIA_H200-s31-pitch.txt), whole runs: f16 4097^3 3 % (128x256 cooperative)
+#: Measured on the H200 (the staged run, the inner kernel and the copies timed apart), whole
+#: runs: f16 4097^3 3 % (128x256 cooperative)
 #: and 8 % (128x128 ping-pong) faster, 4096x50257x4096 2 % / 7 %, 8192x50257x768 4 % / 2 %;
-#: 256-1024 bytes gained nothing more (...-s31-pitch2.txt).
+#: 256-1024 bytes gained nothing more.
 STAGED_PITCH_BYTES = 128
 _AB_TYPES = (DataType.bf16, DataType.f16)
 
 #: The inner configurations: the direct kernel's f32-output set, and the 128x256 cooperative
 #: tile with stream-K that also splits a fuller last wave at K <= 80 k-tiles (5120): f16 and
 #: bf16 4097^3 (4.4 waves) 5 % faster than its data-parallel twin on the H200, 4096x50257x4096
-#: (47.8 waves) 1 % slower, where the cost model keeps the twin (results/realign_parts-
-#: NVIDIA_H200-s31-sk.txt; `sm90_warpspecialized.stream_k_waves`).
+#: (47.8 waves) 1 % slower, where the cost model keeps the twin
+#: (`sm90_warpspecialized.stream_k_waves`).
 REALIGNED_CONFIGS: tuple[Sm90Config, ...] = F32_OUT_CONFIGS + (
     Sm90Config((128, 256), (2, 1), "cooperative", swizzle=4, stream_k=True, sk_any_wave_max_k_tiles=80),)
 #: Bytes per second (read + write) the staging copies sustain on the H200 with the line-copy
 #: kernel (`copy_lines`): 2.9 TB/s on 8 KB lines, 3.5-3.6 on 16 KB, 3.96 on 100 KB, and 2.0 on
-#: 2 KB lines of 16 MB (benchmarks/results/realign_copy-NVIDIA_H200-s30-groups.txt; torch's copy_
+#: 2 KB lines of 16 MB (docs/performance.md, "Realigned GEMM"; torch's copy_
 #: and cudaMemcpy2DAsync, which staged before it, ran 1.4-2.4).
 _COPY_BYTES_PER_SECOND = 3.5e12
 #: Stage with the line-copy kernel (`copy_lines`); False: torch's copy_ and cudaMemcpy2DAsync
-#: only (benchmarks/realign_copy.py compares the two).
+#: only (the slower staging, kept for comparison).
 USE_LINE_COPY = True
 #: Lines at least this long (bytes) are staged with cudaMemcpy2DAsync, shorter ones with torch's
 #: copy_ (H200: 2.4 vs 1.8 TB/s on 100 KB lines, 1.4 vs 1.6 on 8 KB lines).
@@ -91,8 +91,9 @@ _COPY_FIXED_SECONDS = 3e-6
 #: `SimtGemm.estimated_cost`). So this estimate is one too: the inner kernel's launch, and its
 #: tile-model cost read as seconds at `GEMM_COST_UNITS_PER_SECOND` times a factor, since those
 #: units overstate its time on these problems. Fitted with `_COPY_FIXED_SECONDS` to the 290
-#: recorded staged timings (37x53x29 to 4096x50257x4096, bf16/f16, H200 and H100, sessions
-#: 21-39): rms log error 0.11, against 0.24 for the inner cost plus copies alone (e.g.
+#: recorded staged timings (37x53x29 to 4096x50257x4096, bf16/f16, H200 and H100;
+#: tests/data/measured_gemm_times.json): rms log error 0.11, against 0.24 for the inner cost
+#: plus copies alone (e.g.
 #: 100x5001x3001 on the 128x256 tile: 100 us estimated, 61 measured; 95x1000x300: 5.7, 9.5).
 #: Every staged kernel of a problem stages the same copies, so their order among themselves is
 #: unchanged.
