@@ -83,10 +83,11 @@ typedef unsigned long long u64;
 #define RG_STAGGER_NS 0
 #endif
 // Values in flight per consumer thread in the passes over the ring (walk_chunks' BATCH; 0: each
-// vector loaded, used and stored in turn behind a bound check, the walk before session 34): the
+// vector loaded, used and stored in turn behind a bound check, as before the batched walk): the
 // forward's max, its exp, its bf16 packed output, its float output (-1: the rule in fwd_finish,
-// FLOAT_OUT_BATCH) and the backward's passes. The defaults are the best of session 34's A/B runs
-// (benchmarks/softmax_rowgroup_ab.py, NOTES-softmax-long.md); the macros are experiment switches.
+// FLOAT_OUT_BATCH) and the backward's passes. The defaults are the best of A/B runs against the
+// plain walk on an H200 (each instance against its build from the previous source, alternating
+// launches in one process); the macros are experiment switches.
 #ifndef RG_BATCH_MAX
 #define RG_BATCH_MAX 2
 #endif
@@ -545,7 +546,7 @@ __device__ __forceinline__ void advance(int& slot, unsigned& phase, int nch, int
 // forward's e); RELEASE: hand each chunk back to the producer after the last pass (WROTE: write
 // each vector back first; FENCED: an earlier pass wrote into the chunk).
 //
-// The passes are latency-bound (4 consumer warps per scheduler; session 34's profile: each
+// The passes are latency-bound (4 consumer warps per scheduler; ncu's warp-state samples: each
 // vector's load, math and store in series), so whole chunks take no per-vector bound check and
 // up to BATCH values per thread are loaded before the first is used: the thread's vectors of
 // one chunk, or of two chunks per step where one holds too few (then a release's fence is paid

@@ -16,7 +16,7 @@ namespace ka_softmax {
 
 // CTAs per SM the launch bounds promise: two of 512 threads (rows whose buffers two CTAs hold),
 // one of 1024. Without it ptxas squeezed the 1024-thread f32 forward to 32 registers for a
-// second CTA that its shared memory never lets in, and spilled (session 26).
+// second CTA that its shared memory never lets in, and spilled.
 #define SMEM_MIN_BLOCKS(threads) ((threads) <= 512 ? 2 : 1)
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {

@@ -86,7 +86,7 @@ __device__ __forceinline__ bool current(const Peek& v, unsigned tag) {
 // The pair of `slot`, first peeked as `v`: polled again until both words carry `tag`
 // (nanosleep between polls; trap after WN_TIMEOUT_NS, which only a bug can reach).
 __device__ __forceinline__ float2 await_slot(const u64* slot, unsigned tag, Peek v) {
-#ifdef WN_NO_WAIT  // (a diagnostic, benchmarks/softmax_window_copyonly.py: no waits, wrong results)
+#ifdef WN_NO_WAIT  // (a diagnostic build: no waits, wrong results; docs/performance.md, "Softmax")
   if (false) {
 #else
   if (!current(v, tag)) {
@@ -214,7 +214,7 @@ struct Schedule {
         bpr_div((unsigned)bpr_) {}
   __device__ __forceinline__ int steps() const { return parts + lag; }
   __device__ __forceinline__ int combined_row(int j) const {
-#ifdef WN_NO_COMBINE  // (a diagnostic, benchmarks/softmax_window_copyonly.py: no combinations, wrong results)
+#ifdef WN_NO_COMBINE  // (a diagnostic build: no combinations, wrong results)
     return -1;
 #endif
     const int k = j - delay + 1;
@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(THREADS, WN_MIN_BLOCKS) fwd_window(const typen
         m = fmaxf(window::tree_max<U>(mu), fmaxf(eh, et));
       }
       float sum = 0.f;
-#ifdef WN_COPY_ONLY  // (a diagnostic, benchmarks/softmax_window_copyonly.py: no exps, wrong results)
+#ifdef WN_COPY_ONLY  // (a diagnostic build: no exps, wrong results)
       if (false) {
 #else
       if (m != -KA_INF) {
