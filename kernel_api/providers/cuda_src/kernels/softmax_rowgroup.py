@@ -9,10 +9,10 @@ read twice; this one reads it once. Two instances per dtype (``ctas_per_sm``):
 ``rowgroup2_peel<vec>``, two CTAs of 256 consumers per SM (`__launch_bounds__(288, 2)`, 92-96
 registers without spills), each with the largest ring that still lets two reside (7 chunks on
 an H100 / H200): while one CTA meets its group or stores, the other's copies keep DRAM busy.
-Measured (H200, session 25): the second is 1-5 % faster on the 32x1M cases and slower on one
+Measured (H200): the second is 1-5 % faster on the 32x1M cases and slower on one
 lone row; PickAny ranks it just after the first (`estimated_cost`).
 
-Measured (H100, session 23, benchmarks/NOTES-softmax-long.md): 1.4-1.9 TB/s on the 64-128 MB
+Measured (H100, the first version; docs/performance.md, "Softmax"): 1.4-1.9 TB/s on the 64-128 MB
 long-row cases, 47-63 % of the copy rate, not yet the bandwidth it aims at; 1.0-2x the
 cluster-split kernels in bf16/f16 (2x on one 1M row), about equal in f32. A fit over the
 CTAs-per-row sweep puts about 36 us of every launch outside the data's transfer time.
@@ -129,7 +129,7 @@ TRACE_WORDS = TRACE_HEAD_WORDS + 4 * TRACE_WAVES
 TRACE_CTA_BYTES = 8 * TRACE_WORDS
 TRACE_MAGIC = 0x52475452
 #: The forward's stagger (RG_STAGGER_NS): with 4+ waves the upper half of the row groups starts
-#: this late. Swept on the H200 (results/softmax-rowgroup-sweep-NVIDIA_H200-s30-stagger*.json):
+#: this late. Swept on the H200:
 #: 1.5-3 us made the forwards of 32 and 64 rows of 1M 3-5 % faster (one CTA per SM; 1-3 %
 #: with two), 6-12 us and a ramp over all groups no better or slower; the backward moved 0-2 %.
 STAGGER_NS_FORWARD = 3000
@@ -150,12 +150,11 @@ _RATE = {False: 2.0e4, True: 4.0e4}
 _L2_REREAD = 0.5
 #: The ranking's hint scale of the two-CTA instances: just after the one-CTA ones (0.98), but
 #: ahead of them for 16-bit forwards whose one-CTA plan has `_TWO_CTA_MIN_GROUPS` row groups or
-#: more (1.03), whose exps per byte a second CTA's copies overlap: H200, session 26
-#: (benchmarks/results/softmax-rowgroup-sweep-NVIDIA_H200-s26-variants-S.json, both at their
+#: more (1.03), whose exps per byte a second CTA's copies overlap: H200 (both at their
 #: plans): bf16 forward 2-8 % faster at 8, 32 and 64 rows of 1M (8 groups), slower at 8x4M (2
 #: groups) and on a lone 1M row (13-20 %); f32 forward 2-3 % slower, every backward 3-8 % slower.
-#: Since the forwards' bulk stores and packed math (session 28, results/softmax-NVIDIA_H200-
-#: s28-final-long.json and -s28-packed sweep) the two-CTA instance stays 2-5 % faster at 32 and
+#: With the forwards' bulk stores and packed math (benchmarks/softmax.py --cases long) the
+#: two-CTA instance stays 2-5 % faster at 32 and
 #: 64 rows of 1M (4 and 8 waves) but is 8-10 % slower at 8x1M, whose 8 rows are one wave: so it
 #: ranks first only where the one-CTA plan also runs `_TWO_CTA_MIN_WAVES` waves or more.
 _TWO_CTA_HINT = 0.98
@@ -291,11 +290,11 @@ def estimate_us(rows: int, cols: int, elem_bytes: int, backward: bool, ctas_per_
 
 
 # The slices the measured sweeps ran fastest with: the forward's at 124-128 KB, 8 of a 14-chunk
-# ring (results/softmax-rowgroup-sweep-...-s23.txt, all six forward cases on an H100; the plan
-# was best or within 2 % on the H200 too, ...-H200-s26-rings); the backward's dy and y at 128 KB,
-# 8 chunks (...-H200-s26-bwd-S: bf16 and f16 at S = 32, f32 at S = 64 were fastest for 8, 32 and
-# 64 rows of 1M, 3-20 % ahead of the 12 chunks the H100's s23 sweep had chosen, whose kernel
-# has changed since), or the grid's whole width where that overflows. As fractions of the ring,
+# ring (all six forward cases on an H100; the plan was best or within 2 % on the H200 too);
+# the backward's dy and y at 128 KB, 8 chunks (H200: bf16 and f16 at S = 32, f32 at S = 64 were
+# fastest for 8, 32 and 64 rows of 1M, 3-20 % ahead of the 12 chunks an H100 sweep of an
+# earlier version of the kernel had chosen), or the grid's whole width where that overflows. As
+# fractions of the ring,
 # so smaller rings (two CTAs per SM, other GPUs, tests) scale alike.
 _TARGET_CHUNKS_OF_14 = {False: 8, True: 8}
 #: The least share of the co-resident CTAs a plan keeps busy (else more CTAs per row, smaller
@@ -346,13 +345,13 @@ def plan_rows(rows: int, cols: int, elem_bytes: int, backward: bool, ctas: int =
 
 
 #: The fewest rows between `long_rows_from` and `MIN_COLS` elements the long-row families are
-#: ranked for: on an H200 (results/softmax-NVIDIA_H200-s36-vocab-few.json) the cluster splits ran
+#: ranked for: on an H200 (the "H200 vocab-few" run of tests/data) the cluster splits ran
 #: fastest on 2 and 8 such rows, the row-group and window kernels 1.15-1.6x faster from 16.
 LONG_ROWS_MIN_ROWS = 16
 #: Few rows the smem families reach, ranked for the long-row families too: rows of at least
 #: `FEW_ROWS_FROM_BYTES` (82K 16-bit, 41K f32 elements), from `LONG_ROWS_MIN_ROWS` to below
 #: `FEW_ROWS_BELOW`. There the one-CTA-per-row smem kernels leave most SMs idle and the cluster
-#: splits need two waves or more: on an H100 and an H200 (results/softmax-NVIDIA_*-s37-fewrows-*.json.gz)
+#: splits need two waves or more: on an H100 and an H200 (the few-row sweeps of tests/data)
 #: the row-group and window kernels ran fastest on 16-40 rows of 82K-116K 16-bit elements, by up
 #: to 1.4x; from 48 rows the smem kernels are as fast or faster.
 FEW_ROWS_FROM_BYTES = 128 * 1024
@@ -364,7 +363,7 @@ def long_rows_from(elem_bytes: int) -> int:
     past what a CTA's shared memory stages (`softmax_smem.max_cols` of the forward and the
     y-staged backward: 116K 16-bit, 58K f32 elements), at most `MIN_COLS`. Between the two the
     register and cluster-split kernels read the row twice; measured on an H200 (2048 and 8192
-    rows of 65536-128256 elements, benchmarks/NOTES-softmax-long.md, session 36) the row-group
+    rows of 65536-128256 elements; docs/performance.md, "Softmax") the row-group
     and window kernels ran 17-33 % faster there, and within 2 % of the cluster split on f32
     backwards of 65536."""
     dtype = DataType.f32 if elem_bytes == 4 else DataType.bf16
@@ -477,7 +476,7 @@ class _RowGroupBase(JoinsSoftmaxSource, CudaSourceKernel):
         # the forward's (`BULK_OUT_FORWARD`); the backward's measured slower, an experiment.
         self.bulk_out: bool = not self.backward
         # RG_PACKED_MATH: the 16-bit forwards' max and (bf16) output scaling two values at a
-        # time, 1-7 % faster (results/softmax-rowgroup-sweep-NVIDIA_H200-s28-packed.json).
+        # time, 1-7 % faster (H200).
         self.packed_math: bool = not self.backward and self.dtype.bytes == 2
         # RG_STAGGER_NS: with 4+ waves the upper half of the row groups starts this many ns late
         # (0: off); the forward's (`STAGGER_NS_FORWARD`), the backward measured no gain.
