@@ -50,18 +50,18 @@ MIN_CC, MAX_CC = 90, 100
 #: factor for both thread counts: the instances with an SM to themselves (1024 threads) were
 #: measured at least as fast per byte as those sharing one (H200: 0.97-1.10x the copy rate at
 #: f32 8192x32768 and 4096x50257, bf16 backward 8192x32768 and 4096x50257, against 1.17-1.19x
-#: for the two-per-SM bf16 forward at 8192x32768 and 4096x50257; s22-h200, s25-wide), so the
+#: for the two-per-SM bf16 forward at 8192x32768 and 4096x50257), so the
 #: earlier 1.25 for one CTA per SM kept the f32 forward of 8192x32768 on a register kernel
 #: 1.15x slower.
 STAGING_COST = 1.1
 #: The y-staged backward's further factor: its second read of dy comes from L2. Measured 0.89-0.93x
-#: the two-row staging's speed where both fit (H200, bf16 1024-8192 rows of 32768-50257,
-#: results/softmax-NVIDIA_H200-s27-smemy.json), so it takes only the rows that staging cannot.
+#: the two-row staging's speed where both fit (H200, bf16 1024-8192 rows of 32768-50257), so it
+#: takes only the rows that staging cannot.
 Y_STAGING_COST = 1.1
 #: The bandwidth one CTA streams alone on its SM, in shares of the GPU's over its SMs
 #: (`row_cost`'s ``lone_cta_share``): with fewer rows than SMs these kernels' times stay flat
-#: up to about 64 rows and each CTA streams its row at 40-50 GB/s (H100 and H200,
-#: results/softmax-NVIDIA_*-s37-fewrows-*.json.gz), 1.5x a 132nd of 3.6 TB/s. So from 48-64 rows
+#: up to about 64 rows and each CTA streams its row at 40-50 GB/s (H100 and H200, the few-row
+#: sweeps of tests/data), 1.5x a 132nd of 3.6 TB/s. So from 48-64 rows
 #: of 50K-116K 16-bit elements they rank ahead of the cluster splits, as measured.
 LONE_CTA_SHARE = 1.5
 
@@ -105,7 +105,7 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
         super().__init__(metadata, params)
         self.max_cols: int = params["max_cols"]
         #: commit groups per row, and threads per CTA (None: `threads_for`'s choice); attributes
-        #: so that benchmarks/softmax_smem_sweep.py can vary them (the compile key follows them)
+        #: so that a sweep can vary them (the compile key follows them)
         self.stages: int = self.default_stages
         self.threads: int | None = None
 
@@ -209,6 +209,5 @@ class CudaSoftmaxSmemYBackward(_SmemBase):
     template = "bwd_smem_y"
     tag = "smemy"
     staging_cost_factor = Y_STAGING_COST
-    #: 2 commit groups: +1 % over 4 at f32 1024 and 4096 rows of 50257 (H200,
-    #: results/softmax-smem-sweep-NVIDIA_H200-s27.*), 8 no better
+    #: 2 commit groups: +1 % over 4 at f32 1024 and 4096 rows of 50257 (H200), 8 no better
     default_stages = 2

@@ -198,7 +198,7 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
         cluster term counts the bytes each thread moves per barrier; and the CTAs an SM holds
         (`ctas_per_sm`), for its waves of clusters: on few rows of 82K-128K 16-bit elements the
         8-CTA clusters of one CTA per SM step from one wave to two at 16 rows, where the
-        row-group and window kernels ran 1.2-1.3x faster (results/softmax-NVIDIA_*-s37-fewrows-*)."""
+        row-group and window kernels ran 1.2-1.3x faster (H100 and H200)."""
         from ....tuning.policies import row_cost
 
         cols = max(args.cols, 1)

@@ -15,7 +15,7 @@ The input is read twice, the second time partly from L2 (the parts the first lau
 come first), but neither launch waits on another CTA: there is no cooperative launch, no
 cluster and no wave of group meetings. So it beats the row-group family (`softmax_rowgroup.py`,
 one read) where that family's plan gives each row the whole grid or half of it, and loses
-elsewhere (H200, session 26: benchmarks/NOTES-softmax-long.md); `estimated_cost` ranks it so.
+elsewhere (H200; docs/performance.md, "Softmax"); `estimated_cost` ranks it so.
 Rows are peeled (any element alignment whose rows share one offset from a 16-byte boundary, as
 the other peeled families).
 """
@@ -42,7 +42,7 @@ from .softmax_rowgroup import DEFAULT_RING, long_rows_from, plan_rows, row_group
 MIN_CC = 80  # (plain loads and stores: nothing past sm_80)
 THREADS = 512
 #: 16-byte vectors per thread and array in flight per step of softmax.cu's loops
-#: (`default_unroll`). Measured on an H200 (benchmarks/softmax_stream_sweep.py, session 26):
+#: (`default_unroll`). Measured on an H200:
 #: 512 threads x 2 within 2 % of the best of 256-1024 threads x 1-4 on the long shapes, 1024
 #: threads 4-12 % slower; the 16-bit backward takes 1 (within 2 % of 4 there).
 UNROLL = {False: 2, True: 2}
@@ -200,8 +200,8 @@ _ALONE_FACTOR = 0.9
 _GROUPED_FACTOR = 1.1
 #: The row-group plans this family beats, by (backward, 16-bit): one row group, and for the f32
 #: forward two (f32 4x2M). The 16-bit forwards of two groups (8x4M, S = 64) went to this family
-#: at 2.20 against 2.03 TB/s (bf16, session 26) and to the row-group kernel since session 34's
-#: batched passes (bf16 2.44 against 2.27, f16 2.28 against 2.27: results/softmax-NVIDIA_H200-s34-walk.*).
+#: at 2.20 against 2.03 TB/s (bf16) and go to the row-group kernel since its batched passes
+#: (bf16 2.44 against 2.27, f16 2.28 against 2.27; H200).
 #: The f32 backward of 8x1M and 32x1M, S = 64 in two groups, stays with the row-group kernel
 #: (2.53-2.65 against 2.27-2.39).
 _FEW_GROUPS = {(False, False): 2, (False, True): 1, (True, False): 1, (True, True): 1}

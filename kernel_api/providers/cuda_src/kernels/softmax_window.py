@@ -30,12 +30,10 @@ Two registered families, `CudaSoftmaxWindowForward` (`SoftmaxArguments`) and
 Against the row-group family (`softmax_rowgroup.py`: slices staged in shared memory, a group
 of CTAs meeting per wave), no group of CTAs waits in lockstep. Against the stream family
 (`softmax_stream.py`: two launches), nothing is read twice from DRAM. Measured on an H200
-(benchmarks/NOTES-softmax-long.md, session 35): 1.02-1.18x the faster of the two on the 64 MB+
-long rows, 2.4-3.2 TB/s; a build without the exps (WN_COPY_ONLY,
-benchmarks/softmax_window_copyonly.py) is only 2-8 % faster, so its memory pipeline, not its
-math, is what keeps it at 77-80 % of torch's copy of the same bytes (that build: 80-84 %). Session 36
-(benchmarks/stream_probe.py, softmax_window_copyonly.py): the same cp.async ring copying alone moves
-0.97 of torch's copy, and a build without the row combinations gains 6-7 %: the schedule's
+(docs/performance.md, "Softmax"): 1.02-1.18x the faster of the two on the 64 MB+ long rows,
+2.4-3.3 TB/s, 0.77-0.85 of torch's copy of the same bytes. A build without the exps
+(WN_COPY_ONLY) is only 2-8 % faster, while the same cp.async ring copying alone moves 0.97 of
+torch's copy, and a build without the row combinations gains 6-7 %: the schedule's
 combinations and the waits between CTAs of one round cost the rest, not the memory pipeline.
 
 Rows are peeled (any element alignment whose rows share one offset from a 16-byte boundary, as
@@ -91,7 +89,7 @@ MAX_GRID_STEPS = 2**20
 #: lag is then two grids, which the ring still holds (no second read), and no output waits on work
 #: of its own round of steps: with a lag of one grid, the rows that straddle two rounds make the
 #: output of one CTA wait on the statistics and the combination of others in the same round.
-#: Measured on an H200 (NOTES-softmax-long.md, session 36): 3.27 against 3.14-3.16 TB/s on f32
+#: Measured on an H200: 3.27 against 3.14-3.16 TB/s on f32
 #: 32x1M forward, 3.10-3.12 against 2.96-2.99 on bf16 32x1M backward, 4-9 % on 16x1M and 256x256K
 #: backwards and f32 forwards, 1-2 % on 16-bit 32x1M and 64x1M forwards (4 % on an H100); 16-bit
 #: forwards of fewer grids of parts, bound by instruction issue, lose 5-7 % to its smaller parts.
@@ -348,11 +346,10 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
         cluster families, but the few rows of `ranks_long_rows`), so PickAny takes this family first on every long row, but forward rows
         of fewer than `_SHORT_FORWARD_PARTS` parts, which rank after the row-group family.
 
-        Measured on an H200 (benchmarks/softmax.py --cases long, session 35,
-        results/softmax-NVIDIA_H200-s35-window.*): the fastest on 22 of the 24 long cases (1x1M,
-        8x1M, 32x1M, 8x4M; every dtype, both directions), 0.46-3.16 TB/s, and within 1-3 % of
-        the row-group kernel on the other two (16-bit backwards of 8x1M). Session 36
-        (results/softmax-NVIDIA_H200-s36-vocab*.json): the fastest on f32 rows of 100000 and
+        Measured on an H200 (benchmarks/softmax.py --cases long): the fastest on 22 of the 24
+        long cases (1x1M, 8x1M, 32x1M, 8x4M; every dtype, both directions), 0.46-3.16 TB/s, and within 1-3 % of
+        the row-group kernel on the other two (16-bit backwards of 8x1M); on LM-head rows
+        (2048 rows of 65536-128256 elements) the fastest on f32 rows of 100000 and
         128256 elements and on 16-bit backwards of 128256, where the register and cluster-split
         kernels ran 15-25 % slower."""
         base = row_group_cost(args.rows, args.cols, self.dtype.bytes, self.backward, sm_count,
@@ -367,7 +364,7 @@ class _WindowBase(JoinsSoftmaxSource, CudaSourceKernel):
 
 _COST_FACTOR = 0.8
 #: Forward rows of fewer parts than this (a combination every few parts) rank after the row-group
-#: family: measured on an H200 (benchmarks/NOTES-softmax-long.md, session 36), 8 parts a row ran
+#: family: measured on an H200, 8 parts a row ran
 #: 0.84 of the row-group kernel's rate at 16-bit 128256 elements and 0.93 at f32 65536; 10 and
 #: more parts ran faster than it (16-bit 152064, f32 100000 and 128256).
 _SHORT_FORWARD_PARTS = 9
