@@ -38,7 +38,7 @@ _TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 # PickAny's model of cuBLAS in `kernel_api.tuning.policies.gemm_cost` units: a tensor-core
 # library at TORCH_GEMM_HINT (our Sm90 family: 1.0) with the efficiency of a 128x256 tile, but
 # without wave quantisation: cuBLAS splits K or streams tiles where whole tiles would leave SMs
-# idle. Measured on the H200 (benchmarks/profile_gpt2.py, GPT-2 at 8192 tokens): cuBLAS ran
+# idle. Measured on the H200 (GPT-2's GEMMs at 8192 tokens, profiled): cuBLAS ran
 # the per-layer projections in 0.90x our time, the dW GEMMs (K = 8192, few output tiles) in
 # 0.68x, decode (M = 64) in 0.6x, and matched PickBest's Sm90 choice within 3% on the
 # issue #16 square and LLM shapes (one wave or many). So PickAny takes cuBLAS where our best
@@ -47,19 +47,19 @@ TORCH_GEMM_HINT = 0.95
 # cuBLAS with an operand not 16-byte aligned (a leading dimension or extent) falls to
 # alignment-1 kernels. For 4- and 8-byte operands PickAny rates them at this fraction of the
 # aligned model's speed, by element size. Measured on odd shapes of 333^3 to 4095x4096x4095
-# (H200, session 39, results/gemm_shapes-NVIDIA_H200-s39-odd-wide-f{32,64}.json): TF32 ran
+# (H200, gemm_shapes.py --group odd_wide): TF32 ran
 # 57-124 TFLOP/s, against 376 aligned at 4096^3 (f32: 0.35; FP32's SIMT path runs its aligned
 # rate, 29-49, but competes only with SimtGemm, 2-5x slower); DGEMM 7-46 against 58 aligned
-# (f64: 0.8). Session 38's single 0.17 took our 3xTF32 kernels at 0.66-0.78x cuBLAS TF32 and the
+# (f64: 0.8). A single 0.17 for every size took our 3xTF32 kernels at 0.66-0.78x cuBLAS TF32 and the
 # Sm80 DMMA tiles at 0.65-0.71x DGEMM on these shapes. 16-bit operands have their own model
 # (`TorchGemm._unaligned_cost`, below).
 TORCH_UNALIGNED_FACTOR = {4: 0.35, 8: 0.8}
 # DGEMM's time against the tile model that ranks our f64 kernels: the MAC model's 128x256
 # efficiency is a 16-bit library's, and `CudaGemmF64`'s estimates (its `performance_hint` and
 # cost scales) stand 1.43-1.50x above it at 2048^3 and 8192^3 where it ran 0.97-0.98x DGEMM's
-# speed (results/gemm_shapes-NVIDIA_H200-s33-f64-*.json). 1.4 keeps DGEMM first there (by 2 and
+# speed (H200, gemm_shapes.py --group f64). 1.4 keeps DGEMM first there (by 2 and
 # 7 %) and weighs our odd-stride kernels (8-byte copies, 1.21-1.27x DGEMM from 2000x3000x1001
-# up, results/gemm_shapes-NVIDIA_H200-s39-odd-wide-f64-align1.json) against it; without it the
+# up, gemm_shapes.py --group odd_wide) against it; without it the
 # f64 alignment-1 factor alone made DGEMM look 1.4x faster than it is.
 TORCH_DGEMM_COST = 1.4
 # For 16-bit operands the alignment-1 path is modelled on its own (`TorchGemm._unaligned_cost`):
@@ -67,10 +67,10 @@ TORCH_DGEMM_COST = 1.4
 # on fewer tiles than SMs), after a fixed time per dtype (TORCH_UNALIGNED_FIXED_SECONDS: f16's
 # alignment-1 kernels start 3-4 us sooner, 5.1-7.1 us against bf16's 7.8-10 on 37x53x29 to
 # 257x513x127). Fitted to the 58 recorded bf16/f16 problems with an operand not 16-byte aligned,
-# 37x53x29 to 4096x50257x4096 (H200 and H100, sessions 21-39): rms log error 0.23, where the
+# 37x53x29 to 4096x50257x4096 (H200 and H100, tests/data/measured_gemm_times.json): rms log error 0.23, where the
 # factor above (no fixed time) was 5-23 us short from 0.1 to 4 GFLOP (100x5001x555: 7.8 us
 # estimated, 31.3 measured) and PickAny took cuBLAS there at 0.67-0.87x of the staged kernels
-# (session 38's factor for every dtype: 0.17, from 6.7 ms for GPT-2's lm_head, 8192 x 50257 x
+# (a factor for every dtype before it: 0.17, from 6.7 ms for GPT-2's lm_head, 8192 x 50257 x
 # 768, against 0.9 ms padded).
 # What it misses most: M <= 100 against N >= 4000 (100x5001x555, 64x50257x768: 0.55-0.75x the
 # measured time), where cuBLAS picks slower kernels than at the same tiles elsewhere.
@@ -78,10 +78,10 @@ TORCH_UNALIGNED_FIXED_SECONDS = {DataType.f16: 5e-6, DataType.bf16: 9e-6}
 TORCH_UNALIGNED_TILE_K_SECONDS = 9.5e-9
 _TILE_INTENSITY = 128 * 256 / (128 + 256)
 # cuBLASLt's fused bias + GELU epilogue against ours (same fusion): GPT-2's c_fc at 8192 tokens,
-# 0.069 ms against our best 0.081 (benchmarks/results/selection_torch-NVIDIA_H200.json).
+# 0.069 ms against our best 0.081 (H200; the "H200 GPT-2 and sweep" run of tests/data).
 TORCH_GELU_EPILOGUE_FACTOR = 0.85
 # cuBLAS's per-output work (prologue, epilogue, the store) in k-steps: it loses ground to our
-# Sm90 family as K shrinks. Measured (selection.py --torch-evidence, GPT-2's projections at 8192
+# Sm90 family as K shrinks. Measured (PickBest's timings of GPT-2's projections at 8192
 # tokens): at K = 768 cuBLAS ran at 0.81x (H200) / 0.84x (H100) our speed on 8192 x 768 and at
 # 0.92x on the H100's 8192 x 2304, while at K = 2304-3072 it ran 1.04-1.2x faster; the flat
 # TORCH_GEMM_HINT alone took cuBLAS for all of them. So its cost is (1 + this / K) times the work.
@@ -89,11 +89,11 @@ TORCH_FIXED_K_STEPS = 77
 # A floor under cuBLAS's cost where the problem is a matrix-vector product in all but name
 # (min(M, N) <= TORCH_STREAM_MAX_ROWS: decode steps), bound by reading the large operand: a fixed
 # time plus the bytes of A, B and out at a streaming rate, fitted to cuBLAS on the H200 at M = 1,
-# N = K = 4096 / 8192 / 14336 (15.4 / 36.8 / 105.6 us: benchmarks/results/small_m-NVIDIA_H200-s20-run1.json).
+# N = K = 4096 / 8192 / 14336 (15.4 / 36.8 / 105.6 us; docs/performance.md, "Small-M GEMM").
 # Without it the MAC model made cuBLAS look 50-100x cheaper than it is at M = 1, and PickAny
 # never weighed the small-M family against it. Up to SKINNY_GEMM (128) rows it holds too where
 # the operands are at least TORCH_STREAM_MIN_BYTES: at M = 64 and 128, N, K in 4096..14336
-# (34-412 MB), cuBLAS took 0.88-1.03x of it (results/gemm_shapes-NVIDIA_H200-s28-narrow.json),
+# (34-412 MB), cuBLAS took 0.88-1.03x of it (H200, gemm_shapes.py --group small_m),
 # where the MAC model said 0.3-0.5x; not for small problems, where the fixed time does not hold
 # (GPT-2's decode at M = 64, 2304 x 768, 3.6 MB: cuBLAS well under 6.5 us), and the MAC model's
 # ranking was measured right (test_torch_provider).
@@ -102,36 +102,36 @@ TORCH_STREAM_MIN_BYTES = 32 << 20
 TORCH_STREAM_FIXED_SECONDS = 6.5e-6
 TORCH_STREAM_BYTES_PER_SECOND = 4.1e12
 # cuBLAS's output tile by operand element size, for `TorchGemm._tiles`: 16-bit nvjet kernels run
-# 128x256-class tiles (192x128 to 320x128 in the profiles: benchmarks/NOTES-sm90.md, the prefill
-# and train sections of results/profile_gpt2-NVIDIA_H200-s21c-before.txt; `_TILE_INTENSITY` is
-# 128x256's), DGEMM 128x64 (ncu: sm90_xmma_gemm_f64..._tilesize128x64x16, NOTES-f64.md); f32
+# 128x256-class tiles (192x128 to 320x128 in GPT-2's prefill and training profiles and ncu at
+# 8192^3; `_TILE_INTENSITY` is 128x256's), DGEMM 128x64 (ncu:
+# sm90_xmma_gemm_f64..._tilesize128x64x16); f32
 # 128x128 (not profiled; every recorded f32 case has many waves of either).
 _CUBLAS_TILE = {2: (128, 256), 4: (128, 128), 8: (128, 64)}
 # The MAC model spreads cuBLAS's work evenly over the SMs. On an output of fewer tiles than SMs
 # that balance is bought by splitting K (split-K or stream-K), which is not free: the s =
 # ceil(SMs / tiles) partial sums (f32; f64 for DGEMM) are written and read back once each, at
 # the rate tile kernels stream (`TILE_STREAM_BYTES_PER_SECOND`), and a reduction kernel runs
-# (cublasLt::splitKreduce_kernel: 12 launches 0.028 ms, 2.3 us each, in the H200 decode profile,
-# results/profile_gpt2-NVIDIA_H200-s21c-before.txt). Measured: GPT-2's c_attn dW (768 x 2304 x
+# (cublasLt::splitKreduce_kernel: 12 launches 0.028 ms, 2.3 us each, in GPT-2's decode profile
+# on the H200). Measured: GPT-2's c_attn dW (768 x 2304 x
 # 8192: 54 tiles, s = 3, 42 MB of partials) cuBLAS 0.0512 ms against 0.0454 for our 128x128
-# tile (H100, results/selection_torch-NVIDIA_H100_80GB_HBM3.json; 0.0447 against 0.0441 on the
-# H200, profile_gpt2 s21c's gemms section), where the even spread alone put cuBLAS 18 % ahead;
+# tile (H100, the "H100 GPT-2 and sweep" run of tests/data; 0.0447 against 0.0441 on the
+# H200, profiled), where the even spread alone put cuBLAS 18 % ahead;
 # the c_fc / mlp.c_proj dW (72 tiles, s = 2) stay cuBLAS's, as measured (0.060 / 0.056 ms
 # against our 0.081). (At a partials rate of 3.8 TB/s or more c_attn dW would go to cuBLAS
 # again; at 2.5 cuBLAS is costed 8 % above our kernel.) Not where min(M, N) <= SKINNY_GEMM:
 # there cuBLAS runs narrow tiles (nvjet 64x32 / 64x8 at GPT-2's decode) and its streaming time
 # alone matches the measurements (H200, M = 64 / 128 at N, K >= 4096: 6.5 us + the bytes at
-# 4.1 TB/s within 10 % of the measured 15-103 us, results/gemm_shapes-NVIDIA_H200-s25-small-m.json).
+# 4.1 TB/s within 10 % of the measured 15-103 us, gemm_shapes.py --group small_m).
 TORCH_SPLIT_K_REDUCE_SECONDS = 2.3e-6
 # A split is only worth its reduction where each piece keeps a long k range: at most K /
 # `TORCH_SPLIT_K_MIN_PIECE` splits (an assumption, not profiled: a 256 x 384 x 512 product, 4
 # tiles, would otherwise be charged 33 splits, and the GPU test that expects cuBLAS for such a
-# small problem failed on that in session 26).
+# small problem failed on that).
 TORCH_SPLIT_K_MIN_PIECE = 1024
-# (Session 26 charged cuBLASLt's bias + GELU two more output passes below one wave of its tiles,
-# from H100 samples that held the host's launch time: 0.0763 ms at GPT-2's decode c_fc+gelu.
-# The GPU-only H100 rerun of session 27, results/selection_torch-NVIDIA_H100_80GB_HBM3.json,
-# measured that call at 0.0084 ms, the fastest, next to 0.0080 for c_attn's bias-only call:
+# (An earlier model charged cuBLASLt's bias + GELU two more output passes below one wave of its
+# tiles, from H100 samples that held the host's launch time: 0.0763 ms at GPT-2's decode
+# c_fc+gelu. Timed on the GPU alone (the "H100 GPT-2 and sweep" run of tests/data), that call
+# took 0.0084 ms, the fastest, next to 0.0080 for c_attn's bias-only call:
 # the fused epilogue is as cheap at a decode step, so `TORCH_GELU_EPILOGUE_FACTOR` applies at
 # every M.)
 # torch chooses its algorithm (and tile) per call: tile (0, 0, 0) says "none fixed", so
@@ -278,7 +278,7 @@ class TorchGemm(_TorchKernel):
         if epilogue is None:
             # torch_call: repeated plain ops.gemm calls on the current stream run from the C entry
             # points: 1.4-2.1 us of host time over torch.matmul's own where ops' Python path took
-            # 8.5-10.3 (bf16, an H200 host; benchmarks/host_latency_torch.py, session 41)
+            # 8.5-10.3 (bf16, an H200 host; benchmarks/host_latency_torch.py)
             return Launcher(_matmul_launch, torch_call=torch.matmul)
         if (args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0 and epilogue.bias is not None
                 and epilogue.bias_kind == "row"):
