@@ -433,7 +433,7 @@ def split_columns(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, beta
 #: Rows of at least this many bytes are padded to a multiple of 128 bytes (at most 1/32 more
 #: memory), shorter ones to 16: TMA then moves whole 128-byte lines per box row. An out at a
 #: pitch of 100528 bytes (GPT-2's 50257 bf16 logits padded to 16 bytes) against 100608: the same
-#: kernel ran 2-5 % faster at 8192x50257x768 on the H200 (results/realign_parts-NVIDIA_H200-s31-pitch.txt).
+#: kernel ran 2-5 % faster at 8192x50257x768 on the H200 (docs/performance.md, "Realigned GEMM").
 LINE_PADDED_ROW_BYTES = 4096
 
 
