@@ -41,7 +41,7 @@ GEMM_COST_UNITS_PER_SECOND = 2.61e12
 #: tile model does not see: whole-tile kernels get a floor of their bytes at
 #: `TILE_STREAM_BYTES_PER_SECOND`, fitted to the Sm90 family's 64x128 and 128x128 tiles on the
 #: H200 at M = 1 and 16 (1.4-2.7 TB/s effective: 57.7 us at 1x8192x8192, 150-174 us at
-#: 1x14336x14336; benchmarks/results/gemm_shapes-NVIDIA_H200-s25-small-m.json), where the tile
+#: 1x14336x14336; gemm_shapes.py --group small_m), where the tile
 #: model alone predicted 22 us for 117 MB.
 SKINNY_GEMM = 128
 #: A two-CTA cluster along the output's longer side of tiles (2x1 on a tall output, 1x2 on a
@@ -49,7 +49,7 @@ SKINNY_GEMM = 128
 #: time on the tall outputs of GPT-2's prefill and its backward (H100 and H200: c_attn, attn and
 #: mlp c_proj, the dX products; 8192x1024x4096, 4096x512x4096, 16384x1024x16384 in the tuning
 #: records) and 1.02-1.12x on wide ones (lm_head, c_attn dW, 1024x8192x8192, 4096x11008x4096);
-#: results/selection_torch-*.json, results/tune_torchrun-*.json. Square outputs: no term.
+#: the "GPT-2 and sweep" runs of tests/data/measured_gemm_times.json. Square outputs: no term.
 CLUSTER_ALONG_LONG_SIDE = 1.05
 #: A cooperative schedule (both consumer warpgroups on one tile) stores each tile's epilogue
 #: while no MMA runs; ping-pong overlaps it with the other warpgroup's main loop. The stall is
@@ -58,19 +58,19 @@ CLUSTER_ALONG_LONG_SIDE = 1.05
 #: 1.26x (H200) the 128x128 ping-pong tile's time, where the intensity term alone rates it 9 %
 #: faster. Bounded above by the issue #16 sweep (K >= 4096, cooperative 0.94-1.04x): from 100
 #: on, cuBLAS would outrank our tiles at 4096^3 and 8192^3, where they are measured faster
-#: (results/selection_torch-*.json of session 27). 60 leaves the H200's lm_head on the
-#: cooperative tile (0.80 of the best). From 80 to 75 (session 38) for 2048^3, where the two
+#: (the "GPT-2 and sweep" runs of tests/data). 60 leaves the H200's lm_head on the
+#: cooperative tile (0.80 of the best). 75, not 80, for 2048^3, where the two
 #: tiles' costs tied (one wave of 128x256 tiles against two of 128x128) and the generation
 #: order took the ping-pong tile: on an H100 the 128x256 cooperative tile ran 0.894x its time
-#: in PickBest's settled timing and 0.85x in the burst one (results/gemm_shapes-NVIDIA_H100_80GB_
-#: HBM3-s38-small-h100.json), on H200s 0.997-1.004x (s21, s31, s38). One case measured later
-#: moved the other way: the staged kernels' 777x5001x555 (s38-odd-sweep), where the two tiles'
+#: in PickBest's settled timing and 0.85x in the burst one (gemm_shapes.py --group small), on
+#: H200s 0.997-1.004x (three runs). One case measured later moved the other way: the staged
+#: kernels' 777x5001x555 (the odd_sweep group), where the two tiles'
 #: costs are within 0.3 %, went to the cooperative tile at 0.86x the 64x128 one.
 COOPERATIVE_EPILOGUE_K = 75.0
 #: A cluster longer than the output's tiles along its dimension (2x1 on a one-tile M: the
 #: grid's second CTA of every cluster has no rows) against the same tile clustered the other
-#: way: 1.24-1.96x the time at M = 1-128 (H200 small-M runs, results/gemm_shapes-NVIDIA_H200-
-#: s25-small-m*.json; H100 128x8192x8192 1.27-1.29x), although the SMs are not all busy: the
+#: way: 1.24-1.96x the time at M = 1-128 (H200, gemm_shapes.py --group small_m; H100
+#: 128x8192x8192 1.27-1.29x), although the SMs are not all busy: the
 #: empty CTA still takes its multicast share and paces its partner. Not a wave effect, so a
 #: factor on the whole cost, streaming floor included.
 CLUSTER_PAST_THE_TILES = 1.3
@@ -143,53 +143,53 @@ def tile_work_cost(kernel: Kernel, args: GemmArguments, sm_count: int) -> float:
 #: The cluster barrier's cost in `row_cost`, as the bytes per thread a row's slice must move for
 #: the barrier to cost as much again (the cluster term is 1 + this / bytes per thread, bytes
 #: being the CTA's slice read and written once over its threads). Fitted to the register
-#: split (``split_ept*``) on the H200 (benchmarks/results/softmax-NVIDIA_H200-s21.json and
-#: -s25-wide.json): the backward, one block reduction before its cluster exchange, 1.09-1.23x
+#: split (``split_ept*``) on the H200 (benchmarks/softmax.py on the regular and wide shapes): the
+#: backward, one block reduction before its cluster exchange, 1.09-1.23x
 #: the copy rate at 192 bytes per thread (f32 4096-32768 columns), 1.36-1.40x at 147 (f32
 #: 50257, 8 CTAs), 1.8-2.2x at 48-74 (bf16/f16 50257, f32 and bf16 4097) and 4.2x at 24 (bf16
 #: 4097, 8 CTAs); the forward, which takes a row's max and then its sum of exponentials
 #: before the exchange, 2-3x as costly (1.3-2.7x at 98-256 bytes per thread, 3.4-8x at
 #: 16-32); 128 keeps its 50257 rows behind the looped kernels, as measured (1.19-1.39x of
-#: them, s21). The backward's 45 puts its f32 50257 rows on 8 CTAs of 512 threads (0.67-0.74x
+#: them). The backward's 45 puts its f32 50257 rows on 8 CTAs of 512 threads (0.67-0.74x
 #: the looped kernel's time on the H100 and H200) and keeps bf16's on the shared-memory
 #: kernel (1.4-1.8x faster than the split). Any value from 20 to 60 (backward) and from 100 up
 #: (forward) ranks the recorded cases alike (benchmarks/softmax.py --replay).
 CLUSTER_SYNC_BYTES_PER_THREAD = {False: 128.0, True: 45.0}
 #: A cluster CTA of 1024 threads (56-64 registers each in the sm_90 cubins) has its SM to
-#: itself: no other CTA's loads overlap its barrier waits. Measured (s21, s22, s25-wide)
+#: itself: no other CTA's loads overlap its barrier waits. Measured (H100 and H200)
 #: 1.04-1.12x the time of the 512-thread CTAs of a cluster twice as large at the same bytes
 #: per thread (f32 and bf16 backward 50257 and 32768, f32 forward 50257).
 CLUSTER_CTA_ALONE = 1.1
 #: The share of the SMs whose CTAs a wave of thread-block clusters fills, in `row_cost`'s wave
 #: term: clusters must fit in one GPC, and on the H100/H200 (132 SMs) the 8-CTA clusters of
 #: 1024-thread CTAs (one per SM) ran 12 rows in one wave and 16 in two
-#: (results/softmax-NVIDIA_*-s37-fewrows-*.json.gz: the split kernels' times step at 16, 24-32, ...
+#: (the few-row sweeps of tests/data: the split kernels' times step at 16, 24-32, ...
 #: rows), 0.73-0.79 of the SMs. 0.75 ranks the recorded few-row cases best (0.6-0.8 within 1 %).
 CLUSTER_PACKING = 0.75
 #: A peeled kernel (scalar row head and tail, 16-byte vectors between) against the same
 #: configuration for aligned rows, on aligned rows: the head and tail are empty there, and the
 #: peeled kernels measured as fast or faster. 168 same-run pairs of the H100/H200 softmax runs
-#: of sessions 21-28 (results/softmax-NVIDIA_*-s2*.json): aligned/peeled time ratio median 1.00,
+#: (benchmarks/softmax.py): aligned/peeled time ratio median 1.00,
 #: the aligned kernel 9-13 % slower on every 65536x1024 forward (all dtypes, ept16) and f32
 #: 16384-column ept32 backward, up to 6 % faster on 16-bit 16384^2 forwards; the cause is not
 #: known (their SASS differs only by the peeled edges). Below 1, so peeled kernels win ties:
 #: PickAny's f32 65536x1024 forward goes from the aligned kernel's 3.57 TB/s to the peeled one's
-#: 3.91 (results/softmax-NVIDIA_H200-s28-final.json; replay unchanged, 663/666 within 10 %).
+#: 3.91 (H200; the replay of the recorded runs unchanged).
 PEELED_ROWS = 0.99
 #: Forward register rows (``block``) of more than this many elements: the CTA's registers
 #: (56-63 per thread at 1024 threads in the sm_90 cubins of ept32) let one CTA reside per SM,
 #: and between its loads and its stores come two block reductions and the exponentials,
-#: when the SM's memory pipe idles. Measured (H200, softmax-NVIDIA_H200-s25-wide.json): the
+#: when the SM's memory pipe idles. Measured (H200, benchmarks/softmax.py on wide rows): the
 #: ept32 kernels at 8192x32768 1.19-1.35x the copy rate, 1.11-1.15x the time of the
 #: shared-memory kernel, against 1.08-1.10x for ept32 at 4096-16384 columns (512 threads or
-#: fewer, s21). (The backward, one reduction, alone on its SM at 16384 columns, ept16 at 1024
+#: fewer). (The backward, one reduction, alone on its SM at 16384 columns, ept16 at 1024
 #: threads with 42-54 registers, stays at 1.05-1.07x: no term.)
 REGISTER_ROW_ALONE_ELEMENTS = 16384
 REGISTER_ROW_ALONE_FORWARD = 1.15
 #: The bandwidth a one-pass register row CTA (``block``) alone on its SM streams, in shares of
 #: the GPU's over the SMs (`row_cost`'s ``lone_cta_share``): its loads are all in flight at
 #: once, so with fewer rows than SMs its time grows with the row, not with the idle SMs. On the
-#: H200 (results/softmax-NVIDIA_H200-s37-shortrows-*.json.gz) 1-64 rows of 8192 16-bit elements
+#: H200 (the short-row sweeps of tests/data) 1-64 rows of 8192 16-bit elements
 #: ran 4.8-5.0 us, and one row's time grew by 2.3 us from 16K to 32K elements: 56 GB/s, 2.0
 #: shares of 3.6 TB/s over 132 SMs.
 REGISTER_ROW_LONE_SHARE = 2.0
@@ -198,13 +198,14 @@ REGISTER_ROW_LONE_SHARE = 2.0
 #: through a workspace) takes longer than a one-pass register row (``block`` or ``warp``) by a
 #: fixed time, whatever the problem's size: the bytes the GPU streams meanwhile at full
 #: bandwidth, here 6 MB (1.7 us at 3.6 TB/s; with `REGISTER_ROW_LONE_SHARE` it is what the
-#: register rows' lead comes to on problems that leave SMs idle). Measured on the H200 (session 37's
-#: results/softmax-NVIDIA_H200-s37-shortrows-*.json.gz): one row of 8K-32K elements took 5.3-5.7 us
+#: register rows' lead comes to on problems that leave SMs idle). Measured on the H200 (a sweep of
+#: 1-128 rows of 8K-32K elements): one row of 8K-32K elements took 5.3-5.7 us
 #: on the cluster splits, 4.8-7.1 us on the register rows; 32-64 rows of 8192 took 6.3 us on the
-#: shared-memory kernel and 5.0 on the register rows. Fitted on those and on session 38's
-#: held-out H200 sweep (2-96 rows of 2K-28K elements, f16/bf16/f32: 6-8 MB rank it alike, 250 of
+#: shared-memory kernel and 5.0 on the register rows. Fitted on those and on a held-out H200
+#: sweep (2-96 rows of 2K-28K elements, f16/bf16/f32: 6-8 MB rank it alike, 250 of
 #: 252 within 10 %; 4 MB 239), checked on an H100's sweeps of both grids measured afterwards
-#: (results/softmax-NVIDIA_H100_80GB_HBM3-s38-*: 379 of 392, 198 with session 37's model).
+#: (379 of 392 within 10 %, 198 without this term and `REGISTER_ROW_LONE_SHARE`; the short-row
+#: runs of tests/data).
 STAGED_ROW_LATENCY_BYTES = 6.0e6
 
 
@@ -253,8 +254,8 @@ def row_cost(kernel: Kernel, args: Any, sm_count: int, cta_threads: int | None =
     if ept:
         # Register rows: 64 bytes per thread and row held measured best (bf16 forward: 32
         # elements; f32 forward and bf16 backward, which holds two rows: 16). The cluster
-        # splits' slices too: over the 501 f32 forward pairs of session 37's sweeps (2-256 rows
-        # of 8K-128K elements, results/softmax-NVIDIA_*-s37-*f32*.json.gz) 32 elements a thread
+        # splits' slices too: over the 501 f32 forward pairs of the few-row sweeps (2-256 rows
+        # of 8K-128K elements, H100 and H200) 32 elements a thread
         # took a median 1.02x the time of 16 (10th-90th percentile 0.94-1.11x).
         if ept * elem * (2 if backward else 1) != 64:
             penalty *= 1.03
@@ -342,13 +343,13 @@ def rank_candidates(kernels: list[Kernel], args: Any, sm_count: int | None = Non
 
 
 #: Whether `PickBest` times its candidates against each other in rounds (`time_interleaved`:
-#: drift hits all alike) instead of one after the other. On: measured on 2 H100s (session 24,
-#: benchmarks/tune_scale.py), later single-GPU tunings agreed with the first on 15-16 of 16
+#: drift hits all alike) instead of one after the other. On: measured on 2 H100s
+#: (benchmarks/tune_scale.py), later single-GPU tunings agreed with the first on 15-16 of 16
 #: winners against 14-15 timed one after the other, in the same wall time.
 _INTERLEAVE = True
 
 #: Whether `PickBest` launches each newly loaded artifact once before queueing the reference
-#: (`PickBest._first_launches`). On: measured on 2 H100s (session 24, benchmarks/tune_scale.py),
+#: (`PickBest._first_launches`). On: measured on 2 H100s (benchmarks/tune_scale.py),
 #: the 2-GPU rounds went from 1.01-1.29 s (one thread stalled behind the other's first
 #: launches) to 1.00-1.15 s, and 0.99-1.05 s in the final run.
 _FIRST_LAUNCH_EARLY = True
@@ -359,7 +360,7 @@ _PREFETCH_NEXT = True
 
 #: GPU time (ms) of untimed rounds `PickBest` runs before its timed ones (`time_interleaved`'s
 #: ``settle_ms``), so it ranks the candidates in the power state of sustained work. Measured on
-#: an H200 (benchmarks/NOTES-sm90.md, session 33): tf32 4096^3 GEMMs ran 17-22 % slower after
+#: an H200 (docs/performance.md, "Power state"): tf32 4096^3 GEMMs ran 17-22 % slower after
 #: ~100 ms back to back than in the first ~40 ms, and the fastest tile differed between the
 #: two; PickBest's rounds used to start near that step, its samples of four tiles tying there.
 _SETTLE_MS = 200.0
@@ -370,7 +371,7 @@ POWER_STATES = ("shared", "own")
 #: benchmarks/gemm_shapes.py its choices ran 0.99-1.02x cuBLAS launched in turn with it on an H100
 #: and an H200, where "shared"'s ran down to 0.85x on the H100 (a tile that waits on DRAM, ranked
 #: first at the low clock of ten power-hungry candidates); each kernel on its own (H200), "own"'s
-#: geomean 0.99x, "shared"'s 0.97x (benchmarks/NOTES-sm90.md, sessions 40 and 41).
+#: geomean 0.99x, "shared"'s 0.97x (docs/performance.md, "SM90 GEMM tiles").
 DEFAULT_POWER_STATE = "own"
 
 
@@ -454,7 +455,7 @@ class PickBest(Policy):
     ones, so the winner is the fastest in the power state of sustained work (a training step's
     GEMMs back to back). On a power-capped GPU that state can rank kernels differently from the
     first tens of ms after idle: at tf32 4096^3 on an H200 the ping-pong tile won the one and
-    lost the other by 12 % (benchmarks/NOTES-sm90.md, session 33). 0 times from whatever state
+    lost the other by 12 % (docs/performance.md, "Power state"). 0 times from whatever state
     the GPU is in.
 
     ``power_state``: how the candidates are timed. ``"own"`` (the default,
@@ -465,13 +466,13 @@ class PickBest(Policy):
     everything at the cap. ``"shared"`` times the candidates in turn after ``settle_ms`` of
     untimed rounds (`time_interleaved`), so all run at one clock and the fastest is the one that
     needs the fewest cycles at the clock their mix sets. The two differ by up to 20 %
-    (benchmarks/NOTES-f64.md, session 40: on an H100 a bf16 ping-pong tile ran 0.78x cuBLAS on
+    (docs/performance.md, "Power state": on an H100 a bf16 ping-pong tile ran 0.78x cuBLAS on
     its own), and the shared clock depends on which candidates are measured: on an H100 at bf16
     4096x4096x14336, ten tiles mostly of the power-hungry ping-pong kind ranked one first that
     ran 0.85x cuBLAS beside cuBLAS. Over the aligned bf16 group of benchmarks/gemm_shapes.py,
     launched in turn with cuBLAS, ``"own"``'s choices ran 0.99-1.02x cuBLAS on an H100 and an
     H200, ``"shared"``'s 1.00-1.06x on the H200 and 0.85-1.03x on the H100; each kernel on its
-    own (H200), geomean 0.99x against 0.97x (NOTES-sm90.md, sessions 40 and 41). ``"own"``
+    own (H200), geomean 0.99x against 0.97x (docs/performance.md, "SM90 GEMM tiles"). ``"own"``
     costs ``settle_ms`` of GPU time per candidate twice (``"shared"``: once in all): about 5 s
     for 10-24 candidates of a large GEMM, once per shape (the winner is recorded).
 
@@ -677,7 +678,7 @@ class PickBest(Policy):
                         early: dict[int, Exception], load: Callable[[int], None]) -> None:
         """Launch once each candidate whose artifact has not run on this device yet, before the
         float64 reference is queued: a CuTe DSL artifact's first launch waits for all work queued
-        on the GPU, holding the GIL (benchmarks/first_launch_wait.py), so behind a reference
+        on the GPU, holding the GIL (docs/performance.md, "Tuning at scale"), so behind a reference
         GEMM it would stall every other tuning thread of this process as well."""
         for index, kernel in enumerate(kernels):
             load(index)
@@ -699,8 +700,8 @@ class PickBest(Policy):
         1. verify: load each candidate (the next one while the GPU runs this one's check) and
            queue its check (NaN-filled output, one run, the error computed on the GPU and copied
            back without waiting). A kernel's first launch loads its module into the CUDA
-           context, which waits for all work queued before it (benchmarks/first_launch_wait.py:
-           the whole queue, on an H100), so no timed launches are queued yet;
+           context, which waits for all work queued before it (the whole queue, on an H100:
+           docs/performance.md, "Tuning at scale"), so no timed launches are queued yet;
         2. time: with `_INTERLEAVE` (the default), every verified candidate once per round
            (`time_interleaved`), after ``settle_ms`` of untimed rounds, or with ``power_state``
            ``"own"`` each in its own power state (`time_own_state`), either as ``timing`` says
