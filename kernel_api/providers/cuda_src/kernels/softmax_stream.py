@@ -185,7 +185,7 @@ class _StreamBase(JoinsSoftmaxSource, CudaSourceKernel):
         cluster families, but the few rows of `ranks_long_rows`): `_ALONE_FACTOR` of it where the row-group plan gives each row the whole grid
         (one row group: every wave a meeting of all CTAs, which nothing overlaps), else
         `_GROUPED_FACTOR` (which plans count as alone: `_FEW_GROUPS`). Measured on an H200
-        (benchmarks/softmax.py --cases long, session 26):
+        (benchmarks/softmax.py --cases long):
         with one row group this family was 0.93-1.22x the row-group kernel's speed (1x1M, 8x4M
         in f32, bf16 8x4M backward), with several 0.83-1.09x (8x1M, 32x1M, bf16 8x4M forward)."""
         plan = plan_rows(max(args.rows, 1), max(args.cols, 1), self.dtype.bytes, self.backward, max(sm_count, 1),
