@@ -1,12 +1,16 @@
 """Discovery hardening: plugin loading that other threads wait for, plugins that raise
 BaseExceptions at import, and the smaller refusals (compile, targets, duplicate names)."""
 
+import ast
 import importlib.metadata
+import json
+import re
 import sys
 import textwrap
 import threading
 import types
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -357,3 +361,78 @@ def test_arguments_on_fake_tensors_never_ask_for_a_data_pointer():
         assert kernel_api.GemmArguments(A, B, out, epilogue=epilogue).epilogue is not None
         soft = kernel_api.SoftmaxArguments(x, torch.empty_like(x))
         assert soft.tensor_attributes["x"].divisibility == 32
+
+
+# ---- the walkthrough notebooks say what is true ------------------------------------------------
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def notebook_cells(name, kind=None):
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if kind is None or c["cell_type"] == kind]
+
+
+def run_cells(cells, monkeypatch):
+    """Run notebook code cells on the CPU in a fresh namespace (from notebooks/, as Jupyter
+    does); returns the namespace and the value of the last cell's last expression."""
+    monkeypatch.chdir(NOTEBOOKS)
+    monkeypatch.syspath_prepend(str(NOTEBOOKS))
+    namespace = {"__name__": "__main__"}
+    *body, last = [c.replace('device="cuda"', 'device="cpu"') for c in cells]
+    for source in body:
+        exec(compile(source, "<cell>", "exec"), namespace)
+    tree = ast.parse(last)
+    tail = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, "<cell>", "exec"), namespace)
+    value = eval(compile(ast.Expression(tail.value), "<cell>", "eval"), namespace) if tail else None
+    return namespace, value
+
+
+def test_notebook_001_last_cell_shows_the_rank_reason(monkeypatch):
+    cells = notebook_cells("001_bring_your_own_cutedsl_kernel.ipynb")
+    assert "Rank-2 problems are refused by `_supports`" in cells[6]
+    namespace, value = run_cells([cells[1], cells[2], cells[4], cells[7]], monkeypatch)  # (cell 5 runs on a GPU)
+    try:
+        assert value == ["operands must be rank 3 (L, M, K) x (L, K, N)"]
+    finally:
+        namespace["CuTeDSLProvider"].unregister(namespace["OurF64Gemm"])
+
+
+def test_notebook_002_last_cell_lists_the_users_kernel_among_the_candidates(monkeypatch, capsys):
+    cells = notebook_cells("002_bring_your_own_cuda_kernel.ipynb")
+    setup = "x = torch.randn(1000, 37)\nargs = SoftmaxArguments(x, torch.full_like(x, float('nan')))\n"
+    namespace, _ = run_cells([cells[1], cells[2], setup, cells[5]], monkeypatch)  # (cell 3 runs on a GPU)
+    printed = capsys.readouterr().out
+    assert "RowSoftmaxPerThread_Tfloat   <- ours" in printed and "PickAny chooses" in printed
+    assert namespace["RowSoftmaxPerThread"] not in namespace["CudaSourceProvider"].kernel_classes()
+
+
+def test_notebook_004_says_the_native_module_is_built_at_install():
+    import kernel_api.native
+
+    text = "\n".join(notebook_cells("004_host_latency_best_practices.ipynb"))
+    assert "first use" not in text and "built when kernel-api is installed" in text
+    assert "built when kernel-api is installed" in kernel_api.native.__doc__
+
+
+def test_notebooks_use_no_private_dispatch_functions():
+    for path in NOTEBOOKS.glob("*.ipynb"):
+        code = "\n".join(notebook_cells(path.name, "code"))
+        assert not re.search(r"\bdispatch\b", code), path.name
+        assert not re.search(r"kernel_api(\.\w+)*\._\w", code), path.name
+
+
+def test_gemm_arguments_are_those_ops_gemm_runs():
+    """Notebook 005 asks policies about a layer's GEMM through ops.gemm_arguments."""
+    A = torch.randn(300, 64, dtype=torch.bfloat16)
+    B = torch.randn(64, 1001, dtype=torch.bfloat16)  # 1001 columns: rows not a multiple of 16 bytes
+    bias = torch.randn(1001, dtype=torch.bfloat16)
+    head, rest = kernel_api.ops.gemm_arguments(A, B, bias=bias, activation="gelu")
+    assert (head.N, rest.N) == (1000, 1) and head.out.stride() == rest.out.stride() == (1008, 1)
+    assert head.out.untyped_storage().data_ptr() == rest.out.untyped_storage().data_ptr()
+    assert head.epilogue.bias.shape == (1000,) and head.epilogue.activation == "gelu"
+    [whole] = kernel_api.ops.gemm_arguments(A, B[:, :1000])
+    assert whole.N == 1000 and whole.epilogue is None
+    out = torch.empty(300, 1001, dtype=torch.bfloat16)
+    assert kernel_api.ops.gemm_arguments(A, B, out, alpha=2.0)[0].out is out

@@ -10,7 +10,47 @@ reaches the custom ops through ``torch.ops.kernel_api`` at call time, so it impo
 from ``library``.
 """
 
-from .dispatch import clear_dispatch_cache, gemm, softmax, softmax_backward
+from typing import Any
+
+import torch
+
+from ..arguments import EpilogueArguments, GemmArguments
+from .dispatch import clear_dispatch_cache, gemm, padded_output, softmax, softmax_backward, split_columns
 from . import library  # noqa: E402,F401  (registers torch.ops.kernel_api.*)
 
-__all__ = ["clear_dispatch_cache", "gemm", "softmax", "softmax_backward"]
+__all__ = ["clear_dispatch_cache", "gemm", "gemm_arguments", "softmax", "softmax_backward"]
+
+
+def gemm_arguments(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, alpha: float = 1.0,
+                   bias: torch.Tensor | None = None, activation: str | None = None,
+                   accumulator_type: Any = None) -> list[GemmArguments]:
+    """The `GemmArguments` of the GEMMs ``gemm(A, B, out, alpha=..., bias=..., activation=...)``
+    runs, so a policy can be asked what it chooses for them without running anything (e.g.
+    ``PickAny().choose(a, get_kernels(a))``, or ``PickBest.tune(a)``, which reads the record
+    such a call made).
+
+    Args:
+        A, B, out, alpha, bias, activation, accumulator_type: as for `gemm`.
+
+    Returns:
+        One arguments object; two when ``gemm`` would split a new output's misaligned columns
+        off (`dispatch.split_columns`: a 2-D problem of at least 256 rows whose rows are not a
+        multiple of 16 bytes): the aligned columns, then the rest, both written into the padded
+        output ``gemm`` allocates (its alignment is part of the arguments' signature).
+    """
+    def epilogue(part_bias: torch.Tensor | None) -> EpilogueArguments | None:
+        if alpha == 1.0 and part_bias is None and activation is None:
+            return None
+        return EpilogueArguments(alpha=alpha, bias=part_bias, activation=activation)
+
+    if out is None:
+        head = split_columns(A, B, None, 0.0, bias) if A.dim() == 2 else 0
+        if head:
+            N = B.shape[-1]
+            padded = padded_output(A, N)
+            row_bias = bias is not None and tuple(bias.shape) in ((N,), (1, N))  # split with the columns
+            parts = (slice(None, head), slice(head, None))
+            return [GemmArguments(A, B[:, cols], padded[:, cols], accumulator_type,
+                                  epilogue(bias[..., cols] if row_bias else bias)) for cols in parts]
+        out = A.new_empty((*A.shape[:-1], B.shape[-1]))
+    return [GemmArguments(A, B, out, accumulator_type, epilogue(bias))]
