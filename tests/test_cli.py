@@ -88,7 +88,7 @@ def test_cache_info_and_clear(tmp_path, monkeypatch, capsys):
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
     assert "cutedsl: 1 entries" in out and "tuning records: 1" in out and "winner" in out
-    assert main(["cache", "clear"]) == 0
+    assert main(["cache", "clear", "--yes"]) == 0
     capsys.readouterr()
     main(["cache", "info"])
     out = capsys.readouterr().out

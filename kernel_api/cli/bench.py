@@ -1,10 +1,9 @@
-"""``kernel-api bench|tune|cache``: measure every candidate against torch, tune and record,
-inspect or clear the caches."""
+"""``kernel-api bench|tune|cache info``: measure every candidate against torch, tune and record,
+inspect the caches (``cache clear`` is in `kernel_api.cli.cache`)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from ..tuning.records import TuningRecords
 from ..tuning.reference import random_like
 from ..tuning.policies import DEFAULT_POWER_STATE, PickBest, rank_candidates
 from ..tuning.timing import rotation_count, time_cuda
+from .cache import namespace_folders
 from .errors import require
 from .format import format_table
 from .progress import progress
@@ -116,14 +116,13 @@ def cache_info(show: Any = print) -> dict:
     """``cache info``: the cache folder (and whether its entries may be loaded), its entries per
     namespace, the tuning records, and the bundles installed into it (their provenance)."""
     from ..core.trust import path_problem
-    from ..tuning.bundle import PROVENANCE, installed_bundles
+    from ..tuning.bundle import installed_bundles
 
     root = cache_dir()
     info = {"directory": str(root), "namespaces": {}}
-    if root.exists():
-        for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name != PROVENANCE):
-            files = list(sub.glob("*.bin"))
-            info["namespaces"][sub.name] = {"entries": len(files), "bytes": sum(f.stat().st_size for f in files)}
+    for sub in namespace_folders(root):  # kernel_api's own: the folder may be shared (~/.cache)
+        files = list(sub.glob("*.bin"))
+        info["namespaces"][sub.name] = {"entries": len(files), "bytes": sum(f.stat().st_size for f in files)}
     records = TuningRecords().all() if (root / "tuning.sqlite").exists() else []
     info["tuning_records"] = len(records)
     info["untrusted"] = path_problem(root)
@@ -142,14 +141,3 @@ def cache_info(show: Any = print) -> dict:
         show(f"    {b.get('installed')} {b.get('file')} sha256 {b.get('sha256')}: {len(b.get('entries', []))} "
              f"entries, {b.get('records')} records; {b.get('vouched')}; made {b.get('created')} with {toolchain}")
     return info
-
-
-def cache_clear(show: Any = print) -> None:
-    root = cache_dir()
-    if root.exists():
-        for sub in root.iterdir():
-            if sub.is_dir():
-                shutil.rmtree(sub, ignore_errors=True)
-            elif sub.name.startswith("tuning.sqlite"):
-                sub.unlink()
-    show(f"cleared {root}")

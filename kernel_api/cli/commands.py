@@ -11,8 +11,10 @@
     kernel-api trust add KEY.pub | trust list | trust remove SHA256:...   # keys that may sign bundles
 
 Errors that kernel_api reports on purpose (`KernelApiError`, bad values, a missing optional
-dependency) print one line on stderr and exit non-zero; ``--debug`` (or ``KERNEL_API_DEBUG=1``)
-shows the whole message and the traceback instead.
+dependency) and those of the system (a missing folder, a failing disk, a locked records
+database) print one line on stderr and exit non-zero; ``--debug`` (or ``KERNEL_API_DEBUG=1``)
+shows the whole message and the traceback instead. When the reader of stdout goes away
+(``| head``), the command exits quietly.
 
 Problems are described with tensors on torch's "meta" device, so nothing is allocated and no
 GPU is needed; pointers then count as fully aligned.
@@ -196,13 +198,13 @@ def cmd_tune(ns: argparse.Namespace) -> int:
 
 
 def cmd_cache(ns: argparse.Namespace) -> int:
-    from .bench import cache_clear, cache_info
+    from .bench import cache_info
+    from .cache import run_cache_clear
 
     if ns.action == "info":
         cache_info()
-    else:
-        cache_clear()
-    return 0
+        return 0
+    return run_cache_clear(ns.yes)
 
 
 def cmd_env(ns: argparse.Namespace) -> int:
@@ -303,6 +305,8 @@ def make_parser() -> argparse.ArgumentParser:
                              "worker process per GPU")
     cache_p = sub.add_parser("cache", help="inspect or clear the compile caches and tuning records")
     cache_p.add_argument("action", choices=("info", "clear"))
+    cache_p.add_argument("--yes", "-y", action="store_true",
+                         help="clear: delete without asking (needed without a terminal)")
     demo = sub.add_parser("demo", help="discover + compile a GEMM; on a GPU also run, verify and time vs torch")
     demo.add_argument("--m", type=int, default=4096)
     demo.add_argument("--n", type=int, default=4096)
@@ -358,18 +362,35 @@ def _debug(ns: argparse.Namespace) -> bool:
     return ns.debug or os.environ.get("KERNEL_API_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _reader_gone() -> int:
+    """Exit quietly when stdout's reader has closed the pipe, as Python's documentation on
+    SIGPIPE advises: stdout goes to devnull, so the interpreter's last flush at exit cannot
+    fail again and print a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (replaced by a test or an embedding)
+        pass
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status. Errors kernel_api reports on purpose
-    become one line on stderr (see `errors.exit_status`); others keep their traceback."""
+    """Run the command line; returns the exit status. Errors kernel_api reports on purpose, and
+    the system's, become one line on stderr (see `errors.exit_status`); others keep their
+    traceback."""
     parser = make_parser()
     ns = parser.parse_args(argv)
     try:
-        return COMMANDS[ns.command](ns)
+        status = COMMANDS[ns.command](ns)
+        sys.stdout.flush()  # output still buffered meets a closed pipe here, not at exit
+        return status
     except KeyboardInterrupt:
         if _debug(ns):
             raise
         print("kernel-api: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`kernel-api explain ... --all | head`)
+        return _reader_gone()
     except Exception as exc:
         status = exit_status(exc)
         if status is None or _debug(ns):

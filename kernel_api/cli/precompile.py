@@ -92,7 +92,9 @@ def entry_arguments(entry: dict, index: int, source: str = "shapes file") -> Any
 
 def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
                    show: Callable[..., Any] = print, providers: list[str] | None = None) -> int:
-    """``precompile``: compile, report, and return the exit status (1 when anything failed)."""
+    """``precompile``: compile, report (which kernels were cached already), and return the exit
+    status (1 when anything failed). A cache that cannot keep the kernels (off, or a folder that
+    cannot be written) raises `kernel_api.tuning.precompile.CacheNotWritableError` first."""
     from ..core.arch import normalize_cc
     from ..core.cache import cache_dir
     from ..tuning.precompile import default_workers, precompile
@@ -110,10 +112,15 @@ def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
     results = precompile(arguments, target, top=top, num_workers=workers or default_workers(),
                          progress=progress("precompile"), providers=providers)
     failed = [r for r in results if r.failure is not None]
+    cached = [r for r in results if r.cached]
     for r in failed:
         show(f"entry {r.entry}: {r.kernel_name or 'no kernel'}: {r.failure.splitlines()[0]}", file=sys.stderr)
+    for r in cached:
+        show(f"entry {r.entry}: {r.kernel_name}: already cached")
+    compiled = len(results) - len(failed) - len(cached)
     show(f"precompiled {len(results) - len(failed)} kernel(s) for {len(entries)} problem(s), cc {target}, "
-         f"into {cache_dir()}" + (f"; {len(failed)} failed" if failed else ""))
+         f"into {cache_dir()}: {compiled} compiled, {len(cached)} already cached"
+         + (f"; {len(failed)} failed" if failed else ""))
     return 1 if failed else 0
 
 

@@ -5,33 +5,69 @@ A server that knows its shapes compiles their kernels once (``kernel-api precomp
 process loads them from the cache in milliseconds. The candidates are ranked as `PickAny`
 ranks them (`rank_candidates`), so the kernel `PickAny` will choose is the first compiled.
 The compiles run in worker processes (`kernel_api.tuning.compile_worker`), never in processes
-that re-import the caller's ``__main__``.
+that re-import the caller's ``__main__``, and a worker whose kernel is in the disk caches
+already only loads it; the results say which were (as this process finds them). Since
+compiling is only worth what the caches keep, a cache that is off or a cache folder that cannot
+be written is refused before anything compiles (the workers would otherwise keep their
+artifacts in memory and exit).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .. import registry
 from ..core.arch import normalize_cc
+from ..core.cache import ENV_DIR, ENV_ENABLE, cache_dir, cache_enabled
+from ..core.errors import KernelApiError
+from ..kernel import compile_from_cache_only
 from .compile_worker import compile_request, compile_requests, describe_arguments
 from .policies import rank_candidates
 
 
+class CacheNotWritableError(KernelApiError):
+    """The disk cache cannot keep what precompiling would build; the message names the folder."""
+
+
 @dataclass(frozen=True)
 class PrecompileResult:
-    """One kernel compiled (``failure`` None) or not (its message) for entry ``entry``."""
+    """One kernel compiled (``failure`` None) or not (its message) for entry ``entry``.
+    ``cached``: the disk caches held its artifact before the call, so its worker only loaded it
+    (as this process found it: an artifact it had compiled or loaded earlier counts too; a
+    vendor kernel such as the torch provider's has nothing to compile and counts as cached)."""
 
     entry: int
     kernel_name: str
     failure: str | None = None
+    cached: bool = False
 
 
 def default_workers() -> int:
     """min(4, CPU count): compiles are CPU- and memory-heavy (several GB per CuTe DSL compile)."""
     return max(1, min(4, os.cpu_count() or 1))
+
+
+def check_cache_writable() -> None:
+    """Raise `CacheNotWritableError` unless the disk cache is on and its folder (created when
+    missing) takes a new file.
+
+    Raises:
+        CacheNotWritableError: naming the folder and the reason.
+    """
+    if not cache_enabled():
+        raise CacheNotWritableError(f"the disk cache is off ({ENV_ENABLE}={os.environ.get(ENV_ENABLE)}): "
+                                    f"precompiled kernels would not be saved")
+    root = cache_dir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".kernel_api-probe-", suffix=".part"):
+            pass
+    except OSError as exc:
+        raise CacheNotWritableError(f"cache folder {root} is not writable ({exc.strerror or exc}): precompiled "
+                                    f"kernels would not be saved; set {ENV_DIR} to a writable folder") from None
 
 
 def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: int | None = None,
@@ -59,6 +95,8 @@ def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: i
 
     Raises:
         ValueError: ``top`` or ``num_workers`` below 1, or a ``cc`` that is not one.
+        CacheNotWritableError: the disk cache is off or its folder cannot be written
+            (`check_cache_writable`); nothing is compiled then.
     """
     target = normalize_cc(cc, "cc")
     if target is None:
@@ -68,6 +106,7 @@ def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: i
     workers = default_workers() if num_workers is None else num_workers
     if workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {workers}")
+    check_cache_writable()
     results: list[PrecompileResult | None] = []
     requests, slots = [], []
     for index, args in enumerate(arguments):
@@ -89,8 +128,10 @@ def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: i
                 continue
             slots.append(len(results))
             results.append(None)
-            requests.append((index, request))
-    failures = compile_requests([r for _, r in requests], workers, progress=progress, timeout=timeout)
-    for slot, (index, request), failure in zip(slots, requests, failures):
-        results[slot] = PrecompileResult(index, request.kernel_name, failure)
+            # For the report only: the workers compile it regardless, since an artifact this
+            # process holds in memory (NVRTC keeps its compiles by key) may be missing on disk.
+            requests.append((index, request, compile_from_cache_only(kernel, args, target) is not None))
+    failures = compile_requests([r for _, r, _ in requests], workers, progress=progress, timeout=timeout)
+    for slot, (index, request, cached), failure in zip(slots, requests, failures):
+        results[slot] = PrecompileResult(index, request.kernel_name, failure, cached and failure is None)
     return results  # type: ignore[return-value]
