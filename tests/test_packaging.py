@@ -26,8 +26,9 @@ CUDA_NAMED = {"nvidia-cuda-nvrtc-cu12": 12, "nvidia-cutlass-dsl-libs-cu12": 12, 
 # Imported module (its top two names, or one) -> the distribution that provides it.
 PROVIDERS = {"torch": "torch", "cutlass": "nvidia-cutlass-dsl", "tvm_ffi": "apache-tvm-ffi",
              "cuda.bindings": "cuda-bindings", "cuda.core": "cuda-core", "cuda.pathfinder": "cuda-pathfinder",
-             "numpy": "numpy", "platformdirs": "platformdirs", "tqdm": "tqdm", "matplotlib": "matplotlib"}
-OPTIONAL = {"matplotlib": "plot"}  # imported only by a feature that names its extra when it is missing
+             "numpy": "numpy", "platformdirs": "platformdirs", "tqdm": "tqdm", "matplotlib": "matplotlib",
+             "cryptography": "cryptography"}
+OPTIONAL = {"matplotlib": "plot", "cryptography": "sign"}  # imported only by a feature that names its extra when it is missing
 
 
 def parse(specs: list[str]) -> list:

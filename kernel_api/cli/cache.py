@@ -24,7 +24,6 @@ from typing import Any, Callable
 NAMESPACES = ("cutedsl", "cubin")
 # tuning.sqlite, its journal files, and the copies set aside as damaged (tuning/records.py).
 _RECORDS = re.compile(r"^tuning\.sqlite(\.corrupt-\d{8}T\d{12}Z)?(-wal|-shm|-journal)?$")
-_BUNDLE_ENTRY = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,119}/[A-Za-z0-9_-][A-Za-z0-9._-]{0,119}\.bin$")
 
 
 def _staged(name: str) -> bool:
@@ -55,13 +54,13 @@ def owned_files(root: Path) -> list[Path]:
     if not root.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "the cache folder is a file, not a folder "
                                                 "(KERNEL_API_CACHE_DIR names the folder)", str(root))
-    from ..tuning.bundle import PROVENANCE, installed_bundles
+    from ..tuning.bundle import PROVENANCE, entry_name_ok, installed_bundles
 
     found = []
     for namespace in NAMESPACES:
         found += _files(root / namespace, lambda name: name.endswith(".bin") or _staged(name))
     listed = {name for bundle in installed_bundles(root) for name in bundle.get("entries", ())
-              if isinstance(name, str) and _BUNDLE_ENTRY.match(name) and name.split("/")[0] not in NAMESPACES}
+              if isinstance(name, str) and entry_name_ok(name) and name.split("/")[0] not in NAMESPACES}
     found += sorted(root / name for name in listed if (root / name).is_file())
     found += _files(root / PROVENANCE, lambda name: name.endswith(".json") or _staged(name))
     found += _files(root, lambda name: _RECORDS.match(name) is not None)
