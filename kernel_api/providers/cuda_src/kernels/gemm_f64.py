@@ -26,13 +26,16 @@ import torch
 
 from ....arguments import GemmArguments
 from ....core.arch import planning_sm_count
+from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
+from ....launcher import Launcher
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from ..launcher import CudaLauncher
+from .gemm_launch import launch_workspace, raw_stream
 
 ROW = (0, 0, 1)
 COL = (0, 1, 0)
@@ -342,35 +345,76 @@ class CudaGemmF64(CudaSourceKernel):
     def launch_config(self, args: GemmArguments) -> tuple:
         return self.grid(args), self.config.threads, self.config.smem_bytes
 
-    def _run(self, args: GemmArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
-        if args.M == 0 or args.N == 0 or args.L == 0:
-            return
-        c = self.config
-        device = args.device.index
-        if device is None:
-            device = torch.cuda.current_device()
+    def _shape_params(self, args: GemmArguments) -> tuple:
+        """The kernel's parameters after the three pointers (extents, leading dimensions, batch
+        strides, whether out takes 16-byte stores): all fixed by the operands' metadata."""
         A, B, out, L = args.A, args.B, args.out, args.L
         ldo, batch_o = self._lead(out, self.o_nmajor), self._batch_stride(out, L)
         # 16-byte stores of column pairs need a 16-byte aligned row-major out with even strides.
         out_vec = self.o_nmajor and out.data_ptr() % 16 == 0 and ldo % 2 == 0 and batch_o % 2 == 0
-        handle = stream_handle(stream, device)
-        params = (A.data_ptr(), B.data_ptr(), out.data_ptr(), args.M, args.N, args.K, self._lead(A, self.a_kmajor),
-                  self._lead(B, not self.b_kmajor), ldo, self._batch_stride(A, L), self._batch_stride(B, L), batch_o,
-                  int(out_vec))
-        if not c.ws:
-            artifact.compiled_obj.launch(handle, device, self.grid(args), c.threads, c.smem_bytes, params)
+        return (args.M, args.N, args.K, self._lead(A, self.a_kmajor), self._lead(B, not self.b_kmajor), ldo,
+                self._batch_stride(A, L), self._batch_stride(B, L), batch_o, int(out_vec))
+
+    def _run(self, args: GemmArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        if args.M == 0 or args.N == 0 or args.L == 0:
             return
-        plan = self.split_plan(args)
+        device = args.device.index
+        if device is None:
+            device = torch.cuda.current_device()
+        plan = self.split_plan(args) if self.config.ws else None
+        partial = None if plan is None else self._partials_address(args, plan, workspace)
+        self._launch(args, artifact, device, plan)(args.A, args.B, args.out, stream_handle(stream, device), partial)
+
+    def _launch(self, args: GemmArguments, artifact: CompiledArtifact, device: int,
+                plan: tuple[int, int] | None) -> Any:
+        """``launch(A, B, out, raw stream, partials address or None)``: this instance's launches
+        (the main kernel, then the split sums where ``plan`` splits the last wave) for operands
+        with ``args``' metadata."""
+        c = self.config
+        main, reduce = artifact.compiled_obj.launch, artifact.extra.launch if c.ws else None
+        params = self._shape_params(args)
+        grid = self.grid(args)
+        if plan is not None:
+            tile_base, splits = plan
+            split_tiles = grid[0] - tile_base
+            grid = (tile_base + split_tiles * splits, 1, 1)
+            reduce_grid = (split_tiles, c.bm * c.bn // 256, 1)
+            M, N, ldo = args.M, args.N, params[5]
+        threads, smem = c.threads, c.smem_bytes
+
+        def launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, stream: int, partial: int | None) -> None:
+            pointers = (A.data_ptr(), B.data_ptr(), out.data_ptr())
+            if not c.ws:
+                main(stream, device, grid, threads, smem, (*pointers, *params))
+            elif plan is None:
+                main(stream, device, grid, threads, smem, (*pointers, *params, 0, 0, 0))
+            else:
+                main(stream, device, grid, threads, smem, (*pointers, *params, partial, tile_base, splits))
+                reduce(stream, device, reduce_grid, 256, 0, (partial, pointers[2], M, N, ldo, tile_base, splits))
+
+        return launch
+
+    def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """Every launch's grid and parameters but the pointers follow from the operands'
+        metadata, so they are fixed here; a split last wave's partial sums take a workspace from
+        torch's caching allocator on the launch stream, per call."""
+        if not (args.M and args.N and args.L):
+            return None
+        device = args.device_index
+        plan = self.split_plan(args) if self.config.ws else None
+        launch = self._launch(args, artifact, device, plan)
         if plan is None:
-            artifact.compiled_obj.launch(handle, device, self.grid(args), c.threads, c.smem_bytes, params + (0, 0, 0))
-            return
-        tile_base, splits = plan
-        split_tiles = self.grid(args)[0] - tile_base
-        partial = self._partials_address(args, plan, workspace)
-        artifact.compiled_obj.launch(handle, device, (tile_base + split_tiles * splits, 1, 1), c.threads,
-                                     c.smem_bytes, params + (partial, tile_base, splits))
-        artifact.extra.launch(handle, device, (split_tiles, c.bm * c.bn // 256, 1), 256, 0,
-                              (partial, out.data_ptr(), args.M, args.N, ldo, tile_base, splits))
+            def gemm_f64(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, stream: Any) -> None:
+                launch(A, B, out, raw_stream(stream, device), None)
+        else:
+            size = self._partials_bytes(args, plan)
+
+            def gemm_f64(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, stream: Any) -> None:
+                handle = raw_stream(stream, device)
+                workspace = launch_workspace(size, device, handle)  # (kept until both launches are queued)
+                launch(A, B, out, handle, workspace.data_ptr())
+
+        return Launcher(gemm_f64)
 
 
 __all__ = ["CONFIGS", "CudaGemmF64", "F64Config"]

@@ -21,6 +21,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
+
 from ....arguments import EpilogueArguments, EpilogueSignature, GemmArguments
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
@@ -28,6 +30,7 @@ from ....launcher import Launcher
 from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
                           GemmOperandsMetadata, KernelMetadata, TensorAttributes)
 from ....core.status import Status
+from ....core.streams import current_raw_stream, stream_handle
 from ....utils import MAX_GRID_X, strides_to_layout_string, to_cuda_stream
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
 
@@ -124,6 +127,23 @@ def epilogue_tail(args: GemmArguments) -> tuple | None:
     if ep.beta != 0.0:
         return None
     return (None, ep.bias, ep.alpha, 0.0)
+
+
+def launch_workspace(size: int, device: int, stream: Any) -> tuple[torch.Tensor, int]:
+    """(``size`` bytes from torch's caching allocator for one launch, the raw stream) for a
+    `Launcher` function's stream argument ``stream`` (a CUstream from the Python paths; anything
+    `stream_handle` accepts) on CUDA device ``device``. The block is owned by the launch stream:
+    freed when the caller drops it, it is reused only by work queued on that stream after the
+    launch."""
+    try:
+        handle = int(stream)
+    except TypeError:
+        handle = stream_handle(stream, device)
+    where = torch.device("cuda", device)
+    if current_raw_stream is not None and current_raw_stream(device) == handle:
+        return torch.empty(size, dtype=torch.uint8, device=where), handle
+    with torch.cuda.stream(torch.cuda.ExternalStream(handle, device=where)):
+        return torch.empty(size, dtype=torch.uint8, device=where), handle
 
 
 def epilogue_supported_by_generation(epilogue_args: Any, epilogue: EpilogueMetadata) -> bool:

@@ -47,10 +47,11 @@ from ....launcher import Launcher
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
-from .common import FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation
+from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, epilogue_tail,
+                     launch_workspace)
 from .implementations.line_copy import copy_lines
 from .implementations.line_copy import prepare as prepare_line_copy
-from .sm90_warpspecialized import F32_OUT_CONFIGS, Sm90Config, Sm90WarpSpecializedGemm, tma_divisibility
+from .sm90_warpspecialized import F32_OUT_CONFIGS, Sm90Config, Sm90WarpSpecializedGemm, next_epoch, tma_divisibility
 
 #: TMA's alignment unit for base pointers and strides.
 TMA_ALIGN_BYTES = 16
@@ -350,14 +351,61 @@ class Sm90RealignedGemm(GemmKernelBase):
         return CompiledArtifact(self.inner.compile(args, cc).compiled_obj, self)
 
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
-        return None  # every launch stages operands in a workspace
+        """Every launch stages the same operands at the same offsets (the plan follows from the
+        operands' metadata), so the plan is fixed here and each call takes a workspace from
+        torch's caching allocator on the launch stream, stages, runs the inner kernel (with a new
+        stream-K epoch where it splits) and copies a staged out back, in a Python function (no C
+        operand, a non-empty problem, a device the inner kernel has run on)."""
+        if not (args.M and args.N and args.L):
+            return None
+        tail = epilogue_tail(args)
+        clusters = self.inner._clusters.get(args.device_index)
+        if tail is None or clusters is None:
+            return None
+        plan = self._plan(args)
+        launch = self._staged_launch(artifact, plan, args.device, clusters)
+        size, device = plan.total_bytes, args.device_index
+
+        def sm90_realigned(A: Any, B: Any, out: Any, C: Any, bias: Any, alpha: Any, beta: Any, stream: Any) -> None:
+            workspace, handle = launch_workspace(size, device, stream)
+            launch(A, B, out, C, bias, alpha, beta, workspace, handle, stream)
+
+        return Launcher(sm90_realigned, tail)
+
+    def _staged_launch(self, artifact: CompiledArtifact, plan: _Plan, device: torch.device, clusters: int) -> Any:
+        """``launch(A, B, out, C, bias, alpha, beta, workspace, raw stream, stream)``: ``plan``'s
+        staging copies on the raw stream, the inner kernel on ``stream`` (any spelling), and a
+        staged out copied back, for operands with the metadata ``plan`` was made for."""
+        index = device.index
+        staged, inner_bytes, row_major = plan.staged, plan.inner_bytes, self._row_major
+        stream_k = self.inner._stream_k
+        compiled = artifact.compiled_obj
+
+        def launch(A: Any, B: Any, out: Any, C: Any, bias: Any, alpha: Any, beta: Any, workspace: Any, handle: int,
+                   stream: Any) -> None:
+            views = {"A": A, "B": B, "out": out}
+            staged_out = None
+            with _launch_stream(handle, device):
+                for name, offset, stride, size in staged:
+                    src = views[name]
+                    dst = workspace[offset:offset + size].view(src.dtype).as_strided(src.shape, stride)
+                    if name == "out":
+                        staged_out = dst
+                    else:
+                        stage_copy(dst, src, row_major[name], handle, index)
+                    views[name] = dst
+                inner_ws = workspace[:inner_bytes] if inner_bytes else None
+                compiled(views["A"], views["B"], views["out"], C, bias, alpha, beta, clusters, inner_ws,
+                         next_epoch() if stream_k else 0, to_cuda_stream(stream))
+                if staged_out is not None:
+                    stage_copy(out, staged_out, row_major["out"], handle, index)
+
+        return launch
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
         if args.M == 0 or args.N == 0 or args.L == 0:
             return  # nothing to write
         plan = self._plan(args)
-        views = plan.views
-        inner_ws = None
         if plan.total_bytes:
             if not isinstance(workspace, torch.Tensor):
                 raise ValueError(f"{self.name}: needs a workspace of {plan.total_bytes} bytes (get_workspace_size), "
@@ -372,25 +420,12 @@ class Sm90RealignedGemm(GemmKernelBase):
                                  f"{args.device}")
             if workspace.data_ptr() % REGION_ALIGN_BYTES:
                 raise ValueError(f"{self.name}: the workspace must be {REGION_ALIGN_BYTES}-byte aligned")
-            if plan.inner_bytes:
-                inner_ws = workspace[:plan.inner_bytes]
-        staged_out = None
-        handle = stream_handle(stream, args.device_index)
-        with _launch_stream(stream, args.device):
-            for name, offset, stride, size in plan.staged:
-                src = getattr(args, name)
-                dst = workspace[offset:offset + size].view(src.dtype).as_strided(src.shape, stride)
-                if name == "out":
-                    staged_out = dst
-                else:
-                    stage_copy(dst, src, self._row_major[name], handle, args.device_index)
-                views[name] = dst
-            ep = args.epilogue
-            if ep is None:
-                C, bias, alpha, beta = None, None, 1.0, 0.0
-            else:
-                C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
-            artifact.compiled_obj(views["A"], views["B"], views["out"], C, bias, alpha, beta,
-                                  *self.inner._extra_launch_args(args, inner_ws), to_cuda_stream(stream))
-            if staged_out is not None:
-                stage_copy(args.out, staged_out, self._row_major["out"], handle, args.device_index)
+        # (the inner kernel's checks of its own workspace and cluster slots, and its cluster count)
+        clusters = self.inner._extra_launch_args(args, workspace[:plan.inner_bytes] if plan.inner_bytes else None)[0]
+        ep = args.epilogue
+        if ep is None:
+            C, bias, alpha, beta = None, None, 1.0, 0.0
+        else:
+            C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
+        self._staged_launch(artifact, plan, args.device, clusters)(
+            args.A, args.B, args.out, C, bias, alpha, beta, workspace, stream_handle(stream, args.device_index), stream)

@@ -40,7 +40,7 @@ from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from ..kernel import fake_tensor
 from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation,
-                     epilogue_tail)
+                     epilogue_tail, launch_workspace)
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
 SM90_SMEM_BYTES = 232448
@@ -59,7 +59,8 @@ _epoch_counter = [0]
 _epoch_lock = threading.Lock()
 
 
-def _next_epoch() -> int:
+def next_epoch() -> int:
+    """The next stream-K launch's completion-flag value (this process's prefix and counter)."""
     with _epoch_lock:
         _epoch_counter[0] = (_epoch_counter[0] + 1) & 0xFFFFFFFF
         return _EPOCH_PREFIX | _epoch_counter[0] | (1 << 62)
@@ -539,15 +540,33 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
             raise ValueError(f"{self.name}: needs a workspace of {self.get_workspace_size(args)} bytes")
         if clusters * cm * cn > _MAX_SLOTS:
             raise ValueError(f"{self.name}: {clusters} clusters exceed the {_MAX_SLOTS} stream-K slots")
-        return (clusters, workspace, _next_epoch())
+        return (clusters, workspace, next_epoch())
 
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
-        """The launch with C, bias, alpha, beta, clusters, workspace, epoch after the tensors,
-        for a launch that needs nothing but the tensors and the stream (no stream-K workspace,
-        no C operand, a non-empty problem, a device seen before; not 3xTF32, whose split pass
-        needs the workspace); a bias and alpha are constants of the tail (`epilogue_tail`)."""
-        if self._stream_k or self._split3 or not (args.M and args.N and args.L):
+        """The launch with C, bias, alpha, beta, clusters, workspace, epoch after the tensors
+        (no C operand, a non-empty problem, a device seen before); a bias and alpha are
+        constants of the tail (`epilogue_tail`). Without a workspace it is the compiled function
+        itself (a TVM-FFI function: the C launch table records it). Stream-K and 3xTF32
+        configurations take a workspace per launch (the partial tiles; the split A and B) from
+        torch's caching allocator on the launch stream, and stream-K a new epoch, in a Python
+        function around the compiled one."""
+        if not (args.M and args.N and args.L):
             return None
         clusters = self._clusters.get(args.device_index)
         tail = epilogue_tail(args)
-        return None if clusters is None or tail is None else Launcher(artifact, (*tail, clusters, None, 0))
+        if clusters is None or tail is None:
+            return None
+        if not (self._stream_k or self._split3):
+            return Launcher(artifact, (*tail, clusters, None, 0))
+        cm, cn = self.config.cluster_mn
+        if self._stream_k and clusters * cm * cn > _MAX_SLOTS:
+            return None  # (`_extra_launch_args` refuses it with the reason)
+        compiled, size, device = artifact.compiled_obj, self.get_workspace_size(args), args.device_index
+        stream_k = self._stream_k
+
+        def sm90_with_workspace(A: Any, B: Any, out: Any, C: Any, bias: Any, alpha: Any, beta: Any,
+                                stream: Any) -> None:
+            workspace, _ = launch_workspace(size, device, stream)
+            compiled(A, B, out, C, bias, alpha, beta, clusters, workspace, next_epoch() if stream_k else 0, stream)
+
+        return Launcher(sm90_with_workspace, tail)
