@@ -120,6 +120,65 @@ def test_no_module_level_import_cycles():
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
 
 
+# Cycles through imports inside functions that are still to be removed: none may be added.
+KNOWN_CYCLES = {
+    # PickBest and settings import each other inside functions; to be removed (tuning is being
+    # reworked): then this entry goes.
+    frozenset({"kernel_api.tuning.settings", "kernel_api.tuning.policies"}),
+}
+
+
+def _full_import_graph() -> dict[str, set[str]]:
+    """kernel_api module -> the kernel_api modules it imports anywhere: at import time or inside a
+    function (a lazy import still ties the two modules together)."""
+    modules = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {name: {m for _, m in _imports(path, False, modules) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of ``graph`` with more than one module: each holds the
+    modules of one or more cycles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles_even_through_imports_inside_functions():
+    """No two modules import each other, counting the imports inside functions too: a shared
+    piece lives in a module below both (e.g. `kernel_api.cli.problems` for the CLI commands)."""
+    cycles = [sorted(c) for c in _cycles(_full_import_graph()) if frozenset(c) not in KNOWN_CYCLES]
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
 def test_the_cycle_check_finds_a_cycle_and_submodule_imports():
     """Guard for the check itself: ``from . import x`` is an edge to the submodule x, and a
     cycle is reported as the path around it."""
@@ -127,6 +186,8 @@ def test_the_cycle_check_finds_a_cycle_and_submodule_imports():
     assert "kernel_api.providers" in graph["kernel_api"]  # from . import registry, kernel, providers
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+    assert _cycles({"a": {"b"}, "b": {"a", "c"}, "c": set(), "d": {"d"}}) == [{"a", "b"}]
+    assert "kernel_api.cli.problems" in _full_import_graph()["kernel_api.cli.precompile"]
 
 
 def _layer_offences(prefixes: tuple[str, ...], allowed: tuple[str, ...] = (), forbidden: tuple[str, ...] = ()) -> list[str]:

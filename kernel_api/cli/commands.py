@@ -16,8 +16,8 @@ database) print one line on stderr and exit non-zero; ``--debug`` (or ``KERNEL_A
 shows the whole message and the traceback instead. When the reader of stdout goes away
 (``| head``), the command exits quietly.
 
-Problems are described with tensors on torch's "meta" device, so nothing is allocated and no
-GPU is needed; pointers then count as fully aligned.
+Problems are described with tensors on torch's "meta" device (`kernel_api.cli.problems`), so
+nothing is allocated and no GPU is needed; pointers then count as fully aligned.
 """
 
 from __future__ import annotations
@@ -32,48 +32,9 @@ import torch
 from .. import registry
 from ..tuning import policies
 from ..core.arch import normalize_cc
-from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
-from ..core.dtypes import to_dtype
-from ..utils import layout_string_to_strides
 from .errors import exit_status, one_line, require
 from .format import format_table
-
-DEVICE = "meta"
-
-
-def _matrix(rows: int, cols: int, batch: int | None, row_major: bool, dtype: torch.dtype, device: str) -> torch.Tensor:
-    shape = (rows, cols) if batch is None else (batch, rows, cols)
-    stride2 = (cols, 1) if row_major else (1, rows)
-    stride = stride2 if batch is None else (rows * cols,) + stride2
-    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
-
-
-def gemm_arguments(m: int, n: int, k: int, batch: int | None = None, dtype: str = "bf16", layout: str = "ttt",
-                   out_dtype: str | None = None, accumulator: str | None = None, device: str = DEVICE) -> GemmArguments:
-    """GemmArguments for a problem described by sizes, dtype names and a layout string."""
-    for label, v in (("--m", m), ("--n", n), ("--k", k)):
-        if v < 1:
-            raise ValueError(f"{label} must be >= 1, got {v}")
-    if batch is not None and batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {batch}")
-    in_t = to_dtype(dtype, "--dtype").to_torch()
-    out_t = to_dtype(out_dtype or dtype, "--out-dtype").to_torch()
-    sa, sb, so = layout_string_to_strides(layout)
-    A = _matrix(m, k, batch, sa[-1] == 1, in_t, device)
-    B = _matrix(k, n, batch, sb[-1] == 1, in_t, device)
-    out = _matrix(m, n, batch, so[-1] == 1, out_t, device)
-    return GemmArguments(A, B, out, accumulator_type=accumulator)
-
-
-def softmax_arguments(rows: int, cols: int, dtype: str = "bf16", backward: bool = False,
-                      device: str = DEVICE) -> SoftmaxArguments | SoftmaxBackwardArguments:
-    if rows < 1 or cols < 1:
-        raise ValueError(f"--rows and --cols must be >= 1, got {rows} x {cols}")
-    t = to_dtype(dtype, "--dtype").to_torch()
-    make = lambda: torch.empty(rows, cols, dtype=t, device=device)  # noqa: E731
-    if backward:
-        return SoftmaxBackwardArguments(make(), make(), make())
-    return SoftmaxArguments(make(), make())
+from .problems import gemm_arguments, softmax_arguments  # (also imported from here)
 
 
 def _add_problem_args(sub: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from ..core.dtypes import to_dtype
 from ..core.errors import KernelApiError
 from ..core.files import read_json
 from ..utils import layout_string_to_strides
-from .commands import gemm_arguments, softmax_arguments
+from .problems import gemm_arguments, softmax_arguments
 
 
 class ShapesFileError(KernelApiError, ValueError):
