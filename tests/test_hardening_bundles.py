@@ -203,7 +203,7 @@ def test_signatures_without_cryptography_fail_in_one_line(evil, tmp_path, monkey
     assert main(["bundle", "create", str(tmp_path / "x.tar"), "--sign", str(key)]) == 1
     err = capsys.readouterr().err
     assert err == ("kernel-api: error: signing a bundle needs the cryptography package, which is not installed: "
-                   "pip install cryptography\n")
+                   "pip install 'kernel_api[sign]' (or pip install cryptography)\n")
     signed = _pack(tmp_path / "s.tar", [("records.json", _records_json([]))])
     with tarfile.open(signed) as tar:
         members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
@@ -215,7 +215,7 @@ def test_signatures_without_cryptography_fail_in_one_line(evil, tmp_path, monkey
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     with pytest.raises(BundleError, match=r"checking its signature needs the cryptography package.*"
-                                          r"pip install cryptography"):
+                                          r"pip install 'kernel_api\[sign\]'"):
         install_bundle(signed, cache_root=tmp_path / "target")
     assert install_bundle(signed, cache_root=tmp_path / "target", trusted=True).files_added == 0
 

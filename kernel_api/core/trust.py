@@ -140,7 +140,7 @@ def _crypto(purpose: str) -> _Crypto:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
         raise TrustError(f"{purpose} needs the cryptography package, which is not installed: "
-                         f"pip install cryptography") from None
+                         f"pip install 'kernel_api[sign]' (or pip install cryptography)") from None
     return _Crypto(serialization, ed25519, exceptions)
 
 
