@@ -303,10 +303,10 @@ class Kernel(abc.ABC):
 
     # ---- optional hooks ----------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float | None:
-        """Optional: predicted run time on ``args`` in `kernel_api.tuning.policies`' cost units
-        (which `PickAny` ranks by; `policies.GEMM_COST_UNITS_PER_SECOND` per second), or None
+        """Optional: predicted run time on ``args`` in `kernel_api.cost`'s units (which
+        `PickAny` ranks by; `cost.GEMM_COST_UNITS_PER_SECOND` per second for GEMMs), or None
         (the default) to use the generic model. For a row-wise problem `PickAny` adds the
-        design's fixed time (`policies.fixed_row_cost`) to either.
+        design's fixed time (`cost.fixed_row_cost`) to either.
 
         GEMMs: the generic tile model and the aligned families' own estimates leave out the few
         microseconds every launch costs (alike for all of them, it does not change their order).

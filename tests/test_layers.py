@@ -35,14 +35,16 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, import_time_only: bool = False, modules: Any = None) -> list[tuple[int, str]]:
+def _imports(path: Path, import_time_only: bool = False, modules: Any = None,
+             source: str | None = None) -> list[tuple[int, str]]:
     """(line, absolute module) for every import in ``path`` (function-level ones included unless
     ``import_time_only``). Given the package's ``modules``, ``from pkg import name`` counts as
-    importing the submodule ``pkg.name`` where there is one."""
+    importing the submodule ``pkg.name`` where there is one. ``source``: the text to read as
+    ``path``'s (default: the file's)."""
     module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(path.read_text() if source is None else source)
     for node in _top_level(tree) if import_time_only else ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
@@ -120,14 +122,6 @@ def test_no_module_level_import_cycles():
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
 
 
-# Cycles through imports inside functions that are still to be removed: none may be added.
-KNOWN_CYCLES = {
-    # PickBest and settings import each other inside functions; to be removed (tuning is being
-    # reworked): then this entry goes.
-    frozenset({"kernel_api.tuning.settings", "kernel_api.tuning.policies"}),
-}
-
-
 def _full_import_graph() -> dict[str, set[str]]:
     """kernel_api module -> the kernel_api modules it imports anywhere: at import time or inside a
     function (a lazy import still ties the two modules together)."""
@@ -175,7 +169,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 def test_no_import_cycles_even_through_imports_inside_functions():
     """No two modules import each other, counting the imports inside functions too: a shared
     piece lives in a module below both (e.g. `kernel_api.cli.problems` for the CLI commands)."""
-    cycles = [sorted(c) for c in _cycles(_full_import_graph()) if frozenset(c) not in KNOWN_CYCLES]
+    cycles = [sorted(c) for c in _cycles(_full_import_graph())]
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
@@ -199,7 +193,8 @@ def _layer_offences(prefixes: tuple[str, ...], allowed: tuple[str, ...] = (), fo
 
 
 # The layers, bottom up: core and native (the C module's loader) import nothing above them;
-# arguments -> metadata -> kernel -> registry -> tuning -> ops; providers and cli on top.
+# arguments -> metadata -> kernel -> cost (the run-time estimates) and registry -> tuning -> ops;
+# providers and cli on top.
 BOTTOM = ("kernel_api.core", "kernel_api.native")
 
 
@@ -211,6 +206,10 @@ BOTTOM = ("kernel_api.core", "kernel_api.native")
     # the providers that share it
     ("kernel_api.nvrtc", BOTTOM + ("kernel_api.arguments", "kernel_api.metadata", "kernel_api.kernel",
                                    "kernel_api.launcher", "kernel_api.utils", "kernel_api.nvrtc")),
+    # the analytic estimates: above the kernel contract, below the policies that rank by them
+    # and the providers that price their kernels with them
+    ("kernel_api.cost", BOTTOM + ("kernel_api.arguments", "kernel_api.metadata", "kernel_api.kernel",
+                                  "kernel_api.launcher", "kernel_api.utils", "kernel_api.cost")),
 ])
 def test_layer_imports_only_itself_and_the_layers_below(layer, allowed):
     offences = _layer_offences((layer,), allowed)
@@ -219,7 +218,7 @@ def test_layer_imports_only_itself_and_the_layers_below(layer, allowed):
 
 def test_lower_layers_import_no_ops_cli_tuning_or_providers():
     lower = BOTTOM + ("kernel_api.arguments", "kernel_api.metadata", "kernel_api.kernel", "kernel_api.registry",
-                      "kernel_api.utils", "kernel_api.nvrtc")
+                      "kernel_api.utils", "kernel_api.nvrtc", "kernel_api.cost")
     upper = ("kernel_api.ops", "kernel_api.cli", "kernel_api.tuning", "kernel_api.providers")
     offences = _layer_offences(lower, forbidden=upper)
     assert not offences, "\n".join(offences)
@@ -239,3 +238,37 @@ def test_providers_never_import_each_other():
                 if other in packages and other != own:
                     offences.append(f"{path.relative_to(root)}:{line} imports {name}")
     assert not offences, "\n".join(offences)
+
+
+def _tuning_imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, module) for each import of `kernel_api.tuning` in ``path``, at import time or inside a
+    function: import statements, and ``importlib.import_module`` / ``__import__`` of a literal name."""
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    found = _imports(path, False, modules, source)
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
+        if (isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("import_module", "__import__")
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value))
+    return sorted({(line, name) for line, name in found
+                   if name == "kernel_api.tuning" or name.startswith("kernel_api.tuning.")})
+
+
+def test_providers_never_import_tuning():
+    """A provider prices its kernels with `kernel_api.cost`, the layer below it that the policies
+    rank by too; it never reaches up into `kernel_api.tuning`, at import time or inside a function."""
+    offences = [f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+                for path in sorted((PACKAGE / "providers").rglob("*.py")) for line, name in _tuning_imports(path)]
+    assert not offences, "\n".join(offences)
+
+
+def test_the_tuning_check_sees_imports_inside_functions():
+    """Guard for the check itself: relative, absolute, package and dynamic imports in a function."""
+    probe = PACKAGE / "providers" / "torch_ops" / "probe.py"  # not on disk: its source is given
+    source = ("def cost():\n"
+              "    from ...tuning.policies import gemm_cost\n"
+              "    from ... import tuning\n"
+              "    import kernel_api.tuning.settings\n"
+              "    importlib.import_module('kernel_api.tuning.policies')\n"
+              "    from ...cost import gemm_cost\n")
+    assert [name for _, name in _tuning_imports(probe, source)] == [
+        "kernel_api.tuning.policies", "kernel_api.tuning", "kernel_api.tuning.settings", "kernel_api.tuning.policies"]

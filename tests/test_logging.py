@@ -87,7 +87,7 @@ def test_pick_any_logs_its_choice_at_debug(toy, caplog):
     with caplog.at_level(logging.DEBUG, logger="kernel_api"):
         chosen = PickAny().choose(args, kernels)
     assert chosen is rank_candidates(kernels, args)[0]
-    records = [r for r in caplog.records if r.name == "kernel_api.tuning.policies"]
+    records = [r for r in caplog.records if r.name == "kernel_api.tuning.pick_any"]
     assert len(records) == 1 and records[0].levelno == logging.DEBUG
     assert chosen.metadata.kernel_name in records[0].getMessage()
     assert f"of {len(kernels)}" in records[0].getMessage()

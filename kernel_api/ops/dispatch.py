@@ -32,7 +32,7 @@ from .. import native, registry
 from ..arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, byte_extent
 from ..core.dtypes import DataType
 from ..core.errors import DeviceError
-from ..tuning.settings import _current as _settings  # the context variable itself: no call frame per op
+from ..tuning.scope import CURRENT as _settings  # the context variable itself: no call frame per op
 from ..tuning.settings import current
 from ..core.streams import cu_streams as _cu_streams, current_raw_stream as _current_raw_stream, to_cuda_stream
 from ..launcher import Launcher

@@ -10,57 +10,15 @@ and which providers' kernels it considers.
 from __future__ import annotations
 
 import contextlib
-import contextvars
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Iterator
 
 from .. import registry
-from .policies import PickAny, PickBest, Policy
+from .pick_any import PickAny, Policy
+from .policies import PickBest
+from .scope import CURRENT, Settings, current
 
-
-class _ProviderScope:
-    """Stands for (policy, providers) in the front door's choice caches and launch tables,
-    which key on its id(); one per policy and provider set, kept on the policy."""
-
-    __slots__ = ("policy", "providers", "__weakref__")
-
-    def __init__(self, policy: Policy, providers: tuple[str, ...]) -> None:
-        self.policy, self.providers = policy, providers
-
-
-def _scope_token(policy: Policy, providers: tuple[str, ...] | None) -> Any:
-    if providers is None:
-        return policy  # no restriction: the caches key on the policy itself, as always
-    scopes = policy.__dict__.setdefault("_kernel_api_provider_scopes", {})
-    token = scopes.get(providers)
-    if token is None:
-        token = scopes[providers] = _ProviderScope(policy, providers)
-    return token
-
-
-@dataclass(frozen=True)
-class Settings:
-    policy: Policy
-    num_workers: int | None = None
-    # provider names the front door considers (None: all), sorted
-    providers: tuple[str, ...] | None = None
-    # What the front door's caches key on: the policy, or a token for (policy, providers) when
-    # providers are restricted; ``policy_id`` is its id(), read by every kernel_api.ops call
-    # (the C launch table's tags are made from it), so a restriction costs repeated calls nothing.
-    scope_token: Any = field(init=False, repr=False, compare=False)
-    policy_id: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        token = _scope_token(self.policy, self.providers)
-        object.__setattr__(self, "scope_token", token)
-        object.__setattr__(self, "policy_id", id(token))
-
-
-_current: contextvars.ContextVar[Settings] = contextvars.ContextVar("kernel_api_settings", default=Settings(PickAny()))
-
-
-def current() -> Settings:
-    return _current.get()
+__all__ = ["Settings", "current", "settings"]
 
 
 def _make_policy(policy: Any, num_workers: int | None) -> Policy:
@@ -95,16 +53,16 @@ def settings(policy: Any = None, num_workers: int | None = None, providers: Any 
     the enclosing scope's, at the top every registered provider)."""
     if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
         raise ValueError(f"num_workers: expected a positive int, got {num_workers!r}")
-    base = _current.get()
+    base = CURRENT.get()
     new = replace(base, num_workers=num_workers if num_workers is not None else base.num_workers)
     if providers is not None:
         registry.available_providers()  # loads the plugins, so their names are known
         new = replace(new, providers=_provider_names(providers))
     if policy is not None:
         new = replace(new, policy=_make_policy(policy, new.num_workers))
-    token = _current.set(new)
+    token = CURRENT.set(new)
     try:
         yield new
     finally:
-        _current.reset(token)
+        CURRENT.reset(token)
 

@@ -18,6 +18,7 @@ from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
 from ...core.status import Status
 from ...core.streams import current_raw_stream as _current_raw_stream, stream_handle
+from ...cost import GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, TILE_STREAM_BYTES_PER_SECOND, gemm_bytes
 from ...kernel import Kernel
 from ...launcher import Launcher
 from ...metadata import (BLASDesignMetadata, EpilogueMetadata, GemmOperandsMetadata, KernelMetadata, RowReductionDesignMetadata,
@@ -35,7 +36,7 @@ _TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": torch.nn.functional.silu,
 }
 
-# PickAny's model of cuBLAS in `kernel_api.tuning.policies.gemm_cost` units: a tensor-core
+# PickAny's model of cuBLAS in `kernel_api.cost.gemm_cost` units: a tensor-core
 # library at TORCH_GEMM_HINT (our Sm90 family: 1.0) with the efficiency of a 128x256 tile, but
 # without wave quantisation: cuBLAS splits K or streams tiles where whole tiles would leave SMs
 # idle. Measured on the H200 (GPT-2's GEMMs at 8192 tokens, profiled): cuBLAS ran
@@ -223,7 +224,6 @@ class TorchGemm(_TorchKernel):
         along K on fewer tiles than SMs, as `_split_k_cost` has it), or streaming the operands
         where that is longer (`_streaming_cost`), in gemm_cost units: the run time, launch
         included, as `SimtGemm`'s and the staged kernels' estimates are."""
-        from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND
         tiles = -(-args.M // 64) * -(-args.N // 64) * max(args.L, 1)
         waves = -(-tiles // max(sm_count, 1))
         # fewer tiles than SMs: K split in pieces of at least TORCH_SPLIT_K_MIN_PIECE (100x1333x3001,
@@ -245,7 +245,6 @@ class TorchGemm(_TorchKernel):
         below two) of the output in the accumulator type, written
         and read back at `TILE_STREAM_BYTES_PER_SECOND`, plus `TORCH_SPLIT_K_REDUCE_SECONDS`, in
         gemm_cost units; else 0."""
-        from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, TILE_STREAM_BYTES_PER_SECOND
         tiles = self._tiles(args)
         if min(args.M, args.N) <= SKINNY_GEMM or tiles >= sm_count:
             return 0.0
@@ -263,7 +262,6 @@ class TorchGemm(_TorchKernel):
         operands take at least `TORCH_STREAM_MIN_BYTES`, `TORCH_STREAM_FIXED_SECONDS` plus
         reading A and B and writing out at `TORCH_STREAM_BYTES_PER_SECOND`, in gemm_cost units;
         else 0."""
-        from ...tuning.policies import GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, gemm_bytes
         rows, streamed = min(args.M, args.N), gemm_bytes(args)
         if rows > SKINNY_GEMM or (rows > TORCH_STREAM_MAX_ROWS and streamed < TORCH_STREAM_MIN_BYTES):
             return 0.0

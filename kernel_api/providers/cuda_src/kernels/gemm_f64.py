@@ -30,6 +30,7 @@ from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
+from ....cost import streaming_floor, tile_work_cost
 from ....launcher import Launcher
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
@@ -252,10 +253,9 @@ class CudaGemmF64(CudaSourceKernel):
         """`gemm_cost`'s tile model with the CTAs that share an SM (waves of SMs x
         `F64Config.ctas_per_sm` tiles, each tile's work at the efficiency of its intensity),
         scaled by the configuration's measured speed (`F64Config.cost_scale`) and, for 8-byte
-        copies, `COPY8_COST`; at least the streaming floor (`policies.streaming_floor`, which
+        copies, `COPY8_COST`; at least the streaming floor (`kernel_api.cost.streaming_floor`, which
         the CTAs per SM do not multiply: multiplied, 64x50257x768 rated the 64x64 tile 2.9x
         its measured time)."""
-        from ....tuning.policies import streaming_floor, tile_work_cost
         c = self.config
         cost = max(tile_work_cost(self, args, sm_count * c.ctas_per_sm) * c.ctas_per_sm * c.cost_scale,
                    streaming_floor(args))

@@ -27,6 +27,7 @@ from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....core.arch import planning_sm_count
 from ....core.status import Status
+from ....cost import GEMM_COST_UNITS_PER_SECOND
 from ....launcher import Launcher
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
@@ -105,7 +106,7 @@ CONFIGS: dict[int, SmallMConfig] = {
 MIN_M: dict[int, int] = {mp: lo + 1 if lo else 0 for lo, mp in zip((0, *CONFIGS), CONFIGS)}
 
 # PickAny's time model of this family, in predicted seconds (converted to gemm_cost's units with
-# `kernel_api.tuning.policies.GEMM_COST_UNITS_PER_SECOND`).
+# `kernel_api.cost.GEMM_COST_UNITS_PER_SECOND`).
 # Streaming B: a fixed time (launch, pipeline fill, the cluster reduction) and a rate, fitted to
 # this family on the H200 at M = 1, N = K = 4096 / 8192 / 14336 (14.6 / 39.7 / 100.5 us:
 # the family alone against cuBLAS, alternating launches); the first model (3.6 TB/s + 2.5 us)
@@ -261,7 +262,7 @@ class CudaGemmSmallM(CudaSourceKernel):
         return max(1, int(CLUSTER_PACKING * sm_count * self.config.ctas_per_sm / CLUSTER))
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float:
-        """Predicted run time in `kernel_api.tuning.policies.gemm_cost` units (PickAny ranks by it).
+        """Predicted run time in `kernel_api.cost.gemm_cost` units (PickAny ranks by it).
 
         The larger of streaming B from memory (and B plus A's re-reads through L2) and the
         mma.sync work on MP padded rows, plus a fixed cost for launch, pipeline fill and reduction.
@@ -273,8 +274,6 @@ class CudaGemmSmallM(CudaSourceKernel):
         # B passes through L2 on its way from memory, so L2 carries B and A's re-reads together.
         memory = max(b_bytes / _B_BYTES_PER_SECOND, (b_bytes + a_l2_bytes) / _L2_BYTES_PER_SECOND)
         compute = 2 * c.mp * N * K * L / _MMA_FLOPS
-        from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND
-
         return (max(memory, compute) + _FIXED_SECONDS) * GEMM_COST_UNITS_PER_SECOND
 
     # ---- compile and launch -----------------------------------------------------------------

@@ -27,6 +27,7 @@ from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
+from ....cost import row_cost
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ....utils import MAX_GRID_X
 from ... import softmax_config
@@ -176,8 +177,6 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
         two CTAs share an SM or one has it alone. So the register kernels keep the rows they
         hold (but the forward's past 16K elements, which `row_cost` finds alone on their
         SMs), and these take the longer rows from the looped kernels (1.5: two reads)."""
-        from ....tuning.policies import row_cost
-
         return row_cost(self, args, sm_count, lone_cta_share=LONE_CTA_SHARE) * STAGING_COST * self.staging_cost_factor
 
 

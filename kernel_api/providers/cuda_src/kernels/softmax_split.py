@@ -33,6 +33,7 @@ from typing import Any
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.status import Status
 from ....core.streams import stream_handle
+from ....cost import row_cost
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ....utils import MAX_GRID_X, next_pow2
 from ... import softmax_config
@@ -199,8 +200,6 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
         (`ctas_per_sm`), for its waves of clusters: on few rows of 82K-128K 16-bit elements the
         8-CTA clusters of one CTA per SM step from one wave to two at 16 rows, where the
         row-group and window kernels ran 1.2-1.3x faster (H100 and H200)."""
-        from ....tuning.policies import row_cost
-
         cols = max(args.cols, 1)
         threads = self.plan(cols)[1].threads
         return row_cost(self, args, sm_count, cta_threads=threads, ctas_per_sm=self.ctas_per_sm(cols, threads))

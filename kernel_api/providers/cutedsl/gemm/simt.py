@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from ....arguments import EpilogueArguments, GemmArguments
 from ....core.dtypes import DataType
+from ....cost import GEMM_COST_UNITS_PER_SECOND
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
 from .. import CuTeDSLProvider
@@ -83,8 +84,6 @@ class SimtGemm(GemmKernelBase):
         """`SIMT_FIXED_SECONDS` plus K times the busiest SM's time per k (`SIMT_NS_PER_K`: one
         CTA's latency, and the throughput for each further CTA), in `gemm_cost` units: the
         run time itself, launch included, as cuBLAS's alignment-1 estimate is."""
-        from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND
-
         tm, tn = self.metadata.design.tile_shape[:2]
         latency, two_byte, four_byte = SIMT_NS_PER_K[(tm, tn)]
         element = self.metadata.operands.A.dtype.bytes

@@ -43,6 +43,7 @@ from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle, to_cuda_stream
+from ....cost import GEMM_COST_UNITS_PER_SECOND, estimated_cost
 from ....launcher import Launcher
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....utils import strides_to_layout_string
@@ -330,8 +331,6 @@ class Sm90RealignedGemm(GemmKernelBase):
         `STAGED_INNER_SECONDS_FACTOR` plus `STAGED_INNER_LAUNCH_SECONDS`, and the copies (read +
         write of every staged operand at `_COPY_BYTES_PER_SECOND`, and `_COPY_FIXED_SECONDS`
         each), in `gemm_cost` units (`GEMM_COST_UNITS_PER_SECOND`)."""
-        from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND, estimated_cost
-
         seconds = STAGED_INNER_LAUNCH_SECONDS
         for name, row_major, align in self._operands:
             t = getattr(args, name)

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from ....arguments import GemmArguments
 from ....core.dtypes import DataType
+from ....cost import GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, gemm_cost
 from ....launcher import Launcher
 from ....metadata import COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
@@ -307,8 +308,6 @@ def split_all_cost(kernel: "Sm90WarpSpecializedGemm", args: GemmArguments, sm_co
     """PickAny's cost of a split_all instance: its tiles' MMA work spread evenly over every SM
     (no wave quantisation: the k-iterations are shared), or streaming the operands when that
     is longer (B once per row of tiles, A once per column), plus a fixed cost."""
-    from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND
-
     tm, tn = kernel.config.tile_mn
     m_tiles, n_tiles = -(-args.M // tm), -(-args.N // tn)
     intensity = tm * tn / (tm + tn)
@@ -340,8 +339,6 @@ def narrow_tile_cost(kernel: "Sm90WarpSpecializedGemm", args: GemmArguments, sm_
     tiles (plus A and out), the busiest SM taking in its tiles' operands and its MMAs, the grid
     being whole clusters in waves of the co-resident ones, plus a fixed cost
     (`NARROW_PARTIAL_M` where M fills less than one tile)."""
-    from ....tuning.policies import GEMM_COST_UNITS_PER_SECOND
-
     tm, tn = kernel.config.tile_mn
     cm, cn = kernel.config.cluster_mn
     m_tiles, n_tiles = -(-args.M // tm), -(-args.N // tn)
@@ -475,9 +472,7 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         if self.config.narrow:
             return narrow_tile_cost(self, args, sm_count)
         if not (self._split3 or self.config.sk_any_wave_max_k_tiles or self.config.cost_factor != 1.0):
-            return None  # (the generic model, `policies.gemm_cost`, ranks it)
-        from ....tuning.policies import SKINNY_GEMM, gemm_cost  # the tuning package imports the registry
-
+            return None  # (the generic model, `kernel_api.cost.gemm_cost`, ranks it)
         if not (self._split3 or self.config.sk_any_wave_max_k_tiles):
             return self.config.cost_factor * gemm_cost(self, args, sm_count)
         if self._split3:
