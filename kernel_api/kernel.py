@@ -200,7 +200,7 @@ def _refuse_final(cls: type) -> None:
             raise TypeError(f"{cls.__name__}.{method} is final: implement _{method} instead")
 
 
-def _prepare_class(cls: type) -> None:
+def prepare_class(cls: type) -> None:
     """Apply `Kernel.__init_subclass__`'s rules to methods assigned after ``cls`` was created
     (notebooks fill classes in that way, and re-run such cells): wrap each unwrapped ``compile``
     in its class chain, refuse ``run``/``supports`` (TypeError). Cheap when nothing changed;
@@ -250,7 +250,7 @@ class Kernel(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Instead of a metaclass: final methods refused and compile wrapped at class creation;
-        # methods assigned later are handled by _prepare_class when the class is next
+        # methods assigned later are handled by prepare_class when the class is next
         # instantiated or discovered.
         super().__init_subclass__(**kwargs)
         _refuse_final(cls)
@@ -263,11 +263,11 @@ class Kernel(abc.ABC):
     def __init__(self, metadata: KernelMetadata) -> None:
         if not isinstance(metadata, KernelMetadata):
             raise TypeError(f"{type(self).__name__}: metadata must be a KernelMetadata, got {type(metadata).__name__}")
-        # _prepare_class's check, inline: a compile other than the one prepared, or a run or
+        # prepare_class's check, inline: a compile other than the one prepared, or a run or
         # supports of its own, was assigned after the class was created.
         cls = type(self)
         if cls._kernel_api_prepared is not cls.compile or cls.run is not _KERNEL_RUN or cls.supports is not _KERNEL_SUPPORTS:
-            _prepare_class(cls)
+            prepare_class(cls)
         self._metadata = metadata
 
     @property

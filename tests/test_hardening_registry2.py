@@ -17,7 +17,6 @@ import torch
 
 import kernel_api
 from kernel_api import SoftmaxArguments, registry
-from kernel_api.registry import registration
 
 
 def softmax_args():
@@ -83,18 +82,14 @@ def plugins(monkeypatch, tmp_path):
         return name, provider
 
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: list(entries))
-    monkeypatch.setattr(registration, "_plugins_loaded", False)
+    registry.default_registry.reset_plugins()
     yield add
     for provider in providers:
-        cls = registration._providers.get(provider)
-        if cls is not None:
-            for k in cls.kernel_classes():
-                cls.unregister(k)
-            registry.unregister_provider(provider)
+        registry.unregister_provider(provider)  # (and its classes)
     for name in modules:
         sys.modules.pop(name, None)
-        for label in [k for k in registration._plugin_errors if name in k]:
-            registration._plugin_errors.pop(label)
+    monkeypatch.undo()
+    registry.default_registry.reset_plugins()  # the fake plugins' failures are forgotten
     registry.clear_caches()
 
 
@@ -178,11 +173,12 @@ def test_keyboard_interrupt_at_plugin_import_propagates_and_loading_is_retried(p
     name, _ = plugins(raw="raise KeyboardInterrupt\n")
     with pytest.raises(KeyboardInterrupt):
         kernel_api.get_kernels(softmax_args())
-    assert not registration._plugins_loaded and not [k for k in registration._plugin_errors if name in k]
+    assert not registry.default_registry.plugins_loaded
     # The next discovery loads again: here the plugin has been fixed meanwhile.
     (tmp_path / f"{name}.py").write_text(PLUGIN.format(before="", after="", provider=f"p_{name}", prefix=name,
                                                        count=1))
     assert f"{name}_0" in [k.metadata.kernel_name for k in kernel_api.get_kernels(softmax_args())]
+    assert not [k for k in registry.plugin_errors() if name in k]  # the interrupt was no plugin failure
 
 
 # ---- smaller refusals ----------------------------------------------------------------------

@@ -235,9 +235,7 @@ def test_failing_plugin_is_reported_and_others_still_load(monkeypatch):
     monkeypatch.setitem(sys.modules, "kernel_api_test_good_plugin", good)
     monkeypatch.setattr(md, "entry_points", lambda group=None: [
         EP("broken", "kernel_api_test_no_such_module"), EP("good", "kernel_api_test_good_plugin:GoodProvider")])
-    monkeypatch.setattr(registry.registration, "_plugins_loaded", False)
-    for label in list(registry.state._plugin_errors):  # (shared by the registry's modules: emptied, not replaced)
-        monkeypatch.delitem(registry.state._plugin_errors, label)
+    registry.default_registry.reset_plugins()  # the next discovery loads them, as a fresh process would
     try:
         with pytest.warns(RuntimeWarning, match="broken"):
             providers = kernel_api.available_providers()
@@ -246,6 +244,7 @@ def test_failing_plugin_is_reported_and_others_still_load(monkeypatch):
         assert any("broken" in k and "ModuleNotFoundError" in v for k, v in errors.items())
     finally:
         registry.unregister_provider("good_plugin")
+        registry.default_registry.reset_plugins()  # (the failure of the fake plugin is forgotten)
 
 
 def test_explain_reports_wrong_args_type_per_class(toy):

@@ -1,21 +1,36 @@
 """Providers, plugins and discovery.
 
-A `Provider` groups the kernel classes written with one toolchain; ``Provider.register`` is
-the bring-your-own-kernel decorator. Plugins are modules named in the entry-point group
-``kernel_api.providers``; they are imported once, on first discovery. `get_kernels` walks
-providers → registered classes → generated instances → support checks, caching instance
-generation per (class, cc, epilogue kind) and metadata matches per argument signature.
+A `Registry` holds providers and their kernel classes, plugins and the discovery caches; build
+one of your own with ``Registry()``. The module-level functions here act on `default_registry`,
+the one `kernel_api.get_kernels` searches. A `Provider` groups the kernel classes written with
+one toolchain; ``Provider.register`` is the bring-your-own-kernel decorator. Plugins are
+modules named in the entry-point group ``kernel_api.providers``; they are imported once, on
+first discovery. `get_kernels` walks providers → registered classes → generated instances →
+support checks, caching instance generation per (class, cc, epilogue kind) and metadata
+matches per argument signature.
 
-The modules, bottom up: ``state`` (the registered providers, caches and failure reports),
-``validation`` (what registration refuses), ``registration`` (providers, plugins),
-``discovery`` (`get_kernels`), ``explanation`` (`explain`, `no_kernel_error`).
+The modules, bottom up: ``catalog`` (what is registered), ``reports`` (what failed),
+``validation`` and ``names`` (what registration refuses), ``plugins`` (what is imported),
+``discovery`` (the instances that fit), ``explanation`` (why the others do not),
+``kernel_registry`` (`Registry`, `Provider`, `default_registry`).
 """
 
-from .discovery import clear_caches, get_kernels
-from .explanation import Explanation, Rejection, explain, no_kernel_error
-from .registration import (ENTRY_POINT_GROUP, Provider, available_providers, get_provider, plugin_errors,
-                           register_provider, unregister_provider)
+from .explanation import Explanation, Rejection
+from .kernel_registry import (Provider, Registry, default_registry, register_provider, registering_registry,
+                              unregister_provider)
+from .plugins import BUILTIN_PROVIDER_MODULES, ENTRY_POINT_GROUP
 
-__all__ = ["ENTRY_POINT_GROUP", "Explanation", "Provider", "Rejection", "available_providers", "clear_caches",
-           "explain", "get_kernels", "get_provider", "no_kernel_error", "plugin_errors", "register_provider",
+# The default registry's methods, bound: a module-level call costs no more than the method's.
+get_kernels = default_registry.get_kernels
+explain = default_registry.explain
+no_kernel_error = default_registry.no_kernel_error
+plugin_errors = default_registry.plugin_errors
+available_providers = default_registry.available_providers
+get_provider = default_registry.get_provider
+select_providers = default_registry.select_providers
+clear_caches = default_registry.clear_caches
+
+__all__ = ["BUILTIN_PROVIDER_MODULES", "ENTRY_POINT_GROUP", "Explanation", "Provider", "Registry", "Rejection",
+           "available_providers", "clear_caches", "default_registry", "explain", "get_kernels", "get_provider",
+           "no_kernel_error", "plugin_errors", "register_provider", "registering_registry", "select_providers",
            "unregister_provider"]

@@ -1,6 +1,7 @@
-"""Why kernels do not fit: `explain` lists, per registered class and rejected instance, the
-reason; `Explanation` renders them as a one-screen summary; `no_kernel_error` names the
-nearest misses.
+"""Why kernels do not fit: `explain_rejections` lists, per registered class and rejected
+instance, the reason; `Explanation` renders them as a one-screen summary;
+`nearest_misses_error` names the nearest misses. (`Registry.explain` and
+`Registry.no_kernel_error` are the public doors.)
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ import torch
 
 from ..arguments import Arguments, GemmArguments
 from ..arguments.base import data_pointer
-from ..core.arch import resolve_cc
 from ..core.errors import NoKernelFoundError
 from ..core.status import Reason, Status
 from ..core.tensor_attributes import layout_word
-from .discovery import _check_query, _duplicate_owner, _generated, _name_owners
-from .registration import _load_plugins, _select_providers
-from .state import _error_text, _generation_errors, _report_class_error
+from .discovery import Discovery
+from .reports import error_text
 
 # How near a rejected instance is to fitting, by the kind of its reason (higher is nearer): another
 # arguments type is another operation; an operand's dtype, then its layout, fail first in the
@@ -259,27 +258,27 @@ class Explanation(list):
         return self.summary()
 
 
-def explain(args: Arguments, cc: Any = None, providers: Any = None) -> Explanation:
-    """For each registered class and each rejected instance, say why it does not fit ``args``.
+def explain_rejections(discovery: Discovery, chosen: tuple, args: Arguments, cc: int | None) -> Explanation:
+    """For each class of the ``chosen`` providers and each rejected instance, why it does not fit.
 
-    ``str()`` of the result is a one-screen summary; ``.all()`` the full text. Alignment
-    reasons name the problem's values that break them (e.g. "K=4095 not a multiple of 8").
-    A class whose generation or support check raises is listed with the error (and reported
-    as in `get_kernels`) instead of making explain raise.
+    Args:
+        discovery: the registry's discovery (its cached instances and name owners).
+        chosen: the providers to explain.
+        args: the problem.
+        cc: the target architecture (resolved), or None.
+
+    Returns:
+        The rejections and the accepted kernels. A class whose generation or support check
+        raises is listed with the error (and reported as discovery reports it).
     """
-    _check_query(args, None, None)
-    if args is None:
-        raise TypeError("explain: args is required")
-    _load_plugins()
-    target = resolve_cc(cc, args.device)
     rejections: list[Rejection] = []
     accepted: list[str] = []
     accepted_classes: list[tuple[str, str]] = []
     details: dict = {}
     epilogue = getattr(args, "epilogue", None)
-    owners = _name_owners(type(args), target, epilogue, args.epilogue_signature)
-    for provider in _select_providers(providers):
-        for kernel_class in provider.kernel_classes():
+    owners = discovery.name_owners(type(args), cc, epilogue, args.epilogue_signature)
+    for provider in chosen:
+        for kernel_class in discovery.catalog.classes(provider):
             cname = kernel_class.__name__
             takes = kernel_class.supported_args_type
             if not issubclass(type(args), takes):
@@ -287,36 +286,36 @@ def explain(args: Arguments, cc: Any = None, providers: Any = None) -> Explanati
                                             f"takes {takes.__name__}, not {type(args).__name__}",
                                             Reason.ARGUMENTS, actual=type(args), required=takes))
                 continue
-            instances = _generated(kernel_class, target, epilogue, args.epilogue_signature)
+            instances = discovery.instances(kernel_class, cc, epilogue, args.epilogue_signature)
             if not instances:
-                error = _generation_errors.get((kernel_class, target, args.epilogue_signature))
+                error = discovery.generation_error(kernel_class, cc, args.epilogue_signature)
                 what = "with this epilogue" if args.epilogue_signature is not None else ""
                 rejections.append(Rejection(provider.name, cname, None, f"broken: {error}" if error else
-                                            f"generates no instances for cc={target} {what}".strip()))
+                                            f"generates no instances for cc={cc} {what}".strip()))
                 continue
             for kernel in instances:
                 name = kernel.metadata.kernel_name
                 try:
-                    status = kernel.supports(args, target)
+                    status = kernel.supports(args, cc)
                 except Exception as exc:  # noqa: BLE001 - one broken instance must not break explain
-                    message = f"support check raised {_error_text(exc)}"
-                    _report_class_error(provider, kernel_class, "supports", f"{name}: {message}")
+                    message = f"support check raised {error_text(exc)}"
+                    discovery.reports.class_failed(provider, kernel_class, "supports", f"{name}: {message}")
                     rejections.append(Rejection(provider.name, cname, name, message))
                     continue
                 if not status:
                     rejections.append(_rejection(provider.name, cname, name, status, args, details))
                     continue
-                owner = _duplicate_owner(kernel, kernel_class, owners)
+                owner = discovery.duplicate_owner(kernel, kernel_class, owners)
                 if owner is not None:
                     rejections.append(Rejection(provider.name, cname, name,
                                                 f"skipped: {owner.__qualname__} has an instance of this name"))
                     continue
                 accepted.append(name)
                 accepted_classes.append((provider.name, cname))
-    return Explanation(rejections, accepted, problem=repr(args), cc=target, accepted_classes=accepted_classes)
+    return Explanation(rejections, accepted, problem=repr(args), cc=cc, accepted_classes=accepted_classes)
 
 
-def no_kernel_error(args: Arguments, cc: Any = None) -> NoKernelFoundError:
-    """The error to raise when no kernel takes ``args``: it names the nearest misses."""
-    nearest = "\n".join(f"  {r.kernel_name or r.kernel_class}: {r.reason}" for r in explain(args, cc).nearest(5))
+def nearest_misses_error(args: Arguments, explanation: Explanation) -> NoKernelFoundError:
+    """The error to raise when no kernel takes ``args``, naming ``explanation``'s nearest misses."""
+    nearest = "\n".join(f"  {r.kernel_name or r.kernel_class}: {r.reason}" for r in explanation.nearest(5))
     return NoKernelFoundError(f"no kernel supports {args!r}" + (f"; nearest misses:\n{nearest}" if nearest else ""))

@@ -1,11 +1,11 @@
-"""Checks of kernel classes: what registration refuses (incomplete classes, kernel names that
-another registered class already generates) and the checks of what ``generate_kernels`` returns.
+"""Checks of kernel classes: what registration refuses in a class (abstract methods left, no
+arguments type, a failing ``check_definition``) and the checks of what ``generate_kernels``
+returns. Stateless: the kernel names classes generate are compared in `names`.
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
 import types
 import typing
 from typing import Any
@@ -14,23 +14,34 @@ from ..arguments import Arguments
 from ..core.errors import RegistrationError
 from ..kernel import Kernel
 from ..metadata import KernelMetadata
-from .state import _class_label, _names, _providers
-
-_log = logging.getLogger(__name__)
 
 
-def _class_key(kernel_class: type) -> tuple[str, str]:
-    return (kernel_class.__module__, kernel_class.__qualname__)
+def accept_all(_: KernelMetadata) -> bool:
+    """The metadata filter that keeps every instance."""
+    return True
 
 
-def _is_builtin(kernel_class: type) -> bool:
-    # The package's own classes are known to have unique names (tests/test_hardening_registry.py
-    # checks); skipping them keeps generation off the first discovery's critical path.
+def is_builtin(kernel_class: type) -> bool:
+    """Whether ``kernel_class`` is one of the package's own.
+
+    Their names are known to be unique (tests/test_hardening_registry.py checks), so
+    registration skips generating them, which keeps generation off the first discovery's
+    critical path.
+    """
     return kernel_class.__module__.startswith("kernel_api.")
 
 
-def _checked_instances(kernel_class: type, found: Any) -> list[Kernel]:
-    """``generate_kernels``' result as a list, or TypeError saying what is wrong with it."""
+def checked_instances(kernel_class: type, found: Any) -> list[Kernel]:
+    """``generate_kernels``' result as a list.
+
+    Args:
+        kernel_class: the class whose ``generate_kernels`` returned ``found``.
+        found: what it returned.
+
+    Returns:
+        The instances; TypeError says what is wrong when they are not uniquely named kernels
+        of the class's own making (None counts as no instances).
+    """
     if found is None:
         return []
     try:
@@ -56,34 +67,7 @@ def _checked_instances(kernel_class: type, found: Any) -> list[Kernel]:
     return found
 
 
-def _names_of(kernel_class: type, strict: bool = False) -> frozenset[str] | None:
-    """Instance names at (cc=None, no epilogue); None when generation raises (discovery reports it).
-
-    ``strict`` (the class being registered): instances that are not kernels, or two instances
-    of one name, raise `RegistrationError`; otherwise such a class also gives None.
-    """
-    fn = getattr(kernel_class, "generate_kernels", None)
-    token = getattr(fn, "__func__", fn)
-    cached = _names.get(kernel_class)
-    if cached is not None and cached[0] is token:
-        return cached[1]
-    names: frozenset[str] | None = None
-    try:
-        found = _own_name_bound(kernel_class, fn)(_always, None, None)
-    except Exception as exc:  # noqa: BLE001 - methods may be filled in after registration (seed notebook)
-        _log.debug("instance names of %s not checked at registration: %s", kernel_class.__qualname__, exc)
-    else:
-        try:
-            names = frozenset(k.metadata.kernel_name for k in _checked_instances(kernel_class, found))
-        except TypeError as exc:
-            if strict:
-                raise RegistrationError(str(exc)) from None
-            names = None
-    _names[kernel_class] = (token, names)
-    return names
-
-
-def _own_name_bound(kernel_class: type, method: Any) -> Any:
+def own_name_bound(kernel_class: type, method: Any) -> Any:
     """``kernel_class.generate_kernels`` with the class's name resolving to the class.
 
     A class decorator runs before the class's name is bound, so a ``generate_kernels`` that
@@ -91,6 +75,13 @@ def _own_name_bound(kernel_class: type, method: Any) -> Any:
     raise NameError at registration, or, in a re-run notebook cell, make instances of the class
     being replaced. This calls a copy of the function whose globals (a copy of them) or empty
     closure cell bind the name to ``kernel_class``; nothing the module sees changes.
+
+    Args:
+        kernel_class: the class being registered.
+        method: its ``generate_kernels`` (function, static or class method).
+
+    Returns:
+        ``method``, or a copy of it with the class's name bound.
     """
     func = getattr(method, "__func__", method)
     if not isinstance(func, types.FunctionType):
@@ -114,27 +105,6 @@ def _own_name_bound(kernel_class: type, method: Any) -> Any:
     return types.MethodType(copy, owner) if owner is not None else copy
 
 
-def _check_unique_names(provider: type, kernel_class: type) -> None:
-    """RegistrationError when ``kernel_class`` generates a name another registered class generates."""
-    names = _names_of(kernel_class, strict=True)
-    if not names:
-        return
-    key = _class_key(kernel_class)
-    for other_provider in list(_providers.values()):
-        for other in list(other_provider._classes):
-            if other_provider is provider and _class_key(other) == key:
-                continue  # the class it replaces
-            other_names = _names_of(other)
-            clash = sorted(names & other_names) if other_names else ()
-            if clash:
-                _names.pop(kernel_class, None)  # refused: forget it
-                more = f" (and {len(clash) - 1} more)" if len(clash) > 1 else ""
-                raise RegistrationError(
-                    f"{_class_label(provider, kernel_class)} generates kernel name {clash[0]!r}{more}, which "
-                    f"{_class_label(other_provider, other)} already generates; kernel names identify instances "
-                    f"in selection and tuning records, so they must be unique (e.g. start them with the class name)")
-
-
 def _annotation_args_type(kernel_class: type) -> type | None:
     method = getattr(kernel_class, "_supports", None)
     if method is None:
@@ -150,7 +120,19 @@ def _annotation_args_type(kernel_class: type) -> type | None:
     return hint if isinstance(hint, type) and issubclass(hint, Arguments) else None
 
 
-def _validate_kernel_class(kernel_class: Any) -> None:
+def validate_kernel_class(kernel_class: Any) -> None:
+    """Refuse a class registration cannot accept, and settle its arguments type.
+
+    Args:
+        kernel_class: what was passed to ``register``.
+
+    Raises:
+        RegistrationError: not a `Kernel` subclass, abstract methods left, no arguments type
+            (``supported_args_type`` or ``_supports``' annotation, which is then stored as
+            ``supported_args_type``), or a failing ``check_definition()`` (provider base classes
+            such as `CudaSourceKernel` check their class attributes there, so an incomplete class
+            is refused now instead of failing every later discovery).
+    """
     if not isinstance(kernel_class, type):
         raise RegistrationError(f"register expects a class, got {type(kernel_class).__name__} {kernel_class!r}")
     if not issubclass(kernel_class, Kernel):
@@ -168,8 +150,6 @@ def _validate_kernel_class(kernel_class: Any) -> None:
         type.__setattr__(kernel_class, "supported_args_type", args_type)
     if not (isinstance(args_type, type) and issubclass(args_type, Arguments)):
         raise RegistrationError(f"{kernel_class.__name__}.supported_args_type must be an Arguments subclass, got {args_type!r}")
-    # Provider base classes (e.g. CudaSourceKernel) may check their class attributes here, so an
-    # incomplete class is refused now instead of failing every later discovery.
     check = getattr(kernel_class, "check_definition", None)
     if callable(check):
         try:
@@ -179,7 +159,3 @@ def _validate_kernel_class(kernel_class: Any) -> None:
             if kernel_class.__name__ not in message:
                 message = f"{kernel_class.__name__}: {message}"
             raise RegistrationError(message) from exc
-
-
-def _always(_: KernelMetadata) -> bool:
-    return True
