@@ -66,7 +66,7 @@ _PREFETCH_NEXT = True
 #: ``settle_ms``), so it ranks the candidates in the power state of sustained work. Measured on
 #: an H200 (docs/performance.md, "Power state"): tf32 4096^3 GEMMs ran 17-22 % slower after
 #: ~100 ms back to back than in the first ~40 ms, and the fastest tile differed between the
-#: two; PickBest's rounds used to start near that step, its samples of four tiles tying there.
+#: two; rounds that start within that step rank four tiles as a tie.
 _SETTLE_MS = 200.0
 
 #: `PickBest`'s timings: the candidates in turn at one shared clock, or each in its own power state.
