@@ -38,7 +38,7 @@ def _provider_names(providers: Any) -> tuple[str, ...]:
     if isinstance(providers, (str, type)):
         providers = [providers]
     try:
-        chosen = registry.registration._select_providers(providers)
+        chosen = registry.select_providers(providers)
     except ValueError as exc:
         raise ValueError(str(exc)) from None
     if not chosen:
