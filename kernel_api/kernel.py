@@ -2,16 +2,12 @@
 
 A subclass describes one family of kernels; each instance is one configuration, described by
 its `KernelMetadata`. Register the class with its provider (``@CuTeDSLProvider.register``,
-``@CudaSourceProvider.register``, or your own `Provider`) and discovery finds it.
+``@CudaSourceProvider.register``, or your own `Provider`) and discovery finds it. A subclass
+names the `Arguments` class it accepts: ``supported_args_type = GemmArguments``, or the
+annotation of ``_supports(self, args: GemmArguments)``.
 
-What a subclass implements:
+Required hooks (abstract; `REQUIRED_HOOKS`):
 
-- ``supported_args_type``: the `Arguments` class it accepts (e.g. `GemmArguments`), or
-  ``_supports``' annotation says it (``def _supports(self, args: GemmArguments)``);
-- ``generate_kernels(metadata_filter, epilogue_args=None, cc=None)`` (a static or class
-  method): every instance whose metadata passes ``metadata_filter``, none for an epilogue it
-  cannot fuse or a ``cc`` it cannot run on. A subclass ``__init__`` calls ``Kernel.__init__``;
-- ``_supports(self, args) -> Status``: the checks metadata cannot express (shapes, limits...);
 - ``compile(self, args, cc=None) -> CompiledArtifact``: compile for ``args``' compile-time
   signature and target ``cc`` (no GPU needed when ``cc`` is given). kernel_api wraps it: the
   arguments' type and the target are checked first (TypeError for another operation's
@@ -20,33 +16,44 @@ What a subclass implements:
   the artifact's ``cc`` is filled in;
 - ``_run(self, args, artifact, stream, workspace=None)``: launch ``artifact`` for ``args`` on
   ``stream`` (any spelling `kernel_api.core.streams` accepts; ``to_cuda_stream`` converts);
+- ``generate_kernels(metadata_filter, epilogue_args=None, cc=None)`` (a static or class
+  method): every instance whose metadata passes ``metadata_filter``, none for an epilogue it
+  cannot fuse or a ``cc`` it cannot run on. A subclass ``__init__`` calls ``Kernel.__init__``;
+- ``_supports(self, args) -> Status``: the checks metadata cannot express (shapes, limits...);
 - ``get_workspace_size(self, args) -> int``: bytes of device workspace ``_run`` needs.
+
+Optional hooks (at most these three; `OPTIONAL_HOOKS`), one per concern:
+
+- ``_launcher(self, args, artifact) -> Launcher | None`` (the fast path): a `Launcher` says
+  that every launch for operands with ``args``' raw metadata is ``function(*tensors, *tail,
+  stream)``; ``run``'s repeated calls, `kernel_api.ops`' dispatch and its C launch table
+  follow from it. None (the default): every launch goes through ``_run``;
+- ``compile_key(self, args, cc) -> tuple`` (artifact reuse): what an artifact depends on
+  (default: the arguments' signature and cc), for kernels that specialise on more (shapes...);
+- ``estimated_cost(self, args, sm_count) -> float | None`` (ranking): the family's own
+  run-time estimate for `PickAny`, in `kernel_api.cost`'s units, where the generic model
+  cannot describe it (split-K, memory-bound, vendor kernels). None (the default): the
+  generic model, which ranks by ``performance_hint``.
 
 ``run`` and ``supports`` are final (defining them is a TypeError): they check, compile, cache
 and allocate, then call ``_supports`` and ``_run``.
 
-Optional:
+Class attributes with defaults on `Kernel` (no hooks: the provider bases set those that apply,
+and a family changes one only to tune):
 
-- ``_launcher(self, args, artifact) -> Launcher | None``: the fast path. A `Launcher` says
-  that every launch for operands with ``args``' raw metadata is ``function(*tensors, *tail,
-  stream)``; ``run``'s repeated calls, `kernel_api.ops`' dispatch and its C launch table
-  follow from it. None (the default): every launch goes through ``_run``;
-- ``compile_key(self, args, cc) -> tuple``: what an artifact depends on (default: the
-  arguments' signature and cc), for kernels that specialise on more (shapes...);
-- ``workspace_free = True``: ``get_workspace_size`` is always 0, so ``run`` skips asking;
-- ``performance_hint``: a float policies use to rank families before measuring (tensor-core
-  families about 1.0, SIMT about 0.1);
-- ``compiles_from_cache_only = True`` (in the class that defines ``compile``): that compile
-  honours `cache_only`, loading a cached artifact or raising `ArtifactNotCachedError` without
-  compiling, so tuning loads cached candidates in its own process and starts compile workers
-  for the others only;
-- ``estimated_cost(self, args, sm_count) -> float | None``: the family's own run-time estimate
-  for `PickAny`, in `kernel_api.tuning.policies`' cost units, where the generic model cannot
-  describe it (split-K, memory-bound, vendor kernels). None (the default): the generic model.
+- ``workspace_free = False``: True (class or instance) when ``get_workspace_size`` is always
+  0, so ``run`` skips asking;
+- ``performance_hint = 0.5``: the family's relative peak speed, which the generic cost model
+  ranks by (tensor-core families about 1.0, SIMT about 0.05);
+- ``compiles_from_cache_only = False``: True, in the class that defines ``compile``, when that
+  compile honours `cache_only` (loads a cached artifact or raises `ArtifactNotCachedError`
+  without compiling), so tuning loads cached candidates in its own process and starts compile
+  workers for the others only. `CuteDslKernel` and `CudaSourceKernel` set it: their helpers
+  (``cute_compile``, NVRTC's ``compile_cuda``) honour it.
 
 Methods may be assigned after the class is created, as notebooks do: a ``compile`` assigned
-later is wrapped when the class is next instantiated or discovered, and a ``run`` or
-``supports`` assigned later is refused then.
+later is wrapped when the class is next instantiated or discovered (`prepare_class`), and a
+``run`` or ``supports`` assigned later is refused then.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ from .core import streams as _streams
 from .core.streams import stream_handle, to_cuda_stream
 from .launcher import Binding, Launcher
 from .metadata import KernelMetadata
-from .core.status import _SUCCESS, Status
+from .core.status import Status
 
 # The target architecture of the compile in progress, so that provider helpers such as
 # CuteDslKernel.cute_compile honour ``kernel.compile(args, cc=90)`` even when a kernel's own
@@ -84,7 +91,13 @@ cache_only: contextvars.ContextVar[bool] = contextvars.ContextVar("kernel_api_ca
 _compiling: contextvars.ContextVar[bool] = contextvars.ContextVar("kernel_api_compiling", default=False)
 _log = logging.getLogger(__name__)
 
+#: The hooks every subclass implements (the abstract methods of `Kernel`).
+REQUIRED_HOOKS = ("compile", "_run", "generate_kernels", "_supports", "get_workspace_size")
+#: The hooks a subclass may override: the fast path, artifact reuse, ranking.
+OPTIONAL_HOOKS = ("_launcher", "compile_key", "estimated_cost")
+
 _FINAL_METHODS = ("run", "supports")
+_SUCCESS = Status.success()
 _UNCHECKED = object()
 _UNBINDABLE = Binding(_UNCHECKED, None, None, None)  # arguments that cannot carry a bound launch
 # A device's cc never changes and torch.cuda.get_device_capability costs microseconds.
@@ -201,10 +214,16 @@ def _refuse_final(cls: type) -> None:
 
 
 def prepare_class(cls: type) -> None:
-    """Apply `Kernel.__init_subclass__`'s rules to methods assigned after ``cls`` was created
-    (notebooks fill classes in that way, and re-run such cells): wrap each unwrapped ``compile``
-    in its class chain, refuse ``run``/``supports`` (TypeError). Cheap when nothing changed;
-    `Kernel.__init__` inlines that check, discovery calls this before using a class."""
+    """Apply `Kernel.__init_subclass__`'s rules to methods assigned after ``cls`` was created.
+
+    Notebooks fill classes in that way, and re-run such cells. Each unwrapped ``compile`` in
+    the class chain is wrapped; a ``run`` or ``supports`` of its own raises TypeError. Cheap
+    when nothing changed: `Kernel.__init__` inlines that check, discovery calls this before
+    using a class.
+
+    Args:
+        cls: a `Kernel` subclass.
+    """
     if cls._kernel_api_prepared is cls.compile and cls.run is _KERNEL_RUN and cls.supports is _KERNEL_SUPPORTS:
         return  # (the mark is inherited along with an unchanged compile)
     for klass in cls.__mro__:
@@ -230,21 +249,23 @@ def _allocate_workspace(size: int, device: torch.device, stream: Any) -> torch.T
 class Kernel(abc.ABC):
     """One configuration of a kernel family, discoverable through `kernel_api.get_kernels`.
 
-    The module docstring is the contract: what a subclass implements (``generate_kernels``,
-    ``_supports``, ``compile``, ``_run``, ``get_workspace_size``; ``supported_args_type``)
-    and which hooks are optional (``_launcher``, ``compile_key``, ``workspace_free``,
-    ``performance_hint``). ``run`` and ``supports`` are final.
+    The module docstring is the contract: the five required hooks (`REQUIRED_HOOKS`), the
+    three optional ones (`OPTIONAL_HOOKS`) and the class attributes with defaults. ``run`` and
+    ``supports`` are final.
     """
 
+    #: The `Arguments` class the family accepts (or ``_supports``' annotation says it).
     supported_args_type: type | None = None
-    #: True, set by the class that defines ``compile``, when that ``compile`` honours
-    #: `cache_only` (loads a cached artifact or raises `ArtifactNotCachedError`): the shipped
-    #: families' do. A subclass that overrides ``compile`` without saying so again is never
-    #: probed in the tuning process: its candidates are compiled in worker processes.
-    compiles_from_cache_only: bool = False
+    #: True (class or instance) when ``get_workspace_size`` is always 0, so ``run`` skips asking.
+    workspace_free: bool = False
     #: Relative peak speed of the family, for `PickAny`'s analytic ranking (e.g. 1.0 for wgmma
     #: tensor-core kernels, 0.05 for CUDA-core FMA); families that do not say get 0.5.
     performance_hint: float = 0.5
+    #: True, set by the class that defines ``compile``, when that ``compile`` honours
+    #: `cache_only` (loads a cached artifact or raises `ArtifactNotCachedError`): the provider
+    #: bases' do. A subclass that overrides ``compile`` without saying so again is never probed
+    #: in the tuning process: its candidates are compiled in worker processes.
+    compiles_from_cache_only: bool = False
     _kernel_api_provider: Any = None
     _kernel_api_prepared: Any = None  # the compile the class was last prepared with (see __init__)
 
@@ -278,7 +299,7 @@ class Kernel(abc.ABC):
     def name(self) -> str:
         return self._metadata.kernel_name
 
-    # ---- what subclasses implement -------------------------------------------------
+    # ---- required hooks (REQUIRED_HOOKS) ---------------------------------------------------
     @abc.abstractmethod
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
         """Compile for ``args``' compile-time signature; ``cc`` selects the target (no GPU needed)."""
@@ -301,7 +322,15 @@ class Kernel(abc.ABC):
     def get_workspace_size(self, args: Any) -> int:
         """Bytes of device workspace ``_run`` needs (0 for none)."""
 
-    # ---- optional hooks ----------------------------------------------------------------
+    # ---- optional hooks (OPTIONAL_HOOKS) ---------------------------------------------------
+    def compile_key(self, args: Any, cc: int | None) -> tuple:
+        """Optional: what a compiled artifact depends on; artifacts are reused across equal keys.
+
+        The default assumes shapes are runtime values and everything in ``args.signature``
+        is compile-time. Kernels that specialise on shapes extend it.
+        """
+        return (args.signature, cc)
+
     def estimated_cost(self, args: Any, sm_count: int) -> float | None:
         """Optional: predicted run time on ``args`` in `kernel_api.cost`'s units (which
         `PickAny` ranks by; `cost.GEMM_COST_UNITS_PER_SECOND` per second for GEMMs), or None
@@ -332,14 +361,6 @@ class Kernel(abc.ABC):
         return None
 
     # ---- shared, final ---------------------------------------------------------------
-    def compile_key(self, args: Any, cc: int | None) -> tuple:
-        """What a compiled artifact depends on; artifacts are reused across equal keys.
-
-        The default assumes shapes are runtime values and everything in ``args.signature``
-        is compile-time. Kernels that specialise on shapes extend it.
-        """
-        return (args.signature, cc)
-
     def supports(self, args: Any, cc: Any = None) -> Status:
         """Metadata checks (cached per argument signature), then the kernel's ``_supports``."""
         if not isinstance(args, Arguments):
@@ -361,9 +382,6 @@ class Kernel(abc.ABC):
         if status is False:
             return Status.fail(f"{self._metadata.kernel_name}._supports rejected the arguments")
         return status
-
-    #: Set True (class or instance) when get_workspace_size is always 0, so run skips asking.
-    workspace_free: bool = False
 
     def run(self, args: Any, compiled_artifact: CompiledArtifact | None = None, stream: Any = None,
             workspace: Any = None, assume_supported_args: bool = False) -> None:
