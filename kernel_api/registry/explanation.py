@@ -159,6 +159,15 @@ class Explanation(list):
         self._accepted_classes = accepted_classes
 
     def nearest(self, n: int = 5) -> list[Rejection]:
+        """The rejected instances nearest to fitting.
+
+        Args:
+            n: how many.
+
+        Returns:
+            At most ``n`` rejections of instances (not of whole classes), nearest first (see
+            `Rejection.closeness`), in their order among equals.
+        """
         return sorted((r for r in self if r.kernel_name is not None), key=lambda r: -r.closeness)[:n]
 
     def _head(self) -> list[str]:
