@@ -41,7 +41,8 @@ Optional:
 - ``workspace_free = True`` when ``get_workspace_size`` is always 0 (``run`` skips asking);
 - ``performance_hint``: a float policies rank families by before measuring (tensor-core
   families about 1.0, SIMT about 0.1);
-- ``enable_tvm_ffi`` and ``keep_gil_during_launch``: `CuteDslKernel`'s knobs (see there).
+- ``enable_tvm_ffi``, ``keep_gil_during_launch`` and ``warm_load_skips_compile``:
+  `CuteDslKernel`'s knobs (see there).
 """
 
 from ...registry import Provider, register_provider
