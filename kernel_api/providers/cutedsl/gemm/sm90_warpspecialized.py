@@ -278,17 +278,13 @@ def max_active_clusters(device_index: int, cluster_size: int) -> int:
                 value = sms // cluster_size
                 if cluster_size > 1:
                     # GPCs need not hold a multiple of the cluster size: ask the driver.
+                    # Asked with an empty PTX kernel, not the DSL's HardwareInfo, so a warm-cache
+                    # first launch imports no DSL (cluster_occupancy.py's docstring says why the
+                    # answer is the same).
                     try:
-                        import cutlass.utils
-                        from cuda.bindings import driver
+                        from ..cluster_occupancy import max_active_clusters as driver_max_active_clusters
 
-                        with torch.cuda.device(device_index):
-                            torch.cuda.synchronize(device_index)
-                            # the query needs a current driver context: bind torch's primary one
-                            _, dev = driver.cuDeviceGet(device_index)
-                            _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
-                            driver.cuCtxSetCurrent(ctx)
-                            value = int(cutlass.utils.HardwareInfo(device_index).get_max_active_clusters(cluster_size))
+                        value = driver_max_active_clusters(device_index, cluster_size)
                     except Exception as exc:  # pragma: no cover - a driver without the query
                         max_clusters_fallbacks[key] = f"{type(exc).__name__}: {exc}"
                         value = sms // cluster_size
