@@ -1,10 +1,21 @@
-"""Softmax forward/backward: kernel_api's PickBest winner and PickAny's choice against torch, in one process.
+"""Softmax forward/backward: kernel_api's public path, PickBest's winner and PickAny's choice against torch, in one process.
 
-    python3 benchmarks/softmax.py [--dtypes bf16,f16,f32] [--cases aligned,odd,long] [--repeats 3]
+    python3 benchmarks/softmax.py [--dtypes bf16,f16,f32] [--cases aligned,odd,long,small] [--repeats 3]
+    python3 benchmarks/softmax.py --public-only        # the public path against torch, every case
     python3 benchmarks/softmax.py --replay [FILE ...]   # no GPU: PickAny now vs. recorded times
 
+The public path first (`public_case`): back-to-back calls of ``kernel_api.ops.softmax(x)`` against
+``torch.softmax(x, -1)``, ``kernel_api.ops.softmax_backward(g, y)`` against
+``torch._softmax_backward_data(g, y, -1, dtype)``, and a step through autograd
+(``torch.autograd.grad`` of ``ops.softmax(x)`` against that of ``torch.softmax(x, -1)``): host cost
+included, as a loop of such calls pays it (`kernel_api.tuning.timing.time_interleaved` with
+``timing="as_called"``: samples of back-to-back calls between one event pair, torch and ours in
+shuffled turns, rotating input sets, median). ``x torch`` is torch's time over ours: at least 1.0
+on every case is the target. Then, unless ``--public-only``, the kernels themselves:
+
 Per dtype, case (aligned shapes of at least 64 MB; odd row lengths such as 4096x50257;
-rows too long for one CTA such as 1x1M, 8x1M, 32x1M, 8x4M) and direction, every candidate of
+rows too long for one CTA such as 1x1M, 8x1M, 32x1M, 8x4M; small problems, where the host's
+work per call matters, such as 8192x128 and 128x32000) and direction, every candidate of
 ``--providers`` (default cuda_src) and PickAny's choice are checked against a float64
 reference and timed against torch with alternating launches (CUDA events, median, rotating
 input sets larger than L2 with fresh random data). PickBest's winner is the fastest
@@ -49,6 +60,8 @@ CASES = {
     "aligned": SHAPES,
     "odd": [(4096, 50257), (8192, 4097), (16384, 4095)],
     "long": [(1, 2**20), (8, 2**20), (32, 2**20), (8, 2**22)],
+    # small problems, where the host's work per call shows in the public path, and few long rows
+    "small": [(8192, 128), (128, 32000), (32, 131072), (16384, 1024)],
 }
 L2_ROTATE_BYTES = 50 * 2**20
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -296,6 +309,74 @@ def bench_case(rows: int, cols: int, dtype: torch.dtype, backward: bool, iters: 
     return result
 
 
+PUBLIC_OPS = ("fwd", "bwd", "autograd")
+
+
+def public_case(rows: int, cols: int, dtype: torch.dtype, repeat: int = 60) -> list[dict]:
+    """The public path against torch on one shape, per `PUBLIC_OPS`: back-to-back calls (host
+    cost included), torch's and ours in shuffled turns (`time_interleaved`, ``as_called``), each
+    result checked against float64 first. Returns one entry per op: ``torch_ms``, ``ops_ms``
+    (medians), ``x_torch`` (torch's time over ours) and the kernel PickAny chose."""
+    from kernel_api.ops import dispatch as ops_module
+    from kernel_api.tuning.timing import time_interleaved
+
+    elem = torch.tensor([], dtype=dtype).element_size()
+    sets = n_sets(3 * rows * cols * elem)
+    xs = [torch.randn(rows, cols, device="cuda", dtype=dtype) * 4 for _ in range(sets)]
+    ys = [torch.softmax(x.float(), -1).to(dtype) for x in xs]
+    gs = [torch.randn(rows, cols, device="cuda", dtype=dtype) for _ in range(sets)]
+    leaves = [x.clone().requires_grad_() for x in xs]
+    x64, y64, g64 = xs[0].double(), ys[0].double(), gs[0].double()
+    refs = {"fwd": torch.softmax(x64, -1), "bwd": y64 * (g64 - (g64 * y64).sum(-1, keepdim=True))}
+    ops = kernel_api.ops
+    ops.clear_dispatch_cache()
+    calls = {
+        "fwd": (lambda i: torch.softmax(xs[i], -1), lambda i: ops.softmax(xs[i])),
+        "bwd": (lambda i: torch._softmax_backward_data(gs[i], ys[i], -1, dtype),
+                lambda i: ops.softmax_backward(gs[i], ys[i])),
+        "autograd": (lambda i: torch.autograd.grad(torch.softmax(leaves[i], -1), leaves[i], gs[i]),
+                     lambda i: torch.autograd.grad(ops.softmax(leaves[i]), leaves[i], gs[i])),
+    }
+    soft = refs["fwd"]  # the autograd step's reference: the gradient through softmax(x)
+    refs["autograd"] = soft * (g64 - (g64 * soft).sum(-1, keepdim=True))
+    found = []
+    for op, (theirs, ours) in calls.items():
+        entry = {"shape": [rows, cols], "dtype": str(dtype).replace("torch.", ""), "op": op}
+        try:
+            for _ in range(3):  # the first calls choose and record; the later ones replay
+                got = ours(0)
+            got = got[0] if isinstance(got, tuple) else got
+            err = ((got.double() - refs[op]).norm() / refs[op].norm()).item()
+            if not err < 1e-2:
+                raise RuntimeError(f"wrong result: relative error {err:.3e}")
+            floor = (3 if op != "fwd" else 2) * rows * cols * elem / 3.0e12 * 1e3
+            timed = time_interleaved({"torch": theirs, "ops": ours}, sets=sets, warmup=5, repeat=repeat,
+                                     gpu_floor_ms=floor, timing="as_called")
+            for name, t in timed.items():
+                if isinstance(t, Exception):
+                    raise t
+            entry.update(torch_ms=timed["torch"]["median_ms"], ops_ms=timed["ops"]["median_ms"], rel_err=err)
+            entry["x_torch"] = entry["torch_ms"] / entry["ops_ms"]
+            # the choices made for this case (the dispatch dict is emptied per shape and dtype)
+            wanted = {"fwd": ("softmax",), "bwd": ("softmax_bwd",), "autograd": ("softmax", "softmax_bwd")}[op]
+            entry["kernels"] = sorted(k.metadata.kernel_name for (_, sig, _, _), (k, _, _) in ops_module._dispatch.items()
+                                      if sig[0] in wanted)
+        except Exception as exc:  # report, keep benchmarking the others
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        found.append(entry)
+    leaves.clear()
+    return found
+
+
+def _public_row(e: dict) -> str:
+    dt = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(e["dtype"], e["dtype"])
+    shape = f"{e['shape'][0]}x{e['shape'][1]}"
+    if "error" in e:
+        return f"{dt:5s} {e['op']:8s} {shape:>13s} | ERROR {e['error']}"
+    return (f"{dt:5s} {e['op']:8s} {shape:>13s} | torch {e['torch_ms'] * 1e3:9.1f} us | ops {e['ops_ms'] * 1e3:9.1f} us | "
+            f"{e['x_torch']:5.2f}x | {', '.join(e.get('kernels', []))}")
+
+
 def summarise(entry: dict, copy_tbs: float) -> None:
     """TB/s, ratios, PickBest's winner (fastest verified) and PickAny's choice."""
     tb = lambda ms: entry["bytes"] / (ms * 1e-3) / 1e12  # noqa: E731
@@ -456,6 +537,9 @@ def main() -> None:
     ap.add_argument("--tag", default="run", help="suffix of the JSON file name")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--skip-host", action="store_true")
+    ap.add_argument("--public-only", action="store_true", help="time only the public path against torch")
+    ap.add_argument("--skip-public", action="store_true", help="time only the kernels (Kernel.run) against torch")
+    ap.add_argument("--public-repeat", type=int, default=60, help="samples per call of the public path")
     ap.add_argument("--lean", action="store_true", help="write the JSON without the per-kernel fields derived "
                     "from the timings (`lean_report`): for sweeps of many cases")
     ap.add_argument("--sweep", action="store_true", help="also compare cache-hint variants of the CUDA kernels")
@@ -489,7 +573,7 @@ def main() -> None:
     plan = []
     for dname, case, rows, cols, backward in cases:
         args = _meta_arguments(rows, cols, DTYPES[dname], backward)
-        plan.append((args, timed_kernels(args, cc, providers, opts.top)[0]))
+        plan.append((args, timed_kernels(args, cc, providers, 0 if opts.public_only else opts.top)[0]))
     if opts.workers > 1:
         precompile(plan, cc, opts.workers)
     slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_")
@@ -502,6 +586,29 @@ def main() -> None:
             with open(target, "w") as f:
                 results_io.dump(lean_report(report) if opts.lean else report, f)
 
+    if not opts.skip_public:
+        report["public"] = []
+        print("public path, back-to-back calls (host cost included); x torch = torch's time / ours", flush=True)
+        for dname in opts.dtypes.split(","):
+            for case, (rows, cols) in shapes:
+                for entry in public_case(rows, cols, DTYPES[dname], opts.public_repeat):
+                    entry["case"] = case
+                    report["public"].append(entry)
+                    print(_public_row(entry), flush=True)
+                torch.cuda.empty_cache()
+                save()
+        timed = [e for e in report["public"] if "x_torch" in e]
+        behind = [e for e in timed if e["x_torch"] < 1.0]
+        report["public_summary"] = {"cases": len(report["public"]), "timed": len(timed), "behind_torch": len(behind)}
+        if opts.public_only:
+            print("\npublic path against torch (x torch = torch's time / ours)")
+            for e in report["public"]:
+                print(_public_row(e))
+            print(f"{len(timed) - len(behind)}/{len(report['public'])} cases at 1.0x torch or better"
+                  + ("; behind: " + ", ".join(f"{e['dtype']} {e['op']} {e['shape'][0]}x{e['shape'][1]} "
+                                              f"{e['x_torch']:.2f}x" for e in behind) if behind else ""))
+            print(f"wrote {path}")
+            return
     report["results"] = []
     print(_HEADER, flush=True)
     for (dname, case, rows, cols, backward), (_, kernels) in zip(cases, plan):
@@ -524,6 +631,12 @@ def main() -> None:
     print(_HEADER)
     for e in report["results"]:
         print(_row(e))
+    if report.get("public"):
+        print("\npublic path against torch (x torch = torch's time / ours)")
+        for e in report["public"]:
+            print(_public_row(e))
+        summary = report["public_summary"]
+        print(f"{summary['timed'] - summary['behind_torch']}/{summary['cases']} cases at 1.0x torch or better")
     if "host_overhead" in report:
         h = report["host_overhead"]
         print("host us/call: " + ", ".join(f"{k}={v:.2f}" for k, v in h.items() if k.endswith("_us")))

@@ -184,6 +184,40 @@ def _load() -> Any:
     return None
 
 
+#: A kernel parameter of `cuda_launch` that is a tensor's data pointer: ``(TENSOR, index)``;
+#: ``(8, value)`` and ``(4, value)`` are constants of that many bytes.
+TENSOR = 0
+
+
+def cuda_launch(kernel: int, n_tensors: int, grid: tuple[int, int, int], block: tuple[int, int, int],
+                shared_bytes: int, parameters: tuple[tuple[int, int], ...]) -> Any:
+    """A TVM-FFI function ``function(*tensors, stream)`` that launches the CUDA kernel ``kernel``
+    (a ``CUfunction`` or ``CUkernel`` handle, as an int) with ``cuLaunchKernel``, or None where the
+    table is unavailable or no CUDA driver is found (the reason is logged at DEBUG).
+
+    What a Python launch of a CUDA source kernel did (`CudaLauncher.launch`), recorded: its
+    ``grid``, ``block``, ``shared_bytes`` of dynamic shared memory and ``parameters``, one per
+    kernel parameter, ``(TENSOR, i)`` for the data pointer of ``tensors[i]``, ``(8, value)`` or
+    ``(4, value)`` for a constant. A `kernel_api.launcher.Launcher` of it is a TVM-FFI
+    function's, so the launch table, bound launches and the entry points replay it without
+    Python. It launches on the stream given (None: the current stream of the first tensor's
+    device) in the current context, or the tensors' device's primary context when the current
+    one is another device's; it holds the GIL (``release_gil`` False), as a launch that short
+    gains nothing from releasing it.
+    """
+    loaded = table()
+    if loaded is None:
+        return None
+    flat = [value for parameter in parameters for value in parameter]
+    try:
+        function = loaded.cuda_launch(int(kernel), n_tensors, *grid, *block, shared_bytes, *flat)
+    except (RuntimeError, ValueError) as exc:  # no CUDA driver here, or a launch it cannot record
+        _log.debug("kernel_api: no recorded CUDA launch: %s", exc)
+        return None
+    function.release_gil = False
+    return function
+
+
 def why_not() -> str | None:
     """Why `table()` returned None (None when it loaded or was not tried yet)."""
     return _state.get("error")

@@ -10,7 +10,16 @@
 //                                            tensor without memory (a tracer's fake tensor), or
 //                                            the last tensor (the output) may share memory with another
 //   record(tag, function, n_tensors, *tensors, *tail) -> None
+//   record_ordered(tag, function, n_tensors, n_order, *order, *tensors, *tail) -> None
+//       the same, the function called with the operands and the tail in the recorded order: each
+//       of `order` is an operand's index (>= 0) or a tail value's (-1 - index)
 //   clear() -> None;  size() -> int
+//   cuda_launch(kernel, n_tensors, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes,
+//               *parameters) -> function
+//       a TVM-FFI function(*tensors, stream) that launches a CUDA kernel (a CUfunction or CUkernel
+//       handle) with cuLaunchKernel: what a Python launch recorded, replayed. `parameters` are
+//       pairs (kind, value), one per kernel parameter: kind 0 is the data pointer of tensor
+//       `value`, kind 4 or 8 a constant of that many bytes. See "Recorded CUDA launches" below.
 // `stream` None means the stream TVM-FFI set for the first tensor's device for this call (the
 // producer's current stream: torch's, for torch tensors); anything else is passed on as it is.
 // The function is called as function(*tensors, *tail, stream).
@@ -23,7 +32,10 @@
 
 #include "launch_table.h"
 
+#include <dlfcn.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -40,6 +52,9 @@ constexpr int kMaxNdim = 8;
 struct Entry {
   TVMFFIObjectHandle function = nullptr;
   std::vector<TVMFFIAny> tail;
+  // The call's arguments before the stream: an operand's index (>= 0) or a tail value's
+  // (-1 - index). Empty: the operands, then the tail.
+  std::vector<int> order;
   Entry() = default;
   Entry(const Entry&) = delete;
   Entry& operator=(const Entry&) = delete;
@@ -127,6 +142,210 @@ void SetBool(TVMFFIAny* result, bool value) {
   result->v_int64 = value ? 1 : 0;
 }
 
+// ---- Recorded CUDA launches ------------------------------------------------------------------
+//
+// A kernel that Python launched through the CUDA driver (a cuda_src kernel's cuda.core launch),
+// replayed as a TVM-FFI function(*tensors, stream): cuLaunchKernel with the grid, block, shared
+// memory and parameters Python recorded, the tensors' data pointers read at each call. So the
+// table, bound launches and the entry points take such kernels as they take compiled TVM-FFI
+// functions. The driver is opened once, when the first such function is made; on a machine
+// without one making it fails, and the caller keeps its Python launch.
+
+using CuLaunchKernel = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                               void**, void**);
+using CuCtxGetDevice = int (*)(int*);
+using CuDevicePrimaryCtxRetain = int (*)(void**, int);
+using CuCtxPushCurrent = int (*)(void*);
+using CuCtxPopCurrent = int (*)(void**);
+using CuGetErrorName = int (*)(int, const char**);
+
+struct Driver {
+  CuLaunchKernel launch = nullptr;
+  CuCtxGetDevice context_device = nullptr;
+  CuDevicePrimaryCtxRetain primary_context = nullptr;
+  CuCtxPushCurrent push = nullptr;
+  CuCtxPopCurrent pop = nullptr;
+  CuGetErrorName error_name = nullptr;
+};
+
+// The driver's entry points, or nullptr with the reason in *why.
+const Driver* FindDriver(std::string* why) {
+  static std::once_flag once;
+  static Driver driver;
+  static std::string error;
+  std::call_once(once, [] {
+    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) library = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* reason = dlerror();
+      error = std::string("the CUDA driver (libcuda.so.1) could not be opened: ") + (reason ? reason : "not found");
+      return;
+    }
+    driver.launch = reinterpret_cast<CuLaunchKernel>(dlsym(library, "cuLaunchKernel"));
+    driver.context_device = reinterpret_cast<CuCtxGetDevice>(dlsym(library, "cuCtxGetDevice"));
+    driver.primary_context = reinterpret_cast<CuDevicePrimaryCtxRetain>(dlsym(library, "cuDevicePrimaryCtxRetain"));
+    driver.push = reinterpret_cast<CuCtxPushCurrent>(dlsym(library, "cuCtxPushCurrent_v2"));
+    driver.pop = reinterpret_cast<CuCtxPopCurrent>(dlsym(library, "cuCtxPopCurrent_v2"));
+    driver.error_name = reinterpret_cast<CuGetErrorName>(dlsym(library, "cuGetErrorName"));
+    if (driver.launch == nullptr || driver.context_device == nullptr || driver.primary_context == nullptr ||
+        driver.push == nullptr || driver.pop == nullptr || driver.error_name == nullptr) {
+      error = "the CUDA driver lacks cuLaunchKernel or the context functions";
+    }
+  });
+  if (!error.empty()) {
+    *why = error;
+    return nullptr;
+  }
+  return &driver;
+}
+
+constexpr int kMaxParameters = 64;
+constexpr int kMaxDevices = 64;
+
+// The primary context of each device, retained once (as torch's runtime keeps it) for launches
+// from a thread whose current context is another device's or none.
+void* PrimaryContext(const Driver& driver, int device) {
+  static std::mutex mutex;
+  static void* contexts[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (contexts[device] == nullptr && driver.primary_context(&contexts[device], device) != 0) contexts[device] = nullptr;
+  return contexts[device];
+}
+
+struct CudaLaunch {
+  const Driver* driver = nullptr;
+  void* kernel = nullptr;  // a CUfunction or CUkernel
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shared = 0;
+  int n_tensors = 0;
+  int n_parameters = 0;
+  int kind[kMaxParameters] = {};  // 0: tensor `value`'s data pointer; 4 or 8: a constant of that many bytes
+  uint64_t value[kMaxParameters] = {};
+};
+
+int RaiseCudaError(const Driver& driver, int status, const char* what) {
+  const char* name = nullptr;
+  if (driver.error_name(status, &name) != 0 || name == nullptr) name = "an unknown error";
+  char message[256];
+  std::snprintf(message, sizeof(message), "%s failed: %s (%d)", what, name, status);
+  return RaiseError("RuntimeError", message);
+}
+
+int CallCudaLaunch(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  const auto* launch = static_cast<const CudaLaunch*>(self);
+  if (num_args != launch->n_tensors + 1) {
+    return RaiseError("TypeError", "a recorded CUDA launch takes its tensors, then the stream");
+  }
+  const DLTensor* tensors[kMaxTensors];
+  for (int i = 0; i < launch->n_tensors; ++i) {
+    tensors[i] = AsTensor(args[i]);
+    if (tensors[i] == nullptr) return RaiseError("TypeError", "a recorded CUDA launch takes tensors before the stream");
+  }
+  const DLDevice device = tensors[0]->device;
+  if (device.device_type != kDLCUDA) return RaiseError("ValueError", "a recorded CUDA launch takes CUDA tensors");
+  void* stream = nullptr;
+  const TVMFFIAny& given = args[launch->n_tensors];
+  if (given.type_index == kTVMFFINone) {
+    stream = TVMFFIEnvGetStream(device.device_type, device.device_id);
+  } else if (given.type_index == kTVMFFIOpaquePtr) {
+    stream = given.v_ptr;
+  } else if (given.type_index == kTVMFFIInt) {
+    stream = reinterpret_cast<void*>(static_cast<uintptr_t>(given.v_int64));
+  } else {
+    return RaiseError("TypeError", "a recorded CUDA launch takes its stream as None, a pointer or an int");
+  }
+  uint64_t storage[kMaxParameters];
+  void* parameters[kMaxParameters];
+  for (int p = 0; p < launch->n_parameters; ++p) {
+    if (launch->kind[p] == 0) {
+      const DLTensor* t = tensors[launch->value[p]];
+      storage[p] = reinterpret_cast<uintptr_t>(t->data) + static_cast<uint64_t>(t->byte_offset);
+    } else {
+      storage[p] = launch->value[p];  // (4-byte constants: the low bytes, read in place on little-endian hosts)
+    }
+    parameters[p] = &storage[p];
+  }
+  const Driver& driver = *launch->driver;
+  int current = -1;
+  void* pushed = nullptr;
+  if (driver.context_device(&current) != 0 || current != device.device_id) {
+    // No context, or another device's: the tensors' device's primary context for this launch.
+    pushed = PrimaryContext(driver, device.device_id);
+    if (pushed == nullptr) return RaiseError("RuntimeError", "the tensors' device has no primary context");
+    const int status = driver.push(pushed);
+    if (status != 0) return RaiseCudaError(driver, status, "cuCtxPushCurrent");
+  }
+  const int status = driver.launch(launch->kernel, launch->grid[0], launch->grid[1], launch->grid[2], launch->block[0],
+                                   launch->block[1], launch->block[2], launch->shared, stream, parameters, nullptr);
+  if (pushed != nullptr) {
+    void* popped = nullptr;
+    driver.pop(&popped);
+  }
+  if (status != 0) return RaiseCudaError(driver, status, "cuLaunchKernel");
+  result->type_index = kTVMFFINone;
+  result->zero_padding = 0;
+  result->v_int64 = 0;
+  return 0;
+}
+
+void DeleteCudaLaunch(void* self) { delete static_cast<CudaLaunch*>(self); }
+
+// record / record_ordered: args[0] the tag, args[1] the function, args[2] the operand count; the
+// operands start at args[first], the tail follows them.
+int Record(const TVMFFIAny* args, int32_t num_args, int first, std::vector<int> order, TVMFFIAny* result) {
+  if (args[1].type_index != kTVMFFIFunction) return RaiseError("TypeError", "record: function must be a TVM-FFI function");
+  const int64_t count = args[2].v_int64;
+  if (count < 1 || count > kMaxTensors || first + count > num_args) {
+    return RaiseError("ValueError", "record: n_tensors must be between 1 and 8 and match the tensors given");
+  }
+  const int tail_count = num_args - first - static_cast<int>(count);
+  if (tail_count > kMaxTail) return RaiseError("ValueError", "record: at most 16 arguments may follow the tensors");
+  for (int slot : order) {
+    if (slot >= count || -1 - slot >= tail_count) {
+      return RaiseError("ValueError", "record_ordered: each of order must name an operand (>= 0) or a tail value (-1 - index)");
+    }
+  }
+  std::string key;
+  if (!kernel_api_native::TensorKey(args[0].v_int64, args + first, static_cast<int>(count), &key)) {
+    return RaiseError("TypeError", "record: every operand must be a tensor with memory, of at most 8 dimensions");
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->order = std::move(order);
+  for (int i = 0; i < tail_count; ++i) {
+    TVMFFIAny value = args[first + count + i];
+    if (value.type_index == kTVMFFIRawStr || value.type_index == kTVMFFIByteArrayPtr ||
+        value.type_index == kTVMFFIDLTensorPtr || value.type_index == kTVMFFIObjectRValueRef ||
+        value.type_index == kTVMFFISmallStr || value.type_index == kTVMFFISmallBytes ||
+        (value.type_index >= kTVMFFIStaticObjectBegin && value.type_index != kTVMFFIFunction &&
+         value.type_index != kTVMFFIShape && value.type_index != kTVMFFIArray)) {
+      // Borrowed pointers would dangle; objects other than these are not expected as launch constants.
+      return RaiseError("TypeError", "record: the arguments after the tensors must be plain values");
+    }
+    if (value.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectIncRef(value.v_obj);
+    entry->tail.push_back(value);
+  }
+  TVMFFIObjectIncRef(args[1].v_obj);
+  entry->function = args[1].v_obj;
+  // Entries displaced here are destroyed after the lock is released: destroying one may take
+  // the GIL (its function may be a Python object), and a thread holding the GIL may be waiting
+  // for table_mutex in launch. Nothing may need the GIL while table_mutex is held.
+  Table displaced;
+  std::shared_ptr<Entry> replaced;
+  {
+    std::lock_guard<std::mutex> lock(table_mutex);
+    if (table.size() >= kTableLimit) displaced.swap(table);
+    std::shared_ptr<Entry>& slot = table[key];
+    replaced.swap(slot);
+    slot = std::move(entry);
+  }
+  result->type_index = kTVMFFINone;
+  result->zero_padding = 0;
+  result->v_int64 = 0;
+  return 0;
+}
+
 }  // namespace
 
 namespace kernel_api_native {
@@ -155,6 +374,14 @@ bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* ke
 }
 
 
+bool Recorded(int64_t tag, const TVMFFIAny* tensors, int count) {
+  if (count < 1 || count > kMaxTensors) return false;
+  std::string key;
+  if (!TensorKey(tag, tensors, count, &key)) return false;
+  std::lock_guard<std::mutex> lock(table_mutex);
+  return table.count(key) != 0;
+}
+
 int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensors, int count, bool* launched) {
   *launched = false;
   if (count < 1 || count > kMaxTensors) return 0;
@@ -170,8 +397,15 @@ int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensor
   if (entry == nullptr || OutputMayOverlap(tensors, count)) return 0;
   TVMFFIAny call_args[kMaxTensors + kMaxTail + 1];
   int n = 0;
-  for (int i = 0; i < count; ++i) call_args[n++] = tensors[i];
-  for (const TVMFFIAny& value : entry->tail) call_args[n++] = value;
+  if (entry->order.empty()) {
+    for (int i = 0; i < count; ++i) call_args[n++] = tensors[i];
+    for (const TVMFFIAny& value : entry->tail) call_args[n++] = value;
+  } else {
+    for (int slot : entry->order) {
+      if (slot >= count) return 0;  // (recorded for as many operands as the key holds: never)
+      call_args[n++] = slot >= 0 ? tensors[slot] : entry->tail[static_cast<size_t>(-1 - slot)];
+    }
+  }
   call_args[n++] = stream;
   TVMFFIAny returned;
   returned.type_index = kTVMFFINone;
@@ -208,48 +442,75 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_record(void*, const TVMFFIAny* args, int32_t nu
   if (num_args < 3 || args[0].type_index != kTVMFFIInt || args[2].type_index != kTVMFFIInt) {
     return RaiseError("TypeError", "record(tag: int, function, n_tensors: int, *tensors, *tail)");
   }
-  if (args[1].type_index != kTVMFFIFunction) return RaiseError("TypeError", "record: function must be a TVM-FFI function");
-  const int64_t count = args[2].v_int64;
-  if (count < 1 || count > kMaxTensors || 3 + count > num_args) {
-    return RaiseError("ValueError", "record: n_tensors must be between 1 and 8 and match the tensors given");
+  return Record(args, num_args, 3, {}, result);
+}
+
+TVM_FFI_DLL_EXPORT int __tvm_ffi_record_ordered(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  const char* usage = "record_ordered(tag: int, function, n_tensors: int, n_order: int, *order, *tensors, *tail)";
+  if (num_args < 4 || args[0].type_index != kTVMFFIInt || args[2].type_index != kTVMFFIInt ||
+      args[3].type_index != kTVMFFIInt || args[3].v_int64 < 1 || args[3].v_int64 > kMaxTensors + kMaxTail ||
+      4 + args[3].v_int64 > num_args) {
+    return RaiseError("TypeError", usage);
   }
-  const int tail_count = num_args - 3 - static_cast<int>(count);
-  if (tail_count > kMaxTail) return RaiseError("ValueError", "record: at most 16 arguments may follow the tensors");
-  std::string key;
-  if (!kernel_api_native::TensorKey(args[0].v_int64, args + 3, static_cast<int>(count), &key)) {
-    return RaiseError("TypeError", "record: every operand must be a tensor with memory, of at most 8 dimensions");
+  std::vector<int> order;
+  for (int64_t i = 0; i < args[3].v_int64; ++i) {
+    const TVMFFIAny& slot = args[4 + i];
+    if (slot.type_index != kTVMFFIInt) return RaiseError("TypeError", usage);
+    order.push_back(static_cast<int>(slot.v_int64));
   }
-  auto entry = std::make_shared<Entry>();
-  for (int i = 0; i < tail_count; ++i) {
-    TVMFFIAny value = args[3 + count + i];
-    if (value.type_index == kTVMFFIRawStr || value.type_index == kTVMFFIByteArrayPtr ||
-        value.type_index == kTVMFFIDLTensorPtr || value.type_index == kTVMFFIObjectRValueRef ||
-        value.type_index == kTVMFFISmallStr || value.type_index == kTVMFFISmallBytes ||
-        (value.type_index >= kTVMFFIStaticObjectBegin && value.type_index != kTVMFFIFunction &&
-         value.type_index != kTVMFFIShape && value.type_index != kTVMFFIArray)) {
-      // Borrowed pointers would dangle; objects other than these are not expected as launch constants.
-      return RaiseError("TypeError", "record: the arguments after the tensors must be plain values");
+  const int first = 4 + static_cast<int>(order.size());  // (before order is moved from)
+  return Record(args, num_args, first, std::move(order), result);
+}
+
+TVM_FFI_DLL_EXPORT int __tvm_ffi_cuda_launch(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  const char* usage = "cuda_launch(kernel: int, n_tensors: int, grid_x, grid_y, grid_z, block_x, block_y, block_z, "
+                      "shared_bytes: int, *parameters: (kind, value) pairs of ints)";
+  if (num_args < 9 || (num_args - 9) % 2 != 0 || (num_args - 9) / 2 > kMaxParameters) {
+    return RaiseError("TypeError", usage);
+  }
+  for (int i = 0; i < num_args; ++i) {
+    if (args[i].type_index != kTVMFFIInt && !(i == 0 && args[i].type_index == kTVMFFIOpaquePtr)) {
+      return RaiseError("TypeError", usage);
     }
-    if (value.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectIncRef(value.v_obj);
-    entry->tail.push_back(value);
   }
-  TVMFFIObjectIncRef(args[1].v_obj);
-  entry->function = args[1].v_obj;
-  // Entries displaced here are destroyed after the lock is released: destroying one may take
-  // the GIL (its function may be a Python object), and a thread holding the GIL may be waiting
-  // for table_mutex in launch. Nothing may need the GIL while table_mutex is held.
-  Table displaced;
-  std::shared_ptr<Entry> replaced;
-  {
-    std::lock_guard<std::mutex> lock(table_mutex);
-    if (table.size() >= kTableLimit) displaced.swap(table);
-    std::shared_ptr<Entry>& slot = table[key];
-    replaced.swap(slot);
-    slot = std::move(entry);
+  auto launch = std::make_unique<CudaLaunch>();
+  launch->kernel = args[0].type_index == kTVMFFIOpaquePtr ? args[0].v_ptr
+                                                          : reinterpret_cast<void*>(static_cast<uintptr_t>(args[0].v_int64));
+  const int64_t n_tensors = args[1].v_int64;
+  if (launch->kernel == nullptr || n_tensors < 1 || n_tensors > kMaxTensors) {
+    return RaiseError("ValueError", "cuda_launch: a kernel handle and between 1 and 8 tensors");
   }
-  result->type_index = kTVMFFINone;
+  launch->n_tensors = static_cast<int>(n_tensors);
+  for (int i = 0; i < 3; ++i) {
+    const int64_t grid = args[2 + i].v_int64;
+    const int64_t block = args[5 + i].v_int64;
+    if (grid < 1 || grid > 0xffffffffLL || block < 1 || block > 1024) {
+      return RaiseError("ValueError", "cuda_launch: grid and block dimensions must be positive (block at most 1024)");
+    }
+    launch->grid[i] = static_cast<unsigned>(grid);
+    launch->block[i] = static_cast<unsigned>(block);
+  }
+  if (args[8].v_int64 < 0 || args[8].v_int64 > 0xffffffffLL) return RaiseError("ValueError", "cuda_launch: shared_bytes");
+  launch->shared = static_cast<unsigned>(args[8].v_int64);
+  launch->n_parameters = (num_args - 9) / 2;
+  for (int p = 0; p < launch->n_parameters; ++p) {
+    const int64_t kind = args[9 + 2 * p].v_int64;
+    const int64_t value = args[10 + 2 * p].v_int64;
+    if (kind == 0 ? (value < 0 || value >= n_tensors) : (kind != 4 && kind != 8)) {
+      return RaiseError("ValueError", "cuda_launch: each parameter is (0, a tensor's index) or (4 or 8, a constant)");
+    }
+    launch->kind[p] = static_cast<int>(kind);
+    launch->value[p] = kind == 4 ? static_cast<uint64_t>(static_cast<uint32_t>(value)) : static_cast<uint64_t>(value);
+  }
+  std::string why;
+  launch->driver = FindDriver(&why);
+  if (launch->driver == nullptr) return RaiseError("RuntimeError", why.c_str());
+  TVMFFIObjectHandle function = nullptr;
+  if (TVMFFIFunctionCreate(launch.get(), CallCudaLaunch, DeleteCudaLaunch, &function) != 0) return -1;
+  launch.release();  // (the function owns it now)
+  result->type_index = kTVMFFIFunction;
   result->zero_padding = 0;
-  result->v_int64 = 0;
+  result->v_obj = static_cast<TVMFFIObject*>(function);
   return 0;
 }
 

@@ -14,9 +14,13 @@ constexpr int kMaxTail = 16;
 
 // Looks `tensors` (TVM-FFI tensors or DLTensor pointers) up under `tag`. On a hit whose last
 // tensor (the output) shares no memory with the others, calls the recorded function as
-// function(*tensors, *tail, stream) and sets *launched. Returns -1 when the function raised
+// function(*tensors, *tail, stream), or with the tensors and the tail in the order recorded with
+// them (record_ordered), and sets *launched. Returns -1 when the function raised
 // (the error is in TVM-FFI's raised slot), else 0.
 int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensors, int count, bool* launched);
+
+// Whether the table has an entry for `tensors` under `tag`.
+bool Recorded(int64_t tag, const TVMFFIAny* tensors, int count);
 
 // The table's key of (tag, tensors): their dtypes, devices, shapes, strides and the low 10 bits
 // of their data pointers. False when some tensor cannot be keyed (more than 8 dimensions, or no

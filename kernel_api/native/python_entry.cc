@@ -27,10 +27,18 @@
 //       alignment): what Python computed from tensors' metadata, found again without Python.
 //   record_call(tag, call, *tensors) -> bool; forget_calls(); calls() -> int
 //       torch calls keyed like the launch table, for kernels that launch through torch on the
-//       current stream (cuBLAS through torch.matmul, torch.addmm): gemm_plain calls
-//       call(A, B[, bias], out=out) for a call on the current stream that the table itself has no
+//       current stream (cuBLAS through torch.matmul, torch.addmm): gemm_plain and call run
+//       call(*inputs, out=out) for a call on the current stream that the table itself has no
 //       entry for; a call recorded with kNewOutputTag for the inputs alone serves allocating
-//       calls as call(A, B[, bias]).
+//       calls as call(*inputs).
+//   record_maker(tag, maker, n, *inputs) -> bool; makers() -> int
+//       for allocating calls of kernels in the table: call makes the output as maker(*inputs[:n]),
+//       or for maker None as a dense tensor shaped, typed and placed like the first input
+//       (inputs[0].new_empty(inputs[0].shape), made by torch's allocator through the exchange API:
+//       NewDense), recorded with kNewOutputTag for the inputs alone; then launches into it.
+//   call(tag, stream, out, *inputs) -> out | None
+//       any operation's call replayed from what its Python path recorded (the table, torch calls,
+//       output makers), with no rule of the operation's own; see Call.
 //
 // Tensors carrying torch's lazy negative or conjugate bit (which DLPack cannot express) are never
 // read (see "Lazy bits" below): launch, gemm_plain and recall miss, remember declines, and bind
@@ -415,32 +423,70 @@ PyObject* ConfigureOps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// ---- New outputs -----------------------------------------------------------------------------
+//
+// A new dense (row-major) tensor made by torch's allocator through the exchange API
+// (`managed_tensor_allocator`: at::empty on the current stream, then wrapped as a torch.Tensor),
+// without the argument parsing of a Python call such as new_empty: 3.4 us of host time for
+// torch.empty_like on an H200 host, as much as the rest of a replayed softmax call. Where that
+// fails once (the producer has no allocator, or it refused), `new_empty` is called from then on.
+bool exchange_allocation_failed = false;
+
+void IgnoreAllocationError(void*, const char*, const char*) {}
+
+// A new dense tensor of `shape` (`ndim` extents) with `like`'s dtype and device; a new reference,
+// or nullptr with a Python error.
+PyObject* NewDense(PyObject* like_object, const DLTensor& like, const int64_t* shape, int ndim) {
+  if (!exchange_allocation_failed && exchange->managed_tensor_allocator != nullptr &&
+      exchange->managed_tensor_to_py_object_no_sync != nullptr) {
+    DLTensor prototype{};
+    prototype.ndim = ndim;
+    prototype.shape = const_cast<int64_t*>(shape);
+    prototype.dtype = like.dtype;
+    prototype.device = like.device;
+    DLManagedTensorVersioned* managed = nullptr;
+    void* made = nullptr;
+    if (exchange->managed_tensor_allocator(&prototype, &managed, nullptr, IgnoreAllocationError) == 0 &&
+        managed != nullptr) {
+      if (exchange->managed_tensor_to_py_object_no_sync(managed, &made) == 0 && made != nullptr) {
+        return static_cast<PyObject*>(made);
+      }
+      // (not wrapped: whether the producer released it is unknown, so it is left, once)
+    }
+    PyErr_Clear();
+    exchange_allocation_failed = true;
+  }
+  PyObject* extents = PyTuple_New(ndim);
+  if (extents == nullptr) return nullptr;
+  for (int i = 0; i < ndim; ++i) {
+    PyObject* extent = PyLong_FromLongLong(shape[i]);
+    if (extent == nullptr) {
+      Py_DECREF(extents);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(extents, i, extent);
+  }
+  PyObject* call[] = {like_object, extents};
+  PyObject* made = PyObject_VectorcallMethod(ops.new_empty, call, 2, nullptr);
+  Py_DECREF(extents);
+  return made;
+}
+
 // The output ops.gemm allocates for out=None, as `kernel_api.ops.dispatch._new_gemm_output` makes
 // it: A.new_empty((*A.shape[:-1], B.shape[-1])), from the shapes already read (a, b), without that
-// Python function's frame. The `new_output` hook instead when configure_ops was given one.
+// Python function's frame (`NewDense`). The `new_output` hook instead when configure_ops was given one.
 PyObject* NewOutput(PyObject* A, PyObject* B, const DLTensor& a, const DLTensor& b) {
   if (ops.new_output != Py_None) {
     PyObject* inputs[] = {A, B};
     return PyObject_Vectorcall(ops.new_output, inputs, 2, nullptr);
   }
-  if (a.ndim < 1 || b.ndim < 1) {
-    PyErr_SetString(PyExc_ValueError, "gemm: A and B need at least one dimension");
+  if (a.ndim < 1 || b.ndim < 1 || a.ndim > 8) {
+    PyErr_SetString(PyExc_ValueError, "gemm: A and B need between one and eight dimensions");
     return nullptr;
   }
-  PyObject* shape = PyTuple_New(a.ndim);
-  if (shape == nullptr) return nullptr;
-  for (int i = 0; i < a.ndim; ++i) {
-    PyObject* extent = PyLong_FromLongLong(i + 1 < a.ndim ? a.shape[i] : b.shape[b.ndim - 1]);
-    if (extent == nullptr) {
-      Py_DECREF(shape);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(shape, i, extent);
-  }
-  PyObject* call[] = {A, shape};
-  PyObject* made = PyObject_VectorcallMethod(ops.new_empty, call, 2, nullptr);
-  Py_DECREF(shape);
-  return made;
+  int64_t shape[8];
+  for (int i = 0; i < a.ndim; ++i) shape[i] = i + 1 < a.ndim ? a.shape[i] : b.shape[b.ndim - 1];
+  return NewDense(A, a, shape, a.ndim);
 }
 
 bool IsExactly(PyObject* number, double value) {
@@ -466,16 +512,16 @@ int RequiresGrad(PyObject* tensor) {
 }
 
 // Whether a launch now would bypass something Python must see: a torch dispatch mode (a
-// tracer's, or the user's), or autograd. -1 with a Python error.
-int NeedsPython(PyObject* A, PyObject* B, PyObject* bias = nullptr) {
+// tracer's, or the user's), or autograd (one of the `count` inputs requires grad while grad mode
+// is on). -1 with a Python error.
+int NeedsPython(PyObject* const* inputs, int count) {
   PyObject* modes = PyObject_CallNoArgs(ops.dispatch_modes);
   if (modes == nullptr) return -1;
   const long depth = PyLong_AsLong(modes);
   Py_DECREF(modes);
   if (depth != 0) return depth == -1 && PyErr_Occurred() ? -1 : 1;
-  int grad = RequiresGrad(A);
-  if (grad == 0) grad = RequiresGrad(B);
-  if (grad == 0 && bias != nullptr) grad = RequiresGrad(bias);
+  int grad = 0;
+  for (int i = 0; i < count && grad == 0; ++i) grad = RequiresGrad(inputs[i]);
   if (grad <= 0) return grad;
   PyObject* enabled = PyObject_CallNoArgs(ops.grad_enabled);
   if (enabled == nullptr) return -1;
@@ -534,10 +580,17 @@ std::unordered_map<std::string, PyObject*> torch_calls;
 constexpr size_t kTorchCallLimit = 4096;
 PyObject* out_kwnames = nullptr;  // ("out",): the output passed by keyword, as torch functions take it
 
+// The makers of allocating calls' outputs, for kernels launched from the table: a tuple
+// (maker, n) under the inputs' metadata with kNewOutputTag; the output is maker(*inputs[:n]).
+std::unordered_map<std::string, PyObject*> output_makers;
+
 void ForgetTorchCalls() {
   std::unordered_map<std::string, PyObject*> old;
   old.swap(torch_calls);
-  for (auto& item : old) Py_DECREF(item.second);  // may run Python code: the map is already empty
+  std::unordered_map<std::string, PyObject*> old_makers;
+  old_makers.swap(output_makers);
+  for (auto& item : old) Py_DECREF(item.second);  // may run Python code: the maps are already empty
+  for (auto& item : old_makers) Py_DECREF(item.second);
 }
 
 // OR'd into the tag of a torch call recorded for allocating calls, keyed by (A, B) alone
@@ -613,13 +666,13 @@ bool SplitsColumns(const DLTensor& a, const DLTensor& b) {
   return n % vec != 0 && n >= 4 * vec && a.shape[0] >= kSplitMinRows;
 }
 
-// The torch call recorded for these inputs (operands[0, inputs)) with a dense output as the
-// caching allocator makes one: A's dtype and device, shape (*A.shape[:-1], N), row-major, its data
-// 512-byte aligned (low pointer bits 0 or 512). Found without allocating the output; borrowed, or
-// nullptr. operands[inputs] is scratch.
-PyObject* RecordedForDenseOutput(long long tag, TVMFFIAny* operands, int inputs, const DLTensor& a,
-                                 const DLTensor& b) {
-  if (torch_calls.empty() || a.ndim < 1 || b.ndim < 1 || a.ndim > 8) return nullptr;
+// Calls `found(key operands)` with the operands [0, inputs) followed by a dense output as the
+// caching allocator makes one (A's dtype and device, shape (*A.shape[:-1], N), row-major, its data
+// 512-byte aligned: low pointer bits 0 or 512), without allocating it, until it returns true;
+// whether it did. operands[inputs] is scratch.
+template <typename Found>
+bool ForDenseOutput(TVMFFIAny* operands, int inputs, const DLTensor& a, const DLTensor& b, Found found) {
+  if (a.ndim < 1 || b.ndim < 1 || a.ndim > 8) return false;
   int64_t shape[8];
   int64_t strides[8];
   for (int i = 0; i + 1 < a.ndim; ++i) shape[i] = a.shape[i];
@@ -636,19 +689,33 @@ PyObject* RecordedForDenseOutput(long long tag, TVMFFIAny* operands, int inputs,
   dense.dtype = a.dtype;
   dense.device = a.device;
   SetPointer(&operands[inputs], kTVMFFIDLTensorPtr, &dense);
-  std::string key;
-  PyObject* found_call = nullptr;
+  bool hit = false;
   for (uintptr_t low : {uintptr_t{0}, uintptr_t{512}}) {
     dense.data = reinterpret_cast<void*>((uintptr_t{1} << 20) | low);  // (only the low 10 bits are keyed)
-    key.clear();
-    if (!kernel_api_native::TensorKey(tag, operands, inputs + 1, &key)) break;
-    auto found = torch_calls.find(key);
-    if (found != torch_calls.end()) {
-      found_call = found->second;
+    if (found(operands)) {
+      hit = true;
       break;
     }
   }
   SetPointer(&operands[inputs], kTVMFFINone, nullptr);
+  return hit;
+}
+
+// The torch call recorded for these inputs (operands[0, inputs)) with a dense output as the
+// caching allocator makes one (`ForDenseOutput`); borrowed, or nullptr.
+PyObject* RecordedForDenseOutput(long long tag, TVMFFIAny* operands, int inputs, const DLTensor& a,
+                                 const DLTensor& b) {
+  if (torch_calls.empty()) return nullptr;
+  PyObject* found_call = nullptr;
+  std::string key;
+  ForDenseOutput(operands, inputs, a, b, [&](const TVMFFIAny* keyed) {
+    key.clear();
+    if (!kernel_api_native::TensorKey(tag, keyed, inputs + 1, &key)) return false;
+    auto found = torch_calls.find(key);
+    if (found == torch_calls.end()) return false;
+    found_call = found->second;
+    return true;
+  });
   return found_call;
 }
 
@@ -727,7 +794,8 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
   }
   if (!PyObject_TypeCheck(A, tensor_type) || !PyObject_TypeCheck(B, tensor_type)) Py_RETURN_NONE;
-  const int needs_python = NeedsPython(A, B, bias);
+  PyObject* const inputs_checked[] = {A, B, bias};
+  const int needs_python = NeedsPython(inputs_checked, bias == nullptr ? 2 : 3);
   if (needs_python != 0) {
     PyErr_Clear();
     Py_RETURN_NONE;
@@ -818,6 +886,130 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return target;
 }
 
+// ---- any operation's calls -----------------------------------------------------------------
+
+// call(tag, stream, out, *inputs) -> out | None: an operation's call replayed from what its Python
+// path recorded for operands of this metadata, with no rule of the operation's own: under `tag`
+// (the op's, with the current policy's id OR'd in) the table's launch for (*inputs, out), or a
+// torch call recorded for them (on the current stream). For out=None, a torch call recorded for
+// the inputs alone under kNewOutputTag (torch allocates), else the output maker recorded there
+// (record_maker) makes the output and the table launches into it. The given out's version is
+// bumped. None (no Python error) whenever it declines: not configured, a torch dispatch mode, an
+// input that requires grad while grad mode is on, operands it cannot read (lazy bits included),
+// nothing recorded, an output that may overlap an input, or a launch that raised (the Python path
+// runs the call again and reports).
+PyObject* Call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  long long tag;
+  if (!ReadTag(args, nargs, 3, "call(tag, stream, out, *inputs)", &tag)) return nullptr;
+  const int inputs = static_cast<int>(nargs - 3);
+  if (ops.settings == nullptr || inputs + 1 > kMaxTensors) Py_RETURN_NONE;
+  PyObject* stream_given = args[1];
+  PyObject* out = args[2];
+  PyObject* objects[kMaxTensors];
+  for (int i = 0; i < inputs; ++i) {
+    objects[i] = args[3 + i];
+    if (!PyObject_TypeCheck(objects[i], tensor_type)) Py_RETURN_NONE;  // the Python path explains
+  }
+  if (out != Py_None && !PyObject_TypeCheck(out, tensor_type)) Py_RETURN_NONE;
+  if (NeedsPython(objects, inputs) != 0) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  tag = PolicyTag(tag);
+  if (tag == -1) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  DLTensor tensors[kMaxTensors];
+  TVMFFIAny operands[kMaxTensors];
+  if (!ReadOperands(objects, inputs, tensors, operands)) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  if (out == Py_None) {
+    if (stream_given == Py_None) {  // a torch call kept for allocating calls: torch allocates
+      PyObject* made = nullptr;
+      const int called = CallRecorded(tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone, &made);
+      if (called == 1) return made;
+      if (called < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+      }
+    }
+    if (output_makers.empty()) Py_RETURN_NONE;
+    thread_local std::string key;
+    key.clear();
+    if (!kernel_api_native::TensorKey(tag | kNewOutputTag, operands, inputs, &key)) Py_RETURN_NONE;
+    auto found = output_makers.find(key);
+    if (found == output_makers.end()) Py_RETURN_NONE;
+    PyObject* recipe = found->second;  // (maker, n)
+    const Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(recipe, 1));
+    if (n < 1 || n > inputs) {
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+    if (PyTuple_GET_ITEM(recipe, 0) == Py_None) {  // a dense tensor like the first input
+      objects[inputs] = NewDense(objects[0], tensors[0], tensors[0].shape, tensors[0].ndim);
+    } else {
+      Py_INCREF(recipe);  // held during the call: Python code it runs may forget the entry
+      objects[inputs] = PyObject_Vectorcall(PyTuple_GET_ITEM(recipe, 0), objects, static_cast<size_t>(n), nullptr);
+      Py_DECREF(recipe);
+    }
+  } else {
+    Py_INCREF(out);
+    objects[inputs] = out;
+  }
+  PyObject* target = objects[inputs];
+  // (a made output is new memory: it carries no lazy bit)
+  if (target == nullptr || !ReadOperands(objects + inputs, 1, tensors + inputs, operands + inputs,
+                                         out == Py_None ? 0 : -1)) {
+    PyErr_Clear();
+    Py_XDECREF(target);
+    Py_RETURN_NONE;
+  }
+  PyObject* stream_object = stream_given;
+  if (stream_object != Py_None) {
+    stream_object = PyObject_CallOneArg(ops.to_stream, stream_object);
+    if (stream_object == nullptr) {
+      PyErr_Clear();
+      Py_DECREF(target);
+      Py_RETURN_NONE;
+    }
+  } else {
+    Py_INCREF(stream_object);
+  }
+  TVMFFIAny stream;
+  const bool stream_ok = StreamArgument(stream_object, tensors[0].device, &stream);
+  Py_DECREF(stream_object);
+  bool launched = false;
+  const int count = inputs + 1;
+  if (!stream_ok) {
+    PyErr_Clear();
+  } else if (kernel_api_native::LaunchRecorded(tag, stream, operands, count, &launched) != 0) {
+    TVMFFIObjectHandle error = nullptr;  // dropped: the Python path runs the call again and reports
+    TVMFFIErrorMoveFromRaised(&error);
+    if (error != nullptr) TVMFFIObjectDecRef(error);
+    launched = false;
+  }
+  if (!launched && stream_given == Py_None && out != Py_None) {
+    const int called = CallRecorded(tag, objects, operands, count, OutputArgument::kGiven);
+    if (called < 0) {
+      PyErr_Clear();
+    } else {
+      launched = called == 1;
+    }
+  }
+  if (!launched) {
+    Py_DECREF(target);
+    Py_RETURN_NONE;
+  }
+  if (out != Py_None && !BumpVersion(out)) {  // launched already: raise rather than launch again
+    Py_DECREF(target);
+    return nullptr;
+  }
+  return target;
+}
+
 // ---- remember / recall ---------------------------------------------------------------------
 
 // Guarded by the GIL (every caller holds it). Values are strong references.
@@ -892,12 +1084,31 @@ PyObject* RecordCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                          static_cast<int>(nargs - 2));
 }
 
+PyObject* RecordMaker(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  long long tag;
+  if (!ReadTag(args, nargs, 3, "record_maker(tag, maker, n, *inputs)", &tag)) return nullptr;
+  const Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+  if (n == -1 && PyErr_Occurred()) return nullptr;
+  if ((args[1] != Py_None && !PyCallable_Check(args[1])) || n < 1 || n > nargs - 3) {
+    PyErr_SetString(PyExc_TypeError, "record_maker: maker must be None or callable, taking the first n (>= 1) inputs");
+    return nullptr;
+  }
+  PyObject* recipe = PyTuple_Pack(2, args[1], args[2]);
+  if (recipe == nullptr) return nullptr;
+  PyObject* stored = StoreByMetadata(&output_makers, kTorchCallLimit, ForgetTorchCalls, tag, recipe, args + 3,
+                                     static_cast<int>(nargs - 3));
+  Py_DECREF(recipe);
+  return stored;
+}
+
 PyObject* ForgetCalls(PyObject*, PyObject*) {
   ForgetTorchCalls();
   Py_RETURN_NONE;
 }
 
 PyObject* TorchCallCount(PyObject*, PyObject*) { return PyLong_FromSize_t(torch_calls.size()); }
+
+PyObject* MakerCount(PyObject*, PyObject*) { return PyLong_FromSize_t(output_makers.size()); }
 
 PyObject* ForgetAll(PyObject*, PyObject*) {
   Forget();
@@ -1143,7 +1354,13 @@ PyMethodDef methods[] = {
     {"record_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(RecordCall)), METH_FASTCALL,
      "record_call(tag, call, *tensors) -> bool: gemm_plain runs call(*inputs, out=output) for these tensors' "
      "metadata on the current stream (False: cannot key them)."},
-    {"forget_calls", ForgetCalls, METH_NOARGS, "forget_calls(): drop every recorded torch call."},
+    {"forget_calls", ForgetCalls, METH_NOARGS, "forget_calls(): drop every recorded torch call and output maker."},
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Call)), METH_FASTCALL,
+     "call(tag, stream, out, *inputs) -> out | None: an operation's call replayed from what its Python path recorded."},
+    {"record_maker", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(RecordMaker)), METH_FASTCALL,
+     "record_maker(tag, maker, n, *inputs) -> bool: call makes an allocating call's output as maker(*inputs[:n]) "
+     "(False: cannot key them)."},
+    {"makers", MakerCount, METH_NOARGS, "makers() -> int: how many output makers are recorded."},
     {"calls", TorchCallCount, METH_NOARGS, "calls() -> int: how many torch calls are recorded."},
     {nullptr, nullptr, 0, nullptr},
 };

@@ -35,6 +35,7 @@ from ..core.errors import DeviceError
 from ..tuning.scope import CURRENT as _settings  # the context variable itself: no call frame per op
 from ..tuning.settings import current
 from ..core.streams import cu_streams as _cu_streams, current_raw_stream as _current_raw_stream, to_cuda_stream
+from ..kernel import Kernel
 from ..launcher import Launcher
 
 _log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ _table_launch: Any = None  # its ``launch(tag, stream, *tensors) -> bool``
 # ``gemm_plain`` of the table's CPython entry points: gemm's plain-call checks and launch in C
 # (its contract: docs/architecture.md, "The gemm_plain contract").
 _gemm_plain: Any = None
+# ``call`` of the entry points: any operation's call replayed from what its Python path recorded
+# (the table's launches, torch calls, output makers), with no rule of the operation's own.
+_op_call: Any = None
 _tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the C table alive
 # The op in the low bits of a C-table tag (policy ids are 16-byte aligned addresses).
 _GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
@@ -131,11 +135,13 @@ def _launch_fast(found: tuple, stream: Any, *tensors: torch.Tensor) -> None:
 
 
 def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = (), tag: int = 0,
-            new_output: bool = False) -> None:
+            new_output: bool = False, maker: tuple | None = None) -> None:
     """Choose (once per policy, signature and shape), compile and launch; then, when the
     arguments kept the caller's ``tensors`` as they are, record the kernel's launcher for
     them: in ``_fast`` under ``fast_key`` and in the C launch table under ``tag``
-    (``new_output``: the output is `_new_gemm_output`'s, so a torch call serves allocating calls)."""
+    (``new_output``: the caller made the output, so a torch call serves allocating calls;
+    ``maker``: ``(maker, n)``, the caller made it as ``maker(*inputs[:n])``, which the entry
+    points' ``call`` repeats for allocating calls of a kernel in the table)."""
     args.check_memory()  # the run below assumes the arguments supported
     scope = current()
     policy = scope.policy
@@ -162,7 +168,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
                 candidates = allowed_math(candidates, tf32)
             if not candidates:
                 raise registry.no_kernel_error(args)
-            kernel = policy.choose(args, candidates)
+            kernel = policy.choose(args, replayable_first(candidates, args))
             found = _dispatch[key] = (kernel, kernel.compile(args), token)  # keep token alive: id() stays unique
             if _log.isEnabledFor(logging.DEBUG):  # once per choice, never on repeated calls
                 _log_fast_path(kernel, found[1], args, fast_key, tensors, tag)
@@ -205,9 +211,37 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
         # per call (the TVM-FFI table's own launch, without the entry points, cannot: none there)
         recorded_tag = tag | _TF32_TAG if tf32 and tag == _GEMM_TAG else tag
         if tag and launcher.ffi:
-            _record_native(launcher, token, tensors, recorded_tag, needs_entry_points=tf32 is not None)
-        elif tag == _GEMM_TAG and launcher.torch_call is not None:
+            _record_native(launcher, token, tensors, recorded_tag, needs_entry_points=tf32 is not None, maker=maker)
+        elif tag and launcher.torch_call is not None:
             _record_torch_call(launcher, token, tensors, recorded_tag, new_output)
+
+
+#: Problems moving fewer bytes than this (operands read and written once) are given only to
+#: kernels whose calls the front door replays from C, when any fits (`replayable_first`): a
+#: kernel class offering no `Kernel._launcher` (the softmax window, row-group and stream
+#: families, whose launches take a workspace and a launch epoch of their own) runs every call
+#: through the Python path, 75-150 us of host time a call on an H200 host (benchmarks/softmax.py
+#: --public-only: the 1x1M window forward took 158 us a call, its kernel 9 us), where a replayed
+#: call took 7-12 us; 256 MiB is what the GPU streams in 75 us. 32x131072 softmax went from those
+#: families (0.27-0.52x torch) to the cluster splits (1.85-2.94x); on a faster host the families
+#: would keep problems of 90-256 MiB, where their kernels run up to 1.7x faster.
+REPLAYABLE_FIRST_BYTES = 256 << 20
+
+
+def replayable_first(candidates: list, args: Any) -> list:
+    """``candidates`` less the kernels whose class offers no `Launcher` (`Kernel._launcher` not
+    overridden: never replayed from C), for problems under `REPLAYABLE_FIRST_BYTES` when any
+    other candidate remains; else ``candidates``."""
+    if len(candidates) < 2:
+        return candidates
+    moved = sum(byte_extent(getattr(args, name)) for name in args.tensor_attributes)
+    if moved >= REPLAYABLE_FIRST_BYTES:
+        return candidates
+    replayable = [k for k in candidates if type(k)._launcher is not _no_launcher]
+    return replayable or candidates
+
+
+_no_launcher = Kernel._launcher
 
 
 def _epilogue_entry(launcher: Launcher, bias: Any, index: int, token: Any, extents: tuple) -> tuple | None:
@@ -249,7 +283,7 @@ def _log_fast_path(kernel: Any, artifact: Any, args: Any, fast_key: tuple | None
 
 def _load_table() -> bool:
     """Load the C launch table and its CPython entry points once; whether the table is there."""
-    global _table, _table_launch, _gemm_plain
+    global _table, _table_launch, _gemm_plain, _op_call
     if _table is None:
         _table = native.table()
         if _table is None:
@@ -262,6 +296,7 @@ def _load_table() -> bool:
             entry.configure_ops(_settings, _dispatch_modes, _grad_enabled, None, to_cuda_stream,
                                 _increment_version, _tf32_allowed)
             _gemm_plain = entry.gemm_plain
+            _op_call = entry.call
         else:
             _log.debug("the launch table's CPython entry points are unavailable (%s): launching through TVM-FFI",
                        native.why_not_entry())
@@ -281,14 +316,18 @@ def _tag_policy(policy: Any) -> None:
 
 
 def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int,
-                   needs_entry_points: bool = False) -> None:
+                   needs_entry_points: bool = False, maker: tuple | None = None) -> None:
     """Enter ``launcher`` (a TVM-FFI function's) in the C launch table under ``tag`` for
     operands with ``tensors``' raw metadata (``needs_entry_points``: only where gemm_plain
-    serves the entry, f32 GEMMs keyed by the TF32 flag)."""
+    serves the entry, f32 GEMMs keyed by the TF32 flag; ``maker``: ``(maker, n)``, the output
+    was made as ``maker(*inputs[:n])``, which the entry points' ``call`` repeats for allocating
+    calls with the inputs' metadata)."""
     if not _load_table() or (needs_entry_points and _gemm_plain is None):
         return
     _tag_policy(policy)
     _table.record(id(policy) | tag, launcher.function, len(tensors), *tensors, *launcher.tail)
+    if maker is not None and _op_call is not None:
+        native.entry().record_maker(id(policy) | tag | _NEW_OUTPUT_TAG, maker[0], maker[1], *tensors[:-1])
 
 
 def _record_torch_call(launcher: Launcher, policy: Any, tensors: tuple, tag: int, new_output: bool = False) -> None:
@@ -528,25 +567,95 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
 def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
     """``softmax(x, dim)`` over the last dimension; differentiable (the backward runs the
     registry's softmax-backward kernels) and traceable (``kernel_api::softmax``). Repeated
-    calls with ``dim=-1`` on operands of recorded metadata launch from the C launch table."""
-    if not (_is_dynamo_compiling() or _dispatch_modes()) and _table_launch is not None and dim == -1:
-        try:
-            if not (x.requires_grad and _grad_enabled()):
-                target = x.new_empty(x.shape) if out is None else out
-                if _table_launch(_settings.get().policy_id | _SOFTMAX_TAG,
-                                 None if stream is None else to_cuda_stream(stream), x, target):
-                    if out is not None:
-                        _increment_version((out,))
-                    return target
-        except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
-            pass
+    calls with ``dim=-1`` on operands of recorded metadata are replayed from C (the entry
+    points' ``call``: the launch table, or the torch provider's recorded call)."""
+    if not _is_dynamo_compiling() and dim == -1:
+        if _op_call is not None:
+            done = _op_call(_SOFTMAX_TAG, stream, out, x)
+            if done is not None:
+                return done
+            if (out is None and stream is None and type(x) is _Tensor and x.requires_grad and x.is_cuda
+                    and x.numel() <= AUTOGRAD_NATIVE_MAX_ELEMENTS and _grad_enabled() and not _dispatch_modes()):
+                return torch.softmax(x, -1)  # (small, under autograd: see AUTOGRAD_NATIVE_MAX_ELEMENTS)
+        elif _table_launch is not None and not _dispatch_modes():
+            try:
+                if not (x.requires_grad and _grad_enabled()):
+                    target = _new_like(x) if out is None else out
+                    if _table_launch(_settings.get().policy_id | _SOFTMAX_TAG,
+                                     None if stream is None else to_cuda_stream(stream), x, target):
+                        if out is not None:
+                            _increment_version((out,))
+                        return target
+            except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
+                pass
     if not isinstance(x, _Tensor):
         raise _not_a_tensor("softmax", "x", x)
     if out is not None and not isinstance(out, _Tensor):
         raise _not_a_tensor("softmax", "out", out, True)
-    if _is_compiling() or _dispatch_modes() or (x.requires_grad and _grad_enabled()):
+    if _is_compiling() or _dispatch_modes():
         return _traced_call(torch.ops.kernel_api.softmax, stream, out, x, dim)
+    if x.requires_grad and _grad_enabled():
+        if not x.is_cuda:  # (meta tensors: the custom op's fake implementation)
+            return _traced_call(torch.ops.kernel_api.softmax, stream, out, x, dim)
+        if out is not None:
+            raise ValueError("out=: results that require grad cannot be written into a given tensor; leave out=None")
+        if stream is None and x.numel() <= AUTOGRAD_NATIVE_MAX_ELEMENTS:
+            return torch.softmax(x, dim)  # (see AUTOGRAD_NATIVE_MAX_ELEMENTS)
+        if _functorch_active():
+            return _SoftmaxWithGrad.apply(x, dim, stream)
+        return _apply_softmax_with_grad(x, dim, stream)
     return _softmax_eager(x, dim, out, stream)
+
+
+#: Softmax under autograd of at most this many elements is torch's own (`torch.softmax`, whose
+#: backward is a C++ node), not ours through `_SoftmaxWithGrad`: a Python autograd node costs
+#: the forward and backward a Python frame each, and the backward the GIL on autograd's device
+#: thread, which small problems do not earn back. Measured on an H200 host (benchmarks/softmax.py
+#: --public-only, ``torch.autograd.grad`` of ``ops.softmax(x)``): 0.71-0.87x torch's step for
+#: 1M-16.8M elements (8192x128 to 16384x1024), 1.21-2.0x from 33.5M (8192x4097, 65536x1024 and up).
+AUTOGRAD_NATIVE_MAX_ELEMENTS = 1 << 24
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def _new_like(t: torch.Tensor) -> torch.Tensor:
+    """How ops' softmax functions make an allocating call's output: a dense (row-major) tensor of
+    ``t``'s shape, dtype and device. The entry points' ``call`` makes the outputs of repeated
+    allocating calls the same way (`_NEW_LIKE_FIRST`), through torch's allocator from C."""
+    return t.new_empty(t.shape)
+
+
+#: `_launch`'s ``maker`` for outputs made by `_new_like` of the first input (None: the entry
+#: points' own rule for "dense, like the first input", python_entry.cc's NewDense).
+_NEW_LIKE_FIRST = (None, 1)
+
+
+class _SoftmaxWithGrad(torch.autograd.Function):
+    """`softmax` of a CUDA tensor that requires grad, eagerly (no tracer, no dispatch mode): the
+    forward and backward run through the front door (their recorded launches), without the
+    custom op's dispatch. Tracers and dispatch modes see ``kernel_api::softmax`` instead."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, stream: Any) -> torch.Tensor:
+        # (grad mode is off in here)
+        out = _op_call(_SOFTMAX_TAG, stream, None, x) if dim == -1 and _op_call is not None else None
+        if out is None:
+            out = _softmax_eager(x, dim, None, stream)
+        ctx.save_for_backward(out)
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (out,) = ctx.saved_tensors
+        if _grad_enabled():  # create_graph: the custom op, which says that it has no second derivative
+            return torch.ops.kernel_api.softmax_backward(grad, out, ctx.dim), None, None
+        return softmax_backward(grad, out, ctx.dim), None, None
+
+
+# `_SoftmaxWithGrad.apply` without `torch.autograd.Function.apply`'s Python wrapper (which looks
+# for functorch's wrappers in the arguments): the C apply itself, used while no functorch
+# transform is active.
+_apply_softmax_with_grad = torch._C._FunctionBase.__dict__["apply"].__get__(None, _SoftmaxWithGrad)
 
 
 def _moved_dim(t: torch.Tensor, dim: Any) -> int | None:
@@ -581,8 +690,9 @@ def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: 
         return out
     given = out is not None  # the caller's tensor: its version counter is bumped after the write
     if not given:
-        out = x.new_empty(x.shape)
-    _launch(SoftmaxArguments(x, out, dim=dim), stream, None, (x, out), _SOFTMAX_TAG)
+        out = _new_like(x)
+    _launch(SoftmaxArguments(x, out, dim=dim), stream, None, (x, out), _SOFTMAX_TAG, not given,
+            None if given else _NEW_LIKE_FIRST)
     if given:
         _increment_version((out,))
     return out
@@ -591,16 +701,21 @@ def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: 
 def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
                      grad_in: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
     """Gradient of softmax: ``out * (grad_out - sum(grad_out * out, dim))``."""
-    if not (_is_dynamo_compiling() or _dispatch_modes()) and _table_launch is not None and dim == -1:
-        try:
-            target = out.new_empty(out.shape) if grad_in is None else grad_in
-            if _table_launch(_settings.get().policy_id | _SOFTMAX_BACKWARD_TAG,
-                             None if stream is None else to_cuda_stream(stream), grad_out, out, target):
-                if grad_in is not None:
-                    _increment_version((grad_in,))
-                return target
-        except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
-            pass
+    if not _is_dynamo_compiling() and dim == -1:
+        if _op_call is not None:
+            done = _op_call(_SOFTMAX_BACKWARD_TAG, stream, grad_in, grad_out, out)
+            if done is not None:
+                return done
+        elif _table_launch is not None and not _dispatch_modes():
+            try:
+                target = _new_like(grad_out) if grad_in is None else grad_in
+                if _table_launch(_settings.get().policy_id | _SOFTMAX_BACKWARD_TAG,
+                                 None if stream is None else to_cuda_stream(stream), grad_out, out, target):
+                    if grad_in is not None:
+                        _increment_version((grad_in,))
+                    return target
+            except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
+                pass
     for name, value in (("grad_out", grad_out), ("out", out)):
         if not isinstance(value, _Tensor):
             raise _not_a_tensor("softmax_backward", name, value)
@@ -627,9 +742,9 @@ def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int,
         return grad_in
     given = grad_in is not None  # the caller's tensor: its version counter is bumped after the write
     if not given:
-        grad_in = out.new_empty(out.shape)
+        grad_in = _new_like(grad_out)  # (as C makes it; the arguments check it against out)
     _launch(SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim), stream, None, (grad_out, out, grad_in),
-            _SOFTMAX_BACKWARD_TAG)
+            _SOFTMAX_BACKWARD_TAG, not given, None if given else _NEW_LIKE_FIRST)
     if given:
         _increment_version((grad_in,))
     return grad_in

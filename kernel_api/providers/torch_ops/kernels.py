@@ -152,7 +152,7 @@ _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice
 
 class _TorchKernel(Kernel):
     """Common to the torch kernels: nothing to compile, no workspace (`TorchGemm` offers
-    launchers for its common cases; the others launch through ``_run``)."""
+    launchers for its common cases, the softmax kernels for every case)."""
 
     workspace_free = True
 
@@ -390,12 +390,14 @@ class TorchSoftmax(_TorchKernel):
                 found.append(cls(metadata))
         return found
 
+    def _launcher(self, args: SoftmaxArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """torch's softmax, with ``torch_call``: repeated `kernel_api.ops.softmax` calls on the
+        current stream run it from the C entry points, allocating ones letting torch allocate."""
+        return Launcher(_softmax_launch, torch_call=_softmax_call)
+
     def _run(self, args: SoftmaxArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
         with _torch_stream(stream):
-            torch._softmax(args.x, -1, False, out=args.out)
-
-
-_softmax_backward_out = torch.ops.aten._softmax_backward_data.out
+            torch.softmax(args.x, -1, out=args.out)
 
 
 @TorchProvider.register
@@ -419,8 +421,34 @@ class TorchSoftmaxBackward(_TorchKernel):
                 found.append(cls(metadata))
         return found
 
+    def _launcher(self, args: SoftmaxBackwardArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """torch's softmax backward, with ``torch_call`` (see `TorchSoftmax._launcher`)."""
+        return Launcher(_softmax_backward_launch, torch_call=_softmax_backward_call)
+
     def _run(self, args: SoftmaxBackwardArguments, artifact: CompiledArtifact, stream: Any,
              workspace: Any = None) -> None:
         with _torch_stream(stream):
-            # (the out= overload names its output grad_input; torch._softmax_backward_data takes no out=)
-            _softmax_backward_out(args.grad_out, args.out, -1, args.out.dtype, grad_input=args.grad_in)
+            _softmax_backward_call(args.grad_out, args.out, out=args.grad_in)
+
+
+# The softmax kernels' launches, for the Python paths (``function(*operands, stream)``), and their
+# torch calls on the current stream (``call(*inputs, out=output)``; allocating without ``out``).
+# (no out=None passed on: torch's argument parser takes a quarter microsecond for it)
+def _softmax_call(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.softmax(x, -1) if out is None else torch.softmax(x, -1, out=out)
+
+
+def _softmax_backward_call(grad_out: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    if out is None:
+        return torch._softmax_backward_data(grad_out, y, -1, y.dtype)
+    return torch._softmax_backward_data(grad_out, y, -1, y.dtype, grad_input=out)  # (the out= overload's name)
+
+
+def _softmax_launch(x: torch.Tensor, out: torch.Tensor, stream: Any) -> None:
+    with contextlib.nullcontext() if _on_current_stream(stream) else _torch_stream(stream):
+        torch.softmax(x, -1, out=out)
+
+
+def _softmax_backward_launch(grad_out: torch.Tensor, y: torch.Tensor, grad_in: torch.Tensor, stream: Any) -> None:
+    with contextlib.nullcontext() if _on_current_stream(stream) else _torch_stream(stream):
+        _softmax_backward_call(grad_out, y, out=grad_in)

@@ -19,6 +19,9 @@ An instance's compiled artifact is specialised on the row length's bucket (the t
 registers per thread and threads per CTA, a multiple of 32 for ``block``: the block
 reductions take any number of warps), chosen at compile time; ``compile_key`` includes it, so
 `Kernel.run` without an artifact compiles each bucket once.
+
+A launch is recorded (`_launcher`, `recorded_launch`: the grid, block and row parameters fixed by
+the operands' metadata), so repeated `Kernel.run` and `kernel_api.ops` calls replay it from C.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from typing import Any
 
 import torch
 
+from .... import native
 from ....arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from ....core.dtypes import DataType
 from ....core.errors import UnsupportedArgumentsError
 from ....metadata import KernelMetadata, RowReductionDesignMetadata, softmax_operands
 from ....core.status import Status
+from ....launcher import Launcher
 from ....utils import MAX_GRID_X
 from ... import softmax_config
 from .. import CudaSourceProvider
@@ -159,6 +164,11 @@ class _SoftmaxBase(CudaSourceKernel):
         artifact.compiled_obj.launch(stream_handle(stream, device), device, -(-args.rows // plan.rows_per_cta),
                                      plan.threads, 0, row_params(args))
 
+    def _launcher(self, args: Any, artifact: Any) -> Launcher | None:
+        plan = _launch_plan(self, args, artifact)
+        return None if plan is None else recorded_launch(args, artifact, -(-args.rows // plan.rows_per_cta),
+                                                         plan.threads)
+
 
 def _name(cls: type, params: dict) -> str:
     """The shared naming, with ``_peel<vec>`` in place of ``_a<vec>`` for peeled instances."""
@@ -199,6 +209,30 @@ def row_params(args: Any) -> tuple:
         return (g.data_ptr(), y.data_ptr(), d.data_ptr(), rows, cols, _row_stride(g, cols), _row_stride(y, cols), cols)
     x, out = args.x, args.out
     return (x.data_ptr(), out.data_ptr(), rows, cols, _row_stride(x, cols), cols)
+
+
+def row_layout(args: Any) -> tuple:
+    """`row_params` as `kernel_api.native.cuda_launch` parameters: the operands (in
+    ``args.tensor_attributes`` order, as `row_params` takes them) by index, the rest 64-bit constants."""
+    rows, cols = args.rows, args.cols
+    T = native.TENSOR
+    if isinstance(args, SoftmaxBackwardArguments):
+        return ((T, 0), (T, 1), (T, 2), (8, rows), (8, cols), (8, _row_stride(args.grad_out, cols)),
+                (8, _row_stride(args.out, cols)), (8, cols))
+    return ((T, 0), (T, 1), (8, rows), (8, cols), (8, _row_stride(args.x, cols)), (8, cols))
+
+
+def recorded_launch(args: Any, artifact: Any, grid: int, threads: int, shared_bytes: int = 0) -> Launcher | None:
+    """The `Launcher` of one launch of ``artifact``'s kernel for operands of ``args``' metadata:
+    ``grid`` CTAs of ``threads`` threads with ``shared_bytes`` of dynamic shared memory and the
+    row parameters (`row_layout`), replayed from C (`kernel_api.native.cuda_launch`; the operands'
+    pointers read at each call). None where that cannot be made (no native module or CUDA driver),
+    or for an empty problem (nothing to launch)."""
+    if args.rows == 0 or args.cols == 0:
+        return None
+    function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), len(args.tensor_attributes), (grid, 1, 1),
+                                  (threads, 1, 1), shared_bytes, row_layout(args))
+    return None if function is None else Launcher(function)
 
 
 def _check_capacity(kernel: Any, plan: Any, cols: int) -> None:

@@ -33,7 +33,8 @@ from ....utils import MAX_GRID_X
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, JoinsSoftmaxSource, _launch_plan, peel_status, row_length_status, row_params
+from .softmax import (_TYPES, JoinsSoftmaxSource, _launch_plan, peel_status, recorded_launch, row_length_status,
+                      row_params)
 
 #: Dynamic shared memory one CTA may use on sm_90/sm_100 (227 KB opt-in, less the kernel's
 #: static reduction scratch).
@@ -170,6 +171,11 @@ class _SmemBase(JoinsSoftmaxSource, CudaSourceKernel):
         device = args.device.index
         artifact.compiled_obj.launch(stream_handle(stream, device), device, args.rows, p.threads,
                                      row_smem_bytes(args.cols, self.dtype, self.staged_rows), row_params(args))
+
+    def _launcher(self, args: Any, artifact: Any) -> Any:
+        p = _launch_plan(self, args, artifact)
+        return None if p is None else recorded_launch(args, artifact, args.rows, p.threads,
+                                                      row_smem_bytes(args.cols, self.dtype, self.staged_rows))
 
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:

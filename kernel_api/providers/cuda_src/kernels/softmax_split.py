@@ -39,7 +39,8 @@ from ....utils import MAX_GRID_X, next_pow2
 from ... import softmax_config
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from .softmax import _TYPES, JoinsSoftmaxSource, _launch_plan, peel_status, row_length_status, row_params
+from .softmax import (_TYPES, JoinsSoftmaxSource, _launch_plan, peel_status, recorded_launch, row_length_status,
+                      row_params)
 
 #: Cluster sizes (portable: at most 8).
 CLUSTERS = (2, 4, 8)
@@ -192,6 +193,10 @@ class _SplitBase(JoinsSoftmaxSource, CudaSourceKernel):
         device = args.device.index
         artifact.compiled_obj.launch(stream_handle(stream, device), device, args.rows * p.cluster, p.threads, 0,
                                      row_params(args))
+
+    def _launcher(self, args: Any, artifact: Any) -> Any:
+        p = _launch_plan(self, args, artifact)
+        return None if p is None else recorded_launch(args, artifact, args.rows * p.cluster, p.threads)
 
     # ---- ranking ---------------------------------------------------------------------------
     def estimated_cost(self, args: Any, sm_count: int) -> float:
