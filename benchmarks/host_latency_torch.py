@@ -13,6 +13,15 @@ allocating, `TorchGemm.run` on bound arguments; with a row bias, ``ops.gemm`` ag
 ``torch.addmm`` (out= and allocating); and a layer's forward under no_grad, torch's ``nn.Linear``
 against `kernel_api.nn`'s patch of it. Writes
 benchmarks/results/host_latency_torch-<device>[-tag].json (and $OUT/ when set); prints a table last.
+
+    python3 benchmarks/host_latency_torch.py --linear   # decode-sized layers, batch 1 to 16
+
+``--linear``: bf16 layers of LLM sizes (4096->4096, 4096->11008, 768->3072) at batch 1 to 16 under
+no_grad, torch's ``nn.Linear`` against `kernel_api.nn.patch` of it (whatever PickAny chooses: cuBLAS
+through torch, or a kernel of ours): back-to-back forwards with the host cost included
+(`kernel_api.tuning.timing.time_interleaved`, ``as_called``: the two in shuffled turns, layers
+rotated so the weights come from DRAM as in a model, median), and the host time per forward
+(`host_latency.per_call_us`). ``x torch`` is torch's time over ours.
 """
 
 from __future__ import annotations
@@ -76,13 +85,82 @@ def _no_grad(layer, x):
         return layer(x)
 
 
+LINEAR_SHAPES = ((4096, 4096), (4096, 11008), (768, 3072))
+LINEAR_BATCHES = (1, 2, 4, 8, 16)
+
+
+def linear_rows(calls: int, repeats: int, samples: int = 60) -> list[dict]:
+    """torch.nn.Linear against its kernel_api.nn patch, per shape and batch (see ``--linear``)."""
+    from kernel_api.tuning.timing import rotation_count, time_interleaved
+
+    found = []
+    dtype = torch.bfloat16
+    for K, N in LINEAR_SHAPES:
+        sets = rotation_count(2 * K * N)  # layers, so that the weights are read from DRAM
+        layers = [torch.nn.Linear(K, N, device="cuda", dtype=dtype) for _ in range(sets)]
+        patched = [kernel_api.nn.patch(torch.nn.Sequential(torch.nn.Linear(K, N, device="cuda", dtype=dtype)))[0]
+                   for _ in range(sets)]
+        with torch.no_grad():
+            for layer, mine in zip(layers, patched):
+                mine.weight.copy_(layer.weight)
+                mine.bias.copy_(layer.bias)
+            for M in LINEAR_BATCHES:
+                xs = [torch.randn(M, K, device="cuda", dtype=dtype) for _ in range(sets)]
+                for i in range(sets):
+                    for _ in range(3):  # the first call chooses and records; the later ones replay
+                        got = patched[i](xs[i])
+                    want = layers[i](xs[i]).double()
+                    err = ((got.double() - want).norm() / want.norm()).item()
+                    assert err < 2e-2, f"{K}->{N} M={M}: relative error {err:.3e}"
+                runs = {"torch": lambda i: layers[i](xs[i]), "kernel_api": lambda i: patched[i](xs[i])}
+                floor = 2 * K * N / 4.0e12 * 1e3
+                timed = time_interleaved(runs, sets=sets, warmup=5, repeat=samples, gpu_floor_ms=floor,
+                                         timing="as_called")
+                host = per_call_us({"torch": lambda: layers[0](xs[0]), "kernel_api": lambda: patched[0](xs[0])},
+                                   calls, repeats)
+                over = over_reference(host, "torch")
+                chosen = getattr(kernel_api.ops.dispatch, "_dispatch", {})
+                names = sorted({k.metadata.kernel_name for (_, _, shape, _), (k, _, _) in chosen.items()
+                                if shape[:3] == (M, N, K)})
+                row = {"K": K, "N": N, "M": M, "torch_us": timed["torch"]["median_ms"] * 1e3,
+                       "kernel_api_us": timed["kernel_api"]["median_ms"] * 1e3,
+                       "host_torch_us": statistics.median(host["torch"]),
+                       "host_kernel_api_us": statistics.median(host["kernel_api"]),
+                       "host_over_torch_us": over["kernel_api"], "kernels": names}
+                row["x_torch"] = row["torch_us"] / row["kernel_api_us"]
+                found.append(row)
+                print(_linear_row(row), flush=True)
+    return found
+
+
+def _linear_row(r: dict) -> str:
+    return (f"{r['K']:>5}->{r['N']:<6} M={r['M']:<3} torch {r['torch_us']:7.2f} us  kernel_api {r['kernel_api_us']:7.2f} us"
+            f"  {r['x_torch']:5.2f}x | host {r['host_torch_us']:6.2f} / {r['host_kernel_api_us']:6.2f} us "
+            f"({r['host_over_torch_us']:+5.2f}) | {', '.join(r['kernels'])}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--repeats", type=int, default=51)
     p.add_argument("--tag", default="")
+    p.add_argument("--linear", action="store_true", help="only the decode-sized layers, batch 1 to 16")
     opts = p.parse_args()
     device = torch.cuda.get_device_name()
+    if opts.linear:
+        rows = linear_rows(opts.calls, opts.repeats)
+        name = f"host_latency_linear-{device.replace(' ', '_')}{'-' + opts.tag if opts.tag else ''}.json"
+        text = json.dumps({"device": device, "torch": torch.__version__, "argv": sys.argv, "rows": rows}, indent=1)
+        for folder in (os.path.join(HERE, "results"), os.environ.get("OUT")):
+            if folder:
+                with open(os.path.join(folder, name), "w") as f:
+                    f.write(text)
+        print("\nbf16 nn.Linear forward under no_grad, back-to-back (host included); host = host time per call")
+        for r in rows:
+            print(_linear_row(r))
+        behind = [r for r in rows if r["x_torch"] < 1.0]
+        print(f"{len(rows) - len(behind)}/{len(rows)} at 1.0x torch or better")
+        return
     report = {"device": device, "torch": torch.__version__, "argv": sys.argv, "cases": []}
     lines = []
     for dt, n in CASES:

@@ -1,11 +1,12 @@
 """Which path a repeated call takes: replayed from C (the launch table, a recorded torch call, a
 recorded output maker) without entering the front door's Python dispatch, for softmax's kernel
-families (our CUDA source kernels and the torch provider's), and the outputs of allocating calls.
+families (our CUDA source kernels and the torch provider's), GEMMs with a row bias launched by a
+kernel of ours, and kernel_api.nn.Linear's forward.
 
 Runs on CPU: stand-ins take the place of compiled kernels (a Python callable converted to a
 TVM-FFI function), recorded as the front door records a launcher after a call's Python path;
 the frames a call enters are watched with ``sys.setprofile``. The timings these paths reach are
-benchmarks' business (benchmarks/softmax.py --public-only).
+benchmarks' business (benchmarks/softmax.py, benchmarks/host_latency_torch.py --linear).
 """
 
 from __future__ import annotations
@@ -229,6 +230,66 @@ def test_the_native_cuda_launch_checks_what_it_is_given():
         with pytest.raises(RuntimeError, match="CUDA driver"):
             table.cuda_launch(0x10, 2, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0, 1)
         assert native.cuda_launch(0x10, 2, (1, 1, 1), (32, 1, 1), 0, ((0, 0), (0, 1))) is None
+
+
+def test_a_gemm_with_a_bias_of_our_kernel_is_replayed_from_c(entry):
+    """A GEMM with a row bias launched by a TVM-FFI function of ours (the bias among its launcher's
+    constants) is recorded in the launch table with the bias as an operand, in the function's
+    argument order; gemm_plain then replays repeated calls with each call's own bias, allocating
+    ones into the output it makes, without the front door's Python frames."""
+    A, B, bias = torch.randn(16, 8), torch.randn(8, 4), torch.randn(4)
+    made = torch.empty(16, 4)
+    fn = Recorder((made,))
+    launcher = Launcher(fn.function, (None, bias, 1.0, 0.0))  # a CuTe DSL GEMM's tail: C, bias, alpha, beta
+    entry_ = ops._epilogue_entry(launcher, bias, -1, current().policy, (0, 0, 0))
+    tag = ops._GEMM_TAG | 1 << ops._EPILOGUE_SHIFT
+    ops._record_native_epilogue(entry_, current().policy, (A, B, bias, made), tag)
+    other = aligned_like(bias)  # another bias of the same metadata: the call's own is passed
+    with Frames() as frames:
+        out = ops.gemm(A, B, out=made, bias=other)
+    assert out is made and fn.calls[-1] == (seen(A), seen(B), seen(made), None, seen(other), 1.0, 0.0, None)
+    assert frames.of("kernel_api.ops.dispatch") == ["kernel_api.ops.dispatch.gemm"], frames.entered
+    gelu = entry.gemm_plain(ops._GEMM_TAG, A, B, made, 1.0, 0.0, None, other, "gelu", None, None)
+    assert gelu is None and len(fn.calls) == 1  # another activation: another entry (none)
+    # an allocating call: C makes the dense output the caching allocator would, if the table has
+    # an entry for one (the stand-in's output here is dense, its pointer's low bits what they are)
+    low = made.data_ptr() & 1023
+    if low in (0, 512):
+        assert ops.gemm(A, B, bias=other) is not None and len(fn.calls) == 2
+
+
+def test_a_patched_linear_replays_its_gemm_from_c(entry):
+    """kernel_api.nn.Linear's forward of a 2-D input with recorded metadata calls gemm_plain
+    itself, with the weight's transposed view kept on the layer: no _project, no ops.gemm
+    frame, no new view per call; a weight given new memory is viewed anew."""
+    from kernel_api.providers.torch_ops.kernels import TorchGemm
+
+    layer = kernel_api.nn.Linear(8, 4)
+    x = torch.randn(16, 8)
+    with torch.no_grad():
+        out = torch.empty(16, 4)
+        args = kernel_api.GemmArguments(x, layer.weight.t(), out,
+                                        epilogue=kernel_api.arguments.EpilogueArguments(bias=layer.bias))
+        kernel = next(k for k in TorchGemm.generate_kernels(None) if k.metadata.kernel_name == "TorchGemm_f32_tnt")
+        launcher = kernel._launcher(args, CompiledArtifact(None, kernel))
+        ops._record_torch_call(launcher, current().policy, (x, layer.weight.t(), layer.bias, out),
+                               ops._GEMM_TAG | 1 << ops._EPILOGUE_SHIFT, True)
+        layer(x)  # keeps the weight's view
+        with Frames() as frames:
+            y = layer(x)
+        assert torch.allclose(y, torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-6)
+        assert not frames.of("kernel_api.ops.dispatch"), frames.entered
+        entered = [name.rsplit(".", 1)[-1] for name in frames.of("kernel_api.nn.linear")]
+        assert "_project" not in entered and entered.count("forward") == 1
+        from kernel_api.nn.linear import _weight_t
+
+        kept = _weight_t(layer, layer.weight)
+        assert _weight_t(layer, layer.weight) is kept  # the same view while the weight stays
+        layer.weight.data = torch.randn(4, 8)  # new memory: the kept view would be stale
+        assert _weight_t(layer, layer.weight).data_ptr() == layer.weight.data_ptr()
+        kept = _weight_t(layer, layer.weight)
+        layer.weight.add_(1.0)  # changed in place (a new version): viewed anew, as a resize_ would need
+        assert _weight_t(layer, layer.weight) is not kept
 
 
 def test_outputs_made_in_c_come_from_torchs_allocator_without_a_python_call(entry, monkeypatch):

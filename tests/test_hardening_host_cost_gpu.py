@@ -1,7 +1,8 @@
 """Repeated calls replayed from C on the GPU: correct results, and no Python dispatch once a
 call's metadata is recorded, for softmax's kernel families (our CUDA source kernels through
-their recorded CUDA launch, the torch provider through its torch call) and softmax under
-autograd. Timings are the benchmarks' (benchmarks/softmax.py --public-only)."""
+their recorded CUDA launch, the torch provider through its torch call), softmax under
+autograd, GEMMs with a bias, and kernel_api.nn.Linear at decode batch sizes. Timings are the
+benchmarks' (benchmarks/softmax.py, benchmarks/host_latency_torch.py --linear)."""
 
 from __future__ import annotations
 
@@ -142,3 +143,28 @@ def test_softmax_under_autograd_matches_torch_without_the_custom_op(monkeypatch,
     (want,) = torch.autograd.grad(torch.softmax(ref, -1), ref, g.double())
     assert _rel(got, want) < 2e-2
     assert not calls, "eager autograd went through the custom op's dispatch"
+
+
+@pytest.mark.parametrize("in_f,out_f", [(768, 3072), (4096, 4096)])
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_patched_linear_at_decode_batches_is_replayed_from_c(python_path, monkeypatch, in_f, out_f, batch):
+    from kernel_api.nn import linear as nn_linear
+
+    if native.entry() is None:
+        pytest.skip(f"no native entry points: {native.why_not_entry()}")
+    torch.manual_seed(0)
+    layer = kernel_api.nn.Linear(in_f, out_f, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, in_f, device="cuda", dtype=torch.bfloat16)
+    projected = []
+    project = nn_linear._project
+    monkeypatch.setattr(nn_linear, "_project", lambda *a: projected.append(1) or project(*a))
+    with torch.no_grad():
+        for _ in range(3):
+            y = layer(x)
+        first, first_projected = len(python_path), len(projected)
+        for _ in range(3):
+            x.copy_(torch.randn_like(x))
+            y = layer(x)
+        want = torch.nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
+    assert _rel(y, want) < 2e-2
+    assert len(python_path) == first and len(projected) == first_projected, "a repeated forward took the Python path"

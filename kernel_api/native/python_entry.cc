@@ -785,9 +785,8 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   long long epilogue = 0;
   if (bias != nullptr) {
-    // Only recorded torch calls serve these (the launch table holds no epilogue entries), on the
-    // current stream; our own kernels' epilogues take the Python path, so a miss costs little.
-    if (torch_calls.empty() || args[10] != Py_None) Py_RETURN_NONE;
+    // Recorded torch calls (on the current stream) and table entries recorded with the bias
+    // among their operands (record_ordered) serve these.
     epilogue = ActivationCode(args[8]);
     if (epilogue < 0 || !PyObject_TypeCheck(bias, tensor_type)) Py_RETURN_NONE;
   } else if (args[8] != Py_None) {
@@ -828,8 +827,14 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         Py_RETURN_NONE;
       }
     }
-    // No output is made for a bias call: on a miss the Python path would make another.
-    if (bias != nullptr) Py_RETURN_NONE;
+    // A bias call's output is made only for a table entry recorded with a dense output: on a miss
+    // the Python path would make another.
+    if (bias != nullptr &&
+        !ForDenseOutput(operands, inputs, tensors[0], tensors[1], [&](const TVMFFIAny* keyed) {
+          return kernel_api_native::Recorded(keyed_tag, keyed, inputs + 1);
+        })) {
+      Py_RETURN_NONE;
+    }
     objects[inputs] = NewOutput(A, B, tensors[0], tensors[1]);
   } else {
     Py_INCREF(out);
@@ -860,7 +865,7 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   bool launched = false;
   if (!stream_ok) {
     PyErr_Clear();
-  } else if (bias == nullptr && kernel_api_native::LaunchRecorded(keyed_tag, stream, operands, count, &launched) != 0) {
+  } else if (kernel_api_native::LaunchRecorded(keyed_tag, stream, operands, count, &launched) != 0) {
     TVMFFIObjectHandle error = nullptr;  // dropped: the Python path runs the call again and reports
     TVMFFIErrorMoveFromRaised(&error);
     if (error != nullptr) TVMFFIObjectDecRef(error);

@@ -26,7 +26,12 @@ _TORCH_ACTIVATIONS = {
     "silu": F.silu,
 }
 _autocast_enabled = torch.is_autocast_enabled
+_autocast_any = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 _grad_enabled = torch.is_grad_enabled
+_is_dynamo_compiling = _ops._is_dynamo_compiling
+_dispatch_modes = _ops._dispatch_modes
+_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
+_GEMM_TAG = _ops._GEMM_TAG
 
 
 def _check_activation(activation: Any) -> str | None:
@@ -76,6 +81,37 @@ def _project(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, b
     return y if two_d else y.reshape(*x.shape[:-1], N)
 
 
+def _replayed(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """``activation(x @ weight_kn + bias)`` for a 2-D ``x`` replayed from C (`gemm_plain`: the
+    launch table's entry or the torch call recorded for operands of this metadata), or None
+    when the call needs the Python path (`_project`): no entry yet, autograd, autocast, a
+    tracer. An entry exists only for metadata that `_project` and the front door checked."""
+    plain = _ops._gemm_plain
+    if plain is None or _autocast_any() or _is_dynamo_compiling() or _function_modes() or x.dim() != 2:
+        return None
+    return plain(_GEMM_TAG, x, weight_kn, None, 1.0, 0.0, None, bias, layer.activation, None, None)
+
+
+# The transposed view of each Linear's weight, kept on the layer: (weight, its data pointer and
+# version when viewed, weight.t()). A view made per call costs as much as the rest of a repeated
+# call's Python work; a weight replaced, moved to other memory or changed in place is viewed anew.
+_WEIGHT_T = "_kernel_api_weight_t"
+
+
+def _keep_weight_t(layer: torch.nn.Module, weight: torch.Tensor) -> tuple:
+    """Keeps ``weight.t()`` on ``layer`` (`_WEIGHT_T`); the kept tuple."""
+    kept = layer.__dict__[_WEIGHT_T] = (weight, weight.data_ptr(), weight._version, weight.t())
+    return kept
+
+
+def _weight_t(layer: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """``weight.t()``, kept on ``layer`` while the weight stays what it was (`_WEIGHT_T`)."""
+    kept = layer.__dict__.get(_WEIGHT_T)
+    if kept is None or kept[0] is not weight or kept[1] != weight.data_ptr() or kept[2] != weight._version:
+        kept = _keep_weight_t(layer, weight)
+    return kept[3]
+
+
 def _layer_name(layer: torch.nn.Module) -> str:
     name = getattr(layer, "kernel_api_name", None)
     return f"layer {name!r} ({type(layer).__name__})" if name else type(layer).__name__
@@ -113,6 +149,23 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        # A 2-D input of recorded metadata: `_replayed`'s call, inline (a frame less per forward).
+        # The parameters come from _parameters, without nn.Module.__getattr__'s frame (a
+        # parametrized weight is not there and takes the general path).
+        plain = _ops._gemm_plain
+        if plain is not None and not (_is_dynamo_compiling() or _dispatch_modes() or _function_modes()
+                                      or _autocast_any()) and input.dim() == 2:
+            params = self._parameters
+            weight = params.get("weight")
+            if weight is not None:
+                kept = self.__dict__.get(_WEIGHT_T)
+                if (kept is None or kept[0] is not weight or kept[1] != weight.data_ptr()
+                        or kept[2] != weight._version):
+                    kept = _keep_weight_t(self, weight)
+                y = plain(_GEMM_TAG, input, kept[3], None, 1.0, 0.0, None, params.get("bias"), self.activation,
+                          None, None)
+                if y is not None:
+                    return y
         return _project(self, input, self.weight.t(), self.bias, self.activation,
                         self.fuse_activation_when_training)
 
@@ -131,6 +184,12 @@ class Conv1DLinear(torch.nn.Module):
     fuse_activation_when_training = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        params = self._parameters
+        weight = params.get("weight")
+        if weight is not None:
+            y = _replayed(self, input, weight, params.get("bias"))
+            if y is not None:
+                return y
         return _project(self, input, self.weight, self.bias, self.activation, self.fuse_activation_when_training)
 
     def extra_repr(self) -> str:

@@ -197,13 +197,15 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
                 if entry is not None:
                     _fast[fast_key] = entry
                     code = _EPILOGUE_CODES.get(epilogue.activation)
-                    if (launcher.torch_call is not None and epilogue.bias is not None and code is not None
-                            and epilogue.alpha == 1.0 and id(token) >> _EPILOGUE_SHIFT == 0):
+                    if (epilogue.bias is not None and code is not None and epilogue.alpha == 1.0
+                            and id(token) >> _EPILOGUE_SHIFT == 0):
                         # (the fast key holds beta 0 and no C): gemm_plain serves repeated calls
                         A, B, out = tensors
-                        _record_torch_call(launcher, token, (A, B, epilogue.bias, out),
-                                           _GEMM_TAG | (_TF32_TAG if tf32 else 0) | code << _EPILOGUE_SHIFT,
-                                           new_output)
+                        bias_tag = _GEMM_TAG | (_TF32_TAG if tf32 else 0) | code << _EPILOGUE_SHIFT
+                        if launcher.ffi:
+                            _record_native_epilogue(entry, token, (A, B, epilogue.bias, out), bias_tag)
+                        elif launcher.torch_call is not None:
+                            _record_torch_call(launcher, token, (A, B, epilogue.bias, out), bias_tag, new_output)
                 return
             # keep policy alive (its id() is in the key); extents for the overlap check
             _fast[fast_key] = (launcher, index, token, extents)
@@ -328,6 +330,20 @@ def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int,
     _table.record(id(policy) | tag, launcher.function, len(tensors), *tensors, *launcher.tail)
     if maker is not None and _op_call is not None:
         native.entry().record_maker(id(policy) | tag | _NEW_OUTPUT_TAG, maker[0], maker[1], *tensors[:-1])
+
+
+def _record_native_epilogue(entry: tuple, policy: Any, tensors: tuple, tag: int) -> None:
+    """Enter a GEMM with a bias (``_fast``'s `_epilogue_entry` of a TVM-FFI function) in the C
+    launch table under ``tag`` for ``tensors`` = (A, B, bias, out): the function is called as
+    ``function(A, B, out, *tail before the bias, bias, *tail after it, stream)``, the bias the
+    call's own (`record_ordered`); gemm_plain serves it."""
+    if not _load_table() or _gemm_plain is None:
+        return
+    function, before, after = entry[0], entry[1], entry[2]
+    order = (0, 1, 3, *(-1 - i for i in range(len(before))), 2,
+             *(-1 - len(before) - i for i in range(len(after))))
+    _tag_policy(policy)
+    _table.record_ordered(id(policy) | tag, function, len(tensors), len(order), *order, *tensors, *before, *after)
 
 
 def _record_torch_call(launcher: Launcher, policy: Any, tensors: tuple, tag: int, new_output: bool = False) -> None:

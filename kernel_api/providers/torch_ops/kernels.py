@@ -349,19 +349,24 @@ def _addmm_relu_launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, bias
 
 
 # The same products as `Launcher.torch_call`s, on the current stream: (A, B, bias[, out=out]),
-# allocating when out is None.
+# allocating when out is None (then no out=None is passed on: torch's argument parser takes a
+# quarter microsecond for it, on every forward of a kernel_api.nn.Linear that cuBLAS serves).
 def _addmm_call(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.addmm(bias, A, B, out=out)
+    return torch.addmm(bias, A, B) if out is None else torch.addmm(bias, A, B, out=out)
 
 
 def _addmm_gelu_call(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor,
                      out: torch.Tensor | None = None) -> torch.Tensor:
+    if out is None:
+        return torch._addmm_activation(bias, A, B, use_gelu=True)
     return torch._addmm_activation(bias, A, B, use_gelu=True, out=out)
 
 
 def _addmm_relu_call(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor,
                      out: torch.Tensor | None = None) -> torch.Tensor:
-    return torch._addmm_activation(bias, A, B, use_gelu=False, out=out)
+    if out is None:
+        return torch._addmm_activation(bias, A, B)
+    return torch._addmm_activation(bias, A, B, out=out)
 
 
 def _row_design() -> RowReductionDesignMetadata:
