@@ -157,7 +157,7 @@ def test_bundle_of_shapes_then_install_gives_a_warm_compile_in_a_new_process(tmp
     target = tmp_path / "target"
     monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(target))
     assert main(["bundle", "install", str(bundle), "--trust"]) == 0
-    assert "2 kernel(s) added" in capsys.readouterr().out
+    assert "3 cache file(s) added" in capsys.readouterr().out  # two kernels and the GEMM's remembered compile
     assert [r.kernel_name for r in TuningRecords().all()] == ["K1"]
     done = subprocess.run([sys.executable, "-c", _NEW_PROCESS], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "KERNEL_API_CACHE_DIR": str(target)})

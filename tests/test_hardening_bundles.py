@@ -121,7 +121,7 @@ def test_cli_refuses_in_one_line_and_installs_with_trust(evil, tmp_path, monkeyp
     assert err.count("\n") == 1 and "not signed by a trusted key; pass --trust" in err
     assert not (tmp_path / "cache" / "cutedsl").exists()
     assert main(["bundle", "install", str(evil), "--trust"]) == 0
-    assert "1 kernel(s) added" in capsys.readouterr().out
+    assert "1 cache file(s) added" in capsys.readouterr().out
 
 
 def test_provenance_is_recorded_and_listed_by_cache_info(evil, tmp_path, monkeypatch, capsys):

@@ -9,6 +9,7 @@ import itertools
 import pytest
 import torch
 
+from kernel_api import GemmArguments
 from kernel_api.providers.cutedsl.gemm import sm90_realigned
 from kernel_api.providers.cutedsl.gemm.implementations import line_copy
 from kernel_api.providers.cutedsl.gemm.implementations.line_copy import copy_lines, line_geometry
@@ -60,7 +61,10 @@ def test_the_realigned_compile_prepares_it(monkeypatch):
     monkeypatch.setattr(sm90_realigned, "prepare_line_copy", lambda: called.append(True))
     kernel = sm90_realigned.Sm90RealignedGemm.generate_kernels(None, cc=90)[0]
     monkeypatch.setattr(kernel.inner, "compile", lambda args, cc=None: SimpleNamespace(compiled_obj="inner"))
-    artifact = kernel.compile(None, 90)
+    A = torch.empty(64, 64, dtype=torch.bfloat16)
+    args = GemmArguments(A, torch.empty(64, 64, dtype=torch.bfloat16), torch.empty(64, 64, dtype=torch.bfloat16),
+                         accumulator_type=torch.float32)
+    artifact = kernel.compile(args, 90)
     assert called and artifact.compiled_obj == "inner"
 
 

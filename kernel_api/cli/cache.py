@@ -19,9 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-# The DiskCache namespaces kernel_api writes: providers/cutedsl/kernel.py's artifacts and
+# The DiskCache namespaces that hold compiled kernels: providers/cutedsl/kernel.py's artifacts and
 # nvrtc/compiler.py's cubins.
-NAMESPACES = ("cutedsl", "cubin")
+KERNEL_NAMESPACES = ("cutedsl", "cubin")
+# Every DiskCache namespace kernel_api writes: those, and the CuTe DSL provider's remembered
+# compiles (small entries naming an artifact).
+NAMESPACES = KERNEL_NAMESPACES + ("cutedsl-compiles",)
 # tuning.sqlite, its journal files, and the copies set aside as damaged (tuning/records.py).
 _RECORDS = re.compile(r"^tuning\.sqlite(\.corrupt-\d{8}T\d{12}Z)?(-wal|-shm|-journal)?$")
 

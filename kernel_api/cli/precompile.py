@@ -157,7 +157,9 @@ def run_bundle_create(path: str, shapes: str | None, cc: Any, top: int, workers:
             if status != 0:
                 raise KernelApiError(f"bundle {path} not written: some kernels of {shapes} failed to compile")
             manifest = create_bundle(path, cache_root=scratch, records=records, sign_with=sign_with)
-    kernels = len(manifest["files"]) - 1
+    from .cache import KERNEL_NAMESPACES
+
+    kernels = sum(name.split("/")[0] in KERNEL_NAMESPACES for name in manifest["files"])
     show(f"wrote {path}: {kernels} compiled kernel(s) and the tuning records, for "
          + ", ".join(f"{k} {v}" for k, v in manifest["toolchain"].items())
          + ("; signed" if sign_with is not None else ""))
@@ -171,7 +173,7 @@ def run_bundle_install(path: str, show: Callable[..., Any] = print, trusted: boo
     from ..tuning.bundle import install_bundle
 
     counts = install_bundle(path, trusted=trusted)
-    show(f"installed {path} into {cache_dir()}: {counts.files_added} kernel(s) added, {counts.files_present} "
+    show(f"installed {path} into {cache_dir()}: {counts.files_added} cache file(s) added, {counts.files_present} "
          f"already present; records: {counts.records.added} added, {counts.records.replaced} replaced, "
          f"{counts.records.kept} kept (the local record was as new or newer)")
     return 0

@@ -91,6 +91,9 @@ def fake_tensor_like(attrs: TensorAttributes, rank: int) -> Any:
 
 
 _artifacts = DiskCache("cutedsl")
+#: Remembered compiles (`_remember`): small entries naming an artifact key, kept apart from the
+#: artifacts themselves so that counting artifacts counts compiled kernels.
+_compiles = DiskCache("cutedsl-compiles")
 _log = logging.getLogger(__name__)
 #: CuTe DSL compiles and artifact loads take turns: the DSL's compiler state (MLIR context, the
 #: JIT's execution engines) is process-wide, and `tune_shapes` compiles from several threads.
@@ -529,13 +532,13 @@ def _compile_key(kernel: Kernel, args: Any, cc: int) -> tuple[str | None, Any]:
 
 
 def _load_remembered(key: str, kernel: CuteDslKernel) -> CompiledArtifact | None:
-    data = _artifacts.get(key)
+    data = _compiles.get(key)
     if data is None:
         return None
     name = getattr(getattr(kernel, "_metadata", None), "kernel_name", type(kernel).__name__)
     if not data.startswith(_REMEMBERED):
         _log.debug("remembered compile of %s: not such an entry (key %.16s); deleted", name, key)
-        _artifacts.delete(key)
+        _compiles.delete(key)
         return None
     function = _load_cached(data[len(_REMEMBERED):].decode("ascii", "replace"), name)
     if function is None:
@@ -565,7 +568,7 @@ def _remember(key: str, kernel: Kernel, artifact: Any, record: _CompileRecord, s
     if why is not None:
         _log.debug("compile of %s not remembered: %s", kernel, why)
         return
-    _artifacts.put(key, _REMEMBERED + record.calls[0][0].encode("ascii"))
+    _compiles.put(key, _REMEMBERED + record.calls[0][0].encode("ascii"))
 
 
 def _changed(kernel: Kernel, state: Any) -> bool:
