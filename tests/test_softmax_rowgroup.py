@@ -28,7 +28,7 @@ import torch
 import kernel_api
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
 from kernel_api.errors import KernelLaunchError
-from kernel_api.nvrtc import launcher as launcher_mod
+from kernel_api.nvrtc import cubin_launcher as launcher_mod
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg
 from kernel_api.providers.cuda_src.kernels.softmax_rowgroup import (CudaSoftmaxRowGroupBackward,
                                                                      CudaSoftmaxRowGroupForward, plan_rows)

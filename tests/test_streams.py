@@ -13,7 +13,7 @@ import kernel_api.utils
 from kernel_api import native
 from kernel_api.core import streams
 from kernel_api.core.streams import stream_handle, to_cuda_stream
-from kernel_api.nvrtc import launcher as cuda_src_launcher
+from kernel_api.nvrtc import cubin_launcher as cuda_src_launcher
 
 
 class ProtocolStream:

@@ -5,6 +5,6 @@ imports the other. ``cuda.core`` and NVRTC are imported only when something comp
 """
 
 from .compiler import CompiledCuda, clear_memory_cache, compile_cuda, disk_cache, nvrtc_version
-from .launcher import CudaLauncher
+from .cubin_launcher import CudaLauncher
 
 __all__ = ["CompiledCuda", "CudaLauncher", "clear_memory_cache", "compile_cuda", "disk_cache", "nvrtc_version"]

@@ -15,9 +15,9 @@ ENTRY_POINT_GROUP = "kernel_api.providers"
 #: The package's own provider modules: the default registry imports them even when the package
 #: is used from a source tree without installed entry points.
 BUILTIN_PROVIDER_MODULES = (
-    "kernel_api.providers.cutedsl.catalog",
-    "kernel_api.providers.cuda_src.catalog",
-    "kernel_api.providers.torch_ops.catalog",
+    "kernel_api.providers.cutedsl.register_kernels",
+    "kernel_api.providers.cuda_src.register_kernels",
+    "kernel_api.providers.torch_ops.register_kernels",
 )
 
 

@@ -35,7 +35,7 @@ from ....launcher import Launcher
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
-from ..launcher import CudaLauncher
+from ....nvrtc import CudaLauncher
 from .gemm_launch import launch_workspace, raw_stream
 
 ROW = (0, 0, 1)
