@@ -344,3 +344,18 @@ def test_small_problems_go_to_kernels_whose_calls_are_replayed():
     assert ops.replayable_first(kernel_api.get_kernels(large, cc=90), large) == kernel_api.get_kernels(large, cc=90)
     only_python_path = [k for k in kernels if never(k)]
     assert ops.replayable_first(only_python_path, small) == only_python_path
+
+
+def test_softmax_under_autograd_is_torchs_only_where_the_settings_allow_the_torch_provider():
+    """Small softmax problems under autograd take torch's own op (a C++ autograd node), unless the
+    settings restrict the providers to ones without torch: the restriction holds."""
+    from kernel_api.ops import dispatch
+
+    small = torch.empty(8, 16, device="meta")
+    large = torch.empty(dispatch.AUTOGRAD_NATIVE_MAX_ELEMENTS + 1, device="meta")
+    assert dispatch.torch_softmax_serves_autograd(small)
+    assert not dispatch.torch_softmax_serves_autograd(large)
+    with kernel_api.settings(providers=["cuda_src"]):
+        assert not dispatch.torch_softmax_serves_autograd(small)
+    with kernel_api.settings(providers=["torch", "cuda_src"]):
+        assert dispatch.torch_softmax_serves_autograd(small)

@@ -23,13 +23,15 @@ the next call; f32 calls are therefore never entered in the C launch table, whic
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import torch
 
 from .. import native, registry
-from ..arguments import EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments, byte_extent
+from ..arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments,
+                         byte_extent)
 from ..core.dtypes import DataType
 from ..core.errors import DeviceError
 from ..tuning.scope import CURRENT as _settings  # the context variable itself: no call frame per op
@@ -147,22 +149,18 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
     policy = scope.policy
     # scope_token: the policy, or (policy, providers) when settings restrict the providers
     token = scope.scope_token
-    tf32 = None
-    if type(args) is GemmArguments:
-        shape = (args.M, args.N, args.K, args.L)
-        if args.A.dtype is _f32:
-            tf32 = _tf32_allowed()
-    else:
-        shape = (args.rows, args.cols)
-    # The signature ends with the operands' device index, so choices are per device.
-    key = (id(token), args.signature, shape, tf32)
+    # f32 GEMMs: the candidates follow torch's matmul precision (the module docstring's rule)
+    tf32 = _tf32_allowed() if type(args) is GemmArguments and args.A.dtype is _f32 else None
+    # The arguments' own key (its signature ends with the operands' device index, so choices
+    # are per device): no rule of any operation here.
+    key = (id(token), args.problem_key(), tf32)
     found = _dispatch.get(key)
     if found is None:
         device = args.device
-        if device.type != "cuda":
+        if device.type not in LAUNCH_DEVICE_TYPES:
             name = next(iter(args.tensor_attributes))
             raise DeviceError(f"operand {name} is on {device}; kernel_api.ops run on CUDA tensors")
-        with torch.cuda.device(device):
+        with torch.cuda.device(device) if device.type == "cuda" else _no_context:
             candidates = registry.get_kernels(args, providers=scope.providers)
             if tf32 is not None:
                 candidates = allowed_math(candidates, tf32)
@@ -216,6 +214,54 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             _record_native(launcher, token, tensors, recorded_tag, needs_entry_points=tf32 is not None, maker=maker)
         elif tag and launcher.torch_call is not None:
             _record_torch_call(launcher, token, tensors, recorded_tag, new_output)
+
+
+#: Device types the front door launches on. The shipped kernels are CUDA kernels, so operands on
+#: another device are refused (DeviceError naming the operand) before any choice; tests whose toy
+#: kernels compute with torch on the CPU add "cpu".
+LAUNCH_DEVICE_TYPES = frozenset({"cuda"})
+_no_context = contextlib.nullcontext()
+
+
+def call(args: Arguments, *, stream: Any = None) -> Any:
+    """Run any operation's arguments with the kernel the policy in force chooses.
+
+    The first call for a problem (`Arguments.problem_key`, under the policy and the settings'
+    providers) finds the candidates, lets the policy choose, compiles and remembers the choice;
+    later calls with an equal key reuse it. Eager only: under ``torch.compile``, ``make_fx`` or
+    another dispatch mode call the operation's torch op instead (`define_operation`'s callable
+    routes there by itself).
+
+    Args:
+        args: the arguments object of any operation (e.g. ``SoftmaxArguments(x, out)``), its
+            outputs allocated by the caller.
+        stream: the stream to launch on (torch stream, CUstream, int handle); None: the current
+            stream of the operands' device.
+
+    Returns:
+        The arguments' output (``type(args).output_names``): one tensor, a tuple of several, or
+        None when the type names none. Each has its autograd version counter bumped, as a torch
+        in-place op would.
+
+    Raises:
+        TypeError: ``args`` is no `Arguments`.
+        RuntimeError: called under tracing or a torch dispatch mode.
+        DeviceError: the operands are not on a device the front door launches on.
+        NoKernelFoundError: no kernel takes the arguments (naming the nearest misses).
+    """
+    if not isinstance(args, Arguments):
+        raise TypeError(f"args: expected a kernel_api Arguments object (e.g. SoftmaxArguments), "
+                        f"got {type(args).__name__}")
+    if _is_compiling() or _dispatch_modes():
+        raise RuntimeError("kernel_api.ops.call launches kernels eagerly; under torch.compile, make_fx or a dispatch "
+                           "mode call the operation's torch op (the function define_operation returns)")
+    _launch(args, stream)
+    names = type(args).output_names
+    if not names:
+        return None
+    outputs = tuple([getattr(args, name) for name in names])
+    _increment_version(outputs)
+    return outputs[0] if len(outputs) == 1 else outputs
 
 
 #: Problems moving fewer bytes than this (operands read and written once) are given only to
@@ -591,7 +637,7 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
             if done is not None:
                 return done
             if (out is None and stream is None and type(x) is _Tensor and x.requires_grad and x.is_cuda
-                    and x.numel() <= AUTOGRAD_NATIVE_MAX_ELEMENTS and _grad_enabled() and not _dispatch_modes()):
+                    and _grad_enabled() and not _dispatch_modes() and torch_softmax_serves_autograd(x)):
                 return torch.softmax(x, -1)  # (small, under autograd: see AUTOGRAD_NATIVE_MAX_ELEMENTS)
         elif _table_launch is not None and not _dispatch_modes():
             try:
@@ -615,7 +661,7 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
             return _traced_call(torch.ops.kernel_api.softmax, stream, out, x, dim)
         if out is not None:
             raise ValueError("out=: results that require grad cannot be written into a given tensor; leave out=None")
-        if stream is None and x.numel() <= AUTOGRAD_NATIVE_MAX_ELEMENTS:
+        if stream is None and torch_softmax_serves_autograd(x):
             return torch.softmax(x, dim)  # (see AUTOGRAD_NATIVE_MAX_ELEMENTS)
         if _functorch_active():
             return _SoftmaxWithGrad.apply(x, dim, stream)
@@ -630,6 +676,25 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
 #: --public-only, ``torch.autograd.grad`` of ``ops.softmax(x)``): 0.71-0.87x torch's step for
 #: 1M-16.8M elements (8192x128 to 16384x1024), 1.21-2.0x from 33.5M (8192x4097, 65536x1024 and up).
 AUTOGRAD_NATIVE_MAX_ELEMENTS = 1 << 24
+
+
+def torch_softmax_serves_autograd(x: torch.Tensor) -> bool:
+    """Whether ops' softmax of ``x`` under autograd is torch's own: ``x`` has at most
+    `AUTOGRAD_NATIVE_MAX_ELEMENTS` elements and the settings in force allow the torch provider
+    (a restriction such as ``settings(providers=["cuda_src"])`` keeps the choice among ours).
+
+    Args:
+        x: the softmax's input.
+
+    Returns:
+        True when ``torch.softmax`` serves the call.
+    """
+    if x.numel() > AUTOGRAD_NATIVE_MAX_ELEMENTS:
+        return False
+    providers = _settings.get().providers
+    return providers is None or "torch" in providers
+
+
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
