@@ -263,3 +263,30 @@ def test_in_place_and_empty(va, dtype):
     for kernel in kernel_api.get_kernels(args):
         kernel.run(args)  # nothing to launch
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.float16, torch.float32))
+def test_the_generated_operation_runs_through_ops_call_and_torch_compile(va, dtype):
+    """The operation's description (vector_add/operation.py) is all it takes: ops.call runs its
+    arguments, its generated function runs eagerly and under torch.compile(fullgraph=True)."""
+    kernel_api.ops.clear_dispatch_cache()
+    x = torch.randn(4099, device="cuda", dtype=torch.float64).to(dtype)
+    y = torch.randn(4099, device="cuda", dtype=torch.float64).to(dtype)
+    expected = (x.double() + y.double()).to(dtype)
+    out = torch.full_like(x, SENTINEL)
+    assert kernel_api.ops.call(va.VectorAddArguments(x, y, out)) is out
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(va.add(x, y), expected, rtol=0, atol=0)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(lambda a, b: va.add(a, b), fullgraph=True, backend=backend)
+    torch.testing.assert_close(compiled(x, y), expected, rtol=0, atol=0)
+    assert any("kernel_api_examples.vector_add" in str(n.target) for n in graphs[0].graph.nodes)
+    torch.testing.assert_close(torch.compile(lambda a, b: va.add(a, b), fullgraph=True)(x, y), expected,
+                               rtol=0, atol=0)  # inductor: the op stays a call of its implementation

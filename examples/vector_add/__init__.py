@@ -8,11 +8,14 @@ which `kernel_api.get_kernels(VectorAddArguments(x, y, out))` finds its instance
 - ``arguments``: `VectorAddArguments`, the operation's arguments type;
 - ``metadata``: `VectorAddOperandsMetadata` and `VectorAddDesign`, what an instance accepts;
 - ``cute_add``: the kernel family's interface file (`CuteVectorAdd`), registered on import;
+- ``operation``: the operation's description (`VECTOR_ADD`), from which importing it generates
+  ``torch.ops.kernel_api_examples.vector_add`` and `add`, the function to call;
 - ``implementations/add_impl.py``: its CuTe DSL code, imported only when a kernel compiles.
 """
 
 from .arguments import VectorAddArguments
 from .metadata import VectorAddDesign, VectorAddOperandsMetadata
 from .cute_add import CuteVectorAdd
+from .operation import VECTOR_ADD, add
 
-__all__ = ["CuteVectorAdd", "VectorAddArguments", "VectorAddDesign", "VectorAddOperandsMetadata"]
+__all__ = ["VECTOR_ADD", "CuteVectorAdd", "VectorAddArguments", "VectorAddDesign", "VectorAddOperandsMetadata", "add"]

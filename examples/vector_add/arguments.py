@@ -59,6 +59,7 @@ class VectorAddArguments(Arguments):
     # Every attribute lives in a slot (Arguments declares its own: tensor_attributes, signature,
     # device, device_index and the two that Kernel.run keeps its state in).
     __slots__ = ("x", "y", "out", "n")
+    output_names = ("out",)  # what kernel_api.ops.call returns
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
         _check_operand("x", x, None)

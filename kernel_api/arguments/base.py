@@ -55,9 +55,29 @@ class Arguments:
     __slots__ = ("tensor_attributes", "signature", "device", "device_index", "_verdicts", "_binding")
 
     epilogue_signature = None
+    #: The operands a kernel writes, in order: what `kernel_api.ops.call` returns (one tensor,
+    #: a tuple of several, or None when the type declares none).
+    output_names: tuple[str, ...] = ()
+    #: The non-tensor attributes a kernel's choice depends on beyond ``signature`` (sizes the
+    #: shapes do not show, a reduction's length, ...): part of the default `problem_key`.
+    problem_fields: tuple[str, ...] = ()
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.tensor_attributes}
+
+    def problem_key(self) -> tuple:
+        """The key under which `kernel_api.ops` remembers its choice for these arguments.
+
+        Two arguments with equal keys must get the same kernel from every policy: the key holds
+        the arguments type, the ``signature`` (operand attributes and device), every operand's
+        shape and the ``problem_fields`` the type declares. A subtype may return a shorter key
+        that still says the same (softmax: rows and columns).
+
+        Returns:
+            A hashable tuple.
+        """
+        return (type(self), self.signature, *[tuple(getattr(self, name).shape) for name in self.tensor_attributes],
+                *[getattr(self, name) for name in self.problem_fields])
 
     def check_memory(self) -> None:
         """Raise ValueError when an output shares memory with an operand it must not overwrite.

@@ -77,6 +77,7 @@ class GemmArguments(Arguments):
     """
 
     __slots__ = ("A", "B", "out", "accumulator_type", "epilogue", "epilogue_signature", "L", "M", "N", "K")
+    output_names = ("out",)
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, accumulator_type: Any = None,
                  epilogue: EpilogueArguments | None = None) -> None:
@@ -195,6 +196,10 @@ class GemmArguments(Arguments):
         for name in ("A", "B"):
             if _shares_memory(self.out, getattr(self, name)):
                 raise ValueError(f"operand out: shares memory with operand {name}; write the result to a separate tensor")
+
+    def problem_key(self) -> tuple:
+        """The signature with (M, N, K, L): everything a GEMM kernel's choice depends on."""
+        return (self.signature, self.M, self.N, self.K, self.L)
 
     def __repr__(self) -> str:
         a, b, o = (self.tensor_attributes[n] for n in ("A", "B", "out"))

@@ -74,6 +74,7 @@ class SoftmaxArguments(Arguments):
     """``out = softmax(x, dim)`` over the last dimension; out has x's shape and dtype."""
 
     __slots__ = ("x", "out", "dim", "rows", "cols")
+    output_names = ("out",)
 
     def __init__(self, x: torch.Tensor, out: torch.Tensor, dim: int = -1) -> None:
         _require_tensor(x, "x")
@@ -90,6 +91,10 @@ class SoftmaxArguments(Arguments):
         # (phases agree: whether peeled kernels take the operands; choices are cached per signature)
         self.signature = ("softmax", xa._key, oa._key, xp == op, x.get_device())
 
+    def problem_key(self) -> tuple:
+        """The signature with the rows and columns: the kernels see the operands as (rows, cols)."""
+        return (self.signature, self.rows, self.cols)
+
     def __repr__(self) -> str:
         return f"SoftmaxArguments(rows={self.rows}, cols={self.cols}, dtype={self.tensor_attributes['x'].dtype}, device={self.device})"
 
@@ -98,6 +103,7 @@ class SoftmaxBackwardArguments(Arguments):
     """``grad_in = out * (grad_out - sum(grad_out * out, dim))``; all three of one shape and dtype."""
 
     __slots__ = ("grad_out", "out", "grad_in", "dim", "rows", "cols")
+    output_names = ("grad_in",)
 
     def __init__(self, grad_out: torch.Tensor, out: torch.Tensor, grad_in: torch.Tensor, dim: int = -1) -> None:
         _require_tensor(grad_out, "grad_out")
@@ -116,6 +122,10 @@ class SoftmaxBackwardArguments(Arguments):
         self.tensor_attributes = {"grad_out": ga, "out": oa, "grad_in": ia}
         # (phases agree: whether peeled kernels take the operands; choices are cached per signature)
         self.signature = ("softmax_bwd", ga._key, oa._key, ia._key, gp == op == ip, out.get_device())
+
+    def problem_key(self) -> tuple:
+        """The signature with the rows and columns: the kernels see the operands as (rows, cols)."""
+        return (self.signature, self.rows, self.cols)
 
     def __repr__(self) -> str:
         return (f"SoftmaxBackwardArguments(rows={self.rows}, cols={self.cols}, "

@@ -2,9 +2,13 @@
 
     kernel_api.ops.gemm(A, B, out=out)
     kernel_api.ops.softmax(x)
+    kernel_api.ops.call(args)              # any operation's Arguments
+    add = kernel_api.ops.define_operation(Operation(...))   # an operation's torch op and function
 
-``dispatch`` holds the functions, the choice cache and the launch records; ``library`` the
-``torch.ops.kernel_api.*`` custom ops that ``dispatch`` routes to under tracing and autograd.
+``dispatch`` holds the functions, `call`, the choice cache and the launch records; ``operation``
+the `Operation` description and `define_operation`, which generates an operation's
+``torch.library`` op and front door; ``library`` the ``torch.ops.kernel_api.*`` ops that
+``dispatch`` routes to under tracing and autograd.
 ``library`` is imported after ``dispatch`` (it registers ops that call into it); ``dispatch``
 reaches the custom ops through ``torch.ops.kernel_api`` at call time, so it imports nothing
 from ``library``.
@@ -15,10 +19,12 @@ from typing import Any
 import torch
 
 from ..arguments import EpilogueArguments, GemmArguments
-from .dispatch import clear_dispatch_cache, gemm, padded_output, softmax, softmax_backward, split_columns
+from .dispatch import call, clear_dispatch_cache, gemm, padded_output, softmax, softmax_backward, split_columns
+from .operation import Operation, define_operation, defined_operations, like_input
 from . import library  # noqa: E402,F401  (registers torch.ops.kernel_api.*)
 
-__all__ = ["clear_dispatch_cache", "gemm", "gemm_arguments", "softmax", "softmax_backward"]
+__all__ = ["Operation", "call", "clear_dispatch_cache", "define_operation", "defined_operations", "gemm",
+           "gemm_arguments", "like_input", "softmax", "softmax_backward"]
 
 
 def gemm_arguments(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, alpha: float = 1.0,

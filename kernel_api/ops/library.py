@@ -1,4 +1,4 @@
-"""``torch.library`` custom ops for the front door, so PyTorch's graph tools see our kernels.
+"""``torch.library`` ops for the front door, so PyTorch's graph tools see our kernels.
 
     torch.ops.kernel_api.gemm(A, B, C, bias, alpha, beta, activation)
     torch.ops.kernel_api.softmax(x, dim)
@@ -21,7 +21,9 @@ from typing import Any, Optional
 
 import torch
 
+from ..arguments import SoftmaxArguments, SoftmaxBackwardArguments
 from . import dispatch as _ops
+from .operation import Operation, define_operation, like_input
 
 _NS = "kernel_api"
 
@@ -196,37 +198,41 @@ def _gemm_backward(ctx: Any, grad: torch.Tensor) -> tuple:
 
 
 # ---- softmax --------------------------------------------------------------------------------
-@torch.library.custom_op(f"{_NS}::softmax", mutates_args=())
-def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """``softmax(x, dim)`` through the registry's forward kernels."""
+# Generated from their descriptions (`Operation`). Their implementations run the front door's
+# own eager functions, which move ``dim`` last when needed and record the launch for the C
+# replay that `dispatch.softmax` tries first.
+def _softmax_arguments(x: torch.Tensor, dim: int, out: torch.Tensor) -> SoftmaxArguments:
+    return SoftmaxArguments(x, out, dim=dim)
+
+
+def _softmax_implementation(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return _ops._softmax_eager(x.contiguous(), dim, None, None)
 
 
-@softmax.register_fake
-def _softmax_fake(x, dim=-1):
-    return x.new_empty(x.shape)
+def _softmax_grad(saved: Any, grad: torch.Tensor) -> tuple:
+    return torch.ops.kernel_api.softmax_backward(grad, saved.out, saved.dim), None
 
 
-@torch.library.custom_op(f"{_NS}::softmax_backward", mutates_args=())
-def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Gradient of softmax through the registry's backward kernels (`SoftmaxBackwardArguments`)."""
+SOFTMAX = Operation(
+    name=f"{_NS}::softmax", schema="(Tensor x, SymInt dim=-1) -> Tensor", arguments=_softmax_arguments,
+    outputs=("out",), fake=like_input(0), backward=_softmax_grad, saved=("out", "dim"),
+    implementation=_softmax_implementation)
+
+
+def _softmax_backward_arguments(grad_out: torch.Tensor, out: torch.Tensor, dim: int,
+                                grad_in: torch.Tensor) -> SoftmaxBackwardArguments:
+    return SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim)
+
+
+def _softmax_backward_implementation(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1) -> torch.Tensor:
     # Autograd often hands over expanded (stride-0) gradients; the kernels need dense rows.
     return _ops._softmax_backward_eager(grad_out.contiguous(), out.contiguous(), dim, None, None)
 
 
-@softmax_backward.register_fake
-def _softmax_backward_fake(grad_out, out, dim=-1):
-    return out.new_empty(out.shape)
+SOFTMAX_BACKWARD = Operation(
+    name=f"{_NS}::softmax_backward", schema="(Tensor grad_out, Tensor out, SymInt dim=-1) -> Tensor",
+    arguments=_softmax_backward_arguments, outputs=("grad_in",), fake=like_input(1),
+    implementation=_softmax_backward_implementation)
 
-
-def _softmax_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    ctx.save_for_backward(output)
-    ctx.dim = inputs[1]
-
-
-def _softmax_grad(ctx: Any, grad: torch.Tensor) -> tuple:
-    (out,) = ctx.saved_tensors
-    return torch.ops.kernel_api.softmax_backward(grad, out, ctx.dim), None
-
-
-softmax.register_autograd(_softmax_grad, setup_context=_softmax_setup)
+softmax = define_operation(SOFTMAX)
+softmax_backward = define_operation(SOFTMAX_BACKWARD)
