@@ -1,7 +1,8 @@
 """The front door: call an operation, let the policy in force choose the kernel.
 
-After the first call for a (policy, signature, problem shape, device), the choice and its
-compiled artifact come from a dictionary. A plain call (no epilogue) whose operands repeat an
+`call` runs any operation's arguments; `gemm` and `softmax` are kernel_api's own front doors.
+After the first call for a policy and an `Arguments.problem_key` (which ends with the device),
+the choice and its compiled artifact come from a dictionary. A plain call (no epilogue) whose operands repeat an
 earlier call's dtypes, shapes, strides, pointer alignment and devices goes further: it is
 launched from the C launch table (`kernel_api.native`) without building arguments, or, where
 that table cannot be built, from a Python dictionary keyed the same way.
