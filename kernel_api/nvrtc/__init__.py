@@ -1,7 +1,8 @@
-"""CUDA C++ through NVRTC: `compile_cuda` (source -> cached cubin) and `CudaLauncher` (load a
-cubin's kernel once, launch it on any stream). Shared by the cuda_src provider's kernels and by
-the CuTe DSL provider's helper kernels (the realigned GEMM's line copies), so neither provider
-imports the other. ``cuda.core`` and NVRTC are imported only when something compiles or loads.
+"""CUDA C++ through NVRTC: `compile_cuda` (``compiler``: source -> cubin, cached on disk in the
+``cubin`` namespace) and `CudaLauncher` (``cubin_launcher``: load a cubin's kernel once, launch
+it on any stream). Shared by the cuda_src provider's kernels and by the CuTe DSL provider's
+helper kernels (the realigned GEMM's line copies), so neither provider imports the other.
+``cuda.core`` and NVRTC are imported only when something compiles or loads.
 """
 
 from .compiler import CompiledCuda, clear_memory_cache, compile_cuda, disk_cache, nvrtc_version

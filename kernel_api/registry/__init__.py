@@ -3,11 +3,13 @@
 A `Registry` holds providers and their kernel classes, plugins and the discovery caches; build
 one of your own with ``Registry()``. The module-level functions here act on `default_registry`,
 the one `kernel_api.get_kernels` searches. A `Provider` groups the kernel classes written with
-one toolchain; ``Provider.register`` is the bring-your-own-kernel decorator. Plugins are
-modules named in the entry-point group ``kernel_api.providers``; they are imported once, on
-first discovery. `get_kernels` walks providers → registered classes → generated instances →
-support checks, caching instance generation per (class, cc, epilogue kind) and metadata
-matches per argument signature.
+one toolchain; ``Provider.register`` is the bring-your-own-kernel decorator. Plugins are modules
+(or providers) named in the entry-point group ``kernel_api.providers``: on its first discovery
+the default registry imports the built-in providers' ``register_kernels`` modules
+(`BUILTIN_PROVIDER_MODULES`), then those plugins, once. A ``Registry()`` imports neither unless
+given a group of its own or entry points (``load_plugins``). `get_kernels` walks providers →
+registered classes → generated instances → support checks, caching instance generation per
+(class, cc, epilogue kind) and metadata matches per argument signature.
 
 The modules, bottom up: ``catalog`` (what is registered), ``reports`` (what failed),
 ``validation`` and ``names`` (what registration refuses), ``plugins`` (what is imported),

@@ -20,12 +20,18 @@ disk), ``_run`` (launches ``kernel_arguments(args)``, by default the operands' p
 caller's stream) and ``get_workspace_size`` (0). Further class attributes: ``design``,
 ``min_cc``/``max_cc``, ``defines``, ``include_dirs``, ``compile_options``.
 
-``run`` and ``supports`` are final. Optional hooks, as for every kernel: ``_launcher(self,
-args, artifact) -> Launcher | None`` (a `kernel_api.launcher.Launcher` whose
-``function(*tensors, *tail, stream)`` launches for operands with ``args``' raw metadata; the
-default None launches every call through ``_run``), ``compile_key(self, args, cc)``
-(default: the name expression, the defines and cc), ``workspace_free`` and
-``performance_hint``.
+``run`` and ``supports`` are final. The optional hooks, as for every kernel
+(`kernel_api.kernel.OPTIONAL_HOOKS`): ``_launcher(self, args, artifact) -> Launcher | None`` (a
+`kernel_api.launcher.Launcher` whose ``function(*tensors, *tail, stream)`` launches for
+operands with ``args``' raw metadata, e.g. a ``kernel_api.native.cuda_launch`` function; the
+default None launches every call through ``_run``), ``compile_key(self, args, cc)`` (default:
+the name expression, the defines and cc) and ``estimated_cost(self, args, sm_count)``.
+``workspace_free`` and ``performance_hint`` are class attributes with defaults, not hooks;
+`CudaSourceKernel` sets ``compiles_from_cache_only``.
+
+A compiled kernel is loaded and launched by `kernel_api.nvrtc.CudaLauncher`; cubins are cached
+on disk (namespace ``cubin``). Built-in families are registered by importing
+``register_kernels``.
 """
 
 from ...registry import Provider, register_provider

@@ -25,24 +25,34 @@ What the subclass implements (the contract is `kernel_api.kernel`'s):
   ``self.cute_run(artifact.compiled_obj, *tensors, *constants, to_cuda_stream(stream))``;
 - ``get_workspace_size(self, args) -> int``: bytes of workspace ``_run`` needs (0: none).
 
-``run`` and ``supports`` are final; kernel_api wraps ``compile`` (cc checked against the
-metadata, ``artifact.cc`` filled in).
+``run`` and ``supports`` are final; kernel_api wraps ``compile`` (the arguments' type and the
+cc checked against the metadata, ``artifact.cc`` filled in).
 
-Optional:
+Optional hooks (`kernel_api.kernel.OPTIONAL_HOOKS`), one per concern:
 
-- ``_launcher(self, args, artifact) -> Launcher | None``: return
+- ``_launcher(self, args, artifact) -> Launcher | None`` (the fast path): return
   ``Launcher(artifact, tail)`` (``kernel_api.launcher``) when every launch for operands with
   ``args``' dtypes, shapes, strides, alignment and device is ``compiled(*tensors, *tail,
   stream)``. That one hook turns on ``run``'s one-call repeats, `kernel_api.ops`' dispatch
   without building arguments and its C launch table. None (the default): launches that need
   per-call work (a workspace, an epilogue's operands) always go through ``_run``;
-- ``compile_key(self, args, cc)``: when an artifact depends on more than ``args.signature``
-  (e.g. the epilogue's shape, or problem sizes a kernel specialises on);
-- ``workspace_free = True`` when ``get_workspace_size`` is always 0 (``run`` skips asking);
-- ``performance_hint``: a float policies rank families by before measuring (tensor-core
-  families about 1.0, SIMT about 0.1);
-- ``enable_tvm_ffi``, ``keep_gil_during_launch`` and ``warm_load_skips_compile``:
-  `CuteDslKernel`'s knobs (see there).
+- ``compile_key(self, args, cc)`` (artifact reuse): when an artifact depends on more than
+  ``args.signature`` (e.g. the epilogue's shape, or problem sizes a kernel specialises on);
+- ``estimated_cost(self, args, sm_count)`` (ranking): the family's own run-time estimate for
+  `PickAny`, in `kernel_api.cost`'s units (None: the generic model).
+
+Class attributes with defaults (not hooks): ``workspace_free = True`` when
+``get_workspace_size`` is always 0 (``run`` skips asking); ``performance_hint``, the relative
+peak speed the generic cost model ranks by (tensor-core families about 1.0, SIMT about 0.05);
+``compiles_from_cache_only = True``, set in the class that defines ``compile``, when that
+compile's work is its ``cute_compile`` calls (which honour `kernel_api.kernel.cache_only`), as
+in the built-in families. `CuteDslKernel`'s own knobs are
+``enable_tvm_ffi``, ``keep_gil_during_launch`` and ``warm_load_skips_compile`` (see there).
+
+Compiled functions are cached on disk (namespace ``cutedsl``) as shared libraries that
+``tvm_ffi`` loads without importing cutlass (`artifact_loader`); a compile whose whole result
+is one cached function is remembered in ``cutedsl-compiles``, so a warm process skips running
+``compile``. Built-in families are registered by importing ``register_kernels``.
 """
 
 from ...registry import Provider, register_provider
