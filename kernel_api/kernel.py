@@ -48,8 +48,8 @@ and a family changes one only to tune):
 - ``compiles_from_cache_only = False``: True, in the class that defines ``compile``, when that
   compile honours `cache_only` (loads a cached artifact or raises `ArtifactNotCachedError`
   without compiling), so tuning loads cached candidates in its own process and starts compile
-  workers for the others only. `CuteDslKernel` and `CudaSourceKernel` set it: their helpers
-  (``cute_compile``, NVRTC's ``compile_cuda``) honour it.
+  workers for the others only. The shipped families whose compiles go through the helpers that
+  honour it (``cute_compile``, NVRTC's ``compile_cuda``) set it, as `CudaSourceKernel` does.
 
 Methods may be assigned after the class is created, as notebooks do: a ``compile`` assigned
 later is wrapped when the class is next instantiated or discovered (`prepare_class`), and a

@@ -13,13 +13,13 @@ fake implementations and autograd formulas; otherwise they launch directly. A te
 ``out=`` (``grad_in=``) has its autograd version counter bumped after the write, as a torch
 in-place op would: a backward that saved it raises instead of using the overwritten values.
 
-f32 GEMMs follow torch's matmul precision (README, "f32 GEMM precision"): kernels whose math
-type is ``tf32`` or ``tf32x3`` are candidates only while torch lets cuBLAS use TF32
+f32 GEMMs follow torch's matmul precision (docs/kernels.md, "f32 GEMM precision"): kernels whose
+math type is ``tf32`` or ``tf32x3`` are candidates only while torch lets cuBLAS use TF32
 (``torch.backends.cuda.matmul.allow_tf32``, i.e. ``torch.set_float32_matmul_precision`` "high"
 or "medium"); otherwise the choice is among f32-math kernels (cuBLAS FP32 through the torch
-provider, SIMT). The
-setting is read once per f32 call and is part of the cache keys, so a change takes effect at
-the next call; f32 calls are therefore never entered in the C launch table, which cannot read it.
+provider, SIMT). The setting is read once per f32 call and is part of the cache keys, so a
+change takes effect at the next call; f32 entries of the C launch table carry the flag in their
+tag, and only ``gemm_plain``, which reads the flag per call, serves them.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ _tf32_allowed = torch._C._get_cublas_allow_tf32
 #: Math types of f32-operand kernels not always as accurate as cuBLAS FP32, offered by ops only
 #: while torch allows TF32. 3xTF32 with its accumulator promoted measures 0.2x cuBLAS FP32's
 #: norm-wise error at K >= 4096 on an H200, but its split keeps 22 of f32's 24 operand bits: a
-#: K-independent floor near 2^-22 that cuBLAS FP32 undercuts at small K (GPU tests, README).
+#: K-independent floor near 2^-22 that cuBLAS FP32 undercuts at small K (GPU tests, docs/kernels.md).
 _TF32_MATH = frozenset({DataType.tf32, DataType.tf32x3})
 
 

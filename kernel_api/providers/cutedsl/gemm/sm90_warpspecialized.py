@@ -16,7 +16,7 @@ wgmma reads A and B K-major only: A row-major, B column-major; K tile 32) and ``
 (3xTF32: a pre-pass splits A and B into tf32 big and small parts in the workspace, so any
 layout and alignment of A and B is taken, and the products are summed to about f32 accuracy;
 see the implementation's docstring). ``kernel_api.ops`` leaves tf32 out unless torch allows
-TF32 for matmuls (README, "f32 GEMM precision").
+TF32 for matmuls (docs/kernels.md, "f32 GEMM precision").
 
 Stream-K configurations (``_streamk_`` in the name) need a workspace (`get_workspace_size`: one
 f32 tile per CTA of the persistent grid plus completion flags); ``Kernel.run`` allocates it when
