@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import subprocess
 import sys
 import tarfile
 import time
@@ -16,7 +17,9 @@ import pytest
 
 from kernel_api.cli.commands import main
 from kernel_api.core.cache import DiskCache, encode_entry
-from kernel_api.tuning.bundle import BundleError, create_bundle, install_bundle, installed_bundles
+from kernel_api.core.cache import UntrustedCacheError
+from kernel_api.tuning.bundle import (BundleError, BundleNotTrustedError, create_bundle, install_bundle,
+                                   installed_bundles)
 from kernel_api.tuning.records import TuningRecord, TuningRecords
 
 KEY_A, KEY_B, KEY_C = "a" * 64, "b" * 64, "c" * 64
@@ -104,7 +107,7 @@ def keys(tmp_path, monkeypatch):
 def test_an_unsigned_bundle_is_refused_unless_trusted(evil, tmp_path, monkeypatch):
     monkeypatch.setenv("KERNEL_API_CONFIG_DIR", str(tmp_path / "config"))
     target = tmp_path / "cache"
-    with pytest.raises(BundleError, match=r"not installed: a bundle is executable code and this one is not "
+    with pytest.raises(BundleNotTrustedError, match=r"not installed: a bundle is executable code and this one is not "
                                           r"signed by a trusted key; pass --trust"):
         install_bundle(evil, cache_root=target)
     assert not target.exists() or _files(target) == []
@@ -122,6 +125,47 @@ def test_cli_refuses_in_one_line_and_installs_with_trust(evil, tmp_path, monkeyp
     assert not (tmp_path / "cache" / "cutedsl").exists()
     assert main(["bundle", "install", str(evil), "--trust"]) == 0
     assert "1 cache file(s) added" in capsys.readouterr().out
+
+
+def test_a_bundle_no_one_vouches_for_is_a_failure_not_bad_values(evil, tmp_path, monkeypatch, capsys):
+    """Exit 1 (a failure kernel_api reports), by the error's type: the bundle may be intact; what
+    is missing is the act of trust. A damaged bundle is still bad values (2)."""
+    monkeypatch.setenv("KERNEL_API_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(BundleNotTrustedError) as refused:
+        install_bundle(evil)
+    assert not isinstance(refused.value, ValueError)
+    assert main(["bundle", "install", str(evil)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not signed by a trusted key; pass --trust" in err
+    damaged = _pack(tmp_path / "damaged.tar", [(f"cutedsl/{KEY_A}.bin", encode_entry(PAYLOAD))],
+                    claims={f"cutedsl/{KEY_A}.bin": {"sha256": "0" * 64, "size": len(encode_entry(PAYLOAD))}})
+    assert main(["bundle", "install", str(damaged), "--trust"]) == 2
+    assert "fails its SHA-256 check" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["writable by others", "owned by uid 54321"])
+def test_records_are_not_merged_into_an_untrusted_cache_folder(tmp_path, monkeypatch, capsys, kind):
+    """A bundle of records only writes no entry, and still checks the cache folder first."""
+    target = tmp_path / "cache"
+    target.mkdir()
+    TuningRecords(target / "tuning.sqlite").close()
+    if kind == "writable by others":
+        os.chmod(target, 0o777)
+    else:
+        os.chown(target, 54321, -1)
+    before = _files(target)
+    bundle = _pack(tmp_path / "r.tar", [("records.json", _records_json([_record()]))])
+    with pytest.raises(UntrustedCacheError, match=rf"not installed into an unsafe cache folder: {target} is {kind}"):
+        install_bundle(bundle, cache_root=target, trusted=True)
+    assert _files(target) == before and TuningRecords(target / "tuning.sqlite").all() == []
+    monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(target))
+    assert main(["bundle", "install", str(bundle), "--trust"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{target} is {kind}" in err
+    os.chmod(target, 0o755)
+    os.chown(target, os.geteuid(), -1)
+    assert install_bundle(bundle, cache_root=target, trusted=True).records.added == 1
 
 
 def test_provenance_is_recorded_and_listed_by_cache_info(evil, tmp_path, monkeypatch, capsys):
@@ -146,7 +190,7 @@ def test_a_bundle_signed_by_a_listed_key_installs_without_trust(keys, tmp_path, 
     bundle = tmp_path / "signed.tar"
     create_bundle(bundle, cache_root=source, sign_with=private)
     target = tmp_path / "target"
-    with pytest.raises(BundleError, match=r"signed by key SHA256:\S+, which is not trusted here"):
+    with pytest.raises(BundleNotTrustedError, match=r"signed by key SHA256:\S+, which is not trusted here"):
         install_bundle(bundle, cache_root=target)
     assert main(["trust", "add", str(public)]) == 0
     fingerprint = capsys.readouterr().out.split()[1]
@@ -157,7 +201,7 @@ def test_a_bundle_signed_by_a_listed_key_installs_without_trust(keys, tmp_path, 
     assert main(["trust", "list"]) == 0
     assert fingerprint in capsys.readouterr().out
     assert main(["trust", "remove", fingerprint]) == 0
-    with pytest.raises(BundleError, match="which is not trusted here"):
+    with pytest.raises(BundleNotTrustedError, match="which is not trusted here"):
         install_bundle(bundle, cache_root=tmp_path / "again")
 
 
@@ -179,7 +223,7 @@ def test_a_signed_bundle_changed_after_signing_is_refused(keys, tmp_path):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    with pytest.raises(BundleError, match=r"its signature by SHA256:\S+ does not match its manifest"):
+    with pytest.raises(BundleNotTrustedError, match=r"its signature by SHA256:\S+ does not match its manifest"):
         install_bundle(forged, cache_root=tmp_path / "target")
     assert install_bundle(bundle, cache_root=tmp_path / "target").files_added == 1
 
@@ -191,7 +235,7 @@ def test_a_trusted_keys_file_others_can_write_is_not_used(keys, tmp_path):
     add_trusted_key(public)
     bundle = _pack(tmp_path / "b.tar", [(f"cutedsl/{KEY_A}.bin", encode_entry(b"good"))], sign=private)
     os.chmod(tmp_path / "config" / "trusted_keys", 0o666)
-    with pytest.raises(BundleError, match=r"trusted_keys is writable by others \(mode 0o666\); not using it"):
+    with pytest.raises(BundleNotTrustedError, match=r"trusted_keys is writable by others \(mode 0o666\); not using it"):
         install_bundle(bundle, cache_root=tmp_path / "target")
 
 
@@ -214,7 +258,7 @@ def test_signatures_without_cryptography_fail_in_one_line(evil, tmp_path, monkey
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    with pytest.raises(BundleError, match=r"checking its signature needs the cryptography package.*"
+    with pytest.raises(BundleNotTrustedError, match=r"checking its signature needs the cryptography package.*"
                                           r"pip install 'kernel_api\[sign\]'"):
         install_bundle(signed, cache_root=tmp_path / "target")
     assert install_bundle(signed, cache_root=tmp_path / "target", trusted=True).files_added == 0
@@ -332,3 +376,34 @@ def test_stale_staged_files_are_removed_by_later_runs(tmp_path):
     os.utime(other / ".tmp-killed.part", (hours_ago, hours_ago))
     DiskCache("cubin", target).put(KEY_B, b"y")
     assert sorted(p.name for p in other.iterdir()) == [f"{KEY_B}.bin"]
+
+
+def test_cache_info_counts_only_the_entries_a_killed_install_put_in_place(tmp_path, monkeypatch, capsys):
+    """The provenance record is written before any entry (every entry that lands has one); a
+    process killed during the renames leaves a record listing more than was installed, and
+    ``cache info`` says how many of its entries are present."""
+    target = tmp_path / "cache"
+    names = [f"cubin/{KEY_A}.bin", f"cutedsl/{KEY_B}.bin", f"cutedsl/{KEY_C}.bin"]
+    bundle = _pack(tmp_path / "b.tar", [(n, encode_entry(n.encode())) for n in names])
+    killed = (f"import os, sys\n"
+              f"real = os.replace\n"
+              f"def replace(src, dst, *args, **kwargs):\n"
+              f"    if str(dst).endswith({KEY_B + '.bin'!r}):\n"
+              f"        os._exit(9)\n"
+              f"    return real(src, dst, *args, **kwargs)\n"
+              f"os.replace = replace\n"
+              f"from kernel_api.tuning.bundle import install_bundle\n"
+              f"install_bundle(sys.argv[1], cache_root=sys.argv[2], trusted=True)\n")
+    done = subprocess.run([sys.executable, "-c", killed, str(bundle), str(target)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 9, done.stderr
+    [record] = installed_bundles(target)
+    assert record["entries"] == sorted(names)
+    assert [n for n in names if (target / n).is_file()] == [names[0]]
+    monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(target))
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert "b.tar sha256" in out and ": 1 of 3 entries present, 0 records;" in out
+    install_bundle(bundle, cache_root=target, trusted=True)  # installed again: the second record is whole
+    assert main(["cache", "info"]) == 0
+    assert ": 3 entries, 0 records;" in capsys.readouterr().out

@@ -158,3 +158,27 @@ def test_stat_problem_rules():
     assert "writable by its group" in trust.stat_problem(St(0o100620))
     assert trust.stat_problem(St(0o041777)) is None  # a sticky folder
     assert "writable by others" in trust.stat_problem(St(0o040777))
+
+
+def test_cache_info_reports_each_untrusted_namespace_folder_in_one_line(planted, tmp_path, monkeypatch, capsys):
+    """A namespace folder that fails the rule is named with its reason, one line each, though the
+    cache folder above it passes; so is an entry that fails it."""
+    from kernel_api.cli.commands import main
+
+    root, folder, entry = planted
+    DiskCache("cubin", root).put("k", b"cubin")
+    DiskCache("cutedsl-compiles", root).put("k", b"names an artifact")
+    os.chmod(folder, 0o777)
+    os.chown(root / "cubin", OTHER_UID, -1)
+    os.chown(DiskCache("cutedsl-compiles", root).path("k"), OTHER_UID, -1)
+    monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(root))
+    assert main(["cache", "info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    refused = [line for line in lines if "NOT LOADED" in line]
+    assert refused == [
+        f"  NOT LOADED: cubin: {root / 'cubin'} is owned by uid {OTHER_UID}, not by this user (uid {os.geteuid()}); "
+        f"its entries are compiled in memory instead (docs/security.md)",
+        f"  NOT LOADED: cutedsl: {folder} is writable by others (mode 0o777); "
+        f"its entries are compiled in memory instead (docs/security.md)"]
+    assert "  cutedsl-compiles: 1 entries, 0.0 MB (1 fail the permission rule, not loaded)" in lines
+    assert "  cutedsl: 1 entries, 0.0 MB" in lines  # the folder is refused above; its entry itself passes

@@ -133,6 +133,23 @@ def test_precompile_into_a_cache_that_keeps_nothing_fails(tmp_path, monkeypatch,
     assert message in line and "would not be saved" in line
 
 
+@pytest.mark.parametrize("folder", ["", "cubin"], ids=["cache folder", "namespace folder"])
+def test_precompile_into_an_untrusted_folder_fails_before_compiling(tmp_path, monkeypatch, capsys, folder):
+    """Entries in a folder others can write are never loaded, so compiling into it is refused up
+    front, naming the folder and why (the same check the loaders use)."""
+    root = tmp_path / "cache"
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    os.chmod(root / folder, 0o777)
+    monkeypatch.setenv("KERNEL_API_CACHE_DIR", str(root))
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps(SOFTMAX))
+    assert main(["precompile", "--shapes", str(shapes), "--cc", "90", "--provider", "cuda_src"]) == 1
+    line = _one_line_error(capsys)
+    assert f"{root / folder if folder else root} is writable by others (mode 0o777)" in line
+    assert "precompiled kernels would never be loaded from it" in line
+    assert list(root.rglob("*.bin")) == []
+
+
 def test_precompile_says_which_entries_were_already_cached(tmp_path, monkeypatch, capsys):
     from kernel_api import nvrtc
 

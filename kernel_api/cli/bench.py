@@ -113,31 +113,61 @@ def tune(args: Any, num_workers: int | None = None, force: bool = False, show: A
 
 
 def cache_info(show: Any = print) -> dict:
-    """``cache info``: the cache folder (and whether its entries may be loaded), its entries per
-    namespace, the tuning records, and the bundles installed into it (their provenance)."""
-    from ..core.trust import path_problem
-    from ..tuning.bundle import installed_bundles
+    """``cache info``: the cache folder, its entries per namespace, which folders and entries fail
+    the permission rule (their entries are not loaded), the tuning records, and the bundles
+    installed into it (their provenance).
+
+    Args:
+        show: prints a line.
+
+    Returns:
+        What was shown: ``directory``; ``namespaces`` (per name: ``entries``, ``bytes``, and
+        ``untrusted_entries``, how many entry files fail the rule); ``untrusted`` (the cache
+        folder's problem, or None); ``untrusted_namespaces`` (per failing namespace folder, its
+        problem); ``tuning_records``; ``bundles`` (each provenance record, with ``present``: how
+        many of its entries exist).
+
+    Raises:
+        NotADirectoryError: the cache folder is a file.
+    """
+    from ..core.cache import untrusted_folders
+    from ..core.trust import stat_problem
+    from ..tuning.bundle import entry_name_ok, installed_bundles
 
     root = cache_dir()
     info = {"directory": str(root), "namespaces": {}}
-    for sub in namespace_folders(root):  # kernel_api's own: the folder may be shared (~/.cache)
+    folders = namespace_folders(root)  # kernel_api's own: the folder may be shared (~/.cache)
+    for sub in folders:
         files = list(sub.glob("*.bin"))
-        info["namespaces"][sub.name] = {"entries": len(files), "bytes": sum(f.stat().st_size for f in files)}
+        stats = [f.stat() for f in files]
+        info["namespaces"][sub.name] = {"entries": len(files), "bytes": sum(st.st_size for st in stats),
+                                        "untrusted_entries": sum(stat_problem(st) is not None for st in stats)}
     records = TuningRecords().all() if (root / "tuning.sqlite").exists() else []
     info["tuning_records"] = len(records)
-    info["untrusted"] = path_problem(root)
+    problems = untrusted_folders(root, [sub.name for sub in folders])
+    info["untrusted"] = problems.pop(root, None)
+    info["untrusted_namespaces"] = {folder.name: problem for folder, problem in problems.items()}
     info["bundles"] = installed_bundles(root)
+    for b in info["bundles"]:  # a killed install leaves a record listing entries it never renamed in
+        listed = b.get("entries") if isinstance(b.get("entries"), list) else []
+        b["entries"] = listed
+        b["present"] = sum(isinstance(n, str) and entry_name_ok(n) and (root / n).is_file() for n in listed)
     show(f"cache directory: {root}")
     if info["untrusted"]:
         show(f"  NOT LOADED: {info['untrusted']}; entries are compiled in memory instead (docs/security.md)")
+    for name, problem in info["untrusted_namespaces"].items():
+        show(f"  NOT LOADED: {name}: {problem}; its entries are compiled in memory instead (docs/security.md)")
     for name, d in info["namespaces"].items():
-        show(f"  {name}: {d['entries']} entries, {d['bytes'] / 1e6:.1f} MB")
+        refused = f" ({d['untrusted_entries']} fail the permission rule, not loaded)" if d["untrusted_entries"] else ""
+        show(f"  {name}: {d['entries']} entries, {d['bytes'] / 1e6:.1f} MB{refused}")
     show(f"  tuning records: {len(records)}")
     for r in records[-10:]:
         show(f"    {r.device} cc{r.cc} {r.shape}: {r.kernel_name} {r.median_ms * 1e3:.1f} us ({r.created})")
     show(f"  bundles installed: {len(info['bundles'])}")
     for b in info["bundles"]:
         toolchain = ", ".join(f"{k} {v}" for k, v in sorted(b.get("toolchain", {}).items()))
-        show(f"    {b.get('installed')} {b.get('file')} sha256 {b.get('sha256')}: {len(b.get('entries', []))} "
-             f"entries, {b.get('records')} records; {b.get('vouched')}; made {b.get('created')} with {toolchain}")
+        listed = len(b.get("entries", []))
+        entries = f"{listed} entries" if b["present"] == listed else f"{b['present']} of {listed} entries present"
+        show(f"    {b.get('installed')} {b.get('file')} sha256 {b.get('sha256')}: {entries}, "
+             f"{b.get('records')} records; {b.get('vouched')}; made {b.get('created')} with {toolchain}")
     return info

@@ -19,12 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-# The DiskCache namespaces that hold compiled kernels: providers/cutedsl/kernel.py's artifacts and
-# nvrtc/compiler.py's cubins.
-KERNEL_NAMESPACES = ("cutedsl", "cubin")
-# Every DiskCache namespace kernel_api writes: those, and the CuTe DSL provider's remembered
-# compiles (small entries naming an artifact).
-NAMESPACES = KERNEL_NAMESPACES + ("cutedsl-compiles",)
+from ..core.cache import NAMESPACES
+
 # tuning.sqlite, its journal files, and the copies set aside as damaged (tuning/records.py).
 _RECORDS = re.compile(r"^tuning\.sqlite(\.corrupt-\d{8}T\d{12}Z)?(-wal|-shm|-journal)?$")
 

@@ -93,8 +93,10 @@ def entry_arguments(entry: dict, index: int, source: str = "shapes file") -> Any
 def run_precompile(shapes: str, cc: Any, top: int, workers: int | None,
                    show: Callable[..., Any] = print, providers: list[str] | None = None) -> int:
     """``precompile``: compile, report (which kernels were cached already), and return the exit
-    status (1 when anything failed). A cache that cannot keep the kernels (off, or a folder that
-    cannot be written) raises `kernel_api.tuning.precompile.CacheNotWritableError` first."""
+    status (1 when anything failed). A cache that cannot keep the kernels raises before anything
+    compiles: `kernel_api.tuning.precompile.CacheNotWritableError` (off, or a folder that cannot
+    be written) or `kernel_api.core.cache.UntrustedCacheError` (a folder that fails the permission
+    rule, whose entries would never load)."""
     from ..core.arch import normalize_cc
     from ..core.cache import cache_dir
     from ..tuning.precompile import default_workers, precompile
@@ -157,7 +159,7 @@ def run_bundle_create(path: str, shapes: str | None, cc: Any, top: int, workers:
             if status != 0:
                 raise KernelApiError(f"bundle {path} not written: some kernels of {shapes} failed to compile")
             manifest = create_bundle(path, cache_root=scratch, records=records, sign_with=sign_with)
-    from .cache import KERNEL_NAMESPACES
+    from ..core.cache import KERNEL_NAMESPACES
 
     kernels = sum(name.split("/")[0] in KERNEL_NAMESPACES for name in manifest["files"])
     show(f"wrote {path}: {kernels} compiled kernel(s) and the tuning records, for "

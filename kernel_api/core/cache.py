@@ -39,8 +39,9 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
+from .errors import KernelApiError
 from .files import atomic_file
 from .trust import path_problem, stat_problem
 
@@ -52,6 +53,11 @@ _HEADER = struct.Struct("<8s32sQ")  # magic, sha256(payload), payload length
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,119}$")  # no '.', '..' or hidden folder
 _CHUNK = 1 << 20
+# The namespaces kernel_api's own disk caches use: compiled kernels (providers/cutedsl/kernel.py's
+# artifacts, nvrtc/compiler.py's cubins), and the CuTe DSL provider's remembered compiles (small
+# entries naming an artifact).
+KERNEL_NAMESPACES = ("cutedsl", "cubin")
+NAMESPACES = KERNEL_NAMESPACES + ("cutedsl-compiles",)
 STALE_PART_SECONDS = 3600  # a staged file this old has no writer left: a bundle stages in seconds to minutes
 
 _log = logging.getLogger(__name__)
@@ -175,6 +181,32 @@ def entry_file_ok(path: str | os.PathLike) -> bool:
     return magic == _MAGIC and size == length and h.digest() == digest
 
 
+class UntrustedCacheError(KernelApiError):
+    """A cache folder or namespace folder another user could write: what kernel_api would put
+    there would never be loaded; the message names the folder and why."""
+
+
+def untrusted_folders(root: str | os.PathLike, namespaces: Iterable[str] = ()) -> dict[Path, str]:
+    """The folders among the cache folder ``root`` and its namespace folders that fail the
+    permission rule (`kernel_api.core.trust`): the one check behind every loader, ``cache info``,
+    ``precompile`` and ``bundle install``.
+
+    Args:
+        root: the cache folder.
+        namespaces: namespace names; ``root/<name>`` is checked for each (a missing one passes).
+
+    Returns:
+        Each failing folder with its problem (naming the folder), ``root`` first; empty when all pass.
+    """
+    root = Path(root)
+    found = {}
+    for folder in [root] + [root / name for name in namespaces]:
+        problem = path_problem(folder)
+        if problem is not None:
+            found[folder] = problem
+    return found
+
+
 def folder_problem(folder: str | os.PathLike) -> str | None:
     """Why entries of the namespace folder ``folder`` must not be loaded (it, or the cache
     folder above it, may be written by another user), or None.
@@ -186,7 +218,7 @@ def folder_problem(folder: str | os.PathLike) -> str | None:
         The problem, naming the folder (see `kernel_api.core.trust.stat_problem`), or None.
     """
     folder = Path(folder)
-    return path_problem(folder.parent) or path_problem(folder)
+    return next(iter(untrusted_folders(folder.parent, [folder.name]).values()), None)
 
 
 def remove_stale_parts(folder: str | os.PathLike, max_age_s: float = STALE_PART_SECONDS) -> int:

@@ -11,14 +11,15 @@ A bundle is executable code: its CuTe DSL objects are linked into the process th
 ``install_bundle`` therefore installs only what the user vouches for: ``trusted=True`` (the
 command line's ``--trust``), or a signature by a key the user listed (``kernel-api trust add``).
 It refuses, naming the reason and installing nothing:
-- a bundle neither vouched for nor signed by a trusted key;
+- a bundle neither vouched for nor signed by a trusted key (`BundleNotTrustedError`);
 - a bundle whose toolchain differs from this process's (another kernel_api, CuTe DSL build or
   CUDA variant, TVM-FFI or Python): its artifacts would never be looked up here, or would not load;
 - a file whose SHA-256 or size differs from the manifest's, a file missing or not listed, and
   any name other than ``records.json`` or ``<namespace>/<key>.bin`` where neither part is empty,
   ``.``, ``..`` or hidden (so nothing lands outside the cache folder);
 - records the tuning store would not take (checked by merging them into a scratch store);
-- a cache folder another user could write (`kernel_api.core.cache.folder_problem`).
+- a cache folder another user could write (`kernel_api.core.cache.untrusted_folders`), checked
+  before anything is written, records included, and for each namespace folder an entry goes to.
 
 Members are streamed in 1 MiB chunks and never read past the manifest's size (+1 byte, to see
 an excess), so a small compressed bundle cannot claim a little and inflate to gigabytes.
@@ -48,7 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..core.cache import cache_dir, decode_entry, entry_file_ok, folder_problem, remove_stale_parts
+from ..core.cache import (UntrustedCacheError, cache_dir, decode_entry, entry_file_ok, folder_problem,
+                          remove_stale_parts, untrusted_folders)
 from ..core.errors import KernelApiError
 from ..core.files import atomic_file
 from ..core.toolchain import artifact_toolchain
@@ -70,6 +72,13 @@ _CHUNK = 1 << 20
 
 class BundleError(KernelApiError, ValueError):
     """A bundle that cannot be made or installed; the message names the bundle and the reason."""
+
+
+class BundleNotTrustedError(KernelApiError):
+    """A bundle refused because no one vouches for it: neither ``trusted=True`` (``--trust``) nor
+    a valid signature by a key in `kernel_api.core.trust.trusted_keys`. Not a ValueError: the
+    bundle may be intact; what is missing is the user's act of trust (the command line exits 1).
+    The message names the bundle and why."""
 
 
 @dataclass(frozen=True)
@@ -216,11 +225,25 @@ def check_toolchain(manifest: dict, source: str) -> None:
 
 
 def _vouch(manifest_bytes: bytes, signature: bytes | None, trusted: bool, source: str) -> str:
-    """Who vouches for the bundle ("--trust", or the trusted key that signed it), or `BundleError`."""
+    """Who vouches for the bundle ("--trust", or the trusted key that signed it).
+
+    Args:
+        manifest_bytes: the manifest as stored in the bundle.
+        signature: the ``manifest.sig`` member's bytes, or None when the bundle has none.
+        trusted: the caller vouches for the bundle.
+        source: the bundle, for messages.
+
+    Returns:
+        A description of who vouched, for the provenance record.
+
+    Raises:
+        BundleNotTrustedError: not vouched for, unsigned, or a signature that does not verify
+            against a trusted key (or cannot be checked).
+    """
     if trusted:
         return "trusted by the user (--trust)"
     if signature is None:
-        raise BundleError(f"{source}: not installed: a bundle is executable code and this one is not signed "
+        raise BundleNotTrustedError(f"{source}: not installed: a bundle is executable code and this one is not signed "
                           f"by a trusted key; pass --trust (trusted=True) if you trust its source "
                           f"(docs/security.md)")
     try:
@@ -230,7 +253,7 @@ def _vouch(manifest_bytes: bytes, signature: bytes | None, trusted: bool, source
     try:
         key = verify_manifest(manifest_bytes, document, source)
     except TrustError as exc:
-        raise BundleError(str(exc)) from None
+        raise BundleNotTrustedError(str(exc)) from None
     return f"signed by {key.fingerprint} ({' '.join(key.line.split()[2:]) or 'no comment'})"
 
 
@@ -307,10 +330,13 @@ def install_bundle(path: str | os.PathLike, cache_root: str | os.PathLike | None
         What was added, already present, and merged.
 
     Raises:
-        BundleError: not vouched for nor signed by a trusted key, not a bundle, another
-            toolchain, a file that fails its check or is missing or not listed, records the
-            store cannot take, an untrusted cache folder (the message names it); nothing is
-            installed then.
+        BundleNotTrustedError: not vouched for nor signed by a trusted key.
+        UntrustedCacheError: the cache folder, or a namespace folder an entry would go to, fails
+            the permission rule (`kernel_api.core.cache.untrusted_folders`).
+        BundleError: not a bundle, another toolchain, a file that fails its check or is missing
+            or not listed, records the store cannot take (the message names it).
+
+    Nothing is installed when any of these is raised.
     """
     source = f"bundle {os.fspath(path)}"
     root = Path(cache_root) if cache_root is not None else cache_dir()
@@ -333,6 +359,11 @@ def install_bundle(path: str | os.PathLike, cache_root: str | os.PathLike | None
                     member = tar.next()
                 vouched = _vouch(manifest_bytes, signature, trusted, source)
                 check_toolchain(manifest, source)
+                # The install writes into the cache folder whatever the bundle holds: its provenance
+                # record, and the records (tuning.sqlite) even when it has no entry.
+                problem = next(iter(untrusted_folders(root).values()), None)
+                if problem is not None:
+                    raise UntrustedCacheError(f"{source}: not installed into an unsafe cache folder: {problem}")
                 files = manifest["files"]
                 seen: set[str] = set()
                 record_bytes = None
@@ -353,7 +384,7 @@ def install_bundle(path: str | os.PathLike, cache_root: str | os.PathLike | None
                     final = root / name
                     problem = folder_problem(final.parent)
                     if problem is not None:
-                        raise BundleError(f"{source}: not installed into an unsafe cache folder: {problem}")
+                        raise UntrustedCacheError(f"{source}: not installed into an unsafe cache folder: {problem}")
                     if _sha256_of(final) == expected["sha256"]:
                         present += 1
                         member = tar.next()

@@ -7,8 +7,9 @@ ranks them (`rank_candidates`), so the kernel `PickAny` will choose is the first
 The compiles run in worker processes (`kernel_api.tuning.compile_worker`), never in processes
 that re-import the caller's ``__main__``, and a worker whose kernel is in the disk caches
 already only loads it; the results say which were (as this process finds them). Since
-compiling is only worth what the caches keep, a cache that is off or a cache folder that cannot
-be written is refused before anything compiles (the workers would otherwise keep their
+compiling is only worth what the caches keep, a cache that is off, a cache folder that cannot
+be written, and a cache or namespace folder that fails the permission rule (its entries would
+never be loaded) are refused before anything compiles (the workers would otherwise keep their
 artifacts in memory and exit).
 """
 
@@ -21,7 +22,8 @@ from typing import Any, Callable, Sequence
 
 from .. import registry
 from ..core.arch import normalize_cc
-from ..core.cache import ENV_DIR, ENV_ENABLE, cache_dir, cache_enabled
+from ..core.cache import (ENV_DIR, ENV_ENABLE, NAMESPACES, UntrustedCacheError, cache_dir, cache_enabled,
+                          untrusted_folders)
 from ..core.errors import KernelApiError
 from ..kernel import compile_from_cache_only
 from .compile_worker import compile_request, compile_requests, describe_arguments
@@ -51,11 +53,14 @@ def default_workers() -> int:
 
 
 def check_cache_writable() -> None:
-    """Raise `CacheNotWritableError` unless the disk cache is on and its folder (created when
-    missing) takes a new file.
+    """Raise unless the disk cache is on, its folder (created when missing) takes a new file, and
+    it and its namespace folders pass the permission rule (entries in a folder another user could
+    write are never loaded, so the disk cache keeps nothing there).
 
     Raises:
-        CacheNotWritableError: naming the folder and the reason.
+        CacheNotWritableError: the cache is off or its folder cannot be written, naming the reason.
+        UntrustedCacheError: the cache folder or a namespace folder fails the permission rule
+            (`kernel_api.core.cache.untrusted_folders`), naming the folder and why.
     """
     if not cache_enabled():
         raise CacheNotWritableError(f"the disk cache is off ({ENV_ENABLE}={os.environ.get(ENV_ENABLE)}): "
@@ -68,6 +73,10 @@ def check_cache_writable() -> None:
     except OSError as exc:
         raise CacheNotWritableError(f"cache folder {root} is not writable ({exc.strerror or exc}): precompiled "
                                     f"kernels would not be saved; set {ENV_DIR} to a writable folder") from None
+    problem = next(iter(untrusted_folders(root, NAMESPACES).values()), None)
+    if problem is not None:
+        raise UntrustedCacheError(f"{problem}: precompiled kernels would never be loaded from it; chmod go-w it "
+                                  f"or chown it to yourself (docs/security.md)")
 
 
 def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: int | None = None,
@@ -96,6 +105,8 @@ def precompile(arguments: list[Any], cc: int | str, top: int = 1, num_workers: i
     Raises:
         ValueError: ``top`` or ``num_workers`` below 1, or a ``cc`` that is not one.
         CacheNotWritableError: the disk cache is off or its folder cannot be written
+            (`check_cache_writable`); nothing is compiled then.
+        UntrustedCacheError: the cache folder or a namespace folder fails the permission rule
             (`check_cache_writable`); nothing is compiled then.
     """
     target = normalize_cc(cc, "cc")
