@@ -179,6 +179,24 @@ def test_compile_for_cc90_makes_a_cubin_cached_on_disk_and_reused(families):
     assert again.cache_hit and again.cubin == binary.cubin and again.metadata == binary.metadata
 
 
+def test_the_cached_artifact_becomes_tritons_own_compiled_kernel(families):
+    """What a launch loads (on a GPU, once per device): Triton's CompiledKernel, rebuilt from the
+    cubin and metadata read back from the disk cache."""
+    row, _ = families
+    kernel = _instance(row, "TritonRowSoftmax_f16_w8_s3_a16")
+    args = meta_args(dtype=torch.float16)
+    fresh = kernel.compile(args, cc=90).compiled_obj
+    triton_compiler.clear_memory_cache()
+    binary = compile_from_cache_only(kernel, args, 90).compiled_obj
+    assert binary.cache_hit
+    compiled = binary.compiled_kernel()
+    assert compiled.kernel == fresh.cubin and compiled.name == "row_softmax"
+    assert (compiled.metadata.num_warps, compiled.metadata.shared) == (8, fresh.metadata["shared"])
+    assert compiled.metadata.target.arch == 90 and compiled.hash == fresh.metadata["hash"]
+    assert list(compiled.src.signature.values()) == ["*fp16", "*fp16", "i32", "i32", "i32", "constexpr"]
+    assert compiled.src.constants == {(5,): 1024} and compiled.function is None  # not loaded: no GPU
+
+
 def test_nothing_cached_under_cache_only_raises(families):
     row, _ = families
     kernel = _instance(row, "TritonRowSoftmax_bf16_w8_s3_a1")
@@ -261,3 +279,70 @@ def test_importing_the_provider_imports_no_triton():
     code = ("import sys, kernel_api.providers.triton as p, kernel_api\n"
             "assert 'triton' not in sys.modules, sorted(m for m in sys.modules if m.startswith('triton'))\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(examples.__file__).rsplit("/tests/", 1)[0])
+
+
+# ---- the launch path, with Triton's launch stubbed (the real one needs a GPU) ---------------
+class _Recorder:
+    """Stands in for `TritonBinary`'s GPU side: records what a launch would get."""
+
+    def __init__(self):
+        self.launches = []
+
+    def kernel_on(self, device):
+        return None
+
+    def launch(self, device, grid, stream, values, label):
+        self.launches.append((device, grid, stream, values, label))
+
+
+def test_the_launcher_passes_the_call_operands_and_keeps_none(families, monkeypatch):
+    import weakref
+
+    from kernel_api.core.artifact import CompiledArtifact
+    from kernel_api.providers.triton import kernel as kernel_module
+
+    row, _ = families
+    monkeypatch.setattr(kernel_module, "_device_index", lambda args: 0)
+    kernel = _instance(row, "TritonRowSoftmax_f32_w8_s3_a16")
+    x = torch.empty(6, 300, dtype=torch.float32)
+    out = torch.empty_like(x)
+    args = SoftmaxArguments(x, out)
+    recorder = _Recorder()
+    artifact = CompiledArtifact(recorder, kernel, 90)
+    launcher = kernel._launcher(args, artifact)
+    assert launcher is not None and launcher.tail == () and not launcher.ffi
+    x2, out2 = torch.empty_like(x), torch.empty_like(out)
+    launcher.function(x2, out2, 7)
+    device, grid, stream, values, label = recorder.launches[-1]
+    assert (device, grid, stream, label) == (0, (6, 1, 1), 7, "TritonRowSoftmax_f32_w8_s3_a16")
+    assert values[0] is out2 and values[1] is x2 and values[2:] == (300, 300, 300, 512)
+    # The recorded launch holds no operand of the arguments it was made from.
+    ref = weakref.ref(x)
+    del args, x
+    assert ref() is None
+    args = SoftmaxArguments(x2, out2)
+    kernel._run(args, artifact, 5)
+    assert recorder.launches[-1][3][:2] == (out2, x2) and recorder.launches[-1][2] == 5
+
+
+def test_no_launcher_for_a_tensor_that_is_no_operand_or_an_empty_grid(families, monkeypatch):
+    from kernel_api.core.artifact import CompiledArtifact
+    from kernel_api.providers.triton import kernel as kernel_module
+
+    row, _ = families
+    monkeypatch.setattr(kernel_module, "_device_index", lambda args: 0)
+    scratch = torch.empty(4)
+
+    class WithScratch(row):
+        def launch_args(self, args):
+            return (args.out, scratch, 1, 1, args.cols), {"BLOCK": 64}
+
+    kernel = WithScratch.generate_kernels(None, cc=90)[0]
+    args = SoftmaxArguments(torch.empty(2, 64), torch.empty(2, 64))
+    assert kernel._launcher(args, CompiledArtifact(_Recorder(), kernel, 90)) is None
+    empty = SoftmaxArguments(torch.empty(0, 64), torch.empty(0, 64))
+    recorder = _Recorder()
+    plain = _instance(row, "TritonRowSoftmax_f32_w4_s3_a16")
+    assert plain._launcher(empty, CompiledArtifact(recorder, plain, 90)) is None
+    plain._run(empty, CompiledArtifact(recorder, plain, 90), 0)
+    assert recorder.launches == []

@@ -206,8 +206,13 @@ class TritonBinary:
                 found = self._kernels[device] = self._load(device)
         return found
 
-    def _load(self, device: int) -> Any:
-        from triton import knobs
+    def compiled_kernel(self) -> Any:
+        """A Triton ``CompiledKernel`` of this binary, not yet loaded on a device (no GPU needed).
+
+        Returns:
+            The kernel Triton's own compile would return, built from the cubin and metadata
+            (its ``asm`` holds the cubin alone).
+        """
         from triton.compiler import CompiledKernel
 
         name = self.name
@@ -219,34 +224,54 @@ class TritonBinary:
             with open(paths[f"{name}.cubin"], "wb") as f:
                 f.write(self.cubin)
             # The constructor reads both files; nothing reads them later.
-            kernel = CompiledKernel(self.spec.ast_source(), paths, self.metadata["hash"])
+            return CompiledKernel(self.spec.ast_source(), paths, self.metadata["hash"])
+
+    def _load(self, device: int) -> Any:
+        from triton import knobs
+
+        kernel = self.compiled_kernel()
         try:
             with torch.cuda.device(device):
                 kernel.run  # noqa: B018  (loads the module on the current device, builds the launcher)
         except Exception as exc:
-            raise KernelLaunchError(f"{name}: could not load its sm_{self.spec.cc} cubin on device {device}: {exc}") \
-                from exc
+            raise KernelLaunchError(f"{self.name}: could not load its sm_{self.spec.cc} cubin on device {device}: "
+                                    f"{exc}") from exc
         self._knobs = knobs.runtime
         return kernel
 
-    def launch(self, device: int, grid: tuple[int, int, int], stream: int, values: tuple) -> None:
+    def launch(self, device: int, grid: tuple[int, int, int], stream: int, values: tuple, label: str) -> None:
         """Launch on ``device``'s raw stream ``stream`` as Triton's JIT does.
 
         Args:
-            device: the device the operands are on (the kernel is loaded there once).
+            device: the device the operands are on (the kernel is loaded there once; Triton's
+                launcher uses the current device's context, so another current device is
+                switched to ``device`` around the launch).
             grid: programs along x, y and z.
             stream: a raw ``cudaStream_t``.
             values: every parameter of the jit function in order, constexprs included (Triton's
                 launcher skips them), tensors as tensors.
+            label: the kernel instance's name, for messages.
+
+        Raises:
+            KernelLaunchError: Triton's launcher failed (the message names ``label``).
         """
         kernel = self._kernels.get(device)
         if kernel is None:
             kernel = self.kernel_on(device)
         runtime = self._knobs
         enter = runtime.launch_enter_hook
-        metadata = None if enter is None else kernel.launch_metadata(grid, stream, *values)
-        kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, metadata, enter,
-                   runtime.launch_exit_hook, *values)
+        try:
+            metadata = None if enter is None else kernel.launch_metadata(grid, stream, *values)
+            if torch.cuda.current_device() == device:
+                kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, metadata, enter,
+                           runtime.launch_exit_hook, *values)
+            else:
+                with torch.cuda.device(device):
+                    kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, metadata,
+                               enter, runtime.launch_exit_hook, *values)
+        except Exception as exc:
+            raise KernelLaunchError(f"{label}: Triton launch of {self.name} with grid={grid} on stream {stream:#x} "
+                                    f"(device {device}) failed: {exc}") from exc
 
 
 @contextlib.contextmanager

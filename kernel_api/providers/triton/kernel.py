@@ -325,7 +325,8 @@ class TritonKernel(Kernel):
         grid = _grid3(self.grid(args), self.metadata.kernel_name)
         if grid[0] * grid[1] * grid[2] == 0:
             return
-        binary.launch(device, grid, stream_handle(stream, device), tuple(self._bound(args).values()))
+        binary.launch(device, grid, stream_handle(stream, device), tuple(self._bound(args).values()),
+                      self.metadata.kernel_name)
 
     def _launcher(self, args: Any, artifact: CompiledArtifact) -> Launcher | None:
         """``function(*operands, stream)``: the values ``launch_args`` gave for ``args``, its
@@ -339,6 +340,7 @@ class TritonKernel(Kernel):
                 if index is None:
                     return None
                 slots.append((len(template), index))
+                value = None  # (filled per call: the launcher keeps no operand alive)
             template.append(value)
         grid = _grid3(self.grid(args), self.metadata.kernel_name)
         if grid[0] * grid[1] * grid[2] == 0:
@@ -346,12 +348,13 @@ class TritonKernel(Kernel):
         binary: TritonBinary = artifact.compiled_obj
         device = _device_index(args)
         binary.kernel_on(device)  # loaded now, not inside a recorded launch
+        label = self.metadata.kernel_name
 
         def launch(*call: Any) -> None:
             values = list(template)
             for position, index in slots:
                 values[position] = call[index]
-            binary.launch(device, grid, stream_handle(call[-1], device), tuple(values))
+            binary.launch(device, grid, stream_handle(call[-1], device), tuple(values), label)
 
         launch.__name__ = f"launch_{self.metadata.kernel_name}"
         return Launcher(launch)
