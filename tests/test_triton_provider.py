@@ -219,6 +219,26 @@ def test_the_compile_key_follows_the_constexprs_and_types(families):
     assert key != kernel.compile_key(meta_args(cols=1000), 100)
 
 
+def test_ints_that_are_multiples_of_16_are_specialised_as_tritons_jit_does(families):
+    row, _ = families
+    kernel = _instance(row, "TritonRowSoftmax_f32_w4_s3_a16")
+    assert kernel.spec(meta_args(cols=1024), 90).aligned == ("out_ptr", "x_ptr", "x_row_stride", "out_row_stride",
+                                                              "n_cols")
+    assert kernel.compile_key(meta_args(cols=1024), 90) != kernel.compile_key(meta_args(cols=1000), 90)
+
+
+def test_an_artifact_compiled_for_other_arguments_is_refused_before_launching(families):
+    from kernel_api.core.errors import UnsupportedArgumentsError
+
+    row, _ = families
+    kernel = _instance(row, "TritonRowSoftmax_f32_w4_s3_a16")
+    artifact = kernel.compile(meta_args(cols=1000), cc=90)
+    with pytest.raises(UnsupportedArgumentsError, match=r"compiled artifact is for .*BLOCK=1024.*need .*BLOCK=4096"):
+        kernel._run(meta_args(cols=3000), artifact, 0)
+    with pytest.raises(UnsupportedArgumentsError, match=r"16-aligned: out_ptr, x_ptr, x_row_stride"):
+        kernel._launcher(meta_args(cols=1008), artifact)
+
+
 def test_the_unaligned_instance_compiles_without_alignment(families):
     row, _ = families
     kernel = _instance(row, "TritonRowSoftmax_f32_w4_s3_a1")
@@ -285,7 +305,8 @@ def test_importing_the_provider_imports_no_triton():
 class _Recorder:
     """Stands in for `TritonBinary`'s GPU side: records what a launch would get."""
 
-    def __init__(self):
+    def __init__(self, spec):
+        self.spec = spec
         self.launches = []
 
     def kernel_on(self, device):
@@ -307,7 +328,7 @@ def test_the_launcher_passes_the_call_operands_and_keeps_none(families, monkeypa
     x = torch.empty(6, 300, dtype=torch.float32)
     out = torch.empty_like(x)
     args = SoftmaxArguments(x, out)
-    recorder = _Recorder()
+    recorder = _Recorder(kernel.spec(args, 90))
     artifact = CompiledArtifact(recorder, kernel, 90)
     launcher = kernel._launcher(args, artifact)
     assert launcher is not None and launcher.tail == () and not launcher.ffi
@@ -339,9 +360,9 @@ def test_no_launcher_for_a_tensor_that_is_no_operand_or_an_empty_grid(families, 
 
     kernel = WithScratch.generate_kernels(None, cc=90)[0]
     args = SoftmaxArguments(torch.empty(2, 64), torch.empty(2, 64))
-    assert kernel._launcher(args, CompiledArtifact(_Recorder(), kernel, 90)) is None
+    assert kernel._launcher(args, CompiledArtifact(_Recorder(kernel.spec(args, 90)), kernel, 90)) is None
     empty = SoftmaxArguments(torch.empty(0, 64), torch.empty(0, 64))
-    recorder = _Recorder()
+    recorder = _Recorder(_instance(row, "TritonRowSoftmax_f32_w4_s3_a16").spec(empty, 90))
     plain = _instance(row, "TritonRowSoftmax_f32_w4_s3_a16")
     assert plain._launcher(empty, CompiledArtifact(recorder, plain, 90)) is None
     plain._run(empty, CompiledArtifact(recorder, plain, 90), 0)

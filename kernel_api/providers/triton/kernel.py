@@ -37,7 +37,7 @@ import torch
 from ...core.arch import device_cc
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType, to_dtype
-from ...core.errors import DeviceError
+from ...core.errors import DeviceError, UnsupportedArgumentsError
 from ...core.status import Status
 from ...core.streams import stream_handle
 from ...kernel import Kernel, compile_target_cc
@@ -292,17 +292,25 @@ class TritonKernel(Kernel):
     def _spec(self, bound: dict[str, Any], args: Any, cc: int) -> TritonSpec:
         fn = jit_function_of(type(self))
         label = self.metadata.kernel_name
-        constexpr = {p.name for p in fn.params if p.is_constexpr}
+        params = {p.name: p for p in fn.params}
         operands = [getattr(args, name) for name in args.tensor_attributes]
         aligned_ok = self.metadata.design.alignment >= 16
         signature, constexprs, aligned = [], [], []
         for name, value in bound.items():
-            if name in constexpr:
+            param = params[name]
+            if param.is_constexpr:
                 signature.append((name, "constexpr"))
                 constexprs.append((name, value))
                 continue
             signature.append((name, value_type(value, name, label)))
-            if aligned_ok and isinstance(value, torch.Tensor) and any(value is t for t in operands):
+            if param.do_not_specialize or param.do_not_specialize_on_alignment:
+                continue
+            # As Triton's JIT specialises: 16-byte aligned pointers (here: the operands, when the
+            # instance's metadata requires it) and ints that are multiples of 16 (a stride...).
+            if isinstance(value, torch.Tensor):
+                if aligned_ok and any(value is t for t in operands):
+                    aligned.append(name)
+            elif isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0:
                 aligned.append(name)
         return TritonSpec(fn, tuple(signature), tuple(constexprs), tuple(aligned),
                           tuple(sorted(self.metadata.design.options().items())), cc)
@@ -319,22 +327,35 @@ class TritonKernel(Kernel):
         return CompiledArtifact(binary, self, target)
 
     # ---- launch ------------------------------------------------------------------------------
+    def _checked_values(self, args: Any, binary: TritonBinary) -> tuple:
+        """The jit function's values for ``args``, once the binary is known to be compiled for
+        them (the same signature, constexprs and alignment assumptions)."""
+        bound = self._bound(args)
+        spec = self._spec(bound, args, binary.spec.cc)
+        compiled = binary.spec
+        if (spec.signature, spec.constexprs, spec.aligned) != (compiled.signature, compiled.constexprs,
+                                                                 compiled.aligned):
+            raise UnsupportedArgumentsError(
+                f"{self.metadata.kernel_name}: the compiled artifact is for {_describe(compiled)}, these arguments "
+                f"need {_describe(spec)}; compile for them (kernel.compile(args)) or call run without an artifact")
+        return tuple(bound.values())
+
     def _run(self, args: Any, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
         binary: TritonBinary = artifact.compiled_obj
+        values = self._checked_values(args, binary)
         device = _device_index(args)
         grid = _grid3(self.grid(args), self.metadata.kernel_name)
         if grid[0] * grid[1] * grid[2] == 0:
             return
-        binary.launch(device, grid, stream_handle(stream, device), tuple(self._bound(args).values()),
-                      self.metadata.kernel_name)
+        binary.launch(device, grid, stream_handle(stream, device), values, self.metadata.kernel_name)
 
     def _launcher(self, args: Any, artifact: CompiledArtifact) -> Launcher | None:
         """``function(*operands, stream)``: the values ``launch_args`` gave for ``args``, its
         operands replaced by the call's; None when a value is a tensor other than an operand."""
-        names = list(args.tensor_attributes)
-        operands = [getattr(args, name) for name in names]
+        binary: TritonBinary = artifact.compiled_obj
+        operands = [getattr(args, name) for name in args.tensor_attributes]
         template, slots = [], []
-        for value in self._bound(args).values():
+        for value in self._checked_values(args, binary):
             if isinstance(value, torch.Tensor):
                 index = next((i for i, t in enumerate(operands) if t is value), None)
                 if index is None:
@@ -345,7 +366,6 @@ class TritonKernel(Kernel):
         grid = _grid3(self.grid(args), self.metadata.kernel_name)
         if grid[0] * grid[1] * grid[2] == 0:
             return None
-        binary: TritonBinary = artifact.compiled_obj
         device = _device_index(args)
         binary.kernel_on(device)  # loaded now, not inside a recorded launch
         label = self.metadata.kernel_name
@@ -358,6 +378,13 @@ class TritonKernel(Kernel):
 
         launch.__name__ = f"launch_{self.metadata.kernel_name}"
         return Launcher(launch)
+
+
+def _describe(spec: TritonSpec) -> str:
+    types = ", ".join(f"{name}: {ty}" for name, ty in spec.signature if ty != "constexpr")
+    constexprs = ", ".join(f"{name}={value!r}" for name, value in spec.constexprs)
+    aligned = ", ".join(spec.aligned) or "none"
+    return f"({types}; {constexprs or 'no constexprs'}; 16-aligned: {aligned})"
 
 
 def _target_cc(cc: int | None) -> int:
