@@ -171,13 +171,26 @@ class TritonBinary:
         return int(self.metadata.get("shared", 0))
 
     def to_bytes(self) -> bytes:
-        """The disk cache payload: a length-prefixed json header, then the cubin."""
+        """The disk cache payload.
+
+        Returns:
+            A length-prefixed json header (format, Triton's metadata), then the cubin.
+        """
         header = json.dumps({"format": _FORMAT, "metadata": self.metadata}).encode()
         return struct.pack("<I", len(header)) + header + self.cubin
 
     @classmethod
     def from_bytes(cls, spec: TritonSpec, blob: bytes, key: str) -> "TritonBinary":
-        """The binary of a disk cache payload (ValueError for another layout)."""
+        """The binary of a disk cache payload.
+
+        Args:
+            spec: what the payload was compiled from.
+            blob: the payload (`to_bytes`).
+            key: its cache key.
+
+        Returns:
+            The binary; ValueError for another layout or no ELF image.
+        """
         (n,) = struct.unpack_from("<I", blob)
         header = json.loads(blob[4:4 + n].decode())
         if header.get("format") != _FORMAT:
@@ -319,7 +332,8 @@ def compile_triton(spec: TritonSpec, label: str) -> TritonBinary:
                 _memo[key] = binary
             return binary
     if cache_only.get():
-        raise ArtifactNotCachedError(f"{label}: no cached Triton kernel for sm_{spec.cc} (a compile from the cache only)")
+        raise ArtifactNotCachedError(f"{label}: no cached Triton kernel for sm_{spec.cc} "
+                                     f"(a compile from the cache only)")
     triton = require_triton()
     from triton.backends.compiler import GPUTarget
 

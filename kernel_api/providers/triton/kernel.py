@@ -4,14 +4,15 @@ Registering an existing Triton kernel::
 
     @TritonProvider.register
     class TritonRowSoftmax(TritonKernel):
-        jit_function = softmax_kernel          # @triton.jit (or @triton.autotune: its configs)
+        jit_function = row_softmax             # @triton.jit (or @triton.autotune: its configs)
         configs = [triton.Config({}, num_warps=w) for w in (4, 8)]
         supported_args_type = SoftmaxArguments
         dtypes = ("f32", "f16", "bf16")
         operands = softmax_operands            # (dtype, divisibility) -> OperandsMetadata
 
-        def launch_args(self, args):         # the jit function's parameters for these arguments
-            return (args.out, args.x, args.cols), {"BLOCK": triton.next_power_of_2(args.cols)}
+        def launch_args(self, args):           # (out_ptr, x_ptr, x_row_stride, out_row_stride, n_cols, BLOCK)
+            x_stride = args.x.view(args.rows, args.cols).stride(0) if args.rows > 1 and args.cols else args.cols
+            return (args.out, args.x, x_stride, args.cols, args.cols), {"BLOCK": triton.next_power_of_2(args.cols)}
 
         def grid(self, args):
             return (args.rows,)
@@ -159,7 +160,12 @@ class TritonKernel(Kernel):
     # ---- generation ------------------------------------------------------------------------
     @classmethod
     def config_list(cls) -> list[dict]:
-        """The configurations as dicts: ``configs``, else the autotuner's, else one default."""
+        """The configurations as dicts: ``configs``, else the autotuner's, else one default.
+
+        Returns:
+            One dict per configuration: ``kwargs`` (its meta-parameters), ``num_warps``,
+            ``num_stages``, ``num_ctas`` and ``maxnreg``.
+        """
         configs = cls.configs
         if configs is None:
             configs = getattr(cls.__dict__.get("jit_function", cls.jit_function), "configs", None)
@@ -169,7 +175,15 @@ class TritonKernel(Kernel):
 
     @classmethod
     def operands_for(cls, dtype: DataType, divisibility: int) -> OperandsMetadata:
-        """The operands an instance of ``dtype`` takes, aligned to ``divisibility`` elements."""
+        """The operands an instance of ``dtype`` takes, aligned to ``divisibility`` elements.
+
+        Args:
+            dtype: the instance's element type.
+            divisibility: the elements the instance's alignment amounts to (at least 1).
+
+        Returns:
+            ``operands(dtype, divisibility)``; TypeError when that is no `OperandsMetadata`.
+        """
         found = cls.operands(dtype, divisibility)
         if not isinstance(found, OperandsMetadata):
             raise TypeError(f"{cls.__name__}.operands({dtype}, {divisibility}) returned {type(found).__name__}, "
@@ -200,7 +214,16 @@ class TritonKernel(Kernel):
 
     @classmethod
     def instance_name(cls, dtype: DataType, config: dict, alignment: int) -> str:
-        """``<class>_<dtype>_<meta-parameters>_w<warps>_s<stages>_a<alignment bytes>``."""
+        """The kernel name of one instance.
+
+        Args:
+            dtype: its element type.
+            config: one of `config_list`'s dicts.
+            alignment: the bytes it assumes of the operands' pointers.
+
+        Returns:
+            ``<class>_<dtype>_<meta-parameters>_w<warps>_s<stages>_a<alignment>``.
+        """
         parts = [cls.__name__, str(dtype)]
         parts += [f"{k}{_NAME_CHARS.sub('', str(v))}" for k, v in sorted(config["kwargs"].items())]
         parts += [f"w{config['num_warps']}", f"s{config['num_stages']}"]
@@ -212,7 +235,16 @@ class TritonKernel(Kernel):
 
     @classmethod
     def make_metadata(cls, dtype: DataType, config: dict, alignment: int) -> KernelMetadata:
-        """The metadata of one instance: its name, operands and `TritonDesignMetadata`."""
+        """The metadata of one instance.
+
+        Args:
+            dtype: its element type.
+            config: one of `config_list`'s dicts.
+            alignment: the bytes it assumes of the operands' pointers.
+
+        Returns:
+            Its `KernelMetadata`: name, operands, `TritonDesignMetadata`, cc range.
+        """
         design = TritonDesignMetadata(tuple(sorted(config["kwargs"].items())), config["num_warps"],
                                       config["num_stages"], config["num_ctas"], config["maxnreg"], alignment)
         divisibility = max(1, alignment // dtype.bytes)
@@ -222,7 +254,16 @@ class TritonKernel(Kernel):
     @classmethod
     def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
                          cc: int | None = None) -> list["TritonKernel"]:
-        """One instance per configuration, dtype and alignment that passes the filter and cc."""
+        """One instance per configuration, dtype and alignment.
+
+        Args:
+            metadata_filter: keeps an instance when it returns True (None keeps all).
+            epilogue_args: a fused epilogue; none is supported (no instances then).
+            cc: the target; instances outside ``min_cc``/``max_cc`` are left out.
+
+        Returns:
+            The instances.
+        """
         if epilogue_args is not None:
             return []
         cls.check_definition()
