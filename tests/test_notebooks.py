@@ -17,8 +17,8 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 
 
-def test_the_six_walkthroughs_exist():
-    assert [n[:3] for n in NAMES] == ["000", "001", "002", "003", "004", "005"]
+def test_the_seven_walkthroughs_exist():
+    assert [n[:3] for n in NAMES] == ["000", "001", "002", "003", "004", "005", "006"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -54,9 +54,9 @@ _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,119}$")  # no '.', '..' or hidden folder
 _CHUNK = 1 << 20
 # The namespaces kernel_api's own disk caches use: compiled kernels (providers/cutedsl/kernel.py's
-# artifacts, nvrtc/compiler.py's cubins), and the CuTe DSL provider's remembered compiles (small
-# entries naming an artifact).
-KERNEL_NAMESPACES = ("cutedsl", "cubin")
+# artifacts, nvrtc/compiler.py's cubins, providers/triton's cubins and metadata), and the CuTe DSL
+# provider's remembered compiles (small entries naming an artifact).
+KERNEL_NAMESPACES = ("cutedsl", "cubin", "triton")
 NAMESPACES = KERNEL_NAMESPACES + ("cutedsl-compiles",)
 STALE_PART_SECONDS = 3600  # a staged file this old has no writer left: a bundle stages in seconds to minutes
 
