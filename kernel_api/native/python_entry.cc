@@ -573,6 +573,39 @@ bool BumpVersion(PyObject* out) {
   return true;
 }
 
+// The table's launch under `tag` for `operands` on `stream_given` (None: the current stream; else
+// converted by kernel_api.utils.to_cuda_stream). True when it launched. Leaves no Python or TVM-FFI
+// error set: a stream that cannot be read or a launch that raised is dropped and reads as not
+// launched (the Python path runs the call again and reports).
+bool LaunchOnStream(long long tag, PyObject* stream_given, const DLDevice& device, const TVMFFIAny* operands,
+                    int count) {
+  PyObject* stream_object = stream_given;
+  if (stream_object != Py_None) {
+    stream_object = PyObject_CallOneArg(ops.to_stream, stream_object);
+    if (stream_object == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+  } else {
+    Py_INCREF(stream_object);
+  }
+  TVMFFIAny stream;
+  const bool stream_ok = StreamArgument(stream_object, device, &stream);
+  Py_DECREF(stream_object);
+  if (!stream_ok) {
+    PyErr_Clear();
+    return false;
+  }
+  bool launched = false;
+  if (kernel_api_native::LaunchRecorded(tag, stream, operands, count, &launched) != 0) {
+    TVMFFIObjectHandle error = nullptr;
+    TVMFFIErrorMoveFromRaised(&error);
+    if (error != nullptr) TVMFFIObjectDecRef(error);
+    return false;
+  }
+  return launched;
+}
+
 // ---- torch calls ---------------------------------------------------------------------------
 
 // Guarded by the GIL (every caller holds it). Values are strong references.
@@ -848,29 +881,7 @@ PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_XDECREF(target);
     Py_RETURN_NONE;
   }
-  PyObject* stream_object = args[10];
-  if (stream_object != Py_None) {
-    stream_object = PyObject_CallOneArg(ops.to_stream, stream_object);
-    if (stream_object == nullptr) {
-      PyErr_Clear();
-      Py_DECREF(target);
-      Py_RETURN_NONE;
-    }
-  } else {
-    Py_INCREF(stream_object);
-  }
-  TVMFFIAny stream;
-  const bool stream_ok = StreamArgument(stream_object, tensors[0].device, &stream);
-  Py_DECREF(stream_object);
-  bool launched = false;
-  if (!stream_ok) {
-    PyErr_Clear();
-  } else if (kernel_api_native::LaunchRecorded(keyed_tag, stream, operands, count, &launched) != 0) {
-    TVMFFIObjectHandle error = nullptr;  // dropped: the Python path runs the call again and reports
-    TVMFFIErrorMoveFromRaised(&error);
-    if (error != nullptr) TVMFFIObjectDecRef(error);
-    launched = false;
-  }
+  bool launched = LaunchOnStream(keyed_tag, args[10], tensors[0].device, operands, count);
   if (!launched && args[10] == Py_None) {
     const int called = CallRecorded(keyed_tag, objects, operands, count,
                                     out == Py_None ? OutputArgument::kMade : OutputArgument::kGiven);
@@ -972,30 +983,8 @@ PyObject* Call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_XDECREF(target);
     Py_RETURN_NONE;
   }
-  PyObject* stream_object = stream_given;
-  if (stream_object != Py_None) {
-    stream_object = PyObject_CallOneArg(ops.to_stream, stream_object);
-    if (stream_object == nullptr) {
-      PyErr_Clear();
-      Py_DECREF(target);
-      Py_RETURN_NONE;
-    }
-  } else {
-    Py_INCREF(stream_object);
-  }
-  TVMFFIAny stream;
-  const bool stream_ok = StreamArgument(stream_object, tensors[0].device, &stream);
-  Py_DECREF(stream_object);
-  bool launched = false;
   const int count = inputs + 1;
-  if (!stream_ok) {
-    PyErr_Clear();
-  } else if (kernel_api_native::LaunchRecorded(tag, stream, operands, count, &launched) != 0) {
-    TVMFFIObjectHandle error = nullptr;  // dropped: the Python path runs the call again and reports
-    TVMFFIErrorMoveFromRaised(&error);
-    if (error != nullptr) TVMFFIObjectDecRef(error);
-    launched = false;
-  }
+  bool launched = LaunchOnStream(tag, stream_given, tensors[0].device, operands, count);
   if (!launched && stream_given == Py_None && out != Py_None) {
     const int called = CallRecorded(tag, objects, operands, count, OutputArgument::kGiven);
     if (called < 0) {
