@@ -26,9 +26,9 @@ try:  # tensors without real storage: torch.compile traces with them
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
 
-    _STORAGELESS: tuple[type, ...] = (FakeTensor, FunctionalTensor)
+    STORAGELESS_TYPES: tuple[type, ...] = (FakeTensor, FunctionalTensor)
 except ImportError:  # another torch layout: data_ptr is asked as for any tensor
-    _STORAGELESS = ()
+    STORAGELESS_TYPES = ()
 
 
 class Arguments:
@@ -100,7 +100,7 @@ def data_pointer(t: torch.Tensor) -> int:
     """``t.data_ptr()``, except for a FakeTensor or FunctionalTensor (torch.compile's tracing,
     whose strict mode refuses ``data_ptr``): their byte offset into the storage, so their
     alignment is that of the storage offset (storages are allocated aligned)."""
-    if type(t) is not torch.Tensor and isinstance(t, _STORAGELESS):
+    if type(t) is not torch.Tensor and isinstance(t, STORAGELESS_TYPES):
         return t.storage_offset() * t.element_size()
     return t.data_ptr()
 
@@ -115,7 +115,7 @@ def byte_extent(t: torch.Tensor) -> int:
 def _dense_extent(t: torch.Tensor) -> tuple[int, int] | None:
     """[first byte, end) of a tensor whose elements fill that range exactly; None for strided
     views with gaps, empty tensors and tensors without memory (meta, fake), which are not judged."""
-    if type(t) is not torch.Tensor and isinstance(t, _STORAGELESS):
+    if type(t) is not torch.Tensor and isinstance(t, STORAGELESS_TYPES):
         return None
     ptr, extent = t.data_ptr(), byte_extent(t)
     if not ptr or extent != t.numel() * t.element_size():

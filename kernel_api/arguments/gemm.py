@@ -15,7 +15,7 @@ import torch
 from .. import native
 from ..core.dtypes import _FLOATS, _FROM_TORCH, DataType, to_dtype
 from ..core.tensor_attributes import TensorAttributes
-from .base import _STORAGELESS, Arguments, _matrix_attributes, _require_tensor, _shares_memory
+from .base import STORAGELESS_TYPES, Arguments, _matrix_attributes, _require_tensor, _shares_memory
 from .epilogue import EpilogueArguments
 
 # kernel_api.native's recall/remember once its CPython entry points load (see _use_native);
@@ -81,7 +81,8 @@ class GemmArguments(Arguments):
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, accumulator_type: Any = None,
                  epilogue: EpilogueArguments | None = None) -> None:
-        if _recall is not None and epilogue is None and (type(A) is torch.Tensor or not isinstance(A, _STORAGELESS)):
+        if _recall is not None and epilogue is None and (
+                type(A) is torch.Tensor or not isinstance(A, STORAGELESS_TYPES)):
             # Operands with the raw metadata (dtypes, shapes, strides, pointer alignment, devices)
             # of earlier arguments without epilogue and with this accumulator have their summary:
             # found in C, without recomputing it. (Not for fake tensors: C reads data pointers.)
