@@ -140,7 +140,7 @@ def test_record_key_holds_every_field_of_the_context():
             record_key(args, base._replace(timing="device/own")), record_key(args, base._replace(timing="as_called/shared"))}
     assert len(keys) == 5
     key = record_key(args, base)
-    assert key.operation.startswith("k2 ") and "math=f32" in key.operation and "providers=all" in key.operation
+    assert key.operation.startswith("k3 ") and "math=f32" in key.operation and "providers=all" in key.operation
     assert key.shape == operation_key(args)[1]
     assert record_key(args, base, "bucket:x").shape == "bucket:x"
 

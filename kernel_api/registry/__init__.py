@@ -12,7 +12,8 @@ registered classes → generated instances → support checks, caching instance 
 (class, cc, epilogue kind) and metadata matches per argument signature.
 
 The modules, bottom up: ``catalog`` (what is registered), ``reports`` (what failed),
-``validation`` and ``names`` (what registration refuses), ``plugins`` (what is imported),
+``validation`` and ``names`` (what registration refuses), ``versions`` (each provider's version,
+which tuning records are keyed on), ``plugins`` (what is imported),
 ``discovery`` (the instances that fit), ``explanation`` (why the others do not),
 ``kernel_registry`` (`Registry`, `Provider`, `default_registry`).
 """

@@ -11,6 +11,7 @@ act on the registry that is importing plugins in this context (a plugin's
 from __future__ import annotations
 
 import contextvars
+import inspect
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
@@ -27,6 +28,7 @@ from .plugins import (BUILTIN_PROVIDER_MODULES, ENTRY_POINT_GROUP, EntryPointLik
                       entry_point_targets, import_plugin)
 from .reports import FailureReports
 from .validation import is_builtin, validate_kernel_class
+from .versions import DefaultVersion
 
 
 class Provider:
@@ -36,9 +38,16 @@ class Provider:
     validates it and makes it discoverable. The class methods act on `registering_registry()`:
     the default registry, or the one importing plugins in this context. For a registry of your
     own, call its methods (``reg.register(MyKernel, MyProvider)``).
+
+    ``version`` is what tuning records are keyed on for this provider's kernels: a new version
+    re-tunes the problems they were candidates for. Leave it unset to use the installed version
+    of the distribution the provider's package belongs to (kernel_api's own providers: kernel_api's
+    version; `kernel_api.registry.versions`), read once per process; set ``version = "..."`` where
+    that does not say what the kernels are (a provider defined in a notebook or a source tree).
     """
 
     name: str = ""
+    version: str = DefaultVersion()  # type: ignore[assignment]  # a str on every subclass
 
     @classmethod
     def register(cls, kernel_class: type) -> type:
@@ -160,16 +169,21 @@ class Registry:
         """Make a provider known to discovery (usable as a class decorator).
 
         Args:
-            provider: a `Provider` subclass with a non-empty ``name``.
+            provider: a `Provider` subclass with a non-empty ``name`` (and a non-empty string
+                ``version`` where it sets one).
 
         Returns:
             ``provider``. Registering it again does nothing; `RegistrationError` when another
-            provider has its name.
+            provider has its name, or its ``name`` or ``version`` is no non-empty string.
         """
         if not _is_provider(provider):
             raise RegistrationError(f"register_provider expects a Provider subclass, got {provider!r}")
         if not provider.name or not isinstance(provider.name, str):
             raise RegistrationError(f"{provider.__name__}.name must be a non-empty string")
+        version = inspect.getattr_static(provider, "version")
+        if not isinstance(version, DefaultVersion) and not (isinstance(version, str) and version):
+            raise RegistrationError(f"{provider.__name__}.version must be a non-empty string (or unset), "
+                                    f"got {version!r}")
         with self._lock:
             existing = self._catalog.provider(provider.name)
             if existing is not None and existing is not provider:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -26,6 +26,7 @@ from ..core.dtypes import DataType
 from ..core.errors import NoKernelFoundError
 from ..cost import gpu_floor_ms
 from ..kernel import Kernel
+from ..registry.versions import provider_versions
 from .buckets import PREFIX as _BUCKET_PREFIX, Bucket, resolve_bucket
 from .pick_any import PickAny, Policy, describe_problem, rank_candidates
 from .records import RecordContext, RecordKey, TuningRecord, TuningRecords, record_key, toolchain_versions
@@ -172,8 +173,9 @@ class PickBest(Policy):
 
     A record is keyed on everything that changes the candidates or their ranking besides the
     problem (`record_context`): the math torch allows for f32 GEMMs (TF32), the providers of the
-    `kernel_api.settings` scope, ``timing`` and ``power_state``. A winner is never reused under
-    a setting its measurement did not cover.
+    `kernel_api.settings` scope and their versions (``Provider.version``: a plugin's new release
+    re-tunes), ``timing`` and ``power_state``. A winner is never reused under a setting its
+    measurement did not cover.
 
     ``bucket`` keys the records by a range of shapes instead of the exact shape (see
     `kernel_api.tuning.buckets`): ``"pow2_m"`` (M, or a softmax's rows, in power-of-two buckets
@@ -231,26 +233,39 @@ class PickBest(Policy):
             raise RuntimeError("PickBest needs a CUDA GPU and CUDA tensors; PickAny ranks kernels without one")
         return torch.cuda.get_device_name(args.device), device_cc(args.device.index)
 
-    def record_context(self, args: Any) -> RecordContext:
-        """What ``args``' record is keyed on besides the problem: the math allowed
-        (`math_setting`), the providers of the current `kernel_api.settings` scope and this
-        policy's timing and power state."""
-        return RecordContext(math_setting(args), current().providers, f"{self.timing}/{self.power_state}")
+    def record_context(self, args: Any, candidates: Iterable[Kernel] = ()) -> RecordContext:
+        """What ``args``' record is keyed on besides the problem.
 
-    def _record_key(self, args: Any, bucketed: bool = False) -> RecordKey | None:
+        Args:
+            args: the problem.
+            candidates: the kernels chosen among; the providers of any outside the scope (a
+                `Registry` of your own) are keyed on too.
+
+        Returns:
+            The `RecordContext`: the math allowed (`math_setting`), the providers of the current
+            `kernel_api.settings` scope, this policy's timing and power state, and the versions
+            of the scope's providers (every registered one where the scope names none) and the
+            candidates' (`candidate_versions`).
+        """
+        scope = current().providers
+        return RecordContext(math_setting(args), scope, f"{self.timing}/{self.power_state}",
+                             candidate_versions(scope, candidates))
+
+    def _record_key(self, args: Any, bucketed: bool = False, candidates: Iterable[Kernel] = ()) -> RecordKey | None:
         """The key of ``args``' record (`kernel_api.tuning.records.record_key` under
         `record_context`), or with ``bucketed`` its bucket's (None: no bucket, or none for them)."""
         if not bucketed:
-            return record_key(args, self.record_context(args))
+            return record_key(args, self.record_context(args, candidates))
         label = None if self.bucket is None else self.bucket(args)
-        return None if label is None else record_key(args, self.record_context(args), _BUCKET_PREFIX + label)
+        return None if label is None else record_key(args, self.record_context(args, candidates),
+                                                     _BUCKET_PREFIX + label)
 
     def _find_record(self, args: Any, candidates: list[Kernel], device_name: str,
                      cc: int) -> tuple[TuneResult | None, RecordKey]:
         """(the result a usable tuning record gives, or None; the key a new measurement of
         ``args`` is recorded under)."""
-        exact = self._record_key(args)
-        bucket = self._record_key(args, bucketed=True)
+        exact = self._record_key(args, candidates=candidates)
+        bucket = self._record_key(args, bucketed=True, candidates=candidates)
         store_key = bucket or exact
         if not self.use_records:
             return None, store_key
@@ -297,7 +312,8 @@ class PickBest(Policy):
         if not candidates:
             raise registry.no_kernel_error(args)
         if force:  # measure, and record for the bucket (re-tuned with these arguments) or the shape
-            store_key = self._record_key(args, bucketed=True) or self._record_key(args)
+            store_key = (self._record_key(args, bucketed=True, candidates=candidates)
+                         or self._record_key(args, candidates=candidates))
         else:
             found, store_key = self._find_record(args, candidates, device_name, cc)
             if found is not None:
@@ -480,6 +496,31 @@ class PickBest(Policy):
             waiting = queued.pop(index, None)
             finish(index, waiting and waiting.result)
         return [m for m in results if m is not None]
+
+
+def candidate_versions(scope: tuple[str, ...] | None, candidates: Iterable[Kernel] = ()) -> tuple[tuple[str, str], ...]:
+    """The provider versions a tuning record is keyed on (`RecordContext.versions`).
+
+    They are those of every provider whose kernels may be candidates: the scope's (with none
+    named, every provider registered in the default registry), since a new release of a provider
+    whose kernels lost may now win, and of the ``candidates``' providers outside it. Each
+    provider's version is read once per process and the pairs built once per set of providers
+    (`kernel_api.registry.versions`), so a lookup reads no installed distribution.
+
+    Args:
+        scope: the provider names of the `kernel_api.settings` scope (None: all).
+        candidates: the kernels chosen among.
+
+    Returns:
+        (name, version) pairs, sorted by name.
+    """
+    registry.default_registry.load_plugins()  # the providers discovery would search
+    chosen = set(registry.select_providers(scope))
+    for kernel in candidates:
+        provider = getattr(kernel, "_kernel_api_provider", None)
+        if provider is not None:
+            chosen.add(provider)
+    return provider_versions(chosen)
 
 
 def _timed_run(kernel: Kernel, own: list[Any], artifact: Any) -> Callable[[int], None]:

@@ -3,7 +3,8 @@
 Stored in SQLite (``tuning.sqlite`` in the cache folder, WAL mode, a busy timeout) so any
 later process picks the recorded winner without benchmarking again. Each record is keyed on
 the toolchain that measured it too (kernel_api's version, the CuTe DSL's version and CUDA
-variant): after an upgrade the old winners count as missing. The records are an
+variant), and its operation field (`record_key`) on the versions of the providers whose
+kernels may be candidates: after an upgrade the old winners count as missing. The records are an
 optimisation, so trouble never costs the caller a choice: a damaged database (a bad header,
 or damaged pages found by any query) is set aside as ``tuning.sqlite.corrupt-<time>`` and
 recreated with a warning; a damaged row counts as missing, with a logged warning; a write
@@ -652,9 +653,9 @@ def operation_key(args: Any) -> tuple[str, str]:
 
 #: The format of the keys `record_key` builds, first in their operation field. Records stored
 #: under an older format (the bare signature, which said nothing of the math allowed, the
-#: providers or the timing) are never matched, so no winner is reused for a setting that its
-#: measurement did not cover.
-RECORD_KEY_FORMAT = "k2"
+#: providers or the timing; "k2", which said nothing of the providers' versions) are never
+#: matched, so no winner is reused for a setting that its measurement did not cover.
+RECORD_KEY_FORMAT = "k3"
 
 
 class RecordContext(NamedTuple):
@@ -666,12 +667,15 @@ class RecordContext(NamedTuple):
     `kernel_api.ops` offers tf32 and 3xTF32 kernels only under it); ``"native"`` where no
     setting does. ``providers``: the provider names the candidates came from (sorted; None:
     every registered provider). ``timing``: the policy's measuring options that can rank kernels
-    differently, e.g. ``"as_called/own"``.
+    differently, e.g. ``"as_called/own"``. ``versions``: (name, version) of every provider whose
+    kernels may be candidates (`kernel_api.registry.versions.provider_versions`, sorted by name),
+    so that a new release of any of them, the winner's or a loser's that may now win, re-tunes.
     """
 
     math: str = "native"
     providers: tuple[str, ...] | None = None
     timing: str = ""
+    versions: tuple[tuple[str, str], ...] = ()
 
 
 class RecordKey(NamedTuple):
@@ -683,12 +687,23 @@ class RecordKey(NamedTuple):
 
 
 def record_key(args: Any, context: RecordContext, bucket: str | None = None) -> RecordKey:
-    """The key of ``args``' tuning record under ``context``: the operation field holds
-    `RECORD_KEY_FORMAT`, the operands' signature and every field of ``context``; the shape field
-    the problem's shape (`operation_key`), or ``bucket`` (a shape-range label, see
-    `kernel_api.tuning.buckets`) in its place. Lookups and stores build their keys here alone."""
+    """The key of ``args``' tuning record under ``context``. Lookups and stores build their keys
+    here alone.
+
+    Args:
+        args: the problem's arguments.
+        context: what else decides the winner (`RecordContext`).
+        bucket: a shape-range label (see `kernel_api.tuning.buckets`) to key on instead of the
+            exact shape.
+
+    Returns:
+        The `RecordKey`: its operation field holds `RECORD_KEY_FORMAT`, the operands' signature
+        and every field of ``context`` (``versions`` as ``name:version`` pairs); its shape field
+        the problem's shape (`operation_key`), or ``bucket``.
+    """
     signature, shape = operation_key(args)
     providers = "all" if context.providers is None else ",".join(context.providers)
+    versions = ",".join(f"{name}:{version}" for name, version in context.versions) or "-"
     operation = (f"{RECORD_KEY_FORMAT} {signature} math={context.math} providers={providers} "
-                 f"timing={context.timing or '-'}")
+                 f"versions={versions} timing={context.timing or '-'}")
     return RecordKey(operation, shape if bucket is None else bucket)
