@@ -184,6 +184,30 @@ def _declares_cache_only(cls: type) -> bool:
     return False
 
 
+def target_cc(cc: int | None = None) -> int:
+    """The architecture a compile targets: ``cc`` when given, else the target of the compile in
+    progress (`compile_target_cc`), else the current GPU's.
+
+    Args:
+        cc: an explicit target (e.g. 90), or None.
+
+    Returns:
+        The compute capability as an int.
+
+    Raises:
+        DeviceError: no target given and no CUDA GPU to infer it from.
+    """
+    if cc is not None:
+        return cc
+    cc = compile_target_cc.get()
+    if cc is not None:
+        return cc
+    if torch.cuda.is_available():
+        return device_cc(None)
+    raise DeviceError("no CUDA GPU to infer the target architecture from; compile with an explicit cc, "
+                      "e.g. kernel.compile(args, cc=90)")
+
+
 def check_target_cc(kernel: "Kernel", cc: int) -> None:
     """Raise `CompilationError` when ``kernel``'s metadata excludes compute capability ``cc``.
 

@@ -41,10 +41,9 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
-from ...core.arch import device_cc
 from ...core.artifact import CompiledArtifact
-from ...core.errors import CompilationError, DeviceError
-from ...kernel import Kernel, compile_target_cc
+from ...core.errors import CompilationError
+from ...kernel import Kernel, target_cc
 from ...metadata import KernelMetadata, OperandsMetadata
 from ...core.status import Status
 from ...nvrtc import compile_cuda
@@ -52,18 +51,6 @@ from ...core.streams import stream_handle
 from ...nvrtc import CudaLauncher
 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9]+")
-
-
-def _target_cc(cc: int | None) -> int:
-    if cc is not None:
-        return cc
-    cc = compile_target_cc.get()
-    if cc is not None:
-        return cc
-    if torch.cuda.is_available():
-        return device_cc(None)
-    raise DeviceError("no CUDA GPU to infer the target architecture from; compile with an explicit cc, "
-                      "e.g. kernel.compile(args, cc=90)")
 
 
 class CudaSourceKernel(Kernel):
@@ -240,7 +227,7 @@ class CudaSourceKernel(Kernel):
 
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
         """NVRTC-compile this instance for ``cc`` (default: the current GPU); no GPU needed with a cc."""
-        target = _target_cc(cc)
+        target = target_cc(cc)
         expr = self.name_expression(args)
         compiled = compile_cuda(self.get_source(), cc=target,
                                 name_expressions=[expr, *self.companion_name_expressions(args)],

@@ -36,21 +36,12 @@ from ...core.arch import arch_string, device_cc
 from ...core.artifact import CompiledArtifact
 from ...core.cache import DiskCache, make_key, tree_digest
 from ...core.dtypes import from_torch
-from ...core.errors import ArtifactNotCachedError, CompilationError, DeviceError, strip_ansi
+from ...core.errors import ArtifactNotCachedError, CompilationError, strip_ansi
 from ...core.fingerprint import code_fingerprint
-from ...kernel import Kernel, cache_only, check_target_cc, compile_target_cc
+from ...kernel import Kernel, cache_only, check_target_cc, compile_target_cc, target_cc
 from ...launcher import ffi_function  # (also imported from here by benchmarks and tests)
 from ...metadata import TensorAttributes
 from . import artifact_loader
-
-
-def _target_cc() -> int:
-    cc = compile_target_cc.get()
-    if cc is not None:
-        return cc
-    if torch.cuda.is_available():
-        return device_cc(None)
-    raise DeviceError("no CUDA GPU to infer the target architecture from; compile with an explicit cc, e.g. kernel.compile(args, cc=90)")
 
 
 def _target_cc_or_none() -> int | None:
@@ -230,7 +221,7 @@ class CuteDslKernel(Kernel):
         the compiler assume the alignment a kernel's metadata guarantees. Extra compile
         options go in ``options=``.
         """
-        cc = _target_cc()
+        cc = target_cc()
         check_target_cc(self, cc)  # also when cc comes from the GPU rather than compile(cc=...)
         options = kwargs.pop("options", "") or ""
         flags = [options] if options else []

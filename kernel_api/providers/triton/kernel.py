@@ -35,13 +35,12 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
-from ...core.arch import device_cc
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType, to_dtype
-from ...core.errors import DeviceError, UnsupportedArgumentsError
+from ...core.errors import UnsupportedArgumentsError
 from ...core.status import Status
 from ...core.streams import stream_handle
-from ...kernel import Kernel, compile_target_cc
+from ...kernel import Kernel, target_cc
 from ...launcher import Launcher
 from ...metadata import KernelMetadata, OperandsMetadata
 from .compiler import TritonBinary, TritonSpec, compile_triton, value_type
@@ -363,7 +362,7 @@ class TritonKernel(Kernel):
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
         """Compile this instance for ``args``' signature and ``cc`` (default: the current GPU);
         no GPU needed with a cc. The artifact's ``compiled_obj`` is a `TritonBinary`."""
-        target = _target_cc(cc)
+        target = target_cc(cc)
         binary = compile_triton(self.spec(args, target), self.metadata.kernel_name)
         return CompiledArtifact(binary, self, target)
 
@@ -426,18 +425,6 @@ def _describe(spec: TritonSpec) -> str:
     constexprs = ", ".join(f"{name}={value!r}" for name, value in spec.constexprs)
     aligned = ", ".join(spec.aligned) or "none"
     return f"({types}; {constexprs or 'no constexprs'}; 16-aligned: {aligned})"
-
-
-def _target_cc(cc: int | None) -> int:
-    if cc is not None:
-        return cc
-    cc = compile_target_cc.get()
-    if cc is not None:
-        return cc
-    if torch.cuda.is_available():
-        return device_cc(None)
-    raise DeviceError("no CUDA GPU to infer the target architecture from; compile with an explicit cc, "
-                      "e.g. kernel.compile(args, cc=90)")
 
 
 def _device_index(args: Any) -> int:

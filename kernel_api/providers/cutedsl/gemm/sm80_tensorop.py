@@ -20,8 +20,8 @@ from ....arguments import EpilogueArguments, GemmArguments
 from ....core.dtypes import DataType
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
+from ....kernel import target_cc
 from .. import CuTeDSLProvider
-from ..kernel import _target_cc
 from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, grid_x_tiles_limit,
                      grid_y_limit, tiled_gemm_metadata)
 
@@ -109,7 +109,7 @@ class Sm80TensorOpGemm(GemmKernelBase):
 
             extra = dict(design.extra)
             return Sm80DmmaGemmImpl(design.tile_shape, extra["warps"], design.stages, align=md.A.divisibility,
-                                    cc=_target_cc(), mma_k=extra.get("mma_k"), group=extra.get("raster_group", 0),
+                                    cc=target_cc(), mma_k=extra.get("mma_k"), group=extra.get("raster_group", 0),
                                     **self._impl_layout_kwargs(args))
         from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
 
