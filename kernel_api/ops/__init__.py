@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..arguments import EpilogueArguments, GemmArguments
-from .dispatch import call, clear_dispatch_cache, gemm, padded_output, softmax, softmax_backward, split_columns
+from .dispatch import call, clear_dispatch_cache, column_parts, gemm, softmax, softmax_backward, split_columns
 from .operation import Operation, define_operation, defined_operations, like_input
 from . import library  # noqa: E402,F401  (registers torch.ops.kernel_api.*)
 
@@ -52,11 +52,8 @@ def gemm_arguments(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = 
     if out is None:
         head = split_columns(A, B, None, 0.0, bias) if A.dim() == 2 else 0
         if head:
-            N = B.shape[-1]
-            padded = padded_output(A, N)
-            row_bias = bias is not None and tuple(bias.shape) in ((N,), (1, N))  # split with the columns
-            parts = (slice(None, head), slice(head, None))
-            return [GemmArguments(A, B[:, cols], padded[:, cols], accumulator_type,
-                                  epilogue(bias[..., cols] if row_bias else bias)) for cols in parts]
+            _, parts = column_parts(A, B, head, bias)
+            return [GemmArguments(A, B_part, out_part, accumulator_type, epilogue(bias_part))
+                    for B_part, out_part, bias_part in parts]
         out = A.new_empty((*A.shape[:-1], B.shape[-1]))
     return [GemmArguments(A, B, out, accumulator_type, epilogue(bias))]

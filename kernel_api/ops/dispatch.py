@@ -547,16 +547,32 @@ def padded_output(A: torch.Tensor, N: int) -> torch.Tensor:
     return torch.empty_strided((A.shape[0], N), (-(-N // vec) * vec, 1), dtype=A.dtype, device=A.device)
 
 
-def _gemm_split(A: torch.Tensor, B: torch.Tensor, head: int, alpha: float, bias: torch.Tensor | None,
-                activation: str | None, accumulator_type: Any, stream: Any) -> torch.Tensor:
-    """`split_columns`' two GEMMs into one padded output."""
+def column_parts(A: torch.Tensor, B: torch.Tensor, head: int,
+                 bias: torch.Tensor | None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, Any]]]:
+    """`split_columns`' padded output and its two GEMMs' operands.
+
+    Args:
+        A, B: the 2-D operands.
+        head: the columns the first GEMM computes (`split_columns`' answer).
+        bias: the GEMM's bias, or None; a row bias (N or (1, N) elements) is split with the columns.
+
+    Returns:
+        ``(out, parts)``: the new output (`padded_output`) and, for the aligned columns and then
+        the rest, ``(B's columns, out's columns, the bias for them)``.
+    """
     N = B.shape[-1]
     out = padded_output(A, N)
     row = bias is not None and tuple(bias.shape) in ((N,), (1, N))
-    _gemm_eager(A, B[:, :head], out[:, :head], alpha, 0.0, None, bias[..., :head] if row else bias, activation,
-                accumulator_type, stream)
-    _gemm_eager(A, B[:, head:], out[:, head:], alpha, 0.0, None, bias[..., head:] if row else bias, activation,
-                accumulator_type, stream)
+    return out, [(B[:, cols], out[:, cols], bias[..., cols] if row else bias)
+                 for cols in (slice(None, head), slice(head, None))]
+
+
+def _gemm_split(A: torch.Tensor, B: torch.Tensor, head: int, alpha: float, bias: torch.Tensor | None,
+                activation: str | None, accumulator_type: Any, stream: Any) -> torch.Tensor:
+    """`split_columns`' two GEMMs into one padded output."""
+    out, parts = column_parts(A, B, head, bias)
+    for B_part, out_part, bias_part in parts:
+        _gemm_eager(A, B_part, out_part, alpha, 0.0, None, bias_part, activation, accumulator_type, stream)
     return out
 
 
