@@ -362,8 +362,8 @@ def test_tune_takes_the_power_state_before_or_after_the_problem(monkeypatch, toy
 
     seen = []
     monkeypatch.setattr(commands, "_gpu_arguments", lambda ns: object())
-    monkeypatch.setattr(bench, "tune", lambda args, num_workers=None, force=False, power_state="shared":
-                        seen.append(power_state))
+    monkeypatch.setattr(bench, "tune", lambda args, num_workers=None, force=False, power_state="shared",
+                        providers=None: seen.append(power_state))
     problem = ["gemm", "--m", "64", "--n", "64", "--k", "64", "--dtype", "f16", "--provider", "toy"]
     assert main(["tune", "--power-state", "own", *problem]) == 0
     assert main(["tune", *problem, "--power-state", "own"]) == 0

@@ -6,6 +6,8 @@ test's own, or are the toy provider of the default registry.
 """
 
 import importlib.metadata
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,8 @@ import torch
 import kernel_api
 from kernel_api import (BLASDesignMetadata, CompiledArtifact, GemmArguments, GemmOperandsMetadata, KernelMetadata,
                         RegistrationError, Status, TensorAttributes, registry)
+from kernel_api.cli import bench as cli_bench
+from kernel_api.cli.commands import main
 from kernel_api.registry import Registry, versions
 from kernel_api.tuning.policies import Measurement, PickBest, candidate_versions
 from kernel_api.tuning.records import RecordContext, TuningRecords, record_key
@@ -229,3 +233,78 @@ def test_a_provider_version_must_be_a_non_empty_string():
 
     with pytest.raises(RegistrationError, match=r"Bad.version must be a non-empty string \(or unset\), got 3"):
         Registry().register_provider(Bad)
+
+
+# ---- kernel-api list|bench|tune --provider -------------------------------------------------------
+
+def test_list_provider_alone_lists_that_providers_classes_and_instances(toy, capsys):
+    assert main(["list", "--provider", "toy", "--cc", "90"]) == 0
+    out = capsys.readouterr().out
+    assert "ToyGemm" in out and "GemmArguments" in out and versions.UNVERSIONED in out
+    assert "TorchGemm" not in out and "1 kernel class(es), 96 instance(s) for cc 90" in out
+    assert main(["list", "--provider", "toy,torch"]) == 0
+    out = capsys.readouterr().out
+    assert "ToyGemm" in out and "TorchGemm" in out and f"torch     {kernel_api.__version__}" in out
+
+
+def test_list_provider_filters_a_problems_kernels(toy, capsys):
+    problem = ["gemm", "--m", "64", "--n", "64", "--k", "64", "--dtype", "f16", "--cc", "90"]
+    assert main(["list", *problem, "--provider", "toy"]) == 0
+    out = capsys.readouterr().out
+    assert "ToyGemm_f16" in out and "TorchGemm" not in out
+    assert main(["list", "--provider", "torch", *problem]) == 0  # before the problem too
+    out = capsys.readouterr().out
+    assert "TorchGemm" in out and "ToyGemm" not in out
+
+
+def test_an_unknown_provider_is_one_line_naming_the_available_ones(toy, capsys):
+    for argv in (["list", "--provider", "nope"], ["list", "--provider", "toy,nope"],
+                 ["list", "gemm", "--m", "8", "--n", "8", "--k", "8", "--provider", "nope"],
+                 ["bench", "gemm", "--m", "8", "--n", "8", "--k", "8", "--provider", "nope"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("kernel-api: error: --provider: unknown provider 'nope'; "
+                                                       "available: ") and "toy" in err and "torch" in err
+    assert main(["list"]) == 2
+    assert "give a problem" in capsys.readouterr().err
+
+
+def test_bench_and_tune_without_gpu_list_only_the_providers_kernels(toy, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for command in ("bench", "tune"):
+        assert main([command, "gemm", "--m", "64", "--n", "64", "--k", "64", "--dtype", "f16",
+                     "--provider", "toy"]) == 3
+        err = capsys.readouterr().err
+        assert "ToyGemm_f16_ttt" in err and "TorchGemm" not in err
+
+
+def test_each_providers_best_against_torch():
+    rows = [{"kernel": "torch", "provider": "torch", "median_ms": 1.0, "vs_torch": 1.0},
+            {"kernel": "A1", "provider": "alpha", "median_ms": 0.8, "vs_torch": 1.25},
+            {"kernel": "A2", "provider": "alpha", "median_ms": 0.5, "vs_torch": 2.0},
+            {"kernel": "T1", "provider": "torch", "median_ms": 1.1, "vs_torch": 1 / 1.1},
+            {"kernel": "B1", "provider": "beta", "median_ms": None, "vs_torch": None}]
+    assert [(b["provider"], b["kernel"]) for b in cli_bench.provider_bests(rows)] == \
+        [("alpha", "A2"), ("torch", "T1"), ("beta", None)]
+
+
+def test_tune_with_providers_chooses_and_records_in_their_scope(monkeypatch):
+    seen = []
+    monkeypatch.setattr(PickBest, "tune", lambda self, args, force=False: seen.append(
+        kernel_api.tuning.scope.current().providers) or _Result())
+    cli_bench.tune(gemm(), providers=["torch"], show=lambda line: None)
+    cli_bench.tune(gemm(), show=lambda line: None)
+    assert seen == [("torch",), None]
+
+
+class _Result:
+    from_record = True
+    measurements = [Measurement("K", 0.001)]
+    winner = types.SimpleNamespace(metadata=types.SimpleNamespace(kernel_name="K"))
+
+
+def test_the_usage_guide_shows_the_provider_options():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    cli = text[text.index("## Command line"):text.index("### Kernels ahead of time")]
+    assert "kernel-api list --provider" in cli and "--provider cutedsl,cuda_src" in cli
+    assert "`Provider.version`" in cli

@@ -1,5 +1,6 @@
-"""``kernel-api bench|tune|cache info``: measure every candidate against torch, tune and record,
-inspect the caches (``cache clear`` is in `kernel_api.cli.cache`)."""
+"""``kernel-api bench|tune|cache info``: measure every candidate against torch (and each
+provider's best against it), tune and record, inspect the caches (``cache clear`` is in
+`kernel_api.cli.cache`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..core.cache import cache_dir
 from ..tuning.records import TuningRecords
 from ..tuning.reference import random_like
 from ..tuning.policies import DEFAULT_POWER_STATE, PickBest, rank_candidates
+from ..tuning.settings import settings
 from ..tuning.timing import rotation_count, time_cuda
 from .cache import namespace_folders
 from .errors import require
@@ -38,12 +40,51 @@ def work_of(args: Any) -> tuple[float, str]:
     return float(sum(t.numel() * t.element_size() for t in args.tensors().values())), "TB/s"
 
 
+def provider_bests(rows: list[dict]) -> list[dict]:
+    """Each provider's fastest measured kernel among ``rows`` (`bench`'s), fastest first.
+
+    Args:
+        rows: dicts with ``kernel``, ``provider``, ``median_ms`` (None: failed) and ``vs_torch``;
+            the torch baseline's row (kernel "torch") is left out.
+
+    Returns:
+        One row per provider with a kernel that ran; a provider whose every kernel failed has
+        ``kernel`` None.
+    """
+    best: dict[str, dict] = {}
+    for r in rows:
+        if r["kernel"] == "torch" and r["provider"] == "torch":
+            continue
+        found = best.get(r["provider"])
+        if r["median_ms"] is not None and (found is None or found["median_ms"] is None
+                                           or r["median_ms"] < found["median_ms"]):
+            best[r["provider"]] = {"provider": r["provider"], "kernel": r["kernel"], "median_ms": r["median_ms"],
+                                   "vs_torch": r["vs_torch"]}
+        elif found is None:
+            best[r["provider"]] = {"provider": r["provider"], "kernel": None, "median_ms": None, "vs_torch": None}
+    return sorted(best.values(), key=lambda b: (b["median_ms"] is None, b["median_ms"] or 0.0))
+
+
 def bench(args: Any, limit: int | None = None, num_workers: int | None = None, plot: str | None = None,
-          json_path: str | None = None, show: Any = print) -> list[dict]:
-    """Compile, verify and time every candidate (best-ranked first, up to ``limit``) plus torch."""
+          json_path: str | None = None, show: Any = print, providers: Any = None) -> list[dict]:
+    """Compile, verify and time every candidate (best-ranked first, up to ``limit``) plus torch,
+    then show each provider's best against torch (`provider_bests`).
+
+    Args:
+        args: the problem, on a CUDA GPU.
+        limit: only the ``limit`` best-ranked candidates (default: all).
+        num_workers: compile worker processes.
+        plot: write a bar chart (PNG) here.
+        json_path: write the rows (and ``provider_bests``) as JSON here.
+        show: prints a line.
+        providers: only these providers' kernels (names or classes; default: all).
+
+    Returns:
+        One row per kernel, torch's first among equals, fastest first.
+    """
     if plot:  # before the measurements, not after them
         require("matplotlib", "--plot", "plot")
-    candidates = registry.get_kernels(args)
+    candidates = registry.get_kernels(args, providers=providers)
     if not candidates:
         raise registry.no_kernel_error(args)
     ranked = rank_candidates(candidates, args)[:limit] if limit else rank_candidates(candidates, args)
@@ -71,10 +112,16 @@ def bench(args: Any, limit: int | None = None, num_workers: int | None = None, p
               r["failure"] or ("-" if r["error"] is None else f"{r['error']:.1e}")) for r in rows]
     show(f"{args!r} on {torch.cuda.get_device_name(args.device)}")
     show(format_table(("kernel", "provider", "us", unit, "vs torch", "rel. error / failure"), table))
+    bests = provider_bests(rows)
+    show("best per provider:")
+    show(format_table(("provider", "kernel", "us", "vs torch"),
+                      [(b["provider"], b["kernel"] or "(every kernel failed)",
+                        "-" if b["median_ms"] is None else f"{b['median_ms'] * 1e3:.1f}",
+                        "-" if b["vs_torch"] is None else f"{b['vs_torch']:.2f}") for b in bests]))
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(args.device), "problem": repr(args), "unit": unit,
-                       "rows": rows}, f, indent=2)
+                       "rows": rows, "provider_bests": bests}, f, indent=2)
     if plot:
         _plot(rows, unit, plot, repr(args))
     return rows
@@ -102,9 +149,24 @@ def _plot(rows: list[dict], unit: str, path: str, title: str) -> None:
 
 
 def tune(args: Any, num_workers: int | None = None, force: bool = False, show: Any = print,
-         power_state: str = DEFAULT_POWER_STATE) -> Any:
+         power_state: str = DEFAULT_POWER_STATE, providers: Any = None) -> Any:
+    """Find the fastest correct kernel for ``args`` with `PickBest` and record it (or read its record).
+
+    Args:
+        args: the problem, on a CUDA GPU.
+        num_workers: compile worker processes.
+        force: measure even when a record exists.
+        show: prints a line.
+        power_state: `PickBest`'s ``power_state``.
+        providers: choose among these providers' kernels only (a `kernel_api.settings` scope, so the
+            record is keyed on them, as `kernel_api.ops` under that scope looks it up); default: all.
+
+    Returns:
+        The `TuneResult`.
+    """
     picker = PickBest(num_workers=num_workers, progress=progress("tune"), power_state=power_state)
-    result = picker.tune(args, force=force)
+    with settings(providers=providers):
+        result = picker.tune(args, force=force)
     source = "tuning record" if result.from_record else "measurement"
     best = result.measurements[0] if result.from_record else min(
         (m for m in result.measurements if m.median_ms is not None), key=lambda m: m.median_ms)

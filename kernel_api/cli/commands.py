@@ -2,6 +2,7 @@
 
     kernel-api list gemm --m 4096 --n 4096 --k 4096 --dtype bf16 [--layout tnt] [--cc 90]
     kernel-api list softmax --rows 4096 --cols 1024 --dtype bf16
+    kernel-api list --provider cutedsl[,torch] [--cc 90]   # a provider's kernel classes and instances
     kernel-api explain gemm ...
     kernel-api env [--json]          # versions, driver, GPUs, cache: paste it into bug reports
     kernel-api records export FILE.json | records import FILE.json   # tuning records across machines
@@ -56,7 +57,8 @@ def _add_problem_args(sub: argparse.ArgumentParser) -> None:
     s.add_argument("--backward", action="store_true", help="the backward pass instead")
     s.add_argument("--cc", default=None)
     for p in (g, s):
-        p.add_argument("--provider", action="append", default=None, help="only this provider (repeatable)")
+        p.add_argument("--provider", action="append", default=None,
+                       help="only this provider's kernels (repeatable, or comma-separated)")
 
 
 def build_arguments(ns: argparse.Namespace) -> Any:
@@ -78,10 +80,64 @@ def _design_text(design: Any) -> str:
     return str(design)
 
 
+def provider_names(values: Sequence[str] | None) -> list[str] | None:
+    """The provider names of ``--provider`` options (each repeatable and comma-separated).
+
+    Args:
+        values: the options' values, e.g. ``["cutedsl,torch", "cuda_src"]``; None: none given.
+
+    Returns:
+        The names in the order given, each once; None when none was given.
+
+    Raises:
+        ValueError: a name no registered provider has (the message lists those available).
+    """
+    if not values:
+        return None
+    names = list(dict.fromkeys(n.strip() for v in values for n in v.split(",") if n.strip()))
+    if not names:
+        raise ValueError("--provider: expected a provider name, e.g. --provider cutedsl")
+    available = registry.available_providers()
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise ValueError(f"--provider: unknown provider {', '.join(map(repr, unknown))}; "
+                         f"available: {', '.join(available)}")
+    return names
+
+
+def _list_provider_kernels(names: list[str], cc: int | None) -> int:
+    """``list --provider NAME`` without a problem: each provider's version, kernel classes and
+    their instances (for ``cc``; default: this GPU, else every architecture)."""
+    instances: dict[type, int] = {}
+    for kernel in registry.get_kernels(None, cc=cc, providers=names):
+        kernel_class = kernel.metadata.kernel_class
+        instances[kernel_class] = instances.get(kernel_class, 0) + 1
+    rows = []
+    for name in names:
+        provider = registry.get_provider(name)
+        for kernel_class in provider.kernel_classes():
+            rows.append((name, provider.version, kernel_class.__qualname__,
+                         getattr(kernel_class.supported_args_type, "__name__", "?"), instances.get(kernel_class, 0)))
+    if not rows:
+        print(f"provider(s) {', '.join(names)}: no kernel class registered")
+        return 1
+    print(format_table(("provider", "version", "kernel class", "arguments", "instances"), rows))
+    print(f"{len(rows)} kernel class(es), {sum(r[4] for r in rows)} instance(s)"
+          + (f" for cc {cc}" if cc is not None else ""))
+    return 0
+
+
 def cmd_list(ns: argparse.Namespace) -> int:
+    """``list``: the kernels that can run a problem, or with ``--provider`` and no problem, the
+    providers' kernel classes and instances."""
+    providers = provider_names((ns.list_provider or []) + (getattr(ns, "provider", None) or []))
+    if ns.op is None:
+        if providers is None:
+            raise ValueError("list: give a problem (list gemm ... / list softmax ...) or --provider NAME")
+        return _list_provider_kernels(providers, normalize_cc(ns.list_cc, "--cc"))
     args = build_arguments(ns)
-    cc = normalize_cc(ns.cc, "--cc")
-    kernels = registry.get_kernels(args, cc=cc, providers=ns.provider)
+    cc = normalize_cc(ns.cc if ns.cc is not None else ns.list_cc, "--cc")
+    kernels = registry.get_kernels(args, cc=cc, providers=providers)
     rows = [(k.metadata.kernel_name, k.metadata.provider, _design_text(k.metadata.design), k.metadata.min_cc)
             for k in kernels]
     print(f"{args!r}")
@@ -98,7 +154,7 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     class); with ``--all``, every accepted kernel and every rejection with its reason."""
     args = build_arguments(ns)
     cc = normalize_cc(ns.cc, "--cc")
-    explanation = registry.explain(args, cc=cc, providers=ns.provider)
+    explanation = registry.explain(args, cc=cc, providers=provider_names(ns.provider))
     print(explanation.all() if ns.all else explanation)
     return 0
 
@@ -113,7 +169,8 @@ def _gpu_arguments(ns: argparse.Namespace) -> Any:
     """Real CUDA tensors for bench/tune; without a GPU, say what would run and return None."""
     if not torch.cuda.is_available():
         args = build_arguments(ns)
-        kernels = registry.get_kernels(args, cc=normalize_cc(getattr(ns, "cc", None), "--cc") or 90)
+        kernels = registry.get_kernels(args, cc=normalize_cc(getattr(ns, "cc", None), "--cc") or 90,
+                                       providers=provider_names(ns.provider))
         print(f"kernel-api {ns.command}: no CUDA GPU here; on one it would compile, verify and time "
               f"{len(kernels)} kernel(s) for {args!r}:", file=sys.stderr)
         for k in kernels:
@@ -128,12 +185,13 @@ def _gpu_arguments(ns: argparse.Namespace) -> Any:
 def cmd_bench(ns: argparse.Namespace) -> int:
     if ns.plot:  # say so before anything runs
         require("matplotlib", "--plot", "plot")
+    providers = provider_names(ns.provider)
     args = _gpu_arguments(ns)
     if args is None:
         return 3
     from .bench import bench
 
-    bench(args, limit=ns.limit, num_workers=ns.workers, plot=ns.plot, json_path=ns.json)
+    bench(args, limit=ns.limit, num_workers=ns.workers, plot=ns.plot, json_path=ns.json, providers=providers)
     return 0
 
 
@@ -149,12 +207,13 @@ def cmd_tune(ns: argparse.Namespace) -> int:
                         ("--bucket", ns.bucket), ("--isolation", ns.isolation)):
         if value is not None:
             raise ValueError(f"tune: {flag} is for a shapes file (tune --shapes FILE), not with a problem ({ns.op})")
+    providers = provider_names(ns.provider)
     args = _gpu_arguments(ns)
     if args is None:
         return 3
     from .bench import tune
 
-    tune(args, num_workers=ns.workers, force=ns.force, power_state=ns.power_state)
+    tune(args, num_workers=ns.workers, force=ns.force, power_state=ns.power_state, providers=providers)
     return 0
 
 
@@ -225,7 +284,15 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="on an error, the full message and the traceback (also: KERNEL_API_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_problem_args(sub.add_parser("list", help="list the kernels that can run a problem"))
+    list_p = sub.add_parser("list", help="list the kernels that can run a problem, or a provider's kernels")
+    _add_problem_args(list_p)
+    list_p._subparsers._group_actions[0].required = False  # or --provider alone:
+    # Their own dests: a problem's options of the same names would overwrite them with defaults.
+    list_p.add_argument("--provider", dest="list_provider", action="append", default=None,
+                        help="only this provider's kernels; without a problem, its version, kernel classes and "
+                             "instances (repeatable, or comma-separated)")
+    list_p.add_argument("--cc", dest="list_cc", default=None,
+                        help="without a problem: count the instances for this compute capability, e.g. 90")
     explain_p = sub.add_parser("explain", help="say why each registered kernel does or does not fit")
     _add_problem_args(explain_p)
     for op_parser in explain_p._subparsers._group_actions[0].choices.values():
