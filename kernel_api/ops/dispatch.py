@@ -429,15 +429,32 @@ def _declining_lazy_bits(launch: Any) -> Any:
     return table_launch
 
 
+def op_on_stream(op: Any, stream: Any, *inputs: Any) -> Any:
+    """``op(*inputs)`` for a torch op run under tracing or autograd, with ``stream`` current.
+
+    Args:
+        op: the torch op (or overload).
+        stream: a ``torch.cuda.Stream``, or None for the current stream; no other spelling,
+            since tracing sees only torch streams.
+        inputs: the op's arguments.
+
+    Returns:
+        What ``op`` returns.
+
+    Raises:
+        TypeError: ``stream`` is neither None nor a ``torch.cuda.Stream``.
+    """
+    if stream is None:
+        return op(*inputs)
+    if not isinstance(stream, torch.cuda.Stream):
+        raise TypeError("stream: under torch.compile or autograd pass a torch.cuda.Stream (or None)")
+    with torch.cuda.stream(stream):
+        return op(*inputs)
+
+
 def _traced_call(op: Any, stream: Any, out: torch.Tensor | None, *inputs: Any) -> torch.Tensor:
     """Run a custom op (tracing or autograd); ``out=`` is filled by a copy."""
-    if stream is not None:
-        if not isinstance(stream, torch.cuda.Stream):
-            raise TypeError("stream: under torch.compile or autograd pass a torch.cuda.Stream (or None)")
-        with torch.cuda.stream(stream):
-            result = op(*inputs)
-    else:
-        result = op(*inputs)
+    result = op_on_stream(op, stream, *inputs)
     if out is None:
         return result
     if _grad_enabled() and result.requires_grad:

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from ..arguments import Arguments
-from .dispatch import call
+from .dispatch import call, op_on_stream
 
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
@@ -330,13 +330,7 @@ def _to_op(inputs: tuple) -> bool:
 
 def _through_op(op: Operation, overload: Any, stream: Any, given: list, inputs: tuple) -> Any:
     """Run the torch op (tracing, dispatch modes, autograd); given outputs are filled by a copy."""
-    if stream is not None:
-        if not isinstance(stream, torch.cuda.Stream):
-            raise TypeError("stream: under torch.compile or autograd pass a torch.cuda.Stream (or None)")
-        with torch.cuda.stream(stream):
-            result = overload(*inputs)
-    else:
-        result = overload(*inputs)
+    result = op_on_stream(overload, stream, *inputs)
     if all(g is None for g in given):
         return result
     results = result if len(op.outputs) > 1 else (result,)
