@@ -154,7 +154,7 @@ def test_records_of_the_default_registry_are_keyed_on_every_scope_provider(toy, 
     with kernel_api.settings(providers=["torch", "toy"]):
         key = record_key(args, picker.record_context(args, pool))
     assert "providers=torch,toy" in key.operation
-    assert f"versions=torch:{kernel_api.__version__},toy:9.9 " in key.operation
+    assert f"versions=torch:{kernel_api.__version__}+torch-{torch.__version__},toy:9.9 " in key.operation
 
 
 def test_the_record_key_holds_the_versions():
@@ -219,7 +219,7 @@ def test_kernel_api_providers_use_kernel_api_version_and_lookups_read_no_distrib
 
     kernel_api.registry.default_registry.load_plugins()
     first = candidate_versions(None)  # reads what it needs, once
-    assert dict(first)["torch"] == kernel_api.__version__
+    assert dict(first)["torch"] == f"{kernel_api.__version__}+torch-{torch.__version__}"  # cuBLAS comes with torch
     monkeypatch.setattr(importlib.metadata, "packages_distributions", refuse)
     monkeypatch.setattr(importlib.metadata, "version", refuse)
     for _ in range(3):

@@ -12,6 +12,9 @@ H100 and H200 measurements: docs/performance.md, "Choosing"). The package is nam
 ``torch_ops`` so that ``import torch`` inside it means PyTorch.
 """
 
+import torch
+
+from ...core.toolchain import kernel_api_version
 from ...registry import Provider, register_provider
 
 
@@ -20,6 +23,8 @@ class TorchProvider(Provider):
     """PyTorch's own operators, as kernels."""
 
     name = "torch"
+    #: torch's version with kernel_api's: another torch (another cuBLAS) re-tunes its records
+    version = f"{kernel_api_version()}+torch-{torch.__version__}"
 
 
 __all__ = ["TorchProvider"]

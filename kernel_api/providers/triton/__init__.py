@@ -24,9 +24,30 @@ base's records the values ``launch_args`` gives, operands replaced per call), ``
 ``performance_hint``.
 """
 
+import functools
+import importlib.metadata
+from typing import Any
+
 from ...registry import Provider, register_provider
+from ...registry.versions import DefaultVersion
 from .design import TritonDesignMetadata
 from .kernel import TritonKernel
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_version() -> str:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+class TritonVersion(DefaultVersion):
+    """The provider's version: its package's (kernel_api's) with the installed Triton's, read on
+    first use (importing the provider reads no package metadata and imports no triton)."""
+
+    def __get__(self, instance: Any, owner: type) -> str:
+        return f"{super().__get__(instance, owner)}+triton-{_triton_version()}"
 
 
 @register_provider
@@ -34,6 +55,8 @@ class TritonProvider(Provider):
     """Kernels written as Triton jit functions, compiled with ``triton.compile`` for a target."""
 
     name = "triton"
+    #: kernel_api's version with Triton's: another Triton compiles other code, so it re-tunes
+    version = TritonVersion()
 
 
 __all__ = ["TritonDesignMetadata", "TritonKernel", "TritonProvider"]
