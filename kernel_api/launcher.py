@@ -31,6 +31,7 @@ import torch
 
 from . import native
 from .core.artifact import CompiledArtifact
+from .core.streams import current_raw_stream, stream_handle
 
 
 def ffi_function(compiled: Any) -> Any:
@@ -206,3 +207,25 @@ class Binding:
         checked = getattr(getattr(self.checked_by, "metadata", None), "kernel_name", self.checked_by)
         return (f"Binding({self.artifact!r}, launch={'yes' if self.launch is not None else 'none'}, "
                 f"checked_by={checked!r}, snapshot={'own' if self.snapshot not in (None, self.launch) else 'live'})")
+
+
+# ---- pieces launcher functions share ----------------------------------------------------------
+
+def raw_stream(stream: Any, device: int) -> int:
+    """The raw ``cudaStream_t`` of a launcher function's stream argument (a CUstream or an int;
+    anything else `stream_handle` accepts, None being ``device``'s current stream)."""
+    try:
+        return int(stream)
+    except TypeError:
+        return stream_handle(stream, device)
+
+
+def launch_workspace(size: int, device: int, stream: int) -> torch.Tensor:
+    """``size`` bytes from torch's caching allocator for one launch on the raw ``stream`` of
+    ``device``, owned by that stream: freed when the caller drops it, the block is reused only
+    by work queued on the same stream after this launch."""
+    where = torch.device("cuda", device)
+    if current_raw_stream is not None and current_raw_stream(device) == stream:
+        return torch.empty(size, dtype=torch.uint8, device=where)
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=where)):
+        return torch.empty(size, dtype=torch.uint8, device=where)

@@ -31,12 +31,11 @@ from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....cost import streaming_floor, tile_work_cost
-from ....launcher import Launcher
+from ....launcher import Launcher, launch_workspace, raw_stream
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from ....nvrtc import CudaLauncher
-from .gemm_launch import launch_workspace, raw_stream
 
 ROW = (0, 0, 1)
 COL = (0, 1, 0)

@@ -28,13 +28,12 @@ from ....core.dtypes import DataType
 from ....core.arch import planning_sm_count
 from ....core.status import Status
 from ....cost import GEMM_COST_UNITS_PER_SECOND
-from ....launcher import Launcher
+from ....launcher import Launcher, raw_stream
 from ....metadata import BLASDesignMetadata, GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
 from ....nvrtc import CudaLauncher
 from ....core.streams import stream_handle
-from .gemm_launch import raw_stream
 
 ROW = (0, 0, 1)
 COL = (0, 1, 0)

@@ -26,11 +26,11 @@ import torch
 from ....arguments import EpilogueArguments, EpilogueSignature, GemmArguments
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
-from ....launcher import Launcher
+from .... import launcher
+from ....launcher import Launcher, raw_stream
 from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
                           GemmOperandsMetadata, KernelMetadata, TensorAttributes)
 from ....core.status import Status
-from ....core.streams import current_raw_stream, stream_handle
 from ....utils import MAX_GRID_X, strides_to_layout_string, to_cuda_stream
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
 
@@ -132,18 +132,10 @@ def epilogue_tail(args: GemmArguments) -> tuple | None:
 def launch_workspace(size: int, device: int, stream: Any) -> tuple[torch.Tensor, int]:
     """(``size`` bytes from torch's caching allocator for one launch, the raw stream) for a
     `Launcher` function's stream argument ``stream`` (a CUstream from the Python paths; anything
-    `stream_handle` accepts) on CUDA device ``device``. The block is owned by the launch stream:
-    freed when the caller drops it, it is reused only by work queued on that stream after the
-    launch."""
-    try:
-        handle = int(stream)
-    except TypeError:
-        handle = stream_handle(stream, device)
-    where = torch.device("cuda", device)
-    if current_raw_stream is not None and current_raw_stream(device) == handle:
-        return torch.empty(size, dtype=torch.uint8, device=where), handle
-    with torch.cuda.stream(torch.cuda.ExternalStream(handle, device=where)):
-        return torch.empty(size, dtype=torch.uint8, device=where), handle
+    `stream_handle` accepts) on CUDA device ``device`` (`kernel_api.launcher.raw_stream`,
+    `kernel_api.launcher.launch_workspace`: the block is owned by the launch stream)."""
+    handle = raw_stream(stream, device)
+    return launcher.launch_workspace(size, device, handle), handle
 
 
 def epilogue_supported_by_generation(epilogue_args: Any, epilogue: EpilogueMetadata) -> bool:
