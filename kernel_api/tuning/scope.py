@@ -24,7 +24,7 @@ class _ProviderScope:
 
 def _scope_token(policy: Policy, providers: tuple[str, ...] | None) -> Any:
     if providers is None:
-        return policy  # no restriction: the caches key on the policy itself, as always
+        return policy  # no restriction: the caches key on the policy itself
     scopes = policy.__dict__.setdefault("_kernel_api_provider_scopes", {})
     token = scopes.get(providers)
     if token is None:

@@ -200,8 +200,8 @@ STREAM_K_SPLIT_COST = 0.03
 #: 0.058): the split measured 7-17 % slower than its data-parallel twin at K of 7-9 k-tiles
 #: (staged 1800x2500x400 and 777x5001x555, H200 and H100: gemm_shapes.py's odd_sweep and
 #: odd_heldout groups), where the flat term rated it 30 % faster, and 0.93-0.96x at 4097^3
-#: (65 k-tiles: 0.15 in all, as before). 0.03 rather than the fit's 0.05-0.15 keeps f16 / bf16 4097^3 on the
-#: split tile (more leaves them on the ping-pong tile, 0.85-0.90 of it).
+#: (65 k-tiles: 0.15 in all, the flat term's value). 0.03 rather than the fit's 0.05-0.15 keeps f16 / bf16
+#: 4097^3 on the split tile (more leaves them on the ping-pong tile, 0.85-0.90 of it).
 STREAM_K_FIXUP_K_TILES = 8
 
 
