@@ -19,14 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core.cache import NAMESPACES
+from ..core.cache import NAMESPACES, staged_name
 
 # tuning.sqlite, its journal files, and the copies set aside as damaged (tuning/records.py).
 _RECORDS = re.compile(r"^tuning\.sqlite(\.corrupt-\d{8}T\d{12}Z)?(-wal|-shm|-journal)?$")
-
-
-def _staged(name: str) -> bool:
-    return name.startswith(".") and name.endswith(".part")
 
 
 def _files(folder: Path, keep: Callable[[str], bool]) -> list[Path]:
@@ -57,11 +53,11 @@ def owned_files(root: Path) -> list[Path]:
 
     found = []
     for namespace in NAMESPACES:
-        found += _files(root / namespace, lambda name: name.endswith(".bin") or _staged(name))
+        found += _files(root / namespace, lambda name: name.endswith(".bin") or staged_name(name))
     listed = {name for bundle in installed_bundles(root) for name in bundle.get("entries", ())
               if isinstance(name, str) and entry_name_ok(name) and name.split("/")[0] not in NAMESPACES}
     found += sorted(root / name for name in listed if (root / name).is_file())
-    found += _files(root / PROVENANCE, lambda name: name.endswith(".json") or _staged(name))
+    found += _files(root / PROVENANCE, lambda name: name.endswith(".json") or staged_name(name))
     found += _files(root, lambda name: _RECORDS.match(name) is not None)
     return found
 

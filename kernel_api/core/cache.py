@@ -221,6 +221,12 @@ def folder_problem(folder: str | os.PathLike) -> str | None:
     return next(iter(untrusted_folders(folder.parent, [folder.name]).values()), None)
 
 
+def staged_name(name: str) -> bool:
+    """Whether ``name`` is a staged file's (``.*.part``: `atomic_file`'s and a bundle install's),
+    which a writer renames over its final name once written."""
+    return name.startswith(".") and name.endswith(".part")
+
+
 def remove_stale_parts(folder: str | os.PathLike, max_age_s: float = STALE_PART_SECONDS) -> int:
     """Delete staged files (``.*.part``: `atomic_file`'s and a bundle install's) older than
     ``max_age_s`` in ``folder``: what a writer killed before its rename left behind. A live
@@ -240,7 +246,7 @@ def remove_stale_parts(folder: str | os.PathLike, max_age_s: float = STALE_PART_
     except OSError:
         return 0
     for entry in entries:
-        if not (entry.name.startswith(".") and entry.name.endswith(".part")):
+        if not staged_name(entry.name):
             continue
         try:
             if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
