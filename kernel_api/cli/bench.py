@@ -12,6 +12,7 @@ import torch
 from .. import registry
 from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 from ..core.cache import cache_dir
+from ..core.files import atomic_file
 from ..tuning.records import TuningRecords
 from ..tuning.reference import random_like
 from ..tuning.policies import DEFAULT_POWER_STATE, PickBest, rank_candidates
@@ -119,7 +120,7 @@ def bench(args: Any, limit: int | None = None, num_workers: int | None = None, p
                         "-" if b["median_ms"] is None else f"{b['median_ms'] * 1e3:.1f}",
                         "-" if b["vs_torch"] is None else f"{b['vs_torch']:.2f}") for b in bests]))
     if json_path:
-        with open(json_path, "w") as f:
+        with atomic_file(json_path, "w") as f:  # a reader never sees half a file
             json.dump({"device": torch.cuda.get_device_name(args.device), "problem": repr(args), "unit": unit,
                        "rows": rows, "provider_bests": bests}, f, indent=2)
     if plot:

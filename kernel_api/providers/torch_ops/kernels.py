@@ -71,8 +71,8 @@ TORCH_DGEMM_COST = 1.4
 # 37x53x29 to 4096x50257x4096 (H200 and H100, tests/data/measured_gemm_times.json): rms log error 0.23, where the
 # factor above (no fixed time) was 5-23 us short from 0.1 to 4 GFLOP (100x5001x555: 7.8 us
 # estimated, 31.3 measured) and PickAny took cuBLAS there at 0.67-0.87x of the staged kernels
-# (a factor for every dtype before it: 0.17, from 6.7 ms for GPT-2's lm_head, 8192 x 50257 x
-# 768, against 0.9 ms padded).
+# (one factor for every dtype, 0.17, fitted to GPT-2's lm_head alone, 6.7 ms for 8192 x 50257 x
+# 768 against 0.9 ms padded, misses these).
 # What it misses most: M <= 100 against N >= 4000 (100x5001x555, 64x50257x768: 0.55-0.75x the
 # measured time), where cuBLAS picks slower kernels than at the same tiles elsewhere.
 TORCH_UNALIGNED_FIXED_SECONDS = {DataType.f16: 5e-6, DataType.bf16: 9e-6}
@@ -129,12 +129,10 @@ TORCH_SPLIT_K_REDUCE_SECONDS = 2.3e-6
 # tiles, would otherwise be charged 33 splits, and the GPU test that expects cuBLAS for such a
 # small problem failed on that).
 TORCH_SPLIT_K_MIN_PIECE = 1024
-# (An earlier model charged cuBLASLt's bias + GELU two more output passes below one wave of its
-# tiles, from H100 samples that held the host's launch time: 0.0763 ms at GPT-2's decode
-# c_fc+gelu. Timed on the GPU alone (the "H100 GPT-2 and sweep" run of tests/data), that call
-# took 0.0084 ms, the fastest, next to 0.0080 for c_attn's bias-only call:
-# the fused epilogue is as cheap at a decode step, so `TORCH_GELU_EPILOGUE_FACTOR` applies at
-# every M.)
+# `TORCH_GELU_EPILOGUE_FACTOR` applies at every M: timed on the GPU alone (the "H100 GPT-2 and
+# sweep" run of tests/data), cuBLASLt's bias + GELU at GPT-2's decode c_fc took 0.0084 ms, next to
+# 0.0080 for c_attn's bias-only call, so the fused epilogue is as cheap at a decode step. (Samples
+# that include the host's launch time, 0.0763 ms there, would charge it two more output passes.)
 # torch chooses its algorithm (and tile) per call: tile (0, 0, 0) says "none fixed", so
 # metadata filters on tile sizes pass these instances over.
 _LIBRARY = BLASDesignMetadata(tile_shape=(0, 0, 0), schedule="library")
