@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arguments.epilogue import ACTIVATIONS
+from ..core import tracing
 from ..core.errors import DeviceError
 from ..ops import dispatch as _ops
 
@@ -28,8 +29,8 @@ _TORCH_ACTIVATIONS = {
 _autocast_enabled = torch.is_autocast_enabled
 _autocast_any = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 _grad_enabled = torch.is_grad_enabled
-_is_dynamo_compiling = _ops._is_dynamo_compiling
-_dispatch_modes = _ops._dispatch_modes
+_is_dynamo_compiling = tracing.is_dynamo_compiling
+_dispatch_modes = tracing.dispatch_mode_depth
 _function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
 _GEMM_TAG = _ops._GEMM_TAG
 

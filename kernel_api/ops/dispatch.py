@@ -34,6 +34,7 @@ from .. import native, registry
 from ..arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments,
                          byte_extent)
 from ..core.dtypes import DataType
+from ..core import tracing
 from ..core.errors import DeviceError
 from ..tuning.scope import CURRENT as _settings  # the context variable itself: no call frame per op
 from ..tuning.settings import current
@@ -77,13 +78,10 @@ _Tensor = torch.Tensor
 #: parameter adds no __torch_function__ or __torch_dispatch__ behaviour at run time). Other
 #: subclasses go to GemmArguments, which sees what they are.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_is_compiling = torch.compiler.is_compiling
-# The C table's guard against tracing, cheaper than _is_compiling (three calls): Dynamo folds
-# is_dynamo_compiling to True, so it traces nothing after it; the other tracers (make_fx,
-# non-strict export, FakeTensorMode) run under torch dispatch modes, with which calls go through
-# the custom ops so that the modes see them (fake tensors get the fake implementations).
-_is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compiling)
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+# The tracing guards (core/tracing.py says which tracer each one sees).
+_is_compiling = tracing.is_compiling
+_is_dynamo_compiling = tracing.is_dynamo_compiling
+_dispatch_modes = tracing.dispatch_mode_depth
 _grad_enabled = torch.is_grad_enabled
 # What torch.autograd.graph.increment_version(out) calls, without its Python frame: ops write
 # outputs through raw pointers, which autograd does not see; a bumped version counter makes a

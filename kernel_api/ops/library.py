@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from ..arguments import SoftmaxArguments, SoftmaxBackwardArguments
+from ..core import tracing
 from . import dispatch as _ops
 from .operation import Operation, define_operation, like_input
 
@@ -42,7 +43,7 @@ _lib.define("gemm(Tensor A, Tensor B, Tensor? C=None, Tensor? bias=None, float a
             "str? activation=None) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_dispatch_modes = tracing.dispatch_mode_depth
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, C: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,

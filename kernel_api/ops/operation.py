@@ -29,12 +29,13 @@ from typing import Any, Callable
 import torch
 
 from ..arguments import Arguments
+from ..core import tracing
 from .dispatch import call, op_on_stream
 
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
-_is_compiling = torch.compiler.is_compiling
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_is_compiling = tracing.is_compiling
+_dispatch_modes = tracing.dispatch_mode_depth
 _below_autograd = torch._C._AutoDispatchBelowADInplaceOrView
 
 
