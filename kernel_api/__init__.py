@@ -15,6 +15,7 @@ _configure_logging()  # first: records logged while the package imports go to it
 from . import arguments, artifact, dtypes, errors, metadata, status, utils
 from .arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments,
                         SoftmaxBackwardArguments)
+from .arguments import LayerNormArguments, LayerNormBackwardArguments, RMSNormArguments, RMSNormBackwardArguments
 from .core.artifact import CompiledArtifact
 from .core.dtypes import DataType
 from .core.errors import (CompilationError, DeviceError, KernelApiError, KernelLaunchError, NoKernelFoundError,
@@ -42,6 +43,7 @@ __all__ = [
     "UnsupportedArgumentsError", "available_providers", "explain", "get_kernels", "plugin_errors",
     "register_provider", "PickAny", "PickBest", "Policy", "settings", "tune_shapes", "ops", "nn",
 ]
+__all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]
 
 
 def __getattr__(name: str):

@@ -12,7 +12,9 @@ GEMM epilogue, ``gemm`` `GemmArguments` (and the summaries `kernel_api.native` r
 from .base import Arguments, byte_extent
 from .epilogue import EpilogueArguments, EpilogueSignature
 from .gemm import GemmArguments
+from .norm import LayerNormArguments, LayerNormBackwardArguments, RMSNormArguments, RMSNormBackwardArguments
 from .softmax import SoftmaxArguments, SoftmaxBackwardArguments
 
 __all__ = ["Arguments", "EpilogueArguments", "EpilogueSignature", "GemmArguments", "SoftmaxArguments",
            "SoftmaxBackwardArguments", "byte_extent"]
+__all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]

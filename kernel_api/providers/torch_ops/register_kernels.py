@@ -1,3 +1,4 @@
 """Imports the torch provider's kernels (registering them)."""
 
 from . import kernels  # noqa: F401  (registers TorchGemm, TorchSoftmax, TorchSoftmaxBackward)
+from . import norms  # noqa: F401  (registers TorchRMSNorm, TorchLayerNorm and their backwards)
