@@ -16,6 +16,7 @@ from . import arguments, artifact, dtypes, errors, metadata, status, utils
 from .arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments,
                         SoftmaxBackwardArguments)
 from .arguments import LayerNormArguments, LayerNormBackwardArguments, RMSNormArguments, RMSNormBackwardArguments
+from .arguments import AttentionArguments
 from .core.artifact import CompiledArtifact
 from .core.dtypes import DataType
 from .core.errors import (CompilationError, DeviceError, KernelApiError, KernelLaunchError, NoKernelFoundError,
@@ -44,6 +45,7 @@ __all__ = [
     "register_provider", "PickAny", "PickBest", "Policy", "settings", "tune_shapes", "ops", "nn",
 ]
 __all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]
+__all__ += ["AttentionArguments"]
 
 
 def __getattr__(name: str):

@@ -9,12 +9,13 @@ GEMM epilogue, ``gemm`` `GemmArguments` (and the summaries `kernel_api.native` r
 ``softmax`` the softmax family.
 """
 
+from .attention import AttentionArguments
 from .base import Arguments, byte_extent
 from .epilogue import EpilogueArguments, EpilogueSignature
 from .gemm import GemmArguments
 from .norm import LayerNormArguments, LayerNormBackwardArguments, RMSNormArguments, RMSNormBackwardArguments
 from .softmax import SoftmaxArguments, SoftmaxBackwardArguments
 
-__all__ = ["Arguments", "EpilogueArguments", "EpilogueSignature", "GemmArguments", "SoftmaxArguments",
-           "SoftmaxBackwardArguments", "byte_extent"]
+__all__ = ["Arguments", "AttentionArguments", "EpilogueArguments", "EpilogueSignature", "GemmArguments",
+           "SoftmaxArguments", "SoftmaxBackwardArguments", "byte_extent"]
 __all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]

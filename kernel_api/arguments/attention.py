@@ -1,0 +1,193 @@
+"""Arguments of attention (`AttentionArguments`): ``out = softmax(q k^T * scale + mask) v``.
+
+Layouts are FlashAttention's: dense ``(batch, seqlen, heads, head_dim)``, or variable length
+``(total_tokens, heads, head_dim)`` with int32 cumulative sequence offsets ``cu_seqlens_q`` /
+``cu_seqlens_k`` of length ``batch + 1`` (sequence ``b`` is rows ``cu[b]:cu[b + 1]``).
+GQA / MQA: q's heads a multiple of k's and v's (q head ``h`` reads k/v head
+``h // (heads_q // heads_kv)``).
+
+Causal masks are aligned to the bottom right, as FlashAttention's: query ``i`` of a sequence
+with ``seqlen_q`` queries and ``seqlen_k`` keys sees keys ``j <= i + seqlen_k - seqlen_q``.
+With ``seqlen_q < seqlen_k`` (decoding against a KV cache) the queries are the last ones;
+with ``seqlen_q > seqlen_k`` the first ``seqlen_q - seqlen_k`` queries see no key and their
+output is 0.
+
+What construction checks: ranks, shapes, dtypes, devices, a unit-stride head_dim, the heads'
+ratio and out's shape; for cu_seqlens the dtype (int32), rank, length and device. Their values
+(first 0, non-decreasing, last = total tokens) are checked only where that is cheap, for
+cu_seqlens on the CPU; on a GPU reading them would synchronise with the device, so they are
+trusted, and ``max_seqlen_q`` / ``max_seqlen_k`` must then be given (on the CPU they default
+to the longest sequence).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..core.tensor_attributes import TensorAttributes
+from .base import STORAGELESS_TYPES, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, \
+    _require_tensor, data_pointer
+
+_DENSE = (0, 0, 0, 1)   # (batch, seqlen, heads, head_dim), head_dim contiguous
+_VARLEN = (0, 0, 1)     # (total_tokens, heads, head_dim)
+
+
+def _operand(t: torch.Tensor, name: str, rank: int) -> TensorAttributes:
+    """Attributes of q, k, v or out: rank, a contiguous head_dim, no lazy bits."""
+    dt = _element_type(t, name)
+    if t.dim() != rank:
+        layout = "(batch, seqlen, heads, head_dim)" if rank == 4 else "(total_tokens, heads, head_dim)"
+        raise ValueError(f"operand {name}: expected rank {rank} {layout}, got shape {tuple(t.shape)}")
+    if t.is_neg():
+        raise _lazy_bit_error(t, name)
+    stride = t.stride()
+    if t.shape[-1] > 1 and stride[-1] != 1:
+        raise ValueError(f"operand {name}: head_dim must be contiguous (stride 1), got strides {tuple(stride)}")
+    div = _divisibility(data_pointer(t), t.element_size(), (t.shape[-1], *stride[:-1]))
+    return _attributes(dt, _DENSE if rank == 4 else _VARLEN, div)
+
+
+def _offsets(cu: Any, name: str, batch: int | None, device: torch.device) -> int:
+    """Check cumulative sequence offsets; returns the batch (their length - 1)."""
+    _require_tensor(cu, name)
+    if cu.dtype != torch.int32:
+        raise TypeError(f"operand {name}: dtype {cu.dtype} but cumulative sequence offsets are torch.int32")
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"operand {name}: expected a 1-D tensor of length batch + 1, got shape {tuple(cu.shape)}")
+    if batch is not None and cu.shape[0] != batch + 1:
+        raise ValueError(f"operand {name}: length {cu.shape[0]} but cu_seqlens_q's is {batch + 1} (batch + 1)")
+    if cu.device != device:
+        raise ValueError(f"operand {name}: on {cu.device} but q is on {device}")
+    return cu.shape[0] - 1
+
+
+def _host_lengths(cu: torch.Tensor, name: str, tokens: int, operand: str) -> list[int] | None:
+    """The sequence lengths when ``cu`` can be read cheaply (a real CPU tensor), checked; else None."""
+    if cu.device.type != "cpu" or (type(cu) is not torch.Tensor and isinstance(cu, STORAGELESS_TYPES)):
+        return None
+    values = cu.tolist()
+    if values[0] != 0:
+        raise ValueError(f"operand {name}: must start at 0, got {values[0]}")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"operand {name}: must be non-decreasing, got {values}")
+    if values[-1] != tokens:
+        raise ValueError(f"operand {name}: ends at {values[-1]} but {operand} has {tokens} tokens")
+    return lengths
+
+
+def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str) -> int:
+    if value is None:
+        if lengths is None:
+            raise ValueError(f"{name}: required with {cu_name} off the CPU (reading the offsets there "
+                             f"would synchronise with the device)")
+        return max(lengths, default=0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
+    if lengths is not None and value < max(lengths, default=0):
+        raise ValueError(f"{name}: {value} is below the longest sequence in {cu_name}, {max(lengths)}")
+    return value
+
+
+class AttentionArguments(Arguments):
+    """``out = softmax(q k^T * scale + causal mask) v`` per head, FlashAttention's layouts.
+
+    Args:
+        q: (batch, seqlen_q, heads_q, head_dim), or (total_q, heads_q, head_dim) with
+            ``cu_seqlens_q``.
+        k: (batch, seqlen_k, heads_kv, head_dim), or (total_k, heads_kv, head_dim); heads_q
+            must be a multiple of heads_kv (GQA; MQA when heads_kv is 1).
+        v: k's shape, dtype and device.
+        out: q's shape, dtype and device (written).
+        causal: a bottom-right aligned causal mask (see the module docstring).
+        scale: the factor on q k^T; default ``1 / sqrt(head_dim)``.
+        cu_seqlens_q, cu_seqlens_k: int32 offsets of length batch + 1, both or neither.
+        max_seqlen_q, max_seqlen_k: the longest sequence of each; required when the offsets
+            are not on the CPU.
+
+    Raises:
+        TypeError, ValueError: a one-line message naming the operand.
+    """
+
+    __slots__ = ("q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k", "causal", "scale", "varlen", "batch",
+                 "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")
+    output_names = ("out",)
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *,
+                 causal: bool = False, scale: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
+                 cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                 max_seqlen_k: int | None = None) -> None:
+        for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+            _require_tensor(t, name)
+        if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+            given = "cu_seqlens_q" if cu_seqlens_k is None else "cu_seqlens_k"
+            raise ValueError(f"operand {given}: variable length needs both cu_seqlens_q and cu_seqlens_k")
+        self.varlen = varlen = cu_seqlens_q is not None
+        rank = 3 if varlen else 4
+        qa = _operand(q, "q", rank)
+        ka = _operand(k, "k", rank)
+        va = _operand(v, "v", rank)
+        oa = _operand(out, "out", rank)
+        for name, t in (("k", k), ("v", v), ("out", out)):
+            if t.dtype != q.dtype:
+                raise TypeError(f"operand {name}: dtype {t.dtype} must equal q's {q.dtype}")
+            if t.device != q.device:
+                raise ValueError(f"operand {name}: on {t.device} but q is on {q.device}")
+        if k.shape[-1] != q.shape[-1]:
+            raise ValueError(f"operand k: head_dim {k.shape[-1]} must equal q's {q.shape[-1]}")
+        if v.shape != k.shape:
+            raise ValueError(f"operand v: shape {tuple(v.shape)} must equal k's {tuple(k.shape)}")
+        if out.shape != q.shape:
+            raise ValueError(f"operand out: shape {tuple(out.shape)} must equal q's {tuple(q.shape)}")
+        self.heads_q, self.heads_kv, self.head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+        if self.heads_kv == 0 or self.heads_q % self.heads_kv:
+            raise ValueError(f"operand k: {self.heads_kv} heads, but q's {self.heads_q} heads must be a multiple "
+                             f"of them (GQA/MQA)")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+        if scale is None:
+            scale = 1.0 / math.sqrt(self.head_dim) if self.head_dim else 1.0
+        elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise ValueError(f"scale: expected a finite float, got {scale!r}")
+        self.causal, self.scale = causal, float(scale)
+        if varlen:
+            self.batch = _offsets(cu_seqlens_q, "cu_seqlens_q", None, q.device)
+            _offsets(cu_seqlens_k, "cu_seqlens_k", self.batch, q.device)
+            lq = _host_lengths(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
+            lk = _host_lengths(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
+            self.seqlen_q = _max_seqlen(max_seqlen_q, "max_seqlen_q", lq, "cu_seqlens_q")
+            self.seqlen_k = _max_seqlen(max_seqlen_k, "max_seqlen_k", lk, "cu_seqlens_k")
+        else:
+            for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+                if value is not None:
+                    raise ValueError(f"{name}: only for variable length (with cu_seqlens_q and cu_seqlens_k)")
+            if k.shape[0] != q.shape[0]:
+                raise ValueError(f"operand k: batch {k.shape[0]} must equal q's {q.shape[0]}")
+            self.batch, self.seqlen_q, self.seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        self.q, self.k, self.v, self.out = q, k, v, out
+        self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
+        self.device = q.device
+        self.device_index = q.get_device()
+        self._verdicts = self._binding = None
+        self.tensor_attributes = {"q": qa, "k": ka, "v": va, "out": oa}
+        self.signature = ("attention", qa._key, ka._key, va._key, oa._key, self.head_dim,
+                          self.heads_q // self.heads_kv, causal, varlen, self.device_index)
+
+    def problem_key(self) -> tuple:
+        """The signature with the sizes a choice depends on: batch, sequence lengths (the
+        longest, for variable length), heads and the scale.
+
+        Returns:
+            A hashable tuple.
+        """
+        return (self.signature, self.batch, self.seqlen_q, self.seqlen_k, self.heads_q, self.heads_kv, self.scale)
+
+    def __repr__(self) -> str:
+        lengths = f"max_seqlen_q={self.seqlen_q}, max_seqlen_k={self.seqlen_k}" if self.varlen else \
+            f"seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}"
+        return (f"AttentionArguments(batch={self.batch}, {lengths}, heads_q={self.heads_q}, "
+                f"heads_kv={self.heads_kv}, head_dim={self.head_dim}, causal={self.causal}, varlen={self.varlen}, "
+                f"dtype={self.tensor_attributes['q'].dtype}, device={self.device})")

@@ -1,0 +1,143 @@
+"""The torch provider's attention kernel, `TorchAttention`, and the torch function it runs
+(`torch_attention`), which the attention op's backward differentiates too.
+
+``torch.nn.functional.scaled_dot_product_attention`` on any device (so CPU tests run it), in
+FlashAttention's layouts: dense tensors go to SDPA as ``(batch, heads, seqlen, head_dim)``
+views; GQA / MQA with ``enable_gqa=True`` (torch 2.5 and later; before, k and v heads are
+repeated with ``repeat_interleave``, a copy of k and v per group). The causal mask is
+bottom-right aligned (`kernel_api.arguments.attention`): SDPA's ``is_causal`` where the lengths
+are equal, an explicit boolean mask otherwise, and queries that see no key get 0.
+
+Cost of variable length: the offsets are read on the host (on a GPU a device synchronisation
+per call) and each sequence runs as its own SDPA call, so a batch of ``n`` sequences is ``n``
+launches and one concatenation. Correct first; the fused varlen kernel comes with a
+FlashAttention-style provider.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ...arguments.attention import AttentionArguments
+from ...core.artifact import CompiledArtifact
+from ...core.dtypes import DataType
+from ...core.status import Status
+from ...core.streams import stream_handle
+from ...cost.attention import attention_cost
+from ...kernel import Kernel
+from ...metadata import KernelMetadata, TensorAttributes
+from ...metadata.attention import AttentionOperandsMetadata
+from . import TorchProvider
+
+_DTYPES = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
+_LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
+_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)  # SDPA's enable_gqa
+
+
+def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """Attention of (batch, seqlen, heads, head_dim) tensors, differentiable."""
+    sq, sk = q.shape[1], k.shape[1]
+    skip = max(sq - sk, 0) if causal else 0  # bottom-right: the first sq - sk queries see no key
+    if sk == 0 or sq == skip:
+        return q * 0  # (keeps the graph: a zero gradient for q)
+    qt, kt, vt = q[:, skip:].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    groups = q.shape[2] // k.shape[2]
+    extra = {}
+    if groups > 1:
+        if _GQA:
+            extra["enable_gqa"] = True
+        else:
+            kt, vt = kt.repeat_interleave(groups, dim=1), vt.repeat_interleave(groups, dim=1)
+    rows = sq - skip
+    mask = None
+    if causal and rows != sk:
+        mask = torch.ones(rows, sk, dtype=torch.bool, device=q.device).tril(sk - rows)
+    o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None, scale=scale,
+                                       **extra).transpose(1, 2)
+    if skip:
+        o = torch.cat([q[:, :skip] * 0, o], dim=1)
+    return o
+
+
+def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention with torch's SDPA, in FlashAttention's layouts; differentiable.
+
+    Args:
+        q, k, v: as for `AttentionArguments` (dense, or variable length with the offsets).
+        causal: a bottom-right aligned causal mask.
+        scale: the factor on q k^T.
+        cu_seqlens_q, cu_seqlens_k: int32 offsets, or None for dense tensors.
+
+    Returns:
+        A new tensor of q's shape and dtype.
+    """
+    if cu_seqlens_q is None:
+        return _dense(q, k, v, causal, scale)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()  # (a synchronisation on a GPU)
+    pieces = [_dense(q[a:b].unsqueeze(0), k[c:d].unsqueeze(0), v[c:d].unsqueeze(0), causal, scale)[0]
+              for a, b, c, d in zip(cq, cq[1:], ck, ck[1:])]
+    return torch.cat(pieces, dim=0) if pieces else q * 0
+
+
+@TorchProvider.register
+class TorchAttention(Kernel):
+    """Attention with ``torch.nn.functional.scaled_dot_product_attention``, any head dim up to
+    256, causal or full, GQA / MQA, dense or variable length, on any device."""
+
+    supported_args_type = AttentionArguments
+    performance_hint = 0.5
+    workspace_free = True
+    compiles_from_cache_only = True  # (nothing to compile)
+
+    @classmethod
+    def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
+                         cc: int | None = None) -> list["TorchAttention"]:
+        """One instance per dtype (f16, bf16, f32, f64) and layout (dense, varlen), alignment 1.
+
+        Args:
+            metadata_filter: keeps the instances whose metadata it accepts (None: all).
+            epilogue_args: attention has no epilogue; any makes the list empty.
+            cc: unused (torch runs on whatever device the tensors are on).
+
+        Returns:
+            The instances.
+        """
+        if epilogue_args is not None:
+            return []
+        found = []
+        for dt in _DTYPES:
+            for layout, pattern in _LAYOUTS.items():
+                attrs = TensorAttributes(dt, pattern, 1)
+                operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs)
+                metadata = KernelMetadata(f"TorchAttention_{dt}_{layout}", cls, operands)
+                if metadata_filter is None or metadata_filter(metadata):
+                    found.append(cls(metadata))
+        return found
+
+    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
+        return CompiledArtifact(None, self)
+
+    def get_workspace_size(self, args: Any) -> int:
+        return 0
+
+    def _supports(self, args: AttentionArguments) -> Status:
+        return Status.success()
+
+    def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
+        """`kernel_api.cost.attention.attention_cost` (the per-sequence launches of variable
+        length are not counted)."""
+        return attention_cost(args)
+
+    def _run(self, args: AttentionArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        context = contextlib.nullcontext()
+        if args.device.type == "cuda" and stream is not None:
+            context = torch.cuda.stream(stream if isinstance(stream, torch.cuda.Stream)
+                                        else torch.cuda.ExternalStream(stream_handle(stream)))
+        with context, torch.no_grad():
+            args.out.copy_(torch_attention(args.q, args.k, args.v, args.causal, args.scale, args.cu_seqlens_q,
+                                           args.cu_seqlens_k))
