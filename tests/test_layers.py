@@ -216,6 +216,13 @@ def test_layer_imports_only_itself_and_the_layers_below(layer, allowed):
     assert not offences, "\n".join(offences)
 
 
+def test_ops_and_nn_import_no_provider():
+    """The front door reaches kernels through the registry only: what an operation and a provider
+    both need (e.g. attention's definition in torch) lives in a layer below both."""
+    offences = _layer_offences(("kernel_api.ops", "kernel_api.nn"), forbidden=("kernel_api.providers",))
+    assert not offences, "\n".join(offences)
+
+
 def test_lower_layers_import_no_ops_cli_tuning_or_providers():
     lower = BOTTOM + ("kernel_api.arguments", "kernel_api.metadata", "kernel_api.kernel", "kernel_api.registry",
                       "kernel_api.utils", "kernel_api.nvrtc", "kernel_api.cost")

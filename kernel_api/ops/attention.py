@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..arguments.attention import AttentionArguments
-from ..providers.torch_ops.attention import torch_attention
+from ..arguments.attention_math import torch_attention
 from .operation import Operation, define_operation
 
 

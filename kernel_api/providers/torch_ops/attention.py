@@ -1,5 +1,5 @@
-"""The torch provider's attention kernel, `TorchAttention`, and the torch function it runs
-(`torch_attention`), which the attention op's backward differentiates too.
+"""The torch provider's attention kernel, `TorchAttention`: it runs
+`kernel_api.arguments.attention_math.torch_attention`, the operation's definition in torch.
 
 ``torch.nn.functional.scaled_dot_product_attention`` on any device (so CPU tests run it), in
 FlashAttention's layouts: dense tensors go to SDPA as ``(batch, heads, seqlen, head_dim)``
@@ -20,9 +20,9 @@ import contextlib
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from ...arguments.attention import AttentionArguments
+from ...arguments.attention_math import torch_attention
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
 from ...core.status import Status
@@ -35,55 +35,6 @@ from . import TorchProvider
 
 _DTYPES = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
 _LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
-_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)  # SDPA's enable_gqa
-
-
-def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    """Attention of (batch, seqlen, heads, head_dim) tensors, differentiable."""
-    sq, sk = q.shape[1], k.shape[1]
-    skip = max(sq - sk, 0) if causal else 0  # bottom-right: the first sq - sk queries see no key
-    if sk == 0 or sq == skip:
-        return q * 0  # (keeps the graph: a zero gradient for q)
-    qt, kt, vt = q[:, skip:].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    groups = q.shape[2] // k.shape[2]
-    extra = {}
-    if groups > 1:
-        if _GQA:
-            extra["enable_gqa"] = True
-        else:
-            kt, vt = kt.repeat_interleave(groups, dim=1), vt.repeat_interleave(groups, dim=1)
-    rows = sq - skip
-    mask = None
-    if causal and rows != sk:
-        mask = torch.ones(rows, sk, dtype=torch.bool, device=q.device).tril(sk - rows)
-    o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None, scale=scale,
-                                       **extra).transpose(1, 2)
-    if skip:
-        o = torch.cat([q[:, :skip] * 0, o], dim=1)
-    return o
-
-
-def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention with torch's SDPA, in FlashAttention's layouts; differentiable.
-
-    Args:
-        q, k, v: as for `AttentionArguments` (dense, or variable length with the offsets).
-        causal: a bottom-right aligned causal mask.
-        scale: the factor on q k^T.
-        cu_seqlens_q, cu_seqlens_k: int32 offsets, or None for dense tensors.
-
-    Returns:
-        A new tensor of q's shape and dtype.
-    """
-    if cu_seqlens_q is None:
-        return _dense(q, k, v, causal, scale)
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()  # (a synchronisation on a GPU)
-    pieces = [_dense(q[a:b].unsqueeze(0), k[c:d].unsqueeze(0), v[c:d].unsqueeze(0), causal, scale)[0]
-              for a, b, c, d in zip(cq, cq[1:], ck, ck[1:])]
-    return torch.cat(pieces, dim=0) if pieces else q * 0
-
-
 @TorchProvider.register
 class TorchAttention(Kernel):
     """Attention with ``torch.nn.functional.scaled_dot_product_attention``, any head dim up to
