@@ -25,25 +25,22 @@ from ...arguments.attention import AttentionArguments
 from ...arguments.attention_math import torch_attention
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
-from ...core.status import Status
 from ...core.streams import stream_handle
 from ...cost.attention import attention_cost
-from ...kernel import Kernel
 from ...metadata import KernelMetadata, TensorAttributes
 from ...metadata.attention import AttentionOperandsMetadata
 from . import TorchProvider
+from .base import TorchKernel
 
 _DTYPES = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
 _LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
 @TorchProvider.register
-class TorchAttention(Kernel):
+class TorchAttention(TorchKernel):
     """Attention with ``torch.nn.functional.scaled_dot_product_attention``, any head dim up to
     256, causal or full, GQA / MQA, dense or variable length, on any device."""
 
     supported_args_type = AttentionArguments
     performance_hint = 0.5
-    workspace_free = True
-    compiles_from_cache_only = True  # (nothing to compile)
 
     @classmethod
     def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
@@ -69,15 +66,6 @@ class TorchAttention(Kernel):
                 if metadata_filter is None or metadata_filter(metadata):
                     found.append(cls(metadata))
         return found
-
-    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
-        return CompiledArtifact(None, self)
-
-    def get_workspace_size(self, args: Any) -> int:
-        return 0
-
-    def _supports(self, args: AttentionArguments) -> Status:
-        return Status.success()
 
     def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
         """`kernel_api.cost.attention.attention_cost` (the per-sequence launches of variable

@@ -16,14 +16,13 @@ import torch
 from ...arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
-from ...core.status import Status
 from ...core.streams import current_raw_stream as _current_raw_stream, stream_handle
 from ...cost import GEMM_COST_UNITS_PER_SECOND, SKINNY_GEMM, TILE_STREAM_BYTES_PER_SECOND, gemm_bytes
-from ...kernel import Kernel
 from ...launcher import Launcher
 from ...metadata import (BLASDesignMetadata, EpilogueMetadata, GemmOperandsMetadata, KernelMetadata, RowReductionDesignMetadata,
                          SoftmaxBackwardOperandsMetadata, SoftmaxOperandsMetadata, TensorAttributes)
 from . import TorchProvider
+from .base import TorchKernel
 
 _DTYPES = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
 # torch's accumulators: f32 for the half types and f32, f64 for f64
@@ -148,26 +147,8 @@ def _torch_stream(stream: Any) -> Any:
 _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
 
 
-class _TorchKernel(Kernel):
-    """Common to the torch kernels: nothing to compile, no workspace (`TorchGemm` offers
-    launchers for its common cases, the softmax kernels for every case)."""
-
-    workspace_free = True
-
-    compiles_from_cache_only = True  # (nothing to compile)
-
-    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
-        return CompiledArtifact(None, self)
-
-    def get_workspace_size(self, args: Any) -> int:
-        return 0
-
-    def _supports(self, args: Any) -> Status:
-        return Status.success()
-
-
 @TorchProvider.register
-class TorchGemm(_TorchKernel):
+class TorchGemm(TorchKernel):
     """``out = activation(alpha * A @ B + beta * C + bias)`` with torch (cuBLAS / cuBLASLt)."""
 
     supported_args_type = GemmArguments
@@ -372,7 +353,7 @@ def _row_design() -> RowReductionDesignMetadata:
 
 
 @TorchProvider.register
-class TorchSoftmax(_TorchKernel):
+class TorchSoftmax(TorchKernel):
     """``softmax(x)`` over the last dimension with ``torch._softmax``."""
 
     supported_args_type = SoftmaxArguments
@@ -404,7 +385,7 @@ class TorchSoftmax(_TorchKernel):
 
 
 @TorchProvider.register
-class TorchSoftmaxBackward(_TorchKernel):
+class TorchSoftmaxBackward(TorchKernel):
     """The gradient of softmax with ``torch._softmax_backward_data``."""
 
     supported_args_type = SoftmaxBackwardArguments

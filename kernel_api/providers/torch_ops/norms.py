@@ -20,13 +20,12 @@ from ...arguments.norm import (LayerNormArguments, LayerNormBackwardArguments, R
                                RMSNormBackwardArguments)
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
-from ...core.status import Status
 from ...core.streams import stream_handle
-from ...kernel import Kernel
 from ...metadata import KernelMetadata, RowReductionDesignMetadata, TensorAttributes
 from ...metadata.norm import (LayerNormBackwardOperandsMetadata, LayerNormOperandsMetadata,
                               RMSNormBackwardOperandsMetadata, RMSNormOperandsMetadata)
 from . import TorchProvider
+from .base import TorchKernel
 
 # (x's type, weight's type): same types, and f32 weights under 16-bit activations
 _TYPES = ((DataType.f16, DataType.f16), (DataType.bf16, DataType.bf16), (DataType.f32, DataType.f32),
@@ -56,11 +55,9 @@ def _normalised(s: torch.Tensor, eps: float, centred: bool) -> tuple[torch.Tenso
     return s * rstd, rstd
 
 
-class _TorchNormKernel(Kernel):
-    """Common to the norm kernels: nothing to compile, no workspace, every row length."""
+class _TorchNormKernel(TorchKernel):
+    """Common to the norm kernels: every row length."""
 
-    workspace_free = True
-    compiles_from_cache_only = True  # (nothing to compile)
     performance_hint = 0.02
     _operands_type: Callable[..., Any]
     _backward = False
@@ -83,16 +80,6 @@ class _TorchNormKernel(Kernel):
             if metadata_filter is None or metadata_filter(metadata):
                 found.append(cls(metadata))
         return found
-
-    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
-        return CompiledArtifact(None, self)
-
-    def get_workspace_size(self, args: Any) -> int:
-        return 0
-
-    def _supports(self, args: Any) -> Status:
-        return Status.success()
-
 
 class _TorchNormForward(_TorchNormKernel):
     centred = False
