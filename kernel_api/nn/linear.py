@@ -19,6 +19,7 @@ from ..arguments.epilogue import ACTIVATIONS
 from ..core import tracing
 from ..core.errors import DeviceError
 from ..ops import dispatch as _ops
+from . import lowering as _lowering
 
 # The epilogue's activations as torch functions (gelu: the tanh approximation, as the epilogue).
 _TORCH_ACTIVATIONS = {
@@ -43,6 +44,14 @@ def _check_activation(activation: Any) -> str | None:
     return activation.lower()
 
 
+def _check_device(layer: torch.nn.Module, x: torch.Tensor) -> None:
+    """DeviceError naming the layer unless ``x`` is on a device the front door launches on
+    (`dispatch.LAUNCH_DEVICE_TYPES`) or on meta."""
+    if not (x.is_cuda or x.is_meta) and x.device.type not in _ops.LAUNCH_DEVICE_TYPES:
+        raise DeviceError(f"{_layer_name(layer)}: input is on {x.device}; kernel_api.nn layers run on CUDA tensors "
+                          f"(move the model with .cuda(), or kernel_api.nn.unpatch it)")
+
+
 def _project(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None,
              activation: str | None, fuse_when_training: bool) -> torch.Tensor:
     """``activation(x @ weight_kn + bias)`` over x's last dimension, leading dimensions kept.
@@ -51,9 +60,7 @@ def _project(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, b
     ``fuse_when_training``, is applied by torch after the GEMM (bias still fused): torch keeps
     the pre-activation for the derivative, where the fused op's backward would recompute it
     with one more GEMM (`kernel_api.ops.library`)."""
-    if not (x.is_cuda or x.is_meta):
-        raise DeviceError(f"{_layer_name(layer)}: input is on {x.device}; kernel_api.nn layers run on CUDA tensors "
-                          f"(move the model with .cuda(), or kernel_api.nn.unpatch it)")
+    _check_device(layer, x)
     if _autocast_enabled("cuda"):
         # As torch.nn.Linear under autocast: operands in the autocast dtype.
         dtype = torch.get_autocast_dtype("cuda")
@@ -82,13 +89,41 @@ def _project(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, b
     return y if two_d else y.reshape(*x.shape[:-1], N)
 
 
+def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+              weight_is_kn: bool) -> torch.Tensor:
+    """The forward as Dynamo traces it: kernel_api's GEMM op or plain aten, as
+    `lowering.choose` decides for this layer and the shapes static now. ``weight`` is (N, K)
+    (torch.nn.Linear) or, with ``weight_is_kn``, (K, N) (GPT-2's Conv1D)."""
+    activation = layer.activation
+    K, N = weight.shape if weight_is_kn else weight.shape[::-1]
+    rows = 1
+    for d in x.shape[:-1]:
+        rows = rows * d
+    training = _grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad))
+    # (a SymInt's class is not int: M dynamic, decided without it)
+    chosen = _lowering.choose(layer.compile_lowering, rows if rows.__class__ is int else None, K, N, x.dtype,
+                              activation, bias is not None, training, x.device.index if x.is_cuda else -1)
+    if chosen == "kernel_api":
+        return _project(layer, x, weight if weight_is_kn else weight.t(), bias, activation,
+                        layer.fuse_activation_when_training)
+    _check_device(layer, x)
+    if weight_is_kn:  # transformers' Conv1D forward
+        x2 = x.reshape(-1, K)
+        y = (x2 @ weight if bias is None else torch.addmm(bias, x2, weight)).view(*x.shape[:-1], N)
+    else:
+        y = F.linear(x, weight, bias)
+    return y if activation is None else _TORCH_ACTIVATIONS[activation](y)
+
+
 def _replayed(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None) -> Any:
     """``activation(x @ weight_kn + bias)`` for a 2-D ``x`` replayed from C (`gemm_plain`: the
     launch table's entry or the torch call recorded for operands of this metadata), or None
     when the call needs the Python path (`_project`): no entry yet, autograd, autocast, a
-    tracer. An entry exists only for metadata that `_project` and the front door checked."""
+    tracer (Dynamo's calls take `_compiled` before this). An entry exists only for metadata
+    that `_project` and the front door checked."""
     plain = _ops._gemm_plain
-    if plain is None or _autocast_any() or _is_dynamo_compiling() or _function_modes() or x.dim() != 2:
+    if plain is None or _autocast_any() or _function_modes() or x.dim() != 2:
         return None
     return plain(_GEMM_TAG, x, weight_kn, None, 1.0, 0.0, None, bias, layer.activation, None, None)
 
@@ -132,9 +167,14 @@ class Linear(torch.nn.Linear):
     pre-activation is kept for the backward instead of recomputed by a second GEMM; set
     ``fuse_activation_when_training = True`` (class or instance) to fuse it there too.
     A CPU input raises `DeviceError` naming the layer.
+
+    Under ``torch.compile`` the layer becomes kernel_api's GEMM op or plain aten (``F.linear``
+    and the activation, for Inductor to fuse and choose its GEMM), by `kernel_api.nn.lowering`'s
+    rule; ``compile_lowering`` ("auto", "aten", "kernel_api"; class or instance) forces either.
     """
 
     fuse_activation_when_training = False
+    compile_lowering = "auto"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
                  dtype: Any = None, *, activation: str | None = None) -> None:
@@ -150,12 +190,13 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if _is_dynamo_compiling():
+            return _compiled(self, input, self.weight, self.bias, False)
         # A 2-D input of recorded metadata: `_replayed`'s call, inline (a frame less per forward).
         # The parameters come from _parameters, without nn.Module.__getattr__'s frame (a
         # parametrized weight is not there and takes the general path).
         plain = _ops._gemm_plain
-        if plain is not None and not (_is_dynamo_compiling() or _dispatch_modes() or _function_modes()
-                                      or _autocast_any()) and input.dim() == 2:
+        if plain is not None and not (_dispatch_modes() or _function_modes() or _autocast_any()) and input.dim() == 2:
             params = self._parameters
             weight = params.get("weight")
             if weight is not None:
@@ -179,12 +220,16 @@ class Conv1DLinear(torch.nn.Module):
     """The forward of transformers' GPT-2 ``Conv1D`` (``y = x @ W + b``, W of shape (nx, nf))
     through `kernel_api.ops.gemm`, with an optional fused activation. `kernel_api.nn.patch`
     mixes it in front of the patched module's own class, so ``isinstance`` and the
-    parameters stay those of ``Conv1D``."""
+    parameters stay those of ``Conv1D``. Under ``torch.compile``, as `Linear`
+    (``compile_lowering``)."""
 
     activation: str | None = None
     fuse_activation_when_training = False
+    compile_lowering = "auto"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if _is_dynamo_compiling():
+            return _compiled(self, input, self.weight, self.bias, True)
         params = self._parameters
         weight = params.get("weight")
         if weight is not None:

@@ -1,0 +1,159 @@
+"""What a kernel_api projection becomes under ``torch.compile``: kernel_api's GEMM op, or the
+plain aten ops it stands for (``F.linear`` / ``addmm`` and the activation), which Inductor
+fuses with their neighbours and serves with its own GEMM choice.
+
+    layer.compile_lowering = "aten"                        # one layer
+    kernel_api.nn.set_compile_lowering(model, "kernel_api")  # every patched layer of a model
+
+Inside a compiled graph kernel_api's op is opaque: Inductor cannot fuse the bias, activation,
+residual add or casts around it into its own GEMM epilogue or into neighbouring pointwise
+kernels, and it cannot choose cuBLAS or a template of its own for the shape. Small GEMMs (decode,
+where M is the batch) are launch- and memory-bound, and there Inductor's fusions win; large
+ones are compute-bound, and there a faster kernel, a fused epilogue or the split of misaligned
+columns (`kernel_api.ops.dispatch.split_columns`) win.
+
+`choose` is the rule, decided once per layer each time Dynamo traces it, from the shapes static
+at that time (so a graph never branches or guards on it):
+
+1. ``compile_lowering`` "aten" or "kernel_api" (a layer's attribute, default "auto") forces it.
+2. M, the product of the input's leading dimensions, not static (Dynamo made it dynamic): aten.
+   Such a graph serves every M, the small ones too.
+3. A `PickBest` in force whose tuning records hold this exact problem (every GEMM the call
+   runs): kernel_api when each recorded winner is a kernel of a provider other than torch's
+   (measured faster than cuBLAS), aten when one is torch's.
+4. Without records: kernel_api for inference GEMMs of at least `COMPILE_MIN_ROWS` rows whose
+   output rows are not a multiple of 16 bytes (the vocabulary projection: kernel_api computes
+   the aligned columns with tensor cores and the few others apart, into a padded output), else
+   aten. Training graphs take aten unless records say otherwise (the backward GEMMs then stay
+   Inductor's too).
+
+The choice is not a guard: a graph keeps the choice it was traced with until Dynamo traces it
+again. ``compile_lowering`` is an attribute Dynamo reads, so changing it retraces; a new tuning
+record or policy takes effect at the next trace (``torch._dynamo.reset()``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+import torch
+
+_log = logging.getLogger(__name__)
+
+#: The values of a layer's ``compile_lowering``.
+LOWERINGS = ("auto", "aten", "kernel_api")
+
+#: Rows (M) from which `choose` keeps kernel_api's GEMM for a projection with misaligned output
+#: rows. Below it the GEMM is too short for the split to repay a second launch (the eager split
+#: starts at `dispatch.SPLIT_MIN_ROWS`, 256 rows) and Inductor's fusions around cuBLAS win.
+COMPILE_MIN_ROWS = 1024
+
+
+def check_lowering(value: Any) -> str:
+    """``value`` if it is one of `LOWERINGS`, else ValueError naming it."""
+    if value not in LOWERINGS:
+        raise ValueError(f"compile_lowering: expected one of {LOWERINGS}, got {value!r}")
+    return value
+
+
+class _Problem(NamedTuple):
+    """What a tuning record's key reads of an arguments object, for a device of our choosing."""
+
+    signature: tuple
+    problem_shape: tuple
+
+
+def _recorded(rows: int, K: int, N: int, dtype: torch.dtype, activation: str | None, has_bias: bool,
+              device_index: int) -> str | None:
+    """"kernel_api" or "aten" from the tuning records of a `PickBest` in force for every GEMM of
+    this problem, or None (another policy, or a GEMM without a record)."""
+    from ..ops import gemm_arguments
+    from ..registry import get_kernels
+    from ..tuning.policies import PickBest
+    from ..tuning.records import TuningRecords, record_key
+    from ..tuning.scope import current
+    from ..core.arch import device_cc
+
+    scope = current()
+    policy = scope.policy
+    if not isinstance(policy, PickBest) or not policy.use_records or device_index < 0:
+        return None
+    # The problem on meta tensors (nothing allocated), keyed as on the layer's device.
+    A = torch.empty(rows, K, dtype=dtype, device="meta")
+    B = torch.empty(N, K, dtype=dtype, device="meta").t()
+    bias = torch.empty(N, dtype=dtype, device="meta") if has_bias else None
+    records = policy.records if policy.records is not None else TuningRecords()
+    name, cc = torch.cuda.get_device_name(device_index), device_cc(device_index)
+    verdict = None
+    for args in gemm_arguments(A, B, bias=bias, activation=activation):
+        candidates = get_kernels(args, providers=scope.providers, cc=cc)
+        problem = _Problem(args.signature[:-1] + (device_index,), args.problem_shape)
+        key = record_key(problem, policy.record_context(args, candidates))
+        found = records.lookup(name, cc, key.operation, key.shape)
+        winner = None if found is None else next(
+            (k for k in candidates if k.metadata.kernel_name == found.kernel_name), None)
+        if winner is None:
+            return None
+        if winner.metadata.provider == "torch":
+            verdict = "aten"
+        elif verdict is None:
+            verdict = "kernel_api"
+    return verdict
+
+
+@torch.compiler.assume_constant_result
+def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, activation: str | None,
+           has_bias: bool, training: bool, device_index: int) -> str:
+    """The module docstring's rule: "kernel_api" or "aten" for one projection under compile.
+
+    Dynamo calls it while tracing and takes its answer as a constant (no guard, no graph
+    break), so every argument is a plain value.
+
+    Args:
+        lowering: the layer's ``compile_lowering`` (`LOWERINGS`).
+        rows: M, the input's rows, or None when Dynamo made them dynamic.
+        K, N: the projection's input and output features.
+        dtype: the operands' dtype.
+        activation: the layer's fused activation, or None.
+        has_bias: whether the layer adds a bias.
+        training: whether autograd records the call (a backward follows).
+        device_index: the CUDA device, -1 for another device.
+
+    Returns:
+        "kernel_api" or "aten".
+    """
+    if lowering != "auto":
+        return check_lowering(lowering)
+    if rows is None:
+        return "aten"
+    try:
+        measured = _recorded(rows, K, N, dtype, activation, has_bias, device_index)
+    except Exception as exc:  # noqa: BLE001 - unreadable records leave the static rule
+        _log.debug("compile lowering: tuning records not read for %dx%dx%d: %s", rows, N, K, exc)
+        measured = None
+    if measured is not None:
+        return measured
+    misaligned = (N * dtype.itemsize) % 16 != 0
+    if not training and rows >= COMPILE_MIN_ROWS and misaligned:
+        return "kernel_api"
+    return "aten"
+
+
+def set_compile_lowering(module: torch.nn.Module, lowering: str) -> torch.nn.Module:
+    """Set ``compile_lowering`` on every kernel_api projection in ``module`` (itself included).
+
+    Args:
+        module: a model patched by `kernel_api.nn.patch`, or a kernel_api layer.
+        lowering: "auto" (the module docstring's rule), "aten" or "kernel_api".
+
+    Returns:
+        ``module``. Graphs compiled before are retraced at their next call.
+    """
+    from .linear import Conv1DLinear, Linear
+
+    check_lowering(lowering)
+    for layer in module.modules():
+        if isinstance(layer, (Linear, Conv1DLinear)):
+            layer.compile_lowering = lowering
+    return module
