@@ -8,3 +8,6 @@ from .kernels import softmax_smem  # noqa: F401,E402  (registers the CudaSoftmax
 from .kernels import softmax_rowgroup  # noqa: F401,E402  (registers CudaSoftmaxRowGroupForward / CudaSoftmaxRowGroupBackward)
 from .kernels import softmax_stream  # noqa: F401,E402  (registers CudaSoftmaxStreamForward / CudaSoftmaxStreamBackward)
 from .kernels import softmax_window  # noqa: F401,E402  (registers CudaSoftmaxWindowForward / CudaSoftmaxWindowBackward)
+from .kernels import norm  # noqa: F401,E402  (registers CudaRMSNorm, CudaLayerNorm and their backwards)
+from .kernels import swiglu  # noqa: F401,E402  (registers CudaGatedActivation / CudaGatedActivationBackward)
+from .kernels import rope  # noqa: F401,E402  (registers CudaRope / CudaRopeBackward)

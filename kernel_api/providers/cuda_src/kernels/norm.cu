@@ -1,0 +1,506 @@
+// Row norms over the last dimension: RMSNorm and LayerNorm, forward (optionally fused with the
+// residual add) and backward, for f32 / f16 / bf16 rows with f32 statistics. The weight (and
+// bias) may have another type than the rows (f32 weights under 16-bit rows). Self-contained
+// (no toolkit headers) so NVRTC compiles it anywhere.
+//
+//   forward:  s = x (+ residual, written to s_out), y = (s - mean) * rstd * w (+ b)
+//             RMSNorm: mean = 0, rstd = 1 / sqrt(mean(s^2) + eps)
+//             LayerNorm: mean = mean(s), rstd = 1 / sqrt(mean((s - mean)^2) + eps)
+//   backward: xhat = (x - mean) * rstd, g = dy * w,
+//             dx = (g - mean(g) [LayerNorm only] - xhat * mean(g * xhat)) * rstd,
+//             dw = sum over rows of dy * xhat, db = sum over rows of dy.
+//
+// How rows map onto the machine (the interface, norm.py, picks the strategy and NV):
+//   *_reg    PER_WARP: one warp per row (short rows), else one CTA per row; the row held in
+//            registers, NV vectors of VEC elements per thread, read once and written once.
+//            The backward is persistent: each warp (CTA) walks rows u, u + units, ... and
+//            keeps its sums of dy * xhat (and dy) per column in registers, written at the
+//            end to its row of the f32 workspace (units x cols per plane).
+//   *_looped one CTA per row of any length; the row is read once per pass (statistics, then
+//            the output), the backward's column sums kept in its workspace row.
+//   reduce_cols sums the workspace's rows per column (a fixed order: deterministic) into
+//            grad_weight (and grad_bias).
+// VEC is the elements per access: 16 bytes' worth of the row type when every row operand is
+// 16-byte aligned (pointers, row strides and the row length multiples of VEC), else 1.
+// Every integer parameter is 64-bit; eps comes as the bits of a double.
+
+namespace ka_norm {
+
+typedef unsigned short u16;
+typedef long long i64;
+
+struct F32 {
+  typedef float raw;
+  static __device__ __forceinline__ float load(float v) { return v; }
+  static __device__ __forceinline__ float store(float v) { return v; }
+};
+
+struct BF16 {
+  typedef u16 raw;
+  static __device__ __forceinline__ float load(u16 v) { return __uint_as_float(((unsigned)v) << 16); }
+  static __device__ __forceinline__ u16 store(float v) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+  }
+};
+
+struct F16 {
+  typedef u16 raw;
+  static __device__ __forceinline__ float load(u16 v) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(v));
+    return r;
+  }
+  static __device__ __forceinline__ u16 store(float v) {
+    u16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+  }
+};
+
+// ---- vector accesses ----------------------------------------------------------------------
+// A stream (rows read once) is loaded past L1; the weights, read by every row, through it.
+__device__ __forceinline__ uint4 ld16_stream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// VEC raw elements of T; accesses of 16 bytes where VEC elements make whole 16-byte chunks.
+template <class T, int VEC, int BYTES = (int)sizeof(typename T::raw) * VEC>
+struct Chunk {
+  typedef typename T::raw R;
+  static __device__ __forceinline__ void load(const R* p, float (&f)[VEC], bool stream) {
+    if constexpr (BYTES >= 16 && BYTES % 16 == 0) {
+      union {
+        uint4 u[BYTES / 16];
+        R r[VEC];
+      } v;
+#pragma unroll
+      for (int i = 0; i < BYTES / 16; ++i)
+        v.u[i] = stream ? ld16_stream(reinterpret_cast<const uint4*>(p) + i) : reinterpret_cast<const uint4*>(p)[i];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) f[k] = T::load(v.r[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) f[k] = T::load(p[k]);
+    }
+  }
+  static __device__ __forceinline__ void store(R* p, const float (&f)[VEC]) {
+    if constexpr (BYTES >= 16 && BYTES % 16 == 0) {
+      union {
+        uint4 u[BYTES / 16];
+        R r[VEC];
+      } v;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v.r[k] = T::store(f[k]);
+#pragma unroll
+      for (int i = 0; i < BYTES / 16; ++i) reinterpret_cast<uint4*>(p)[i] = v.u[i];
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) p[k] = T::store(f[k]);
+    }
+  }
+};
+
+// ---- reductions ---------------------------------------------------------------------------
+template <int N>
+__device__ __forceinline__ void warp_sum(float (&v)[N]) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+  }
+}
+
+// Sums over the CTA (every thread gets the same sums, added in one order); `red` holds 32 * N
+// floats. Every thread of the CTA calls it.
+template <int N>
+__device__ __forceinline__ void block_sum(float (&v)[N], float* red) {
+  warp_sum<N>(v);
+  const int warps = blockDim.x >> 5;
+  if (warps == 1) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) red[i * 32 + warp] = v[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float s = 0.f;
+    for (int w = 0; w < warps; ++w) s += red[i * 32 + w];
+    v[i] = s;
+  }
+  __syncthreads();  // (red is reused by the next call)
+}
+
+template <int N, bool PER_WARP>
+__device__ __forceinline__ void row_sum(float (&v)[N], float* red) {
+  if constexpr (PER_WARP)
+    warp_sum<N>(v);
+  else
+    block_sum<N>(v, red);
+}
+
+__device__ __forceinline__ float eps_of(i64 bits) { return (float)__longlong_as_double(bits); }
+
+// ---- forward, the row in registers --------------------------------------------------------
+template <class T, class W, int VEC, int NV, bool CENTRED, bool RESID, bool PER_WARP>
+__global__ void __launch_bounds__(1024) fwd_reg(const typename T::raw* __restrict__ x,
+                                                const typename T::raw* __restrict__ res,
+                                                const typename W::raw* __restrict__ w,
+                                                const typename W::raw* __restrict__ b, typename T::raw* __restrict__ y,
+                                                typename T::raw* __restrict__ s_out, i64 rows, i64 cols, i64 ld_x,
+                                                i64 ld_r, i64 ld_y, i64 ld_s, i64 eps_bits) {
+  __shared__ float red[32];
+  const int lanes = PER_WARP ? 32 : (int)blockDim.x;
+  const int t = PER_WARP ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
+  const i64 row = PER_WARP ? (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : (i64)blockIdx.x;
+  if (row >= rows) return;  // (PER_WARP: a whole warp; else the whole CTA)
+  const float inv_n = 1.f / (float)cols;
+  float v[NV][VEC];
+  float acc[1] = {0.f};
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const i64 c = ((i64)j * lanes + t) * VEC;
+    if (c < cols) {
+      Chunk<T, VEC>::load(x + row * ld_x + c, v[j], true);
+      if constexpr (RESID) {
+        float r[VEC];
+        Chunk<T, VEC>::load(res + row * ld_r + c, r, true);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[j][k] += r[k];
+        Chunk<T, VEC>::store(s_out + row * ld_s + c, v[j]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[j][k] = 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc[0] += CENTRED ? v[j][k] : v[j][k] * v[j][k];
+  }
+  row_sum<1, PER_WARP>(acc, red);
+  float mean = 0.f;
+  if constexpr (CENTRED) {
+    mean = acc[0] * inv_n;
+    acc[0] = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      if (((i64)j * lanes + t) * VEC < cols) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float d = v[j][k] - mean;
+          acc[0] += d * d;
+        }
+      }
+    }
+    row_sum<1, PER_WARP>(acc, red);
+  }
+  const float rstd = rsqrtf(acc[0] * inv_n + eps_of(eps_bits));
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const i64 c = ((i64)j * lanes + t) * VEC;
+    if (c < cols) {
+      float wv[VEC], o[VEC];
+      Chunk<W, VEC>::load(w + c, wv, false);
+      if constexpr (CENTRED) {
+        float bv[VEC];
+        Chunk<W, VEC>::load(b + c, bv, false);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = (v[j][k] - mean) * rstd * wv[k] + bv[k];
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = v[j][k] * rstd * wv[k];
+      }
+      Chunk<T, VEC>::store(y + row * ld_y + c, o);
+    }
+  }
+}
+
+// ---- forward, any row length: a CTA per row, a pass per statistic -------------------------
+template <class T, int VEC, bool RESID>
+__device__ __forceinline__ void load_sum(const typename T::raw* x, const typename T::raw* res, i64 c, float (&v)[VEC]) {
+  Chunk<T, VEC>::load(x + c, v, true);
+  if constexpr (RESID) {
+    float r[VEC];
+    Chunk<T, VEC>::load(res + c, r, true);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] += r[k];
+  }
+}
+
+template <class T, class W, int VEC, bool CENTRED, bool RESID>
+__global__ void __launch_bounds__(1024) fwd_looped(const typename T::raw* __restrict__ x,
+                                                   const typename T::raw* __restrict__ res,
+                                                   const typename W::raw* __restrict__ w,
+                                                   const typename W::raw* __restrict__ b,
+                                                   typename T::raw* __restrict__ y, typename T::raw* __restrict__ s_out,
+                                                   i64 rows, i64 cols, i64 ld_x, i64 ld_r, i64 ld_y, i64 ld_s,
+                                                   i64 eps_bits) {
+  __shared__ float red[32];
+  const i64 row = blockIdx.x;
+  const i64 step = (i64)blockDim.x * VEC;
+  const float inv_n = 1.f / (float)cols;
+  const typename T::raw* xr = x + row * ld_x;
+  const typename T::raw* rr = RESID ? res + row * ld_r : nullptr;
+  float acc[1] = {0.f};
+  for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
+    float v[VEC];
+    load_sum<T, VEC, RESID>(xr, rr, c, v);
+    if constexpr (RESID) Chunk<T, VEC>::store(s_out + row * ld_s + c, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc[0] += CENTRED ? v[k] : v[k] * v[k];
+  }
+  block_sum<1>(acc, red);
+  float mean = 0.f;
+  if constexpr (CENTRED) {
+    mean = acc[0] * inv_n;
+    acc[0] = 0.f;
+    for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
+      float v[VEC];
+      load_sum<T, VEC, RESID>(xr, rr, c, v);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[0] += (v[k] - mean) * (v[k] - mean);
+    }
+    block_sum<1>(acc, red);
+  }
+  const float rstd = rsqrtf(acc[0] * inv_n + eps_of(eps_bits));
+  for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
+    float v[VEC], wv[VEC], o[VEC];
+    load_sum<T, VEC, RESID>(xr, rr, c, v);
+    Chunk<W, VEC>::load(w + c, wv, false);
+    if constexpr (CENTRED) {
+      float bv[VEC];
+      Chunk<W, VEC>::load(b + c, bv, false);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] = (v[k] - mean) * rstd * wv[k] + bv[k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] = v[k] * rstd * wv[k];
+    }
+    Chunk<T, VEC>::store(y + row * ld_y + c, o);
+  }
+}
+
+// ---- backward, the row in registers, persistent over rows ---------------------------------
+// ws: PLANES x units x cols floats (plane 0: sums of dy * xhat, plane 1: sums of dy).
+template <class T, class W, int VEC, int NV, bool CENTRED, bool PER_WARP>
+__global__ void __launch_bounds__(1024) bwd_reg(const typename T::raw* __restrict__ dy,
+                                                const typename T::raw* __restrict__ x,
+                                                const typename W::raw* __restrict__ w, typename T::raw* __restrict__ dx,
+                                                float* __restrict__ ws, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
+                                                i64 ld_dx, i64 eps_bits) {
+  __shared__ float red[64];
+  const int lanes = PER_WARP ? 32 : (int)blockDim.x;
+  const int t = PER_WARP ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
+  const i64 unit = PER_WARP ? (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : (i64)blockIdx.x;
+  const i64 units = PER_WARP ? (i64)gridDim.x * (blockDim.x >> 5) : (i64)gridDim.x;
+  const float inv_n = 1.f / (float)cols;
+  const float eps = eps_of(eps_bits);
+  float dw[NV][VEC], db[CENTRED ? NV : 1][VEC];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      dw[j][k] = 0.f;
+      if constexpr (CENTRED) db[j][k] = 0.f;
+    }
+  }
+  for (i64 row = unit; row < rows; row += units) {
+    float xv[NV][VEC], gv[NV][VEC];
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const i64 c = ((i64)j * lanes + t) * VEC;
+      if (c < cols) {
+        Chunk<T, VEC>::load(x + row * ld_x + c, xv[j], true);
+        Chunk<T, VEC>::load(dy + row * ld_dy + c, gv[j], true);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv[j][k] = gv[j][k] = 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[0] += CENTRED ? xv[j][k] : xv[j][k] * xv[j][k];
+    }
+    {
+      float s[1] = {acc[0]};
+      row_sum<1, PER_WARP>(s, red);
+      acc[0] = s[0];
+    }
+    float mean = 0.f;
+    if constexpr (CENTRED) {
+      mean = acc[0] * inv_n;
+      float s[1] = {0.f};
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        if (((i64)j * lanes + t) * VEC < cols) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) s[0] += (xv[j][k] - mean) * (xv[j][k] - mean);
+        }
+      }
+      row_sum<1, PER_WARP>(s, red);
+      acc[0] = s[0];
+    }
+    const float rstd = rsqrtf(acc[0] * inv_n + eps);
+    // xhat in place of x, g = dy * w in place of dy (dy itself goes into the column sums first)
+    float s2[2] = {0.f, 0.f};  // sum(g * xhat), sum(g)
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const i64 c = ((i64)j * lanes + t) * VEC;
+      float wv[VEC];
+      if (c < cols) {
+        Chunk<W, VEC>::load(w + c, wv, false);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) wv[k] = 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float xh = (xv[j][k] - mean) * rstd;
+        xv[j][k] = xh;
+        dw[j][k] += gv[j][k] * xh;
+        if constexpr (CENTRED) db[j][k] += gv[j][k];
+        const float g = gv[j][k] * wv[k];
+        gv[j][k] = g;
+        s2[0] += g * xh;
+        s2[1] += g;
+      }
+    }
+    if constexpr (CENTRED) {
+      row_sum<2, PER_WARP>(s2, red);
+    } else {
+      float s[1] = {s2[0]};
+      row_sum<1, PER_WARP>(s, red);
+      s2[0] = s[0];
+    }
+    const float c1 = s2[0] * inv_n, c2 = CENTRED ? s2[1] * inv_n : 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const i64 c = ((i64)j * lanes + t) * VEC;
+      if (c < cols) {
+        float o[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = (gv[j][k] - c2 - xv[j][k] * c1) * rstd;
+        Chunk<T, VEC>::store(dx + row * ld_dx + c, o);
+      }
+    }
+  }
+  // this unit's column sums (zeros for a unit without rows: the reduction reads every unit)
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const i64 c = ((i64)j * lanes + t) * VEC;
+    if (c < cols) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        ws[unit * cols + c + k] = dw[j][k];
+        if constexpr (CENTRED) ws[(units + unit) * cols + c + k] = db[j][k];
+      }
+    }
+  }
+}
+
+// ---- backward, any row length: persistent CTAs, a pass per statistic ----------------------
+// The CTA's column sums live in its workspace rows (each column owned by one thread).
+template <class T, class W, int VEC, bool CENTRED>
+__global__ void __launch_bounds__(1024) bwd_looped(const typename T::raw* __restrict__ dy,
+                                                   const typename T::raw* __restrict__ x,
+                                                   const typename W::raw* __restrict__ w,
+                                                   typename T::raw* __restrict__ dx, float* __restrict__ ws, i64 rows,
+                                                   i64 cols, i64 ld_dy, i64 ld_x, i64 ld_dx, i64 eps_bits) {
+  __shared__ float red[64];
+  const i64 unit = blockIdx.x, units = gridDim.x;
+  const i64 step = (i64)blockDim.x * VEC;
+  const float inv_n = 1.f / (float)cols;
+  const float eps = eps_of(eps_bits);
+  float* dw = ws + unit * cols;
+  float* db = ws + (units + unit) * cols;
+  for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      dw[c + k] = 0.f;
+      if constexpr (CENTRED) db[c + k] = 0.f;
+    }
+  }
+  for (i64 row = unit; row < rows; row += units) {
+    const typename T::raw* xr = x + row * ld_x;
+    const typename T::raw* gr = dy + row * ld_dy;
+    float acc[1] = {0.f};
+    for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
+      float v[VEC];
+      Chunk<T, VEC>::load(xr + c, v, true);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[0] += CENTRED ? v[k] : v[k] * v[k];
+    }
+    block_sum<1>(acc, red);
+    float mean = 0.f;
+    if constexpr (CENTRED) {
+      mean = acc[0] * inv_n;
+      acc[0] = 0.f;
+      for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
+        float v[VEC];
+        Chunk<T, VEC>::load(xr + c, v, true);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) acc[0] += (v[k] - mean) * (v[k] - mean);
+      }
+      block_sum<1>(acc, red);
+    }
+    const float rstd = rsqrtf(acc[0] * inv_n + eps);
+    float s2[2] = {0.f, 0.f};
+    for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
+      float v[VEC], g[VEC], wv[VEC];
+      Chunk<T, VEC>::load(xr + c, v, true);
+      Chunk<T, VEC>::load(gr + c, g, true);
+      Chunk<W, VEC>::load(w + c, wv, false);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float xh = (v[k] - mean) * rstd, gw = g[k] * wv[k];
+        s2[0] += gw * xh;
+        s2[1] += gw;
+      }
+    }
+    block_sum<2>(s2, red);
+    const float c1 = s2[0] * inv_n, c2 = CENTRED ? s2[1] * inv_n : 0.f;
+    for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
+      float v[VEC], g[VEC], wv[VEC], o[VEC];
+      Chunk<T, VEC>::load(xr + c, v, true);
+      Chunk<T, VEC>::load(gr + c, g, true);
+      Chunk<W, VEC>::load(w + c, wv, false);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float xh = (v[k] - mean) * rstd;
+        o[k] = (g[k] * wv[k] - c2 - xh * c1) * rstd;
+        dw[c + k] += g[k] * xh;
+        if constexpr (CENTRED) db[c + k] += g[k];
+      }
+      Chunk<T, VEC>::store(dx + row * ld_dx + c, o);
+    }
+  }
+}
+
+// ---- the column sums over the units: grad_weight (plane 0) and grad_bias (plane 1) -------
+// CTAs of 256 threads: 32 columns (lane) x 8 unit groups (warp), combined in shared memory.
+// grid: (ceil(cols / 32), planes).
+template <class W>
+__global__ void __launch_bounds__(256) reduce_cols(const float* __restrict__ ws, typename W::raw* __restrict__ gw,
+                                                   typename W::raw* __restrict__ gb, i64 units, i64 cols) {
+  __shared__ float part[8][33];
+  const int lane = threadIdx.x & 31, group = threadIdx.x >> 5;
+  const i64 c = (i64)blockIdx.x * 32 + lane;
+  const float* plane = ws + (i64)blockIdx.y * units * cols;
+  float s = 0.f;
+  if (c < cols) {
+    for (i64 u = group; u < units; u += 8) s += plane[u * cols + c];
+  }
+  part[group][lane] = s;
+  __syncthreads();
+  if (group == 0 && c < cols) {
+#pragma unroll
+    for (int g = 1; g < 8; ++g) s += part[g][lane];
+    (blockIdx.y == 0 ? gw : gb)[c] = W::store(s);
+  }
+}
+
+}  // namespace ka_norm

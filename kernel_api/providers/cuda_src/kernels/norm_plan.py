@@ -1,0 +1,141 @@
+"""How the CUDA C++ row norms (norm.cu) map rows onto the machine: pure arithmetic on the row
+length, the element sizes and the SM count, shared by the interface (norm.py), its tests and
+the benchmarks.
+
+Three strategies:
+
+- ``warp``: one warp per row, `WARPS_PER_CTA` rows per CTA, the row in registers (``nv``
+  vectors per lane): rows of up to 32 x `MAX_ELEMENTS` elements;
+- ``block``: one CTA per row, the row in registers, ``threads`` sized to the row (a multiple of
+  32, at most 1024): rows of up to 1024 x `MAX_ELEMENTS` elements;
+- ``looped``: one CTA of `LOOPED_THREADS` per row of any length, a pass over the row per
+  statistic.
+
+A thread of a register strategy holds ``nv`` vectors of ``vec`` elements of each row it keeps
+(the forward: the row; the backward: x and dy). ``nv`` is a template parameter of the compiled
+kernel (so its compile key follows it); the CTA size is chosen at launch from ``nv``.
+
+The backwards are persistent: ``units`` warps (``warp``) or CTAs walk the rows, each keeping
+its column sums of dy * xhat (and dy) and writing them to its own row of an f32 workspace
+(planes x units x cols), which a second launch sums per column. The workspace holds about
+(resident threads x elements per thread) floats per plane, whatever the row length, so the
+backward keeps `BACKWARD_THREADS_PER_SM` threads resident per SM: enough loads in flight,
+few partial sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Elements one thread holds per row, at most (registers: the forward holds one row, the
+#: backward two plus its column sums).
+MAX_ELEMENTS = {False: 32, True: 16}
+#: Bytes of a row one thread holds, the target: the forward 64 (bf16: 32 elements, f32: 16),
+#: the backward 32 per row (bf16: 16, f32: 8), as the register softmax kernels measured best.
+BYTES_PER_THREAD = {False: 64, True: 32}
+WARPS_PER_CTA = 4
+LOOPED_THREADS = 512
+#: Resident threads per SM the backward's persistent grid is sized for.
+BACKWARD_THREADS_PER_SM = 1024
+#: The fewest rows each backward unit takes (fewer, larger partial sums on small problems).
+MIN_ROWS_PER_UNIT = 2
+STRATEGIES = ("warp", "block", "looped")
+
+
+def max_cols(strategy: str, backward: bool) -> int | None:
+    """The longest row a strategy takes (None: any)."""
+    if strategy == "warp":
+        return 32 * MAX_ELEMENTS[backward]
+    if strategy == "block":
+        return 1024 * MAX_ELEMENTS[backward]
+    return None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The template's vectors per thread (``nv``, 0 for ``looped``) for a row length."""
+
+    strategy: str
+    nv: int
+    vec: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch: ``grid`` CTAs of ``threads``; ``units`` the backward's persistent workers."""
+
+    grid: int
+    threads: int
+    units: int
+
+
+def template_shape(strategy: str, backward: bool, cols: int, vec: int, elem_bytes: int,
+                   bytes_per_thread: int | None = None) -> Shape | None:
+    """The vectors per thread a strategy compiles for rows of ``cols`` elements, or None when
+    the strategy does not take them. ``bytes_per_thread``: the block strategy's target
+    (default `BYTES_PER_THREAD`)."""
+    if strategy == "looped":
+        return Shape("looped", 0, vec)
+    nvec = max(1, -(-cols // vec))
+    most = max(1, MAX_ELEMENTS[backward] // vec)
+    if strategy == "warp":
+        nv = -(-nvec // 32)
+        return Shape("warp", nv, vec) if nv <= most else None
+    target = bytes_per_thread or BYTES_PER_THREAD[backward]
+    nv = min(most, max(1, target // elem_bytes // vec), -(-nvec // 32))
+    if -(-nvec // nv) > 1024:
+        nv = -(-nvec // 1024)
+        if nv > most:
+            return None
+    return Shape("block", nv, vec)
+
+
+def cta_threads(shape: Shape, cols: int) -> int | None:
+    """Threads per CTA for ``cols`` on a kernel compiled for ``shape``; None when it cannot
+    take the row (too long for its registers)."""
+    if shape.strategy == "looped":
+        return LOOPED_THREADS
+    nvec = max(1, -(-cols // shape.vec))
+    if shape.strategy == "warp":
+        return 32 * WARPS_PER_CTA if nvec <= 32 * shape.nv else None
+    threads = 32 * -(-nvec // (32 * shape.nv))
+    return threads if threads <= 1024 else None
+
+
+def forward_launch(shape: Shape, rows: int, cols: int) -> Launch | None:
+    """The forward's launch: a CTA per row (``warp``: per `WARPS_PER_CTA` rows)."""
+    threads = cta_threads(shape, cols)
+    if threads is None:
+        return None
+    per_cta = WARPS_PER_CTA if shape.strategy == "warp" else 1
+    grid = -(-rows // per_cta)
+    return Launch(grid, threads, grid * per_cta)
+
+
+def backward_launch(shape: Shape, rows: int, cols: int, sm_count: int,
+                    threads_per_sm: int = BACKWARD_THREADS_PER_SM) -> Launch | None:
+    """The backward's persistent launch: about ``threads_per_sm`` resident threads per SM, no
+    more units than rows / `MIN_ROWS_PER_UNIT` (at least one, so an empty problem still writes
+    zero gradients)."""
+    threads = cta_threads(shape, cols)
+    if threads is None:
+        return None
+    per_cta = WARPS_PER_CTA if shape.strategy == "warp" else 1
+    ctas_per_sm = max(1, threads_per_sm // threads)
+    wanted = -(-max(rows, 1) // (per_cta * MIN_ROWS_PER_UNIT))
+    grid = max(1, min(wanted, sm_count * ctas_per_sm))
+    return Launch(grid, threads, grid * per_cta)
+
+
+def workspace_bytes(launch: Launch, cols: int, planes: int) -> int:
+    """The backward's f32 partial sums: ``planes`` x units x cols."""
+    return 4 * planes * launch.units * cols
+
+
+REDUCE_THREADS = 256
+REDUCE_COLUMNS = 32  # columns per CTA of reduce_cols (its lanes)
+
+
+def reduce_grid(cols: int, planes: int) -> tuple[int, int, int]:
+    """reduce_cols' grid: 32 columns per CTA, a plane per grid row."""
+    return (-(-cols // REDUCE_COLUMNS), planes, 1)
