@@ -119,9 +119,8 @@ def linear_rows(calls: int, repeats: int, samples: int = 60) -> list[dict]:
                 host = per_call_us({"torch": lambda: layers[0](xs[0]), "kernel_api": lambda: patched[0](xs[0])},
                                    calls, repeats)
                 over = over_reference(host, "torch")
-                chosen = getattr(kernel_api.ops.dispatch, "_dispatch", {})
-                names = sorted({k.metadata.kernel_name for (_, _, shape, _), (k, _, _) in chosen.items()
-                                if shape[:3] == (M, N, K)})
+                names = sorted({k.metadata.kernel_name for problem, k in kernel_api.ops.chosen_kernels()
+                                if problem[1:4] == (M, N, K)})
                 row = {"K": K, "N": N, "M": M, "torch_us": timed["torch"]["median_ms"] * 1e3,
                        "kernel_api_us": timed["kernel_api"]["median_ms"] * 1e3,
                        "host_torch_us": statistics.median(host["torch"]),

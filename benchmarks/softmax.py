@@ -359,8 +359,8 @@ def public_case(rows: int, cols: int, dtype: torch.dtype, repeat: int = 60) -> l
             entry["x_torch"] = entry["torch_ms"] / entry["ops_ms"]
             # the choices made for this case (the dispatch dict is emptied per shape and dtype)
             wanted = {"fwd": ("softmax",), "bwd": ("softmax_bwd",), "autograd": ("softmax", "softmax_bwd")}[op]
-            entry["kernels"] = sorted(k.metadata.kernel_name for (_, sig, _, _), (k, _, _) in ops_module._dispatch.items()
-                                      if sig[0] in wanted)
+            entry["kernels"] = sorted(k.metadata.kernel_name for problem, k in ops_module.chosen_kernels()
+                                      if problem[0][0] in wanted)
         except Exception as exc:  # report, keep benchmarking the others
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
         found.append(entry)

@@ -144,6 +144,8 @@ def test_call_chooses_once_per_problem_key_and_reuses_the_choice(cpu_front_door)
     # arguments' own problem_key (no rule of this operation in dispatch.py).
     assert len(choices) == 1 and ToyMul.compiles == 1 and ToyMul.runs == 2
     assert any(key[1] == ToyMulArguments(x, y, out).problem_key() for key in dispatch._dispatch)
+    # ops.chosen_kernels shows the choice under the same key, without reading private state.
+    assert [(key, type(k)) for key, k in ops.chosen_kernels()] == [(ToyMulArguments(x, y, out).problem_key(), ToyMul)]
     # A new shape (or dtype) is a new problem: chosen again.
     ops.call(ToyMulArguments(torch.randn(3), torch.randn(3), torch.empty(3)))
     ops.call(ToyMulArguments(*(torch.randn(3, dtype=torch.float64) for _ in range(3))))

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 
 from ..arguments import EpilogueArguments, GemmArguments
-from .dispatch import call, clear_dispatch_cache, column_parts, gemm, softmax, softmax_backward, split_columns
+from .dispatch import call, chosen_kernels, clear_dispatch_cache, column_parts, gemm, softmax, softmax_backward, split_columns
 from .operation import Operation, define_operation, defined_operations, like_input
 from . import library  # noqa: E402,F401  (registers torch.ops.kernel_api.*)
 from .attention import attention  # noqa: E402  (registers torch.ops.kernel_api.attention)
 from .norms import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  # noqa: E402  (kernel_api::*_norm*)
 
-__all__ = ["Operation", "attention", "call", "clear_dispatch_cache", "define_operation", "defined_operations",
+__all__ = ["Operation", "attention", "call", "chosen_kernels", "clear_dispatch_cache", "define_operation", "defined_operations",
            "gemm", "gemm_arguments", "like_input", "softmax", "softmax_backward"]
 __all__ += ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]
 

@@ -863,6 +863,12 @@ def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int,
     return grad_in
 
 
+def chosen_kernels() -> list[tuple[tuple, Kernel]]:
+    """The choices ``kernel_api.ops`` remembers, for inspection: ``(problem_key, kernel)`` for
+    each (`Arguments.problem_key`), in the order they were made."""
+    return [(problem, kernel) for (_, problem, _), (kernel, _, _) in _dispatch.items()]
+
+
 def clear_dispatch_cache() -> None:
     """Forget every choice and recorded launch (the next calls choose and compile again)."""
     _dispatch.clear()
