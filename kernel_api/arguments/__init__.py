@@ -9,13 +9,16 @@ GEMM epilogue, ``gemm`` `GemmArguments` (and the summaries `kernel_api.native` r
 ``softmax`` the softmax family.
 """
 
+from .activations import GatedActivationArguments, GatedActivationBackwardArguments
 from .attention import AttentionArguments
 from .base import Arguments, byte_extent
 from .epilogue import EpilogueArguments, EpilogueSignature
 from .gemm import GemmArguments
+from .rope import RopeArguments, RopeBackwardArguments
 from .norm import LayerNormArguments, LayerNormBackwardArguments, RMSNormArguments, RMSNormBackwardArguments
 from .softmax import SoftmaxArguments, SoftmaxBackwardArguments
 
 __all__ = ["Arguments", "AttentionArguments", "EpilogueArguments", "EpilogueSignature", "GemmArguments",
            "SoftmaxArguments", "SoftmaxBackwardArguments", "byte_extent"]
 __all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]
+__all__ += ["GatedActivationArguments", "GatedActivationBackwardArguments", "RopeArguments", "RopeBackwardArguments"]

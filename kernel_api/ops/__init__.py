@@ -24,10 +24,13 @@ from .operation import Operation, define_operation, defined_operations, like_inp
 from . import library  # noqa: E402,F401  (registers torch.ops.kernel_api.*)
 from .attention import attention  # noqa: E402  (registers torch.ops.kernel_api.attention)
 from .norms import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  # noqa: E402  (kernel_api::*_norm*)
+from .swiglu import geglu, gated_activation, gated_activation_backward, swiglu  # noqa: E402  (kernel_api::gated_*)
+from .rope import rope, rope_backward  # noqa: E402  (kernel_api::rope, rope_backward)
 
 __all__ = ["Operation", "attention", "call", "chosen_kernels", "clear_dispatch_cache", "define_operation", "defined_operations",
            "gemm", "gemm_arguments", "like_input", "softmax", "softmax_backward"]
 __all__ += ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]
+__all__ += ["gated_activation", "gated_activation_backward", "geglu", "rope", "rope_backward", "swiglu"]
 
 
 def gemm_arguments(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, alpha: float = 1.0,

@@ -1,0 +1,157 @@
+"""Interface of the CUDA C++ gated activation kernels (implementation: swiglu.cu beside this file).
+
+Two registered families, `CudaGatedActivation` (`GatedActivationArguments`: SwiGLU and GeGLU
+forward) and `CudaGatedActivationBackward` (`GatedActivationBackwardArguments`), each with one
+instance per dtype (f32, f16, bf16) and access width: 16-byte vectors (``_v8`` for 16-bit types,
+``_v4`` for f32) for operands whose pointers and row strides are multiples of 16 bytes, and
+single elements (``_v1``) for the rest. An instance computes every activation of
+`GATE_ACTIVATIONS`; the activation is a template parameter, so an artifact is compiled per
+activation (``name_expression``; the compile key holds it).
+
+The problem is streamed once: the forward reads gate and up and writes out (3 operands' bytes),
+the backward reads grad_out, gate and up and writes both gradients (5). A CTA covers TY rows of
+TX threads; dense operands come as one row, walked by a grid of at most `CTAS_PER_SM` CTAs per
+SM. A launch is recorded (`_launcher`: grid, block and row parameters fixed by the operands'
+metadata), so repeated calls with equal operands replay it from C.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .... import native
+from ....arguments.activations import GATE_ACTIVATIONS, GatedActivationArguments, GatedActivationBackwardArguments
+from ....core.arch import planning_sm_count
+from ....core.dtypes import DataType
+from ....core.streams import stream_handle
+from ....launcher import Launcher
+from ....metadata import KernelMetadata, TensorAttributes
+from ....metadata.activations import GatedActivationBackwardOperandsMetadata, GatedActivationOperandsMetadata
+from .. import CudaSourceProvider
+from ..kernel import CudaSourceKernel
+
+_TYPES = {DataType.f32: "ka_glu::F32", DataType.f16: "ka_glu::F16", DataType.bf16: "ka_glu::BF16"}
+_ACTIVATIONS = {"silu": "ka_glu::SILU", "gelu_tanh": "ka_glu::GELU_TANH", "gelu": "ka_glu::GELU_ERF"}
+_ROWS = (0, 1)
+THREADS = 256
+#: Vectors per operand each thread has in flight per grid step: forward 4 (two operands read,
+#: 128 bytes a thread), backward 2 (three read, 96 bytes).
+UNROLL = {False: 4, True: 2}
+#: The grid's CTAs per SM at most (the grid strides over the rest): 8 CTAs of 256 threads fill
+#: an SM; four waves' worth keeps every SM busy to the end of a streamed problem.
+CTAS_PER_SM = 32
+#: The grid's y extent at most (CUDA's limit).
+MAX_GRID_Y = 65535
+#: The estimate of a 16-byte vector instance, in multiples of the problem's bytes at full
+#: bandwidth (one pass), and of a single-element one (more instructions per byte).
+VECTOR_COST, SCALAR_COST = 1.0, 1.3
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def launch_shape(rows: int, cols: int, vec: int, unroll: int, sm_count: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(grid, block) for ``rows`` rows of ``cols`` elements in accesses of ``vec``: TX threads
+    along a row (enough for its vectors, 32 to `THREADS`), TY = THREADS / TX rows per CTA."""
+    nvec = cols // vec
+    tx = min(THREADS, max(32, _pow2_at_least(-(-nvec // unroll)) if nvec else 32))
+    ty = THREADS // tx
+    grid_x = max(1, -(-nvec // (tx * unroll)))
+    cap = sm_count * CTAS_PER_SM
+    grid_x = min(grid_x, cap)
+    grid_y = max(1, min(-(-rows // ty), MAX_GRID_Y, max(1, cap // grid_x)))
+    return (grid_x, grid_y), (tx, ty)
+
+
+class _CudaGatedBase(CudaSourceKernel):
+    source_file = "swiglu.cu"
+    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
+    min_cc = 80  # cvt.rn.{bf16,f16}x2.f32
+    backward = False
+    _operands_type: Any = None
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.dtype: DataType = params["dtype"]
+        self.vec: int = params["vec"]
+
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        return [dict(dtype=dt, vec=v) for dt in _TYPES for v in (16 // dt.bytes, 1)]
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        return f"{cls.__name__}_{params['dtype']}_v{params['vec']}"
+
+    @classmethod
+    def operands_for(cls, params: dict) -> Any:
+        a = TensorAttributes(params["dtype"], _ROWS, params["vec"])
+        n = 5 if cls.backward else 3
+        return cls._operands_type(*([a] * n), activations=GATE_ACTIVATIONS)
+
+    @classmethod
+    def check_definition(cls) -> None:
+        pass  # names come from name_expression, not kernel_name
+
+    def name_expression(self, args: Any) -> str:
+        op = "glu_bwd" if self.backward else "glu_fwd"
+        return (f"ka_glu::{op}<{_TYPES[self.dtype]}, {self.vec}, {_ACTIVATIONS[args.activation]}, "
+                f"{UNROLL[self.backward]}>")
+
+    def estimated_cost(self, args: Any, sm_count: int) -> float:
+        return VECTOR_COST if self.vec > 1 else SCALAR_COST
+
+    def _shape(self, args: Any) -> tuple:
+        return launch_shape(args.rows, args.cols, self.vec, UNROLL[self.backward], planning_sm_count(args.device))
+
+    def launch_config(self, args: Any) -> tuple:
+        return self._shape(args)
+
+    def _parameters(self, args: Any) -> list[tuple[int, int]]:
+        """The kernel's parameters as `native.cuda_launch` takes them: the operands by index
+        (``tensor_attributes`` order), then rows, cols and each operand's row stride."""
+        names = list(args.tensor_attributes)
+        return ([(native.TENSOR, i) for i in range(len(names))] + [(8, args.rows), (8, args.cols)]
+                + [(8, args.row_strides[n]) for n in names])
+
+    def kernel_arguments(self, args: Any) -> tuple:
+        names = list(args.tensor_attributes)
+        return (*[getattr(args, n).data_ptr() for n in names], args.rows, args.cols,
+                *[args.row_strides[n] for n in names])
+
+    def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        if args.rows == 0 or args.cols == 0:
+            return
+        grid, block = self._shape(args)
+        device = args.device.index
+        if device is None:
+            device = torch.cuda.current_device()
+        artifact.compiled_obj.launch(stream_handle(stream, device), device, grid, block, 0, self.kernel_arguments(args))
+
+    def _launcher(self, args: Any, artifact: Any) -> Launcher | None:
+        if args.rows == 0 or args.cols == 0:  # nothing is launched: nothing to repeat
+            return None
+        grid, block = self._shape(args)
+        function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), len(args.tensor_attributes),
+                                      (*grid, 1), (*block, 1), 0, tuple(self._parameters(args)))
+        return None if function is None else Launcher(function)
+
+
+@CudaSourceProvider.register
+class CudaGatedActivation(_CudaGatedBase):
+    """``out = act(gate) * up`` (SwiGLU, GeGLU) in CUDA C++, f32 math, one pass."""
+
+    supported_args_type = GatedActivationArguments
+    _operands_type = GatedActivationOperandsMetadata
+
+
+@CudaSourceProvider.register
+class CudaGatedActivationBackward(_CudaGatedBase):
+    """The gated activation's gradients in CUDA C++, f32 math, one pass."""
+
+    supported_args_type = GatedActivationBackwardArguments
+    _operands_type = GatedActivationBackwardOperandsMetadata
+    backward = True
