@@ -18,6 +18,9 @@ design is a `TritonDesignMetadata` (block sizes, num_warps, num_stages, the alig
 code assumes). ``compile(args, cc=90)`` builds the cubin without a GPU and caches it in the
 disk cache's ``triton`` namespace; launches go through Triton's own launcher (`TritonBinary`).
 
+A jit function that stores something the operation has no operand for (a library kernel's
+per-row statistics) gets a `scratch_buffer` in ``launch_args``: recorded launches keep it.
+
 ``run`` and ``supports`` are final. Optional hooks, as for every kernel: ``_launcher`` (the
 base's records the values ``launch_args`` gives, operands replaced per call), ``compile_key``
 (default: the signature, the constexprs, the aligned pointers and cc), ``estimated_cost`` and
@@ -31,7 +34,7 @@ from typing import Any
 from ...registry import Provider, register_provider
 from ...registry.versions import DefaultVersion
 from .design import TritonDesignMetadata
-from .kernel import TritonKernel
+from .kernel import TritonKernel, scratch_buffer
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,4 +62,4 @@ class TritonProvider(Provider):
     version = TritonVersion()
 
 
-__all__ = ["TritonDesignMetadata", "TritonKernel", "TritonProvider"]
+__all__ = ["TritonDesignMetadata", "TritonKernel", "TritonProvider", "scratch_buffer"]

@@ -48,6 +48,33 @@ from .design import TritonDesignMetadata
 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9]+")
 _DEFAULT_CONFIG = {"kwargs": {}, "num_warps": 4, "num_stages": 3, "num_ctas": 1, "maxnreg": None}
+# Scratch buffers by (device, dtype, elements): written by kernels, read by nobody, kept for the
+# process so recorded launches may hold them (`scratch_buffer`).
+_scratch: dict[tuple[str, torch.dtype, int], torch.Tensor] = {}
+_scratch_ids: set[int] = set()
+
+
+def scratch_buffer(device: Any, numel: int = 1, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A buffer a kernel may write and nobody reads, for a jit function that stores something
+    the operation has no operand for (a library's per-row statistics, written with row stride 0
+    into one element). One per device, dtype and size, kept for the process: unlike other
+    tensors that are no operand, `TritonKernel._launcher` records launches that pass it.
+
+    Args:
+        device: the operands' device.
+        numel: its elements (at least 1).
+        dtype: its element type.
+
+    Returns:
+        The buffer (uninitialised).
+    """
+    device = torch.device(device)
+    key = (str(device), dtype, max(1, int(numel)))
+    found = _scratch.get(key)
+    if found is None:
+        found = _scratch.setdefault(key, torch.empty(key[2], dtype=dtype, device=device))
+        _scratch_ids.add(id(found))
+    return found
 
 
 def jit_function_of(kernel_class: type) -> Any:
@@ -391,12 +418,13 @@ class TritonKernel(Kernel):
 
     def _launcher(self, args: Any, artifact: CompiledArtifact) -> Launcher | None:
         """``function(*operands, stream)``: the values ``launch_args`` gave for ``args``, its
-        operands replaced by the call's; None when a value is a tensor other than an operand."""
+        operands replaced by the call's; None when a value is a tensor other than an operand or
+        a `scratch_buffer`."""
         binary: TritonBinary = artifact.compiled_obj
         operands = [getattr(args, name) for name in args.tensor_attributes]
         template, slots = [], []
         for value in self._checked_values(args, binary):
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and id(value) not in _scratch_ids:
                 index = next((i for i, t in enumerate(operands) if t is value), None)
                 if index is None:
                     return None

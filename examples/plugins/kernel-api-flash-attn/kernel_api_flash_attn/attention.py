@@ -1,0 +1,137 @@
+"""FlashAttention-4's forward (``flash_attn.cute.interface``) for `AttentionArguments`: dense and
+variable-length layouts, causal (bottom-right, as kernel_api's) or full, GQA/MQA, f16/bf16.
+
+On sm_90 FA4 runs its Hopper kernel (TMA, wgmma, warp-specialised producer and consumers; the
+tile follows the head dim: 192x128 up to 64, 128x128 up to 128, 128x80 at 256). It takes head
+dims 8 to 256 that are multiples of 8, and every operand's strides 16-byte aligned (the
+metadata's divisibility 8), with q, k, v, out's head dim contiguous.
+
+FA4 compiles with its own JIT for the GPU it runs on and caches the function per configuration;
+``compile`` runs the forward once on the arguments' own tensors when they are on the GPU (that
+warm-up compiles it; it writes only ``out``, which the run overwrites). Launches go to torch's
+current stream, made the requested one around the call.
+
+The backward (FA4's ``_flash_attn_bwd``) is not offered: kernel_api has no arguments type for an
+attention backward yet (``ops.attention``'s backward recomputes through SDPA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from flash_attn.cute.interface import _flash_attn_fwd
+
+from kernel_api import AttentionArguments, CompilationError, CompiledArtifact, DataType, Kernel, KernelMetadata
+from kernel_api import Status, TensorAttributes
+from kernel_api.core.status import Reason
+from kernel_api.core.streams import stream_handle
+from kernel_api.launcher import Launcher
+from kernel_api.metadata.attention import AttentionOperandsMetadata
+
+from .provider import FlashAttnProvider
+
+_LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
+MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
+
+
+def stream_context(device: torch.device, stream: Any) -> Any:
+    """The launch stream as torch's current one (nothing to do when it already is)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = stream_handle(stream, index)
+    if handle == torch.cuda.current_stream(index).cuda_stream:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(handle, device=torch.device("cuda", index)))
+
+
+@FlashAttnProvider.register
+class FlashAttnForward(Kernel):
+    """``flash_attn.cute``'s forward: one instance per dtype and layout (dense, varlen), sm_90+."""
+
+    supported_args_type = AttentionArguments
+    workspace_free = True
+    performance_hint = 0.9
+    min_cc = 90
+
+    @classmethod
+    def generate_kernels(cls, metadata_filter: Any, epilogue_args: Any = None, cc: int | None = None) -> list:
+        if epilogue_args is not None or (cc is not None and cc < cls.min_cc):
+            return []
+        found = []
+        for dtype in (DataType.bf16, DataType.f16):
+            for layout, pattern in _LAYOUTS.items():
+                attrs = TensorAttributes(dtype, pattern, 8)
+                operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, max_head_dim=MAX_HEAD_DIM)
+                metadata = KernelMetadata(f"{cls.__name__}_{dtype}_{layout}_a16", cls, operands, min_cc=cls.min_cc)
+                if metadata_filter is None or metadata_filter(metadata):
+                    found.append(cls(metadata))
+        return found
+
+    def _supports(self, args: AttentionArguments) -> Status:
+        d = args.head_dim
+        if d < MIN_HEAD_DIM or d % 8:
+            return Status.fail(f"operand q: head_dim {d}, FlashAttention-4 takes multiples of 8 from {MIN_HEAD_DIM}",
+                               kind=Reason.SHAPE, operand="q", actual=d, required=MIN_HEAD_DIM)
+        return Status.success()
+
+    def get_workspace_size(self, args: Any) -> int:
+        return 0
+
+    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
+        """The warm-up: FA4's first call for these arguments' configuration (on the GPU only;
+        CompilationError for another target, since FA4 compiles for the GPU it runs on)."""
+        present = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        present = None if present is None else present[0] * 10 + present[1]
+        if present is None or (cc is not None and cc != present):
+            where = "no GPU is present" if present is None else f"the GPU is sm_{present}"
+            raise CompilationError(f"{self.metadata.kernel_name}: FlashAttention-4 compiles for the GPU it runs on "
+                                   f"and {where}; it cannot target sm_{cc}")
+        if args.q.is_cuda and args.q.numel() and args.k.numel():
+            try:
+                _forward(args, args.q, args.k, args.v, args.out)
+            except Exception as exc:  # noqa: BLE001 - FA4's compile or launch failure, said in one line
+                raise CompilationError(f"{self.metadata.kernel_name}: FlashAttention-4 failed: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+        return CompiledArtifact(None, self)
+
+    def _run(self, args: AttentionArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        if not args.q.numel():
+            return
+        with stream_context(args.device, stream):
+            _forward(args, args.q, args.k, args.v, args.out)
+
+    def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """Dense layouts only: a varlen call's sequence offsets are no operand of the launch."""
+        if args.varlen or not args.q.numel():
+            return None
+        device = args.device
+
+        def launch(q: Any, k: Any, v: Any, out: Any, stream: Any) -> None:
+            with stream_context(device, stream):
+                _forward(args_like, q, k, v, out)
+
+        args_like = _Scalars(args)
+        launch.__name__ = f"launch_{self.metadata.kernel_name}"
+        return Launcher(launch)
+
+
+class _Scalars:
+    """The scalars of a dense call (what a recorded launch keeps of its arguments: no tensors)."""
+
+    __slots__ = ("causal", "scale", "varlen", "cu_seqlens_q", "cu_seqlens_k", "seqlen_q", "seqlen_k")
+
+    def __init__(self, args: AttentionArguments) -> None:
+        self.causal, self.scale, self.varlen = args.causal, args.scale, False
+        self.cu_seqlens_q = self.cu_seqlens_k = None
+        self.seqlen_q, self.seqlen_k = args.seqlen_q, args.seqlen_k
+
+
+def _forward(args: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    """FA4's forward into ``out`` on torch's current stream."""
+    if args.varlen:
+        _flash_attn_fwd(q, k, v, cu_seqlens_q=args.cu_seqlens_q, cu_seqlens_k=args.cu_seqlens_k,
+                        max_seqlen_q=args.seqlen_q, max_seqlen_k=args.seqlen_k, softmax_scale=args.scale,
+                        causal=args.causal, out=out)
+    else:
+        _flash_attn_fwd(q, k, v, softmax_scale=args.scale, causal=args.causal, out=out)

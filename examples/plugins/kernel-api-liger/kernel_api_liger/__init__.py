@@ -1,0 +1,20 @@
+"""kernel-api-liger: Liger-Kernel's Triton kernels as candidates for kernel_api's operations.
+
+Importing it (kernel_api does, through the ``kernel_api.providers`` entry point) registers the
+``liger`` provider and its kernel classes:
+
+- `LigerRMSNorm`, `LigerRMSNormF32Weight`: `RMSNormArguments` (no fused residual);
+- `LigerLayerNorm`, `LigerLayerNormF32Weight`: `LayerNormArguments` (no fused residual).
+
+Each is a `kernel_api.providers.triton.TritonKernel` naming Liger's jit function: kernel_api
+compiles it for the target cc (no GPU needed) into its own disk cache and launches it through
+Triton's launcher. Liger outside `library.SUPPORTED` (or absent) raises ImportError here, which
+kernel_api reports in ``plugin_errors()``.
+"""
+
+from .library import PLUGIN_VERSION as __version__
+from .provider import LigerProvider
+from .norms import LigerLayerNorm, LigerLayerNormF32Weight, LigerRMSNorm, LigerRMSNormF32Weight
+
+__all__ = ["LigerLayerNorm", "LigerLayerNormF32Weight", "LigerProvider", "LigerRMSNorm", "LigerRMSNormF32Weight",
+           "__version__"]

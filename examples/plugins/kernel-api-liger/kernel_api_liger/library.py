@@ -1,0 +1,54 @@
+"""The library this plugin wraps and the releases it was written against.
+
+`check` runs at import: a missing library raises ImportError (kernel_api reports it in
+``plugin_errors()`` and skips the plugin), and so does a release outside `SUPPORTED`, since the
+jit functions the kernels name are the library's private names and may change in any release.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+#: This plugin's version (pyproject.toml's).
+PLUGIN_VERSION = "0.1.0"
+#: The distribution wrapped.
+DISTRIBUTION = "liger-kernel"
+#: The releases it works with: at least the first, below the second (release numbers only).
+SUPPORTED = ("0.8.5", "0.9")
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string ("0.8.5.dev1" -> (0, 8, 5)).
+
+    Args:
+        version: a PEP 440 version.
+
+    Returns:
+        Its leading numeric components.
+    """
+    numbers = []
+    for part in version.split("."):
+        match = re.match(r"\d+", part)
+        if match is None:
+            break
+        numbers.append(int(match.group()))
+        if match.end() != len(part):
+            break
+    return tuple(numbers)
+
+
+def check() -> str:
+    """The installed version of `DISTRIBUTION`, once it is known to be in `SUPPORTED`.
+
+    Returns:
+        The version string; ImportError saying what is installed and what is needed otherwise.
+    """
+    low, high = SUPPORTED
+    try:
+        found = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(f"kernel-api-liger needs {DISTRIBUTION}>={low},<{high}, which is not installed") from None
+    if not release(low) <= release(found) < release(high):
+        raise ImportError(f"kernel-api-liger {PLUGIN_VERSION} wraps {DISTRIBUTION}>={low},<{high}; {found} is installed")
+    return found

@@ -1,0 +1,91 @@
+"""`QuackKernel`: what the QuACK kernels share. QuACK compiles with its own JIT (cached in memory
+and on disk by QuACK) for the GPU it runs on, and its compiled functions launch on torch's
+current stream (TVM-FFI's environment stream).
+
+So ``compile`` builds (or loads) QuACK's function for the arguments' types and row length, which
+is the warm-up of its first call; it refuses a target other than the present GPU, since QuACK
+chooses the architecture itself and its cache key does not hold it. ``_run`` and the
+`Launcher` make the requested stream torch's current one around the call when it is another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from kernel_api import CompilationError, CompiledArtifact, Kernel, Status
+from kernel_api.core.streams import stream_handle
+from kernel_api.launcher import Launcher
+
+
+def stream_context(device: torch.device, stream: Any) -> Any:
+    """The launch stream as torch's current one (nothing to do when it already is)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = stream_handle(stream, index)
+    if handle == torch.cuda.current_stream(index).cuda_stream:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(handle, device=torch.device("cuda", index)))
+
+
+class QuackKernel(Kernel):
+    """Base of the QuACK kernels. Subclasses give ``generate_kernels``, ``build(args)`` (QuACK's
+    compiled function for the arguments, or None when the first call compiles) and
+    ``call(function, args)`` / ``caller(function, args)`` (a launch, and a launch function of
+    the operand tensors for repeated calls)."""
+
+    workspace_free = True
+    min_cc = 90  # QuACK's kernels target sm_90 and later
+    performance_hint = 0.8
+
+    def build(self, args: Any) -> Any:
+        """QuACK's compiled function for ``args`` (None: its first call compiles)."""
+        return None
+
+    def call(self, function: Any, args: Any) -> None:
+        """Launch for ``args`` on torch's current stream."""
+        raise NotImplementedError
+
+    def caller(self, function: Any, args: Any) -> Any:
+        """``launch(*operands)`` for operands with ``args``' shapes, strides and types, or None."""
+        return None
+
+    def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
+        """QuACK's function for ``args`` (compiled, or loaded from QuACK's caches); only for the
+        present GPU's architecture (CompilationError otherwise)."""
+        present = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        present = None if present is None else present[0] * 10 + present[1]
+        if present is None or (cc is not None and cc != present):
+            where = "no GPU is present" if present is None else f"the GPU is sm_{present}"
+            raise CompilationError(f"{self.metadata.kernel_name}: QuACK compiles for the GPU it runs on and "
+                                   f"{where}; it cannot target sm_{cc}")
+        try:
+            function = self.build(args)
+        except Exception as exc:  # noqa: BLE001 - a QuACK compile failure, said in one line
+            raise CompilationError(f"{self.metadata.kernel_name}: QuACK's compile failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        return CompiledArtifact(function, self)
+
+    def get_workspace_size(self, args: Any) -> int:
+        return 0
+
+    def _supports(self, args: Any) -> Status:
+        return Status.success()
+
+    def _run(self, args: Any, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        with stream_context(args.device, stream):
+            self.call(artifact.compiled_obj, args)
+
+    def _launcher(self, args: Any, artifact: CompiledArtifact) -> Launcher | None:
+        launch_operands = self.caller(artifact.compiled_obj, args)
+        if launch_operands is None:
+            return None
+        device = args.device
+
+        def launch(*call: Any) -> None:
+            with stream_context(device, call[-1]):
+                launch_operands(*call[:-1])
+
+        launch.__name__ = f"launch_{self.metadata.kernel_name}"
+        return Launcher(launch)
