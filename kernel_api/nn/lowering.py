@@ -102,7 +102,6 @@ def _recorded(rows: int, K: int, N: int, dtype: torch.dtype, activation: str | N
     return verdict
 
 
-@torch.compiler.assume_constant_result
 def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, activation: str | None,
            has_bias: bool, training: bool, device_index: int) -> str:
     """The module docstring's rule: "kernel_api" or "aten" for one projection under compile.
@@ -138,6 +137,12 @@ def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, 
     if not training and rows >= COMPILE_MIN_ROWS and misaligned:
         return "kernel_api"
     return "aten"
+
+
+# What ``torch.compiler.assume_constant_result`` sets (Dynamo takes the call's answer as a
+# constant), set here rather than through it: it imports Dynamo, about 1 s of imports for
+# ``import kernel_api``. tests/test_cold_start.py checks that torch still marks it this way.
+choose._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def set_compile_lowering(module: torch.nn.Module, lowering: str) -> torch.nn.Module:
