@@ -286,9 +286,10 @@ __global__ void __launch_bounds__(1024) fwd_looped(const typename T::raw* __rest
 }
 
 // ---- backward, the row in registers, persistent over rows ---------------------------------
+// At most 512 threads (up to 128 registers each: x, dy and the column sums in registers).
 // ws: PLANES x units x cols floats (plane 0: sums of dy * xhat, plane 1: sums of dy).
 template <class T, class W, int VEC, int NV, bool CENTRED, bool PER_WARP>
-__global__ void __launch_bounds__(1024) bwd_reg(const typename T::raw* __restrict__ dy,
+__global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict__ dy,
                                                 const typename T::raw* __restrict__ x,
                                                 const typename W::raw* __restrict__ w, typename T::raw* __restrict__ dx,
                                                 float* __restrict__ ws, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
@@ -405,7 +406,7 @@ __global__ void __launch_bounds__(1024) bwd_reg(const typename T::raw* __restric
 // ---- backward, any row length: persistent CTAs, a pass per statistic ----------------------
 // The CTA's column sums live in its workspace rows (each column owned by one thread).
 template <class T, class W, int VEC, bool CENTRED>
-__global__ void __launch_bounds__(1024) bwd_looped(const typename T::raw* __restrict__ dy,
+__global__ void __launch_bounds__(512) bwd_looped(const typename T::raw* __restrict__ dy,
                                                    const typename T::raw* __restrict__ x,
                                                    const typename W::raw* __restrict__ w,
                                                    typename T::raw* __restrict__ dx, float* __restrict__ ws, i64 rows,

@@ -124,7 +124,7 @@ class _NormBase(CudaSourceKernel):
             threads = 32
         elif strategy == "block":
             extra = (("elements_per_thread", norm_plan.BYTES_PER_THREAD[cls.backward] // x_type.bytes),)
-            threads = 1024
+            threads = norm_plan.MAX_THREADS[cls.backward]
         else:
             extra = (("passes", 3 if cls.centred else 2),)
             threads = norm_plan.LOOPED_THREADS
@@ -203,7 +203,7 @@ class _NormBase(CudaSourceKernel):
             raise UnsupportedArgumentsError(
                 f"{self.metadata.kernel_name}: the compiled artifact is for calls {'with' if build.residual else 'without'}"
                 f" a residual; compile for these arguments (kernel.compile(args)) or call run without an artifact")
-        if norm_plan.cta_threads(shape, args.cols) is None:
+        if norm_plan.cta_threads(shape, args.cols, self.backward) is None:
             raise UnsupportedArgumentsError(
                 f"{self.metadata.kernel_name}: the compiled artifact holds {shape.nv} vector(s) of {shape.vec} per "
                 f"thread, too few for rows of {args.cols}; compile for these arguments (kernel.compile(args)) or call "

@@ -7,7 +7,7 @@ Three strategies:
 - ``warp``: one warp per row, `WARPS_PER_CTA` rows per CTA, the row in registers (``nv``
   vectors per lane): rows of up to 32 x `MAX_ELEMENTS` elements;
 - ``block``: one CTA per row, the row in registers, ``threads`` sized to the row (a multiple of
-  32, at most 1024): rows of up to 1024 x `MAX_ELEMENTS` elements;
+  32, at most `MAX_THREADS`): rows of up to `MAX_THREADS` x `MAX_ELEMENTS` elements;
 - ``looped``: one CTA of `LOOPED_THREADS` per row of any length, a pass over the row per
   statistic.
 
@@ -33,6 +33,8 @@ MAX_ELEMENTS = {False: 32, True: 16}
 #: Bytes of a row one thread holds, the target: the forward 64 (bf16: 32 elements, f32: 16),
 #: the backward 32 per row (bf16: 16, f32: 8), as the register softmax kernels measured best.
 BYTES_PER_THREAD = {False: 64, True: 32}
+#: Threads of a ``block`` CTA, at most: the backward's launch bounds leave it 128 registers.
+MAX_THREADS = {False: 1024, True: 512}
 WARPS_PER_CTA = 4
 LOOPED_THREADS = 512
 #: Resident threads per SM the backward's persistent grid is sized for.
@@ -47,7 +49,7 @@ def max_cols(strategy: str, backward: bool) -> int | None:
     if strategy == "warp":
         return 32 * MAX_ELEMENTS[backward]
     if strategy == "block":
-        return 1024 * MAX_ELEMENTS[backward]
+        return MAX_THREADS[backward] * MAX_ELEMENTS[backward]
     return None
 
 
@@ -83,14 +85,15 @@ def template_shape(strategy: str, backward: bool, cols: int, vec: int, elem_byte
         return Shape("warp", nv, vec) if nv <= most else None
     target = bytes_per_thread or BYTES_PER_THREAD[backward]
     nv = min(most, max(1, target // elem_bytes // vec), -(-nvec // 32))
-    if -(-nvec // nv) > 1024:
-        nv = -(-nvec // 1024)
+    limit = MAX_THREADS[backward]
+    if -(-nvec // nv) > limit:
+        nv = -(-nvec // limit)
         if nv > most:
             return None
     return Shape("block", nv, vec)
 
 
-def cta_threads(shape: Shape, cols: int) -> int | None:
+def cta_threads(shape: Shape, cols: int, backward: bool) -> int | None:
     """Threads per CTA for ``cols`` on a kernel compiled for ``shape``; None when it cannot
     take the row (too long for its registers)."""
     if shape.strategy == "looped":
@@ -99,12 +102,12 @@ def cta_threads(shape: Shape, cols: int) -> int | None:
     if shape.strategy == "warp":
         return 32 * WARPS_PER_CTA if nvec <= 32 * shape.nv else None
     threads = 32 * -(-nvec // (32 * shape.nv))
-    return threads if threads <= 1024 else None
+    return threads if threads <= MAX_THREADS[backward] else None
 
 
 def forward_launch(shape: Shape, rows: int, cols: int) -> Launch | None:
     """The forward's launch: a CTA per row (``warp``: per `WARPS_PER_CTA` rows)."""
-    threads = cta_threads(shape, cols)
+    threads = cta_threads(shape, cols, False)
     if threads is None:
         return None
     per_cta = WARPS_PER_CTA if shape.strategy == "warp" else 1
@@ -117,7 +120,7 @@ def backward_launch(shape: Shape, rows: int, cols: int, sm_count: int,
     """The backward's persistent launch: about ``threads_per_sm`` resident threads per SM, no
     more units than rows / `MIN_ROWS_PER_UNIT` (at least one, so an empty problem still writes
     zero gradients)."""
-    threads = cta_threads(shape, cols)
+    threads = cta_threads(shape, cols, True)
     if threads is None:
         return None
     per_cta = WARPS_PER_CTA if shape.strategy == "warp" else 1
