@@ -1,14 +1,17 @@
-"""The fused epilogue of a GEMM: ``out = activation(alpha * (A @ B) + beta * C + bias)``."""
+"""The fused epilogue of a GEMM: the named form ``out = activation(alpha * (A @ B) + beta * C +
+bias)``, or a Python function of the accumulator and named operands (`kernel_api.epilogue`
+parses it into a DAG; `FusedEpilogueSignature` is what kernels compile for)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
 from ..core.dtypes import _FROM_TORCH, DataType
 from ..core.tensor_attributes import TensorAttributes
-from .base import _lazy_bit_error, _matrix_attributes, _require_tensor
+from .base import _lazy_bit_error, _matrix_attributes, _require_tensor, _shares_memory
 
 # The activations a fused epilogue may apply (kernels declare theirs in `EpilogueMetadata`).
 ACTIVATIONS = ("relu", "gelu", "silu")
@@ -34,8 +37,54 @@ class EpilogueSignature(NamedTuple):
     bias_dtype: DataType | None
 
 
+@dataclass(frozen=True)
+class FusedEpilogueSignature:
+    """What kernels and caches need to know of an epilogue function bound to one GEMM
+    (`GemmArguments.epilogue_signature`): ``key`` is the graph's structure with each operand's
+    kind, element type and stride pattern (`kernel_api.epilogue.BoundEpilogue.key`). Equal keys
+    share one compiled kernel: scalar values and literals are runtime inputs. ``graph`` (not
+    compared) lets `EpilogueMetadata` name a node it cannot fuse.
+
+    The named form's fields read as an identity epilogue, so code written for
+    `EpilogueSignature` sees no C, no bias and no activation.
+    """
+
+    key: tuple
+    graph: Any = field(compare=False, hash=False, repr=False)
+    operand_keys: tuple = field(compare=False, hash=False, repr=False)
+
+    scaled = False
+    has_c = False
+    bias_kind = None
+    activation = None
+    c_attributes = None
+    bias_dtype = None
+
+
+_UNSET: Any = object()
+
+
 class EpilogueArguments:
-    """Fused epilogue: ``out = activation(alpha * (A @ B) + beta * C + bias)``.
+    """Fused epilogue: ``out = activation(alpha * (A @ B) + beta * C + bias)``, or a function.
+
+    **Function form**: ``EpilogueArguments(fn_or_source, **operands)``. ``fn_or_source`` is a
+    function (or its source string) whose first parameter is ``accum``, the GEMM's
+    accumulator; its other parameters bind by name to tensors (broadcast over the output like
+    torch: (M, N), (N,), (1, N), (M, 1), (L, M, 1), (L, 1, N), (L, M, N)) and numbers in
+    ``operands``; the names it returns bind to outputs: ``D`` is the GEMM's ``out`` (giving it
+    is optional), the others are tensors in ``operands`` (extra outputs, or the targets of
+    reductions, which combine onto what they hold: initialise to 0 for sum, -inf for max).
+    For example::
+
+        def epi(accum, C, alpha, bias):
+            D = tanh(alpha * accum + bias) * C
+            return D
+        EpilogueArguments(epi, C=C, alpha=0.5, bias=bias)
+
+    The function is parsed, never run (`kernel_api.epilogue`); what it may hold and what an
+    error looks like is in that package's docstrings.
+
+    **Named form**:
 
     ``C`` has out's shape; ``bias`` is a row vector (shape (N,) or (1, N): one value per
     output column) or a column vector (shape (M, 1), or (M,) when M != N: one per output row);
@@ -46,10 +95,28 @@ class EpilogueArguments:
     is 1-D and ``bias_kind`` "row" or "column".
     """
 
-    __slots__ = ("alpha", "beta", "C", "bias", "activation", "bias_kind")
+    __slots__ = ("alpha", "beta", "C", "bias", "activation", "bias_kind", "function", "graph", "operands", "bound")
 
-    def __init__(self, alpha: float = 1.0, beta: float = 0.0, C: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None, activation: str | None = None) -> None:
+    def __init__(self, fn_or_source: Any = None, /, alpha: Any = _UNSET, beta: Any = _UNSET,
+                 C: torch.Tensor | None = _UNSET, bias: torch.Tensor | None = _UNSET, activation: Any = _UNSET,
+                 **operands: Any) -> None:
+        if callable(fn_or_source) or isinstance(fn_or_source, str):
+            self._init_function(fn_or_source, dict(alpha=alpha, beta=beta, C=C, bias=bias, activation=activation),
+                                operands)
+            return
+        if fn_or_source is not None:  # the named form's alpha, given by position
+            if alpha is not _UNSET:
+                raise TypeError("epilogue: alpha given twice")
+            alpha = fn_or_source
+        if operands:
+            raise TypeError(f"epilogue: unexpected operand {next(iter(operands))!r}; operands other than alpha, beta, "
+                            f"C, bias and activation need an epilogue function")
+        alpha = 1.0 if alpha is _UNSET else alpha
+        beta = 0.0 if beta is _UNSET else beta
+        C = None if C is _UNSET else C
+        bias = None if bias is _UNSET else bias
+        activation = None if activation is _UNSET else activation
+        self.function = self.graph = self.operands = self.bound = None
         for label, value in (("alpha", alpha), ("beta", beta)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"epilogue {label}: expected a number, got {type(value).__name__}")
@@ -70,15 +137,60 @@ class EpilogueArguments:
         self.activation = activation
         self.bias_kind: str | None = None
 
+    def _init_function(self, fn: Any, named: dict, operands: dict) -> None:
+        from ..epilogue import parse_cached  # (the IR sits beside the arguments layer, loaded on use)
+
+        self.function = fn
+        self.graph = parse_cached(fn)
+        values = {k: v for k, v in named.items() if v is not _UNSET}
+        values.update(operands)
+        self.operands = values
+        self.alpha, self.beta, self.C, self.bias, self.activation, self.bias_kind = 1.0, 0.0, None, None, None, None
+        self.bound = None
+
+    @property
+    def is_function(self) -> bool:
+        """Whether this epilogue is a function (`kernel_api.epilogue`) rather than the named form."""
+        return self.graph is not None
+
+    def to_graph(self) -> Any:
+        """The epilogue as an `EpilogueGraph` (the named form builds the same IR a function would)."""
+        if self.graph is not None:
+            return self.graph
+        from ..epilogue import named_graph
+
+        return named_graph(self.alpha != 1.0 or self.beta != 0.0, self.beta != 0.0 and self.C is not None,
+                           self.bias is not None, self.activation)
+
     @property
     def is_trivial(self) -> bool:
-        return self.alpha == 1.0 and self.beta == 0.0 and self.bias is None and self.activation is None
+        return (self.graph is None and self.alpha == 1.0 and self.beta == 0.0 and self.bias is None
+                and self.activation is None)
+
+    def _bind_function(self, out: torch.Tensor, M: int, N: int) -> tuple["EpilogueArguments", FusedEpilogueSignature]:
+        from ..epilogue import bind
+
+        L = out.shape[0] if out.dim() == 3 else 1
+        bound = bind(self.graph, self.operands, out, L, M, N)
+        for name, t in bound.outputs.items():
+            for other, o in (("out", out), *((n, v) for n, v in bound.inputs.items() if isinstance(v, torch.Tensor))):
+                if _shares_memory(t, o):
+                    raise ValueError(f"epilogue operand {name}: shares memory with {other}; write it to a separate tensor")
+        resolved = object.__new__(type(self))
+        resolved.alpha, resolved.beta, resolved.C, resolved.bias, resolved.activation = 1.0, 0.0, None, None, None
+        resolved.bias_kind = None
+        resolved.function, resolved.graph, resolved.operands, resolved.bound = (self.function, self.graph,
+                                                                                  self.operands, bound)
+        return resolved, FusedEpilogueSignature(bound.key, self.graph, bound.operand_keys)
 
     def _for_output(self, out: torch.Tensor, M: int, N: int) -> tuple["EpilogueArguments", EpilogueSignature]:
         """Check this epilogue against a GEMM's output ``out`` (M x N); return the epilogue that
         GEMM runs (a copy: C as the unit-stride view kernels take, bias flattened to 1-D,
         ``bias_kind`` known) and its signature. ``self`` is left as it is, so one
-        EpilogueArguments serves GEMMs with other outputs."""
+        EpilogueArguments serves GEMMs with other outputs. A function is bound to the
+        operands (`kernel_api.epilogue.bind`) and gets a `FusedEpilogueSignature`."""
+        if self.graph is not None:
+            return self._bind_function(out, M, N)
         C, c_attrs = self.C, None
         if C is not None and self.beta != 0:
             if tuple(C.shape) != tuple(out.shape):
@@ -113,10 +225,15 @@ class EpilogueArguments:
         resolved = object.__new__(type(self))
         resolved.alpha, resolved.beta, resolved.activation = self.alpha, self.beta, self.activation
         resolved.C, resolved.bias, resolved.bias_kind = C, bias, bias_kind
+        resolved.function = resolved.graph = resolved.operands = resolved.bound = None
         scaled = self.alpha != 1.0 or self.beta != 0.0
         return resolved, EpilogueSignature(scaled, c_attrs is not None, bias_kind, self.activation, c_attrs, bias_dtype)
 
     def __repr__(self) -> str:
+        if self.graph is not None:
+            ops = ", ".join(f"{k}={tuple(v.shape) if isinstance(v, torch.Tensor) else v}"
+                            for k, v in self.operands.items())
+            return f"EpilogueArguments({self.graph.name}{', ' + ops if ops else ''})"
         parts = [f"alpha={self.alpha}", f"beta={self.beta}"]
         if self.C is not None:
             parts.append(f"C={tuple(self.C.shape)}")
@@ -125,3 +242,4 @@ class EpilogueArguments:
         if self.activation:
             parts.append(f"activation={self.activation!r}")
         return f"EpilogueArguments({', '.join(parts)})"
+

@@ -24,12 +24,14 @@ from typing import Any, Callable
 import torch
 
 from ....arguments import EpilogueArguments, EpilogueSignature, GemmArguments
+from ....arguments.epilogue import FusedEpilogueSignature
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from .... import launcher
 from ....launcher import Launcher, raw_stream
 from ....metadata import (ACTIVATIONS, COLUMN_MAJOR, ROW_MAJOR, BLASDesignMetadata, EpilogueMetadata,
                           GemmOperandsMetadata, KernelMetadata, TensorAttributes)
+from ....metadata.epilogue import FUNCTION_FEATURES
 from ....core.status import Status
 from ....utils import MAX_GRID_X, strides_to_layout_string, to_cuda_stream
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
@@ -39,6 +41,10 @@ LAYOUT_COMBOS: tuple[tuple[tuple[int, ...], ...], ...] = tuple(itertools.product
 
 #: What the fused epilogues of these kernels can do (everything `EpilogueArguments` offers).
 FULL_EPILOGUE = EpilogueMetadata(alpha_beta=True, bias=frozenset({"row", "column"}), activations=frozenset(ACTIVATIONS))
+#: The named epilogue and epilogue functions (`kernel_api.epilogue`), emitted by
+#: ``implementations/fusion.py``: every node, operand kind and reduction.
+FUSED_EPILOGUE = EpilogueMetadata(alpha_beta=True, bias=frozenset({"row", "column"}),
+                                  activations=frozenset(ACTIVATIONS), functions=FUNCTION_FEATURES)
 
 # CUDA limits the grid's y and z extents to 65535 blocks (x: utils.MAX_GRID_X).
 MAX_GRID_YZ = 65535
@@ -90,6 +96,8 @@ class EpilogueSpec:
     ``scaled``: alpha/beta are applied (runtime values); ``has_c``: a C operand is read;
     ``bias``: None, "row" (one value per output column n) or "column" (one per row m);
     ``activation``: None, "relu", "gelu" (tanh approximation) or "silu".
+    ``fusion``: an epilogue function's `FusedEpilogueSignature.key` (the others are then
+    their defaults), emitted by ``implementations/fusion.py``.
     The default spec is the identity epilogue (out = acc).
     """
 
@@ -97,20 +105,25 @@ class EpilogueSpec:
     has_c: bool = False
     bias: str | None = None
     activation: str | None = None
+    fusion: tuple | None = None
 
     @classmethod
-    def from_signature(cls, signature: EpilogueSignature | None) -> "EpilogueSpec":
+    def from_signature(cls, signature: EpilogueSignature | FusedEpilogueSignature | None) -> "EpilogueSpec":
         """From `GemmArguments.epilogue_signature` (None: identity epilogue)."""
         if signature is None:
             return cls()
+        if type(signature) is FusedEpilogueSignature:
+            return cls(fusion=signature.key)
         return cls(bool(signature.scaled), bool(signature.has_c), signature.bias_kind, signature.activation)
 
     @property
     def is_identity(self) -> bool:
-        return not (self.scaled or self.has_c or self.bias or self.activation)
+        return not (self.scaled or self.has_c or self.bias or self.activation or self.fusion)
 
     def tag(self) -> str:
         """Short text for logs and artifact names, e.g. 'ab_c_biasrow_gelu'."""
+        if self.fusion is not None:
+            return "function"
         parts = [p for p in ("ab" if self.scaled else "", "c" if self.has_c else "",
                              f"bias{self.bias}" if self.bias else "", self.activation or "") if p]
         return "_".join(parts) or "none"
@@ -124,7 +137,7 @@ def epilogue_tail(args: GemmArguments) -> tuple | None:
     ep = args.epilogue
     if ep is None:
         return (None, None, 1.0, 0.0)
-    if ep.beta != 0.0:
+    if ep.beta != 0.0 or ep.bound is not None:  # (an epilogue function's operands are not in the tail)
         return None
     return (None, ep.bias, ep.alpha, 0.0)
 
@@ -146,6 +159,8 @@ def epilogue_supported_by_generation(epilogue_args: Any, epilogue: EpilogueMetad
         raise TypeError(f"epilogue_args: expected EpilogueArguments or None, got {type(epilogue_args).__name__}")
     if epilogue_args.is_trivial:
         return True
+    if epilogue_args.is_function:
+        return bool(epilogue.functions)
     if (epilogue_args.alpha != 1.0 or epilogue_args.beta != 0.0) and not epilogue.alpha_beta:
         return False
     if epilogue_args.bias is not None:
@@ -256,8 +271,13 @@ class GemmKernelBase(CuteDslKernel):
         bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
         scalar = cutlass.Float64 if md.accumulator_type is DataType.f64 else cutlass.Float32
         impl = self._make_impl(args)
+        fused = ()
+        if spec.fusion is not None:  # an epilogue function: its operand tuple before the stream
+            from .implementations.fusion import FusionPlan, fake_operands
+
+            fused = (fake_operands(FusionPlan(spec.fusion)),)
         compiled = self.cute_compile(impl, A, B, out, C, bias, scalar(1.0), scalar(0.0),
-                                     *self._extra_compile_args(args), make_fake_stream())
+                                     *self._extra_compile_args(args), *fused, make_fake_stream())
         return CompiledArtifact(compiled, self)
 
     def compile_key(self, args: GemmArguments, cc: int | None) -> tuple:
@@ -281,6 +301,11 @@ class GemmKernelBase(CuteDslKernel):
             C, bias, alpha, beta = None, None, 1.0, 0.0
         else:
             C, bias, alpha, beta = (ep.C if ep.beta != 0.0 else None), ep.bias, ep.alpha, ep.beta
+            if ep.bound is not None:  # an epilogue function: its operands go before the stream
+                extra = () if self._extra_launch_args is None else self._extra_launch_args(args, workspace)
+                artifact.compiled_obj(args.A, args.B, args.out, None, None, 1.0, 0.0, *extra, ep.bound.operands,
+                                      to_cuda_stream(stream))
+                return
         extra = self._extra_launch_args
         if extra is None:
             artifact.compiled_obj(args.A, args.B, args.out, C, bias, alpha, beta, to_cuda_stream(stream))

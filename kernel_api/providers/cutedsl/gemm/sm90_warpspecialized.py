@@ -40,7 +40,7 @@ from ....core.status import Status
 from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from ..kernel import fake_tensor
-from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation,
+from .common import (FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation,
                      epilogue_tail, launch_workspace)
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
@@ -387,7 +387,7 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         """Every (types, layouts, config) instance passing ``metadata_filter``; none unless cc is 90."""
         if cc is not None and cc != 90:
             return []  # wgmma/setmaxnreg exist on sm_90a only (not forward compatible)
-        if not epilogue_supported_by_generation(epilogue_args, FULL_EPILOGUE):
+        if not epilogue_supported_by_generation(epilogue_args, FUSED_EPILOGUE):
             return []
         kernels = []
         for ab in _AB_TYPES:
@@ -428,7 +428,7 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
                                     extra=(("raster", "m" if cfg.raster_along_m else "n"),
                                            ("epilogue_stages", epi_stages)))
         metadata = KernelMetadata(name, Sm90WarpSpecializedGemm, operands, design, min_cc=90, max_cc=90,
-                                  epilogue=FULL_EPILOGUE)
+                                  epilogue=FUSED_EPILOGUE)
         return Sm90WarpSpecializedGemm(metadata, cfg, ab_stages, epi_stages)
 
     def _family_supports(self, args: GemmArguments) -> Status | None:
@@ -497,12 +497,14 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         return (args.signature, cc)
 
     def _make_impl(self, args: GemmArguments) -> Any:
-        from .implementations.sm90_warpspecialized_impl import Sm90WarpSpecializedGemmImpl
+        from .implementations.sm90_warpspecialized_impl import Sm90FusedEpilogueGemmImpl, Sm90WarpSpecializedGemmImpl
 
         cfg = self.config
-        return Sm90WarpSpecializedGemmImpl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
+        spec = EpilogueSpec.from_signature(args.epilogue_signature)
+        impl = Sm90WarpSpecializedGemmImpl if spec.fusion is None else Sm90FusedEpilogueGemmImpl
+        return impl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
                                            cfg.raster_along_m, self.ab_stages, self.epi_stages,
-                                           EpilogueSpec.from_signature(args.epilogue_signature), cfg.epi_n,
+                                           spec, cfg.epi_n,
                                            cfg.stream_k, cfg.sk_any_wave_max_k_tiles,
                                            k_tile=k_tile(self.metadata.operands.A.dtype), split3=self._split3,
                                            promote_every=cfg.promote_every, split_all=cfg.split_all)

@@ -66,6 +66,8 @@ import cutlass._mlir.dialects.cute_nvgpu as _cute_nvgpu_ir
 from cutlass.cute.core import _pack_shape
 from cutlass.cute.atom import make_atom
 
+from . import fusion
+
 # Named barrier ids (0 is __syncthreads).
 _BAR_EPI = 1            # cooperative epilogue: both consumer warpgroups
 _BAR_EPI_WG = 2         # pingpong epilogue: 2 + warpgroup
@@ -153,6 +155,7 @@ class Sm90WarpSpecializedGemmImpl:
         self.has_c = bool(epilogue.has_c)
         self.bias = epilogue.bias
         self.activation = epilogue.activation
+        self.fusion = None  # (an epilogue function: `Sm90FusedEpilogueGemmImpl`)
         self.acc_dtype = Float32
         if self.pingpong:
             # one warpgroup owns a whole tile: a 64 x N wgmma atom repeated over M
@@ -193,6 +196,14 @@ class Sm90WarpSpecializedGemmImpl:
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC: Optional[cute.Tensor],
                  mBias: Optional[cute.Tensor], alpha: Float32, beta: Float32, max_active_clusters: Int32,
                  mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64, stream: cuda.CUstream):
+        self._host(mA, mB, mOut, mC, mBias, alpha, beta, max_active_clusters, mWorkspace, epoch, None, stream)
+
+    @cute.jit
+    def _host(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC: Optional[cute.Tensor],
+              mBias: Optional[cute.Tensor], alpha: Float32, beta: Float32, max_active_clusters: Int32,
+              mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64, epi_operands, stream: cuda.CUstream):
+        """The host side of a launch; ``epi_operands`` is the operand tuple of a fused epilogue
+        function (`Sm90FusedEpilogueGemmImpl`), None otherwise."""
         a = self._mnl_view(mA, False)      # (M, K, L)
         b = self._mnl_view(mB, True)       # (N, K, L)
         d = self._mnl_view(mOut, False)    # (M, N, L)
@@ -271,7 +282,8 @@ class Sm90WarpSpecializedGemmImpl:
         del epi_slots
 
         self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d, tiled_mma, a_smem, b_smem, epi_smem,
-                    c, mBias, alpha, beta, clusters_m, clusters_n, total_clusters, mWorkspace, epoch).launch(
+                    c, mBias, alpha, beta, clusters_m, clusters_n, total_clusters, mWorkspace, epoch,
+                    epi_operands).launch(
             grid=(self.cluster_m, self.cluster_n, grid_clusters),
             block=[self.threads, 1, 1],
             cluster=(self.cluster_m, self.cluster_n, 1),
@@ -456,7 +468,7 @@ class Sm90WarpSpecializedGemmImpl:
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
                alpha: Float32, beta: Float32, clusters_m: Int32, clusters_n: Int32, total_clusters: Int32,
-               mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64):
+               mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64, epi_operands):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -763,8 +775,15 @@ class Sm90WarpSpecializedGemmImpl:
                     for sub in cutlass.range_constexpr(sub_count):
                         for v in cutlass.range_constexpr(rD_size):
                             tRS_rD[v] = tRS_acc[sub * rD_size + v]
-                        if const_expr(self.scaled or self.has_c or self.bias is not None
-                                      or self.activation is not None):
+                        if const_expr(self.fusion is not None):
+                            sub_row = row0 + (sub // sub_n) * epi_m
+                            sub_col = col0 + (sub % sub_n) * epi_n
+                            for v in cutlass.range_constexpr(rD_size):
+                                crd = tRS_cD[v]
+                                tRS_rD[v] = fusion.element(self.fusion, tRS_rD[v], batch, sub_row + crd[0],
+                                                           sub_col + crd[1], m_total, n_total, epi_operands)
+                        elif const_expr(self.scaled or self.has_c or self.bias is not None
+                                        or self.activation is not None):
                             sub_row = row0 + (sub // sub_n) * epi_m
                             sub_col = col0 + (sub % sub_n) * epi_n
                             for v in cutlass.range_constexpr(rD_size):
@@ -805,3 +824,25 @@ class Sm90WarpSpecializedGemmImpl:
                     dp_next, sk_cur, dp_tiles, sk_begin, sk_end, grid_clusters, k_tiles)
             if store_warp:
                 cute.arch.cp_async_bulk_wait_group(0)
+
+
+class Sm90FusedEpilogueGemmImpl(Sm90WarpSpecializedGemmImpl):
+    """The kernel with an epilogue function (`kernel_api.epilogue`) emitted into its epilogue:
+    each accumulator element goes through `fusion.element` (loads of the extra inputs, the
+    DAG's math, stores of the extra outputs and reductions) before the conversion to the
+    output type, the stmatrix and the TMA store of ``D``, as the named epilogue's math does.
+    The launch takes the operand tuple after the epoch. ``epilogue.fusion`` is the bound
+    epilogue's key (`FusedEpilogueSignature.key`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        epilogue = args[7] if len(args) > 7 else kwargs["epilogue"]
+        self.fusion = fusion.FusionPlan(epilogue.fusion)
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC: Optional[cute.Tensor],
+                 mBias: Optional[cute.Tensor], alpha: Float32, beta: Float32, max_active_clusters: Int32,
+                 mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64, epi_operands: tuple,
+                 stream: cuda.CUstream):
+        self._host(mA, mB, mOut, mC, mBias, alpha, beta, max_active_clusters, mWorkspace, epoch, epi_operands,
+                   stream)
