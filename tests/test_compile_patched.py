@@ -1,0 +1,255 @@
+"""Patched models under torch.compile, on the CPU: no graph breaks and no recompiles in steady
+state while the decode position moves, the lowering rule (`kernel_api.nn.lowering.choose`) and
+its forcing attribute, what the traced graphs hold, and outputs against the unpatched model.
+
+The GEMM kernels are replaced by a torch stand-in (`_stand_in_gemm`) and the front door
+launches on the CPU (`dispatch.LAUNCH_DEVICE_TYPES`); Dynamo traces with ``aot_eager``, so
+AOTAutograd and the fake implementations run as under Inductor. The GPU checks are in
+tests/test_compile_patched_gpu.py."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+from kernel_api.nn import Linear, lowering, patch, set_compile_lowering
+from kernel_api.ops import dispatch
+
+_ACTIVATIONS = {"relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
+
+
+def _stand_in_gemm(A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream):
+    z = alpha * (A @ B)
+    if C is not None and beta != 0:
+        z = z + beta * C
+    if bias is not None:
+        z = z + bias
+    if activation is not None:
+        z = _ACTIVATIONS[activation](z)
+    return z if out is None else out.copy_(z)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_front_door(monkeypatch):
+    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(dispatch, "_gemm_eager", _stand_in_gemm)
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+class _Recorder:
+    """An aot_eager backend that keeps each graph Dynamo hands it (one per compile)."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+        self.graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    def targets(self, index=-1):
+        return [str(n.target) for n in self.graphs[index].graph.nodes if n.op == "call_function"]
+
+
+def _gemm_nodes(targets):
+    return sum("kernel_api.gemm" in t for t in targets)
+
+
+def _aten_projections(targets):
+    return sum(("linear" in t or "addmm" in t or "matmul" in t) for t in targets)
+
+
+# ---- the rule ------------------------------------------------------------------------------
+def test_rule_forced_dynamic_small_large_and_training():
+    bf16 = torch.bfloat16
+    choose = lowering.choose
+    # forced either way, whatever the shapes
+    assert choose("aten", 8192, 768, 50257, bf16, None, False, False, 0) == "aten"
+    assert choose("kernel_api", None, 768, 768, bf16, "gelu", True, True, 0) == "kernel_api"
+    # M dynamic: aten; decode-sized M: aten, the vocabulary projection included
+    assert choose("auto", None, 768, 50257, bf16, None, False, False, 0) == "aten"
+    assert choose("auto", 64, 768, 50257, bf16, None, False, False, 0) == "aten"
+    # prefill-sized M: kernel_api where the output rows are misaligned (50257 bf16), aten where aligned
+    M = lowering.COMPILE_MIN_ROWS
+    assert choose("auto", M, 768, 50257, bf16, None, False, False, 0) == "kernel_api"
+    assert choose("auto", M - 1, 768, 50257, bf16, None, False, False, 0) == "aten"
+    assert choose("auto", 8192, 768, 3072, bf16, "gelu", True, False, 0) == "aten"
+    assert choose("auto", 8192, 768, 50264, bf16, None, False, False, 0) == "aten"
+    assert choose("auto", 8192, 768, 37, torch.float32, None, False, False, -1) == "kernel_api"
+    # training graphs: aten (the backward stays Inductor's)
+    assert choose("auto", 8192, 768, 50257, bf16, None, False, True, 0) == "aten"
+    with pytest.raises(ValueError, match="compile_lowering"):
+        choose("fast", 8, 8, 8, bf16, None, False, False, 0)
+
+
+def test_rule_follows_pick_best_records(monkeypatch, tmp_path):
+    """A PickBest in force whose records hold the problem decides: a winner of another provider
+    than torch's keeps kernel_api's op (a decode shape here), torch's winner gives aten (the
+    vocabulary projection here); a problem without records keeps the static rule."""
+    import kernel_api
+    from kernel_api.ops import gemm_arguments
+    from kernel_api.registry import get_kernels
+    from kernel_api.tuning.policies import PickBest
+    from kernel_api.tuning.records import TuningRecords, record_key
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Test GPU")
+    import kernel_api.core.arch as arch
+    monkeypatch.setattr(arch, "device_cc", lambda index=None: 90)
+    records = TuningRecords(tmp_path / "records.db")
+    policy = PickBest(records=records)
+    bf16 = torch.bfloat16
+
+    def record(rows, K, N, bias, activation, provider):
+        A = torch.empty(rows, K, dtype=bf16, device="meta")
+        B = torch.empty(N, K, dtype=bf16, device="meta").t()
+        b = torch.empty(N, dtype=bf16, device="meta") if bias else None
+        for args in gemm_arguments(A, B, bias=b, activation=activation):
+            candidates = get_kernels(args, cc=90)
+            winner = next((k for k in candidates if (k.metadata.provider == "torch") == (provider == "torch")), None)
+            if winner is None:
+                pytest.skip(f"no {provider} kernel takes {args.problem_shape} on this machine")
+            problem = lowering._Problem(args.signature[:-1] + (0,), args.problem_shape)
+            key = record_key(problem, policy.record_context(args, candidates))
+            records.record("Test GPU", 90, key.operation, key.shape, winner.metadata.kernel_name, 0.01, {}, {})
+
+    with kernel_api.settings(policy=policy):
+        assert lowering.choose("auto", 64, 256, 512, bf16, None, True, False, 0) == "aten"
+        record(64, 256, 512, True, None, "kernel_api")
+        assert lowering.choose("auto", 64, 256, 512, bf16, None, True, False, 0) == "kernel_api"
+        assert lowering.choose("auto", 64, 256, 512, bf16, None, True, False, -1) == "aten"  # not a GPU
+        assert lowering.choose("auto", 2048, 256, 1001, bf16, None, False, False, 0) == "kernel_api"
+        record(2048, 256, 1001, False, None, "torch")
+        assert lowering.choose("auto", 2048, 256, 1001, bf16, None, False, False, 0) == "aten"
+    # another policy: the records are not read
+    assert lowering.choose("auto", 64, 256, 512, bf16, None, True, False, 0) == "aten"
+
+
+# ---- what the graphs hold -----------------------------------------------------------------
+def test_small_m_lowers_to_aten_large_misaligned_m_keeps_the_op_and_dynamic_m_takes_aten():
+    torch.manual_seed(0)
+    layer = Linear(24, 37, device="cpu")  # 37 f32: rows of 148 bytes, misaligned
+    ref = torch.nn.Linear(24, 37)
+    ref.load_state_dict(layer.state_dict())
+    backend = _Recorder()
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        for rows, ops in ((8, "aten"), (lowering.COMPILE_MIN_ROWS, "kernel_api")):
+            torch._dynamo.reset()
+            x = torch.randn(rows, 24)
+            torch._dynamo.mark_static(x, 0)
+            y = compiled(x)
+            targets = backend.targets()
+            if ops == "aten":
+                assert _gemm_nodes(targets) == 0 and _aten_projections(targets) == 1, targets
+            else:
+                assert _gemm_nodes(targets) == 1 and _aten_projections(targets) == 0, targets
+            torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+        torch._dynamo.reset()
+        x = torch.randn(2048, 24)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch.testing.assert_close(compiled(x), ref(x), rtol=1e-5, atol=1e-5)
+        assert _gemm_nodes(backend.targets()) == 0
+
+
+def test_forcing_per_layer_and_per_class_retraces_and_keeps_values():
+    """compile_lowering is read while tracing and guarded: changing it on the instance or on the
+    class retraces, and each graph holds the forced form."""
+    torch.manual_seed(1)
+    layer = Linear(16, 32, activation="gelu")
+    backend = _Recorder()
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    x = torch.randn(4, 3, 16)
+    with torch.no_grad():
+        ref = F.gelu(F.linear(x, layer.weight, layer.bias), approximate="tanh")
+        torch.testing.assert_close(compiled(x), ref)
+        assert _gemm_nodes(backend.targets()) == 0
+        layer.compile_lowering = "kernel_api"
+        torch.testing.assert_close(compiled(x), ref)
+        assert len(backend.graphs) == 2 and _gemm_nodes(backend.targets()) == 1
+        del layer.compile_lowering  # back to the class's "auto": the first graph, or a new one like it
+        compiled(x)
+        assert len(backend.graphs) == 2 or _gemm_nodes(backend.targets()) == 0
+        try:
+            Linear.compile_lowering = "kernel_api"
+            torch.testing.assert_close(compiled(x), ref)
+            assert _gemm_nodes(backend.targets()) == 1
+        finally:
+            Linear.compile_lowering = "auto"
+    with pytest.raises(ValueError, match="compile_lowering"):
+        set_compile_lowering(layer, "cublas")
+
+
+# ---- a transformers GPT-2, decoding ---------------------------------------------------------
+def _tiny_gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1001, n_positions=64,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                     eos_token_id=0)
+    torch.manual_seed(2)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.loss_type = "ForCausalLM"  # (unset, transformers logs a warning in forward: a graph break of its own)
+    return model
+
+
+@pytest.mark.parametrize("forced", ["auto", "kernel_api"])
+def test_gpt2_decode_has_no_graph_breaks_nor_recompiles_in_steady_state(forced):
+    """Decoding with a growing KV cache: Dynamo compiles the first step, once more when the
+    cache length turns dynamic, then nothing; no graph breaks; every projection is patched and
+    the logits equal the unpatched model's."""
+    ref_model = _tiny_gpt2()
+    model = patch(copy.deepcopy(ref_model))
+    set_compile_lowering(model, forced)
+    backend = _Recorder()
+    compiled = torch.compile(model, backend=backend)
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 1001, (2, 8), generator=g)
+    with torch.no_grad():
+        cache = ref_model(input_ids=prompt, use_cache=True).past_key_values
+        ref_cache = copy.deepcopy(cache)
+        frames = []
+        for step in range(6):
+            ids = torch.randint(0, 1001, (2, 1), generator=g)
+            logits = compiled(input_ids=ids, past_key_values=cache, use_cache=True).logits
+            ref = ref_model(input_ids=ids, past_key_values=ref_cache, use_cache=True).logits
+            torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+            frames.append(len(backend.graphs))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert frames[2:] == [frames[1]] * 4 and frames[1] <= 2, frames  # steady after the dynamic retrace
+    gemms = _gemm_nodes(backend.targets())
+    if forced == "kernel_api":
+        assert gemms == 2 * 4 + 1  # every projection, the lm_head too
+    else:
+        assert gemms == 0 and _aten_projections(backend.targets()) == 2 * 4 + 1
+
+
+def test_gpt2_prefill_and_training_step_match_the_unpatched_model():
+    """A prefill at static shapes and one training step (forward, loss, backward) through the
+    compiled patched model equal the unpatched model's, forced to kernel_api's op and by the rule."""
+    ref_model = _tiny_gpt2()
+    ids = torch.randint(0, 1001, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref_logits = ref_model(input_ids=ids).logits
+    ref_model.train()
+    ref_loss = ref_model(input_ids=ids, labels=ids).loss
+    ref_loss.backward()
+    ref_grads = {n: p.grad for n, p in ref_model.named_parameters()}
+    for forced in ("auto", "kernel_api"):
+        model = patch(copy.deepcopy(ref_model).eval())
+        model.zero_grad(set_to_none=True)
+        set_compile_lowering(model, forced)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=_Recorder())
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(input_ids=ids).logits, ref_logits, rtol=1e-4, atol=1e-4)
+        model.train()
+        loss = compiled(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-4)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+        assert not counters["graph_break"], dict(counters["graph_break"])
