@@ -17,15 +17,18 @@ namespace ka_glu {
 typedef unsigned short u16;
 typedef long long i64;
 
+// PRECISE: the activations use expf / tanhf (f32 outputs keep their precision); 16-bit
+// outputs, whose rounding is 2^-9 or 2^-12, use the ex2.approx forms.
 struct F32 {
   typedef float raw;
+  enum { PRECISE = 1 };
   static __device__ __forceinline__ float load(float v) { return v; }
   static __device__ __forceinline__ float store(float v) { return v; }
-  // two floats as two raw values packed into 32 bits (16-bit types only)
 };
 
 struct BF16 {
   typedef u16 raw;
+  enum { PRECISE = 0 };
   static __device__ __forceinline__ float load(u16 v) { return __uint_as_float(((unsigned)v) << 16); }
   static __device__ __forceinline__ u16 store(float v) {
     u16 r;
@@ -45,6 +48,7 @@ struct BF16 {
 
 struct F16 {
   typedef u16 raw;
+  enum { PRECISE = 0 };
   static __device__ __forceinline__ float load(u16 v) {
     float r;
     asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(v));
@@ -121,45 +125,50 @@ __device__ __forceinline__ void store(typename T::raw* p, const float (&f)[VEC])
 // ---------------------------------------------------------------- activations
 enum { SILU = 0, GELU_TANH = 1, GELU_ERF = 2 };
 
-// 1 / (1 + exp(-x)): ex2.approx through __expf (relative error about 2^-22 for the x of
-// interest), an IEEE division; exp overflowing to inf gives 0, as the limit.
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+// 1 / (1 + exp(-x)); exp overflowing to inf gives 0, the limit. Fast: ex2.approx through
+// __expf (relative error about 2^-21 for |x| < 16).
+template <bool PRECISE>
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + (PRECISE ? expf(-x) : __expf(-x))); }
 
-// tanh(x) = 1 - 2 / (exp(2x) + 1): absolute error about 1e-7, saturating to +-1 without NaN.
-__device__ __forceinline__ float tanh_exp(float x) { return 1.f - 2.f / (__expf(2.f * x) + 1.f); }
+// tanh; fast: 1 - 2 / (exp(2x) + 1), absolute error about 1e-7, saturating to +-1 without NaN.
+template <bool PRECISE>
+__device__ __forceinline__ float tanh_(float x) {
+  if constexpr (PRECISE) return tanhf(x);
+  return 1.f - 2.f / (__expf(2.f * x) + 1.f);
+}
 
 #define KA_GELU_K 0.7978845608028654f   // sqrt(2 / pi)
 #define KA_GELU_C 0.044715f
 #define KA_INV_SQRT2 0.7071067811865476f
 #define KA_INV_SQRT_2PI 0.3989422804014327f
 
-template <int ACT>
+template <int ACT, bool P>
 __device__ __forceinline__ float activation(float g) {
   if constexpr (ACT == SILU) {
-    return g * sigmoid(g);
+    return g * sigmoid<P>(g);
   } else if constexpr (ACT == GELU_TANH) {
-    return 0.5f * g * (1.f + tanh_exp(KA_GELU_K * (g + KA_GELU_C * g * g * g)));
+    return 0.5f * g * (1.f + tanh_<P>(KA_GELU_K * (g + KA_GELU_C * g * g * g)));
   } else {
     return 0.5f * g * (1.f + erff(g * KA_INV_SQRT2));
   }
 }
 
 // act(g) and act'(g)
-template <int ACT>
+template <int ACT, bool P>
 __device__ __forceinline__ void activation_grad(float g, float& a, float& da) {
   if constexpr (ACT == SILU) {
-    const float s = sigmoid(g);
+    const float s = sigmoid<P>(g);
     a = g * s;
     da = s * (1.f + g * (1.f - s));
   } else if constexpr (ACT == GELU_TANH) {
     const float g2 = g * g;
-    const float t = tanh_exp(KA_GELU_K * (g + KA_GELU_C * g2 * g));
+    const float t = tanh_<P>(KA_GELU_K * (g + KA_GELU_C * g2 * g));
     a = 0.5f * g * (1.f + t);
     da = 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * KA_GELU_K * (1.f + 3.f * KA_GELU_C * g2);
   } else {
     const float e = 0.5f * (1.f + erff(g * KA_INV_SQRT2));
     a = g * e;
-    da = e + g * KA_INV_SQRT_2PI * __expf(-0.5f * g * g);
+    da = e + g * KA_INV_SQRT_2PI * (P ? expf(-0.5f * g * g) : __expf(-0.5f * g * g));
   }
 }
 
@@ -193,14 +202,14 @@ __global__ void __launch_bounds__(256) glu_fwd(const typename T::raw* __restrict
           unpack<T, VEC>(ag[k], g);
           unpack<T, VEC>(au[k], u);
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) g[e] = activation<ACT>(g[e]) * u[e];
+          for (int e = 0; e < VEC; ++e) g[e] = activation<ACT, (bool)T::PRECISE>(g[e]) * u[e];
           store<T, VEC>(orow + c * VEC, g);
         }
       }
     }
     if (VEC > 1 && blockIdx.x == 0 && (int)threadIdx.x < tail) {
       const i64 c = nvec * VEC + threadIdx.x;
-      orow[c] = T::store(activation<ACT>(T::load(gr[c])) * T::load(ur[c]));
+      orow[c] = T::store(activation<ACT, (bool)T::PRECISE>(T::load(gr[c])) * T::load(ur[c]));
     }
   }
 }
@@ -242,7 +251,7 @@ __global__ void __launch_bounds__(256) glu_bwd(const typename T::raw* __restrict
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             float a, da;
-            activation_grad<ACT>(g[e], a, da);
+            activation_grad<ACT, (bool)T::PRECISE>(g[e], a, da);
             g[e] = y[e] * u[e] * da;
             u[e] = y[e] * a;
           }
@@ -255,7 +264,7 @@ __global__ void __launch_bounds__(256) glu_bwd(const typename T::raw* __restrict
       const i64 c = nvec * VEC + threadIdx.x;
       float a, da;
       const float y = T::load(yr[c]);
-      activation_grad<ACT>(T::load(gr[c]), a, da);
+      activation_grad<ACT, (bool)T::PRECISE>(T::load(gr[c]), a, da);
       dgr[c] = T::store(y * T::load(ur[c]) * da);
       dur[c] = T::store(y * a);
     }
