@@ -139,6 +139,8 @@ class _NormBase(CudaSourceKernel):
     # ---- support --------------------------------------------------------------------------
     def _supports(self, args: Any) -> Status:
         name = self.metadata.kernel_name
+        if args.device.type == "cpu":  # (meta tensors plan and compile like CUDA ones)
+            return Status.fail(f"{name}: operand x is on the CPU; the kernel runs on CUDA tensors")
         if self.vec > 1:
             # the operands the metadata does not name must take the same vectors
             for op, attrs in args.tensor_attributes.items():
