@@ -114,7 +114,8 @@ t1 = time.perf_counter()
 c = compile_cuda(CudaSoftmaxForward.get_source(), cc=90, name_expressions=[sys.argv[1]],
                  source_name="softmax.cu")
 t2 = time.perf_counter()
-print(json.dumps({"hit": c.cache_hit, "compile_s": t2 - t1}))
+print(json.dumps({"hit": c.cache_hit, "compile_s": t2 - t1,
+                  "nvrtc_loaded": "cuda.bindings.nvrtc" in sys.modules or "cuda.core" in sys.modules}))
 """
 
 
@@ -132,6 +133,9 @@ def test_second_process_is_a_cache_hit(tmp_path):
         assert out.returncode == 0, out.stderr
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert runs[0]["hit"] is False and runs[1]["hit"] is True
+    if any(compiler._installed_nvrtc_wheel()):
+        # the hit is keyed by the NVRTC wheel's version: neither NVRTC nor cuda.core is loaded
+        assert runs[1]["nvrtc_loaded"] is False
     print(f"\nsoftmax cubin: cold compile {runs[0]['compile_s'] * 1e3:.1f} ms, "
           f"cache hit in a new process {runs[1]['compile_s'] * 1e3:.2f} ms")
     assert runs[1]["compile_s"] < runs[0]["compile_s"]
@@ -140,3 +144,18 @@ def test_second_process_is_a_cache_hit(tmp_path):
 def test_toolchain_version_is_known():
     major, minor = compiler.nvrtc_version()
     assert major >= 12
+
+
+def test_the_cache_key_names_the_nvrtc_wheel_and_follows_its_version(monkeypatch):
+    wheel = compiler._installed_nvrtc_wheel()
+    compiler._toolchain_versions.cache_clear()
+    try:
+        if wheel:
+            assert compiler._toolchain_versions() == ("nvrtc-wheel", *wheel)
+            # the wheel's version matches the library NVRTC reports (major.minor)
+            assert tuple(int(p) for p in wheel[1].split(".")[:2]) == compiler.nvrtc_version()
+        monkeypatch.setattr(compiler, "_installed_nvrtc_wheel", lambda: ())
+        compiler._toolchain_versions.cache_clear()
+        assert compiler._toolchain_versions() == ("nvrtc", compiler.nvrtc_version())
+    finally:
+        compiler._toolchain_versions.cache_clear()

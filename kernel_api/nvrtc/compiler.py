@@ -108,10 +108,31 @@ def default_include_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+#: NVRTC's pip distributions, newest naming first: cuda-bindings loads the library of an
+#: installed NVIDIA wheel before any system toolkit's (cuda.pathfinder's search order).
+_NVRTC_DISTRIBUTIONS = ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13", "nvidia-cuda-nvrtc-cu12")
+
+
+def _installed_nvrtc_wheel() -> tuple[str, str] | tuple[()]:
+    """(distribution, version) of the installed NVRTC wheel, or () when there is none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in _NVRTC_DISTRIBUTIONS:
+        try:
+            return (dist, version(dist))
+        except PackageNotFoundError:
+            continue
+    return ()
+
+
+@functools.lru_cache(maxsize=1)
 def _toolchain_versions() -> tuple:
-    # The cubin depends on NVRTC alone (cuda.core only drives it); importing cuda.core here
-    # would add tens of milliseconds to every cache hit.
-    return ("nvrtc", nvrtc_version())
+    """What identifies the NVRTC that compiles: the installed NVRTC wheel's version, read from
+    its metadata, or else the loaded library's own version. The cubin depends on NVRTC alone
+    (cuda.core only drives it), and a cache hit then loads neither cuda.core nor NVRTC (importing
+    and loading them costs 50-150 ms, most of a warm first call)."""
+    wheel = _installed_nvrtc_wheel()
+    return ("nvrtc-wheel", *wheel) if wheel else ("nvrtc", nvrtc_version())
 
 
 def compile_cuda(source: str, *, cc: Any, name_expressions: Iterable[str], include_dirs: Iterable[str] = (),
