@@ -665,12 +665,16 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
     points' ``call``: the launch table, or the torch provider's recorded call)."""
     if not _is_dynamo_compiling() and dim == -1:
         if _op_call is not None:
-            done = _op_call(_SOFTMAX_TAG, stream, out, x)
-            if done is not None:
-                return done
-            if (out is None and stream is None and type(x) is _Tensor and x.requires_grad and x.is_cuda
-                    and _grad_enabled() and not _dispatch_modes() and torch_softmax_serves_autograd(x)):
-                return torch.softmax(x, -1)  # (small, under autograd: see AUTOGRAD_NATIVE_MAX_ELEMENTS)
+            # Under autograd the replay declines: test that first, so a differentiable call
+            # pays for no replay attempt on its way to torch's softmax or the Python path.
+            if type(x) is _Tensor and x.requires_grad and _grad_enabled():
+                if (out is None and stream is None and x.is_cuda and not _dispatch_modes()
+                        and torch_softmax_serves_autograd(x)):
+                    return torch.softmax(x, -1)  # (small, under autograd: see AUTOGRAD_NATIVE_MAX_ELEMENTS)
+            else:
+                done = _op_call(_SOFTMAX_TAG, stream, out, x)
+                if done is not None:
+                    return done
         elif _table_launch is not None and not _dispatch_modes():
             try:
                 if not (x.requires_grad and _grad_enabled()):
