@@ -1,0 +1,80 @@
+"""Attention for transformers models through `ops.attention`, as an attention implementation.
+
+transformers' attention layers call the function registered in its ``AttentionInterface``
+under the config's ``attn_implementation``, with q, k and v as (batch, heads, seqlen,
+head_dim) and the mask that the function registered under the same name in
+``AttentionMaskInterface`` built. `register` adds both under `NAME`:
+
+- `mask` returns None for plain causal attention with nothing masked (no padding,
+  no packed sequences, no sliding window, an empty cache), under ``torch.compile`` too (where
+  transformers' SDPA mask always materialises the mask); otherwise it returns what transformers'
+  SDPA mask function returns, None where SDPA's ``is_causal`` says the same.
+- `attention` runs ``ops.attention`` when the mask is None, with SDPA's reading of it
+  (causal when more than one query; keys past the queries cut off, as SDPA does for an empty
+  static cache), and transformers' SDPA function for any mask, dropout, attention bias, soft
+  cap or sink it is handed.
+
+`kernel_api.nn.patch` sets the attention layers' configs to `NAME` and `unpatch` sets them back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import ops
+from .mixin import ops_take
+
+#: The attention implementation's name in transformers' interfaces.
+NAME = "kernel_api"
+# Keyword arguments of the attention interface that change the math: handed to SDPA.
+_SDPA_ONLY = ("position_bias", "softcap", "s_aux", "sinks")
+# transformers' functions used here, filled by `register` (no transformers import at import time).
+_transformers: dict[str, Any] = {}
+
+
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-interface function: ``(output (batch, seqlen, heads, head_dim),
+    None)`` from q (batch, heads, seqlen_q, head_dim) and k, v (batch, kv_heads, seqlen_k,
+    head_dim)."""
+    if (attention_mask is not None or dropout != 0.0 or any(kwargs.get(name) is not None for name in _SDPA_ONLY)
+            or not ops_take(query, key, value)):
+        sdpa = _transformers["sdpa_attention_forward"]
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                    **kwargs)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = q_len > 1 and causal
+    if causal and kv_len > q_len:  # an empty static cache's prefill: SDPA's top-left mask, keys cut
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
+                        scale=scaling)
+    return out, None
+
+
+def mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
+                   mask_function: Any = None, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+    """transformers' mask-interface function (its ``sdpa_mask``'s arguments): None for plain
+    causal attention over an empty cache with nothing masked, else ``sdpa_mask``'s answer."""
+    causal_mask_function = _transformers["causal_mask_function"]
+    function = causal_mask_function if mask_function is None else mask_function
+    if (attention_mask is None and function is causal_mask_function and type(q_offset) is int and q_offset == 0
+            and type(kv_offset) is int and kv_offset == 0 and kv_length == q_length):
+        return None
+    sdpa_mask = _transformers["sdpa_mask"]
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, mask_function=function, attention_mask=attention_mask, **kwargs)
+
+
+def register() -> None:
+    """Register `attention` and `mask` with transformers under `NAME` (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
+    _transformers.update(sdpa_attention_forward=sdpa_attention_forward, causal_mask_function=causal_mask_function,
+                         sdpa_mask=sdpa_mask)
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, mask)

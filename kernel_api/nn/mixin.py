@@ -1,0 +1,50 @@
+"""`adopt`: the same module, with a kernel_api forward in front of its class.
+
+A patched layer is an object of a class made from a kernel_api mixin and the layer's own class
+(``KernelApiLlamaRMSNorm(RMSNorm, LlamaRMSNorm)``), holding the original's Parameter, buffer
+and child objects: ``isinstance``, ``state_dict`` and ``extra_repr`` stay the original's, and
+the mixin's forward reaches the original one through ``super().forward``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ops import dispatch as _dispatch
+
+_classes: dict[tuple[type, type], type] = {}
+
+
+def adopted_class(mixin: type, cls: type) -> type:
+    """``cls`` with ``mixin`` in front, made once per pair."""
+    found = _classes.get((mixin, cls))
+    if found is None:
+        found = _classes[(mixin, cls)] = type(f"KernelApi{cls.__name__}", (mixin, cls), {
+            "__module__": mixin.__module__,
+            "__doc__": f"{cls.__module__}.{cls.__qualname__} with {mixin.__qualname__}'s forward "
+                       f"(kernel_api.nn.patch)."})
+    return found
+
+
+def adopt(mixin: type, module: torch.nn.Module) -> Any:
+    """An object of ``adopted_class(mixin, type(module))`` with ``module``'s state: the same
+    Parameter, buffer and child objects and hooks, in dictionaries of its own (so that swapping
+    a child of one does not reach the other)."""
+    cls = adopted_class(mixin, type(module))
+    new = cls.__new__(cls)
+    new.__dict__.update({key: value.copy() if isinstance(value, dict) else value
+                         for key, value in module.__dict__.items()})
+    return new
+
+
+def ops_take(*tensors: torch.Tensor) -> bool:
+    """Whether kernel_api's ops launch on these tensors: all on one device type the front door
+    launches on (`ops.dispatch.LAUNCH_DEVICE_TYPES`) or on the meta device, in one dtype. The
+    patched layers run their original forward on anything else (a CPU model, mixed dtypes)."""
+    first = tensors[0]
+    kind, dtype = first.device.type, first.dtype
+    if kind != "meta" and kind not in _dispatch.LAUNCH_DEVICE_TYPES:
+        return False
+    return all(t.device.type == kind and t.dtype == dtype for t in tensors[1:])

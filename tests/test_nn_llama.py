@@ -1,0 +1,280 @@
+"""kernel_api.nn.patch on transformers' Llama family (Llama, Mistral, Qwen2, Qwen3) on the CPU:
+which layers are replaced (on the meta device), the state_dict and Parameters kept, unpatch
+restoring the same objects and settings, the warning naming layers left alone, and, with the
+front door launching on the CPU through the torch provider (the tests add "cpu" to
+`dispatch.LAUNCH_DEVICE_TYPES`), logits, losses and gradients of the patched model against
+eager's in f32. tests/test_nn_llama_gpu.py runs the model in bf16 on a GPU."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import ops
+from kernel_api.nn import Linear, patch, patched_modules, unpatch
+from kernel_api.nn.loss import causal_lm_loss
+from kernel_api.nn.mlp import SwiGLUMLP
+from kernel_api.nn.norm import RMSNorm
+from kernel_api.ops import dispatch
+
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+}
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+def small_model(family: str, device: str = "cpu", seed: int = 0, **overrides) -> torch.nn.Module:
+    """A 2-layer model of ``family`` with GQA (4 query heads, 2 key/value heads), random weights."""
+    config_name, model_name = FAMILIES[family]
+    sizes = dict(vocab_size=97, hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, attention_dropout=0.0)
+    if family == "qwen3":
+        sizes["head_dim"] = 16
+    sizes.update(overrides)
+    config = getattr(transformers, config_name)(**sizes)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = getattr(transformers, model_name)(config)
+    return model
+
+
+def modeling_module(model: torch.nn.Module):
+    return sys.modules[type(model.model.layers[0].self_attn).__module__]
+
+
+@pytest.fixture
+def cpu_ops(monkeypatch):
+    """The front door launching on CPU tensors, with the torch provider's kernels only."""
+    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+    ops.clear_dispatch_cache()
+    with kernel_api.settings(providers="torch"):
+        yield
+    monkeypatch.undo()
+    ops.clear_dispatch_cache()
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """Counts the calls of the ops the patched layers use (names -> calls so far)."""
+    counts: dict[str, int] = {}
+    for name in ("rms_norm", "swiglu", "attention", "rope", "cross_entropy", "linear_cross_entropy", "gemm"):
+        original = getattr(ops, name, None)
+        if original is None:
+            continue
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(ops, name, counted)
+    return counts
+
+
+def _quiet_patch(model, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the family has no layer kernel_api leaves alone
+        return patch(model, **kwargs)
+
+
+# ---- structure, on the meta device -------------------------------------------------------------
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_patch_on_meta_replaces_the_known_layers_and_unpatch_restores_them(family):
+    model = small_model(family, device="meta")
+    keys = list(model.state_dict())
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    original_rope = getattr(modeling_module(model), "apply_rotary_pos_emb")
+    assert _quiet_patch(model) is model
+    assert list(model.state_dict()) == keys
+    assert all(p is params[name] for name, p in model.named_parameters())
+    kinds = {name: type(m) for name, m in patched_modules(model)}
+    for i in range(2):
+        layer = model.model.layers[i]
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            assert isinstance(getattr(layer, norm), RMSNorm)
+            assert isinstance(getattr(layer, norm), type(modules[f"model.layers.{i}.{norm}"]))
+        assert isinstance(layer.mlp, SwiGLUMLP) and type(layer.mlp).__name__.startswith("KernelApi")
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            assert type(getattr(layer.mlp, proj)) is Linear
+            assert getattr(modules[f"model.layers.{i}.mlp"], proj) is modules[f"model.layers.{i}.mlp.{proj}"]
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            assert type(getattr(layer.self_attn, proj)) is Linear
+        if family == "qwen3":
+            assert isinstance(layer.self_attn.q_norm, RMSNorm) and isinstance(layer.self_attn.k_norm, RMSNorm)
+    assert isinstance(model.model.norm, RMSNorm) and type(model.lm_head) is Linear
+    assert "model.layers.1.mlp.down_proj" in kinds
+    assert model.config._attn_implementation == "kernel_api"
+    assert getattr(modeling_module(model), "apply_rotary_pos_emb") is not original_rope
+    if hasattr(ops, "cross_entropy"):
+        assert model.loss_function is causal_lm_loss
+    if hasattr(ops, "linear_cross_entropy"):
+        assert "forward" in vars(model)
+
+    assert unpatch(model) is model
+    assert all(m is modules[name] for name, m in model.named_modules())
+    assert set(dict(model.named_modules())) == set(modules)
+    assert not patched_modules(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert getattr(modeling_module(model), "apply_rotary_pos_emb") is original_rope
+    assert "forward" not in vars(model) and "_loss_function" not in vars(model)
+    assert list(model.state_dict()) == keys
+
+
+def test_kinds_pick_the_replacers_and_include_the_modules():
+    model = small_model("llama", device="meta")
+    with pytest.raises(ValueError, match=r"kinds: unknown \['norm'\]"):
+        patch(model, kinds={"norm"})
+    with pytest.raises(TypeError, match="kinds"):
+        patch(model, kinds="rms_norm")
+    _quiet_patch(model, kinds={"rms_norm"})
+    assert {type(m).__name__ for _, m in patched_modules(model)} == {"KernelApiLlamaRMSNorm"}
+    assert model.config._attn_implementation == "sdpa" and "forward" not in vars(model)
+    unpatch(model)
+    _quiet_patch(model, include=lambda name: name.startswith("model.layers.0."))
+    names = {name for name, _ in patched_modules(model)}
+    assert "model.layers.0.mlp" in names and "model.layers.0.mlp.up_proj" in names
+    assert not any(name.startswith("model.layers.1") for name in names) and "lm_head" not in names
+    assert "forward" not in vars(model)  # the root ("") was not included: no loss
+    unpatch(model)
+    assert not patched_modules(model)
+
+
+def test_warning_names_the_layers_left_alone():
+    model = small_model("llama", device="meta")
+    model.model.extra_norm = torch.nn.LayerNorm(64, device="meta")
+    model.model.layers[1].gate = torch.nn.Module()
+    model.model.layers[1].gate.scale = torch.nn.Parameter(torch.ones(3, device="meta"))
+    with pytest.warns(UserWarning, match=r"left alone.*LayerNorm \(1: model\.extra_norm\).*Module \(1: "
+                                         r"model\.layers\.1\.gate\)"):
+        patch(model)
+    unpatch(model)
+
+
+def test_rope_function_is_held_while_a_patched_model_uses_it():
+    a, b = small_model("llama", device="meta"), small_model("llama", device="meta")
+    module = modeling_module(a)
+    original = module.apply_rotary_pos_emb
+    _quiet_patch(a)
+    replaced = module.apply_rotary_pos_emb
+    _quiet_patch(b)
+    assert module.apply_rotary_pos_emb is replaced and replaced.kernel_api_original is original
+    unpatch(a)
+    assert module.apply_rotary_pos_emb is replaced
+    unpatch(b)
+    assert module.apply_rotary_pos_emb is original
+
+
+def test_patching_twice_unpatches_in_one_step():
+    model = small_model("qwen2", device="meta")
+    modules = dict(model.named_modules())
+    _quiet_patch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        patch(model)
+    unpatch(model)
+    assert all(m is modules[name] for name, m in model.named_modules())
+    assert model.config._attn_implementation == "sdpa"
+
+
+# ---- numbers, on the CPU in f32 ------------------------------------------------------------------
+
+def _ids(batch=2, seq=11, vocab=97, seed=1):
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_logits_and_losses_match_eager(cpu_ops, op_calls, family):
+    model = small_model(family).eval()
+    ids = _ids()
+    with torch.no_grad():
+        ref = model(input_ids=ids, labels=ids)
+    _quiet_patch(model)
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=ids)
+    torch.testing.assert_close(out.logits, ref.logits, **TOL)
+    torch.testing.assert_close(out.loss, ref.loss, **TOL)
+    layers, norms_per_layer = 2, 4 if family == "qwen3" else 2
+    assert op_calls["rms_norm"] == layers * norms_per_layer + 1
+    assert op_calls["swiglu"] == layers and op_calls["attention"] == layers and op_calls["rope"] == layers
+    assert op_calls.get("cross_entropy", 0) == (1 if "cross_entropy" in dir(ops) else 0)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_training_loss_and_gradients_match_eager(cpu_ops, op_calls, family):
+    eager = small_model(family).train()
+    model = small_model(family).train()
+    ids = _ids(seed=2)
+    ref = eager(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    _quiet_patch(model)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, ref.loss, **TOL)
+    if hasattr(ops, "linear_cross_entropy"):
+        assert out.logits is None and op_calls["linear_cross_entropy"] == 1
+    grads = dict(eager.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_ignore_index_and_num_items_in_batch_reach_the_loss(cpu_ops):
+    model = small_model("llama").train()
+    ids = _ids(seed=3)
+    labels = ids.clone()
+    labels[0, :5] = -100
+    ref = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(9)).loss
+    _quiet_patch(model)
+    out = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(9)).loss
+    torch.testing.assert_close(out, ref, **TOL)
+    if not hasattr(ops, "cross_entropy"):
+        return
+    model.eval()
+    torch.testing.assert_close(model(input_ids=ids, labels=labels).loss, causal_lm_loss(
+        model(input_ids=ids).logits, labels, 97), **TOL)
+
+
+def test_padding_mask_runs_sdpa_and_matches_eager(cpu_ops, op_calls):
+    model = small_model("mistral").eval()
+    ids = _ids(seq=9, seed=4)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+        _quiet_patch(model)
+        out = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(out[0], ref[0], **TOL)
+    torch.testing.assert_close(out[1, 3:], ref[1, 3:], **TOL)
+    assert op_calls.get("attention", 0) == 0  # a padding mask goes to SDPA
+
+
+def test_generate_with_a_kv_cache_matches_eager(cpu_ops, op_calls):
+    model = small_model("qwen2").eval()
+    ids = _ids(batch=2, seq=6, seed=5)
+    kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+    ref = model.generate(ids, **kwargs)
+    _quiet_patch(model)
+    out = model.generate(ids, **kwargs)
+    assert torch.equal(out, ref)
+    assert op_calls["attention"] >= 2 * 5  # the prompt and each decoding step, through ops.attention
+
+
+def test_a_model_on_a_device_ops_do_not_take_runs_its_own_forward(op_calls):
+    model = small_model("llama").eval()
+    ids = _ids(seed=6)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    _quiet_patch(model, kinds={"rms_norm", "mlp", "attention", "rope", "loss"})
+    with torch.no_grad():
+        out = model(input_ids=ids).logits
+    torch.testing.assert_close(out, ref, **TOL)
+    assert not any(op_calls.get(name) for name in ("rms_norm", "swiglu", "rope"))
