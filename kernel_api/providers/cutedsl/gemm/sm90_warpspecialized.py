@@ -188,6 +188,9 @@ TF32X3_CONFIGS: tuple[Sm90Config, ...] = (
 )
 
 _AB_TYPES = (DataType.bf16, DataType.f16)
+#: f16-accumulating instances (accumulator_type=torch.float16, f16 operands): the large
+#: cooperative tile, the 128x128 and 64x128 ping-pong ones; no stream-K (its partial tiles are f32).
+F16_ACC_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5])
 
 
 #: The split share of a stream-K launch costs this much more per tile-equivalent than whole
@@ -397,6 +400,15 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
                         kernel = Sm90WarpSpecializedGemm._make(ab, out_type, stride_A, stride_B, stride_out, cfg)
                         if metadata_filter is None or metadata_filter(kernel.metadata):
                             kernels.append(kernel)
+        # f16 accumulation: f16 operands, any 16-bit or f32 output; only for callers asking for
+        # accumulator_type=f16 (the metadata's accumulator type is matched exactly)
+        for out_type in (DataType.f16, DataType.bf16, DataType.f32):
+            for stride_A, stride_B, stride_out in LAYOUT_COMBOS:
+                for cfg in F16_ACC_CONFIGS:
+                    kernel = Sm90WarpSpecializedGemm._make(DataType.f16, out_type, stride_A, stride_B, stride_out,
+                                                           cfg, acc=DataType.f16)
+                    if metadata_filter is None or metadata_filter(kernel.metadata):
+                        kernels.append(kernel)
         f32 = DataType.f32
         for math, configs in ((DataType.tf32, TF32_CONFIGS), (DataType.tf32x3, TF32X3_CONFIGS)):
             for stride_A, stride_B, stride_out in LAYOUT_COMBOS:
@@ -410,17 +422,18 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
 
     @staticmethod
     def _make(ab: DataType, out_type: DataType, stride_A: tuple, stride_B: tuple, stride_out: tuple,
-              cfg: Sm90Config, math: DataType | None = None) -> "Sm90WarpSpecializedGemm":
-        """One instance; ``math`` is tf32 or tf32x3 for f32 operands (None: the operand type)."""
+              cfg: Sm90Config, math: DataType | None = None, acc: DataType = DataType.f32) -> "Sm90WarpSpecializedGemm":
+        """One instance; ``math`` is tf32 or tf32x3 for f32 operands (None: the operand type);
+        ``acc`` the accumulator type (f16 for f16 operands only)."""
         ab_stages, epi_stages, _ = plan_stages(cfg, ab, out_type)
         # 3xTF32 reads A and B with plain loads in its pre-pass: any alignment
         ab_div = 1 if math is DataType.tf32x3 else tma_divisibility(ab)
         out_div = tma_divisibility(out_type)
         operands = GemmOperandsMetadata(
             TensorAttributes(ab, stride_A, ab_div), TensorAttributes(ab, stride_B, ab_div),
-            TensorAttributes(out_type, stride_out, out_div), accumulator_type=DataType.f32, math_type=math)
+            TensorAttributes(out_type, stride_out, out_div), accumulator_type=acc, math_type=math)
         kt = k_tile(ab)
-        name = (f"Sm90WarpSpecializedGemm_{ab}{ab}_{out_type}_{f'{math}_' if math else ''}f32acc_"
+        name = (f"Sm90WarpSpecializedGemm_{ab}{ab}_{out_type}_{f'{math}_' if math else ''}{acc}acc_"
                 f"{strides_to_layout_string(stride_A, stride_B, stride_out)}_{cfg.tag_for(kt)}"
                 f"_stages{ab_stages}x{epi_stages}_align{ab_div}x{ab_div}x{out_div}")
         design = BLASDesignMetadata(tile_shape=(*cfg.tile_mn, kt), cluster_shape=(*cfg.cluster_mn, 1),
@@ -507,7 +520,8 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
                                            spec, cfg.epi_n,
                                            cfg.stream_k, cfg.sk_any_wave_max_k_tiles,
                                            k_tile=k_tile(self.metadata.operands.A.dtype), split3=self._split3,
-                                           promote_every=cfg.promote_every, split_all=cfg.split_all)
+                                           promote_every=cfg.promote_every, split_all=cfg.split_all,
+                                           acc_f16=self.metadata.operands.accumulator_type is DataType.f16)
 
     def _extra_compile_args(self, args: GemmArguments) -> tuple:
         """Cluster count, stream-K workspace (bytes; None without stream-K), launch counter."""

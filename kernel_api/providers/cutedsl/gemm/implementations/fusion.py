@@ -39,12 +39,16 @@ class FusionPlan:
     `OperandKey` of each parameter and extra output). Compile-time only."""
 
     def __init__(self, key: tuple) -> None:
+        self.key = key
         (self.nodes, self.outputs), self.operands = key
         self.n_params = sum(1 for kind, _, _ in self.nodes if kind == "input")
         self.aux = [index for name, index in self.outputs if name != "D"]
         self.d_index = next(index for name, index in self.outputs if name == "D")
         self.literal_base = self.n_params + len(self.aux)
         self.literals = sum(1 for kind, _, _ in self.nodes if kind == "literal")
+
+    def __repr__(self) -> str:  # (stable: part of the compiled artifact's key)
+        return f"FusionPlan({self.key!r})"
 
 
 def _unary(op: str, x):

@@ -128,7 +128,8 @@ class Sm90WarpSpecializedGemmImpl:
     def __init__(self, tile_mn: tuple[int, int], cluster_mn: tuple[int, int], schedule: str, swizzle: int,
                  raster_along_m: bool, ab_stages: int, epi_stages: int, epilogue, epi_n: int = 32,
                  stream_k: bool = False, sk_any_wave_max_k_tiles: int = 0, k_tile: int = 64,
-                 split3: bool = False, promote_every: int = 0, split_all: bool = False) -> None:
+                 split3: bool = False, promote_every: int = 0, split_all: bool = False,
+                 acc_f16: bool = False) -> None:
         if schedule not in ("cooperative", "pingpong"):
             raise ValueError(f"schedule must be 'cooperative' or 'pingpong', got {schedule!r}")
         self.tile_m, self.tile_n = tile_mn
@@ -156,7 +157,11 @@ class Sm90WarpSpecializedGemmImpl:
         self.bias = epilogue.bias
         self.activation = epilogue.activation
         self.fusion = None  # (an epilogue function: `Sm90FusedEpilogueGemmImpl`)
-        self.acc_dtype = Float32
+        # f16 accumulation (f16 operands; asked for by the caller): the wgmma accumulates in f16,
+        # the epilogue computes in f32 from it
+        self.acc_dtype = cutlass.Float16 if acc_f16 else Float32
+        if acc_f16 and (self.stream_k or self.promote_every or self.split3):
+            raise ValueError("f16 accumulation takes neither stream-K, promotion nor 3xTF32 (f32 partial sums)")
         if self.pingpong:
             # one warpgroup owns a whole tile: a 64 x N wgmma atom repeated over M
             self.atom_layout = (1, 1, 1)
@@ -606,7 +611,7 @@ class Sm90WarpSpecializedGemmImpl:
             k_blocks = cute.size(tCrA, mode=[2])
 
             # epilogue partitions: accumulator fragment -> (stmatrix) -> swizzled smem subtile
-            r2s_atom = sm90_utils.get_smem_store_op(self.d_layout, self.d_dtype, self.acc_dtype)
+            r2s_atom = sm90_utils.get_smem_store_op(self.d_layout, self.d_dtype, Float32)
             # the stmatrix atom only shapes the thread-value layout; its type is irrelevant
             shape_atom = cute.make_copy_atom(
                 cute.nvgpu.warp.StMatrix8x8x16bOp(self.d_layout.is_m_major_c(), 4), cutlass.Float16)
@@ -615,7 +620,7 @@ class Sm90WarpSpecializedGemmImpl:
             tRS_sD = thr_r2s.partition_D(sD)                               # (R2S, R2S_M, R2S_N, slot)
             tRS_acc = tiled_r2s.retile(acc_sum)
             rD_shape = cute.shape(thr_r2s.partition_S(sD))[:3]
-            tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
+            tRS_rD = cute.make_rmem_tensor(rD_shape, Float32)  # the epilogue's math is f32
             tRS_rOut = cute.make_rmem_tensor(rD_shape, self.d_dtype)
             rD_size = cute.size(tRS_rD)
             # coordinates (m, n) inside a subtile of each *source* register value (with stmatrix the
@@ -774,7 +779,10 @@ class Sm90WarpSpecializedGemmImpl:
                     col0 = tile_n * self.tile_n
                     for sub in cutlass.range_constexpr(sub_count):
                         for v in cutlass.range_constexpr(rD_size):
-                            tRS_rD[v] = tRS_acc[sub * rD_size + v]
+                            if const_expr(self.acc_dtype == Float32):
+                                tRS_rD[v] = tRS_acc[sub * rD_size + v]
+                            else:
+                                tRS_rD[v] = tRS_acc[sub * rD_size + v].to(Float32)
                         if const_expr(self.fusion is not None):
                             sub_row = row0 + (sub // sub_n) * epi_m
                             sub_col = col0 + (sub % sub_n) * epi_n
