@@ -26,6 +26,7 @@ from .attention import attention  # noqa: E402  (registers torch.ops.kernel_api.
 from .norms import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  # noqa: E402  (kernel_api::*_norm*)
 from .swiglu import geglu, gated_activation, gated_activation_backward, swiglu  # noqa: E402  (kernel_api::gated_*)
 from .rope import rope, rope_backward  # noqa: E402  (kernel_api::rope, rope_backward)
+from . import epilogue_gemm  # noqa: E402,F401  (registers kernel_api::gemm_epilogue)
 
 __all__ = ["Operation", "attention", "call", "chosen_kernels", "clear_dispatch_cache", "define_operation", "defined_operations",
            "gemm", "gemm_arguments", "like_input", "softmax", "softmax_backward"]

@@ -462,14 +462,31 @@ def _traced_call(op: Any, stream: Any, out: torch.Tensor | None, *inputs: Any) -
 
 def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, alpha: float = 1.0,
          beta: float = 0.0, C: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-         activation: str | None = None, accumulator_type: Any = None, stream: Any = None) -> torch.Tensor:
+         activation: str | None = None, accumulator_type: Any = None, stream: Any = None, epilogue: Any = None,
+         **operands: Any) -> torch.Tensor:
     """``out = activation(alpha * A @ B + beta * C + bias)`` with the kernel the policy picks.
 
     ``out`` defaults to a new tensor of A's dtype, shape (..., M, N). Differentiable in A, B,
     C and bias (an activation too); traceable by ``torch.compile`` (``kernel_api::gemm``).
     A repeated plain ``gemm(A, B, out=out)`` whose operands have the dtypes, shapes, strides,
     alignment and devices of an earlier call is launched from the C launch table.
+
+    ``epilogue``: an epilogue function (or its source string, or a function-form
+    `EpilogueArguments`) fused into the GEMM, its operands given by name in ``operands``
+    (``alpha``, ``beta``, ``C`` and ``bias`` bind to its parameters of those names):
+    `kernel_api.ops.epilogue_gemm`.
     """
+    # ---- epilogue functions (ops/epilogue_gemm.py): the only branch they add to this path
+    if epilogue is not None:
+        from .epilogue_gemm import gemm_with_epilogue
+
+        if activation is not None:
+            raise TypeError("gemm: activation= is the named epilogue's; write it into the epilogue function")
+        return gemm_with_epilogue(A, B, out, epilogue, operands, accumulator_type, stream,
+                                  dict(alpha=alpha, beta=beta, C=C, bias=bias))
+    if operands:
+        raise TypeError(f"gemm: unexpected keyword {next(iter(operands))!r} (operands by name need epilogue=)")
+    # ----
     # (_is_dynamo_compiling first: Dynamo folds it to True and reads nothing else here, so no guards)
     if not _is_dynamo_compiling():
         if _gemm_plain is not None:
