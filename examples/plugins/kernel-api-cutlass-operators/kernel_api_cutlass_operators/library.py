@@ -1,12 +1,14 @@
 """The library this plugin wraps and the releases it was written against.
 
-`check` runs at import: a missing library raises ImportError (kernel_api reports it in
-``plugin_errors()`` and skips the plugin), and so does a release outside `SUPPORTED`, since the
+`check` runs at import, before anything is registered: a missing or broken library raises
+ImportError (kernel_api reports it in ``plugin_errors()`` and skips the plugin), and so does a
+release outside `SUPPORTED`, since the
 package is at 0.x: its operator classes and metadata may change in any minor release.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import re
 
@@ -14,6 +16,8 @@ import re
 PLUGIN_VERSION = "0.1.0"
 #: The distribution wrapped.
 DISTRIBUTION = "nvidia-cutlass-operators"
+#: The library's modules the kernels use, imported by `check`
+MODULES = ("cutlass.operators",)
 #: The releases it works with: at least the first, below the second (release numbers only).
 SUPPORTED = ("0.3.0", "0.4")
 
@@ -39,10 +43,12 @@ def release(version: str) -> tuple[int, ...]:
 
 
 def check() -> str:
-    """The installed version of `DISTRIBUTION`, once it is known to be in `SUPPORTED`.
+    """The installed version of `DISTRIBUTION`, once it is known to be in `SUPPORTED` and its
+    `MODULES` import.
 
     Returns:
-        The version string; ImportError saying what is installed and what is needed otherwise.
+        The version string; ImportError saying what is installed and what is needed otherwise
+        (or the library's own ImportError).
     """
     low, high = SUPPORTED
     try:
@@ -51,4 +57,6 @@ def check() -> str:
         raise ImportError(f"kernel-api-cutlass-operators needs {DISTRIBUTION}>={low},<{high}, which is not installed") from None
     if not release(low) <= release(found) < release(high):
         raise ImportError(f"kernel-api-cutlass-operators {PLUGIN_VERSION} wraps {DISTRIBUTION}>={low},<{high}; {found} is installed")
+    for module in MODULES:
+        importlib.import_module(module)
     return found

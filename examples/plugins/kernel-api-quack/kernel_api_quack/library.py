@@ -1,12 +1,14 @@
 """The library this plugin wraps and the releases it was written against.
 
-`check` runs at import: a missing library raises ImportError (kernel_api reports it in
-``plugin_errors()`` and skips the plugin), and so does a release outside `SUPPORTED`, since the
+`check` runs at import, before anything is registered: a missing or broken library raises
+ImportError (kernel_api reports it in ``plugin_errors()`` and skips the plugin), and so does a
+release outside `SUPPORTED`, since the
 compile functions the kernels call are the library's internal ones and may change in any release.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import re
 
@@ -14,6 +16,8 @@ import re
 PLUGIN_VERSION = "0.1.0"
 #: The distribution wrapped.
 DISTRIBUTION = "quack-kernels"
+#: The library's modules the kernels use, imported by `check`
+MODULES = ("quack.softmax", "quack.rmsnorm", "quack.gemm_interface")
 #: The releases it works with: at least the first, below the second (release numbers only).
 SUPPORTED = ("0.6.5", "0.7")
 
@@ -39,10 +43,12 @@ def release(version: str) -> tuple[int, ...]:
 
 
 def check() -> str:
-    """The installed version of `DISTRIBUTION`, once it is known to be in `SUPPORTED`.
+    """The installed version of `DISTRIBUTION`, once it is known to be in `SUPPORTED` and its
+    `MODULES` import.
 
     Returns:
-        The version string; ImportError saying what is installed and what is needed otherwise.
+        The version string; ImportError saying what is installed and what is needed otherwise
+        (or the library's own ImportError).
     """
     low, high = SUPPORTED
     try:
@@ -51,4 +57,6 @@ def check() -> str:
         raise ImportError(f"kernel-api-quack needs {DISTRIBUTION}>={low},<{high}, which is not installed") from None
     if not release(low) <= release(found) < release(high):
         raise ImportError(f"kernel-api-quack {PLUGIN_VERSION} wraps {DISTRIBUTION}>={low},<{high}; {found} is installed")
+    for module in MODULES:
+        importlib.import_module(module)
     return found
