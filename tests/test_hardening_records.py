@@ -237,3 +237,21 @@ def test_a_deeply_nested_records_file_is_one_line(tmp_path, capsys):
     (tmp_path / "r.json").write_text("[" * 200_000 + "]" * 200_000)
     assert main(["records", "import", str(tmp_path / "r.json")]) == 2
     assert "nested too deeply to read" in _one_line_error(capsys)
+
+
+def test_unwritable_databases_are_told_by_sqlite_error_code_not_message():
+    """SQLITE_READONLY and SQLITE_CANTOPEN send the records to memory whatever the message says;
+    a busy database is not one of them."""
+    import sqlite3
+
+    from kernel_api.tuning import records as records_module
+
+    def error(code: int, message: str) -> sqlite3.OperationalError:
+        exc = sqlite3.OperationalError(message)
+        exc.sqlite_errorcode = code
+        return exc
+
+    assert records_module._is_unwritable(error(8, "attempt to write a readonly database"))
+    assert records_module._is_unwritable(error(8 | (1 << 8), "extended readonly code, other words"))
+    assert records_module._is_unwritable(error(14, "cannot open"))
+    assert not records_module._is_unwritable(error(5, "database is locked (readonly mentioned)"))

@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS {_TABLE} (
 _COLUMNS = "device, cc, operation, shape, kernel_name, median_ms, runners_up, toolchain, created, toolchain_key"
 _CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT ("disk image is malformed"), SQLITE_NOTADB
 _BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
+_UNWRITABLE_CODES = (8, 14)  # SQLITE_READONLY, SQLITE_CANTOPEN ("unable to open database file")
 ENV_TIMEOUT = "KERNEL_API_RECORDS_TIMEOUT"
 DEFAULT_TIMEOUT_S = 30.0
 _T = TypeVar("_T")
@@ -116,6 +117,16 @@ def _is_corrupt(exc: sqlite3.Error) -> bool:
         return code & 0xFF in _CORRUPT_CODES
     text = str(exc)  # Python 3.10 does not expose the error code
     return "malformed" in text or "not a database" in text
+
+
+def _is_unwritable(exc: sqlite3.Error) -> bool:
+    """Whether SQLite could not open or write the database file (a read-only file or folder, a
+    missing or unreadable path): the records then live in memory."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _UNWRITABLE_CODES
+    text = str(exc)  # Python 3.10 does not expose the error code
+    return "readonly" in text or "unable to open" in text
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -200,8 +211,7 @@ class TuningRecords:
         except sqlite3.DatabaseError as exc:
             if _is_corrupt(exc):
                 return self._recreate(exc)
-            if isinstance(exc, sqlite3.OperationalError) and "unable to open" not in str(exc) \
-                    and "readonly" not in str(exc):
+            if isinstance(exc, sqlite3.OperationalError) and not _is_unwritable(exc):
                 raise
             return self._fallback(exc)
         except OSError as exc:
@@ -246,7 +256,7 @@ class TuningRecords:
             conn.close()
             if _is_corrupt(exc):
                 return self._recreate(exc)
-            if "readonly" in str(exc) or "unable to open" in str(exc):
+            if _is_unwritable(exc):
                 return self._fallback(exc)
             raise
         return conn
