@@ -12,6 +12,7 @@ GEMM epilogue, ``gemm`` `GemmArguments` (and the summaries `kernel_api.native` r
 from .activations import GatedActivationArguments, GatedActivationBackwardArguments
 from .attention import AttentionArguments
 from .base import Arguments, byte_extent
+from .cross_entropy import CrossEntropyArguments, CrossEntropyBackwardArguments, LinearCrossEntropyArguments
 from .epilogue import EpilogueArguments, EpilogueSignature
 from .gemm import GemmArguments
 from .rope import RopeArguments, RopeBackwardArguments
@@ -22,3 +23,4 @@ __all__ = ["Arguments", "AttentionArguments", "EpilogueArguments", "EpilogueSign
            "SoftmaxArguments", "SoftmaxBackwardArguments", "byte_extent"]
 __all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]
 __all__ += ["GatedActivationArguments", "GatedActivationBackwardArguments", "RopeArguments", "RopeBackwardArguments"]
+__all__ += ["CrossEntropyArguments", "CrossEntropyBackwardArguments", "LinearCrossEntropyArguments"]

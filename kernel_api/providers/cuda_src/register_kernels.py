@@ -11,3 +11,4 @@ from .kernels import softmax_window  # noqa: F401,E402  (registers CudaSoftmaxWi
 from .kernels import norm  # noqa: F401,E402  (registers CudaRMSNorm, CudaLayerNorm and their backwards)
 from .kernels import swiglu  # noqa: F401,E402  (registers CudaGatedActivation / CudaGatedActivationBackward)
 from .kernels import rope  # noqa: F401,E402  (registers CudaRope / CudaRopeBackward)
+from .kernels import cross_entropy  # noqa: F401,E402  (registers CudaCrossEntropy, its backward and CudaLinearCrossEntropy)

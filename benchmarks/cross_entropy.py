@@ -1,0 +1,212 @@
+"""Fused linear cross-entropy and cross-entropy, forward+backward: kernel_api against torch eager,
+torch.compile and Liger, in one process.
+
+    python3 benchmarks/cross_entropy.py [--shapes 8192x4096x128256,16384x2048x32000] [--chunks 512,2048]
+                                        [--repeat 10] [--no-compile] [--no-rows]
+
+Per shape (tokens x hidden -> vocabulary, bf16, random weights, 1 % of targets ignored) and
+contestant, one training step's loss: forward, ``backward()``, the gradients of the hidden states
+and the weight made fresh (``.grad = None`` before each step):
+
+- ``ours``: ``kernel_api.ops.linear_cross_entropy(h, w, t)``; ``ours_c<N>``: the same with
+  ``N`` tokens per chunk (``--chunks``; `cross_entropy_math.CHUNK_TOKENS`);
+- ``eager``: ``F.cross_entropy(F.linear(h, w), t)``; ``compile``: ``torch.compile`` of it;
+- ``liger``: ``LigerFusedLinearCrossEntropyLoss()(w, h, t)`` (when liger_kernel imports).
+
+Time: the median of ``--repeat`` steps, contestants in shuffled turns (benchmarks/house_timing.py
+``time_group``: CUDA events around each step). Memory: the peak of ``torch.cuda.max_memory_allocated``
+during one step minus what was allocated before it (the inputs), so the gradients the step leaves
+count. Printed: ms, GB, and each anchor's time and memory over ours (above 1: ours is faster or
+smaller). Also (unless ``--no-rows``) the per-row loss alone on (tokens x vocabulary) bf16 logits:
+``ops.cross_entropy`` against ``F.cross_entropy``, its compile and Liger's cross-entropy, with
+the bandwidth of ours (the logits read twice and the gradient written once).
+JSON: benchmarks/results/cross_entropy-<device>.json (and a copy in ``$OUT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import results_io  # noqa: E402
+from house_timing import time_group  # noqa: E402
+
+from kernel_api import ops  # noqa: E402
+from kernel_api.arguments import cross_entropy_math  # noqa: E402
+
+#: The issue's anchors (H200, torch 2.11, Liger 0.8.5): ms and GB of extra peak memory.
+ANCHORS = {"8192x4096x128256": {"eager": (47.8, 12.6), "compile": (39.2, 3.2), "liger": (54.2, 1.18)},
+           "16384x2048x32000": {"eager": (14.7, 6.3), "compile": (10.7, 1.25), "liger": (11.7, 0.26)}}
+
+
+def _liger():
+    try:
+        from liger_kernel.transformers import LigerCrossEntropyLoss, LigerFusedLinearCrossEntropyLoss
+    except Exception as exc:  # noqa: BLE001 - the benchmark runs without Liger
+        print(f"liger_kernel unavailable: {exc}")
+        return None, None
+    return LigerFusedLinearCrossEntropyLoss(), LigerCrossEntropyLoss()
+
+
+def _with_chunk(tokens, fn):
+    def run(*args):
+        saved = cross_entropy_math.CHUNK_TOKENS
+        cross_entropy_math.CHUNK_TOKENS = tokens
+        try:
+            return fn(*args)
+        finally:
+            cross_entropy_math.CHUNK_TOKENS = saved
+    return run
+
+
+def _step(loss_fn, leaves):
+    def step(_i=0):
+        for v in leaves:
+            v.grad = None
+        loss_fn().backward()
+    return step
+
+
+def peak_extra_gb(step, leaves) -> float:
+    """GB allocated at the peak of one step beyond what was allocated before it."""
+    for v in leaves:
+        v.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    for v in leaves:
+        v.grad = None
+    return peak / 1e9
+
+
+def linear_case(tokens, hidden, vocab, args, liger) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16, generator=g) / hidden ** 0.5).requires_grad_()
+    t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+    t[torch.rand(tokens, device="cuda", generator=g) < 0.01] = -100
+    leaves = (h, w)
+
+    def eager():
+        return F.cross_entropy(F.linear(h, w), t)
+
+    compiled = torch.compile(eager)
+    losses = {"ours": lambda: ops.linear_cross_entropy(h, w, t), "eager": eager}
+    for c in args.chunks:
+        losses[f"ours_c{c}"] = _with_chunk(c, lambda: ops.linear_cross_entropy(h, w, t))
+    if not args.no_compile:
+        losses["compile"] = compiled
+    if liger is not None:
+        losses["liger"] = lambda: liger(w, h, t)
+    steps = {name: _step(fn, leaves) for name, fn in losses.items()}
+    values, grads = {}, {}
+    for name, fn in losses.items():  # warm-up (compiles), and the values compared
+        for v in leaves:
+            v.grad = None
+        loss = fn()
+        loss.backward()
+        values[name] = float(loss)
+        grads[name] = (h.grad.float(), w.grad.float())
+    ref_h, ref_w = grads["eager"]
+    check = {name: {"loss_diff": abs(values[name] - values["eager"]),
+                    "grad_h_rel": float((gh - ref_h).norm() / ref_h.norm()),
+                    "grad_w_rel": float((gw - ref_w).norm() / ref_w.norm())} for name, (gh, gw) in grads.items()}
+    del grads, ref_h, ref_w
+    for v in leaves:
+        v.grad = None
+    memory = {name: peak_extra_gb(step, leaves) for name, step in steps.items()}
+    times, behind = time_group(steps, args.repeat)
+    return {"times_ms": times, "host_behind": behind, "extra_peak_gb": memory, "check": check}
+
+
+def rows_case(tokens, vocab, args, liger_ce) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = (torch.randn(tokens, vocab, device="cuda", generator=g) * 2).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+    leaves = (x,)
+
+    def eager():
+        return F.cross_entropy(x, t)
+
+    losses = {"ours": lambda: ops.cross_entropy(x, t), "eager": eager}
+    if not args.no_compile:
+        losses["compile"] = torch.compile(eager)
+    if liger_ce is not None:
+        losses["liger"] = lambda: liger_ce(x, t)
+    steps = {name: _step(fn, leaves) for name, fn in losses.items()}
+    values = {}
+    for name, fn in losses.items():
+        x.grad = None
+        loss = fn()
+        loss.backward()
+        values[name] = float(loss)
+    memory = {name: peak_extra_gb(step, leaves) for name, step in steps.items()}
+    times, behind = time_group(steps, args.repeat)
+    moved = 3 * tokens * vocab * 2
+    return {"times_ms": times, "host_behind": behind, "extra_peak_gb": memory,
+            "loss": values, "ours_tb_s": moved / (times["ours"] * 1e-3) / 1e12}
+
+
+def _report(label, case, lines) -> None:
+    times, memory = case["times_ms"], case["extra_peak_gb"]
+    ours_t, ours_m = times["ours"], memory["ours"]
+    lines.append(f"{label}:")
+    for name in times:
+        ratio = "" if name == "ours" else f"   time x{times[name] / ours_t:.2f}, memory x{memory[name] / ours_m:.2f} vs ours"
+        lines.append(f"  {name:>10}: {times[name]:8.2f} ms  {memory[name]:6.2f} GB{ratio}")
+    anchors = ANCHORS.get(label)
+    if anchors:
+        for name, (ms, gb) in anchors.items():
+            lines.append(f"  issue's {name:>8}: {ms:8.2f} ms  {gb:6.2f} GB   time x{ms / ours_t:.2f}, "
+                         f"memory x{gb / ours_m:.2f} vs ours")
+    for name, c in case.get("check", {}).items():
+        lines.append(f"  check {name}: |loss - eager| {c['loss_diff']:.2e}, grad_h rel {c['grad_h_rel']:.2e}, "
+                     f"grad_w rel {c['grad_w_rel']:.2e}")
+    if "ours_tb_s" in case:
+        lines.append(f"  ours moves {case['ours_tb_s']:.2f} TB/s (logits read twice, gradient written once)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="8192x4096x128256,16384x2048x32000", help="TOKENSxHIDDENxVOCAB,...")
+    ap.add_argument("--chunks", default="", help="also time ours at these tokens per chunk (comma-separated)")
+    ap.add_argument("--repeat", type=int, default=10, help="timed steps per contestant")
+    ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    ap.add_argument("--no-rows", action="store_true", help="leave the per-row cross-entropy out")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file name")
+    args = ap.parse_args()
+    args.chunks = [int(c) for c in args.chunks.split(",") if c]
+    liger, liger_ce = _liger()
+    doc = results_io.result_doc(chunk_tokens=cross_entropy_math.CHUNK_TOKENS, linear={}, rows={})
+    lines = []
+    for shape in args.shapes.split(","):
+        tokens, hidden, vocab = (int(v) for v in shape.split("x"))
+        case = linear_case(tokens, hidden, vocab, args, liger)
+        doc["linear"][shape] = case
+        _report(shape, case, lines)
+        print("\n".join(lines[-20:]), flush=True)
+        if not args.no_rows:
+            rows = rows_case(tokens, vocab, args, liger_ce)
+            doc["rows"][f"{tokens}x{vocab}"] = rows
+            _report(f"cross_entropy {tokens}x{vocab}", rows, lines)
+        gc.collect()
+        torch.cuda.empty_cache()
+    print("\n".join(lines))
+    print(results_io.write_result_with_text(results_io.result_name("cross_entropy", torch.cuda.get_device_name(),
+                                                                   args.tag), doc, lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,455 @@
+"""Arguments of cross-entropy over class indices, and of its fusion with the linear layer that
+makes the logits.
+
+`CrossEntropyArguments` gives each row of ``logits`` (the last dimension is the vocabulary) its
+loss and log-sum-exp, against a class index per row in ``target``::
+
+    lse[r]  = log(sum_j exp(x[r, j]))
+    loss[r] = (1 - s) * (lse[r] - x[r, t]) + s * (lse[r] - mean_j x[r, j]) + z * lse[r]**2
+
+with ``s`` the label smoothing (torch's definition) and ``z`` the z-loss weight; a row whose
+target is ``ignore_index`` has loss 0 (and lse 0). Given ``grad_logits`` and ``grad_loss`` it
+also writes the gradient of ``sum_r grad_loss[r] * loss[r]``:
+
+    grad[r, j] = grad_loss[r] * (p[r, j] * (1 + 2 z lse[r]) - s / V - (1 - s) * [j == t])
+
+(``p = softmax(x)``; zero on ignored rows). ``grad_logits`` may be ``logits`` itself: the
+gradient then replaces the logits in place, which is how the fused linear cross-entropy keeps
+one (chunk x vocabulary) buffer. `CrossEntropyBackwardArguments` writes the same gradient from a
+saved ``lse``, without recomputing it.
+
+`LinearCrossEntropyArguments` is the loss of ``logits = hidden @ weight.T (+ bias)`` without the
+(tokens x vocabulary) logits: kernels run over chunks of tokens, and with gradients requested
+they compute them in the same pass (``grad_hidden``, ``grad_weight``, ``grad_bias`` of
+``sum_r grad_loss[r] * loss[r]``), so no backward pass recomputes the logits.
+
+``grad_loss`` is one float per row of the loss's dtype, or one float broadcast to every row
+(an ``expand``ed scalar, stride 0): a mean's ``1 / count`` needs no per-row tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..core.dtypes import DataType
+from ..core.tensor_attributes import TensorAttributes
+from .base import (_attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor, _shares_memory,
+                   Arguments, data_pointer)
+
+_ROW2 = (0, 1)
+_UNIT = (1,)
+_FLOATS = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
+_INDEX = (DataType.i64, DataType.i32)
+
+
+def row_stride(t: torch.Tensor, cols: int) -> int:
+    """The element stride between consecutive rows of ``t`` seen as (rows, cols)."""
+    if t.is_contiguous() or t.dim() < 2:
+        return cols
+    return t.reshape(-1, cols).stride(0) if t.numel() else cols
+
+
+def _matrix(t: Any, name: str) -> tuple[TensorAttributes, int, int]:
+    """(attributes, rows, cols) of a floating operand seen as rows over its last dimension."""
+    _require_tensor(t, name)
+    dt = _element_type(t, name)
+    if dt not in _FLOATS:
+        raise TypeError(f"operand {name}: dtype {t.dtype} is not a floating type (f16, bf16, f32 or f64)")
+    if t.is_neg():
+        raise _lazy_bit_error(t, name)
+    if t.dim() == 0:
+        raise ValueError(f"operand {name}: needs at least one dimension (the classes), got a scalar")
+    cols = t.shape[-1]
+    rows = t.numel() // cols if cols else math.prod(t.shape[:-1])
+    if cols > 1 and t.stride(-1) != 1:
+        raise ValueError(f"operand {name}: the last dimension must have stride 1, got strides {tuple(t.stride())}")
+    try:  # rows evenly spaced: kernels walk them with one row stride
+        ld = t.view(rows, cols).stride(0) if rows > 1 and cols else cols
+    except RuntimeError:
+        raise ValueError(f"operand {name}: rows of shape {tuple(t.shape)} with strides {tuple(t.stride())} are not "
+                         f"evenly spaced; call .contiguous()") from None
+    div = _divisibility(data_pointer(t), t.element_size(), (cols, ld) if rows > 1 else (max(cols, 1),))
+    return _attributes(dt, _ROW2, div), rows, cols
+
+
+def _per_row(t: Any, name: str, shape: tuple, types: tuple, what: str, broadcast: bool = False) -> TensorAttributes:
+    """Attributes of an operand holding one value per row: ``shape``, one element stride (1;
+    or 0 where ``broadcast``), a dtype among ``types``."""
+    _require_tensor(t, name)
+    dt = _element_type(t, name)
+    if dt not in types:
+        raise TypeError(f"operand {name}: dtype {t.dtype} but {what}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"operand {name}: shape {tuple(t.shape)} must be {tuple(shape)}, one value per row of the "
+                         f"logits")
+    if t.numel() > 1:
+        try:
+            step = t.view(-1).stride(0)
+        except RuntimeError:
+            step = -1
+        if step != 1 and not (broadcast and step == 0):
+            allowed = "dense or a broadcast scalar (stride 0)" if broadcast else "dense (contiguous)"
+            raise ValueError(f"operand {name}: strides {tuple(t.stride())} but it must be {allowed}")
+    return _attributes(dt, _UNIT, _divisibility(data_pointer(t), t.element_size(), (max(t.numel(), 1),)))
+
+
+def _device(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"operand {name}: on {t.device} but {ref_name} is on {ref.device}")
+
+
+def _scalars(ignore_index: Any, label_smoothing: Any, z_loss: Any) -> tuple[int, float, float]:
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index: expected an int, got {ignore_index!r}")
+    for name, v in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name}: expected a finite float, got {v!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing: expected a float in [0, 1], got {label_smoothing!r}")
+    if z_loss < 0:
+        raise ValueError(f"z_loss: expected a float >= 0, got {z_loss!r}")
+    return int(ignore_index), float(label_smoothing), float(z_loss)
+
+
+def loss_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype of the per-row loss, lse and grad_loss for logits (or hidden states) ``t``:
+    float64 for float64, else float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _loss_types(t: torch.Tensor) -> tuple:
+    return (DataType.f64,) if t.dtype == torch.float64 else (DataType.f32,)
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements (in-place operation)."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)
+
+
+def _check_disjoint(args: Arguments, outputs: tuple[str, ...], in_place: tuple[tuple[str, str], ...] = ()) -> None:
+    """No output shares memory with another operand, except the pairs ``in_place`` when they are
+    the very same view."""
+    tensors = {n: t for n, t in args.tensors().items() if t is not None}
+    for i, name in enumerate(outputs):
+        out = tensors.get(name)
+        if out is None:
+            continue
+        for other, t in tensors.items():
+            if other == name or (other in outputs and outputs.index(other) < i):
+                continue
+            if (name, other) in in_place and _same_view(out, t):
+                continue
+            if _shares_memory(out, t):
+                raise ValueError(f"operand {name}: overlaps {other} in memory; give {name} its own memory")
+
+
+class CrossEntropyArguments(Arguments):
+    """Per-row cross-entropy loss and log-sum-exp; with ``grad_logits``, also its gradient.
+
+    Args:
+        logits: rows over the last dimension (the classes), any leading dimensions; f16, bf16,
+            f32 or f64; the last dimension of stride 1, rows evenly spaced.
+        target: class indices, ``logits.shape[:-1]``, int64 or int32, dense.
+        loss, lse: receive the per-row loss and log-sum-exp: ``logits.shape[:-1]``, dense,
+            float32 (float64 for f64 logits).
+        grad_logits: optional, logits' shape and dtype, rows evenly spaced: receives the
+            gradient of ``sum(grad_loss * loss)``; may be ``logits`` itself (in place).
+        grad_loss: with ``grad_logits``: the weight of each row's loss (loss's dtype and shape,
+            or a broadcast scalar).
+        ignore_index: rows whose target equals it have loss 0 and gradient 0.
+        label_smoothing: in [0, 1], as torch's ``cross_entropy``.
+        z_loss: weight of ``lse**2`` added to each row's loss (>= 0).
+    """
+
+    __slots__ = ("logits", "target", "loss", "lse", "grad_logits", "grad_loss", "ignore_index", "label_smoothing",
+                 "z_loss", "rows", "cols")
+    output_names = ("loss", "lse")
+    kind = "cross_entropy"
+    _with_grad: type | None = None
+
+    def __new__(cls, *args: Any, grad_logits: Any = None, **kwargs: Any) -> "CrossEntropyArguments":
+        if grad_logits is not None and cls._with_grad is not None:
+            cls = cls._with_grad
+        return object.__new__(cls)
+
+    def __init__(self, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor, *,
+                 grad_logits: torch.Tensor | None = None, grad_loss: torch.Tensor | None = None,
+                 ignore_index: int = -100, label_smoothing: float = 0.0, z_loss: float = 0.0) -> None:
+        xa, self.rows, self.cols = _matrix(logits, "logits")
+        if self.cols == 0:
+            raise ValueError(f"operand logits: shape {tuple(logits.shape)} has no classes (last dimension 0)")
+        rows_shape = tuple(logits.shape[:-1])
+        attrs = {"logits": xa}
+        attrs["target"] = _per_row(target, "target", rows_shape, _INDEX, "class indices are int64 or int32")
+        _device(target, "target", logits, "logits")
+        floats = _loss_types(logits)
+        what = f"it must be {floats[0]} for {logits.dtype} logits"
+        for name, t in (("loss", loss), ("lse", lse)):
+            attrs[name] = _per_row(t, name, rows_shape, floats, what)
+            _device(t, name, logits, "logits")
+        if (grad_logits is None) != (grad_loss is None):
+            given, missing = ("grad_logits", "grad_loss") if grad_loss is None else ("grad_loss", "grad_logits")
+            raise ValueError(f"operand {missing}: required with {given} (the gradient takes both)")
+        if grad_logits is not None:
+            ga, _, _ = _matrix(grad_logits, "grad_logits")
+            if grad_logits.shape != logits.shape:
+                raise ValueError(f"operand grad_logits: shape {tuple(grad_logits.shape)} must equal logits' "
+                                 f"{tuple(logits.shape)}")
+            if grad_logits.dtype != logits.dtype:
+                raise TypeError(f"operand grad_logits: dtype {grad_logits.dtype} must equal logits' {logits.dtype}")
+            _device(grad_logits, "grad_logits", logits, "logits")
+            attrs["grad_logits"] = ga
+            attrs["grad_loss"] = _per_row(grad_loss, "grad_loss", rows_shape, floats, what, broadcast=True)
+            _device(grad_loss, "grad_loss", logits, "logits")
+        self.logits, self.target, self.loss, self.lse = logits, target, loss, lse
+        self.grad_logits, self.grad_loss = grad_logits, grad_loss
+        self.ignore_index, self.label_smoothing, self.z_loss = _scalars(ignore_index, label_smoothing, z_loss)
+        self.device = logits.device
+        self.device_index = logits.get_device()
+        self._verdicts = self._binding = None
+        self.tensor_attributes = attrs
+        self.signature = (self.kind, *[(n, a.key()) for n, a in attrs.items()], self.device_index)
+
+    def problem_key(self) -> tuple:
+        """The signature with the rows and classes."""
+        return (type(self), self.signature, self.rows, self.cols)
+
+    def check_memory(self) -> None:
+        """Raise ValueError when an output overlaps another operand (``grad_logits`` may be
+        ``logits`` exactly)."""
+        _check_disjoint(self, type(self).output_names, (("grad_logits", "logits"),))
+
+    def __repr__(self) -> str:
+        grad = ", grad_logits" if self.grad_logits is not None else ""
+        return (f"CrossEntropyArguments(rows={self.rows}, cols={self.cols}, "
+                f"logits={self.tensor_attributes['logits'].dtype}, target={self.tensor_attributes['target'].dtype}, "
+                f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing:g}, "
+                f"z_loss={self.z_loss:g}{grad}, device={self.device})")
+
+
+class _CrossEntropyGradArguments(CrossEntropyArguments):
+    """`CrossEntropyArguments` with the gradient: outputs loss, lse and grad_logits."""
+
+    __slots__ = ()
+    output_names = ("loss", "lse", "grad_logits")
+
+
+CrossEntropyArguments._with_grad = _CrossEntropyGradArguments
+
+
+class CrossEntropyBackwardArguments(Arguments):
+    """The gradient of `CrossEntropyArguments`' loss with respect to the logits, from the
+    forward's saved ``lse``.
+
+    Args:
+        grad_loss: the weight of each row's loss: ``logits.shape[:-1]``, float32 (float64 for
+            f64 logits), dense or a broadcast scalar.
+        logits, target, lse: as the forward had them (lse: its output).
+        grad_logits: receives the gradient, logits' shape and dtype; may be ``logits`` itself.
+        ignore_index, label_smoothing, z_loss: the forward's.
+    """
+
+    __slots__ = ("grad_loss", "logits", "target", "lse", "grad_logits", "ignore_index", "label_smoothing", "z_loss",
+                 "rows", "cols")
+    output_names = ("grad_logits",)
+    kind = "cross_entropy_bwd"
+
+    def __init__(self, grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                 grad_logits: torch.Tensor, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+                 z_loss: float = 0.0) -> None:
+        xa, self.rows, self.cols = _matrix(logits, "logits")
+        if self.cols == 0:
+            raise ValueError(f"operand logits: shape {tuple(logits.shape)} has no classes (last dimension 0)")
+        rows_shape = tuple(logits.shape[:-1])
+        floats = _loss_types(logits)
+        what = f"it must be {floats[0]} for {logits.dtype} logits"
+        attrs = {"grad_loss": _per_row(grad_loss, "grad_loss", rows_shape, floats, what, broadcast=True),
+                 "logits": xa,
+                 "target": _per_row(target, "target", rows_shape, _INDEX, "class indices are int64 or int32"),
+                 "lse": _per_row(lse, "lse", rows_shape, floats, what)}
+        for name, t in (("grad_loss", grad_loss), ("target", target), ("lse", lse)):
+            _device(t, name, logits, "logits")
+        attrs["grad_logits"], _, _ = _matrix(grad_logits, "grad_logits")
+        if grad_logits.shape != logits.shape:
+            raise ValueError(f"operand grad_logits: shape {tuple(grad_logits.shape)} must equal logits' "
+                             f"{tuple(logits.shape)}")
+        if grad_logits.dtype != logits.dtype:
+            raise TypeError(f"operand grad_logits: dtype {grad_logits.dtype} must equal logits' {logits.dtype}")
+        _device(grad_logits, "grad_logits", logits, "logits")
+        self.grad_loss, self.logits, self.target, self.lse, self.grad_logits = grad_loss, logits, target, lse, grad_logits
+        self.ignore_index, self.label_smoothing, self.z_loss = _scalars(ignore_index, label_smoothing, z_loss)
+        self.device = logits.device
+        self.device_index = logits.get_device()
+        self._verdicts = self._binding = None
+        self.tensor_attributes = attrs
+        self.signature = (self.kind, *[(n, a.key()) for n, a in attrs.items()], self.device_index)
+
+    def problem_key(self) -> tuple:
+        """The signature with the rows and classes."""
+        return (type(self), self.signature, self.rows, self.cols)
+
+    def check_memory(self) -> None:
+        """Raise ValueError when grad_logits overlaps another operand (it may be ``logits`` exactly)."""
+        _check_disjoint(self, self.output_names, (("grad_logits", "logits"),))
+
+    def __repr__(self) -> str:
+        return (f"CrossEntropyBackwardArguments(rows={self.rows}, cols={self.cols}, "
+                f"logits={self.tensor_attributes['logits'].dtype}, ignore_index={self.ignore_index}, "
+                f"label_smoothing={self.label_smoothing:g}, z_loss={self.z_loss:g}, device={self.device})")
+
+
+class LinearCrossEntropyArguments(Arguments):
+    """Cross-entropy of ``logits = hidden @ weight.T (+ bias)`` per token, without the logits;
+    with the gradient outputs, also the gradients of ``sum(grad_loss * loss)``.
+
+    Args:
+        hidden: (tokens, hidden size), f16, bf16 or f32 (f64 on the torch provider), row-major
+            with the last dimension of stride 1.
+        weight: (vocabulary, hidden size), hidden's dtype, row-major.
+        target: (tokens,), int64 or int32, dense.
+        loss: receives the per-token loss: (tokens,), float32 (float64 for f64), dense.
+        bias: optional, (vocabulary,), hidden's dtype, dense.
+        grad_hidden, grad_weight: optional (both or neither), hidden's and weight's shape and
+            dtype, dense; grad_bias with a bias (bias's shape and dtype).
+        grad_loss: with the gradients: each token's loss weight (loss's dtype, or a broadcast
+            scalar).
+        ignore_index, label_smoothing, z_loss: as for `CrossEntropyArguments`.
+    """
+
+    __slots__ = ("hidden", "weight", "target", "loss", "bias", "grad_hidden", "grad_weight", "grad_bias", "grad_loss",
+                 "ignore_index", "label_smoothing", "z_loss", "rows", "cols", "vocab")
+    output_names = ("loss",)
+    kind = "linear_cross_entropy"
+    _with_grad: type | None = None
+    _with_grad_bias: type | None = None
+
+    def __new__(cls, *args: Any, grad_hidden: Any = None, bias: Any = None, **kwargs: Any) -> "LinearCrossEntropyArguments":
+        if grad_hidden is not None and cls._with_grad is not None:
+            cls = cls._with_grad_bias if bias is not None else cls._with_grad
+        return object.__new__(cls)
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, *,
+                 bias: torch.Tensor | None = None, grad_hidden: torch.Tensor | None = None,
+                 grad_weight: torch.Tensor | None = None, grad_bias: torch.Tensor | None = None,
+                 grad_loss: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0,
+                 z_loss: float = 0.0) -> None:
+        ha, self.rows, self.cols = _dense_matrix(hidden, "hidden")
+        wa, self.vocab, wcols = _dense_matrix(weight, "weight")
+        if wcols != self.cols:
+            raise ValueError(f"operand weight: shape {tuple(weight.shape)} must be (vocabulary, {self.cols}), the "
+                             f"hidden size of hidden {tuple(hidden.shape)}")
+        if self.vocab == 0:
+            raise ValueError(f"operand weight: shape {tuple(weight.shape)} has no classes (vocabulary 0)")
+        if weight.dtype != hidden.dtype:
+            raise TypeError(f"operand weight: dtype {weight.dtype} must equal hidden's {hidden.dtype}")
+        _device(weight, "weight", hidden, "hidden")
+        rows_shape = (self.rows,)
+        floats = _loss_types(hidden)
+        what = f"it must be {floats[0]} for {hidden.dtype} hidden states"
+        attrs = {"hidden": ha, "weight": wa,
+                 "target": _per_row(target, "target", rows_shape, _INDEX, "class indices are int64 or int32"),
+                 "loss": _per_row(loss, "loss", rows_shape, floats, what)}
+        _device(target, "target", hidden, "hidden")
+        _device(loss, "loss", hidden, "hidden")
+        if bias is not None:
+            attrs["bias"] = _vector(bias, "bias", self.vocab, hidden)
+        grads = (grad_hidden, grad_weight, grad_loss)
+        if any(g is not None for g in grads) and not all(g is not None for g in grads):
+            missing = [n for n, g in zip(("grad_hidden", "grad_weight", "grad_loss"), grads) if g is None][0]
+            raise ValueError(f"operand {missing}: required with the other gradient operands (grad_hidden, "
+                             f"grad_weight and grad_loss come together)")
+        if grad_hidden is not None:
+            attrs["grad_hidden"] = _like(grad_hidden, "grad_hidden", hidden, "hidden")
+            attrs["grad_weight"] = _like(grad_weight, "grad_weight", weight, "weight")
+            attrs["grad_loss"] = _per_row(grad_loss, "grad_loss", rows_shape, floats, what, broadcast=True)
+            _device(grad_loss, "grad_loss", hidden, "hidden")
+            if bias is not None:
+                if grad_bias is None:
+                    raise ValueError("operand grad_bias: required with bias when the gradients are requested")
+                attrs["grad_bias"] = _vector(grad_bias, "grad_bias", self.vocab, hidden)
+                if grad_bias.dtype != bias.dtype:
+                    raise TypeError(f"operand grad_bias: dtype {grad_bias.dtype} must equal bias's {bias.dtype}")
+        if grad_bias is not None and (bias is None or grad_hidden is None):
+            raise ValueError("operand grad_bias: given without bias and the other gradients")
+        self.hidden, self.weight, self.target, self.loss, self.bias = hidden, weight, target, loss, bias
+        self.grad_hidden, self.grad_weight, self.grad_bias, self.grad_loss = grad_hidden, grad_weight, grad_bias, grad_loss
+        self.ignore_index, self.label_smoothing, self.z_loss = _scalars(ignore_index, label_smoothing, z_loss)
+        self.device = hidden.device
+        self.device_index = hidden.get_device()
+        self._verdicts = self._binding = None
+        self.tensor_attributes = attrs
+        self.signature = (self.kind, *[(n, a.key()) for n, a in attrs.items()], self.device_index)
+
+    def problem_key(self) -> tuple:
+        """The signature with the tokens, hidden size and vocabulary."""
+        return (type(self), self.signature, self.rows, self.cols, self.vocab)
+
+    def check_memory(self) -> None:
+        """Raise ValueError when an output overlaps another operand."""
+        _check_disjoint(self, type(self).output_names)
+
+    def __repr__(self) -> str:
+        grad = ", gradients" if self.grad_hidden is not None else ""
+        bias = ", bias" if self.bias is not None else ""
+        return (f"LinearCrossEntropyArguments(tokens={self.rows}, hidden={self.cols}, vocab={self.vocab}, "
+                f"dtype={self.tensor_attributes['hidden'].dtype}{bias}, ignore_index={self.ignore_index}, "
+                f"label_smoothing={self.label_smoothing:g}, z_loss={self.z_loss:g}{grad}, device={self.device})")
+
+
+class _LinearCrossEntropyGradArguments(LinearCrossEntropyArguments):
+    """With the gradients: outputs loss, grad_hidden, grad_weight."""
+
+    __slots__ = ()
+    output_names = ("loss", "grad_hidden", "grad_weight")
+
+
+class _LinearCrossEntropyGradBiasArguments(LinearCrossEntropyArguments):
+    """With the gradients and a bias: outputs loss, grad_hidden, grad_weight, grad_bias."""
+
+    __slots__ = ()
+    output_names = ("loss", "grad_hidden", "grad_weight", "grad_bias")
+
+
+LinearCrossEntropyArguments._with_grad = _LinearCrossEntropyGradArguments
+LinearCrossEntropyArguments._with_grad_bias = _LinearCrossEntropyGradBiasArguments
+
+
+def _dense_matrix(t: Any, name: str) -> tuple[TensorAttributes, int, int]:
+    """(attributes, rows, cols) of a 2-D row-major operand (the GEMMs read it with one row stride)."""
+    _require_tensor(t, name)
+    if t.dim() != 2:
+        raise ValueError(f"operand {name}: must be 2-D, got shape {tuple(t.shape)}")
+    return _matrix(t, name)
+
+
+def _like(t: Any, name: str, ref: torch.Tensor, ref_name: str) -> TensorAttributes:
+    """Attributes of a dense output with ``ref``'s shape, dtype and device."""
+    _require_tensor(t, name)
+    if t.shape != ref.shape:
+        raise ValueError(f"operand {name}: shape {tuple(t.shape)} must equal {ref_name}'s {tuple(ref.shape)}")
+    if t.dtype != ref.dtype:
+        raise TypeError(f"operand {name}: dtype {t.dtype} must equal {ref_name}'s {ref.dtype}")
+    _device(t, name, ref, ref_name)
+    if not t.is_contiguous():
+        raise ValueError(f"operand {name}: strides {tuple(t.stride())} but it must be contiguous")
+    return _matrix(t, name)[0]
+
+
+def _vector(t: Any, name: str, n: int, ref: torch.Tensor) -> TensorAttributes:
+    """Attributes of a dense 1-D operand of ``n`` elements of ``ref``'s dtype and device."""
+    _require_tensor(t, name)
+    _element_type(t, name)
+    if t.is_neg():
+        raise _lazy_bit_error(t, name)
+    if tuple(t.shape) != (n,):
+        raise ValueError(f"operand {name}: shape {tuple(t.shape)} must be ({n},), the vocabulary")
+    if t.dtype != ref.dtype:
+        raise TypeError(f"operand {name}: dtype {t.dtype} must equal hidden's {ref.dtype}")
+    _device(t, name, ref, "hidden")
+    if n > 1 and t.stride(0) != 1:
+        raise ValueError(f"operand {name}: must have stride 1, got stride {t.stride(0)}")
+    return _attributes(_element_type(t, name), _UNIT, _divisibility(data_pointer(t), t.element_size(), (n,)))

@@ -1,0 +1,143 @@
+"""Cross-entropy as `CrossEntropyArguments` defines it, in torch (what every kernel must compute,
+written once), and the chunk loop of the fused linear cross-entropy, which every fused kernel
+runs with its own per-row kernel.
+
+The chunk loop keeps one (chunk x vocabulary) logits buffer. Per chunk of tokens it computes
+the logits with one GEMM into the buffer; the per-row kernel writes the loss and replaces the
+logits with their gradient in place; two more GEMMs take the gradients of the hidden states
+(written into their rows of ``grad_hidden``) and of the weight (accumulated into
+``grad_weight``: the first chunk writes it, the rest add with ``addmm_``). Three GEMMs over the
+whole problem, the fewest a fused loss with gradients can take; no backward pass recomputes
+the logits.
+
+The chunk's size trades memory for time. ``grad_weight`` (vocabulary x hidden) is read and
+written once per chunk, whatever the chunk's size, while the chunk's weight-gradient GEMM does
+``2 * tokens * vocabulary * hidden`` FLOPs: for the GEMM's math to hide that traffic the chunk
+needs tokens >= 2 * (GEMM FLOP/s) / (memory bytes/s) (about 330 on an H200's 660 TFLOP/s and
+4 TB/s), whatever the vocabulary and hidden size. `CHUNK_TOKENS` keeps a margin above that;
+`MAX_CHUNK_BYTES` caps the buffer for very large vocabularies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+#: Tokens per chunk of the fused linear cross-entropy (see the module docstring).
+CHUNK_TOKENS = 1024
+#: The largest logits chunk buffer, in bytes, whatever `CHUNK_TOKENS` says.
+MAX_CHUNK_BYTES = 512 << 20
+#: Chunks are multiples of this many tokens (a GEMM tile's rows), when larger.
+_TILE = 64
+
+
+def chunk_tokens(rows: int, vocab: int, element_bytes: int, tokens: int | None = None,
+                 max_bytes: int | None = None) -> int:
+    """Tokens per chunk of the fused linear cross-entropy.
+
+    Args:
+        rows: the tokens of the problem.
+        vocab: the vocabulary (the logits' row length).
+        element_bytes: bytes of one logit.
+        tokens, max_bytes: override `CHUNK_TOKENS` and `MAX_CHUNK_BYTES`.
+
+    Returns:
+        At least 1, at most ``rows`` (1 for an empty problem).
+    """
+    tokens = CHUNK_TOKENS if tokens is None else tokens
+    cap = (MAX_CHUNK_BYTES if max_bytes is None else max_bytes) // max(vocab * element_bytes, 1)
+    n = max(1, min(tokens, cap))
+    if n > _TILE:
+        n -= n % _TILE
+    return max(1, min(n, rows))
+
+
+def compute_type(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def rows_loss(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+              z_loss: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, lse, valid) per row of 2-D ``logits`` in its compute type (f64 for f64, else
+    f32); loss and lse are 0 on ignored rows."""
+    x = logits.to(compute_type(logits))
+    valid = target != ignore_index
+    lse = torch.logsumexp(x, -1)
+    picked = x.gather(1, torch.where(valid, target, 0).long().unsqueeze(1)).squeeze(1)
+    loss = (1.0 - label_smoothing) * (lse - picked)
+    if label_smoothing:
+        loss = loss + label_smoothing * (lse - x.mean(-1))
+    if z_loss:
+        loss = loss + z_loss * lse.square()
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    return torch.where(valid, loss, zero), torch.where(valid, lse, zero), valid
+
+
+def rows_gradient(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, grad_loss: torch.Tensor,
+                  ignore_index: int, label_smoothing: float, z_loss: float) -> torch.Tensor:
+    """The gradient of ``sum(grad_loss * loss)`` with respect to 2-D ``logits``, in its compute
+    type, given the rows' ``lse`` (any value on ignored rows)."""
+    x = logits.to(compute_type(logits))
+    valid = target != ignore_index
+    lse = lse.to(x.dtype)
+    g = torch.exp(x - lse.unsqueeze(1))
+    if z_loss:
+        g = g * (1.0 + 2.0 * z_loss * lse).unsqueeze(1)
+    if label_smoothing:
+        g = g - label_smoothing / x.shape[1]
+    rows = torch.arange(x.shape[0], device=x.device)
+    g[rows, torch.where(valid, target, 0).long()] -= (1.0 - label_smoothing)
+    scale = torch.where(valid, grad_loss.to(x.dtype).expand(valid.shape), torch.zeros((), dtype=x.dtype,
+                                                                                       device=x.device))
+    return g * scale.unsqueeze(1)
+
+
+#: ``row_kernel(logits, target, loss, grad_loss)``: the per-row cross-entropy of one chunk
+#: (2-D logits, its targets and per-row losses); with ``grad_loss`` (not None) it also replaces
+#: the logits by their gradient, in place.
+RowKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], None]
+
+
+def linear_cross_entropy_chunks(args: Any, row_kernel: RowKernel, tokens: int | None = None) -> None:
+    """Run `LinearCrossEntropyArguments` ``args`` chunk by chunk (module docstring) on the
+    current stream, with ``row_kernel`` for each chunk's rows.
+
+    Args:
+        args: the arguments; their outputs are written.
+        row_kernel: see `RowKernel`.
+        tokens: tokens per chunk (default: `chunk_tokens`).
+    """
+    h, w, b = args.hidden, args.weight, args.bias
+    n, vocab = args.rows, args.vocab
+    grads = args.grad_hidden is not None
+    if n == 0:
+        if grads:
+            args.grad_weight.zero_()
+            if args.grad_bias is not None:
+                args.grad_bias.zero_()
+        return
+    step = tokens or chunk_tokens(n, vocab, h.element_size())
+    buffer = h.new_empty((min(step, n), vocab))
+    wt = w.t()
+    for start in range(0, n, step):
+        end = min(n, start + step)
+        logits, hc = buffer[: end - start], h[start:end]
+        if b is None:
+            torch.mm(hc, wt, out=logits)
+        else:
+            torch.addmm(b, hc, wt, out=logits)
+        row_kernel(logits, args.target[start:end], args.loss[start:end],
+                   args.grad_loss[start:end] if grads else None)
+        if not grads:
+            continue
+        torch.mm(logits, w, out=args.grad_hidden[start:end])
+        if start == 0:
+            torch.mm(logits.t(), hc, out=args.grad_weight)
+        else:
+            args.grad_weight.addmm_(logits.t(), hc)
+        if args.grad_bias is not None:
+            if start == 0:
+                torch.sum(logits, 0, out=args.grad_bias)
+            else:
+                args.grad_bias.add_(logits.sum(0))

@@ -1,0 +1,237 @@
+"""``ops.cross_entropy`` and ``ops.linear_cross_entropy``: the loss over class indices, from the
+logits or fused with the linear layer that makes them, as torch ops generated from `Operation`
+descriptions.
+
+Four ops:
+
+- ``kernel_api::cross_entropy(logits, target, ...) -> (loss, lse)``: per-row loss and
+  log-sum-exp; its backward is ``kernel_api::cross_entropy_backward``, which reads the saved
+  lse instead of recomputing it (one read and one write of the logits);
+- ``kernel_api::linear_cross_entropy(hidden, weight, target, bias, ...) -> loss``: per-token
+  loss, no gradients;
+- ``kernel_api::linear_cross_entropy_with_grads(hidden, weight, target, grad_loss, bias, ...)
+  -> (loss, grad_hidden, grad_weight, grad_bias)``: the loss and the gradients of
+  ``sum(grad_loss * loss)`` in one chunked pass (``grad_bias`` is empty without a bias).
+
+``linear_cross_entropy`` computes the gradients in the forward when they are wanted (for a mean
+or a sum the per-token weights are known then: ``1 / count`` or 1), keeps them, and its
+backward only scales them by the incoming gradient, so no pass recomputes the logits: three
+GEMMs in all. The autograd function around the op hands back only the loss (an op returning
+the gradients as outputs would have autograd make zero gradients for them, a weight-sized
+allocation). With ``reduction="none"`` the weights come with the backward, which runs the
+fused op then (four GEMMs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
+                                       LinearCrossEntropyArguments, loss_dtype)
+from ..core import tracing
+from .operation import Operation, define_operation
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+# ---- fakes: output metadata (torch passes only the arguments the caller gave, so defaults in *rest) ----
+
+def _ce_fake(logits: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    shape, dt = logits.shape[:-1], loss_dtype(logits)
+    return logits.new_empty(shape, dtype=dt), logits.new_empty(shape, dtype=dt)
+
+
+def _ce_backward_fake(grad_loss: torch.Tensor, logits: torch.Tensor, *rest: Any) -> torch.Tensor:
+    return logits.new_empty(logits.shape)
+
+
+def _lce_fake(hidden: torch.Tensor, *rest: Any) -> torch.Tensor:
+    return hidden.new_empty((hidden.shape[0],), dtype=loss_dtype(hidden))
+
+
+def _lce_grads_fake(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, grad_loss: torch.Tensor,
+                    bias: torch.Tensor | None = None, *rest: Any) -> tuple:
+    grad_bias = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty((0,))
+    return (hidden.new_empty((hidden.shape[0],), dtype=loss_dtype(hidden)), hidden.new_empty(hidden.shape),
+            weight.new_empty(weight.shape), grad_bias)
+
+
+# ---- the arguments of each op: inputs in schema order, outputs by name ----
+
+def _ce_args(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float,
+             *, loss: torch.Tensor, lse: torch.Tensor) -> CrossEntropyArguments:
+    return CrossEntropyArguments(logits, target, loss, lse, ignore_index=ignore_index,
+                                 label_smoothing=label_smoothing, z_loss=z_loss)
+
+
+def _ce_backward_args(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                      ignore_index: int, label_smoothing: float, z_loss: float, *,
+                      grad_logits: torch.Tensor) -> CrossEntropyBackwardArguments:
+    return CrossEntropyBackwardArguments(grad_loss, logits, target, lse, grad_logits, ignore_index=ignore_index,
+                                         label_smoothing=label_smoothing, z_loss=z_loss)
+
+
+def _lce_args(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+              ignore_index: int, label_smoothing: float, z_loss: float, *,
+              loss: torch.Tensor) -> LinearCrossEntropyArguments:
+    return LinearCrossEntropyArguments(hidden, weight, target, loss, bias=bias, ignore_index=ignore_index,
+                                       label_smoothing=label_smoothing, z_loss=z_loss)
+
+
+def _lce_grads_args(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, grad_loss: torch.Tensor,
+                    bias: torch.Tensor | None, ignore_index: int, label_smoothing: float, z_loss: float, *,
+                    loss: torch.Tensor, grad_hidden: torch.Tensor, grad_weight: torch.Tensor,
+                    grad_bias: torch.Tensor) -> LinearCrossEntropyArguments:
+    return LinearCrossEntropyArguments(hidden, weight, target, loss, bias=bias, grad_hidden=grad_hidden,
+                                       grad_weight=grad_weight, grad_bias=grad_bias if bias is not None else None,
+                                       grad_loss=grad_loss, ignore_index=ignore_index,
+                                       label_smoothing=label_smoothing, z_loss=z_loss)
+
+
+def _per_row(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` as the kernels take a per-row weight: viewable as 1-D with one stride."""
+    try:
+        grad.view(-1)
+        return grad
+    except RuntimeError:
+        return grad.contiguous()
+
+
+def _ce_backward(saved: Any, grad_loss: torch.Tensor, grad_lse: torch.Tensor) -> tuple:
+    grad = cross_entropy_backward(_per_row(grad_loss), saved.logits, saved.target, saved.lse, saved.ignore_index,
+                                  saved.label_smoothing, saved.z_loss)
+    return grad, None, None, None, None
+
+
+_SCALARS = "int ignore_index=-100, float label_smoothing=0., float z_loss=0."
+
+CROSS_ENTROPY = Operation(
+    name="kernel_api::cross_entropy", schema=f"(Tensor logits, Tensor target, {_SCALARS}) -> (Tensor, Tensor)",
+    arguments=_ce_args, outputs=("loss", "lse"), fake=_ce_fake, backward=_ce_backward,
+    saved=("logits", "target", "lse", "ignore_index", "label_smoothing", "z_loss"))
+CROSS_ENTROPY_BACKWARD = Operation(
+    name="kernel_api::cross_entropy_backward",
+    schema=f"(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, {_SCALARS}) -> Tensor",
+    arguments=_ce_backward_args, outputs=("grad_logits",), fake=_ce_backward_fake)
+LINEAR_CROSS_ENTROPY = Operation(
+    name="kernel_api::linear_cross_entropy",
+    schema=f"(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, {_SCALARS}) -> Tensor",
+    arguments=_lce_args, outputs=("loss",), fake=_lce_fake)
+LINEAR_CROSS_ENTROPY_WITH_GRADS = Operation(
+    name="kernel_api::linear_cross_entropy_with_grads",
+    schema=(f"(Tensor hidden, Tensor weight, Tensor target, Tensor grad_loss, Tensor? bias=None, {_SCALARS}) "
+            f"-> (Tensor, Tensor, Tensor, Tensor)"),
+    arguments=_lce_grads_args, outputs=("loss", "grad_hidden", "grad_weight", "grad_bias"), fake=_lce_grads_fake)
+
+_cross_entropy = define_operation(CROSS_ENTROPY)
+#: ``cross_entropy_backward(grad_loss, logits, target, lse, ignore_index=-100, label_smoothing=0.,
+#: z_loss=0., *, grad_logits=None, stream=None)`` -> ``grad_logits``, from the forward's lse.
+cross_entropy_backward = define_operation(CROSS_ENTROPY_BACKWARD)
+_linear_cross_entropy = define_operation(LINEAR_CROSS_ENTROPY)
+_linear_cross_entropy_with_grads = define_operation(LINEAR_CROSS_ENTROPY_WITH_GRADS)
+
+
+def _check_reduction(reduction: Any) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction: expected 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _reduce(loss: torch.Tensor, count: Any, reduction: str) -> torch.Tensor:
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    return total / count if reduction == "mean" else total
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                  label_smoothing: float = 0.0, z_loss: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of ``logits`` (classes in the last dimension) against class indices.
+
+    Args:
+        logits: (..., classes), f16, bf16, f32 or f64; rows evenly spaced, last dimension of
+            stride 1.
+        target: class indices, ``logits.shape[:-1]``, int64 or int32.
+        ignore_index: targets equal to it contribute neither loss nor gradient, nor count in
+            the mean.
+        label_smoothing: in [0, 1], as ``torch.nn.functional.cross_entropy``.
+        z_loss: weight of each row's ``logsumexp(logits)**2`` added to its loss.
+        reduction: "mean" (over the rows not ignored), "sum" or "none".
+
+    Returns:
+        The loss in float32 (float64 for f64 logits): a scalar, or ``logits.shape[:-1]``
+        for "none". Differentiable with respect to the logits.
+    """
+    _check_reduction(reduction)
+    loss, _ = _cross_entropy(logits, target, ignore_index, label_smoothing, z_loss)
+    count = (target != ignore_index).sum() if reduction == "mean" else None
+    return _reduce(loss, count, reduction)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The loss, its gradients computed in the forward and scaled in the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Any,
+                ignore_index: int, label_smoothing: float, z_loss: float, reduction: str) -> torch.Tensor:
+        h, t = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+        ctx.hidden_shape, ctx.has_bias, ctx.reduction = hidden.shape, bias is not None, reduction
+        ctx.scalars = (ignore_index, label_smoothing, z_loss)
+        count = (t != ignore_index).sum()
+        if reduction == "none":
+            loss = _linear_cross_entropy(h, weight, t, bias, ignore_index, label_smoothing, z_loss)
+            ctx.save_for_backward(h, weight, t, bias)
+            return loss.view(target.shape)
+        dt = loss_dtype(hidden)
+        weight_per_row = (1.0 / count.clamp(min=1).to(dt)) if reduction == "mean" else torch.ones((), dtype=dt,
+                                                                                                  device=h.device)
+        op = _linear_cross_entropy_with_grads.op
+        loss, grad_h, grad_w, grad_b = op(h, weight, t, weight_per_row.expand(h.shape[0]), bias, ignore_index,
+                                          label_smoothing, z_loss)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        return _reduce(loss, count, reduction)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        if ctx.reduction == "none":
+            h, weight, t, bias = ctx.saved_tensors
+            op = _linear_cross_entropy_with_grads.op
+            _, grad_h, grad_w, grad_b = op(h, weight, t, _per_row(grad.reshape(-1).to(loss_dtype(h))), bias,
+                                           *ctx.scalars)
+        else:
+            grad_h, grad_w, grad_b = ctx.saved_tensors
+            if tracing.is_compiling() or tracing.dispatch_mode_depth() or grad.is_meta:  # (no value to test)
+                grad_h, grad_w, grad_b = grad_h * grad, grad_w * grad, grad_b * grad
+            elif not bool(grad == 1):  # (one sync; the common loss.backward() skips two passes over the gradients)
+                grad_h, grad_w, grad_b = grad_h.mul_(grad), grad_w.mul_(grad), grad_b.mul_(grad)
+        return (grad_h.view(ctx.hidden_shape), grad_w, None, grad_b if ctx.has_bias else None, None, None, None, None)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: torch.Tensor | None = None, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+                         z_loss: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of ``hidden @ weight.T (+ bias)`` against class indices, without making the
+    (tokens x vocabulary) logits: the kernels run over chunks of tokens, one logits chunk at a
+    time, and compute the gradients in the same pass when they are wanted.
+
+    Args:
+        hidden: (..., hidden size), f16, bf16 or f32 (f64 on the torch provider).
+        weight: (vocabulary, hidden size), hidden's dtype (an lm_head's weight).
+        target: class indices, ``hidden.shape[:-1]``, int64 or int32.
+        bias: optional, (vocabulary,), hidden's dtype.
+        ignore_index, label_smoothing, z_loss, reduction: as for `cross_entropy`.
+
+    Returns:
+        The loss in float32 (float64 for f64), a scalar or ``hidden.shape[:-1]`` for "none";
+        differentiable with respect to hidden, weight and bias.
+    """
+    _check_reduction(reduction)
+    wants_grad = torch.is_grad_enabled() and any(
+        isinstance(v, torch.Tensor) and v.requires_grad for v in (hidden, weight, bias))
+    if not wants_grad:
+        h, t = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+        loss = _linear_cross_entropy(h, weight, t, bias, ignore_index, label_smoothing, z_loss)
+        count = (t != ignore_index).sum() if reduction == "mean" else None
+        return _reduce(loss.view(target.shape), count, reduction)
+    return _LinearCrossEntropy.apply(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction)

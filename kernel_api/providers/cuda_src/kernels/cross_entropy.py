@@ -1,0 +1,223 @@
+"""Interface of the CUDA C++ cross-entropy kernels (implementation: cross_entropy.cu beside this
+file).
+
+Three registered families, each one instance per logits dtype (f32, f16, bf16) and class index
+type (int64, int32), every row length and element alignment (rows are peeled to 16-byte
+vectors):
+
+- `CudaCrossEntropy` (`CrossEntropyArguments`): one pass over each row for the loss and lse;
+  with ``grad_logits``, a second pass (from L2) writes the gradient, in place or not;
+- `CudaCrossEntropyBackward` (`CrossEntropyBackwardArguments`): the gradient from the saved lse,
+  one read and one write of each row;
+- `CudaLinearCrossEntropy` (`LinearCrossEntropyArguments`): the chunk loop of
+  `kernel_api.arguments.cross_entropy_math` (torch's GEMMs, cuBLAS) with the first family's
+  kernel on each chunk, the gradient replacing the chunk's logits in place: the chunk's only
+  buffer, in the inputs' dtype.
+
+One CTA per row: 1024 threads for rows of 8192 16-byte vectors or more (one CTA per SM, so the
+rows in flight stay in L2 for the gradient's pass), 256 below. The template instance depends on
+the row length's bucket and whether the gradient is written, so both are in the compile key
+(`name_expression`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ....arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
+                                         LinearCrossEntropyArguments, row_stride)
+from ....arguments.cross_entropy_math import linear_cross_entropy_chunks
+from ....core.dtypes import DataType
+from ....core.status import Status
+from ....core.streams import stream_handle
+from ....metadata import KernelMetadata, RowReductionDesignMetadata, TensorAttributes
+from ....metadata.cross_entropy import (CrossEntropyBackwardOperandsMetadata, CrossEntropyOperandsMetadata,
+                                        LinearCrossEntropyOperandsMetadata)
+from ....utils import MAX_GRID_X
+from .. import CudaSourceProvider
+from ..kernel import CudaSourceKernel
+
+_TYPES = {DataType.f32: "ka_ce::F32", DataType.f16: "ka_ce::F16", DataType.bf16: "ka_ce::BF16"}
+_INDEX = {DataType.i64: "long long", DataType.i32: "int"}
+_ROWS, _UNIT = (0, 1), (1,)
+#: The longest row the kernel indexes with 32-bit ints.
+MAX_COLS = 2**31 - 1
+#: Rows of at least this many 16-byte vectors get 1024-thread CTAs (one per SM), shorter ones 256.
+WIDE_ROW_VECTORS = 2048
+
+
+def threads_for(cols: int, vec: int) -> int:
+    """Threads of the CTA that takes one row of ``cols`` elements (``vec`` per 16 bytes)."""
+    return 1024 if cols >= WIDE_ROW_VECTORS * vec else 256
+
+
+def _vec(dtype: DataType) -> int:
+    return 16 // dtype.bytes
+
+
+class _CrossEntropyCuda(CudaSourceKernel):
+    source_file = "cross_entropy.cu"
+    performance_hint = 1.0
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.dtype: DataType = params["dtype"]
+        self.index: DataType = params["index"]
+
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        return [dict(dtype=dt, index=it) for dt in _TYPES for it in _INDEX]
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        return f"{cls.__name__}_{params['dtype']}_{params['index']}"
+
+    @classmethod
+    def check_definition(cls) -> None:
+        pass  # names come from name_expression, not kernel_name
+
+    @classmethod
+    def make_metadata(cls, params: dict) -> KernelMetadata:
+        dt, it = params["dtype"], params["index"]
+        design = RowReductionDesignMetadata("block", 1024, 16, 1, None, extra=(("passes", 2), ("peel", True)))
+        return KernelMetadata(cls.instance_name(params), cls,
+                              cls._operands(TensorAttributes(dt, _ROWS, 1), TensorAttributes(it, _UNIT, 1),
+                                            TensorAttributes(DataType.f32, _UNIT, 1)), design=design)
+
+    @staticmethod
+    def _operands(x: TensorAttributes, target: TensorAttributes, loss: TensorAttributes) -> Any:
+        raise NotImplementedError
+
+    def _mode(self, args: Any) -> int:
+        raise NotImplementedError
+
+    def _classes(self, args: Any) -> int:
+        return args.cols
+
+    def name_expression(self, args: Any) -> str:
+        vec = _vec(self.dtype)
+        threads = threads_for(self._classes(args), vec)
+        return f"ka_ce::ce_rows<{_TYPES[self.dtype]}, {_INDEX[self.index]}, {vec}, {threads}, {self._mode(args)}>"
+
+    def launch_config(self, args: Any) -> tuple:
+        return (max(args.rows, 1), threads_for(self._classes(args), _vec(self.dtype)))
+
+    def _supports(self, args: Any) -> Status:
+        name = self.metadata.kernel_name
+        if args.device.type == "cpu":  # (meta tensors plan and compile like CUDA ones)
+            return Status.fail(f"{name}: the operands are on the CPU; the kernel runs on CUDA tensors")
+        if self._classes(args) > MAX_COLS:
+            return Status.fail(f"{name}: rows of {self._classes(args):,} classes exceed its 2^31-1")
+        if args.rows > MAX_GRID_X:
+            return Status.fail(f"{name}: {args.rows:,} rows exceed the grid's x limit of 2^31-1")
+        return Status.success()
+
+    def estimated_cost(self, args: Any, sm_count: int) -> float:
+        return (1.5 if self._mode(args) == 1 else 1.0) / self.performance_hint
+
+    def _launch(self, artifact: Any, stream: int, device: int, rows: int, classes: int, params: tuple) -> None:
+        if rows == 0:
+            return
+        artifact.compiled_obj.launch(stream, device, rows, threads_for(classes, _vec(self.dtype)), 0, params)
+
+
+def _grad_loss_stride(grad_loss: torch.Tensor) -> int:
+    return grad_loss.reshape(-1).stride(0) if grad_loss.numel() > 1 else 0
+
+
+def _device(args: Any) -> int:
+    device = args.device.index
+    return torch.cuda.current_device() if device is None else device
+
+
+@CudaSourceProvider.register
+class CudaCrossEntropy(_CrossEntropyCuda):
+    """Per-row cross-entropy loss and lse in one pass over each row; with ``grad_logits`` the
+    gradient in a second pass (in place or not). f32 math."""
+
+    supported_args_type = CrossEntropyArguments
+
+    @staticmethod
+    def _operands(x: TensorAttributes, target: TensorAttributes, loss: TensorAttributes) -> Any:
+        return CrossEntropyOperandsMetadata(x, target, loss)
+
+    def _mode(self, args: Any) -> int:
+        return 0 if args.grad_logits is None else 1
+
+    def _run(self, args: CrossEntropyArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        device = _device(args)
+        grad, gl = args.grad_logits, args.grad_loss
+        params = (args.logits.data_ptr(), row_stride(args.logits, args.cols), args.target.data_ptr(), args.cols,
+                  args.loss.data_ptr(), args.lse.data_ptr(), 0 if grad is None else grad.data_ptr(),
+                  0 if grad is None else row_stride(grad, args.cols), 0 if gl is None else gl.data_ptr(),
+                  0 if gl is None else _grad_loss_stride(gl), args.ignore_index, args.label_smoothing, args.z_loss)
+        self._launch(artifact, stream_handle(stream, device), device, args.rows, args.cols, params)
+
+
+@CudaSourceProvider.register
+class CudaCrossEntropyBackward(_CrossEntropyCuda):
+    """Cross-entropy's gradient from the saved lse: one read and one write of each row. f32 math."""
+
+    supported_args_type = CrossEntropyBackwardArguments
+
+    @staticmethod
+    def _operands(x: TensorAttributes, target: TensorAttributes, loss: TensorAttributes) -> Any:
+        return CrossEntropyBackwardOperandsMetadata(x, target, loss)
+
+    def _mode(self, args: Any) -> int:
+        return 2
+
+    def estimated_cost(self, args: Any, sm_count: int) -> float:
+        return 1.0 / self.performance_hint
+
+    def _run(self, args: CrossEntropyBackwardArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        device = _device(args)
+        grad, gl = args.grad_logits, args.grad_loss
+        params = (args.logits.data_ptr(), row_stride(args.logits, args.cols), args.target.data_ptr(), args.cols,
+                  0, args.lse.data_ptr(), grad.data_ptr(), row_stride(grad, args.cols), gl.data_ptr(),
+                  _grad_loss_stride(gl), args.ignore_index, args.label_smoothing, args.z_loss)
+        self._launch(artifact, stream_handle(stream, device), device, args.rows, args.cols, params)
+
+
+@CudaSourceProvider.register
+class CudaLinearCrossEntropy(_CrossEntropyCuda):
+    """The fused linear cross-entropy: cuBLAS GEMMs (through torch) over token chunks, this
+    provider's row kernel on each chunk, writing the gradient over the chunk's logits."""
+
+    supported_args_type = LinearCrossEntropyArguments
+
+    @staticmethod
+    def _operands(x: TensorAttributes, target: TensorAttributes, loss: TensorAttributes) -> Any:
+        return LinearCrossEntropyOperandsMetadata(x, x, target, loss)
+
+    def _mode(self, args: Any) -> int:
+        return 0 if args.grad_hidden is None else 1
+
+    def _classes(self, args: Any) -> int:
+        return args.vocab
+
+    def estimated_cost(self, args: Any, sm_count: int) -> float:
+        gemms = 3 if args.grad_hidden is not None else 1
+        return (1.0 + gemms * args.cols / 64.0) / self.performance_hint
+
+    def _run(self, args: LinearCrossEntropyArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        device = _device(args)
+        handle = stream_handle(stream, device)
+        vocab = args.vocab
+        ignore, smoothing, z_loss = args.ignore_index, args.label_smoothing, args.z_loss
+
+        def rows(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, grad_loss: Any) -> None:
+            grad = 0 if grad_loss is None else logits.data_ptr()
+            params = (logits.data_ptr(), vocab, target.data_ptr(), vocab, loss.data_ptr(), 0, grad, vocab,
+                      0 if grad_loss is None else grad_loss.data_ptr(),
+                      0 if grad_loss is None else _grad_loss_stride(grad_loss), ignore, smoothing, z_loss)
+            self._launch(artifact, handle, device, logits.shape[0], vocab, params)
+
+        if stream is None or isinstance(stream, torch.cuda.Stream):
+            context = torch.cuda.stream(stream)
+        else:
+            context = torch.cuda.stream(torch.cuda.ExternalStream(handle, device=device))
+        with context:
+            linear_cross_entropy_chunks(args, rows)
