@@ -352,6 +352,24 @@ def _load_table() -> bool:
     return True
 
 
+def _table_fallback(tag: int, stream: Any, out: Any, make_output: Any, *inputs: Any) -> Any:
+    """A repeated call launched through the table's TVM-FFI function, where torch offers no
+    DLPack exchange API and so the entry points are missing: the kernel recorded under ``tag``
+    for ``(*inputs, out)`` (``out`` made by ``make_output(*inputs)`` when None). The output, or
+    None when nothing is recorded or TVM-FFI cannot take the operands (the Python path then runs
+    the call and explains)."""
+    try:
+        target = make_output(*inputs) if out is None else out
+        if not _table_launch(_settings.get().policy_id | tag, None if stream is None else to_cuda_stream(stream),
+                             *inputs, target):
+            return None
+    except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take
+        return None
+    if out is not None:
+        _increment_version((out,))
+    return target
+
+
 def _tag_policy(policy: Any) -> None:
     """Keep ``policy`` alive while its id() tags entries of the C table (clearing the table and
     the recorded torch calls when too many policies have)."""
@@ -498,16 +516,14 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
         elif (_table_launch is not None and not _dispatch_modes() and C is None and bias is None
               and activation is None and accumulator_type is None and alpha == 1.0 and beta == 0.0):
             try:
-                if not ((A.requires_grad or B.requires_grad) and _grad_enabled()) and (
-                        out is not None or not split_columns(A, B, None, 0.0, None)):
-                    target = _new_gemm_output(A, B) if out is None else out
-                    if _table_launch(_settings.get().policy_id | _GEMM_TAG,
-                                     None if stream is None else to_cuda_stream(stream), A, B, target):
-                        if out is not None:
-                            _increment_version((out,))
-                        return target
-            except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
-                pass
+                replay = not ((A.requires_grad or B.requires_grad) and _grad_enabled()) and (
+                    out is not None or not split_columns(A, B, None, 0.0, None))
+            except Exception:  # noqa: BLE001 - operands of other types: the Python path explains
+                replay = False
+            if replay:
+                done = _table_fallback(_GEMM_TAG, stream, out, _new_gemm_output, A, B)
+                if done is not None:
+                    return done
     if not isinstance(A, _Tensor) or not isinstance(B, _Tensor):
         raise TypeError(f"gemm: A and B must be torch tensors, got {type(A).__name__} and {type(B).__name__}")
     if out is not None and not isinstance(out, _Tensor):
@@ -693,16 +709,10 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
                 if done is not None:
                     return done
         elif _table_launch is not None and not _dispatch_modes():
-            try:
-                if not (x.requires_grad and _grad_enabled()):
-                    target = _new_like(x) if out is None else out
-                    if _table_launch(_settings.get().policy_id | _SOFTMAX_TAG,
-                                     None if stream is None else to_cuda_stream(stream), x, target):
-                        if out is not None:
-                            _increment_version((out,))
-                        return target
-            except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
-                pass
+            if not (getattr(x, "requires_grad", False) and _grad_enabled()):
+                done = _table_fallback(_SOFTMAX_TAG, stream, out, _new_like, x)
+                if done is not None:
+                    return done
     if not isinstance(x, _Tensor):
         raise _not_a_tensor("softmax", "x", x)
     if out is not None and not isinstance(out, _Tensor):
@@ -841,15 +851,9 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
             if done is not None:
                 return done
         elif _table_launch is not None and not _dispatch_modes():
-            try:
-                target = _new_like(grad_out) if grad_in is None else grad_in
-                if _table_launch(_settings.get().policy_id | _SOFTMAX_BACKWARD_TAG,
-                                 None if stream is None else to_cuda_stream(stream), grad_out, out, target):
-                    if grad_in is not None:
-                        _increment_version((grad_in,))
-                    return target
-            except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take: the Python path explains
-                pass
+            done = _table_fallback(_SOFTMAX_BACKWARD_TAG, stream, grad_in, _new_like, grad_out, out)
+            if done is not None:
+                return done
     for name, value in (("grad_out", grad_out), ("out", out)):
         if not isinstance(value, _Tensor):
             raise _not_a_tensor("softmax_backward", name, value)
