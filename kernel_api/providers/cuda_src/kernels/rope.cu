@@ -66,24 +66,32 @@ struct F16 {
   }
 };
 
-// VEC elements as floats: one 16-byte load (ld.global.nc: inputs are not written while the
-// kernel runs; outputs overlap no input) or one element.
+// VEC raw elements: one 16-byte load (ld.global.nc: inputs are not written while the kernel
+// runs; outputs overlap no input) or one element. Kept raw until used (16 bytes in 4 registers,
+// not VEC floats), so a thread holds its heads' loads and the tables in few registers.
+template <class T, int VEC, bool WIDE = VEC * sizeof(typename T::raw) == 16>
+struct Raw {
+  typename T::raw r;
+  __device__ __forceinline__ void load(const typename T::raw* p) { r = *p; }
+  __device__ __forceinline__ float get(int) const { return T::load(r); }
+};
 template <class T, int VEC>
-__device__ __forceinline__ void load_vec(const typename T::raw* p, float (&f)[VEC]) {
-  if constexpr (VEC * sizeof(typename T::raw) == 16) {
-    unsigned w[4];
+struct Raw<T, VEC, true> {
+  unsigned w[4];
+  __device__ __forceinline__ void load(const typename T::raw* p) {
     asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
-    if constexpr (sizeof(typename T::raw) == 4) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(w[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) T::unpack2(w[i], f[2 * i], f[2 * i + 1]);
-    }
-  } else {
-    f[0] = T::load(*p);
   }
-}
+  // element e as a float (e a compile-time constant after unrolling)
+  __device__ __forceinline__ float get(int e) const {
+    if constexpr (sizeof(typename T::raw) == 4) {
+      return __uint_as_float(w[e]);
+    } else {
+      float lo, hi;
+      T::unpack2(w[e / 2], lo, hi);
+      return (e & 1) ? hi : lo;
+    }
+  }
+};
 
 template <class T, int VEC>
 __device__ __forceinline__ void store_vec(typename T::raw* p, const float (&f)[VEC]) {
@@ -118,16 +126,16 @@ __global__ void __launch_bounds__(256) rope(const typename T::raw* __restrict__ 
     const unsigned g = rest % G, bs = rest / G;
     const unsigned s = bs % S, b = bs / S;
     const i64 col = (i64)j * VEC;
-    float c1[VEC], c2[VEC], s1[VEC], s2[VEC];
+    Raw<T, VEC> c1, c2, s1, s2;
     {
       const typename T::raw* cp = cos + b * c_b + s * c_s + col;
       const typename T::raw* sp = sin + b * s_b + s * s_s + col;
-      load_vec<T, VEC>(cp, c1);
-      load_vec<T, VEC>(cp + half, c2);
-      load_vec<T, VEC>(sp, s1);
-      load_vec<T, VEC>(sp + half, s2);
+      c1.load(cp);
+      c2.load(cp + half);
+      s1.load(sp);
+      s2.load(sp + half);
     }
-    float x1[HPT][VEC], x2[HPT][VEC];
+    Raw<T, VEC> x1[HPT], x2[HPT];
     typename T::raw* dst[HPT];
 #pragma unroll
     for (int u = 0; u < HPT; ++u) {
@@ -143,8 +151,8 @@ __global__ void __launch_bounds__(256) rope(const typename T::raw* __restrict__ 
           src = k + b * k_b + hk * k_h + s * k_s + col;
           dst[u] = ko + b * ko_b + hk * ko_h + s * ko_s + col;
         }
-        load_vec<T, VEC>(src, x1[u]);
-        load_vec<T, VEC>(src + half, x2[u]);
+        x1[u].load(src);
+        x2[u].load(src + half);
       }
     }
 #pragma unroll
@@ -153,12 +161,13 @@ __global__ void __launch_bounds__(256) rope(const typename T::raw* __restrict__ 
       float o1[VEC], o2[VEC];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
+        const float a = x1[u].get(e), z = x2[u].get(e);
         if constexpr (BACKWARD) {
-          o1[e] = fmaf(x1[u][e], c1[e], x2[u][e] * s2[e]);
-          o2[e] = fmaf(x2[u][e], c2[e], -x1[u][e] * s1[e]);
+          o1[e] = fmaf(a, c1.get(e), z * s2.get(e));
+          o2[e] = fmaf(z, c2.get(e), -a * s1.get(e));
         } else {
-          o1[e] = fmaf(x1[u][e], c1[e], -x2[u][e] * s1[e]);
-          o2[e] = fmaf(x2[u][e], c2[e], x1[u][e] * s2[e]);
+          o1[e] = fmaf(a, c1.get(e), -z * s1.get(e));
+          o2[e] = fmaf(z, c2.get(e), a * s2.get(e));
         }
       }
       store_vec<T, VEC>(dst[u], o1);
