@@ -13,9 +13,10 @@
 // How rows map onto the machine (the interface, norm.py, picks the strategy and NV):
 //   *_reg    PER_WARP: one warp per row (short rows), else one CTA per row; the row held in
 //            registers, NV vectors of VEC elements per thread, read once and written once.
-//            The backward is persistent: each warp (CTA) walks rows u, u + units, ... and
-//            keeps its sums of dy * xhat (and dy) per column in registers, written at the
-//            end to its row of the f32 workspace (units x cols per plane).
+//            The backward is persistent: each warp (CTA) walks rows u, u + units, ...,
+//            loading the next row while it works on the current one, and keeps its sums of
+//            dy * xhat (and dy) per column in registers, written at the end to its row of
+//            the f32 workspace (units x cols per plane).
 //   *_looped one CTA per row of any length; the row is read once per pass (statistics, then
 //            the output), the backward's column sums kept in its workspace row.
 //   reduce_cols sums the workspace's rows per column (a fixed order: deterministic) into
@@ -103,6 +104,37 @@ struct Chunk {
       for (int k = 0; k < VEC; ++k) p[k] = T::store(f[k]);
     }
   }
+};
+
+// VEC raw elements of T held as loaded (16-bit values stay packed), read out as floats.
+template <class T, int VEC, int BYTES = (int)sizeof(typename T::raw) * VEC>
+struct Raw {
+  typedef typename T::raw R;
+  static constexpr bool WIDE = BYTES >= 16 && BYTES % 16 == 0;
+  union {
+    uint4 u[WIDE ? BYTES / 16 : 1];
+    R r[VEC];
+  };
+  __device__ __forceinline__ void load(const R* p, bool stream) {
+    if constexpr (WIDE) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 16; ++i)
+        u[i] = stream ? ld16_stream(reinterpret_cast<const uint4*>(p) + i) : reinterpret_cast<const uint4*>(p)[i];
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) r[k] = p[k];
+    }
+  }
+  __device__ __forceinline__ void zero() {
+    if constexpr (WIDE) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 16; ++i) u[i] = make_uint4(0u, 0u, 0u, 0u);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) r[k] = R(0);
+    }
+  }
+  __device__ __forceinline__ float get(int k) const { return T::load(r[k]); }
 };
 
 // ---- reductions ---------------------------------------------------------------------------
@@ -286,14 +318,17 @@ __global__ void __launch_bounds__(1024) fwd_looped(const typename T::raw* __rest
 }
 
 // ---- backward, the row in registers, persistent over rows ---------------------------------
-// At most 512 threads (up to 128 registers each: x, dy and the column sums in registers).
+// At most 512 threads (up to 128 registers each). A thread keeps its slice of the current
+// row's x and dy as loaded (16-bit values stay packed), and the next row's loads are issued
+// before the current row is worked on, so they are in flight meanwhile. The weight slice is
+// loaded once. The column sums of dy * xhat (and dy) stay in f32 registers until the end.
 // ws: PLANES x units x cols floats (plane 0: sums of dy * xhat, plane 1: sums of dy).
 template <class T, class W, int VEC, int NV, bool CENTRED, bool PER_WARP>
 __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict__ dy,
-                                                const typename T::raw* __restrict__ x,
-                                                const typename W::raw* __restrict__ w, typename T::raw* __restrict__ dx,
-                                                float* __restrict__ ws, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
-                                                i64 ld_dx, i64 eps_bits) {
+                                               const typename T::raw* __restrict__ x,
+                                               const typename W::raw* __restrict__ w, typename T::raw* __restrict__ dx,
+                                               float* __restrict__ ws, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
+                                               i64 ld_dx, i64 eps_bits) {
   __shared__ float red[64];
   const int lanes = PER_WARP ? 32 : (int)blockDim.x;
   const int t = PER_WARP ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
@@ -301,71 +336,81 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
   const i64 units = PER_WARP ? (i64)gridDim.x * (blockDim.x >> 5) : (i64)gridDim.x;
   const float inv_n = 1.f / (float)cols;
   const float eps = eps_of(eps_bits);
+  Raw<W, VEC> wr[NV];
   float dw[NV][VEC], db[CENTRED ? NV : 1][VEC];
+  bool in[NV];
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
+    const i64 c = ((i64)j * lanes + t) * VEC;
+    in[j] = c < cols;
+    if (in[j])
+      wr[j].load(w + c, false);
+    else
+      wr[j].zero();
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       dw[j][k] = 0.f;
       if constexpr (CENTRED) db[j][k] = 0.f;
     }
   }
-  for (i64 row = unit; row < rows; row += units) {
-    float xv[NV][VEC], gv[NV][VEC];
-    float acc[2] = {0.f, 0.f};
+  Raw<T, VEC> xn[NV], gn[NV];  // the next row's slices, in flight
+  auto fetch = [&](i64 row) {
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const i64 c = ((i64)j * lanes + t) * VEC;
-      if (c < cols) {
-        Chunk<T, VEC>::load(x + row * ld_x + c, xv[j], true);
-        Chunk<T, VEC>::load(dy + row * ld_dy + c, gv[j], true);
+      if (in[j]) {
+        xn[j].load(x + row * ld_x + c, true);
+        gn[j].load(dy + row * ld_dy + c, true);
       } else {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) xv[j][k] = gv[j][k] = 0.f;
+        xn[j].zero();
+        gn[j].zero();
       }
+    }
+  };
+  if (unit < rows) fetch(unit);
+  for (i64 row = unit; row < rows; row += units) {
+    Raw<T, VEC> xc[NV], gc[NV];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[0] += CENTRED ? xv[j][k] : xv[j][k] * xv[j][k];
+    for (int j = 0; j < NV; ++j) {
+      xc[j] = xn[j];
+      gc[j] = gn[j];
     }
-    {
-      float s[1] = {acc[0]};
-      row_sum<1, PER_WARP>(s, red);
-      acc[0] = s[0];
+    if (row + units < rows) fetch(row + units);
+    float s[1] = {0.f};
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float v = xc[j].get(k);
+        s[0] += CENTRED ? v : v * v;
+      }
     }
+    row_sum<1, PER_WARP>(s, red);
     float mean = 0.f;
     if constexpr (CENTRED) {
-      mean = acc[0] * inv_n;
-      float s[1] = {0.f};
+      mean = s[0] * inv_n;
+      s[0] = 0.f;
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
-        if (((i64)j * lanes + t) * VEC < cols) {
+        if (in[j]) {
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) s[0] += (xv[j][k] - mean) * (xv[j][k] - mean);
+          for (int k = 0; k < VEC; ++k) {
+            const float d = xc[j].get(k) - mean;
+            s[0] += d * d;
+          }
         }
       }
       row_sum<1, PER_WARP>(s, red);
-      acc[0] = s[0];
     }
-    const float rstd = rsqrtf(acc[0] * inv_n + eps);
-    // xhat in place of x, g = dy * w in place of dy (dy itself goes into the column sums first)
-    float s2[2] = {0.f, 0.f};  // sum(g * xhat), sum(g)
+    const float rstd = rsqrtf(s[0] * inv_n + eps);
+    float s2[2] = {0.f, 0.f};  // sum(g * xhat), sum(g), g = dy * w
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      const i64 c = ((i64)j * lanes + t) * VEC;
-      float wv[VEC];
-      if (c < cols) {
-        Chunk<W, VEC>::load(w + c, wv, false);
-      } else {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) wv[k] = 0.f;
-      }
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const float xh = (xv[j][k] - mean) * rstd;
-        xv[j][k] = xh;
-        dw[j][k] += gv[j][k] * xh;
-        if constexpr (CENTRED) db[j][k] += gv[j][k];
-        const float g = gv[j][k] * wv[k];
-        gv[j][k] = g;
+        const float xh = (xc[j].get(k) - mean) * rstd, d = gc[j].get(k), g = d * wr[j].get(k);
+        dw[j][k] += d * xh;  // (zero past the row: d is 0 there)
+        if constexpr (CENTRED) db[j][k] += d;
         s2[0] += g * xh;
         s2[1] += g;
       }
@@ -373,27 +418,29 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
     if constexpr (CENTRED) {
       row_sum<2, PER_WARP>(s2, red);
     } else {
-      float s[1] = {s2[0]};
-      row_sum<1, PER_WARP>(s, red);
-      s2[0] = s[0];
+      float one[1] = {s2[0]};
+      row_sum<1, PER_WARP>(one, red);
+      s2[0] = one[0];
     }
     const float c1 = s2[0] * inv_n, c2 = CENTRED ? s2[1] * inv_n : 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      const i64 c = ((i64)j * lanes + t) * VEC;
-      if (c < cols) {
+      if (in[j]) {
         float o[VEC];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] = (gv[j][k] - c2 - xv[j][k] * c1) * rstd;
-        Chunk<T, VEC>::store(dx + row * ld_dx + c, o);
+        for (int k = 0; k < VEC; ++k) {
+          const float xh = (xc[j].get(k) - mean) * rstd;
+          o[k] = (gc[j].get(k) * wr[j].get(k) - c2 - xh * c1) * rstd;
+        }
+        Chunk<T, VEC>::store(dx + row * ld_dx + ((i64)j * lanes + t) * VEC, o);
       }
     }
   }
   // this unit's column sums (zeros for a unit without rows: the reduction reads every unit)
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const i64 c = ((i64)j * lanes + t) * VEC;
-    if (c < cols) {
+    if (in[j]) {
+      const i64 c = ((i64)j * lanes + t) * VEC;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         ws[unit * cols + c + k] = dw[j][k];

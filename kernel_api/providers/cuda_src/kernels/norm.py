@@ -114,7 +114,7 @@ class _NormBase(CudaSourceKernel):
         rows = TensorAttributes(x_type, _ROWS, vec)
         # the weight (and bias) in 16-byte pieces where the rows are: 16 bytes of its type at most
         weight = TensorAttributes(w_type, _VECTOR, min(vec, 16 // w_type.bytes))
-        longest = norm_plan.max_cols(strategy, cls.backward)
+        longest = norm_plan.max_cols(strategy, cls.backward, vec, x_type.bytes)
         if cls.backward:
             operands = cls._operands_type(rows, rows, weight, rows, max_cols=longest)
         else:

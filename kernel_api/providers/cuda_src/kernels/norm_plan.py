@@ -5,9 +5,9 @@ the benchmarks.
 Three strategies:
 
 - ``warp``: one warp per row, `WARPS_PER_CTA` rows per CTA, the row in registers (``nv``
-  vectors per lane): rows of up to 32 x `MAX_ELEMENTS` elements;
+  vectors per lane): rows of up to 32 x `max_elements` elements;
 - ``block``: one CTA per row, the row in registers, ``threads`` sized to the row (a multiple of
-  32, at most `MAX_THREADS`): rows of up to `MAX_THREADS` x `MAX_ELEMENTS` elements;
+  32, at most `MAX_THREADS`): rows of up to `MAX_THREADS` x `max_elements` elements;
 - ``looped``: one CTA of `LOOPED_THREADS` per row of any length, a pass over the row per
   statistic.
 
@@ -28,8 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Elements one thread holds per row, at most (registers: the forward holds one row, the
-#: backward two plus its column sums).
-MAX_ELEMENTS = {False: 32, True: 16}
+#: backward two plus its column sums), by (backward, single-element accesses or 4-byte rows).
+#: Past these the sm_90a cubins spill (ptxas -v): the forward of single elements at 32 (each
+#: element its own 64-bit address), the backward of f32 or single elements at 16.
+MAX_ELEMENTS = {(False, False): 32, (False, True): 16, (True, False): 16, (True, True): 8}
 #: Bytes of a row one thread holds, the target: the forward 64 (bf16: 32 elements, f32: 16),
 #: the backward 32 per row (bf16: 16, f32: 8), as the register softmax kernels measured best.
 BYTES_PER_THREAD = {False: 64, True: 32}
@@ -44,12 +46,17 @@ MIN_ROWS_PER_UNIT = 2
 STRATEGIES = ("warp", "block", "looped")
 
 
-def max_cols(strategy: str, backward: bool) -> int | None:
+def max_elements(backward: bool, vec: int, elem_bytes: int) -> int:
+    """`MAX_ELEMENTS` for a direction, vector width and element size."""
+    return MAX_ELEMENTS[backward, vec == 1 or (backward and elem_bytes == 4)]
+
+
+def max_cols(strategy: str, backward: bool, vec: int, elem_bytes: int) -> int | None:
     """The longest row a strategy takes (None: any)."""
     if strategy == "warp":
-        return 32 * MAX_ELEMENTS[backward]
+        return 32 * max_elements(backward, vec, elem_bytes)
     if strategy == "block":
-        return MAX_THREADS[backward] * MAX_ELEMENTS[backward]
+        return MAX_THREADS[backward] * max_elements(backward, vec, elem_bytes)
     return None
 
 
@@ -79,7 +86,7 @@ def template_shape(strategy: str, backward: bool, cols: int, vec: int, elem_byte
     if strategy == "looped":
         return Shape("looped", 0, vec)
     nvec = max(1, -(-cols // vec))
-    most = max(1, MAX_ELEMENTS[backward] // vec)
+    most = max(1, max_elements(backward, vec, elem_bytes) // vec)
     if strategy == "warp":
         nv = -(-nvec // 32)
         return Shape("warp", nv, vec) if nv <= most else None
