@@ -18,7 +18,7 @@ Time: the median of ``--repeat`` steps, contestants in shuffled turns (benchmark
 during one step minus what was allocated before it (the inputs), so the gradients the step leaves
 count. Printed: ms, GB, and each anchor's time and memory over ours (above 1: ours is faster or
 smaller). Also (unless ``--no-rows``) the per-row loss alone on (tokens x vocabulary) bf16 logits:
-``ops.cross_entropy`` against ``F.cross_entropy``, its compile and Liger's cross-entropy, with
+``ops.cross_entropy`` against ``F.cross_entropy``, Liger's cross-entropy and (``--rows-compile``) torch.compile, with
 the bandwidth of ours (the logits read twice and the gradient written once).
 JSON: benchmarks/results/cross_entropy-<device>.json (and a copy in ``$OUT``).
 """
@@ -141,7 +141,7 @@ def rows_case(tokens, vocab, args, liger_ce) -> dict:
         return F.cross_entropy(x, t)
 
     losses = {"ours": lambda: ops.cross_entropy(x, t), "eager": eager}
-    if not args.no_compile:
+    if args.rows_compile:
         losses["compile"] = torch.compile(eager)
     if liger_ce is not None:
         losses["liger"] = lambda: liger_ce(x, t)
@@ -157,6 +157,37 @@ def rows_case(tokens, vocab, args, liger_ce) -> dict:
     moved = 3 * tokens * vocab * 2
     return {"times_ms": times, "host_behind": behind, "extra_peak_gb": memory,
             "loss": values, "ours_tb_s": moved / (times["ours"] * 1e-3) / 1e12}
+
+
+def breakdown_case(tokens, hidden, vocab, chunk, args) -> dict:
+    """Median ms of each piece of one chunk of ours (``chunk`` tokens), back to back: the logits
+    GEMM, the row kernel (loss and in-place gradient), the hidden-state gradient GEMM, the weight
+    gradient's ``addmm_`` (bf16 accumulator read and written) and its first, write-only, GEMM."""
+    from kernel_api import get_kernels
+    from kernel_api.arguments import CrossEntropyArguments
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    h = torch.randn(chunk, hidden, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16, generator=g) / hidden ** 0.5
+    t = torch.randint(0, vocab, (chunk,), device="cuda", generator=g)
+    logits = torch.empty(chunk, vocab, device="cuda", dtype=torch.bfloat16)
+    gh, gw = torch.empty_like(h), torch.zeros_like(w)
+    loss, lse = torch.empty(chunk, device="cuda"), torch.empty(chunk, device="cuda")
+    scale = torch.ones((), device="cuda").expand(chunk)
+    row_args = CrossEntropyArguments(logits, t, loss, lse, grad_logits=logits, grad_loss=scale)
+    kernel = [k for k in get_kernels(row_args) if type(k).__name__.startswith("Cuda")][0]
+    artifact = kernel.compile(row_args)
+    pieces = {"logits_gemm": lambda i: torch.mm(h, w.t(), out=logits),
+              "row_kernel": lambda i: kernel.run(row_args, compiled_artifact=artifact),
+              "grad_h_gemm": lambda i: torch.mm(logits, w, out=gh),
+              "grad_w_addmm": lambda i: gw.addmm_(logits.t(), h),
+              "grad_w_first": lambda i: torch.mm(logits.t(), h, out=gw)}
+    times, _ = time_group(pieces, args.repeat * 2)
+    flops = 2 * chunk * hidden * vocab
+    chunks = -(-tokens // chunk)
+    return {"chunk": chunk, "times_ms": times, "per_step_ms": {k: v * chunks for k, v in times.items()},
+            "gemm_tflops": {k: flops / (v * 1e-3) / 1e12 for k, v in times.items() if "gemm" in k or "grad_w" in k},
+            "row_kernel_tb_s": 3 * chunk * vocab * 2 / (times["row_kernel"] * 1e-3) / 1e12}
 
 
 def _report(label, case, lines) -> None:
@@ -185,11 +216,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10, help="timed steps per contestant")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     ap.add_argument("--no-rows", action="store_true", help="leave the per-row cross-entropy out")
+    ap.add_argument("--rows-compile", action="store_true", help="time torch.compile on the per-row cross-entropy too")
+    ap.add_argument("--breakdown", default="", help="also time the pieces of one chunk at these tokens per chunk")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     args = ap.parse_args()
     args.chunks = [int(c) for c in args.chunks.split(",") if c]
     liger, liger_ce = _liger()
-    doc = results_io.result_doc(chunk_tokens=cross_entropy_math.CHUNK_TOKENS, linear={}, rows={})
+    doc = results_io.result_doc(chunk_tokens=cross_entropy_math.CHUNK_TOKENS, linear={}, rows={}, breakdown={})
     lines = []
     for shape in args.shapes.split(","):
         tokens, hidden, vocab = (int(v) for v in shape.split("x"))
@@ -197,15 +230,22 @@ def main() -> None:
         doc["linear"][shape] = case
         _report(shape, case, lines)
         print("\n".join(lines[-20:]), flush=True)
+        for chunk in [int(c) for c in args.breakdown.split(",") if c]:
+            parts = breakdown_case(tokens, hidden, vocab, chunk, args)
+            doc["breakdown"][f"{shape}@{chunk}"] = parts
+            lines.append(f"  pieces at {chunk} tokens per chunk, ms per step: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in parts["per_step_ms"].items()) + "; TFLOP/s: " + ", ".join(
+                f"{k} {v:.0f}" for k, v in parts["gemm_tflops"].items()) + f"; row kernel {parts['row_kernel_tb_s']:.2f} TB/s")
         if not args.no_rows:
             rows = rows_case(tokens, vocab, args, liger_ce)
             doc["rows"][f"{tokens}x{vocab}"] = rows
             _report(f"cross_entropy {tokens}x{vocab}", rows, lines)
         gc.collect()
         torch.cuda.empty_cache()
+        name = results_io.result_name("cross_entropy", torch.cuda.get_device_name(), args.tag)
+        paths = results_io.write_result_with_text(name, doc, lines)  # (after each shape: a timeout keeps the rest)
     print("\n".join(lines))
-    print(results_io.write_result_with_text(results_io.result_name("cross_entropy", torch.cuda.get_device_name(),
-                                                                   args.tag), doc, lines))
+    print(paths)
 
 
 if __name__ == "__main__":
