@@ -244,17 +244,17 @@ class _NormForward(_NormBase):
     def _launcher(self, args: Any, artifact: Any) -> Launcher | None:
         if args.rows == 0 or args.cols == 0:
             return None
-        shape = self._artifact_shape(args, artifact)
-        launch = norm_plan.forward_launch(shape, args.rows, args.cols)
-        names = list(args.tensor_attributes)
-        T = native.TENSOR
-        layout = tuple((8, 0) if getattr(args, op) is None else (T, names.index(op))
-                       for op in ("x", "residual", "weight", "bias", "out", "residual_out"))
-        layout += tuple((8, value) for value in self._parameters(args))
-        key = (id(artifact), layout, launch.grid, launch.threads)
+        params = self._parameters(args)
+        key = (id(artifact), params, args.residual is not None, args.bias is not None)
         recorded = self.__dict__.setdefault("_recorded", {})
         found = recorded.get(key)
         if found is None:
+            launch = norm_plan.forward_launch(self._artifact_shape(args, artifact), args.rows, args.cols)
+            names = list(args.tensor_attributes)
+            T = native.TENSOR
+            layout = tuple((8, 0) if getattr(args, op) is None else (T, names.index(op))
+                           for op in ("x", "residual", "weight", "bias", "out", "residual_out"))
+            layout += tuple((8, value) for value in params)
             function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), len(names),
                                           (launch.grid, 1, 1), (launch.threads, 1, 1), 0, layout)
             if function is None:

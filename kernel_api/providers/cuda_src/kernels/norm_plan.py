@@ -21,10 +21,13 @@ its column sums of dy * xhat (and dy) and writing them to its own row of an f32 
 (resident threads x elements per thread) floats per plane, whatever the row length, so the
 backward keeps `BACKWARD_THREADS_PER_SM` threads resident per SM: enough loads in flight,
 few partial sums.
+
+The planning functions are pure and cached: a launch looks its plan up instead of computing it.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 #: Elements one thread holds per row, at most (registers: the forward holds one row, the
@@ -78,6 +81,7 @@ class Launch:
     units: int
 
 
+@functools.lru_cache(maxsize=4096)
 def template_shape(strategy: str, backward: bool, cols: int, vec: int, elem_bytes: int,
                    bytes_per_thread: int | None = None) -> Shape | None:
     """The vectors per thread a strategy compiles for rows of ``cols`` elements, or None when
@@ -100,6 +104,7 @@ def template_shape(strategy: str, backward: bool, cols: int, vec: int, elem_byte
     return Shape("block", nv, vec)
 
 
+@functools.lru_cache(maxsize=4096)
 def cta_threads(shape: Shape, cols: int, backward: bool) -> int | None:
     """Threads per CTA for ``cols`` on a kernel compiled for ``shape``; None when it cannot
     take the row (too long for its registers)."""
@@ -112,6 +117,7 @@ def cta_threads(shape: Shape, cols: int, backward: bool) -> int | None:
     return threads if threads <= MAX_THREADS[backward] else None
 
 
+@functools.lru_cache(maxsize=4096)
 def forward_launch(shape: Shape, rows: int, cols: int) -> Launch | None:
     """The forward's launch: a CTA per row (``warp``: per `WARPS_PER_CTA` rows)."""
     threads = cta_threads(shape, cols, False)
@@ -122,6 +128,7 @@ def forward_launch(shape: Shape, rows: int, cols: int) -> Launch | None:
     return Launch(grid, threads, grid * per_cta)
 
 
+@functools.lru_cache(maxsize=4096)
 def backward_launch(shape: Shape, rows: int, cols: int, sm_count: int,
                     threads_per_sm: int = BACKWARD_THREADS_PER_SM) -> Launch | None:
     """The backward's persistent launch: about ``threads_per_sm`` resident threads per SM, no
