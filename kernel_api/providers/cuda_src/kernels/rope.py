@@ -12,8 +12,8 @@ One launch rotates q and k. A work item is one position of one batch, one group 
 per item, the heads' loads are all in flight before the stores, and every operand is addressed
 through its own strides (transformers' transposed q and k are read in place). The problem is
 streamed once: q and k read, q_out and k_out written, cos and sin read once per position (from
-cache for the other heads and groups). A launch is recorded (`_launcher`), so repeated calls
-with equal operands replay it from C.
+cache for the other heads and groups). Launches go through C launch functions recorded per
+grid and constants (`RecordedLaunches`), which `_launcher` also offers for `Kernel.run`'s binding.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from .... import native
 from ....arguments.rope import RopeArguments, RopeBackwardArguments
 from ....core.arch import planning_sm_count
 from ....core.dtypes import DataType
@@ -33,6 +32,7 @@ from ....metadata import KernelMetadata, TensorAttributes
 from ....metadata.rope import RopeBackwardOperandsMetadata, RopeOperandsMetadata
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
+from .pointwise_launch import RecordedLaunches
 
 _TYPES = {DataType.f32: "ka_rope::F32", DataType.f16: "ka_rope::F16", DataType.bf16: "ka_rope::BF16"}
 _ROWS = (0, 1)
@@ -108,15 +108,14 @@ class _CudaRopeBase(CudaSourceKernel):
     def launch_config(self, args: Any) -> tuple:
         return self._grid(args), THREADS
 
-    def _constants(self, args: Any) -> list[int]:
+    def _constants(self, args: Any) -> tuple[int, ...]:
         """The kernel's parameters after the six pointers: sizes, then each operand's strides."""
         items, groups, nj = work_items(args, self.vec)
-        names = list(args.tensor_attributes)
         st = args.strides
-        q, k, cos, sin, qo, ko = (st[n] for n in names)
-        return [items, args.seq, args.heads_q, args.heads_k, groups, nj, args.head_dim // 2,
+        q, k, cos, sin, qo, ko = (st[n] for n in args.tensor_attributes)
+        return (items, args.seq, args.heads_q, args.heads_k, groups, nj, args.head_dim // 2,
                 q.batch, q.head, q.seq, k.batch, k.head, k.seq, cos.batch, cos.seq, sin.batch, sin.seq,
-                qo.batch, qo.head, qo.seq, ko.batch, ko.head, ko.seq]
+                qo.batch, qo.head, qo.seq, ko.batch, ko.head, ko.seq)
 
     def kernel_arguments(self, args: Any) -> tuple:
         return (*[getattr(args, n).data_ptr() for n in args.tensor_attributes], *self._constants(args))
@@ -124,22 +123,29 @@ class _CudaRopeBase(CudaSourceKernel):
     def _empty(self, args: Any) -> bool:
         return args.batch * args.seq * args.head_dim * (args.heads_q + args.heads_k) == 0
 
+    def _recorded(self, args: Any, artifact: Any) -> Launcher | None:
+        launches = self.__dict__.get("_launches")
+        if launches is None:
+            launches = self.__dict__["_launches"] = RecordedLaunches()
+        return launches.get(artifact, (self._grid(args), 1, 1), (THREADS, 1, 1), 6, self._constants(args))
+
     def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
         if self._empty(args):
             return
         device = args.device.index
         if device is None:
             device = torch.cuda.current_device()
+        launcher = self._recorded(args, artifact)
+        if launcher is not None:
+            launcher.function(*[getattr(args, n) for n in args.tensor_attributes], stream_handle(stream, device))
+            return
         artifact.compiled_obj.launch(stream_handle(stream, device), device, self._grid(args), THREADS, 0,
                                      self.kernel_arguments(args))
 
     def _launcher(self, args: Any, artifact: Any) -> Launcher | None:
         if self._empty(args):  # nothing is launched: nothing to repeat
             return None
-        parameters = [(native.TENSOR, i) for i in range(6)] + [(8, v) for v in self._constants(args)]
-        function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), 6, (self._grid(args), 1, 1),
-                                      (THREADS, 1, 1), 0, tuple(parameters))
-        return None if function is None else Launcher(function)
+        return self._recorded(args, artifact)
 
 
 @CudaSourceProvider.register

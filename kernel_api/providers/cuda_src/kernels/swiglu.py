@@ -11,8 +11,8 @@ activation (``name_expression``; the compile key holds it).
 The problem is streamed once: the forward reads gate and up and writes out (3 operands' bytes),
 the backward reads grad_out, gate and up and writes both gradients (5). A CTA covers TY rows of
 TX threads; dense operands come as one row, walked by a grid of at most `CTAS_PER_SM` CTAs per
-SM. A launch is recorded (`_launcher`: grid, block and row parameters fixed by the operands'
-metadata), so repeated calls with equal operands replay it from C.
+SM. Launches go through C launch functions recorded per grid and constants
+(`RecordedLaunches`), which `_launcher` also offers for `Kernel.run`'s binding.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from .... import native
 from ....arguments.activations import GATE_ACTIVATIONS, GatedActivationArguments, GatedActivationBackwardArguments
 from ....core.arch import planning_sm_count
 from ....core.dtypes import DataType
@@ -31,6 +30,7 @@ from ....metadata import KernelMetadata, TensorAttributes
 from ....metadata.activations import GatedActivationBackwardOperandsMetadata, GatedActivationOperandsMetadata
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
+from .pointwise_launch import RecordedLaunches
 
 _TYPES = {DataType.f32: "ka_glu::F32", DataType.f16: "ka_glu::F16", DataType.bf16: "ka_glu::BF16"}
 _ACTIVATIONS = {"silu": "ka_glu::SILU", "gelu_tanh": "ka_glu::GELU_TANH", "gelu": "ka_glu::GELU_ERF"}
@@ -110,34 +110,37 @@ class _CudaGatedBase(CudaSourceKernel):
     def launch_config(self, args: Any) -> tuple:
         return self._shape(args)
 
-    def _parameters(self, args: Any) -> list[tuple[int, int]]:
-        """The kernel's parameters as `native.cuda_launch` takes them: the operands by index
-        (``tensor_attributes`` order), then rows, cols and each operand's row stride."""
-        names = list(args.tensor_attributes)
-        return ([(native.TENSOR, i) for i in range(len(names))] + [(8, args.rows), (8, args.cols)]
-                + [(8, args.row_strides[n]) for n in names])
+    def _constants(self, args: Any) -> tuple[int, ...]:
+        """The kernel's parameters after the operand pointers: rows, cols, each operand's row stride."""
+        return (args.rows, args.cols, *[args.row_strides[n] for n in args.tensor_attributes])
 
     def kernel_arguments(self, args: Any) -> tuple:
-        names = list(args.tensor_attributes)
-        return (*[getattr(args, n).data_ptr() for n in names], args.rows, args.cols,
-                *[args.row_strides[n] for n in names])
+        return (*[getattr(args, n).data_ptr() for n in args.tensor_attributes], *self._constants(args))
+
+    def _recorded(self, args: Any, artifact: Any) -> Launcher | None:
+        grid, block = self._shape(args)
+        launches = self.__dict__.get("_launches")
+        if launches is None:
+            launches = self.__dict__["_launches"] = RecordedLaunches()
+        return launches.get(artifact, (*grid, 1), (*block, 1), len(args.tensor_attributes), self._constants(args))
 
     def _run(self, args: Any, artifact: Any, stream: Any, workspace: Any = None) -> None:
         if args.rows == 0 or args.cols == 0:
             return
-        grid, block = self._shape(args)
         device = args.device.index
         if device is None:
             device = torch.cuda.current_device()
+        launcher = self._recorded(args, artifact)
+        if launcher is not None:
+            launcher.function(*[getattr(args, n) for n in args.tensor_attributes], stream_handle(stream, device))
+            return
+        grid, block = self._shape(args)
         artifact.compiled_obj.launch(stream_handle(stream, device), device, grid, block, 0, self.kernel_arguments(args))
 
     def _launcher(self, args: Any, artifact: Any) -> Launcher | None:
         if args.rows == 0 or args.cols == 0:  # nothing is launched: nothing to repeat
             return None
-        grid, block = self._shape(args)
-        function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), len(args.tensor_attributes),
-                                      (*grid, 1), (*block, 1), 0, tuple(self._parameters(args)))
-        return None if function is None else Launcher(function)
+        return self._recorded(args, artifact)
 
 
 @CudaSourceProvider.register
