@@ -18,6 +18,7 @@ from kernel_api.nn import Linear, lowering, patch, set_compile_lowering
 from kernel_api.ops import dispatch
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
+_GEMM_EAGER = dispatch._gemm_eager  # the front door's own, for the layout test
 
 
 def _stand_in_gemm(A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream):
@@ -182,6 +183,50 @@ def test_forcing_per_layer_and_per_class_retraces_and_keeps_values():
             Linear.compile_lowering = "auto"
     with pytest.raises(ValueError, match="compile_lowering"):
         set_compile_lowering(layer, "cublas")
+
+
+# ---- the op's fake implementation -----------------------------------------------------------
+def _launch_with_torch(args, stream=None, fast_key=None, tensors=(), tag=0, new_output=False, maker=None):
+    """A `dispatch._launch` stand-in: the GemmArguments' GEMM with torch, into ``args.out``."""
+    ep = args.epilogue
+    z = args.A @ args.B
+    if ep is not None:
+        z = ep.alpha * z
+        if ep.bias is not None:
+            z = z + (ep.bias if ep.bias_kind == "row" else ep.bias.reshape(-1, 1))
+        if ep.activation is not None:
+            z = _ACTIVATIONS[ep.activation](z)
+    args.out.copy_(z)
+
+
+@pytest.mark.parametrize("M,K,N,dtype", [(8, 24, 37, torch.float32), (256, 24, 37, torch.float32),
+                                         (300, 64, 1037, torch.float32), (5, 16, 40, torch.float64),
+                                         (257, 32, 2047, torch.bfloat16)])
+def test_the_ops_fake_gives_the_implementations_shape_and_strides(monkeypatch, M, K, N, dtype):
+    """What Inductor allocates around the op and asserts after it: the fake implementation's
+    shape and strides equal the implementation's (padded rows where the misaligned columns are
+    split off), with and without bias and activation; compiled, the layer returns that layout."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    monkeypatch.setattr(dispatch, "_gemm_eager", _GEMM_EAGER)
+    monkeypatch.setattr(dispatch, "_launch", _launch_with_torch)
+    g = torch.Generator().manual_seed(5)
+    A = torch.randn(M, K, generator=g).to(dtype)
+    W = torch.randn(N, K, generator=g).to(dtype)
+    bias = torch.randn(N, generator=g).to(dtype)
+    for b, act in ((None, None), (bias, "relu")):
+        real = torch.ops.kernel_api.gemm(A, W.t(), None, b, 1.0, 0.0, act)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = torch.ops.kernel_api.gemm(mode.from_tensor(A), mode.from_tensor(W).t(), None,
+                                             None if b is None else mode.from_tensor(b), 1.0, 0.0, act)
+        assert fake.shape == real.shape and fake.stride() == real.stride(), (real.stride(), fake.stride())
+        ref = A.double() @ W.double().t() + (0 if b is None else b.double())
+        ref = ref if act is None else F.relu(ref)
+        torch.testing.assert_close(real.double(), ref, rtol=2e-2, atol=2e-2)
+    layer = Linear(K, N, dtype=dtype)
+    layer.compile_lowering = "kernel_api"
+    with torch.no_grad():
+        y = torch.compile(layer, backend="aot_eager", fullgraph=True)(A)
+        assert y.stride() == real.stride()
 
 
 # ---- a transformers GPT-2, decoding ---------------------------------------------------------
