@@ -65,10 +65,12 @@ def reduce(op: str, axis: str, x: torch.Tensor) -> torch.Tensor:
     x = x.reshape(-1, *x.shape[-2:]) if x.dim() >= 2 else x.reshape(1, 1, -1)
     dims = {"row": (0, 2), "column": (0, 1), "all": (0, 1, 2)}[axis]
     if op == "sum":
-        return x.sum(dim=dims)
-    if op == "max":
-        return x.amax(dim=dims)
-    return x.amin(dim=dims)
+        r = x.sum(dim=dims)
+    elif op == "max":
+        r = x.amax(dim=dims)
+    else:
+        r = x.amin(dim=dims)
+    return r.reshape(1) if axis == "all" else r
 
 
 def evaluate(graph: EpilogueGraph, accum: torch.Tensor, operands: dict[str, Any],
