@@ -88,12 +88,15 @@ def _bad_cases():
         (lambda: LinearCrossEntropyArguments(h, w.double(), t, loss), TypeError, "operand weight: dtype torch.float64"),
         (lambda: LinearCrossEntropyArguments(h, w, t, loss, bias=torch.randn(7)), ValueError, "operand bias: shape (7,)"),
         (lambda: LinearCrossEntropyArguments(h, w, t, loss, grad_hidden=h.clone()), ValueError,
-         "operand grad_weight: required with the other gradient operands"),
+         "operand grad_loss: required with the gradient outputs"),
+        (lambda: LinearCrossEntropyArguments(h, w, t, loss, grad_loss=torch.ones(4)), ValueError,
+         "operand grad_loss: given without a gradient output"),
         (lambda: LinearCrossEntropyArguments(h, w, t, loss, grad_hidden=torch.empty(4, 7), grad_weight=w.clone(),
                                              grad_loss=torch.ones(4)), ValueError, "operand grad_hidden: shape (4, 7)"),
-        (lambda: LinearCrossEntropyArguments(h, w, t, loss, bias=torch.randn(8), grad_hidden=h.clone(),
-                                             grad_weight=w.clone(), grad_loss=torch.ones(4)), ValueError,
-         "operand grad_bias: required with bias"),
+        (lambda: LinearCrossEntropyArguments(h, w, t, loss, grad_bias=torch.empty(8), grad_loss=torch.ones(4)),
+         ValueError, "operand grad_bias: given without bias"),
+        (lambda: LinearCrossEntropyArguments(h, w, t, loss, grad_weight=w.t().contiguous().t(), grad_loss=torch.ones(4)),
+         ValueError, "operand grad_weight: strides (1, 8) but it must be contiguous"),
     ]
 
 
@@ -131,7 +134,10 @@ def test_output_names_problem_key_and_repr():
     lin = LinearCrossEntropyArguments(h, w, t.view(-1), torch.empty(6), bias=torch.randn(8), grad_hidden=h.clone(),
                                       grad_weight=w.clone(), grad_bias=torch.empty(8), grad_loss=torch.ones(6))
     assert type(lin).output_names == ("loss", "grad_hidden", "grad_weight", "grad_bias")
-    assert "tokens=6, hidden=4, vocab=8" in repr(lin)
+    assert "tokens=6, hidden=4, vocab=8" in repr(lin) and "gradients of hidden/weight/bias" in repr(lin)
+    frozen = LinearCrossEntropyArguments(h, w, t.view(-1), torch.empty(6), grad_hidden=h.clone(),
+                                         grad_loss=torch.ones(6))
+    assert type(frozen).output_names == ("loss", "grad_hidden") and isinstance(frozen, LinearCrossEntropyArguments)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -248,6 +254,31 @@ def test_chunk_tokens_bounds_the_buffer():
     assert chunk_tokens(10**6, 10**7, 4) == 13  # 512 MiB of f32 logits at most
     assert chunk_tokens(0, 10, 2) == 1
     assert chunk_tokens(5000, 32000, 2, tokens=300) == 256
+
+
+@pytest.mark.parametrize("frozen", ["weight", "hidden"])
+def test_frozen_inputs_get_no_gradient_and_cost_no_gemm(cpu_ops, frozen):
+    g = torch.Generator().manual_seed(6)
+    h = torch.randn(5, 4, dtype=torch.float64, generator=g, requires_grad=frozen != "hidden")
+    w = torch.randn(9, 4, dtype=torch.float64, generator=g, requires_grad=frozen != "weight")
+    t = torch.randint(0, 9, (5,), generator=g)
+    ops.linear_cross_entropy(h, w, t, label_smoothing=0.1).backward()
+    live, dead = (h, w) if frozen == "weight" else (w, h)
+    hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
+    reference(F.linear(hh, ww), t, label_smoothing=0.1).backward()
+    torch.testing.assert_close(live.grad, hh.grad if live is h else ww.grad)
+    assert dead.grad is None
+    args_seen = []
+    real = LinearCrossEntropyArguments.__init__
+
+    def spy(self, *a, **k):
+        args_seen.append(type(self).output_names)
+        real(self, *a, **k)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(LinearCrossEntropyArguments, "__init__", spy)
+        ops.linear_cross_entropy(h, w, t).backward()
+    assert args_seen == [("loss", "grad_hidden" if frozen == "weight" else "grad_weight")]
 
 
 def test_inference_runs_the_loss_only_op(cpu_ops, monkeypatch):

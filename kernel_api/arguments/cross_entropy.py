@@ -302,9 +302,12 @@ class CrossEntropyBackwardArguments(Arguments):
                 f"label_smoothing={self.label_smoothing:g}, z_loss={self.z_loss:g}, device={self.device})")
 
 
+_GRADIENTS = ("grad_hidden", "grad_weight", "grad_bias")
+
+
 class LinearCrossEntropyArguments(Arguments):
     """Cross-entropy of ``logits = hidden @ weight.T (+ bias)`` per token, without the logits;
-    with the gradient outputs, also the gradients of ``sum(grad_loss * loss)``.
+    with gradient outputs, also those gradients of ``sum(grad_loss * loss)``.
 
     Args:
         hidden: (tokens, hidden size), f16, bf16 or f32 (f64 on the torch provider), row-major
@@ -313,9 +316,10 @@ class LinearCrossEntropyArguments(Arguments):
         target: (tokens,), int64 or int32, dense.
         loss: receives the per-token loss: (tokens,), float32 (float64 for f64), dense.
         bias: optional, (vocabulary,), hidden's dtype, dense.
-        grad_hidden, grad_weight: optional (both or neither), hidden's and weight's shape and
-            dtype, dense; grad_bias with a bias (bias's shape and dtype).
-        grad_loss: with the gradients: each token's loss weight (loss's dtype, or a broadcast
+        grad_hidden, grad_weight, grad_bias: optional, each receives its input's gradient
+            (its input's shape and dtype, dense); any subset (a frozen weight needs none of
+            its own), grad_bias only with a bias.
+        grad_loss: with any gradient: each token's loss weight (loss's dtype, or a broadcast
             scalar).
         ignore_index, label_smoothing, z_loss: as for `CrossEntropyArguments`.
     """
@@ -324,12 +328,14 @@ class LinearCrossEntropyArguments(Arguments):
                  "ignore_index", "label_smoothing", "z_loss", "rows", "cols", "vocab")
     output_names = ("loss",)
     kind = "linear_cross_entropy"
-    _with_grad: type | None = None
-    _with_grad_bias: type | None = None
+    #: The subclass of each set of outputs (`kernel_api.ops.call` returns the outputs the type
+    #: names): construction picks it; users name only this class.
+    _by_outputs: dict = {}
 
-    def __new__(cls, *args: Any, grad_hidden: Any = None, bias: Any = None, **kwargs: Any) -> "LinearCrossEntropyArguments":
-        if grad_hidden is not None and cls._with_grad is not None:
-            cls = cls._with_grad_bias if bias is not None else cls._with_grad
+    def __new__(cls, *args: Any, **kwargs: Any) -> "LinearCrossEntropyArguments":
+        names = ("loss", *[n for n in _GRADIENTS if kwargs.get(n) is not None])
+        if len(names) > 1 and cls is LinearCrossEntropyArguments:
+            cls = _with_outputs(names)
         return object.__new__(cls)
 
     def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, *,
@@ -357,24 +363,21 @@ class LinearCrossEntropyArguments(Arguments):
         _device(loss, "loss", hidden, "hidden")
         if bias is not None:
             attrs["bias"] = _vector(bias, "bias", self.vocab, hidden)
-        grads = (grad_hidden, grad_weight, grad_loss)
-        if any(g is not None for g in grads) and not all(g is not None for g in grads):
-            missing = [n for n, g in zip(("grad_hidden", "grad_weight", "grad_loss"), grads) if g is None][0]
-            raise ValueError(f"operand {missing}: required with the other gradient operands (grad_hidden, "
-                             f"grad_weight and grad_loss come together)")
         if grad_hidden is not None:
             attrs["grad_hidden"] = _like(grad_hidden, "grad_hidden", hidden, "hidden")
+        if grad_weight is not None:
             attrs["grad_weight"] = _like(grad_weight, "grad_weight", weight, "weight")
+        if grad_bias is not None:
+            if bias is None:
+                raise ValueError("operand grad_bias: given without bias")
+            attrs["grad_bias"] = _vector(grad_bias, "grad_bias", self.vocab, hidden)
+        wants = grad_hidden is not None or grad_weight is not None or grad_bias is not None
+        if wants != (grad_loss is not None):
+            raise ValueError("operand grad_loss: required with the gradient outputs" if wants else
+                             "operand grad_loss: given without a gradient output (grad_hidden, grad_weight, grad_bias)")
+        if grad_loss is not None:
             attrs["grad_loss"] = _per_row(grad_loss, "grad_loss", rows_shape, floats, what, broadcast=True)
             _device(grad_loss, "grad_loss", hidden, "hidden")
-            if bias is not None:
-                if grad_bias is None:
-                    raise ValueError("operand grad_bias: required with bias when the gradients are requested")
-                attrs["grad_bias"] = _vector(grad_bias, "grad_bias", self.vocab, hidden)
-                if grad_bias.dtype != bias.dtype:
-                    raise TypeError(f"operand grad_bias: dtype {grad_bias.dtype} must equal bias's {bias.dtype}")
-        if grad_bias is not None and (bias is None or grad_hidden is None):
-            raise ValueError("operand grad_bias: given without bias and the other gradients")
         self.hidden, self.weight, self.target, self.loss, self.bias = hidden, weight, target, loss, bias
         self.grad_hidden, self.grad_weight, self.grad_bias, self.grad_loss = grad_hidden, grad_weight, grad_bias, grad_loss
         self.ignore_index, self.label_smoothing, self.z_loss = _scalars(ignore_index, label_smoothing, z_loss)
@@ -383,6 +386,11 @@ class LinearCrossEntropyArguments(Arguments):
         self._verdicts = self._binding = None
         self.tensor_attributes = attrs
         self.signature = (self.kind, *[(n, a.key()) for n, a in attrs.items()], self.device_index)
+
+    @property
+    def wants_gradient(self) -> bool:
+        """Whether any gradient output is given."""
+        return self.grad_loss is not None
 
     def problem_key(self) -> tuple:
         """The signature with the tokens, hidden size and vocabulary."""
@@ -393,29 +401,23 @@ class LinearCrossEntropyArguments(Arguments):
         _check_disjoint(self, type(self).output_names)
 
     def __repr__(self) -> str:
-        grad = ", gradients" if self.grad_hidden is not None else ""
+        grads = [n[5:] for n in _GRADIENTS if getattr(self, n) is not None]
+        grad = f", gradients of {'/'.join(grads)}" if grads else ""
         bias = ", bias" if self.bias is not None else ""
         return (f"LinearCrossEntropyArguments(tokens={self.rows}, hidden={self.cols}, vocab={self.vocab}, "
                 f"dtype={self.tensor_attributes['hidden'].dtype}{bias}, ignore_index={self.ignore_index}, "
                 f"label_smoothing={self.label_smoothing:g}, z_loss={self.z_loss:g}{grad}, device={self.device})")
 
 
-class _LinearCrossEntropyGradArguments(LinearCrossEntropyArguments):
-    """With the gradients: outputs loss, grad_hidden, grad_weight."""
-
-    __slots__ = ()
-    output_names = ("loss", "grad_hidden", "grad_weight")
-
-
-class _LinearCrossEntropyGradBiasArguments(LinearCrossEntropyArguments):
-    """With the gradients and a bias: outputs loss, grad_hidden, grad_weight, grad_bias."""
-
-    __slots__ = ()
-    output_names = ("loss", "grad_hidden", "grad_weight", "grad_bias")
-
-
-LinearCrossEntropyArguments._with_grad = _LinearCrossEntropyGradArguments
-LinearCrossEntropyArguments._with_grad_bias = _LinearCrossEntropyGradBiasArguments
+def _with_outputs(names: tuple[str, ...]) -> type:
+    """The `LinearCrossEntropyArguments` subclass whose outputs are ``names``."""
+    found = LinearCrossEntropyArguments._by_outputs.get(names)
+    if found is None:
+        doc = f"`LinearCrossEntropyArguments` with outputs {', '.join(names)}."
+        found = type(f"_LinearCrossEntropy_{'_'.join(n[5:] for n in names[1:])}", (LinearCrossEntropyArguments,),
+                     {"__slots__": (), "output_names": names, "__doc__": doc, "__module__": __name__})
+        LinearCrossEntropyArguments._by_outputs[names] = found
+    return found
 
 
 def _dense_matrix(t: Any, name: str) -> tuple[TensorAttributes, int, int]:

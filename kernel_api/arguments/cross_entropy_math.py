@@ -110,12 +110,11 @@ def linear_cross_entropy_chunks(args: Any, row_kernel: RowKernel, tokens: int | 
     """
     h, w, b = args.hidden, args.weight, args.bias
     n, vocab = args.rows, args.vocab
-    grads = args.grad_hidden is not None
+    grads = args.wants_gradient
     if n == 0:
-        if grads:
-            args.grad_weight.zero_()
-            if args.grad_bias is not None:
-                args.grad_bias.zero_()
+        for out in (args.grad_weight, args.grad_bias):
+            if out is not None:
+                out.zero_()
         return
     step = tokens or chunk_tokens(n, vocab, h.element_size())
     buffer = h.new_empty((min(step, n), vocab))
@@ -129,13 +128,13 @@ def linear_cross_entropy_chunks(args: Any, row_kernel: RowKernel, tokens: int | 
             torch.addmm(b, hc, wt, out=logits)
         row_kernel(logits, args.target[start:end], args.loss[start:end],
                    args.grad_loss[start:end] if grads else None)
-        if not grads:
-            continue
-        torch.mm(logits, w, out=args.grad_hidden[start:end])
-        if start == 0:
-            torch.mm(logits.t(), hc, out=args.grad_weight)
-        else:
-            args.grad_weight.addmm_(logits.t(), hc)
+        if args.grad_hidden is not None:
+            torch.mm(logits, w, out=args.grad_hidden[start:end])
+        if args.grad_weight is not None:
+            if start == 0:
+                torch.mm(logits.t(), hc, out=args.grad_weight)
+            else:
+                args.grad_weight.addmm_(logits.t(), hc)
         if args.grad_bias is not None:
             if start == 0:
                 torch.sum(logits, 0, out=args.grad_bias)

@@ -32,7 +32,7 @@ class _CrossEntropyLimits(OperandsMetadata):
         if self.max_classes is not None and classes > self.max_classes:
             return Status.fail(f"operand logits: {classes} classes but the kernel takes at most {self.max_classes}",
                                kind=Reason.SHAPE, operand="logits", actual=classes, required=self.max_classes)
-        wants = getattr(args, "grad_logits", None) is not None or getattr(args, "grad_hidden", None) is not None
+        wants = getattr(args, "grad_logits", None) is not None or getattr(args, "wants_gradient", False)
         if wants and not self.gradient:
             return Status.fail("operand grad_logits: given but the kernel writes no gradient", kind=Reason.OTHER,
                                operand="grad_logits")

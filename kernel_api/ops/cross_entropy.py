@@ -9,9 +9,11 @@ Four ops:
   lse instead of recomputing it (one read and one write of the logits);
 - ``kernel_api::linear_cross_entropy(hidden, weight, target, bias, ...) -> loss``: per-token
   loss, no gradients;
-- ``kernel_api::linear_cross_entropy_with_grads(hidden, weight, target, grad_loss, bias, ...)
-  -> (loss, grad_hidden, grad_weight, grad_bias)``: the loss and the gradients of
-  ``sum(grad_loss * loss)`` in one chunked pass (``grad_bias`` is empty without a bias).
+- ``kernel_api::linear_cross_entropy_with_grads(hidden, weight, target, grad_loss, bias, ...,
+  hidden_grad, weight_grad, bias_grad) -> (loss, grad_hidden, grad_weight, grad_bias)``: the
+  loss and the gradients of ``sum(grad_loss * loss)`` in one chunked pass; a gradient not
+  wanted (its flag False, or no bias) is an empty tensor and costs nothing (a frozen lm_head
+  skips its weight-gradient GEMM).
 
 ``linear_cross_entropy`` computes the gradients in the forward when they are wanted (for a mean
 or a sum the per-token weights are known then: ``1 / count`` or 1), keeps them, and its
@@ -51,11 +53,19 @@ def _lce_fake(hidden: torch.Tensor, *rest: Any) -> torch.Tensor:
     return hidden.new_empty((hidden.shape[0],), dtype=loss_dtype(hidden))
 
 
+def _wanted(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rest: tuple) -> tuple:
+    """(grad_hidden, grad_weight, grad_bias) wanted, from the trailing flags given (default all)."""
+    flags = (*rest[3:6], True, True, True)[:3]  # (after ignore_index, label_smoothing, z_loss)
+    return bool(flags[0]), bool(flags[1]), bool(flags[2]) and bias is not None
+
+
 def _lce_grads_fake(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, grad_loss: torch.Tensor,
                     bias: torch.Tensor | None = None, *rest: Any) -> tuple:
-    grad_bias = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty((0,))
-    return (hidden.new_empty((hidden.shape[0],), dtype=loss_dtype(hidden)), hidden.new_empty(hidden.shape),
-            weight.new_empty(weight.shape), grad_bias)
+    want_h, want_w, want_b = _wanted(hidden, weight, bias, rest)
+    empty = hidden.new_empty((0,))
+    return (hidden.new_empty((hidden.shape[0],), dtype=loss_dtype(hidden)),
+            hidden.new_empty(hidden.shape) if want_h else empty, weight.new_empty(weight.shape) if want_w else empty,
+            bias.new_empty(bias.shape) if want_b else empty)
 
 
 # ---- the arguments of each op: inputs in schema order, outputs by name ----
@@ -81,11 +91,14 @@ def _lce_args(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, 
 
 
 def _lce_grads_args(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, grad_loss: torch.Tensor,
-                    bias: torch.Tensor | None, ignore_index: int, label_smoothing: float, z_loss: float, *,
-                    loss: torch.Tensor, grad_hidden: torch.Tensor, grad_weight: torch.Tensor,
+                    bias: torch.Tensor | None, ignore_index: int, label_smoothing: float, z_loss: float,
+                    hidden_grad: bool, weight_grad: bool, bias_grad: bool, *, loss: torch.Tensor,
+                    grad_hidden: torch.Tensor, grad_weight: torch.Tensor,
                     grad_bias: torch.Tensor) -> LinearCrossEntropyArguments:
-    return LinearCrossEntropyArguments(hidden, weight, target, loss, bias=bias, grad_hidden=grad_hidden,
-                                       grad_weight=grad_weight, grad_bias=grad_bias if bias is not None else None,
+    return LinearCrossEntropyArguments(hidden, weight, target, loss, bias=bias,
+                                       grad_hidden=grad_hidden if hidden_grad else None,
+                                       grad_weight=grad_weight if weight_grad else None,
+                                       grad_bias=grad_bias if bias_grad and bias is not None else None,
                                        grad_loss=grad_loss, ignore_index=ignore_index,
                                        label_smoothing=label_smoothing, z_loss=z_loss)
 
@@ -121,8 +134,8 @@ LINEAR_CROSS_ENTROPY = Operation(
     arguments=_lce_args, outputs=("loss",), fake=_lce_fake)
 LINEAR_CROSS_ENTROPY_WITH_GRADS = Operation(
     name="kernel_api::linear_cross_entropy_with_grads",
-    schema=(f"(Tensor hidden, Tensor weight, Tensor target, Tensor grad_loss, Tensor? bias=None, {_SCALARS}) "
-            f"-> (Tensor, Tensor, Tensor, Tensor)"),
+    schema=(f"(Tensor hidden, Tensor weight, Tensor target, Tensor grad_loss, Tensor? bias=None, {_SCALARS}, "
+            f"bool hidden_grad=True, bool weight_grad=True, bool bias_grad=True) -> (Tensor, Tensor, Tensor, Tensor)"),
     arguments=_lce_grads_args, outputs=("loss", "grad_hidden", "grad_weight", "grad_bias"), fake=_lce_grads_fake)
 
 _cross_entropy = define_operation(CROSS_ENTROPY)
@@ -176,8 +189,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Any,
                 ignore_index: int, label_smoothing: float, z_loss: float, reduction: str) -> torch.Tensor:
         h, t = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-        ctx.hidden_shape, ctx.has_bias, ctx.reduction = hidden.shape, bias is not None, reduction
+        ctx.hidden_shape, ctx.reduction = hidden.shape, reduction
         ctx.scalars = (ignore_index, label_smoothing, z_loss)
+        needs = ctx.needs_input_grad
+        ctx.wanted = (needs[0], needs[1], bias is not None and needs[3])
         count = (t != ignore_index).sum()
         if reduction == "none":
             loss = _linear_cross_entropy(h, weight, t, bias, ignore_index, label_smoothing, z_loss)
@@ -188,7 +203,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                                                                                   device=h.device)
         op = _linear_cross_entropy_with_grads.op
         loss, grad_h, grad_w, grad_b = op(h, weight, t, weight_per_row.expand(h.shape[0]), bias, ignore_index,
-                                          label_smoothing, z_loss)
+                                          label_smoothing, z_loss, *ctx.wanted)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         return _reduce(loss, count, reduction)
 
@@ -198,14 +213,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             h, weight, t, bias = ctx.saved_tensors
             op = _linear_cross_entropy_with_grads.op
             _, grad_h, grad_w, grad_b = op(h, weight, t, _per_row(grad.reshape(-1).to(loss_dtype(h))), bias,
-                                           *ctx.scalars)
+                                           *ctx.scalars, *ctx.wanted)
         else:
             grad_h, grad_w, grad_b = ctx.saved_tensors
             if tracing.is_compiling() or tracing.dispatch_mode_depth() or grad.is_meta:  # (no value to test)
                 grad_h, grad_w, grad_b = grad_h * grad, grad_w * grad, grad_b * grad
             elif not bool(grad == 1):  # (one sync; the common loss.backward() skips two passes over the gradients)
                 grad_h, grad_w, grad_b = grad_h.mul_(grad), grad_w.mul_(grad), grad_b.mul_(grad)
-        return (grad_h.view(ctx.hidden_shape), grad_w, None, grad_b if ctx.has_bias else None, None, None, None, None)
+        want_h, want_w, want_b = ctx.wanted
+        return (grad_h.view(ctx.hidden_shape) if want_h else None, grad_w if want_w else None, None,
+                grad_b if want_b else None, None, None, None, None)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,

@@ -162,6 +162,7 @@ class TorchLinearCrossEntropy(TorchKernel):
 
 def linear_cost(args: Any) -> float:
     """The fused linear cross-entropy's GEMM work relative to its logits' bytes (the row-wise
-    cost model's unit): the GEMMs dominate, three with gradients, one without."""
-    gemms = 3 if args.grad_hidden is not None else 1
+    cost model's unit): the GEMMs dominate, one for the logits and one per gradient of the
+    hidden states or the weight."""
+    gemms = 1 + (args.grad_hidden is not None) + (args.grad_weight is not None)
     return 1.0 + gemms * args.cols / 64.0

@@ -193,13 +193,13 @@ class CudaLinearCrossEntropy(_CrossEntropyCuda):
         return LinearCrossEntropyOperandsMetadata(x, x, target, loss)
 
     def _mode(self, args: Any) -> int:
-        return 0 if args.grad_hidden is None else 1
+        return 1 if args.wants_gradient else 0
 
     def _classes(self, args: Any) -> int:
         return args.vocab
 
     def estimated_cost(self, args: Any, sm_count: int) -> float:
-        gemms = 3 if args.grad_hidden is not None else 1
+        gemms = 1 + (args.grad_hidden is not None) + (args.grad_weight is not None)
         return (1.0 + gemms * args.cols / 64.0) / self.performance_hint
 
     def _run(self, args: LinearCrossEntropyArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
