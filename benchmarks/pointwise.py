@@ -90,6 +90,23 @@ def _as_called_us(fn, sets: int, calls: int = 200) -> float:
     return (time.perf_counter() - start) * 1e6 / calls
 
 
+def _warmed(runs: dict) -> dict:
+    """``runs`` after one call each (compiles, warms up), less any contestant whose call raised
+    (printed): one anchor's failure leaves the others' comparison standing. Ours must run."""
+    kept = {}
+    for name, run in runs.items():
+        try:
+            run(0)
+        except Exception as exc:  # noqa: BLE001 - reported, the contestant left out
+            if name == "kernel_api":
+                raise
+            print(f"  {name} left out: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        kept[name] = run
+    torch.cuda.synchronize()
+    return kept
+
+
 def _chosen(args) -> str:
     from kernel_api.tuning.pick_any import PickAny
 
@@ -140,9 +157,7 @@ def glu_case(kind: str, rows: int, cols: int, backward: bool, liger, compiled: d
     runs = {name: runner(fn) for name, fn in fns.items()}
     with torch.no_grad():  # agreement with eager on one set (Liger's forward is checked by its own tests)
         err = (ours_fn(G[0], U[0]).float() - eager_fn(G[0], U[0]).float()).abs().max().item()
-    for name in runs:  # compile, warm up
-        runs[name](0)
-    torch.cuda.synchronize()
+    runs = _warmed(runs)
     times, behind = time_group(runs, repeat)
     nbytes = (8 if backward else 3) * n * 2
     from kernel_api.arguments import GatedActivationArguments
@@ -201,9 +216,7 @@ def rope_case(b: int, hq: int, hk: int, s: int, d: int, backward: bool, liger, c
         ours = ops.rope(Q[0], K[0], cos, sin)
         want = hf_rope(Q[0], K[0], cos, sin)
         err = max((a.float() - w.float()).abs().max().item() for a, w in zip(ours, want))
-    for name in runs:  # compile, warm up (Liger rotates q and k in place: values change, sizes do not)
-        runs[name](0)
-    torch.cuda.synchronize()
+    runs = _warmed(runs)  # (Liger rotates q and k in place: values change, sizes do not)
     times, behind = time_group(runs, repeat)
     nbytes = (2 if backward else 1) * (2 * elems + 2 * s * d) * 2
     from kernel_api.arguments import RopeArguments
@@ -230,16 +243,19 @@ def main() -> None:
                 "rope": torch.compile(hf_rope, dynamic=False)}
     glu_shapes = GLU_SHAPES[::2] if opts.quick else GLU_SHAPES
     rope_shapes = ROPE_SHAPES[::2] if opts.quick else ROPE_SHAPES
-    results = []
+    cases = []
     for backward in (False, True):
-        for rows, cols in glu_shapes:
-            results.append(glu_case("swiglu", rows, cols, backward, liger, compiled, opts.repeat))
-            torch.cuda.empty_cache()
-        for shape in rope_shapes:
-            results.append(rope_case(*shape, backward, liger, compiled, opts.repeat))
-            torch.cuda.empty_cache()
-    results.append(glu_case("geglu", *GLU_SHAPES[0], False, liger, compiled, opts.repeat))
-    results.append(glu_case("geglu", *GLU_SHAPES[0], True, liger, compiled, opts.repeat))
+        cases += [(glu_case, ("swiglu", rows, cols, backward)) for rows, cols in glu_shapes]
+        cases += [(rope_case, (*shape, backward)) for shape in rope_shapes]
+    cases += [(glu_case, ("geglu", *GLU_SHAPES[0], backward)) for backward in (False, True)]
+    results, failed = [], []
+    for case, params in cases:
+        try:
+            results.append(case(*params, liger, compiled, opts.repeat))
+        except Exception as exc:  # noqa: BLE001 - one case's failure is reported, the rest still run
+            print(f"{case.__name__}{params} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+            failed.append({"case": f"{case.__name__}{params}", "error": f"{type(exc).__name__}: {exc}"[:2000]})
+        torch.cuda.empty_cache()
     summary = {}
     for anchor in ("eager", "compile", "liger"):
         ratios = [e["speedup"][anchor] for e in results if anchor in e["speedup"]]
@@ -250,7 +266,7 @@ def main() -> None:
     if big:
         low = min(big, key=lambda e: e["tbs"]["kernel_api"])
         print(f"lowest ours on >= 64 MB: {low['tbs']['kernel_api']:.2f} TB/s ({low['case']})")
-    doc = results_io.result_doc(liger=liger is not None, summary=summary, results=results)
+    doc = results_io.result_doc(liger=liger is not None, summary=summary, results=results, failed=failed)
     name = results_io.result_name("pointwise", torch.cuda.get_device_name(), opts.tag)
     for path in results_io.write_result(name, doc):
         print(f"wrote {path}")
