@@ -51,6 +51,9 @@ class FlashAttnForward(Kernel):
 
     supported_args_type = AttentionArguments
     workspace_free = True
+    # compile (the warm-up) runs in this process even while tuning asks for cached artifacts
+    # only: FA4 keeps what it compiled in this process, so a compile worker's is lost
+    compiles_from_cache_only = True
     performance_hint = 0.9
     min_cc = 90
 
@@ -105,13 +108,12 @@ class FlashAttnForward(Kernel):
         """Dense layouts only: a varlen call's sequence offsets are no operand of the launch."""
         if args.varlen or not args.q.numel():
             return None
-        device = args.device
+        device, scalars = args.device, _Scalars(args)
 
         def launch(q: Any, k: Any, v: Any, out: Any, stream: Any) -> None:
             with stream_context(device, stream):
-                _forward(args_like, q, k, v, out)
+                _forward(scalars, q, k, v, out)
 
-        args_like = _Scalars(args)
         launch.__name__ = f"launch_{self.metadata.kernel_name}"
         return Launcher(launch)
 

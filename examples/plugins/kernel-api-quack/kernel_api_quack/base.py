@@ -36,6 +36,9 @@ class QuackKernel(Kernel):
     the operand tensors for repeated calls)."""
 
     workspace_free = True
+    # compile runs in this process even while tuning asks for cached artifacts only: QuACK keeps
+    # what it compiled in this process (and its own disk cache), so a compile worker's is lost
+    compiles_from_cache_only = True
     min_cc = 90  # QuACK's kernels target sm_90 and later
     performance_hint = 0.8
 
