@@ -78,9 +78,13 @@ def _prefill(compiled, ref_model, batch=2, seq=512):
     torch._dynamo.config.error_on_recompile = False
 
 
-@pytest.mark.parametrize("mode,lowering", [(None, "auto"), ("reduce-overhead", "auto"),
-                                           ("reduce-overhead", "kernel_api")])
-def test_patched_gpt2_decode_and_prefill_compiled(gpt2, mode, lowering):
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_patched_gpt2_decode_and_prefill_compiled(gpt2, mode):
+    """The lowering rule's choice: decode all aten, prefill's vocabulary projection kernel_api's op."""
+    _compiled_decode_and_prefill(gpt2, mode, "auto")
+
+
+def _compiled_decode_and_prefill(gpt2, mode, lowering):
     model = patch(copy.deepcopy(gpt2))
     set_compile_lowering(model, lowering)
     compiled = torch.compile(model, mode=mode)
@@ -112,3 +116,9 @@ def test_patched_gpt2_training_step_compiled(gpt2):
         for name, p in model.named_parameters():
             assert _rel(p.grad, ref_grads[name].grad) <= 5e-2, name
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_kernel_api_op_everywhere_is_captured_in_cuda_graphs(gpt2):
+    """Every projection forced to kernel_api's op under reduce-overhead: the op runs inside the
+    CUDA graphs (decode and prefill) and the logits stay right."""
+    _compiled_decode_and_prefill(gpt2, "reduce-overhead", "kernel_api")
