@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ....arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
@@ -127,6 +128,11 @@ def _grad_loss_stride(grad_loss: torch.Tensor) -> int:
     return grad_loss.reshape(-1).stride(0) if grad_loss.numel() > 1 else 0
 
 
+def _scalars(args: Any) -> tuple:
+    """The kernel's last parameters: ignore_index (64-bit), label smoothing and z-loss (f32)."""
+    return args.ignore_index, np.float32(args.label_smoothing), np.float32(args.z_loss)
+
+
 def _device(args: Any) -> int:
     device = args.device.index
     return torch.cuda.current_device() if device is None else device
@@ -152,7 +158,7 @@ class CudaCrossEntropy(_CrossEntropyCuda):
         params = (args.logits.data_ptr(), row_stride(args.logits, args.cols), args.target.data_ptr(), args.cols,
                   args.loss.data_ptr(), args.lse.data_ptr(), 0 if grad is None else grad.data_ptr(),
                   0 if grad is None else row_stride(grad, args.cols), 0 if gl is None else gl.data_ptr(),
-                  0 if gl is None else _grad_loss_stride(gl), args.ignore_index, args.label_smoothing, args.z_loss)
+                  0 if gl is None else _grad_loss_stride(gl), *_scalars(args))
         self._launch(artifact, stream_handle(stream, device), device, args.rows, args.cols, params)
 
 
@@ -177,7 +183,7 @@ class CudaCrossEntropyBackward(_CrossEntropyCuda):
         grad, gl = args.grad_logits, args.grad_loss
         params = (args.logits.data_ptr(), row_stride(args.logits, args.cols), args.target.data_ptr(), args.cols,
                   0, args.lse.data_ptr(), grad.data_ptr(), row_stride(grad, args.cols), gl.data_ptr(),
-                  _grad_loss_stride(gl), args.ignore_index, args.label_smoothing, args.z_loss)
+                  _grad_loss_stride(gl), *_scalars(args))
         self._launch(artifact, stream_handle(stream, device), device, args.rows, args.cols, params)
 
 
@@ -206,13 +212,13 @@ class CudaLinearCrossEntropy(_CrossEntropyCuda):
         device = _device(args)
         handle = stream_handle(stream, device)
         vocab = args.vocab
-        ignore, smoothing, z_loss = args.ignore_index, args.label_smoothing, args.z_loss
+        scalars = _scalars(args)
 
         def rows(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, grad_loss: Any) -> None:
             grad = 0 if grad_loss is None else logits.data_ptr()
             params = (logits.data_ptr(), vocab, target.data_ptr(), vocab, loss.data_ptr(), 0, grad, vocab,
                       0 if grad_loss is None else grad_loss.data_ptr(),
-                      0 if grad_loss is None else _grad_loss_stride(grad_loss), ignore, smoothing, z_loss)
+                      0 if grad_loss is None else _grad_loss_stride(grad_loss), *scalars)
             self._launch(artifact, handle, device, logits.shape[0], vocab, params)
 
         if stream is None or isinstance(stream, torch.cuda.Stream):
