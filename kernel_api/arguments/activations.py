@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from .base import (_ROW2, Arguments, _attributes, _element_type, _lazy_bit_error, _require_tensor, _shares_memory,
+from .base import (_ROW2, Arguments, _attributes, _element_type, _lazy_bit_error, _require_tensor,
                    data_pointer)
+from .outputs import check_outputs_disjoint
 
 #: The activations of the gate: ``silu`` (SwiGLU), ``gelu_tanh`` (GeGLU, tanh approximation), ``gelu`` (erf).
 GATE_ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
@@ -106,13 +107,7 @@ class _GatedBase(Arguments):
 
     def check_memory(self) -> None:
         """Raise ValueError when an output overlaps an input or another output."""
-        tensors = self.tensors()
-        outputs = type(self).output_names
-        for i, name in enumerate(outputs):
-            for other, t in tensors.items():
-                if other != name and (other not in outputs or outputs.index(other) > i) and \
-                        _shares_memory(tensors[name], t):
-                    raise ValueError(f"operand {name}: overlaps {other} in memory; give {name} its own memory")
+        check_outputs_disjoint(self.tensors(), type(self).output_names)
 
     def element_count(self) -> int:
         """The elements of one operand (``rows * cols``)."""

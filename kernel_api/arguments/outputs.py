@@ -1,0 +1,49 @@
+"""The memory check of operations with several operands: no output shares memory with an input
+or with another output. Each operand's byte range is computed once (a pairwise test would
+compute it once per pair: 9 pairs for RoPE's six operands), with `base`'s rule: overlapping
+ranges of dense tensors share elements; strided tensors with gaps, empty ones and tensors
+without memory are not judged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import STORAGELESS_TYPES
+
+
+def _range(t: torch.Tensor) -> tuple[int, int] | None:
+    """[first byte, end) of a dense tensor with memory; None when not judged."""
+    if type(t) is not torch.Tensor and isinstance(t, STORAGELESS_TYPES):
+        return None
+    n = t.numel()
+    if not n:
+        return None
+    size = t.element_size()
+    extent = 1
+    for length, stride in zip(t.shape, t.stride()):
+        extent += (length - 1) * stride
+    if extent != n:
+        return None
+    ptr = t.data_ptr()
+    return (ptr, ptr + n * size) if ptr else None
+
+
+def check_outputs_disjoint(tensors: dict[str, torch.Tensor], outputs: tuple[str, ...]) -> None:
+    """Raise ValueError naming the first output that overlaps an input or another output.
+
+    Args:
+        tensors: operand name -> tensor (every operand of the arguments).
+        outputs: the names of the outputs among them.
+    """
+    ranges: dict[str, Any] = {name: _range(t) for name, t in tensors.items()}
+    for i, name in enumerate(outputs):
+        mine = ranges[name]
+        if mine is None:
+            continue
+        for other, theirs in ranges.items():
+            if other == name or theirs is None or (other in outputs and outputs.index(other) < i):
+                continue
+            if mine[0] < theirs[1] and theirs[0] < mine[1]:
+                raise ValueError(f"operand {name}: overlaps {other} in memory; give {name} its own memory")
