@@ -42,8 +42,10 @@ BYTES_PER_THREAD = {False: 64, True: 32}
 MAX_THREADS = {False: 1024, True: 512}
 WARPS_PER_CTA = 4
 LOOPED_THREADS = 512
-#: Resident threads per SM the backward's persistent grid is sized for.
-BACKWARD_THREADS_PER_SM = 1024
+#: Resident threads per SM the backward's persistent grid is sized for: its register rows take
+#: up to 128 registers a thread (ptxas -v on the sm_90a cubins: 86-128), so 512 fill an SM's
+#: register file.
+BACKWARD_THREADS_PER_SM = 512
 #: The fewest rows each backward unit takes (fewer, larger partial sums on small problems).
 MIN_ROWS_PER_UNIT = 2
 STRATEGIES = ("warp", "block", "looped")
