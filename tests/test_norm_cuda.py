@@ -104,7 +104,7 @@ def test_plan_arithmetic():
     assert norm_plan.template_shape("block", True, 8200, 8, 2) is None
     assert norm_plan.template_shape("warp", False, 1025, 1, 2) is None
     launch = norm_plan.backward_launch(shape, 32768, 8192, 132)
-    assert launch.units == launch.grid == 264 and norm_plan.workspace_bytes(launch, 8192, 2) == 2 * 4 * 264 * 8192
+    assert launch.units == launch.grid == 132 and norm_plan.workspace_bytes(launch, 8192, 2) == 2 * 4 * 132 * 8192
     empty = norm_plan.backward_launch(shape, 0, 8192, 132)
     assert empty.grid == 1  # an empty problem still writes zero gradients
     warp = norm_plan.template_shape("warp", True, 512, 8, 2)
