@@ -231,13 +231,110 @@ def rope_case(b: int, hq: int, hk: int, s: int, d: int, backward: bool, liger, c
     return _report(label, times, nbytes, extra)
 
 
+def _variant_launches(kernel, module, settings: dict, arg_sets: list) -> list:
+    """The recorded launches of ``kernel`` for each arguments object of ``arg_sets``, with the
+    interface module's constants set to ``settings`` while compiling and recording (restored
+    after): each launch keeps its own grid, block and constants."""
+    saved = {name: getattr(module, name) for name in settings}
+    try:
+        for name, value in settings.items():
+            if isinstance(saved[name], dict):
+                setattr(module, name, {**saved[name], **value})
+            else:
+                setattr(module, name, value)
+        artifact = kernel.compile(arg_sets[0])
+        return [kernel._recorded(a, artifact) for a in arg_sets]
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+def _time_variants(label: str, kernel, module, variants: dict, arg_sets: list, nbytes: int, repeat: int) -> dict:
+    stream = torch.cuda.current_stream().cuda_stream
+    tensors = [[getattr(a, n) for n in a.tensor_attributes] for a in arg_sets]
+    fns = {}
+    for name, settings in variants.items():
+        launches = _variant_launches(kernel, module, settings, arg_sets)
+        fns[name] = (lambda L, T: lambda i: L[i % len(L)].function(*T[i % len(T)], stream))(launches, tensors)
+    for fn in fns.values():
+        fn(0)
+    torch.cuda.synchronize()
+    times, _ = time_group(fns, repeat)
+    tbs = {n: nbytes / (t * 1e-3) / 1e12 for n, t in times.items()}
+    ranked = sorted(tbs.items(), key=lambda kv: -kv[1])
+    print(f"sweep {label}: " + " ".join(f"{n} {v:.2f}" for n, v in ranked), flush=True)
+    return {"case": label, "tbs": tbs, "ms": times}
+
+
+def sweep(repeat: int) -> list:
+    """Our kernels' build constants on the >= 64 MB shapes: the gated activation's accesses in
+    flight per thread (UNROLL) and grid cap (CTAS_PER_SM), RoPE's heads per thread and grid cap."""
+    from kernel_api.arguments import GatedActivationArguments, GatedActivationBackwardArguments, RopeArguments
+    from kernel_api.providers.cuda_src.kernels import rope as rope_module
+    from kernel_api.providers.cuda_src.kernels import swiglu as glu_module
+
+    out = []
+    dtype = torch.bfloat16
+    for rows, cols in GLU_SHAPES[:2]:
+        for backward in (False, True):
+            sets = _sets(3 * rows * cols * 2)
+            if backward:
+                arg_sets = [GatedActivationBackwardArguments(*[torch.randn(rows, cols, device="cuda", dtype=dtype)
+                                                               for _ in range(3)],
+                                                             torch.empty(rows, cols, device="cuda", dtype=dtype),
+                                                             torch.empty(rows, cols, device="cuda", dtype=dtype))
+                            for _ in range(sets)]
+            else:
+                arg_sets = [GatedActivationArguments(torch.randn(rows, cols, device="cuda", dtype=dtype),
+                                                     torch.randn(rows, cols, device="cuda", dtype=dtype),
+                                                     torch.empty(rows, cols, device="cuda", dtype=dtype))
+                            for _ in range(sets)]
+            kernel = next(k for k in kernel_api.get_kernels(arg_sets[0]) if k.name.endswith("_v8"))
+            variants = {f"u{u}_c{c}": {"UNROLL": {backward: u}, "CTAS_PER_SM": c}
+                        for u in ((1, 2, 4, 8) if not backward else (1, 2, 4)) for c in (8, 32, 1 << 20)}
+            nbytes = (5 if backward else 3) * rows * cols * 2
+            label = f"{'glu_bwd' if backward else 'glu_fwd'} {rows}x{cols}"
+            out.append(_time_variants(label, kernel, glu_module, variants, arg_sets, nbytes, repeat))
+            del arg_sets
+            torch.cuda.empty_cache()
+    b, hq, hk, s, d = ROPE_SHAPES[0]
+    for layout in ("transposed", "contiguous"):
+        def heads(h):
+            if layout == "transposed":
+                return torch.randn(b, s, h, d, device="cuda", dtype=dtype).transpose(1, 2)
+            return torch.randn(b, h, s, d, device="cuda", dtype=dtype)
+        cos, sin = torch.randn(1, s, d, device="cuda", dtype=dtype), torch.randn(1, s, d, device="cuda", dtype=dtype)
+        sets = _sets(2 * b * s * d * (hq + hk) * 2)
+        arg_sets = []
+        for _ in range(sets):
+            q, k = heads(hq), heads(hk)
+            arg_sets.append(RopeArguments(q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)))
+        kernel = next(kn for kn in kernel_api.get_kernels(arg_sets[0]) if kn.name.endswith("_v8"))
+        variants = {f"h{h}_c{c}": {"HEADS_PER_THREAD": h, "CTAS_PER_SM": c} for h in (1, 2, 4, 8)
+                    for c in (16, 32, 1 << 20)}
+        nbytes = (2 * b * s * d * (hq + hk) + 2 * s * d) * 2
+        out.append(_time_variants(f"rope_fwd {layout} b{b} s{s}", kernel, rope_module, variants, arg_sets, nbytes,
+                                  repeat))
+        del arg_sets
+        torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the >= 64 MB shapes and one small one, fewer repeats")
     ap.add_argument("--tag", default="")
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--sweep", action="store_true", help="time our kernels' build constants instead")
     opts = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    name = results_io.result_name("pointwise", torch.cuda.get_device_name(), opts.tag)
+    if opts.sweep:
+        results = sweep(opts.repeat)
+        for path in results_io.write_result(name.replace("pointwise-", "pointwise-sweep-"),
+                                            results_io.result_doc(results=results)):
+            print(f"wrote {path}")
+        return
     liger = _liger()
     compiled = {"swiglu": torch.compile(eager_swiglu, dynamic=False), "geglu": torch.compile(eager_geglu, dynamic=False),
                 "rope": torch.compile(hf_rope, dynamic=False)}
@@ -256,6 +353,8 @@ def main() -> None:
             print(f"{case.__name__}{params} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
             failed.append({"case": f"{case.__name__}{params}", "error": f"{type(exc).__name__}: {exc}"[:2000]})
         torch.cuda.empty_cache()
+        # written after every case: a run cut short keeps what it measured
+        results_io.write_result(name, results_io.result_doc(liger=liger is not None, results=results, failed=failed))
     summary = {}
     for anchor in ("eager", "compile", "liger"):
         ratios = [e["speedup"][anchor] for e in results if anchor in e["speedup"]]
@@ -267,7 +366,6 @@ def main() -> None:
         low = min(big, key=lambda e: e["tbs"]["kernel_api"])
         print(f"lowest ours on >= 64 MB: {low['tbs']['kernel_api']:.2f} TB/s ({low['case']})")
     doc = results_io.result_doc(liger=liger is not None, summary=summary, results=results, failed=failed)
-    name = results_io.result_name("pointwise", torch.cuda.get_device_name(), opts.tag)
     for path in results_io.write_result(name, doc):
         print(f"wrote {path}")
 
