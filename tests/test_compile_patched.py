@@ -75,12 +75,11 @@ def test_rule_forced_dynamic_small_large_and_training():
     # M dynamic: aten; decode-sized M: aten, the vocabulary projection included
     assert choose("auto", None, 768, 50257, bf16, None, False, False, 0) == "aten"
     assert choose("auto", 64, 768, 50257, bf16, None, False, False, 0) == "aten"
-    # prefill-sized M: kernel_api where the output rows are misaligned (50257 bf16), aten where aligned
+    # prefill-sized M: kernel_api
     M = lowering.COMPILE_MIN_ROWS
     assert choose("auto", M, 768, 50257, bf16, None, False, False, 0) == "kernel_api"
     assert choose("auto", M - 1, 768, 50257, bf16, None, False, False, 0) == "aten"
-    assert choose("auto", 8192, 768, 3072, bf16, "gelu", True, False, 0) == "aten"
-    assert choose("auto", 8192, 768, 50264, bf16, None, False, False, 0) == "aten"
+    assert choose("auto", 8192, 768, 3072, bf16, "gelu", True, False, 0) == "kernel_api"
     assert choose("auto", 8192, 768, 37, torch.float32, None, False, False, -1) == "kernel_api"
     # training graphs: aten (the backward stays Inductor's)
     assert choose("auto", 8192, 768, 50257, bf16, None, False, True, 0) == "aten"
@@ -131,15 +130,15 @@ def test_rule_follows_pick_best_records(monkeypatch, tmp_path):
 
 
 # ---- what the graphs hold -----------------------------------------------------------------
-def test_small_m_lowers_to_aten_large_misaligned_m_keeps_the_op_and_dynamic_m_takes_aten():
+def test_small_m_lowers_to_aten_large_m_keeps_the_op_and_dynamic_m_takes_aten():
     torch.manual_seed(0)
-    layer = Linear(24, 37, device="cpu")  # 37 f32: rows of 148 bytes, misaligned
+    layer = Linear(24, 37, device="cpu")
     ref = torch.nn.Linear(24, 37)
     ref.load_state_dict(layer.state_dict())
     backend = _Recorder()
     compiled = torch.compile(layer, backend=backend, fullgraph=True)
     with torch.no_grad():
-        for rows, ops in ((8, "aten"), (lowering.COMPILE_MIN_ROWS, "kernel_api")):
+        for rows, ops in ((8, "aten"), (lowering.COMPILE_MIN_ROWS - 1, "aten"), (lowering.COMPILE_MIN_ROWS, "kernel_api")):
             torch._dynamo.reset()
             x = torch.randn(rows, 24)
             torch._dynamo.mark_static(x, 0)
