@@ -231,6 +231,26 @@ def test_liger_launcher_keeps_the_statistics_scratch_and_no_operand(plugins, mon
     assert values[6] is triton_kernel.scratch_buffer(torch.device("cpu")) and values[7] == 0
 
 
+def test_liger_gated_activations_walk_rows_with_one_stride(plugins):
+    _need("liger")
+    from kernel_api.arguments.activations import GatedActivationArguments
+
+    dense = GatedActivationArguments(meta(8, 100, 11008), meta(8, 100, 11008), meta(8, 100, 11008))
+    assert _names(dense, "liger") == ["LigerSwiGLU_bf16_w16_s3_a16", "LigerSwiGLU_bf16_w16_s3_a1"]
+    geglu = GatedActivationArguments(meta(4, 1000), meta(4, 1000), meta(4, 1000), activation="gelu_tanh")
+    assert _names(geglu, "liger")[0] == "LigerGeGLU_bf16_w4_s3_a16"
+    erf = GatedActivationArguments(meta(4, 1000), meta(4, 1000), meta(4, 1000), activation="gelu")
+    assert _names(erf, "liger") == []
+    gate, up = meta(8, 100, 2 * 11008).chunk(2, -1)
+    halves = GatedActivationArguments(gate, up, meta(8, 100, 11008))
+    assert _names(halves, "liger") == []
+    assert "operand out: Liger walks gate, up and out with one row stride; theirs differ" in \
+        str(kernel_api.explain(halves, providers="liger", cc=90))
+    kernel = kernel_api.get_kernels(dense, providers="liger", cc=90)[0]
+    spec = kernel.compile(dense, cc=90).compiled_obj.spec
+    assert dict(spec.constexprs) == {"n_cols": 11008, "BLOCK_SIZE": 16384}
+
+
 # ---- QuACK --------------------------------------------------------------------------------------
 def test_quack_softmax_requires_the_alignment_quack_compiles_in(plugins):
     _need("quack")

@@ -138,6 +138,24 @@ def test_quack_norm_with_the_residual_add(kind, dtype):
     torch.testing.assert_close(out.double(), expected, **TOL[dtype])
 
 
+# ---- gated activations: Liger -------------------------------------------------------------------
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype,shape,offset", [(torch.float32, (3, 7), 0), (torch.bfloat16, (2, 5, 1000), 0),
+                                                (torch.float16, (64, 11008), 0), (torch.bfloat16, (9, 333), 1)])
+def test_liger_gated_activation_against_float64(activation, dtype, shape, offset):
+    gate = torch.empty(math.prod(shape) + offset, device="cuda", dtype=dtype)[offset:].view(shape).normal_()
+    up = torch.randn(shape, device="cuda").to(dtype)
+    buffer, out = inside(shape, dtype)
+    with only("liger"):
+        if activation == "silu":
+            ops.swiglu(gate, up, out=out)
+        else:
+            ops.geglu(gate, up, approximate="tanh", out=out)
+    g = gate.double()
+    act = torch.nn.functional.silu(g) if activation == "silu" else torch.nn.functional.gelu(g, approximate="tanh")
+    check_inside(buffer, out, act * up.double(), dtype)
+
+
 # ---- softmax: QuACK ------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,shape", [(torch.float32, (37, 1000)), (torch.bfloat16, (3, 7, 4096)),
                                          (torch.float16, (64, 1024)), (torch.float32, (16, 32000)),

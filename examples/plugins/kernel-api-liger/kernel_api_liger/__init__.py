@@ -4,7 +4,8 @@ Importing it (kernel_api does, through the ``kernel_api.providers`` entry point)
 ``liger`` provider and its kernel classes:
 
 - `LigerRMSNorm`, `LigerRMSNormF32Weight`: `RMSNormArguments` (no fused residual);
-- `LigerLayerNorm`, `LigerLayerNormF32Weight`: `LayerNormArguments` (no fused residual).
+- `LigerLayerNorm`, `LigerLayerNormF32Weight`: `LayerNormArguments` (no fused residual);
+- `LigerSwiGLU`, `LigerGeGLU`: `GatedActivationArguments` (``silu``; ``gelu_tanh``), forward.
 
 Each is a `kernel_api.providers.triton.TritonKernel` naming Liger's jit function: kernel_api
 compiles it for the target cc (no GPU needed) into its own disk cache and launches it through
@@ -15,6 +16,7 @@ kernel_api reports in ``plugin_errors()``.
 from .library import PLUGIN_VERSION as __version__
 from .provider import LigerProvider
 from .norms import LigerLayerNorm, LigerLayerNormF32Weight, LigerRMSNorm, LigerRMSNormF32Weight
+from .activations import LigerGeGLU, LigerSwiGLU
 
-__all__ = ["LigerLayerNorm", "LigerLayerNormF32Weight", "LigerProvider", "LigerRMSNorm", "LigerRMSNormF32Weight",
-           "__version__"]
+__all__ = ["LigerGeGLU", "LigerLayerNorm", "LigerLayerNormF32Weight", "LigerProvider", "LigerRMSNorm",
+           "LigerRMSNormF32Weight", "LigerSwiGLU", "__version__"]
