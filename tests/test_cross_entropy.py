@@ -223,12 +223,13 @@ def test_gradcheck_linear_cross_entropy(cpu_ops, bias, options):
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 64, None])
-def test_chunk_loop_matches_float64_for_every_chunk_size(tokens):
+@pytest.mark.parametrize("skip_ignored", [True, False])
+def test_chunk_loop_matches_float64_for_every_chunk_size(tokens, skip_ignored):
     g = torch.Generator().manual_seed(3)
     h, w = torch.randn(10, 6, dtype=torch.float64, generator=g), torch.randn(13, 6, dtype=torch.float64, generator=g)
     b = torch.randn(13, dtype=torch.float64, generator=g)
     t = torch.randint(0, 13, (10,), generator=g)
-    t[4] = -100
+    t[4] = t[7] = -100
     weights = torch.rand(10, dtype=torch.float64, generator=g)
     args = LinearCrossEntropyArguments(h, w, t, torch.full((10,), 1234.5, dtype=torch.float64), bias=b,
                                        grad_hidden=torch.full_like(h, 1234.5), grad_weight=torch.full_like(w, 1234.5),
@@ -239,13 +240,28 @@ def test_chunk_loop_matches_float64_for_every_chunk_size(tokens):
         logits.copy_(rows_gradient(logits, target, lse, grad_loss, -100, 0.1, 0.0))
         loss.copy_(value)
 
-    linear_cross_entropy_chunks(args, rows, tokens)
+    seen = []
+
+    def counted(logits, target, loss, grad_loss):
+        seen.append(target.clone())
+        rows(logits, target, loss, grad_loss)
+
+    linear_cross_entropy_chunks(args, counted, tokens, skip_ignored=skip_ignored)
+    assert sum(len(s) for s in seen) == (8 if skip_ignored else 10)  # the ignored tokens skip the GEMMs
     hh, ww, bb = (v.clone().requires_grad_() for v in (h, w, b))
     ref = reference(F.linear(hh, ww, bb), t, label_smoothing=0.1, reduction="none")
     torch.testing.assert_close(args.loss, ref.detach())
     grads = torch.autograd.grad((ref * weights).sum(), (hh, ww, bb))
     for got, want in zip((args.grad_hidden, args.grad_weight, args.grad_bias), grads):
         torch.testing.assert_close(got, want)
+
+
+def test_all_tokens_ignored_give_zero_gradients():
+    h, w, t = torch.randn(3, 4), torch.randn(5, 4), torch.full((3,), -100)
+    args = LinearCrossEntropyArguments(h, w, t, torch.full((3,), 7.0), grad_hidden=torch.full_like(h, 7.0),
+                                       grad_weight=torch.full_like(w, 7.0), grad_loss=torch.ones(3))
+    linear_cross_entropy_chunks(args, lambda *a: pytest.fail("no row should reach the kernel"))
+    assert not args.loss.any() and not args.grad_hidden.any() and not args.grad_weight.any()
 
 
 def test_chunk_tokens_bounds_the_buffer():

@@ -99,37 +99,74 @@ def rows_gradient(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
 RowKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], None]
 
 
-def linear_cross_entropy_chunks(args: Any, row_kernel: RowKernel, tokens: int | None = None) -> None:
+def kept_rows(target: torch.Tensor, ignore_index: int) -> torch.Tensor | None:
+    """The indices of the tokens whose target is not ``ignore_index``, when some are ignored;
+    None when none is, or while a CUDA graph is captured (the count needs the host to wait for
+    the GPU, which a capture cannot)."""
+    if target.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    keep = (target != ignore_index).nonzero().squeeze(1)
+    return None if keep.numel() == target.numel() else keep
+
+
+def linear_cross_entropy_chunks(args: Any, row_kernel: RowKernel, tokens: int | None = None,
+                                skip_ignored: bool = True) -> None:
     """Run `LinearCrossEntropyArguments` ``args`` chunk by chunk (module docstring) on the
     current stream, with ``row_kernel`` for each chunk's rows.
+
+    Ignored tokens have loss 0 and no gradient, so with ``skip_ignored`` they take no part in
+    the GEMMs: the chunks are made of the kept tokens alone (their hidden states gathered, the
+    losses and hidden-state gradients scattered back; one wait for the count of kept tokens).
+    Where prompts are masked (fine-tuning) that is the masked share of all the work.
 
     Args:
         args: the arguments; their outputs are written.
         row_kernel: see `RowKernel`.
         tokens: tokens per chunk (default: `chunk_tokens`).
+        skip_ignored: leave the ignored tokens out of the GEMMs.
     """
     h, w, b = args.hidden, args.weight, args.bias
-    n, vocab = args.rows, args.vocab
     grads = args.wants_gradient
+    kept = kept_rows(args.target, args.ignore_index) if skip_ignored and args.rows else None
+    n = args.rows if kept is None else kept.numel()
+    if kept is not None:
+        args.loss.zero_()
+        if args.grad_hidden is not None:
+            args.grad_hidden.zero_()
     if n == 0:
         for out in (args.grad_weight, args.grad_bias):
             if out is not None:
                 out.zero_()
         return
-    step = tokens or chunk_tokens(n, vocab, h.element_size())
-    buffer = h.new_empty((min(step, n), vocab))
+    step = tokens or chunk_tokens(n, args.vocab, h.element_size())
+    buffer = h.new_empty((min(step, n), args.vocab))
+    if kept is not None:  # the chunk's losses and hidden-state gradients, scattered after
+        loss_part = args.loss.new_empty((min(step, n),))
+        grad_hidden_part = h.new_empty((min(step, n), h.shape[1])) if args.grad_hidden is not None else None
     wt = w.t()
     for start in range(0, n, step):
         end = min(n, start + step)
-        logits, hc = buffer[: end - start], h[start:end]
+        logits = buffer[: end - start]
+        if kept is None:
+            hc, target, loss = h[start:end], args.target[start:end], args.loss[start:end]
+            grad_loss = args.grad_loss[start:end] if grads else None
+            grad_hidden = args.grad_hidden[start:end] if args.grad_hidden is not None else None
+        else:
+            index = kept[start:end]
+            hc, target, loss = h.index_select(0, index), args.target.index_select(0, index), loss_part[: end - start]
+            grad_loss = args.grad_loss.index_select(0, index) if grads else None
+            grad_hidden = grad_hidden_part[: end - start] if args.grad_hidden is not None else None
         if b is None:
             torch.mm(hc, wt, out=logits)
         else:
             torch.addmm(b, hc, wt, out=logits)
-        row_kernel(logits, args.target[start:end], args.loss[start:end],
-                   args.grad_loss[start:end] if grads else None)
-        if args.grad_hidden is not None:
-            torch.mm(logits, w, out=args.grad_hidden[start:end])
+        row_kernel(logits, target, loss, grad_loss)
+        if grad_hidden is not None:
+            torch.mm(logits, w, out=grad_hidden)
+        if kept is not None:
+            args.loss.index_copy_(0, index, loss)
+            if grad_hidden is not None:
+                args.grad_hidden.index_copy_(0, index, grad_hidden)
         if args.grad_weight is not None:
             if start == 0:
                 torch.mm(logits.t(), hc, out=args.grad_weight)
