@@ -4,7 +4,8 @@ torch.compile and Liger, in one process.
     python3 benchmarks/cross_entropy.py [--shapes 8192x4096x128256,16384x2048x32000] [--chunks 512,2048]
                                         [--repeat 10] [--no-compile] [--no-rows]
 
-Per shape (tokens x hidden -> vocabulary, bf16, random weights, 1 % of targets ignored) and
+Per shape (tokens x hidden -> vocabulary, bf16, random weights, ``--ignored`` of the targets
+ignored: none by default; fine-tuning masks the prompts, and our op skips those tokens) and
 contestant, one training step's loss: forward, ``backward()``, the gradients of the hidden states
 and the weight made fresh (``.grad = None`` before each step):
 
@@ -96,7 +97,7 @@ def linear_case(tokens, hidden, vocab, args, liger) -> dict:
     h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16, generator=g) / hidden ** 0.5).requires_grad_()
     t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
-    t[torch.rand(tokens, device="cuda", generator=g) < 0.01] = -100
+    t[torch.rand(tokens, device="cuda", generator=g) < args.ignored] = -100
     leaves = (h, w)
 
     def eager():
@@ -214,6 +215,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="8192x4096x128256,16384x2048x32000", help="TOKENSxHIDDENxVOCAB,...")
     ap.add_argument("--chunks", default="", help="also time ours at these tokens per chunk (comma-separated)")
     ap.add_argument("--repeat", type=int, default=10, help="timed steps per contestant")
+    ap.add_argument("--ignored", type=float, default=0.0, help="share of the targets set to ignore_index")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     ap.add_argument("--no-rows", action="store_true", help="leave the per-row cross-entropy out")
     ap.add_argument("--rows-compile", action="store_true", help="time torch.compile on the per-row cross-entropy too")
@@ -222,7 +224,8 @@ def main() -> None:
     args = ap.parse_args()
     args.chunks = [int(c) for c in args.chunks.split(",") if c]
     liger, liger_ce = _liger()
-    doc = results_io.result_doc(chunk_tokens=cross_entropy_math.CHUNK_TOKENS, linear={}, rows={}, breakdown={})
+    doc = results_io.result_doc(chunk_tokens=cross_entropy_math.CHUNK_TOKENS, ignored=args.ignored, linear={}, rows={},
+                                breakdown={})
     lines = []
     for shape in args.shapes.split(","):
         tokens, hidden, vocab = (int(v) for v in shape.split("x"))
