@@ -16,6 +16,8 @@ import torch
 import kernel_api
 from kernel_api import ops
 from kernel_api.nn import Linear, patch, patched_modules, unpatch
+from kernel_api.nn.edits import GLOBAL_HOOKS
+from kernel_api.nn.patching import KINDS
 from kernel_api.nn.loss import causal_lm_loss
 from kernel_api.nn.mlp import SwiGLUMLP
 from kernel_api.nn.norm import RMSNorm
@@ -30,6 +32,9 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
 }
 TOL = dict(atol=2e-5, rtol=2e-5)
+# On the CPU the projections stay torch's: the front door's replay of a recorded GEMM asks for the
+# current CUDA device. (tests/test_nn.py covers the patched projections; the GPU tests, all of it.)
+CPU_KINDS = [kind for kind in KINDS if kind != "linear"]
 
 
 def small_model(family: str, device: str = "cpu", seed: int = 0, **overrides) -> torch.nn.Module:
@@ -52,6 +57,19 @@ def modeling_module(model: torch.nn.Module):
     return sys.modules[type(model.model.layers[0].self_attn).__module__]
 
 
+@pytest.fixture(autouse=True)
+def _rope_released():
+    """Each test unpatches its models: patch's RoPE function is module-wide while one holds it."""
+    yield
+    held = list(GLOBAL_HOOKS.held)
+    for module_id, name in held:  # (a failed test's leftovers, put back for the next tests)
+        original = GLOBAL_HOOKS.held.pop((module_id, name))[0]
+        for module in list(sys.modules.values()):
+            if id(module) == module_id:
+                setattr(module, name, original)
+    assert not held, "a test left a patched model's RoPE function installed"
+
+
 @pytest.fixture
 def cpu_ops(monkeypatch):
     """The front door launching on CPU tensors, with the torch provider's kernels only."""
@@ -67,7 +85,7 @@ def cpu_ops(monkeypatch):
 def op_calls(monkeypatch):
     """Counts the calls of the ops the patched layers use (names -> calls so far)."""
     counts: dict[str, int] = {}
-    for name in ("rms_norm", "swiglu", "attention", "rope", "cross_entropy", "linear_cross_entropy", "gemm"):
+    for name in ("rms_norm", "swiglu", "attention", "rope", "cross_entropy", "linear_cross_entropy"):
         original = getattr(ops, name, None)
         if original is None:
             continue
@@ -198,7 +216,7 @@ def test_logits_and_losses_match_eager(cpu_ops, op_calls, family):
     ids = _ids()
     with torch.no_grad():
         ref = model(input_ids=ids, labels=ids)
-    _quiet_patch(model)
+    _quiet_patch(model, kinds=CPU_KINDS)
     with torch.no_grad():
         out = model(input_ids=ids, labels=ids)
     torch.testing.assert_close(out.logits, ref.logits, **TOL)
@@ -207,6 +225,7 @@ def test_logits_and_losses_match_eager(cpu_ops, op_calls, family):
     assert op_calls["rms_norm"] == layers * norms_per_layer + 1
     assert op_calls["swiglu"] == layers and op_calls["attention"] == layers and op_calls["rope"] == layers
     assert op_calls.get("cross_entropy", 0) == (1 if "cross_entropy" in dir(ops) else 0)
+    unpatch(model)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -216,7 +235,7 @@ def test_training_loss_and_gradients_match_eager(cpu_ops, op_calls, family):
     ids = _ids(seed=2)
     ref = eager(input_ids=ids, labels=ids)
     ref.loss.backward()
-    _quiet_patch(model)
+    _quiet_patch(model, kinds=CPU_KINDS)
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
     torch.testing.assert_close(out.loss, ref.loss, **TOL)
@@ -225,6 +244,7 @@ def test_training_loss_and_gradients_match_eager(cpu_ops, op_calls, family):
     grads = dict(eager.named_parameters())
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    unpatch(model)
 
 
 def test_ignore_index_and_num_items_in_batch_reach_the_loss(cpu_ops):
@@ -233,14 +253,14 @@ def test_ignore_index_and_num_items_in_batch_reach_the_loss(cpu_ops):
     labels = ids.clone()
     labels[0, :5] = -100
     ref = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(9)).loss
-    _quiet_patch(model)
+    _quiet_patch(model, kinds=CPU_KINDS)
     out = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(9)).loss
     torch.testing.assert_close(out, ref, **TOL)
-    if not hasattr(ops, "cross_entropy"):
-        return
-    model.eval()
-    torch.testing.assert_close(model(input_ids=ids, labels=labels).loss, causal_lm_loss(
-        model(input_ids=ids).logits, labels, 97), **TOL)
+    if hasattr(ops, "cross_entropy"):
+        model.eval()
+        torch.testing.assert_close(model(input_ids=ids, labels=labels).loss, causal_lm_loss(
+            model(input_ids=ids).logits, labels, 97), **TOL)
+    unpatch(model)
 
 
 def test_padding_mask_runs_sdpa_and_matches_eager(cpu_ops, op_calls):
@@ -250,11 +270,12 @@ def test_padding_mask_runs_sdpa_and_matches_eager(cpu_ops, op_calls):
     mask[1, :3] = 0  # left padding
     with torch.no_grad():
         ref = model(input_ids=ids, attention_mask=mask).logits
-        _quiet_patch(model)
+        _quiet_patch(model, kinds=CPU_KINDS)
         out = model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(out[0], ref[0], **TOL)
     torch.testing.assert_close(out[1, 3:], ref[1, 3:], **TOL)
     assert op_calls.get("attention", 0) == 0  # a padding mask goes to SDPA
+    unpatch(model)
 
 
 def test_generate_with_a_kv_cache_matches_eager(cpu_ops, op_calls):
@@ -262,10 +283,11 @@ def test_generate_with_a_kv_cache_matches_eager(cpu_ops, op_calls):
     ids = _ids(batch=2, seq=6, seed=5)
     kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
     ref = model.generate(ids, **kwargs)
-    _quiet_patch(model)
+    _quiet_patch(model, kinds=CPU_KINDS)
     out = model.generate(ids, **kwargs)
     assert torch.equal(out, ref)
     assert op_calls["attention"] >= 2 * 5  # the prompt and each decoding step, through ops.attention
+    unpatch(model)
 
 
 def test_a_model_on_a_device_ops_do_not_take_runs_its_own_forward(op_calls):
@@ -278,3 +300,4 @@ def test_a_model_on_a_device_ops_do_not_take_runs_its_own_forward(op_calls):
         out = model(input_ids=ids).logits
     torch.testing.assert_close(out, ref, **TOL)
     assert not any(op_calls.get(name) for name in ("rms_norm", "swiglu", "rope"))
+    unpatch(model)

@@ -1,0 +1,446 @@
+"""A Llama stack (transformers LlamaForCausalLM, random weights, bf16) end to end: torch eager,
+kernel_api.nn.patch, torch.compile, and torch.compile of the patched model, in one process.
+
+    python3 benchmarks/e2e_llama.py [--quick] [--model 8b,small] [--configs eager,patched,...]
+                                    [--phases prefill,train] [--layers 4] [--tag TAG] [--budget-s S]
+    python3 benchmarks/e2e_llama.py --smoke      # control flow only: a tiny Llama on the CPU
+
+Models (LlamaConfig, GQA, SwiGLU MLP, RMSNorm, RoPE, untied lm_head):
+  8b     Llama-3-8B-shaped layers: hidden 4096, intermediate 14336, 32 heads of 128, 8 key/value
+         heads, vocab 128256; ``--layers`` of them (default 4);
+  small  Llama-3.2-1B-shaped layers with a 32000 vocabulary: hidden 2048, intermediate 8192,
+         32 heads of 64, 8 key/value heads; ``--layers`` of them.
+Both at batch 4 x 2048 tokens.
+
+Phases (each step timed with CUDA events after torch.cuda.synchronize(), fresh random token ids
+each step, median of the timed steps after warm-up):
+  prefill  forward, eval, no_grad, no cache, all logits;
+  train    forward + loss + backward + AdamW step + zero_grad, the model and the optimizer
+           state in bf16 (no autocast, no master weights), model.train(). The patched model's
+           training forward computes the loss from the hidden states (ops.linear_cross_entropy)
+           and returns no logits.
+Peak memory: torch.cuda.max_memory_allocated over the timed steps (statistics reset before
+them), and the memory held before them (weights, optimizer state).
+
+Configurations are deep copies of one seeded model, so patching or training one does not touch
+the others; compiled configurations call torch._dynamo.reset() first; a patched model is
+unpatched when its phase ends (patch's RoPE function is module-wide while a patched model holds it). Each (model,
+configuration, phase) is guarded: a failure is recorded as an error string and the rest runs.
+
+Correctness, in the same run: prefill logits on a fixed (1 x 512) input against eager's,
+norm-wise relative error <= 2e-2; loss curves over the first ``--loss-steps`` (default 20)
+training steps from the same initial state on the same batches (counting sequences from random
+starts, so that the curve falls), max |loss - loss_eager| relative to the mean eager loss
+<= 5e-2. Those steps are also the warm-up and compile steps of the training phase.
+
+Prints a table (model, phase, configuration: ms, tokens/s, ratios against eager and against
+torch.compile, peak memory) and the issue's targets, met or not. Writes
+benchmarks/results/e2e_llama-<device>[-<tag>].json (copied to $OUT when set). Exit status 1
+when a correctness check failed, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from types import SimpleNamespace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+CONFIGS = ["eager", "patched", "compiled", "compiled+patched"]
+PHASES = ["prefill", "train"]
+MODELS = {
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+               vocab_size=128256),
+    "small": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                  vocab_size=32000),
+    "smoke": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=256),
+}
+LOGITS_TOL = 2e-2
+LOSS_TOL = 5e-2
+# (phase, configuration, baseline, at least, what): the issue's targets; "ms" compares step
+# times (baseline / configuration), "memory" peak memory (configuration / baseline, at most).
+TARGETS = [("prefill", "patched", "compiled", 1.0, "ms"), ("prefill", "compiled+patched", "compiled", 1.2, "ms"),
+           ("train", "patched", "eager", 1.5, "ms"), ("train", "patched", "compiled", 1.1, "ms"),
+           ("train", "patched", "eager", 0.75, "memory")]
+
+
+def log(*parts) -> None:
+    print(*parts, flush=True)
+
+
+def err_str(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:400]
+
+
+# ---------------------------------------------------------------- timing
+def timed_steps(step, setup, warmup: int, steps: int, device) -> tuple[float, list]:
+    """Median ms of ``step(setup())`` over ``steps`` calls after ``warmup``; ``setup`` runs
+    outside the timed region, then the device is synchronized, so each step is timed from an
+    idle GPU, host launch overhead included."""
+    import torch
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        step(setup())
+    times = []
+    for _ in range(steps):
+        args = setup()
+        if cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step(args)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            step(args)
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times), times
+
+
+def rel_err(x, ref) -> float:
+    x, ref = x.float(), ref.float()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def memory_gb(device) -> dict:
+    import torch
+    if device.type != "cuda":
+        return {}
+    return {"peak_gb": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def reset_peak(device) -> float | None:
+    """Resets the peak statistics; the memory allocated now, in GB."""
+    import torch
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated() / 2**30
+
+
+# ---------------------------------------------------------------- phases
+def build(base, name: str, device, dtype, compile_backend, kinds=None):
+    """A deep copy of ``base`` on ``device``/``dtype``, patched and/or compiled per ``name``:
+    (module to call, the uncompiled module)."""
+    import torch
+    import warnings
+    import kernel_api.nn
+    model = copy.deepcopy(base).to(device=device, dtype=dtype)
+    if "patched" in name:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = kernel_api.nn.patch(model, kinds=kinds)
+        for w in caught:
+            log(f"    patch: {w.message}")
+    if "compiled" in name:
+        torch._dynamo.reset()
+        return torch.compile(model, backend=compile_backend), model
+    return model, model
+
+
+def phase_prefill(run, raw, ctx, ref):
+    import torch
+    B, T, V = ctx.batch, ctx.seq, ctx.vocab
+    raw.eval()
+    out = {"tokens_per_step": B * T}
+    with torch.no_grad():
+        logits = run(input_ids=ctx.check_ids, use_cache=False).logits  # (also the first compile)
+        for _ in range(ctx.warmup):
+            run(input_ids=torch.randint(0, V, (B, T), device=ctx.device), use_cache=False)
+        out["held_gb"] = reset_peak(ctx.device)
+        ms, _ = timed_steps(lambda ids: run(input_ids=ids, use_cache=False),
+                            lambda: torch.randint(0, V, (B, T), device=ctx.device),
+                            0, ctx.steps["prefill"], ctx.device)
+        out.update(memory_gb(ctx.device))
+        out["ms"] = ms
+    if ctx.is_reference:
+        ref["prefill_logits"] = logits
+    elif "prefill_logits" in ref:
+        out["logits_rel_err"] = rel_err(logits, ref["prefill_logits"])
+        out["logits_ok"] = out["logits_rel_err"] <= LOGITS_TOL
+    return out
+
+
+def phase_train(run, raw, ctx, ref):
+    import torch
+    B, T, V = ctx.batch, ctx.seq, ctx.vocab
+    raw.train()
+    opt = torch.optim.AdamW(raw.parameters(), lr=ctx.lr)
+    out = {"tokens_per_step": B * T, "precision": f"{ctx.dtype} weights, grads and AdamW state, no autocast"}
+
+    def step(ids):
+        loss = run(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    losses = [step(ids).item() for ids in ctx.loss_batches]  # also the warm-up / compile steps
+    out["losses"] = losses
+    if ctx.is_reference:
+        ref["losses"] = losses
+    elif "losses" in ref:
+        diff = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
+        scale = statistics.fmean(abs(b) for b in ref["losses"])
+        out["loss_max_abs_diff"] = diff
+        out["loss_max_rel_diff"] = diff / scale
+        out["loss_ok"] = diff / scale <= LOSS_TOL
+    out["held_gb"] = reset_peak(ctx.device)
+    ms, _ = timed_steps(step, lambda: torch.randint(0, V, (B, T), device=ctx.device), 0, ctx.steps["train"],
+                        ctx.device)
+    out.update(memory_gb(ctx.device))
+    out["ms"] = ms
+    return out
+
+
+PHASE_FNS = {"prefill": phase_prefill, "train": phase_train}
+_SMOKE_SCOPE: list = []
+
+
+# ---------------------------------------------------------------- report
+def ratios(results: dict) -> None:
+    for per_phase in results.values():
+        for per in per_phase.values():
+            for name, r in per.items():
+                if "ms" not in r:
+                    continue
+                r["tokens_per_s"] = r["tokens_per_step"] / (r["ms"] * 1e-3)
+                for base in ("eager", "compiled"):
+                    b = per.get(base, {})
+                    if "ms" in b:
+                        r[f"speedup_vs_{base}"] = b["ms"] / r["ms"]
+                    if "peak_gb" in b and "peak_gb" in r:
+                        r[f"peak_memory_vs_{base}"] = r["peak_gb"] / b["peak_gb"]
+
+
+def table(results: dict, configs: list) -> str:
+    head = (f"{'model':6} {'phase':8} {'config':17} {'ms':>9} {'tokens/s':>10} {'vs eager':>9} {'vs compile':>10} "
+            f"{'peak GB':>8} {'mem/eager':>9}  check")
+    lines = [head, "-" * len(head)]
+    for model, per_phase in results.items():
+        for phase, per in per_phase.items():
+            for name in configs:
+                r = per.get(name)
+                if r is None:
+                    continue
+                if "error" in r:
+                    lines.append(f"{model:6} {phase:8} {name:17} ERROR {r['error'][:150]}")
+                    continue
+                check = []
+                if "logits_rel_err" in r:
+                    check.append(f"logits rel {r['logits_rel_err']:.2e} {'ok' if r['logits_ok'] else 'FAIL'}")
+                if "loss_max_rel_diff" in r:
+                    check.append(f"loss max|d| {r['loss_max_abs_diff']:.3g} (rel {r['loss_max_rel_diff']:.2e}) "
+                                 f"{'ok' if r['loss_ok'] else 'FAIL'}")
+                fmt = lambda k, f="{:.3f}x": f.format(r[k]) if k in r else "-"  # noqa: E731
+                lines.append(f"{model:6} {phase:8} {name:17} {r['ms']:9.2f} {r['tokens_per_s']:10.0f} "
+                             f"{fmt('speedup_vs_eager'):>9} {fmt('speedup_vs_compiled'):>10} "
+                             f"{fmt('peak_gb', '{:.2f}'):>8} {fmt('peak_memory_vs_eager', '{:.3f}'):>9}  "
+                             f"{'; '.join(check)}")
+    return "\n".join(lines)
+
+
+def targets(results: dict) -> list:
+    found = []
+    for model, per_phase in results.items():
+        for phase, name, base, want, what in TARGETS:
+            r, b = per_phase.get(phase, {}).get(name, {}), per_phase.get(phase, {}).get(base, {})
+            entry = {"model": model, "phase": phase, "config": name, "baseline": base, "what": what, "target": want}
+            key = "ms" if what == "ms" else "peak_gb"
+            if key in r and key in b:
+                entry["ratio"] = b["ms"] / r["ms"] if what == "ms" else r["peak_gb"] / b["peak_gb"]
+                entry["met"] = entry["ratio"] >= want if what == "ms" else entry["ratio"] <= want
+            else:
+                entry["met"] = None
+                entry["note"] = "not measured: " + (r.get("error") or b.get("error") or "not run")[:200]
+            found.append(entry)
+    return found
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------- main
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer warm-up and timed steps")
+    p.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU (the ops launching there through "
+                   "the torch provider), torch.compile with the eager backend: checks the control flow only")
+    p.add_argument("--model", default="8b,small", help="comma-separated subset of 8b, small")
+    p.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--tag", default="", help="appended to the result file name")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {CONFIGS}")
+    p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {PHASES}")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per phase (default 20/10, --quick 8/4 "
+                   "for prefill/train)")
+    p.add_argument("--warmup", type=int, default=None, help="prefill warm-up steps (default 3, --quick 2)")
+    p.add_argument("--loss-steps", type=int, default=20, help="training steps compared with eager's (default 20)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
+    p.add_argument("--budget-s", type=float, default=0, help="skip (and report as skipped) what has not started "
+                   "within this many seconds (default 0: no limit)")
+    p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    opts = p.parse_args(argv)
+    opts.configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
+    opts.phases = [c.strip() for c in opts.phases.split(",") if c.strip()]
+    opts.model = [c.strip() for c in opts.model.split(",") if c.strip()]
+    for value, allowed, what in ((opts.configs, CONFIGS, "--configs"), (opts.phases, PHASES, "--phases"),
+                                 (opts.model, ["8b", "small"], "--model")):
+        bad = [v for v in value if v not in allowed]
+        if bad or not value:
+            p.error(f"{what}: unknown {bad or 'empty list'}; choose from {allowed}")
+    # Correctness and speed-ups are measured against eager: it always runs, first.
+    opts.configs = ["eager"] + [c for c in CONFIGS if c in opts.configs and c != "eager"]
+    if opts.smoke:
+        opts.model, opts.batch, opts.seq, opts.layers = ["smoke"], 2, 64, 2
+    return opts
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    import torch
+    import transformers
+    import kernel_api.nn
+
+    if opts.smoke:
+        import kernel_api
+        from kernel_api.ops import dispatch
+        dispatch.LAUNCH_DEVICE_TYPES = frozenset({"cuda", "cpu"})
+        _SMOKE_SCOPE.append(kernel_api.settings(providers="torch"))
+        _SMOKE_SCOPE[0].__enter__()  # (held to the end of the process)
+        device, dtype, backend, device_name = torch.device("cpu"), torch.float32, "eager", "cpu-smoke"
+        # (the projections stay torch's: the front door's replay of a recorded GEMM asks for the
+        # current CUDA device)
+        kinds = [k for k in kernel_api.nn.patching.KINDS if k != "linear"]
+    else:
+        if not torch.cuda.is_available():
+            log("e2e_llama: no CUDA device (use --smoke for a CPU control-flow check)")
+            return 2
+        device, dtype, backend, kinds = torch.device("cuda"), torch.bfloat16, "inductor", None
+        device_name = torch.cuda.get_device_name()
+    quick = opts.quick or opts.smoke
+    steps = {"prefill": 8, "train": 4} if quick else {"prefill": 20, "train": 10}
+    if opts.steps is not None:
+        steps = dict.fromkeys(steps, opts.steps)
+    warmup = opts.warmup if opts.warmup is not None else (2 if quick else 3)
+    env = dict(torch=torch.__version__, transformers=transformers.__version__, device=device_name,
+               commit=git_commit(), dtype=str(dtype), compile_backend=backend, seed=opts.seed, steps=steps,
+               warmup=warmup, loss_steps=opts.loss_steps, lr=opts.lr, tag=opts.tag, layers=opts.layers,
+               batch=opts.batch, seq=opts.seq, models={})
+    log(f"e2e_llama: {device_name}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"models {opts.model} x {opts.layers} layers, batch {opts.batch} x {opts.seq}, configs {opts.configs}, "
+        f"phases {opts.phases}, steps {steps}")
+
+    os.makedirs(opts.out_dir, exist_ok=True)
+    stem = "e2e_llama-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", device_name) + (f"-{opts.tag}" if opts.tag else "")
+    partial = os.path.join(os.environ.get("OUT") or opts.out_dir, stem + ".partial.json")
+    results: dict = {}
+    t_all = time.perf_counter()
+    for model_name in opts.model:
+        sizes = MODELS[model_name]
+        config = transformers.LlamaConfig(num_hidden_layers=opts.layers, max_position_embeddings=max(opts.seq, 4096),
+                                          attention_dropout=0.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                          **sizes)
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(opts.seed)
+        with torch.device(device):  # the seeded weights are made on the device once, in f32, then copied
+            base = transformers.LlamaForCausalLM(config).to(dtype)
+        V = sizes["vocab_size"]
+        env["models"][model_name] = dict(config=sizes, parameters=sum(p.numel() for p in base.parameters()))
+        gen = torch.Generator().manual_seed(opts.seed + 1)  # fixed check inputs, the same for every config
+        ctx = SimpleNamespace(device=device, dtype=dtype, vocab=V, steps=steps, warmup=warmup, lr=opts.lr,
+                              batch=opts.batch, seq=opts.seq)
+        ctx.check_ids = torch.randint(0, V, (1, min(512, opts.seq)), generator=gen).to(device)
+        ctx.loss_batches = [((torch.randint(0, V, (opts.batch, 1), generator=gen) + torch.arange(opts.seq)) % V)
+                            .to(device) for _ in range(opts.loss_steps)]
+        results[model_name] = {phase: {} for phase in opts.phases}
+        ref: dict = {}
+        for name in opts.configs:
+            for phase in opts.phases:
+                t0 = time.perf_counter()
+                run = raw = None
+                ctx.is_reference = name == "eager"
+                if opts.budget_s and time.perf_counter() - t_all > opts.budget_s:
+                    results[model_name][phase][name] = {"error": f"skipped: past --budget-s {opts.budget_s:g}"}
+                    continue
+                try:
+                    run, raw = build(base, name, device, dtype, backend, kinds)
+                    r = PHASE_FNS[phase](run, raw, ctx, ref)
+                except Exception as exc:  # report it, keep going with the other configurations
+                    r = {"error": err_str(exc)}
+                    traceback.print_exc(limit=int(os.environ.get("E2E_TRACEBACK_LIMIT", "8")), file=sys.stderr)
+                r["wall_s"] = time.perf_counter() - t0
+                results[model_name][phase][name] = r
+                status = r.get("error") or f"{r['ms']:.2f} ms, peak {r.get('peak_gb', float('nan')):.2f} GB"
+                log(f"  {model_name:6} {phase:8} {name:17} {status}  ({r['wall_s']:.1f} s wall, "
+                    f"{time.perf_counter() - t_all:.0f} s total)")
+                with open(partial, "w") as f:  # what is done so far survives a kill
+                    json.dump({"env": env, "partial": True, "results": results}, f, indent=1, default=str)
+                if raw is not None and "patched" in name:
+                    # (releases the RoPE function patch installs in transformers' modeling_llama,
+                    # which the configurations after this one would run otherwise)
+                    kernel_api.nn.unpatch(raw)
+                del run, raw
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+        ref.clear()
+        del base
+
+    ratios(results)
+    met = targets(results)
+    checks_failed = [f"{model}/{phase}/{name}" for model, per_phase in results.items()
+                     for phase, per in per_phase.items() for name, r in per.items()
+                     if r.get("logits_ok") is False or r.get("loss_ok") is False]
+    record = {"benchmark": "e2e_llama", "env": env, "results": results, "targets": met,
+              "correctness": {"logits_tol": LOGITS_TOL, "loss_rel_tol": LOSS_TOL, "failed": checks_failed},
+              "wall_s": time.perf_counter() - t_all}
+    json_path = os.path.join(opts.out_dir, stem + ".json")
+    with open(json_path, "w") as f:
+        json.dump(record, f, indent=1)
+    if os.path.exists(partial):
+        os.remove(partial)
+    if os.environ.get("OUT") and os.path.abspath(os.environ["OUT"]) != os.path.abspath(opts.out_dir):
+        shutil.copy(json_path, os.environ["OUT"])
+
+    log("")
+    log(f"saved {json_path}")
+    log("targets:")
+    for t in met:
+        state = "not measured" if t["met"] is None else ("met" if t["met"] else "NOT met")
+        shown = f"{t['ratio']:.3f}" if "ratio" in t else t.get("note", "")
+        rule = ">=" if t["what"] == "ms" else "<="
+        log(f"  {t['model']:6} {t['phase']:8} {t['config']} / {t['baseline']} ({t['what']}) {rule} {t['target']:.2f}: "
+            f"{shown} -> {state}")
+    log("correctness: " + (f"FAILED {checks_failed}" if checks_failed else
+                           f"all measured checks pass (logits rel <= {LOGITS_TOL}, loss rel <= {LOSS_TOL})"))
+    log("")
+    log(table(results, opts.configs))
+    return 1 if checks_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
