@@ -170,7 +170,6 @@ def glu_case(kind: str, rows: int, cols: int, backward: bool, liger, compiled: d
     if nbytes < SMALL_BYTES:
         extra["as_called_us"] = {name: _as_called_us(run, sets) for name, run in runs.items()}
     label = f"{kind} {rows}x{cols} bf16 {'fwd+bwd' if backward else 'fwd'}"
-    del G, U, D
     return _report(label, times, nbytes, extra)
 
 
