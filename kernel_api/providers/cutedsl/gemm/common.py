@@ -175,8 +175,9 @@ def epilogue_supported_by_generation(epilogue_args: Any, epilogue: EpilogueMetad
 
 def tiled_gemm_metadata(cls: type, types: str, layouts: tuple[tuple[int, ...], ...], operands: GemmOperandsMetadata,
                         tile: tuple[int, int, int], grid: tuple[str, tuple[int, int]], stages: int, schedule: str,
-                        min_cc: int) -> KernelMetadata:
-    """Metadata of one CTA-tiled GEMM instance (no clusters) with the full fused epilogue.
+                        min_cc: int, epilogue: EpilogueMetadata = FULL_EPILOGUE) -> KernelMetadata:
+    """Metadata of one CTA-tiled GEMM instance (no clusters) with the fused epilogue ``epilogue``
+    (the named one by default; `FUSED_EPILOGUE` where the implementation emits epilogue functions).
 
     ``types``: the dtype part of the name (e.g. "bf16bf16f32"); ``layouts``: (stride_A,
     stride_B, stride_out); ``grid``: ("threads" or "warps", (along M, along N)), kept in
@@ -187,7 +188,7 @@ def tiled_gemm_metadata(cls: type, types: str, layouts: tuple[tuple[int, ...], .
     name = (f"{cls.__name__}_{types}_{strides_to_layout_string(*layouts)}_{tile[0]}x{tile[1]}x{tile[2]}"
             f"_{key[0]}{gm}x{gn}_s{stages}_a{operands.A.divisibility}")
     design = BLASDesignMetadata(tile, (1, 1, 1), stages=stages, schedule=schedule, extra=((key, (gm, gn)),))
-    return KernelMetadata(name, cls, operands, design, min_cc=min_cc, epilogue=FULL_EPILOGUE)
+    return KernelMetadata(name, cls, operands, design, min_cc=min_cc, epilogue=epilogue)
 
 
 class GemmKernelBase(CuteDslKernel):

@@ -16,8 +16,8 @@ from ....cost import GEMM_COST_UNITS_PER_SECOND
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
 from .. import CuTeDSLProvider
-from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, grid_y_limit,
-                     tiled_gemm_metadata)
+from .common import (FULL_EPILOGUE, FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase,
+                     epilogue_supported_by_generation, grid_y_limit, tiled_gemm_metadata)
 
 # (operand dtype, output dtype, accumulator dtype)
 _DTYPES = (
@@ -64,7 +64,7 @@ class SimtGemm(GemmKernelBase):
     @staticmethod
     def generate_kernels(metadata_filter: Callable[[KernelMetadata], bool], epilogue_args: EpilogueArguments | None = None,
                          cc: int | None = None) -> list["SimtGemm"]:
-        if not epilogue_supported_by_generation(epilogue_args, FULL_EPILOGUE):
+        if not epilogue_supported_by_generation(epilogue_args, FUSED_EPILOGUE):
             return []
         kernels = []
         for ab, out, acc in _DTYPES:
@@ -74,8 +74,9 @@ class SimtGemm(GemmKernelBase):
                         operands = GemmOperandsMetadata(
                             TensorAttributes(ab, sa, aligns), TensorAttributes(ab, sb, aligns),
                             TensorAttributes(out, so, aligns), accumulator_type=acc)
-                        metadata = tiled_gemm_metadata(SimtGemm, f"{ab}{out}{acc}", (sa, sb, so), operands, tile,
-                                                       ("threads", threads), _STAGES, "simt", min_cc=70)
+                        metadata = tiled_gemm_metadata(
+                            SimtGemm, f"{ab}{out}{acc}", (sa, sb, so), operands, tile, ("threads", threads), _STAGES,
+                            "simt", min_cc=70, epilogue=FULL_EPILOGUE if ab is DataType.f64 else FUSED_EPILOGUE)
                         if metadata.supports_cc(cc) and metadata_filter(metadata):
                             kernels.append(SimtGemm(metadata))
         return kernels
@@ -98,11 +99,12 @@ class SimtGemm(GemmKernelBase):
         return grid_y_limit(args, self.metadata.design.tile_shape[1])
 
     def _make_impl(self, args: GemmArguments) -> Any:
-        from .implementations.simt_impl import SimtGemmImpl
+        from .implementations.simt_impl import SimtGemmFusedImpl, SimtGemmImpl
 
         md = self.metadata.operands
         design = self.metadata.design
         threads = dict(design.extra)["threads"]
-        return SimtGemmImpl(
+        fused = EpilogueSpec.from_signature(args.epilogue_signature).fusion is not None
+        return (SimtGemmFusedImpl if fused else SimtGemmImpl)(
             md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), md.accumulator_type.to_cutlass(), design.tile_shape,
             threads, design.stages, align=md.A.divisibility, **self._impl_layout_kwargs(args))

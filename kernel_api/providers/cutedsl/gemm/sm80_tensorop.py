@@ -22,7 +22,7 @@ from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
 from ....kernel import target_cc
 from .. import CuTeDSLProvider
-from .common import (FULL_EPILOGUE, LAYOUT_COMBOS, GemmKernelBase, epilogue_supported_by_generation, grid_x_tiles_limit,
+from .common import (FULL_EPILOGUE, FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation, grid_x_tiles_limit,
                      grid_y_limit, tiled_gemm_metadata)
 
 # (operand dtype, output dtype); accumulation is always f32
@@ -70,7 +70,7 @@ class Sm80TensorOpGemm(GemmKernelBase):
     @staticmethod
     def generate_kernels(metadata_filter: Callable[[KernelMetadata], bool], epilogue_args: EpilogueArguments | None = None,
                          cc: int | None = None) -> list["Sm80TensorOpGemm"]:
-        if not epilogue_supported_by_generation(epilogue_args, FULL_EPILOGUE):
+        if not epilogue_supported_by_generation(epilogue_args, FUSED_EPILOGUE):
             return []
         # (A/B dtype, out dtype, accumulator, math type, A/B alignments, configs)
         combos = [(ab, out, DataType.f32, None, (8,), _CONFIGS_16) for ab, out in _DTYPES_16]
@@ -84,8 +84,10 @@ class Sm80TensorOpGemm(GemmKernelBase):
                 operands = GemmOperandsMetadata(
                     TensorAttributes(ab, sa, align), TensorAttributes(ab, sb, align), TensorAttributes(out, so, 1),
                     accumulator_type=acc, math_type=math)
+                # (the f64 DMMA kernel fuses the named epilogue only)
                 metadata = tiled_gemm_metadata(Sm80TensorOpGemm, f"{ab}{out}{math or acc}", (sa, sb, so), operands,
-                                               tile, ("warps", warps), stages, "multistage", min_cc=80)
+                                               tile, ("warps", warps), stages, "multistage", min_cc=80,
+                                               epilogue=FULL_EPILOGUE if ab is DataType.f64 else FUSED_EPILOGUE)
                 if mma_k:  # f64: the DMMA shape on sm_90 (design.extra "mma_k")
                     metadata.design = dataclasses.replace(metadata.design,
                                                           extra=metadata.design.extra + (("mma_k", mma_k[0]),))
@@ -111,7 +113,8 @@ class Sm80TensorOpGemm(GemmKernelBase):
             return Sm80DmmaGemmImpl(design.tile_shape, extra["warps"], design.stages, align=md.A.divisibility,
                                     cc=target_cc(), mma_k=extra.get("mma_k"), group=extra.get("raster_group", 0),
                                     **self._impl_layout_kwargs(args))
-        from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmImpl
+        from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmFusedImpl, Sm80TensorOpGemmImpl
 
-        return Sm80TensorOpGemmImpl(md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape,
+        fused = EpilogueSpec.from_signature(args.epilogue_signature).fusion is not None
+        return (Sm80TensorOpGemmFusedImpl if fused else Sm80TensorOpGemmImpl)(md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape,
                                     dict(design.extra)["warps"], design.stages, **self._impl_layout_kwargs(args))

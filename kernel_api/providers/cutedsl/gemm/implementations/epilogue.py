@@ -23,8 +23,9 @@ import cutlass
 import cutlass.cute as cute
 
 from ..common import EpilogueSpec
+from . import fusion
 
-__all__ = ["EpilogueSpec", "activate", "epilogue_value", "store_fragment"]
+__all__ = ["EpilogueSpec", "activate", "epilogue_value", "store_fragment", "store_fused"]
 
 _GELU_K0 = 0.7978845608028654  # sqrt(2/pi)
 _GELU_K1 = 0.044715
@@ -98,3 +99,15 @@ def store_fragment(spec: cutlass.Constexpr, acc: cute.Tensor, coords: cute.Tenso
             m, n = coords[i]
             if cute.elem_less((m, n), (M, N)):
                 mOut[m, n] = _element(spec, acc[i], m, n, mC, mBias, alpha, beta).to(mOut.element_type)
+
+
+@cute.jit
+def store_fused(plan: cutlass.Constexpr, acc: cute.Tensor, coords: cute.Tensor, mOut: cute.Tensor, batch,
+                operands, M, N):
+    """An epilogue function (`fusion.FusionPlan`) on each element of ``acc``: its extra loads,
+    stores and reductions at the element's (batch, m, n), then ``D`` stored where (m, n) < (M, N)."""
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        m, n = coords[i]
+        d = fusion.element(plan, acc[i].to(cutlass.Float32), batch, m, n, M, N, operands)
+        if cute.elem_less((m, n), (M, N)):
+            mOut[m, n] = d.to(mOut.element_type)

@@ -17,7 +17,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-from .epilogue import store_fragment
+from .epilogue import store_fragment, store_fused
+from .fusion import FusionPlan
 from .gemm_utils import gemm_operands, k_shifted_tiles, load_next_tile, load_prologue, next_read_slot, partition_g2s
 
 
@@ -41,6 +42,7 @@ class SimtGemmImpl:
         self.a_k_major, self.b_k_major, self.out_n_major = a_k_major, b_k_major, out_n_major
         self.align = align
         self.spec = spec
+        self.fusion = None  # (an epilogue function: the fused subclass sets it)
         bytes_per = ab_dtype.width // 8
         # elements per 16 bytes: the unit of a thread's fragment chunks and of the K-row padding
         self.chunk16 = 16 // bytes_per
@@ -79,6 +81,12 @@ class SimtGemmImpl:
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta, stream):
+        self._host(mA, mB, mOut, mC, mBias, alpha, beta, None, stream)
+
+    @cute.jit
+    def _host(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta, epi_operands,
+              stream):
+        """The host side of a launch; ``epi_operands``: an epilogue function's operand tuple, or None."""
         A, B, O, C = gemm_operands(mA, mB, mOut, mC)
         BM, BN, BK = self.tile
         TM, TN = self.threads_mn
@@ -96,7 +104,8 @@ class SimtGemmImpl:
         tiled_mma = cute.make_tiled_mma(cute.nvgpu.MmaUniversalOp(self.acc_dtype), thr,
                                         permutation_mnk=(perm_m, perm_n, None))
         grid = cute.ceil_div(O.shape, (BM, BN, 1))
-        self.kernel(A, B, O, C, mBias, alpha, beta, sA_layout, sB_layout, copy_A, copy_B, tiled_mma).launch(
+        self.kernel(A, B, O, C, mBias, alpha, beta, sA_layout, sB_layout, copy_A, copy_B, tiled_mma,
+                    epi_operands).launch(
             grid=[cute.size(grid[0]), cute.size(grid[1]), cute.size(grid[2])],
             block=[self.num_threads, 1, 1], stream=stream)
 
@@ -104,7 +113,7 @@ class SimtGemmImpl:
     @cute.kernel
     def kernel(self, A: cute.Tensor, B: cute.Tensor, O: cute.Tensor, C, bias, alpha, beta,
                sA_layout: cute.Layout, sB_layout: cute.Layout, copy_A: cute.TiledCopy, copy_B: cute.TiledCopy,
-               tiled_mma: cute.TiledMma):
+               tiled_mma: cute.TiledMma, epi_operands):
         BM, BN, BK = self.tile
         S = self.stages
         tidx, _, _ = cute.arch.thread_idx()
@@ -163,4 +172,21 @@ class SimtGemmImpl:
         mC = None
         if cutlass.const_expr(self.spec.has_c):
             mC = C[None, None, l]
-        store_fragment(self.spec, acc, tCcO, mO, mC, bias, alpha, beta, M, N)
+        if cutlass.const_expr(self.fusion is not None):
+            store_fused(self.fusion, acc, tCcO, mO, l, epi_operands, M, N)
+        else:
+            store_fragment(self.spec, acc, tCcO, mO, mC, bias, alpha, beta, M, N)
+
+
+class SimtGemmFusedImpl(SimtGemmImpl):
+    """The kernel with an epilogue function (``spec.fusion``) emitted into its epilogue
+    (`store_fused`); the launch takes the function's operand tuple before the stream."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fusion = FusionPlan(self.spec.fusion)
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta,
+                 epi_operands: tuple, stream):
+        self._host(mA, mB, mOut, mC, mBias, alpha, beta, epi_operands, stream)

@@ -18,7 +18,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from .epilogue import store_fragment
+from .epilogue import store_fragment, store_fused
+from .fusion import FusionPlan
 from .gemm_utils import (gemm_operands, k_shifted_tiles, load_next_tile, load_prologue, next_read_slot,
                          partition_g2s, grouped_tile_coord)
 
@@ -43,6 +44,7 @@ class Sm80TensorOpGemmImpl:
         self.stages = stages
         self.a_k_major, self.b_k_major, self.out_n_major = a_k_major, b_k_major, out_n_major
         self.spec = spec
+        self.fusion = None  # (an epilogue function: the fused subclass sets it)
         self.group = group
         self.vec = 128 // ab_dtype.width  # elements per 16-byte copy
         BM, BN, BK = self.tile
@@ -90,6 +92,12 @@ class Sm80TensorOpGemmImpl:
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta, stream):
+        self._host(mA, mB, mOut, mC, mBias, alpha, beta, None, stream)
+
+    @cute.jit
+    def _host(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta, epi_operands,
+              stream):
+        """The host side of a launch; ``epi_operands``: an epilogue function's operand tuple, or None."""
         A, B, O, C = gemm_operands(mA, mB, mOut, mC)
         if cutlass.const_expr(self.tf32):
             A = cute.make_tensor(cute.recast_ptr(A.iterator, dtype=cutlass.TFloat32), A.layout)
@@ -107,13 +115,13 @@ class Sm80TensorOpGemmImpl:
         n_tiles = (O.shape[1] + BN - 1) // BN
         self.kernel(A, B, O, C, mBias, alpha, beta, self._smem_layout(BM, self.a_k_major),
                     self._smem_layout(BN, self.b_k_major), self._g2s_copy(BM, self.a_k_major),
-                    self._g2s_copy(BN, self.b_k_major), tiled_mma).launch(
+                    self._g2s_copy(BN, self.b_k_major), tiled_mma, epi_operands).launch(
             grid=[m_tiles * n_tiles, 1, O.shape[2]], block=[self.num_threads, 1, 1], stream=stream)
 
     # ---- device side -------------------------------------------------------------------
     @cute.kernel
     def kernel(self, A: cute.Tensor, B: cute.Tensor, O: cute.Tensor, C, bias, alpha, beta, sA_layout, sB_layout,
-               copy_A: cute.TiledCopy, copy_B: cute.TiledCopy, tiled_mma: cute.TiledMma):
+               copy_A: cute.TiledCopy, copy_B: cute.TiledCopy, tiled_mma: cute.TiledMma, epi_operands):
         BM, BN, BK = self.tile
         S = self.stages
         tidx, _, _ = cute.arch.thread_idx()
@@ -185,4 +193,22 @@ class Sm80TensorOpGemmImpl:
         if cutlass.const_expr(self.spec.has_c):
             mC = C[None, None, l]
         # Accumulator pairs are adjacent along N: vector stores for a row-major output.
-        store_fragment(self.spec, acc, tCcO, O[None, None, l], mC, bias, alpha, beta, M, N, pairs=self.out_n_major)
+        if cutlass.const_expr(self.fusion is not None):
+            store_fused(self.fusion, acc, tCcO, O[None, None, l], l, epi_operands, M, N)
+        else:
+            store_fragment(self.spec, acc, tCcO, O[None, None, l], mC, bias, alpha, beta, M, N,
+                           pairs=self.out_n_major)
+
+
+class Sm80TensorOpGemmFusedImpl(Sm80TensorOpGemmImpl):
+    """The kernel with an epilogue function (``spec.fusion``) emitted into its epilogue
+    (`store_fused`); the launch takes the function's operand tuple before the stream."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fusion = FusionPlan(self.spec.fusion)
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC, mBias, alpha, beta,
+                 epi_operands: tuple, stream):
+        self._host(mA, mB, mOut, mC, mBias, alpha, beta, epi_operands, stream)
