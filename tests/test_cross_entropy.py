@@ -297,6 +297,21 @@ def test_frozen_inputs_get_no_gradient_and_cost_no_gemm(cpu_ops, frozen):
     assert args_seen == [("loss", "grad_hidden" if frozen == "weight" else "grad_weight")]
 
 
+def test_autocast_casts_the_gemm_operands_as_linear_does(cpu_ops):
+    g = torch.Generator().manual_seed(7)
+    h = torch.randn(6, 8, generator=g, requires_grad=True)
+    w = torch.randn(10, 8, generator=g, requires_grad=True)
+    t = torch.randint(0, 10, (6,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = ops.linear_cross_entropy(h, w, t)
+    loss.backward()
+    assert loss.dtype == torch.float32 and h.grad.dtype == w.grad.dtype == torch.float32
+    hb, wb = h.detach().bfloat16().double().requires_grad_(), w.detach().bfloat16().double().requires_grad_()
+    reference(F.linear(hb, wb).bfloat16(), t).backward()  # (our logits are rounded to bf16 as well)
+    torch.testing.assert_close(loss.double(), reference(F.linear(hb, wb).bfloat16(), t).detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w.grad.double(), wb.grad, atol=2e-2, rtol=2e-2)
+
+
 def test_inference_runs_the_loss_only_op(cpu_ops, monkeypatch):
     h, w, t = torch.randn(4, 3), torch.randn(6, 3), torch.randint(0, 6, (4,))
     with torch.no_grad():

@@ -234,7 +234,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
 
     Args:
         hidden: (..., hidden size), f16, bf16 or f32 (f64 on the torch provider).
-        weight: (vocabulary, hidden size), hidden's dtype (an lm_head's weight).
+        weight: (vocabulary, hidden size), hidden's dtype (an lm_head's weight); under autocast
+            both are cast to the autocast dtype first, as ``F.linear`` casts them.
         target: class indices, ``hidden.shape[:-1]``, int64 or int32.
         bias: optional, (vocabulary,), hidden's dtype.
         ignore_index, label_smoothing, z_loss, reduction: as for `cross_entropy`.
@@ -244,6 +245,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         differentiable with respect to hidden, weight and bias.
     """
     _check_reduction(reduction)
+    device = hidden.device.type
+    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
+        # as F.linear under autocast: the GEMMs' operands in the autocast dtype (the casts are
+        # differentiable, so the gradients reach f32 parameters in f32)
+        dt = torch.get_autocast_dtype(device)
+        hidden, weight = hidden.to(dt), weight.to(dt)
+        bias = bias.to(dt) if bias is not None else None
     wants_grad = torch.is_grad_enabled() and any(
         isinstance(v, torch.Tensor) and v.requires_grad for v in (hidden, weight, bias))
     if not wants_grad:
