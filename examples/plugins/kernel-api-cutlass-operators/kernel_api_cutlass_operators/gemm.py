@@ -21,12 +21,13 @@ from typing import Any
 
 import torch
 import cutlass.operators as co
+from cutlass.operators import GlobalOptions
 
 from kernel_api import (BLASDesignMetadata, CompilationError, CompiledArtifact, DataType, GemmArguments,
                         GemmOperandsMetadata, Kernel, KernelMetadata, Status, TensorAttributes)
 from kernel_api.core.dtypes import to_dtype
 from kernel_api.core.streams import to_cuda_stream
-from kernel_api.launcher import Launcher
+from kernel_api.launcher import Launcher, ffi_function
 
 from .provider import CutlassOperatorsProvider
 
@@ -126,7 +127,14 @@ class CutlassOperatorsSm90Gemm(Kernel):
                           assume_supported_args=True)
 
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """The compiled TVM-FFI function itself where cutlass.operators compiled one (it takes
+        ``(A, B, out, stream)``, the torch tensors as they are: what the operator's run passes),
+        so `kernel_api.ops` can record it in the C launch table; else a launch through the
+        operator's ``run``."""
         operator, compiled = self.operator, artifact.compiled_obj
+        function = getattr(compiled, "compiled_obj", None)
+        if GlobalOptions().use_tvm_ffi and ffi_function(function) is not None:
+            return Launcher(function)
 
         def launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, stream: Any) -> None:
             operator.run(co_arguments(A, B, out), compiled, stream=to_cuda_stream(stream), assume_supported_args=True)
