@@ -184,6 +184,20 @@ def test_forcing_per_layer_and_per_class_retraces_and_keeps_values():
         set_compile_lowering(layer, "cublas")
 
 
+def test_set_compile_lowering_reaches_every_layer_that_declares_it():
+    """Modules whose class declares compile_lowering (kernel_api layers) get it; `keeps_op` is
+    True only when forced to kernel_api's op."""
+    class Norm(torch.nn.LayerNorm):
+        compile_lowering = "auto"
+
+    model = torch.nn.Sequential(Linear(4, 4), Norm(4), torch.nn.Linear(4, 4))
+    assert not lowering.keeps_op(model[1])
+    set_compile_lowering(model, "kernel_api")
+    assert model[0].compile_lowering == "kernel_api" and lowering.keeps_op(model[1])
+    assert "compile_lowering" not in vars(model[2]) and not lowering.keeps_op(model[2])
+    assert Norm.compile_lowering == "auto"  # set on the instances
+
+
 # ---- the op's fake implementation -----------------------------------------------------------
 def _launch_with_torch(args, stream=None, fast_key=None, tensors=(), tag=0, new_output=False, maker=None):
     """A `dispatch._launch` stand-in: the GemmArguments' GEMM with torch, into ``args.out``."""

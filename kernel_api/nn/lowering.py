@@ -29,6 +29,10 @@ at that time (so a graph never branches or guards on it):
    dominate. Training graphs take aten unless records say otherwise (the backward GEMMs then
    stay Inductor's too).
 
+Layers of memory-bound operations (norms, activations, rotary embeddings) keep kernel_api's op
+under compile only when forced (`keeps_op`): Inductor generates those row-wise kernels itself
+and fuses them with their neighbours (a residual add, a cast), which an opaque op prevents.
+
 The choice is not a guard: a graph keeps the choice it was traced with until Dynamo traces it
 again. ``compile_lowering`` is an attribute Dynamo reads, so changing it retraces; a new tuning
 record or policy takes effect at the next trace (``torch._dynamo.reset()``).
@@ -144,8 +148,21 @@ def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, 
 choose._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
+def keeps_op(layer: torch.nn.Module) -> bool:
+    """Under Dynamo, whether a kernel_api layer of a memory-bound operation keeps kernel_api's
+    op: only when its ``compile_lowering`` is "kernel_api"; otherwise it runs the torch forward
+    it replaced, for Inductor to generate and fuse (the module docstring).
+
+    Args:
+        layer: a kernel_api layer (its class declares ``compile_lowering``).
+    """
+    return getattr(layer, "compile_lowering", "auto") == "kernel_api"
+
+
 def set_compile_lowering(module: torch.nn.Module, lowering: str) -> torch.nn.Module:
-    """Set ``compile_lowering`` on every kernel_api projection in ``module`` (itself included).
+    """Set ``compile_lowering`` on every kernel_api layer in ``module`` (itself included): the
+    modules whose class declares the attribute (`kernel_api.nn.Linear`, the patched Conv1D, and
+    any kernel_api layer that follows `keeps_op`).
 
     Args:
         module: a model patched by `kernel_api.nn.patch`, or a kernel_api layer.
@@ -154,10 +171,8 @@ def set_compile_lowering(module: torch.nn.Module, lowering: str) -> torch.nn.Mod
     Returns:
         ``module``. Graphs compiled before are retraced at their next call.
     """
-    from .linear import Conv1DLinear, Linear
-
     check_lowering(lowering)
     for layer in module.modules():
-        if isinstance(layer, (Linear, Conv1DLinear)):
+        if isinstance(getattr(type(layer), "compile_lowering", None), str):
             layer.compile_lowering = lowering
     return module
