@@ -13,7 +13,7 @@ Every result is first checked against float64. Rates are effective TB/s: the for
 x and y (and residual, s), the forward+backward 5 tensors of the rows' type (x and y, then x,
 dy and dx; the residual variant 8). Prints our ratio against each anchor, writes JSON to
 benchmarks/results/ (and $OUT). ``--sweep`` also times our kernels alone (device time) at other
-row mappings (`norm_plan` bytes per thread, backward threads per SM).
+row mappings (`norm_plan` bytes per thread; the backward's threads per SM and shared-memory stages).
 
     python3 benchmarks/norms.py [--shapes 16384x4096,32768x8192,4096x2048] [--variants rms,rms_residual,layer]
 """
@@ -166,29 +166,31 @@ def sweep_case(rows: int, cols: int) -> list[dict]:
     fwd = RMSNormArguments(x, w, torch.empty_like(x), eps=EPS)
     bwd = RMSNormBackwardArguments(dy, x, w, torch.empty_like(x), torch.empty_like(w), eps=EPS)
     found = []
-    for cls, args, knobs in ((CudaRMSNorm, fwd, [(b, 0) for b in (16, 32, 64, 128)]),
-                             (CudaRMSNormBackward, bwd, [(b, t) for b in (16, 32, 64) for t in (512, 1024, 2048)])):
+    backward_knobs = [(b, t, s) for b in (16, 32) for t in (512, 1024) for s in (0, 3)]
+    for cls, args, knobs in ((CudaRMSNorm, fwd, [(b, 0, 0) for b in (16, 32, 64)]),
+                             (CudaRMSNormBackward, bwd, backward_knobs)):
         name = f"{cls.__name__}_bf16_block_a8"
         runs = {}
-        for bpt, tps in knobs:
+        for bpt, tps, stages in knobs:
             k = next(k for k in cls.generate_kernels(None, cc=90) if k.metadata.kernel_name == name)
-            k.bytes_per_thread = bpt
+            k.bytes_per_thread, k.stages = bpt, stages
             if tps:
                 k.threads_per_sm = tps
             if not k.supports(args):
                 continue
             art = k.compile(args)
-            ws = torch.empty(max(k.get_workspace_size(args), 16), dtype=torch.uint8, device="cuda")
-            runs[(bpt, tps)] = (lambda i, k=k, art=art, ws=ws: k.run(args, compiled_artifact=art, workspace=ws
-                                                                      if k.get_workspace_size(args) else None))
+            size = k.get_workspace_size(args)
+            ws = torch.empty(max(size, 16), dtype=torch.uint8, device="cuda") if size else None
+            runs[(bpt, tps, stages)] = (lambda i, k=k, art=art, ws=ws: k.run(args, compiled_artifact=art, workspace=ws))
         timed = time_interleaved(runs, sets=1, warmup=5, repeat=30)
         elem_traffic = (3 if cls is CudaRMSNormBackward else 2) * rows * cols * 2
-        for (bpt, tps), t in timed.items():
+        for (bpt, tps, stages), t in timed.items():
+            knob = {"kernel": name, "shape": [rows, cols], "bytes_per_thread": bpt, "threads_per_sm": tps,
+                    "stages": stages}
             if isinstance(t, Exception):
-                found.append({"kernel": name, "bytes_per_thread": bpt, "threads_per_sm": tps, "error": str(t)[:200]})
+                found.append(dict(knob, error=str(t)[:200]))
                 continue
-            found.append({"kernel": name, "shape": [rows, cols], "bytes_per_thread": bpt, "threads_per_sm": tps,
-                          "ms": t["median_ms"], "tbs": elem_traffic / t["median_ms"] / 1e9})
+            found.append(dict(knob, ms=t["median_ms"], tbs=elem_traffic / t["median_ms"] / 1e9))
     return found
 
 
@@ -245,7 +247,8 @@ def main() -> None:
             doc["sweep"].extend(found)
             for f in found:
                 line = (f"sweep {f['kernel']} {rows}x{cols} bytes/thread={f['bytes_per_thread']} "
-                        f"threads/SM={f['threads_per_sm']}: " + (f"{f['tbs']:.2f} TB/s" if "tbs" in f else f["error"]))
+                        f"threads/SM={f['threads_per_sm']} stages={f['stages']}: "
+                        + (f"{f['tbs']:.2f} TB/s" if "tbs" in f else f["error"]))
                 lines.append(line)
                 print(line, flush=True)
             results_io.write_result_with_text(name, doc, lines)

@@ -117,8 +117,8 @@ def test_plan_arithmetic():
     (CudaRMSNorm, _rms((3, 4097), torch.float32), "fwd_reg<ka_norm::F32, ka_norm::F32, 1, 16, false, false, false>"),
     (CudaRMSNorm, _rms((3, 40000), torch.float16, torch.float32), "fwd_looped<ka_norm::F16, ka_norm::F32, 8, false, false>"),
     (CudaLayerNormBackward, _layer_bwd((3, 8192), wtype=torch.float32),
-     "bwd_reg<ka_norm::BF16, ka_norm::F32, 8, 2, true, false>"),
-    (CudaLayerNormBackward, _layer_bwd((3, 100)), "bwd_reg<ka_norm::BF16, ka_norm::BF16, 1, 4, true, true>"),
+     "bwd_reg<ka_norm::BF16, ka_norm::F32, 8, 2, true, false, 0>"),
+    (CudaLayerNormBackward, _layer_bwd((3, 100)), "bwd_reg<ka_norm::BF16, ka_norm::BF16, 1, 4, true, true, 0>"),
     (CudaLayerNormBackward, _layer_bwd((3, 20000)), "bwd_looped<ka_norm::BF16, ka_norm::BF16, 8, true>"),
 ])
 def test_compiles_for_sm90a_without_a_gpu(cls, args, expect):
@@ -139,6 +139,18 @@ def test_compile_key_follows_the_template_and_the_residual():
     x = _meta((2, 4096), torch.bfloat16)
     w = _meta((4096,), torch.bfloat16)
     assert layer.compile_key(LayerNormArguments(x, w, w, _meta((2, 4096), torch.bfloat16)), 90) != keys[4096]
+
+
+def test_backward_stages_compile_into_the_name_and_the_shared_memory():
+    kernel = _by_name(CudaLayerNormBackward, "CudaLayerNormBackward_bf16_block_a8")
+    args = _layer_bwd((64, 4096))
+    kernel.stages = 3
+    artifact = kernel.compile(args, cc=90)
+    assert artifact.compiled_obj.name_expression.endswith("true, false, 3>") and artifact.extra.stages == 3
+    assert norm_plan.ring_bytes(3, artifact.extra.shape, 256) == 3 * 2 * 2 * 16 * 256
+    narrow = _by_name(CudaLayerNormBackward, "CudaLayerNormBackward_bf16_block_a1")
+    narrow.stages = 3  # single elements: no ring
+    assert narrow.compile(_layer_bwd((64, 4095)), cc=90).compiled_obj.name_expression.endswith(", 0>")
 
 
 def test_backward_workspace_and_launch():

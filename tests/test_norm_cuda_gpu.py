@@ -163,7 +163,7 @@ def _grads_reference(kind, dy, x, w, eps):
 @pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}-{p[1]}".replace("torch.", ""))
 @pytest.mark.parametrize("shape", [(5, 1), (3, 7), (300, 1000), (2, 4097), (64, 8191), (2, 3, 64), (2, 20000),
-                                   (0, 16)])
+                                   (0, 16), (1000, 4096), (5000, 64)])
 def test_backward_every_instance(kind, pair, shape):
     dtype, wtype = pair
     eps = 1e-5
@@ -180,13 +180,16 @@ def test_backward_every_instance(kind, pair, shape):
     kernels = _instances(_BACKWARD[kind], args)
     assert kernels, kernel_api.explain(args)
     dx_ref, dw_ref, db_ref = _grads_reference(kind, dy, x, w, eps)
-    for k in kernels:
+    # register rows of 16-byte vectors also with later rows staged in shared memory
+    runs = [(k, 0) for k in kernels] + [(k, 3) for k in kernels if k.vec > 1 and k.strategy != "looped"]
+    for k, stages in runs:
+        k.stages = stages
         dx.fill_(SENTINEL)
         gw.fill_(SENTINEL)
         gb.fill_(SENTINEL)
         k.run(args)
         torch.cuda.synchronize()
-        name = k.metadata.kernel_name
+        name = f"{k.metadata.kernel_name} stages={stages}"
         _close(dx, dx_ref, dtype, name + " grad_x")
         _untouched(dx_buf, shape)
         _close(gw, dw_ref, wtype, name + " grad_weight")

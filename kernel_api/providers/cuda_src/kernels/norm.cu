@@ -69,6 +69,21 @@ __device__ __forceinline__ uint4 ld16_stream(const void* p) {
   return r;
 }
 
+// Asynchronous 16-byte copies from global to shared memory (sm_80+), in commit groups.
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  unsigned long long a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return (unsigned)a;
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // VEC raw elements of T; accesses of 16 bytes where VEC elements make whole 16-byte chunks.
 template <class T, int VEC, int BYTES = (int)sizeof(typename T::raw) * VEC>
 struct Chunk {
@@ -319,11 +334,14 @@ __global__ void __launch_bounds__(1024) fwd_looped(const typename T::raw* __rest
 
 // ---- backward, the row in registers, persistent over rows ---------------------------------
 // At most 512 threads (up to 128 registers each). A thread keeps its slice of the current
-// row's x and dy as loaded (16-bit values stay packed), and the next row's loads are issued
-// before the current row is worked on, so they are in flight meanwhile. The weight slice is
-// loaded once. The column sums of dy * xhat (and dy) stay in f32 registers until the end.
+// row's x and dy as loaded (16-bit values stay packed), and later rows' loads are in flight
+// while it works on one: STAGES 0 holds the next row's slice in registers; STAGES >= 2 copies
+// the next STAGES - 1 rows' slices asynchronously into a ring of shared memory (dynamic:
+// STAGES x 2 x NV x 16-byte chunks per thread; 16-byte vectors only), each thread reading back
+// only its own chunks. The weight slice is loaded once. The column sums of dy * xhat (and dy)
+// stay in f32 registers until the end.
 // ws: PLANES x units x cols floats (plane 0: sums of dy * xhat, plane 1: sums of dy).
-template <class T, class W, int VEC, int NV, bool CENTRED, bool PER_WARP>
+template <class T, class W, int VEC, int NV, bool CENTRED, bool PER_WARP, int STAGES>
 __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict__ dy,
                                                const typename T::raw* __restrict__ x,
                                                const typename W::raw* __restrict__ w, typename T::raw* __restrict__ dx,
@@ -353,7 +371,7 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
       if constexpr (CENTRED) db[j][k] = 0.f;
     }
   }
-  Raw<T, VEC> xn[NV], gn[NV];  // the next row's slices, in flight
+  Raw<T, VEC> xn[STAGES == 0 ? NV : 1], gn[STAGES == 0 ? NV : 1];  // STAGES 0: the next row's slices
   auto fetch = [&](i64 row) {
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
@@ -367,15 +385,67 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
       }
     }
   };
-  if (unit < rows) fetch(unit);
-  for (i64 row = unit; row < rows; row += units) {
-    Raw<T, VEC> xc[NV], gc[NV];
+  // STAGES >= 2: slot (stage, array, j, chunk) of this thread
+  constexpr int CH = Raw<T, VEC>::WIDE ? (int)sizeof(typename T::raw) * VEC / 16 : 1;
+  extern __shared__ uint4 ring[];
+  auto slot = [&](int stage, int a, int j, int i) -> uint4* {
+    return ring + ((((stage * 2 + a) * NV + j) * CH + i) * (int)blockDim.x + (int)threadIdx.x);
+  };
+  auto issue = [&](i64 row, int stage) {
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      xc[j] = xn[j];
-      gc[j] = gn[j];
+      if (in[j]) {
+        const i64 c = ((i64)j * lanes + t) * VEC;
+        const char* xs = reinterpret_cast<const char*>(x + row * ld_x + c);
+        const char* gs = reinterpret_cast<const char*>(dy + row * ld_dy + c);
+#pragma unroll
+        for (int i = 0; i < CH; ++i) {
+          cp_async16(slot(stage, 0, j, i), xs + 16 * i);
+          cp_async16(slot(stage, 1, j, i), gs + 16 * i);
+        }
+      }
     }
-    if (row + units < rows) fetch(row + units);
+  };
+  if constexpr (STAGES == 0) {
+    if (unit < rows) fetch(unit);
+  } else {
+    static_assert(STAGES == 0 || Raw<T, VEC>::WIDE, "the shared-memory ring moves 16-byte chunks");
+#pragma unroll
+    for (int p = 0; p < STAGES - 1; ++p) {
+      if (unit + p * units < rows) issue(unit + p * units, p);
+      cp_async_commit();
+    }
+  }
+  int it = 0;
+  for (i64 row = unit; row < rows; row += units, ++it) {
+    Raw<T, VEC> xc[NV], gc[NV];
+    if constexpr (STAGES == 0) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        xc[j] = xn[j];
+        gc[j] = gn[j];
+      }
+      if (row + units < rows) fetch(row + units);
+    } else {
+      const i64 ahead = row + (i64)(STAGES - 1) * units;
+      if (ahead < rows) issue(ahead, (it + STAGES - 1) % STAGES);
+      cp_async_commit();
+      cp_async_wait<STAGES - 1>();  // this row's group (committed STAGES - 1 groups ago) has landed
+      const int stage = it % STAGES;
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        if (in[j]) {
+#pragma unroll
+          for (int i = 0; i < CH; ++i) {
+            xc[j].u[i] = *slot(stage, 0, j, i);
+            gc[j].u[i] = *slot(stage, 1, j, i);
+          }
+        } else {
+          xc[j].zero();
+          gc[j].zero();
+        }
+      }
+    }
     float s[1] = {0.f};
 #pragma unroll
     for (int j = 0; j < NV; ++j) {

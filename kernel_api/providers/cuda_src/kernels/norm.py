@@ -67,6 +67,7 @@ class _Build:
     shape: Shape
     residual: bool
     reduce: CudaLauncher | None
+    stages: int = 0
 
 
 def _eps_bits(eps: float) -> int:
@@ -96,6 +97,9 @@ class _NormBase(CudaSourceKernel):
         #: backward's resident threads per SM: settable for tuning and benchmarks.
         self.bytes_per_thread: int = norm_plan.BYTES_PER_THREAD[self.backward]
         self.threads_per_sm: int = norm_plan.BACKWARD_THREADS_PER_SM
+        #: The backward register rows' later rows in flight: 0, the next row in registers; 2 or
+        #: more, the next ``stages - 1`` rows copied into shared memory (16-byte vectors only).
+        self.stages: int = norm_plan.BACKWARD_STAGES
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -178,7 +182,7 @@ class _NormBase(CudaSourceKernel):
             if shape.strategy == "looped":
                 return f"ka_norm::bwd_looped<{t}, {w}, {self.vec}, {centred}>"
             per_warp = "true" if shape.strategy == "warp" else "false"
-            return f"ka_norm::bwd_reg<{t}, {w}, {self.vec}, {shape.nv}, {centred}, {per_warp}>"
+            return f"ka_norm::bwd_reg<{t}, {w}, {self.vec}, {shape.nv}, {centred}, {per_warp}, {self._stages()}>"
         resid = "true" if getattr(args, "residual", None) is not None else "false"
         if shape.strategy == "looped":
             return f"ka_norm::fwd_looped<{t}, {w}, {self.vec}, {centred}, {resid}>"
@@ -196,7 +200,13 @@ class _NormBase(CudaSourceKernel):
         if self.backward:
             reduce = CudaLauncher(launcher.compiled, self._reduce_expression(),
                                   f"{self.metadata.kernel_name} (column sums)", convert_args=False)
-        return _Build(self._shape(args), getattr(args, "residual", None) is not None, reduce)
+        return _Build(self._shape(args), getattr(args, "residual", None) is not None, reduce,
+                      self._stages() if self.backward else 0)
+
+    def _stages(self) -> int:
+        """The ring's stages this instance compiles (0 where it moves no 16-byte vectors)."""
+        wide = self.vec * self.dtype.bytes == 16 and self.strategy != "looped"
+        return self.stages if wide and self.stages >= 2 else 0
 
     def _artifact_shape(self, args: Any, artifact: Any) -> Shape:
         build = artifact.extra
@@ -305,9 +315,11 @@ class _NormBackward(_NormBase):
         params = (args.grad_out.data_ptr(), args.x.data_ptr(), args.weight.data_ptr(), args.grad_x.data_ptr(), ws,
                   args.rows, cols, _row_stride(args.grad_out, cols), _row_stride(args.x, cols),
                   _row_stride(args.grad_x, cols), _eps_bits(args.eps))
-        artifact.compiled_obj.launch(handle, device, launch.grid, launch.threads, 0, params)
+        build = artifact.extra
+        ring = norm_plan.ring_bytes(build.stages, shape, launch.threads)
+        artifact.compiled_obj.launch(handle, device, launch.grid, launch.threads, ring, params)
         gb = args.grad_bias.data_ptr() if args.grad_bias is not None else 0
-        artifact.extra.reduce.launch(handle, device, norm_plan.reduce_grid(cols, self.planes),
+        build.reduce.launch(handle, device, norm_plan.reduce_grid(cols, self.planes),
                                      norm_plan.REDUCE_THREADS, 0, (ws, args.grad_weight.data_ptr(), gb, launch.units,
                                                                    cols))
 

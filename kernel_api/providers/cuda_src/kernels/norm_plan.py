@@ -46,6 +46,9 @@ LOOPED_THREADS = 512
 #: up to 128 registers a thread (ptxas -v on the sm_90a cubins: 86-128), so 512 fill an SM's
 #: register file.
 BACKWARD_THREADS_PER_SM = 512
+#: The backward register rows' stages of shared memory for later rows (0: the next row held in
+#: registers instead; `ring_bytes`).
+BACKWARD_STAGES = 0
 #: The fewest rows each backward unit takes (fewer, larger partial sums on small problems).
 MIN_ROWS_PER_UNIT = 2
 STRATEGIES = ("warp", "block", "looped")
@@ -149,6 +152,12 @@ def backward_launch(shape: Shape, rows: int, cols: int, sm_count: int,
 def workspace_bytes(launch: Launch, cols: int, planes: int) -> int:
     """The backward's f32 partial sums: ``planes`` x units x cols."""
     return 4 * planes * launch.units * cols
+
+
+def ring_bytes(stages: int, shape: Shape, threads: int) -> int:
+    """Dynamic shared memory of a backward launch: ``stages`` rows of x and dy, ``nv`` 16-byte
+    chunks of each per thread (0 without stages)."""
+    return stages * 2 * shape.nv * 16 * threads if stages else 0
 
 
 REDUCE_THREADS = 256
