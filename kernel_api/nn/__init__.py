@@ -1,8 +1,9 @@
 """PyTorch modules through kernel_api: `Linear`, and `patch`/`unpatch` for whole models.
 
-    model = kernel_api.nn.patch(model)         # nn.Linear / GPT-2 Conv1D -> ops.gemm, bias and activation fused
+    model = kernel_api.nn.patch(model)         # nn.Linear / GPT-2 Conv1D -> ops.gemm, bias and activation fused;
+                                               # Llama-family RMSNorm, MLP, attention, RoPE, loss -> their ops
     y = model(x)                               # training, torch.compile and CUDA graphs work too
-    model = kernel_api.nn.unpatch(model)       # the original modules back
+    model = kernel_api.nn.unpatch(model)       # the original modules and settings back
     kernel_api.nn.set_compile_lowering(model, "aten")   # under torch.compile: plain aten (default "auto": nn.lowering)
 """
 
