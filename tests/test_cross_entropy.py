@@ -319,6 +319,19 @@ def test_inference_runs_the_loss_only_op(cpu_ops, monkeypatch):
     torch.testing.assert_close(got.double(), reference(F.linear(h, w).detach(), t, reduction="sum"))
 
 
+def test_incoming_gradient_scales_the_saved_gradients_once(cpu_ops):
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(5, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    t = torch.randint(0, 6, (5,), generator=g)
+    loss = ops.cross_entropy(x, t)
+    (3.0 * loss).backward(retain_graph=True)
+    xr = x.detach().requires_grad_()
+    (3.0 * reference(xr, t)).backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_reduction_is_checked():
     with pytest.raises(ValueError, match="reduction: expected 'mean', 'sum' or 'none', got 'avg'"):
         ops.cross_entropy(torch.randn(2, 3), torch.zeros(2, dtype=torch.long), reduction="avg")
@@ -341,8 +354,13 @@ def test_make_fx_shows_the_kernel_api_ops():
     def g(x, t):
         return torch.autograd.grad(ops.cross_entropy(x, t), (x,))
 
-    x = torch.randn(4, 7, requires_grad=True)
-    assert "kernel_api.cross_entropy_backward.default" in make_fx(g, tracing_mode="fake")(x, torch.randint(0, 7, (4,))).code
+    def g_none(x, t):
+        return torch.autograd.grad(ops.cross_entropy(x, t, reduction="none").sum(), (x,))
+
+    x, t = torch.randn(4, 7, requires_grad=True), torch.randint(0, 7, (4,))
+    code = make_fx(g, tracing_mode="fake")(x, t).code
+    assert "kernel_api.cross_entropy_with_grad.default" in code and "cross_entropy_backward" not in code
+    assert "kernel_api.cross_entropy_backward.default" in make_fx(g_none, tracing_mode="fake")(x, t).code
 
     def lin(h, w, t):
         return torch.autograd.grad(ops.linear_cross_entropy(h, w, t), (h, w))

@@ -2,11 +2,16 @@
 logits or fused with the linear layer that makes them, as torch ops generated from `Operation`
 descriptions.
 
-Four ops:
+Five ops:
 
 - ``kernel_api::cross_entropy(logits, target, ...) -> (loss, lse)``: per-row loss and
   log-sum-exp; its backward is ``kernel_api::cross_entropy_backward``, which reads the saved
   lse instead of recomputing it (one read and one write of the logits);
+- ``kernel_api::cross_entropy_with_grad(logits, target, grad_loss, ...) -> (loss, lse,
+  grad_logits)``: the loss and the gradient of ``sum(grad_loss * loss)`` in one kernel (the
+  logits read once from DRAM and once from L2). `cross_entropy` with a mean or a sum takes it
+  when the logits require grad: the rows' weights (``1 / count`` or 1) are known in the
+  forward, and the backward only scales the saved gradient;
 - ``kernel_api::linear_cross_entropy(hidden, weight, target, bias, ...) -> loss``: per-token
   loss, no gradients;
 - ``kernel_api::linear_cross_entropy_with_grads(hidden, weight, target, grad_loss, bias, ...,
@@ -45,6 +50,10 @@ def _ce_fake(logits: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, torch.Tens
     return logits.new_empty(shape, dtype=dt), logits.new_empty(shape, dtype=dt)
 
 
+def _ce_grad_fake(logits: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (*_ce_fake(logits), logits.new_empty(logits.shape))
+
+
 def _ce_backward_fake(grad_loss: torch.Tensor, logits: torch.Tensor, *rest: Any) -> torch.Tensor:
     return logits.new_empty(logits.shape)
 
@@ -74,6 +83,13 @@ def _ce_args(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, labe
              *, loss: torch.Tensor, lse: torch.Tensor) -> CrossEntropyArguments:
     return CrossEntropyArguments(logits, target, loss, lse, ignore_index=ignore_index,
                                  label_smoothing=label_smoothing, z_loss=z_loss)
+
+
+def _ce_grad_args(logits: torch.Tensor, target: torch.Tensor, grad_loss: torch.Tensor, ignore_index: int,
+                  label_smoothing: float, z_loss: float, *, loss: torch.Tensor, lse: torch.Tensor,
+                  grad_logits: torch.Tensor) -> CrossEntropyArguments:
+    return CrossEntropyArguments(logits, target, loss, lse, grad_logits=grad_logits, grad_loss=grad_loss,
+                                 ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss)
 
 
 def _ce_backward_args(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
@@ -124,6 +140,10 @@ CROSS_ENTROPY = Operation(
     name="kernel_api::cross_entropy", schema=f"(Tensor logits, Tensor target, {_SCALARS}) -> (Tensor, Tensor)",
     arguments=_ce_args, outputs=("loss", "lse"), fake=_ce_fake, backward=_ce_backward,
     saved=("logits", "target", "lse", "ignore_index", "label_smoothing", "z_loss"))
+CROSS_ENTROPY_WITH_GRAD = Operation(
+    name="kernel_api::cross_entropy_with_grad",
+    schema=f"(Tensor logits, Tensor target, Tensor grad_loss, {_SCALARS}) -> (Tensor, Tensor, Tensor)",
+    arguments=_ce_grad_args, outputs=("loss", "lse", "grad_logits"), fake=_ce_grad_fake)
 CROSS_ENTROPY_BACKWARD = Operation(
     name="kernel_api::cross_entropy_backward",
     schema=f"(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, {_SCALARS}) -> Tensor",
@@ -142,6 +162,7 @@ _cross_entropy = define_operation(CROSS_ENTROPY)
 #: ``cross_entropy_backward(grad_loss, logits, target, lse, ignore_index=-100, label_smoothing=0.,
 #: z_loss=0., *, grad_logits=None, stream=None)`` -> ``grad_logits``, from the forward's lse.
 cross_entropy_backward = define_operation(CROSS_ENTROPY_BACKWARD)
+_cross_entropy_with_grad = define_operation(CROSS_ENTROPY_WITH_GRAD)
 _linear_cross_entropy = define_operation(LINEAR_CROSS_ENTROPY)
 _linear_cross_entropy_with_grads = define_operation(LINEAR_CROSS_ENTROPY_WITH_GRADS)
 
@@ -177,9 +198,51 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         for "none". Differentiable with respect to the logits.
     """
     _check_reduction(reduction)
+    if reduction != "none" and torch.is_grad_enabled() and logits.requires_grad:
+        return _CrossEntropy.apply(logits, target, ignore_index, label_smoothing, z_loss, reduction)
     loss, _ = _cross_entropy(logits, target, ignore_index, label_smoothing, z_loss)
     count = (target != ignore_index).sum() if reduction == "mean" else None
     return _reduce(loss, count, reduction)
+
+
+def _row_weight(count: torch.Tensor, reduction: str, dtype: torch.dtype) -> torch.Tensor:
+    """Each row's weight in a mean (``1 / count``) or a sum (1), as a 0-d tensor."""
+    if reduction == "mean":
+        return 1.0 / count.clamp(min=1).to(dtype)
+    return torch.ones((), dtype=dtype, device=count.device)
+
+
+def _scaled(ctx: Any, grad: torch.Tensor) -> tuple:
+    """The saved gradients times the incoming gradient ``grad`` (a 0-d tensor): not at all when
+    it is 1 (one sync; ``loss.backward()`` gives 1), else in place (no second weight-sized
+    buffer; a second backward through the same graph, ``retain_graph=True``, then fails with
+    torch's error on saved tensors modified in place rather than scale them twice)."""
+    grads = ctx.saved_tensors
+    if tracing.is_compiling() or tracing.dispatch_mode_depth() or grad.is_meta:  # (no value to test)
+        return tuple(g * grad for g in grads)
+    if bool(grad == 1):
+        return grads
+    return tuple(g.mul_(grad) for g in grads)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """A mean or sum of the rows' losses, the gradient computed in the forward (one pass over the
+    logits and a second from L2 instead of a forward and a backward over them) and scaled in the
+    backward."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+                z_loss: float, reduction: str) -> torch.Tensor:
+        count = (target != ignore_index).sum()
+        weight = _row_weight(count, reduction, loss_dtype(logits)).expand(target.shape)
+        loss, _, grad = _cross_entropy_with_grad.op(logits, target, weight, ignore_index, label_smoothing, z_loss)
+        ctx.save_for_backward(grad)
+        return _reduce(loss, count, reduction)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (grad_logits,) = _scaled(ctx, grad)
+        return grad_logits, None, None, None, None, None
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -198,9 +261,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss = _linear_cross_entropy(h, weight, t, bias, ignore_index, label_smoothing, z_loss)
             ctx.save_for_backward(h, weight, t, bias)
             return loss.view(target.shape)
-        dt = loss_dtype(hidden)
-        weight_per_row = (1.0 / count.clamp(min=1).to(dt)) if reduction == "mean" else torch.ones((), dtype=dt,
-                                                                                                  device=h.device)
+        weight_per_row = _row_weight(count, reduction, loss_dtype(hidden))
         op = _linear_cross_entropy_with_grads.op
         loss, grad_h, grad_w, grad_b = op(h, weight, t, weight_per_row.expand(h.shape[0]), bias, ignore_index,
                                           label_smoothing, z_loss, *ctx.wanted)
@@ -215,11 +276,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             _, grad_h, grad_w, grad_b = op(h, weight, t, _per_row(grad.reshape(-1).to(loss_dtype(h))), bias,
                                            *ctx.scalars, *ctx.wanted)
         else:
-            grad_h, grad_w, grad_b = ctx.saved_tensors
-            if tracing.is_compiling() or tracing.dispatch_mode_depth() or grad.is_meta:  # (no value to test)
-                grad_h, grad_w, grad_b = grad_h * grad, grad_w * grad, grad_b * grad
-            elif not bool(grad == 1):  # (one sync; the common loss.backward() skips two passes over the gradients)
-                grad_h, grad_w, grad_b = grad_h.mul_(grad), grad_w.mul_(grad), grad_b.mul_(grad)
+            grad_h, grad_w, grad_b = _scaled(ctx, grad)
         want_h, want_w, want_b = ctx.wanted
         return (grad_h.view(ctx.hidden_shape) if want_h else None, grad_w if want_w else None, None,
                 grad_b if want_b else None, None, None, None, None)
