@@ -289,6 +289,27 @@ def test_quack_norms_gemm_metadata(plugins):
         ["QuackGemm_bf16_ttt_a16"]
 
 
+def test_quack_cross_entropy_forward_without_gradient_and_backward(plugins):
+    _need("quack")
+    from kernel_api.arguments.cross_entropy import CrossEntropyArguments, CrossEntropyBackwardArguments
+
+    x, t = meta(8, 100, 32000), torch.empty(8, 100, dtype=torch.long, device="meta")
+    loss, lse = meta(8, 100, dtype=torch.float32), meta(8, 100, dtype=torch.float32)
+    assert _names(CrossEntropyArguments(x, t, loss, lse), "quack") == ["QuackCrossEntropy_bf16_i64"]
+    smoothed = CrossEntropyArguments(x, t, loss, lse, label_smoothing=0.1)
+    assert _names(smoothed, "quack") == []
+    assert "label_smoothing: 0.1, QuACK's cross-entropy has none" in str(kernel_api.explain(smoothed, providers="quack",
+                                                                                             cc=90))
+    with_grad = CrossEntropyArguments(x, t, loss, lse, grad_logits=x, grad_loss=meta(8, 100, dtype=torch.float32))
+    assert _names(with_grad, "quack") == []
+    scalar = torch.empty((), device="meta").expand(8, 100)
+    back = CrossEntropyBackwardArguments(scalar, x, t.int(), lse, x)
+    assert _names(back, "quack") == ["QuackCrossEntropyBackward_bf16_i32"]
+    f64 = meta(4, 10, dtype=torch.float64)
+    assert _names(CrossEntropyArguments(f64, t[0, :4], meta(4, dtype=torch.float64), meta(4, dtype=torch.float64)),
+                  "quack") == []
+
+
 # ---- FlashAttention-4 ---------------------------------------------------------------------------
 def test_flash_attn_layouts_head_dims_and_dtypes(plugins):
     _need("flash_attn")

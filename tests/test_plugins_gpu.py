@@ -178,6 +178,37 @@ def test_quack_softmax_forward_and_backward(dtype, shape):
     torch.testing.assert_close(grad_in.double(), expected_grad, **TOL[dtype])
 
 
+# ---- cross-entropy: QuACK ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,rows,classes,target_dtype", [(torch.float32, (37,), 1000, torch.int64),
+                                                             (torch.bfloat16, (4, 33), 32000, torch.int32),
+                                                             (torch.float16, (8,), 50257, torch.int64)])
+def test_quack_cross_entropy_against_float64(dtype, rows, classes, target_dtype):
+    from kernel_api.arguments.cross_entropy import CrossEntropyArguments, CrossEntropyBackwardArguments
+
+    x = (2 * torch.randn(*rows, classes, device="cuda")).to(dtype)
+    t = torch.randint(0, classes, rows, device="cuda", dtype=target_dtype)
+    t.view(-1)[::5] = -100  # ignored rows: loss 0, lse 0, gradient 0
+    loss = torch.full(rows, SENTINEL, device="cuda")
+    lse = torch.full(rows, SENTINEL, device="cuda")
+    with only("quack"):
+        ops.call(CrossEntropyArguments(x, t, loss, lse))
+        grad_loss = torch.rand(rows, device="cuda")
+        grad = torch.full_like(x, SENTINEL)
+        ops.call(CrossEntropyBackwardArguments(grad_loss, x, t, lse, grad))
+    xd = x.double()
+    kept = t != -100
+    lse_ref = torch.logsumexp(xd, -1) * kept
+    picked = xd.gather(-1, t.clamp(min=0).long().unsqueeze(-1)).squeeze(-1)
+    loss_ref = (lse_ref - picked) * kept
+    p = torch.softmax(xd, -1)
+    onehot = torch.nn.functional.one_hot(t.clamp(min=0).long(), classes).double()
+    grad_ref = (p - onehot) * (grad_loss.double() * kept).unsqueeze(-1)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(lse.double(), lse_ref, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(loss.double(), loss_ref, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(grad.double(), grad_ref, **TOL[dtype])
+
+
 # ---- GEMM: QuACK and cutlass.operators -----------------------------------------------------------
 def _operand(rows, cols, dtype, major, batch=None):
     """(rows, cols) [batched] with the given major: "t" row-major, "n" column-major."""

@@ -17,7 +17,7 @@ PLUGIN_VERSION = "0.1.0"
 #: The distribution wrapped.
 DISTRIBUTION = "quack-kernels"
 #: The library's modules the kernels use, imported by `check`
-MODULES = ("quack.softmax", "quack.rmsnorm", "quack.gemm_interface")
+MODULES = ("quack.softmax", "quack.rmsnorm", "quack.cross_entropy", "quack.gemm_interface")
 #: The releases it works with: at least the first, below the second (release numbers only).
 SUPPORTED = ("0.6.5", "0.7")
 
