@@ -16,7 +16,7 @@ fresh random token ids each step, median of the timed steps after warm-up):
   decode   forward of one new token at batch 64 with a KV cache of 128 tokens: the cache is built
            once by a use_cache=True forward of a 64 x 128 prompt (by the uncompiled module, so
            torch.compile only sees the one-token step), and before every step, outside the timed
-           region, it is cut back to the prompt with DynamicCache.crop(128) (transformers'
+           region, it is cut back to the prompt with DynamicCache.crop (transformers'
            crop slices, so the prompt's keys/values are never written; where crop is missing, and
            under reduce-overhead, whose next replay overwrites a view of the last one's output,
            a deep copy of the pristine cache is used instead);
@@ -104,7 +104,7 @@ class _SmokeCache:
     def get_seq_length(self):
         return self.kv[0][0].shape[1] if self.kv else 0
 
-    def crop(self, n):
+    def crop(self, n):  # (n < 0: remove that many tokens, as transformers' crop)
         self.kv = [(k[:, :n], v[:, :n]) for k, v in self.kv]
 
 
@@ -290,10 +290,14 @@ def phase_decode(run, raw, ctx, ref):
         # shape that is not timed.
         cache = raw(input_ids=ctx.prompt_ids, use_cache=True).past_key_values
         if hasattr(cache, "crop") and not ctx.graphs:
-            out["cache_reset"] = f"{type(cache).__name__}.crop({P}) before each step"
+            out["cache_reset"] = f"{type(cache).__name__}.crop back to {P} tokens before each step"
 
             def reset():
-                cache.crop(P)
+                # (a negative count removes that many tokens in every transformers version; newer
+                # ones refuse the older positive form, the length to keep)
+                extra = cache.get_seq_length() - P
+                if extra > 0:
+                    cache.crop(-extra)
                 return cache
         else:
             out["cache_reset"] = f"copy.deepcopy of the pristine {type(cache).__name__} before each step"
