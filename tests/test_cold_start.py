@@ -93,17 +93,23 @@ def test_importing_kernel_api_imports_no_dsl_and_no_compiler():
     assert done.stdout.strip() == "[]"
 
 
-def test_the_lowering_rule_is_marked_constant_the_way_torch_marks_it():
-    """`nn.lowering.choose` carries what ``torch.compiler.assume_constant_result`` sets, set
-    without importing Dynamo."""
+def test_functions_are_marked_constant_the_way_torch_marks_them():
+    """`core.tracing.assume_constant_result` sets what ``torch.compiler.assume_constant_result``
+    sets, without importing Dynamo; the lowering rule carries the mark."""
+    from kernel_api.core import tracing
     from kernel_api.nn import lowering
 
     def probe():
         return 0
 
+    def ours():
+        return 0
+
     marked = torch.compiler.assume_constant_result(probe)
     flags = {k: v for k, v in vars(marked).items() if k.startswith("_dynamo")}
-    assert flags and all(getattr(lowering.choose, k, None) == v for k, v in flags.items())
+    tracing.assume_constant_result(ours)
+    assert flags and {k: v for k, v in vars(ours).items() if k.startswith("_dynamo")} == flags
+    assert all(getattr(lowering.choose, k, None) == v for k, v in flags.items())
 
 
 def test_the_cache_holds_a_shared_library_and_the_remembered_compile(warm):

@@ -45,6 +45,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..core import tracing
+
 _log = logging.getLogger(__name__)
 
 #: The values of a layer's ``compile_lowering``.
@@ -108,6 +110,7 @@ def _recorded(rows: int, K: int, N: int, dtype: torch.dtype, activation: str | N
     return verdict
 
 
+@tracing.assume_constant_result
 def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, activation: str | None,
            has_bias: bool, training: bool, device_index: int) -> str:
     """The module docstring's rule: "kernel_api" or "aten" for one projection under compile.
@@ -140,12 +143,6 @@ def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, 
     if measured is not None:
         return measured
     return "kernel_api" if not training and rows >= COMPILE_MIN_ROWS else "aten"
-
-
-# What ``torch.compiler.assume_constant_result`` sets (Dynamo takes the call's answer as a
-# constant), set here rather than through it: it imports Dynamo, about 1 s of imports for
-# ``import kernel_api``. tests/test_cold_start.py checks that torch still marks it this way.
-choose._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def keeps_op(layer: torch.nn.Module) -> bool:

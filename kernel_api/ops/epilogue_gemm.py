@@ -69,7 +69,7 @@ _lib.impl("gemm_epilogue", _op_impl, "CompositeExplicitAutograd")
 torch.library.register_fake("kernel_api::gemm_epilogue", _op_fake, lib=_lib)
 
 
-@torch._dynamo.assume_constant_result
+@tracing.assume_constant_result
 def _source_and_outputs(fn: Any) -> tuple:
     """(source text, names of the extra outputs) of an epilogue function: constants of a trace."""
     from ..epilogue import parse_cached, source_of
