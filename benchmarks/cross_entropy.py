@@ -10,7 +10,8 @@ contestant, one training step's loss: forward, ``backward()``, the gradients of 
 and the weight made fresh (``.grad = None`` before each step):
 
 - ``ours``: ``kernel_api.ops.linear_cross_entropy(h, w, t)``; ``ours_c<N>``: the same with
-  ``N`` tokens per chunk (``--chunks``; `cross_entropy_math.CHUNK_TOKENS`);
+  ``N`` tokens per chunk (``--chunks``; `cross_entropy_math.CHUNK_TOKENS`); ``ours_overlap``
+  (``--overlap``): the gradient GEMMs on two streams (`cross_entropy_math.OVERLAP_GRADIENT_GEMMS`);
 - ``eager``: ``F.cross_entropy(F.linear(h, w), t)``; ``compile``: ``torch.compile`` of it;
 - ``liger``: ``LigerFusedLinearCrossEntropyLoss()(w, h, t)`` (when liger_kernel imports).
 
@@ -58,14 +59,17 @@ def _liger():
     return LigerFusedLinearCrossEntropyLoss(), LigerCrossEntropyLoss()
 
 
-def _with_chunk(tokens, fn):
+def _with(fn, **settings):
+    """``fn`` run with `cross_entropy_math`'s module settings (CHUNK_TOKENS, ...) changed."""
     def run(*args):
-        saved = cross_entropy_math.CHUNK_TOKENS
-        cross_entropy_math.CHUNK_TOKENS = tokens
+        saved = {k: getattr(cross_entropy_math, k) for k in settings}
+        for k, v in settings.items():
+            setattr(cross_entropy_math, k, v)
         try:
             return fn(*args)
         finally:
-            cross_entropy_math.CHUNK_TOKENS = saved
+            for k, v in saved.items():
+                setattr(cross_entropy_math, k, v)
     return run
 
 
@@ -107,7 +111,9 @@ def linear_case(tokens, hidden, vocab, args, liger) -> dict:
     compiled = torch.compile(eager)
     losses = {"ours": lambda: ops.linear_cross_entropy(h, w, t), "eager": eager}
     for c in args.chunks:
-        losses[f"ours_c{c}"] = _with_chunk(c, lambda: ops.linear_cross_entropy(h, w, t))
+        losses[f"ours_c{c}"] = _with(lambda: ops.linear_cross_entropy(h, w, t), CHUNK_TOKENS=c)
+    if args.overlap:
+        losses["ours_overlap"] = _with(lambda: ops.linear_cross_entropy(h, w, t), OVERLAP_GRADIENT_GEMMS=True)
     if not args.no_compile:
         losses["compile"] = compiled
     if liger is not None:
@@ -218,6 +224,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10, help="timed steps per contestant")
     ap.add_argument("--ignored", type=float, default=0.0, help="share of the targets set to ignore_index")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    ap.add_argument("--overlap", action="store_true", help="also time ours with the gradient GEMMs on two streams")
     ap.add_argument("--no-rows", action="store_true", help="leave the per-row cross-entropy out")
     ap.add_argument("--rows-compile", action="store_true", help="time torch.compile on the per-row cross-entropy too")
     ap.add_argument("--breakdown", default="", help="also time the pieces of one chunk at these tokens per chunk")

@@ -142,8 +142,10 @@ def _relative(got, want):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_linear_cross_entropy_against_float64(monkeypatch, dtype, bias, reduction):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_linear_cross_entropy_against_float64(monkeypatch, dtype, bias, reduction, overlap):
     monkeypatch.setattr(cross_entropy_math, "CHUNK_TOKENS", 128)  # several chunks, the last one short
+    monkeypatch.setattr(cross_entropy_math, "OVERLAP_GRADIENT_GEMMS", overlap)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     ops.clear_dispatch_cache()
     g = torch.Generator(device="cuda").manual_seed(5)

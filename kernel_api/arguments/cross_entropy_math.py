@@ -30,6 +30,17 @@ CHUNK_TOKENS = 1024
 MAX_CHUNK_BYTES = 512 << 20
 #: Chunks are multiples of this many tokens (a GEMM tile's rows), when larger.
 _TILE = 64
+#: Run each chunk's two gradient GEMMs on two streams: they read the same chunk and write
+#: different outputs, so one's last, partly filled wave can overlap the other's work.
+OVERLAP_GRADIENT_GEMMS = False
+_side_streams: dict = {}
+
+
+def _side_stream(device: torch.device) -> Any:
+    found = _side_streams.get(device)
+    if found is None:
+        found = _side_streams[device] = torch.cuda.Stream(device=device)
+    return found
 
 
 def chunk_tokens(rows: int, vocab: int, element_bytes: int, tokens: int | None = None,
@@ -144,6 +155,9 @@ def linear_cross_entropy_chunks(args: Any, row_kernel: RowKernel, tokens: int | 
         loss_part = args.loss.new_empty((min(step, n),))
         grad_hidden_part = h.new_empty((min(step, n), h.shape[1])) if args.grad_hidden is not None else None
     wt = w.t()
+    side = None
+    if OVERLAP_GRADIENT_GEMMS and h.is_cuda and args.grad_hidden is not None and args.grad_weight is not None:
+        main, side = torch.cuda.current_stream(h.device), _side_stream(h.device)
     for start in range(0, n, step):
         end = min(n, start + step)
         logits = buffer[: end - start]
@@ -161,19 +175,30 @@ def linear_cross_entropy_chunks(args: Any, row_kernel: RowKernel, tokens: int | 
         else:
             torch.addmm(b, hc, wt, out=logits)
         row_kernel(logits, target, loss, grad_loss)
+        if side is not None:
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                _weight_gradient(args, logits, hc, start == 0)
         if grad_hidden is not None:
             torch.mm(logits, w, out=grad_hidden)
         if kept is not None:
             args.loss.index_copy_(0, index, loss)
             if grad_hidden is not None:
                 args.grad_hidden.index_copy_(0, index, grad_hidden)
-        if args.grad_weight is not None:
-            if start == 0:
-                torch.mm(logits.t(), hc, out=args.grad_weight)
-            else:
-                args.grad_weight.addmm_(logits.t(), hc)
+        if args.grad_weight is not None and side is None:
+            _weight_gradient(args, logits, hc, start == 0)
         if args.grad_bias is not None:
             if start == 0:
                 torch.sum(logits, 0, out=args.grad_bias)
             else:
                 args.grad_bias.add_(logits.sum(0))
+        if side is not None:
+            main.wait_stream(side)  # (before the next chunk overwrites the buffer)
+
+
+def _weight_gradient(args: Any, logits: torch.Tensor, hc: torch.Tensor, first: bool) -> None:
+    """``grad_weight`` (+)= the chunk's gradient logits (transposed) times its hidden states."""
+    if first:
+        torch.mm(logits.t(), hc, out=args.grad_weight)
+    else:
+        args.grad_weight.addmm_(logits.t(), hc)
