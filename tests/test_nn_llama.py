@@ -301,3 +301,20 @@ def test_a_model_on_a_device_ops_do_not_take_runs_its_own_forward(op_calls):
     torch.testing.assert_close(out, ref, **TOL)
     assert not any(op_calls.get(name) for name in ("rms_norm", "swiglu", "rope"))
     unpatch(model)
+
+
+def test_a_deep_copy_of_a_patched_model_is_patched_on_its_own():
+    import copy
+    model = small_model("llama", device="meta").train()
+    module = modeling_module(model)
+    original = module.apply_rotary_pos_emb
+    _quiet_patch(model)
+    twin = copy.deepcopy(model)
+    assert twin.forward.__self__ is twin and twin.config is not model.config
+    assert twin.config._attn_implementation == "kernel_api"
+    unpatch(model)
+    assert module.apply_rotary_pos_emb is not original  # the copy still holds it
+    assert twin.config._attn_implementation == "kernel_api" and model.config._attn_implementation == "sdpa"
+    unpatch(twin)
+    assert module.apply_rotary_pos_emb is original
+    assert "forward" not in vars(twin) and not patched_modules(twin)

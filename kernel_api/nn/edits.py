@@ -13,7 +13,17 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-MISSING = object()  # "the attribute was not set": undo deletes it
+class _Missing:
+    """"The attribute was not set": undo deletes it. One object, kept by copies and pickles."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __reduce__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,10 @@ class GlobalHook:
 
     def undo(self) -> None:
         self.hooks.release(self.module, self.name)
+
+    def __deepcopy__(self, memo: dict) -> "GlobalHook":
+        # A deep copy of a patched model holds the function too (Python modules are not copied).
+        return self.hooks.acquire(self.module, self.name, lambda original: original)
 
 
 #: The module functions replaced by patched models in this process.

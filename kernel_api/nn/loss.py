@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import types
 from typing import Any, Callable
 
 import torch
@@ -80,7 +81,8 @@ def _output_fields(model: torch.nn.Module) -> tuple[type, tuple[str, ...]]:
 
 def fused_loss_forward(model: torch.nn.Module) -> Callable:
     """A forward for ``model`` (a transformers ``*ForCausalLM`` with ``model`` and ``lm_head``
-    children) that computes the training loss from the hidden states (module docstring)."""
+    children) that computes the training loss from the hidden states (module docstring), bound
+    to it as a method (so that a deep copy of the model gets one bound to the copy)."""
     original = type(model).forward
     # The forward's parameters in order, for positional arguments (bound here, not per call).
     names = [p.name for p in inspect.signature(original).parameters.values()
@@ -88,31 +90,31 @@ def fused_loss_forward(model: torch.nn.Module) -> Callable:
     output_class, fields = _output_fields(model)
 
     @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if args:
             if len(args) > len(names):
-                return original(model, *args, **kwargs)
+                return original(self, *args, **kwargs)
             kwargs.update(zip(names, args))
         labels, keep = kwargs.get("labels"), kwargs.get("logits_to_keep", 0)
-        lm_head = model.lm_head
-        if labels is None or not model.training or not (type(keep) is int and keep == 0) or not isinstance(
+        lm_head = self.lm_head
+        if labels is None or not self.training or not (type(keep) is int and keep == 0) or not isinstance(
                 getattr(lm_head, "weight", None), torch.Tensor):
-            return original(model, **kwargs)
+            return original(self, **kwargs)
         kwargs.pop("labels")
         kwargs.pop("logits_to_keep", None)
         return_dict = kwargs.pop("return_dict", None)
         if return_dict is None:
-            return_dict = getattr(model.config, "return_dict", True)
-        outputs = model.model(**kwargs)
+            return_dict = getattr(self.config, "return_dict", True)
+        outputs = self.model(**kwargs)
         hidden = outputs[0]
         logits = None
         if ops_take(hidden, lm_head.weight):
             loss = linear_causal_lm_loss(hidden, lm_head, labels, **kwargs)
         else:
             logits = lm_head(hidden)
-            loss = model.loss_function(logits=logits, labels=labels, vocab_size=model.config.vocab_size, **kwargs)
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         rest = {} if isinstance(outputs, tuple) else {name: getattr(outputs, name, None) for name in fields}
         result = output_class(loss=loss, logits=logits, **rest)
         return result if return_dict else result.to_tuple()
 
-    return forward
+    return types.MethodType(forward, model)
