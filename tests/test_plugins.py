@@ -251,6 +251,18 @@ def test_liger_gated_activations_walk_rows_with_one_stride(plugins):
     assert dict(spec.constexprs) == {"n_cols": 11008, "BLOCK_SIZE": 16384}
 
 
+def test_liger_linear_cross_entropy_is_a_candidate_beside_ours(plugins):
+    _need("liger")
+    from kernel_api.arguments.cross_entropy import LinearCrossEntropyArguments
+
+    args = LinearCrossEntropyArguments(meta(1000, 512), meta(32000, 512), torch.empty(1000, dtype=torch.long,
+                                                                                       device="meta"),
+                                       meta(1000, dtype=torch.float32), grad_hidden=meta(1000, 512),
+                                       grad_loss=torch.empty((), device="meta").expand(1000))
+    assert _names(args, "liger") == ["LigerLinearCrossEntropy_bf16_i64"]
+    assert "TorchLinearCrossEntropy_bf16_i64" in [k.metadata.kernel_name for k in kernel_api.get_kernels(args, cc=90)]
+
+
 # ---- QuACK --------------------------------------------------------------------------------------
 def test_quack_softmax_requires_the_alignment_quack_compiles_in(plugins):
     _need("quack")

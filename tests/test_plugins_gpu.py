@@ -209,6 +209,43 @@ def test_quack_cross_entropy_against_float64(dtype, rows, classes, target_dtype)
     torch.testing.assert_close(grad.double(), grad_ref, **TOL[dtype])
 
 
+# ---- fused linear cross-entropy: Liger --------------------------------------------------------------
+@pytest.mark.parametrize("dtype,tokens,hidden,vocab,bias,smoothing,z", [
+    (torch.float32, 300, 256, 5000, False, 0.0, 0.0), (torch.bfloat16, 1000, 512, 32000, True, 0.1, 1e-4)])
+def test_liger_linear_cross_entropy_against_float64(dtype, tokens, hidden, vocab, bias, smoothing, z):
+    from kernel_api.arguments.cross_entropy import LinearCrossEntropyArguments
+
+    h = (torch.randn(tokens, hidden, device="cuda") / hidden ** 0.25).to(dtype)
+    w = (torch.randn(vocab, hidden, device="cuda") / hidden ** 0.25).to(dtype)
+    b = torch.randn(vocab, device="cuda").to(dtype) if bias else None
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    t[::7] = -100
+    grad_loss = torch.rand(tokens, device="cuda")
+    loss = torch.full((tokens,), SENTINEL, device="cuda")
+    grads = {"grad_hidden": torch.full_like(h, SENTINEL), "grad_weight": torch.full_like(w, SENTINEL)}
+    if bias:
+        grads["grad_bias"] = torch.full_like(b, SENTINEL)
+    with only("liger"):
+        ops.call(LinearCrossEntropyArguments(h, w, t, loss, bias=b, grad_loss=grad_loss, ignore_index=-100,
+                                             label_smoothing=smoothing, z_loss=z, **grads))
+    hd, wd = h.double().requires_grad_(), w.double().requires_grad_()
+    bd = b.double().requires_grad_() if bias else None
+    logits = hd @ wd.T + (bd if bias else 0)
+    kept = t != -100
+    lse = torch.logsumexp(logits, -1)
+    picked = logits.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    ref = ((1 - smoothing) * (lse - picked) + smoothing * (lse - logits.mean(-1)) + z * lse ** 2) * kept
+    (ref * grad_loss.double()).sum().backward()
+    torch.cuda.synchronize()
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(loss.double(), ref.detach(), atol=tol * 10, rtol=tol)
+    for name, ref_grad in (("grad_hidden", hd.grad), ("grad_weight", wd.grad), ("grad_bias", bd.grad if bias else None)):
+        if ref_grad is None:
+            continue
+        err = (grads[name].double() - ref_grad).norm() / ref_grad.norm()
+        assert err < (5e-2 if dtype == torch.bfloat16 else 1e-4), (name, err.item())
+
+
 # ---- GEMM: QuACK and cutlass.operators -----------------------------------------------------------
 def _operand(rows, cols, dtype, major, batch=None):
     """(rows, cols) [batched] with the given major: "t" row-major, "n" column-major."""

@@ -5,18 +5,21 @@ Importing it (kernel_api does, through the ``kernel_api.providers`` entry point)
 
 - `LigerRMSNorm`, `LigerRMSNormF32Weight`: `RMSNormArguments` (no fused residual);
 - `LigerLayerNorm`, `LigerLayerNormF32Weight`: `LayerNormArguments` (no fused residual);
-- `LigerSwiGLU`, `LigerGeGLU`: `GatedActivationArguments` (``silu``; ``gelu_tanh``), forward.
+- `LigerSwiGLU`, `LigerGeGLU`: `GatedActivationArguments` (``silu``; ``gelu_tanh``), forward;
+- `LigerLinearCrossEntropy`: `LinearCrossEntropyArguments` (loss and gradients in one call).
 
-Each is a `kernel_api.providers.triton.TritonKernel` naming Liger's jit function: kernel_api
-compiles it for the target cc (no GPU needed) into its own disk cache and launches it through
-Triton's launcher. Liger outside `library.SUPPORTED` (or absent) raises ImportError here, which
-kernel_api reports in ``plugin_errors()``.
+The norms and activations are `kernel_api.providers.triton.TritonKernel`s naming Liger's jit
+functions: kernel_api compiles them for the target cc (no GPU needed) into its own disk cache and
+launches them through Triton's launcher. The linear cross-entropy runs Liger's own chunk loop.
+Liger outside `library.SUPPORTED` (or absent) raises ImportError here, which kernel_api reports
+in ``plugin_errors()``.
 """
 
 from .library import PLUGIN_VERSION as __version__
 from .provider import LigerProvider
 from .norms import LigerLayerNorm, LigerLayerNormF32Weight, LigerRMSNorm, LigerRMSNormF32Weight
 from .activations import LigerGeGLU, LigerSwiGLU
+from .linear_cross_entropy import LigerLinearCrossEntropy
 
-__all__ = ["LigerGeGLU", "LigerLayerNorm", "LigerLayerNormF32Weight", "LigerProvider", "LigerRMSNorm",
+__all__ = ["LigerGeGLU", "LigerLayerNorm", "LigerLinearCrossEntropy", "LigerLayerNormF32Weight", "LigerProvider", "LigerRMSNorm",
            "LigerRMSNormF32Weight", "LigerSwiGLU", "__version__"]
