@@ -160,8 +160,15 @@ __global__ void __launch_bounds__(THREADS) ce_rows(const typename T::raw* logits
         if (lse_io) lse_io[row] = 0.f;
       }
     }
-    if constexpr (MODE != 0) {
-      for (int j = t; j < n; j += THREADS) gr[j] = T::store(0.f);
+    if constexpr (MODE != 0) {  // a zero row: 16-byte stores between scalar edges
+      const int gmis = (int)(((u64)gr & 15) / sizeof(raw));
+      const int ghead = min((VEC - gmis) & (VEC - 1), n);
+      const int gnvec = (n - ghead) / VEC;
+      const int gtail0 = ghead + gnvec * VEC;
+      if (t < ghead) gr[t] = T::store(0.f);
+      if (gtail0 + t < n) gr[gtail0 + t] = T::store(0.f);
+      uint4* gv = reinterpret_cast<uint4*>(gr + ghead);
+      for (int v = t; v < gnvec; v += THREADS) st16(gv + v, make_uint4(0u, 0u, 0u, 0u));
     }
     return;
   }
