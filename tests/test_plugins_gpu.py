@@ -86,6 +86,7 @@ def norm_call(kind, x, w, b, eps, residual=None, out=None, residual_out=None):
 # ---- norms: Liger and QuACK ----------------------------------------------------------------------
 # (QuACK and FA4 compile each configuration at its first call, seconds each: the cases are few)
 NORM_CASES = [((3, 7), 0), ((2, 3, 768), 0), ((512, 4096), 0), ((5, 1000), 1)]
+QUACK_SKIPS = ((2, 3, 768),)
 
 
 @pytest.mark.parametrize("provider", ["liger", "quack"])
@@ -98,6 +99,8 @@ def test_norm_forward_against_float64(provider, kind, dtype, shape, offset, f32_
         pytest.skip("QuACK's LayerNorm takes f32 weight and bias only")
     if f32_weight and dtype == torch.float32:
         pytest.skip("(same as same-type weights)")
+    if provider == "quack" and shape in QUACK_SKIPS:
+        pytest.skip("(QuACK compiles each row length for seconds: fewer cases)")
     cols = shape[-1]
     wdtype = torch.float32 if f32_weight else dtype
     x = torch.empty(math.prod(shape) + offset, device="cuda", dtype=dtype)[offset:].view(shape).normal_()
