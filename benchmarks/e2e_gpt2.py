@@ -33,7 +33,9 @@ after the other, each configuration in turn (eager first: the reference).
 
 Compile time (``compile_s``): the wall time of a phase's warm-up steps (the first compiles,
 Dynamo and Inductor, and under reduce-overhead the CUDA-graph recording) less that many steady
-steps; the compiled+patched configurations report it against the unpatched ones too. Dynamo's
+steps; the compiled+patched configurations report it against the unpatched ones too. Inductor's
+caches stay on unless --cold-compiles: a graph compiled after an identical one (a patched layer
+lowered to aten is the unpatched layer's graph) then reuses its kernels, and its compile is shorter. Dynamo's
 graph breaks and compiled frames (``graph_breaks``, ``frames``) are counted per phase; frames
 compiled after the warm-up (``recompiles``) should be 0.
 
@@ -495,6 +497,9 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=None, help="skip (and report as skipped) the "
                    "configuration/phase pairs not started within this many seconds (default: no limit; "
                    "--quick 170)")
+    p.add_argument("--cold-compiles", action="store_true", help="Inductor's caches off "
+                   "(torch._inductor.config.force_disable_caches), so each configuration's compile time is a "
+                   "cold one; otherwise a configuration compiled after another reuses its cached kernels")
     p.add_argument("--lowering", default="auto", choices=LOWERINGS, help="compile_lowering of the patched layers "
                    "in the compiled configurations (default auto: kernel_api.nn.lowering's rule)")
     p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
@@ -539,7 +544,11 @@ def main(argv=None) -> int:
         env = {"model": "transformers.GPT2LMHeadModel(GPT2Config(resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))",
                "transformers": transformers.__version__,
                "attn_implementation": getattr(base.config, "_attn_implementation", None)}
+    if opts.cold_compiles:
+        import torch._inductor.config
+        torch._inductor.config.force_disable_caches = True
     env.update(torch=torch.__version__, device=device_name, commit=git_commit(), dtype=str(dtype),
+               inductor_caches=not opts.cold_compiles,
                compile_backend=backend, seed=opts.seed,
                parameters=sum(p.numel() for p in base.parameters()))
     vocab = base.config.vocab_size
