@@ -218,7 +218,8 @@ def _scaled(ctx: Any, grad: torch.Tensor) -> tuple:
     buffer; a second backward through the same graph, ``retain_graph=True``, then fails with
     torch's error on saved tensors modified in place rather than scale them twice)."""
     grads = ctx.saved_tensors
-    if tracing.is_compiling() or tracing.dispatch_mode_depth() or grad.is_meta:  # (no value to test)
+    if (tracing.is_compiling() or tracing.dispatch_mode_depth() or grad.is_meta
+            or (grad.is_cuda and torch.cuda.is_current_stream_capturing())):  # (no value to test)
         return tuple(g * grad for g in grads)
     if bool(grad == 1):
         return grads
