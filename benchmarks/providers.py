@@ -16,6 +16,7 @@ missing is listed with the reason. Writes JSON (and a text table) to benchmarks/
 $OUT) after each case, so a run cut short keeps what it measured.
 
     python3 benchmarks/providers.py [--ops softmax,rms_norm,attention,gemm] [--per-provider 3] [--repeat 30]
+                                    [--pickbest-candidates 8]
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def provider_of(kernel: Any) -> str:
     return "?"
 
 
-def run_case(op: str, label: str, make: Callable[[], Any], per_provider: int, repeat: int) -> dict:
+def run_case(op: str, label: str, make: Callable[[], Any], per_provider: int, repeat: int, pick_candidates: int) -> dict:
     args = make()
     sets = [args] + [make() for _ in range(rotation_count(sum(t.numel() * t.element_size()
                                                                 for t in args.tensors().values())) - 1)]
@@ -142,7 +143,7 @@ def run_case(op: str, label: str, make: Callable[[], Any], per_provider: int, re
     pick = None
     if isinstance(args, TUNABLE):
         try:
-            policy = PickBest(max_candidates=8, repeat=10)
+            policy = PickBest(max_candidates=pick_candidates, repeat=10)
             result = policy.tune(args, kernel_api.get_kernels(args), force=True)
             winner = result.winner
             pick = winner.metadata.kernel_name
@@ -196,6 +197,8 @@ def main() -> None:
     parser.add_argument("--ops", default=",".join(CASES))
     parser.add_argument("--per-provider", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--pickbest-candidates", type=int, default=8,
+                        help="PickBest's max_candidates (the best-ranked by PickAny's estimate)")
     parser.add_argument("--tag", default="")
     opts = parser.parse_args()
     failed = load_plugins()
@@ -208,7 +211,7 @@ def main() -> None:
     for op in opts.ops.split(","):
         for label, make in CASES[op]:
             start = time.perf_counter()
-            row = run_case(op, label, make, opts.per_provider, opts.repeat)
+            row = run_case(op, label, make, opts.per_provider, opts.repeat, opts.pickbest_candidates)
             row["seconds"] = round(time.perf_counter() - start, 1)
             doc["rows"].append(row)
             lines = table(doc["rows"])
