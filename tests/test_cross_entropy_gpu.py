@@ -207,3 +207,43 @@ def test_torch_compile_fullgraph():
     want.backward()
     assert _relative(got, want.detach()) < 2e-2
     assert _relative(h.grad, hr.grad) < 4e-2 and _relative(w.grad, wr.grad) < 4e-2
+
+
+_SANITIZED = r"""
+import torch
+from kernel_api import get_kernels
+from kernel_api.arguments import CrossEntropyArguments, CrossEntropyBackwardArguments, LinearCrossEntropyArguments
+torch.manual_seed(0)
+def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
+    return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
+def cuda(args):
+    return [k for k in get_kernels(args) if type(k).__name__.startswith("Cuda")][0]
+n = 0
+for dtype in (torch.bfloat16, torch.float32):
+    for rows, cols, offset in ((3, 7, 1), (2, 17000, 3), (5, 1, 0)):
+        x = at(rows, cols, dtype, offset)
+        t = torch.randint(0, cols, (rows,), device="cuda")
+        t[0] = -100
+        loss, lse, w = torch.empty(rows, device="cuda"), torch.empty(rows, device="cuda"), torch.rand(rows, device="cuda")
+        for grad in (None, at(rows, cols, dtype, (offset + 1) % 8), x):
+            extra = {} if grad is None else dict(grad_logits=grad, grad_loss=w)
+            args = CrossEntropyArguments(x, t, loss, lse, **extra)
+            cuda(args).run(args); n += 1
+        args = CrossEntropyBackwardArguments(w, x, t, lse, at(rows, cols, dtype, offset))
+        cuda(args).run(args); n += 1
+h, wt = at(70, 32, torch.bfloat16, 0), at(1001, 32, torch.bfloat16, 0)
+t = torch.randint(0, 1001, (70,), device="cuda")
+t[::7] = -100
+args = LinearCrossEntropyArguments(h, wt, t, torch.empty(70, device="cuda"), grad_hidden=torch.empty_like(h),
+                                   grad_weight=torch.empty_like(wt), grad_loss=torch.ones(70, device="cuda"))
+cuda(args).run(args); n += 1
+torch.cuda.synchronize()
+print("runs", n)
+"""
+
+
+def test_memcheck_clean():
+    from memcheck import run_memcheck
+
+    out = run_memcheck(_SANITIZED)
+    assert "runs 25" in out, out[-2000:]
