@@ -60,7 +60,7 @@ def _instances(cls: type, make: Any, metadata_filter: Any, cc: Any) -> list:
             metadata = KernelMetadata(f"{cls.__name__}_{dtype}_{target}", cls,
                                       make(TensorAttributes(dtype, (0, 1), 1), TensorAttributes(target, (1,), 1),
                                            TensorAttributes(DataType.f32, (1,), 1)),
-                                      design=RowReductionDesignMetadata("cluster", 128, 16, 1, MAX_CLASSES),
+                                      design=RowReductionDesignMetadata("block", 128, 16, 1, MAX_CLASSES),
                                       min_cc=cls.min_cc)
             if metadata_filter is None or metadata_filter(metadata):
                 found.append(cls(metadata))

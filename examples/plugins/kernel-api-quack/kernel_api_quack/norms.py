@@ -54,7 +54,7 @@ class _QuackNorm(QuackKernel):
             operands = cls.operands_type(rows, vector, rows, max_cols=MAX_COLS, residual=True)
             name = f"{cls.__name__}_{x_type}" + (f"_w{w_type}" if w_type is not x_type else "")
             metadata = KernelMetadata(name, cls, operands, min_cc=cls.min_cc,
-                                      design=RowReductionDesignMetadata("cluster", 128, 16, 1, MAX_COLS))
+                                      design=RowReductionDesignMetadata("block", 128, 16, 1, MAX_COLS))
             if metadata_filter is None or metadata_filter(metadata):
                 found.append(cls(metadata))
         return found

@@ -51,7 +51,7 @@ def _instances(cls: type, make: Callable[[TensorAttributes], Any],
     for dtype in DTYPES:
         rows = TensorAttributes(dtype, (0, 1), 1)
         metadata = KernelMetadata(f"{cls.__name__}_{dtype}", cls, make(rows),
-                                  design=RowReductionDesignMetadata("cluster", 128, 16, 1, MAX_COLS),
+                                  design=RowReductionDesignMetadata("block", 128, 16, 1, MAX_COLS),
                                   min_cc=cls.min_cc)
         if metadata_filter is None or metadata_filter(metadata):
             found.append(cls(metadata))
