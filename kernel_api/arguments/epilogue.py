@@ -11,7 +11,7 @@ import torch
 
 from ..core.dtypes import _FROM_TORCH, DataType
 from ..core.tensor_attributes import TensorAttributes
-from .base import _lazy_bit_error, _matrix_attributes, _require_tensor, _shares_memory
+from .base import STORAGELESS_TYPES, _lazy_bit_error, _matrix_attributes, _require_tensor, _shares_memory
 
 # The activations a fused epilogue may apply (kernels declare theirs in `EpilogueMetadata`).
 ACTIVATIONS = ("relu", "gelu", "silu")
@@ -173,6 +173,8 @@ class EpilogueArguments:
         L = out.shape[0] if out.dim() == 3 else 1
         bound = bind(self.graph, self.operands, out, L, M, N)
         for name, t in bound.outputs.items():
+            if isinstance(t, STORAGELESS_TYPES) or isinstance(out, STORAGELESS_TYPES):
+                continue  # (tracing tensors have no addresses to compare)
             for other, o in (("out", out), *((n, v) for n, v in bound.inputs.items() if isinstance(v, torch.Tensor))):
                 if _shares_memory(t, o):
                     raise ValueError(f"epilogue operand {name}: shares memory with {other}; write it to a separate tensor")
