@@ -388,6 +388,26 @@ def test_explain_and_discovery_cover_every_provider(plugins):
     assert "liger/LigerRMSNorm" in text and "quack/QuackRMSNorm" in text
 
 
+def test_pick_any_ranks_the_plugins_beside_ours(plugins):
+    """FA4 is ranked over SDPA at head dim 128 and under it at 64 (its measured speed against
+    SDPA); QuACK's and cutlass.operators' GEMMs rank among ours and cuBLAS's."""
+    _need("flash_attn", "quack", "cutlass_operators")
+    from kernel_api import PickAny
+
+    def choice(args):
+        return PickAny().choose(args, kernel_api.get_kernels(args, cc=90)).metadata.kernel_name
+
+    big = [meta(4, 4096, 32, 128) for _ in range(4)]
+    assert choice(AttentionArguments(*big, causal=True)).startswith("FlashAttnForward")
+    small = [meta(16, 1024, 16, 64) for _ in range(4)]
+    assert choice(AttentionArguments(*small, causal=True)).startswith("TorchAttention")
+    gemm = GemmArguments(meta(4096, 4096), meta(4096, 4096), meta(4096, 4096))
+    from kernel_api.tuning.pick_any import rank_candidates
+    ranked = [k.metadata.kernel_name for k in rank_candidates(kernel_api.get_kernels(gemm, cc=90), gemm, 132)]
+    assert any(n.startswith("QuackGemm") for n in ranked[:8])
+    assert any(n.startswith("CutlassOperatorsSm90Gemm") for n in ranked[:8])
+
+
 def test_provider_versions_key_the_records_on_the_library_versions(plugins):
     pairs = dict(provider_versions([default_registry.get_provider(p) for p in INSTALLED]))
     for p in INSTALLED:

@@ -346,6 +346,32 @@ def test_the_launcher_passes_the_call_operands_and_keeps_none(families, monkeypa
     assert recorder.launches[-1][3][:2] == (out2, x2) and recorder.launches[-1][2] == 5
 
 
+def test_a_scratch_buffer_is_kept_by_the_launcher(families, monkeypatch):
+    """A value the jit function stores and nobody reads (a library's per-row statistics) goes to
+    a `scratch_buffer`: one per device, dtype and size, which the recorded launch holds."""
+    from kernel_api.core.artifact import CompiledArtifact
+    from kernel_api.providers.triton import kernel as kernel_module, scratch_buffer
+
+    row, _ = families
+    monkeypatch.setattr(kernel_module, "_device_index", lambda args: 0)
+    assert scratch_buffer("cpu") is scratch_buffer(torch.device("cpu"), 1, torch.float32)
+    assert scratch_buffer("cpu", 4) is not scratch_buffer("cpu") and scratch_buffer("cpu", 4).shape == (4,)
+
+    class WithScratch(row):
+        def launch_args(self, args):  # the scratch in x's place: written, never an operand
+            return (args.out, scratch_buffer(args.device), 0, args.cols, args.cols), {"BLOCK": 64}
+
+    kernel = WithScratch.generate_kernels(None, cc=90)[0]
+    args = SoftmaxArguments(torch.empty(2, 64), torch.empty(2, 64))
+    recorder = _Recorder(kernel.spec(args, 90))
+    launcher = kernel._launcher(args, CompiledArtifact(recorder, kernel, 90))
+    assert launcher is not None
+    out2 = torch.empty(2, 64)
+    launcher.function(torch.empty(2, 64), out2, 3)
+    values = recorder.launches[-1][3]
+    assert values[0] is out2 and values[1] is scratch_buffer("cpu") and values[2] == 0
+
+
 def test_no_launcher_for_a_tensor_that_is_no_operand_or_an_empty_grid(families, monkeypatch):
     from kernel_api.core.artifact import CompiledArtifact
     from kernel_api.providers.triton import kernel as kernel_module
