@@ -85,7 +85,7 @@ def cpu_ops(monkeypatch):
 def op_calls(monkeypatch):
     """Counts the calls of the ops the patched layers use (names -> calls so far)."""
     counts: dict[str, int] = {}
-    for name in ("rms_norm", "swiglu", "attention", "rope", "cross_entropy", "linear_cross_entropy"):
+    for name in ("rms_norm", "layer_norm", "swiglu", "attention", "rope", "cross_entropy", "linear_cross_entropy"):
         original = getattr(ops, name, None)
         if original is None:
             continue
@@ -169,11 +169,15 @@ def test_kinds_pick_the_replacers_and_include_the_modules():
 
 def test_warning_names_the_layers_left_alone():
     model = small_model("llama", device="meta")
-    model.model.extra_norm = torch.nn.LayerNorm(64, device="meta")
+    model.model.extra_norm = torch.nn.GroupNorm(4, 64, device="meta")
     model.model.layers[1].gate = torch.nn.Module()
     model.model.layers[1].gate.scale = torch.nn.Parameter(torch.ones(3, device="meta"))
-    with pytest.warns(UserWarning, match=r"left alone.*LayerNorm \(1: model\.extra_norm\).*Module \(1: "
+    with pytest.warns(UserWarning, match=r"left alone.*GroupNorm \(1: model\.extra_norm\).*Module \(1: "
                                          r"model\.layers\.1\.gate\)"):
+        patch(model)
+    unpatch(model)
+    model.model.extra_norm = torch.nn.LayerNorm(64, device="meta")  # known (opt-in "layer_norm"): no warning
+    with pytest.warns(UserWarning, match=r"layer for: Module \(1: model\.layers\.1\.gate\)$"):
         patch(model)
     unpatch(model)
 
@@ -318,3 +322,21 @@ def test_a_deep_copy_of_a_patched_model_is_patched_on_its_own():
     unpatch(twin)
     assert module.apply_rotary_pos_emb is original
     assert "forward" not in vars(twin) and not patched_modules(twin)
+
+
+def test_layer_norm_is_opt_in_and_matches_torch(cpu_ops, op_calls):
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=97, n_positions=32)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = _ids(seed=7)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    patch(model, kinds={"layer_norm"})
+    assert sum(isinstance(m, torch.nn.LayerNorm) and type(m).__name__ == "KernelApiLayerNorm"
+               for m in model.modules()) == 2 * 2 + 1
+    with torch.no_grad():
+        out = model(input_ids=ids).logits
+    torch.testing.assert_close(out, ref, **TOL)
+    assert op_calls["layer_norm"] == 5
+    unpatch(model)
+    assert not patched_modules(model)

@@ -1,9 +1,10 @@
-"""`RMSNorm`: the forward of transformers' Llama-family RMSNorm layers through `ops.rms_norm`.
+"""`RMSNorm`: the forward of transformers' Llama-family RMSNorm layers through `ops.rms_norm`;
+`LayerNorm`: ``torch.nn.LayerNorm``'s through `ops.layer_norm`.
 
 Those layers (``LlamaRMSNorm``, ``MistralRMSNorm``, ``Qwen2RMSNorm``, ``Qwen3RMSNorm``) compute
 ``weight * (x / sqrt(mean(x**2) + eps))`` over the last dimension, in f32, the normalised rows
 cast back to x's dtype before the weight. `ops.rms_norm` computes the same in f32 and rounds
-once. `kernel_api.nn.patch` puts this mixin in front of the layer's class (`mixin.adopt`).
+once. `kernel_api.nn.patch` puts these mixins in front of the layer's class (`mixin.adopt`).
 """
 
 from __future__ import annotations
@@ -24,3 +25,15 @@ class RMSNorm(torch.nn.Module):
         if not ops_take(hidden_states, weight):
             return super().forward(hidden_states)
         return ops.rms_norm(hidden_states, weight, self.variance_epsilon)
+
+
+class LayerNorm(torch.nn.Module):
+    """Mixin for ``torch.nn.LayerNorm`` over the last dimension with a weight and a bias:
+    ``ops.layer_norm(x, self.weight, self.bias, self.eps)``. Other inputs (another dtype or
+    device) run torch's forward."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        if weight is None or bias is None or len(self.normalized_shape) != 1 or not ops_take(input, weight, bias):
+            return super().forward(input)
+        return ops.layer_norm(input, weight, bias, self.eps)

@@ -29,7 +29,7 @@ from .linear import Conv1DLinear, Linear, conv1d_from
 from .loss import causal_lm_loss, fused_loss_forward
 from .mixin import adopt
 from .mlp import SwiGLUMLP
-from .norm import RMSNorm
+from .norm import LayerNorm, RMSNorm
 from .rope import FUNCTION_NAME, rope_function
 
 # Set on the patched root: the edits (kernel_api.nn.edits records), in patching order.
@@ -138,12 +138,14 @@ class Replacer:
             it does in place and appended the records to ``state.records``.
         needs: the `kernel_api.ops` functions it calls (a replacer whose ops are missing is
             skipped).
+        default: whether `patch` applies it when ``kinds`` is not given.
     """
 
     name: str
     matches: Callable[[torch.nn.Module], bool]
     apply: Callable[[torch.nn.Module, str, _Patching], torch.nn.Module | None]
     needs: tuple[str, ...] = ()
+    default: bool = True
 
     def available(self) -> bool:
         return all(hasattr(ops, op) for op in self.needs)
@@ -167,6 +169,10 @@ def _swap_projection(module: torch.nn.Module, name: str, state: _Patching) -> to
 
 def _swap_rms_norm(module: torch.nn.Module, name: str, state: _Patching) -> torch.nn.Module:
     return adopt(RMSNorm, module)
+
+
+def _swap_layer_norm(module: torch.nn.Module, name: str, state: _Patching) -> torch.nn.Module:
+    return adopt(LayerNorm, module)
 
 
 def _is_swiglu_mlp(module: torch.nn.Module) -> bool:
@@ -217,16 +223,21 @@ REPLACERS = (
     Replacer("linear", lambda m: _projection_kind(m) is not None, _swap_projection, needs=("gemm",)),
     Replacer("rms_norm", lambda m: is_role(m, "RMSNorm"), _swap_rms_norm, needs=("rms_norm",)),
     Replacer("mlp", _is_swiglu_mlp, _swap_mlp, needs=("swiglu",)),
+    # Opt-in: under torch.compile a custom op stands where Inductor fuses torch's LayerNorm with
+    # the residual add before it (GPT-2's blocks).
+    Replacer("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, _swap_layer_norm, needs=("layer_norm",),
+             default=False),
 )
-#: The replacers' names: `patch`'s ``kinds`` default.
+#: The replacers' names (`patch`'s ``kinds``) and those it applies by default.
 KINDS = tuple(r.name for r in REPLACERS)
+DEFAULT_KINDS = tuple(r.name for r in REPLACERS if r.default)
 # The classes of the layers the swaps make (`patched_modules`).
-_KERNEL_API_LAYERS = (Linear, Conv1DLinear, RMSNorm, SwiGLUMLP)
+_KERNEL_API_LAYERS = (Linear, Conv1DLinear, RMSNorm, LayerNorm, SwiGLUMLP)
 
 
 def _check_kinds(kinds: Collection[str] | None) -> tuple[Replacer, ...]:
     if kinds is None:
-        return REPLACERS
+        return tuple(r for r in REPLACERS if r.default)
     if isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
         raise TypeError(f"kinds: expected a collection of names from {KINDS}, got {kinds!r}")
     unknown = sorted(set(kinds) - set(KINDS))
@@ -274,7 +285,8 @@ def patch(module: torch.nn.Module, *, include: Callable[[str], bool] | None = No
     """Route, in place, the layers of ``module`` that kernel_api knows through its ops; return
     the module (the replacement when ``module`` itself is such a layer).
 
-    The replacers (`REPLACERS`; pick some with ``kinds``):
+    The replacers (`REPLACERS`; pick some with ``kinds``, default `DEFAULT_KINDS`: all but
+    ``"layer_norm"``):
 
     - ``"linear"``: every ``torch.nn.Linear`` (exactly that class) and transformers GPT-2
       ``Conv1D`` -> `Linear` / a Conv1D through `ops.gemm`. With ``fuse_activations``, a
@@ -289,6 +301,8 @@ def patch(module: torch.nn.Module, *, include: Callable[[str], bool] | None = No
     - ``"loss"``: a ``*ForCausalLM``'s loss -> `ops.cross_entropy`, and while training with
       labels `ops.linear_cross_entropy` from the hidden states, never making the logits
       (`kernel_api.nn.loss`; the output's ``logits`` is then None).
+    - ``"layer_norm"`` (only when asked for): ``torch.nn.LayerNorm`` (exactly that class, with
+      weight and bias) -> `ops.layer_norm`.
 
     Swapped layers hold the same Parameter objects, so ``state_dict`` keys and values do not
     change; layers whose inputs the ops do not take (a CPU model, mixed dtypes) run their own
