@@ -408,6 +408,18 @@ def test_pick_any_ranks_the_plugins_beside_ours(plugins):
     assert any(n.startswith("CutlassOperatorsSm90Gemm") for n in ranked[:8])
 
 
+@pytest.mark.parametrize("provider", INSTALLED)
+def test_the_command_line_lists_a_plugin_provider(plugins, provider, capsys):
+    from kernel_api.cli import main
+
+    assert main(["list", "--provider", provider]) == 0
+    text = capsys.readouterr().out
+    version = default_registry.get_provider(provider).version
+    assert version in text and pp.PACKAGES[provider][1] not in text  # (classes, not modules)
+    for cls in default_registry.kernel_classes(default_registry.get_provider(provider)):
+        assert cls.__name__ in text
+
+
 def test_provider_versions_key_the_records_on_the_library_versions(plugins):
     pairs = dict(provider_versions([default_registry.get_provider(p) for p in INSTALLED]))
     for p in INSTALLED:
