@@ -25,9 +25,8 @@ from kernel_api.providers.cuda_src.kernels.softmax_window import (CudaSoftmaxWin
                                                                   plan_window, ring_bytes, workspace_bytes)
 
 from memcheck import SOFTMAX_PREAMBLE, run_memcheck
-from test_softmax import check_backward, check_forward, make_rows
+from test_softmax import check_backward, check_forward, input_at, make_rows, margins_untouched, poisoned
 from test_softmax_smem import _nv_info
-from test_softmax_stream import _SHAPES as _STREAM_SHAPES, _check as _stream_check
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CLASSES = (CudaSoftmaxWindowForward, CudaSoftmaxWindowBackward)
@@ -253,17 +252,43 @@ def test_peeling_needs_one_offset():
 
 # ----------------------------------------------------------------------------------- GPU
 def _check(cls, k, rows: int, cols: int, dtype: torch.dtype, offset: int, workspace=None) -> None:
-    """test_softmax_stream's check (float64 reference, poisoned margins, a bit-identical rerun),
-    its message naming this family's settings and the build the launch takes."""
+    """One launch of ``k`` against float64 inside a poisoned buffer, then a second one bit for
+    bit (the partials combine in a fixed order); ``workspace`` is passed to both runs. The
+    message names this family's settings and the build the launch takes."""
     settings = (f"{k.threads} threads {'by problem' if k.by_problem else 'attributes'} slack {k.slack_rounds} "
                 f"cap {k.max_ctas_per_sm} align {k.align} ahead {k.prefetch}")
-    _stream_check(cls, k, rows, cols, dtype, offset, workspace, lambda args: f"{settings} {k.build(args)}")
+    what = f"{k.metadata.kernel_name} {rows}x{cols}+{offset}"
+    buf, out = poisoned(rows, cols, dtype, offset)
+    if cls.backward:
+        g = input_at(rows, cols, dtype, offset)
+        g.copy_(torch.randn(rows, cols, device="cuda") * 4)
+        y = input_at(rows, cols, dtype, offset)
+        y.copy_(torch.softmax(torch.randn(rows, cols, device="cuda") * 2, -1))
+        args = SoftmaxBackwardArguments(g, y, out)
+    else:
+        x = input_at(rows, cols, dtype, offset)
+        args = SoftmaxArguments(x, out)
+    assert k.supports(args), k.supports(args).error
+    what += f" {settings} {k.build(args)}"
+    k.run(args, workspace=workspace)
+    torch.cuda.synchronize()
+    if cls.backward:
+        check_backward(out, g, y, what)
+    else:
+        check_forward(out, x, what)
+    margins_untouched(buf, rows, cols, offset, what)
+    first = out.clone()
+    k.run(args, workspace=workspace)  # again on the same buffers: the same bits
+    torch.cuda.synchronize()
+    bits = torch.uint8 if out.dtype == torch.float32 else torch.int16
+    assert torch.equal(out.view(bits), first.view(bits)), what
 
 
-# (rows, cols, element offset past a 16-byte boundary): the stream family's, the long benchmark
-# shapes, odd rows, misaligned bases, many rows of a few parts, short rows (one part, mostly edges),
-# a row shorter than a vector.
-_SHAPES = _STREAM_SHAPES
+# (rows, cols, element offset past a 16-byte boundary): the long benchmark shapes, odd rows
+# (every row at another phase), misaligned bases, many rows of a few parts, short rows (one
+# part, mostly edges), a row shorter than a vector.
+_SHAPES = [(*s, 0) for s in LONG] + [(3, 1000003, 0), (2, 2**20 + 5, 3), (257, 131075, 1), (67, 4097, 5),
+                                     (5, 3, 1), (4, 50257, 2)]
 
 
 @pytest.mark.gpu

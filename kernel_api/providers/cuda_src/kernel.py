@@ -70,7 +70,7 @@ class CudaSourceKernel(Kernel):
     ``(grid, block)`` or ``(grid, block, dynamic_shared_memory_bytes)``. Override
     ``kernel_arguments(args)`` when the kernel takes more than the operands' pointers, and
     ``companion_name_expressions(args)`` with ``launch_plan`` and ``_run`` when one call launches
-    several kernels of the source (softmax_stream.py does).
+    several kernels of the source (norm.py does).
     """
 
     source: ClassVar[str | None] = None

@@ -359,7 +359,7 @@ FEW_ROWS_BELOW = 48
 
 
 def long_rows_from(elem_bytes: int) -> int:
-    """The shortest row the long-row families (row-group, window, stream) are ranked for: one
+    """The shortest row the long-row families (row-group, window) are ranked for: one
     past what a CTA's shared memory stages (`softmax_smem.max_cols` of the forward and the
     y-staged backward: 116K 16-bit, 58K f32 elements), at most `MIN_COLS`. Between the two the
     register and cluster-split kernels read the row twice; measured on an H200 (2048 and 8192

@@ -28,10 +28,11 @@ Two registered families, `CudaSoftmaxWindowForward` (`SoftmaxArguments`) and
   (softmax_window.cu, FFMA_MAX_ABS: a relative error below 2^-17), the others the exact form.
 
 Against the row-group family (`softmax_rowgroup.py`: slices staged in shared memory, a group
-of CTAs meeting per wave), no group of CTAs waits in lockstep. Against the stream family
-(`softmax_stream.py`: two launches), nothing is read twice from DRAM. Measured on an H200
-(docs/performance.md, "Softmax"): 1.02-1.18x the faster of the two on the 64 MB+ long rows,
-2.4-3.3 TB/s, 0.77-0.85 of torch's copy of the same bytes. A build without the exps
+of CTAs meeting per wave), no group of CTAs waits in lockstep. Against the looped and
+cluster-split kernels, nothing is read twice from DRAM. Measured on an H200 (the "H200 window"
+and "H200 final" runs of tests/data/measured_softmax_times.json; docs/performance.md,
+"Softmax"): 1.01-1.18x the fastest other kernel on the 64 MB+ long rows, 2.4-3.3 TB/s, 0.77-0.85
+of torch's copy of the same bytes. A build without the exps
 (WN_COPY_ONLY) is only 2-8 % faster, while the same cp.async ring copying alone moves 0.97 of
 torch's copy, and a build without the row combinations gains 6-7 %: the schedule's
 combinations and the waits between CTAs of one round cost the rest, not the memory pipeline.
