@@ -340,3 +340,36 @@ def test_layer_norm_is_opt_in_and_matches_torch(cpu_ops, op_calls):
     assert op_calls["layer_norm"] == 5
     unpatch(model)
     assert not patched_modules(model)
+
+
+def test_torch_compile_of_the_patched_model_traces_the_ops(cpu_ops):
+    """aot_eager: Dynamo's graph holds kernel_api's ops (their fakes and backwards traced), the
+    mask function gives ops.attention plain causal attention, and the numbers stay eager's."""
+    import torch._dynamo
+    eager = small_model("llama").eval()
+    model = small_model("llama").eval()
+    ids = _ids(seed=8)
+    with torch.no_grad():
+        want = eager(input_ids=ids).logits
+    want_loss = eager.train()(input_ids=ids, labels=ids).loss
+    _quiet_patch(model, kinds=CPU_KINDS)
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        from torch._dynamo.backends.debugging import aot_eager
+        return aot_eager(gm, example_inputs)
+
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, want, **TOL)
+    targets = {str(n.target) for gm in graphs for n in gm.graph.nodes}
+    assert {"kernel_api.rms_norm.default", "kernel_api.attention.default", "kernel_api.rope.default"} <= targets
+    model.train()
+    loss = compiled(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch.testing.assert_close(loss, want_loss, **TOL)
+    assert all(p.grad is not None for p in model.parameters())
+    torch._dynamo.reset()
+    unpatch(model)
