@@ -168,7 +168,9 @@ def test_liger_rms_norm_takes_liger_s_warps_and_refuses_the_rest_with_the_reason
     odd = RMSNormArguments(meta(5, 1001, offset=1), meta(1001), meta(5, 1001))
     assert _names(odd, "liger") == ["LigerRMSNorm_bf16_w4_s3_a1"]  # any alignment: masked loads
     residual = RMSNormArguments(x, meta(4096), meta(37, 4096), residual=meta(37, 4096), residual_out=meta(37, 4096))
-    assert _names(residual, "liger") == []
+    assert _names(residual, "liger") == ["LigerFusedAddRMSNorm_bf16_w8_s3_a16", "LigerFusedAddRMSNorm_bf16_w8_s3_a1"]
+    assert "operand residual: Liger's fused-add kernel needs one" in \
+        kernel_api.explain(args, providers="liger", cc=90).all()
 
 
 def test_liger_layer_norm_and_its_metadata(plugins):

@@ -123,16 +123,16 @@ def _norm_args(kind, x, w, b, out, **kw):
     return kernel_api.RMSNormArguments(x, w, out, eps=1e-5, **kw)
 
 
-@pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("provider,kind", [("quack", "rms_norm"), ("quack", "layer_norm"), ("liger", "rms_norm")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_quack_norm_with_the_residual_add(kind, dtype):
+def test_norm_with_the_residual_add(provider, kind, dtype):
     shape = (3, 5, 1024)
     x, r = torch.randn(shape, device="cuda").to(dtype), torch.randn(shape, device="cuda").to(dtype)
     w = (1 + 0.1 * torch.randn(1024, device="cuda")).float()
     b = torch.randn(1024, device="cuda").float()
     out = torch.full(shape, SENTINEL, dtype=dtype, device="cuda")
     r_out = torch.full(shape, SENTINEL, dtype=dtype, device="cuda")
-    with only("quack"):
+    with only(provider):
         y, s = norm_call(kind, x, w, b, 1e-5, r, out=out, residual_out=r_out)
     expected, s_ref = norm_reference(kind, x, w, b, 1e-5, r)
     torch.cuda.synchronize()

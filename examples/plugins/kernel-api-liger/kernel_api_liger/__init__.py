@@ -3,7 +3,8 @@
 Importing it (kernel_api does, through the ``kernel_api.providers`` entry point) registers the
 ``liger`` provider and its kernel classes:
 
-- `LigerRMSNorm`, `LigerRMSNormF32Weight`: `RMSNormArguments` (no fused residual);
+- `LigerRMSNorm`, `LigerRMSNormF32Weight`: `RMSNormArguments` without a residual, and
+  `LigerFusedAddRMSNorm`, `LigerFusedAddRMSNormF32Weight` with one (the fused residual add);
 - `LigerLayerNorm`, `LigerLayerNormF32Weight`: `LayerNormArguments` (no fused residual);
 - `LigerSwiGLU`, `LigerGeGLU`: `GatedActivationArguments` (``silu``; ``gelu_tanh``), forward;
 - `LigerLinearCrossEntropy`: `LinearCrossEntropyArguments` (loss and gradients in one call).
@@ -17,9 +18,10 @@ in ``plugin_errors()``.
 
 from .library import PLUGIN_VERSION as __version__
 from .provider import LigerProvider
-from .norms import LigerLayerNorm, LigerLayerNormF32Weight, LigerRMSNorm, LigerRMSNormF32Weight
+from .norms import (LigerFusedAddRMSNorm, LigerFusedAddRMSNormF32Weight, LigerLayerNorm, LigerLayerNormF32Weight,
+                    LigerRMSNorm, LigerRMSNormF32Weight)
 from .activations import LigerGeGLU, LigerSwiGLU
 from .linear_cross_entropy import LigerLinearCrossEntropy
 
-__all__ = ["LigerGeGLU", "LigerLayerNorm", "LigerLinearCrossEntropy", "LigerLayerNormF32Weight", "LigerProvider", "LigerRMSNorm",
+__all__ = ["LigerFusedAddRMSNorm", "LigerFusedAddRMSNormF32Weight", "LigerGeGLU", "LigerLayerNorm", "LigerLinearCrossEntropy", "LigerLayerNormF32Weight", "LigerProvider", "LigerRMSNorm",
            "LigerRMSNormF32Weight", "LigerSwiGLU", "__version__"]

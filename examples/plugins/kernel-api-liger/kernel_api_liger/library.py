@@ -17,8 +17,8 @@ PLUGIN_VERSION = "0.1.0"
 #: The distribution wrapped.
 DISTRIBUTION = "liger-kernel"
 #: The library's modules the kernels use, imported by `check`
-MODULES = ("triton", "liger_kernel.ops.rms_norm", "liger_kernel.ops.layer_norm", "liger_kernel.ops.swiglu",
-           "liger_kernel.ops.geglu", "liger_kernel.ops.fused_linear_cross_entropy")
+MODULES = ("triton", "liger_kernel.ops.rms_norm", "liger_kernel.ops.fused_add_rms_norm", "liger_kernel.ops.layer_norm",
+           "liger_kernel.ops.swiglu", "liger_kernel.ops.geglu", "liger_kernel.ops.fused_linear_cross_entropy")
 #: The releases it works with: at least the first, below the second (release numbers only).
 SUPPORTED = ("0.8.5", "0.9")
 

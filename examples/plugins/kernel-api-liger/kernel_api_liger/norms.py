@@ -13,7 +13,9 @@ values are those Liger's own wrappers pass:
 - the per-row statistics the kernels store for Liger's backward (rstd; mean and rstd) go to a
   `scratch_buffer` with row stride 0: the operation has no output for them.
 
-Neither kernel fuses the residual add (Liger's fused-add kernel is another function).
+`LigerRMSNorm` and `LigerLayerNorm` do not fuse the residual add; `LigerFusedAddRMSNorm` is
+Liger's fused-add kernel (``s = x + residual`` in x's type, written to ``residual_out``, then the
+RMSNorm of the rounded ``s``), for `RMSNormArguments` with a residual only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import triton
+from liger_kernel.ops.fused_add_rms_norm import _fused_add_rms_norm_forward_kernel
 from liger_kernel.ops.layer_norm import _layer_norm_forward_kernel
 from liger_kernel.ops.rms_norm import _rms_norm_forward_kernel, _str_to_casting_mode
 from liger_kernel.ops.utils import calculate_settings
@@ -57,6 +60,7 @@ class _LigerRowNorm(TritonKernel):
     dtypes = (DataType.f32, DataType.f16, DataType.bf16)
     operands_type: Any = None
     weight_type: DataType | None = None
+    fuses_residual = False
     performance_hint = 0.5
 
     @classmethod
@@ -64,9 +68,12 @@ class _LigerRowNorm(TritonKernel):
         weight = cls.weight_type or dtype
         rows = TensorAttributes(dtype, (0, 1), divisibility)
         vector = TensorAttributes(weight, (1,), max(1, divisibility * dtype.bytes // weight.bytes))
-        return cls.operands_type(rows, vector, rows, max_cols=MAX_COLS, residual=False)
+        return cls.operands_type(rows, vector, rows, max_cols=MAX_COLS, residual=cls.fuses_residual)
 
     def _supports(self, args: Any) -> Status:
+        if self.fuses_residual and args.residual is None:
+            return Status.fail("operand residual: Liger's fused-add kernel needs one (LigerRMSNorm serves without)",
+                               kind=Reason.OTHER, operand="residual")
         warps = liger_warps(args.cols)
         if self.metadata.design.num_warps != warps:
             return Status.fail(f"operand x: Liger runs rows of {args.cols} elements with {warps} warps, this instance "
@@ -97,6 +104,33 @@ class LigerRMSNorm(_LigerRowNorm):
 @LigerProvider.register
 class LigerRMSNormF32Weight(LigerRMSNorm):
     """`LigerRMSNorm` with f32 weights under f16/bf16 rows."""
+
+    dtypes = (DataType.f16, DataType.bf16)
+    weight_type = DataType.f32
+
+
+@LigerProvider.register
+class LigerFusedAddRMSNorm(_LigerRowNorm):
+    """Liger's ``_fused_add_rms_norm_forward_kernel``: ``s = x + residual`` (to residual_out),
+    then its RMSNorm in f32 ("gemma" casting), one row per program."""
+
+    jit_function = _fused_add_rms_norm_forward_kernel
+    supported_args_type = RMSNormArguments
+    operands_type = RMSNormOperandsMetadata
+    fuses_residual = True
+
+    def launch_args(self, args: Any) -> tuple:
+        rows, cols = args.rows, args.cols
+        stats = scratch_buffer(args.device)
+        return ((args.out, row_stride(args.out, rows, cols), args.residual_out, row_stride(args.residual_out, rows, cols),
+                 args.x, row_stride(args.x, rows, cols), args.residual, row_stride(args.residual, rows, cols),
+                 args.weight, 1, stats, 0, cols, args.eps, 0.0),
+                {"casting_mode": _GEMMA, "BLOCK_SIZE": triton.next_power_of_2(cols)})
+
+
+@LigerProvider.register
+class LigerFusedAddRMSNormF32Weight(LigerFusedAddRMSNorm):
+    """`LigerFusedAddRMSNorm` with f32 weights under f16/bf16 rows."""
 
     dtypes = (DataType.f16, DataType.bf16)
     weight_type = DataType.f32
