@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, NamedTuple
 
 import torch
 
@@ -87,9 +87,18 @@ def _activation_name(module: Any) -> str | None:
     return None
 
 
-def _fusions(root: torch.nn.Module) -> dict[int, tuple[torch.nn.Module, str, torch.nn.Module, str]]:
-    """id(projection) -> (parent, activation attribute, activation module, activation name) for
-    each projection that a known activation follows, where both appear once in ``root``."""
+class _Fusion(NamedTuple):
+    """An activation module to fuse into the projection before it."""
+
+    parent: torch.nn.Module  # holding the activation module
+    attr: str                # its attribute there
+    module: torch.nn.Module  # the activation module
+    activation: str          # the epilogue's name for it
+
+
+def _fusions(root: torch.nn.Module) -> dict[int, _Fusion]:
+    """id(projection) -> its `_Fusion`, for each projection that a known activation follows,
+    where both appear once in ``root``."""
     seen: dict[int, int] = {}
     for parent in root.modules():
         for child in parent._modules.values():  # (children() would count a repeated child once)
@@ -110,7 +119,7 @@ def _fusions(root: torch.nn.Module) -> dict[int, tuple[torch.nn.Module, str, tor
             activation = _activation_name(act)
             if (activation is not None and _projection_kind(proj) is not None and seen.get(id(proj)) == 1
                     and seen.get(id(act)) == 1):
-                found[id(proj)] = (parent, act_name, act, activation)
+                found[id(proj)] = _Fusion(parent, act_name, act, activation)
     return found
 
 
@@ -153,17 +162,16 @@ class Replacer:
 
 def _swap_projection(module: torch.nn.Module, name: str, state: _Patching) -> torch.nn.Module:
     fusion = state.fusions.get(id(module))
-    activation = fusion[3] if fusion else None
+    activation = fusion.activation if fusion else None
     if _projection_kind(module) == "linear":
         new = Linear.from_linear(module, activation)
     else:
         new = conv1d_from(module, activation)
     new.kernel_api_name = name  # for error messages
     if fusion is not None:
-        act_parent, act_attr, act, activation = fusion
-        marker = FusedActivation(activation, name)
-        setattr(act_parent, act_attr, marker)
-        state.records.append(Swapped(act_parent, act_attr, act, marker))
+        marker = FusedActivation(fusion.activation, name)
+        setattr(fusion.parent, fusion.attr, marker)
+        state.records.append(Swapped(fusion.parent, fusion.attr, fusion.module, marker))
     return new
 
 
