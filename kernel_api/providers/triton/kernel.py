@@ -360,7 +360,10 @@ class TritonKernel(Kernel):
         fn = jit_function_of(type(self))
         label = self.metadata.kernel_name
         params = {p.name: p for p in fn.params}
-        operands = [getattr(args, name) for name in args.tensor_attributes]
+        # Operands whose attributes say 16-byte aligned: the metadata checks only the operands it
+        # names (a LayerNorm's bias rides along with weight's dtype, not its alignment).
+        operands = [getattr(args, name) for name, attrs in args.tensor_attributes.items()
+                    if attrs.divisibility * attrs.dtype.bytes >= 16]
         aligned_ok = self.metadata.design.alignment >= 16
         signature, constexprs, aligned = [], [], []
         for name, value in bound.items():
