@@ -34,7 +34,7 @@ starts, so that the curve falls), max |loss - loss_eager| relative to the mean e
 <= 5e-2. Those steps are also the warm-up and compile steps of the training phase.
 
 Prints a table (model, phase, configuration: ms, tokens/s, ratios against eager and against
-torch.compile, peak memory) and the issue's targets, met or not. Writes
+torch.compile, peak memory) and the targets (`TARGETS`), met or not. Writes
 benchmarks/results/e2e_llama-<device>[-<tag>].json (copied to $OUT when set). Exit status 1
 when a correctness check failed, else 0.
 """
@@ -69,7 +69,7 @@ MODELS = {
 }
 LOGITS_TOL = 2e-2
 LOSS_TOL = 5e-2
-# (phase, configuration, baseline, at least, what): the issue's targets; "ms" compares step
+# (phase, configuration, baseline, bound, what): the targets for a Llama stack; "ms" compares step
 # times (baseline / configuration), "memory" peak memory (configuration / baseline, at most).
 TARGETS = [("prefill", "patched", "compiled", 1.0, "ms"), ("prefill", "compiled+patched", "compiled", 1.2, "ms"),
            ("train", "patched", "eager", 1.5, "ms"), ("train", "patched", "compiled", 1.1, "ms"),

@@ -13,6 +13,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+
 class _Missing:
     """"The attribute was not set": undo deletes it. One object, kept by copies and pickles."""
 

@@ -17,7 +17,7 @@ from .mixin import ops_take
 class SwiGLUMLP(torch.nn.Module):
     """Mixin: ``down_proj(ops.swiglu(gate_proj(x), up_proj(x)))`` for an MLP whose ``act_fn``
     is SiLU (`kernel_api.nn.patch` checks). Projections whose outputs the op does not take
-    (another device, mixed dtypes) get ``act_fn(gate) * up`` as before."""
+    (another device, mixed dtypes) get ``act_fn(gate) * up``, the layer's own math."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
