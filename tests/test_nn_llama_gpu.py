@@ -35,8 +35,22 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
+@pytest.fixture
+def op_calls(monkeypatch):
+    """Counts the calls of the ops the patched layers use (names -> calls so far)."""
+    counts: dict[str, int] = {}
+    for name in ("rms_norm", "swiglu", "attention", "rope"):
+        original = getattr(ops, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(ops, name, counted)
+    return counts
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_bf16_logits_within_bf16_noise_of_eager(family):
+def test_bf16_logits_within_bf16_noise_of_eager(family, op_calls):
     reference = f32_model(family).eval()
     eager = copy.deepcopy(reference).to(torch.bfloat16)
     ids = torch.randint(0, 1000, (3, 333), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
@@ -47,6 +61,8 @@ def test_bf16_logits_within_bf16_noise_of_eager(family):
         patched_logits = patched(input_ids=ids).logits
     unpatch(patched)
     assert patched_logits.dtype == torch.bfloat16
+    norms = 2 * (4 if family == "qwen3" else 2) + 1
+    assert op_calls == {"rms_norm": norms, "swiglu": 2, "attention": 2, "rope": 2}
     # bf16 noise: the patched model is no further from the f32 model than eager bf16 is, give or take
     assert rel(patched_logits, want) <= max(1.5 * eager_err, 1e-2), (rel(patched_logits, want), eager_err)
 
