@@ -8,8 +8,9 @@ For each case, each provider's candidates are ranked by PickAny's estimate and t
 them in one `time_group` (shuffled turns behind a sleep kernel, CUDA events around each launch:
 device time). A provider's best is its fastest timed instance. PickBest then tunes the case over
 every provider's candidates (``force``: a fresh measurement, its own timing) and the instance it
-chooses is timed in the same group as the rest. PickBest tunes only the operations kernel_api's
-tuning has float64 references for (GEMM, softmax); for the others the row says so.
+chooses is timed in the same group as the rest, as is PickAny's choice (the analytic ranking,
+the default policy). PickBest tunes only the operations kernel_api's tuning has float64
+references for (GEMM, softmax); for the others the row says so.
 
 Plugins are imported from examples/plugins when they are not installed; one whose library is
 missing is listed with the reason. Writes JSON (and a text table) to benchmarks/results/ (and
@@ -39,7 +40,7 @@ sys.path.insert(0, HERE)
 import kernel_api  # noqa: E402
 import results_io  # noqa: E402
 from house_timing import time_group  # noqa: E402
-from kernel_api import (AttentionArguments, GemmArguments, PickBest, RMSNormArguments,  # noqa: E402
+from kernel_api import (AttentionArguments, GemmArguments, PickAny, PickBest, RMSNormArguments,  # noqa: E402
                         SoftmaxArguments)
 from kernel_api.registry import default_registry  # noqa: E402
 from kernel_api.tuning.pick_any import rank_candidates  # noqa: E402
@@ -140,11 +141,19 @@ def run_case(op: str, label: str, make: Callable[[], Any], per_provider: int, re
                 timed[name] = (provider, kernel, artifact)
             except Exception as exc:  # noqa: BLE001 - one failing candidate is reported, the rest timed
                 row["failures"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    every = kernel_api.get_kernels(args)
+    any_pick = PickAny().choose(args, every)
+    any_name = any_pick.metadata.kernel_name
+    if any_name not in timed:
+        try:
+            timed[any_name] = (provider_of(any_pick), any_pick, any_pick.compile(args))
+        except Exception as exc:  # noqa: BLE001
+            row["failures"][any_name] = f"{type(exc).__name__}: {str(exc)[:300]}"
     pick = None
     if isinstance(args, TUNABLE):
         try:
             policy = PickBest(max_candidates=pick_candidates, repeat=10)
-            result = policy.tune(args, kernel_api.get_kernels(args), force=True)
+            result = policy.tune(args, every, force=True)
             winner = result.winner
             pick = winner.metadata.kernel_name
             if pick not in timed:
@@ -175,20 +184,25 @@ def run_case(op: str, label: str, make: Callable[[], Any], per_provider: int, re
         if pick is not None:
             row["pickbest"] = {"kernel": pick, "provider": timed[pick][0], "ms": medians[pick],
                                "ratio_to_fastest": medians[pick] / fastest}
+        if any_name in medians:
+            row["pickany"] = {"kernel": any_name, "provider": timed[any_name][0], "ms": medians[any_name],
+                              "ratio_to_fastest": medians[any_name] / fastest}
     return row
 
 
 def table(rows: list[dict]) -> list[str]:
     providers = sorted({p for r in rows for p in r["providers"]})
     lines = ["op        case                          " + "".join(f"{p:>18}" for p in providers)
-             + "  winner            PickBest (x fastest)"]
+             + "  winner            PickAny (x fastest)                PickBest (x fastest)"]
     for r in rows:
         cells = "".join(f"{r['providers'][p]['ms'] * 1e3:>16.1f}us" if p in r["providers"] else f"{'-':>18}"
                         for p in providers)
-        pick = r.get("pickbest")
-        chosen = (f"{pick['provider']}:{pick['kernel'][:28]} ({pick['ratio_to_fastest']:.3f})" if pick
-                  else r.get("pickbest_error", "-")[:60])
-        lines.append(f"{r['op']:<9} {r['case']:<29} {cells}  {r.get('winner', '-'):<16}  {chosen}")
+        chosen = []
+        for key in ("pickany", "pickbest"):
+            pick = r.get(key)
+            chosen.append(f"{pick['provider']}:{pick['kernel'][:20]} ({pick['ratio_to_fastest']:.3f})" if pick
+                          else r.get(f"{key}_error", "-")[:34])
+        lines.append(f"{r['op']:<9} {r['case']:<29} {cells}  {r.get('winner', '-'):<16}  {chosen[0]:<34} {chosen[1]}")
     return lines
 
 
