@@ -341,7 +341,8 @@ def test_flash_attn_runs_on_the_requested_stream():
 
 
 # ---- one ranking --------------------------------------------------------------------------------
-@pytest.mark.parametrize("policy", [PickAny(), PickBest(num_workers=1, repeat=3)], ids=["PickAny", "PickBest"])
+@pytest.mark.parametrize("policy", [PickAny(), PickBest(num_workers=1, repeat=3, max_candidates=4)],
+                         ids=["PickAny", "PickBest"])
 def test_one_ranking_over_every_provider_chooses_and_computes_right(policy):
     """Softmax: ours (cuda_src, cutedsl), torch's and QuACK's kernels are all candidates."""
     if "quack" not in INSTALLED:
