@@ -234,6 +234,8 @@ def _variant_launches(kernel, module, settings: dict, arg_sets: list) -> list:
     """The recorded launches of ``kernel`` for each arguments object of ``arg_sets``, with the
     interface module's constants set to ``settings`` while compiling and recording (restored
     after): each launch keeps its own grid, block and constants."""
+    settings = dict(settings)
+    defines = settings.pop("defines", None)
     saved = {name: getattr(module, name) for name in settings}
     try:
         for name, value in settings.items():
@@ -241,11 +243,14 @@ def _variant_launches(kernel, module, settings: dict, arg_sets: list) -> list:
                 setattr(module, name, {**saved[name], **value})
             else:
                 setattr(module, name, value)
+        if defines is not None:
+            kernel.defines = defines  # (an instance attribute over the class's; the compile key holds it)
         artifact = kernel.compile(arg_sets[0])
         return [kernel._recorded(a, artifact) for a in arg_sets]
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
+        kernel.__dict__.pop("defines", None)
 
 
 def _time_variants(label: str, kernel, module, variants: dict, arg_sets: list, nbytes: int, repeat: int) -> dict:
@@ -265,6 +270,17 @@ def _time_variants(label: str, kernel, module, variants: dict, arg_sets: list, n
     return {"case": label, "tbs": tbs, "ms": times}
 
 
+#: Build variants of the gated activation kernels at the default UNROLL and grid cap: the
+#: precise math for 16-bit types, and the cache hints of the 16-byte accesses.
+GLU_DEFINES = {
+    "precise_math": {"KA_GLU_FAST": "0"},
+    "ld_nc": {"KA_GLU_LD16": '"ld.global.nc.v4.u32"'},
+    "ld_plain": {"KA_GLU_LD16": '"ld.global.v4.u32"'},
+    "st_cs": {"KA_GLU_ST16": '"st.global.cs.v4.u32"'},
+    "ld_plain_st_cs": {"KA_GLU_LD16": '"ld.global.v4.u32"', "KA_GLU_ST16": '"st.global.cs.v4.u32"'},
+}
+
+
 def sweep(repeat: int) -> list:
     """Our kernels' build constants on the >= 64 MB shapes: the gated activation's accesses in
     flight per thread (UNROLL) and grid cap (CTAS_PER_SM), RoPE's heads per thread and grid cap."""
@@ -274,28 +290,38 @@ def sweep(repeat: int) -> list:
 
     out = []
     dtype = torch.bfloat16
-    for rows, cols in GLU_SHAPES[:2]:
-        for backward in (False, True):
-            sets = _sets(3 * rows * cols * 2)
-            if backward:
-                arg_sets = [GatedActivationBackwardArguments(*[torch.randn(rows, cols, device="cuda", dtype=dtype)
-                                                               for _ in range(3)],
-                                                             torch.empty(rows, cols, device="cuda", dtype=dtype),
-                                                             torch.empty(rows, cols, device="cuda", dtype=dtype))
-                            for _ in range(sets)]
-            else:
-                arg_sets = [GatedActivationArguments(torch.randn(rows, cols, device="cuda", dtype=dtype),
-                                                     torch.randn(rows, cols, device="cuda", dtype=dtype),
-                                                     torch.empty(rows, cols, device="cuda", dtype=dtype))
-                            for _ in range(sets)]
-            kernel = next(k for k in kernel_api.get_kernels(arg_sets[0]) if k.name.endswith("_v8"))
-            variants = {f"u{u}_c{c}": {"UNROLL": {backward: u}, "CTAS_PER_SM": c}
-                        for u in ((1, 2, 4, 8) if not backward else (1, 2, 4)) for c in (8, 32, 1 << 20)}
-            nbytes = (5 if backward else 3) * rows * cols * 2
-            label = f"{'glu_bwd' if backward else 'glu_fwd'} {rows}x{cols}"
-            out.append(_time_variants(label, kernel, glu_module, variants, arg_sets, nbytes, repeat))
-            del arg_sets
-            torch.cuda.empty_cache()
+    src = [torch.randn(1 << 29, device="cuda", dtype=dtype) for _ in range(2)]
+    dst = [torch.empty_like(t) for t in src]
+    copy_ms, _ = time_group({"copy": lambda i: dst[i % 2].copy_(src[i % 2])}, repeat)
+    copy = {"case": "torch copy 1 GiB", "tbs": {"copy": 2 * src[0].numel() * 2 / (copy_ms["copy"] * 1e-3) / 1e12}}
+    print(f"sweep torch copy of 1 GiB: {copy['tbs']['copy']:.2f} TB/s", flush=True)
+    out.append(copy)
+    del src, dst
+    rows, cols = GLU_SHAPES[0]
+    for backward, activation in ((False, "silu"), (True, "silu"), (False, "gelu_tanh"), (True, "gelu_tanh")):
+        sets = _sets(3 * rows * cols * 2)
+        if backward:
+            arg_sets = [GatedActivationBackwardArguments(*[torch.randn(rows, cols, device="cuda", dtype=dtype)
+                                                           for _ in range(3)],
+                                                         torch.empty(rows, cols, device="cuda", dtype=dtype),
+                                                         torch.empty(rows, cols, device="cuda", dtype=dtype),
+                                                         activation=activation)
+                        for _ in range(sets)]
+        else:
+            arg_sets = [GatedActivationArguments(torch.randn(rows, cols, device="cuda", dtype=dtype),
+                                                 torch.randn(rows, cols, device="cuda", dtype=dtype),
+                                                 torch.empty(rows, cols, device="cuda", dtype=dtype),
+                                                 activation=activation)
+                        for _ in range(sets)]
+        kernel = next(k for k in kernel_api.get_kernels(arg_sets[0]) if k.name.endswith("_v8"))
+        variants = {f"u{u}_c{c}": {"UNROLL": {backward: u}, "CTAS_PER_SM": c}
+                    for u in ((1, 2, 4, 8) if not backward else (1, 2, 4)) for c in (8, 32, 1 << 20)}
+        variants.update({f"default_{name}": {"defines": defines} for name, defines in GLU_DEFINES.items()})
+        nbytes = (5 if backward else 3) * rows * cols * 2
+        label = f"{'glu_bwd' if backward else 'glu_fwd'} {activation} {rows}x{cols}"
+        out.append(_time_variants(label, kernel, glu_module, variants, arg_sets, nbytes, repeat))
+        del arg_sets
+        torch.cuda.empty_cache()
     b, hq, hk, s, d = ROPE_SHAPES[0]
     for layout in ("transposed", "contiguous"):
         def heads(h):

@@ -17,8 +17,7 @@ namespace ka_glu {
 typedef unsigned short u16;
 typedef long long i64;
 
-// PRECISE: the activations use expf / tanhf (f32 outputs keep their precision); 16-bit
-// outputs, whose rounding is 2^-9 or 2^-12, use the ex2.approx forms.
+// PRECISE: the activations' precise math (f32 outputs keep f32's precision; see activations).
 struct F32 {
   typedef float raw;
   enum { PRECISE = 1 };
@@ -70,6 +69,15 @@ struct F16 {
   }
 };
 
+// The 16-byte access instructions; macros so that benchmarks/pointwise.py --sweep can compare
+// cache hints (the defaults: the measured best).
+#ifndef KA_GLU_LD16
+#define KA_GLU_LD16 "ld.global.nc.L1::no_allocate.v4.u32"
+#endif
+#ifndef KA_GLU_ST16
+#define KA_GLU_ST16 "st.global.v4.u32"
+#endif
+
 // One access of VEC elements: a 16-byte vector (ld.global.nc: the inputs are never written
 // while the kernel runs, outputs overlap no input) or one element.
 template <class T, int VEC>
@@ -81,7 +89,7 @@ struct Access {
 template <class T, int VEC>
 __device__ __forceinline__ void issue(const typename T::raw* p, Access<T, VEC>& a) {
   if constexpr (VEC * sizeof(typename T::raw) == 16) {
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm(KA_GLU_LD16 " {%0, %1, %2, %3}, [%4];"
         : "=r"(a.u.x), "=r"(a.u.y), "=r"(a.u.z), "=r"(a.u.w) : "l"(p));
   } else {
     a.r = *p;
@@ -115,7 +123,7 @@ __device__ __forceinline__ void store(typename T::raw* p, const float (&f)[VEC])
 #pragma unroll
       for (int i = 0; i < 4; ++i) w[i] = T::pack2(f[2 * i], f[2 * i + 1]);
     }
-    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+    asm volatile(KA_GLU_ST16 " [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                  : "memory");
   } else {
     *p = T::store(f[0]);
@@ -123,31 +131,40 @@ __device__ __forceinline__ void store(typename T::raw* p, const float (&f)[VEC])
 }
 
 // ---------------------------------------------------------------- activations
+// The activations' math, all through the logistic sigmoid s(x) = 1 / (1 + exp(-x)):
+//   silu(g)      = g s(g),          silu'      = s (1 + g (1 - s))
+//   gelu_tanh(g) = g s(y),          gelu_tanh' = s (1 + g (1 - s) y'),
+//   with y = 2k (g + c g^3), y' = 2k (1 + 3c g^2)   (0.5 (1 + tanh(x)) = s(2x): no 1 - t^2 to cancel)
+//   gelu(g)      = g Phi(g),        gelu'      = Phi + g phi(g)      (erf)
+// f32 operands (PRECISE) take expf and IEEE divisions: their outputs keep f32's precision.
+// 16-bit operands take ex2.approx and rcp.approx (__expf, __fdividef; relative error about
+// 2^-21): five instructions a sigmoid where expf and a division take about twenty, which keeps
+// the backward's instruction count under what streaming its five operands leaves room for.
+// KA_GLU_FAST 0 gives 16-bit operands the precise forms too (for comparisons).
+#ifndef KA_GLU_FAST
+#define KA_GLU_FAST 1
+#endif
+
 enum { SILU = 0, GELU_TANH = 1, GELU_ERF = 2 };
 
-// 1 / (1 + exp(-x)); exp overflowing to inf gives 0, the limit. Fast: ex2.approx through
-// __expf (relative error about 2^-21 for |x| < 16).
-template <bool PRECISE>
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + (PRECISE ? expf(-x) : __expf(-x))); }
-
-// tanh; fast: 1 - 2 / (exp(2x) + 1), absolute error about 1e-7, saturating to +-1 without NaN.
-template <bool PRECISE>
-__device__ __forceinline__ float tanh_(float x) {
-  if constexpr (PRECISE) return tanhf(x);
-  return 1.f - 2.f / (__expf(2.f * x) + 1.f);
-}
-
-#define KA_GELU_K 0.7978845608028654f   // sqrt(2 / pi)
+#define KA_GELU_2K 1.5957691216057308f  // 2 sqrt(2 / pi)
 #define KA_GELU_C 0.044715f
 #define KA_INV_SQRT2 0.7071067811865476f
 #define KA_INV_SQRT_2PI 0.3989422804014327f
+
+// s(x); exp overflowing to inf gives 0, the limit (rcp.approx of inf is 0 too).
+template <bool PRECISE>
+__device__ __forceinline__ float sigmoid(float x) {
+  if constexpr (PRECISE) return 1.f / (1.f + expf(-x));
+  return __fdividef(1.f, 1.f + __expf(-x));
+}
 
 template <int ACT, bool P>
 __device__ __forceinline__ float activation(float g) {
   if constexpr (ACT == SILU) {
     return g * sigmoid<P>(g);
   } else if constexpr (ACT == GELU_TANH) {
-    return 0.5f * g * (1.f + tanh_<P>(KA_GELU_K * (g + KA_GELU_C * g * g * g)));
+    return g * sigmoid<P>(KA_GELU_2K * g * fmaf(KA_GELU_C, g * g, 1.f));
   } else {
     return 0.5f * g * (1.f + erff(g * KA_INV_SQRT2));
   }
@@ -159,12 +176,12 @@ __device__ __forceinline__ void activation_grad(float g, float& a, float& da) {
   if constexpr (ACT == SILU) {
     const float s = sigmoid<P>(g);
     a = g * s;
-    da = s * (1.f + g * (1.f - s));
+    da = s * fmaf(g, 1.f - s, 1.f);
   } else if constexpr (ACT == GELU_TANH) {
     const float g2 = g * g;
-    const float t = tanh_<P>(KA_GELU_K * (g + KA_GELU_C * g2 * g));
-    a = 0.5f * g * (1.f + t);
-    da = 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * KA_GELU_K * (1.f + 3.f * KA_GELU_C * g2);
+    const float s = sigmoid<P>(KA_GELU_2K * g * fmaf(KA_GELU_C, g2, 1.f));
+    a = g * s;
+    da = s * fmaf(g * (1.f - s), KA_GELU_2K * fmaf(3.f * KA_GELU_C, g2, 1.f), 1.f);
   } else {
     const float e = 0.5f * (1.f + erff(g * KA_INV_SQRT2));
     a = g * e;
@@ -202,14 +219,14 @@ __global__ void __launch_bounds__(256) glu_fwd(const typename T::raw* __restrict
           unpack<T, VEC>(ag[k], g);
           unpack<T, VEC>(au[k], u);
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) g[e] = activation<ACT, (bool)T::PRECISE>(g[e]) * u[e];
+          for (int e = 0; e < VEC; ++e) g[e] = activation<ACT, (bool)T::PRECISE || !KA_GLU_FAST>(g[e]) * u[e];
           store<T, VEC>(orow + c * VEC, g);
         }
       }
     }
     if (VEC > 1 && blockIdx.x == 0 && (int)threadIdx.x < tail) {
       const i64 c = nvec * VEC + threadIdx.x;
-      orow[c] = T::store(activation<ACT, (bool)T::PRECISE>(T::load(gr[c])) * T::load(ur[c]));
+      orow[c] = T::store(activation<ACT, (bool)T::PRECISE || !KA_GLU_FAST>(T::load(gr[c])) * T::load(ur[c]));
     }
   }
 }
@@ -251,7 +268,7 @@ __global__ void __launch_bounds__(256) glu_bwd(const typename T::raw* __restrict
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             float a, da;
-            activation_grad<ACT, (bool)T::PRECISE>(g[e], a, da);
+            activation_grad<ACT, (bool)T::PRECISE || !KA_GLU_FAST>(g[e], a, da);
             g[e] = y[e] * u[e] * da;
             u[e] = y[e] * a;
           }
@@ -264,7 +281,7 @@ __global__ void __launch_bounds__(256) glu_bwd(const typename T::raw* __restrict
       const i64 c = nvec * VEC + threadIdx.x;
       float a, da;
       const float y = T::load(yr[c]);
-      activation_grad<ACT, (bool)T::PRECISE>(T::load(gr[c]), a, da);
+      activation_grad<ACT, (bool)T::PRECISE || !KA_GLU_FAST>(T::load(gr[c]), a, da);
       dgr[c] = T::store(y * T::load(ur[c]) * da);
       dur[c] = T::store(y * a);
     }
