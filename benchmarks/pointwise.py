@@ -281,6 +281,16 @@ GLU_DEFINES = {
 }
 
 
+def _copy_rate(repeat: int) -> dict:
+    """torch's copy of 1 GiB (bf16), read and written: the bandwidth the sweep's rates compare with."""
+    src = [torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    dst = [torch.empty_like(t) for t in src]
+    ms, _ = time_group({"copy": lambda i: dst[i % 2].copy_(src[i % 2])}, repeat)
+    tbs = 2 * src[0].numel() * 2 / (ms["copy"] * 1e-3) / 1e12
+    print(f"sweep torch copy of 1 GiB: {tbs:.2f} TB/s", flush=True)
+    return {"case": "torch copy 1 GiB", "tbs": {"copy": tbs}, "ms": ms}
+
+
 def sweep(repeat: int) -> list:
     """Our kernels' build constants on the >= 64 MB shapes: the gated activation's accesses in
     flight per thread (UNROLL) and grid cap (CTAS_PER_SM), RoPE's heads per thread and grid cap."""
@@ -290,13 +300,7 @@ def sweep(repeat: int) -> list:
 
     out = []
     dtype = torch.bfloat16
-    src = [torch.randn(1 << 29, device="cuda", dtype=dtype) for _ in range(2)]
-    dst = [torch.empty_like(t) for t in src]
-    copy_ms, _ = time_group({"copy": lambda i: dst[i % 2].copy_(src[i % 2])}, repeat)
-    copy = {"case": "torch copy 1 GiB", "tbs": {"copy": 2 * src[0].numel() * 2 / (copy_ms["copy"] * 1e-3) / 1e12}}
-    print(f"sweep torch copy of 1 GiB: {copy['tbs']['copy']:.2f} TB/s", flush=True)
-    out.append(copy)
-    del src, dst
+    out.append(_copy_rate(repeat))
     rows, cols = GLU_SHAPES[0]
     for backward, activation in ((False, "silu"), (True, "silu"), (False, "gelu_tanh"), (True, "gelu_tanh")):
         sets = _sets(3 * rows * cols * 2)
