@@ -17,7 +17,7 @@ missing is listed with the reason. Writes JSON (and a text table) to benchmarks/
 $OUT) after each case, so a run cut short keeps what it measured.
 
     python3 benchmarks/providers.py [--ops softmax,rms_norm,attention,gemm] [--per-provider 3] [--repeat 30]
-                                    [--pickbest-candidates 8]
+                                    [--pickbest-candidates 8] [--cases "16384x1024,s4096"]
 """
 
 from __future__ import annotations
@@ -213,8 +213,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--pickbest-candidates", type=int, default=8,
                         help="PickBest's max_candidates (the best-ranked by PickAny's estimate)")
+    parser.add_argument("--cases", default="", help="only cases whose label contains one of these (comma-separated)")
     parser.add_argument("--tag", default="")
     opts = parser.parse_args()
+    wanted = [c for c in opts.cases.split(",") if c]
     failed = load_plugins()
     doc = results_io.result_doc(plugin_failures=failed, providers={
         n: str(default_registry.get_provider(n).version) for n in kernel_api.available_providers()},
@@ -224,6 +226,8 @@ def main() -> None:
         print(f"plugin {package} not loaded: {why}")
     for op in opts.ops.split(","):
         for label, make in CASES[op]:
+            if wanted and not any(w in label for w in wanted):
+                continue
             start = time.perf_counter()
             row = run_case(op, label, make, opts.per_provider, opts.repeat, opts.pickbest_candidates)
             row["seconds"] = round(time.perf_counter() - start, 1)
