@@ -15,6 +15,7 @@ import kernel_api
 from kernel_api import ops
 from kernel_api.arguments import RopeArguments, RopeBackwardArguments
 
+from memcheck import run_memcheck
 from test_rope import SENTINEL, TOL, make_tables, reference, reference_backward
 
 pytestmark = [pytest.mark.gpu,
@@ -144,3 +145,34 @@ def test_torch_compile_fullgraph():
     want = reference(q, k, cos, sin)
     torch.testing.assert_close(qo.double(), 2 * want[0], atol=5e-2, rtol=5e-2)
     torch.testing.assert_close(ko.double(), want[1], **TOL[torch.bfloat16])
+
+
+def test_memcheck():
+    """Every CUDA instance, forward and backward, on transposed, misaligned and odd-sized q and
+    k, under compute-sanitizer memcheck (each tensor its own allocation)."""
+    code = r"""
+import torch
+import kernel_api
+from kernel_api.arguments import RopeArguments, RopeBackwardArguments
+torch.manual_seed(0)
+def at(b, h, s, d, dtype, offset, transposed):
+    if transposed:
+        return torch.randn(b * s * h * d + offset, device="cuda").to(dtype)[offset:].view(b, s, h, d).transpose(1, 2)
+    return torch.randn(b * h * s * d + offset, device="cuda").to(dtype)[offset:].view(b, h, s, d)
+n = 0
+for b, hq, hk, s, d, offset, transposed in ((1, 1, 1, 1, 2, 0, False), (2, 5, 3, 7, 64, 0, True),
+                                            (1, 2, 2, 3, 96, 1, False), (2, 4, 1, 9, 128, 0, True)):
+    for dtype in (torch.bfloat16, torch.float32):
+        q, k = at(b, hq, s, d, dtype, offset, transposed), at(b, hk, s, d, dtype, offset, transposed)
+        cos = torch.randn(s * d + offset, device="cuda").to(dtype)[offset:].view(1, s, d)
+        sin = torch.randn(s * d + offset, device="cuda").to(dtype)[offset:].view(1, s, d)
+        for cls in (RopeArguments, RopeBackwardArguments):
+            args = cls(q, k, cos, sin, at(b, hq, s, d, dtype, offset, transposed), at(b, hk, s, d, dtype, offset, transposed))
+            for kn in kernel_api.get_kernels(args):
+                if kn.name.startswith("Cuda"):
+                    kn.run(args); n += 1
+torch.cuda.synchronize()
+print("runs", n)
+"""
+    out = run_memcheck(code)
+    assert "runs " in out and int(out.split("runs ")[1].split()[0]) > 10

@@ -14,6 +14,7 @@ import kernel_api
 from kernel_api import ops
 from kernel_api.arguments import GatedActivationArguments, GatedActivationBackwardArguments
 
+from memcheck import run_memcheck
 from test_swiglu import SENTINEL, TOL, reference, reference_grads
 
 pytestmark = [pytest.mark.gpu,
@@ -141,3 +142,37 @@ def test_torch_compile_fullgraph_mlp():
     y = torch.compile(mlp, fullgraph=True)(x, w)
     gate, up = (x @ w).chunk(2, dim=-1)
     torch.testing.assert_close(y.double(), reference(gate, up, "silu"), atol=5e-2, rtol=5e-2)
+
+
+def test_memcheck():
+    """Every CUDA instance, forward and backward, on row tails, chunked halves and misaligned
+    operands, under compute-sanitizer memcheck (each tensor its own allocation)."""
+    code = r"""
+import torch
+import kernel_api
+from kernel_api.arguments import GatedActivationArguments, GatedActivationBackwardArguments
+torch.manual_seed(0)
+def at(shape, dtype, offset):
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.randn(n + offset, device="cuda").to(dtype)[offset:].view(shape)
+n = 0
+for shape, offset in (((7,), 0), ((3, 13), 1), ((5, 1000), 0), ((2, 3, 4097), 3)):
+    for dtype in (torch.bfloat16, torch.float32):
+        for activation in ("silu", "gelu_tanh", "gelu"):
+            g, u, dy = (at(shape, dtype, offset) for _ in range(3))
+            x = at((*shape[:-1], 2 * shape[-1]), dtype, 0)
+            for gate, up in ((g, u), x.chunk(2, -1)):
+                fwd = GatedActivationArguments(gate, up, at(shape, dtype, offset), activation=activation)
+                bwd = GatedActivationBackwardArguments(dy, gate, up, at(shape, dtype, offset), at(shape, dtype, offset),
+                                                       activation=activation)
+                for args in (fwd, bwd):
+                    for k in kernel_api.get_kernels(args):
+                        if k.name.startswith("Cuda"):
+                            k.run(args); n += 1
+torch.cuda.synchronize()
+print("runs", n)
+"""
+    out = run_memcheck(code)
+    assert "runs " in out and int(out.split("runs ")[1].split()[0]) > 50
