@@ -191,3 +191,20 @@ def test_torch_compile_traces_the_epilogue_as_a_constant():
         got = compiled(A, B, bias, alpha)
         want = 2.0 * evaluate(parse(src), A.double() @ B.double(), dict(bias=bias, alpha=alpha))["D"]
         check(got, want, torch.float16, f"alpha={alpha}")
+
+
+def test_gradcheck_in_float64():
+    """The op's backward (the accumulator recomputed, the epilogue differentiated with torch,
+    two GEMMs) against finite differences, through the f64 fused kernel."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+
+    def leaf(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float64, generator=g).requires_grad_()
+
+    A, B, C, bias = leaf(9, 7), leaf(7, 5), leaf(9, 5), leaf(5)
+    src = "def epi(accum, C, bias, alpha):\n    z = tanh(alpha * accum + bias)\n    D = z * C + sigmoid(accum)\n    return D"
+
+    def f(A, B, C, bias):
+        return kernel_api.ops.gemm(A, B, epilogue=src, C=C, bias=bias, alpha=0.7)
+
+    assert torch.autograd.gradcheck(f, (A, B, C, bias))

@@ -295,7 +295,7 @@ def test_traced_gemm_epilogue_holds_the_source_as_a_constant():
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and "gemm_epilogue" in str(n.target)]
     assert len(calls) == 1
     assert calls[0].args[2] == src and calls[0].args[5] == ["alpha"] and calls[0].args[6] == [0.5]
-    assert tuple(calls[0].meta["val"].shape) == (24, 40)
+    assert [tuple(v.shape) for v in calls[0].meta["val"]] == [(24, 40)]
 
 
 # ---- compiles without a GPU --------------------------------------------------------------------

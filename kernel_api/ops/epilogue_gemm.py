@@ -5,13 +5,14 @@ calls build `EpilogueArguments(fn, **operands)` and go through `dispatch.call` (
 chooses among the kernels whose metadata fuses every node; `explain` names the node others
 cannot). Under ``torch.compile``, a dispatch mode or autograd the call goes to the torch op
 
-    torch.ops.kernel_api.gemm_epilogue(A, B, source, names, tensors, scalar_names, scalars, outputs)
+    torch.ops.kernel_api.gemm_epilogue(A, B, source, names, tensors, scalar_names, scalars, initial)
 
 whose ``source`` (the function's text) is a constant of the graph: two calls of one function
-differing in scalar values trace to one graph and run one compiled kernel. Extra outputs are
-mutated in place (``outputs``, in the order the function returns them after ``D``); the op
-returns ``D``. The op has a fake implementation, so ``fullgraph=True`` traces it; it has no
-backward (a gradient through an epilogue function is not provided).
+differing in scalar values trace to one graph and run one compiled kernel. The op is functional:
+it returns ``[D, *extra outputs]`` as new tensors (``initial``: the caller's extra outputs, in
+return order, whose values a reduction starts from), which the caller's tensors then receive by
+a copy. It has a fake implementation, so ``fullgraph=True`` traces it, and a backward that
+recomputes the accumulator and differentiates the epilogue with torch (`_backward`).
 """
 
 from __future__ import annotations
@@ -26,19 +27,11 @@ from . import dispatch
 
 _lib = torch.library.Library("kernel_api", "FRAGMENT")
 _lib.define("gemm_epilogue(Tensor A, Tensor B, str source, str[] names, Tensor[] tensors, str[] scalar_names, "
-            "float[] scalars, Tensor(a!)[] outputs) -> Tensor")
+            "float[] scalars, Tensor[] initial) -> Tensor[]")
 
 
 def _new_output(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return A.new_empty((*A.shape[:-1], B.shape[-1]))
-
-
-def _values(names: list, tensors: list, scalar_names: list, scalars: list, outputs: list,
-            output_names: tuple) -> dict:
-    values = dict(zip(names, tensors))
-    values.update(zip(scalar_names, scalars))
-    values.update(zip(output_names, outputs))
-    return values
 
 
 def _run(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, epilogue: EpilogueArguments,
@@ -52,21 +45,79 @@ def _run(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, epilogue: E
     return out
 
 
-def _op_impl(A, B, source, names, tensors, scalar_names, scalars, outputs):
+def _extra_outputs(graph: Any) -> list[tuple[str, bool]]:
+    """(name, is a reduction) of each output after ``D``, in return order."""
+    return [(n, graph.nodes[i].kind == "reduce") for n, i in graph.outputs if n != "D"]
+
+
+def _op_impl(A, B, source, names, tensors, scalar_names, scalars, initial):
+    """The functional op: extra outputs are new tensors (a reduction's starts from its
+    ``initial`` value, a store's takes only its shape and type from it); returns [D, *extra]."""
     from ..epilogue import parse_cached
 
     graph = parse_cached(source)
-    extra = tuple(n for n, _ in graph.outputs if n != "D")
-    epilogue = EpilogueArguments(source, **_values(names, tensors, scalar_names, scalars, outputs, extra))
-    return _run(A, B, None, epilogue, None, None)
+    extra = _extra_outputs(graph)
+    made = [t.clone() if reduced else torch.empty_like(t) for (_, reduced), t in zip(extra, initial)]
+    values = dict(zip(names, tensors))
+    values.update(zip(scalar_names, scalars))
+    values.update((name, t) for (name, _), t in zip(extra, made))
+    D = _run(A, B, None, EpilogueArguments(source, **values), None, None)
+    return [D, *made]
 
 
-def _op_fake(A, B, source, names, tensors, scalar_names, scalars, outputs):
-    return _new_output(A, B)
+def _op_fake(A, B, source, names, tensors, scalar_names, scalars, initial):
+    return [_new_output(A, B), *(torch.empty_like(t) for t in initial)]
 
 
 _lib.impl("gemm_epilogue", _op_impl, "CompositeExplicitAutograd")
 torch.library.register_fake("kernel_api::gemm_epilogue", _op_fake, lib=_lib)
+
+
+def _setup(ctx: Any, inputs: tuple, output: Any) -> None:
+    A, B, source, names, tensors, scalar_names, scalars, initial = inputs
+    ctx.save_for_backward(A, B, *tensors)
+    ctx.source, ctx.names, ctx.scalars = source, list(names), dict(zip(scalar_names, scalars))
+
+
+def _backward(ctx: Any, grads: list) -> tuple:
+    """Recompute the accumulator (a GEMM through the registry, in f32, or f64 for f64
+    operands), differentiate the epilogue with torch (`kernel_api.epilogue.evaluate`) for the
+    gradients of the accumulator and the tensor operands, then two GEMMs for A and B.
+    Reductions are not differentiated."""
+    from ..epilogue import evaluate, parse_cached
+
+    A, B, *tensors = ctx.saved_tensors
+    graph = parse_cached(ctx.source)
+    extra = _extra_outputs(graph)
+    math = torch.float64 if A.dtype == torch.float64 else torch.float32
+    acc = dispatch.gemm(A.detach(), B.detach(), out=A.new_empty((*A.shape[:-1], B.shape[-1]), dtype=math))
+    with torch.enable_grad():
+        acc = acc.requires_grad_(True)
+        operands = {n: t.detach().to(math).requires_grad_(t.requires_grad) for n, t in zip(ctx.names, tensors)}
+        operands.update(ctx.scalars)
+        values = evaluate(graph, acc, operands, dtype=math)
+        outs, outs_grad = [], []
+        for i, name in enumerate(["D"] + [n for n, _ in extra]):
+            reduced = i > 0 and extra[i - 1][1]
+            if grads[i] is not None and not reduced:
+                outs.append(values[name])
+                outs_grad.append(grads[i].to(math))
+        wanted = [acc] + [operands[n] for n in ctx.names if operands[n].requires_grad]
+        found = (torch.autograd.grad(outs, wanted, outs_grad, allow_unused=True) if outs
+                 else (None,) * len(wanted))
+    grad_acc = torch.zeros_like(acc) if found[0] is None else found[0]
+    grad_acc = grad_acc.to(A.dtype)
+    grad_A = dispatch.gemm(grad_acc, B.detach().transpose(-1, -2)) if A.requires_grad else None
+    grad_B = dispatch.gemm(A.detach().transpose(-1, -2), grad_acc) if B.requires_grad else None
+    rest = iter(found[1:])
+    grad_tensors = []
+    for t in tensors:
+        g = next(rest) if t.requires_grad else None
+        grad_tensors.append(None if g is None else g.to(t.dtype))
+    return grad_A, grad_B, None, None, grad_tensors, None, None, None
+
+
+torch.library.register_autograd("kernel_api::gemm_epilogue", _backward, setup_context=_setup, lib=_lib)
 
 
 @tracing.assume_constant_result
@@ -120,11 +171,12 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
         source, extra = _source_and_outputs(fn)
         names = [k for k, v in operands.items() if isinstance(v, torch.Tensor) and k not in extra and k != "D"]
         scalar_names = [k for k, v in operands.items() if not isinstance(v, torch.Tensor)]
-        outputs = [operands[k] for k in extra]
-        result = dispatch.op_on_stream(torch.ops.kernel_api.gemm_epilogue, stream, A, B, source, names,
-                                       [operands[k] for k in names], scalar_names,
-                                       [float(operands[k]) for k in scalar_names], outputs)
-        return result if out is None else out.copy_(result)
+        results = dispatch.op_on_stream(torch.ops.kernel_api.gemm_epilogue, stream, A, B, source, names,
+                                        [operands[k] for k in names], scalar_names,
+                                        [float(operands[k]) for k in scalar_names], [operands[k] for k in extra])
+        for k, made in zip(extra, results[1:]):  # the caller's extra outputs, written as in eager calls
+            operands[k].copy_(made)
+        return results[0] if out is None else out.copy_(results[0])
     if not isinstance(epilogue, EpilogueArguments) or named:
         epilogue = EpilogueArguments(fn, **operands)
     return _run(A, B, out, epilogue, accumulator_type, stream)

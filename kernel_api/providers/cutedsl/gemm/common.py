@@ -272,11 +272,11 @@ class GemmKernelBase(CuteDslKernel):
         bias = fake_tensor(md.out.dtype, 1, 0, 1) if spec.bias else None
         scalar = cutlass.Float64 if md.accumulator_type is DataType.f64 else cutlass.Float32
         impl = self._make_impl(args)
-        fused = ()
+        fused = ()  # (scalar: the epilogue's math type, f64 for f64 GEMMs)
         if spec.fusion is not None:  # an epilogue function: its operand tuple before the stream
             from .implementations.fusion import FusionPlan, fake_operands
 
-            fused = (fake_operands(FusionPlan(spec.fusion)),)
+            fused = (fake_operands(FusionPlan(spec.fusion), scalar),)
         compiled = self.cute_compile(impl, A, B, out, C, bias, scalar(1.0), scalar(0.0),
                                      *self._extra_compile_args(args), *fused, make_fake_stream())
         return CompiledArtifact(compiled, self)

@@ -16,7 +16,7 @@ from ....cost import GEMM_COST_UNITS_PER_SECOND
 from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
 from .. import CuTeDSLProvider
-from .common import (FULL_EPILOGUE, FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase,
+from .common import (FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase,
                      epilogue_supported_by_generation, grid_y_limit, tiled_gemm_metadata)
 
 # (operand dtype, output dtype, accumulator dtype)
@@ -76,7 +76,7 @@ class SimtGemm(GemmKernelBase):
                             TensorAttributes(out, so, aligns), accumulator_type=acc)
                         metadata = tiled_gemm_metadata(
                             SimtGemm, f"{ab}{out}{acc}", (sa, sb, so), operands, tile, ("threads", threads), _STAGES,
-                            "simt", min_cc=70, epilogue=FULL_EPILOGUE if ab is DataType.f64 else FUSED_EPILOGUE)
+                            "simt", min_cc=70, epilogue=FUSED_EPILOGUE)
                         if metadata.supports_cc(cc) and metadata_filter(metadata):
                             kernels.append(SimtGemm(metadata))
         return kernels

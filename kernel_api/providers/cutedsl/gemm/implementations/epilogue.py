@@ -105,9 +105,13 @@ def store_fragment(spec: cutlass.Constexpr, acc: cute.Tensor, coords: cute.Tenso
 def store_fused(plan: cutlass.Constexpr, acc: cute.Tensor, coords: cute.Tensor, mOut: cute.Tensor, batch,
                 operands, M, N):
     """An epilogue function (`fusion.FusionPlan`) on each element of ``acc``: its extra loads,
-    stores and reductions at the element's (batch, m, n), then ``D`` stored where (m, n) < (M, N)."""
+    stores and reductions at the element's (batch, m, n), then ``D`` stored where (m, n) < (M, N).
+    The math runs in f32, or f64 for an f64 accumulator."""
+    math = cutlass.Float32
+    if cutlass.const_expr(acc.element_type == cutlass.Float64):
+        math = cutlass.Float64
     for i in cutlass.range_constexpr(cute.size(acc)):
         m, n = coords[i]
-        d = fusion.element(plan, acc[i].to(cutlass.Float32), batch, m, n, M, N, operands)
+        d = fusion.element(plan, acc[i].to(math), batch, m, n, M, N, operands)
         if cute.elem_less((m, n), (M, N)):
             mOut[m, n] = d.to(mOut.element_type)

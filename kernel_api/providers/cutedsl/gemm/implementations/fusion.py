@@ -16,7 +16,8 @@ compiled function (inputs by parameter, extra outputs by return order, then lite
   element's coordinate of its view, whose reduced modes have the stride 0.
 
 Math follows `kernel_api.epilogue.reference` (accurate exp / tanh / erf, not the fast
-approximations), so results match a float64 reference to f32 rounding.
+approximations) in the type of the value handed in: f32, or f64 for f64 GEMMs (whose scalars
+are then f64 too), so results match a float64 reference to that type's rounding.
 """
 
 from __future__ import annotations
@@ -52,13 +53,14 @@ class FusionPlan:
 
 
 def _unary(op: str, x):
-    one = Float32(1.0)
+    t = type(x)
+    one = t(1.0)
     if op == "identity":
         return x
     if op == "neg":
         return -x
     if op == "relu":
-        return cutlass.max(x, Float32(0.0))
+        return cutlass.max(x, t(0.0))
     if op == "sigmoid":
         return one / (one + cute.math.exp(-x))
     if op == "silu":
@@ -70,12 +72,12 @@ def _unary(op: str, x):
     if op == "abs":
         return cutlass.max(x, -x)
     if op == "gelu":
-        return Float32(0.5) * x * (one + cute.math.erf(x * Float32(_SQRT1_2)))
+        return t(0.5) * x * (one + cute.math.erf(x * t(_SQRT1_2)))
     if op == "gelu_tanh":
-        inner = Float32(_GELU_K0) * (x + Float32(_GELU_K1) * x * x * x)
-        return Float32(0.5) * x * (one + cute.math.tanh(inner))
+        inner = t(_GELU_K0) * (x + t(_GELU_K1) * x * x * x)
+        return t(0.5) * x * (one + cute.math.tanh(inner))
     if op == "hardswish":
-        return x * cutlass.min(cutlass.max(x + Float32(3.0), Float32(0.0)), Float32(6.0)) * Float32(1.0 / 6.0)
+        return x * cutlass.min(cutlass.max(x + t(3.0), t(0.0)), t(6.0)) * t(1.0 / 6.0)
     raise ValueError(f"epilogue emitter: unknown unary op {op!r}")
 
 
@@ -105,18 +107,21 @@ def _store_if(t: cute.Tensor, batch, m, n, value, inside):
 def _reduce_if(t: cute.Tensor, batch, m, n, value, inside, op: cutlass.Constexpr):
     if inside:
         ptr = t.iterator + cute.crd2idx((batch, m, n), t.layout)
+        v = value.to(Float32)  # (reduction targets are f32)
         if cutlass.const_expr(op == "sum"):
-            cute.arch.atomic_add(ptr.llvm_ptr, value)
+            cute.arch.atomic_add(ptr.llvm_ptr, v)
         elif cutlass.const_expr(op == "max"):
-            cute.arch.atomic_fmax(ptr.llvm_ptr, value)
+            cute.arch.atomic_fmax(ptr.llvm_ptr, v)
         else:
-            cute.arch.atomic_fmin(ptr.llvm_ptr, value)
+            cute.arch.atomic_fmin(ptr.llvm_ptr, v)
 
 
 def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands):
-    """The epilogue of one accumulator element ``acc`` (f32) at output coordinate (batch, m, n)
-    of an output with ``m_total`` x ``n_total`` columns: loads, computes, stores the extra
-    outputs and reductions, and returns the value of ``D`` (f32)."""
+    """The epilogue of one accumulator element ``acc`` (f32 or f64: the type the math runs in)
+    at output coordinate (batch, m, n) of an output with ``m_total`` x ``n_total`` columns:
+    loads, computes, stores the extra outputs and reductions, and returns the value of ``D``
+    (in ``acc``'s type)."""
+    t = type(acc)
     values = []
     clamped = None
     literal = plan.literal_base
@@ -126,20 +131,20 @@ def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands):
         elif kind == "input":
             key = plan.operands[attr]
             if key.kind == "scalar":
-                v = Float32(operands[attr])
+                v = t(operands[attr])
             else:
                 if clamped is None:
                     clamped = (cutlass.min(m, m_total - 1), cutlass.min(n, n_total - 1))
-                v = operands[attr][batch, clamped[0], clamped[1]].to(Float32)
+                v = operands[attr][batch, clamped[0], clamped[1]].to(t)
         elif kind == "literal":
-            v = Float32(operands[literal])
+            v = t(operands[literal])
             literal += 1
         elif kind == "unary":
             v = _unary(attr, values[args[0]])
         elif kind == "binary":
             v = _binary(attr, values[args[0]], values[args[1]])
         elif kind == "cast":
-            v = values[args[0]].to(_TYPES[attr]).to(Float32)
+            v = values[args[0]].to(_TYPES[attr]).to(t)
         elif kind == "reduce":
             v = None
         else:
@@ -158,19 +163,19 @@ def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands):
     return values[plan.d_index]
 
 
-def fake_operands(plan: FusionPlan) -> tuple:
+def fake_operands(plan: FusionPlan, scalar=Float32) -> tuple:
     """Compile-time stand-ins of the operand tuple: fake (L, M, N) tensors with the static
-    strides of their patterns, f32 scalars."""
+    strides of their patterns, scalars of type ``scalar`` (the epilogue's math type)."""
     from cutlass.cute.runtime import make_fake_tensor
 
     fakes = []
     for key in plan.operands:
         if key.kind == "scalar":
-            fakes.append(Float32(0.0))
+            fakes.append(scalar(0.0))
             continue
         dtype = key.dtype.to_cutlass()
         shape = tuple(cute.sym_int32() for _ in range(3))
         stride = tuple(s if s in (0, 1) else cute.sym_int64() for s in key.pattern)
         fakes.append(make_fake_tensor(dtype, shape, stride, assumed_align=max(1, dtype.width // 8)))
-    fakes.extend(Float32(0.0) for _ in range(plan.literals))
+    fakes.extend(scalar(0.0) for _ in range(plan.literals))
     return tuple(fakes)
