@@ -321,6 +321,8 @@ def sweep(repeat: int) -> list:
         variants = {f"u{u}_c{c}": {"UNROLL": {backward: u}, "CTAS_PER_SM": c}
                     for u in ((1, 2, 4, 8) if not backward else (1, 2, 4)) for c in (8, 32, 1 << 20)}
         variants.update({f"default_{name}": {"defines": defines} for name, defines in GLU_DEFINES.items()})
+        variants.update({f"t128_u{u}_c{c}": {"THREADS": 128, "UNROLL": {backward: u}, "CTAS_PER_SM": c}
+                         for u in (1, 2) for c in (16, 1 << 20)})
         nbytes = (5 if backward else 3) * rows * cols * 2
         label = f"{'glu_bwd' if backward else 'glu_fwd'} {activation} {rows}x{cols}"
         out.append(_time_variants(label, kernel, glu_module, variants, arg_sets, nbytes, repeat))
