@@ -168,9 +168,10 @@ def rows_case(tokens, vocab, args, liger_ce) -> dict:
 
 
 def breakdown_case(tokens, hidden, vocab, chunk, args) -> dict:
-    """Median ms of each piece of one chunk of ours (``chunk`` tokens), back to back: the logits
-    GEMM, the row kernel (loss and in-place gradient), the hidden-state gradient GEMM, the weight
-    gradient's ``addmm_`` (bf16 accumulator read and written) and its first, write-only, GEMM."""
+    """Median ms of each piece of one chunk of ours (``chunk`` tokens), in shuffled turns: the
+    logits GEMM, the row kernel (loss and in-place gradient; ``_t<N>``: with N threads per CTA),
+    the hidden-state gradient GEMM, the weight gradient's ``addmm_`` (bf16 accumulator read and
+    written) and its first, write-only, GEMM."""
     from kernel_api import get_kernels
     from kernel_api.arguments import CrossEntropyArguments
 
@@ -182,20 +183,28 @@ def breakdown_case(tokens, hidden, vocab, chunk, args) -> dict:
     gh, gw = torch.empty_like(h), torch.zeros_like(w)
     loss, lse = torch.empty(chunk, device="cuda"), torch.empty(chunk, device="cuda")
     scale = torch.ones((), device="cuda").expand(chunk)
-    row_args = CrossEntropyArguments(logits, t, loss, lse, grad_logits=logits, grad_loss=scale)
-    kernel = [k for k in get_kernels(row_args) if type(k).__name__.startswith("Cuda")][0]
-    artifact = kernel.compile(row_args)
+    from kernel_api.providers.cuda_src.kernels import cross_entropy as ce_kernels
+
     pieces = {"logits_gemm": lambda i: torch.mm(h, w.t(), out=logits),
-              "row_kernel": lambda i: kernel.run(row_args, compiled_artifact=artifact),
               "grad_h_gemm": lambda i: torch.mm(logits, w, out=gh),
               "grad_w_addmm": lambda i: gw.addmm_(logits.t(), h),
               "grad_w_first": lambda i: torch.mm(logits.t(), h, out=gw)}
+    saved, narrow = ce_kernels.WIDE_ROW_THREADS, ce_kernels.NARROW_ROW_THREADS
+    for threads in (saved, *[c for c in (256, 512, 1024) if c != saved]):
+        ce_kernels.WIDE_ROW_THREADS = ce_kernels.NARROW_ROW_THREADS = threads
+        row_args = CrossEntropyArguments(logits, t, loss, lse, grad_logits=logits, grad_loss=scale)
+        kernel = [k for k in get_kernels(row_args) if type(k).__name__.startswith("Cuda")][0]
+        artifact = kernel.compile(row_args)
+        name = "row_kernel" if threads == saved else f"row_kernel_t{threads}"
+        pieces[name] = (lambda k, a, art: lambda i: k.run(a, compiled_artifact=art))(kernel, row_args, artifact)
+    ce_kernels.WIDE_ROW_THREADS, ce_kernels.NARROW_ROW_THREADS = saved, narrow
     times, _ = time_group(pieces, args.repeat * 2)
     flops = 2 * chunk * hidden * vocab
     chunks = -(-tokens // chunk)
     return {"chunk": chunk, "times_ms": times, "per_step_ms": {k: v * chunks for k, v in times.items()},
             "gemm_tflops": {k: flops / (v * 1e-3) / 1e12 for k, v in times.items() if "gemm" in k or "grad_w" in k},
-            "row_kernel_tb_s": 3 * chunk * vocab * 2 / (times["row_kernel"] * 1e-3) / 1e12}
+            "row_kernel_tb_s": {k: 2 * chunk * vocab * 2 / (v * 1e-3) / 1e12 for k, v in times.items()
+                                if k.startswith("row_kernel")}}
 
 
 def _report(label, case, lines) -> None:
@@ -246,7 +255,8 @@ def main() -> None:
             doc["breakdown"][f"{shape}@{chunk}"] = parts
             lines.append(f"  pieces at {chunk} tokens per chunk, ms per step: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in parts["per_step_ms"].items()) + "; TFLOP/s: " + ", ".join(
-                f"{k} {v:.0f}" for k, v in parts["gemm_tflops"].items()) + f"; row kernel {parts['row_kernel_tb_s']:.2f} TB/s")
+                f"{k} {v:.0f}" for k, v in parts["gemm_tflops"].items()) + "; row kernel TB/s (read + write): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in parts["row_kernel_tb_s"].items()))
         if not args.no_rows:
             rows = rows_case(tokens, vocab, args, liger_ce)
             doc["rows"][f"{tokens}x{vocab}"] = rows
