@@ -218,7 +218,7 @@ def _python_launchers_only(monkeypatch, A, B, out, launched: list) -> None:
     monkeypatch.setattr(ops, "_current_device", lambda: -1)  # the CPU operands' "device"
     extents = tuple(ops.byte_extent(t) for t in (A, B, out))
     monkeypatch.setitem(ops._fast, ops._raw_gemm_key(current().policy, A, B, out),
-                        (Launcher(lambda *t: launched.append(t)), -1, current().policy, extents))
+                        ops.PlainEntry(Launcher(lambda *t: launched.append(t)), -1, current().policy, extents))
 
 
 def test_the_python_fast_path_never_launches_lazily_negated_operands(monkeypatch):
@@ -522,11 +522,12 @@ def test_the_python_fast_path_takes_parameters(monkeypatch):
     W = torch.nn.Parameter(torch.randn(8, 12))
     bias = torch.nn.Parameter(torch.randn(12))
     _python_launchers_only(monkeypatch, A, W, out, launched)
-    # an epilogue call (bias, activation): recorded as (function, tail before the bias, tail after it, ...)
+    # an epilogue call (bias, activation): recorded as its function and the tails before and after the bias
     key = (ops._raw_gemm_key(current().scope_token, A, W, out), 1.0, "gelu",
            (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 1023, bias.get_device()))
     extents = tuple(ops.byte_extent(t) for t in (A, W, out))
-    monkeypatch.setitem(ops._fast, key, (lambda *t: launched.append(t), (), (), -1, current().scope_token, extents))
+    entry = ops.EpilogueEntry(lambda *t: launched.append(t), (), (), -1, current().scope_token, extents)
+    monkeypatch.setitem(ops._fast, key, entry)
     with torch.no_grad():  # (parameters require grad: inference, as a prefill runs)
         assert ops.gemm(A, W, out=out, stream=0) is out and len(launched) == 1
         assert ops.gemm(A, W, out=out, bias=bias, activation="gelu", stream=0) is out

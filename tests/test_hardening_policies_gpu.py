@@ -58,7 +58,7 @@ def _check_repeated(match, M, N, K, dtype, b_col=False, a_offset=0, calls=3, tf3
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     # the later calls took the launcher recorded for the operands' metadata
-    assert any(isinstance(v, tuple) and policy in v for v in dispatch._fast.values())
+    assert any(isinstance(v, dispatch.PlainEntry) and v.token is policy for v in dispatch._fast.values())
     entries = [v for v in dispatch._dispatch.values() if v[2] is policy]
     assert entries
     return entries[0][0].metadata.kernel_name

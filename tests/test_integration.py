@@ -161,7 +161,8 @@ def test_the_python_fast_path_never_launches_into_an_operand(monkeypatch):
     key = ops._raw_gemm_key(current().policy, A, B, A)
     monkeypatch.setattr(ops, "_table_launch", None)
     extents = tuple(ops.byte_extent(t) for t in (A, B, A))
-    monkeypatch.setitem(ops._fast, key, (Launcher(lambda *t: launched.append(t)), -1, current().policy, extents))
+    entry = ops.PlainEntry(Launcher(lambda *t: launched.append(t)), -1, current().policy, extents)
+    monkeypatch.setitem(ops._fast, key, entry)
     with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
         ops.gemm(A, B, out=A)
     assert not launched

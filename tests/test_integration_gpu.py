@@ -192,7 +192,7 @@ def test_ops_gemm_fast_path_reuses_launchers_only_for_identical_metadata(our_ker
     assert len({key[0] for key in ops._fast}) == 2
     # every TVM-FFI launcher the chosen kernels offered is in the C launch table as well (a
     # Python launcher, such as the realigned GEMM's with its per-call workspace, is not)
-    assert ops._table is not None and ops._table.size() == sum(entry[0].ffi for entry in ops._fast.values())
+    assert ops._table is not None and ops._table.size() == sum(entry.launcher.ffi for entry in ops._fast.values())
 
 
 def test_repeated_ops_gemm_calls_are_served_by_the_c_launch_table(our_kernels):

@@ -171,9 +171,9 @@ def test_repeated_epilogue_gemm_uses_the_fast_entry_with_each_calls_own_bias():
     entries = [v for k, v in dispatch._fast.items() if len(k) == 4 and k[2] == "gelu"]
     # recorded at most once per pointer-alignment class the allocator happened to give, as
     # epilogue entries (fewer where the C entry points served calls first)
-    assert 1 <= len(entries) <= len(alignments) < 6 and all(len(e) == 6 for e in entries)
+    assert 1 <= len(entries) <= len(alignments) < 6 and all(isinstance(e, dispatch.EpilogueEntry) for e in entries)
     # no tensor is kept by the entry (the bias goes in at each call)
-    assert not any(isinstance(c, torch.Tensor) for c in entries[0][1] + entries[0][2])
+    assert not any(isinstance(c, torch.Tensor) for c in entries[0].before + entries[0].after)
 
 
 def test_lm_head_with_misaligned_vocab_forward_backward_and_compile():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,12 +45,53 @@ from ..launcher import Launcher
 
 _log = logging.getLogger(__name__)
 _dispatch: dict[tuple, tuple] = {}
-# Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> (the chosen
-# kernel's Launcher, device index, policy, operand byte extents), so a repeated call skips
-# building arguments (see _raw_gemm_key). The C launch table (kernel_api.native) does the same
-# without Python work where it can be built; this dictionary serves kernels without a TVM-FFI
-# function and machines without a compiler.
-_fast: dict[tuple, tuple] = {}
+
+
+# `_fast`'s entries are slotted classes, not NamedTuples: a slot reads as fast as a tuple's item,
+# a NamedTuple's field (or item) about 7 ns slower (CPython 3.11 specializes neither read for a
+# tuple subclass), and a repeated call reads three to five of them.
+@dataclass(frozen=True, slots=True)
+class PlainEntry:
+    """`_fast`'s entry for a plain call: what launches it, and what checks it first.
+
+    Attributes:
+        launcher: the chosen kernel's `Launcher` for the recorded operands.
+        device: the CUDA device index the call was recorded on (its launches go there).
+        token: the policy's scope token, kept alive while its id() is in the key.
+        extents: the byte extents of A, B and out (`_may_overlap`).
+    """
+
+    launcher: Launcher
+    device: int
+    token: Any
+    extents: tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class EpilogueEntry:
+    """`_fast`'s entry for a GEMM with an epilogue (`_epilogue_entry`): the launcher's function,
+    called as ``function(A, B, out, *before, [bias,] *after, stream)`` with each call's own bias.
+
+    Attributes:
+        function: the launcher's function.
+        before: the launcher's constant arguments before the bias.
+        after: those after it (all of them for a call without a bias).
+        device, token, extents: as `PlainEntry`'s.
+    """
+
+    function: Any
+    before: tuple
+    after: tuple
+    device: int
+    token: Any
+    extents: tuple[int, int, int]
+
+
+# Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> a `PlainEntry`
+# or an `EpilogueEntry`, so a repeated call skips building arguments (see _raw_gemm_key). The C
+# launch table (kernel_api.native) does the same without Python work where it can be built; this
+# dictionary serves kernels without a TVM-FFI function and machines without a compiler.
+_fast: dict[tuple, PlainEntry | EpilogueEntry] = {}
 _FAST_LIMIT = 4096
 _table: Any = None  # the loaded C launch table, once a kernel has offered a native launch
 _table_launch: Any = None  # its ``launch(tag, stream, *tensors) -> bool``
@@ -128,11 +170,10 @@ def _may_overlap(out_ptr: int, a_ptr: int, b_ptr: int, extents: tuple[int, int, 
     return o > 0 and (out_ptr < a_ptr + a and a_ptr < out_ptr + o or out_ptr < b_ptr + b and b_ptr < out_ptr + o)
 
 
-def _launch_fast(found: tuple, stream: Any, *tensors: torch.Tensor) -> None:
+def _launch_fast(found: PlainEntry, stream: Any, *tensors: torch.Tensor) -> None:
     """Launch ``_fast``'s entry on its device (not the current one)."""
-    launcher, index = found[0], found[1]
-    with torch.cuda.device(index):
-        launcher.launch(tensors, to_cuda_stream(stream))
+    with torch.cuda.device(found.device):
+        found.launcher.launch(tensors, to_cuda_stream(stream))
 
 
 def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = (), tag: int = 0,
@@ -204,8 +245,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
                         elif launcher.torch_call is not None:
                             _record_torch_call(launcher, token, (A, B, epilogue.bias, out), bias_tag, new_output)
                 return
-            # keep policy alive (its id() is in the key); extents for the overlap check
-            _fast[fast_key] = (launcher, index, token, extents)
+            _fast[fast_key] = PlainEntry(launcher, index, token, extents)
         # f32 GEMMs: recorded under the TF32 flag they were chosen with, which gemm_plain reads
         # per call (the TVM-FFI table's own launch, without the entry points, cannot: none there)
         recorded_tag = tag | _TF32_TAG if tf32 and tag == _GEMM_TAG else tag
@@ -291,18 +331,17 @@ def replayable_first(candidates: list, args: Any) -> list:
 _no_launcher = Kernel._launcher
 
 
-def _epilogue_entry(launcher: Launcher, bias: Any, index: int, token: Any, extents: tuple) -> tuple | None:
-    """``_fast``'s entry for a GEMM with an epilogue (alpha, bias, activation; no C):
-    ``(function, tail before the bias, tail after it, device index, token, extents)``. The
+def _epilogue_entry(launcher: Launcher, bias: Any, index: int, token: Any, extents: tuple) -> EpilogueEntry | None:
+    """``_fast``'s entry for a GEMM with an epilogue (alpha, bias, activation; no C). The
     launcher's tail holds the recorded call's bias; later calls pass their own bias in its
     place (found by identity), so no launch reuses a stale bias tensor. None when the tail
     does not hold the bias (nothing is recorded then)."""
     tail = launcher.tail
     if bias is None:
-        return (launcher.function, tail, (), index, token, extents)
+        return EpilogueEntry(launcher.function, tail, (), index, token, extents)
     for i, value in enumerate(tail):
         if value is bias:
-            return (launcher.function, tail[:i], tail[i + 1:], index, token, extents)
+            return EpilogueEntry(launcher.function, tail[:i], tail[i + 1:], index, token, extents)
     return None
 
 
@@ -395,14 +434,14 @@ def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int,
         native.entry().record_maker(id(policy) | tag | _NEW_OUTPUT_TAG, maker[0], maker[1], *tensors[:-1])
 
 
-def _record_native_epilogue(entry: tuple, policy: Any, tensors: tuple, tag: int) -> None:
+def _record_native_epilogue(entry: EpilogueEntry, policy: Any, tensors: tuple, tag: int) -> None:
     """Enter a GEMM with a bias (``_fast``'s `_epilogue_entry` of a TVM-FFI function) in the C
     launch table under ``tag`` for ``tensors`` = (A, B, bias, out): the function is called as
     ``function(A, B, out, *tail before the bias, bias, *tail after it, stream)``, the bias the
     call's own (`record_ordered`); gemm_plain serves it."""
     if not _load_table() or _gemm_plain is None:
         return
-    function, before, after = entry[0], entry[1], entry[2]
+    function, before, after = entry.function, entry.before, entry.after
     order = (0, 1, 3, *(-1 - i for i in range(len(before))), 2,
              *(-1 - len(before) - i for i in range(len(after))))
     _tag_policy(policy)
@@ -644,19 +683,19 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                         None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 1023,
                                                    bias.get_device()))
             found = _fast.get(fast_key)
-            if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found[5])
+            if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
                     and not (A.is_neg() or B.is_neg() or out.is_neg() or (bias is not None and bias.is_neg()))):
                 device = _current_device()
-                if found[3] != device:
-                    with torch.cuda.device(found[3]):
-                        found[0](A, B, out, *found[1], *(() if bias is None else (bias,)), *found[2],
-                                 to_cuda_stream(stream))
+                if found.device != device:
+                    with torch.cuda.device(found.device):
+                        found.function(A, B, out, *found.before, *(() if bias is None else (bias,)), *found.after,
+                                       to_cuda_stream(stream))
                 else:
                     cu_stream = None
                     if stream is None and _current_raw_stream is not None:
                         cu_stream = _cu_streams.get(_current_raw_stream(device))
-                    found[0](A, B, out, *found[1], *(() if bias is None else (bias,)), *found[2],
-                             cu_stream if cu_stream is not None else to_cuda_stream(stream))
+                    found.function(A, B, out, *found.before, *(() if bias is None else (bias,)), *found.after,
+                                   cu_stream if cu_stream is not None else to_cuda_stream(stream))
                 if given:
                     _increment_version((out,))
                 return out
@@ -666,13 +705,13 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
         fast_key = _raw_gemm_key(current().scope_token, A, B, out)
         found = _fast.get(fast_key)
         # (the key has no lazy negative bit: such operands go to GemmArguments, which refuses them)
-        if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found[3])
+        if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
                 and not (A.is_neg() or B.is_neg() or out.is_neg())):
             device = _current_device()
-            if found[1] != device:
+            if found.device != device:
                 _launch_fast(found, stream, A, B, out)
             else:
-                launcher = found[0]  # launcher.launch((A, B, out), stream), without its frame
+                launcher = found.launcher  # launcher.launch((A, B, out), stream), without its frame
                 if stream is None and _current_raw_stream is not None:
                     # the current stream of the device just read, without a second device query
                     cu_stream = _cu_streams.get(_current_raw_stream(device))
