@@ -189,15 +189,15 @@ def breakdown_case(tokens, hidden, vocab, chunk, args) -> dict:
               "grad_h_gemm": lambda i: torch.mm(logits, w, out=gh),
               "grad_w_addmm": lambda i: gw.addmm_(logits.t(), h),
               "grad_w_first": lambda i: torch.mm(logits.t(), h, out=gw)}
-    saved, narrow = ce_kernels.WIDE_ROW_THREADS, ce_kernels.NARROW_ROW_THREADS
-    for threads in (saved, *[c for c in (256, 512, 1024) if c != saved]):
-        ce_kernels.WIDE_ROW_THREADS = ce_kernels.NARROW_ROW_THREADS = threads
+    saved = ce_kernels.ROW_THREADS
+    for threads in (None, 256, 512, 1024):  # (None: the shipped rule)
+        ce_kernels.ROW_THREADS = saved if threads is None else ((0, threads),)
         row_args = CrossEntropyArguments(logits, t, loss, lse, grad_logits=logits, grad_loss=scale)
         kernel = [k for k in get_kernels(row_args) if type(k).__name__.startswith("Cuda")][0]
         artifact = kernel.compile(row_args)
-        name = "row_kernel" if threads == saved else f"row_kernel_t{threads}"
+        name = "row_kernel" if threads is None else f"row_kernel_t{threads}"
         pieces[name] = (lambda k, a, art: lambda i: k.run(a, compiled_artifact=art))(kernel, row_args, artifact)
-    ce_kernels.WIDE_ROW_THREADS, ce_kernels.NARROW_ROW_THREADS = saved, narrow
+    ce_kernels.ROW_THREADS = saved
     times, _ = time_group(pieces, args.repeat * 2)
     flops = 2 * chunk * hidden * vocab
     chunks = -(-tokens // chunk)

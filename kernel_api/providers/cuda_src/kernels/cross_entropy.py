@@ -14,8 +14,7 @@ vectors):
   kernel on each chunk, the gradient replacing the chunk's logits in place: the chunk's only
   buffer, in the inputs' dtype.
 
-One CTA per row: 1024 threads for rows of 8192 16-byte vectors or more (one CTA per SM, so the
-rows in flight stay in L2 for the gradient's pass), 256 below. The template instance depends on
+One CTA per row, its size by the row's bytes (`ROW_THREADS`). The template instance depends on
 the row length's bucket and whether the gradient is written, so both are in the compile key
 (`name_expression`).
 """
@@ -45,19 +44,19 @@ _INDEX = {DataType.i64: "long long", DataType.i32: "int"}
 _ROWS, _UNIT = (0, 1), (1,)
 #: The longest row the kernel indexes with 32-bit ints.
 MAX_COLS = 2**31 - 1
-#: Rows of at least this many 16-byte vectors get `WIDE_ROW_THREADS` per CTA, shorter ones
-#: `NARROW_ROW_THREADS`.
-WIDE_ROW_VECTORS = 2048
-#: 512: two CTAs per SM (57 registers a thread in the gradient kernel), so one row's reduction
-#: and the turn between its passes overlap the other's transfers. One 1024-thread CTA per SM
-#: measured 2.0 TB/s of DRAM traffic on bf16 16384x32000 (H200), idle between the phases.
-WIDE_ROW_THREADS = 512
-NARROW_ROW_THREADS = 256
+#: Threads per CTA by row size: (the fewest bytes a row has, threads), first match. Rows past
+#: 96 KB get one 1024-thread CTA per SM: the rows in flight (132 of them, 34 MB at 256 KB) stay
+#: in L2 for the gradient's pass, and a row's transfers are long enough beside the turn between
+#: its passes. Shorter rows get 512 threads, two or three CTAs per SM (40 registers a thread),
+#: so one row's reduction and turn overlap another's transfers: one 1024-thread CTA per SM
+#: measured 2.0 TB/s of DRAM traffic on bf16 16384x32000 rows of 64 KB (H200). Under 32 KB, 256.
+ROW_THREADS = ((96 << 10, 1024), (32 << 10, 512), (0, 256))
 
 
 def threads_for(cols: int, vec: int) -> int:
     """Threads of the CTA that takes one row of ``cols`` elements (``vec`` per 16 bytes)."""
-    return WIDE_ROW_THREADS if cols >= WIDE_ROW_VECTORS * vec else NARROW_ROW_THREADS
+    row_bytes = cols * (16 // vec)
+    return next(threads for least, threads in ROW_THREADS if row_bytes >= least)
 
 
 def _vec(dtype: DataType) -> int:
