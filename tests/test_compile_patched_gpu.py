@@ -97,12 +97,17 @@ def _compiled_decode_and_prefill(gpt2, mode, lowering):
 
 
 def test_patched_gpt2_training_step_compiled(gpt2):
-    """Forward, loss and backward through the compiled patched model: no graph breaks, the loss
-    and the gradients as the unpatched eager model's."""
+    """Forward, loss and backward through the compiled patched model: no graph breaks, no
+    recompile at the second step, and the loss and gradients as close to a float32 eager
+    reference as the unpatched bf16 eager model's are (bf16 noise: twice its error, at least 2e-2)."""
     ref_model = copy.deepcopy(gpt2).train()
+    f32_model = copy.deepcopy(gpt2).float().train()
     model = patch(copy.deepcopy(gpt2)).train()
     compiled = torch.compile(model)
     ids = torch.randint(0, gpt2.config.vocab_size, (2, 512), generator=torch.Generator().manual_seed(3)).cuda()
+    f32_loss = f32_model(input_ids=ids, labels=ids).loss
+    f32_loss.backward()
+    exact = dict(f32_model.named_parameters())
     for step in range(2):
         if step == 1:
             torch._dynamo.config.error_on_recompile = True
@@ -112,10 +117,14 @@ def test_patched_gpt2_training_step_compiled(gpt2):
         loss.backward()
         ref_loss = ref_model(input_ids=ids, labels=ids).loss
         ref_loss.backward()
-        assert abs(loss.item() - ref_loss.item()) <= 2e-2 * abs(ref_loss.item())
+        noise = abs(ref_loss.item() - f32_loss.item())
+        assert abs(loss.item() - f32_loss.item()) <= max(2 * noise, 2e-2 * abs(f32_loss.item())), (
+            loss.item(), ref_loss.item(), f32_loss.item())
         ref_grads = dict(ref_model.named_parameters())
         for name, p in model.named_parameters():
-            assert _rel(p.grad, ref_grads[name].grad) <= 5e-2, name
+            bound = max(2 * _rel(ref_grads[name].grad, exact[name].grad), 2e-2)
+            assert _rel(p.grad, exact[name].grad) <= bound, (name, _rel(p.grad, exact[name].grad), bound)
+    torch._dynamo.config.error_on_recompile = False
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
