@@ -101,6 +101,10 @@ _gemm_plain: Any = None
 # ``call`` of the entry points: any operation's call replayed from what its Python path recorded
 # (the table's launches, torch calls, output makers), with no rule of the operation's own.
 _op_call: Any = None
+#: Where epilogue functions are run: ``{"gemm": gemm_with_epilogue}``, filled by
+#: ops/epilogue_gemm.py when it is imported (it builds on this module, so this module does not
+#: import it).
+_epilogue_functions: dict[str, Any] = {}
 _tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the C table alive
 # The op in the low bits of a C-table tag (policy ids are 16-byte aligned addresses).
 _GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
@@ -305,8 +309,8 @@ def call(args: Arguments, *, stream: Any = None) -> Any:
 
 #: Problems moving fewer bytes than this (operands read and written once) are given only to
 #: kernels whose calls the front door replays from C, when any fits (`replayable_first`): a
-#: kernel class offering no `Kernel._launcher` (the softmax window, row-group and stream
-#: families, whose launches take a workspace and a launch epoch of their own) runs every call
+#: kernel class offering no `Kernel._launcher` (the softmax window and row-group families,
+#: whose launches take a workspace and a launch epoch of their own) runs every call
 #: through the Python path, 75-150 us of host time a call on an H200 host (benchmarks/softmax.py
 #: --public-only: the 1x1M window forward took 158 us a call, its kernel 9 us), where a replayed
 #: call took 7-12 us; 256 MiB is what the GPU streams in 75 us. 32x131072 softmax went from those
@@ -535,8 +539,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     """
     # ---- epilogue functions (ops/epilogue_gemm.py): the only branch they add to this path
     if epilogue is not None:
-        from .epilogue_gemm import gemm_with_epilogue
-
+        gemm_with_epilogue = _epilogue_functions.get("gemm")
+        if gemm_with_epilogue is None:
+            raise RuntimeError("gemm: epilogue functions need kernel_api.ops.epilogue_gemm (import kernel_api.ops)")
         if activation is not None:
             raise TypeError("gemm: activation= is the named epilogue's; write it into the epilogue function")
         return gemm_with_epilogue(A, B, out, epilogue, operands, accumulator_type, stream,

@@ -180,3 +180,6 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
     if not isinstance(epilogue, EpilogueArguments) or named:
         epilogue = EpilogueArguments(fn, **operands)
     return _run(A, B, out, epilogue, accumulator_type, stream)
+
+
+dispatch._epilogue_functions["gemm"] = gemm_with_epilogue
