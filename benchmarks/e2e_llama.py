@@ -28,7 +28,8 @@ unpatched when its phase ends (patch's RoPE function is module-wide while a patc
 configuration, phase) is guarded: a failure is recorded as an error string and the rest runs.
 
 Correctness, in the same run: prefill logits of the first sequence of a fixed input (of the timed
-shape) against eager's, norm-wise relative error <= 2e-2; loss curves over the first ``--loss-steps`` (default 20)
+shape) within bf16 noise: their norm-wise distance from the f32 model's at most 1.5 times eager
+bf16's (the distance from eager's logits is reported too); loss curves over the first ``--loss-steps`` (default 20)
 training steps from the same initial state on the same batches (counting sequences from random
 starts, so that the curve falls), max |loss - loss_eager| relative to the mean eager loss
 <= 5e-2. Those steps are also the warm-up and compile steps of the training phase.
@@ -67,7 +68,9 @@ MODELS = {
     "smoke": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=256),
 }
-LOGITS_TOL = 2e-2
+# A configuration's logits are within bf16 noise when their distance from the f32 model's is at
+# most this many times eager bf16's distance (4 random layers: about 1.7e-2 each, norm-wise).
+LOGITS_NOISE = 1.5
 LOSS_TOL = 5e-2
 # (phase, configuration, baseline, bound, what): the targets for a Llama stack; "ms" compares step
 # times (baseline / configuration), "memory" peak memory (configuration / baseline, at most).
@@ -159,9 +162,7 @@ def phase_prefill(run, raw, ctx, ref):
     raw.eval()
     out = {"tokens_per_step": B * T}
     with torch.no_grad():
-        # (the timed shape: a second shape would make torch.compile recompile with dynamic sizes)
-        logits = run(input_ids=ctx.check_ids, use_cache=False).logits[0]
-        for _ in range(ctx.warmup):
+        for _ in range(ctx.warmup):  # (also the compile, at the timed shape: no dynamic-shape recompile)
             run(input_ids=torch.randint(0, V, (B, T), device=ctx.device), use_cache=False)
         out["held_gb"] = reset_peak(ctx.device)
         ms, _ = timed_steps(lambda ids: run(input_ids=ids, use_cache=False),
@@ -169,11 +170,15 @@ def phase_prefill(run, raw, ctx, ref):
                             0, ctx.steps["prefill"], ctx.device)
         out.update(memory_gb(ctx.device))
         out["ms"] = ms
+        # the first sequence's logits, kept on the CPU (the peaks above hold no reference)
+        logits = run(input_ids=ctx.check_ids, use_cache=False).logits[0].float().cpu()
+    out["logits_rel_err_vs_f32"] = rel_err(logits, ctx.f32_logits)
     if ctx.is_reference:
         ref["prefill_logits"] = logits
+        ref["eager_err_vs_f32"] = out["logits_rel_err_vs_f32"]
     elif "prefill_logits" in ref:
         out["logits_rel_err"] = rel_err(logits, ref["prefill_logits"])
-        out["logits_ok"] = out["logits_rel_err"] <= LOGITS_TOL
+        out["logits_ok"] = out["logits_rel_err_vs_f32"] <= LOGITS_NOISE * ref["eager_err_vs_f32"]
     return out
 
 
@@ -243,8 +248,9 @@ def table(results: dict, configs: list) -> str:
                     lines.append(f"{model:6} {phase:8} {name:17} ERROR {r['error'][:150]}")
                     continue
                 check = []
-                if "logits_rel_err" in r:
-                    check.append(f"logits rel {r['logits_rel_err']:.2e} {'ok' if r['logits_ok'] else 'FAIL'}")
+                if "logits_rel_err_vs_f32" in r:
+                    check.append(f"logits vs f32 {r['logits_rel_err_vs_f32']:.2e}"
+                                 + (f" {'ok' if r['logits_ok'] else 'FAIL'}" if "logits_ok" in r else ""))
                 if "loss_max_rel_diff" in r:
                     check.append(f"loss max|d| {r['loss_max_abs_diff']:.3g} (rel {r['loss_max_rel_diff']:.2e}) "
                                  f"{'ok' if r['loss_ok'] else 'FAIL'}")
@@ -368,13 +374,16 @@ def main(argv=None) -> int:
         config._attn_implementation = "sdpa"
         torch.manual_seed(opts.seed)
         with torch.device(device):  # the seeded weights are made on the device once, in f32, then copied
-            base = transformers.LlamaForCausalLM(config).to(dtype)
+            base = transformers.LlamaForCausalLM(config).eval()
         V = sizes["vocab_size"]
         env["models"][model_name] = dict(config=sizes, parameters=sum(p.numel() for p in base.parameters()))
         gen = torch.Generator().manual_seed(opts.seed + 1)  # fixed check inputs, the same for every config
         ctx = SimpleNamespace(device=device, dtype=dtype, vocab=V, steps=steps, warmup=warmup, lr=opts.lr,
                               batch=opts.batch, seq=opts.seq)
         ctx.check_ids = torch.randint(0, V, (opts.batch, opts.seq), generator=gen).to(device)
+        with torch.no_grad():  # the reference: the f32 model's logits of the first sequence
+            ctx.f32_logits = base(input_ids=ctx.check_ids[:1], use_cache=False).logits[0].float().cpu()
+        base = base.to(dtype)
         ctx.loss_batches = [((torch.randint(0, V, (opts.batch, 1), generator=gen) + torch.arange(opts.seq)) % V)
                             .to(device) for _ in range(opts.loss_steps)]
         results[model_name] = {phase: {} for phase in opts.phases}
@@ -420,7 +429,7 @@ def main(argv=None) -> int:
                      for phase, per in per_phase.items() for name, r in per.items()
                      if r.get("logits_ok") is False or r.get("loss_ok") is False]
     record = {"benchmark": "e2e_llama", "env": env, "results": results, "targets": met,
-              "correctness": {"logits_tol": LOGITS_TOL, "loss_rel_tol": LOSS_TOL, "failed": checks_failed},
+              "correctness": {"logits_noise_factor": LOGITS_NOISE, "loss_rel_tol": LOSS_TOL, "failed": checks_failed},
               "wall_s": time.perf_counter() - t_all}
     json_path = os.path.join(opts.out_dir, stem + ".json")
     with open(json_path, "w") as f:
@@ -440,7 +449,8 @@ def main(argv=None) -> int:
         log(f"  {t['model']:6} {t['phase']:8} {t['config']} / {t['baseline']} ({t['what']}) {rule} {t['target']:.2f}: "
             f"{shown} -> {state}")
     log("correctness: " + (f"FAILED {checks_failed}" if checks_failed else
-                           f"all measured checks pass (logits rel <= {LOGITS_TOL}, loss rel <= {LOSS_TOL})"))
+                           f"all measured checks pass (logits within {LOGITS_NOISE}x eager's distance from f32, "
+                           f"loss rel <= {LOSS_TOL})"))
     log("")
     log(table(results, opts.configs))
     return 1 if checks_failed else 0
