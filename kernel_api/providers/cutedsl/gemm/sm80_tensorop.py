@@ -22,8 +22,8 @@ from ....metadata import GemmOperandsMetadata, KernelMetadata, TensorAttributes
 from ....core.status import Status
 from ....kernel import target_cc
 from .. import CuTeDSLProvider
-from .common import (FULL_EPILOGUE, FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation, grid_x_tiles_limit,
-                     grid_y_limit, tiled_gemm_metadata)
+from .common import (FULL_EPILOGUE, FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase,
+                     epilogue_supported_by_generation, grid_x_tiles_limit, grid_y_limit, tiled_gemm_metadata)
 
 # (operand dtype, output dtype); accumulation is always f32
 _DTYPES_16 = ((DataType.bf16, DataType.bf16), (DataType.f16, DataType.f16),
@@ -45,6 +45,8 @@ _CONFIGS_F64 = (
     ((128, 128, 16), (2, 4), 3, 16),
     ((64, 64, 16), (2, 2), 3, 8),
 )
+#: f16 accumulation (f16 operands): half the accumulator registers of f32's
+_CONFIGS_F16_ACC = (((128, 256, 64), (2, 4), 4), ((128, 128, 32), (2, 2), 5))
 _CONFIGS_TF32 = (
     ((128, 256, 32), (2, 4), 3),
     ((128, 128, 32), (2, 2), 4),
@@ -77,6 +79,9 @@ class Sm80TensorOpGemm(GemmKernelBase):
         combos.append((DataType.f32, DataType.f32, DataType.f32, DataType.tf32, (4,), _CONFIGS_TF32))
         # cp.async moves single f64 elements too, so f64 also comes at alignment 1.
         combos.append((DataType.f64, DataType.f64, DataType.f64, None, (2, 1), _CONFIGS_F64))
+        # f16 accumulation, only for callers asking for accumulator_type=f16 (matched exactly)
+        combos += [(DataType.f16, out, DataType.f16, None, (8,), _CONFIGS_F16_ACC)
+                   for out in (DataType.f16, DataType.bf16, DataType.f32)]
         kernels = []
         for ab, out, acc, math, aligns, configs in combos:
             for align, (sa, sb, so), config in itertools.product(aligns, LAYOUT_COMBOS, configs):
@@ -116,5 +121,7 @@ class Sm80TensorOpGemm(GemmKernelBase):
         from .implementations.sm80_tensorop_impl import Sm80TensorOpGemmFusedImpl, Sm80TensorOpGemmImpl
 
         fused = EpilogueSpec.from_signature(args.epilogue_signature).fusion is not None
-        return (Sm80TensorOpGemmFusedImpl if fused else Sm80TensorOpGemmImpl)(md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape,
-                                    dict(design.extra)["warps"], design.stages, **self._impl_layout_kwargs(args))
+        impl = Sm80TensorOpGemmFusedImpl if fused else Sm80TensorOpGemmImpl
+        acc = dict(acc_f16=True) if md.accumulator_type is DataType.f16 else {}
+        return impl(md.A.dtype.to_cutlass(), md.out.dtype.to_cutlass(), design.tile_shape,
+                    dict(design.extra)["warps"], design.stages, **acc, **self._impl_layout_kwargs(args))

@@ -101,17 +101,8 @@ def store_fragment(spec: cutlass.Constexpr, acc: cute.Tensor, coords: cute.Tenso
                 mOut[m, n] = _element(spec, acc[i], m, n, mC, mBias, alpha, beta).to(mOut.element_type)
 
 
-@cute.jit
-def store_fused(plan: cutlass.Constexpr, acc: cute.Tensor, coords: cute.Tensor, mOut: cute.Tensor, batch,
-                operands, M, N):
+def store_fused(plan, acc: cute.Tensor, coords: cute.Tensor, mOut: cute.Tensor, batch, operands, M, N):
     """An epilogue function (`fusion.FusionPlan`) on each element of ``acc``: its extra loads,
-    stores and reductions at the element's (batch, m, n), then ``D`` stored where (m, n) < (M, N).
-    The math runs in f32, or f64 for an f64 accumulator."""
-    math = cutlass.Float32
-    if cutlass.const_expr(acc.element_type == cutlass.Float64):
-        math = cutlass.Float64
-    for i in cutlass.range_constexpr(cute.size(acc)):
-        m, n = coords[i]
-        d = fusion.element(plan, acc[i].to(math), batch, m, n, M, N, operands)
-        if cute.elem_less((m, n), (M, N)):
-            mOut[m, n] = d.to(mOut.element_type)
+    stores and reductions at the element's (batch, m, n), then ``D`` stored where (m, n) < (M, N)
+    (`fusion.apply_and_store`; traced as plain Python, so the fragment's offsets stay static)."""
+    fusion.apply_and_store(plan, acc, coords, mOut, batch, M, N, operands)

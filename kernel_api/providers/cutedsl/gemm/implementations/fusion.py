@@ -13,7 +13,10 @@ compiled function (inputs by parameter, extra outputs by return order, then lite
   branch;
 - an extra output is stored at the element's coordinate when it lies inside the output;
 - a reduction adds (or takes the max / min) into its target with a global atomic at the
-  element's coordinate of its view, whose reduced modes have the stride 0.
+  element's coordinate of its view, whose reduced modes have the stride 0. A caller that hands
+  its fragment's static coordinate offsets (`static_offsets`) to `reduce_fragment` gets one
+  atomic per row (column, fragment) of the fragment instead of one per element: the elements a
+  thread holds of one row are combined in registers first (out-of-range ones as the identity).
 
 Math follows `kernel_api.epilogue.reference` (accurate exp / tanh / erf, not the fast
 approximations) in the type of the value handed in: f32, or f64 for f64 GEMMs (whose scalars
@@ -47,6 +50,7 @@ class FusionPlan:
         self.d_index = next(index for name, index in self.outputs if name == "D")
         self.literal_base = self.n_params + len(self.aux)
         self.literals = sum(1 for kind, _, _ in self.nodes if kind == "literal")
+        self.reductions = any(self.nodes[i][0] == "reduce" for i in self.aux)
 
     def __repr__(self) -> str:  # (stable: part of the compiled artifact's key)
         return f"FusionPlan({self.key!r})"
@@ -116,11 +120,12 @@ def _reduce_if(t: cute.Tensor, batch, m, n, value, inside, op: cutlass.Constexpr
             cute.arch.atomic_fmin(ptr.llvm_ptr, v)
 
 
-def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands):
+def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands, deferred=None):
     """The epilogue of one accumulator element ``acc`` (f32 or f64: the type the math runs in)
     at output coordinate (batch, m, n) of an output with ``m_total`` x ``n_total`` columns:
     loads, computes, stores the extra outputs and reductions, and returns the value of ``D``
-    (in ``acc``'s type)."""
+    (in ``acc``'s type). With ``deferred`` (a list), reductions are not issued but appended
+    to it as (output slot, op, value, inside) for `reduce_fragment`."""
     t = type(acc)
     values = []
     clamped = None
@@ -157,7 +162,10 @@ def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands):
             inside = cute.elem_less((m, n), (m_total, n_total))
         kind, args, attr = plan.nodes[index]
         if kind == "reduce":
-            _reduce_if(operands[slot], batch, m, n, values[args[0]], inside, attr[0])
+            if deferred is None:
+                _reduce_if(operands[slot], batch, m, n, values[args[0]], inside, attr[0])
+            else:
+                deferred.append((slot, attr[0], values[args[0]], inside))
         else:
             _store_if(operands[slot], batch, m, n, values[index], inside)
     return values[plan.d_index]
@@ -179,3 +187,99 @@ def fake_operands(plan: FusionPlan, scalar=Float32) -> tuple:
         fakes.append(make_fake_tensor(dtype, shape, stride, assumed_align=max(1, dtype.width // 8)))
     fakes.extend(scalar(0.0) for _ in range(plan.literals))
     return tuple(fakes)
+
+
+def static_offsets(layout, count: int):
+    """The static (m, n) offsets of the first ``count`` elements of a thread's partition of an
+    identity tensor (its ``layout``, whose strides are scaled bases), or None when any stride
+    is not static."""
+    shape = cute.flatten_to_tuple(layout.shape)
+    stride = cute.flatten_to_tuple(layout.stride)
+    found = []
+    for v in range(count):
+        rest, off = v, [0, 0]
+        for extent, st in zip(shape, stride):
+            if not isinstance(extent, int):
+                return None
+            c, rest = rest % extent, rest // extent
+            if isinstance(st, cute.ScaledBasis):
+                if not st.is_static() or len(st.mode) != 1 or st.mode[0] > 1:
+                    return None
+                off[st.mode[0]] += c * st.value
+            elif st != 0:
+                return None
+        found.append(tuple(off))
+    return found
+
+
+def reduce_fragment(plan: FusionPlan, deferred: list, coords: list, offsets: list, batch, m_total, n_total,
+                    operands):
+    """Issue the reductions `element` deferred for one fragment: ``deferred[e]`` the list of
+    element e, ``coords[e]`` its (m, n), ``offsets[e]`` its static offset. The elements of one
+    row (column, fragment: by the reduction's axis) are combined in registers, out-of-range
+    ones as the identity, then one atomic per group lands at the group's first element."""
+    if not deferred or not deferred[0]:
+        return
+    for j, (slot, op, _, _) in enumerate(deferred[0]):
+        axis = plan.operands[slot].axis
+        groups = {}
+        for e, items in enumerate(deferred):
+            _, _, value, inside = items[j]
+            v = value.to(Float32)
+            identity = Float32(0.0) if op == "sum" else Float32(float("-inf") if op == "max" else float("inf"))
+            v = cutlass.select_(inside, v, identity)
+            key = offsets[e][0] if axis == "row" else offsets[e][1] if axis == "column" else 0
+            if key in groups:
+                first, acc = groups[key]
+                groups[key] = (first, acc + v if op == "sum" else cutlass.max(acc, v) if op == "max"
+                               else cutlass.min(acc, v))
+            else:
+                groups[key] = (e, v)
+        for first, acc in groups.values():
+            m, n = coords[first]
+            ok = m < m_total if axis == "row" else n < n_total if axis == "column" else m >= 0
+            _reduce_if(operands[slot], batch, cutlass.min(m, m_total - 1), cutlass.min(n, n_total - 1), acc, ok, op)
+
+
+@cute.jit
+def _store2_if(t: cute.Tensor, m, n, value, inside):
+    if inside:
+        t[m, n] = value.to(t.element_type)
+
+
+def apply_fragment(plan: FusionPlan, frag, coords, row0, col0, batch, m_total, n_total, operands):
+    """The epilogue on every element of the register fragment ``frag`` (in place: each value
+    becomes its ``D``), element v at (row0, col0) + ``coords[v]`` (a partitioned identity
+    tensor): extra loads, stores and reductions (grouped per row / column by the fragment's
+    static offsets where they are static)."""
+    count = cute.size(frag)
+    offsets = static_offsets(coords.layout, count) if plan.reductions else None
+    deferred, crds = [], []
+    for v in range(count):
+        c = coords[v]
+        m, n = row0 + c[0], col0 + c[1]
+        items = [] if offsets is not None else None
+        frag[v] = element(plan, frag[v], batch, m, n, m_total, n_total, operands, items)
+        deferred.append(items)
+        crds.append((m, n))
+    if offsets is not None:
+        reduce_fragment(plan, deferred, crds, offsets, batch, m_total, n_total, operands)
+
+
+def apply_and_store(plan: FusionPlan, acc, coords, mOut, batch, m_total, n_total, operands):
+    """The epilogue on every element of the accumulator fragment ``acc`` at ``coords[i]`` (a
+    partitioned identity tensor of the output), ``D`` stored into ``mOut`` (an (M, N) view of
+    one batch) where it lies inside. The math runs in f32, or f64 for an f64 accumulator."""
+    math = cutlass.Float64 if acc.element_type == cutlass.Float64 else Float32
+    count = cute.size(acc)
+    offsets = static_offsets(coords.layout, count) if plan.reductions else None
+    deferred, crds = [], []
+    for i in range(count):
+        m, n = coords[i]
+        items = [] if offsets is not None else None
+        d = element(plan, acc[i].to(math), batch, m, n, m_total, n_total, operands, items)
+        _store2_if(mOut, m, n, d, cute.elem_less((m, n), (m_total, n_total)))
+        deferred.append(items)
+        crds.append((m, n))
+    if offsets is not None:
+        reduce_fragment(plan, deferred, crds, offsets, batch, m_total, n_total, operands)

@@ -29,11 +29,12 @@ class Sm80TensorOpGemmImpl:
 
     ``ab_dtype``: Float16, BFloat16 or Float32 (then ``tf32`` math); ``out_dtype``;
     ``tile``: (BM, BN, BK); ``warps``: (WM, WN); ``stages``; ``a_k_major``/``b_k_major``/``out_n_major``;
-    ``spec``: the `EpilogueSpec`; ``group``: M-tiles per rasterisation group.
+    ``spec``: the `EpilogueSpec`; ``group``: M-tiles per rasterisation group; ``acc_f16``:
+    accumulate in f16 (f16 operands; the epilogue then computes in f32 from it).
     """
 
     def __init__(self, ab_dtype, out_dtype, tile, warps, stages, a_k_major: bool, b_k_major: bool,
-                 out_n_major: bool, spec, group: int = 8) -> None:
+                 out_n_major: bool, spec, group: int = 8, acc_f16: bool = False) -> None:
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.tf32 = ab_dtype is cutlass.Float32
         self.mma_dtype = cutlass.TFloat32 if self.tf32 else ab_dtype
@@ -46,6 +47,7 @@ class Sm80TensorOpGemmImpl:
         self.spec = spec
         self.fusion = None  # (an epilogue function: the fused subclass sets it)
         self.group = group
+        self.acc_dtype = cutlass.Float16 if acc_f16 else cutlass.Float32
         self.vec = 128 // ab_dtype.width  # elements per 16-byte copy
         BM, BN, BK = self.tile
         assert BM % (16 * warps[0]) == 0 and BN % (16 * warps[1]) == 0 and BK % self.inst[2] == 0
@@ -107,7 +109,7 @@ class Sm80TensorOpGemmImpl:
         if cutlass.const_expr(self.tf32):
             op = warp.MmaTF32Op(self.inst)
         else:
-            op = warp.MmaF16BF16Op(self.ab_dtype, cutlass.Float32, self.inst)
+            op = warp.MmaF16BF16Op(self.ab_dtype, self.acc_dtype, self.inst)
         # N doubled per warp so that one ldmatrix.x4 feeds two n8 MMAs of B.
         tiled_mma = cute.make_tiled_mma(op, cute.make_layout((WM, WN, 1)),
                                         permutation_mnk=(WM * 16, WN * 16, self.inst[2]))
@@ -189,6 +191,11 @@ class Sm80TensorOpGemmImpl:
                 cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
 
         cute.arch.cp_async_wait_group(0)
+        if cutlass.const_expr(self.acc_dtype != cutlass.Float32):
+            # f16 accumulation: the epilogue computes in f32
+            acc32 = cute.make_rmem_tensor(acc.layout, cutlass.Float32)
+            acc32.store(acc.load().to(cutlass.Float32))
+            acc = acc32
         mC = None
         if cutlass.const_expr(self.spec.has_c):
             mC = C[None, None, l]

@@ -784,12 +784,9 @@ class Sm90WarpSpecializedGemmImpl:
                             else:
                                 tRS_rD[v] = tRS_acc[sub * rD_size + v].to(Float32)
                         if const_expr(self.fusion is not None):
-                            sub_row = row0 + (sub // sub_n) * epi_m
-                            sub_col = col0 + (sub % sub_n) * epi_n
-                            for v in cutlass.range_constexpr(rD_size):
-                                crd = tRS_cD[v]
-                                tRS_rD[v] = fusion.element(self.fusion, tRS_rD[v], batch, sub_row + crd[0],
-                                                           sub_col + crd[1], m_total, n_total, epi_operands)
+                            fusion.apply_fragment(self.fusion, tRS_rD, tRS_cD, row0 + (sub // sub_n) * epi_m,
+                                                  col0 + (sub % sub_n) * epi_n, batch, m_total, n_total,
+                                                  epi_operands)
                         elif const_expr(self.scaled or self.has_c or self.bias is not None
                                         or self.activation is not None):
                             sub_row = row0 + (sub // sub_n) * epi_m
