@@ -20,7 +20,8 @@ each step, median of the timed steps after warm-up):
            training forward computes the loss from the hidden states (ops.linear_cross_entropy)
            and returns no logits.
 Peak memory: torch.cuda.max_memory_allocated over the timed steps (statistics reset before
-them), and the memory held before them (weights, optimizer state).
+them), and the memory held before them (weights, optimizer state); the seeded model the
+configurations copy waits on the CPU.
 
 Configurations are deep copies of one seeded model, so patching or training one does not touch
 the others; compiled configurations call torch._dynamo.reset() first; a patched model is
@@ -383,7 +384,7 @@ def main(argv=None) -> int:
         ctx.check_ids = torch.randint(0, V, (opts.batch, opts.seq), generator=gen).to(device)
         with torch.no_grad():  # the reference: the f32 model's logits of the first sequence
             ctx.f32_logits = base(input_ids=ctx.check_ids[:1], use_cache=False).logits[0].float().cpu()
-        base = base.to(dtype)
+        base = base.to(dtype).cpu()  # (off the device while the configurations run: peaks hold only theirs)
         ctx.loss_batches = [((torch.randint(0, V, (opts.batch, 1), generator=gen) + torch.arange(opts.seq)) % V)
                             .to(device) for _ in range(opts.loss_steps)]
         results[model_name] = {phase: {} for phase in opts.phases}
