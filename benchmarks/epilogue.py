@@ -20,6 +20,7 @@ the anchors and writes JSON to benchmarks/results/ (and $OUT).
 
     python3 benchmarks/epilogue.py [--shapes 4096x4096x4096,8192x8192x4096] [--epilogues bias_relu,residual]
     python3 benchmarks/epilogue.py --precompile   # no GPU: compile the fused and plain kernels for sm_90a
+    python3 benchmarks/epilogue.py --check-only   # compile and check only (parallel warm-ups of the caches)
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def precompile(config: str, names: list[str]) -> None:
         print("compiled", name)
 
 
-def bench_shape(shape, names, repeat, use_compile, config) -> list[dict]:
+def bench_shape(shape, names, repeat, use_compile, config, check_only=False) -> list[dict]:
     from kernel_api.tuning.timing import time_interleaved
 
     M, N, K = shape
@@ -177,6 +178,10 @@ def bench_shape(shape, names, repeat, use_compile, config) -> list[dict]:
             except Exception as exc:  # noqa: BLE001 - report, keep the others
                 entry["errors"][label] = f"{type(exc).__name__}: {exc}"[:400]
         floor_ms = 2.0 * M * N * K / 1.2e12  # (about the H200's dense bf16 peak: a lower bound)
+        if check_only:  # (compiled and checked: what a later timed run loads from the caches)
+            print(f"{M}x{N}x{K} {name}: checked {sorted(live)}", entry["errors"] or "", flush=True)
+            results.append(entry)
+            continue
         timed = time_interleaved(live, sets=sets, warmup=3, repeat=repeat, settle_ms=100.0, gpu_floor_ms=floor_ms)
         for label, summary in timed.items():
             if isinstance(summary, Exception):
@@ -209,6 +214,8 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--config", default=CONFIG, help="name part of the SM90 configuration timed")
     parser.add_argument("--precompile", action="store_true", help="compile for sm_90a only (no GPU needed)")
+    parser.add_argument("--check-only", action="store_true",
+                        help="compile and check every contestant, time nothing (fills the caches for a timed run)")
     parser.add_argument("--tag", default="")
     opts = parser.parse_args()
     names = opts.epilogues.split(",")
@@ -218,7 +225,9 @@ def main() -> None:
     shapes = [tuple(int(x) for x in s.split("x")) for s in opts.shapes.split(",")]
     doc = {"device": torch.cuda.get_device_name(), "config": opts.config, "results": []}
     for shape in shapes:
-        doc["results"] += bench_shape(shape, names, opts.repeat, not opts.no_compile, opts.config)
+        doc["results"] += bench_shape(shape, names, opts.repeat, not opts.no_compile, opts.config, opts.check_only)
+    if opts.check_only:
+        return
     paths = results_io.write_result(results_io.result_name("epilogue", doc["device"], opts.tag), doc, indent=1)
     print("wrote", ", ".join(paths))
 

@@ -151,7 +151,7 @@ def test_f16_accumulation_with_an_epilogue():
     bias = torch.randn(N, device="cuda").half()
     args = GemmArguments(A, B, out, accumulator_type=torch.float16, epilogue=EpilogueArguments(src, bias=bias))
     kernels = kernel_api.get_kernels(args)
-    assert kernels and all("f16acc" in k.name for k in kernels)
+    assert kernels and all(str(k.metadata.operands.accumulator_type) == "f16" for k in kernels)
     kernels[0].run(args)
     want = evaluate(parse(src), A.double() @ B.double(), dict(bias=bias))["D"]
     check(out, want, torch.float16, "D")
