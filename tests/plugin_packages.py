@@ -53,6 +53,16 @@ def library(provider: str) -> Any:
     return module
 
 
+def installed(provider: str) -> bool:
+    """Whether the plugin's library is installed (its distribution's metadata: a top-level
+    package such as ``cutlass`` can come from another distribution)."""
+    try:
+        importlib.metadata.version(library(provider).DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def forget_modules(provider: str) -> None:
     """Drop the plugin's modules from sys.modules, so its next import runs (and registers) again."""
     package = PACKAGES[provider][1]

@@ -29,15 +29,7 @@ pytest.importorskip("tomllib")
 ALL = tuple(pp.PACKAGES)
 
 
-def _available(provider: str) -> bool:
-    module = pp.PACKAGES[provider][2]
-    try:
-        return importlib.util.find_spec(module.partition(".")[0]) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-INSTALLED = tuple(p for p in ALL if _available(p))
+INSTALLED = tuple(p for p in ALL if pp.installed(p))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ right). The CPU half is tests/test_plugins.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -25,14 +24,7 @@ TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=3e-3,
        torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
-def _installed(provider: str) -> bool:
-    try:
-        return importlib.util.find_spec(pp.PACKAGES[provider][2].partition(".")[0]) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-INSTALLED = tuple(p for p in pp.PACKAGES if _installed(p))
+INSTALLED = tuple(p for p in pp.PACKAGES if pp.installed(p))
 
 
 @pytest.fixture(scope="module", autouse=True)
