@@ -39,7 +39,11 @@ _LAYOUT = {(0, 0, 1): "t", (0, 1, 0): "n"}
 @functools.lru_cache(maxsize=1)
 def sm90_operators() -> tuple:
     """cutlass.operators' sm_90 GEMM operators with f16/bf16 inputs, an output of their type and
-    f32 accumulation (read once per process)."""
+    f32 accumulation (read once per process).
+
+    Returns:
+        The operators, one per layout, tile and cluster.
+    """
     found = []
     for op in co.get_operators(None, metadata_filter=lambda m: m.operator_class.__name__ == _OPERATOR,
                                target_sm="90a"):
@@ -56,7 +60,14 @@ def _attributes(constraint: Any) -> TensorAttributes:
 
 
 def co_arguments(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> Any:
-    """cutlass.operators' GemmArguments for kernel_api's operands."""
+    """cutlass.operators' GemmArguments for kernel_api's operands.
+
+    Args:
+        A, B, out: the GEMM's operands (all rank 2 or all rank 3).
+
+    Returns:
+        ``cutlass.operators.GemmArguments`` with f32 accumulation.
+    """
     return co.GemmArguments(A, B, out, torch.float32)
 
 

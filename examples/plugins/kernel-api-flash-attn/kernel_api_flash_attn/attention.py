@@ -41,7 +41,15 @@ SPEED_VS_SDPA = {True: 1.04, False: 0.74}
 
 
 def stream_context(device: torch.device, stream: Any) -> Any:
-    """The launch stream as torch's current one (nothing to do when it already is)."""
+    """The launch stream as torch's current one, for a library that launches on torch's.
+
+    Args:
+        device: the operands' device.
+        stream: any stream spelling kernel_api accepts (None: the current one).
+
+    Returns:
+        A context manager: ``torch.cuda.stream`` of it, or a null context when it is current.
+    """
     index = device.index if device.index is not None else torch.cuda.current_device()
     handle = stream_handle(stream, index)
     if handle == torch.cuda.current_stream(index).cuda_stream:

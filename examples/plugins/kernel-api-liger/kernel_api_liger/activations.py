@@ -30,8 +30,15 @@ from .provider import LigerProvider
 
 
 def rows_of(args: Any) -> tuple[int, int, int | None]:
-    """(rows, cols, the row stride all operands share, or None) over the operands' own last
-    dimension (the arguments merge dense operands into one row; Liger walks rows)."""
+    """The rows Liger walks: over the operands' own last dimension (the arguments merge dense
+    operands into one row).
+
+    Args:
+        args: gated activation arguments.
+
+    Returns:
+        (rows, cols, the row stride gate, up and out share, or None where they differ).
+    """
     cols = args.gate.shape[-1]
     rows = args.gate.numel() // cols if cols else 0
     strides = {row_stride(t, rows, cols) for t in (args.gate, args.up, args.out)}

@@ -41,14 +41,29 @@ _GEMMA = _str_to_casting_mode["gemma"]
 
 
 def row_stride(t: Any, rows: int, cols: int) -> int:
-    """The elements between rows of ``t`` seen as (rows, cols) (the arguments check they are evenly spaced)."""
+    """The elements between rows of ``t`` seen as (rows, cols).
+
+    Args:
+        t: an operand whose rows the arguments found evenly spaced.
+        rows, cols: its rows and their length.
+
+    Returns:
+        The row stride in elements (``cols`` for one row or a contiguous operand).
+    """
     if rows <= 1 or t.is_contiguous():
         return cols
     return t.view(rows, cols).stride(0)
 
 
 def liger_warps(cols: int) -> int:
-    """The warps Liger launches a row of ``cols`` elements with."""
+    """The warps Liger launches a row of ``cols`` elements with (`calculate_settings`).
+
+    Args:
+        cols: the row length (at most `MAX_COLS`).
+
+    Returns:
+        4, 8, 16 or 32.
+    """
     return calculate_settings(max(1, cols))[1]
 
 

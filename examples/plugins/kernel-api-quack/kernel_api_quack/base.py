@@ -21,7 +21,15 @@ from kernel_api.launcher import Launcher
 
 
 def stream_context(device: torch.device, stream: Any) -> Any:
-    """The launch stream as torch's current one (nothing to do when it already is)."""
+    """The launch stream as torch's current one, for a library that launches on torch's.
+
+    Args:
+        device: the operands' device.
+        stream: any stream spelling kernel_api accepts (None: the current one).
+
+    Returns:
+        A context manager: ``torch.cuda.stream`` of it, or a null context when it is current.
+    """
     index = device.index if device.index is not None else torch.cuda.current_device()
     handle = stream_handle(stream, index)
     if handle == torch.cuda.current_stream(index).cuda_stream:
@@ -45,15 +53,36 @@ class QuackKernel(Kernel):
     performance_hint = 0.5
 
     def build(self, args: Any) -> Any:
-        """QuACK's compiled function for ``args`` (None: its first call compiles)."""
+        """QuACK's compiled function for ``args``.
+
+        Args:
+            args: the arguments (their types and row length select the function).
+
+        Returns:
+            The function, or None where QuACK compiles at its first call.
+        """
         return None
 
     def call(self, function: Any, args: Any) -> None:
-        """Launch for ``args`` on torch's current stream."""
+        """Launch for ``args`` on torch's current stream.
+
+        Args:
+            function: what `build` returned.
+            args: the arguments.
+        """
         raise NotImplementedError
 
     def caller(self, function: Any, args: Any) -> Any:
-        """``launch(*operands)`` for operands with ``args``' shapes, strides and types, or None."""
+        """A launch for any operands with ``args``' shapes, strides and types.
+
+        Args:
+            function: what `build` returned.
+            args: the arguments whose raw metadata the launch is for.
+
+        Returns:
+            ``launch(*operands)`` (the operands in ``args.tensor_attributes`` order, on torch's
+            current stream), or None when there is none.
+        """
         return None
 
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:

@@ -27,7 +27,15 @@ MAX_COLS = 65536
 
 
 def required_alignment(args: Any, names: tuple[str, ...]) -> Status:
-    """Success when every operand is aligned to the ``gcd(16 bytes, N)`` elements QuACK compiles in."""
+    """Whether every named operand is aligned to the ``gcd(16 bytes, N)`` elements QuACK compiles in.
+
+    Args:
+        args: softmax arguments (forward or backward).
+        names: the operands to check.
+
+    Returns:
+        Success, or a failure naming the first misaligned operand.
+    """
     for name in names:
         attrs = args.tensor_attributes[name]
         need = math.gcd(16 // attrs.dtype.bytes, args.cols)
@@ -39,6 +47,14 @@ def required_alignment(args: Any, names: tuple[str, ...]) -> Status:
 
 
 def row_limit(args: Any) -> Status:
+    """Whether the rows are at most `MAX_COLS` long.
+
+    Args:
+        args: softmax arguments (forward or backward).
+
+    Returns:
+        Success, or a failure naming x.
+    """
     if args.cols > MAX_COLS:
         return Status.fail(f"operand x: rows of {args.cols} elements, QuACK's softmax is offered up to {MAX_COLS}",
                            kind=Reason.SHAPE, operand="x", actual=args.cols, required=MAX_COLS)
