@@ -216,6 +216,8 @@ def main() -> None:
     parser.add_argument("--cases", default="", help="only cases whose label contains one of these (comma-separated)")
     parser.add_argument("--tag", default="")
     opts = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/providers.py needs a CUDA GPU")
     wanted = [c for c in opts.cases.split(",") if c]
     failed = load_plugins()
     doc = results_io.result_doc(plugin_failures=failed, providers={

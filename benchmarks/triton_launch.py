@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--tag", default="")
     opts = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/triton_launch.py needs a CUDA GPU")
 
     args, kernel, artifact, triton_launch, binary_launch = setup(opts.rows, opts.cols)
     triton_launch()
