@@ -341,3 +341,36 @@ def test_fused_epilogue_compiles_without_a_gpu(tmp_path, cls, cc, tag, mma):
     assert "st.global.b16" in ptx                    # the extra output z (f16)
     assert "atom.global.add.f32" in ptx or "red.global.add.f32" in ptx  # the row sum
     assert "erf" in ptx or "ex2" in ptx or "fma" in ptx
+
+
+class _Captured(Exception):
+    pass
+
+
+def test_dynamo_traces_gemm_with_an_epilogue_function_in_one_graph():
+    """``torch.compile(fullgraph=True)`` through ops.gemm(epilogue=fn): no graph break, one
+    kernel_api::gemm_epilogue node whose source is the function's (scalars as its inputs)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+
+        def run(*args):
+            raise _Captured
+
+        return run
+
+    def epi(accum, bias, alpha):
+        z = relu(alpha * accum + bias)
+        D = z * z
+        return D, z
+
+    def f(A, B, bias, z):
+        return kernel_api.ops.gemm(A, B, epilogue=epi, bias=bias, alpha=0.5, z=z) + 1.0
+
+    torch._dynamo.reset()
+    A, B, _ = _gemm()
+    with pytest.raises(_Captured):
+        torch.compile(f, backend=backend, fullgraph=True)(A, B, torch.randn(40), torch.empty(24, 40))
+    calls = [n for n in graphs[0].graph.nodes if "gemm_epilogue" in str(n.target)]
+    assert len(calls) == 1 and calls[0].args[2] == textwrap.dedent(inspect.getsource(epi))

@@ -121,16 +121,18 @@ torch.library.register_autograd("kernel_api::gemm_epilogue", _backward, setup_co
 
 
 @tracing.assume_constant_result
-def _source_and_outputs(fn: Any) -> tuple:
-    """(source text, names of the extra outputs) of an epilogue function: constants of a trace."""
+def _function_info(fn: Any) -> tuple:
+    """(source text, names of the extra outputs, parameter names) of an epilogue function:
+    constants of a trace (Dynamo calls this while tracing and keeps the result)."""
     from ..epilogue import parse_cached, source_of
 
     graph = parse_cached(fn)
     source = source_of(fn)[0] if not isinstance(fn, str) else fn
-    return source, tuple(n for n, _ in graph.outputs if n != "D")
+    return source, tuple(n for n, _ in graph.outputs if n != "D"), graph.params
 
 
-_NAMED_DEFAULTS = {"alpha": 1.0, "beta": 0.0, "C": None, "bias": None}
+#: gemm's own keywords that bind to an epilogue function's parameters of those names.
+_NAMED = ("alpha", "beta", "C", "bias")
 
 
 def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, epilogue: Any,
@@ -140,20 +142,10 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
     `EpilogueArguments`) applied to ``A @ B``, fused into the GEMM; extra outputs are written
     into the tensors ``operands`` names. ``named``: gemm's own ``alpha``, ``beta``, ``C`` and
     ``bias``, which bind to the function's parameters of those names (gemm takes them before
-    ``**operands`` does); given to a function without such a parameter, they are an error.
-    Returns ``out`` (a new tensor when None)."""
-    if named:
-        from ..epilogue import parse_cached
-
-        fn_params = parse_cached(epilogue.function if isinstance(epilogue, EpilogueArguments) else epilogue).params
-        operands = dict(operands)
-        for name, value in named.items():
-            if name in fn_params:
-                if value is not None:
-                    operands.setdefault(name, value)
-            elif value is not _NAMED_DEFAULTS.get(name) and value != _NAMED_DEFAULTS.get(name):
-                raise TypeError(f"gemm: {name}= given, but the epilogue function has no parameter {name}")
-    if isinstance(epilogue, EpilogueArguments):
+    ``**operands`` does); given (not None, alpha not 1, beta not 0) to a function without such
+    a parameter, they are an error. Returns ``out`` (a new tensor when None)."""
+    given = isinstance(epilogue, EpilogueArguments)
+    if given:
         if not epilogue.is_function:
             raise TypeError("epilogue: give a function, its source string, or EpilogueArguments(fn, **operands); "
                             "the named form is gemm's alpha=, beta=, C=, bias=, activation=")
@@ -163,12 +155,21 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
         fn, operands = epilogue.function, epilogue.operands
     else:
         fn = epilogue
+    source, extra, params = _function_info(fn)
+    if named:
+        operands = dict(operands)
+        for name in _NAMED:
+            value = named.get(name)
+            if name in params:
+                if value is not None and name not in operands:
+                    operands[name] = value
+            elif (value is not None if name in ("C", "bias") else value != (1.0 if name == "alpha" else 0.0)):
+                raise TypeError(f"gemm: {name}= given, but the epilogue function has no parameter {name}")
     if tracing.is_compiling() or tracing.dispatch_mode_depth() or (
             torch.is_grad_enabled() and (A.requires_grad or B.requires_grad or any(
                 isinstance(v, torch.Tensor) and v.requires_grad for v in operands.values()))):
         if accumulator_type is not None:
             raise ValueError("accumulator_type: not supported under torch.compile, autograd or a torch dispatch mode")
-        source, extra = _source_and_outputs(fn)
         names = [k for k, v in operands.items() if isinstance(v, torch.Tensor) and k not in extra and k != "D"]
         scalar_names = [k for k, v in operands.items() if not isinstance(v, torch.Tensor)]
         results = dispatch.op_on_stream(torch.ops.kernel_api.gemm_epilogue, stream, A, B, source, names,
@@ -177,7 +178,7 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
         for k, made in zip(extra, results[1:]):  # the caller's extra outputs, written as in eager calls
             operands[k].copy_(made)
         return results[0] if out is None else out.copy_(results[0])
-    if not isinstance(epilogue, EpilogueArguments) or named:
+    if not given or named:
         epilogue = EpilogueArguments(fn, **operands)
     return _run(A, B, out, epilogue, accumulator_type, stream)
 
