@@ -156,6 +156,8 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
     else:
         fn = epilogue
     source, extra, params = _function_info(fn)
+    if out is None and isinstance(operands.get("D"), torch.Tensor):  # (the peer's spelling of out)
+        out = operands["D"]
     if named:
         operands = dict(operands)
         for name in _NAMED:
@@ -171,7 +173,7 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
         if accumulator_type is not None:
             raise ValueError("accumulator_type: not supported under torch.compile, autograd or a torch dispatch mode")
         names = [k for k, v in operands.items() if isinstance(v, torch.Tensor) and k not in extra and k != "D"]
-        scalar_names = [k for k, v in operands.items() if not isinstance(v, torch.Tensor)]
+        scalar_names = [k for k, v in operands.items() if not isinstance(v, torch.Tensor) and k != "D"]
         results = dispatch.op_on_stream(torch.ops.kernel_api.gemm_epilogue, stream, A, B, source, names,
                                         [operands[k] for k in names], scalar_names,
                                         [float(operands[k]) for k in scalar_names], [operands[k] for k in extra])
