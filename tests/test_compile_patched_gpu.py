@@ -121,9 +121,12 @@ def test_patched_gpt2_training_step_compiled(gpt2):
         assert abs(loss.item() - f32_loss.item()) <= max(2 * noise, 2e-2 * abs(f32_loss.item())), (
             loss.item(), ref_loss.item(), f32_loss.item())
         ref_grads = dict(ref_model.named_parameters())
+        off = []
         for name, p in model.named_parameters():
             bound = max(2 * _rel(ref_grads[name].grad, exact[name].grad), 2e-2)
-            assert _rel(p.grad, exact[name].grad) <= bound, (name, _rel(p.grad, exact[name].grad), bound)
+            if not _rel(p.grad, exact[name].grad) <= bound:
+                off.append((name, round(_rel(p.grad, exact[name].grad), 4), round(bound, 4)))
+        assert not off, (step, off)
     torch._dynamo.config.error_on_recompile = False
     assert not counters["graph_break"], dict(counters["graph_break"])
 
