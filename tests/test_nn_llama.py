@@ -15,7 +15,7 @@ import torch
 
 import kernel_api
 from kernel_api import ops
-from kernel_api.nn import Linear, patch, patched_modules, unpatch
+from kernel_api.nn import Linear, patch, patched_modules, set_compile_lowering, unpatch
 from kernel_api.nn.edits import GLOBAL_HOOKS
 from kernel_api.nn.patching import KINDS
 from kernel_api.nn.loss import causal_lm_loss
@@ -343,8 +343,10 @@ def test_layer_norm_is_opt_in_and_matches_torch(cpu_ops, op_calls):
 
 
 def test_torch_compile_of_the_patched_model_traces_the_ops(cpu_ops):
-    """aot_eager: Dynamo's graph holds kernel_api's ops (their fakes and backwards traced), the
-    mask function gives ops.attention plain causal attention, and the numbers stay eager's."""
+    """aot_eager: Dynamo's graph holds kernel_api's attention op (the mask function gives it
+    plain causal attention) and, by default, torch's norm, SwiGLU and RoPE math for Inductor to
+    fuse; with ``compile_lowering="kernel_api"`` the norm and SwiGLU ops too. The numbers stay
+    eager's, forward and backward."""
     import torch._dynamo
     eager = small_model("llama").eval()
     model = small_model("llama").eval()
@@ -361,11 +363,20 @@ def test_torch_compile_of_the_patched_model_traces_the_ops(cpu_ops):
         from torch._dynamo.backends.debugging import aot_eager
         return aot_eager(gm, example_inputs)
 
+    def targets():
+        found = {str(n.target) for gm in graphs for n in gm.graph.nodes}
+        graphs.clear()
+        return {t for t in found if t.startswith("kernel_api.")}
+
     compiled = torch.compile(model, backend=backend)
     with torch.no_grad():
         torch.testing.assert_close(compiled(input_ids=ids).logits, want, **TOL)
-    targets = {str(n.target) for gm in graphs for n in gm.graph.nodes}
-    assert {"kernel_api.rms_norm.default", "kernel_api.attention.default", "kernel_api.rope.default"} <= targets
+    assert targets() == {"kernel_api.attention.default"}
+    set_compile_lowering(model, "kernel_api")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, want, **TOL)
+    assert targets() == {"kernel_api.attention.default", "kernel_api.rms_norm.default",
+                         "kernel_api.gated_activation.default"}
     model.train()
     loss = compiled(input_ids=ids, labels=ids).loss
     loss.backward()

@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
+from ..core import tracing
 from ..ops import dispatch as _dispatch
+from .lowering import keeps_op
 
 _classes: dict[tuple[type, type], type] = {}
 
@@ -48,3 +50,11 @@ def ops_take(*tensors: torch.Tensor) -> bool:
     if kind != "meta" and kind not in _dispatch.LAUNCH_DEVICE_TYPES:
         return False
     return all(t.device.type == kind and t.dtype == dtype for t in tensors[1:])
+
+
+def op_here(layer: torch.nn.Module) -> bool:
+    """Whether ``layer`` (a kernel_api layer of a memory-bound operation) calls kernel_api's op
+    here: always in eager code; under Dynamo only when its ``compile_lowering`` says
+    "kernel_api" (`kernel_api.nn.lowering.keeps_op`), otherwise its torch forward runs, for
+    Inductor to generate and fuse with its neighbours."""
+    return not tracing.is_dynamo_compiling() or keeps_op(layer)

@@ -12,17 +12,20 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from .mixin import ops_take
+from .mixin import op_here, ops_take
 
 
 class RMSNorm(torch.nn.Module):
     """Mixin: ``ops.rms_norm(x, self.weight, self.variance_epsilon)``. An input in another dtype
     than the weight (whose product torch would promote), or on a device kernel_api does not
-    launch on, runs the layer's own forward."""
+    launch on, runs the layer's own forward; so does a call under ``torch.compile`` unless
+    ``compile_lowering`` is "kernel_api" (`mixin.op_here`)."""
+
+    compile_lowering = "auto"
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if not ops_take(hidden_states, weight):
+        if not (ops_take(hidden_states, weight) and op_here(self)):
             return super().forward(hidden_states)
         return ops.rms_norm(hidden_states, weight, self.variance_epsilon)
 
@@ -30,10 +33,13 @@ class RMSNorm(torch.nn.Module):
 class LayerNorm(torch.nn.Module):
     """Mixin for ``torch.nn.LayerNorm`` over the last dimension with a weight and a bias:
     ``ops.layer_norm(x, self.weight, self.bias, self.eps)``. Other inputs (another dtype or
-    device) run torch's forward."""
+    device, or under ``torch.compile`` as for `RMSNorm`) run torch's forward."""
+
+    compile_lowering = "auto"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
-        if weight is None or bias is None or len(self.normalized_shape) != 1 or not ops_take(input, weight, bias):
+        if (weight is None or bias is None or len(self.normalized_shape) != 1 or not ops_take(input, weight, bias)
+                or not op_here(self)):
             return super().forward(input)
         return ops.layer_norm(input, weight, bias, self.eps)
