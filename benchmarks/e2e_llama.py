@@ -138,7 +138,7 @@ def reset_peak(device) -> float | None:
 
 
 # ---------------------------------------------------------------- phases
-def build(base, name: str, device, dtype, compile_backend, kinds=None):
+def build(base, name: str, device, dtype, compile_backend, kinds=None, lowering="auto"):
     """A deep copy of ``base`` on ``device``/``dtype``, patched and/or compiled per ``name``:
     (module to call, the uncompiled module)."""
     import torch
@@ -151,6 +151,8 @@ def build(base, name: str, device, dtype, compile_backend, kinds=None):
             model = kernel_api.nn.patch(model, kinds=kinds)
         for w in caught:
             log(f"    patch: {w.message}")
+        if lowering != "auto":
+            kernel_api.nn.set_compile_lowering(model, lowering)
     if "compiled" in name:
         torch._dynamo.reset()
         return torch.compile(model, backend=compile_backend), model
@@ -306,6 +308,9 @@ def parse_args(argv=None):
                    "for prefill/train)")
     p.add_argument("--warmup", type=int, default=None, help="prefill warm-up steps (default 3, --quick 2)")
     p.add_argument("--loss-steps", type=int, default=20, help="training steps compared with eager's (default 20)")
+    p.add_argument("--compile-lowering", default="auto", choices=["auto", "aten", "kernel_api"],
+                   help="compile_lowering of the patched layers under torch.compile (kernel_api.nn.lowering; "
+                   "default auto)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
     p.add_argument("--budget-s", type=float, default=0, help="skip (and report as skipped) what has not started "
@@ -357,6 +362,7 @@ def main(argv=None) -> int:
     env = dict(torch=torch.__version__, transformers=transformers.__version__, device=device_name,
                commit=git_commit(), dtype=str(dtype), compile_backend=backend, seed=opts.seed, steps=steps,
                warmup=warmup, loss_steps=opts.loss_steps, lr=opts.lr, tag=opts.tag, layers=opts.layers,
+               compile_lowering=opts.compile_lowering,
                batch=opts.batch, seq=opts.seq, models={})
     log(f"e2e_llama: {device_name}, torch {torch.__version__}, transformers {transformers.__version__}, "
         f"models {opts.model} x {opts.layers} layers, batch {opts.batch} x {opts.seq}, configs {opts.configs}, "
@@ -398,7 +404,7 @@ def main(argv=None) -> int:
                     results[model_name][phase][name] = {"error": f"skipped: past --budget-s {opts.budget_s:g}"}
                     continue
                 try:
-                    run, raw = build(base, name, device, dtype, backend, kinds)
+                    run, raw = build(base, name, device, dtype, backend, kinds, opts.compile_lowering)
                     r = PHASE_FNS[phase](run, raw, ctx, ref)
                 except Exception as exc:  # report it, keep going with the other configurations
                     r = {"error": err_str(exc)}
