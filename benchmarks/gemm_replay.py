@@ -1,5 +1,5 @@
 """PickAny's GEMM choice under today's cost model against recorded GPU measurements, on the CPU
-(issue #16, goal 7: within 10 % of the measured best).
+(the goal: within 10 % of the measured best).
 
     python3 benchmarks/gemm_replay.py                     # every gemm_shapes / selection_torch result
     python3 benchmarks/gemm_replay.py benchmarks/results/gemm_shapes-NVIDIA_H200-mine.json ...
@@ -11,7 +11,7 @@ Two kinds of result file:
   PickAny's choice of its day and cuBLAS (``median_ms``). A kernel's time is its house timing
   where it has one (the mean of the two when PickBest and PickAny chose the same kernel), else
   PickBest's; cuBLAS stands for the case's TorchGemm instance.
-- ``selection_torch-<device>.json`` (older runs: GPT-2's GEMMs in their layouts and the issue's
+- ``selection_torch-<device>.json`` (older runs: GPT-2's GEMMs in their layouts and the
   sweep, each with our top kernels and cuBLAS timed by PickBest, ``times_ms``).
 
 The replay itself is `kernel_api.tuning.replay` (meta tensors, cc 90, 132 SMs: an H100 / H200);

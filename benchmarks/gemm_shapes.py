@@ -1,15 +1,15 @@
-"""GEMM on the shapes users have (issue #16, "How to show it"): for each case, our PickBest winner,
+"""GEMM on the shapes users have: for each case, our PickBest winner,
 PickAny's choice, ``kernel_api.ops.gemm`` and cuBLAS (``torch.matmul``), in one process.
 
     python3 benchmarks/gemm_shapes.py --group odd --repeats 3        # the four odd shapes, 3 runs
     python3 benchmarks/gemm_shapes.py --group odd,aligned --tag mine
     python3 benchmarks/gemm_shapes.py --list                          # the groups and their cases
 
-Groups (`GROUPS`): ``odd`` (odd extents and leading dimensions: goal 1), ``aligned`` (the seven
-16-byte aligned bf16 shapes: goal 5), ``small_m`` (M in 1..128 against N, K in 4096..14336, B
-column-major as an nn.Linear weight: goal 2), ``f32`` (against torch's default FP32: goal 3) and
-``f64`` (against DGEMM: goal 4), ``models`` (a Llama-3-8B layer's projections at 512-8192 tokens and
-its lm_head: PickAny beyond the issue's shapes), ``models_more`` (Qwen2-7B's and Llama-3-70B's at 256
+Groups (`GROUPS`): ``odd`` (odd extents and leading dimensions), ``aligned`` (the seven
+16-byte aligned bf16 shapes), ``small_m`` (M in 1..128 against N, K in 4096..14336, B
+column-major as an nn.Linear weight), ``f32`` (against torch's default FP32) and
+``f64`` (against DGEMM), ``models`` (a Llama-3-8B layer's projections at 512-8192 tokens and
+its lm_head: PickAny beyond the groups above), ``models_more`` (Qwen2-7B's and Llama-3-70B's at 256
 and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles),
 ``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens), ``batched``
 (attention's batched products at head dims 64 and 128, MoE experts), ``odd_small`` (small problems
@@ -98,23 +98,23 @@ class Case:
 
 
 GROUPS: dict[str, list[Case]] = {
-    # goal 1: odd sizes and leading dimensions (every operand contiguous, row-major)
+    # odd sizes and leading dimensions (every operand contiguous, row-major)
     "odd": [Case(4096, 50257, 4096), Case(4095, 4096, 4095), Case(4097, 4097, 4097, "f16"),
             Case(2000, 3000, 1001)],
-    # goal 5: the seven 16-byte aligned bf16 shapes
+    # the seven 16-byte aligned bf16 shapes
     "aligned": [Case(8192, 8192, 8192), Case(4096, 4096, 4096), Case(2048, 2048, 2048), Case(4096, 14336, 4096),
                 Case(4096, 4096, 14336), Case(128, 8192, 8192), Case(16384, 1024, 16384)],
-    # goal 2: decode and prefill tails, every M x (N, K) of the issue; B column-major as an
+    # decode and prefill tails, every M x (N, K); B column-major as an
     # nn.Linear weight is (out = x @ W.T)
     "small_m": [Case(M, N, K, "bf16", "tnt") for M in (1, 8, 16, 64, 128)
                 for N in (4096, 8192, 14336) for K in (4096, 8192, 14336)],
-    # goal 3: f32 at torch's default precision (cuBLAS FP32; only f32-math kernels may be chosen,
+    # f32 at torch's default precision (cuBLAS FP32; only f32-math kernels may be chosen,
     # as ops.gemm does) and with TF32 allowed (cuBLAS TF32 against our tf32 / 3xTF32 kernels);
     # (each tf32 and 3xTF32 configuration is a PickBest candidate here)
     "f32": [Case(n, n, n, "f32", "tnt", tf32=tf32) for tf32 in (False, True) for n in (4096, 8192)],
-    # goal 4: f64 on the FP64 tensor cores against cuBLAS DGEMM
+    # f64 on the FP64 tensor cores against cuBLAS DGEMM
     "f64": [Case(2048, 2048, 2048, "f64"), Case(8192, 8192, 8192, "f64")],
-    # goal 7 beyond the issue's shapes: a Llama-3-8B layer's projections (hidden 4096; q, k, v
+    # a Llama-3-8B layer's projections (hidden 4096; q, k, v
     # fused to 6144; the MLP's gate and up fused to 28672; down from 14336) at 512, 2048 and 8192
     # tokens, and its 128256-token lm_head; B column-major as nn.Linear weights are
     "models": [Case(M, N, K, "bf16", "tnt") for M in (512, 2048, 8192)

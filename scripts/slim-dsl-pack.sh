@@ -4,7 +4,7 @@
 # carries: the top-level `iket` profiler package, and TVM-FFI's bundled libbacktrace sources, C++
 # sources and Cython sources. It keeps what the native launch table's build needs (TVM-FFI's
 # headers and dlpack headers) and libtvm_ffi_testing.so, which tvm_ffi.core links. About 1.3 MiB
-# off the pack (session 36: 55.9 -> 54.6 MB); ~6 minutes of single-threaded xz.
+# off the pack (55.9 -> 54.6 MB); ~6 minutes of single-threaded xz.
 #
 #   scripts/slim-dsl-pack.sh            # from the project root, after pack-dsl.sh
 set -euo pipefail

@@ -1,5 +1,5 @@
-"""`Sm90RealignedGemm`: the Hopper TMA kernel for f16/bf16 operands of any alignment (issue #16,
-goal 1). CPU checks: discovery, the support verdicts, the workspace arithmetic, which operands
+"""`Sm90RealignedGemm`: the Hopper TMA kernel for f16/bf16 operands of any alignment.
+CPU checks: discovery, the support verdicts, the workspace arithmetic, which operands
 are staged, compiling for sm_90a without a GPU, and PickAny's choice; GPU checks (``gpu``
 marker): awkward shapes, layouts, pointers and epilogues against a float64 reference, with the
 output inside a NaN-filled larger buffer so a store out of bounds fails, through ``kernel.run``

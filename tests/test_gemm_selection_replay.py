@@ -1,4 +1,4 @@
-"""PickAny's GEMM choice against recorded GPU measurements (issue #16, goal 7: within 10 % of
+"""PickAny's GEMM choice against recorded GPU measurements (the goal: within 10 % of
 the measured best), replayed on the CPU.
 
 `kernel_api.tuning.replay` ranks today's candidates with today's cost model (meta tensors, cc 90,
@@ -397,7 +397,7 @@ def test_cluster_padding_and_orientation_in_the_tile_model():
 def test_cooperative_tiles_pay_their_epilogue_at_short_k():
     """`COOPERATIVE_EPILOGUE_K`: at GPT-2's lm_head (K = 768) the ping-pong 128x128 tile outranks
     the cooperative 128x256 one (measured 1.08-1.26x faster); at 8192^3 the cooperative tile
-    keeps its place (the issue #16 sweep)."""
+    keeps its place (the aligned-shape sweep)."""
     import kernel_api
     from kernel_api.tuning.policies import COOPERATIVE_EPILOGUE_K, gemm_cost
 

@@ -1,4 +1,4 @@
-"""Issue #14 hardening: compile-cache keys that follow every source they depend on, tuning
+"""Hardening: compile-cache keys that follow every source they depend on, tuning
 records that survive damage, locks and upgrades, and compile errors that read well."""
 
 import os

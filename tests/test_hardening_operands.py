@@ -1,4 +1,4 @@
-"""Operands kernels would get wrong without a word (issue 14): tensors with torch's lazy negative
+"""Operands kernels would get wrong without a word: tensors with torch's lazy negative
 or conjugate bit, outputs whose elements overlap, outputs autograd saved, and operands that
 are not tensors; plus GemmArguments' recalled summaries for explicit accumulators.
 

@@ -1,4 +1,4 @@
-"""Discovery hardening (issue #14): unique kernel names, broken classes, explain at scale,
+"""Discovery hardening: unique kernel names, broken classes, explain at scale,
 CudaSourceKernel name templates."""
 
 import pytest

@@ -46,7 +46,7 @@ def run_without_compiler(code: str, tmp_path: Path, root: Path = ROOT, **env: st
 
 @installed
 def test_the_fast_path_loads_without_a_compiler_at_run_time(tmp_path):
-    """The issue's check: after an install that built the module, a process with no compiler and
+    """After an install that built the module, a process with no compiler and
     an empty cache directory has the table and the entry points."""
     done = run_without_compiler(
         "import kernel_api.native as n; assert n.table() is not None and n.entry() is not None, n.why_not_entry()",

@@ -267,7 +267,7 @@ def test_patched_conv1d_matches_its_forward_on_meta_and_keeps_isinstance():
 
 
 def test_transformers_gpt2_every_projection_goes_through_kernel_api():
-    """The issue's check: GPT-2 (2 layers) on meta, every attention and MLP projection patched,
+    """GPT-2 (2 layers) on meta, every attention and MLP projection patched,
     the state_dict keys unchanged."""
     transformers = pytest.importorskip("transformers")
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2)).to("meta")

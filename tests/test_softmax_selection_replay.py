@@ -1,4 +1,4 @@
-"""PickAny's softmax choice against recorded measurements (issue #16, goal 7: within 10 % of the
+"""PickAny's softmax choice against recorded measurements (the goal: within 10 % of the
 measured best on every recorded case), replayed on the CPU.
 
 `kernel_api.tuning.replay` ranks today's candidates with today's cost model for every case of
@@ -74,7 +74,7 @@ NOT_MODEL_MISSES = {
     ("H100 shortrows-heldout-f16", "float16", "fwd", 96, 10000): "noisy",
 }
 
-#: Recorded cases outside 10 % that the cost model does not get right yet (issue #16, goal 7):
+#: Recorded cases outside 10 % that the cost model does not get right yet (the goal: within 10 %):
 #: the ratios the replay gives.
 OPEN_MISSES = {
     # (two rows: the window backward 7.0 us against the cluster split's 8.1, a launch's latency apart)

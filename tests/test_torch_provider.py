@@ -55,7 +55,7 @@ def test_torch_kernels_compile_to_nothing_without_a_gpu():
                                    (16384, 16384, 1024), (2048, 2048, 2048)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_pickany_keeps_our_tensor_core_kernels_first_where_their_tiles_fill_the_waves(shape, dtype):
-    """The issue #16 aligned shapes (PickBest's Sm90 matched cuBLAS within 3% there): ours."""
+    """The aligned GEMM shapes of benchmarks/gemm_shapes.py (PickBest's Sm90 matched cuBLAS within 3% there): ours."""
     names = _ranked(_gemm_args(*shape, dtype=dtype))
     first_torch = next(i for i, n in enumerate(names) if n.startswith("TorchGemm"))
     first_simt = next(i for i, n in enumerate(names) if n.startswith("SimtGemm"))

@@ -31,7 +31,7 @@ CLUSTER_ALONG_LONG_SIDE = 1.05
 #: a fixed share of a tile's work in k-steps: the efficiency over 1 + this / K. Fitted to
 #: GPT-2's lm_head (8192 x 50256 x 768): the 128x256 cooperative tile at 1.08x (H100) and
 #: 1.26x (H200) the 128x128 ping-pong tile's time, where the intensity term alone rates it 9 %
-#: faster. Bounded above by the issue #16 sweep (K >= 4096, cooperative 0.94-1.04x): from 100
+#: faster. Bounded above by the aligned-shape sweep (K >= 4096, cooperative 0.94-1.04x): from 100
 #: on, cuBLAS would outrank our tiles at 4096^3 and 8192^3, where they are measured faster
 #: (the "GPT-2 and sweep" runs of tests/data). 60 leaves the H200's lm_head on the
 #: cooperative tile (0.80 of the best). 75, not 80, for 2048^3, where the two

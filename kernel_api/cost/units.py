@@ -9,5 +9,5 @@ PickAny ranks the candidates of one problem against each other.
 """
 
 #: gemm_cost's units per second: the rate the Sm90 family's cost showed on the H200 at
-#: 64x8192x8192 (issue #16: 43.8 us for 114.3M units of its 64x128 tile).
+#: 64x8192x8192 (43.8 us for 114.3M units of its 64x128 tile, benchmarks/gemm_shapes.py).
 GEMM_COST_UNITS_PER_SECOND = 2.61e12

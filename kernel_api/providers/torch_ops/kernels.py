@@ -41,7 +41,7 @@ _TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 # idle. Measured on the H200 (GPT-2's GEMMs at 8192 tokens, profiled): cuBLAS ran
 # the per-layer projections in 0.90x our time, the dW GEMMs (K = 8192, few output tiles) in
 # 0.68x, decode (M = 64) in 0.6x, and matched PickBest's Sm90 choice within 3% on the
-# issue #16 square and LLM shapes (one wave or many). So PickAny takes cuBLAS where our best
+# aligned square and LLM shapes (benchmarks/gemm_shapes.py) (one wave or many). So PickAny takes cuBLAS where our best
 # tile model loses more than ~5% to quantisation, and ours where it does not.
 TORCH_GEMM_HINT = 0.95
 # cuBLAS with an operand not 16-byte aligned (a leading dimension or extent) falls to
