@@ -30,6 +30,7 @@ namespace ka_norm {
 typedef unsigned short u16;
 typedef long long i64;
 
+// pack2(lo, hi): two values in one 32-bit word (lo in the low half), as stored.
 struct F32 {
   typedef float raw;
   static __device__ __forceinline__ float load(float v) { return v; }
@@ -44,6 +45,11 @@ struct BF16 {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
     return r;
   }
+  static __device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
 };
 
 struct F16 {
@@ -56,6 +62,11 @@ struct F16 {
   static __device__ __forceinline__ u16 store(float v) {
     u16 r;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+  }
+  static __device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
   }
 };
@@ -84,7 +95,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// VEC raw elements of T; accesses of 16 bytes where VEC elements make whole 16-byte chunks.
+__device__ __forceinline__ void st16(void* p, uint4 v) {
+  // (no memory clobber: outputs are never read back by the kernels, so plain loads, the
+  // weights', may be scheduled across the stores)
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
+// VEC raw elements of T; accesses of 16 bytes where VEC elements make whole 16-byte chunks
+// (stores: a chunk is exactly 16 bytes, packed in registers and written by one instruction).
 template <class T, int VEC, int BYTES = (int)sizeof(typename T::raw) * VEC>
 struct Chunk {
   typedef typename T::raw R;
@@ -105,15 +123,16 @@ struct Chunk {
     }
   }
   static __device__ __forceinline__ void store(R* p, const float (&f)[VEC]) {
-    if constexpr (BYTES >= 16 && BYTES % 16 == 0) {
-      union {
-        uint4 u[BYTES / 16];
-        R r[VEC];
-      } v;
+    if constexpr (BYTES == 16) {
+      unsigned w[4];
+      if constexpr (sizeof(R) == 4) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) v.r[k] = T::store(f[k]);
+        for (int i = 0; i < 4; ++i) w[i] = __float_as_uint(f[i]);
+      } else {
 #pragma unroll
-      for (int i = 0; i < BYTES / 16; ++i) reinterpret_cast<uint4*>(p)[i] = v.u[i];
+        for (int i = 0; i < 4; ++i) w[i] = T::pack2(f[2 * i], f[2 * i + 1]);
+      }
+      st16(p, make_uint4(w[0], w[1], w[2], w[3]));
     } else {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) p[k] = T::store(f[k]);
@@ -195,8 +214,9 @@ __device__ __forceinline__ void row_sum(float (&v)[N], float* red) {
 __device__ __forceinline__ float eps_of(i64 bits) { return (float)__longlong_as_double(bits); }
 
 // ---- forward, the row in registers --------------------------------------------------------
+// PER_WARP CTAs hold 4 warps (norm_plan.WARPS_PER_CTA): their registers are not capped at 64.
 template <class T, class W, int VEC, int NV, bool CENTRED, bool RESID, bool PER_WARP>
-__global__ void __launch_bounds__(1024) fwd_reg(const typename T::raw* __restrict__ x,
+__global__ void __launch_bounds__(PER_WARP ? 128 : 1024) fwd_reg(const typename T::raw* __restrict__ x,
                                                 const typename T::raw* __restrict__ res,
                                                 const typename W::raw* __restrict__ w,
                                                 const typename W::raw* __restrict__ b, typename T::raw* __restrict__ y,
@@ -210,24 +230,33 @@ __global__ void __launch_bounds__(1024) fwd_reg(const typename T::raw* __restric
   const float inv_n = 1.f / (float)cols;
   float v[NV][VEC];
   float acc[1] = {0.f};
+  {
+    // every load issued before the first use of any
+    Raw<T, VEC> xr[NV], rr[RESID ? NV : 1];
 #pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const i64 c = ((i64)j * lanes + t) * VEC;
-    if (c < cols) {
-      Chunk<T, VEC>::load(x + row * ld_x + c, v[j], true);
-      if constexpr (RESID) {
-        float r[VEC];
-        Chunk<T, VEC>::load(res + row * ld_r + c, r, true);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[j][k] += r[k];
-        Chunk<T, VEC>::store(s_out + row * ld_s + c, v[j]);
+    for (int j = 0; j < NV; ++j) {
+      const i64 c = ((i64)j * lanes + t) * VEC;
+      if (c < cols) {
+        xr[j].load(x + row * ld_x + c, true);
+        if constexpr (RESID) rr[j].load(res + row * ld_r + c, true);
+      } else {
+        xr[j].zero();
+        if constexpr (RESID) rr[j].zero();
       }
-    } else {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) v[j][k] = 0.f;
     }
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) acc[0] += CENTRED ? v[j][k] : v[j][k] * v[j][k];
+    for (int j = 0; j < NV; ++j) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        v[j][k] = xr[j].get(k);
+        if constexpr (RESID) v[j][k] += rr[j].get(k);
+        acc[0] += CENTRED ? v[j][k] : v[j][k] * v[j][k];
+      }
+      if constexpr (RESID) {
+        const i64 c = ((i64)j * lanes + t) * VEC;
+        if (c < cols) Chunk<T, VEC>::store(s_out + row * ld_s + c, v[j]);
+      }
+    }
   }
   row_sum<1, PER_WARP>(acc, red);
   float mean = 0.f;
