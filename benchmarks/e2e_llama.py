@@ -137,6 +137,17 @@ def reset_peak(device) -> float | None:
     return torch.cuda.memory_allocated() / 2**30
 
 
+def profile_table(step, setup, ctx, rows: int = 18) -> str:
+    """torch.profiler's table of the GPU kernels of two more steps, by total GPU time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step(setup())
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="device_time_total", row_limit=rows, max_name_column_width=70)
+
+
 # ---------------------------------------------------------------- phases
 def build(base, name: str, device, dtype, compile_backend, kinds=None, lowering="auto"):
     """A deep copy of ``base`` on ``device``/``dtype``, patched and/or compiled per ``name``:
@@ -173,6 +184,9 @@ def phase_prefill(run, raw, ctx, ref):
                             0, ctx.steps["prefill"], ctx.device)
         out.update(memory_gb(ctx.device))
         out["ms"] = ms
+        if ctx.profile:
+            out["profile"] = profile_table(lambda ids: run(input_ids=ids, use_cache=False),
+                                           lambda: torch.randint(0, V, (B, T), device=ctx.device), ctx)
         # the first sequence's logits, kept on the CPU (the peaks above hold no reference)
         logits = run(input_ids=ctx.check_ids, use_cache=False).logits[0].float().cpu()
     out["logits_rel_err_vs_f32"] = rel_err(logits, ctx.f32_logits)
@@ -214,6 +228,8 @@ def phase_train(run, raw, ctx, ref):
                         ctx.device)
     out.update(memory_gb(ctx.device))
     out["ms"] = ms
+    if ctx.profile:
+        out["profile"] = profile_table(step, lambda: torch.randint(0, V, (B, T), device=ctx.device), ctx)
     return out
 
 
@@ -311,6 +327,8 @@ def parse_args(argv=None):
     p.add_argument("--compile-lowering", default="auto", choices=["auto", "aten", "kernel_api"],
                    help="compile_lowering of the patched layers under torch.compile (kernel_api.nn.lowering; "
                    "default auto)")
+    p.add_argument("--profile", action="store_true", help="after timing, print torch.profiler's table of the "
+                   "GPU kernels of two more steps (CUDA only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
     p.add_argument("--budget-s", type=float, default=0, help="skip (and report as skipped) what has not started "
@@ -386,7 +404,7 @@ def main(argv=None) -> int:
         env["models"][model_name] = dict(config=sizes, parameters=sum(p.numel() for p in base.parameters()))
         gen = torch.Generator().manual_seed(opts.seed + 1)  # fixed check inputs, the same for every config
         ctx = SimpleNamespace(device=device, dtype=dtype, vocab=V, steps=steps, warmup=warmup, lr=opts.lr,
-                              batch=opts.batch, seq=opts.seq)
+                              batch=opts.batch, seq=opts.seq, profile=opts.profile and device.type == "cuda")
         ctx.check_ids = torch.randint(0, V, (opts.batch, opts.seq), generator=gen).to(device)
         with torch.no_grad():  # the reference: the f32 model's logits of the first sequence
             ctx.f32_logits = base(input_ids=ctx.check_ids[:1], use_cache=False).logits[0].float().cpu()
@@ -412,6 +430,8 @@ def main(argv=None) -> int:
                 r["wall_s"] = time.perf_counter() - t0
                 results[model_name][phase][name] = r
                 status = r.get("error") or f"{r['ms']:.2f} ms, peak {r.get('peak_gb', float('nan')):.2f} GB"
+                if "profile" in r:
+                    log(f"  profile of {model_name} {phase} {name}:\n{r['profile']}")
                 log(f"  {model_name:6} {phase:8} {name:17} {status}  ({r['wall_s']:.1f} s wall, "
                     f"{time.perf_counter() - t_all:.0f} s total)")
                 with open(partial, "w") as f:  # what is done so far survives a kill
