@@ -120,23 +120,27 @@ def _reduce_if(t: cute.Tensor, batch, m, n, value, inside, op: cutlass.Constexpr
             cute.arch.atomic_fmin(ptr.llvm_ptr, v)
 
 
-def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands, deferred=None):
+def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands, deferred=None, shared=None):
     """The epilogue of one accumulator element ``acc`` (f32 or f64: the type the math runs in)
     at output coordinate (batch, m, n) of an output with ``m_total`` x ``n_total`` columns:
     loads, computes, stores the extra outputs and reductions, and returns the value of ``D``
     (in ``acc``'s type). With ``deferred`` (a list), reductions are not issued but appended
-    to it as (output slot, op, value, inside) for `reduce_fragment`."""
+    to it as (output slot, op, value, inside) for `reduce_fragment`. ``shared``: node index ->
+    value of broadcast inputs already loaded for another element of the same row / column
+    (`_SharedLoads`)."""
     t = type(acc)
     values = []
     clamped = None
     literal = plan.literal_base
-    for kind, args, attr in plan.nodes:
+    for index, (kind, args, attr) in enumerate(plan.nodes):
         if kind == "accum":
             v = acc
         elif kind == "input":
             key = plan.operands[attr]
             if key.kind == "scalar":
                 v = t(operands[attr])
+            elif shared is not None and index in shared:
+                v = shared[index].to(t)
             else:
                 if clamped is None:
                     clamped = (cutlass.min(m, m_total - 1), cutlass.min(n, n_total - 1))
@@ -247,19 +251,51 @@ def _store2_if(t: cute.Tensor, m, n, value, inside):
         t[m, n] = value.to(t.element_type)
 
 
+class _SharedLoads:
+    """Loads of broadcast inputs (row vectors, column vectors, one value per batch) shared by
+    the elements of a fragment that read the same value: keyed by the element's static offset
+    along the input's varying mode, so a thread loads a row bias once per column it holds."""
+
+    def __init__(self, plan: FusionPlan, offsets) -> None:
+        self.plan, self.offsets, self.found = plan, offsets, {}
+        self.nodes = []
+        if offsets is not None:
+            for index, (kind, _, attr) in enumerate(plan.nodes):
+                key = plan.operands[attr] if kind == "input" else None
+                if key is not None and key.kind == "load" and (key.pattern[1] == 0 or key.pattern[2] == 0):
+                    self.nodes.append((index, attr, key.pattern))
+
+    def get(self, e: int, batch, m, n, m_total, n_total, operands):
+        """The shared values for element ``e`` at (batch, m, n), loading the ones not seen yet."""
+        if not self.nodes:
+            return None
+        dm, dn = self.offsets[e]
+        values = {}
+        for index, attr, pattern in self.nodes:
+            key = (index, dn if pattern[1] == 0 and pattern[2] != 0 else None,
+                   dm if pattern[2] == 0 and pattern[1] != 0 else None)
+            if key not in self.found:
+                self.found[key] = operands[attr][batch, cutlass.min(m, m_total - 1), cutlass.min(n, n_total - 1)]
+            values[index] = self.found[key]
+        return values
+
+
 def apply_fragment(plan: FusionPlan, frag, coords, row0, col0, batch, m_total, n_total, operands):
     """The epilogue on every element of the register fragment ``frag`` (in place: each value
     becomes its ``D``), element v at (row0, col0) + ``coords[v]`` (a partitioned identity
     tensor): extra loads, stores and reductions (grouped per row / column by the fragment's
     static offsets where they are static)."""
     count = cute.size(frag)
-    offsets = static_offsets(coords.layout, count) if plan.reductions else None
+    static = static_offsets(coords.layout, count)
+    offsets = static if plan.reductions else None
+    shared = _SharedLoads(plan, static)
     deferred, crds = [], []
     for v in range(count):
         c = coords[v]
         m, n = row0 + c[0], col0 + c[1]
         items = [] if offsets is not None else None
-        frag[v] = element(plan, frag[v], batch, m, n, m_total, n_total, operands, items)
+        frag[v] = element(plan, frag[v], batch, m, n, m_total, n_total, operands, items,
+                          shared.get(v, batch, m, n, m_total, n_total, operands))
         deferred.append(items)
         crds.append((m, n))
     if offsets is not None:
@@ -272,12 +308,15 @@ def apply_and_store(plan: FusionPlan, acc, coords, mOut, batch, m_total, n_total
     one batch) where it lies inside. The math runs in f32, or f64 for an f64 accumulator."""
     math = cutlass.Float64 if acc.element_type == cutlass.Float64 else Float32
     count = cute.size(acc)
-    offsets = static_offsets(coords.layout, count) if plan.reductions else None
+    static = static_offsets(coords.layout, count)
+    offsets = static if plan.reductions else None
+    shared = _SharedLoads(plan, static)
     deferred, crds = [], []
     for i in range(count):
         m, n = coords[i]
         items = [] if offsets is not None else None
-        d = element(plan, acc[i].to(math), batch, m, n, m_total, n_total, operands, items)
+        d = element(plan, acc[i].to(math), batch, m, n, m_total, n_total, operands, items,
+                    shared.get(i, batch, m, n, m_total, n_total, operands))
         _store2_if(mOut, m, n, d, cute.elem_less((m, n), (m_total, n_total)))
         deferred.append(items)
         crds.append((m, n))
