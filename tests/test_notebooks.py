@@ -17,8 +17,8 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 
 
-def test_the_seven_walkthroughs_exist():
-    assert [n[:3] for n in NAMES] == ["000", "001", "002", "003", "004", "005", "006"]
+def test_the_eight_walkthroughs_exist():
+    assert [n[:3] for n in NAMES] == ["000", "001", "002", "003", "004", "005", "006", "007"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -16,7 +16,7 @@ import torch
 import kernel_api
 from kernel_api.dtypes import DataType
 from kernel_api.providers.cutedsl.gemm.sm90_warpspecialized import (
-    CONFIGS, F32_OUT_CONFIGS, K_TILE, SM90_SMEM_BYTES, Sm90WarpSpecializedGemm, plan_stages)
+    CONFIGS, F16_ACC_CONFIGS, F32_OUT_CONFIGS, K_TILE, SM90_SMEM_BYTES, Sm90WarpSpecializedGemm, plan_stages)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,14 +41,15 @@ def test_instances_names_and_metadata():
     # (f32 operands, tf32 and 3xTF32 math: test_sm90_gemm_f32.py)
     kernels = [k for k in Sm90WarpSpecializedGemm.generate_kernels(None, cc=90) if k.metadata.operands.A.dtype.bits == 16]
     names = [k.name for k in kernels]
-    assert len(names) == len(set(names)) == 2 * 8 * (len(CONFIGS) + len(F32_OUT_CONFIGS))
+    # (f32 accumulation in every layout; f16 accumulation of f16 operands into f16, bf16 and f32)
+    assert len(names) == len(set(names)) == 2 * 8 * (len(CONFIGS) + len(F32_OUT_CONFIGS)) + 3 * 8 * len(F16_ACC_CONFIGS)
     for k in kernels:
         md = k.metadata
         assert md.min_cc == 90 and md.max_cc == 90 and md.provider == "cutedsl"
         assert md.epilogue is not None and md.epilogue.alpha_beta and md.epilogue.bias == {"row", "column"}
         ops = md.operands
         assert ops.A.dtype in (DataType.bf16, DataType.f16) and ops.B.dtype is ops.A.dtype
-        assert ops.out.dtype in (ops.A.dtype, DataType.f32)
+        assert ops.out.dtype in (ops.A.dtype, DataType.f32) or ops.accumulator_type is DataType.f16
         # TMA: 16-byte aligned pointers and strides
         for t in (ops.A, ops.B, ops.out):
             assert t.divisibility * t.dtype.bytes == 16
@@ -100,7 +101,8 @@ def test_epilogue_discovery():
     found = kernel_api.get_kernels(_args(epilogue=ep), cc=90, metadata_filter=_sm90)
     assert len(found) == len(CONFIGS)
     assert len(Sm90WarpSpecializedGemm.generate_kernels(lambda m: m.operands.A.dtype.bits == 16, epilogue_args=ep,
-                                                        cc=90)) == 2 * 8 * (len(CONFIGS) + len(F32_OUT_CONFIGS))
+                                                        cc=90)) == (2 * 8 * (len(CONFIGS) + len(F32_OUT_CONFIGS))
+                                                                    + 3 * 8 * len(F16_ACC_CONFIGS))
 
 
 @pytest.mark.parametrize("case", ["K odd", "N odd", "pointer offset", "batch stride"])
