@@ -212,6 +212,7 @@ def main() -> None:
     parser.add_argument("--epilogues", default=",".join(EPILOGUES))
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--compile-shapes", default="", help="torch.compile only at these shapes (default: all)")
     parser.add_argument("--config", default=CONFIG, help="name part of the SM90 configuration timed")
     parser.add_argument("--precompile", action="store_true", help="compile for sm_90a only (no GPU needed)")
     parser.add_argument("--check-only", action="store_true",
@@ -224,8 +225,10 @@ def main() -> None:
         return
     shapes = [tuple(int(x) for x in s.split("x")) for s in opts.shapes.split(",")]
     doc = {"device": torch.cuda.get_device_name(), "config": opts.config, "results": []}
+    compile_at = {tuple(int(x) for x in s.split("x")) for s in opts.compile_shapes.split(",") if s}
     for shape in shapes:
-        doc["results"] += bench_shape(shape, names, opts.repeat, not opts.no_compile, opts.config, opts.check_only)
+        use_compile = not opts.no_compile and (not compile_at or shape in compile_at)
+        doc["results"] += bench_shape(shape, names, opts.repeat, use_compile, opts.config, opts.check_only)
     if opts.check_only:
         return
     paths = results_io.write_result(results_io.result_name("epilogue", doc["device"], opts.tag), doc, indent=1)
