@@ -229,10 +229,11 @@ def main() -> None:
     for shape in shapes:
         use_compile = not opts.no_compile and (not compile_at or shape in compile_at)
         doc["results"] += bench_shape(shape, names, opts.repeat, use_compile, opts.config, opts.check_only)
-    if opts.check_only:
-        return
-    paths = results_io.write_result(results_io.result_name("epilogue", doc["device"], opts.tag), doc, indent=1)
-    print("wrote", ", ".join(paths))
+        if not opts.check_only:  # (after each shape: a run cut short keeps what it measured)
+            paths = results_io.write_result(results_io.result_name("epilogue", doc["device"], opts.tag), doc,
+                                            indent=1)
+    if not opts.check_only:
+        print("wrote", ", ".join(paths))
 
 
 if __name__ == "__main__":
