@@ -374,3 +374,20 @@ def test_dynamo_traces_gemm_with_an_epilogue_function_in_one_graph():
         torch.compile(f, backend=backend, fullgraph=True)(A, B, torch.randn(40), torch.empty(24, 40))
     calls = [n for n in graphs[0].graph.nodes if "gemm_epilogue" in str(n.target)]
     assert len(calls) == 1 and calls[0].args[2] == textwrap.dedent(inspect.getsource(epi))
+
+
+def test_pick_any_prefers_ping_pong_tiles_for_epilogues_with_tile_io():
+    """A cooperative tile runs an epilogue's (M, N) loads with no mainloop beside them: PickAny
+    ranks the ping-pong tiles first for such epilogues, the plain GEMM's choice unchanged."""
+    from kernel_api.tuning.pick_any import rank_candidates
+
+    A, B, out = (torch.empty(*s, dtype=torch.bfloat16) for s in ((4096, 4096),) * 3)
+    plain = GemmArguments(A, B, out)
+    fused = GemmArguments(A, B, out, epilogue=EpilogueArguments("def e(accum, C): D = accum + C; return D",
+                                                                C=torch.empty(4096, 4096, dtype=torch.bfloat16)))
+    vector = GemmArguments(A, B, out, epilogue=EpilogueArguments("def e(accum, b): D = relu(accum + b); return D",
+                                                                 b=torch.empty(4096, dtype=torch.bfloat16)))
+    first = {name: rank_candidates(kernel_api.get_kernels(a, cc=90), a)[0].name
+             for name, a in (("plain", plain), ("fused", fused), ("vector", vector))}
+    assert "_pingpong_" in first["fused"]
+    assert "_cooperative_" in first["plain"] and first["vector"] == first["plain"]

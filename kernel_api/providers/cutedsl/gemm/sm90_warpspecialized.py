@@ -193,6 +193,23 @@ _AB_TYPES = (DataType.bf16, DataType.f16)
 F16_ACC_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5])
 
 
+#: A cooperative tile whose epilogue function reads or writes a whole (M, N) tensor costs this much
+#: more: both warpgroups run the epilogue together, so its loads wait with no mainloop beside them,
+#: where a ping-pong warpgroup's epilogue runs under the other's mainloop. Measured with bf16
+#: residual / gated / extra-output epilogues at 4096^3 and 8192x8192x4096: the cooperative
+#: 128x256 tile PickAny ranked first ran 1.12-1.24x the 128x128 ping-pong tile, with the plain
+#: epilogue 1.02-1.04x (H200, benchmarks/epilogue.py: fused_ops against fused).
+FUSED_TILE_COOPERATIVE_FACTOR = 1.15
+
+
+def fused_tile_io(args: GemmArguments) -> bool:
+    """Whether ``args``' epilogue is a function that reads an input varying along both M and N
+    or writes an extra output."""
+    keys = getattr(args.epilogue_signature, "operand_keys", None)
+    return bool(keys) and any(k.kind == "store" or (k.kind == "load" and k.pattern[1] and k.pattern[2])
+                              for k in keys)
+
+
 #: The split share of a stream-K launch costs this much more per tile-equivalent than whole
 #: tiles (the k offsets that no longer line up between neighbouring clusters: less L2 reuse) ...
 STREAM_K_SPLIT_COST = 0.03
@@ -467,6 +484,14 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         return None
 
     def estimated_cost(self, args: GemmArguments, sm_count: int) -> float | None:
+        """`_tile_cost`, times `FUSED_TILE_COOPERATIVE_FACTOR` for a cooperative tile whose epilogue
+        function reads or writes a whole (M, N) tensor (`fused_tile_io`)."""
+        cost = self._tile_cost(args, sm_count)
+        if self.config.schedule == "cooperative" and fused_tile_io(args):
+            return (gemm_cost(self, args, sm_count) if cost is None else cost) * FUSED_TILE_COOPERATIVE_FACTOR
+        return cost
+
+    def _tile_cost(self, args: GemmArguments, sm_count: int) -> float | None:
         """split_all: `split_all_cost`; narrow tiles: `narrow_tile_cost`; a ``cost_factor`` other
         than 1: that factor on the generic tile model's cost. 3xTF32: the tile model's
         time of a GEMM with K' = 3K, plus the split pre-pass (about a tenth more at K=4096).
