@@ -270,8 +270,8 @@ def _time_variants(label: str, kernel, module, variants: dict, arg_sets: list, n
     return {"case": label, "tbs": tbs, "ms": times}
 
 
-#: Build variants of the gated activation kernels at the default UNROLL and grid cap: the
-#: precise math for 16-bit types, and the cache hints of the 16-byte accesses.
+#: Build variants of the gated activation kernels at the default THREADS and UNROLL: the precise
+#: math for 16-bit types, and the cache hints of the 16-byte accesses.
 GLU_DEFINES = {
     "precise_math": {"KA_GLU_FAST": "0"},
     "ld_nc": {"KA_GLU_LD16": '"ld.global.nc.v4.u32"'},
@@ -292,8 +292,9 @@ def _copy_rate(repeat: int) -> dict:
 
 
 def sweep(repeat: int) -> list:
-    """Our kernels' build constants on the >= 64 MB shapes: the gated activation's accesses in
-    flight per thread (UNROLL) and grid cap (CTAS_PER_SM), RoPE's heads per thread and grid cap."""
+    """Our kernels' build constants on the >= 64 MB shapes: the gated activation's CTA size
+    (THREADS), vectors per thread (UNROLL), math and cache hints (`GLU_DEFINES`), RoPE's heads per
+    thread (HEADS_PER_THREAD)."""
     from kernel_api.arguments import GatedActivationArguments, GatedActivationBackwardArguments, RopeArguments
     from kernel_api.providers.cuda_src.kernels import rope as rope_module
     from kernel_api.providers.cuda_src.kernels import swiglu as glu_module
@@ -318,11 +319,8 @@ def sweep(repeat: int) -> list:
                                                  activation=activation)
                         for _ in range(sets)]
         kernel = next(k for k in kernel_api.get_kernels(arg_sets[0]) if k.name.endswith("_v8"))
-        variants = {f"u{u}_c{c}": {"UNROLL": {backward: u}, "CTAS_PER_SM": c}
-                    for u in ((1, 2, 4, 8) if not backward else (1, 2, 4)) for c in (8, 32, 1 << 20)}
+        variants = {f"t{t}_u{u}": {"THREADS": t, "UNROLL": {backward: u}} for t in (128, 256) for u in (1, 2, 4)}
         variants.update({f"default_{name}": {"defines": defines} for name, defines in GLU_DEFINES.items()})
-        variants.update({f"t128_u{u}_c{c}": {"THREADS": 128, "UNROLL": {backward: u}, "CTAS_PER_SM": c}
-                         for u in (1, 2) for c in (16, 1 << 20)})
         nbytes = (5 if backward else 3) * rows * cols * 2
         label = f"{'glu_bwd' if backward else 'glu_fwd'} {activation} {rows}x{cols}"
         out.append(_time_variants(label, kernel, glu_module, variants, arg_sets, nbytes, repeat))
@@ -341,8 +339,7 @@ def sweep(repeat: int) -> list:
             q, k = heads(hq), heads(hk)
             arg_sets.append(RopeArguments(q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)))
         kernel = next(kn for kn in kernel_api.get_kernels(arg_sets[0]) if kn.name.endswith("_v8"))
-        variants = {f"h{h}_c{c}": {"HEADS_PER_THREAD": h, "CTAS_PER_SM": c} for h in (1, 2, 4, 8)
-                    for c in (16, 32, 1 << 20)}
+        variants = {f"h{h}": {"HEADS_PER_THREAD": h} for h in (1, 2, 4, 8)}
         nbytes = (2 * b * s * d * (hq + hk) + 2 * s * d) * 2
         out.append(_time_variants(f"rope_fwd {layout} b{b} s{s}", kernel, rope_module, variants, arg_sets, nbytes,
                                   repeat))

@@ -10,8 +10,8 @@ activation (``name_expression``; the compile key holds it).
 
 The problem is streamed once: the forward reads gate and up and writes out (3 operands' bytes),
 the backward reads grad_out, gate and up and writes both gradients (5). A CTA covers TY rows of
-TX threads; dense operands come as one row, walked by a grid of at most `CTAS_PER_SM` CTAs per
-SM. Launches go through C launch functions recorded per grid and constants
+TX threads; dense operands come as one row. One CTA per `THREADS` x `UNROLL` vectors of a row (the
+kernels' grid-stride loops run once but past CUDA's grid limits). Launches go through C launch functions recorded per grid and constants
 (`RecordedLaunches`), which `_launcher` also offers for `Kernel.run`'s binding.
 """
 
@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from ....arguments.activations import GATE_ACTIVATIONS, GatedActivationArguments, GatedActivationBackwardArguments
-from ....core.arch import planning_sm_count
 from ....core.dtypes import DataType
 from ....core.streams import stream_handle
 from ....launcher import Launcher
@@ -35,13 +34,17 @@ from .pointwise_launch import RecordedLaunches
 _TYPES = {DataType.f32: "ka_glu::F32", DataType.f16: "ka_glu::F16", DataType.bf16: "ka_glu::BF16"}
 _ACTIVATIONS = {"silu": "ka_glu::SILU", "gelu_tanh": "ka_glu::GELU_TANH", "gelu": "ka_glu::GELU_ERF"}
 _ROWS = (0, 1)
-THREADS = 256
-#: Vectors per operand each thread has in flight per grid step: forward 4 (two operands read,
-#: 128 bytes a thread), backward 2 (three read, 96 bytes).
-UNROLL = {False: 4, True: 2}
-#: The grid's CTAs per SM at most (the grid strides over the rest): 8 CTAs of 256 threads fill
-#: an SM; four waves' worth keeps every SM busy to the end of a streamed problem.
-CTAS_PER_SM = 32
+#: Threads per CTA, and vectors per operand each thread moves: forward 1, backward 2. One CTA per
+#: THREADS x UNROLL vectors of a row, the grid striding only past CUDA's limits. Measured on an
+#: H200 (benchmarks/pointwise.py --sweep, bf16 16384x14336, torch's copy of 1 GiB at 4.25 TB/s):
+#: forward 4.15-4.16 TB/s, backward 4.12 (silu and gelu tanh alike); 256-thread CTAs 4.07-4.13;
+#: a grid capped at 32 CTAs per SM, each thread looping over 4 (forward) or 2 (backward) vectors
+#: per step, 3.70-3.74; 8 per SM 3.3-3.65. The math (16-bit activations through expf and an
+#: IEEE division) moved nothing: 3.66-3.69 against 3.70-3.74 at the capped grid.
+THREADS = 128
+UNROLL = {False: 1, True: 2}
+#: The grid's x extent at most (CUDA's limit).
+MAX_GRID_X = 2**31 - 1
 #: The grid's y extent at most (CUDA's limit).
 MAX_GRID_Y = 65535
 #: The estimate of a 16-byte vector instance, in multiples of the problem's bytes at full
@@ -53,16 +56,14 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def launch_shape(rows: int, cols: int, vec: int, unroll: int, sm_count: int) -> tuple[tuple[int, int], tuple[int, int]]:
+def launch_shape(rows: int, cols: int, vec: int, unroll: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """(grid, block) for ``rows`` rows of ``cols`` elements in accesses of ``vec``: TX threads
     along a row (enough for its vectors, 32 to `THREADS`), TY = THREADS / TX rows per CTA."""
     nvec = cols // vec
     tx = min(THREADS, max(32, _pow2_at_least(-(-nvec // unroll)) if nvec else 32))
     ty = THREADS // tx
-    grid_x = max(1, -(-nvec // (tx * unroll)))
-    cap = sm_count * CTAS_PER_SM
-    grid_x = min(grid_x, cap)
-    grid_y = max(1, min(-(-rows // ty), MAX_GRID_Y, max(1, cap // grid_x)))
+    grid_x = max(1, min(-(-nvec // (tx * unroll)), MAX_GRID_X))
+    grid_y = max(1, min(-(-rows // ty), MAX_GRID_Y))
     return (grid_x, grid_y), (tx, ty)
 
 
@@ -105,7 +106,7 @@ class _CudaGatedBase(CudaSourceKernel):
         return VECTOR_COST if self.vec > 1 else SCALAR_COST
 
     def _shape(self, args: Any) -> tuple:
-        return launch_shape(args.rows, args.cols, self.vec, UNROLL[self.backward], planning_sm_count(args.device))
+        return launch_shape(args.rows, args.cols, self.vec, UNROLL[self.backward])
 
     def launch_config(self, args: Any) -> tuple:
         return self._shape(args)
