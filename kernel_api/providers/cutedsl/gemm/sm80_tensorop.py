@@ -45,8 +45,8 @@ _CONFIGS_F64 = (
     ((128, 128, 16), (2, 4), 3, 16),
     ((64, 64, 16), (2, 2), 3, 8),
 )
-#: f16 accumulation (f16 operands): half the accumulator registers of f32's
-_CONFIGS_F16_ACC = (((128, 256, 64), (2, 4), 4), ((128, 128, 32), (2, 2), 5))
+#: f16 accumulation (f16 operands and output): one tile, for GPUs without the SM90 kernel's
+_CONFIGS_F16_ACC = (((128, 128, 32), (2, 2), 5),)
 _CONFIGS_TF32 = (
     ((128, 256, 32), (2, 4), 3),
     ((128, 128, 32), (2, 2), 4),
@@ -79,9 +79,8 @@ class Sm80TensorOpGemm(GemmKernelBase):
         combos.append((DataType.f32, DataType.f32, DataType.f32, DataType.tf32, (4,), _CONFIGS_TF32))
         # cp.async moves single f64 elements too, so f64 also comes at alignment 1.
         combos.append((DataType.f64, DataType.f64, DataType.f64, None, (2, 1), _CONFIGS_F64))
-        # f16 accumulation, only for callers asking for accumulator_type=f16 (matched exactly)
-        combos += [(DataType.f16, out, DataType.f16, None, (8,), _CONFIGS_F16_ACC)
-                   for out in (DataType.f16, DataType.bf16, DataType.f32)]
+        # f16 accumulation into f16, only for callers asking for accumulator_type=f16 (matched exactly)
+        combos.append((DataType.f16, DataType.f16, DataType.f16, None, (8,), _CONFIGS_F16_ACC))
         kernels = []
         for ab, out, acc, math, aligns, configs in combos:
             for align, (sa, sb, so), config in itertools.product(aligns, LAYOUT_COMBOS, configs):

@@ -198,7 +198,7 @@ F16_ACC_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5])
 #: where a ping-pong warpgroup's epilogue runs under the other's mainloop. Measured with bf16
 #: residual / gated / extra-output epilogues at 4096^3 and 8192x8192x4096: the cooperative
 #: 128x256 tile PickAny ranked first ran 1.12-1.24x the 128x128 ping-pong tile, with the plain
-#: epilogue 1.02-1.04x (H200, benchmarks/epilogue.py: fused_ops against fused).
+#: epilogue 1.02-1.08x (H200, benchmarks/epilogue.py: fused_ops against fused).
 FUSED_TILE_COOPERATIVE_FACTOR = 1.15
 
 
