@@ -17,6 +17,9 @@ from .arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArgu
                         SoftmaxBackwardArguments)
 from .arguments import LayerNormArguments, LayerNormBackwardArguments, RMSNormArguments, RMSNormBackwardArguments
 from .arguments import AttentionArguments
+from .arguments import (CrossEntropyArguments, CrossEntropyBackwardArguments, GatedActivationArguments,
+                        GatedActivationBackwardArguments, LinearCrossEntropyArguments, RopeArguments,
+                        RopeBackwardArguments)
 from .core.artifact import CompiledArtifact
 from .core.dtypes import DataType
 from .core.errors import (CompilationError, DeviceError, KernelApiError, KernelLaunchError, NoKernelFoundError,
@@ -46,6 +49,9 @@ __all__ = [
 ]
 __all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]
 __all__ += ["AttentionArguments"]
+__all__ += ["CrossEntropyArguments", "CrossEntropyBackwardArguments", "GatedActivationArguments",
+            "GatedActivationBackwardArguments", "LinearCrossEntropyArguments", "RopeArguments",
+            "RopeBackwardArguments"]
 
 
 def __getattr__(name: str):
