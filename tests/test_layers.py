@@ -193,14 +193,16 @@ def _layer_offences(prefixes: tuple[str, ...], allowed: tuple[str, ...] = (), fo
 
 
 # The layers, bottom up: core and native (the C module's loader) import nothing above them;
-# arguments -> metadata -> kernel -> cost (the run-time estimates) and registry -> tuning -> ops;
+# epilogue -> arguments -> metadata -> kernel -> cost (the run-time estimates) and registry -> tuning -> ops;
 # providers and cli on top.
 BOTTOM = ("kernel_api.core", "kernel_api.native")
 
 
 @pytest.mark.parametrize("layer, allowed", [
     ("kernel_api.native", ("kernel_api.native",)),
-    ("kernel_api.arguments", BOTTOM + ("kernel_api.arguments",)),
+    # the epilogue IR (front end, binding, reference): on core alone, below the arguments that hold it
+    ("kernel_api.epilogue", BOTTOM + ("kernel_api.epilogue",)),
+    ("kernel_api.arguments", BOTTOM + ("kernel_api.epilogue", "kernel_api.arguments")),
     ("kernel_api.metadata", BOTTOM + ("kernel_api.arguments", "kernel_api.metadata")),
     # NVRTC compiles and cubin launches: above the kernel layer (the cache-only switch), below
     # the providers that share it
@@ -224,7 +226,7 @@ def test_ops_and_nn_import_no_provider():
 
 
 def test_lower_layers_import_no_ops_cli_tuning_or_providers():
-    lower = BOTTOM + ("kernel_api.arguments", "kernel_api.metadata", "kernel_api.kernel", "kernel_api.registry",
+    lower = BOTTOM + ("kernel_api.epilogue", "kernel_api.arguments", "kernel_api.metadata", "kernel_api.kernel", "kernel_api.registry",
                       "kernel_api.utils", "kernel_api.nvrtc", "kernel_api.cost")
     upper = ("kernel_api.ops", "kernel_api.cli", "kernel_api.tuning", "kernel_api.providers")
     offences = _layer_offences(lower, forbidden=upper)
