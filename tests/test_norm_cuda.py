@@ -117,8 +117,8 @@ def test_plan_arithmetic():
     (CudaRMSNorm, _rms((3, 4097), torch.float32), "fwd_reg<ka_norm::F32, ka_norm::F32, 1, 16, false, false, false>"),
     (CudaRMSNorm, _rms((3, 40000), torch.float16, torch.float32), "fwd_looped<ka_norm::F16, ka_norm::F32, 8, false, false>"),
     (CudaLayerNormBackward, _layer_bwd((3, 8192), wtype=torch.float32),
-     "bwd_reg<ka_norm::BF16, ka_norm::F32, 8, 2, true, false, 0>"),
-    (CudaLayerNormBackward, _layer_bwd((3, 100)), "bwd_reg<ka_norm::BF16, ka_norm::BF16, 1, 4, true, true, 0>"),
+     "bwd_reg<ka_norm::BF16, ka_norm::F32, 8, 2, true, false, 3>"),
+    (CudaLayerNormBackward, _layer_bwd((3, 100)), "bwd_reg<ka_norm::BF16, ka_norm::BF16, 1, 4, true, true, 0>"),  # (no ring: _a1)
     (CudaLayerNormBackward, _layer_bwd((3, 20000)), "bwd_looped<ka_norm::BF16, ka_norm::BF16, 8, true>"),
 ])
 def test_compiles_for_sm90a_without_a_gpu(cls, args, expect):

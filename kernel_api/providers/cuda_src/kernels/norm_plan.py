@@ -47,8 +47,11 @@ LOOPED_THREADS = 512
 #: register file.
 BACKWARD_THREADS_PER_SM = 512
 #: The backward register rows' stages of shared memory for later rows (0: the next row held in
-#: registers instead; `ring_bytes`).
-BACKWARD_STAGES = 0
+#: registers instead; `ring_bytes`). With the next row in registers, a bf16 backward of 8192
+#: columns (one 512-thread CTA per SM, 32 KB of loads in flight) measured 1.87 TB/s forward and
+#: backward together against 3.43 for the forward alone (H200, benchmarks/norms.py): too few
+#: bytes in flight per SM. Three stages keep two rows ahead (tested on an H200, not yet timed).
+BACKWARD_STAGES = 3
 #: The fewest rows each backward unit takes (fewer, larger partial sums on small problems).
 MIN_ROWS_PER_UNIT = 2
 STRATEGIES = ("warp", "block", "looped")
