@@ -308,3 +308,23 @@ def test_the_usage_guide_shows_the_provider_options():
     cli = text[text.index("## Command line"):text.index("### Kernels ahead of time")]
     assert "kernel-api list --provider" in cli and "--provider cutedsl,cuda_src" in cli
     assert "`Provider.version`" in cli
+
+
+def test_release_numbers_and_require_library(monkeypatch):
+    """`release` reads the leading numbers of a version; `require_library` refuses a missing
+    library and one outside the supported range, in one line naming both versions."""
+    import importlib.metadata
+
+    import pytest
+
+    from kernel_api.registry import release, require_library
+
+    assert release("0.8.5.dev1") == (0, 8, 5) and release("4.0.0b36") == (4, 0, 0) and release("x") == ()
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "0.9.1" if name == "some-library" else real(name))
+    assert require_library("kernel-api-some", "0.1.0", "some-library", ("0.9", "0.10")) == "0.9.1"
+    with pytest.raises(ImportError, match=r"kernel-api-some 0.1.0 wraps some-library>=0.7,<0.9; 0.9.1 is installed"):
+        require_library("kernel-api-some", "0.1.0", "some-library", ("0.7", "0.9"))
+    with pytest.raises(ImportError, match="needs no-such-library-here>=1,<2, which is not installed"):
+        require_library("kernel-api-some", "0.1.0", "no-such-library-here", ("1", "2"))

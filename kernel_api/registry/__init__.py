@@ -22,6 +22,7 @@ from .explanation import Explanation, Rejection
 from .kernel_registry import (Provider, Registry, default_registry, register_provider, registering_registry,
                               unregister_provider)
 from .plugins import BUILTIN_PROVIDER_MODULES, ENTRY_POINT_GROUP
+from .versions import release, require_library
 
 # The default registry's methods, bound: a module-level call costs no more than the method's.
 get_kernels = default_registry.get_kernels
@@ -35,5 +36,6 @@ clear_caches = default_registry.clear_caches
 
 __all__ = ["BUILTIN_PROVIDER_MODULES", "ENTRY_POINT_GROUP", "Explanation", "Provider", "Registry", "Rejection",
            "available_providers", "clear_caches", "default_registry", "explain", "get_kernels", "get_provider",
-           "no_kernel_error", "plugin_errors", "register_provider", "registering_registry", "select_providers",
+           "no_kernel_error", "plugin_errors", "register_provider", "registering_registry", "release",
+           "require_library", "select_providers",
            "unregister_provider"]

@@ -12,6 +12,7 @@ providers are built once per set.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import threading
 from typing import Any, Iterable
@@ -87,3 +88,53 @@ def forget_versions() -> None:
         _sets.clear()
     module_version.cache_clear()
     _packages_distributions.cache_clear()
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string ("0.8.5.dev1" -> (0, 8, 5)).
+
+    Args:
+        version: a PEP 440 version.
+
+    Returns:
+        Its leading numeric components.
+    """
+    numbers = []
+    for part in version.split("."):
+        digits = len(part) - len(part.lstrip("0123456789"))
+        if digits == 0:
+            break
+        numbers.append(int(part[:digits]))
+        if digits != len(part):
+            break
+    return tuple(numbers)
+
+
+def require_library(plugin: str, plugin_version: str, distribution: str, supported: tuple[str, str],
+                    modules: Iterable[str] = ()) -> str:
+    """What a plugin wrapping another library runs at import, before it registers anything: the
+    library's installed version, once it is known to be in ``supported`` and its ``modules``
+    import. kernel_api reports the ImportError it raises otherwise in ``plugin_errors()`` and
+    skips the plugin.
+
+    Args:
+        plugin: the plugin's distribution name, for messages ("kernel-api-quack").
+        plugin_version: the plugin's own version.
+        distribution: the wrapped library's distribution ("quack-kernels").
+        supported: (lowest release supported, first release not supported), release numbers only.
+        modules: the library's modules the plugin's kernels use.
+
+    Returns:
+        The installed version string; ImportError saying what is installed and what is needed
+        (or the library's own ImportError).
+    """
+    low, high = supported
+    try:
+        found = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(f"{plugin} needs {distribution}>={low},<{high}, which is not installed") from None
+    if not release(low) <= release(found) < release(high):
+        raise ImportError(f"{plugin} {plugin_version} wraps {distribution}>={low},<{high}; {found} is installed")
+    for module in modules:
+        importlib.import_module(module)
+    return found

@@ -8,9 +8,7 @@ package is at 0.x: its operator classes and metadata may change in any minor rel
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import re
+from kernel_api.registry import release, require_library
 
 #: This plugin's version (pyproject.toml's).
 PLUGIN_VERSION = "0.1.0"
@@ -22,41 +20,15 @@ MODULES = ("cutlass.operators",)
 SUPPORTED = ("0.3.0", "0.4")
 
 
-def release(version: str) -> tuple[int, ...]:
-    """The release numbers of a version string ("0.8.5.dev1" -> (0, 8, 5)).
-
-    Args:
-        version: a PEP 440 version.
-
-    Returns:
-        Its leading numeric components.
-    """
-    numbers = []
-    for part in version.split("."):
-        match = re.match(r"\d+", part)
-        if match is None:
-            break
-        numbers.append(int(match.group()))
-        if match.end() != len(part):
-            break
-    return tuple(numbers)
-
-
 def check() -> str:
     """The installed version of `DISTRIBUTION`, once it is known to be in `SUPPORTED` and its
-    `MODULES` import.
+    `MODULES` import (`kernel_api.registry.require_library`).
 
     Returns:
         The version string; ImportError saying what is installed and what is needed otherwise
         (or the library's own ImportError).
     """
-    low, high = SUPPORTED
-    try:
-        found = importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"kernel-api-cutlass-operators needs {DISTRIBUTION}>={low},<{high}, which is not installed") from None
-    if not release(low) <= release(found) < release(high):
-        raise ImportError(f"kernel-api-cutlass-operators {PLUGIN_VERSION} wraps {DISTRIBUTION}>={low},<{high}; {found} is installed")
-    for module in MODULES:
-        importlib.import_module(module)
-    return found
+    return require_library("kernel-api-cutlass-operators", PLUGIN_VERSION, DISTRIBUTION, SUPPORTED, MODULES)
+
+
+__all__ = ["DISTRIBUTION", "MODULES", "PLUGIN_VERSION", "SUPPORTED", "check", "release"]
