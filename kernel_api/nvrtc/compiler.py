@@ -108,20 +108,27 @@ def default_include_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
-#: NVRTC's pip distributions, newest naming first: cuda-bindings loads the library of an
-#: installed NVIDIA wheel before any system toolkit's (cuda.pathfinder's search order).
-_NVRTC_DISTRIBUTIONS = ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13", "nvidia-cuda-nvrtc-cu12")
+#: NVRTC's pip distributions by the CUDA major of cuda-bindings, which loads the library of an
+#: installed NVIDIA wheel of its major before any system toolkit's (cuda.pathfinder's search order).
+_NVRTC_DISTRIBUTIONS = {12: ("nvidia-cuda-nvrtc-cu12",), 13: ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13")}
 
 
 def _installed_nvrtc_wheel() -> tuple[str, str] | tuple[()]:
-    """(distribution, version) of the installed NVRTC wheel, or () when there is none."""
+    """(distribution, version) of the installed NVRTC wheel of cuda-bindings' CUDA major, or ()
+    when there is none (or cuda-bindings' version cannot be read)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    for dist in _NVRTC_DISTRIBUTIONS:
+    try:
+        major = int(version("cuda-bindings").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return ()
+    for dist in _NVRTC_DISTRIBUTIONS.get(major, ()):
         try:
-            return (dist, version(dist))
+            found = version(dist)
         except PackageNotFoundError:
             continue
+        if found.split(".")[0] == str(major):
+            return (dist, found)
     return ()
 
 
