@@ -27,8 +27,9 @@ CUDA_NAMED = {"nvidia-cuda-nvrtc-cu12": 12, "nvidia-cutlass-dsl-libs-cu12": 12, 
 PROVIDERS = {"torch": "torch", "cutlass": "nvidia-cutlass-dsl", "tvm_ffi": "apache-tvm-ffi",
              "cuda.bindings": "cuda-bindings", "cuda.core": "cuda-core", "cuda.pathfinder": "cuda-pathfinder",
              "numpy": "numpy", "platformdirs": "platformdirs", "tqdm": "tqdm", "matplotlib": "matplotlib",
-             "cryptography": "cryptography", "triton": "triton"}
-OPTIONAL = {"matplotlib": "plot", "cryptography": "sign", "triton": "triton"}  # imported only by a feature that names its extra when it is missing
+             "cryptography": "cryptography", "triton": "triton", "transformers": "transformers"}
+OPTIONAL = {"matplotlib": "plot", "cryptography": "sign", "triton": "triton",
+            "transformers": "models"}  # imported only by a feature that names its extra when it is missing
 
 
 def parse(specs: list[str]) -> list:
