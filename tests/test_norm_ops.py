@@ -153,8 +153,8 @@ def test_explain_says_why_no_kernel_takes_the_arguments():
     assert kernel_api.get_kernels(args) == []
     text = str(kernel_api.explain(args))
     assert "torch/TorchRMSNorm" in text and "weight" in text
-    # the torch provider's kernels take f16 rows: their miss is the weight's dtype, named
-    assert "operand weight" in str(kernel_api.explain(args, providers=["torch"]))
+    # the torch provider's f16-row instances miss on the weight's dtype alone, and say so
+    assert "needs weight f16/f32" in str(kernel_api.explain(args, providers=["torch"]))
     assert "no kernel supports RMSNormArguments" in str(kernel_api.registry.no_kernel_error(args))
 
 
