@@ -1,4 +1,5 @@
-"""Recorded launches of the pointwise kernels (gated activations, RoPE), kept per instance.
+"""What the pointwise kernels (gated activations, RoPE) share: their instances (`PointwiseKernel`)
+and their recorded launches, kept per instance (`RecordedLaunches`).
 
 A pointwise launch is fixed by the artifact, the grid, the block and the constants after the
 operand pointers (sizes and strides). `RecordedLaunches` makes the C launch function of each
@@ -14,10 +15,39 @@ import threading
 from typing import Any
 
 from .... import native
+from ....core.dtypes import DataType
 from ....launcher import Launcher
+from ....metadata import KernelMetadata
+from ..kernel import CudaSourceKernel
 
 #: Recorded launches kept per kernel instance (all dropped past this: shapes of one model are few).
 LIMIT = 512
+
+
+class PointwiseKernel(CudaSourceKernel):
+    """A pointwise family's instances: one per dtype (f32, f16, bf16) and vector width (16-byte
+    vectors, or single elements for operands of any alignment), named ``<class>_<dtype>_v<vec>``;
+    every kernel parameter is a pointer or a 64-bit int, passed as a Python int."""
+
+    convert_arguments = False
+    min_cc = 80  # cvt.rn.{bf16,f16}x2.f32
+    backward = False
+    _operands_type: Any = None
+    #: The element types, in the order instances are generated.
+    DTYPES = (DataType.f32, DataType.f16, DataType.bf16)
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.dtype: DataType = params["dtype"]
+        self.vec: int = params["vec"]
+
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        return [dict(dtype=dt, vec=v) for dt in cls.DTYPES for v in (16 // dt.bytes, 1)]
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        return f"{cls.__name__}_{params['dtype']}_v{params['vec']}"
 
 
 class RecordedLaunches:

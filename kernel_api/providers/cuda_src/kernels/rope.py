@@ -27,11 +27,10 @@ from ....core.dtypes import DataType
 from ....core.status import Reason, Status
 from ....core.streams import stream_handle
 from ....launcher import Launcher
-from ....metadata import KernelMetadata, TensorAttributes
+from ....metadata import TensorAttributes
 from ....metadata.rope import RopeBackwardOperandsMetadata, RopeOperandsMetadata
 from .. import CudaSourceProvider
-from ..kernel import CudaSourceKernel
-from .pointwise_launch import RecordedLaunches
+from .pointwise_launch import PointwiseKernel, RecordedLaunches
 
 _TYPES = {DataType.f32: "ka_rope::F32", DataType.f16: "ka_rope::F16", DataType.bf16: "ka_rope::BF16"}
 _ROWS = (0, 1)
@@ -55,25 +54,8 @@ def work_items(args: Any, vec: int) -> tuple[int, int, int]:
     return args.batch * args.seq * groups * nj, groups, nj
 
 
-class _CudaRopeBase(CudaSourceKernel):
+class _CudaRopeBase(PointwiseKernel):
     source_file = "rope.cu"
-    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
-    min_cc = 80  # cvt.rn.{bf16,f16}x2.f32
-    backward = False
-    _operands_type: Any = None
-
-    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
-        super().__init__(metadata, params)
-        self.dtype: DataType = params["dtype"]
-        self.vec: int = params["vec"]
-
-    @classmethod
-    def variant_params(cls) -> list[dict]:
-        return [dict(dtype=dt, vec=v) for dt in _TYPES for v in (16 // dt.bytes, 1)]
-
-    @classmethod
-    def instance_name(cls, params: dict) -> str:
-        return f"{cls.__name__}_{params['dtype']}_v{params['vec']}"
 
     @classmethod
     def operands_for(cls, params: dict) -> Any:

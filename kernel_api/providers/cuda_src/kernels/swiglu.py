@@ -25,11 +25,10 @@ from ....arguments.activations import GATE_ACTIVATIONS, GatedActivationArguments
 from ....core.dtypes import DataType
 from ....core.streams import stream_handle
 from ....launcher import Launcher
-from ....metadata import KernelMetadata, TensorAttributes
+from ....metadata import TensorAttributes
 from ....metadata.activations import GatedActivationBackwardOperandsMetadata, GatedActivationOperandsMetadata
 from .. import CudaSourceProvider
-from ..kernel import CudaSourceKernel
-from .pointwise_launch import RecordedLaunches
+from .pointwise_launch import PointwiseKernel, RecordedLaunches
 
 _TYPES = {DataType.f32: "ka_glu::F32", DataType.f16: "ka_glu::F16", DataType.bf16: "ka_glu::BF16"}
 _ACTIVATIONS = {"silu": "ka_glu::SILU", "gelu_tanh": "ka_glu::GELU_TANH", "gelu": "ka_glu::GELU_ERF"}
@@ -67,25 +66,8 @@ def launch_shape(rows: int, cols: int, vec: int, unroll: int) -> tuple[tuple[int
     return (grid_x, grid_y), (tx, ty)
 
 
-class _CudaGatedBase(CudaSourceKernel):
+class _CudaGatedBase(PointwiseKernel):
     source_file = "swiglu.cu"
-    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
-    min_cc = 80  # cvt.rn.{bf16,f16}x2.f32
-    backward = False
-    _operands_type: Any = None
-
-    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
-        super().__init__(metadata, params)
-        self.dtype: DataType = params["dtype"]
-        self.vec: int = params["vec"]
-
-    @classmethod
-    def variant_params(cls) -> list[dict]:
-        return [dict(dtype=dt, vec=v) for dt in _TYPES for v in (16 // dt.bytes, 1)]
-
-    @classmethod
-    def instance_name(cls, params: dict) -> str:
-        return f"{cls.__name__}_{params['dtype']}_v{params['vec']}"
 
     @classmethod
     def operands_for(cls, params: dict) -> Any:
