@@ -291,8 +291,14 @@ def _front_door(op: Operation, overload: Any, schema: Any) -> Callable[..., Any]
         *[inspect.Parameter(name, keyword, default=None) for name in outputs],
         inspect.Parameter("stream", keyword, default=None)])
 
+    output_names = frozenset(outputs)
+
     def function(*inputs: Any, stream: Any = None, **named: Any) -> Any:
-        if named or len(inputs) != n:
+        if len(inputs) == n and output_names.issuperset(named):
+            # every input given by position, outputs (if any) by name: no binding needed (the
+            # common call, e.g. the op functions' own `f(x, w, eps, out=out)`)
+            given = [named.get(name) for name in outputs]
+        else:  # inputs by name or defaulted, or a wrong call: the signature binds and explains
             try:
                 bound = signature.bind(*inputs, stream=stream, **named)
             except TypeError as exc:
@@ -301,8 +307,6 @@ def _front_door(op: Operation, overload: Any, schema: Any) -> Callable[..., Any]
             values = bound.arguments
             inputs = tuple([values[a.name] for a in schema.arguments])
             given = [values[name] for name in outputs]
-        else:
-            given = [None] * len(outputs)
         if _is_compiling() or _dispatch_modes() or _to_op(inputs):
             return _through_op(op, overload, stream, given, inputs)
         if any(g is None for g in given):
