@@ -35,6 +35,7 @@ the same handle for each spelling.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -107,3 +108,21 @@ def to_cuda_stream(stream: Any = None) -> Any:
     if stream is not None and type(stream) is not int:
         last_stream = (stream, found)
     return found
+
+
+def stream_context(device: torch.device, stream: Any) -> Any:
+    """The launch stream as torch's current one, for code that launches on torch's (another
+    library's kernels, torch ops).
+
+    Args:
+        device: the operands' device.
+        stream: any stream spelling kernel_api accepts (None: the current one).
+
+    Returns:
+        A context manager: ``torch.cuda.stream`` of it, or a null context when it is current.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = stream_handle(stream, index)
+    if handle == torch.cuda.current_stream(index).cuda_stream:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(handle, device=torch.device("cuda", index)))

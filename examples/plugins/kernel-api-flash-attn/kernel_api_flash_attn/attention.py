@@ -17,7 +17,6 @@ attention backward yet (``ops.attention``'s backward recomputes through SDPA).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from kernel_api import AttentionArguments, CompilationError, CompiledArtifact, D
 from kernel_api import Status, TensorAttributes
 from kernel_api.core.status import Reason
 from kernel_api.cost.attention import attention_cost
-from kernel_api.core.streams import stream_handle
+from kernel_api.core.streams import stream_context
 from kernel_api.launcher import Launcher
 from kernel_api.metadata.attention import AttentionOperandsMetadata
 
@@ -38,23 +37,6 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 #: FA4's forward speed against torch's SDPA by whether the head dim is at least 128 (H200:
 #: 1.04x at b4 h32 s4096 d128 causal, 0.74x at d64 s1024)
 SPEED_VS_SDPA = {True: 1.04, False: 0.74}
-
-
-def stream_context(device: torch.device, stream: Any) -> Any:
-    """The launch stream as torch's current one, for a library that launches on torch's.
-
-    Args:
-        device: the operands' device.
-        stream: any stream spelling kernel_api accepts (None: the current one).
-
-    Returns:
-        A context manager: ``torch.cuda.stream`` of it, or a null context when it is current.
-    """
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    handle = stream_handle(stream, index)
-    if handle == torch.cuda.current_stream(index).cuda_stream:
-        return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.ExternalStream(handle, device=torch.device("cuda", index)))
 
 
 @FlashAttnProvider.register

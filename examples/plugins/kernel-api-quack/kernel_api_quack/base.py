@@ -10,31 +10,13 @@ chooses the architecture itself and its cache key does not hold it. ``_run`` and
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 
 from kernel_api import CompilationError, CompiledArtifact, Kernel, Status
-from kernel_api.core.streams import stream_handle
+from kernel_api.core.streams import stream_context
 from kernel_api.launcher import Launcher
-
-
-def stream_context(device: torch.device, stream: Any) -> Any:
-    """The launch stream as torch's current one, for a library that launches on torch's.
-
-    Args:
-        device: the operands' device.
-        stream: any stream spelling kernel_api accepts (None: the current one).
-
-    Returns:
-        A context manager: ``torch.cuda.stream`` of it, or a null context when it is current.
-    """
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    handle = stream_handle(stream, index)
-    if handle == torch.cuda.current_stream(index).cuda_stream:
-        return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.ExternalStream(handle, device=torch.device("cuda", index)))
 
 
 class QuackKernel(Kernel):
