@@ -295,6 +295,17 @@ def test_quack_norms_gemm_metadata(plugins):
         ["QuackGemm_bf16_ttt_a16"]
 
 
+def test_pick_any_ranks_quack_s_gemm_below_the_kernels_measured_faster(plugins):
+    """QuACK's GEMM ran 1.09x slower than kernel_api's tile of the same design and cuBLAS at 4096^3
+    bf16 on an H200: PickAny, over every provider, ranks it after them there."""
+    _need("quack")
+    from kernel_api.tuning.pick_any import rank_candidates
+    args = GemmArguments(meta(4096, 4096), meta(4096, 4096), meta(4096, 4096))
+    ranked = [k.metadata.kernel_name for k in rank_candidates(kernel_api.get_kernels(args, cc=90), args, sm_count=132)]
+    assert "QuackGemm_bf16_ttt_a16" in ranked
+    assert not ranked[0].startswith("Quack")
+
+
 def test_quack_cross_entropy_forward_without_gradient_and_backward(plugins):
     _need("quack")
     from kernel_api.arguments.cross_entropy import CrossEntropyArguments, CrossEntropyBackwardArguments
