@@ -86,6 +86,45 @@ class Arguments:
         `kernel_api.ops`; kept out of construction so building arguments stays cheap.
         """
 
+    def random_like(self, generator: torch.Generator | None = None) -> Arguments:
+        """Arguments of the same metadata (type, signature, shapes, strides, pointer alignment,
+        scalars) with fresh values: what a tuner verifies and times candidates on.
+
+        The default replaces each operand of ``tensor_attributes`` by a tensor of its layout
+        (`random_tensor_like`): floating inputs get standard normal values, integer inputs (class
+        indices, positions) a copy of their values, outputs NaN (integers: -1), so a kernel that
+        leaves elements unwritten fails verification. Operands that are one view of each other
+        (an output written in place over an input) stay one view. Tensors outside
+        ``tensor_attributes`` (sequence offsets, say) are shared as they are. A type whose
+        kernels need particular values (a valid range, a probability distribution) overrides
+        this.
+
+        Args:
+            generator: the random generator (None: torch's default for the device).
+
+        Returns:
+            A new arguments object of ``type(self)``, bound to no launch.
+        """
+        new = unbound_copy(self)
+        outputs = type(self).output_names
+        tensors = self.tensors()
+        made: dict[tuple, torch.Tensor] = {}
+        for name in sorted(tensors, key=lambda n: n in outputs):  # inputs first: an in-place output reuses its input's
+            t = tensors[name]
+            view = (data_pointer(t), tuple(t.shape), t.stride(), t.dtype)
+            found = made.get(view) if t.numel() else None
+            if found is None:
+                found = made[view] = random_tensor_like(t, generator, output=name in outputs)
+            setattr(new, name, found)
+        return new
+
+    def reference_outputs(self) -> dict[str, torch.Tensor] | None:
+        """The outputs these arguments' kernels must compute, in float64 (name -> tensor shaped
+        like that output), for verifying candidates; None where the type offers none (a tuner
+        then compares with the torch provider's kernel). Computed from the operands' current
+        values; writes nothing."""
+        return None
+
 
 def unbound_copy(args: Arguments) -> Arguments:
     """A copy of ``args`` sharing its tensors and summary but not the launch a kernel bound to
@@ -93,6 +132,33 @@ def unbound_copy(args: Arguments) -> Arguments:
     (a tuner times several kernels on one set of tensors, each on its bound fast path)."""
     new = copy.copy(args)
     new._verdicts = new._binding = None
+    return new
+
+
+def random_tensor_like(t: torch.Tensor, generator: torch.Generator | None = None, output: bool = False) -> torch.Tensor:
+    """A new tensor with ``t``'s shape, strides, dtype and device and its pointer's alignment
+    (the offset, in elements, modulo 128), in storage of its own.
+
+    Args:
+        t: the model tensor.
+        generator: the random generator (None: torch's default for the device).
+        output: fill with NaN (integers: -1) instead of values.
+
+    Returns:
+        Floating inputs: standard normal values; integer and boolean inputs: a copy of ``t``'s.
+    """
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
+    itemsize = t.element_size()
+    ptr = data_pointer(t)
+    offset = (ptr // itemsize) % 128 if ptr else 0
+    storage = torch.empty(span + offset, dtype=t.dtype, device=t.device)
+    new = storage.as_strided(t.shape, t.stride(), offset)
+    if output:
+        storage.fill_(float("nan") if t.is_floating_point() else -1)
+    elif t.is_floating_point():
+        storage.normal_(generator=generator)
+    else:
+        new.copy_(t)
     return new
 
 

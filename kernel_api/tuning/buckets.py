@@ -32,15 +32,30 @@ def pow2_range(size: int) -> tuple[int, int]:
 
 def pow2_m(args: Any) -> str | None:
     """GEMM: M in a power-of-two bucket (`pow2_range`), N, K and the batch exact. Row-wise
-    operations (softmax): rows bucketed the same way, columns exact. Other arguments: None."""
+    operations (softmax, the norms, cross-entropy): rows bucketed the same way, columns exact,
+    and any other size of their `problem_key` exact too (the linear cross-entropy's vocabulary).
+    Other arguments: None."""
     if isinstance(args, GemmArguments):
         lo, hi = pow2_range(args.M)
         return f"pow2_m M={lo}..{hi} N={args.N} K={args.K} L={args.L}"
     rows, cols = getattr(args, "rows", None), getattr(args, "cols", None)
     if isinstance(rows, int) and isinstance(cols, int):
         lo, hi = pow2_range(rows)
-        return f"pow2_m rows={lo}..{hi} cols={cols}"
+        return f"pow2_m rows={lo}..{hi} cols={cols}" + _other_sizes(args, rows, cols)
     return None
+
+
+def _other_sizes(args: Any, rows: int, cols: int) -> str:
+    """The values of ``args.problem_key()`` besides its type, its signature, one ``rows`` and one
+    ``cols``, as a label suffix ("" when none)."""
+    key = getattr(args, "problem_key", None)
+    if key is None:
+        return ""
+    rest = [v for v in key() if not isinstance(v, type) and v is not getattr(args, "signature", None)]
+    for size in (rows, cols):
+        if size in rest:
+            rest.remove(size)
+    return f" rest={','.join(map(str, rest))}" if rest else ""
 
 
 #: Buckets known by name (``PickBest(bucket="pow2_m")``).

@@ -21,10 +21,13 @@ _log = logging.getLogger(__name__)
 
 
 def describe_problem(args: Any) -> str:
-    """A short description of a problem for log records (GEMM MxNxK, else rows x cols)."""
+    """A short description of a problem for log records (GEMM MxNxK, else rows x cols, else the
+    arguments' repr)."""
     if isinstance(args, GemmArguments):
         return f"GEMM M={args.M} N={args.N} K={args.K}" + (f" L={args.L}" if args.L != 1 else "")
-    return f"{type(args).__name__} {getattr(args, 'rows', '?')}x{getattr(args, 'cols', '?')}"
+    if hasattr(args, "rows") and hasattr(args, "cols"):
+        return f"{type(args).__name__} {args.rows}x{args.cols}"
+    return repr(args)
 
 
 def rank_candidates(kernels: list[Kernel], args: Any, sm_count: int | None = None) -> list[Kernel]:

@@ -100,11 +100,18 @@ _cublas_allows_tf32 = torch._C._get_cublas_allow_tf32
 
 
 def math_setting(args: Any) -> str:
-    """The math a setting allows for ``args``' kernels (`RecordContext.math`): for f32 GEMMs
-    ``"tf32"`` while torch allows TF32 matmuls (``torch.backends.cuda.matmul.allow_tf32``,
-    float32 matmul precision "high" or "medium") and ``"f32"`` otherwise; ``"native"`` for
-    problems no setting changes."""
-    if isinstance(args, GemmArguments) and args.tensor_attributes["A"].dtype is DataType.f32:
+    """The math a setting allows for ``args``' kernels (`RecordContext.math`): ``"tf32"`` while
+    torch allows TF32 matmuls (``torch.backends.cuda.matmul.allow_tf32``, float32 matmul
+    precision "high" or "medium") and ``"f32"`` otherwise, for f32 GEMMs and for any other
+    problem with an f32 matrix operand; ``"native"`` for problems no setting changes. Not only
+    GEMMs: a kernel of any operation may multiply matrices through torch (the linear
+    cross-entropy's chunks, attention's torch kernel), and which kernels do is theirs to know,
+    not the arguments'."""
+    if isinstance(args, GemmArguments):
+        f32 = args.tensor_attributes["A"].dtype is DataType.f32
+    else:
+        f32 = any(a.dtype is DataType.f32 and len(a.stride) >= 2 for a in args.tensor_attributes.values())
+    if f32:
         return "tf32" if _cublas_allows_tf32() else "f32"
     return "native"
 
@@ -243,13 +250,19 @@ class PickBest(Policy):
 
         Returns:
             The `RecordContext`: the math allowed (`math_setting`), the providers of the current
-            `kernel_api.settings` scope, this policy's timing and power state, and the versions
-            of the scope's providers (every registered one where the scope names none) and the
-            candidates' (`candidate_versions`).
+            `kernel_api.settings` scope, this policy's timing and power state (and ``settle_ms``
+            where it is not the default), the versions of the scope's providers (every
+            registered one where the scope names none) and the candidates'
+            (`candidate_versions`), and ``max_candidates`` where it leaves candidates out.
         """
         scope = current().providers
-        return RecordContext(math_setting(args), scope, f"{self.timing}/{self.power_state}",
-                             candidate_versions(scope, candidates))
+        timing = f"{self.timing}/{self.power_state}"
+        if self.settle_ms != _SETTLE_MS:
+            timing += f"/settle={self.settle_ms:g}"
+        candidates = list(candidates)
+        limit = self.max_candidates if self.max_candidates is not None and len(candidates) > self.max_candidates \
+            else None
+        return RecordContext(math_setting(args), scope, timing, candidate_versions(scope, candidates), limit)
 
     def _record_key(self, args: Any, bucketed: bool = False, candidates: Iterable[Kernel] = ()) -> RecordKey | None:
         """The key of ``args``' record (`kernel_api.tuning.records.record_key` under
@@ -388,6 +401,51 @@ class PickBest(Policy):
                 early[index] = exc
                 artifacts.pop(index)
 
+    def _verification(self, check: Any, kernels: list[Kernel], artifacts: dict[int, Any],
+                      load: Callable[[int], None]) -> _Verification:
+        """How each candidate's result on ``check`` is verified (`_Verification`): against
+        `reference` (float64) where it knows the operation, else against the outputs of the
+        torch provider's kernel (a candidate's, or one found for the purpose), else only for
+        finite, written outputs (logged)."""
+        expected = reference(check)
+        if isinstance(expected, torch.Tensor):
+            return _Verification.single(output_of, check, expected.double())
+        verification = _Verification.of_outputs(check)
+        if expected is not None:
+            return verification.against(expected, "the float64 reference")
+        found = self._torch_reference(check, kernels, artifacts, load)
+        if found is None:
+            _log.warning("PickBest: no reference for %s (no float64 one, no torch provider kernel): its candidates "
+                         "are checked for finite, written outputs only", describe_problem(check))
+            return verification.against({}, "no reference (finite outputs only)")
+        kernel, artifact = found
+        verification.reset()
+        kernel.run(unbound_copy(check), compiled_artifact=artifact)
+        outputs = {name: t.double().clone() for name, t in verification.outputs.items()}
+        return verification.against(outputs, f"the torch provider's {kernel.metadata.kernel_name}", loosen=2.0)
+
+    def _torch_reference(self, check: Any, kernels: list[Kernel], artifacts: dict[int, Any],
+                         load: Callable[[int], None]) -> tuple[Kernel, Any] | None:
+        """(kernel, artifact) of the torch provider's kernel for ``check``: a candidate's when
+        one is the torch provider's, else the best-ranked the registry has; None when there is
+        none or it does not load."""
+        for index, kernel in enumerate(kernels):
+            if getattr(getattr(kernel, "_kernel_api_provider", None), "name", None) == TORCH_PROVIDER:
+                load(index)
+                if index in artifacts:
+                    return kernel, artifacts[index]
+        try:
+            found = registry.get_kernels(check, providers=[TORCH_PROVIDER])
+        except ValueError:  # no torch provider registered (a registry without it)
+            return None
+        for kernel in rank_candidates(found, check):
+            try:
+                return kernel, self._artifact(kernel, check)
+            except Exception as exc:
+                _log.debug("PickBest: the torch provider's %s does not load as a reference: %s",
+                           kernel.metadata.kernel_name, _failure(exc))
+        return None
+
     def _measure(self, args: Any, kernels: list[Kernel]) -> list[Measurement]:
         """Verify and time each of ``kernels`` on fresh random data (see the class docstring).
 
@@ -426,8 +484,7 @@ class PickBest(Policy):
 
         if _FIRST_LAUNCH_EARLY:
             self._first_launches(kernels, check, artifacts, early, load)
-        expected = reference(check).double()
-        expected_norm = torch.linalg.vector_norm(expected)
+        verify = self._verification(check, kernels, artifacts, load)
         floor_ms = gpu_floor_ms(args)
         # Errors come back through pinned memory: reading a GPU scalar (.item()) would wait for
         # everything queued after it.
@@ -442,10 +499,9 @@ class PickBest(Policy):
             try:
                 if index in early:
                     raise early[index]
-                output_of(check).fill_(float("nan"))
+                verify.reset()
                 kernel.run(unbound_copy(check), compiled_artifact=artifacts[index])
-                errors[index].copy_(relative_error_tensor(output_of(check), expected, expected_norm),
-                                    non_blocking=True)
+                errors[index].copy_(verify.error(), non_blocking=True)
             except Exception as exc:
                 fail(index, exc)
             if _PREFETCH_NEXT:
@@ -458,11 +514,12 @@ class PickBest(Policy):
                 try:
                     median_ms = summary()["median_ms"]  # may wait for this candidate's last launch
                     err = float(errors[index])  # copied before any timed launch
-                    tol = tolerance(check, kernel)
+                    tol = tolerance(check, kernel) * verify.loosen
                     name = kernel.metadata.kernel_name
                     results[index] = (Measurement(name, median_ms, err) if err <= tol else
                                       Measurement(name, error=err,
-                                                  failure=f"wrong result: relative error {err:.2e} > {tol:.0e}"))
+                                                  failure=f"wrong result: relative error {err:.2e} > {tol:.0e} "
+                                                          f"against {verify.source}"))
                 except Exception as exc:
                     fail(index, exc)
             if self.progress:
@@ -496,6 +553,76 @@ class PickBest(Policy):
             waiting = queued.pop(index, None)
             finish(index, waiting and waiting.result)
         return [m for m in results if m is not None]
+
+
+#: The provider whose kernels verify candidates where no float64 reference is known: torch's
+#: own operators, the semantics every other provider's kernels must match.
+TORCH_PROVIDER = "torch"
+
+
+class _Verification:
+    """How `PickBest` verifies each candidate on the check arguments: ``reset()`` before a
+    candidate runs (outputs NaN, outputs written in place over an input given the input's values
+    back), ``error()`` after (the largest relative error over the compared outputs, a 0-d
+    float64 tensor computed without waiting for the GPU; inf for a NaN or inf output). ``loosen``
+    scales the tolerance (2 when the expected values are another kernel's, with rounding errors
+    of their own); ``source`` names what the outputs are compared with."""
+
+    def __init__(self, outputs: dict[str, torch.Tensor], fills: list[torch.Tensor],
+                 restore: list[tuple[torch.Tensor, torch.Tensor]], single: Callable[[], Any] | None = None) -> None:
+        self.outputs, self._fills, self._restore, self._single = outputs, fills, restore, single
+        self._expected: list[tuple[str | None, torch.Tensor, torch.Tensor]] = []
+        self.loosen, self.source = 1.0, ""
+
+    @classmethod
+    def single(cls, output_of: Callable[[Any], Any], check: Any, expected: torch.Tensor) -> _Verification:
+        """GEMM and softmax: their one output (``output_of(check)``) against float64 ``expected``."""
+        return cls({}, [], [], single=lambda: output_of(check)).against({None: expected}, "the float64 reference")
+
+    @classmethod
+    def of_outputs(cls, check: Any) -> _Verification:
+        """Every output of ``check`` (``output_names``), not yet compared with anything."""
+        tensors = check.tensors()
+        names = type(check).output_names
+        inputs = [t for name, t in tensors.items() if name not in names]
+        outputs = {name: tensors[name] for name in names}
+        fills, restore = [], []
+        for t in outputs.values():
+            same = next((i for i in inputs if i.numel() and i.data_ptr() == t.data_ptr() and i.shape == t.shape
+                         and i.stride() == t.stride()), None)
+            if same is not None:  # written in place over an input: that input's values come back
+                restore.append((t, same.clone()))
+            elif t.numel():
+                fills.append(t)
+        return cls(outputs, fills, restore)
+
+    def against(self, expected: dict[Any, torch.Tensor], source: str, loosen: float = 1.0) -> _Verification:
+        """This verification comparing each output named in ``expected`` with its value there;
+        with none named, only checking that every output is finite."""
+        self._expected = []
+        for name, value in expected.items():
+            value = value.double()
+            self._expected.append((name, value, torch.linalg.vector_norm(value)))
+        self.source, self.loosen = source, loosen
+        return self
+
+    def reset(self) -> None:
+        if self._single is not None:
+            self._single().fill_(float("nan"))
+            return
+        for t in self._fills:
+            t.fill_(float("nan") if t.is_floating_point() else -1)
+        for t, values in self._restore:
+            t.copy_(values)
+
+    def error(self) -> torch.Tensor:
+        if not self._expected:
+            finite = [torch.isfinite(t).all() for t in self.outputs.values() if t.is_floating_point()]
+            written = torch.stack(finite).all() if finite else torch.tensor(True)
+            return torch.where(written, 0.0, float("inf")).double()
+        errors = [relative_error_tensor(self._single() if name is None else self.outputs[name], value, norm)
+                  for name, value, norm in self._expected]
+        return errors[0] if len(errors) == 1 else torch.stack(errors).max()
 
 
 def candidate_versions(scope: tuple[str, ...] | None, candidates: Iterable[Kernel] = ()) -> tuple[tuple[str, str], ...]:

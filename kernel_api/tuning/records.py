@@ -652,12 +652,21 @@ def _toolchain_versions() -> tuple[tuple[str, str], ...]:
 
 
 def operation_key(args: Any) -> tuple[str, str]:
-    """(operation signature, problem shape) strings for an arguments object."""
+    """(operation signature, problem shape) strings for an arguments object.
+
+    The shape is ``problem_shape`` where the type has one (GEMM: MxNxK[xL]); else the values of
+    its `Arguments.problem_key` besides the type and the signature, joined by ``x`` (softmax:
+    rows x cols; attention: batch, sequence lengths, heads, scale), so two problems that the
+    front door chooses for apart are recorded apart.
+    """
     signature = repr(args.signature)
     if hasattr(args, "problem_shape"):
         shape = "x".join(map(str, args.problem_shape))
-    else:
+    elif not hasattr(args, "problem_key"):
         shape = f"{getattr(args, 'rows', '?')}x{getattr(args, 'cols', '?')}"
+    else:
+        parts = [v for v in args.problem_key() if not isinstance(v, type) and v is not args.signature]
+        shape = "x".join(",".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in parts) or "-"
     return signature, shape
 
 
@@ -680,12 +689,15 @@ class RecordContext(NamedTuple):
     differently, e.g. ``"as_called/own"``. ``versions``: (name, version) of every provider whose
     kernels may be candidates (`kernel_api.registry.versions.provider_versions`, sorted by name),
     so that a new release of any of them, the winner's or a loser's that may now win, re-tunes.
+    ``limit``: how many of the best-ranked candidates were measured, where that left some out
+    (`PickBest`'s ``max_candidates``); None where every candidate was.
     """
 
     math: str = "native"
     providers: tuple[str, ...] | None = None
     timing: str = ""
     versions: tuple[tuple[str, str], ...] = ()
+    limit: int | None = None
 
 
 class RecordKey(NamedTuple):
@@ -714,6 +726,7 @@ def record_key(args: Any, context: RecordContext, bucket: str | None = None) -> 
     signature, shape = operation_key(args)
     providers = "all" if context.providers is None else ",".join(context.providers)
     versions = ",".join(f"{name}:{version}" for name, version in context.versions) or "-"
-    operation = (f"{RECORD_KEY_FORMAT} {signature} math={context.math} providers={providers} "
+    limit = "" if context.limit is None else f"top={context.limit} "
+    operation = (f"{RECORD_KEY_FORMAT} {signature} math={context.math} providers={providers} {limit}"
                  f"versions={versions} timing={context.timing or '-'}")
     return RecordKey(operation, shape if bucket is None else bucket)
