@@ -9,11 +9,14 @@ Reduction outputs are (L, M, N) views too, with the stride 0 on the reduced mode
 batches are folded), so an element's reduction target is its own coordinate's address.
 
 What a kernel depends on is `BoundEpilogue.key`: the graph's structure and, per operand, its
-kind, element type and stride pattern; scalar values and literals are runtime inputs.
+kind, element type and stride pattern, and for a tensor read over the whole (M, N) output its
+alignment (`OperandKey.align`: a kernel may then copy its tiles in bulk, as TMA does on SM90);
+scalar values and literals are runtime inputs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +37,17 @@ class OperandKey:
     """One bound operand as a kernel sees it: ``kind`` is "scalar" (a number), "load" (a
     tensor read), "store" (an extra output written) or "reduce" (an output reduced into);
     ``dtype`` its element type (None for a scalar); ``pattern`` its (L, M, N) stride pattern
-    (0 broadcast, 1 unit, -1 any); ``axis`` a reduction's ("row", "column", "all")."""
+    (0 broadcast, 1 unit, -1 any); ``axis`` a reduction's ("row", "column", "all");
+    ``align``, for a "load" varying along both M and N: the largest of 1, 2, 4, 8, 16 bytes
+    that divides its address and the byte size of each stride other than 0 and 1 (None for
+    other operands). Kernels that copy such an input in tiles (SM90's TMA needs 16) choose
+    that path at compile time from it."""
 
     kind: str
     dtype: DataType | None = None
     pattern: tuple[int, int, int] | None = None
     axis: str | None = None
+    align: int | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,21 @@ class BoundEpilogue:
 
 def _pattern(view: torch.Tensor) -> tuple[int, int, int]:
     return tuple(0 if s == 0 else 1 if s == 1 else -1 for s in view.stride())
+
+
+#: The widest alignment `OperandKey.align` records (TMA's, the largest any kernel asks for).
+MAX_ALIGN = 16
+
+
+def _align(view: torch.Tensor) -> int:
+    """The largest power of two up to `MAX_ALIGN` dividing the view's address and the byte
+    size of its strides other than 0 and 1."""
+    size = view.element_size()
+    align = math.gcd(MAX_ALIGN, view.data_ptr())
+    for s in view.stride():
+        if s not in (0, 1):
+            align = math.gcd(align, s * size)
+    return align
 
 
 def _lmn_view(t: torch.Tensor, shape: tuple[int, int, int], name: str, broadcast_ok: bool) -> torch.Tensor:
@@ -133,7 +156,8 @@ def bind(graph: EpilogueGraph, values: dict[str, Any], out: torch.Tensor, L: int
                                     f"({', '.join(sorted(str(t) for t in INPUT_TYPES))})")
             _same_device(value, out, name)
             view = _lmn_view(value, shape, name, True)
-            keys.append(OperandKey("load", dtype, _pattern(view)))
+            pattern = _pattern(view)
+            keys.append(OperandKey("load", dtype, pattern, align=_align(view) if pattern[1] and pattern[2] else None))
             operands.append(view)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             keys.append(OperandKey("scalar"))

@@ -41,7 +41,7 @@ from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from ..kernel import fake_tensor
 from .common import (FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation,
-                     epilogue_tail, launch_workspace)
+                     epilogue_tail, launch_workspace, tma_loadable)
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
 SM90_SMEM_BYTES = 232448
@@ -276,6 +276,32 @@ def plan_stages(cfg: Sm90Config, ab_type: DataType, out_type: DataType) -> tuple
         raise ValueError(f"{cfg.tag}: tile too large for shared memory")
     epi_stages = max(2, min(4, (budget - ab_stages * ab_stage_bytes) // epi_stage_bytes))
     return ab_stages, epi_stages, epi_tile
+
+
+#: Staged-input slots per epilogue ring an epilogue function's TMA-loaded inputs get at most:
+#: a tile's first subtiles load under its main loop, the rest that many subtiles ahead.
+MAX_INPUT_STAGES = 4
+
+
+def plan_input_stages(cfg: Sm90Config, ab_type: DataType, out_type: DataType,
+                      input_bytes: int) -> tuple[int, int, int]:
+    """(A/B stages, epilogue stages, staged-input stages) when an epilogue function loads
+    inputs of ``input_bytes`` bytes per element in all (`common.tma_loadable`) in tiles
+    through shared memory: one epilogue subtile of each per slot, `MAX_INPUT_STAGES` per ring
+    at most and at least 2, taking what `plan_stages` leaves and A/B stages beyond that (the
+    most A/B stages that leave room for 2 slots); (…, 0) when even 2 A/B stages leave none."""
+    ab_stages, epi_stages, epi_tile = plan_stages(cfg, ab_type, out_type)
+    rings = 2 if cfg.schedule == "pingpong" else 1
+    subtiles = (cfg.tile_mn[0] // epi_tile[0]) * (cfg.tile_mn[1] // epi_tile[1])
+    slot_bytes = epi_tile[0] * epi_tile[1] * input_bytes * rings
+    epi_bytes = epi_tile[0] * epi_tile[1] * out_type.bytes * rings * epi_stages
+    ab_stage_bytes = (cfg.tile_mn[0] + cfg.tile_mn[1]) * k_tile(ab_type) * ab_type.bytes
+    budget = SM90_SMEM_BYTES - 2 * _BARRIER_BYTES  # (the slots' mbarriers pad to another 1 KB)
+    for ab in range(ab_stages, 1, -1):
+        fit = (budget - ab * ab_stage_bytes - epi_bytes) // slot_bytes
+        if fit >= 2:
+            return ab, epi_stages, min(fit, MAX_INPUT_STAGES, subtiles)
+    return ab_stages, epi_stages, 0
 
 
 _max_clusters: dict[tuple[int, int], int] = {}
@@ -540,13 +566,22 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         cfg = self.config
         spec = EpilogueSpec.from_signature(args.epilogue_signature)
         impl = Sm90WarpSpecializedGemmImpl if spec.fusion is None else Sm90FusedEpilogueGemmImpl
+        ab_stages, epi_stages, staged = self.ab_stages, self.epi_stages, {}
+        if spec.fusion is not None:
+            # an epilogue function's inputs TMA can load go through shared memory (`plan_input_stages`)
+            input_bytes = sum(key.dtype.bytes for key in spec.fusion[1] if tma_loadable(key))
+            if input_bytes:
+                ops = self.metadata.operands
+                ab_stages, epi_stages, in_stages = plan_input_stages(cfg, ops.A.dtype, ops.out.dtype, input_bytes)
+                staged = {"in_stages": in_stages}
         return impl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
-                                           cfg.raster_along_m, self.ab_stages, self.epi_stages,
+                                           cfg.raster_along_m, ab_stages, epi_stages,
                                            spec, cfg.epi_n,
                                            cfg.stream_k, cfg.sk_any_wave_max_k_tiles,
                                            k_tile=k_tile(self.metadata.operands.A.dtype), split3=self._split3,
                                            promote_every=cfg.promote_every, split_all=cfg.split_all,
-                                           acc_f16=self.metadata.operands.accumulator_type is DataType.f16)
+                                           acc_f16=self.metadata.operands.accumulator_type is DataType.f16,
+                                           **staged)
 
     def _extra_compile_args(self, args: GemmArguments) -> tuple:
         """Cluster count, stream-K workspace (bytes; None without stream-K), launch counter."""

@@ -10,7 +10,9 @@ compiled function (inputs by parameter, extra outputs by return order, then lite
 - a tensor input is read at the element's coordinate of its (L, M, N) view, whose broadcast
   modes carry a static stride 0 (a row vector reads one value per column, ...); coordinates are
   clamped into the output, so an edge tile's lanes past M or N read valid memory and never
-  branch;
+  branch. A GEMM that has already copied an input's tile into registers (SM90: TMA into shared
+  memory, then to registers laid out as the accumulator fragment; `FusionPlan.staged` lists
+  the inputs it may take so) hands those values to `apply_fragment` instead;
 - an extra output is stored at the element's coordinate when it lies inside the output;
 - a reduction adds (or takes the max / min) into its target with a global atomic at the
   element's coordinate of its view, whose reduced modes have the stride 0. A caller that hands
@@ -30,6 +32,8 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
+
+from ..common import TMA_ALIGN, tma_loadable
 
 _TYPES = {"f16": cutlass.Float16, "bf16": cutlass.BFloat16, "f32": Float32}
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
@@ -51,6 +55,8 @@ class FusionPlan:
         self.literal_base = self.n_params + len(self.aux)
         self.literals = sum(1 for kind, _, _ in self.nodes if kind == "literal")
         self.reductions = any(self.nodes[i][0] == "reduce" for i in self.aux)
+        #: the parameters a TMA kernel may load in tiles (`tma_loadable`), in parameter order
+        self.staged = tuple(i for i, key in enumerate(self.operands[:self.n_params]) if tma_loadable(key))
 
     def __repr__(self) -> str:  # (stable: part of the compiled artifact's key)
         return f"FusionPlan({self.key!r})"
@@ -126,8 +132,8 @@ def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands, defe
     loads, computes, stores the extra outputs and reductions, and returns the value of ``D``
     (in ``acc``'s type). With ``deferred`` (a list), reductions are not issued but appended
     to it as (output slot, op, value, inside) for `reduce_fragment`. ``shared``: node index ->
-    value of broadcast inputs already loaded for another element of the same row / column
-    (`_SharedLoads`)."""
+    value of inputs already loaded: broadcast ones loaded for another element of the same row /
+    column (`_SharedLoads`), tiles the GEMM staged (`apply_fragment`'s ``staged``)."""
     t = type(acc)
     values = []
     clamped = None
@@ -186,9 +192,12 @@ def fake_operands(plan: FusionPlan, scalar=Float32) -> tuple:
             fakes.append(scalar(0.0))
             continue
         dtype = key.dtype.to_cutlass()
+        width = max(1, dtype.width // 8)
+        # (an operand's alignment, where its key records one, is part of the artifact's key)
+        align = max(width, min(key.align or width, TMA_ALIGN))
         shape = tuple(cute.sym_int32() for _ in range(3))
-        stride = tuple(s if s in (0, 1) else cute.sym_int64() for s in key.pattern)
-        fakes.append(make_fake_tensor(dtype, shape, stride, assumed_align=max(1, dtype.width // 8)))
+        stride = tuple(s if s in (0, 1) else cute.sym_int64(divisibility=align // width) for s in key.pattern)
+        fakes.append(make_fake_tensor(dtype, shape, stride, assumed_align=align))
     fakes.extend(scalar(0.0) for _ in range(plan.literals))
     return tuple(fakes)
 
@@ -280,22 +289,30 @@ class _SharedLoads:
         return values
 
 
-def apply_fragment(plan: FusionPlan, frag, coords, row0, col0, batch, m_total, n_total, operands):
+def apply_fragment(plan: FusionPlan, frag, coords, row0, col0, batch, m_total, n_total, operands, staged=None):
     """The epilogue on every element of the register fragment ``frag`` (in place: each value
     becomes its ``D``), element v at (row0, col0) + ``coords[v]`` (a partitioned identity
     tensor): extra loads, stores and reductions (grouped per row / column by the fragment's
-    static offsets where they are static)."""
+    static offsets where they are static). ``staged``: parameter index -> a register fragment
+    laid out as ``frag`` holding that input's values (already loaded by the caller)."""
     count = cute.size(frag)
     static = static_offsets(coords.layout, count)
     offsets = static if plan.reductions else None
     shared = _SharedLoads(plan, static)
+    staged_nodes = []
+    if staged:
+        staged_nodes = [(index, staged[attr]) for index, (kind, _, attr) in enumerate(plan.nodes)
+                        if kind == "input" and attr in staged]
     deferred, crds = [], []
     for v in range(count):
         c = coords[v]
         m, n = row0 + c[0], col0 + c[1]
         items = [] if offsets is not None else None
-        frag[v] = element(plan, frag[v], batch, m, n, m_total, n_total, operands, items,
-                          shared.get(v, batch, m, n, m_total, n_total, operands))
+        found = shared.get(v, batch, m, n, m_total, n_total, operands)
+        if staged_nodes:
+            found = dict(found or {})
+            found.update((index, fragment[v]) for index, fragment in staged_nodes)
+        frag[v] = element(plan, frag[v], batch, m, n, m_total, n_total, operands, items, found)
         deferred.append(items)
         crds.append((m, n))
     if offsets is not None:

@@ -157,6 +157,8 @@ class Sm90WarpSpecializedGemmImpl:
         self.bias = epilogue.bias
         self.activation = epilogue.activation
         self.fusion = None  # (an epilogue function: `Sm90FusedEpilogueGemmImpl`)
+        self.staged = ()    # (its inputs loaded by TMA, and their ring depth)
+        self.in_stages = 0
         # f16 accumulation (f16 operands; asked for by the caller): the wgmma accumulates in f16,
         # the epilogue computes in f32 from it
         self.acc_dtype = cutlass.Float16 if acc_f16 else Float32
@@ -276,25 +278,66 @@ class Sm90WarpSpecializedGemmImpl:
 
         ab_stages, epi_slots = self.ab_stages, self.epi_stages * self.epi_rings
 
-        @cute.struct
-        class SharedStorage:
-            mbar: cute.struct.MemRange[cutlass.Int64, ab_stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem)], 1024]
-            sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(epi_smem)], 1024]
+        in_atoms, in_tensors, in_smems = (), (), ()
+        if const_expr(self.staged):
+            in_atoms, in_tensors, in_smems = self._staged_tma(epi_operands)
 
-        self.shared_storage = SharedStorage
+            fields = {
+                "mbar": cute.struct.MemRange[cutlass.Int64, ab_stages * 2],
+                "in_mbar": cute.struct.MemRange[cutlass.Int64, self.in_stages * self.epi_rings],
+                "sA": cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem)], 1024],
+                "sB": cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem)], 1024],
+                "sD": cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(epi_smem)], 1024],
+            }
+            for i, (slot, layout) in enumerate(zip(self.staged, in_smems)):
+                fields[f"sIn{i}"] = cute.struct.Align[
+                    cute.struct.MemRange[epi_operands[slot].element_type, cute.cosize(layout)], 1024]
+            self.shared_storage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+        else:
+            @cute.struct
+            class SharedStorage:
+                mbar: cute.struct.MemRange[cutlass.Int64, ab_stages * 2]
+                sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem)], 1024]
+                sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem)], 1024]
+                sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(epi_smem)], 1024]
+
+            self.shared_storage = SharedStorage
         del epi_slots
 
         self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d, tiled_mma, a_smem, b_smem, epi_smem,
                     c, mBias, alpha, beta, clusters_m, clusters_n, total_clusters, mWorkspace, epoch,
-                    epi_operands).launch(
+                    epi_operands, in_atoms, in_tensors, in_smems).launch(
             grid=(self.cluster_m, self.cluster_n, grid_clusters),
             block=[self.threads, 1, 1],
             cluster=(self.cluster_m, self.cluster_n, 1),
             min_blocks_per_mp=1,
             stream=stream,
         )
+
+    def _staged_tma(self, epi_operands):
+        """TMA load atoms, their (M, N[, L]) tensors and staged shared-memory layouts (one
+        epilogue subtile per stage, ``in_stages`` per epilogue ring) of the inputs the fused
+        epilogue loads in tiles (`fusion.FusionPlan.staged`). An input broadcast over the batch
+        (stride 0) is described as (M, N): every batch reads the same tile."""
+        atoms, tensors, smems = [], [], []
+        for slot in self.staged:
+            t = epi_operands[slot]
+            _, m, n = t.shape
+            s_l, s_m, s_n = t.stride
+            if const_expr(self.fusion.operands[slot].pattern[0] == 0):
+                view = cute.make_tensor(t.iterator, cute.make_layout((m, n), stride=(s_m, s_n)))
+            else:
+                view = cute.make_tensor(t.iterator, cute.make_layout((m, n, t.shape[0]), stride=(s_m, s_n, s_l)))
+            layout = LayoutEnum.ROW_MAJOR if const_expr(self.fusion.operands[slot].pattern[2] == 1) \
+                else LayoutEnum.COL_MAJOR
+            smem = sm90_utils.make_smem_layout_epi(view.element_type, layout, self.epi_tile,
+                                                   self.in_stages * self.epi_rings)
+            atom, tensor = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), view,
+                                                       cute.slice_(smem, (None, None, 0)), self.epi_tile)
+            atoms.append(atom)
+            tensors.append(tensor)
+            smems.append(smem)
+        return tuple(atoms), tuple(tensors), tuple(smems)
 
     # ------------------------------------------------------------------ 3xTF32 split
     @cute.jit
@@ -467,19 +510,77 @@ class Sm90WarpSpecializedGemmImpl:
             y = x / (Float32(1.0) + cute.math.exp(-x, fastmath=True))
         return y
 
+    def _staged_partitions(self, copy_c_atom, etid, sIns, rD_shape):
+        """Per staged input: (tiled shared->register copy, this thread's shared-memory partition,
+        its register fragment laid out as the accumulator subtile, that fragment's copy view).
+        16-bit inputs of D's majorness are read with ldmatrix (the inverse of D's stmatrix),
+        the others element by element."""
+        found = []
+        for i, sIn in enumerate(sIns):
+            dtype = sIn.element_type
+            key = self.fusion.operands[self.staged[i]]
+            m_major = key.pattern[1] == 1
+            if const_expr(dtype.width == 16 and m_major == self.d_layout.is_m_major_c()):
+                atom = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(m_major, 4), dtype)
+            else:
+                atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype)
+            tiled_s2r = cute.make_tiled_copy_S(atom, copy_c_atom)
+            thr_s2r = tiled_s2r.get_slice(etid)
+            rIn = cute.make_rmem_tensor(rD_shape, dtype)
+            found.append((tiled_s2r, thr_s2r.partition_S(sIn), rIn, thr_s2r.retile(rIn)))
+        return tuple(found)
+
+    def _load_staged(self, in_atoms, in_tensors, sIns, in_bar, in_base, count, sub: int, tile_m, tile_n, batch):
+        """Issue the TMA loads of subtile ``sub`` (static) of tile (tile_m, tile_n, batch) of every
+        staged input into slot ``count`` mod ``in_stages`` of the ring at ``in_base``, all
+        completing on that slot's mbarrier. Called by the store warp."""
+        slot = in_base + count % self.in_stages
+        bar = in_bar + slot
+        nbytes = 0
+        for sIn in sIns:
+            nbytes += cute.size_in_bytes(sIn.element_type, cute.slice_(sIn.layout, (None, None, 0)))
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(bar, nbytes)
+        sub_n = self.tile_n // self.epi_tile[1]
+        sub_crd = (sub // sub_n, sub % sub_n)
+        for atom, tensor, sIn in zip(in_atoms, in_tensors, sIns):
+            if const_expr(cute.rank(tensor.layout) == 3):
+                gIn = cute.local_tile(tensor, (self.tile_m, self.tile_n), (None, None, None))[
+                    (None, None, tile_m, tile_n, batch)]
+            else:
+                gIn = cute.local_tile(tensor, (self.tile_m, self.tile_n), (None, None))[(None, None, tile_m, tile_n)]
+            s_part, g_part = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sIn, 0, 2),
+                                                   cute.zipped_divide(gIn, self.epi_tile))
+            cute.copy(atom, g_part[(None, sub_crd)], s_part[(None, slot)], tma_bar_ptr=bar)
+
+    def _read_staged(self, staged, in_bar, in_base, count):
+        """Wait for slot ``count`` mod ``in_stages`` and copy every staged input's subtile into
+        its register fragment; returns parameter index -> fragment (`fusion.apply_fragment`)."""
+        slot = in_base + count % self.in_stages
+        cute.arch.mbarrier_wait(in_bar + slot, (count // self.in_stages) % 2)
+        values = {}
+        for i, (tiled_s2r, sIn_part, rIn, rIn_view) in enumerate(staged):
+            cute.copy(tiled_s2r, sIn_part[(None, None, None, slot)], rIn_view)
+            values[self.staged[i]] = rIn
+        return values
+
     @cute.kernel
     def kernel(self, tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_atom_b: cute.CopyAtom,
                mB_nkl: cute.Tensor, tma_atom_d: cute.CopyAtom, mD_mnl: cute.Tensor, tiled_mma: cute.TiledMma,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
                alpha: Float32, beta: Float32, clusters_m: Int32, clusters_n: Int32, total_clusters: Int32,
-               mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64, epi_operands):
+               mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64, epi_operands, in_atoms, in_tensors,
+               in_smems):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
             cpasync.prefetch_descriptor(tma_atom_d)
+            if const_expr(self.staged):
+                for atom in in_atoms:
+                    cpasync.prefetch_descriptor(atom)
 
         cluster_layout = cute.make_layout((self.cluster_m, self.cluster_n, 1))
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -507,6 +608,17 @@ class Sm90WarpSpecializedGemmImpl:
             cta_layout_vmnk=cute.make_layout((1, self.cluster_m, self.cluster_n, 1)),
             defer_sync=True,
         )
+        in_bar = None
+        sIns = ()
+        if const_expr(self.staged):
+            # one "full" mbarrier per staged-input slot (every staged input's subtile lands on it)
+            in_bar = storage.in_mbar.data_ptr()
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    for s in cutlass.range_constexpr(self.in_stages * self.epi_rings):
+                        cute.arch.mbarrier_init(in_bar + s, 1)
+            sIns = tuple(getattr(storage, f"sIn{i}").get_tensor(layout.outer, swizzle=layout.inner)
+                         for i, layout in enumerate(in_smems))
         pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, self.cluster_n), is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
@@ -615,7 +727,8 @@ class Sm90WarpSpecializedGemmImpl:
             # the stmatrix atom only shapes the thread-value layout; its type is irrelevant
             shape_atom = cute.make_copy_atom(
                 cute.nvgpu.warp.StMatrix8x8x16bOp(self.d_layout.is_m_major_c(), 4), cutlass.Float16)
-            tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(shape_atom, tiled_mma))
+            copy_c_atom = cute.make_tiled_copy_C_atom(shape_atom, tiled_mma)
+            tiled_r2s = cute.make_tiled_copy_S(r2s_atom, copy_c_atom)
             thr_r2s = tiled_r2s.get_slice(etid)
             tRS_sD = thr_r2s.partition_D(sD)                               # (R2S, R2S_M, R2S_N, slot)
             tRS_acc = tiled_r2s.retile(acc_sum)
@@ -638,6 +751,10 @@ class Sm90WarpSpecializedGemmImpl:
             if const_expr(self.pingpong):
                 store_warp = warp_idx == 4 + 4 * cwg
             m_total, n_total, _ = mD_mnl.shape
+            staged = None
+            if const_expr(self.staged):
+                staged = self._staged_partitions(copy_c_atom, etid, sIns, rD_shape)
+                in_base = cwg * self.in_stages if const_expr(self.pingpong) else 0
 
             read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
@@ -669,6 +786,14 @@ class Sm90WarpSpecializedGemmImpl:
                 tile_m = cl_m * self.cluster_m + cta_coord[0]
                 tile_n = cl_n * self.cluster_n + cta_coord[1]
                 n_k = ke - kb
+
+                if const_expr(self.staged):
+                    # the staged inputs' first subtiles load under this unit's main loop (a stream-K
+                    # tail, kb > 0, runs no epilogue and loads none)
+                    if store_warp and kb == 0:
+                        for sub in cutlass.range_constexpr(min(self.in_stages, sub_count)):
+                            self._load_staged(in_atoms, in_tensors, sIns, in_bar, in_base, epi_count + sub, sub,
+                                              tile_m, tile_n, batch)
 
                 if const_expr(self.pingpong):
                     # wait for our turn on the tensor cores (the very first unit goes straight in)
@@ -784,9 +909,12 @@ class Sm90WarpSpecializedGemmImpl:
                             else:
                                 tRS_rD[v] = tRS_acc[sub * rD_size + v].to(Float32)
                         if const_expr(self.fusion is not None):
+                            values = None
+                            if const_expr(self.staged):
+                                values = self._read_staged(staged, in_bar, in_base, epi_count + sub)
                             fusion.apply_fragment(self.fusion, tRS_rD, tRS_cD, row0 + (sub // sub_n) * epi_m,
                                                   col0 + (sub % sub_n) * epi_n, batch, m_total, n_total,
-                                                  epi_operands)
+                                                  epi_operands, values)
                         elif const_expr(self.scaled or self.has_c or self.bias is not None
                                         or self.activation is not None):
                             sub_row = row0 + (sub // sub_n) * epi_m
@@ -823,6 +951,12 @@ class Sm90WarpSpecializedGemmImpl:
                             sub_crd = cute.make_layout((self.tile_m // epi_m, sub_n), stride=(sub_n, 1)).get_hier_coord(sub)
                             cute.copy(tma_atom_d, bSG_sD[(None, slot)], bSG_gD[(None, sub_crd)])
                             cute.arch.cp_async_bulk_commit_group()
+                            if const_expr(sub + self.in_stages < sub_count and len(self.staged) > 0):
+                                # every thread has read this subtile's staged slot (the barrier above):
+                                # refill it with the subtile in_stages ahead
+                                self._load_staged(in_atoms, in_tensors, sIns, in_bar, in_base,
+                                                  epi_count + sub + self.in_stages, sub + self.in_stages,
+                                                  tile_m, tile_n, batch)
                     epi_count += sub_count
                 unit_no += 1
                 valid, unit_tile, kb, ke, dp_next, sk_cur = self._next_unit(
@@ -839,10 +973,13 @@ class Sm90FusedEpilogueGemmImpl(Sm90WarpSpecializedGemmImpl):
     The launch takes the operand tuple after the epoch. ``epilogue.fusion`` is the bound
     epilogue's key (`FusedEpilogueSignature.key`)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, in_stages: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         epilogue = args[7] if len(args) > 7 else kwargs["epilogue"]
         self.fusion = fusion.FusionPlan(epilogue.fusion)
+        if in_stages > 0 and self.fusion.staged:
+            self.staged = self.fusion.staged
+            self.in_stages = int(in_stages)
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC: Optional[cute.Tensor],
