@@ -11,3 +11,4 @@ from .kernels import norm  # noqa: F401,E402  (registers CudaRMSNorm, CudaLayerN
 from .kernels import swiglu  # noqa: F401,E402  (registers CudaGatedActivation / CudaGatedActivationBackward)
 from .kernels import rope  # noqa: F401,E402  (registers CudaRope / CudaRopeBackward)
 from .kernels import cross_entropy  # noqa: F401,E402  (registers CudaCrossEntropy, its backward and CudaLinearCrossEntropy)
+from .kernels import attention_decode  # noqa: F401,E402  (registers CudaAttentionDecode)

@@ -1,0 +1,162 @@
+"""Decode attention against a KV cache: kernel_api's CUDA C++ kernel (`CudaAttentionDecode`,
+through a bound `Kernel.run`) against torch's SDPA (its default backend; GQA with
+``enable_gqa=True``) and FlashAttention-4 (``flash_attn.cute``) when importable, in one process.
+
+Each case times the contestants alternately (`house_timing.time_group`: shuffled order, each
+launch between its own CUDA events, queued behind a sleep kernel so host time stays out), on
+operand sets rotated past the L2 cache, and prints the effective bandwidth (TB/s: the bytes of
+K and V read once plus q read and out written, counted the same for every contestant) and our
+speedup over each anchor (ratio > 1: ours is faster). Non-causal, as SDPA's ``is_causal`` is
+aligned top-left; with one query the mask is empty anyway.
+
+    python3 benchmarks/attention_decode.py [--quick] [--fa4] [--sweep] [--tag TAG]
+
+``--sweep`` also times our kernel at every fixed split count (`SPLITS`), to tune `plan`.
+JSON: benchmarks/results/attention_decode-<device>[-<tag>].json (and $OUT when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import results_io  # noqa: E402
+from house_timing import geomean, time_group  # noqa: E402
+
+from kernel_api.arguments.attention import AttentionArguments  # noqa: E402
+from kernel_api.providers.cuda_src.kernels.attention_decode import SPLITS, CudaAttentionDecode, plan  # noqa: E402
+
+#: Operand bytes rotated through per case: past the H200's L2 several times over.
+ROTATE_BYTES = 256 << 20
+#: (batch, heads_q, heads_kv, head_dim, seqlen_q, seqlen_k)
+FULL = [(b, hq, hkv, d, lq, sk) for b in (64, 8, 1) for hq, hkv in ((32, 8), (32, 32)) for d in (128, 64)
+        for lq in (1, 4) for sk in (128, 512, 1024, 4096)]
+QUICK = ([(64, hq, hkv, 128, lq, sk) for hq, hkv in ((32, 8), (32, 32)) for lq in (1, 4)
+          for sk in (128, 512, 1024, 4096)]
+         + [(b, 32, 8, 128, 1, sk) for b in (8, 1) for sk in (1024, 4096)]
+         + [(64, 32, 8, 64, 1, sk) for sk in (512, 4096)])
+
+
+def _fa4():
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:  # noqa: BLE001 - not installed, or its import fails here
+        return None
+    return flash_attn_func
+
+
+def _sdpa_backend(q, k, v, gqa):
+    """The backend SDPA's dispatcher picks for these operands (its name), or "?"."""
+    try:
+        from torch.nn.attention import SDPBackend
+
+        return SDPBackend(int(torch._fused_sdp_choice(q, k, v, enable_gqa=gqa))).name
+    except Exception:  # noqa: BLE001 - a private helper: absent or changed in this torch
+        return "?"
+
+
+def _bytes(b, hq, hkv, d, lq, sk, element):
+    return element * d * b * (2 * sk * hkv + 2 * lq * hq)
+
+
+def run_case(case, dtype, repeat, fa4, sweep):
+    b, hq, hkv, d, lq, sk = case
+    element = torch.tensor([], dtype=dtype).element_size()
+    moved = _bytes(b, hq, hkv, d, lq, sk, element)
+    sets = max(1, min(8, ROTATE_BYTES // moved))
+    ops = []
+    for _ in range(sets):
+        q = torch.randn(b, lq, hq, d, device="cuda").to(dtype)
+        k = torch.randn(b, sk, hkv, d, device="cuda").to(dtype)
+        v = torch.randn(b, sk, hkv, d, device="cuda").to(dtype)
+        ops.append((q, k, v, torch.empty_like(q)))
+    args = [AttentionArguments(q, k, v, o) for q, k, v, o in ops]
+    kernel = next(kk for kk in CudaAttentionDecode.generate_kernels(None) if kk.supports(args[0]))
+    kernel.run(args[0])
+    torch.cuda.synchronize()
+    ref = F.scaled_dot_product_attention(ops[0][0].transpose(1, 2), ops[0][1].transpose(1, 2),
+                                         ops[0][2].transpose(1, 2), enable_gqa=hq != hkv).transpose(1, 2)
+    err = float((ops[0][3].float() - ref.float()).abs().max())
+    gqa = {"enable_gqa": True} if hq != hkv else {}
+    backend = _sdpa_backend(*(t.transpose(1, 2) for t in ops[0][:3]), hq != hkv)
+    fns = {
+        "ours": lambda i: kernel.run(args[i % sets]),
+        "sdpa": lambda i: F.scaled_dot_product_attention(ops[i % sets][0].transpose(1, 2),
+                                                         ops[i % sets][1].transpose(1, 2),
+                                                         ops[i % sets][2].transpose(1, 2), **gqa),
+    }
+    if fa4 is not None:
+        try:
+            fa4(*ops[0][:3])
+            torch.cuda.synchronize()
+            fns["fa4"] = lambda i: fa4(*ops[i % sets][:3])
+        except Exception as exc:  # noqa: BLE001 - a shape FA4 does not take: left out
+            print(f"  fa4 failed: {type(exc).__name__}: {str(exc)[:120]}")
+    if sweep:
+        for cl in SPLITS:
+            twin = next(kk for kk in CudaAttentionDecode.generate_kernels(None) if kk.supports(args[0]))
+            twin.splits = cl
+            twin.run(args[0])
+            fns[f"ours_cl{cl}"] = (lambda t: lambda i: t.run(args[i % sets]))(twin)
+    times, behind = time_group(fns, repeat)
+    torch.cuda.synchronize()
+    p = plan(args[0], torch.cuda.get_device_properties(0).multi_processor_count)
+    row = {"case": dict(batch=b, heads_q=hq, heads_kv=hkv, head_dim=d, seqlen_q=lq, seqlen_k=sk,
+                        dtype=str(dtype)[6:]),
+           "plan": dict(mw=p.mw, splits=p.cl, grid=p.grid), "bytes": moved, "max_abs_err_vs_sdpa": err,
+           "sdpa_backend": backend,
+           "ms": times, "tbps": {n: moved / (t * 1e-3) / 1e12 for n, t in times.items()},
+           "ratio": {n: times[n] / times["ours"] for n in times if n != "ours"}, "host_behind": behind}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="batch 64 and a few smaller cases, bf16")
+    parser.add_argument("--fa4", action="store_true", help="also time flash_attn.cute (compiles per shape)")
+    parser.add_argument("--sweep", action="store_true", help="also time every fixed split count")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting cases after this many seconds")
+    parser.add_argument("--tag", default="")
+    opts = parser.parse_args()
+    dtype = torch.bfloat16 if opts.dtype == "bf16" else torch.float16
+    fa4 = _fa4() if opts.fa4 else None
+    cases = QUICK if opts.quick else FULL
+    start = time.perf_counter()
+    rows, lines = [], []
+    for case in cases:
+        if opts.budget_s and time.perf_counter() - start > opts.budget_s:
+            lines.append(f"budget spent: {len(rows)} of {len(cases)} cases")
+            print(lines[-1])
+            break
+        row = run_case(case, dtype, opts.repeat, fa4, opts.sweep)
+        rows.append(row)
+        b, hq, hkv, d, lq, sk = case
+        parts = [f"{n} {row['ms'][n] * 1e3:7.1f} us {row['tbps'][n]:4.2f} TB/s" for n in row["ms"]]
+        ratios = " ".join(f"x{row['ratio'][n]:.2f} vs {n}" for n in row["ratio"])
+        line = (f"b{b} h{hq}/{hkv} d{d} q{lq} k{sk} (splits {row['plan']['splits']}): " + " | ".join(parts)
+                + f" || {ratios} (err {row['max_abs_err_vs_sdpa']:.1e}, sdpa {row['sdpa_backend']})")
+        lines.append(line)
+        print(line, flush=True)
+    for anchor in ("sdpa", "fa4"):
+        got = [r["ratio"][anchor] for r in rows if anchor in r["ratio"]]
+        if got:
+            lines.append(f"geomean speedup vs {anchor}: {geomean(got):.3f} over {len(got)} cases "
+                         f"(min {min(got):.2f})")
+            print(lines[-1])
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": opts.dtype, "rows": rows}
+    name = results_io.result_name("attention_decode", torch.cuda.get_device_name(), opts.tag)
+    for path in results_io.write_result_with_text(name, doc, lines):
+        print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Interface of the CUDA C++ decode attention kernels (implementation: attention_decode.cu beside
+this file).
+
+`CudaAttentionDecode` (`AttentionArguments`) serves decoding against a KV cache: up to
+`MAX_SEQLEN_Q` queries per sequence, head dims 64 and 128, f16 / bf16, causal (bottom-right
+aligned) or not, MHA / GQA / MQA, the dense layout with any strides whose head_dim is contiguous
+and whose other strides and pointers are 16-byte multiples, so a KV cache view such as
+``k_cache[:, :length]`` runs as it is. One instance per dtype and head dim, named
+``CudaAttentionDecode_<dtype>_d<head_dim>``.
+
+Flash-decoding: each CTA takes one (batch, KV head, row block, key split); the rows of a KV head
+are its group's queries (seqlen_q x heads_q / heads_kv of them), so one read of K and V serves
+all of them. The splits of one row block form a thread-block cluster that merges its partial
+results through distributed shared memory: one launch, no workspace, so a launch is recorded
+(`_launcher`, a ``kernel_api.native.cuda_launch`` function) and repeated calls replay it from C.
+`plan` picks the row block (16, 32 or 64 rows: ``MW`` tensor-core tiles) and the splits (1, 2, 4
+or 8: ``CL``) from the shape; both are template parameters, so the compile key holds them
+through the name expression.
+
+The limit is HBM bandwidth: every key's K and V rows are read once (a 64-key chunk of K and V is
+32 KB at d128 in bf16), and the tensor-core work per byte (16 FLOP at one row, padded to a
+16-row tile) stays far below the mma.sync rate.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .... import native
+from ....arguments.attention import AttentionArguments
+from ....core.arch import planning_sm_count
+from ....core.dtypes import DataType
+from ....core.status import Reason, Status
+from ....core.streams import stream_handle
+from ....core.tensor_attributes import TensorAttributes
+from ....cost.units import GEMM_COST_UNITS_PER_SECOND
+from ....launcher import Launcher
+from ....metadata import BLASDesignMetadata, KernelMetadata
+from ....metadata.attention import AttentionOperandsMetadata
+from ....utils import MAX_GRID_X
+from .. import CudaSourceProvider
+from ..kernel import CudaSourceKernel
+
+_TYPES = {DataType.bf16: "ka_attn::BF16", DataType.f16: "ka_attn::F16"}
+HEAD_DIMS = (128, 64)
+#: The most queries per sequence (a decode step, or a few speculative tokens).
+MAX_SEQLEN_Q = 16
+#: Keys per chunk, chunks in the cp.async ring and threads per CTA (as attention_decode.cu has them).
+BLOCK_KEYS, STAGES, THREADS = 64, 3, 128
+#: Cluster sizes (key splits per row block; portable clusters hold at most 8 CTAs).
+SPLITS = (1, 2, 4, 8)
+#: Splits are added until the grid has this many CTAs per SM (two resident per SM at d128,
+#: so two waves), and only while each split keeps at least `MIN_CHUNKS_PER_SPLIT` chunks.
+TARGET_CTAS_PER_SM = 4
+MIN_CHUNKS_PER_SPLIT = 2
+#: The elements of one 16-byte copy: every pointer and stride but head_dim's is a multiple.
+_VECTOR = 8
+_DENSE = (0, 0, 0, 1)
+#: Cost model (nominal until measured): the K/V streaming rate, the fixed time of a launch and
+#: the mma.sync rate for the padded rows.
+BYTES_PER_SECOND = 3.8e12
+FIXED_SECONDS = 3e-6
+MMA_FLOPS_PER_SECOND = 4e14
+#: Recorded launches kept per instance (a decode loop's lengths grow by one per step).
+_RECORDED_LIMIT = 256
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How a problem maps onto CTAs: ``mw`` 16-row tiles per row block, ``cl`` key splits (the
+    cluster size), ``row_blocks`` per KV head, ``keys_per_split`` (whole chunks), the ``grid``."""
+
+    mw: int
+    cl: int
+    row_blocks: int
+    keys_per_split: int
+    grid: int
+
+
+def row_tiles(rows: int) -> int:
+    """16-row tensor-core tiles per row block for ``rows`` rows per KV head (1, 2 or 4)."""
+    return 1 if rows <= 16 else 2 if rows <= 32 else 4
+
+
+def plan(args: AttentionArguments, sms: int, splits: int | None = None, mw: int | None = None) -> DecodePlan:
+    """The launch of ``args`` on a GPU of ``sms`` SMs.
+
+    Args:
+        args: the arguments (dense layout).
+        sms: the SMs to fill.
+        splits: a fixed cluster size (`SPLITS`), or None to choose: the fewest that give the grid
+            `TARGET_CTAS_PER_SM` CTAs per SM while every split keeps `MIN_CHUNKS_PER_SPLIT` chunks.
+        mw: fixed row tiles per block, or None for `row_tiles`.
+
+    Returns:
+        The `DecodePlan`.
+    """
+    rows = args.seqlen_q * (args.heads_q // args.heads_kv)
+    mw = row_tiles(rows) if mw is None else mw
+    row_blocks = max(1, -(-rows // (16 * mw)))
+    base = args.batch * args.heads_kv * row_blocks
+    chunks = -(-args.seqlen_k // BLOCK_KEYS)
+    if splits is None:
+        splits = 1
+        while (splits < SPLITS[-1] and base * splits < TARGET_CTAS_PER_SM * sms
+               and chunks >= 2 * splits * MIN_CHUNKS_PER_SPLIT):
+            splits *= 2
+    keys = max(1, -(-chunks // splits)) * BLOCK_KEYS
+    return DecodePlan(mw, splits, row_blocks, keys, base * splits)
+
+
+def shared_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of a CTA: the ring of K and V chunks."""
+    return STAGES * 2 * BLOCK_KEYS * head_dim * 2
+
+
+def _scale_bits(scale: float) -> int:
+    """scale * log2(e) as the bits of a double, as the kernel takes it."""
+    return struct.unpack("<q", struct.pack("<d", scale * _LOG2E))[0]
+
+
+@dataclass(frozen=True)
+class _Build:
+    """An artifact's ``extra``: the template it was compiled for."""
+
+    mw: int
+    cl: int
+
+
+@CudaSourceProvider.register
+class CudaAttentionDecode(CudaSourceKernel):
+    """Decode attention (flash-decoding) in CUDA C++: seqlen_q up to 16, head dims 64 / 128,
+    f16 / bf16, GQA / MQA / MHA, causal or not, strided KV caches; tensor cores, f32 softmax."""
+
+    supported_args_type = AttentionArguments
+    source_file = "attention_decode.cu"
+    convert_arguments = False  # every parameter is a pointer or a 64-bit int, passed as Python int
+    workspace_free = True
+    performance_hint = 1.0
+    min_cc = 90  # thread-block clusters
+
+    def __init__(self, metadata: KernelMetadata, params: dict) -> None:
+        super().__init__(metadata, params)
+        self.dtype: DataType = params["dtype"]
+        self.head_dim: int = params["head_dim"]
+        #: A fixed split count (`SPLITS`) or None to let `plan` choose: settable for benchmarks.
+        self.splits: int | None = None
+
+    # ---- generation ---------------------------------------------------------------------------
+    @classmethod
+    def variant_params(cls) -> list[dict]:
+        return [dict(dtype=dt, head_dim=d) for dt in _TYPES for d in HEAD_DIMS]
+
+    @classmethod
+    def instance_name(cls, params: dict) -> str:
+        return f"{cls.__name__}_{params['dtype']}_d{params['head_dim']}"
+
+    @classmethod
+    def check_definition(cls) -> None:
+        pass  # names come from name_expression, not kernel_name
+
+    @classmethod
+    def make_metadata(cls, params: dict) -> KernelMetadata:
+        dt, d = params["dtype"], params["head_dim"]
+        attrs = TensorAttributes(dt, _DENSE, _VECTOR)
+        operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,))
+        design = BLASDesignMetadata((16, BLOCK_KEYS, d), stages=STAGES, schedule="split-kv",
+                                    extra=(("max_seqlen_q", MAX_SEQLEN_Q), ("splits", SPLITS)))
+        return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=cls.min_cc)
+
+    # ---- support ------------------------------------------------------------------------------
+    def _supports(self, args: AttentionArguments) -> Status:
+        name = self.metadata.kernel_name
+        if args.device.type == "cpu":  # (meta tensors plan and compile like CUDA ones)
+            return Status.fail(f"{name}: operand q is on the CPU; the kernel runs on CUDA tensors")
+        if args.seqlen_q > MAX_SEQLEN_Q:
+            return Status.fail(f"{name}: seqlen_q={args.seqlen_q} above the decode kernel's {MAX_SEQLEN_Q} (a "
+                               f"prefill kernel serves it)", kind=Reason.SHAPE, operand="q",
+                               actual=args.seqlen_q, required=MAX_SEQLEN_Q)
+        if plan(args, planning_sm_count(args.device), self.splits).grid > MAX_GRID_X:
+            return Status.fail(f"{name}: batch={args.batch:,} x {args.heads_kv} KV heads need more CTAs than the "
+                               f"grid's x limit of 2^31-1")
+        return Status.success()
+
+    # ---- compile: the template for this shape ------------------------------------------------
+    def _plan(self, args: AttentionArguments) -> DecodePlan:
+        return plan(args, planning_sm_count(args.device), self.splits)
+
+    def name_expression(self, args: AttentionArguments) -> str:
+        p = self._plan(args)
+        t = _TYPES[self.dtype]
+        if p.cl == 1:
+            return f"ka_attn::decode<{t}, {self.head_dim}, {p.mw}>"
+        return f"ka_attn::decode_split<{t}, {self.head_dim}, {p.mw}, {p.cl}>"
+
+    def launch_plan(self, args: AttentionArguments, launcher: Any) -> _Build:
+        p = self._plan(args)
+        return _Build(p.mw, p.cl)
+
+    def launch_config(self, args: AttentionArguments) -> tuple:
+        p = self._plan(args)
+        return (p.grid, THREADS, shared_bytes(self.head_dim))
+
+    def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
+        """K and V read once at `BYTES_PER_SECOND` (q and out beside them), or the padded rows'
+        tensor-core work, whichever is longer, plus a launch's `FIXED_SECONDS`."""
+        element = self.dtype.bytes
+        d = args.head_dim
+        moved = element * d * args.batch * (2 * args.seqlen_k * args.heads_kv + 2 * args.seqlen_q * args.heads_q)
+        p = plan(args, sm_count, self.splits)
+        flops = 4.0 * args.batch * args.heads_kv * p.row_blocks * 16 * p.mw * args.seqlen_k * d
+        seconds = FIXED_SECONDS + max(moved / BYTES_PER_SECOND, flops / MMA_FLOPS_PER_SECOND)
+        return seconds * GEMM_COST_UNITS_PER_SECOND
+
+    # ---- launch -------------------------------------------------------------------------------
+    def _launch(self, args: AttentionArguments, artifact: Any) -> tuple[int, tuple[int, ...]] | None:
+        """The grid and the parameters after the four pointers; None when there is nothing to do."""
+        if args.batch == 0 or args.seqlen_q == 0:
+            return None
+        build = artifact.extra
+        p = plan(args, planning_sm_count(args.device), build.cl, build.mw)
+        q, k, v, o = args.q, args.k, args.v, args.out
+        params = (args.heads_kv, args.heads_q // args.heads_kv, args.seqlen_q, args.seqlen_k, p.row_blocks,
+                  p.keys_per_split, int(args.causal), _scale_bits(args.scale),
+                  *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
+        return p.grid, params
+
+    def _run(self, args: AttentionArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        launch = self._launch(args, artifact)
+        if launch is None:
+            return
+        grid, params = launch
+        device = args.device.index
+        if device is None:
+            device = torch.cuda.current_device()
+        pointers = (args.q.data_ptr(), args.k.data_ptr(), args.v.data_ptr(), args.out.data_ptr())
+        artifact.compiled_obj.launch(stream_handle(stream, device), device, grid, THREADS,
+                                     shared_bytes(self.head_dim), pointers + params)
+
+    def _launcher(self, args: AttentionArguments, artifact: Any) -> Launcher | None:
+        launch = self._launch(args, artifact)
+        if launch is None:
+            return None
+        grid, params = launch
+        key = (id(artifact), grid, params)
+        recorded = self.__dict__.setdefault("_recorded", {})
+        found = recorded.get(key)
+        if found is None:
+            device = args.device.index
+            if device is None:
+                device = torch.cuda.current_device()
+            smem = shared_bytes(self.head_dim)
+            # (allows the kernel its dynamic shared memory on this device, as a Python launch does)
+            artifact.compiled_obj.max_coresident(device, THREADS, smem)
+            layout = tuple((native.TENSOR, i) for i in range(4)) + tuple((8, int(value)) for value in params)
+            function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), 4, (grid, 1, 1),
+                                          (THREADS, 1, 1), smem, layout)
+            if function is None:
+                return None
+            if len(recorded) >= _RECORDED_LIMIT:
+                recorded.clear()
+            # (the artifact kept alive with its launcher: its id stays unique while recorded)
+            found = recorded[key] = (Launcher(function), artifact)
+        return found[0]
+
+
+__all__ = ["CudaAttentionDecode", "DecodePlan", "MAX_SEQLEN_Q", "plan"]

@@ -1,0 +1,135 @@
+"""The CUDA C++ decode attention (cuda_src: attention_decode.py / attention_decode.cu) without a
+GPU: discovery and names, metadata, what it declines and why (`explain`), the launch plan, the
+ranking against torch's SDPA, and compiles for sm_90a through NVRTC. The GPU half is
+tests/test_attention_decode_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api.arguments.attention import AttentionArguments
+from kernel_api.providers.cuda_src.kernels.attention_decode import (MAX_SEQLEN_Q, CudaAttentionDecode, plan,
+                                                                    shared_bytes)
+from kernel_api.tuning.pick_any import rank_candidates
+
+
+def _meta(shape, dtype=torch.bfloat16, offset=0):
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.empty(n + offset, dtype=dtype, device="meta")[offset:].view(shape)
+
+
+def _args(batch=64, lq=1, sk=1024, hq=32, hkv=8, d=128, dtype=torch.bfloat16, causal=False, k=None, **kw):
+    q = _meta((batch, lq, hq, d), dtype)
+    k = _meta((batch, sk, hkv, d), dtype) if k is None else k
+    return AttentionArguments(q, k, k, _meta((batch, lq, hq, d), dtype), causal=causal, **kw)
+
+
+def _ours(args, cc=90):
+    return [k.metadata.kernel_name for k in kernel_api.get_kernels(args, cc=cc, providers="cuda_src")]
+
+
+def _explained(args):
+    return str(kernel_api.explain(args, cc=90))
+
+
+def test_instances_per_dtype_and_head_dim():
+    names = [k.metadata.kernel_name for k in CudaAttentionDecode.generate_kernels(None, cc=90)]
+    assert names == ["CudaAttentionDecode_bf16_d128", "CudaAttentionDecode_bf16_d64",
+                     "CudaAttentionDecode_f16_d128", "CudaAttentionDecode_f16_d64"]
+    assert CudaAttentionDecode.generate_kernels(None, cc=80) == []  # thread-block clusters: sm_90
+
+
+@pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 128), (torch.float16, 64)])
+def test_discovery_of_decode_shapes(dtype, d):
+    name = f"CudaAttentionDecode_{'bf16' if dtype is torch.bfloat16 else 'f16'}_d{d}"
+    for lq, hq, hkv, causal in ((1, 32, 8, False), (4, 32, 8, True), (16, 32, 1, True), (3, 8, 8, False)):
+        assert _ours(_args(lq=lq, hq=hq, hkv=hkv, d=d, dtype=dtype, causal=causal)) == [name]
+
+
+def test_a_kv_cache_view_is_taken_as_it_is():
+    cache = _meta((4, 4096, 8, 128))
+    assert _ours(_args(batch=4, sk=1000, k=cache[:, :1000])) == ["CudaAttentionDecode_bf16_d128"]
+    packed = _meta((4, 4096, 2, 8, 128))  # k and v interleaved per token
+    q = _meta((4, 1, 32, 128))
+    args = AttentionArguments(q, packed[:, :77, 0], packed[:, :77, 1], _meta((4, 1, 32, 128)))
+    assert _ours(args) == ["CudaAttentionDecode_bf16_d128"]
+
+
+@pytest.mark.parametrize("args,reason", [
+    (lambda: _args(lq=MAX_SEQLEN_Q + 1), "seqlen_q=17 above the decode kernel's 16"),
+    (lambda: _args(d=96), "head_dim 96 not in"),
+    (lambda: _args(dtype=torch.float32), "f32"),
+    (lambda: _args(k=_meta((64, 1024, 8, 128), offset=4)), "k"),
+])
+def test_declines_with_a_reason(args, reason):
+    a = args()
+    assert _ours(a) == []
+    text = _explained(a)
+    assert "CudaAttentionDecode" in text and reason in text, text
+
+
+def test_declines_variable_length_and_cpu_tensors():
+    q = _meta((7, 8, 64))
+    k = _meta((30, 2, 64))
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    varlen = AttentionArguments(q, k, k, _meta((7, 8, 64)), cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4,
+                                max_seqlen_k=20)
+    assert _ours(varlen) == [] and "variable-length" in _explained(varlen)
+    q, k = torch.zeros(1, 1, 4, 64, dtype=torch.float16), torch.zeros(1, 5, 2, 64, dtype=torch.float16)
+    cpu = AttentionArguments(q, k, k, torch.empty_like(q))
+    kernel = next(k for k in CudaAttentionDecode.generate_kernels(None, cc=90) if k.head_dim == 64
+                  and k.dtype.name == "f16")
+    status = kernel.supports(cpu, cc=90)
+    assert not status and "on the CPU" in str(status.error)
+
+
+@pytest.mark.skipif("lse" not in AttentionArguments.__slots__, reason="the arguments carry no lse")
+def test_declines_a_requested_lse():
+    q = _meta((2, 1, 8, 128))
+    args = AttentionArguments(q, _meta((2, 100, 2, 128)), _meta((2, 100, 2, 128)), _meta((2, 1, 8, 128)),
+                              torch.empty(2, 8, 1, device="meta"))
+    assert _ours(args) == [] and "lse" in _explained(args)
+
+
+def test_plan_fills_the_machine():
+    gqa = plan(_args(sk=4096), 132)
+    assert (gqa.mw, gqa.cl, gqa.row_blocks, gqa.keys_per_split) == (1, 2, 1, 2048) and gqa.grid == 64 * 8 * 2
+    assert plan(_args(sk=128), 132).cl == 1  # two chunks: not worth a split
+    assert plan(_args(batch=1, sk=4096), 132).cl == 8
+    assert plan(_args(hq=32, hkv=32), 132).cl == 1  # 2048 CTAs already
+    mqa = plan(_args(batch=2, lq=16, hq=8, hkv=1, sk=1000), 132)
+    assert (mqa.mw, mqa.row_blocks) == (4, 2) and mqa.keys_per_split % 64 == 0
+    assert plan(_args(lq=2, hq=32, hkv=8), 132).mw == 1 and plan(_args(lq=8, hq=32, hkv=8), 132).mw == 2
+    assert plan(_args(batch=1, sk=0), 132).cl == 1
+    assert plan(_args(sk=4096), 132, splits=4).cl == 4
+    assert shared_bytes(128) == 3 * 2 * 64 * 128 * 2
+
+
+def test_template_follows_the_plan():
+    kernel = next(iter(CudaAttentionDecode.generate_kernels(lambda m: m.kernel_name.endswith("bf16_d128"), cc=90)))
+    assert kernel.name_expression(_args(sk=128)) == "ka_attn::decode<ka_attn::BF16, 128, 1>"
+    assert kernel.name_expression(_args(batch=1, lq=16, sk=4096)) == "ka_attn::decode_split<ka_attn::BF16, 128, 4, 8>"
+    assert kernel.compile_key(_args(sk=128), 90) != kernel.compile_key(_args(sk=4096), 90)
+    assert kernel.compile_key(_args(sk=2048), 90) == kernel.compile_key(_args(sk=4096), 90)
+
+
+@pytest.mark.parametrize("args", [lambda: _args(sk=128), lambda: _args(batch=1, lq=16, sk=4097, d=64,
+                                                                        dtype=torch.float16, causal=True)])
+def test_compiles_for_sm90a_without_a_gpu(args):
+    a = args()
+    kernel = next(k for k in kernel_api.get_kernels(a, cc=90, providers="cuda_src"))
+    artifact = kernel.compile(a, cc=90)
+    launcher = artifact.compiled_obj
+    assert launcher.compiled.arch == "sm_90a" and launcher.compiled.cubin[:4] == b"\x7fELF"
+    assert artifact.extra.cl == plan(a, 132).cl
+
+
+@pytest.mark.parametrize("lq,sk", [(1, 128), (1, 4096), (4, 1024), (16, 512)])
+def test_pick_any_ranks_it_first_for_decode(lq, sk):
+    a = _args(lq=lq, sk=sk)
+    ranked = rank_candidates(kernel_api.get_kernels(a, cc=90), a, 132)
+    assert ranked[0].metadata.kernel_name == "CudaAttentionDecode_bf16_d128"
