@@ -140,16 +140,21 @@ def test_arguments_summary_and_key():
 # ---- discovery and explain ----
 
 def test_discovery_finds_torch_attention():
+    """On the CPU: SDPA and the materialised definition; torch's flash and cuDNN backends
+    decline CPU tensors."""
     q, k, v = _qkv(1, 3, 3, 2, 2, 64, torch.float16)
     names = [kern.name for kern in kernel_api.get_kernels(AttentionArguments(q, k, v, torch.empty_like(q)))]
-    assert names == ["TorchAttention_f16_dense"]
+    assert names == ["TorchAttention_f16_dense", "TorchAttention_f16_dense_math"]
     vq, vk, vv, cq, ck = _varlen([2, 3], [4, 1], 2, 1, 64, torch.bfloat16)
     varlen = AttentionArguments(vq, vk, vv, torch.empty_like(vq), cu_seqlens_q=cq, cu_seqlens_k=ck)
-    assert [kern.name for kern in kernel_api.get_kernels(varlen)] == ["TorchAttention_bf16_varlen"]
+    assert [kern.name for kern in kernel_api.get_kernels(varlen)] == ["TorchAttention_bf16_varlen",
+                                                                       "TorchAttention_bf16_varlen_math"]
     explained = kernel_api.explain(varlen)
     assert "TorchAttention_bf16_varlen" in str(explained)
     assert "TorchAttention_bf16_dense: operand q: variable-length layout but the kernel takes dense" in str(
         explained.all())
+    assert "TorchAttention_bf16_varlen_flash: operand q: on cpu, torch's flash attention runs on CUDA tensors only" \
+        in str(explained.all())
 
 
 def test_metadata_reasons():
@@ -239,3 +244,298 @@ def test_torch_compile_fullgraph(cpu_launch):
     q, k, v = _qkv(1, 4, 9, 4, 2, 16)
     compiled = torch.compile(lambda a, b, c: ops.attention(a, b, c, causal=True), fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v).double(), reference(q, k, v, True), atol=2e-5, rtol=2e-5)
+
+
+# ---- the row log-sum-exp and the backward's arguments ----
+
+def reference_lse(q, k, causal=False, scale=None, cu_q=None, cu_k=None):
+    """The row log-sum-exp in float64 in kernel_api's form ((batch, heads_q, seqlen_q); varlen
+    (heads_q, total_q)); -inf for rows that see no key."""
+    if cu_q is not None:
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        out = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float64)
+        for b in range(len(cq) - 1):
+            out[:, cq[b]:cq[b + 1]] = reference_lse(q[cq[b]:cq[b + 1]][None], k[ck[b]:ck[b + 1]][None], causal,
+                                                    scale)[0]
+        return out
+    q, k = q.double(), k.double()
+    batch, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    kk = k.repeat_interleave(hq // hk, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    if causal:
+        s = s.masked_fill(torch.arange(sk)[None, :] > torch.arange(sq)[:, None] + sk - sq, -math.inf)
+    return torch.logsumexp(s, -1) if sk else torch.full((batch, hq, sq), -math.inf, dtype=torch.float64)
+
+
+def reference_grads(q, k, v, grad, causal=False, scale=None, cu_q=None, cu_k=None):
+    """d(out . grad)/d(q, k, v) of the float64 reference, by autograd (rows that see no key give 0)."""
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        out = _differentiable(*leaves, causal, scale, cu_q, cu_k)
+        return torch.autograd.grad(out, leaves, grad.double())
+
+
+def _differentiable(q, k, v, causal, scale, cu_q, cu_k):
+    if cu_q is not None:
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        parts = [_differentiable(q[cq[b]:cq[b + 1]][None], k[ck[b]:ck[b + 1]][None], v[ck[b]:ck[b + 1]][None],
+                                 causal, scale, None, None)[0] for b in range(len(cq) - 1)]
+        return torch.cat(parts) if parts else q * 0
+    batch, sq, hq, d = q.shape
+    sk, groups = k.shape[1], hq // k.shape[2]
+    if sk == 0:
+        return q * 0
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    kk, vv = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    if causal:
+        s = s.masked_fill(torch.arange(sk)[None, :] > torch.arange(sq)[:, None] + sk - sq, -math.inf)
+    seen = torch.isfinite(s).any(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(~seen, 0.0), -1) * seen
+    return torch.einsum("bhqk,bkhd->bqhd", p, vv)
+
+
+def _bad_lse_cases():
+    q, k, v = _qkv(2, 5, 6, 4, 2, 16)
+    out = torch.empty_like(q)
+    vq, vk, vv, cq, ck = _varlen([3, 4], [2, 5], 4, 2, 16)
+    return [
+        ((q, k, v, out, torch.empty(2, 4, 5, dtype=torch.float64)), {}, "operand lse", "float32"),
+        ((q, k, v, out, torch.empty(2, 5, 4)), {}, "operand lse", "(batch, heads_q, seqlen_q)"),
+        ((q, k, v, out, torch.empty(2, 5, 4).transpose(1, 2)), {}, "operand lse", "contiguous"),
+        ((q, k, v, out, "lse"), {}, "operand lse", "torch.Tensor"),
+        ((vq, vk, vv, torch.empty_like(vq), torch.empty(2, 4, 4)), {"cu_seqlens_q": cq, "cu_seqlens_k": ck},
+         "operand lse", "(heads_q, total_q)"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_lse_cases())))
+def test_invalid_lse_names_the_operand(case):
+    tensors, kw, operand, words = _bad_lse_cases()[case]
+    with pytest.raises((TypeError, ValueError)) as info:
+        AttentionArguments(*tensors, **kw)
+    assert "\n" not in str(info.value) and operand in str(info.value) and words in str(info.value), str(info.value)
+
+
+def test_lse_is_part_of_the_signature_and_forward_kernels_without_it_decline():
+    q, k, v = _qkv(1, 4, 6, 4, 2, 16, torch.bfloat16)
+    plain = AttentionArguments(q, k, v, torch.empty_like(q))
+    training = AttentionArguments(q, k, v, torch.empty_like(q), torch.empty(1, 4, 4))
+    assert plain.signature != training.signature and "lse" not in plain.tensor_attributes
+    assert list(training.tensor_attributes) == ["q", "k", "v", "out", "lse"]
+    assert [kern.name for kern in kernel_api.get_kernels(training)] == ["TorchAttention_bf16_dense_math"]
+    text = kernel_api.explain(training).all()
+    assert "TorchAttention_bf16_dense: operand lse: the kernel does not write the row log-sum-exp" in text
+    attrs = TensorAttributes("bf16", (0, 0, 0, 1), 1)
+    assert not AttentionOperandsMetadata(attrs, attrs, attrs, attrs).supports(training)
+    assert AttentionOperandsMetadata(attrs, attrs, attrs, attrs, lse=True).supports(training)
+    assert AttentionOperandsMetadata(attrs, attrs, attrs, attrs).supports(plain)
+
+
+def _backward_operands(batch=2, sq=5, sk=6, hq=4, hk=2, d=16, dtype=torch.float32):
+    q, k, v = _qkv(batch, sq, sk, hq, hk, d, dtype)
+    return dict(grad_out=torch.randn_like(q), q=q, k=k, v=v, out=torch.randn_like(q), lse=torch.zeros(batch, hq, sq),
+                grad_q=torch.empty_like(q), grad_k=torch.empty_like(k), grad_v=torch.empty_like(v))
+
+
+def _bad_backward_cases():
+    base = _backward_operands()
+    cases = []
+
+    def case(words, operand, **changes):
+        cases.append(({**base, **changes}, operand, words))
+
+    case("dtype", "operand grad_out", grad_out=base["grad_out"].double())
+    case("shape", "operand grad_out", grad_out=base["grad_out"][:, :4])
+    case("shape", "operand out", out=base["out"][..., :8])
+    case("shape", "operand grad_k", grad_k=torch.empty_like(base["q"]))
+    case("dtype", "operand grad_v", grad_v=base["grad_v"].half())
+    case("shape", "operand grad_q", grad_q=base["grad_q"][:1])
+    case("(batch, heads_q, seqlen_q)", "operand lse", lse=torch.zeros(2, 5, 4))
+    case("float32", "operand lse", lse=torch.zeros(2, 4, 5, dtype=torch.bfloat16))
+    case("head_dim must be contiguous", "operand grad_q", grad_q=torch.empty(2, 5, 16, 4).transpose(-1, -2))
+    case("torch.Tensor", "operand grad_k", grad_k=None)
+    case("multiple", "operand k", k=base["k"][:, :, :1].expand(2, 6, 3, 16), v=base["v"][:, :, :1].expand(2, 6, 3, 16),
+         grad_k=torch.empty(2, 6, 3, 16), grad_v=torch.empty(2, 6, 3, 16))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(len(_bad_backward_cases())))
+def test_invalid_backward_arguments_name_the_operand(case):
+    from kernel_api.arguments import AttentionBackwardArguments
+    operands, operand, words = _bad_backward_cases()[case]
+    with pytest.raises((TypeError, ValueError)) as info:
+        AttentionBackwardArguments(**operands, causal=True)
+    message = str(info.value)
+    assert "\n" not in message and operand in message and words in message, message
+
+
+def test_backward_arguments_summary_key_and_overlap():
+    from kernel_api.arguments import AttentionBackwardArguments
+    operands = _backward_operands(hq=8, hk=2)
+    a = AttentionBackwardArguments(**operands, causal=True, scale=0.5)
+    assert a.output_names == ("grad_q", "grad_k", "grad_v")
+    assert list(a.tensor_attributes) == ["grad_out", "q", "k", "v", "out", "lse", "grad_q", "grad_k", "grad_v"]
+    assert (a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.scale) == (2, 5, 6, 8, 2, 0.5)
+    assert "AttentionBackwardArguments(batch=2" in repr(a) and "heads_kv=2" in repr(a)
+    assert a.problem_key() != AttentionBackwardArguments(**operands, causal=False, scale=0.5).problem_key()
+    a.check_memory()
+    with pytest.raises(ValueError, match="operand grad_q: overlaps grad_out"):
+        AttentionBackwardArguments(**{**operands, "grad_q": operands["grad_out"]}).check_memory()
+    names = [kern.name for kern in kernel_api.get_kernels(a)]
+    assert names == ["TorchAttentionBackward_f32_dense_math"]
+
+
+# ---- the ops: schemas, fake shapes, tracing ----
+
+def test_op_schemas():
+    forward = torch.ops.kernel_api.attention_forward.default._schema
+    backward = torch.ops.kernel_api.attention_backward.default._schema
+    assert [a.name for a in forward.arguments][:3] == ["q", "k", "v"] and len(forward.returns) == 2
+    assert [a.name for a in backward.arguments][:6] == ["grad_out", "q", "k", "v", "out", "lse"]
+    assert len(backward.returns) == 3
+    assert len(torch.ops.kernel_api.attention.default._schema.returns) == 1
+    assert ops.attention.training_op is torch.ops.kernel_api.attention_forward.default
+    assert ops.attention.backward_op is torch.ops.kernel_api.attention_backward.default
+
+
+def test_fake_shapes_on_meta():
+    q, k, v = (t.to("meta") for t in _qkv(2, 5, 7, 8, 2, 64, torch.bfloat16))
+    out, lse = torch.ops.kernel_api.attention_forward(q, k, v, True)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 8, 5) and lse.dtype == torch.float32
+    gq, gk, gv = torch.ops.kernel_api.attention_backward(out, q, k, v, out, lse, True)
+    assert (gq.shape, gk.shape, gv.shape) == (q.shape, k.shape, v.shape)
+    vq, vk, vv, cq, ck = _varlen([3, 0, 4], [2, 5, 1], 4, 2, 32, torch.bfloat16)
+    vq, vk, vv = vq.to("meta"), vk.to("meta"), vv.to("meta")
+    cq, ck = cq.to("meta"), ck.to("meta")
+    out, lse = torch.ops.kernel_api.attention_forward(vq, vk, vv, False, None, cq, ck, 4, 5)
+    assert out.shape == vq.shape and lse.shape == (4, 7)
+
+
+def test_make_fx_training_step_has_forward_and_backward_ops(cpu_launch):
+    q, k, v = _qkv(1, 4, 6, 4, 2, 16)
+
+    def step(a, b, c):
+        a, b, c = (t.requires_grad_() for t in (a, b, c))
+        out = ops.attention(a, b, c, causal=True)
+        return torch.autograd.grad(out.sum(), (a, b, c))
+
+    graph = make_fx(step, tracing_mode="fake")(q, k, v)
+    assert "kernel_api.attention_forward" in graph.code and "kernel_api.attention_backward" in graph.code
+    assert "kernel_api.attention.default" not in graph.code
+    for got, want in zip(graph(q, k, v), reference_grads(q, k, v, torch.ones_like(q), True)):
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_torch_compile_backward_traces_the_backward_op(cpu_launch):
+    import torch._dynamo
+    from torch._dynamo.backends.debugging import aot_eager
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):
+        return aot_eager(gm, example_inputs, fw_compiler=_recording(seen), bw_compiler=_recording(seen))
+
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 4, 9, 4, 2, 16))
+    compiled = torch.compile(lambda a, b, c: ops.attention(a, b, c, causal=True), backend=backend, fullgraph=True)
+    out = compiled(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    targets = {str(n.target) for gm in seen for n in gm.graph.nodes}
+    assert "kernel_api.attention_forward.default" in targets and "kernel_api.attention_backward.default" in targets
+    for got, want in zip(grads, reference_grads(q.detach(), k.detach(), v.detach(), torch.ones_like(q), True)):
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+    torch._dynamo.reset()
+
+
+def _recording(seen):
+    def compiler(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+    return compiler
+
+
+# ---- gradients through the torch provider on the CPU ----
+
+@pytest.mark.parametrize("shape", [(2, 7, 7, 4, 4, 16), (1, 5, 9, 8, 2, 32), (1, 9, 5, 4, 1, 8)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_against_float64(cpu_launch, shape, causal):
+    """GQA / MQA, seqlen_q above seqlen_k (causal: rows that see no key get zero gradients)."""
+    q, k, v = _qkv(*shape)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = ops.attention(*leaves, causal=causal, scale=0.3)
+    torch.testing.assert_close(out.detach().double(), reference(q, k, v, causal, 0.3), atol=2e-5, rtol=2e-5)
+    grads = torch.autograd.grad(out, leaves, grad)
+    for got, want in zip(grads, reference_grads(q, k, v, grad, causal, 0.3)):
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_varlen_gradients_with_an_empty_sequence(cpu_launch):
+    q, k, v, cq, ck = _varlen([3, 0, 7, 1], [5, 0, 7, 33], 8, 2, 16)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = ops.attention(*leaves, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck)
+    for got, want in zip(torch.autograd.grad(out, leaves, grad), reference_grads(q, k, v, grad, True, None, cq, ck)):
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_training_forward_writes_the_lse(cpu_launch):
+    q, k, v = _qkv(2, 9, 5, 4, 2, 16)
+    out, lse = ops.attention.training_op(q, k, v, True, 0.3)
+    torch.testing.assert_close(out.double(), reference(q, k, v, True, 0.3), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), reference_lse(q, k, True, 0.3), atol=1e-5, rtol=1e-5)
+    vq, vk, vv, cq, ck = _varlen([3, 0, 7], [5, 2, 7], 4, 2, 16)
+    _, lse = ops.attention.training_op(vq, vk, vv, False, None, cq, ck)
+    torch.testing.assert_close(lse.double(), reference_lse(vq, vk, False, None, cq, ck), atol=1e-5, rtol=1e-5)
+
+
+def count_backend_runs(monkeypatch, backends=("math", "sdpa")):
+    """Record each torch attention kernel run as (class, backend, whether lse was written):
+    the backend methods of `TorchAttention` and `TorchAttentionBackward` wrapped."""
+    from kernel_api.providers.torch_ops.attention import TorchAttention
+    from kernel_api.providers.torch_ops.attention_backward import TorchAttentionBackward
+    calls = []
+    for cls in (TorchAttention, TorchAttentionBackward):
+        for backend in backends:
+            real = getattr(cls, f"_run_{backend}", None)
+            if real is None:
+                continue
+
+            def counting(args, *tensors, _real=real, _name=(cls.__name__, backend)):
+                lse = tensors[4] if _name[0] == "TorchAttention" else tensors[5]
+                calls.append((*_name, lse is not None))
+                return _real(args, *tensors)
+
+            monkeypatch.setattr(cls, f"_run_{backend}", staticmethod(counting))
+    ops.clear_dispatch_cache()
+    return calls
+
+
+def test_one_forward_per_training_step(cpu_launch, monkeypatch):
+    """The backward reads the saved lse: one forward (writing lse) and one backward per step;
+    inference writes no lse."""
+    calls = count_backend_runs(monkeypatch)
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 6, 6, 4, 2, 16))
+    ops.attention(q, k, v, causal=True).sum().backward()
+    assert calls == [("TorchAttention", "math", True), ("TorchAttentionBackward", "math", True)]
+    calls.clear()
+    with torch.no_grad():
+        ops.attention(q, k, v, causal=True)
+    assert calls == [("TorchAttention", "sdpa", False)]
+
+
+def test_inference_op_called_directly_still_differentiates(cpu_launch):
+    q, k, v = _qkv(1, 5, 5, 2, 2, 8)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = torch.ops.kernel_api.attention(*leaves, True)
+    grads = torch.autograd.grad(out.sum(), leaves)
+    for got, want in zip(grads, reference_grads(q, k, v, torch.ones_like(q), True)):
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_out_with_grad_is_refused(cpu_launch):
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 3, 3, 2, 2, 8))
+    with pytest.raises(ValueError, match="given outputs"):
+        ops.attention(q, k, v, out=torch.empty(q.shape))

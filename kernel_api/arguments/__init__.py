@@ -11,6 +11,7 @@ GEMM epilogue, ``gemm`` `GemmArguments` (and the summaries `kernel_api.native` r
 
 from .activations import GatedActivationArguments, GatedActivationBackwardArguments
 from .attention import AttentionArguments
+from .attention_backward import AttentionBackwardArguments
 from .base import Arguments, byte_extent
 from .cross_entropy import CrossEntropyArguments, CrossEntropyBackwardArguments, LinearCrossEntropyArguments
 from .epilogue import EpilogueArguments, EpilogueSignature
@@ -21,6 +22,7 @@ from .softmax import SoftmaxArguments, SoftmaxBackwardArguments
 
 __all__ = ["Arguments", "AttentionArguments", "EpilogueArguments", "EpilogueSignature", "GemmArguments",
            "SoftmaxArguments", "SoftmaxBackwardArguments", "byte_extent"]
+__all__ += ["AttentionBackwardArguments"]
 __all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]
 __all__ += ["GatedActivationArguments", "GatedActivationBackwardArguments", "RopeArguments", "RopeBackwardArguments"]
 __all__ += ["CrossEntropyArguments", "CrossEntropyBackwardArguments", "LinearCrossEntropyArguments"]

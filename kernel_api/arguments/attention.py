@@ -12,6 +12,14 @@ With ``seqlen_q < seqlen_k`` (decoding against a KV cache) the queries are the l
 with ``seqlen_q > seqlen_k`` the first ``seqlen_q - seqlen_k`` queries see no key and their
 output is 0.
 
+The row log-sum-exp (``lse``, an optional output) is what a backward needs of the forward:
+``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over the keys query ``i`` sees, float32,
+``(batch, heads_q, seqlen_q)`` dense and ``(heads_q, total_q)`` variable length (FlashAttention's
+forms), contiguous. A row that sees no key has the empty sum's ``-inf`` (kernels may write
+``+inf`` there, as FlashAttention-2 does; backward kernels take either and give such rows zero
+gradients). Forward kernels write it when it is given and decline it otherwise
+(`AttentionOperandsMetadata`'s ``lse``), so inference allocates nothing for it.
+
 What construction checks: ranks, shapes, dtypes, devices, a unit-stride head_dim, the heads'
 ratio and out's shape; for cu_seqlens the dtype (int32), rank, length and device. Their values
 (first 0, non-decreasing, last = total tokens) are checked only where that is cheap, for
@@ -27,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..core.dtypes import DataType
 from ..core.tensor_attributes import TensorAttributes
 from .base import STORAGELESS_TYPES, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, \
     _require_tensor, data_pointer
@@ -92,56 +101,67 @@ def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str) 
     return value
 
 
-class AttentionArguments(Arguments):
-    """``out = softmax(q k^T * scale + causal mask) v`` per head, FlashAttention's layouts.
+def lse_shape(q: torch.Tensor, varlen: bool) -> tuple[int, ...]:
+    """The shape of the row log-sum-exp of attention with queries ``q``.
 
     Args:
-        q: (batch, seqlen_q, heads_q, head_dim), or (total_q, heads_q, head_dim) with
-            ``cu_seqlens_q``.
-        k: (batch, seqlen_k, heads_kv, head_dim), or (total_k, heads_kv, head_dim); heads_q
-            must be a multiple of heads_kv (GQA; MQA when heads_kv is 1).
-        v: k's shape, dtype and device.
-        out: q's shape, dtype and device (written).
-        causal: a bottom-right aligned causal mask (see the module docstring).
-        scale: the factor on q k^T; default ``1 / sqrt(head_dim)``.
-        cu_seqlens_q, cu_seqlens_k: int32 offsets of length batch + 1, both or neither.
-        max_seqlen_q, max_seqlen_k: the longest sequence of each; required when the offsets
-            are not on the CPU.
+        q: the queries, (batch, seqlen_q, heads_q, head_dim) or (total_q, heads_q, head_dim).
+        varlen: whether the layout is variable length.
+
+    Returns:
+        ``(batch, heads_q, seqlen_q)``, or ``(heads_q, total_q)`` for variable length.
+    """
+    if varlen:
+        return (q.shape[1], q.shape[0])
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _lse(lse: Any, q: torch.Tensor, varlen: bool) -> TensorAttributes:
+    """Attributes of the row log-sum-exp: float32, `lse_shape`, contiguous, q's device."""
+    _require_tensor(lse, "lse")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"operand lse: dtype {lse.dtype} but the log-sum-exp is torch.float32")
+    shape = lse_shape(q, varlen)
+    if tuple(lse.shape) != shape:
+        form = "(heads_q, total_q)" if varlen else "(batch, heads_q, seqlen_q)"
+        raise ValueError(f"operand lse: shape {tuple(lse.shape)} but q's is {shape} {form}")
+    if lse.device != q.device:
+        raise ValueError(f"operand lse: on {lse.device} but q is on {q.device}")
+    if not lse.is_contiguous():
+        raise ValueError(f"operand lse: must be contiguous, got strides {tuple(lse.stride())}")
+    div = _divisibility(data_pointer(lse), 4, (lse.shape[-1],))
+    return _attributes(DataType.f32, (0,) * (len(shape) - 1) + (1,), div)
+
+
+class Problem:
+    """What q, k, v and the scalars of attention say, checked once (shared by the forward's and
+    the backward's arguments): sizes, the scale, and the attributes of q, k and v.
 
     Raises:
         TypeError, ValueError: a one-line message naming the operand.
     """
 
-    __slots__ = ("q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k", "causal", "scale", "varlen", "batch",
-                 "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")
-    output_names = ("out",)
+    __slots__ = ("varlen", "rank", "q", "k", "v", "causal", "scale", "batch", "seqlen_q", "seqlen_k", "heads_q",
+                 "heads_kv", "head_dim")
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *,
-                 causal: bool = False, scale: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
-                 cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
-                 max_seqlen_k: int | None = None) -> None:
-        for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+    def __init__(self, q: Any, k: Any, v: Any, causal: Any, scale: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                 max_seqlen_q: Any, max_seqlen_k: Any) -> None:
+        for name, t in (("q", q), ("k", k), ("v", v)):
             _require_tensor(t, name)
         if (cu_seqlens_q is None) != (cu_seqlens_k is None):
             given = "cu_seqlens_q" if cu_seqlens_k is None else "cu_seqlens_k"
             raise ValueError(f"operand {given}: variable length needs both cu_seqlens_q and cu_seqlens_k")
         self.varlen = varlen = cu_seqlens_q is not None
-        rank = 3 if varlen else 4
-        qa = _operand(q, "q", rank)
-        ka = _operand(k, "k", rank)
-        va = _operand(v, "v", rank)
-        oa = _operand(out, "out", rank)
-        for name, t in (("k", k), ("v", v), ("out", out)):
-            if t.dtype != q.dtype:
-                raise TypeError(f"operand {name}: dtype {t.dtype} must equal q's {q.dtype}")
-            if t.device != q.device:
-                raise ValueError(f"operand {name}: on {t.device} but q is on {q.device}")
+        self.rank = rank = 3 if varlen else 4
+        self.q = _operand(q, "q", rank)
+        self.k = _operand(k, "k", rank)
+        self.v = _operand(v, "v", rank)
+        for name, t in (("k", k), ("v", v)):
+            _like(t, name, q, "q")
         if k.shape[-1] != q.shape[-1]:
             raise ValueError(f"operand k: head_dim {k.shape[-1]} must equal q's {q.shape[-1]}")
         if v.shape != k.shape:
             raise ValueError(f"operand v: shape {tuple(v.shape)} must equal k's {tuple(k.shape)}")
-        if out.shape != q.shape:
-            raise ValueError(f"operand out: shape {tuple(out.shape)} must equal q's {tuple(q.shape)}")
         self.heads_q, self.heads_kv, self.head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
         if self.heads_kv == 0 or self.heads_q % self.heads_kv:
             raise ValueError(f"operand k: {self.heads_kv} heads, but q's {self.heads_q} heads must be a multiple "
@@ -167,14 +187,79 @@ class AttentionArguments(Arguments):
             if k.shape[0] != q.shape[0]:
                 raise ValueError(f"operand k: batch {k.shape[0]} must equal q's {q.shape[0]}")
             self.batch, self.seqlen_q, self.seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        self.q, self.k, self.v, self.out = q, k, v, out
+
+    def like(self, t: Any, name: str, model: torch.Tensor, model_name: str) -> TensorAttributes:
+        """Attributes of an operand that must have ``model``'s shape, dtype and device."""
+        _require_tensor(t, name)
+        attrs = _operand(t, name, self.rank)
+        _like(t, name, model, model_name)
+        if t.shape != model.shape:
+            raise ValueError(f"operand {name}: shape {tuple(t.shape)} must equal {model_name}'s {tuple(model.shape)}")
+        return attrs
+
+
+def _like(t: torch.Tensor, name: str, model: torch.Tensor, model_name: str) -> None:
+    if t.dtype != model.dtype:
+        raise TypeError(f"operand {name}: dtype {t.dtype} must equal {model_name}'s {model.dtype}")
+    if t.device != model.device:
+        raise ValueError(f"operand {name}: on {t.device} but {model_name} is on {model.device}")
+
+
+def describe(args: Any, name: str) -> str:
+    """The repr of an attention arguments object (forward or backward): sizes and flags."""
+    lengths = f"max_seqlen_q={args.seqlen_q}, max_seqlen_k={args.seqlen_k}" if args.varlen else \
+        f"seqlen_q={args.seqlen_q}, seqlen_k={args.seqlen_k}"
+    return (f"{name}(batch={args.batch}, {lengths}, heads_q={args.heads_q}, heads_kv={args.heads_kv}, "
+            f"head_dim={args.head_dim}, causal={args.causal}, varlen={args.varlen}, "
+            f"dtype={args.tensor_attributes['q'].dtype}, device={args.device})")
+
+
+class AttentionArguments(Arguments):
+    """``out = softmax(q k^T * scale + causal mask) v`` per head, FlashAttention's layouts.
+
+    Args:
+        q: (batch, seqlen_q, heads_q, head_dim), or (total_q, heads_q, head_dim) with
+            ``cu_seqlens_q``.
+        k: (batch, seqlen_k, heads_kv, head_dim), or (total_k, heads_kv, head_dim); heads_q
+            must be a multiple of heads_kv (GQA; MQA when heads_kv is 1).
+        v: k's shape, dtype and device.
+        out: q's shape, dtype and device (written).
+        lse: optional, the row log-sum-exp to write (float32, `lse_shape`, contiguous; see the
+            module docstring): given when a backward will follow. ``ops.call`` returns ``out``
+            alone; the caller holds ``lse``.
+        causal: a bottom-right aligned causal mask (see the module docstring).
+        scale: the factor on q k^T; default ``1 / sqrt(head_dim)``.
+        cu_seqlens_q, cu_seqlens_k: int32 offsets of length batch + 1, both or neither.
+        max_seqlen_q, max_seqlen_k: the longest sequence of each; required when the offsets
+            are not on the CPU.
+
+    Raises:
+        TypeError, ValueError: a one-line message naming the operand.
+    """
+
+    __slots__ = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "causal", "scale", "varlen", "batch",
+                 "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")
+    output_names = ("out",)
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor | None = None, *, causal: bool = False, scale: float | None = None,
+                 cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                 max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> None:
+        p = Problem(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        oa = p.like(out, "out", q, "q")
+        self.varlen, self.causal, self.scale = p.varlen, p.causal, p.scale
+        self.batch, self.seqlen_q, self.seqlen_k = p.batch, p.seqlen_q, p.seqlen_k
+        self.heads_q, self.heads_kv, self.head_dim = p.heads_q, p.heads_kv, p.head_dim
+        self.q, self.k, self.v, self.out, self.lse = q, k, v, out, lse
         self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
         self.device = q.device
         self.device_index = q.get_device()
         self._verdicts = self._binding = None
-        self.tensor_attributes = {"q": qa, "k": ka, "v": va, "out": oa}
-        self.signature = ("attention", qa._key, ka._key, va._key, oa._key, self.head_dim,
-                          self.heads_q // self.heads_kv, causal, varlen, self.device_index)
+        self.tensor_attributes = {"q": p.q, "k": p.k, "v": p.v, "out": oa}
+        if lse is not None:
+            self.tensor_attributes["lse"] = _lse(lse, q, p.varlen)
+        self.signature = ("attention", p.q._key, p.k._key, p.v._key, oa._key, lse is not None, self.head_dim,
+                          self.heads_q // self.heads_kv, self.causal, self.varlen, self.device_index)
 
     def problem_key(self) -> tuple:
         """The signature with the sizes a choice depends on: batch, sequence lengths (the
@@ -186,8 +271,4 @@ class AttentionArguments(Arguments):
         return (self.signature, self.batch, self.seqlen_q, self.seqlen_k, self.heads_q, self.heads_kv, self.scale)
 
     def __repr__(self) -> str:
-        lengths = f"max_seqlen_q={self.seqlen_q}, max_seqlen_k={self.seqlen_k}" if self.varlen else \
-            f"seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}"
-        return (f"AttentionArguments(batch={self.batch}, {lengths}, heads_q={self.heads_q}, "
-                f"heads_kv={self.heads_kv}, head_dim={self.head_dim}, causal={self.causal}, varlen={self.varlen}, "
-                f"dtype={self.tensor_attributes['q'].dtype}, device={self.device})")
+        return describe(self, type(self).__name__)

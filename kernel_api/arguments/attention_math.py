@@ -1,9 +1,13 @@
-"""Attention as `AttentionArguments` defines it, computed with torch's SDPA: what every attention
-kernel must compute, written once. The torch provider's kernel runs it, and the attention
-operation's backward differentiates through it until a backward kernel of ours exists.
+"""Attention as `AttentionArguments` defines it, written once with torch: what every attention
+kernel must compute. `torch_attention` runs it through SDPA (differentiable);
+`attention_with_lse` computes it with the row log-sum-exp from materialised scores, and
+`attention_backward` the gradients from that log-sum-exp (the formulas of
+`kernel_api.arguments.attention_backward`). The torch provider's kernels run them.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -57,4 +61,117 @@ def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return torch.cat(pieces, dim=0) if pieces else q * 0
 
 
-__all__ = ["torch_attention"]
+
+
+# ---- the definition with the row log-sum-exp, and the backward from it ----
+
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """``scale * q k^T`` of one dense (batch, seqlen, heads, head_dim) problem as (batch, heads_q,
+    seqlen_q, seqlen_k) in float32 (float64 for float64 inputs), masked keys -inf; k's heads
+    repeated to q's."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    groups = q.shape[2] // k.shape[2]
+    kt = k.to(compute).transpose(1, 2).repeat_interleave(groups, dim=1)
+    s = torch.matmul(q.to(compute).transpose(1, 2), kt.transpose(-1, -2)) * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        seen = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        s = s.masked_fill(~seen, -math.inf)
+    return s
+
+
+def _probabilities(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``exp(s - lse)`` row by row; rows whose lse is not finite (they see no key) give 0."""
+    finite = torch.isfinite(lse)
+    p = torch.exp(s - torch.where(finite, lse, 0.0).unsqueeze(-1).to(s.dtype))
+    return p.masked_fill(~finite.unsqueeze(-1), 0.0)
+
+
+def _dense_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    s = _scores(q, k, causal, scale)
+    lse = torch.logsumexp(s, dim=-1) if s.shape[-1] else s.new_full(s.shape[:-1], -math.inf)
+    groups = q.shape[2] // k.shape[2]
+    vt = v.to(s.dtype).transpose(1, 2).repeat_interleave(groups, dim=1)
+    out = torch.matmul(_probabilities(s, lse), vt).transpose(1, 2).to(q.dtype)
+    return out, lse.float()
+
+
+def _dense_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    s = _scores(q, k, causal, scale)
+    compute, groups = s.dtype, q.shape[2] // k.shape[2]
+    p = _probabilities(s, lse.to(compute))
+    do = grad_out.to(compute).transpose(1, 2)
+    vt = v.to(compute).transpose(1, 2).repeat_interleave(groups, dim=1)
+    kt = k.to(compute).transpose(1, 2).repeat_interleave(groups, dim=1)
+    qt = q.to(compute).transpose(1, 2)
+    delta = (do * out.to(compute).transpose(1, 2)).sum(-1, keepdim=True)
+    ds = p * (torch.matmul(do, vt.transpose(-1, -2)) - delta)
+    dq = torch.matmul(ds, kt) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), qt) * scale
+    dv = torch.matmul(p.transpose(-1, -2), do)
+
+    def heads_kv(t: torch.Tensor) -> torch.Tensor:  # (b, hq, s, d) -> (b, s, hkv, d), summed per group
+        b, _, n, d = t.shape
+        return t.reshape(b, k.shape[2], groups, n, d).sum(2).transpose(1, 2)
+
+    return dq.transpose(1, 2), heads_kv(dk), heads_kv(dv)
+
+
+def _pieces(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()  # (a synchronisation on a GPU)
+    return list(zip(cq, cq[1:], ck, ck[1:]))
+
+
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                       cu_seqlens_q: torch.Tensor | None = None,
+                       cu_seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention and its row log-sum-exp from the scores, materialised (float32 arithmetic;
+    float64 for float64 inputs): the definition the backward kernels read ``lse`` by.
+
+    Args:
+        q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k: as for `torch_attention`.
+
+    Returns:
+        ``(out, lse)``: out of q's shape and dtype; lse float32 in
+        `kernel_api.arguments.attention.lse_shape` (``-inf`` for rows that see no key).
+    """
+    if cu_seqlens_q is None:
+        return _dense_lse(q, k, v, causal, scale)
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
+    for a, b, c, d in _pieces(cu_seqlens_q, cu_seqlens_k):
+        if b > a:
+            o, s = _dense_lse(q[a:b][None], k[c:d][None], v[c:d][None], causal, scale)
+            out[a:b], lse[:, a:b] = o[0], s[0]
+    return out, lse
+
+
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, causal: bool, scale: float, cu_seqlens_q: torch.Tensor | None = None,
+                       cu_seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of q, k and v from ``lse``, with the scores materialised
+    (`kernel_api.arguments.attention_backward` gives the formulas).
+
+    Args:
+        grad_out, q, k, v, out, lse: as for `AttentionBackwardArguments`.
+        causal, scale, cu_seqlens_q, cu_seqlens_k: the forward's.
+
+    Returns:
+        ``(grad_q, grad_k, grad_v)`` in q's, k's and v's shapes and dtype (k/v heads summed
+        over their group).
+    """
+    if cu_seqlens_q is None:
+        dq, dk, dv = _dense_backward(grad_out, q, k, v, out, lse, causal, scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for a, b, c, d in _pieces(cu_seqlens_q, cu_seqlens_k):
+        if b > a and d > c:
+            g = _dense_backward(grad_out[a:b][None], q[a:b][None], k[c:d][None], v[c:d][None], out[a:b][None],
+                                lse[:, a:b][None], causal, scale)
+            dq[a:b], dk[c:d], dv[c:d] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
+__all__ = ["attention_backward", "attention_with_lse", "torch_attention"]

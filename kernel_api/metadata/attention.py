@@ -1,11 +1,13 @@
 """Operand description of attention kernels (`AttentionOperandsMetadata`): the attributes of
-q, k, v and out, plus the head dims, masks and layouts a kernel supports."""
+q, k, v and out, plus the head dims, masks and layouts a kernel supports and whether it writes
+the row log-sum-exp; `AttentionBackwardOperandsMetadata` the same for the backward."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..arguments.attention import AttentionArguments
+from ..arguments.attention_backward import AttentionBackwardArguments
 from ..core.status import Reason, Status
 from ..core.tensor_attributes import TensorAttributes
 from .operands import OperandsMetadata
@@ -23,6 +25,8 @@ class AttentionOperandsMetadata(OperandsMetadata):
         causal: whether the kernel applies the causal mask.
         full: whether it runs without a mask.
         gqa: whether q may have more heads than k and v.
+        lse: whether the kernel writes the row log-sum-exp (``args.lse``); a kernel that does
+            not declines arguments that ask for it (a forward before a backward).
     """
 
     operand_names = ("q", "k", "v", "out")
@@ -30,13 +34,14 @@ class AttentionOperandsMetadata(OperandsMetadata):
 
     def __init__(self, q: TensorAttributes, k: TensorAttributes, v: TensorAttributes, out: TensorAttributes, *,
                  head_dims: tuple[int, ...] | None = None, max_head_dim: int = 256, causal: bool = True,
-                 full: bool = True, gqa: bool = True) -> None:
+                 full: bool = True, gqa: bool = True, lse: bool = False) -> None:
         for name, value in (("q", q), ("k", k), ("v", v), ("out", out)):
             if not isinstance(value, TensorAttributes):
                 raise TypeError(f"AttentionOperandsMetadata.{name} must be TensorAttributes, got {type(value).__name__}")
         self.q, self.k, self.v, self.out = q, k, v, out
         self.head_dims = None if head_dims is None else tuple(head_dims)
         self.max_head_dim, self.causal, self.full, self.gqa = max_head_dim, causal, full, gqa
+        self.lse = lse
 
     @property
     def varlen(self) -> bool:
@@ -65,9 +70,38 @@ class AttentionOperandsMetadata(OperandsMetadata):
             return Status.fail(f"operand k: {args.heads_kv} heads for q's {args.heads_q}, but the kernel takes "
                                f"equal heads only (no GQA)", kind=Reason.SHAPE, operand="k",
                                actual=args.heads_kv, required=args.heads_q)
+        if args.lse is not None and not self.lse:
+            return Status.fail("operand lse: the kernel does not write the row log-sum-exp a backward needs",
+                               kind=Reason.OTHER, operand="lse", actual=True, required=False)
         return Status.success()
 
     def __repr__(self) -> str:
         return (f"AttentionOperandsMetadata(q={self.q}, k={self.k}, v={self.v}, out={self.out}, "
                 f"head_dims={self.head_dims}, max_head_dim={self.max_head_dim}, causal={self.causal}, "
-                f"full={self.full}, gqa={self.gqa})")
+                f"full={self.full}, gqa={self.gqa}, lse={self.lse})")
+
+
+class AttentionBackwardOperandsMetadata(AttentionOperandsMetadata):
+    """Operands of attention's backward: the attributes of grad_out, q, k, v, out and the
+    gradients (``lse`` is float32 and contiguous by construction), and the head dims, masks,
+    layouts and GQA the kernel supports (as `AttentionOperandsMetadata`'s).
+
+    Args:
+        q: the attributes of q, out, grad_out and grad_q.
+        k: the attributes of k, v, grad_k and grad_v.
+        head_dims, max_head_dim, causal, full, gqa: as for `AttentionOperandsMetadata`.
+    """
+
+    operand_names = ("grad_out", "q", "k", "v", "out", "grad_q", "grad_k", "grad_v")
+    arguments_type = AttentionBackwardArguments
+
+    def __init__(self, q: TensorAttributes, k: TensorAttributes, *, head_dims: tuple[int, ...] | None = None,
+                 max_head_dim: int = 256, causal: bool = True, full: bool = True, gqa: bool = True) -> None:
+        super().__init__(q, k, k, q, head_dims=head_dims, max_head_dim=max_head_dim, causal=causal, full=full,
+                         gqa=gqa, lse=True)
+        self.grad_out = self.grad_q = q
+        self.grad_k = self.grad_v = k
+
+    def __repr__(self) -> str:
+        return (f"AttentionBackwardOperandsMetadata(q={self.q}, k={self.k}, head_dims={self.head_dims}, "
+                f"max_head_dim={self.max_head_dim}, causal={self.causal}, full={self.full}, gqa={self.gqa})")

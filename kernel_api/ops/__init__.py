@@ -22,7 +22,7 @@ from ..arguments import EpilogueArguments, GemmArguments
 from .dispatch import call, chosen_kernels, clear_dispatch_cache, column_parts, gemm, softmax, softmax_backward, split_columns
 from .operation import Operation, define_operation, defined_operations, like_input
 from . import library  # noqa: E402,F401  (registers torch.ops.kernel_api.*)
-from .attention import attention  # noqa: E402  (registers torch.ops.kernel_api.attention)
+from .attention import attention, attention_backward  # noqa: E402  (kernel_api::attention*)
 from .norms import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  # noqa: E402  (kernel_api::*_norm*)
 from .cross_entropy import cross_entropy, cross_entropy_backward, linear_cross_entropy  # noqa: E402  (kernel_api::*cross_entropy*)
 from .swiglu import geglu, gated_activation, gated_activation_backward, swiglu  # noqa: E402  (kernel_api::gated_*)
@@ -31,6 +31,7 @@ from . import epilogue_gemm  # noqa: E402,F401  (registers kernel_api::gemm_epil
 
 __all__ = ["Operation", "attention", "call", "chosen_kernels", "clear_dispatch_cache", "define_operation", "defined_operations",
            "gemm", "gemm_arguments", "like_input", "softmax", "softmax_backward"]
+__all__ += ["attention_backward"]
 __all__ += ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]
 __all__ += ["cross_entropy", "cross_entropy_backward", "linear_cross_entropy"]
 __all__ += ["gated_activation", "gated_activation_backward", "geglu", "rope", "rope_backward", "swiglu"]

@@ -1,11 +1,22 @@
-"""``ops.attention``: attention forward through kernel_api, with a backward.
+"""``ops.attention``: attention forward and backward through kernel_api.
 
-The torch op ``torch.ops.kernel_api.attention`` is generated from one `Operation`
-(`ATTENTION`): the forward runs whichever kernel the policy picks for `AttentionArguments`
-(only the torch provider's `TorchAttention` serves it so far). The backward recomputes the
-forward with torch's SDPA under autograd on the saved q, k and v
-(`providers.torch_ops.attention.torch_attention`) and differentiates that: correct, at the cost
-of a second forward and SDPA's memory, until a backward kernel exists.
+Three torch ops, each generated from one `Operation`:
+
+- ``kernel_api::attention`` (`ATTENTION`): the forward for inference; it asks for no row
+  log-sum-exp, so nothing is allocated for a backward and every forward kernel may serve.
+- ``kernel_api::attention_forward`` (`ATTENTION_FORWARD`): the forward when a gradient is
+  wanted, returning ``(out, lse)``; the kernels that serve it write the log-sum-exp
+  (`AttentionArguments`' ``lse``; the others decline). Its backward runs the next op on the
+  saved q, k, v, out and lse: no second forward.
+- ``kernel_api::attention_backward`` (`ATTENTION_BACKWARD`): the gradients of q, k and v
+  (`AttentionBackwardArguments`), whichever backward kernel the policy picks, independently of
+  the forward's (the log-sum-exp has one form for all).
+
+`attention` goes to the first when no input needs a gradient and to the second otherwise
+(under ``torch.compile`` too: the branch is decided while tracing). The log-sum-exp is not
+differentiated (``attention`` never returns it). Calling ``torch.ops.kernel_api.attention``
+itself with inputs that need gradients works too: its backward runs the training forward once
+more for the log-sum-exp, then the backward op.
 """
 
 from __future__ import annotations
@@ -14,46 +25,107 @@ from typing import Any
 
 import torch
 
-from ..arguments.attention import AttentionArguments
-from ..arguments.attention_math import torch_attention
+from ..arguments.attention import AttentionArguments, lse_shape
+from ..arguments.attention_backward import AttentionBackwardArguments
 from .operation import Operation, define_operation
+
+_SCHEMA_INPUTS = ("(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? cu_seqlens_q=None, "
+                  "Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None)")
+_SCALARS = ("causal", "scale", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
 
 def _arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int | None,
-               max_seqlen_k: int | None, out: torch.Tensor) -> AttentionArguments:
-    return AttentionArguments(q, k, v, out, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q,
+               max_seqlen_k: int | None, out: torch.Tensor, lse: torch.Tensor | None = None) -> AttentionArguments:
+    return AttentionArguments(q, k, v, out, lse, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q,
                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
+def _backward_arguments(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float | None,
+                        cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+                        max_seqlen_q: int | None, max_seqlen_k: int | None, *, grad_q: torch.Tensor,
+                        grad_k: torch.Tensor, grad_v: torch.Tensor) -> AttentionBackwardArguments:
+    return AttentionBackwardArguments(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, causal=causal, scale=scale,
+                                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
+# (fakes take the scalars in *rest: torch passes them only the arguments the caller gave)
 def _fake(q: torch.Tensor, *rest: Any) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
-def _backward(saved: Any, grad: torch.Tensor) -> tuple:
-    """Gradients of q, k and v by differentiating torch's SDPA on the saved inputs."""
+def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: Any = None,
+                  cu_seqlens_q: Any = None, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), q.new_empty(lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+
+
+def _backward_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   *rest: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _gradients(saved: Any, out: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor) -> tuple:
+    """The inputs' gradients through the backward op, from the forward's out and lse."""
     needs = saved.needs_input_grad[:3]
-    inputs = [t.detach().requires_grad_(n) for t, n in zip((saved.q, saved.k, saved.v), needs)]
-    scale = saved.scale if saved.scale is not None else saved.q.shape[-1] ** -0.5
-    with torch.enable_grad():
-        out = torch_attention(*inputs, saved.causal, scale, saved.cu_seqlens_q, saved.cu_seqlens_k)
-        wanted = [t for t, n in zip(inputs, needs) if n]
-        grads = iter(torch.autograd.grad(out, wanted, grad) if wanted else ())
-    return (*[next(grads) if n else None for n in needs], None, None, None, None, None, None)
+    if not any(needs):
+        return (None,) * 9
+    grads = attention_backward(grad.contiguous(), saved.q, saved.k, saved.v, out, lse,
+                               *[getattr(saved, name) for name in _SCALARS])
+    return (*[g if n else None for g, n in zip(grads, needs)], None, None, None, None, None, None)
+
+
+def _forward_backward(saved: Any, grad: torch.Tensor, grad_lse: Any) -> tuple:
+    """The training forward's backward: the backward op on the saved out and lse (the
+    log-sum-exp's own gradient is dropped: `attention` never returns it)."""
+    return _gradients(saved, saved.out, saved.lse, grad)
+
+
+def _recompute_backward(saved: Any, grad: torch.Tensor) -> tuple:
+    """The inference op's backward (only when its op is called directly with inputs that need
+    gradients): the training forward once more for out and lse, then the backward op."""
+    scalars = [getattr(saved, name) for name in _SCALARS]
+    out, lse = _attention_forward.op(saved.q.detach(), saved.k.detach(), saved.v.detach(), *scalars)
+    return _gradients(saved, out, lse, grad)
 
 
 ATTENTION = Operation(
     name="kernel_api::attention",
-    schema="(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? cu_seqlens_q=None, "
-           "Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None) -> Tensor",
+    schema=f"{_SCHEMA_INPUTS} -> Tensor",
     arguments=_arguments,
     outputs=("out",),
     fake=_fake,
-    backward=_backward,
-    saved=("q", "k", "v", "causal", "scale", "cu_seqlens_q", "cu_seqlens_k"),
+    backward=_recompute_backward,
+    saved=("q", "k", "v", *_SCALARS),
+)
+
+ATTENTION_FORWARD = Operation(
+    name="kernel_api::attention_forward",
+    schema=f"{_SCHEMA_INPUTS} -> (Tensor, Tensor)",
+    arguments=_arguments,
+    outputs=("out", "lse"),
+    fake=_forward_fake,
+    backward=_forward_backward,
+    saved=("q", "k", "v", "out", "lse", *_SCALARS),
+)
+
+ATTENTION_BACKWARD = Operation(
+    name="kernel_api::attention_backward",
+    schema="(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal=False, "
+           "float? scale=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, "
+           "SymInt? max_seqlen_k=None) -> (Tensor, Tensor, Tensor)",
+    arguments=_backward_arguments,
+    outputs=("grad_q", "grad_k", "grad_v"),
+    fake=_backward_fake,
 )
 
 _attention = define_operation(ATTENTION)
+_attention_forward = define_operation(ATTENTION_FORWARD)
+#: ``attention_backward(grad_out, q, k, v, out, lse, causal=False, scale=None, cu_seqlens_q=None,
+#: cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, *, grad_q=None, grad_k=None,
+#: grad_v=None, stream=None)`` -> ``(grad_q, grad_k, grad_v)`` (`AttentionBackwardArguments`).
+attention_backward = define_operation(ATTENTION_BACKWARD)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None,
@@ -72,19 +144,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         cu_seqlens_q, cu_seqlens_k: int32 cumulative sequence offsets, length batch + 1.
         max_seqlen_q, max_seqlen_k: the longest sequences; required when the offsets are not on
             the CPU.
-        out: a tensor of q's shape to write, or None to allocate one.
+        out: a tensor of q's shape to write, or None to allocate one (None when a gradient is
+            wanted).
         stream: the stream to launch on (None: the current one).
 
     Returns:
-        ``out``: q's shape and dtype. Differentiable in q, k and v.
+        ``out``: q's shape and dtype. Differentiable in q, k and v: when one of them requires
+        grad (grad mode on) the forward keeps the row log-sum-exp and the backward runs
+        ``kernel_api::attention_backward`` on it.
 
     Raises:
         TypeError, ValueError: invalid operands (the message names the operand).
         NoKernelFoundError: no kernel takes these arguments.
     """
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        return _attention_forward(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  out=out, stream=stream)[0]
     return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out=out,
                       stream=stream)
 
 
 attention.operation = ATTENTION
 attention.op = _attention.op
+attention.training_op = _attention_forward.op
+attention.backward_op = attention_backward.op

@@ -105,6 +105,9 @@ _op_call: Any = None
 #: ops/epilogue_gemm.py when it is imported (it builds on this module, so this module does not
 #: import it).
 _epilogue_functions: dict[str, Any] = {}
+#: What else remembers choices, emptied by `clear_dispatch_cache`: each a ``forget()`` (the
+#: generated operations' replays, added by ops/replay.py when it is imported).
+choice_caches: list[Any] = []
 _tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the C table alive
 # The op in the low bits of a C-table tag (policy ids are 16-byte aligned addresses).
 _GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
@@ -181,13 +184,14 @@ def _launch_fast(found: PlainEntry, stream: Any, *tensors: torch.Tensor) -> None
 
 
 def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = (), tag: int = 0,
-            new_output: bool = False, maker: tuple | None = None) -> None:
+            new_output: bool = False, maker: tuple | None = None) -> tuple:
     """Choose (once per policy, signature and shape), compile and launch; then, when the
     arguments kept the caller's ``tensors`` as they are, record the kernel's launcher for
     them: in ``_fast`` under ``fast_key`` and in the C launch table under ``tag``
     (``new_output``: the caller made the output, so a torch call serves allocating calls;
     ``maker``: ``(maker, n)``, the caller made it as ``maker(*inputs[:n])``, which the entry
-    points' ``call`` repeats for allocating calls of a kernel in the table)."""
+    points' ``call`` repeats for allocating calls of a kernel in the table). Returns the choice
+    that ran: ``(kernel, artifact, scope token)``."""
     args.check_memory()  # the run below assumes the arguments supported
     scope = current()
     policy = scope.policy
@@ -228,7 +232,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             getattr(args, name) is t for name, t in zip(args.tensor_attributes, tensors)):
         launcher = kernel._launcher(args, artifact)
         if launcher is None:
-            return
+            return found
         if fast_key is not None:
             if len(_fast) >= _FAST_LIMIT:
                 _fast.clear()
@@ -248,7 +252,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
                             _record_native_epilogue(entry, token, (A, B, epilogue.bias, out), bias_tag)
                         elif launcher.torch_call is not None:
                             _record_torch_call(launcher, token, (A, B, epilogue.bias, out), bias_tag, new_output)
-                return
+                return found
             _fast[fast_key] = PlainEntry(launcher, index, token, extents)
         # f32 GEMMs: recorded under the TF32 flag they were chosen with, which gemm_plain reads
         # per call (the TVM-FFI table's own launch, without the entry points, cannot: none there)
@@ -257,6 +261,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             _record_native(launcher, token, tensors, recorded_tag, needs_entry_points=tf32 is not None, maker=maker)
         elif tag and launcher.torch_call is not None:
             _record_torch_call(launcher, token, tensors, recorded_tag, new_output)
+    return found
 
 
 #: Device types the front door launches on. The shipped kernels are CUDA kernels, so operands on
@@ -305,6 +310,23 @@ def call(args: Arguments, *, stream: Any = None) -> Any:
     outputs = tuple([getattr(args, name) for name in names])
     _increment_version(outputs)
     return outputs[0] if len(outputs) == 1 else outputs
+
+
+def launch(args: Arguments, stream: Any = None) -> tuple[Kernel, Any]:
+    """Choose, compile and launch ``args`` as `call` does, and say what ran. The caller has
+    checked what `call` checks (an `Arguments`, no tracing, no dispatch mode) and bumps the
+    outputs' version counters itself: the generated operations (`kernel_api.ops.operation`),
+    which record the choice for their replay (`kernel_api.ops.replay`).
+
+    Args:
+        args: the arguments, outputs allocated.
+        stream: as for `call`.
+
+    Returns:
+        ``(kernel, artifact)``: the chosen kernel and the compiled artifact it launched.
+    """
+    kernel, artifact, _ = _launch(args, stream)
+    return kernel, artifact
 
 
 #: Problems moving fewer bytes than this (operands read and written once) are given only to
@@ -942,6 +964,8 @@ def clear_dispatch_cache() -> None:
     """Forget every choice and recorded launch (the next calls choose and compile again)."""
     _dispatch.clear()
     _fast.clear()
+    for forget in choice_caches:
+        forget()
     if _table is not None:
         _table.clear()
         _forget_torch_calls()

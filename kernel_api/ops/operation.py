@@ -13,6 +13,10 @@ its backward, written with other ops. `define_operation` turns it into:
   ``torch.compile``, ``make_fx``, any torch dispatch mode or autograd, and for meta tensors,
   they go to the torch op, so graph tools and autograd see it.
 
+Both eager paths (the function, and the torch op's implementation, which autograd's forward and
+compiled graphs reach) replay a repeated call whose metadata an earlier call recorded
+(`kernel_api.ops.replay`): one launch, no arguments built.
+
 The op is defined with ``torch.library.Library`` (define, impl, register_fake) rather than
 ``torch.library.custom_op``, whose Python wrappers cost about 40 us a call: a call that needs
 no gradient goes from the Autograd kernel straight to the implementation.
@@ -30,7 +34,8 @@ import torch
 
 from ..arguments import Arguments
 from ..core import tracing
-from .dispatch import call, op_on_stream
+from .dispatch import op_on_stream
+from .replay import OperationReplay
 
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
@@ -188,10 +193,11 @@ def _generate(op: Operation) -> Callable[..., Any]:
     overload = getattr(getattr(torch.ops, namespace), short).default
     input_names = tuple(a.name for a in schema.arguments)
     complete = _completer(schema)
-    lib.impl(short, op.implementation or _implementation(op, complete), "CompositeExplicitAutograd")
+    replay = OperationReplay(len(_defined.functions) + 1, schema, op.outputs)
+    lib.impl(short, op.implementation or _implementation(op, complete, replay), "CompositeExplicitAutograd")
     torch.library.register_fake(op.name, op.fake, lib=lib)
     lib.impl(short, _autograd_kernel(op, overload, input_names, complete), "Autograd")
-    return _front_door(op, overload, schema)
+    return _front_door(op, overload, schema, replay)
 
 
 def _completer(schema: Any) -> Callable[..., tuple]:
@@ -219,14 +225,18 @@ def _outputs_by_name(op: Operation, outputs: Any) -> dict[str, Any]:
     return dict(zip(op.outputs, outputs))
 
 
-def _implementation(op: Operation, complete: Callable[..., tuple]) -> Callable[..., Any]:
-    """The torch op's eager body: allocate the outputs, build the arguments, `ops.call`."""
-    arguments, fake = op.arguments, op.fake
+def _implementation(op: Operation, complete: Callable[..., tuple], replay: OperationReplay) -> Callable[..., Any]:
+    """The torch op's eager body: allocate the outputs, then replay a recorded call, or build the
+    arguments and `ops.call` them (recording the call)."""
+    arguments, fake, several = op.arguments, op.fake, len(op.outputs) > 1
 
     def implementation(*inputs: Any, **named: Any) -> Any:
         inputs = complete(inputs, named)
         outputs = fake(*inputs)
-        call(arguments(*inputs, **_outputs_by_name(op, outputs)))
+        results = outputs if several else (outputs,)
+        if not (_is_compiling() or _dispatch_modes()) and replay.launch(inputs, results, True):
+            return outputs
+        replay.call(arguments(*inputs, **_outputs_by_name(op, outputs)), inputs, results, None)
         return outputs
 
     implementation.__qualname__ = f"{op.name}.implementation"
@@ -278,10 +288,11 @@ def _autograd_kernel(op: Operation, overload: Any, input_names: tuple[str, ...],
     return autograd
 
 
-def _front_door(op: Operation, overload: Any, schema: Any) -> Callable[..., Any]:
+def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationReplay) -> Callable[..., Any]:
     """The Python function `define_operation` returns: inputs as in the schema, then each
     output by its own name (keyword only, default None: allocated), then ``stream``."""
     arguments, fake, outputs = op.arguments, op.fake, op.outputs
+    several = len(outputs) > 1
     n = len(schema.arguments)
     keyword = inspect.Parameter.KEYWORD_ONLY
     signature = inspect.Signature([
@@ -298,6 +309,7 @@ def _front_door(op: Operation, overload: Any, schema: Any) -> Callable[..., Any]
             # every input given by position, outputs (if any) by name: no binding needed (the
             # common call, e.g. the op functions' own `f(x, w, eps, out=out)`)
             given = [named.get(name) for name in outputs]
+            fresh = not named or not any(g is not None for g in given)
         else:  # inputs by name or defaulted, or a wrong call: the signature binds and explains
             try:
                 bound = signature.bind(*inputs, stream=stream, **named)
@@ -307,13 +319,23 @@ def _front_door(op: Operation, overload: Any, schema: Any) -> Callable[..., Any]
             values = bound.arguments
             inputs = tuple([values[a.name] for a in schema.arguments])
             given = [values[name] for name in outputs]
+            fresh = not any(g is not None for g in given)
         if _is_compiling() or _dispatch_modes() or _to_op(inputs):
             return _through_op(op, overload, stream, given, inputs)
-        if any(g is None for g in given):
+        if fresh:  # (made here: new memory, which no input overlaps)
             made = fake(*inputs)
-            made = made if len(outputs) > 1 else (made,)
-            given = [m if g is None else g for g, m in zip(given, made)]
-        return call(arguments(*inputs, **dict(zip(outputs, given))), stream=stream)
+            results = made if several else (made,)
+            if stream is None and replay.launch(inputs, results, True):
+                return made
+        else:
+            if any(g is None for g in given):
+                made = fake(*inputs)
+                made = made if several else (made,)
+                given = [m if g is None else g for g, m in zip(given, made)]
+            results = tuple(given)
+            if stream is None and replay.launch(inputs, results, False):
+                return results if several else results[0]
+        return replay.call(arguments(*inputs, **dict(zip(outputs, results))), inputs, results, stream)
 
     function.__name__ = function.__qualname__ = op.name.split("::")[1]
     function.__doc__ = f"``{op.name}{op.schema}`` through kernel_api (see `kernel_api.ops.define_operation`)."

@@ -1,43 +1,154 @@
-"""The torch provider's attention kernel, `TorchAttention`: it runs
-`kernel_api.arguments.attention_math.torch_attention`, the operation's definition in torch.
+"""The torch provider's attention forward, `TorchAttention`: one instance per dtype, layout and
+torch backend (`BACKENDS`), the backend in the instance's design and name.
 
-``torch.nn.functional.scaled_dot_product_attention`` on any device (so CPU tests run it), in
-FlashAttention's layouts: dense tensors go to SDPA as ``(batch, heads, seqlen, head_dim)``
-views; GQA / MQA with ``enable_gqa=True`` (torch 2.5 and later; before, k and v heads are
-repeated with ``repeat_interleave``, a copy of k and v per group). The causal mask is
-bottom-right aligned (`kernel_api.arguments.attention`): SDPA's ``is_causal`` where the lengths
-are equal, an explicit boolean mask otherwise, and queries that see no key get 0.
+- ``sdpa`` (named ``TorchAttention_<dtype>_<layout>``): ``torch.nn.functional.scaled_dot_product_attention``
+  on any device through `kernel_api.arguments.attention_math.torch_attention` (SDPA picks its
+  own backend; on an H200 with torch 2.11 that is cuDNN). It cannot return the row
+  log-sum-exp, so it declines arguments that ask for it.
+- ``math`` (``..._math``): `attention_with_lse`, the definition with the scores materialised
+  (float32 arithmetic), on any device and dtype: the log-sum-exp where nothing faster serves
+  (CPU, float32), not a training kernel for long sequences.
+- ``flash`` (``..._flash``): aten ``_flash_attention_forward`` (torch's FlashAttention-2),
+  CUDA, f16/bf16, head dims multiples of 8 up to 256, dense and variable length, GQA and the
+  bottom-right causal mask natively; it returns the log-sum-exp in kernel_api's form.
+- ``cudnn`` (``..._cudnn``): aten ``_scaled_dot_product_cudnn_attention`` with
+  ``compute_log_sumexp``, CUDA, f16/bf16, dense, head dims multiples of 8 up to 128; k and v
+  heads repeated to q's under GQA (a copy); causal only with equal lengths (cuDNN's mask is
+  top-left aligned, kernel_api's bottom-right).
 
-Cost of variable length: the offsets are read on the host (on a GPU a device synchronisation
-per call) and each sequence runs as its own SDPA call, so a batch of ``n`` sequences is ``n``
-launches and one concatenation. Correct first; the fused varlen kernel comes with a
-FlashAttention-style provider.
+The aten ops allocate their outputs, which are copied into ``out`` and ``lse`` (at b4 h32 s4096
+d128 the copy is under 1 % of the attention). The causal mask is bottom-right aligned
+(`kernel_api.arguments.attention`).
+
+Cost of variable length through ``sdpa`` and ``math``: the offsets are read on the host (on a
+GPU a device synchronisation per call) and each sequence runs on its own; ``flash`` takes the
+offsets on the device.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from ...arguments.attention import AttentionArguments
-from ...arguments.attention_math import torch_attention
+from ...arguments.attention_math import attention_with_lse, torch_attention
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
-from ...core.streams import stream_handle
+from ...core.status import Reason, Status
+from ...core.streams import stream_context
 from ...cost.attention import attention_cost
+from ...launcher import Launcher
 from ...metadata import KernelMetadata, TensorAttributes
 from ...metadata.attention import AttentionOperandsMetadata
 from . import TorchProvider
 from .base import TorchKernel
 
-_DTYPES = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
-_LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
+_HALF = (DataType.f16, DataType.bf16)
+_ALL = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
+LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
+
+
+class Backend(NamedTuple):
+    """What one torch attention backend takes and how fast it runs.
+
+    Attributes:
+        dtypes: the element types.
+        divisibility: the alignment (elements) q, k, v and out need.
+        max_head_dim: the largest head dim (multiples of 8 when ``divisibility`` is 8).
+        layouts: the layouts ("dense", "varlen").
+        lse: whether it writes the row log-sum-exp.
+        cuda: whether it runs on CUDA tensors only.
+        speed: its speed against SDPA's default forward (PickAny's ranking: the cost is
+            `attention_cost` over it).
+    """
+
+    dtypes: tuple[DataType, ...]
+    divisibility: int
+    max_head_dim: int
+    layouts: tuple[str, ...]
+    lse: bool
+    cuda: bool
+    speed: float
+
+
+#: The backends. Speeds: ``sdpa`` is the anchor; ``cudnn`` runs SDPA's own kernel plus the
+#: copies (so SDPA keeps inference); ``flash`` is FlashAttention-2, which Hopper's cuDNN
+#: kernel outruns (nominal, below cuDNN); ``math`` materialises the scores.
+BACKENDS = {
+    "sdpa": Backend(_ALL, 1, 256, ("dense", "varlen"), lse=False, cuda=False, speed=1.0),
+    "math": Backend(_ALL, 1, 256, ("dense", "varlen"), lse=True, cuda=False, speed=0.05),
+    "flash": Backend(_HALF, 8, 256, ("dense", "varlen"), lse=True, cuda=True, speed=0.6),
+    "cudnn": Backend(_HALF, 8, 128, ("dense",), lse=True, cuda=True, speed=0.98),
+}
+
+
+def backend_status(backend: str, args: Any) -> Status:
+    """What a backend's metadata cannot say: the device, head dims multiples of 8, and cuDNN's
+    mask and GQA limits (shared by the forward and backward kernels).
+
+    Args:
+        backend: a key of `BACKENDS`.
+        args: `AttentionArguments` or `AttentionBackwardArguments`.
+
+    Returns:
+        Success, or the reason naming the operand.
+    """
+    spec = BACKENDS[backend]
+    if spec.cuda and args.device.type != "cuda":
+        return Status.fail(f"operand q: on {args.device.type}, torch's {backend} attention runs on CUDA tensors only",
+                           kind=Reason.OTHER, operand="q", actual=args.device.type, required="cuda")
+    if spec.divisibility == 8 and args.head_dim % 8:
+        return Status.fail(f"operand q: head_dim {args.head_dim}, torch's {backend} attention takes multiples of 8",
+                           kind=Reason.SHAPE, operand="q", actual=args.head_dim, required=8)
+    if backend == "cudnn" and args.causal and args.seqlen_q != args.seqlen_k:
+        return Status.fail(f"causal: seqlen_q {args.seqlen_q} != seqlen_k {args.seqlen_k}; cuDNN's causal mask is "
+                           f"top-left aligned", kind=Reason.SHAPE, operand="causal", actual=args.seqlen_q,
+                           required=args.seqlen_k)
+    if backend == "flash" and args.varlen and args.seqlen_q == 1 and args.heads_q != args.heads_kv:
+        return Status.fail("operand q: variable-length decoding under GQA (FlashAttention-2 returns its "
+                           "log-sum-exp per batch there)", kind=Reason.SHAPE, operand="q", actual=1, required=2)
+    return Status.success()
+
+
+def generate(cls: type, make_operands: Callable[[TensorAttributes, Backend], Any],
+             metadata_filter: Any) -> list:
+    """The instances of a torch attention class (forward or backward): one per backend, dtype
+    and layout, named ``<class>_<dtype>_<layout>`` for ``sdpa`` and ``..._<backend>`` else."""
+    found = []
+    for backend, spec in BACKENDS.items():
+        if not hasattr(cls, f"_run_{backend}"):
+            continue
+        for dt in spec.dtypes:
+            for layout in spec.layouts:
+                attrs = TensorAttributes(dt, LAYOUTS[layout], spec.divisibility)
+                suffix = "" if backend == "sdpa" else f"_{backend}"
+                metadata = KernelMetadata(f"{cls.__name__}_{dt}_{layout}{suffix}", cls, make_operands(attrs, spec),
+                                          design=AttentionDesign(backend))
+                if metadata_filter is None or metadata_filter(metadata):
+                    found.append(cls(metadata))
+    return found
+
+
+class AttentionDesign(NamedTuple):
+    """The design of a torch attention instance: which torch backend runs it."""
+
+    backend: str
+
+
+def launch_context(args: Any, stream: Any) -> Any:
+    """The launch stream as torch's current one on CUDA; nothing on other devices."""
+    if args.device.type == "cuda":
+        return stream_context(args.device, stream)
+    return contextlib.nullcontext()
+
+
 @TorchProvider.register
 class TorchAttention(TorchKernel):
-    """Attention with ``torch.nn.functional.scaled_dot_product_attention``, any head dim up to
-    256, causal or full, GQA / MQA, dense or variable length, on any device."""
+    """Attention with torch's own kernels, one instance per backend (`BACKENDS`), dtype and
+    layout: SDPA (any device; no log-sum-exp), the materialised definition (any device, with
+    the log-sum-exp), FlashAttention-2 and cuDNN (CUDA, with the log-sum-exp)."""
 
     supported_args_type = AttentionArguments
     performance_hint = 0.5
@@ -45,7 +156,7 @@ class TorchAttention(TorchKernel):
     @classmethod
     def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
                          cc: int | None = None) -> list["TorchAttention"]:
-        """One instance per dtype (f16, bf16, f32, f64) and layout (dense, varlen), alignment 1.
+        """One instance per backend, dtype and layout the backend takes.
 
         Args:
             metadata_filter: keeps the instances whose metadata it accepts (None: all).
@@ -57,26 +168,99 @@ class TorchAttention(TorchKernel):
         """
         if epilogue_args is not None:
             return []
-        found = []
-        for dt in _DTYPES:
-            for layout, pattern in _LAYOUTS.items():
-                attrs = TensorAttributes(dt, pattern, 1)
-                operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs)
-                metadata = KernelMetadata(f"TorchAttention_{dt}_{layout}", cls, operands)
-                if metadata_filter is None or metadata_filter(metadata):
-                    found.append(cls(metadata))
-        return found
+        return generate(cls, lambda a, spec: AttentionOperandsMetadata(a, a, a, a, max_head_dim=spec.max_head_dim,
+                                                                       lse=spec.lse), metadata_filter)
+
+    @property
+    def backend(self) -> str:
+        return self.metadata.design.backend
+
+    def _supports(self, args: AttentionArguments) -> Status:
+        return backend_status(self.backend, args)
 
     def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
-        """`kernel_api.cost.attention.attention_cost` (the per-sequence launches of variable
-        length are not counted)."""
-        return attention_cost(args)
+        """`kernel_api.cost.attention.attention_cost` over the backend's speed (`BACKENDS`; the
+        per-sequence launches of variable length are not counted)."""
+        return attention_cost(args) / BACKENDS[self.backend].speed
 
     def _run(self, args: AttentionArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        context = contextlib.nullcontext()
-        if args.device.type == "cuda" and stream is not None:
-            context = torch.cuda.stream(stream if isinstance(stream, torch.cuda.Stream)
-                                        else torch.cuda.ExternalStream(stream_handle(stream)))
-        with context, torch.no_grad():
-            args.out.copy_(torch_attention(args.q, args.k, args.v, args.causal, args.scale, args.cu_seqlens_q,
-                                           args.cu_seqlens_k))
+        with launch_context(args, stream), torch.no_grad():
+            getattr(self, f"_run_{self.backend}")(args, args.q, args.k, args.v, args.out, args.lse)
+
+    def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """Dense CUDA calls of the backends with a log-sum-exp (the operands are all the call
+        takes); variable length keeps its offsets outside the operands."""
+        if args.varlen or args.device.type != "cuda" or not BACKENDS[self.backend].lse:
+            return None
+        run, scalars = getattr(self, f"_run_{self.backend}"), Scalars(args)
+
+        def launch(q: Any, k: Any, v: Any, out: Any, *rest: Any) -> None:
+            lse = rest[0] if len(rest) == 2 else None
+            with stream_context(scalars.device, rest[-1]), torch.no_grad():
+                run(scalars, q, k, v, out, lse)
+
+        launch.__name__ = f"launch_{self.metadata.kernel_name}"
+        return Launcher(launch)
+
+    # ---- one method per backend: (args, q, k, v, out, lse) -> writes out (and lse when given) ----
+
+    @staticmethod
+    def _run_sdpa(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
+        out.copy_(torch_attention(q, k, v, args.causal, args.scale, args.cu_seqlens_q, args.cu_seqlens_k))
+
+    @staticmethod
+    def _run_math(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
+        o, l = attention_with_lse(q, k, v, args.causal, args.scale, args.cu_seqlens_q, args.cu_seqlens_k)
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(l)
+
+    @staticmethod
+    def _run_flash(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
+        if not q.numel():
+            return
+        if not k.numel():
+            out.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
+            return
+        o, l = torch.ops.aten._flash_attention_forward(q, k, v, args.cu_seqlens_q, args.cu_seqlens_k, args.seqlen_q,
+                                                       args.seqlen_k, 0.0, args.causal, False, scale=args.scale)[:2]
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(l.view(lse.shape))
+
+    @staticmethod
+    def _run_cudnn(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
+        if not q.numel():
+            return
+        if not k.numel():
+            out.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
+            return
+        k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
+        o, l = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, lse is not None, 0.0, args.causal, False,
+            scale=args.scale)[:2]
+        out.copy_(o.transpose(1, 2))
+        if lse is not None:
+            lse.copy_(l.reshape(lse.shape))
+
+
+def repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """k or v (batch, seqlen, heads_kv, head_dim) with each head repeated to ``heads`` (GQA: a
+    copy), or ``t`` itself when the heads already match."""
+    groups = heads // t.shape[2]
+    return t if groups == 1 else t.repeat_interleave(groups, dim=2)
+
+
+class Scalars:
+    """The scalars of a dense call: what a recorded launch keeps of its arguments (no tensors)."""
+
+    __slots__ = ("causal", "scale", "varlen", "cu_seqlens_q", "cu_seqlens_k", "seqlen_q", "seqlen_k", "device")
+
+    def __init__(self, args: Any) -> None:
+        self.causal, self.scale, self.varlen = args.causal, args.scale, False
+        self.cu_seqlens_q = self.cu_seqlens_k = None
+        self.seqlen_q, self.seqlen_k, self.device = args.seqlen_q, args.seqlen_k, args.device

@@ -5,7 +5,9 @@ fused linear loss, chunked).
 They compute in f32 (f64 for f64 logits) with torch's operators, on any device (so the CPU tests
 run the operations end to end), as `kernel_api.arguments.cross_entropy_math` writes the math
 once. They are the reference the CUDA kernels are compared with and the fallback for what those
-do not take, not fast kernels: a 16-bit row is copied to f32 and read several times.
+do not take, not fast kernels: a 16-bit row is copied to f32 and read several times. The row
+kernels' launches are one function of the operands (`LaunchedKernel`), so `kernel_api.ops`
+replays repeated calls.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from ...arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackw
 from ...arguments.cross_entropy_math import linear_cross_entropy_chunks, rows_gradient, rows_loss
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
-from ...core.streams import stream_handle
 from ...metadata import KernelMetadata, RowReductionDesignMetadata, TensorAttributes
 from ...metadata.cross_entropy import (CrossEntropyBackwardOperandsMetadata, CrossEntropyOperandsMetadata,
                                        LinearCrossEntropyOperandsMetadata)
 from . import TorchProvider
 from .base import TorchKernel
+from .launch import LaunchedKernel, switch
 
 _FLOATS = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
 _INDEX = (DataType.i64, DataType.i32)
@@ -45,7 +47,58 @@ def _loss_type(dt: DataType) -> DataType:
     return DataType.f64 if dt is DataType.f64 else DataType.f32
 
 
-class _TorchCrossEntropyKernel(TorchKernel):
+# The launch functions: operands in the arguments' order (``tensor_attributes``), then the rows,
+# the classes and the loss's scalars, then the stream.
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor,
+                   rows: int, cols: int, ignore_index: int, label_smoothing: float, z_loss: float,
+                   stream: Any) -> None:
+    _forward(logits, target, loss, lse, None, None, rows, cols, ignore_index, label_smoothing, z_loss, stream)
+
+
+def _cross_entropy_with_grad(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor,
+                             grad_logits: torch.Tensor, grad_loss: torch.Tensor, rows: int, cols: int,
+                             ignore_index: int, label_smoothing: float, z_loss: float, stream: Any) -> None:
+    _forward(logits, target, loss, lse, grad_logits, grad_loss, rows, cols, ignore_index, label_smoothing, z_loss,
+             stream)
+
+
+def _forward(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor,
+             grad_logits: torch.Tensor | None, grad_loss: torch.Tensor | None, rows: int, cols: int,
+             ignore_index: int, label_smoothing: float, z_loss: float, stream: Any) -> None:
+    context = switch(logits, stream)
+    if context is not None:
+        with context:
+            return _forward(logits, target, loss, lse, grad_logits, grad_loss, rows, cols, ignore_index,
+                            label_smoothing, z_loss, None)
+    x = logits.reshape(rows, cols)
+    t = target.reshape(rows)
+    value, row_lse, _ = rows_loss(x, t, ignore_index, label_smoothing, z_loss)
+    if grad_logits is not None:
+        g = rows_gradient(x, t, row_lse, grad_loss.reshape(-1), ignore_index, label_smoothing, z_loss)
+        grad_logits.copy_(g.view(grad_logits.shape))
+    loss.copy_(value.view(loss.shape))
+    lse.copy_(row_lse.view(lse.shape))
+
+
+def _cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                            grad_logits: torch.Tensor, rows: int, cols: int, ignore_index: int,
+                            label_smoothing: float, z_loss: float, stream: Any) -> None:
+    context = switch(logits, stream)
+    if context is not None:
+        with context:
+            return _cross_entropy_backward(grad_loss, logits, target, lse, grad_logits, rows, cols, ignore_index,
+                                           label_smoothing, z_loss, None)
+    g = rows_gradient(logits.reshape(rows, cols), target.reshape(rows), lse.reshape(rows), grad_loss.reshape(-1),
+                      ignore_index, label_smoothing, z_loss)
+    grad_logits.copy_(g.view(grad_logits.shape))
+
+
+def _row_constants(args: Any) -> tuple:
+    return args.rows, args.cols, args.ignore_index, args.label_smoothing, args.z_loss
+
+
+class _TorchCrossEntropyKernel(LaunchedKernel):
     """One instance per (floating type, index type); any vocabulary, any alignment."""
 
     performance_hint = 0.1
@@ -80,17 +133,9 @@ class TorchCrossEntropy(_TorchCrossEntropyKernel):
                                             TensorAttributes(_loss_type(dt), _UNIT, 1),
                                             accumulator_type=_loss_type(dt))
 
-    def _run(self, args: CrossEntropyArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        with _stream_context(args.device, stream):
-            x = args.logits.reshape(args.rows, args.cols)
-            t = args.target.reshape(args.rows)
-            loss, lse, _ = rows_loss(x, t, args.ignore_index, args.label_smoothing, args.z_loss)
-            if args.grad_logits is not None:
-                g = rows_gradient(x, t, lse, args.grad_loss.reshape(-1), args.ignore_index, args.label_smoothing,
-                                  args.z_loss)
-                args.grad_logits.copy_(g.view(args.grad_logits.shape))
-            args.loss.copy_(loss.view(args.loss.shape))
-            args.lse.copy_(lse.view(args.lse.shape))
+    def _launch_parts(self, args: CrossEntropyArguments) -> tuple[Callable[..., None], tuple]:
+        function = _cross_entropy if args.grad_logits is None else _cross_entropy_with_grad
+        return function, _row_constants(args)
 
 
 @TorchProvider.register
@@ -105,13 +150,8 @@ class TorchCrossEntropyBackward(_TorchCrossEntropyKernel):
                                                     TensorAttributes(_loss_type(dt), _UNIT, 1),
                                                     accumulator_type=_loss_type(dt))
 
-    def _run(self, args: CrossEntropyBackwardArguments, artifact: CompiledArtifact, stream: Any,
-             workspace: Any = None) -> None:
-        with _stream_context(args.device, stream):
-            x = args.logits.reshape(args.rows, args.cols)
-            g = rows_gradient(x, args.target.reshape(args.rows), args.lse.reshape(args.rows),
-                              args.grad_loss.reshape(-1), args.ignore_index, args.label_smoothing, args.z_loss)
-            args.grad_logits.copy_(g.view(args.grad_logits.shape))
+    def _launch_parts(self, args: CrossEntropyBackwardArguments) -> tuple[Callable[..., None], tuple]:
+        return _cross_entropy_backward, _row_constants(args)
 
 
 def _torch_rows(args: LinearCrossEntropyArguments) -> Callable[..., None]:

@@ -5,12 +5,13 @@ CPU tests run the operations end to end), and write into the arguments' outputs.
 per element type of x and weight: weight of x's type, or f32 weights under 16-bit activations.
 Any row length, any alignment, with or without the fused residual add. They are the reference
 every fused norm kernel is compared with, not fast kernels: a 16-bit forward makes several
-passes over f32 copies of the rows.
+passes over f32 copies of the rows. Each launch is one function of the operands (`_forward`,
+`_gradients` through the per-variant functions below), so `kernel_api.ops` replays repeated
+calls (`LaunchedKernel`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable
 
 import torch
@@ -18,29 +19,18 @@ import torch.nn.functional as F
 
 from ...arguments.norm import (LayerNormArguments, LayerNormBackwardArguments, RMSNormArguments,
                                RMSNormBackwardArguments)
-from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
-from ...core.streams import stream_handle
 from ...metadata import KernelMetadata, RowReductionDesignMetadata, TensorAttributes
 from ...metadata.norm import (LayerNormBackwardOperandsMetadata, LayerNormOperandsMetadata,
                               RMSNormBackwardOperandsMetadata, RMSNormOperandsMetadata)
 from . import TorchProvider
-from .base import TorchKernel
+from .launch import LaunchedKernel, switch
 
 # (x's type, weight's type): same types, and f32 weights under 16-bit activations
 _TYPES = ((DataType.f16, DataType.f16), (DataType.bf16, DataType.bf16), (DataType.f32, DataType.f32),
           (DataType.f64, DataType.f64), (DataType.f16, DataType.f32), (DataType.bf16, DataType.f32))
 _ROWS = (0, 1)
 _VECTOR = (1,)
-
-
-def _stream_context(device: torch.device, stream: Any) -> Any:
-    """The launch stream as torch's current one on CUDA (nothing to do on other devices)."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    if stream is None or isinstance(stream, torch.cuda.Stream):
-        return torch.cuda.stream(stream)
-    return torch.cuda.stream(torch.cuda.ExternalStream(stream_handle(stream)))
 
 
 def _compute_type(x: torch.Tensor) -> torch.dtype:
@@ -55,7 +45,78 @@ def _normalised(s: torch.Tensor, eps: float, centred: bool) -> tuple[torch.Tenso
     return s * rstd, rstd
 
 
-class _TorchNormKernel(TorchKernel):
+def _forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+             out: torch.Tensor, residual_out: torch.Tensor | None, eps: float, stream: Any) -> None:
+    """The forward norm (LayerNorm with ``bias``, else RMSNorm), on ``stream``."""
+    context = switch(x, stream)
+    if context is not None:
+        with context:
+            return _forward(x, residual, weight, bias, out, residual_out, eps, None)
+    ct = _compute_type(x)
+    s = x.to(ct)
+    if residual is not None:
+        s = s + residual.to(ct)
+        residual_out.copy_(s)
+    w = weight.to(ct)
+    if bias is not None:
+        y = F.layer_norm(s, (x.shape[-1],), w, bias.to(ct), eps)
+    else:
+        y = F.rms_norm(s, (x.shape[-1],), w, eps)
+    out.copy_(y)
+
+
+# The launch functions, operands in the arguments' order (``tensor_attributes``), then eps.
+def _rms_norm(x: Any, weight: Any, out: Any, eps: float, stream: Any) -> None:
+    _forward(x, None, weight, None, out, None, eps, stream)
+
+
+def _rms_norm_residual(x: Any, residual: Any, weight: Any, out: Any, residual_out: Any, eps: float,
+                       stream: Any) -> None:
+    _forward(x, residual, weight, None, out, residual_out, eps, stream)
+
+
+def _layer_norm(x: Any, weight: Any, bias: Any, out: Any, eps: float, stream: Any) -> None:
+    _forward(x, None, weight, bias, out, None, eps, stream)
+
+
+def _layer_norm_residual(x: Any, residual: Any, weight: Any, bias: Any, out: Any, residual_out: Any, eps: float,
+                         stream: Any) -> None:
+    _forward(x, residual, weight, bias, out, residual_out, eps, stream)
+
+
+def _gradients(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, grad_x: torch.Tensor,
+              grad_weight: torch.Tensor, grad_bias: torch.Tensor | None, eps: float, centred: bool,
+              stream: Any) -> None:
+    """The norms' gradients (LayerNorm's when ``centred``), the statistics recomputed from x."""
+    context = switch(x, stream)
+    if context is not None:
+        with context:
+            return _gradients(grad_out, x, weight, grad_x, grad_weight, grad_bias, eps, centred, None)
+    ct = _compute_type(x)
+    x_hat, rstd = _normalised(x.to(ct), eps, centred)
+    dy = grad_out.to(ct)
+    g = dy * weight.to(ct)
+    dx = g - x_hat * (g * x_hat).mean(-1, keepdim=True)
+    if centred:
+        dx = dx - g.mean(-1, keepdim=True)
+    grad_x.copy_(dx * rstd)
+    reduce = tuple(range(x.dim() - 1))
+    grad_weight.copy_((dy * x_hat).sum(reduce) if reduce else dy * x_hat)
+    if grad_bias is not None:
+        grad_bias.copy_(dy.sum(reduce) if reduce else dy)
+
+
+def _rms_norm_backward(grad_out: Any, x: Any, weight: Any, grad_x: Any, grad_weight: Any, eps: float,
+                       stream: Any) -> None:
+    _gradients(grad_out, x, weight, grad_x, grad_weight, None, eps, False, stream)
+
+
+def _layer_norm_backward(grad_out: Any, x: Any, weight: Any, grad_x: Any, grad_weight: Any, grad_bias: Any,
+                         eps: float, stream: Any) -> None:
+    _gradients(grad_out, x, weight, grad_x, grad_weight, grad_bias, eps, True, stream)
+
+
+class _TorchNormKernel(LaunchedKernel):
     """Common to the norm kernels: every row length."""
 
     performance_hint = 0.02
@@ -82,41 +143,19 @@ class _TorchNormKernel(TorchKernel):
         return found
 
 class _TorchNormForward(_TorchNormKernel):
-    centred = False
+    #: (without, with) the fused residual add
+    _functions: tuple[Callable[..., None], Callable[..., None]]
 
-    def _run(self, args: Any, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        with _stream_context(args.device, stream):
-            ct = _compute_type(args.x)
-            s = args.x.to(ct)
-            if args.residual is not None:
-                s = s + args.residual.to(ct)
-                args.residual_out.copy_(s)
-            weight = args.weight.to(ct)
-            if self.centred:
-                y = F.layer_norm(s, (args.cols,), weight, args.bias.to(ct), args.eps)
-            else:
-                y = F.rms_norm(s, (args.cols,), weight, args.eps)
-            args.out.copy_(y)
+    def _launch_parts(self, args: Any) -> tuple[Callable[..., None], tuple]:
+        return self._functions[args.residual is not None], (args.eps,)
 
 
 class _TorchNormBackward(_TorchNormKernel):
     _backward = True
-    centred = False
+    _function: Callable[..., None]
 
-    def _run(self, args: Any, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        with _stream_context(args.device, stream):
-            ct = _compute_type(args.x)
-            x_hat, rstd = _normalised(args.x.to(ct), args.eps, self.centred)
-            dy = args.grad_out.to(ct)
-            g = dy * args.weight.to(ct)
-            dx = g - x_hat * (g * x_hat).mean(-1, keepdim=True)
-            if self.centred:
-                dx = dx - g.mean(-1, keepdim=True)
-            args.grad_x.copy_(dx * rstd)
-            reduce = tuple(range(args.x.dim() - 1))
-            args.grad_weight.copy_((dy * x_hat).sum(reduce) if reduce else dy * x_hat)
-            if args.grad_bias is not None:
-                args.grad_bias.copy_(dy.sum(reduce) if reduce else dy)
+    def _launch_parts(self, args: Any) -> tuple[Callable[..., None], tuple]:
+        return self._function, (args.eps,)
 
 
 @TorchProvider.register
@@ -125,6 +164,7 @@ class TorchRMSNorm(_TorchNormForward):
 
     supported_args_type = RMSNormArguments
     _operands_type = RMSNormOperandsMetadata
+    _functions = (_rms_norm, _rms_norm_residual)
 
 
 @TorchProvider.register
@@ -133,7 +173,7 @@ class TorchLayerNorm(_TorchNormForward):
 
     supported_args_type = LayerNormArguments
     _operands_type = LayerNormOperandsMetadata
-    centred = True
+    _functions = (_layer_norm, _layer_norm_residual)
 
 
 @TorchProvider.register
@@ -142,6 +182,7 @@ class TorchRMSNormBackward(_TorchNormBackward):
 
     supported_args_type = RMSNormBackwardArguments
     _operands_type = RMSNormBackwardOperandsMetadata
+    _function = staticmethod(_rms_norm_backward)
 
 
 @TorchProvider.register
@@ -150,4 +191,4 @@ class TorchLayerNormBackward(_TorchNormBackward):
 
     supported_args_type = LayerNormBackwardArguments
     _operands_type = LayerNormBackwardOperandsMetadata
-    centred = True
+    _function = staticmethod(_layer_norm_backward)

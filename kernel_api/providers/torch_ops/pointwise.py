@@ -5,12 +5,12 @@ They compute in f32 (f64 for f64 operands) with torch's own operators, on any de
 tests run the operations end to end and gradcheck them in f64), and write into the arguments'
 outputs. Any shape, strides and alignment. They are the reference the CUDA kernels are compared
 with and the fallback for what those do not take, not fast kernels: each makes several passes
-over f32 copies of its operands.
+over f32 copies of its operands. Each launch is one function of the operands that writes the
+outputs with torch's ``out=`` (`LaunchedKernel`), so `kernel_api.ops` replays repeated calls.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Callable
 
@@ -20,29 +20,18 @@ import torch.nn.functional as F
 from ...arguments.activations import (GATE_ACTIVATIONS, GatedActivationArguments,
                                       GatedActivationBackwardArguments)
 from ...arguments.rope import RopeArguments, RopeBackwardArguments
-from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
-from ...core.streams import stream_handle
 from ...metadata import KernelMetadata, TensorAttributes
 from ...metadata.activations import GatedActivationBackwardOperandsMetadata, GatedActivationOperandsMetadata
 from ...metadata.rope import RopeBackwardOperandsMetadata, RopeOperandsMetadata
 from . import TorchProvider
-from .base import TorchKernel
+from .launch import LaunchedKernel, switch
 
 _DTYPES = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
 _ROWS = (0, 1)
 #: Passes over the problem's bytes an f32 torch composition makes against a fused kernel's one
 #: (conversions, the activation, the product, the copy out): what `estimated_cost` charges.
 _PASSES = 4.0
-
-
-def _stream_context(device: torch.device, stream: Any) -> Any:
-    """The launch stream as torch's current one on CUDA (nothing to do on other devices)."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    if stream is None or isinstance(stream, torch.cuda.Stream):
-        return torch.cuda.stream(stream)
-    return torch.cuda.stream(torch.cuda.ExternalStream(stream_handle(stream)))
 
 
 def _compute_type(t: torch.Tensor) -> torch.dtype:
@@ -80,7 +69,64 @@ def rotate_half_transposed(y: torch.Tensor) -> torch.Tensor:
     return torch.cat((y[..., h:], -y[..., :h]), dim=-1)
 
 
-class _TorchPointwise(TorchKernel):
+# The launch functions: operands in the arguments' order (``tensor_attributes``), then the
+# constants, then the stream. Each output is written by the last operator's ``out=`` (the f32
+# result rounded once into the output's type, as a copy would).
+
+def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor, activation: str, stream: Any) -> None:
+    context = switch(gate, stream)
+    if context is not None:
+        with context:
+            return _gated(gate, up, out, activation, None)
+    ct = _compute_type(gate)
+    torch.mul(gate_activation(gate.to(ct), activation), up.to(ct), out=out)
+
+
+def _gated_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, grad_gate: torch.Tensor,
+                    grad_up: torch.Tensor, activation: str, stream: Any) -> None:
+    context = switch(gate, stream)
+    if context is not None:
+        with context:
+            return _gated_backward(grad_out, gate, up, grad_gate, grad_up, activation, None)
+    ct = _compute_type(gate)
+    g, u, dy = gate.to(ct), up.to(ct), grad_out.to(ct)
+    torch.mul(dy, gate_activation(g, activation), out=grad_up)
+    torch.mul(dy * u, gate_activation_grad(g, activation), out=grad_gate)
+
+
+def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
+          k_out: torch.Tensor, unsqueeze_dim: int, stream: Any) -> None:
+    context = switch(q, stream)
+    if context is not None:
+        with context:
+            return _rope(q, k, cos, sin, q_out, k_out, unsqueeze_dim, None)
+    ct = _compute_type(q)
+    cos, sin = _tables(cos, sin, unsqueeze_dim, ct)
+    for x, out in ((q, q_out), (k, k_out)):
+        x = x.to(ct)
+        torch.add(x * cos, rotate_half(x) * sin, out=out)
+
+
+def _rope_backward(grad_q_out: torch.Tensor, grad_k_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   grad_q: torch.Tensor, grad_k: torch.Tensor, unsqueeze_dim: int, stream: Any) -> None:
+    context = switch(grad_q_out, stream)
+    if context is not None:
+        with context:
+            return _rope_backward(grad_q_out, grad_k_out, cos, sin, grad_q, grad_k, unsqueeze_dim, None)
+    ct = _compute_type(grad_q_out)
+    cos, sin = _tables(cos, sin, unsqueeze_dim, ct)
+    for g, out in ((grad_q_out, grad_q), (grad_k_out, grad_k)):
+        g = g.to(ct)
+        torch.add(g * cos, rotate_half_transposed(g * sin), out=out)
+
+
+def _tables(cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int,
+            ct: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin in ``ct``, broadcast over the heads where transformers unsqueezes them."""
+    return cos.to(ct).unsqueeze(unsqueeze_dim), sin.to(ct).unsqueeze(unsqueeze_dim)
+
+
+class _TorchPointwise(LaunchedKernel):
     """Common to the pointwise kernels: one instance per dtype, any layout and alignment."""
 
     performance_hint = 0.02
@@ -106,6 +152,20 @@ class _TorchPointwise(TorchKernel):
         return _PASSES
 
 
+class _TorchGated(_TorchPointwise):
+    _function: Callable[..., None]
+
+    def _launch_parts(self, args: Any) -> tuple[Callable[..., None], tuple]:
+        return self._function, (args.activation,)
+
+
+class _TorchRotary(_TorchPointwise):
+    _function: Callable[..., None]
+
+    def _launch_parts(self, args: Any) -> tuple[Callable[..., None], tuple]:
+        return self._function, (args.unsqueeze_dim,)
+
+
 def _glu_operands(dt: DataType) -> GatedActivationOperandsMetadata:
     a = TensorAttributes(dt, _ROWS, 1)
     return GatedActivationOperandsMetadata(a, a, a, activations=GATE_ACTIVATIONS)
@@ -117,31 +177,21 @@ def _glu_backward_operands(dt: DataType) -> GatedActivationBackwardOperandsMetad
 
 
 @TorchProvider.register
-class TorchGatedActivation(_TorchPointwise):
+class TorchGatedActivation(_TorchGated):
     """``out = act(gate) * up`` with torch's activations in f32."""
 
     supported_args_type = GatedActivationArguments
     _operands = staticmethod(_glu_operands)
-
-    def _run(self, args: Any, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        with _stream_context(args.device, stream):
-            ct = _compute_type(args.gate)
-            args.out.copy_(gate_activation(args.gate.to(ct), args.activation) * args.up.to(ct))
+    _function = staticmethod(_gated)
 
 
 @TorchProvider.register
-class TorchGatedActivationBackward(_TorchPointwise):
+class TorchGatedActivationBackward(_TorchGated):
     """The gated activation's gradients with torch's operators in f32."""
 
     supported_args_type = GatedActivationBackwardArguments
     _operands = staticmethod(_glu_backward_operands)
-
-    def _run(self, args: Any, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        with _stream_context(args.device, stream):
-            ct = _compute_type(args.gate)
-            g, u, dy = args.gate.to(ct), args.up.to(ct), args.grad_out.to(ct)
-            args.grad_up.copy_(dy * gate_activation(g, args.activation))
-            args.grad_gate.copy_(dy * u * gate_activation_grad(g, args.activation))
+    _function = staticmethod(_gated_backward)
 
 
 def _rope_variants(cls: type, operands_type: type) -> list[tuple[str, Any]]:
@@ -155,44 +205,25 @@ def _rope_variants(cls: type, operands_type: type) -> list[tuple[str, Any]]:
     return found
 
 
-def _tables(args: Any, ct: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin in ``ct``, broadcast over the heads where transformers unsqueezes them."""
-    return args.cos.to(ct).unsqueeze(args.unsqueeze_dim), args.sin.to(ct).unsqueeze(args.unsqueeze_dim)
-
-
 @TorchProvider.register
-class TorchRope(_TorchPointwise):
+class TorchRope(_TorchRotary):
     """RoPE of q and k (transformers' ``rotate_half`` convention) with torch's operators in f32."""
 
     supported_args_type = RopeArguments
+    _function = staticmethod(_rope)
 
     @classmethod
     def _variants(cls) -> list[tuple[str, Any]]:
         return _rope_variants(cls, RopeOperandsMetadata)
 
-    def _run(self, args: Any, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        with _stream_context(args.device, stream):
-            ct = _compute_type(args.q)
-            cos, sin = _tables(args, ct)
-            for x, out in ((args.q, args.q_out), (args.k, args.k_out)):
-                x = x.to(ct)
-                out.copy_(x * cos + rotate_half(x) * sin)
-
 
 @TorchProvider.register
-class TorchRopeBackward(_TorchPointwise):
+class TorchRopeBackward(_TorchRotary):
     """RoPE's gradients with respect to q and k (the transposed rotation) in f32."""
 
     supported_args_type = RopeBackwardArguments
+    _function = staticmethod(_rope_backward)
 
     @classmethod
     def _variants(cls) -> list[tuple[str, Any]]:
         return _rope_variants(cls, RopeBackwardOperandsMetadata)
-
-    def _run(self, args: Any, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        with _stream_context(args.device, stream):
-            ct = _compute_type(args.grad_q_out)
-            cos, sin = _tables(args, ct)
-            for g, out in ((args.grad_q_out, args.grad_q), (args.grad_k_out, args.grad_k)):
-                g = g.to(ct)
-                out.copy_(g * cos + rotate_half_transposed(g * sin))

@@ -1,0 +1,371 @@
+"""Repeated calls of the generated operations, replayed without building their arguments.
+
+Every operation `define_operation` generates is replayed the same way, with no rule of its own.
+A call takes the Python path the first time: it builds the arguments (checks, memory overlap),
+lets the policy choose, compiles and launches. When the chosen kernel offers a `Launcher`, needs
+no workspace and keeps no tensor among its constants, and the arguments' tensors are the call's
+own or fixed views of them, the call is recorded under everything the choice and the launch
+depend on:
+
+- the settings' scope token (the policy in force and the providers it may use),
+- the operation,
+- the raw metadata of each tensor input and each output (made or given): dtype, shape, strides,
+  pointer alignment, device,
+- the values and types of the other inputs.
+
+A later call with an equal key makes its outputs as the first did (the operation's ``fake``),
+picks the launch's tensors out of the call's (`Replay.steps`) and calls the launcher's function
+on the current stream: no arguments, no choice, no `Kernel.run`. Equal metadata means the same
+arguments summary, so the same choice and the same launch constants (the `Launcher` contract);
+only memory overlap depends on more, so a call given outputs replays only when their bytes meet
+no other tensor's (`outputs_apart`), and otherwise takes the Python path, which judges it.
+
+The key is built in C by the native entry points' ``recall``/``remember`` (`kernel_api.native`,
+the same raw-metadata key as the launch table's), where they load; otherwise in Python, with the
+same parts. Anything unusual declines to the Python path, which explains errors: tracing, torch
+dispatch modes, autograd, tensor subclasses, meta or fake tensors, lazy negative or conjugate
+bits, another current CUDA device than the recorded one, a stream given, an optional tensor
+input given (its values may steer the arguments, as attention's sequence offsets do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, Callable
+
+import torch
+
+from .. import native
+from ..arguments import Arguments, byte_extent
+from ..kernel import Kernel
+from ..core import tracing
+from ..core.streams import cu_streams as _cu_streams, current_raw_stream as _current_raw_stream, to_cuda_stream
+from ..tuning.scope import CURRENT as _settings
+from .dispatch import call, choice_caches, launch
+
+_Tensor = torch.Tensor
+#: Tensor types replayed: plain tensors and parameters (a parameter adds no __torch_function__
+#: or __torch_dispatch__ behaviour); other subclasses take the Python path, which sees them.
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_is_compiling = tracing.is_compiling
+_dispatch_modes = tracing.dispatch_mode_depth
+_increment_version = torch._C._increment_version
+_NO_LAUNCHER = Kernel._launcher
+_current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
+
+#: An operation's number sits at this bit of its key's tag, above the settings' ``policy_id``
+#: (an address: user space ends below 2^48) and below the GEMM tags' epilogue bits (60).
+_OPERATION_SHIFT = 48
+_OPERATION_LIMIT = 1 << 12
+#: Entries per tensor key (one per value of the other inputs, e.g. eps), and Python-keyed
+#: entries in all (the C store holds 4096, then forgets everything).
+_VALUES_LIMIT = 64
+_PYTHON_LIMIT = 4096
+
+# The native entry points' recall/remember once they load (`native.when_entry_loads`); until
+# then, or without them, the Python store keys the same parts.
+_recall: Any = None
+_remember: Any = None
+_python_store: dict[tuple, dict] = {}
+
+
+def _use_native(entry: Any) -> None:
+    global _recall, _remember
+    _recall, _remember = entry.recall, entry.remember
+
+
+native.when_entry_loads(_use_native)
+
+
+def forget() -> None:
+    """Drop every recorded replay (`kernel_api.ops.clear_dispatch_cache` calls it)."""
+    _python_store.clear()
+    entry = native.entry() if _recall is not None else None
+    if entry is not None:
+        entry.forget()  # (the GEMM summaries go too: they are recomputed on their next call)
+
+
+choice_caches.append(forget)
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """One recorded launch: ``function(*operands, *tail, stream)``.
+
+    Attributes:
+        function: the launcher's function.
+        tail: its constants after the tensors.
+        pick: the launch's tensors from the call's (inputs, then outputs), or None when
+            ``steps`` has views to make; ``steps`` as they are when it is the identity.
+        steps: per launch tensor, the index of the call's tensor it is, or ``(index, shape,
+            strides, offset)`` for a view of that tensor (`derivation`).
+        device: the CUDA device index launched on (-1: not a CUDA device, no stream).
+        extents: the byte extents of the call's tensors (`outputs_apart`).
+        token: the settings' scope token, kept alive while its id() is in the key.
+    """
+
+    function: Callable[..., Any]
+    tail: tuple
+    pick: Callable[[tuple], tuple] | None
+    steps: tuple
+    device: int
+    extents: tuple[int, ...]
+    token: Any
+
+
+def outputs_apart(operands: tuple, first_output: int, extents: tuple[int, ...]) -> bool:
+    """Whether each output's bytes meet no other operand's: the one overlap check of replayed
+    calls that were given outputs (conservative: a call it refuses takes the Python path, whose
+    arguments judge it exactly).
+
+    Args:
+        operands: the call's tensors, inputs then outputs.
+        first_output: the index of the first output.
+        extents: each operand's byte extent (`byte_extent`), fixed by the recorded metadata.
+    """
+    pointers = [t.data_ptr() for t in operands]
+    for i in range(first_output, len(operands)):
+        start, size = pointers[i], extents[i]
+        if not size:
+            continue
+        for j, other in enumerate(pointers):
+            if j != i and extents[j] and other < start + size and start < other + extents[j]:
+                return False
+    return True
+
+
+def derivation(args: Arguments, operands: tuple) -> tuple | None:
+    """How each of the arguments' tensors (``tensor_attributes`` order) comes from the call's
+    ``operands``: the index of the one it is, or ``(index, shape, strides, offset)`` for a view
+    of one (same dtype; ``offset`` in elements from that tensor's own); None when one is neither,
+    or could come from several."""
+    steps = []
+    for name in args.tensor_attributes:
+        t = getattr(args, name)
+        found = [i for i, c in enumerate(operands) if c is t]
+        if len(found) == 1:
+            steps.append(found[0])
+            continue
+        if found or type(t) not in _PLAIN:
+            return None
+        storage = t.untyped_storage().data_ptr()
+        sources = [i for i, c in enumerate(operands)
+                   if c.dtype == t.dtype and c.device == t.device and c.untyped_storage().data_ptr() == storage]
+        if len(sources) != 1 or not storage:
+            return None
+        source = operands[sources[0]]
+        steps.append((sources[0], tuple(t.shape), t.stride(), t.storage_offset() - source.storage_offset()))
+    return tuple(steps)
+
+
+def _picker(steps: tuple, count: int) -> Callable[[tuple], tuple] | None:
+    if any(type(s) is not int for s in steps):
+        return None
+    if steps == tuple(range(count)):
+        return _same
+    if len(steps) == 1:
+        return lambda operands, i=steps[0]: (operands[i],)
+    return itemgetter(*steps)
+
+
+def _same(operands: tuple) -> tuple:
+    return operands
+
+
+def _made(steps: tuple, operands: tuple) -> tuple:
+    """The launch's tensors for ``steps`` with views (`derivation`)."""
+    made = []
+    for s in steps:
+        if type(s) is int:
+            made.append(operands[s])
+        else:
+            source = operands[s[0]]
+            made.append(source.as_strided(s[1], s[2], source.storage_offset() + s[3]))
+    return tuple(made)
+
+
+def _python_key(tag: int, operands: tuple) -> tuple | None:
+    """The key `recall` builds in C, in Python: None for tensors it would not key (lazy bits,
+    no memory)."""
+    key: list = [tag]
+    for t in operands:
+        if t.is_neg() or t.is_conj() or (not t.data_ptr() and t.numel()):
+            return None
+        key.append((t.dtype, t.shape, t.stride(), t.data_ptr() & 1023, t.device))
+    return tuple(key)
+
+
+class OperationReplay:
+    """The replays of one generated operation: `launch` for repeated calls, `call` for the
+    Python path (which records).
+
+    Args:
+        index: the operation's number, 1 to 4095 (a part of every key).
+        schema: the parsed torch schema (which inputs are tensors).
+        outputs: the output names (``Operation.outputs``).
+    """
+
+    __slots__ = ("bits", "tensors", "values", "value_at", "n_inputs", "n_outputs", "outputs")
+
+    def __init__(self, index: int, schema: Any, outputs: tuple[str, ...]) -> None:
+        if not 0 < index < _OPERATION_LIMIT:
+            raise ValueError(f"operation number {index}: expected 1 to {_OPERATION_LIMIT - 1}")
+        self.bits = index << _OPERATION_SHIFT
+        tensor_type = torch._C.TensorType.get()
+        at = [i for i, a in enumerate(schema.arguments) if a.type == tensor_type]
+        rest = [i for i, a in enumerate(schema.arguments) if a.type != tensor_type]
+        self.n_inputs = len(at)
+        self.tensors = (lambda inputs, i=at[0]: (inputs[i],)) if len(at) == 1 else itemgetter(*at) if at else None
+        self.values = len(rest)
+        self.value_at = rest[0] if len(rest) == 1 else itemgetter(*rest) if rest else None
+        self.n_outputs = len(outputs)
+        self.outputs = outputs
+
+    def _values_key(self, inputs: tuple) -> tuple:
+        """The other inputs' values and types (``eps=1`` and ``eps=True`` are not ``eps=1.0``)."""
+        n = self.values
+        if n == 1:
+            v = inputs[self.value_at]
+            return (v, v.__class__)
+        if n == 0:
+            return ()
+        return tuple([(v, v.__class__) for v in self.value_at(inputs)])
+
+    def launch(self, inputs: tuple, results: tuple, fresh: bool) -> bool:
+        """Launch a call recorded with this metadata, on the current stream.
+
+        The caller has ruled out tracing, dispatch modes and autograd.
+
+        Args:
+            inputs: every input, in schema order.
+            results: the outputs, made or given.
+            fresh: every output was made for this call (new memory: no overlap to check).
+
+        Returns:
+            Whether it launched (the outputs are then written; given ones have their version
+            counters bumped); False: nothing ran, take the Python path.
+        """
+        tensors = self.tensors(inputs)
+        for t in tensors:
+            if t.__class__ not in _PLAIN:
+                return False
+        if not fresh:
+            for t in results:
+                if t.__class__ not in _PLAIN:
+                    return False
+        operands = tensors + results
+        tag = _settings.get().policy_id | self.bits
+        recall = _recall
+        if recall is not None:
+            found = recall(tag, *operands)
+        else:
+            key = _python_key(tag, operands)
+            found = None if key is None else _python_store.get(key)
+        if found is None:
+            return False
+        try:
+            entry = found.get(self._values_key(inputs))
+        except TypeError:  # an unhashable value: never recorded
+            return False
+        if entry is None or not (fresh or outputs_apart(operands, self.n_inputs, entry.extents)):
+            return False
+        device = entry.device
+        if device >= 0:
+            if _current_device() != device:
+                return False
+            stream = _cu_streams.get(_current_raw_stream(device)) if _current_raw_stream is not None else None
+            if stream is None:
+                stream = to_cuda_stream(None)
+        else:
+            stream = None
+        pick = entry.pick
+        entry.function(*(pick(operands) if pick is not None else _made(entry.steps, operands)), *entry.tail, stream)
+        if not fresh:
+            _increment_version(results)
+        return True
+
+    def call(self, args: Arguments, inputs: tuple, results: tuple, stream: Any) -> Any:
+        """The Python path: `kernel_api.ops.launch` of ``args`` (built from ``inputs`` and
+        ``results``), recorded for replay when it can be (see the module docstring).
+
+        Returns:
+            What `kernel_api.ops.call` returns: the arguments' outputs.
+        """
+        if not isinstance(args, Arguments) or _is_compiling() or _dispatch_modes():
+            return call(args, stream=stream)  # (which refuses them, saying why)
+        kernel, artifact = launch(args, stream)
+        outputs = tuple([getattr(args, name) for name in type(args).output_names])
+        _increment_version(outputs)
+        if len(outputs) == len(results) and all(map(_is, outputs, results)):
+            self._record(args, kernel, artifact, inputs, results)
+        if not outputs:
+            return None
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _record(self, args: Arguments, kernel: Any, artifact: Any, inputs: tuple, results: tuple) -> None:
+        if type(kernel)._launcher is _NO_LAUNCHER or self.tensors is None:
+            return  # (the class offers no fast path: nothing to ask per call)
+        tensors = self.tensors(inputs)
+        operands = tensors + results
+        if any(t.__class__ not in _PLAIN for t in operands) or len(set(map(id, operands))) != len(operands):
+            return  # (the same tensor twice: which launch operand is which would be a guess)
+        n = self.values
+        others = (inputs[self.value_at],) if n == 1 else self.value_at(inputs) if n else ()
+        if any(isinstance(v, _Tensor) for v in others):
+            return  # an optional tensor given: its values may steer the arguments
+        values = self._values_key(inputs)
+        try:
+            hash(values)
+        except TypeError:
+            return
+        if not kernel.workspace_free and kernel.get_workspace_size(args):
+            return
+        launcher = kernel._launcher(args, artifact)
+        if launcher is None or any(isinstance(c, _Tensor) for c in launcher.tail):
+            return  # no fast path, or a constant that is this call's tensor
+        steps = derivation(args, operands)
+        if steps is None:
+            return
+        settings = _settings.get()
+        if settings.policy_id >> _OPERATION_SHIFT:
+            return
+        tag = settings.policy_id | self.bits
+        entry = Replay(launcher.function, launcher.tail, _picker(steps, len(operands)), steps,
+                       args.device_index if args.device.type == "cuda" else -1,
+                       tuple([byte_extent(t) for t in operands]), settings.scope_token)
+        store = _store(tag, operands)
+        if store is not None:
+            if len(store) >= _VALUES_LIMIT:
+                store.clear()
+            store[values] = entry
+
+
+def _is(a: Any, b: Any) -> bool:
+    return a is b
+
+
+def _store(tag: int, operands: tuple) -> dict | None:
+    """The dict of `Replay` by input values for ``tag`` and the operands' metadata, made when
+    missing; None when the operands cannot be keyed (the call is not recorded)."""
+    if _remember is None:
+        native.entry()  # loads the entry points once (recording happens once per key)
+    if _remember is not None:
+        found = _recall(tag, *operands)
+        if found is None:
+            found = {}
+            if not _remember(tag, found, *operands):
+                return None
+        return found
+    key = _python_key(tag, operands)
+    if key is None:
+        return None
+    found = _python_store.get(key)
+    if found is None:
+        if len(_python_store) >= _PYTHON_LIMIT:
+            _python_store.clear()
+        found = _python_store[key] = {}
+    return found
+
+
+__all__ = ["OperationReplay", "Replay", "derivation", "forget", "outputs_apart"]

@@ -1,0 +1,157 @@
+"""The torch provider's attention backward, `TorchAttentionBackward`: torch's own attention
+backward ops, each fed the saved log-sum-exp (`AttentionBackwardArguments`), one instance per
+backend of `kernel_api.providers.torch_ops.attention.BACKENDS` that has a backward:
+
+- ``math`` (``..._math``): `kernel_api.arguments.attention_math.attention_backward`, the
+  formulas with the scores materialised, on any device and dtype;
+- ``flash`` (``..._flash``): aten ``_flash_attention_backward`` (FlashAttention-2), CUDA,
+  f16/bf16, dense and variable length, GQA natively (it sums each group's k/v gradients);
+- ``cudnn`` (``..._cudnn``): aten ``_scaled_dot_product_cudnn_attention_backward``, CUDA,
+  f16/bf16, dense, equal lengths when causal; under GQA k and v are repeated to q's heads (a
+  copy) and their gradients summed per group.
+
+Dropout is never used, so the ops' random-state operands are placeholders. The ops allocate
+the gradients, which are copied into ``grad_q``, ``grad_k`` and ``grad_v``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ...arguments.attention_backward import AttentionBackwardArguments
+from ...arguments.attention_math import attention_backward
+from ...core.artifact import CompiledArtifact
+from ...core.status import Status
+from ...core.streams import stream_context
+from ...cost.attention import attention_cost
+from ...launcher import Launcher
+from ...metadata import KernelMetadata
+from ...metadata.attention import AttentionBackwardOperandsMetadata
+from . import TorchProvider
+from .attention import BACKENDS, Scalars, backend_status, generate, launch_context, repeat_heads
+from .base import TorchKernel
+
+#: A backward's work against its forward's: five matmuls against two.
+BACKWARD_WORK = 2.5
+#: The backends' backward speeds against cuDNN's backward (nominal: the forward's ratios).
+BACKWARD_SPEED = {"math": 0.05, "flash": 0.6, "cudnn": 1.0}
+
+_placeholders: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _random_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unused random-state operands of the aten backward ops (no dropout), one pair per device."""
+    found = _placeholders.get(device)
+    if found is None:
+        found = _placeholders[device] = (torch.zeros(2, dtype=torch.uint64, device=device),
+                                         torch.zeros((), dtype=torch.uint64, device=device))
+    return found
+
+
+@TorchProvider.register
+class TorchAttentionBackward(TorchKernel):
+    """Attention's backward with torch's kernels from the saved log-sum-exp: the materialised
+    formulas (any device), FlashAttention-2's and cuDNN's backward (CUDA)."""
+
+    supported_args_type = AttentionBackwardArguments
+    performance_hint = 0.5
+
+    @classmethod
+    def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
+                         cc: int | None = None) -> list["TorchAttentionBackward"]:
+        """One instance per backend with a backward, dtype and layout.
+
+        Args:
+            metadata_filter: keeps the instances whose metadata it accepts (None: all).
+            epilogue_args: attention has no epilogue; any makes the list empty.
+            cc: unused.
+
+        Returns:
+            The instances.
+        """
+        if epilogue_args is not None:
+            return []
+        return generate(cls, lambda a, spec: AttentionBackwardOperandsMetadata(a, a, max_head_dim=spec.max_head_dim),
+                        metadata_filter)
+
+    @property
+    def backend(self) -> str:
+        return self.metadata.design.backend
+
+    def _supports(self, args: AttentionBackwardArguments) -> Status:
+        return backend_status(self.backend, args)
+
+    def estimated_cost(self, args: AttentionBackwardArguments, sm_count: int) -> float:
+        """`attention_cost` times `BACKWARD_WORK` over the backend's `BACKWARD_SPEED`."""
+        return attention_cost(args) * BACKWARD_WORK / BACKWARD_SPEED[self.backend]
+
+    def _run(self, args: AttentionBackwardArguments, artifact: CompiledArtifact, stream: Any,
+             workspace: Any = None) -> None:
+        with launch_context(args, stream), torch.no_grad():
+            getattr(self, f"_run_{self.backend}")(args, *[getattr(args, n) for n in args.tensor_attributes])
+
+    def _launcher(self, args: AttentionBackwardArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """Dense CUDA calls (variable length keeps its offsets outside the operands)."""
+        if args.varlen or args.device.type != "cuda" or self.backend == "math":
+            return None
+        run, scalars = getattr(self, f"_run_{self.backend}"), Scalars(args)
+
+        def launch(*tensors: Any) -> None:
+            with stream_context(scalars.device, tensors[-1]), torch.no_grad():
+                run(scalars, *tensors[:-1])
+
+        launch.__name__ = f"launch_{self.metadata.kernel_name}"
+        return Launcher(launch)
+
+    # ---- one method per backend: (args, grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v) ----
+
+    @staticmethod
+    def _run_math(args: Any, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, grad_q: torch.Tensor,
+                  grad_k: torch.Tensor, grad_v: torch.Tensor) -> None:
+        grads = attention_backward(grad_out, q, k, v, out, lse, args.causal, args.scale, args.cu_seqlens_q,
+                                   args.cu_seqlens_k)
+        for target, grad in zip((grad_q, grad_k, grad_v), grads):
+            target.copy_(grad)
+
+    @staticmethod
+    def _run_flash(args: Any, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, grad_q: torch.Tensor,
+                   grad_k: torch.Tensor, grad_v: torch.Tensor) -> None:
+        if _empty(q, k, grad_q, grad_k, grad_v):
+            return
+        seed, offset = _random_state(q.device)
+        grads = torch.ops.aten._flash_attention_backward(
+            grad_out, q, k, v, out, lse, args.cu_seqlens_q, args.cu_seqlens_k, args.seqlen_q, args.seqlen_k, 0.0,
+            args.causal, seed, offset, scale=args.scale)
+        for target, grad in zip((grad_q, grad_k, grad_v), grads):
+            target.copy_(grad)
+
+    @staticmethod
+    def _run_cudnn(args: Any, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, grad_q: torch.Tensor,
+                   grad_k: torch.Tensor, grad_v: torch.Tensor) -> None:
+        if _empty(q, k, grad_q, grad_k, grad_v):
+            return
+        heads, groups = q.shape[2], q.shape[2] // k.shape[2]
+        seed, offset = _random_state(q.device)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            grad_out.transpose(1, 2), q.transpose(1, 2), repeat_heads(k, heads).transpose(1, 2),
+            repeat_heads(v, heads).transpose(1, 2), out.transpose(1, 2), lse.unsqueeze(-1), seed, offset, None, None,
+            None, args.seqlen_q, args.seqlen_k, 0.0, args.causal, scale=args.scale)
+        grad_q.copy_(dq.transpose(1, 2))
+        for target, grad in ((grad_k, dk), (grad_v, dv)):
+            grad = grad.transpose(1, 2)
+            if groups > 1:
+                b, s, _, d = grad.shape
+                grad = grad.reshape(b, s, k.shape[2], groups, d).sum(3)
+            target.copy_(grad)
+
+
+def _empty(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor, grad_k: torch.Tensor, grad_v: torch.Tensor) -> bool:
+    """Zero the gradients of a problem without queries or keys (nothing to launch); whether it was one."""
+    if q.numel() and k.numel():
+        return False
+    for t in (grad_q, grad_k, grad_v):
+        t.zero_()
+    return True
+
