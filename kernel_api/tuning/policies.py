@@ -346,8 +346,9 @@ class PickBest(Policy):
                   good[0].kernel_name, describe_problem(args), device_name, good[0].median_ms, len(good),
                   len(measurements), ", ".join(f"{m.kernel_name} {m.median_ms:.4f} ms" for m in good[1:4]) or "none")
         for m in measurements:
-            if m.failure is not None:
-                _log.debug("PickBest: %s failed: %s", m.kernel_name, m.failure)
+            if m.failure is not None:  # a wrong result is news; a kernel that does not build here is not
+                level = logging.WARNING if m.error is not None else logging.DEBUG
+                _log.log(level, "PickBest: %s excluded for %s: %s", m.kernel_name, describe_problem(args), m.failure)
         record = None
         if self.use_records:
             record = self._records().record(device_name, cc, store_key.operation, store_key.shape,

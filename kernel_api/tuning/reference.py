@@ -244,8 +244,11 @@ def tolerance(args: Any, kernel: Any = None) -> float:
         tol = TOLERANCE.get(out_dtype, 1e-2)
     else:
         out_dtype = None
-        tol = max((TOLERANCE[a.dtype] for a in args.tensor_attributes.values() if a.dtype in TOLERANCE),
-                  default=1e-2)
+        attributes = args.tensor_attributes.values()
+        tol = max((TOLERANCE[a.dtype] for a in attributes if a.dtype in TOLERANCE), default=1e-2)
+        if torch.backends.cuda.matmul.allow_tf32 and any(a.dtype is DataType.f32 and len(a.stride) >= 2
+                                                         for a in attributes):
+            tol = max(tol, TOLERANCE[DataType.tf32])  # f32 matrices that kernels may multiply in tf32
     math_type = getattr(getattr(getattr(kernel, "metadata", None), "operands", None), "math_type", None)
     if math_type is DataType.tf32:
         tol = max(tol, TOLERANCE[DataType.tf32])
