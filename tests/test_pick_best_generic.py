@@ -372,3 +372,15 @@ def test_a_cross_entropy_backward_reference_uses_the_saved_lse():
                                          torch.empty_like(logits))
     expected = references.reference(args)["grad_logits"]
     torch.testing.assert_close(expected, torch.softmax(logits, -1) - F.one_hot(target, 11).double())
+
+
+def test_the_shortlist_keeps_every_providers_best_ranked_kernel():
+    """max_candidates cuts PickAny's order, but never a provider's best-ranked kernel: the
+    analytic model may rank a whole provider low (a plugin's kernels)."""
+    def kernel(name, provider):
+        return type(name, (), {"_kernel_api_provider": type(provider, (), {"name": provider})})()
+
+    ranked = [kernel(f"a{i}", "a") for i in range(5)] + [kernel("b0", "b"), kernel("b1", "b")]
+    assert policies.shortlist(ranked, 3) == [ranked[0], ranked[1], ranked[5]]
+    assert policies.shortlist(ranked, 1) == [ranked[0], ranked[5]]
+    assert policies.shortlist(ranked, None) == ranked and policies.shortlist(ranked, 7) == ranked

@@ -331,9 +331,7 @@ class PickBest(Policy):
             found, store_key = self._find_record(args, candidates, device_name, cc)
             if found is not None:
                 return found
-        ranked = rank_candidates(candidates, args)
-        if self.max_candidates is not None:
-            ranked = ranked[: self.max_candidates]
+        ranked = shortlist(rank_candidates(candidates, args), self.max_candidates)
         self._precompile(args, ranked, cc)
         measurements = self._measure(args, ranked)
         good = [m for m in measurements if m.failure is None]
@@ -431,7 +429,7 @@ class PickBest(Policy):
         one is the torch provider's, else the best-ranked the registry has; None when there is
         none or it does not load."""
         for index, kernel in enumerate(kernels):
-            if getattr(getattr(kernel, "_kernel_api_provider", None), "name", None) == TORCH_PROVIDER:
+            if provider_name(kernel) == TORCH_PROVIDER:
                 load(index)
                 if index in artifacts:
                     return kernel, artifacts[index]
@@ -624,6 +622,38 @@ class _Verification:
         errors = [relative_error_tensor(self._single() if name is None else self.outputs[name], value, norm)
                   for name, value, norm in self._expected]
         return errors[0] if len(errors) == 1 else torch.stack(errors).max()
+
+
+def provider_name(kernel: Kernel) -> str | None:
+    """The name of the provider ``kernel``'s class is registered with (None: none)."""
+    return getattr(getattr(kernel, "_kernel_api_provider", None), "name", None)
+
+
+def shortlist(ranked: list[Kernel], limit: int | None) -> list[Kernel]:
+    """The candidates `PickBest` measures: the ``limit`` best-ranked of ``ranked`` (PickAny's
+    order), where the best-ranked kernel of every provider is always one, so that the winner is
+    never slower than any provider's best by an estimate's mistake (a provider whose kernels the
+    analytic model ranks low: a plugin's, timed once at its measured speed). ``limit`` None:
+    all. Rank order is kept.
+
+    Args:
+        ranked: the candidates, best-ranked first.
+        limit: how many to keep (at least one per provider).
+
+    Returns:
+        The kept candidates, in ``ranked``'s order.
+    """
+    if limit is None or len(ranked) <= limit:
+        return ranked
+    firsts: dict[str | None, int] = {}
+    for index, kernel in enumerate(ranked):
+        firsts.setdefault(provider_name(kernel), index)
+    kept = set(firsts.values())
+    for index in range(len(ranked)):
+        if len(kept) >= limit:
+            break
+        kept.add(index)
+    return [kernel for index, kernel in enumerate(ranked) if index in kept]
 
 
 def candidate_versions(scope: tuple[str, ...] | None, candidates: Iterable[Kernel] = ()) -> tuple[tuple[str, str], ...]:
