@@ -38,3 +38,14 @@ def attention_cost(args: Any) -> float:
     moved = element * args.head_dim * (2 * tokens_q * args.heads_q + 2 * tokens_k * args.heads_kv)
     seconds = ATTENTION_FIXED_SECONDS + max(flops / ATTENTION_FLOPS_PER_SECOND, moved / ATTENTION_BYTES_PER_SECOND)
     return seconds * GEMM_COST_UNITS_PER_SECOND
+
+
+#: A backward's matmul work against its forward's: five matmuls against two.
+ATTENTION_BACKWARD_WORK = 2.5
+
+
+def attention_backward_cost(args: Any) -> float:
+    """The estimated run time of attention's backward on ``args`` (an
+    `AttentionBackwardArguments`, or the forward's arguments): `attention_cost` times
+    `ATTENTION_BACKWARD_WORK`, in `gemm_cost` units."""
+    return attention_cost(args) * ATTENTION_BACKWARD_WORK

@@ -25,7 +25,7 @@ from ...arguments.attention_math import attention_backward
 from ...core.artifact import CompiledArtifact
 from ...core.status import Status
 from ...core.streams import stream_context
-from ...cost.attention import attention_cost
+from ...cost.attention import attention_backward_cost
 from ...launcher import Launcher
 from ...metadata import KernelMetadata
 from ...metadata.attention import AttentionBackwardOperandsMetadata
@@ -33,8 +33,6 @@ from . import TorchProvider
 from .attention import BACKENDS, Scalars, backend_status, generate, launch_context, repeat_heads
 from .base import TorchKernel
 
-#: A backward's work against its forward's: five matmuls against two.
-BACKWARD_WORK = 2.5
 #: The backends' backward speeds against cuDNN's backward (nominal: the forward's ratios).
 BACKWARD_SPEED = {"math": 0.05, "flash": 0.6, "cudnn": 1.0}
 
@@ -84,8 +82,8 @@ class TorchAttentionBackward(TorchKernel):
         return backend_status(self.backend, args)
 
     def estimated_cost(self, args: AttentionBackwardArguments, sm_count: int) -> float:
-        """`attention_cost` times `BACKWARD_WORK` over the backend's `BACKWARD_SPEED`."""
-        return attention_cost(args) * BACKWARD_WORK / BACKWARD_SPEED[self.backend]
+        """`attention_backward_cost` over the backend's `BACKWARD_SPEED`."""
+        return attention_backward_cost(args) / BACKWARD_SPEED[self.backend]
 
     def _run(self, args: AttentionBackwardArguments, artifact: CompiledArtifact, stream: Any,
              workspace: Any = None) -> None:

@@ -8,11 +8,12 @@ metadata's divisibility 8), with q, k, v, out's head dim contiguous.
 
 FA4 compiles with its own JIT for the GPU it runs on and caches the function per configuration;
 ``compile`` runs the forward once on the arguments' own tensors when they are on the GPU (that
-warm-up compiles it; it writes only ``out``, which the run overwrites). Launches go to torch's
-current stream, made the requested one around the call.
+warm-up compiles it; it writes only ``out`` and ``lse``, which the run overwrites). Launches go
+to torch's current stream, made the requested one around the call.
 
-The backward (FA4's ``_flash_attn_bwd``) is not offered: kernel_api has no arguments type for an
-attention backward yet (``ops.attention``'s backward recomputes through SDPA).
+The forward writes the row log-sum-exp into ``args.lse`` when it is asked for (FA4's form is
+kernel_api's: (batch, heads, seqlen_q), or (heads, total_q) for variable length); its backward is
+`kernel_api_flash_attn.attention_backward.FlashAttnBackward`.
 """
 
 from __future__ import annotations
@@ -59,18 +60,14 @@ class FlashAttnForward(Kernel):
         for dtype in (DataType.bf16, DataType.f16):
             for layout, pattern in _LAYOUTS.items():
                 attrs = TensorAttributes(dtype, pattern, 8)
-                operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, max_head_dim=MAX_HEAD_DIM)
+                operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, max_head_dim=MAX_HEAD_DIM, lse=True)
                 metadata = KernelMetadata(f"{cls.__name__}_{dtype}_{layout}_a16", cls, operands, min_cc=cls.min_cc)
                 if metadata_filter is None or metadata_filter(metadata):
                     found.append(cls(metadata))
         return found
 
     def _supports(self, args: AttentionArguments) -> Status:
-        d = args.head_dim
-        if d < MIN_HEAD_DIM or d % 8:
-            return Status.fail(f"operand q: head_dim {d}, FlashAttention-4 takes multiples of 8 from {MIN_HEAD_DIM}",
-                               kind=Reason.SHAPE, operand="q", actual=d, required=MIN_HEAD_DIM)
-        return Status.success()
+        return head_dim_status(args)
 
     def get_workspace_size(self, args: Any) -> int:
         return 0
@@ -93,7 +90,7 @@ class FlashAttnForward(Kernel):
                                    f"and {where}; it cannot target sm_{cc}")
         if args.q.is_cuda and args.q.numel() and args.k.numel():
             try:
-                _forward(args, args.q, args.k, args.v, args.out)
+                _forward(args, args.q, args.k, args.v, args.out, args.lse)
             except Exception as exc:  # noqa: BLE001 - FA4's compile or launch failure, said in one line
                 raise CompilationError(f"{self.metadata.kernel_name}: FlashAttention-4 failed: "
                                        f"{type(exc).__name__}: {exc}") from exc
@@ -103,7 +100,7 @@ class FlashAttnForward(Kernel):
         if not args.q.numel():
             return
         with stream_context(args.device, stream):
-            _forward(args, args.q, args.k, args.v, args.out)
+            _forward(args, args.q, args.k, args.v, args.out, args.lse)
 
     def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
         """Dense layouts only: a varlen call's sequence offsets are no operand of the launch."""
@@ -111,12 +108,21 @@ class FlashAttnForward(Kernel):
             return None
         device, scalars = args.device, _Scalars(args)
 
-        def launch(q: Any, k: Any, v: Any, out: Any, stream: Any) -> None:
-            with stream_context(device, stream):
-                _forward(scalars, q, k, v, out)
+        def launch(q: Any, k: Any, v: Any, out: Any, *rest: Any) -> None:  # (lse,) stream
+            with stream_context(device, rest[-1]):
+                _forward(scalars, q, k, v, out, rest[0] if len(rest) == 2 else None)
 
         launch.__name__ = f"launch_{self.metadata.kernel_name}"
         return Launcher(launch)
+
+
+def head_dim_status(args: Any) -> Status:
+    """FA4's head dims: multiples of 8 from `MIN_HEAD_DIM` (forward and backward)."""
+    d = args.head_dim
+    if d < MIN_HEAD_DIM or d % 8:
+        return Status.fail(f"operand q: head_dim {d}, FlashAttention-4 takes multiples of 8 from {MIN_HEAD_DIM}",
+                           kind=Reason.SHAPE, operand="q", actual=d, required=MIN_HEAD_DIM)
+    return Status.success()
 
 
 class _Scalars:
@@ -130,11 +136,12 @@ class _Scalars:
         self.seqlen_q, self.seqlen_k = args.seqlen_q, args.seqlen_k
 
 
-def _forward(args: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
-    """FA4's forward into ``out`` on torch's current stream."""
+def _forward(args: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor | None) -> None:
+    """FA4's forward into ``out`` (and ``lse`` when given) on torch's current stream."""
     if args.varlen:
         _flash_attn_fwd(q, k, v, cu_seqlens_q=args.cu_seqlens_q, cu_seqlens_k=args.cu_seqlens_k,
                         max_seqlen_q=args.seqlen_q, max_seqlen_k=args.seqlen_k, softmax_scale=args.scale,
-                        causal=args.causal, out=out)
+                        causal=args.causal, out=out, lse=lse)
     else:
-        _flash_attn_fwd(q, k, v, softmax_scale=args.scale, causal=args.causal, out=out)
+        _flash_attn_fwd(q, k, v, softmax_scale=args.scale, causal=args.causal, out=out, lse=lse)

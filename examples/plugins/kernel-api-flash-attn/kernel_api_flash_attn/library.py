@@ -2,8 +2,8 @@
 
 `check` runs at import, before anything is registered: a missing or broken library raises
 ImportError (kernel_api reports it in ``plugin_errors()`` and skips the plugin), and so does a
-release outside `SUPPORTED`, since the
-forward the kernel calls is the library's internal one and may change in any release.
+release outside `SUPPORTED`, since the forward and backward the kernels call are the library's
+internal ones and may change in any release.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from kernel_api.registry import release, require_library
 
 #: This plugin's version (pyproject.toml's).
-PLUGIN_VERSION = "0.1.0"
+PLUGIN_VERSION = "0.2.0"
 #: The distribution wrapped.
 DISTRIBUTION = "flash-attn-4"
 #: The library's modules the kernels use, imported by `check`
