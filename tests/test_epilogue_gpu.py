@@ -136,7 +136,8 @@ def test_reductions_row_column_and_scalar(emitter, op, init):
     pick(args, emitter).run(args)
     want = evaluate(parse(src), A.double() @ B.double(), dict(C=C))
     check(out, want["D"], torch.bfloat16, "D")
-    tol = 1e-4 if op == "sum" else 0.0
+    # (max / min pick one f32 element: f32 rounding of relu(accum) - C against the float64 reference)
+    tol = 1e-4 if op == "sum" else 1e-6
     torch.testing.assert_close(r.reshape(-1).double(), want["r"], rtol=tol, atol=tol * 50)
     torch.testing.assert_close(c.double(), want["c"], rtol=tol, atol=tol * 50)
     torch.testing.assert_close(a.double(), want["a"], rtol=tol, atol=tol * 500)
@@ -239,3 +240,52 @@ def test_memcheck_every_emitter():
 
     out = run_memcheck(_SANITIZED)
     assert out.count("ran ") == 3
+
+
+def _input(kind, L, M, N):
+    """An (M, N) epilogue input of ``kind`` inside a larger random buffer: ``bf16_row`` / ``f32_row``
+    (row-major, leading dimension padded to a 16-byte multiple: SM90 loads them by TMA),
+    ``f16_col`` (column-major), ``batched`` ((L, M, N) with a padded batch stride), ``misaligned``
+    (one element past a 16-byte boundary: read element-wise)."""
+    dtype = {"f32_row": torch.float32, "f16_col": torch.float16}.get(kind, torch.bfloat16)
+    if kind == "f16_col":
+        return matrix((), M, N, "n", dtype)[0]
+    if kind == "batched":
+        buf = torch.randn(L, M + 3, _round8(N) + 16, device="cuda").to(dtype)
+        return buf[:, :M, :N]
+    if kind == "misaligned":
+        buf = torch.randn(M, _round8(N) + 8, device="cuda").to(dtype)
+        return buf[:, 1:N + 1]
+    return matrix((), M, N, "t", dtype)[0]
+
+
+@pytest.mark.parametrize("config", ["tile128x128x64_cluster2x1_pingpong_swz8m", "tile128x256x64_cluster2x1_cooperative",
+                                    "tile128x128x64_cluster2x1_pingpong_streamk_swz8m"])
+@pytest.mark.parametrize("kind", ["bf16_row", "f32_row", "f16_col", "batched", "misaligned", "two"])
+def test_sm90_whole_inputs_staged_or_elementwise(config, kind):
+    """Whole (M, N) inputs of the SM90 kernel: the ones TMA can load go through shared memory
+    (OperandKey.align 16), the others element-wise; several tiles per CTA (the ring's slots and
+    phases wrap), edge tiles, a second input, batches."""
+    L, M, N, K = 2, 1000, 1048, 136
+    A, _ = matrix((L,), M, K, "t", torch.bfloat16)
+    B, _ = matrix((L,), K, N, "n", torch.bfloat16)
+    out, out_buf = matrix((L,), M, N, "t", torch.bfloat16, fill=float("nan"))
+    if kind == "two":
+        src = "def epi(accum, C, up, alpha): D = gelu(accum) * up + alpha * C; return D"
+        ops = dict(C=_input("bf16_row", L, M, N), up=_input("batched", L, M, N), alpha=-0.5)
+    else:
+        src = "def epi(accum, C, alpha): D = alpha * accum + C; return D"
+        ops = dict(C=_input(kind, L, M, N), alpha=0.5)
+    args = GemmArguments(A, B, out, epilogue=EpilogueArguments(src, **ops))
+    keys = args.epilogue_signature.operand_keys
+    assert [k.align for k in keys if k.kind == "load"] == ([16, 16] if kind == "two" else
+                                                           [2 if kind == "misaligned" else 16])
+    cls, _ = EMITTERS["sm90"]
+    found = [k for k in kernel_api.get_kernels(args) if k.name.startswith(cls + "_") and config in k.name]
+    if not found:
+        pytest.skip(f"no {cls} {config} instance takes {args!r} on this GPU")
+    found[0].run(args)
+    torch.cuda.synchronize()
+    want = evaluate(parse(src), A.double() @ B.double(), ops)
+    check(out, want["D"], torch.bfloat16, f"D ({kind}, {config})")
+    assert_padding_untouched(out_buf, out)

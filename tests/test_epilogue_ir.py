@@ -127,6 +127,23 @@ def test_broadcast_kinds_become_stride_patterns():
         torch.testing.assert_close(view, torch.broadcast_to(given, (3, 24, 40)))
 
 
+def test_whole_inputs_record_their_alignment_in_the_key():
+    """`OperandKey.align`: whole (M, N) inputs carry the bytes dividing their address and
+    strides (16 at most: what TMA needs), broadcast vectors none; it is part of the key, scalar
+    values are not."""
+    A, B, out = _gemm()
+    src = "def epi(accum, C, bias, alpha): D = alpha * accum + C + bias; return D"
+    buf = torch.randn(24, 56)
+    cases = {16: buf[:, :40], 4: buf[:, 1:41], 8: torch.randn(24, 42)[:, :40], 2: torch.randn(24, 41).half()[:, 1:]}
+    keys = {}
+    for align, C in cases.items():
+        for alpha in (0.5, 2.0):
+            bound = bind(parse(src), dict(C=C, bias=torch.randn(40), alpha=alpha), out, 1, 24, 40)
+            assert [k.align for k in bound.operand_keys] == [align, None, None]
+            keys.setdefault(align, set()).add(bound.key)
+    assert all(len(k) == 1 for k in keys.values()) and len(set.union(*keys.values())) == len(cases)
+
+
 @pytest.mark.parametrize("shape, words", [((24, 41), "does not broadcast"), ((2, 24, 40), "does not broadcast"),
                                           ((1, 1, 1, 40), "rank 4")])
 def test_operands_that_do_not_broadcast_are_named(shape, words):
@@ -341,6 +358,39 @@ def test_fused_epilogue_compiles_without_a_gpu(tmp_path, cls, cc, tag, mma):
     assert "st.global.b16" in ptx                    # the extra output z (f16)
     assert "atom.global.add.f32" in ptx or "red.global.add.f32" in ptx  # the row sum
     assert "erf" in ptx or "ex2" in ptx or "fma" in ptx
+
+
+_COMPILE_STAGED = textwrap.dedent("""
+    import sys, torch, kernel_api
+    from kernel_api import EpilogueArguments, GemmArguments
+    offset, tag = int(sys.argv[1]), sys.argv[2]
+    A = torch.randn(256, 128).bfloat16(); B = torch.randn(128, 256).bfloat16(); out = torch.empty(256, 256).bfloat16()
+    C = torch.randn(256, 272).bfloat16()[:, offset:offset + 256]
+    args = GemmArguments(A, B, out, epilogue=EpilogueArguments("def epi(accum, C): D = accum + C; return D", C=C))
+    ks = [k for k in kernel_api.get_kernels(args, cc=90) if k.name.startswith("Sm90WarpSpecializedGemm") and tag in k.name]
+    art = ks[0].compile(args, cc=90)
+    open(sys.argv[3], "w").write(art.compiled_obj.__ptx__)
+""")
+
+
+@pytest.mark.parametrize("tag", ["tile128x128x64_cluster2x1_pingpong_swz8m", "tile128x256x64_cluster2x1_cooperative"])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_sm90_loads_aligned_inputs_by_tma(tmp_path, tag, offset):
+    """A 16-byte aligned bf16 input of the SM90 kernel's epilogue is loaded by TMA into shared
+    memory and read back with ldmatrix (no global loads); one element off (2-byte aligned), it
+    is read element-wise from global memory."""
+    ptx_path = tmp_path / "k.ptx"
+    env = {**os.environ, "PYTHONPATH": ROOT, "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(tmp_path),
+           "KERNEL_API_CACHE": "0"}
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_STAGED, str(offset), tag, str(ptx_path)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ptx = ptx_path.read_text()
+    tma_loads = ptx.count("cp.async.bulk.tensor.2d.shared::cta.global")
+    if offset == 0:
+        assert "ldmatrix" in ptx and "ld.global" not in ptx and tma_loads >= 8
+    else:
+        assert "ldmatrix" not in ptx and "ld.global" in ptx
 
 
 class _Captured(Exception):

@@ -77,6 +77,7 @@ def _setup(ctx: Any, inputs: tuple, output: Any) -> None:
     A, B, source, names, tensors, scalar_names, scalars, initial = inputs
     ctx.save_for_backward(A, B, *tensors)
     ctx.source, ctx.names, ctx.scalars = source, list(names), dict(zip(scalar_names, scalars))
+    ctx.n_initial, ctx.n_scalars = len(initial), len(scalars)
 
 
 def _backward(ctx: Any, grads: list) -> tuple:
@@ -114,7 +115,9 @@ def _backward(ctx: Any, grads: list) -> tuple:
     for t in tensors:
         g = next(rest) if t.requires_grad else None
         grad_tensors.append(None if g is None else g.to(t.dtype))
-    return grad_A, grad_B, None, None, grad_tensors, None, None, None
+    # (torch's autograd checks the structure: a list of non-tensors takes None, an empty list [])
+    names, scalars = ([] if not ctx.names else None), ([] if not ctx.n_scalars else None)
+    return grad_A, grad_B, None, names, grad_tensors, scalars, scalars, [None] * ctx.n_initial
 
 
 torch.library.register_autograd("kernel_api::gemm_epilogue", _backward, setup_context=_setup, lib=_lib)
