@@ -33,13 +33,13 @@ def _ours(args, cc=90):
 
 
 def _explained(args):
-    return str(kernel_api.explain(args, cc=90))
+    return kernel_api.explain(args, cc=90).all()
 
 
-def test_instances_per_dtype_and_head_dim():
+def test_instances_per_dtype_head_dim_and_layout():
     names = [k.metadata.kernel_name for k in CudaAttentionDecode.generate_kernels(None, cc=90)]
-    assert names == ["CudaAttentionDecode_bf16_d128", "CudaAttentionDecode_bf16_d64",
-                     "CudaAttentionDecode_f16_d128", "CudaAttentionDecode_f16_d64"]
+    assert names == [f"CudaAttentionDecode_{t}_d{d}{layout}" for layout in ("", "_varlen") for t in ("bf16", "f16")
+                     for d in (128, 64)]
     assert CudaAttentionDecode.generate_kernels(None, cc=80) == []  # thread-block clusters: sm_90
 
 
@@ -72,13 +72,18 @@ def test_declines_with_a_reason(args, reason):
     assert "CudaAttentionDecode" in text and reason in text, text
 
 
-def test_declines_variable_length_and_cpu_tensors():
-    q = _meta((7, 8, 64))
-    k = _meta((30, 2, 64))
+def _varlen(max_q, d=64):
     cu = torch.empty(3, dtype=torch.int32, device="meta")
-    varlen = AttentionArguments(q, k, k, _meta((7, 8, 64)), cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4,
-                                max_seqlen_k=20)
-    assert _ours(varlen) == [] and "variable-length" in _explained(varlen)
+    q, k = _meta((7, 8, d)), _meta((30, 2, d))
+    return AttentionArguments(q, k, k, _meta((7, 8, d)), cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_q,
+                              max_seqlen_k=20)
+
+
+def test_variable_length_and_cpu_tensors():
+    assert _ours(_varlen(4)) == ["CudaAttentionDecode_bf16_d64_varlen"]
+    assert _ours(_varlen(4, d=128)) == ["CudaAttentionDecode_bf16_d128_varlen"]
+    longest = _varlen(MAX_SEQLEN_Q + 1)
+    assert _ours(longest) == [] and "seqlen_q=17 above" in _explained(longest)
     q, k = torch.zeros(1, 1, 4, 64, dtype=torch.float16), torch.zeros(1, 5, 2, 64, dtype=torch.float16)
     cpu = AttentionArguments(q, k, k, torch.empty_like(q))
     kernel = next(k for k in CudaAttentionDecode.generate_kernels(None, cc=90) if k.head_dim == 64

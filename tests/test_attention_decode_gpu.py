@@ -1,7 +1,8 @@
 """The CUDA C++ decode attention (cuda_src: attention_decode.py / attention_decode.cu) on a GPU:
 against a float64 reference on fresh random data, outputs inside sentinel-filled buffers, one to
 16 queries against odd cached lengths (0, 1, 127, 1000, 4097), MHA / GQA / MQA, head dims 64 and
-128, bf16 and f16, causal or not, KV caches read through strided views; every split count; then
+128, bf16 and f16, causal or not, KV caches read through strided views; every split count;
+variable-length batches (empty sequences included); then
 through `kernel_api.ops.attention` with only this provider allowed (repeated calls replayed on
 new data), and memcheck. The CPU half is tests/test_attention_decode.py.
 """
@@ -133,6 +134,35 @@ def test_every_split_count(splits, d, dtype):
     kernel.run(args)
     assert kernel.compile(args).extra.cl == splits
     _check(out, buf, _reference(q, k, v, True, 0.3), dtype, f"splits={splits}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_variable_length(causal):
+    torch.manual_seed(2)
+    dtype, d, hq, hkv = torch.bfloat16, 128, 16, 4
+    lq, lk = [1, 3, 0, 16, 2], [5, 1000, 7, 130, 0]
+    cq = torch.tensor([0] + lq, device="cuda").cumsum(0).to(torch.int32)
+    ck = torch.tensor([0] + lk, device="cuda").cumsum(0).to(torch.int32)
+    tq, tk = sum(lq), sum(lk)
+    q = torch.randn(tq, hq + 3, d, device="cuda").to(dtype)[:, 1:1 + hq]
+    packed = torch.randn(tk, 2, hkv, d, device="cuda").to(dtype)
+    k, v = packed[:, 0], packed[:, 1]
+    buf = torch.full((tq, hq + 2, d), SENTINEL, dtype=dtype, device="cuda")
+    out = buf[:, 1:1 + hq]
+    args = AttentionArguments(q, k, v, out, causal=causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lq),
+                              max_seqlen_k=max(lk))
+    kernel = _kernel(args)
+    assert kernel.varlen
+    kernel.run(args)
+    torch.cuda.synchronize()
+    a = c = 0
+    for n, m in zip(lq, lk):
+        ref = _reference(q[a:a + n].unsqueeze(0), k[c:c + m].unsqueeze(0), v[c:c + m].unsqueeze(0), causal,
+                         args.scale)[0]
+        torch.testing.assert_close(out[a:a + n].double(), ref, atol=TOL[dtype], rtol=TOL[dtype],
+                                   msg=lambda e: f"sequence of {n} queries, {m} keys: {e}")
+        a, c = a + n, c + m
+    assert bool((buf[:, 0] == SENTINEL).all()) and bool((buf[:, -1] == SENTINEL).all())
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -25,6 +25,10 @@
 // deterministic), a second barrier keeping every CTA's shared memory alive until all have read.
 // A row that sees no key (causal with seqlen_q > seqlen_k, or seqlen_k = 0) is written as 0.
 //
+// Variable length (cu_q and cu_k non-null): sequence b's queries are rows cu_q[b]..cu_q[b + 1]
+// of the (total, heads, head_dim) operands, its keys cu_k[b]..cu_k[b + 1]; the grid is planned
+// for the longest (seqlen_q, seqlen_k), and a row block or split past a sequence's end is empty.
+//
 // Every integer parameter is 64-bit; the scale comes as the bits of a double (scale * log2 e).
 
 namespace ka_attn {
@@ -126,6 +130,8 @@ struct Params {
   const u16* k;
   const u16* v;
   u16* out;
+  const int* cu_q;
+  const int* cu_k;
   i64 heads_kv, group, seqlen_q, seqlen_k, row_blocks, keys_per_split, causal, scale_bits;
   i64 qb, qs, qh, kb, ks, kh, vb, vs, vh, ob, os, oh;
 };
@@ -154,16 +160,26 @@ __device__ __forceinline__ void decode_body(const Params& p) {
   x /= p.row_blocks;
   const i64 kvh = x % p.heads_kv;
   const i64 b = x / p.heads_kv;
-  const i64 rows_total = p.seqlen_q * p.group;
+  // The sequence's first query and key (their offsets, in rows of q / k), and its lengths.
+  i64 q0 = b, k0 = b, lq = p.seqlen_q, sk = p.seqlen_k;
+  i64 qstep = p.qb, kstep = p.kb, vstep = p.vb, ostep = p.ob;
+  if (p.cu_q != nullptr) {
+    q0 = p.cu_q[b], k0 = p.cu_k[b];
+    lq = p.cu_q[b + 1] - q0, sk = p.cu_k[b + 1] - k0;
+    qstep = p.qs, kstep = p.ks, vstep = p.vs, ostep = p.os;
+  }
+  const i64 rows_total = lq * p.group;
   const i64 row0 = rb * ROWS;
-  const i64 sk = p.seqlen_k;
+  if (row0 >= rows_total) return;  // (every CTA of the cluster: they share b and rb)
+  const u16* qseq = p.q + q0 * qstep;
+  u16* oseq = p.out + q0 * ostep;
   const i64 k_begin = min((i64)split * p.keys_per_split, sk);
   const i64 k_end = min(k_begin + p.keys_per_split, sk);
   const int n_chunks = (int)((k_end - k_begin + BK - 1) / BK);
   const float scale = (float)__longlong_as_double(p.scale_bits);
 
-  const u16* kbase = p.k + b * p.kb + kvh * p.kh;
-  const u16* vbase = p.v + b * p.vb + kvh * p.vh;
+  const u16* kbase = p.k + k0 * kstep + kvh * p.kh;
+  const u16* vbase = p.v + k0 * vstep + kvh * p.vh;
   const unsigned ring = smem_addr(smem);
 
   // K and V of chunk c into ring slot c % STAGES (keys past the split zero-filled).
@@ -191,7 +207,7 @@ __device__ __forceinline__ void decode_body(const Params& p) {
     const i64 gr = row0 + r;
     const bool in = gr < rows_total;
     const i64 qi = in ? gr / p.group : 0, qg = in ? gr % p.group : 0;
-    cp16(qtile + tile_off<D>(r, ch), p.q + b * p.qb + qi * p.qs + (kvh * p.group + qg) * p.qh + ch * 8, in ? 16 : 0);
+    cp16(qtile + tile_off<D>(r, ch), qseq + qi * p.qs + (kvh * p.group + qg) * p.qh + ch * 8, in ? 16 : 0);
   }
 #pragma unroll
   for (int c = 0; c < STAGES - 1; ++c) load_chunk(c);  // (Q joins chunk 0's group)
@@ -202,7 +218,7 @@ __device__ __forceinline__ void decode_body(const Params& p) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const i64 gr = row0 + mw * 16 + g + 8 * h;
-    last[h] = p.causal ? sk - p.seqlen_q + gr / p.group : sk - 1;
+    last[h] = p.causal ? sk - lq + gr / p.group : sk - 1;
   }
 
   unsigned qa[D / 16][4];
@@ -397,7 +413,7 @@ __device__ __forceinline__ void decode_body(const Params& p) {
       acc.x += part.x * w, acc.y += part.y * w, acc.z += part.z * w, acc.w += part.w * w;
     }
     const i64 gr = row0 + r, i = gr / p.group, gh = gr % p.group;
-    u16* dst = p.out + b * p.ob + i * p.os + (kvh * p.group + gh) * p.oh + c4 * 4;
+    u16* dst = oseq + i * p.os + (kvh * p.group + gh) * p.oh + c4 * 4;
     *reinterpret_cast<uint2*>(dst) = make_uint2(T::pack2(acc.x, acc.y), T::pack2(acc.z, acc.w));
   }
   if constexpr (CL > 1) {
@@ -406,13 +422,13 @@ __device__ __forceinline__ void decode_body(const Params& p) {
 }
 
 // The kernels' parameters, one per launch parameter (a recorded launch passes each as its own).
-#define KA_ATTN_PARAMS                                                                                      \
-  const u16 *q, const u16 *k, const u16 *v, u16 *out, i64 heads_kv, i64 group, i64 seqlen_q, i64 seqlen_k, \
-      i64 row_blocks, i64 keys_per_split, i64 causal, i64 scale_bits, i64 qb, i64 qs, i64 qh, i64 kb, i64 ks,  \
-      i64 kh, i64 vb, i64 vs, i64 vh, i64 ob, i64 os, i64 oh
-#define KA_ATTN_ARGS                                                                                         \
-  Params{q, k, v, out, heads_kv, group, seqlen_q, seqlen_k, row_blocks, keys_per_split, causal, scale_bits, qb, \
-         qs, qh, kb, ks, kh, vb, vs, vh, ob, os, oh}
+#define KA_ATTN_PARAMS                                                                                   \
+  const u16 *q, const u16 *k, const u16 *v, u16 *out, const int *cu_q, const int *cu_k, i64 heads_kv,   \
+      i64 group, i64 seqlen_q, i64 seqlen_k, i64 row_blocks, i64 keys_per_split, i64 causal, i64 scale_bits, \
+      i64 qb, i64 qs, i64 qh, i64 kb, i64 ks, i64 kh, i64 vb, i64 vs, i64 vh, i64 ob, i64 os, i64 oh
+#define KA_ATTN_ARGS                                                                                    \
+  Params{q, k, v, out, cu_q, cu_k, heads_kv, group, seqlen_q, seqlen_k, \
+         row_blocks, keys_per_split, causal, scale_bits, qb, qs, qh, kb, ks, kh, vb, vs, vh, ob, os, oh}
 
 // One CTA per (batch, KV head, row block): the keys in one split.
 template <class T, int D, int MW>

@@ -3,10 +3,12 @@ this file).
 
 `CudaAttentionDecode` (`AttentionArguments`) serves decoding against a KV cache: up to
 `MAX_SEQLEN_Q` queries per sequence, head dims 64 and 128, f16 / bf16, causal (bottom-right
-aligned) or not, MHA / GQA / MQA, the dense layout with any strides whose head_dim is contiguous
-and whose other strides and pointers are 16-byte multiples, so a KV cache view such as
-``k_cache[:, :length]`` runs as it is. One instance per dtype and head dim, named
-``CudaAttentionDecode_<dtype>_d<head_dim>``.
+aligned) or not, MHA / GQA / MQA, with any strides whose head_dim is contiguous and whose other
+strides and pointers are 16-byte multiples, so a KV cache view such as ``k_cache[:, :length]``
+runs as it is. One instance per dtype, head dim and layout, named
+``CudaAttentionDecode_<dtype>_d<head_dim>`` (dense) and ``..._varlen`` (variable length: the
+kernel reads the sequence offsets on the device; a launch whose offsets are no operand is not
+recorded, so every varlen call goes through `_run`).
 
 Flash-decoding: each CTA takes one (batch, KV head, row block, key split); the rows of a KV head
 are its group's queries (seqlen_q x heads_q / heads_kv of them), so one read of K and V serves
@@ -59,7 +61,7 @@ TARGET_CTAS_PER_SM = 4
 MIN_CHUNKS_PER_SPLIT = 2
 #: The elements of one 16-byte copy: every pointer and stride but head_dim's is a multiple.
 _VECTOR = 8
-_DENSE = (0, 0, 0, 1)
+_LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
 #: Cost model (nominal until measured): the K/V streaming rate, the fixed time of a launch and
 #: the mma.sync rate for the padded rows.
 BYTES_PER_SECOND = 3.8e12
@@ -135,7 +137,8 @@ class _Build:
 @CudaSourceProvider.register
 class CudaAttentionDecode(CudaSourceKernel):
     """Decode attention (flash-decoding) in CUDA C++: seqlen_q up to 16, head dims 64 / 128,
-    f16 / bf16, GQA / MQA / MHA, causal or not, strided KV caches; tensor cores, f32 softmax."""
+    f16 / bf16, GQA / MQA / MHA, causal or not, strided KV caches, dense or variable length;
+    tensor cores, f32 softmax."""
 
     supported_args_type = AttentionArguments
     source_file = "attention_decode.cu"
@@ -148,17 +151,19 @@ class CudaAttentionDecode(CudaSourceKernel):
         super().__init__(metadata, params)
         self.dtype: DataType = params["dtype"]
         self.head_dim: int = params["head_dim"]
+        self.varlen: bool = params["layout"] == "varlen"
         #: A fixed split count (`SPLITS`) or None to let `plan` choose: settable for benchmarks.
         self.splits: int | None = None
 
     # ---- generation ---------------------------------------------------------------------------
     @classmethod
     def variant_params(cls) -> list[dict]:
-        return [dict(dtype=dt, head_dim=d) for dt in _TYPES for d in HEAD_DIMS]
+        return [dict(dtype=dt, head_dim=d, layout=layout) for layout in _LAYOUTS for dt in _TYPES for d in HEAD_DIMS]
 
     @classmethod
     def instance_name(cls, params: dict) -> str:
-        return f"{cls.__name__}_{params['dtype']}_d{params['head_dim']}"
+        layout = "" if params["layout"] == "dense" else f"_{params['layout']}"
+        return f"{cls.__name__}_{params['dtype']}_d{params['head_dim']}{layout}"
 
     @classmethod
     def check_definition(cls) -> None:
@@ -167,7 +172,7 @@ class CudaAttentionDecode(CudaSourceKernel):
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
         dt, d = params["dtype"], params["head_dim"]
-        attrs = TensorAttributes(dt, _DENSE, _VECTOR)
+        attrs = TensorAttributes(dt, _LAYOUTS[params["layout"]], _VECTOR)
         operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,))
         design = BLASDesignMetadata((16, BLOCK_KEYS, d), stages=STAGES, schedule="split-kv",
                                     extra=(("max_seqlen_q", MAX_SEQLEN_Q), ("splits", SPLITS)))
@@ -175,16 +180,15 @@ class CudaAttentionDecode(CudaSourceKernel):
 
     # ---- support ------------------------------------------------------------------------------
     def _supports(self, args: AttentionArguments) -> Status:
-        name = self.metadata.kernel_name
         if args.device.type == "cpu":  # (meta tensors plan and compile like CUDA ones)
-            return Status.fail(f"{name}: operand q is on the CPU; the kernel runs on CUDA tensors")
+            return Status.fail("operand q: on the CPU; the kernel runs on CUDA tensors", operand="q")
         if args.seqlen_q > MAX_SEQLEN_Q:
-            return Status.fail(f"{name}: seqlen_q={args.seqlen_q} above the decode kernel's {MAX_SEQLEN_Q} (a "
+            return Status.fail(f"operand q: seqlen_q={args.seqlen_q} above the decode kernel's {MAX_SEQLEN_Q} (a "
                                f"prefill kernel serves it)", kind=Reason.SHAPE, operand="q",
                                actual=args.seqlen_q, required=MAX_SEQLEN_Q)
         if plan(args, planning_sm_count(args.device), self.splits).grid > MAX_GRID_X:
-            return Status.fail(f"{name}: batch={args.batch:,} x {args.heads_kv} KV heads need more CTAs than the "
-                               f"grid's x limit of 2^31-1")
+            return Status.fail(f"operand q: batch={args.batch:,} x {args.heads_kv} KV heads need more CTAs than the "
+                               f"grid's x limit of 2^31-1", kind=Reason.SHAPE, operand="q")
         return Status.success()
 
     # ---- compile: the template for this shape ------------------------------------------------
@@ -219,15 +223,18 @@ class CudaAttentionDecode(CudaSourceKernel):
 
     # ---- launch -------------------------------------------------------------------------------
     def _launch(self, args: AttentionArguments, artifact: Any) -> tuple[int, tuple[int, ...]] | None:
-        """The grid and the parameters after the four pointers; None when there is nothing to do."""
+        """The grid and the parameters after q, k, v and out (the sequence offsets' pointers, 0
+        for the dense layout, then the sizes and strides); None when there is nothing to do."""
         if args.batch == 0 or args.seqlen_q == 0:
             return None
         build = artifact.extra
         p = plan(args, planning_sm_count(args.device), build.cl, build.mw)
         q, k, v, o = args.q, args.k, args.v, args.out
-        params = (args.heads_kv, args.heads_q // args.heads_kv, args.seqlen_q, args.seqlen_k, p.row_blocks,
+        cu = (args.cu_seqlens_q.data_ptr(), args.cu_seqlens_k.data_ptr()) if args.varlen else (0, 0)
+        strides = [t.stride()[:3] if not args.varlen else (0, *t.stride()[:2]) for t in (q, k, v, o)]
+        params = (*cu, args.heads_kv, args.heads_q // args.heads_kv, args.seqlen_q, args.seqlen_k, p.row_blocks,
                   p.keys_per_split, int(args.causal), _scale_bits(args.scale),
-                  *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
+                  *strides[0], *strides[1], *strides[2], *strides[3])
         return p.grid, params
 
     def _run(self, args: AttentionArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
@@ -243,7 +250,7 @@ class CudaAttentionDecode(CudaSourceKernel):
                                      shared_bytes(self.head_dim), pointers + params)
 
     def _launcher(self, args: AttentionArguments, artifact: Any) -> Launcher | None:
-        launch = self._launch(args, artifact)
+        launch = None if args.varlen else self._launch(args, artifact)  # (varlen: the offsets are no operand)
         if launch is None:
             return None
         grid, params = launch
