@@ -1,0 +1,187 @@
+"""Attention forward and forward+backward: ``kernel_api.ops.attention`` (the policy's choice
+over every provider, and each provider alone) against ``torch.nn.functional.scaled_dot_product_attention``
+under autograd (its default backend: cuDNN on an H200 with torch 2.11), SDPA's flash backend, and
+FlashAttention-4's own ``flash_attn_func`` when importable, in one process.
+
+Each case times the contestants alternately (`house_timing.time_group`: shuffled order, each
+launch between its own CUDA events, queued behind a sleep kernel), on operand sets rotated past
+the L2 cache, and prints TFLOP/s (forward ``4 b h sq sk d``, halved for causal; the backward
+2.5 times that) and each contestant's speed against SDPA's default (ratio > 1: faster). SDPA
+takes its natural (batch, heads, seqlen, head_dim) tensors; kernel_api and FA4 FlashAttention's
+(batch, seqlen, heads, head_dim). A forward+backward launch is the forward with gradients
+wanted, then ``torch.autograd.grad`` of q, k and v for a fixed output gradient.
+
+    python3 benchmarks/attention.py [--quick] [--repeat N] [--tag TAG]
+
+JSON: benchmarks/results/attention-<device>[-<tag>].json (and $OUT when set); one line per case
+and mode is printed as it finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import results_io  # noqa: E402
+from house_timing import time_group  # noqa: E402
+
+import kernel_api  # noqa: E402
+from kernel_api import ops  # noqa: E402
+
+#: Operand bytes rotated through per case: past the H200's L2 several times over.
+ROTATE_BYTES = 256 << 20
+#: The issue's shapes: (batch, heads, seqlen, head_dim, causal)
+CASES = [(4, 32, 4096, 128, True), (4, 32, 4096, 128, False), (16, 16, 1024, 64, True)]
+#: The backward's FLOPs against the forward's (five matmuls against two).
+BACKWARD_FLOPS = 2.5
+
+
+def _flash_attn_plugin() -> str | None:
+    """Load the FA4 plugin from examples/plugins when its library imports; its provider name."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "plugins",
+                          "kernel-api-flash-attn")
+    sys.path.insert(0, folder)
+    try:
+        import kernel_api_flash_attn  # noqa: F401  (registers the flash_attn provider)
+    except Exception as exc:  # noqa: BLE001 - FA4 absent or broken here: its contestants are left out
+        print(f"FA4 plugin not loaded: {type(exc).__name__}: {exc}")
+        return None
+    return "flash_attn"
+
+
+def _fa4_func() -> Callable | None:
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:  # noqa: BLE001
+        return None
+    return flash_attn_func
+
+
+def _sdpa(backend: Any) -> Callable:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        if backend is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        from torch.nn.attention import sdpa_kernel
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def _ops(providers: list[str] | None) -> Callable:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        if providers is None:
+            return ops.attention(q, k, v, causal=causal)
+        with kernel_api.settings(providers=providers):
+            return ops.attention(q, k, v, causal=causal)
+    return run
+
+
+def _fa4(func: Callable) -> Callable:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        out = func(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+    return run
+
+
+def contestants(fa4_provider: str | None) -> dict[str, tuple[str, Callable]]:
+    """name -> (layout "bhsd" or "bshd", run(q, k, v, causal) -> out)."""
+    from torch.nn.attention import SDPBackend
+    found = {"sdpa": ("bhsd", _sdpa(None)), "sdpa_flash": ("bhsd", _sdpa(SDPBackend.FLASH_ATTENTION)),
+             "ops": ("bshd", _ops(None)), "ops_torch": ("bshd", _ops(["torch"]))}
+    if fa4_provider is not None:
+        found["ops_fa4"] = ("bshd", _ops([fa4_provider]))
+    func = _fa4_func()
+    if func is not None:
+        found["fa4"] = ("bshd", _fa4(func))
+    return found
+
+
+def _sets(b: int, h: int, s: int, d: int, layout: str, count: int, grad: bool) -> list[tuple]:
+    shape = (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    made = []
+    for _ in range(count):
+        q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        made.append((q.requires_grad_(grad), k.requires_grad_(grad), v.requires_grad_(grad), do))
+    return made
+
+
+def _launcher(run: Callable, sets: list[tuple], causal: bool, backward: bool) -> Callable[[int], Any]:
+    def forward(i: int) -> Any:
+        q, k, v, _ = sets[i % len(sets)]
+        with torch.no_grad():
+            return run(q, k, v, causal)
+
+    def training(i: int) -> Any:
+        q, k, v, do = sets[i % len(sets)]
+        out = run(q, k, v, causal)
+        return torch.autograd.grad(out, (q, k, v), do)
+
+    return training if backward else forward
+
+
+def flops(b: int, h: int, s: int, d: int, causal: bool, backward: bool) -> float:
+    forward = 4.0 * b * h * s * s * d / (2 if causal else 1)
+    return forward * (1 + BACKWARD_FLOPS) if backward else forward
+
+
+def _choices() -> list[str]:
+    return sorted({kernel.name for _, kernel in ops.chosen_kernels() if "Attention" in type(kernel).__name__})
+
+
+def run_case(case: tuple, names: dict, repeat: int) -> list[dict]:
+    b, h, s, d, causal = case
+    label = f"b{b} h{h} s{s} d{d} {'causal' if causal else 'full'}"
+    per_set = 4 * b * h * s * d * 2
+    count = max(2, math.ceil(ROTATE_BYTES / per_set))
+    rows = []
+    for backward in (False, True):
+        ops.clear_dispatch_cache()
+        sets = {layout: _sets(b, h, s, d, layout, count, backward) for layout in ("bhsd", "bshd")}
+        fns = {name: _launcher(run, sets[layout], causal, backward) for name, (layout, run) in names.items()}
+        for fn in fns.values():  # first calls: choices, FA4's compiles
+            fn(0)
+        torch.cuda.synchronize()
+        chosen = _choices()
+        times, behind = time_group(fns, repeat)
+        work = flops(b, h, s, d, causal, backward)
+        mode = "fwd+bwd" if backward else "fwd"
+        tflops = {n: work / (t * 1e-3) / 1e12 for n, t in times.items()}
+        ratios = {n: times["sdpa"] / t for n, t in times.items()}
+        rows.append({"case": label, "mode": mode, "ms": times, "tflops": tflops, "vs_sdpa": ratios,
+                     "chosen": chosen, "host_behind": behind, "sets": count})
+        parts = "  ".join(f"{n} {tflops[n]:.0f} ({ratios[n]:.2f}x)" for n in names)
+        print(f"{label} {mode}: TFLOP/s (vs sdpa) {parts}  ops chose {chosen}{'  [host behind]' if behind else ''}",
+              flush=True)
+        del sets, fns
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (the same shapes)")
+    parser.add_argument("--repeat", type=int, default=None, help="timed launches per contestant")
+    parser.add_argument("--tag", default="", help="suffix of the JSON file name")
+    opts = parser.parse_args()
+    repeat = opts.repeat or (10 if opts.quick else 30)
+    names = contestants(_flash_attn_plugin())
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; contestants {list(names)}", flush=True)
+    rows = []
+    for case in CASES:
+        rows.extend(run_case(case, names, repeat))
+    doc = results_io.result_doc(repeat=repeat, contestants=list(names), rows=rows)
+    paths = results_io.write_result(results_io.result_name("attention", torch.cuda.get_device_name(), opts.tag), doc)
+    print("wrote", *paths)
+
+
+if __name__ == "__main__":
+    main()
