@@ -188,9 +188,9 @@ class TorchAttention(TorchKernel):
             getattr(self, f"_run_{self.backend}")(args, args.q, args.k, args.v, args.out, args.lse)
 
     def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
-        """Dense CUDA calls of the backends with a log-sum-exp (the operands are all the call
-        takes); variable length keeps its offsets outside the operands."""
-        if args.varlen or args.device.type != "cuda" or not BACKENDS[self.backend].lse:
+        """Dense CUDA calls (the operands are all a call takes); variable length keeps its
+        offsets outside the operands."""
+        if args.varlen or args.device.type != "cuda":
             return None
         run, scalars = getattr(self, f"_run_{self.backend}"), Scalars(args)
 

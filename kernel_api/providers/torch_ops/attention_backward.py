@@ -43,8 +43,8 @@ def _random_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The unused random-state operands of the aten backward ops (no dropout), one pair per device."""
     found = _placeholders.get(device)
     if found is None:
-        found = _placeholders[device] = (torch.zeros(2, dtype=torch.uint64, device=device),
-                                         torch.zeros((), dtype=torch.uint64, device=device))
+        found = _placeholders[device] = (torch.empty(2, dtype=torch.uint64, device=device),
+                                         torch.empty((), dtype=torch.uint64, device=device))
     return found
 
 
@@ -92,7 +92,7 @@ class TorchAttentionBackward(TorchKernel):
 
     def _launcher(self, args: AttentionBackwardArguments, artifact: CompiledArtifact) -> Launcher | None:
         """Dense CUDA calls (variable length keeps its offsets outside the operands)."""
-        if args.varlen or args.device.type != "cuda" or self.backend == "math":
+        if args.varlen or args.device.type != "cuda":
             return None
         run, scalars = getattr(self, f"_run_{self.backend}"), Scalars(args)
 
