@@ -289,3 +289,35 @@ def test_sm90_whole_inputs_staged_or_elementwise(config, kind):
     want = evaluate(parse(src), A.double() @ B.double(), ops)
     check(out, want["D"], torch.bfloat16, f"D ({kind}, {config})")
     assert_padding_untouched(out_buf, out)
+
+
+@pytest.mark.parametrize("config", ["tile128x128x64_cluster2x1_pingpong_swz8m", "tile128x256x64_cluster2x1_cooperative"])
+@pytest.mark.parametrize("kind", ["bf16_row", "f32_row", "f16_col", "misaligned"])
+def test_sm90_extra_outputs_staged_or_elementwise(config, kind):
+    """Extra (L, M, N) outputs of the SM90 kernel: 16-byte aligned ones are stored by TMA through
+    shared memory as D is, the others element-wise; the padding around each stays untouched."""
+    L, M, N, K = 2, 1000, 1048, 136
+    A, _ = matrix((L,), M, K, "t", torch.bfloat16)
+    B, _ = matrix((L,), K, N, "t", torch.bfloat16)
+    out, out_buf = matrix((L,), M, N, "n", torch.bfloat16, fill=float("nan"))
+    dtype = {"f32_row": torch.float32, "f16_col": torch.float16}.get(kind, torch.bfloat16)
+    if kind == "misaligned":
+        z_buf = torch.full((L, M, _round8(N) + 8), float("nan"), device="cuda", dtype=dtype)
+        z = z_buf[..., 1:N + 1]
+    else:
+        z, z_buf = matrix((L,), M, N, "n" if kind == "f16_col" else "t", dtype, fill=float("nan"))
+    src = "def epi(accum, C): z = accum + C; D = relu(z); return D, z"
+    ops = dict(C=_input("bf16_row", L, M, N))
+    args = GemmArguments(A, B, out, epilogue=EpilogueArguments(src, z=z, **ops))
+    assert args.epilogue_signature.operand_keys[-1].align == (2 if kind == "misaligned" else 16)
+    cls, _ = EMITTERS["sm90"]
+    found = [k for k in kernel_api.get_kernels(args) if k.name.startswith(cls + "_") and config in k.name]
+    if not found:
+        pytest.skip(f"no {cls} {config} instance takes {args!r} on this GPU")
+    found[0].run(args)
+    torch.cuda.synchronize()
+    want = evaluate(parse(src), A.double() @ B.double(), ops)
+    check(out, want["D"], torch.bfloat16, f"D ({kind}, {config})")
+    check(z, want["z"], dtype, f"z ({kind}, {config})")
+    assert_padding_untouched(out_buf, out)
+    assert_padding_untouched(z_buf, z)

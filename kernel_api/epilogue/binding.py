@@ -9,8 +9,9 @@ Reduction outputs are (L, M, N) views too, with the stride 0 on the reduced mode
 batches are folded), so an element's reduction target is its own coordinate's address.
 
 What a kernel depends on is `BoundEpilogue.key`: the graph's structure and, per operand, its
-kind, element type and stride pattern, and for a tensor read over the whole (M, N) output its
-alignment (`OperandKey.align`: a kernel may then copy its tiles in bulk, as TMA does on SM90);
+kind, element type and stride pattern, and for a tensor read over the whole (M, N) output or
+written its alignment (`OperandKey.align`: a kernel may then copy its tiles in bulk, as TMA
+does on SM90);
 scalar values and literals are runtime inputs.
 """
 
@@ -38,10 +39,10 @@ class OperandKey:
     tensor read), "store" (an extra output written) or "reduce" (an output reduced into);
     ``dtype`` its element type (None for a scalar); ``pattern`` its (L, M, N) stride pattern
     (0 broadcast, 1 unit, -1 any); ``axis`` a reduction's ("row", "column", "all");
-    ``align``, for a "load" varying along both M and N: the largest of 1, 2, 4, 8, 16 bytes
-    that divides its address and the byte size of each stride other than 0 and 1 (None for
-    other operands). Kernels that copy such an input in tiles (SM90's TMA needs 16) choose
-    that path at compile time from it."""
+    ``align``, for a "load" varying along both M and N and for a "store": the largest of 1,
+    2, 4, 8, 16 bytes that divides its address and the byte size of each stride other than 0
+    and 1 (None for other operands). Kernels that copy such a tensor in tiles (SM90's TMA
+    needs 16) choose that path at compile time from it."""
 
     kind: str
     dtype: DataType | None = None
@@ -191,7 +192,7 @@ def bind(graph: EpilogueGraph, values: dict[str, Any], out: torch.Tensor, L: int
                 raise EpilogueError(f"operand {name}: dtype {t.dtype} is not one an epilogue writes "
                                     f"({', '.join(sorted(str(t) for t in OUTPUT_TYPES))})")
             view = _lmn_view(t, shape, name, False)
-            keys.append(OperandKey("store", dtype, _pattern(view)))
+            keys.append(OperandKey("store", dtype, _pattern(view), align=_align(view)))
             operands.append(view)
     operands.extend(graph.literals)
     key = (graph.structure, tuple(keys))

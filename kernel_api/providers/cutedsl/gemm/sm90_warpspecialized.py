@@ -41,7 +41,7 @@ from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from ..kernel import fake_tensor
 from .common import (FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation,
-                     epilogue_tail, launch_workspace, tma_loadable)
+                     epilogue_tail, launch_workspace, tma_loadable, tma_storable)
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
 SM90_SMEM_BYTES = 232448
@@ -283,25 +283,33 @@ def plan_stages(cfg: Sm90Config, ab_type: DataType, out_type: DataType) -> tuple
 MAX_INPUT_STAGES = 4
 
 
-def plan_input_stages(cfg: Sm90Config, ab_type: DataType, out_type: DataType,
-                      input_bytes: int) -> tuple[int, int, int]:
-    """(A/B stages, epilogue stages, staged-input stages) when an epilogue function loads
-    inputs of ``input_bytes`` bytes per element in all (`common.tma_loadable`) in tiles
-    through shared memory: one epilogue subtile of each per slot, `MAX_INPUT_STAGES` per ring
-    at most and at least 2, taking what `plan_stages` leaves and A/B stages beyond that (the
-    most A/B stages that leave room for 2 slots); (…, 0) when even 2 A/B stages leave none."""
+def plan_staged(cfg: Sm90Config, ab_type: DataType, out_type: DataType, input_bytes: int,
+                output_bytes: int) -> tuple[int, int, int, bool]:
+    """(A/B stages, epilogue stages, staged-input stages, whether extra outputs are staged) when
+    an epilogue function's inputs of ``input_bytes`` bytes per element in all
+    (`common.tma_loadable`) are loaded in tiles through shared memory, and its extra outputs of
+    ``output_bytes`` (`common.tma_storable`) stored in tiles through rings as deep as D's.
+    Inputs get one epilogue subtile of each per slot, `MAX_INPUT_STAGES` per ring at most and
+    at least 2, taking what `plan_stages` leaves and A/B stages beyond that (the most A/B stages
+    that leave room for the output rings and 2 input slots); nothing is staged when even 2 A/B
+    stages leave no room."""
     ab_stages, epi_stages, epi_tile = plan_stages(cfg, ab_type, out_type)
     rings = 2 if cfg.schedule == "pingpong" else 1
     subtiles = (cfg.tile_mn[0] // epi_tile[0]) * (cfg.tile_mn[1] // epi_tile[1])
-    slot_bytes = epi_tile[0] * epi_tile[1] * input_bytes * rings
-    epi_bytes = epi_tile[0] * epi_tile[1] * out_type.bytes * rings * epi_stages
+    area = epi_tile[0] * epi_tile[1] * rings
+    epi_bytes = area * (out_type.bytes + output_bytes) * epi_stages
     ab_stage_bytes = (cfg.tile_mn[0] + cfg.tile_mn[1]) * k_tile(ab_type) * ab_type.bytes
-    budget = SM90_SMEM_BYTES - 2 * _BARRIER_BYTES  # (the slots' mbarriers pad to another 1 KB)
+    budget = SM90_SMEM_BYTES - 2 * _BARRIER_BYTES  # (the input slots' mbarriers pad to another 1 KB)
     for ab in range(ab_stages, 1, -1):
-        fit = (budget - ab * ab_stage_bytes - epi_bytes) // slot_bytes
+        left = budget - ab * ab_stage_bytes - epi_bytes
+        if left < 0:
+            continue
+        if not input_bytes:
+            return ab, epi_stages, 0, output_bytes > 0
+        fit = left // (area * input_bytes)
         if fit >= 2:
-            return ab, epi_stages, min(fit, MAX_INPUT_STAGES, subtiles)
-    return ab_stages, epi_stages, 0
+            return ab, epi_stages, min(fit, MAX_INPUT_STAGES, subtiles), output_bytes > 0
+    return ab_stages, epi_stages, 0, False
 
 
 _max_clusters: dict[tuple[int, int], int] = {}
@@ -568,12 +576,14 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         impl = Sm90WarpSpecializedGemmImpl if spec.fusion is None else Sm90FusedEpilogueGemmImpl
         ab_stages, epi_stages, staged = self.ab_stages, self.epi_stages, {}
         if spec.fusion is not None:
-            # an epilogue function's inputs TMA can load go through shared memory (`plan_input_stages`)
+            # an epilogue function's tensors TMA can load or store go through shared memory (`plan_staged`)
             input_bytes = sum(key.dtype.bytes for key in spec.fusion[1] if tma_loadable(key))
-            if input_bytes:
+            output_bytes = sum(key.dtype.bytes for key in spec.fusion[1] if tma_storable(key))
+            if input_bytes or output_bytes:
                 ops = self.metadata.operands
-                ab_stages, epi_stages, in_stages = plan_input_stages(cfg, ops.A.dtype, ops.out.dtype, input_bytes)
-                staged = {"in_stages": in_stages}
+                ab_stages, epi_stages, in_stages, outputs = plan_staged(cfg, ops.A.dtype, ops.out.dtype, input_bytes,
+                                                                        output_bytes)
+                staged = {"in_stages": in_stages, "stage_outputs": outputs}
         return impl(cfg.tile_mn, cfg.cluster_mn, cfg.schedule, cfg.swizzle,
                                            cfg.raster_along_m, ab_stages, epi_stages,
                                            spec, cfg.epi_n,

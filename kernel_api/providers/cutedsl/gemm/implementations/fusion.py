@@ -33,7 +33,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from ..common import TMA_ALIGN, tma_loadable
+from ..common import TMA_ALIGN, tma_loadable, tma_storable
 
 _TYPES = {"f16": cutlass.Float16, "bf16": cutlass.BFloat16, "f32": Float32}
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
@@ -57,6 +57,9 @@ class FusionPlan:
         self.reductions = any(self.nodes[i][0] == "reduce" for i in self.aux)
         #: the parameters a TMA kernel may load in tiles (`tma_loadable`), in parameter order
         self.staged = tuple(i for i, key in enumerate(self.operands[:self.n_params]) if tma_loadable(key))
+        #: the extra outputs (operand slots) a TMA kernel may store in tiles (`tma_storable`)
+        self.staged_out = tuple(self.n_params + j for j in range(len(self.aux))
+                                if tma_storable(self.operands[self.n_params + j]))
 
     def __repr__(self) -> str:  # (stable: part of the compiled artifact's key)
         return f"FusionPlan({self.key!r})"
@@ -126,14 +129,17 @@ def _reduce_if(t: cute.Tensor, batch, m, n, value, inside, op: cutlass.Constexpr
             cute.arch.atomic_fmin(ptr.llvm_ptr, v)
 
 
-def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands, deferred=None, shared=None):
+def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands, deferred=None, shared=None,
+            captured=None):
     """The epilogue of one accumulator element ``acc`` (f32 or f64: the type the math runs in)
     at output coordinate (batch, m, n) of an output with ``m_total`` x ``n_total`` columns:
     loads, computes, stores the extra outputs and reductions, and returns the value of ``D``
     (in ``acc``'s type). With ``deferred`` (a list), reductions are not issued but appended
     to it as (output slot, op, value, inside) for `reduce_fragment`. ``shared``: node index ->
     value of inputs already loaded: broadcast ones loaded for another element of the same row /
-    column (`_SharedLoads`), tiles the GEMM staged (`apply_fragment`'s ``staged``)."""
+    column (`_SharedLoads`), tiles the GEMM staged (`apply_fragment`'s ``staged``). ``captured``:
+    operand slot -> None for extra outputs the GEMM stores itself: their values are put there
+    instead of stored."""
     t = type(acc)
     values = []
     clamped = None
@@ -176,6 +182,8 @@ def element(plan: FusionPlan, acc, batch, m, n, m_total, n_total, operands, defe
                 _reduce_if(operands[slot], batch, m, n, values[args[0]], inside, attr[0])
             else:
                 deferred.append((slot, attr[0], values[args[0]], inside))
+        elif captured is not None and slot in captured:
+            captured[slot] = values[index]
         else:
             _store_if(operands[slot], batch, m, n, values[index], inside)
     return values[plan.d_index]
@@ -289,12 +297,15 @@ class _SharedLoads:
         return values
 
 
-def apply_fragment(plan: FusionPlan, frag, coords, row0, col0, batch, m_total, n_total, operands, staged=None):
+def apply_fragment(plan: FusionPlan, frag, coords, row0, col0, batch, m_total, n_total, operands, staged=None,
+                   outputs=None):
     """The epilogue on every element of the register fragment ``frag`` (in place: each value
     becomes its ``D``), element v at (row0, col0) + ``coords[v]`` (a partitioned identity
     tensor): extra loads, stores and reductions (grouped per row / column by the fragment's
     static offsets where they are static). ``staged``: parameter index -> a register fragment
-    laid out as ``frag`` holding that input's values (already loaded by the caller)."""
+    laid out as ``frag`` holding that input's values (already loaded by the caller);
+    ``outputs``: operand slot -> a register fragment laid out as ``frag`` that receives that
+    extra output's values (the caller stores it)."""
     count = cute.size(frag)
     static = static_offsets(coords.layout, count)
     offsets = static if plan.reductions else None
@@ -312,7 +323,11 @@ def apply_fragment(plan: FusionPlan, frag, coords, row0, col0, batch, m_total, n
         if staged_nodes:
             found = dict(found or {})
             found.update((index, fragment[v]) for index, fragment in staged_nodes)
-        frag[v] = element(plan, frag[v], batch, m, n, m_total, n_total, operands, items, found)
+        captured = dict.fromkeys(outputs) if outputs else None
+        frag[v] = element(plan, frag[v], batch, m, n, m_total, n_total, operands, items, found, captured)
+        if outputs:
+            for slot, fragment in outputs.items():
+                fragment[v] = captured[slot].to(fragment.element_type)
         deferred.append(items)
         crds.append((m, n))
     if offsets is not None:

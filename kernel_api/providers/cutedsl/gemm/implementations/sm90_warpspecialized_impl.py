@@ -159,6 +159,7 @@ class Sm90WarpSpecializedGemmImpl:
         self.fusion = None  # (an epilogue function: `Sm90FusedEpilogueGemmImpl`)
         self.staged = ()    # (its inputs loaded by TMA, and their ring depth)
         self.in_stages = 0
+        self.staged_out = ()  # (its extra outputs stored by TMA, through rings like D's)
         # f16 accumulation (f16 operands; asked for by the caller): the wgmma accumulates in f16,
         # the epilogue computes in f32 from it
         self.acc_dtype = cutlass.Float16 if acc_f16 else Float32
@@ -279,19 +280,22 @@ class Sm90WarpSpecializedGemmImpl:
         ab_stages, epi_slots = self.ab_stages, self.epi_stages * self.epi_rings
 
         in_atoms, in_tensors, in_smems = (), (), ()
-        if const_expr(self.staged):
-            in_atoms, in_tensors, in_smems = self._staged_tma(epi_operands)
-
-            fields = {
-                "mbar": cute.struct.MemRange[cutlass.Int64, ab_stages * 2],
-                "in_mbar": cute.struct.MemRange[cutlass.Int64, self.in_stages * self.epi_rings],
-                "sA": cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem)], 1024],
-                "sB": cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem)], 1024],
-                "sD": cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(epi_smem)], 1024],
-            }
-            for i, (slot, layout) in enumerate(zip(self.staged, in_smems)):
-                fields[f"sIn{i}"] = cute.struct.Align[
-                    cute.struct.MemRange[epi_operands[slot].element_type, cute.cosize(layout)], 1024]
+        out_atoms, out_tensors, out_smems = (), (), ()
+        if const_expr(len(self.staged) + len(self.staged_out) > 0):
+            in_atoms, in_tensors, in_smems = self._staged_tma(epi_operands, self.staged, self.in_stages,
+                                                              cpasync.CopyBulkTensorTileG2SOp())
+            out_atoms, out_tensors, out_smems = self._staged_tma(epi_operands, self.staged_out, self.epi_stages,
+                                                                 cpasync.CopyBulkTensorTileS2GOp())
+            fields = {"mbar": cute.struct.MemRange[cutlass.Int64, ab_stages * 2]}
+            if const_expr(len(self.staged) > 0):
+                fields["in_mbar"] = cute.struct.MemRange[cutlass.Int64, self.in_stages * self.epi_rings]
+            fields["sA"] = cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(a_smem)], 1024]
+            fields["sB"] = cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(b_smem)], 1024]
+            fields["sD"] = cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(epi_smem)], 1024]
+            for name, slots, layouts in (("sIn", self.staged, in_smems), ("sOut", self.staged_out, out_smems)):
+                for i, (slot, layout) in enumerate(zip(slots, layouts)):
+                    fields[f"{name}{i}"] = cute.struct.Align[
+                        cute.struct.MemRange[epi_operands[slot].element_type, cute.cosize(layout)], 1024]
             self.shared_storage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
         else:
             @cute.struct
@@ -306,7 +310,7 @@ class Sm90WarpSpecializedGemmImpl:
 
         self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d, tiled_mma, a_smem, b_smem, epi_smem,
                     c, mBias, alpha, beta, clusters_m, clusters_n, total_clusters, mWorkspace, epoch,
-                    epi_operands, in_atoms, in_tensors, in_smems).launch(
+                    epi_operands, in_atoms, in_tensors, in_smems, out_atoms, out_tensors, out_smems).launch(
             grid=(self.cluster_m, self.cluster_n, grid_clusters),
             block=[self.threads, 1, 1],
             cluster=(self.cluster_m, self.cluster_n, 1),
@@ -314,13 +318,14 @@ class Sm90WarpSpecializedGemmImpl:
             stream=stream,
         )
 
-    def _staged_tma(self, epi_operands):
-        """TMA load atoms, their (M, N[, L]) tensors and staged shared-memory layouts (one
-        epilogue subtile per stage, ``in_stages`` per epilogue ring) of the inputs the fused
-        epilogue loads in tiles (`fusion.FusionPlan.staged`). An input broadcast over the batch
-        (stride 0) is described as (M, N): every batch reads the same tile."""
+    def _staged_tma(self, epi_operands, slots, stages: int, op):
+        """TMA atoms (``op``: load or store), their (M, N[, L]) tensors and staged shared-memory
+        layouts (one epilogue subtile per stage, ``stages`` per epilogue ring) of the operands
+        at ``slots`` the fused epilogue loads or stores in tiles (`fusion.FusionPlan.staged`,
+        ``staged_out``). An input broadcast over the batch (stride 0) is described as (M, N):
+        every batch reads the same tile."""
         atoms, tensors, smems = [], [], []
-        for slot in self.staged:
+        for slot in slots:
             t = epi_operands[slot]
             _, m, n = t.shape
             s_l, s_m, s_n = t.stride
@@ -330,10 +335,8 @@ class Sm90WarpSpecializedGemmImpl:
                 view = cute.make_tensor(t.iterator, cute.make_layout((m, n, t.shape[0]), stride=(s_m, s_n, s_l)))
             layout = LayoutEnum.ROW_MAJOR if const_expr(self.fusion.operands[slot].pattern[2] == 1) \
                 else LayoutEnum.COL_MAJOR
-            smem = sm90_utils.make_smem_layout_epi(view.element_type, layout, self.epi_tile,
-                                                   self.in_stages * self.epi_rings)
-            atom, tensor = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), view,
-                                                       cute.slice_(smem, (None, None, 0)), self.epi_tile)
+            smem = sm90_utils.make_smem_layout_epi(view.element_type, layout, self.epi_tile, stages * self.epi_rings)
+            atom, tensor = cpasync.make_tiled_tma_atom(op, view, cute.slice_(smem, (None, None, 0)), self.epi_tile)
             atoms.append(atom)
             tensors.append(tensor)
             smems.append(smem)
@@ -530,6 +533,36 @@ class Sm90WarpSpecializedGemmImpl:
             found.append((tiled_s2r, thr_s2r.partition_S(sIn), rIn, thr_s2r.retile(rIn)))
         return tuple(found)
 
+    def _staged_out_partitions(self, copy_c_atom, etid, sOuts, rD_shape):
+        """Per staged extra output: (tiled register->shared copy, this thread's shared-memory
+        partition, its register fragment laid out as the accumulator subtile). 16-bit outputs of
+        D's majorness are written with stmatrix as D is, the others element by element."""
+        found = []
+        for i, sOut in enumerate(sOuts):
+            dtype = sOut.element_type
+            key = self.fusion.operands[self.staged_out[i]]
+            m_major = key.pattern[1] == 1
+            if const_expr(dtype.width == 16 and m_major == self.d_layout.is_m_major_c()):
+                atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(m_major, 4), dtype)
+            else:
+                atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype)
+            tiled = cute.make_tiled_copy_S(atom, copy_c_atom)
+            found.append((tiled, tiled.get_slice(etid).partition_D(sOut), cute.make_rmem_tensor(rD_shape, dtype)))
+        return tuple(found)
+
+    def _store_staged(self, out_atoms, out_tensors, sOuts, slot, sub_crd, tile_m, tile_n, batch):
+        """Issue the TMA stores of every staged extra output's subtile ``sub_crd`` of tile
+        (tile_m, tile_n, batch) from shared-memory slot ``slot`` (in D's bulk group)."""
+        for atom, tensor, sOut in zip(out_atoms, out_tensors, sOuts):
+            if const_expr(cute.rank(tensor.layout) == 3):
+                gOut = cute.local_tile(tensor, (self.tile_m, self.tile_n), (None, None, None))[
+                    (None, None, tile_m, tile_n, batch)]
+            else:
+                gOut = cute.local_tile(tensor, (self.tile_m, self.tile_n), (None, None))[(None, None, tile_m, tile_n)]
+            s_part, g_part = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sOut, 0, 2),
+                                                   cute.zipped_divide(gOut, self.epi_tile))
+            cute.copy(atom, s_part[(None, slot)], g_part[(None, sub_crd)])
+
     def _load_staged(self, in_atoms, in_tensors, sIns, in_bar, in_base, count, sub: int, tile_m, tile_n, batch):
         """Issue the TMA loads of subtile ``sub`` (static) of tile (tile_m, tile_n, batch) of every
         staged input into slot ``count`` mod ``in_stages`` of the ring at ``in_base``, all
@@ -571,15 +604,15 @@ class Sm90WarpSpecializedGemmImpl:
                epi_smem_staged: cute.ComposedLayout, mC_mnl: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
                alpha: Float32, beta: Float32, clusters_m: Int32, clusters_n: Int32, total_clusters: Int32,
                mWorkspace: Optional[cute.Tensor], epoch: cutlass.Int64, epi_operands, in_atoms, in_tensors,
-               in_smems):
+               in_smems, out_atoms, out_tensors, out_smems):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
             cpasync.prefetch_descriptor(tma_atom_d)
-            if const_expr(self.staged):
-                for atom in in_atoms:
+            if const_expr(len(self.staged) + len(self.staged_out) > 0):
+                for atom in in_atoms + out_atoms:
                     cpasync.prefetch_descriptor(atom)
 
         cluster_layout = cute.make_layout((self.cluster_m, self.cluster_n, 1))
@@ -619,6 +652,10 @@ class Sm90WarpSpecializedGemmImpl:
                         cute.arch.mbarrier_init(in_bar + s, 1)
             sIns = tuple(getattr(storage, f"sIn{i}").get_tensor(layout.outer, swizzle=layout.inner)
                          for i, layout in enumerate(in_smems))
+        sOuts = ()
+        if const_expr(len(self.staged_out) > 0):
+            sOuts = tuple(getattr(storage, f"sOut{i}").get_tensor(layout.outer, swizzle=layout.inner)
+                          for i, layout in enumerate(out_smems))
         pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, self.cluster_n), is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
@@ -755,6 +792,9 @@ class Sm90WarpSpecializedGemmImpl:
             if const_expr(self.staged):
                 staged = self._staged_partitions(copy_c_atom, etid, sIns, rD_shape)
                 in_base = cwg * self.in_stages if const_expr(self.pingpong) else 0
+            staged_out = None
+            if const_expr(len(self.staged_out) > 0):
+                staged_out = self._staged_out_partitions(copy_c_atom, etid, sOuts, rD_shape)
 
             read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
@@ -912,9 +952,12 @@ class Sm90WarpSpecializedGemmImpl:
                             values = None
                             if const_expr(self.staged):
                                 values = self._read_staged(staged, in_bar, in_base, epi_count + sub)
+                            outputs = None
+                            if const_expr(len(self.staged_out) > 0):
+                                outputs = {slot: part[2] for slot, part in zip(self.staged_out, staged_out)}
                             fusion.apply_fragment(self.fusion, tRS_rD, tRS_cD, row0 + (sub // sub_n) * epi_m,
                                                   col0 + (sub % sub_n) * epi_n, batch, m_total, n_total,
-                                                  epi_operands, values)
+                                                  epi_operands, values, outputs)
                         elif const_expr(self.scaled or self.has_c or self.bias is not None
                                         or self.activation is not None):
                             sub_row = row0 + (sub // sub_n) * epi_m
@@ -941,6 +984,9 @@ class Sm90WarpSpecializedGemmImpl:
                         tRS_rOut.store(tRS_rD.load().to(self.d_dtype))
                         slot = slot_base + (epi_count + sub) % self.epi_stages
                         cute.copy(tiled_r2s, tRS_rOut, tRS_sD[(None, None, None, slot)])
+                        if const_expr(len(self.staged_out) > 0):
+                            for tiled_o, part_o, rO in staged_out:
+                                cute.copy(tiled_o, rO, part_o[(None, None, None, slot)])
                         # make the generic-proxy smem writes visible to the TMA (async proxy)
                         cute.arch.fence_proxy("async.shared", space="cta")
                         if store_warp:
@@ -950,6 +996,9 @@ class Sm90WarpSpecializedGemmImpl:
                         if store_warp:
                             sub_crd = cute.make_layout((self.tile_m // epi_m, sub_n), stride=(sub_n, 1)).get_hier_coord(sub)
                             cute.copy(tma_atom_d, bSG_sD[(None, slot)], bSG_gD[(None, sub_crd)])
+                            if const_expr(len(self.staged_out) > 0):
+                                self._store_staged(out_atoms, out_tensors, sOuts, slot, sub_crd, tile_m, tile_n,
+                                                   batch)
                             cute.arch.cp_async_bulk_commit_group()
                             if const_expr(sub + self.in_stages < sub_count and len(self.staged) > 0):
                                 # every thread has read this subtile's staged slot (the barrier above):
@@ -973,13 +1022,15 @@ class Sm90FusedEpilogueGemmImpl(Sm90WarpSpecializedGemmImpl):
     The launch takes the operand tuple after the epoch. ``epilogue.fusion`` is the bound
     epilogue's key (`FusedEpilogueSignature.key`)."""
 
-    def __init__(self, *args, in_stages: int = 0, **kwargs) -> None:
+    def __init__(self, *args, in_stages: int = 0, stage_outputs: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         epilogue = args[7] if len(args) > 7 else kwargs["epilogue"]
         self.fusion = fusion.FusionPlan(epilogue.fusion)
         if in_stages > 0 and self.fusion.staged:
             self.staged = self.fusion.staged
             self.in_stages = int(in_stages)
+        if stage_outputs:
+            self.staged_out = self.fusion.staged_out
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mOut: cute.Tensor, mC: Optional[cute.Tensor],
