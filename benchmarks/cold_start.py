@@ -18,8 +18,10 @@ Rows: ``gemm-first`` (the GEMM, then the softmax), ``softmax-first``, and ``clus
 the GEMM after ``sm90_warpspecialized.max_active_clusters`` has answered for cluster sizes 1, 2
 and 4 (its DSL query, timed apart), which shows the first call without that query; the
 ``probe`` row times `cluster_occupancy.max_active_clusters`, the query without the DSL, and
-checks its answers against the DSL's. One more process profiles the first GEMM (cProfile, the
-25 slowest entries by cumulative time).
+checks its answers against the DSL's. One more process profiles the first GEMM (``profile``), and
+``profile-softmax`` the first softmax (cProfile, the 25 slowest entries by cumulative time). Each
+row also counts the modules under ``kernel_api.providers`` imported by the end of each first call
+(discovery imports only the kernel modules declared for the operation's arguments type).
 
 Prints each process's numbers as it ends; reports medians; writes (after each row)
 benchmarks/results/cold_start-<device>.json (and $OUT/ when set), with the table and the profile
@@ -108,15 +110,16 @@ ops = {"gemm": gemm, "softmax": softmax}
 order = ["softmax", "gemm"] if row == "softmax-first" else ["gemm", "softmax"]
 if row in ("probe",):
     order = []
-if row == "profile":
+if row.startswith("profile"):
     import cProfile, io, pstats
+    op = "softmax" if row == "profile-softmax" else "gemm"
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()
-    gemm()
+    ops[op]()
     torch.cuda.synchronize()
     profile.disable()
-    result["gemm_first_s"] = time.perf_counter() - start
+    result[op + "_first_s"] = time.perf_counter() - start
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
     result["profile"] = text.getvalue()
@@ -128,6 +131,7 @@ for op in order:
     torch.cuda.synchronize()
     result[op + "_first_s"] = time.perf_counter() - start
     result["cutlass_after_" + op] = "cutlass" in sys.modules
+    result["kernel_modules_after_" + op] = sum(m.startswith("kernel_api.providers.") for m in sys.modules)
     start = time.perf_counter()
     ops[op]()
     torch.cuda.synchronize()
@@ -196,7 +200,8 @@ def summarise(rows: dict, repeats: int, size: int) -> tuple[dict, list[str]]:
         errors = [r["error"] for r in rows[row] if "error" in r]
         if errors:
             lines.append(f"    error: {errors[0][-1500:]}")
-        for key in ("gemm_rel_error", "softmax_max_error", "clusters", "dsl_clusters", "dsl_cluster_fallbacks"):
+        for key in ("kernel_modules_after_gemm", "kernel_modules_after_softmax", "gemm_rel_error",
+                    "softmax_max_error", "clusters", "dsl_clusters", "dsl_cluster_fallbacks"):
             found = [r[key] for r in rows[row] if key in r]
             if found:
                 lines.append(f"    {key}: {found[0]}")
@@ -224,7 +229,8 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
     plan = [("warm-up (cold cache)", "gemm-first", 1)]
-    plan += [(row, row, 1 if row in ("profile", "probe") else options.repeats) for row in options.rows.split(",")]
+    plan += [(row, row, 1 if row.startswith("profile") or row == "probe" else options.repeats)
+             for row in options.rows.split(",")]
     rows: dict[str, list[dict]] = {}
     for label, row, count in plan:
         for _ in range(count):
@@ -237,7 +243,8 @@ def main() -> None:
             print(label, json.dumps(shown), ("ERROR " + result["error"][-800:]) if "error" in result else "",
                   flush=True)
         summary, lines = summarise(rows, options.repeats, options.size)
-        profile = next((r["profile"] for r in rows.get("profile", []) if "profile" in r), "")
+        profile = "\n".join(r["profile"] for label in ("profile", "profile-softmax") for r in rows.get(label, [])
+                            if "profile" in r)
         doc = {"device": device, "torch": torch.__version__, "argv": sys.argv, "cache_dir": cache,
                "summary": summary, "processes": rows}
         paths = write_result_with_text(result_name("cold_start", device), doc, lines + ["", profile])

@@ -6,8 +6,11 @@ the one `kernel_api.get_kernels` searches. A `Provider` groups the kernel classe
 one toolchain; ``Provider.register`` is the bring-your-own-kernel decorator. Plugins are modules
 (or providers) named in the entry-point group ``kernel_api.providers``: on its first discovery
 the default registry imports the built-in providers' ``register_kernels`` modules
-(`BUILTIN_PROVIDER_MODULES`), then those plugins, once. A ``Registry()`` imports neither unless
-given a group of its own or entry points (``load_plugins``). `get_kernels` walks providers →
+(`BUILTIN_PROVIDER_MODULES`), then those plugins, once. A plugin module may declare its kernel
+modules per arguments type (``KERNEL_MODULES``, as the built-in ones do): discovery imports a
+type's the first time it is asked for that type, and all of them when it lists every kernel. A
+``Registry()`` imports neither unless given a group of its own or entry points
+(``load_plugins``). `get_kernels` walks providers →
 registered classes → generated instances → support checks, caching instance generation per
 (class, cc, epilogue kind) and metadata matches per argument signature.
 

@@ -11,6 +11,7 @@ act on the registry that is importing plugins in this context (a plugin's
 from __future__ import annotations
 
 import contextvars
+import importlib
 import inspect
 import threading
 from typing import Any, Callable, Iterable, Sequence
@@ -24,8 +25,8 @@ from .catalog import Catalog
 from .discovery import Discovery, check_query
 from .explanation import Explanation, explain_rejections, nearest_misses_error
 from .names import InstanceNames
-from .plugins import (BUILTIN_PROVIDER_MODULES, ENTRY_POINT_GROUP, EntryPointLike, PluginList,
-                      entry_point_targets, import_plugin)
+from .plugins import (BUILTIN_PROVIDER_MODULES, ENTRY_POINT_GROUP, EntryPointLike, KernelModules, PluginList,
+                      entry_point_targets, import_plugin, read_declaration)
 from .reports import FailureReports
 from .validation import is_builtin, validate_kernel_class
 from .versions import DefaultVersion
@@ -224,16 +225,17 @@ class Registry:
         return [k for k in classes if issubclass(args_type, k.supported_args_type)]
 
     def available_providers(self) -> list[str]:
-        """Names of the registered providers, in registration order (plugins loaded first).
+        """Names of the registered providers, in registration order (plugins imported first; a
+        plugin that declares its kernel modules registers its provider when it is imported).
 
         Returns:
             The names.
         """
-        self.load_plugins()
+        self._load(None, kernels=False)
         return self._catalog.names()
 
     def get_provider(self, name: str) -> type[Provider]:
-        """The provider registered as ``name`` (plugins loaded first).
+        """The provider registered as ``name`` (plugins imported first, as for `available_providers`).
 
         Args:
             name: a provider name such as "cutedsl".
@@ -241,7 +243,7 @@ class Registry:
         Returns:
             The provider class; ValueError lists the available names when none has it.
         """
-        self.load_plugins()
+        self._load(None, kernels=False)
         provider = self._catalog.provider(name)
         if provider is None:
             raise ValueError(f"providers: unknown provider {name!r}; available: {self._catalog.names()}")
@@ -277,56 +279,93 @@ class Registry:
     # ---- plugins -------------------------------------------------------------------------
     @property
     def plugins_loaded(self) -> bool:
-        """Whether the registry's own plugins were imported (discovery imports them first)."""
+        """Whether the registry's own plugins were imported (discovery imports them first; the
+        kernel modules they declare follow per arguments type)."""
         return self._plugins.loaded
 
     def load_plugins(self, entry_points: Iterable[EntryPointLike] | None = None) -> None:
-        """Import plugins into this registry: first, once, its own (built-in modules, then the
-        entry points installed in its group), then ``entry_points``.
+        """Import plugins into this registry, with every kernel module they declare: first, once,
+        its own (built-in modules, then the entry points installed in its group), then
+        ``entry_points``.
 
         A plugin is a module (``"module"``) whose imports register providers and classes, or a
-        provider (``"module:Provider"``), registered here. While this registry imports them,
-        ``Provider.register`` and `register_provider` act on it. Whatever an import raises is
-        reported in `plugin_errors` and that plugin skipped, BaseExceptions too (``sys.exit()``,
-        GeneratorExit...): one plugin must not end the process or stop the plugins after it.
-        Except KeyboardInterrupt, which propagates (a Ctrl-C must stop the program, and one a
-        plugin raises cannot be told from it); loading counts as done only when it finished, so
-        the next discovery tries again.
+        provider (``"module:Provider"``), registered here. A module may instead declare its
+        kernel modules per arguments type (``KERNEL_MODULES``, `kernel_api.registry.plugins`):
+        discovery of one arguments type imports only that type's, and this method all of them.
+        While this registry imports them, ``Provider.register`` and `register_provider` act on
+        it. Whatever an import raises is reported in `plugin_errors` and that plugin (or kernel
+        module) skipped, BaseExceptions too (``sys.exit()``, GeneratorExit...): one plugin must
+        not end the process or stop the plugins after it. Except KeyboardInterrupt, which
+        propagates (a Ctrl-C must stop the program, and one a plugin raises cannot be told from
+        it); loading counts as done only when it finished, so the next discovery tries again.
 
         Other threads wait until loading finished, so no discovery (and no choice the ops
-        dispatch caches) sees part of the plugins. The loading thread itself may call discovery
-        from a plugin's import: it sees what is registered so far.
+        dispatch caches) sees part of the kernels it asked for. The loading thread itself may
+        call discovery from a plugin's import: it sees what is registered so far.
 
         Args:
-            entry_points: more plugins to import now (objects with ``name`` and ``value``, such
-                as `importlib.metadata.EntryPoint`); discovery passes none.
+            entry_points: more plugins to import now, whole (objects with ``name`` and
+                ``value``, such as `importlib.metadata.EntryPoint`); discovery passes none.
         """
-        if self._plugins.loaded and entry_points is None:
+        self._load(None)
+        if entry_points is not None:
+            with self._lock:
+                declarations = self._import_plugins(entry_point_targets(entry_points))
+                self._import_kernel_modules([(d.label, m) for d in declarations for m in d.for_type(None)])
+
+    def _load(self, args_type: type | None, kernels: bool = True) -> None:
+        """Import this registry's plugins once, then the kernel modules they declare for
+        ``args_type`` (None: all; ``kernels`` False: none), waiting for another thread's loading."""
+        plugins = self._plugins
+        if plugins.ready(args_type, kernels):
             return
         with self._lock:
-            plugins = self._plugins
-            if not (plugins.loaded or plugins.loading):
-                plugins.loading = True
-                try:
-                    self._import_plugins(plugins.targets(self._reports))
-                finally:
-                    plugins.loading = False
-                plugins.loaded = True
-            if entry_points is not None:
-                self._import_plugins(entry_point_targets(entry_points))
+            if plugins.busy or plugins.ready(args_type, kernels):
+                return  # busy: this thread is loading, and sees what is registered so far
+            plugins.busy = True
+            try:
+                if not plugins.loaded:
+                    plugins.declared(self._import_plugins(plugins.targets(self._reports)))
+                if kernels:
+                    self._import_kernel_modules(plugins.pending(args_type))
+                    plugins.served_now(args_type)
+            finally:
+                plugins.busy = False
 
-    def _import_plugins(self, targets: list[tuple[str, str]]) -> None:
+    def _import_plugins(self, targets: list[tuple[str, str]]) -> list[KernelModules]:
+        """Import ``targets``; the declarations of those that declare their kernel modules."""
+        declarations = []
         token = _registering_into.set(self)
         try:
             for name, value in targets:
                 try:
-                    obj = import_plugin(value)
+                    module, obj = import_plugin(value)
                     if _is_provider(obj):
                         self.register_provider(obj)
+                    declaration = read_declaration(name, module)
                 except KeyboardInterrupt:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - see load_plugins
                     self._reports.plugin_failed(f"{name} ({value})", exc)
+                else:
+                    if declaration is not None:
+                        declarations.append(declaration)
+        finally:
+            _registering_into.reset(token)
+        return declarations
+
+    def _import_kernel_modules(self, modules: list[tuple[str, str]]) -> None:
+        """Import each (plugin label, module), reporting failures as `_import_plugins` does."""
+        token = _registering_into.set(self)
+        try:
+            for label, module in modules:
+                try:
+                    importlib.import_module(module)
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - see load_plugins
+                    self._reports.plugin_failed(f"{label} ({module})", exc)
+                self._plugins.attempted.add(module)
         finally:
             _registering_into.reset(token)
 
@@ -334,7 +373,7 @@ class Registry:
         """Forget that the plugins were loaded, and their failures: the next discovery imports
         them again (tests; modules already imported are not run again)."""
         with self._lock:
-            self._plugins.loaded = False
+            self._plugins.forget()
             self._reports.forget_plugins()
 
     def plugin_errors(self) -> dict[str, str]:
@@ -369,11 +408,11 @@ class Registry:
         Returns:
             The instances whose metadata and ``_supports`` accept ``args``. A kernel class
             whose generation or support checks raise is skipped where it fails, with a warning,
-            and listed in `plugin_errors`.
+            and listed in `plugin_errors`. The first query for an arguments type imports the
+            kernel modules the plugins declare for it (with no ``args``: all of them).
         """
         check_query(args, metadata_filter, limit)
-        if not self._plugins.loaded:
-            self.load_plugins()
+        self._load(None if args is None else type(args))
         target = resolve_cc(cc, args.device if args is not None else None)
         chosen = self._catalog.providers if providers is None else self.select_providers(providers)
         return self._discovery.find(args, metadata_filter, target, chosen, limit)

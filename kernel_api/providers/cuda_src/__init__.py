@@ -30,8 +30,8 @@ the name expression, the defines and cc) and ``estimated_cost(self, args, sm_cou
 `CudaSourceKernel` sets ``compiles_from_cache_only``.
 
 A compiled kernel is loaded and launched by `kernel_api.nvrtc.CudaLauncher`; cubins are cached
-on disk (namespace ``cubin``). Built-in families are registered by importing
-``register_kernels``.
+on disk (namespace ``cubin``). ``register_kernels`` lists the built-in families' modules per
+arguments type; discovery imports (and so registers) those of the type it is asked for.
 """
 
 from ...registry import Provider, register_provider

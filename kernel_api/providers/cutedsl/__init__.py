@@ -52,7 +52,8 @@ in the built-in families. `CuteDslKernel`'s own knobs are
 Compiled functions are cached on disk (namespace ``cutedsl``) as shared libraries that
 ``tvm_ffi`` loads without importing cutlass (`artifact_loader`); a compile whose whole result
 is one cached function is remembered in ``cutedsl-compiles``, so a warm process skips running
-``compile``. Built-in families are registered by importing ``register_kernels``.
+``compile``. ``register_kernels`` lists the built-in families' modules per arguments type;
+discovery imports (and so registers) those of the type it is asked for.
 """
 
 from ...registry import Provider, register_provider

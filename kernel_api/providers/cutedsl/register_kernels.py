@@ -1,6 +1,15 @@
-"""Imports the interface modules of the CuTe DSL provider's own kernels (registering them)."""
-from .gemm import sm90_warpspecialized  # noqa: F401  Sm90WarpSpecializedGemm
-from .gemm import sm90_realigned  # noqa: F401  Sm90RealignedGemm
-from .gemm import sm80_tensorop  # noqa: F401  Sm80TensorOpGemm
-from .gemm import simt  # noqa: F401  SimtGemm
-from .softmax import row_softmax  # noqa: F401  CuteSoftmaxForward / CuteSoftmaxBackward
+"""Where the CuTe DSL provider's own kernels live: the interface modules whose import registers
+the kernel classes serving each arguments type. Discovery imports a type's modules the first
+time it is asked for that type, and all of them when it lists every kernel
+(`kernel_api.registry.plugins`); importing this module imports no kernel."""
+
+from ...arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+
+_SOFTMAX = (".softmax.row_softmax",)  # CuteSoftmaxForward / CuteSoftmaxBackward
+
+KERNEL_MODULES = {
+    # Sm90WarpSpecializedGemm, Sm90RealignedGemm, Sm80TensorOpGemm, SimtGemm
+    GemmArguments: (".gemm.sm90_warpspecialized", ".gemm.sm90_realigned", ".gemm.sm80_tensorop", ".gemm.simt"),
+    SoftmaxArguments: _SOFTMAX,
+    SoftmaxBackwardArguments: _SOFTMAX,
+}
