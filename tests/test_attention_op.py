@@ -324,6 +324,8 @@ def test_lse_is_part_of_the_signature_and_forward_kernels_without_it_decline():
     plain = AttentionArguments(q, k, v, torch.empty_like(q))
     training = AttentionArguments(q, k, v, torch.empty_like(q), torch.empty(1, 4, 4))
     assert plain.signature != training.signature and "lse" not in plain.tensor_attributes
+    assert isinstance(training, AttentionArguments) and type(training).output_names == ("out", "lse")
+    assert type(plain) is AttentionArguments and plain.output_names == ("out",)
     assert list(training.tensor_attributes) == ["q", "k", "v", "out", "lse"]
     assert [kern.name for kern in kernel_api.get_kernels(training)] == ["TorchAttention_bf16_dense_math"]
     text = kernel_api.explain(training).all()
@@ -483,6 +485,10 @@ def test_varlen_gradients_with_an_empty_sequence(cpu_launch):
 
 def test_training_forward_writes_the_lse(cpu_launch):
     q, k, v = _qkv(2, 9, 5, 4, 2, 16)
+    out, lse = torch.full_like(q, SENTINEL), torch.full((2, 4, 9), SENTINEL)
+    result = ops.call(AttentionArguments(q, k, v, out, lse, causal=True, scale=0.3))
+    assert result[0] is out and result[1] is lse
+    torch.testing.assert_close(lse.double(), reference_lse(q, k, True, 0.3), atol=1e-5, rtol=1e-5)
     out, lse = ops.attention.training_op(q, k, v, True, 0.3)
     torch.testing.assert_close(out.double(), reference(q, k, v, True, 0.3), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse.double(), reference_lse(q, k, True, 0.3), atol=1e-5, rtol=1e-5)

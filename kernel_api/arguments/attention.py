@@ -225,8 +225,9 @@ class AttentionArguments(Arguments):
         v: k's shape, dtype and device.
         out: q's shape, dtype and device (written).
         lse: optional, the row log-sum-exp to write (float32, `lse_shape`, contiguous; see the
-            module docstring): given when a backward will follow. ``ops.call`` returns ``out``
-            alone; the caller holds ``lse``.
+            module docstring): given when a backward will follow. Construction then makes an
+            `AttentionWithLseArguments`, whose outputs (what ``ops.call`` returns) are
+            ``(out, lse)``.
         causal: a bottom-right aligned causal mask (see the module docstring).
         scale: the factor on q k^T; default ``1 / sqrt(head_dim)``.
         cu_seqlens_q, cu_seqlens_k: int32 offsets of length batch + 1, both or neither.
@@ -240,6 +241,12 @@ class AttentionArguments(Arguments):
     __slots__ = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "causal", "scale", "varlen", "batch",
                  "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")
     output_names = ("out",)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "AttentionArguments":
+        lse = args[4] if len(args) > 4 else kwargs.get("lse")
+        if lse is not None and cls is AttentionArguments:
+            cls = AttentionWithLseArguments
+        return object.__new__(cls)
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor | None = None, *, causal: bool = False, scale: float | None = None,
@@ -272,3 +279,12 @@ class AttentionArguments(Arguments):
 
     def __repr__(self) -> str:
         return describe(self, type(self).__name__)
+
+
+class AttentionWithLseArguments(AttentionArguments):
+    """`AttentionArguments` given ``lse``: its outputs are ``out`` and ``lse`` (what
+    ``kernel_api.ops.call`` returns). `AttentionArguments` makes it when ``lse`` is given; users
+    name only that class."""
+
+    __slots__ = ()
+    output_names = ("out", "lse")
