@@ -18,6 +18,12 @@ layout and alignment of A and B is taken, and the products are summed to about f
 see the implementation's docstring). ``kernel_api.ops`` leaves tf32 out unless torch allows
 TF32 for matmuls (docs/kernels.md, "f32 GEMM precision").
 
+An epilogue function's whole (M, N) inputs and extra outputs that TMA can take (16- or 32-bit,
+one unit stride, 16-byte aligned: `common.tma_loadable` / `tma_storable`, decided from the
+operands' keys, so part of the artifact's key) go through shared-memory rings by TMA; their
+rings take an A/B stage where the shared memory is full (`plan_staged`). Others are read and
+written element-wise.
+
 Stream-K configurations (``_streamk_`` in the name) need a workspace (`get_workspace_size`: one
 f32 tile per CTA of the persistent grid plus completion flags); ``Kernel.run`` allocates it when
 none is given. What it reaches and what limits it: docs/performance.md, "SM90 GEMM tiles".

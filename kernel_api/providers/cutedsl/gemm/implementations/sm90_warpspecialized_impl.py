@@ -31,6 +31,14 @@ Structure of one CTA (384 threads, one CTA per SM, grid = as many clusters as fi
 - epilogue: accumulators -> (alpha, beta*C, bias, activation in f32) -> output type ->
   ``stmatrix`` into a small swizzled shared-memory ring -> TMA bulk store. TMA clips the
   ragged edges of M and N, and zero-fills out-of-bounds loads, so any M, N, K works.
+  An epilogue function (`Sm90FusedEpilogueGemmImpl`) has its whole (M, N) inputs that TMA can
+  load (16-byte aligned, one unit stride) come the same way backwards: the consumer's store warp
+  issues TMA loads of a tile's first ``in_stages`` epilogue subtiles into a per-warpgroup ring
+  before the tile's main loop (so they land under it), and refills each slot with the subtile
+  ``in_stages`` ahead once every thread has read it; each slot completes on its own mbarrier,
+  and the values reach registers laid out as the accumulator subtile (``ldmatrix`` for 16-bit
+  inputs of D's majorness). Its extra (M, N) outputs TMA can store go out as D does, from rings
+  beside D's, in D's bulk group. Other operands are read or written element-wise.
 
 Tiles are visited in a rasterised order (``swizzle`` consecutive clusters share an N column
 band, or an M band) so concurrently running CTAs reuse A/B tiles in L2. With ``stream_k``, a
@@ -1020,7 +1028,10 @@ class Sm90FusedEpilogueGemmImpl(Sm90WarpSpecializedGemmImpl):
     DAG's math, stores of the extra outputs and reductions) before the conversion to the
     output type, the stmatrix and the TMA store of ``D``, as the named epilogue's math does.
     The launch takes the operand tuple after the epoch. ``epilogue.fusion`` is the bound
-    epilogue's key (`FusedEpilogueSignature.key`)."""
+    epilogue's key (`FusedEpilogueSignature.key`). ``in_stages`` (> 0): the inputs of
+    `fusion.FusionPlan.staged` are loaded by TMA through rings of that many subtiles;
+    ``stage_outputs``: the outputs of ``staged_out`` are stored by TMA (the interface sizes
+    both with `plan_staged`)."""
 
     def __init__(self, *args, in_stages: int = 0, stage_outputs: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
