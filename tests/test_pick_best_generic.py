@@ -1,6 +1,7 @@
 """PickBest on operations other than GEMM and softmax (CPU): fresh look-alike arguments for every
 arguments type (`Arguments.random_like`), verification against float64 references or the torch
-provider's kernel, timing, and what their tuning records are keyed on.
+provider's kernel, timing, what their tuning records are keyed on, and their description to
+compile workers.
 
 PickBest runs on a pretend GPU (`CpuPickBest`: a fixed device name, CPU tensors, each candidate
 timed on a simulated clock that its calls advance, `simulated_timer`, instead of CUDA events);
@@ -10,6 +11,7 @@ kernels compute with torch, one of them slower, one of them wrong.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -23,9 +25,10 @@ from kernel_api import (AttentionArguments, CompiledArtifact, CrossEntropyArgume
 from kernel_api.metadata.activations import GatedActivationOperandsMetadata
 from kernel_api.ops import dispatch
 from kernel_api.registry import versions
-from kernel_api.tuning import policies
+from kernel_api.tuning import compile_worker, policies
 from kernel_api.tuning import reference as references
 from kernel_api.tuning.buckets import pow2_m
+from kernel_api.tuning.compile_worker import arguments_from_description, describe_arguments
 from kernel_api.tuning.records import RecordContext, TuningRecords, operation_key, record_key
 
 #: Simulated ms a call of each toy kernel takes (a kernel not listed: 1).
@@ -384,3 +387,42 @@ def test_the_shortlist_keeps_every_providers_best_ranked_kernel():
     assert policies.shortlist(ranked, 3) == [ranked[0], ranked[1], ranked[5]]
     assert policies.shortlist(ranked, 1) == [ranked[0], ranked[5]]
     assert policies.shortlist(ranked, None) == ranked and policies.shortlist(ranked, 7) == ranked
+
+
+# ---- compile workers and tune_shapes rebuild any arguments type --------------------------------
+
+def test_any_arguments_type_is_described_to_a_worker_and_rebuilt():
+    kind, description = describe_arguments(cross_entropy_in_place())
+    json.dumps(description)  # the protocol's messages are JSON
+    args = cross_entropy_in_place()
+    kind, description = describe_arguments(args)
+    on_meta = arguments_from_description(kind, description)
+    assert kind == "arguments" and type(on_meta) is type(args) and on_meta.signature == args.signature
+    assert on_meta.logits.device.type == "meta" and on_meta.grad_logits is on_meta.logits
+    on_cpu = arguments_from_description(kind, description, device="cpu")
+    assert on_cpu.problem_key() == args.problem_key() and torch.equal(on_cpu.target, args.target)
+    assert on_cpu.grad_loss.stride() == (0,) and on_cpu.device_index == -1
+
+
+def test_sequence_offsets_travel_with_their_values():
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    q, k = torch.randn(7, 4, 16), torch.randn(7, 2, 16)
+    args = AttentionArguments(q, k, torch.randn_like(k), torch.empty_like(q), causal=True, cu_seqlens_q=cu,
+                              cu_seqlens_k=cu)
+    rebuilt = arguments_from_description(*describe_arguments(args), device="cpu")
+    assert rebuilt.problem_key() == args.problem_key() and rebuilt.cu_seqlens_q.tolist() == [0, 3, 7]
+
+
+def test_class_indices_too_many_to_describe_refuse_a_rebuild_on_a_device(monkeypatch):
+    monkeypatch.setattr(compile_worker, "MAX_DESCRIBED_VALUES", 10)
+    kind, description = describe_arguments(cross_entropy())
+    arguments_from_description(kind, description)  # a compile needs no values
+    with pytest.raises(ValueError, match="operand target: its values matter"):
+        arguments_from_description(kind, description, device="cpu")
+
+
+def test_a_worker_compiles_a_non_gemm_candidate():
+    args = cross_entropy()
+    kernel = registry.get_kernels(args, providers=["torch"], cc=90)[0]
+    request = compile_worker.compile_request(kernel, 90, *describe_arguments(args))
+    assert compile_worker.compile_requests([request], 1) == [None]

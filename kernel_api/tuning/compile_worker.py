@@ -24,11 +24,14 @@ candidate anyway when it measures them.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import importlib
+import io
 import json
 import logging
 import os
+import pickle
 import select
 import struct
 import subprocess
@@ -40,7 +43,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from ..arguments import Arguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from ..arguments.base import unbound_copy
 
 logger = logging.getLogger(__name__)
 
@@ -70,15 +74,70 @@ class CompileRequest:
 
 
 # ---- argument descriptions ------------------------------------------------------------------
+#: The most elements of a tensor whose values a description carries (integer operands such as
+#: class indices, tensors outside the operands such as sequence offsets): a larger one is
+#: described without them, enough for a compile but not to rebuild on a device.
+MAX_DESCRIBED_VALUES = 1 << 16
+
+
+def _tensor(x: torch.Tensor) -> dict:
+    # The pointer's offset in elements, modulo the largest divisibility anyone checks.
+    offset = (x.data_ptr() // x.element_size()) % 128 if x.data_ptr() else 0
+    return {"shape": list(x.shape), "stride": list(x.stride()), "dtype": str(x.dtype).split(".")[-1],
+            "offset": offset}
+
+
+class _TensorFreePickler(pickle.Pickler):
+    """Pickles an arguments object whose tensor fields were taken out: any tensor left (inside
+    another object) refuses, so no device memory travels and nothing is described wrongly."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            raise pickle.PicklingError("a tensor inside another field of the arguments")
+        return NotImplemented
+
+
+def _slot_names(cls: type) -> list[str]:
+    return [name for klass in reversed(cls.__mro__) for name in getattr(klass, "__slots__", ())]
+
+
+def _describe_any(args: Arguments) -> dict | None:
+    """Any arguments type: the object pickled without its tensors (its summary, scalars and
+    type), and each tensor field described (`_tensor`): a floating operand by its layout, a
+    field that is one tensor with an earlier one by that field's name, an integer operand (class
+    indices) or a tensor outside the operands (sequence offsets) with its values too, where they
+    are at most `MAX_DESCRIBED_VALUES` (else ``values`` is None). None when that cannot be done."""
+    shell = unbound_copy(args)
+    fields: dict[str, dict] = {}
+    first: dict[int, str] = {}
+    for name in _slot_names(type(args)):
+        value = getattr(args, name, None)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if id(value) in first:
+            fields[name] = {"same_as": first[id(value)]}
+        else:
+            first[id(value)] = name
+            fields[name] = _tensor(value)
+            if name not in args.tensor_attributes or not value.is_floating_point():
+                carried = value.numel() <= MAX_DESCRIBED_VALUES and value.device.type != "meta"
+                fields[name]["values"] = value.reshape(-1).tolist() if carried else None
+        setattr(shell, name, None)
+    buffer = io.BytesIO()
+    try:
+        _TensorFreePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(shell)
+    except Exception as exc:  # an unpicklable field: compiled in the parent
+        logger.debug("%s cannot be described to a worker: %s", type(args).__name__, exc)
+        return None
+    return {"object": base64.b64encode(buffer.getvalue()).decode("ascii"), "tensors": fields}
+
+
 def describe_arguments(args: Any) -> tuple[str, dict] | None:
     """``(kind, description)`` from which `arguments_from_description` rebuilds arguments of
     the same signature (dtypes, shapes, strides, pointer alignment), or None when a worker
-    cannot rebuild them (an epilogue's extra tensors, other argument types)."""
-    def tensor(x: torch.Tensor) -> dict:
-        # The pointer's offset in elements, modulo the largest divisibility anyone checks.
-        offset = (x.data_ptr() // x.element_size()) % 128 if x.data_ptr() else 0
-        return {"shape": list(x.shape), "stride": list(x.stride()), "dtype": str(x.dtype).split(".")[-1],
-                "offset": offset}
+    cannot rebuild them (an epilogue's extra tensors). GEMM and softmax are described by their
+    operands; any other `Arguments` type as ``"arguments"`` (`_describe_any`)."""
+    tensor = _tensor
     if isinstance(args, GemmArguments):
         if args.epilogue is not None:
             return None  # epilogue tensors: compile in the parent
@@ -89,6 +148,9 @@ def describe_arguments(args: Any) -> tuple[str, dict] | None:
     if isinstance(args, SoftmaxBackwardArguments):
         return "softmax_bwd", {"grad_out": tensor(args.grad_out), "out": tensor(args.out),
                                "grad_in": tensor(args.grad_in), "dim": args.dim}
+    if isinstance(args, Arguments):
+        described = _describe_any(args)
+        return None if described is None else ("arguments", described)
     return None
 
 
@@ -113,7 +175,41 @@ def arguments_from_description(kind: str, description: dict, device: str | torch
     if kind == "softmax_bwd":
         return SoftmaxBackwardArguments(make(description["grad_out"]), make(description["out"]),
                                         make(description["grad_in"]), dim=description["dim"])
+    if kind == "arguments":
+        return _rebuild_any(description, make, torch.device(device))
     raise ValueError(f"arguments kind {kind!r} is not one a worker can rebuild")
+
+
+def _rebuild_any(description: dict, make: Callable[[dict], torch.Tensor], device: torch.device) -> Any:
+    """The arguments `_describe_any` described, their tensors made by ``make`` (on ``device``).
+
+    On a real device the arguments are moved to it: ``device``, ``device_index`` and the last
+    entry of the signature, which is the device index by the arguments types' convention
+    (choices are per device); tensors whose values matter get the described ones (ValueError
+    naming the field when they were not carried)."""
+    args = pickle.loads(base64.b64decode(description["object"]))
+    made: dict[str, torch.Tensor] = {}
+    for name, field in description["tensors"].items():
+        if "same_as" in field:
+            made[name] = made[field["same_as"]]
+        else:
+            made[name] = make(field)
+            if "values" in field and device.type != "meta":
+                if field["values"] is None:
+                    raise ValueError(f"operand {name}: its values matter and were not described (more than "
+                                     f"{MAX_DESCRIBED_VALUES} elements, or a meta tensor); tune it with PickBest().tune")
+                values = torch.tensor(field["values"], dtype=made[name].dtype).reshape(field["shape"])
+                made[name].copy_(values)
+        setattr(args, name, made[name])
+    if device.type != "meta":
+        index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda"
+                                                                else -1)
+        old = args.device_index
+        args.device, args.device_index = torch.device(device.type, index) if index >= 0 else device, index
+        signature = args.signature
+        if isinstance(signature, tuple) and signature and signature[-1] == old:
+            args.signature = signature[:-1] + (index,)
+    return args
 
 
 def importable_class(kernel_class: type) -> bool:
