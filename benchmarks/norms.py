@@ -12,8 +12,9 @@ the forward+backward (``torch.autograd.grad`` of x and weight, and bias / residu
 Every result is first checked against float64. Rates are effective TB/s: the forward moves
 x and y (and residual, s), the forward+backward 5 tensors of the rows' type (x and y, then x,
 dy and dx; the residual variant 8). Prints our ratio against each anchor, writes JSON to
-benchmarks/results/ (and $OUT). ``--sweep`` also times our kernels alone (device time) at other
-row mappings (`norm_plan` bytes per thread; the backward's threads per SM and shared-memory stages).
+benchmarks/results/ (and $OUT). ``--sweep`` times, in device time, our RMSNorm kernels at every row mapping of
+`SWEEP_FORWARD` / `SWEEP_BACKWARD` (`norm_plan` bytes per thread; the backward's threads per
+SM and shared-memory stages) against eager, Liger and QuACK (`sweep_case`).
 
     python3 benchmarks/norms.py [--shapes 16384x4096,32768x8192,4096x2048] [--variants rms,rms_residual,layer]
 """
@@ -156,43 +157,225 @@ def bench_case(rows: int, cols: int, variant: str, repeat: int, anchors: dict, u
     return entry
 
 
-def sweep_case(rows: int, cols: int) -> list[dict]:
-    """Our RMSNorm kernels alone (device time, no host cost) at other row mappings."""
+#: The sweep's row mappings, (bytes of a row per thread, resident threads per SM, stages, staged):
+#: the forward's bytes per thread, its rows in registers or staged in shared memory; the backward's
+#: bytes per thread x threads per SM x shared-memory stages (0: the next row in registers).
+SWEEP_FORWARD = tuple((b, 0, 0, staged) for b in (16, 32, 64) for staged in (False, True))
+SWEEP_BACKWARD = tuple((b, t, s, False) for b in (16, 32) for t in (512, 1024) for s in (0, 2, 3, 4, 5))
+
+
+def _quack_rmsnorm():
+    try:
+        from quack import rmsnorm  # (the package's function, not its module of the same name)
+    except Exception:  # noqa: BLE001 - not installed here: no QuACK anchor
+        return None
+    return rmsnorm
+
+
+def _sweep_kernels(cols: int, backward: bool, residual: bool, meta: bool):
+    """(knobs, kernel, args) of our bf16 RMSNorm at each sweep mapping, one per distinct launch
+    (mappings that give the same template and launch are timed once); ``meta``: on meta tensors
+    (to compile without a GPU)."""
     from kernel_api.arguments.norm import RMSNormArguments, RMSNormBackwardArguments
+    from kernel_api.providers.cuda_src.kernels import norm_plan
     from kernel_api.providers.cuda_src.kernels.norm import CudaRMSNorm, CudaRMSNormBackward
 
-    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-    dy, w = torch.randn_like(x), torch.randn(cols, device="cuda", dtype=torch.bfloat16)
-    fwd = RMSNormArguments(x, w, torch.empty_like(x), eps=EPS)
-    bwd = RMSNormBackwardArguments(dy, x, w, torch.empty_like(x), torch.empty_like(w), eps=EPS)
-    found = []
-    backward_knobs = [(b, t, s) for b in (16, 32) for t in (512, 1024) for s in (0, 3)]
-    for cls, args, knobs in ((CudaRMSNorm, fwd, [(b, 0, 0) for b in (16, 32, 64)]),
-                             (CudaRMSNormBackward, bwd, backward_knobs)):
-        name = f"{cls.__name__}_bf16_block_a8"
-        runs = {}
-        for bpt, tps, stages in knobs:
-            k = next(k for k in cls.generate_kernels(None, cc=90) if k.metadata.kernel_name == name)
-            k.bytes_per_thread, k.stages = bpt, stages
-            if tps:
-                k.threads_per_sm = tps
-            if not k.supports(args):
-                continue
-            art = k.compile(args)
-            size = k.get_workspace_size(args)
-            ws = torch.empty(max(size, 16), dtype=torch.uint8, device="cuda") if size else None
-            runs[(bpt, tps, stages)] = (lambda i, k=k, art=art, ws=ws: k.run(args, compiled_artifact=art, workspace=ws))
-        elem_traffic = (3 if cls is CudaRMSNormBackward else 2) * rows * cols * 2
-        # (the floor gives the GPU a head start, so host time between launches stays out of the samples)
-        timed = time_interleaved(runs, sets=1, warmup=5, repeat=30, gpu_floor_ms=elem_traffic / 4.8e12 * 1e3)
-        for (bpt, tps, stages), t in timed.items():
-            knob = {"kernel": name, "shape": [rows, cols], "bytes_per_thread": bpt, "threads_per_sm": tps,
-                    "stages": stages}
-            if isinstance(t, Exception):
-                found.append(dict(knob, error=str(t)[:200]))
-                continue
-            found.append(dict(knob, ms=t["median_ms"], tbs=elem_traffic / t["median_ms"] / 1e9))
+    device = "meta" if meta else "cuda"
+    x = torch.empty(2, cols, dtype=torch.bfloat16, device=device)
+    w = torch.empty(cols, dtype=torch.bfloat16, device=device)
+    if backward:
+        cls, args = CudaRMSNormBackward, RMSNormBackwardArguments(x, x, w, torch.empty_like(x), torch.empty_like(w))
+        knobs = SWEEP_BACKWARD
+    else:
+        cls = CudaRMSNorm
+        extra = dict(residual=torch.empty_like(x), residual_out=torch.empty_like(x)) if residual else {}
+        args = RMSNormArguments(x, w, torch.empty_like(x), **extra)
+        knobs = SWEEP_FORWARD
+    name = f"{cls.__name__}_bf16_block_a8"
+    seen, found = set(), []
+    for bpt, tps, stages, staged in knobs:
+        k = next(k for k in cls.generate_kernels(None, cc=90) if k.metadata.kernel_name == name)
+        k.bytes_per_thread, k.stages, k.staged = bpt, stages, staged
+        if tps:
+            k.threads_per_sm = tps
+        shape = k.shape_for(cols)
+        if shape is None or not k.supports(args, 90):
+            continue
+        threads = norm_plan.cta_threads(shape, cols, backward)
+        # (what decides the launch: the template, the CTA, CTAs per SM and the ring)
+        same = (shape, threads, max(1, tps // threads) if backward else 0, k._stages() if backward else 0,
+                k._staged(args, shape))
+        if same in seen:
+            continue
+        seen.add(same)
+        found.append(((bpt, tps, stages, staged), k, args))
     return found
+
+
+def _precompile_one(job: tuple) -> int:
+    cols, backward, residual = job
+    n = 0
+    for _, k, args in _sweep_kernels(cols, backward, residual, meta=True):
+        k.compile(args, cc=90)
+        n += 1
+    return n
+
+
+def precompile(shapes: list, workers: int) -> int:
+    """NVRTC compiles of every sweep mapping, in ``workers`` processes, into the disk cache."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
+    jobs = sorted({(cols, bwd, res) for _, cols in shapes for bwd, res in ((False, False), (False, True),
+                                                                            (True, False))})
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return sum(pool.map(_precompile_one, jobs))
+
+
+def sweep_case(rows: int, cols: int, repeat: int, use_quack: bool) -> list[dict]:
+    """Device time (`time_interleaved`, ``timing="device"``: host time hidden behind a GPU head
+    start; inputs rotated past L2) of our bf16 RMSNorm kernels at every sweep mapping, each
+    through `Kernel.run` with its compiled artifact and workspace kept, alternating in one
+    process with the anchors: the forward (and the residual form) against ``F.rms_norm``,
+    Liger and QuACK; the backward (ours: both launches) against each anchor's
+    ``torch.autograd.grad`` of x and the weight on a graph its forward recorded."""
+    elem = 2
+    touched = rows * cols * elem * 2  # (the least a call reads and writes: x and y)
+    sets = max(2, math.ceil(L2_ROTATE_BYTES / touched) + 1)
+    new = lambda: torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    xs, rs, dys = [new() for _ in range(sets)], [new() for _ in range(sets)], [new() for _ in range(sets)]
+    outs, souts, dxs = ([torch.empty_like(xs[0]) for _ in range(sets)] for _ in range(3))
+    w = (1 + 0.1 * torch.randn(cols, device="cuda")).to(torch.bfloat16)
+    gw = torch.empty_like(w)
+    liger = _liger()
+    quack = _quack_rmsnorm() if use_quack else None
+    found: list[dict] = []
+    tensors = {"fwd": 2, "fwd_residual": 4, "bwd": 3}
+
+    def record(phase: str, timed: dict, labels: dict) -> None:
+        for key, t in timed.items():
+            entry = {"phase": phase, "shape": [rows, cols], "who": labels[key][0], "config": labels[key][1]}
+            if isinstance(t, Exception):
+                entry["error"] = f"{type(t).__name__}: {t}"[:200]
+            else:
+                entry["us"] = t["median_ms"] * 1e3
+                entry["tbs"] = tensors[phase] * rows * cols * elem / t["median_ms"] / 1e9
+            found.append(entry)
+
+    def ours(backward: bool, residual: bool) -> tuple[dict, dict]:
+        from kernel_api.arguments.norm import RMSNormArguments, RMSNormBackwardArguments
+
+        if backward:
+            per_set = [RMSNormBackwardArguments(dys[i], xs[i], w, dxs[i], gw, eps=EPS) for i in range(sets)]
+        else:
+            extra = (lambda i: dict(residual=rs[i], residual_out=souts[i])) if residual else (lambda i: {})
+            per_set = [RMSNormArguments(xs[i], w, outs[i], eps=EPS, **extra(i)) for i in range(sets)]
+        runs, labels = {}, {}
+        for (bpt, tps, stages, staged), k, _ in _sweep_kernels(cols, backward, residual, meta=False):
+            art = k.compile(per_set[0])
+            size = k.get_workspace_size(per_set[0]) if backward else 0
+            ws = torch.empty(max(size, 16), dtype=torch.uint8, device="cuda") if backward else None
+            key = ("ours", bpt, tps, stages, staged)
+            runs[key] = (lambda i, k=k, art=art, ws=ws: k.run(per_set[i % sets], compiled_artifact=art, workspace=ws))
+            labels[key] = ("ours", f"bytes/thread={bpt}" + (f" threads/SM={tps} stages={stages}" if backward
+                                                             else " staged" if staged else " registers"))
+        return runs, labels
+
+    def forward_anchors(residual: bool) -> tuple[dict, dict]:
+        fns = {"eager": _eager("rms_residual" if residual else "rms")}
+        if liger:
+            fns["liger"] = liger["rms_residual" if residual else "rms"]
+        if quack is not None and not residual:  # (its residual form: one more compile of a few seconds)
+            fns["quack"] = lambda x, w, b, r: quack(x, w, eps=EPS)
+        runs = {}
+        for name, fn in fns.items():
+            def call(i, fn=fn):
+                with torch.no_grad():
+                    fn(xs[i % sets], w, None, rs[i % sets] if residual else None)
+            runs[name] = call
+        return runs, {n: (n, "") for n in runs}
+
+    def backward_anchors() -> tuple[dict, dict]:
+        fns = {"eager": _eager("rms")}
+        if liger:
+            fns["liger"] = liger["rms"]
+        if quack is not None:
+            fns["quack"] = lambda x, w, b, r: quack(x, w, eps=EPS)
+        runs = {}
+        wg = w.detach().clone().requires_grad_()
+        for name, fn in fns.items():
+            try:
+                graphs = []
+                for i in range(sets):
+                    xg = xs[i].detach().requires_grad_()
+                    graphs.append((fn(xg, wg, None, None), xg))
+            except Exception as exc:  # noqa: BLE001 - reported as this anchor's result
+                runs[name] = (lambda i, exc=exc: (_ for _ in ()).throw(exc))
+                continue
+            runs[name] = (lambda i, graphs=graphs: torch.autograd.grad(
+                graphs[i % sets][0], [graphs[i % sets][1], wg], dys[i % sets], retain_graph=True))
+        return runs, {n: (n, "") for n in runs}
+
+    floor = {"fwd": 2 * rows * cols * elem / 4.8e12 * 1e3, "fwd_residual": 4 * rows * cols * elem / 4.8e12 * 1e3,
+             "bwd": 3 * rows * cols * elem / 4.8e12 * 1e3}
+    for phase in ("fwd", "fwd_residual", "bwd"):
+        if phase == "bwd":
+            a_runs, a_labels = backward_anchors()
+            o_runs, o_labels = ours(True, False)
+        else:
+            a_runs, a_labels = forward_anchors(phase == "fwd_residual")
+            o_runs, o_labels = ours(False, phase == "fwd_residual")
+        runs, labels = {**o_runs, **a_runs}, {**o_labels, **a_labels}
+        timed = time_interleaved(runs, sets=sets, warmup=3, repeat=repeat, gpu_floor_ms=floor[phase])
+        record(phase, timed, labels)
+        if phase == "bwd":
+            found.extend(_reduce_alone(rows, cols, sets, xs, dys, dxs, w, gw, repeat))
+    return found
+
+
+def _reduce_alone(rows, cols, sets, xs, dys, dxs, w, gw, repeat) -> list[dict]:
+    """Device time of the default backward's column sums (reduce_cols) alone."""
+    from kernel_api.arguments.norm import RMSNormBackwardArguments
+    from kernel_api.providers.cuda_src.kernels import norm_plan
+    from kernel_api.providers.cuda_src.kernels.norm import CudaRMSNormBackward
+
+    k = next(k for k in CudaRMSNormBackward.generate_kernels(None, cc=90)
+             if k.metadata.kernel_name == "CudaRMSNormBackward_bf16_block_a8")
+    args = RMSNormBackwardArguments(dys[0], xs[0], w, dxs[0], gw, eps=EPS)
+    art = k.compile(args)
+    shape = art.extra.shape
+    launch = norm_plan.backward_launch(shape, rows, cols, torch.cuda.get_device_properties(0).multi_processor_count,
+                                       k.threads_per_sm)
+    ws = torch.zeros(launch.units * cols, device="cuda")
+    grid = norm_plan.reduce_grid(cols, 1)
+    stream = torch.cuda.current_stream().cuda_stream
+    run = lambda i: art.extra.reduce.launch(stream, 0, grid, norm_plan.REDUCE_THREADS, 0,  # noqa: E731
+                                            (ws.data_ptr(), gw.data_ptr(), 0, launch.units, cols))
+    t = time_interleaved({"reduce": run}, sets=1, warmup=3, repeat=repeat)["reduce"]
+    entry = {"phase": "bwd_column_sums", "shape": [rows, cols], "who": "ours", "config": f"units={launch.units}"}
+    if isinstance(t, Exception):
+        return [dict(entry, error=str(t)[:200])]
+    return [dict(entry, us=t["median_ms"] * 1e3, tbs=launch.units * cols * 4 / t["median_ms"] / 1e9)]
+
+
+def sweep_lines(found: list[dict]) -> list[str]:
+    """One line per shape, phase and configuration: device us, effective TB/s, and the ratio of
+    the best anchor's time to its (above 1: faster than every anchor)."""
+    lines = []
+    groups: dict = {}
+    for f in found:
+        groups.setdefault((tuple(f["shape"]), f["phase"]), []).append(f)
+    for (shape, phase), entries in groups.items():
+        anchors = [e["us"] for e in entries if e["who"] != "ours" and "us" in e]
+        best = min(anchors) if anchors else None
+        for e in sorted(entries, key=lambda e: e.get("us", 1e18)):
+            head = f"sweep {phase:<13} {shape[0]}x{shape[1]:<6} {e['who']:<6} {e['config']:<44}"
+            if "us" not in e:
+                lines.append(f"{head} {e['error']}")
+                continue
+            ratio = f" x_best_anchor={best / e['us']:.2f}" if best and e["who"] == "ours" else ""
+            lines.append(f"{head} {e['us']:8.1f} us {e['tbs']:5.2f} TB/s{ratio}")
+    return lines
 
 
 def _row(e: dict) -> str:
@@ -219,9 +402,16 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true", help="also time our kernels at other row mappings")
     p.add_argument("--budget-s", type=float, default=1e9, help="skip the cases left after this many seconds")
     p.add_argument("--tag", default="", help="a suffix of the result file's name")
+    p.add_argument("--sweep-repeat", type=int, default=30, help="timed rounds of the sweep")
+    p.add_argument("--no-quack", action="store_true", help="leave out the QuACK anchor of the sweep")
+    p.add_argument("--precompile", type=int, default=0, metavar="N",
+                   help="first compile every sweep mapping in N processes (into the disk cache)")
     opts = p.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in opts.shapes.split(",") if s]
     variants = [v for v in opts.variants.split(",") if v]
+    if opts.sweep and opts.precompile:
+        began = time.perf_counter()
+        print(f"precompiled {precompile(shapes, opts.precompile)} in {time.perf_counter() - began:.1f} s", flush=True)
     anchors = _liger()
     doc = results_io.result_doc(liger=bool(anchors), cases=[], sweep=[])
     start = time.perf_counter()
@@ -243,13 +433,11 @@ def main() -> None:
     if opts.sweep:
         for rows, cols in shapes:
             if time.perf_counter() - start > opts.budget_s:
-                break
-            found = sweep_case(rows, cols)
+                doc.setdefault("skipped", []).append(["sweep", rows, cols])
+                continue
+            found = sweep_case(rows, cols, opts.sweep_repeat, not opts.no_quack)
             doc["sweep"].extend(found)
-            for f in found:
-                line = (f"sweep {f['kernel']} {rows}x{cols} bytes/thread={f['bytes_per_thread']} "
-                        f"threads/SM={f['threads_per_sm']} stages={f['stages']}: "
-                        + (f"{f['tbs']:.2f} TB/s" if "tbs" in f else f["error"]))
+            for line in sweep_lines(found):
                 lines.append(line)
                 print(line, flush=True)
             results_io.write_result_with_text(name, doc, lines)

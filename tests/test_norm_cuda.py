@@ -164,3 +164,32 @@ def test_backward_workspace_and_launch():
     assert kernel.get_workspace_size(args) == 4 * grid * 4096
     layer = _by_name(CudaLayerNormBackward, "CudaLayerNormBackward_bf16_block_a8")
     assert layer.get_workspace_size(_layer_bwd((16384, 4096))) == 2 * 4 * grid * 4096
+
+
+def test_resident_launch_cuts_the_persistent_grid():
+    shape = norm_plan.template_shape("block", True, 4096, 8, 2)
+    launch = norm_plan.backward_launch(shape, 16384, 4096, 132, threads_per_sm=1024)
+    assert (launch.grid, launch.threads) == (132 * 4, 256)
+    assert norm_plan.resident_launch(launch, "block", 132 * 2) == norm_plan.Launch(264, 256, 264)
+    assert norm_plan.resident_launch(launch, "block", 10 ** 6) is launch
+    assert norm_plan.resident_launch(launch, "block", 0) is launch  # (no answer from the occupancy query)
+    warp = norm_plan.template_shape("warp", True, 512, 8, 2)
+    wide = norm_plan.backward_launch(warp, 10 ** 6, 512, 132)
+    assert norm_plan.resident_launch(wide, "warp", 100).units == 4 * 100
+
+
+def test_staged_forward_compiles_where_its_stage_fits():
+    kernel = _by_name(CudaRMSNorm, "CudaRMSNorm_bf16_block_a8")
+    kernel.staged = True
+    artifact = kernel.compile(_rms((3, 8192), residual=True), cc=90)
+    assert artifact.compiled_obj.name_expression.endswith("fwd_staged<ka_norm::BF16, ka_norm::BF16, 8, 4, false, true>")
+    assert artifact.extra.staged
+    shape = artifact.extra.shape
+    assert norm_plan.stage_bytes(shape, 256, True) == 4 * 16 * 256 * 2 <= norm_plan.STAGE_LIMIT
+    # a row whose stage exceeds the limit takes the register rows
+    long = _rms((3, 32768))
+    assert norm_plan.stage_bytes(kernel.shape_for(32768), 1024, False) > norm_plan.STAGE_LIMIT
+    assert "fwd_reg<" in kernel.name_expression(long)
+    narrow = _by_name(CudaRMSNorm, "CudaRMSNorm_bf16_block_a1")
+    narrow.staged = True  # single elements: never staged
+    assert "fwd_reg<" in narrow.name_expression(_rms((3, 4095)))

@@ -104,16 +104,20 @@ def test_forward_every_instance(kind, pair, shape, fused):
     kernels = _instances(_FORWARD[kind], args)
     assert kernels, kernel_api.explain(args)
     y_ref, s_ref = _reference(kind, x, w, b, eps, r)
-    for k in kernels:
+    # block rows of 16-byte vectors also staged in shared memory
+    runs = [(k, False) for k in kernels] + [(k, True) for k in kernels if k.vec > 1 and k.strategy == "block"]
+    for k, staged in runs:
+        k.staged = staged
         out.fill_(SENTINEL)
         if fused:
             r_out.fill_(SENTINEL)
         k.run(args)
         torch.cuda.synchronize()
-        _close(out, y_ref, dtype, k.metadata.kernel_name)
+        name = f"{k.metadata.kernel_name} staged={staged}"
+        _close(out, y_ref, dtype, name)
         _untouched(out_buf, shape)
         if fused:
-            _close(r_out, s_ref, dtype, k.metadata.kernel_name + " residual_out")
+            _close(r_out, s_ref, dtype, name + " residual_out")
             _untouched(r_buf, shape)
 
 
@@ -181,7 +185,8 @@ def test_backward_every_instance(kind, pair, shape):
     assert kernels, kernel_api.explain(args)
     dx_ref, dw_ref, db_ref = _grads_reference(kind, dy, x, w, eps)
     # register rows of 16-byte vectors also with later rows staged in shared memory
-    runs = [(k, 0) for k in kernels] + [(k, 3) for k in kernels if k.vec > 1 and k.strategy != "looped"]
+    runs = [(k, 0) for k in kernels] + [(k, s) for s in (2, 3, 5) for k in kernels
+                                        if k.vec > 1 and k.strategy != "looped"]
     for k, stages in runs:
         k.stages = stages
         dx.fill_(SENTINEL)
@@ -195,6 +200,30 @@ def test_backward_every_instance(kind, pair, shape):
         _close(gw, dw_ref, wtype, name + " grad_weight")
         if kind == "layer_norm":
             _close(gb, db_ref, wtype, name + " grad_bias")
+
+
+@pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
+def test_backward_grid_cut_to_resident_ctas(kind):
+    """More threads per SM than registers and the ring let reside: the persistent grid is cut to
+    the resident CTAs (one wave of units), and the gradients still cover every row."""
+    shape, eps = (777, 4096), 1e-5
+    x, dy = _fresh(shape, torch.bfloat16), _fresh(shape, torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(shape[-1], device="cuda")).to(torch.bfloat16)
+    dx = torch.full(shape, SENTINEL, dtype=torch.bfloat16, device="cuda")
+    gw, gb = torch.empty_like(w), torch.empty_like(w)
+    if kind == "layer_norm":
+        args = LayerNormBackwardArguments(dy, x, w, dx, gw, gb, eps=eps)
+    else:
+        args = RMSNormBackwardArguments(dy, x, w, dx, gw, eps=eps)
+    k = next(k for k in _instances(_BACKWARD[kind], args) if k.metadata.kernel_name.endswith("_block_a8"))
+    k.threads_per_sm, k.stages = 2048, 5
+    k.run(args)
+    torch.cuda.synchronize()
+    dx_ref, dw_ref, db_ref = _grads_reference(kind, dy, x, w, eps)
+    _close(dx, dx_ref, torch.bfloat16, "grad_x")
+    _close(gw, dw_ref, torch.bfloat16, "grad_weight")
+    if kind == "layer_norm":
+        _close(gb, db_ref, torch.bfloat16, "grad_bias")
 
 
 # ---- through kernel_api.ops, only this provider allowed ----
@@ -282,3 +311,24 @@ print("launched", n)
 """
     out = run_memcheck(code)
     assert "launched" in out
+
+
+def test_memcheck_default_block_rows():
+    """One forward (the residual form) and one backward of the shipped bf16 block rows under
+    memcheck, at a row count that leaves the backward's units uneven."""
+    code = r"""
+import torch
+from kernel_api.arguments.norm import *
+from kernel_api.providers.cuda_src.kernels.norm import *
+torch.manual_seed(0)
+rows, cols = 1001, 4096
+x, r, dy, y, s, dx = (torch.randn(rows, cols, device="cuda").to(torch.bfloat16) for _ in range(6))
+w = torch.randn(cols, device="cuda").to(torch.bfloat16)
+def byname(cls):
+    return next(k for k in cls.generate_kernels(None, cc=90) if k.metadata.kernel_name.endswith("_bf16_block_a8"))
+byname(CudaRMSNorm).run(RMSNormArguments(x, w, y, residual=r, residual_out=s))
+byname(CudaRMSNormBackward).run(RMSNormBackwardArguments(dy, x, w, dx, torch.empty_like(w)))
+torch.cuda.synchronize()
+print("launched", 2)
+"""
+    assert "launched" in run_memcheck(code)

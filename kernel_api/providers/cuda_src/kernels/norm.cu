@@ -17,6 +17,8 @@
 //            loading the next row while it works on the current one, and keeps its sums of
 //            dy * xhat (and dy) per column in registers, written at the end to its row of
 //            the f32 workspace (units x cols per plane).
+//   fwd_staged one CTA per row, the row copied into shared memory (cp.async) and read back at
+//            each use instead of held in registers.
 //   *_looped one CTA per row of any length; the row is read once per pass (statistics, then
 //            the output), the backward's column sums kept in its workspace row.
 //   reduce_cols sums the workspace's rows per column (a fixed order: deterministic) into
@@ -182,7 +184,9 @@ __device__ __forceinline__ void warp_sum(float (&v)[N]) {
 }
 
 // Sums over the CTA (every thread gets the same sums, added in one order); `red` holds 32 * N
-// floats. Every thread of the CTA calls it.
+// floats. Every thread of the CTA calls it. One barrier: the caller does not write `red` again
+// before every thread has read it, so consecutive calls alternate between two buffers (a call's
+// barrier is passed only once every thread has read the call before it).
 template <int N>
 __device__ __forceinline__ void block_sum(float (&v)[N], float* red) {
   warp_sum<N>(v);
@@ -200,7 +204,6 @@ __device__ __forceinline__ void block_sum(float (&v)[N], float* red) {
     for (int w = 0; w < warps; ++w) s += red[i * 32 + w];
     v[i] = s;
   }
-  __syncthreads();  // (red is reused by the next call)
 }
 
 template <int N, bool PER_WARP>
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(PER_WARP ? 128 : 1024) fwd_reg(const typename 
                                                 const typename W::raw* __restrict__ b, typename T::raw* __restrict__ y,
                                                 typename T::raw* __restrict__ s_out, i64 rows, i64 cols, i64 ld_x,
                                                 i64 ld_r, i64 ld_y, i64 ld_s, i64 eps_bits) {
-  __shared__ float red[32];
+  __shared__ float red[64];
   const int lanes = PER_WARP ? 32 : (int)blockDim.x;
   const int t = PER_WARP ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
   const i64 row = PER_WARP ? (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : (i64)blockIdx.x;
@@ -273,7 +276,7 @@ __global__ void __launch_bounds__(PER_WARP ? 128 : 1024) fwd_reg(const typename 
         }
       }
     }
-    row_sum<1, PER_WARP>(acc, red);
+    row_sum<1, PER_WARP>(acc, red + 32);
   }
   const float rstd = rsqrtf(acc[0] * inv_n + eps_of(eps_bits));
 #pragma unroll
@@ -290,6 +293,108 @@ __global__ void __launch_bounds__(PER_WARP ? 128 : 1024) fwd_reg(const typename 
       } else {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) o[k] = v[j][k] * rstd * wv[k];
+      }
+      Chunk<T, VEC>::store(y + row * ld_y + c, o);
+    }
+  }
+}
+
+// ---- forward, the row staged in shared memory -------------------------------------------
+// A CTA per row as fwd_reg's block rows, but the row's 16-byte chunks (NV per thread, and the
+// residual's) are copied asynchronously into shared memory and read back at each use, each
+// thread reading only its own chunks (no barrier): registers hold no row, so more CTAs, with
+// more loads in flight, reside on an SM. Dynamic shared memory: NV x 16 bytes x threads (x2
+// with the residual: norm_plan.stage_bytes).
+template <class T, class W, int VEC, int NV, bool CENTRED, bool RESID>
+__global__ void __launch_bounds__(1024) fwd_staged(const typename T::raw* __restrict__ x,
+                                                   const typename T::raw* __restrict__ res,
+                                                   const typename W::raw* __restrict__ w,
+                                                   const typename W::raw* __restrict__ b,
+                                                   typename T::raw* __restrict__ y, typename T::raw* __restrict__ s_out,
+                                                   i64 rows, i64 cols, i64 ld_x, i64 ld_r, i64 ld_y, i64 ld_s,
+                                                   i64 eps_bits) {
+  static_assert(Raw<T, VEC>::WIDE, "the staged rows move 16-byte chunks");
+  constexpr int CH = (int)sizeof(typename T::raw) * VEC / 16;
+  extern __shared__ uint4 staged[];
+  __shared__ float red[64];
+  const int t = (int)threadIdx.x, lanes = (int)blockDim.x;
+  const i64 row = blockIdx.x;
+  const float inv_n = 1.f / (float)cols;
+  auto slot = [&](int a, int j, int i) -> uint4* { return staged + (((a * NV + j) * CH + i) * lanes + t); };
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const i64 c = ((i64)j * lanes + t) * VEC;
+    if (c < cols) {
+      const char* xs = reinterpret_cast<const char*>(x + row * ld_x + c);
+      const char* rs = RESID ? reinterpret_cast<const char*>(res + row * ld_r + c) : nullptr;
+#pragma unroll
+      for (int i = 0; i < CH; ++i) {
+        cp_async16(slot(0, j, i), xs + 16 * i);
+        if constexpr (RESID) cp_async16(slot(1, j, i), rs + 16 * i);
+      }
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  // s = x (+ residual) of this thread's chunk j, in f32
+  auto chunk = [&](int j, float (&f)[VEC]) {
+    Raw<T, VEC> a;
+#pragma unroll
+    for (int i = 0; i < CH; ++i) a.u[i] = *slot(0, j, i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) f[k] = a.get(k);
+    if constexpr (RESID) {
+      Raw<T, VEC> r;
+#pragma unroll
+      for (int i = 0; i < CH; ++i) r.u[i] = *slot(1, j, i);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) f[k] += r.get(k);
+    }
+  };
+  float acc[1] = {0.f};
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const i64 c = ((i64)j * lanes + t) * VEC;
+    if (c < cols) {
+      float f[VEC];
+      chunk(j, f);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[0] += CENTRED ? f[k] : f[k] * f[k];
+      if constexpr (RESID) Chunk<T, VEC>::store(s_out + row * ld_s + c, f);
+    }
+  }
+  block_sum<1>(acc, red);
+  float mean = 0.f;
+  if constexpr (CENTRED) {
+    mean = acc[0] * inv_n;
+    acc[0] = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      if (((i64)j * lanes + t) * VEC < cols) {
+        float f[VEC];
+        chunk(j, f);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) acc[0] += (f[k] - mean) * (f[k] - mean);
+      }
+    }
+    block_sum<1>(acc, red + 32);
+  }
+  const float rstd = rsqrtf(acc[0] * inv_n + eps_of(eps_bits));
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const i64 c = ((i64)j * lanes + t) * VEC;
+    if (c < cols) {
+      float f[VEC], wv[VEC], o[VEC];
+      chunk(j, f);
+      Chunk<W, VEC>::load(w + c, wv, false);
+      if constexpr (CENTRED) {
+        float bv[VEC];
+        Chunk<W, VEC>::load(b + c, bv, false);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = (f[k] - mean) * rstd * wv[k] + bv[k];
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = f[k] * rstd * wv[k];
       }
       Chunk<T, VEC>::store(y + row * ld_y + c, o);
     }
@@ -316,7 +421,7 @@ __global__ void __launch_bounds__(1024) fwd_looped(const typename T::raw* __rest
                                                    typename T::raw* __restrict__ y, typename T::raw* __restrict__ s_out,
                                                    i64 rows, i64 cols, i64 ld_x, i64 ld_r, i64 ld_y, i64 ld_s,
                                                    i64 eps_bits) {
-  __shared__ float red[32];
+  __shared__ float red[64];
   const i64 row = blockIdx.x;
   const i64 step = (i64)blockDim.x * VEC;
   const float inv_n = 1.f / (float)cols;
@@ -341,7 +446,7 @@ __global__ void __launch_bounds__(1024) fwd_looped(const typename T::raw* __rest
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[0] += (v[k] - mean) * (v[k] - mean);
     }
-    block_sum<1>(acc, red);
+    block_sum<1>(acc, red + 32);
   }
   const float rstd = rsqrtf(acc[0] * inv_n + eps_of(eps_bits));
   for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
@@ -376,7 +481,8 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
                                                const typename W::raw* __restrict__ w, typename T::raw* __restrict__ dx,
                                                float* __restrict__ ws, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
                                                i64 ld_dx, i64 eps_bits) {
-  __shared__ float red[64];
+  __shared__ float red[2 * 96];  // two buffers of block_sum<3>, alternating
+  int call = 0;
   const int lanes = PER_WARP ? 32 : (int)blockDim.x;
   const int t = PER_WARP ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
   const i64 unit = PER_WARP ? (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : (i64)blockIdx.x;
@@ -475,61 +581,45 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
         }
       }
     }
-    float s[1] = {0.f};
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float v = xc[j].get(k);
-        s[0] += CENTRED ? v : v * v;
-      }
-    }
-    row_sum<1, PER_WARP>(s, red);
+    // One reduction per row for RMSNorm: sum(x^2) and sum(g * x), g = dy * w (mean(g * xhat) is
+    // rstd * mean(g * x)). LayerNorm: the mean, then sum((x - mean)^2), sum(g) and
+    // sum(g * (x - mean)) together (the variance two-pass, as the forward's).
     float mean = 0.f;
     if constexpr (CENTRED) {
-      mean = s[0] * inv_n;
-      s[0] = 0.f;
+      float m[1] = {0.f};
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
-        if (in[j]) {
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            const float d = xc[j].get(k) - mean;
-            s[0] += d * d;
-          }
-        }
+        for (int k = 0; k < VEC; ++k) m[0] += xc[j].get(k);
       }
-      row_sum<1, PER_WARP>(s, red);
+      row_sum<1, PER_WARP>(m, red + 96 * (call++ & 1));
+      mean = m[0] * inv_n;
     }
-    const float rstd = rsqrtf(s[0] * inv_n + eps);
-    float s2[2] = {0.f, 0.f};  // sum(g * xhat), sum(g), g = dy * w
+    float s3[CENTRED ? 3 : 2] = {};  // sum((x - mean)^2), sum(g * (x - mean)) [, sum(g)]
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
+      if (CENTRED && !in[j]) continue;  // (x - mean is not 0 past the row)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const float xh = (xc[j].get(k) - mean) * rstd, d = gc[j].get(k), g = d * wr[j].get(k);
-        dw[j][k] += d * xh;  // (zero past the row: d is 0 there)
-        if constexpr (CENTRED) db[j][k] += d;
-        s2[0] += g * xh;
-        s2[1] += g;
+        const float d = xc[j].get(k) - mean, g = gc[j].get(k) * wr[j].get(k);
+        s3[0] += d * d;
+        s3[1] += g * d;
+        if constexpr (CENTRED) s3[2] += g;
       }
     }
-    if constexpr (CENTRED) {
-      row_sum<2, PER_WARP>(s2, red);
-    } else {
-      float one[1] = {s2[0]};
-      row_sum<1, PER_WARP>(one, red);
-      s2[0] = one[0];
-    }
-    const float c1 = s2[0] * inv_n, c2 = CENTRED ? s2[1] * inv_n : 0.f;
+    row_sum<CENTRED ? 3 : 2, PER_WARP>(s3, red + 96 * (call++ & 1));
+    const float rstd = rsqrtf(s3[0] * inv_n + eps);
+    const float c1 = s3[1] * inv_n * rstd, c2 = CENTRED ? s3[2] * inv_n : 0.f;  // mean(g * xhat), mean(g)
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       if (in[j]) {
         float o[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float xh = (xc[j].get(k) - mean) * rstd;
-          o[k] = (gc[j].get(k) * wr[j].get(k) - c2 - xh * c1) * rstd;
+          const float xh = (xc[j].get(k) - mean) * rstd, d = gc[j].get(k);
+          dw[j][k] += d * xh;
+          if constexpr (CENTRED) db[j][k] += d;
+          o[k] = (d * wr[j].get(k) - c2 - xh * c1) * rstd;
         }
         Chunk<T, VEC>::store(dx + row * ld_dx + ((i64)j * lanes + t) * VEC, o);
       }
@@ -557,7 +647,8 @@ __global__ void __launch_bounds__(512) bwd_looped(const typename T::raw* __restr
                                                    const typename W::raw* __restrict__ w,
                                                    typename T::raw* __restrict__ dx, float* __restrict__ ws, i64 rows,
                                                    i64 cols, i64 ld_dy, i64 ld_x, i64 ld_dx, i64 eps_bits) {
-  __shared__ float red[64];
+  __shared__ float red[2 * 64];  // two buffers of block_sum<2>, alternating
+  int call = 0;
   const i64 unit = blockIdx.x, units = gridDim.x;
   const i64 step = (i64)blockDim.x * VEC;
   const float inv_n = 1.f / (float)cols;
@@ -581,7 +672,7 @@ __global__ void __launch_bounds__(512) bwd_looped(const typename T::raw* __restr
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[0] += CENTRED ? v[k] : v[k] * v[k];
     }
-    block_sum<1>(acc, red);
+    block_sum<1>(acc, red + 64 * (call++ & 1));
     float mean = 0.f;
     if constexpr (CENTRED) {
       mean = acc[0] * inv_n;
@@ -592,7 +683,7 @@ __global__ void __launch_bounds__(512) bwd_looped(const typename T::raw* __restr
 #pragma unroll
         for (int k = 0; k < VEC; ++k) acc[0] += (v[k] - mean) * (v[k] - mean);
       }
-      block_sum<1>(acc, red);
+      block_sum<1>(acc, red + 64 * (call++ & 1));
     }
     const float rstd = rsqrtf(acc[0] * inv_n + eps);
     float s2[2] = {0.f, 0.f};
@@ -608,7 +699,7 @@ __global__ void __launch_bounds__(512) bwd_looped(const typename T::raw* __restr
         s2[1] += gw;
       }
     }
-    block_sum<2>(s2, red);
+    block_sum<2>(s2, red + 64 * (call++ & 1));
     const float c1 = s2[0] * inv_n, c2 = CENTRED ? s2[1] * inv_n : 0.f;
     for (i64 c = (i64)threadIdx.x * VEC; c < cols; c += step) {
       float v[VEC], g[VEC], wv[VEC], o[VEC];
@@ -628,24 +719,28 @@ __global__ void __launch_bounds__(512) bwd_looped(const typename T::raw* __restr
 }
 
 // ---- the column sums over the units: grad_weight (plane 0) and grad_bias (plane 1) -------
-// CTAs of 256 threads: 32 columns (lane) x 8 unit groups (warp), combined in shared memory.
-// grid: (ceil(cols / 32), planes).
+// CTAs of 512 threads (norm_plan.REDUCE_THREADS): 32 columns (lane) x 16 unit groups (warp),
+// combined in shared memory in a fixed order (deterministic). A thread's loads are unrolled so
+// that several are in flight: the workspace is read from L2, where latency, not bandwidth,
+// bounds a loop of one load at a time. grid: (ceil(cols / 32), planes).
 template <class W>
-__global__ void __launch_bounds__(256) reduce_cols(const float* __restrict__ ws, typename W::raw* __restrict__ gw,
+__global__ void __launch_bounds__(512) reduce_cols(const float* __restrict__ ws, typename W::raw* __restrict__ gw,
                                                    typename W::raw* __restrict__ gb, i64 units, i64 cols) {
-  __shared__ float part[8][33];
+  constexpr int GROUPS = 16;
+  __shared__ float part[GROUPS][33];
   const int lane = threadIdx.x & 31, group = threadIdx.x >> 5;
   const i64 c = (i64)blockIdx.x * 32 + lane;
   const float* plane = ws + (i64)blockIdx.y * units * cols;
   float s = 0.f;
   if (c < cols) {
-    for (i64 u = group; u < units; u += 8) s += plane[u * cols + c];
+#pragma unroll 8
+    for (i64 u = group; u < units; u += GROUPS) s += plane[u * cols + c];
   }
   part[group][lane] = s;
   __syncthreads();
   if (group == 0 && c < cols) {
 #pragma unroll
-    for (int g = 1; g < 8; ++g) s += part[g][lane];
+    for (int g = 1; g < GROUPS; ++g) s += part[g][lane];
     (blockIdx.y == 0 ? gw : gb)[c] = W::store(s);
   }
 }

@@ -62,12 +62,14 @@ _RECORDED_LIMIT = 256
 @dataclass(frozen=True)
 class _Build:
     """An artifact's ``extra``: the template shape it was compiled for, whether it fuses the
-    residual add, and the backward's column-sum launcher (None for a forward)."""
+    residual add, the backward's column-sum launcher (None for a forward), the backward's ring
+    stages and whether the forward stages its rows in shared memory."""
 
     shape: Shape
     residual: bool
     reduce: CudaLauncher | None
     stages: int = 0
+    staged: bool = False
 
 
 def _eps_bits(eps: float) -> int:
@@ -100,6 +102,8 @@ class _NormBase(CudaSourceKernel):
         #: The backward register rows' later rows in flight: 0, the next row in registers; 2 or
         #: more, the next ``stages - 1`` rows copied into shared memory (16-byte vectors only).
         self.stages: int = norm_plan.BACKWARD_STAGES
+        #: The forward's block rows of 16-byte vectors staged in shared memory (`norm_plan.FORWARD_STAGED`).
+        self.staged: bool = norm_plan.FORWARD_STAGED
 
     # ---- generation --------------------------------------------------------------------
     @classmethod
@@ -184,6 +188,8 @@ class _NormBase(CudaSourceKernel):
             per_warp = "true" if shape.strategy == "warp" else "false"
             return f"ka_norm::bwd_reg<{t}, {w}, {self.vec}, {shape.nv}, {centred}, {per_warp}, {self._stages()}>"
         resid = "true" if getattr(args, "residual", None) is not None else "false"
+        if self._staged(args, shape):
+            return f"ka_norm::fwd_staged<{t}, {w}, {self.vec}, {shape.nv}, {centred}, {resid}>"
         if shape.strategy == "looped":
             return f"ka_norm::fwd_looped<{t}, {w}, {self.vec}, {centred}, {resid}>"
         per_warp = "true" if shape.strategy == "warp" else "false"
@@ -200,8 +206,18 @@ class _NormBase(CudaSourceKernel):
         if self.backward:
             reduce = CudaLauncher(launcher.compiled, self._reduce_expression(),
                                   f"{self.metadata.kernel_name} (column sums)", convert_args=False)
-        return _Build(self._shape(args), getattr(args, "residual", None) is not None, reduce,
-                      self._stages() if self.backward else 0)
+        shape = self._shape(args)
+        return _Build(shape, getattr(args, "residual", None) is not None, reduce,
+                      self._stages() if self.backward else 0, self._staged(args, shape))
+
+    def _staged(self, args: Any, shape: Shape) -> bool:
+        """Whether the forward compiles fwd_staged for these rows: block rows of 16-byte vectors
+        whose stage fits `norm_plan.STAGE_LIMIT`."""
+        if self.backward or not self.staged or shape.strategy != "block" or self.vec * self.dtype.bytes != 16:
+            return False
+        threads = norm_plan.cta_threads(shape, args.cols, False)
+        return threads is not None and norm_plan.stage_bytes(
+            shape, threads, getattr(args, "residual", None) is not None) <= norm_plan.STAGE_LIMIT
 
     def _stages(self) -> int:
         """The ring's stages this instance compiles (0 where it moves no 16-byte vectors)."""
@@ -248,8 +264,13 @@ class _NormForward(_NormBase):
             device = torch.cuda.current_device()
         pointers = tuple(0 if t is None else t.data_ptr()
                          for t in (args.x, args.residual, args.weight, args.bias, args.out, args.residual_out))
-        artifact.compiled_obj.launch(stream_handle(stream, device), device, launch.grid, launch.threads, 0,
-                                     pointers + self._parameters(args))
+        artifact.compiled_obj.launch(stream_handle(stream, device), device, launch.grid, launch.threads,
+                                     self._stage_bytes(artifact, launch), pointers + self._parameters(args))
+
+    @staticmethod
+    def _stage_bytes(artifact: Any, launch: Launch) -> int:
+        build = artifact.extra
+        return norm_plan.stage_bytes(build.shape, launch.threads, build.residual) if build.staged else 0
 
     def _launcher(self, args: Any, artifact: Any) -> Launcher | None:
         if args.rows == 0 or args.cols == 0:
@@ -260,13 +281,16 @@ class _NormForward(_NormBase):
         found = recorded.get(key)
         if found is None:
             launch = norm_plan.forward_launch(self._artifact_shape(args, artifact), args.rows, args.cols)
+            smem = self._stage_bytes(artifact, launch)
+            if smem > norm_plan.STAGE_LIMIT:
+                return None  # (an artifact staged for shorter rows: the launcher opts in to more, the recording not)
             names = list(args.tensor_attributes)
             T = native.TENSOR
             layout = tuple((8, 0) if getattr(args, op) is None else (T, names.index(op))
                            for op in ("x", "residual", "weight", "bias", "out", "residual_out"))
             layout += tuple((8, value) for value in params)
             function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), len(names),
-                                          (launch.grid, 1, 1), (launch.threads, 1, 1), 0, layout)
+                                          (launch.grid, 1, 1), (launch.threads, 1, 1), smem, layout)
             if function is None:
                 return None
             if len(recorded) >= _RECORDED_LIMIT:
@@ -300,28 +324,29 @@ class _NormBackward(_NormBase):
         cols = args.cols
         if cols == 0:
             return
+        build = artifact.extra
+        device = args.device.index
+        if device is None:
+            device = torch.cuda.current_device()
         launch = self._launch(args, shape)
+        ring = norm_plan.ring_bytes(build.stages, shape, launch.threads)
+        launch = norm_plan.resident_launch(launch, shape.strategy,
+                                           artifact.compiled_obj.max_coresident(device, launch.threads, ring))
         need = norm_plan.workspace_bytes(launch, cols, self.planes)
         if workspace is None or workspace.numel() * workspace.element_size() < need or workspace.data_ptr() % 16:
             got = "none" if workspace is None else (f"{workspace.numel() * workspace.element_size()} bytes at "
                                                     f"{workspace.data_ptr():#x}")
             raise ValueError(f"{self.metadata.kernel_name}: needs a 16-byte aligned workspace of {need} bytes "
                              f"(get_workspace_size), got {got}")
-        device = args.device.index
-        if device is None:
-            device = torch.cuda.current_device()
         handle = stream_handle(stream, device)
         ws = workspace.data_ptr()
         params = (args.grad_out.data_ptr(), args.x.data_ptr(), args.weight.data_ptr(), args.grad_x.data_ptr(), ws,
                   args.rows, cols, _row_stride(args.grad_out, cols), _row_stride(args.x, cols),
                   _row_stride(args.grad_x, cols), _eps_bits(args.eps))
-        build = artifact.extra
-        ring = norm_plan.ring_bytes(build.stages, shape, launch.threads)
         artifact.compiled_obj.launch(handle, device, launch.grid, launch.threads, ring, params)
         gb = args.grad_bias.data_ptr() if args.grad_bias is not None else 0
-        build.reduce.launch(handle, device, norm_plan.reduce_grid(cols, self.planes),
-                                     norm_plan.REDUCE_THREADS, 0, (ws, args.grad_weight.data_ptr(), gb, launch.units,
-                                                                   cols))
+        build.reduce.launch(handle, device, norm_plan.reduce_grid(cols, self.planes), norm_plan.REDUCE_THREADS, 0,
+                            (ws, args.grad_weight.data_ptr(), gb, launch.units, cols))
 
 
 @CudaSourceProvider.register

@@ -52,6 +52,14 @@ BACKWARD_THREADS_PER_SM = 512
 #: backward together against 3.43 for the forward alone (H200, benchmarks/norms.py): too few
 #: bytes in flight per SM. Three stages keep two rows ahead (tested on an H200, not yet timed).
 BACKWARD_STAGES = 3
+#: The forward's block rows of 16-byte vectors staged in shared memory (norm.cu ``fwd_staged``:
+#: cp.async copies read back at each use, 32 registers a thread) instead of held in registers
+#: (``fwd_reg``: up to 64 registers a thread, about 64 KB of loads in flight per SM).
+FORWARD_STAGED = False
+#: The most dynamic shared memory a staged forward CTA takes (`stage_bytes`): within the 48 KB a
+#: kernel gets without opting in to more (less its static shared memory, 1.3 KB), so its recorded
+#: launch needs no opt-in; longer rows take the register rows.
+STAGE_LIMIT = 46 * 1024
 #: The fewest rows each backward unit takes (fewer, larger partial sums on small problems).
 MIN_ROWS_PER_UNIT = 2
 STRATEGIES = ("warp", "block", "looped")
@@ -152,6 +160,17 @@ def backward_launch(shape: Shape, rows: int, cols: int, sm_count: int,
     return Launch(grid, threads, grid * per_cta)
 
 
+def resident_launch(launch: Launch, strategy: str, resident: int) -> Launch:
+    """``launch`` with its persistent grid cut to the CTAs that can be resident at once
+    (``resident``: the occupancy query's count for its threads and shared memory): a grid sized by
+    `backward_launch`'s threads per SM that registers or the ring's shared memory do not let
+    reside would run a second wave of units after the first, doubling the time."""
+    if resident <= 0 or launch.grid <= resident:
+        return launch
+    per_cta = WARPS_PER_CTA if strategy == "warp" else 1
+    return Launch(resident, launch.threads, resident * per_cta)
+
+
 def workspace_bytes(launch: Launch, cols: int, planes: int) -> int:
     """The backward's f32 partial sums: ``planes`` x units x cols."""
     return 4 * planes * launch.units * cols
@@ -163,7 +182,13 @@ def ring_bytes(stages: int, shape: Shape, threads: int) -> int:
     return stages * 2 * shape.nv * 16 * threads if stages else 0
 
 
-REDUCE_THREADS = 256
+def stage_bytes(shape: Shape, threads: int, residual: bool) -> int:
+    """Dynamic shared memory of a staged forward CTA: ``nv`` 16-byte chunks of the row per
+    thread, and of the residual."""
+    return shape.nv * 16 * threads * (2 if residual else 1)
+
+
+REDUCE_THREADS = 512
 REDUCE_COLUMNS = 32  # columns per CTA of reduce_cols (its lanes)
 
 
