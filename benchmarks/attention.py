@@ -11,7 +11,11 @@ takes its natural (batch, heads, seqlen, head_dim) tensors; kernel_api and FA4 F
 (batch, seqlen, heads, head_dim). A forward+backward launch is the forward with gradients
 wanted, then ``torch.autograd.grad`` of q, k and v for a fixed output gradient.
 
-    python3 benchmarks/attention.py [--quick] [--repeat N] [--tag TAG]
+    python3 benchmarks/attention.py [--quick] [--repeat N] [--no-kernels] [--tag TAG]
+
+Each case then times every forward kernel that writes the log-sum-exp and every backward kernel
+on its own (bound `Kernel.run` calls; ``--no-kernels`` skips it): the numbers PickAny's speeds
+(`TorchAttention`'s ``BACKENDS``, FA4's ``SPEED_VS_*``) come from.
 
 JSON: benchmarks/results/attention-<device>[-<tag>].json (and $OUT when set); one line per case
 and mode is printed as it finishes.
@@ -39,7 +43,7 @@ from kernel_api import ops  # noqa: E402
 #: Operand bytes rotated through per case: past the H200's L2 several times over.
 ROTATE_BYTES = 256 << 20
 #: The issue's shapes: (batch, heads, seqlen, head_dim, causal)
-CASES = [(4, 32, 4096, 128, True), (4, 32, 4096, 128, False), (16, 16, 1024, 64, True)]
+CASES = [(4, 32, 4096, 128, True), (16, 16, 1024, 64, True), (4, 32, 4096, 128, False)]
 #: The backward's FLOPs against the forward's (five matmuls against two).
 BACKWARD_FLOPS = 2.5
 
@@ -166,20 +170,62 @@ def run_case(case: tuple, names: dict, repeat: int) -> list[dict]:
     return rows
 
 
+def kernel_times(case: tuple, repeat: int) -> list[dict]:
+    """Every forward kernel that writes the log-sum-exp and every backward kernel on their own
+    (a bound `Kernel.run` each: no op, no autograd), the materialised ``math`` ones left out:
+    what PickAny's speeds are set from."""
+    from kernel_api.arguments import AttentionArguments, AttentionBackwardArguments
+    b, h, s, d, causal = case
+    label = f"b{b} h{h} s{s} d{d} {'causal' if causal else 'full'}"
+    count = max(2, math.ceil(ROTATE_BYTES / (8 * b * h * s * d * 2)))
+    sets = _sets(b, h, s, d, "bshd", count, False)
+    rows = []
+    forward = [AttentionArguments(q, k, v, torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32),
+                                  causal=causal) for q, k, v, _ in sets]
+    backward = [AttentionBackwardArguments(do, q, k, v, f.out, f.lse, torch.empty_like(q), torch.empty_like(k),
+                                           torch.empty_like(v), causal=causal)
+                for (q, k, v, do), f in zip(sets, forward)]
+    for mode, per_set, work in (("fwd", forward, flops(b, h, s, d, causal, False)),
+                                ("bwd", backward, flops(b, h, s, d, causal, True) - flops(b, h, s, d, causal, False))):
+        kernels = [kern for kern in kernel_api.get_kernels(per_set[0]) if not kern.name.endswith("_math")]
+        fns = {}
+        for kern in kernels:
+            try:
+                for args in per_set:  # compiles, and fills out and lse for the backward
+                    kern.run(args)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - one kernel's failure is reported, the rest timed
+                print(f"{label} {mode} {kern.name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            fns[kern.name] = (lambda kern: lambda i: kern.run(per_set[i % len(per_set)]))(kern)
+        if not fns:
+            continue
+        times, _ = time_group(fns, repeat)
+        tflops = {n: work / (t * 1e-3) / 1e12 for n, t in times.items()}
+        rows.append({"case": label, "mode": f"kernel {mode}", "ms": times, "tflops": tflops})
+        print(f"{label} kernel {mode}: TFLOP/s " + "  ".join(f"{n} {v:.0f}" for n, v in tflops.items()), flush=True)
+    del sets, forward, backward
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (the same shapes)")
     parser.add_argument("--repeat", type=int, default=None, help="timed launches per contestant")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
+    parser.add_argument("--no-kernels", action="store_true", help="skip timing each kernel on its own")
     opts = parser.parse_args()
     repeat = opts.repeat or (10 if opts.quick else 30)
     names = contestants(_flash_attn_plugin())
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; contestants {list(names)}", flush=True)
     rows = []
-    for case in CASES:
+    name = results_io.result_name("attention", torch.cuda.get_device_name(), opts.tag)
+    for case in CASES:  # (the JSON is rewritten after each case: a run cut short keeps what it measured)
         rows.extend(run_case(case, names, repeat))
-    doc = results_io.result_doc(repeat=repeat, contestants=list(names), rows=rows)
-    paths = results_io.write_result(results_io.result_name("attention", torch.cuda.get_device_name(), opts.tag), doc)
+        if not opts.no_kernels:
+            rows.extend(kernel_times(case, repeat))
+        paths = results_io.write_result(name, results_io.result_doc(repeat=repeat, contestants=list(names), rows=rows))
     print("wrote", *paths)
 
 

@@ -198,7 +198,7 @@ def test_misaligned_views_take_the_materialised_kernels():
 
 # ---- the training step through each provider ----
 
-STEP_SHAPES = [(2, 64, 64, 8, 8, 128), (2, 100, 100, 8, 2, 64), (1, 77, 77, 4, 1, 128), (2, 16, 100, 8, 2, 64)]
+STEP_SHAPES = [(1, 300, 300, 4, 4, 128), (2, 100, 100, 8, 2, 64), (1, 77, 77, 4, 1, 128), (2, 16, 100, 8, 2, 64)]
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
