@@ -141,6 +141,14 @@ class PickBest(Policy):
     against a reference, time them with CUDA events (median, rotating inputs), record the
     winner in the tuning records, and reuse a record when one exists.
 
+    Any operation: the inputs are `kernel_api.tuning.reference.random_like`'s (an arguments
+    type's own `Arguments.random_like` beyond GEMM and softmax), and every output is compared
+    with the float64 `reference` where one is known, else with the torch provider's kernel's
+    outputs on the same inputs (`TORCH_PROVIDER`, twice the tolerance), else checked to be
+    finite. A candidate whose result is wrong is excluded and logged (a warning naming what it
+    was compared with); it is never chosen. ``max_candidates`` keeps the best-ranked
+    candidates and every provider's best-ranked one (`shortlist`).
+
     ``num_workers``: compile processes (default: the `settings` scope's, else up to 8);
     ``compile_timeout``: seconds one compile may take in a worker before it is stopped and the
     kernel reported as failed (None: no limit).
@@ -179,10 +187,11 @@ class PickBest(Policy):
     and replays them, where the host's work is done once.
 
     A record is keyed on everything that changes the candidates or their ranking besides the
-    problem (`record_context`): the math torch allows for f32 GEMMs (TF32), the providers of the
-    `kernel_api.settings` scope and their versions (``Provider.version``: a plugin's new release
-    re-tunes), ``timing`` and ``power_state``. A winner is never reused under a setting its
-    measurement did not cover.
+    problem (`record_context`): the math torch allows for f32 matrices (TF32), the providers of
+    the `kernel_api.settings` scope and their versions (``Provider.version``: a plugin's new
+    release re-tunes), ``timing``, ``power_state``, a ``settle_ms`` other than the default and
+    ``max_candidates`` where it leaves candidates out. A winner is never reused under a setting
+    its measurement did not cover.
 
     ``bucket`` keys the records by a range of shapes instead of the exact shape (see
     `kernel_api.tuning.buckets`): ``"pow2_m"`` (M, or a softmax's rows, in power-of-two buckets
