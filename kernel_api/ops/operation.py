@@ -193,7 +193,7 @@ def _generate(op: Operation) -> Callable[..., Any]:
     overload = getattr(getattr(torch.ops, namespace), short).default
     input_names = tuple(a.name for a in schema.arguments)
     complete = _completer(schema)
-    replay = OperationReplay(len(_defined.functions) + 1, schema, op.outputs)
+    replay = OperationReplay(len(_defined.functions) + 1, op.name, schema, op.fake, op.arguments, op.outputs)
     lib.impl(short, op.implementation or _implementation(op, complete, replay), "CompositeExplicitAutograd")
     torch.library.register_fake(op.name, op.fake, lib=lib)
     lib.impl(short, _autograd_kernel(op, overload, input_names, complete), "Autograd")
@@ -217,27 +217,12 @@ def _completer(schema: Any) -> Callable[..., tuple]:
     return complete
 
 
-def _outputs_by_name(op: Operation, outputs: Any) -> dict[str, Any]:
-    if len(op.outputs) == 1:
-        return {op.outputs[0]: outputs}
-    if not isinstance(outputs, tuple) or len(outputs) != len(op.outputs):
-        raise ValueError(f"{op.name}: expected {len(op.outputs)} outputs {op.outputs}, got {type(outputs).__name__}")
-    return dict(zip(op.outputs, outputs))
-
-
 def _implementation(op: Operation, complete: Callable[..., tuple], replay: OperationReplay) -> Callable[..., Any]:
     """The torch op's eager body: allocate the outputs, then replay a recorded call, or build the
     arguments and `ops.call` them (recording the call)."""
-    arguments, fake, several = op.arguments, op.fake, len(op.outputs) > 1
-
     def implementation(*inputs: Any, **named: Any) -> Any:
         inputs = complete(inputs, named)
-        outputs = fake(*inputs)
-        results = outputs if several else (outputs,)
-        if not (_is_compiling() or _dispatch_modes()) and replay.launch(inputs, results, True):
-            return outputs
-        replay.call(arguments(*inputs, **_outputs_by_name(op, outputs)), inputs, results, None)
-        return outputs
+        return replay.fresh(inputs, None, not (_is_compiling() or _dispatch_modes()))
 
     implementation.__qualname__ = f"{op.name}.implementation"
     return implementation
@@ -322,20 +307,16 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
             fresh = not any(g is not None for g in given)
         if _is_compiling() or _dispatch_modes() or _to_op(inputs):
             return _through_op(op, overload, stream, given, inputs)
-        if fresh:  # (made here: new memory, which no input overlaps)
+        if fresh:  # outputs made here: new memory, which no input overlaps
+            return replay.fresh(inputs, stream)
+        if any(g is None for g in given):
             made = fake(*inputs)
-            results = made if several else (made,)
-            if stream is None and replay.launch(inputs, results, True):
-                return made
-        else:
-            if any(g is None for g in given):
-                made = fake(*inputs)
-                made = made if several else (made,)
-                given = [m if g is None else g for g, m in zip(given, made)]
-            results = tuple(given)
-            if stream is None and replay.launch(inputs, results, False):
-                return results if several else results[0]
-        return replay.call(arguments(*inputs, **dict(zip(outputs, results))), inputs, results, stream)
+            made = made if several else (made,)
+            given = [m if g is None else g for g, m in zip(given, made)]
+        results = tuple(given)
+        if stream is None and replay.given(inputs, results):
+            return results if several else results[0]
+        return replay.call(arguments(*inputs, **dict(zip(outputs, results))), inputs, results, stream, False)
 
     function.__name__ = function.__qualname__ = op.name.split("::")[1]
     function.__doc__ = f"``{op.name}{op.schema}`` through kernel_api (see `kernel_api.ops.define_operation`)."

@@ -55,9 +55,10 @@ _NO_LAUNCHER = Kernel._launcher
 _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
 
 #: An operation's number sits at this bit of its key's tag, above the settings' ``policy_id``
-#: (an address: user space ends below 2^48) and below the GEMM tags' epilogue bits (60).
+#: (an address: user space ends below 2^48), then the bit of keys of calls that make their outputs.
 _OPERATION_SHIFT = 48
-_OPERATION_LIMIT = 1 << 12
+_OPERATION_LIMIT = 1 << 11
+_FRESH = 1 << 59
 #: Entries per tensor key (one per value of the other inputs, e.g. eps), and Python-keyed
 #: entries in all (the C store holds 4096, then forgets everything).
 _VALUES_LIMIT = 64
@@ -197,18 +198,27 @@ def _python_key(tag: int, operands: tuple) -> tuple | None:
 
 
 class OperationReplay:
-    """The replays of one generated operation: `launch` for repeated calls, `call` for the
-    Python path (which records).
+    """The replays of one generated operation: `fresh` and `given` for repeated calls, `call`
+    for the Python path (which records).
+
+    A call whose outputs are all made here (``fresh``) is keyed by its tensor inputs, and its
+    entry by the other inputs' values and the made outputs' pointer alignments (`_alignments`):
+    the outputs' other metadata follow from the inputs' (the operation's ``fake``), and fresh
+    memory cannot overlap the inputs. A call given outputs is keyed by them too.
 
     Args:
-        index: the operation's number, 1 to 4095 (a part of every key).
+        index: the operation's number, 1 to 2047 (a part of every key).
+        name: the operation's qualified name (for errors).
         schema: the parsed torch schema (which inputs are tensors).
-        outputs: the output names (``Operation.outputs``).
+        fake, arguments, outputs: the `Operation`'s: how outputs are made, how the arguments are
+            built, the output names.
     """
 
-    __slots__ = ("bits", "tensors", "values", "value_at", "n_inputs", "n_outputs", "outputs")
+    __slots__ = ("bits", "name", "tensors", "values", "value_at", "n_inputs", "fake", "several", "arguments",
+                 "outputs")
 
-    def __init__(self, index: int, schema: Any, outputs: tuple[str, ...]) -> None:
+    def __init__(self, index: int, name: str, schema: Any, fake: Callable[..., Any], arguments: Callable[..., Any],
+                 outputs: tuple[str, ...]) -> None:
         if not 0 < index < _OPERATION_LIMIT:
             raise ValueError(f"operation number {index}: expected 1 to {_OPERATION_LIMIT - 1}")
         self.bits = index << _OPERATION_SHIFT
@@ -219,8 +229,8 @@ class OperationReplay:
         self.tensors = (lambda inputs, i=at[0]: (inputs[i],)) if len(at) == 1 else itemgetter(*at) if at else None
         self.values = len(rest)
         self.value_at = rest[0] if len(rest) == 1 else itemgetter(*rest) if rest else None
-        self.n_outputs = len(outputs)
-        self.outputs = outputs
+        self.name, self.fake, self.arguments, self.outputs = name, fake, arguments, outputs
+        self.several = len(outputs) > 1
 
     def _values_key(self, inputs: tuple) -> tuple:
         """The other inputs' values and types (``eps=1`` and ``eps=True`` are not ``eps=1.0``)."""
@@ -232,62 +242,72 @@ class OperationReplay:
             return ()
         return tuple([(v, v.__class__) for v in self.value_at(inputs)])
 
-    def launch(self, inputs: tuple, results: tuple, fresh: bool) -> bool:
-        """Launch a call recorded with this metadata, on the current stream.
+    def _found(self, tag: int, operands: tuple) -> dict | None:
+        for t in operands:
+            if t.__class__ not in _PLAIN:
+                return None
+        if _recall is not None:
+            return _recall(tag, *operands)
+        key = _python_key(tag, operands)
+        return None if key is None else _python_store.get(key)
 
-        The caller has ruled out tracing, dispatch modes and autograd.
+    def fresh(self, inputs: tuple, stream: Any = None, replay: bool = True) -> Any:
+        """A call that makes its outputs (with the operation's ``fake``): replayed on the current
+        stream when recorded, otherwise the Python path (`call`), which records it. The caller
+        has ruled out tracing, dispatch modes and autograd where ``replay`` holds.
 
         Args:
             inputs: every input, in schema order.
-            results: the outputs, made or given.
-            fresh: every output was made for this call (new memory: no overlap to check).
+            stream: the launch stream; None: the current one (only such calls are replayed).
+            replay: whether a recorded call may be replayed.
 
         Returns:
-            Whether it launched (the outputs are then written; given ones have their version
-            counters bumped); False: nothing ran, take the Python path.
+            The outputs (one tensor, or a tuple).
         """
-        tensors = self.tensors(inputs)
-        for t in tensors:
-            if t.__class__ not in _PLAIN:
-                return False
-        if not fresh:
-            for t in results:
-                if t.__class__ not in _PLAIN:
-                    return False
-        operands = tensors + results
-        tag = _settings.get().policy_id | self.bits
-        recall = _recall
-        if recall is not None:
-            found = recall(tag, *operands)
-        else:
-            key = _python_key(tag, operands)
-            found = None if key is None else _python_store.get(key)
+        tensors = self.tensors(inputs) if replay and stream is None and self.tensors is not None else None
+        found = self._found(_settings.get().policy_id | self.bits | _FRESH, tensors) if tensors else None
+        made = self.fake(*inputs)
+        results = made if self.several else (made,)
+        if found is not None:
+            try:
+                entry = found.get((self._values_key(inputs), _alignments(results)))
+            except TypeError:  # an unhashable value: never recorded
+                entry = None
+            if entry is not None and _run(entry, tensors + results):
+                return made
+        # (the outputs just made go to the Python path: the record is for their alignments)
+        if self.several and not (isinstance(made, tuple) and len(made) == len(self.outputs)):
+            raise ValueError(f"{self.name}: expected {len(self.outputs)} outputs {self.outputs}, got "
+                             f"{type(made).__name__}")
+        return self.call(self.arguments(*inputs, **dict(zip(self.outputs, results))), inputs, results, stream, True)
+
+    def given(self, inputs: tuple, results: tuple) -> bool:
+        """Replay a call given outputs (``results``: each given or made), on the current stream,
+        when no output overlaps another operand. The caller has ruled out tracing, dispatch
+        modes and autograd.
+
+        Returns:
+            Whether it launched (the outputs then have their version counters bumped).
+        """
+        operands = self.tensors(inputs) + results
+        found = self._found(_settings.get().policy_id | self.bits, operands)
         if found is None:
             return False
         try:
             entry = found.get(self._values_key(inputs))
-        except TypeError:  # an unhashable value: never recorded
+        except TypeError:
             return False
-        if entry is None or not (fresh or outputs_apart(operands, self.n_inputs, entry.extents)):
+        if entry is None or not outputs_apart(operands, self.n_inputs, entry.extents):
             return False
-        device = entry.device
-        if device >= 0:
-            if _current_device() != device:
-                return False
-            stream = _cu_streams.get(_current_raw_stream(device)) if _current_raw_stream is not None else None
-            if stream is None:
-                stream = to_cuda_stream(None)
-        else:
-            stream = None
-        pick = entry.pick
-        entry.function(*(pick(operands) if pick is not None else _made(entry.steps, operands)), *entry.tail, stream)
-        if not fresh:
-            _increment_version(results)
+        if not _run(entry, operands):
+            return False
+        _increment_version(results)
         return True
 
-    def call(self, args: Arguments, inputs: tuple, results: tuple, stream: Any) -> Any:
+    def call(self, args: Arguments, inputs: tuple, results: tuple, stream: Any, fresh: bool) -> Any:
         """The Python path: `kernel_api.ops.launch` of ``args`` (built from ``inputs`` and
-        ``results``), recorded for replay when it can be (see the module docstring).
+        ``results``; ``fresh``: all made for this call), recorded for replay when it can be (see
+        the module docstring).
 
         Returns:
             What `kernel_api.ops.call` returns: the arguments' outputs.
@@ -298,12 +318,13 @@ class OperationReplay:
         outputs = tuple([getattr(args, name) for name in type(args).output_names])
         _increment_version(outputs)
         if len(outputs) == len(results) and all(map(_is, outputs, results)):
-            self._record(args, kernel, artifact, inputs, results)
+            self._record(args, kernel, artifact, inputs, results, fresh)
         if not outputs:
             return None
         return outputs[0] if len(outputs) == 1 else outputs
 
-    def _record(self, args: Arguments, kernel: Any, artifact: Any, inputs: tuple, results: tuple) -> None:
+    def _record(self, args: Arguments, kernel: Any, artifact: Any, inputs: tuple, results: tuple,
+                fresh: bool) -> None:
         if type(kernel)._launcher is _NO_LAUNCHER or self.tensors is None:
             return  # (the class offers no fast path: nothing to ask per call)
         tensors = self.tensors(inputs)
@@ -334,11 +355,37 @@ class OperationReplay:
         entry = Replay(launcher.function, launcher.tail, _picker(steps, len(operands)), steps,
                        args.device_index if args.device.type == "cuda" else -1,
                        tuple([byte_extent(t) for t in operands]), settings.scope_token)
-        store = _store(tag, operands)
+        store = _store(tag | _FRESH, tensors) if fresh else _store(tag, operands)
         if store is not None:
             if len(store) >= _VALUES_LIMIT:
                 store.clear()
-            store[values] = entry
+            store[(values, _alignments(results)) if fresh else values] = entry
+
+
+def _alignments(results: tuple) -> Any:
+    """The made outputs' pointer alignments (the largest power of two dividing the address, up
+    to 1024 bytes: what arguments summaries read of a pointer), as a part of a fresh call's key."""
+    if len(results) == 1:
+        low = results[0].data_ptr() & 1023
+        return low & -low
+    return tuple([(p & 1023) & -(p & 1023) for p in [t.data_ptr() for t in results]])
+
+
+def _run(entry: Replay, operands: tuple) -> bool:
+    """Launch ``entry`` for ``operands`` on the current stream; False (nothing launched) when
+    another CUDA device than the recorded one is current."""
+    device = entry.device
+    if device >= 0:
+        if _current_device() != device:
+            return False
+        stream = _cu_streams.get(_current_raw_stream(device)) if _current_raw_stream is not None else None
+        if stream is None:
+            stream = to_cuda_stream(None)
+    else:
+        stream = None
+    pick = entry.pick
+    entry.function(*(pick(operands) if pick is not None else _made(entry.steps, operands)), *entry.tail, stream)
+    return True
 
 
 def _is(a: Any, b: Any) -> bool:
