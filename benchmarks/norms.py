@@ -172,10 +172,10 @@ def _quack_rmsnorm():
     return rmsnorm
 
 
-def _sweep_kernels(cols: int, backward: bool, residual: bool, meta: bool):
+def _sweep_kernels(cols: int, backward: bool, residual: bool, meta: bool, defaults: bool = False):
     """(knobs, kernel, args) of our bf16 RMSNorm at each sweep mapping, one per distinct launch
     (mappings that give the same template and launch are timed once); ``meta``: on meta tensors
-    (to compile without a GPU)."""
+    (to compile without a GPU); ``defaults``: only the shipped mapping (knobs None)."""
     from kernel_api.arguments.norm import RMSNormArguments, RMSNormBackwardArguments
     from kernel_api.providers.cuda_src.kernels import norm_plan
     from kernel_api.providers.cuda_src.kernels.norm import CudaRMSNorm, CudaRMSNormBackward
@@ -192,6 +192,8 @@ def _sweep_kernels(cols: int, backward: bool, residual: bool, meta: bool):
         args = RMSNormArguments(x, w, torch.empty_like(x), **extra)
         knobs = SWEEP_FORWARD
     name = f"{cls.__name__}_bf16_block_a8"
+    if defaults:
+        return [(None, next(k for k in cls.generate_kernels(None, cc=90) if k.metadata.kernel_name == name), args)]
     seen, found = set(), []
     for bpt, tps, stages, staged in knobs:
         k = next(k for k in cls.generate_kernels(None, cc=90) if k.metadata.kernel_name == name)
@@ -212,33 +214,44 @@ def _sweep_kernels(cols: int, backward: bool, residual: bool, meta: bool):
     return found
 
 
+def _knob_text(k, cols: int, backward: bool) -> str:
+    """A mapping as timed: the bytes of a row a thread holds (as the template takes them), ..."""
+    shape = k.shape_for(cols)
+    held = f"bytes/thread={shape.nv * shape.vec * k.dtype.bytes}"
+    if backward:
+        return f"{held} threads/SM={k.threads_per_sm} stages={k._stages()}"
+    return f"{held} " + ("staged" if k.staged else "registers")
+
+
 def _precompile_one(job: tuple) -> int:
-    cols, backward, residual = job
+    cols, backward, residual, defaults = job
     n = 0
-    for _, k, args in _sweep_kernels(cols, backward, residual, meta=True):
+    for _, k, args in _sweep_kernels(cols, backward, residual, meta=True, defaults=defaults):
         k.compile(args, cc=90)
         n += 1
     return n
 
 
-def precompile(shapes: list, workers: int) -> int:
-    """NVRTC compiles of every sweep mapping, in ``workers`` processes, into the disk cache."""
+def precompile(shapes: list, workers: int, defaults: bool = False) -> int:
+    """NVRTC compiles of every sweep mapping (``defaults``: the shipped ones), in ``workers``
+    processes, into the disk cache."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
 
-    jobs = sorted({(cols, bwd, res) for _, cols in shapes for bwd, res in ((False, False), (False, True),
-                                                                            (True, False))})
+    jobs = sorted({(cols, bwd, res, defaults) for _, cols in shapes
+                   for bwd, res in ((False, False), (False, True), (True, False))})
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         return sum(pool.map(_precompile_one, jobs))
 
 
-def sweep_case(rows: int, cols: int, repeat: int, use_quack: bool) -> list[dict]:
+def sweep_case(rows: int, cols: int, repeat: int, use_quack: bool, defaults: bool = False) -> list[dict]:
     """Device time (`time_interleaved`, ``timing="device"``: host time hidden behind a GPU head
     start; inputs rotated past L2) of our bf16 RMSNorm kernels at every sweep mapping, each
     through `Kernel.run` with its compiled artifact and workspace kept, alternating in one
     process with the anchors: the forward (and the residual form) against ``F.rms_norm``,
     Liger and QuACK; the backward (ours: both launches) against each anchor's
-    ``torch.autograd.grad`` of x and the weight on a graph its forward recorded."""
+    ``torch.autograd.grad`` of x and the weight on a graph its forward recorded. ``defaults``:
+    only our shipped mappings."""
     elem = 2
     touched = rows * cols * elem * 2  # (the least a call reads and writes: x and y)
     sets = max(2, math.ceil(L2_ROTATE_BYTES / touched) + 1)
@@ -271,14 +284,13 @@ def sweep_case(rows: int, cols: int, repeat: int, use_quack: bool) -> list[dict]
             extra = (lambda i: dict(residual=rs[i], residual_out=souts[i])) if residual else (lambda i: {})
             per_set = [RMSNormArguments(xs[i], w, outs[i], eps=EPS, **extra(i)) for i in range(sets)]
         runs, labels = {}, {}
-        for (bpt, tps, stages, staged), k, _ in _sweep_kernels(cols, backward, residual, meta=False):
+        for knobs, k, _ in _sweep_kernels(cols, backward, residual, meta=False, defaults=defaults):
             art = k.compile(per_set[0])
             size = k.get_workspace_size(per_set[0]) if backward else 0
             ws = torch.empty(max(size, 16), dtype=torch.uint8, device="cuda") if backward else None
-            key = ("ours", bpt, tps, stages, staged)
+            key = ("ours", knobs)
             runs[key] = (lambda i, k=k, art=art, ws=ws: k.run(per_set[i % sets], compiled_artifact=art, workspace=ws))
-            labels[key] = ("ours", f"bytes/thread={bpt}" + (f" threads/SM={tps} stages={stages}" if backward
-                                                             else " staged" if staged else " registers"))
+            labels[key] = ("ours", "shipped: " * (knobs is None) + _knob_text(k, cols, backward))
         return runs, labels
 
     def forward_anchors(residual: bool) -> tuple[dict, dict]:
@@ -408,6 +420,7 @@ def main() -> None:
     p.add_argument("--tag", default="", help="a suffix of the result file's name")
     p.add_argument("--sweep-repeat", type=int, default=30, help="timed rounds of the sweep")
     p.add_argument("--no-quack", action="store_true", help="leave out the QuACK anchor of the sweep")
+    p.add_argument("--sweep-defaults", action="store_true", help="the sweep times only our shipped mappings")
     p.add_argument("--precompile", type=int, default=0, metavar="N",
                    help="first compile every sweep mapping in N processes (into the disk cache)")
     opts = p.parse_args()
@@ -415,7 +428,8 @@ def main() -> None:
     variants = [v for v in opts.variants.split(",") if v]
     if opts.sweep and opts.precompile:
         began = time.perf_counter()
-        print(f"precompiled {precompile(shapes, opts.precompile)} in {time.perf_counter() - began:.1f} s", flush=True)
+        done = precompile(shapes, opts.precompile, opts.sweep_defaults)
+        print(f"precompiled {done} in {time.perf_counter() - began:.1f} s", flush=True)
     anchors = _liger()
     doc = results_io.result_doc(liger=bool(anchors), cases=[], sweep=[])
     start = time.perf_counter()
@@ -439,7 +453,7 @@ def main() -> None:
             if time.perf_counter() - start > opts.budget_s:
                 doc.setdefault("skipped", []).append(["sweep", rows, cols])
                 continue
-            found = sweep_case(rows, cols, opts.sweep_repeat, not opts.no_quack)
+            found = sweep_case(rows, cols, opts.sweep_repeat, not opts.no_quack, opts.sweep_defaults)
             doc["sweep"].extend(found)
             for line in sweep_lines(found):
                 lines.append(line)
