@@ -215,7 +215,8 @@ def _sweep_kernels(cols: int, backward: bool, residual: bool, meta: bool, defaul
 
 
 def _knob_text(k, cols: int, backward: bool) -> str:
-    """A mapping as timed: the bytes of a row a thread holds (as the template takes them), ..."""
+    """A mapping as timed: the bytes of a row a thread holds (as the template takes them), and
+    the backward's threads per SM and stages or the forward's rows in registers or staged."""
     shape = k.shape_for(cols)
     held = f"bytes/thread={shape.nv * shape.vec * k.dtype.bytes}"
     if backward:
