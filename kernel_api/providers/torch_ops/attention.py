@@ -16,8 +16,9 @@ torch backend (`BACKENDS`), the backend in the instance's design and name.
   heads repeated to q's under GQA (a copy); causal only with equal lengths (cuDNN's mask is
   top-left aligned, kernel_api's bottom-right).
 
-The aten ops allocate their outputs, which are copied into ``out`` and ``lse`` (FlashAttention-2's
-forward writes ``out`` in place where torch has ``_flash_attention_forward_no_dropout_inplace``). The causal mask is bottom-right aligned
+The aten ops allocate their outputs, which are copied into ``out`` and ``lse``
+(FlashAttention-2's forward writes ``out`` in place where torch has
+``_flash_attention_forward_no_dropout_inplace``). The causal mask is bottom-right aligned
 (`kernel_api.arguments.attention`).
 
 Cost of variable length through ``sdpa`` and ``math``: the offsets are read on the host (on a

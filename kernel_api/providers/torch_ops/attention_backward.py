@@ -30,7 +30,7 @@ from ...launcher import Launcher
 from ...metadata import KernelMetadata
 from ...metadata.attention import AttentionBackwardOperandsMetadata
 from . import TorchProvider
-from .attention import BACKENDS, Scalars, backend_status, generate, launch_context, repeat_heads
+from .attention import Scalars, backend_status, generate, launch_context, repeat_heads
 from .base import TorchKernel
 
 #: The backends' backward speeds against cuDNN's backward (nominal: the forward's ratios).
