@@ -22,6 +22,8 @@ import kernel_api
 from kernel_api import (AttentionArguments, CompiledArtifact, CrossEntropyArguments, CrossEntropyBackwardArguments,
                         GatedActivationArguments, KernelMetadata, LinearCrossEntropyArguments, RMSNormArguments,
                         Status, TensorAttributes, ops, registry)
+from kernel_api.arguments import AttentionBackwardArguments
+from kernel_api.arguments.attention import lse_shape
 from kernel_api.metadata.activations import GatedActivationOperandsMetadata
 from kernel_api.ops import dispatch
 from kernel_api.registry import versions
@@ -261,13 +263,28 @@ def cross_entropy_in_place():
                                  grad_logits=logits, grad_loss=torch.tensor(0.25).expand(20), z_loss=1e-3)
 
 
-@pytest.mark.parametrize("make", [rms_norm, rms_norm_residual, swiglu_halves, cross_entropy, cross_entropy_in_place])
+def attention_with_lse():
+    q, k = torch.randn(2, 9, 4, 16), torch.randn(2, 11, 2, 16)
+    lse = torch.empty(lse_shape(q, False))
+    return AttentionArguments(q, k, torch.randn_like(k), torch.empty_like(q), lse, causal=True)
+
+
+def attention_backward():
+    """Its float64 reference is the type's own (`Arguments.reference_outputs`)."""
+    q, k = torch.randn(2, 9, 4, 16), torch.randn(2, 11, 2, 16)
+    lse = torch.randn(lse_shape(q, False))
+    return AttentionBackwardArguments(torch.randn_like(q), q, k, torch.randn_like(k), torch.randn_like(q), lse,
+                                      torch.empty_like(q), torch.empty_like(k), torch.empty_like(k), causal=True)
+
+
+@pytest.mark.parametrize("make", [rms_norm, rms_norm_residual, swiglu_halves, cross_entropy, cross_entropy_in_place,
+                                  attention_with_lse, attention_backward])
 def test_the_torch_providers_kernels_tune_through_the_generic_inputs(cpu, make):
     args = make()
     pool = registry.get_kernels(args, providers=["torch"])
     with kernel_api.settings(providers=["torch"]):
         result = CpuPickBest().tune(args, pool)
-    assert result.winner in pool
+    assert result.winner in pool and set(references.reference(args)) == set(type(args).output_names)
     assert all(m.failure is None and m.error < references.tolerance(args) for m in result.measurements), \
         result.measurements
 

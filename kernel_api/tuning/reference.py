@@ -15,12 +15,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..arguments import (AttentionArguments, CrossEntropyArguments, CrossEntropyBackwardArguments, EpilogueArguments,
+from ..arguments import (Arguments, AttentionArguments, CrossEntropyArguments, CrossEntropyBackwardArguments, EpilogueArguments,
                          GatedActivationArguments, GatedActivationBackwardArguments, GemmArguments,
                          LayerNormArguments, LayerNormBackwardArguments, LinearCrossEntropyArguments,
                          RMSNormArguments, RMSNormBackwardArguments, RopeArguments, RopeBackwardArguments,
                          SoftmaxArguments, SoftmaxBackwardArguments)
-from ..arguments.attention_math import torch_attention
+from ..arguments.attention_math import attention_with_lse, torch_attention
 from ..arguments.base import random_tensor_like
 from ..arguments.cross_entropy_math import rows_gradient, rows_loss
 from ..core.dtypes import DataType
@@ -187,7 +187,11 @@ def _attention(args: AttentionArguments) -> dict[str, torch.Tensor] | None:
     if args.batch * args.heads_q * args.seqlen_q * args.seqlen_k > MAX_REFERENCE_ELEMENTS:
         return None
     q, k, v = (t.double() for t in (args.q, args.k, args.v))
-    return {"out": torch_attention(q, k, v, args.causal, args.scale, args.cu_seqlens_q, args.cu_seqlens_k)}
+    offsets = (args.cu_seqlens_q, args.cu_seqlens_k)
+    if getattr(args, "lse", None) is None:
+        return {"out": torch_attention(q, k, v, args.causal, args.scale, *offsets)}
+    out, lse = attention_with_lse(q, k, v, args.causal, args.scale, *offsets)
+    return {"out": out, "lse": lse}
 
 
 #: kernel_api's own operations: arguments type -> its float64 reference (subclasses included:
@@ -215,8 +219,8 @@ def reference(args: Any) -> torch.Tensor | dict[str, torch.Tensor] | None:
 
     Returns:
         GEMM and softmax: the tensor `output_of` names. Other operations: output name -> its
-        float64 value (kernel_api's operations here, other types from
-        `Arguments.reference_outputs`), or None where none is known (or it would be too large,
+        float64 value (from the type's own `Arguments.reference_outputs` where it has one, else
+        kernel_api's operations here), or None where none is known (or it would be too large,
         `MAX_REFERENCE_ELEMENTS`).
     """
     if isinstance(args, GemmArguments):
@@ -225,9 +229,11 @@ def reference(args: Any) -> torch.Tensor | dict[str, torch.Tensor] | None:
         return softmax_reference(args)
     if isinstance(args, SoftmaxBackwardArguments):
         return softmax_backward_reference(args)
-    own = _own_reference(args)
     with torch.no_grad():
-        return own(args) if own is not None else args.reference_outputs()
+        if type(args).reference_outputs is not Arguments.reference_outputs:  # the type's own
+            return args.reference_outputs()
+        own = _own_reference(args)
+        return None if own is None else own(args)
 
 
 def output_of(args: Any) -> torch.Tensor:
