@@ -545,3 +545,38 @@ def test_out_with_grad_is_refused(cpu_launch):
     q, k, v = (t.requires_grad_() for t in _qkv(1, 3, 3, 2, 2, 8))
     with pytest.raises(ValueError, match="given outputs"):
         ops.attention(q, k, v, out=torch.empty(q.shape))
+
+
+# ---- FlashAttention-4's plugin (when its library is installed): discovery, lse, explain ----
+
+def test_flash_attn_plugin_offers_forward_with_lse_and_backward():
+    import plugin_packages as pp
+    from kernel_api import CompilationError
+    from kernel_api.arguments import AttentionBackwardArguments
+    if not pp.installed("flash_attn"):
+        pytest.skip("flash-attn-4 is not installed")
+    modules = pp.load_into_default("flash_attn")
+    try:
+        def meta(*shape, dtype=torch.bfloat16):
+            return torch.empty(shape, dtype=dtype, device="meta")
+
+        q, k = meta(2, 64, 8, 128), meta(2, 64, 2, 128)
+        forward = AttentionArguments(q, k, k, meta(2, 64, 8, 128), meta(2, 8, 64, dtype=torch.float32), causal=True)
+        assert [kern.name for kern in kernel_api.get_kernels(forward, providers="flash_attn", cc=90)] == \
+            ["FlashAttnForward_bf16_dense_a16"]
+        backward = AttentionBackwardArguments(q, q, k, k, q, meta(2, 8, 64, dtype=torch.float32), meta(*q.shape),
+                                              meta(*k.shape), meta(*k.shape), causal=True)
+        found = kernel_api.get_kernels(backward, providers="flash_attn", cc=90)
+        assert [kern.name for kern in found] == ["FlashAttnBackward_bf16_dense_a16"]
+        assert kernel_api.get_kernels(backward, providers="flash_attn", cc=80) == []
+        odd = AttentionBackwardArguments(*(meta(1, 9, 2, 36) for _ in range(5)), meta(1, 2, 9, dtype=torch.float32),
+                                         *(meta(1, 9, 2, 36) for _ in range(3)))
+        text = kernel_api.explain(odd, providers="flash_attn", cc=90).all()
+        assert "FlashAttnBackward_bf16_dense_a16: operand grad_out: aligned to 4 element(s) but the kernel needs 8" \
+            in text, text
+        with pytest.raises(CompilationError, match="FlashAttention-4 compiles for the GPU it runs on"):
+            found[0].compile(backward, cc=100)
+        assert modules["flash_attn"].__version__ == pp.library("flash_attn").PLUGIN_VERSION
+    finally:
+        pp.unload("flash_attn")
+        ops.clear_dispatch_cache()
