@@ -161,7 +161,7 @@ def bench_case(rows: int, cols: int, variant: str, repeat: int, anchors: dict, u
 #: the forward's bytes per thread, its rows in registers or staged in shared memory; the backward's
 #: bytes per thread x threads per SM x shared-memory stages (0: the next row in registers).
 SWEEP_FORWARD = tuple((b, 0, 0, staged) for b in (16, 32, 64) for staged in (False, True))
-SWEEP_BACKWARD = tuple((b, t, s, False) for b in (16, 32) for t in (512, 1024) for s in (0, 2, 3, 4, 5))
+SWEEP_BACKWARD = tuple((b, t, s, False) for b in (16, 32, 64) for t in (512, 1024) for s in (0, 2, 3, 4, 5))
 
 
 def _quack_rmsnorm():
@@ -225,12 +225,13 @@ def _knob_text(k, cols: int, backward: bool) -> str:
 
 
 def _precompile_one(job: tuple) -> int:
-    cols, backward, residual, defaults = job
-    n = 0
-    for _, k, args in _sweep_kernels(cols, backward, residual, meta=True, defaults=defaults):
-        k.compile(args, cc=90)
-        n += 1
-    return n
+    cols, backward, residual, defaults, index = job
+    found = _sweep_kernels(cols, backward, residual, meta=True, defaults=defaults)
+    if index >= len(found):
+        return 0
+    _, k, args = found[index]
+    k.compile(args, cc=90)
+    return 1
 
 
 def precompile(shapes: list, workers: int, defaults: bool = False) -> int:
@@ -239,10 +240,12 @@ def precompile(shapes: list, workers: int, defaults: bool = False) -> int:
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
 
-    jobs = sorted({(cols, bwd, res, defaults) for _, cols in shapes
-                   for bwd, res in ((False, False), (False, True), (True, False))})
+    kinds = sorted({(cols, bwd, res) for _, cols in shapes for bwd, res in ((False, False), (False, True),
+                                                                             (True, False))})
+    most = 1 if defaults else max(len(SWEEP_FORWARD), len(SWEEP_BACKWARD))
+    jobs = [(cols, bwd, res, defaults, i) for cols, bwd, res in kinds for i in range(most)]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return sum(pool.map(_precompile_one, jobs))
+        return sum(pool.map(_precompile_one, jobs, chunksize=4))
 
 
 def sweep_case(rows: int, cols: int, repeat: int, use_quack: bool, defaults: bool = False) -> list[dict]:

@@ -193,3 +193,24 @@ def test_staged_forward_compiles_where_its_stage_fits():
     narrow = _by_name(CudaRMSNorm, "CudaRMSNorm_bf16_block_a1")
     narrow.staged = True  # single elements: never staged
     assert "fwd_reg<" in narrow.name_expression(_rms((3, 4095)))
+
+
+def test_backward_ring_takes_up_to_64_bytes_a_thread():
+    # held in registers: 32 bytes of a row a thread at most; read back from the ring: 64
+    assert norm_plan.template_shape("block", True, 8192, 8, 2, 64).nv == 2
+    ring = norm_plan.template_shape("block", True, 8192, 8, 2, 64, ring=True)
+    assert (ring.nv, norm_plan.cta_threads(ring, 8192, True)) == (4, 256)
+    assert norm_plan.template_shape("block", True, 4096, 4, 4, 64, ring=True).nv == 4  # f32: 16 elements
+    assert norm_plan.template_shape("block", True, 4096, 1, 2, 64, ring=True).nv == 8  # (no ring for _a1)
+    kernel = _by_name(CudaRMSNormBackward, "CudaRMSNormBackward_bf16_block_a8")
+    kernel.stages, kernel.bytes_per_thread = 3, 64
+    assert kernel.name_expression(_rms_bwd((4, 8192))).endswith("8, 4, false, false, 3>")
+    kernel.stages = 0
+    assert kernel.name_expression(_rms_bwd((4, 8192))).endswith("8, 2, false, false, 0>")
+
+
+def _rms_bwd(shape):
+    x = _meta(shape, torch.bfloat16)
+    w = _meta((shape[-1],), torch.bfloat16)
+    return RMSNormBackwardArguments(_meta(shape, torch.bfloat16), x, w, _meta(shape, torch.bfloat16),
+                                    torch.empty_like(w))

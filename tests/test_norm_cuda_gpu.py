@@ -184,17 +184,20 @@ def test_backward_every_instance(kind, pair, shape):
     kernels = _instances(_BACKWARD[kind], args)
     assert kernels, kernel_api.explain(args)
     dx_ref, dw_ref, db_ref = _grads_reference(kind, dy, x, w, eps)
-    # register rows of 16-byte vectors also with later rows staged in shared memory
-    runs = [(k, 0) for k in kernels] + [(k, s) for s in (2, 3, 5) for k in kernels
-                                        if k.vec > 1 and k.strategy != "looped"]
-    for k, stages in runs:
-        k.stages = stages
+    # register rows of 16-byte vectors also with later rows staged in shared memory (the ring),
+    # at 32 and 64 bytes of a row per thread
+    ring = [k for k in kernels if k.vec > 1 and k.strategy != "looped"]
+    runs = [(k, 0, 32) for k in kernels] + [(k, s, b) for s, b in ((2, 32), (3, 32), (5, 32), (3, 64)) for k in ring]
+    for k, stages, bpt in runs:
+        k.stages, k.bytes_per_thread = stages, bpt
+        if not k.supports(args):
+            continue
         dx.fill_(SENTINEL)
         gw.fill_(SENTINEL)
         gb.fill_(SENTINEL)
         k.run(args)
         torch.cuda.synchronize()
-        name = f"{k.metadata.kernel_name} stages={stages}"
+        name = f"{k.metadata.kernel_name} stages={stages} bytes/thread={bpt}"
         _close(dx, dx_ref, dtype, name + " grad_x")
         _untouched(dx_buf, shape)
         _close(gw, dw_ref, wtype, name + " grad_weight")

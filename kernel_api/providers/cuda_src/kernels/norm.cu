@@ -553,7 +553,8 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
   }
   int it = 0;
   for (i64 row = unit; row < rows; row += units, ++it) {
-    Raw<T, VEC> xc[NV], gc[NV];
+    Raw<T, VEC> xc[STAGES == 0 ? NV : 1], gc[STAGES == 0 ? NV : 1];
+    int stage = 0;
     if constexpr (STAGES == 0) {
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
@@ -566,21 +567,25 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
       if (ahead < rows) issue(ahead, (it + STAGES - 1) % STAGES);
       cp_async_commit();
       cp_async_wait<STAGES - 1>();  // this row's group (committed STAGES - 1 groups ago) has landed
-      const int stage = it % STAGES;
-#pragma unroll
-      for (int j = 0; j < NV; ++j) {
-        if (in[j]) {
-#pragma unroll
-          for (int i = 0; i < CH; ++i) {
-            xc[j].u[i] = *slot(stage, 0, j, i);
-            gc[j].u[i] = *slot(stage, 1, j, i);
-          }
-        } else {
-          xc[j].zero();
-          gc[j].zero();
-        }
-      }
+      stage = it % STAGES;
     }
+    // this thread's slice j of the row's x and dy (STAGES >= 2: read back from the ring at each
+    // use rather than held in registers across the reduction)
+    auto slice = [&](int j, Raw<T, VEC>& xa, Raw<T, VEC>& ga) {
+      if constexpr (STAGES == 0) {
+        xa = xc[j];
+        ga = gc[j];
+      } else if (in[j]) {
+#pragma unroll
+        for (int i = 0; i < CH; ++i) {
+          xa.u[i] = *slot(stage, 0, j, i);
+          ga.u[i] = *slot(stage, 1, j, i);
+        }
+      } else {
+        xa.zero();
+        ga.zero();
+      }
+    };
     // One reduction per row for RMSNorm: sum(x^2) and sum(g * x), g = dy * w (mean(g * xhat) is
     // rstd * mean(g * x)). LayerNorm: the mean, then sum((x - mean)^2), sum(g) and
     // sum(g * (x - mean)) together (the variance two-pass, as the forward's).
@@ -589,8 +594,10 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
       float m[1] = {0.f};
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
+        Raw<T, VEC> xa, ga;
+        slice(j, xa, ga);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) m[0] += xc[j].get(k);
+        for (int k = 0; k < VEC; ++k) m[0] += xa.get(k);
       }
       row_sum<1, PER_WARP>(m, red + 96 * (call++ & 1));
       mean = m[0] * inv_n;
@@ -599,9 +606,11 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       if (CENTRED && !in[j]) continue;  // (x - mean is not 0 past the row)
+      Raw<T, VEC> xa, ga;
+      slice(j, xa, ga);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const float d = xc[j].get(k) - mean, g = gc[j].get(k) * wr[j].get(k);
+        const float d = xa.get(k) - mean, g = ga.get(k) * wr[j].get(k);
         s3[0] += d * d;
         s3[1] += g * d;
         if constexpr (CENTRED) s3[2] += g;
@@ -613,10 +622,12 @@ __global__ void __launch_bounds__(512) bwd_reg(const typename T::raw* __restrict
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       if (in[j]) {
+        Raw<T, VEC> xa, ga;
+        slice(j, xa, ga);
         float o[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float xh = (xc[j].get(k) - mean) * rstd, d = gc[j].get(k);
+          const float xh = (xa.get(k) - mean) * rstd, d = ga.get(k);
           dw[j][k] += d * xh;
           if constexpr (CENTRED) db[j][k] += d;
           o[k] = (d * wr[j].get(k) - c2 - xh * c1) * rstd;

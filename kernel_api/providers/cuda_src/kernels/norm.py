@@ -169,7 +169,7 @@ class _NormBase(CudaSourceKernel):
     # ---- compile: the template instance for this row length ------------------------------
     def shape_for(self, cols: int) -> Shape | None:
         return norm_plan.template_shape(self.strategy, self.backward, cols, self.vec, self.dtype.bytes,
-                                        self.bytes_per_thread)
+                                        self.bytes_per_thread, self.backward and self._stages() > 0)
 
     def _shape(self, args: Any) -> Shape:
         shape = self.shape_for(args.cols)

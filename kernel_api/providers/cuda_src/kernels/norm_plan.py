@@ -35,6 +35,11 @@ from dataclasses import dataclass
 #: Past these the sm_90a cubins spill (ptxas -v): the forward of single elements at 32 (each
 #: element its own 64-bit address), the backward of f32 or single elements at 16.
 MAX_ELEMENTS = {(False, False): 32, (False, True): 16, (True, False): 16, (True, True): 8}
+#: Bytes of a row one backward thread takes, at most, when its rows come from the shared-memory
+#: ring (read back at each use, not held across the row reduction): 64 (ptxas -v on the sm_90a
+#: cubins at 64 bytes: 125-128 registers for 16-bit rows, 93 for f32, no spills; at 32 bytes the
+#: RMSNorm backward takes 64 registers, against 112 with the rows held).
+RING_MAX_BYTES = 64
 #: Bytes of a row one thread holds, the target: the forward 64 (bf16: 32 elements, f32: 16),
 #: the backward 32 per row (bf16: 16, f32: 8), as the register softmax kernels measured best.
 BYTES_PER_THREAD = {False: 64, True: 32}
@@ -65,8 +70,11 @@ MIN_ROWS_PER_UNIT = 2
 STRATEGIES = ("warp", "block", "looped")
 
 
-def max_elements(backward: bool, vec: int, elem_bytes: int) -> int:
-    """`MAX_ELEMENTS` for a direction, vector width and element size."""
+def max_elements(backward: bool, vec: int, elem_bytes: int, ring: bool = False) -> int:
+    """`MAX_ELEMENTS` for a direction, vector width and element size (``ring``: a backward whose
+    rows come from the shared-memory ring, `RING_MAX_BYTES`)."""
+    if ring:
+        return RING_MAX_BYTES // elem_bytes
     return MAX_ELEMENTS[backward, vec == 1 or (backward and elem_bytes == 4)]
 
 
@@ -99,14 +107,15 @@ class Launch:
 
 @functools.lru_cache(maxsize=4096)
 def template_shape(strategy: str, backward: bool, cols: int, vec: int, elem_bytes: int,
-                   bytes_per_thread: int | None = None) -> Shape | None:
+                   bytes_per_thread: int | None = None, ring: bool = False) -> Shape | None:
     """The vectors per thread a strategy compiles for rows of ``cols`` elements, or None when
     the strategy does not take them. ``bytes_per_thread``: the block strategy's target
-    (default `BYTES_PER_THREAD`)."""
+    (default `BYTES_PER_THREAD`); ``ring``: a backward of 16-byte vectors with the shared-memory
+    ring (`RING_MAX_BYTES` per thread)."""
     if strategy == "looped":
         return Shape("looped", 0, vec)
     nvec = max(1, -(-cols // vec))
-    most = max(1, max_elements(backward, vec, elem_bytes) // vec)
+    most = max(1, max_elements(backward, vec, elem_bytes, ring and backward and vec * elem_bytes == 16) // vec)
     if strategy == "warp":
         nv = -(-nvec // 32)
         return Shape("warp", nv, vec) if nv <= most else None
