@@ -27,7 +27,7 @@ from kernel_api.arguments.attention import lse_shape
 from kernel_api.metadata.activations import GatedActivationOperandsMetadata
 from kernel_api.ops import dispatch
 from kernel_api.registry import versions
-from kernel_api.tuning import compile_worker, policies
+from kernel_api.tuning import compile_worker, policies, timing
 from kernel_api.tuning import reference as references
 from kernel_api.tuning.buckets import pow2_m
 from kernel_api.tuning.compile_worker import arguments_from_description, describe_arguments
@@ -264,7 +264,8 @@ def cross_entropy_in_place():
 
 
 def attention_with_lse():
-    q, k = torch.randn(2, 9, 4, 16), torch.randn(2, 11, 2, 16)
+    """More queries than keys, causal: the first two rows see no key (lse -inf, out 0)."""
+    q, k = torch.randn(2, 11, 4, 16), torch.randn(2, 9, 2, 16)
     lse = torch.empty(lse_shape(q, False))
     return AttentionArguments(q, k, torch.randn_like(k), torch.empty_like(q), lse, causal=True)
 
@@ -443,3 +444,10 @@ def test_a_worker_compiles_a_non_gemm_candidate():
     kernel = registry.get_kernels(args, providers=["torch"], cc=90)[0]
     request = compile_worker.compile_request(kernel, 90, *describe_arguments(args))
     assert compile_worker.compile_requests([request], 1) == [None]
+
+
+def test_equal_infinities_are_no_error_and_other_non_finite_outputs_are():
+    ref = torch.tensor([1.0, -float("inf"), 2.0])
+    assert float(timing.relative_error_tensor(ref.clone(), ref)) == 0.0
+    assert float(timing.relative_error_tensor(torch.tensor([1.0, 0.0, 2.0]), ref)) == float("inf")
+    assert float(timing.relative_error_tensor(torch.tensor([1.0, -float("inf"), float("nan")]), ref)) == float("inf")

@@ -32,7 +32,7 @@ from .pick_any import PickAny, Policy, describe_problem, rank_candidates
 from .records import RecordContext, RecordKey, TuningRecord, TuningRecords, record_key, toolchain_versions
 from .reference import output_of, random_like, reference, tolerance
 from .scope import current
-from .timing import (QueuedTiming, check_timing, relative_error_tensor, rotation_count, time_interleaved,
+from .timing import (QueuedTiming, check_timing, finite_norm, relative_error_tensor, rotation_count, time_interleaved,
                      time_own_state)
 
 # The analytic model's names stay importable from the policies, which rank by them.
@@ -610,7 +610,7 @@ class _Verification:
         self._expected = []
         for name, value in expected.items():
             value = value.double()
-            self._expected.append((name, value, torch.linalg.vector_norm(value)))
+            self._expected.append((name, value, finite_norm(value)))
         self.source, self.loosen = source, loosen
         return self
 

@@ -392,15 +392,24 @@ def time_cuda_pair(first: Callable[[int], None], second: Callable[[int], None], 
             statistics.median(b.elapsed_time(c) for _, b, c in events))
 
 
+def finite_norm(t: torch.Tensor) -> torch.Tensor:
+    """||t|| over its finite elements, in float64 (a log-sum-exp's -inf rows left out)."""
+    t = t.double()
+    return torch.linalg.vector_norm(torch.where(torch.isfinite(t), t, 0.0))
+
+
 def relative_error_tensor(out: torch.Tensor, ref: torch.Tensor, ref_norm: torch.Tensor | None = None) -> torch.Tensor:
     """||out - ref|| / ||ref|| in float64 as a 0-d tensor on ``out``'s device (inf if ``out`` has
-    a NaN or inf), computed without waiting for the GPU. ``ref_norm``: ||ref||, when known."""
-    o = out.double()
+    a NaN or inf where ``ref`` has not the same infinity: the -inf log-sum-exp of a row that sees
+    no key matches), computed without waiting for the GPU. ``ref_norm``: `finite_norm` of ref,
+    when known."""
+    o, r = out.double(), ref.double()
     if ref_norm is None:
-        ref_norm = torch.linalg.vector_norm(ref.double())
-    num = torch.linalg.vector_norm(o - ref.double())
+        ref_norm = finite_norm(r)
+    same = o == r  # (equal infinities too, whose difference is NaN)
+    num = torch.linalg.vector_norm(torch.where(same, 0.0, o - r))
     err = torch.where(ref_norm > 0, num / ref_norm, num)
-    return torch.where(torch.isfinite(o).all(), err, float("inf"))
+    return torch.where((torch.isfinite(o) | same).all(), err, float("inf"))
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
