@@ -198,12 +198,11 @@ __device__ __forceinline__ void block_sum(float (&v)[N], float* red) {
     for (int i = 0; i < N; ++i) red[i * 32 + warp] = v[i];
   }
   __syncthreads();
+  // every warp sums the warps' partials across its lanes (a butterfly: every lane gets the same
+  // bits, since each step adds the same two values)
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    float s = 0.f;
-    for (int w = 0; w < warps; ++w) s += red[i * 32 + w];
-    v[i] = s;
-  }
+  for (int i = 0; i < N; ++i) v[i] = lane < warps ? red[i * 32 + lane] : 0.f;
+  warp_sum<N>(v);
 }
 
 template <int N, bool PER_WARP>
