@@ -150,10 +150,19 @@ def run_case(case: tuple, names: dict, repeat: int) -> list[dict]:
     for backward in (False, True):
         ops.clear_dispatch_cache()
         sets = {layout: _sets(b, h, s, d, layout, count, backward) for layout in ("bhsd", "bshd")}
-        fns = {name: _launcher(run, sets[layout], causal, backward) for name, (layout, run) in names.items()}
-        for fn in fns.values():  # first calls: choices, FA4's compiles
-            fn(0)
-        torch.cuda.synchronize()
+        fns = {}
+        for name, (layout, run) in names.items():  # first calls: choices, FA4's compiles
+            fn = _launcher(run, sets[layout], causal, backward)
+            try:
+                fn(0)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - one contestant's failure is reported, the rest timed
+                print(f"{label} {'fwd+bwd' if backward else 'fwd'} {name}: {type(exc).__name__}: {str(exc)[:300]}",
+                      flush=True)
+                continue
+            fns[name] = fn
+        if "sdpa" not in fns:
+            continue
         chosen = _choices()
         times, behind = time_group(fns, repeat)
         work = flops(b, h, s, d, causal, backward)
@@ -162,7 +171,7 @@ def run_case(case: tuple, names: dict, repeat: int) -> list[dict]:
         ratios = {n: times["sdpa"] / t for n, t in times.items()}
         rows.append({"case": label, "mode": mode, "ms": times, "tflops": tflops, "vs_sdpa": ratios,
                      "chosen": chosen, "host_behind": behind, "sets": count})
-        parts = "  ".join(f"{n} {tflops[n]:.0f} ({ratios[n]:.2f}x)" for n in names)
+        parts = "  ".join(f"{n} {tflops[n]:.0f} ({ratios[n]:.2f}x)" for n in fns)
         print(f"{label} {mode}: TFLOP/s (vs sdpa) {parts}  ops chose {chosen}{'  [host behind]' if behind else ''}",
               flush=True)
         del sets, fns
