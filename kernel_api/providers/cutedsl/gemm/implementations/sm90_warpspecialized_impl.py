@@ -543,8 +543,9 @@ class Sm90WarpSpecializedGemmImpl:
 
     def _staged_out_partitions(self, copy_c_atom, etid, sOuts, rD_shape):
         """Per staged extra output: (tiled register->shared copy, this thread's shared-memory
-        partition, its register fragment laid out as the accumulator subtile). 16-bit outputs of
-        D's majorness are written with stmatrix as D is, the others element by element."""
+        partition, its register fragment laid out as the accumulator subtile, that fragment's
+        copy view). 16-bit outputs of D's majorness are written with stmatrix as D is, the
+        others element by element."""
         found = []
         for i, sOut in enumerate(sOuts):
             dtype = sOut.element_type
@@ -555,7 +556,9 @@ class Sm90WarpSpecializedGemmImpl:
             else:
                 atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype)
             tiled = cute.make_tiled_copy_S(atom, copy_c_atom)
-            found.append((tiled, tiled.get_slice(etid).partition_D(sOut), cute.make_rmem_tensor(rD_shape, dtype)))
+            thr = tiled.get_slice(etid)
+            rOut = cute.make_rmem_tensor(rD_shape, dtype)
+            found.append((tiled, thr.partition_D(sOut), rOut, thr.retile(rOut)))
         return tuple(found)
 
     def _store_staged(self, out_atoms, out_tensors, sOuts, slot, sub_crd, tile_m, tile_n, batch):
@@ -993,8 +996,8 @@ class Sm90WarpSpecializedGemmImpl:
                         slot = slot_base + (epi_count + sub) % self.epi_stages
                         cute.copy(tiled_r2s, tRS_rOut, tRS_sD[(None, None, None, slot)])
                         if const_expr(len(self.staged_out) > 0):
-                            for tiled_o, part_o, rO in staged_out:
-                                cute.copy(tiled_o, rO, part_o[(None, None, None, slot)])
+                            for tiled_o, part_o, _, rO_view in staged_out:
+                                cute.copy(tiled_o, rO_view, part_o[(None, None, None, slot)])
                         # make the generic-proxy smem writes visible to the TMA (async proxy)
                         cute.arch.fence_proxy("async.shared", space="cta")
                         if store_warp:
