@@ -13,7 +13,8 @@ L2, after a settle of back-to-back work), it times:
   the fusing kernels);
 - ``eager``: torch's GEMM and then the epilogue as separate torch ops;
 - ``compile``: ``torch.compile`` of the eager function (Inductor fuses the epilogue into its
-  GEMM template or a Triton kernel), unless ``--no-compile``.
+  GEMM template or a Triton kernel), unless ``--no-compile``;
+- ``fused@<config>``: the fused kernel of each other configuration ``--extra-configs`` names.
 
 Every contestant's result is first checked against a float64 reference. Prints ratios against
 the anchors and writes JSON to benchmarks/results/ (and $OUT).
@@ -113,7 +114,7 @@ def precompile(config: str, names: list[str]) -> None:
         print("compiled", name)
 
 
-def bench_shape(shape, names, repeat, use_compile, config, check_only=False) -> list[dict]:
+def bench_shape(shape, names, repeat, use_compile, config, check_only=False, extra_configs=()) -> list[dict]:
     from kernel_api.tuning.timing import time_interleaved
 
     M, N, K = shape
@@ -150,6 +151,15 @@ def bench_shape(shape, names, repeat, use_compile, config, check_only=False) -> 
             "fused_ops": lambda i, f=ops_fused: f(i % sets),
             "eager": lambda i, e=eager: e(As[i % sets], Bs[i % sets], operands[i % sets]),
         }
+        for other in extra_configs:
+            try:
+                k_other = _sm90(fused_args[0], other)
+                a_other = k_other.compile(fused_args[0])
+            except Exception as exc:  # noqa: BLE001 - report, keep the others
+                print(f"fused@{other}: {type(exc).__name__}: {exc}"[:300], flush=True)
+                continue
+            fns[f"fused@{other}"] = lambda i, fa=fused_args, k=k_other, a=a_other: k.run(
+                fa[i % sets], compiled_artifact=a, assume_supported_args=True)
         if use_compile:
             compiled = torch.compile(eager)
             fns["compile"] = lambda i, c=compiled: c(As[i % sets], Bs[i % sets], operands[i % sets])
@@ -192,6 +202,9 @@ def bench_shape(shape, names, repeat, use_compile, config, check_only=False) -> 
         ratios = {}
         if "fused" in ms and "plain" in ms:
             ratios["fused_over_plain"] = ms["fused"] / ms["plain"]
+        for label in ms:
+            if label.startswith("fused@") and "fused" in ms:
+                ratios[f"{label}_over_fused"] = ms[label] / ms["fused"]
         for anchor in ("eager", "compile"):
             if "fused" in ms and anchor in ms:
                 ratios[f"{anchor}_over_fused"] = ms[anchor] / ms["fused"]
@@ -214,6 +227,8 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--compile-shapes", default="", help="torch.compile only at these shapes (default: all)")
     parser.add_argument("--config", default=CONFIG, help="name part of the SM90 configuration timed")
+    parser.add_argument("--extra-configs", default="", help="comma-separated name parts of other SM90 configurations "
+                        "whose fused kernels are timed too (fused@<config>)")
     parser.add_argument("--precompile", action="store_true", help="compile for sm_90a only (no GPU needed)")
     parser.add_argument("--check-only", action="store_true",
                         help="compile and check every contestant, time nothing (fills the caches for a timed run)")
@@ -228,7 +243,8 @@ def main() -> None:
     compile_at = {tuple(int(x) for x in s.split("x")) for s in opts.compile_shapes.split(",") if s}
     for shape in shapes:
         use_compile = not opts.no_compile and (not compile_at or shape in compile_at)
-        doc["results"] += bench_shape(shape, names, opts.repeat, use_compile, opts.config, opts.check_only)
+        extra = [c for c in opts.extra_configs.split(",") if c]
+        doc["results"] += bench_shape(shape, names, opts.repeat, use_compile, opts.config, opts.check_only, extra)
         if not opts.check_only:  # (after each shape: a run cut short keeps what it measured)
             paths = results_io.write_result(results_io.result_name("epilogue", doc["device"], opts.tag), doc,
                                             indent=1)
