@@ -451,3 +451,11 @@ def test_equal_infinities_are_no_error_and_other_non_finite_outputs_are():
     assert float(timing.relative_error_tensor(ref.clone(), ref)) == 0.0
     assert float(timing.relative_error_tensor(torch.tensor([1.0, 0.0, 2.0]), ref)) == float("inf")
     assert float(timing.relative_error_tensor(torch.tensor([1.0, -float("inf"), float("nan")]), ref)) == float("inf")
+
+
+def test_linear_cross_entropy_inputs_make_logits_of_unit_variance():
+    h = torch.empty(256, 1024)
+    args = LinearCrossEntropyArguments(h, torch.empty(512, 1024), torch.randint(0, 512, (256,)), torch.empty(256))
+    new = references.random_like(args)
+    assert 0.8 < float((new.hidden @ new.weight.t()).std()) < 1.2
+    assert torch.equal(new.target, args.target) and new.loss.isnan().all()

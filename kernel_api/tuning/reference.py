@@ -278,7 +278,8 @@ def random_like(args: Any, generator: torch.Generator | None = None) -> Any:
     """New arguments of the same signature (dtypes, layouts, alignment) with fresh random data.
 
     Outputs are poisoned with NaN so unwritten elements are caught. GEMM and softmax are made
-    here; any other type makes its own (`Arguments.random_like`).
+    here; any other type makes its own (`Arguments.random_like`), the linear cross-entropy's
+    hidden states scaled so its logits have unit variance.
     """
     if isinstance(args, GemmArguments):
         epi = args.epilogue
@@ -300,7 +301,13 @@ def random_like(args: Any, generator: torch.Generator | None = None) -> Any:
         y = torch.softmax(_random_like(args.out, generator).float(), dim=-1).to(args.out.dtype)
         return SoftmaxBackwardArguments(_random_like(args.grad_out, generator), y,
                                         torch.full_like(args.grad_in, float("nan")), dim=args.dim)
-    return args.random_like(generator)
+    new = args.random_like(generator)
+    if isinstance(args, LinearCrossEntropyArguments):
+        # Logits of unit variance, as a trained model's: with standard normal hidden states and
+        # weights they would have the hidden size's variance, and their 16-bit rounding (which
+        # differs between kernels' GEMMs) would tip rows whose two largest logits nearly tie.
+        new.hidden.mul_(1 / math.sqrt(max(args.cols, 1)))
+    return new
 
 
 def input_bytes(args: Any) -> int:
