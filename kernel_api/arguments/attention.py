@@ -116,8 +116,20 @@ def lse_shape(q: torch.Tensor, varlen: bool) -> tuple[int, ...]:
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
-def _lse(lse: Any, q: torch.Tensor, varlen: bool) -> TensorAttributes:
-    """Attributes of the row log-sum-exp: float32, `lse_shape`, contiguous, q's device."""
+def lse_attributes(lse: Any, q: torch.Tensor, varlen: bool) -> TensorAttributes:
+    """Check the row log-sum-exp operand (float32, `lse_shape`, contiguous, q's device).
+
+    Args:
+        lse: the operand.
+        q: the queries.
+        varlen: whether the layout is variable length.
+
+    Returns:
+        Its `TensorAttributes`.
+
+    Raises:
+        TypeError, ValueError: naming ``lse``.
+    """
     _require_tensor(lse, "lse")
     if lse.dtype != torch.float32:
         raise TypeError(f"operand lse: dtype {lse.dtype} but the log-sum-exp is torch.float32")
@@ -133,7 +145,7 @@ def _lse(lse: Any, q: torch.Tensor, varlen: bool) -> TensorAttributes:
     return _attributes(DataType.f32, (0,) * (len(shape) - 1) + (1,), div)
 
 
-class Problem:
+class AttentionProblem:
     """What q, k, v and the scalars of attention say, checked once (shared by the forward's and
     the backward's arguments): sizes, the scale, and the attributes of q, k and v.
 
@@ -252,7 +264,7 @@ class AttentionArguments(Arguments):
                  lse: torch.Tensor | None = None, *, causal: bool = False, scale: float | None = None,
                  cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                  max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> None:
-        p = Problem(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        p = AttentionProblem(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         oa = p.like(out, "out", q, "q")
         self.varlen, self.causal, self.scale = p.varlen, p.causal, p.scale
         self.batch, self.seqlen_q, self.seqlen_k = p.batch, p.seqlen_q, p.seqlen_k
@@ -264,7 +276,7 @@ class AttentionArguments(Arguments):
         self._verdicts = self._binding = None
         self.tensor_attributes = {"q": p.q, "k": p.k, "v": p.v, "out": oa}
         if lse is not None:
-            self.tensor_attributes["lse"] = _lse(lse, q, p.varlen)
+            self.tensor_attributes["lse"] = lse_attributes(lse, q, p.varlen)
         self.signature = ("attention", p.q._key, p.k._key, p.v._key, oa._key, lse is not None, self.head_dim,
                           self.heads_q // self.heads_kv, self.causal, self.varlen, self.device_index)
 

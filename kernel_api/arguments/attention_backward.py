@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .attention import Problem, _lse, describe
+from .attention import AttentionProblem, describe, lse_attributes
 from .attention_math import attention_backward
 from .base import Arguments
 from .outputs import check_outputs_disjoint
@@ -53,9 +53,9 @@ class AttentionBackwardArguments(Arguments):
                  causal: bool = False, scale: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
                  cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
                  max_seqlen_k: int | None = None) -> None:
-        p = Problem(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        p = AttentionProblem(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         attrs: dict[str, Any] = {"grad_out": p.like(grad_out, "grad_out", q, "q"), "q": p.q, "k": p.k, "v": p.v,
-                                 "out": p.like(out, "out", q, "q"), "lse": _lse(lse, q, p.varlen),
+                                 "out": p.like(out, "out", q, "q"), "lse": lse_attributes(lse, q, p.varlen),
                                  "grad_q": p.like(grad_q, "grad_q", q, "q"), "grad_k": p.like(grad_k, "grad_k", k, "k"),
                                  "grad_v": p.like(grad_v, "grad_v", v, "v")}
         self.varlen, self.causal, self.scale = p.varlen, p.causal, p.scale
