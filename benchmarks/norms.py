@@ -379,22 +379,49 @@ def _reduce_alone(rows, cols, sets, xs, dys, dxs, w, gw, repeat) -> list[dict]:
 
 
 def sweep_lines(found: list[dict]) -> list[str]:
-    """One line per shape, phase and configuration: device us, effective TB/s, and the ratio of
-    the best anchor's time to its (above 1: faster than every anchor)."""
+    """One line per shape, phase and configuration: device us, effective TB/s, and for ours the
+    ratio of the best anchor's time (eager, Liger) to ours (above 1: faster than each) and of
+    QuACK's."""
     lines = []
     groups: dict = {}
     for f in found:
         groups.setdefault((tuple(f["shape"]), f["phase"]), []).append(f)
     for (shape, phase), entries in groups.items():
-        anchors = [e["us"] for e in entries if e["who"] not in ("ours", "copy") and "us" in e]
+        anchors = [e["us"] for e in entries if e["who"] not in ("ours", "copy", "quack") and "us" in e]
         best = min(anchors) if anchors else None
+        quack = [e["us"] for e in entries if e["who"] == "quack" and "us" in e]
         for e in sorted(entries, key=lambda e: e.get("us", 1e18)):
             head = f"sweep {phase:<13} {shape[0]}x{shape[1]:<6} {e['who']:<6} {e['config']:<44}"
             if "us" not in e:
                 lines.append(f"{head} {e['error']}")
                 continue
             ratio = f" x_best_anchor={best / e['us']:.2f}" if best and e["who"] == "ours" else ""
+            ratio += f" x_quack={quack[0] / e['us']:.2f}" if quack and e["who"] == "ours" else ""
             lines.append(f"{head} {e['us']:8.1f} us {e['tbs']:5.2f} TB/s{ratio}")
+    lines.extend(_forward_backward_lines(groups))
+    return lines
+
+
+def _forward_backward_lines(groups: dict) -> list[str]:
+    """Forward + backward per shape: each anchor's two times added, and ours at the fastest
+    forward and backward mappings (5 tensors of traffic)."""
+    lines = []
+    for shape in dict.fromkeys(shape for shape, _ in groups):
+        fwd, bwd = groups.get((shape, "fwd"), []), groups.get((shape, "bwd"), [])
+        total = {}
+        for who in dict.fromkeys(e["who"] for e in fwd + bwd):
+            f = [e for e in fwd if e["who"] == who and "us" in e]
+            b = [e for e in bwd if e["who"] == who and "us" in e]
+            if f and b:
+                f, b = min(f, key=lambda e: e["us"]), min(b, key=lambda e: e["us"])
+                total[who] = (f["us"] + b["us"], f"{f['config']} + {b['config']}" if who == "ours" else "")
+        anchors = [us for who, (us, _) in total.items() if who not in ("ours", "quack")]
+        for who, (us, config) in sorted(total.items(), key=lambda kv: kv[1][0]):
+            ratio = f" x_best_anchor={min(anchors) / us:.2f}" if anchors and who == "ours" else ""
+            ratio += f" x_quack={total['quack'][0] / us:.2f}" if "quack" in total and who == "ours" else ""
+            tbs = 5 * shape[0] * shape[1] * 2 / us / 1e6
+            lines.append(f"sweep {'fwd+bwd':<13} {shape[0]}x{shape[1]:<6} {who:<6} {config[:90]} {us:8.1f} us "
+                         f"{tbs:5.2f} TB/s{ratio}")
     return lines
 
 
