@@ -12,7 +12,7 @@ import torch
 
 import kernel_api
 from kernel_api import (AttentionArguments, CrossEntropyArguments, GatedActivationArguments, LayerNormBackwardArguments,
-                        RMSNormArguments, RopeArguments, ops)
+                        LinearCrossEntropyArguments, RMSNormArguments, RopeArguments, ops)
 from kernel_api.tuning.policies import PickBest
 from kernel_api.tuning.records import TuningRecords
 
@@ -48,6 +48,16 @@ def cross_entropy_in_place():
                                  grad_loss=torch.full((), 1e-3, device="cuda").expand(1000), label_smoothing=0.1)
 
 
+def linear_cross_entropy_with_gradients():
+    hidden = torch.randn(1000, 1024, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(32000, 1024, device="cuda", dtype=torch.bfloat16)
+    target = torch.randint(0, 32000, (1000,), device="cuda")
+    target[::9] = -100
+    return LinearCrossEntropyArguments(hidden, weight, target, torch.empty(1000, device="cuda"),
+                                       grad_hidden=torch.empty_like(hidden), grad_weight=torch.empty_like(weight),
+                                       grad_loss=torch.full((), 1e-3, device="cuda").expand(1000))
+
+
 def rope():
     q = torch.randn(2, 77, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(2, 77, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
@@ -63,7 +73,7 @@ def attention_causal():
 
 
 @pytest.mark.parametrize("make", [rms_norm_residual, layer_norm_backward, swiglu_halves, cross_entropy_in_place, rope,
-                                  attention_causal])
+                                  attention_causal, linear_cross_entropy_with_gradients])
 def test_every_candidate_that_builds_verifies_and_the_winner_runs(make, tmp_path):
     args = make()
     picker = PickBest(num_workers=1, max_candidates=4, repeat=5, settle_ms=0,
