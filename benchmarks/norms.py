@@ -7,7 +7,8 @@ the forward+backward (``torch.autograd.grad`` of x and weight, and bias / residu
 - ``ours``: ``kernel_api.ops.rms_norm`` / ``layer_norm`` with the policy in force (PickAny);
 - ``eager``: ``torch.nn.functional.rms_norm`` / ``layer_norm`` (after ``x + residual``);
 - ``compile``: ``torch.compile`` of the eager function;
-- ``liger``: Liger's autograd functions, where ``liger_kernel`` imports.
+- ``liger``: Liger's autograd functions, where ``liger_kernel`` imports;
+- ``quack``: QuACK's ``rmsnorm`` (RMSNorm without the residual), where it imports.
 
 Every result is first checked against float64. Rates are effective TB/s: the forward moves
 x and y (and residual, s), the forward+backward 5 tensors of the rows' type (x and y, then x,
@@ -104,6 +105,9 @@ def bench_case(rows: int, cols: int, variant: str, repeat: int, anchors: dict, u
         fns["compile"] = torch.compile(_eager(variant))
     if variant in anchors:
         fns["liger"] = anchors[variant]
+    quack = _quack_rmsnorm() if variant == "rms" else None
+    if quack is not None:
+        fns["quack"] = lambda x, w, b, r: quack(x, w, eps=EPS)
     ref = _reference(variant, xs[0].detach(), w.detach(), None if b is None else b.detach(),
                      None if rs[0] is None else rs[0].detach())
     entry: dict = {"shape": [rows, cols], "dtype": "bf16", "variant": variant, "errors": {}, "rel_err": {}}
