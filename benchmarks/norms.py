@@ -164,7 +164,7 @@ def bench_case(rows: int, cols: int, variant: str, repeat: int, anchors: dict, u
 #: The sweep's row mappings, (bytes of a row per thread, resident threads per SM, stages, staged):
 #: the forward's bytes per thread, its rows in registers or staged in shared memory; the backward's
 #: bytes per thread x threads per SM x shared-memory stages (0: the next row in registers).
-SWEEP_FORWARD = tuple((b, 0, 0, staged) for b in (16, 32, 64) for staged in (False, True))
+SWEEP_FORWARD = tuple((b, 0, 0, staged) for b in (16, 32, 64, 128) for staged in (False, True))
 SWEEP_BACKWARD = tuple((b, t, s, False) for b in (16, 32, 64) for t in (512, 1024) for s in (0, 2, 3, 4, 5))
 
 

@@ -186,7 +186,11 @@ def test_staged_forward_compiles_where_its_stage_fits():
     assert artifact.extra.staged
     shape = artifact.extra.shape
     assert norm_plan.stage_bytes(shape, 256, True) == 4 * 16 * 256 * 2 <= norm_plan.STAGE_LIMIT
-    # a row whose stage exceeds the limit takes the register rows
+    kernel.bytes_per_thread = 128  # staged rows take up to 128 bytes a thread
+    assert kernel.name_expression(_rms((3, 8192))).endswith("fwd_staged<ka_norm::BF16, ka_norm::BF16, 8, 8, "
+                                                              "false, false>")
+    kernel.bytes_per_thread = 64
+    # a row whose stage (with the residual's) exceeds the limit takes the register rows
     long = _rms((3, 32768))
     assert norm_plan.stage_bytes(kernel.shape_for(32768), 1024, False) > norm_plan.STAGE_LIMIT
     assert "fwd_reg<" in kernel.name_expression(long)
@@ -195,13 +199,15 @@ def test_staged_forward_compiles_where_its_stage_fits():
     assert "fwd_reg<" in narrow.name_expression(_rms((3, 4095)))
 
 
-def test_backward_ring_takes_up_to_64_bytes_a_thread():
-    # held in registers: 32 bytes of a row a thread at most; read back from the ring: 64
+def test_staged_rows_take_more_bytes_a_thread():
+    # the backward: held in registers, 32 bytes of a row a thread at most; read back from the ring, 64
+    # (the staged forward: 128)
+    assert norm_plan.template_shape("block", False, 8192, 8, 2, 128, staged=True).nv == 8
     assert norm_plan.template_shape("block", True, 8192, 8, 2, 64).nv == 2
-    ring = norm_plan.template_shape("block", True, 8192, 8, 2, 64, ring=True)
+    ring = norm_plan.template_shape("block", True, 8192, 8, 2, 64, staged=True)
     assert (ring.nv, norm_plan.cta_threads(ring, 8192, True)) == (4, 256)
-    assert norm_plan.template_shape("block", True, 4096, 4, 4, 64, ring=True).nv == 4  # f32: 16 elements
-    assert norm_plan.template_shape("block", True, 4096, 1, 2, 64, ring=True).nv == 8  # (no ring for _a1)
+    assert norm_plan.template_shape("block", True, 4096, 4, 4, 64, staged=True).nv == 4  # f32: 16 elements
+    assert norm_plan.template_shape("block", True, 4096, 1, 2, 64, staged=True).nv == 8  # (no ring for _a1)
     kernel = _by_name(CudaRMSNormBackward, "CudaRMSNormBackward_bf16_block_a8")
     kernel.stages, kernel.bytes_per_thread = 3, 64
     assert kernel.name_expression(_rms_bwd((4, 8192))).endswith("8, 4, false, false, 3>")

@@ -104,16 +104,19 @@ def test_forward_every_instance(kind, pair, shape, fused):
     kernels = _instances(_FORWARD[kind], args)
     assert kernels, kernel_api.explain(args)
     y_ref, s_ref = _reference(kind, x, w, b, eps, r)
-    # block rows of 16-byte vectors also staged in shared memory
-    runs = [(k, False) for k in kernels] + [(k, True) for k in kernels if k.vec > 1 and k.strategy == "block"]
-    for k, staged in runs:
-        k.staged = staged
+    # block rows of 16-byte vectors also staged in shared memory, at 64 and 128 bytes a thread
+    block = [k for k in kernels if k.vec > 1 and k.strategy == "block"]
+    runs = [(k, False, 64) for k in kernels] + [(k, True, b) for b in (64, 128) for k in block]
+    for k, staged, bpt in runs:
+        k.staged, k.bytes_per_thread = staged, bpt
+        if not k.supports(args):
+            continue
         out.fill_(SENTINEL)
         if fused:
             r_out.fill_(SENTINEL)
         k.run(args)
         torch.cuda.synchronize()
-        name = f"{k.metadata.kernel_name} staged={staged}"
+        name = f"{k.metadata.kernel_name} staged={staged} bytes/thread={bpt}"
         _close(out, y_ref, dtype, name)
         _untouched(out_buf, shape)
         if fused:

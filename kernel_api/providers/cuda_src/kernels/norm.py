@@ -168,8 +168,16 @@ class _NormBase(CudaSourceKernel):
 
     # ---- compile: the template instance for this row length ------------------------------
     def shape_for(self, cols: int) -> Shape | None:
+        if self._may_stage():
+            staged = norm_plan.staged_forward_shape(cols, self.vec, self.dtype.bytes, self.bytes_per_thread)
+            if staged is not None:
+                return staged
         return norm_plan.template_shape(self.strategy, self.backward, cols, self.vec, self.dtype.bytes,
                                         self.bytes_per_thread, self.backward and self._stages() > 0)
+
+    def _may_stage(self) -> bool:
+        """A forward whose block rows of 16-byte vectors may be staged (`staged`)."""
+        return not self.backward and self.staged and self.strategy == "block" and self.vec * self.dtype.bytes == 16
 
     def _shape(self, args: Any) -> Shape:
         shape = self.shape_for(args.cols)
@@ -212,12 +220,9 @@ class _NormBase(CudaSourceKernel):
 
     def _staged(self, args: Any, shape: Shape) -> bool:
         """Whether the forward compiles fwd_staged for these rows: block rows of 16-byte vectors
-        whose stage fits `norm_plan.STAGE_LIMIT`."""
-        if self.backward or not self.staged or shape.strategy != "block" or self.vec * self.dtype.bytes != 16:
-            return False
-        threads = norm_plan.cta_threads(shape, args.cols, False)
-        return threads is not None and norm_plan.stage_bytes(
-            shape, threads, getattr(args, "residual", None) is not None) <= norm_plan.STAGE_LIMIT
+        whose stage, with the residual's, fits `norm_plan.STAGE_LIMIT`."""
+        return self._may_stage() and shape == norm_plan.staged_forward_shape(args.cols, self.vec, self.dtype.bytes,
+                                                                             self.bytes_per_thread)
 
     def _stages(self) -> int:
         """The ring's stages this instance compiles (0 where it moves no 16-byte vectors)."""

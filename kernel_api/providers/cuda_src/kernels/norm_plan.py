@@ -35,11 +35,12 @@ from dataclasses import dataclass
 #: Past these the sm_90a cubins spill (ptxas -v): the forward of single elements at 32 (each
 #: element its own 64-bit address), the backward of f32 or single elements at 16.
 MAX_ELEMENTS = {(False, False): 32, (False, True): 16, (True, False): 16, (True, True): 8}
-#: Bytes of a row one backward thread takes, at most, when its rows come from the shared-memory
-#: ring (read back at each use, not held across the row reduction): 64 (ptxas -v on the sm_90a
-#: cubins at 64 bytes: 125-128 registers for 16-bit rows, 93 for f32, no spills; at 32 bytes the
-#: RMSNorm backward takes 64 registers, against 112 with the rows held).
-RING_MAX_BYTES = 64
+#: Bytes of a row one thread takes, at most, when its rows are staged in shared memory (read back
+#: at each use, not held across the row reduction), by backward: the staged forward 128 (ptxas -v
+#: on the sm_90a cubins: 32-52 registers), the backward's ring 64 (125-128 registers for 16-bit
+#: rows, 93 for f32, no spills; at 32 bytes the RMSNorm backward takes 64 registers, against 112
+#: with the rows held). 16-byte vectors only.
+STAGED_MAX_BYTES = {False: 128, True: 64}
 #: Bytes of a row one thread holds, the target: the forward 64 (bf16: 32 elements, f32: 16),
 #: the backward 32 per row (bf16: 16, f32: 8), as the register softmax kernels measured best.
 BYTES_PER_THREAD = {False: 64, True: 32}
@@ -70,11 +71,11 @@ MIN_ROWS_PER_UNIT = 2
 STRATEGIES = ("warp", "block", "looped")
 
 
-def max_elements(backward: bool, vec: int, elem_bytes: int, ring: bool = False) -> int:
-    """`MAX_ELEMENTS` for a direction, vector width and element size (``ring``: a backward whose
-    rows come from the shared-memory ring, `RING_MAX_BYTES`)."""
-    if ring:
-        return RING_MAX_BYTES // elem_bytes
+def max_elements(backward: bool, vec: int, elem_bytes: int, staged: bool = False) -> int:
+    """`MAX_ELEMENTS` for a direction, vector width and element size (``staged``: rows of 16-byte
+    vectors staged in shared memory, `STAGED_MAX_BYTES`)."""
+    if staged and vec * elem_bytes == 16:
+        return STAGED_MAX_BYTES[backward] // elem_bytes
     return MAX_ELEMENTS[backward, vec == 1 or (backward and elem_bytes == 4)]
 
 
@@ -107,15 +108,15 @@ class Launch:
 
 @functools.lru_cache(maxsize=4096)
 def template_shape(strategy: str, backward: bool, cols: int, vec: int, elem_bytes: int,
-                   bytes_per_thread: int | None = None, ring: bool = False) -> Shape | None:
+                   bytes_per_thread: int | None = None, staged: bool = False) -> Shape | None:
     """The vectors per thread a strategy compiles for rows of ``cols`` elements, or None when
     the strategy does not take them. ``bytes_per_thread``: the block strategy's target
-    (default `BYTES_PER_THREAD`); ``ring``: a backward of 16-byte vectors with the shared-memory
-    ring (`RING_MAX_BYTES` per thread)."""
+    (default `BYTES_PER_THREAD`); ``staged``: rows staged in shared memory (the backward's ring,
+    the staged forward), `STAGED_MAX_BYTES` a thread."""
     if strategy == "looped":
         return Shape("looped", 0, vec)
     nvec = max(1, -(-cols // vec))
-    most = max(1, max_elements(backward, vec, elem_bytes, ring and backward and vec * elem_bytes == 16) // vec)
+    most = max(1, max_elements(backward, vec, elem_bytes, staged) // vec)
     if strategy == "warp":
         nv = -(-nvec // 32)
         return Shape("warp", nv, vec) if nv <= most else None
@@ -195,6 +196,18 @@ def stage_bytes(shape: Shape, threads: int, residual: bool) -> int:
     """Dynamic shared memory of a staged forward CTA: ``nv`` 16-byte chunks of the row per
     thread, and of the residual."""
     return shape.nv * 16 * threads * (2 if residual else 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def staged_forward_shape(cols: int, vec: int, elem_bytes: int, bytes_per_thread: int | None = None) -> Shape | None:
+    """The staged forward's block rows for ``cols`` (up to `STAGED_MAX_BYTES` a thread), or None
+    where their stage with the residual's would exceed `STAGE_LIMIT` (the same choice for both
+    forms, so that it follows the row length alone)."""
+    shape = template_shape("block", False, cols, vec, elem_bytes, bytes_per_thread, staged=True)
+    if shape is None:
+        return None
+    threads = cta_threads(shape, cols, False)
+    return shape if threads is not None and stage_bytes(shape, threads, True) <= STAGE_LIMIT else None
 
 
 REDUCE_THREADS = 512
