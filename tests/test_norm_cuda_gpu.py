@@ -144,13 +144,16 @@ def test_forward_misaligned_pointers_take_a1(kind):
 
 
 @pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
-def test_forward_repeated_runs_read_new_data(kind):
-    """A second run of the same arguments replays the recorded launch and sees new data."""
+@pytest.mark.parametrize("staged", [False, True])
+def test_forward_repeated_runs_read_new_data(kind, staged):
+    """A second run of the same arguments replays the recorded launch (with the staged rows'
+    shared memory) and sees new data."""
     x = _fresh((64, 2048), torch.bfloat16)
     w, b = torch.randn(2048, device="cuda"), torch.randn(2048, device="cuda")
     out = torch.full_like(x, SENTINEL)
     args = _forward_args(kind, x, w, b, out, 1e-6)
     k = next(k for k in _instances(_FORWARD[kind], args) if "_block_a8" in k.metadata.kernel_name)
+    k.staged = staged
     for _ in range(3):
         x.copy_(torch.randn_like(x, dtype=torch.float32))
         k.run(args)
