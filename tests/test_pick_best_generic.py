@@ -33,9 +33,9 @@ from kernel_api.tuning.buckets import pow2_m
 from kernel_api.tuning.compile_worker import arguments_from_description, describe_arguments
 from kernel_api.tuning.records import RecordContext, TuningRecords, operation_key, record_key
 
-#: Simulated ms a call of each toy kernel takes (a kernel not listed: 1).
+#: Simulated ms a call of each toy kernel takes.
 COST_MS = {"ToyGated_wrong": 0.5, "ToyGated_slow": 3.0, "ToyGated_fast": 1.0}
-CLOCK = [0.0]  # the simulated clock: each toy call (and each torch kernel's, through the timer) advances it
+CLOCK = [0.0]  # the simulated clock, in ms: each toy kernel's call advances it by its cost
 
 
 class ToyGatedProvider(kernel_api.Provider):
