@@ -35,7 +35,7 @@ import torch
 from ..arguments import Arguments
 from ..core import tracing
 from .dispatch import op_on_stream
-from .replay import OperationReplay
+from .replay import DECLINED, OperationReplay, needs_op
 
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
@@ -222,7 +222,11 @@ def _implementation(op: Operation, complete: Callable[..., tuple], replay: Opera
     arguments and `ops.call` them (recording the call)."""
     def implementation(*inputs: Any, **named: Any) -> Any:
         inputs = complete(inputs, named)
-        return replay.fresh(inputs, None, not (_is_compiling() or _dispatch_modes()))
+        if not (_is_compiling() or _dispatch_modes()):
+            done = replay.fresh(inputs, True)
+            if done is not DECLINED:
+                return done
+        return replay.python_path(inputs, None, None, True)
 
     implementation.__qualname__ = f"{op.name}.implementation"
     return implementation
@@ -278,6 +282,7 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
     output by its own name (keyword only, default None: allocated), then ``stream``."""
     arguments, fake, outputs = op.arguments, op.fake, op.outputs
     several = len(outputs) > 1
+    single = not several
     n = len(schema.arguments)
     keyword = inspect.Parameter.KEYWORD_ONLY
     signature = inspect.Signature([
@@ -294,7 +299,7 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
             # every input given by position, outputs (if any) by name: no binding needed (the
             # common call, e.g. the op functions' own `f(x, w, eps, out=out)`)
             given = [named.get(name) for name in outputs]
-            fresh = not named or not any(g is not None for g in given)
+            fresh = not named or (given[0] is None if single else all(g is None for g in given))
         else:  # inputs by name or defaulted, or a wrong call: the signature binds and explains
             try:
                 bound = signature.bind(*inputs, stream=stream, **named)
@@ -304,11 +309,19 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
             values = bound.arguments
             inputs = tuple([values[a.name] for a in schema.arguments])
             given = [values[name] for name in outputs]
-            fresh = not any(g is not None for g in given)
-        if _is_compiling() or _dispatch_modes() or _to_op(inputs):
+            fresh = all(g is None for g in given)
+        if _is_compiling() or _dispatch_modes():
             return _through_op(op, overload, stream, given, inputs)
         if fresh:  # outputs made here: new memory, which no input overlaps
-            return replay.fresh(inputs, stream)
+            if stream is None:
+                done = replay.fresh(inputs)
+                if done is not DECLINED:
+                    return done
+            if needs_op(inputs):
+                return _through_op(op, overload, stream, given, inputs)
+            return replay.python_path(inputs, stream)
+        if needs_op(inputs):
+            return _through_op(op, overload, stream, given, inputs)
         if any(g is None for g in given):
             made = fake(*inputs)
             made = made if several else (made,)
@@ -324,16 +337,6 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
     function.op = overload
     function.__signature__ = signature
     return function
-
-
-def _to_op(inputs: tuple) -> bool:
-    """Whether an eager call goes to the torch op: an input requires grad with grad mode on
-    (autograd records the op), or is a meta tensor (the fake implementation answers)."""
-    grad = _grad_enabled()
-    for v in inputs:
-        if isinstance(v, _Tensor) and (v.is_meta or (grad and v.requires_grad)):
-            return True
-    return False
 
 
 def _through_op(op: Operation, overload: Any, stream: Any, given: list, inputs: tuple) -> Any:

@@ -14,7 +14,7 @@ depend on:
 - the values and types of the other inputs.
 
 A later call with an equal key makes its outputs as the first did (the operation's ``fake``),
-picks the launch's tensors out of the call's (`Replay.steps`) and calls the launcher's function
+picks the launch's tensors out of the call's (`Replay.pick`) and calls the launcher's function
 on the current stream: no arguments, no choice, no `Kernel.run`. Equal metadata means the same
 arguments summary, so the same choice and the same launch constants (the `Launcher` contract);
 only memory overlap depends on more, so a call given outputs replays only when their bytes meet
@@ -31,6 +31,7 @@ input given (its values may steer the arguments, as attention's sequence offsets
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from operator import itemgetter
 from typing import Any, Callable
 
@@ -51,6 +52,7 @@ _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _is_compiling = tracing.is_compiling
 _dispatch_modes = tracing.dispatch_mode_depth
 _increment_version = torch._C._increment_version
+_grad_enabled = torch.is_grad_enabled
 _NO_LAUNCHER = Kernel._launcher
 _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
 
@@ -69,6 +71,9 @@ _PYTHON_LIMIT = 4096
 _recall: Any = None
 _remember: Any = None
 _python_store: dict[tuple, dict] = {}
+
+#: What `OperationReplay.fresh` returns when it did nothing: the caller takes its other paths.
+DECLINED = object()
 
 
 def _use_native(entry: Any) -> None:
@@ -97,10 +102,8 @@ class Replay:
     Attributes:
         function: the launcher's function.
         tail: its constants after the tensors.
-        pick: the launch's tensors from the call's (inputs, then outputs), or None when
-            ``steps`` has views to make; ``steps`` as they are when it is the identity.
-        steps: per launch tensor, the index of the call's tensor it is, or ``(index, shape,
-            strides, offset)`` for a view of that tensor (`derivation`).
+        pick: the launch's tensors from the call's (inputs, then outputs; `derivation`), or None
+            when they are the call's, in order.
         device: the CUDA device index launched on (-1: not a CUDA device, no stream).
         extents: the byte extents of the call's tensors (`outputs_apart`).
         token: the settings' scope token, kept alive while its id() is in the key.
@@ -109,7 +112,6 @@ class Replay:
     function: Callable[..., Any]
     tail: tuple
     pick: Callable[[tuple], tuple] | None
-    steps: tuple
     device: int
     extents: tuple[int, ...]
     token: Any
@@ -161,17 +163,14 @@ def derivation(args: Arguments, operands: tuple) -> tuple | None:
 
 
 def _picker(steps: tuple, count: int) -> Callable[[tuple], tuple] | None:
+    """`Replay.pick` for `derivation`'s ``steps``."""
     if any(type(s) is not int for s in steps):
-        return None
+        return partial(_made, steps)
     if steps == tuple(range(count)):
-        return _same
+        return None
     if len(steps) == 1:
         return lambda operands, i=steps[0]: (operands[i],)
     return itemgetter(*steps)
-
-
-def _same(operands: tuple) -> tuple:
-    return operands
 
 
 def _made(steps: tuple, operands: tuple) -> tuple:
@@ -243,43 +242,101 @@ class OperationReplay:
         return tuple([(v, v.__class__) for v in self.value_at(inputs)])
 
     def _found(self, tag: int, operands: tuple) -> dict | None:
+        """The entries recorded for ``operands``' metadata under ``tag``; None also for operands
+        that need the Python path (a tensor subclass, or autograd)."""
+        grad = _grad_enabled()
         for t in operands:
-            if t.__class__ not in _PLAIN:
+            if t.__class__ not in _PLAIN or (grad and t.requires_grad):
                 return None
         if _recall is not None:
             return _recall(tag, *operands)
         key = _python_key(tag, operands)
         return None if key is None else _python_store.get(key)
 
-    def fresh(self, inputs: tuple, stream: Any = None, replay: bool = True) -> Any:
-        """A call that makes its outputs (with the operation's ``fake``): replayed on the current
-        stream when recorded, otherwise the Python path (`call`), which records it. The caller
-        has ruled out tracing, dispatch modes and autograd where ``replay`` holds.
+    def fresh(self, inputs: tuple, own: bool = False) -> Any:
+        """Replay a call that makes its outputs (with the operation's ``fake``) on the current
+        stream. The caller has ruled out tracing and dispatch modes.
 
         Args:
             inputs: every input, in schema order.
-            stream: the launch stream; None: the current one (only such calls are replayed).
-            replay: whether a recorded call may be replayed.
+            own: on the Python path, return the outputs made here rather than `call`'s (the torch
+                op's implementation returns what its ``fake`` describes).
 
         Returns:
-            The outputs (one tensor, or a tuple).
+            The outputs (one tensor, or a tuple); `DECLINED` when nothing is recorded for the
+            tensor inputs or they need autograd or the Python path (nothing was made). A call
+            recorded for its inputs but not for the alignments its new outputs took runs the
+            Python path with those outputs, which records it.
         """
-        tensors = self.tensors(inputs) if replay and stream is None and self.tensors is not None else None
-        found = self._found(_settings.get().policy_id | self.bits | _FRESH, tensors) if tensors else None
+        if self.tensors is None:
+            return DECLINED
+        tensors = self.tensors(inputs)
+        grad = _grad_enabled()
+        for t in tensors:  # (`_found`'s checks, inline: the hot path)
+            if t.__class__ not in _PLAIN or (grad and t.requires_grad):
+                return DECLINED
+        tag = _settings.get().policy_id | self.bits | _FRESH
+        if _recall is not None:
+            found = _recall(tag, *tensors)
+        else:
+            key = _python_key(tag, tensors)
+            found = None if key is None else _python_store.get(key)
+        if found is None:
+            return DECLINED
         made = self.fake(*inputs)
-        results = made if self.several else (made,)
-        if found is not None:
-            try:
-                entry = found.get((self._values_key(inputs), _alignments(results)))
-            except TypeError:  # an unhashable value: never recorded
-                entry = None
-            if entry is not None and _run(entry, tensors + results):
-                return made
+        if self.several:
+            results = made
+            alignments = _alignments(made)
+        else:
+            results = (made,)
+            alignments = made.data_ptr() & 1023
+            alignments &= -alignments
+        n = self.values
+        if n == 1:
+            v = inputs[self.value_at]
+            values: tuple = (v, v.__class__)
+        else:
+            values = self._values_key(inputs)
+        try:
+            entry = found.get((values, alignments))
+        except TypeError:  # an unhashable value: never recorded
+            entry = None
+        if entry is not None:
+            device = entry.device
+            if device < 0:
+                stream = None
+            elif _current_device() == device:
+                stream = _cu_streams.get(_current_raw_stream(device)) if _current_raw_stream is not None else None
+                if stream is None:
+                    stream = to_cuda_stream(None)
+            else:
+                return DECLINED
+            operands = tensors + results
+            pick = entry.pick
+            entry.function(*(operands if pick is None else pick(operands)), *entry.tail, stream)
+            return made
+        if needs_op(inputs):
+            return DECLINED
         # (the outputs just made go to the Python path: the record is for their alignments)
+        return self.python_path(inputs, None, made, own)
+
+    def python_path(self, inputs: tuple, stream: Any, made: Any = None, own: bool = False) -> Any:
+        """A call that makes its outputs, on the Python path (`call`, which records it).
+
+        Args:
+            inputs: every input, in schema order.
+            stream: the launch stream (None: the current one).
+            made: the outputs, made already by the operation's ``fake``; None: made here.
+            own: return ``made`` rather than `call`'s result (the arguments' outputs).
+        """
+        if made is None:
+            made = self.fake(*inputs)
         if self.several and not (isinstance(made, tuple) and len(made) == len(self.outputs)):
             raise ValueError(f"{self.name}: expected {len(self.outputs)} outputs {self.outputs}, got "
                              f"{type(made).__name__}")
-        return self.call(self.arguments(*inputs, **dict(zip(self.outputs, results))), inputs, results, stream, True)
+        results = made if self.several else (made,)
+        done = self.call(self.arguments(*inputs, **dict(zip(self.outputs, results))), inputs, results, stream, True)
+        return made if own else done
 
     def given(self, inputs: tuple, results: tuple) -> bool:
         """Replay a call given outputs (``results``: each given or made), on the current stream,
@@ -352,7 +409,7 @@ class OperationReplay:
         if settings.policy_id >> _OPERATION_SHIFT:
             return
         tag = settings.policy_id | self.bits
-        entry = Replay(launcher.function, launcher.tail, _picker(steps, len(operands)), steps,
+        entry = Replay(launcher.function, launcher.tail, _picker(steps, len(operands)),
                        args.device_index if args.device.type == "cuda" else -1,
                        tuple([byte_extent(t) for t in operands]), settings.scope_token)
         store = _store(tag | _FRESH, tensors) if fresh else _store(tag, operands)
@@ -364,11 +421,22 @@ class OperationReplay:
 
 def _alignments(results: tuple) -> Any:
     """The made outputs' pointer alignments (the largest power of two dividing the address, up
-    to 1024 bytes: what arguments summaries read of a pointer), as a part of a fresh call's key."""
+    to 1024 bytes, 0 for more: what arguments summaries read of a pointer), as a part of a fresh
+    call's key: one for one output, a tuple for several."""
     if len(results) == 1:
         low = results[0].data_ptr() & 1023
         return low & -low
     return tuple([(p & 1023) & -(p & 1023) for p in [t.data_ptr() for t in results]])
+
+
+def needs_op(inputs: tuple) -> bool:
+    """Whether an eager call goes to the torch op: an input requires grad with grad mode on
+    (autograd records the op), or is a meta tensor (the fake implementation answers)."""
+    grad = _grad_enabled()
+    for v in inputs:
+        if isinstance(v, _Tensor) and (v.is_meta or (grad and v.requires_grad)):
+            return True
+    return False
 
 
 def _run(entry: Replay, operands: tuple) -> bool:
@@ -384,7 +452,7 @@ def _run(entry: Replay, operands: tuple) -> bool:
     else:
         stream = None
     pick = entry.pick
-    entry.function(*(pick(operands) if pick is not None else _made(entry.steps, operands)), *entry.tail, stream)
+    entry.function(*(operands if pick is None else pick(operands)), *entry.tail, stream)
     return True
 
 
@@ -415,4 +483,4 @@ def _store(tag: int, operands: tuple) -> dict | None:
     return found
 
 
-__all__ = ["OperationReplay", "Replay", "derivation", "forget", "outputs_apart"]
+__all__ = ["DECLINED", "OperationReplay", "Replay", "derivation", "forget", "needs_op", "outputs_apart"]

@@ -66,7 +66,7 @@ def _cross_entropy_with_grad(logits: torch.Tensor, target: torch.Tensor, loss: t
 def _forward(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor,
              grad_logits: torch.Tensor | None, grad_loss: torch.Tensor | None, rows: int, cols: int,
              ignore_index: int, label_smoothing: float, z_loss: float, stream: Any) -> None:
-    context = switch(logits, stream)
+    context = None if stream is None else switch(logits, stream)
     if context is not None:
         with context:
             return _forward(logits, target, loss, lse, grad_logits, grad_loss, rows, cols, ignore_index,
@@ -84,7 +84,7 @@ def _forward(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse
 def _cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
                             grad_logits: torch.Tensor, rows: int, cols: int, ignore_index: int,
                             label_smoothing: float, z_loss: float, stream: Any) -> None:
-    context = switch(logits, stream)
+    context = None if stream is None else switch(logits, stream)
     if context is not None:
         with context:
             return _cross_entropy_backward(grad_loss, logits, target, lse, grad_logits, rows, cols, ignore_index,

@@ -39,6 +39,12 @@ def switch(t: torch.Tensor, stream: Any) -> Any | None:
     return stream_context(t.device, stream)
 
 
+def in_type(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)``, without the call when ``t`` has that dtype already (``to`` returns ``t``
+    itself then, after parsing its arguments: a large part of a tiny launch's host time)."""
+    return t if t.dtype is dtype else t.to(dtype)
+
+
 class LaunchedKernel(TorchKernel):
     """A torch kernel launched by one function: ``function(*tensors, *tail, stream)``, the
     arguments' tensors in ``tensor_attributes`` order, the constants ``tail`` fixed by their
@@ -57,4 +63,4 @@ class LaunchedKernel(TorchKernel):
         return Launcher(function, tail)
 
 
-__all__ = ["LaunchedKernel", "switch"]
+__all__ = ["LaunchedKernel", "in_type", "switch"]

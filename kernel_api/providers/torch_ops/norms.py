@@ -24,7 +24,7 @@ from ...metadata import KernelMetadata, RowReductionDesignMetadata, TensorAttrib
 from ...metadata.norm import (LayerNormBackwardOperandsMetadata, LayerNormOperandsMetadata,
                               RMSNormBackwardOperandsMetadata, RMSNormOperandsMetadata)
 from . import TorchProvider
-from .launch import LaunchedKernel, switch
+from .launch import LaunchedKernel, in_type, switch
 
 # (x's type, weight's type): same types, and f32 weights under 16-bit activations
 _TYPES = ((DataType.f16, DataType.f16), (DataType.bf16, DataType.bf16), (DataType.f32, DataType.f32),
@@ -48,18 +48,18 @@ def _normalised(s: torch.Tensor, eps: float, centred: bool) -> tuple[torch.Tenso
 def _forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
              out: torch.Tensor, residual_out: torch.Tensor | None, eps: float, stream: Any) -> None:
     """The forward norm (LayerNorm with ``bias``, else RMSNorm), on ``stream``."""
-    context = switch(x, stream)
+    context = None if stream is None else switch(x, stream)
     if context is not None:
         with context:
             return _forward(x, residual, weight, bias, out, residual_out, eps, None)
     ct = _compute_type(x)
-    s = x.to(ct)
+    s = in_type(x, ct)
     if residual is not None:
-        s = s + residual.to(ct)
+        s = s + in_type(residual, ct)
         residual_out.copy_(s)
-    w = weight.to(ct)
+    w = in_type(weight, ct)
     if bias is not None:
-        y = F.layer_norm(s, (x.shape[-1],), w, bias.to(ct), eps)
+        y = F.layer_norm(s, (x.shape[-1],), w, in_type(bias, ct), eps)
     else:
         y = F.rms_norm(s, (x.shape[-1],), w, eps)
     out.copy_(y)
@@ -88,14 +88,14 @@ def _gradients(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gr
               grad_weight: torch.Tensor, grad_bias: torch.Tensor | None, eps: float, centred: bool,
               stream: Any) -> None:
     """The norms' gradients (LayerNorm's when ``centred``), the statistics recomputed from x."""
-    context = switch(x, stream)
+    context = None if stream is None else switch(x, stream)
     if context is not None:
         with context:
             return _gradients(grad_out, x, weight, grad_x, grad_weight, grad_bias, eps, centred, None)
     ct = _compute_type(x)
-    x_hat, rstd = _normalised(x.to(ct), eps, centred)
-    dy = grad_out.to(ct)
-    g = dy * weight.to(ct)
+    x_hat, rstd = _normalised(in_type(x, ct), eps, centred)
+    dy = in_type(grad_out, ct)
+    g = dy * in_type(weight, ct)
     dx = g - x_hat * (g * x_hat).mean(-1, keepdim=True)
     if centred:
         dx = dx - g.mean(-1, keepdim=True)

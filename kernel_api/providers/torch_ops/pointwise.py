@@ -25,7 +25,7 @@ from ...metadata import KernelMetadata, TensorAttributes
 from ...metadata.activations import GatedActivationBackwardOperandsMetadata, GatedActivationOperandsMetadata
 from ...metadata.rope import RopeBackwardOperandsMetadata, RopeOperandsMetadata
 from . import TorchProvider
-from .launch import LaunchedKernel, switch
+from .launch import LaunchedKernel, in_type, switch
 
 _DTYPES = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
 _ROWS = (0, 1)
@@ -74,56 +74,56 @@ def rotate_half_transposed(y: torch.Tensor) -> torch.Tensor:
 # result rounded once into the output's type, as a copy would).
 
 def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor, activation: str, stream: Any) -> None:
-    context = switch(gate, stream)
+    context = None if stream is None else switch(gate, stream)
     if context is not None:
         with context:
             return _gated(gate, up, out, activation, None)
     ct = _compute_type(gate)
-    torch.mul(gate_activation(gate.to(ct), activation), up.to(ct), out=out)
+    torch.mul(gate_activation(in_type(gate, ct), activation), in_type(up, ct), out=out)
 
 
 def _gated_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, grad_gate: torch.Tensor,
                     grad_up: torch.Tensor, activation: str, stream: Any) -> None:
-    context = switch(gate, stream)
+    context = None if stream is None else switch(gate, stream)
     if context is not None:
         with context:
             return _gated_backward(grad_out, gate, up, grad_gate, grad_up, activation, None)
     ct = _compute_type(gate)
-    g, u, dy = gate.to(ct), up.to(ct), grad_out.to(ct)
+    g, u, dy = in_type(gate, ct), in_type(up, ct), in_type(grad_out, ct)
     torch.mul(dy, gate_activation(g, activation), out=grad_up)
     torch.mul(dy * u, gate_activation_grad(g, activation), out=grad_gate)
 
 
 def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
           k_out: torch.Tensor, unsqueeze_dim: int, stream: Any) -> None:
-    context = switch(q, stream)
+    context = None if stream is None else switch(q, stream)
     if context is not None:
         with context:
             return _rope(q, k, cos, sin, q_out, k_out, unsqueeze_dim, None)
     ct = _compute_type(q)
     cos, sin = _tables(cos, sin, unsqueeze_dim, ct)
     for x, out in ((q, q_out), (k, k_out)):
-        x = x.to(ct)
+        x = in_type(x, ct)
         torch.add(x * cos, rotate_half(x) * sin, out=out)
 
 
 def _rope_backward(grad_q_out: torch.Tensor, grad_k_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    grad_q: torch.Tensor, grad_k: torch.Tensor, unsqueeze_dim: int, stream: Any) -> None:
-    context = switch(grad_q_out, stream)
+    context = None if stream is None else switch(grad_q_out, stream)
     if context is not None:
         with context:
             return _rope_backward(grad_q_out, grad_k_out, cos, sin, grad_q, grad_k, unsqueeze_dim, None)
     ct = _compute_type(grad_q_out)
     cos, sin = _tables(cos, sin, unsqueeze_dim, ct)
     for g, out in ((grad_q_out, grad_q), (grad_k_out, grad_k)):
-        g = g.to(ct)
+        g = in_type(g, ct)
         torch.add(g * cos, rotate_half_transposed(g * sin), out=out)
 
 
 def _tables(cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int,
             ct: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin in ``ct``, broadcast over the heads where transformers unsqueezes them."""
-    return cos.to(ct).unsqueeze(unsqueeze_dim), sin.to(ct).unsqueeze(unsqueeze_dim)
+    return in_type(cos, ct).unsqueeze(unsqueeze_dim), in_type(sin, ct).unsqueeze(unsqueeze_dim)
 
 
 class _TorchPointwise(LaunchedKernel):
