@@ -1,0 +1,90 @@
+"""The replay of the generated operations' repeated calls on CUDA, where the chosen kernels are
+the CUDA source kernels (recorded ``cuLaunchKernel`` launches, `kernel_api.native.cuda_launch`):
+replayed results equal the Python path's bit for bit and against float64, the replay serves
+(counted Python-path launches), a side stream, given outputs. The CPU half, with the rules, is
+tests/test_op_replay.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernel_api import ops
+from kernel_api.ops import dispatch
+
+from test_op_replay import _same, _settled
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    ops.clear_dispatch_cache()
+    seen = []
+    python_path = dispatch._launch
+
+    def counting(args, *a, **kw):
+        seen.append(type(args).__name__)
+        return python_path(args, *a, **kw)
+
+    monkeypatch.setattr(dispatch, "_launch", counting)
+    yield seen
+    monkeypatch.undo()
+    ops.clear_dispatch_cache()
+
+
+def _cases():
+    new = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    x, r, w, b = new(7, 1000), new(7, 1000), new(1000), new(1000)
+    gu = new(5, 2 * 704)
+    g, u = gu.chunk(2, dim=-1)  # halves of one projection: strided rows
+    q, k = new(2, 8, 9, 64), new(2, 2, 9, 64)
+    cos, sin = new(1, 9, 64), new(1, 9, 64)
+    logits, target = new(6, 5003), torch.randint(0, 5003, (6,), device="cuda")
+    return {
+        "rms_norm": (lambda: ops.rms_norm(x, w, 1e-6), lambda: F.rms_norm(x.double(), (1000,), w.double(), 1e-6)),
+        "rms_norm_residual": (lambda: ops.rms_norm(x, w, 1e-6, r)[0],
+                              lambda: F.rms_norm(x.double() + r.double(), (1000,), w.double(), 1e-6)),
+        "layer_norm": (lambda: ops.layer_norm(x, w, b, 1e-5),
+                       lambda: F.layer_norm(x.double(), (1000,), w.double(), b.double(), 1e-5)),
+        "swiglu": (lambda: ops.swiglu(g, u), lambda: F.silu(g.double()) * u.double()),
+        "geglu": (lambda: ops.geglu(g, u), lambda: F.gelu(g.double(), approximate="tanh") * u.double()),
+        "rope": (lambda: ops.rope(q, k, cos, sin)[0],
+                 lambda: q.double() * cos.double().unsqueeze(1)
+                 + torch.cat((-q[..., 32:], q[..., :32]), -1).double() * sin.double().unsqueeze(1)),
+        "cross_entropy": (lambda: ops.cross_entropy(logits, target, reduction="none"),
+                          lambda: F.cross_entropy(logits.double(), target, reduction="none")),
+    }
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "geglu", "layer_norm", "rms_norm", "rms_norm_residual", "rope",
+                                  "swiglu"])
+def test_replayed_calls_match_the_python_path(launches, name):
+    f, reference = _cases()[name]
+    first = f().clone()
+    torch.testing.assert_close(first.double(), reference(), atol=3e-2, rtol=3e-2)
+    _settled(f, launches, first)  # (the caching allocator aligns to 512 bytes: two alignments)
+    assert len(launches) <= 3
+
+
+def test_a_side_stream_and_given_outputs(launches):
+    x, w = torch.randn(33, 512, device="cuda", dtype=torch.bfloat16), torch.randn(512, device="cuda",
+                                                                                    dtype=torch.bfloat16)
+    out = torch.full_like(x, 7.0)
+    expected = ops.rms_norm(x, w, 1e-6).clone()
+    ops.rms_norm(x, w, 1e-6, out=out)
+    made = len(launches)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the current stream, replayed on it
+        for _ in range(3):
+            out.fill_(7.0)
+            assert ops.rms_norm(x, w, 1e-6, out=out) is out
+    side.synchronize()
+    _same(out, expected)
+    assert len(launches) == made
+    with pytest.raises(ValueError, match="operand out: overlaps x"):
+        ops.rms_norm(x, w, 1e-6, out=x)
