@@ -11,7 +11,6 @@ act on the registry that is importing plugins in this context (a plugin's
 from __future__ import annotations
 
 import contextvars
-import importlib
 import inspect
 import threading
 from typing import Any, Callable, Iterable, Sequence
@@ -217,8 +216,10 @@ class Registry:
             args_type: only the classes accepting this arguments type (default: all).
 
         Returns:
-            The classes (none for a provider not registered here).
+            The classes (none for a provider not registered here), once the plugins' kernel
+            modules for ``args_type`` (all of them without one) are imported.
         """
+        self._load(args_type)
         classes = self._catalog.classes(provider)
         if args_type is None:
             return list(classes)
@@ -360,7 +361,7 @@ class Registry:
         try:
             for label, module in modules:
                 try:
-                    importlib.import_module(module)
+                    __import__(module)  # as an import statement does: `python -X importtime` lists it
                 except KeyboardInterrupt:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - see load_plugins
