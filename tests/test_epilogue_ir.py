@@ -144,6 +144,24 @@ def test_whole_inputs_record_their_alignment_in_the_key():
     assert all(len(k) == 1 for k in keys.values()) and len(set.union(*keys.values())) == len(cases)
 
 
+def test_alignment_of_fake_tensors_is_their_storage_offset():
+    """Under torch.compile's tracing (FakeTensors refusing ``data_ptr``) an input's alignment is
+    its storage offset's (storages are allocated aligned)."""
+    import torch._functorch.config as functorch_config
+
+    src = "def epi(accum, C): D = accum + C; return D"
+    strict = functorch_config.fake_tensor_allow_unsafe_data_ptr_access
+    functorch_config.fake_tensor_allow_unsafe_data_ptr_access = False
+    try:
+        with torch._subclasses.fake_tensor.FakeTensorMode():
+            out = torch.empty(24, 40)
+            found = [bind(parse(src), dict(C=C), out, 1, 24, 40).operand_keys[0].align
+                     for C in (torch.randn(24, 40), torch.randn(24, 41)[:, 1:])]
+    finally:
+        functorch_config.fake_tensor_allow_unsafe_data_ptr_access = strict
+    assert found == [16, 4]
+
+
 @pytest.mark.parametrize("shape, words", [((24, 41), "does not broadcast"), ((2, 24, 40), "does not broadcast"),
                                           ((1, 1, 1, 40), "rank 4")])
 def test_operands_that_do_not_broadcast_are_named(shape, words):

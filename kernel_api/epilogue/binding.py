@@ -76,11 +76,25 @@ def _pattern(view: torch.Tensor) -> tuple[int, int, int]:
 MAX_ALIGN = 16
 
 
+def _address(t: torch.Tensor) -> int:
+    """``t.data_ptr()``, or for a tensor without storage (torch.compile traces with FakeTensors
+    and FunctionalTensors, whose strict mode refuses ``data_ptr``) its byte offset into its
+    storage: storages are allocated aligned."""
+    if type(t) is torch.Tensor:
+        return t.data_ptr()
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    if isinstance(t, (FakeTensor, FunctionalTensor)):
+        return t.storage_offset() * t.element_size()
+    return t.data_ptr()
+
+
 def _align(view: torch.Tensor) -> int:
     """The largest power of two up to `MAX_ALIGN` dividing the view's address and the byte
     size of its strides other than 0 and 1."""
     size = view.element_size()
-    align = math.gcd(MAX_ALIGN, view.data_ptr())
+    align = math.gcd(MAX_ALIGN, _address(view))
     for s in view.stride():
         if s not in (0, 1):
             align = math.gcd(align, s * size)
