@@ -63,7 +63,7 @@ _OPERATION_LIMIT = 1 << 11
 _FRESH = 1 << 59
 #: Entries per tensor key (one per value of the other inputs, e.g. eps), and Python-keyed
 #: entries in all (the C store holds 4096, then forgets everything).
-_VALUES_LIMIT = 64
+_VALUES_LIMIT = 256
 _PYTHON_LIMIT = 4096
 
 # The native entry points' recall/remember once they load (`native.when_entry_loads`); until
@@ -74,6 +74,10 @@ _python_store: dict[tuple, dict] = {}
 
 #: What `OperationReplay.fresh` returns when it did nothing: the caller takes its other paths.
 DECLINED = object()
+#: Recorded where the chosen kernel offers no replay for the call's metadata (no `Launcher`, a
+#: workspace, a tensor among its constants): later such calls take the Python path without
+#: asking the kernel again.
+_PYTHON_ONLY = object()
 
 
 def _use_native(entry: Any) -> None:
@@ -301,6 +305,8 @@ class OperationReplay:
             entry = found.get((values, alignments))
         except TypeError:  # an unhashable value: never recorded
             entry = None
+        if entry is _PYTHON_ONLY:
+            return DECLINED if needs_op(inputs) else self.python_path(inputs, None, made, own, False)
         if entry is not None:
             device = entry.device
             if device < 0:
@@ -320,7 +326,8 @@ class OperationReplay:
         # (the outputs just made go to the Python path: the record is for their alignments)
         return self.python_path(inputs, None, made, own)
 
-    def python_path(self, inputs: tuple, stream: Any, made: Any = None, own: bool = False) -> Any:
+    def python_path(self, inputs: tuple, stream: Any, made: Any = None, own: bool = False,
+                    record: bool = True) -> Any:
         """A call that makes its outputs, on the Python path (`call`, which records it).
 
         Args:
@@ -328,6 +335,7 @@ class OperationReplay:
             stream: the launch stream (None: the current one).
             made: the outputs, made already by the operation's ``fake``; None: made here.
             own: return ``made`` rather than `call`'s result (the arguments' outputs).
+            record: record the call (False: known not to be replayable).
         """
         if made is None:
             made = self.fake(*inputs)
@@ -335,7 +343,8 @@ class OperationReplay:
             raise ValueError(f"{self.name}: expected {len(self.outputs)} outputs {self.outputs}, got "
                              f"{type(made).__name__}")
         results = made if self.several else (made,)
-        done = self.call(self.arguments(*inputs, **dict(zip(self.outputs, results))), inputs, results, stream, True)
+        done = self.call(self.arguments(*inputs, **dict(zip(self.outputs, results))), inputs, results, stream, True,
+                         record)
         return made if own else done
 
     def given(self, inputs: tuple, results: tuple) -> bool:
@@ -354,17 +363,18 @@ class OperationReplay:
             entry = found.get(self._values_key(inputs))
         except TypeError:
             return False
-        if entry is None or not outputs_apart(operands, self.n_inputs, entry.extents):
+        if entry is None or entry is _PYTHON_ONLY or not outputs_apart(operands, self.n_inputs, entry.extents):
             return False
         if not _run(entry, operands):
             return False
         _increment_version(results)
         return True
 
-    def call(self, args: Arguments, inputs: tuple, results: tuple, stream: Any, fresh: bool) -> Any:
+    def call(self, args: Arguments, inputs: tuple, results: tuple, stream: Any, fresh: bool,
+             record: bool = True) -> Any:
         """The Python path: `kernel_api.ops.launch` of ``args`` (built from ``inputs`` and
         ``results``; ``fresh``: all made for this call), recorded for replay when it can be (see
-        the module docstring).
+        the module docstring) and ``record`` holds.
 
         Returns:
             What `kernel_api.ops.call` returns: the arguments' outputs.
@@ -374,7 +384,7 @@ class OperationReplay:
         kernel, artifact = launch(args, stream)
         outputs = tuple([getattr(args, name) for name in type(args).output_names])
         _increment_version(outputs)
-        if len(outputs) == len(results) and all(map(_is, outputs, results)):
+        if record and len(outputs) == len(results) and all(map(_is, outputs, results)):
             self._record(args, kernel, artifact, inputs, results, fresh)
         if not outputs:
             return None
@@ -397,21 +407,23 @@ class OperationReplay:
             hash(values)
         except TypeError:
             return
-        if not kernel.workspace_free and kernel.get_workspace_size(args):
-            return
-        launcher = kernel._launcher(args, artifact)
-        if launcher is None or any(isinstance(c, _Tensor) for c in launcher.tail):
-            return  # no fast path, or a constant that is this call's tensor
-        steps = derivation(args, operands)
-        if steps is None:
-            return
         settings = _settings.get()
         if settings.policy_id >> _OPERATION_SHIFT:
             return
         tag = settings.policy_id | self.bits
-        entry = Replay(launcher.function, launcher.tail, _picker(steps, len(operands)),
-                       args.device_index if args.device.type == "cuda" else -1,
-                       tuple([byte_extent(t) for t in operands]), settings.scope_token)
+        entry: Any = _PYTHON_ONLY
+        launcher = None
+        if kernel.workspace_free or not kernel.get_workspace_size(args):
+            launcher = kernel._launcher(args, artifact)
+        # (no fast path, or a constant that is this call's tensor: the kernel's answer for any
+        # call with this metadata, kept as such)
+        if launcher is not None and not any(isinstance(c, _Tensor) for c in launcher.tail):
+            steps = derivation(args, operands)
+            if steps is None:
+                return
+            entry = Replay(launcher.function, launcher.tail, _picker(steps, len(operands)),
+                           args.device_index if args.device.type == "cuda" else -1,
+                           tuple([byte_extent(t) for t in operands]), settings.scope_token)
         store = _store(tag | _FRESH, tensors) if fresh else _store(tag, operands)
         if store is not None:
             if len(store) >= _VALUES_LIMIT:
