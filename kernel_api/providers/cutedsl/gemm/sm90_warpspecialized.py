@@ -19,7 +19,7 @@ see the implementation's docstring). ``kernel_api.ops`` leaves tf32 out unless t
 TF32 for matmuls (docs/kernels.md, "f32 GEMM precision").
 
 An epilogue function's whole (M, N) inputs and extra outputs that TMA can take (16- or 32-bit,
-one unit stride, 16-byte aligned: `common.tma_loadable` / `tma_storable`, decided from the
+one unit stride, 16-byte aligned: `staging.tma_loadable` / `tma_storable`, decided from the
 operands' keys, so part of the artifact's key) go through shared-memory rings by TMA; their
 rings take an A/B stage where the shared memory is full (`plan_staged`). Others are read and
 written element-wise.
@@ -47,7 +47,8 @@ from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from ..kernel import fake_tensor
 from .common import (FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation,
-                     epilogue_tail, launch_workspace, tma_loadable, tma_storable)
+                     epilogue_tail, launch_workspace)
+from .staging import tma_loadable, tma_storable
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
 SM90_SMEM_BYTES = 232448
@@ -293,8 +294,8 @@ def plan_staged(cfg: Sm90Config, ab_type: DataType, out_type: DataType, input_by
                 output_bytes: int) -> tuple[int, int, int, bool]:
     """(A/B stages, epilogue stages, staged-input stages, whether extra outputs are staged) when
     an epilogue function's inputs of ``input_bytes`` bytes per element in all
-    (`common.tma_loadable`) are loaded in tiles through shared memory, and its extra outputs of
-    ``output_bytes`` (`common.tma_storable`) stored in tiles through rings as deep as D's.
+    (`staging.tma_loadable`) are loaded in tiles through shared memory, and its extra outputs of
+    ``output_bytes`` (`staging.tma_storable`) stored in tiles through rings as deep as D's.
     Inputs get one epilogue subtile of each per slot, `MAX_INPUT_STAGES` per ring at most and
     at least 2, taking what `plan_stages` leaves and A/B stages beyond that (the most A/B stages
     that leave room for the output rings and 2 input slots); nothing is staged when even 2 A/B

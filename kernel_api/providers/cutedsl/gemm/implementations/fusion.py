@@ -33,7 +33,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from ..common import TMA_ALIGN, tma_loadable, tma_storable
+from ..staging import TMA_ALIGN, tma_loadable, tma_storable
 
 _TYPES = {"f16": cutlass.Float16, "bf16": cutlass.BFloat16, "f32": Float32}
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
