@@ -9,11 +9,14 @@ depend on:
 
 - the settings' scope token (the policy in force and the providers it may use),
 - the operation,
-- the raw metadata of each tensor input and each output (made or given): dtype, shape, strides,
-  pointer alignment, device,
-- the values and types of the other inputs.
+- the raw metadata of each tensor input and each given output: dtype, shape, strides, pointer
+  alignment (the pointer's low 10 bits), device,
+- the values and types of the other inputs,
+- for outputs the call makes (the operation's ``fake``), their pointer alignments: their other
+  metadata follow from the inputs', and the allocator's addresses vary from call to call.
 
-A later call with an equal key makes its outputs as the first did (the operation's ``fake``),
+A kernel's refusal for the metadata (no `Launcher`, a workspace) is recorded as well, so such
+calls skip asking it. A later call with an equal key makes its outputs as the first did,
 picks the launch's tensors out of the call's (`Replay.pick`) and calls the launcher's function
 on the current stream: no arguments, no choice, no `Kernel.run`. Equal metadata means the same
 arguments summary, so the same choice and the same launch constants (the `Launcher` contract);
@@ -210,7 +213,7 @@ class OperationReplay:
     memory cannot overlap the inputs. A call given outputs is keyed by them too.
 
     Args:
-        index: the operation's number, 1 to 2047 (a part of every key).
+        index: the operation's number, 1 to 2047 (a part of every key; others are not replayed).
         name: the operation's qualified name (for errors).
         schema: the parsed torch schema (which inputs are tensors).
         fake, arguments, outputs: the `Operation`'s: how outputs are made, how the arguments are
@@ -222,11 +225,11 @@ class OperationReplay:
 
     def __init__(self, index: int, name: str, schema: Any, fake: Callable[..., Any], arguments: Callable[..., Any],
                  outputs: tuple[str, ...]) -> None:
-        if not 0 < index < _OPERATION_LIMIT:
-            raise ValueError(f"operation number {index}: expected 1 to {_OPERATION_LIMIT - 1}")
         self.bits = index << _OPERATION_SHIFT
         tensor_type = torch._C.TensorType.get()
-        at = [i for i, a in enumerate(schema.arguments) if a.type == tensor_type]
+        # (operations past the tag's room for numbers are never replayed: no tensor inputs kept)
+        numbered = 0 < index < _OPERATION_LIMIT
+        at = [i for i, a in enumerate(schema.arguments) if a.type == tensor_type] if numbered else []
         rest = [i for i, a in enumerate(schema.arguments) if a.type != tensor_type]
         self.n_inputs = len(at)
         self.tensors = (lambda inputs, i=at[0]: (inputs[i],)) if len(at) == 1 else itemgetter(*at) if at else None
