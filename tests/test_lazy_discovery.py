@@ -148,18 +148,18 @@ def test_each_type_loaded_in_turn_sees_the_classes_and_order_of_the_full_load(re
 
 KERNEL_MODULE = textwrap.dedent('''
     import kernel_api
-    from kernel_api import CompiledArtifact, Kernel, KernelMetadata, SoftmaxArguments
+    from kernel_api import CompiledArtifact, Kernel, KernelMetadata, SoftmaxArguments, SoftmaxBackwardArguments
     from kernel_api.metadata import softmax_operands
     from {package} import DeclaredProvider
     {before}
 
     @DeclaredProvider.register
     class {cls}(Kernel):
-        supported_args_type = SoftmaxArguments
+        supported_args_type = {args}
 
         @staticmethod
         def generate_kernels(metadata_filter, epilogue_args=None, cc=None):
-            return [{cls}(KernelMetadata("{cls}_f32", {cls}, softmax_operands("f32", 1)))]
+            return [{cls}(KernelMetadata("{cls}_f32", {cls}, softmax_operands("f32", 1, backward={backward})))]
 
         def _supports(self, args):
             return None
@@ -213,13 +213,20 @@ def declared_plugin(monkeypatch, tmp_path):
             del sys.modules[name]
 
 
-def kernel_module(cls, before=""):
-    return KERNEL_MODULE.replace("{cls}", cls).replace("{before}", before)
+def kernel_module(cls, before="", backward=False):
+    args = "SoftmaxBackwardArguments" if backward else "SoftmaxArguments"
+    return (KERNEL_MODULE.replace("{cls}", cls).replace("{before}", before).replace("{args}", args)
+            .replace("{backward}", str(backward)))
 
 
 def softmax_args(cls=SoftmaxArguments):
     x = torch.randn(4, 8)
     return cls(x, torch.empty_like(x))
+
+
+def backward_args():
+    x = torch.randn(4, 8)
+    return SoftmaxBackwardArguments(x, torch.empty_like(x), torch.empty_like(x))
 
 
 def names(kernels):
@@ -242,6 +249,22 @@ def test_a_declaring_plugin_imports_a_types_modules_on_its_first_discovery(decla
     reg.get_kernels()  # lists everything
     assert sys.modules[f"{package}.gemm"].IMPORTED
     assert reg.plugin_errors() == {}
+
+
+def test_kernel_modules_imported_later_leave_the_instances_in_use_alone(declared_plugin):
+    """Another type's modules register classes: the kernels found before (and the artifacts
+    compiled on them) are still the ones discovery returns."""
+    package, reg = declared_plugin({"SoftmaxArguments": [".soft"], "SoftmaxBackwardArguments": [".back"]},
+                                   {"soft": kernel_module("SoftA"), "back": kernel_module("BackA", backward=True)})
+    [forward] = reg.get_kernels(softmax_args(), cc=90)
+    assert f"{package}.back" not in sys.modules
+    assert names(reg.get_kernels(backward_args(), cc=90)) == ["BackA_f32"]
+    [again] = reg.get_kernels(softmax_args(), cc=90)
+    assert again is forward
+    # a class registered again (a re-run notebook cell) gets new instances
+    reg.register(type(forward), type(forward)._kernel_api_provider)
+    [renewed] = reg.get_kernels(softmax_args(), cc=90)
+    assert renewed is not forward and renewed.metadata.kernel_name == forward.metadata.kernel_name
 
 
 def test_a_failing_declared_module_is_reported_and_the_others_load(declared_plugin):

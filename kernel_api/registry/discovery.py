@@ -50,6 +50,21 @@ class Discovery:
         self._owners.clear()
         self._candidates.clear()
 
+    def changed(self, kernel_classes: tuple[type, ...]) -> None:
+        """The registered classes or providers changed: forget every match (matches and name
+        owners depend on all registered classes) and the instances of ``kernel_classes``.
+
+        Other classes keep their instances, which depend on nothing but their class: the
+        kernels a caller holds (and the artifacts compiled on them) stay the ones discovery
+        returns when another arguments type's kernel modules are imported later.
+        """
+        self._owners.clear()
+        self._candidates.clear()
+        for cache in (self._instances, self._generation_errors):
+            for key in list(cache):  # (a copy: a discovery in another thread may add entries)
+                if key[0] in kernel_classes:
+                    cache.pop(key, None)
+
     def instances(self, kernel_class: type[Kernel], cc: int | None, epilogue_args: Any,
                   epilogue_key: Any) -> list[Kernel]:
         """Every instance of ``kernel_class`` for ``cc`` and the epilogue, generated once.

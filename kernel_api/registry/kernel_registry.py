@@ -97,7 +97,9 @@ class Registry:
         builtin_modules: modules imported before those plugins (the default registry's are the
             package's own providers).
 
-    Every change (a class or provider registered or unregistered) empties the caches. Loading
+    Every change (a class or provider registered or unregistered) empties the cached matches
+    and forgets the instances of the classes it concerns; other classes keep theirs, so kernel
+    modules imported later (another arguments type's) leave the instances in use alone. Loading
     plugins is thread-safe: other threads wait until it finished; a plugin that calls discovery
     while it loads sees what is registered so far.
     """
@@ -141,10 +143,11 @@ class Registry:
                 # so that a clash is always charged to the plugin, never to a built-in class.
                 self.load_plugins()
                 self._names.check_unique(provider, kernel_class, self._catalog.registered())
-            for old in self._catalog.add_class(provider, kernel_class):
+            replaced = self._catalog.add_class(provider, kernel_class)
+            for old in replaced:
                 self._forget_class(provider, old)
             type.__setattr__(kernel_class, "_kernel_api_provider", provider)
-            self._discovery.clear()
+            self._discovery.changed((kernel_class, *replaced))
         return kernel_class
 
     def unregister(self, kernel_class: type, provider: type[Provider] | None = None) -> None:
@@ -159,7 +162,7 @@ class Registry:
         with self._lock:
             if self._catalog.remove_class(provider, kernel_class):
                 self._forget_class(provider, kernel_class)
-                self._discovery.clear()
+                self._discovery.changed((kernel_class,))
 
     def _forget_class(self, provider: type[Provider], kernel_class: type) -> None:
         self._names.forget(kernel_class)
@@ -191,7 +194,7 @@ class Registry:
                                         f"({existing.__module__}.{existing.__qualname__})")
             if existing is None:
                 self._catalog.add_provider(provider)
-                self._discovery.clear()
+                self._discovery.changed(())
         return provider
 
     def unregister_provider(self, name: str) -> None:
@@ -206,7 +209,7 @@ class Registry:
                 provider, classes = removed
                 for kernel_class in classes:
                     self._forget_class(provider, kernel_class)
-                self._discovery.clear()
+                self._discovery.changed(classes)
 
     def kernel_classes(self, provider: type[Provider], args_type: type | None = None) -> list[type[Kernel]]:
         """``provider``'s registered classes, in registration order.
