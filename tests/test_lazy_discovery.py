@@ -18,9 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_api import (CompiledArtifact, GemmArguments, Kernel, KernelMetadata, SoftmaxArguments,
-                        SoftmaxBackwardArguments, registry)
-from kernel_api.metadata import softmax_operands
+from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments, registry
 from kernel_api.registry import Registry
 from kernel_api.registry.plugins import DECLARATION_ATTRIBUTE, BUILTIN_PROVIDER_MODULES, read_declaration
 
@@ -288,9 +286,8 @@ def test_a_malformed_declaration_is_reported(declared_plugin, tmp_path):
 
 
 def test_a_keyboard_interrupt_in_a_declared_module_propagates_and_it_is_imported_again(declared_plugin):
-    package, reg = declared_plugin({"SoftmaxArguments": [".soft"]},
-                                   {"soft": kernel_module("SoftA", before="import interrupt_switch\n"
-                                                                         "if interrupt_switch.on: raise KeyboardInterrupt")})
+    interrupt = "import interrupt_switch\nif interrupt_switch.on: raise KeyboardInterrupt"
+    package, reg = declared_plugin({"SoftmaxArguments": [".soft"]}, {"soft": kernel_module("SoftA", before=interrupt)})
     switch = types.SimpleNamespace(on=True)
     sys.modules["interrupt_switch"] = switch
     try:
