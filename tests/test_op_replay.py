@@ -404,3 +404,22 @@ def test_views_the_arguments_make_are_remade(toy):
     out = torch.empty_like(x)
     step = replay.derivation(ToyRowsArguments(x, 1.0, out), (x, out))
     assert step[0] == (0, (6, 5), (5, 1), 0)
+
+
+def test_a_kernel_without_a_launch_to_replay_is_asked_once(toy, monkeypatch):
+    monkeypatch.setattr(ToyRows, "_launcher", lambda self, args, artifact: None)
+    records = []
+    record = replay.OperationReplay._record
+    monkeypatch.setattr(replay.OperationReplay, "_record", lambda *a: records.append(1) or record(*a))
+    x, out = torch.randn(2, 3, 5), torch.empty(2, 3, 5)
+    for _ in range(3):
+        _same(toy_rows(x, 2.0, out=out), x * 2.0)
+    assert len(toy) == 3 and ToyRows.runs == 3  # every call on the Python path
+    assert len(records) == 1  # the kernel's refusal recorded for the metadata
+    for _ in range(40):  # (made outputs: one record per alignment they take)
+        _same(toy_rows(x, 2.0), x * 2.0)
+    made = len(records)
+    assert made <= 6
+    for _ in range(8):
+        toy_rows(x, 2.0)
+    assert len(records) == made and ToyRows.runs == 51

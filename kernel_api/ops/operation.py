@@ -330,8 +330,10 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
             made = made if several else (made,)
             given = [m if g is None else g for g, m in zip(given, made)]
         results = tuple(given)
-        if stream is None and replay.given(inputs, results):
-            return results if several else results[0]
+        if stream is None:
+            done = replay.given(inputs, results)
+            if done is not DECLINED:
+                return done
         return replay.call(arguments(*inputs, **dict(zip(outputs, results))), inputs, results, stream, False)
 
     function.__name__ = function.__qualname__ = op.name.split("::")[1]

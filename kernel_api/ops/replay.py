@@ -77,10 +77,6 @@ _python_store: dict[tuple, dict] = {}
 
 #: What `OperationReplay.fresh` returns when it did nothing: the caller takes its other paths.
 DECLINED = object()
-#: Recorded where the chosen kernel offers no replay for the call's metadata (no `Launcher`, a
-#: workspace, a tensor among its constants): later such calls take the Python path without
-#: asking the kernel again.
-_PYTHON_ONLY = object()
 
 
 def _use_native(entry: Any) -> None:
@@ -121,6 +117,19 @@ class Replay:
     pick: Callable[[tuple], tuple] | None
     device: int
     extents: tuple[int, ...]
+    token: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PythonOnly:
+    """Recorded where the chosen kernel offers no replay for the call's metadata (no `Launcher`,
+    a workspace, a tensor among its constants): later such calls take the Python path without
+    asking the kernel again.
+
+    Attributes:
+        token: as `Replay`'s.
+    """
+
     token: Any
 
 
@@ -308,7 +317,7 @@ class OperationReplay:
             entry = found.get((values, alignments))
         except TypeError:  # an unhashable value: never recorded
             entry = None
-        if entry is _PYTHON_ONLY:
+        if entry.__class__ is PythonOnly:
             return DECLINED if needs_op(inputs) else self.python_path(inputs, None, made, own, False)
         if entry is not None:
             device = entry.device
@@ -350,28 +359,33 @@ class OperationReplay:
                          record)
         return made if own else done
 
-    def given(self, inputs: tuple, results: tuple) -> bool:
+    def given(self, inputs: tuple, results: tuple) -> Any:
         """Replay a call given outputs (``results``: each given or made), on the current stream,
         when no output overlaps another operand. The caller has ruled out tracing, dispatch
         modes and autograd.
 
         Returns:
-            Whether it launched (the outputs then have their version counters bumped).
+            The outputs (one tensor, or a tuple; their version counters bumped), or `DECLINED`
+            (take the Python path, which records the call). A call whose kernel's refusal is
+            recorded runs the Python path here, without recording.
         """
         operands = self.tensors(inputs) + results
         found = self._found(_settings.get().policy_id | self.bits, operands)
         if found is None:
-            return False
+            return DECLINED
         try:
             entry = found.get(self._values_key(inputs))
         except TypeError:
-            return False
-        if entry is None or entry is _PYTHON_ONLY or not outputs_apart(operands, self.n_inputs, entry.extents):
-            return False
-        if not _run(entry, operands):
-            return False
+            return DECLINED
+        if entry is None:
+            return DECLINED
+        if entry.__class__ is PythonOnly:
+            return self.call(self.arguments(*inputs, **dict(zip(self.outputs, results))), inputs, results, None,
+                             False, False)
+        if not outputs_apart(operands, self.n_inputs, entry.extents) or not _run(entry, operands):
+            return DECLINED
         _increment_version(results)
-        return True
+        return results if self.several else results[0]
 
     def call(self, args: Arguments, inputs: tuple, results: tuple, stream: Any, fresh: bool,
              record: bool = True) -> Any:
@@ -414,7 +428,7 @@ class OperationReplay:
         if settings.policy_id >> _OPERATION_SHIFT:
             return
         tag = settings.policy_id | self.bits
-        entry: Any = _PYTHON_ONLY
+        entry: Any = PythonOnly(settings.scope_token)
         launcher = None
         if kernel.workspace_free or not kernel.get_workspace_size(args):
             launcher = kernel._launcher(args, artifact)
@@ -498,4 +512,4 @@ def _store(tag: int, operands: tuple) -> dict | None:
     return found
 
 
-__all__ = ["DECLINED", "OperationReplay", "Replay", "derivation", "forget", "needs_op", "outputs_apart"]
+__all__ = ["DECLINED", "OperationReplay", "PythonOnly", "Replay", "derivation", "forget", "needs_op", "outputs_apart"]
