@@ -181,6 +181,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=None, help="calls per timed batch")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--only", default="", help="comma-separated operations (default: all)")
+    parser.add_argument("--skip", default="", help="comma-separated operations to leave out")
+    parser.add_argument("--tag", default="", help="suffix of the JSON's name")
     opts = parser.parse_args()
     calls = opts.calls or (50 if opts.quick else 200)
     repeats = opts.repeats or (7 if opts.quick else 25)
@@ -200,6 +202,8 @@ def main() -> None:
         if opts.only:
             wanted = {w.strip() for w in opts.only.split(",")}
             table = {k: v for k, v in table.items() if k in wanted}
+        skipped = {w.strip() for w in opts.skip.split(",")}
+        table = {k: v for k, v in table.items() if k not in skipped}
         rows: dict[str, Callable[[], Any]] = {}
         stream = None if device == "cpu" else to_cuda_stream(None)
         for op, (ours, theirs) in table.items():
@@ -245,7 +249,7 @@ def main() -> None:
     doc = {"device": where, "torch": torch.__version__, "calls": calls, "repeats": repeats,
            "cpu_front_door_patched": device == "cpu", "providers": ["torch"] if device == "cpu" else None,
            "chosen_kernels": chosen, "failed": failed, "results": results}
-    paths = write_result(result_name("host_latency_ops", where), doc)
+    paths = write_result(result_name("host_latency_ops", where, opts.tag), doc)
     print("chosen kernels:", ", ".join(chosen))
     for label, why in failed.items():
         print(f"not run: {label}: {why}")
