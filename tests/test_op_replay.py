@@ -88,6 +88,7 @@ def _cases():
     g, u, dy = torch.randn(6, 40, dtype=torch.bfloat16), torch.randn(6, 40, dtype=torch.bfloat16), torch.randn(6, 40)
     q, k = torch.randn(2, 4, 7, 16), torch.randn(2, 2, 7, 16)
     cos, sin = torch.randn(1, 7, 16), torch.randn(1, 7, 16)
+    qt, kt = torch.randn(2, 7, 4, 16).transpose(1, 2), torch.randn(2, 7, 2, 16).transpose(1, 2)
     logits, target = torch.randn(9, 33), torch.randint(0, 33, (9,))
     grad_loss = torch.randn(9)
     return {
@@ -101,6 +102,8 @@ def _cases():
         "geglu": lambda: ops.geglu(g, u),
         "gated_backward": lambda: ops.gated_activation_backward(dy.bfloat16(), g, u, "gelu_tanh"),
         "rope": lambda: ops.rope(q, k, cos, sin),
+        # dense but not contiguous: the outputs keep q's and k's memory order (the fake's empty_like)
+        "rope_transposed": lambda: ops.rope(qt, kt, cos, sin),
         "rope_backward": lambda: ops.rope_backward(q, k, cos, sin, 1),
         "cross_entropy": lambda: ops.cross_entropy(logits, target, reduction="none"),
         "cross_entropy_backward": lambda: torch.ops.kernel_api.cross_entropy_backward(

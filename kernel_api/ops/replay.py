@@ -77,6 +77,10 @@ _python_store: dict[tuple, dict] = {}
 
 #: What `OperationReplay.fresh` returns when it did nothing: the caller takes its other paths.
 DECLINED = object()
+#: With the other inputs' values, the key of how a replay makes the outputs (`_makers`).
+_MAKERS = "makers"
+_empty_like = torch.empty_like
+_dense = torch.contiguous_format
 
 
 def _use_native(entry: Any) -> None:
@@ -299,14 +303,6 @@ class OperationReplay:
             found = None if key is None else _python_store.get(key)
         if found is None:
             return DECLINED
-        made = self.fake(*inputs)
-        if self.several:
-            results = made
-            alignments = _alignments(made)
-        else:
-            results = (made,)
-            alignments = made.data_ptr() & 1023
-            alignments &= -alignments
         n = self.values
         if n == 1:
             v = inputs[self.value_at]
@@ -314,9 +310,20 @@ class OperationReplay:
         else:
             values = self._values_key(inputs)
         try:
-            entry = found.get((values, alignments))
+            makers = found.get((values, _MAKERS))
         except TypeError:  # an unhashable value: never recorded
-            entry = None
+            return DECLINED
+        if self.several:
+            made = self.fake(*inputs) if makers is None else tuple(
+                [_empty_like(tensors[j], memory_format=_dense) for j in makers])
+            results = made
+            alignments = _alignments(made)
+        else:
+            made = self.fake(*inputs) if makers is None else _empty_like(tensors[makers[0]], memory_format=_dense)
+            results = (made,)
+            alignments = made.data_ptr() & 1023
+            alignments &= -alignments
+        entry = found.get((values, alignments))
         if entry.__class__ is PythonOnly:
             return DECLINED if needs_op(inputs) else self.python_path(inputs, None, made, own, False)
         if entry is not None:
@@ -445,7 +452,33 @@ class OperationReplay:
         if store is not None:
             if len(store) >= _VALUES_LIMIT:
                 store.clear()
-            store[(values, _alignments(results)) if fresh else values] = entry
+            if fresh:
+                store[(values, _alignments(results))] = entry
+                makers = _makers(tensors, results)
+                if makers is not None:
+                    store[(values, _MAKERS)] = makers
+            else:
+                store[values] = entry
+
+
+def _makers(tensors: tuple, results: tuple) -> tuple[int, ...] | None:
+    """For outputs the operation's ``fake`` made dense like tensor inputs (same shape, dtype and
+    device: an activation's ``out``, a norm's ``grad_weight``), the index of such an input per
+    output; None when some output is like none. A replay then makes them with
+    ``torch.empty_like(input, memory_format=torch.contiguous_format)`` instead of calling
+    ``fake``: the same metadata (``fake`` follows the inputs' metadata and values, which the key
+    holds), in half ``new_empty``'s host time and without a Python frame."""
+    makers = []
+    for r in results:
+        for j, t in enumerate(tensors):
+            if r.shape == t.shape and r.dtype == t.dtype and r.device == t.device:
+                dense = _empty_like(t, memory_format=_dense)
+                if r.stride() == dense.stride() and r.__class__ is dense.__class__:
+                    makers.append(j)
+                    break
+        else:
+            return None
+    return tuple(makers)
 
 
 def _alignments(results: tuple) -> Any:
