@@ -419,10 +419,7 @@ def test_a_kernel_without_a_launch_to_replay_is_asked_once(toy, monkeypatch):
         _same(toy_rows(x, 2.0, out=out), x * 2.0)
     assert len(toy) == 3 and ToyRows.runs == 3  # every call on the Python path
     assert len(records) == 1  # the kernel's refusal recorded for the metadata
-    for _ in range(40):  # (made outputs: one record per alignment they take)
-        _same(toy_rows(x, 2.0), x * 2.0)
-    made = len(records)
-    assert made <= 6
-    for _ in range(8):
-        toy_rows(x, 2.0)
-    assert len(records) == made and ToyRows.runs == 51
+    runs = ToyRows.runs
+    # (made outputs: one record per alignment they take; then none)
+    _settled(lambda: toy_rows(x, 2.0), records, x * 2.0)
+    assert len(records) <= 6 and ToyRows.runs > runs + 8  # still the Python path
