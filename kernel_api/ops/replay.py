@@ -77,8 +77,6 @@ _python_store: dict[tuple, dict] = {}
 
 #: What `OperationReplay.fresh` returns when it did nothing: the caller takes its other paths.
 DECLINED = object()
-#: With the other inputs' values, the key of how a replay makes the outputs (`_makers`).
-_MAKERS = "makers"
 _empty_like = torch.empty_like
 _dense = torch.contiguous_format
 
@@ -223,7 +221,8 @@ class OperationReplay:
     A call whose outputs are all made here (``fresh``) is keyed by its tensor inputs, and its
     entry by the other inputs' values and the made outputs' pointer alignments (`_alignments`):
     the outputs' other metadata follow from the inputs' (the operation's ``fake``), and fresh
-    memory cannot overlap the inputs. A call given outputs is keyed by them too.
+    memory cannot overlap the inputs; the values alone key how the outputs are made (`_makers`).
+    A call given outputs is keyed by them too, its entry by the values.
 
     Args:
         index: the operation's number, 1 to 2047 (a part of every key; others are not replayed).
@@ -310,7 +309,7 @@ class OperationReplay:
         else:
             values = self._values_key(inputs)
         try:
-            makers = found.get((values, _MAKERS))
+            makers = found.get(values)
         except TypeError:  # an unhashable value: never recorded
             return DECLINED
         if self.several:
@@ -456,7 +455,7 @@ class OperationReplay:
                 store[(values, _alignments(results))] = entry
                 makers = _makers(tensors, results)
                 if makers is not None:
-                    store[(values, _MAKERS)] = makers
+                    store[values] = makers
             else:
                 store[values] = entry
 
