@@ -423,3 +423,15 @@ def test_a_kernel_without_a_launch_to_replay_is_asked_once(toy, monkeypatch):
     # (made outputs: one record per alignment they take; then none)
     _settled(lambda: toy_rows(x, 2.0), records, x * 2.0)
     assert len(records) <= 6 and ToyRows.runs > runs + 8  # still the Python path
+
+
+def test_an_operation_without_tensor_inputs_takes_the_python_path():
+    schema = torch._C.parse_schema("toy_replay::fill(float value) -> Tensor")
+    made = []
+    no_tensors = replay.OperationReplay(5, "toy_replay::fill", schema, lambda value: torch.empty(3),
+                                        lambda value, *, out: made.append(value), ("out",))
+    assert no_tensors.fresh((1.0,)) is replay.DECLINED
+    assert no_tensors.given((1.0,), (torch.empty(3),)) is replay.DECLINED
+    unnumbered = replay.OperationReplay(1 << 11, "toy_replay::fill", torch._C.parse_schema(
+        "toy_replay::scale(Tensor x) -> Tensor"), lambda x: torch.empty_like(x), lambda x, *, out: None, ("out",))
+    assert unnumbered.fresh((torch.ones(3),)) is replay.DECLINED

@@ -375,6 +375,8 @@ class OperationReplay:
             (take the Python path, which records the call). A call whose kernel's refusal is
             recorded runs the Python path here, without recording.
         """
+        if self.tensors is None:
+            return DECLINED
         operands = self.tensors(inputs) + results
         found = self._found(_settings.get().policy_id | self.bits, operands)
         if found is None:
