@@ -261,8 +261,9 @@ class OperationReplay:
         return tuple([(v, v.__class__) for v in self.value_at(inputs)])
 
     def _found(self, tag: int, operands: tuple) -> dict | None:
-        """The entries recorded for ``operands``' metadata under ``tag``; None also for operands
-        that need the Python path (a tensor subclass, or autograd)."""
+        """The entries recorded for ``operands``' metadata under ``tag`` (the one lookup of
+        every replay: `recall`'s key in C, `_python_key` without it); None also for operands that
+        need the Python path (a tensor subclass, or autograd)."""
         grad = _grad_enabled()
         for t in operands:
             if t.__class__ not in _PLAIN or (grad and t.requires_grad):
@@ -290,16 +291,7 @@ class OperationReplay:
         if self.tensors is None:
             return DECLINED
         tensors = self.tensors(inputs)
-        grad = _grad_enabled()
-        for t in tensors:  # (`_found`'s checks, inline: the hot path)
-            if t.__class__ not in _PLAIN or (grad and t.requires_grad):
-                return DECLINED
-        tag = _settings.get().policy_id | self.bits | _FRESH
-        if _recall is not None:
-            found = _recall(tag, *tensors)
-        else:
-            key = _python_key(tag, tensors)
-            found = None if key is None else _python_store.get(key)
+        found = self._found(_settings.get().policy_id | self.bits | _FRESH, tensors)
         if found is None:
             return DECLINED
         n = self.values
