@@ -50,7 +50,7 @@ def cross_entropy_in_place():
 
 
 def linear_cross_entropy_with_gradients():
-    hidden = torch.randn(1000, 1024, device="cuda", dtype=torch.bfloat16)
+    hidden = (torch.randn(1000, 1024, device="cuda") / 32).to(torch.bfloat16)  # logits of unit variance
     weight = torch.randn(32000, 1024, device="cuda", dtype=torch.bfloat16)
     target = torch.randint(0, 32000, (1000,), device="cuda")
     target[::9] = -100
