@@ -4,8 +4,8 @@ asked for that type, and all of them when it lists every kernel (`kernel_api.reg
 importing this module imports no kernel."""
 
 from ...arguments import (AttentionArguments, AttentionBackwardArguments, CrossEntropyArguments,
-                          CrossEntropyBackwardArguments, GatedActivationArguments, GatedActivationBackwardArguments, GemmArguments,
-                          LayerNormArguments, LayerNormBackwardArguments, LinearCrossEntropyArguments,
+                          CrossEntropyBackwardArguments, GatedActivationArguments, GatedActivationBackwardArguments,
+                          GemmArguments, LayerNormArguments, LayerNormBackwardArguments, LinearCrossEntropyArguments,
                           RMSNormArguments, RMSNormBackwardArguments, RopeArguments, RopeBackwardArguments,
                           SoftmaxArguments, SoftmaxBackwardArguments)
 
