@@ -395,7 +395,8 @@ def test_explain_and_discovery_cover_every_provider(plugins):
 
 def test_pick_any_ranks_the_plugins_beside_ours(plugins):
     """FA4 is ranked over SDPA at head dim 128 and under it at 64 (its measured speed against
-    SDPA); QuACK's and cutlass.operators' GEMMs rank among ours and cuBLAS's."""
+    SDPA); cutlass.operators' GEMM ranks among ours and cuBLAS's, QuACK's after them at 4096^3 (its
+    measured speed there)."""
     _need("flash_attn", "quack", "cutlass_operators")
     from kernel_api import PickAny
 
@@ -409,7 +410,7 @@ def test_pick_any_ranks_the_plugins_beside_ours(plugins):
     gemm = GemmArguments(meta(4096, 4096), meta(4096, 4096), meta(4096, 4096))
     from kernel_api.tuning.pick_any import rank_candidates
     ranked = [k.metadata.kernel_name for k in rank_candidates(kernel_api.get_kernels(gemm, cc=90), gemm, 132)]
-    assert any(n.startswith("QuackGemm") for n in ranked[:8])
+    assert ranked.index("QuackGemm_bf16_ttt_a16") > ranked.index("TorchGemm_bf16_ttt")
     assert any(n.startswith("CutlassOperatorsSm90Gemm") for n in ranked[:8])
 
 
