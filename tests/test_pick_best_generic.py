@@ -459,3 +459,12 @@ def test_linear_cross_entropy_inputs_make_logits_of_unit_variance():
     new = references.random_like(args)
     assert 0.8 < float((new.hidden @ new.weight.t()).std()) < 1.2
     assert torch.equal(new.target, args.target) and new.loss.isnan().all()
+
+
+def test_pick_best_compiles_other_operations_in_its_own_process(monkeypatch):
+    """Worker processes are for GEMM and softmax (CuTe DSL tiles, seconds each to compile); the
+    other operations' candidates compile faster than a worker starts."""
+    monkeypatch.setattr(compile_worker, "compile_in_workers", lambda *a, **k: pytest.fail("started workers"))
+    args = rms_norm()
+    pool = registry.get_kernels(args, providers=["torch"], cc=90)
+    assert policies.PickBest(num_workers=4)._precompile(args, pool * 2, 90) == {}

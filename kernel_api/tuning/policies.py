@@ -20,7 +20,7 @@ import torch
 
 from .. import registry
 from ..core.arch import device_cc
-from ..arguments import GemmArguments
+from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 from ..arguments.base import unbound_copy
 from ..core.dtypes import DataType
 from ..core.errors import NoKernelFoundError
@@ -69,6 +69,15 @@ _PREFETCH_NEXT = True
 #: ~100 ms back to back than in the first ~40 ms, and the fastest tile differed between the
 #: two; rounds that start within that step rank four tiles as a tie.
 _SETTLE_MS = 200.0
+
+#: The operations whose candidates `PickBest` compiles in worker processes, one pool per problem:
+#: their CuTe DSL tiles take seconds each to compile cold. The other operations' candidates
+#: (NVRTC, Triton, QuACK, torch) compile in well under a second each (benchmarks/providers.py's
+#: compile_s on an H200: 0.1-0.9 s), less than a worker's start (importing torch and the
+#: plugin's library), and the kernels whose compile is not disk-cached (torch's, Triton's) would
+#: start one at every new problem; they compile in the tuning process. `tune_shapes` and
+#: `precompile`, which start one pool for many problems, take every operation.
+WORKER_COMPILED = (GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments)
 
 #: `PickBest`'s timings: the candidates in turn at one shared clock, or each in its own power state.
 POWER_STATES = ("shared", "own")
@@ -373,9 +382,10 @@ class PickBest(Policy):
     def _precompile(self, args: Any, kernels: list[Kernel], cc: int) -> dict[str, str | None]:
         """Compile ``kernels`` in worker processes into the disk caches (see
         `kernel_api.tuning.compile_worker.compile_in_workers`); returns each worker-compiled kernel's
-        failure message or None. Kernels left out are compiled by `_measure` in this process."""
+        failure message or None. Kernels left out are compiled by `_measure` in this process, as
+        are all the candidates of operations outside `WORKER_COMPILED`."""
         workers = self._worker_count()
-        if workers <= 1 or len(kernels) <= 1:
+        if workers <= 1 or len(kernels) <= 1 or not isinstance(args, WORKER_COMPILED):
             return {}
         from .compile_worker import compile_in_workers  # not at import: the worker module runs as __main__
 
