@@ -80,6 +80,7 @@ def pairs(device: str) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]
     rows, n, vocab, seq = (16, 1024, 4096, 16) if cuda else (4, 64, 128, 4)
     x, r, w, b = new(rows, n), new(rows, n), new(n), new(n)
     g, u, dy = new(rows, 2 * n), new(rows, 2 * n), new(rows, 2 * n)
+    dyn = new(rows, n)  # (a dense gradient: the row kernels' backwards take unit-stride rows)
     q, k = new(1, 8, seq, 64), new(1, 2, seq, 64)  # (batch, heads, seq, head_dim)
     cos, sin = new(1, seq, 64), new(1, seq, 64)
     logits, target = new(rows, vocab), torch.randint(0, vocab, (rows,), device=device)
@@ -93,19 +94,19 @@ def pairs(device: str) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]
     s = x + r
     return {
         "softmax": (lambda: ops.softmax(x), lambda: torch.softmax(x, -1)),
-        "softmax backward": (lambda: ops.softmax_backward(dy[:, :n], y),
-                             lambda: torch._softmax_backward_data(dy[:, :n], y, -1, y.dtype)),
+        "softmax backward": (lambda: ops.softmax_backward(dyn, y),
+                             lambda: torch._softmax_backward_data(dyn, y, -1, y.dtype)),
         "gemm": (lambda: ops.gemm(A, B), lambda: torch.matmul(A, B)),
         "rms_norm": (lambda: ops.rms_norm(x, w, 1e-6), lambda: F.rms_norm(x, (n,), w, 1e-6)),
         "rms_norm + residual": (lambda: ops.rms_norm(x, w, 1e-6, r),
                                 lambda: (F.rms_norm(x + r, (n,), w, 1e-6))),
-        "rms_norm backward": (lambda: ops.rms_norm_backward(dy[:, :n], s, w, 1e-6),
-                              _grad_of(lambda: F.rms_norm(xr, (n,), wr, 1e-6), (xr, wr), dy[:, :n])),
+        "rms_norm backward": (lambda: ops.rms_norm_backward(dyn, s, w, 1e-6),
+                              _grad_of(lambda: F.rms_norm(xr, (n,), wr, 1e-6), (xr, wr), dyn)),
         "layer_norm": (lambda: ops.layer_norm(x, w, b, 1e-5), lambda: F.layer_norm(x, (n,), w, b, 1e-5)),
         "layer_norm + residual": (lambda: ops.layer_norm(x, w, b, 1e-5, r),
                                   lambda: F.layer_norm(x + r, (n,), w, b, 1e-5)),
-        "layer_norm backward": (lambda: ops.layer_norm_backward(dy[:, :n], s, w, 1e-5),
-                                _grad_of(lambda: F.layer_norm(xr, (n,), wr, br, 1e-5), (xr, wr, br), dy[:, :n])),
+        "layer_norm backward": (lambda: ops.layer_norm_backward(dyn, s, w, 1e-5),
+                                _grad_of(lambda: F.layer_norm(xr, (n,), wr, br, 1e-5), (xr, wr, br), dyn)),
         "swiglu": (lambda: ops.swiglu(g, u), lambda: F.silu(g) * u),
         "geglu": (lambda: ops.geglu(g, u), lambda: F.gelu(g, approximate="tanh") * u),
         "swiglu backward": (lambda: ops.gated_activation_backward(dy, g, u, "silu"),
