@@ -112,7 +112,7 @@ def test_plan_arithmetic():
 
 
 @pytest.mark.parametrize("cls,args,expect", [
-    (CudaRMSNorm, _rms((3, 4096)), "fwd_reg<ka_norm::BF16, ka_norm::BF16, 8, 4, false, false, false>"),
+    (CudaRMSNorm, _rms((3, 4096)), "fwd_staged<ka_norm::BF16, ka_norm::BF16, 8, 2, false, false>"),
     (CudaRMSNorm, _rms((3, 512), residual=True), "fwd_reg<ka_norm::BF16, ka_norm::BF16, 8, 2, false, true, true>"),
     (CudaRMSNorm, _rms((3, 4097), torch.float32), "fwd_reg<ka_norm::F32, ka_norm::F32, 1, 16, false, false, false>"),
     (CudaRMSNorm, _rms((3, 40000), torch.float16, torch.float32), "fwd_looped<ka_norm::F16, ka_norm::F32, 8, false, false>"),
@@ -133,7 +133,11 @@ def test_compiles_for_sm90a_without_a_gpu(cls, args, expect):
 def test_compile_key_follows_the_template_and_the_residual():
     kernel = _by_name(CudaRMSNorm, "CudaRMSNorm_bf16_block_a8")
     keys = {cols: kernel.compile_key(_rms((2, cols)), 90) for cols in (256, 512, 4096, 8192)}
-    assert keys[4096] == keys[8192] != keys[512] != keys[256]  # nv: 4, 4, 2, 1
+    assert keys[512] == keys[4096] == keys[8192] != keys[256]  # (staged) nv: 2, 2, 2, 1
+    kernel.staged = False
+    held = {cols: kernel.compile_key(_rms((2, cols)), 90) for cols in (256, 512, 4096, 8192)}
+    assert held[4096] == held[8192] != held[512] != held[256]  # (registers) nv: 4, 4, 2, 1
+    assert held[4096] != keys[4096]
     assert kernel.compile_key(_rms((2, 4096), residual=True), 90) != keys[4096]
     layer = _by_name(CudaLayerNorm, "CudaLayerNorm_bf16_block_a8")
     x = _meta((2, 4096), torch.bfloat16)
@@ -181,6 +185,7 @@ def test_resident_launch_cuts_the_persistent_grid():
 def test_staged_forward_compiles_where_its_stage_fits():
     kernel = _by_name(CudaRMSNorm, "CudaRMSNorm_bf16_block_a8")
     kernel.staged = True
+    kernel.bytes_per_thread = 64
     artifact = kernel.compile(_rms((3, 8192), residual=True), cc=90)
     assert artifact.compiled_obj.name_expression.endswith("fwd_staged<ka_norm::BF16, ka_norm::BF16, 8, 4, false, true>")
     assert artifact.extra.staged

@@ -95,9 +95,10 @@ class _NormBase(CudaSourceKernel):
         self.weight_type: DataType = params["weight"]
         self.strategy: str = params["strategy"]
         self.vec: int = params["vec"]
-        #: The block strategy's bytes of a row per thread (`norm_plan.BYTES_PER_THREAD`) and the
-        #: backward's resident threads per SM: settable for tuning and benchmarks.
-        self.bytes_per_thread: int = norm_plan.BYTES_PER_THREAD[self.backward]
+        #: The block strategy's bytes of a row per thread (None: `norm_plan.BYTES_PER_THREAD`, the
+        #: staged forward's `norm_plan.STAGED_BYTES_PER_THREAD`) and the backward's resident
+        #: threads per SM: settable for tuning and benchmarks.
+        self.bytes_per_thread: int | None = None
         self.threads_per_sm: int = norm_plan.BACKWARD_THREADS_PER_SM
         #: The backward register rows' later rows in flight: 0, the next row in registers; 2 or
         #: more, the next ``stages - 1`` rows copied into shared memory (16-byte vectors only).

@@ -6,8 +6,10 @@ Three strategies:
 
 - ``warp``: one warp per row, `WARPS_PER_CTA` rows per CTA, the row in registers (``nv``
   vectors per lane): rows of up to 32 x `max_elements` elements;
-- ``block``: one CTA per row, the row in registers, ``threads`` sized to the row (a multiple of
-  32, at most `MAX_THREADS`): rows of up to `MAX_THREADS` x `max_elements` elements;
+- ``block``: one CTA per row, ``threads`` sized to the row (a multiple of 32, at most
+  `MAX_THREADS`), the row in registers or, for 16-byte vectors, staged in shared memory
+  (`FORWARD_STAGED`, `staged_forward_shape`): rows of up to `MAX_THREADS` x `max_elements`
+  elements;
 - ``looped``: one CTA of `LOOPED_THREADS` per row of any length, a pass over the row per
   statistic.
 
@@ -17,7 +19,8 @@ kernel (so its compile key follows it); the CTA size is chosen at launch from ``
 
 The backwards are persistent: ``units`` warps (``warp``) or CTAs walk the rows, each keeping
 its column sums of dy * xhat (and dy) and writing them to its own row of an f32 workspace
-(planes x units x cols), which a second launch sums per column. The workspace holds about
+(planes x units x cols), which a second launch sums per column (no second pass over the rows).
+Later rows come through a ring of shared memory (`BACKWARD_STAGES`). The workspace holds about
 (resident threads x elements per thread) floats per plane, whatever the row length, so the
 backward keeps `BACKWARD_THREADS_PER_SM` threads resident per SM: enough loads in flight,
 few partial sums.
@@ -41,27 +44,42 @@ MAX_ELEMENTS = {(False, False): 32, (False, True): 16, (True, False): 16, (True,
 #: rows, 93 for f32, no spills; at 32 bytes the RMSNorm backward takes 64 registers, against 112
 #: with the rows held). 16-byte vectors only.
 STAGED_MAX_BYTES = {False: 128, True: 64}
-#: Bytes of a row one thread holds, the target: the forward 64 (bf16: 32 elements, f32: 16),
-#: the backward 32 per row (bf16: 16, f32: 8), as the register softmax kernels measured best.
+#: Bytes of a row one thread holds, the target, by backward. The forward's register rows 64 (bf16:
+#: 32 elements, f32: 16): bf16 RMSNorm on an H200 in device time, 64 / 32 / 16 bytes: 72.7 / 74.8
+#: / 79.1 us at 16384x4096, 274.6 / 282.0 / 355.5 at 32768x8192. The backward 32 per row (bf16:
+#: 16, f32: 8): with the ring of 3 stages 111.1 us at 16384x4096 against 122.2 at 16 bytes and
+#: 119.9 at 64; 400.3 at 32768x8192 against 424.2 at 64 (the sweep of
+#: `python3 benchmarks/norms.py --variants "" --sweep`, which reproduces every number here).
 BYTES_PER_THREAD = {False: 64, True: 32}
+#: Bytes of a row one thread of the staged forward takes, the target: 32. bf16 RMSNorm, 32 / 64 /
+#: 16 bytes, device time on an H200: 69.8 / 69.0 / 81.1 us at 16384x4096, 260.6 / 263.7 / 372.9
+#: at 32768x8192, 13.3 / 13.7 / 14.0 at 4096x2048; with the residual 134.0 / 134.2 / 133.5,
+#: 525.8 / 524.0 / 517.5 and 21.2 / 22.7 / 21.4 (the sweep, as above).
+STAGED_BYTES_PER_THREAD = 32
 #: Threads of a ``block`` CTA, at most: the backward's launch bounds leave it 128 registers.
 MAX_THREADS = {False: 1024, True: 512}
 WARPS_PER_CTA = 4
 LOOPED_THREADS = 512
-#: Resident threads per SM the backward's persistent grid is sized for: its register rows take
-#: up to 128 registers a thread (ptxas -v on the sm_90a cubins: 86-128), so 512 fill an SM's
-#: register file.
+#: Resident threads per SM the backward's persistent grid is sized for (cut to what registers and
+#: the ring let reside: `resident_launch`). 512: at 32 bytes a thread and 3 stages, 111.1 us at
+#: 16384x4096 and 400.3 at 32768x8192 against 121.4 and 419.6 at 1024 (bf16 RMSNorm, H200, the
+#: sweep): more rows in flight per SM did not help.
 BACKWARD_THREADS_PER_SM = 512
 #: The backward register rows' stages of shared memory for later rows (0: the next row held in
-#: registers instead; `ring_bytes`). With the next row in registers, a bf16 backward of 8192
-#: columns (one 512-thread CTA per SM, 32 KB of loads in flight) measured 1.87 TB/s forward and
-#: backward together against 3.43 for the forward alone (H200, benchmarks/norms.py): too few
-#: bytes in flight per SM. Three stages keep two rows ahead (tested on an H200, not yet timed).
+#: registers instead; `ring_bytes`). bf16 RMSNorm backward on an H200 in device time (32 bytes a
+#: thread, 512 threads per SM), stages 0 / 2 / 3 / 4 / 5: 158.8 / 109.9 / 111.1 / 112.4 / 114.4 us
+#: at 16384x4096, 686.8 / 397.5 / 400.3 / 413.1 / 409.7 at 32768x8192, 32.2 / 27.1 /
+#: 26.6 / 26.6 / 27.4 at 4096x2048 (the sweep). Three: within 1.1 % of two at 64 MB and more,
+#: 2 % ahead at 4096x2048, and two rows ahead for LayerNorm's longer rows of work (two reductions
+#: a row; not timed apart).
 BACKWARD_STAGES = 3
 #: The forward's block rows of 16-byte vectors staged in shared memory (norm.cu ``fwd_staged``:
-#: cp.async copies read back at each use, 32 registers a thread) instead of held in registers
-#: (``fwd_reg``: up to 64 registers a thread, about 64 KB of loads in flight per SM).
-FORWARD_STAGED = False
+#: cp.async copies read back at each use, 32-52 registers a thread) instead of held in registers
+#: (``fwd_reg``: up to 64 registers a thread, about 64 KB of loads in flight per SM). bf16 RMSNorm
+#: on an H200, device time, staged (32 bytes) against the best register rows: 69.8 / 72.7 us at
+#: 16384x4096, 260.6 / 274.6 at 32768x8192 (torch's copy of x: 68.5 and 259.7), with the residual
+#: 134.0 / 139.8 and 525.8 / 546.7 (the sweep).
+FORWARD_STAGED = True
 #: The most dynamic shared memory a staged forward CTA takes (`stage_bytes`): within the 48 KB a
 #: kernel gets without opting in to more (less its static shared memory, 1.3 KB), so its recorded
 #: launch needs no opt-in; longer rows take the register rows.
@@ -200,10 +218,12 @@ def stage_bytes(shape: Shape, threads: int, residual: bool) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def staged_forward_shape(cols: int, vec: int, elem_bytes: int, bytes_per_thread: int | None = None) -> Shape | None:
-    """The staged forward's block rows for ``cols`` (up to `STAGED_MAX_BYTES` a thread), or None
-    where their stage with the residual's would exceed `STAGE_LIMIT` (the same choice for both
-    forms, so that it follows the row length alone)."""
-    shape = template_shape("block", False, cols, vec, elem_bytes, bytes_per_thread, staged=True)
+    """The staged forward's block rows for ``cols`` (``bytes_per_thread``, default
+    `STAGED_BYTES_PER_THREAD`; up to `STAGED_MAX_BYTES`), or None where their stage with the
+    residual's would exceed `STAGE_LIMIT` (the same choice for both forms, so that it follows the
+    row length alone)."""
+    shape = template_shape("block", False, cols, vec, elem_bytes, bytes_per_thread or STAGED_BYTES_PER_THREAD,
+                           staged=True)
     if shape is None:
         return None
     threads = cta_threads(shape, cols, False)
