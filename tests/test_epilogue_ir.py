@@ -381,6 +381,27 @@ def test_fused_epilogue_compiles_without_a_gpu(tmp_path, cls, cc, tag, mma):
     assert "erf" in ptx or "ex2" in ptx or "fma" in ptx
 
 
+def test_sm90_staging_plan_fits_shared_memory():
+    """`plan_staged`: the staged rings (2-4 input slots, output rings as deep as D's) fit in
+    the shared memory with every configuration; D's ring gives room before the A/B stages do."""
+    from kernel_api.core.dtypes import DataType
+    from kernel_api.providers.cutedsl.gemm import sm90_warpspecialized as sm90
+
+    for cfg in sm90.CONFIGS:
+        ab0, _, tile = sm90.plan_stages(cfg, DataType.bf16, DataType.bf16)
+        rings = 2 if cfg.schedule == "pingpong" else 1
+        area = tile[0] * tile[1] * rings
+        for inputs, outputs in ((2, 0), (0, 2), (4, 0), (2, 2), (4, 4), (6, 0)):
+            ab, epi, slots, staged_out = sm90.plan_staged(cfg, DataType.bf16, DataType.bf16, inputs, outputs)
+            used = (ab * (cfg.tile_mn[0] + cfg.tile_mn[1]) * sm90.K_TILE * 2 + epi * area * (2 + outputs)
+                    + slots * area * inputs + 2048)
+            assert used <= sm90.SM90_SMEM_BYTES, (cfg.tag, inputs, outputs)
+            assert 2 <= epi <= 4 and 2 <= ab <= ab0
+            assert (slots >= 2) == (inputs > 0) and slots <= sm90.MAX_INPUT_STAGES and staged_out == (outputs > 0)
+    pingpong = next(c for c in sm90.CONFIGS if c.tile_mn == (128, 128) and c.schedule == "pingpong")
+    assert sm90.plan_staged(pingpong, DataType.bf16, DataType.bf16, 2, 0) == (6, 2, 2, False)
+
+
 _COMPILE_STAGED = textwrap.dedent("""
     import sys, torch, kernel_api
     from kernel_api import EpilogueArguments, GemmArguments
