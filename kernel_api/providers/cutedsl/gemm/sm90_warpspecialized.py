@@ -201,11 +201,13 @@ F16_ACC_CONFIGS: tuple[Sm90Config, ...] = (CONFIGS[0], CONFIGS[2], CONFIGS[5])
 
 
 #: A cooperative tile whose epilogue function reads or writes a whole (M, N) tensor costs this much
-#: more: both warpgroups run the epilogue together, so its loads wait with no mainloop beside them,
-#: where a ping-pong warpgroup's epilogue runs under the other's mainloop. Measured with bf16
-#: residual / gated / extra-output epilogues at 4096^3 and 8192x8192x4096: the cooperative
-#: 128x256 tile PickAny ranked first ran 1.12-1.24x the 128x128 ping-pong tile, with the plain
-#: epilogue 1.02-1.08x (H200, benchmarks/epilogue.py: fused_ops against fused).
+#: more: both warpgroups run the epilogue together, with no mainloop beside them, where a ping-pong
+#: warpgroup's epilogue runs under the other's mainloop. Measured with bf16 residual / gated /
+#: extra-output epilogues at 4096^3 and 8192x8192x4096: the cooperative 128x256 tile PickAny
+#: ranked first ran 1.05-1.09x the 128x128 ping-pong tile with those tensors moved by TMA through
+#: shared memory (then with A/B stages 3 against 5: the staged rings took one), 1.12-1.24x when
+#: they were read and written element-wise, with the plain epilogue 1.02-1.08x (H200,
+#: benchmarks/epilogue.py: fused@ and fused_ops against fused).
 FUSED_TILE_COOPERATIVE_FACTOR = 1.15
 
 
