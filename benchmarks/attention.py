@@ -9,7 +9,8 @@ the L2 cache, and prints TFLOP/s (forward ``4 b h sq sk d``, halved for causal; 
 2.5 times that) and each contestant's speed against SDPA's default (ratio > 1: faster). SDPA
 takes its natural (batch, heads, seqlen, head_dim) tensors; kernel_api and FA4 FlashAttention's
 (batch, seqlen, heads, head_dim). A forward+backward launch is the forward with gradients
-wanted, then ``torch.autograd.grad`` of q, k and v for a fixed output gradient.
+wanted, then ``torch.autograd.grad`` of q, k and v for a fixed output gradient, in the calling
+thread (so ``kernel_api.settings`` scopes the backward's choice too).
 
     python3 benchmarks/attention.py [--quick] [--repeat N] [--no-kernels] [--tag TAG]
 
@@ -24,10 +25,11 @@ and mode is printed as it finishes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -79,13 +81,8 @@ def _sdpa(backend: Any) -> Callable:
     return run
 
 
-def _ops(providers: list[str] | None) -> Callable:
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-        if providers is None:
-            return ops.attention(q, k, v, causal=causal)
-        with kernel_api.settings(providers=providers):
-            return ops.attention(q, k, v, causal=causal)
-    return run
+def _ops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    return ops.attention(q, k, v, causal=causal)
 
 
 def _fa4(func: Callable) -> Callable:
@@ -95,16 +92,25 @@ def _fa4(func: Callable) -> Callable:
     return run
 
 
-def contestants(fa4_provider: str | None) -> dict[str, tuple[str, Callable]]:
-    """name -> (layout "bhsd" or "bshd", run(q, k, v, causal) -> out)."""
+class Contestant(NamedTuple):
+    """How one contestant runs: its tensors' layout ("bhsd" or "bshd"), ``run(q, k, v, causal)
+    -> out``, and the kernel_api providers it may use (None: all; only for kernel_api's)."""
+
+    layout: str
+    run: Callable
+    providers: list[str] | None = None
+
+
+def contestants(fa4_provider: str | None) -> dict[str, Contestant]:
     from torch.nn.attention import SDPBackend
-    found = {"sdpa": ("bhsd", _sdpa(None)), "sdpa_flash": ("bhsd", _sdpa(SDPBackend.FLASH_ATTENTION)),
-             "ops": ("bshd", _ops(None)), "ops_torch": ("bshd", _ops(["torch"]))}
+    found = {"sdpa": Contestant("bhsd", _sdpa(None)),
+             "sdpa_flash": Contestant("bhsd", _sdpa(SDPBackend.FLASH_ATTENTION)),
+             "ops": Contestant("bshd", _ops), "ops_torch": Contestant("bshd", _ops, ["torch"])}
     if fa4_provider is not None:
-        found["ops_fa4"] = ("bshd", _ops([fa4_provider]))
+        found["ops_fa4"] = Contestant("bshd", _ops, [fa4_provider])
     func = _fa4_func()
     if func is not None:
-        found["fa4"] = ("bshd", _fa4(func))
+        found["fa4"] = Contestant("bshd", _fa4(func))
     return found
 
 
@@ -118,16 +124,25 @@ def _sets(b: int, h: int, s: int, d: int, layout: str, count: int, grad: bool) -
     return made
 
 
-def _launcher(run: Callable, sets: list[tuple], causal: bool, backward: bool) -> Callable[[int], Any]:
+def _launcher(contestant: Contestant, sets: list[tuple], causal: bool, backward: bool) -> Callable[[int], Any]:
+    """One launch of a contestant. The backward runs in the calling thread (autograd's
+    multithreading off, for every contestant alike), where the provider scope is in force: the
+    engine's device threads do not see `kernel_api.settings` (a context variable)."""
+    run, providers = contestant.run, contestant.providers
+
+    def scope() -> Any:
+        return contextlib.nullcontext() if providers is None else kernel_api.settings(providers=providers)
+
     def forward(i: int) -> Any:
         q, k, v, _ = sets[i % len(sets)]
-        with torch.no_grad():
+        with torch.no_grad(), scope():
             return run(q, k, v, causal)
 
     def training(i: int) -> Any:
         q, k, v, do = sets[i % len(sets)]
-        out = run(q, k, v, causal)
-        return torch.autograd.grad(out, (q, k, v), do)
+        with torch.autograd.set_multithreading_enabled(False), scope():
+            out = run(q, k, v, causal)
+            return torch.autograd.grad(out, (q, k, v), do)
 
     return training if backward else forward
 
@@ -138,7 +153,9 @@ def flops(b: int, h: int, s: int, d: int, causal: bool, backward: bool) -> float
 
 
 def _choices() -> list[str]:
-    return sorted({kernel.name for _, kernel in ops.chosen_kernels() if "Attention" in type(kernel).__name__})
+    from kernel_api.arguments import AttentionArguments, AttentionBackwardArguments
+    return sorted({kernel.name for _, kernel in ops.chosen_kernels()
+                   if issubclass(kernel.supported_args_type, (AttentionArguments, AttentionBackwardArguments))})
 
 
 def run_case(case: tuple, names: dict, repeat: int) -> list[dict]:
@@ -151,8 +168,8 @@ def run_case(case: tuple, names: dict, repeat: int) -> list[dict]:
         ops.clear_dispatch_cache()
         sets = {layout: _sets(b, h, s, d, layout, count, backward) for layout in ("bhsd", "bshd")}
         fns = {}
-        for name, (layout, run) in names.items():  # first calls: choices, FA4's compiles
-            fn = _launcher(run, sets[layout], causal, backward)
+        for name, contestant in names.items():  # first calls: choices, FA4's compiles
+            fn = _launcher(contestant, sets[contestant.layout], causal, backward)
             try:
                 fn(0)
                 torch.cuda.synchronize()

@@ -6,6 +6,8 @@ installed) on its own, and the training step through each provider."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -201,6 +203,16 @@ def test_misaligned_views_take_the_materialised_kernels():
 STEP_SHAPES = [(1, 300, 300, 4, 4, 128), (2, 100, 100, 8, 2, 64), (1, 77, 77, 4, 1, 128), (2, 16, 100, 8, 2, 64)]
 
 
+def only(provider):
+    """A scope whose candidates are ``provider``'s, over the backward too: autograd's engine runs
+    a CUDA backward on a thread of its own, which `kernel_api.settings` (a context variable) does
+    not reach, so the backward runs in this thread."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+    stack.enter_context(kernel_api.settings(providers=[provider]))
+    return stack
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("shape", STEP_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
@@ -208,7 +220,7 @@ def test_training_step_through_each_provider(provider, shape, causal):
     q, k, v = _qkv(*shape, dtype=torch.bfloat16, seed=16)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(17)).to(torch.bfloat16)
     ops.clear_dispatch_cache()
-    with kernel_api.settings(providers=[provider]):
+    with only(provider):
         leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
         out = ops.attention(*leaves, causal=causal)
         grads = torch.autograd.grad(out, leaves, grad.cuda())
@@ -223,7 +235,7 @@ def test_varlen_training_step_through_each_provider(provider):
     q, k, v, cu_q, cu_k = _varlen([3, 0, 7, 1, 40], [5, 0, 7, 33, 40], 8, 2, 64, torch.bfloat16)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(18)).to(torch.bfloat16)
     ops.clear_dispatch_cache()
-    with kernel_api.settings(providers=[provider]):
+    with only(provider):
         leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
         out = ops.attention(*leaves, causal=True, cu_seqlens_q=cu_q.cuda(), cu_seqlens_k=cu_k.cuda(), max_seqlen_q=40,
                             max_seqlen_k=40)
@@ -236,7 +248,7 @@ def test_varlen_training_step_through_each_provider(provider):
 def test_one_forward_per_training_step_on_the_gpu(monkeypatch):
     """Through the torch provider: one forward kernel run (writing lse) and one backward run."""
     calls = count_backend_runs(monkeypatch, ("sdpa", "math", "flash", "cudnn"))
-    with kernel_api.settings(providers=["torch"]):
+    with only("torch"):
         leaves = [t.cuda().requires_grad_() for t in _qkv(2, 64, 64, 8, 8, 128, dtype=torch.bfloat16)]
         ops.attention(*leaves, causal=True).sum().backward()
         assert [(c, lse) for c, _, lse in calls] == [("TorchAttention", True), ("TorchAttentionBackward", True)], calls

@@ -35,9 +35,10 @@ from .provider import FlashAttnProvider
 
 _LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
-#: FA4's forward speed against torch's SDPA by whether the head dim is at least 128 (H200:
-#: 1.04x at b4 h32 s4096 d128 causal, 0.74x at d64 s1024)
-SPEED_VS_SDPA = {True: 1.04, False: 0.74}
+#: FA4's forward speed against torch's SDPA (cuDNN) by whether the head dim is at least 128
+#: (H200, benchmarks/attention.py: 647 against 600 TFLOP/s at b4 h32 s4096 d128 causal, 730
+#: against 656 full; 254 against 319 at b16 h16 s1024 d64 causal)
+SPEED_VS_SDPA = {True: 1.08, False: 0.8}
 
 
 @FlashAttnProvider.register
@@ -74,9 +75,8 @@ class FlashAttnForward(Kernel):
 
     def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
         """`attention_cost` (what the torch provider's SDPA is ranked by) over FA4's speed
-        against SDPA: measured on an H200 at 1.04x SDPA's forward for s4096 d128 causal and
-        0.74x at d64 s1024 (`SPEED_VS_SDPA`), so PickAny takes FA4 for head dims of 128 and
-        up, SDPA below."""
+        against SDPA (`SPEED_VS_SDPA`, measured on an H200), so PickAny takes FA4 for head dims
+        of 128 and up, SDPA (inference) or torch's cuDNN forward (training) below."""
         return attention_cost(args) / SPEED_VS_SDPA[args.head_dim >= 128]
 
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
