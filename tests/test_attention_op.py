@@ -580,3 +580,24 @@ def test_flash_attn_plugin_offers_forward_with_lse_and_backward():
     finally:
         pp.unload("flash_attn")
         ops.clear_dispatch_cache()
+
+
+def test_patched_llama_training_step_runs_one_attention_forward_per_layer(cpu_launch, monkeypatch):
+    """kernel_api.nn.patch's attention (transformers' attention interface) in a training step:
+    each layer's attention runs its forward once, writing lse, and its backward from it."""
+    pytest.importorskip("transformers")
+    from kernel_api.nn import patch, unpatch
+    from test_nn_llama import _ids, small_model
+    calls = count_backend_runs(monkeypatch)
+    eager, model = small_model("llama"), small_model("llama")
+    ids = _ids(seed=3)
+    want = eager(input_ids=ids, labels=ids).loss
+    patch(model, kinds=["attention"])
+    try:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.testing.assert_close(loss, want, atol=2e-5, rtol=2e-5)
+        layers = len(model.model.layers)
+        assert calls == [("TorchAttention", "math", True)] * layers + [("TorchAttentionBackward", "math", True)] * layers
+    finally:
+        unpatch(model)
