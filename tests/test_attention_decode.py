@@ -102,9 +102,12 @@ def test_declines_a_requested_lse():
 
 def test_plan_fills_the_machine():
     gqa = plan(_args(sk=4096), 132)
-    assert (gqa.mw, gqa.cl, gqa.row_blocks, gqa.keys_per_split) == (1, 2, 1, 2048) and gqa.grid == 64 * 8 * 2
-    assert plan(_args(sk=128), 132).cl == 1  # two chunks: not worth a split
+    assert (gqa.mw, gqa.cl, gqa.row_blocks, gqa.keys_per_split) == (1, 1, 1, 4096) and gqa.grid == 64 * 8
+    assert plan(_args(sk=128), 132).cl == 1
+    assert plan(_args(batch=8, sk=1024), 132).cl == 2
+    assert plan(_args(batch=8, sk=64), 132).cl == 1  # one chunk: nothing to split
     assert plan(_args(batch=1, sk=4096), 132).cl == 8
+    assert plan(_args(d=64, sk=4096), 132).cl == 2 and plan(_args(d=64, sk=512), 132).cl == 1  # a ragged wave
     assert plan(_args(hq=32, hkv=32), 132).cl == 1  # 2048 CTAs already
     mqa = plan(_args(batch=2, lq=16, hq=8, hkv=1, sk=1000), 132)
     assert (mqa.mw, mqa.row_blocks) == (4, 2) and mqa.keys_per_split % 64 == 0
@@ -118,7 +121,7 @@ def test_template_follows_the_plan():
     kernel = next(iter(CudaAttentionDecode.generate_kernels(lambda m: m.kernel_name.endswith("bf16_d128"), cc=90)))
     assert kernel.name_expression(_args(sk=128)) == "ka_attn::decode<ka_attn::BF16, 128, 1>"
     assert kernel.name_expression(_args(batch=1, lq=16, sk=4096)) == "ka_attn::decode_split<ka_attn::BF16, 128, 4, 8>"
-    assert kernel.compile_key(_args(sk=128), 90) != kernel.compile_key(_args(sk=4096), 90)
+    assert kernel.compile_key(_args(batch=8, sk=4096), 90) != kernel.compile_key(_args(sk=4096), 90)
     assert kernel.compile_key(_args(sk=2048), 90) == kernel.compile_key(_args(sk=4096), 90)
 
 

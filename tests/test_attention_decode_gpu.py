@@ -88,7 +88,7 @@ CASES = [
     (3, 1, 1, 8, 2, 128, torch.bfloat16, False, False),
     (2, 3, 127, 32, 8, 128, torch.bfloat16, True, True),
     (2, 16, 1000, 8, 1, 64, torch.float16, True, True),      # MQA: 128 rows, two row blocks of 64
-    (1, 1, 4097, 32, 32, 128, torch.float16, False, True),   # MHA, batch 1: eight splits
+    (1, 1, 4097, 32, 32, 128, torch.float16, False, True),   # MHA, batch 1: four splits
     (5, 3, 1000, 4, 4, 64, torch.bfloat16, False, False),
     (2, 4, 2, 16, 4, 128, torch.bfloat16, True, False),      # causal, fewer keys than queries: zero rows
     (2, 2, 0, 4, 2, 64, torch.float16, False, False),        # no keys at all

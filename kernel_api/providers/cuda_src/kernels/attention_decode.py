@@ -55,16 +55,25 @@ MAX_SEQLEN_Q = 16
 BLOCK_KEYS, STAGES, THREADS = 64, 3, 128
 #: Cluster sizes (key splits per row block; portable clusters hold at most 8 CTAs).
 SPLITS = (1, 2, 4, 8)
-#: Splits are added until the grid has this many CTAs per SM (two resident per SM at d128,
-#: so two waves), and only while each split keeps at least `MIN_CHUNKS_PER_SPLIT` chunks.
-TARGET_CTAS_PER_SM = 4
+#: Splits are added while the grid still has at most a CTA per SM, and only while each split keeps at least
+#: `MIN_CHUNKS_PER_SPLIT` chunks: each split costs a cluster merge and CTAs of their own, and on
+#: an H200 (benchmarks/attention_decode.py --sweep, bf16 d128, 32/8 heads) batch 64 ran fastest
+#: unsplit (243 us at 4096 keys against 250 with 2 splits, 39 against 46 us at 512), batch 8 with 2
+#: splits (15.9 us at 1024 keys; 17.9 unsplit, 23.6 with 8) and batch 1 with 8 (13.5 us at 4096;
+#: 49 unsplit).
 MIN_CHUNKS_PER_SPLIT = 2
+#: CTAs resident per SM (registers and the ring's shared memory), by head dim.
+CTAS_PER_SM = {128: 2, 64: 3}
+#: A grid past one wave whose last wave is under half full is split once more when every split
+#: keeps `LONG_SPLIT_CHUNKS` chunks (d64 at batch 64, 4096 keys: 130 us with 2 splits, 144 unsplit).
+LONG_SPLIT_CHUNKS = 16
 #: The elements of one 16-byte copy: every pointer and stride but head_dim's is a multiple.
 _VECTOR = 8
 _LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
-#: Cost model (nominal until measured): the K/V streaming rate, the fixed time of a launch and
-#: the mma.sync rate for the padded rows.
-BYTES_PER_SECOND = 3.8e12
+#: Cost model: the K/V streaming rate (an H200 measured 4.2-4.5 TB/s from 134 MB of K and V up,
+#: bf16 d128 at batch 64; 1.9-3.0 TB/s at 34 MB), a launch's fixed time and the mma.sync rate
+#: for the padded rows (nominal).
+BYTES_PER_SECOND = 4.2e12
 FIXED_SECONDS = 3e-6
 MMA_FLOPS_PER_SECOND = 4e14
 #: Recorded launches kept per instance (a decode loop's lengths grow by one per step).
@@ -95,8 +104,9 @@ def plan(args: AttentionArguments, sms: int, splits: int | None = None, mw: int 
     Args:
         args: the arguments (dense layout).
         sms: the SMs to fill.
-        splits: a fixed cluster size (`SPLITS`), or None to choose: the fewest that give the grid
-            `TARGET_CTAS_PER_SM` CTAs per SM while every split keeps `MIN_CHUNKS_PER_SPLIT` chunks.
+        splits: a fixed cluster size (`SPLITS`), or None to choose: the most that leave the grid
+            at most a CTA per SM while every split keeps `MIN_CHUNKS_PER_SPLIT` chunks, doubled
+            once for a ragged last wave of long splits (`LONG_SPLIT_CHUNKS`).
         mw: fixed row tiles per block, or None for `row_tiles`.
 
     Returns:
@@ -109,8 +119,12 @@ def plan(args: AttentionArguments, sms: int, splits: int | None = None, mw: int 
     chunks = -(-args.seqlen_k // BLOCK_KEYS)
     if splits is None:
         splits = 1
-        while (splits < SPLITS[-1] and base * splits < TARGET_CTAS_PER_SM * sms
+        while (splits < SPLITS[-1] and 2 * base * splits <= sms
                and chunks >= 2 * splits * MIN_CHUNKS_PER_SPLIT):
+            splits *= 2
+        waves = base * splits / (sms * CTAS_PER_SM.get(args.head_dim, 2))
+        if (waves > 1 and waves % 1 < 0.5 and splits < SPLITS[-1]
+                and chunks >= 2 * splits * LONG_SPLIT_CHUNKS):
             splits *= 2
     keys = max(1, -(-chunks // splits)) * BLOCK_KEYS
     return DecodePlan(mw, splits, row_blocks, keys, base * splits)
