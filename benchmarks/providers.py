@@ -9,8 +9,8 @@ them in one `time_group` (shuffled turns behind a sleep kernel, CUDA events arou
 device time). A provider's best is its fastest timed instance. PickBest then tunes the case over
 every provider's candidates (``force``: a fresh measurement, its own timing) and the instance it
 chooses is timed in the same group as the rest, as is PickAny's choice (the analytic ranking,
-the default policy). PickBest tunes only the operations kernel_api's tuning has float64
-references for (GEMM, softmax); for the others the row says so.
+the default policy). PickBest tunes every operation (against a float64 reference where kernel_api
+knows one, else the torch provider's kernel); the candidates it excluded as wrong are listed.
 
 Plugins are imported from examples/plugins when they are not installed; one whose library is
 missing is listed with the reason. Writes JSON (and a text table) to benchmarks/results/ (and
@@ -47,8 +47,6 @@ from kernel_api.tuning.pick_any import rank_candidates  # noqa: E402
 from kernel_api.tuning.timing import rotation_count  # noqa: E402
 
 PLUGINS = os.path.join(ROOT, "examples", "plugins")
-#: operations PickBest can tune (kernel_api.tuning.reference has their float64 references)
-TUNABLE = (GemmArguments, SoftmaxArguments)
 
 
 def load_plugins() -> dict[str, str]:
@@ -150,19 +148,18 @@ def run_case(op: str, label: str, make: Callable[[], Any], per_provider: int, re
         except Exception as exc:  # noqa: BLE001
             row["failures"][any_name] = f"{type(exc).__name__}: {str(exc)[:300]}"
     pick = None
-    if isinstance(args, TUNABLE):
-        try:
-            policy = PickBest(max_candidates=pick_candidates, repeat=10)
-            result = policy.tune(args, every, force=True)
-            winner = result.winner
-            pick = winner.metadata.kernel_name
-            if pick not in timed:
-                artifact = winner.compile(args)
-                timed[pick] = (provider_of(winner), winner, artifact)
-        except Exception as exc:  # noqa: BLE001
-            row["pickbest_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    else:
-        row["pickbest_error"] = f"PickBest has no float64 reference for {type(args).__name__}"
+    try:
+        policy = PickBest(max_candidates=pick_candidates, repeat=10)
+        result = policy.tune(args, every, force=True)
+        winner = result.winner
+        pick = winner.metadata.kernel_name
+        row["pickbest_excluded"] = {m.kernel_name: m.failure for m in result.measurements
+                                    if m.failure and m.error is not None}
+        if pick not in timed:
+            artifact = winner.compile(args)
+            timed[pick] = (provider_of(winner), winner, artifact)
+    except Exception as exc:  # noqa: BLE001
+        row["pickbest_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
 
     def launcher(kernel: Any, artifact: Any) -> Callable[[int], None]:
         return lambda i: kernel.run(sets[i % len(sets)], compiled_artifact=artifact, assume_supported_args=True)
