@@ -16,7 +16,7 @@ from . import arguments, artifact, dtypes, errors, metadata, status, utils
 from .arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments,
                         SoftmaxBackwardArguments)
 from .arguments import LayerNormArguments, LayerNormBackwardArguments, RMSNormArguments, RMSNormBackwardArguments
-from .arguments import AttentionArguments
+from .arguments import AttentionArguments, AttentionBackwardArguments
 from .arguments import (CrossEntropyArguments, CrossEntropyBackwardArguments, GatedActivationArguments,
                         GatedActivationBackwardArguments, LinearCrossEntropyArguments, RopeArguments,
                         RopeBackwardArguments)
@@ -48,7 +48,7 @@ __all__ = [
     "register_provider", "PickAny", "PickBest", "Policy", "settings", "tune_shapes", "ops", "nn",
 ]
 __all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]
-__all__ += ["AttentionArguments"]
+__all__ += ["AttentionArguments", "AttentionBackwardArguments"]
 __all__ += ["CrossEntropyArguments", "CrossEntropyBackwardArguments", "GatedActivationArguments",
             "GatedActivationBackwardArguments", "LinearCrossEntropyArguments", "RopeArguments",
             "RopeBackwardArguments"]

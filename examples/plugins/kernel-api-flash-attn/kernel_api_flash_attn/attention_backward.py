@@ -20,7 +20,7 @@ import torch
 from flash_attn.cute.interface import _flash_attn_bwd
 
 from kernel_api import CompilationError, CompiledArtifact, DataType, Kernel, KernelMetadata, Status, TensorAttributes
-from kernel_api.arguments import AttentionBackwardArguments
+from kernel_api import AttentionBackwardArguments
 from kernel_api.core.status import Reason
 from kernel_api.core.streams import stream_context
 from kernel_api.cost.attention import attention_backward_cost
