@@ -852,14 +852,19 @@ class _SoftmaxWithGrad(torch.autograd.Function):
             out = _softmax_eager(x, dim, None, stream)
         ctx.save_for_backward(out)
         ctx.dim = dim
+        ctx.settings = _settings.get()  # (autograd runs a CUDA backward on a thread of its own)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         (out,) = ctx.saved_tensors
-        if _grad_enabled():  # create_graph: the custom op, which says that it has no second derivative
-            return torch.ops.kernel_api.softmax_backward(grad, out, ctx.dim), None, None
-        return softmax_backward(grad, out, ctx.dim), None, None
+        token = _settings.set(ctx.settings)  # the backward's kernel is chosen as the forward's was
+        try:
+            if _grad_enabled():  # create_graph: the custom op, which says that it has no second derivative
+                return torch.ops.kernel_api.softmax_backward(grad, out, ctx.dim), None, None
+            return softmax_backward(grad, out, ctx.dim), None, None
+        finally:
+            _settings.reset(token)
 
 
 # `_SoftmaxWithGrad.apply` without `torch.autograd.Function.apply`'s Python wrapper (which looks

@@ -34,6 +34,7 @@ import torch
 
 from ..arguments import Arguments
 from ..core import tracing
+from ..tuning.scope import CURRENT as _settings
 from .dispatch import op_on_stream
 from .replay import DECLINED, OperationReplay, needs_op
 
@@ -251,6 +252,9 @@ def _autograd_kernel(op: Operation, overload: Any, input_names: tuple[str, ...],
         ctx.save_for_backward(*[values[n] for n in tensors])
         ctx.tensor_names = tensors
         ctx.others = {n: values.get(n) for n in saved_names if n not in tensors}
+        # the settings in force (policy, providers): autograd runs a CUDA backward on a device
+        # thread of its own, where the caller's context variables are not set
+        ctx.settings = _settings.get()
         return result
 
     def backward_(ctx: Any, *grads: Any) -> tuple:
@@ -258,7 +262,11 @@ def _autograd_kernel(op: Operation, overload: Any, input_names: tuple[str, ...],
             raise RuntimeError(f"{op.name}: no backward is defined (its Operation has none)")
         saved = SimpleNamespace(**dict(zip(ctx.tensor_names, ctx.saved_tensors)), **ctx.others,
                                 needs_input_grad=ctx.needs_input_grad)
-        result = backward(saved, *grads)
+        token = _settings.set(ctx.settings)  # the backward's kernels are chosen as the forward's were
+        try:
+            result = backward(saved, *grads)
+        finally:
+            _settings.reset(token)
         if not isinstance(result, tuple):
             result = (result,)
         if len(result) != len(input_names):
