@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 import torch
 
 import kernel_api
 from kernel_api import ops
-from kernel_api.ops import dispatch
 from kernel_api.tuning.pick_any import PickAny
 
 
@@ -28,15 +26,6 @@ class RecordingPolicy(PickAny):
     def choose(self, args, candidates):
         self.chosen.append(type(args).__name__)
         return super().choose(args, candidates)
-
-
-@pytest.fixture
-def cpu_ops(monkeypatch):
-    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
-    ops.clear_dispatch_cache()
-    yield
-    monkeypatch.undo()
-    ops.clear_dispatch_cache()
 
 
 def backward_on_another_thread(loss: torch.Tensor) -> None:

@@ -15,17 +15,6 @@ import kernel_api
 from kernel_api import ops
 from kernel_api.arguments import CrossEntropyArguments, CrossEntropyBackwardArguments, LinearCrossEntropyArguments
 from kernel_api.arguments.cross_entropy_math import chunk_tokens, linear_cross_entropy_chunks, rows_gradient, rows_loss
-from kernel_api.ops import dispatch
-
-
-@pytest.fixture
-def cpu_ops(monkeypatch):
-    """The front door launching on CPU tensors (the torch provider's kernels compute anywhere)."""
-    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
-    ops.clear_dispatch_cache()
-    yield
-    monkeypatch.undo()
-    ops.clear_dispatch_cache()
 
 
 def reference(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, reduction="mean"):

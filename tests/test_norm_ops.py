@@ -13,21 +13,10 @@ import kernel_api
 from kernel_api import (LayerNormArguments, LayerNormBackwardArguments, RMSNormArguments, RMSNormBackwardArguments,
                         TensorAttributes, ops)
 from kernel_api.metadata.norm import RMSNormOperandsMetadata
-from kernel_api.ops import dispatch
 
 SENTINEL = 1234.5
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
        torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2), torch.float64: dict(atol=1e-12, rtol=1e-12)}
-
-
-@pytest.fixture
-def cpu_ops(monkeypatch):
-    """The front door launching on CPU tensors (the torch provider's norms compute anywhere)."""
-    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
-    ops.clear_dispatch_cache()
-    yield
-    monkeypatch.undo()
-    ops.clear_dispatch_cache()
 
 
 def reference(kind, x, weight, bias=None, eps=1e-6, residual=None):

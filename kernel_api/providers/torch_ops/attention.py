@@ -149,6 +149,19 @@ def launch_context(args: Any, stream: Any) -> Any:
     return contextlib.nullcontext()
 
 
+def _empty_problem(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor, lse: Any) -> bool:
+    """Whether there is nothing to attend (no query, or no key: then ``out`` is zeros and ``lse``
+    -inf, written here); the aten kernels are not launched on empty problems."""
+    if not q.numel():
+        return True
+    if not k.numel():
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return True
+    return False
+
+
 @TorchProvider.register
 class TorchAttention(TorchKernel):
     """Attention with torch's own kernels, one instance per backend (`BACKENDS`), dtype and
@@ -222,12 +235,7 @@ class TorchAttention(TorchKernel):
 
     @staticmethod
     def _run_flash(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
-        if not q.numel():
-            return
-        if not k.numel():
-            out.zero_()
-            if lse is not None:
-                lse.fill_(float("-inf"))
+        if _empty_problem(q, k, out, lse):
             return
         if _FLASH_INTO is not None:  # (torch 2.13 and later: into out, no copy)
             l = _FLASH_INTO(out, q, k, v, args.cu_seqlens_q, args.cu_seqlens_k, args.seqlen_q, args.seqlen_k, 0.0,
@@ -242,12 +250,7 @@ class TorchAttention(TorchKernel):
 
     @staticmethod
     def _run_cudnn(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
-        if not q.numel():
-            return
-        if not k.numel():
-            out.zero_()
-            if lse is not None:
-                lse.fill_(float("-inf"))
+        if _empty_problem(q, k, out, lse):
             return
         k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
         o, l = torch.ops.aten._scaled_dot_product_cudnn_attention(

@@ -126,11 +126,12 @@ def head_dim_status(args: Any) -> Status:
 
 
 class _Scalars:
-    """The scalars of a dense call (what a recorded launch keeps of its arguments: no tensors)."""
+    """The scalars of a dense call, forward or backward (what a recorded launch keeps of its
+    arguments: no tensors)."""
 
     __slots__ = ("causal", "scale", "varlen", "cu_seqlens_q", "cu_seqlens_k", "seqlen_q", "seqlen_k")
 
-    def __init__(self, args: AttentionArguments) -> None:
+    def __init__(self, args: Any) -> None:
         self.causal, self.scale, self.varlen = args.causal, args.scale, False
         self.cu_seqlens_q = self.cu_seqlens_k = None
         self.seqlen_q, self.seqlen_k = args.seqlen_q, args.seqlen_k

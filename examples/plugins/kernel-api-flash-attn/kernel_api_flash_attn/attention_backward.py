@@ -27,7 +27,7 @@ from kernel_api.cost.attention import attention_backward_cost
 from kernel_api.launcher import Launcher
 from kernel_api.metadata.attention import AttentionBackwardOperandsMetadata
 
-from .attention import _LAYOUTS, MAX_HEAD_DIM, head_dim_status
+from .attention import _LAYOUTS, MAX_HEAD_DIM, _Scalars, head_dim_status
 from .provider import FlashAttnProvider
 
 #: FA4's backward speed against torch's cuDNN backward (`TorchAttentionBackward`'s ``_cudnn``)
@@ -111,17 +111,6 @@ class FlashAttnBackward(Kernel):
 
         launch.__name__ = f"launch_{self.metadata.kernel_name}"
         return Launcher(launch)
-
-
-class _Scalars:
-    """The scalars of a dense call (what a recorded launch keeps of its arguments: no tensors)."""
-
-    __slots__ = ("causal", "scale", "varlen", "cu_seqlens_q", "cu_seqlens_k", "seqlen_q", "seqlen_k")
-
-    def __init__(self, args: AttentionBackwardArguments) -> None:
-        self.causal, self.scale, self.varlen = args.causal, args.scale, False
-        self.cu_seqlens_q = self.cu_seqlens_k = None
-        self.seqlen_q, self.seqlen_k = args.seqlen_q, args.seqlen_k
 
 
 def _backward(args: Any, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
