@@ -10,7 +10,9 @@ row starts new processes with that cache and times, with perf_counter and CUDA s
 - the first ``kernel_api.ops.gemm(A, B)`` (bf16, 4096^3) and the first ``ops.softmax(x)``
   (bf16, 4096 x 4096 rows), each also called once more (the steady state, for scale), with the
   operands already on the GPU (CUDA initialised outside the timing);
-- whether ``cutlass`` was imported by then, and what the logs say was compiled or loaded.
+- whether ``cutlass`` and ``cuda.core`` were imported by then (a cached CuTe DSL GEMM loads
+  without the DSL, a cached NVRTC cubin through the driver API without cuda.core), and what
+  the logs say was compiled or loaded.
 
 kernel_api's bytecode is compiled once before the rows, as an installed package's is.
 
@@ -131,6 +133,7 @@ for op in order:
     torch.cuda.synchronize()
     result[op + "_first_s"] = time.perf_counter() - start
     result["cutlass_after_" + op] = "cutlass" in sys.modules
+    result["cuda_core_after_" + op] = "cuda.core" in sys.modules
     result["kernel_modules_after_" + op] = sum(m.startswith("kernel_api.providers.") for m in sys.modules)
     start = time.perf_counter()
     ops[op]()
@@ -193,10 +196,14 @@ def summarise(rows: dict, repeats: int, size: int) -> tuple[dict, list[str]]:
     lines = [f"cold start, {size}^3 bf16 GEMM and {size} x {size} bf16 softmax; medians of up to {repeats} "
              f"processes per row (ms)"]
     for row, values in summary.items():
-        after = sorted({k[len("cutlass_after_"):] for r in rows[row] for k, v in r.items()
-                        if k.startswith("cutlass_after_") and v})
+        marks = ""
+        for module in ("cutlass", "cuda_core"):
+            after = sorted({k[len(module) + 7:] for r in rows[row] for k, v in r.items()
+                            if k.startswith(module + "_after_") and v})
+            if after:
+                marks += f"  [{module.replace('_', '.')} imported after: {', '.join(after)}]"
         lines.append(f"{row:22s} n={len(rows[row])} " + "  ".join(f"{k[:-2]}={v * 1e3:.1f}" for k, v in values.items())
-                     + (f"  [cutlass imported after: {', '.join(after)}]" if after else ""))
+                     + marks)
         errors = [r["error"] for r in rows[row] if "error" in r]
         if errors:
             lines.append(f"    error: {errors[0][-1500:]}")

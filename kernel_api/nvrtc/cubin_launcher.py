@@ -1,58 +1,64 @@
-"""Loading a compiled cubin and launching one of its kernels with ``cuda.core``.
+"""Loading a compiled cubin and launching one of its kernels through the CUDA driver API
+(``cuda.bindings.driver``, which torch's CUDA support imports already).
 
 A `CudaLauncher` is what a cuda_src `CompiledArtifact` holds. It loads the cubin once per
-process (the library's kernels are context-independent, so one load serves every device),
-reads the kernel's per-device limits once per device, and keeps per-launch work to a few
-dictionary look-ups: `cuda.core` stream wrappers are cached by raw handle and
-``LaunchConfig`` objects by (grid, block, shared memory); a configuration is checked against
-the device's limits the first time it is seen.
+process as a context-independent library (``cuLibraryLoadData``; one load serves every
+device), reads the kernel's per-device limits once per device, and keeps per-launch work to a
+few dictionary look-ups, one parameter pack (`kernel_api.nvrtc.kernel_params`) and
+``cuLaunchKernel``: a configuration is checked against the device's limits the first time it
+is seen.
+
+Nothing here imports ``cuda.core``: its import (NVML, checkpoint modules, numpy) cost about
+120 ms of a warm first call on an H200 host, most of it.
 
 ``launch(..., cooperative=True)`` launches a grid whose CTAs wait on each other (a persistent
-kernel's groups): the driver then guarantees that every CTA is resident at once, or fails the
-launch. The grid is first checked against `max_coresident` (occupancy x SMs), so a grid too
-large is a `KernelLaunchError` that says so, never a hang.
+kernel's groups, ``cuLaunchCooperativeKernel``): the driver then guarantees that every CTA is
+resident at once, or fails the launch. The grid is first checked against `max_coresident`
+(occupancy x SMs), so a grid too large is a `KernelLaunchError` that says so, never a hang.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
 from ..core.errors import DeviceError, KernelLaunchError
 from .compiler import CompiledCuda
+from .kernel_params import ParamError, ParamPacker
 
 _log = logging.getLogger(__name__)
-_streams: dict[int, Any] = {}  # raw cudaStream_t -> cuda.core Stream (borrowed, not owned)
-_lock = threading.Lock()
-_core: Any = None
+_drv: Any = None  # cuda.bindings.driver, imported at the first load
+_contexts: dict[int, Any] = {}  # device -> its primary context, for threads with none current
+_CUDA_ERROR_INVALID_CONTEXT = 201
 
 
-def _core_api() -> Any:
-    global _core
-    if _core is None:
-        try:
-            import cuda.core as core
+def _driver() -> Any:
+    global _drv
+    if _drv is None:
+        from cuda.bindings import driver
 
-            core.LaunchConfig  # noqa: B018  (cuda.core >= 0.4 exports these at top level)
-        except (ImportError, AttributeError):
-            import cuda.core.experimental as core
-        _core = core
-    return _core
+        _drv = driver
+    return _drv
 
 
-def _stream(handle: int) -> Any:
-    s = _streams.get(handle)
-    if s is None:
-        core = _core_api()
-        s = core.Stream.from_handle(handle)
-        with _lock:
-            _streams[handle] = s
-    return s
+def _check(result: tuple, what: str) -> Any:
+    """The value of a driver call's ``(CUresult, value...)``; DeviceError naming ``what`` when the
+    call failed."""
+    err = result[0]
+    if err:
+        raise DeviceError(f"{what} failed: {_error_text(err)}")
+    return result[1] if len(result) == 2 else result[1:]
 
 
+def _error_text(err: Any) -> str:
+    try:
+        name = _driver().cuGetErrorName(err)[1]
+        return f"{getattr(err, 'name', err)} ({name.decode() if isinstance(name, bytes) else name})"
+    except Exception:  # noqa: BLE001 - the code alone
+        return str(err)
 
 
 class _DeviceLimits:
@@ -60,15 +66,11 @@ class _DeviceLimits:
                  "threads_per_sm", "smem_per_sm", "smem_reserved")
 
     def __init__(self, device: int) -> None:
-        from cuda.bindings import driver as drv
-
+        drv = _driver()
         A = drv.CUdevice_attribute
 
         def attr(a: Any) -> int:
-            err, value = drv.cuDeviceGetAttribute(a, device)
-            if int(err) != 0:
-                raise DeviceError(f"cuDeviceGetAttribute({a}) failed on device {device}: {err}")
-            return int(value)
+            return int(_check(drv.cuDeviceGetAttribute(a, device), f"cuDeviceGetAttribute({a}) on device {device}"))
 
         self.max_threads = attr(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
         self.max_block = (attr(A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X), attr(A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y),
@@ -84,16 +86,22 @@ class _DeviceLimits:
         self.smem_reserved = attr(A.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)
 
 
-def _cooperative_config(core: Any, grid: tuple, block: tuple, smem: int, label: str) -> Any:
-    """A cuda.core ``LaunchConfig`` with the cooperative attribute (``is_cooperative``; cuda.core
-    0.3 named it ``cooperative_launch``)."""
-    for flag in ("is_cooperative", "cooperative_launch"):
-        try:
-            return core.LaunchConfig(grid=grid, block=block, shmem_size=smem, **{flag: True})
-        except TypeError:
-            continue
-    raise KernelLaunchError(f"{label}: this cuda.core ({getattr(core, '__version__', '?')}) cannot launch cooperative "
-                            f"kernels (its LaunchConfig takes neither is_cooperative nor cooperative_launch)")
+class LoadedKernel(NamedTuple):
+    """A kernel of a loaded cubin: ``handle`` the driver's ``CUkernel`` (``int(handle)`` is what
+    `kernel_api.native.cuda_launch` takes), ``library`` the ``CUlibrary`` holding it."""
+
+    handle: Any
+    library: Any
+
+
+class _Config(NamedTuple):
+    """A checked launch configuration: grid and block dimensions, dynamic shared memory bytes,
+    and whether the launch is cooperative."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    cooperative: bool
 
 
 def _dims(value: Any, what: str, label: str) -> tuple[int, int, int]:
@@ -115,9 +123,9 @@ def _dims(value: Any, what: str, label: str) -> tuple[int, int, int]:
 class CudaLauncher:
     """One kernel of a compiled cubin, ready to launch on any device's streams.
 
-    ``label`` names the kernel in error messages. ``convert_args``: adapt Python ints and
-    floats to the kernel's parameter sizes (4-byte int/float parameters get 32-bit values);
-    the package's own kernels pass exactly typed values and turn it off.
+    ``label`` names the kernel in error messages. ``convert_args``: give Python ints and floats
+    the sizes of the kernel's parameters (4-byte int/float parameters get 32-bit values); the
+    package's own kernels pass exactly typed values and turn it off (`kernel_params`).
     """
 
     def __init__(self, compiled: CompiledCuda, name_expression: str, label: str, convert_args: bool = True) -> None:
@@ -125,51 +133,64 @@ class CudaLauncher:
         self.name_expression = name_expression
         self.label = label
         self.convert_args = convert_args
-        self._kernel: Any = None
-        self._param_sizes: tuple[int, ...] | None = None
+        self._kernel: LoadedKernel | None = None
+        self._function: Any = None  # the CUkernel as the CUfunction that launches take
+        self._packer = ParamPacker(label)
         self._devices: dict[int, _DeviceLimits] = {}
-        self._configs: dict[tuple, Any] = {}
+        self._configs: dict[tuple, _Config] = {}
         self._smem_set: dict[int, int] = {}
         self._coresident: dict[tuple, int] = {}
         self._lock = threading.Lock()
 
     # ---- loading (once) ----------------------------------------------------------------
     @property
-    def kernel(self) -> Any:
-        """The cuda.core Kernel (loads the cubin on first use)."""
+    def kernel(self) -> LoadedKernel:
+        """The loaded kernel (`LoadedKernel`; loads the cubin on first use)."""
         k = self._kernel
         if k is None:
             k = self._load()
         return k
 
-    def _load(self) -> Any:
+    def _load(self) -> LoadedKernel:
         with self._lock:
             if self._kernel is not None:
                 return self._kernel
             if not torch.cuda.is_available():
                 raise DeviceError(f"{self.label}: loading a cubin needs a CUDA GPU")
             torch.cuda.init()  # the driver and torch's primary context must exist
-            core = _core_api()
+            symbol = self.compiled.symbols.get(self.name_expression, self.name_expression)
             try:
-                # NVRTC hands the lowered names over as bytes; keep that form for get_kernel.
-                symbols = {k: v.encode() for k, v in self.compiled.symbols.items()}
-                obj = core.ObjectCode.from_cubin(self.compiled.cubin, symbol_mapping=symbols)
-                kernel = obj.get_kernel(self.name_expression)
+                drv = _driver()
+                library = _check(drv.cuLibraryLoadData(self.compiled.cubin, None, None, 0, None, None, 0),
+                                 "cuLibraryLoadData")
+                handle = _check(drv.cuLibraryGetKernel(library, symbol.encode()), f"cuLibraryGetKernel({symbol})")
             except Exception as exc:
                 raise KernelLaunchError(
                     f"{self.label}: could not load kernel {self.name_expression!r} from its {self.compiled.arch} "
                     f"cubin: {exc}") from exc
-            # Parameter sizes, to adapt Python ints/floats (only when converting: the query
-            # probes past the last parameter, which compute-sanitizer reports as an API error).
-            info = getattr(kernel, "arguments_info", None) if self.convert_args else None
-            if info is not None:
-                try:
-                    self._param_sizes = tuple(int(size) for _, size in info)
-                except Exception:
-                    self._param_sizes = None
-            self._obj = obj  # keep the library alive as long as the kernel
-            self._kernel = kernel
-            return kernel
+            if self.convert_args:
+                self._packer = ParamPacker(self.label, self._param_sizes(handle))
+            self._function = drv.CUfunction(int(handle))
+            self._kernel = LoadedKernel(handle, library)
+            return self._kernel
+
+    def _param_sizes(self, handle: Any) -> tuple[int, ...] | None:
+        """The kernel's parameter sizes in bytes (None where the driver cannot say). The query
+        probes past the last parameter, which compute-sanitizer reports as an API error, so it
+        runs only where Python numbers are converted."""
+        query = getattr(_driver(), "cuKernelGetParamInfo", None)
+        if query is None:
+            return None
+        sizes = []
+        try:
+            while len(sizes) < 4096:
+                result = query(handle, len(sizes))
+                if result[0]:
+                    break
+                sizes.append(int(result[2]))
+        except Exception:  # noqa: BLE001 - no sizes: each value's own
+            return None
+        return tuple(sizes)
 
     def _limits(self, device: int) -> _DeviceLimits:
         lim = self._devices.get(device)
@@ -177,17 +198,19 @@ class CudaLauncher:
             lim = self._devices[device] = _DeviceLimits(device)
         return lim
 
+    def _attribute(self, name: str, device: int) -> int | None:
+        """A ``CU_FUNC_ATTRIBUTE_<name>`` of the kernel on ``device`` (None when the driver cannot say)."""
+        drv = _driver()
+        try:
+            result = drv.cuKernelGetAttribute(getattr(drv.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}"),
+                                              self.kernel.handle, device)
+        except Exception:  # noqa: BLE001
+            return None
+        return None if result[0] else int(result[1])
+
     def _static_smem(self, device: int) -> int:
-        """The kernel's static shared memory on ``device`` (0 when cuda.core cannot say)."""
-        attrs = self.kernel.attributes
-        try:
-            return int(attrs.shared_size_bytes(device))  # cuda.core >= 0.4: methods taking the device
-        except Exception:
-            pass
-        try:
-            return int(attrs[device].shared_size_bytes)
-        except Exception:
-            return 0
+        """The kernel's static shared memory on ``device`` (0 when the driver cannot say)."""
+        return self._attribute("SHARED_SIZE_BYTES", device) or 0
 
     def max_dynamic_smem(self, device: int) -> int:
         """The most dynamic shared memory one CTA of this kernel may ask for on ``device``
@@ -206,8 +229,10 @@ class CudaLauncher:
         if smem > lim.max_smem_default - static_smem and self._smem_set.get(device, -1) < smem:
             self._allow_smem(device, smem)  # (the occupancy counts only what the kernel is allowed)
         try:
+            self.kernel  # noqa: B018 - loaded before the query
             with torch.cuda.device(device):  # (the query asks the current context's device)
-                per_sm = int(self.kernel.occupancy.max_active_blocks_per_multiprocessor(threads, smem))
+                per_sm = int(_check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(self._function, threads, smem),
+                                    "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
         except Exception as exc:  # noqa: BLE001 - estimated from the device's limits instead
             # Threads and shared memory per SM (registers are the launch bounds'); were it too
             # many, the driver refuses the cooperative launch, which never hangs either.
@@ -218,7 +243,7 @@ class CudaLauncher:
         found = self._coresident[key] = per_sm * lim.sms
         return found
 
-    def _config(self, key: tuple, device: int) -> Any:
+    def _config(self, key: tuple, device: int) -> _Config:
         grid, block, smem = key[:3]
         cooperative = len(key) > 3 and key[3]
         label = self.label
@@ -226,12 +251,9 @@ class CudaLauncher:
         b = _dims(block, "block", label)
         smem = int(smem or 0)
         lim = self._limits(device)
-        kernel = self.kernel
-        try:
-            kmax = int(kernel.attributes[device].max_threads_per_block)
-            static_smem = int(kernel.attributes[device].shared_size_bytes)
-        except Exception:
-            kmax, static_smem = lim.max_threads, 0
+        self.kernel  # noqa: B018 - loaded before its attributes are read
+        kmax = self._attribute("MAX_THREADS_PER_BLOCK", device) or lim.max_threads
+        static_smem = self._static_smem(device)
         threads = b[0] * b[1] * b[2]
         if any(x > m for x, m in zip(b, lim.max_block)) or threads > lim.max_threads:
             raise KernelLaunchError(f"{label}: block {b} ({threads} threads) exceeds the device's limits "
@@ -247,13 +269,9 @@ class CudaLauncher:
                 f"{lim.max_smem_optin} bytes per block")
         if smem > lim.max_smem_default - static_smem and self._smem_set.get(device, -1) < smem:
             self._allow_smem(device, smem)
-        core = _core_api()
         if cooperative:
             self._check_cooperative(device, g, threads, smem)
-            cfg = _cooperative_config(core, g, b, smem, label)
-        else:
-            cfg = core.LaunchConfig(grid=g, block=b, shmem_size=smem)
-        self._configs[(key, device)] = cfg
+        cfg = self._configs[(key, device)] = _Config(g, b, smem, bool(cooperative))
         return cfg
 
     def _check_cooperative(self, device: int, grid: tuple, threads: int, smem: int) -> None:
@@ -270,49 +288,33 @@ class CudaLauncher:
 
     def _allow_smem(self, device: int, smem: int) -> None:
         # Above 48 KB a kernel must opt in to more dynamic shared memory, per device.
-        from cuda.bindings import driver as drv
-
-        handle = self.kernel.handle
+        drv = _driver()
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        if type(handle).__name__ == "CUkernel":
-            err, = drv.cuKernelSetAttribute(attr, smem, handle, device)
-        else:
-            err, = drv.cuFuncSetAttribute(handle, attr, smem)
-        if int(err) != 0:
-            raise KernelLaunchError(f"{self.label}: could not allow {smem} bytes of dynamic shared memory: {err}")
+        err, = drv.cuKernelSetAttribute(attr, smem, self.kernel.handle, device)
+        if err:
+            raise KernelLaunchError(f"{self.label}: could not allow {smem} bytes of dynamic shared memory: "
+                                    f"{_error_text(err)}")
         self._smem_set[device] = smem
 
     @staticmethod
     def _bind_context(device: int) -> bool:
         """Make ``device``'s primary context current on this thread; whether that succeeded."""
+        drv = _driver()
         try:
-            _core_api().Device(device).set_current()
+            ctx = _contexts.get(device)
+            if ctx is None:
+                ctx = _contexts[device] = _check(drv.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+            _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         except Exception:  # noqa: BLE001 - the caller reports the launch's own error
             return False
         return True
 
-    def _convert(self, params: Sequence[Any]) -> tuple:
-        sizes = self._param_sizes
-        if sizes is not None and len(sizes) != len(params):
-            raise KernelLaunchError(
-                f"{self.label}: the kernel takes {len(sizes)} parameter(s) but {len(params)} were given")
-        out = []
-        for i, p in enumerate(params):
-            if isinstance(p, torch.Tensor):
-                p = p.data_ptr()
-            elif isinstance(p, bool):
-                p = int(p)
-            if sizes is not None:
-                if type(p) is int and sizes[i] == 4:
-                    import numpy as np
-
-                    p = np.int32(p) if -2**31 <= p < 2**31 else np.uint32(p)
-                elif type(p) is float and sizes[i] == 4:
-                    import numpy as np
-
-                    p = np.float32(p)
-            out.append(p)
-        return tuple(out)
+    def _call(self, cfg: _Config, stream: int, params: Any) -> Any:
+        g, b = cfg.grid, cfg.block
+        if cfg.cooperative:
+            return _drv.cuLaunchCooperativeKernel(self._function, g[0], g[1], g[2], b[0], b[1], b[2], cfg.smem, stream,
+                                                  params)[0]
+        return _drv.cuLaunchKernel(self._function, g[0], g[1], g[2], b[0], b[1], b[2], cfg.smem, stream, params, 0)[0]
 
     # ---- the hot path -------------------------------------------------------------------
     def launch(self, stream: int, device: int, grid: Any, block: Any, smem: int, params: Sequence[Any],
@@ -324,20 +326,17 @@ class CudaLauncher:
         cfg = self._configs.get((key, device))
         if cfg is None:
             cfg = self._config(key, device)
-        if self.convert_args:
-            params = self._convert(params)
-        s = _streams.get(stream)
-        if s is None:
-            s = _stream(stream)
         try:
-            _core.launch(s, cfg, self._kernel, *params)
-        except Exception as exc:
-            if "CUDA_ERROR_INVALID_CONTEXT" in str(exc) and self._bind_context(device):
-                # A thread torch never bound a context to (autograd's device threads skip
-                # cudaSetDevice when the device already reads as current): bind the primary one.
-                _core.launch(s, cfg, self._kernel, *params)
-                return
+            packed = self._packer.pack(params)
+        except ParamError as exc:
+            raise KernelLaunchError(str(exc)) from None
+        err = self._call(cfg, stream, packed)
+        if err == _CUDA_ERROR_INVALID_CONTEXT and self._bind_context(device):
+            # A thread torch never bound a context to (autograd's device threads skip
+            # cudaSetDevice when the device already reads as current): bind the primary one.
+            err = self._call(cfg, stream, packed)
+        if err:
             raise KernelLaunchError(
                 f"{self.label}: {'cooperative ' if cooperative else ''}launch of {self.name_expression} with "
                 f"grid={grid}, block={block}, shared memory={smem} B on stream {stream:#x} (device {device}) "
-                f"failed: {exc}") from exc
+                f"failed: {_error_text(err)}")
