@@ -3,6 +3,7 @@ torch.compile and Liger, in one process.
 
     python3 benchmarks/cross_entropy.py [--shapes 8192x4096x128256,16384x2048x32000] [--chunks 512,2048]
                                         [--serial] [--breakdown 1024] [--repeat 10] [--no-compile] [--no-rows]
+    python3 benchmarks/cross_entropy.py --quick   # the smaller shape, 5 steps each, no torch.compile
 
 Per shape (tokens x hidden -> vocabulary, bf16, random weights, ``--ignored`` of the targets
 ignored: none by default; fine-tuning masks the prompts, and our op skips those tokens) and
@@ -238,7 +239,10 @@ def main() -> None:
     ap.add_argument("--rows-compile", action="store_true", help="time torch.compile on the per-row cross-entropy too")
     ap.add_argument("--breakdown", default="", help="also time the pieces of one chunk at these tokens per chunk")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
+    ap.add_argument("--quick", action="store_true", help="the smaller default shape, 5 steps, no torch.compile")
     args = ap.parse_args()
+    if args.quick:
+        args.shapes, args.repeat, args.no_compile = "16384x2048x32000", min(args.repeat, 5), True
     args.chunks = [int(c) for c in args.chunks.split(",") if c]
     liger, liger_ce = _liger()
     doc = results_io.result_doc(chunk_tokens=cross_entropy_math.CHUNK_TOKENS, ignored=args.ignored, linear={}, rows={},

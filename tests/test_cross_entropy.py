@@ -176,6 +176,70 @@ def test_cross_entropy_against_float64(cpu_ops, shape, dtype, options, reduction
                                    equal_nan=True)
 
 
+def _reference_gradient(logits, target, grad_loss, ignore_index=-100, label_smoothing=0.0, z_loss=0.0):
+    """The gradient of ``sum(grad_loss * loss)`` in float64, from the definition."""
+    x = logits.double().detach().requires_grad_()
+    loss = reference(x, target, ignore_index, label_smoothing, z_loss, reduction="none")
+    (grad,) = torch.autograd.grad(loss, x, grad_loss.double().expand(loss.shape))
+    return grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("index", [torch.int64, torch.int32])
+@pytest.mark.parametrize("options", [dict(), dict(label_smoothing=0.15), dict(ignore_index=2),
+                                     dict(label_smoothing=0.1, z_loss=1e-2, ignore_index=0)])
+def test_the_torch_kernels_write_loss_lse_and_gradients_against_float64(cpu_ops, dtype, index, options):
+    g = torch.Generator().manual_seed(hash((str(dtype), str(index), str(options))) % 2**31)
+    logits = (torch.randn(2, 5, 37, generator=g) * 4).to(dtype)
+    target = torch.randint(0, 37, (2, 5), generator=g).to(index)
+    target[0, 1], target[1, 3] = options.get("ignore_index", -100), 2
+    grad_loss = torch.rand(2, 5, generator=g, dtype=logits.double().dtype if dtype == torch.float64
+                           else torch.float32)
+    scalars = (options.get("ignore_index", -100), options.get("label_smoothing", 0.0), options.get("z_loss", 0.0))
+    tol = dict(atol=1e-12, rtol=1e-12) if dtype == torch.float64 else dict(atol=2e-6, rtol=2e-6)
+    grad_tol = tol if dtype != torch.bfloat16 else dict(atol=8e-3, rtol=8e-3)  # (the gradient in bf16)
+    valid = target.long() != scalars[0]
+    want_lse = torch.where(valid, torch.logsumexp(logits.double(), -1), 0)
+    want_grad = _reference_gradient(logits, target.long(), grad_loss, *scalars)
+    loss, lse = torch.ops.kernel_api.cross_entropy(logits, target, *scalars)
+    torch.testing.assert_close(loss.double(), reference(logits, target.long(), *scalars, reduction="none"), **tol)
+    torch.testing.assert_close(lse.double(), want_lse, **tol)
+    loss, lse, grad = torch.ops.kernel_api.cross_entropy_with_grad(logits, target, grad_loss, *scalars)
+    torch.testing.assert_close(lse.double(), want_lse, **tol)
+    torch.testing.assert_close(grad.double(), want_grad, **grad_tol)
+    grad = ops.cross_entropy_backward(grad_loss, logits, target, lse, *scalars)
+    torch.testing.assert_close(grad.double(), want_grad, **grad_tol)
+
+
+def test_the_torch_kernels_run_torchs_own_cross_entropy_kernels():
+    # log_softmax and nll_loss (F.cross_entropy's kernels) for the loss, their backward kernels
+    # for the gradient: a few launches a call, not a composite of a few dozen.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kernel_api.providers.torch_ops import cross_entropy as torch_ce
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:  # (views launch nothing)
+                self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x, t = torch.randn(4, 33, dtype=torch.bfloat16), torch.randint(0, 33, (4,))
+    loss, lse, grad, grad_loss = torch.empty(4), torch.empty(4), torch.empty_like(x), torch.rand(4)
+    with Seen() as forward:
+        torch_ce._cross_entropy(x, t, loss, lse, 4, 33, -100, 0.0, 0.0, None)
+    with Seen() as backward:
+        torch_ce._cross_entropy_backward(grad_loss, x, t, lse, grad, 4, 33, -100, 0.0, 0.0, None)
+    assert {"_log_softmax", "nll_loss_forward"} <= set(forward.ops) and len(forward.ops) <= 10, forward.ops
+    assert {"nll_loss_backward", "_log_softmax_backward_data"} <= set(backward.ops), backward.ops
+    assert len(backward.ops) <= 6, backward.ops
+    torch.testing.assert_close(loss, F.cross_entropy(x.float(), t, reduction="none"))
+
+
 def test_all_rows_ignored_give_nan_mean_and_zero_gradient(cpu_ops):
     x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     t = torch.full((3,), -100)

@@ -109,6 +109,72 @@ def test_backward_kernel_from_saved_lse(dtype, cols):
     torch.testing.assert_close(grad.double(), ref_grad(x, target, weights, label_smoothing=0.2), **GRAD_TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("options", [dict(), dict(label_smoothing=0.1, z_loss=1e-3, ignore_index=5)])
+def test_the_recorded_launches_write_what_run_writes(dtype, options):
+    # `_launcher`'s recorded cuLaunchKernel (what kernel_api.ops replays) against `_run`, bit for
+    # bit: strided misaligned rows, int32 targets, a broadcast and a per-row grad_loss.
+    from kernel_api.core.streams import to_cuda_stream
+
+    rows, cols = 9, 5003
+    g = torch.Generator(device="cuda").manual_seed(17)
+    x, _ = padded(rows, cols, dtype, offset=1, pad=3)
+    x.copy_(torch.randn(rows, cols, device="cuda", generator=g) * 3)
+    target = torch.randint(0, cols, (rows,), device="cuda", generator=g).int()
+    target[::4] = options.get("ignore_index", -100)
+    weights = torch.rand(rows, device="cuda", generator=g)
+    lse = torch.logsumexp(x.float(), -1)
+
+    def outputs():
+        return (torch.full((rows,), SENTINEL, device="cuda"), torch.full((rows,), SENTINEL, device="cuda"),
+                padded(rows, cols, dtype, offset=3, pad=1)[0])
+
+    makers = {
+        "loss": lambda loss, row_lse, grad: CrossEntropyArguments(x, target, loss, row_lse, **options),
+        "with_grad": lambda loss, row_lse, grad: CrossEntropyArguments(
+            x, target, loss, row_lse, grad_logits=grad, grad_loss=torch.full((), 0.5, device="cuda").expand(rows),
+            **options),
+        "backward": lambda loss, row_lse, grad: CrossEntropyBackwardArguments(weights, x, target, lse, grad,
+                                                                             **options),
+    }
+    for name, make in makers.items():
+        ran, replayed = outputs(), outputs()
+        args = make(*ran)
+        kernel = cuda_kernel(args)
+        artifact = kernel.compile(args)
+        kernel.run(args, compiled_artifact=artifact)
+        again = make(*replayed)
+        launcher = kernel._launcher(again, artifact)
+        assert launcher is not None and launcher.ffi, name
+        launcher.launch([getattr(again, n) for n in again.tensor_attributes], to_cuda_stream(None))
+        for a, b in zip(ran, replayed):
+            assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_providers_kernels_on_cuda_against_float64(dtype):
+    # torch's own cross-entropy kernels (log_softmax, nll_loss and their backwards) on CUDA:
+    # int32 targets, ignored rows, label smoothing, the mean's broadcast row weight.
+    ops.clear_dispatch_cache()
+    x = (torch.randn(6, 31, 1001, device="cuda") * 3).to(dtype).requires_grad_()
+    target = torch.randint(0, 1001, (6, 31), device="cuda").int()
+    target[0, :5] = 7
+    options = dict(ignore_index=7, label_smoothing=0.1)
+    with kernel_api.settings(providers=["torch"]):
+        for reduction in ("mean", "none"):
+            x.grad = None
+            got = ops.cross_entropy(x, target, reduction=reduction, **options)
+            want = reference(x, target.long(), reduction=reduction, **options)
+            torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
+            upstream = torch.rand(got.shape, device="cuda")
+            (got * upstream).sum().backward()
+            xr = x.detach().double().requires_grad_()
+            (reference(xr, target.long(), reduction=reduction, **options) * upstream.double()).sum().backward()
+            torch.testing.assert_close(x.grad.double(), xr.grad, **GRAD_TOL[dtype])
+    assert all(type(k).__name__.startswith("Torch") for _, k in ops.chosen_kernels())
+    ops.clear_dispatch_cache()
+
+
 def test_all_rows_ignored():
     x = torch.randn(4, 300, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     target = torch.full((4,), -100, device="cuda")

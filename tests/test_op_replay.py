@@ -425,6 +425,65 @@ def test_a_kernel_without_a_launch_to_replay_is_asked_once(toy, monkeypatch):
     assert len(records) <= 6 and ToyRows.runs > runs + 8  # still the Python path
 
 
+def test_a_kernel_whose_launches_take_a_workspace_is_replayed(toy, monkeypatch):
+    # Its launcher's function makes the workspace per call, as `_run` receives one from `run`.
+    workspaces = []
+
+    def run(self, args, artifact, stream, workspace=None):
+        assert workspace is not None and workspace.numel() >= 64
+        type(self).runs += 1
+        _rows_launch(args.x, args.out, args.scale, stream)
+
+    def with_workspace(x, out, scale, stream):
+        workspaces.append(torch.empty(64, dtype=torch.uint8, device=x.device))
+        _rows_launch(x, out, scale, stream)
+
+    monkeypatch.setattr(ToyRows, "workspace_free", False)
+    monkeypatch.setattr(ToyRows, "get_workspace_size", lambda self, args: 64)
+    monkeypatch.setattr(ToyRows, "_run", run)
+    monkeypatch.setattr(ToyRows, "_launcher", lambda self, args, artifact: Launcher(with_workspace, (args.scale,)))
+    x, out = torch.randn(2, 3, 5), torch.empty(2, 3, 5)
+    for _ in range(4):
+        x.copy_(torch.randn(2, 3, 5))
+        _same(toy_rows(x, 2.0, out=out), x * 2.0)
+    assert len(toy) == 1 and ToyRows.runs == 1  # the first call on the Python path, with run's workspace
+    assert len(workspaces) == 3  # the others replayed, each with a workspace of its own
+    _settled(lambda: toy_rows(x, 2.0), toy, x * 2.0)
+    assert ToyRows.runs < 10
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+@pytest.mark.parametrize("name", ["rms_norm_backward", "layer_norm_backward", "cross_entropy",
+                                  "cross_entropy_backward"])
+@pytest.mark.parametrize("n", [16, 65536])
+def test_host_bound_problems_go_to_our_replayable_cuda_kernels(name, n):
+    # Problems the front door gives to replayable kernels first (`dispatch.replayable_first`):
+    # the CUDA norm backwards (their launcher makes the workspace) and cross-entropy kernels
+    # offer a launcher, so PickAny takes them over the torch provider's composites; large
+    # problems (every candidate kept) still go to them.
+    from kernel_api.arguments import (CrossEntropyArguments, CrossEntropyBackwardArguments,
+                                      LayerNormBackwardArguments, RMSNormBackwardArguments)
+
+    rows, x, w = _meta(n, 1024), _meta(n, 1024), _meta(1024)
+    logits, target, per_row = _meta(n, 4096), _meta(n, dtype=torch.int64), _meta(n, dtype=torch.float32)
+    args = {
+        "rms_norm_backward": lambda: RMSNormBackwardArguments(rows, x, w, _meta(n, 1024), _meta(1024)),
+        "layer_norm_backward": lambda: LayerNormBackwardArguments(rows, x, w, _meta(n, 1024), _meta(1024),
+                                                                  _meta(1024)),
+        "cross_entropy": lambda: CrossEntropyArguments(logits, target, per_row, _meta(n, dtype=torch.float32)),
+        "cross_entropy_backward": lambda: CrossEntropyBackwardArguments(per_row, logits, target,
+                                                                        _meta(n, dtype=torch.float32),
+                                                                        _meta(n, 4096)),
+    }[name]()
+    candidates = registry.get_kernels(args)
+    kept = dispatch.replayable_first(candidates, args)
+    assert len(kept) == len(candidates)
+    assert kernel_api.PickAny().choose(args, kept).metadata.kernel_name.startswith("Cuda")
+
+
 def test_an_operation_without_tensor_inputs_takes_the_python_path():
     schema = torch._C.parse_schema("toy_replay::fill(float value) -> Tensor")
     made = []

@@ -88,3 +88,71 @@ def test_a_side_stream_and_given_outputs(launches):
     assert len(launches) == made
     with pytest.raises(ValueError, match="operand out: overlaps x"):
         ops.rms_norm(x, w, 1e-6, out=x)
+
+
+def _backward_cases():
+    new = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    dy, x, w, b = new(7, 1000), new(7, 1000), new(1000), new(1000)
+    logits, target = new(6, 5003), torch.randint(0, 5003, (6,), device="cuda")
+    target[2] = -100
+    lse = torch.logsumexp(logits.float(), -1)
+    grad_loss = torch.rand(6, device="cuda")
+
+    def grads(forward, inputs, grad):
+        leaves = [t.double().requires_grad_() for t in inputs]
+        return torch.autograd.grad(forward(*leaves), leaves, grad.double())
+
+    return {
+        "rms_norm_backward": (lambda: ops.rms_norm_backward(dy, x, w, 1e-6),
+                              lambda: grads(lambda x, w: F.rms_norm(x, (1000,), w, 1e-6), (x, w), dy)),
+        "layer_norm_backward": (lambda: ops.layer_norm_backward(dy, x, w, 1e-5),
+                                lambda: grads(lambda x, w, b: F.layer_norm(x, (1000,), w, b, 1e-5), (x, w, b), dy)),
+        "cross_entropy_backward": (lambda: (ops.cross_entropy_backward(grad_loss, logits, target, lse),),
+                                   lambda: grads(lambda z: F.cross_entropy(z, target, reduction="none"), (logits,),
+                                                 grad_loss)),
+    }
+
+
+@pytest.mark.parametrize("name", ["cross_entropy_backward", "layer_norm_backward", "rms_norm_backward"])
+def test_the_backwards_are_replayed_by_our_cuda_kernels(launches, name):
+    # The norms' backwards take a workspace, made per call by their launcher.
+    f, reference = _backward_cases()[name]
+    first = tuple(t.clone() for t in f())
+    for got, want in zip(first, reference()):
+        torch.testing.assert_close(got.double(), want, atol=6e-2, rtol=3e-2)
+    _settled(f, launches, first)
+    assert len(launches) <= 1 + 2 ** len(first)  # (the made outputs' alignments: 512 or 1024 bytes each)
+    assert [type(k).__name__ for _, k in ops.chosen_kernels()] == [
+        {"rms_norm_backward": "CudaRMSNormBackward", "layer_norm_backward": "CudaLayerNormBackward",
+         "cross_entropy_backward": "CudaCrossEntropyBackward"}[name]]
+
+
+def test_the_norm_backwards_workspace_on_a_side_stream_and_in_a_cuda_graph(launches):
+    dy, x = torch.randn(33, 4096, device="cuda", dtype=torch.bfloat16), torch.randn(33, 4096, device="cuda",
+                                                                                     dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    grad_x, grad_w = torch.empty_like(x), torch.empty_like(w)
+    expected = tuple(t.clone() for t in ops.layer_norm_backward(dy, x, w, 1e-5))
+    grad_b = torch.empty_like(w)
+    ops.layer_norm_backward(dy, x, w, 1e-5, grad_x=grad_x, grad_weight=grad_w, grad_bias=grad_b)
+    made = len(launches)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # replayed on the side stream, its workspace that stream's
+        for _ in range(3):
+            grad_x.fill_(7.0)
+            ops.layer_norm_backward(dy, x, w, 1e-5, grad_x=grad_x, grad_weight=grad_w, grad_bias=grad_b)
+    side.synchronize()
+    assert len(launches) == made
+    for got, want in zip((grad_x, grad_w, grad_b), expected):
+        _same(got, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # the replay captured, its workspace from the graph's pool
+        ops.layer_norm_backward(dy, x, w, 1e-5, grad_x=grad_x, grad_weight=grad_w, grad_bias=grad_b)
+    assert len(launches) == made
+    for t in (grad_x, grad_w, grad_b):
+        t.fill_(7.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip((grad_x, grad_w, grad_b), expected):
+        _same(got, want)

@@ -2,10 +2,9 @@
 
 Every operation `define_operation` generates is replayed the same way, with no rule of its own.
 A call takes the Python path the first time: it builds the arguments (checks, memory overlap),
-lets the policy choose, compiles and launches. When the chosen kernel offers a `Launcher`, needs
-no workspace and keeps no tensor among its constants, and the arguments' tensors are the call's
-own or fixed views of them, the call is recorded under everything the choice and the launch
-depend on:
+lets the policy choose, compiles and launches. When the chosen kernel offers a `Launcher` that
+keeps no tensor among its constants, and the arguments' tensors are the call's own or fixed views
+of them, the call is recorded under everything the choice and the launch depend on:
 
 - the settings' scope token (the policy in force and the providers it may use),
 - the operation,
@@ -15,8 +14,11 @@ depend on:
 - for outputs the call makes (the operation's ``fake``), their pointer alignments: their other
   metadata follow from the inputs', and the allocator's addresses vary from call to call.
 
-A kernel's refusal for the metadata (no `Launcher`, a workspace) is recorded as well, so such
-calls skip asking it. A later call with an equal key makes its outputs as the first did,
+A kernel whose launches take a workspace is replayed like any other: its launcher's function
+takes the workspace it needs from torch's caching allocator on the launch stream, per call
+(`kernel_api.launcher.launch_workspace`, as the front door's GEMM launchers do), so launches on
+concurrent streams and in CUDA graph captures each get their own. A kernel's refusal for the
+metadata (no `Launcher`) is recorded as well, so such calls skip asking it. A later call with an equal key makes its outputs as the first did,
 picks the launch's tensors out of the call's (`Replay.pick`) and calls the launcher's function
 on the current stream: no arguments, no choice, no `Kernel.run`. Equal metadata means the same
 arguments summary, so the same choice and the same launch constants (the `Launcher` contract);
@@ -125,8 +127,8 @@ class Replay:
 @dataclass(frozen=True, slots=True)
 class PythonOnly:
     """Recorded where the chosen kernel offers no replay for the call's metadata (no `Launcher`,
-    a workspace, a tensor among its constants): later such calls take the Python path without
-    asking the kernel again.
+    or a tensor among its constants): later such calls take the Python path without asking the
+    kernel again.
 
     Attributes:
         token: as `Replay`'s.
@@ -429,9 +431,8 @@ class OperationReplay:
             return
         tag = settings.policy_id | self.bits
         entry: Any = PythonOnly(settings.scope_token)
-        launcher = None
-        if kernel.workspace_free or not kernel.get_workspace_size(args):
-            launcher = kernel._launcher(args, artifact)
+        # (a launcher of a kernel with a workspace makes it per call: the same call as any other)
+        launcher = kernel._launcher(args, artifact)
         # (no fast path, or a constant that is this call's tensor: the kernel's answer for any
         # call with this metadata, kept as such)
         if launcher is not None and not any(isinstance(c, _Tensor) for c in launcher.tail):

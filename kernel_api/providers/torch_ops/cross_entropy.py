@@ -3,11 +3,16 @@ gradient), `TorchCrossEntropyBackward` (from the saved lse) and `TorchLinearCros
 fused linear loss, chunked).
 
 They compute in f32 (f64 for f64 logits) with torch's operators, on any device (so the CPU tests
-run the operations end to end), as `kernel_api.arguments.cross_entropy_math` writes the math
-once. They are the reference the CUDA kernels are compared with and the fallback for what those
-do not take, not fast kernels: a 16-bit row is copied to f32 and read several times. The row
-kernels' launches are one function of the operands (`LaunchedKernel`), so `kernel_api.ops`
-replays repeated calls.
+run the operations end to end). The row kernels run torch's own cross-entropy kernels, as
+``F.cross_entropy`` and its autograd backward do: ``log_softmax`` and ``nll_loss`` for the loss
+(the row's lse read off the log-probabilities: the row maximum less its log-probability, which
+lies in [-log(classes), 0], so nothing cancels), ``nll_loss_backward`` and
+``_log_softmax_backward_data`` for the gradient; label smoothing adds the rows' mean
+log-probability. The z-loss's gradient takes `kernel_api.arguments.cross_entropy_math`'s
+composite, where the math is written once. A 16-bit row is copied to f32 first: they are the
+reference the CUDA kernels are compared with and the fallback for what those do not take, not
+fast kernels. The row kernels' launches are one function of the operands (`LaunchedKernel`),
+so `kernel_api.ops` replays repeated calls.
 """
 
 from __future__ import annotations
@@ -16,18 +21,20 @@ import contextlib
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
 from ...arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
                                         LinearCrossEntropyArguments)
-from ...arguments.cross_entropy_math import linear_cross_entropy_chunks, rows_gradient, rows_loss
+from ...arguments.cross_entropy_math import compute_type, linear_cross_entropy_chunks, rows_gradient, rows_loss
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
+from ...core.streams import stream_handle
 from ...metadata import KernelMetadata, RowReductionDesignMetadata, TensorAttributes
 from ...metadata.cross_entropy import (CrossEntropyBackwardOperandsMetadata, CrossEntropyOperandsMetadata,
                                        LinearCrossEntropyOperandsMetadata)
 from . import TorchProvider
 from .base import TorchKernel
-from .launch import LaunchedKernel, switch
+from .launch import LaunchedKernel, in_type, switch
 
 _FLOATS = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
 _INDEX = (DataType.i64, DataType.i32)
@@ -71,14 +78,52 @@ def _forward(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse
         with context:
             return _forward(logits, target, loss, lse, grad_logits, grad_loss, rows, cols, ignore_index,
                             label_smoothing, z_loss, None)
-    x = logits.reshape(rows, cols)
+    x = in_type(logits.reshape(rows, cols), compute_type(logits))
     t = target.reshape(rows)
-    value, row_lse, _ = rows_loss(x, t, ignore_index, label_smoothing, z_loss)
+    index = t if t.dtype is torch.int64 else t.long()
+    logp = torch.log_softmax(x, -1)
+    value = F.nll_loss(logp, index, ignore_index=ignore_index, reduction="none")
+    ignored = t == ignore_index
+    if label_smoothing:
+        value = (1.0 - label_smoothing) * value - label_smoothing * logp.mean(-1).masked_fill_(ignored, 0)
+    row_lse = lse.view(rows)
+    torch.sub(x.amax(-1), logp.amax(-1), out=row_lse)  # (the row maximum's log-probability: no cancellation)
+    row_lse.masked_fill_(ignored, 0)
+    if z_loss:
+        value = value + z_loss * row_lse.square()
     if grad_logits is not None:
-        g = rows_gradient(x, t, row_lse, grad_loss.reshape(-1), ignore_index, label_smoothing, z_loss)
+        if z_loss:
+            g = rows_gradient(x, t, row_lse, grad_loss.reshape(-1), ignore_index, label_smoothing, z_loss)
+        else:
+            g = _gradient(x, logp, index, grad_loss.reshape(-1), ignore_index, label_smoothing, ignored)
         grad_logits.copy_(g.view(grad_logits.shape))
     loss.copy_(value.view(loss.shape))
-    lse.copy_(row_lse.view(lse.shape))
+
+
+def _gradient(x: torch.Tensor, logp: torch.Tensor, index: torch.Tensor, grad_loss: torch.Tensor, ignore_index: int,
+              label_smoothing: float, ignored: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``sum(grad_loss * loss)`` (no z-loss) with torch's own backward kernels
+    of ``nll_loss`` and ``log_softmax``, in ``logp``'s type; label smoothing's share (each class
+    ``-s / classes`` of the row's weight) is added to the log-probabilities' gradient."""
+    w = in_type(grad_loss, logp.dtype)
+    grad_logp = torch.ops.aten.nll_loss_backward(w, logp, index, None, 0, ignore_index, _unit(logp))
+    if label_smoothing:
+        share = w.masked_fill(ignored, 0).mul_(label_smoothing / x.shape[1]).unsqueeze(1)
+        grad_logp = grad_logp.mul_(1.0 - label_smoothing).sub_(share)
+    return torch._log_softmax_backward_data(grad_logp, logp, 1, logp.dtype)
+
+
+_units: dict = {}
+
+
+def _unit(like: torch.Tensor) -> torch.Tensor:
+    """A 0-d one of ``like``'s type and device, kept: ``nll_loss_backward``'s total weight,
+    which it checks but does not read without a reduction."""
+    key = (like.dtype, like.device)
+    found = _units.get(key)
+    if found is None:
+        found = _units[key] = torch.ones((), dtype=like.dtype, device=like.device)
+    return found
 
 
 def _cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
@@ -89,8 +134,15 @@ def _cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, targe
         with context:
             return _cross_entropy_backward(grad_loss, logits, target, lse, grad_logits, rows, cols, ignore_index,
                                            label_smoothing, z_loss, None)
-    g = rows_gradient(logits.reshape(rows, cols), target.reshape(rows), lse.reshape(rows), grad_loss.reshape(-1),
-                      ignore_index, label_smoothing, z_loss)
+    x, t = logits.reshape(rows, cols), target.reshape(rows)
+    if z_loss:
+        g = rows_gradient(x, t, lse.reshape(rows), grad_loss.reshape(-1), ignore_index, label_smoothing, z_loss)
+    else:
+        x = in_type(x, compute_type(logits))
+        index = t if t.dtype is torch.int64 else t.long()
+        ignored = (t == ignore_index) if label_smoothing else None
+        g = _gradient(x, torch.log_softmax(x, -1), index, grad_loss.reshape(-1), ignore_index, label_smoothing,
+                      ignored)
     grad_logits.copy_(g.view(grad_logits.shape))
 
 

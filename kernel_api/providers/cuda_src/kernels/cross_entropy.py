@@ -16,15 +16,20 @@ vectors):
 
 One CTA per row, its size by the row's bytes (`ROW_THREADS`). The template instance depends on
 the row length's bucket and whether the gradient is written, so both are in the compile key
-(`name_expression`).
+(`name_expression`). The row kernels' launches are recorded (`_launcher`: a
+``kernel_api.native.cuda_launch`` function, the row strides and the loss's scalars fixed by the
+operands' metadata and the arguments' values), so `kernel_api.ops` replays repeated calls from C.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import numpy as np
 import torch
+
+from .... import native
 
 from ....arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
                                          LinearCrossEntropyArguments, row_stride)
@@ -32,6 +37,7 @@ from ....arguments.cross_entropy_math import linear_cross_entropy_chunks
 from ....core.dtypes import DataType
 from ....core.status import Status
 from ....core.streams import stream_handle
+from ....launcher import Launcher
 from ....metadata import KernelMetadata, RowReductionDesignMetadata, TensorAttributes
 from ....metadata.cross_entropy import (CrossEntropyBackwardOperandsMetadata, CrossEntropyOperandsMetadata,
                                         LinearCrossEntropyOperandsMetadata)
@@ -44,6 +50,8 @@ _INDEX = {DataType.i64: "long long", DataType.i32: "int"}
 _ROWS, _UNIT = (0, 1), (1,)
 #: The longest row the kernel indexes with 32-bit ints.
 MAX_COLS = 2**31 - 1
+#: Recorded launches kept per instance (one per operand layout, row count and scalars).
+_RECORDED_LIMIT = 256
 #: Threads per CTA by row size: (the fewest bytes a row has, threads), first match. Rows past
 #: 96 KB get one 1024-thread CTA per SM: the rows in flight (132 of them, 34 MB at 256 KB) stay
 #: in L2 for the gradient's pass, and a row's transfers are long enough beside the turn between
@@ -150,6 +158,37 @@ def _device(args: Any) -> int:
     return torch.cuda.current_device() if device is None else device
 
 
+def _f32_bits(value: float) -> int:
+    """A float kernel parameter as `native.cuda_launch` takes a 4-byte constant: its bits."""
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def _recorded(kernel: _CrossEntropyCuda, args: Any, artifact: Any, parameters: tuple) -> Launcher | None:
+    """The `Launcher` of one row kernel launch with ``parameters`` (`native.cuda_launch`'s
+    layout, the tensors in ``args.tensor_attributes`` order), or None for an empty problem (no
+    launch) or where no launch can be recorded. Kept per instance, for the artifact and the
+    parameters."""
+    if args.rows == 0:
+        return None
+    key = (id(artifact), args.rows, parameters)
+    recorded = kernel.__dict__.setdefault("_recorded", {})
+    found = recorded.get(key)
+    if found is None:
+        function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), len(args.tensor_attributes),
+                                      (args.rows, 1, 1), (artifact.extra, 1, 1), 0, parameters)
+        if function is None:
+            return None
+        if len(recorded) >= _RECORDED_LIMIT:
+            recorded.clear()
+        found = recorded[key] = (Launcher(function), artifact)  # (the artifact kept alive: its id stays unique)
+    return found[0]
+
+
+def _scalar_parameters(args: Any) -> tuple:
+    """`_scalars` in `native.cuda_launch`'s layout: ignore_index 64-bit, the floats 32-bit."""
+    return (8, args.ignore_index), (4, _f32_bits(args.label_smoothing)), (4, _f32_bits(args.z_loss))
+
+
 @CudaSourceProvider.register
 class CudaCrossEntropy(_CrossEntropyCuda):
     """Per-row cross-entropy loss and lse in one pass over each row; with ``grad_logits`` the
@@ -172,6 +211,15 @@ class CudaCrossEntropy(_CrossEntropyCuda):
                   0 if grad is None else row_stride(grad, args.cols), 0 if gl is None else gl.data_ptr(),
                   0 if gl is None else _grad_loss_stride(gl), *_scalars(args))
         self._launch(artifact, stream_handle(stream, device), device, args.rows, args.cols, params)
+
+    def _launcher(self, args: CrossEntropyArguments, artifact: Any) -> Launcher | None:
+        """`_run`'s launch recorded: (logits, target, loss, lse[, grad_logits, grad_loss])."""
+        T, cols, grad, gl = native.TENSOR, args.cols, args.grad_logits, args.grad_loss
+        parameters = ((T, 0), (8, row_stride(args.logits, cols)), (T, 1), (8, cols), (T, 2), (T, 3),
+                      (8, 0) if grad is None else (T, 4), (8, 0 if grad is None else row_stride(grad, cols)),
+                      (8, 0) if gl is None else (T, 5), (8, 0 if gl is None else _grad_loss_stride(gl)),
+                      *_scalar_parameters(args))
+        return _recorded(self, args, artifact, parameters)
 
 
 @CudaSourceProvider.register
@@ -197,6 +245,14 @@ class CudaCrossEntropyBackward(_CrossEntropyCuda):
                   0, args.lse.data_ptr(), grad.data_ptr(), row_stride(grad, args.cols), gl.data_ptr(),
                   _grad_loss_stride(gl), *_scalars(args))
         self._launch(artifact, stream_handle(stream, device), device, args.rows, args.cols, params)
+
+    def _launcher(self, args: CrossEntropyBackwardArguments, artifact: Any) -> Launcher | None:
+        """`_run`'s launch recorded: (grad_loss, logits, target, lse, grad_logits)."""
+        T, cols = native.TENSOR, args.cols
+        parameters = ((T, 1), (8, row_stride(args.logits, cols)), (T, 2), (8, cols), (8, 0), (T, 3), (T, 4),
+                      (8, row_stride(args.grad_logits, cols)), (T, 0), (8, _grad_loss_stride(args.grad_loss)),
+                      *_scalar_parameters(args))
+        return _recorded(self, args, artifact, parameters)
 
 
 @CudaSourceProvider.register

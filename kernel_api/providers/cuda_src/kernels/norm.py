@@ -13,10 +13,12 @@ weight and bias 16-byte aligned) or single elements (``_a1``: any alignment). Na
 
 An artifact is compiled for the template's vectors per thread (``nv``, from the row length:
 `norm_plan.template_shape`), which ``compile_key`` holds through the name expression; the CTA
-size follows the row length at launch. A forward launch is recorded (`_launcher`: a
-``kernel_api.native.cuda_launch`` function, the grid, block and row parameters fixed by the
-operands' metadata), so repeated `Kernel.run` calls replay it from C. A backward launches twice
-and takes a workspace, so it has no recorded launch.
+size follows the row length at launch. Launches are recorded (`_launcher`: ``kernel_api.native.cuda_launch``
+functions, the grid, block and row parameters fixed by the operands' metadata). A forward is one
+recorded launch, so repeated `Kernel.run` calls replay it from C. A backward is two, the rows'
+kernel writing per-unit column sums into a workspace and the column sums' kernel reading them:
+its launcher takes the workspace from torch's caching allocator on the launch stream per call
+(`kernel_api.launcher.launch_workspace`), so `kernel_api.ops` replays repeated calls.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ....core.errors import UnsupportedArgumentsError
 from ....core.status import Status
 from ....core.streams import stream_handle
 from ....core.tensor_attributes import TensorAttributes
-from ....launcher import Launcher
+from ....launcher import Launcher, launch_workspace, raw_stream
 from ....metadata import KernelMetadata, RowReductionDesignMetadata
 from ....metadata.norm import (LayerNormBackwardOperandsMetadata, LayerNormOperandsMetadata,
                                RMSNormBackwardOperandsMetadata, RMSNormOperandsMetadata)
@@ -353,6 +355,67 @@ class _NormBackward(_NormBase):
         gb = args.grad_bias.data_ptr() if args.grad_bias is not None else 0
         build.reduce.launch(handle, device, norm_plan.reduce_grid(cols, self.planes), norm_plan.REDUCE_THREADS, 0,
                             (ws, args.grad_weight.data_ptr(), gb, launch.units, cols))
+
+    def _launcher(self, args: Any, artifact: Any) -> Launcher | None:
+        """The two launches recorded (`native.cuda_launch`), behind a function that takes their
+        workspace from torch's caching allocator on the launch stream, per call: launches on
+        concurrent streams, and CUDA graph captures, each get their own."""
+        if args.cols == 0:
+            return None
+        key = (id(artifact), args.rows, args.cols, _row_stride(args.grad_out, args.cols),
+               _row_stride(args.x, args.cols), _row_stride(args.grad_x, args.cols), args.eps, args.device_index, self.threads_per_sm)
+        recorded = self.__dict__.setdefault("_recorded", {})
+        found = recorded.get(key)
+        if found is None:
+            launcher = self._record_backward(args, artifact)
+            if launcher is None:
+                return None
+            if len(recorded) >= _RECORDED_LIMIT:
+                recorded.clear()
+            found = recorded[key] = (launcher, artifact)  # (the artifact kept alive: its id stays unique)
+        return found[0]
+
+    def _record_backward(self, args: Any, artifact: Any) -> Launcher | None:
+        shape = self._artifact_shape(args, artifact)
+        build, cols, device = artifact.extra, args.cols, args.device_index
+        launch = self._launch(args, shape)
+        ring = norm_plan.ring_bytes(build.stages, shape, launch.threads)
+        # (the occupancy query also opts the kernel in to a ring past the default shared memory)
+        launch = norm_plan.resident_launch(launch, shape.strategy,
+                                           artifact.compiled_obj.max_coresident(device, launch.threads, ring))
+        size = norm_plan.workspace_bytes(launch, cols, self.planes)
+        T = native.TENSOR
+        # rows: (grad_out, x, weight, grad_x, workspace); column sums: (workspace, grad_weight[, grad_bias])
+        rows = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), 5, (launch.grid, 1, 1),
+                                  (launch.threads, 1, 1), ring,
+                                  ((T, 0), (T, 1), (T, 2), (T, 3), (T, 4), (8, args.rows), (8, cols),
+                                   (8, _row_stride(args.grad_out, cols)), (8, _row_stride(args.x, cols)),
+                                   (8, _row_stride(args.grad_x, cols)), (8, _eps_bits(args.eps))))
+        centred = self.centred
+        sums = native.cuda_launch(int(build.reduce.kernel.handle), 3 if centred else 2,
+                                  norm_plan.reduce_grid(cols, self.planes), (norm_plan.REDUCE_THREADS, 1, 1), 0,
+                                  ((T, 0), (T, 1), (T, 2) if centred else (8, 0), (8, launch.units), (8, cols)))
+        if rows is None or sums is None:
+            return None
+        if centred:
+            def layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                                    grad_x: torch.Tensor, grad_weight: torch.Tensor, grad_bias: torch.Tensor,
+                                    stream: Any) -> None:
+                handle = raw_stream(stream, device)
+                workspace = launch_workspace(size, device, handle)  # (kept until both launches are queued)
+                rows(grad_out, x, weight, grad_x, workspace, handle)
+                sums(workspace, grad_weight, grad_bias, handle)
+
+            return Launcher(layer_norm_backward)
+
+        def rms_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, grad_x: torch.Tensor,
+                              grad_weight: torch.Tensor, stream: Any) -> None:
+            handle = raw_stream(stream, device)
+            workspace = launch_workspace(size, device, handle)  # (kept until both launches are queued)
+            rows(grad_out, x, weight, grad_x, workspace, handle)
+            sums(workspace, grad_weight, handle)
+
+        return Launcher(rms_norm_backward)
 
 
 @CudaSourceProvider.register
