@@ -3,8 +3,9 @@
 The Llama family's modeling modules (Llama, Mistral, Qwen2, Qwen3) define the same layers under
 their own prefix: ``<Prefix>RMSNorm``, ``<Prefix>MLP`` (gate/up/down projections),
 ``<Prefix>Attention`` (through transformers' attention interface, calling the module's
-``apply_rotary_pos_emb``) and ``<Prefix>ForCausalLM`` (``model`` and ``lm_head`` children, the
-loss through ``loss_function``). A class matches a role when it is that very class of that
+``apply_rotary_pos_emb``), ``<Prefix>DecoderLayer`` (pre-norm attention and MLP branches, each
+added to its input) and ``<Prefix>ForCausalLM`` (``model`` and ``lm_head`` children, the loss
+through ``loss_function``). GPT-2's ``GPT2Block`` is known by itself (`is_gpt2_block`). A class matches a role when it is that very class of that
 module (checked in ``sys.modules``: nothing here imports transformers).
 """
 
@@ -15,7 +16,7 @@ import sys
 #: family (the modeling module's name) -> the class-name prefix of its layers.
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 #: The roles a family's classes play.
-ROLES = ("RMSNorm", "MLP", "Attention", "ForCausalLM")
+ROLES = ("RMSNorm", "MLP", "Attention", "DecoderLayer", "ForCausalLM")
 
 
 def family_role(cls: type) -> str | None:
@@ -36,3 +37,13 @@ def family_role(cls: type) -> str | None:
 def is_role(module: object, role: str) -> bool:
     """Whether ``module``'s class is exactly a known family's ``role`` class."""
     return family_role(type(module)) == role
+
+
+def _is_class(cls: type, module: str, name: str) -> bool:
+    return cls.__module__ == module and cls.__qualname__ == name and getattr(sys.modules.get(module), name,
+                                                                             None) is cls
+
+
+def is_gpt2_block(module: object) -> bool:
+    """Whether ``module``'s class is exactly transformers' ``GPT2Block``."""
+    return _is_class(type(module), "transformers.models.gpt2.modeling_gpt2", "GPT2Block")

@@ -1,6 +1,7 @@
 """`patch` and `unpatch`: route a model's layers through kernel_api, reversibly.
 
-    model = kernel_api.nn.patch(model)     # projections, norms, MLPs, attention, RoPE, loss
+    model = kernel_api.nn.patch(model)     # projections (with the residual adds and gates after
+                                           # them), norms, MLPs, attention, RoPE, loss
     model = kernel_api.nn.unpatch(model)   # the original modules and settings back
 
 What `patch` does comes from a table of replacers (`REPLACERS`), one per kind of layer it
@@ -23,8 +24,10 @@ import torch
 
 from .. import ops
 from . import attention as _attention
+from . import blocks as _blocks
 from .edits import GLOBAL_HOOKS, Swapped, assign
-from .families import is_role
+from .families import is_gpt2_block, is_role
+from .fusion import FusedProjection, fused_from
 from .linear import Conv1DLinear, Linear, conv1d_from
 from .loss import causal_lm_loss, fused_loss_forward
 from .mixin import adopt
@@ -133,6 +136,10 @@ class _Patching:
     records: list
     configs: set      # id() of the configs whose attention implementation was set
     rope_modules: set  # id() of the Python modules whose RoPE function this model holds
+    # id() of the projections to make `FusedProjection`s -> their gate activation (None: a residual)
+    fused: dict = None
+    # whether the projections are patched (the "linear" replacer applies) and epilogues fused
+    fuse_epilogues: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,6 +174,8 @@ def _swap_projection(module: torch.nn.Module, name: str, state: _Patching) -> to
         new = Linear.from_linear(module, activation)
     else:
         new = conv1d_from(module, activation)
+    if state.fused is not None and id(module) in state.fused:
+        new = fused_from(new, state.fused[id(module)])
     new.kernel_api_name = name  # for error messages
     if fusion is not None:
         marker = FusedActivation(fusion.activation, name)
@@ -188,7 +197,35 @@ def _is_swiglu_mlp(module: torch.nn.Module) -> bool:
 
 
 def _swap_mlp(module: torch.nn.Module, name: str, state: _Patching) -> torch.nn.Module:
-    return adopt(SwiGLUMLP, module)
+    new = adopt(SwiGLUMLP, module)
+    up = getattr(module, "up_proj", None)
+    if state.fuse_epilogues and up is not None and _projection_kind(up) is not None:
+        state.fused[id(up)] = "silu"  # up_proj's epilogue takes silu(gate_proj(x)) (SwiGLUMLP.forward)
+    return new
+
+
+def _block_spec(module: torch.nn.Module) -> "_blocks.BlockSpec | None":
+    if is_role(module, "DecoderLayer"):
+        return _blocks.LLAMA_DECODER_LAYER
+    if is_gpt2_block(module):
+        return _blocks.GPT2_BLOCK
+    return None
+
+
+def _swap_block(module: torch.nn.Module, name: str, state: _Patching) -> torch.nn.Module | None:
+    spec = _block_spec(module)
+    if not state.fuse_epilogues or spec is None or not _blocks.fits(module, spec):
+        return None
+    ends = _blocks.projections(module, spec)
+    if not all(_projection_kind(p) is not None for p in ends):
+        return None
+    for projection in ends:
+        state.fused.setdefault(id(projection), None)
+    new = adopt(_blocks.ResidualBlock, module)
+    cls = type(new)
+    if "kernel_api_block" not in vars(cls):
+        cls.kernel_api_block, cls.kernel_api_parameters = spec, _blocks.forward_parameters(type(module))
+    return new
 
 
 def _install_attention(module: torch.nn.Module, name: str, state: _Patching) -> None:
@@ -228,6 +265,7 @@ REPLACERS = (
     Replacer("attention", lambda m: is_role(m, "Attention"), _install_attention, needs=("attention",)),
     Replacer("rope", lambda m: is_role(m, "Attention"), _install_rope, needs=("rope",)),
     Replacer("loss", lambda m: is_role(m, "ForCausalLM"), _install_loss, needs=("cross_entropy",)),
+    Replacer("residual", lambda m: _block_spec(m) is not None, _swap_block, needs=("gemm",)),
     Replacer("linear", lambda m: _projection_kind(m) is not None, _swap_projection, needs=("gemm",)),
     Replacer("rms_norm", lambda m: is_role(m, "RMSNorm"), _swap_rms_norm, needs=("rms_norm",)),
     Replacer("mlp", _is_swiglu_mlp, _swap_mlp, needs=("swiglu",)),
@@ -240,7 +278,7 @@ REPLACERS = (
 KINDS = tuple(r.name for r in REPLACERS)
 DEFAULT_KINDS = tuple(r.name for r in REPLACERS if r.default)
 # The classes of the layers the swaps make (`patched_modules`).
-_KERNEL_API_LAYERS = (Linear, Conv1DLinear, RMSNorm, LayerNorm, SwiGLUMLP)
+_KERNEL_API_LAYERS = (Linear, Conv1DLinear, RMSNorm, LayerNorm, SwiGLUMLP, _blocks.ResidualBlock)
 
 
 def _check_kinds(kinds: Collection[str] | None) -> tuple[Replacer, ...]:
@@ -301,8 +339,16 @@ def patch(module: torch.nn.Module, *, include: Callable[[str], bool] | None = No
       projection followed by a known activation (torch ReLU, tanh GELU, SiLU; transformers'
       gelu_new and tanh GELUs) in an ``nn.Sequential`` or a GPT-2 MLP gets that activation in
       its GEMM epilogue, and the activation module becomes a `FusedActivation` identity.
+      ``fuse_activations=False`` fuses nothing after a projection (no residual, no gate either).
+    - ``"residual"``: the Llama family's decoder layers and GPT-2's blocks add each branch's
+      output to its input in the epilogue of the projection ending the branch (o_proj and
+      down_proj; attn.c_proj and mlp.c_proj), unless a dropout after it is active
+      (`kernel_api.nn.blocks`, `kernel_api.nn.fusion`). With ``"linear"`` and
+      ``fuse_activations`` only.
     - ``"rms_norm"``: the Llama family's RMSNorm (Llama, Mistral, Qwen2, Qwen3) -> `ops.rms_norm`.
-    - ``"mlp"``: the family's SiLU MLP -> its projections and `ops.swiglu`.
+    - ``"mlp"``: the family's SiLU MLP -> its projections and `ops.swiglu`; with ``"linear"`` and
+      ``fuse_activations``, large inference calls multiply by ``silu(gate_proj(x))`` in up_proj's
+      epilogue instead (`kernel_api.nn.mlp`).
     - ``"attention"``: the family's attention layers' config gets kernel_api's attention
       implementation (`kernel_api.nn.attention`: `ops.attention`, SDPA for masks it does not take).
     - ``"rope"``: the family's ``apply_rotary_pos_emb`` -> `ops.rope` (`kernel_api.nn.rope`).
@@ -324,7 +370,8 @@ def patch(module: torch.nn.Module, *, include: Callable[[str], bool] | None = No
     if include is not None and not callable(include):
         raise TypeError(f"include: expected a callable taking a module name, got {type(include).__name__}")
     replacers = tuple(r for r in _check_kinds(kinds) if r.available())
-    state = _Patching(_fusions(module) if fuse_activations else {}, [], set(), set())
+    fuse = fuse_activations and any(r.name == "linear" for r in replacers)
+    state = _Patching(_fusions(module) if fuse_activations else {}, [], set(), set(), {}, fuse)
     new_root = _patch_one(module, "", replacers, state, include)
     if new_root is not module:
         state.records.insert(0, Swapped(None, "", module, new_root))

@@ -1,0 +1,220 @@
+"""`FusedProjection`: a kernel_api projection that takes what its caller does right after it
+(a residual add, a gate multiply) into its GEMM's epilogue.
+
+A caller that knows what follows a projection hands it the operands first (`armed`), then calls
+the projection as usual; the projection consumes them and returns
+
+    D = activation(x @ W + b) [* gate_activation(gate)] [+ residual]
+
+(its own bias and activation first: an activation before the add). `kernel_api.nn.patch` makes
+the callers: a decoder block hands the residual to the projection ending each of its branches
+(`kernel_api.nn.blocks`), a gated MLP hands the gate projection's output to the up projection
+(`kernel_api.nn.mlp`).
+
+How one call runs (``rows``: the product of the input's leading dimensions):
+
+- eager, ``rows >= FUSE_MIN_ROWS``, no autograd: one `ops.gemm` with the epilogue function (on
+  SM90 the (M, N) operands are staged by TMA; fused / plain 1.005-1.013 for a residual on the
+  H200, 1.04-1.06 for an erf-GELU gate, docs/performance.md);
+- a residual with nothing else before it, fewer rows or autograd on: the named epilogue
+  (``C=residual, beta=1``), whose call the front door replays from C and whose backward is the
+  GEMM op's (the residual's gradient is the output's);
+- under ``torch.compile``: `kernel_api.nn.lowering.choose` as for a plain projection; "aten"
+  gives the layer's aten forward and the epilogue as torch ops, for Inductor to fuse;
+- otherwise (a gate or an activation before the add while training, autocast, a CPU model):
+  the layer's own forward, then the epilogue as torch ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from ..core import tracing
+from . import lowering
+from .linear import Conv1DLinear
+from .mixin import ops_take
+
+#: Rows from which an eager call runs the epilogue function rather than the named epilogue or
+#: torch ops after the GEMM: binding a function epilogue is Python work (parse cache, operand
+#: views, the policy) that a decode-sized GEMM of a few microseconds would not hide. The same
+#: bound as the compile rule's (`lowering.COMPILE_MIN_ROWS`).
+FUSE_MIN_ROWS = lowering.COMPILE_MIN_ROWS
+
+#: The layers' activation names (`kernel_api.nn.Linear`) as epilogue functions: "gelu" is the tanh
+#: approximation there.
+_FUNCTIONS = {"relu": "relu", "gelu": "gelu_tanh", "silu": "silu"}
+#: The same as torch functions.
+TORCH_ACTIVATIONS = {"relu": F.relu, "gelu": lambda z: F.gelu(z, approximate="tanh"), "silu": F.silu}
+
+# The attributes `armed` sets on a projection for one call.
+RESIDUAL, GATE = "kernel_api_residual", "kernel_api_gate"
+
+
+def epilogue_source(bias: bool, activation: str | None, gate_activation: str | None, gate: bool,
+                    residual: bool) -> str:
+    """The epilogue function's source for these parts:
+    ``D = activation(accum + bias) * gate_activation(gate) + residual``."""
+    params, expr = ["accum"], "accum"
+    if bias:
+        params.append("bias")
+        expr = "accum + bias"
+    if activation is not None:
+        expr = f"{_FUNCTIONS[activation]}({expr})"
+    if gate:
+        params.append("gate")
+        factor = f"{_FUNCTIONS[gate_activation]}(gate)" if gate_activation else "gate"
+        expr = f"({expr}) * {factor}" if bias and activation is None else f"{expr} * {factor}"
+    if residual:
+        params.append("residual")
+        expr = f"{expr} + residual"
+    return f"def epilogue({', '.join(params)}):\n    D = {expr}\n    return D\n"
+
+
+def torch_epilogue(y: torch.Tensor, gate: torch.Tensor | None, gate_activation: str | None,
+                   residual: torch.Tensor | None) -> torch.Tensor:
+    """What the epilogue adds after the layer's output ``y``, as torch ops (the model's own math:
+    ``act(gate) * y``, then ``+ residual``)."""
+    if gate is not None:
+        y = (TORCH_ACTIVATIONS[gate_activation](gate) if gate_activation else gate) * y
+    if residual is not None:
+        y = y + residual
+    return y
+
+
+class armed:
+    """``with armed(projection, residual=r, gate=g): y = projection(x)``: hands the operands to the
+    projection's next call (which consumes them). ``consumed`` says, after the block, whether it
+    did: a caller whose projection was not called adds them itself."""
+
+    def __init__(self, projection: torch.nn.Module, residual: torch.Tensor | None = None,
+                 gate: torch.Tensor | None = None) -> None:
+        self.projection, self.residual, self.gate = projection, residual, gate
+        self.consumed = False
+
+    def __enter__(self) -> "armed":
+        if self.residual is not None:
+            setattr(self.projection, RESIDUAL, self.residual)
+        if self.gate is not None:
+            setattr(self.projection, GATE, self.gate)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        p = self.projection
+        self.consumed = getattr(p, RESIDUAL) is None and getattr(p, GATE) is None
+        setattr(p, RESIDUAL, None)
+        setattr(p, GATE, None)
+
+
+def _rows(x: torch.Tensor) -> int | None:
+    rows = 1
+    for d in x.shape[:-1]:
+        rows = rows * d
+    return rows if rows.__class__ is int else None  # (a SymInt: M dynamic)
+
+
+_fused_classes: dict[type, type] = {}
+
+
+def fused_class(cls: type) -> type:
+    """``cls`` (a kernel_api projection class) with `FusedProjection` in front, made once."""
+    found = _fused_classes.get(cls)
+    if found is None:
+        found = _fused_classes[cls] = type(f"Fused{cls.__name__}", (FusedProjection, cls), {
+            "__module__": __name__,
+            "__doc__": f"{cls.__qualname__} taking a residual or gate into its epilogue (kernel_api.nn.patch)."})
+    return found
+
+
+def fused_from(layer: torch.nn.Module, gate_activation: str | None = None) -> torch.nn.Module:
+    """A `fused_class` version of the kernel_api projection ``layer``, holding its Parameters."""
+    new = fused_class(type(layer)).__new__(fused_class(type(layer)))
+    new.__dict__.update({key: value.copy() if isinstance(value, dict) else value
+                         for key, value in layer.__dict__.items()})
+    new.gate_activation = gate_activation
+    return new
+
+
+class FusedProjection(torch.nn.Module):
+    """Mixin in front of a kernel_api projection (`kernel_api.nn.Linear`, the patched GPT-2
+    Conv1D): a call with operands handed by `armed` returns
+    ``activation(x @ W + b) * gate_activation(gate) + residual`` (the module docstring says how
+    it runs); a call without them is the projection's own. ``gate_activation``: what the gate
+    goes through (None: the gate as it is)."""
+
+    kernel_api_residual: torch.Tensor | None = None
+    kernel_api_gate: torch.Tensor | None = None
+    gate_activation: str | None = None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        residual, gate = self.kernel_api_residual, self.kernel_api_gate
+        if residual is None and gate is None:
+            return super().forward(input)
+        setattr(self, RESIDUAL, None)  # consumed
+        setattr(self, GATE, None)
+        how = self._how(input, residual, gate)
+        if how == "function":
+            return self._function(input, residual, gate)
+        if how == "named":
+            return self._named(input, residual)
+        return torch_epilogue(super().forward(input), gate, self.gate_activation, residual)
+
+    def takes(self, x: torch.Tensor, residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> bool:
+        """Whether a call on ``x`` with these operands runs them in the GEMM's epilogue function
+        (rather than the named epilogue or torch ops after the GEMM)."""
+        return self._how(x, residual, gate) == "function"
+
+    # ---- the choice
+    def _weight_kn(self) -> torch.Tensor:
+        """The weight as (K, N): transformers' Conv1D stores it so, torch.nn.Linear as (N, K)."""
+        return self.weight if isinstance(self, Conv1DLinear) else self.weight.t()
+
+    def _how(self, x: torch.Tensor, residual: torch.Tensor | None, gate: torch.Tensor | None) -> str:
+        """"function", "named" or "torch" (the module docstring's rule)."""
+        bias = self.bias
+        operands = [t for t in (x, self.weight, bias, residual, gate) if t is not None]
+        if not ops_take(*operands) or torch.is_autocast_enabled("cuda") or x.dim() < 2:
+            return "torch"
+        K, N = self._weight_kn().shape
+        shape = (*x.shape[:-1], N)
+        if x.shape[-1] != K or any(t.shape != shape for t in (residual, gate) if t is not None):
+            return "torch"  # (the layer's own forward names what is wrong, or torch broadcasts)
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in operands)
+        rows = _rows(x)
+        only_residual = gate is None and self.activation is None
+        if tracing.is_dynamo_compiling():
+            chosen = lowering.choose(self.compile_lowering, rows, K, N, x.dtype, self.activation, bias is not None,
+                                     training, x.device.index if x.is_cuda else -1)
+            if chosen == "aten":
+                return "torch"
+        if only_residual and (training or rows is None or rows < FUSE_MIN_ROWS):
+            return "named"
+        if training or rows is None or rows < FUSE_MIN_ROWS:
+            return "torch"
+        return "function"
+
+    # ---- the two fused forms
+    def _function(self, x: torch.Tensor, residual: torch.Tensor | None, gate: torch.Tensor | None) -> torch.Tensor:
+        w = self._weight_kn()
+        K, N = w.shape
+        bias = self.bias
+        source = epilogue_source(bias is not None, self.activation, self.gate_activation, gate is not None,
+                                 residual is not None)
+        operands = {}
+        if bias is not None:
+            operands["bias"] = bias
+        if gate is not None:
+            operands["gate"] = gate.reshape(-1, N)
+        if residual is not None:
+            operands["residual"] = residual.reshape(-1, N)
+        y = ops.gemm(x.reshape(-1, K), w, epilogue=source, **operands)
+        return y.reshape(*x.shape[:-1], N)
+
+    def _named(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        w = self._weight_kn()
+        K, N = w.shape
+        y = ops.gemm(x.reshape(-1, K), w, C=residual.reshape(-1, N), beta=1.0, bias=self.bias)
+        return y.reshape(*x.shape[:-1], N)
