@@ -156,3 +156,26 @@ def test_the_norm_backwards_workspace_on_a_side_stream_and_in_a_cuda_graph(launc
     torch.cuda.synchronize()
     for got, want in zip((grad_x, grad_w, grad_b), expected):
         _same(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_torch_providers_norm_backwards_on_cuda_against_float64(launches, dtype):
+    # torch's own norm kernels (native_layer_norm, _fused_rms_norm and their backwards) on CUDA
+    import kernel_api
+
+    dy, x = torch.randn(9, 1000, device="cuda", dtype=dtype), torch.randn(9, 1000, device="cuda", dtype=dtype)
+    w = torch.randn(1000, device="cuda", dtype=torch.float32)
+    leaves = [t.double().requires_grad_() for t in (x, w, torch.zeros(1000, device="cuda"))]
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+    with kernel_api.settings(providers=["torch"]):
+        for _ in range(2):  # the Python path, then replayed
+            rms = ops.rms_norm_backward(dy, x, w, 1e-6)
+            want = torch.autograd.grad(F.rms_norm(leaves[0], (1000,), leaves[1], 1e-6), leaves[:2], dy.double())
+            for got, expected in zip(rms, want):
+                torch.testing.assert_close(got.double(), expected, **tol)
+            layer = ops.layer_norm_backward(dy, x, w, 1e-5)
+            want = torch.autograd.grad(F.layer_norm(leaves[0], (1000,), leaves[1], leaves[2], 1e-5), leaves,
+                                       dy.double())
+            for got, expected in zip(layer, want):
+                torch.testing.assert_close(got.double(), expected, **tol)
+    assert all(type(k).__name__.startswith("Torch") for _, k in ops.chosen_kernels())

@@ -5,7 +5,10 @@ CPU tests run the operations end to end), and write into the arguments' outputs.
 per element type of x and weight: weight of x's type, or f32 weights under 16-bit activations.
 Any row length, any alignment, with or without the fused residual add. They are the reference
 every fused norm kernel is compared with, not fast kernels: a 16-bit forward makes several
-passes over f32 copies of the rows. Each launch is one function of the operands (`_forward`,
+passes over f32 copies of the rows. The backwards run torch's own norm kernels where torch has
+them (``native_layer_norm`` and its backward; ``_fused_rms_norm`` and its backward where it has
+a kernel for the device, CUDA), the statistics recomputed in the compute type; elsewhere a
+composite of torch's operators. Each launch is one function of the operands (`_forward`,
 `_gradients` through the per-variant functions below), so `kernel_api.ops` replays repeated
 calls (`LaunchedKernel`).
 """
@@ -93,6 +96,9 @@ def _gradients(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gr
         with context:
             return _gradients(grad_out, x, weight, grad_x, grad_weight, grad_bias, eps, centred, None)
     ct = _compute_type(x)
+    if centred or (x.is_cuda and _FUSED_RMS_ON_CUDA):
+        return _fused_gradients(in_type(grad_out, ct), in_type(x, ct), in_type(weight, ct), grad_x, grad_weight,
+                                grad_bias, eps, centred)
     x_hat, rstd = _normalised(in_type(x, ct), eps, centred)
     dy = in_type(grad_out, ct)
     g = dy * in_type(weight, ct)
@@ -104,6 +110,31 @@ def _gradients(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gr
     grad_weight.copy_((dy * x_hat).sum(reduce) if reduce else dy * x_hat)
     if grad_bias is not None:
         grad_bias.copy_(dy.sum(reduce) if reduce else dy)
+
+
+#: Whether torch has a CUDA kernel for RMSNorm's backward (``_fused_rms_norm_backward``).
+_FUSED_RMS_ON_CUDA = (hasattr(torch.ops.aten, "_fused_rms_norm_backward")
+                      and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", "CUDA")
+                      and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm_backward", "CUDA"))
+
+
+def _fused_gradients(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, grad_x: torch.Tensor,
+                     grad_weight: torch.Tensor, grad_bias: torch.Tensor | None, eps: float, centred: bool) -> None:
+    """`_gradients` with torch's own norm kernels, the operands in the compute type: the forward
+    kernel for the row statistics, then its backward kernel."""
+    shape = [x.shape[-1]]
+    if centred:
+        _, mean, rstd = torch.native_layer_norm(x, shape, None, None, eps)
+        # (the bias's values take no part in the gradients: the weight stands in for its shape)
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(dy, x, shape, mean, rstd, w, w,
+                                                               [True, True, grad_bias is not None])
+        if grad_bias is not None:
+            grad_bias.copy_(db)
+    else:
+        _, rstd = torch.ops.aten._fused_rms_norm(x, shape, None, eps)
+        dx, dw = torch.ops.aten._fused_rms_norm_backward(dy, x, shape, rstd, w, [True, True])
+    grad_x.copy_(dx)
+    grad_weight.copy_(dw)
 
 
 def _rms_norm_backward(grad_out: Any, x: Any, weight: Any, grad_x: Any, grad_weight: Any, eps: float,
