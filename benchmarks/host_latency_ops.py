@@ -116,6 +116,7 @@ def pairs(device: str) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]
                           _grad_of(lambda: _torch_rope(qr, kr, cos, sin), (qr, kr), (q, k))),
         "cross_entropy": (lambda: ops.cross_entropy(logits, target, reduction="none"),
                           lambda: F.cross_entropy(logits, target, reduction="none")),
+        "cross_entropy (mean)": (lambda: ops.cross_entropy(logits, target), lambda: F.cross_entropy(logits, target)),
         "cross_entropy backward": (lambda: ops.cross_entropy_backward(grad_loss, logits, target, lse),
                                    _grad_of(lambda: F.cross_entropy(lr.float(), target, reduction="none"), (lr,),
                                             grad_loss)),
