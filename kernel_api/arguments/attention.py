@@ -26,6 +26,17 @@ ratio and out's shape; for cu_seqlens the dtype (int32), rank, length and device
 cu_seqlens on the CPU; on a GPU reading them would synchronise with the device, so they are
 trusted, and ``max_seqlen_q`` / ``max_seqlen_k`` must then be given (on the CPU they default
 to the longest sequence).
+
+Choices are keyed by the key length as `key_length` gives it: exact up to the query length, and
+past it (decoding against a KV cache, a prefill chunk after cached tokens) by its power-of-two
+bucket, so a cache that grows by a token a step keeps its choice until its length doubles. A
+kernel's support may therefore depend on ``seqlen_k`` only through its comparison with
+``seqlen_q`` (and zero); the shipped kernels' does (cuDNN's causal mask needs equal lengths).
+
+``outputs_made`` (False unless the caller says so): the outputs were made for this call and
+nothing else holds them (the generated ``ops.attention`` ops' own allocations). A kernel that
+computes its result into memory of its own may then hand that memory to the outputs
+(``Tensor.set_``, no copy) instead of copying into them.
 """
 
 from __future__ import annotations
@@ -99,6 +110,21 @@ def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str) 
     if lengths is not None and value < max(lengths, default=0):
         raise ValueError(f"{name}: {value} is below the longest sequence in {cu_name}, {max(lengths)}")
     return value
+
+
+def key_length(seqlen_q: int, seqlen_k: int) -> int:
+    """The key length as attention's problem keys hold it (see the module docstring).
+
+    Args:
+        seqlen_q, seqlen_k: the (longest) query and key lengths.
+
+    Returns:
+        ``seqlen_k`` when it is at most ``seqlen_q``; else minus the number of bits of
+        ``seqlen_k - 1`` (129 to 256 keys: -8), which no exact length equals.
+    """
+    if seqlen_k <= seqlen_q:
+        return seqlen_k
+    return -(seqlen_k - 1).bit_length()
 
 
 def lse_shape(q: torch.Tensor, varlen: bool) -> tuple[int, ...]:
@@ -251,7 +277,7 @@ class AttentionArguments(Arguments):
     """
 
     __slots__ = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "causal", "scale", "varlen", "batch",
-                 "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim")
+                 "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "outputs_made")
     output_names = ("out",)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "AttentionArguments":
@@ -271,6 +297,7 @@ class AttentionArguments(Arguments):
         self.heads_q, self.heads_kv, self.head_dim = p.heads_q, p.heads_kv, p.head_dim
         self.q, self.k, self.v, self.out, self.lse = q, k, v, out, lse
         self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
+        self.outputs_made = False
         self.device = q.device
         self.device_index = q.get_device()
         self._verdicts = self._binding = None
@@ -282,12 +309,14 @@ class AttentionArguments(Arguments):
 
     def problem_key(self) -> tuple:
         """The signature with the sizes a choice depends on: batch, sequence lengths (the
-        longest, for variable length), heads and the scale.
+        longest, for variable length; the key length as `key_length` buckets it), heads and
+        the scale.
 
         Returns:
             A hashable tuple.
         """
-        return (self.signature, self.batch, self.seqlen_q, self.seqlen_k, self.heads_q, self.heads_kv, self.scale)
+        return (self.signature, self.batch, self.seqlen_q, key_length(self.seqlen_q, self.seqlen_k), self.heads_q,
+                self.heads_kv, self.scale)
 
     def __repr__(self) -> str:
         return describe(self, type(self).__name__)

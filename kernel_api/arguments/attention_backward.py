@@ -7,7 +7,9 @@ With ``P = softmax(q k^T * scale + mask)`` recovered row by row from ``lse``
 ``grad_q = scale * dS k``, ``grad_k = scale * dS^T q``. Under GQA / MQA a k/v head's gradient
 is the sum over the query heads of its group. Layouts, masks and offsets are the forward's
 (`kernel_api.arguments.attention`); ``lse`` is the forward's, in the form that module defines,
-so any forward kernel's output serves any backward kernel.
+so any forward kernel's output serves any backward kernel, and so are its problem keys
+(`kernel_api.arguments.attention.key_length`) and ``outputs_made`` (the gradients made for this
+call: a kernel may hand them memory of its own).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .attention import AttentionProblem, describe, lse_attributes
+from .attention import AttentionProblem, describe, key_length, lse_attributes
 from .attention_math import attention_backward
 from .base import Arguments
 from .outputs import check_outputs_disjoint
@@ -45,7 +47,7 @@ class AttentionBackwardArguments(Arguments):
 
     __slots__ = ("grad_out", "q", "k", "v", "out", "lse", "grad_q", "grad_k", "grad_v", "cu_seqlens_q",
                  "cu_seqlens_k", "causal", "scale", "varlen", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv",
-                 "head_dim")
+                 "head_dim", "outputs_made")
     output_names = ("grad_q", "grad_k", "grad_v")
 
     def __init__(self, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -64,6 +66,7 @@ class AttentionBackwardArguments(Arguments):
         self.grad_out, self.q, self.k, self.v, self.out, self.lse = grad_out, q, k, v, out, lse
         self.grad_q, self.grad_k, self.grad_v = grad_q, grad_k, grad_v
         self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
+        self.outputs_made = False
         self.device = q.device
         self.device_index = q.get_device()
         self._verdicts = self._binding = None
@@ -92,7 +95,8 @@ class AttentionBackwardArguments(Arguments):
 
     def problem_key(self) -> tuple:
         """The signature with the sizes a choice depends on (as `AttentionArguments`')."""
-        return (self.signature, self.batch, self.seqlen_q, self.seqlen_k, self.heads_q, self.heads_kv, self.scale)
+        return (self.signature, self.batch, self.seqlen_q, key_length(self.seqlen_q, self.seqlen_k), self.heads_q,
+                self.heads_kv, self.scale)
 
     def __repr__(self) -> str:
         return describe(self, type(self).__name__)

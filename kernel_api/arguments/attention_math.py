@@ -12,7 +12,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)  # SDPA's enable_gqa
+#: Whether this torch's SDPA takes ``enable_gqa`` (k and v with fewer heads than q, read in
+#: place): read from the op's schema.
+SDPA_GQA = any(a.name == "enable_gqa" for schema in torch._C._jit_get_schemas_for_operator(
+    "aten::scaled_dot_product_attention") for a in schema.arguments)
 
 
 def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
@@ -21,17 +24,19 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     skip = max(sq - sk, 0) if causal else 0  # bottom-right: the first sq - sk queries see no key
     if sk == 0 or sq == skip:
         return q * 0  # (keeps the graph: a zero gradient for q)
-    qt, kt, vt = q[:, skip:].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    qt, kt, vt = (q[:, skip:] if skip else q).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     groups = q.shape[2] // k.shape[2]
     extra = {}
     if groups > 1:
-        if _GQA:
+        if SDPA_GQA:
             extra["enable_gqa"] = True
         else:
             kt, vt = kt.repeat_interleave(groups, dim=1), vt.repeat_interleave(groups, dim=1)
     rows = sq - skip
     mask = None
-    if causal and rows != sk:
+    if causal and rows == 1:
+        causal = False  # (the one query is the last: it sees every key)
+    elif causal and rows != sk:
         mask = torch.ones(rows, sk, dtype=torch.bool, device=q.device).tril(sk - rows)
     o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None, scale=scale,
                                        **extra).transpose(1, 2)
@@ -174,4 +179,4 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return dq, dk, dv
 
 
-__all__ = ["attention_backward", "attention_with_lse", "torch_attention"]
+__all__ = ["SDPA_GQA", "attention_backward", "attention_with_lse", "torch_attention"]

@@ -17,10 +17,16 @@ Three torch ops, each generated from one `Operation`:
 differentiated (``attention`` never returns it). Calling ``torch.ops.kernel_api.attention``
 itself with inputs that need gradients works too: its backward runs the training forward once
 more for the log-sum-exp, then the backward op.
+
+The arguments these ops build say ``outputs_made`` (a kernel may hand the outputs memory of
+its own instead of copying into them: `AttentionArguments`) unless the caller gave outputs
+(``out=``, ``grad_q=``...): the torch ops make theirs, and the functions here say when they
+were given some, for the call's duration on the calling thread.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -32,13 +38,36 @@ from .operation import Operation, define_operation
 _SCHEMA_INPUTS = ("(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? cu_seqlens_q=None, "
                   "Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None)")
 _SCALARS = ("causal", "scale", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+_empty_like = torch.empty_like
+_dense = torch.contiguous_format
+
+
+class _CallerOutputs(threading.local):
+    """Whether the call in progress on this thread was given outputs by its caller."""
+
+    given = False
+
+
+_caller_outputs = _CallerOutputs()
+
+
+def _with_given_outputs(function: Any, *inputs: Any, **named: Any) -> Any:
+    """``function(*inputs, **named)`` with `_caller_outputs` saying its outputs were given."""
+    before = _caller_outputs.given
+    _caller_outputs.given = True
+    try:
+        return function(*inputs, **named)
+    finally:
+        _caller_outputs.given = before
 
 
 def _arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int | None,
                max_seqlen_k: int | None, out: torch.Tensor, lse: torch.Tensor | None = None) -> AttentionArguments:
-    return AttentionArguments(q, k, v, out, lse, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q,
+    args = AttentionArguments(q, k, v, out, lse, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q,
                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    args.outputs_made = not _caller_outputs.given
+    return args
 
 
 def _backward_arguments(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -46,24 +75,28 @@ def _backward_arguments(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                         cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
                         max_seqlen_q: int | None, max_seqlen_k: int | None, *, grad_q: torch.Tensor,
                         grad_k: torch.Tensor, grad_v: torch.Tensor) -> AttentionBackwardArguments:
-    return AttentionBackwardArguments(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, causal=causal, scale=scale,
-                                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+    args = AttentionBackwardArguments(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, causal=causal,
+                                      scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    args.outputs_made = not _caller_outputs.given
+    return args
 
 
 # (fakes take the scalars in *rest: torch passes them only the arguments the caller gave)
 def _fake(q: torch.Tensor, *rest: Any) -> torch.Tensor:
-    return q.new_empty(q.shape)
+    return _empty_like(q, memory_format=_dense)
 
 
 def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: Any = None,
                   cu_seqlens_q: Any = None, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return q.new_empty(q.shape), q.new_empty(lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    return _empty_like(q, memory_format=_dense), q.new_empty(lse_shape(q, cu_seqlens_q is not None),
+                                                             dtype=torch.float32)
 
 
 def _backward_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    *rest: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return (_empty_like(q, memory_format=_dense), _empty_like(k, memory_format=_dense),
+            _empty_like(v, memory_format=_dense))
 
 
 def _gradients(saved: Any, out: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor) -> tuple:
@@ -71,8 +104,8 @@ def _gradients(saved: Any, out: torch.Tensor, lse: torch.Tensor, grad: torch.Ten
     needs = saved.needs_input_grad[:3]
     if not any(needs):
         return (None,) * 9
-    grads = attention_backward(grad.contiguous(), saved.q, saved.k, saved.v, out, lse,
-                               *[getattr(saved, name) for name in _SCALARS])
+    grads = _attention_backward(grad.contiguous(), saved.q, saved.k, saved.v, out, lse,
+                                *[getattr(saved, name) for name in _SCALARS])
     return (*[g if n else None for g, n in zip(grads, needs)], None, None, None, None, None, None)
 
 
@@ -122,10 +155,36 @@ ATTENTION_BACKWARD = Operation(
 
 _attention = define_operation(ATTENTION)
 _attention_forward = define_operation(ATTENTION_FORWARD)
-#: ``attention_backward(grad_out, q, k, v, out, lse, causal=False, scale=None, cu_seqlens_q=None,
-#: cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, *, grad_q=None, grad_k=None,
-#: grad_v=None, stream=None)`` -> ``(grad_q, grad_k, grad_v)`` (`AttentionBackwardArguments`).
-attention_backward = define_operation(ATTENTION_BACKWARD)
+_attention_backward = define_operation(ATTENTION_BACKWARD)
+
+
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, causal: bool = False, scale: float | None = None,
+                       cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                       max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, *,
+                       grad_q: torch.Tensor | None = None, grad_k: torch.Tensor | None = None,
+                       grad_v: torch.Tensor | None = None, stream: Any = None) -> tuple:
+    """The gradients of q, k and v of attention, from the forward's out and row log-sum-exp
+    (`AttentionBackwardArguments`), through kernel_api.
+
+    Args:
+        grad_out, q, k, v, out, lse: as for `AttentionBackwardArguments`.
+        causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the forward's.
+        grad_q, grad_k, grad_v: tensors to write, or None to allocate them.
+        stream: the stream to launch on (None: the current one).
+
+    Returns:
+        ``(grad_q, grad_k, grad_v)``.
+    """
+    inputs = (grad_out, q, k, v, out, lse, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if grad_q is None and grad_k is None and grad_v is None:
+        return _attention_backward(*inputs, stream=stream)
+    return _with_given_outputs(_attention_backward, *inputs, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v,
+                               stream=stream)
+
+
+attention_backward.operation = ATTENTION_BACKWARD
+attention_backward.op = _attention_backward.op
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None,
@@ -158,13 +217,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         NoKernelFoundError: no kernel takes these arguments.
     """
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        if out is not None:
+            return _with_given_outputs(_attention_forward, q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k,
+                                       max_seqlen_q, max_seqlen_k, out=out, stream=stream)[0]
         return _attention_forward(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  out=out, stream=stream)[0]
-    return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out=out,
-                      stream=stream)
+                                  stream=stream)[0]
+    if out is not None:
+        return _with_given_outputs(_attention, q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, out=out, stream=stream)
+    return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream=stream)
 
 
 attention.operation = ATTENTION
 attention.op = _attention.op
 attention.training_op = _attention_forward.op
-attention.backward_op = attention_backward.op
+attention.backward_op = _attention_backward.op

@@ -2,9 +2,8 @@
 torch backend (`BACKENDS`), the backend in the instance's design and name.
 
 - ``sdpa`` (named ``TorchAttention_<dtype>_<layout>``): ``torch.nn.functional.scaled_dot_product_attention``
-  on any device through `kernel_api.arguments.attention_math.torch_attention` (SDPA picks its
-  own backend; on an H200 with torch 2.11 that is cuDNN). It cannot return the row
-  log-sum-exp, so it declines arguments that ask for it.
+  on any device (SDPA picks its own backend; on an H200 with torch 2.11 that is cuDNN). It
+  cannot return the row log-sum-exp, so it declines arguments that ask for it.
 - ``math`` (``..._math``): `attention_with_lse`, the definition with the scores materialised
   (float32 arithmetic), on any device and dtype: the log-sum-exp where nothing faster serves
   (CPU, float32), not a training kernel for long sequences.
@@ -12,14 +11,24 @@ torch backend (`BACKENDS`), the backend in the instance's design and name.
   CUDA, f16/bf16, head dims multiples of 8 up to 256, dense and variable length, GQA and the
   bottom-right causal mask natively; it returns the log-sum-exp in kernel_api's form.
 - ``cudnn`` (``..._cudnn``): aten ``_scaled_dot_product_cudnn_attention`` with
-  ``compute_log_sumexp``, CUDA, f16/bf16, dense, head dims multiples of 8 up to 128; k and v
-  heads repeated to q's under GQA (a copy); causal only with equal lengths (cuDNN's mask is
-  top-left aligned, kernel_api's bottom-right).
+  ``compute_log_sumexp``, CUDA, f16/bf16, dense, head dims multiples of 8 up to 128; GQA read in
+  place where torch's cuDNN attention takes it (`cudnn_reads_gqa`), else k and v repeated to q's
+  heads (a copy); causal only with equal lengths (cuDNN's mask is top-left aligned,
+  kernel_api's bottom-right).
 
-The aten ops allocate their outputs, which are copied into ``out`` and ``lse``
-(FlashAttention-2's forward writes ``out`` in place where torch has
-``_flash_attention_forward_no_dropout_inplace``). The causal mask is bottom-right aligned
+q, k and v reach the backends as (batch, heads, seqlen, head_dim) views of kernel_api's
+(batch, seqlen, heads, head_dim) tensors, never copies; SDPA reads GQA in place
+(``enable_gqa``). The backends allocate their outputs in q's layout, so for (batch, seqlen,
+heads, head_dim)-dense q their output, viewed back, has the op's output's metadata: outputs the
+op made for the call (``outputs_made``) then take the backend's memory (`adopt`, no copy
+kernel); outputs a caller gave are copied into, as are outputs of another layout.
+FlashAttention-2's forward writes ``out`` in place where torch has
+``_flash_attention_forward_no_dropout_inplace``. The causal mask is bottom-right aligned
 (`kernel_api.arguments.attention`).
+
+Dense calls are replayed (`kernel_api.ops.replay`) through `TorchAttention._launcher`: a
+function that reads the backend, the scalars and the output policy fixed at recording, and
+enters no context on the current stream.
 
 Cost of variable length through ``sdpa`` and ``math``: the offsets are read on the host (on a
 GPU a device synchronisation per call) and each sequence runs on its own; ``flash`` takes the
@@ -34,11 +43,11 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ...arguments.attention import AttentionArguments
-from ...arguments.attention_math import attention_with_lse, torch_attention
+from ...arguments.attention_math import SDPA_GQA, attention_with_lse, torch_attention
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
 from ...core.status import Reason, Status
-from ...core.streams import stream_context
+from ...core.streams import current_raw_stream, stream_context
 from ...cost.attention import attention_cost
 from ...launcher import Launcher
 from ...metadata import KernelMetadata, TensorAttributes
@@ -48,6 +57,12 @@ from .base import TorchKernel
 
 #: FlashAttention-2's forward into a given output, where this torch has it (2.13 does).
 _FLASH_INTO = getattr(torch.ops.aten, "_flash_attention_forward_no_dropout_inplace", None)
+_FLASH = torch.ops.aten._flash_attention_forward.default
+#: cuDNN's forward (torch's own binding where it has one: less host time than the op overload).
+_CUDNN = getattr(torch, "_scaled_dot_product_cudnn_attention", None) or \
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default
+_sdpa = torch.nn.functional.scaled_dot_product_attention
+_grad_enabled = torch.is_grad_enabled
 _HALF = (DataType.f16, DataType.bf16)
 _ALL = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
 LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
@@ -149,6 +164,42 @@ def launch_context(args: Any, stream: Any) -> Any:
     return contextlib.nullcontext()
 
 
+def adopt(target: torch.Tensor, result: torch.Tensor, made: bool) -> None:
+    """Put a backend's ``result`` in ``target``: when the op made ``target`` for this call
+    (``made``: nothing else holds it) and ``result`` has its shape, strides and dtype, ``target``
+    takes ``result``'s memory (``Tensor.set_``: no kernel); otherwise a copy."""
+    if made and result.stride() == target.stride() and result.shape == target.shape and \
+            result.dtype == target.dtype:
+        target.set_(result)
+    else:
+        target.copy_(result)
+
+
+_gqa_answers: dict[Any, bool] = {}
+
+
+def cudnn_reads_gqa(device: torch.device) -> bool:
+    """Whether torch's cuDNN attention takes k and v with fewer heads than q on ``device``:
+    torch's own SDPA dispatcher asked once per device about a small GQA problem (False where
+    this torch cannot say, or has cuDNN attention turned off: then k and v are repeated)."""
+    found = _gqa_answers.get(device)
+    if found is None:
+        found = _gqa_answers[device] = _ask_cudnn_gqa(device)
+    return found
+
+
+def _ask_cudnn_gqa(device: torch.device) -> bool:
+    try:
+        with torch.cuda.device(device):
+            def operand(heads: int) -> torch.Tensor:
+                return torch.empty(1, heads, 256, 64, dtype=torch.bfloat16, device=device)
+
+            params = torch.backends.cuda.SDPAParams(operand(2), operand(1), operand(1), None, 0.0, False, True)
+            return bool(torch.backends.cuda.can_use_cudnn_attention(params, False))
+    except (AttributeError, TypeError, RuntimeError):
+        return False
+
+
 def _empty_problem(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor, lse: Any) -> bool:
     """Whether there is nothing to attend (no query, or no key: then ``out`` is zeros and ``lse``
     -inf, written here); the aten kernels are not launched on empty problems."""
@@ -206,14 +257,19 @@ class TorchAttention(TorchKernel):
             getattr(self, f"_run_{self.backend}")(args, args.q, args.k, args.v, args.out, args.lse)
 
     def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
-        """Dense CUDA calls (the operands are all a call takes); variable length keeps its
-        offsets outside the operands."""
-        if args.varlen or args.device.type != "cuda":
+        """Dense calls (the operands are all a call takes); variable length keeps its offsets
+        outside the operands. The launch enters no context on the current stream (any CPU call)
+        with no input needing a gradient (`direct_launch`)."""
+        if args.varlen:
             return None
         run, scalars = getattr(self, f"_run_{self.backend}"), Scalars(args)
+        index = scalars.index
 
         def launch(q: Any, k: Any, v: Any, out: Any, *rest: Any) -> None:
             lse = rest[0] if len(rest) == 2 else None
+            if direct_launch(index, rest[-1], q, k, v):
+                run(scalars, q, k, v, out, lse)
+                return
             with stream_context(scalars.device, rest[-1]), torch.no_grad():
                 run(scalars, q, k, v, out, lse)
 
@@ -224,41 +280,77 @@ class TorchAttention(TorchKernel):
 
     @staticmethod
     def _run_sdpa(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
-        out.copy_(torch_attention(q, k, v, args.causal, args.scale, args.cu_seqlens_q, args.cu_seqlens_k))
+        if args.cu_seqlens_q is None:
+            adopt(out, sdpa_dense(q, k, v, args.causal, args.scale), args.outputs_made)
+        else:
+            out.copy_(torch_attention(q, k, v, args.causal, args.scale, args.cu_seqlens_q, args.cu_seqlens_k))
 
     @staticmethod
     def _run_math(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
         o, l = attention_with_lse(q, k, v, args.causal, args.scale, args.cu_seqlens_q, args.cu_seqlens_k)
-        out.copy_(o)
+        adopt(out, o, args.outputs_made)
         if lse is not None:
-            lse.copy_(l)
+            adopt(lse, l, args.outputs_made)
 
     @staticmethod
     def _run_flash(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
         if _empty_problem(q, k, out, lse):
             return
-        if _FLASH_INTO is not None:  # (torch 2.13 and later: into out, no copy)
+        if _FLASH_INTO is not None:  # (into out)
             l = _FLASH_INTO(out, q, k, v, args.cu_seqlens_q, args.cu_seqlens_k, args.seqlen_q, args.seqlen_k, 0.0,
                             args.causal, False, scale=args.scale)
         else:
-            o, l = torch.ops.aten._flash_attention_forward(q, k, v, args.cu_seqlens_q, args.cu_seqlens_k,
-                                                           args.seqlen_q, args.seqlen_k, 0.0, args.causal, False,
-                                                           scale=args.scale)[:2]
-            out.copy_(o)
+            o, l = _FLASH(q, k, v, args.cu_seqlens_q, args.cu_seqlens_k, args.seqlen_q, args.seqlen_k, 0.0, args.causal,
+                          False, scale=args.scale)[:2]
+            adopt(out, o, args.outputs_made)
         if lse is not None:
-            lse.copy_(l.view(lse.shape))
+            adopt(lse, l.reshape(lse.shape), args.outputs_made)
 
     @staticmethod
     def _run_cudnn(args: Any, q: Any, k: Any, v: Any, out: torch.Tensor, lse: Any) -> None:
         if _empty_problem(q, k, out, lse):
             return
-        k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
-        o, l = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, lse is not None, 0.0, args.causal, False,
-            scale=args.scale)[:2]
-        out.copy_(o.transpose(1, 2))
+        if q.shape[2] != k.shape[2] and not cudnn_reads_gqa(q.device):
+            k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
+        o, l = _CUDNN(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, lse is not None, 0.0, args.causal,
+                      False, scale=args.scale)[:2]
+        adopt(out, o.transpose(1, 2), args.outputs_made)
         if lse is not None:
-            lse.copy_(l.reshape(lse.shape))
+            adopt(lse, l.reshape(lse.shape), args.outputs_made)
+
+
+def sdpa_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """SDPA of dense (batch, seqlen, heads, head_dim) tensors through transposed views, GQA read in
+    place: its output viewed as (batch, seqlen_q, heads, head_dim). Where SDPA's top-left causal
+    mask is not kernel_api's (fewer or more queries than keys, more than one query) or a side is
+    empty, `torch_attention` (which builds the mask)."""
+    sq, sk = q.shape[1], k.shape[1]
+    if causal and sq != sk:
+        if sq != 1:
+            return torch_attention(q, k, v, causal, scale)
+        causal = False  # (the one query is the last: it sees every key)
+    if not (sq and sk):
+        return torch_attention(q, k, v, causal, scale)
+    if SDPA_GQA:
+        return _sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale,
+                     enable_gqa=q.shape[2] != k.shape[2]).transpose(1, 2)
+    return torch_attention(q, k, v, causal, scale)
+
+
+def direct_launch(index: int, stream: Any, *inputs: torch.Tensor) -> bool:
+    """Whether a replayed launch runs as it is: on the CPU (``index`` -1) or on CUDA device
+    ``index``'s current stream (``stream``, a CUstream or a raw handle, is it), with no input
+    needing a gradient; else the caller enters the stream's context and no_grad."""
+    if _grad_enabled():
+        for t in inputs:
+            if t.requires_grad:
+                return False
+    if index < 0:
+        return True
+    try:
+        return int(stream) == current_raw_stream(index)
+    except TypeError:  # (None, or a spelling without int(): the context sorts it out)
+        return False
 
 
 def repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -269,11 +361,16 @@ def repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 class Scalars:
-    """The scalars of a dense call: what a recorded launch keeps of its arguments (no tensors)."""
+    """The scalars of a dense CUDA call: what a recorded launch keeps of its arguments (no
+    tensors), ``outputs_made`` included (a call recorded with outputs the op made is replayed
+    only for such calls: `kernel_api.ops.replay` keys them apart)."""
 
-    __slots__ = ("causal", "scale", "varlen", "cu_seqlens_q", "cu_seqlens_k", "seqlen_q", "seqlen_k", "device")
+    __slots__ = ("causal", "scale", "varlen", "cu_seqlens_q", "cu_seqlens_k", "seqlen_q", "seqlen_k", "device",
+                 "index", "outputs_made")
 
     def __init__(self, args: Any) -> None:
         self.causal, self.scale, self.varlen = args.causal, args.scale, False
         self.cu_seqlens_q = self.cu_seqlens_k = None
         self.seqlen_q, self.seqlen_k, self.device = args.seqlen_q, args.seqlen_k, args.device
+        self.index = args.device_index  # (-1 on the CPU)
+        self.outputs_made = args.outputs_made

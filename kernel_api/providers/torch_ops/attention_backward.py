@@ -7,11 +7,14 @@ backend of `kernel_api.providers.torch_ops.attention.BACKENDS` that has a backwa
 - ``flash`` (``..._flash``): aten ``_flash_attention_backward`` (FlashAttention-2), CUDA,
   f16/bf16, dense and variable length, GQA natively (it sums each group's k/v gradients);
 - ``cudnn`` (``..._cudnn``): aten ``_scaled_dot_product_cudnn_attention_backward``, CUDA,
-  f16/bf16, dense, equal lengths when causal; under GQA k and v are repeated to q's heads (a
-  copy) and their gradients summed per group.
+  f16/bf16, dense, equal lengths when causal; GQA read in place where torch's cuDNN attention
+  takes it (`cudnn_reads_gqa`), else k and v repeated to q's heads (a copy) and their
+  gradients summed per group.
 
 Dropout is never used, so the ops' random-state operands are placeholders. The ops allocate
-the gradients, which are copied into ``grad_q``, ``grad_k`` and ``grad_v``.
+the gradients in their inputs' layouts: gradients the op made for the call take that memory
+(`adopt`, no copy kernel) where the layouts agree, and are copied into otherwise. Dense CUDA
+calls replay as the forward's do.
 """
 
 from __future__ import annotations
@@ -30,13 +33,16 @@ from ...launcher import Launcher
 from ...metadata import KernelMetadata
 from ...metadata.attention import AttentionBackwardOperandsMetadata
 from . import TorchProvider
-from .attention import Scalars, backend_status, generate, launch_context, repeat_heads
+from .attention import Scalars, adopt, backend_status, cudnn_reads_gqa, direct_launch, generate, launch_context, \
+    repeat_heads
 from .base import TorchKernel
 
 #: The backends' backward speeds against cuDNN's (H200, benchmarks/attention.py, each kernel on
 #: its own: FlashAttention-2's 264, 288 and 159 TFLOP/s against cuDNN's 461, 554 and 205 at b4
 #: h32 s4096 d128 causal and full and b16 h16 s1024 d64 causal; ``math`` nominal).
 BACKWARD_SPEED = {"math": 0.05, "flash": 0.55, "cudnn": 1.0}
+_FLASH = torch.ops.aten._flash_attention_backward.default
+_CUDNN = torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default
 
 _placeholders: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -93,12 +99,16 @@ class TorchAttentionBackward(TorchKernel):
             getattr(self, f"_run_{self.backend}")(args, *[getattr(args, n) for n in args.tensor_attributes])
 
     def _launcher(self, args: AttentionBackwardArguments, artifact: CompiledArtifact) -> Launcher | None:
-        """Dense CUDA calls (variable length keeps its offsets outside the operands)."""
-        if args.varlen or args.device.type != "cuda":
+        """Dense calls (variable length keeps its offsets outside the operands)."""
+        if args.varlen:
             return None
         run, scalars = getattr(self, f"_run_{self.backend}"), Scalars(args)
+        index = scalars.index
 
         def launch(*tensors: Any) -> None:
+            if direct_launch(index, tensors[-1], *tensors[:6]):
+                run(scalars, *tensors[:-1])
+                return
             with stream_context(scalars.device, tensors[-1]), torch.no_grad():
                 run(scalars, *tensors[:-1])
 
@@ -113,7 +123,7 @@ class TorchAttentionBackward(TorchKernel):
         grads = attention_backward(grad_out, q, k, v, out, lse, args.causal, args.scale, args.cu_seqlens_q,
                                    args.cu_seqlens_k)
         for target, grad in zip((grad_q, grad_k, grad_v), grads):
-            target.copy_(grad)
+            adopt(target, grad, args.outputs_made)
 
     @staticmethod
     def _run_flash(args: Any, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, grad_q: torch.Tensor,
@@ -121,11 +131,10 @@ class TorchAttentionBackward(TorchKernel):
         if _empty(q, k, grad_q, grad_k, grad_v):
             return
         seed, offset = _random_state(q.device)
-        grads = torch.ops.aten._flash_attention_backward(
-            grad_out, q, k, v, out, lse, args.cu_seqlens_q, args.cu_seqlens_k, args.seqlen_q, args.seqlen_k, 0.0,
-            args.causal, seed, offset, scale=args.scale)
+        grads = _FLASH(grad_out, q, k, v, out, lse, args.cu_seqlens_q, args.cu_seqlens_k, args.seqlen_q, args.seqlen_k,
+                       0.0, args.causal, seed, offset, scale=args.scale)
         for target, grad in zip((grad_q, grad_k, grad_v), grads):
-            target.copy_(grad)
+            adopt(target, grad, args.outputs_made)
 
     @staticmethod
     def _run_cudnn(args: Any, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, grad_q: torch.Tensor,
@@ -133,18 +142,22 @@ class TorchAttentionBackward(TorchKernel):
         if _empty(q, k, grad_q, grad_k, grad_v):
             return
         heads, groups = q.shape[2], q.shape[2] // k.shape[2]
+        if groups > 1 and cudnn_reads_gqa(q.device):
+            groups = 1  # (k and v read in place; their gradients come per KV head)
+        elif groups > 1:
+            k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         seed, offset = _random_state(q.device)
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            grad_out.transpose(1, 2), q.transpose(1, 2), repeat_heads(k, heads).transpose(1, 2),
-            repeat_heads(v, heads).transpose(1, 2), out.transpose(1, 2), lse.unsqueeze(-1), seed, offset, None, None,
-            None, args.seqlen_q, args.seqlen_k, 0.0, args.causal, scale=args.scale)
-        grad_q.copy_(dq.transpose(1, 2))
+        dq, dk, dv = _CUDNN(grad_out.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                            out.transpose(1, 2), lse.unsqueeze(-1), seed, offset, None, None, None, args.seqlen_q,
+                            args.seqlen_k, 0.0, args.causal, scale=args.scale)
+        made = args.outputs_made
+        adopt(grad_q, dq.transpose(1, 2), made)
         for target, grad in ((grad_k, dk), (grad_v, dv)):
             grad = grad.transpose(1, 2)
             if groups > 1:
                 b, s, _, d = grad.shape
-                grad = grad.reshape(b, s, k.shape[2], groups, d).sum(3)
-            target.copy_(grad)
+                grad = grad.reshape(b, s, target.shape[2], groups, d).sum(3)
+            adopt(target, grad, made)
 
 
 def _empty(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor, grad_k: torch.Tensor, grad_v: torch.Tensor) -> bool:

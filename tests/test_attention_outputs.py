@@ -1,0 +1,178 @@
+"""The torch provider's attention without copies, on the CPU: q, k and v reach SDPA as views (GQA
+read in place, no repeated heads), outputs the op made take the backend's memory (no copy), outputs
+a caller gave are written in place; repeated calls replay; and choices keyed so that a KV cache
+growing by a token a step keeps its choice. Each result against the float64 reference of
+tests/test_attention_op.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import kernel_api
+from kernel_api import ops
+from kernel_api.arguments import AttentionArguments, AttentionBackwardArguments
+from kernel_api.arguments.attention import key_length
+from kernel_api.providers.torch_ops.attention import TorchAttention, adopt
+
+from test_attention_op import SENTINEL, _qkv, reference
+
+#: aten ops that copy or repeat a tensor: none may run in a call of the SDPA path.
+COPIES = {"aten::copy_", "aten::repeat_interleave", "aten::clone", "aten::index_select", "aten::repeat",
+          "aten::expand_as", "aten::cat", "aten::sum"}
+
+
+@pytest.fixture
+def cpu_ops(monkeypatch):
+    """The front door on CPU tensors, with the torch provider's kernels only."""
+    from kernel_api.ops import dispatch
+    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+    ops.clear_dispatch_cache()
+    with kernel_api.settings(providers="torch"):
+        yield
+    ops.clear_dispatch_cache()
+
+
+def _aten_ops(fn) -> list[str]:
+    """The names of the aten ops ``fn`` ran (torch's profiler, CPU)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name.startswith("aten::")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 9, 9, 8, 2, 16), (1, 1, 37, 4, 1, 64), (3, 5, 5, 6, 6, 8)])
+def test_inference_runs_no_copy_and_no_repeated_heads(cpu_ops, dtype, shape):
+    """The first call (the Python path) and the replayed ones: SDPA on views, its output handed
+    to the op's out."""
+    causal = shape[1] == shape[2]
+    for seed in range(3):
+        q, k, v = _qkv(*shape, dtype=dtype, seed=seed)
+        got = []
+        ran = _aten_ops(lambda: got.append(ops.attention(q, k, v, causal=causal)))
+        assert not COPIES & set(ran), ran
+        assert "aten::scaled_dot_product_attention" in ran
+        out = got[0]
+        assert out.shape == q.shape and out.is_contiguous() and out.dtype == dtype
+        tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(out.double(), reference(q, k, v, causal), **tol)
+
+
+def test_given_out_is_written_in_place(cpu_ops):
+    """An out the caller gives keeps its memory (a copy into it), a view of a larger buffer too."""
+    q, k, v = _qkv(2, 7, 11, 8, 2, 16, seed=4)
+    buffer = torch.full((3, *q.shape), SENTINEL)
+    for out in (torch.full_like(q, SENTINEL), buffer[1]):
+        for _ in range(3):  # (the second and third replay)
+            pointer = out.data_ptr()
+            assert ops.attention(q, k, v, causal=True, out=out) is out
+            assert out.data_ptr() == pointer
+            torch.testing.assert_close(out.double(), reference(q, k, v, True), atol=2e-5, rtol=2e-5)
+    assert (buffer[0] == SENTINEL).all() and (buffer[2] == SENTINEL).all()
+
+
+def test_only_outputs_the_op_made_take_the_backend_memory():
+    """`adopt`: a made output with the result's metadata takes its memory; otherwise a copy."""
+    result = torch.randn(2, 4, 3, 8).transpose(1, 2)  # (b, s, h, d) view of (b, h, s, d)
+    for made, target, shared in ((True, torch.empty(2, 4, 3, 8).transpose(1, 2), True),
+                                 (False, torch.empty(2, 4, 3, 8).transpose(1, 2), False),
+                                 (True, torch.empty(2, 3, 4, 8), False)):
+        adopt(target, result, made)
+        assert (target.data_ptr() == result.data_ptr()) == shared
+        assert torch.equal(target, result)
+
+
+def test_arguments_built_by_the_ops_say_whether_outputs_were_made(cpu_ops, monkeypatch):
+    seen = []
+    real = TorchAttention._run
+
+    def spy(self, args, *rest, **named):
+        seen.append(args.outputs_made)
+        return real(self, args, *rest, **named)
+
+    monkeypatch.setattr(TorchAttention, "_run", spy)
+    q, k, v = _qkv(1, 4, 4, 2, 2, 8, seed=5)
+    ops.attention(q, k, v)
+    ops.attention(q, k, v, out=torch.empty_like(q))
+    assert seen == [True, False]
+    assert AttentionArguments(q, k, v, torch.empty_like(q)).outputs_made is False
+
+
+def test_repeated_calls_replay(cpu_ops, monkeypatch):
+    """After the first call the launch is replayed: no arguments built, no `Kernel.run`."""
+    runs = []
+    real = TorchAttention._run
+
+    def counting(self, *rest, **named):
+        runs.append(self.name)
+        return real(self, *rest, **named)
+
+    monkeypatch.setattr(TorchAttention, "_run", counting)
+    q, k, v = _qkv(2, 6, 6, 8, 2, 16, seed=6)
+    first = ops.attention(q, k, v, causal=True)
+    for _ in range(4):
+        again = ops.attention(q, k, v, causal=True)
+        assert again.data_ptr() != first.data_ptr()
+        torch.testing.assert_close(again, first)
+    # (outputs whose pointer alignment is new take the Python path once)
+    assert 1 <= len(runs) <= 4, runs
+
+
+def test_backward_gradients_against_float64(cpu_ops):
+    """The training step on the CPU (the materialised kernels) with GQA, gradients from the op."""
+    from test_attention_op import reference_grads
+    q, k, v = _qkv(2, 9, 9, 8, 2, 16, torch.float64, seed=7)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    out = ops.attention(*leaves, causal=True)
+    got = torch.autograd.grad(out, leaves, grad)
+    for g, want in zip(got, reference_grads(q, k, v, grad, True)):
+        torch.testing.assert_close(g, want, atol=1e-6, rtol=1e-6)  # (the saved lse is float32)
+
+
+# ---- choices of a growing KV cache ----
+
+def test_key_length_buckets_keys_past_the_queries():
+    assert [key_length(4, n) for n in (0, 3, 4)] == [0, 3, 4]
+    assert key_length(1, 2) == -1 and key_length(1, 129) == key_length(1, 256) == -8
+    assert key_length(1, 257) == -9 and key_length(4, 5) == -3
+    assert len({key_length(1, n) for n in range(2, 4097)}) == 12
+
+
+def test_problem_keys_keep_what_support_depends_on():
+    """Equal, fewer and more keys than queries stay apart (cuDNN's causal mask takes equal lengths
+    only); keys past the queries share a key within a power of two."""
+    def key(sq, sk, cls=AttentionArguments):
+        q, k, v = _qkv(1, sq, sk, 4, 2, 16)
+        if cls is AttentionArguments:
+            return cls(q, k, v, torch.empty_like(q), causal=True).problem_key()
+        return cls(q, q, k, v, q, torch.zeros(1, 4, sq), torch.empty_like(q), torch.empty_like(k),
+                   torch.empty_like(v), causal=True).problem_key()
+
+    for cls in (AttentionArguments, AttentionBackwardArguments):
+        assert len({key(8, 7, cls), key(8, 8, cls), key(8, 9, cls)}) == 3
+        assert key(1, 129, cls) == key(1, 200, cls) == key(1, 256, cls) != key(1, 257, cls)
+
+
+@pytest.mark.parametrize("sq", [1, 3])
+def test_a_growing_kv_cache_keeps_its_choice(cpu_ops, monkeypatch, sq):
+    """Decode steps over a cache growing by one token: one choice per power of two of keys, each
+    result against float64."""
+    from kernel_api.ops import dispatch
+    choices = []
+    real = dispatch.registry.get_kernels
+
+    def counting(*a, **kw):
+        choices.append(a[0].seqlen_k)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(dispatch.registry, "get_kernels", counting)
+    g = torch.Generator().manual_seed(9)
+    cache_k, cache_v = torch.randn(2, 80, 2, 16, generator=g), torch.randn(2, 80, 2, 16, generator=g)
+    for n in range(40, 80):
+        q = torch.randn(2, sq, 8, 16, generator=g)
+        out = ops.attention(q, cache_k[:, :n], cache_v[:, :n], causal=True)
+        torch.testing.assert_close(out.double(), reference(q, cache_k[:, :n], cache_v[:, :n], True),
+                                   atol=2e-5, rtol=2e-5)
+    assert choices == [40, 65], choices
