@@ -35,8 +35,14 @@ training steps from the same initial state on the same batches (counting sequenc
 starts, so that the curve falls), max |loss - loss_eager| relative to the mean eager loss
 <= 5e-2. Those steps are also the warm-up and compile steps of the training phase.
 
+Attention candidates: kernel_api's plugins load through their entry points, so FlashAttention-4
+serves the patched model's attention when the kernel-api-flash-attn plugin is installed
+(``pip install --no-deps --no-build-isolation -e examples/plugins/kernel-api-flash-attn``); the
+run records the providers present, the plugins that failed to load, and each patched
+configuration's chosen attention kernels.
+
 Prints a table (model, phase, configuration: ms, tokens/s, ratios against eager and against
-torch.compile, peak memory) and the targets (`TARGETS`), met or not. Writes
+torch.compile, peak memory and its ratios) and the targets (`TARGETS`), met or not. Writes
 benchmarks/results/e2e_llama-<device>[-<tag>].json (copied to $OUT when set). Exit status 1
 when a correctness check failed, else 0.
 """
@@ -170,6 +176,13 @@ def build(base, name: str, device, dtype, compile_backend, kinds=None, lowering=
     return model, model
 
 
+def attention_kernels() -> list:
+    """The attention kernels kernel_api chose so far in this process (names, sorted)."""
+    from kernel_api import ops
+    return sorted({kernel.name for _, kernel in ops.chosen_kernels() if "Attn" in kernel.name
+                   or "Attention" in kernel.name})
+
+
 def phase_prefill(run, raw, ctx, ref):
     import torch
     B, T, V = ctx.batch, ctx.seq, ctx.vocab
@@ -255,7 +268,7 @@ def ratios(results: dict) -> None:
 
 def table(results: dict, configs: list) -> str:
     head = (f"{'model':6} {'phase':8} {'config':17} {'ms':>9} {'tokens/s':>10} {'vs eager':>9} {'vs compile':>10} "
-            f"{'peak GB':>8} {'mem/eager':>9}  check")
+            f"{'peak GB':>8} {'mem/eager':>9} {'mem/compile':>11}  check")
     lines = [head, "-" * len(head)]
     for model, per_phase in results.items():
         for phase, per in per_phase.items():
@@ -276,7 +289,8 @@ def table(results: dict, configs: list) -> str:
                 fmt = lambda k, f="{:.3f}x": f.format(r[k]) if k in r else "-"  # noqa: E731
                 lines.append(f"{model:6} {phase:8} {name:17} {r['ms']:9.2f} {r['tokens_per_s']:10.0f} "
                              f"{fmt('speedup_vs_eager'):>9} {fmt('speedup_vs_compiled'):>10} "
-                             f"{fmt('peak_gb', '{:.2f}'):>8} {fmt('peak_memory_vs_eager', '{:.3f}'):>9}  "
+                             f"{fmt('peak_gb', '{:.2f}'):>8} {fmt('peak_memory_vs_eager', '{:.3f}'):>9} "
+                             f"{fmt('peak_memory_vs_compiled', '{:.3f}'):>11}  "
                              f"{'; '.join(check)}")
     return "\n".join(lines)
 
@@ -354,10 +368,10 @@ def main(argv=None) -> int:
     opts = parse_args(argv)
     import torch
     import transformers
+    import kernel_api
     import kernel_api.nn
 
     if opts.smoke:
-        import kernel_api
         from kernel_api.ops import dispatch
         dispatch.LAUNCH_DEVICE_TYPES = frozenset({"cuda", "cpu"})
         _SMOKE_SCOPE.append(kernel_api.settings(providers="torch"))
@@ -382,6 +396,11 @@ def main(argv=None) -> int:
                warmup=warmup, loss_steps=opts.loss_steps, lr=opts.lr, tag=opts.tag, layers=opts.layers,
                compile_lowering=opts.compile_lowering,
                batch=opts.batch, seq=opts.seq, models={})
+    providers = kernel_api.available_providers()
+    env.update(providers=providers, plugin_errors=kernel_api.plugin_errors(), fa4="flash_attn" in providers)
+    log(f"e2e_llama: providers {providers}; FlashAttention-4 "
+        + ("loaded (the flash_attn plugin)" if env["fa4"] else
+           f"not loaded ({env['plugin_errors'].get('flash_attn', 'its plugin is not installed')})"))
     log(f"e2e_llama: {device_name}, torch {torch.__version__}, transformers {transformers.__version__}, "
         f"models {opts.model} x {opts.layers} layers, batch {opts.batch} x {opts.seq}, configs {opts.configs}, "
         f"phases {opts.phases}, steps {steps}")
@@ -424,6 +443,8 @@ def main(argv=None) -> int:
                 try:
                     run, raw = build(base, name, device, dtype, backend, kinds, opts.compile_lowering)
                     r = PHASE_FNS[phase](run, raw, ctx, ref)
+                    if "patched" in name:
+                        r["attention_kernels"] = attention_kernels()
                 except Exception as exc:  # report it, keep going with the other configurations
                     r = {"error": err_str(exc)}
                     traceback.print_exc(limit=int(os.environ.get("E2E_TRACEBACK_LIMIT", "8")), file=sys.stderr)
@@ -432,6 +453,8 @@ def main(argv=None) -> int:
                 status = r.get("error") or f"{r['ms']:.2f} ms, peak {r.get('peak_gb', float('nan')):.2f} GB"
                 if "profile" in r:
                     log(f"  profile of {model_name} {phase} {name}:\n{r['profile']}")
+                if r.get("attention_kernels"):
+                    log(f"    attention kernels chosen so far: {', '.join(r['attention_kernels'])}")
                 log(f"  {model_name:6} {phase:8} {name:17} {status}  ({r['wall_s']:.1f} s wall, "
                     f"{time.perf_counter() - t_all:.0f} s total)")
                 with open(partial, "w") as f:  # what is done so far survives a kill
