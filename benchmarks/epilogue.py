@@ -22,6 +22,8 @@ the anchors and writes JSON to benchmarks/results/ (and $OUT).
     python3 benchmarks/epilogue.py [--shapes 4096x4096x4096,8192x8192x4096] [--epilogues bias_relu,residual]
     python3 benchmarks/epilogue.py --precompile   # no GPU: compile the fused and plain kernels for sm_90a
     python3 benchmarks/epilogue.py --check-only   # compile and check only (parallel warm-ups of the caches)
+    python3 benchmarks/epilogue.py --quick        # the two shapes, residual / gelu_gate / gelu_tanh_gate /
+                                                  # aux_out, torch.compile at 4096^3, 10 repeats
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ EPILOGUES = {
                  lambda acc, o: o["alpha"] * acc + o["C"], _residual, True),
     "gelu_gate": ("def epi(accum, up):\n    D = gelu(accum) * up\n    return D",
                   lambda acc, o: F.gelu(acc) * o["up"], _gate, True),
+    "gelu_tanh_gate": ("def epi(accum, up):\n    D = gelu_tanh(accum) * up\n    return D",
+                       lambda acc, o: F.gelu(acc, approximate="tanh") * o["up"], _gate, True),
+    "silu_gate": ("def epi(accum, up):\n    D = silu(accum) * up\n    return D",
+                  lambda acc, o: F.silu(acc) * o["up"], _gate, True),
     "aux_out": ("def epi(accum, bias):\n    z = accum + bias\n    D = relu(z)\n    return D, z",
                 None, _aux, True),
 }
@@ -233,7 +239,18 @@ def main() -> None:
     parser.add_argument("--check-only", action="store_true",
                         help="compile and check every contestant, time nothing (fills the caches for a timed run)")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--quick", action="store_true",
+                        help="residual, gelu_gate, gelu_tanh_gate, aux_out at the two shapes, torch.compile at "
+                        "4096^3 only, 10 repeats (what --epilogues, --compile-shapes, --repeat do not set)")
     opts = parser.parse_args()
+    if opts.quick:
+        given = " ".join(sys.argv[1:])
+        if "--epilogues" not in given:
+            opts.epilogues = "residual,gelu_gate,gelu_tanh_gate,aux_out"
+        if "--compile-shapes" not in given:
+            opts.compile_shapes = "4096x4096x4096"
+        if "--repeat" not in given:
+            opts.repeat = 10
     names = opts.epilogues.split(",")
     if opts.precompile:
         precompile(opts.config, names)
