@@ -17,7 +17,7 @@ missing is listed with the reason. Writes JSON (and a text table) to benchmarks/
 $OUT) after each case, so a run cut short keeps what it measured.
 
     python3 benchmarks/providers.py [--ops softmax,rms_norm,attention,gemm] [--per-provider 3] [--repeat 30]
-                                    [--pickbest-candidates 8] [--cases "16384x1024,s4096"]
+                                    [--pickbest-candidates 8] [--workers N] [--cases "16384x1024,s4096"]
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def provider_of(kernel: Any) -> str:
     return "?"
 
 
-def run_case(op: str, label: str, make: Callable[[], Any], per_provider: int, repeat: int, pick_candidates: int) -> dict:
+def run_case(op: str, label: str, make: Callable[[], Any], per_provider: int, repeat: int, pick_candidates: int,
+             workers: int | None = None) -> dict:
     args = make()
     sets = [args] + [make() for _ in range(rotation_count(sum(t.numel() * t.element_size()
                                                                 for t in args.tensors().values())) - 1)]
@@ -149,7 +150,7 @@ def run_case(op: str, label: str, make: Callable[[], Any], per_provider: int, re
             row["failures"][any_name] = f"{type(exc).__name__}: {str(exc)[:300]}"
     pick = None
     try:
-        policy = PickBest(max_candidates=pick_candidates, repeat=10)
+        policy = PickBest(max_candidates=pick_candidates, repeat=10, num_workers=workers)
         result = policy.tune(args, every, force=True)
         winner = result.winner
         pick = winner.metadata.kernel_name
@@ -210,6 +211,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--pickbest-candidates", type=int, default=8,
                         help="PickBest's max_candidates (the best-ranked by PickAny's estimate)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="PickBest's compile workers (default: its own; 1 compiles in this process)")
     parser.add_argument("--cases", default="", help="only cases whose label contains one of these (comma-separated)")
     parser.add_argument("--tag", default="")
     opts = parser.parse_args()
@@ -228,7 +231,7 @@ def main() -> None:
             if wanted and not any(w in label for w in wanted):
                 continue
             start = time.perf_counter()
-            row = run_case(op, label, make, opts.per_provider, opts.repeat, opts.pickbest_candidates)
+            row = run_case(op, label, make, opts.per_provider, opts.repeat, opts.pickbest_candidates, opts.workers)
             row["seconds"] = round(time.perf_counter() - start, 1)
             doc["rows"].append(row)
             lines = table(doc["rows"])
