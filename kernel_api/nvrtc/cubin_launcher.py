@@ -161,7 +161,7 @@ class CudaLauncher:
             symbol = self.compiled.symbols.get(self.name_expression, self.name_expression)
             try:
                 drv = _driver()
-                library = _check(drv.cuLibraryLoadData(self.compiled.cubin, None, None, 0, None, None, 0),
+                library = _check(drv.cuLibraryLoadData(self.compiled.cubin, [], [], 0, [], [], 0),
                                  "cuLibraryLoadData")
                 handle = _check(drv.cuLibraryGetKernel(library, symbol.encode()), f"cuLibraryGetKernel({symbol})")
             except Exception as exc:
@@ -185,12 +185,12 @@ class CudaLauncher:
         try:
             while len(sizes) < 4096:
                 result = query(handle, len(sizes))
-                if result[0]:
+                if result[0]:  # past the last parameter (or a driver without the query)
                     break
                 sizes.append(int(result[2]))
         except Exception:  # noqa: BLE001 - no sizes: each value's own
             return None
-        return tuple(sizes)
+        return tuple(sizes) if sizes else None
 
     def _limits(self, device: int) -> _DeviceLimits:
         lim = self._devices.get(device)
