@@ -40,6 +40,7 @@ _SCHEMA_INPUTS = ("(Tensor q, Tensor k, Tensor v, bool causal=False, float? scal
 _SCALARS = ("causal", "scale", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 _empty_like = torch.empty_like
 _dense = torch.contiguous_format
+_grad_enabled = torch.is_grad_enabled
 
 
 class _CallerOutputs(threading.local):
@@ -216,7 +217,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         TypeError, ValueError: invalid operands (the message names the operand).
         NoKernelFoundError: no kernel takes these arguments.
     """
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+    if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+                            or getattr(v, "requires_grad", False)):
         if out is not None:
             return _with_given_outputs(_attention_forward, q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, out=out, stream=stream)[0]

@@ -18,6 +18,7 @@ kernel_api's: (batch, heads, seqlen_q), or (heads, total_q) for variable length)
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from kernel_api import AttentionArguments, CompilationError, CompiledArtifact, D
 from kernel_api import Status, TensorAttributes
 from kernel_api.core.status import Reason
 from kernel_api.cost.attention import attention_cost
-from kernel_api.core.streams import stream_context
+from kernel_api.core.streams import current_raw_stream, stream_context
 from kernel_api.launcher import Launcher
 from kernel_api.metadata.attention import AttentionOperandsMetadata
 
@@ -109,11 +110,25 @@ class FlashAttnForward(Kernel):
         device, scalars = args.device, _Scalars(args)
 
         def launch(q: Any, k: Any, v: Any, out: Any, *rest: Any) -> None:  # (lse,) stream
-            with stream_context(device, rest[-1]):
+            with launch_stream(device, rest[-1]):
                 _forward(scalars, q, k, v, out, rest[0] if len(rest) == 2 else None)
 
         launch.__name__ = f"launch_{self.metadata.kernel_name}"
         return Launcher(launch)
+
+
+_CURRENT = contextlib.nullcontext()
+
+
+def launch_stream(device: torch.device, stream: Any) -> Any:
+    """A recorded launch's stream as torch's current one: no context when ``stream`` (a CUstream
+    or a raw handle) is the device's current stream already, a replayed call's usual case."""
+    try:
+        if int(stream) == current_raw_stream(device.index):
+            return _CURRENT
+    except TypeError:  # (None, or a spelling without int(): stream_context reads it)
+        pass
+    return stream_context(device, stream)
 
 
 def head_dim_status(args: Any) -> Status:

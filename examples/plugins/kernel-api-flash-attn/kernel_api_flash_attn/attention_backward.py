@@ -27,7 +27,7 @@ from kernel_api.cost.attention import attention_backward_cost
 from kernel_api.launcher import Launcher
 from kernel_api.metadata.attention import AttentionBackwardOperandsMetadata
 
-from .attention import _LAYOUTS, MAX_HEAD_DIM, _Scalars, head_dim_status
+from .attention import _LAYOUTS, MAX_HEAD_DIM, _Scalars, head_dim_status, launch_stream
 from .provider import FlashAttnProvider
 
 #: FA4's backward speed against torch's cuDNN backward (`TorchAttentionBackward`'s ``_cudnn``)
@@ -106,7 +106,7 @@ class FlashAttnBackward(Kernel):
         device, scalars = args.device, _Scalars(args)
 
         def launch(*tensors: Any) -> None:  # the nine operands, then the stream
-            with stream_context(device, tensors[-1]):
+            with launch_stream(device, tensors[-1]):
                 _backward(scalars, *tensors[:-1])
 
         launch.__name__ = f"launch_{self.metadata.kernel_name}"
