@@ -191,3 +191,30 @@ def test_sm90_unary_math_at_f32_over_the_whole_range(op):
     err = (z.double() - want).abs()
     bad = err > torch.maximum(1e-4 * want.abs(), torch.full_like(want, 1e-30))
     assert not bad.any(), f"{op}: {int(bad.sum())} elements off, worst at x={C[bad][:4].tolist()}"
+
+
+def test_gradcheck_of_an_epilogue_affine_in_the_accumulator_without_its_recompute(monkeypatch):
+    """A residual-and-bias epilogue's backward skips recomputing the accumulator
+    (`needs_accumulator`): gradcheck in float64 through the fused kernel, and no GEMM of A by B
+    in the backward."""
+    from kernel_api.ops import dispatch
+    g = torch.Generator(device="cuda").manual_seed(4)
+
+    def leaf(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float64, generator=g).requires_grad_()
+
+    A, B, C, bias = leaf(9, 7), leaf(7, 5), leaf(9, 5), leaf(5)
+    src = "def epi(accum, C, bias):\n    D = 0.5 * accum + bias + C\n    return D"
+
+    def f(A, B, C, bias):
+        return kernel_api.ops.gemm(A, B, epilogue=src, C=C, bias=bias)
+
+    assert torch.autograd.gradcheck(f, (A, B, C, bias))
+    shapes, gemm = [], dispatch.gemm
+
+    def counted(X, Y, *args, **kwargs):
+        shapes.append((tuple(X.shape), tuple(Y.shape)))
+        return gemm(X, Y, *args, **kwargs)
+    monkeypatch.setattr(dispatch, "gemm", counted)
+    f(A, B, C, bias).sum().backward()
+    assert ((9, 7), (7, 5)) not in shapes and len(shapes) == 2, shapes

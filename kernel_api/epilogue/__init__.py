@@ -5,10 +5,12 @@ IR into kernels live with the kernels (``providers/cutedsl/gemm/implementations/
 ``parse(fn_or_source)`` gives an `EpilogueGraph`; ``bind(graph, values, out, L, M, N)`` a
 `BoundEpilogue` (its ``key`` is what a compiled kernel depends on: the structure, never the
 scalar values); ``evaluate`` runs a graph with torch in float64; errors are `EpilogueError`,
-one line naming the node and its line.
+one line naming the node and its line; ``needs_accumulator`` whether a backward must recompute
+the accumulator.
 """
 
 from .binding import BoundEpilogue, OperandKey, bind
+from .derivative import needs_accumulator
 from .errors import EpilogueError
 from .frontend import FUNCTIONS, parse, parse_cached, source_of
 from .ir import BINARY_OPS, REDUCE_OPS, UNARY_OPS, EpilogueGraph, Node
@@ -16,4 +18,5 @@ from .named import named_graph
 from .reference import evaluate
 
 __all__ = ["BINARY_OPS", "BoundEpilogue", "EpilogueError", "EpilogueGraph", "FUNCTIONS", "Node", "OperandKey",
-           "REDUCE_OPS", "UNARY_OPS", "bind", "evaluate", "named_graph", "parse", "parse_cached", "source_of"]
+           "REDUCE_OPS", "UNARY_OPS", "bind", "evaluate", "named_graph", "needs_accumulator", "parse", "parse_cached",
+           "source_of"]

@@ -82,18 +82,22 @@ def _setup(ctx: Any, inputs: tuple, output: Any) -> None:
 
 def _backward(ctx: Any, grads: list) -> tuple:
     """Recompute the accumulator (a GEMM through the registry, in f32, or f64 for f64
-    operands), differentiate the epilogue with torch (`kernel_api.epilogue.evaluate`) for the
-    gradients of the accumulator and the tensor operands, then two GEMMs for A and B.
-    Reductions are not differentiated."""
-    from ..epilogue import evaluate, parse_cached
+    operands) where the gradients depend on its value (`kernel_api.epilogue.needs_accumulator`;
+    an epilogue affine in it, such as a residual or bias add, skips it), differentiate the
+    epilogue with torch (`kernel_api.epilogue.evaluate`) for the gradients of the accumulator
+    and the tensor operands, then two GEMMs for A and B. Reductions are not differentiated."""
+    from ..epilogue import evaluate, needs_accumulator, parse_cached
 
     A, B, *tensors = ctx.saved_tensors
     graph = parse_cached(ctx.source)
     extra = _extra_outputs(graph)
     math = torch.float64 if A.dtype == torch.float64 else torch.float32
-    acc = dispatch.gemm(A.detach(), B.detach(), out=A.new_empty((*A.shape[:-1], B.shape[-1]), dtype=math))
+    shape = (*A.shape[:-1], B.shape[-1])
     with torch.enable_grad():
-        acc = acc.requires_grad_(True)
+        if needs_accumulator(graph, [n for n, t in zip(ctx.names, tensors) if t.requires_grad]):
+            acc = dispatch.gemm(A.detach(), B.detach(), out=A.new_empty(shape, dtype=math)).requires_grad_(True)
+        else:  # (any value gives the same gradients: a zero, broadcast, in no memory)
+            acc = A.new_zeros((), dtype=math).requires_grad_(True).expand(shape)
         operands = {n: t.detach().to(math).requires_grad_(t.requires_grad) for n, t in zip(ctx.names, tensors)}
         operands.update(ctx.scalars)
         values = evaluate(graph, acc, operands, dtype=math)
