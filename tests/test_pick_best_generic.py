@@ -355,7 +355,11 @@ def test_record_shapes_hold_every_size_of_the_problem_key():
         k = torch.empty(2, seqlen_k, 2, 16, device="meta")
         return AttentionArguments(q, k, torch.empty_like(k), torch.empty_like(q))
 
-    assert operation_key(attention(11))[1] != operation_key(attention(12))[1]
+    # key lengths up to the query length exactly, longer ones by their power-of-two bucket (the
+    # front door's key: a growing KV cache keeps its record)
+    assert operation_key(attention(5))[1] != operation_key(attention(6))[1]
+    assert operation_key(attention(11))[1] != operation_key(attention(20))[1]
+    assert operation_key(attention(11))[1] == operation_key(attention(16))[1]
     x = torch.empty(100, 4096, device="meta")
     assert pow2_m(kernel_api.SoftmaxArguments(x, torch.empty_like(x))) == "pow2_m rows=65..128 cols=4096"
 
