@@ -3,6 +3,7 @@ kernel_api.nn.patch, torch.compile, and torch.compile of the patched model, in o
 
     python3 benchmarks/e2e_llama.py [--quick] [--model 8b,small] [--configs eager,patched,...]
                                     [--phases prefill,train] [--layers 4] [--tag TAG] [--budget-s S]
+                                    [--without flash_attn]
     python3 benchmarks/e2e_llama.py --smoke      # control flow only: a tiny Llama on the CPU
 
 Models (LlamaConfig, GQA, SwiGLU MLP, RMSNorm, RoPE, untied lm_head):
@@ -39,7 +40,8 @@ Attention candidates: kernel_api's plugins load through their entry points, so F
 serves the patched model's attention when the kernel-api-flash-attn plugin is installed
 (``pip install --no-deps --no-build-isolation -e examples/plugins/kernel-api-flash-attn``); the
 run records the providers present, the plugins that failed to load, and each patched
-configuration's chosen attention kernels.
+configuration's chosen attention kernels; ``--without flash_attn`` leaves the plugin out (the torch
+provider's attention then serves).
 
 Prints a table (model, phase, configuration: ms, tokens/s, ratios against eager and against
 torch.compile, peak memory and its ratios) and the targets (`TARGETS`), met or not. Writes
@@ -247,7 +249,7 @@ def phase_train(run, raw, ctx, ref):
 
 
 PHASE_FNS = {"prefill": phase_prefill, "train": phase_train}
-_SMOKE_SCOPE: list = []
+_SCOPES: list = []  # settings entered for the whole process
 
 
 # ---------------------------------------------------------------- report
@@ -343,6 +345,8 @@ def parse_args(argv=None):
                    "default auto)")
     p.add_argument("--profile", action="store_true", help="after timing, print torch.profiler's table of the "
                    "GPU kernels of two more steps (CUDA only)")
+    p.add_argument("--without", default="", help="comma-separated providers left out of kernel_api's candidates "
+                   "(e.g. flash_attn: the torch provider's attention kernels serve instead of FlashAttention-4's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
     p.add_argument("--budget-s", type=float, default=0, help="skip (and report as skipped) what has not started "
@@ -374,8 +378,8 @@ def main(argv=None) -> int:
     if opts.smoke:
         from kernel_api.ops import dispatch
         dispatch.LAUNCH_DEVICE_TYPES = frozenset({"cuda", "cpu"})
-        _SMOKE_SCOPE.append(kernel_api.settings(providers="torch"))
-        _SMOKE_SCOPE[0].__enter__()  # (held to the end of the process)
+        _SCOPES.append(kernel_api.settings(providers="torch"))
+        _SCOPES[-1].__enter__()  # (held to the end of the process)
         device, dtype, backend, device_name = torch.device("cpu"), torch.float32, "eager", "cpu-smoke"
         # (the projections stay torch's: the front door's replay of a recorded GEMM asks for the
         # current CUDA device)
@@ -397,7 +401,13 @@ def main(argv=None) -> int:
                compile_lowering=opts.compile_lowering,
                batch=opts.batch, seq=opts.seq, models={})
     providers = kernel_api.available_providers()
-    env.update(providers=providers, plugin_errors=kernel_api.plugin_errors(), fa4="flash_attn" in providers)
+    without = [name.strip() for name in opts.without.split(",") if name.strip()]
+    if without and not opts.smoke:
+        providers = [name for name in providers if name not in without]
+        _SCOPES.append(kernel_api.settings(providers=providers))
+        _SCOPES[-1].__enter__()  # (held to the end of the process)
+    env.update(providers=providers, without=without, plugin_errors=kernel_api.plugin_errors(),
+               fa4="flash_attn" in providers)
     log(f"e2e_llama: providers {providers}; FlashAttention-4 "
         + ("loaded (the flash_attn plugin)" if env["fa4"] else
            f"not loaded ({env['plugin_errors'].get('flash_attn', 'its plugin is not installed')})"))
