@@ -2,8 +2,8 @@
 (``cuda.bindings.driver``, which torch's CUDA support imports already).
 
 A `CudaLauncher` is what a cuda_src `CompiledArtifact` holds. It loads the cubin once per
-process as a context-independent library (``cuLibraryLoadData``; one load serves every
-device), reads the kernel's per-device limits once per device, and keeps per-launch work to a
+process as a context-independent library (``cuLibraryLoadData``; one load serves every device
+and every kernel of the cubin), reads the kernel's per-device limits once per device, and keeps per-launch work to a
 few dictionary look-ups, one parameter pack (`kernel_api.nvrtc.kernel_params`) and
 ``cuLaunchKernel``: a configuration is checked against the device's limits the first time it
 is seen.
@@ -86,6 +86,19 @@ class _DeviceLimits:
         self.smem_reserved = attr(A.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)
 
 
+_library_lock = threading.Lock()
+
+
+def _library(compiled: CompiledCuda) -> Any:
+    """The ``CUlibrary`` of ``compiled``'s cubin, loaded once per compile: the launchers of its
+    kernels (a family's companion kernels, the line copies' instances) share it."""
+    with _library_lock:
+        if compiled._loaded is None:
+            compiled._loaded = _check(_driver().cuLibraryLoadData(compiled.cubin, [], [], 0, [], [], 0),
+                                      "cuLibraryLoadData")
+        return compiled._loaded
+
+
 class LoadedKernel(NamedTuple):
     """A kernel of a loaded cubin: ``handle`` the driver's ``CUkernel`` (``int(handle)`` is what
     `kernel_api.native.cuda_launch` takes), ``library`` the ``CUlibrary`` holding it."""
@@ -161,8 +174,7 @@ class CudaLauncher:
             symbol = self.compiled.symbols.get(self.name_expression, self.name_expression)
             try:
                 drv = _driver()
-                library = _check(drv.cuLibraryLoadData(self.compiled.cubin, [], [], 0, [], [], 0),
-                                 "cuLibraryLoadData")
+                library = _library(self.compiled)
                 handle = _check(drv.cuLibraryGetKernel(library, symbol.encode()), f"cuLibraryGetKernel({symbol})")
             except Exception as exc:
                 raise KernelLaunchError(
