@@ -401,3 +401,25 @@ def test_compiled_forced_kernel_api_small_rows_take_the_named_epilogue(calls):
     assert not any("gemm_epilogue" in t for t in targets)
     assert sum("kernel_api.gemm" in t for t in targets) == 4 * 2 + 1
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3"])
+def test_the_other_llama_family_decoder_layers_fuse_and_match(calls, family):
+    config_name, model_name = {"mistral": ("MistralConfig", "MistralForCausalLM"),
+                               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[family]
+    sizes = dict(vocab_size=97, hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64)
+    if family == "qwen3":
+        sizes["head_dim"] = 16
+    config = getattr(transformers, config_name)(**sizes)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    ref = getattr(transformers, model_name)(config).eval()
+    model = _patch(copy.deepcopy(ref))
+    assert all(isinstance(layer, blocks.ResidualBlock) for layer in model.model.layers)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    assert calls.count("named") == 2 * 2
+    unpatch(model)
