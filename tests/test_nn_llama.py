@@ -122,11 +122,11 @@ def test_patch_on_meta_replaces_the_known_layers_and_unpatch_restores_them(famil
             assert isinstance(getattr(layer, norm), RMSNorm)
             assert isinstance(getattr(layer, norm), type(modules[f"model.layers.{i}.{norm}"]))
         assert isinstance(layer.mlp, SwiGLUMLP) and type(layer.mlp).__name__.startswith("KernelApi")
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            assert type(getattr(layer.mlp, proj)) is Linear
+        for proj in ("gate_proj", "up_proj", "down_proj"):  # (up and down: with an epilogue fused in)
+            assert isinstance(getattr(layer.mlp, proj), Linear)
             assert getattr(modules[f"model.layers.{i}.mlp"], proj) is modules[f"model.layers.{i}.mlp.{proj}"]
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            assert type(getattr(layer.self_attn, proj)) is Linear
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):  # (o_proj: with the residual add fused in)
+            assert isinstance(getattr(layer.self_attn, proj), Linear)
         if family == "qwen3":
             assert isinstance(layer.self_attn.q_norm, RMSNorm) and isinstance(layer.self_attn.k_norm, RMSNorm)
     assert isinstance(model.model.norm, RMSNorm) and type(model.lm_head) is Linear
