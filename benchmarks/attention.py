@@ -12,7 +12,11 @@ takes its natural (batch, heads, seqlen, head_dim) tensors; kernel_api and FA4 F
 wanted, then ``torch.autograd.grad`` of q, k and v for a fixed output gradient, in the calling
 thread (so ``kernel_api.settings`` scopes the backward's choice too).
 
-    python3 benchmarks/attention.py [--quick] [--repeat N] [--no-kernels] [--tag TAG]
+    python3 benchmarks/attention.py [--quick] [--repeat N] [--no-kernels] [--tag TAG] [--cases issue,llama]
+
+Cases: ``issue`` (default), the model-operations issue's shapes (multi-head); ``llama``, a
+Llama-3-8B layer's attention (b4, 32 query heads over 8 KV heads, s2048, d128, causal: GQA,
+SDPA with ``enable_gqa``).
 
 Each case then times every forward kernel that writes the log-sum-exp and every backward kernel
 on its own (bound `Kernel.run` calls; ``--no-kernels`` skips it): the numbers PickAny's speeds
@@ -44,8 +48,28 @@ from kernel_api import ops  # noqa: E402
 
 #: Operand bytes rotated through per case: past the H200's L2 several times over.
 ROTATE_BYTES = 256 << 20
-#: The issue's shapes: (batch, heads, seqlen, head_dim, causal)
-CASES = [(4, 32, 4096, 128, True), (16, 16, 1024, 64, True), (4, 32, 4096, 128, False)]
+
+
+class Case(NamedTuple):
+    """One attention problem: q has ``heads`` heads, k and v ``heads_kv`` (GQA when fewer)."""
+
+    batch: int
+    heads: int
+    heads_kv: int
+    seqlen: int
+    head_dim: int
+    causal: bool
+
+    @property
+    def label(self) -> str:
+        heads = f"h{self.heads}" if self.heads_kv == self.heads else f"h{self.heads}/{self.heads_kv}"
+        return f"b{self.batch} {heads} s{self.seqlen} d{self.head_dim} {'causal' if self.causal else 'full'}"
+
+
+#: The issue's shapes, and a Llama-3-8B layer's attention (GQA).
+CASES = {"issue": [Case(4, 32, 32, 4096, 128, True), Case(16, 16, 16, 1024, 64, True),
+                   Case(4, 32, 32, 4096, 128, False)],
+         "llama": [Case(4, 32, 8, 2048, 128, True)]}
 #: The backward's FLOPs against the forward's (five matmuls against two).
 BACKWARD_FLOPS = 2.5
 
@@ -73,11 +97,12 @@ def _fa4_func() -> Callable | None:
 
 def _sdpa(backend: Any) -> Callable:
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        gqa = q.shape[1] != k.shape[1]
         if backend is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         from torch.nn.attention import sdpa_kernel
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     return run
 
 
@@ -114,12 +139,16 @@ def contestants(fa4_provider: str | None) -> dict[str, Contestant]:
     return found
 
 
-def _sets(b: int, h: int, s: int, d: int, layout: str, count: int, grad: bool) -> list[tuple]:
-    shape = (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
+def _sets(case: Case, layout: str, count: int, grad: bool) -> list[tuple]:
+    def shape(heads: int) -> tuple:
+        b, s, d = case.batch, case.seqlen, case.head_dim
+        return (b, heads, s, d) if layout == "bhsd" else (b, s, heads, d)
+
     g = torch.Generator(device="cuda").manual_seed(0)
     made = []
     for _ in range(count):
-        q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        q, k, v, do = (torch.randn(shape(heads), device="cuda", dtype=torch.bfloat16, generator=g)
+                       for heads in (case.heads, case.heads_kv, case.heads_kv, case.heads))
         made.append((q.requires_grad_(grad), k.requires_grad_(grad), v.requires_grad_(grad), do))
     return made
 
@@ -158,15 +187,15 @@ def _choices() -> list[str]:
                    if issubclass(kernel.supported_args_type, (AttentionArguments, AttentionBackwardArguments))})
 
 
-def run_case(case: tuple, names: dict, repeat: int) -> list[dict]:
-    b, h, s, d, causal = case
-    label = f"b{b} h{h} s{s} d{d} {'causal' if causal else 'full'}"
-    per_set = 4 * b * h * s * d * 2
+def run_case(case: Case, names: dict, repeat: int) -> list[dict]:
+    b, h, s, d, causal = case.batch, case.heads, case.seqlen, case.head_dim, case.causal
+    label = case.label
+    per_set = 2 * b * (h + case.heads_kv) * s * d * 2
     count = max(2, math.ceil(ROTATE_BYTES / per_set))
     rows = []
     for backward in (False, True):
         ops.clear_dispatch_cache()
-        sets = {layout: _sets(b, h, s, d, layout, count, backward) for layout in ("bhsd", "bshd")}
+        sets = {layout: _sets(case, layout, count, backward) for layout in ("bhsd", "bshd")}
         fns = {}
         for name, contestant in names.items():  # first calls: choices, FA4's compiles
             fn = _launcher(contestant, sets[contestant.layout], causal, backward)
@@ -196,15 +225,15 @@ def run_case(case: tuple, names: dict, repeat: int) -> list[dict]:
     return rows
 
 
-def kernel_times(case: tuple, repeat: int) -> list[dict]:
+def kernel_times(case: Case, repeat: int) -> list[dict]:
     """Every forward kernel that writes the log-sum-exp and every backward kernel on their own
     (a bound `Kernel.run` each: no op, no autograd), the materialised ``math`` ones left out:
     what PickAny's speeds are set from."""
     from kernel_api.arguments import AttentionArguments, AttentionBackwardArguments
-    b, h, s, d, causal = case
-    label = f"b{b} h{h} s{s} d{d} {'causal' if causal else 'full'}"
-    count = max(2, math.ceil(ROTATE_BYTES / (8 * b * h * s * d * 2)))
-    sets = _sets(b, h, s, d, "bshd", count, False)
+    b, h, s, d, causal = case.batch, case.heads, case.seqlen, case.head_dim, case.causal
+    label = case.label
+    count = max(2, math.ceil(ROTATE_BYTES / (4 * b * (h + case.heads_kv) * s * d * 2)))
+    sets = _sets(case, "bshd", count, False)
     rows = []
     forward = [AttentionArguments(q, k, v, torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32),
                                   causal=causal) for q, k, v, _ in sets]
@@ -241,13 +270,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="timed launches per contestant")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     parser.add_argument("--no-kernels", action="store_true", help="skip timing each kernel on its own")
+    parser.add_argument("--cases", default="issue", help=f"comma-separated case groups of {sorted(CASES)} "
+                        "(default: issue)")
     opts = parser.parse_args()
+    groups = [g.strip() for g in opts.cases.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in CASES]
+    if unknown or not groups:
+        parser.error(f"--cases: unknown {unknown or 'empty list'}; choose from {sorted(CASES)}")
     repeat = opts.repeat or (10 if opts.quick else 30)
     names = contestants(_flash_attn_plugin())
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; contestants {list(names)}", flush=True)
     rows = []
     name = results_io.result_name("attention", torch.cuda.get_device_name(), opts.tag)
-    for case in CASES:  # (the JSON is rewritten after each case: a run cut short keeps what it measured)
+    for case in [c for g in groups for c in CASES[g]]:  # (the JSON is rewritten after each case)
         rows.extend(run_case(case, names, repeat))
         if not opts.no_kernels:
             rows.extend(kernel_times(case, repeat))
