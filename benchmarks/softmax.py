@@ -396,6 +396,20 @@ def _public_row(e: dict) -> str:
             f"{e['x_torch']:5.2f}x{wrapped} | {', '.join(e.get('kernels', []))}")
 
 
+def _public_table(entries: list[dict]) -> str:
+    """One line per dtype and shape: x torch of the forward, the backward and the autograd step
+    (``torch.autograd.grad`` through ``ops.softmax`` against through ``torch.softmax``)."""
+    rows: dict[tuple, dict] = {}
+    for e in entries:
+        rows.setdefault((e["dtype"], e["shape"][0], e["shape"][1]), {})[e["op"]] = e
+    lines = ["x torch per op (torch's time / ours; >= 1.00 is the target)",
+             f"{'dtype':9s} {'shape':>13s} | {'forward':>7s} | {'backward':>8s} | {'autograd step':>13s}"]
+    for (dtype, r, c), ops in rows.items():
+        cells = [f"{ops[op]['x_torch']:.2f}x" if "x_torch" in ops.get(op, {}) else "error" for op in PUBLIC_OPS]
+        lines.append(f"{dtype:9s} {f'{r}x{c}':>13s} | {cells[0]:>7s} | {cells[1]:>8s} | {cells[2]:>13s}")
+    return "\n".join(lines)
+
+
 def summarise(entry: dict, copy_tbs: float) -> None:
     """TB/s, ratios, PickBest's winner (fastest verified) and PickAny's choice."""
     tb = lambda ms: entry["bytes"] / (ms * 1e-3) / 1e12  # noqa: E731
@@ -628,6 +642,7 @@ def main() -> None:
                                               f"{e['x_torch']:.2f}x (x wrapped {e.get('x_wrapped', 0):.2f})"
                                               for e in behind) if behind else ""))
             print("(x wrapped: torch's call behind one Python function, the floor of a Python front door)")
+            print(_public_table(report["public"]))
             print(f"wrote {path}")
             return
     report["results"] = []

@@ -101,6 +101,33 @@ def _torch_softmax_kernel(backward: bool = False):
     return next(k for k in cls.generate_kernels(None) if k.metadata.kernel_name.endswith("_f32"))
 
 
+class _Chosen:
+    """A stand-in for the kernel a Python path chose: its `_launcher` is the one given."""
+
+    def __init__(self, launcher: Launcher):
+        self.launcher = launcher
+
+    def _launcher(self, args, artifact):
+        return self.launcher
+
+
+def _record(op: int, launcher: Launcher, args, call: tuple, made=None) -> None:
+    """Record ``launcher``'s launch of ``args`` for calls keyed as ``call``, as a front door's
+    Python path does after its launch (`dispatch.record_replay`)."""
+    assert ops.record_replay(op, _Chosen(launcher), None, args, call, made)
+
+
+def _made_variants(op: int, launcher: Launcher, make_args, call: tuple, like: torch.Tensor) -> None:
+    """Record a launch whose output the replay makes, for every pointer alignment from 16 to 1024
+    bytes (the CPU allocator's addresses vary; the caching allocator's are 512-aligned)."""
+    room = torch.empty(like.numel() + 1024 // like.element_size(), dtype=like.dtype)
+    for low in (16, 32, 64, 128, 256, 512, 1024):
+        offset = (low - (room.data_ptr() & 1023)) % 1024 // like.element_size()
+        made = room[offset:offset + like.numel()].view(like.shape)
+        assert native.recipes.alignment(made.data_ptr()) == low
+        _record(op, launcher, make_args(made), call, made)
+
+
 def test_the_torch_providers_softmax_is_replayed_from_c(entry):
     """A softmax choice of the torch provider offers a launcher with a torch call; once recorded
     (as the front door records it after a call's Python path), repeated ops.softmax calls,
@@ -111,12 +138,13 @@ def test_the_torch_providers_softmax_is_replayed_from_c(entry):
     args = SoftmaxArguments(x, y)
     launcher = kernel._launcher(args, CompiledArtifact(None, kernel))
     assert launcher is not None and launcher.torch_call is not None and not launcher.ffi
-    ops._record_torch_call(launcher, current().policy, (x, y), ops._SOFTMAX_TAG, True)
+    _record(ops.SOFTMAX_OP, launcher, args, (x, -1, None, None), made=y)
+    _record(ops.SOFTMAX_OP, launcher, args, (x, -1, y, None))
     want = torch.softmax(x, -1)
     with Frames() as frames:
         got = ops.softmax(x)
         again = ops.softmax(x, out=y)
-    assert torch.allclose(got, want) and again is y and torch.allclose(y, want)
+    assert torch.allclose(got, want) and got is not y and again is y and torch.allclose(y, want)
     assert frames.of("kernel_api.ops.dispatch") == ["kernel_api.ops.dispatch.softmax"] * 2, frames.entered
     assert not frames.of("kernel_api.kernel") and not frames.of("kernel_api.arguments.softmax")
 
@@ -125,9 +153,11 @@ def test_the_torch_providers_softmax_backward_is_replayed_from_c(entry):
     g, y = torch.randn(5, 9), torch.softmax(torch.randn(5, 9), -1)
     grad_in = torch.empty(5, 9)
     kernel = _torch_softmax_kernel(backward=True)
-    launcher = kernel._launcher(SoftmaxBackwardArguments(g, y, grad_in), CompiledArtifact(None, kernel))
+    args = SoftmaxBackwardArguments(g, y, grad_in)
+    launcher = kernel._launcher(args, CompiledArtifact(None, kernel))
     assert launcher is not None and launcher.torch_call is not None
-    ops._record_torch_call(launcher, current().policy, (g, y, grad_in), ops._SOFTMAX_BACKWARD_TAG, True)
+    _record(ops.SOFTMAX_BACKWARD_OP, launcher, args, (g, y, -1, None, None), made=grad_in)
+    _record(ops.SOFTMAX_BACKWARD_OP, launcher, args, (g, y, -1, grad_in, None))
     want = y * (g - (g * y).sum(-1, keepdim=True))
     version = grad_in._version
     with Frames() as frames:
@@ -139,41 +169,37 @@ def test_the_torch_providers_softmax_backward_is_replayed_from_c(entry):
 
 
 def test_allocating_calls_of_a_table_kernel_make_their_output_in_c(entry):
-    """For a kernel in the launch table, an allocating call's output is made from C by the maker
-    recorded with the entry (what the Python path made it with), then launched into: no frame
-    of the front door's dispatch. Other metadata, or an input that requires grad, declines."""
+    """For a kernel of ours (a TVM-FFI function), an allocating call's output is made in C as the
+    recipe says (dense, like the input), then launched into: no frame of the front door's
+    dispatch. Other metadata, an input that requires grad, another policy decline."""
     x = torch.randn(6, 10)
-    made = torch.empty(6, 10)  # (the stand-in maker's output: its pointer alignment is the key's)
-    fn = Recorder((made,))
-    ops._record_native(Launcher(fn.function), current().policy, (x, made), ops._SOFTMAX_TAG,
-                       maker=(lambda t: made, 1))
-    assert entry.makers() == 1
+    fn = Recorder()
+    _made_variants(ops.SOFTMAX_OP, Launcher(fn.function), lambda made: SoftmaxArguments(x, made), (x, -1, None, None),
+                   x)
     with Frames() as frames:
         got = ops.softmax(x)
-    assert got is made and fn.calls[-1][:2] == (seen(x), seen(made)) and torch.all(made == 0.5)
+    assert got.shape == x.shape and got.is_contiguous() and fn.calls[-1][:2] == (seen(x), seen(got))
     assert frames.of("kernel_api.ops.dispatch") == ["kernel_api.ops.dispatch.softmax"], frames.entered
-    assert entry.call(ops._SOFTMAX_TAG, None, None, torch.randn(6, 11)) is None  # another shape: no maker
-    assert entry.call(ops._SOFTMAX_TAG, None, None, x.clone().requires_grad_()) is None  # autograd: Python
+    assert entry.replay(ops.SOFTMAX_OP, torch.randn(6, 11), -1, None, None) is None  # another shape
+    assert entry.replay(ops.SOFTMAX_OP, x.clone().requires_grad_(), -1, None, None) is None  # autograd
     with kernel_api.settings(policy=kernel_api.PickAny()):
-        assert ops.softmax is not None and entry.call(ops._SOFTMAX_TAG, None, None, x) is None  # another policy
+        assert entry.replay(ops.SOFTMAX_OP, x, -1, None, None) is None  # another policy
     assert len(fn.calls) == 1
     ops.clear_dispatch_cache()
-    assert entry.makers() == 0 and entry.call(ops._SOFTMAX_TAG, None, None, x) is None
+    assert entry.replays() == 0 and entry.replay(ops.SOFTMAX_OP, x, -1, None, None) is None
 
 
-def test_call_declines_quietly_and_bumps_a_given_outputs_version(entry):
+def test_a_replay_declines_quietly_and_bumps_a_given_outputs_version(entry):
     x, y = torch.randn(4, 8), torch.empty(4, 8)
     fn = Recorder((y,))
-    ops._record_native(Launcher(fn.function), current().policy, (x, y), ops._SOFTMAX_TAG)
+    _record(ops.SOFTMAX_OP, Launcher(fn.function), SoftmaxArguments(x, y), (x, -1, y, None))
     version = y._version
-    assert entry.call(ops._SOFTMAX_TAG, None, y, x) is y and y._version > version
-    assert entry.call(ops._SOFTMAX_TAG, 5, y, x) is y and fn.calls[-1][-1].value == 5  # a raw handle, as a CUstream
-    for bad in ((ops._SOFTMAX_TAG, None, y, "x"), (ops._SOFTMAX_TAG, None, "y", x),
-                (ops._SOFTMAX_TAG, None, x[:, :8], x)):  # not tensors; an output that overlaps
-        assert entry.call(*bad) is None
-    with pytest.raises(TypeError, match=r"call\(tag, stream, out, \*inputs\)"):
-        entry.call(ops._SOFTMAX_TAG, None, y)
-    assert len(fn.calls) == 2
+    assert entry.replay(ops.SOFTMAX_OP, x, -1, y, None) is y and y._version > version
+    for bad in ((x, -1, y, 5), (x, -1, "y", None), ("x", -1, y, None), (x, -1, x, None)):  # a stream given;
+        assert entry.replay(ops.SOFTMAX_OP, *bad) is None  # not tensors; an output that overlaps
+    with pytest.raises(TypeError, match=r"replay\(op, \*args\)"):
+        entry.replay()
+    assert len(fn.calls) == 1
 
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -234,72 +260,54 @@ def test_the_native_cuda_launch_checks_what_it_is_given():
 
 def test_a_gemm_with_a_bias_of_our_kernel_is_replayed_from_c(entry):
     """A GEMM with a row bias launched by a TVM-FFI function of ours (the bias among its launcher's
-    constants) is recorded in the launch table with the bias as an operand, in the function's
-    argument order; gemm_plain then replays repeated calls with each call's own bias, allocating
-    ones into the output it makes, without the front door's Python frames."""
+    constants) is recorded with the bias taken from the call's arguments, in the function's
+    argument order; repeated calls are replayed with each call's own bias, without the front
+    door's Python frames. Another activation is another key."""
     A, B, bias = torch.randn(16, 8), torch.randn(8, 4), torch.randn(4)
     made = torch.empty(16, 4)
     fn = Recorder((made,))
-    launcher = Launcher(fn.function, (None, bias, 1.0, 0.0))  # a CuTe DSL GEMM's tail: C, bias, alpha, beta
-    entry_ = ops._epilogue_entry(launcher, bias, -1, current().policy, (0, 0, 0))
-    tag = ops._GEMM_TAG | 1 << ops._EPILOGUE_SHIFT
-    ops._record_native_epilogue(entry_, current().policy, (A, B, bias, made), tag)
+    args = kernel_api.GemmArguments(A, B, made, epilogue=kernel_api.arguments.EpilogueArguments(bias=bias))
+    launcher = Launcher(fn.function, (None, args.epilogue.bias, 1.0, 0.0))  # a CuTe DSL GEMM's tail: C, bias, alpha, beta
+    _record(ops.GEMM_OP, launcher, args, (A, B, made, 1.0, 0.0, None, bias, None, None, None))
     other = aligned_like(bias)  # another bias of the same metadata: the call's own is passed
     with Frames() as frames:
         out = ops.gemm(A, B, out=made, bias=other)
     assert out is made and fn.calls[-1] == (seen(A), seen(B), seen(made), None, seen(other), 1.0, 0.0, None)
     assert frames.of("kernel_api.ops.dispatch") == ["kernel_api.ops.dispatch.gemm"], frames.entered
-    gelu = entry.gemm_plain(ops._GEMM_TAG, A, B, made, 1.0, 0.0, None, other, "gelu", None, None)
-    assert gelu is None and len(fn.calls) == 1  # another activation: another entry (none)
-    # an allocating call: C makes the dense output the caching allocator would, if the table has
-    # an entry for one (the stand-in's output here is dense, its pointer's low bits what they are).
-    # On the CPU the output C makes lands at whatever address malloc gives, so it may fall in
-    # another alignment class than the recorded one: then C declines (None), never a wrong launch.
-    low = made.data_ptr() & 1023
-    if low in (0, 512):
-        served = entry.gemm_plain(ops._GEMM_TAG, A, B, None, 1.0, 0.0, None, other, None, None, None)
-        assert (served is None and len(fn.calls) == 1) or (served is not None and len(fn.calls) == 2)
+    gelu = entry.replay(ops.GEMM_OP, A, B, made, 1.0, 0.0, None, other, "gelu", None, None)
+    assert gelu is None and len(fn.calls) == 1  # another activation: another key (none)
 
 
-def test_a_patched_linear_replays_its_gemm_from_c(entry):
-    """kernel_api.nn.Linear's forward of a 2-D input with recorded metadata calls gemm_plain
-    itself, with the weight's transposed view kept on the layer: no _project, no ops.gemm
-    frame, no new view per call; a weight given new memory is viewed anew."""
-    from kernel_api.providers.torch_ops.kernels import TorchGemm
+def test_a_patched_linear_replays_its_forward_from_c(cpu_ops, entry, monkeypatch):
+    """kernel_api.nn.Linear's repeated forward (cuBLAS serving it: the torch provider here) is one
+    C call with the weight's transposed view kept on the layer: no _project, no ops.gemm frame,
+    no new view per call; a weight given new memory or changed in place is viewed anew."""
+    from kernel_api.nn import linear as nn_linear
 
+    monkeypatch.setattr(nn_linear, "_check_device", lambda layer, x: None)
     layer = kernel_api.nn.Linear(8, 4)
     x = torch.randn(16, 8)
-    with torch.no_grad():
-        out = torch.empty(16, 4)
-        args = kernel_api.GemmArguments(x, layer.weight.t(), out,
-                                        epilogue=kernel_api.arguments.EpilogueArguments(bias=layer.bias))
-        kernel = next(k for k in TorchGemm.generate_kernels(None) if k.metadata.kernel_name == "TorchGemm_f32_tnt")
-        launcher = kernel._launcher(args, CompiledArtifact(None, kernel))
-        ops._record_torch_call(launcher, current().policy, (x, layer.weight.t(), layer.bias, out),
-                               ops._GEMM_TAG | 1 << ops._EPILOGUE_SHIFT, True)
-        layer(x)  # keeps the weight's view
+    with torch.no_grad(), kernel_api.settings(providers=["torch"]):
+        layer(x)  # the Python path: records the GEMM's recipe and the layer's
         with Frames() as frames:
             y = layer(x)
         assert torch.allclose(y, torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-6)
         assert not frames.of("kernel_api.ops.dispatch"), frames.entered
-        entered = [name.rsplit(".", 1)[-1] for name in frames.of("kernel_api.nn.linear")]
-        assert "_project" not in entered and entered.count("forward") == 1
-        from kernel_api.nn.linear import _weight_t
-
-        kept = _weight_t(layer, layer.weight)
-        assert _weight_t(layer, layer.weight) is kept  # the same view while the weight stays
+        assert frames.of("kernel_api.nn.linear") == ["kernel_api.nn.linear.Linear.forward"], frames.entered
+        kept = nn_linear._weight_t(layer, layer.weight)
+        assert nn_linear._weight_t(layer, layer.weight) is kept  # the same view while the weight stays
         layer.weight.data = torch.randn(4, 8)  # new memory: the kept view would be stale
-        assert _weight_t(layer, layer.weight).data_ptr() == layer.weight.data_ptr()
-        kept = _weight_t(layer, layer.weight)
+        assert nn_linear._weight_t(layer, layer.weight).data_ptr() == layer.weight.data_ptr()
+        assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-6)
+        kept = nn_linear._weight_t(layer, layer.weight)
         layer.weight.add_(1.0)  # changed in place (a new version): viewed anew, as a resize_ would need
-        assert _weight_t(layer, layer.weight) is not kept
+        assert nn_linear._weight_t(layer, layer.weight) is not kept
 
 
 def test_outputs_made_in_c_come_from_torchs_allocator_without_a_python_call(entry, monkeypatch):
-    """An allocating call's output made in C (softmax's "dense, like the first input" maker,
-    gemm_plain's (*A.shape[:-1], N)) comes from torch's allocator through the DLPack exchange
-    API: no Python-level call such as new_empty (whose argument parsing costs as much host time
-    as the rest of a replayed call), and the tensor the Python path would make."""
+    """An allocating call's output made in C comes from torch's allocator through the DLPack
+    exchange API: no Python-level call such as new_empty (whose argument parsing costs as much
+    host time as the rest of a replayed call), and the tensor the Python path would make."""
     made = []
     new_empty = torch.Tensor.new_empty
 
@@ -309,12 +317,9 @@ def test_outputs_made_in_c_come_from_torchs_allocator_without_a_python_call(entr
 
     x, A, B = torch.randn(6, 10), torch.randn(16, 8), torch.randn(8, 4)
     fn = Recorder()
-    room = torch.empty(64 + 256)
-    for offset in range(256):  # entries for outputs at every 4-byte offset modulo 1024 (keys hold 10 bits)
-        ops._record_native(Launcher(fn.function), current().policy, (x, room[offset:offset + 60].view(6, 10)),
-                           ops._SOFTMAX_TAG, maker=ops._NEW_LIKE_FIRST)
-        ops._record_native(Launcher(fn.function), current().policy, (A, B, room[offset:offset + 64].view(16, 4)),
-                           ops._GEMM_TAG)
+    _made_variants(ops.SOFTMAX_OP, Launcher(fn.function), lambda out: SoftmaxArguments(x, out), (x, -1, None, None), x)
+    _made_variants(ops.GEMM_OP, Launcher(fn.function), lambda out: kernel_api.GemmArguments(A, B, out),
+                   (A, B, None, 1.0, 0.0, None, None, None, None, None), torch.empty(16, 4))
     monkeypatch.setattr(torch.Tensor, "new_empty", counting)
     y = ops.softmax(x)
     out = ops.gemm(A, B)

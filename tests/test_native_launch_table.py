@@ -170,78 +170,6 @@ def test_bad_records_raise_clear_errors(table, bad, message):
 GEMM_TAIL = (None, None, 1.0, 0.0)  # C, bias, alpha, beta: what the GEMM kernels' launchers take
 
 
-def test_ops_gemm_launches_repeated_plain_calls_from_the_table(table):
-    fn = Recorder()
-    pool = torch.randn(2048)
-    start = (-pool.data_ptr() % 1024) // 4  # two operands at the same offset modulo 1024 bytes
-    A, A2 = pool[start:start + 128].view(16, 8), pool[start + 256:start + 384].view(16, 8)
-    B, out = torch.randn(8, 4), torch.empty(16, 4)
-    ops._record_native(Launcher(fn.function, GEMM_TAIL), current().policy, (A, B, out), ops._GEMM_TAG)
-    assert ops.gemm(A, B, out=out) is out and len(fn.calls) == 1
-    if native.entry() is not None:
-        assert ops._table_launch is native.entry().launch  # torch tensors read without allocating
-    else:
-        assert native.table().launch.release_gil is False
-    assert fn.calls[0][3:] == (None, None, 1.0, 0.0, None)
-    assert ops.gemm(A2, B, out=out) is out and len(fn.calls) == 2  # other data, same metadata
-    assert fn.calls[1][0].data_ptr() == A2.data_ptr()
-
-    # Anything the recorded launch does not cover takes the Python path (which refuses CPU operands).
-    for call in (lambda: ops.gemm(A, B, out=out, alpha=2.0), lambda: ops.gemm(A, B, out=out, bias=out[0]),
-                 lambda: ops.gemm(A.t().contiguous().t(), B, out=out), lambda: ops.gemm(A[:8], B, out=out[:8]),
-                 lambda: ops.gemm(A.requires_grad_(), B, out=out)):
-        with pytest.raises(Exception):
-            call()
-    A.requires_grad_(False)
-    assert len(fn.calls) == 2
-    with kernel_api.settings(policy=kernel_api.PickAny()):  # another policy: its own entries
-        with pytest.raises(kernel_api.errors.DeviceError):
-            ops.gemm(A, B, out=out)
-    assert len(fn.calls) == 2
-    with torch.no_grad():  # requires_grad operands are fine without grad mode
-        assert ops.gemm(A.requires_grad_(), B, out=out) is out and len(fn.calls) == 3
-    ops.clear_dispatch_cache()
-    with pytest.raises(kernel_api.errors.DeviceError, match="operand A is on cpu"):
-        ops.gemm(A.detach(), B, out=out)
-    assert len(fn.calls) == 3
-
-
-def test_fake_tensors_of_tracers_never_launch_from_the_table(table):
-    """A tracer's fake tensors convert for TVM-FFI with a made-up data pointer (null, or a view's
-    offset) whose alignment bits can match a real recording: they must never be launched. Under
-    FakeTensorMode (or make_fx) ops take the custom ops, whose fake implementations answer."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    fn = Recorder()
-    pool = torch.randn(4096)
-    start = (-pool.data_ptr() % 1024) // 4
-    A, B, out = (pool[start + i * 256:start + i * 256 + 64].view(8, 8) for i in range(3))  # 1024-byte aligned
-    ops._record_native(Launcher(fn.function, GEMM_TAIL), current().policy, (A, B, out), ops._GEMM_TAG)
-    assert ops.gemm(A, B, out=out) is out and len(fn.calls) == 1
-    tag = current().policy_id | ops._GEMM_TAG
-    with FakeTensorMode() as mode:
-        whole = [mode.from_tensor(torch.empty(8, 8)) for _ in range(3)]  # null data: the C table refuses
-        assert table.launch(tag, None, *whole) is False
-        fake_pool = mode.from_tensor(pool)
-        views = [fake_pool[i * 256:i * 256 + 64].view(8, 8) for i in range(1, 4)]  # "pointers" 1024, 2048, 3072
-        for operands in (whole, views):
-            # under a dispatch mode ops go through the custom ops: fake results, nothing launched
-            assert ops.gemm(*operands[:2], out=operands[2]) is operands[2]
-            made = ops.gemm(*operands[:2])
-            assert type(made).__name__ == "FakeTensor" and made.shape == (8, 8)
-            assert type(ops.softmax(operands[0])).__name__ == "FakeTensor"
-            assert type(ops.softmax_backward(*operands[:2])).__name__ == "FakeTensor"
-    assert len(fn.calls) == 1
-    with pytest.raises(TypeError, match="tensor with memory"):
-        table.record(9, fn.function, 3, *whole)
-    empty = torch.empty(0, 8)  # empty tensors may have no memory and are still keyed
-    table.record(9, fn.function, 2, empty, empty)
-    assert table.launch(9, None, empty, empty) is True
-    # Parameters are plain tensors to the table
-    with torch.no_grad():
-        assert ops.gemm(torch.nn.Parameter(A), B, out=out) is out and len(fn.calls) == 3
-
-
 def test_policies_kept_alive_for_the_table_are_bounded(table, monkeypatch):
     fn = Recorder()
     A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
@@ -249,23 +177,6 @@ def test_policies_kept_alive_for_the_table_are_bounded(table, monkeypatch):
     for _ in range(20):  # a new policy object per call
         ops._record_native(Launcher(fn.function, GEMM_TAIL), kernel_api.PickAny(), (A, B, out), 1)
         assert len(ops._tagged_policies) <= 8 and table.size() <= 8
-
-
-def test_ops_softmax_takes_the_table_only_for_the_last_dimension(table):
-    fn = Recorder()
-    x = torch.randn(6, 10)
-    out = torch.empty_like(x)
-    ops._record_native(Launcher(fn.function), current().policy, (x, out), ops._SOFTMAX_TAG)
-    assert ops.softmax(x, out=out) is out and len(fn.calls) == 1 and len(fn.calls[0]) == 3
-    with pytest.raises(kernel_api.errors.DeviceError):
-        ops.softmax(x, dim=0, out=out)  # the same tensors, but not what was recorded: the Python path
-    with pytest.raises(kernel_api.errors.DeviceError):
-        ops.softmax(x, dim=1, out=out)  # the last dimension spelled differently: the Python path
-    # the GEMM and softmax-backward tags never see softmax entries
-    assert table.launch(id(current().policy) | ops._GEMM_TAG, None, x, out) is False
-    with pytest.raises(kernel_api.errors.DeviceError):
-        ops.softmax_backward(x, out, grad_in=torch.empty_like(x))
-    assert len(fn.calls) == 1
 
 
 def test_kernels_offer_the_positional_ffi_function_behind_a_compiled_object():

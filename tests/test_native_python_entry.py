@@ -218,18 +218,6 @@ def test_kernel_run_binds_a_launchers_native_launch_and_calls_it_with_the_stream
     assert fn.calls[0][5].value == 11  # the CUstream, as the pointer it holds
 
 
-def test_ops_launch_through_the_entry(entry):
-    import kernel_api
-
-    fn = Recorder()
-    A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    ops._record_native(Launcher(fn.function, GEMM_TAIL), current().policy, (A, B, out), ops._GEMM_TAG)
-    assert ops._table_launch is entry.launch
-    assert ops.gemm(A, B, out=out) is out and fn.calls[-1][:3] == (seen(A), seen(B), seen(out))
-    assert ops.gemm(A, B, out=out, stream=12345) is out and len(fn.calls) == 2
-    assert fn.calls[-1][-1].value == 12345  # a raw handle, as a CUstream: the pointer it holds
-
-
 def _summary(args) -> tuple:
     return (args.A, args.B, args.out, args.L, args.M, args.N, args.K, args.accumulator_type, args.device,
             args.device_index, args.tensor_attributes, args.signature, args.epilogue, args.epilogue_signature)
@@ -423,48 +411,6 @@ def _python_launch(*args):
     raise AssertionError("a recorded torch call must not go through the launcher's Python function")
 
 
-def test_ops_gemm_runs_a_recorded_torch_call_from_c(entry):
-    """A launcher with ``torch_call`` (a kernel launching through torch) is recorded for the
-    operands' metadata; repeated plain calls on the current stream run it from gemm_plain, the
-    output passed as ``out=`` (a new one for out=None), its version bumped. Other streams,
-    overlapping outputs and other metadata are left to the Python path."""
-    import kernel_api
-
-    spy = TorchCallSpy()
-    A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, out), ops._GEMM_TAG)
-    assert ops._gemm_plain is entry.gemm_plain and entry.calls() == 1
-    version = out._version
-    assert ops.gemm(A, B, out=out) is out and spy.calls[-1] == (seen(A), seen(B), seen(out))
-    assert torch.allclose(out, A @ B) and out._version > version
-    A.copy_(torch.randn(16, 8))  # new data, same metadata
-    assert ops.gemm(A, B, out=out) is out and torch.allclose(out, A @ B) and len(spy.calls) == 2
-    spare = torch.empty(16, 4)
-    ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (A, B, spare), ops._GEMM_TAG)
-    entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, lambda A, B: spare, ops.to_cuda_stream,
-                        ops._increment_version)
-    try:
-        assert ops.gemm(A, B) is spare  # out=None: run into new_output's tensor
-    finally:
-        entry.configure_ops(ops._settings, ops._dispatch_modes, ops._grad_enabled, None,
-                            ops.to_cuda_stream, ops._increment_version)
-    assert spy.calls[-1][2] == seen(spare) and torch.allclose(spare, A @ B) and len(spy.calls) == 3
-    plain = lambda **kw: entry.gemm_plain(ops._GEMM_TAG, kw.get("A", A), B, kw.get("out", out), 1.0, 0.0, None, None,
-                                          None, None, kw.get("stream"))  # noqa: E731
-    assert plain(stream=12345) is None  # not the current stream: the Python path
-    wide = torch.empty(32, 8)
-    assert plain(A=wide[:16], out=wide[16:, :4]) is None  # other metadata (strides): no entry
-    alias = torch.empty(16, 8)
-    ops._record_torch_call(Launcher(_python_launch, torch_call=spy), current().policy, (alias, B, alias[:, :4]),
-                           ops._GEMM_TAG)
-    assert plain(A=alias, out=alias[:, :4]) is None  # the output overlaps A: the Python path judges
-    with kernel_api.settings(policy=kernel_api.PickAny()):
-        assert plain() is None  # another policy has no entry
-    assert len(spy.calls) == 3
-    ops.clear_dispatch_cache()
-    assert entry.calls() == 0 and plain() is None
-
-
 def test_a_torch_call_that_raises_is_left_to_the_python_path(entry):
     import kernel_api
 
@@ -600,7 +546,6 @@ def test_allocating_torch_calls_are_kept_per_tf32_flag(entry):
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_gemm_plain_leaves_allocating_calls_that_split_columns_to_python(entry, dtype):
     """An allocating call whose columns `split_columns` splits (two GEMMs into a padded output)
@@ -622,28 +567,6 @@ def test_gemm_plain_leaves_allocating_calls_that_split_columns_to_python(entry, 
         assert (got is None) == splits, (dtype, M, N)
         assert got is None or torch.allclose(got.double(), A.double() @ B.double(), rtol=1e-2, atol=1e-2)
         ops.clear_dispatch_cache()
-
-
-def test_the_table_launch_without_entry_points_leaves_split_columns_to_python(monkeypatch):
-    """Where the CPython entry points are missing, ops.gemm's own table launch declines the same
-    allocating calls gemm_plain does: those whose columns `split_columns` splits."""
-    import kernel_api
-
-    seen_shapes = []
-
-    def table_launch(tag, stream, A, B, out):
-        seen_shapes.append(tuple(out.shape))
-        return True
-
-    monkeypatch.setattr(ops, "_gemm_plain", None)
-    monkeypatch.setattr(ops, "_table_launch", table_launch)
-    A = torch.randn(ops.SPLIT_MIN_ROWS, 8)
-    assert ops.gemm(A, torch.randn(8, 36)).shape == (ops.SPLIT_MIN_ROWS, 36)  # aligned rows: launched
-    assert ops.gemm(A[:-1], torch.randn(8, 37)).shape == (ops.SPLIT_MIN_ROWS - 1, 37)  # too few rows to split
-    assert seen_shapes == [(ops.SPLIT_MIN_ROWS, 36), (ops.SPLIT_MIN_ROWS - 1, 37)]
-    with pytest.raises(kernel_api.DeviceError):  # split: the Python path (CPU tensors: refused there)
-        ops.gemm(A, torch.randn(8, 37))
-    assert len(seen_shapes) == 2
 
 
 class EpilogueSpy:

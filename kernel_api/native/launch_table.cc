@@ -79,37 +79,6 @@ const DLTensor* AsTensor(const TVMFFIAny& value) {
   return nullptr;
 }
 
-// Appends one tensor's metadata to the key; false when the tensor cannot be keyed.
-bool AppendTensorKey(const DLTensor* t, std::string* key) {
-  if (t->ndim < 0 || t->ndim > kMaxNdim) return false;
-  if (t->data == nullptr) {
-    // No memory behind a non-empty tensor: a fake tensor of a tracer, never launched from here.
-    bool empty = false;
-    for (int i = 0; i < t->ndim; ++i) empty = empty || t->shape[i] == 0;
-    if (!empty) return false;
-  }
-  int64_t words[4 + 2 * kMaxNdim];
-  int n = 0;
-  words[n++] = (static_cast<int64_t>(t->dtype.code) << 32) | (static_cast<int64_t>(t->dtype.bits) << 16) |
-               t->dtype.lanes;
-  words[n++] = (static_cast<int64_t>(t->device.device_type) << 32) | static_cast<uint32_t>(t->device.device_id);
-  uintptr_t address = reinterpret_cast<uintptr_t>(t->data) + static_cast<uintptr_t>(t->byte_offset);
-  words[n++] = (static_cast<int64_t>(t->ndim) << 16) | static_cast<int64_t>(address & 1023);
-  for (int i = 0; i < t->ndim; ++i) words[n++] = t->shape[i];
-  for (int i = 0; i < t->ndim; ++i) {
-    // DLPack allows strides == NULL for a compact row-major tensor; key that as its strides.
-    if (t->strides != nullptr) {
-      words[n++] = t->strides[i];
-    } else {
-      int64_t stride = 1;
-      for (int j = i + 1; j < t->ndim; ++j) stride *= t->shape[j];
-      words[n++] = stride;
-    }
-  }
-  key->append(reinterpret_cast<const char*>(words), sizeof(int64_t) * n);
-  return true;
-}
-
 // The bytes [first, end) a tensor's elements lie in (empty for an empty tensor).
 void ByteRange(const DLTensor* t, uintptr_t* first, uintptr_t* end) {
   int64_t span = 0;
@@ -360,6 +329,36 @@ bool OutputMayOverlap(const TVMFFIAny* tensors, int count) {
     if (first < out_end && out_first < end) return true;
   }
   return false;
+}
+
+bool AppendTensorKey(const DLTensor* t, std::string* key) {
+  if (t->ndim < 0 || t->ndim > kMaxNdim) return false;
+  if (t->data == nullptr) {
+    // No memory behind a non-empty tensor: a fake tensor of a tracer, never launched from here.
+    bool empty = false;
+    for (int i = 0; i < t->ndim; ++i) empty = empty || t->shape[i] == 0;
+    if (!empty) return false;
+  }
+  int64_t words[4 + 2 * kMaxNdim];
+  int n = 0;
+  words[n++] = (static_cast<int64_t>(t->dtype.code) << 32) | (static_cast<int64_t>(t->dtype.bits) << 16) |
+               t->dtype.lanes;
+  words[n++] = (static_cast<int64_t>(t->device.device_type) << 32) | static_cast<uint32_t>(t->device.device_id);
+  uintptr_t address = reinterpret_cast<uintptr_t>(t->data) + static_cast<uintptr_t>(t->byte_offset);
+  words[n++] = (static_cast<int64_t>(t->ndim) << 16) | static_cast<int64_t>(address & 1023);
+  for (int i = 0; i < t->ndim; ++i) words[n++] = t->shape[i];
+  for (int i = 0; i < t->ndim; ++i) {
+    // DLPack allows strides == NULL for a compact row-major tensor; key that as its strides.
+    if (t->strides != nullptr) {
+      words[n++] = t->strides[i];
+    } else {
+      int64_t stride = 1;
+      for (int j = i + 1; j < t->ndim; ++j) stride *= t->shape[j];
+      words[n++] = stride;
+    }
+  }
+  key->append(reinterpret_cast<const char*>(words), sizeof(int64_t) * n);
+  return true;
 }
 
 bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key) {

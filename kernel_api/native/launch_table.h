@@ -2,6 +2,7 @@
 // the CPython ones (python_entry.cc), which are built into the same library.
 #pragma once
 
+#include <dlpack/dlpack.h>
 #include <tvm/ffi/c_api.h>
 
 #include <cstdint>
@@ -26,6 +27,11 @@ bool Recorded(int64_t tag, const TVMFFIAny* tensors, int count);
 // of their data pointers. False when some tensor cannot be keyed (more than 8 dimensions, or no
 // memory behind a non-empty tensor: a tracer's fake tensor).
 bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key);
+
+// Appends one tensor's metadata to `key` (its dtype, device, shape, strides and the low 10 bits of
+// its data pointer): the tensor part of every key. False when it cannot be keyed (more than 8
+// dimensions, or no memory behind a non-empty tensor).
+bool AppendTensorKey(const DLTensor* t, std::string* key);
 
 // Whether the last of `tensors` (the one a launch writes) may share memory with another of them.
 // Conservative (byte ranges): such calls go back to Python, which judges them exactly.

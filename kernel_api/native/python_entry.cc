@@ -55,8 +55,10 @@
 #include <tvm/ffi/c_api.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "launch_table.h"
 
@@ -206,14 +208,21 @@ void RememberClear(PyObject* object, void* data) {
   Py_XDECREF(old);  // (a weak reference without callback: its release runs no Python code)
 }
 
+// LazyBit for a tensor read anew at each call, through the remembered verdicts.
+int CheckedBit(PyObject* object, const DLTensor& tensor) {
+  for (const ClearTensor& known : clear_tensors) {
+    if (known.object == object && known.data == tensor.data && RefersTo(known.ref, object)) return 0;
+  }
+  const int bit = LazyBit(object, tensor.dtype.code);
+  if (bit == 0) RememberClear(object, tensor.data);
+  return bit;
+}
+
 // LazyBitsClear for a tensor read anew at each call, through the remembered verdicts.
 bool CheckedClear(PyObject* object, const DLTensor& tensor) {
-  for (const ClearTensor& known : clear_tensors) {
-    if (known.object == object && known.data == tensor.data && RefersTo(known.ref, object)) return true;
-  }
-  if (!LazyBitsClear(object, tensor.dtype.code)) return false;
-  RememberClear(object, tensor.data);
-  return true;
+  const int bit = CheckedBit(object, tensor);
+  if (bit > 0) PyErr_Format(PyExc_ValueError, "the tensor has %s", kLazyBitSet[bit]);
+  return bit == 0;
 }
 
 // Reads a torch tensor's metadata into *out. False when `object` is not a torch tensor or torch
@@ -1328,6 +1337,605 @@ PyObject* Bind(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return reinterpret_cast<PyObject*>(self);
 }
 
+// ---- Replays: one key for every operation's calls ---------------------------------------------
+//
+// `kernel_api.ops`' Python paths record what a call did (`record`); a later call whose key is
+// equal is replayed from here (`replay`), with no rule of any operation's own. The key is one
+// function of the call (`CallKey`): the settings' policy id, the operation's number, the state
+// torch keeps per thread that changes what a call means (grad mode, torch dispatch and function
+// modes, autocast, cuBLAS's TF32 flag), and every argument: a tensor's type, lazy bit,
+// requires_grad (under grad mode) and raw metadata (dtype, device, shape, strides, pointer
+// alignment), or an argument's value (None, bool, int, float, str). An argument of any other
+// type leaves the call unkeyed: it is not replayed. A recipe is what Python recorded for a key:
+//   - a call: `call(*picked, out=argument)`, its result returned (a torch function, which sees
+//     grad mode, modes and autocast itself);
+//   - a launch: a TVM-FFI function called with the picked arguments and constants, the output
+//     made as recorded (a dense tensor of the recorded shape, like an argument) or given, and
+//     the current stream of the first tensor's device; the output is returned, a given one's
+//     version counter bumped.
+// A recipe whose output is an argument replays only while that argument's bytes meet no other
+// tensor argument's. A launch that makes its output keeps a variant per pointer alignment of the
+// made output (the arguments' summaries read it): a made output of another alignment declines.
+
+// torch's state readers (C functions taking no arguments), configured by configure_replay.
+struct StateReader {
+  PyObject* object = nullptr;  // a strong reference
+  PyCFunction function = nullptr;  // its C function when it is a METH_NOARGS builtin
+  PyObject* self = nullptr;        // (borrowed: object holds it)
+
+  void Set(PyObject* value) {
+    Py_INCREF(value);
+    Py_XSETREF(object, value);
+    function = nullptr;
+    if (PyCFunction_Check(value) && (PyCFunction_GET_FLAGS(value) & METH_NOARGS) != 0 &&
+        (PyCFunction_GET_FLAGS(value) & (METH_VARARGS | METH_KEYWORDS | METH_FASTCALL | METH_O | METH_METHOD)) == 0) {
+      function = PyCFunction_GET_FUNCTION(value);
+      self = PyCFunction_GET_SELF(value);
+    }
+  }
+  // The value read as a truth (an int's nonzero); -1 with a Python error.
+  int Read() const {
+    PyObject* value = function != nullptr ? function(self, nullptr) : PyObject_CallNoArgs(object);
+    if (value == nullptr) return -1;
+    int truth;
+    if (value == Py_True) {
+      truth = 1;
+    } else if (value == Py_False) {
+      truth = 0;
+    } else {
+      truth = PyObject_IsTrue(value);
+    }
+    Py_DECREF(value);
+    return truth;
+  }
+};
+
+struct ReplayHooks {
+  PyObject* settings = nullptr;  // the ContextVar of kernel_api.settings (.policy_id)
+  StateReader grad_enabled, dispatch_modes, function_modes, autocast, tf32;
+  PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a tuple of tensors)
+  PyObject* policy_id = nullptr;          // interned names
+  PyObject* requires_grad = nullptr;
+  PyObject* last_settings = nullptr;  // the settings object last read (a strong reference) and its policy id
+  long long last_policy = 0;
+} hooks;
+
+PyObject* ConfigureReplay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "configure_replay(settings, grad_enabled, dispatch_modes, function_modes, "
+                                     "autocast_enabled, tf32_allowed, increment_version)");
+    return nullptr;
+  }
+  for (int i = 1; i < 7; ++i) {
+    if (!PyCallable_Check(args[i])) {
+      PyErr_SetString(PyExc_TypeError, "configure_replay: the hooks after settings must be callable");
+      return nullptr;
+    }
+  }
+  if (hooks.policy_id == nullptr) hooks.policy_id = PyUnicode_InternFromString("policy_id");
+  if (hooks.requires_grad == nullptr) hooks.requires_grad = PyUnicode_InternFromString("requires_grad");
+  if (hooks.policy_id == nullptr || hooks.requires_grad == nullptr) return nullptr;
+  Py_INCREF(args[0]);
+  Py_XSETREF(hooks.settings, args[0]);
+  hooks.grad_enabled.Set(args[1]);
+  hooks.dispatch_modes.Set(args[2]);
+  hooks.function_modes.Set(args[3]);
+  hooks.autocast.Set(args[4]);
+  hooks.tf32.Set(args[5]);
+  Py_INCREF(args[6]);
+  Py_XSETREF(hooks.increment_version, args[6]);
+  Py_INCREF(args[6]);
+  Py_XSETREF(ops.increment_version, args[6]);  // (BumpVersion's)
+  ops.increment_version_function = nullptr;
+  if (PyCFunction_Check(args[6]) && PyCFunction_GET_FLAGS(args[6]) == METH_O) {
+    ops.increment_version_function = PyCFunction_GET_FUNCTION(args[6]);
+    ops.increment_version_self = PyCFunction_GET_SELF(args[6]);
+  }
+  Py_RETURN_NONE;
+}
+
+// The words of an argument's key: its kind first.
+enum ArgumentKind : int64_t { kTensorArgument = 1, kNoneArgument, kBoolArgument, kIntArgument, kFloatArgument, kStrArgument };
+
+// The state bits of a key: each what one of torch's readers answers now.
+enum StateBit : int64_t { kGradMode = 1, kDispatchMode = 2, kFunctionMode = 4, kAutocast = 8, kTf32 = 16 };
+
+// The call's arguments as read for its key: the tensors' DLTensors (by argument index).
+struct ReadArguments {
+  DLTensor tensors[kMaxTensors];
+  int tensor_at[kMaxTensors];  // argument index -> index in tensors, or -1
+  int n_tensors = 0;
+};
+constexpr int kMaxArguments = kMaxTensors * 2;
+
+void AppendWords(std::string* key, const int64_t* words, int n) {
+  key->append(reinterpret_cast<const char*>(words), sizeof(int64_t) * n);
+}
+
+// The one key function: (policy id, op, state, arguments) in *key. 1 when keyed; 0 when the
+// call cannot be keyed (an argument of another type, an unreadable tensor: no Python error);
+// -1 with a Python error (a reader of torch's state raised).
+int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadArguments* read) {
+  if (hooks.settings == nullptr || exchange == nullptr || n > kMaxArguments) return 0;
+  PyObject* settings = nullptr;
+  if (PyContextVar_Get(hooks.settings, nullptr, &settings) != 0) return -1;
+  if (settings == nullptr) return 0;
+  if (settings != hooks.last_settings) {  // (settings objects are immutable: their policy id is read once)
+    PyObject* id = PyObject_GetAttr(settings, hooks.policy_id);
+    const long long policy = id == nullptr ? -1 : PyLong_AsLongLong(id);
+    Py_XDECREF(id);
+    if (policy == -1 && PyErr_Occurred()) {
+      Py_DECREF(settings);
+      return -1;
+    }
+    Py_XSETREF(hooks.last_settings, settings);  // (the reference PyContextVar_Get gave)
+    hooks.last_policy = policy;
+  } else {
+    Py_DECREF(settings);
+  }
+  const long long policy = hooks.last_policy;
+  const int grad = hooks.grad_enabled.Read();
+  const int dispatch = grad < 0 ? -1 : hooks.dispatch_modes.Read();
+  const int function = dispatch < 0 ? -1 : hooks.function_modes.Read();
+  const int autocast = function < 0 ? -1 : hooks.autocast.Read();
+  const int tf32 = autocast < 0 ? -1 : hooks.tf32.Read();
+  if (tf32 < 0) return -1;
+  const int64_t state = (grad ? kGradMode : 0) | (dispatch ? kDispatchMode : 0) | (function ? kFunctionMode : 0) |
+                        (autocast ? kAutocast : 0) | (tf32 ? kTf32 : 0);
+  key->clear();
+  const int64_t head[4] = {policy, op, state, n};
+  AppendWords(key, head, 4);
+  read->n_tensors = 0;
+  for (int i = 0; i < n; ++i) {
+    PyObject* arg = args[i];
+    read->tensor_at[i] = -1;
+    if (arg == Py_None) {
+      const int64_t word = kNoneArgument;
+      AppendWords(key, &word, 1);
+    } else if (PyBool_Check(arg)) {
+      const int64_t words[2] = {kBoolArgument, arg == Py_True};
+      AppendWords(key, words, 2);
+    } else if (PyLong_CheckExact(arg)) {
+      int overflow = 0;
+      const long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
+      if (overflow != 0 || (value == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+      }
+      const int64_t words[2] = {kIntArgument, value};
+      AppendWords(key, words, 2);
+    } else if (PyFloat_CheckExact(arg)) {
+      const double value = PyFloat_AS_DOUBLE(arg);
+      int64_t words[2] = {kFloatArgument, 0};
+      std::memcpy(&words[1], &value, sizeof(value));
+      AppendWords(key, words, 2);
+    } else if (PyUnicode_CheckExact(arg)) {
+      Py_ssize_t size = 0;
+      const char* text = PyUnicode_AsUTF8AndSize(arg, &size);
+      if (text == nullptr) {
+        PyErr_Clear();
+        return 0;
+      }
+      const int64_t words[2] = {kStrArgument, size};
+      AppendWords(key, words, 2);
+      key->append(text, static_cast<size_t>(size));
+    } else if (PyObject_TypeCheck(arg, tensor_type) && read->n_tensors < kMaxTensors) {
+      DLTensor* tensor = &read->tensors[read->n_tensors];
+      if (exchange->dltensor_from_py_object_no_sync(arg, tensor) != 0) {
+        PyErr_Clear();  // (a tracer's tensor, a subclass torch cannot describe)
+        return 0;
+      }
+      const int bit = CheckedBit(arg, *tensor);
+      if (bit < 0) return -1;
+      int requires = 0;
+      if (grad) {
+        PyObject* flag = PyObject_GetAttr(arg, hooks.requires_grad);
+        if (flag == nullptr) return -1;
+        requires = flag == Py_True;
+        Py_DECREF(flag);
+      }
+      const int64_t words[2] = {kTensorArgument | bit << 8 | requires << 10,
+                                static_cast<int64_t>(reinterpret_cast<uintptr_t>(Py_TYPE(arg)))};
+      AppendWords(key, words, 2);
+      if (!kernel_api_native::AppendTensorKey(tensor, key)) return 0;
+      read->tensor_at[i] = read->n_tensors++;
+    } else {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+// A recorded call or launch (see the section's comment). Owned by `recipes`; released with the GIL.
+struct Recipe {
+  bool launch = false;
+  PyObject* callable = nullptr;            // the torch function, or the TVM-FFI function object
+  TVMFFIObjectHandle function = nullptr;  // launch: its handle (callable keeps it alive)
+  // The passed arguments in order: >= 0 the call's argument, -1 - i constant i, kMade the made output.
+  std::vector<int> order;
+  PyObject* constants = nullptr;  // a tuple
+  PyObject* spec = nullptr;       // the recipe as recorded (`recipe`)
+  std::vector<TVMFFIAny> launch_constants;  // launch: the constants converted once
+  int out_keyword = -1;  // call: the argument passed as out=
+  int output = -1;       // the argument that is the output (no overlap; a launch bumps its version)
+  // launch with a made output: a dense tensor of `made_shape` like argument `like`, whose pointer
+  // alignment (its lowest set bit, up to 1024) is `alignment`; other variants for other alignments.
+  int like = -1;
+  std::vector<int64_t> made_shape;
+  // launch: views of the call's tensor arguments, passed where order holds kView + index.
+  struct View {
+    int argument;
+    int ndim;
+    int64_t shape[8];
+    int64_t strides[8];
+    int64_t offset;  // in elements, from the argument's first element
+  };
+  std::vector<View> views;
+  uintptr_t alignment = 0;
+  std::vector<std::unique_ptr<Recipe>> variants;  // further alignments of the same call
+
+  ~Recipe() {
+    Py_XDECREF(callable);
+    Py_XDECREF(constants);
+    Py_XDECREF(spec);
+  }
+};
+constexpr int kMade = -(1 << 20);
+constexpr int kView = 1 << 20;
+constexpr size_t kVariantLimit = 7;  // (the alignments from 16 to 1024 bytes)
+
+std::unordered_map<std::string, std::unique_ptr<Recipe>>& recipes =
+    *new std::unordered_map<std::string, std::unique_ptr<Recipe>>();
+constexpr size_t kRecipeLimit = 4096;
+
+void ForgetRecipes() {
+  std::unordered_map<std::string, std::unique_ptr<Recipe>> old;
+  old.swap(recipes);  // released after: releasing may run Python code
+}
+
+uintptr_t LowestBit(const void* data) {
+  const uintptr_t low = reinterpret_cast<uintptr_t>(data) & 1023;
+  return low == 0 ? 1024 : low & (~low + 1);
+}
+
+// Reads a view (argument, shape, strides, offset) into *into; false with a Python error.
+bool ParseView(PyObject* spec, Recipe::View* into) {
+  if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(spec, 1)) ||
+      !PyTuple_Check(PyTuple_GET_ITEM(spec, 2)) ||
+      PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) != PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2)) ||
+      PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) > 8) {
+    PyErr_SetString(PyExc_TypeError, "record: a view is (argument, shape, strides, offset), at most 8 dimensions");
+    return false;
+  }
+  into->argument = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(spec, 0)));
+  into->ndim = static_cast<int>(PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)));
+  for (int i = 0; i < into->ndim; ++i) {
+    into->shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 1), i));
+    into->strides[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 2), i));
+  }
+  into->offset = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 3));
+  return !PyErr_Occurred();
+}
+
+// Reads recipe = (callable, launch, order, constants, out_keyword, output, made, views) into
+// *into; false with a Python error.
+bool ParseRecipe(PyObject* spec, Recipe* into) {
+  if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 8 || !PyTuple_Check(PyTuple_GET_ITEM(spec, 2)) ||
+      !PyTuple_Check(PyTuple_GET_ITEM(spec, 3)) || !PyTuple_Check(PyTuple_GET_ITEM(spec, 7))) {
+    PyErr_SetString(PyExc_TypeError, "record: recipe is (callable, launch, order: tuple, constants: tuple, "
+                                     "out_keyword, output, made, views: tuple)");
+    return false;
+  }
+  PyObject* views = PyTuple_GET_ITEM(spec, 7);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(views); ++i) {
+    Recipe::View view;
+    if (!ParseView(PyTuple_GET_ITEM(views, i), &view)) return false;
+    into->views.push_back(view);
+  }
+  PyObject* callable = PyTuple_GET_ITEM(spec, 0);
+  into->launch = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 1)) == 1;
+  PyObject* order = PyTuple_GET_ITEM(spec, 2);
+  PyObject* constants = PyTuple_GET_ITEM(spec, 3);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(order); ++i) {
+    const long slot = PyLong_AsLong(PyTuple_GET_ITEM(order, i));
+    if (slot == -1 && PyErr_Occurred()) return false;
+    into->order.push_back(static_cast<int>(slot));
+  }
+  into->out_keyword = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(spec, 4)));
+  into->output = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(spec, 5)));
+  if (PyErr_Occurred()) return false;
+  PyObject* made = PyTuple_GET_ITEM(spec, 6);
+  if (made != Py_None) {
+    if (!PyTuple_Check(made) || PyTuple_GET_SIZE(made) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(made, 1))) {
+      PyErr_SetString(PyExc_TypeError, "record: made is None or (like, shape: tuple, alignment)");
+      return false;
+    }
+    into->like = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(made, 0)));
+    PyObject* shape = PyTuple_GET_ITEM(made, 1);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i) {
+      into->made_shape.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)));
+    }
+    into->alignment = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(made, 2)));
+    if (PyErr_Occurred()) return false;
+    if (into->made_shape.size() > 8 || into->like < 0) {
+      PyErr_SetString(PyExc_ValueError, "record: a made output has at most 8 dimensions, like an argument");
+      return false;
+    }
+  }
+  if (into->launch) {
+    PyObject* chandle = PyObject_CallMethod(callable, "__chandle__", nullptr);
+    void* handle = nullptr;
+    if (chandle != nullptr) {
+      handle = PyLong_AsVoidPtr(chandle);
+      Py_DECREF(chandle);
+    }
+    if (handle == nullptr || TVMFFIObjectGetTypeIndex(handle) != kTVMFFIFunction) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_TypeError, "record: a launch's callable must be a TVM-FFI function");
+      return false;
+    }
+    into->function = handle;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(constants); ++i) {
+      TVMFFIAny value;
+      if (!TailValue(PyTuple_GET_ITEM(constants, i), &value)) return false;
+      into->launch_constants.push_back(value);
+    }
+  } else if (!PyCallable_Check(callable) || made != Py_None) {
+    PyErr_SetString(PyExc_TypeError, "record: a call's callable must be callable, and makes no output");
+    return false;
+  }
+  Py_INCREF(callable);
+  into->callable = callable;
+  Py_INCREF(spec);
+  into->spec = spec;
+  Py_INCREF(constants);
+  into->constants = constants;
+  const int constant_count = static_cast<int>(PyTuple_GET_SIZE(constants));
+  for (int slot : into->order) {
+    if ((slot < 0 && slot != kMade && -1 - slot >= constant_count) || (slot == kMade && into->like < 0) ||
+        (slot >= kMaxArguments && slot - kView >= static_cast<int>(into->views.size())) ||
+        (slot >= kView && !into->launch)) {
+      PyErr_SetString(PyExc_ValueError, "record: order names a constant, argument, view or made output that is not there");
+      return false;
+    }
+  }
+  return true;
+}
+
+// record(op, recipe, *args) -> bool: keep the recipe for calls keyed as this one (False: the call
+// cannot be keyed). A launch recipe with a made output adds a variant for its alignment.
+PyObject* Record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2) {
+    PyErr_SetString(PyExc_TypeError, "record(op, recipe, *args)");
+    return nullptr;
+  }
+  const long long op = PyLong_AsLongLong(args[0]);
+  if (op == -1 && PyErr_Occurred()) return nullptr;
+  auto recipe = std::make_unique<Recipe>();
+  if (!ParseRecipe(args[1], recipe.get())) return nullptr;
+  for (int slot : recipe->order) {
+    if (slot < kView && slot >= nargs - 2) {
+      PyErr_SetString(PyExc_ValueError, "record: order names an argument the call does not have");
+      return nullptr;
+    }
+  }
+  for (const Recipe::View& view : recipe->views) {
+    if (view.argument < 0 || view.argument >= nargs - 2) {
+      PyErr_SetString(PyExc_ValueError, "record: a view of an argument the call does not have");
+      return nullptr;
+    }
+  }
+  std::string key;
+  ReadArguments read;
+  const int keyed = CallKey(op, args + 2, static_cast<int>(nargs - 2), &key, &read);
+  if (keyed < 0) return nullptr;
+  if (keyed == 0) Py_RETURN_FALSE;
+  if (recipes.size() >= kRecipeLimit) ForgetRecipes();
+  auto found = recipes.find(key);
+  if (found != recipes.end() && recipe->like >= 0 && found->second->like >= 0) {
+    Recipe* kept = found->second.get();
+    if (kept->alignment != recipe->alignment) {
+      for (auto& variant : kept->variants) {
+        if (variant->alignment == recipe->alignment) {
+          variant.swap(recipe);  // (the old variant is released when `recipe` goes)
+          Py_RETURN_TRUE;
+        }
+      }
+      if (kept->variants.size() < kVariantLimit) kept->variants.push_back(std::move(recipe));
+      Py_RETURN_TRUE;
+    }
+    recipe->variants.swap(kept->variants);
+  }
+  std::unique_ptr<Recipe> old;
+  if (found != recipes.end()) {
+    old.swap(found->second);
+    found->second = std::move(recipe);
+  } else {
+    recipes.emplace(std::move(key), std::move(recipe));
+  }
+  Py_RETURN_TRUE;
+}
+
+// Runs a call recipe: its result (a new reference), or nullptr with a Python error.
+PyObject* RunCall(const Recipe& recipe, PyObject* const* args) {
+  PyObject* passed[kMaxArguments * 2 + 1];
+  int n = 0;
+  for (int slot : recipe.order) passed[n++] = slot >= 0 ? args[slot] : PyTuple_GET_ITEM(recipe.constants, -1 - slot);
+  if (recipe.out_keyword < 0) return PyObject_Vectorcall(recipe.callable, passed, static_cast<size_t>(n), nullptr);
+  if (out_kwnames == nullptr) {
+    PyObject* name = PyUnicode_InternFromString("out");
+    if (name == nullptr) return nullptr;
+    out_kwnames = PyTuple_Pack(1, name);
+    Py_DECREF(name);
+    if (out_kwnames == nullptr) return nullptr;
+  }
+  passed[n] = args[recipe.out_keyword];
+  return PyObject_Vectorcall(recipe.callable, passed, static_cast<size_t>(n), out_kwnames);
+}
+
+// Runs a launch recipe: the output (a new reference); nullptr without a Python error when it
+// declines (a made output of an alignment no variant has); nullptr with one when it failed.
+PyObject* RunLaunch(const Recipe& first, PyObject* const* args, const ReadArguments& read) {
+  const Recipe* recipe = &first;
+  PyObject* made = nullptr;
+  DLTensor made_tensor;
+  if (first.like >= 0) {
+    const int like = read.tensor_at[first.like];
+    if (like < 0) return nullptr;
+    made = NewDense(args[first.like], read.tensors[like], first.made_shape.data(),
+                    static_cast<int>(first.made_shape.size()));
+    if (made == nullptr) return nullptr;
+    if (exchange->dltensor_from_py_object_no_sync(made, &made_tensor) != 0) {
+      Py_DECREF(made);
+      return nullptr;
+    }
+    const uintptr_t alignment = LowestBit(static_cast<char*>(made_tensor.data) + made_tensor.byte_offset);
+    if (recipe->alignment != alignment) {
+      recipe = nullptr;
+      for (const auto& variant : first.variants) {
+        if (variant->alignment == alignment) recipe = variant.get();
+      }
+      if (recipe == nullptr) {
+        Py_DECREF(made);
+        return nullptr;
+      }
+    }
+  }
+  TVMFFIAny passed[kMaxArguments + kMaxTail + 2];
+  DLTensor viewed[kMaxTensors];
+  int n = 0;
+  int n_viewed = 0;
+  const DLDevice* device = nullptr;
+  for (int slot : recipe->order) {
+    if (slot >= kView) {  // a view of a tensor argument, as recorded
+      const Recipe::View& view = recipe->views[static_cast<size_t>(slot - kView)];
+      const int at = read.tensor_at[view.argument];
+      if (at < 0 || n_viewed == kMaxTensors) {
+        Py_XDECREF(made);
+        return nullptr;
+      }
+      DLTensor* tensor = &viewed[n_viewed++];
+      *tensor = read.tensors[at];
+      tensor->ndim = view.ndim;
+      tensor->shape = const_cast<int64_t*>(view.shape);
+      tensor->strides = const_cast<int64_t*>(view.strides);
+      tensor->byte_offset += static_cast<uint64_t>(view.offset * ((tensor->dtype.bits * tensor->dtype.lanes + 7) / 8));
+      SetPointer(&passed[n++], kTVMFFIDLTensorPtr, tensor);
+      if (device == nullptr) device = &tensor->device;
+    } else if (slot == kMade) {
+      SetPointer(&passed[n++], kTVMFFIDLTensorPtr, &made_tensor);
+      if (device == nullptr) device = &made_tensor.device;
+    } else if (slot < 0) {
+      passed[n++] = recipe->launch_constants[static_cast<size_t>(-1 - slot)];
+    } else if (read.tensor_at[slot] >= 0) {
+      const DLTensor* tensor = &read.tensors[read.tensor_at[slot]];
+      SetPointer(&passed[n++], kTVMFFIDLTensorPtr, const_cast<DLTensor*>(tensor));
+      if (device == nullptr) device = &tensor->device;
+    } else if (args[slot] == Py_None) {
+      SetPointer(&passed[n++], kTVMFFINone, nullptr);
+    } else {
+      Py_XDECREF(made);
+      return nullptr;  // (recorded for a tensor or None only)
+    }
+  }
+  const DLDevice cpu = {kDLCPU, 0};
+  if (!StreamArgument(Py_None, device != nullptr ? *device : cpu, &passed[n++])) {
+    Py_XDECREF(made);
+    return nullptr;
+  }
+  TVMFFIAny returned;
+  SetPointer(&returned, kTVMFFINone, nullptr);
+  if (TVMFFIFunctionCall(recipe->function, passed, n, &returned) != 0) {
+    Py_XDECREF(made);
+    RaiseFromFfi();
+    return nullptr;
+  }
+  if (returned.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(returned.v_obj);
+  if (made != nullptr) return made;
+  if (recipe->output < 0) Py_RETURN_NONE;
+  PyObject* out = args[recipe->output];
+  if (!BumpVersion(out)) return nullptr;
+  Py_INCREF(out);
+  return out;
+}
+
+// Whether argument `output` may share bytes with another tensor argument.
+bool ArgumentMayOverlap(const ReadArguments& read, int output) {
+  const int at = read.tensor_at[output];
+  if (at < 0) return true;
+  TVMFFIAny operands[kMaxTensors];
+  int n = 0;
+  for (int i = 0; i < read.n_tensors; ++i) {
+    if (i != at) SetPointer(&operands[n++], kTVMFFIDLTensorPtr, const_cast<DLTensor*>(&read.tensors[i]));
+  }
+  SetPointer(&operands[n++], kTVMFFIDLTensorPtr, const_cast<DLTensor*>(&read.tensors[at]));
+  return kernel_api_native::OutputMayOverlap(operands, n);
+}
+
+// replay(op, *args) -> result | None: the recipe recorded for this call's key, run; None (no
+// Python error) when nothing is recorded, the call cannot be keyed, an output argument may
+// overlap another tensor argument, or the recipe declined or raised (the Python path runs the
+// call again and reports). Raises only when a launch ran and bumping the output's version failed.
+PyObject* Replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "replay(op, *args)");
+    return nullptr;
+  }
+  if (recipes.empty()) Py_RETURN_NONE;
+  const long long op = PyLong_AsLongLong(args[0]);
+  if (op == -1 && PyErr_Occurred()) return nullptr;
+  thread_local std::string key;  // reused: no allocation per call once it has grown
+  ReadArguments read;
+  const int keyed = CallKey(op, args + 1, static_cast<int>(nargs - 1), &key, &read);
+  if (keyed <= 0) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  auto found = recipes.find(key);
+  if (found == recipes.end()) Py_RETURN_NONE;
+  const Recipe& recipe = *found->second;
+  if (recipe.output >= 0 && ArgumentMayOverlap(read, recipe.output)) Py_RETURN_NONE;
+  PyObject* result;
+  if (recipe.launch) {
+    result = RunLaunch(recipe, args + 1, read);  // (a TVM-FFI launch runs no Python code)
+  } else {
+    PyObject* spec = recipe.spec;
+    Py_INCREF(spec);  // held during the call (callable, constants): Python code it runs may forget the recipe
+    result = RunCall(recipe, args + 1);
+    Py_DECREF(spec);
+  }
+  if (result == nullptr) {
+    PyErr_Clear();  // (the Python path runs the call again and reports)
+    Py_RETURN_NONE;
+  }
+  return result;
+}
+
+PyObject* ForgetReplays(PyObject*, PyObject*) {
+  ForgetRecipes();
+  Py_RETURN_NONE;
+}
+
+PyObject* RecipeCount(PyObject*, PyObject*) { return PyLong_FromSize_t(recipes.size()); }
+
+// recipe(op, *args) -> the recipe recorded for this call's key (as given to record), or None.
+PyObject* RecipeOf(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "recipe(op, *args)");
+    return nullptr;
+  }
+  const long long op = PyLong_AsLongLong(args[0]);
+  if (op == -1 && PyErr_Occurred()) return nullptr;
+  std::string key;
+  ReadArguments read;
+  const int keyed = CallKey(op, args + 1, static_cast<int>(nargs - 1), &key, &read);
+  if (keyed < 0) return nullptr;
+  auto found = keyed == 0 ? recipes.end() : recipes.find(key);
+  if (found == recipes.end()) Py_RETURN_NONE;
+  Py_INCREF(found->second->spec);
+  return found->second->spec;
+}
+
 PyMethodDef methods[] = {
     {"configure", Configure, METH_O, "configure(tensor_type): read the DLPack exchange API of torch.Tensor."},
     {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Launch)), METH_FASTCALL,
@@ -1356,6 +1964,18 @@ PyMethodDef methods[] = {
      "(False: cannot key them)."},
     {"makers", MakerCount, METH_NOARGS, "makers() -> int: how many output makers are recorded."},
     {"calls", TorchCallCount, METH_NOARGS, "calls() -> int: how many torch calls are recorded."},
+    {"configure_replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(ConfigureReplay)),
+     METH_FASTCALL,
+     "configure_replay(settings, grad_enabled, dispatch_modes, function_modes, autocast_enabled, tf32_allowed, "
+     "increment_version): what the call key and launches read."},
+    {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Record)), METH_FASTCALL,
+     "record(op, recipe, *args) -> bool: replay the recipe for calls keyed as this one (False: it cannot be keyed)."},
+    {"replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Replay)), METH_FASTCALL,
+     "replay(op, *args) -> result | None: the recipe recorded for this call's key, run."},
+    {"recipe", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(RecipeOf)), METH_FASTCALL,
+     "recipe(op, *args) -> the recipe recorded for this call's key, or None."},
+    {"forget_replays", ForgetReplays, METH_NOARGS, "forget_replays(): drop every recipe."},
+    {"replays", RecipeCount, METH_NOARGS, "replays() -> int: how many calls have a recipe."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from ..arguments.epilogue import ACTIVATIONS
 from ..core import tracing
 from ..core.errors import DeviceError
+from ..native import recipes
 from ..ops import dispatch as _ops
 from . import lowering as _lowering
 
@@ -28,12 +29,14 @@ _TORCH_ACTIVATIONS = {
     "silu": F.silu,
 }
 _autocast_enabled = torch.is_autocast_enabled
-_autocast_any = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 _grad_enabled = torch.is_grad_enabled
 _is_dynamo_compiling = tracing.is_dynamo_compiling
 _dispatch_modes = tracing.dispatch_mode_depth
 _function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
-_GEMM_TAG = _ops._GEMM_TAG
+_GEMM_OP = _ops.GEMM_OP
+#: A layer's own number in call keys: its forward as one call (input, weight, bias, activation).
+LINEAR_OP = recipes.op_number("kernel_api.nn.Linear")
+_linear = F.linear
 
 
 def _check_activation(activation: Any) -> str | None:
@@ -117,15 +120,38 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
 
 
 def _replayed(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None) -> Any:
-    """``activation(x @ weight_kn + bias)`` for a 2-D ``x`` replayed from C (`gemm_plain`: the
-    launch table's entry or the torch call recorded for operands of this metadata), or None
-    when the call needs the Python path (`_project`): no entry yet, autograd, autocast, a
-    tracer (Dynamo's calls take `_compiled` before this). An entry exists only for metadata
-    that `_project` and the front door checked."""
-    plain = _ops._gemm_plain
-    if plain is None or _autocast_any() or _function_modes() or x.dim() != 2:
+    """``activation(x @ weight_kn + bias)`` for a 2-D ``x`` replayed from C (the recipe
+    `_project`'s `ops.gemm` call recorded for operands of this metadata), or None when the
+    call needs the Python path (`_project`): no recipe yet, autograd, autocast, a tracer (the
+    call key holds that state; Dynamo's calls take `_compiled` before this)."""
+    replay = _ops.replay_call
+    if replay is None or x.dim() != 2:
         return None
-    return plain(_GEMM_TAG, x, weight_kn, None, 1.0, 0.0, None, bias, layer.activation, None, None)
+    return replay(_GEMM_OP, x, weight_kn, None, 1.0, 0.0, None, bias, layer.activation, None, None)
+
+
+def _record_linear(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """After `_project` ran a 2-D forward of ``layer`` with the kept transposed weight
+    ``weight_kn``: record the forward for calls keyed as ``(x, weight_kn, bias, activation)``,
+    which `Linear.forward` then replays with one C call. The recipe is the one `ops.gemm`
+    recorded for the GEMM, its arguments taken from the layer's; where cuBLAS serves a layer
+    without activation, torch's own ``torch.addmm(bias, x, W^T)`` (``torch.matmul(x, W^T)``
+    without a bias), the product cuBLAS runs, called directly. Only in the state `ops.gemm`
+    records in (no autograd, modes or autocast)."""
+    entry = _ops._entry
+    if entry is None or not _ops.plain_state((x, weight_kn, bias)):
+        return
+    activation = layer.activation
+    recipe = entry.recipe(_GEMM_OP, x, weight_kn, None, 1.0, 0.0, None, bias, activation, None, None)
+    if recipe is None:
+        return
+    if not recipe[1] and activation is None:  # a torch call: cuBLAS's product
+        recipe = (recipes.Call(torch.matmul, (0, 1)) if bias is None else recipes.Call(torch.addmm, (2, 0, 1))).spec()
+    else:  # (A, B, bias) of gemm(A, B, out, alpha, beta, C, bias, ...) are the layer's (x, weight_kn, bias)
+        recipe = recipes.remap(recipe, {0: 0, 1: 1, 6: 2})
+        if recipe is None:
+            return
+    entry.record(LINEAR_OP, recipe, x, weight_kn, bias, activation)
 
 
 # The transposed view of each Linear's weight, kept on the layer: (weight, its data pointer and
@@ -192,28 +218,38 @@ class Linear(torch.nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if _is_dynamo_compiling():
             return _compiled(self, input, self.weight, self.bias, False)
-        # A 2-D input of recorded metadata: `_replayed`'s call, inline (a frame less per forward).
+        # The forward replayed from C: the recipe `_linear_forward` recorded for a call keyed as
+        # this one, with the kept transposed weight (cuBLAS's product, or our kernel's launch).
         # The parameters come from _parameters, without nn.Module.__getattr__'s frame (a
-        # parametrized weight is not there and takes the general path).
-        plain = _ops._gemm_plain
-        if plain is not None and not (_dispatch_modes() or _function_modes() or _autocast_any()) and input.dim() == 2:
+        # parametrized weight is not there and takes the Python path).
+        replay = _ops.replay_call
+        if replay is not None and not (_dispatch_modes() or _function_modes()):  # (data_ptr under a tracer raises)
             params = self._parameters
             weight = params.get("weight")
-            if weight is not None:
-                kept = self.__dict__.get(_WEIGHT_T)
-                if (kept is None or kept[0] is not weight or kept[1] != weight.data_ptr()
-                        or kept[2] != weight._version):
-                    kept = _keep_weight_t(self, weight)
-                y = plain(_GEMM_TAG, input, kept[3], None, 1.0, 0.0, None, params.get("bias"), self.activation,
-                          None, None)
+            kept = self.__dict__.get(_WEIGHT_T)
+            if (kept is not None and kept[0] is weight and kept[1] == weight.data_ptr()
+                    and kept[2] == weight._version):
+                y = replay(LINEAR_OP, input, kept[3], params.get("bias"), self.activation)
                 if y is not None:
                     return y
-        return _project(self, input, self.weight.t(), self.bias, self.activation,
-                        self.fuse_activation_when_training)
+        return _linear_forward(self, input)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation else ""
         return super().extra_repr() + act
+
+
+def _linear_forward(layer: Linear, input: torch.Tensor) -> torch.Tensor:
+    """`Linear.forward` when C replayed nothing: the Python path (`_project`), which records the
+    GEMM's recipe, and for a 2-D input with the kept transposed weight the layer's own
+    (`_record_linear`)."""
+    weight, bias = layer.weight, layer.bias
+    if weight is not layer._parameters.get("weight") or input.dim() != 2 or not _ops.plain_state((input, weight, bias)):
+        return _project(layer, input, weight.t(), bias, layer.activation, layer.fuse_activation_when_training)
+    weight_kn = _weight_t(layer, weight)
+    y = _project(layer, input, weight_kn, bias, layer.activation, layer.fuse_activation_when_training)
+    _record_linear(layer, input, weight_kn, bias)
+    return y
 
 
 class Conv1DLinear(torch.nn.Module):

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .. import native, registry
+from ..native import recipes
 from ..arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments,
                          byte_extent)
 from ..core.dtypes import DataType
@@ -101,6 +102,14 @@ _gemm_plain: Any = None
 # ``call`` of the entry points: any operation's call replayed from what its Python path recorded
 # (the table's launches, torch calls, output makers), with no rule of the operation's own.
 _op_call: Any = None
+#: ``replay(op, *args)`` of the entry points once they load (None before and without them): the
+#: recipe the Python path recorded for a call keyed as this one, run in C (`kernel_api.native.recipes`).
+replay_call: Any = None
+_entry: Any = None  # the entry points, once loaded
+#: The front doors' numbers in call keys.
+GEMM_OP = recipes.op_number("kernel_api.gemm")
+SOFTMAX_OP = recipes.op_number("kernel_api.softmax")
+SOFTMAX_BACKWARD_OP = recipes.op_number("kernel_api.softmax_backward")
 #: Where epilogue functions are run: ``{"gemm": gemm_with_epilogue}``, filled by
 #: ops/epilogue_gemm.py when it is imported (it builds on this module, so this module does not
 #: import it).
@@ -132,6 +141,8 @@ _is_compiling = tracing.is_compiling
 _is_dynamo_compiling = tracing.is_dynamo_compiling
 _dispatch_modes = tracing.dispatch_mode_depth
 _grad_enabled = torch.is_grad_enabled
+_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+_autocast_any = getattr(torch._C, "_is_any_autocast_enabled", torch.is_autocast_enabled)
 # What torch.autograd.graph.increment_version(out) calls, without its Python frame: ops write
 # outputs through raw pointers, which autograd does not see; a bumped version counter makes a
 # backward that saved the overwritten tensor raise instead of using the new values.
@@ -242,16 +253,6 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
                 entry = _epilogue_entry(launcher, epilogue.bias, index, token, extents)
                 if entry is not None:
                     _fast[fast_key] = entry
-                    code = _EPILOGUE_CODES.get(epilogue.activation)
-                    if (epilogue.bias is not None and code is not None and epilogue.alpha == 1.0
-                            and id(token) >> _EPILOGUE_SHIFT == 0):
-                        # (the fast key holds beta 0 and no C): gemm_plain serves repeated calls
-                        A, B, out = tensors
-                        bias_tag = _GEMM_TAG | (_TF32_TAG if tf32 else 0) | code << _EPILOGUE_SHIFT
-                        if launcher.ffi:
-                            _record_native_epilogue(entry, token, (A, B, epilogue.bias, out), bias_tag)
-                        elif launcher.torch_call is not None:
-                            _record_torch_call(launcher, token, (A, B, epilogue.bias, out), bias_tag, new_output)
                 return found
             _fast[fast_key] = PlainEntry(launcher, index, token, extents)
         # f32 GEMMs: recorded under the TF32 flag they were chosen with, which gemm_plain reads
@@ -393,6 +394,99 @@ def _log_fast_path(kernel: Any, artifact: Any, args: Any, fast_key: tuple | None
                    native.why_not())
 
 
+def plain_state(tensors: tuple) -> bool:
+    """Whether a call with these tensor inputs runs plainly: no torch dispatch or function mode,
+    no autocast, no input requiring grad under grad mode. A launch is recorded for replay only
+    from such a call (the call key holds that state, so it replays only in it).
+
+    Args:
+        tensors: the call's tensor inputs (None entries are skipped).
+    """
+    if _dispatch_modes() or _function_modes() or _autocast_any():
+        return False
+    return not (_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+
+
+def record_replay(op: int, kernel: Kernel, artifact: Any, args: Arguments, call: tuple, made: Any = None,
+                  like: int = 0) -> bool:
+    """Record what a front door's Python path launched for ``args``, for later calls keyed as
+    ``call`` (the front door's arguments, as given): the kernel's torch call (`Launcher.torch_call`,
+    a `recipes.Call`) or its TVM-FFI function (a `recipes.Launch`), its tensors found among the
+    call's arguments by identity. The caller made the output ``made`` (a dense tensor with
+    argument ``like``'s dtype and device), or it is one of the call's arguments.
+
+    Returns:
+        Whether a recipe was recorded (not for a kernel without a `Launcher` or one that is
+        neither, tensors that are not the call's own, constants C cannot hold).
+    """
+    if not _load_table() or _entry is None:
+        return False
+    launcher = kernel._launcher(args, artifact)
+    if launcher is None or not (launcher.ffi or launcher.torch_call is not None):
+        return False
+
+    views: list[tuple] = []
+
+    def slot(t: Any) -> int | None:
+        """Where the launch's tensor ``t`` comes from: the made output, a call argument (itself,
+        or a view with its metadata), or (for a TVM-FFI launch) a view of one's memory."""
+        if made is not None and t is made:
+            return recipes.MADE
+        for i, given in enumerate(call):
+            if given is t:
+                return i
+        tensors = [(i, g) for i, g in enumerate(call) if isinstance(g, _Tensor) and g.dtype == t.dtype
+                   and g.device == t.device]
+        for i, given in tensors:
+            if given.data_ptr() == t.data_ptr() and given.shape == t.shape and given.stride() == t.stride():
+                return i
+        base = t.untyped_storage().data_ptr()
+        for i, given in tensors if launcher.ffi and base else ():
+            if given.untyped_storage().data_ptr() == base:
+                views.append((i, tuple(t.shape), tuple(t.stride()), t.storage_offset() - given.storage_offset()))
+                return recipes.view(len(views) - 1)
+        return None
+
+    names = type(args).output_names
+    if len(names) != 1:
+        return False
+    output = getattr(args, names[0])
+    tensors = [getattr(args, name) for name in args.tensor_attributes]
+    slots = [slot(t) for t in tensors]
+    out = slot(output)
+    if None in slots or out is None:
+        return False
+    order, constants = list(slots), []
+    for value in launcher.tail:
+        if isinstance(value, _Tensor):
+            order.append(slot(value))
+        else:
+            order.append(recipes.constant(len(constants)))
+            constants.append(value)
+    if None in order:
+        return False
+    if launcher.torch_call is not None:  # torch_call(*inputs, *tail, out=output); torch allocates a made one
+        inputs = tuple(s for t, s in zip(tensors, order) if t is not output) + tuple(order[len(tensors):])
+        recipe: Any = recipes.Call(launcher.torch_call, inputs, out=-1 if out == recipes.MADE else out)
+    else:
+        shape = None if out != recipes.MADE else (like, tuple(made.shape), recipes.alignment(made.data_ptr()))
+        recipe = recipes.Launch(launcher.function, tuple(order), tuple(constants),
+                                output=-1 if out == recipes.MADE else out, made=shape, views=tuple(views))
+    token = current().scope_token
+    _tag_policy(token)
+    try:
+        return recipes.record(_entry, op, recipe, *call)
+    except (TypeError, ValueError):  # constants C cannot hold: the Python path serves such calls
+        return False
+
+
+def _record_call(op: int, recipe: Any, call: tuple) -> None:
+    """Record ``recipe`` (a `recipes.Call` of torch's) for calls keyed as ``call``."""
+    if _load_table() and _entry is not None:
+        _tag_policy(current().scope_token)
+        recipes.record(_entry, op, recipe, *call)
+
+
 def _load_table() -> bool:
     """Load the C launch table and its CPython entry points once; whether the table is there."""
     global _table, _table_launch, _gemm_plain, _op_call
@@ -409,6 +503,10 @@ def _load_table() -> bool:
                                 _increment_version, _tf32_allowed)
             _gemm_plain = entry.gemm_plain
             _op_call = entry.call
+            global replay_call, _entry
+            entry.configure_replay(_settings, _grad_enabled, _dispatch_modes, _function_modes, _autocast_any,
+                                   _tf32_allowed, _increment_version)
+            _entry, replay_call = entry, entry.replay
         else:
             _log.debug("the launch table's CPython entry points are unavailable (%s): launching through TVM-FFI",
                        native.why_not_entry())
@@ -441,6 +539,8 @@ def _tag_policy(policy: Any) -> None:
     if id(policy) not in _tagged_policies and len(_tagged_policies) >= _FAST_LIMIT:
         _table.clear()  # a policy per call would otherwise keep every policy alive
         _forget_torch_calls()
+        if _entry is not None:
+            _entry.forget_replays()
         _tagged_policies.clear()
     _tagged_policies[id(policy)] = policy
 
@@ -573,10 +673,10 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     # ----
     # (_is_dynamo_compiling first: Dynamo folds it to True and reads nothing else here, so no guards)
     if not _is_dynamo_compiling():
-        if _gemm_plain is not None:
-            # The plain-call checks (no dispatch mode, no autograd) and the table launch, in C;
-            # None when it declines (docs/architecture.md, "The gemm_plain contract").
-            done = _gemm_plain(_GEMM_TAG, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
+        if replay_call is not None:
+            # What the Python path recorded for a call keyed as this one, run in C; None when
+            # nothing is (docs/architecture.md, "The replay contract").
+            done = replay_call(GEMM_OP, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
             if done is not None:
                 return done
         elif (_table_launch is not None and not _dispatch_modes() and C is None and bias is None
@@ -749,9 +849,12 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
             if given:
                 _increment_version((out,))
             return out
-    # (f32 entries of the C launch table are tagged by torch's TF32 flag: `_launch`, gemm_plain)
-    _launch(GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue), stream, fast_key,
-            (A, B, out), _GEMM_TAG if epilogue is None and accumulator_type is None else 0, not given)
+    args = GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue)
+    found = _launch(args, stream, fast_key, (A, B, out))
+    if found is not None and stream is None and plain_state((A, B, C, bias)):
+        record_replay(GEMM_OP, found[0], found[1], args,
+                      (A, B, out if given else None, alpha, beta, C, bias, activation, accumulator_type, None),
+                      None if given else out)
     if given:
         _increment_version((out,))
     return out
@@ -762,19 +865,12 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
     registry's softmax-backward kernels) and traceable (``kernel_api::softmax``). Repeated
     calls with ``dim=-1`` on operands of recorded metadata are replayed from C (the entry
     points' ``call``: the launch table, or the torch provider's recorded call)."""
-    if not _is_dynamo_compiling() and dim == -1:
-        if _op_call is not None:
-            # Under autograd the replay declines: test that first, so a differentiable call
-            # pays for no replay attempt on its way to torch's softmax or the Python path.
-            if type(x) is _Tensor and x.requires_grad and _grad_enabled():
-                if (out is None and stream is None and x.is_cuda and not _dispatch_modes()
-                        and torch_softmax_serves_autograd(x)):
-                    return torch.softmax(x, -1)  # (small, under autograd: see AUTOGRAD_NATIVE_MAX_ELEMENTS)
-            else:
-                done = _op_call(_SOFTMAX_TAG, stream, out, x)
-                if done is not None:
-                    return done
-        elif _table_launch is not None and not _dispatch_modes():
+    if not _is_dynamo_compiling():
+        if replay_call is not None:
+            done = replay_call(SOFTMAX_OP, x, dim, out, stream)
+            if done is not None:
+                return done
+        elif _table_launch is not None and dim == -1 and not _dispatch_modes():
             if not (getattr(x, "requires_grad", False) and _grad_enabled()):
                 done = _table_fallback(_SOFTMAX_TAG, stream, out, _new_like, x)
                 if done is not None:
@@ -791,7 +887,13 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
         if out is not None:
             raise ValueError("out=: results that require grad cannot be written into a given tensor; leave out=None")
         if stream is None and torch_softmax_serves_autograd(x):
-            return torch.softmax(x, dim)  # (see AUTOGRAD_NATIVE_MAX_ELEMENTS)
+            y = torch.softmax(x, dim)  # (see AUTOGRAD_NATIVE_MAX_ELEMENTS)
+            if not (_dispatch_modes() or _function_modes() or _autocast_any()):
+                # torch's own op under autograd: C replays it for calls keyed as this one
+                # (`_softmax`: softmax's work, without its composite's dispatch)
+                _record_call(SOFTMAX_OP, recipes.Call(torch._softmax, (0, 1, recipes.constant(0)), (False,)),
+                             (x, dim, None, None))
+            return y
         if _functorch_active():
             return _SoftmaxWithGrad.apply(x, dim, stream)
         return _apply_softmax_with_grad(x, dim, stream)
@@ -847,7 +949,7 @@ class _SoftmaxWithGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, dim: int, stream: Any) -> torch.Tensor:
         # (grad mode is off in here)
-        out = _op_call(_SOFTMAX_TAG, stream, None, x) if dim == -1 and _op_call is not None else None
+        out = replay_call(SOFTMAX_OP, x, dim, None, stream) if replay_call is not None else None
         if out is None:
             out = _softmax_eager(x, dim, None, stream)
         ctx.save_for_backward(out)
@@ -906,8 +1008,11 @@ def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: 
     given = out is not None  # the caller's tensor: its version counter is bumped after the write
     if not given:
         out = _new_like(x)
-    _launch(SoftmaxArguments(x, out, dim=dim), stream, None, (x, out), _SOFTMAX_TAG, not given,
-            None if given else _NEW_LIKE_FIRST)
+    args = SoftmaxArguments(x, out, dim=dim)
+    found = _launch(args, stream)
+    if found is not None and stream is None and plain_state((x,)):
+        record_replay(SOFTMAX_OP, found[0], found[1], args, (x, dim, out if given else None, None),
+                      None if given else out)
     if given:
         _increment_version((out,))
     return out
@@ -916,12 +1021,12 @@ def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: 
 def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
                      grad_in: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
     """Gradient of softmax: ``out * (grad_out - sum(grad_out * out, dim))``."""
-    if not _is_dynamo_compiling() and dim == -1:
-        if _op_call is not None:
-            done = _op_call(_SOFTMAX_BACKWARD_TAG, stream, grad_in, grad_out, out)
+    if not _is_dynamo_compiling():
+        if replay_call is not None:
+            done = replay_call(SOFTMAX_BACKWARD_OP, grad_out, out, dim, grad_in, stream)
             if done is not None:
                 return done
-        elif _table_launch is not None and not _dispatch_modes():
+        elif _table_launch is not None and dim == -1 and not _dispatch_modes():
             done = _table_fallback(_SOFTMAX_BACKWARD_TAG, stream, grad_in, _new_like, grad_out, out)
             if done is not None:
                 return done
@@ -951,9 +1056,12 @@ def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int,
         return grad_in
     given = grad_in is not None  # the caller's tensor: its version counter is bumped after the write
     if not given:
-        grad_in = _new_like(grad_out)  # (as C makes it; the arguments check it against out)
-    _launch(SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim), stream, None, (grad_out, out, grad_in),
-            _SOFTMAX_BACKWARD_TAG, not given, None if given else _NEW_LIKE_FIRST)
+        grad_in = _new_like(grad_out)  # (dense, like grad_out: C makes the outputs of replays so)
+    args = SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim)
+    found = _launch(args, stream)
+    if found is not None and stream is None and plain_state((grad_out, out)):
+        record_replay(SOFTMAX_BACKWARD_OP, found[0], found[1], args, (grad_out, out, dim, grad_in if given else None,
+                                                                    None), None if given else grad_in)
     if given:
         _increment_version((grad_in,))
     return grad_in
@@ -974,4 +1082,6 @@ def clear_dispatch_cache() -> None:
     if _table is not None:
         _table.clear()
         _forget_torch_calls()
+    if _entry is not None:
+        _entry.forget_replays()
     _tagged_policies.clear()

@@ -1,0 +1,290 @@
+"""Repeated calls replayed from C by one call key (kernel_api/native/recipes.py, python_entry.cc's
+CallKey): what the key holds, what a recipe runs, when a replay declines, and which Python frames a
+repeated `ops.gemm`, `ops.softmax` (under autograd too) and patched `nn.Linear` call enters.
+
+Runs on CPU: the front door is opened to CPU tensors (`cpu_ops`) and restricted to the torch
+provider, whose kernels record torch calls; launches are a Python callable converted to a
+TVM-FFI function (`Recorder`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import native
+from kernel_api.native import recipes
+from kernel_api.ops import dispatch as ops
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+if native.module_path() is None:
+    pytest.skip("kernel_api.native._launch_table was not built by this install", allow_module_level=True)
+
+OP = recipes.op_number("tests.replay")
+
+
+@pytest.fixture
+def entry():
+    module = native.entry()
+    if module is None:
+        pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
+    ops.clear_dispatch_cache()
+    assert ops._load_table() and ops.replay_call is not None
+    yield module
+    ops.clear_dispatch_cache()
+
+
+@pytest.fixture
+def torch_ops(cpu_ops, entry):
+    """The front door on CPU tensors with the torch provider only (its kernels record torch calls)."""
+    with kernel_api.settings(providers=["torch"]):
+        yield entry
+
+
+class Recorder:
+    """A TVM-FFI stand-in for a compiled kernel: logs each call (tensors as data pointer, shape
+    and strides: tensors passed as DLTensor pointers live only during the call)."""
+
+    def __init__(self):
+        self.calls = []
+
+        def record(*args):
+            self.calls.append(tuple((a.data_ptr(), tuple(a.shape), tuple(a.strides)) if hasattr(a, "data_ptr") else a
+                                    for a in args))
+
+        self.function = tvm_ffi.convert(record)
+
+
+def seen(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), tuple(t.shape), tuple(t.stride())
+
+
+class Frames:
+    """The Python functions a block of code enters (module-qualified names), through sys.setprofile."""
+
+    def __init__(self):
+        self.entered: list[str] = []
+
+    def __enter__(self):
+        def profile(frame, event, arg):
+            if event == "call":
+                self.entered.append(f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_qualname}")
+        sys.setprofile(profile)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+
+    def of(self, prefix: str) -> list[str]:
+        return [name for name in self.entered if name.startswith(prefix)]
+
+
+# ---- the key ------------------------------------------------------------------------------------
+
+def test_a_call_recipe_replays_for_an_equal_key_only(entry):
+    x = torch.randn(4, 8)
+    recipe = recipes.Call(torch._softmax, (0, 1, recipes.constant(0)), (False,))
+    assert recipes.record(entry, OP, recipe, x, -1, None, "a")
+    got = entry.replay(OP, x, -1, None, "a")
+    assert torch.equal(got, torch.softmax(x, -1))
+    assert entry.recipe(OP, x, -1, None, "a") == recipe.spec()
+    for other in ((x, -1.0, None, "a"), (x, True, None, "a"), (x, -1, 0, "a"), (x, -1, None, "b"),
+                  (x.t().contiguous().t(), -1, None, "a"), (x[:, :4], -1, None, "a"), (x.double(), -1, None, "a"),
+                  (x, -1, None), (torch.nn.Parameter(x), -1, None, "a")):
+        assert entry.replay(OP, *other) is None, other
+    assert entry.replay(OP + 1, x, -1, None, "a") is None
+    assert entry.replay(OP, x, -1, None, object()) is None  # not keyed: another type
+    assert not recipes.record(entry, OP, recipe, x, -1, None, [1])
+
+
+def test_the_key_holds_the_settings_and_torchs_state(entry):
+    x = torch.randn(4, 8)
+    recipes.record(entry, OP, recipes.Call(torch.softmax, (0, 1)), x, -1)
+    assert entry.replay(OP, x, -1) is not None
+    with kernel_api.settings(policy=kernel_api.PickAny()):
+        assert entry.replay(OP, x, -1) is None
+    with torch.autocast("cpu"):
+        assert entry.replay(OP, x, -1) is None
+    with torch.overrides.TorchFunctionMode():
+        assert entry.replay(OP, x, -1) is None
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    with TorchDispatchMode():
+        assert entry.replay(OP, x, -1) is None
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = not tf32
+        assert entry.replay(OP, x, -1) is None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    leaf = x.clone().requires_grad_()
+    same = leaf.detach()  # (the same memory and metadata)
+    recipes.record(entry, OP, recipes.Call(torch.softmax, (0, 1)), same, -1)
+    assert entry.replay(OP, same, -1) is not None
+    assert entry.replay(OP, leaf, -1) is None  # requires_grad under grad mode: another key
+    with torch.no_grad():
+        assert entry.replay(OP, same, -1) is None  # grad mode: another key
+        recipes.record(entry, OP, recipes.Call(torch.softmax, (0, 1)), same, -1)
+        assert entry.replay(OP, leaf, -1) is not None  # (requires_grad is keyed under grad mode only)
+    assert entry.replay(OP, torch._neg_view(x), -1) is None  # a lazy bit: another key
+
+
+def test_a_call_recipe_with_an_output_declines_when_it_overlaps(entry):
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    recipes.record(entry, OP, recipes.Call(torch.softmax, (0, recipes.constant(0)), (-1,), out=1), x, out)
+    assert entry.replay(OP, x, out) is out and torch.allclose(out, torch.softmax(x, -1))
+    recipes.record(entry, OP, recipes.Call(torch.softmax, (0, recipes.constant(0)), (-1,), out=1), x, x)
+    assert entry.replay(OP, x, x) is None  # the same memory: the Python path judges
+
+
+# ---- launches -----------------------------------------------------------------------------------
+
+def test_a_launch_recipe_makes_its_output_as_recorded(entry):
+    """A made output is a dense tensor of the recorded shape like the recorded argument; each
+    recorded variant serves one pointer alignment of it (what arguments' summaries read)."""
+    x = torch.randn(6, 8)
+    fn = Recorder()
+    room = torch.empty(48 + 256)
+    for low in (16, 32, 64, 128, 256, 512, 1024):
+        offset = (low - (room.data_ptr() & 1023)) % 1024 // 4
+        assert recipes.alignment(room[offset:].data_ptr()) == low
+        spec = recipes.Launch(fn.function, (0, recipes.MADE, recipes.constant(0)), (7,), made=(0, (6, 8), low))
+        assert recipes.record(entry, OP, spec, x, None)
+    assert entry.replays() == 1  # one key, a variant per alignment
+    got = entry.replay(OP, x, None)
+    assert got.shape == (6, 8) and got.dtype == x.dtype and got.is_contiguous()
+    assert fn.calls[-1] == (seen(x), seen(got), 7, None)
+
+
+def test_fake_tensors_never_replay(entry):
+    """A tracer's fake tensors read through DLPack with a made-up data pointer (null, or a view's
+    offset) that could match a real recording's alignment: their type and the dispatch mode
+    are in the key, so they never replay. Under FakeTensorMode ops take the custom ops."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fn = Recorder()
+    pool = torch.randn(4096)
+    start = (-pool.data_ptr() % 1024) // 4
+    A, B, out = (pool[start + i * 256:start + i * 256 + 64].view(8, 8) for i in range(3))  # 1024-byte aligned
+    spec = recipes.Launch(fn.function, (0, 1, 2), output=2)
+    recipes.record(entry, ops.GEMM_OP, spec, A, B, out, 1.0, 0.0, None, None, None, None, None)
+    assert kernel_api.ops.gemm(A, B, out=out) is out and len(fn.calls) == 1
+    with FakeTensorMode() as mode:
+        fake_pool = mode.from_tensor(pool)
+        views = [fake_pool[i * 256:i * 256 + 64].view(8, 8) for i in range(1, 4)]  # "pointers" 1024, 2048, 3072
+        assert kernel_api.ops.gemm(*views[:2], out=views[2]) is views[2]
+        assert type(kernel_api.ops.softmax(views[0])).__name__ == "FakeTensor"
+    assert entry.replay(ops.GEMM_OP, *views, 1.0, 0.0, None, None, None, None, None) is None
+    assert len(fn.calls) == 1
+
+
+def test_a_launch_recipe_passes_views_and_bumps_a_given_outputs_version(entry):
+    x, bias, out = torch.randn(4, 8), torch.randn(1, 8), torch.empty(4, 8)
+    fn = Recorder()
+    spec = recipes.Launch(fn.function, (0, 2, recipes.view(0), recipes.constant(0)), (1.5,), output=2,
+                          views=((1, (8,), (1,), 0),))
+    assert recipes.record(entry, OP, spec, x, bias, out)
+    version = out._version
+    assert entry.replay(OP, x, bias, out) is out and out._version > version
+    assert fn.calls[-1] == (seen(x), seen(out), (bias.data_ptr(), (8,), (1,)), 1.5, None)
+    assert entry.replay(OP, x, bias, x) is None  # an output overlapping an input
+
+
+def test_a_recipe_that_raises_declines_quietly(entry):
+    def broken(*args):
+        raise RuntimeError("no")
+
+    x = torch.randn(4, 4)
+    recipes.record(entry, OP, recipes.Call(broken, (0,)), x)
+    assert entry.replay(OP, x) is None and entry.replays() == 1
+    entry.forget_replays()
+    assert entry.replays() == 0
+
+
+def test_record_names_what_it_cannot_take(entry):
+    x = torch.randn(2, 2)
+    with pytest.raises(TypeError, match="TVM-FFI function"):
+        recipes.record(entry, OP, recipes.Launch(print, (0,)), x)
+    with pytest.raises(ValueError, match="order names"):
+        recipes.record(entry, OP, recipes.Call(torch.neg, (3,)), x)
+    with pytest.raises(TypeError, match="recipe is"):
+        entry.record(OP, (torch.neg,), x)
+
+
+# ---- the front doors ----------------------------------------------------------------------------
+
+def _python_path(monkeypatch) -> list:
+    counted = []
+    launch = ops._launch
+    monkeypatch.setattr(ops, "_launch", lambda *a, **k: counted.append(a[0]) or launch(*a, **k))
+    return counted
+
+
+def test_ops_gemm_is_replayed_from_c_with_no_rule_of_its_own(torch_ops, monkeypatch):
+    A, B, bias = torch.randn(16, 8), torch.randn(8, 24), torch.randn(24)
+    out = torch.empty(16, 24)
+    counted = _python_path(monkeypatch)
+    calls = [lambda: kernel_api.ops.gemm(A, B), lambda: kernel_api.ops.gemm(A, B, out=out),
+             lambda: kernel_api.ops.gemm(A, B, bias=bias), lambda: kernel_api.ops.gemm(A, B, bias=bias, activation="relu")]
+    for call in calls:
+        call()
+    first = len(counted)
+    for call in calls:
+        with Frames() as frames:
+            y = call()
+        ours = [f for f in frames.of("kernel_api.") if not f.startswith("kernel_api.providers.")]
+        assert ours == ["kernel_api.ops.dispatch.gemm"], frames.entered  # (a provider's torch call aside)
+    assert len(counted) == first
+    assert torch.allclose(y, torch.relu(A @ B + bias), atol=1e-5)
+    # what the key does not hold takes the Python path (and records it)
+    kernel_api.ops.gemm(A, B, alpha=2.0)
+    kernel_api.ops.gemm(A, B.t().contiguous().t())
+    assert len(counted) == first + 2
+
+
+def test_a_misaligned_allocating_gemm_split_by_python_is_never_replayed(torch_ops, monkeypatch):
+    A, B = torch.randn(256, 16), torch.randn(16, 67)
+    counted = _python_path(monkeypatch)
+    for _ in range(3):
+        y = kernel_api.ops.gemm(A, B)
+    assert y.stride() == (68, 1) and torch.allclose(y, A @ B, atol=1e-4)  # two GEMMs into a padded output
+    assert len(counted) == 6  # each call splits on the Python path: no recipe for the whole call
+
+
+def test_softmax_under_autograd_is_torchs_op_replayed_from_c(torch_ops, monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # (torch's own op serves CUDA calls)
+    x = torch.randn(8, 16, requires_grad=True)
+    g = torch.randn(8, 16)
+    kernel_api.ops.softmax(x)
+    with Frames() as frames:
+        y = kernel_api.ops.softmax(x)
+    assert frames.of("kernel_api.") == ["kernel_api.ops.dispatch.softmax"], frames.entered
+    assert type(y.grad_fn).__name__ == "SoftmaxBackward0"
+    (got,) = torch.autograd.grad(y, x, g)
+    ref = torch.softmax(x.detach(), -1)
+    assert torch.allclose(got, ref * (g - (g * ref).sum(-1, keepdim=True)), atol=1e-6)
+    with torch.no_grad():  # another key: not the autograd recipe
+        assert kernel_api.ops.softmax(x).grad_fn is None
+
+
+def test_a_patched_linear_forward_enters_no_python_frame_of_ours_beyond_forward(torch_ops, monkeypatch):
+    from kernel_api.nn import linear as nn_linear
+
+    monkeypatch.setattr(nn_linear, "_check_device", lambda layer, x: None)
+    layer = kernel_api.nn.Linear(16, 32)
+    plain = kernel_api.nn.Linear(16, 32, bias=False)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for module in (layer, plain):
+            for _ in range(2):
+                module(x)
+            with Frames() as frames:
+                y = module(x)
+            assert frames.of("kernel_api.") == ["kernel_api.nn.linear.Linear.forward"], frames.entered
+            bias = module.bias if module.bias is not None else 0
+            assert torch.allclose(y, x @ module.weight.t() + bias, atol=1e-5)
+        layer.weight.mul_(2)  # (a changed weight: its kept transpose is made anew)
+        assert torch.allclose(layer(x), x @ layer.weight.t() + layer.bias, atol=1e-5)
