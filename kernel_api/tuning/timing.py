@@ -6,9 +6,10 @@ measure in one of two ways (`TIMINGS`). ``as_called``: each sample is a run of b
 calls between one pair of events, divided by the calls, started on a GPU with nothing queued
 (the warm-up's, settle's and previous sample's launches waited for), so a call's host time
 shows: all of it where it outlasts the kernel, as a loop of such calls would be charged, and its
-first call's latency once per sample otherwise. Behind its settle's backlog, QuACK's RMSNorm
-timed as its kernel alone, 67.6 us against ours 68.2 (bf16 16384x4096, H200; kernel times 69.3
-and 69.8), and won; from an idle GPU its calls took 79.0 us against ours 70.1. ``device``:
+first call's latency once per sample otherwise. Behind a backlog, a call whose host work is
+shorter than its kernel times as its kernel alone: QuACK's RMSNorm (bf16 16384x4096, H200) 67.6
+us against ours 68.2, where from an idle GPU its calls take 79.0 us against ours 70.1 (kernel
+times 69.3 and 69.8). ``device``:
 each call between its own events, queued behind a GPU spin where the host is slower than the
 calls, so the samples hold GPU time only: what a CUDA graph's replay of the kernel costs, where
 the host's work is done once at capture."""
