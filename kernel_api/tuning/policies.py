@@ -190,8 +190,10 @@ class PickBest(Policy):
     ``timing`` (default `DEFAULT_TIMING`, ``"as_called"``): what a sample holds, in either power
     state (`kernel_api.tuning.timing.TIMINGS`). ``"as_called"`` times runs of back-to-back calls
     through the kernel's recorded launch (its `Launcher`, which `kernel_api.ops` records too),
-    nothing queued ahead of them: a kernel whose calls cost the host more than the GPU is
-    charged the host's time, as a loop of `kernel_api.ops` calls is. ``"device"`` times GPU work
+    nothing queued ahead of them (its own settle launches and earlier samples waited for): a
+    kernel whose calls cost the host more than the GPU is charged the host's time, as a loop of
+    `kernel_api.ops` calls is, and any other its first call's host latency once per run.
+    ``"device"`` times GPU work
     only (each call queued behind a GPU spin): for code that captures its calls in CUDA graphs
     and replays them, where the host's work is done once.
 
