@@ -176,6 +176,11 @@ def test_python_numbers_take_the_kernels_parameter_sizes(monkeypatch):
     assert ctypes.c_float.from_address(pointers[2]).value == 0.5
     with pytest.raises(KernelLaunchError, match="takes 3 parameter"):
         lch.launch(0, 0, 1, 32, 0, (1, 2))
+    lch.launch(0, 0, 1, 32, 0, (np.int32(5), np.int64(-3), np.float64(0.25)))  # numpy: its kind, their size
+    *_, pointers = drv.launched[1]
+    assert ctypes.c_int64.from_address(pointers[0]).value == 5
+    assert ctypes.c_int32.from_address(pointers[1]).value == -3
+    assert ctypes.c_float.from_address(pointers[2]).value == 0.25
 
 
 def test_numpy_and_ctypes_scalars_keep_their_own_types(monkeypatch):

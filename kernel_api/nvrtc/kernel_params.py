@@ -5,8 +5,8 @@ A `ParamPacker` serves one kernel. The C type of each value follows from its Pyt
 ``cuda.core``'s launch reads it: an int is 64-bit (``intptr_t``), a float a double, a bool one
 byte, a numpy or ctypes scalar its own type, a tensor its data pointer. With the kernel's
 parameter sizes known (``sizes``, from the cubin), ints and floats take the size of the
-parameter they fill instead (a 4-byte ``int`` parameter gets 32 bits), so Python numbers can
-be passed as they are.
+parameter they fill instead (a 4-byte ``int`` parameter gets 32 bits; numpy scalars of another
+size too, keeping their kind), so Python numbers can be passed as they are.
 
 Each parameter has an 8-byte slot (no parameter the package passes is larger); slot i sits at
 byte 8*i of one buffer, and the pointer array points at the slots. The layouts are built once
@@ -51,6 +51,8 @@ def _code(value: Any, size: int | None) -> tuple[str, bool]:
     if module == "numpy":
         code = _NUMPY_CODES.get(kind.__name__)
         if code is not None:
+            if size and code != "?" and struct.calcsize("=" + code) != size:  # the parameter's size, same kind
+                code = (_FLOAT_BY_SIZE if code in "efd" else _INT_BY_SIZE).get(size, code)
             return code, False
     elif module == "ctypes":
         code = getattr(kind, "_type_", None)
