@@ -6,7 +6,8 @@ compute anywhere, and a toy operation whose arguments view their input stands in
 whose launches take reshaped operands. What is checked: a replayed call gives the Python path's
 results bit for bit and really skips it (counted calls of the front door's `_launch`), other
 metadata or settings choose again, errors are still explained, given outputs, autograd and
-torch.compile.
+torch.compile; kernels whose launches take a workspace are replayed, and host-bound problems go
+to the CUDA kernels that record their launches rather than to the torch provider's.
 """
 
 from __future__ import annotations

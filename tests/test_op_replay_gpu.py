@@ -1,7 +1,9 @@
 """The replay of the generated operations' repeated calls on CUDA, where the chosen kernels are
 the CUDA source kernels (recorded ``cuLaunchKernel`` launches, `kernel_api.native.cuda_launch`):
 replayed results equal the Python path's bit for bit and against float64, the replay serves
-(counted Python-path launches), a side stream, given outputs. The CPU half, with the rules, is
+(counted Python-path launches), a side stream, given outputs; the norm backwards (a workspace
+made per call, on a side stream and in a CUDA graph) and cross-entropy's backward replayed by
+their CUDA kernels; the torch provider's norm backwards on CUDA. The CPU half, with the rules, is
 tests/test_op_replay.py.
 """
 
