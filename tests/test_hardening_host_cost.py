@@ -1,7 +1,8 @@
-"""Which path a repeated call takes: replayed from C (the launch table, a recorded torch call, a
-recorded output maker) without entering the front door's Python dispatch, for softmax's kernel
-families (our CUDA source kernels and the torch provider's), GEMMs with a row bias launched by a
-kernel of ours, and kernel_api.nn.Linear's forward.
+"""Which path a repeated call takes: replayed from C (the recipe a Python path recorded: a
+kernel's launch, its output made in C, or a torch call) without entering the front door's
+Python dispatch, for softmax's kernel families (our CUDA source kernels and the torch
+provider's), GEMMs with a row bias launched by a kernel of ours, and kernel_api.nn.Linear's
+forward.
 
 Runs on CPU: stand-ins take the place of compiled kernels (a Python callable converted to a
 TVM-FFI function), recorded as the front door records a launcher after a call's Python path;
@@ -22,7 +23,6 @@ from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments, native
 from kernel_api.core.artifact import CompiledArtifact
 from kernel_api.launcher import Launcher
 from kernel_api.ops import dispatch as ops  # the front door's module: its caches and launch records
-from kernel_api.tuning.settings import current
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 if native.module_path() is None:
@@ -35,7 +35,7 @@ def entry():
     if module is None:
         pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
     ops.clear_dispatch_cache()
-    assert ops._load_table()
+    assert ops._load_entry()
     yield module
     ops.clear_dispatch_cache()
 
@@ -85,7 +85,7 @@ class Frames:
 
 def aligned_like(t: torch.Tensor) -> torch.Tensor:
     """A new tensor of ``t``'s shape and dtype whose data pointer has ``t``'s low 10 bits (what
-    the launch table keys alignment on), filled with random values."""
+    call keys hold of a pointer), filled with random values."""
     size = t.element_size()
     pool = torch.empty(t.numel() + 1024 // size, dtype=t.dtype)
     offset = ((t.data_ptr() - pool.data_ptr()) & 1023) // size
@@ -238,7 +238,7 @@ def test_cuda_source_softmax_kernels_offer_a_recorded_launch(monkeypatch, backwa
 def test_the_native_cuda_launch_checks_what_it_is_given():
     table = native.table()
     if table is None:
-        pytest.skip(f"no launch table here: {native.why_not()}")
+        pytest.skip(f"no native library here: {native.why_not()}")
     for bad in ((0x10, 2, 1, 1, 1, 32, 1, 1, 0, 0, 5),  # a tensor index past the tensors
                 (0x10, 2, 1, 1, 1, 32, 1, 1, 0, 3, 1),  # a constant of 3 bytes
                 (0x10, 2, 0, 1, 1, 32, 1, 1, 0),  # an empty grid

@@ -118,7 +118,7 @@ def test_a_damaged_installed_module_is_refused_not_loaded(tmp_path, keep):
     assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
     assert str(module) in done.stdout and "reinstall kernel-api" in done.stdout
     assert ("damaged" in done.stdout) and ("truncated" in done.stdout or "not an ELF library" in done.stdout)
-    assert done.stderr.count("the C launch table is unavailable") == 1  # one warning
+    assert done.stderr.count("the native library is unavailable") == 1  # one warning
 
 
 @installed

@@ -1,4 +1,5 @@
-"""The C launch table (kernel_api.native): build, keying, forwarding, errors, and ops' use of it.
+"""The native library (kernel_api.native): build, the call key's tensor part as fine as the
+arguments' summary, recorded launches, bounds, errors and threads.
 
 Runs on CPU: a Python callable converted to a TVM-FFI function stands in for a compiled
 kernel, and CPU tensors for the operands.
@@ -14,8 +15,8 @@ import torch
 import kernel_api
 from kernel_api import native
 from kernel_api.launcher import Launcher
+from kernel_api.native import recipes
 from kernel_api.ops import dispatch as ops  # the front door's module: its caches and launch records
-from kernel_api.tuning.settings import current
 from gemm_family_utils import operand_variants
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
@@ -28,10 +29,21 @@ if native.module_path() is None:
 def table():
     loaded = native.table()
     assert loaded is not None, native.why_not()
-    loaded.clear()
+    if native.entry() is None:
+        pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
+    ops.clear_dispatch_cache()
+    assert ops._load_entry()
     yield loaded
     ops.clear_dispatch_cache()
-    loaded.clear()
+
+
+OP = recipes.op_number("tests.launch")
+
+
+def _record(entry, fn, *args, output: int = -1):
+    """Record ``fn``'s launch with the call's tensor arguments in order (the output ``output``)."""
+    order = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    assert recipes.record(entry, OP, recipes.Launch(fn.function, order, output=output), *args)
 
 
 class SeenTensor:
@@ -63,50 +75,47 @@ def test_the_table_is_the_installed_module_built_from_these_sources(table):
     assert module.source_digest == sources.digest() and module.tvm_ffi_version == tvm_ffi.__version__
 
 
-def test_a_recorded_launch_forwards_tensors_then_tail_then_stream(table):
+def test_a_recorded_launch_forwards_tensors_then_constants_then_the_current_stream(table):
+    entry = native.entry()
     fn = Recorder()
     A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
-    assert table.launch(7, None, A, B, out) is False and not fn.calls
-    table.record(7, fn.function, 3, A, B, out, None, None, 1.0, 0.0, 132, None, 0)
-    assert table.size() == 1
-    assert table.launch(7, None, A, B, out) is True
+    assert entry.replay(OP, A, B, out) is None and not fn.calls
+    constants = (None, None, 1.0, 0.0, 132, None, 0)
+    spec = recipes.Launch(fn.function, (0, 1, 2, *(recipes.constant(i) for i in range(7))), constants, output=2)
+    assert recipes.record(entry, OP, spec, A, B, out) and entry.replays() == 1
+    assert entry.replay(OP, A, B, out) is out
     (call,) = fn.calls
     assert len(call) == 11
     for given, passed in zip((A, B, out), call[:3]):
         assert passed.data_ptr() == given.data_ptr() and tuple(passed.shape) == tuple(given.shape)
-    assert call[3:] == (None, None, 1.0, 0.0, 132, None, 0, None)  # CPU operands: no environment stream
-    assert table.launch(7, 12345, A, B, out) is True and fn.calls[-1][-1] == 12345
+    assert call[3:] == (*constants, None)  # CPU operands: no current stream
 
 
-def test_other_tags_and_non_tensors_miss(table):
+def test_other_ops_and_arguments_miss(table):
+    entry = native.entry()
     fn = Recorder()
     A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
-    table.record(7, fn.function, 3, A, B, out)
-    assert table.launch(8, None, A, B, out) is False
-    assert table.launch(7, None, A, B, "out") is False
-    assert table.launch(7, None, A, B) is False
-    assert table.launch(7, None, A, B, out, out) is False
+    _record(entry, fn, A, B, out, output=2)
+    for args in ((OP + 1, A, B, out), (OP, A, B, "out"), (OP, A, B), (OP, A, B, out, out)):
+        assert entry.replay(*args) is None
     assert not fn.calls
-    table.clear()
-    assert table.size() == 0 and table.launch(7, None, A, B, out) is False
 
 
 def test_an_output_sharing_memory_with_an_operand_is_left_to_python(table):
+    entry = native.entry()
     fn = Recorder()
     pool = torch.randn(4096)
     start = (-pool.data_ptr() % 1024) // 4
     A, B = pool[start:start + 256].view(16, 16), torch.randn(16, 16)
     disjoint = pool[start + 1024:start + 1280].view(16, 16)  # the same alignment class as A
-    table.record(5, fn.function, 3, A, B, disjoint)
-    assert table.launch(5, None, A, B, disjoint) is True
-    assert table.launch(5, None, A, B, A) is False  # same metadata as the recording, but out is A
+    _record(entry, fn, A, B, disjoint, output=2)
+    assert entry.replay(OP, A, B, disjoint) is disjoint
+    assert entry.replay(OP, A, B, A) is None  # same metadata as the recording, but out is A
     assert len(fn.calls) == 1
     with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
         kernel_api.GemmArguments(A, B, A).check_memory()
     with pytest.raises(ValueError, match="operand out: shares memory with operand B"):
         kernel_api.GemmArguments(A, B, B.t()).check_memory()
-    with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
-        ops.gemm(A, B, out=A)  # the table declined; the Python path refuses it
     in_place = kernel_api.GemmArguments(A, B, A)
     kernel = kernel_api.get_kernels(in_place, cc=90)[0]
     with pytest.raises(ValueError, match="operand out: shares memory with operand A"):
@@ -118,8 +127,10 @@ def test_an_output_sharing_memory_with_an_operand_is_left_to_python(table):
 
 
 def test_hits_exactly_when_the_raw_gemm_keys_are_equal(table):
-    """The C key must be as fine as ops' raw key, which is as fine as the arguments' summary
-    (test_integration): a hit then always means the signature and shape of the recording."""
+    """The call key's tensor part must be as fine as ops' raw key, which is as fine as the
+    arguments' summary (test_integration): a hit then always means the signature and shape of
+    the recording."""
+    entry = native.entry()
     policy = kernel_api.PickAny()
     fn = Recorder()
     variants = operand_variants()
@@ -133,50 +144,36 @@ def test_hits_exactly_when_the_raw_gemm_keys_are_equal(table):
     recorded = triples[::7]
     keys = set()
     for A, B, out in recorded:
-        table.record(3, fn.function, 3, A, B, out)
+        _record(entry, fn, A, B, out, output=2)
         keys.add(ops._raw_gemm_key(policy, A, B, out))
     hits = misses = 0
     for A, B, out in triples:
         expected = ops._raw_gemm_key(policy, A, B, out) in keys
-        assert table.launch(3, None, A, B, out) is expected, (A.shape, A.stride(), B.stride(), out.stride())
+        assert (entry.replay(OP, A, B, out) is not None) is expected, (A.shape, A.stride(), B.stride(), out.stride())
         hits += expected
         misses += not expected
     assert hits >= len(recorded) and misses > 100
 
 
-def test_the_table_is_bounded(table):
+def test_the_recipes_are_bounded(table):
+    entry = native.entry()
     fn = Recorder()
     B, out = torch.randn(8, 3), torch.empty(1, 3)
     for i in range(4100):
-        table.record(i << 4, fn.function, 3, torch.randn(1, 8), B, out)
-        assert table.size() <= 4096
+        _record(entry, fn, torch.randn(1, 8), B, out, i)
+        assert entry.replays() <= 4096
 
 
-@pytest.mark.parametrize("bad, message", [
-    (lambda fn, t: (1, "not a function", 3, *t), "function must be a TVM-FFI function"),
-    (lambda fn, t: (1, fn, 3, t[0], t[1], "out"), "every operand must be a tensor"),
-    (lambda fn, t: (1, fn, 4, *t), "n_tensors"),
-    (lambda fn, t: (1, fn, 3, *t, "a string"), "plain values"),
-    (lambda fn, t: ("tag", fn, 3, *t), "tag: int"),
-])
-def test_bad_records_raise_clear_errors(table, bad, message):
-    fn = Recorder()
-    tensors = (torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3))
-    with pytest.raises((TypeError, ValueError), match=message):
-        table.record(*bad(fn.function, tensors))
-    assert table.size() == 0
-
-
-GEMM_TAIL = (None, None, 1.0, 0.0)  # C, bias, alpha, beta: what the GEMM kernels' launchers take
-
-
-def test_policies_kept_alive_for_the_table_are_bounded(table, monkeypatch):
+def test_policies_kept_alive_for_recipes_are_bounded(table, monkeypatch):
+    entry = native.entry()
     fn = Recorder()
     A, B, out = torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)
     monkeypatch.setattr(ops, "_FAST_LIMIT", 8)
     for _ in range(20):  # a new policy object per call
-        ops._record_native(Launcher(fn.function, GEMM_TAIL), kernel_api.PickAny(), (A, B, out), 1)
-        assert len(ops._tagged_policies) <= 8 and table.size() <= 8
+        with kernel_api.settings(policy=kernel_api.PickAny()):
+            ops._tag_policy(kernel_api.tuning.settings.current().scope_token)
+            _record(entry, fn, A, B, out, output=2)
+        assert len(ops._tagged_policies) <= 8 and entry.replays() <= 8
 
 
 def test_kernels_offer_the_positional_ffi_function_behind_a_compiled_object():
@@ -240,9 +237,11 @@ _STRESS = """
 import sys, threading, time
 import torch, tvm_ffi
 from kernel_api import native
-table, entry = native.table(), native.entry()
-assert table is not None, native.why_not()
-launchers = [table.launch] + ([entry.launch] if entry is not None else [])
+from kernel_api.launcher import Launcher
+from kernel_api.native import recipes
+from kernel_api.ops import dispatch
+assert dispatch._load_entry(), native.why_not_entry()
+entry = native.entry()
 tensors = [(torch.randn(4, 8), torch.randn(8, 3), torch.empty(4, 3)) for _ in range(4)]
 stop = time.monotonic() + float(sys.argv[1])
 errors, rounds = [], [0] * 4
@@ -252,13 +251,12 @@ def work(i):
         A, B, out = tensors[i]
         while time.monotonic() < stop:
             rounds[i] += 1
-            # A new Python callable per record: the entry it displaces drops the last reference
-            # to another, whose release needs the GIL.
-            table.record(5, tvm_ffi.convert(lambda *args: None), 3, A, B, out)
-            for launch in launchers:
-                launch(5, None, A, B, out)
+            # A new Python callable per record: the recipe it displaces drops the last reference to another.
+            spec = recipes.Launch(tvm_ffi.convert(lambda *args: None), (0, 1, 2), output=2)
+            recipes.record(entry, 5, spec, A, B, out)
+            entry.replay(5, A, B, out)
             if rounds[i] % 50 == 0:
-                table.clear()
+                entry.forget_replays()
     except BaseException as exc:
         errors.append(repr(exc))
 
@@ -272,10 +270,9 @@ print("rounds", sum(rounds))
 """
 
 
-def test_record_clear_and_launch_from_four_threads_never_deadlock(table, tmp_path):
-    """record() used to destroy the entries it displaced while holding the table's lock; an
-    entry's function may be a Python object, whose release takes the GIL, while a thread
-    holding the GIL waited for the lock in launch. Run in a subprocess: a hang fails the test."""
+def test_record_forget_and_replay_from_four_threads(table, tmp_path):
+    """Recipes are recorded, forgotten and replayed from four threads (releasing a recipe may
+    release a Python object). Run in a subprocess: a hang or a crash fails the test."""
     import os
     import subprocess
     import sys
@@ -288,9 +285,9 @@ def test_record_clear_and_launch_from_four_threads_never_deadlock(table, tmp_pat
     env = dict(os.environ, KERNEL_API_CACHE_DIR=str(cache_dir()),
                PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
     try:
-        done = subprocess.run([sys.executable, str(script), "10"], capture_output=True, text=True, timeout=60,
+        done = subprocess.run([sys.executable, str(script), "3"], capture_output=True, text=True, timeout=60,
                               env=env)
     except subprocess.TimeoutExpired:
-        pytest.fail("record/clear/launch from four threads deadlocked (no exit within 60 s of a 10 s run)")
+        pytest.fail("record/forget/replay from four threads hung (no exit within 60 s of a 3 s run)")
     assert done.returncode == 0, done.stderr[-3000:]
     assert int(done.stdout.split()[-1]) > 100  # the threads did run concurrently

@@ -32,7 +32,7 @@ def entry():
     if module is None:
         pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
     ops.clear_dispatch_cache()
-    assert ops._load_table() and ops.replay_call is not None
+    assert ops._load_entry() and ops.replay_call is not None
     yield module
     ops.clear_dispatch_cache()
 
@@ -245,13 +245,18 @@ def test_ops_gemm_is_replayed_from_c_with_no_rule_of_its_own(torch_ops, monkeypa
     assert len(counted) == first + 2
 
 
-def test_a_misaligned_allocating_gemm_split_by_python_is_never_replayed(torch_ops, monkeypatch):
+def test_a_misaligned_allocating_gemm_is_split_by_python_and_its_parts_replayed(torch_ops):
+    """`split_columns` is Python's rule alone: an allocating call it splits is never recorded whole
+    (C would run one GEMM into a dense output); its two GEMMs into the padded output are, each
+    replayed from C for a later call whose padded output has the recorded alignment."""
     A, B = torch.randn(256, 16), torch.randn(16, 67)
-    counted = _python_path(monkeypatch)
-    for _ in range(3):
-        y = kernel_api.ops.gemm(A, B)
+    y = kernel_api.ops.gemm(A, B)
     assert y.stride() == (68, 1) and torch.allclose(y, A @ B, atol=1e-4)  # two GEMMs into a padded output
-    assert len(counted) == 6  # each call splits on the Python path: no recipe for the whole call
+    assert torch_ops.recipe(ops.GEMM_OP, A, B, None, 1.0, 0.0, None, None, None, None, None) is None
+    for cols in (slice(None, 64), slice(64, None)):
+        part = (A, B[:, cols], y[:, cols], 1.0, 0.0, None, None, None, None, None)
+        assert torch_ops.recipe(ops.GEMM_OP, *part) is not None
+        assert torch_ops.replay(ops.GEMM_OP, *part) is part[2]
 
 
 def test_softmax_under_autograd_is_torchs_op_replayed_from_c(torch_ops, monkeypatch):
@@ -288,3 +293,25 @@ def test_a_patched_linear_forward_enters_no_python_frame_of_ours_beyond_forward(
             assert torch.allclose(y, x @ module.weight.t() + bias, atol=1e-5)
         layer.weight.mul_(2)  # (a changed weight: its kept transpose is made anew)
         assert torch.allclose(layer(x), x @ layer.weight.t() + layer.bias, atol=1e-5)
+
+
+def test_tensors_with_a_lazy_bit_never_replay_a_launch(entry):
+    """DLPack cannot express torch's lazy negative or conjugate bit: a tensor carrying one is
+    another key (the Python path, which refuses it, records none), also when its metadata and
+    memory are a recorded tensor's, and when a verdict kept for a tensor object meets its bit."""
+    fn = Recorder()
+    A, B, out = torch.randn(8, 8), torch.randn(8, 8), torch.empty(8, 8)
+    spec = recipes.Launch(fn.function, (0, 1, 2), output=2)
+    recipes.record(entry, OP, spec, A, B, out)
+    assert entry.replay(OP, A, B, out) is out
+    negated = torch._neg_view(A)  # the same memory and metadata, negated lazily
+    assert entry.replay(OP, negated, B, out) is None
+    z, z2, zout = (torch.randn(8, 8, dtype=torch.complex64) for _ in range(3))
+    recipes.record(entry, OP, spec, z, z2, zout)
+    assert entry.replay(OP, z, z2, zout) is zout
+    conj = z.conj()  # the same memory and metadata, conjugated lazily
+    assert entry.replay(OP, conj, z2, zout) is None
+    assert len(fn.calls) == 2
+    for t in (negated, conj):
+        with pytest.raises(ValueError, match="lazy"):
+            entry.bind(fn.function, (t,), ())

@@ -1,27 +1,29 @@
-"""The C launch table (`launch_table.cc`) and its CPython entry points, built when kernel-api is installed.
+"""The native library (`launch_table.cc`, `python_entry.cc`), built when kernel-api is installed.
 
-`kernel_api.ops` keeps repeated calls out of Python with it: after the Python path has chosen,
-checked, compiled and launched a kernel whose compiled function is a TVM-FFI function, the
-function is recorded under the operands' raw metadata; a later call with the same dtypes,
-shapes, strides, pointer alignment and devices is one call into C that looks the entry up and
-launches it on the caller's current stream.
+`kernel_api.ops` keeps repeated calls out of Python with it: after a front door's Python path has
+chosen, checked, compiled and launched a kernel, it records what it did (a recipe:
+`kernel_api.native.recipes`) under the call's key; a later call with an equal key (the settings'
+policy, torch's state, every argument's value and every tensor's raw metadata) is one call into
+C that finds the recipe and runs it: the kernel's TVM-FFI function on the caller's current
+stream, or the torch call a torch-launched kernel offers.
 
-The same library is a CPython extension (`python_entry.cc`, see `entry()`): its ``launch`` and
-``bind`` read torch tensors through torch's DLPack exchange API without allocating, which makes
-a launch from Python cheaper than calling the TVM-FFI function with the tensors directly.
+The library is a CPython extension (`python_entry.cc`, see `entry()`): it reads torch tensors
+through torch's DLPack exchange API without allocating (``replay``, ``bind``), which makes a
+launch from Python cheaper than calling the TVM-FFI function with the tensors directly. Opened a
+second time as a TVM-FFI module (`table()`), it turns a CUDA source kernel's launch into a
+TVM-FFI function (`cuda_launch`).
 
 setup.py compiles both into the extension module ``kernel_api.native._launch_table`` when the
 package is installed, against the headers of the tvm_ffi present then; Python's import system
 finds the build for this interpreter (ABI tag, free-threaded or not). It is imported after
-tvm_ffi, whose library provides the TVM-FFI symbols it leaves unresolved, and opened a second
-time as a TVM-FFI module for `table()`. Where it was not built (no compiler at install), or is
-damaged, built for other sources or another TVM-FFI, or with ``KERNEL_API_NATIVE=0``, `table()`
-and `entry()` return None, one `RuntimeWarning` says why, and callers stay on their Python paths.
+tvm_ffi, whose library provides the TVM-FFI symbols it leaves unresolved. Where it was not built
+(no compiler at install), or is damaged, built for other sources or another TVM-FFI, or with
+``KERNEL_API_NATIVE=0``, `table()` and `entry()` return None, one `RuntimeWarning` says why, and
+callers stay on their Python paths.
 """
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import importlib.util
 import logging
@@ -89,8 +91,8 @@ def _damage(path: str) -> str | None:
 
 
 def table() -> Any:
-    """The loaded launch table module (``launch``, ``record``, ``clear``, ``size``), or None when
-    it is disabled or unavailable in this install (the reason is logged once and kept in `why_not`)."""
+    """The native library as a TVM-FFI module (``cuda_launch``), or None when it is disabled or
+    unavailable in this install (the reason is logged once and kept in `why_not`)."""
     if "table" in _state:
         return _state["table"]
     with _lock:
@@ -111,7 +113,7 @@ def when_entry_loads(callback: Any) -> None:
 
 
 def entry() -> Any:
-    """The launch table library's CPython module (``launch``, ``bind``; see python_entry.cc),
+    """The native library's CPython module (``replay``, ``record``, ``bind``; see python_entry.cc),
     configured for torch tensors, or None where the table is unavailable or torch offers no
     DLPack exchange API (the reason is in `why_not_entry`)."""
     if "table" not in _state:
@@ -127,7 +129,7 @@ def _configure_entry(module: Any) -> Any:
         return module
     except (ImportError, AttributeError, RuntimeError, TypeError) as exc:
         _state["entry_error"] = f"{type(exc).__name__}: {exc}"
-        _log.info("kernel_api: the launch table's CPython entry points are unavailable: %s", exc)
+        _log.info("kernel_api: the native library's CPython entry points are unavailable: %s", exc)
         return None
 
 
@@ -153,10 +155,8 @@ def _open(tvm_ffi: Any) -> Any:
     sources = digest(Path(path).parent)
     if sources is not None and sources != getattr(module, "source_digest", None):
         raise NativeUnavailable(f"{path} was built from other sources than those beside it; {_REINSTALL}")
-    # The same library (dlopen gives the same handle, so the same table) as a TVM-FFI module.
+    # The same library (dlopen gives the same handle) as a TVM-FFI module.
     loaded = tvm_ffi.load_module(path)
-    # Release the recorded functions while the interpreter is alive (some hold Python objects).
-    atexit.register(loaded.clear)
     _state["entry"] = _configure_entry(module)
     if _state["entry"] is not None:
         for callback in _entry_callbacks:
@@ -179,7 +179,7 @@ def _load() -> Any:
         _state["error"] = str(exc)
     # A warning rather than a log record: the kernel_api logger is silent until configured, and
     # a user should learn once that repeated calls are slower than they could be.
-    message = f"kernel_api: the C launch table is unavailable, repeated ops calls stay in Python: {_state['error']}"
+    message = f"kernel_api: the native library is unavailable, repeated ops calls stay in Python: {_state['error']}"
     warnings.warn(message, RuntimeWarning, stacklevel=2)
     return None
 
@@ -199,7 +199,7 @@ def cuda_launch(kernel: int, n_tensors: int, grid: tuple[int, int, int], block: 
     ``grid``, ``block``, ``shared_bytes`` of dynamic shared memory and ``parameters``, one per
     kernel parameter, ``(TENSOR, i)`` for the data pointer of ``tensors[i]``, ``(8, value)`` or
     ``(4, value)`` for a constant. A `kernel_api.launcher.Launcher` of it is a TVM-FFI
-    function's, so the launch table, bound launches and the entry points replay it without
+    function's, so bound launches and the entry points' replays run it without
     Python. It launches on the stream given (None: the current stream of the first tensor's
     device) in the current context, or the tensors' device's primary context when the current
     one is another device's; it holds the GIL (``release_gil`` False), as a launch that short

@@ -1,19 +1,9 @@
-// A launch table in C: raw tensor metadata -> (TVM-FFI function, the arguments that follow the
-// tensors). `kernel_api.ops` records an entry after a call has chosen, checked and compiled a
-// kernel through the Python path; a later call whose tensors have the same dtypes, shapes,
-// strides, pointer alignment (low 10 bits) and devices is launched from here without building
-// arguments in Python. Only the C ABI of TVM-FFI is used (c_api.h), so this builds in about a
-// second against the headers of the installed tvm_ffi wheel.
+// The TVM-FFI face of the native library: recorded CUDA launches, and the tensor keys and
+// overlap checks the CPython entry points (python_entry.cc) build their call keys with. Only the
+// C ABI of TVM-FFI is used (c_api.h), so this builds in about a second against the headers of
+// the installed tvm_ffi wheel.
 //
 // Exported through the TVM-FFI packed-call ABI (`tvm_ffi.load_module(...).<name>`):
-//   launch(tag, stream, *tensors) -> bool   launched (true), or false: no entry, a non-empty
-//                                            tensor without memory (a tracer's fake tensor), or
-//                                            the last tensor (the output) may share memory with another
-//   record(tag, function, n_tensors, *tensors, *tail) -> None
-//   record_ordered(tag, function, n_tensors, n_order, *order, *tensors, *tail) -> None
-//       the same, the function called with the operands and the tail in the recorded order: each
-//       of `order` is an operand's index (>= 0) or a tail value's (-1 - index)
-//   clear() -> None;  size() -> int
 //   cuda_launch(kernel, n_tensors, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes,
 //               *parameters) -> function
 //       a TVM-FFI function(*tensors, stream) that launches a CUDA kernel (a CUfunction or CUkernel
@@ -22,9 +12,8 @@
 //       `value`, kind 4 or 8 a constant of that many bytes. See "Recorded CUDA launches" below.
 // `stream` None means the stream TVM-FFI set for the first tensor's device for this call (the
 // producer's current stream: torch's, for torch tensors); anything else is passed on as it is.
-// The function is called as function(*tensors, *tail, stream).
 // DLPack has no lazy negative or conjugate bit: callers passing torch tensors decline tensors
-// carrying one before calling launch (python_entry.cc's entry points do it in C).
+// carrying one (python_entry.cc's entry points do it in C).
 
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/c_api.h>
@@ -48,30 +37,6 @@ namespace {
 using kernel_api_native::kMaxTail;
 using kernel_api_native::kMaxTensors;
 constexpr int kMaxNdim = 8;
-
-struct Entry {
-  TVMFFIObjectHandle function = nullptr;
-  std::vector<TVMFFIAny> tail;
-  // The call's arguments before the stream: an operand's index (>= 0) or a tail value's
-  // (-1 - index). Empty: the operands, then the tail.
-  std::vector<int> order;
-  Entry() = default;
-  Entry(const Entry&) = delete;
-  Entry& operator=(const Entry&) = delete;
-  ~Entry() {
-    if (function != nullptr) TVMFFIObjectDecRef(function);
-    for (TVMFFIAny& value : tail) {
-      if (value.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(value.v_obj);
-    }
-  }
-};
-
-using Table = std::unordered_map<std::string, std::shared_ptr<Entry>>;
-std::mutex table_mutex;
-// Never destroyed: at process exit the entries' functions may hold Python objects, which must
-// not be released after the interpreter is gone (the Python side clears the table at exit).
-Table& table = *new Table();
-constexpr size_t kTableLimit = 4096;
 
 const DLTensor* AsTensor(const TVMFFIAny& value) {
   if (value.type_index == kTVMFFITensor) return TVMFFITensorGetDLTensorPtr(value.v_obj);
@@ -103,12 +68,6 @@ void ByteRange(const DLTensor* t, uintptr_t* first, uintptr_t* end) {
 int RaiseError(const char* kind, const char* message) {
   TVMFFIErrorSetRaisedFromCStr(kind, message);
   return -1;
-}
-
-void SetBool(TVMFFIAny* result, bool value) {
-  result->type_index = kTVMFFIBool;
-  result->zero_padding = 0;
-  result->v_int64 = value ? 1 : 0;
 }
 
 // ---- Recorded CUDA launches ------------------------------------------------------------------
@@ -261,60 +220,6 @@ int CallCudaLaunch(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAn
 
 void DeleteCudaLaunch(void* self) { delete static_cast<CudaLaunch*>(self); }
 
-// record / record_ordered: args[0] the tag, args[1] the function, args[2] the operand count; the
-// operands start at args[first], the tail follows them.
-int Record(const TVMFFIAny* args, int32_t num_args, int first, std::vector<int> order, TVMFFIAny* result) {
-  if (args[1].type_index != kTVMFFIFunction) return RaiseError("TypeError", "record: function must be a TVM-FFI function");
-  const int64_t count = args[2].v_int64;
-  if (count < 1 || count > kMaxTensors || first + count > num_args) {
-    return RaiseError("ValueError", "record: n_tensors must be between 1 and 8 and match the tensors given");
-  }
-  const int tail_count = num_args - first - static_cast<int>(count);
-  if (tail_count > kMaxTail) return RaiseError("ValueError", "record: at most 16 arguments may follow the tensors");
-  for (int slot : order) {
-    if (slot >= count || -1 - slot >= tail_count) {
-      return RaiseError("ValueError", "record_ordered: each of order must name an operand (>= 0) or a tail value (-1 - index)");
-    }
-  }
-  std::string key;
-  if (!kernel_api_native::TensorKey(args[0].v_int64, args + first, static_cast<int>(count), &key)) {
-    return RaiseError("TypeError", "record: every operand must be a tensor with memory, of at most 8 dimensions");
-  }
-  auto entry = std::make_shared<Entry>();
-  entry->order = std::move(order);
-  for (int i = 0; i < tail_count; ++i) {
-    TVMFFIAny value = args[first + count + i];
-    if (value.type_index == kTVMFFIRawStr || value.type_index == kTVMFFIByteArrayPtr ||
-        value.type_index == kTVMFFIDLTensorPtr || value.type_index == kTVMFFIObjectRValueRef ||
-        value.type_index == kTVMFFISmallStr || value.type_index == kTVMFFISmallBytes ||
-        (value.type_index >= kTVMFFIStaticObjectBegin && value.type_index != kTVMFFIFunction &&
-         value.type_index != kTVMFFIShape && value.type_index != kTVMFFIArray)) {
-      // Borrowed pointers would dangle; objects other than these are not expected as launch constants.
-      return RaiseError("TypeError", "record: the arguments after the tensors must be plain values");
-    }
-    if (value.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectIncRef(value.v_obj);
-    entry->tail.push_back(value);
-  }
-  TVMFFIObjectIncRef(args[1].v_obj);
-  entry->function = args[1].v_obj;
-  // Entries displaced here are destroyed after the lock is released: destroying one may take
-  // the GIL (its function may be a Python object), and a thread holding the GIL may be waiting
-  // for table_mutex in launch. Nothing may need the GIL while table_mutex is held.
-  Table displaced;
-  std::shared_ptr<Entry> replaced;
-  {
-    std::lock_guard<std::mutex> lock(table_mutex);
-    if (table.size() >= kTableLimit) displaced.swap(table);
-    std::shared_ptr<Entry>& slot = table[key];
-    replaced.swap(slot);
-    slot = std::move(entry);
-  }
-  result->type_index = kTVMFFINone;
-  result->zero_padding = 0;
-  result->v_int64 = 0;
-  return 0;
-}
-
 }  // namespace
 
 namespace kernel_api_native {
@@ -373,93 +278,9 @@ bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* ke
 }
 
 
-bool Recorded(int64_t tag, const TVMFFIAny* tensors, int count) {
-  if (count < 1 || count > kMaxTensors) return false;
-  std::string key;
-  if (!TensorKey(tag, tensors, count, &key)) return false;
-  std::lock_guard<std::mutex> lock(table_mutex);
-  return table.count(key) != 0;
-}
-
-int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensors, int count, bool* launched) {
-  *launched = false;
-  if (count < 1 || count > kMaxTensors) return 0;
-  thread_local std::string key;  // reused: no allocation per call once it has grown
-  key.clear();
-  if (!TensorKey(tag, tensors, count, &key)) return 0;
-  std::shared_ptr<Entry> entry;
-  {
-    std::lock_guard<std::mutex> lock(table_mutex);
-    auto found = table.find(key);
-    if (found != table.end()) entry = found->second;  // kept alive past a concurrent clear()
-  }  // (copying a shared_ptr never frees: no GIL is needed under the lock)
-  if (entry == nullptr || OutputMayOverlap(tensors, count)) return 0;
-  TVMFFIAny call_args[kMaxTensors + kMaxTail + 1];
-  int n = 0;
-  if (entry->order.empty()) {
-    for (int i = 0; i < count; ++i) call_args[n++] = tensors[i];
-    for (const TVMFFIAny& value : entry->tail) call_args[n++] = value;
-  } else {
-    for (int slot : entry->order) {
-      if (slot >= count) return 0;  // (recorded for as many operands as the key holds: never)
-      call_args[n++] = slot >= 0 ? tensors[slot] : entry->tail[static_cast<size_t>(-1 - slot)];
-    }
-  }
-  call_args[n++] = stream;
-  TVMFFIAny returned;
-  returned.type_index = kTVMFFINone;
-  returned.zero_padding = 0;
-  returned.v_int64 = 0;
-  if (TVMFFIFunctionCall(entry->function, call_args, n, &returned) != 0) return -1;
-  if (returned.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(returned.v_obj);
-  *launched = true;
-  return 0;
-}
-
 }  // namespace kernel_api_native
 
 extern "C" {
-
-TVM_FFI_DLL_EXPORT int __tvm_ffi_launch(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
-  if (num_args < 3 || num_args - 2 > kMaxTensors) return RaiseError("ValueError", "launch(tag, stream, *tensors)");
-  if (args[0].type_index != kTVMFFIInt) return RaiseError("TypeError", "launch: tag must be an int");
-  const int count = num_args - 2;
-  TVMFFIAny stream = args[1];
-  const DLTensor* first = AsTensor(args[2]);
-  if (stream.type_index == kTVMFFINone && first != nullptr && first->device.device_type != kDLCPU) {
-    stream.type_index = kTVMFFIOpaquePtr;
-    stream.zero_padding = 0;
-    stream.v_ptr = TVMFFIEnvGetStream(first->device.device_type, first->device.device_id);
-  }
-  bool launched = false;
-  if (kernel_api_native::LaunchRecorded(args[0].v_int64, stream, args + 2, count, &launched) != 0) return -1;
-  SetBool(result, launched);
-  return 0;
-}
-
-TVM_FFI_DLL_EXPORT int __tvm_ffi_record(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
-  if (num_args < 3 || args[0].type_index != kTVMFFIInt || args[2].type_index != kTVMFFIInt) {
-    return RaiseError("TypeError", "record(tag: int, function, n_tensors: int, *tensors, *tail)");
-  }
-  return Record(args, num_args, 3, {}, result);
-}
-
-TVM_FFI_DLL_EXPORT int __tvm_ffi_record_ordered(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
-  const char* usage = "record_ordered(tag: int, function, n_tensors: int, n_order: int, *order, *tensors, *tail)";
-  if (num_args < 4 || args[0].type_index != kTVMFFIInt || args[2].type_index != kTVMFFIInt ||
-      args[3].type_index != kTVMFFIInt || args[3].v_int64 < 1 || args[3].v_int64 > kMaxTensors + kMaxTail ||
-      4 + args[3].v_int64 > num_args) {
-    return RaiseError("TypeError", usage);
-  }
-  std::vector<int> order;
-  for (int64_t i = 0; i < args[3].v_int64; ++i) {
-    const TVMFFIAny& slot = args[4 + i];
-    if (slot.type_index != kTVMFFIInt) return RaiseError("TypeError", usage);
-    order.push_back(static_cast<int>(slot.v_int64));
-  }
-  const int first = 4 + static_cast<int>(order.size());  // (before order is moved from)
-  return Record(args, num_args, first, std::move(order), result);
-}
 
 TVM_FFI_DLL_EXPORT int __tvm_ffi_cuda_launch(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
   const char* usage = "cuda_launch(kernel: int, n_tensors: int, grid_x, grid_y, grid_z, block_x, block_y, block_z, "
@@ -510,26 +331,6 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_cuda_launch(void*, const TVMFFIAny* args, int32
   result->type_index = kTVMFFIFunction;
   result->zero_padding = 0;
   result->v_obj = static_cast<TVMFFIObject*>(function);
-  return 0;
-}
-
-TVM_FFI_DLL_EXPORT int __tvm_ffi_clear(void*, const TVMFFIAny*, int32_t, TVMFFIAny* result) {
-  Table old;
-  {
-    std::lock_guard<std::mutex> lock(table_mutex);
-    old.swap(table);
-  }  // entries are released here, outside the lock (their functions may be Python objects)
-  result->type_index = kTVMFFINone;
-  result->zero_padding = 0;
-  result->v_int64 = 0;
-  return 0;
-}
-
-TVM_FFI_DLL_EXPORT int __tvm_ffi_size(void*, const TVMFFIAny*, int32_t, TVMFFIAny* result) {
-  std::lock_guard<std::mutex> lock(table_mutex);
-  result->type_index = kTVMFFIInt;
-  result->zero_padding = 0;
-  result->v_int64 = static_cast<int64_t>(table.size());
   return 0;
 }
 

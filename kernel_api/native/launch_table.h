@@ -1,5 +1,5 @@
-// The launch table's lookup-and-call, shared by its TVM-FFI entry points (launch_table.cc) and
-// the CPython ones (python_entry.cc), which are built into the same library.
+// Tensor keys and overlap checks shared by the TVM-FFI entry points (launch_table.cc) and the
+// CPython ones (python_entry.cc), which are built into the same library.
 #pragma once
 
 #include <dlpack/dlpack.h>
@@ -13,19 +13,9 @@ namespace kernel_api_native {
 constexpr int kMaxTensors = 8;
 constexpr int kMaxTail = 16;
 
-// Looks `tensors` (TVM-FFI tensors or DLTensor pointers) up under `tag`. On a hit whose last
-// tensor (the output) shares no memory with the others, calls the recorded function as
-// function(*tensors, *tail, stream), or with the tensors and the tail in the order recorded with
-// them (record_ordered), and sets *launched. Returns -1 when the function raised
-// (the error is in TVM-FFI's raised slot), else 0.
-int LaunchRecorded(int64_t tag, const TVMFFIAny& stream, const TVMFFIAny* tensors, int count, bool* launched);
-
-// Whether the table has an entry for `tensors` under `tag`.
-bool Recorded(int64_t tag, const TVMFFIAny* tensors, int count);
-
-// The table's key of (tag, tensors): their dtypes, devices, shapes, strides and the low 10 bits
-// of their data pointers. False when some tensor cannot be keyed (more than 8 dimensions, or no
-// memory behind a non-empty tensor: a tracer's fake tensor).
+// The key of (tag, tensors): their dtypes, devices, shapes, strides and the low 10 bits of their
+// data pointers. False when some tensor cannot be keyed (more than 8 dimensions, or no memory
+// behind a non-empty tensor: a tracer's fake tensor).
 bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key);
 
 // Appends one tensor's metadata to `key` (its dtype, device, shape, strides and the low 10 bits of

@@ -1,4 +1,4 @@
-// CPython entry points of the launch table library (module `_launch_table`), for torch tensors.
+// CPython entry points of the native library (module `_launch_table`), for torch tensors.
 //
 // Calling a TVM-FFI function from Python with torch tensors converts each tensor into a new
 // TVM-FFI tensor object (two allocations each) and each plain argument anew. These entry points
@@ -7,46 +7,31 @@
 // TVM-FFI functions (CuTe DSL's included) accept as tensors:
 //
 //   configure(tensor_type)                  torch.Tensor; the exchange API is read from it
-//   launch(tag, stream, *tensors) -> bool   the launch table's `launch` (launch_table.h)
 //   bind(function, tensors, tail) -> BoundLaunch
 //       BoundLaunch(stream) calls function(*tensors, *tail, stream), reading the tensors' current
 //       metadata at each call; `tail` (None, bool, int, float) is converted once.
-//   configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version
-//                 [, tf32_allowed])
-//       new_output(A, B) -> the output of an allocating call, or None: made here as
-//       `A.new_empty((*A.shape[:-1], B.shape[-1]))` (NewOutput).
-//       tf32_allowed() -> bool (torch's cuBLAS TF32 flag): f32 GEMMs are looked up under the tag
-//       with kTf32Tag set while it is True, since the choice for f32 operands follows it; without
-//       it gemm_plain declines f32 operands
-//   gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
-//       -> out | None: `kernel_api.ops.gemm`'s table launch for a plain call (or a recorded torch
-//       call for one with a row bias and an activation); its contract is in docs/architecture.md
-//       ("The gemm_plain contract")
+//   configure_replay(settings, grad_enabled, dispatch_modes, function_modes, autocast_enabled,
+//                    tf32_allowed, increment_version)
+//       what the call key reads (the settings' ContextVar and torch's state readers) and how a
+//       replayed launch bumps a given output's version.
+//   record(op, recipe, *args) -> bool; replay(op, *args) -> result | None; recipe(op, *args);
+//   forget_replays(); replays() -> int
+//       `kernel_api.ops`' repeated calls: the recipe (a torch call, or a TVM-FFI launch with its
+//       output made as recorded) a Python path recorded for calls of this key, run without
+//       Python (see "Replays" below, and kernel_api/native/recipes.py).
 //   remember(tag, value, *tensors) -> bool; recall(tag, *tensors) -> value | None; forget()
-//       a dictionary keyed like the launch table (dtypes, devices, shapes, strides, pointer
+//       a dictionary keyed by tensors' raw metadata (dtypes, devices, shapes, strides, pointer
 //       alignment): what Python computed from tensors' metadata, found again without Python.
-//   record_call(tag, call, *tensors) -> bool; forget_calls(); calls() -> int
-//       torch calls keyed like the launch table, for kernels that launch through torch on the
-//       current stream (cuBLAS through torch.matmul, torch.addmm): gemm_plain and call run
-//       call(*inputs, out=out) for a call on the current stream that the table itself has no
-//       entry for; a call recorded with kNewOutputTag for the inputs alone serves allocating
-//       calls as call(*inputs).
-//   record_maker(tag, maker, n, *inputs) -> bool; makers() -> int
-//       for allocating calls of kernels in the table: call makes the output as maker(*inputs[:n]),
-//       or for maker None as a dense tensor shaped, typed and placed like the first input
-//       (inputs[0].new_empty(inputs[0].shape), made by torch's allocator through the exchange API:
-//       NewDense), recorded with kNewOutputTag for the inputs alone; then launches into it.
-//   call(tag, stream, out, *inputs) -> out | None
-//       any operation's call replayed from what its Python path recorded (the table, torch calls,
-//       output makers), with no rule of the operation's own; see Call.
 //
 // Tensors carrying torch's lazy negative or conjugate bit (which DLPack cannot express) are never
-// read (see "Lazy bits" below): launch, gemm_plain and recall miss, remember declines, and bind
-// (or a bound launch, should a bound tensor gain a bit) raises ValueError.
+// launched (see "Lazy bits" below): the call key holds the bit (a Python path, which refuses such
+// operands, records none), recall misses, remember declines, and bind (or a bound launch, should a
+// bound tensor gain a bit) raises ValueError.
 //
-// `stream`: None is the producer's current stream on the first tensor's device (torch's current
-// stream; nothing for CPU tensors), an int is passed on as an int, anything else as the pointer
-// `int(stream)` gives (cuda.bindings' CUstream, for one).
+// `stream` (bind): None is the producer's current stream on the first tensor's device (torch's
+// current stream; nothing for CPU tensors), an int is passed on as an int, anything else as the
+// pointer `int(stream)` gives (cuda.bindings' CUstream, for one). Replayed launches run on the
+// current stream.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -141,7 +126,7 @@ PyCFunction NoArgumentMethod(PyObject* type, const char* name) {
 // it was given for, and asked again when the pointer differs:
 // - a bound launch reads the same tensor objects at every call: bind checks them, and a call
 //   checks again only a tensor whose data pointer moved;
-// - launch, gemm_plain, recall and remember read the caller's tensors anew at each call: the last
+// - the call key (replay, record), recall and remember read the caller's tensors anew at each call: the last
 //   tensors found clear are remembered by identity (a weak reference tells the live tensor from
 //   a new one at a reused address) and data pointer.
 
@@ -361,76 +346,17 @@ PyObject* Configure(PyObject*, PyObject* type) {
   Py_RETURN_NONE;
 }
 
-PyObject* Launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  long long tag;
-  if (!ReadTag(args, nargs, 2, "launch(tag, stream, *tensors)", &tag)) return nullptr;
-  const int count = static_cast<int>(nargs - 2);
-  DLTensor tensors[kMaxTensors];
-  TVMFFIAny operands[kMaxTensors];
-  if (!ReadOperands(args + 2, count, tensors, operands)) {
-    PyErr_Clear();  // not tensors this table can take: the caller's Python path explains
-    Py_RETURN_FALSE;
-  }
-  TVMFFIAny stream;
-  if (!StreamArgument(args[1], tensors[0].device, &stream)) return nullptr;
-  bool launched = false;
-  if (kernel_api_native::LaunchRecorded(tag, stream, operands, count, &launched) != 0) return RaiseFromFfi();
-  return PyBool_FromLong(launched);
-}
+// ---- Outputs ----------------------------------------------------------------------------------
 
-// ---- ops.gemm's plain calls ------------------------------------------------------------------
-
-// OR'd into an f32 GEMM's tag while torch allows TF32 (kernel_api.ops.dispatch._TF32_TAG): the
-// op tags take the low two bits, and policy ids are 16-byte aligned addresses.
-constexpr long long kTf32Tag = 4;
-
-// What `kernel_api.ops` hands over in configure_ops (strong references).
-struct OpsHooks {
-  PyObject* settings = nullptr;        // the ContextVar of kernel_api.settings (.policy_id)
-  PyObject* dispatch_modes = nullptr;  // torch._C._len_torch_dispatch_stack
-  PyObject* grad_enabled = nullptr;    // torch.is_grad_enabled
-  PyObject* new_output = nullptr;      // (A, B) -> out for out=None, or None: NewOutput, here
-  PyObject* to_stream = nullptr;       // kernel_api.utils.to_cuda_stream
+// What replays make and write outputs with (set by configure_replay).
+struct OutputHooks {
   PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a tuple of tensors)
-  PyObject* tf32_allowed = nullptr;    // torch._C._get_cublas_allow_tf32, or None: f32 declined
   // Its C function and self when it is a METH_O builtin (as in torch 2.x), called directly.
   PyCFunction increment_version_function = nullptr;
   PyObject* increment_version_self = nullptr;  // (borrowed: increment_version holds it)
-  PyObject* written = nullptr;         // the 1-tuple passed to it, reused (see BumpVersion)
-  PyObject* policy_id = nullptr;       // interned names
-  PyObject* requires_grad = nullptr;
-  PyObject* new_empty = nullptr;
-} ops;
-
-PyObject* ConfigureOps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 6 && nargs != 7) {
-    PyErr_SetString(PyExc_TypeError,
-                    "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version"
-                    "[, tf32_allowed])");
-    return nullptr;
-  }
-  if (nargs == 7) {  // (six: the hook stays as it was)
-    PyObject* hook = args[6] == Py_None ? nullptr : args[6];
-    Py_XINCREF(hook);
-    Py_XSETREF(ops.tf32_allowed, hook);
-  }
-  PyObject** slots[] = {&ops.settings,   &ops.dispatch_modes, &ops.grad_enabled,
-                        &ops.new_output, &ops.to_stream,      &ops.increment_version};
-  for (int i = 0; i < 6; ++i) {
-    Py_INCREF(args[i]);
-    Py_XSETREF(*slots[i], args[i]);
-  }
-  ops.increment_version_function = nullptr;
-  if (PyCFunction_Check(ops.increment_version) && PyCFunction_GET_FLAGS(ops.increment_version) == METH_O) {
-    ops.increment_version_function = PyCFunction_GET_FUNCTION(ops.increment_version);
-    ops.increment_version_self = PyCFunction_GET_SELF(ops.increment_version);
-  }
-  if (ops.policy_id == nullptr) ops.policy_id = PyUnicode_InternFromString("policy_id");
-  if (ops.requires_grad == nullptr) ops.requires_grad = PyUnicode_InternFromString("requires_grad");
-  if (ops.new_empty == nullptr) ops.new_empty = PyUnicode_InternFromString("new_empty");
-  if (ops.policy_id == nullptr || ops.requires_grad == nullptr || ops.new_empty == nullptr) return nullptr;
-  Py_RETURN_NONE;
-}
+  PyObject* written = nullptr;    // the 1-tuple passed to it, reused (see BumpVersion)
+  PyObject* new_empty = nullptr;  // the interned name
+} outputs;
 
 // ---- New outputs -----------------------------------------------------------------------------
 //
@@ -476,78 +402,9 @@ PyObject* NewDense(PyObject* like_object, const DLTensor& like, const int64_t* s
     PyTuple_SET_ITEM(extents, i, extent);
   }
   PyObject* call[] = {like_object, extents};
-  PyObject* made = PyObject_VectorcallMethod(ops.new_empty, call, 2, nullptr);
+  PyObject* made = PyObject_VectorcallMethod(outputs.new_empty, call, 2, nullptr);
   Py_DECREF(extents);
   return made;
-}
-
-// The output ops.gemm allocates for out=None, as `kernel_api.ops.dispatch._new_gemm_output` makes
-// it: A.new_empty((*A.shape[:-1], B.shape[-1])), from the shapes already read (a, b), without that
-// Python function's frame (`NewDense`). The `new_output` hook instead when configure_ops was given one.
-PyObject* NewOutput(PyObject* A, PyObject* B, const DLTensor& a, const DLTensor& b) {
-  if (ops.new_output != Py_None) {
-    PyObject* inputs[] = {A, B};
-    return PyObject_Vectorcall(ops.new_output, inputs, 2, nullptr);
-  }
-  if (a.ndim < 1 || b.ndim < 1 || a.ndim > 8) {
-    PyErr_SetString(PyExc_ValueError, "gemm: A and B need between one and eight dimensions");
-    return nullptr;
-  }
-  int64_t shape[8];
-  for (int i = 0; i < a.ndim; ++i) shape[i] = i + 1 < a.ndim ? a.shape[i] : b.shape[b.ndim - 1];
-  return NewDense(A, a, shape, a.ndim);
-}
-
-bool IsExactly(PyObject* number, double value) {
-  if (PyFloat_CheckExact(number)) return PyFloat_AS_DOUBLE(number) == value;
-  if (PyLong_CheckExact(number)) {
-    const long given = PyLong_AsLong(number);
-    if (given == -1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-    return static_cast<double>(given) == value;
-  }
-  return false;  // other numbers: the Python path compares them
-}
-
-// 1 when the tensor requires grad, 0 when not, -1 with a Python error.
-int RequiresGrad(PyObject* tensor) {
-  PyObject* flag = PyObject_GetAttr(tensor, ops.requires_grad);
-  if (flag == nullptr) return -1;
-  const int result = flag == Py_True;
-  Py_DECREF(flag);
-  return result;
-}
-
-// Whether a launch now would bypass something Python must see: a torch dispatch mode (a
-// tracer's, or the user's), or autograd (one of the `count` inputs requires grad while grad mode
-// is on). -1 with a Python error.
-int NeedsPython(PyObject* const* inputs, int count) {
-  PyObject* modes = PyObject_CallNoArgs(ops.dispatch_modes);
-  if (modes == nullptr) return -1;
-  const long depth = PyLong_AsLong(modes);
-  Py_DECREF(modes);
-  if (depth != 0) return depth == -1 && PyErr_Occurred() ? -1 : 1;
-  int grad = 0;
-  for (int i = 0; i < count && grad == 0; ++i) grad = RequiresGrad(inputs[i]);
-  if (grad <= 0) return grad;
-  PyObject* enabled = PyObject_CallNoArgs(ops.grad_enabled);
-  if (enabled == nullptr) return -1;
-  const int result = enabled == Py_True;
-  Py_DECREF(enabled);
-  return result;
-}
-
-long long PolicyTag(long long tag) {
-  PyObject* settings = nullptr;
-  if (PyContextVar_Get(ops.settings, nullptr, &settings) != 0 || settings == nullptr) return -1;
-  PyObject* id = PyObject_GetAttr(settings, ops.policy_id);
-  Py_DECREF(settings);
-  if (id == nullptr) return -1;
-  const long long value = PyLong_AsLongLong(id);
-  Py_DECREF(id);
-  return value == -1 ? -1 : value | tag;
 }
 
 // increment_version((out,)): ops write `out` through raw pointers, behind autograd's back, so its
@@ -555,22 +412,22 @@ long long PolicyTag(long long tag) {
 // holds it (as CPython's own iterators reuse their result tuples): one allocation less per call.
 // False with a Python error.
 bool BumpVersion(PyObject* out) {
-  PyObject* written = ops.written;
+  PyObject* written = outputs.written;
   if (written == nullptr || Py_REFCNT(written) != 1) {  // first use, or kept by someone
     written = PyTuple_New(1);
     if (written == nullptr) return false;
     Py_INCREF(Py_None);
     PyTuple_SET_ITEM(written, 0, Py_None);
-    Py_XSETREF(ops.written, written);
+    Py_XSETREF(outputs.written, written);
   }
   Py_INCREF(written);  // held during the call: a nested BumpVersion (from Python code torch may run) makes its own
   Py_INCREF(out);
   PyObject* previous = PyTuple_GET_ITEM(written, 0);
   PyTuple_SET_ITEM(written, 0, out);
   Py_DECREF(previous);
-  PyObject* done = ops.increment_version_function != nullptr
-                       ? ops.increment_version_function(ops.increment_version_self, written)
-                       : PyObject_CallOneArg(ops.increment_version, written);
+  PyObject* done = outputs.increment_version_function != nullptr
+                       ? outputs.increment_version_function(outputs.increment_version_self, written)
+                       : PyObject_CallOneArg(outputs.increment_version, written);
   if (Py_REFCNT(written) == 2) {  // nobody kept it: let go of out (a kept tuple keeps its value)
     Py_INCREF(Py_None);
     PyTuple_SET_ITEM(written, 0, Py_None);
@@ -580,437 +437,6 @@ bool BumpVersion(PyObject* out) {
   if (done == nullptr) return false;
   Py_DECREF(done);
   return true;
-}
-
-// The table's launch under `tag` for `operands` on `stream_given` (None: the current stream; else
-// converted by kernel_api.utils.to_cuda_stream). True when it launched. Leaves no Python or TVM-FFI
-// error set: a stream that cannot be read or a launch that raised is dropped and reads as not
-// launched (the Python path runs the call again and reports).
-bool LaunchOnStream(long long tag, PyObject* stream_given, const DLDevice& device, const TVMFFIAny* operands,
-                    int count) {
-  PyObject* stream_object = stream_given;
-  if (stream_object != Py_None) {
-    stream_object = PyObject_CallOneArg(ops.to_stream, stream_object);
-    if (stream_object == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
-  } else {
-    Py_INCREF(stream_object);
-  }
-  TVMFFIAny stream;
-  const bool stream_ok = StreamArgument(stream_object, device, &stream);
-  Py_DECREF(stream_object);
-  if (!stream_ok) {
-    PyErr_Clear();
-    return false;
-  }
-  bool launched = false;
-  if (kernel_api_native::LaunchRecorded(tag, stream, operands, count, &launched) != 0) {
-    TVMFFIObjectHandle error = nullptr;
-    TVMFFIErrorMoveFromRaised(&error);
-    if (error != nullptr) TVMFFIObjectDecRef(error);
-    return false;
-  }
-  return launched;
-}
-
-// ---- torch calls ---------------------------------------------------------------------------
-
-// Guarded by the GIL (every caller holds it). Values are strong references.
-std::unordered_map<std::string, PyObject*> torch_calls;
-constexpr size_t kTorchCallLimit = 4096;
-PyObject* out_kwnames = nullptr;  // ("out",): the output passed by keyword, as torch functions take it
-
-// The makers of allocating calls' outputs, for kernels launched from the table: a tuple
-// (maker, n) under the inputs' metadata with kNewOutputTag; the output is maker(*inputs[:n]).
-std::unordered_map<std::string, PyObject*> output_makers;
-
-void ForgetTorchCalls() {
-  std::unordered_map<std::string, PyObject*> old;
-  old.swap(torch_calls);
-  std::unordered_map<std::string, PyObject*> old_makers;
-  old_makers.swap(output_makers);
-  for (auto& item : old) Py_DECREF(item.second);  // may run Python code: the maps are already empty
-  for (auto& item : old_makers) Py_DECREF(item.second);
-}
-
-// OR'd into the tag of a torch call recorded for allocating calls, keyed by (A, B) alone
-// (kernel_api.ops.dispatch._NEW_OUTPUT_TAG): it runs as call(A, B), torch allocating the output.
-constexpr long long kNewOutputTag = 8;
-
-// How CallRecorded passes the output, the last operand.
-enum class OutputArgument {
-  kGiven,  // the caller's: call(*inputs, out=output)
-  kMade,   // made by gemm_plain for an allocating call: the same, and on success the call is also
-           // kept under kNewOutputTag for the inputs alone, so the next allocating call lets torch
-           // allocate (`kNone`)
-  kNone,   // no output among the operands: call(*inputs), its result returned
-};
-
-// Keeps `call` for allocating calls with the inputs' metadata (the operands less the output).
-void KeepForNewOutputs(long long tag, PyObject* call, const TVMFFIAny* operands, int count) {
-  std::string key;
-  if (!kernel_api_native::TensorKey(tag | kNewOutputTag, operands, count - 1, &key)) return;
-  if (torch_calls.count(key) != 0) return;
-  if (torch_calls.size() >= kTorchCallLimit) return;  // (forgetting here could drop `call` itself)
-  Py_INCREF(call);
-  torch_calls.emplace(std::move(key), call);
-}
-
-// Runs the torch call recorded under `tag` for the operands' metadata, on the current stream
-// (`how`: see OutputArgument; with kNone its result goes to *result, a new reference). 1 when it
-// ran; 0 when none is recorded or the output may share memory with an input; -1 with a Python
-// error (the call raised).
-int CallRecorded(long long tag, PyObject* const* objects, const TVMFFIAny* operands, int count, OutputArgument how,
-                 PyObject** result = nullptr) {
-  if (torch_calls.empty()) return 0;
-  thread_local std::string key;  // reused: no allocation per call once it has grown
-  key.clear();
-  if (!kernel_api_native::TensorKey(tag, operands, count, &key)) return 0;
-  auto found = torch_calls.find(key);
-  const bool output = how != OutputArgument::kNone;
-  if (found == torch_calls.end() || (output && kernel_api_native::OutputMayOverlap(operands, count))) return 0;
-  if (output && out_kwnames == nullptr) {
-    PyObject* name = PyUnicode_InternFromString("out");
-    if (name == nullptr) return -1;
-    out_kwnames = PyTuple_Pack(1, name);
-    Py_DECREF(name);
-    if (out_kwnames == nullptr) return -1;
-  }
-  PyObject* call = found->second;
-  Py_INCREF(call);  // held during the call: Python code it runs may forget the entry
-  PyObject* made = output ? PyObject_Vectorcall(call, objects, static_cast<size_t>(count - 1), out_kwnames)
-                          : PyObject_Vectorcall(call, objects, static_cast<size_t>(count), nullptr);
-  if (made != nullptr && how == OutputArgument::kMade) KeepForNewOutputs(tag, call, operands, count);
-  Py_DECREF(call);
-  if (made == nullptr) return -1;
-  if (result != nullptr) {
-    *result = made;
-  } else {
-    Py_DECREF(made);
-  }
-  return 1;
-}
-
-// Whether kernel_api.ops would split an allocating call's columns (`dispatch.split_columns` with
-// no C and no bias): 2-D operands, rows of N elements not a multiple of 16 bytes, N at least four
-// 16-byte vectors, at least kSplitMinRows rows. Such a call gets a padded output from two GEMMs on
-// the Python path, so gemm_plain leaves it there rather than run one GEMM into a dense output.
-constexpr int64_t kSplitMinRows = 256;  // dispatch.SPLIT_MIN_ROWS
-
-bool SplitsColumns(const DLTensor& a, const DLTensor& b) {
-  if (a.ndim != 2 || b.ndim != 2) return false;
-  const int64_t element = (static_cast<int64_t>(a.dtype.bits) * a.dtype.lanes + 7) / 8;
-  if (element <= 0 || element > 16 || 16 % element != 0) return false;
-  const int64_t vec = 16 / element;
-  const int64_t n = b.shape[1];
-  return n % vec != 0 && n >= 4 * vec && a.shape[0] >= kSplitMinRows;
-}
-
-// Calls `found(key operands)` with the operands [0, inputs) followed by a dense output as the
-// caching allocator makes one (A's dtype and device, shape (*A.shape[:-1], N), row-major, its data
-// 512-byte aligned: low pointer bits 0 or 512), without allocating it, until it returns true;
-// whether it did. operands[inputs] is scratch.
-template <typename Found>
-bool ForDenseOutput(TVMFFIAny* operands, int inputs, const DLTensor& a, const DLTensor& b, Found found) {
-  if (a.ndim < 1 || b.ndim < 1 || a.ndim > 8) return false;
-  int64_t shape[8];
-  int64_t strides[8];
-  for (int i = 0; i + 1 < a.ndim; ++i) shape[i] = a.shape[i];
-  shape[a.ndim - 1] = b.shape[b.ndim - 1];
-  int64_t stride = 1;
-  for (int i = a.ndim - 1; i >= 0; --i) {
-    strides[i] = stride;
-    stride *= shape[i];
-  }
-  DLTensor dense{};
-  dense.ndim = a.ndim;
-  dense.shape = shape;
-  dense.strides = strides;
-  dense.dtype = a.dtype;
-  dense.device = a.device;
-  SetPointer(&operands[inputs], kTVMFFIDLTensorPtr, &dense);
-  bool hit = false;
-  for (uintptr_t low : {uintptr_t{0}, uintptr_t{512}}) {
-    dense.data = reinterpret_cast<void*>((uintptr_t{1} << 20) | low);  // (only the low 10 bits are keyed)
-    if (found(operands)) {
-      hit = true;
-      break;
-    }
-  }
-  SetPointer(&operands[inputs], kTVMFFINone, nullptr);
-  return hit;
-}
-
-// The torch call recorded for these inputs (operands[0, inputs)) with a dense output as the
-// caching allocator makes one (`ForDenseOutput`); borrowed, or nullptr.
-PyObject* RecordedForDenseOutput(long long tag, TVMFFIAny* operands, int inputs, const DLTensor& a,
-                                 const DLTensor& b) {
-  if (torch_calls.empty()) return nullptr;
-  PyObject* found_call = nullptr;
-  std::string key;
-  ForDenseOutput(operands, inputs, a, b, [&](const TVMFFIAny* keyed) {
-    key.clear();
-    if (!kernel_api_native::TensorKey(tag, keyed, inputs + 1, &key)) return false;
-    auto found = torch_calls.find(key);
-    if (found == torch_calls.end()) return false;
-    found_call = found->second;
-    return true;
-  });
-  return found_call;
-}
-
-// Runs the torch call kept for allocating calls with these inputs (objects and operands
-// [0, inputs)) as call(*inputs), its result in *made: 1, 0 when none is kept, -1 with a Python
-// error. With `from_dense_output` (bias calls, for which gemm_plain makes no output), a call
-// recorded for an allocator-made dense output is kept for the inputs first when none is.
-int CallForNewOutput(long long tag, PyObject* const* objects, TVMFFIAny* operands, int inputs,
-                     const DLTensor* tensors, bool from_dense_output, PyObject** made) {
-  const int called = CallRecorded(tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone, made);
-  if (called != 0 || !from_dense_output) return called;
-  PyObject* call = RecordedForDenseOutput(tag, operands, inputs, tensors[0], tensors[1]);
-  if (call == nullptr) return 0;
-  KeepForNewOutputs(tag, call, operands, inputs + 1);
-  return CallRecorded(tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone, made);
-}
-
-// The tag an f32 GEMM is looked up under: with kTf32Tag while torch allows TF32. -1 (no Python
-// error) when the flag cannot be read: the call is declined.
-long long KeyedTag(long long tag, const DLTensor& a) {
-  if (a.dtype.code != kDLFloat || a.dtype.bits != 32) return tag;
-  // f32: the choice follows torch's TF32 flag, so entries are kept per flag (kTf32Tag)
-  PyObject* allowed = ops.tf32_allowed == nullptr ? nullptr : PyObject_CallNoArgs(ops.tf32_allowed);
-  if (allowed == nullptr) {
-    PyErr_Clear();
-    return -1;
-  }
-  const long long keyed = allowed == Py_True ? tag | kTf32Tag : tag;
-  Py_DECREF(allowed);
-  return keyed;
-}
-
-// A call with a row bias (and an activation) is keyed by (A, B, bias, out) under its tag with
-// the activation's code at kEpilogueShift (kernel_api.ops.dispatch._EPILOGUE_SHIFT): policy ids
-// are user-space addresses, far below 2^60. Codes: no activation 1, relu 2, gelu 3, silu 4.
-constexpr int kEpilogueShift = 60;
-
-// The activation's code (1 for None), or -1 (no Python error) for anything else.
-long long ActivationCode(PyObject* activation) {
-  if (activation == Py_None) return 1;
-  if (!PyUnicode_CheckExact(activation)) return -1;
-  static const char* const names[] = {"relu", "gelu", "silu"};
-  for (int i = 0; i < 3; ++i) {
-    if (PyUnicode_CompareWithASCIIString(activation, names[i]) == 0) return 2 + i;
-  }
-  return -1;
-}
-
-// ops.gemm(A, B, out, ...) for a plain call, or one with just a row bias and an activation, whose
-// operands' metadata the launch table has an entry for (or, on the current stream, a recorded
-// torch call): launched, and the output returned; None (no Python error) whenever it declines,
-// and the caller's Python path decides. The contract (the 11 arguments, when it declines or
-// raises, who calls it) is documented in one place: docs/architecture.md, "The gemm_plain contract".
-PyObject* GemmPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 11) {
-    PyErr_SetString(PyExc_TypeError,
-                    "gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)");
-    return nullptr;
-  }
-  if (ops.settings == nullptr || exchange == nullptr) Py_RETURN_NONE;
-  PyObject* A = args[1];
-  PyObject* B = args[2];
-  PyObject* out = args[3];
-  PyObject* bias = args[7] == Py_None ? nullptr : args[7];
-  if (args[6] != Py_None || args[9] != Py_None || !IsExactly(args[4], 1.0) || !IsExactly(args[5], 0.0)) {
-    Py_RETURN_NONE;
-  }
-  long long epilogue = 0;
-  if (bias != nullptr) {
-    // Recorded torch calls (on the current stream) and table entries recorded with the bias
-    // among their operands (record_ordered) serve these.
-    epilogue = ActivationCode(args[8]);
-    if (epilogue < 0 || !PyObject_TypeCheck(bias, tensor_type)) Py_RETURN_NONE;
-  } else if (args[8] != Py_None) {
-    Py_RETURN_NONE;
-  }
-  if (!PyObject_TypeCheck(A, tensor_type) || !PyObject_TypeCheck(B, tensor_type)) Py_RETURN_NONE;
-  PyObject* const inputs_checked[] = {A, B, bias};
-  const int needs_python = NeedsPython(inputs_checked, bias == nullptr ? 2 : 3);
-  if (needs_python != 0) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  const long long tag = PolicyTag(PyLong_AsLongLong(args[0]));
-  if (tag == -1) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  // operands: A, B, the bias if any, then the output
-  const int inputs = bias == nullptr ? 2 : 3;
-  PyObject* objects[] = {A, B, bias == nullptr ? out : bias, out};
-  DLTensor tensors[4];
-  TVMFFIAny operands[4];
-  if (!ReadOperands(objects, inputs, tensors, operands)) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  long long keyed_tag = KeyedTag(tag, tensors[0]);
-  if (keyed_tag == -1) Py_RETURN_NONE;
-  keyed_tag |= epilogue << kEpilogueShift;
-  if (out == Py_None) {
-    if (SplitsColumns(tensors[0], tensors[1])) Py_RETURN_NONE;  // two GEMMs into a padded output
-    if (args[10] == Py_None) {  // a torch call kept for allocating calls: torch allocates
-      PyObject* made = nullptr;
-      const int called = CallForNewOutput(keyed_tag, objects, operands, inputs, tensors, bias != nullptr, &made);
-      if (called == 1) return made;
-      if (called < 0) {
-        PyErr_Clear();  // the Python path runs the call again and reports
-        Py_RETURN_NONE;
-      }
-    }
-    // A bias call's output is made only for a table entry recorded with a dense output: on a miss
-    // the Python path would make another.
-    if (bias != nullptr &&
-        !ForDenseOutput(operands, inputs, tensors[0], tensors[1], [&](const TVMFFIAny* keyed) {
-          return kernel_api_native::Recorded(keyed_tag, keyed, inputs + 1);
-        })) {
-      Py_RETURN_NONE;
-    }
-    objects[inputs] = NewOutput(A, B, tensors[0], tensors[1]);
-  } else {
-    Py_INCREF(out);
-  }
-  PyObject* target = objects[inputs];
-  const int count = inputs + 1;
-  // (a new output is new memory from new_empty: it carries no lazy bit)
-  if (target == nullptr ||
-      !ReadOperands(objects + inputs, 1, tensors + inputs, operands + inputs, out == Py_None ? 0 : -1)) {
-    PyErr_Clear();
-    Py_XDECREF(target);
-    Py_RETURN_NONE;
-  }
-  bool launched = LaunchOnStream(keyed_tag, args[10], tensors[0].device, operands, count);
-  if (!launched && args[10] == Py_None) {
-    const int called = CallRecorded(keyed_tag, objects, operands, count,
-                                    out == Py_None ? OutputArgument::kMade : OutputArgument::kGiven);
-    if (called < 0) {
-      PyErr_Clear();  // the Python path runs the call again and reports
-    } else {
-      launched = called == 1;
-    }
-  }
-  if (!launched) {
-    Py_DECREF(target);
-    Py_RETURN_NONE;
-  }
-  if (out != Py_None && !BumpVersion(out)) {  // launched already: raise rather than let the Python path launch again
-    Py_DECREF(target);
-    return nullptr;
-  }
-  return target;
-}
-
-// ---- any operation's calls -----------------------------------------------------------------
-
-// call(tag, stream, out, *inputs) -> out | None: an operation's call replayed from what its Python
-// path recorded for operands of this metadata, with no rule of the operation's own: under `tag`
-// (the op's, with the current policy's id OR'd in) the table's launch for (*inputs, out), or a
-// torch call recorded for them (on the current stream). For out=None, a torch call recorded for
-// the inputs alone under kNewOutputTag (torch allocates), else the output maker recorded there
-// (record_maker) makes the output and the table launches into it. The given out's version is
-// bumped. None (no Python error) whenever it declines: not configured, a torch dispatch mode, an
-// input that requires grad while grad mode is on, operands it cannot read (lazy bits included),
-// nothing recorded, an output that may overlap an input, or a launch that raised (the Python path
-// runs the call again and reports).
-PyObject* Call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  long long tag;
-  if (!ReadTag(args, nargs, 3, "call(tag, stream, out, *inputs)", &tag)) return nullptr;
-  const int inputs = static_cast<int>(nargs - 3);
-  if (ops.settings == nullptr || inputs + 1 > kMaxTensors) Py_RETURN_NONE;
-  PyObject* stream_given = args[1];
-  PyObject* out = args[2];
-  PyObject* objects[kMaxTensors];
-  for (int i = 0; i < inputs; ++i) {
-    objects[i] = args[3 + i];
-    if (!PyObject_TypeCheck(objects[i], tensor_type)) Py_RETURN_NONE;  // the Python path explains
-  }
-  if (out != Py_None && !PyObject_TypeCheck(out, tensor_type)) Py_RETURN_NONE;
-  if (NeedsPython(objects, inputs) != 0) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  tag = PolicyTag(tag);
-  if (tag == -1) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  DLTensor tensors[kMaxTensors];
-  TVMFFIAny operands[kMaxTensors];
-  if (!ReadOperands(objects, inputs, tensors, operands)) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  if (out == Py_None) {
-    if (stream_given == Py_None) {  // a torch call kept for allocating calls: torch allocates
-      PyObject* made = nullptr;
-      const int called = CallRecorded(tag | kNewOutputTag, objects, operands, inputs, OutputArgument::kNone, &made);
-      if (called == 1) return made;
-      if (called < 0) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-      }
-    }
-    if (output_makers.empty()) Py_RETURN_NONE;
-    thread_local std::string key;
-    key.clear();
-    if (!kernel_api_native::TensorKey(tag | kNewOutputTag, operands, inputs, &key)) Py_RETURN_NONE;
-    auto found = output_makers.find(key);
-    if (found == output_makers.end()) Py_RETURN_NONE;
-    PyObject* recipe = found->second;  // (maker, n)
-    const Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(recipe, 1));
-    if (n < 1 || n > inputs) {
-      PyErr_Clear();
-      Py_RETURN_NONE;
-    }
-    if (PyTuple_GET_ITEM(recipe, 0) == Py_None) {  // a dense tensor like the first input
-      objects[inputs] = NewDense(objects[0], tensors[0], tensors[0].shape, tensors[0].ndim);
-    } else {
-      Py_INCREF(recipe);  // held during the call: Python code it runs may forget the entry
-      objects[inputs] = PyObject_Vectorcall(PyTuple_GET_ITEM(recipe, 0), objects, static_cast<size_t>(n), nullptr);
-      Py_DECREF(recipe);
-    }
-  } else {
-    Py_INCREF(out);
-    objects[inputs] = out;
-  }
-  PyObject* target = objects[inputs];
-  // (a made output is new memory: it carries no lazy bit)
-  if (target == nullptr || !ReadOperands(objects + inputs, 1, tensors + inputs, operands + inputs,
-                                         out == Py_None ? 0 : -1)) {
-    PyErr_Clear();
-    Py_XDECREF(target);
-    Py_RETURN_NONE;
-  }
-  const int count = inputs + 1;
-  bool launched = LaunchOnStream(tag, stream_given, tensors[0].device, operands, count);
-  if (!launched && stream_given == Py_None && out != Py_None) {
-    const int called = CallRecorded(tag, objects, operands, count, OutputArgument::kGiven);
-    if (called < 0) {
-      PyErr_Clear();
-    } else {
-      launched = called == 1;
-    }
-  }
-  if (!launched) {
-    Py_DECREF(target);
-    Py_RETURN_NONE;
-  }
-  if (out != Py_None && !BumpVersion(out)) {  // launched already: raise rather than launch again
-    Py_DECREF(target);
-    return nullptr;
-  }
-  return target;
 }
 
 // ---- remember / recall ---------------------------------------------------------------------
@@ -1025,7 +451,7 @@ void Forget() {
   for (auto& item : old) Py_DECREF(item.second);  // may run Python code: the map is already empty
 }
 
-// The key of (tag, tensors) as the launch table builds it, in *key (emptied first); false when
+// The key of (tag, tensors) (launch_table.h's TensorKey), in *key (emptied first); false when
 // some argument is not a torch tensor or cannot be keyed.
 bool MetadataKey(long long tag, PyObject* const* objects, int count, std::string* key) {
   DLTensor tensors[kMaxTensors];
@@ -1075,43 +501,6 @@ PyObject* Remember(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!ReadTag(args, nargs, 2, "remember(tag, value, *tensors)", &tag)) return nullptr;
   return StoreByMetadata(&remembered, kRememberLimit, Forget, tag, args[1], args + 2, static_cast<int>(nargs - 2));
 }
-
-PyObject* RecordCall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  long long tag;
-  if (!ReadTag(args, nargs, 2, "record_call(tag, call, *tensors)", &tag)) return nullptr;
-  if (!PyCallable_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "record_call: call must be callable");
-    return nullptr;
-  }
-  return StoreByMetadata(&torch_calls, kTorchCallLimit, ForgetTorchCalls, tag, args[1], args + 2,
-                         static_cast<int>(nargs - 2));
-}
-
-PyObject* RecordMaker(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  long long tag;
-  if (!ReadTag(args, nargs, 3, "record_maker(tag, maker, n, *inputs)", &tag)) return nullptr;
-  const Py_ssize_t n = PyLong_AsSsize_t(args[2]);
-  if (n == -1 && PyErr_Occurred()) return nullptr;
-  if ((args[1] != Py_None && !PyCallable_Check(args[1])) || n < 1 || n > nargs - 3) {
-    PyErr_SetString(PyExc_TypeError, "record_maker: maker must be None or callable, taking the first n (>= 1) inputs");
-    return nullptr;
-  }
-  PyObject* recipe = PyTuple_Pack(2, args[1], args[2]);
-  if (recipe == nullptr) return nullptr;
-  PyObject* stored = StoreByMetadata(&output_makers, kTorchCallLimit, ForgetTorchCalls, tag, recipe, args + 3,
-                                     static_cast<int>(nargs - 3));
-  Py_DECREF(recipe);
-  return stored;
-}
-
-PyObject* ForgetCalls(PyObject*, PyObject*) {
-  ForgetTorchCalls();
-  Py_RETURN_NONE;
-}
-
-PyObject* TorchCallCount(PyObject*, PyObject*) { return PyLong_FromSize_t(torch_calls.size()); }
-
-PyObject* MakerCount(PyObject*, PyObject*) { return PyLong_FromSize_t(output_makers.size()); }
 
 PyObject* ForgetAll(PyObject*, PyObject*) {
   Forget();
@@ -1393,8 +782,7 @@ struct StateReader {
 struct ReplayHooks {
   PyObject* settings = nullptr;  // the ContextVar of kernel_api.settings (.policy_id)
   StateReader grad_enabled, dispatch_modes, function_modes, autocast, tf32;
-  PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a tuple of tensors)
-  PyObject* policy_id = nullptr;          // interned names
+  PyObject* policy_id = nullptr;  // interned names
   PyObject* requires_grad = nullptr;
   PyObject* last_settings = nullptr;  // the settings object last read (a strong reference) and its policy id
   long long last_policy = 0;
@@ -1422,14 +810,15 @@ PyObject* ConfigureReplay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   hooks.function_modes.Set(args[3]);
   hooks.autocast.Set(args[4]);
   hooks.tf32.Set(args[5]);
+  if (outputs.new_empty == nullptr && (outputs.new_empty = PyUnicode_InternFromString("new_empty")) == nullptr) {
+    return nullptr;
+  }
   Py_INCREF(args[6]);
-  Py_XSETREF(hooks.increment_version, args[6]);
-  Py_INCREF(args[6]);
-  Py_XSETREF(ops.increment_version, args[6]);  // (BumpVersion's)
-  ops.increment_version_function = nullptr;
+  Py_XSETREF(outputs.increment_version, args[6]);
+  outputs.increment_version_function = nullptr;
   if (PyCFunction_Check(args[6]) && PyCFunction_GET_FLAGS(args[6]) == METH_O) {
-    ops.increment_version_function = PyCFunction_GET_FUNCTION(args[6]);
-    ops.increment_version_self = PyCFunction_GET_SELF(args[6]);
+    outputs.increment_version_function = PyCFunction_GET_FUNCTION(args[6]);
+    outputs.increment_version_self = PyCFunction_GET_SELF(args[6]);
   }
   Py_RETURN_NONE;
 }
@@ -1580,6 +969,8 @@ struct Recipe {
     Py_XDECREF(spec);
   }
 };
+PyObject* out_kwnames = nullptr;  // ("out",): a Call's output passed by keyword, as torch functions take it
+
 constexpr int kMade = -(1 << 20);
 constexpr int kView = 1 << 20;
 constexpr size_t kVariantLimit = 7;  // (the alignments from 16 to 1024 bytes)
@@ -1881,9 +1272,9 @@ PyObject* Replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "replay(op, *args)");
     return nullptr;
   }
-  if (recipes.empty()) Py_RETURN_NONE;
   const long long op = PyLong_AsLongLong(args[0]);
   if (op == -1 && PyErr_Occurred()) return nullptr;
+  if (recipes.empty()) Py_RETURN_NONE;
   thread_local std::string key;  // reused: no allocation per call once it has grown
   ReadArguments read;
   const int keyed = CallKey(op, args + 1, static_cast<int>(nargs - 1), &key, &read);
@@ -1938,32 +1329,14 @@ PyObject* RecipeOf(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyMethodDef methods[] = {
     {"configure", Configure, METH_O, "configure(tensor_type): read the DLPack exchange API of torch.Tensor."},
-    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Launch)), METH_FASTCALL,
-     "launch(tag, stream, *tensors) -> bool: launch the entry recorded for these tensors' metadata."},
     {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Bind)), METH_FASTCALL,
      "bind(function, tensors, tail) -> BoundLaunch: function(*tensors, *tail, stream) per call."},
-    {"configure_ops", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(ConfigureOps)), METH_FASTCALL,
-     "configure_ops(settings, dispatch_modes, grad_enabled, new_output, to_stream, increment_version[, tf32_allowed]): what "
-     "gemm_plain uses."},
-    {"gemm_plain", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(GemmPlain)), METH_FASTCALL,
-     "gemm_plain(tag, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream) -> out | None."},
     {"recall", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Recall)), METH_FASTCALL,
      "recall(tag, *tensors) -> the value remembered for these tensors' metadata, or None."},
     {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Remember)), METH_FASTCALL,
      "remember(tag, value, *tensors) -> bool: remember value for these tensors' metadata (False: cannot key them)."},
     {"forget", ForgetAll, METH_NOARGS, "forget(): drop every remembered value."},
     {"remembered", RememberedCount, METH_NOARGS, "remembered() -> int: how many values are remembered."},
-    {"record_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(RecordCall)), METH_FASTCALL,
-     "record_call(tag, call, *tensors) -> bool: gemm_plain runs call(*inputs, out=output) for these tensors' "
-     "metadata on the current stream (False: cannot key them)."},
-    {"forget_calls", ForgetCalls, METH_NOARGS, "forget_calls(): drop every recorded torch call and output maker."},
-    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Call)), METH_FASTCALL,
-     "call(tag, stream, out, *inputs) -> out | None: an operation's call replayed from what its Python path recorded."},
-    {"record_maker", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(RecordMaker)), METH_FASTCALL,
-     "record_maker(tag, maker, n, *inputs) -> bool: call makes an allocating call's output as maker(*inputs[:n]) "
-     "(False: cannot key them)."},
-    {"makers", MakerCount, METH_NOARGS, "makers() -> int: how many output makers are recorded."},
-    {"calls", TorchCallCount, METH_NOARGS, "calls() -> int: how many torch calls are recorded."},
     {"configure_replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(ConfigureReplay)),
      METH_FASTCALL,
      "configure_replay(settings, grad_enabled, dispatch_modes, function_modes, autocast_enabled, tf32_allowed, "

@@ -2,10 +2,12 @@
 
 `call` runs any operation's arguments; `gemm` and `softmax` are kernel_api's own front doors.
 After the first call for a policy and an `Arguments.problem_key` (which ends with the device),
-the choice and its compiled artifact come from a dictionary. A plain call (no epilogue) whose operands repeat an
-earlier call's dtypes, shapes, strides, pointer alignment and devices goes further: it is
-launched from the C launch table (`kernel_api.native`) without building arguments, or, where
-that table cannot be built, from a Python dictionary keyed the same way.
+the choice and its compiled artifact come from a dictionary. A repeated call goes further: the
+front door first asks the native entry points to replay it (``replay(op, *args)``: one call key
+for every operation, `kernel_api.native.recipes`), which run what the call's Python path
+recorded for calls keyed as this one (a torch call, or the chosen kernel's TVM-FFI launch)
+without building arguments or entering Python. Without the entry points, plain GEMMs repeat from
+a Python dictionary keyed by the operands' raw metadata (`_fast`).
 
 Inside ``torch.compile``/``torch.export`` tracing, or when an input requires grad, the calls
 go through the ``torch.ops.kernel_api.*`` custom ops (`kernel_api.ops.library`), which carry
@@ -17,9 +19,8 @@ f32 GEMMs follow torch's matmul precision (docs/kernels.md, "f32 GEMM precision"
 math type is ``tf32`` or ``tf32x3`` are candidates only while torch lets cuBLAS use TF32
 (``torch.backends.cuda.matmul.allow_tf32``, i.e. ``torch.set_float32_matmul_precision`` "high"
 or "medium"); otherwise the choice is among f32-math kernels (cuBLAS FP32 through the torch
-provider, SIMT). The setting is read once per f32 call and is part of the cache keys, so a
-change takes effect at the next call; f32 entries of the C launch table carry the flag in their
-tag, and only ``gemm_plain``, which reads the flag per call, serves them.
+provider, SIMT). The setting is read once per f32 call and is part of the cache keys (the call
+key holds it for every call), so a change takes effect at the next call.
 """
 
 from __future__ import annotations
@@ -89,19 +90,12 @@ class EpilogueEntry:
 
 
 # Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> a `PlainEntry`
-# or an `EpilogueEntry`, so a repeated call skips building arguments (see _raw_gemm_key). The C
-# launch table (kernel_api.native) does the same without Python work where it can be built; this
-# dictionary serves kernels without a TVM-FFI function and machines without a compiler.
+# or an `EpilogueEntry`, so a repeated call skips building arguments (see _raw_gemm_key). The native
+# entry points' replay does more without Python work where they load; this dictionary serves
+# kernels whose launch is a Python function and machines without them.
 _fast: dict[tuple, PlainEntry | EpilogueEntry] = {}
 _FAST_LIMIT = 4096
-_table: Any = None  # the loaded C launch table, once a kernel has offered a native launch
-_table_launch: Any = None  # its ``launch(tag, stream, *tensors) -> bool``
-# ``gemm_plain`` of the table's CPython entry points: gemm's plain-call checks and launch in C
-# (its contract: docs/architecture.md, "The gemm_plain contract").
-_gemm_plain: Any = None
-# ``call`` of the entry points: any operation's call replayed from what its Python path recorded
-# (the table's launches, torch calls, output makers), with no rule of the operation's own.
-_op_call: Any = None
+_entry_tried = False  # whether the native entry points were loaded (they may be missing)
 #: ``replay(op, *args)`` of the entry points once they load (None before and without them): the
 #: recipe the Python path recorded for a call keyed as this one, run in C (`kernel_api.native.recipes`).
 replay_call: Any = None
@@ -117,19 +111,7 @@ _epilogue_functions: dict[str, Any] = {}
 #: What else remembers choices, emptied by `clear_dispatch_cache`: each a ``forget()`` (the
 #: generated operations' replays, added by ops/replay.py when it is imported).
 choice_caches: list[Any] = []
-_tagged_policies: dict[int, Any] = {}  # keeps every policy whose id() is in the C table alive
-# The op in the low bits of a C-table tag (policy ids are 16-byte aligned addresses).
-_GEMM_TAG, _SOFTMAX_TAG, _SOFTMAX_BACKWARD_TAG = 1, 2, 3
-# OR'd into an f32 GEMM's tag while torch allows TF32 (python_entry.cc's kTf32Tag): the choice for
-# f32 operands follows torch's matmul precision, so the C entries are kept per flag.
-_TF32_TAG = 4
-# OR'd into the tag of a torch call recorded for allocating calls, keyed by (A, B) alone
-# (python_entry.cc's kNewOutputTag): gemm_plain runs it as torch_call(A, B), which allocates.
-_NEW_OUTPUT_TAG = 8
-# A call with a row bias is keyed with its activation's code at bit `_EPILOGUE_SHIFT` of the tag
-# (python_entry.cc's kEpilogueShift; policy ids are user-space addresses, far below 2^60).
-_EPILOGUE_SHIFT = 60
-_EPILOGUE_CODES = {None: 1, "relu": 2, "gelu": 3, "silu": 4}
+_tagged_policies: dict[int, Any] = {}  # keeps every scope token whose id() keys recipes alive
 _Tensor = torch.Tensor
 #: Operand types the fast paths take as they are: plain tensors and parameters (nn layers pass
 #: their weight, or GPT-2's Conv1D weight itself, and their bias as `torch.nn.Parameter`; a
@@ -194,15 +176,11 @@ def _launch_fast(found: PlainEntry, stream: Any, *tensors: torch.Tensor) -> None
         found.launcher.launch(tensors, to_cuda_stream(stream))
 
 
-def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = (), tag: int = 0,
-            new_output: bool = False, maker: tuple | None = None) -> tuple:
+def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensors: tuple = ()) -> tuple:
     """Choose (once per policy, signature and shape), compile and launch; then, when the
-    arguments kept the caller's ``tensors`` as they are, record the kernel's launcher for
-    them: in ``_fast`` under ``fast_key`` and in the C launch table under ``tag``
-    (``new_output``: the caller made the output, so a torch call serves allocating calls;
-    ``maker``: ``(maker, n)``, the caller made it as ``maker(*inputs[:n])``, which the entry
-    points' ``call`` repeats for allocating calls of a kernel in the table). Returns the choice
-    that ran: ``(kernel, artifact, scope token)``."""
+    arguments kept the caller's ``tensors`` as they are, keep the kernel's launcher for them in
+    ``_fast`` under ``fast_key`` (the Python replay of machines without the native entry
+    points). Returns the choice that ran: ``(kernel, artifact, scope token)``."""
     args.check_memory()  # the run below assumes the arguments supported
     scope = current()
     policy = scope.policy
@@ -228,7 +206,7 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
             kernel = policy.choose(args, replayable_first(candidates, args))
             found = _dispatch[key] = (kernel, kernel.compile(args), token)  # keep token alive: id() stays unique
             if _log.isEnabledFor(logging.DEBUG):  # once per choice, never on repeated calls
-                _log_fast_path(kernel, found[1], args, fast_key, tensors, tag)
+                _log_fast_path(kernel, found[1], args)
     kernel, artifact, _ = found
     # Honour the operands' device: launch (and take the default stream) there, not on
     # whichever device happens to be current.
@@ -239,29 +217,20 @@ def _launch(args: Any, stream: Any = None, fast_key: tuple | None = None, tensor
     else:
         kernel.run(args, compiled_artifact=artifact, stream=stream, assume_supported_args=True)
     # Only when arguments kept the caller's tensors as they are (no re-strided views).
-    if (fast_key is not None or tag) and tensors and all(
+    if fast_key is not None and tensors and all(
             getattr(args, name) is t for name, t in zip(args.tensor_attributes, tensors)):
         launcher = kernel._launcher(args, artifact)
         if launcher is None:
             return found
-        if fast_key is not None:
-            if len(_fast) >= _FAST_LIMIT:
-                _fast.clear()
-            extents = tuple(byte_extent(t) for t in tensors)
-            if type(args) is GemmArguments and args.epilogue is not None:
-                epilogue = args.epilogue
-                entry = _epilogue_entry(launcher, epilogue.bias, index, token, extents)
-                if entry is not None:
-                    _fast[fast_key] = entry
-                return found
-            _fast[fast_key] = PlainEntry(launcher, index, token, extents)
-        # f32 GEMMs: recorded under the TF32 flag they were chosen with, which gemm_plain reads
-        # per call (the TVM-FFI table's own launch, without the entry points, cannot: none there)
-        recorded_tag = tag | _TF32_TAG if tf32 and tag == _GEMM_TAG else tag
-        if tag and launcher.ffi:
-            _record_native(launcher, token, tensors, recorded_tag, needs_entry_points=tf32 is not None, maker=maker)
-        elif tag and launcher.torch_call is not None:
-            _record_torch_call(launcher, token, tensors, recorded_tag, new_output)
+        if len(_fast) >= _FAST_LIMIT:
+            _fast.clear()
+        extents = tuple(byte_extent(t) for t in tensors)
+        if type(args) is GemmArguments and args.epilogue is not None:
+            entry = _epilogue_entry(launcher, args.epilogue.bias, index, token, extents)
+            if entry is not None:
+                _fast[fast_key] = entry
+            return found
+        _fast[fast_key] = PlainEntry(launcher, index, token, extents)
     return found
 
 
@@ -372,26 +341,19 @@ def _epilogue_entry(launcher: Launcher, bias: Any, index: int, token: Any, exten
     return None
 
 
-def _log_fast_path(kernel: Any, artifact: Any, args: Any, fast_key: tuple | None, tensors: tuple, tag: int) -> None:
+def _log_fast_path(kernel: Any, artifact: Any, args: Any) -> None:
     """Say at DEBUG, when a kernel is first chosen for a problem, why its repeated calls will
-    not be recorded in the C launch table or the Python fast dictionary (nothing when they will)."""
+    not be replayed from C (nothing when they may be)."""
     name = kernel.metadata.kernel_name
-    if fast_key is None and not tag:
-        _log.debug("%s: calls with a C operand, a bias of more than one dimension, a tensor subclass or "
-                   "accumulator_type always take the Python path", name)
-        return
-    if not tensors or not all(getattr(args, n) is t for n, t in zip(args.tensor_attributes, tensors)):
-        _log.debug("%s: the arguments re-stride the operands, so repeated calls take the Python path", name)
-        return
     launcher = kernel._launcher(args, artifact)
     if launcher is None:
         _log.debug("%s: no fast path (_launcher returned None); every call goes through Kernel.run", name)
-    elif tag and not launcher.ffi and (tag != _GEMM_TAG or launcher.torch_call is None):
-        _log.debug("%s: not a TVM-FFI function, so not in the C launch table; repeated calls use the Python "
-                   "fast path", name)
-    elif tag and native.table() is None:
-        _log.debug("%s: the C launch table is unavailable (%s); repeated calls stay on the Python path", name,
-                   native.why_not())
+    elif not launcher.ffi and launcher.torch_call is None:
+        _log.debug("%s: neither a TVM-FFI function nor a torch call, so not replayed from C; repeated calls "
+                   "take the Python path", name)
+    elif native.entry() is None:
+        _log.debug("%s: the native entry points are unavailable (%s); repeated calls stay on the Python path", name,
+                   native.why_not_entry())
 
 
 def plain_state(tensors: tuple) -> bool:
@@ -419,7 +381,7 @@ def record_replay(op: int, kernel: Kernel, artifact: Any, args: Arguments, call:
         Whether a recipe was recorded (not for a kernel without a `Launcher` or one that is
         neither, tensors that are not the call's own, constants C cannot hold).
     """
-    if not _load_table() or _entry is None:
+    if not _load_entry():
         return False
     launcher = kernel._launcher(args, artifact)
     if launcher is None or not (launcher.ffi or launcher.torch_call is not None):
@@ -482,132 +444,33 @@ def record_replay(op: int, kernel: Kernel, artifact: Any, args: Arguments, call:
 
 def _record_call(op: int, recipe: Any, call: tuple) -> None:
     """Record ``recipe`` (a `recipes.Call` of torch's) for calls keyed as ``call``."""
-    if _load_table() and _entry is not None:
+    if _load_entry():
         _tag_policy(current().scope_token)
         recipes.record(_entry, op, recipe, *call)
 
 
-def _load_table() -> bool:
-    """Load the C launch table and its CPython entry points once; whether the table is there."""
-    global _table, _table_launch, _gemm_plain, _op_call
-    if _table is None:
-        _table = native.table()
-        if _table is None:
-            # (no log record here: every softmax call comes here then; `_log_fast_path` says it once)
-            return False
+def _load_entry() -> bool:
+    """Load the native entry points once and configure their call key; whether they are there."""
+    global _entry, replay_call, _entry_tried
+    if not _entry_tried:
+        _entry_tried = True
         entry = native.entry()
-        if entry is not None:
-            _table_launch = entry.launch  # reads torch tensors without allocating (python_entry.cc)
-            # (new_output None: C makes `_new_gemm_output`'s tensor itself, without its frame)
-            entry.configure_ops(_settings, _dispatch_modes, _grad_enabled, None, to_cuda_stream,
-                                _increment_version, _tf32_allowed)
-            _gemm_plain = entry.gemm_plain
-            _op_call = entry.call
-            global replay_call, _entry
-            entry.configure_replay(_settings, _grad_enabled, _dispatch_modes, _function_modes, _autocast_any,
-                                   _tf32_allowed, _increment_version)
-            _entry, replay_call = entry, entry.replay
-        else:
-            _log.debug("the launch table's CPython entry points are unavailable (%s): launching through TVM-FFI",
-                       native.why_not_entry())
-            _table.launch.release_gil = False  # a lookup and a launch: cheaper than dropping the GIL
-            _table_launch = _declining_lazy_bits(_table.launch)
-    return True
+        if entry is None:
+            # (no log record here: every recording call comes here then; `_log_fast_path` says it once)
+            return False
+        entry.configure_replay(_settings, _grad_enabled, _dispatch_modes, _function_modes, _autocast_any,
+                               _tf32_allowed, _increment_version)
+        _entry, replay_call = entry, entry.replay
+    return _entry is not None
 
 
-def _table_fallback(tag: int, stream: Any, out: Any, make_output: Any, *inputs: Any) -> Any:
-    """A repeated call launched through the table's TVM-FFI function, where torch offers no
-    DLPack exchange API and so the entry points are missing: the kernel recorded under ``tag``
-    for ``(*inputs, out)`` (``out`` made by ``make_output(*inputs)`` when None). The output, or
-    None when nothing is recorded or TVM-FFI cannot take the operands (the Python path then runs
-    the call and explains)."""
-    try:
-        target = make_output(*inputs) if out is None else out
-        if not _table_launch(_settings.get().policy_id | tag, None if stream is None else to_cuda_stream(stream),
-                             *inputs, target):
-            return None
-    except Exception:  # noqa: BLE001 - operands TVM-FFI cannot take
-        return None
-    if out is not None:
-        _increment_version((out,))
-    return target
-
-
-def _tag_policy(policy: Any) -> None:
-    """Keep ``policy`` alive while its id() tags entries of the C table (clearing the table and
-    the recorded torch calls when too many policies have)."""
-    if id(policy) not in _tagged_policies and len(_tagged_policies) >= _FAST_LIMIT:
-        _table.clear()  # a policy per call would otherwise keep every policy alive
-        _forget_torch_calls()
-        if _entry is not None:
-            _entry.forget_replays()
+def _tag_policy(token: Any) -> None:
+    """Keep the scope token ``token`` alive while its id() keys recipes (forgetting every recipe
+    when too many tokens have)."""
+    if id(token) not in _tagged_policies and len(_tagged_policies) >= _FAST_LIMIT:
+        _entry.forget_replays()  # a policy per call would otherwise keep every policy alive
         _tagged_policies.clear()
-    _tagged_policies[id(policy)] = policy
-
-
-def _record_native(launcher: Launcher, policy: Any, tensors: tuple, tag: int,
-                   needs_entry_points: bool = False, maker: tuple | None = None) -> None:
-    """Enter ``launcher`` (a TVM-FFI function's) in the C launch table under ``tag`` for
-    operands with ``tensors``' raw metadata (``needs_entry_points``: only where gemm_plain
-    serves the entry, f32 GEMMs keyed by the TF32 flag; ``maker``: ``(maker, n)``, the output
-    was made as ``maker(*inputs[:n])``, which the entry points' ``call`` repeats for allocating
-    calls with the inputs' metadata)."""
-    if not _load_table() or (needs_entry_points and _gemm_plain is None):
-        return
-    _tag_policy(policy)
-    _table.record(id(policy) | tag, launcher.function, len(tensors), *tensors, *launcher.tail)
-    if maker is not None and _op_call is not None:
-        native.entry().record_maker(id(policy) | tag | _NEW_OUTPUT_TAG, maker[0], maker[1], *tensors[:-1])
-
-
-def _record_native_epilogue(entry: EpilogueEntry, policy: Any, tensors: tuple, tag: int) -> None:
-    """Enter a GEMM with a bias (``_fast``'s `_epilogue_entry` of a TVM-FFI function) in the C
-    launch table under ``tag`` for ``tensors`` = (A, B, bias, out): the function is called as
-    ``function(A, B, out, *tail before the bias, bias, *tail after it, stream)``, the bias the
-    call's own (`record_ordered`); gemm_plain serves it."""
-    if not _load_table() or _gemm_plain is None:
-        return
-    function, before, after = entry.function, entry.before, entry.after
-    order = (0, 1, 3, *(-1 - i for i in range(len(before))), 2,
-             *(-1 - len(before) - i for i in range(len(after))))
-    _tag_policy(policy)
-    _table.record_ordered(id(policy) | tag, function, len(tensors), len(order), *order, *tensors, *before, *after)
-
-
-def _record_torch_call(launcher: Launcher, policy: Any, tensors: tuple, tag: int, new_output: bool = False) -> None:
-    """Enter ``launcher.torch_call`` (a kernel launching through torch: `TorchGemm`) in the C
-    entry points' torch calls under ``tag`` for operands with ``tensors``' raw metadata
-    (A, B, the bias of a call with one, the output last): ``gemm_plain`` then runs
-    ``torch_call(A, B[, bias], out=out)`` for repeated calls on the current stream (other streams
-    take the Python path). ``new_output``: the output was `_new_gemm_output`'s, so allocating
-    calls with the inputs' metadata run ``torch_call(A, B[, bias])``, letting torch allocate (the
-    same tensor, without a new_empty of ours first)."""
-    if not _load_table() or _gemm_plain is None:
-        return
-    _tag_policy(policy)
-    entry = native.entry()
-    entry.record_call(id(policy) | tag, launcher.torch_call, *tensors)
-    if new_output:
-        entry.record_call(id(policy) | tag | _NEW_OUTPUT_TAG, launcher.torch_call, *tensors[:-1])
-
-
-def _forget_torch_calls() -> None:
-    entry = native.entry() if _gemm_plain is not None else None
-    if entry is not None:
-        entry.forget_calls()
-
-
-def _declining_lazy_bits(launch: Any) -> Any:
-    """The TVM-FFI table's ``launch``, for machines without the CPython entry points (which
-    decline such tensors in C): TVM-FFI reads tensors through DLPack, which drops torch's lazy
-    negative and conjugate bits, so tensors carrying one are declined here and the Python path
-    refuses them."""
-    def table_launch(tag: int, stream: Any, *tensors: torch.Tensor) -> bool:
-        for t in tensors:
-            if t.is_neg() or t.is_conj():
-                return False
-        return launch(tag, stream, *tensors)
-    return table_launch
+    _tagged_policies[id(token)] = token
 
 
 def op_on_stream(op: Any, stream: Any, *inputs: Any) -> Any:
@@ -651,8 +514,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
 
     ``out`` defaults to a new tensor of A's dtype, shape (..., M, N). Differentiable in A, B,
     C and bias (an activation too); traceable by ``torch.compile`` (``kernel_api::gemm``).
-    A repeated plain ``gemm(A, B, out=out)`` whose operands have the dtypes, shapes, strides,
-    alignment and devices of an earlier call is launched from the C launch table.
+    A repeated call whose arguments have the values, and whose tensors the dtypes, shapes,
+    strides, alignment and devices, of an earlier call is replayed from C (`recipes`).
 
     ``epilogue``: an epilogue function (or its source string, or a function-form
     `EpilogueArguments`) fused into the GEMM, its operands given by name in ``operands``
@@ -679,17 +542,6 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
             done = replay_call(GEMM_OP, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
             if done is not None:
                 return done
-        elif (_table_launch is not None and not _dispatch_modes() and C is None and bias is None
-              and activation is None and accumulator_type is None and alpha == 1.0 and beta == 0.0):
-            try:
-                replay = not ((A.requires_grad or B.requires_grad) and _grad_enabled()) and (
-                    out is not None or not split_columns(A, B, None, 0.0, None))
-            except Exception:  # noqa: BLE001 - operands of other types: the Python path explains
-                replay = False
-            if replay:
-                done = _table_fallback(_GEMM_TAG, stream, out, _new_gemm_output, A, B)
-                if done is not None:
-                    return done
     if not isinstance(A, _Tensor) or not isinstance(B, _Tensor):
         raise TypeError(f"gemm: A and B must be torch tensors, got {type(A).__name__} and {type(B).__name__}")
     if out is not None and not isinstance(out, _Tensor):
@@ -720,7 +572,7 @@ def _new_gemm_output(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 # Problems with at least this many rows have their misaligned columns split off (`split_columns`):
 # below it, copying nothing but launching twice costs more than the tensor cores save.
-SPLIT_MIN_ROWS = 256  # (python_entry.cc's kSplitMinRows: gemm_plain leaves such calls here)
+SPLIT_MIN_ROWS = 256
 
 
 def split_columns(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor | None, beta: float,
@@ -785,8 +637,10 @@ def _gemm_split(A: torch.Tensor, B: torch.Tensor, head: int, alpha: float, bias:
                 activation: str | None, accumulator_type: Any, stream: Any) -> torch.Tensor:
     """`split_columns`' two GEMMs into one padded output."""
     out, parts = column_parts(A, B, head, bias)
-    for B_part, out_part, bias_part in parts:
-        _gemm_eager(A, B_part, out_part, alpha, 0.0, None, bias_part, activation, accumulator_type, stream)
+    for B_part, out_part, bias_part in parts:  # (each part's recipe replays it from C)
+        if replay_call is None or replay_call(GEMM_OP, A, B_part, out_part, alpha, 0.0, None, bias_part, activation,
+                                              accumulator_type, stream) is None:
+            _gemm_eager(A, B_part, out_part, alpha, 0.0, None, bias_part, activation, accumulator_type, stream)
     return out
 
 
@@ -863,18 +717,13 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
 def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
     """``softmax(x, dim)`` over the last dimension; differentiable (the backward runs the
     registry's softmax-backward kernels) and traceable (``kernel_api::softmax``). Repeated
-    calls with ``dim=-1`` on operands of recorded metadata are replayed from C (the entry
-    points' ``call``: the launch table, or the torch provider's recorded call)."""
+    calls keyed as an earlier one are replayed from C (`recipes`: the kernel's launch or the
+    torch provider's call; under autograd, for small problems, torch's own softmax)."""
     if not _is_dynamo_compiling():
         if replay_call is not None:
             done = replay_call(SOFTMAX_OP, x, dim, out, stream)
             if done is not None:
                 return done
-        elif _table_launch is not None and dim == -1 and not _dispatch_modes():
-            if not (getattr(x, "requires_grad", False) and _grad_enabled()):
-                done = _table_fallback(_SOFTMAX_TAG, stream, out, _new_like, x)
-                if done is not None:
-                    return done
     if not isinstance(x, _Tensor):
         raise _not_a_tensor("softmax", "x", x)
     if out is not None and not isinstance(out, _Tensor):
@@ -931,14 +780,8 @@ _functorch_active = torch._C._are_functorch_transforms_active
 
 def _new_like(t: torch.Tensor) -> torch.Tensor:
     """How ops' softmax functions make an allocating call's output: a dense (row-major) tensor of
-    ``t``'s shape, dtype and device. The entry points' ``call`` makes the outputs of repeated
-    allocating calls the same way (`_NEW_LIKE_FIRST`), through torch's allocator from C."""
+    ``t``'s shape, dtype and device (what the recipe they record tells C to make)."""
     return t.new_empty(t.shape)
-
-
-#: `_launch`'s ``maker`` for outputs made by `_new_like` of the first input (None: the entry
-#: points' own rule for "dense, like the first input", python_entry.cc's NewDense).
-_NEW_LIKE_FIRST = (None, 1)
 
 
 class _SoftmaxWithGrad(torch.autograd.Function):
@@ -1026,10 +869,6 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
             done = replay_call(SOFTMAX_BACKWARD_OP, grad_out, out, dim, grad_in, stream)
             if done is not None:
                 return done
-        elif _table_launch is not None and dim == -1 and not _dispatch_modes():
-            done = _table_fallback(_SOFTMAX_BACKWARD_TAG, stream, grad_in, _new_like, grad_out, out)
-            if done is not None:
-                return done
     for name, value in (("grad_out", grad_out), ("out", out)):
         if not isinstance(value, _Tensor):
             raise _not_a_tensor("softmax_backward", name, value)
@@ -1079,9 +918,6 @@ def clear_dispatch_cache() -> None:
     _fast.clear()
     for forget in choice_caches:
         forget()
-    if _table is not None:
-        _table.clear()
-        _forget_torch_calls()
     if _entry is not None:
         _entry.forget_replays()
     _tagged_policies.clear()

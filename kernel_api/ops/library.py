@@ -144,7 +144,7 @@ def _aligned_grad(grad: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def _bw_gemm(A: torch.Tensor, B: torch.Tensor, out: Optional[torch.Tensor] = None, alpha: float = 1.0,
              beta: float = 0.0, C: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """A GEMM of the backward: CUDA tensors through the front door (its launch tables, or the
+    """A GEMM of the backward: CUDA tensors through the front door (its replays, or the
     op again under tracing or double backward), others (meta) through the op."""
     if A.is_cuda:
         return _ops.gemm(A, B, out, alpha=alpha, beta=beta, C=C, bias=bias)
