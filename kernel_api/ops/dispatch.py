@@ -666,7 +666,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
             found = _fast.get(fast_key)
             if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
                     and not (A.is_neg() or B.is_neg() or out.is_neg() or (bias is not None and bias.is_neg()))):
-                device = _current_device()
+                device = _current_device() if found.device >= 0 else -1  # (-1: recorded for CPU tensors)
                 if found.device != device:
                     with torch.cuda.device(found.device):
                         found.function(A, B, out, *found.before, *(() if bias is None else (bias,)), *found.after,
@@ -688,7 +688,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
         # (the key has no lazy negative bit: such operands go to GemmArguments, which refuses them)
         if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
                 and not (A.is_neg() or B.is_neg() or out.is_neg())):
-            device = _current_device()
+            device = _current_device() if found.device >= 0 else -1  # (-1: recorded for CPU tensors)
             if found.device != device:
                 _launch_fast(found, stream, A, B, out)
             else:
