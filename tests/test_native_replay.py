@@ -90,7 +90,7 @@ def test_a_call_recipe_replays_for_an_equal_key_only(entry):
     assert recipes.record(entry, OP, recipe, x, -1, None, "a")
     got = entry.replay(OP, x, -1, None, "a")
     assert torch.equal(got, torch.softmax(x, -1))
-    assert entry.recipe(OP, x, -1, None, "a") == recipe.spec()
+    assert entry.recipe(OP, x, -1, None, "a") == (recipe.spec(),)
     for other in ((x, -1.0, None, "a"), (x, True, None, "a"), (x, -1, 0, "a"), (x, -1, None, "b"),
                   (x.t().contiguous().t(), -1, None, "a"), (x[:, :4], -1, None, "a"), (x.double(), -1, None, "a"),
                   (x, -1, None), (torch.nn.Parameter(x), -1, None, "a")):
@@ -153,7 +153,7 @@ def test_a_launch_recipe_makes_its_output_as_recorded(entry):
         assert recipes.alignment(room[offset:].data_ptr()) == low
         spec = recipes.Launch(fn.function, (0, recipes.MADE, recipes.constant(0)), (7,), made=(0, (6, 8), low))
         assert recipes.record(entry, OP, spec, x, None)
-    assert entry.replays() == 1  # one key, a variant per alignment
+    assert entry.replays() == 1 and len(entry.recipe(OP, x, None)) == 7  # one key, a variant per alignment
     got = entry.replay(OP, x, None)
     assert got.shape == (6, 8) and got.dtype == x.dtype and got.is_contiguous()
     assert fn.calls[-1] == (seen(x), seen(got), 7, None)

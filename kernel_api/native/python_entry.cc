@@ -1330,7 +1330,8 @@ PyObject* ForgetReplays(PyObject*, PyObject*) {
 
 PyObject* RecipeCount(PyObject*, PyObject*) { return PyLong_FromSize_t(recipes.size()); }
 
-// recipe(op, *args) -> the recipe recorded for this call's key (as given to record), or None.
+// recipe(op, *args) -> the recipes recorded for this call's key (as given to record; one per
+// variant), or None.
 PyObject* RecipeOf(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 1) {
     PyErr_SetString(PyExc_TypeError, "recipe(op, *args)");
@@ -1344,8 +1345,16 @@ PyObject* RecipeOf(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (keyed < 0) return nullptr;
   auto found = keyed == 0 ? recipes.end() : recipes.find(key);
   if (found == recipes.end()) Py_RETURN_NONE;
-  Py_INCREF(found->second->spec);
-  return found->second->spec;
+  const Recipe& first = *found->second;
+  PyObject* specs = PyTuple_New(static_cast<Py_ssize_t>(1 + first.variants.size()));
+  if (specs == nullptr) return nullptr;
+  Py_INCREF(first.spec);
+  PyTuple_SET_ITEM(specs, 0, first.spec);
+  for (size_t i = 0; i < first.variants.size(); ++i) {
+    Py_INCREF(first.variants[i]->spec);
+    PyTuple_SET_ITEM(specs, static_cast<Py_ssize_t>(i + 1), first.variants[i]->spec);
+  }
+  return specs;
 }
 
 PyMethodDef methods[] = {
@@ -1367,7 +1376,7 @@ PyMethodDef methods[] = {
     {"replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Replay)), METH_FASTCALL,
      "replay(op, *args) -> result | None: the recipe recorded for this call's key, run."},
     {"recipe", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(RecipeOf)), METH_FASTCALL,
-     "recipe(op, *args) -> the recipe recorded for this call's key, or None."},
+     "recipe(op, *args) -> the recipes recorded for this call's key (one per variant), or None."},
     {"forget_replays", ForgetReplays, METH_NOARGS, "forget_replays(): drop every recipe."},
     {"replays", RecipeCount, METH_NOARGS, "replays() -> int: how many calls have a recipe."},
     {nullptr, nullptr, 0, nullptr},

@@ -130,21 +130,25 @@ def _replayed(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, 
     return replay(_GEMM_OP, x, weight_kn, None, 1.0, 0.0, None, bias, layer.activation, None, None)
 
 
-def _record_linear(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None) -> None:
+def _record_linear(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None,
+                   y: torch.Tensor) -> None:
     """After `_project` ran a 2-D forward of ``layer`` with the kept transposed weight
-    ``weight_kn``: record the forward for calls keyed as ``(x, weight_kn, bias, activation)``,
-    which `Linear.forward` then replays with one C call. The recipe is the one `ops.gemm`
-    recorded for the GEMM, its arguments taken from the layer's; where cuBLAS serves a layer
-    without activation, torch's own ``torch.addmm(bias, x, W^T)`` (``torch.matmul(x, W^T)``
-    without a bias), the product cuBLAS runs, called directly. Only in the state `ops.gemm`
-    records in (no autograd, modes or autocast)."""
+    ``weight_kn`` into ``y``: record the forward for calls keyed as ``(x, weight_kn, bias,
+    activation)``, which `Linear.forward` then replays with one C call. The recipe is the one
+    `ops.gemm` recorded for the GEMM (the variant for ``y``'s alignment, where it made ``y``), its
+    arguments taken from the layer's; where cuBLAS serves a layer without activation, torch's own
+    ``torch.addmm(bias, x, W^T)`` (``torch.matmul(x, W^T)`` without a bias), the product cuBLAS
+    runs, called directly. Only in the state `ops.gemm` records in (no autograd, modes or autocast)."""
     entry = _ops._entry
     if entry is None or not _ops.plain_state((x, weight_kn, bias)):
         return
     activation = layer.activation
-    recipe = entry.recipe(_GEMM_OP, x, weight_kn, None, 1.0, 0.0, None, bias, activation, None, None)
-    if recipe is None:
+    found = entry.recipe(_GEMM_OP, x, weight_kn, None, 1.0, 0.0, None, bias, activation, None, None)
+    aligned = recipes.alignment(y.data_ptr())
+    found = [r for r in found or () if r[6] is None or r[6][2] == aligned]
+    if not found:
         return
+    recipe = found[0]
     if not recipe[1] and activation is None:  # a torch call: cuBLAS's product
         recipe = (recipes.Call(torch.matmul, (0, 1)) if bias is None else recipes.Call(torch.addmm, (2, 0, 1))).spec()
     else:  # (A, B, bias) of gemm(A, B, out, alpha, beta, C, bias, ...) are the layer's (x, weight_kn, bias)
@@ -248,7 +252,7 @@ def _linear_forward(layer: Linear, input: torch.Tensor) -> torch.Tensor:
         return _project(layer, input, weight.t(), bias, layer.activation, layer.fuse_activation_when_training)
     weight_kn = _weight_t(layer, weight)
     y = _project(layer, input, weight_kn, bias, layer.activation, layer.fuse_activation_when_training)
-    _record_linear(layer, input, weight_kn, bias)
+    _record_linear(layer, input, weight_kn, bias, y)
     return y
 
 
