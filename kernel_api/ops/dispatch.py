@@ -356,6 +356,25 @@ def _log_fast_path(kernel: Any, artifact: Any, args: Any) -> None:
                    native.why_not_entry())
 
 
+def call_recorded(op: int, args: Arguments, call: tuple, made: Any = None, fast_key: tuple | None = None,
+                  tensors: tuple = ()) -> None:
+    """A front door's Python path after it built ``args``: `call`'s choice, compile and launch
+    (on the stream ``call`` ends with), then, for a call on the current stream in the plain
+    state, the recipe of what ran recorded for calls keyed as ``call`` (`record_replay`).
+
+    Args:
+        op: the front door's number in call keys.
+        args: the arguments, outputs given or made by the caller.
+        call: the front door's arguments as it was given them, its stream last.
+        made: the output the caller made (dense, like ``call[0]``), or None when it was given.
+        fast_key, tensors: `_launch`'s (the Python GEMM dictionary).
+    """
+    stream = call[-1]
+    found = _launch(args, stream, fast_key, tensors)
+    if found is not None and stream is None and plain_state(tuple(a for a in call if isinstance(a, _Tensor))):
+        record_replay(op, found[0], found[1], args, call, made)
+
+
 def plain_state(tensors: tuple) -> bool:
     """Whether a call with these tensor inputs runs plainly: no torch dispatch or function mode,
     no autocast, no input requiring grad under grad mode. A launch is recorded for replay only
@@ -704,11 +723,8 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                 _increment_version((out,))
             return out
     args = GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue)
-    found = _launch(args, stream, fast_key, (A, B, out))
-    if found is not None and stream is None and plain_state((A, B, C, bias)):
-        record_replay(GEMM_OP, found[0], found[1], args,
-                      (A, B, out if given else None, alpha, beta, C, bias, activation, accumulator_type, None),
-                      None if given else out)
+    call_recorded(GEMM_OP, args, (A, B, out if given else None, alpha, beta, C, bias, activation, accumulator_type,
+                                  stream), None if given else out, fast_key, (A, B, out))
     if given:
         _increment_version((out,))
     return out
@@ -851,11 +867,8 @@ def _softmax_eager(x: torch.Tensor, dim: int, out: torch.Tensor | None, stream: 
     given = out is not None  # the caller's tensor: its version counter is bumped after the write
     if not given:
         out = _new_like(x)
-    args = SoftmaxArguments(x, out, dim=dim)
-    found = _launch(args, stream)
-    if found is not None and stream is None and plain_state((x,)):
-        record_replay(SOFTMAX_OP, found[0], found[1], args, (x, dim, out if given else None, None),
-                      None if given else out)
+    call_recorded(SOFTMAX_OP, SoftmaxArguments(x, out, dim=dim), (x, dim, out if given else None, stream),
+                  None if given else out)
     if given:
         _increment_version((out,))
     return out
@@ -896,11 +909,8 @@ def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int,
     given = grad_in is not None  # the caller's tensor: its version counter is bumped after the write
     if not given:
         grad_in = _new_like(grad_out)  # (dense, like grad_out: C makes the outputs of replays so)
-    args = SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim)
-    found = _launch(args, stream)
-    if found is not None and stream is None and plain_state((grad_out, out)):
-        record_replay(SOFTMAX_BACKWARD_OP, found[0], found[1], args, (grad_out, out, dim, grad_in if given else None,
-                                                                    None), None if given else grad_in)
+    call_recorded(SOFTMAX_BACKWARD_OP, SoftmaxBackwardArguments(grad_out, out, grad_in, dim=dim),
+                  (grad_out, out, dim, grad_in if given else None, stream), None if given else grad_in)
     if given:
         _increment_version((grad_in,))
     return grad_in
