@@ -17,8 +17,9 @@ that the launch queue never fills, so the host is timed and not the GPU; median 
   operands of new metadata); ``kernel.supports(args)``;
 - ``kernel.run(args, compiled_artifact=art, stream=s)`` with and without
   ``assume_supported_args=True``;
-- ``ops.gemm(A, B, out=out)`` and ``ops.gemm(A, B)`` (allocating) after warm-up (served by the
-  C launch table when it builds here), and ops' Python fast path, which serves them otherwise;
+- ``ops.gemm(A, B, out=out)`` and ``ops.gemm(A, B)`` (allocating) after warm-up (replayed from C
+  by their call key where the native entry points load), and ops' Python fast path, which serves
+  them otherwise;
 - with a row bias (and gelu), against ``torch.addmm``; and a layer's forward under no_grad,
   torch's ``nn.Linear`` against `kernel_api.nn`'s patch of it.
 
@@ -47,7 +48,7 @@ import kernel_api  # noqa: E402
 import kernel_api.nn  # noqa: E402
 import kernel_api.arguments.gemm as arguments  # noqa: E402  (GemmArguments' summaries: _recall)
 from kernel_api import GemmArguments  # noqa: E402
-from kernel_api.ops import dispatch as ops  # noqa: E402  (the front door's module: _table, _gemm_eager)
+from kernel_api.ops import dispatch as ops  # noqa: E402  (the front door's module: replay_call, _gemm_eager)
 from kernel_api.providers.cutedsl.kernel import ffi_function  # noqa: E402
 
 TARGETS_US = {  # over the bare call, except GemmArguments (absolute)
@@ -197,7 +198,7 @@ def measure(opts: argparse.Namespace) -> None:
                                                                  assume_supported_args=True),
         "ops.gemm(A, B, out=out)": lambda: ops.gemm(A, B, out=out),
         "ops.gemm(A, B)": lambda: ops.gemm(A, B),
-        # the Python fast path ops falls back to where the C launch table cannot be built
+        # the Python fast path ops falls back to where the native entry points do not load
         "ops.gemm(out=), Python path": lambda: ops._gemm_eager(A, B, out, 1.0, 0.0, None, None, None, None, None),
         # a row bias, alone and with an activation (nn.Linear's call): against torch's addmm
         "torch.addmm(bias, A, B, out=out)": lambda: torch.addmm(bias, A, B, out=out),
@@ -226,8 +227,9 @@ def measure(opts: argparse.Namespace) -> None:
             n_tensors = next(i for i, a in enumerate(bare_args) if not isinstance(a, torch.Tensor))
             bound = entry.bind(function, tuple(bare_args[:n_tensors]), tuple(bare_args[n_tensors:-1]))
             rows["native bound launch"] = lambda: bound(bare_args[-1])
-    if ops._table is None:
-        print(f"note: the C launch table is not in use ({kernel_api.native.why_not()}); ops rows time the Python path")
+    if ops.replay_call is None:
+        print(f"note: the native entry points are not in use ({kernel_api.native.why_not_entry()}); ops rows time "
+              f"the Python path")
     samples = per_call_us(rows, opts.calls, opts.repeats)
     results = {label: statistics.median(values) for label, values in samples.items()}
     over_bare = over_reference(samples, "bare compiled call")
@@ -250,8 +252,7 @@ def measure(opts: argparse.Namespace) -> None:
         "over_bare_us_paired": {k: round(v, 3) for k, v in over_bare.items()}, "targets": verdicts,
         "torch": torch.__version__,
         "torch_has_dlpack_c_exchange_api": hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
-        "ops_c_launch_table": ops._table is not None,
-        "ops_c_launch_table_unavailable_because": kernel_api.native.why_not(),
+        "ops_replayed_from_c": ops.replay_call is not None,
         "native_entry": kernel_api.native.entry() is not None,
         "gemm_arguments_recalled_natively": arguments._recall is not None,
         "native_entry_unavailable_because": kernel_api.native.why_not_entry(),

@@ -4,7 +4,7 @@ next to ``torch.matmul`` itself: what the front door costs when it does not laun
     python3 benchmarks/host_latency_torch.py
 
 `benchmarks/host_latency.py` times the front door on a problem our own kernel takes (a launch from
-the C launch table). Here the same method (host time per call, `host_latency.per_call_us`: back-to-back
+C by its call key). Here the same method (host time per call, `host_latency.per_call_us`: back-to-back
 calls few enough that the launch queue never fills, rows interleaved, median over repeats; paired
 differences against ``torch.matmul(A, B, out=out)``) on problems PickAny gives cuBLAS: a small bf16
 product and f32 ones (f32 entries are keyed by torch's TF32 flag, which their choice follows).
