@@ -114,10 +114,13 @@ def test_the_key_holds_the_settings_and_torchs_state(entry):
 
     with TorchDispatchMode():
         assert entry.replay(OP, x, -1) is None
+    untied = recipes.op_number("tests.replay.no_tf32", recipes.ALL_STATE & ~recipes.TF32)
+    recipes.record(entry, untied, recipes.Call(torch.softmax, (0, 1)), x, -1)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = not tf32
         assert entry.replay(OP, x, -1) is None
+        assert entry.replay(untied, x, -1) is not None  # (its keys leave the flag out)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     leaf = x.clone().requires_grad_()

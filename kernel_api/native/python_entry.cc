@@ -837,6 +837,9 @@ enum ArgumentKind : int64_t { kTensorArgument = 1, kNoneArgument, kBoolArgument,
 
 // The state bits of a key: each what one of torch's readers answers now.
 enum StateBit : int64_t { kGradMode = 1, kDispatchMode = 2, kFunctionMode = 4, kAutocast = 8, kTf32 = 16 };
+constexpr int64_t kAllState = 31;
+// An operation's number holds, from this bit, the state parts its keys hold (recipes.op_number).
+constexpr int kStateShift = 32;
 
 // The call's arguments as read for its key: the tensors' DLTensors (by argument index).
 struct ReadArguments {
@@ -872,14 +875,18 @@ int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadAr
     Py_DECREF(settings);
   }
   const long long policy = hooks.last_policy;
-  const int grad = hooks.grad_enabled.Read();
-  const int dispatch = grad < 0 ? -1 : hooks.dispatch_modes.Read();
-  const int function = dispatch < 0 ? -1 : hooks.function_modes.Read();
-  const int autocast = function < 0 ? -1 : hooks.autocast.Read();
-  const int tf32 = autocast < 0 ? -1 : hooks.tf32.Read();
-  if (tf32 < 0) return -1;
-  const int64_t state = (grad ? kGradMode : 0) | (dispatch ? kDispatchMode : 0) | (function ? kFunctionMode : 0) |
-                        (autocast ? kAutocast : 0) | (tf32 ? kTf32 : 0);
+  // The state parts the operation's number asks for (its bits from kStateShift; none: all).
+  const int64_t wanted = op >> kStateShift == 0 ? kAllState : op >> kStateShift;
+  const StateReader* readers[] = {&hooks.grad_enabled, &hooks.dispatch_modes, &hooks.function_modes, &hooks.autocast,
+                                  &hooks.tf32};
+  int64_t state = 0;
+  for (int i = 0; i < 5; ++i) {
+    if ((wanted >> i & 1) == 0) continue;
+    const int set = readers[i]->Read();
+    if (set < 0) return -1;
+    if (set) state |= int64_t{1} << i;
+  }
+  const bool grad = (state & kGradMode) != 0;
   key->clear();
   const int64_t head[4] = {policy, op, state, n};
   AppendWords(key, head, 4);

@@ -34,17 +34,25 @@ from typing import Any
 MADE = -(1 << 20)
 _VIEW = 1 << 20
 
+#: The parts of torch's per-thread state a call key can hold (python_entry.cc's StateBit): grad
+#: mode, a torch dispatch mode, a torch function mode, autocast, cuBLAS's TF32 flag.
+GRAD_MODE, DISPATCH_MODE, FUNCTION_MODE, AUTOCAST, TF32 = 1, 2, 4, 8, 16
+ALL_STATE = GRAD_MODE | DISPATCH_MODE | FUNCTION_MODE | AUTOCAST | TF32
+_STATE_SHIFT = 32
+
 _numbers: dict[str, int] = {}
 _counter = itertools.count(1)
 _lock = threading.Lock()
 
 
-def op_number(name: str) -> int:
-    """The number of the operation ``name`` in call keys: one per name for the process."""
+def op_number(name: str, state: int = ALL_STATE) -> int:
+    """The number of the operation ``name`` in call keys: one per name for the process. It
+    carries the parts of torch's state its keys hold (``state``; C reads only those): leave out
+    only a part on which no call of the operation, nor what its Python path records, depends."""
     found = _numbers.get(name)
     if found is None:
         with _lock:
-            found = _numbers.setdefault(name, next(_counter))
+            found = _numbers.setdefault(name, next(_counter) | state << _STATE_SHIFT)
     return found
 
 
@@ -138,4 +146,4 @@ def record(entry: Any, op: int, recipe: Call | Launch, *args: Any) -> bool:
     return bool(entry.record(op, recipe.spec(), *args))
 
 
-__all__ = ["MADE", "Call", "Launch", "alignment", "constant", "op_number", "record", "remap", "view"]
+__all__ = ["ALL_STATE", "AUTOCAST", "DISPATCH_MODE", "FUNCTION_MODE", "GRAD_MODE", "MADE", "TF32", "Call", "Launch", "alignment", "constant", "op_number", "record", "remap", "view"]

@@ -100,10 +100,10 @@ _entry_tried = False  # whether the native entry points were loaded (they may be
 #: recipe the Python path recorded for a call keyed as this one, run in C (`kernel_api.native.recipes`).
 replay_call: Any = None
 _entry: Any = None  # the entry points, once loaded
-#: The front doors' numbers in call keys.
+#: The front doors' numbers in call keys (softmax's choices never follow cuBLAS's TF32 flag).
 GEMM_OP = recipes.op_number("kernel_api.gemm")
-SOFTMAX_OP = recipes.op_number("kernel_api.softmax")
-SOFTMAX_BACKWARD_OP = recipes.op_number("kernel_api.softmax_backward")
+SOFTMAX_OP = recipes.op_number("kernel_api.softmax", recipes.ALL_STATE & ~recipes.TF32)
+SOFTMAX_BACKWARD_OP = recipes.op_number("kernel_api.softmax_backward", recipes.ALL_STATE & ~recipes.TF32)
 #: Where epilogue functions are run: ``{"gemm": gemm_with_epilogue}``, filled by
 #: ops/epilogue_gemm.py when it is imported (it builds on this module, so this module does not
 #: import it).
