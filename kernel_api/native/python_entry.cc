@@ -1264,6 +1264,7 @@ PyObject* RunLaunch(const Recipe& first, PyObject* const* args, const ReadArgume
   }
   TVMFFIAny returned;
   SetPointer(&returned, kTVMFFINone, nullptr);
+  const int output = recipe->output;  // (read first: a function that runs Python code may forget the recipe)
   if (TVMFFIFunctionCall(recipe->function, passed, n, &returned) != 0) {
     Py_XDECREF(made);
     RaiseFromFfi();
@@ -1271,8 +1272,8 @@ PyObject* RunLaunch(const Recipe& first, PyObject* const* args, const ReadArgume
   }
   if (returned.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(returned.v_obj);
   if (made != nullptr) return made;
-  if (recipe->output < 0) Py_RETURN_NONE;
-  PyObject* out = args[recipe->output];
+  if (output < 0) Py_RETURN_NONE;
+  PyObject* out = args[output];
   if (!BumpVersion(out)) return nullptr;
   Py_INCREF(out);
   return out;
@@ -1314,15 +1315,12 @@ PyObject* Replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (found == recipes.end()) Py_RETURN_NONE;
   const Recipe& recipe = *found->second;
   if (recipe.output >= 0 && ArgumentMayOverlap(read, recipe.output)) Py_RETURN_NONE;
-  PyObject* result;
-  if (recipe.launch) {
-    result = RunLaunch(recipe, args + 1, read);  // (a TVM-FFI launch runs no Python code)
-  } else {
-    PyObject* spec = recipe.spec;
-    Py_INCREF(spec);  // held during the call (callable, constants): Python code it runs may forget the recipe
-    result = RunCall(recipe, args + 1);
-    Py_DECREF(spec);
-  }
+  // The spec holds the callable (a launch's function) and the constants: held during the call,
+  // since Python code it runs may forget the recipe.
+  PyObject* spec = recipe.spec;
+  Py_INCREF(spec);
+  PyObject* result = recipe.launch ? RunLaunch(recipe, args + 1, read) : RunCall(recipe, args + 1);
+  Py_DECREF(spec);
   if (result == nullptr) {
     PyErr_Clear();  // (the Python path runs the call again and reports)
     Py_RETURN_NONE;
