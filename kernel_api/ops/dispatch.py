@@ -393,8 +393,9 @@ def record_replay(op: int, kernel: Kernel, artifact: Any, args: Arguments, call:
     """Record what a front door's Python path launched for ``args``, for later calls keyed as
     ``call`` (the front door's arguments, as given): the kernel's torch call (`Launcher.torch_call`,
     a `recipes.Call`) or its TVM-FFI function (a `recipes.Launch`), its tensors found among the
-    call's arguments by identity. The caller made the output ``made`` (a dense tensor with
-    argument ``like``'s dtype and device), or it is one of the call's arguments.
+    call's arguments (themselves, tensors of equal metadata and memory, or views of their
+    memory). The caller made the output ``made`` (a dense tensor with argument ``like``'s dtype
+    and device), or it is one of the call's arguments.
 
     Returns:
         Whether a recipe was recorded (not for a kernel without a `Launcher` or one that is
