@@ -58,28 +58,30 @@ def test_repeated_softmax_calls_are_replayed_from_c(python_path, rows, cols, dty
     x = torch.randn(rows, cols, device="cuda", dtype=dt) * 3
     g = torch.randn(rows, cols, device="cuda", dtype=dt)
     with kernel_api.settings(providers=providers):
-        # The first calls choose and record: one entry per alignment class of the operands (an
+        out, grad_in = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+
+        def rounds(n: int) -> tuple:
+            for _ in range(n):
+                x.copy_(torch.randn_like(x) * 3)  # new data, same metadata
+                y = kernel_api.ops.softmax(x)
+                assert kernel_api.ops.softmax(x, out=out) is out
+                d = kernel_api.ops.softmax_backward(g, y)
+                assert kernel_api.ops.softmax_backward(g, y, grad_in=grad_in) is grad_in
+            return y, d
+
+        # The first calls choose and record: one recipe per alignment class of the tensors (an
         # allocated output, and the backward's y, may come in either of the allocator's two 512-byte
-        # classes modulo 1024, so the backward has up to four), so warm up until eight rounds in a
-        # row record nothing new.
+        # classes modulo 1024), so warm up, in the pattern of the timed rounds, until eight rounds in
+        # a row record nothing new.
         quiet = 0
         for _ in range(64):
             before = len(python_path)
-            y = kernel_api.ops.softmax(x)
-            d = kernel_api.ops.softmax_backward(g, y)
+            rounds(1)
             quiet = quiet + 1 if len(python_path) == before else 0
             if quiet == 8:
                 break
-        out, grad_in = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
-        kernel_api.ops.softmax(x, out=out)
-        kernel_api.ops.softmax_backward(g, y, grad_in=grad_in)
         first = len(python_path)
-        for _ in range(4):
-            x.copy_(torch.randn_like(x) * 3)  # new data, same metadata
-            y = kernel_api.ops.softmax(x)
-            assert kernel_api.ops.softmax(x, out=out) is out
-            d = kernel_api.ops.softmax_backward(g, y)
-            assert kernel_api.ops.softmax_backward(g, y, grad_in=grad_in) is grad_in
+        y, d = rounds(4)
         torch.cuda.synchronize()
     assert len(python_path) == first, "a repeated call took the Python path"
     want = torch.softmax(x.double(), -1)
