@@ -320,7 +320,7 @@ def _wrapped_softmax_backward(g: torch.Tensor, y: torch.Tensor, dtype: torch.dty
     return torch._softmax_backward_data(g, y, -1, dtype)
 
 
-def public_case(rows: int, cols: int, dtype: torch.dtype, repeat: int = 60) -> list[dict]:
+def public_case(rows: int, cols: int, dtype: torch.dtype, repeat: int = 60, ops_timed: tuple = PUBLIC_OPS) -> list[dict]:
     """The public path against torch on one shape, per `PUBLIC_OPS`: back-to-back calls (host
     cost included), torch's and ours in shuffled turns (`time_interleaved`, ``as_called``), each
     result checked against float64 first. Returns one entry per op: ``torch_ms``, ``ops_ms``
@@ -357,6 +357,8 @@ def public_case(rows: int, cols: int, dtype: torch.dtype, repeat: int = 60) -> l
     refs["autograd"] = soft * (g64 - (g64 * soft).sum(-1, keepdim=True))
     found = []
     for op, (theirs, ours) in calls.items():
+        if op not in ops_timed:
+            continue
         entry = {"shape": [rows, cols], "dtype": str(dtype).replace("torch.", ""), "op": op}
         try:
             for _ in range(3):  # the first calls choose and record; the later ones replay
@@ -573,6 +575,10 @@ def main() -> None:
     ap.add_argument("--public-only", action="store_true", help="time only the public path against torch")
     ap.add_argument("--skip-public", action="store_true", help="time only the kernels (Kernel.run) against torch")
     ap.add_argument("--public-repeat", type=int, default=60, help="samples per call of the public path")
+    ap.add_argument("--public-ops", default=",".join(PUBLIC_OPS), help=f"of {', '.join(PUBLIC_OPS)}: the public "
+                    "path's calls timed")
+    ap.add_argument("--autograd-native-max", type=int, default=None, help="ops.dispatch.AUTOGRAD_NATIVE_MAX_ELEMENTS "
+                    "for this run: differentiable softmaxes of more elements run kernel_api's kernels (0: all)")
     ap.add_argument("--lean", action="store_true", help="write the JSON without the per-kernel fields derived "
                     "from the timings (`lean_report`): for sweeps of many cases")
     ap.add_argument("--sweep", action="store_true", help="also compare cache-hint variants of the CUDA kernels")
@@ -581,6 +587,11 @@ def main() -> None:
                     help="no GPU: PickAny's choice now (current candidates and cost model) for every case of "
                          "these softmax JSONs against what they measured (none: the H100/H200 softmax results)")
     opts = ap.parse_args()
+    public_ops = tuple(o for o in opts.public_ops.split(",") if o)
+    if opts.autograd_native_max is not None:
+        from kernel_api.ops import dispatch as ops_module
+
+        ops_module.AUTOGRAD_NATIVE_MAX_ELEMENTS = opts.autograd_native_max
     if opts.replay is not None:
         replay(opts.replay or default_replay_files())
         return
@@ -624,7 +635,7 @@ def main() -> None:
         print("public path, back-to-back calls (host cost included); x torch = torch's time / ours", flush=True)
         for dname in opts.dtypes.split(","):
             for case, (rows, cols) in shapes:
-                for entry in public_case(rows, cols, DTYPES[dname], opts.public_repeat):
+                for entry in public_case(rows, cols, DTYPES[dname], opts.public_repeat, public_ops):
                     entry["case"] = case
                     report["public"].append(entry)
                     print(_public_row(entry), flush=True)
