@@ -972,7 +972,7 @@ struct Recipe {
   };
   std::vector<View> views;
   uintptr_t alignment = 0;
-  std::vector<std::unique_ptr<Recipe>> variants;  // further alignments of the same call
+  std::vector<std::shared_ptr<Recipe>> variants;  // further alignments of the same call
 
   ~Recipe() {
     Py_XDECREF(callable);
@@ -1003,7 +1003,8 @@ struct WordHash {
     return static_cast<size_t>(hash);
   }
 };
-using Recipes = std::unordered_map<std::string, std::unique_ptr<Recipe>, WordHash>;
+// (shared: a replay holds the recipe it runs, which Python code run meanwhile may forget)
+using Recipes = std::unordered_map<std::string, std::shared_ptr<Recipe>, WordHash>;
 Recipes& recipes = *new Recipes();
 constexpr size_t kRecipeLimit = 4096;
 
@@ -1130,7 +1131,7 @@ PyObject* Record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   const long long op = PyLong_AsLongLong(args[0]);
   if (op == -1 && PyErr_Occurred()) return nullptr;
-  auto recipe = std::make_unique<Recipe>();
+  auto recipe = std::make_shared<Recipe>();
   if (!ParseRecipe(args[1], recipe.get())) return nullptr;
   for (int slot : recipe->order) {
     if (slot < kView && slot >= nargs - 2) {
@@ -1165,7 +1166,7 @@ PyObject* Record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     recipe->variants.swap(kept->variants);
   }
-  std::unique_ptr<Recipe> old;
+  std::shared_ptr<Recipe> old;
   if (found != recipes.end()) {
     old.swap(found->second);
     found->second = std::move(recipe);
@@ -1196,6 +1197,7 @@ PyObject* RunCall(const Recipe& recipe, PyObject* const* args) {
 // declines (a made output of an alignment no variant has); nullptr with one when it failed.
 PyObject* RunLaunch(const Recipe& first, PyObject* const* args, const ReadArguments& read) {
   const Recipe* recipe = &first;
+  std::shared_ptr<Recipe> held;
   PyObject* made = nullptr;
   DLTensor made_tensor;
   if (first.like >= 0) {
@@ -1212,7 +1214,10 @@ PyObject* RunLaunch(const Recipe& first, PyObject* const* args, const ReadArgume
     if (recipe->alignment != alignment) {
       recipe = nullptr;
       for (const auto& variant : first.variants) {
-        if (variant->alignment == alignment) recipe = variant.get();
+        if (variant->alignment == alignment) {
+          held = variant;  // (kept while it runs, as the first is by the caller)
+          recipe = held.get();
+        }
       }
       if (recipe == nullptr) {
         Py_DECREF(made);
@@ -1313,14 +1318,11 @@ PyObject* Replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   auto found = recipes.find(key);
   if (found == recipes.end()) Py_RETURN_NONE;
-  const Recipe& recipe = *found->second;
+  // Kept while it runs (its callable, constants and views): Python code it runs may forget it.
+  const std::shared_ptr<Recipe> held = found->second;
+  const Recipe& recipe = *held;
   if (recipe.output >= 0 && ArgumentMayOverlap(read, recipe.output)) Py_RETURN_NONE;
-  // The spec holds the callable (a launch's function) and the constants: held during the call,
-  // since Python code it runs may forget the recipe.
-  PyObject* spec = recipe.spec;
-  Py_INCREF(spec);
   PyObject* result = recipe.launch ? RunLaunch(recipe, args + 1, read) : RunCall(recipe, args + 1);
-  Py_DECREF(spec);
   if (result == nullptr) {
     PyErr_Clear();  // (the Python path runs the call again and reports)
     Py_RETURN_NONE;
