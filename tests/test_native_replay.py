@@ -318,3 +318,24 @@ def test_tensors_with_a_lazy_bit_never_replay_a_launch(entry):
     for t in (negated, conj):
         with pytest.raises(ValueError, match="lazy"):
             entry.bind(fn.function, (t,), ())
+
+
+def test_a_recipe_forgotten_while_it_runs_finishes(entry):
+    """Python code a recipe runs may forget every recipe (clear_dispatch_cache): the replay keeps
+    the one it runs until it returns."""
+    x = torch.randn(4, 4)
+
+    def forgetting(t, k):
+        entry.forget_replays()
+        return t * k
+
+    recipes.record(entry, OP, recipes.Call(forgetting, (0, recipes.constant(0)), (torch.tensor(2.0),)), x)
+    assert torch.equal(entry.replay(OP, x), x * 2) and entry.replays() == 0
+    fn = Recorder()
+    calls = []
+    forget_then_record = tvm_ffi.convert(lambda *a: (calls.append(a), entry.forget_replays()))
+    spec = recipes.Launch(forget_then_record, (0, 1), output=1)
+    out = torch.empty(4, 4)
+    recipes.record(entry, OP, spec, x, out)
+    version = out._version
+    assert entry.replay(OP, x, out) is out and out._version > version and len(calls) == 1 and not fn.calls
