@@ -163,15 +163,20 @@ bool RefersTo(PyObject* ref, PyObject* object) {
 #endif
 }
 
-// The tensors last found without lazy bits (see above). Guarded by the GIL.
+// The tensors last found without lazy bits (see above), each in the slot its address hashes to:
+// a model's weights and a benchmark's rotating operands stay known. Guarded by the GIL.
 struct ClearTensor {
   PyObject* object = nullptr;  // borrowed: compared, never dereferenced unless `ref` refers to it
   PyObject* ref = nullptr;     // a weak reference to object
   void* data = nullptr;        // its data pointer when it was checked
 };
-constexpr int kClearTensors = 16;
+constexpr int kClearTensors = 256;
 ClearTensor clear_tensors[kClearTensors];
-int clear_next = 0;  // the slot replaced next when none is free
+
+ClearTensor& ClearSlot(PyObject* object) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(object);
+  return clear_tensors[((address >> 4) ^ (address >> 12)) & (kClearTensors - 1)];
+}
 
 void RememberClear(PyObject* object, void* data) {
   PyObject* ref = PyWeakref_NewRef(object, nullptr);  // (may collect garbage: run Python code)
@@ -179,25 +184,16 @@ void RememberClear(PyObject* object, void* data) {
     PyErr_Clear();
     return;
   }
-  int slot = -1;
-  for (int i = 0; i < kClearTensors && slot < 0; ++i) {
-    PyObject* old = clear_tensors[i].ref;
-    if (old == nullptr || !RefersTo(old, clear_tensors[i].object)) slot = i;  // free, or its tensor is gone
-  }
-  if (slot < 0) {
-    slot = clear_next;
-    clear_next = (clear_next + 1) % kClearTensors;
-  }
-  PyObject* old = clear_tensors[slot].ref;
-  clear_tensors[slot] = {object, ref, data};
+  ClearTensor& slot = ClearSlot(object);
+  PyObject* old = slot.ref;
+  slot = {object, ref, data};
   Py_XDECREF(old);  // (a weak reference without callback: its release runs no Python code)
 }
 
 // LazyBit for a tensor read anew at each call, through the remembered verdicts.
 int CheckedBit(PyObject* object, const DLTensor& tensor) {
-  for (const ClearTensor& known : clear_tensors) {
-    if (known.object == object && known.data == tensor.data && RefersTo(known.ref, object)) return 0;
-  }
+  const ClearTensor& known = ClearSlot(object);
+  if (known.object == object && known.data == tensor.data && RefersTo(known.ref, object)) return 0;
   const int bit = LazyBit(object, tensor.dtype.code);
   if (bit == 0) RememberClear(object, tensor.data);
   return bit;
