@@ -198,10 +198,12 @@ def summarise(rows: dict, repeats: int, size: int) -> tuple[dict, list[str]]:
     for row, values in summary.items():
         marks = ""
         for module in ("cutlass", "cuda_core"):
-            after = sorted({k[len(module) + 7:] for r in rows[row] for k, v in r.items()
-                            if k.startswith(module + "_after_") and v})
+            seen = {k[len(module) + 7:]: v for r in rows[row] for k, v in r.items() if k.startswith(module + "_after_")}
+            after = sorted(k for k, v in seen.items() if v)
             if after:
                 marks += f"  [{module.replace('_', '.')} imported after: {', '.join(after)}]"
+            elif seen:
+                marks += f"  [no {module.replace('_', '.')}]"
         lines.append(f"{row:22s} n={len(rows[row])} " + "  ".join(f"{k[:-2]}={v * 1e3:.1f}" for k, v in values.items())
                      + marks)
         errors = [r["error"] for r in rows[row] if "error" in r]
