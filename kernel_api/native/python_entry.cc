@@ -226,11 +226,10 @@ void SetPointer(TVMFFIAny* out, int32_t type_index, void* pointer) {
 }
 
 // Reads `count` torch tensors into `tensors` and points `operands` (DLTensor pointers) at them.
-// False, with the Python error of the first that could not be read, otherwise. The tensor at
-// `fresh` (if any) was just made by this module's caller: it has no lazy bit to check.
-bool ReadOperands(PyObject* const* objects, int count, DLTensor* tensors, TVMFFIAny* operands, int fresh = -1) {
+// False, with the Python error of the first that could not be read, otherwise.
+bool ReadOperands(PyObject* const* objects, int count, DLTensor* tensors, TVMFFIAny* operands) {
   for (int i = 0; i < count; ++i) {
-    if (!ReadTensor(objects[i], &tensors[i], i != fresh)) return false;
+    if (!ReadTensor(objects[i], &tensors[i])) return false;
     SetPointer(&operands[i], kTVMFFIDLTensorPtr, &tensors[i]);
   }
   return true;
