@@ -296,6 +296,15 @@ def test_a_patched_linear_forward_enters_no_python_frame_of_ours_beyond_forward(
             assert torch.allclose(y, x @ module.weight.t() + bias, atol=1e-5)
         layer.weight.mul_(2)  # (a changed weight: its kept transpose is made anew)
         assert torch.allclose(layer(x), x @ layer.weight.t() + layer.bias, atol=1e-5)
+        x3 = torch.randn(3, 2, 16)  # (a model's (batch, sequence, features) input: torch's F.linear)
+        for module in (layer, plain):
+            for _ in range(2):
+                module(x3)
+            with Frames() as frames:
+                y = module(x3)
+            assert frames.of("kernel_api.") == ["kernel_api.nn.linear.Linear.forward"], frames.entered
+            bias = module.bias if module.bias is not None else 0
+            assert y.shape == (3, 2, 32) and torch.allclose(y, x3 @ module.weight.t() + bias, atol=1e-5)
 
 
 def test_tensors_with_a_lazy_bit_never_replay_a_launch(entry):

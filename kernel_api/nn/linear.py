@@ -36,6 +36,8 @@ _function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: T
 _GEMM_OP = _ops.GEMM_OP
 #: A layer's own number in call keys: its forward as one call (input, weight, bias, activation).
 LINEAR_OP = recipes.op_number("kernel_api.nn.Linear")
+#: The same for inputs of other ranks than 2, keyed with the weight itself: (input, weight, bias, activation).
+LINEAR_ANY_RANK_OP = recipes.op_number("kernel_api.nn.Linear, any rank")
 _linear = F.linear
 
 
@@ -158,6 +160,21 @@ def _record_linear(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Ten
     entry.record(LINEAR_OP, recipe, x, weight_kn, bias, activation)
 
 
+def _record_linear_any_rank(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor,
+                            bias: torch.Tensor | None) -> None:
+    """After `_project` ran a forward of ``layer`` for an input of another rank than 2: where
+    cuBLAS (a torch call) served its GEMM of the flattened input and the layer has no activation,
+    record torch's own ``F.linear(x, weight, bias)`` (what torch.nn.Linear runs: the same cuBLAS
+    product on the flattened input) for forwards keyed as ``(x, weight, bias, None)``."""
+    entry = _ops._entry
+    if entry is None or layer.activation is not None or x.dim() < 2 or not x.is_contiguous():
+        return
+    x2 = x.reshape(-1, x.shape[-1])  # (a view: what `_project` passed)
+    found = entry.recipe(_GEMM_OP, x2, weight.t(), None, 1.0, 0.0, None, bias, None, None, None)
+    if found and not found[0][1]:
+        entry.record(LINEAR_ANY_RANK_OP, recipes.Call(_linear, (0, 1, 2)).spec(), x, weight, bias, None)
+
+
 # The transposed view of each Linear's weight, kept on the layer: (weight, its data pointer and
 # version when viewed, weight.t()). A view made per call costs as much as the rest of a repeated
 # call's Python work; a weight replaced, moved to other memory or changed in place is viewed anew.
@@ -230,12 +247,17 @@ class Linear(torch.nn.Linear):
         if replay is not None and not (_dispatch_modes() or _function_modes()):  # (data_ptr under a tracer raises)
             params = self._parameters
             weight = params.get("weight")
-            kept = self.__dict__.get(_WEIGHT_T)
-            if (kept is not None and kept[0] is weight and kept[1] == weight.data_ptr()
-                    and kept[2] == weight._version):
-                y = replay(LINEAR_OP, input, kept[3], params.get("bias"), self.activation)
+            if input.dim() != 2:  # torch's own F.linear, where cuBLAS serves the layer (`_record_linear_any_rank`)
+                y = replay(LINEAR_ANY_RANK_OP, input, weight, params.get("bias"), self.activation)
                 if y is not None:
                     return y
+            else:
+                kept = self.__dict__.get(_WEIGHT_T)
+                if (kept is not None and kept[0] is weight and kept[1] == weight.data_ptr()
+                        and kept[2] == weight._version):
+                    y = replay(LINEAR_OP, input, kept[3], params.get("bias"), self.activation)
+                    if y is not None:
+                        return y
         return _linear_forward(self, input)
 
     def extra_repr(self) -> str:
@@ -246,10 +268,14 @@ class Linear(torch.nn.Linear):
 def _linear_forward(layer: Linear, input: torch.Tensor) -> torch.Tensor:
     """`Linear.forward` when C replayed nothing: the Python path (`_project`), which records the
     GEMM's recipe, and for a 2-D input with the kept transposed weight the layer's own
-    (`_record_linear`)."""
+    (`_record_linear`; for other ranks `_record_linear_any_rank`)."""
     weight, bias = layer.weight, layer.bias
-    if weight is not layer._parameters.get("weight") or input.dim() != 2 or not _ops.plain_state((input, weight, bias)):
+    if weight is not layer._parameters.get("weight") or not _ops.plain_state((input, weight, bias)):
         return _project(layer, input, weight.t(), bias, layer.activation, layer.fuse_activation_when_training)
+    if input.dim() != 2:
+        y = _project(layer, input, weight.t(), bias, layer.activation, layer.fuse_activation_when_training)
+        _record_linear_any_rank(layer, input, weight, bias)
+        return y
     weight_kn = _weight_t(layer, weight)
     y = _project(layer, input, weight_kn, bias, layer.activation, layer.fuse_activation_when_training)
     _record_linear(layer, input, weight_kn, bias, y)
