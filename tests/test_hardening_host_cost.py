@@ -204,10 +204,11 @@ def test_a_replay_declines_quietly_and_bumps_a_given_outputs_version(entry):
 
 @pytest.mark.parametrize("backward", [False, True])
 def test_cuda_source_softmax_kernels_offer_a_recorded_launch(monkeypatch, backward):
-    """Our CUDA source softmax kernels (launched by cuda.core from Python) offer a launcher whose
-    function is a TVM-FFI function made by the native module (`native.cuda_launch`): what the
-    Python launch does, recorded (the grid, block and row parameters fixed by the operands'
-    metadata, the operands' pointers read per call), so the table replays it from C."""
+    """Our CUDA source softmax kernels (launched through the driver API from Python) offer a
+    launcher whose function is a TVM-FFI function made by the native module
+    (`native.cuda_launch`): what the Python launch does, recorded (the grid, block and row
+    parameters fixed by the operands' metadata, the operands' pointers read per call), so their
+    calls replay from C."""
     from kernel_api.providers.cuda_src.kernels.softmax import CudaSoftmaxBackward, CudaSoftmaxForward
 
     made = []
