@@ -33,15 +33,15 @@ def _rel(x, ref):
 
 @pytest.fixture
 def forms(monkeypatch):
-    """Which form each `FusedProjection` call took."""
+    """The fused forms `FusedProjection` calls ran ("function", "named"), in order."""
     taken = []
-    original = FusedProjection._how
+    for form in ("function", "named"):
+        original = getattr(FusedProjection, f"_{form}")
 
-    def how(self, *args):
-        result = original(self, *args)
-        taken.append(result)
-        return result
-    monkeypatch.setattr(FusedProjection, "_how", how)
+        def counted(self, *args, _original=original, _form=form):
+            taken.append(_form)
+            return _original(self, *args)
+        monkeypatch.setattr(FusedProjection, f"_{form}", counted)
     return taken
 
 
@@ -141,7 +141,7 @@ def test_patched_prefill_takes_the_function_and_matches_the_unpatched_model(form
         logits = run(input_ids=ids).logits
         want = ref(input_ids=ids).logits
     assert _rel(logits, want) < REL_TOL
-    assert forms.count("function") == per_layer * 2, forms
+    assert forms == ["function"] * (per_layer * 2), forms
     if compiled:
         assert not counters["graph_break"], dict(counters["graph_break"])
     torch._dynamo.reset()
@@ -149,20 +149,29 @@ def test_patched_prefill_takes_the_function_and_matches_the_unpatched_model(form
 
 @pytest.mark.parametrize("family", list(MODELS))
 def test_patched_training_step_matches_the_unpatched_model(forms, family):
+    """The residuals through the named epilogue and its backward: the loss and every gradient as
+    close to a float32 eager reference as the unpatched bf16 model's are (twice its error, at
+    least 2e-2)."""
     make, _ = MODELS[family]
     ref = make()
+    exact_model = copy.deepcopy(ref).float()
     model = patch(copy.deepcopy(ref), kinds=("linear", "residual", "mlp"))
     ids = torch.randint(0, 1000, (2, 128), device="cuda")
-    for m in (ref, model):
+    losses = {}
+    for name, m in (("exact", exact_model), ("ref", ref), ("patched", model)):
         m.train()
-        m(input_ids=ids, labels=ids).loss.backward()
-    assert "function" not in forms and forms.count("named") == 2 * 2
-    grads = dict(ref.named_parameters())
-    got = torch.cat([p.grad.reshape(-1) for _, p in model.named_parameters()])
-    want = torch.cat([grads[name].grad.reshape(-1) for name, _ in model.named_parameters()])
-    assert _rel(got, want) < 3e-2  # bf16: the fused add rounds once where the model rounds twice
+        losses[name] = m(input_ids=ids, labels=ids).loss
+        losses[name].backward()
+    assert forms == ["named"] * 4  # o_proj and down_proj (c_proj twice) of each layer; no gate while training
+    noise = abs(losses["ref"].item() - losses["exact"].item())
+    assert abs(losses["patched"].item() - losses["exact"].item()) <= max(2 * noise, 2e-2 * losses["exact"].item())
+    exact, unpatched = dict(exact_model.named_parameters()), dict(ref.named_parameters())
+    off = []
     for name, p in model.named_parameters():
-        assert _rel(p.grad, grads[name].grad) < 1e-1, name
+        bound = max(2 * _rel(unpatched[name].grad, exact[name].grad), 2e-2)
+        if not _rel(p.grad, exact[name].grad) <= bound:
+            off.append((name, _rel(p.grad, exact[name].grad), bound))
+    assert not off, off
 
 
 @pytest.mark.parametrize("op", ["gelu_tanh", "silu", "sigmoid", "tanh"])

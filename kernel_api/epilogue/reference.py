@@ -24,10 +24,13 @@ def unary(op: str, x: torch.Tensor) -> torch.Tensor:
         return -x
     if op == "relu":
         return torch.relu(x)
+    # The GELUs in forms that do not cancel for x far below 0 (1 + erf(x) and 1 + tanh(x) lose
+    # every digit there, in float64 from about x = -6): 0.5 * (1 + erf(t)) = 0.5 * erfc(-t) and
+    # 0.5 * (1 + tanh(u)) = sigmoid(2u), the same functions.
     if op == "gelu":
-        return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+        return 0.5 * x * torch.erfc(-x / math.sqrt(2.0))
     if op == "gelu_tanh":
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+        return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
     if op == "silu":
         return x * torch.sigmoid(x)
     if op == "sigmoid":
