@@ -18,9 +18,9 @@ from kernel_api.providers.torch_ops.attention import TorchAttention, adopt
 
 from test_attention_op import SENTINEL, _qkv, reference
 
-#: aten ops that copy or repeat a tensor: none may run in a call of the SDPA path.
-COPIES = {"aten::copy_", "aten::repeat_interleave", "aten::clone", "aten::index_select", "aten::repeat",
-          "aten::expand_as", "aten::cat", "aten::sum"}
+#: aten ops that copy, repeat or sum tensors.
+COPIES = ("aten::copy_", "aten::clone", "aten::repeat_interleave", "aten::repeat", "aten::index_select",
+          "aten::cat", "aten::sum")
 
 
 @pytest.fixture
@@ -34,11 +34,34 @@ def cpu_ops(monkeypatch):
     ops.clear_dispatch_cache()
 
 
-def _aten_ops(fn) -> list[str]:
-    """The names of the aten ops ``fn`` ran (torch's profiler, CPU)."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+def _inside_a_backend(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::") and "attention" in parent.name:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def own_ops(fn) -> list[tuple[str, list]]:
+    """(name, input shapes) of the aten ops ``fn`` ran, less those inside a backend's attention
+    op (torch's own internals: SDPA's math fallback, FlashAttention-2's sum of a GQA group's key
+    gradients)."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         fn()
-    return [e.name for e in prof.events() if e.name.startswith("aten::")]
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return [(e.name, e.input_shapes) for e in prof.events() if e.name.startswith("aten::")
+            and not _inside_a_backend(e)]
+
+
+def copies_of(ran: list, *tensors: torch.Tensor) -> list:
+    """The copies, repeats and sums among ``ran`` that read or write a tensor of one of
+    ``tensors``' shapes, or repeat heads (whatever the shape)."""
+    shapes = [list(t.shape) for t in tensors]
+    return [(name, shapes_in) for name, shapes_in in ran if name in COPIES
+            and (name in ("aten::repeat_interleave", "aten::repeat")
+                 or any(shape in shapes for shape in shapes_in))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -50,9 +73,9 @@ def test_inference_runs_no_copy_and_no_repeated_heads(cpu_ops, dtype, shape):
     for seed in range(3):
         q, k, v = _qkv(*shape, dtype=dtype, seed=seed)
         got = []
-        ran = _aten_ops(lambda: got.append(ops.attention(q, k, v, causal=causal)))
-        assert not COPIES & set(ran), ran
-        assert "aten::scaled_dot_product_attention" in ran
+        ran = own_ops(lambda: got.append(ops.attention(q, k, v, causal=causal)))
+        assert not copies_of(ran, q, k, v), ran
+        assert "aten::scaled_dot_product_attention" in [name for name, _ in ran]
         out = got[0]
         assert out.shape == q.shape and out.is_contiguous() and out.dtype == dtype
         tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=2e-5, rtol=2e-5)
@@ -176,3 +199,25 @@ def test_a_growing_kv_cache_keeps_its_choice(cpu_ops, monkeypatch, sq):
         torch.testing.assert_close(out.double(), reference(q, cache_k[:, :n], cache_v[:, :n], True),
                                    atol=2e-5, rtol=2e-5)
     assert choices == [40, 65], choices
+
+
+# ---- whether torch's cuDNN attention reads GQA in place: the check of its answer ----
+
+def _round_trip(q, k, v, grad, tile=False):
+    """(out, lse, grad_q, grad_k, grad_v) of causal attention with SDPA and autograd; ``tile``
+    maps q head h to k/v head h % heads_kv (a wrong GQA reading)."""
+    q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
+    groups = q.shape[1] // k.shape[1]
+    kk, vv = (t.repeat(1, groups, 1, 1) for t in (k, v)) if tile and groups > 1 else (k, v)
+    out = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=True,
+                                                           enable_gqa=kk.shape[1] != q.shape[1])
+    grads = torch.autograd.grad(out, (q, k, v), grad.float())
+    return (out.detach(), out.detach().sum(-1), *grads)
+
+
+def test_gqa_answer_is_checked_against_repeated_heads():
+    from kernel_api.providers.torch_ops.attention import gqa_agrees
+    g = torch.Generator().manual_seed(10)
+    q, k, v, grad = (torch.randn(1, heads, 16, 8, generator=g) for heads in (4, 2, 2, 4))
+    assert gqa_agrees(_round_trip, q, k, v, grad)
+    assert not gqa_agrees(lambda *t: _round_trip(*t, tile=True), q, k, v, grad)

@@ -179,25 +179,63 @@ _gqa_answers: dict[Any, bool] = {}
 
 
 def cudnn_reads_gqa(device: torch.device) -> bool:
-    """Whether torch's cuDNN attention takes k and v with fewer heads than q on ``device``:
-    torch's own SDPA dispatcher asked once per device about a small GQA problem (False where
-    this torch cannot say, or has cuDNN attention turned off: then k and v are repeated)."""
+    """Whether torch's cuDNN attention takes k and v with fewer heads than q on ``device``,
+    forward and backward: asked once per device (`_ask_cudnn_gqa`). False where this torch
+    cannot say, has cuDNN attention turned off, or disagrees with the repeated heads: then k and
+    v are repeated."""
     found = _gqa_answers.get(device)
     if found is None:
-        found = _gqa_answers[device] = _ask_cudnn_gqa(device)
+        found = _ask_cudnn_gqa(device)
+        if found is None:  # (asked during a CUDA graph capture: repeat, ask again later)
+            return False
+        _gqa_answers[device] = found
     return found
 
 
-def _ask_cudnn_gqa(device: torch.device) -> bool:
+def _ask_cudnn_gqa(device: torch.device) -> bool | None:
+    """torch's own SDPA dispatcher about a small causal GQA problem, then the answer checked: the
+    cuDNN ops' forward (out, lse) and backward on it against the same ops with k and v repeated
+    (one synchronisation, once per device). None during a CUDA graph capture (nothing run)."""
     try:
         with torch.cuda.device(device):
-            def operand(heads: int) -> torch.Tensor:
-                return torch.empty(1, heads, 256, 64, dtype=torch.bfloat16, device=device)
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            g = torch.Generator(device=device).manual_seed(0)
 
-            params = torch.backends.cuda.SDPAParams(operand(2), operand(1), operand(1), None, 0.0, False, True)
-            return bool(torch.backends.cuda.can_use_cudnn_attention(params, False))
-    except (AttributeError, TypeError, RuntimeError):
+            def operand(heads: int) -> torch.Tensor:  # (batch, heads, seqlen, head_dim) views of BSHD
+                return torch.randn(1, 128, heads, 64, dtype=torch.bfloat16, device=device,
+                                   generator=g).transpose(1, 2)
+
+            q, k, v, grad = operand(4), operand(2), operand(2), operand(4)
+            params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, True, True)
+            if not torch.backends.cuda.can_use_cudnn_attention(params, False):
+                return False
+            return gqa_agrees(_cudnn_round_trip, q, k, v, grad)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
         return False
+
+
+def gqa_agrees(round_trip: Callable[..., tuple], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               grad: torch.Tensor) -> bool:
+    """Whether ``round_trip(q, k, v, grad) -> (out, lse, grad_q, grad_k, grad_v)`` (attention as
+    (batch, heads, seqlen, head_dim) tensors) gives with k and v of fewer heads what it gives
+    with them repeated to q's heads, the repeated heads' gradients summed per group (bf16
+    tolerances)."""
+    groups = q.shape[1] // k.shape[1]
+    got = round_trip(q, k, v, grad)
+    repeated = [t.transpose(1, 2).repeat_interleave(groups, 2).transpose(1, 2) for t in (k, v)]
+    want = round_trip(q, *repeated, grad)
+    want = (*want[:3], *(w.unflatten(1, (k.shape[1], groups)).sum(2) for w in want[3:]))
+    return all(a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=3e-2, rtol=3e-2)
+               for a, b in zip(got, want))
+
+
+def _cudnn_round_trip(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor) -> tuple:
+    """(out, lse, grad_q, grad_k, grad_v) of causal attention through torch's cuDNN ops."""
+    o, l, *_, seed, offset, _ = _CUDNN(q, k, v, None, True, 0.0, True, False)
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default(
+        grad, q, k, v, o, l, seed, offset, None, None, None, q.shape[2], k.shape[2], 0.0, True)
+    return o, l, dq, dk, dv
 
 
 def _empty_problem(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor, lse: Any) -> bool:
