@@ -2,7 +2,7 @@
 forms (the epilogue function, the named epilogue) against float64 references with fresh random
 data and awkward sizes; patched transformers models (Llama, GPT-2; two layers, bf16) whose
 prefill takes the epilogue function, eager and under torch.compile (Inductor, no graph break),
-against the unpatched model; a training step through the named epilogue's backward; and the
+against the unpatched model; a training step through the patched blocks; and the
 tanh-form GELU of the SM90 emitter (computed as x * sigmoid(2u)) at f32 over the whole range.
 """
 
@@ -149,9 +149,9 @@ def test_patched_prefill_takes_the_function_and_matches_the_unpatched_model(form
 
 @pytest.mark.parametrize("family", list(MODELS))
 def test_patched_training_step_matches_the_unpatched_model(forms, family):
-    """The residuals through the named epilogue and its backward: the loss and every gradient as
-    close to a float32 eager reference as the unpatched bf16 model's are (twice its error, at
-    least 2e-2)."""
+    """A training step through the patched blocks (which add the residuals themselves under
+    autograd, `fusion.worth_arming`): the loss and every gradient as close to a float32 eager
+    reference as the unpatched bf16 model's are (twice its error, at least 2e-2)."""
     make, _ = MODELS[family]
     ref = make()
     exact_model = copy.deepcopy(ref).float()
@@ -162,7 +162,7 @@ def test_patched_training_step_matches_the_unpatched_model(forms, family):
         m.train()
         losses[name] = m(input_ids=ids, labels=ids).loss
         losses[name].backward()
-    assert forms == ["named"] * 4  # o_proj and down_proj (c_proj twice) of each layer; no gate while training
+    assert forms == []
     noise = abs(losses["ref"].item() - losses["exact"].item())
     assert abs(losses["patched"].item() - losses["exact"].item()) <= max(2 * noise, 2e-2 * losses["exact"].item())
     exact, unpatched = dict(exact_model.named_parameters()), dict(ref.named_parameters())

@@ -8,9 +8,9 @@ The pre-norm blocks `kernel_api.nn.patch` knows compute
 
 `ResidualBlock.forward` runs the same submodules in the same order, but hands ``x`` (``h``) to
 the output (down) projection first (`kernel_api.nn.fusion.armed`), which returns its output
-with the residual added (`FusedProjection`); the block then adds nothing. A dropout after the
-projection that is active (training, p > 0) keeps the add in the block, as does a projection
-that was not called.
+with the residual added (`FusedProjection`); the block then adds nothing. The block adds it
+itself where the epilogue would not gain (`fusion.worth_arming`: small eager calls, autograd),
+after a dropout that is active (training, p > 0), and after a projection that was not called.
 
 `BLOCKS` says where each known block keeps its parts (`BlockSpec`): the Llama family's decoder
 layers and GPT-2's block. The block's own forward runs instead where this one would not be its
@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .fusion import FusedProjection, armed
+from .fusion import FusedProjection, armed, worth_arming
 
 
 class BlockSpec(NamedTuple):
@@ -99,7 +99,7 @@ def _branch(projection: torch.nn.Module, dropout: torch.nn.Module | None, residu
             call: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``residual + call(*args, **kwargs)`` (its first element when it returns a tuple), the add in
     ``projection``'s epilogue when it can take it."""
-    if isinstance(projection, FusedProjection) and _quiet(dropout):
+    if isinstance(projection, FusedProjection) and _quiet(dropout) and worth_arming(residual):
         hand = armed(projection, residual=residual)
         with hand:
             out = call(*args, **kwargs)

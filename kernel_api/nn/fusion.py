@@ -14,11 +14,13 @@ the callers: a decoder block hands the residual to the projection ending each of
 How one call runs (``rows``: the product of the input's leading dimensions):
 
 - eager, ``rows >= FUSE_MIN_ROWS``, no autograd: one `ops.gemm` with the epilogue function (on
-  SM90 the (M, N) operands are staged by TMA; fused / plain 1.005-1.013 for a residual on the
-  H200, 1.04-1.06 for an erf-GELU gate, docs/performance.md);
+  SM90 the (M, N) operands are staged by TMA; fused / plain 1.015 for a residual on the H200,
+  1.02 for a tanh-GELU gate, 1.055 for an erf-GELU one, docs/performance.md);
 - a residual with nothing else before it, fewer rows or autograd on: the named epilogue
   (``C=residual, beta=1``), whose call the front door replays from C and whose backward is the
-  GEMM op's (the residual's gradient is the output's);
+  GEMM op's (the residual's gradient is the output's). The callers `patch` makes hand operands
+  over in eager code only for the epilogue function's calls (`worth_arming`), so this form serves
+  direct callers and forced compile lowerings;
 - under ``torch.compile``: `kernel_api.nn.lowering.choose` as for a plain projection; "aten"
   gives the layer's aten forward and the epilogue as torch ops, for Inductor to fuse;
 - otherwise (a gate or an activation before the add while training, autocast, a CPU model):
@@ -83,6 +85,21 @@ def torch_epilogue(y: torch.Tensor, gate: torch.Tensor | None, gate_activation: 
     if residual is not None:
         y = y + residual
     return y
+
+
+def worth_arming(operand: torch.Tensor) -> bool:
+    """Whether a caller should hand ``operand`` (a residual or gate shaped as the projection's
+    output) to the projection: under Dynamo always (the projection's rule then picks the form, or
+    torch ops for Inductor to fuse, at no run-time cost); in eager code only for the epilogue
+    function's calls (`FUSE_MIN_ROWS` rows, no autograd). A smaller eager call would spend more
+    host time choosing (a few microseconds of Python) than the add it saves, and in training the
+    named epilogue's backward runs the add's gradient as a kernel of its own."""
+    if tracing.is_dynamo_compiling():
+        return True
+    if torch.is_grad_enabled() and operand.requires_grad:
+        return False
+    N = operand.shape[-1] if operand.dim() else 1
+    return N > 0 and operand.numel() // N >= FUSE_MIN_ROWS
 
 
 class armed:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from .fusion import FusedProjection, armed
+from .fusion import FusedProjection, armed, worth_arming
 from .mixin import op_here, ops_take
 
 
@@ -34,7 +34,7 @@ class SwiGLUMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up_proj = self.gate_proj(x), self.up_proj
-        if isinstance(up_proj, FusedProjection) and up_proj.takes(x, gate=gate):
+        if isinstance(up_proj, FusedProjection) and worth_arming(gate) and up_proj.takes(x, gate=gate):
             with armed(up_proj, gate=gate):
                 hidden = up_proj(x)
             return self.down_proj(hidden)
