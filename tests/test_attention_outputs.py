@@ -134,12 +134,13 @@ def test_repeated_calls_replay(cpu_ops, monkeypatch):
     monkeypatch.setattr(TorchAttention, "_run", counting)
     q, k, v = _qkv(2, 6, 6, 8, 2, 16, seed=6)
     first = ops.attention(q, k, v, causal=True)
-    for _ in range(4):
+    for _ in range(19):
         again = ops.attention(q, k, v, causal=True)
         assert again.data_ptr() != first.data_ptr()
         torch.testing.assert_close(again, first)
-    # (outputs whose pointer alignment is new take the Python path once)
-    assert 1 <= len(runs) <= 4, runs
+    # (an output whose pointer alignment class is new takes the Python path once: at most 7
+    # classes, 16 to 1024 bytes)
+    assert 1 <= len(runs) <= 7, runs
 
 
 def test_backward_gradients_against_float64(cpu_ops):
