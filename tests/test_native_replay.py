@@ -9,7 +9,6 @@ TVM-FFI function (`Recorder`).
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 import torch
@@ -18,23 +17,13 @@ import kernel_api
 from kernel_api import native
 from kernel_api.native import recipes
 from kernel_api.ops import dispatch as ops
+from test_hardening_host_cost import Frames, entry  # noqa: F401  (the entry points, fresh caches; frames entered)
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 if native.module_path() is None:
     pytest.skip("kernel_api.native._launch_table was not built by this install", allow_module_level=True)
 
 OP = recipes.op_number("tests.replay")
-
-
-@pytest.fixture
-def entry():
-    module = native.entry()
-    if module is None:
-        pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
-    ops.clear_dispatch_cache()
-    assert ops._load_entry() and ops.replay_call is not None
-    yield module
-    ops.clear_dispatch_cache()
 
 
 @pytest.fixture
@@ -60,26 +49,6 @@ class Recorder:
 
 def seen(t: torch.Tensor) -> tuple:
     return t.data_ptr(), tuple(t.shape), tuple(t.stride())
-
-
-class Frames:
-    """The Python functions a block of code enters (module-qualified names), through sys.setprofile."""
-
-    def __init__(self):
-        self.entered: list[str] = []
-
-    def __enter__(self):
-        def profile(frame, event, arg):
-            if event == "call":
-                self.entered.append(f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_qualname}")
-        sys.setprofile(profile)
-        return self
-
-    def __exit__(self, *exc):
-        sys.setprofile(None)
-
-    def of(self, prefix: str) -> list[str]:
-        return [name for name in self.entered if name.startswith(prefix)]
 
 
 # ---- the key ------------------------------------------------------------------------------------
@@ -238,7 +207,7 @@ def test_ops_gemm_is_replayed_from_c_with_no_rule_of_its_own(torch_ops, monkeypa
     for call in calls:
         with Frames() as frames:
             y = call()
-        ours = [f for f in frames.of("kernel_api.") if not f.startswith("kernel_api.providers.")]
+        ours = [f for f in frames.of("kernel_api") if not f.startswith("kernel_api.providers.")]
         assert ours == ["kernel_api.ops.dispatch.gemm"], frames.entered  # (a provider's torch call aside)
     assert len(counted) == first
     assert torch.allclose(y, torch.relu(A @ B + bias), atol=1e-5)
@@ -269,7 +238,7 @@ def test_softmax_under_autograd_is_torchs_op_replayed_from_c(torch_ops, monkeypa
     kernel_api.ops.softmax(x)
     with Frames() as frames:
         y = kernel_api.ops.softmax(x)
-    assert frames.of("kernel_api.") == ["kernel_api.ops.dispatch.softmax"], frames.entered
+    assert frames.of("kernel_api") == ["kernel_api.ops.dispatch.softmax"], frames.entered
     assert type(y.grad_fn).__name__ == "SoftmaxBackward0"
     (got,) = torch.autograd.grad(y, x, g)
     ref = torch.softmax(x.detach(), -1)
@@ -284,27 +253,24 @@ def test_a_patched_linear_forward_enters_no_python_frame_of_ours_beyond_forward(
     monkeypatch.setattr(nn_linear, "_check_device", lambda layer, x: None)
     layer = kernel_api.nn.Linear(16, 32)
     plain = kernel_api.nn.Linear(16, 32, bias=False)
-    x = torch.randn(2, 16)
+
+    def repeated(module, x):
+        for _ in range(2):
+            module(x)
+        with Frames() as frames:
+            y = module(x)
+        assert frames.of("kernel_api") == ["kernel_api.nn.linear.Linear.forward"], frames.entered
+        bias = module.bias if module.bias is not None else 0
+        assert y.shape == (*x.shape[:-1], 32) and torch.allclose(y, x @ module.weight.t() + bias, atol=1e-5)
+
     with torch.no_grad():
         for module in (layer, plain):
-            for _ in range(2):
-                module(x)
-            with Frames() as frames:
-                y = module(x)
-            assert frames.of("kernel_api.") == ["kernel_api.nn.linear.Linear.forward"], frames.entered
-            bias = module.bias if module.bias is not None else 0
-            assert torch.allclose(y, x @ module.weight.t() + bias, atol=1e-5)
+            repeated(module, torch.randn(2, 16))
+            repeated(module, torch.randn(3, 2, 16))  # (a model's (batch, sequence, features) input: torch's F.linear)
+        x = torch.randn(2, 16)
+        layer(x)
         layer.weight.mul_(2)  # (a changed weight: its kept transpose is made anew)
         assert torch.allclose(layer(x), x @ layer.weight.t() + layer.bias, atol=1e-5)
-        x3 = torch.randn(3, 2, 16)  # (a model's (batch, sequence, features) input: torch's F.linear)
-        for module in (layer, plain):
-            for _ in range(2):
-                module(x3)
-            with Frames() as frames:
-                y = module(x3)
-            assert frames.of("kernel_api.") == ["kernel_api.nn.linear.Linear.forward"], frames.entered
-            bias = module.bias if module.bias is not None else 0
-            assert y.shape == (3, 2, 32) and torch.allclose(y, x3 @ module.weight.t() + bias, atol=1e-5)
 
 
 def test_tensors_with_a_lazy_bit_never_replay_a_launch(entry):

@@ -624,6 +624,23 @@ PyType_Spec bound_launch_spec = {
 
 PyTypeObject* bound_launch_type = nullptr;
 
+// The handle of a TVM-FFI function object (tvm_ffi objects' __chandle__), which the object keeps
+// alive; nullptr with a TypeError (`refusal`) for anything else.
+void* FunctionHandle(PyObject* function, const char* refusal) {
+  PyObject* chandle = PyObject_CallMethod(function, "__chandle__", nullptr);
+  void* handle = nullptr;
+  if (chandle != nullptr) {
+    handle = PyLong_AsVoidPtr(chandle);
+    Py_DECREF(chandle);
+  }
+  if (handle == nullptr || TVMFFIObjectGetTypeIndex(handle) != kTVMFFIFunction) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_TypeError, refusal);
+    return nullptr;
+  }
+  return handle;
+}
+
 // A tail value as TVM-FFI passes it; false (TypeError set) for anything but None, bool, int, float.
 bool TailValue(PyObject* value, TVMFFIAny* out) {
   out->zero_padding = 0;
@@ -661,17 +678,8 @@ PyObject* Bind(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_ValueError, "bind: between 1 and 8 tensors and at most 16 arguments after them");
     return nullptr;
   }
-  PyObject* chandle = PyObject_CallMethod(function, "__chandle__", nullptr);  // tvm_ffi objects' handle
-  void* handle = nullptr;
-  if (chandle != nullptr) {
-    handle = PyLong_AsVoidPtr(chandle);
-    Py_DECREF(chandle);
-  }
-  if (handle == nullptr || TVMFFIObjectGetTypeIndex(handle) != kTVMFFIFunction) {
-    PyErr_Clear();
-    PyErr_SetString(PyExc_TypeError, "bind: function must be a TVM-FFI function");
-    return nullptr;
-  }
+  void* handle = FunctionHandle(function, "bind: function must be a TVM-FFI function");
+  if (handle == nullptr) return nullptr;
   void* clear_data[kMaxTensors];
   for (Py_ssize_t i = 0; i < n_tensors; ++i) {
     PyObject* tensor = PyTuple_GET_ITEM(args[1], i);
@@ -1078,18 +1086,8 @@ bool ParseRecipe(PyObject* spec, Recipe* into) {
     }
   }
   if (into->launch) {
-    PyObject* chandle = PyObject_CallMethod(callable, "__chandle__", nullptr);
-    void* handle = nullptr;
-    if (chandle != nullptr) {
-      handle = PyLong_AsVoidPtr(chandle);
-      Py_DECREF(chandle);
-    }
-    if (handle == nullptr || TVMFFIObjectGetTypeIndex(handle) != kTVMFFIFunction) {
-      PyErr_Clear();
-      PyErr_SetString(PyExc_TypeError, "record: a launch's callable must be a TVM-FFI function");
-      return false;
-    }
-    into->function = handle;
+    into->function = FunctionHandle(callable, "record: a launch's callable must be a TVM-FFI function");
+    if (into->function == nullptr) return false;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(constants); ++i) {
       TVMFFIAny value;
       if (!TailValue(PyTuple_GET_ITEM(constants, i), &value)) return false;
