@@ -318,16 +318,18 @@ def test_gpt2_block_called_directly_positionally_and_with_cross_attention(calls)
         torch.testing.assert_close(block(x, encoder_hidden_states=enc), ref_block(x, encoder_hidden_states=enc))
 
 
-def test_gpt2_training_with_dropout_keeps_the_adds_and_matches_the_unpatched_model(calls):
-    """An active dropout after c_proj: the block adds the residual after it, as the model does
-    (same random draws in the same order)."""
+@pytest.mark.parametrize("grad", [False, True])
+def test_gpt2_with_an_active_dropout_keeps_the_adds_and_matches_the_unpatched_model(calls, fuse_small, grad):
+    """An active dropout after c_proj (train mode, p > 0): the block adds the residual after it,
+    as the model does (same random draws in the same order), with and without autograd."""
     ref = tiny_gpt2(pdrop=0.3).train()
     model = patch(copy.deepcopy(ref))
     ids = torch.randint(0, 1001, (2, 8), generator=torch.Generator().manual_seed(6))
-    torch.manual_seed(11)
-    loss = model(input_ids=ids, labels=ids).loss
-    torch.manual_seed(11)
-    ref_loss = ref(input_ids=ids, labels=ids).loss
+    with torch.set_grad_enabled(grad):
+        torch.manual_seed(11)
+        loss = model(input_ids=ids, labels=ids).loss
+        torch.manual_seed(11)
+        ref_loss = ref(input_ids=ids, labels=ids).loss
     torch.testing.assert_close(loss, ref_loss)
     assert "named" not in calls and "function" not in calls
 

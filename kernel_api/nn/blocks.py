@@ -9,11 +9,12 @@ The pre-norm blocks `kernel_api.nn.patch` knows compute
 `ResidualBlock.forward` runs the same submodules in the same order, but hands ``x`` (``h``) to
 the output (down) projection first (`kernel_api.nn.fusion.armed`), which returns its output
 with the residual added (`FusedProjection`); the block then adds nothing. The block adds it
-itself where the epilogue would not gain (`fusion.worth_arming`: small eager calls, autograd),
-after a dropout that is active (training, p > 0), and after a projection that was not called.
+itself after a dropout that is active (training, p > 0) and after a projection that was not
+called.
 
-`BLOCKS` says where each known block keeps its parts (`BlockSpec`): the Llama family's decoder
-layers and GPT-2's block. The block's own forward runs instead where this one would not be its
+`LLAMA_DECODER_LAYER` and `GPT2_BLOCK` say where the known blocks keep their parts
+(`BlockSpec`). The block's own forward runs instead where the epilogue would not gain
+(`fusion.worth_arming`: small eager calls, autograd) and where this forward would not be its
 equal: positional arguments past its signature, or arguments that `BlockSpec.own_forward_if`
 names (GPT-2's cross-attention). Arguments the block's forward takes by name go to the
 attention, as its forward passes them (those with a default other than None get that default).
@@ -99,7 +100,7 @@ def _branch(projection: torch.nn.Module, dropout: torch.nn.Module | None, residu
             call: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``residual + call(*args, **kwargs)`` (its first element when it returns a tuple), the add in
     ``projection``'s epilogue when it can take it."""
-    if isinstance(projection, FusedProjection) and _quiet(dropout) and worth_arming(residual):
+    if isinstance(projection, FusedProjection) and _quiet(dropout):
         hand = armed(projection, residual=residual)
         with hand:
             out = call(*args, **kwargs)
@@ -122,7 +123,9 @@ class ResidualBlock(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         spec, params = self.kernel_api_block, self.kernel_api_parameters
-        if len(args) > len(params) or any(kwargs.get(n) is not None for n in spec.own_forward_if):
+        if (not worth_arming(hidden_states) or len(args) > len(params)
+                or any(kwargs.get(n) is not None for n in spec.own_forward_if)):
+            # (nothing to fuse in this call, both residuals having its rows: the block's own forward)
             return super().forward(hidden_states, *args, **kwargs)
         named = dict(kwargs)
         for (name, _), value in zip(params, args):
