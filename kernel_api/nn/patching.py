@@ -342,8 +342,9 @@ def patch(module: torch.nn.Module, *, include: Callable[[str], bool] | None = No
       ``fuse_activations=False`` fuses nothing after a projection (no residual, no gate either).
     - ``"residual"``: the Llama family's decoder layers and GPT-2's blocks add each branch's
       output to its input in the epilogue of the projection ending the branch (o_proj and
-      down_proj; attn.c_proj and mlp.c_proj), unless a dropout after it is active
-      (`kernel_api.nn.blocks`, `kernel_api.nn.fusion`). With ``"linear"`` and
+      down_proj; attn.c_proj and mlp.c_proj), in calls where that pays (large inference calls,
+      and under torch.compile as the lowering rule says; `kernel_api.nn.fusion.worth_arming`)
+      and no dropout after it is active (`kernel_api.nn.blocks`). With ``"linear"`` and
       ``fuse_activations`` only.
     - ``"rms_norm"``: the Llama family's RMSNorm (Llama, Mistral, Qwen2, Qwen3) -> `ops.rms_norm`.
     - ``"mlp"``: the family's SiLU MLP -> its projections and `ops.swiglu`; with ``"linear"`` and
