@@ -399,9 +399,9 @@ def repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 class Scalars:
-    """The scalars of a dense CUDA call: what a recorded launch keeps of its arguments (no
-    tensors), ``outputs_made`` included (a call recorded with outputs the op made is replayed
-    only for such calls: `kernel_api.ops.replay` keys them apart)."""
+    """The scalars of a dense call: what a recorded launch keeps of its arguments (no tensors),
+    ``outputs_made`` included (a call recorded with outputs the op made is replayed only for such
+    calls: `kernel_api.ops.replay` keys calls given outputs apart)."""
 
     __slots__ = ("causal", "scale", "varlen", "cu_seqlens_q", "cu_seqlens_k", "seqlen_q", "seqlen_k", "device",
                  "index", "outputs_made")
