@@ -7,8 +7,11 @@ the default mode and in ``mode="reduce-overhead"`` (CUDA graphs).
     python3 benchmarks/e2e_gpt2.py --smoke      # control flow only: a 2-layer stand-in model on the CPU
 
 Configurations: eager, patched, compiled, compiled+patched, compiled-ro, compiled-ro+patched
-("-ro": reduce-overhead). ``--lowering`` sets the patched layers' ``compile_lowering``
-(`kernel_api.nn.lowering`; default "auto", the rule) in the compiled+patched configurations.
+("-ro": reduce-overhead), and when named, patched-unfused and compiled+patched-unfused (patch
+without its "residual" replacer: the blocks add their residuals after c_proj, so the pair with
+compiled+patched measures the adds fused into the projections' epilogues). ``--lowering`` sets
+the patched layers' ``compile_lowering`` (`kernel_api.nn.lowering`; default "auto", the rule) in
+the compiled+patched configurations.
 
 Phases (each step timed with CUDA events around the step alone, torch.cuda.synchronize() before
 it, fresh random token ids each step; the median of the timed steps after warm-up):
@@ -76,6 +79,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 CONFIGS = ["eager", "patched", "compiled", "compiled+patched", "compiled-ro", "compiled-ro+patched"]
+# Run only when named: patched without the residual replacer (the blocks add their residuals
+# themselves), to measure what the adds in the projections' epilogues give.
+OPTIONAL_CONFIGS = ["patched-unfused", "compiled+patched-unfused"]
 ANCHORS = ["eager", "compiled", "compiled-ro"]  # speed-ups are reported against each
 PHASES = ["prefill", "decode", "train"]
 LOWERINGS = ["auto", "aten", "kernel_api"]
@@ -210,7 +216,11 @@ def build(base, name: str, device, dtype, compile_backend, lowering: str = "auto
     import kernel_api.nn
     model = copy.deepcopy(base).to(device=device, dtype=dtype)
     if "patched" in name:
-        model = kernel_api.nn.patch(model)
+        if name.endswith("-unfused"):
+            from kernel_api.nn.patching import DEFAULT_KINDS
+            model = kernel_api.nn.patch(model, kinds=[k for k in DEFAULT_KINDS if k != "residual"])
+        else:
+            model = kernel_api.nn.patch(model)
         kernel_api.nn.set_compile_lowering(model, lowering)
     if "compiled" not in name:
         return model, model
@@ -511,7 +521,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="a 2-layer stand-in model on the CPU, tiny sizes, "
                    "torch.compile with the eager backend: checks the control flow only")
     p.add_argument("--tag", default="", help="appended to the result file names")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {CONFIGS}")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated subset of {CONFIGS}, or of {OPTIONAL_CONFIGS}")
     p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {PHASES}")
     p.add_argument("--steps", type=int, default=None, help="timed steps per phase (default 30/50/10, "
                    "--quick 10/20/5 for prefill/decode/train)")
@@ -530,12 +541,13 @@ def parse_args(argv=None):
     opts = p.parse_args(argv)
     opts.configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
     opts.phases = [c.strip() for c in opts.phases.split(",") if c.strip()]
-    for value, allowed, what in ((opts.configs, CONFIGS, "--configs"), (opts.phases, PHASES, "--phases")):
+    for value, allowed, what in ((opts.configs, CONFIGS + OPTIONAL_CONFIGS, "--configs"),
+                                 (opts.phases, PHASES, "--phases")):
         bad = [v for v in value if v not in allowed]
         if bad or not value:
             p.error(f"{what}: unknown {bad or 'empty list'}; choose from {allowed}")
     # Correctness and speed-ups are measured against eager: it always runs, first.
-    opts.configs = ["eager"] + [c for c in CONFIGS if c in opts.configs and c != "eager"]
+    opts.configs = ["eager"] + [c for c in CONFIGS + OPTIONAL_CONFIGS if c in opts.configs and c != "eager"]
     if opts.budget_s is None:
         opts.budget_s = 170.0 if opts.quick else 0.0
     return opts
