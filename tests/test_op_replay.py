@@ -268,6 +268,33 @@ def test_given_outputs_replay_unless_they_overlap(cpu_ops):
     assert ops.rms_norm(x, w, 1e-6, r, out=out)[0] is out
 
 
+def test_trailing_defaulted_inputs_left_out_need_no_binding(cpu_ops, monkeypatch):
+    # A call leaving out the trailing inputs that have defaults (eps, ignore_index...) takes them
+    # from the schema without a signature binding (about as costly as the replay itself);
+    # inputs by name still bind, and a wrong call still explains.
+    import inspect
+
+    x, w, logits = torch.randn(8, 64), torch.randn(64), torch.randn(6, 9)
+    target, grad_loss = torch.randint(0, 9, (6,)), torch.rand(6)
+    lse = torch.logsumexp(logits, -1)
+    want_norm = ops.rms_norm_backward(x, x, w, 1e-6)
+    want_ce = ops.cross_entropy_backward(grad_loss, logits, target, lse, -100, 0.0, 0.0)
+    bind = inspect.Signature.bind
+
+    def refused(*args, **kwargs):
+        raise AssertionError("bound")
+
+    monkeypatch.setattr(inspect.Signature, "bind", refused)
+    for _ in range(2):
+        _same(ops.rms_norm_backward(x, x, w), want_norm)
+        _same(ops.cross_entropy_backward(grad_loss, logits, target, lse), want_ce)
+        _same(ops.cross_entropy_backward(grad_loss, logits, target, lse, -100), want_ce)
+    monkeypatch.setattr(inspect.Signature, "bind", bind)
+    _same(ops.cross_entropy_backward(grad_loss, logits, target, lse=lse), want_ce)
+    with pytest.raises(TypeError, match="missing a required argument: 'lse'"):
+        ops.cross_entropy_backward(grad_loss, logits, target)
+
+
 def test_outputs_apart():
     buffer = torch.zeros(100)
     a, b, c = buffer[:40], buffer[40:80], buffer[70:]

@@ -304,14 +304,23 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
         inspect.Parameter("stream", keyword, default=None)])
 
     output_names = frozenset(outputs)
+    # the defaults of the trailing inputs that have one: a call leaving them out by position
+    # takes them without a binding
+    defaulted = n
+    while defaulted and schema.arguments[defaulted - 1].has_default_value():
+        defaulted -= 1
+    defaults = tuple([a.default_value for a in schema.arguments[defaulted:]])
 
     def function(*inputs: Any, stream: Any = None, **named: Any) -> Any:
-        if len(inputs) == n and output_names.issuperset(named):
-            # every input given by position, outputs (if any) by name: no binding needed (the
-            # common call, e.g. the op functions' own `f(x, w, eps, out=out)`)
+        if defaulted <= len(inputs) <= n and output_names.issuperset(named):
+            # the inputs by position (the trailing defaulted ones, e.g. eps, may be left out),
+            # outputs (if any) by name: no binding needed (the common call, e.g. the op
+            # functions' own `f(x, w, eps, out=out)`)
+            if len(inputs) < n:
+                inputs = (*inputs, *defaults[len(inputs) - defaulted:])
             given = [named.get(name) for name in outputs]
             fresh = not named or (given[0] is None if single else all(g is None for g in given))
-        else:  # inputs by name or defaulted, or a wrong call: the signature binds and explains
+        else:  # inputs by name, or a wrong call: the signature binds and explains
             try:
                 bound = signature.bind(*inputs, stream=stream, **named)
             except TypeError as exc:
