@@ -266,8 +266,13 @@ def test_quack_softmax_requires_the_alignment_quack_compiles_in(plugins):
     assert _names(misaligned, "quack") == []
     assert "operand x: QuACK assumes rows and pointer aligned to 8 elements, got 2" in \
         kernel_api.explain(misaligned, providers="quack", cc=90).all()
-    odd = SoftmaxArguments(meta(3, 1001, offset=1, dtype=torch.float32), meta(3, 1001, dtype=torch.float32))
-    assert _names(odd, "quack") == ["QuackSoftmax_f32"]  # gcd(4, 1001) = 1: any alignment
+    # QuACK's softmax asserts rows of whole 16-byte vectors at its compile: an odd row is declined
+    odd = SoftmaxArguments(meta(3, 1001, dtype=torch.float32), meta(3, 1001, dtype=torch.float32))
+    assert _names(odd, "quack") == []
+    assert "operand x: rows of 1001 elements, QuACK takes rows of whole 16-byte vectors (4 elements)" in \
+        kernel_api.explain(odd, providers="quack", cc=90).all()
+    assert _names(SoftmaxArguments(meta(3, 1000, dtype=torch.float32), meta(3, 1000, dtype=torch.float32)),
+                  "quack") == ["QuackSoftmax_f32"]
     back = SoftmaxBackwardArguments(meta(8, 32000, dtype=torch.float32), meta(8, 32000, dtype=torch.float32),
                                     meta(8, 32000, dtype=torch.float32))
     assert _names(back, "quack") == ["QuackSoftmaxBackward_f32"]
@@ -283,6 +288,15 @@ def test_quack_norms_gemm_metadata(plugins):
     assert _names(ln, "quack") == []  # QuACK's LayerNorm takes f32 weight and bias only
     w = meta(4096, dtype=torch.float32)
     assert _names(LayerNormArguments(meta(16, 4096), w, w, meta(16, 4096)), "quack") == ["QuackLayerNorm_bf16_wf32"]
+    # a 2-byte row of odd length copies 2 bytes at a time, which QuACK's cp.async cannot: declined;
+    # f32 rows of odd length copy 4 bytes and compile
+    odd_rows = RMSNormArguments(meta(3, 7), meta(7), meta(3, 7))
+    assert _names(odd_rows, "quack") == []
+    assert "operand x: rows of 7 bf16 elements copy in 2-byte pieces, QuACK's copies take 4 bytes or more" in \
+        kernel_api.explain(odd_rows, providers="quack", cc=90).all()
+    f32 = torch.float32
+    assert _names(RMSNormArguments(meta(3, 7, dtype=f32), meta(7, dtype=f32), meta(3, 7, dtype=f32)), "quack") == \
+        ["QuackRMSNorm_f32"]
     gemm = GemmArguments(meta(256, 512), meta(512, 128), meta(256, 128))
     assert _names(gemm, "quack") == ["QuackGemm_bf16_ttt_a16"]
     col_out = GemmArguments(meta(256, 512), meta(512, 128), meta(128, 256).t())
@@ -322,6 +336,9 @@ def test_quack_cross_entropy_forward_without_gradient_and_backward(plugins):
     scalar = torch.empty((), device="meta").expand(8, 100)
     back = CrossEntropyBackwardArguments(scalar, x, t.int(), lse, x)
     assert _names(back, "quack") == ["QuackCrossEntropyBackward_bf16_i32"]
+    odd_vocab, rows = meta(8, 50257, dtype=torch.float16), meta(8, dtype=torch.float32)
+    odd = CrossEntropyArguments(odd_vocab, torch.empty(8, dtype=torch.long, device="meta"), rows, rows)
+    assert _names(odd, "quack") == []  # 2-byte pieces: QuACK's copies take 4 bytes or more
     f64 = meta(4, 10, dtype=torch.float64)
     assert _names(CrossEntropyArguments(f64, t[0, :4], meta(4, dtype=torch.float64), meta(4, dtype=torch.float64)),
                   "quack") == []

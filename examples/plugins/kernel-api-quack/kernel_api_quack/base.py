@@ -10,13 +10,62 @@ chooses the architecture itself and its cache key does not hold it. ``_run`` and
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from kernel_api import CompilationError, CompiledArtifact, Kernel, Status
+from kernel_api.core.status import Reason
 from kernel_api.core.streams import stream_context
 from kernel_api.launcher import Launcher
+
+
+#: QuACK's row kernels copy 16 bytes at a time where the row allows, and never less than 4 bytes
+#: (cp.async takes 4, 8 or 16): a 2-byte type with an odd row length cannot be compiled
+_VECTOR_BYTES = 16
+_MIN_COPY_BYTES = 4
+
+
+def aligned_rows(args: Any, names: tuple[str, ...], vector_elements: int | None = None,
+                 whole_vectors: bool = False) -> Status:
+    """Whether QuACK can compile its row copies for the named operands.
+
+    Each operand is copied in pieces of ``gcd(N, vector)`` elements (``vector``: 16 bytes of its
+    type, or ``vector_elements`` where the kernel shares one width among operands of several
+    types); a piece must hold at least 4 bytes, and the operand's pointer and row stride must be
+    aligned to it. ``whole_vectors`` asks for rows that are whole 16-byte vectors (QuACK's softmax
+    asserts it).
+
+    Args:
+        args: row-kernel arguments with ``cols`` and ``tensor_attributes``.
+        names: the operands to check (absent ones are skipped).
+        vector_elements: the shared piece width in elements, or None for each operand's own.
+        whole_vectors: whether N must be a multiple of the 16-byte vector.
+
+    Returns:
+        Success, or a failure naming the first operand QuACK cannot copy.
+    """
+    for name in names:
+        attrs = args.tensor_attributes.get(name)
+        if attrs is None:
+            continue
+        vector = vector_elements or _VECTOR_BYTES // attrs.dtype.bytes
+        if whole_vectors and args.cols % vector:
+            return Status.fail(f"operand {name}: rows of {args.cols} elements, QuACK takes rows of whole 16-byte "
+                               f"vectors ({vector} elements)", kind=Reason.SHAPE, operand=name, actual=args.cols,
+                               required=vector)
+        need = math.gcd(vector, args.cols)
+        if need * attrs.dtype.bytes < _MIN_COPY_BYTES:
+            return Status.fail(f"operand {name}: rows of {args.cols} {attrs.dtype.name} elements copy in "
+                               f"{need * attrs.dtype.bytes}-byte pieces, QuACK's copies take {_MIN_COPY_BYTES} "
+                               f"bytes or more", kind=Reason.SHAPE, operand=name, actual=args.cols,
+                               required=_MIN_COPY_BYTES // attrs.dtype.bytes)
+        if attrs.divisibility < need:
+            return Status.fail(f"operand {name}: QuACK assumes rows and pointer aligned to {need} elements, got "
+                               f"{attrs.divisibility}", kind=Reason.ALIGNMENT, operand=name,
+                               actual=attrs.divisibility, required=need)
+    return Status.success()
 
 
 class QuackKernel(Kernel):

@@ -8,12 +8,11 @@ weighs it by ``grad_loss``, so the forward is offered without the gradient, and 
 (which takes the per-row weights) for it. QuACK writes the log-sum-exp of ignored rows too;
 kernel_api's definition has 0 there, so the forward zeroes those rows' lse after the kernel (a
 masked fill over the rows, one pass over ``target``). Operands are aligned as QuACK compiles
-them: the logits (and their gradient) to ``gcd(16 bytes, classes)`` elements.
+them: the logits (and their gradient) to ``gcd(16 bytes, classes)`` elements, of 4 bytes or more.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from cutlass import Int32
@@ -24,7 +23,7 @@ from kernel_api.arguments.cross_entropy import CrossEntropyArguments, CrossEntro
 from kernel_api.core.status import Reason
 from kernel_api.metadata.cross_entropy import CrossEntropyBackwardOperandsMetadata, CrossEntropyOperandsMetadata
 
-from .base import QuackKernel
+from .base import QuackKernel, aligned_rows
 from .provider import QuackProvider
 
 #: The most classes offered (Llama 3's 128256 and more)
@@ -39,16 +38,7 @@ def _plain(args: Any) -> Status:
         if getattr(args, name):
             return Status.fail(f"{name}: {getattr(args, name):g}, QuACK's cross-entropy has none", kind=Reason.OTHER,
                                operand=name, actual=getattr(args, name), required=0.0)
-    for name in ("logits", "grad_logits"):
-        attrs = args.tensor_attributes.get(name)
-        if attrs is None:
-            continue
-        need = math.gcd(16 // attrs.dtype.bytes, args.cols)
-        if attrs.divisibility < need:
-            return Status.fail(f"operand {name}: QuACK assumes rows and pointer aligned to {need} elements, got "
-                               f"{attrs.divisibility}", kind=Reason.ALIGNMENT, operand=name,
-                               actual=attrs.divisibility, required=need)
-    return Status.success()
+    return aligned_rows(args, ("logits", "grad_logits"))
 
 
 def _instances(cls: type, make: Any, metadata_filter: Any, cc: Any) -> list:

@@ -2,7 +2,8 @@
 residual add: a row per CTA or cluster, statistics in f32.
 
 QuACK compiles one function per set of operand types and row length N, assuming every operand
-aligned to ``gcd(N, 16 bytes of each type)`` elements (`_supports` checks it). QuACK's LayerNorm
+aligned to ``gcd(N, 16 bytes of each type)`` elements, copied in pieces of 4 bytes or more
+(`_supports` checks it). QuACK's LayerNorm
 takes f32 weight and bias only; its RMSNorm takes weights of x's type or f32.
 """
 
@@ -15,10 +16,9 @@ from quack.rmsnorm import _compile_rmsnorm_fwd
 
 from kernel_api import (DataType, KernelMetadata, LayerNormArguments, RMSNormArguments, RowReductionDesignMetadata,
                         Status, TensorAttributes)
-from kernel_api.core.status import Reason
 from kernel_api.metadata.norm import LayerNormOperandsMetadata, RMSNormOperandsMetadata
 
-from .base import QuackKernel
+from .base import QuackKernel, aligned_rows
 from .provider import QuackProvider
 
 #: The longest row offered
@@ -26,15 +26,11 @@ MAX_COLS = 65536
 
 
 def _aligned(args: Any) -> Status:
-    """Success when every operand is aligned to the elements QuACK's compile assumes."""
+    """Success when every operand is aligned to the elements QuACK's compile assumes: one piece
+    width for all of them, ``gcd(N, 16 bytes of each type)``."""
     attrs = args.tensor_attributes
-    need = math.gcd(args.cols, *(16 // a.dtype.bytes for a in attrs.values()))
-    for name, a in attrs.items():
-        if a.divisibility < need:
-            return Status.fail(f"operand {name}: QuACK assumes every operand aligned to {need} elements, got "
-                               f"{a.divisibility}", kind=Reason.ALIGNMENT, operand=name, actual=a.divisibility,
-                               required=need)
-    return Status.success()
+    width = math.gcd(*(16 // a.dtype.bytes for a in attrs.values()))
+    return aligned_rows(args, tuple(attrs), vector_elements=width)
 
 
 class _QuackNorm(QuackKernel):

@@ -1,14 +1,13 @@
 """QuACK's softmax, forward and backward (``quack.softmax``): a row per CTA or cluster, held in
 registers, f32 math.
 
-QuACK compiles one function per dtype and row length N and assumes the pointers and the row
-stride are aligned to ``gcd(16 bytes, N)`` elements; `_supports` checks that (the metadata
-accepts any alignment). Rows of any leading shape are seen as (rows, N).
+QuACK compiles one function per dtype and row length N, for rows of whole 16-byte vectors with
+pointers and row stride aligned to them; `_supports` checks that (the metadata accepts any
+alignment). Rows of any leading shape are seen as (rows, N).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 from quack.softmax import Softmax, SoftmaxBackward
@@ -18,32 +17,12 @@ from kernel_api import (DataType, KernelMetadata, RowReductionDesignMetadata, So
 from kernel_api.core.status import Reason
 from kernel_api.metadata import SoftmaxBackwardOperandsMetadata, SoftmaxOperandsMetadata
 
-from .base import QuackKernel
+from .base import QuackKernel, aligned_rows
 from .provider import QuackProvider
 
 DTYPES = (DataType.f32, DataType.f16, DataType.bf16)
 #: The longest row offered: QuACK holds a row in one CTA's or cluster's registers
 MAX_COLS = 65536
-
-
-def required_alignment(args: Any, names: tuple[str, ...]) -> Status:
-    """Whether every named operand is aligned to the ``gcd(16 bytes, N)`` elements QuACK compiles in.
-
-    Args:
-        args: softmax arguments (forward or backward).
-        names: the operands to check.
-
-    Returns:
-        Success, or a failure naming the first misaligned operand.
-    """
-    for name in names:
-        attrs = args.tensor_attributes[name]
-        need = math.gcd(16 // attrs.dtype.bytes, args.cols)
-        if attrs.divisibility < need:
-            return Status.fail(f"operand {name}: QuACK assumes rows and pointer aligned to {need} elements, got "
-                               f"{attrs.divisibility}", kind=Reason.ALIGNMENT, operand=name,
-                               actual=attrs.divisibility, required=need)
-    return Status.success()
 
 
 def row_limit(args: Any) -> Status:
@@ -87,7 +66,7 @@ class QuackSoftmax(QuackKernel):
         return _instances(cls, lambda rows: SoftmaxOperandsMetadata(rows, rows), metadata_filter)
 
     def _supports(self, args: SoftmaxArguments) -> Status:
-        return row_limit(args) and required_alignment(args, ("x", "out"))
+        return row_limit(args) and aligned_rows(args, ("x", "out"), whole_vectors=True)
 
     def build(self, args: Any) -> Any:
         dtype = args.tensor_attributes["x"].dtype.to_cutlass()
@@ -117,7 +96,7 @@ class QuackSoftmaxBackward(QuackKernel):
         return _instances(cls, lambda rows: SoftmaxBackwardOperandsMetadata(rows, rows, rows), metadata_filter)
 
     def _supports(self, args: SoftmaxBackwardArguments) -> Status:
-        return row_limit(args) and required_alignment(args, ("grad_out", "out", "grad_in"))
+        return row_limit(args) and aligned_rows(args, ("grad_out", "out", "grad_in"), whole_vectors=True)
 
     def build(self, args: Any) -> Any:
         dtype = args.tensor_attributes["out"].dtype.to_cutlass()
