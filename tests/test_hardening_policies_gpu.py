@@ -102,7 +102,9 @@ def test_pickbest_timings_are_recorded_apart(tmp_path):
     with kernel_api.settings(providers=["cuda_src", "torch"]):
         found = {timing: PickBest(num_workers=1, repeat=10, settle_ms=20.0, records=records, timing=timing).tune(args)
                  for timing in ("as_called", "device")}
-    assert sorted(r.operation.rpartition("timing=")[2] for r in records.all()) == ["as_called/own", "device/own"]
+    # (the key names a settle_ms other than the default too)
+    assert sorted(r.operation.rpartition("timing=")[2] for r in records.all()) == ["as_called/own/settle=20",
+                                                                                  "device/own/settle=20"]
     for result in found.values():
         assert not result.from_record
         result.winner.run(kernel_api.GemmArguments(A, B, out))
