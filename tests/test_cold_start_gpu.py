@@ -1,6 +1,7 @@
 """On the GPU: a CuTe DSL GEMM loaded from a warm cache without the DSL (the shared library
-`artifact_loader` links, through a remembered compile) computes what torch does, and the
-cluster count asked of the driver without the DSL equals the DSL's."""
+`artifact_loader` links, through a remembered compile) computes what torch does, the cluster
+count asked of the driver without the DSL equals the DSL's, and a cached NVRTC cubin runs in a
+new process without cuda.core."""
 
 import json
 import os
@@ -74,3 +75,15 @@ def test_the_driver_cluster_count_equals_the_dsls(size):
     driver.cuCtxSetCurrent(context)
     expected = int(cutlass_utils.HardwareInfo(0).get_max_active_clusters(size))
     assert cluster_occupancy.max_active_clusters(0, size) == expected
+
+
+def test_a_cached_cubin_runs_in_a_new_process_without_cuda_core(tmp_path):
+    """A cuda_src softmax kernel compiled in one process loads and runs in a new one through the
+    driver API (its error against float64 in range), cuda.core never imported there
+    (tests/test_cold_start_cubin.py's processes, on the GPU)."""
+    from test_cold_start_cubin import _child
+
+    assert not _child(tmp_path)["hit"]
+    warm = _child(tmp_path)
+    assert warm["hit"] and not warm["cuda_core_after_compile"] and not warm["cuda_core_after_load"], warm
+    assert warm["error"] < 8e-3, warm
