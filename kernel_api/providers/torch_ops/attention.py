@@ -302,14 +302,26 @@ class TorchAttention(TorchKernel):
             return None
         run, scalars = getattr(self, f"_run_{self.backend}"), Scalars(args)
         index = scalars.index
+        flags = sdpa_flags(args.seqlen_q, args.seqlen_k, args.heads_q, args.heads_kv, args.causal) \
+            if self.backend == "sdpa" else None
 
-        def launch(q: Any, k: Any, v: Any, out: Any, *rest: Any) -> None:
-            lse = rest[0] if len(rest) == 2 else None
-            if direct_launch(index, rest[-1], q, k, v):
-                run(scalars, q, k, v, out, lse)
-                return
-            with stream_context(scalars.device, rest[-1]), torch.no_grad():
-                run(scalars, q, k, v, out, lse)
+        if flags is not None:  # (SDPA's flags fixed for the recorded sizes: `_run_sdpa` without its checks)
+            scale, made = args.scale, args.outputs_made
+
+            def launch(q: Any, k: Any, v: Any, out: Any, stream: Any) -> None:
+                if direct_launch(index, stream, q, k, v):
+                    adopt(out, sdpa_views(q, k, v, flags, scale), made)
+                    return
+                with stream_context(scalars.device, stream), torch.no_grad():
+                    run(scalars, q, k, v, out, None)
+        else:
+            def launch(q: Any, k: Any, v: Any, out: Any, *rest: Any) -> None:
+                lse = rest[0] if len(rest) == 2 else None
+                if direct_launch(index, rest[-1], q, k, v):
+                    run(scalars, q, k, v, out, lse)
+                    return
+                with stream_context(scalars.device, rest[-1]), torch.no_grad():
+                    run(scalars, q, k, v, out, lse)
 
         launch.__name__ = f"launch_{self.metadata.kernel_name}"
         return Launcher(launch)
@@ -357,22 +369,35 @@ class TorchAttention(TorchKernel):
             adopt(lse, l.reshape(lse.shape), args.outputs_made)
 
 
-def sdpa_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    """SDPA of dense (batch, seqlen, heads, head_dim) tensors through transposed views, GQA read in
-    place: its output viewed as (batch, seqlen_q, heads, head_dim). Where SDPA's top-left causal
-    mask is not kernel_api's (fewer or more queries than keys, more than one query) or a side is
-    empty, `torch_attention` (which builds the mask)."""
-    sq, sk = q.shape[1], k.shape[1]
-    if causal and sq != sk:
-        if sq != 1:
-            return torch_attention(q, k, v, causal, scale)
+def sdpa_flags(seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int, causal: bool) -> tuple[bool, bool] | None:
+    """SDPA's ``(is_causal, enable_gqa)`` for a dense problem of these sizes, or None where SDPA's
+    flags cannot state it: its top-left causal mask is not kernel_api's (fewer or more queries
+    than keys, more than one query), a side is empty, or this torch's SDPA has no ``enable_gqa``
+    (then `torch_attention` serves, which builds the mask)."""
+    if causal and seqlen_q != seqlen_k:
+        if seqlen_q != 1:
+            return None
         causal = False  # (the one query is the last: it sees every key)
-    if not (sq and sk):
+    if not (seqlen_q and seqlen_k and SDPA_GQA):
+        return None
+    return causal, heads_q != heads_kv
+
+
+def sdpa_views(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flags: tuple[bool, bool],
+               scale: float) -> torch.Tensor:
+    """SDPA on (batch, heads, seqlen, head_dim) views of dense (batch, seqlen, heads, head_dim)
+    tensors with `sdpa_flags`' ``flags``: its output viewed as (batch, seqlen_q, heads, head_dim)."""
+    return _sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=flags[0], scale=scale,
+                 enable_gqa=flags[1]).transpose(1, 2)
+
+
+def sdpa_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """Attention of dense (batch, seqlen, heads, head_dim) tensors through SDPA on views, GQA read
+    in place (`sdpa_views`), or `torch_attention` where `sdpa_flags` says SDPA's cannot state it."""
+    flags = sdpa_flags(q.shape[1], k.shape[1], q.shape[2], k.shape[2], causal)
+    if flags is None:
         return torch_attention(q, k, v, causal, scale)
-    if SDPA_GQA:
-        return _sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale,
-                     enable_gqa=q.shape[2] != k.shape[2]).transpose(1, 2)
-    return torch_attention(q, k, v, causal, scale)
+    return sdpa_views(q, k, v, flags, scale)
 
 
 def direct_launch(index: int, stream: Any, *inputs: torch.Tensor) -> bool:
