@@ -314,3 +314,18 @@ def test_a_recipe_forgotten_while_it_runs_finishes(entry):
     recipes.record(entry, OP, spec, x, out)
     version = out._version
     assert entry.replay(OP, x, out) is out and out._version > version and len(calls) == 1 and not fn.calls
+
+
+def test_an_allocating_gemm_records_its_own_recipe_beside_a_given_output_call(torch_ops, monkeypatch):
+    """A call given its output and an allocating call whose new output has the same metadata share
+    the Python dictionary's raw key, not the call key: the allocating call takes the Python path
+    once and records its own recipe (the dictionary's entry would serve it from Python forever)."""
+    from test_hardening_host_cost import aligned_like
+
+    A, B, out = torch.randn(16, 8), torch.randn(8, 24), torch.empty(16, 24)
+    for _ in range(2):
+        kernel_api.ops.gemm(A, B, out=out)
+    monkeypatch.setattr(ops, "_new_gemm_output", lambda A, B: aligned_like(out))  # (the raw key of out)
+    y = kernel_api.ops.gemm(A, B)
+    assert torch.allclose(y, A @ B, atol=1e-5)
+    assert torch_ops.recipe(ops.GEMM_OP, A, B, None, 1.0, 0.0, None, None, None, None, None) is not None

@@ -68,6 +68,11 @@ class PlainEntry:
     token: Any
     extents: tuple[int, int, int]
 
+    @property
+    def replayable(self) -> bool:
+        """Whether the native replay runs this launch (a TVM-FFI function or a torch call)."""
+        return self.launcher.ffi or self.launcher.torch_call is not None
+
 
 @dataclass(frozen=True, slots=True)
 class EpilogueEntry:
@@ -79,6 +84,7 @@ class EpilogueEntry:
         before: the launcher's constant arguments before the bias.
         after: those after it (all of them for a call without a bias).
         device, token, extents: as `PlainEntry`'s.
+        replayable: whether the native replay runs this launch (`PlainEntry.replayable`).
     """
 
     function: Any
@@ -87,6 +93,7 @@ class EpilogueEntry:
     device: int
     token: Any
     extents: tuple[int, int, int]
+    replayable: bool = False
 
 
 # Raw tensor metadata (dtypes, shapes, strides, pointer alignment, devices) -> a `PlainEntry`
@@ -168,6 +175,14 @@ def _may_overlap(out_ptr: int, a_ptr: int, b_ptr: int, extents: tuple[int, int, 
     Conservative: such a call goes to GemmArguments, which judges it exactly."""
     a, b, o = extents
     return o > 0 and (out_ptr < a_ptr + a and a_ptr < out_ptr + o or out_ptr < b_ptr + b and b_ptr < out_ptr + o)
+
+
+def _fast_serves(found: PlainEntry | EpilogueEntry, given: bool) -> bool:
+    """Whether ``_fast``'s entry serves a call: always without the native replay; with it, only
+    calls C cannot replay (a launcher that is a Python function) and calls given their output. An
+    allocating call shares the raw key of a call given an output of the same metadata, but not
+    its call key: it takes the Python path once, which records its own recipe."""
+    return given or replay_call is None or not found.replayable
 
 
 def _launch_fast(found: PlainEntry, stream: Any, *tensors: torch.Tensor) -> None:
@@ -333,11 +348,12 @@ def _epilogue_entry(launcher: Launcher, bias: Any, index: int, token: Any, exten
     place (found by identity), so no launch reuses a stale bias tensor. None when the tail
     does not hold the bias (nothing is recorded then)."""
     tail = launcher.tail
+    replayable = launcher.ffi or launcher.torch_call is not None
     if bias is None:
-        return EpilogueEntry(launcher.function, tail, (), index, token, extents)
+        return EpilogueEntry(launcher.function, tail, (), index, token, extents, replayable)
     for i, value in enumerate(tail):
         if value is bias:
-            return EpilogueEntry(launcher.function, tail[:i], tail[i + 1:], index, token, extents)
+            return EpilogueEntry(launcher.function, tail[:i], tail[i + 1:], index, token, extents, replayable)
     return None
 
 
@@ -684,7 +700,8 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                         None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 1023,
                                                    bias.get_device()))
             found = _fast.get(fast_key)
-            if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
+            if (found is not None and _fast_serves(found, given)
+                    and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
                     and not (A.is_neg() or B.is_neg() or out.is_neg() or (bias is not None and bias.is_neg()))):
                 device = _current_device() if found.device >= 0 else -1  # (-1: recorded for CPU tensors)
                 if found.device != device:
@@ -706,7 +723,8 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
         fast_key = _raw_gemm_key(current().scope_token, A, B, out)
         found = _fast.get(fast_key)
         # (the key has no lazy negative bit: such operands go to GemmArguments, which refuses them)
-        if (found is not None and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
+        if (found is not None and _fast_serves(found, given)
+                and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
                 and not (A.is_neg() or B.is_neg() or out.is_neg())):
             device = _current_device() if found.device >= 0 else -1  # (-1: recorded for CPU tensors)
             if found.device != device:
