@@ -2,8 +2,9 @@
 or conjugate bit, outputs whose elements overlap, outputs autograd saved, and operands that
 are not tensors; plus GemmArguments' recalled summaries for explicit accumulators.
 
-The CPU tests stand a Python callable converted to a TVM-FFI function in for a compiled kernel
-(as test_native_launch_table does); the `gpu` tests run the registry's kernels.
+The CPU tests stand a Python callable converted to a TVM-FFI function in for a compiled kernel,
+recorded for replay as a front door records it (as tests/test_native_replay.py does); the `gpu`
+tests run the registry's kernels.
 """
 
 from __future__ import annotations
@@ -43,12 +44,10 @@ def _needs_native():
 def entry():
     _needs_native()
     module = native.entry()
-    native.table().clear()
-    module.forget()
+    ops.clear_dispatch_cache()
+    assert ops._load_entry()
     yield module
     ops.clear_dispatch_cache()
-    native.table().clear()
-    module.forget()
 
 
 class Recorder:
@@ -65,10 +64,24 @@ class Recorder:
         self.function = tvm_ffi.convert(call)
 
 
-def _record(fn, args, tag):
-    """Record ``fn`` in the C launch table for ``args``' tensors, as ops does after running them."""
-    tensors = tuple(getattr(args, name) for name in args.tensor_attributes)
-    ops._record_native(Launcher(fn.function), current().policy, tensors, tag)
+class _Chosen:
+    """A stand-in for the kernel a front door's Python path chose: its `_launcher` is ``launcher``."""
+
+    def __init__(self, launcher):
+        self.launcher = launcher
+
+    def _launcher(self, args, artifact):
+        return self.launcher
+
+
+def _gemm_call(A, B, out):
+    """``ops.gemm(A, B, out=out)``'s arguments as its replay keys them."""
+    return (A, B, out, 1.0, 0.0, None, None, None, None, None)
+
+
+def _record(fn, args, op, call):
+    """Record ``fn``'s launch of ``args`` for calls keyed as ``call``, as ops does after running them."""
+    assert ops.record_replay(op, _Chosen(Launcher(fn.function)), None, args, call)
 
 
 # ---- lazy negative / conjugate bits ---------------------------------------------------------------
@@ -119,20 +132,17 @@ def test_a_recalled_summary_never_bypasses_the_refusal(entry):
 def test_the_launch_table_never_launches_lazily_negated_operands(entry):
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)
-    tag = current().policy_id | ops._GEMM_TAG
-    assert entry.launch(tag, None, A, B, out) is True and fn.calls == 1
+    _record(fn, GemmArguments(A, B, out), ops.GEMM_OP, _gemm_call(A, B, out))
+    assert entry.replay(ops.GEMM_OP, *_gemm_call(A, B, out)) is out and fn.calls == 1
     for operands in ((_neg(A), B, out), (A, _neg(B), out), (A, B, _neg(out))):  # the recorded metadata, negated
-        assert entry.launch(tag, None, *operands) is False
-        assert entry.gemm_plain(ops._GEMM_TAG, *operands, 1.0, 0.0, None, None, None, None, None) is None
-        assert ops._declining_lazy_bits(native.table().launch)(tag, None, *operands) is False  # without the entry
+        assert entry.replay(ops.GEMM_OP, *_gemm_call(*operands)) is None
         with pytest.raises(ValueError, match=r"lazy negative bit set.*resolve_neg"):
             ops.gemm(*operands[:2], out=operands[2])  # the Python path refuses, naming the operand
     assert fn.calls == 1
     with pytest.raises(ValueError, match="lazy negative bit"):  # a bound launch reading one raises
         entry.bind(fn.function, (_neg(A),), ())(None)
     x, y = torch.randn(6, 10), torch.empty(6, 10)
-    _record(fn, SoftmaxArguments(x, y), ops._SOFTMAX_TAG)
+    _record(fn, SoftmaxArguments(x, y), ops.SOFTMAX_OP, (x, -1, y, None))
     assert ops.softmax(x, out=y) is y and fn.calls == 2
     with pytest.raises(ValueError, match="operand x: has torch's lazy negative bit"):
         ops.softmax(_neg(x), out=y)
@@ -166,33 +176,30 @@ def test_bind_refuses_lazy_bits_once_and_a_bound_launch_checks_tensors_that_move
 
 
 def test_per_call_reads_tell_a_lazily_negated_tensor_from_one_seen_before(entry):
-    """launch, gemm_plain, recall and remember remember the tensors they found without lazy bits
-    (by identity and data pointer); a negated tensor is never taken for one of them: not a new
-    view at the address of a released one, not a known tensor whose storage was swapped."""
+    """replay, recall and remember remember the tensors they found without lazy bits (by
+    identity and data pointer); a negated tensor is never taken for one of them: not a new view
+    at the address of a released one, not a known tensor whose storage was swapped."""
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)
-    tag = current().policy_id | ops._GEMM_TAG
+    _record(fn, GemmArguments(A, B, out), ops.GEMM_OP, _gemm_call(A, B, out))
     summary = arguments._GEMM_SUMMARY
     assert entry.recall(summary, A, B, out) is not None
     for _ in range(50):  # released views' addresses are reused by the next ones
         view = A[:]
-        assert entry.launch(tag, None, view, B, out) is True
+        assert entry.replay(ops.GEMM_OP, *_gemm_call(view, B, out)) is out
         del view
         negated = _neg(A)
-        assert entry.launch(tag, None, negated, B, out) is False
-        assert entry.gemm_plain(ops._GEMM_TAG, negated, B, out, 1.0, 0.0, None, None, None, None, None) is None
+        assert entry.replay(ops.GEMM_OP, *_gemm_call(negated, B, out)) is None
         assert entry.recall(summary, negated, B, out) is None
         assert entry.remember(summary, "x", negated, B, out) is False
         del negated
     assert fn.calls == 50
     held = B.data
     B.data = _neg(torch.randn(8, 4))  # the same tensor object, another storage with the bit
-    assert entry.launch(tag, None, A, B, out) is False
-    assert entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None) is None
+    assert entry.replay(ops.GEMM_OP, *_gemm_call(A, B, out)) is None
     assert entry.recall(summary, A, B, out) is None
     B.data = held
-    assert entry.launch(tag, None, A, B, out) is True and fn.calls == 51
+    assert entry.replay(ops.GEMM_OP, *_gemm_call(A, B, out)) is out and fn.calls == 51
 
 
 def test_the_c_paths_keep_no_tensor_alive(entry):
@@ -201,10 +208,10 @@ def test_the_c_paths_keep_no_tensor_alive(entry):
 
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)  # (the arguments are released)
+    _record(fn, GemmArguments(A, B, out), ops.GEMM_OP, _gemm_call(A, B, out))  # (the arguments are released)
     watch = [weakref.ref(t) for t in (A, B, out)]
     for _ in range(3):
-        assert entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None) is out
+        assert entry.replay(ops.GEMM_OP, *_gemm_call(A, B, out)) is out
     assert entry.recall(arguments._GEMM_SUMMARY, A, B, out) is not None
     assert fn.calls == 3
     del A, B, out
@@ -212,9 +219,8 @@ def test_the_c_paths_keep_no_tensor_alive(entry):
 
 
 def _python_launchers_only(monkeypatch, A, B, out, launched: list) -> None:
-    """ops without the C table, with a recorded Python launcher for (A, B, out) on the CPU."""
-    monkeypatch.setattr(ops, "_table_launch", None)
-    monkeypatch.setattr(ops, "_gemm_plain", None)
+    """ops without the native replay, with a recorded Python launcher for (A, B, out) on the CPU."""
+    monkeypatch.setattr(ops, "replay_call", None)
     monkeypatch.setattr(ops, "_current_device", lambda: -1)  # the CPU operands' "device"
     extents = tuple(ops.byte_extent(t) for t in (A, B, out))
     monkeypatch.setitem(ops._fast, ops._raw_gemm_key(current().policy, A, B, out),
@@ -303,23 +309,23 @@ def _saved_by_autograd(out: torch.Tensor):
     return (x * out).sum()
 
 
-def test_ops_bump_the_version_of_outputs_written_from_the_c_table(entry):
+def test_ops_bump_the_version_of_outputs_written_from_c(entry):
     fn = Recorder()
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)
+    _record(fn, GemmArguments(A, B, out), ops.GEMM_OP, _gemm_call(A, B, out))
     y = _saved_by_autograd(out)
     version = out._version
-    assert ops.gemm(A, B, out=out) is out and fn.calls == 1  # gemm_plain, in C
+    assert ops.gemm(A, B, out=out) is out and fn.calls == 1  # replayed, in C
     assert out._version > version
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
     version = out._version
-    assert entry.gemm_plain(ops._GEMM_TAG, A, B, out, 1.0, 0.0, None, None, None, None, None) is out
+    assert entry.replay(ops.GEMM_OP, *_gemm_call(A, B, out)) is out
     assert out._version > version
 
     x, soft, grad, grad_in = torch.randn(6, 10), torch.empty(6, 10), torch.randn(6, 10), torch.empty(6, 10)
-    _record(fn, SoftmaxArguments(x, soft), ops._SOFTMAX_TAG)
-    _record(fn, SoftmaxBackwardArguments(grad, soft, grad_in), ops._SOFTMAX_BACKWARD_TAG)
+    _record(fn, SoftmaxArguments(x, soft), ops.SOFTMAX_OP, (x, -1, soft, None))
+    _record(fn, SoftmaxBackwardArguments(grad, soft, grad_in), ops.SOFTMAX_BACKWARD_OP, (grad, soft, -1, grad_in, None))
     for call, written in ((lambda: ops.softmax(x, out=soft), soft),
                           (lambda: ops.softmax_backward(grad, soft, grad_in=grad_in), grad_in)):
         y = _saved_by_autograd(written)
@@ -330,16 +336,9 @@ def test_ops_bump_the_version_of_outputs_written_from_the_c_table(entry):
             y.backward()
 
 
-def test_ops_bump_the_version_through_the_tvm_ffi_table_and_the_python_paths(entry, monkeypatch):
-    fn = Recorder()
+def test_ops_bump_the_version_through_the_python_paths(entry, monkeypatch):
     A, B, out = torch.randn(16, 8), torch.randn(8, 4), torch.empty(16, 4)
-    _record(fn, GemmArguments(A, B, out), ops._GEMM_TAG)
-    # without the CPython entry points: the TVM-FFI table's launch, from Python
-    monkeypatch.setattr(ops, "_gemm_plain", None)
-    monkeypatch.setattr(ops, "_table_launch", ops._declining_lazy_bits(native.table().launch))
-    version = out._version
-    assert ops.gemm(A, B, out=out) is out and fn.calls == 1 and out._version > version
-    # without any table: the Python dictionary of launchers
+    # without the native replay: the Python dictionary of launchers
     launched = []
     _python_launchers_only(monkeypatch, A, B, out, launched)
     version = out._version
@@ -443,7 +442,7 @@ def test_gpu_recorded_launches_never_serve_lazily_negated_operands():
     with kernel_api.settings(policy=_PreferCuteDsl()):
         ops.gemm(A, B, out=out)
         ops.gemm(A, B, out=out)  # from the recorded launch
-        assert ops._table is not None and ops._table.size() >= 1, kernel_api.native.why_not()
+        assert ops._entry is not None and ops._entry.replays() >= 1, kernel_api.native.why_not_entry()
         negated = torch.full_like(out, float("nan"))
         for operands in ((_neg(A), B, negated), (A, _neg(B), negated), (A, B, _neg(negated))):
             with pytest.raises(ValueError, match="lazy negative bit"):

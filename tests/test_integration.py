@@ -152,14 +152,14 @@ def test_ops_gemm_names_operands_that_are_not_tensors():
 
 
 def test_the_python_fast_path_never_launches_into_an_operand(monkeypatch):
-    """Without the C table, a recorded launcher is skipped when out may overlap an operand."""
+    """Without the native replay, a recorded launcher is skipped when out may overlap an operand."""
     from kernel_api.launcher import Launcher
     from kernel_api.tuning.settings import current
 
     launched = []
     A, B = torch.randn(16, 16), torch.randn(16, 16)
     key = ops._raw_gemm_key(current().policy, A, B, A)
-    monkeypatch.setattr(ops, "_table_launch", None)
+    monkeypatch.setattr(ops, "replay_call", None)
     extents = tuple(ops.byte_extent(t) for t in (A, B, A))
     entry = ops.PlainEntry(Launcher(lambda *t: launched.append(t)), -1, current().policy, extents)
     monkeypatch.setitem(ops._fast, key, entry)

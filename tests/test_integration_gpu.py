@@ -126,7 +126,8 @@ def test_operands_device_index_is_honoured():
     A, B = _rand(64, 64).to("cuda:0"), _rand(64, 64).to("cuda:0")
     y = ops.gemm(A, B)
     assert y.device == torch.device("cuda:0")
-    assert any(key[1][-1] == 0 for key in ops._dispatch)  # the signature ends with the device index
+    # the choice's key holds the problem key, whose signature ends with the device index
+    assert any(problem[0][-1] == 0 for problem, _ in ops.chosen_kernels())
     torch.testing.assert_close(y, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
     if torch.cuda.device_count() < 2:
         pytest.skip("a second GPU is needed to check launching on a non-current device")
@@ -190,26 +191,26 @@ def test_ops_gemm_fast_path_reuses_launchers_only_for_identical_metadata(our_ker
     with kernel_api.settings(policy=kernel_api.PickAny()):
         call(A, B)
     assert len({key[0] for key in ops._fast}) == 2
-    # every TVM-FFI launcher the chosen kernels offered is in the C launch table as well (a
+    # every TVM-FFI launcher the chosen kernels offered is recorded for replay from C as well (a
     # Python launcher, such as the realigned GEMM's with its per-call workspace, is not)
-    assert ops._table is not None and ops._table.size() == sum(entry.launcher.ffi for entry in ops._fast.values())
+    assert ops._entry is not None and ops._entry.replays() == sum(entry.launcher.ffi for entry in ops._fast.values())
 
 
-def test_repeated_ops_gemm_calls_are_served_by_the_c_launch_table(our_kernels):
+def test_repeated_ops_gemm_calls_are_replayed_from_c(our_kernels):
     ops.clear_dispatch_cache()
     A, B = _rand(256, 128), _rand(128, 192)
     out = torch.empty(256, 192, device="cuda", dtype=torch.float16)
     ops.gemm(A, B, out=out)  # chooses, compiles, launches, records
-    assert ops._table is not None, kernel_api.native.why_not()
-    assert ops._table.size() == 1
-    ops._fast.clear()  # from here on only the C table can skip the Python path (which would re-record)
+    assert ops._entry is not None, kernel_api.native.why_not_entry()
+    assert ops._entry.replays() == 1
+    ops._fast.clear()  # from here on only the C replay can skip the Python path (which would re-record)
     for _ in range(3):
         A.copy_(_rand(256, 128))
         out.fill_(float("nan"))
         assert ops.gemm(A, B, out=out) is out
         torch.cuda.synchronize()
         torch.testing.assert_close(out, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
-    assert not ops._fast and ops._table.size() == 1
+    assert not ops._fast and ops._entry.replays() == 1
     # New buffers may fall in another pointer-alignment class (a new entry); results stay right.
     y = ops.gemm(A, B)
     torch.testing.assert_close(y, _gemm_ref(A, B), atol=2e-2, rtol=2e-2)
@@ -329,7 +330,7 @@ class _PreferCuteDsl(kernel_api.Policy):
         return next((k for k in candidates if type(k).__name__.startswith("Cute")), candidates[0])
 
 
-def test_repeated_ops_softmax_calls_are_served_by_the_c_launch_table():
+def test_repeated_ops_softmax_calls_are_replayed_from_c():
     ops.clear_dispatch_cache()
     x = _rand(64, 300, dtype=torch.float32)
     out = torch.empty_like(x)
@@ -338,7 +339,7 @@ def test_repeated_ops_softmax_calls_are_served_by_the_c_launch_table():
     with kernel_api.settings(policy=_PreferCuteDsl()):
         ops.softmax(x, out=out)
         ops.softmax_backward(grad, out, grad_in=grad_in)
-        assert ops._table is not None and ops._table.size() == 2
+        assert ops._entry is not None and ops._entry.replays() == 2
         for _ in range(3):
             x.copy_(_rand(64, 300, dtype=torch.float32)), grad.copy_(_rand(64, 300, dtype=torch.float32))
             out.fill_(float("nan")), grad_in.fill_(float("nan"))
@@ -349,7 +350,7 @@ def test_repeated_ops_softmax_calls_are_served_by_the_c_launch_table():
             torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(grad_in.double(), ref * (grad.double() - (grad.double() * ref).sum(-1, keepdim=True)),
                                        atol=1e-5, rtol=1e-4)
-        assert ops._table.size() == 2
-        # recorded tensors, another dimension: never the table (which would normalise the rows)
+        assert ops._entry.replays() == 2
+        # recorded tensors, another dimension: another call key (never the last dimension's recipe)
         assert ops.softmax(x, dim=0, out=out) is out
         torch.testing.assert_close(out.double(), torch.softmax(x.double(), 0), atol=1e-5, rtol=1e-4)

@@ -184,24 +184,20 @@ def test_ops_fast_path_fallbacks_are_logged_at_debug(caplog, monkeypatch):
 
     A, B, out = torch.randn(4, 8), torch.randn(8, 2), torch.empty(4, 2)
     args = GemmArguments(A, B, out)
-    tensors, tag = (A, B, out), dispatch._GEMM_TAG
 
-    def said(kernel, fast_key=("key",), given=tensors, tag=tag):
+    def said(kernel):
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="kernel_api.ops.dispatch"):
-            dispatch._log_fast_path(kernel, None, args, fast_key, given, tag)
+            dispatch._log_fast_path(kernel, None, args)
         return [r.getMessage() for r in caplog.records if r.name == "kernel_api.ops.dispatch"]
 
-    assert "C operand" in said(_StubKernel(None), fast_key=None, tag=0)[0]
-    assert "re-stride" in said(_StubKernel(None), given=(A, B, out.clone()))[0]
     assert "no fast path" in said(_StubKernel(None))[0]
-    assert "not a TVM-FFI function" in said(_StubKernel(Launcher(lambda *a: None, ())))[0]
-    monkeypatch.setattr(native, "table", lambda: None)
-    monkeypatch.setattr(native, "why_not", lambda: "a test says so")
+    assert "neither a TVM-FFI function nor a torch call" in said(_StubKernel(Launcher(lambda *a: None, ())))[0]
+    monkeypatch.setattr(native, "entry", lambda: None)
+    monkeypatch.setattr(native, "why_not_entry", lambda: "a test says so")
     ffi = Launcher(lambda *a: None, ())
     object.__setattr__(ffi, "ffi", True)  # as a TVM-FFI function's launcher says
-    assert "C launch table is unavailable (a test says so)" in said(_StubKernel(ffi))[0]
-    assert said(_StubKernel(ffi), fast_key=None, tag=tag)  # tag alone (softmax) still counts
+    assert "native entry points are unavailable (a test says so)" in said(_StubKernel(ffi))[0]
 
 
 @pytest.mark.gpu

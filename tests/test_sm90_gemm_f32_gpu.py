@@ -173,8 +173,9 @@ def test_f32_fused_epilogue(math, epi):
 
 def _chosen(A, B):
     """The kernel ops chose for the last f32 problem of A's shape."""
-    found = [kernel for (_, _, shape, tf32), (kernel, _, _) in dispatch._dispatch.items()
-             if shape[:3] == (A.shape[-2], B.shape[-1], A.shape[-1]) and tf32 is torch.backends.cuda.matmul.allow_tf32]
+    # (the dispatch dict's keys: the scope token's id, the problem key (signature, M, N, K, L), the TF32 flag)
+    found = [kernel for (_, problem, tf32), (kernel, _, _) in dispatch._dispatch.items()
+             if problem[1:4] == (A.shape[-2], B.shape[-1], A.shape[-1]) and tf32 is torch.backends.cuda.matmul.allow_tf32]
     assert len(found) == 1, found
     return found[0]
 
