@@ -407,7 +407,8 @@ def _public_table(entries: list[dict]) -> str:
     lines = ["x torch per op (torch's time / ours; >= 1.00 is the target)",
              f"{'dtype':9s} {'shape':>13s} | {'forward':>7s} | {'backward':>8s} | {'autograd step':>13s}"]
     for (dtype, r, c), ops in rows.items():
-        cells = [f"{ops[op]['x_torch']:.2f}x" if "x_torch" in ops.get(op, {}) else "error" for op in PUBLIC_OPS]
+        cells = [f"{ops[op]['x_torch']:.2f}x" if "x_torch" in ops.get(op, {}) else "error" if op in ops else "-"
+                 for op in PUBLIC_OPS]
         lines.append(f"{dtype:9s} {f'{r}x{c}':>13s} | {cells[0]:>7s} | {cells[1]:>8s} | {cells[2]:>13s}")
     return "\n".join(lines)
 
