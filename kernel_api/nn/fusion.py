@@ -152,6 +152,10 @@ def fused_from(layer: torch.nn.Module, gate_activation: str | None = None) -> to
     new.__dict__.update({key: value.copy() if isinstance(value, dict) else value
                          for key, value in layer.__dict__.items()})
     new.gate_activation = gate_activation
+    # The operands `armed` hands over live in the instance from the start (None between calls):
+    # under torch.compile the module's __dict__ then holds the same keys before and after a
+    # call, and Dynamo's guards on it hold (set only by the first call, they would recompile).
+    new.kernel_api_residual = new.kernel_api_gate = None
     return new
 
 

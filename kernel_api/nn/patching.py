@@ -278,7 +278,8 @@ REPLACERS = (
 KINDS = tuple(r.name for r in REPLACERS)
 DEFAULT_KINDS = tuple(r.name for r in REPLACERS if r.default)
 # The classes of the layers the swaps make (`patched_modules`).
-_KERNEL_API_LAYERS = (Linear, Conv1DLinear, RMSNorm, LayerNorm, SwiGLUMLP, _blocks.ResidualBlock)
+# (A `blocks.ResidualBlock` runs no op of its own: its projections are listed.)
+_KERNEL_API_LAYERS = (Linear, Conv1DLinear, RMSNorm, LayerNorm, SwiGLUMLP)
 
 
 def _check_kinds(kinds: Collection[str] | None) -> tuple[Replacer, ...]:
