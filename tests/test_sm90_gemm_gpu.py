@@ -24,8 +24,8 @@ pytestmark = pytest.mark.gpu
 # Norm-wise relative error allowed per output type (inputs are exact in the reference; the
 # error is the f32 accumulation plus one rounding to the output type).
 TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 2e-3, torch.float32: 1e-4}
-# The f16-accumulating instances round every partial sum to f16 (a norm-wise error near
-# sqrt(K) * 2^-11 / 2 for these random inputs: about 8e-3 at K = 1000); a wrong result is O(1).
+# The f16-accumulating instances round every partial sum to f16: for these random inputs a
+# norm-wise error near 2^-11 * sqrt(K / 2), about 1.1e-2 at K = 1000; a wrong result is O(1).
 F16_ACCUMULATION_TOLERANCE = 3e-2
 
 
