@@ -2,8 +2,8 @@
 the CPU: the residual adds of Llama-family decoder layers and GPT-2 blocks (into o_proj /
 down_proj, attn.c_proj / mlp.c_proj), the gate multiply of the SwiGLU MLP (into up_proj), an
 activation before the add; which form each call takes (the epilogue function, the named
-epilogue, torch ops); outputs, losses and gradients against the unpatched model; torch.compile
-with no graph break; unpatch.
+epilogue, torch ops); outputs, losses and gradients against the unpatched model; unpatch.
+tests/test_compile_patched_epilogue.py compiles the patched models.
 
 The GEMM kernels are torch stand-ins (the named epilogue's `dispatch._gemm_eager` and the
 epilogue function's `epilogue_gemm._run`, which evaluates the function's graph with torch) and
@@ -22,7 +22,7 @@ from torch._dynamo.utils import counters
 import kernel_api
 from kernel_api import ops
 from kernel_api.epilogue import evaluate, parse, parse_cached
-from kernel_api.nn import Linear, lowering, patch, patched_modules, set_compile_lowering, unpatch
+from kernel_api.nn import Linear, lowering, patch, patched_modules, unpatch
 from kernel_api.nn import blocks, fusion
 from kernel_api.nn.fusion import FusedProjection, armed, epilogue_source, torch_epilogue
 from kernel_api.nn.mlp import SwiGLUMLP
@@ -350,70 +350,6 @@ def test_training_step_gradients_equal_the_unpatched_model(calls, family):
     assert "named" not in calls and "function" not in calls  # training: the blocks add (`worth_arming`)
 
 
-# ---- torch.compile ----------------------------------------------------------------------------
-
-class _Recorder:
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        from torch._dynamo.backends.debugging import aot_eager
-        self.graphs.append(gm)
-        return aot_eager(gm, example_inputs)
-
-    def targets(self):
-        return [str(n.target) for gm in self.graphs for n in gm.graph.nodes if n.op == "call_function"]
-
-
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-@pytest.mark.parametrize("small", [False, True], ids=["aten", "function"])
-def test_compiled_patched_model_has_no_graph_break_and_equals_the_unpatched(calls, request, family, small):
-    """Prefill rows under the rule: the epilogue function's op in the graph where the rule keeps
-    kernel_api's GEMM (here from one row on), aten otherwise; then decoding steps with no
-    recompile after the cache length turns dynamic."""
-    if small:
-        request.getfixturevalue("fuse_small")
-    ref = tiny_llama() if family == "llama" else tiny_gpt2()
-    model = _patch(copy.deepcopy(ref)) if family == "llama" else patch(copy.deepcopy(ref))
-    vocab = 97 if family == "llama" else 1001
-    backend = _Recorder()
-    compiled = torch.compile(model, backend=backend, fullgraph=True)
-    g = torch.Generator().manual_seed(9)
-    ids = torch.randint(0, vocab, (2, 8), generator=g)
-    with torch.no_grad():
-        out = compiled(input_ids=ids, use_cache=True)
-        ref_out = ref(input_ids=ids, use_cache=True)
-        torch.testing.assert_close(out.logits, ref_out.logits, rtol=1e-5, atol=1e-5)
-        epilogue_ops = sum("gemm_epilogue" in t for t in backend.targets())
-        assert epilogue_ops == (3 * 2 if family == "llama" else 2 * 2) if small else epilogue_ops == 0
-        if not small:
-            cache, ref_cache = out.past_key_values, ref_out.past_key_values
-            frames = []
-            for _ in range(5):
-                step = torch.randint(0, vocab, (2, 1), generator=g)
-                logits = compiled(input_ids=step, past_key_values=cache, use_cache=True).logits
-                ref_logits = ref(input_ids=step, past_key_values=ref_cache, use_cache=True).logits
-                torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
-                frames.append(len(backend.graphs))
-            assert frames[2:] == [frames[1]] * 3, frames
-    assert not counters["graph_break"], dict(counters["graph_break"])
-
-
-def test_compiled_forced_kernel_api_small_rows_take_the_named_epilogue(calls):
-    ref = tiny_gpt2()
-    model = patch(copy.deepcopy(ref))
-    set_compile_lowering(model, "kernel_api")
-    backend = _Recorder()
-    compiled = torch.compile(model, backend=backend, fullgraph=True)
-    ids = torch.randint(0, 1001, (2, 8), generator=torch.Generator().manual_seed(10))
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(input_ids=ids).logits, ref(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
-    targets = backend.targets()
-    assert not any("gemm_epilogue" in t for t in targets)
-    assert sum("kernel_api.gemm" in t for t in targets) == 4 * 2 + 1
-    assert not counters["graph_break"], dict(counters["graph_break"])
-
-
 @pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3"])
 def test_the_other_llama_family_decoder_layers_fuse_and_match(calls, fuse_small, family):
     config_name, model_name = {"mistral": ("MistralConfig", "MistralForCausalLM"),
@@ -434,23 +370,3 @@ def test_the_other_llama_family_decoder_layers_fuse_and_match(calls, fuse_small,
         torch.testing.assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
     assert calls.count("function") == 3 * 2
     unpatch(model)
-
-
-@pytest.mark.parametrize("train", [False, True])
-def test_compiled_patched_model_does_not_recompile_at_its_second_call(calls, train):
-    """The operands `armed` hands over live in each projection's own attributes from the start,
-    so the state Dynamo guards on is the same before and after a call."""
-    ref = tiny_gpt2()
-    model = patch(copy.deepcopy(ref)).train(train)
-    compiled = torch.compile(model, backend="aot_eager")
-    ids = torch.randint(0, 1001, (2, 8), generator=torch.Generator().manual_seed(12))
-    try:
-        for step in range(3):
-            torch._dynamo.config.error_on_recompile = step > 0
-            with torch.set_grad_enabled(train):
-                out = compiled(input_ids=ids, labels=ids)
-            if train:
-                out.loss.backward()
-    finally:
-        torch._dynamo.config.error_on_recompile = False
-    assert not counters["graph_break"], dict(counters["graph_break"])
