@@ -329,3 +329,9 @@ def test_an_allocating_gemm_records_its_own_recipe_beside_a_given_output_call(to
     y = kernel_api.ops.gemm(A, B)
     assert torch.allclose(y, A @ B, atol=1e-5)
     assert torch_ops.recipe(ops.GEMM_OP, A, B, None, 1.0, 0.0, None, None, None, None, None) is not None
+    # and the other way round: a given output of an allocating call's raw key
+    C, D = torch.randn(16, 8), torch.randn(8, 24)
+    kernel_api.ops.gemm(C, D)
+    given = aligned_like(out)
+    assert kernel_api.ops.gemm(C, D, out=given) is given and torch.allclose(given, C @ D, atol=1e-5)
+    assert torch_ops.recipe(ops.GEMM_OP, C, D, given, 1.0, 0.0, None, None, None, None, None) is not None

@@ -177,12 +177,12 @@ def _may_overlap(out_ptr: int, a_ptr: int, b_ptr: int, extents: tuple[int, int, 
     return o > 0 and (out_ptr < a_ptr + a and a_ptr < out_ptr + o or out_ptr < b_ptr + b and b_ptr < out_ptr + o)
 
 
-def _fast_serves(found: PlainEntry | EpilogueEntry, given: bool) -> bool:
+def _fast_serves(found: PlainEntry | EpilogueEntry) -> bool:
     """Whether ``_fast``'s entry serves a call: always without the native replay; with it, only
-    calls C cannot replay (a launcher that is a Python function) and calls given their output. An
-    allocating call shares the raw key of a call given an output of the same metadata, but not
-    its call key: it takes the Python path once, which records its own recipe."""
-    return given or replay_call is None or not found.replayable
+    calls C cannot replay (a launcher that is a Python function). A call that C could replay but
+    did not has no recipe for its call key (an allocating call and one given an output of the same
+    metadata share the raw key, not the call key): it takes the Python path once, which records it."""
+    return replay_call is None or not found.replayable
 
 
 def _launch_fast(found: PlainEntry, stream: Any, *tensors: torch.Tensor) -> None:
@@ -700,7 +700,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
                         None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 1023,
                                                    bias.get_device()))
             found = _fast.get(fast_key)
-            if (found is not None and _fast_serves(found, given)
+            if (found is not None and _fast_serves(found)
                     and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
                     and not (A.is_neg() or B.is_neg() or out.is_neg() or (bias is not None and bias.is_neg()))):
                 device = _current_device() if found.device >= 0 else -1  # (-1: recorded for CPU tensors)
@@ -723,7 +723,7 @@ def _gemm_eager(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, alph
         fast_key = _raw_gemm_key(current().scope_token, A, B, out)
         found = _fast.get(fast_key)
         # (the key has no lazy negative bit: such operands go to GemmArguments, which refuses them)
-        if (found is not None and _fast_serves(found, given)
+        if (found is not None and _fast_serves(found)
                 and not _may_overlap(out.data_ptr(), A.data_ptr(), B.data_ptr(), found.extents)
                 and not (A.is_neg() or B.is_neg() or out.is_neg())):
             device = _current_device() if found.device >= 0 else -1  # (-1: recorded for CPU tensors)
