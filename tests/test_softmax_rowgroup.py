@@ -27,8 +27,6 @@ import torch
 
 import kernel_api
 from kernel_api import SoftmaxArguments, SoftmaxBackwardArguments
-from kernel_api.errors import KernelLaunchError
-from kernel_api.nvrtc import cubin_launcher as launcher_mod
 from kernel_api.providers.cuda_src.kernels import softmax_rowgroup as rg
 from kernel_api.providers.cuda_src.kernels.softmax_rowgroup import (CudaSoftmaxRowGroupBackward,
                                                                      CudaSoftmaxRowGroupForward, plan_rows)
@@ -556,86 +554,6 @@ def test_trace_sizing_and_reading(monkeypatch):
         rg.read_trace(ws, plan)
     with pytest.raises(ValueError, match="holds"):
         rg.read_trace(ws[:plan.traced_workspace_bytes - 8], plan)
-
-
-# ---- the launcher's cooperative launches (cuda.core and the device stood in for) ----------
-class _Config:
-    def __init__(self, grid=None, block=None, shmem_size=0, **flags):
-        self.grid, self.block, self.shmem_size, self.flags = grid, block, shmem_size, flags
-
-
-class _OldConfig(_Config):  # cuda.core 0.3 spelled the flag cooperative_launch
-    def __init__(self, grid=None, block=None, shmem_size=0, cooperative_launch=False):
-        super().__init__(grid, block, shmem_size, cooperative_launch=cooperative_launch)
-
-
-class _PlainConfig(_Config):  # a cuda.core without cooperative launches
-    def __init__(self, grid=None, block=None, shmem_size=0):
-        super().__init__(grid, block, shmem_size)
-
-
-def _no_occupancy(threads, smem):
-    raise RuntimeError("no occupancy query here")
-
-
-def _fake_launcher(monkeypatch, config_type=_Config, per_sm=1, sms=132, cooperative=True, occupancy=None):
-    launched = []
-    core = types.SimpleNamespace(LaunchConfig=config_type, __version__="fake",
-                                 launch=lambda stream, cfg, kernel, *params: launched.append((cfg, params)),
-                                 Stream=types.SimpleNamespace(from_handle=lambda h: ("stream", h)))
-    monkeypatch.setattr(launcher_mod, "_core", core)
-    monkeypatch.setattr(torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
-    compiled = types.SimpleNamespace(symbols={}, cubin=b"", arch="sm_90a")
-    lch = launcher_mod.CudaLauncher(compiled, "k<1>", "FakeKernel", convert_args=False)
-    lch._kernel = types.SimpleNamespace(
-        attributes={0: types.SimpleNamespace(max_threads_per_block=1024, shared_size_bytes=520)},
-        occupancy=types.SimpleNamespace(max_active_blocks_per_multiprocessor=occupancy or (lambda threads, smem: per_sm)))
-    limits = object.__new__(launcher_mod._DeviceLimits)
-    for name, value in dict(max_threads=1024, max_block=(1024, 1024, 64), max_grid=(2**31 - 1, 65535, 65535),
-                            max_smem_optin=232448, max_smem_default=49152, sms=sms, cooperative=cooperative,
-                            threads_per_sm=2048, smem_per_sm=233472, smem_reserved=1024).items():
-        setattr(limits, name, value)
-    lch._devices[0] = limits
-    lch._allow_smem = lambda device, smem: lch._smem_set.__setitem__(device, smem)  # (no driver here)
-    return lch, launched
-
-
-def test_cooperative_launch_sets_the_attribute(monkeypatch):
-    lch, launched = _fake_launcher(monkeypatch)
-    lch.launch(7, 0, 132, 544, 40000, (1, 2), cooperative=True)
-    lch.launch(7, 0, 132, 544, 40000, (1, 2))
-    (cfg, params), (plain, _) = launched
-    assert cfg.flags == {"is_cooperative": True} and cfg.grid == (132, 1, 1) and params == (1, 2)
-    assert plain.flags == {}  # the same shape launched plainly is its own configuration
-    assert lch.max_coresident(0, 544, 40000) == 132 and lch.max_dynamic_smem(0) == 232448 - 520
-
-
-def test_coresident_ctas_from_the_device_limits_without_the_occupancy_query(monkeypatch):
-    """(A cuda.core whose occupancy query fails for the kernel's handle: threads and shared
-    memory per SM decide; the driver would refuse a grid too large anyway.)"""
-    lch, _ = _fake_launcher(monkeypatch, occupancy=_no_occupancy)
-    assert lch.max_coresident(0, 544, 14 * 16384) == 132  # one 224 KB ring per SM
-    assert lch.max_coresident(0, 544, 2 * 16384) == 3 * 132  # threads: 2048 // 544
-    assert lch.max_coresident(0, 256, 100 * 1024) == 2 * 132  # shared memory: 228 KB // (100 KB + 1.5 KB)
-
-
-def test_cooperative_launch_with_cuda_core_0_3(monkeypatch):
-    lch, launched = _fake_launcher(monkeypatch, _OldConfig)
-    lch.launch(7, 0, 64, 544, 1024, (), cooperative=True)
-    assert launched[0][0].flags == {"cooperative_launch": True}
-
-
-def test_cooperative_launch_refusals_are_errors_not_hangs(monkeypatch):
-    lch, launched = _fake_launcher(monkeypatch, per_sm=1, sms=132)
-    with pytest.raises(KernelLaunchError, match=r"cooperative launch of 133 CTAs exceeds the 132 that can be resident"):
-        lch.launch(7, 0, 133, 544, 1024, (), cooperative=True)
-    lch, launched = _fake_launcher(monkeypatch, _PlainConfig)
-    with pytest.raises(KernelLaunchError, match="cannot launch cooperative kernels"):
-        lch.launch(7, 0, 8, 544, 1024, (), cooperative=True)
-    lch, launched = _fake_launcher(monkeypatch, cooperative=False)
-    with pytest.raises(KernelLaunchError, match="does not support cooperative launches"):
-        lch.launch(7, 0, 8, 544, 1024, (), cooperative=True)
-    assert not launched
 
 
 # ---- PickAny ----------------------------------------------------------------------------
