@@ -26,7 +26,7 @@ Optional hooks (at most these three; `OPTIONAL_HOOKS`), one per concern:
 
 - ``_launcher(self, args, artifact) -> Launcher | None`` (the fast path): a `Launcher` says
   that every launch for operands with ``args``' raw metadata is ``function(*tensors, *tail,
-  stream)``; ``run``'s repeated calls, `kernel_api.ops`' dispatch and its C launch table
+  stream)``; ``run``'s repeated calls, `kernel_api.ops`' dispatch and its native replay
   follow from it. None (the default): every launch goes through ``_run``;
 - ``compile_key(self, args, cc) -> tuple`` (artifact reuse): what an artifact depends on
   (default: the arguments' signature and cc), for kernels that specialise on more (shapes...);
@@ -378,9 +378,10 @@ class Kernel(abc.ABC):
         ``args.tensor_attributes`` order: ``Launcher(artifact, tail)`` when the compiled object
         takes the tensors, then constants, then the stream. ``run`` then binds it to the
         arguments (running them again is one call), and `kernel_api.ops` launches later calls
-        with equal operand metadata through it, from its C launch table when the function is a
-        TVM-FFI function. None (the default) when a launch needs per-call work beyond the
-        tensors (a workspace, an epilogue's operands, an empty problem skipped...).
+        with equal operand metadata through it, replayed from C when the function is a TVM-FFI
+        function. None (the default) when a launch needs per-call work beyond the tensors that
+        the launcher cannot do itself; a launcher may make a workspace per call on the launch
+        stream (`kernel_api.launcher.launch_workspace`).
         """
         return None
 

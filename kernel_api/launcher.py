@@ -11,15 +11,16 @@ shapes, strides, pointer alignment, device) equal ``args``' is one call
 - `kernel_api.ops` keeps it under the operands' raw metadata and calls ``function`` for later
   calls with equal metadata, without building arguments (`Launcher.launch`);
 - when ``function`` is a TVM-FFI function (`Launcher.ffi`), `kernel_api.ops` records
-  ``(function, tail)`` in the C launch table (`kernel_api.native`), which launches repeated
-  calls without Python at all; a kernel that launches through torch instead offers
-  ``torch_call`` (``torch_call(*inputs, *tail, out=output)`` on the current stream, or
-  ``torch_call(*inputs, *tail)`` for an allocating call), which the C entry points call for
-  repeated `ops.gemm` calls on the current stream.
+  ``(function, tail)`` as the launch of the call's recipe under its call key
+  (`kernel_api.native.recipes`), which the native replay runs for repeated calls without
+  Python at all; a kernel that launches through torch instead offers ``torch_call``
+  (``torch_call(*inputs, *tail, out=output)`` on the current stream, or
+  ``torch_call(*inputs, *tail)`` for an allocating call), which the recipe records as its
+  torch call.
 
 The stream comes last: a ``cuda.bindings`` CUstream from the Python paths
 (`kernel_api.core.streams.to_cuda_stream`), the raw pointer (or None for the current stream)
-when the C table or a native bound launch calls a TVM-FFI function.
+when the native replay or a native bound launch calls a TVM-FFI function.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Launcher:
 
     ``compiled`` is the function, or a `CompiledArtifact` whose ``compiled_obj`` is called. The
     positional TVM-FFI function behind either (`ffi_function`) is used where there is one, and
-    ``ffi`` says so: then the C launch table records ``(function, tail)`` and native bound
+    ``ffi`` says so: then the native replay records ``(function, tail)`` and native bound
     launches call it. ``tail`` holds the constants the function takes after the operand tensors.
 
     A TVM-FFI function whose ``release_gil`` is False (what `CuteDslKernel` sets unless the

@@ -1,7 +1,7 @@
 """Running a test's script under compute-sanitizer memcheck, as the kernel families' memcheck
 tests do: the caching allocator off (each tensor its own allocation, so an overrun is caught),
-API errors not reported (they are not memory errors, and cuda.core probes kernel parameters
-that way), this checkout first on PYTHONPATH."""
+API errors not reported (they are not memory errors, and the launcher probes a user kernel's
+parameter sizes that way, cuKernelGetParamInfo past the last one), this checkout first on PYTHONPATH."""
 
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def test_operands_device_index_is_honoured():
 
 @pytest.fixture
 def our_kernels():
-    """Our providers only: these tests follow our kernels' launchers into the C launch table
+    """Our providers only: these tests follow our kernels' launchers into the native replay
     (PickAny ranks cuBLAS first for problems this small)."""
     with kernel_api.settings(providers=["cutedsl", "cuda_src"]):
         yield

@@ -125,7 +125,7 @@ def format_report(info: dict[str, Any]) -> str:
     lines.append(f"tuning records: {r['total']} ({r['this_toolchain']} for this toolchain)"
                  + (f" ({r['error']})" if r["error"] else ""))
     n = info["native"]
-    state = "loaded" if n["entry_points"] else ("launch table only" if n["table"] else "not loaded")
+    state = "loaded" if n["entry_points"] else ("cuda_launch only, no replay" if n["table"] else "not loaded")
     lines.append(f"native module: {state}" + (f" ({n['module']})" if n["module"] and n["table"] else "")
                  + (f": {n['why_not']}" if n["why_not"] else ""))
     lines.append(f"tuning toolchain: {info['tuning_toolchain']}")

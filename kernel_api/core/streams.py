@@ -12,7 +12,7 @@ A stream may be given as
 
 Anything else, bool included, raises TypeError naming its type. Two conversions follow these
 rules: `stream_handle` gives the raw handle (an int), for launchers that take one (the cuda_src
-provider's `cuda.core` launches); `to_cuda_stream` gives a ``CUstream``, the stream argument of
+provider's driver launches); `to_cuda_stream` gives a ``CUstream``, the stream argument of
 CuTe DSL and TVM-FFI functions.
 
 `to_cuda_stream` caches, so that a launch loop pays no conversion: CUstreams by raw handle
@@ -28,8 +28,8 @@ their stream argument by the same rules, narrowed to what reaches them: None is 
 stream of the first tensor's device (torch's, read through the DLPack exchange API; none for
 CPU tensors), an int is passed on as an int, any other object as the pointer ``int()`` gives
 (a CUstream's handle). Python turns every other spelling into a CUstream with `to_cuda_stream`
-first: `Kernel.run` before calling a bound launch, `kernel_api.ops` before the table launch and
-through ``configure_ops`` for ``gemm_plain``. tests/test_streams.py checks that both sides give
+first: `Kernel.run` before calling a bound launch; replays run on the current stream.
+tests/test_streams.py checks that both sides give
 the same handle for each spelling.
 """
 

@@ -26,7 +26,7 @@ only memory overlap depends on more, so a call given outputs replays only when t
 no other tensor's (`outputs_apart`), and otherwise takes the Python path, which judges it.
 
 The key is built in C by the native entry points' ``recall``/``remember`` (`kernel_api.native`,
-the same raw-metadata key as the launch table's), where they load; otherwise in Python, with the
+the same raw-metadata key as the call key's tensor part), where they load; otherwise in Python, with the
 same parts. Anything unusual declines to the Python path, which explains errors: tracing, torch
 dispatch modes, autograd, tensor subclasses, meta or fake tensors, lazy negative or conjugate
 bits, another current CUDA device than the recorded one, a stream given, an optional tensor

@@ -100,8 +100,8 @@ def check_power_state(power_state: str) -> str:
 #: charges each candidate the host time of its calls where that outlasts its kernel, as a loop
 #: of `kernel_api.ops` calls is charged. Measured on an H200 at bf16 1x1024x1024 (x @ W.t()): the
 #: small-M kernel is the fastest on the GPU (6.2 us; the Sm90 64x64 tiles 6.7-6.9) but its calls
-#: through ops take 18.7 us back to back (a cubin launched from Python), the Sm90 tiles' (from the
-#: C launch table) 7.9-8.0 us; "device" ranks the first ahead, "as_called" the others. "device"
+#: through ops take 18.7 us back to back (a cubin launched from Python), the Sm90 tiles' (replayed
+#: from C) 7.9-8.0 us; "device" ranks the first ahead, "as_called" the others. "device"
 #: remains the choice for code that replays CUDA graphs.
 DEFAULT_TIMING = "as_called"
 

@@ -13,7 +13,7 @@ from .pick_any import PickAny, Policy
 
 
 class _ProviderScope:
-    """Stands for (policy, providers) in the front door's choice caches and launch tables,
+    """Stands for (policy, providers) in the front door's choice caches and call keys,
     which key on its id(); one per policy and provider set, kept on the policy."""
 
     __slots__ = ("policy", "providers", "__weakref__")
@@ -42,7 +42,7 @@ class Settings:
     providers: tuple[str, ...] | None = None
     # What the front door's caches key on: the policy, or a token for (policy, providers) when
     # providers are restricted; ``policy_id`` is its id(), read by every kernel_api.ops call
-    # (the C launch table's tags are made from it), so a restriction costs repeated calls nothing.
+    # (the native replay's call keys are made from it), so a restriction costs repeated calls nothing.
     scope_token: Any = field(init=False, repr=False, compare=False)
     policy_id: int = field(init=False, repr=False, compare=False)
 

@@ -2,7 +2,7 @@
 
 To add a kernel family, subclass `CudaSourceKernel` (``kernel_api.providers.cuda_src.kernel``)
 and decorate it with ``@CudaSourceProvider.register``; cuda.core is imported only when a kernel
-compiles or launches. The base class implements the `kernel_api.kernel` contract from class
+compiles (a cache miss); a cached cubin loads and launches through the driver API. The base class implements the `kernel_api.kernel` contract from class
 attributes, so a subclass sets:
 
 - ``source`` (CUDA C++ text) or ``source_file`` (a path, relative to the subclass's module);

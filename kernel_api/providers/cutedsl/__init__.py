@@ -34,7 +34,7 @@ Optional hooks (`kernel_api.kernel.OPTIONAL_HOOKS`), one per concern:
   ``Launcher(artifact, tail)`` (``kernel_api.launcher``) when every launch for operands with
   ``args``' dtypes, shapes, strides, alignment and device is ``compiled(*tensors, *tail,
   stream)``. That one hook turns on ``run``'s one-call repeats, `kernel_api.ops`' dispatch
-  without building arguments and its C launch table. None (the default): launches that need
+  without building arguments and its native replay. None (the default): launches that need
   per-call work (a workspace, an epilogue's operands) always go through ``_run``;
 - ``compile_key(self, args, cc)`` (artifact reuse): when an artifact depends on more than
   ``args.signature`` (e.g. the epilogue's shape, or problem sizes a kernel specialises on);

@@ -140,7 +140,7 @@ class CutlassOperatorsSm90Gemm(Kernel):
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
         """The compiled TVM-FFI function itself where cutlass.operators compiled one (it takes
         ``(A, B, out, stream)``, the torch tensors as they are: what the operator's run passes),
-        so `kernel_api.ops` can record it in the C launch table; else a launch through the
+        so `kernel_api.ops` can record it for the native replay; else a launch through the
         operator's ``run``."""
         operator, compiled = self.operator, artifact.compiled_obj
         function = getattr(compiled, "compiled_obj", None)

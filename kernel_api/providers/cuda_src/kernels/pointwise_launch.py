@@ -53,7 +53,7 @@ class PointwiseKernel(CudaSourceKernel):
 class RecordedLaunches:
     """``get(artifact, grid, block, n_tensors, constants)`` -> a `Launcher` of the C launch of
     ``artifact``'s kernel, its tensors first, then ``constants`` as 64-bit values; None where
-    the launch table or a CUDA driver is missing (callers then launch through Python)."""
+    the native module or a CUDA driver is missing (callers then launch through Python)."""
 
     def __init__(self) -> None:
         self._found: dict[tuple, tuple[Any, Launcher | None]] = {}

@@ -634,7 +634,7 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         """The launch with C, bias, alpha, beta, clusters, workspace, epoch after the tensors
         (no C operand, a non-empty problem, a device seen before); a bias and alpha are
         constants of the tail (`epilogue_tail`). Without a workspace it is the compiled function
-        itself (a TVM-FFI function: the C launch table records it). Stream-K and 3xTF32
+        itself (a TVM-FFI function: the native replay records it as a call's launch). Stream-K and 3xTF32
         configurations take a workspace per launch (the partial tiles; the split A and B) from
         torch's caching allocator on the launch stream, and stream-K a new epoch, in a Python
         function around the compiled one."""
