@@ -400,17 +400,20 @@ class OperationReplay:
         """
         if not isinstance(args, Arguments) or _is_compiling() or _dispatch_modes():
             return call(args, stream=stream)  # (which refuses them, saying why)
+        # (read before the launch: a kernel may hand a made output its own memory, as the torch
+        # provider's attention does, and the replay keys the outputs it makes, not those)
+        alignments = _alignments(results)
         kernel, artifact = launch(args, stream)
         outputs = tuple([getattr(args, name) for name in type(args).output_names])
         _increment_version(outputs)
         if record and len(outputs) == len(results) and all(map(_is, outputs, results)):
-            self._record(args, kernel, artifact, inputs, results, fresh)
+            self._record(args, kernel, artifact, inputs, results, fresh, alignments)
         if not outputs:
             return None
         return outputs[0] if len(outputs) == 1 else outputs
 
     def _record(self, args: Arguments, kernel: Any, artifact: Any, inputs: tuple, results: tuple,
-                fresh: bool) -> None:
+                fresh: bool, alignments: Any) -> None:
         if type(kernel)._launcher is _NO_LAUNCHER or self.tensors is None:
             return  # (the class offers no fast path: nothing to ask per call)
         tensors = self.tensors(inputs)
@@ -447,7 +450,7 @@ class OperationReplay:
             if len(store) >= _VALUES_LIMIT:
                 store.clear()
             if fresh:
-                store[(values, _alignments(results))] = entry
+                store[(values, alignments)] = entry
                 makers = _makers(tensors, results)
                 if makers is not None:
                     store[values] = makers
