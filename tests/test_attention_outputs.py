@@ -34,6 +34,33 @@ def cpu_ops(monkeypatch):
     ops.clear_dispatch_cache()
 
 
+def python_path_runs(monkeypatch) -> list:
+    """The names of the torch attention kernels whose ``_run`` (the Python path) runs from now on."""
+    runs = []
+    real = TorchAttention._run
+
+    def counting(self, *rest, **named):
+        runs.append(self.name)
+        return real(self, *rest, **named)
+
+    monkeypatch.setattr(TorchAttention, "_run", counting)
+    return runs
+
+
+def counted_choices(monkeypatch) -> list:
+    """The key lengths of the problems the front door asks the registry about from now on."""
+    from kernel_api.ops import dispatch
+    choices = []
+    real = dispatch.registry.get_kernels
+
+    def counting(*a, **kw):
+        choices.append(a[0].seqlen_k)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(dispatch.registry, "get_kernels", counting)
+    return choices
+
+
 def _inside_a_backend(event) -> bool:
     parent = event.cpu_parent
     while parent is not None:
@@ -126,14 +153,7 @@ def test_repeated_calls_replay(cpu_ops, monkeypatch):
     """After the first call the launch is replayed: no arguments built, no `Kernel.run` (a call
     given its out: the same out's metadata each time; calls making theirs are keyed by the
     alignments their outputs take too)."""
-    runs = []
-    real = TorchAttention._run
-
-    def counting(self, *rest, **named):
-        runs.append(self.name)
-        return real(self, *rest, **named)
-
-    monkeypatch.setattr(TorchAttention, "_run", counting)
+    runs = python_path_runs(monkeypatch)
     q, k, v = _qkv(2, 6, 6, 8, 2, 16, seed=6)
     out = torch.full_like(q, SENTINEL)
     first = ops.attention(q, k, v, causal=True).clone()
@@ -149,14 +169,7 @@ def test_repeated_calls_making_their_outputs_replay(cpu_ops, monkeypatch):
     backend's memory: the replay keys the alignment of the output it made (read before the
     launch), not of the memory the kernel put there, so each alignment the allocator gives the
     made output runs the Python path once at most."""
-    runs = []
-    real = TorchAttention._run
-
-    def counting(self, *rest, **named):
-        runs.append(self.name)
-        return real(self, *rest, **named)
-
-    monkeypatch.setattr(TorchAttention, "_run", counting)
+    runs = python_path_runs(monkeypatch)
     q, k, v = _qkv(2, 6, 6, 8, 2, 16, seed=9)
     first = ops.attention(q, k, v, causal=True).clone()
     kept = []
@@ -207,15 +220,7 @@ def test_problem_keys_keep_what_support_depends_on():
 def test_a_growing_kv_cache_keeps_its_choice(cpu_ops, monkeypatch, sq):
     """Decode steps over a cache growing by one token: one choice per power of two of keys, each
     result against float64."""
-    from kernel_api.ops import dispatch
-    choices = []
-    real = dispatch.registry.get_kernels
-
-    def counting(*a, **kw):
-        choices.append(a[0].seqlen_k)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(dispatch.registry, "get_kernels", counting)
+    choices = counted_choices(monkeypatch)
     g = torch.Generator().manual_seed(9)
     cache_k, cache_v = torch.randn(2, 80, 2, 16, generator=g), torch.randn(2, 80, 2, 16, generator=g)
     for n in range(40, 80):

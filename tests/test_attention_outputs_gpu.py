@@ -16,7 +16,7 @@ from kernel_api.arguments import AttentionArguments, AttentionBackwardArguments
 from kernel_api.providers.torch_ops.attention import cudnn_reads_gqa
 
 from test_attention_op import SENTINEL, _qkv, reference, reference_grads, reference_lse
-from test_attention_outputs import copies_of, own_ops
+from test_attention_outputs import copies_of, counted_choices, own_ops
 
 pytestmark = pytest.mark.gpu
 
@@ -131,15 +131,7 @@ def test_training_step_through_the_torch_provider_runs_no_copy(shape):
 def test_a_growing_kv_cache_keeps_its_choice_on_the_gpu(monkeypatch):
     """Decode steps (one query, GQA, d128) over a cache growing by a token: one choice per power of
     two of keys, whichever kernel the policy picks."""
-    from kernel_api.ops import dispatch
-    choices = []
-    real = dispatch.registry.get_kernels
-
-    def counting(*a, **kw):
-        choices.append(a[0].seqlen_k)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(dispatch.registry, "get_kernels", counting)
+    choices = counted_choices(monkeypatch)
     ops.clear_dispatch_cache()
     g = torch.Generator().manual_seed(26)
     cache_k = torch.randn(4, 300, 8, 128, generator=g).to(torch.bfloat16)

@@ -214,25 +214,15 @@ def test_the_torch_kernels_write_loss_lse_and_gradients_against_float64(cpu_ops,
 def test_the_torch_kernels_run_torchs_own_cross_entropy_kernels():
     # log_softmax and nll_loss (F.cross_entropy's kernels) for the loss, their backward kernels
     # for the gradient: a few launches a call, not a composite of a few dozen.
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from launched_ops import LaunchedOps
 
     from kernel_api.providers.torch_ops import cross_entropy as torch_ce
 
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view:  # (views launch nothing)
-                self.ops.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     x, t = torch.randn(4, 33, dtype=torch.bfloat16), torch.randint(0, 33, (4,))
     loss, lse, grad, grad_loss = torch.empty(4), torch.empty(4), torch.empty_like(x), torch.rand(4)
-    with Seen() as forward:
+    with LaunchedOps() as forward:
         torch_ce._cross_entropy(x, t, loss, lse, 4, 33, -100, 0.0, 0.0, None)
-    with Seen() as backward:
+    with LaunchedOps() as backward:
         torch_ce._cross_entropy_backward(grad_loss, x, t, lse, grad, 4, 33, -100, 0.0, 0.0, None)
     assert {"_log_softmax", "nll_loss_forward"} <= set(forward.ops) and len(forward.ops) <= 10, forward.ops
     assert {"nll_loss_backward", "_log_softmax_backward_data"} <= set(backward.ops), backward.ops

@@ -143,23 +143,13 @@ def test_the_torch_providers_launches_write_what_their_copies_wrote(cpu_ops, dty
 def test_the_torch_layer_norm_backward_runs_torchs_own_kernels():
     # native_layer_norm for the statistics and its backward kernel: a few launches a call, not a
     # composite of a couple of dozen (what a repeated call's host time is made of).
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from launched_ops import LaunchedOps
 
     from kernel_api.providers.torch_ops import norms
 
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view:  # (views launch nothing)
-                self.ops.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     dy, x, w = torch.randn(4, 33), torch.randn(4, 33), torch.randn(33)
     grads = torch.empty(4, 33), torch.empty(33), torch.empty(33)
-    with Seen() as seen:
+    with LaunchedOps() as seen:
         norms._layer_norm_backward(dy, x, w, *grads, 1e-5, None)
     assert {"native_layer_norm", "native_layer_norm_backward"} <= set(seen.ops) and len(seen.ops) <= 5, seen.ops
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, torch.zeros(33)))

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..core import tracing
 from . import lowering
-from .linear import Conv1DLinear
+from .linear import Conv1DLinear, fronted_class
 from .mixin import ops_take
 
 #: Rows from which an eager call runs the epilogue function rather than the named epilogue or
@@ -133,17 +133,10 @@ def _rows(x: torch.Tensor) -> int | None:
     return rows if rows.__class__ is int else None  # (a SymInt: M dynamic)
 
 
-_fused_classes: dict[type, type] = {}
-
-
 def fused_class(cls: type) -> type:
     """``cls`` (a kernel_api projection class) with `FusedProjection` in front, made once."""
-    found = _fused_classes.get(cls)
-    if found is None:
-        found = _fused_classes[cls] = type(f"Fused{cls.__name__}", (FusedProjection, cls), {
-            "__module__": __name__,
-            "__doc__": f"{cls.__qualname__} taking a residual or gate into its epilogue (kernel_api.nn.patch)."})
-    return found
+    return fronted_class(FusedProjection, cls, f"Fused{cls.__name__}",
+                         f"{cls.__qualname__} taking a residual or gate into its epilogue (kernel_api.nn.patch).")
 
 
 def fused_from(layer: torch.nn.Module, gate_activation: str | None = None) -> torch.nn.Module:

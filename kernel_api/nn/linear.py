@@ -322,17 +322,30 @@ def _adopt(cls: type, module: torch.nn.Module) -> Any:
     return new
 
 
-_conv1d_classes: dict[type, type] = {}
+_fronted_classes: dict[tuple[type, type], type] = {}
+
+
+def fronted_class(front: type, cls: type, name: str, doc: str) -> type:
+    """``cls`` with ``front`` before it in the method order, made once per pair (so patched
+    modules of one class share one class, and isinstance checks keep working).
+
+    Args:
+        front: the class whose methods come first.
+        cls: the class it is put in front of.
+        name: the new class's name.
+        doc: its docstring.
+    """
+    found = _fronted_classes.get((front, cls))
+    if found is None:
+        found = _fronted_classes[front, cls] = type(name, (front, cls), {"__module__": front.__module__,
+                                                                         "__doc__": doc})
+    return found
 
 
 def _conv1d_class(cls: type) -> type:
     """``cls`` (a transformers Conv1D class) with `Conv1DLinear`'s forward in front."""
-    found = _conv1d_classes.get(cls)
-    if found is None:
-        found = _conv1d_classes[cls] = type(f"KernelApi{cls.__name__}", (Conv1DLinear, cls), {
-            "__module__": __name__,
-            "__doc__": f"{cls.__module__}.{cls.__qualname__} through kernel_api.ops.gemm (kernel_api.nn.patch)."})
-    return found
+    return fronted_class(Conv1DLinear, cls, f"KernelApi{cls.__name__}",
+                         f"{cls.__module__}.{cls.__qualname__} through kernel_api.ops.gemm (kernel_api.nn.patch).")
 
 
 def conv1d_from(module: torch.nn.Module, activation: str | None = None) -> torch.nn.Module:
