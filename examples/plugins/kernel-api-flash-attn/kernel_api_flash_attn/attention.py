@@ -1,10 +1,15 @@
 """FlashAttention-4's forward (``flash_attn.cute.interface``) for `AttentionArguments`: dense and
 variable-length layouts, causal (bottom-right, as kernel_api's) or full, GQA/MQA, f16/bf16.
 
-On sm_90 FA4 runs its Hopper kernel (TMA, wgmma, warp-specialised producer and consumers; the
-tile follows the head dim: 192x128 up to 64, 128x128 up to 128, 128x80 at 256). It takes head
+On sm_90 FA4 runs its Hopper kernel (TMA, wgmma, warp-specialised producer and consumers; its
+own tile follows the head dim: 192x128 up to 64, 128x128 up to 128, 128x80 at 256). It takes head
 dims 8 to 256 that are multiples of 8, and every operand's strides 16-byte aligned (the
 metadata's divisibility 8), with q, k, v, out's head dim contiguous.
+
+Each dtype and layout has the instance that leaves the tile to FA4 (named without a tile); the
+dense layout also has one instance per `tiles.FORWARD_TILES` configuration, for the head dims the
+tile is built for (named by it, ``..._dense_128x128_rs_ol_a16``; the tile is the metadata's
+``design``), ranked by its measured speed or just behind FA4's own choice.
 
 FA4 compiles with its own JIT for the GPU it runs on and caches the function per configuration;
 ``compile`` runs the forward once on the arguments' own tensors when they are on the GPU (that
@@ -33,6 +38,7 @@ from kernel_api.launcher import Launcher
 from kernel_api.metadata.attention import AttentionOperandsMetadata
 
 from .provider import FlashAttnProvider
+from .tiles import FORWARD_TILES, UNMEASURED, ForwardTile
 
 _LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -44,7 +50,8 @@ SPEED_VS_SDPA = {True: 1.08, False: 0.8}
 
 @FlashAttnProvider.register
 class FlashAttnForward(Kernel):
-    """``flash_attn.cute``'s forward: one instance per dtype and layout (dense, varlen), sm_90+."""
+    """``flash_attn.cute``'s forward: per dtype, one instance per layout (dense, varlen) with FA4's
+    own tile, and one per `FORWARD_TILES` tile for the dense layout; sm_90+."""
 
     supported_args_type = AttentionArguments
     workspace_free = True
@@ -62,14 +69,29 @@ class FlashAttnForward(Kernel):
         for dtype in (DataType.bf16, DataType.f16):
             for layout, pattern in _LAYOUTS.items():
                 attrs = TensorAttributes(dtype, pattern, 8)
-                operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, max_head_dim=MAX_HEAD_DIM, lse=True)
-                metadata = KernelMetadata(f"{cls.__name__}_{dtype}_{layout}_a16", cls, operands, min_cc=cls.min_cc)
-                if metadata_filter is None or metadata_filter(metadata):
-                    found.append(cls(metadata))
+                tiles = [None] + (list(FORWARD_TILES) if layout == "dense" else [])
+                for tile in tiles:
+                    top = MAX_HEAD_DIM if tile is None else tile.max_head_dim
+                    operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, max_head_dim=top, lse=True)
+                    name = f"{cls.__name__}_{dtype}_{layout}{'' if tile is None else '_' + tile.name}_a16"
+                    metadata = KernelMetadata(name, cls, operands, design=tile, min_cc=cls.min_cc)
+                    if metadata_filter is None or metadata_filter(metadata):
+                        found.append(cls(metadata))
         return found
 
+    @property
+    def tile(self) -> ForwardTile | None:
+        """The instance's `ForwardTile`, or None where FA4 chooses the tile."""
+        return self.metadata.design
+
     def _supports(self, args: AttentionArguments) -> Status:
-        return head_dim_status(args)
+        status = head_dim_status(args)
+        tile = self.tile
+        if status and tile is not None and not tile.takes(args.head_dim):
+            return Status.fail(f"operand q: head_dim {args.head_dim}, the {tile.name} tile is for head dims "
+                               f"{tile.min_head_dim} to {tile.max_head_dim}", kind=Reason.SHAPE, operand="q",
+                               actual=args.head_dim, required=(tile.min_head_dim, tile.max_head_dim))
+        return status
 
     def get_workspace_size(self, args: Any) -> int:
         return 0
@@ -77,8 +99,13 @@ class FlashAttnForward(Kernel):
     def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
         """`attention_cost` (what the torch provider's SDPA is ranked by) over FA4's speed
         against SDPA (`SPEED_VS_SDPA`, measured on an H200), so PickAny takes FA4 for head dims
-        of 128 and up, SDPA (inference) or torch's cuDNN forward (training) below."""
-        return attention_cost(args) / SPEED_VS_SDPA[args.head_dim >= 128]
+        of 128 and up, SDPA (inference) or torch's cuDNN forward (training) below. A tile
+        instance goes by its own measured speed, or ranks `UNMEASURED` times behind FA4's choice."""
+        speed = SPEED_VS_SDPA[args.head_dim >= 128]
+        tile = self.tile
+        if tile is not None:
+            speed = speed / UNMEASURED if tile.speed_vs_sdpa is None else tile.speed_vs_sdpa
+        return attention_cost(args) / speed
 
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:
         """The warm-up: FA4's first call for these arguments' configuration (on the GPU only;
@@ -91,7 +118,7 @@ class FlashAttnForward(Kernel):
                                    f"and {where}; it cannot target sm_{cc}")
         if args.q.is_cuda and args.q.numel() and args.k.numel():
             try:
-                _forward(args, args.q, args.k, args.v, args.out, args.lse)
+                _forward(args, args.q, args.k, args.v, args.out, args.lse, self.tile)
             except Exception as exc:  # noqa: BLE001 - FA4's compile or launch failure, said in one line
                 raise CompilationError(f"{self.metadata.kernel_name}: FlashAttention-4 failed: "
                                        f"{type(exc).__name__}: {exc}") from exc
@@ -101,17 +128,17 @@ class FlashAttnForward(Kernel):
         if not args.q.numel():
             return
         with stream_context(args.device, stream):
-            _forward(args, args.q, args.k, args.v, args.out, args.lse)
+            _forward(args, args.q, args.k, args.v, args.out, args.lse, self.tile)
 
     def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
         """Dense layouts only: a varlen call's sequence offsets are no operand of the launch."""
         if args.varlen or not args.q.numel():
             return None
-        device, scalars = args.device, _Scalars(args)
+        device, scalars, tile = args.device, _Scalars(args), self.tile
 
         def launch(q: Any, k: Any, v: Any, out: Any, *rest: Any) -> None:  # (lse,) stream
             with launch_stream(device, rest[-1]):
-                _forward(scalars, q, k, v, out, rest[0] if len(rest) == 2 else None)
+                _forward(scalars, q, k, v, out, rest[0] if len(rest) == 2 else None, tile)
 
         launch.__name__ = f"launch_{self.metadata.kernel_name}"
         return Launcher(launch)
@@ -153,11 +180,13 @@ class _Scalars:
 
 
 def _forward(args: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor | None) -> None:
-    """FA4's forward into ``out`` (and ``lse`` when given) on torch's current stream."""
+             lse: torch.Tensor | None, tile: ForwardTile | None = None) -> None:
+    """FA4's forward into ``out`` (and ``lse`` when given) on torch's current stream, with
+    ``tile``'s configuration (None: FA4's own)."""
+    options = {} if tile is None else tile.options()
     if args.varlen:
         _flash_attn_fwd(q, k, v, cu_seqlens_q=args.cu_seqlens_q, cu_seqlens_k=args.cu_seqlens_k,
                         max_seqlen_q=args.seqlen_q, max_seqlen_k=args.seqlen_k, softmax_scale=args.scale,
-                        causal=args.causal, out=out, lse=lse)
+                        causal=args.causal, out=out, lse=lse, **options)
     else:
-        _flash_attn_fwd(q, k, v, softmax_scale=args.scale, causal=args.causal, out=out, lse=lse)
+        _flash_attn_fwd(q, k, v, softmax_scale=args.scale, causal=args.causal, out=out, lse=lse, **options)
