@@ -33,6 +33,18 @@ bucket, so a cache that grows by a token a step keeps its choice until its lengt
 kernel's support may therefore depend on ``seqlen_k`` only through its comparison with
 ``seqlen_q`` (and zero); the shipped kernels' does (cuDNN's causal mask needs equal lengths).
 
+KV caches of per-row lengths (``cache_seqlens``, FlashAttention's ``flash_attn_with_kvcache``
+form): k and v are a preallocated cache ``(batch, max_seqlen_k, heads_kv, head_dim)`` and the
+int32 ``cache_seqlens`` of shape ``(batch,)`` on q's device says how many of its first keys
+row ``b`` holds; row ``b`` attends to keys ``[0, cache_seqlens[b])`` only, and under the causal
+mask its last query sits at position ``cache_seqlens[b] - 1`` (query ``i`` sees keys
+``j <= i + cache_seqlens[b] - seqlen_q``). The values are never read on the host: they must
+lie in ``[0, max_seqlen_k]`` (kernels clamp them there so no read leaves the cache). The
+problem key holds that the lengths are given and the cache's size, not their values, so a
+decode loop growing its cache keeps one choice and one compiled kernel. Dense layout only
+(variable length gives each sequence's keys by ``cu_seqlens_k``); kernels declare it
+(`AttentionOperandsMetadata`'s ``cache_seqlens``) and the others decline.
+
 ``outputs_made`` (False unless the caller says so): the outputs were made for this call and
 nothing else holds them (the generated ``ops.attention`` ops' own allocations). A kernel that
 computes its result into memory of its own may then hand that memory to the outputs
@@ -110,6 +122,23 @@ def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str) 
     if lengths is not None and value < max(lengths, default=0):
         raise ValueError(f"{name}: {value} is below the longest sequence in {cu_name}, {max(lengths)}")
     return value
+
+
+def _cache_lengths(lengths: Any, batch: int, varlen: bool, device: torch.device) -> None:
+    """Check ``cache_seqlens`` (int32, ``(batch,)``, contiguous, q's device); its values are not read."""
+    _require_tensor(lengths, "cache_seqlens")
+    if varlen:
+        raise ValueError("operand cache_seqlens: with the dense layout only (variable length gives each sequence's "
+                         "keys by cu_seqlens_k)")
+    if lengths.dtype != torch.int32:
+        raise TypeError(f"operand cache_seqlens: dtype {lengths.dtype} but the cached lengths are torch.int32")
+    if tuple(lengths.shape) != (batch,):
+        raise ValueError(f"operand cache_seqlens: shape {tuple(lengths.shape)} but q's batch is {batch} (expected "
+                         f"({batch},), one length per row)")
+    if lengths.device != device:
+        raise ValueError(f"operand cache_seqlens: on {lengths.device} but q is on {device}")
+    if batch > 1 and lengths.stride(0) != 1:
+        raise ValueError(f"operand cache_seqlens: must be contiguous, got stride {lengths.stride(0)}")
 
 
 def key_length(seqlen_q: int, seqlen_k: int) -> int:
@@ -247,7 +276,8 @@ def describe(args: Any, name: str) -> str:
     """The repr of an attention arguments object (forward or backward): sizes and flags."""
     lengths = f"max_seqlen_q={args.seqlen_q}, max_seqlen_k={args.seqlen_k}" if args.varlen else \
         f"seqlen_q={args.seqlen_q}, seqlen_k={args.seqlen_k}"
-    return (f"{name}(batch={args.batch}, {lengths}, heads_q={args.heads_q}, heads_kv={args.heads_kv}, "
+    cache = ", cache_seqlens=given" if args.cache_seqlens is not None else ""
+    return (f"{name}(batch={args.batch}, {lengths}{cache}, heads_q={args.heads_q}, heads_kv={args.heads_kv}, "
             f"head_dim={args.head_dim}, causal={args.causal}, varlen={args.varlen}, "
             f"dtype={args.tensor_attributes['q'].dtype}, device={args.device})")
 
@@ -271,13 +301,15 @@ class AttentionArguments(Arguments):
         cu_seqlens_q, cu_seqlens_k: int32 offsets of length batch + 1, both or neither.
         max_seqlen_q, max_seqlen_k: the longest sequence of each; required when the offsets
             are not on the CPU.
+        cache_seqlens: optional, for a dense k and v that are a KV cache: int32 ``(batch,)`` on
+            q's device, the keys each row holds (see the module docstring; values not read here).
 
     Raises:
         TypeError, ValueError: a one-line message naming the operand.
     """
 
-    __slots__ = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "causal", "scale", "varlen", "batch",
-                 "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "outputs_made")
+    __slots__ = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "cache_seqlens", "causal", "scale",
+                 "varlen", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "outputs_made")
     output_names = ("out",)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "AttentionArguments":
@@ -289,14 +321,18 @@ class AttentionArguments(Arguments):
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor | None = None, *, causal: bool = False, scale: float | None = None,
                  cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
-                 max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> None:
+                 max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                 cache_seqlens: torch.Tensor | None = None) -> None:
         p = AttentionProblem(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         oa = p.like(out, "out", q, "q")
+        if cache_seqlens is not None:
+            _cache_lengths(cache_seqlens, p.batch, p.varlen, q.device)
         self.varlen, self.causal, self.scale = p.varlen, p.causal, p.scale
         self.batch, self.seqlen_q, self.seqlen_k = p.batch, p.seqlen_q, p.seqlen_k
         self.heads_q, self.heads_kv, self.head_dim = p.heads_q, p.heads_kv, p.head_dim
         self.q, self.k, self.v, self.out, self.lse = q, k, v, out, lse
         self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
+        self.cache_seqlens = cache_seqlens
         self.outputs_made = False
         self.device = q.device
         self.device_index = q.get_device()
@@ -305,12 +341,13 @@ class AttentionArguments(Arguments):
         if lse is not None:
             self.tensor_attributes["lse"] = lse_attributes(lse, q, p.varlen)
         self.signature = ("attention", p.q._key, p.k._key, p.v._key, oa._key, lse is not None, self.head_dim,
-                          self.heads_q // self.heads_kv, self.causal, self.varlen, self.device_index)
+                          self.heads_q // self.heads_kv, self.causal, self.varlen, cache_seqlens is not None,
+                          self.device_index)
 
     def problem_key(self) -> tuple:
         """The signature with the sizes a choice depends on: batch, sequence lengths (the
-        longest, for variable length; the key length as `key_length` buckets it), heads and
-        the scale.
+        longest, for variable length; the cache's size with ``cache_seqlens``; the key length as
+        `key_length` buckets it), heads and the scale. Never a tensor's values.
 
         Returns:
             A hashable tuple.

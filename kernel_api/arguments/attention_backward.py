@@ -49,6 +49,8 @@ class AttentionBackwardArguments(Arguments):
                  "cu_seqlens_k", "causal", "scale", "varlen", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv",
                  "head_dim", "outputs_made")
     output_names = ("grad_q", "grad_k", "grad_v")
+    #: The backward takes no per-row KV cache lengths (the forward's ``cache_seqlens``).
+    cache_seqlens = None
 
     def __init__(self, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, grad_q: torch.Tensor, grad_k: torch.Tensor, grad_v: torch.Tensor, *,

@@ -1,6 +1,7 @@
 """Attention as `AttentionArguments` defines it, written once with torch: what every attention
 kernel must compute. `torch_attention` runs it through SDPA (differentiable);
-`attention_with_lse` computes it with the row log-sum-exp from materialised scores, and
+`attention_with_lse` computes it with the row log-sum-exp from materialised scores (both take a
+KV cache of per-row lengths through `cache_mask`), and
 `attention_backward` the gradients from that log-sum-exp (the formulas of
 `kernel_api.arguments.attention_backward`). The torch provider's kernels run them.
 """
@@ -45,8 +46,52 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     return o
 
 
+def cache_mask(cache_seqlens: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool) -> torch.Tensor:
+    """Which keys each query sees in a KV cache of per-row lengths (`AttentionArguments`'
+    ``cache_seqlens``): row ``b`` its first ``cache_seqlens[b]`` keys, under the causal mask query
+    ``i`` those up to ``i + cache_seqlens[b] - seqlen_q``.
+
+    Args:
+        cache_seqlens: int32 ``(batch,)``.
+        seqlen_q, seqlen_k: the queries per row and the cache's size.
+        causal: the bottom-right aligned causal mask, aligned to each row's length.
+
+    Returns:
+        A bool ``(batch, 1, seqlen_q, seqlen_k)`` tensor on ``cache_seqlens``' device (True: seen).
+    """
+    device = cache_seqlens.device
+    lengths = cache_seqlens.to(torch.int64).view(-1, 1, 1, 1)
+    j = torch.arange(seqlen_k, device=device).view(1, 1, 1, -1)
+    seen = j < lengths
+    if causal:
+        i = torch.arange(seqlen_q, device=device).view(1, 1, -1, 1)
+        seen = seen & (j <= i + lengths - seqlen_q)
+    return seen.expand(-1, 1, seqlen_q, -1)
+
+
+def _dense_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                 cache_seqlens: torch.Tensor) -> torch.Tensor:
+    """Attention against a KV cache of per-row lengths through SDPA with `cache_mask`; rows that
+    see no key give 0."""
+    seen = cache_mask(cache_seqlens, q.shape[1], k.shape[1], causal)
+    if not (q.numel() and k.shape[1]):
+        return q * 0
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    groups = q.shape[2] // k.shape[2]
+    extra = {}
+    if groups > 1:
+        if SDPA_GQA:
+            extra["enable_gqa"] = True
+        else:
+            kt, vt = kt.repeat_interleave(groups, dim=1), vt.repeat_interleave(groups, dim=1)
+    o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=seen, scale=scale, **extra)
+    # (a row that sees nothing: SDPA's softmax of no key is NaN or 0 by backend; the definition's 0)
+    return torch.where(seen.any(-1, keepdim=True), o, 0).transpose(1, 2)
+
+
 def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None) -> torch.Tensor:
+                    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                    cache_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """Attention with torch's SDPA, in FlashAttention's layouts; differentiable.
 
     Args:
@@ -54,10 +99,14 @@ def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         causal: a bottom-right aligned causal mask.
         scale: the factor on q k^T.
         cu_seqlens_q, cu_seqlens_k: int32 offsets, or None for dense tensors.
+        cache_seqlens: for dense k and v that are a KV cache, the keys each row holds (int32
+            ``(batch,)``; `cache_mask`), or None.
 
     Returns:
         A new tensor of q's shape and dtype.
     """
+    if cache_seqlens is not None:
+        return _dense_cache(q, k, v, causal, scale, cache_seqlens)
     if cu_seqlens_q is None:
         return _dense(q, k, v, causal, scale)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()  # (a synchronisation on a GPU)
@@ -70,15 +119,18 @@ def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 # ---- the definition with the row log-sum-exp, and the backward from it ----
 
-def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float,
+            cache_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """``scale * q k^T`` of one dense (batch, seqlen, heads, head_dim) problem as (batch, heads_q,
-    seqlen_q, seqlen_k) in float32 (float64 for float64 inputs), masked keys -inf; k's heads
-    repeated to q's."""
+    seqlen_q, seqlen_k) in float32 (float64 for float64 inputs), masked keys -inf (`cache_mask`
+    with ``cache_seqlens``); k's heads repeated to q's."""
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     groups = q.shape[2] // k.shape[2]
     kt = k.to(compute).transpose(1, 2).repeat_interleave(groups, dim=1)
     s = torch.matmul(q.to(compute).transpose(1, 2), kt.transpose(-1, -2)) * scale
-    if causal:
+    if cache_seqlens is not None:
+        s = s.masked_fill(~cache_mask(cache_seqlens, q.shape[1], k.shape[1], causal), -math.inf)
+    elif causal:
         sq, sk = q.shape[1], k.shape[1]
         seen = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
         s = s.masked_fill(~seen, -math.inf)
@@ -92,9 +144,9 @@ def _probabilities(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return p.masked_fill(~finite.unsqueeze(-1), 0.0)
 
 
-def _dense_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    s = _scores(q, k, causal, scale)
+def _dense_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+               cache_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    s = _scores(q, k, causal, scale, cache_seqlens)
     lse = torch.logsumexp(s, dim=-1) if s.shape[-1] else s.new_full(s.shape[:-1], -math.inf)
     groups = q.shape[2] // k.shape[2]
     vt = v.to(s.dtype).transpose(1, 2).repeat_interleave(groups, dim=1)
@@ -130,20 +182,21 @@ def _pieces(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> list[tupl
 
 
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                       cu_seqlens_q: torch.Tensor | None = None,
-                       cu_seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                       cache_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and its row log-sum-exp from the scores, materialised (float32 arithmetic;
     float64 for float64 inputs): the definition the backward kernels read ``lse`` by.
 
     Args:
-        q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k: as for `torch_attention`.
+        q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, cache_seqlens: as for
+            `torch_attention`.
 
     Returns:
         ``(out, lse)``: out of q's shape and dtype; lse float32 in
         `kernel_api.arguments.attention.lse_shape` (``-inf`` for rows that see no key).
     """
     if cu_seqlens_q is None:
-        return _dense_lse(q, k, v, causal, scale)
+        return _dense_lse(q, k, v, causal, scale, cache_seqlens)
     out = torch.zeros_like(q)
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
     for a, b, c, d in _pieces(cu_seqlens_q, cu_seqlens_k):
@@ -179,4 +232,4 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return dq, dk, dv
 
 
-__all__ = ["SDPA_GQA", "attention_backward", "attention_with_lse", "torch_attention"]
+__all__ = ["SDPA_GQA", "attention_backward", "attention_with_lse", "cache_mask", "torch_attention"]

@@ -1,6 +1,6 @@
 """Operand description of attention kernels (`AttentionOperandsMetadata`): the attributes of
-q, k, v and out, plus the head dims, masks and layouts a kernel supports and whether it writes
-the row log-sum-exp; `AttentionBackwardOperandsMetadata` the same for the backward."""
+q, k, v and out, plus the head dims, masks and layouts a kernel supports, whether it writes
+the row log-sum-exp and whether it reads a KV cache's per-row lengths; `AttentionBackwardOperandsMetadata` the same for the backward."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ class AttentionOperandsMetadata(OperandsMetadata):
         gqa: whether q may have more heads than k and v.
         lse: whether the kernel writes the row log-sum-exp (``args.lse``); a kernel that does
             not declines arguments that ask for it (a forward before a backward).
+        cache_seqlens: whether the kernel reads ``args.cache_seqlens`` (each row's length in a
+            KV cache); a kernel that does not declines arguments that give them (it would attend
+            to the whole cache).
     """
 
     operand_names = ("q", "k", "v", "out")
@@ -34,14 +37,14 @@ class AttentionOperandsMetadata(OperandsMetadata):
 
     def __init__(self, q: TensorAttributes, k: TensorAttributes, v: TensorAttributes, out: TensorAttributes, *,
                  head_dims: tuple[int, ...] | None = None, max_head_dim: int = 256, causal: bool = True,
-                 full: bool = True, gqa: bool = True, lse: bool = False) -> None:
+                 full: bool = True, gqa: bool = True, lse: bool = False, cache_seqlens: bool = False) -> None:
         for name, value in (("q", q), ("k", k), ("v", v), ("out", out)):
             if not isinstance(value, TensorAttributes):
                 raise TypeError(f"AttentionOperandsMetadata.{name} must be TensorAttributes, got {type(value).__name__}")
         self.q, self.k, self.v, self.out = q, k, v, out
         self.head_dims = None if head_dims is None else tuple(head_dims)
         self.max_head_dim, self.causal, self.full, self.gqa = max_head_dim, causal, full, gqa
-        self.lse = lse
+        self.lse, self.cache_seqlens = lse, cache_seqlens
 
     @property
     def varlen(self) -> bool:
@@ -73,12 +76,16 @@ class AttentionOperandsMetadata(OperandsMetadata):
         if args.lse is not None and not self.lse:
             return Status.fail("operand lse: the kernel does not write the row log-sum-exp a backward needs",
                                kind=Reason.OTHER, operand="lse", actual=True, required=False)
+        if args.cache_seqlens is not None and not self.cache_seqlens:
+            return Status.fail("operand cache_seqlens: the kernel reads no per-row KV cache lengths (it would attend "
+                               "to the whole cache)", kind=Reason.OTHER, operand="cache_seqlens", actual=True,
+                               required=False)
         return Status.success()
 
     def __repr__(self) -> str:
         return (f"AttentionOperandsMetadata(q={self.q}, k={self.k}, v={self.v}, out={self.out}, "
                 f"head_dims={self.head_dims}, max_head_dim={self.max_head_dim}, causal={self.causal}, "
-                f"full={self.full}, gqa={self.gqa}, lse={self.lse})")
+                f"full={self.full}, gqa={self.gqa}, lse={self.lse}, cache_seqlens={self.cache_seqlens})")
 
 
 class AttentionBackwardOperandsMetadata(AttentionOperandsMetadata):

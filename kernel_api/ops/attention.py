@@ -36,7 +36,8 @@ from ..arguments.attention_backward import AttentionBackwardArguments
 from .operation import Operation, define_operation
 
 _SCHEMA_INPUTS = ("(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? cu_seqlens_q=None, "
-                  "Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None)")
+                  "Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, "
+                  "Tensor? cache_seqlens=None)")
 _SCALARS = ("causal", "scale", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 _empty_like = torch.empty_like
 _dense = torch.contiguous_format
@@ -64,9 +65,14 @@ def _with_given_outputs(function: Any, *inputs: Any, **named: Any) -> Any:
 
 def _arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int | None,
-               max_seqlen_k: int | None, out: torch.Tensor, lse: torch.Tensor | None = None) -> AttentionArguments:
+               max_seqlen_k: int | None, cache_seqlens: torch.Tensor | None, out: torch.Tensor,
+               lse: torch.Tensor | None = None) -> AttentionArguments:
+    if lse is not None and cache_seqlens is not None:
+        raise ValueError("cache_seqlens: attention against a KV cache has no backward; call it with no input "
+                         "requiring grad")
     args = AttentionArguments(q, k, v, out, lse, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q,
-                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                              cache_seqlens=cache_seqlens)
     args.outputs_made = not _caller_outputs.given
     return args
 
@@ -104,10 +110,10 @@ def _gradients(saved: Any, out: torch.Tensor, lse: torch.Tensor, grad: torch.Ten
     """The inputs' gradients through the backward op, from the forward's out and lse."""
     needs = saved.needs_input_grad[:3]
     if not any(needs):
-        return (None,) * 9
+        return (None,) * 10
     grads = _attention_backward(grad.contiguous(), saved.q, saved.k, saved.v, out, lse,
                                 *[getattr(saved, name) for name in _SCALARS])
-    return (*[g if n else None for g, n in zip(grads, needs)], None, None, None, None, None, None)
+    return (*[g if n else None for g, n in zip(grads, needs)], None, None, None, None, None, None, None)
 
 
 def _forward_backward(saved: Any, grad: torch.Tensor, grad_lse: Any) -> tuple:
@@ -120,7 +126,8 @@ def _recompute_backward(saved: Any, grad: torch.Tensor) -> tuple:
     """The inference op's backward (only when its op is called directly with inputs that need
     gradients): the training forward once more for out and lse, then the backward op."""
     scalars = [getattr(saved, name) for name in _SCALARS]
-    out, lse = _attention_forward.op(saved.q.detach(), saved.k.detach(), saved.v.detach(), *scalars)
+    out, lse = _attention_forward.op(saved.q.detach(), saved.k.detach(), saved.v.detach(), *scalars,
+                                     saved.cache_seqlens)
     return _gradients(saved, out, lse, grad)
 
 
@@ -131,7 +138,7 @@ ATTENTION = Operation(
     outputs=("out",),
     fake=_fake,
     backward=_recompute_backward,
-    saved=("q", "k", "v", *_SCALARS),
+    saved=("q", "k", "v", *_SCALARS, "cache_seqlens"),
 )
 
 ATTENTION_FORWARD = Operation(
@@ -141,7 +148,7 @@ ATTENTION_FORWARD = Operation(
     outputs=("out", "lse"),
     fake=_forward_fake,
     backward=_forward_backward,
-    saved=("q", "k", "v", "out", "lse", *_SCALARS),
+    saved=("q", "k", "v", "out", "lse", *_SCALARS, "cache_seqlens"),
 )
 
 ATTENTION_BACKWARD = Operation(
@@ -190,7 +197,8 @@ attention_backward.op = _attention_backward.op
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None,
               cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
-              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, out: torch.Tensor | None = None,
+              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+              cache_seqlens: torch.Tensor | None = None, out: torch.Tensor | None = None,
               stream: Any = None) -> torch.Tensor:
     """``softmax(q k^T * scale + mask) v`` per head, through kernel_api.
 
@@ -204,6 +212,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         cu_seqlens_q, cu_seqlens_k: int32 cumulative sequence offsets, length batch + 1.
         max_seqlen_q, max_seqlen_k: the longest sequences; required when the offsets are not on
             the CPU.
+        cache_seqlens: for dense k and v that are a preallocated KV cache (batch, max_seqlen_k,
+            heads_kv, head_dim): int32 (batch,) on q's device, the keys each row holds (its
+            queries are the last ones of them); no gradient with it.
         out: a tensor of q's shape to write, or None to allocate one (None when a gradient is
             wanted).
         stream: the stream to launch on (None: the current one).
@@ -221,13 +232,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                             or getattr(v, "requires_grad", False)):
         if out is not None:
             return _with_given_outputs(_attention_forward, q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k,
-                                       max_seqlen_q, max_seqlen_k, out=out, stream=stream)[0]
+                                       max_seqlen_q, max_seqlen_k, cache_seqlens, out=out, stream=stream)[0]
         return _attention_forward(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  stream=stream)[0]
+                                  cache_seqlens, stream=stream)[0]
     if out is not None:
         return _with_given_outputs(_attention, q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                   max_seqlen_k, out=out, stream=stream)
-    return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, stream=stream)
+                                   max_seqlen_k, cache_seqlens, out=out, stream=stream)
+    return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cache_seqlens,
+                      stream=stream)
 
 
 attention.operation = ATTENTION

@@ -80,6 +80,7 @@ class Backend(NamedTuple):
         cuda: whether it runs on CUDA tensors only.
         speed: its speed against SDPA's default forward (PickAny's ranking: the cost is
             `attention_cost` over it).
+        cache_seqlens: whether it takes a KV cache's per-row lengths (`run_kv_cache`).
     """
 
     dtypes: tuple[DataType, ...]
@@ -89,6 +90,7 @@ class Backend(NamedTuple):
     lse: bool
     cuda: bool
     speed: float
+    cache_seqlens: bool = False
 
 
 #: The backends. Speeds against SDPA's forward without lse (H200, torch 2.11, bf16,
@@ -97,8 +99,8 @@ class Backend(NamedTuple):
 #: b16 h16 s1024 d64 causal (so SDPA keeps inference); ``flash`` (FlashAttention-2) 312, 349 and
 #: 180; ``math`` materialises the scores (nominal).
 BACKENDS = {
-    "sdpa": Backend(_ALL, 1, 256, ("dense", "varlen"), lse=False, cuda=False, speed=1.0),
-    "math": Backend(_ALL, 1, 256, ("dense", "varlen"), lse=True, cuda=False, speed=0.05),
+    "sdpa": Backend(_ALL, 1, 256, ("dense", "varlen"), lse=False, cuda=False, speed=1.0, cache_seqlens=True),
+    "math": Backend(_ALL, 1, 256, ("dense", "varlen"), lse=True, cuda=False, speed=0.05, cache_seqlens=True),
     "flash": Backend(_HALF, 8, 256, ("dense", "varlen"), lse=True, cuda=True, speed=0.52),
     "cudnn": Backend(_HALF, 8, 128, ("dense",), lse=True, cuda=True, speed=0.95),
 }
@@ -276,7 +278,8 @@ class TorchAttention(TorchKernel):
         if epilogue_args is not None:
             return []
         return generate(cls, lambda a, spec: AttentionOperandsMetadata(a, a, a, a, max_head_dim=spec.max_head_dim,
-                                                                       lse=spec.lse), metadata_filter)
+                                                                       lse=spec.lse, cache_seqlens=spec.cache_seqlens),
+                        metadata_filter)
 
     @property
     def backend(self) -> str:
@@ -292,13 +295,16 @@ class TorchAttention(TorchKernel):
 
     def _run(self, args: AttentionArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
         with launch_context(args, stream), torch.no_grad():
+            if args.cache_seqlens is not None:
+                run_kv_cache(self.backend, args)
+                return
             getattr(self, f"_run_{self.backend}")(args, args.q, args.k, args.v, args.out, args.lse)
 
     def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
         """Dense calls (the operands are all a call takes); variable length keeps its offsets
         outside the operands. The launch enters no context on the current stream (any CPU call)
         with no input needing a gradient (`direct_launch`)."""
-        if args.varlen:
+        if args.varlen or args.cache_seqlens is not None:
             return None
         run, scalars = getattr(self, f"_run_{self.backend}"), Scalars(args)
         index = scalars.index
@@ -367,6 +373,19 @@ class TorchAttention(TorchKernel):
         adopt(out, o.transpose(1, 2), args.outputs_made)
         if lse is not None:
             adopt(lse, l.reshape(lse.shape), args.outputs_made)
+
+
+def run_kv_cache(backend: str, args: AttentionArguments) -> None:
+    """Attention against a KV cache of per-row lengths (``args.cache_seqlens``, read on the
+    device) with the lengths' mask: ``sdpa`` through SDPA (`torch_attention`), ``math`` with the
+    scores materialised and the log-sum-exp when wanted (`attention_with_lse`)."""
+    q, k, v, lengths = args.q, args.k, args.v, args.cache_seqlens
+    if backend == "sdpa":
+        adopt(args.out, torch_attention(q, k, v, args.causal, args.scale, cache_seqlens=lengths), args.outputs_made)
+        return
+    o, l = attention_with_lse(q, k, v, args.causal, args.scale, cache_seqlens=lengths)
+    adopt(args.out, o, args.outputs_made)
+    adopt(args.lse, l, args.outputs_made)
 
 
 def sdpa_flags(seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int, causal: bool) -> tuple[bool, bool] | None:

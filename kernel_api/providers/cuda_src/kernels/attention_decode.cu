@@ -5,10 +5,12 @@
 //
 // Work. One CTA takes one (batch, KV head, row block, key split). The rows of a KV head are its
 // group's queries, row r = query i * group + head g (seqlen_q x group rows: one K/V read serves
-// all of them); a row block is 16 * MW of them. The keys [0, seqlen_k) are cut into CL splits of
-// whole 64-key chunks; the CL CTAs of one row block form a thread-block cluster (sm_90) and
-// merge their partial results through distributed shared memory, so the launch needs no
-// workspace and no second kernel (a recorded launch replays it as it is).
+// all of them); a row block is 16 * MW of them. The keys [0, sk) of the block's batch row are
+// cut into CL splits of ceil(ceil(sk / 64) / CL) whole 64-key chunks each (computed here from
+// the row's own length, so a short row's keys still spread over every split); the CL CTAs of
+// one row block form a thread-block cluster (sm_90) and merge their partial results through
+// distributed shared memory, so the launch needs no workspace and no second kernel (a
+// recorded launch replays it as it is).
 //
 // Inside a CTA: 4 warps, MW along the rows (16 each: one m16 tensor-core tile) and KW = 4 / MW
 // along the keys of each chunk. K and V chunks stream through a STAGES-deep cp.async ring of
@@ -24,6 +26,11 @@
 // rows' outputs and merges the CL CTAs' partials read through DSMEM (in rank order:
 // deterministic), a second barrier keeping every CTA's shared memory alive until all have read.
 // A row that sees no key (causal with seqlen_q > seqlen_k, or seqlen_k = 0) is written as 0.
+//
+// A KV cache of per-row lengths (seqlens_k non-null, dense layout): row b holds sk =
+// seqlens_k[b] keys of the seqlen_k-key cache (clamped to [0, seqlen_k]: no read leaves the
+// cache), read on the device, so one launch serves any lengths; the causal mask puts each row's
+// last query at key sk - 1.
 //
 // Variable length (cu_q and cu_k non-null): sequence b's queries are rows cu_q[b]..cu_q[b + 1]
 // of the (total, heads, head_dim) operands, its keys cu_k[b]..cu_k[b + 1]; the grid is planned
@@ -132,7 +139,8 @@ struct Params {
   u16* out;
   const int* cu_q;
   const int* cu_k;
-  i64 heads_kv, group, seqlen_q, seqlen_k, row_blocks, keys_per_split, causal, scale_bits;
+  const int* seqlens_k;
+  i64 heads_kv, group, seqlen_q, seqlen_k, row_blocks, causal, scale_bits;
   i64 qb, qs, qh, kb, ks, kh, vb, vs, vh, ob, os, oh;
 };
 
@@ -167,14 +175,17 @@ __device__ __forceinline__ void decode_body(const Params& p) {
     q0 = p.cu_q[b], k0 = p.cu_k[b];
     lq = p.cu_q[b + 1] - q0, sk = p.cu_k[b + 1] - k0;
     qstep = p.qs, kstep = p.ks, vstep = p.vs, ostep = p.os;
+  } else if (p.seqlens_k != nullptr) {
+    sk = min(max((i64)p.seqlens_k[b], (i64)0), p.seqlen_k);
   }
   const i64 rows_total = lq * p.group;
   const i64 row0 = rb * ROWS;
   if (row0 >= rows_total) return;  // (every CTA of the cluster: they share b and rb)
   const u16* qseq = p.q + q0 * qstep;
   u16* oseq = p.out + q0 * ostep;
-  const i64 k_begin = min((i64)split * p.keys_per_split, sk);
-  const i64 k_end = min(k_begin + p.keys_per_split, sk);
+  const i64 keys_per_split = ((sk + BK - 1) / BK + CL - 1) / CL * BK;  // whole chunks per split
+  const i64 k_begin = min((i64)split * keys_per_split, sk);
+  const i64 k_end = min(k_begin + keys_per_split, sk);
   const int n_chunks = (int)((k_end - k_begin + BK - 1) / BK);
   const float scale = (float)__longlong_as_double(p.scale_bits);
 
@@ -423,12 +434,13 @@ __device__ __forceinline__ void decode_body(const Params& p) {
 
 // The kernels' parameters, one per launch parameter (a recorded launch passes each as its own).
 #define KA_ATTN_PARAMS                                                                                   \
-  const u16 *q, const u16 *k, const u16 *v, u16 *out, const int *cu_q, const int *cu_k, i64 heads_kv,   \
-      i64 group, i64 seqlen_q, i64 seqlen_k, i64 row_blocks, i64 keys_per_split, i64 causal, i64 scale_bits, \
-      i64 qb, i64 qs, i64 qh, i64 kb, i64 ks, i64 kh, i64 vb, i64 vs, i64 vh, i64 ob, i64 os, i64 oh
+  const u16 *q, const u16 *k, const u16 *v, u16 *out, const int *cu_q, const int *cu_k,                 \
+      const int *seqlens_k, i64 heads_kv, i64 group, i64 seqlen_q, i64 seqlen_k, i64 row_blocks,          \
+      i64 causal, i64 scale_bits, i64 qb, i64 qs, i64 qh, i64 kb, i64 ks, i64 kh, i64 vb, i64 vs, i64 vh,  \
+      i64 ob, i64 os, i64 oh
 #define KA_ATTN_ARGS                                                                                    \
-  Params{q, k, v, out, cu_q, cu_k, heads_kv, group, seqlen_q, seqlen_k, \
-         row_blocks, keys_per_split, causal, scale_bits, qb, qs, qh, kb, ks, kh, vb, vs, vh, ob, os, oh}
+  Params{q, k, v, out, cu_q, cu_k, seqlens_k, heads_kv, group, seqlen_q, seqlen_k, \
+         row_blocks, causal, scale_bits, qb, qs, qh, kb, ks, kh, vb, vs, vh, ob, os, oh}
 
 // One CTA per (batch, KV head, row block): the keys in one split.
 template <class T, int D, int MW>

@@ -8,7 +8,11 @@ strides and pointers are 16-byte multiples, so a KV cache view such as ``k_cache
 runs as it is. One instance per dtype, head dim and layout, named
 ``CudaAttentionDecode_<dtype>_d<head_dim>`` (dense) and ``..._varlen`` (variable length: the
 kernel reads the sequence offsets on the device; a launch whose offsets are no operand is not
-recorded, so every varlen call goes through `_run`).
+recorded, so every varlen call goes through `_run`). The dense instances also take a KV cache of
+per-row lengths (`AttentionArguments`' ``cache_seqlens``): the kernel reads each row's length on
+the device and splits that row's keys alone, so the launch depends on the cache's size, never on
+the lengths (such calls go through `_run` as well: the lengths are no operand of a recorded
+launch).
 
 Flash-decoding: each CTA takes one (batch, KV head, row block, key split); the rows of a KV head
 are its group's queries (seqlen_q x heads_q / heads_kv of them), so one read of K and V serves
@@ -84,12 +88,12 @@ _LOG2E = 1.4426950408889634
 @dataclass(frozen=True)
 class DecodePlan:
     """How a problem maps onto CTAs: ``mw`` 16-row tiles per row block, ``cl`` key splits (the
-    cluster size), ``row_blocks`` per KV head, ``keys_per_split`` (whole chunks), the ``grid``."""
+    cluster size; the kernel cuts each batch row's keys into ``cl`` runs of whole chunks),
+    ``row_blocks`` per KV head, the ``grid``."""
 
     mw: int
     cl: int
     row_blocks: int
-    keys_per_split: int
     grid: int
 
 
@@ -102,7 +106,7 @@ def plan(args: AttentionArguments, sms: int, splits: int | None = None, mw: int 
     """The launch of ``args`` on a GPU of ``sms`` SMs.
 
     Args:
-        args: the arguments (dense layout).
+        args: the arguments (the longest sequences, or the cache's size, stand for all rows).
         sms: the SMs to fill.
         splits: a fixed cluster size (`SPLITS`), or None to choose: the most that leave the grid
             at most a CTA per SM while every split keeps `MIN_CHUNKS_PER_SPLIT` chunks, doubled
@@ -126,8 +130,7 @@ def plan(args: AttentionArguments, sms: int, splits: int | None = None, mw: int 
         if (waves > 1 and waves % 1 < 0.5 and splits < SPLITS[-1]
                 and chunks >= 2 * splits * LONG_SPLIT_CHUNKS):
             splits *= 2
-    keys = max(1, -(-chunks // splits)) * BLOCK_KEYS
-    return DecodePlan(mw, splits, row_blocks, keys, base * splits)
+    return DecodePlan(mw, splits, row_blocks, base * splits)
 
 
 def shared_bytes(head_dim: int) -> int:
@@ -151,8 +154,8 @@ class _Build:
 @CudaSourceProvider.register
 class CudaAttentionDecode(CudaSourceKernel):
     """Decode attention (flash-decoding) in CUDA C++: seqlen_q up to 16, head dims 64 / 128,
-    f16 / bf16, GQA / MQA / MHA, causal or not, strided KV caches, dense or variable length;
-    tensor cores, f32 softmax."""
+    f16 / bf16, GQA / MQA / MHA, causal or not, strided KV caches with per-row lengths or
+    without, dense or variable length; tensor cores, f32 softmax."""
 
     supported_args_type = AttentionArguments
     source_file = "attention_decode.cu"
@@ -187,7 +190,8 @@ class CudaAttentionDecode(CudaSourceKernel):
     def make_metadata(cls, params: dict) -> KernelMetadata:
         dt, d = params["dtype"], params["head_dim"]
         attrs = TensorAttributes(dt, _LAYOUTS[params["layout"]], _VECTOR)
-        operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,))
+        operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,),
+                                             cache_seqlens=params["layout"] == "dense")
         design = BLASDesignMetadata((16, BLOCK_KEYS, d), stages=STAGES, schedule="split-kv",
                                     extra=(("max_seqlen_q", MAX_SEQLEN_Q), ("splits", SPLITS)))
         return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=cls.min_cc)
@@ -238,16 +242,18 @@ class CudaAttentionDecode(CudaSourceKernel):
     # ---- launch -------------------------------------------------------------------------------
     def _launch(self, args: AttentionArguments, artifact: Any) -> tuple[int, tuple[int, ...]] | None:
         """The grid and the parameters after q, k, v and out (the sequence offsets' pointers, 0
-        for the dense layout, then the sizes and strides); None when there is nothing to do."""
+        for the dense layout, the cache lengths' pointer or 0, then the sizes and strides); None
+        when there is nothing to do."""
         if args.batch == 0 or args.seqlen_q == 0:
             return None
         build = artifact.extra
         p = plan(args, planning_sm_count(args.device), build.cl, build.mw)
         q, k, v, o = args.q, args.k, args.v, args.out
         cu = (args.cu_seqlens_q.data_ptr(), args.cu_seqlens_k.data_ptr()) if args.varlen else (0, 0)
+        lengths = 0 if args.cache_seqlens is None else args.cache_seqlens.data_ptr()
         strides = [t.stride()[:3] if not args.varlen else (0, *t.stride()[:2]) for t in (q, k, v, o)]
-        params = (*cu, args.heads_kv, args.heads_q // args.heads_kv, args.seqlen_q, args.seqlen_k, p.row_blocks,
-                  p.keys_per_split, int(args.causal), _scale_bits(args.scale),
+        params = (*cu, lengths, args.heads_kv, args.heads_q // args.heads_kv, args.seqlen_q, args.seqlen_k,
+                  p.row_blocks, int(args.causal), _scale_bits(args.scale),
                   *strides[0], *strides[1], *strides[2], *strides[3])
         return p.grid, params
 
@@ -264,7 +270,8 @@ class CudaAttentionDecode(CudaSourceKernel):
                                      shared_bytes(self.head_dim), pointers + params)
 
     def _launcher(self, args: AttentionArguments, artifact: Any) -> Launcher | None:
-        launch = None if args.varlen else self._launch(args, artifact)  # (varlen: the offsets are no operand)
+        # (varlen offsets and cache lengths are no operand of a recorded launch: those calls run `_run`)
+        launch = None if args.varlen or args.cache_seqlens is not None else self._launch(args, artifact)
         if launch is None:
             return None
         grid, params = launch
