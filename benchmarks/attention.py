@@ -16,11 +16,14 @@ thread (so ``kernel_api.settings`` scopes the backward's choice too).
 
 Cases: ``issue`` (default), the model-operations issue's shapes (multi-head); ``llama``, a
 Llama-3-8B layer's attention (b4, 32 query heads over 8 KV heads, s2048, d128, causal: GQA,
-SDPA with ``enable_gqa``).
+SDPA with ``enable_gqa``); ``d64`` and ``d128``, the issue's shapes of that head dim, causal and
+full.
 
 Each case then times every forward kernel that writes the log-sum-exp and every backward kernel
 on its own (bound `Kernel.run` calls; ``--no-kernels`` skips it): the numbers PickAny's speeds
-(`TorchAttention`'s ``BACKENDS``, FA4's ``SPEED_VS_*``) come from.
+(`TorchAttention`'s ``BACKENDS``, FA4's ``SPEED_VS_*`` and its tiles' ``speed_vs_sdpa``) come
+from. FA4's plugin offers a forward per tile (`kernel_api_flash_attn.tiles`): ``ops_fa4`` runs
+PickAny's choice among them, the kernel rows time each one.
 
 JSON: benchmarks/results/attention-<device>[-<tag>].json (and $OUT when set); one line per case
 and mode is printed as it finishes.
@@ -66,10 +69,12 @@ class Case(NamedTuple):
         return f"b{self.batch} {heads} s{self.seqlen} d{self.head_dim} {'causal' if self.causal else 'full'}"
 
 
-#: The issue's shapes, and a Llama-3-8B layer's attention (GQA).
+#: The issue's shapes, and a Llama-3-8B layer's attention (GQA); by head dim, causal and full.
 CASES = {"issue": [Case(4, 32, 32, 4096, 128, True), Case(16, 16, 16, 1024, 64, True),
                    Case(4, 32, 32, 4096, 128, False)],
-         "llama": [Case(4, 32, 8, 2048, 128, True)]}
+         "llama": [Case(4, 32, 8, 2048, 128, True)],
+         "d64": [Case(16, 16, 16, 1024, 64, True), Case(16, 16, 16, 1024, 64, False)],
+         "d128": [Case(4, 32, 32, 4096, 128, True), Case(4, 32, 32, 4096, 128, False)]}
 #: The backward's FLOPs against the forward's (five matmuls against two).
 BACKWARD_FLOPS = 2.5
 
