@@ -214,3 +214,18 @@ def test_no_gradient_through_a_kv_cache(cpu_launch):
         ops.attention(q, k, k, cache_seqlens=_lengths(3, 10, device="cpu"))
     with torch.no_grad():
         assert ops.attention(q, k, k, cache_seqlens=_lengths(3, 10, device="cpu")).shape == q.shape
+
+
+def test_the_reference_a_tuner_verifies_with_reads_the_lengths():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 2, 4, 8, generator=g, dtype=torch.float16)
+    k, v = (torch.randn(3, 30, 2, 8, generator=g, dtype=torch.float16) for _ in range(2))
+    lengths = (30, 0, 7)
+    args = AttentionArguments(q, k, v, torch.empty_like(q), causal=True, cache_seqlens=_lengths(*lengths, device="cpu"))
+    got = args.reference_outputs()["out"]
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, reference(q, k, v, lengths, True))
+    with_lse = AttentionArguments(q, k, v, torch.empty_like(q), torch.empty(3, 4, 2), causal=True,
+                                  cache_seqlens=_lengths(*lengths, device="cpu")).reference_outputs()
+    torch.testing.assert_close(with_lse["out"].double(), reference(q, k, v, lengths, True))
+    assert bool(torch.isinf(with_lse["lse"][1]).all()) and bool(torch.isfinite(with_lse["lse"][0]).all())

@@ -60,8 +60,12 @@ import torch
 
 from ..core.dtypes import DataType
 from ..core.tensor_attributes import TensorAttributes
+from .attention_math import attention_with_lse, torch_attention
 from .base import STORAGELESS_TYPES, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, \
     _require_tensor, data_pointer
+
+#: The most score elements (batch x heads x seqlen_q x seqlen_k) a float64 reference materialises.
+REFERENCE_MAX_SCORES = 1 << 28
 
 _DENSE = (0, 0, 0, 1)   # (batch, seqlen, heads, head_dim), head_dim contiguous
 _VARLEN = (0, 0, 1)     # (total_tokens, heads, head_dim)
@@ -354,6 +358,19 @@ class AttentionArguments(Arguments):
         """
         return (self.signature, self.batch, self.seqlen_q, key_length(self.seqlen_q, self.seqlen_k), self.heads_q,
                 self.heads_kv, self.scale)
+
+    def reference_outputs(self) -> dict[str, torch.Tensor] | None:
+        """``out`` (and ``lse`` when asked) in float64 from the operands' current values: the
+        definition (`attention_math`), sequence offsets and cache lengths included; None when the
+        scores would pass `REFERENCE_MAX_SCORES` elements."""
+        if self.batch * self.heads_q * self.seqlen_q * self.seqlen_k > REFERENCE_MAX_SCORES:
+            return None
+        q, k, v = (t.double() for t in (self.q, self.k, self.v))
+        lengths = (self.cu_seqlens_q, self.cu_seqlens_k, self.cache_seqlens)
+        if self.lse is None:
+            return {"out": torch_attention(q, k, v, self.causal, self.scale, *lengths)}
+        out, lse = attention_with_lse(q, k, v, self.causal, self.scale, *lengths)
+        return {"out": out, "lse": lse}
 
     def __repr__(self) -> str:
         return describe(self, type(self).__name__)

@@ -18,13 +18,10 @@ from typing import Any
 
 import torch
 
-from .attention import AttentionProblem, describe, key_length, lse_attributes
+from .attention import REFERENCE_MAX_SCORES, AttentionProblem, describe, key_length, lse_attributes
 from .attention_math import attention_backward
 from .base import Arguments
 from .outputs import check_outputs_disjoint
-
-#: The most score elements (batch x heads x seqlen_q x seqlen_k) a float64 reference materialises.
-REFERENCE_MAX_SCORES = 1 << 28
 
 
 class AttentionBackwardArguments(Arguments):
