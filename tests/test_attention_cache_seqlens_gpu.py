@@ -3,7 +3,8 @@ decode kernel and the torch provider against a float64 reference on fresh random
 inside sentinel-filled buffers; rows holding 0, 1, an odd number of keys and the whole cache in
 one batch; 1, 4 and 16 queries (causal: each row's last query at its last key); MHA / GQA / MQA,
 head dims 64 and 128, bf16 and f16; caches read through strided views; every split count; a
-decode loop whose cache grows in place through ``ops.attention`` keeping one choice; memcheck.
+decode loop whose cache grows in place through ``ops.attention`` keeping one choice, and in one
+CUDA graph captured once; memcheck.
 The CPU half is tests/test_attention_cache_seqlens.py."""
 
 from __future__ import annotations
@@ -188,6 +189,31 @@ def test_a_growing_cache_through_ops_attention(providers):
     assert 1 <= len(chosen) <= 2, chosen
     if providers == "cuda_src":
         assert all(isinstance(kernel, CudaAttentionDecode) for kernel in chosen)
+
+
+def test_a_cuda_graph_replays_a_growing_cache():
+    """The lengths are read on the device: one captured call serves every later step, its lengths
+    updated in place."""
+    torch.manual_seed(13)
+    dtype, cap = torch.float16, 700
+    k, v = _cache(3, cap, 2, 64, dtype, True)
+    q = torch.randn(3, 4, 8, 64, device="cuda").to(dtype)
+    lengths = [5, 300, 650]
+    n = _lengths(lengths)
+    out, buf = _out_in_sentinel(q)
+    with kernel_api.settings(providers="cuda_src"):
+        ops.attention(q, k, v, causal=True, cache_seqlens=n, out=out)  # (chooses and compiles outside the capture)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ops.attention(q, k, v, causal=True, cache_seqlens=n, out=out)
+    for step in range(3):
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(dtype))
+        lengths = [x + 17 for x in lengths]
+        n += 17
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, buf, _reference(q, k, v, lengths, True, 64 ** -0.5), dtype, f"graph replay {step}")
 
 
 def test_memcheck():
