@@ -146,7 +146,7 @@ def _row_lengths(batch, capacity, rule):
     return torch.full((batch,), rule, dtype=torch.int32)
 
 
-def run_cache_case(case, dtype, repeat, fa4):
+def run_cache_case(case, dtype, repeat, fa4, sweep=False):
     """One KV cache of per-row lengths: ours (`CudaAttentionDecode` with ``cache_seqlens``), SDPA
     with the equivalent mask, SDPA and ours on ``[:, :L]`` views when the lengths are equal, and
     FA4 with ``seqused_k``; causal when there is more than one query."""
@@ -201,6 +201,12 @@ def run_cache_case(case, dtype, repeat, fa4):
                 fns["fa4_kvcache"] = lambda i: fa4(*ops[i % sets][:3], seqused_k=n, causal=causal)
         except Exception as exc:  # noqa: BLE001 - a shape or build FA4 does not take: left out
             print(f"  fa4 kvcache failed: {type(exc).__name__}: {str(exc)[:160]}")
+    if sweep:
+        for cl in SPLITS:
+            fixed = next(kk for kk in CudaAttentionDecode.generate_kernels(None) if kk.supports(args[0]))
+            fixed.splits = cl
+            fixed.run(args[0])
+            fns[f"ours_cl{cl}"] = (lambda t: lambda i: t.run(args[i % sets]))(fixed)
     times, behind = time_group(fns, repeat)
     torch.cuda.synchronize()
     p = plan(args[0], torch.cuda.get_device_properties(0).multi_processor_count)
@@ -235,7 +241,7 @@ def main() -> None:
             lines.append(f"budget spent: {len(cache_rows)} of {len(CACHE_CASES)} cache cases")
             print(lines[-1])
             break
-        row = run_cache_case(case, dtype, opts.repeat, _fa4_kvcache() if opts.fa4 else None)
+        row = run_cache_case(case, dtype, opts.repeat, _fa4_kvcache() if opts.fa4 else None, opts.sweep)
         cache_rows.append(row)
         b, hq, hkv, d, lq, cap, rule = case
         parts = [f"{n} {row['ms'][n] * 1e3:7.1f} us {row['tbps'][n]:4.2f} TB/s" for n in row["ms"]]
