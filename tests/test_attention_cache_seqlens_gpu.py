@@ -4,7 +4,7 @@ inside sentinel-filled buffers; rows holding 0, 1, an odd number of keys and the
 one batch; 1, 4 and 16 queries (causal: each row's last query at its last key); MHA / GQA / MQA,
 head dims 64 and 128, bf16 and f16; caches read through strided views; every split count; a
 decode loop whose cache grows in place through ``ops.attention`` keeping one choice, and in one
-CUDA graph captured once; memcheck.
+CUDA graph captured once; PickBest verifying candidates with the lengths; memcheck.
 The CPU half is tests/test_attention_cache_seqlens.py."""
 
 from __future__ import annotations
@@ -189,6 +189,29 @@ def test_a_growing_cache_through_ops_attention(providers):
     assert 1 <= len(chosen) <= 2, chosen
     if providers == "cuda_src":
         assert all(isinstance(kernel, CudaAttentionDecode) for kernel in chosen)
+
+
+def test_pick_best_verifies_every_candidate_with_the_lengths(tmp_path):
+    """PickBest checks each candidate against the arguments' float64 reference, which reads the
+    lengths: the decode kernel and the torch provider's verify, and the winner is right."""
+    from kernel_api.tuning.policies import PickBest
+    from kernel_api.tuning.records import TuningRecords
+
+    torch.manual_seed(17)
+    dtype, lengths = torch.bfloat16, [3, 1000, 0, 517]
+    q = torch.randn(4, 2, 32, 128, device="cuda").to(dtype)
+    k, v = _cache(4, 1024, 8, 128, dtype, False)
+    out = torch.empty_like(q)
+    args = AttentionArguments(q, k, v, out, causal=True, cache_seqlens=_lengths(lengths))
+    with kernel_api.settings(providers=["cuda_src", "torch"]):
+        result = PickBest(num_workers=1, repeat=10, settle_ms=20.0, records=TuningRecords(tmp_path / "t.sqlite")) \
+            .tune(args)
+    verified = {m.kernel_name for m in result.measurements if m.failure is None and m.median_ms is not None}
+    assert {"CudaAttentionDecode_bf16_d128", "TorchAttention_bf16_dense"} <= verified, result.measurements
+    result.winner.run(args)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.double(), _reference(q, k, v, lengths, True, args.scale), atol=TOL[dtype],
+                               rtol=TOL[dtype])
 
 
 def test_a_cuda_graph_replays_a_growing_cache():
