@@ -229,3 +229,23 @@ def test_the_reference_a_tuner_verifies_with_reads_the_lengths():
                                   cache_seqlens=_lengths(*lengths, device="cpu")).reference_outputs()
     torch.testing.assert_close(with_lse["out"].double(), reference(q, k, v, lengths, True))
     assert bool(torch.isinf(with_lse["lse"][1]).all()) and bool(torch.isfinite(with_lse["lse"][0]).all())
+
+
+def test_traced_and_compiled_calls_take_the_lengths_as_an_input(cpu_launch):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 3, 4, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 40, 2, 16, generator=g, dtype=torch.float64) for _ in range(2))
+
+    def step(a, b, c, n):
+        return ops.attention(a, b, c, causal=True, cache_seqlens=n)
+
+    graph = make_fx(step, tracing_mode="fake")(q, k, v, _lengths(9, 40, device="cpu"))
+    assert "kernel_api.attention" in graph.code
+    compiled = torch.compile(step, fullgraph=True)
+    for lengths in ((9, 40), (2, 17)):  # (other values, same graph)
+        n = _lengths(*lengths, device="cpu")
+        want = reference(q, k, v, lengths, True)
+        torch.testing.assert_close(graph(q, k, v, n), want, atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(compiled(q, k, v, n), want, atol=1e-10, rtol=1e-10)
