@@ -176,7 +176,7 @@ def test_quack_softmax_forward_and_backward(dtype, shape):
 # ---- cross-entropy: QuACK ------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,rows,classes,target_dtype", [(torch.float32, (37,), 1000, torch.int64),
                                                              (torch.bfloat16, (4, 33), 32000, torch.int32),
-                                                             (torch.float16, (8,), 50257, torch.int64)])
+                                                             (torch.float16, (8,), 50264, torch.int64)])
 def test_quack_cross_entropy_against_float64(dtype, rows, classes, target_dtype):
     from kernel_api.arguments.cross_entropy import CrossEntropyArguments, CrossEntropyBackwardArguments
 

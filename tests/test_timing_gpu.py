@@ -24,6 +24,9 @@ def _slow_host_launch(x: torch.Tensor):
 
 
 def test_timed_samples_leave_out_the_hosts_gaps():
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        # Other workers' kernels run between this test's events on a shared GPU
+        pytest.skip("times samples of 0.3 ms or less: needs the GPU to itself (run without -n)")
     # Without a head start the GPU would wait about 1 ms for each launch between its events.
     x = torch.zeros(256, device="cuda")
     found = time_cuda(_slow_host_launch(x), repeat=5)
