@@ -25,6 +25,14 @@ they compute them in the same pass (``grad_hidden``, ``grad_weight``, ``grad_bia
 
 ``grad_loss`` is one float per row of the loss's dtype, or one float broadcast to every row
 (an ``expand``ed scalar, stride 0): a mean's ``1 / count`` needs no per-row tensor.
+
+With ``reduction="mean"`` or ``"sum"`` `CrossEntropyArguments` writes one loss, the mean over
+the rows not ignored (NaN when every row is) or the sum, and no lse. Its ``loss`` is then a
+buffer of `reduced_size` elements: the loss goes to element 0, and the kernels may use the rest
+as their workspace (the CUDA kernel keeps each row's loss there and reduces them in the same
+launch), so a reduced call is one launch into one made tensor, which `kernel_api.ops` replays
+from C. The gradient (``grad_logits``, ``grad_loss``) is the same for every reduction: the
+weights of a mean (``1 / count``) come in ``grad_loss``.
 """
 
 from __future__ import annotations
@@ -96,6 +104,33 @@ def _per_row(t: Any, name: str, shape: tuple, types: tuple, what: str, broadcast
     return _attributes(dt, _UNIT, _divisibility(data_pointer(t), t.element_size(), (max(t.numel(), 1),)))
 
 
+#: The reductions `CrossEntropyArguments` computes.
+REDUCTIONS = ("none", "mean", "sum")
+#: Elements of a reduced call's ``loss`` buffer before its workspace's per-row part.
+REDUCED_HEAD = 4
+
+
+def reduced_size(rows: int) -> int:
+    """Elements of the ``loss`` buffer of a mean or a sum over ``rows`` rows: the loss, then the
+    kernels' workspace (`REDUCED_HEAD` elements, then one per row)."""
+    return REDUCED_HEAD + rows
+
+
+def _reduced_buffer(t: Any, rows: int, types: tuple, what: str) -> TensorAttributes:
+    """Attributes of a reduced call's ``loss``: `reduced_size` elements, dense."""
+    _require_tensor(t, "loss")
+    dt = _element_type(t, "loss")
+    if dt not in types:
+        raise TypeError(f"operand loss: dtype {t.dtype} but {what}")
+    size = reduced_size(rows)
+    if tuple(t.shape) != (size,):
+        raise ValueError(f"operand loss: shape {tuple(t.shape)} must be ({size},) for a mean or a sum over {rows} "
+                         f"rows: the loss, then the kernels' workspace (reduced_size)")
+    if t.stride(0) != 1:
+        raise ValueError(f"operand loss: strides {tuple(t.stride())} but it must be dense (contiguous)")
+    return _attributes(dt, _UNIT, _divisibility(data_pointer(t), t.element_size(), (size,)))
+
+
 def _device(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
     if t.device != ref.device:
         raise ValueError(f"operand {name}: on {t.device} but {ref_name} is on {ref.device}")
@@ -148,37 +183,48 @@ def _check_disjoint(args: Arguments, outputs: tuple[str, ...], in_place: tuple[t
 
 
 class CrossEntropyArguments(Arguments):
-    """Per-row cross-entropy loss and log-sum-exp; with ``grad_logits``, also its gradient.
+    """Per-row cross-entropy loss and log-sum-exp, or their mean or sum; with ``grad_logits``,
+    also the gradient.
 
     Args:
         logits: rows over the last dimension (the classes), any leading dimensions; f16, bf16,
             f32 or f64; the last dimension of stride 1, rows evenly spaced.
         target: class indices, ``logits.shape[:-1]``, int64 or int32, dense.
-        loss, lse: receive the per-row loss and log-sum-exp: ``logits.shape[:-1]``, dense,
-            float32 (float64 for f64 logits).
+        loss, lse: with ``reduction="none"``, receive the per-row loss and log-sum-exp:
+            ``logits.shape[:-1]``, dense, float32 (float64 for f64 logits). With "mean" or
+            "sum", ``loss`` is a dense buffer of ``reduced_size(rows)`` elements of that dtype
+            whose element 0 receives the loss (the rest is the kernels' workspace), and ``lse``
+            is None.
         grad_logits: optional, logits' shape and dtype, rows evenly spaced: receives the
-            gradient of ``sum(grad_loss * loss)``; may be ``logits`` itself (in place).
-        grad_loss: with ``grad_logits``: the weight of each row's loss (loss's dtype and shape,
-            or a broadcast scalar).
-        ignore_index: rows whose target equals it have loss 0 and gradient 0.
+            gradient of ``sum(grad_loss * loss)`` (of the per-row losses, whatever the
+            reduction); may be ``logits`` itself (in place).
+        grad_loss: with ``grad_logits``: the weight of each row's loss (float32, or float64 for
+            f64 logits; ``logits.shape[:-1]``, or a broadcast scalar).
+        ignore_index: rows whose target equals it have loss 0 and gradient 0, and a mean leaves
+            them out.
         label_smoothing: in [0, 1], as torch's ``cross_entropy``.
         z_loss: weight of ``lse**2`` added to each row's loss (>= 0).
+        reduction: "none", "mean" (over the rows not ignored: NaN when every row is) or "sum".
     """
 
     __slots__ = ("logits", "target", "loss", "lse", "grad_logits", "grad_loss", "ignore_index", "label_smoothing",
-                 "z_loss", "rows", "cols")
+                 "z_loss", "reduction", "rows", "cols")
     output_names = ("loss", "lse")
     kind = "cross_entropy"
-    _with_grad: type | None = None
+    #: The class of each (gradient written, reduced) pair.
+    _by_outputs: dict = {}
 
-    def __new__(cls, *args: Any, grad_logits: Any = None, **kwargs: Any) -> "CrossEntropyArguments":
-        if grad_logits is not None and cls._with_grad is not None:
-            cls = cls._with_grad
-        return object.__new__(cls)
+    def __new__(cls, *args: Any, grad_logits: Any = None, reduction: Any = "none",
+                **kwargs: Any) -> "CrossEntropyArguments":
+        found = cls._by_outputs.get((grad_logits is not None, reduction != "none"))
+        return object.__new__(found if found is not None and issubclass(found, cls) else cls)
 
-    def __init__(self, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor, *,
-                 grad_logits: torch.Tensor | None = None, grad_loss: torch.Tensor | None = None,
-                 ignore_index: int = -100, label_smoothing: float = 0.0, z_loss: float = 0.0) -> None:
+    def __init__(self, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor | None = None,
+                 *, grad_logits: torch.Tensor | None = None, grad_loss: torch.Tensor | None = None,
+                 ignore_index: int = -100, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 reduction: str = "none") -> None:
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction: expected 'mean', 'sum' or 'none', got {reduction!r}")
         xa, self.rows, self.cols = _matrix(logits, "logits")
         if self.cols == 0:
             raise ValueError(f"operand logits: shape {tuple(logits.shape)} has no classes (last dimension 0)")
@@ -188,9 +234,17 @@ class CrossEntropyArguments(Arguments):
         _device(target, "target", logits, "logits")
         floats = _loss_types(logits)
         what = f"it must be {floats[0]} for {logits.dtype} logits"
-        for name, t in (("loss", loss), ("lse", lse)):
-            attrs[name] = _per_row(t, name, rows_shape, floats, what)
-            _device(t, name, logits, "logits")
+        if reduction == "none":
+            if lse is None:
+                raise ValueError("operand lse: required with reduction='none' (the rows' log-sum-exp)")
+            for name, t in (("loss", loss), ("lse", lse)):
+                attrs[name] = _per_row(t, name, rows_shape, floats, what)
+                _device(t, name, logits, "logits")
+        else:
+            if lse is not None:
+                raise ValueError(f"operand lse: given with reduction={reduction!r}, which writes no lse; leave it None")
+            attrs["loss"] = _reduced_buffer(loss, self.rows, floats, what)
+            _device(loss, "loss", logits, "logits")
         if (grad_logits is None) != (grad_loss is None):
             given, missing = ("grad_logits", "grad_loss") if grad_loss is None else ("grad_loss", "grad_logits")
             raise ValueError(f"operand {missing}: required with {given} (the gradient takes both)")
@@ -208,11 +262,17 @@ class CrossEntropyArguments(Arguments):
         self.logits, self.target, self.loss, self.lse = logits, target, loss, lse
         self.grad_logits, self.grad_loss = grad_logits, grad_loss
         self.ignore_index, self.label_smoothing, self.z_loss = _scalars(ignore_index, label_smoothing, z_loss)
+        self.reduction = reduction
         self.device = logits.device
         self.device_index = logits.get_device()
         self._verdicts = self._binding = None
         self.tensor_attributes = attrs
-        self.signature = (self.kind, *[(n, a.key()) for n, a in attrs.items()], self.device_index)
+        self.signature = (self.kind, reduction, *[(n, a.key()) for n, a in attrs.items()], self.device_index)
+
+    @property
+    def reduced(self) -> bool:
+        """Whether the loss is a mean or a sum (one value in ``loss[0]``)."""
+        return self.reduction != "none"
 
     def problem_key(self) -> tuple:
         """The signature with the rows and classes."""
@@ -225,20 +285,26 @@ class CrossEntropyArguments(Arguments):
 
     def __repr__(self) -> str:
         grad = ", grad_logits" if self.grad_logits is not None else ""
+        reduced = f", reduction={self.reduction}" if self.reduced else ""
         return (f"CrossEntropyArguments(rows={self.rows}, cols={self.cols}, "
                 f"logits={self.tensor_attributes['logits'].dtype}, target={self.tensor_attributes['target'].dtype}, "
                 f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing:g}, "
-                f"z_loss={self.z_loss:g}{grad}, device={self.device})")
+                f"z_loss={self.z_loss:g}{reduced}{grad}, device={self.device})")
 
 
-class _CrossEntropyGradArguments(CrossEntropyArguments):
-    """`CrossEntropyArguments` with the gradient: outputs loss, lse and grad_logits."""
-
-    __slots__ = ()
-    output_names = ("loss", "lse", "grad_logits")
+def _outputs_class(names: tuple[str, ...], doc: str) -> type:
+    return type(f"_CrossEntropy_{'_'.join(names)}", (CrossEntropyArguments,),
+                {"__slots__": (), "output_names": names, "__doc__": doc, "__module__": __name__})
 
 
-CrossEntropyArguments._with_grad = _CrossEntropyGradArguments
+CrossEntropyArguments._by_outputs.update({
+    (True, False): _outputs_class(("loss", "lse", "grad_logits"),
+                                  "`CrossEntropyArguments` with the gradient: outputs loss, lse and grad_logits."),
+    (False, True): _outputs_class(("loss",), "`CrossEntropyArguments` of a mean or a sum: output loss."),
+    (True, True): _outputs_class(("loss", "grad_logits"),
+                                 "`CrossEntropyArguments` of a mean or a sum with the gradient: outputs loss and "
+                                 "grad_logits."),
+})
 
 
 class CrossEntropyBackwardArguments(Arguments):

@@ -2,16 +2,23 @@
 logits or fused with the linear layer that makes them, as torch ops generated from `Operation`
 descriptions.
 
-Five ops:
+Seven ops:
 
 - ``kernel_api::cross_entropy(logits, target, ...) -> (loss, lse)``: per-row loss and
   log-sum-exp; its backward is ``kernel_api::cross_entropy_backward``, which reads the saved
   lse instead of recomputing it (one read and one write of the logits);
 - ``kernel_api::cross_entropy_with_grad(logits, target, grad_loss, ...) -> (loss, lse,
   grad_logits)``: the loss and the gradient of ``sum(grad_loss * loss)`` in one kernel (the
-  logits read once from DRAM and once from L2). `cross_entropy` with a mean or a sum takes it
-  when the logits require grad: the rows' weights (``1 / count`` or 1) are known in the
-  forward, and the backward only scales the saved gradient;
+  logits read once from DRAM and once from L2);
+- ``kernel_api::cross_entropy_reduced(logits, target, ..., reduction) -> buffer``: the mean or
+  the sum in ``buffer[0]``, reduced by the kernel itself (the rest of the buffer is its
+  workspace: `reduced_size`), so a repeated `cross_entropy` with a mean or a sum is one launch,
+  which the native entry points replay from C (the front door's `replay_call`) with no Python
+  frame beyond `cross_entropy` itself;
+- ``kernel_api::cross_entropy_reduced_with_grad(logits, target, grad_loss, ..., reduction) ->
+  (buffer, grad_logits)``: both at once. `cross_entropy` with a mean or a sum takes it when the
+  logits require grad: the rows' weights (``1 / count`` or 1) are known in the forward, and the
+  backward only scales the saved gradient;
 - ``kernel_api::linear_cross_entropy(hidden, weight, target, bias, ...) -> loss``: per-token
   loss, no gradients;
 - ``kernel_api::linear_cross_entropy_with_grads(hidden, weight, target, grad_loss, bias, ...,
@@ -31,16 +38,26 @@ fused op then (four GEMMs).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from ..arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
-                                       LinearCrossEntropyArguments, loss_dtype)
+                                       LinearCrossEntropyArguments, loss_dtype, reduced_size)
 from ..core import tracing
+from ..native import recipes
+from . import dispatch
 from .operation import Operation, define_operation
 
 _REDUCTIONS = ("mean", "sum", "none")
+#: The reduced call's number in the native replay's call keys.
+_REDUCED_OP = recipes.op_number("kernel_api.cross_entropy_reduced")
+#: Devices whose reduced calls take the Python path that records a launch for the native replay
+#: (where our recordable kernels run); other calls take the generated op's function.
+RECORDED_DEVICE_TYPES = frozenset({"cuda"})
+_is_dynamo_compiling = tracing.is_dynamo_compiling
+_Tensor = torch.Tensor
 
 
 # ---- fakes: output metadata (torch passes only the arguments the caller gave, so defaults in *rest) ----
@@ -56,6 +73,14 @@ def _ce_grad_fake(logits: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, torch
 
 def _ce_backward_fake(grad_loss: torch.Tensor, logits: torch.Tensor, *rest: Any) -> torch.Tensor:
     return logits.new_empty(logits.shape)
+
+
+def _reduced_fake(logits: torch.Tensor, *rest: Any) -> torch.Tensor:
+    return logits.new_empty((reduced_size(math.prod(logits.shape[:-1])),), dtype=loss_dtype(logits))
+
+
+def _reduced_grad_fake(logits: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return _reduced_fake(logits), logits.new_empty(logits.shape)
 
 
 def _lce_fake(hidden: torch.Tensor, *rest: Any) -> torch.Tensor:
@@ -90,6 +115,20 @@ def _ce_grad_args(logits: torch.Tensor, target: torch.Tensor, grad_loss: torch.T
                   grad_logits: torch.Tensor) -> CrossEntropyArguments:
     return CrossEntropyArguments(logits, target, loss, lse, grad_logits=grad_logits, grad_loss=grad_loss,
                                  ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss)
+
+
+def _reduced_args(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+                  z_loss: float, reduction: str, *, loss: torch.Tensor) -> CrossEntropyArguments:
+    return CrossEntropyArguments(logits, target, loss, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                 z_loss=z_loss, reduction=reduction)
+
+
+def _reduced_grad_args(logits: torch.Tensor, target: torch.Tensor, grad_loss: torch.Tensor, ignore_index: int,
+                       label_smoothing: float, z_loss: float, reduction: str, *, loss: torch.Tensor,
+                       grad_logits: torch.Tensor) -> CrossEntropyArguments:
+    return CrossEntropyArguments(logits, target, loss, grad_logits=grad_logits, grad_loss=grad_loss,
+                                 ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
+                                 reduction=reduction)
 
 
 def _ce_backward_args(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
@@ -144,6 +183,14 @@ CROSS_ENTROPY_WITH_GRAD = Operation(
     name="kernel_api::cross_entropy_with_grad",
     schema=f"(Tensor logits, Tensor target, Tensor grad_loss, {_SCALARS}) -> (Tensor, Tensor, Tensor)",
     arguments=_ce_grad_args, outputs=("loss", "lse", "grad_logits"), fake=_ce_grad_fake)
+CROSS_ENTROPY_REDUCED = Operation(
+    name="kernel_api::cross_entropy_reduced",
+    schema=f"(Tensor logits, Tensor target, {_SCALARS}, str reduction='mean') -> Tensor",
+    arguments=_reduced_args, outputs=("loss",), fake=_reduced_fake)
+CROSS_ENTROPY_REDUCED_WITH_GRAD = Operation(
+    name="kernel_api::cross_entropy_reduced_with_grad",
+    schema=f"(Tensor logits, Tensor target, Tensor grad_loss, {_SCALARS}, str reduction='mean') -> (Tensor, Tensor)",
+    arguments=_reduced_grad_args, outputs=("loss", "grad_logits"), fake=_reduced_grad_fake)
 CROSS_ENTROPY_BACKWARD = Operation(
     name="kernel_api::cross_entropy_backward",
     schema=f"(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, {_SCALARS}) -> Tensor",
@@ -163,6 +210,8 @@ _cross_entropy = define_operation(CROSS_ENTROPY)
 #: z_loss=0., *, grad_logits=None, stream=None)`` -> ``grad_logits``, from the forward's lse.
 cross_entropy_backward = define_operation(CROSS_ENTROPY_BACKWARD)
 _cross_entropy_with_grad = define_operation(CROSS_ENTROPY_WITH_GRAD)
+_cross_entropy_reduced = define_operation(CROSS_ENTROPY_REDUCED)
+_cross_entropy_reduced_with_grad = define_operation(CROSS_ENTROPY_REDUCED_WITH_GRAD)
 _linear_cross_entropy = define_operation(LINEAR_CROSS_ENTROPY)
 _linear_cross_entropy_with_grads = define_operation(LINEAR_CROSS_ENTROPY_WITH_GRADS)
 
@@ -195,21 +244,61 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
 
     Returns:
         The loss in float32 (float64 for f64 logits): a scalar, or ``logits.shape[:-1]``
-        for "none". Differentiable with respect to the logits.
+        for "none". Differentiable with respect to the logits. A mean or a sum is the kernel's
+        own (the last of its CTAs adds the rows' losses in a fixed order, so repeated calls give
+        the same bits), and repeated calls are replayed from C.
     """
+    if reduction == "mean" or reduction == "sum":
+        replay = dispatch.replay_call
+        if replay is not None and not _is_dynamo_compiling():
+            try:
+                like = _f32_like.get(logits.get_device())
+            except AttributeError:  # (not a tensor: the Python path says so)
+                like = None
+            if like is not None:
+                done = replay(_REDUCED_OP, like, logits, target, ignore_index, label_smoothing, z_loss, reduction,
+                              None)
+                if done is not None:
+                    return done[0]
+        return _mean_or_sum(logits, target, ignore_index, label_smoothing, z_loss, reduction)
     _check_reduction(reduction)
-    if reduction != "none" and torch.is_grad_enabled() and logits.requires_grad:
-        return _CrossEntropy.apply(logits, target, ignore_index, label_smoothing, z_loss, reduction)
     loss, _ = _cross_entropy(logits, target, ignore_index, label_smoothing, z_loss)
-    count = (target != ignore_index).sum() if reduction == "mean" else None
-    return _reduce(loss, count, reduction)
+    return loss
 
 
-def _row_weight(count: torch.Tensor, reduction: str, dtype: torch.dtype) -> torch.Tensor:
-    """Each row's weight in a mean (``1 / count``) or a sum (1), as a 0-d tensor."""
+#: Per device index, a float32 tensor of one element: the first argument of the reduced calls'
+#: keys, whose dtype and device the native replay gives the buffer it makes (`dispatch.record_replay`).
+_f32_like: dict[int, torch.Tensor] = {}
+
+
+def _mean_or_sum(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+                 z_loss: float, reduction: str) -> torch.Tensor:
+    """A mean or a sum on the Python path: under autograd `_CrossEntropy`; for float32 losses on
+    `RECORDED_DEVICE_TYPES`, the reduced arguments into a made buffer, launched and recorded for
+    the native replay; otherwise the generated op's function (its own replay, tracing)."""
+    if isinstance(logits, _Tensor) and logits.requires_grad and torch.is_grad_enabled():
+        return _CrossEntropy.apply(logits, target, ignore_index, label_smoothing, z_loss, reduction)
+    if (not isinstance(logits, _Tensor) or tracing.is_compiling() or tracing.dispatch_mode_depth()
+            or logits.device.type not in RECORDED_DEVICE_TYPES or loss_dtype(logits) is not torch.float32):
+        return _cross_entropy_reduced(logits, target, ignore_index, label_smoothing, z_loss, reduction)[0]
+    index = logits.get_device()
+    like = _f32_like.get(index)
+    if like is None:
+        like = _f32_like[index] = torch.zeros(1, dtype=torch.float32, device=logits.device)
+    made = like.new_empty((reduced_size(math.prod(logits.shape[:-1])),))
+    args = CrossEntropyArguments(logits, target, made, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                 z_loss=z_loss, reduction=reduction)
+    dispatch.call_recorded(_REDUCED_OP, args, (like, logits, target, ignore_index, label_smoothing, z_loss,
+                                               reduction, None), made)
+    return made[0]
+
+
+def _row_weight(count: torch.Tensor | None, reduction: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Each row's weight in a mean (``1 / count``, ``count`` the rows not ignored, counted on the
+    device) or a sum (1), as a 0-d tensor."""
     if reduction == "mean":
         return 1.0 / count.clamp(min=1).to(dtype)
-    return torch.ones((), dtype=dtype, device=count.device)
+    return torch.ones((), dtype=dtype, device=device)
 
 
 def _scaled(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -234,11 +323,12 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
                 z_loss: float, reduction: str) -> torch.Tensor:
-        count = (target != ignore_index).sum()
-        weight = _row_weight(count, reduction, loss_dtype(logits)).expand(target.shape)
-        loss, _, grad = _cross_entropy_with_grad.op(logits, target, weight, ignore_index, label_smoothing, z_loss)
+        count = (target != ignore_index).sum() if reduction == "mean" else None
+        weight = _row_weight(count, reduction, loss_dtype(logits), logits.device).expand(target.shape)
+        loss, grad = _cross_entropy_reduced_with_grad.op(logits, target, weight, ignore_index, label_smoothing, z_loss,
+                                                         reduction)
         ctx.save_for_backward(grad)
-        return _reduce(loss, count, reduction)
+        return loss[0]
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -257,12 +347,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.scalars = (ignore_index, label_smoothing, z_loss)
         needs = ctx.needs_input_grad
         ctx.wanted = (needs[0], needs[1], bias is not None and needs[3])
-        count = (t != ignore_index).sum()
         if reduction == "none":
             loss = _linear_cross_entropy(h, weight, t, bias, ignore_index, label_smoothing, z_loss)
             ctx.save_for_backward(h, weight, t, bias)
             return loss.view(target.shape)
-        weight_per_row = _row_weight(count, reduction, loss_dtype(hidden))
+        count = (t != ignore_index).sum() if reduction == "mean" else None
+        weight_per_row = _row_weight(count, reduction, loss_dtype(hidden), hidden.device)
         op = _linear_cross_entropy_with_grads.op
         loss, grad_h, grad_w, grad_b = op(h, weight, t, weight_per_row.expand(h.shape[0]), bias, ignore_index,
                                           label_smoothing, z_loss, *ctx.wanted)

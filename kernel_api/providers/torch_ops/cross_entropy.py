@@ -11,8 +11,8 @@ lies in [-log(classes), 0], so nothing cancels), ``nll_loss_backward`` and
 log-probability. The z-loss's gradient takes `kernel_api.arguments.cross_entropy_math`'s
 composite, where the math is written once. A 16-bit row is copied to f32 first: they are the
 reference the CUDA kernels are compared with and the fallback for what those do not take, not
-fast kernels. The row kernels' launches are one function of the operands (`LaunchedKernel`),
-so `kernel_api.ops` replays repeated calls.
+fast kernels. A mean or a sum adds the rows' losses with torch's sum. The row kernels' launches are one
+function of the operands (`LaunchedKernel`), so `kernel_api.ops` replays repeated calls.
 """
 
 from __future__ import annotations
@@ -126,6 +126,39 @@ def _unit(like: torch.Tensor) -> torch.Tensor:
     return found
 
 
+def _cross_entropy_reduced(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, rows: int, cols: int,
+                           ignore_index: int, label_smoothing: float, z_loss: float, reduction: str,
+                           stream: Any) -> None:
+    _reduced(logits, target, loss, None, None, rows, cols, ignore_index, label_smoothing, z_loss, reduction, stream)
+
+
+def _cross_entropy_reduced_with_grad(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor,
+                                     grad_logits: torch.Tensor, grad_loss: torch.Tensor, rows: int, cols: int,
+                                     ignore_index: int, label_smoothing: float, z_loss: float, reduction: str,
+                                     stream: Any) -> None:
+    _reduced(logits, target, loss, grad_logits, grad_loss, rows, cols, ignore_index, label_smoothing, z_loss,
+             reduction, stream)
+
+
+def _reduced(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, grad_logits: torch.Tensor | None,
+             grad_loss: torch.Tensor | None, rows: int, cols: int, ignore_index: int, label_smoothing: float,
+             z_loss: float, reduction: str, stream: Any) -> None:
+    """The rows' losses (`_forward`), then their sum, or their mean over the rows not ignored
+    (NaN when every row is, as torch's mean), into ``loss[0]``."""
+    context = None if stream is None else switch(logits, stream)
+    if context is not None:
+        with context:
+            return _reduced(logits, target, loss, grad_logits, grad_loss, rows, cols, ignore_index, label_smoothing,
+                            z_loss, reduction, None)
+    per_row, lse = loss.new_empty(rows), loss.new_empty(rows)
+    _forward(logits, target, per_row, lse, grad_logits, grad_loss, rows, cols, ignore_index, label_smoothing, z_loss,
+             None)
+    total = per_row.sum()
+    if reduction == "mean":
+        total = total / (target.reshape(rows) != ignore_index).sum()
+    loss[0] = total
+
+
 def _cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
                             grad_logits: torch.Tensor, rows: int, cols: int, ignore_index: int,
                             label_smoothing: float, z_loss: float, stream: Any) -> None:
@@ -186,6 +219,9 @@ class TorchCrossEntropy(_TorchCrossEntropyKernel):
                                             accumulator_type=_loss_type(dt))
 
     def _launch_parts(self, args: CrossEntropyArguments) -> tuple[Callable[..., None], tuple]:
+        if args.reduced:
+            function = _cross_entropy_reduced if args.grad_logits is None else _cross_entropy_reduced_with_grad
+            return function, (*_row_constants(args), args.reduction)
         function = _cross_entropy if args.grad_logits is None else _cross_entropy_with_grad
         return function, _row_constants(args)
 

@@ -19,6 +19,15 @@
 // boundary, 16-byte vectors, and a scalar tail. The gradient's row is written with 16-byte
 // vectors when it sits at the same offset from a 16-byte boundary as the logits' row, else
 // element by element.
+//
+// REDUCE 1 (sum) or 2 (mean) reduces the rows' losses in the same launch: `loss` is then a buffer
+// {the loss, unused, a 64-bit arrival counter, the loss of each row}. Each CTA writes its row's
+// loss, then counts itself in (a CAS on the counter); the CTA that arrives last adds the rows'
+// losses in a fixed order (in f64; the count of rows not ignored from the targets), so the
+// result does not depend on which CTA finishes when, and writes the loss. The counter carries
+// this launch's tag (from %gridid, odd and below 2^31, so no fill pattern reads as current): the
+// buffer needs no initialisation, a fresh one from the allocator serves, and CUDA graph replays
+// differ. The last CTA clears the counter.
 
 namespace ka_ce {
 
@@ -136,14 +145,87 @@ __device__ __forceinline__ void block_stats(float& m, float& s, float& sx, float
   }
 }
 
+// This launch's tag: odd and below 2^31, different for every launch (%gridid).
+__device__ __forceinline__ unsigned launch_tag() {
+  u64 g;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+  return (((unsigned)g * 0x9E3779B1u) ^ (unsigned)(g >> 32) | 1u) & 0x7FFFFFFFu;
+}
+
+// Counts the calling CTA in: the CTAs arrived so far, this one included. A counter that does
+// not carry `tag` (another launch's, or a fill pattern) counts as none.
+__device__ __forceinline__ unsigned arrive(u64* counter, unsigned tag) {
+  u64 seen = *reinterpret_cast<volatile u64*>(counter);
+  for (;;) {
+    const u64 want = (unsigned)(seen >> 32) == tag ? seen + 1 : (((u64)tag << 32) | 1u);
+    const u64 was = atomicCAS(counter, seen, want);
+    if (was == seen) return (unsigned)want;
+    seen = was;
+  }
+}
+
+// The reduction's epilogue (module comment): `v` is this row's loss (0 when ignored), known to
+// thread 0. Every thread of every CTA calls it.
+template <class I, int THREADS, int REDUCE>
+__device__ __forceinline__ void reduce_rows(float* buf, float v, const I* __restrict__ target, i64 rows,
+                                            i64 ignore_index) {
+  __shared__ int last;
+  __shared__ double ssum[32];
+  __shared__ int scount[32];
+  const int t = threadIdx.x;
+  u64* counter = reinterpret_cast<u64*>(buf + 2);
+  float* parts = buf + 4;
+  if (t == 0) {
+    parts[blockIdx.x] = v;
+    __threadfence();  // the row's loss before its arrival
+    last = arrive(counter, launch_tag()) == gridDim.x;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  double s = 0.0;
+  int count = 0;
+  for (i64 r = t; r < rows; r += THREADS) {
+    s += (double)__ldcg(parts + r);  // (from L2: other CTAs wrote them)
+    if constexpr (REDUCE == 2) count += (i64)target[r] != ignore_index;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    count += __shfl_xor_sync(0xffffffffu, count, o);
+  }
+  constexpr int WARPS = THREADS / 32;
+  const int lane = t & 31, warp = t >> 5;
+  if (lane == 0) {
+    ssum[warp] = s;
+    scount[warp] = count;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    s = lane < WARPS ? ssum[lane] : 0.0;
+    count = lane < WARPS ? scount[lane] : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      count += __shfl_xor_sync(0xffffffffu, count, o);
+    }
+    if (lane == 0) {
+      buf[0] = REDUCE == 2 ? (float)(s / (double)count) : (float)s;  // (0 / 0: NaN, as torch's mean of nothing)
+      *counter = 0ull;
+    }
+  }
+}
+
 // MODE 0: loss (and lse, unless lse_io is null); MODE 1: also the gradient; MODE 2: the
 // gradient from lse_io. I: the class index type (long long or int). UNROLL vectors per thread
-// are loaded before any is used, so that they are in flight together.
-template <class T, class I, int VEC, int THREADS, int MODE, int UNROLL = 4>
+// are loaded before any is used, so that they are in flight together. REDUCE: see the module
+// comment (MODE 0 and 1 only; lse_io null).
+template <class T, class I, int VEC, int THREADS, int MODE, int REDUCE = 0, int UNROLL = 4>
 __global__ void __launch_bounds__(THREADS) ce_rows(const typename T::raw* logits, i64 ldx, const I* __restrict__ target,
                                                    i64 cols, float* loss, float* lse_io, typename T::raw* grad,
                                                    i64 ldg, const float* __restrict__ grad_loss, i64 gl_stride,
                                                    i64 ignore_index, float smoothing, float z_loss) {
+  static_assert(REDUCE == 0 || MODE != 2, "the backward writes no loss");
   typedef typename T::raw raw;
   __shared__ float sm[96];
   const i64 row = blockIdx.x;
@@ -154,7 +236,7 @@ __global__ void __launch_bounds__(THREADS) ce_rows(const typename T::raw* logits
   const i64 tgt = (i64)target[row];
 
   if (tgt == ignore_index) {
-    if constexpr (MODE != 2) {
+    if constexpr (MODE != 2 && REDUCE == 0) {
       if (t == 0) {
         loss[row] = 0.f;
         if (lse_io) lse_io[row] = 0.f;
@@ -170,6 +252,7 @@ __global__ void __launch_bounds__(THREADS) ce_rows(const typename T::raw* logits
       uint4* gv = reinterpret_cast<uint4*>(gr + ghead);
       for (int v = t; v < gnvec; v += THREADS) st16(gv + v, make_uint4(0u, 0u, 0u, 0u));
     }
+    if constexpr (REDUCE != 0) reduce_rows<I, THREADS, REDUCE>(loss, 0.f, target, gridDim.x, ignore_index);
     return;
   }
 
@@ -182,7 +265,7 @@ __global__ void __launch_bounds__(THREADS) ce_rows(const typename T::raw* logits
   const Pack<T, VEC>* xv = reinterpret_cast<const Pack<T, VEC>*>(xr + head);
   const bool in_range = tgt >= 0 && tgt < cols;
 
-  float lse;
+  float lse, row_loss = 0.f;
   if constexpr (MODE != 2) {
     const float xt = in_range ? T::load(xr[tgt]) : __int_as_float(0x7fffffff);  // read before any write
     float m = -CE_INF, s = 0.f, sx = 0.f;
@@ -221,7 +304,8 @@ __global__ void __launch_bounds__(THREADS) ce_rows(const typename T::raw* logits
     block_stats<THREADS>(m, s, sx, sm);
     lse = m + logf(s);
     if (t == 0) {
-      loss[row] = (1.f - smoothing) * (lse - xt) + smoothing * (lse - sx / (float)n) + z_loss * lse * lse;
+      row_loss = (1.f - smoothing) * (lse - xt) + smoothing * (lse - sx / (float)n) + z_loss * lse * lse;
+      if constexpr (REDUCE == 0) loss[row] = row_loss;
       if (lse_io) lse_io[row] = lse;
     }
   } else {
@@ -271,6 +355,7 @@ __global__ void __launch_bounds__(THREADS) ce_rows(const typename T::raw* logits
       }
     }
   }
+  if constexpr (REDUCE != 0) reduce_rows<I, THREADS, REDUCE>(loss, row_loss, target, gridDim.x, ignore_index);
 }
 
 }  // namespace ka_ce

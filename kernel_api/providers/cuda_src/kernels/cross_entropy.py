@@ -6,7 +6,9 @@ type (int64, int32), every row length and element alignment (rows are peeled to 
 vectors):
 
 - `CudaCrossEntropy` (`CrossEntropyArguments`): one pass over each row for the loss and lse;
-  with ``grad_logits``, a second pass (from L2) writes the gradient, in place or not;
+  with ``grad_logits``, a second pass (from L2) writes the gradient, in place or not; a mean or a
+  sum is reduced in the same launch (the last CTA to finish adds the rows' losses, in a fixed
+  order), so a reduced call is one recorded launch too;
 - `CudaCrossEntropyBackward` (`CrossEntropyBackwardArguments`): the gradient from the saved lse,
   one read and one write of each row;
 - `CudaLinearCrossEntropy` (`LinearCrossEntropyArguments`): the chunk loop of
@@ -15,8 +17,8 @@ vectors):
   buffer, in the inputs' dtype.
 
 One CTA per row, its size by the row's bytes (`ROW_THREADS`). The template instance depends on
-the row length's bucket and whether the gradient is written, so both are in the compile key
-(`name_expression`). The row kernels' launches are recorded (`_launcher`: a
+the row length's bucket, whether the gradient is written and the reduction, so all three are in
+the compile key (`name_expression`). The row kernels' launches are recorded (`_launcher`: a
 ``kernel_api.native.cuda_launch`` function, the row strides and the loss's scalars fixed by the
 operands' metadata and the arguments' values), so `kernel_api.ops` replays repeated calls from C.
 """
@@ -48,6 +50,8 @@ from ..kernel import CudaSourceKernel
 _TYPES = {DataType.f32: "ka_ce::F32", DataType.f16: "ka_ce::F16", DataType.bf16: "ka_ce::BF16"}
 _INDEX = {DataType.i64: "long long", DataType.i32: "int"}
 _ROWS, _UNIT = (0, 1), (1,)
+#: The kernel's REDUCE per reduction.
+_REDUCE = {"none": 0, "sum": 1, "mean": 2}
 #: The longest row the kernel indexes with 32-bit ints.
 MAX_COLS = 2**31 - 1
 #: Recorded launches kept per instance (one per operand layout, row count and scalars).
@@ -112,10 +116,15 @@ class _CrossEntropyCuda(CudaSourceKernel):
     def _classes(self, args: Any) -> int:
         return args.cols
 
+    def _reduce(self, args: Any) -> int:
+        """The kernel's REDUCE: 0 (none), 1 (sum) or 2 (mean)."""
+        return 0
+
     def name_expression(self, args: Any) -> str:
         vec = _vec(self.dtype)
         threads = threads_for(self._classes(args), vec)
-        return f"ka_ce::ce_rows<{_TYPES[self.dtype]}, {_INDEX[self.index]}, {vec}, {threads}, {self._mode(args)}>"
+        return (f"ka_ce::ce_rows<{_TYPES[self.dtype]}, {_INDEX[self.index]}, {vec}, {threads}, {self._mode(args)}, "
+                f"{self._reduce(args)}>")
 
     def launch_config(self, args: Any) -> tuple:
         return (max(args.rows, 1), threads_for(self._classes(args), _vec(self.dtype)))
@@ -203,22 +212,36 @@ class CudaCrossEntropy(_CrossEntropyCuda):
     def _mode(self, args: Any) -> int:
         return 0 if args.grad_logits is None else 1
 
+    def _reduce(self, args: Any) -> int:
+        return _REDUCE[args.reduction]
+
+    def _supports(self, args: Any) -> Status:
+        if args.reduced and args.loss.data_ptr() % 8:
+            return Status.fail(f"{self.metadata.kernel_name}: operand loss: its workspace's 64-bit counter needs "
+                               f"an 8-byte aligned buffer, got address {args.loss.data_ptr():#x}")
+        return super()._supports(args)
+
     def _run(self, args: CrossEntropyArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
         device = _device(args)
-        grad, gl = args.grad_logits, args.grad_loss
+        grad, gl, lse = args.grad_logits, args.grad_loss, args.lse
+        if args.rows == 0 and args.reduced:  # (no CTA to write it: the mean of nothing, or an empty sum)
+            args.loss[0] = float("nan") if args.reduction == "mean" else 0.0
+            return
         params = (args.logits.data_ptr(), row_stride(args.logits, args.cols), args.target.data_ptr(), args.cols,
-                  args.loss.data_ptr(), args.lse.data_ptr(), 0 if grad is None else grad.data_ptr(),
+                  args.loss.data_ptr(), 0 if lse is None else lse.data_ptr(), 0 if grad is None else grad.data_ptr(),
                   0 if grad is None else row_stride(grad, args.cols), 0 if gl is None else gl.data_ptr(),
                   0 if gl is None else _grad_loss_stride(gl), *_scalars(args))
         self._launch(artifact, stream_handle(stream, device), device, args.rows, args.cols, params)
 
     def _launcher(self, args: CrossEntropyArguments, artifact: Any) -> Launcher | None:
-        """`_run`'s launch recorded: (logits, target, loss, lse[, grad_logits, grad_loss])."""
+        """`_run`'s launch recorded: the tensors of ``args.tensor_attributes`` in order (logits,
+        target, loss[, lse][, grad_logits, grad_loss])."""
         T, cols, grad, gl = native.TENSOR, args.cols, args.grad_logits, args.grad_loss
-        parameters = ((T, 0), (8, row_stride(args.logits, cols)), (T, 1), (8, cols), (T, 2), (T, 3),
-                      (8, 0) if grad is None else (T, 4), (8, 0 if grad is None else row_stride(grad, cols)),
-                      (8, 0) if gl is None else (T, 5), (8, 0 if gl is None else _grad_loss_stride(gl)),
-                      *_scalar_parameters(args))
+        at = {name: (T, i) for i, name in enumerate(args.tensor_attributes)}
+        parameters = (at["logits"], (8, row_stride(args.logits, cols)), at["target"], (8, cols), at["loss"],
+                      at.get("lse", (8, 0)), at.get("grad_logits", (8, 0)),
+                      (8, 0 if grad is None else row_stride(grad, cols)), at.get("grad_loss", (8, 0)),
+                      (8, 0 if gl is None else _grad_loss_stride(gl)), *_scalar_parameters(args))
         return _recorded(self, args, artifact, parameters)
 
 

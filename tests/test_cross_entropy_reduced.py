@@ -1,0 +1,201 @@
+"""Cross-entropy's mean and sum as one launch into one made buffer, on the CPU: the arguments of a
+reduced call, the torch provider's reduced kernels against float64, the front door's repeated
+mean or sum replayed from C (no Python frame of ours beyond `ops.cross_entropy`, no torch op
+after the kernel), and tracing. tests/test_cross_entropy_reduced_gpu.py runs the CUDA kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import native, ops
+from kernel_api.arguments import CrossEntropyArguments
+from kernel_api.arguments.cross_entropy import reduced_size
+from kernel_api.launcher import Launcher
+
+from test_cross_entropy import reference
+
+
+def _problem(seed, rows=9, cols=33, dtype=torch.float32, ignore_index=-100):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, cols, generator=g) * 3).to(dtype)
+    t = torch.randint(0, cols, (rows,), generator=g)
+    t[1::4] = ignore_index
+    return x, t
+
+
+def test_reduced_arguments_take_a_buffer_and_no_lse():
+    x, t = _problem(0)
+    args = CrossEntropyArguments(x, t, torch.empty(reduced_size(9)), reduction="mean")
+    assert type(args).output_names == ("loss",) and args.reduced and "reduction=mean" in repr(args)
+    grad = CrossEntropyArguments(x, t, torch.empty(reduced_size(9)), grad_logits=x.clone(), grad_loss=torch.ones(9),
+                                 reduction="sum")
+    assert isinstance(grad, CrossEntropyArguments) and type(grad).output_names == ("loss", "grad_logits")
+    none = CrossEntropyArguments(x, t, torch.empty(9), torch.empty(9))
+    assert none.problem_key() != args.problem_key() != CrossEntropyArguments(
+        x, t, torch.empty(reduced_size(9)), reduction="sum").problem_key()
+    cases = [
+        (lambda: CrossEntropyArguments(x, t, torch.empty(()), reduction="mean"), ValueError,
+         f"operand loss: shape () must be ({reduced_size(9)},) for a mean or a sum over 9 rows"),
+        (lambda: CrossEntropyArguments(x, t, torch.empty(reduced_size(9)), torch.empty(9), reduction="sum"),
+         ValueError, "operand lse: given with reduction='sum'"),
+        (lambda: CrossEntropyArguments(x, t, torch.empty(reduced_size(9), dtype=torch.float64), reduction="sum"),
+         TypeError, "operand loss: dtype torch.float64"),
+        (lambda: CrossEntropyArguments(x, t, torch.empty(2 * reduced_size(9))[::2], reduction="sum"), ValueError,
+         "operand loss: strides (2,)"),
+        (lambda: CrossEntropyArguments(x, t, torch.empty(9)), ValueError, "operand lse: required"),
+        (lambda: CrossEntropyArguments(x, t, torch.empty(9), torch.empty(9), reduction="avg"), ValueError,
+         "reduction: expected 'mean', 'sum' or 'none', got 'avg'"),
+    ]
+    for make, error, text in cases:
+        with pytest.raises(error) as info:
+            make()
+        assert text in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("options", [dict(), dict(label_smoothing=0.2, z_loss=1e-2, ignore_index=0)])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_the_torch_kernels_reduce_against_float64(cpu_ops, dtype, options, reduction):
+    x, t = _problem(hash((str(dtype), reduction, len(options))) % 2**31, rows=13, cols=37, dtype=dtype,
+                    ignore_index=options.get("ignore_index", -100))
+    weights = torch.rand(13, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    loss_type = torch.float64 if dtype == torch.float64 else torch.float32
+    tol = dict(atol=1e-12, rtol=1e-12) if dtype == torch.float64 else dict(atol=1e-5, rtol=1e-5)
+    want = reference(x, t, reduction=reduction, **options)
+    buffer = torch.full((reduced_size(13),), 1234.5, dtype=loss_type)
+    got = ops.call(CrossEntropyArguments(x, t, buffer, reduction=reduction, **options))
+    assert got is buffer
+    torch.testing.assert_close(buffer[0].double(), want, **tol)
+    grad = torch.full_like(x, 1234.5)
+    ops.call(CrossEntropyArguments(x, t, buffer, grad_logits=grad, grad_loss=weights, reduction=reduction, **options))
+    torch.testing.assert_close(buffer[0].double(), want, **tol)
+    xr = x.double().requires_grad_()
+    (reference(xr, t, reduction="none", **options) * weights.double()).sum().backward()
+    grad_tol = tol if dtype != torch.bfloat16 else dict(atol=8e-3, rtol=8e-3)
+    torch.testing.assert_close(grad.double(), xr.grad, **grad_tol)
+
+
+def _in_place(t, dtype):
+    """A CPU tensor of ``dtype`` over the memory of the launch's tensor ``t`` (dense)."""
+    size = torch.empty((), dtype=dtype).element_size() * math.prod(t.shape)
+    memory = (ctypes.c_char * size).from_address(t.data_ptr())
+    return torch.frombuffer(memory, dtype=dtype).view(tuple(t.shape))
+
+
+@pytest.fixture
+def c_replay(cpu_ops, monkeypatch):
+    """The native entry points, the reduced calls on the CPU taking the Python path that records
+    for them, and the torch provider's cross-entropy kernel launching through a TVM-FFI function
+    (as the CUDA kernel's recorded launch does), counted."""
+    tvm_ffi = pytest.importorskip("tvm_ffi")
+    from kernel_api.ops import dispatch
+    from kernel_api.providers.torch_ops.cross_entropy import TorchCrossEntropy
+
+    if native.entry() is None:
+        pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
+    assert dispatch._load_entry()
+    monkeypatch.setattr(sys.modules["kernel_api.ops.cross_entropy"], "RECORDED_DEVICE_TYPES", frozenset({"cpu"}))
+    launched = []
+
+    def ffi_launcher(self, args, artifact):
+        function, tail = self._launch_parts(args)
+        dtypes = [getattr(args, name).dtype for name in args.tensor_attributes]
+
+        def launch(*operands):  # the tensors (as DLTensor pointers: read in place), then the stream
+            launched.append(len(operands))
+            function(*[_in_place(t, dt) for t, dt in zip(operands, dtypes)], *tail, None)
+
+        return Launcher(tvm_ffi.convert(launch))
+
+    monkeypatch.setattr(TorchCrossEntropy, "_launcher", ffi_launcher)
+    with kernel_api.settings(providers=["torch"]):
+        yield launched
+
+
+def _replayed(f, launched):
+    """f() until a call is replayed (the made buffer's pointer alignment is part of the key: the
+    CPU allocator's vary, so a few calls record a variant each); its result and the frames it
+    entered."""
+    from test_hardening_host_cost import Frames
+
+    for _ in range(40):
+        before = len(launched)
+        with Frames() as frames:
+            result = f()
+        if len(launched) > before:
+            assert len(launched) == before + 1
+            return result, frames
+    raise AssertionError("no call was replayed")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("options", [dict(), dict(label_smoothing=0.1, z_loss=1e-3, ignore_index=2)])
+def test_a_repeated_mean_or_sum_is_one_launch_replayed_from_c(c_replay, reduction, options):
+    from launched_ops import LaunchedOps
+
+    x, t = _problem(3, ignore_index=options.get("ignore_index", -100))
+    first = ops.cross_entropy(x, t, reduction=reduction, **options)  # the Python path records its launch
+    assert c_replay == []
+    again, frames = _replayed(lambda: ops.cross_entropy(x, t, reduction=reduction, **options), c_replay)
+    inside = next(i for i, f in enumerate(frames.entered) if f.endswith("ffi_launcher.<locals>.launch"))
+    ours = [f for f in frames.entered[:inside] if f.startswith("kernel_api.")]  # (before the kernel's own)
+    assert ours == ["kernel_api.ops.cross_entropy.cross_entropy"], frames.entered[:inside]
+    assert c_replay[-1] == 4  # one launch: logits, target, the made buffer, the stream
+    assert again.shape == () and again.dtype == torch.float32 and torch.equal(again, first)
+    torch.testing.assert_close(again.double(), reference(x, t, reduction=reduction, **options), atol=1e-5, rtol=1e-5)
+    # no torch op after the kernel's own (the kernel here is torch's: its ops run inside the launch)
+    with LaunchedOps() as seen:
+        ops.cross_entropy(x, t, reduction=reduction, **options)
+    assert "div" not in seen.ops and seen.ops.count("sum") <= 2, seen.ops
+
+
+def test_what_the_key_does_not_hold_takes_the_python_path_and_is_recorded(c_replay):
+    x, t = _problem(4)
+    kept = t.clamp(min=0)
+    for call in (lambda: ops.cross_entropy(x, t), lambda: ops.cross_entropy(x, t, reduction="sum"),
+                 lambda: ops.cross_entropy(x, t, z_loss=1e-3), lambda: ops.cross_entropy(x[:5], t[:5]),
+                 lambda: ops.cross_entropy(x, kept, ignore_index=3)):
+        before = len(c_replay)
+        first = call()
+        assert len(c_replay) == before  # (the Python path runs the kernel itself)
+        again, _ = _replayed(call, c_replay)
+        assert torch.equal(first, again)
+
+
+def test_every_row_ignored_gives_torchs_nan_mean(c_replay):
+    x, t = torch.randn(4, 6), torch.full((4,), -100)
+    for _ in range(2):
+        assert torch.isnan(ops.cross_entropy(x, t))
+        assert ops.cross_entropy(x, t, reduction="sum").item() == 0
+    assert torch.isnan(torch.nn.functional.cross_entropy(x, t))
+
+
+def test_make_fx_shows_the_reduced_ops():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, t = torch.randn(4, 7), torch.randint(0, 7, (4,))
+    code = make_fx(lambda x, t: ops.cross_entropy(x, t, reduction="sum"), tracing_mode="fake")(x, t).code
+    assert "kernel_api.cross_entropy_reduced.default" in code and "sum" not in code.replace("'sum'", "")
+    xg = x.clone().requires_grad_()
+    code = make_fx(lambda x, t: torch.autograd.grad(ops.cross_entropy(x, t), (x,)), tracing_mode="fake")(xg, t).code
+    assert "kernel_api.cross_entropy_reduced_with_grad.default" in code
+
+
+def test_torch_compile_of_the_mean(cpu_ops):
+    torch._dynamo.reset()
+    x, t = _problem(5)
+    compiled = torch.compile(lambda x, t: ops.cross_entropy(x, t, label_smoothing=0.1), fullgraph=True,
+                             backend="aot_eager")
+    torch.testing.assert_close(compiled(x, t).double(), reference(x, t, label_smoothing=0.1), atol=1e-5, rtol=1e-5)
+    xg = x.clone().requires_grad_()
+    compiled(xg, t).backward()
+    xr = x.double().requires_grad_()
+    reference(xr, t, label_smoothing=0.1).backward()
+    torch.testing.assert_close(xg.grad.double(), xr.grad, atol=1e-6, rtol=1e-5)
