@@ -24,6 +24,10 @@ smaller). Also (unless ``--no-rows``) the per-row loss alone on (tokens x vocabu
 ``ops.cross_entropy`` against ``F.cross_entropy``, Liger's cross-entropy and (``--rows-compile``) torch.compile, with
 the bandwidth of ours (the logits read once and the gradient written once; the second read of
 each row, for the gradient, comes from L2).
+With ``--host``, first the host time of a repeated call at a host-bound size (16 x 4096 bf16
+logits, as benchmarks/host_latency_ops.py times it, with its ``measure``): ``ops.cross_entropy``
+with each reduction, ``ops.cross_entropy_backward``, and a mean's forward and ``backward()``,
+against torch's own call for the same work, and the chosen kernel's launch alone.
 JSON: benchmarks/results/cross_entropy-<device>.json (and a copy in ``$OUT``).
 """
 
@@ -170,6 +174,59 @@ def rows_case(tokens, vocab, args, liger_ce) -> dict:
             "loss": values, "ours_tb_s": moved / (times["ours"] * 1e-3) / 1e12, "chosen": chosen}
 
 
+def host_case(args) -> dict:
+    """Host microseconds per repeated call (module docstring), medians over repeats."""
+    import statistics
+
+    from host_latency_ops import kernel_alone, measure
+
+    from kernel_api.core.streams import to_cuda_stream
+
+    rows, vocab = 16, 4096
+    logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16)
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    target[::5] = -100
+    grad_loss = torch.randn(rows, device="cuda")
+    lse = torch.logsumexp(logits.float(), -1)
+    leaf = logits.detach().clone().requires_grad_()
+    with torch.enable_grad():
+        kept = F.cross_entropy(leaf.float(), target, reduction="none")
+
+    def ours_step():
+        with torch.enable_grad():
+            ops.cross_entropy(leaf, target).backward()
+
+    def torch_step():
+        with torch.enable_grad():
+            F.cross_entropy(leaf, target).backward()
+
+    pairs = {
+        "none": (lambda: ops.cross_entropy(logits, target, reduction="none"),
+                 lambda: F.cross_entropy(logits, target, reduction="none")),
+        "mean": (lambda: ops.cross_entropy(logits, target), lambda: F.cross_entropy(logits, target)),
+        "sum": (lambda: ops.cross_entropy(logits, target, reduction="sum"),
+                lambda: F.cross_entropy(logits, target, reduction="sum")),
+        "backward": (lambda: ops.cross_entropy_backward(grad_loss, logits, target, lse),
+                     lambda: torch.autograd.grad(kept, (leaf,), grad_loss, retain_graph=True)),
+        "mean forward+backward": (ours_step, torch_step),
+    }
+    table, stream = {}, to_cuda_stream(None)
+    with torch.no_grad():
+        for name, (ours, theirs) in pairs.items():
+            table[f"{name} | ops"], table[f"{name} | torch"] = ours, theirs
+            alone = kernel_alone(ours, stream) if name != "mean forward+backward" else None
+            if alone is not None:
+                table[f"{name} | kernel"] = alone
+        samples = measure(table, 50 if args.quick else 200, 7 if args.quick else 25, torch.cuda.synchronize)
+    result = {}
+    for name in pairs:
+        a, b, c = samples[f"{name} | ops"], samples[f"{name} | torch"], samples.get(f"{name} | kernel")
+        result[name] = {"ops_us": statistics.median(a), "torch_us": statistics.median(b),
+                        "difference_us": statistics.median(x - y for x, y in zip(a, b)),
+                        "kernel_us": statistics.median(c) if c else None}
+    return result
+
+
 def breakdown_case(tokens, hidden, vocab, chunk, args) -> dict:
     """Median ms of each piece of one chunk of ours (``chunk`` tokens), in shuffled turns: the
     logits GEMM, the row kernel (loss and in-place gradient; ``_t<N>``: with N threads per CTA),
@@ -244,14 +301,27 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     ap.add_argument("--quick", action="store_true", help="the smaller default shape, 5 steps, no torch.compile")
     ap.add_argument("--no-linear", action="store_true", help="the per-row cross-entropy only")
+    ap.add_argument("--host", action="store_true", help="first the host time of repeated calls (module docstring)")
     args = ap.parse_args()
     if args.quick:
         args.shapes, args.repeat, args.no_compile = "16384x2048x32000", min(args.repeat, 5), True
     args.chunks = [int(c) for c in args.chunks.split(",") if c]
     liger, liger_ce = _liger()
     doc = results_io.result_doc(chunk_tokens=cross_entropy_math.CHUNK_TOKENS, ignored=args.ignored, linear={}, rows={},
-                                breakdown={})
+                                breakdown={}, host={})
     lines = []
+    name = results_io.result_name("cross_entropy", torch.cuda.get_device_name(), args.tag)
+    paths = None
+    if args.host:
+        doc["host"] = host_case(args)
+        lines.append(f"host time per repeated call, 16x4096 bf16 (us, medians): {'ops':>8} {'torch':>8} "
+                     f"{'ops-torch':>10} {'kernel':>8}")
+        for row, r in doc["host"].items():
+            kernel = "-" if r["kernel_us"] is None else f"{r['kernel_us']:.2f}"
+            lines.append(f"  {row:<24} {r['ops_us']:8.2f} {r['torch_us']:8.2f} {r['difference_us']:+10.2f} "
+                         f"{kernel:>8}")
+        print("\n".join(lines), flush=True)
+        paths = results_io.write_result_with_text(name, doc, lines)
     for shape in args.shapes.split(","):
         tokens, hidden, vocab = (int(v) for v in shape.split("x"))
         if not args.no_linear:
@@ -272,7 +342,6 @@ def main() -> None:
             _report(f"cross_entropy {tokens}x{vocab}", rows, lines)
         gc.collect()
         torch.cuda.empty_cache()
-        name = results_io.result_name("cross_entropy", torch.cuda.get_device_name(), args.tag)
         paths = results_io.write_result_with_text(name, doc, lines)  # (after each shape: a timeout keeps the rest)
     print("\n".join(lines))
     print(paths)

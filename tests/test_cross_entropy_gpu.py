@@ -1,6 +1,7 @@
 """Cross-entropy on CUDA: the CUDA C++ kernels (run directly and through `kernel_api.ops`) against
 float64 references on fresh random data, with outputs in sentinel-filled buffers, odd vocabulary
-sizes, misaligned and strided rows, ignored and all-ignored rows, in-place gradients; the fused
+sizes, misaligned and strided rows, ignored and all-ignored rows, in-place gradients (the mean
+and the sum reduced in the launch: tests/test_cross_entropy_reduced_gpu.py); the fused
 linear cross-entropy's loss and gradients against float64; torch.compile(fullgraph=True). The CPU
 half is tests/test_cross_entropy.py, whose reference this reuses.
 """
@@ -279,6 +280,7 @@ _SANITIZED = r"""
 import torch
 from kernel_api import get_kernels
 from kernel_api.arguments import CrossEntropyArguments, CrossEntropyBackwardArguments, LinearCrossEntropyArguments
+from kernel_api.arguments.cross_entropy import reduced_size
 torch.manual_seed(0)
 def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
     return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
@@ -297,6 +299,11 @@ for dtype in (torch.bfloat16, torch.float32):
             cuda(args).run(args); n += 1
         args = CrossEntropyBackwardArguments(w, x, t, lse, at(rows, cols, dtype, offset))
         cuda(args).run(args); n += 1
+        for reduction, grad in (("mean", None), ("sum", at(rows, cols, dtype, (offset + 3) % 8))):
+            extra = {} if grad is None else dict(grad_logits=grad, grad_loss=w)
+            args = CrossEntropyArguments(x, t, torch.empty(reduced_size(rows), device="cuda"), reduction=reduction,
+                                         **extra)
+            cuda(args).run(args); n += 1
 h, wt = at(70, 32, torch.bfloat16, 0), at(1001, 32, torch.bfloat16, 0)
 t = torch.randint(0, 1001, (70,), device="cuda")
 t[::7] = -100
@@ -312,4 +319,4 @@ def test_memcheck_clean():
     from memcheck import run_memcheck
 
     out = run_memcheck(_SANITIZED)
-    assert "runs 25" in out, out[-2000:]
+    assert "runs 37" in out, out[-2000:]
