@@ -280,7 +280,7 @@ _SANITIZED = r"""
 import torch
 from kernel_api import get_kernels
 from kernel_api.arguments import CrossEntropyArguments, CrossEntropyBackwardArguments, LinearCrossEntropyArguments
-from kernel_api.arguments.cross_entropy import reduced_size
+from kernel_api.arguments.cross_entropy import CrossEntropyReducedArguments, reduced_size
 torch.manual_seed(0)
 def at(rows, cols, dtype, offset):  # its own allocation, offset elements in: rows at any alignment
     return torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:].view(rows, cols)
@@ -301,8 +301,8 @@ for dtype in (torch.bfloat16, torch.float32):
         cuda(args).run(args); n += 1
         for reduction, grad in (("mean", None), ("sum", at(rows, cols, dtype, (offset + 3) % 8))):
             extra = {} if grad is None else dict(grad_logits=grad, grad_loss=w)
-            args = CrossEntropyArguments(x, t, torch.empty(reduced_size(rows), device="cuda"), reduction=reduction,
-                                         **extra)
+            args = CrossEntropyReducedArguments(x, t, torch.empty(reduced_size(rows), device="cuda"),
+                                                reduction=reduction, **extra)
             cuda(args).run(args); n += 1
 h, wt = at(70, 32, torch.bfloat16, 0), at(1001, 32, torch.bfloat16, 0)
 t = torch.randint(0, 1001, (70,), device="cuda")

@@ -15,7 +15,7 @@ import torch
 
 import kernel_api
 from kernel_api import native, ops
-from kernel_api.arguments import CrossEntropyArguments
+from kernel_api.arguments import CrossEntropyArguments, CrossEntropyReducedArguments
 from kernel_api.arguments.cross_entropy import reduced_size
 from kernel_api.launcher import Launcher
 
@@ -30,33 +30,47 @@ def _problem(seed, rows=9, cols=33, dtype=torch.float32, ignore_index=-100):
     return x, t
 
 
-def test_reduced_arguments_take_a_buffer_and_no_lse():
+def test_reduced_arguments_take_a_buffer():
     x, t = _problem(0)
-    args = CrossEntropyArguments(x, t, torch.empty(reduced_size(9)), reduction="mean")
-    assert type(args).output_names == ("loss",) and args.reduced and "reduction=mean" in repr(args)
-    grad = CrossEntropyArguments(x, t, torch.empty(reduced_size(9)), grad_logits=x.clone(), grad_loss=torch.ones(9),
-                                 reduction="sum")
-    assert isinstance(grad, CrossEntropyArguments) and type(grad).output_names == ("loss", "grad_logits")
-    none = CrossEntropyArguments(x, t, torch.empty(9), torch.empty(9))
-    assert none.problem_key() != args.problem_key() != CrossEntropyArguments(
-        x, t, torch.empty(reduced_size(9)), reduction="sum").problem_key()
+    args = CrossEntropyReducedArguments(x, t, torch.empty(reduced_size(9)), reduction="mean")
+    assert type(args).output_names == ("loss",) and "reduction=mean" in repr(args)
+    grad = CrossEntropyReducedArguments(x, t, torch.empty(reduced_size(9)), grad_logits=x.clone(),
+                                        grad_loss=torch.ones(9), reduction="sum")
+    assert isinstance(grad, CrossEntropyReducedArguments) and type(grad).output_names == ("loss", "grad_logits")
+    assert not isinstance(args, CrossEntropyArguments)  # (kernels of the per-row loss never see a buffer)
+    assert args.problem_key() != CrossEntropyReducedArguments(x, t, torch.empty(reduced_size(9)),
+                                                              reduction="sum").problem_key()
     cases = [
-        (lambda: CrossEntropyArguments(x, t, torch.empty(()), reduction="mean"), ValueError,
+        (lambda: CrossEntropyReducedArguments(x, t, torch.empty(())), ValueError,
          f"operand loss: shape () must be ({reduced_size(9)},) for a mean or a sum over 9 rows"),
-        (lambda: CrossEntropyArguments(x, t, torch.empty(reduced_size(9)), torch.empty(9), reduction="sum"),
-         ValueError, "operand lse: given with reduction='sum'"),
-        (lambda: CrossEntropyArguments(x, t, torch.empty(reduced_size(9), dtype=torch.float64), reduction="sum"),
-         TypeError, "operand loss: dtype torch.float64"),
-        (lambda: CrossEntropyArguments(x, t, torch.empty(2 * reduced_size(9))[::2], reduction="sum"), ValueError,
+        (lambda: CrossEntropyReducedArguments(x, t, torch.empty(reduced_size(9), dtype=torch.float64)), TypeError,
+         "operand loss: dtype torch.float64"),
+        (lambda: CrossEntropyReducedArguments(x, t, torch.empty(2 * reduced_size(9))[::2]), ValueError,
          "operand loss: strides (2,)"),
-        (lambda: CrossEntropyArguments(x, t, torch.empty(9)), ValueError, "operand lse: required"),
-        (lambda: CrossEntropyArguments(x, t, torch.empty(9), torch.empty(9), reduction="avg"), ValueError,
-         "reduction: expected 'mean', 'sum' or 'none', got 'avg'"),
+        (lambda: CrossEntropyReducedArguments(x, t, torch.empty(reduced_size(9)), reduction="none"), ValueError,
+         "reduction: expected 'mean' or 'sum', got 'none'"),
+        (lambda: CrossEntropyReducedArguments(x, t[:4], torch.empty(reduced_size(9))), ValueError,
+         "operand target: shape (4,) must be (9,)"),
+        (lambda: CrossEntropyReducedArguments(x, t, torch.empty(reduced_size(9)), grad_logits=x.clone()), ValueError,
+         "operand grad_loss: required with grad_logits"),
     ]
     for make, error, text in cases:
         with pytest.raises(error) as info:
             make()
         assert text in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_the_reduced_kernels_are_offered_and_compile_for_sm90a_without_a_gpu():
+    meta = dict(device="meta")
+    x, t = torch.empty(3, 32003, dtype=torch.bfloat16, **meta), torch.empty(3, dtype=torch.int32, **meta)
+    for reduction in ("mean", "sum"):
+        for grad in ({}, dict(grad_logits=x, grad_loss=torch.empty(3, **meta))):
+            args = CrossEntropyReducedArguments(x, t, torch.empty(reduced_size(3), **meta), reduction=reduction,
+                                                **grad)
+            names = {k.metadata.kernel_name for k in kernel_api.get_kernels(args, cc=90)}
+            assert names == {"CudaCrossEntropyReduced_bf16_i32", "TorchCrossEntropyReduced_bf16_i32"}, names
+            kernel = next(k for k in kernel_api.get_kernels(args, cc=90) if type(k).__name__.startswith("Cuda"))
+            assert kernel.compile(args, cc=90).compiled_obj is not None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -70,11 +84,12 @@ def test_the_torch_kernels_reduce_against_float64(cpu_ops, dtype, options, reduc
     tol = dict(atol=1e-12, rtol=1e-12) if dtype == torch.float64 else dict(atol=1e-5, rtol=1e-5)
     want = reference(x, t, reduction=reduction, **options)
     buffer = torch.full((reduced_size(13),), 1234.5, dtype=loss_type)
-    got = ops.call(CrossEntropyArguments(x, t, buffer, reduction=reduction, **options))
+    got = ops.call(CrossEntropyReducedArguments(x, t, buffer, reduction=reduction, **options))
     assert got is buffer
     torch.testing.assert_close(buffer[0].double(), want, **tol)
     grad = torch.full_like(x, 1234.5)
-    ops.call(CrossEntropyArguments(x, t, buffer, grad_logits=grad, grad_loss=weights, reduction=reduction, **options))
+    ops.call(CrossEntropyReducedArguments(x, t, buffer, grad_logits=grad, grad_loss=weights, reduction=reduction,
+                                          **options))
     torch.testing.assert_close(buffer[0].double(), want, **tol)
     xr = x.double().requires_grad_()
     (reference(xr, t, reduction="none", **options) * weights.double()).sum().backward()
@@ -96,7 +111,7 @@ def c_replay(cpu_ops, monkeypatch):
     (as the CUDA kernel's recorded launch does), counted."""
     tvm_ffi = pytest.importorskip("tvm_ffi")
     from kernel_api.ops import dispatch
-    from kernel_api.providers.torch_ops.cross_entropy import TorchCrossEntropy
+    from kernel_api.providers.torch_ops.cross_entropy import TorchCrossEntropyReduced
 
     if native.entry() is None:
         pytest.skip(f"no CPython entry points here: {native.why_not_entry()}")
@@ -114,7 +129,7 @@ def c_replay(cpu_ops, monkeypatch):
 
         return Launcher(tvm_ffi.convert(launch))
 
-    monkeypatch.setattr(TorchCrossEntropy, "_launcher", ffi_launcher)
+    monkeypatch.setattr(TorchCrossEntropyReduced, "_launcher", ffi_launcher)
     with kernel_api.settings(providers=["torch"]):
         yield launched
 

@@ -13,7 +13,7 @@ import torch
 
 import kernel_api
 from kernel_api import ops
-from kernel_api.arguments import CrossEntropyArguments
+from kernel_api.arguments import CrossEntropyReducedArguments
 from kernel_api.arguments.cross_entropy import reduced_size
 from kernel_api.ops import dispatch
 
@@ -47,14 +47,15 @@ def test_reduced_kernel_against_float64(rows, cols, offset, pad, dtype, index, o
     tol = dict(atol=2e-4, rtol=2e-5)
 
     loss = _buffer(rows)
-    args = CrossEntropyArguments(x, target, loss, reduction=reduction, **options)
+    args = CrossEntropyReducedArguments(x, target, loss, reduction=reduction, **options)
     cuda_kernel(args).run(args)
     torch.testing.assert_close(loss[0].double(), want, **tol)
 
     loss = _buffer(rows)
     grad, grad_buf = padded(rows, cols, dtype, offset=(offset + 1) % 8, pad=pad + 2)
     weights = torch.rand(rows, device="cuda", generator=g)
-    args = CrossEntropyArguments(x, target, loss, grad_logits=grad, grad_loss=weights, reduction=reduction, **options)
+    args = CrossEntropyReducedArguments(x, target, loss, grad_logits=grad, grad_loss=weights, reduction=reduction,
+                                        **options)
     cuda_kernel(args).run(args)
     torch.testing.assert_close(loss[0].double(), want, **tol)
     torch.testing.assert_close(grad.double(), ref_grad(x, target.long(), weights, **options), **GRAD_TOL[dtype])
@@ -69,7 +70,7 @@ def test_every_row_ignored_gives_nan_mean_and_zero_sum(rows):
     target = torch.full((rows,), -100, device="cuda")
     for reduction, want in (("mean", float("nan")), ("sum", 0.0)):
         loss = _buffer(rows)
-        args = CrossEntropyArguments(x, target, loss, reduction=reduction)
+        args = CrossEntropyReducedArguments(x, target, loss, reduction=reduction)
         cuda_kernel(args).run(args)
         torch.testing.assert_close(loss[0].cpu(), torch.tensor(want), equal_nan=True)
         torch.testing.assert_close(ops.cross_entropy(x, target, reduction=reduction).cpu(), torch.tensor(want),
@@ -86,9 +87,9 @@ def test_no_rows():
 def test_a_misaligned_buffer_is_refused_by_the_cuda_kernel_and_served_by_torchs():
     x, target = torch.randn(6, 40, device="cuda"), torch.randint(0, 40, (6,), device="cuda")
     buf = torch.full((reduced_size(6) + 1,), SENTINEL, device="cuda")[1:]
-    args = CrossEntropyArguments(x, target, buf, reduction="sum")
+    args = CrossEntropyReducedArguments(x, target, buf, reduction="sum")
     found = {type(k).__name__: k for k in kernel_api.get_kernels(args)}
-    assert "8-byte aligned" in found["CudaCrossEntropy"].supports(args).error
+    assert "8-byte aligned" in found["CudaCrossEntropyReduced"].supports(args).error
     assert torch.isclose(ops.call(args)[0].double(), reference(x, target, reduction="sum"), atol=1e-4, rtol=1e-5)
 
 
@@ -117,7 +118,7 @@ def test_ops_replays_the_reduced_launch_from_c_with_the_same_bits(monkeypatch, d
     torch.testing.assert_close(first.double(), reference(x, target, reduction=reduction, **options),
                                atol=2e-4, rtol=2e-5)
     chosen = {k.metadata.kernel_name for _, k in ops.chosen_kernels()}
-    assert any(n.startswith("CudaCrossEntropy_") for n in chosen), chosen
+    assert any(n.startswith("CudaCrossEntropyReduced_") for n in chosen), chosen
     ops.clear_dispatch_cache()
 
 
@@ -175,5 +176,5 @@ def test_autograd_through_the_reduced_kernel(reduction):
     torch.testing.assert_close(loss.double(), want.detach(), atol=2e-4, rtol=2e-5)
     torch.testing.assert_close(x.grad.double(), xr.grad, **GRAD_TOL[torch.bfloat16])
     chosen = {k.metadata.kernel_name for _, k in ops.chosen_kernels()}
-    assert any(n.startswith("CudaCrossEntropy_") for n in chosen), chosen
+    assert any(n.startswith("CudaCrossEntropyReduced_") for n in chosen), chosen
     ops.clear_dispatch_cache()

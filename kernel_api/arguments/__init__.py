@@ -13,7 +13,8 @@ from .activations import GatedActivationArguments, GatedActivationBackwardArgume
 from .attention import AttentionArguments
 from .attention_backward import AttentionBackwardArguments
 from .base import Arguments, byte_extent
-from .cross_entropy import CrossEntropyArguments, CrossEntropyBackwardArguments, LinearCrossEntropyArguments
+from .cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments, CrossEntropyReducedArguments,
+                            LinearCrossEntropyArguments)
 from .epilogue import EpilogueArguments, EpilogueSignature
 from .gemm import GemmArguments
 from .rope import RopeArguments, RopeBackwardArguments
@@ -25,4 +26,5 @@ __all__ = ["Arguments", "AttentionArguments", "EpilogueArguments", "EpilogueSign
 __all__ += ["AttentionBackwardArguments"]
 __all__ += ["LayerNormArguments", "LayerNormBackwardArguments", "RMSNormArguments", "RMSNormBackwardArguments"]
 __all__ += ["GatedActivationArguments", "GatedActivationBackwardArguments", "RopeArguments", "RopeBackwardArguments"]
-__all__ += ["CrossEntropyArguments", "CrossEntropyBackwardArguments", "LinearCrossEntropyArguments"]
+__all__ += ["CrossEntropyArguments", "CrossEntropyBackwardArguments", "CrossEntropyReducedArguments",
+            "LinearCrossEntropyArguments"]

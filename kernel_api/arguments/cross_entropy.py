@@ -26,13 +26,14 @@ they compute them in the same pass (``grad_hidden``, ``grad_weight``, ``grad_bia
 ``grad_loss`` is one float per row of the loss's dtype, or one float broadcast to every row
 (an ``expand``ed scalar, stride 0): a mean's ``1 / count`` needs no per-row tensor.
 
-With ``reduction="mean"`` or ``"sum"`` `CrossEntropyArguments` writes one loss, the mean over
-the rows not ignored (NaN when every row is) or the sum, and no lse. Its ``loss`` is then a
-buffer of `reduced_size` elements: the loss goes to element 0, and the kernels may use the rest
-as their workspace (the CUDA kernel keeps each row's loss there and reduces them in the same
-launch), so a reduced call is one launch into one made tensor, which `kernel_api.ops` replays
-from C. The gradient (``grad_logits``, ``grad_loss``) is the same for every reduction: the
-weights of a mean (``1 / count``) come in ``grad_loss``.
+`CrossEntropyReducedArguments` is their mean over the rows not ignored (NaN when every row is)
+or their sum, and no lse. Its ``loss`` is a buffer of `reduced_size` elements: the loss goes to
+element 0, and the kernels may use the rest as their workspace (the CUDA kernel keeps each
+row's loss there and reduces them in the same launch), so a reduced call is one launch into one
+made tensor, which `kernel_api.ops` replays from C. The gradient (``grad_logits``,
+``grad_loss``) is that of the per-row losses: a mean's weights (``1 / count``) come in
+``grad_loss``. It is an arguments type of its own, so kernels written for the per-row loss are
+never handed a buffer they do not know.
 """
 
 from __future__ import annotations
@@ -104,8 +105,6 @@ def _per_row(t: Any, name: str, shape: tuple, types: tuple, what: str, broadcast
     return _attributes(dt, _UNIT, _divisibility(data_pointer(t), t.element_size(), (max(t.numel(), 1),)))
 
 
-#: The reductions `CrossEntropyArguments` computes.
-REDUCTIONS = ("none", "mean", "sum")
 #: Elements of a reduced call's ``loss`` buffer before its workspace's per-row part.
 REDUCED_HEAD = 4
 
@@ -117,7 +116,7 @@ def reduced_size(rows: int) -> int:
 
 
 def _reduced_buffer(t: Any, rows: int, types: tuple, what: str) -> TensorAttributes:
-    """Attributes of a reduced call's ``loss``: `reduced_size` elements, dense."""
+    """Attributes of `CrossEntropyReducedArguments`' ``loss``: `reduced_size` elements, dense."""
     _require_tensor(t, "loss")
     dt = _element_type(t, "loss")
     if dt not in types:
@@ -182,49 +181,26 @@ def _check_disjoint(args: Arguments, outputs: tuple[str, ...], in_place: tuple[t
                 raise ValueError(f"operand {name}: overlaps {other} in memory; give {name} its own memory")
 
 
-class CrossEntropyArguments(Arguments):
-    """Per-row cross-entropy loss and log-sum-exp, or their mean or sum; with ``grad_logits``,
-    also the gradient.
-
-    Args:
-        logits: rows over the last dimension (the classes), any leading dimensions; f16, bf16,
-            f32 or f64; the last dimension of stride 1, rows evenly spaced.
-        target: class indices, ``logits.shape[:-1]``, int64 or int32, dense.
-        loss, lse: with ``reduction="none"``, receive the per-row loss and log-sum-exp:
-            ``logits.shape[:-1]``, dense, float32 (float64 for f64 logits). With "mean" or
-            "sum", ``loss`` is a dense buffer of ``reduced_size(rows)`` elements of that dtype
-            whose element 0 receives the loss (the rest is the kernels' workspace), and ``lse``
-            is None.
-        grad_logits: optional, logits' shape and dtype, rows evenly spaced: receives the
-            gradient of ``sum(grad_loss * loss)`` (of the per-row losses, whatever the
-            reduction); may be ``logits`` itself (in place).
-        grad_loss: with ``grad_logits``: the weight of each row's loss (float32, or float64 for
-            f64 logits; ``logits.shape[:-1]``, or a broadcast scalar).
-        ignore_index: rows whose target equals it have loss 0 and gradient 0, and a mean leaves
-            them out.
-        label_smoothing: in [0, 1], as torch's ``cross_entropy``.
-        z_loss: weight of ``lse**2`` added to each row's loss (>= 0).
-        reduction: "none", "mean" (over the rows not ignored: NaN when every row is) or "sum".
-    """
+class _CrossEntropyForward(Arguments):
+    """What the forward arguments types share: the logits and targets, the optional gradient,
+    the loss's scalars; a subclass adds its loss outputs (`_outputs`)."""
 
     __slots__ = ("logits", "target", "loss", "lse", "grad_logits", "grad_loss", "ignore_index", "label_smoothing",
-                 "z_loss", "reduction", "rows", "cols")
-    output_names = ("loss", "lse")
-    kind = "cross_entropy"
-    #: The class of each (gradient written, reduced) pair.
-    _by_outputs: dict = {}
+                 "z_loss", "rows", "cols")
+    output_names: tuple[str, ...] = ()
+    _with_grad: type | None = None
 
-    def __new__(cls, *args: Any, grad_logits: Any = None, reduction: Any = "none",
-                **kwargs: Any) -> "CrossEntropyArguments":
-        found = cls._by_outputs.get((grad_logits is not None, reduction != "none"))
-        return object.__new__(found if found is not None and issubclass(found, cls) else cls)
+    def __new__(cls, *args: Any, grad_logits: Any = None, **kwargs: Any) -> "_CrossEntropyForward":
+        if grad_logits is not None and cls._with_grad is not None:
+            cls = cls._with_grad
+        return object.__new__(cls)
 
-    def __init__(self, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor | None = None,
-                 *, grad_logits: torch.Tensor | None = None, grad_loss: torch.Tensor | None = None,
-                 ignore_index: int = -100, label_smoothing: float = 0.0, z_loss: float = 0.0,
-                 reduction: str = "none") -> None:
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction: expected 'mean', 'sum' or 'none', got {reduction!r}")
+    def _outputs(self, logits: torch.Tensor, loss: Any, lse: Any, floats: tuple, what: str) -> dict:
+        """The loss outputs' attributes, checked."""
+        raise NotImplementedError
+
+    def _build(self, logits: Any, target: Any, loss: Any, lse: Any, grad_logits: Any, grad_loss: Any,
+               ignore_index: Any, label_smoothing: Any, z_loss: Any, *key: Any) -> None:
         xa, self.rows, self.cols = _matrix(logits, "logits")
         if self.cols == 0:
             raise ValueError(f"operand logits: shape {tuple(logits.shape)} has no classes (last dimension 0)")
@@ -234,17 +210,7 @@ class CrossEntropyArguments(Arguments):
         _device(target, "target", logits, "logits")
         floats = _loss_types(logits)
         what = f"it must be {floats[0]} for {logits.dtype} logits"
-        if reduction == "none":
-            if lse is None:
-                raise ValueError("operand lse: required with reduction='none' (the rows' log-sum-exp)")
-            for name, t in (("loss", loss), ("lse", lse)):
-                attrs[name] = _per_row(t, name, rows_shape, floats, what)
-                _device(t, name, logits, "logits")
-        else:
-            if lse is not None:
-                raise ValueError(f"operand lse: given with reduction={reduction!r}, which writes no lse; leave it None")
-            attrs["loss"] = _reduced_buffer(loss, self.rows, floats, what)
-            _device(loss, "loss", logits, "logits")
+        attrs.update(self._outputs(logits, loss, lse, floats, what))
         if (grad_logits is None) != (grad_loss is None):
             given, missing = ("grad_logits", "grad_loss") if grad_loss is None else ("grad_loss", "grad_logits")
             raise ValueError(f"operand {missing}: required with {given} (the gradient takes both)")
@@ -262,17 +228,11 @@ class CrossEntropyArguments(Arguments):
         self.logits, self.target, self.loss, self.lse = logits, target, loss, lse
         self.grad_logits, self.grad_loss = grad_logits, grad_loss
         self.ignore_index, self.label_smoothing, self.z_loss = _scalars(ignore_index, label_smoothing, z_loss)
-        self.reduction = reduction
         self.device = logits.device
         self.device_index = logits.get_device()
         self._verdicts = self._binding = None
         self.tensor_attributes = attrs
-        self.signature = (self.kind, reduction, *[(n, a.key()) for n, a in attrs.items()], self.device_index)
-
-    @property
-    def reduced(self) -> bool:
-        """Whether the loss is a mean or a sum (one value in ``loss[0]``)."""
-        return self.reduction != "none"
+        self.signature = (self.kind, *key, *[(n, a.key()) for n, a in attrs.items()], self.device_index)
 
     def problem_key(self) -> tuple:
         """The signature with the rows and classes."""
@@ -283,28 +243,98 @@ class CrossEntropyArguments(Arguments):
         ``logits`` exactly)."""
         _check_disjoint(self, type(self).output_names, (("grad_logits", "logits"),))
 
-    def __repr__(self) -> str:
+    def _describe(self, name: str, extra: str = "") -> str:
         grad = ", grad_logits" if self.grad_logits is not None else ""
-        reduced = f", reduction={self.reduction}" if self.reduced else ""
-        return (f"CrossEntropyArguments(rows={self.rows}, cols={self.cols}, "
+        return (f"{name}(rows={self.rows}, cols={self.cols}, "
                 f"logits={self.tensor_attributes['logits'].dtype}, target={self.tensor_attributes['target'].dtype}, "
                 f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing:g}, "
-                f"z_loss={self.z_loss:g}{reduced}{grad}, device={self.device})")
+                f"z_loss={self.z_loss:g}{extra}{grad}, device={self.device})")
 
 
-def _outputs_class(names: tuple[str, ...], doc: str) -> type:
-    return type(f"_CrossEntropy_{'_'.join(names)}", (CrossEntropyArguments,),
-                {"__slots__": (), "output_names": names, "__doc__": doc, "__module__": __name__})
+class CrossEntropyArguments(_CrossEntropyForward):
+    """Per-row cross-entropy loss and log-sum-exp; with ``grad_logits``, also its gradient.
+
+    Args:
+        logits: rows over the last dimension (the classes), any leading dimensions; f16, bf16,
+            f32 or f64; the last dimension of stride 1, rows evenly spaced.
+        target: class indices, ``logits.shape[:-1]``, int64 or int32, dense.
+        loss, lse: receive the per-row loss and log-sum-exp: ``logits.shape[:-1]``, dense,
+            float32 (float64 for f64 logits).
+        grad_logits: optional, logits' shape and dtype, rows evenly spaced: receives the
+            gradient of ``sum(grad_loss * loss)``; may be ``logits`` itself (in place).
+        grad_loss: with ``grad_logits``: the weight of each row's loss (loss's dtype and shape,
+            or a broadcast scalar).
+        ignore_index: rows whose target equals it have loss 0 and gradient 0.
+        label_smoothing: in [0, 1], as torch's ``cross_entropy``.
+        z_loss: weight of ``lse**2`` added to each row's loss (>= 0).
+    """
+
+    __slots__ = ()
+    output_names = ("loss", "lse")
+    kind = "cross_entropy"
+
+    def __init__(self, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor, *,
+                 grad_logits: torch.Tensor | None = None, grad_loss: torch.Tensor | None = None,
+                 ignore_index: int = -100, label_smoothing: float = 0.0, z_loss: float = 0.0) -> None:
+        self._build(logits, target, loss, lse, grad_logits, grad_loss, ignore_index, label_smoothing, z_loss)
+
+    def _outputs(self, logits: torch.Tensor, loss: Any, lse: Any, floats: tuple, what: str) -> dict:
+        attrs = {}
+        for name, t in (("loss", loss), ("lse", lse)):
+            attrs[name] = _per_row(t, name, tuple(logits.shape[:-1]), floats, what)
+            _device(t, name, logits, "logits")
+        return attrs
+
+    def __repr__(self) -> str:
+        return self._describe("CrossEntropyArguments")
 
 
-CrossEntropyArguments._by_outputs.update({
-    (True, False): _outputs_class(("loss", "lse", "grad_logits"),
-                                  "`CrossEntropyArguments` with the gradient: outputs loss, lse and grad_logits."),
-    (False, True): _outputs_class(("loss",), "`CrossEntropyArguments` of a mean or a sum: output loss."),
-    (True, True): _outputs_class(("loss", "grad_logits"),
-                                 "`CrossEntropyArguments` of a mean or a sum with the gradient: outputs loss and "
-                                 "grad_logits."),
-})
+class CrossEntropyReducedArguments(_CrossEntropyForward):
+    """The mean or the sum of the rows' cross-entropy losses (as `CrossEntropyArguments` defines
+    them), in one tensor; with ``grad_logits``, also the gradient of the weighted rows' losses.
+
+    Args:
+        logits, target, grad_logits, grad_loss, ignore_index, label_smoothing, z_loss: as for
+            `CrossEntropyArguments` (the gradient is of ``sum(grad_loss * per-row loss)``, so a
+            mean's weights, ``1 / count``, come in ``grad_loss``).
+        loss: a dense buffer of ``reduced_size(rows)`` elements, float32 (float64 for f64
+            logits): element 0 receives the loss; the kernels may use the rest as their
+            workspace (its values afterwards are unspecified).
+        reduction: "mean" (over the rows not ignored: NaN when every row is, as torch's) or
+            "sum".
+    """
+
+    __slots__ = ("reduction",)
+    output_names = ("loss",)
+    kind = "cross_entropy_reduced"
+
+    def __init__(self, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, *,
+                 grad_logits: torch.Tensor | None = None, grad_loss: torch.Tensor | None = None,
+                 ignore_index: int = -100, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 reduction: str = "mean") -> None:
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction: expected 'mean' or 'sum', got {reduction!r}")
+        self.reduction = reduction
+        self._build(logits, target, loss, None, grad_logits, grad_loss, ignore_index, label_smoothing, z_loss,
+                    reduction)
+
+    def _outputs(self, logits: torch.Tensor, loss: Any, lse: Any, floats: tuple, what: str) -> dict:
+        attrs = {"loss": _reduced_buffer(loss, self.rows, floats, what)}
+        _device(loss, "loss", logits, "logits")
+        return attrs
+
+    def __repr__(self) -> str:
+        return self._describe("CrossEntropyReducedArguments", f", reduction={self.reduction}")
+
+
+def _with_gradient(cls: type, names: tuple[str, ...]) -> None:
+    cls._with_grad = type(f"_{cls.__name__[:-len('Arguments')]}GradArguments", (cls,),
+                          {"__slots__": (), "output_names": names, "__module__": __name__,
+                           "__doc__": f"`{cls.__name__}` with the gradient: outputs {', '.join(names)}."})
+
+
+_with_gradient(CrossEntropyArguments, ("loss", "lse", "grad_logits"))
+_with_gradient(CrossEntropyReducedArguments, ("loss", "grad_logits"))
 
 
 class CrossEntropyBackwardArguments(Arguments):

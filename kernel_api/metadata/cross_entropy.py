@@ -1,5 +1,6 @@
 """Operands of the cross-entropy kernels: per-row cross-entropy (forward, optionally with its
-gradient, and the backward from a saved log-sum-exp) and the fused linear cross-entropy.
+gradient, and the backward from a saved log-sum-exp), its mean or sum, and the fused linear
+cross-entropy.
 
 A kernel declares the attributes of the logits (or the hidden states and weight), the class
 indices and the per-row loss; the other operands follow them (lse, grad_loss of the loss's
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
-                                       LinearCrossEntropyArguments)
+                                       CrossEntropyReducedArguments, LinearCrossEntropyArguments)
 from ..core.dtypes import DataType, to_dtype
 from ..core.status import Reason, Status
 from ..core.tensor_attributes import TensorAttributes
@@ -66,6 +67,13 @@ class CrossEntropyOperandsMetadata(_CrossEntropyLimits):
                  max_classes: int | None = None, gradient: bool = True, accumulator_type: Any = DataType.f32) -> None:
         self.logits, self.target, self.loss = logits, target, loss
         self._limits(max_classes, gradient, accumulator_type)
+
+
+class CrossEntropyReducedOperandsMetadata(CrossEntropyOperandsMetadata):
+    """Operands of a kernel of the rows' mean or sum (`CrossEntropyReducedArguments`): as
+    `CrossEntropyOperandsMetadata`, ``loss`` the attributes of the buffer the loss goes to."""
+
+    arguments_type = CrossEntropyReducedArguments
 
 
 class CrossEntropyBackwardOperandsMetadata(_CrossEntropyLimits):

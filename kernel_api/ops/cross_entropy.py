@@ -44,7 +44,8 @@ from typing import Any
 import torch
 
 from ..arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
-                                       LinearCrossEntropyArguments, loss_dtype, reduced_size)
+                                       CrossEntropyReducedArguments, LinearCrossEntropyArguments, loss_dtype,
+                                       reduced_size)
 from ..core import tracing
 from ..native import recipes
 from . import dispatch
@@ -118,17 +119,17 @@ def _ce_grad_args(logits: torch.Tensor, target: torch.Tensor, grad_loss: torch.T
 
 
 def _reduced_args(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
-                  z_loss: float, reduction: str, *, loss: torch.Tensor) -> CrossEntropyArguments:
-    return CrossEntropyArguments(logits, target, loss, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                                 z_loss=z_loss, reduction=reduction)
+                  z_loss: float, reduction: str, *, loss: torch.Tensor) -> CrossEntropyReducedArguments:
+    return CrossEntropyReducedArguments(logits, target, loss, ignore_index=ignore_index,
+                                        label_smoothing=label_smoothing, z_loss=z_loss, reduction=reduction)
 
 
 def _reduced_grad_args(logits: torch.Tensor, target: torch.Tensor, grad_loss: torch.Tensor, ignore_index: int,
                        label_smoothing: float, z_loss: float, reduction: str, *, loss: torch.Tensor,
-                       grad_logits: torch.Tensor) -> CrossEntropyArguments:
-    return CrossEntropyArguments(logits, target, loss, grad_logits=grad_logits, grad_loss=grad_loss,
-                                 ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
-                                 reduction=reduction)
+                       grad_logits: torch.Tensor) -> CrossEntropyReducedArguments:
+    return CrossEntropyReducedArguments(logits, target, loss, grad_logits=grad_logits, grad_loss=grad_loss,
+                                        ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
+                                        reduction=reduction)
 
 
 def _ce_backward_args(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
@@ -286,8 +287,8 @@ def _mean_or_sum(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, 
     if like is None:
         like = _f32_like[index] = torch.zeros(1, dtype=torch.float32, device=logits.device)
     made = like.new_empty((reduced_size(math.prod(logits.shape[:-1])),))
-    args = CrossEntropyArguments(logits, target, made, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                                 z_loss=z_loss, reduction=reduction)
+    args = CrossEntropyReducedArguments(logits, target, made, ignore_index=ignore_index,
+                                        label_smoothing=label_smoothing, z_loss=z_loss, reduction=reduction)
     dispatch.call_recorded(_REDUCED_OP, args, (like, logits, target, ignore_index, label_smoothing, z_loss,
                                                reduction, None), made)
     return made[0]

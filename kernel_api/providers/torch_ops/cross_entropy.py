@@ -1,6 +1,6 @@
 """The torch provider's cross-entropy kernels: `TorchCrossEntropy` (forward, optionally with the
-gradient), `TorchCrossEntropyBackward` (from the saved lse) and `TorchLinearCrossEntropy` (the
-fused linear loss, chunked).
+gradient), `TorchCrossEntropyReduced` (its mean or sum), `TorchCrossEntropyBackward` (from the
+saved lse) and `TorchLinearCrossEntropy` (the fused linear loss, chunked).
 
 They compute in f32 (f64 for f64 logits) with torch's operators, on any device (so the CPU tests
 run the operations end to end). The row kernels run torch's own cross-entropy kernels, as
@@ -24,14 +24,14 @@ import torch
 import torch.nn.functional as F
 
 from ...arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
-                                        LinearCrossEntropyArguments)
+                                        CrossEntropyReducedArguments, LinearCrossEntropyArguments)
 from ...arguments.cross_entropy_math import compute_type, linear_cross_entropy_chunks, rows_gradient, rows_loss
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
 from ...core.streams import stream_handle
 from ...metadata import KernelMetadata, RowReductionDesignMetadata, TensorAttributes
 from ...metadata.cross_entropy import (CrossEntropyBackwardOperandsMetadata, CrossEntropyOperandsMetadata,
-                                       LinearCrossEntropyOperandsMetadata)
+                                       CrossEntropyReducedOperandsMetadata, LinearCrossEntropyOperandsMetadata)
 from . import TorchProvider
 from .base import TorchKernel
 from .launch import LaunchedKernel, in_type, switch
@@ -219,11 +219,25 @@ class TorchCrossEntropy(_TorchCrossEntropyKernel):
                                             accumulator_type=_loss_type(dt))
 
     def _launch_parts(self, args: CrossEntropyArguments) -> tuple[Callable[..., None], tuple]:
-        if args.reduced:
-            function = _cross_entropy_reduced if args.grad_logits is None else _cross_entropy_reduced_with_grad
-            return function, (*_row_constants(args), args.reduction)
         function = _cross_entropy if args.grad_logits is None else _cross_entropy_with_grad
         return function, _row_constants(args)
+
+
+@TorchProvider.register
+class TorchCrossEntropyReduced(_TorchCrossEntropyKernel):
+    """The rows' mean or sum (and, with ``grad_logits``, the gradient) with torch's operators in f32."""
+
+    supported_args_type = CrossEntropyReducedArguments
+
+    @staticmethod
+    def _make_operands(dt: DataType, it: DataType) -> CrossEntropyReducedOperandsMetadata:
+        return CrossEntropyReducedOperandsMetadata(TensorAttributes(dt, _ROWS, 1), TensorAttributes(it, _UNIT, 1),
+                                                   TensorAttributes(_loss_type(dt), _UNIT, 1),
+                                                   accumulator_type=_loss_type(dt))
+
+    def _launch_parts(self, args: CrossEntropyReducedArguments) -> tuple[Callable[..., None], tuple]:
+        function = _cross_entropy_reduced if args.grad_logits is None else _cross_entropy_reduced_with_grad
+        return function, (*_row_constants(args), args.reduction)
 
 
 @TorchProvider.register

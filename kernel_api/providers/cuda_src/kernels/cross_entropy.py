@@ -1,14 +1,15 @@
 """Interface of the CUDA C++ cross-entropy kernels (implementation: cross_entropy.cu beside this
 file).
 
-Three registered families, each one instance per logits dtype (f32, f16, bf16) and class index
+Four registered families, each one instance per logits dtype (f32, f16, bf16) and class index
 type (int64, int32), every row length and element alignment (rows are peeled to 16-byte
 vectors):
 
 - `CudaCrossEntropy` (`CrossEntropyArguments`): one pass over each row for the loss and lse;
-  with ``grad_logits``, a second pass (from L2) writes the gradient, in place or not; a mean or a
-  sum is reduced in the same launch (the last CTA to finish adds the rows' losses, in a fixed
-  order), so a reduced call is one recorded launch too;
+  with ``grad_logits``, a second pass (from L2) writes the gradient, in place or not;
+- `CudaCrossEntropyReduced` (`CrossEntropyReducedArguments`): the same kernel reducing the mean
+  or the sum in its launch (the last CTA to finish adds the rows' losses, in a fixed order), so
+  a reduced call is one recorded launch too;
 - `CudaCrossEntropyBackward` (`CrossEntropyBackwardArguments`): the gradient from the saved lse,
   one read and one write of each row;
 - `CudaLinearCrossEntropy` (`LinearCrossEntropyArguments`): the chunk loop of
@@ -34,7 +35,7 @@ import torch
 from .... import native
 
 from ....arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
-                                         LinearCrossEntropyArguments, row_stride)
+                                         CrossEntropyReducedArguments, LinearCrossEntropyArguments, row_stride)
 from ....arguments.cross_entropy_math import linear_cross_entropy_chunks
 from ....core.dtypes import DataType
 from ....core.status import Status
@@ -42,7 +43,7 @@ from ....core.streams import stream_handle
 from ....launcher import Launcher
 from ....metadata import KernelMetadata, RowReductionDesignMetadata, TensorAttributes
 from ....metadata.cross_entropy import (CrossEntropyBackwardOperandsMetadata, CrossEntropyOperandsMetadata,
-                                        LinearCrossEntropyOperandsMetadata)
+                                        CrossEntropyReducedOperandsMetadata, LinearCrossEntropyOperandsMetadata)
 from ....utils import MAX_GRID_X
 from .. import CudaSourceProvider
 from ..kernel import CudaSourceKernel
@@ -51,7 +52,7 @@ _TYPES = {DataType.f32: "ka_ce::F32", DataType.f16: "ka_ce::F16", DataType.bf16:
 _INDEX = {DataType.i64: "long long", DataType.i32: "int"}
 _ROWS, _UNIT = (0, 1), (1,)
 #: The kernel's REDUCE per reduction.
-_REDUCE = {"none": 0, "sum": 1, "mean": 2}
+_REDUCE = {"sum": 1, "mean": 2}
 #: The longest row the kernel indexes with 32-bit ints.
 MAX_COLS = 2**31 - 1
 #: Recorded launches kept per instance (one per operand layout, row count and scalars).
@@ -212,21 +213,9 @@ class CudaCrossEntropy(_CrossEntropyCuda):
     def _mode(self, args: Any) -> int:
         return 0 if args.grad_logits is None else 1
 
-    def _reduce(self, args: Any) -> int:
-        return _REDUCE[args.reduction]
-
-    def _supports(self, args: Any) -> Status:
-        if args.reduced and args.loss.data_ptr() % 8:
-            return Status.fail(f"{self.metadata.kernel_name}: operand loss: its workspace's 64-bit counter needs "
-                               f"an 8-byte aligned buffer, got address {args.loss.data_ptr():#x}")
-        return super()._supports(args)
-
     def _run(self, args: CrossEntropyArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
         device = _device(args)
         grad, gl, lse = args.grad_logits, args.grad_loss, args.lse
-        if args.rows == 0 and args.reduced:  # (no CTA to write it: the mean of nothing, or an empty sum)
-            args.loss[0] = float("nan") if args.reduction == "mean" else 0.0
-            return
         params = (args.logits.data_ptr(), row_stride(args.logits, args.cols), args.target.data_ptr(), args.cols,
                   args.loss.data_ptr(), 0 if lse is None else lse.data_ptr(), 0 if grad is None else grad.data_ptr(),
                   0 if grad is None else row_stride(grad, args.cols), 0 if gl is None else gl.data_ptr(),
@@ -243,6 +232,33 @@ class CudaCrossEntropy(_CrossEntropyCuda):
                       (8, 0 if grad is None else row_stride(grad, cols)), at.get("grad_loss", (8, 0)),
                       (8, 0 if gl is None else _grad_loss_stride(gl)), *_scalar_parameters(args))
         return _recorded(self, args, artifact, parameters)
+
+
+@CudaSourceProvider.register
+class CudaCrossEntropyReduced(CudaCrossEntropy):
+    """`CudaCrossEntropy` reducing the mean or the sum in its launch: each CTA leaves its row's
+    loss in the loss buffer's workspace, the last to finish adds them in a fixed order."""
+
+    supported_args_type = CrossEntropyReducedArguments
+
+    @staticmethod
+    def _operands(x: TensorAttributes, target: TensorAttributes, loss: TensorAttributes) -> Any:
+        return CrossEntropyReducedOperandsMetadata(x, target, loss)
+
+    def _reduce(self, args: Any) -> int:
+        return _REDUCE[args.reduction]
+
+    def _supports(self, args: Any) -> Status:
+        if args.loss.data_ptr() % 8:
+            return Status.fail(f"{self.metadata.kernel_name}: operand loss: its workspace's 64-bit counter needs "
+                               f"an 8-byte aligned buffer, got address {args.loss.data_ptr():#x}")
+        return super()._supports(args)
+
+    def _run(self, args: CrossEntropyReducedArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
+        if args.rows == 0:  # (no CTA to write it: the mean of nothing, or an empty sum)
+            args.loss[0] = float("nan") if args.reduction == "mean" else 0.0
+            return
+        super()._run(args, artifact, stream, workspace)
 
 
 @CudaSourceProvider.register
