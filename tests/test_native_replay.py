@@ -112,6 +112,21 @@ def test_a_call_recipe_with_an_output_declines_when_it_overlaps(entry):
     assert entry.replay(OP, x, x) is None  # the same memory: the Python path judges
 
 
+def test_every_argument_position_is_read_for_the_overlap_check(entry):
+    # A key reads up to 16 arguments (GEMM's front door passes 10): the output may sit at any
+    # of them, and an output overlapping an input still declines (the Python path judges).
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    for at in range(1, 16):
+        args = [x] + [None] * 15
+        args[at] = out
+        recipe = recipes.Call(torch.softmax, (0, recipes.constant(0)), (-1,), out=at)
+        assert recipes.record(entry, OP + at, recipe, *args)
+        out.fill_(float("nan"))
+        assert entry.replay(OP + at, *args) is out and torch.allclose(out, torch.softmax(x, -1)), at
+        args[at] = x
+        assert entry.replay(OP + at, *args) is None, at
+
+
 # ---- launches -----------------------------------------------------------------------------------
 
 def test_a_launch_recipe_makes_its_output_as_recorded(entry):

@@ -844,13 +844,14 @@ constexpr int64_t kAllState = 31;
 // An operation's number holds, from this bit, the state parts its keys hold (recipes.op_number).
 constexpr int kStateShift = 32;
 
+constexpr int kMaxArguments = kMaxTensors * 2;
+
 // The call's arguments as read for its key: the tensors' DLTensors (by argument index).
 struct ReadArguments {
   DLTensor tensors[kMaxTensors];
-  int tensor_at[kMaxTensors];  // argument index -> index in tensors, or -1
+  int tensor_at[kMaxArguments];  // argument index -> index in tensors, or -1 (every argument has one)
   int n_tensors = 0;
 };
-constexpr int kMaxArguments = kMaxTensors * 2;
 
 void AppendWords(std::string* key, const int64_t* words, int n) {
   key->append(reinterpret_cast<const char*>(words), sizeof(int64_t) * n);
