@@ -149,7 +149,7 @@ __device__ __forceinline__ void block_stats(float& m, float& s, float& sx, float
 __device__ __forceinline__ unsigned launch_tag() {
   u64 g;
   asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
-  return (((unsigned)g * 0x9E3779B1u) ^ (unsigned)(g >> 32) | 1u) & 0x7FFFFFFFu;
+  return ((((unsigned)g * 0x9E3779B1u) ^ (unsigned)(g >> 32)) | 1u) & 0x7FFFFFFFu;
 }
 
 // Counts the calling CTA in: the CTAs arrived so far, this one included. A counter that does
