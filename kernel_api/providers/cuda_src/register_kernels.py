@@ -4,6 +4,7 @@ time it is asked for that type, and all of them when it lists every kernel
 (`kernel_api.registry.plugins`); importing this module imports no kernel."""
 
 from ...arguments import AttentionArguments
+from ...arguments import CrossEntropyReducedArguments
 from ...arguments import (CrossEntropyArguments, CrossEntropyBackwardArguments, GatedActivationArguments,
                           GatedActivationBackwardArguments, GemmArguments, LayerNormArguments,
                           LayerNormBackwardArguments, LinearCrossEntropyArguments, RMSNormArguments,
@@ -14,7 +15,7 @@ from ...arguments import (CrossEntropyArguments, CrossEntropyBackwardArguments, 
 _SOFTMAX = (".kernels.softmax", ".kernels.softmax_split", ".kernels.softmax_smem", ".kernels.softmax_rowgroup",
             ".kernels.softmax_window")
 _NORM = (".kernels.norm",)  # CudaRMSNorm, CudaLayerNorm and their backwards
-_CROSS_ENTROPY = (".kernels.cross_entropy",)  # CudaCrossEntropy, its backward, CudaLinearCrossEntropy
+_CROSS_ENTROPY = (".kernels.cross_entropy",)  # CudaCrossEntropy(Reduced), its backward, CudaLinearCrossEntropy
 
 KERNEL_MODULES = {
     SoftmaxArguments: _SOFTMAX,
@@ -29,6 +30,7 @@ KERNEL_MODULES = {
     RopeArguments: (".kernels.rope",),  # CudaRope
     RopeBackwardArguments: (".kernels.rope",),  # CudaRopeBackward
     CrossEntropyArguments: _CROSS_ENTROPY,
+    CrossEntropyReducedArguments: _CROSS_ENTROPY,
     CrossEntropyBackwardArguments: _CROSS_ENTROPY,
     LinearCrossEntropyArguments: _CROSS_ENTROPY,
     AttentionArguments: (".kernels.attention_decode",),  # CudaAttentionDecode

@@ -3,6 +3,7 @@ classes serving each arguments type. Discovery imports a type's modules the firs
 asked for that type, and all of them when it lists every kernel (`kernel_api.registry.plugins`);
 importing this module imports no kernel."""
 
+from ...arguments import CrossEntropyReducedArguments
 from ...arguments import (AttentionArguments, AttentionBackwardArguments, CrossEntropyArguments,
                           CrossEntropyBackwardArguments, GatedActivationArguments, GatedActivationBackwardArguments,
                           GemmArguments, LayerNormArguments, LayerNormBackwardArguments, LinearCrossEntropyArguments,
@@ -12,7 +13,7 @@ from ...arguments import (AttentionArguments, AttentionBackwardArguments, CrossE
 _KERNELS = (".kernels",)  # TorchGemm, TorchSoftmax, TorchSoftmaxBackward
 _NORMS = (".norms",)  # TorchRMSNorm, TorchLayerNorm and their backwards
 _POINTWISE = (".pointwise",)  # TorchGatedActivation, TorchRope and their backwards
-_CROSS_ENTROPY = (".cross_entropy",)  # TorchCrossEntropy, its backward, TorchLinearCrossEntropy
+_CROSS_ENTROPY = (".cross_entropy",)  # TorchCrossEntropy(Reduced), its backward, TorchLinearCrossEntropy
 
 KERNEL_MODULES = {
     GemmArguments: _KERNELS,
@@ -29,6 +30,7 @@ KERNEL_MODULES = {
     RopeArguments: _POINTWISE,
     RopeBackwardArguments: _POINTWISE,
     CrossEntropyArguments: _CROSS_ENTROPY,
+    CrossEntropyReducedArguments: _CROSS_ENTROPY,
     CrossEntropyBackwardArguments: _CROSS_ENTROPY,
     LinearCrossEntropyArguments: _CROSS_ENTROPY,
 }
