@@ -256,7 +256,9 @@ class CudaCrossEntropyReduced(CudaCrossEntropy):
 
     def _run(self, args: CrossEntropyReducedArguments, artifact: Any, stream: Any, workspace: Any = None) -> None:
         if args.rows == 0:  # (no CTA to write it: the mean of nothing, or an empty sum)
-            args.loss[0] = float("nan") if args.reduction == "mean" else 0.0
+            device = _device(args)
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream_handle(stream, device), device=device)):
+                args.loss[0] = float("nan") if args.reduction == "mean" else 0.0
             return
         super()._run(args, artifact, stream, workspace)
 
