@@ -144,6 +144,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=51)
     p.add_argument("--tag", default="")
     p.add_argument("--linear", action="store_true", help="only the decode-sized layers, batch 1 to 16")
+    p.add_argument("--only", default="", help="comma-separated row labels (torch.matmul(out=) is always timed)")
+    p.add_argument("--cases", default="", help="comma-separated cases such as bf16:64,f32:256 (default: all)")
     opts = p.parse_args()
     device = torch.cuda.get_device_name()
     if opts.linear:
@@ -162,8 +164,12 @@ def main() -> None:
         return
     report = {"device": device, "torch": torch.__version__, "argv": sys.argv, "cases": []}
     lines = []
-    for dt, n in CASES:
+    wanted = {w.strip() for w in opts.only.split(",") if w.strip()}
+    cases = [(c.split(":")[0], int(c.split(":")[1])) for c in opts.cases.split(",") if c.strip()] or CASES
+    for dt, n in cases:
         rows, chosen = rows_for(DTYPES[dt], n)
+        if wanted:
+            rows = {k: f for k, f in rows.items() if k in wanted or k == "torch.matmul(out=)"}
         samples = per_call_us(rows, opts.calls, opts.repeats)
         over = over_reference(samples, "torch.matmul(out=)")
         medians = {k: statistics.median(v) for k, v in samples.items()}

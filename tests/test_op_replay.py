@@ -12,12 +12,15 @@ to the CUDA kernels that record their launches rather than to the torch provider
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kernel_api
-from kernel_api import (Arguments, CompiledArtifact, Kernel, KernelMetadata, Status, TensorAttributes, ops,
+from kernel_api import (Arguments, CompiledArtifact, Kernel, KernelMetadata, Status, TensorAttributes, native, ops,
                         registry)
 from kernel_api.dtypes import from_torch
 from kernel_api.launcher import Launcher
@@ -539,3 +542,73 @@ def test_an_operation_without_tensor_inputs_takes_the_python_path():
     unnumbered = replay.OperationReplay(1 << 11, "toy_replay::fill", torch._C.parse_schema(
         "toy_replay::scale(Tensor x) -> Tensor"), lambda x: torch.empty_like(x), lambda x, *, out: None, ("out",))
     assert unnumbered.fresh((torch.ones(3),)) is replay.DECLINED
+
+
+_PACKAGE = os.path.dirname(kernel_api.__file__) + os.sep
+
+
+def _kernel_api_frames(f):
+    """f() with the Python frames it runs (file, function) and the C functions Python code calls."""
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            seen.append((frame.f_code.co_filename, frame.f_code.co_name))
+        elif event == "c_call":
+            seen.append(("<C>", getattr(arg, "__name__", "")))
+
+    sys.setprofile(profile)
+    try:
+        result = f()
+    finally:
+        sys.setprofile(None)
+    return result, seen
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_repeated_attention_call_is_sdpas_call_replayed_from_c(cpu_ops, causal):
+    """Where SDPA serves, a repeated ops.attention call runs from C as the one SDPA call its
+    Python path made: no Python frame of kernel_api's beyond ops.attention and the launcher's
+    SDPA call, no output made only to be replaced by SDPA's; the Python path's results."""
+    if native.entry() is None:
+        pytest.skip(f"native entry points unavailable: {native.why_not_entry()}")
+    q, k, v = torch.randn(2, 6, 4, 16), torch.randn(2, 6, 2, 16), torch.randn(2, 6, 2, 16)  # GQA
+    with kernel_api.settings(providers=["torch"]):
+        first = ops.attention(q, k, v, causal=causal).clone()
+        made = len(cpu_ops)
+        result, seen = _kernel_api_frames(lambda: ops.attention(q, k, v, causal=causal))
+        again = ops.attention(q, k, v, causal=causal)
+    assert len(cpu_ops) == made == 1
+    ours = [name for file, name in seen if file.startswith(_PACKAGE)]
+    assert ours == ["attention", "call"], seen
+    assert not {"empty_like", "new_empty", "empty", "set_", "copy_"} & {name for file, name in seen if file == "<C>"}
+    _same(first, result)
+    _same(first, again)
+    reference = F.scaled_dot_product_attention(q.transpose(1, 2).double(), k.transpose(1, 2).double(),
+                                               v.transpose(1, 2).double(), is_causal=causal,
+                                               enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(result.double(), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_calls_the_c_replay_leaves_to_python(cpu_ops):
+    """Calls given an output, or an optional tensor whose values steer the result (a KV cache's
+    lengths), are not replayed from C: each such call's result is the Python path's."""
+    if native.entry() is None:
+        pytest.skip(f"native entry points unavailable: {native.why_not_entry()}")
+    q, k, v = torch.randn(2, 1, 4, 16), torch.randn(2, 9, 4, 16), torch.randn(2, 9, 4, 16)
+    with kernel_api.settings(providers=["torch"]):
+        results = []
+        for lengths in ([9, 3], [2, 7], [9, 3]):
+            cache_seqlens = torch.tensor(lengths, dtype=torch.int32)
+            results.append(ops.attention(q, k, v, cache_seqlens=cache_seqlens).clone())
+        assert not torch.equal(results[0], results[1])
+        _same(results[0], results[2])
+        for row, n in enumerate([2, 7]):
+            want = F.scaled_dot_product_attention(q[row:row + 1].transpose(1, 2), k[row:row + 1, :n].transpose(1, 2),
+                                                  v[row:row + 1, :n].transpose(1, 2)).transpose(1, 2)
+            torch.testing.assert_close(results[1][row:row + 1], want)
+        outs = [torch.full_like(q, float("nan")) for _ in range(3)]
+        for out in outs:
+            assert ops.attention(q, k, v, out=out) is out
+        _same(outs[0], outs[1])
+        _same(outs[0], outs[2])

@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernel_api import ops
+import kernel_api
+from kernel_api import native, ops
 from kernel_api.ops import dispatch
 
-from test_op_replay import _same, _settled
+from test_op_replay import _PACKAGE, _kernel_api_frames, _same, _settled
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -181,3 +182,29 @@ def test_the_torch_providers_norm_backwards_on_cuda_against_float64(launches, dt
             for got, expected in zip(layer, want):
                 torch.testing.assert_close(got.double(), expected, **tol)
     assert all(type(k).__name__.startswith("Torch") for _, k in ops.chosen_kernels())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_repeated_attention_call_is_sdpas_call_replayed_from_c(launches, causal):
+    """Where SDPA serves (the torch provider), a repeated ops.attention call on CUDA runs from C
+    as the one SDPA call: no Python frame of kernel_api's beyond ops.attention and the launcher's
+    SDPA call, no output made to be replaced; the Python path's results, and float64's."""
+    if native.entry() is None:
+        pytest.skip(f"native entry points unavailable: {native.why_not_entry()}")
+    new = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    q, k, v = new(2, 77, 8, 64), new(2, 77, 2, 64), new(2, 77, 2, 64)  # GQA, an odd length
+    with kernel_api.settings(providers=["torch"]):
+        first = ops.attention(q, k, v, causal=causal).clone()
+        result, seen = _kernel_api_frames(lambda: ops.attention(q, k, v, causal=causal))
+        again = ops.attention(q, k, v, causal=causal)
+    torch.cuda.synchronize()
+    assert len(launches) == 1
+    ours = [name for file, name in seen if file.startswith(_PACKAGE)]
+    assert ours == ["attention", "call"], seen
+    assert not {"empty_like", "new_empty", "empty", "set_", "copy_"} & {name for file, name in seen if file == "<C>"}
+    _same(first, result)
+    _same(first, again)
+    reference = F.scaled_dot_product_attention(q.transpose(1, 2).double(), k.transpose(1, 2).double(),
+                                               v.transpose(1, 2).double(), is_causal=causal,
+                                               enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(result.double(), reference, rtol=2e-2, atol=2e-2)

@@ -33,7 +33,10 @@ import torch
 
 from ..arguments.attention import AttentionArguments, lse_shape
 from ..arguments.attention_backward import AttentionBackwardArguments
+from ..core import tracing
+from . import dispatch as _dispatch
 from .operation import Operation, define_operation
+from .replay import replay_from_c
 
 _SCHEMA_INPUTS = ("(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? cu_seqlens_q=None, "
                   "Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, "
@@ -162,6 +165,10 @@ ATTENTION_BACKWARD = Operation(
 )
 
 _attention = define_operation(ATTENTION)
+#: ``kernel_api::attention``'s number in the native call key: `attention`'s repeated calls are
+#: replayed from C, keyed by its arguments in schema order, then ``out`` and ``stream``.
+_ATTENTION_NUMBER = replay_from_c(_attention)
+_is_dynamo_compiling = tracing.is_dynamo_compiling
 _attention_forward = define_operation(ATTENTION_FORWARD)
 _attention_backward = define_operation(ATTENTION_BACKWARD)
 
@@ -228,6 +235,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         TypeError, ValueError: invalid operands (the message names the operand).
         NoKernelFoundError: no kernel takes these arguments.
     """
+    # (_is_dynamo_compiling first: Dynamo folds it to True and traces nothing of the replay)
+    if not _is_dynamo_compiling():
+        replay_call = _dispatch.replay_call
+        if replay_call is not None:
+            # what the Python path recorded for a call keyed as this one, run in C; None when
+            # nothing is (docs/architecture.md, "The replay contract")
+            done = replay_call(_ATTENTION_NUMBER, q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, cache_seqlens, out, stream)
+            if done is not None:
+                return done
     if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
                             or getattr(v, "requires_grad", False)):
         if out is not None:

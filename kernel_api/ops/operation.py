@@ -357,6 +357,7 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
     function.__doc__ = f"``{op.name}{op.schema}`` through kernel_api (see `kernel_api.ops.define_operation`)."
     function.operation = op
     function.op = overload
+    function.replay = replay
     function.__signature__ = signature
     return function
 

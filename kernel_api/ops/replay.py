@@ -43,12 +43,13 @@ from typing import Any, Callable
 import torch
 
 from .. import native
+from ..native import recipes
 from ..arguments import Arguments, byte_extent
 from ..kernel import Kernel
 from ..core import tracing
 from ..core.streams import cu_streams as _cu_streams, current_raw_stream as _current_raw_stream, to_cuda_stream
 from ..tuning.scope import CURRENT as _settings
-from .dispatch import call, choice_caches, launch
+from .dispatch import call, choice_caches, launch, plain_state, record_replay
 
 _Tensor = torch.Tensor
 #: Tensor types replayed: plain tensors and parameters (a parameter adds no __torch_function__
@@ -235,7 +236,7 @@ class OperationReplay:
     """
 
     __slots__ = ("bits", "name", "tensors", "values", "value_at", "n_inputs", "fake", "several", "arguments",
-                 "outputs")
+                 "outputs", "tensor_at", "number", "native")
 
     def __init__(self, index: int, name: str, schema: Any, fake: Callable[..., Any], arguments: Callable[..., Any],
                  outputs: tuple[str, ...]) -> None:
@@ -251,6 +252,11 @@ class OperationReplay:
         self.value_at = rest[0] if len(rest) == 1 else itemgetter(*rest) if rest else None
         self.name, self.fake, self.arguments, self.outputs = name, fake, arguments, outputs
         self.several = len(outputs) > 1
+        self.tensor_at = tuple(at)
+        #: The operation's number in the native call key (`recipes.op_number`); `native`: whether
+        #: its Python path records C recipes too (`replay_from_c`).
+        self.number = recipes.op_number(name)
+        self.native = False
 
     def _values_key(self, inputs: tuple) -> tuple:
         """The other inputs' values and types (``eps=1`` and ``eps=True`` are not ``eps=1.0``)."""
@@ -408,6 +414,8 @@ class OperationReplay:
         _increment_version(outputs)
         if record and len(outputs) == len(results) and all(map(_is, outputs, results)):
             self._record(args, kernel, artifact, inputs, results, fresh, alignments)
+            if self.native and fresh and stream is None:
+                self._record_native(args, kernel, artifact, inputs, results)
         if not outputs:
             return None
         return outputs[0] if len(outputs) == 1 else outputs
@@ -456,6 +464,43 @@ class OperationReplay:
                     store[values] = makers
             else:
                 store[values] = entry
+
+
+    def _record_native(self, args: Arguments, kernel: Any, artifact: Any, inputs: tuple, results: tuple) -> None:
+        """Record, for the native replay (`kernel_api.native.recipes`), what this call that made
+        its one output ran, keyed as the front door's call ``(*inputs, *outputs, stream)`` with
+        every output and the stream None: the kernel's torch call returning the output, or its
+        TVM-FFI launch with the output made dense like the input it is like (`_makers`)."""
+        if self.several or self.tensors is None:
+            return
+        n = self.values
+        others = (inputs[self.value_at],) if n == 1 else self.value_at(inputs) if n else ()
+        if any(isinstance(v, _Tensor) for v in others):
+            return  # an optional tensor given: its values may steer the arguments
+        tensors = self.tensors(inputs)
+        if not plain_state(tensors):
+            return
+        makers = _makers(tensors, results)
+        like = -1 if makers is None else self.tensor_at[makers[0]]
+        launcher = kernel._launcher(args, artifact)
+        if launcher is None or (launcher.torch_call is None and like < 0):
+            return
+        record_replay(self.number, kernel, artifact, args, (*inputs, None, None), results[0], like)
+
+
+def replay_from_c(function: Callable[..., Any]) -> int:
+    """Opt a generated operation of one output (``define_operation``'s ``function``) into the
+    native replay: its Python path records, for calls that make the output on the current stream,
+    the recipe of what ran, keyed by the arguments ``(*inputs, out, stream)`` in schema order.
+    A front door that calls ``replay(number, *inputs, out, stream)`` first then runs a repeated
+    call without Python of kernel_api's.
+
+    Returns:
+        The operation's number in the call key.
+    """
+    found = function.replay
+    found.native = True
+    return found.number
 
 
 def _makers(tensors: tuple, results: tuple) -> tuple[int, ...] | None:
@@ -542,4 +587,5 @@ def _store(tag: int, operands: tuple) -> dict | None:
     return found
 
 
-__all__ = ["DECLINED", "OperationReplay", "PythonOnly", "Replay", "derivation", "forget", "needs_op", "outputs_apart"]
+__all__ = ["DECLINED", "OperationReplay", "PythonOnly", "Replay", "derivation", "forget", "needs_op", "outputs_apart",
+           "replay_from_c"]

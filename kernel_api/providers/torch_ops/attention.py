@@ -28,7 +28,9 @@ FlashAttention-2's forward writes ``out`` in place where torch has
 
 Dense calls are replayed (`kernel_api.ops.replay`) through `TorchAttention._launcher`: a
 function that reads the backend, the scalars and the output policy fixed at recording, and
-enters no context on the current stream.
+enters no context on the current stream. Where SDPA serves, the launcher's ``torch_call`` is
+the SDPA call itself, which `ops.attention`'s repeated calls replay from C (returning SDPA's
+output: nothing made to be replaced).
 
 Cost of variable length through ``sdpa`` and ``math``: the offsets are read on the host (on a
 GPU a device synchronisation per call) and each sequence runs on its own; ``flash`` takes the
@@ -38,6 +40,7 @@ offsets on the device.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -303,7 +306,11 @@ class TorchAttention(TorchKernel):
     def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
         """Dense calls (the operands are all a call takes); variable length keeps its offsets
         outside the operands. The launch enters no context on the current stream (any CPU call)
-        with no input needing a gradient (`direct_launch`)."""
+        with no input needing a gradient (`direct_launch`). Where SDPA's flags state the problem,
+        the launcher's ``torch_call`` is SDPA on views, returning its output viewed back (dense
+        for dense q: the made output's metadata), or copying it into a given ``out``: a call
+        that makes its output is then replayed from C as that one torch call
+        (`kernel_api.native.recipes.Call`), with no output made only to be replaced."""
         if args.varlen or args.cache_seqlens is not None:
             return None
         run, scalars = getattr(self, f"_run_{self.backend}"), Scalars(args)
@@ -320,6 +327,9 @@ class TorchAttention(TorchKernel):
                     return
                 with stream_context(scalars.device, stream), torch.no_grad():
                     run(scalars, q, k, v, out, None)
+
+            launch.__name__ = f"launch_{self.metadata.kernel_name}"
+            return Launcher(launch, torch_call=sdpa_call(flags, scale, args.head_dim, self.metadata.kernel_name))
         else:
             def launch(q: Any, k: Any, v: Any, out: Any, *rest: Any) -> None:
                 lse = rest[0] if len(rest) == 2 else None
@@ -408,6 +418,32 @@ def sdpa_views(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flags: tuple[b
     tensors with `sdpa_flags`' ``flags``: its output viewed as (batch, seqlen_q, heads, head_dim)."""
     return _sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=flags[0], scale=scale,
                  enable_gqa=flags[1]).transpose(1, 2)
+
+
+def sdpa_call(flags: tuple[bool, bool], scale: float, head_dim: int, name: str) -> Callable[..., torch.Tensor]:
+    """``call(q, k, v, out=None)``: `sdpa_views` for these flags and scale, returning SDPA's output
+    viewed back, or copying it into ``out`` (a `Launcher`'s ``torch_call``). It passes SDPA only
+    the keywords whose values are not SDPA's defaults (each costs host time to parse); the
+    scale ``1 / sqrt(head_dim)`` is SDPA's own default, the same double."""
+    named: dict[str, Any] = {}
+    if flags[0]:
+        named["is_causal"] = True
+    if flags[1]:
+        named["enable_gqa"] = True
+    if not head_dim or scale != 1.0 / math.sqrt(head_dim):
+        named["scale"] = scale
+
+    if named:
+        def call(q: Any, k: Any, v: Any, out: Any = None) -> Any:
+            result = _sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **named).transpose(1, 2)
+            return result if out is None else out.copy_(result)
+    else:
+        def call(q: Any, k: Any, v: Any, out: Any = None) -> Any:
+            result = _sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+            return result if out is None else out.copy_(result)
+
+    call.__name__ = f"sdpa_{name}"
+    return call
 
 
 def sdpa_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
