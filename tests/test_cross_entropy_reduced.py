@@ -82,19 +82,26 @@ def test_the_torch_kernels_reduce_against_float64(cpu_ops, dtype, options, reduc
     weights = torch.rand(13, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
     loss_type = torch.float64 if dtype == torch.float64 else torch.float32
     tol = dict(atol=1e-12, rtol=1e-12) if dtype == torch.float64 else dict(atol=1e-5, rtol=1e-5)
-    want = reference(x, t, reduction=reduction, **options)
+    # the buffer: the loss, three zeros, the rows' losses
+    want = torch.cat((reference(x, t, reduction=reduction, **options).view(1), torch.zeros(3, dtype=torch.float64),
+                      reference(x, t, reduction="none", **options)))
     buffer = torch.full((reduced_size(13),), 1234.5, dtype=loss_type)
-    got = ops.call(CrossEntropyReducedArguments(x, t, buffer, reduction=reduction, **options))
+    args = CrossEntropyReducedArguments(x, t, buffer, reduction=reduction, **options)
+    got = ops.call(args)
     assert got is buffer
-    torch.testing.assert_close(buffer[0].double(), want, **tol)
+    torch.testing.assert_close(buffer.double(), want, **tol)
+    torch.testing.assert_close(args.reference_outputs()["loss"], want, atol=1e-12, rtol=1e-12)
     grad = torch.full_like(x, 1234.5)
-    ops.call(CrossEntropyReducedArguments(x, t, buffer, grad_logits=grad, grad_loss=weights, reduction=reduction,
-                                          **options))
-    torch.testing.assert_close(buffer[0].double(), want, **tol)
+    buffer.fill_(1234.5)
+    args = CrossEntropyReducedArguments(x, t, buffer, grad_logits=grad, grad_loss=weights, reduction=reduction,
+                                        **options)
+    ops.call(args)
+    torch.testing.assert_close(buffer.double(), want, **tol)
     xr = x.double().requires_grad_()
     (reference(xr, t, reduction="none", **options) * weights.double()).sum().backward()
     grad_tol = tol if dtype != torch.bfloat16 else dict(atol=8e-3, rtol=8e-3)
     torch.testing.assert_close(grad.double(), xr.grad, **grad_tol)
+    torch.testing.assert_close(args.reference_outputs()["grad_logits"], xr.grad, atol=1e-12, rtol=1e-12)
 
 
 def _in_place(t, dtype):

@@ -43,13 +43,16 @@ def test_reduced_kernel_against_float64(rows, cols, offset, pad, dtype, index, o
     x.copy_(torch.randn(rows, cols, device="cuda", generator=g) * 4)
     target = torch.randint(0, cols, (rows,), device="cuda", generator=g).to(index)
     target[1::3] = options.get("ignore_index", -100)
-    want = reference(x, target.long(), reduction=reduction, **options)
+    # the buffer: the loss, three zeros, the rows' losses
+    want = torch.cat((reference(x, target.long(), reduction=reduction, **options).view(1),
+                      torch.zeros(3, dtype=torch.float64, device="cuda"),
+                      reference(x, target.long(), reduction="none", **options)))
     tol = dict(atol=2e-4, rtol=2e-5)
 
     loss = _buffer(rows)
     args = CrossEntropyReducedArguments(x, target, loss, reduction=reduction, **options)
     cuda_kernel(args).run(args)
-    torch.testing.assert_close(loss[0].double(), want, **tol)
+    torch.testing.assert_close(loss.double(), want, **tol)
 
     loss = _buffer(rows)
     grad, grad_buf = padded(rows, cols, dtype, offset=(offset + 1) % 8, pad=pad + 2)
@@ -57,7 +60,7 @@ def test_reduced_kernel_against_float64(rows, cols, offset, pad, dtype, index, o
     args = CrossEntropyReducedArguments(x, target, loss, grad_logits=grad, grad_loss=weights, reduction=reduction,
                                         **options)
     cuda_kernel(args).run(args)
-    torch.testing.assert_close(loss[0].double(), want, **tol)
+    torch.testing.assert_close(loss.double(), want, **tol)
     torch.testing.assert_close(grad.double(), ref_grad(x, target.long(), weights, **options), **GRAD_TOL[dtype])
     written = torch.zeros_like(grad_buf, dtype=torch.bool)
     written[(offset + 1) % 8:][: rows * (cols + pad + 2)].view(rows, cols + pad + 2)[:, :cols] = True
@@ -73,6 +76,7 @@ def test_every_row_ignored_gives_nan_mean_and_zero_sum(rows):
         args = CrossEntropyReducedArguments(x, target, loss, reduction=reduction)
         cuda_kernel(args).run(args)
         torch.testing.assert_close(loss[0].cpu(), torch.tensor(want), equal_nan=True)
+        assert not loss[1:].any()
         torch.testing.assert_close(ops.cross_entropy(x, target, reduction=reduction).cpu(), torch.tensor(want),
                                    equal_nan=True)
         torch.testing.assert_close(torch.nn.functional.cross_entropy(x.float(), target, reduction=reduction).cpu(),

@@ -27,10 +27,10 @@ they compute them in the same pass (``grad_hidden``, ``grad_weight``, ``grad_bia
 (an ``expand``ed scalar, stride 0): a mean's ``1 / count`` needs no per-row tensor.
 
 `CrossEntropyReducedArguments` is their mean over the rows not ignored (NaN when every row is)
-or their sum, and no lse. Its ``loss`` is a buffer of `reduced_size` elements: the loss goes to
-element 0, and the kernels may use the rest as their workspace (the CUDA kernel keeps each
-row's loss there and reduces them in the same launch), so a reduced call is one launch into one
-made tensor, which `kernel_api.ops` replays from C. The gradient (``grad_logits``,
+or their sum, and no lse. Its ``loss`` is a buffer of `reduced_size` elements: the loss, three
+zeros, then each row's loss. The CUDA kernel reduces in the same launch with that room (its
+arrival counter, cleared, is two of the zeros), so a reduced call is one launch into one made
+tensor, which `kernel_api.ops` replays from C. The gradient (``grad_logits``,
 ``grad_loss``) is that of the per-row losses: a mean's weights (``1 / count``) come in
 ``grad_loss``. It is an arguments type of its own, so kernels written for the per-row loss are
 never handed a buffer they do not know.
@@ -47,6 +47,7 @@ from ..core.dtypes import DataType
 from ..core.tensor_attributes import TensorAttributes
 from .base import (_attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor, _shares_memory,
                    Arguments, data_pointer)
+from .cross_entropy_math import rows_gradient, rows_loss
 
 _ROW2 = (0, 1)
 _UNIT = (1,)
@@ -105,13 +106,14 @@ def _per_row(t: Any, name: str, shape: tuple, types: tuple, what: str, broadcast
     return _attributes(dt, _UNIT, _divisibility(data_pointer(t), t.element_size(), (max(t.numel(), 1),)))
 
 
-#: Elements of a reduced call's ``loss`` buffer before its workspace's per-row part.
+#: Elements of `CrossEntropyReducedArguments`' ``loss`` buffer before the rows' losses: the
+#: loss, then three zeros.
 REDUCED_HEAD = 4
 
 
 def reduced_size(rows: int) -> int:
-    """Elements of the ``loss`` buffer of a mean or a sum over ``rows`` rows: the loss, then the
-    kernels' workspace (`REDUCED_HEAD` elements, then one per row)."""
+    """Elements of the ``loss`` buffer of a mean or a sum over ``rows`` rows: `REDUCED_HEAD`,
+    then one per row."""
     return REDUCED_HEAD + rows
 
 
@@ -298,8 +300,8 @@ class CrossEntropyReducedArguments(_CrossEntropyForward):
             `CrossEntropyArguments` (the gradient is of ``sum(grad_loss * per-row loss)``, so a
             mean's weights, ``1 / count``, come in ``grad_loss``).
         loss: a dense buffer of ``reduced_size(rows)`` elements, float32 (float64 for f64
-            logits): element 0 receives the loss; the kernels may use the rest as their
-            workspace (its values afterwards are unspecified).
+            logits), for the loss (element 0), three zeros, then the rows' losses (element
+            ``REDUCED_HEAD + r``: row r's, in the order of ``logits.shape[:-1]``).
         reduction: "mean" (over the rows not ignored: NaN when every row is, as torch's) or
             "sum".
     """
@@ -322,6 +324,21 @@ class CrossEntropyReducedArguments(_CrossEntropyForward):
         attrs = {"loss": _reduced_buffer(loss, self.rows, floats, what)}
         _device(loss, "loss", logits, "logits")
         return attrs
+
+    def reference_outputs(self) -> dict[str, torch.Tensor]:
+        """The buffer (and the gradient) in float64, from `cross_entropy_math`'s definition."""
+        logits = self.logits.reshape(self.rows, self.cols).double()
+        target = self.target.reshape(self.rows)
+        scalars = (self.ignore_index, self.label_smoothing, self.z_loss)
+        per_row, lse, valid = rows_loss(logits, target, *scalars)
+        total = per_row.sum()
+        head = torch.zeros(REDUCED_HEAD, dtype=torch.float64, device=logits.device)
+        head[0] = total / valid.sum() if self.reduction == "mean" else total
+        found = {"loss": torch.cat((head, per_row))}
+        if self.grad_logits is not None:
+            grad = rows_gradient(logits, target, lse, self.grad_loss.reshape(-1), *scalars)
+            found["grad_logits"] = grad.view(self.logits.shape)
+        return found
 
     def __repr__(self) -> str:
         return self._describe("CrossEntropyReducedArguments", f", reduction={self.reduction}")

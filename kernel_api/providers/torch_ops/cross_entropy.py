@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ...arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwardArguments,
+from ...arguments.cross_entropy import (REDUCED_HEAD, CrossEntropyArguments, CrossEntropyBackwardArguments,
                                         CrossEntropyReducedArguments, LinearCrossEntropyArguments)
 from ...arguments.cross_entropy_math import compute_type, linear_cross_entropy_chunks, rows_gradient, rows_loss
 from ...core.artifact import CompiledArtifact
@@ -143,19 +143,21 @@ def _cross_entropy_reduced_with_grad(logits: torch.Tensor, target: torch.Tensor,
 def _reduced(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, grad_logits: torch.Tensor | None,
              grad_loss: torch.Tensor | None, rows: int, cols: int, ignore_index: int, label_smoothing: float,
              z_loss: float, reduction: str, stream: Any) -> None:
-    """The rows' losses (`_forward`), then their sum, or their mean over the rows not ignored
-    (NaN when every row is, as torch's mean), into ``loss[0]``."""
+    """The rows' losses (`_forward`) into the buffer's rows part, then their sum, or their mean
+    over the rows not ignored (NaN when every row is, as torch's mean), into ``loss[0]``
+    (`CrossEntropyReducedArguments`' layout)."""
     context = None if stream is None else switch(logits, stream)
     if context is not None:
         with context:
             return _reduced(logits, target, loss, grad_logits, grad_loss, rows, cols, ignore_index, label_smoothing,
                             z_loss, reduction, None)
-    per_row, lse = loss.new_empty(rows), loss.new_empty(rows)
-    _forward(logits, target, per_row, lse, grad_logits, grad_loss, rows, cols, ignore_index, label_smoothing, z_loss,
-             None)
+    per_row = loss[REDUCED_HEAD:]
+    _forward(logits, target, per_row, loss.new_empty(rows), grad_logits, grad_loss, rows, cols, ignore_index,
+             label_smoothing, z_loss, None)
     total = per_row.sum()
     if reduction == "mean":
         total = total / (target.reshape(rows) != ignore_index).sum()
+    loss[:REDUCED_HEAD].zero_()
     loss[0] = total
 
 

@@ -258,7 +258,9 @@ class CudaCrossEntropyReduced(CudaCrossEntropy):
         if args.rows == 0:  # (no CTA to write it: the mean of nothing, or an empty sum)
             device = _device(args)
             with torch.cuda.stream(torch.cuda.ExternalStream(stream_handle(stream, device), device=device)):
-                args.loss[0] = float("nan") if args.reduction == "mean" else 0.0
+                args.loss.zero_()
+                if args.reduction == "mean":
+                    args.loss[0] = float("nan")
             return
         super()._run(args, artifact, stream, workspace)
 
