@@ -306,7 +306,7 @@ def main() -> None:
     if args.quick:
         args.shapes, args.repeat, args.no_compile = "16384x2048x32000", min(args.repeat, 5), True
     args.chunks = [int(c) for c in args.chunks.split(",") if c]
-    liger, liger_ce = _liger()
+    liger, liger_ce = _liger() if not (args.no_linear and args.no_rows) else (None, None)
     doc = results_io.result_doc(chunk_tokens=cross_entropy_math.CHUNK_TOKENS, ignored=args.ignored, linear={}, rows={},
                                 breakdown={}, host={})
     lines = []
