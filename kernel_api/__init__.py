@@ -20,6 +20,7 @@ from .arguments import AttentionArguments, AttentionBackwardArguments
 from .arguments import (CrossEntropyArguments, CrossEntropyBackwardArguments, GatedActivationArguments,
                         GatedActivationBackwardArguments, LinearCrossEntropyArguments, RopeArguments,
                         RopeBackwardArguments)
+from .arguments import CrossEntropyReducedArguments
 from .core.artifact import CompiledArtifact
 from .core.dtypes import DataType
 from .core.errors import (CompilationError, DeviceError, KernelApiError, KernelLaunchError, NoKernelFoundError,
@@ -52,6 +53,7 @@ __all__ += ["AttentionArguments", "AttentionBackwardArguments"]
 __all__ += ["CrossEntropyArguments", "CrossEntropyBackwardArguments", "GatedActivationArguments",
             "GatedActivationBackwardArguments", "LinearCrossEntropyArguments", "RopeArguments",
             "RopeBackwardArguments"]
+__all__ += ["CrossEntropyReducedArguments"]
 
 
 def __getattr__(name: str):
