@@ -69,6 +69,22 @@ def test_a_call_recipe_replays_for_an_equal_key_only(entry):
     assert not recipes.record(entry, OP, recipe, x, -1, None, [1])
 
 
+def test_a_str_argument_is_keyed_by_its_length_and_every_byte(entry):
+    """A str is keyed whole (its length, then its bytes padded to whole words): strings that share
+    a prefix, differ only past the first word or in their padding's place key apart; one too long
+    to key leaves the call unkeyed (never replayed)."""
+    x = torch.randn(4, 8)
+    names = ["", "a", "a\x00", "gelu_tan", "gelu_tanh", "gelu_tanH", "gelu_tanh_approximate_x", "\u00e9t\u00e9"]
+    for i, name in enumerate(names):
+        assert recipes.record(entry, OP, recipes.Call(lambda x, i=i: i, (0,)), x, name)
+    for i, name in enumerate(names):
+        assert entry.replay(OP, x, name) == i, name
+    assert entry.replay(OP, x, "gelu_tanh ") is None
+    assert entry.replay(OP, x, "a\x00\x00") is None
+    assert not recipes.record(entry, OP, recipes.Call(lambda x: 0, (0,)), x, "x" * 129)
+    assert entry.replay(OP, x, "x" * 129) is None
+
+
 def test_the_key_holds_the_settings_and_torchs_state(entry):
     x = torch.randn(4, 8)
     recipes.record(entry, OP, recipes.Call(torch.softmax, (0, 1)), x, -1)

@@ -237,14 +237,23 @@ bool OutputMayOverlap(const TVMFFIAny* tensors, int count) {
 }
 
 bool AppendTensorKey(const DLTensor* t, std::string* key) {
-  if (t->ndim < 0 || t->ndim > kMaxNdim) return false;
+  int64_t words[kMaxTensorWords];
+  const int n = TensorKeyWords(t, words);
+  if (n < 0) return false;
+  key->append(reinterpret_cast<const char*>(words), sizeof(int64_t) * n);
+  return true;
+}
+
+static_assert(kMaxTensorWords == 3 + 2 * kMaxNdim, "a tensor's key words: dtype, device, rank and alignment, shape, strides");
+
+int TensorKeyWords(const DLTensor* t, int64_t* words) {
+  if (t->ndim < 0 || t->ndim > kMaxNdim) return -1;
   if (t->data == nullptr) {
     // No memory behind a non-empty tensor: a fake tensor of a tracer, never launched from here.
     bool empty = false;
     for (int i = 0; i < t->ndim; ++i) empty = empty || t->shape[i] == 0;
-    if (!empty) return false;
+    if (!empty) return -1;
   }
-  int64_t words[4 + 2 * kMaxNdim];
   int n = 0;
   words[n++] = (static_cast<int64_t>(t->dtype.code) << 32) | (static_cast<int64_t>(t->dtype.bits) << 16) |
                t->dtype.lanes;
@@ -262,8 +271,7 @@ bool AppendTensorKey(const DLTensor* t, std::string* key) {
       words[n++] = stride;
     }
   }
-  key->append(reinterpret_cast<const char*>(words), sizeof(int64_t) * n);
-  return true;
+  return n;
 }
 
 bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* key) {

@@ -23,6 +23,11 @@ bool TensorKey(int64_t tag, const TVMFFIAny* tensors, int count, std::string* ke
 // dimensions, or no memory behind a non-empty tensor).
 bool AppendTensorKey(const DLTensor* t, std::string* key);
 
+// The words AppendTensorKey appends, written to `words` (room for kMaxTensorWords): how many, or
+// -1 when the tensor cannot be keyed.
+constexpr int kMaxTensorWords = 3 + 2 * 8;
+int TensorKeyWords(const DLTensor* t, int64_t* words);
+
 // Whether the last of `tensors` (the one a launch writes) may share memory with another of them.
 // Conservative (byte ranges): such calls go back to Python, which judges them exactly.
 bool OutputMayOverlap(const TVMFFIAny* tensors, int count);

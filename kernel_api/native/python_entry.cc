@@ -737,8 +737,8 @@ PyObject* Bind(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // torch keeps per thread that changes what a call means (grad mode, torch dispatch and function
 // modes, autocast, cuBLAS's TF32 flag), and every argument: a tensor's type, lazy bit,
 // requires_grad (under grad mode) and raw metadata (dtype, device, shape, strides, pointer
-// alignment), or an argument's value (None, bool, int, float, str). An argument of any other
-// type leaves the call unkeyed: it is not replayed. A recipe is what Python recorded for a key:
+// alignment), or an argument's value (None, bool, int, float, a str of at most 128 bytes). An
+// argument of any other type (or a longer str) leaves the call unkeyed: it is not replayed. A recipe is what Python recorded for a key:
 //   - a call: `call(*picked, out=argument)`, its result returned (a torch function, which sees
 //     grad mode, modes and autocast itself);
 //   - a launch: a TVM-FFI function called with the picked arguments and constants, the output
@@ -853,9 +853,12 @@ struct ReadArguments {
   int n_tensors = 0;
 };
 
-void AppendWords(std::string* key, const int64_t* words, int n) {
-  key->append(reinterpret_cast<const char*>(words), sizeof(int64_t) * n);
-}
+// A key's words as CallKey writes them (on the stack; the key is then copied once): the head, then
+// per argument its kind and value, or a tensor's type, bits and metadata (TensorKeyWords), or a
+// str's length and bytes (at most kMaxStrWords words: a longer str leaves the call unkeyed).
+constexpr int kMaxStrWords = 16;
+constexpr int kMaxKeyWords = 4 + kMaxArguments * (2 + kernel_api_native::kMaxTensorWords);
+static_assert(2 + kMaxStrWords <= 2 + kernel_api_native::kMaxTensorWords, "a str fits a tensor's room");
 
 // The one key function: (policy id, op, state, arguments) in *key. 1 when keyed; 0 when the
 // call cannot be keyed (an argument of another type, an unreadable tensor: no Python error);
@@ -891,19 +894,21 @@ int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadAr
     if (set) state |= int64_t{1} << i;
   }
   const bool grad = (state & kGradMode) != 0;
-  key->clear();
-  const int64_t head[4] = {policy, op, state, n};
-  AppendWords(key, head, 4);
+  int64_t words[kMaxKeyWords];
+  words[0] = policy;
+  words[1] = op;
+  words[2] = state;
+  words[3] = n;
+  int w = 4;
   read->n_tensors = 0;
   for (int i = 0; i < n; ++i) {
     PyObject* arg = args[i];
     read->tensor_at[i] = -1;
     if (arg == Py_None) {
-      const int64_t word = kNoneArgument;
-      AppendWords(key, &word, 1);
+      words[w++] = kNoneArgument;
     } else if (PyBool_Check(arg)) {
-      const int64_t words[2] = {kBoolArgument, arg == Py_True};
-      AppendWords(key, words, 2);
+      words[w++] = kBoolArgument;
+      words[w++] = arg == Py_True;
     } else if (PyLong_CheckExact(arg)) {
       int overflow = 0;
       const long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
@@ -911,13 +916,12 @@ int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadAr
         PyErr_Clear();
         return 0;
       }
-      const int64_t words[2] = {kIntArgument, value};
-      AppendWords(key, words, 2);
+      words[w++] = kIntArgument;
+      words[w++] = value;
     } else if (PyFloat_CheckExact(arg)) {
       const double value = PyFloat_AS_DOUBLE(arg);
-      int64_t words[2] = {kFloatArgument, 0};
-      std::memcpy(&words[1], &value, sizeof(value));
-      AppendWords(key, words, 2);
+      words[w++] = kFloatArgument;
+      std::memcpy(&words[w++], &value, sizeof(value));
     } else if (PyUnicode_CheckExact(arg)) {
       Py_ssize_t size = 0;
       const char* text = PyUnicode_AsUTF8AndSize(arg, &size);
@@ -925,9 +929,13 @@ int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadAr
         PyErr_Clear();
         return 0;
       }
-      const int64_t words[2] = {kStrArgument, size};
-      AppendWords(key, words, 2);
-      key->append(text, static_cast<size_t>(size));
+      const int n_words = static_cast<int>((size + 7) / 8);
+      if (n_words > kMaxStrWords) return 0;
+      words[w++] = kStrArgument;
+      words[w++] = size;
+      if (n_words > 0) words[w + n_words - 1] = 0;  // (the last word's padding)
+      std::memcpy(&words[w], text, static_cast<size_t>(size));
+      w += n_words;
     } else if (PyObject_TypeCheck(arg, tensor_type) && read->n_tensors < kMaxTensors) {
       DLTensor* tensor = &read->tensors[read->n_tensors];
       if (exchange->dltensor_from_py_object_no_sync(arg, tensor) != 0) {
@@ -938,15 +946,17 @@ int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadAr
       if (bit < 0) return -1;
       const int requires = grad ? RequiresGrad(arg) : 0;
       if (requires < 0) return -1;
-      const int64_t words[2] = {kTensorArgument | bit << 8 | requires << 10,
-                                static_cast<int64_t>(reinterpret_cast<uintptr_t>(Py_TYPE(arg)))};
-      AppendWords(key, words, 2);
-      if (!kernel_api_native::AppendTensorKey(tensor, key)) return 0;
+      words[w++] = kTensorArgument | bit << 8 | requires << 10;
+      words[w++] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(Py_TYPE(arg)));
+      const int tensor_words = kernel_api_native::TensorKeyWords(tensor, &words[w]);
+      if (tensor_words < 0) return 0;
+      w += tensor_words;
       read->tensor_at[i] = read->n_tensors++;
     } else {
       return 0;
     }
   }
+  key->assign(reinterpret_cast<const char*>(words), sizeof(int64_t) * static_cast<size_t>(w));
   return 1;
 }
 
@@ -990,21 +1000,44 @@ constexpr int kMade = -(1 << 20);
 constexpr int kView = 1 << 20;
 constexpr size_t kVariantLimit = 7;  // (the alignments from 16 to 1024 bytes)
 
-// Call keys are whole 8-byte words (CallKey appends nothing else): hashed a word at a time, a few
-// times faster than std::hash's bytewise pass over the 300-odd bytes of a GEMM's key.
+// Call keys are whole 8-byte words (CallKey writes nothing else): hashed four words at a time in
+// four independent lanes of scalar multiplies (a GEMM's key is 40-odd words; one lane's chain of
+// dependent multiplies was a tenth of a replayed call's host time), mixed at the end. Kept
+// scalar: SSE2 has no 64-bit multiply, and the vectorizer's emulation of it is slower.
+#if defined(__GNUC__) && !defined(__clang__)
+#define KERNEL_API_SCALAR __attribute__((optimize("no-tree-vectorize")))
+#else
+#define KERNEL_API_SCALAR
+#endif
 struct WordHash {
-  size_t operator()(const std::string& key) const {
-    uint64_t hash = 0x9e3779b97f4a7c15ULL ^ key.size();
+  static uint64_t Mix(uint64_t hash, uint64_t word) {
+    hash = (hash ^ word) * 0xff51afd7ed558ccdULL;
+    return hash ^ (hash >> 32);
+  }
+  KERNEL_API_SCALAR size_t operator()(const std::string& key) const {
     const char* data = key.data();
     const size_t words = key.size() / 8;
-    for (size_t i = 0; i < words; ++i) {
+    uint64_t a = 0x9e3779b97f4a7c15ULL ^ key.size(), b = 0xc2b2ae3d27d4eb4fULL, c = 0x165667b19e3779f9ULL,
+             d = 0x27d4eb2f165667c5ULL;
+    size_t i = 0;
+    for (; i + 4 <= words; i += 4) {
+      uint64_t w0, w1, w2, w3;
+      std::memcpy(&w0, data + 8 * i, 8);
+      std::memcpy(&w1, data + 8 * i + 8, 8);
+      std::memcpy(&w2, data + 8 * i + 16, 8);
+      std::memcpy(&w3, data + 8 * i + 24, 8);
+      a = Mix(a, w0);
+      b = Mix(b, w1);
+      c = Mix(c, w2);
+      d = Mix(d, w3);
+    }
+    for (; i < words; ++i) {
       uint64_t word;
       std::memcpy(&word, data + 8 * i, 8);
-      hash = (hash ^ word) * 0xff51afd7ed558ccdULL;
-      hash ^= hash >> 32;
+      a = Mix(a, word);
     }
-    for (size_t i = 8 * words; i < key.size(); ++i) hash = (hash ^ static_cast<unsigned char>(data[i])) * 0x100000001b3ULL;
-    return static_cast<size_t>(hash);
+    for (i = 8 * words; i < key.size(); ++i) b = Mix(b, static_cast<unsigned char>(data[i]));
+    return static_cast<size_t>(Mix(Mix(Mix(a, b), c), d));
   }
 };
 // (shared: a replay holds the recipe it runs, which Python code run meanwhile may forget)
