@@ -75,7 +75,9 @@ def test_arguments_keep_the_lengths_and_say_so():
     assert args.cache_seqlens is lengths and args.seqlen_k == 1024
     assert "cache_seqlens=given" in repr(args)
     assert "cache_seqlens" not in repr(_plain())
-    assert "cache_seqlens" not in args.tensor_attributes  # (an input read on the device, as cu_seqlens)
+    # an operand (a recorded launch takes it as a tensor), after the output
+    assert list(args.tensor_attributes) == ["q", "k", "v", "out", "cache_seqlens"]
+    assert args.tensor_attributes["cache_seqlens"].dtype.name == "i32"
 
 
 def _plain(batch=4, cache=1024):

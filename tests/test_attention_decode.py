@@ -141,3 +141,37 @@ def test_pick_any_ranks_it_first_for_decode(lq, sk):
     a = _args(lq=lq, sk=sk)
     ranked = rank_candidates(kernel_api.get_kernels(a, cc=90), a, 132)
     assert ranked[0].metadata.kernel_name == "CudaAttentionDecode_bf16_d128"
+
+
+def test_a_recorded_launch_takes_the_cache_lengths_as_a_tensor(monkeypatch):
+    """With ``cache_seqlens`` the recorded launch reads the lengths' pointer from its fifth tensor
+    (after q, k, v and out, as `tensor_attributes` lists them), never from a constant, and one
+    recording serves every lengths tensor of that metadata."""
+    from types import SimpleNamespace
+
+    from kernel_api import native
+    from kernel_api.providers.cuda_src.kernels import attention_decode
+
+    recorded = []
+
+    def cuda_launch(kernel, n_tensors, grid, block, shared, layout):
+        recorded.append((n_tensors, layout))
+        return lambda *a: None
+
+    monkeypatch.setattr(native, "cuda_launch", cuda_launch)
+    monkeypatch.setattr(attention_decode.torch.cuda, "current_device", lambda: 0)
+    lengths = torch.empty(64, dtype=torch.int32, device="meta")
+    args = _args(k=_meta((64, 4096, 8, 128)), cache_seqlens=lengths)
+    assert list(args.tensor_attributes) == ["q", "k", "v", "out", "cache_seqlens"]
+    kernel = next(iter(kernel_api.get_kernels(args, cc=90, providers="cuda_src")))
+    artifact = kernel.compile(args, cc=90)
+    monkeypatch.setattr(type(artifact.compiled_obj), "max_coresident", lambda *a: 1)
+    monkeypatch.setattr(type(artifact.compiled_obj), "kernel", property(lambda self: SimpleNamespace(handle=1)))
+    first = kernel._launcher(args, artifact)
+    again = kernel._launcher(_args(k=_meta((64, 4096, 8, 128)), cache_seqlens=torch.empty_like(lengths)), artifact)
+    assert first is again and len(recorded) == 1
+    n_tensors, layout = recorded[0]
+    assert n_tensors == 5 and layout[:4] == tuple((native.TENSOR, i) for i in range(4))
+    assert layout[4:7] == ((8, 0), (8, 0), (native.TENSOR, 4))  # (the offsets' pointers, then the lengths)
+    plain = kernel._launcher(_args(k=_meta((64, 4096, 8, 128))), artifact)
+    assert plain is not first and recorded[1][0] == 4 and recorded[1][1][6] == (8, 0)

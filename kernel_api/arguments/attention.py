@@ -41,8 +41,10 @@ mask its last query sits at position ``cache_seqlens[b] - 1`` (query ``i`` sees 
 ``j <= i + cache_seqlens[b] - seqlen_q``). The values are never read on the host: they must
 lie in ``[0, max_seqlen_k]`` (kernels clamp them there so no read leaves the cache). The
 problem key holds that the lengths are given and the cache's size, not their values, so a
-decode loop growing its cache keeps one choice and one compiled kernel. Dense layout only
-(variable length gives each sequence's keys by ``cu_seqlens_k``); kernels declare it
+decode loop growing its cache keeps one choice and one compiled kernel. Unlike the sequence
+offsets it is an operand (in ``tensor_attributes``, after the outputs): a recorded launch takes
+it as a tensor, so a repeated call replays with the lengths tensor it is given. Dense layout
+only (variable length gives each sequence's keys by ``cu_seqlens_k``); kernels declare it
 (`AttentionOperandsMetadata`'s ``cache_seqlens``) and the others decline.
 
 ``outputs_made`` (False unless the caller says so): the outputs were made for this call and
@@ -128,8 +130,9 @@ def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str) 
     return value
 
 
-def _cache_lengths(lengths: Any, batch: int, varlen: bool, device: torch.device) -> None:
-    """Check ``cache_seqlens`` (int32, ``(batch,)``, contiguous, q's device); its values are not read."""
+def _cache_lengths(lengths: Any, batch: int, varlen: bool, device: torch.device) -> TensorAttributes:
+    """Check ``cache_seqlens`` (int32, ``(batch,)``, contiguous, q's device; its values are not
+    read) and return its attributes."""
     _require_tensor(lengths, "cache_seqlens")
     if varlen:
         raise ValueError("operand cache_seqlens: with the dense layout only (variable length gives each sequence's "
@@ -143,6 +146,7 @@ def _cache_lengths(lengths: Any, batch: int, varlen: bool, device: torch.device)
         raise ValueError(f"operand cache_seqlens: on {lengths.device} but q is on {device}")
     if batch > 1 and lengths.stride(0) != 1:
         raise ValueError(f"operand cache_seqlens: must be contiguous, got stride {lengths.stride(0)}")
+    return _attributes(DataType.i32, (1,), _divisibility(data_pointer(lengths), 4, (batch,)))
 
 
 def key_length(seqlen_q: int, seqlen_k: int) -> int:
@@ -329,8 +333,7 @@ class AttentionArguments(Arguments):
                  cache_seqlens: torch.Tensor | None = None) -> None:
         p = AttentionProblem(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         oa = p.like(out, "out", q, "q")
-        if cache_seqlens is not None:
-            _cache_lengths(cache_seqlens, p.batch, p.varlen, q.device)
+        ca = None if cache_seqlens is None else _cache_lengths(cache_seqlens, p.batch, p.varlen, q.device)
         self.varlen, self.causal, self.scale = p.varlen, p.causal, p.scale
         self.batch, self.seqlen_q, self.seqlen_k = p.batch, p.seqlen_q, p.seqlen_k
         self.heads_q, self.heads_kv, self.head_dim = p.heads_q, p.heads_kv, p.head_dim
@@ -344,8 +347,10 @@ class AttentionArguments(Arguments):
         self.tensor_attributes = {"q": p.q, "k": p.k, "v": p.v, "out": oa}
         if lse is not None:
             self.tensor_attributes["lse"] = lse_attributes(lse, q, p.varlen)
+        if ca is not None:
+            self.tensor_attributes["cache_seqlens"] = ca
         self.signature = ("attention", p.q._key, p.k._key, p.v._key, oa._key, lse is not None, self.head_dim,
-                          self.heads_q // self.heads_kv, self.causal, self.varlen, cache_seqlens is not None,
+                          self.heads_q // self.heads_kv, self.causal, self.varlen, None if ca is None else ca._key,
                           self.device_index)
 
     def problem_key(self) -> tuple:

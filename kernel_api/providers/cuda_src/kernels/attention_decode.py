@@ -11,8 +11,8 @@ kernel reads the sequence offsets on the device; a launch whose offsets are no o
 recorded, so every varlen call goes through `_run`). The dense instances also take a KV cache of
 per-row lengths (`AttentionArguments`' ``cache_seqlens``): the kernel reads each row's length on
 the device and splits that row's keys alone, so the launch depends on the cache's size, never on
-the lengths (such calls go through `_run` as well: the lengths are no operand of a recorded
-launch).
+the lengths; the lengths are the recorded launch's fifth tensor, so a decode loop's repeated
+calls replay it with whichever lengths tensor they pass.
 
 Flash-decoding: each CTA takes one (batch, KV head, row block, key split); the rows of a KV head
 are its group's queries (seqlen_q x heads_q / heads_kv of them), so one read of K and V serves
@@ -80,6 +80,9 @@ _LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
 BYTES_PER_SECOND = 4.2e12
 FIXED_SECONDS = 3e-6
 MMA_FLOPS_PER_SECOND = 4e14
+#: Where the cache lengths' pointer sits among `CudaAttentionDecode._launch`'s parameters (after
+#: the two sequence offsets' pointers).
+_LENGTHS_AT = 2
 #: Recorded launches kept per instance (a decode loop's lengths grow by one per step).
 _RECORDED_LIMIT = 256
 _LOG2E = 1.4426950408889634
@@ -270,12 +273,16 @@ class CudaAttentionDecode(CudaSourceKernel):
                                      shared_bytes(self.head_dim), pointers + params)
 
     def _launcher(self, args: AttentionArguments, artifact: Any) -> Launcher | None:
-        # (varlen offsets and cache lengths are no operand of a recorded launch: those calls run `_run`)
-        launch = None if args.varlen or args.cache_seqlens is not None else self._launch(args, artifact)
+        # (varlen offsets are no operand of a recorded launch: those calls run `_run`; cache
+        # lengths are its tensor 4, after q, k, v and out, as in `tensor_attributes`)
+        launch = None if args.varlen else self._launch(args, artifact)
         if launch is None:
             return None
         grid, params = launch
-        key = (id(artifact), grid, params)
+        lengths = args.cache_seqlens is not None
+        if lengths:
+            params = params[:_LENGTHS_AT] + (0,) + params[_LENGTHS_AT + 1:]  # (its pointer is no constant)
+        key = (id(artifact), grid, params, lengths)
         recorded = self.__dict__.setdefault("_recorded", {})
         found = recorded.get(key)
         if found is None:
@@ -285,9 +292,11 @@ class CudaAttentionDecode(CudaSourceKernel):
             smem = shared_bytes(self.head_dim)
             # (allows the kernel its dynamic shared memory on this device, as a Python launch does)
             artifact.compiled_obj.max_coresident(device, THREADS, smem)
-            layout = tuple((native.TENSOR, i) for i in range(4)) + tuple((8, int(value)) for value in params)
-            function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), 4, (grid, 1, 1),
-                                          (THREADS, 1, 1), smem, layout)
+            layout = [(native.TENSOR, i) for i in range(4)] + [(8, int(value)) for value in params]
+            if lengths:
+                layout[4 + _LENGTHS_AT] = (native.TENSOR, 4)
+            function = native.cuda_launch(int(artifact.compiled_obj.kernel.handle), 4 + lengths, (grid, 1, 1),
+                                          (THREADS, 1, 1), smem, tuple(layout))
             if function is None:
                 return None
             if len(recorded) >= _RECORDED_LIMIT:
