@@ -253,9 +253,10 @@ class OperationReplay:
         self.name, self.fake, self.arguments, self.outputs = name, fake, arguments, outputs
         self.several = len(outputs) > 1
         self.tensor_at = tuple(at)
-        #: The operation's number in the native call key (`recipes.op_number`); `native`: whether
-        #: its Python path records C recipes too (`replay_from_c`).
-        self.number = recipes.op_number(name)
+        #: The operation's number in the native call key (`recipes.op_number`), keyed without
+        #: cuBLAS's TF32 flag as the Python keys are (a generated operation's choice never reads
+        #: it); `native`: whether its Python path records C recipes too (`replay_from_c`).
+        self.number = recipes.op_number(name, recipes.ALL_STATE & ~recipes.TF32)
         self.native = False
 
     def _values_key(self, inputs: tuple) -> tuple:
