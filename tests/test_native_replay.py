@@ -120,6 +120,28 @@ def test_the_key_holds_the_settings_and_torchs_state(entry):
     assert entry.replay(OP, torch._neg_view(x), -1) is None  # a lazy bit: another key
 
 
+def test_tf32_for_float32_keys_the_flag_for_calls_with_a_float32_tensor_only(entry):
+    """An operation whose choices follow cuBLAS's TF32 flag for float32 operands alone has its
+    calls keyed by the flag only when a tensor argument is float32: a bf16 call replays whatever
+    the flag says, a float32 one (or one with a float32 tensor among others) does not."""
+    op = recipes.op_number("tests.replay.tf32_for_float32", recipes.ALL_STATE | recipes.TF32_FOR_FLOAT32)
+    half, single = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(4, 8)
+    calls = [(half, -1), (single, -1), (half, single), (torch.randn(4, 8, dtype=torch.float64), -1)]
+    for call in calls:
+        assert recipes.record(entry, op, recipes.Call(lambda x, y: x, (0, 1)), *call)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = not tf32
+        assert entry.replay(op, half, -1) is half
+        assert entry.replay(op, *calls[3]) is calls[3][0]
+        assert entry.replay(op, single, -1) is None
+        assert entry.replay(op, half, single) is None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert entry.replay(op, single, -1) is single
+    assert entry.replay(op, half, single) is half
+
+
 def test_a_call_recipe_with_an_output_declines_when_it_overlaps(entry):
     x, out = torch.randn(4, 8), torch.empty(4, 8)
     recipes.record(entry, OP, recipes.Call(torch.softmax, (0, recipes.constant(0)), (-1,), out=1), x, out)

@@ -841,6 +841,9 @@ enum ArgumentKind : int64_t { kTensorArgument = 1, kNoneArgument, kBoolArgument,
 // The state bits of a key: each what one of torch's readers answers now.
 enum StateBit : int64_t { kGradMode = 1, kDispatchMode = 2, kFunctionMode = 4, kAutocast = 8, kTf32 = 16 };
 constexpr int64_t kAllState = 31;
+// Asked for with kTf32: the flag is read, and held, only for calls with a float32 tensor argument
+// (cuBLAS's TF32 flag changes float32 math only; the read costs as much as a tensor's).
+constexpr int64_t kTf32ForFloat32 = 32;
 // An operation's number holds, from this bit, the state parts its keys hold (recipes.op_number).
 constexpr int kStateShift = 32;
 
@@ -886,9 +889,10 @@ int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadAr
   const int64_t wanted = op >> kStateShift == 0 ? kAllState : op >> kStateShift;
   const StateReader* readers[] = {&hooks.grad_enabled, &hooks.dispatch_modes, &hooks.function_modes, &hooks.autocast,
                                   &hooks.tf32};
+  const bool tf32_later = (wanted & (kTf32 | kTf32ForFloat32)) == (kTf32 | kTf32ForFloat32);
   int64_t state = 0;
   for (int i = 0; i < 5; ++i) {
-    if ((wanted >> i & 1) == 0) continue;
+    if ((wanted >> i & 1) == 0 || (i == 4 && tf32_later)) continue;
     const int set = readers[i]->Read();
     if (set < 0) return -1;
     if (set) state |= int64_t{1} << i;
@@ -954,6 +958,17 @@ int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadAr
       read->tensor_at[i] = read->n_tensors++;
     } else {
       return 0;
+    }
+  }
+  if (tf32_later) {
+    for (int i = 0; i < read->n_tensors; ++i) {
+      const DLDataType dtype = read->tensors[i].dtype;
+      if (dtype.code == kDLFloat && dtype.bits == 32 && dtype.lanes == 1) {
+        const int set = hooks.tf32.Read();
+        if (set < 0) return -1;
+        if (set) words[2] |= kTf32;
+        break;
+      }
     }
   }
   key->assign(reinterpret_cast<const char*>(words), sizeof(int64_t) * static_cast<size_t>(w));

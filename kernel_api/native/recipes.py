@@ -38,6 +38,9 @@ _VIEW = 1 << 20
 #: mode, a torch dispatch mode, a torch function mode, autocast, cuBLAS's TF32 flag.
 GRAD_MODE, DISPATCH_MODE, FUNCTION_MODE, AUTOCAST, TF32 = 1, 2, 4, 8, 16
 ALL_STATE = GRAD_MODE | DISPATCH_MODE | FUNCTION_MODE | AUTOCAST | TF32
+#: With `TF32`: the flag is read and held only for calls with a float32 tensor argument (it
+#: changes float32 math only), for an operation whose choices read it for float32 operands alone.
+TF32_FOR_FLOAT32 = 32
 _STATE_SHIFT = 32
 
 _numbers: dict[str, int] = {}
@@ -146,4 +149,4 @@ def record(entry: Any, op: int, recipe: Call | Launch, *args: Any) -> bool:
     return bool(entry.record(op, recipe.spec(), *args))
 
 
-__all__ = ["ALL_STATE", "AUTOCAST", "DISPATCH_MODE", "FUNCTION_MODE", "GRAD_MODE", "MADE", "TF32", "Call", "Launch", "alignment", "constant", "op_number", "record", "remap", "view"]
+__all__ = ["ALL_STATE", "AUTOCAST", "DISPATCH_MODE", "FUNCTION_MODE", "GRAD_MODE", "MADE", "TF32", "TF32_FOR_FLOAT32", "Call", "Launch", "alignment", "constant", "op_number", "record", "remap", "view"]

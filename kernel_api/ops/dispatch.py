@@ -107,8 +107,9 @@ _entry_tried = False  # whether the native entry points were loaded (they may be
 #: recipe the Python path recorded for a call keyed as this one, run in C (`kernel_api.native.recipes`).
 replay_call: Any = None
 _entry: Any = None  # the entry points, once loaded
-#: The front doors' numbers in call keys (softmax's choices never follow cuBLAS's TF32 flag).
-GEMM_OP = recipes.op_number("kernel_api.gemm")
+#: The front doors' numbers in call keys (softmax's choices never follow cuBLAS's TF32 flag;
+#: gemm's follow it for a float32 A alone, `_launch`: keyed for calls with a float32 tensor).
+GEMM_OP = recipes.op_number("kernel_api.gemm", recipes.ALL_STATE | recipes.TF32_FOR_FLOAT32)
 SOFTMAX_OP = recipes.op_number("kernel_api.softmax", recipes.ALL_STATE & ~recipes.TF32)
 SOFTMAX_BACKWARD_OP = recipes.op_number("kernel_api.softmax_backward", recipes.ALL_STATE & ~recipes.TF32)
 #: Where epilogue functions are run: ``{"gemm": gemm_with_epilogue}``, filled by
