@@ -12,6 +12,7 @@ to the CUDA kernels that record their launches rather than to the torch provider
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -612,3 +613,31 @@ def test_attention_calls_the_c_replay_leaves_to_python(cpu_ops):
             assert ops.attention(q, k, v, out=out) is out
         _same(outs[0], outs[1])
         _same(outs[0], outs[2])
+
+
+def test_a_torch_call_returning_another_layout_is_not_replayed_from_c(cpu_ops, monkeypatch):
+    """When SDPA lays its output out otherwise than the op's made output (its math backend's
+    (batch, heads, seqlen, head_dim) order), the Python path copies into the made output, and no
+    C recipe returning SDPA's output is recorded: every call returns a dense output."""
+    if native.entry() is None:
+        pytest.skip(f"native entry points unavailable: {native.why_not_entry()}")
+    from kernel_api.providers.torch_ops import attention as provider
+
+    attention_module = importlib.import_module("kernel_api.ops.attention")  # (ops.attention is the function)
+
+    sdpa = provider._sdpa
+    monkeypatch.setattr(provider, "_sdpa", lambda *a, **kw: sdpa(*a, **kw).contiguous())
+    q, k, v = (torch.randn(2, 6, 4, 16) for _ in range(3))
+    with kernel_api.settings(providers=["torch"]):
+        results = [ops.attention(q, k, v) for _ in range(3)]
+        assert dispatch._load_entry()
+        key = (attention_module._ATTENTION_NUMBER, q, k, v, False, *[None] * 8)  # (inputs, out, stream)
+        recorded = dispatch._entry.recipe(*key)
+        monkeypatch.setattr(provider, "_sdpa", sdpa)
+        ops.clear_dispatch_cache()
+        ops.attention(q, k, v)
+        assert dispatch._entry.recipe(*key) is not None  # (the same lookup finds SDPA's own)
+    assert recorded is None
+    for r in results:
+        assert r.is_contiguous()
+        _same(results[0], r)

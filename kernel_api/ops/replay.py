@@ -486,7 +486,23 @@ class OperationReplay:
         launcher = kernel._launcher(args, artifact)
         if launcher is None or (launcher.torch_call is None and like < 0):
             return
+        if launcher.torch_call is not None and not _returns_like(launcher, args, results[0]):
+            return
         record_replay(self.number, kernel, artifact, args, (*inputs, None, None), results[0], like)
+
+
+def _returns_like(launcher: Any, args: Arguments, made: Any) -> bool:
+    """Whether the launcher's ``torch_call``, run once on the arguments' inputs, returns a tensor
+    with the made output's metadata (shape, strides, dtype, device): what a replay returns in its
+    place must be what the Python path returns (a backend may lay its output out otherwise, e.g.
+    SDPA's math backend). A torch call that raises is not recorded either."""
+    inputs = [t for t in (getattr(args, name) for name in args.tensor_attributes) if t is not made]
+    try:
+        got = launcher.torch_call(*inputs, *launcher.tail)
+    except Exception:  # noqa: BLE001 - not recorded; the Python path serves such calls
+        return False
+    return (isinstance(got, _Tensor) and got.shape == made.shape and got.stride() == made.stride()
+            and got.dtype == made.dtype and got.device == made.device)
 
 
 def replay_from_c(function: Callable[..., Any]) -> int:
