@@ -192,7 +192,7 @@ def test_a_repeated_attention_call_is_sdpas_call_replayed_from_c(launches, causa
     if native.entry() is None:
         pytest.skip(f"native entry points unavailable: {native.why_not_entry()}")
     new = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    q, k, v = new(2, 77, 8, 64), new(2, 77, 2, 64), new(2, 77, 2, 64)  # GQA, an odd length
+    q, k, v = new(2, 77, 8, 64), new(2, 77, 8, 64), new(2, 77, 8, 64)  # (an odd length)
     with kernel_api.settings(providers=["torch"]):
         first = ops.attention(q, k, v, causal=causal).clone()
         result, seen = _kernel_api_frames(lambda: ops.attention(q, k, v, causal=causal))
@@ -204,7 +204,28 @@ def test_a_repeated_attention_call_is_sdpas_call_replayed_from_c(launches, causa
     assert not {"empty_like", "new_empty", "empty", "set_", "copy_"} & {name for file, name in seen if file == "<C>"}
     _same(first, result)
     _same(first, again)
+    _near_float64(result, q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_repeated_gqa_attention_calls_give_the_python_paths_results(launches, causal):
+    """GQA (fewer k and v heads, read in place): repeated calls, replayed from C or in Python as
+    SDPA's backend lays its output out, give the Python path's results, dense."""
+    new = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    q, k, v = new(2, 77, 8, 64), new(2, 77, 2, 64), new(2, 77, 2, 64)
+    with kernel_api.settings(providers=["torch"]):
+        first = ops.attention(q, k, v, causal=causal).clone()
+        results = [ops.attention(q, k, v, causal=causal) for _ in range(3)]
+    torch.cuda.synchronize()
+    assert len(launches) == 1
+    for r in results:
+        assert r.is_contiguous()
+        _same(first, r)
+    _near_float64(first, q, k, v, causal)
+
+
+def _near_float64(result, q, k, v, causal):
     reference = F.scaled_dot_product_attention(q.transpose(1, 2).double(), k.transpose(1, 2).double(),
                                                v.transpose(1, 2).double(), is_causal=causal,
-                                               enable_gqa=True).transpose(1, 2)
+                                               enable_gqa=q.shape[2] != k.shape[2]).transpose(1, 2)
     torch.testing.assert_close(result.double(), reference, rtol=2e-2, atol=2e-2)
