@@ -592,8 +592,8 @@ def test_a_repeated_attention_call_is_sdpas_call_replayed_from_c(cpu_ops, causal
 
 
 def test_attention_calls_the_c_replay_leaves_to_python(cpu_ops):
-    """Calls given an output, or an optional tensor whose values steer the result (a KV cache's
-    lengths), are not replayed from C: each such call's result is the Python path's."""
+    """Calls given an optional tensor whose values steer the result (a KV cache's lengths) are not
+    replayed from C: each such call's result is the Python path's."""
     if native.entry() is None:
         pytest.skip(f"native entry points unavailable: {native.why_not_entry()}")
     q, k, v = torch.randn(2, 1, 4, 16), torch.randn(2, 9, 4, 16), torch.randn(2, 9, 4, 16)
@@ -602,17 +602,38 @@ def test_attention_calls_the_c_replay_leaves_to_python(cpu_ops):
         for lengths in ([9, 3], [2, 7], [9, 3]):
             cache_seqlens = torch.tensor(lengths, dtype=torch.int32)
             results.append(ops.attention(q, k, v, cache_seqlens=cache_seqlens).clone())
-        assert not torch.equal(results[0], results[1])
-        _same(results[0], results[2])
-        for row, n in enumerate([2, 7]):
-            want = F.scaled_dot_product_attention(q[row:row + 1].transpose(1, 2), k[row:row + 1, :n].transpose(1, 2),
-                                                  v[row:row + 1, :n].transpose(1, 2)).transpose(1, 2)
-            torch.testing.assert_close(results[1][row:row + 1], want)
-        outs = [torch.full_like(q, float("nan")) for _ in range(3)]
-        for out in outs:
-            assert ops.attention(q, k, v, out=out) is out
-        _same(outs[0], outs[1])
-        _same(outs[0], outs[2])
+    assert not torch.equal(results[0], results[1])
+    _same(results[0], results[2])
+    for row, n in enumerate([2, 7]):
+        want = F.scaled_dot_product_attention(q[row:row + 1].transpose(1, 2), k[row:row + 1, :n].transpose(1, 2),
+                                              v[row:row + 1, :n].transpose(1, 2)).transpose(1, 2)
+        torch.testing.assert_close(results[1][row:row + 1], want)
+
+
+def test_a_repeated_attention_call_given_its_output_is_replayed_from_c(cpu_ops):
+    """A repeated ops.attention(out=) runs from C as SDPA's call writing the given output (its
+    version bumped); an output that is an input's memory declines to the Python path."""
+    if native.entry() is None:
+        pytest.skip(f"native entry points unavailable: {native.why_not_entry()}")
+    q, k, v = (torch.randn(2, 6, 4, 16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    with kernel_api.settings(providers=["torch"]):
+        assert ops.attention(q, k, v, out=out) is out
+        want = out.clone()
+        out.fill_(float("nan"))
+        version = out._version
+        result, seen = _kernel_api_frames(lambda: ops.attention(q, k, v, out=out))
+        assert result is out
+        assert out._version > version
+        assert [name for file, name in seen if file.startswith(_PACKAGE)] == ["attention", "call"], seen
+        _same(want, out)
+        assert len(cpu_ops) == 1
+        for _ in range(2):
+            x = q.clone()
+            result, seen = _kernel_api_frames(lambda: ops.attention(x, k, v, out=x))
+            assert result is x
+            assert [name for file, name in seen if file.startswith(_PACKAGE)][:2] != ["attention", "call"]
+            _same(want, x)
 
 
 def test_a_torch_call_returning_another_layout_is_not_replayed_from_c(cpu_ops, monkeypatch):

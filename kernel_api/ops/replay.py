@@ -415,8 +415,8 @@ class OperationReplay:
         _increment_version(outputs)
         if record and len(outputs) == len(results) and all(map(_is, outputs, results)):
             self._record(args, kernel, artifact, inputs, results, fresh, alignments)
-            if self.native and fresh and stream is None:
-                self._record_native(args, kernel, artifact, inputs, results)
+            if self.native and stream is None:
+                self._record_native(args, kernel, artifact, inputs, results, fresh)
         if not outputs:
             return None
         return outputs[0] if len(outputs) == 1 else outputs
@@ -467,11 +467,13 @@ class OperationReplay:
                 store[values] = entry
 
 
-    def _record_native(self, args: Arguments, kernel: Any, artifact: Any, inputs: tuple, results: tuple) -> None:
-        """Record, for the native replay (`kernel_api.native.recipes`), what this call that made
-        its one output ran, keyed as the front door's call ``(*inputs, *outputs, stream)`` with
-        every output and the stream None: the kernel's torch call returning the output, or its
-        TVM-FFI launch with the output made dense like the input it is like (`_makers`)."""
+    def _record_native(self, args: Arguments, kernel: Any, artifact: Any, inputs: tuple, results: tuple,
+                       fresh: bool) -> None:
+        """Record, for the native replay (`kernel_api.native.recipes`), what this call of one
+        output on the current stream ran, keyed as the front door's call ``(*inputs, out,
+        stream)`` with the stream None and ``out`` None when the call made it (``fresh``): the
+        kernel's torch call (returning a made output, or writing the given one), or its TVM-FFI
+        launch (a made output made dense like the input it is like, `_makers`)."""
         if self.several or self.tensors is None:
             return
         n = self.values
@@ -479,12 +481,18 @@ class OperationReplay:
         if any(isinstance(v, _Tensor) for v in others):
             return  # an optional tensor given: its values may steer the arguments
         tensors = self.tensors(inputs)
-        if not plain_state(tensors):
+        if not plain_state((*tensors, *results)):
+            return
+        launcher = kernel._launcher(args, artifact)
+        if launcher is None:
+            return
+        if not fresh:
+            if launcher.torch_call is not None or launcher.ffi:
+                record_replay(self.number, kernel, artifact, args, (*inputs, results[0], None))
             return
         makers = _makers(tensors, results)
         like = -1 if makers is None else self.tensor_at[makers[0]]
-        launcher = kernel._launcher(args, artifact)
-        if launcher is None or (launcher.torch_call is None and like < 0):
+        if launcher.torch_call is None and like < 0:
             return
         if launcher.torch_call is not None and not _returns_like(launcher, args, results[0]):
             return
