@@ -144,8 +144,8 @@ def define_operation(op: Operation) -> Callable[..., Any]:
         (``op.outputs``): a tensor to write, or None to allocate it with ``op.fake``. Eager
         calls run `kernel_api.ops.call` and return its outputs; under tracing, a dispatch mode
         or autograd the call goes to the torch op (given outputs are then filled by a copy).
-        ``function.operation`` is ``op`` and ``function.op`` the torch op's overload
-        (``torch.ops.namespace.name.default``).
+        ``function.operation`` is ``op``, ``function.op`` the torch op's overload
+        (``torch.ops.namespace.name.default``) and ``function.replay`` its `OperationReplay`.
 
     Raises:
         ValueError: the name is defined by another description, or the schema does not parse

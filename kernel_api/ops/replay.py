@@ -25,6 +25,10 @@ arguments summary, so the same choice and the same launch constants (the `Launch
 only memory overlap depends on more, so a call given outputs replays only when their bytes meet
 no other tensor's (`outputs_apart`), and otherwise takes the Python path, which judges it.
 
+An operation opted in with `replay_from_c` (attention) also records its calls for the native
+replay (`kernel_api.native.recipes`), keyed by its front door's arguments: its front door asks C
+first, which runs the recorded torch call or launch with no Python frame of this module.
+
 The key is built in C by the native entry points' ``recall``/``remember`` (`kernel_api.native`,
 the same raw-metadata key as the call key's tensor part), where they load; otherwise in Python, with the
 same parts. Anything unusual declines to the Python path, which explains errors: tracing, torch
@@ -466,14 +470,14 @@ class OperationReplay:
             else:
                 store[values] = entry
 
-
     def _record_native(self, args: Arguments, kernel: Any, artifact: Any, inputs: tuple, results: tuple,
                        fresh: bool) -> None:
         """Record, for the native replay (`kernel_api.native.recipes`), what this call of one
         output on the current stream ran, keyed as the front door's call ``(*inputs, out,
         stream)`` with the stream None and ``out`` None when the call made it (``fresh``): the
-        kernel's torch call (returning a made output, or writing the given one), or its TVM-FFI
-        launch (a made output made dense like the input it is like, `_makers`)."""
+        kernel's torch call (returning a made output, or writing the given one; for a made one,
+        run once more here to check what it returns, `_returns_like`), or its TVM-FFI launch (a
+        made output made dense like the input it is like, `_makers`)."""
         if self.several or self.tensors is None:
             return
         n = self.values
@@ -515,10 +519,11 @@ def _returns_like(launcher: Any, args: Arguments, made: Any) -> bool:
 
 def replay_from_c(function: Callable[..., Any]) -> int:
     """Opt a generated operation of one output (``define_operation``'s ``function``) into the
-    native replay: its Python path records, for calls that make the output on the current stream,
-    the recipe of what ran, keyed by the arguments ``(*inputs, out, stream)`` in schema order.
-    A front door that calls ``replay(number, *inputs, out, stream)`` first then runs a repeated
-    call without Python of kernel_api's.
+    native replay: its Python path records, for calls on the current stream (the output made or
+    given), the recipe of what ran, keyed by the arguments ``(*inputs, out, stream)`` in schema
+    order (`OperationReplay._record_native`). A front door that calls
+    ``replay(number, *inputs, out, stream)`` first then runs a repeated call without Python of
+    kernel_api's.
 
     Returns:
         The operation's number in the call key.
