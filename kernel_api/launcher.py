@@ -75,11 +75,12 @@ class Launcher:
     ``torch_call``: for a kernel that launches through torch (a tail of tensors only, such as a
     bias), a callable doing the same work as ``function`` on the caller's current stream, called
     as ``torch_call(*inputs, *tail, out=output)`` with the tensors in order, the output last
-    (torch.matmul for `TorchGemm`'s product, torch.addmm's for its bias epilogues). The C entry
-    points then run repeated `kernel_api.ops.gemm` calls without Python frames of ours: torch's
-    own host time plus a microsecond or two. Allocating calls (no ``out``) call
-    ``torch_call(*inputs, *tail)``, which must return a new output shaped as
-    ``(*A.shape[:-1], N)``, contiguous, of A's dtype (what torch.matmul returns).
+    (torch.matmul for `TorchGemm`'s product, torch.addmm's for its bias epilogues; SDPA on views
+    for `TorchAttention`). The C entry points then run repeated `kernel_api.ops` calls without
+    Python frames of ours: torch's own host time plus a microsecond or so. Allocating calls (no
+    ``out``) call ``torch_call(*inputs, *tail)``, which returns a new output with the metadata
+    of the one the operation makes (for gemm ``(*A.shape[:-1], N)``, contiguous, of A's dtype:
+    what torch.matmul returns; a generated operation's calls check it once when they record).
     """
 
     __slots__ = ("function", "tail", "ffi", "torch_call")
