@@ -482,8 +482,8 @@ class OperationReplay:
             return
         n = self.values
         others = (inputs[self.value_at],) if n == 1 else self.value_at(inputs) if n else ()
-        if any(isinstance(v, _Tensor) for v in others):
-            return  # an optional tensor given: its values may steer the arguments
+        if any(isinstance(v, _Tensor) and not is_operand(args, v) for v in others):
+            return  # an optional tensor given that is no operand: its values may steer the arguments
         tensors = self.tensors(inputs)
         if not plain_state((*tensors, *results)):
             return
@@ -501,6 +501,13 @@ class OperationReplay:
         if launcher.torch_call is not None and not _returns_like(launcher, args, results[0]):
             return
         record_replay(self.number, kernel, artifact, args, (*inputs, None, None), results[0], like)
+
+
+def is_operand(args: Arguments, t: Any) -> bool:
+    """Whether ``t`` is one of ``args``' operands (``tensor_attributes``), whose values never steer
+    the arguments (the call key holds all an operand's part in the choice and the launch: its
+    metadata), unlike inputs outside them, such as sequence offsets a CPU call reads."""
+    return any(getattr(args, name) is t for name in args.tensor_attributes)
 
 
 def _returns_like(launcher: Any, args: Arguments, made: Any) -> bool:
@@ -617,5 +624,5 @@ def _store(tag: int, operands: tuple) -> dict | None:
     return found
 
 
-__all__ = ["DECLINED", "OperationReplay", "PythonOnly", "Replay", "derivation", "forget", "needs_op", "outputs_apart",
-           "replay_from_c"]
+__all__ = ["DECLINED", "OperationReplay", "PythonOnly", "Replay", "derivation", "forget", "is_operand", "needs_op",
+           "outputs_apart", "replay_from_c"]
