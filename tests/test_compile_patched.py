@@ -311,3 +311,22 @@ def test_gpt2_prefill_and_training_step_match_the_unpatched_model():
         for name, p in model.named_parameters():
             torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-3, atol=1e-5, msg=name)
         assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_static_rows_under_dynamo(dynamic):
+    """The lowering rule's rows: the product of the leading dimensions when Dynamo traces them
+    static, None when dynamic (torch 2.11's Dynamo answered None for static ones too: every patched
+    projection lowered to aten under torch.compile)."""
+    from kernel_api.nn.lowering import static_rows
+
+    seen = {}
+
+    def f(x):
+        seen["rows"] = static_rows(x)
+        return x + 1
+
+    torch._dynamo.reset()
+    torch.compile(f, backend="eager", dynamic=dynamic, fullgraph=True)(torch.zeros(5, 7, 3))
+    assert seen["rows"] == (None if dynamic else 35)
+    assert static_rows(torch.zeros(5, 7, 3)) == 35 and static_rows(torch.zeros(3)) == 1

@@ -126,13 +126,6 @@ class armed:
         setattr(p, GATE, None)
 
 
-def _rows(x: torch.Tensor) -> int | None:
-    rows = 1
-    for d in x.shape[:-1]:
-        rows = rows * d
-    return rows if rows.__class__ is int else None  # (a SymInt: M dynamic)
-
-
 def fused_class(cls: type) -> type:
     """``cls`` (a kernel_api projection class) with `FusedProjection` in front, made once."""
     return fronted_class(FusedProjection, cls, f"Fused{cls.__name__}",
@@ -197,7 +190,7 @@ class FusedProjection(torch.nn.Module):
         if x.shape[-1] != K or any(t.shape != shape for t in (residual, gate) if t is not None):
             return "torch"  # (the layer's own forward names what is wrong, or torch broadcasts)
         training = torch.is_grad_enabled() and any(t.requires_grad for t in operands)
-        rows = _rows(x)
+        rows = lowering.static_rows(x)
         only_residual = gate is None and self.activation is None
         if tracing.is_dynamo_compiling():
             chosen = lowering.choose(self.compile_lowering, rows, K, N, x.dtype, self.activation, bias is not None,

@@ -101,13 +101,9 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
     (torch.nn.Linear) or, with ``weight_is_kn``, (K, N) (GPT-2's Conv1D)."""
     activation = layer.activation
     K, N = weight.shape if weight_is_kn else weight.shape[::-1]
-    rows = 1
-    for d in x.shape[:-1]:
-        rows = rows * d
     training = _grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad))
-    # (a SymInt's class is not int: M dynamic, decided without it)
-    chosen = _lowering.choose(layer.compile_lowering, rows if rows.__class__ is int else None, K, N, x.dtype,
+    chosen = _lowering.choose(layer.compile_lowering, _lowering.static_rows(x), K, N, x.dtype,
                               activation, bias is not None, training, x.device.index if x.is_cuda else -1)
     if chosen == "kernel_api":
         return _project(layer, x, weight if weight_is_kn else weight.t(), bias, activation,

@@ -112,6 +112,22 @@ def _recorded(rows: int, K: int, N: int, dtype: torch.dtype, activation: str | N
     return verdict
 
 
+def static_rows(x: torch.Tensor) -> int | None:
+    """The rows a projection of ``x`` multiplies (the product of its leading dimensions), or None
+    when Dynamo made any of them dynamic (a SymInt).
+
+    Asked as ``(d == d) is True``: a static dimension compares to a constant True, a SymInt to a
+    symbolic bool, without a guard or an error in torch 2.11 and 2.13 alike. (torch 2.11's Dynamo
+    does not fold ``d.__class__ is int`` for a static dimension, and both versions answer
+    ``isinstance`` and ``type`` of a SymInt as int's.)"""
+    rows = 1
+    for d in x.shape[:-1]:
+        if (d == d) is not True:
+            return None
+        rows = rows * d
+    return rows
+
+
 @tracing.assume_constant_result
 def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, activation: str | None,
            has_bias: bool, training: bool, device_index: int) -> str:
