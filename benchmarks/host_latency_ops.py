@@ -3,6 +3,7 @@
     python3 benchmarks/host_latency_ops.py            # CUDA when there is a GPU, else the CPU
     python3 benchmarks/host_latency_ops.py --quick    # fewer repeats
     python3 benchmarks/host_latency_ops.py --device cpu
+    python3 benchmarks/host_latency_ops.py --parts    # where gemm(out=)'s and attention's host time goes
 
 For each operation (softmax, gemm, the norms with and without the residual add, SwiGLU, GeGLU,
 RoPE, cross-entropy, attention, and their backwards), ``ops.*`` at a host-bound size against
@@ -176,6 +177,70 @@ def measure(rows: dict[str, Callable[[], Any]], calls: int, repeats: int, sync: 
     return samples
 
 
+def parts(device: str, repeats: int) -> list[str]:
+    """Where the host time of a repeated ``ops.gemm(out=)`` and ``ops.attention`` goes (``--parts``):
+    each front door and its C replay called directly (a hit, and a miss: the call key and the
+    lookup) against torch's call, the recipe's callable alone, and the key's parts: a call keyed
+    with no state part, with one tensor, three, and with each of torch's state readers alone.
+    ns per call, medians over interleaved repeats, paired with the row named."""
+    import sys as _sys
+
+    from kernel_api.native import recipes
+
+    cuda = device == "cuda"
+    dt = torch.bfloat16 if cuda else torch.float32
+    new = lambda *shape: torch.randn(*shape, device=device, dtype=dt)  # noqa: E731
+    A, B, out, tout = new(64, 64), new(64, 64), new(64, 64), new(64, 64)
+    q, k, v = new(1, 32, 8, 64), new(1, 32, 8, 64), new(1, 32, 8, 64)
+    for _ in range(3):
+        ops.gemm(A, B, out=out)
+        ops.attention(q, k, v)
+    entry = dispatch._entry
+    if entry is None:
+        return ["no native entry points: nothing is replayed from C"]
+    gemm_op = dispatch.GEMM_OP
+    attention_op = _sys.modules["kernel_api.ops.attention"]._ATTENTION_NUMBER
+    rest = (False, *[None] * 8)  # (attention's other inputs, out, stream)
+    found = entry.recipe(attention_op, q, k, v, *rest)
+    call = found[0][0] if found else (lambda *a: None)
+    other = 1 << 20  # (added to an operation's number: nothing recorded for it)
+    bare = (recipes.op_number("host_latency.parts", recipes.GRAD_MODE) & ~(recipes.ALL_STATE << 32)) | (1 << 37)
+    sdpa = F.scaled_dot_product_attention
+    rows = {
+        "torch.matmul(out=)": lambda: torch.matmul(A, B, out=tout),
+        "ops.gemm(out=)": lambda: ops.gemm(A, B, out=out),
+        "replay gemm hit": lambda: entry.replay(gemm_op, A, B, out, 1.0, 0.0, None, None, None, None, None),
+        "replay gemm miss": lambda: entry.replay(gemm_op + other, A, B, out, 1.0, 0.0, None, None, None, None, None),
+        "sdpa": lambda: sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2),
+        "ops.attention": lambda: ops.attention(q, k, v),
+        "the recipe's callable": lambda: call(q, k, v),
+        "replay attention hit": lambda: entry.replay(attention_op, q, k, v, *rest),
+        "replay attention miss": lambda: entry.replay(attention_op + other, q, k, v, *rest),
+        "key: no state, no argument": lambda: entry.replay(bare),
+        "key: no state, 1 tensor": lambda: entry.replay(bare, A),
+        "key: no state, 3 tensors": lambda: entry.replay(bare, A, B, out),
+    }
+    for name, bit in (("grad mode", recipes.GRAD_MODE), ("dispatch modes", recipes.DISPATCH_MODE),
+                      ("function modes", recipes.FUNCTION_MODE), ("autocast", recipes.AUTOCAST),
+                      ("TF32", recipes.TF32)):
+        number = recipes.op_number(f"host_latency.parts.{name}", bit)
+        rows[f"key: 1 tensor, {name}"] = lambda number=number: entry.replay(number, A)
+    paired = {"ops.gemm(out=)": "torch.matmul(out=)", "replay gemm hit": "torch.matmul(out=)",
+              "ops.attention": "sdpa", "the recipe's callable": "sdpa", "replay attention hit": "sdpa",
+              **{label: "key: no state, 1 tensor" for label in rows if label.startswith("key: 1 tensor")}}
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    clock = time.perf_counter if cuda else time.thread_time
+    samples = {label: [us * 1e3 for us in values]
+               for label, values in measure(rows, 200, repeats, sync, clock).items()}
+    lines = [f"where the host time goes, {device} (ns per call, medians; paired: over the row named)"]
+    for label, values in samples.items():
+        line = f"{label:<34} {statistics.median(values):9.0f}"
+        if label in paired:
+            line += f"  {statistics.median(a - b for a, b in zip(values, samples[paired[label]])):+7.0f} over {paired[label]}"
+        lines.append(line)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -185,6 +250,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated operations (default: all)")
     parser.add_argument("--skip", default="", help="comma-separated operations to leave out")
     parser.add_argument("--tag", default="", help="suffix of the JSON's name")
+    parser.add_argument("--parts", action="store_true",
+                        help="where a repeated ops.gemm(out=) and ops.attention spend their host time (ns)")
     opts = parser.parse_args()
     calls = opts.calls or (50 if opts.quick else 200)
     repeats = opts.repeats or (7 if opts.quick else 25)
@@ -199,6 +266,10 @@ def main() -> None:
         scope = kernel_api.settings()
         sync = torch.cuda.synchronize
         where = torch.cuda.get_device_name().replace(" ", "_")
+    if opts.parts:
+        with scope, torch.no_grad():
+            print("\n".join(parts(device, repeats)))
+        return
     with scope, torch.no_grad():
         table = pairs(device)
         if opts.only:
