@@ -251,3 +251,26 @@ def test_traced_and_compiled_calls_take_the_lengths_as_an_input(cpu_launch):
         want = reference(q, k, v, lengths, True)
         torch.testing.assert_close(graph(q, k, v, n), want, atol=1e-10, rtol=1e-10)
         torch.testing.assert_close(compiled(q, k, v, n), want, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("lse", [False, True])
+def test_each_torch_instance_that_takes_the_lengths(backend, lse):
+    from kernel_api.providers.torch_ops.attention import TorchAttention
+
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(3, 2, 4, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(3, 25, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    lengths = (25, 1, 0)
+    out = torch.full_like(q, SENTINEL)
+    args = AttentionArguments(q, k, v, out, torch.empty(3, 4, 2, dtype=torch.float32) if lse else None, causal=True,
+                              cache_seqlens=_lengths(*lengths, device="cpu"))
+    name = "TorchAttention_f64_dense" + ("" if backend == "sdpa" else "_math")
+    kernel = next(k for k in TorchAttention.generate_kernels(lambda m: m.kernel_name == name))
+    if lse and backend == "sdpa":
+        assert not kernel.supports(args)  # (SDPA writes no log-sum-exp)
+        return
+    kernel._run(args, None, None)  # (the launch `Kernel.run` makes, which refuses CPU tensors)
+    torch.testing.assert_close(out, reference(q, k, v, lengths, True), atol=1e-10, rtol=1e-10)
+    if lse:
+        assert bool(torch.isinf(args.lse[2]).all()) and bool(torch.isfinite(args.lse[0]).all())

@@ -191,8 +191,6 @@ def test_a_growing_cache_through_ops_attention(providers):
         assert all(isinstance(kernel, CudaAttentionDecode) for kernel in chosen)
 
 
-@pytest.mark.xfail(strict=False, reason="the native replay records no call given an optional tensor input yet, "
-                                         "operands (tensor_attributes) included: .scratch/requests/decode.md")
 def test_repeated_calls_replay_from_c_with_the_lengths_they_pass(monkeypatch):
     """A decode loop's calls after the first replay the recorded launch (no `Kernel.run`), the
     lengths read from the tensor each call passes: grown in place, or a new tensor each step

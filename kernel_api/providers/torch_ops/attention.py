@@ -395,7 +395,8 @@ def run_kv_cache(backend: str, args: AttentionArguments) -> None:
         return
     o, l = attention_with_lse(q, k, v, args.causal, args.scale, cache_seqlens=lengths)
     adopt(args.out, o, args.outputs_made)
-    adopt(args.lse, l, args.outputs_made)
+    if args.lse is not None:
+        adopt(args.lse, l, args.outputs_made)
 
 
 def sdpa_flags(seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int, causal: bool) -> tuple[bool, bool] | None:
