@@ -9,7 +9,7 @@ metadata's divisibility 8), with q, k, v, out's head dim contiguous.
 Each dtype and layout has the instance that leaves the tile to FA4 (named without a tile); the
 dense layout also has one instance per `tiles.FORWARD_TILES` configuration, for the head dims the
 tile is built for (named by it, ``..._dense_128x128_rs_ol_a16``; the tile is the metadata's
-``design``), ranked by its measured speed or just behind FA4's own choice.
+``design``), ranked by its measured speed where it has one, else just behind FA4's own choice.
 
 FA4 compiles with its own JIT for the GPU it runs on and caches the function per configuration;
 ``compile`` runs the forward once on the arguments' own tensors when they are on the GPU (that
@@ -100,11 +100,13 @@ class FlashAttnForward(Kernel):
         """`attention_cost` (what the torch provider's SDPA is ranked by) over FA4's speed
         against SDPA (`SPEED_VS_SDPA`, measured on an H200), so PickAny takes FA4 for head dims
         of 128 and up, SDPA (inference) or torch's cuDNN forward (training) below. A tile
-        instance goes by its own measured speed, or ranks `UNMEASURED` times behind FA4's choice."""
+        instance goes by its speed measured on problems like ``args`` (`ForwardTile.speed_vs_sdpa`),
+        or ranks `UNMEASURED` times behind FA4's choice where it has none."""
         speed = SPEED_VS_SDPA[args.head_dim >= 128]
         tile = self.tile
         if tile is not None:
-            speed = speed / UNMEASURED if tile.speed_vs_sdpa is None else tile.speed_vs_sdpa
+            measured = tile.speed_vs_sdpa(args)
+            speed = speed / UNMEASURED if measured is None else measured
         return attention_cost(args) / speed
 
     def compile(self, args: Any, cc: int | None = None) -> CompiledArtifact:

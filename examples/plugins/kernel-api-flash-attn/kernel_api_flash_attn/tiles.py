@@ -11,19 +11,30 @@ Everything else (two K/V stages, Q in shared memory, the thread count) follows f
 
 FA4's own choice (kept as the instance without a tile in its name): 192x128 RS with overlap up
 to head dim 64, 128x128 RS with overlap up to 128 (FlashAttention-3's Hopper table, re-tuned on
-an H100 for FA4). The alternatives here are what that choice trades off:
-- 128-row tiles at head dim 64: 192-row tiles split 1024 query rows into six blocks, the last a
-  third full, and under a causal mask that block does the most work (with 128x128 tiles 89 % of
-  the causal matmul work at seqlen 1024 is inside the mask, against 67 % with 192x128); each
-  with RS and overlap, P through shared memory (SS), and without the overlap;
-- 192x128 SS at head dim 64: three consumers with P out of their registers;
-- 128x176 and 128x192 RS with overlap at head dim 128: wider key tiles, fewer iterations
-  (FlashAttention-3 takes 176 without a mask; two K/V stages of 192 rows and Q take 224 KB of
-  the 227 KB of shared memory).
+an H100 for FA4). What it trades off at head dim 64: 192-row tiles (three consumers) do more
+per iteration than 128-row ones (two), but split 1024 query rows into six blocks, the last a
+third full, and under a causal mask that block does the most work (at seqlen 1024, 89 % of the
+causal matmul work of 128x128 tiles is inside the mask, 67 % of 192x128's).
 
-`ForwardTile.speed_vs_sdpa` is the tile's measured speed against torch's SDPA where it was
-measured; None ranks it just behind FA4's default (`UNMEASURED`), so PickAny keeps its choice and
-PickBest times the tile.
+Forward speed against SDPA's default (cuDNN), measured on an H200 in one process (bf16, each
+configuration an instance of this plugin, CUDA events, medians, operands rotated past L2; the
+offered ones are in ``benchmarks/attention.py --cases d64,d128``'s kernel rows):
+
+| tile | b16 h16 s1024 d64 causal | full | b4 h32 s4096 d128 causal | full |
+|---|---|---|---|---|
+| FA4's own | 0.80 | 0.93 | 1.11 | 1.07 |
+| 128x128 RS, overlap | **0.87** | 0.89 | | |
+| 128x128 SS, overlap | 0.85 | 0.87 | | |
+| 128x128 RS, no overlap | 0.86 | 0.89 | | |
+| 192x128 SS, overlap | 0.75 | 0.87 | | |
+| 128x176 RS, overlap | | | 1.09 | 1.03 |
+| 128x192 RS, overlap | | | 1.11 | 0.99 |
+
+Only 128x128 RS with overlap beats FA4's own choice anywhere (causal, short sequences), so it is
+the one tile offered; the others lost on every shape and are not offered (each instance costs
+PickBest a compile). Its speed is used where it was measured (`Measured`): causal, sequences up
+to 1024 (shorter ones waste more of a 192-row tile); elsewhere it ranks just behind FA4's own
+(`UNMEASURED`), so PickAny keeps FA4's choice there and PickBest times both.
 """
 
 from __future__ import annotations
@@ -37,6 +48,20 @@ UNMEASURED = 1.02
 
 
 @dataclass(frozen=True)
+class Measured:
+    """A tile's measured forward speed against SDPA's default, and where it holds: with or
+    without the causal mask, for query and key lengths up to ``max_seqlen``."""
+
+    causal: bool
+    max_seqlen: int
+    speed_vs_sdpa: float
+
+    def covers(self, args: Any) -> bool:
+        """Whether ``args`` (`AttentionArguments`) is where the measurement holds."""
+        return args.causal == self.causal and max(args.seqlen_q, args.seqlen_k) <= self.max_seqlen
+
+
+@dataclass(frozen=True)
 class ForwardTile:
     """One configuration of FA4's sm90 forward, for head dims ``min_head_dim``..``max_head_dim``.
 
@@ -46,7 +71,7 @@ class ForwardTile:
         intra_wg_overlap: a warpgroup's softmax overlaps its next QK^T matmul.
         min_head_dim, max_head_dim: the head dims the tile is offered for (it is built for
             that class of head dims; FA4 would compile others too, most of them slower).
-        speed_vs_sdpa: its measured forward speed against SDPA's default, or None (unmeasured).
+        measured: its measured speeds (`Measured`); none cover a problem it was not measured on.
     """
 
     tile_m: int
@@ -55,7 +80,7 @@ class ForwardTile:
     intra_wg_overlap: bool = True
     min_head_dim: int = 8
     max_head_dim: int = 64
-    speed_vs_sdpa: float | None = None
+    measured: tuple[Measured, ...] = ()
 
     def __post_init__(self) -> None:
         if self.tile_m not in (64, 128, 192):
@@ -73,6 +98,14 @@ class ForwardTile:
         """Whether the tile is offered for ``head_dim``."""
         return self.min_head_dim <= head_dim <= self.max_head_dim
 
+    def speed_vs_sdpa(self, args: Any) -> float | None:
+        """Its measured forward speed against SDPA's default on problems like ``args``, or None
+        where it was not measured."""
+        for entry in self.measured:
+            if entry.covers(args):
+                return entry.speed_vs_sdpa
+        return None
+
     def options(self) -> dict[str, Any]:
         """The keyword arguments of FA4's forward that select this configuration."""
         return {"tile_mn": (self.tile_m, self.tile_n), "mma_pv_is_rs": self.mma_pv_is_rs,
@@ -81,10 +114,5 @@ class ForwardTile:
 
 #: The tiles offered beside FA4's own choice, dense layouts only (see the module docstring).
 FORWARD_TILES = (
-    ForwardTile(128, 128),
-    ForwardTile(128, 128, mma_pv_is_rs=False),
-    ForwardTile(128, 128, intra_wg_overlap=False),
-    ForwardTile(192, 128, mma_pv_is_rs=False),
-    ForwardTile(128, 176, min_head_dim=72, max_head_dim=128),
-    ForwardTile(128, 192, min_head_dim=72, max_head_dim=128),
+    ForwardTile(128, 128, measured=(Measured(causal=True, max_seqlen=1024, speed_vs_sdpa=0.87),)),
 )

@@ -66,11 +66,7 @@ def instance(args: AttentionArguments, tile: str):
     ("128x128_rs_ol", torch.bfloat16, 2, 1000, 1000, 3, 3, 64, True, False),
     ("128x128_rs_ol", torch.bfloat16, 2, 300, 517, 3, 3, 64, False, False),
     ("128x128_rs_ol", torch.bfloat16, 2, 77, 300, 8, 2, 64, True, True),
-    ("128x128_ss_ol", torch.bfloat16, 2, 1000, 1000, 3, 3, 64, True, False),
-    ("128x128_rs", torch.bfloat16, 2, 1000, 1000, 3, 3, 64, True, False),
-    ("192x128_ss_ol", torch.bfloat16, 2, 1000, 1000, 3, 3, 64, True, False),
-    ("128x176_rs_ol", torch.bfloat16, 1, 777, 777, 2, 2, 128, False, False),
-    ("128x192_rs_ol", torch.bfloat16, 1, 777, 777, 2, 2, 128, False, False),
+    ("128x128_rs_ol", torch.float16, 1, 1024, 1024, 2, 1, 40, True, True),
 ], ids=lambda v: str(v).replace("torch.", ""))
 def test_tile_against_float64(tile, dtype, b, sq, sk, hq, hkv, d, causal, lse):
     q = torch.randn(b, sq, hq, d, device="cuda").to(dtype)
