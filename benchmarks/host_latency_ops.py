@@ -220,6 +220,12 @@ def parts(device: str, repeats: int) -> list[str]:
         "key: no state, 1 tensor": lambda: entry.replay(bare, A),
         "key: no state, 3 tensors": lambda: entry.replay(bare, A, B, out),
     }
+    # a recipe calling a Python function against one calling a C function (C's call into Python)
+    through = recipes.op_number("host_latency.parts.callables", recipes.GRAD_MODE)
+    recipes.record(entry, through, recipes.Call(lambda t: t, (0,)), A, 0)
+    recipes.record(entry, through, recipes.Call(id, (0,)), A, 1)
+    rows["replay hit, C callable"] = lambda: entry.replay(through, A, 1)
+    rows["replay hit, Python callable"] = lambda: entry.replay(through, A, 0)
     for name, bit in (("grad mode", recipes.GRAD_MODE), ("dispatch modes", recipes.DISPATCH_MODE),
                       ("function modes", recipes.FUNCTION_MODE), ("autocast", recipes.AUTOCAST),
                       ("TF32", recipes.TF32)):
@@ -227,6 +233,7 @@ def parts(device: str, repeats: int) -> list[str]:
         rows[f"key: 1 tensor, {name}"] = lambda number=number: entry.replay(number, A)
     paired = {"ops.gemm(out=)": "torch.matmul(out=)", "replay gemm hit": "torch.matmul(out=)",
               "ops.attention": "sdpa", "the recipe's callable": "sdpa", "replay attention hit": "sdpa",
+              "replay hit, Python callable": "replay hit, C callable",
               **{label: "key: no state, 1 tensor" for label in rows if label.startswith("key: 1 tensor")}}
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     clock = time.perf_counter if cuda else time.thread_time
