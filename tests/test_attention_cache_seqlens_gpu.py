@@ -1,7 +1,7 @@
 """Attention against a KV cache of per-row lengths (``cache_seqlens``) on a GPU: the CUDA C++
 decode kernel and the torch provider against a float64 reference on fresh random data, outputs
 inside sentinel-filled buffers; rows holding 0, 1, an odd number of keys and the whole cache in
-one batch; 1, 4 and 16 queries (causal: each row's last query at its last key); MHA / GQA / MQA,
+one batch (ties, and batches past the kernel's longest-first ranking too); 1, 4 and 16 queries (causal: each row's last query at its last key); MHA / GQA / MQA,
 head dims 64 and 128, bf16 and f16; caches read through strided views; every split count; a
 decode loop whose cache grows in place through ``ops.attention`` keeping one choice, and in one
 CUDA graph captured once; PickBest verifying candidates with the lengths; memcheck.
@@ -93,6 +93,8 @@ CASES = [
     ([16, 1, 511, 64], 16, 511, 8, 1, 64, torch.float16, True, False),           # MQA: 128 rows, two row blocks
     ([257, 9, 300], 5, 300, 12, 4, 64, torch.bfloat16, False, True),
     ([4096, 1, 2049, 4095], 8, 4096, 32, 32, 128, torch.bfloat16, True, False),  # MHA, 8 queries
+    ([(i * 7) % 50 + 100 for i in range(64)], 2, 160, 8, 2, 64, torch.float16, True, False),  # ties, longest first
+    ([(i * 37) % 301 for i in range(130)], 1, 300, 8, 2, 64, torch.bfloat16, False, True),  # past the ranked rows
 ]
 
 

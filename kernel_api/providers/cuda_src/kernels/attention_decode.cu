@@ -30,7 +30,11 @@
 // A KV cache of per-row lengths (seqlens_k non-null, dense layout): row b holds sk =
 // seqlens_k[b] keys of the seqlen_k-key cache (clamped to [0, seqlen_k]: no read leaves the
 // cache), read on the device, so one launch serves any lengths; the causal mask puts each row's
-// last query at key sk - 1.
+// last query at key sk - 1. Rows of different lengths make CTAs of different lengths, so with up
+// to RANKED_ROWS rows the CTAs take the rows longest first (slot s of the grid's batch dimension
+// serves the row of rank s by length, ties by index): CTAs start in index order, the long rows
+// start in the first wave and short ones fill the last, which then ends together (the longest
+// row last would leave one CTA streaming alone at the end).
 //
 // Variable length (cu_q and cu_k non-null): sequence b's queries are rows cu_q[b]..cu_q[b + 1]
 // of the (total, heads, head_dim) operands, its keys cu_k[b]..cu_k[b + 1]; the grid is planned
@@ -47,6 +51,7 @@ constexpr int WARPS = 4;
 constexpr int THREADS = WARPS * 32;
 constexpr int BK = 64;       // keys per chunk
 constexpr int STAGES = 3;    // chunks in the ring
+constexpr int RANKED_ROWS = 128;  // KV caches of per-row lengths up to this batch run longest first
 #define NEG_INF (__int_as_float(0xff800000))
 
 struct BF16 {
@@ -158,6 +163,7 @@ __device__ __forceinline__ void decode_body(const Params& p) {
   __shared__ float row_m[ROWS];
   __shared__ float row_l[ROWS];
   __shared__ float weight[CL][ROWS];
+  __shared__ int ranked[RANKED_ROWS + 1];  // cached lengths, then the row this CTA serves
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int mw = warp / KW, kw = warp % KW;
@@ -167,7 +173,23 @@ __device__ __forceinline__ void decode_body(const Params& p) {
   const i64 rb = x % p.row_blocks;
   x /= p.row_blocks;
   const i64 kvh = x % p.heads_kv;
-  const i64 b = x / p.heads_kv;
+  i64 b = x / p.heads_kv;
+  const i64 batch = gridDim.x / ((i64)CL * p.row_blocks * p.heads_kv);
+  if (p.seqlens_k != nullptr && p.cu_q == nullptr && batch <= RANKED_ROWS) {
+    // the row of rank b by length, longest first (ties by index: a permutation of the rows)
+    for (int r = tid; r < batch; r += THREADS) {
+      ranked[r] = (int)min(max((i64)p.seqlens_k[r], (i64)0), p.seqlen_k);
+    }
+    __syncthreads();
+    for (int r = tid; r < batch; r += THREADS) {
+      const int mine = ranked[r];
+      int rank = 0;
+      for (int j = 0; j < batch; ++j) rank += (ranked[j] > mine) | ((ranked[j] == mine) & (j < r));
+      if (rank == b) ranked[RANKED_ROWS] = r;
+    }
+    __syncthreads();
+    b = ranked[RANKED_ROWS];
+  }
   // The sequence's first query and key (their offsets, in rows of q / k), and its lengths.
   i64 q0 = b, k0 = b, lq = p.seqlen_q, sk = p.seqlen_k;
   i64 qstep = p.qb, kstep = p.kb, vstep = p.vb, ostep = p.ob;
