@@ -7,15 +7,11 @@ own at head dim 128, torch's SDPA at 64).
 
     python3 -m pytest -q examples/plugins/kernel-api-flash-attn/tests/test_flash_attn_tiles.py
 
-Needs flash-attn-4 (skipped otherwise); no GPU. The plugin is used installed, or loaded from its
-folder (what an editable install gives) when it is not.
+Needs flash-attn-4 (skipped otherwise); no GPU. conftest.py registers the plugin (installed, or
+from its folder).
 """
 
 from __future__ import annotations
-
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,28 +20,6 @@ import kernel_api
 from kernel_api import AttentionArguments, PickAny
 
 pytest.importorskip("flash_attn.cute.interface")
-
-FOLDER = Path(__file__).resolve().parent.parent
-PACKAGE = "kernel_api_flash_attn"
-
-
-@pytest.fixture(scope="module")
-def plugin():
-    """The plugin's package, registered in the default registry (and forgotten afterwards when
-    this module loaded it)."""
-    if "flash_attn" in kernel_api.available_providers():
-        yield importlib.import_module(PACKAGE)
-        return
-    sys.path.insert(0, str(FOLDER))
-    try:
-        module = importlib.import_module(PACKAGE)
-    finally:
-        sys.path.remove(str(FOLDER))
-    yield module
-    from kernel_api.registry import unregister_provider
-    unregister_provider("flash_attn")
-    for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
-        del sys.modules[name]
 
 
 def meta(*shape, dtype=torch.bfloat16):

@@ -8,14 +8,10 @@ log-sum-exp where it is asked for.
 
 Needs flash-attn-4 and an sm_90 GPU (skipped otherwise). FA4 compiles each configuration on first
 use (several seconds each); ``-n 4`` (pytest-xdist) spreads the compiles. The CPU half is
-test_flash_attn_tiles.py.
+test_flash_attn_tiles.py; conftest.py registers the plugin.
 """
 
 from __future__ import annotations
-
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,32 +22,13 @@ from kernel_api.arguments.attention_math import attention_with_lse
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                                 reason="needs an sm_90 GPU")]
+                                 reason="needs an sm_90 GPU"),
+              pytest.mark.usefixtures("plugin")]
 
 pytest.importorskip("flash_attn.cute.interface")
 
-FOLDER = Path(__file__).resolve().parent.parent
-PACKAGE = "kernel_api_flash_attn"
 SENTINEL = 1234.5
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 3e-3}  # max |error| against the float64 output
-
-
-@pytest.fixture(scope="module", autouse=True)
-def plugin():
-    """The plugin registered in the default registry (loaded from its folder when not installed)."""
-    if "flash_attn" in kernel_api.available_providers():
-        yield importlib.import_module(PACKAGE)
-        return
-    sys.path.insert(0, str(FOLDER))
-    try:
-        module = importlib.import_module(PACKAGE)
-    finally:
-        sys.path.remove(str(FOLDER))
-    yield module
-    from kernel_api.registry import unregister_provider
-    unregister_provider("flash_attn")
-    for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
-        del sys.modules[name]
 
 
 def instance(args: AttentionArguments, tile: str):
