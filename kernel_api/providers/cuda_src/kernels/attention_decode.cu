@@ -174,6 +174,7 @@ __device__ __forceinline__ void decode_body(const Params& p) {
   x /= p.row_blocks;
   const i64 kvh = x % p.heads_kv;
   i64 b = x / p.heads_kv;
+  i64 row_keys = -1;  // the row's cached length when the ranking read it
   const i64 batch = gridDim.x / ((i64)CL * p.row_blocks * p.heads_kv);
   if (p.seqlens_k != nullptr && p.cu_q == nullptr && batch <= RANKED_ROWS) {
     // the row of rank b by length, longest first (ties by index: a permutation of the rows)
@@ -189,6 +190,7 @@ __device__ __forceinline__ void decode_body(const Params& p) {
     }
     __syncthreads();
     b = ranked[RANKED_ROWS];
+    row_keys = ranked[b];
   }
   // The sequence's first query and key (their offsets, in rows of q / k), and its lengths.
   i64 q0 = b, k0 = b, lq = p.seqlen_q, sk = p.seqlen_k;
@@ -198,7 +200,7 @@ __device__ __forceinline__ void decode_body(const Params& p) {
     lq = p.cu_q[b + 1] - q0, sk = p.cu_k[b + 1] - k0;
     qstep = p.qs, kstep = p.ks, vstep = p.vs, ostep = p.os;
   } else if (p.seqlens_k != nullptr) {
-    sk = min(max((i64)p.seqlens_k[b], (i64)0), p.seqlen_k);
+    sk = row_keys >= 0 ? row_keys : min(max((i64)p.seqlens_k[b], (i64)0), p.seqlen_k);
   }
   const i64 rows_total = lq * p.group;
   const i64 row0 = rb * ROWS;

@@ -12,7 +12,8 @@ recorded, so every varlen call goes through `_run`). The dense instances also ta
 per-row lengths (`AttentionArguments`' ``cache_seqlens``): the kernel reads each row's length on
 the device and splits that row's keys alone, so the launch depends on the cache's size, never on
 the lengths; the lengths are the recorded launch's fifth tensor, so a decode loop's repeated
-calls replay it with whichever lengths tensor they pass.
+calls replay it with whichever lengths tensor they pass. Batches of up to 128 such rows run
+longest first (the CTAs rank the lengths on the device), so short rows fill the last wave.
 
 Flash-decoding: each CTA takes one (batch, KV head, row block, key split); the rows of a KV head
 are its group's queries (seqlen_q x heads_q / heads_kv of them), so one read of K and V serves
