@@ -738,7 +738,8 @@ PyObject* Bind(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // modes, autocast, cuBLAS's TF32 flag), and every argument: a tensor's type, lazy bit,
 // requires_grad (under grad mode) and raw metadata (dtype, device, shape, strides, pointer
 // alignment), or an argument's value (None, bool, int, float, a str of at most 128 bytes). An
-// argument of any other type (or a longer str) leaves the call unkeyed: it is not replayed. A recipe is what Python recorded for a key:
+// argument of any other type (or a longer str) leaves the call unkeyed: it is not replayed. A
+// recipe is what Python recorded for a key:
 //   - a call: `call(*picked, out=argument)`, its result returned (a torch function, which sees
 //     grad mode, modes and autocast itself);
 //   - a launch: a TVM-FFI function called with the picked arguments and constants, the output
