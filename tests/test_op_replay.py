@@ -662,3 +662,21 @@ def test_a_torch_call_returning_another_layout_is_not_replayed_from_c(cpu_ops, m
     for r in results:
         assert r.is_contiguous()
         _same(results[0], r)
+
+
+def test_no_torch_call_is_checked_or_recorded_during_a_cuda_graph_capture(cpu_ops, monkeypatch):
+    """Recording a made output's torch call runs it once to check what it returns: never while a
+    CUDA graph is captured (the extra launch would be captured); such calls record nothing for C."""
+    if native.entry() is None:
+        pytest.skip(f"native entry points unavailable: {native.why_not_entry()}")
+    attention_module = importlib.import_module("kernel_api.ops.attention")
+    checked = []
+    returns_like = replay._returns_like
+    monkeypatch.setattr(replay, "_returns_like", lambda *a: checked.append(1) or returns_like(*a))
+    monkeypatch.setattr(replay, "_capturing", lambda args: True)
+    q, k, v = (torch.randn(2, 6, 4, 16) for _ in range(3))
+    with kernel_api.settings(providers=["torch"]):
+        ops.attention(q, k, v)
+        assert dispatch._load_entry()
+        assert dispatch._entry.recipe(attention_module._ATTENTION_NUMBER, q, k, v, False, *[None] * 8) is None
+    assert not checked

@@ -498,8 +498,8 @@ class OperationReplay:
         like = -1 if makers is None else self.tensor_at[makers[0]]
         if launcher.torch_call is None and like < 0:
             return
-        if launcher.torch_call is not None and not _returns_like(launcher, args, results[0]):
-            return
+        if launcher.torch_call is not None and (_capturing(args) or not _returns_like(launcher, args, results[0])):
+            return  # (the check runs the torch call: never into a CUDA graph being captured)
         record_replay(self.number, kernel, artifact, args, (*inputs, None, None), results[0], like)
 
 
@@ -508,6 +508,11 @@ def is_operand(args: Arguments, t: Any) -> bool:
     the arguments (the call key holds all an operand's part in the choice and the launch: its
     metadata), unlike inputs outside them, such as sequence offsets a CPU call reads."""
     return any(getattr(args, name) is t for name in args.tensor_attributes)
+
+
+def _capturing(args: Arguments) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of the arguments' device."""
+    return args.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _returns_like(launcher: Any, args: Arguments, made: Any) -> bool:
