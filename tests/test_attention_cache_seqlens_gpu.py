@@ -1,10 +1,12 @@
 """Attention against a KV cache of per-row lengths (``cache_seqlens``) on a GPU: the CUDA C++
 decode kernel and the torch provider against a float64 reference on fresh random data, outputs
 inside sentinel-filled buffers; rows holding 0, 1, an odd number of keys and the whole cache in
-one batch (ties, and batches past the kernel's longest-first ranking too); 1, 4 and 16 queries (causal: each row's last query at its last key); MHA / GQA / MQA,
-head dims 64 and 128, bf16 and f16; caches read through strided views; every split count; a
-decode loop whose cache grows in place through ``ops.attention`` keeping one choice, and in one
-CUDA graph captured once; PickBest verifying candidates with the lengths; memcheck.
+one batch (ties, and batches past the kernel's longest-first ranking too); 1, 4 and 16 queries
+(causal: each row's last query at its last key); MHA / GQA / MQA, head dims 64 and 128, bf16 and
+f16; caches read through strided views; every split count; a decode loop whose cache grows in
+place through ``ops.attention`` keeping one choice, its repeated calls replayed from C with the
+lengths they pass, and in one CUDA graph captured once; PickBest verifying candidates with the
+lengths; memcheck.
 The CPU half is tests/test_attention_cache_seqlens.py."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Operand description of attention kernels (`AttentionOperandsMetadata`): the attributes of
 q, k, v and out, plus the head dims, masks and layouts a kernel supports, whether it writes
-the row log-sum-exp and whether it reads a KV cache's per-row lengths; `AttentionBackwardOperandsMetadata` the same for the backward."""
+the row log-sum-exp and whether it reads a KV cache's per-row lengths;
+`AttentionBackwardOperandsMetadata` the same for the backward."""
 
 from __future__ import annotations
 
