@@ -364,14 +364,26 @@ def test_inference_runs_the_loss_only_op(cpu_ops, monkeypatch):
                                rtol=1.3e-6, atol=1e-5)
 
 
-def test_incoming_gradient_scales_the_saved_gradients_once(cpu_ops):
+def test_incoming_gradient_scales_the_saved_gradients_once(cpu_ops, monkeypatch):
+    import sys
+
     g = torch.Generator().manual_seed(8)
     x = torch.randn(5, 6, dtype=torch.float64, generator=g, requires_grad=True)
     t = torch.randint(0, 6, (5,), generator=g)
-    loss = ops.cross_entropy(x, t)
-    (3.0 * loss).backward(retain_graph=True)
     xr = x.detach().requires_grad_()
     (3.0 * reference(xr, t)).backward()
+    # small gradients: scaled out of place without reading the incoming gradient (no sync), so a
+    # second backward through the graph scales the saved gradient again from scratch
+    loss = ops.cross_entropy(x, t)
+    (3.0 * loss).backward(retain_graph=True)
+    torch.testing.assert_close(x.grad, xr.grad)
+    loss.backward()
+    torch.testing.assert_close(x.grad, xr.grad * (4.0 / 3.0))
+    # large ones: in place (no second gradient-sized buffer), so a second backward refuses
+    monkeypatch.setattr(sys.modules["kernel_api.ops.cross_entropy"], "SCALE_WITHOUT_READING_ELEMENTS", 0)
+    x.grad = None
+    loss = ops.cross_entropy(x, t)
+    (3.0 * loss).backward(retain_graph=True)
     torch.testing.assert_close(x.grad, xr.grad)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()

@@ -22,7 +22,7 @@
 //
 // REDUCE 1 (sum) or 2 (mean) reduces the rows' losses in the same launch: `loss` is then a buffer
 // {the loss, 0, a 64-bit arrival counter (0 after the launch), the loss of each row}. Each CTA
-// writes its row's loss, then counts itself in (a CAS on the counter); the CTA that arrives last
+// writes its row's loss, then counts itself in on the counter (`arrive`); the CTA that arrives last
 // adds the rows' losses in a fixed order (in f64; the count of rows not ignored from the
 // targets), so the result does not depend on which CTA finishes when, writes the loss and
 // clears the counter. The counter carries this launch's tag (from %gridid, odd and below 2^31,
@@ -153,13 +153,16 @@ __device__ __forceinline__ unsigned launch_tag() {
 }
 
 // Counts the calling CTA in: the CTAs arrived so far, this one included. A counter that does
-// not carry `tag` (another launch's, or a fill pattern) counts as none.
+// not carry `tag` (another launch's, or a fill pattern) counts as none: the first CTAs to
+// arrive set it to {tag, 1} with a CAS; once it carries the tag it keeps it until the last CTA
+// clears it, so every later CTA adds itself with an atomicAdd, which the L2 serves at its rate
+// (a CAS loop on one word would serialise thousands of CTAs, one round trip each).
 __device__ __forceinline__ unsigned arrive(u64* counter, unsigned tag) {
   u64 seen = *reinterpret_cast<volatile u64*>(counter);
   for (;;) {
-    const u64 want = (unsigned)(seen >> 32) == tag ? seen + 1 : (((u64)tag << 32) | 1u);
-    const u64 was = atomicCAS(counter, seen, want);
-    if (was == seen) return (unsigned)want;
+    if ((unsigned)(seen >> 32) == tag) return (unsigned)atomicAdd(counter, 1ull) + 1u;
+    const u64 was = atomicCAS(counter, seen, ((u64)tag << 32) | 1u);
+    if (was == seen) return 1u;
     seen = was;
   }
 }
