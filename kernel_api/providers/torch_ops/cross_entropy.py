@@ -186,10 +186,17 @@ def _row_constants(args: Any) -> tuple:
 
 
 class _TorchCrossEntropyKernel(LaunchedKernel):
-    """One instance per (floating type, index type); any vocabulary, any alignment."""
+    """One instance per (floating type, index type); any vocabulary, any alignment. A family
+    names its operands' metadata type (``operands_type``: its logits, targets and per-row or
+    reduced loss or lse)."""
 
     performance_hint = 0.1
-    _make_operands: Callable[[DataType, DataType], Any]
+    operands_type: type
+
+    @classmethod
+    def _make_operands(cls, dt: DataType, it: DataType) -> Any:
+        return cls.operands_type(TensorAttributes(dt, _ROWS, 1), TensorAttributes(it, _UNIT, 1),
+                                 TensorAttributes(_loss_type(dt), _UNIT, 1), accumulator_type=_loss_type(dt))
 
     @classmethod
     def generate_kernels(cls, metadata_filter: Callable[[KernelMetadata], bool] | None, epilogue_args: Any = None,
@@ -213,12 +220,7 @@ class TorchCrossEntropy(_TorchCrossEntropyKernel):
     """Per-row cross-entropy (and, with ``grad_logits``, its gradient) with torch's operators in f32."""
 
     supported_args_type = CrossEntropyArguments
-
-    @staticmethod
-    def _make_operands(dt: DataType, it: DataType) -> CrossEntropyOperandsMetadata:
-        return CrossEntropyOperandsMetadata(TensorAttributes(dt, _ROWS, 1), TensorAttributes(it, _UNIT, 1),
-                                            TensorAttributes(_loss_type(dt), _UNIT, 1),
-                                            accumulator_type=_loss_type(dt))
+    operands_type = CrossEntropyOperandsMetadata
 
     def _launch_parts(self, args: CrossEntropyArguments) -> tuple[Callable[..., None], tuple]:
         function = _cross_entropy if args.grad_logits is None else _cross_entropy_with_grad
@@ -230,12 +232,7 @@ class TorchCrossEntropyReduced(_TorchCrossEntropyKernel):
     """The rows' mean or sum (and, with ``grad_logits``, the gradient) with torch's operators in f32."""
 
     supported_args_type = CrossEntropyReducedArguments
-
-    @staticmethod
-    def _make_operands(dt: DataType, it: DataType) -> CrossEntropyReducedOperandsMetadata:
-        return CrossEntropyReducedOperandsMetadata(TensorAttributes(dt, _ROWS, 1), TensorAttributes(it, _UNIT, 1),
-                                                   TensorAttributes(_loss_type(dt), _UNIT, 1),
-                                                   accumulator_type=_loss_type(dt))
+    operands_type = CrossEntropyReducedOperandsMetadata
 
     def _launch_parts(self, args: CrossEntropyReducedArguments) -> tuple[Callable[..., None], tuple]:
         function = _cross_entropy_reduced if args.grad_logits is None else _cross_entropy_reduced_with_grad
@@ -247,12 +244,7 @@ class TorchCrossEntropyBackward(_TorchCrossEntropyKernel):
     """Cross-entropy's gradient from the saved lse, with torch's operators in f32."""
 
     supported_args_type = CrossEntropyBackwardArguments
-
-    @staticmethod
-    def _make_operands(dt: DataType, it: DataType) -> CrossEntropyBackwardOperandsMetadata:
-        return CrossEntropyBackwardOperandsMetadata(TensorAttributes(dt, _ROWS, 1), TensorAttributes(it, _UNIT, 1),
-                                                    TensorAttributes(_loss_type(dt), _UNIT, 1),
-                                                    accumulator_type=_loss_type(dt))
+    operands_type = CrossEntropyBackwardOperandsMetadata
 
     def _launch_parts(self, args: CrossEntropyBackwardArguments) -> tuple[Callable[..., None], tuple]:
         return _cross_entropy_backward, _row_constants(args)
