@@ -82,9 +82,11 @@ def test_the_torch_kernels_reduce_against_float64(cpu_ops, dtype, options, reduc
     weights = torch.rand(13, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
     loss_type = torch.float64 if dtype == torch.float64 else torch.float32
     tol = dict(atol=1e-12, rtol=1e-12) if dtype == torch.float64 else dict(atol=1e-5, rtol=1e-5)
-    # the buffer: the loss, three zeros, the rows' losses
-    want = torch.cat((reference(x, t, reduction=reduction, **options).view(1), torch.zeros(3, dtype=torch.float64),
-                      reference(x, t, reduction="none", **options)))
+    # the buffer: the loss, a row's weight in it, two zeros, the rows' losses
+    kept = (t != options.get("ignore_index", -100)).sum().double()
+    weight = 1.0 / kept if reduction == "mean" else torch.ones((), dtype=torch.float64)
+    want = torch.cat((reference(x, t, reduction=reduction, **options).view(1), weight.view(1),
+                      torch.zeros(2, dtype=torch.float64), reference(x, t, reduction="none", **options)))
     buffer = torch.full((reduced_size(13),), 1234.5, dtype=loss_type)
     args = CrossEntropyReducedArguments(x, t, buffer, reduction=reduction, **options)
     got = ops.call(args)
@@ -221,3 +223,20 @@ def test_torch_compile_of_the_mean(cpu_ops):
     xr = x.double().requires_grad_()
     reference(xr, t, label_smoothing=0.1).backward()
     torch.testing.assert_close(xg.grad.double(), xr.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_a_small_differentiable_mean_counts_nothing_before_the_kernel_and_never_syncs(cpu_ops):
+    # (`SCALE_WITHOUT_READING_ELEMENTS`: the sum's gradient in the forward, scaled in the backward
+    # by the incoming gradient times the row weight the kernel wrote; no count, no read of a value)
+    from launched_ops import LaunchedOps
+
+    x, t = _problem(6)
+    x.requires_grad_()
+    with LaunchedOps() as seen:
+        loss = ops.cross_entropy(x, t, label_smoothing=0.1)
+        (2.0 * loss).backward()
+    assert seen.ops[:2] == ["ones", "cross_entropy_reduced_with_grad"], seen.ops
+    assert not {"ne", "sum", "clamp", "eq", "_local_scalar_dense", "item"} & set(seen.ops), seen.ops
+    xr = x.detach().double().requires_grad_()
+    (2.0 * reference(xr, t, label_smoothing=0.1)).backward()
+    torch.testing.assert_close(x.grad.double(), xr.grad, atol=1e-6, rtol=1e-5)

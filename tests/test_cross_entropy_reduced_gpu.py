@@ -42,9 +42,11 @@ def test_reduced_kernel_against_float64(rows, cols, offset, pad, dtype, index, o
     x.copy_(torch.randn(rows, cols, device="cuda", generator=g) * 4)
     target = torch.randint(0, cols, (rows,), device="cuda", generator=g).to(index)
     target[1::3] = options.get("ignore_index", -100)
-    # the buffer: the loss, three zeros, the rows' losses
-    want = torch.cat((reference(x, target.long(), reduction=reduction, **options).view(1),
-                      torch.zeros(3, dtype=torch.float64, device="cuda"),
+    # the buffer: the loss, a row's weight in it, two zeros, the rows' losses
+    kept = (target.long() != options.get("ignore_index", -100)).sum().clamp(min=1).double()
+    weight = 1.0 / kept if reduction == "mean" else torch.ones((), dtype=torch.float64, device="cuda")
+    want = torch.cat((reference(x, target.long(), reduction=reduction, **options).view(1), weight.view(1),
+                      torch.zeros(2, dtype=torch.float64, device="cuda"),
                       reference(x, target.long(), reduction="none", **options)))
     tol = dict(atol=2e-4, rtol=2e-5)
 
@@ -75,7 +77,7 @@ def test_every_row_ignored_gives_nan_mean_and_zero_sum(rows):
         args = CrossEntropyReducedArguments(x, target, loss, reduction=reduction)
         cuda_kernel(args).run(args)
         torch.testing.assert_close(loss[0].cpu(), torch.tensor(want), equal_nan=True)
-        assert not loss[1:].any()
+        assert loss[1].item() == 1 and not loss[2:].any()  # (a mean of no rows weighs each 1 / 1)
         torch.testing.assert_close(ops.cross_entropy(x, target, reduction=reduction).cpu(), torch.tensor(want),
                                    equal_nan=True)
         torch.testing.assert_close(torch.nn.functional.cross_entropy(x.float(), target, reduction=reduction).cpu(),

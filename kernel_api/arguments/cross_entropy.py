@@ -27,10 +27,11 @@ they compute them in the same pass (``grad_hidden``, ``grad_weight``, ``grad_bia
 (an ``expand``ed scalar, stride 0): a mean's ``1 / count`` needs no per-row tensor.
 
 `CrossEntropyReducedArguments` is their mean over the rows not ignored (NaN when every row is)
-or their sum, and no lse. Its ``loss`` is a buffer of `reduced_size` elements: the loss, three
-zeros, then each row's loss. The CUDA kernel reduces in the same launch with that room (its
-arrival counter, cleared, is two of the zeros), so a reduced call is one launch into one made
-tensor, which `kernel_api.ops` replays from C. The gradient (``grad_logits``,
+or their sum, and no lse. Its ``loss`` is a buffer of `reduced_size` elements: the loss, a
+row's weight in it (1 / the rows not ignored, at least 1, for a mean; 1 for a sum), two zeros,
+then each row's loss. The CUDA kernel reduces in the same launch with that room (its arrival
+counter, cleared, is the two zeros), so a reduced call is one launch into one made tensor, which
+`kernel_api.ops` replays from C. The gradient (``grad_logits``,
 ``grad_loss``) is that of the per-row losses: a mean's weights (``1 / count``) come in
 ``grad_loss``. It is an arguments type of its own, so kernels written for the per-row loss are
 never handed a buffer they do not know.
@@ -107,7 +108,7 @@ def _per_row(t: Any, name: str, shape: tuple, types: tuple, what: str, broadcast
 
 
 #: Elements of `CrossEntropyReducedArguments`' ``loss`` buffer before the rows' losses: the
-#: loss, then three zeros.
+#: loss, a row's weight in it, two zeros.
 REDUCED_HEAD = 4
 
 
@@ -300,8 +301,9 @@ class CrossEntropyReducedArguments(_CrossEntropyForward):
             `CrossEntropyArguments` (the gradient is of ``sum(grad_loss * per-row loss)``, so a
             mean's weights, ``1 / count``, come in ``grad_loss``).
         loss: a dense buffer of ``reduced_size(rows)`` elements, float32 (float64 for f64
-            logits), for the loss (element 0), three zeros, then the rows' losses (element
-            ``REDUCED_HEAD + r``: row r's, in the order of ``logits.shape[:-1]``).
+            logits), for the loss (element 0), a row's weight in it (element 1: 1 / the rows
+            not ignored, at least 1, for a mean; 1 for a sum), two zeros, then the rows' losses
+            (element ``REDUCED_HEAD + r``: row r's, in the order of ``logits.shape[:-1]``).
         reduction: "mean" (over the rows not ignored: NaN when every row is, as torch's) or
             "sum".
     """
@@ -331,9 +333,10 @@ class CrossEntropyReducedArguments(_CrossEntropyForward):
         target = self.target.reshape(self.rows)
         scalars = (self.ignore_index, self.label_smoothing, self.z_loss)
         per_row, lse, valid = rows_loss(logits, target, *scalars)
-        total = per_row.sum()
+        total, count = per_row.sum(), valid.sum()
         head = torch.zeros(REDUCED_HEAD, dtype=torch.float64, device=logits.device)
-        head[0] = total / valid.sum() if self.reduction == "mean" else total
+        head[0] = total / count if self.reduction == "mean" else total
+        head[1] = 1.0 / count.clamp(min=1).double() if self.reduction == "mean" else 1.0
         found = {"loss": torch.cat((head, per_row))}
         if self.grad_logits is not None:
             grad = rows_gradient(logits, target, lse, self.grad_loss.reshape(-1), *scalars)

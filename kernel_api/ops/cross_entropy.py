@@ -304,7 +304,8 @@ def _row_weight(count: torch.Tensor | None, reduction: str, dtype: torch.dtype, 
 
 #: Saved gradients of at most this many elements in all are scaled by the incoming gradient
 #: without looking at it (out of place: one small pass, no sync), larger ones only when it is not
-#: 1 (`_scaled`). Reading the incoming gradient waits for the GPU to finish the forward: for a
+#: 1 (`_scaled`; `_CrossEntropy` also leaves a mean's ``1 / count`` to the backward below it).
+#: Reading the incoming gradient waits for the GPU to finish the forward: for a
 #: host-bound step that wait is most of its time (H200, 16 x 4096 bf16 logits, a mean's forward
 #: and ``backward()`` repeated: 411 us a step with the wait, torch's own 158 us;
 #: benchmarks/cross_entropy.py --host), while for a large one a pass over the gradient costs more
@@ -312,13 +313,12 @@ def _row_weight(count: torch.Tensor | None, reduction: str, dtype: torch.dtype, 
 SCALE_WITHOUT_READING_ELEMENTS = 1 << 22
 
 
-def _scaled(ctx: Any, grad: torch.Tensor) -> tuple:
-    """The saved gradients times the incoming gradient ``grad`` (a 0-d tensor). Small ones
-    (`SCALE_WITHOUT_READING_ELEMENTS`) out of place, without reading ``grad``; larger ones not at
-    all when it is 1 (one sync; ``loss.backward()`` gives 1), else in place (no second
+def _scaled(grads: tuple, grad: torch.Tensor) -> tuple:
+    """The saved gradients ``grads`` times the incoming gradient ``grad`` (a 0-d tensor). Small
+    ones (`SCALE_WITHOUT_READING_ELEMENTS`) out of place, without reading ``grad``; larger ones
+    not at all when it is 1 (one sync; ``loss.backward()`` gives 1), else in place (no second
     weight-sized buffer; a second backward through the same graph, ``retain_graph=True``, then
     fails with torch's error on saved tensors modified in place rather than scale them twice)."""
-    grads = ctx.saved_tensors
     if (tracing.is_compiling() or tracing.dispatch_mode_depth() or grad.is_meta
             or (grad.is_cuda and torch.cuda.is_current_stream_capturing())  # (no value to test)
             or sum(g.numel() for g in grads) <= SCALE_WITHOUT_READING_ELEMENTS):
@@ -331,21 +331,36 @@ def _scaled(ctx: Any, grad: torch.Tensor) -> tuple:
 class _CrossEntropy(torch.autograd.Function):
     """A mean or sum of the rows' losses, the gradient computed in the forward (one pass over the
     logits and a second from L2 instead of a forward and a backward over them) and scaled in the
-    backward."""
+    backward.
+
+    A small gradient (`SCALE_WITHOUT_READING_ELEMENTS`) is the sum's (each row weighed 1) and the
+    backward scales it out of place by the incoming gradient times the row's weight the kernel
+    wrote (the buffer's element 1: ``1 / count`` for a mean), so the forward counts nothing on
+    the host's behalf and the backward reads nothing. A larger one is weighed ``1 / count`` in
+    the forward (the count taken on the device first), so that the backward can skip the pass
+    over it when the incoming gradient is 1 (`_scaled`)."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
                 z_loss: float, reduction: str) -> torch.Tensor:
-        count = (target != ignore_index).sum() if reduction == "mean" else None
-        weight = _row_weight(count, reduction, loss_dtype(logits), logits.device).expand(target.shape)
-        loss, grad = _cross_entropy_reduced_with_grad.op(logits, target, weight, ignore_index, label_smoothing, z_loss,
-                                                         reduction)
-        ctx.save_for_backward(grad)
+        ctx.folded = logits.numel() <= SCALE_WITHOUT_READING_ELEMENTS
+        dtype = loss_dtype(logits)
+        if ctx.folded:
+            weight = torch.ones((), dtype=dtype, device=logits.device)
+        else:
+            count = (target != ignore_index).sum() if reduction == "mean" else None
+            weight = _row_weight(count, reduction, dtype, logits.device)
+        loss, grad = _cross_entropy_reduced_with_grad.op(logits, target, weight.expand(target.shape), ignore_index,
+                                                         label_smoothing, z_loss, reduction)
+        ctx.save_for_backward(grad, loss)
         return loss[0]
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        (grad_logits,) = _scaled(ctx, grad)
+        if ctx.folded:
+            grad_logits, loss = ctx.saved_tensors
+            return grad_logits * (grad * loss[1]), None, None, None, None, None
+        (grad_logits,) = _scaled(ctx.saved_tensors[:1], grad)
         return grad_logits, None, None, None, None, None
 
 
@@ -380,7 +395,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             _, grad_h, grad_w, grad_b = op(h, weight, t, _per_row(grad.reshape(-1).to(loss_dtype(h))), bias,
                                            *ctx.scalars, *ctx.wanted)
         else:
-            grad_h, grad_w, grad_b = _scaled(ctx, grad)
+            grad_h, grad_w, grad_b = _scaled(ctx.saved_tensors, grad)
         want_h, want_w, want_b = ctx.wanted
         return (grad_h.view(ctx.hidden_shape) if want_h else None, grad_w if want_w else None, None,
                 grad_b if want_b else None, None, None, None, None)

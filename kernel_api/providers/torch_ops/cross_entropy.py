@@ -144,8 +144,8 @@ def _reduced(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, gra
              grad_loss: torch.Tensor | None, rows: int, cols: int, ignore_index: int, label_smoothing: float,
              z_loss: float, reduction: str, stream: Any) -> None:
     """The rows' losses (`_forward`) into the buffer's rows part, then their sum, or their mean
-    over the rows not ignored (NaN when every row is, as torch's mean), into ``loss[0]``
-    (`CrossEntropyReducedArguments`' layout)."""
+    over the rows not ignored (NaN when every row is, as torch's mean), into ``loss[0]``, and a
+    row's weight into ``loss[1]`` (`CrossEntropyReducedArguments`' layout)."""
     context = None if stream is None else switch(logits, stream)
     if context is not None:
         with context:
@@ -155,9 +155,13 @@ def _reduced(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, gra
     _forward(logits, target, per_row, loss.new_empty(rows), grad_logits, grad_loss, rows, cols, ignore_index,
              label_smoothing, z_loss, None)
     total = per_row.sum()
-    if reduction == "mean":
-        total = total / (target.reshape(rows) != ignore_index).sum()
     loss[:REDUCED_HEAD].zero_()
+    if reduction == "mean":
+        count = (target.reshape(rows) != ignore_index).sum()
+        total = total / count
+        loss[1] = 1.0 / count.clamp(min=1).to(loss.dtype)
+    else:
+        loss[1] = 1.0
     loss[0] = total
 
 

@@ -21,11 +21,12 @@
 // element by element.
 //
 // REDUCE 1 (sum) or 2 (mean) reduces the rows' losses in the same launch: `loss` is then a buffer
-// {the loss, 0, a 64-bit arrival counter (0 after the launch), the loss of each row}. Each CTA
+// {the loss, a row's weight in it, a 64-bit arrival counter (0 after the launch), the loss of each
+// row}. Each CTA
 // writes its row's loss, then counts itself in on the counter (`arrive`); the CTA that arrives last
 // adds the rows' losses in a fixed order (in f64; the count of rows not ignored from the
-// targets), so the result does not depend on which CTA finishes when, writes the loss and
-// clears the counter. The counter carries this launch's tag (from %gridid, odd and below 2^31,
+// targets), so the result does not depend on which CTA finishes when, writes the loss and the
+// weight (1 / the rows not ignored, at least 1, for a mean; 1 for a sum) and clears the counter. The counter carries this launch's tag (from %gridid, odd and below 2^31,
 // so no fill pattern reads as current): the buffer needs no initialisation, a fresh one from the
 // allocator serves, and CUDA graph replays differ.
 
@@ -214,7 +215,7 @@ __device__ __forceinline__ void reduce_rows(float* buf, float v, const I* __rest
     }
     if (lane == 0) {
       buf[0] = REDUCE == 2 ? (float)(s / (double)count) : (float)s;  // (0 / 0: NaN, as torch's mean of nothing)
-      buf[1] = 0.f;
+      buf[1] = REDUCE == 2 ? (float)(1.0 / (double)max(count, 1)) : 1.f;
       *counter = 0ull;
     }
   }
