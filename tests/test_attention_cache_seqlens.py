@@ -18,17 +18,8 @@ from kernel_api import ops
 from kernel_api.arguments import AttentionArguments
 from kernel_api.arguments.attention_backward import AttentionBackwardArguments
 from kernel_api.arguments.attention_math import attention_with_lse, cache_mask, torch_attention
-from kernel_api.ops import dispatch
 
-SENTINEL = 1234.5
-
-
-@pytest.fixture
-def cpu_launch(monkeypatch):
-    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
-    ops.clear_dispatch_cache()
-    yield
-    ops.clear_dispatch_cache()
+from test_attention_op import SENTINEL, cpu_launch  # noqa: F401 - cpu_launch: a fixture
 
 
 def reference(q, k, v, lengths, causal=False, scale=None):

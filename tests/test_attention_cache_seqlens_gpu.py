@@ -21,14 +21,12 @@ from kernel_api.providers.cuda_src.kernels.attention_decode import SPLITS, CudaA
 from kernel_api.providers.torch_ops.attention import TorchAttention
 
 from memcheck import run_memcheck
+from test_attention_decode_gpu import SENTINEL, TOL, _check, _out_in_sentinel
+from test_attention_decode_gpu import _kernel as _decode_kernel
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                                  reason="needs a CUDA device of sm_90 or later")]
-
-SENTINEL = 1234.5
-TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
-
 
 def _reference(q, k, v, lengths, causal, scale):
     """Row b attends to its first lengths[b] keys (its last query at key lengths[b] - 1 under the
@@ -61,26 +59,6 @@ def _cache(batch, capacity, heads_kv, d, dtype, view):
         return packed[:, :capacity, 0], packed[:, :capacity, 1]
     return (torch.randn(batch, capacity, heads_kv, d, device="cuda").to(dtype),
             torch.randn(batch, capacity, heads_kv, d, device="cuda").to(dtype))
-
-
-def _out_in_sentinel(q):
-    b, lq, h, d = q.shape
-    buf = torch.full((b, lq, h + 2, d), SENTINEL, dtype=q.dtype, device="cuda")
-    return buf[:, :, 1:1 + h], buf
-
-
-def _check(out, buf, ref, dtype, what):
-    tol = TOL[dtype]
-    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol, msg=lambda m: f"{what}: {m}")
-    assert bool((buf[:, :, 0] == SENTINEL).all()) and bool((buf[:, :, -1] == SENTINEL).all()), \
-        f"{what}: a kernel wrote outside its output"
-
-
-def _decode_kernel(args, splits=None):
-    found = [k for k in CudaAttentionDecode.generate_kernels(None, cc=90) if k.supports(args)]
-    assert len(found) == 1, kernel_api.explain(args)
-    found[0].splits = splits
-    return found[0]
 
 
 def _lengths(values):

@@ -19,20 +19,26 @@ SDPA_GQA = any(a.name == "enable_gqa" for schema in torch._C._jit_get_schemas_fo
     "aten::scaled_dot_product_attention") for a in schema.arguments)
 
 
+def _sdpa_kv(k: torch.Tensor, v: torch.Tensor, heads_q: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """k and v as SDPA's (batch, heads, seqlen, head_dim) views, and SDPA's keywords for GQA:
+    ``enable_gqa`` where this torch has it, else k and v repeated to q's heads."""
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+    groups = heads_q // k.shape[2]
+    if groups == 1:
+        return kt, vt, {}
+    if SDPA_GQA:
+        return kt, vt, {"enable_gqa": True}
+    return kt.repeat_interleave(groups, dim=1), vt.repeat_interleave(groups, dim=1), {}
+
+
 def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
     """Attention of (batch, seqlen, heads, head_dim) tensors, differentiable."""
     sq, sk = q.shape[1], k.shape[1]
     skip = max(sq - sk, 0) if causal else 0  # bottom-right: the first sq - sk queries see no key
     if sk == 0 or sq == skip:
         return q * 0  # (keeps the graph: a zero gradient for q)
-    qt, kt, vt = (q[:, skip:] if skip else q).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    groups = q.shape[2] // k.shape[2]
-    extra = {}
-    if groups > 1:
-        if SDPA_GQA:
-            extra["enable_gqa"] = True
-        else:
-            kt, vt = kt.repeat_interleave(groups, dim=1), vt.repeat_interleave(groups, dim=1)
+    qt = (q[:, skip:] if skip else q).transpose(1, 2)
+    kt, vt, extra = _sdpa_kv(k, v, q.shape[2])
     rows = sq - skip
     mask = None
     if causal and rows == 1:
@@ -76,15 +82,8 @@ def _dense_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     seen = cache_mask(cache_seqlens, q.shape[1], k.shape[1], causal)
     if not (q.numel() and k.shape[1]):
         return q * 0
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    groups = q.shape[2] // k.shape[2]
-    extra = {}
-    if groups > 1:
-        if SDPA_GQA:
-            extra["enable_gqa"] = True
-        else:
-            kt, vt = kt.repeat_interleave(groups, dim=1), vt.repeat_interleave(groups, dim=1)
-    o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=seen, scale=scale, **extra)
+    kt, vt, extra = _sdpa_kv(k, v, q.shape[2])
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, attn_mask=seen, scale=scale, **extra)
     # (a row that sees nothing: SDPA's softmax of no key is NaN or 0 by backend; the definition's 0)
     return torch.where(seen.any(-1, keepdim=True), o, 0).transpose(1, 2)
 
