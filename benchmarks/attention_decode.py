@@ -53,8 +53,8 @@ QUICK = ([(64, hq, hkv, 128, lq, sk) for hq, hkv in ((32, 8), (32, 32)) for lq i
 
 #: KV caches of per-row lengths: (batch, heads_q, heads_kv, head_dim, seqlen_q, capacity, lengths),
 #: lengths "spread" (uniform over 128..capacity, seeded) or every row's.
-CACHE_CASES = ([(64, 32, 8, 128, 1, 4096, "spread")] + [(64, 32, 8, 128, 1, 4096, n) for n in (128, 1024, 4096)]
-               + [(64, 32, 8, 128, 4, 4096, "spread")])
+CACHE_CASES = [(64, 32, 8, 128, 1, 4096, "spread"), (64, 32, 8, 128, 1, 4096, 128), (64, 32, 8, 128, 4, 4096, "spread"),
+               (64, 32, 8, 128, 1, 4096, 1024), (64, 32, 8, 128, 1, 4096, 4096)]
 
 
 def _fa4_kvcache():
