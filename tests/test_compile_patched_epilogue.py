@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+import kernel_api
 from kernel_api.nn import patch, set_compile_lowering
 from test_epilogue_patch import _patch, calls, fuse_small, tiny_gpt2, tiny_llama  # noqa: F401 - fixtures
 
@@ -32,13 +33,15 @@ class _Recorder:
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("small", [False, True], ids=["aten", "function"])
 def test_compiled_patched_model_has_no_graph_break_and_equals_the_unpatched(calls, request, family, small):
-    """Prefill rows under the rule: the epilogue function's op in the graph where the rule keeps
-    kernel_api's GEMM (here from one row on), aten otherwise; then decoding steps with no
-    recompile after the cache length turns dynamic."""
+    """Prefill rows under the rule: the epilogue function's op in the graph where the layers keep
+    kernel_api's GEMM (forced, and here from one row on), aten otherwise (the rule's default); then
+    decoding steps with no recompile after the cache length turns dynamic."""
     if small:
         request.getfixturevalue("fuse_small")
     ref = tiny_llama() if family == "llama" else tiny_gpt2()
     model = _patch(copy.deepcopy(ref)) if family == "llama" else patch(copy.deepcopy(ref))
+    if small:
+        set_compile_lowering(model, "kernel_api")
     vocab = 97 if family == "llama" else 1001
     backend = _Recorder()
     compiled = torch.compile(model, backend=backend, fullgraph=True)
@@ -96,3 +99,23 @@ def test_compiled_patched_model_does_not_recompile_at_its_second_call(calls, tra
     finally:
         torch._dynamo.config.error_on_recompile = False
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_inductor_compiles_an_epilogue_function_written_over_several_lines(calls):
+    """Inductor writes the op's str arguments into the Python of its generated wrapper: the
+    function's text goes as hexadecimal (a line break in it broke that module's syntax)."""
+    def epi(accum, C):
+        z = accum + C
+        D = relu(z)  # noqa: F821 - an epilogue primitive, parsed, never called
+        return D
+
+    def f(A, B, C):
+        return kernel_api.ops.gemm(A, B, epilogue=epi, C=C) * 2.0
+
+    g = torch.Generator().manual_seed(3)
+    A, B, C = (torch.randn(s, generator=g) for s in ((16, 8), (8, 24), (16, 24)))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(f, backend="inductor", fullgraph=True)(A, B, C)
+    torch.testing.assert_close(got, 2.0 * torch.relu(A @ B + C), rtol=1e-5, atol=1e-5)
+    assert calls.count("function") == 1

@@ -63,9 +63,9 @@ def _decode(compiled, ref_model, steps=6, batch=4, prompt=16):
 
 
 def _prefill(compiled, ref_model, batch=2, seq=512):
-    """Prefill at a static shape whose rows (1024) reach the rule's threshold (kernel_api's op for
-    the projections, the vocabulary one's misaligned 50257-column rows split and padded); three
-    calls, one compile."""
+    """Prefill at a static shape of 1024 rows (where a layer forced to kernel_api's op takes it, the
+    vocabulary projection's misaligned 50257-column rows split and padded); three calls, one
+    compile."""
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for step in range(3):
@@ -81,7 +81,7 @@ def _prefill(compiled, ref_model, batch=2, seq=512):
 
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_patched_gpt2_decode_and_prefill_compiled(gpt2, mode):
-    """The lowering rule's choice: decode all aten, prefill kernel_api's op."""
+    """The lowering rule's choice (aten without tuning records, decode and prefill alike)."""
     _compiled_decode_and_prefill(gpt2, mode, "auto")
 
 

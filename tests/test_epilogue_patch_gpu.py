@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 import kernel_api
 from kernel_api import EpilogueArguments, GemmArguments
 from kernel_api.epilogue import evaluate, parse
-from kernel_api.nn import Linear, patch
+from kernel_api.nn import Linear, patch, set_compile_lowering
 from kernel_api.nn import fusion
 from kernel_api.nn.fusion import FusedProjection, armed, epilogue_source
 
@@ -133,6 +133,8 @@ def test_patched_prefill_takes_the_function_and_matches_the_unpatched_model(form
     make, per_layer = MODELS[family]
     ref = make()
     model = patch(copy.deepcopy(ref), kinds=("linear", "residual", "mlp"))
+    if compiled:  # (the lowering rule's default under compile is aten: asked for here)
+        set_compile_lowering(model, "kernel_api")
     ids = torch.randint(0, 1000, (2, 600), device="cuda")  # 1200 rows
     torch._dynamo.reset()
     counters.clear()

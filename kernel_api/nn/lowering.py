@@ -21,13 +21,12 @@ at that time (so a graph never branches or guards on it):
 3. A `PickBest` in force whose tuning records hold this exact problem (every GEMM the call
    runs): kernel_api when each recorded winner is a kernel of a provider other than torch's
    (measured faster than cuBLAS), aten when one is torch's.
-4. Without records: kernel_api for inference GEMMs of at least `COMPILE_MIN_ROWS` rows (a
-   prefill's), where the GEMM's own time dominates and kernel_api's kernels with the bias and
-   activation in their epilogue, and the split of misaligned output rows (the vocabulary
-   projection), run faster than Inductor's cuBLAS call with its fused pointwise kernels; aten
-   for smaller M (decode), where the launches and the memory passes that Inductor fuses away
-   dominate. Training graphs take aten unless records say otherwise (the backward GEMMs then
-   stay Inductor's too).
+4. Without records: aten. Measured on GPT-2 (124M, bf16, H200, torch 2.11, 8 x 1024-token
+   prefill, `benchmarks/e2e_gpt2.py --quick`): with every projection of at least 1024 rows kept as
+   kernel_api's op (the residual adds unfused) the compiled patched model ran 14.5 ms against the
+   compiled model's 6.3 (0.43x), where lowered to aten it runs the compiled model's graph
+   (1.00x). So the op stays only where a record shows a kernel faster than cuBLAS for the
+   problem, or where the layer asks for it.
 
 Layers of memory-bound operations (norms, activations, rotary embeddings) keep kernel_api's op
 under compile only when forced (`keeps_op`): Inductor generates those row-wise kernels itself
@@ -52,11 +51,10 @@ _log = logging.getLogger(__name__)
 #: The values of a layer's ``compile_lowering``.
 LOWERINGS = ("auto", "aten", "kernel_api")
 
-#: Rows (M) from which `choose` keeps kernel_api's GEMM in an inference graph. GPT-2 (124M, bf16,
-#: H200, torch 2.11, benchmarks/e2e_gpt2.py --quick): with every projection as kernel_api's op the
-#: compiled patched model decoded (64 rows) at 0.61x the compiled model; lowered to aten it decodes
-#: at 1.29x (default mode) and 1.03x (reduce-overhead). Prefill (8192 rows) keeping the op ran at
-#: 1.00x (PickAny's kernels there: cuBLAS's own, with the bias and activation fused).
+#: Rows (M) from which a layer forced to kernel_api's op (or a record's) takes the epilogue
+#: function rather than the named epilogue, as eager calls do (`kernel_api.nn.fusion.FUSE_MIN_ROWS`).
+#: GPT-2 decode (64 rows, H200, torch 2.11) with every projection as kernel_api's op ran at 0.61x
+#: the compiled model.
 COMPILE_MIN_ROWS = 1024
 
 
@@ -160,7 +158,7 @@ def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, 
         measured = None
     if measured is not None:
         return measured
-    return "kernel_api" if not training and rows >= COMPILE_MIN_ROWS else "aten"
+    return "aten"
 
 
 def keeps_op(layer: torch.nn.Module) -> bool:

@@ -7,7 +7,9 @@ cannot). Under ``torch.compile``, a dispatch mode or autograd the call goes to t
 
     torch.ops.kernel_api.gemm_epilogue(A, B, source, names, tensors, scalar_names, scalars, initial)
 
-whose ``source`` (the function's text) is a constant of the graph: two calls of one function
+whose ``source`` (the function's text as hexadecimal UTF-8, `_op_text`: Inductor's generated
+wrapper writes a str argument into its Python source, where a line break of the function's text
+broke it) is a constant of the graph: two calls of one function
 differing in scalar values trace to one graph and run one compiled kernel. The op is functional:
 it returns ``[D, *extra outputs]`` as new tensors (``initial``: the caller's extra outputs, in
 return order, whose values a reduction starts from), which the caller's tensors then receive by
@@ -17,6 +19,7 @@ recomputes the accumulator and differentiates the epilogue with torch (`_backwar
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -28,6 +31,18 @@ from . import dispatch
 _lib = torch.library.Library("kernel_api", "FRAGMENT")
 _lib.define("gemm_epilogue(Tensor A, Tensor B, str source, str[] names, Tensor[] tensors, str[] scalar_names, "
             "float[] scalars, Tensor[] initial) -> Tensor[]")
+
+
+def _op_text(source: str) -> str:
+    """An epilogue function's text as the op's ``source`` argument: hexadecimal UTF-8, which no
+    quoting of generated code can break."""
+    return source.encode().hex()
+
+
+@functools.lru_cache(maxsize=256)
+def _op_source(text: str) -> str:
+    """The function's text from the op's ``source`` argument (`_op_text`)."""
+    return bytes.fromhex(text).decode()
 
 
 def _new_output(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
@@ -55,6 +70,7 @@ def _op_impl(A, B, source, names, tensors, scalar_names, scalars, initial):
     ``initial`` value, a store's takes only its shape and type from it); returns [D, *extra]."""
     from ..epilogue import parse_cached
 
+    source = _op_source(source)
     graph = parse_cached(source)
     extra = _extra_outputs(graph)
     made = [t.clone() if reduced else torch.empty_like(t) for (_, reduced), t in zip(extra, initial)]
@@ -76,7 +92,7 @@ torch.library.register_fake("kernel_api::gemm_epilogue", _op_fake, lib=_lib)
 def _setup(ctx: Any, inputs: tuple, output: Any) -> None:
     A, B, source, names, tensors, scalar_names, scalars, initial = inputs
     ctx.save_for_backward(A, B, *tensors)
-    ctx.source, ctx.names, ctx.scalars = source, list(names), dict(zip(scalar_names, scalars))
+    ctx.source, ctx.names, ctx.scalars = _op_source(source), list(names), dict(zip(scalar_names, scalars))
     ctx.n_initial, ctx.n_scalars = len(initial), len(scalars)
 
 
@@ -129,13 +145,14 @@ torch.library.register_autograd("kernel_api::gemm_epilogue", _backward, setup_co
 
 @tracing.assume_constant_result
 def _function_info(fn: Any) -> tuple:
-    """(source text, names of the extra outputs, parameter names) of an epilogue function:
-    constants of a trace (Dynamo calls this while tracing and keeps the result)."""
+    """(source text as the op's argument (`_op_text`), names of the extra outputs, parameter
+    names) of an epilogue function: constants of a trace (Dynamo calls this while tracing and
+    keeps the result)."""
     from ..epilogue import parse_cached, source_of
 
     graph = parse_cached(fn)
     source = source_of(fn)[0] if not isinstance(fn, str) else fn
-    return source, tuple(n for n, _ in graph.outputs if n != "D"), graph.params
+    return _op_text(source), tuple(n for n, _ in graph.outputs if n != "D"), graph.params
 
 
 #: gemm's own keywords that bind to an epilogue function's parameters of those names.
@@ -162,7 +179,7 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
         fn, operands = epilogue.function, epilogue.operands
     else:
         fn = epilogue
-    source, extra, params = _function_info(fn)
+    op_text, extra, params = _function_info(fn)
     if out is None and isinstance(operands.get("D"), torch.Tensor):  # (the peer's spelling of out)
         out = operands["D"]
     if named:
@@ -181,7 +198,7 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
             raise ValueError("accumulator_type: not supported under torch.compile, autograd or a torch dispatch mode")
         names = [k for k, v in operands.items() if isinstance(v, torch.Tensor) and k not in extra and k != "D"]
         scalar_names = [k for k, v in operands.items() if not isinstance(v, torch.Tensor) and k != "D"]
-        results = dispatch.op_on_stream(torch.ops.kernel_api.gemm_epilogue, stream, A, B, source, names,
+        results = dispatch.op_on_stream(torch.ops.kernel_api.gemm_epilogue, stream, A, B, op_text, names,
                                         [operands[k] for k in names], scalar_names,
                                         [float(operands[k]) for k in scalar_names], [operands[k] for k in extra])
         for k, made in zip(extra, results[1:]):  # the caller's extra outputs, written as in eager calls
