@@ -348,9 +348,10 @@ class CrossEntropyReducedArguments(_CrossEntropyForward):
 
 
 def _with_gradient(cls: type, names: tuple[str, ...]) -> None:
-    cls._with_grad = type(f"_{cls.__name__[:-len('Arguments')]}GradArguments", (cls,),
-                          {"__slots__": (), "output_names": names, "__module__": __name__,
-                           "__doc__": f"`{cls.__name__}` with the gradient: outputs {', '.join(names)}."})
+    name = f"_{cls.__name__[:-len('Arguments')]}GradArguments"
+    cls._with_grad = type(name, (cls,), {"__slots__": (), "output_names": names, "__module__": __name__,
+                                         "__doc__": f"`{cls.__name__}` with the gradient: outputs {', '.join(names)}."})
+    globals()[name] = cls._with_grad  # found by name: pickled for compile workers
 
 
 _with_gradient(CrossEntropyArguments, ("loss", "lse", "grad_logits"))
