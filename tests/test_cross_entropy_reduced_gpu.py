@@ -15,10 +15,10 @@ import kernel_api
 from kernel_api import ops
 from kernel_api.arguments import CrossEntropyReducedArguments
 from kernel_api.arguments.cross_entropy import reduced_size
-from kernel_api.ops import dispatch
 
 from test_cross_entropy import reference
 from test_cross_entropy_gpu import GRAD_TOL, SENTINEL, cuda_kernel, padded, ref_grad
+from test_op_replay import count_python_path
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -103,15 +103,7 @@ def test_a_misaligned_buffer_is_refused_by_the_cuda_kernel_and_served_by_torchs(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_ops_replays_the_reduced_launch_from_c_with_the_same_bits(monkeypatch, dtype, reduction):
-    ops.clear_dispatch_cache()
-    launches = []
-    python_path = dispatch._launch
-
-    def counting(args, *a, **kw):
-        launches.append(type(args).__name__)
-        return python_path(args, *a, **kw)
-
-    monkeypatch.setattr(dispatch, "_launch", counting)
+    launches = count_python_path(monkeypatch)
     g = torch.Generator(device="cuda").manual_seed(11)
     x = (torch.randn(2, 37, 5003, device="cuda", generator=g) * 3).to(dtype)
     target = torch.randint(0, 5003, (2, 37), device="cuda", generator=g)

@@ -29,10 +29,9 @@ from kernel_api.metadata import OperandsMetadata
 from kernel_api.ops import Operation, define_operation, dispatch, replay
 
 
-@pytest.fixture
-def cpu_ops(monkeypatch):
-    """The front door on CPU tensors, fresh caches, and the count of Python-path launches."""
-    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+def count_python_path(monkeypatch) -> list[str]:
+    """Fresh front-door caches, and a list that gets the arguments type of each launch the
+    Python path makes (a replayed call adds nothing)."""
     ops.clear_dispatch_cache()
     launches = []
     python_path = dispatch._launch
@@ -42,6 +41,14 @@ def cpu_ops(monkeypatch):
         return python_path(args, *a, **kw)
 
     monkeypatch.setattr(dispatch, "_launch", counting)
+    return launches
+
+
+@pytest.fixture
+def cpu_ops(monkeypatch):
+    """The front door on CPU tensors, fresh caches, and the count of Python-path launches."""
+    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+    launches = count_python_path(monkeypatch)
     yield launches
     monkeypatch.undo()
     ops.clear_dispatch_cache()

@@ -15,9 +15,8 @@ import torch.nn.functional as F
 
 import kernel_api
 from kernel_api import native, ops
-from kernel_api.ops import dispatch
 
-from test_op_replay import _PACKAGE, _kernel_api_frames, _same, _settled
+from test_op_replay import _PACKAGE, _kernel_api_frames, _same, _settled, count_python_path
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -25,15 +24,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture
 def launches(monkeypatch):
-    ops.clear_dispatch_cache()
-    seen = []
-    python_path = dispatch._launch
-
-    def counting(args, *a, **kw):
-        seen.append(type(args).__name__)
-        return python_path(args, *a, **kw)
-
-    monkeypatch.setattr(dispatch, "_launch", counting)
+    seen = count_python_path(monkeypatch)
     yield seen
     monkeypatch.undo()
     ops.clear_dispatch_cache()
