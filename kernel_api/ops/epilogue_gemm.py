@@ -33,6 +33,7 @@ _lib.define("gemm_epilogue(Tensor A, Tensor B, str source, str[] names, Tensor[]
             "float[] scalars, Tensor[] initial) -> Tensor[]")
 
 
+@functools.lru_cache(maxsize=256)
 def _op_text(source: str) -> str:
     """An epilogue function's text as the op's ``source`` argument: hexadecimal UTF-8, which no
     quoting of generated code can break."""
