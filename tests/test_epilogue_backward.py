@@ -50,7 +50,7 @@ def gemms(monkeypatch):
         z = alpha * (A @ B) + (beta * C if C is not None and beta != 0 else 0) + (bias if bias is not None else 0)
         return z if out is None else out.copy_(z)
 
-    def function(A, B, out, epilogue, accumulator_type, stream):
+    def function(A, B, out, epilogue, accumulator_type, stream, record=None):
         D = evaluate(parse_cached(epilogue.function), A @ B, dict(epilogue.operands), dtype=A.dtype)["D"]
         return D if out is None else out.copy_(D)
 

@@ -127,6 +127,34 @@ def test_broadcast_kinds_become_stride_patterns():
         torch.testing.assert_close(view, torch.broadcast_to(given, (3, 24, 40)))
 
 
+def test_operands_remade_for_another_call_are_what_binding_gives():
+    """`operand_sources` of one binding remake, for another call's values of the same metadata,
+    exactly the operands `bind` gives for them (views of the new tensors, the new scalars, the
+    literals), in bind's order: parameters, extra outputs, literals."""
+    from kernel_api.epilogue import operand_sources, remake_operands
+
+    A, B, out = _gemm(L=3)
+    src = ("def epi(accum, res, bias, col, alpha): Z = alpha * accum + res + bias * col + 2.5; "
+           "D = relu(Z); rowmax = max(Z, dim=1); return D, Z, rowmax")
+
+    def values():
+        return dict(res=torch.randn(3, 24, 40)[:, :, :40], bias=torch.randn(40), col=torch.randn(3, 24, 1),
+                    alpha=float(torch.rand(())), Z=torch.empty(3, 24, 40).half(), rowmax=torch.zeros(24, 1))
+
+    first = bind(parse(src), values(), out, 3, 24, 40)
+    sources = operand_sources(first)
+    for _ in range(2):
+        given = values()
+        expected = bind(parse(src), given, out, 3, 24, 40).operands
+        remade = remake_operands(sources, given)
+        assert len(remade) == len(expected) == len(first.operands)
+        for got, want in zip(remade, expected):
+            if isinstance(want, torch.Tensor):
+                assert (got.shape, got.stride(), got.data_ptr()) == (want.shape, want.stride(), want.data_ptr())
+            else:
+                assert type(got) is type(want) and got == want
+
+
 def test_whole_inputs_record_their_alignment_in_the_key():
     """`OperandKey.align`: whole (M, N) inputs carry the bytes dividing their address and
     strides (16 at most: what TMA needs), broadcast vectors none; it is part of the key, scalar

@@ -55,7 +55,7 @@ def calls(monkeypatch):
             z = _ACT[activation](z)
         return z if out is None else out.copy_(z)
 
-    def function(A, B, out, epilogue, accumulator_type, stream):
+    def function(A, B, out, epilogue, accumulator_type, stream, record=None):
         made.append("function")
         graph = parse_cached(epilogue.function)
         D = evaluate(graph, A @ B, dict(epilogue.operands), dtype=A.dtype)["D"]

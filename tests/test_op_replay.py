@@ -103,7 +103,14 @@ def _cases():
     qt, kt = torch.randn(2, 7, 4, 16).transpose(1, 2), torch.randn(2, 7, 2, 16).transpose(1, 2)
     logits, target = torch.randn(9, 33), torch.randint(0, 33, (9,))
     grad_loss = torch.randn(9)
+    a, bt, bias = torch.randn(6, 24), torch.randn(24, 40), torch.randn(40)
+    p = torch.softmax(torch.randn(6, 40), -1)
     return {
+        # the torch ops a compiled graph calls (their implementations replay as the front doors do)
+        "gemm_op": lambda: torch.ops.kernel_api.gemm(a, bt, None, bias, 1.0, 0.0, None),
+        "gemm_op_gelu": lambda: torch.ops.kernel_api.gemm(a, bt, None, bias, 1.0, 0.0, "gelu"),
+        "softmax_op": lambda: torch.ops.kernel_api.softmax(dy, -1),
+        "softmax_backward_op": lambda: torch.ops.kernel_api.softmax_backward(dy, p, -1),
         "rms_norm": lambda: ops.rms_norm(x, w, 1e-6),
         "rms_norm_residual": lambda: ops.rms_norm(x, w, 1e-5, r),
         "rms_norm_backward": lambda: ops.rms_norm_backward(r, x, w, 1e-6),

@@ -9,7 +9,7 @@ one line naming the node and its line; ``needs_accumulator`` whether a backward 
 the accumulator.
 """
 
-from .binding import BoundEpilogue, OperandKey, bind
+from .binding import BoundEpilogue, OperandKey, bind, operand_sources, remake_operands
 from .derivative import needs_accumulator
 from .errors import EpilogueError
 from .frontend import FUNCTIONS, parse, parse_cached, source_of
@@ -18,5 +18,5 @@ from .named import named_graph
 from .reference import evaluate
 
 __all__ = ["BINARY_OPS", "BoundEpilogue", "EpilogueError", "EpilogueGraph", "FUNCTIONS", "Node", "OperandKey",
-           "REDUCE_OPS", "UNARY_OPS", "bind", "evaluate", "named_graph", "needs_accumulator", "parse", "parse_cached",
-           "source_of"]
+           "REDUCE_OPS", "UNARY_OPS", "bind", "evaluate", "named_graph", "needs_accumulator", "operand_sources", "parse",
+           "parse_cached", "remake_operands", "source_of"]

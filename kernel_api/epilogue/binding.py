@@ -213,6 +213,38 @@ def bind(graph: EpilogueGraph, values: dict[str, Any], out: torch.Tensor, L: int
     return BoundEpilogue(graph, key, tuple(operands), inputs, outputs, tuple(keys))
 
 
+def operand_sources(bound: BoundEpilogue) -> tuple:
+    """How each of ``bound.operands`` is made again from another call's values whose tensors
+    have the metadata of this call's (`remake_operands`): ``(name, shape, strides)`` for a
+    tensor's (L, M, N) view, ``(name, None, None)`` for a number, ``(None, literal, None)`` for
+    a literal. `bind`'s order: parameters, extra outputs by return order, literals."""
+    names = (*bound.graph.params, *bound.outputs)
+    sources: list[tuple] = []
+    for name, operand in zip(names, bound.operands):
+        if isinstance(operand, torch.Tensor):
+            sources.append((name, tuple(operand.shape), tuple(operand.stride())))
+        else:
+            sources.append((name, None, None))
+    sources.extend((None, literal, None) for literal in bound.operands[len(names):])
+    return tuple(sources)
+
+
+def remake_operands(sources: tuple, values: dict[str, Any]) -> tuple:
+    """The kernel operands `bind` would give for ``values`` (name -> tensor or number), from
+    `operand_sources` of a call whose tensors had the same dtypes, shapes, strides and
+    alignment; no checks (the caller's key holds that metadata)."""
+    operands: list[Any] = []
+    for name, shape, strides in sources:
+        if name is None:
+            operands.append(shape)
+        elif shape is None:
+            operands.append(float(values[name]))
+        else:
+            t = values[name]
+            operands.append(t.as_strided(shape, strides, t.storage_offset()))
+    return tuple(operands)
+
+
 def _same_device(t: torch.Tensor, out: torch.Tensor, name: str) -> None:
     if t.device != out.device:
         raise EpilogueError(f"operand {name}: on {t.device} but out is on {out.device}")

@@ -28,6 +28,9 @@ _TORCH_ACTIVATIONS = {
     "gelu": lambda z: F.gelu(z, approximate="tanh"),
     "silu": F.silu,
 }
+#: Where `kernel_api.nn.patch` keeps, in a projection's ``__dict__`` (not as a submodule: the
+#: model's modules and state_dict stay as patched), the activation module it fused into it.
+REPLACED_ACTIVATION = "kernel_api_replaced_activation"
 _autocast_enabled = torch.is_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
 _is_dynamo_compiling = tracing.is_dynamo_compiling
@@ -114,7 +117,12 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
         y = (x2 @ weight if bias is None else torch.addmm(bias, x2, weight)).view(*x.shape[:-1], N)
     else:
         y = F.linear(x, weight, bias)
-    return y if activation is None else _TORCH_ACTIVATIONS[activation](y)
+    if activation is None:
+        return y
+    # The model's own activation module where patch fused one: the graph is then the unpatched
+    # model's (transformers' gelu_new formula fuses into a faster Inductor kernel than F.gelu's).
+    replaced = getattr(layer, REPLACED_ACTIVATION, None)
+    return replaced(y) if replaced is not None else _TORCH_ACTIVATIONS[activation](y)
 
 
 def _replayed(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None) -> Any:

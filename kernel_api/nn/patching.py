@@ -28,7 +28,7 @@ from . import blocks as _blocks
 from .edits import GLOBAL_HOOKS, Swapped, assign
 from .families import is_gpt2_block, is_role
 from .fusion import FusedProjection, fused_from
-from .linear import Conv1DLinear, Linear, conv1d_from
+from .linear import REPLACED_ACTIVATION, Conv1DLinear, Linear, conv1d_from
 from .loss import causal_lm_loss, fused_loss_forward
 from .mixin import adopt
 from .mlp import SwiGLUMLP
@@ -178,6 +178,7 @@ def _swap_projection(module: torch.nn.Module, name: str, state: _Patching) -> to
         new = fused_from(new, state.fused[id(module)])
     new.kernel_api_name = name  # for error messages
     if fusion is not None:
+        new.__dict__[REPLACED_ACTIVATION] = fusion.module  # (what an aten lowering under compile runs)
         marker = FusedActivation(fusion.activation, name)
         setattr(fusion.parent, fusion.attr, marker)
         state.records.append(Swapped(fusion.parent, fusion.attr, fusion.module, marker))

@@ -20,7 +20,7 @@ recomputes the accumulator and differentiates the epilogue with torch (`_backwar
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -51,14 +51,91 @@ def _new_output(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 
 def _run(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, epilogue: EpilogueArguments,
-         accumulator_type: Any, stream: Any) -> torch.Tensor:
+         accumulator_type: Any, stream: Any, record: tuple | None = None) -> torch.Tensor:
+    """The Python path: arguments, the policy's choice, the launch; with ``record`` (a
+    `_recorded` key, for a call whose outputs it made itself) the launch is kept for later calls
+    of that key."""
     if out is None:
         out = _new_output(A, B)
     args = GemmArguments(A, B, out, accumulator_type=accumulator_type, epilogue=epilogue)
-    dispatch.call(args, stream=stream)
+    if record is None:
+        dispatch.call(args, stream=stream)
+    else:
+        kernel, artifact = dispatch.launch(args, stream)
+        _record(record, kernel, artifact, args, A, B, out)
     for t in args.epilogue.bound.outputs.values():  # written in place, as a torch in-place op would be
         torch.autograd.graph.increment_version(t)
     return out
+
+
+class _Recorded(NamedTuple):
+    """A launch kept for repeated calls: ``function(A, B, out, *head, operands, stream)``."""
+
+    function: Any
+    head: tuple      # the launcher's constants before the bound operands
+    sources: tuple   # how the operands are made from a call's values (`operand_sources`)
+    token: Any       # the policy scope the choice was made in (kept alive: its id is in the key)
+
+
+#: Repeated calls of an epilogue function whose tensors have one metadata, under one policy:
+#: launched from here without arguments, binding or the dispatcher (about 150 us of Python a call
+#: on an H200 host, which a compiled graph calling the op for every projection pays in full).
+#: Only for calls whose outputs (D and every extra output) are tensors made for the call, so no
+#: output can meet an input. Cleared with the front door's choices.
+_recorded: dict[tuple, _Recorded] = {}
+_RECORDED_LIMIT = 1024
+dispatch.choice_caches.append(_recorded.clear)
+
+
+def _metadata(value: Any) -> Any:
+    """What a recorded launch depends on in one operand (`_raw_gemm_key`'s fields for a tensor)."""
+    if type(value) is torch.Tensor:
+        return (value.dtype, value.shape, value.stride(), value.data_ptr() & 1023, value.get_device(),
+                value.is_neg() or value.is_conj())
+    return type(value)
+
+
+def _record_key(op_text: str, A: Any, B: Any, out: torch.Tensor, values: dict) -> tuple | None:
+    """`_recorded`'s key for a call, or None when the call is not one it serves (not plain CUDA
+    tensors, under tracing or a dispatch mode)."""
+    if type(A) is not torch.Tensor or type(B) is not torch.Tensor or not A.is_cuda or tracing.dispatch_mode_depth():
+        return None
+    for v in values.values():
+        if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor:
+            return None
+    tf32 = dispatch._tf32_allowed() if A.dtype is torch.float32 else None
+    return (op_text, id(dispatch.current().scope_token), _metadata(A), _metadata(B), _metadata(out), tf32,
+            tuple([(name, _metadata(v)) for name, v in values.items()]))
+
+
+def _record(key: tuple, kernel: Any, artifact: Any, args: GemmArguments, A: torch.Tensor, B: torch.Tensor,
+            out: torch.Tensor) -> None:
+    """Keep the launch of ``args`` under ``key`` when the kernel offers one that ends with the
+    bound operands (`function_epilogue_launcher`) and the arguments kept the caller's tensors."""
+    bound = args.epilogue.bound
+    if args.A is not A or args.B is not B or args.out is not out:
+        return
+    launcher = kernel._launcher(args, artifact)
+    if launcher is None or not launcher.tail or launcher.tail[-1] is not bound.operands:
+        return
+    from ..epilogue import operand_sources
+
+    if len(_recorded) >= _RECORDED_LIMIT:
+        _recorded.clear()
+    _recorded[key] = _Recorded(launcher.function, launcher.tail[:-1], operand_sources(bound),
+                               dispatch.current().scope_token)
+
+
+def _launch_recorded(key: tuple, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, values: dict) -> bool:
+    """Launch the call keyed ``key`` as recorded; False when nothing is recorded for it (or its
+    device is not the current one)."""
+    found = _recorded.get(key)
+    if found is None or A.get_device() != dispatch._current_device():
+        return False
+    from ..epilogue import remake_operands
+
+    found.function(A, B, out, *found.head, remake_operands(found.sources, values), dispatch.to_cuda_stream(None))
+    return True
 
 
 def _extra_outputs(graph: Any) -> list[tuple[str, bool]]:
@@ -71,14 +148,18 @@ def _op_impl(A, B, source, names, tensors, scalar_names, scalars, initial):
     ``initial`` value, a store's takes only its shape and type from it); returns [D, *extra]."""
     from ..epilogue import parse_cached
 
-    source = _op_source(source)
+    text = source
+    source = _op_source(text)
     graph = parse_cached(source)
     extra = _extra_outputs(graph)
     made = [t.clone() if reduced else torch.empty_like(t) for (_, reduced), t in zip(extra, initial)]
     values = dict(zip(names, tensors))
     values.update(zip(scalar_names, scalars))
     values.update((name, t) for (name, _), t in zip(extra, made))
-    D = _run(A, B, None, EpilogueArguments(source, **values), None, None)
+    D = _new_output(A, B)
+    key = _record_key(text, A, B, D, values)
+    if key is None or not _launch_recorded(key, A, B, D, values):
+        _run(A, B, D, EpilogueArguments(source, **values), None, None, key)
     return [D, *made]
 
 
@@ -205,9 +286,16 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
         for k, made in zip(extra, results[1:]):  # the caller's extra outputs, written as in eager calls
             operands[k].copy_(made)
         return results[0] if out is None else out.copy_(results[0])
+    key = None
+    if out is None and not extra and accumulator_type is None and stream is None:
+        # (the output is made here and there is no extra one: a recorded launch may serve it)
+        out = _new_output(A, B)
+        key = _record_key(op_text, A, B, out, operands)
+        if key is not None and _launch_recorded(key, A, B, out, operands):
+            return out
     if not given or named:
         epilogue = EpilogueArguments(fn, **operands)
-    return _run(A, B, out, epilogue, accumulator_type, stream)
+    return _run(A, B, out, epilogue, accumulator_type, stream, key)
 
 
 dispatch._epilogue_functions["gemm"] = gemm_with_epilogue

@@ -49,7 +49,14 @@ _dispatch_modes = tracing.dispatch_mode_depth
 def gemm(A: torch.Tensor, B: torch.Tensor, C: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
          alpha: float = 1.0, beta: float = 0.0, activation: Optional[str] = None) -> torch.Tensor:
     """``activation(alpha * A @ B + beta * C + bias)`` through the registry (the op's
-    implementation, below autograd; call ``torch.ops.kernel_api.gemm``)."""
+    implementation, below autograd; call ``torch.ops.kernel_api.gemm``). A call keyed as an
+    earlier one is replayed from C, as the front door's are: a compiled graph calls the op for
+    every projection it keeps, and the Python path would cost it hundreds of microseconds each."""
+    replay = _ops.replay_call
+    if replay is not None:
+        done = replay(_ops.GEMM_OP, A, B, None, alpha, beta, C, bias, activation, None, None)
+        if done is not None:
+            return done
     return _ops._gemm_eager(A, B, None, alpha, beta, C, bias, activation, None, None)
 
 
@@ -94,7 +101,7 @@ def _gemm_autograd(A, B, C=None, bias=None, alpha=1.0, beta=0.0, activation=None
         return _GemmFunction.apply(A, B, C, bias, alpha, beta, activation)
     if (type(A) is _Tensor and type(B) is _Tensor and A.is_cuda and (C is None or type(C) is _Tensor)
             and (bias is None or type(bias) is _Tensor) and not _dispatch_modes()):
-        return _ops._gemm_eager(A, B, None, alpha, beta, C, bias, activation, None, None)
+        return gemm(A, B, C, bias, alpha, beta, activation)
     with torch._C._AutoDispatchBelowADInplaceOrView():
         return torch.ops.kernel_api.gemm.default(A, B, C, bias, alpha, beta, activation)
 
@@ -199,15 +206,18 @@ def _gemm_backward(ctx: Any, grad: torch.Tensor) -> tuple:
 
 
 # ---- softmax --------------------------------------------------------------------------------
-# Generated from their descriptions (`Operation`). Their implementations run the front door's
-# own eager functions, which move ``dim`` last when needed and record the launch for the C
-# replay that `dispatch.softmax` tries first.
+# Generated from their descriptions (`Operation`). Their implementations replay a recorded call
+# from C, or run the front door's own eager functions, which move ``dim`` last when needed and
+# record the launch for that replay (as `dispatch.softmax` does).
 def _softmax_arguments(x: torch.Tensor, dim: int, out: torch.Tensor) -> SoftmaxArguments:
     return SoftmaxArguments(x, out, dim=dim)
 
 
 def _softmax_implementation(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    return _ops._softmax_eager(x.contiguous(), dim, None, None)
+    x = x.contiguous()
+    replay = _ops.replay_call
+    done = replay(_ops.SOFTMAX_OP, x, dim, None, None) if replay is not None else None
+    return done if done is not None else _ops._softmax_eager(x, dim, None, None)
 
 
 def _softmax_grad(saved: Any, grad: torch.Tensor) -> tuple:
@@ -227,7 +237,10 @@ def _softmax_backward_arguments(grad_out: torch.Tensor, out: torch.Tensor, dim: 
 
 def _softmax_backward_implementation(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1) -> torch.Tensor:
     # Autograd often hands over expanded (stride-0) gradients; the kernels need dense rows.
-    return _ops._softmax_backward_eager(grad_out.contiguous(), out.contiguous(), dim, None, None)
+    grad_out, out = grad_out.contiguous(), out.contiguous()
+    replay = _ops.replay_call
+    done = replay(_ops.SOFTMAX_BACKWARD_OP, grad_out, out, dim, None, None) if replay is not None else None
+    return done if done is not None else _ops._softmax_backward_eager(grad_out, out, dim, None, None)
 
 
 SOFTMAX_BACKWARD = Operation(

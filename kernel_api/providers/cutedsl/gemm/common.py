@@ -142,6 +142,15 @@ def epilogue_tail(args: GemmArguments) -> tuple | None:
     return (None, ep.bias, ep.alpha, 0.0)
 
 
+def function_epilogue_launcher(artifact: CompiledArtifact, extra: tuple, args: GemmArguments) -> Launcher:
+    """The launch of a GEMM with an epilogue function: the plain epilogue's constants, the
+    family's ``extra`` launch constants, then the bound operands (`BoundEpilogue.operands`)
+    last. A caller whose operands have the same metadata passes its own operands in their place
+    (`kernel_api.ops.epilogue_gemm`); the native replay never records such a launch (function
+    epilogues do not go through the front door's recorded calls)."""
+    return Launcher(artifact, (None, None, 1.0, 0.0, *extra, args.epilogue.bound.operands))
+
+
 def launch_workspace(size: int, device: int, stream: Any) -> tuple[torch.Tensor, int]:
     """(``size`` bytes from torch's caching allocator for one launch, the raw stream) for a
     `Launcher` function's stream argument ``stream`` (a CUstream from the Python paths; anything
@@ -317,6 +326,9 @@ class GemmKernelBase(CuteDslKernel):
     def _launcher(self, args: GemmArguments, artifact: CompiledArtifact) -> Launcher | None:
         if not (args.M and args.N and args.L):
             return None
+        if args.epilogue is not None and args.epilogue.bound is not None:
+            # (launch constants a family adds may hold a per-launch workspace: no launcher then)
+            return None if self._extra_launch_args is not None else function_epilogue_launcher(artifact, (), args)
         tail = epilogue_tail(args)
         return None if tail is None else Launcher(artifact, tail)
 

@@ -47,7 +47,7 @@ from ....utils import strides_to_layout_string
 from .. import CuTeDSLProvider
 from ..kernel import fake_tensor
 from .common import (FUSED_EPILOGUE, LAYOUT_COMBOS, EpilogueSpec, GemmKernelBase, epilogue_supported_by_generation,
-                     epilogue_tail, launch_workspace)
+                     epilogue_tail, function_epilogue_launcher, launch_workspace)
 from .staging import tma_loadable, tma_storable
 
 #: Shared memory one CTA may use on sm_90 (227 KB).
@@ -637,10 +637,15 @@ class Sm90WarpSpecializedGemm(GemmKernelBase):
         itself (a TVM-FFI function: the native replay records it as a call's launch). Stream-K and 3xTF32
         configurations take a workspace per launch (the partial tiles; the split A and B) from
         torch's caching allocator on the launch stream, and stream-K a new epoch, in a Python
-        function around the compiled one."""
+        function around the compiled one. An epilogue function's launch ends with its bound
+        operands (`function_epilogue_launcher`; not for stream-K or 3xTF32)."""
         if not (args.M and args.N and args.L):
             return None
         clusters = self._clusters.get(args.device_index)
+        if args.epilogue is not None and args.epilogue.bound is not None:  # an epilogue function
+            if clusters is None or self._stream_k or self._split3:
+                return None
+            return function_epilogue_launcher(artifact, (clusters, None, 0), args)
         tail = epilogue_tail(args)
         if clusters is None or tail is None:
             return None
