@@ -21,13 +21,16 @@ WITH_AUX = "def epi(accum, bias, gate):\n    Z = accum + bias\n    D = gelu(Z) *
 def _operand_sets(M, K, N, dtype, sets=2):
     """``sets`` groups of tensors of one metadata each (alternated: the recorded launch must
     read each call's own)."""
-    return [dict(A=torch.empty(M, K, device="cuda", dtype=dtype), B=torch.empty(K, N, device="cuda", dtype=dtype),
-                 bias=torch.empty(N, device="cuda", dtype=dtype), other=torch.empty(M, N, device="cuda", dtype=dtype))
-            for _ in range(sets)]
+    def weight(*shape):  # (as a model's: compiled graphs pass Parameters)
+        return torch.nn.Parameter(torch.empty(*shape, device="cuda", dtype=dtype), requires_grad=False)
+
+    return [dict(A=torch.empty(M, K, device="cuda", dtype=dtype), B=weight(K, N), bias=weight(N),
+                 other=torch.empty(M, N, device="cuda", dtype=dtype)) for _ in range(sets)]
 
 
 def _refill(t):
-    t.copy_(torch.randn(t.shape, device=t.device))
+    with torch.no_grad():
+        t.copy_(torch.randn(t.shape, device=t.device))
 
 
 def _reference(source, A, B, values):

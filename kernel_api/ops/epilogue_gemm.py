@@ -83,13 +83,14 @@ class _Recorded(NamedTuple):
 #: Only for calls whose outputs (D and every extra output) are tensors made for the call, so no
 #: output can meet an input. Cleared with the front door's choices.
 _recorded: dict[tuple, _Recorded] = {}
+_PLAIN = dispatch._PLAIN  # (tensor types served: a model's weights are Parameters)
 _RECORDED_LIMIT = 1024
 dispatch.choice_caches.append(_recorded.clear)
 
 
 def _metadata(value: Any) -> Any:
     """What a recorded launch depends on in one operand (`_raw_gemm_key`'s fields for a tensor)."""
-    if type(value) is torch.Tensor:
+    if type(value) in _PLAIN:
         return (value.dtype, value.shape, value.stride(), value.data_ptr() & 1023, value.get_device(),
                 value.is_neg() or value.is_conj())
     return type(value)
@@ -98,10 +99,10 @@ def _metadata(value: Any) -> Any:
 def _record_key(op_text: str, A: Any, B: Any, out: torch.Tensor, values: dict) -> tuple | None:
     """`_recorded`'s key for a call, or None when the call is not one it serves (not plain CUDA
     tensors, under tracing or a dispatch mode)."""
-    if type(A) is not torch.Tensor or type(B) is not torch.Tensor or not A.is_cuda or tracing.dispatch_mode_depth():
+    if type(A) not in _PLAIN or type(B) not in _PLAIN or not A.is_cuda or tracing.dispatch_mode_depth():
         return None
     for v in values.values():
-        if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor:
+        if isinstance(v, torch.Tensor) and type(v) not in _PLAIN:
             return None
     tf32 = dispatch._tf32_allowed() if A.dtype is torch.float32 else None
     return (op_text, id(dispatch.current().scope_token), _metadata(A), _metadata(B), _metadata(out), tf32,
