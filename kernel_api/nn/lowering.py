@@ -21,12 +21,14 @@ at that time (so a graph never branches or guards on it):
 3. A `PickBest` in force whose tuning records hold this exact problem (every GEMM the call
    runs): kernel_api when each recorded winner is a kernel of a provider other than torch's
    (measured faster than cuBLAS), aten when one is torch's.
-4. Without records: aten. Measured on GPT-2 (124M, bf16, H200, torch 2.11, 8 x 1024-token
-   prefill, `benchmarks/e2e_gpt2.py --quick`): with every projection of at least 1024 rows kept as
-   kernel_api's op (the residual adds unfused) the compiled patched model ran 14.5 ms against the
-   compiled model's 6.3 (0.43x), where lowered to aten it runs the compiled model's graph
-   (1.00x). So the op stays only where a record shows a kernel faster than cuBLAS for the
-   problem, or where the layer asks for it.
+4. Without records: aten. Kept as kernel_api's op, GPT-2's projections (8 x 1024-token prefill,
+   H200, torch 2.11, `benchmarks/e2e_gpt2.py --quick --lowering kernel_api`) ran their kernels
+   faster than the compiled model's (4.9 against 5.4 ms a step) and won under CUDA graphs
+   (``mode="reduce-overhead"``: 1.06x), but without them the ops' host time lost (0.59x; keeping
+   only the fused projections, 0.68x, and 0.94x on a Llama stack). Lowered to aten, a patched
+   model compiles to the compiled model's own graph. So the op stays only where a record shows
+   a kernel faster than cuBLAS for the problem, or where the layer asks for it
+   (docs/performance.md, "The lowering rule on torch 2.11, measured").
 
 Layers of memory-bound operations (norms, activations, rotary embeddings) keep kernel_api's op
 under compile only when forced (`keeps_op`): Inductor generates those row-wise kernels itself
