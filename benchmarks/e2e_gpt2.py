@@ -9,9 +9,10 @@ the default mode and in ``mode="reduce-overhead"`` (CUDA graphs).
 Configurations: eager, patched, compiled, compiled+patched, compiled-ro, compiled-ro+patched
 ("-ro": reduce-overhead), and when named, patched-unfused and compiled+patched-unfused (patch
 without its "residual" replacer: the blocks add their residuals after c_proj, so the pair with
-compiled+patched measures the adds fused into the projections' epilogues). ``--lowering`` sets
-the patched layers' ``compile_lowering`` (`kernel_api.nn.lowering`; default "auto", the rule) in
-the compiled+patched configurations.
+compiled+patched measures the adds fused into the projections' epilogues), compiled+patched-kept
+and compiled-ro+patched-kept (every patched projection kept as kernel_api's op: its
+``compile_lowering`` "kernel_api"). ``--lowering`` sets the patched layers' ``compile_lowering``
+(`kernel_api.nn.lowering`; default "auto", the rule) in the other compiled+patched configurations.
 
 Phases (each step timed with CUDA events around the step alone, torch.cuda.synchronize() before
 it, fresh random token ids each step; the median of the timed steps after warm-up):
@@ -80,8 +81,11 @@ sys.path.insert(0, ROOT)
 
 CONFIGS = ["eager", "patched", "compiled", "compiled+patched", "compiled-ro", "compiled-ro+patched"]
 # Run only when named: patched without the residual replacer (the blocks add their residuals
-# themselves), to measure what the adds in the projections' epilogues give.
-OPTIONAL_CONFIGS = ["patched-unfused", "compiled+patched-unfused"]
+# themselves), to measure what the adds in the projections' epilogues give; and compiled with
+# every patched projection kept as kernel_api's op whatever --lowering says ("-kept"), to set the
+# lowering rule's choice beside the op's in one run.
+OPTIONAL_CONFIGS = ["patched-unfused", "compiled+patched-unfused", "compiled+patched-kept",
+                    "compiled-ro+patched-kept"]
 ANCHORS = ["eager", "compiled", "compiled-ro"]  # speed-ups are reported against each
 PHASES = ["prefill", "decode", "train"]
 LOWERINGS = ["auto", "aten", "kernel_api"]
@@ -221,7 +225,7 @@ def build(base, name: str, device, dtype, compile_backend, lowering: str = "auto
             model = kernel_api.nn.patch(model, kinds=[k for k in DEFAULT_KINDS if k != "residual"])
         else:
             model = kernel_api.nn.patch(model)
-        kernel_api.nn.set_compile_lowering(model, lowering)
+        kernel_api.nn.set_compile_lowering(model, "kernel_api" if name.endswith("-kept") else lowering)
     if "compiled" not in name:
         return model, model
     if "-ro" in name and compile_backend == "inductor":
@@ -415,7 +419,8 @@ def speedups(results: dict) -> None:
                 b = per.get(base, {})
                 if "ms" in b:
                     r[f"speedup_vs_{base}"] = b["ms"] / r["ms"]
-            twin = per.get(name.replace("+patched", ""), {}) if name.endswith("+patched") else {}
+            twin = (per.get(name.split("+patched")[0], {}) if name.endswith(("+patched", "+patched-kept"))
+                    else {})
             if "compile_s" in r and twin.get("compile_s"):
                 r["compile_time_vs_unpatched"] = r["compile_s"] / twin["compile_s"]
 
