@@ -88,6 +88,16 @@ def _bytes(b, hq, hkv, d, lq, sk, element):
     return element * d * b * (2 * sk * hkv + 2 * lq * hq)
 
 
+def _add_split_sweep(fns, args, sets):
+    """Our kernel at every fixed split count (`SPLITS`), as ``fns["ours_cl<n>"]`` over the
+    rotated argument sets (each instance run once first, so its compile is not timed)."""
+    for cl in SPLITS:
+        fixed = next(kk for kk in CudaAttentionDecode.generate_kernels(None) if kk.supports(args[0]))
+        fixed.splits = cl
+        fixed.run(args[0])
+        fns[f"ours_cl{cl}"] = (lambda t: lambda i: t.run(args[i % sets]))(fixed)
+
+
 def run_case(case, dtype, repeat, fa4, sweep):
     b, hq, hkv, d, lq, sk = case
     element = torch.tensor([], dtype=dtype).element_size()
@@ -122,11 +132,7 @@ def run_case(case, dtype, repeat, fa4, sweep):
         except Exception as exc:  # noqa: BLE001 - a shape FA4 does not take: left out
             print(f"  fa4 failed: {type(exc).__name__}: {str(exc)[:120]}")
     if sweep:
-        for cl in SPLITS:
-            twin = next(kk for kk in CudaAttentionDecode.generate_kernels(None) if kk.supports(args[0]))
-            twin.splits = cl
-            twin.run(args[0])
-            fns[f"ours_cl{cl}"] = (lambda t: lambda i: t.run(args[i % sets]))(twin)
+        _add_split_sweep(fns, args, sets)
     times, behind = time_group(fns, repeat)
     torch.cuda.synchronize()
     p = plan(args[0], torch.cuda.get_device_properties(0).multi_processor_count)
@@ -202,11 +208,7 @@ def run_cache_case(case, dtype, repeat, fa4, sweep=False):
         except Exception as exc:  # noqa: BLE001 - a shape or build FA4 does not take: left out
             print(f"  fa4 kvcache failed: {type(exc).__name__}: {str(exc)[:160]}")
     if sweep:
-        for cl in SPLITS:
-            fixed = next(kk for kk in CudaAttentionDecode.generate_kernels(None) if kk.supports(args[0]))
-            fixed.splits = cl
-            fixed.run(args[0])
-            fns[f"ours_cl{cl}"] = (lambda t: lambda i: t.run(args[i % sets]))(fixed)
+        _add_split_sweep(fns, args, sets)
     times, behind = time_group(fns, repeat)
     torch.cuda.synchronize()
     p = plan(args[0], torch.cuda.get_device_properties(0).multi_processor_count)
