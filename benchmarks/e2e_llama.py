@@ -68,6 +68,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 CONFIGS = ["eager", "patched", "compiled", "compiled+patched"]
+# Run only when named, prefill only: torch.compile(mode="reduce-overhead") (CUDA graphs), whose
+# ratios are against compiled-ro.
+OPTIONAL_CONFIGS = ["compiled-ro", "compiled-ro+patched"]
 PHASES = ["prefill", "train"]
 MODELS = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
@@ -172,10 +175,18 @@ def build(base, name: str, device, dtype, compile_backend, kinds=None, lowering=
             log(f"    patch: {w.message}")
         if lowering != "auto":
             kernel_api.nn.set_compile_lowering(model, lowering)
-    if "compiled" in name:
-        torch._dynamo.reset()
+    if "compiled" not in name:
+        return model, model
+    torch._dynamo.reset()
+    if "-ro" not in name or compile_backend != "inductor":
         return torch.compile(model, backend=compile_backend), model
-    return model, model
+    compiled = torch.compile(model, mode="reduce-overhead")
+
+    def run(*args, **kwargs):  # (a new CUDA-graph step: the previous replay's outputs are done with)
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return run, model
 
 
 def attention_kernels() -> list:
@@ -261,7 +272,8 @@ def ratios(results: dict) -> None:
                     continue
                 r["tokens_per_s"] = r["tokens_per_step"] / (r["ms"] * 1e-3)
                 for base in ("eager", "compiled"):
-                    b = per.get(base, {})
+                    # (the reduce-overhead configurations against compiled-ro, in the "compiled" columns)
+                    b = per.get("compiled-ro" if base == "compiled" and "-ro" in name else base, {})
                     if "ms" in b:
                         r[f"speedup_vs_{base}"] = b["ms"] / r["ms"]
                     if "peak_gb" in b and "peak_gb" in r:
@@ -269,7 +281,7 @@ def ratios(results: dict) -> None:
 
 
 def table(results: dict, configs: list) -> str:
-    head = (f"{'model':6} {'phase':8} {'config':17} {'ms':>9} {'tokens/s':>10} {'vs eager':>9} {'vs compile':>10} "
+    head = (f"{'model':6} {'phase':8} {'config':19} {'ms':>9} {'tokens/s':>10} {'vs eager':>9} {'vs compile':>10} "
             f"{'peak GB':>8} {'mem/eager':>9} {'mem/compile':>11}  check")
     lines = [head, "-" * len(head)]
     for model, per_phase in results.items():
@@ -279,7 +291,7 @@ def table(results: dict, configs: list) -> str:
                 if r is None:
                     continue
                 if "error" in r:
-                    lines.append(f"{model:6} {phase:8} {name:17} ERROR {r['error'][:150]}")
+                    lines.append(f"{model:6} {phase:8} {name:19} ERROR {r['error'][:150]}")
                     continue
                 check = []
                 if "logits_rel_err_vs_f32" in r:
@@ -289,7 +301,7 @@ def table(results: dict, configs: list) -> str:
                     check.append(f"loss max|d| {r['loss_max_abs_diff']:.3g} (rel {r['loss_max_rel_diff']:.2e}) "
                                  f"{'ok' if r['loss_ok'] else 'FAIL'}")
                 fmt = lambda k, f="{:.3f}x": f.format(r[k]) if k in r else "-"  # noqa: E731
-                lines.append(f"{model:6} {phase:8} {name:17} {r['ms']:9.2f} {r['tokens_per_s']:10.0f} "
+                lines.append(f"{model:6} {phase:8} {name:19} {r['ms']:9.2f} {r['tokens_per_s']:10.0f} "
                              f"{fmt('speedup_vs_eager'):>9} {fmt('speedup_vs_compiled'):>10} "
                              f"{fmt('peak_gb', '{:.2f}'):>8} {fmt('peak_memory_vs_eager', '{:.3f}'):>9} "
                              f"{fmt('peak_memory_vs_compiled', '{:.3f}'):>11}  "
@@ -334,7 +346,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--tag", default="", help="appended to the result file name")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {CONFIGS}")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated subset of {CONFIGS + OPTIONAL_CONFIGS} (the last two prefill only)")
     p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {PHASES}")
     p.add_argument("--steps", type=int, default=None, help="timed steps per phase (default 20/10, --quick 8/4 "
                    "for prefill/train)")
@@ -356,13 +369,13 @@ def parse_args(argv=None):
     opts.configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
     opts.phases = [c.strip() for c in opts.phases.split(",") if c.strip()]
     opts.model = [c.strip() for c in opts.model.split(",") if c.strip()]
-    for value, allowed, what in ((opts.configs, CONFIGS, "--configs"), (opts.phases, PHASES, "--phases"),
+    for value, allowed, what in ((opts.configs, CONFIGS + OPTIONAL_CONFIGS, "--configs"), (opts.phases, PHASES, "--phases"),
                                  (opts.model, ["8b", "small"], "--model")):
         bad = [v for v in value if v not in allowed]
         if bad or not value:
             p.error(f"{what}: unknown {bad or 'empty list'}; choose from {allowed}")
     # Correctness and speed-ups are measured against eager: it always runs, first.
-    opts.configs = ["eager"] + [c for c in CONFIGS if c in opts.configs and c != "eager"]
+    opts.configs = ["eager"] + [c for c in CONFIGS + OPTIONAL_CONFIGS if c in opts.configs and c != "eager"]
     if opts.smoke:
         opts.model, opts.batch, opts.seq, opts.layers = ["smoke"], 2, 64, 2
     return opts
@@ -447,6 +460,8 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 run = raw = None
                 ctx.is_reference = name == "eager"
+                if "-ro" in name and phase != "prefill":
+                    continue
                 if opts.budget_s and time.perf_counter() - t_all > opts.budget_s:
                     results[model_name][phase][name] = {"error": f"skipped: past --budget-s {opts.budget_s:g}"}
                     continue
@@ -465,7 +480,7 @@ def main(argv=None) -> int:
                     log(f"  profile of {model_name} {phase} {name}:\n{r['profile']}")
                 if r.get("attention_kernels"):
                     log(f"    attention kernels chosen so far: {', '.join(r['attention_kernels'])}")
-                log(f"  {model_name:6} {phase:8} {name:17} {status}  ({r['wall_s']:.1f} s wall, "
+                log(f"  {model_name:6} {phase:8} {name:19} {status}  ({r['wall_s']:.1f} s wall, "
                     f"{time.perf_counter() - t_all:.0f} s total)")
                 with open(partial, "w") as f:  # what is done so far survives a kill
                     json.dump({"env": env, "partial": True, "results": results}, f, indent=1, default=str)

@@ -161,6 +161,36 @@ def test_auto_lowers_to_aten_forced_keeps_the_op_and_dynamic_m_takes_aten():
         assert _gemm_nodes(backend.targets()) == 0
 
 
+class _GraphsRecorder(_Recorder):
+    """A `_Recorder` whose configuration says its graphs are replayed as CUDA graphs, as
+    Inductor's says under ``mode="reduce-overhead"``."""
+
+    def get_compiler_config(self):
+        return {"triton.cudagraphs": True}
+
+
+def test_under_cuda_graphs_auto_keeps_the_op_from_prefill_rows_outside_training():
+    """A graph replayed as CUDA graphs pays no host time per op: from `COMPILE_MIN_ROWS` rows,
+    outside autograd, the rule keeps kernel_api's op; fewer rows, autograd, or a compiler
+    without CUDA graphs lower to aten."""
+    torch.manual_seed(0)
+    layer = Linear(24, 37, device="cpu")
+    ref = torch.nn.Linear(24, 37)
+    ref.load_state_dict(layer.state_dict())
+    M = lowering.COMPILE_MIN_ROWS
+    for backend, rows, grad, kept in ((_GraphsRecorder(), M, False, True), (_GraphsRecorder(), M - 1, False, False),
+                                      (_GraphsRecorder(), M, True, False), (_Recorder(), M, False, False)):
+        torch._dynamo.reset()
+        x = torch.randn(rows, 24)
+        torch._dynamo.mark_static(x, 0)
+        with torch.set_grad_enabled(grad):
+            y = torch.compile(layer, backend=backend, fullgraph=True)(x)
+        targets = backend.targets()
+        assert (_gemm_nodes(targets), _aten_projections(targets)) == ((1, 0) if kept else (0, 1)), (rows, grad, targets)
+        torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+    assert not lowering.tracing.graph_uses_cuda_graphs()  # (outside a trace)
+
+
 def test_forcing_per_layer_and_per_class_retraces_and_keeps_values():
     """compile_lowering is read while tracing and guarded: changing it on the instance or on the
     class retraces, and each graph holds the forced form."""
@@ -356,3 +386,36 @@ def test_the_aten_lowering_traces_the_unpatched_models_graph():
                               if t != "<built-in function getattr>")
     assert not any("gelu" in t for t in graphs["patched"]), graphs["patched"]
     assert graphs["patched"] == graphs["unpatched"]
+
+
+_HANDED: list = []
+
+
+@pytest.mark.parametrize("forced", ["auto", "kernel_api"])
+def test_blocks_hand_residuals_over_only_to_projections_that_keep_the_op(forced, monkeypatch):
+    """Under torch.compile a block hands its residual to a projection (a module attribute set and
+    cleared, which the compiled graph replays in Python after each call) only when the projection
+    keeps kernel_api's op: lowered to aten, the block runs its own forward."""
+    from kernel_api.nn import fusion
+
+    handed = _HANDED
+    enter = fusion.armed.__enter__
+
+    def recording_enter(self):
+        _HANDED.append(1)  # (a module global: Dynamo replays its mutation, not a closure list's)
+        return enter(self)
+
+    monkeypatch.setattr(fusion.armed, "__enter__", recording_enter)
+    ref_model = _tiny_gpt2().eval()
+    ids = torch.randint(0, 1001, (2, 16), generator=torch.Generator().manual_seed(6))
+    model = patch(copy.deepcopy(ref_model))
+    set_compile_lowering(model, forced)
+    with torch.no_grad():
+        ref = ref_model(input_ids=ids).logits
+        handed.clear()  # (the eager reference above runs no patched block)
+        logits = torch.compile(model, backend=_Recorder())(input_ids=ids).logits
+    torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+    if forced == "auto":
+        assert handed == []
+    else:
+        assert len(handed) == 2 * 2  # each block's two branches

@@ -14,7 +14,8 @@ called.
 
 `LLAMA_DECODER_LAYER` and `GPT2_BLOCK` say where the known blocks keep their parts
 (`BlockSpec`). The block's own forward runs instead where the epilogue would not gain
-(`fusion.worth_arming`: small eager calls, autograd) and where this forward would not be its
+(`fusion.worth_arming`: small eager calls, autograd, projections lowered to aten under
+torch.compile) and where this forward would not be its
 equal: positional arguments past its signature, or arguments that `BlockSpec.own_forward_if`
 names (GPT-2's cross-attention). Arguments the block's forward takes by name go to the
 attention, as its forward passes them (those with a default other than None get that default).
@@ -123,7 +124,7 @@ class ResidualBlock(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         spec, params = self.kernel_api_block, self.kernel_api_parameters
-        if (not worth_arming(hidden_states) or len(args) > len(params)
+        if (not worth_arming(hidden_states, projections(self, spec)) or len(args) > len(params)
                 or any(kwargs.get(n) is not None for n in spec.own_forward_if)):
             # (nothing to fuse in this call, both residuals having its rows: the block's own forward)
             return super().forward(hidden_states, *args, **kwargs)

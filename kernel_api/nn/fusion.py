@@ -87,15 +87,17 @@ def torch_epilogue(y: torch.Tensor, gate: torch.Tensor | None, gate_activation: 
     return y
 
 
-def worth_arming(operand: torch.Tensor) -> bool:
-    """Whether a caller should hand ``operand`` (a residual or gate shaped as the projection's
-    output) to the projection: under Dynamo always (the projection's rule then picks the form, or
-    torch ops for Inductor to fuse, at no run-time cost); in eager code only for the epilogue
-    function's calls (`FUSE_MIN_ROWS` rows, no autograd). A smaller eager call would spend more
-    host time choosing (a few microseconds of Python) than the add it saves, and in training the
-    named epilogue's backward runs the add's gradient as a kernel of its own."""
+def worth_arming(operand: torch.Tensor, projections: tuple = ()) -> bool:
+    """Whether a caller should hand ``operand`` (a residual or gate shaped as the output of one of
+    ``projections``) to the projection: under Dynamo only when one of ``projections`` keeps
+    kernel_api's op for it (`FusedProjection.keeps_op_for`): handing over is a module attribute
+    set and cleared, which a compiled graph replays in Python after every call, and a layer
+    lowered to aten gains nothing from it. In eager code only for the epilogue function's calls
+    (`FUSE_MIN_ROWS` rows, no autograd): a smaller eager call would spend more host time choosing
+    (a few microseconds of Python) than the add it saves, and in training the named epilogue's
+    backward runs the add's gradient as a kernel of its own."""
     if tracing.is_dynamo_compiling():
-        return True
+        return any(isinstance(p, FusedProjection) and p.keeps_op_for(operand) for p in projections)
     if torch.is_grad_enabled() and operand.requires_grad:
         return False
     N = operand.shape[-1] if operand.dim() else 1
@@ -168,6 +170,17 @@ class FusedProjection(torch.nn.Module):
         if how == "named":
             return self._named(input, residual)
         return torch_epilogue(super().forward(input), gate, self.gate_activation, residual)
+
+    def keeps_op_for(self, operand: torch.Tensor) -> bool:
+        """Under Dynamo: whether a call whose output is shaped as ``operand`` keeps kernel_api's
+        op (`kernel_api.nn.lowering.choose`, read before the call's input exists: the rows are the
+        operand's, autograd the operand's or the weight's)."""
+        weight, bias = self.weight, self.bias
+        K, N = self._weight_kn().shape
+        training = torch.is_grad_enabled() and (operand.requires_grad or weight.requires_grad)
+        return lowering.choose(self.compile_lowering, lowering.static_rows(operand), K, N, operand.dtype,
+                               self.activation, bias is not None, training,
+                               operand.device.index if operand.is_cuda else -1) == "kernel_api"
 
     def takes(self, x: torch.Tensor, residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> bool:
         """Whether a call on ``x`` with these operands runs them in the GEMM's epilogue function

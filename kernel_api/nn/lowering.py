@@ -21,14 +21,16 @@ at that time (so a graph never branches or guards on it):
 3. A `PickBest` in force whose tuning records hold this exact problem (every GEMM the call
    runs): kernel_api when each recorded winner is a kernel of a provider other than torch's
    (measured faster than cuBLAS), aten when one is torch's.
-4. Without records: aten. Kept as kernel_api's op, GPT-2's projections (8 x 1024-token prefill,
-   H200, torch 2.11, `benchmarks/e2e_gpt2.py --quick --lowering kernel_api`) ran their kernels
-   faster than the compiled model's (4.9 against 5.4 ms a step) and won under CUDA graphs
-   (``mode="reduce-overhead"``: 1.06x), but without them the ops' host time lost (0.59x; keeping
-   only the fused projections, 0.68x, and 0.94x on a Llama stack). Lowered to aten, a patched
-   model compiles to the compiled model's own graph. So the op stays only where a record shows
-   a kernel faster than cuBLAS for the problem, or where the layer asks for it
-   (docs/performance.md, "The lowering rule on torch 2.11, measured").
+4. Without records, a graph replayed as CUDA graphs (``mode="reduce-overhead"``,
+   `kernel_api.core.tracing.graph_uses_cuda_graphs`), at least `COMPILE_MIN_ROWS` rows and no
+   autograd: kernel_api. A replayed graph pays no host time per op, and kept as kernel_api's op
+   GPT-2's projections (8 x 1024-token prefill, H200, torch 2.11, `benchmarks/e2e_gpt2.py
+   --quick --lowering kernel_api`) ran their kernels faster than the compiled model's (4.9
+   against 5.4 ms a step): 1.06x under CUDA graphs.
+5. Otherwise aten. Without CUDA graphs the kept ops' host time lost (GPT-2 prefill 0.59x;
+   keeping only the fused projections, 0.68x, and 0.94x on a Llama stack), and decode-sized
+   GEMMs are Inductor's to fuse. Lowered to aten, a patched model compiles to the compiled
+   model's own graph (docs/performance.md, "The lowering rule on torch 2.11, measured").
 
 Layers of memory-bound operations (norms, activations, rotary embeddings) keep kernel_api's op
 under compile only when forced (`keeps_op`): Inductor generates those row-wise kernels itself
@@ -53,8 +55,9 @@ _log = logging.getLogger(__name__)
 #: The values of a layer's ``compile_lowering``.
 LOWERINGS = ("auto", "aten", "kernel_api")
 
-#: Rows (M) from which a layer forced to kernel_api's op (or a record's) takes the epilogue
-#: function rather than the named epilogue, as eager calls do (`kernel_api.nn.fusion.FUSE_MIN_ROWS`).
+#: Rows (M) from which a graph replayed as CUDA graphs keeps kernel_api's op, and from which a
+#: layer keeping the op takes the epilogue function rather than the named epilogue, as eager
+#: calls do (`kernel_api.nn.fusion.FUSE_MIN_ROWS`).
 #: GPT-2 decode (64 rows, H200, torch 2.11) with every projection as kernel_api's op ran at 0.61x
 #: the compiled model.
 COMPILE_MIN_ROWS = 1024
@@ -160,6 +163,8 @@ def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, 
         measured = None
     if measured is not None:
         return measured
+    if rows >= COMPILE_MIN_ROWS and not training and tracing.graph_uses_cuda_graphs():
+        return "kernel_api"
     return "aten"
 
 

@@ -34,7 +34,7 @@ class SwiGLUMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up_proj = self.gate_proj(x), self.up_proj
-        if isinstance(up_proj, FusedProjection) and worth_arming(gate) and up_proj.takes(x, gate=gate):
+        if isinstance(up_proj, FusedProjection) and worth_arming(gate, (up_proj,)) and up_proj.takes(x, gate=gate):
             with armed(up_proj, gate=gate):
                 hidden = up_proj(x)
             return self.down_proj(hidden)
