@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .fusion import FusedProjection, armed, worth_arming
+from .mixin import forward_behind
 
 
 class BlockSpec(NamedTuple):
@@ -114,25 +115,37 @@ def _branch(projection: torch.nn.Module, dropout: torch.nn.Module | None, residu
     return residual + out
 
 
+# The `BlockSpec` and `forward_parameters` of each class `kernel_api.nn.patch` makes, by class: a
+# read of the class's attributes through the block would be guarded at every block under Dynamo.
+_declared: dict[type, tuple[BlockSpec, tuple[tuple[str, Any], ...]]] = {}
+
+
+def declare(cls: type, spec: BlockSpec, parameters: tuple[tuple[str, Any], ...]) -> None:
+    """Make ``cls`` (a `ResidualBlock` class) a block of ``spec`` whose forward takes ``parameters``
+    (`forward_parameters`); also its ``kernel_api_block`` / ``kernel_api_parameters``."""
+    cls.kernel_api_block, cls.kernel_api_parameters = spec, parameters
+    _declared[cls] = (spec, parameters)
+
+
 class ResidualBlock(torch.nn.Module):
     """Mixin: the block's forward with the residual adds fused (the module docstring).
     ``kernel_api_block`` (a `BlockSpec`) and ``kernel_api_parameters`` (`forward_parameters` of the
-    block's class) are set on the class `kernel_api.nn.patch` makes."""
+    block's class) are declared for the class `kernel_api.nn.patch` makes (`declare`)."""
 
     kernel_api_block: BlockSpec
     kernel_api_parameters: tuple[tuple[str, Any], ...]
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        spec, params = self.kernel_api_block, self.kernel_api_parameters
+        spec, params = _declared.get(self.__class__) or (self.kernel_api_block, self.kernel_api_parameters)
         if (not worth_arming(hidden_states, projections(self, spec)) or len(args) > len(params)
                 or any(kwargs.get(n) is not None for n in spec.own_forward_if)):
             # (nothing to fuse in this call, both residuals having its rows: the block's own forward)
-            return super().forward(hidden_states, *args, **kwargs)
+            return forward_behind(self, ResidualBlock)(self, hidden_states, *args, **kwargs)
         named = dict(kwargs)
         for (name, _), value in zip(params, args):
             named[name] = value
         if any(named.get(n) is not None for n in spec.own_forward_if):
-            return super().forward(hidden_states, *args, **kwargs)
+            return forward_behind(self, ResidualBlock)(self, hidden_states, *args, **kwargs)
         for name, default in params:
             if default is not None and name not in named:
                 named[name] = default

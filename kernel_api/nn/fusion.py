@@ -38,7 +38,7 @@ from .. import ops
 from ..core import tracing
 from . import lowering
 from .linear import Conv1DLinear, fronted_class
-from .mixin import ops_take
+from .mixin import forward_behind, ops_take
 
 #: Rows from which an eager call runs the epilogue function rather than the named epilogue or
 #: torch ops after the GEMM: binding a function epilogue is Python work (parse cache, operand
@@ -97,7 +97,7 @@ def worth_arming(operand: torch.Tensor, projections: tuple = ()) -> bool:
     (a few microseconds of Python) than the add it saves, and in training the named epilogue's
     backward runs the add's gradient as a kernel of its own."""
     if tracing.is_dynamo_compiling():
-        return any(isinstance(p, FusedProjection) and p.keeps_op_for(operand) for p in projections)
+        return any(isinstance(p, FusedProjection) and FusedProjection.keeps_op_for(p, operand) for p in projections)
     if torch.is_grad_enabled() and operand.requires_grad:
         return False
     N = operand.shape[-1] if operand.dim() else 1
@@ -159,9 +159,14 @@ class FusedProjection(torch.nn.Module):
     gate_activation: str | None = None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if (tracing.is_dynamo_compiling() and self.compile_lowering == "auto"
+                and lowering.lowers_every_problem_to_aten()):
+            # (lowered to aten: no caller hands operands over, `worth_arming`; a direct user of
+            # `armed` sees them not consumed and adds them itself)
+            return forward_behind(self, FusedProjection)(self, input)
         residual, gate = self.kernel_api_residual, self.kernel_api_gate
         if residual is None and gate is None:
-            return super().forward(input)
+            return forward_behind(self, FusedProjection)(self, input)
         setattr(self, RESIDUAL, None)  # consumed
         setattr(self, GATE, None)
         how = self._how(input, residual, gate)
@@ -169,16 +174,19 @@ class FusedProjection(torch.nn.Module):
             return self._function(input, residual, gate)
         if how == "named":
             return self._named(input, residual)
-        return torch_epilogue(super().forward(input), gate, self.gate_activation, residual)
+        return torch_epilogue(forward_behind(self, FusedProjection)(self, input), gate, self.gate_activation, residual)
 
     def keeps_op_for(self, operand: torch.Tensor) -> bool:
         """Under Dynamo: whether a call whose output is shaped as ``operand`` keeps kernel_api's
         op (`kernel_api.nn.lowering.choose`, read before the call's input exists: the rows are the
         operand's, autograd the operand's or the weight's)."""
+        forced = self.compile_lowering
+        if forced == "auto" and lowering.lowers_every_problem_to_aten():
+            return False
         weight, bias = self.weight, self.bias
         K, N = self._weight_kn().shape
         training = torch.is_grad_enabled() and (operand.requires_grad or weight.requires_grad)
-        return lowering.choose(self.compile_lowering, lowering.static_rows(operand), K, N, operand.dtype,
+        return lowering.choose(forced, lowering.static_rows(operand), K, N, operand.dtype,
                                self.activation, bias is not None, training,
                                operand.device.index if operand.is_cuda else -1) == "kernel_api"
 

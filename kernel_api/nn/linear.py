@@ -21,6 +21,7 @@ from ..core.errors import DeviceError
 from ..native import recipes
 from ..ops import dispatch as _ops
 from . import lowering as _lowering
+from .mixin import declare_behind as _declare_behind
 
 # The epilogue's activations as torch functions (gelu: the tanh approximation, as the epilogue).
 _TORCH_ACTIVATIONS = {
@@ -102,12 +103,16 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
     """The forward as Dynamo traces it: kernel_api's GEMM op or plain aten, as
     `lowering.choose` decides for this layer and the shapes static now. ``weight`` is (N, K)
     (torch.nn.Linear) or, with ``weight_is_kn``, (K, N) (GPT-2's Conv1D)."""
+    forced = layer.compile_lowering
     activation = layer.activation
     K, N = weight.shape if weight_is_kn else weight.shape[::-1]
-    training = _grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad))
-    chosen = _lowering.choose(layer.compile_lowering, _lowering.static_rows(x), K, N, x.dtype,
-                              activation, bias is not None, training, x.device.index if x.is_cuda else -1)
+    if forced == "auto" and _lowering.lowers_every_problem_to_aten():
+        chosen = "aten"
+    else:
+        training = _grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+        chosen = _lowering.choose(forced, _lowering.static_rows(x), K, N, x.dtype, activation, bias is not None,
+                                  training, x.device.index if x.is_cuda else -1)
     if chosen == "kernel_api":
         return _project(layer, x, weight if weight_is_kn else weight.t(), bias, activation,
                         layer.fuse_activation_when_training)
@@ -343,6 +348,7 @@ def fronted_class(front: type, cls: type, name: str, doc: str) -> type:
     if found is None:
         found = _fronted_classes[front, cls] = type(name, (front, cls), {"__module__": front.__module__,
                                                                          "__doc__": doc})
+        _declare_behind(found, cls)
     return found
 
 

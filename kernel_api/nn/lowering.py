@@ -132,6 +132,22 @@ def static_rows(x: torch.Tensor) -> int | None:
 
 
 @tracing.assume_constant_result
+def lowers_every_problem_to_aten() -> bool:
+    """Whether the rule gives aten to every "auto" layer whatever its problem: no `PickBest` with
+    tuning records in force and a graph not replayed as CUDA graphs. Layers ask it first under
+    Dynamo, so that a graph lowered to aten reads (and guards) no more of a layer than its
+    ``compile_lowering``: Dynamo evaluates every guard on every call, and a patched GPT-2 that
+    read each projection's shapes, activation and epilogue operands paid about 0.12 ms a decode
+    step in guards over the unpatched model's (H200 host). Dynamo takes the answer as a
+    constant, as `choose`'s."""
+    from ..tuning.policies import PickBest
+    from ..tuning.scope import current
+
+    policy = current().policy
+    return not (isinstance(policy, PickBest) and policy.use_records) and not tracing.graph_uses_cuda_graphs()
+
+
+@tracing.assume_constant_result
 def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, activation: str | None,
            has_bias: bool, training: bool, device_index: int) -> str:
     """The module docstring's rule: "kernel_api" or "aten" for one projection under compile.

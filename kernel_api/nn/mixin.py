@@ -17,6 +17,8 @@ from ..ops import dispatch as _dispatch
 from .lowering import keeps_op
 
 _classes: dict[tuple[type, type], type] = {}
+# Each class made with a front class: the forward the front's ``super().forward`` reaches.
+_behind: dict[type, Any] = {}
 
 
 def adopted_class(mixin: type, cls: type) -> type:
@@ -27,7 +29,23 @@ def adopted_class(mixin: type, cls: type) -> type:
             "__module__": mixin.__module__,
             "__doc__": f"{cls.__module__}.{cls.__qualname__} with {mixin.__qualname__}'s forward "
                        f"(kernel_api.nn.patch)."})
+        declare_behind(found, cls)
     return found
+
+
+def declare_behind(made: type, cls: type) -> None:
+    """Record that ``made`` puts a front class before ``cls``: `forward_behind` then gives
+    ``cls.forward`` for its objects."""
+    _behind[made] = cls.forward
+
+
+def forward_behind(module: torch.nn.Module, front: type) -> Any:
+    """The forward ``super(front, module).forward`` reaches (unbound): the class's behind the
+    front mixin, from a table keyed by the made class. Under Dynamo ``super()`` guards the
+    class's method order at every layer on every call; a table lookup guards once per class."""
+    # (``__class__``, not ``type()``: Dynamo guards type() of an object with a Python lambda)
+    found = _behind.get(module.__class__)
+    return found if found is not None else super(front, module).forward.__func__
 
 
 def adopt(mixin: type, module: torch.nn.Module) -> Any:

@@ -225,7 +225,7 @@ def _swap_block(module: torch.nn.Module, name: str, state: _Patching) -> torch.n
     new = adopt(_blocks.ResidualBlock, module)
     cls = type(new)
     if "kernel_api_block" not in vars(cls):
-        cls.kernel_api_block, cls.kernel_api_parameters = spec, _blocks.forward_parameters(type(module))
+        _blocks.declare(cls, spec, _blocks.forward_parameters(type(module)))
     return new
 
 
