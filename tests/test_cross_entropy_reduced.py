@@ -240,3 +240,55 @@ def test_a_small_differentiable_mean_counts_nothing_before_the_kernel_and_never_
     xr = x.detach().double().requires_grad_()
     (2.0 * reference(xr, t, label_smoothing=0.1)).backward()
     torch.testing.assert_close(x.grad.double(), xr.grad, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["bf16", "f64", "int32-3d", "smoothing", "every-row-ignored", "sum"])
+def test_a_small_mean_or_sum_under_autograd_is_torchs_own(case, monkeypatch, cpu_ops):
+    """Under autograd a small mean or sum is `F.cross_entropy` in the loss's dtype (C++ autograd
+    nodes, no Python frame of ours in the backward): the loss and gradient against float64, the
+    ops launched, and what stays ours (a z-loss, more logits than the bound, a restriction to
+    other providers, malformed operands)."""
+    import importlib
+
+    ce = importlib.import_module("kernel_api.ops.cross_entropy")  # (the module: ops re-exports its function)
+    monkeypatch.setattr(ce, "TORCH_AUTOGRAD_DEVICE_TYPES", frozenset({"cpu"}))
+    dtype = {"bf16": torch.bfloat16, "f64": torch.float64}.get(case, torch.float32)
+    x, t = _problem(7, rows=12, cols=37, dtype=dtype)
+    if case == "int32-3d":
+        x, t = x.reshape(3, 4, 37), t.reshape(3, 4).int()
+    if case == "every-row-ignored":
+        t.fill_(-100)
+    options = {"label_smoothing": 0.2} if case == "smoothing" else {}
+    reduction = "sum" if case == "sum" else "mean"
+    xg = x.clone().requires_grad_()
+    loss = ops.cross_entropy(xg, t, reduction=reduction, **options)
+    # (torch's C++ nodes, NllLoss's among them; ours would be _CrossEntropy's Python node)
+    nodes, stack = [], [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None:
+            nodes.append(node)
+            stack.extend(next_fn for next_fn, _ in node.next_functions)
+    assert "NllLossBackward0" in {type(n).__name__ for n in nodes}
+    assert not any(isinstance(n, torch.autograd.function.BackwardCFunction) for n in nodes), nodes
+    (3.0 * loss).backward()
+    assert loss.dtype == (torch.float64 if dtype is torch.float64 else torch.float32) and xg.grad.dtype == dtype
+    xr = x.detach().double().requires_grad_()
+    ref = reference(xr, t.long(), reduction=reduction, **options)
+    if case == "every-row-ignored":
+        assert torch.isnan(loss)
+        return
+    (3.0 * ref).backward()
+    tol = 2e-2 if dtype is torch.bfloat16 else 1e-5
+    torch.testing.assert_close(loss.double(), ref.detach(), atol=tol, rtol=tol)
+    torch.testing.assert_close(xg.grad.double(), xr.grad, atol=tol, rtol=tol)
+    for other in (dict(z_loss=1e-3), dict(label_smoothing=1.5)):
+        assert not ce.torch_serves_autograd(xg, t, other.get("label_smoothing", 0.0), other.get("z_loss", 0.0))
+    assert not ce.torch_serves_autograd(xg, t[..., :-1], 0.0, 0.0)
+    assert not ce.torch_serves_autograd(xg, t.float(), 0.0, 0.0)
+    monkeypatch.setattr(ce, "AUTOGRAD_TORCH_MAX_ELEMENTS", x.numel() - 1)
+    assert not ce.torch_serves_autograd(xg, t, 0.0, 0.0)
+    monkeypatch.setattr(ce, "AUTOGRAD_TORCH_MAX_ELEMENTS", x.numel())
+    assert ce.torch_serves_autograd(xg, t, 0.0, 0.0)
+    with kernel_api.settings(providers=["cuda_src"]):
+        assert not ce.torch_serves_autograd(xg, t, 0.0, 0.0)

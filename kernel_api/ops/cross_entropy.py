@@ -48,6 +48,7 @@ from ..arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwa
                                        reduced_size)
 from ..core import tracing
 from ..native import recipes
+from ..tuning.scope import CURRENT as _settings
 from . import dispatch
 from .operation import Operation, define_operation
 
@@ -278,6 +279,8 @@ def _mean_or_sum(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, 
     `RECORDED_DEVICE_TYPES`, the reduced arguments into a made buffer, launched and recorded for
     the native replay; otherwise the generated op's function (its own replay, tracing)."""
     if isinstance(logits, _Tensor) and logits.requires_grad and torch.is_grad_enabled():
+        if torch_serves_autograd(logits, target, label_smoothing, z_loss):
+            return _torch_mean_or_sum(logits, target, ignore_index, label_smoothing, reduction)
         return _CrossEntropy.apply(logits, target, ignore_index, label_smoothing, z_loss, reduction)
     if (not isinstance(logits, _Tensor) or tracing.is_compiling() or tracing.dispatch_mode_depth()
             or logits.device.type not in RECORDED_DEVICE_TYPES or loss_dtype(logits) is not torch.float32):
@@ -292,6 +295,50 @@ def _mean_or_sum(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, 
     dispatch.call_recorded(_REDUCED_OP, args, (like, logits, target, ignore_index, label_smoothing, z_loss,
                                                reduction, None), made)
     return made[0]
+
+
+#: A mean or sum under autograd of logits of at most this many elements is torch's own
+#: (`F.cross_entropy` on the logits in the loss's dtype), whose autograd nodes are C++: ours
+#: (`_CrossEntropy`) costs the forward and the backward a Python frame each, and the backward the
+#: GIL on autograd's device thread. H200 host, 16 x 4096 bf16 logits, a mean's forward and
+#: ``backward()`` repeated: 207.8 us a step through `_CrossEntropy`, 124.0 through torch's
+#: (benchmarks/cross_entropy.py --host). Above it our kernel's one pass over the logits for the
+#: loss and the gradient (1.10 ms against torch's 2.34 at 16384 x 32000 bf16) earns its frames back.
+AUTOGRAD_TORCH_MAX_ELEMENTS = 1 << 22
+
+#: Devices whose small means and sums under autograd are torch's own (where kernel_api's kernels
+#: run; elsewhere the generated op serves).
+TORCH_AUTOGRAD_DEVICE_TYPES = frozenset({"cuda"})
+_TORCH_LOGITS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TORCH_TARGETS = (torch.int64, torch.int32)
+
+
+def torch_serves_autograd(logits: torch.Tensor, target: Any, label_smoothing: float, z_loss: float) -> bool:
+    """Whether a mean or sum under autograd is torch's own `F.cross_entropy`: a CUDA problem of at
+    most `AUTOGRAD_TORCH_MAX_ELEMENTS` logits, no z-loss (torch has none), well-formed operands
+    (anything else takes our path, whose arguments name what is wrong), no tracer (which sees
+    kernel_api's ops), and the settings in force allowing the torch provider."""
+    if (z_loss != 0 or logits.device.type not in TORCH_AUTOGRAD_DEVICE_TYPES or logits.numel() > AUTOGRAD_TORCH_MAX_ELEMENTS or logits.dim() < 1
+            or logits.dtype not in _TORCH_LOGITS or not isinstance(target, _Tensor)
+            or target.dtype not in _TORCH_TARGETS or target.shape != logits.shape[:-1]
+            or target.device != logits.device or not 0.0 <= label_smoothing <= 1.0
+            or tracing.is_compiling() or tracing.dispatch_mode_depth()):
+        return False
+    providers = _settings.get().providers
+    return providers is None or "torch" in providers
+
+
+def _torch_mean_or_sum(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+                       reduction: str) -> torch.Tensor:
+    """`F.cross_entropy`'s mean or sum of (..., classes) logits in the loss's dtype (float32, or
+    float64 for f64): the same values as ours (a mean over the rows not ignored, NaN when every
+    row is)."""
+    classes = logits.shape[-1]
+    dtype = loss_dtype(logits)
+    x = logits.reshape(-1, classes)
+    return torch.nn.functional.cross_entropy(x if x.dtype is dtype else x.to(dtype), target.reshape(-1).long(),
+                                             ignore_index=ignore_index, reduction=reduction,
+                                             label_smoothing=label_smoothing)
 
 
 def _row_weight(count: torch.Tensor | None, reduction: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
