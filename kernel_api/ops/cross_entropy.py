@@ -252,7 +252,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     """
     if reduction == "mean" or reduction == "sum":
         replay = dispatch.replay_call
-        if replay is not None and not _is_dynamo_compiling():
+        # (a call under autograd is never replayed: straight to the Python path)
+        if replay is not None and not _is_dynamo_compiling() and not (
+                torch.is_grad_enabled() and getattr(logits, "requires_grad", False)):
             try:
                 like = _f32_like.get(logits.get_device())
             except AttributeError:  # (not a tensor: the Python path says so)
@@ -333,10 +335,10 @@ def _torch_mean_or_sum(logits: torch.Tensor, target: torch.Tensor, ignore_index:
     """`F.cross_entropy`'s mean or sum of (..., classes) logits in the loss's dtype (float32, or
     float64 for f64): the same values as ours (a mean over the rows not ignored, NaN when every
     row is)."""
-    classes = logits.shape[-1]
+    if logits.dim() != 2:  # (a view is an autograd node of its own: only where needed)
+        logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
     dtype = loss_dtype(logits)
-    x = logits.reshape(-1, classes)
-    return torch.nn.functional.cross_entropy(x if x.dtype is dtype else x.to(dtype), target.reshape(-1).long(),
+    return torch.nn.functional.cross_entropy(logits if logits.dtype is dtype else logits.to(dtype), target.long(),
                                              ignore_index=ignore_index, reduction=reduction,
                                              label_smoothing=label_smoothing)
 
