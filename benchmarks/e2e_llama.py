@@ -24,7 +24,9 @@ Peak memory: torch.cuda.max_memory_allocated over the timed steps (statistics re
 them), and the memory held before them (weights, optimizer state); the seeded model the
 configurations copy waits on the CPU.
 
-Configurations are deep copies of one seeded model, so patching or training one does not touch
+Configurations: eager, patched, compiled, compiled+patched; named with --configs, also
+compiled-ro and compiled-ro+patched (torch.compile(mode="reduce-overhead"), CUDA graphs; prefill
+only, their ratios against compiled-ro). They are deep copies of one seeded model, so patching or training one does not touch
 the others; compiled configurations call torch._dynamo.reset() first; a patched model is
 unpatched when its phase ends (patch's RoPE function is module-wide while a patched model holds it). Each (model,
 configuration, phase) is guarded: a failure is recorded as an error string and the rest runs.
