@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from .mixin import op_here, ops_take
+from .mixin import forward_behind, op_here, ops_take
 
 
 class RMSNorm(torch.nn.Module):
@@ -24,9 +24,11 @@ class RMSNorm(torch.nn.Module):
     compile_lowering = "auto"
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # (op_here first: under torch.compile it is the only read of the layer's before the
+        # forward behind, so the graph guards no more of it)
+        if not op_here(self) or not ops_take(hidden_states, self.weight):
+            return forward_behind(self, RMSNorm)(self, hidden_states)
         weight = self.weight
-        if not (ops_take(hidden_states, weight) and op_here(self)):
-            return super().forward(hidden_states)
         return ops.rms_norm(hidden_states, weight, self.variance_epsilon)
 
 
@@ -38,8 +40,9 @@ class LayerNorm(torch.nn.Module):
     compile_lowering = "auto"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not op_here(self):
+            return forward_behind(self, LayerNorm)(self, input)
         weight, bias = self.weight, self.bias
-        if (weight is None or bias is None or len(self.normalized_shape) != 1 or not ops_take(input, weight, bias)
-                or not op_here(self)):
-            return super().forward(input)
+        if weight is None or bias is None or len(self.normalized_shape) != 1 or not ops_take(input, weight, bias):
+            return forward_behind(self, LayerNorm)(self, input)
         return ops.layer_norm(input, weight, bias, self.eps)
