@@ -24,11 +24,11 @@ class RMSNorm(torch.nn.Module):
     compile_lowering = "auto"
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # (op_here first: under torch.compile it is the only read of the layer's before the
-        # forward behind, so the graph guards no more of it)
-        if not op_here(self) or not ops_take(hidden_states, self.weight):
-            return forward_behind(self, RMSNorm)(self, hidden_states)
+        # (op_here first: under torch.compile its compile_lowering is all the forward behind
+        # reads of the layer beyond its own reads, so the graph guards little more)
         weight = self.weight
+        if not op_here(self) or not ops_take(hidden_states, weight):
+            return forward_behind(self, RMSNorm)(self, hidden_states)
         return ops.rms_norm(hidden_states, weight, self.variance_epsilon)
 
 
