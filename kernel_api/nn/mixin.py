@@ -3,7 +3,8 @@
 A patched layer is an object of a class made from a kernel_api mixin and the layer's own class
 (``KernelApiLlamaRMSNorm(RMSNorm, LlamaRMSNorm)``), holding the original's Parameter, buffer
 and child objects: ``isinstance``, ``state_dict`` and ``extra_repr`` stay the original's, and
-the mixin's forward reaches the original one through ``super().forward``.
+the mixin's forward reaches the original one through `forward_behind` (what ``super().forward``
+gives, looked up by class).
 """
 
 from __future__ import annotations
