@@ -458,3 +458,4 @@ def test_a_patched_layer_costs_the_compiled_graph_few_guards():
         pytest.skip("this torch does not log its guards as 'GUARDS:' trees")
     per_block = {kind: (counts[kind, 4] - counts[kind, 2]) / 2 for kind in ("unpatched", "patched")}
     assert per_block["patched"] <= 1.1 * per_block["unpatched"], (per_block, counts)
+

@@ -384,3 +384,17 @@ def test_torch_compile_of_the_patched_model_traces_the_ops(cpu_ops):
     assert all(p.grad is not None for p in model.parameters())
     torch._dynamo.reset()
     unpatch(model)
+
+
+def test_the_forward_behind_a_patched_layer_follows_a_replaced_class_forward(monkeypatch):
+    """A patched layer reaches its original class's forward as ``super()`` would: one replaced on
+    that class after patching (as other kernel libraries patch transformers' classes) is the one
+    that runs."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    layer = patch(torch.nn.Sequential(LlamaRMSNorm(8)))[0]
+    assert type(layer) is not LlamaRMSNorm and isinstance(layer, LlamaRMSNorm)
+    x = torch.randn(3, 8, dtype=torch.float64)  # (another dtype than the weight's: the forward behind runs)
+    monkeypatch.setattr(LlamaRMSNorm, "forward", lambda self, h: h * 2)
+    torch.testing.assert_close(layer(x), x * 2)

@@ -18,8 +18,9 @@ from ..ops import dispatch as _dispatch
 from .lowering import keeps_op
 
 _classes: dict[tuple[type, type], type] = {}
-# Each class made with a front class: the forward the front's ``super().forward`` reaches.
-_behind: dict[type, Any] = {}
+# Each class made with a front class: the class behind the front, whose forward the front's
+# ``super().forward`` reaches (read at call time: a forward replaced on that class is followed).
+_behind: dict[type, type] = {}
 
 
 def adopted_class(mixin: type, cls: type) -> type:
@@ -37,7 +38,7 @@ def adopted_class(mixin: type, cls: type) -> type:
 def declare_behind(made: type, cls: type) -> None:
     """Record that ``made`` puts a front class before ``cls``: `forward_behind` then gives
     ``cls.forward`` for its objects."""
-    _behind[made] = cls.forward
+    _behind[made] = cls
 
 
 def forward_behind(module: torch.nn.Module, front: type) -> Any:
@@ -46,7 +47,7 @@ def forward_behind(module: torch.nn.Module, front: type) -> Any:
     class's method order at every layer on every call; a table lookup guards once per class."""
     # (``__class__``, not ``type()``: Dynamo guards type() of an object with a Python lambda)
     found = _behind.get(module.__class__)
-    return found if found is not None else super(front, module).forward.__func__
+    return found.forward if found is not None else super(front, module).forward.__func__
 
 
 def adopt(mixin: type, module: torch.nn.Module) -> Any:
