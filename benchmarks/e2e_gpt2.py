@@ -52,8 +52,10 @@ eager's on the same input, norm-wise relative error <= 2e-2; loss curves over 20
 loss_eager| relative to the mean eager loss <= 5e-2. The training phase runs those steps first
 (they are also the compile/warm-up steps), then times further steps.
 
-Prints a table last (phase x configuration: ms, tokens/s, speed-up vs eager, vs compile and, for
-the -ro configurations, vs compiled-ro; compile seconds) and the targets, met or not.
+Prints a table last (phase x configuration: ms, host ms (the host's time inside the step's call,
+no sync), tokens/s, speed-up vs eager, vs compile and, for the -ro configurations, vs
+compiled-ro; compile seconds) and the targets, met or not. ``--smoke`` runs the front door on the
+CPU through the torch provider.
 ``--quick`` (fewer steps, 10 loss steps, and a default --budget-s of 170) fits in 3 minutes on an
 H200 for --phases decode or prefill; the train phase compiles the joint graphs and takes longer.
 Writes benchmarks/results/e2e_gpt2-<device>[-<tag>].json and a bar chart .png beside it (and copies to $OUT when set). Exit status 1 when a correctness check
@@ -177,14 +179,18 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def time_rounds(phases: dict, steps: int, device, seed: int) -> dict[str, list]:
+def time_rounds(phases: dict, steps: int, device, seed: int) -> tuple[dict[str, list], dict[str, list]]:
     """``steps`` rounds; in each, every configuration's step once, in a shuffled order (seeded),
     each from fresh inputs (``setup``, untimed) on an idle device, between CUDA events (host
-    launch overhead included). Returns each configuration's times in ms."""
+    launch overhead included). Returns each configuration's times in ms, and the host's time in
+    the step's call (``perf_counter`` around it, no sync: what the host spent issuing the step,
+    Dynamo's guards included; a ratio between two configurations running the same graph is
+    that host's noise where this time is most of the step's)."""
     import torch
     names = list(phases)
     rng = random.Random(seed)
     times = {name: [] for name in names}
+    host = {name: [] for name in names}
     for _ in range(steps):
         rng.shuffle(names)
         for name in names:
@@ -194,7 +200,9 @@ def time_rounds(phases: dict, steps: int, device, seed: int) -> dict[str, list]:
             if device.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
+                t = time.perf_counter()
                 ph.step(args)
+                host[name].append((time.perf_counter() - t) * 1e3)
                 end.record()
                 end.synchronize()
                 times[name].append(start.elapsed_time(end))
@@ -202,7 +210,8 @@ def time_rounds(phases: dict, steps: int, device, seed: int) -> dict[str, list]:
                 t = time.perf_counter()
                 ph.step(args)
                 times[name].append((time.perf_counter() - t) * 1e3)
-    return times
+                host[name].append(times[name][-1])
+    return times, host
 
 
 def rel_err(x, ref) -> float:
@@ -426,7 +435,7 @@ def speedups(results: dict) -> None:
 
 
 def table(results: dict, configs: list) -> str:
-    head = (f"{'phase':8} {'config':20} {'ms':>9} {'tokens/s':>12} {'vs eager':>9} {'vs compile':>10} "
+    head = (f"{'phase':8} {'config':20} {'ms':>9} {'host ms':>8} {'tokens/s':>12} {'vs eager':>9} {'vs compile':>10} "
             f"{'vs comp-ro':>10} {'compile s':>9}  check")
     lines = [head, "-" * len(head)]
     for phase, per in results.items():
@@ -450,7 +459,8 @@ def table(results: dict, configs: list) -> str:
                 check.append(f"compile {r['compile_time_vs_unpatched']:.2f}x unpatched")
             fmt = lambda k: f"{r[k]:.3f}x" if k in r else "-"  # noqa: E731
             comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
-            lines.append(f"{phase:8} {name:20} {r['ms']:9.3f} {r['tokens_per_s']:12.0f} {fmt('speedup_vs_eager'):>9} "
+            host = f"{r['host_ms']:.3f}" if "host_ms" in r else "-"
+            lines.append(f"{phase:8} {name:20} {r['ms']:9.3f} {host:>8} {r['tokens_per_s']:12.0f} {fmt('speedup_vs_eager'):>9} "
                          f"{fmt('speedup_vs_compiled'):>10} {fmt('speedup_vs_compiled-ro'):>10} {comp:>9}  "
                          f"{'; '.join(check)}")
     return "\n".join(lines)
@@ -558,11 +568,21 @@ def parse_args(argv=None):
     return opts
 
 
+_SCOPES: list = []  # settings scopes entered for the whole run (--smoke)
+
+
 def main(argv=None) -> int:
     opts = parse_args(argv)
     import torch
 
     if opts.smoke:
+        import kernel_api
+        from kernel_api.ops import dispatch
+        # (the front door launches on the CPU through the torch provider: the patched configurations'
+        # control flow runs too)
+        dispatch.LAUNCH_DEVICE_TYPES = frozenset({"cuda", "cpu"})
+        _SCOPES.append(kernel_api.settings(providers="torch"))
+        _SCOPES[-1].__enter__()  # (held to the end of the process)
         device, dtype, backend = torch.device("cpu"), torch.bfloat16, "eager"
         torch.manual_seed(opts.seed)
         base = _smoke_model()
@@ -649,16 +669,17 @@ def main(argv=None) -> int:
                 f"{time.perf_counter() - t_all:.0f} s total)")
         frames = dynamo_counts()["frames"]
         try:
-            times = time_rounds(live, ctx.steps[phase], device, opts.seed)
+            times, host = time_rounds(live, ctx.steps[phase], device, opts.seed)
         except Exception as exc:
             traceback.print_exc(limit=6, file=sys.stderr)
-            times = {}
+            times, host = {}, {}
             for name in live:
                 results[phase][name] = {"error": f"timing: {err_str(exc)}"}
         recompiles = dynamo_counts()["frames"] - frames
         for name in [n for n in opts.configs if n in live and n in times]:
             try:
                 r = live[name].finish(statistics.median(times[name]))
+                r["host_ms"] = statistics.median(host[name])
                 if live[name].compiled:
                     r["recompiles_in_phase"] = recompiles  # (all configurations' timed rounds together)
             except Exception as exc:
