@@ -390,7 +390,7 @@ def test_the_forward_behind_a_patched_layer_follows_a_replaced_class_forward(mon
     """A patched layer reaches its original class's forward as ``super()`` would: one replaced on
     that class after patching (as other kernel libraries patch transformers' classes) is the one
     that runs."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     layer = patch(torch.nn.Sequential(LlamaRMSNorm(8)))[0]

@@ -27,7 +27,7 @@ from . import attention as _attention
 from . import blocks as _blocks
 from .edits import GLOBAL_HOOKS, Swapped, assign
 from .families import is_gpt2_block, is_role
-from .fusion import FusedProjection, fused_from
+from .fusion import fused_from
 from .linear import REPLACED_ACTIVATION, Conv1DLinear, Linear, conv1d_from
 from .loss import causal_lm_loss, fused_loss_forward
 from .mixin import adopt
