@@ -106,7 +106,7 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
     forced = layer.compile_lowering
     activation = layer.activation
     K, N = weight.shape if weight_is_kn else weight.shape[::-1]
-    if forced == "auto" and _lowering.lowers_every_problem_to_aten():
+    if _lowering.aten_whatever_the_problem(forced):
         chosen = "aten"
     else:
         training = _grad_enabled() and (x.requires_grad or weight.requires_grad

@@ -77,20 +77,28 @@ class _Problem(NamedTuple):
     problem_shape: tuple
 
 
+def _records_policy() -> Any:
+    """The `PickBest` in force when it reads tuning records, else None."""
+    from ..tuning.policies import PickBest
+    from ..tuning.scope import current
+
+    policy = current().policy
+    return policy if isinstance(policy, PickBest) and policy.use_records else None
+
+
 def _recorded(rows: int, K: int, N: int, dtype: torch.dtype, activation: str | None, has_bias: bool,
               device_index: int) -> str | None:
     """"kernel_api" or "aten" from the tuning records of a `PickBest` in force for every GEMM of
     this problem, or None (another policy, or a GEMM without a record)."""
     from ..ops import gemm_arguments
     from ..registry import get_kernels
-    from ..tuning.policies import PickBest
     from ..tuning.records import TuningRecords, record_key
     from ..tuning.scope import current
     from ..core.arch import device_cc
 
     scope = current()
-    policy = scope.policy
-    if not isinstance(policy, PickBest) or not policy.use_records or device_index < 0:
+    policy = _records_policy()
+    if policy is None or device_index < 0:
         return None
     # The problem on meta tensors (nothing allocated), keyed as on the layer's device.
     A = torch.empty(rows, K, dtype=dtype, device="meta")
@@ -140,11 +148,13 @@ def lowers_every_problem_to_aten() -> bool:
     read each projection's shapes, activation and epilogue operands paid about 0.12 ms a decode
     step in guards over the unpatched model's (H200 host). Dynamo takes the answer as a
     constant, as `choose`'s."""
-    from ..tuning.policies import PickBest
-    from ..tuning.scope import current
+    return _records_policy() is None and not tracing.graph_uses_cuda_graphs()
 
-    policy = current().policy
-    return not (isinstance(policy, PickBest) and policy.use_records) and not tracing.graph_uses_cuda_graphs()
+
+def aten_whatever_the_problem(lowering: str) -> bool:
+    """Under Dynamo, for a layer whose ``compile_lowering`` is ``lowering``: whether it lowers to
+    aten before its problem is read (forced so, or "auto" where `lowers_every_problem_to_aten`)."""
+    return lowering == "aten" or (lowering == "auto" and lowers_every_problem_to_aten())
 
 
 @tracing.assume_constant_result

@@ -48,7 +48,6 @@ from ..arguments.cross_entropy import (CrossEntropyArguments, CrossEntropyBackwa
                                        reduced_size)
 from ..core import tracing
 from ..native import recipes
-from ..tuning.scope import CURRENT as _settings
 from . import dispatch
 from .operation import Operation, define_operation
 
@@ -252,9 +251,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     """
     if reduction == "mean" or reduction == "sum":
         replay = dispatch.replay_call
-        # (a call under autograd is never replayed: straight to the Python path)
-        if replay is not None and not _is_dynamo_compiling() and not (
-                torch.is_grad_enabled() and getattr(logits, "requires_grad", False)):
+        if replay is not None and not _is_dynamo_compiling():
             try:
                 like = _f32_like.get(logits.get_device())
             except AttributeError:  # (not a tensor: the Python path says so)
@@ -326,8 +323,7 @@ def torch_serves_autograd(logits: torch.Tensor, target: Any, label_smoothing: fl
             or target.device != logits.device or not 0.0 <= label_smoothing <= 1.0
             or tracing.is_compiling() or tracing.dispatch_mode_depth()):
         return False
-    providers = _settings.get().providers
-    return providers is None or "torch" in providers
+    return dispatch.torch_provider_allowed()
 
 
 def _torch_mean_or_sum(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,

@@ -805,8 +805,12 @@ def torch_softmax_serves_autograd(x: torch.Tensor) -> bool:
     Returns:
         True when ``torch.softmax`` serves the call.
     """
-    if x.numel() > AUTOGRAD_NATIVE_MAX_ELEMENTS:
-        return False
+    return x.numel() <= AUTOGRAD_NATIVE_MAX_ELEMENTS and torch_provider_allowed()
+
+
+def torch_provider_allowed() -> bool:
+    """Whether the settings in force let the torch provider serve (no provider restriction, or
+    one that names it): where they do, an operation may take torch's own op directly."""
     providers = _settings.get().providers
     return providers is None or "torch" in providers
 
