@@ -66,6 +66,21 @@ def _aten_projections(targets):
 
 
 # ---- the rule ------------------------------------------------------------------------------
+def test_aten_lowering_fuses_relu_and_tanh_gelu_with_a_bias_at_prefill_rows_of_half_precision_outside_training():
+    fuses = lowering.aten_fuses_activation
+    M, bf16 = lowering.COMPILE_MIN_ROWS, torch.bfloat16
+    assert fuses("gelu", True, M, bf16, True, False)
+    assert fuses("relu", True, 8192, torch.float16, True, False)
+    assert not fuses("silu", True, M, bf16, True, False)        # (cuBLASLt has no SiLU epilogue)
+    assert not fuses(None, True, M, bf16, True, False)
+    assert not fuses("gelu", False, M, bf16, True, False)       # no bias
+    assert not fuses("gelu", True, M - 1, bf16, True, False)    # decode-sized: Inductor's to fuse
+    assert not fuses("gelu", True, None, bf16, True, False)     # dynamic rows
+    assert not fuses("gelu", True, M, torch.float32, True, False)
+    assert not fuses("gelu", True, M, bf16, False, False)       # not CUDA
+    assert not fuses("gelu", True, M, bf16, True, True)         # autograd: no pre-activation kept
+
+
 def test_rule_forced_dynamic_small_large_and_training():
     bf16 = torch.bfloat16
     choose = lowering.choose

@@ -136,3 +136,39 @@ def test_kernel_api_op_everywhere_is_captured_in_cuda_graphs(gpt2):
     """Every projection forced to kernel_api's op under reduce-overhead: the op runs inside the
     CUDA graphs (decode and prefill) and the logits stay right."""
     _compiled_decode_and_prefill(gpt2, "reduce-overhead", "kernel_api")
+
+
+class _Graphs:
+    """An aot_eager backend that keeps the call targets of each graph Dynamo hands it."""
+
+    def __init__(self):
+        self.targets = []
+
+    def __call__(self, gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+        self.targets.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return aot_eager(gm, example_inputs)
+
+
+@pytest.mark.parametrize("rows, training, fused", [(1024, False, True), (1023, False, False), (1024, True, False)])
+def test_a_gelu_projection_lowers_to_cublaslt_s_fused_epilogue_at_prefill_rows(rows, training, fused):
+    """Lowered to aten (the default mode's rule), a bias-and-tanh-GELU projection of at least
+    COMPILE_MIN_ROWS rows outside autograd is one ``aten._addmm_activation`` (cuBLASLt's fused
+    epilogue) in the graph, equal to the float64 reference within bf16 noise; fewer rows or
+    autograd keep ``addmm`` and a separate GELU for Inductor to fuse."""
+    torch.manual_seed(4)
+    dense = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(approximate="tanh"))
+    dense = dense.to(device="cuda", dtype=torch.bfloat16)
+    model = patch(copy.deepcopy(dense))
+    x = torch.randn(rows, 768, device="cuda", dtype=torch.bfloat16, requires_grad=training)
+    graphs = _Graphs()
+    with torch.set_grad_enabled(training):
+        y = torch.compile(model, backend=graphs, fullgraph=True)(x)
+    targets = graphs.targets[-1]
+    assert any("_addmm_activation" in t for t in targets) == fused, targets
+    w, b = dense[0].weight.double(), dense[0].bias.double()
+    ref = torch.nn.functional.gelu(x.double() @ w.t() + b, approximate="tanh")
+    assert _rel(y.detach(), ref) <= 1e-2, _rel(y.detach(), ref)
+    if training:
+        y.float().sum().backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all()
