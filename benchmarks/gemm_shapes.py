@@ -11,7 +11,8 @@ column-major as an nn.Linear weight), ``f32`` (against torch's default FP32) and
 ``f64`` (against DGEMM), ``models`` (a Llama-3-8B layer's projections at 512-8192 tokens and
 its lm_head: PickAny beyond the groups above), ``models_more`` (Qwen2-7B's and Llama-3-70B's at 256
 and 1024 tokens), ``wave_fit`` (outputs that fill whole waves only with the 128x160, 128x192 or 128x224 tiles),
-``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens), ``batched``
+``small`` (5-30 us problems: small squares and a GPT-2-small layer at 128 and 512 tokens), ``gpt2_prefill``
+(the same layer at 8 x 1024 tokens), ``batched``
 (attention's batched products at head dims 64 and 128, MoE experts), ``odd_small`` (small problems
 with odd extents), ``odd_sweep``, ``odd_sweep2``, ``odd_tiny``, ``odd_heldout``, ``odd_heldout2``, ``odd_wide`` and ``odd_narrow`` (grids of them, down to a few
 microseconds).
@@ -139,6 +140,9 @@ GROUPS: dict[str, list[Case]] = {
     "small": [Case(n, n, n) for n in (256, 512, 1024, 2048)]
              + [Case(M, N, K, "bf16", "tnt") for M in (128, 512)
                 for N, K in ((2304, 768), (768, 768), (3072, 768), (768, 3072))],
+    # GPT-2-small's projections in an 8 x 1024-token prefill, weights stored (in, out) as its
+    # Conv1D keeps them: qkv, attention output, MLP up and down
+    "gpt2_prefill": [Case(8192, N, K, "bf16", "ttt") for N, K in ((2304, 768), (768, 768), (3072, 768), (768, 3072))],
     # batched products as attention runs them outside a fused kernel (L = batch x heads): scores
     # Q K^T (K stored row-major: B column-major) and P V, head dims 64 and 128; and eight MoE
     # experts' up projections at 512 tokens each
