@@ -50,8 +50,10 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """transformers' attention-interface function: ``(output (batch, seqlen, heads, head_dim),
     None)`` from q (batch, heads, seqlen_q, head_dim) and k, v (batch, kv_heads, seqlen_k,
     head_dim)."""
-    if (attention_mask is not None or dropout != 0.0 or any(kwargs.get(name) is not None for name in _SDPA_ONLY)
-            or not ops_take(query, key, value) or (tracing.is_dynamo_compiling() and not _lowering.keeps_op(module))):
+    # (Dynamo's question first: a traced SDPA call then reads, and guards, nothing else here)
+    if ((tracing.is_dynamo_compiling() and not _lowering.keeps_op(module)) or attention_mask is not None
+            or dropout != 0.0 or any(kwargs.get(name) is not None for name in _SDPA_ONLY)
+            or not ops_take(query, key, value)):
         sdpa = _transformers["sdpa_attention_forward"]
         return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                     **kwargs)
