@@ -206,49 +206,6 @@ def test_under_cuda_graphs_auto_keeps_the_op_from_prefill_rows_outside_training(
     assert not lowering.tracing.graph_uses_cuda_graphs()  # (outside a trace)
 
 
-def test_attention_keeps_the_op_under_compile_only_when_forced():
-    """transformers' attention through kernel_api under Dynamo: SDPA's own call by default, in a
-    graph replayed as CUDA graphs too (each kept op costs the graph a dispatcher call or guards
-    and input copies, and torch's kernel serves); kernel_api's op in an attention module set to
-    "kernel_api" by set_compile_lowering; the same values either way."""
-    pytest.importorskip("transformers")
-    from kernel_api.nn import attention as nn_attention
-
-    nn_attention.register()
-    module = torch.nn.Module()
-    module.is_causal = True
-    q, k, v = (torch.randn(2, 4, 16, 32, generator=torch.Generator().manual_seed(i)) for i in range(3))
-    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True).transpose(1, 2)
-
-    def run(q, k, v):
-        return nn_attention.attention(module, q, k, v, None)[0]
-
-    for backend, forced, kept in ((_Recorder(), None, False), (_GraphsRecorder(), None, False),
-                                  (_Recorder(), "kernel_api", True), (_GraphsRecorder(), "aten", False)):
-        if forced is not None:
-            module.compile_lowering = forced
-        torch._dynamo.reset()
-        with torch.no_grad():
-            out = torch.compile(run, backend=backend, fullgraph=True)(q, k, v)
-        targets = backend.targets()
-        assert any("kernel_api.attention" in t for t in targets) == kept, (forced, targets)
-        assert any("scaled_dot_product_attention" in t for t in targets) == (not kept), (forced, targets)
-        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
-
-
-def test_set_compile_lowering_reaches_the_attention_modules_kernel_api_runs():
-    from kernel_api.nn import attention as nn_attention
-
-    model = patch(_tiny_gpt2())
-    set_compile_lowering(model, "aten")
-    assert not hasattr(model.transformer.h[0].attn, "compile_lowering")  # (SDPA's: a CPU model keeps its attention)
-    model.config._attn_implementation = nn_attention.NAME  # (what patch sets on a CUDA model's shared config)
-    set_compile_lowering(model, "kernel_api")
-    attention = model.transformer.h[0].attn
-    assert attention.compile_lowering == "kernel_api"
-    assert not hasattr(model.transformer.h[0].mlp, "compile_lowering")
-
-
 def test_forcing_per_layer_and_per_class_retraces_and_keeps_values():
     """compile_lowering is read while tracing and guarded: changing it on the instance or on the
     class retraces, and each graph holds the forced form."""

@@ -13,14 +13,6 @@ head_dim) and the mask that the function registered under the same name in
   (causal when more than one query; keys past the queries cut off, as SDPA does for an empty
   static cache), and transformers' SDPA function for any mask, dropout, attention bias, soft
   cap or sink it is handed.
-- Under Dynamo it keeps kernel_api's op only where the attention module's ``compile_lowering``
-  says "kernel_api" (`kernel_api.nn.lowering.keeps_op`, set by
-  `kernel_api.nn.set_compile_lowering`); otherwise it traces transformers' SDPA function. A kept
-  op is a dispatcher call and a replay on every call of the graph, and under CUDA graphs it
-  still costs guards and input copies: GPT-2 decoding at batch 64 (H200 host) paid 0.06-0.12 ms
-  a step for its twelve, and under ``mode="reduce-overhead"`` 0.917 against 0.849 ms of host time
-  a step with them lowered too (guards 0.312 against 0.270 ms), with torch's SDPA kernel chosen
-  inside them anyway.
 
 `kernel_api.nn.patch` sets the attention layers' configs to `NAME` and `unpatch` sets them back.
 """
@@ -32,8 +24,6 @@ from typing import Any
 import torch
 
 from .. import ops
-from ..core import tracing
-from . import lowering as _lowering
 from .mixin import ops_take
 
 #: The attention implementation's name in transformers' interfaces.
@@ -50,9 +40,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """transformers' attention-interface function: ``(output (batch, seqlen, heads, head_dim),
     None)`` from q (batch, heads, seqlen_q, head_dim) and k, v (batch, kv_heads, seqlen_k,
     head_dim)."""
-    # (Dynamo's question first: a traced SDPA call then reads, and guards, nothing else here)
-    if ((tracing.is_dynamo_compiling() and not _lowering.keeps_op(module)) or attention_mask is not None
-            or dropout != 0.0 or any(kwargs.get(name) is not None for name in _SDPA_ONLY)
+    if (attention_mask is not None or dropout != 0.0 or any(kwargs.get(name) is not None for name in _SDPA_ONLY)
             or not ops_take(query, key, value)):
         sdpa = _transformers["sdpa_attention_forward"]
         return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,

@@ -236,8 +236,7 @@ def keeps_op(layer: torch.nn.Module) -> bool:
 def set_compile_lowering(module: torch.nn.Module, lowering: str) -> torch.nn.Module:
     """Set ``compile_lowering`` on every kernel_api layer in ``module`` (itself included): the
     modules whose class declares the attribute (`kernel_api.nn.Linear`, the patched Conv1D, and
-    any kernel_api layer that follows `keeps_op`), and the attention modules whose config runs
-    kernel_api's attention (`kernel_api.nn.attention`).
+    any kernel_api layer that follows `keeps_op`).
 
     Args:
         module: a model patched by `kernel_api.nn.patch`, or a kernel_api layer.
@@ -246,13 +245,8 @@ def set_compile_lowering(module: torch.nn.Module, lowering: str) -> torch.nn.Mod
     Returns:
         ``module``. Graphs compiled before are retraced at their next call.
     """
-    from .attention import NAME
-
     check_lowering(lowering)
     for layer in module.modules():
         if isinstance(getattr(type(layer), "compile_lowering", None), str):
-            layer.compile_lowering = lowering
-        elif (type(layer).__name__.endswith("Attention")
-              and getattr(getattr(layer, "config", None), "_attn_implementation", None) == NAME):
             layer.compile_lowering = lowering
     return module
