@@ -436,9 +436,10 @@ def test_blocks_hand_residuals_over_only_to_projections_that_keep_the_op(forced,
         assert len(handed) == 2 * 2  # each block's two branches
 
 
-def _guard_lines(model) -> int:
+def _guard_lines(model, backend=None) -> int:
     """The guards Dynamo builds for a prefill of ``model`` (lines of its guard tree, from the
-    ``guards`` log), or 0 when this torch logs them otherwise."""
+    ``guards`` log) compiled with ``backend`` (default `_Recorder`), or 0 when this torch logs
+    them otherwise."""
     import io
     import logging
 
@@ -450,7 +451,7 @@ def _guard_lines(model) -> int:
     dynamo_log.addHandler(handler)
     try:
         with torch.no_grad():
-            torch.compile(model, backend=_Recorder())(input_ids=torch.randint(0, 1001, (2, 8)))
+            torch.compile(model, backend=backend or _Recorder())(input_ids=torch.randint(0, 1001, (2, 8)))
     finally:
         dynamo_log.removeHandler(handler)
         torch._logging.set_logs()
@@ -473,4 +474,20 @@ def test_a_patched_layer_costs_the_compiled_graph_few_guards():
         pytest.skip("this torch does not log its guards as 'GUARDS:' trees")
     per_block = {kind: (counts[kind, 4] - counts[kind, 2]) / 2 for kind in ("unpatched", "patched")}
     assert per_block["patched"] <= 1.1 * per_block["unpatched"], (per_block, counts)
+
+
+def test_a_small_call_in_a_cuda_graph_reads_no_more_of_a_patched_layer_than_without_cuda_graphs():
+    """Replayed as CUDA graphs, a call of fewer than COMPILE_MIN_ROWS rows lowers to aten whatever
+    the rest of its problem (no tuning records in force): its patched layers read, and Dynamo
+    guards, no more than in a graph without CUDA graphs (the guards are evaluated at every replay).
+    Per block: guards at 4 layers less those at 2."""
+    counts = {}
+    for layers in (2, 4):
+        model = patch(_tiny_gpt2(layers))
+        counts["plain", layers] = _guard_lines(model)
+        counts["cuda graphs", layers] = _guard_lines(model, _GraphsRecorder())
+    if not all(counts.values()):
+        pytest.skip("this torch does not log its guards as 'GUARDS:' trees")
+    per_block = {kind: (counts[kind, 4] - counts[kind, 2]) / 2 for kind in ("plain", "cuda graphs")}
+    assert per_block["cuda graphs"] == per_block["plain"], (per_block, counts)
 

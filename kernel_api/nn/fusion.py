@@ -159,7 +159,8 @@ class FusedProjection(torch.nn.Module):
     gate_activation: str | None = None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if tracing.is_dynamo_compiling() and lowering.aten_whatever_the_problem(self.compile_lowering):
+        if tracing.is_dynamo_compiling() and lowering.aten_whatever_the_problem(self.compile_lowering,
+                                                                                lowering.static_rows(input)):
             # (lowered to aten: no caller hands operands over, `worth_arming`; a direct user of
             # `armed` sees them not consumed and adds them itself)
             return forward_behind(self, FusedProjection)(self, input)
@@ -180,7 +181,7 @@ class FusedProjection(torch.nn.Module):
         op (`kernel_api.nn.lowering.choose`, read before the call's input exists: the rows are the
         operand's, autograd the operand's or the weight's)."""
         forced = self.compile_lowering
-        if lowering.aten_whatever_the_problem(forced):
+        if lowering.aten_whatever_the_problem(forced, lowering.static_rows(operand)):
             return False
         weight, bias = self.weight, self.bias
         K, N = self._weight_kn().shape

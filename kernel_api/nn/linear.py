@@ -108,7 +108,7 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
     K, N = weight.shape if weight_is_kn else weight.shape[::-1]
     training = _grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad))
-    if _lowering.aten_whatever_the_problem(forced):
+    if _lowering.aten_whatever_the_problem(forced, _lowering.static_rows(x)):
         chosen = "aten"
     else:
         chosen = _lowering.choose(forced, _lowering.static_rows(x), K, N, x.dtype, activation, bias is not None,

@@ -157,10 +157,26 @@ def lowers_every_problem_to_aten() -> bool:
     return _records_policy() is None and not tracing.graph_uses_cuda_graphs()
 
 
-def aten_whatever_the_problem(lowering: str) -> bool:
-    """Under Dynamo, for a layer whose ``compile_lowering`` is ``lowering``: whether it lowers to
-    aten before its problem is read (forced so, or "auto" where `lowers_every_problem_to_aten`)."""
-    return lowering == "aten" or (lowering == "auto" and lowers_every_problem_to_aten())
+@tracing.assume_constant_result
+def _no_records_in_force() -> bool:
+    """Whether no `PickBest` reading tuning records is in force (a constant of the trace)."""
+    return _records_policy() is None
+
+
+def aten_whatever_the_problem(lowering: str, rows: int | None = COMPILE_MIN_ROWS) -> bool:
+    """Under Dynamo, for a layer whose ``compile_lowering`` is ``lowering``, called on ``rows``
+    rows (`static_rows`): whether it lowers to aten before the rest of its problem is read:
+    forced so, or "auto" where `lowers_every_problem_to_aten`, or "auto" with rows dynamic or
+    fewer than `COMPILE_MIN_ROWS` and no tuning records in force (rules 2 and 4 of the module
+    docstring then give aten whatever else the problem is). A decode step replayed as CUDA graphs
+    thus reads, and guards, no more of a layer than a graph without them."""
+    if lowering == "aten":
+        return True
+    if lowering != "auto":
+        return False
+    if lowers_every_problem_to_aten():
+        return True
+    return (rows is None or rows < COMPILE_MIN_ROWS) and _no_records_in_force()
 
 
 #: The activations cuBLASLt fuses into ``aten._addmm_activation``'s epilogue (gelu: tanh, as ours).
