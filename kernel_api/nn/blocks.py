@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..core import tracing
 from .fusion import FusedProjection, armed, worth_arming
 from .mixin import forward_behind
 
@@ -120,6 +121,14 @@ def _branch(projection: torch.nn.Module, dropout: torch.nn.Module | None, residu
 _declared: dict[type, tuple[BlockSpec, tuple[tuple[str, Any], ...]]] = {}
 
 
+@tracing.assume_constant_result
+def declared(cls: type) -> tuple | None:
+    """(`BlockSpec`, parameters) declared for ``cls``, or None. Dynamo calls it while tracing and
+    takes the answer as a constant: it guards none of the spec's parts (the class itself is
+    guarded by the block's type check)."""
+    return _declared.get(cls)
+
+
 def declare(cls: type, spec: BlockSpec, parameters: tuple[tuple[str, Any], ...]) -> None:
     """Make ``cls`` (a `ResidualBlock` class) a block of ``spec`` whose forward takes ``parameters``
     (`forward_parameters`); also its ``kernel_api_block`` / ``kernel_api_parameters``."""
@@ -136,7 +145,7 @@ class ResidualBlock(torch.nn.Module):
     kernel_api_parameters: tuple[tuple[str, Any], ...]
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        spec, params = _declared.get(self.__class__) or (self.kernel_api_block, self.kernel_api_parameters)
+        spec, params = declared(self.__class__) or (self.kernel_api_block, self.kernel_api_parameters)
         if (not worth_arming(hidden_states, projections(self, spec)) or len(args) > len(params)
                 or any(kwargs.get(n) is not None for n in spec.own_forward_if)):
             # (nothing to fuse in this call, both residuals having its rows: the block's own forward)
