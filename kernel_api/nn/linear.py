@@ -106,19 +106,20 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
     forced = layer.compile_lowering
     activation = layer.activation
     K, N = weight.shape if weight_is_kn else weight.shape[::-1]
+    rows = _lowering.static_rows(x)
     training = _grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad))
-    if _lowering.aten_whatever_the_problem(forced, _lowering.static_rows(x)):
+    if _lowering.aten_whatever_the_problem(forced, rows):
         chosen = "aten"
     else:
-        chosen = _lowering.choose(forced, _lowering.static_rows(x), K, N, x.dtype, activation, bias is not None,
-                                  training, x.device.index if x.is_cuda else -1)
+        chosen = _lowering.choose(forced, rows, K, N, x.dtype, activation, bias is not None, training,
+                                  x.device.index if x.is_cuda else -1)
     if chosen == "kernel_api":
         return _project(layer, x, weight if weight_is_kn else weight.t(), bias, activation,
                         layer.fuse_activation_when_training)
     _check_device(layer, x)
     if activation is not None and forced != "aten" and _lowering.aten_fuses_activation(
-            activation, bias is not None, _lowering.static_rows(x), x.dtype, x.is_cuda, training):
+            activation, bias is not None, rows, x.dtype, x.is_cuda, training):
         x2 = x.reshape(-1, K)
         y = torch._addmm_activation(bias, x2, weight if weight_is_kn else weight.t(), use_gelu=activation == "gelu")
         return y.view(*x.shape[:-1], N)

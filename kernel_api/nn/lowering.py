@@ -163,7 +163,7 @@ def _no_records_in_force() -> bool:
     return _records_policy() is None
 
 
-def aten_whatever_the_problem(lowering: str, rows: int | None = COMPILE_MIN_ROWS) -> bool:
+def aten_whatever_the_problem(lowering: str, rows: int | None) -> bool:
     """Under Dynamo, for a layer whose ``compile_lowering`` is ``lowering``, called on ``rows``
     rows (`static_rows`): whether it lowers to aten before the rest of its problem is read:
     forced so, or "auto" where `lowers_every_problem_to_aten`, or "auto" with rows dynamic or
