@@ -77,6 +77,7 @@ def test_aten_lowering_fuses_relu_and_tanh_gelu_with_a_bias_at_prefill_rows_of_h
     assert not fuses("gelu", True, M - 1, bf16, True, False)    # decode-sized: Inductor's to fuse
     assert not fuses("gelu", True, None, bf16, True, False)     # dynamic rows
     assert not fuses("gelu", True, M, torch.float32, True, False)
+    assert not fuses("gelu", True, M, None, True, False)         # mixed dtypes, or autocast's to choose
     assert not fuses("gelu", True, M, bf16, False, False)       # not CUDA
     assert not fuses("gelu", True, M, bf16, True, True)         # autograd: no pre-activation kept
 

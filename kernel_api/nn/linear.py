@@ -118,8 +118,12 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
         return _project(layer, x, weight if weight_is_kn else weight.t(), bias, activation,
                         layer.fuse_activation_when_training)
     _check_device(layer, x)
+    # (one dtype for the three operands outside autocast: autocast casts addmm's, not necessarily
+    # _addmm_activation's)
+    one_dtype = (x.dtype if bias is not None and weight.dtype == x.dtype and bias.dtype == x.dtype
+                 and not _autocast_enabled("cuda") else None)
     if activation is not None and forced != "aten" and _lowering.aten_fuses_activation(
-            activation, bias is not None, rows, x.dtype, x.is_cuda, training):
+            activation, bias is not None, rows, one_dtype, x.is_cuda, training):
         x2 = x.reshape(-1, K)
         y = torch._addmm_activation(bias, x2, weight if weight_is_kn else weight.t(), use_gelu=activation == "gelu")
         return y.view(*x.shape[:-1], N)

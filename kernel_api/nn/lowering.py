@@ -183,7 +183,7 @@ def aten_whatever_the_problem(lowering: str, rows: int | None) -> bool:
 _ADDMM_ACTIVATIONS = frozenset({"gelu", "relu"})
 
 
-def aten_fuses_activation(activation: str | None, has_bias: bool, rows: int | None, dtype: torch.dtype,
+def aten_fuses_activation(activation: str | None, has_bias: bool, rows: int | None, dtype: torch.dtype | None,
                           on_cuda: bool, training: bool) -> bool:
     """Whether an aten lowering of a projection is ``aten._addmm_activation`` rather than an
     ``addmm`` and a separate activation (the module docstring, rule 5).
@@ -192,7 +192,7 @@ def aten_fuses_activation(activation: str | None, has_bias: bool, rows: int | No
         activation: the layer's fused activation, or None.
         has_bias: whether the layer adds a bias.
         rows: M, the input's static rows (`static_rows`), or None when dynamic.
-        dtype: the operands' dtype.
+        dtype: the operands' one dtype, or None where they differ or autocast casts them.
         on_cuda: whether the input is a CUDA tensor.
         training: whether autograd records the call (``_addmm_activation`` keeps no pre-activation
             for a backward).
@@ -213,7 +213,7 @@ def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, 
         lowering: the layer's ``compile_lowering`` (`LOWERINGS`).
         rows: M, the input's rows, or None when Dynamo made them dynamic.
         K, N: the projection's input and output features.
-        dtype: the operands' dtype.
+        dtype: the operands' one dtype, or None where they differ or autocast casts them.
         activation: the layer's fused activation, or None.
         has_bias: whether the layer adds a bias.
         training: whether autograd records the call (a backward follows).
