@@ -180,13 +180,13 @@ class FusedProjection(torch.nn.Module):
         """Under Dynamo: whether a call whose output is shaped as ``operand`` keeps kernel_api's
         op (`kernel_api.nn.lowering.choose`, read before the call's input exists: the rows are the
         operand's, autograd the operand's or the weight's)."""
-        forced = self.compile_lowering
-        if lowering.aten_whatever_the_problem(forced, lowering.static_rows(operand)):
+        forced, rows = self.compile_lowering, lowering.static_rows(operand)
+        if lowering.aten_whatever_the_problem(forced, rows):
             return False
         weight, bias = self.weight, self.bias
         K, N = self._weight_kn().shape
         training = torch.is_grad_enabled() and (operand.requires_grad or weight.requires_grad)
-        return lowering.choose(forced, lowering.static_rows(operand), K, N, operand.dtype,
+        return lowering.choose(forced, rows, K, N, operand.dtype,
                                self.activation, bias is not None, training,
                                operand.device.index if operand.is_cuda else -1) == "kernel_api"
 

@@ -118,12 +118,8 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
         return _project(layer, x, weight if weight_is_kn else weight.t(), bias, activation,
                         layer.fuse_activation_when_training)
     _check_device(layer, x)
-    # (one dtype for the three operands outside autocast: autocast casts addmm's, not necessarily
-    # _addmm_activation's)
-    one_dtype = (x.dtype if bias is not None and weight.dtype == x.dtype and bias.dtype == x.dtype
-                 and not _autocast_enabled("cuda") else None)
     if activation is not None and forced != "aten" and _lowering.aten_fuses_activation(
-            activation, bias is not None, rows, one_dtype, x.is_cuda, training):
+            activation, bias is not None, rows, _one_dtype(x, weight, bias), x.is_cuda, training):
         x2 = x.reshape(-1, K)
         y = torch._addmm_activation(bias, x2, weight if weight_is_kn else weight.t(), use_gelu=activation == "gelu")
         return y.view(*x.shape[:-1], N)
@@ -138,6 +134,14 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
     # model's (transformers' gelu_new formula fuses into a faster Inductor kernel than F.gelu's).
     replaced = getattr(layer, REPLACED_ACTIVATION, None)
     return replaced(y) if replaced is not None else _TORCH_ACTIVATIONS[activation](y)
+
+
+def _one_dtype(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.dtype | None:
+    """The one dtype of a projection's input, weight and bias outside autocast, else None
+    (autocast casts ``addmm``'s operands, not necessarily ``_addmm_activation``'s)."""
+    if bias is None or weight.dtype != x.dtype or bias.dtype != x.dtype or _autocast_enabled("cuda"):
+        return None
+    return x.dtype
 
 
 def _replayed(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None) -> Any:

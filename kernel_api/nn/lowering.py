@@ -213,7 +213,7 @@ def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, 
         lowering: the layer's ``compile_lowering`` (`LOWERINGS`).
         rows: M, the input's rows, or None when Dynamo made them dynamic.
         K, N: the projection's input and output features.
-        dtype: the operands' one dtype, or None where they differ or autocast casts them.
+        dtype: the operands' dtype.
         activation: the layer's fused activation, or None.
         has_bias: whether the layer adds a bias.
         training: whether autograd records the call (a backward follows).
