@@ -8,6 +8,7 @@ AOTAutograd and the fake implementations run as under Inductor. The GPU checks a
 tests/test_compile_patched_gpu.py."""
 
 import copy
+from unittest import mock
 
 import pytest
 import torch
@@ -67,8 +68,15 @@ def _aten_projections(targets):
 
 # ---- the rule ------------------------------------------------------------------------------
 def test_aten_lowering_fuses_relu_and_tanh_gelu_with_a_bias_at_prefill_rows_of_half_precision_outside_training():
-    fuses = lowering.aten_fuses_activation
     M, bf16 = lowering.COMPILE_MIN_ROWS, torch.bfloat16
+
+    def fuses(activation, has_bias, rows, dtype, on_cuda, training, bias_dtype=None, autocast=False):
+        x = torch.empty(2, 8, dtype=dtype, device="meta")
+        weight = torch.empty(8, 4, dtype=dtype, device="meta")
+        bias = torch.empty(4, dtype=bias_dtype or dtype, device="meta") if has_bias else None
+        with mock.patch.object(torch, "is_autocast_enabled", lambda device=None: autocast):
+            return lowering.aten_fuses_activation(activation, rows, on_cuda, training, x, weight, bias)
+
     assert fuses("gelu", True, M, bf16, True, False)
     assert fuses("relu", True, 8192, torch.float16, True, False)
     assert not fuses("silu", True, M, bf16, True, False)        # (cuBLASLt has no SiLU epilogue)
@@ -77,7 +85,8 @@ def test_aten_lowering_fuses_relu_and_tanh_gelu_with_a_bias_at_prefill_rows_of_h
     assert not fuses("gelu", True, M - 1, bf16, True, False)    # decode-sized: Inductor's to fuse
     assert not fuses("gelu", True, None, bf16, True, False)     # dynamic rows
     assert not fuses("gelu", True, M, torch.float32, True, False)
-    assert not fuses("gelu", True, M, None, True, False)         # mixed dtypes, or autocast's to choose
+    assert not fuses("gelu", True, M, bf16, True, False, bias_dtype=torch.float32)  # mixed dtypes
+    assert not fuses("gelu", True, M, bf16, True, False, autocast=True)  # autocast's to choose
     assert not fuses("gelu", True, M, bf16, False, False)       # not CUDA
     assert not fuses("gelu", True, M, bf16, True, True)         # autograd: no pre-activation kept
 
@@ -507,3 +516,13 @@ def test_a_small_call_in_a_cuda_graph_reads_no_more_of_a_patched_layer_than_with
     per_block = {kind: (counts[kind, 4] - counts[kind, 2]) / 2 for kind in ("plain", "cuda graphs")}
     assert per_block["cuda graphs"] == per_block["plain"], (per_block, counts)
 
+
+
+def test_a_decode_sized_projection_guards_no_dtype_or_autocast_state():
+    """The bias-and-activation lowering needs prefill rows: a smaller call decides before it reads
+    the operands' dtypes or autocast's state, so its graph guards neither (guards run at every call)."""
+    tree = _guard_tree(patch(_tiny_gpt2(2)), _GraphsRecorder())
+    if not tree:
+        pytest.skip("this torch does not log its guards as 'GUARDS:' trees")
+    read = [line for line in tree if "one_dtype" in line or "autocast_enabled" in line]
+    assert not read, read[:3]

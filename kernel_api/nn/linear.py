@@ -119,7 +119,7 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
                         layer.fuse_activation_when_training)
     _check_device(layer, x)
     if activation is not None and forced != "aten" and _lowering.aten_fuses_activation(
-            activation, bias is not None, rows, _one_dtype(x, weight, bias), x.is_cuda, training):
+            activation, rows, x.is_cuda, training, x, weight, bias):
         x2 = x.reshape(-1, K)
         y = torch._addmm_activation(bias, x2, weight if weight_is_kn else weight.t(), use_gelu=activation == "gelu")
         return y.view(*x.shape[:-1], N)
@@ -134,14 +134,6 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
     # model's (transformers' gelu_new formula fuses into a faster Inductor kernel than F.gelu's).
     replaced = getattr(layer, REPLACED_ACTIVATION, None)
     return replaced(y) if replaced is not None else _TORCH_ACTIVATIONS[activation](y)
-
-
-def _one_dtype(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.dtype | None:
-    """The one dtype of a projection's input, weight and bias outside autocast, else None
-    (autocast casts ``addmm``'s operands, not necessarily ``_addmm_activation``'s)."""
-    if bias is None or weight.dtype != x.dtype or bias.dtype != x.dtype or _autocast_enabled("cuda"):
-        return None
-    return x.dtype
 
 
 def _replayed(layer: torch.nn.Module, x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None) -> Any:

@@ -183,22 +183,32 @@ def aten_whatever_the_problem(lowering: str, rows: int | None) -> bool:
 _ADDMM_ACTIVATIONS = frozenset({"gelu", "relu"})
 
 
-def aten_fuses_activation(activation: str | None, has_bias: bool, rows: int | None, dtype: torch.dtype | None,
-                          on_cuda: bool, training: bool) -> bool:
+def aten_fuses_activation(activation: str | None, rows: int | None, on_cuda: bool, training: bool,
+                          x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether an aten lowering of a projection is ``aten._addmm_activation`` rather than an
-    ``addmm`` and a separate activation (the module docstring, rule 5).
+    ``addmm`` and a separate activation (the module docstring, rule 5). The operands' dtypes are
+    read last, so a decode-sized call under Dynamo guards none of the autocast state.
 
     Args:
         activation: the layer's fused activation, or None.
-        has_bias: whether the layer adds a bias.
         rows: M, the input's static rows (`static_rows`), or None when dynamic.
-        dtype: the operands' one dtype, or None where they differ or autocast casts them.
         on_cuda: whether the input is a CUDA tensor.
         training: whether autograd records the call (``_addmm_activation`` keeps no pre-activation
             for a backward).
+        x, weight, bias: the projection's operands (`one_dtype`).
     """
-    return (activation in _ADDMM_ACTIVATIONS and has_bias and on_cuda and not training
-            and dtype in (torch.bfloat16, torch.float16) and rows is not None and rows >= COMPILE_MIN_ROWS)
+    if not (activation in _ADDMM_ACTIVATIONS and bias is not None and on_cuda and not training
+            and rows is not None and rows >= COMPILE_MIN_ROWS):
+        return False
+    return one_dtype(x, weight, bias) in (torch.bfloat16, torch.float16)
+
+
+def one_dtype(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.dtype | None:
+    """The one dtype of a projection's input, weight and bias outside autocast, else None
+    (autocast casts ``addmm``'s operands, not necessarily ``_addmm_activation``'s)."""
+    if bias is None or weight.dtype != x.dtype or bias.dtype != x.dtype or torch.is_autocast_enabled("cuda"):
+        return None
+    return x.dtype
 
 
 @tracing.assume_constant_result
