@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from kernel_api.cli.commands import gemm_arguments, main
+from kernel_api.cli.commands import main
+from kernel_api.cli.problems import gemm_arguments
 
 import toy_kernels
 from kernel_api import registry
@@ -49,7 +50,7 @@ def test_list_softmax_runs(capsys):
 
 def test_bad_cli_values_are_errors(capsys):
     assert main(["list", "gemm", "--m", "0", "--n", "8", "--k", "8"]) == 2
-    assert "--m must be >= 1" in capsys.readouterr().err
+    assert "--m must be an integer >= 1" in capsys.readouterr().err
     assert main(["list", "gemm", "--m", "8", "--n", "8", "--k", "8", "--dtype", "f7"]) == 2
     assert main(["list", "gemm", "--m", "8", "--n", "8", "--k", "8", "--layout", "tx"]) == 2
     assert main(["list", "gemm", "--m", "8", "--n", "8", "--k", "8", "--cc", "banana"]) == 2
@@ -305,7 +306,7 @@ def test_errors_in_a_new_process_have_no_traceback(tmp_path):
     assert done.stderr.strip().splitlines()[-1].endswith("pip install 'kernel_api[plot]'")
     done = subprocess.run([sys.executable, "-m", "kernel_api", "list", "gemm", "--m", "0", "--n", "8", "--k", "8"],
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and "Traceback" not in done.stderr and "--m must be >= 1" in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "--m must be an integer >= 1" in done.stderr
 
 
 # --- progress bars ----------------------------------------------------------------------------------

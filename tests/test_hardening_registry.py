@@ -7,7 +7,8 @@ import torch
 import kernel_api
 from kernel_api import (CompiledArtifact, DataType, GemmArguments, Kernel, KernelMetadata, Reason, RegistrationError,
                         SoftmaxArguments, Status, registry)
-from kernel_api.cli.commands import gemm_arguments, main
+from kernel_api.cli.commands import main
+from kernel_api.cli.problems import gemm_arguments
 from kernel_api.metadata import softmax_operands
 from kernel_api.providers.cuda_src import CudaSourceProvider
 from kernel_api.providers.cuda_src.kernel import CudaSourceKernel

@@ -38,7 +38,7 @@ def _entries(root):
 _NEW_PROCESS = textwrap.dedent("""
     import json, sys, time
     from kernel_api import registry
-    from kernel_api.cli.commands import gemm_arguments, softmax_arguments
+    from kernel_api.cli.problems import gemm_arguments, softmax_arguments
     from kernel_api.tuning.policies import rank_candidates
     from kernel_api.providers.cutedsl import kernel as cute_kernel
     from kernel_api.nvrtc import compiler
@@ -82,7 +82,16 @@ def test_precompile_fills_the_cache_and_a_new_process_hits_it(tmp_path, monkeypa
     ("[", "not valid JSON"),
     ("{}", "expected a non-empty JSON list"),
     ("[3]", "entry 0 must be an object"),
-    ('[{"op": "conv"}]', "entry 0: field 'op' must be one of ['gemm', 'softmax'], got 'conv'"),
+    ('[{"op": "conv"}]', "entry 0: field 'op' must be one of ['attention', 'cross_entropy', 'gated_activation', "
+                         "'gemm', 'layer_norm', 'rms_norm', 'rope', 'softmax'], got 'conv'"),
+    ('[{"op": "attention", "batch": 1, "heads": 2, "seqlen_q": 8}]', "entry 0 (attention): field 'head_dim' is missing"),
+    ('[{"op": "attention", "batch": 1, "heads": 2, "seqlen_q": 8, "head_dim": 64, "causal": 1}]',
+     "entry 0 (attention): field 'causal' must be true or false, got 1"),
+    ('[{"op": "rms_norm", "rows": 4, "cols": 8, "weight_dtype": "f9"}]', "entry 0 (rms_norm): field 'weight_dtype': unknown type name 'f9'"),
+    ('[{"op": "gated_activation", "rows": 4, "cols": 8, "activation": "relu"}]',
+     "entry 0 (gated_activation): field 'activation' must be one of ['silu', 'gelu_tanh', 'gelu'], got 'relu'"),
+    ('[{"op": "attention", "batch": 1, "heads": 3, "kv_heads": 2, "seqlen_q": 8, "head_dim": 64}]',
+     "entry 0 (attention): --heads (3) must be a multiple of --kv-heads (2)"),
     ('[{"op": "softmax", "rows": 4, "cols": 8}, {"op": "gemm", "m": 1, "n": 2}]', "entry 1 (gemm): field 'k' is missing"),
     ('[{"op": "gemm", "m": 0, "n": 2, "k": 2}]', "entry 0 (gemm): field 'm' must be an integer >= 1, got 0"),
     ('[{"op": "gemm", "m": 1, "n": "2", "k": 2}]', "entry 0 (gemm): field 'n' must be an integer >= 1, got '2'"),
@@ -107,7 +116,7 @@ def test_bad_options_and_defaults(tmp_path, capsys):
     assert "--top must be >= 1" in capsys.readouterr().err
     assert main(["precompile", "--shapes", str(tmp_path / "missing.json"), "--cc", "90", *OURS]) == 2
     assert "cannot read it" in capsys.readouterr().err
-    assert load_shapes(shapes)[0] == {"op": "softmax", "rows": 64, "cols": 1000, "dtype": "bf16"}
+    assert load_shapes(shapes)[0] == {"op": "softmax", "rows": 64, "cols": 1000, "dtype": "bf16", "backward": False}
     assert load_shapes(shapes)[1]["batch"] is None
 
 

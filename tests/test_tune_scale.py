@@ -18,7 +18,8 @@ import torch
 
 import kernel_api
 from kernel_api import DeviceError, GemmArguments
-from kernel_api.cli.commands import gemm_arguments, main, softmax_arguments
+from kernel_api.cli.commands import main
+from kernel_api.cli.problems import gemm_arguments, softmax_arguments
 from kernel_api.tuning import scale
 from kernel_api.tuning.compile_worker import arguments_from_description, describe_arguments
 from kernel_api.tuning.records import TuningRecord, TuningRecords, records_from_json

@@ -25,13 +25,21 @@ from .progress import progress
 
 
 def _torch_baseline(args: Any) -> Any:
+    """What ``bench`` times as torch's call for ``args``: torch's own function where one call is
+    the operation (``matmul``, ``softmax`` and its backward), else the torch provider's kernel
+    for it (torch's operators, as `PickBest` ranks them first), run on each input set."""
     if isinstance(args, GemmArguments):
         return lambda a: torch.matmul(a.A, a.B, out=a.out)
     if isinstance(args, SoftmaxArguments):
         return lambda a: torch.softmax(a.x, dim=-1)
     if isinstance(args, SoftmaxBackwardArguments):
         return lambda a: torch._softmax_backward_data(a.grad_out, a.out, -1, a.out.dtype)
-    raise TypeError(type(args).__name__)
+    kernels = registry.get_kernels(args, providers=["torch"]) if "torch" in registry.available_providers() else []
+    if not kernels:
+        raise ValueError(f"bench: no torch kernel takes {type(args).__name__} to time against")
+    kernel = rank_candidates(kernels, args)[0]
+    artifact = kernel.compile(args)
+    return lambda a: kernel.run(a, artifact)
 
 
 def work_of(args: Any) -> tuple[float, str]:

@@ -2,6 +2,8 @@
 
     kernel-api list gemm --m 4096 --n 4096 --k 4096 --dtype bf16 [--layout tnt] [--cc 90]
     kernel-api list softmax --rows 4096 --cols 1024 --dtype bf16
+    kernel-api list attention --batch 4 --heads 32 --kv-heads 8 --seqlen-q 2048 --head-dim 128 --causal
+    (every operation of `kernel_api.cli.problems.PROBLEMS`: ``kernel-api list OP --help``)
     kernel-api list --provider cutedsl[,torch] [--cc 90]   # a provider's kernel classes and instances
     kernel-api explain gemm ...
     kernel-api env [--json]          # versions, driver, GPUs, cache: paste it into bug reports
@@ -35,36 +37,32 @@ from ..tuning import policies
 from ..core.arch import normalize_cc
 from .errors import exit_status, one_line, require
 from .format import format_table
-from .problems import gemm_arguments, softmax_arguments  # (also imported from here)
+from .problems import DEVICE, PROBLEMS, REQUIRED
 
 
 def _add_problem_args(sub: argparse.ArgumentParser) -> None:
+    """One sub-command per operation of `PROBLEMS`, its options made from the operation's fields."""
     ops = sub.add_subparsers(dest="op", required=True)
-    g = ops.add_parser("gemm", help="out = A @ B")
-    g.add_argument("--m", type=int, required=True)
-    g.add_argument("--n", type=int, required=True)
-    g.add_argument("--k", type=int, required=True)
-    g.add_argument("--batch", type=int, default=None, help="batch count L (operands become rank 3)")
-    g.add_argument("--dtype", default="bf16", help="operand type: bf16, f16, f32, f64")
-    g.add_argument("--out-dtype", default=None, help="output type (default: --dtype)")
-    g.add_argument("--accumulator", default=None, help="accumulator type (default: f64 for f64, else f32)")
-    g.add_argument("--layout", default="ttt", help="t/n per A, B, out (t = row-major), e.g. tnt")
-    g.add_argument("--cc", default=None, help="target compute capability, e.g. 90 (default: this GPU, or all)")
-    s = ops.add_parser("softmax", help="out = softmax(x, dim=-1)")
-    s.add_argument("--rows", type=int, required=True)
-    s.add_argument("--cols", type=int, required=True)
-    s.add_argument("--dtype", default="bf16")
-    s.add_argument("--backward", action="store_true", help="the backward pass instead")
-    s.add_argument("--cc", default=None)
-    for p in (g, s):
+    for problem in PROBLEMS.values():
+        p = ops.add_parser(problem.op, help=problem.help)
+        for field in problem.fields:
+            if field.kind is bool:
+                p.add_argument(field.flag, dest=field.name, action="store_true", help=field.help)
+                continue
+            p.add_argument(field.flag, dest=field.name, type=int if field.kind is int else str,
+                           required=field.default is REQUIRED,
+                           default=None if field.default is REQUIRED else field.default, help=field.help or None)
+        p.add_argument("--cc", default=None, help="target compute capability, e.g. 90 (default: this GPU, or all)")
         p.add_argument("--provider", action="append", default=None,
                        help="only this provider's kernels (repeatable, or comma-separated)")
 
 
-def build_arguments(ns: argparse.Namespace) -> Any:
-    if ns.op == "gemm":
-        return gemm_arguments(ns.m, ns.n, ns.k, ns.batch, ns.dtype, ns.layout, ns.out_dtype, ns.accumulator)
-    return softmax_arguments(ns.rows, ns.cols, ns.dtype, ns.backward)
+def build_arguments(ns: argparse.Namespace, device: str = DEVICE) -> Any:
+    """The arguments of the problem ``ns`` describes (its operation's options), tensors on
+    ``device``; ValueError names the option at fault."""
+    problem = PROBLEMS[ns.op]
+    values = problem.values({f.name: getattr(ns, f.name) for f in problem.fields}, lambda f: f.flag)
+    return problem.arguments(values, device)
 
 
 def _design_text(design: Any) -> str:
@@ -133,7 +131,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
     providers = provider_names((ns.list_provider or []) + (getattr(ns, "provider", None) or []))
     if ns.op is None:
         if providers is None:
-            raise ValueError("list: give a problem (list gemm ... / list softmax ...) or --provider NAME")
+            raise ValueError(f"list: give a problem (list OP ..., OP one of {', '.join(PROBLEMS)}) or --provider NAME")
         return _list_provider_kernels(providers, normalize_cc(ns.list_cc, "--cc"))
     args = build_arguments(ns)
     cc = normalize_cc(ns.cc if ns.cc is not None else ns.list_cc, "--cc")
@@ -176,10 +174,7 @@ def _gpu_arguments(ns: argparse.Namespace) -> Any:
         for k in kernels:
             print(f"  {k.metadata.kernel_name}", file=sys.stderr)
         return None
-    if ns.op == "gemm":
-        return gemm_arguments(ns.m, ns.n, ns.k, ns.batch, ns.dtype, ns.layout, ns.out_dtype, ns.accumulator,
-                              device="cuda")
-    return softmax_arguments(ns.rows, ns.cols, ns.dtype, ns.backward, device="cuda")
+    return build_arguments(ns, device="cuda")
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:

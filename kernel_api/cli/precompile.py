@@ -4,10 +4,14 @@
 The shapes file is a JSON list of problems::
 
     [{"op": "gemm", "m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "layout": "ttt"},
-     {"op": "softmax", "rows": 32768, "cols": 4096, "dtype": "bf16"}]
+     {"op": "softmax", "rows": 32768, "cols": 4096, "dtype": "bf16"},
+     {"op": "attention", "batch": 4, "heads": 32, "kv_heads": 8, "seqlen_q": 2048, "head_dim": 128,
+      "causal": true}]
 
-(``dtype`` defaults to bf16, ``layout`` to ttt, ``batch`` is optional for a GEMM). Arguments
-are built on the ``meta`` device, so no GPU and no memory are needed.
+Every operation of `kernel_api.cli.problems.PROBLEMS` has its fields there, with their defaults
+(``dtype`` bf16, ``layout`` ttt, ``batch`` optional for a GEMM); ``kernel-api list OP --help``
+shows them as options. Arguments are built on the ``meta`` device, so no GPU and no memory are
+needed.
 """
 
 from __future__ import annotations
@@ -17,26 +21,18 @@ import sys
 import tempfile
 from typing import Any, Callable
 
-from ..core.dtypes import to_dtype
 from ..core.errors import KernelApiError
 from ..core.files import read_json
-from ..utils import layout_string_to_strides
-from .problems import gemm_arguments, softmax_arguments
+from .problems import PROBLEMS
 
 
 class ShapesFileError(KernelApiError, ValueError):
     """A shapes file that cannot be used; the message names the file, the entry and the field."""
 
 
-# op -> (required integer fields, optional fields with their defaults)
-_FIELDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "gemm": (("m", "n", "k"), {"dtype": "bf16", "layout": "ttt", "batch": None}),
-    "softmax": (("rows", "cols"), {"dtype": "bf16"}),
-}
-
-
 def load_shapes(path: str | os.PathLike) -> list[dict]:
-    """The entries of a shapes file, checked and with defaults filled in.
+    """The entries of a shapes file, checked and with defaults filled in: each an object with
+    ``op`` (a name of `kernel_api.cli.problems.PROBLEMS`) and that operation's fields.
 
     Raises:
         ShapesFileError: naming the file, the entry's index and the field at fault.
@@ -50,42 +46,24 @@ def load_shapes(path: str | os.PathLike) -> list[dict]:
         if not isinstance(item, dict):
             raise ShapesFileError(f"{source}: entry {i} must be an object, got {type(item).__name__}")
         op = item.get("op")
-        if op not in _FIELDS:
-            raise ShapesFileError(f"{source}: entry {i}: field 'op' must be one of {sorted(_FIELDS)}, got {op!r}")
-        required, optional = _FIELDS[op]
-        unknown = sorted(set(item) - {"op", *required, *optional})
+        problem = PROBLEMS.get(op) if isinstance(op, str) else None
+        if problem is None:
+            raise ShapesFileError(f"{source}: entry {i}: field 'op' must be one of {sorted(PROBLEMS)}, got {op!r}")
+        unknown = sorted(set(item) - {"op", *(f.name for f in problem.fields)})
         if unknown:
             raise ShapesFileError(f"{source}: entry {i} ({op}): unknown field(s) {', '.join(map(repr, unknown))}")
-        entry = {"op": op, **optional, **item}
-        for name in required + (("batch",) if op == "gemm" and entry["batch"] is not None else ()):
-            if name not in entry:
-                raise ShapesFileError(f"{source}: entry {i} ({op}): field {name!r} is missing")
-            value = entry[name]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ShapesFileError(f"{source}: entry {i} ({op}): field {name!r} must be an integer >= 1, "
-                                      f"got {value!r}")
-        for name, check in (("dtype", lambda v: to_dtype(v, "")), ("layout", layout_string_to_strides)):
-            if name not in entry:
-                continue
-            if not isinstance(entry[name], str):
-                raise ShapesFileError(f"{source}: entry {i} ({op}): field {name!r} must be a string, "
-                                      f"got {entry[name]!r}")
-            try:
-                check(entry[name])
-            except ValueError as exc:
-                text = str(exc).removeprefix(": ")
-                raise ShapesFileError(f"{source}: entry {i} ({op}): field {name!r}: {text}") from None
-        entries.append(entry)
+        try:
+            values = problem.values(item, lambda f: f"field {f.name!r}")
+        except ValueError as exc:
+            raise ShapesFileError(f"{source}: entry {i} ({op}): {exc}") from None
+        entries.append({"op": op, **values})
     return entries
 
 
 def entry_arguments(entry: dict, index: int, source: str = "shapes file") -> Any:
     """Arguments on the ``meta`` device for one checked entry of `load_shapes`."""
     try:
-        if entry["op"] == "gemm":
-            return gemm_arguments(entry["m"], entry["n"], entry["k"], entry["batch"], entry["dtype"],
-                                  entry["layout"])
-        return softmax_arguments(entry["rows"], entry["cols"], entry["dtype"])
+        return PROBLEMS[entry["op"]].arguments({k: v for k, v in entry.items() if k != "op"})
     except (ValueError, TypeError) as exc:  # fields are checked by load_shapes: the combination is at fault
         raise ShapesFileError(f"{source}: entry {index} ({entry['op']}): {str(exc).splitlines()[0]}") from None
 
@@ -195,10 +173,7 @@ def parse_devices(text: str | None) -> list[int] | None:
 
 
 def _describe(entry: dict) -> str:
-    if entry["op"] == "gemm":
-        batch = f"x{entry['batch']}" if entry["batch"] is not None else ""
-        return f"gemm {entry['m']}x{entry['n']}x{entry['k']}{batch} {entry['dtype']} {entry['layout']}"
-    return f"softmax {entry['rows']}x{entry['cols']} {entry['dtype']}"
+    return PROBLEMS[entry["op"]].describe(entry)
 
 
 def report_tuning(entries: list[dict], results: list, show: Callable[..., Any] = print) -> int:

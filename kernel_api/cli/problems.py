@@ -1,5 +1,10 @@
-"""Problems described by sizes and dtype names: the arguments the ``kernel-api`` commands and
-the shapes files build.
+"""Problems described by sizes and type names: the arguments the ``kernel-api`` commands and the
+shapes files build, for every operation in `PROBLEMS`.
+
+Each operation is one `Problem`: its fields (sizes, type names, switches) and how they become
+arguments. The commands' options (``--m``, ``--seqlen-q``), a shapes file's fields and their
+checks all come from that one description, so an operation added here is listed, explained,
+precompiled, benchmarked and tuned by every command alike.
 
 Tensors are made on torch's "meta" device by default, so nothing is allocated and no GPU is
 needed; pointers then count as fully aligned.
@@ -7,13 +12,105 @@ needed; pointers then count as fully aligned.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Callable
+
 import torch
 
-from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from ..arguments import (AttentionArguments, CrossEntropyArguments, GatedActivationArguments, GemmArguments,
+                         LayerNormArguments, RMSNormArguments, RopeArguments, SoftmaxArguments,
+                         SoftmaxBackwardArguments)
+from ..arguments.activations import GATE_ACTIVATIONS
 from ..core.dtypes import to_dtype
 from ..utils import layout_string_to_strides
 
 DEVICE = "meta"
+
+#: A field's default when it has none: the field is required.
+REQUIRED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One value of a problem: an integer size (at least 1), a type name, a choice or a switch.
+
+    Attributes:
+        name: the field's name in a shapes file; the option is ``--`` + name with ``-`` for ``_``.
+        kind: ``int`` (a size >= 1), ``"dtype"`` (a type name), ``"layout"`` (t/n per operand),
+            ``bool`` (a switch, False unless given) or a tuple of the allowed strings.
+        default: the value when not given; `REQUIRED` when it must be.
+        help: the option's help text.
+    """
+
+    name: str
+    kind: Any
+    default: Any = REQUIRED
+    help: str = ""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any, label: str) -> Any:
+        """``value`` if it is valid for this field, else ValueError naming ``label``."""
+        if value is None and self.default is None:
+            return None
+        if self.kind is int:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
+        elif self.kind is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{label} must be true or false, got {value!r}")
+        elif isinstance(self.kind, tuple):
+            if value not in self.kind:
+                raise ValueError(f"{label} must be one of {list(self.kind)}, got {value!r}")
+        else:
+            if not isinstance(value, str):
+                raise ValueError(f"{label} must be a string, got {value!r}")
+            if self.kind == "dtype":
+                to_dtype(value, label)
+            elif self.kind == "layout":
+                try:
+                    layout_string_to_strides(value)
+                except ValueError as exc:
+                    raise ValueError(f"{label}: {exc}") from None
+        return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """An operation as the commands describe it: its fields, and ``build(device=..., **values)``
+    that makes its arguments from them."""
+
+    op: str
+    help: str
+    fields: tuple[Field, ...]
+    build: Callable[..., Any]
+    summary: Callable[[dict], str] | None = None
+
+    def values(self, given: dict, label: Callable[[Field], str]) -> dict:
+        """Every field's value (``given``'s, else the default), each checked; ValueError names
+        the field as ``label(field)`` gives it."""
+        values = {}
+        for f in self.fields:
+            value = given.get(f.name, f.default)
+            if value is REQUIRED:
+                raise ValueError(f"{label(f)} is missing")
+            values[f.name] = f.check(value, label(f))
+        return values
+
+    def arguments(self, values: dict, device: str = DEVICE) -> Any:
+        """The arguments for checked ``values`` (`values`), tensors on ``device``."""
+        return self.build(device=device, **values)
+
+    def describe(self, values: dict) -> str:
+        """One line: the operation and its sizes (``summary``), or its fields that differ from
+        their defaults."""
+        if self.summary is not None:
+            return f"{self.op} {self.summary(values)}"
+        parts = [f"{f.name}={values[f.name]}" for f in self.fields
+                 if values.get(f.name) is not None and (f.default is REQUIRED or values[f.name] != f.default)]
+        return " ".join([self.op, *parts])
 
 
 def _matrix(rows: int, cols: int, batch: int | None, row_major: bool, dtype: torch.dtype, device: str) -> torch.Tensor:
@@ -21,6 +118,10 @@ def _matrix(rows: int, cols: int, batch: int | None, row_major: bool, dtype: tor
     stride2 = (cols, 1) if row_major else (1, rows)
     stride = stride2 if batch is None else (rows * cols,) + stride2
     return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
+def _torch_dtype(name: str, flag: str = "--dtype") -> torch.dtype:
+    return to_dtype(name, flag).to_torch()
 
 
 def gemm_arguments(m: int, n: int, k: int, batch: int | None = None, dtype: str = "bf16", layout: str = "ttt",
@@ -44,8 +145,8 @@ def gemm_arguments(m: int, n: int, k: int, batch: int | None = None, dtype: str 
             raise ValueError(f"{label} must be >= 1, got {v}")
     if batch is not None and batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
-    in_t = to_dtype(dtype, "--dtype").to_torch()
-    out_t = to_dtype(out_dtype or dtype, "--out-dtype").to_torch()
+    in_t = _torch_dtype(dtype)
+    out_t = _torch_dtype(out_dtype or dtype, "--out-dtype")
     sa, sb, so = layout_string_to_strides(layout)
     A = _matrix(m, k, batch, sa[-1] == 1, in_t, device)
     B = _matrix(k, n, batch, sb[-1] == 1, in_t, device)
@@ -68,8 +169,115 @@ def softmax_arguments(rows: int, cols: int, dtype: str = "bf16", backward: bool 
     """
     if rows < 1 or cols < 1:
         raise ValueError(f"--rows and --cols must be >= 1, got {rows} x {cols}")
-    t = to_dtype(dtype, "--dtype").to_torch()
+    t = _torch_dtype(dtype)
     make = lambda: torch.empty(rows, cols, dtype=t, device=device)  # noqa: E731
     if backward:
         return SoftmaxBackwardArguments(make(), make(), make())
     return SoftmaxArguments(make(), make())
+
+
+def _norm_arguments(kind: str, rows: int, cols: int, dtype: str, weight_dtype: str | None, residual: bool,
+                    device: str) -> Any:
+    t = _torch_dtype(dtype)
+    w = _torch_dtype(weight_dtype or dtype, "--weight-dtype")
+    x, out = (torch.empty(rows, cols, dtype=t, device=device) for _ in range(2))
+    weight = torch.empty(cols, dtype=w, device=device)
+    extra = {}
+    if residual:
+        extra = dict(residual=torch.empty_like(x), residual_out=torch.empty_like(x))
+    if kind == "rms_norm":
+        return RMSNormArguments(x, weight, out, **extra)
+    return LayerNormArguments(x, weight, torch.empty(cols, dtype=w, device=device), out, **extra)
+
+
+def _attention_arguments(batch: int, heads: int, kv_heads: int | None, seqlen_q: int, seqlen_k: int | None,
+                         head_dim: int, dtype: str, causal: bool, lse: bool, device: str) -> AttentionArguments:
+    t = _torch_dtype(dtype)
+    kv = kv_heads or heads
+    if heads % kv:
+        raise ValueError(f"--heads ({heads}) must be a multiple of --kv-heads ({kv})")
+    sk = seqlen_k or seqlen_q
+    q = torch.empty(batch, seqlen_q, heads, head_dim, dtype=t, device=device)
+    k, v = (torch.empty(batch, sk, kv, head_dim, dtype=t, device=device) for _ in range(2))
+    out = torch.empty_like(q)
+    lse_t = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=device) if lse else None
+    return AttentionArguments(q, k, v, out, lse_t, causal=causal)
+
+
+def _cross_entropy_arguments(rows: int, classes: int, dtype: str, device: str) -> CrossEntropyArguments:
+    t = _torch_dtype(dtype)
+    loss_t = torch.float64 if t == torch.float64 else torch.float32
+    logits = torch.empty(rows, classes, dtype=t, device=device)
+    target = torch.empty(rows, dtype=torch.int64, device=device)
+    loss, lse = (torch.empty(rows, dtype=loss_t, device=device) for _ in range(2))
+    return CrossEntropyArguments(logits, target, loss, lse)
+
+
+def _gated_arguments(rows: int, cols: int, dtype: str, activation: str, device: str) -> GatedActivationArguments:
+    t = _torch_dtype(dtype)
+    gate, up, out = (torch.empty(rows, cols, dtype=t, device=device) for _ in range(3))
+    return GatedActivationArguments(gate, up, out, activation=activation)
+
+
+def _rope_arguments(batch: int, seq: int, heads: int, kv_heads: int | None, head_dim: int, dtype: str,
+                    device: str) -> RopeArguments:
+    if head_dim % 2:
+        raise ValueError(f"--head-dim must be even, got {head_dim}")
+    t = _torch_dtype(dtype)
+    q = torch.empty(batch, heads, seq, head_dim, dtype=t, device=device)
+    k = torch.empty(batch, kv_heads or heads, seq, head_dim, dtype=t, device=device)
+    cos, sin = (torch.empty(1, seq, head_dim, dtype=t, device=device) for _ in range(2))
+    return RopeArguments(q, k, cos, sin, torch.empty_like(q), torch.empty_like(k))
+
+
+_DTYPE = Field("dtype", "dtype", "bf16", "tensor type: bf16, f16, f32 (f64 where a kernel takes it)")
+_ROWS = Field("rows", int, help="rows (the product of the leading dimensions)")
+
+
+def _norm_problem(kind: str, formula: str) -> Problem:
+    return Problem(kind, formula, (
+        _ROWS, Field("cols", int, help="row length (normalised over)"), _DTYPE,
+        Field("weight_dtype", "dtype", None, "weight (and bias) type (default: --dtype)"),
+        Field("residual", bool, False, "x + residual is normalised and also written")),
+        lambda device, **v: _norm_arguments(kind, device=device, **v))
+
+
+#: Every operation the commands and shapes files describe, by name.
+PROBLEMS: dict[str, Problem] = {p.op: p for p in (
+    Problem("gemm", "out = A @ B", (
+        Field("m", int), Field("n", int), Field("k", int),
+        Field("batch", int, None, "batch count L (operands become rank 3)"),
+        Field("dtype", "dtype", "bf16", "operand type: bf16, f16, f32, f64"),
+        Field("layout", "layout", "ttt", "t/n per A, B, out (t = row-major), e.g. tnt"),
+        Field("out_dtype", "dtype", None, "output type (default: --dtype)"),
+        Field("accumulator", "dtype", None, "accumulator type (default: f64 for f64, else f32)")),
+        lambda device, **v: gemm_arguments(device=device, **v),
+        lambda v: (f"{v['m']}x{v['n']}x{v['k']}{'' if v.get('batch') is None else 'x' + str(v['batch'])} "
+                   f"{v['dtype']} {v['layout']}")),
+    Problem("softmax", "out = softmax(x, dim=-1)", (
+        _ROWS, Field("cols", int), _DTYPE, Field("backward", bool, False, "the backward pass instead")),
+        lambda device, **v: softmax_arguments(device=device, **v),
+        lambda v: f"{v['rows']}x{v['cols']} {v['dtype']}" + (" backward" if v.get("backward") else "")),
+    _norm_problem("rms_norm", "out = x / sqrt(mean(x^2) + eps) * weight, per row"),
+    _norm_problem("layer_norm", "out = (x - mean) / sqrt(var + eps) * weight + bias, per row"),
+    Problem("attention", "out = softmax(q k^T * scale [+ causal mask]) v, (batch, seq, heads, head_dim)", (
+        Field("batch", int), Field("heads", int, help="query heads"),
+        Field("kv_heads", int, None, "key/value heads (default: --heads; fewer: GQA, 1: MQA)"),
+        Field("seqlen_q", int), Field("seqlen_k", int, None, "key length (default: --seqlen-q)"),
+        Field("head_dim", int), _DTYPE,
+        Field("causal", bool, False, "a bottom-right aligned causal mask"),
+        Field("lse", bool, False, "also write the row log-sum-exp (what a backward needs)")),
+        lambda device, **v: _attention_arguments(device=device, **v)),
+    Problem("cross_entropy", "loss, lse per row of logits against class indices", (
+        _ROWS, Field("classes", int, help="classes (the logits' row length)"),
+        Field("dtype", "dtype", "bf16", "logits type")),
+        lambda device, **v: _cross_entropy_arguments(device=device, **v)),
+    Problem("gated_activation", "out = act(gate) * up: SwiGLU (silu), GeGLU (gelu_tanh, gelu)", (
+        _ROWS, Field("cols", int), _DTYPE,
+        Field("activation", tuple(GATE_ACTIVATIONS), "silu", "the gate's activation")),
+        lambda device, **v: _gated_arguments(device=device, **v)),
+    Problem("rope", "rotary position embedding of q and k, (batch, heads, seq, head_dim)", (
+        Field("batch", int), Field("seq", int), Field("heads", int, help="query heads"),
+        Field("kv_heads", int, None, "key heads (default: --heads)"), Field("head_dim", int, help="even"), _DTYPE),
+        lambda device, **v: _rope_arguments(device=device, **v)),
+)}

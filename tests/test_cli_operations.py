@@ -1,0 +1,96 @@
+"""Every operation the command line describes (`kernel_api.cli.problems.PROBLEMS`) is listed,
+explained and read from a shapes file through the same description, without a GPU."""
+
+import json
+
+import pytest
+
+from kernel_api import registry
+from kernel_api.cli.commands import main
+from kernel_api.cli.precompile import entry_arguments, load_shapes
+from kernel_api.cli.problems import PROBLEMS
+
+# One problem per operation: its options, and the arguments type it builds.
+EXAMPLES = {
+    "gemm": ({"m": 96, "n": 128, "k": 64, "layout": "tnt"}, "GemmArguments"),
+    "softmax": ({"rows": 6, "cols": 1000, "backward": True}, "SoftmaxBackwardArguments"),
+    "rms_norm": ({"rows": 5, "cols": 4096, "weight_dtype": "f32"}, "RMSNormArguments"),
+    "layer_norm": ({"rows": 7, "cols": 768, "residual": True}, "LayerNormArguments"),
+    "attention": ({"batch": 2, "heads": 8, "kv_heads": 2, "seqlen_q": 3, "seqlen_k": 129, "head_dim": 128,
+                   "causal": True}, "AttentionArguments"),
+    "cross_entropy": ({"rows": 9, "classes": 32000, "dtype": "f16"}, "CrossEntropyArguments"),
+    "gated_activation": ({"rows": 4, "cols": 14336, "activation": "gelu_tanh"}, "GatedActivationArguments"),
+    "rope": ({"batch": 1, "seq": 33, "heads": 8, "kv_heads": 2, "head_dim": 64}, "RopeArguments"),
+}
+
+
+def _options(values: dict) -> list[str]:
+    options = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            options.append(flag)
+        else:
+            options += [flag, str(value)]
+    return options
+
+
+def test_every_operation_has_an_example_here():
+    assert sorted(EXAMPLES) == sorted(PROBLEMS)
+
+
+@pytest.mark.parametrize("op", sorted(EXAMPLES))
+def test_list_and_explain_every_operation(op, capsys):
+    values, type_name = EXAMPLES[op]
+    assert main(["list", op, *_options(values), "--cc", "90"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith(type_name.split("Arguments")[0]), out.splitlines()[0]
+    assert "kernel(s)" in out
+    assert main(["explain", op, *_options(values), "--cc", "90"]) == 0
+    assert "kernel instance(s) fit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("op", sorted(EXAMPLES))
+def test_the_shapes_file_builds_what_the_options_build(op, tmp_path):
+    values, type_name = EXAMPLES[op]
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps([{"op": op, **values}]))
+    (entry,) = load_shapes(path)
+    args = entry_arguments(entry, 0)
+    assert type(args).__name__.lstrip("_").startswith(type_name.split("Arguments")[0]), type(args)
+    assert registry.get_kernels(args, cc=90), f"no kernel for {op} {values}"
+    described = PROBLEMS[op].describe(entry)
+    assert described.startswith(op + " ")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["list", "attention", "--batch", "2", "--heads", "6", "--kv-heads", "4", "--seqlen-q", "8", "--head-dim", "64"],
+     "--heads (6) must be a multiple of --kv-heads (4)"),
+    (["list", "rope", "--batch", "1", "--seq", "4", "--heads", "2", "--head-dim", "63"], "--head-dim must be even"),
+    (["list", "gated_activation", "--rows", "4", "--cols", "8", "--activation", "relu"],
+     "--activation must be one of ['silu', 'gelu_tanh', 'gelu'], got 'relu'"),
+    (["list", "layer_norm", "--rows", "4", "--cols", "0"], "--cols must be an integer >= 1, got 0"),
+    (["list", "cross_entropy", "--rows", "4", "--classes", "8", "--dtype", "f7"], "--dtype: unknown type name 'f7'"),
+])
+def test_a_bad_option_of_any_operation_is_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_bench_times_an_operation_without_a_torch_function_against_the_torch_providers_kernel(monkeypatch):
+    """`bench`'s baseline for an operation that is not one torch call is the torch provider's
+    kernel for the same arguments, run on each input set."""
+    from kernel_api.cli import bench
+    from kernel_api.kernel import Kernel
+
+    p = PROBLEMS["rms_norm"]
+    args = p.arguments(p.values({"rows": 4, "cols": 64}, lambda f: f.flag))
+    ran = []
+    monkeypatch.setattr(Kernel, "run", lambda self, a, artifact=None, *rest, **kw: ran.append((self, a)))
+    baseline = bench._torch_baseline(args)
+    baseline(args)
+    assert [(k.metadata.provider, a) for k, a in ran] == [("torch", args)]
+    monkeypatch.setattr(bench.registry, "get_kernels", lambda *a, **kw: [])
+    with pytest.raises(ValueError, match="bench: no torch kernel takes RMSNormArguments"):
+        bench._torch_baseline(args)
