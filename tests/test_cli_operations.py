@@ -94,3 +94,14 @@ def test_bench_times_an_operation_without_a_torch_function_against_the_torch_pro
     monkeypatch.setattr(bench.registry, "get_kernels", lambda *a, **kw: [])
     with pytest.raises(ValueError, match="bench: no torch kernel takes RMSNormArguments"):
         bench._torch_baseline(args)
+
+
+def test_list_names_each_kernels_design_in_a_few_words(capsys):
+    """A tile and cluster, a library's schedule for a vendor kernel, a design's fields."""
+    assert main(["list", "gemm", "--m", "64", "--n", "64", "--k", "64", "--cc", "90", "--provider", "torch"]) == 0
+    out = capsys.readouterr().out
+    assert "TorchGemm_bf16_ttt" in out and "library" in out and "0x0x0" not in out
+    assert main(["list", "attention", "--batch", "1", "--heads", "2", "--seqlen-q", "1", "--seqlen-k", "64",
+                 "--head-dim", "128", "--cc", "90", "--provider", "torch"]) == 0
+    out = capsys.readouterr().out
+    assert "backend=sdpa" in out and "AttentionDesign(" not in out

@@ -26,6 +26,7 @@ nothing is allocated and no GPU is needed; pointers then count as fully aligned.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Any, Sequence
@@ -66,15 +67,23 @@ def build_arguments(ns: argparse.Namespace, device: str = DEVICE) -> Any:
 
 
 def _design_text(design: Any) -> str:
+    """A kernel's design in a few words: its tile and cluster, its row strategy, a library's
+    schedule (a tile of zeros), or its fields."""
     if design is None:
         return "-"
     tile = getattr(design, "tile_shape", None)
-    if tile is not None:
+    if tile is not None and any(tile):
         cluster = "x".join(map(str, getattr(design, "cluster_shape", (1, 1, 1))))
         return f"{'x'.join(map(str, tile))} / {cluster}"
+    if tile is not None:
+        return str(getattr(design, "schedule", None) or "-")
     strategy = getattr(design, "strategy", None)
     if strategy is not None:
         return f"{strategy} ({design.threads_per_row} thr/row)"
+    names = ([f.name for f in dataclasses.fields(design)] if dataclasses.is_dataclass(design)
+             else list(getattr(design, "_fields", ())))  # (a NamedTuple's)
+    if names:
+        return " ".join(f"{n}={getattr(design, n)}" for n in names if getattr(design, n) not in (None, ()))
     return str(design)
 
 
@@ -142,7 +151,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
     if not rows:
         print("no kernel found; `kernel-api explain` with the same options says why")
         return 1
-    print(format_table(("kernel", "provider", "tile / cluster", "min cc"), rows))
+    print(format_table(("kernel", "provider", "design", "min cc"), rows))
     print(f"{len(rows)} kernel(s)")
     return 0
 
