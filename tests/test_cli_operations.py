@@ -71,6 +71,10 @@ def test_the_shapes_file_builds_what_the_options_build(op, tmp_path):
      "--activation must be one of ['silu', 'gelu_tanh', 'gelu'], got 'relu'"),
     (["list", "layer_norm", "--rows", "4", "--cols", "0"], "--cols must be an integer >= 1, got 0"),
     (["list", "cross_entropy", "--rows", "4", "--classes", "8", "--dtype", "f7"], "--dtype: unknown type name 'f7'"),
+    (["list", "softmax", "--rows", "99999999999", "--cols", "99999999999"],
+     "softmax: tensors of these sizes cannot be made"),
+    (["explain", "gemm", "--m", "99999999999", "--n", "99999999999", "--k", "9"],
+     "gemm: tensors of these sizes cannot be made"),
 ])
 def test_a_bad_option_of_any_operation_is_one_line(argv, message, capsys):
     assert main(argv) == 2

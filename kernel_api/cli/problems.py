@@ -100,8 +100,13 @@ class Problem:
         return values
 
     def arguments(self, values: dict, device: str = DEVICE) -> Any:
-        """The arguments for checked ``values`` (`values`), tensors on ``device``."""
-        return self.build(device=device, **values)
+        """The arguments for checked ``values`` (`values`), tensors on ``device``; ValueError
+        when torch cannot make tensors of those sizes (an element count past its index type)."""
+        try:
+            return self.build(device=device, **values)
+        except RuntimeError as exc:
+            raise ValueError(f"{self.op}: tensors of these sizes cannot be made: "
+                             f"{str(exc).splitlines()[0]}") from None
 
     def describe(self, values: dict) -> str:
         """One line: the operation and its sizes (``summary``), or its fields that differ from
