@@ -109,3 +109,22 @@ def test_list_names_each_kernels_design_in_a_few_words(capsys):
                  "--head-dim", "128", "--cc", "90", "--provider", "torch"]) == 0
     out = capsys.readouterr().out
     assert "backend=sdpa" in out and "AttentionDesign(" not in out
+
+
+def test_bench_counts_dense_attention_in_flops_over_the_pairs_its_mask_leaves():
+    """4 * head_dim FLOPs per (query, key) pair and head: every pair, or under the bottom-right
+    aligned causal mask the pairs it leaves, whatever the two lengths; bytes for the rest."""
+    from kernel_api.cli.bench import work_of
+
+    def attention(seqlen_q, seqlen_k, causal):
+        p = PROBLEMS["attention"]
+        return p.arguments(p.values({"batch": 3, "heads": 4, "kv_heads": 2, "seqlen_q": seqlen_q,
+                                     "seqlen_k": seqlen_k, "head_dim": 64, "causal": causal}, lambda f: f.flag))
+
+    for sq in range(1, 24):
+        for sk in range(1, 24):
+            pairs = sum(min(max(i + sk - sq + 1, 0), sk) for i in range(sq))
+            assert work_of(attention(sq, sk, True)) == (4.0 * 3 * 4 * pairs * 64, "TFLOP/s"), (sq, sk)
+    assert work_of(attention(5, 9, False)) == (4.0 * 3 * 4 * 45 * 64, "TFLOP/s")
+    p = PROBLEMS["rms_norm"]
+    assert work_of(p.arguments(p.values({"rows": 4, "cols": 8}, lambda f: f.flag)))[1] == "TB/s"

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .. import registry
-from ..arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from ..arguments import AttentionArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 from ..core.cache import cache_dir
 from ..core.files import atomic_file
 from ..tuning.records import TuningRecords
@@ -43,10 +43,26 @@ def _torch_baseline(args: Any) -> Any:
 
 
 def work_of(args: Any) -> tuple[float, str]:
-    """(amount, unit) for throughput: FLOPs for GEMM, bytes moved for softmax."""
+    """(amount, unit) for throughput: FLOPs for GEMM and dense attention (the two products over
+    the (query, key) pairs the mask leaves, ``4 * d`` each), bytes moved for the rest."""
     if isinstance(args, GemmArguments):
         return 2.0 * args.M * args.N * args.K * args.L, "TFLOP/s"
+    if isinstance(args, AttentionArguments) and not args.varlen and args.cache_seqlens is None:
+        return 4.0 * args.batch * args.heads_q * attended_pairs(args) * args.head_dim, "TFLOP/s"
     return float(sum(t.numel() * t.element_size() for t in args.tensors().values())), "TB/s"
+
+
+def attended_pairs(args: Any) -> int:
+    """The (query, key) pairs of one head of dense attention ``args`` that its mask leaves: all
+    of them, or under the bottom-right aligned causal mask, query ``i`` of ``seqlen_q`` sees the
+    first ``i + seqlen_k - seqlen_q + 1`` keys (none when that is not positive)."""
+    sq, sk = args.seqlen_q, args.seqlen_k
+    if not args.causal:
+        return sq * sk
+    first = max(sq - sk, 0)  # queries before it see no key; from it each sees one more, the last all sk
+    seeing = sq - first
+    low = sk - sq + first + 1  # the keys the first of them sees
+    return seeing * (2 * low + seeing - 1) // 2
 
 
 def provider_bests(rows: list[dict]) -> list[dict]:
