@@ -79,8 +79,9 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """An operation as the commands describe it: its fields, and ``build(device=..., **values)``
-    that makes its arguments from them."""
+    """An operation as the commands describe it: its fields, ``build(device=..., **values)`` that
+    makes its arguments from them, and optionally ``summary(values)``, the sizes in a few words
+    for report lines (default: the fields that differ from their defaults)."""
 
     op: str
     help: str
