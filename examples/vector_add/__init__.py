@@ -10,7 +10,9 @@ which `kernel_api.get_kernels(VectorAddArguments(x, y, out))` finds its instance
 - ``cute_add``: the kernel family's interface file (`CuteVectorAdd`), registered on import;
 - ``operation``: the operation's description (`VECTOR_ADD`), from which importing it generates
   ``torch.ops.kernel_api_examples.vector_add`` and `add`, the function to call;
-- ``implementations/add_impl.py``: its CuTe DSL code, imported only when a kernel compiles.
+- ``implementations/add_impl.py``: its CuTe DSL code, imported only when a kernel compiles;
+- ``problem``: its description for the ``kernel-api`` command line (`PROBLEM`), which a package
+  declares in the ``kernel_api.problems`` entry point group (not imported here).
 """
 
 from .arguments import VectorAddArguments

@@ -3,7 +3,7 @@
     kernel-api list gemm --m 4096 --n 4096 --k 4096 --dtype bf16 [--layout tnt] [--cc 90]
     kernel-api list softmax --rows 4096 --cols 1024 --dtype bf16
     kernel-api list attention --batch 4 --heads 32 --kv-heads 8 --seqlen-q 2048 --head-dim 128 --causal
-    (every operation of `kernel_api.cli.problems.PROBLEMS`: ``kernel-api list OP --help``)
+    (every operation of `kernel_api.cli.problems.all_problems`: ``kernel-api list OP --help``)
     kernel-api list --provider cutedsl[,torch] [--cc 90]   # a provider's kernel classes and instances
     kernel-api explain gemm ...
     kernel-api env [--json]          # versions, driver, GPUs, cache: paste it into bug reports
@@ -38,13 +38,13 @@ from ..tuning import policies
 from ..core.arch import normalize_cc
 from .errors import exit_status, one_line, require
 from .format import format_table
-from .problems import DEVICE, PROBLEMS, REQUIRED
+from .problems import DEVICE, REQUIRED, all_problems
 
 
 def _add_problem_args(sub: argparse.ArgumentParser) -> None:
-    """One sub-command per operation of `PROBLEMS`, its options made from the operation's fields."""
+    """One sub-command per operation of `all_problems`, its options made from the operation's fields."""
     ops = sub.add_subparsers(dest="op", required=True)
-    for problem in PROBLEMS.values():
+    for problem in all_problems().values():
         p = ops.add_parser(problem.op, help=problem.help)
         for field in problem.fields:
             if field.kind is bool:
@@ -61,7 +61,7 @@ def _add_problem_args(sub: argparse.ArgumentParser) -> None:
 def build_arguments(ns: argparse.Namespace, device: str = DEVICE) -> Any:
     """The arguments of the problem ``ns`` describes (its operation's options), tensors on
     ``device``; ValueError names the option at fault."""
-    problem = PROBLEMS[ns.op]
+    problem = all_problems()[ns.op]
     values = problem.values({f.name: getattr(ns, f.name) for f in problem.fields}, lambda f: f.flag)
     return problem.arguments(values, device)
 
@@ -140,7 +140,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
     providers = provider_names((ns.list_provider or []) + (getattr(ns, "provider", None) or []))
     if ns.op is None:
         if providers is None:
-            raise ValueError(f"list: give a problem (list OP ..., OP one of {', '.join(PROBLEMS)}) or --provider NAME")
+            raise ValueError(f"list: give a problem (list OP ..., OP one of {', '.join(all_problems())}) or --provider NAME")
         return _list_provider_kernels(providers, normalize_cc(ns.list_cc, "--cc"))
     args = build_arguments(ns)
     cc = normalize_cc(ns.cc if ns.cc is not None else ns.list_cc, "--cc")

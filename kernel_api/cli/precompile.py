@@ -8,7 +8,7 @@ The shapes file is a JSON list of problems::
      {"op": "attention", "batch": 4, "heads": 32, "kv_heads": 8, "seqlen_q": 2048, "head_dim": 128,
       "causal": true}]
 
-Every operation of `kernel_api.cli.problems.PROBLEMS` has its fields there, with their defaults
+Every operation of `kernel_api.cli.problems.all_problems` has its fields there, with their defaults
 (``dtype`` bf16, ``layout`` ttt, ``batch`` optional for a GEMM); ``kernel-api list OP --help``
 shows them as options. Arguments are built on the ``meta`` device, so no GPU and no memory are
 needed.
@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from ..core.errors import KernelApiError
 from ..core.files import read_json
-from .problems import PROBLEMS
+from .problems import all_problems
 
 
 class ShapesFileError(KernelApiError, ValueError):
@@ -32,7 +32,7 @@ class ShapesFileError(KernelApiError, ValueError):
 
 def load_shapes(path: str | os.PathLike) -> list[dict]:
     """The entries of a shapes file, checked and with defaults filled in: each an object with
-    ``op`` (a name of `kernel_api.cli.problems.PROBLEMS`) and that operation's fields.
+    ``op`` (a name of `kernel_api.cli.problems.all_problems`) and that operation's fields.
 
     Raises:
         ShapesFileError: naming the file, the entry's index and the field at fault.
@@ -46,9 +46,10 @@ def load_shapes(path: str | os.PathLike) -> list[dict]:
         if not isinstance(item, dict):
             raise ShapesFileError(f"{source}: entry {i} must be an object, got {type(item).__name__}")
         op = item.get("op")
-        problem = PROBLEMS.get(op) if isinstance(op, str) else None
+        problem = all_problems().get(op) if isinstance(op, str) else None
         if problem is None:
-            raise ShapesFileError(f"{source}: entry {i}: field 'op' must be one of {sorted(PROBLEMS)}, got {op!r}")
+            raise ShapesFileError(f"{source}: entry {i}: field 'op' must be one of {sorted(all_problems())}, "
+                                  f"got {op!r}")
         unknown = sorted(set(item) - {"op", *(f.name for f in problem.fields)})
         if unknown:
             raise ShapesFileError(f"{source}: entry {i} ({op}): unknown field(s) {', '.join(map(repr, unknown))}")
@@ -63,7 +64,7 @@ def load_shapes(path: str | os.PathLike) -> list[dict]:
 def entry_arguments(entry: dict, index: int, source: str = "shapes file") -> Any:
     """Arguments on the ``meta`` device for one checked entry of `load_shapes`."""
     try:
-        return PROBLEMS[entry["op"]].arguments({k: v for k, v in entry.items() if k != "op"})
+        return all_problems()[entry["op"]].arguments({k: v for k, v in entry.items() if k != "op"})
     except (ValueError, TypeError) as exc:  # fields are checked by load_shapes: the combination is at fault
         raise ShapesFileError(f"{source}: entry {index} ({entry['op']}): {str(exc).splitlines()[0]}") from None
 
@@ -173,7 +174,7 @@ def parse_devices(text: str | None) -> list[int] | None:
 
 
 def _describe(entry: dict) -> str:
-    return PROBLEMS[entry["op"]].describe(entry)
+    return all_problems()[entry["op"]].describe(entry)
 
 
 def report_tuning(entries: list[dict], results: list, show: Callable[..., Any] = print) -> int:

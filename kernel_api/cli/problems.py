@@ -6,6 +6,10 @@ arguments. The commands' options (``--m``, ``--seqlen-q``), a shapes file's fiel
 checks all come from that one description, so an operation added here is listed, explained,
 precompiled, benchmarked and tuned by every command alike.
 
+An installed package describes its own operations for the commands through the entry point
+group ``kernel_api.problems``: each entry point names a `Problem`, or a list of them
+(`all_problems`).
+
 Tensors are made on torch's "meta" device by default, so nothing is allocated and no GPU is
 needed; pointers then count as fully aligned.
 """
@@ -13,6 +17,8 @@ needed; pointers then count as fully aligned.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -287,3 +293,40 @@ PROBLEMS: dict[str, Problem] = {p.op: p for p in (
         Field("kv_heads", int, None, "key heads (default: --heads)"), Field("head_dim", int, help="even"), _DTYPE),
         lambda device, **v: _rope_arguments(device=device, **v)),
 )}
+
+#: The entry point group through which installed packages describe their operations.
+ENTRY_POINT_GROUP = "kernel_api.problems"
+
+_all: dict[str, Problem] | None = None
+
+
+def all_problems() -> dict[str, Problem]:
+    """`PROBLEMS` and the operations installed packages describe (``kernel_api.problems`` entry
+    points, each a `Problem` or a list of them), loaded once. An entry point that fails to load,
+    names something else, or describes an operation already described is skipped whole, with a
+    RuntimeWarning naming it."""
+    global _all
+    if _all is None:
+        found = dict(PROBLEMS)
+        try:
+            entry_points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+        except Exception as exc:  # noqa: BLE001 - a broken metadata install must not stop the commands
+            warnings.warn(f"kernel_api: the {ENTRY_POINT_GROUP} entry points cannot be read: {exc}", RuntimeWarning)
+            entry_points = []
+        for ep in entry_points:
+            try:
+                loaded = ep.load()
+                problems = [loaded] if isinstance(loaded, Problem) else list(loaded)
+                for problem in problems:
+                    if not isinstance(problem, Problem):
+                        raise TypeError(f"expected a kernel_api.cli.problems.Problem, got {type(problem).__name__}")
+                    if problem.op in found:
+                        raise ValueError(f"operation {problem.op!r} is described already")
+            except Exception as exc:  # noqa: BLE001 - one package's fault must not stop the commands
+                warnings.warn(f"kernel_api: command-line problems {ep.name} ({ep.value}) skipped: "
+                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                              RuntimeWarning)
+                continue
+            found.update((problem.op, problem) for problem in problems)
+        _all = found
+    return _all
