@@ -4,6 +4,7 @@ explained and read from a shapes file through the same description, without a GP
 import json
 
 import pytest
+import torch
 
 from kernel_api import registry
 from kernel_api.cli.commands import main
@@ -128,3 +129,14 @@ def test_bench_counts_dense_attention_in_flops_over_the_pairs_its_mask_leaves():
     assert work_of(attention(5, 9, False)) == (4.0 * 3 * 4 * 45 * 64, "TFLOP/s")
     p = PROBLEMS["rms_norm"]
     assert work_of(p.arguments(p.values({"rows": 4, "cols": 8}, lambda f: f.flag)))[1] == "TB/s"
+
+
+def test_a_problems_integer_inputs_hold_valid_values_on_a_real_device():
+    """A tuner's fresh arguments copy integer inputs (class indices) as they are, so a problem
+    made on a device that holds values gives valid ones: cross-entropy's targets are classes."""
+    p = PROBLEMS["cross_entropy"]
+    for _ in range(5):
+        stale = torch.full((4000,), -5, dtype=torch.int64)  # memory an allocation may be given next
+        del stale
+        args = p.arguments(p.values({"rows": 4000, "classes": 7}, lambda f: f.flag), device="cpu")
+        assert 0 <= int(args.target.min()) and int(args.target.max()) < 7

@@ -220,7 +220,8 @@ def _cross_entropy_arguments(rows: int, classes: int, dtype: str, device: str) -
     t = _torch_dtype(dtype)
     loss_t = torch.float64 if t == torch.float64 else torch.float32
     logits = torch.empty(rows, classes, dtype=t, device=device)
-    target = torch.empty(rows, dtype=torch.int64, device=device)
+    # (valid class indices: a tuner's fresh arguments copy integer inputs as they are)
+    target = torch.randint(0, classes, (rows,), dtype=torch.int64, device=device)
     loss, lse = (torch.empty(rows, dtype=loss_t, device=device) for _ in range(2))
     return CrossEntropyArguments(logits, target, loss, lse)
 
