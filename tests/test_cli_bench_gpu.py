@@ -29,4 +29,4 @@ def test_bench_times_every_candidate_against_the_torch_kernel(argv, tmp_path, ca
     rows = rows["rows"] if isinstance(rows, dict) else rows
     timed = [r for r in rows if r["median_ms"] is not None]
     assert any(r["kernel"] == "torch" for r in timed) and len(timed) >= 2, rows
-    assert all(r["error"] is None or r["error"] < 5e-2 for r in timed if r["kernel"] != "torch"), rows
+    assert all(r["failure"] is None for r in timed), rows  # (timed only after its result was verified)
