@@ -27,5 +27,6 @@ def _arguments(n: int, dtype: str, device: str) -> VectorAddArguments:
 
 #: ``out = x + y`` over ``n`` elements of one type.
 PROBLEM = Problem("vector_add", "out = x + y, 1-D tensors of n elements",
-                  (Field("n", int, help="elements"), Field("dtype", "dtype", "f16", "tensor type: f16, bf16, f32, f64")),
+                  (Field("n", int, help="elements"),
+                   Field("dtype", "dtype", "f16", "tensor type: f16, bf16, f32, f64")),
                   _arguments)

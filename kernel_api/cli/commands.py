@@ -42,7 +42,7 @@ from .problems import DEVICE, REQUIRED, all_problems
 
 
 def _add_problem_args(sub: argparse.ArgumentParser) -> None:
-    """One sub-command per operation of `all_problems`, its options made from the operation's fields."""
+    """One sub-command per operation of `all_problems`, its options made from its fields."""
     ops = sub.add_subparsers(dest="op", required=True)
     for problem in all_problems().values():
         p = ops.add_parser(problem.op, help=problem.help)
@@ -140,7 +140,8 @@ def cmd_list(ns: argparse.Namespace) -> int:
     providers = provider_names((ns.list_provider or []) + (getattr(ns, "provider", None) or []))
     if ns.op is None:
         if providers is None:
-            raise ValueError(f"list: give a problem (list OP ..., OP one of {', '.join(all_problems())}) or --provider NAME")
+            raise ValueError(f"list: give a problem (list OP ..., OP one of {', '.join(all_problems())}) "
+                             "or --provider NAME")
         return _list_provider_kernels(providers, normalize_cc(ns.list_cc, "--cc"))
     args = build_arguments(ns)
     cc = normalize_cc(ns.cc if ns.cc is not None else ns.list_cc, "--cc")

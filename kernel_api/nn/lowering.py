@@ -146,37 +146,29 @@ def static_rows(x: torch.Tensor) -> int | None:
 
 
 @tracing.assume_constant_result
-def lowers_every_problem_to_aten() -> bool:
-    """Whether the rule gives aten to every "auto" layer whatever its problem: no `PickBest` with
-    tuning records in force and a graph not replayed as CUDA graphs. Layers ask it first under
-    Dynamo, so that a graph lowered to aten reads (and guards) no more of a layer than its
-    ``compile_lowering``: Dynamo evaluates every guard on every call, and a patched GPT-2 that
-    read each projection's shapes, activation and epilogue operands paid about 0.12 ms a decode
-    step in guards over the unpatched model's (H200 host). Dynamo takes the answer as a
-    constant, as `choose`'s."""
-    return _records_policy() is None and not tracing.graph_uses_cuda_graphs()
-
-
-@tracing.assume_constant_result
-def _no_records_in_force() -> bool:
-    """Whether no `PickBest` reading tuning records is in force (a constant of the trace)."""
-    return _records_policy() is None
+def _trace_context() -> tuple[bool, bool]:
+    """(no `PickBest` reading tuning records in force, the graph replayed as CUDA graphs): what
+    the rule reads of the trace rather than of a layer. Dynamo takes the answer as a constant,
+    as `choose`'s."""
+    return _records_policy() is None, tracing.graph_uses_cuda_graphs()
 
 
 def aten_whatever_the_problem(lowering: str, rows: int | None) -> bool:
     """Under Dynamo, for a layer whose ``compile_lowering`` is ``lowering``, called on ``rows``
     rows (`static_rows`): whether it lowers to aten before the rest of its problem is read:
-    forced so, or "auto" where `lowers_every_problem_to_aten`, or "auto" with rows dynamic or
-    fewer than `COMPILE_MIN_ROWS` and no tuning records in force (rules 2 and 4 of the module
-    docstring then give aten whatever else the problem is). A decode step replayed as CUDA graphs
-    thus reads, and guards, no more of a layer than a graph without them."""
+    forced so, or "auto" with no tuning records in force and either a graph not replayed as CUDA
+    graphs or rows dynamic or fewer than `COMPILE_MIN_ROWS` (rules 2, 4 and 5 of the module
+    docstring then give aten whatever else the problem is). Layers ask it first, so that such a
+    graph reads (and guards) no more of a layer than its ``compile_lowering`` and rows: Dynamo
+    evaluates every guard on every call, CUDA-graph replays included, and a patched GPT-2 that
+    read each projection's shapes, activation and epilogue operands paid about 0.12 ms a decode
+    step in guards over the unpatched model's (H200 host)."""
     if lowering == "aten":
         return True
     if lowering != "auto":
         return False
-    if lowers_every_problem_to_aten():
-        return True
-    return (rows is None or rows < COMPILE_MIN_ROWS) and _no_records_in_force()
+    no_records, cuda_graphs = _trace_context()
+    return no_records and (not cuda_graphs or rows is None or rows < COMPILE_MIN_ROWS)
 
 
 #: The activations cuBLASLt fuses into ``aten._addmm_activation``'s epilogue (gelu: tanh, as ours).

@@ -318,7 +318,8 @@ def torch_serves_autograd(logits: torch.Tensor, target: Any, label_smoothing: fl
     (anything else takes our path, whose arguments name what is wrong), no tracer (which sees
     kernel_api's ops), and the settings in force allowing the torch provider."""
     if (z_loss != 0 or logits.device.type not in TORCH_AUTOGRAD_DEVICE_TYPES
-            or logits.numel() > AUTOGRAD_TORCH_MAX_ELEMENTS or logits.dim() < 1 or logits.dtype not in _TORCH_LOGITS or not isinstance(target, _Tensor)
+            or logits.numel() > AUTOGRAD_TORCH_MAX_ELEMENTS or logits.dim() < 1
+            or logits.dtype not in _TORCH_LOGITS or not isinstance(target, _Tensor)
             or target.dtype not in _TORCH_TARGETS or target.shape != logits.shape[:-1]
             or target.device != logits.device or not 0.0 <= label_smoothing <= 1.0
             or tracing.is_compiling() or tracing.dispatch_mode_depth()):
