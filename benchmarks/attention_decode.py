@@ -16,9 +16,10 @@ boolean mask over the whole cache (what torch offers for such a batch), SDPA on 
 views when every row holds L (per-length: SDPA at its best), our kernel on those views, and
 FA4 with ``seqused_k`` when importable. Their TB/s count only the keys the rows hold.
 
-    python3 benchmarks/attention_decode.py [--quick] [--fa4] [--sweep] [--cases all|cache|dense] [--tag TAG]
+    python3 benchmarks/attention_decode.py [--quick] [--fa4] [--sweep] [--tilings] [--cases all|cache|dense] [--tag TAG]
 
-``--sweep`` also times our kernel at every fixed split count (`SPLITS`), to tune `plan`.
+``--sweep`` also times our kernel at every fixed split count (`SPLITS`), to tune `plan`;
+``--tilings`` at every tiling (`TILINGS`: keys per chunk, ring depth, CTAs per SM).
 JSON: benchmarks/results/attention_decode-<device>[-<tag>].json (and $OUT when set).
 """
 
@@ -38,7 +39,8 @@ import results_io  # noqa: E402
 from house_timing import geomean, time_group  # noqa: E402
 
 from kernel_api.arguments.attention import AttentionArguments  # noqa: E402
-from kernel_api.providers.cuda_src.kernels.attention_decode import SPLITS, CudaAttentionDecode, plan  # noqa: E402
+from kernel_api.providers.cuda_src.kernels.attention_decode import (  # noqa: E402
+    D64_LONG, D64_MANY_WAVES, D64_SHORT_ONE_WAVE, DEFAULT_TILING, SPLITS, CudaAttentionDecode, plan)
 
 #: Operand bytes rotated through per case: past the H200's L2 several times over.
 ROTATE_BYTES = 256 << 20
@@ -48,7 +50,12 @@ FULL = [(b, hq, hkv, d, lq, sk) for b in (64, 8, 1) for hq, hkv in ((32, 8), (32
 QUICK = ([(64, hq, hkv, 128, lq, sk) for hq, hkv in ((32, 8), (32, 32)) for lq in (1, 4)
           for sk in (128, 512, 1024, 4096)]
          + [(b, 32, 8, 128, 1, sk) for b in (8, 1) for sk in (1024, 4096)]
-         + [(64, 32, 8, 64, 1, sk) for sk in (512, 4096)])
+         + [(64, 32, 8, 64, 1, sk) for sk in (128, 512, 1024, 2048, 4096)]
+         + [(64, 32, 32, 64, 1, 1024), (64, 12, 12, 64, 1, 128), (8, 32, 8, 64, 1, 4096)])
+#: ``--tilings``: our kernel with each of these tilings (the plan's splits for each), beside the
+#: shipped choice.
+TILINGS = {"default": DEFAULT_TILING, "d64_short_one_wave": D64_SHORT_ONE_WAVE, "d64_long": D64_LONG,
+           "d64_many_waves": D64_MANY_WAVES}
 
 
 #: KV caches of per-row lengths: (batch, heads_q, heads_kv, head_dim, seqlen_q, capacity, lengths),
@@ -98,7 +105,18 @@ def _add_split_sweep(fns, args, sets):
         fns[f"ours_cl{cl}"] = (lambda t: lambda i: t.run(args[i % sets]))(fixed)
 
 
-def run_case(case, dtype, repeat, fa4, sweep):
+def _add_tilings(fns, args, sets):
+    """Our kernel with every tiling of `TILINGS` (its head dim's), as ``fns["ours_<name>"]``."""
+    for name, tiling in TILINGS.items():
+        if name != "default" and args[0].head_dim != 64:
+            continue
+        fixed = next(kk for kk in CudaAttentionDecode.generate_kernels(None) if kk.supports(args[0]))
+        fixed.tiling = tiling
+        fixed.run(args[0])
+        fns[f"ours_{name}"] = (lambda t: lambda i: t.run(args[i % sets]))(fixed)
+
+
+def run_case(case, dtype, repeat, fa4, sweep, tilings=False):
     b, hq, hkv, d, lq, sk = case
     element = torch.tensor([], dtype=dtype).element_size()
     moved = _bytes(b, hq, hkv, d, lq, sk, element)
@@ -133,13 +151,15 @@ def run_case(case, dtype, repeat, fa4, sweep):
             print(f"  fa4 failed: {type(exc).__name__}: {str(exc)[:120]}")
     if sweep:
         _add_split_sweep(fns, args, sets)
+    if tilings:
+        _add_tilings(fns, args, sets)
     times, behind = time_group(fns, repeat)
     torch.cuda.synchronize()
     p = plan(args[0], torch.cuda.get_device_properties(0).multi_processor_count)
     row = {"case": dict(batch=b, heads_q=hq, heads_kv=hkv, head_dim=d, seqlen_q=lq, seqlen_k=sk,
                         dtype=str(dtype)[6:]),
-           "plan": dict(mw=p.mw, splits=p.cl, grid=p.grid), "bytes": moved, "max_abs_err_vs_sdpa": err,
-           "sdpa_backend": backend,
+           "plan": dict(mw=p.mw, splits=p.cl, grid=p.grid, tiling=list(vars(p.tiling).values())), "bytes": moved,
+           "max_abs_err_vs_sdpa": err, "sdpa_backend": backend,
            "ms": times, "tbps": {n: moved / (t * 1e-3) / 1e12 for n, t in times.items()},
            "ratio": {n: times[n] / times["ours"] for n in times if n != "ours"}, "host_behind": behind}
     return row
@@ -226,6 +246,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="batch 64 and a few smaller cases, bf16")
     parser.add_argument("--fa4", action="store_true", help="also time flash_attn.cute (compiles per shape)")
     parser.add_argument("--sweep", action="store_true", help="also time every fixed split count")
+    parser.add_argument("--tilings", action="store_true", help="also time every tiling (keys per chunk, ring, CTAs per SM)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting cases after this many seconds")
@@ -264,12 +285,14 @@ def main() -> None:
             lines.append(f"budget spent: {len(rows)} of {len(cases)} cases")
             print(lines[-1])
             break
-        row = run_case(case, dtype, opts.repeat, fa4, opts.sweep)
+        row = run_case(case, dtype, opts.repeat, fa4, opts.sweep, opts.tilings)
         rows.append(row)
         b, hq, hkv, d, lq, sk = case
         parts = [f"{n} {row['ms'][n] * 1e3:7.1f} us {row['tbps'][n]:4.2f} TB/s" for n in row["ms"]]
         ratios = " ".join(f"x{row['ratio'][n]:.2f} vs {n}" for n in row["ratio"])
-        line = (f"b{b} h{hq}/{hkv} d{d} q{lq} k{sk} (splits {row['plan']['splits']}): " + " | ".join(parts)
+        tiling = "/".join(map(str, row["plan"]["tiling"]))
+        line = (f"b{b} h{hq}/{hkv} d{d} q{lq} k{sk} (splits {row['plan']['splits']}, tiling {tiling}): "
+                + " | ".join(parts)
                 + f" || {ratios} (err {row['max_abs_err_vs_sdpa']:.1e}, sdpa {row['sdpa_backend']})")
         lines.append(line)
         print(line, flush=True)

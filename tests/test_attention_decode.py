@@ -10,8 +10,8 @@ import torch
 
 import kernel_api
 from kernel_api.arguments.attention import AttentionArguments
-from kernel_api.providers.cuda_src.kernels.attention_decode import (MAX_SEQLEN_Q, CudaAttentionDecode, plan,
-                                                                    shared_bytes)
+from kernel_api.providers.cuda_src.kernels.attention_decode import (MAX_SEQLEN_Q, CudaAttentionDecode, Tiling, plan,
+                                                                    resident_ctas, shared_bytes)
 from kernel_api.tuning.pick_any import rank_candidates
 
 
@@ -107,7 +107,9 @@ def test_plan_fills_the_machine():
     assert plan(_args(batch=8, sk=1024), 132).cl == 2
     assert plan(_args(batch=8, sk=64), 132).cl == 1  # one chunk: nothing to split
     assert plan(_args(batch=1, sk=4096), 132).cl == 8
-    assert plan(_args(d=64, sk=4096), 132).cl == 2 and plan(_args(d=64, sk=512), 132).cl == 1  # a ragged wave
+    assert plan(_args(d=64, sk=4096), 132, tiling=Tiling(64, 3)).cl == 2  # 1.3 waves of long rows
+    assert plan(_args(d=64, sk=512), 132, tiling=Tiling(64, 3)).cl == 1
+    assert plan(_args(d=64, sk=4096, hkv=32), 132, tiling=Tiling(64, 3)).cl == 1  # 5.2 waves: not worth a merge
     assert plan(_args(hq=32, hkv=32), 132).cl == 1  # 2048 CTAs already
     mqa = plan(_args(batch=2, lq=16, hq=8, hkv=1, sk=1000), 132)
     assert (mqa.mw, mqa.row_blocks) == (4, 2)
@@ -117,10 +119,44 @@ def test_plan_fills_the_machine():
     assert shared_bytes(128) == 3 * 2 * 64 * 128 * 2
 
 
+def test_tiling_sets_the_ring_and_the_ctas_an_sm_holds():
+    assert shared_bytes(64, Tiling(128, 2)) == 2 * 2 * 128 * 64 * 2
+    assert resident_ctas(128, Tiling(64, 3)) == 2 and resident_ctas(64, Tiling(64, 3)) == 3  # registers
+    assert resident_ctas(64, Tiling(64, 3, 4)) == 4  # registers capped for four
+    assert resident_ctas(64, Tiling(128, 3, 4)) == 2  # four 96 KB rings do not fit
+    # the wave count follows the tiling: batch 64 x 8 KV heads fills one wave of four CTAs per SM
+    assert plan(_args(d=64, sk=4096), 132, tiling=Tiling(64, 3, 4)).cl == 1
+    assert plan(_args(d=64, sk=4096), 132, tiling=Tiling(128, 3)).tiling == Tiling(128, 3)
+
+
+def test_d64_tiling_follows_the_grid():
+    d64 = dict(d=64, hq=32, hkv=8)
+    assert plan(_args(**d64, sk=512), 132).tiling == Tiling(64, 3, 4)  # one wave of four CTAs per SM, short rows
+    assert plan(_args(**d64, sk=4096), 132).tiling == Tiling(128, 3)  # one wave, long rows: 32 KB chunks
+    assert plan(_args(**d64, sk=4096), 132).cl == 1
+    assert plan(_args(**d64, batch=8, sk=4096), 132).tiling == Tiling(128, 3)  # a small grid, split
+    assert plan(_args(**d64, batch=8, sk=4096), 132).cl == 2
+    assert plan(_args(d=64, hq=32, hkv=32, sk=1024), 132).tiling == Tiling(64, 4)  # several waves
+    assert plan(_args(d=64, lq=16, sk=1024), 132).tiling == Tiling(64, 3)  # row tiles past one
+    assert plan(_args(sk=512), 132).tiling == Tiling(64, 3)  # d128
+
+
+def test_the_compiled_tiling_is_the_launched_one():
+    a = _args(d=64, sk=1000)
+    kernel = next(k for k in CudaAttentionDecode.generate_kernels(None, cc=90) if k.supports(a))
+    kernel.tiling = Tiling(128, 2, 3)
+    artifact = kernel.compile(a, cc=90)
+    assert artifact.extra.tiling == Tiling(128, 2, 3)
+    assert kernel.launch_config(a)[2] == shared_bytes(64, Tiling(128, 2, 3))
+
+
 def test_template_follows_the_plan():
     kernel = next(iter(CudaAttentionDecode.generate_kernels(lambda m: m.kernel_name.endswith("bf16_d128"), cc=90)))
-    assert kernel.name_expression(_args(sk=128)) == "ka_attn::decode<ka_attn::BF16, 128, 1>"
-    assert kernel.name_expression(_args(batch=1, lq=16, sk=4096)) == "ka_attn::decode_split<ka_attn::BF16, 128, 4, 8>"
+    assert kernel.name_expression(_args(sk=128)) == "ka_attn::decode<ka_attn::BF16, 128, 1, 64, 3, 1>"
+    assert (kernel.name_expression(_args(batch=1, lq=16, sk=4096))
+            == "ka_attn::decode_split<ka_attn::BF16, 128, 4, 8, 64, 3, 1>")
+    kernel.tiling = Tiling(128, 2, 3)
+    assert kernel.name_expression(_args(sk=128)) == "ka_attn::decode<ka_attn::BF16, 128, 1, 128, 2, 3>"
     assert kernel.compile_key(_args(batch=8, sk=4096), 90) != kernel.compile_key(_args(sk=4096), 90)
     assert kernel.compile_key(_args(sk=2048), 90) == kernel.compile_key(_args(sk=4096), 90)
 

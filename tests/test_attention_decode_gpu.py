@@ -15,7 +15,8 @@ import torch
 import kernel_api
 from kernel_api import ops
 from kernel_api.arguments.attention import AttentionArguments
-from kernel_api.providers.cuda_src.kernels.attention_decode import SPLITS, CudaAttentionDecode
+from kernel_api.providers.cuda_src.kernels.attention_decode import (D64_LONG, D64_MANY_WAVES, D64_SHORT_ONE_WAVE,
+                                                                    DEFAULT_TILING, SPLITS, CudaAttentionDecode)
 
 from memcheck import run_memcheck
 
@@ -136,6 +137,26 @@ def test_every_split_count(splits, d, dtype):
     _check(out, buf, _reference(q, k, v, True, 0.3), dtype, f"splits={splits}")
 
 
+TILINGS = {"default": DEFAULT_TILING, "d64_short_one_wave": D64_SHORT_ONE_WAVE, "d64_long": D64_LONG,
+           "d64_many_waves": D64_MANY_WAVES}
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("tiling", list(TILINGS.values()), ids=list(TILINGS))
+@pytest.mark.parametrize("sk", [1000, 63, 0])
+def test_every_tiling(tiling, splits, sk):
+    torch.manual_seed(sk + splits)
+    q = _queries(2, 3, 8, 64, torch.bfloat16, True)
+    k, v = _kv_cache(2, sk, 2, 64, torch.bfloat16, True)
+    out, buf = _out_in_sentinel(q)
+    args = AttentionArguments(q, k, v, out, causal=True, scale=0.3)
+    kernel = _kernel(args, splits)
+    kernel.tiling = tiling
+    kernel.run(args)
+    assert kernel.compile(args).extra.tiling == tiling
+    _check(out, buf, _reference(q, k, v, True, 0.3), torch.bfloat16, f"{tiling}, splits={splits}, keys={sk}")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_variable_length(causal):
     torch.manual_seed(2)
@@ -205,18 +226,22 @@ from kernel_api.arguments.attention import AttentionArguments
 from kernel_api.providers.cuda_src.kernels.attention_decode import CudaAttentionDecode
 torch.manual_seed(0)
 n = 0
-for b, lq, sk, hq, hkv, d, splits, causal in ((2, 3, 1000, 8, 2, 128, 4, True), (3, 16, 1, 8, 1, 64, None, True),
-                                               (1, 1, 4097, 4, 4, 128, 8, False), (2, 2, 0, 4, 2, 64, None, False)):
+from kernel_api.providers.cuda_src.kernels.attention_decode import D64_LONG, D64_MANY_WAVES, D64_SHORT_ONE_WAVE
+for b, lq, sk, hq, hkv, d, splits, causal, tiling in (
+        (2, 3, 1000, 8, 2, 128, 4, True, None), (3, 16, 1, 8, 1, 64, None, True, None),
+        (1, 1, 4097, 4, 4, 128, 8, False, None), (2, 2, 0, 4, 2, 64, None, False, None),
+        (3, 1, 1000, 8, 2, 64, 2, True, D64_LONG), (3, 2, 999, 8, 8, 64, None, False, D64_SHORT_ONE_WAVE),
+        (2, 1, 333, 4, 4, 64, None, False, D64_MANY_WAVES)):
     cache = torch.randn(b, sk + 5, 2, hkv, d, device="cuda").to(torch.bfloat16)
     k, v = cache[:, :sk, 0], cache[:, :sk, 1]
     q = torch.randn(b, lq, hq, d, device="cuda").to(torch.bfloat16)
     args = AttentionArguments(q, k, v, torch.empty_like(q), causal=causal)
     for kern in CudaAttentionDecode.generate_kernels(None, cc=90):
         if kern.supports(args):
-            kern.splits = splits
+            kern.splits, kern.tiling = splits, tiling
             kern.run(args); kern.run(args); n += 1
 torch.cuda.synchronize()
 print("launched", n)
 """
     out = run_memcheck(code)
-    assert "launched 4" in out
+    assert "launched 7" in out

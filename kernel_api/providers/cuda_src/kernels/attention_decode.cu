@@ -1,12 +1,12 @@
 // Decode attention (flash-decoding): out = softmax(q k^T * scale + causal mask) v for few queries
 // (seqlen_q <= 16) against a long KV cache, f16 / bf16 operands, f32 softmax and accumulation.
 // Self-contained (no toolkit headers) so NVRTC compiles it anywhere. The interface,
-// attention_decode.py, picks the template (MW, CL) and the launch.
+// attention_decode.py, picks the template (MW, CL, BK, STAGES, MIN_CTAS) and the launch.
 //
 // Work. One CTA takes one (batch, KV head, row block, key split). The rows of a KV head are its
 // group's queries, row r = query i * group + head g (seqlen_q x group rows: one K/V read serves
 // all of them); a row block is 16 * MW of them. The keys [0, sk) of the block's batch row are
-// cut into CL splits of ceil(ceil(sk / 64) / CL) whole 64-key chunks each (computed here from
+// cut into CL splits of ceil(ceil(sk / BK) / CL) whole BK-key chunks each (computed here from
 // the row's own length, so a short row's keys still spread over every split); the CL CTAs of
 // one row block form a thread-block cluster (sm_90) and merge their partial results through
 // distributed shared memory, so the launch needs no workspace and no second kernel (a
@@ -15,7 +15,7 @@
 // Inside a CTA: 4 warps, MW along the rows (16 each: one m16 tensor-core tile) and KW = 4 / MW
 // along the keys of each chunk. K and V chunks stream through a STAGES-deep cp.async ring of
 // swizzled shared memory (16-byte copies, rows past the split zero-filled); each warp computes
-// S = Q K^T for its 16 rows and 64 / KW keys with mma.sync m16n8k16 (f32 accumulate), the
+// S = Q K^T for its 16 rows and BK / KW keys with mma.sync m16n8k16 (f32 accumulate), the
 // online softmax in registers (exp2 with scale * log2 e folded in), and O += P V with P
 // converted to the operand type in registers. Tensor cores even for a single row: the 16-row
 // tile wastes MMA slots, but at 16 FLOP per byte of K+V the tensor cores run far below their
@@ -49,8 +49,6 @@ typedef unsigned short u16;
 
 constexpr int WARPS = 4;
 constexpr int THREADS = WARPS * 32;
-constexpr int BK = 64;       // keys per chunk
-constexpr int STAGES = 3;    // chunks in the ring
 constexpr int RANKED_ROWS = 128;  // KV caches of per-row lengths up to this batch run longest first
 #define NEG_INF (__int_as_float(0xff800000))
 
@@ -149,8 +147,12 @@ struct Params {
   i64 qb, qs, qh, kb, ks, kh, vb, vs, vh, ob, os, oh;
 };
 
-template <class T, int D, int MW, int CL>
+// BK keys per chunk, STAGES chunks in the ring.
+template <class T, int D, int MW, int CL, int BK, int STAGES>
 __device__ __forceinline__ void decode_body(const Params& p) {
+  static_assert(BK % (16 * (WARPS / MW)) == 0 && STAGES >= 2, "whole 16-key tiles per warp; a ring");
+  static_assert(16 * MW <= 2 * BK && 64 * (D + 8) * 4 <= STAGES * 2 * BK * D * 2,
+                "Q fits a ring slot; the merge buffer fits the ring");
   constexpr int KW = WARPS / MW;           // warps along the keys of a chunk
   constexpr int NK = BK / KW;              // keys per warp per chunk
   constexpr int ROWS = 16 * MW;            // rows of the CTA's block
@@ -466,16 +468,17 @@ __device__ __forceinline__ void decode_body(const Params& p) {
   Params{q, k, v, out, cu_q, cu_k, seqlens_k, heads_kv, group, seqlen_q, seqlen_k, \
          row_blocks, causal, scale_bits, qb, qs, qh, kb, ks, kh, vb, vs, vh, ob, os, oh}
 
-// One CTA per (batch, KV head, row block): the keys in one split.
-template <class T, int D, int MW>
-__global__ void __launch_bounds__(THREADS) decode(KA_ATTN_PARAMS) {
-  decode_body<T, D, MW, 1>(KA_ATTN_ARGS);
+// One CTA per (batch, KV head, row block): the keys in one split. MIN_CTAS: the CTAs an SM must
+// hold (registers capped to fit them).
+template <class T, int D, int MW, int BK, int STAGES, int MIN_CTAS>
+__global__ void __launch_bounds__(THREADS, MIN_CTAS) decode(KA_ATTN_PARAMS) {
+  decode_body<T, D, MW, 1, BK, STAGES>(KA_ATTN_ARGS);
 }
 
 // CL CTAs per (batch, KV head, row block), one cluster: the keys in CL splits.
-template <class T, int D, int MW, int CL>
-__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS) decode_split(KA_ATTN_PARAMS) {
-  decode_body<T, D, MW, CL>(KA_ATTN_ARGS);
+template <class T, int D, int MW, int CL, int BK, int STAGES, int MIN_CTAS>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS, MIN_CTAS) decode_split(KA_ATTN_PARAMS) {
+  decode_body<T, D, MW, CL, BK, STAGES>(KA_ATTN_ARGS);
 }
 
 }  // namespace ka_attn

@@ -20,9 +20,9 @@ are its group's queries (seqlen_q x heads_q / heads_kv of them), so one read of 
 all of them. The splits of one row block form a thread-block cluster that merges its partial
 results through distributed shared memory: one launch, no workspace, so a launch is recorded
 (`_launcher`, a ``kernel_api.native.cuda_launch`` function) and repeated calls replay it from C.
-`plan` picks the row block (16, 32 or 64 rows: ``MW`` tensor-core tiles) and the splits (1, 2, 4
-or 8: ``CL``) from the shape; both are template parameters, so the compile key holds them
-through the name expression.
+`plan` picks the row block (16, 32 or 64 rows: ``MW`` tensor-core tiles), the splits (1, 2, 4
+or 8: ``CL``) and the `Tiling` (keys per chunk, chunks in the ring, CTAs per SM) from the shape;
+all are template parameters, so the compile key holds them through the name expression.
 
 The limit is HBM bandwidth: every key's K and V rows are read once (a 64-key chunk of K and V is
 32 KB at d128 in bf16), and the tensor-core work per byte (16 FLOP at one row, padded to a
@@ -56,8 +56,8 @@ _TYPES = {DataType.bf16: "ka_attn::BF16", DataType.f16: "ka_attn::F16"}
 HEAD_DIMS = (128, 64)
 #: The most queries per sequence (a decode step, or a few speculative tokens).
 MAX_SEQLEN_Q = 16
-#: Keys per chunk, chunks in the cp.async ring and threads per CTA (as attention_decode.cu has them).
-BLOCK_KEYS, STAGES, THREADS = 64, 3, 128
+#: Threads per CTA (as attention_decode.cu has them).
+THREADS = 128
 #: Cluster sizes (key splits per row block; portable clusters hold at most 8 CTAs).
 SPLITS = (1, 2, 4, 8)
 #: Splits are added while the grid still has at most a CTA per SM, and only while each split keeps at least
@@ -67,10 +67,16 @@ SPLITS = (1, 2, 4, 8)
 #: splits (15.9 us at 1024 keys; 17.9 unsplit, 23.6 with 8) and batch 1 with 8 (13.5 us at 4096;
 #: 49 unsplit).
 MIN_CHUNKS_PER_SPLIT = 2
-#: CTAs resident per SM (registers and the ring's shared memory), by head dim.
+#: CTAs an SM holds by registers (ptxas: 248 registers a thread at d128, 158 at d64, with no
+#: `Tiling.min_ctas` asked), by head dim.
 CTAS_PER_SM = {128: 2, 64: 3}
-#: A grid past one wave whose last wave is under half full is split once more when every split
-#: keeps `LONG_SPLIT_CHUNKS` chunks (d64 at batch 64, 4096 keys: 130 us with 2 splits, 144 unsplit).
+#: Shared memory an SM gives its CTAs (sm_90: 228 KB, 1 KB of it reserved per CTA) and what a CTA
+#: declares statically (the merge's row statistics, the ranked lengths) beside the ring.
+SM_SHARED_BYTES, CTA_RESERVED_BYTES, STATIC_SHARED_BYTES = 228 << 10, 1 << 10, 6 << 10
+#: A grid of one to one and a half waves is split once more when every split keeps
+#: `LONG_SPLIT_CHUNKS` chunks (the default tiling at d64, batch 64 x 8 KV heads, 4096 keys: 130 us
+#: with 2 splits, 144 unsplit); past two waves the ragged last one costs less than the merge (32/32
+#: heads, 4096 keys: 468 us unsplit, 478 with 2 splits).
 LONG_SPLIT_CHUNKS = 16
 #: The elements of one 16-byte copy: every pointer and stride but head_dim's is a multiple.
 _VECTOR = 8
@@ -90,15 +96,67 @@ _LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
+class Tiling:
+    """How a CTA streams the keys: ``block_keys`` per chunk, ``stages`` chunks in the cp.async
+    ring, and ``min_ctas`` CTAs an SM must hold (registers capped by ``__launch_bounds__`` to
+    fit them; 1: as many as the registers ptxas uses allow)."""
+
+    block_keys: int
+    stages: int
+    min_ctas: int = 1
+
+
+#: 64-key chunks in a 3-deep ring (96 KB at d128, 48 KB at d64): every head dim's tiling but d64's.
+DEFAULT_TILING = Tiling(64, 3)
+#: d64 with one row tile a block (decode's GQA and MHA): a grid of up to two CTAs per SM (small
+#: batches, split) or a long one-wave grid streams 128-key chunks (32 KB of K and V, as d128's
+#: 64-key ones), two CTAs per SM; a one-wave grid of short rows takes four CTAs per SM (registers
+#: capped at 128; 12 bytes spilled outside the loop), its whole grid resident from the start; a
+#: grid of several waves a 4-deep ring of 64-key chunks. Measured on an H200, bf16, against the
+#: default tiling (`benchmarks/attention_decode.py --tilings`; docs/performance.md), us: batch 64 x
+#: 32/8 heads 24.3 against 26.9 at 512 keys, 38.8 / 44.4 at 1024, 67.8 / 73.1 at 2048, 125.5 /
+#: 130.2 at 4096; 32/32 heads 126.3 / 129.0 at 1024; batch 8, 4096 keys 23.2 / 25.4.
+D64_SHORT_ONE_WAVE, D64_LONG, D64_MANY_WAVES = Tiling(64, 3, 4), Tiling(128, 3), Tiling(64, 4)
+#: Keys up to which a one-wave d64 grid takes `D64_SHORT_ONE_WAVE`.
+D64_SHORT_KEYS = 1024
+
+
+def shared_bytes(head_dim: int, tiling: Tiling = DEFAULT_TILING) -> int:
+    """Dynamic shared memory of a CTA: the ring of K and V chunks."""
+    return tiling.stages * 2 * tiling.block_keys * head_dim * 2
+
+
+def resident_ctas(head_dim: int, tiling: Tiling) -> int:
+    """CTAs one SM holds: the registers' limit (`CTAS_PER_SM`, or ``min_ctas`` when asked for)
+    and the shared memory's."""
+    by_registers = max(tiling.min_ctas, CTAS_PER_SM.get(head_dim, 2))
+    per_cta = shared_bytes(head_dim, tiling) + STATIC_SHARED_BYTES + CTA_RESERVED_BYTES
+    return max(1, min(by_registers, SM_SHARED_BYTES // per_cta))
+
+
+def choose_tiling(head_dim: int, mw: int, base: int, seqlen_k: int, sms: int) -> Tiling:
+    """The tiling for ``head_dim``, ``mw`` row tiles a block and ``base`` CTAs before any split,
+    on a GPU of ``sms`` SMs."""
+    if head_dim != 64 or mw != 1:
+        return DEFAULT_TILING
+    if base <= 2 * sms:
+        return D64_LONG
+    if base <= 4 * sms:
+        return D64_SHORT_ONE_WAVE if seqlen_k <= D64_SHORT_KEYS else D64_LONG
+    return D64_MANY_WAVES
+
+
+@dataclass(frozen=True)
 class DecodePlan:
     """How a problem maps onto CTAs: ``mw`` 16-row tiles per row block, ``cl`` key splits (the
     cluster size; the kernel cuts each batch row's keys into ``cl`` runs of whole chunks),
-    ``row_blocks`` per KV head, the ``grid``."""
+    ``row_blocks`` per KV head, the ``grid``, and the `Tiling`."""
 
     mw: int
     cl: int
     row_blocks: int
     grid: int
+    tiling: Tiling = DEFAULT_TILING
 
 
 def row_tiles(rows: int) -> int:
@@ -106,7 +164,8 @@ def row_tiles(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def plan(args: AttentionArguments, sms: int, splits: int | None = None, mw: int | None = None) -> DecodePlan:
+def plan(args: AttentionArguments, sms: int, splits: int | None = None, mw: int | None = None,
+         tiling: Tiling | None = None) -> DecodePlan:
     """The launch of ``args`` on a GPU of ``sms`` SMs.
 
     Args:
@@ -114,8 +173,9 @@ def plan(args: AttentionArguments, sms: int, splits: int | None = None, mw: int 
         sms: the SMs to fill.
         splits: a fixed cluster size (`SPLITS`), or None to choose: the most that leave the grid
             at most a CTA per SM while every split keeps `MIN_CHUNKS_PER_SPLIT` chunks, doubled
-            once for a ragged last wave of long splits (`LONG_SPLIT_CHUNKS`).
+            once for a grid of one to one and a half waves of long splits (`LONG_SPLIT_CHUNKS`).
         mw: fixed row tiles per block, or None for `row_tiles`.
+        tiling: a fixed `Tiling`, or None for `choose_tiling`.
 
     Returns:
         The `DecodePlan`.
@@ -124,22 +184,18 @@ def plan(args: AttentionArguments, sms: int, splits: int | None = None, mw: int 
     mw = row_tiles(rows) if mw is None else mw
     row_blocks = max(1, -(-rows // (16 * mw)))
     base = args.batch * args.heads_kv * row_blocks
-    chunks = -(-args.seqlen_k // BLOCK_KEYS)
+    tiling = choose_tiling(args.head_dim, mw, base, args.seqlen_k, sms) if tiling is None else tiling
+    chunks = -(-args.seqlen_k // tiling.block_keys)
     if splits is None:
         splits = 1
         while (splits < SPLITS[-1] and 2 * base * splits <= sms
                and chunks >= 2 * splits * MIN_CHUNKS_PER_SPLIT):
             splits *= 2
-        waves = base * splits / (sms * CTAS_PER_SM.get(args.head_dim, 2))
-        if (waves > 1 and waves % 1 < 0.5 and splits < SPLITS[-1]
+        waves = base * splits / (sms * resident_ctas(args.head_dim, tiling))
+        if (1 < waves < 1.5 and splits < SPLITS[-1]
                 and chunks >= 2 * splits * LONG_SPLIT_CHUNKS):
             splits *= 2
-    return DecodePlan(mw, splits, row_blocks, base * splits)
-
-
-def shared_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of a CTA: the ring of K and V chunks."""
-    return STAGES * 2 * BLOCK_KEYS * head_dim * 2
+    return DecodePlan(mw, splits, row_blocks, base * splits, tiling)
 
 
 def _scale_bits(scale: float) -> int:
@@ -153,6 +209,7 @@ class _Build:
 
     mw: int
     cl: int
+    tiling: Tiling
 
 
 @CudaSourceProvider.register
@@ -175,6 +232,8 @@ class CudaAttentionDecode(CudaSourceKernel):
         self.varlen: bool = params["layout"] == "varlen"
         #: A fixed split count (`SPLITS`) or None to let `plan` choose: settable for benchmarks.
         self.splits: int | None = None
+        #: A fixed `Tiling` or None to let `plan` choose: settable for benchmarks.
+        self.tiling: Tiling | None = None
 
     # ---- generation ---------------------------------------------------------------------------
     @classmethod
@@ -196,7 +255,8 @@ class CudaAttentionDecode(CudaSourceKernel):
         attrs = TensorAttributes(dt, _LAYOUTS[params["layout"]], _VECTOR)
         operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,),
                                              cache_seqlens=params["layout"] == "dense")
-        design = BLASDesignMetadata((16, BLOCK_KEYS, d), stages=STAGES, schedule="split-kv",
+        design = BLASDesignMetadata((16, DEFAULT_TILING.block_keys, d), stages=DEFAULT_TILING.stages,
+                                    schedule="split-kv",
                                     extra=(("max_seqlen_q", MAX_SEQLEN_Q), ("splits", SPLITS)))
         return KernelMetadata(cls.instance_name(params), cls, operands, design=design, min_cc=cls.min_cc)
 
@@ -208,29 +268,30 @@ class CudaAttentionDecode(CudaSourceKernel):
             return Status.fail(f"operand q: seqlen_q={args.seqlen_q} above the decode kernel's {MAX_SEQLEN_Q} (a "
                                f"prefill kernel serves it)", kind=Reason.SHAPE, operand="q",
                                actual=args.seqlen_q, required=MAX_SEQLEN_Q)
-        if plan(args, planning_sm_count(args.device), self.splits).grid > MAX_GRID_X:
+        if self._plan(args).grid > MAX_GRID_X:
             return Status.fail(f"operand q: batch={args.batch:,} x {args.heads_kv} KV heads need more CTAs than the "
                                f"grid's x limit of 2^31-1", kind=Reason.SHAPE, operand="q")
         return Status.success()
 
     # ---- compile: the template for this shape ------------------------------------------------
     def _plan(self, args: AttentionArguments) -> DecodePlan:
-        return plan(args, planning_sm_count(args.device), self.splits)
+        return plan(args, planning_sm_count(args.device), self.splits, tiling=self.tiling)
 
     def name_expression(self, args: AttentionArguments) -> str:
         p = self._plan(args)
         t = _TYPES[self.dtype]
+        tiling = f"{p.tiling.block_keys}, {p.tiling.stages}, {p.tiling.min_ctas}"
         if p.cl == 1:
-            return f"ka_attn::decode<{t}, {self.head_dim}, {p.mw}>"
-        return f"ka_attn::decode_split<{t}, {self.head_dim}, {p.mw}, {p.cl}>"
+            return f"ka_attn::decode<{t}, {self.head_dim}, {p.mw}, {tiling}>"
+        return f"ka_attn::decode_split<{t}, {self.head_dim}, {p.mw}, {p.cl}, {tiling}>"
 
     def launch_plan(self, args: AttentionArguments, launcher: Any) -> _Build:
         p = self._plan(args)
-        return _Build(p.mw, p.cl)
+        return _Build(p.mw, p.cl, p.tiling)
 
     def launch_config(self, args: AttentionArguments) -> tuple:
         p = self._plan(args)
-        return (p.grid, THREADS, shared_bytes(self.head_dim))
+        return (p.grid, THREADS, shared_bytes(self.head_dim, p.tiling))
 
     def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
         """K and V read once at `BYTES_PER_SECOND` (q and out beside them), or the padded rows'
@@ -238,7 +299,7 @@ class CudaAttentionDecode(CudaSourceKernel):
         element = self.dtype.bytes
         d = args.head_dim
         moved = element * d * args.batch * (2 * args.seqlen_k * args.heads_kv + 2 * args.seqlen_q * args.heads_q)
-        p = plan(args, sm_count, self.splits)
+        p = plan(args, sm_count, self.splits, tiling=self.tiling)
         flops = 4.0 * args.batch * args.heads_kv * p.row_blocks * 16 * p.mw * args.seqlen_k * d
         seconds = FIXED_SECONDS + max(moved / BYTES_PER_SECOND, flops / MMA_FLOPS_PER_SECOND)
         return seconds * GEMM_COST_UNITS_PER_SECOND
@@ -251,7 +312,7 @@ class CudaAttentionDecode(CudaSourceKernel):
         if args.batch == 0 or args.seqlen_q == 0:
             return None
         build = artifact.extra
-        p = plan(args, planning_sm_count(args.device), build.cl, build.mw)
+        p = plan(args, planning_sm_count(args.device), build.cl, build.mw, build.tiling)
         q, k, v, o = args.q, args.k, args.v, args.out
         cu = (args.cu_seqlens_q.data_ptr(), args.cu_seqlens_k.data_ptr()) if args.varlen else (0, 0)
         lengths = 0 if args.cache_seqlens is None else args.cache_seqlens.data_ptr()
@@ -271,7 +332,7 @@ class CudaAttentionDecode(CudaSourceKernel):
             device = torch.cuda.current_device()
         pointers = (args.q.data_ptr(), args.k.data_ptr(), args.v.data_ptr(), args.out.data_ptr())
         artifact.compiled_obj.launch(stream_handle(stream, device), device, grid, THREADS,
-                                     shared_bytes(self.head_dim), pointers + params)
+                                     shared_bytes(self.head_dim, artifact.extra.tiling), pointers + params)
 
     def _launcher(self, args: AttentionArguments, artifact: Any) -> Launcher | None:
         # (varlen offsets are no operand of a recorded launch: those calls run `_run`; cache
@@ -290,7 +351,7 @@ class CudaAttentionDecode(CudaSourceKernel):
             device = args.device.index
             if device is None:
                 device = torch.cuda.current_device()
-            smem = shared_bytes(self.head_dim)
+            smem = shared_bytes(self.head_dim, artifact.extra.tiling)
             # (allows the kernel its dynamic shared memory on this device, as a Python launch does)
             artifact.compiled_obj.max_coresident(device, THREADS, smem)
             layout = [(native.TENSOR, i) for i in range(4)] + [(8, int(value)) for value in params]
@@ -307,4 +368,4 @@ class CudaAttentionDecode(CudaSourceKernel):
         return found[0]
 
 
-__all__ = ["CudaAttentionDecode", "DecodePlan", "MAX_SEQLEN_Q", "plan"]
+__all__ = ["CudaAttentionDecode", "DecodePlan", "MAX_SEQLEN_Q", "Tiling", "plan"]
