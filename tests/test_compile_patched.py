@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from kernel_api.nn import Linear, lowering, patch, set_compile_lowering
+from kernel_api.nn import Linear, lowering, patch, set_compile_lowering, unpatch
 from kernel_api.ops import dispatch
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
@@ -371,6 +371,43 @@ def test_gpt2_prefill_and_training_step_match_the_unpatched_model():
         for name, p in model.named_parameters():
             torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-3, atol=1e-5, msg=name)
         assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def _sdpa_calls(recorder):
+    sdpa = torch._C._nn.scaled_dot_product_attention
+    return [n for gm in recorder.graphs for n in gm.graph.nodes if n.op == "call_function" and n.target is sdpa]
+
+
+def test_gpt2_prefill_without_a_cache_attends_causally_under_compile():
+    """A prefill with no cache and no mask makes GPT-2's own position ids: compiled, the patched
+    model runs SDPA as ``is_causal`` with no mask, where transformers' packed-sequence check would
+    make a dense mask (the unpatched model's graph); position ids the caller passes keep it."""
+    ref_model = _tiny_gpt2()
+    ids = torch.randint(0, 1001, (2, 16), generator=torch.Generator().manual_seed(6))
+    packed = torch.tensor([list(range(9)) + list(range(7))] * 2)
+    with torch.no_grad():
+        ref = ref_model(input_ids=ids, use_cache=False).logits
+        ref_packed = ref_model(input_ids=ids, position_ids=packed, use_cache=False).logits
+    recorders = {}
+    for name, model in (("unpatched", ref_model), ("patched", patch(copy.deepcopy(ref_model)))):
+        torch._dynamo.reset()
+        recorders[name] = _Recorder()
+        with torch.no_grad():
+            logits = torch.compile(model, backend=recorders[name])(input_ids=ids, use_cache=False).logits
+        torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+    unpatched, patched = (_sdpa_calls(recorders[name]) for name in ("unpatched", "patched"))
+    assert len(unpatched) == len(patched) == 2
+    assert all(n.kwargs.get("attn_mask") is not None for n in unpatched)  # transformers' packed-sequence mask
+    assert all(n.kwargs.get("attn_mask") is None and n.kwargs.get("is_causal") for n in patched)
+    torch._dynamo.reset()
+    recorder = _Recorder()
+    with torch.no_grad():
+        logits = torch.compile(model, backend=recorder)(input_ids=ids, position_ids=packed, use_cache=False).logits
+    torch.testing.assert_close(logits, ref_packed, rtol=1e-4, atol=1e-4)
+    assert all(n.kwargs.get("attn_mask") is not None for n in _sdpa_calls(recorder))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    unpatch(model)
+    assert "forward" not in vars(model.transformer)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])

@@ -59,9 +59,12 @@ def modeling_module(model: torch.nn.Module):
 
 @pytest.fixture(autouse=True)
 def _rope_released():
-    """Each test unpatches its models: patch's RoPE function is module-wide while one holds it."""
+    """Each test unpatches its models: patch's module-wide functions (RoPE, the causal-mask
+    builder) stay installed while one holds them. (Models other test files patched and keep
+    hold theirs.)"""
+    before = set(GLOBAL_HOOKS.held)
     yield
-    held = list(GLOBAL_HOOKS.held)
+    held = [key for key in GLOBAL_HOOKS.held if key not in before]
     for module_id, name in held:  # (a failed test's leftovers, put back for the next tests)
         original = GLOBAL_HOOKS.held.pop((module_id, name))[0]
         for module in list(sys.modules.values()):
@@ -384,6 +387,49 @@ def test_torch_compile_of_the_patched_model_traces_the_ops(cpu_ops):
     assert all(p.grad is not None for p in model.parameters())
     torch._dynamo.reset()
     unpatch(model)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_compiled_prefill_without_a_cache_runs_kernel_api_attention(cpu_ops, family):
+    """With no cache, no mask and no position ids, the base model's own positions reach no
+    packed-sequence check: the compiled graph runs kernel_api's causal attention where the
+    unpatched model's runs SDPA with a dense mask. Position ids the caller passes (two
+    sequences packed in each row) keep their mask, and the logits stay eager's."""
+    import torch._dynamo
+    eager = small_model(family).eval()
+    model = small_model(family).eval()
+    ids = _ids(seq=12, seed=9)
+    packed = torch.tensor([list(range(5)) + list(range(7))] * 2)
+    with torch.no_grad():
+        want = eager(input_ids=ids, use_cache=False).logits
+        want_packed = eager(input_ids=ids, position_ids=packed, use_cache=False).logits
+    _quiet_patch(model, kinds=CPU_KINDS)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        from torch._dynamo.backends.debugging import aot_eager
+        return aot_eager(gm, example_inputs)
+
+    def targets():
+        found = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+        graphs.clear()
+        return found
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids, use_cache=False).logits, want, **TOL)
+        found = targets()
+        assert found.count("kernel_api.attention.default") == 2 and not any("scaled_dot" in t for t in found)
+        torch.testing.assert_close(compiled(input_ids=ids, position_ids=packed, use_cache=False).logits,
+                                   want_packed, **TOL)
+        assert any("scaled_dot" in t for t in targets())  # the packed rows' mask, through SDPA
+    torch._dynamo.reset()
+    assert "forward" in vars(model.model)
+    unpatch(model)
+    assert "forward" not in vars(model.model)
+    assert getattr(modeling_module(model), "create_causal_mask").__module__ == "transformers.masking_utils"
 
 
 def test_the_forward_behind_a_patched_layer_follows_a_replaced_class_forward(monkeypatch):

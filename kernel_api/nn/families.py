@@ -4,9 +4,11 @@ The Llama family's modeling modules (Llama, Mistral, Qwen2, Qwen3) define the sa
 their own prefix: ``<Prefix>RMSNorm``, ``<Prefix>MLP`` (gate/up/down projections),
 ``<Prefix>Attention`` (through transformers' attention interface, calling the module's
 ``apply_rotary_pos_emb``), ``<Prefix>DecoderLayer`` (pre-norm attention and MLP branches, each
-added to its input) and ``<Prefix>ForCausalLM`` (``model`` and ``lm_head`` children, the loss
-through ``loss_function``). GPT-2's ``GPT2Block`` is known by itself (`is_gpt2_block`). A class matches a role when it is that very class of that
-module (checked in ``sys.modules``: nothing here imports transformers).
+added to its input), ``<Prefix>Model`` (the base model: embeddings, layers, the causal mask) and
+``<Prefix>ForCausalLM`` (``model`` and ``lm_head`` children, the loss through ``loss_function``).
+GPT-2's ``GPT2Block`` and ``GPT2Model`` are known by themselves (`is_gpt2_block`,
+`is_gpt2_model`). A class matches a role when it is that very class of that module (checked in
+``sys.modules``: nothing here imports transformers).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 #: family (the modeling module's name) -> the class-name prefix of its layers.
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 #: The roles a family's classes play.
-ROLES = ("RMSNorm", "MLP", "Attention", "DecoderLayer", "ForCausalLM")
+ROLES = ("RMSNorm", "MLP", "Attention", "DecoderLayer", "Model", "ForCausalLM")
 
 
 def family_role(cls: type) -> str | None:
@@ -47,3 +49,8 @@ def _is_class(cls: type, module: str, name: str) -> bool:
 def is_gpt2_block(module: object) -> bool:
     """Whether ``module``'s class is exactly transformers' ``GPT2Block``."""
     return _is_class(type(module), "transformers.models.gpt2.modeling_gpt2", "GPT2Block")
+
+
+def is_gpt2_model(module: object) -> bool:
+    """Whether ``module``'s class is exactly transformers' ``GPT2Model``."""
+    return _is_class(type(module), "transformers.models.gpt2.modeling_gpt2", "GPT2Model")

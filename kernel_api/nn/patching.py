@@ -26,12 +26,13 @@ from .. import ops
 from . import attention as _attention
 from . import blocks as _blocks
 from .edits import GLOBAL_HOOKS, Swapped, assign
-from .families import is_gpt2_block, is_role
+from .families import is_gpt2_block, is_gpt2_model, is_role
 from .fusion import fused_from
 from .linear import REPLACED_ACTIVATION, Conv1DLinear, Linear, conv1d_from
 from .loss import causal_lm_loss, fused_loss_forward
 from .mixin import adopt
 from .mlp import SwiGLUMLP
+from .positions import MASK_BUILDER, forward_for, mask_builder
 from .norm import LayerNorm, RMSNorm
 from .rope import FUNCTION_NAME, rope_function
 
@@ -239,6 +240,19 @@ def _install_attention(module: torch.nn.Module, name: str, state: _Patching) -> 
     return None
 
 
+def _install_positions(module: torch.nn.Module, name: str, state: _Patching) -> None:
+    python_module = sys.modules.get(type(module).__module__)
+    if (python_module is None or not callable(getattr(python_module, MASK_BUILDER, None))
+            or "forward" in vars(module)):
+        return None
+    forward = forward_for(module)
+    if forward is None:
+        return None
+    state.records.append(GLOBAL_HOOKS.acquire(python_module, MASK_BUILDER, mask_builder))
+    state.records.append(assign(module, "forward", forward, instance=True))
+    return None
+
+
 def _install_rope(module: torch.nn.Module, name: str, state: _Patching) -> None:
     python_module = sys.modules.get(type(module).__module__)
     if (python_module is None or id(python_module) in state.rope_modules
@@ -265,6 +279,7 @@ def _install_loss(module: torch.nn.Module, name: str, state: _Patching) -> None:
 REPLACERS = (
     Replacer("attention", lambda m: is_role(m, "Attention"), _install_attention, needs=("attention",)),
     Replacer("rope", lambda m: is_role(m, "Attention"), _install_rope, needs=("rope",)),
+    Replacer("causal_mask", lambda m: is_role(m, "Model") or is_gpt2_model(m), _install_positions),
     Replacer("loss", lambda m: is_role(m, "ForCausalLM"), _install_loss, needs=("cross_entropy",)),
     Replacer("residual", lambda m: _block_spec(m) is not None, _swap_block, needs=("gemm",)),
     Replacer("linear", lambda m: _projection_kind(m) is not None, _swap_projection, needs=("gemm",)),
@@ -355,6 +370,9 @@ def patch(module: torch.nn.Module, *, include: Callable[[str], bool] | None = No
     - ``"attention"``: the family's attention layers' config gets kernel_api's attention
       implementation (`kernel_api.nn.attention`: `ops.attention`, SDPA for masks it does not take).
     - ``"rope"``: the family's ``apply_rotary_pos_emb`` -> `ops.rope` (`kernel_api.nn.rope`).
+    - ``"causal_mask"``: the family's base model and GPT-2's build the causal mask without a
+      packed-sequence check when they make their own position ids (`kernel_api.nn.positions`:
+      under torch.compile that check makes a dense mask, and attention then skips nothing).
     - ``"loss"``: a ``*ForCausalLM``'s loss -> `ops.cross_entropy`, and while training with
       labels `ops.linear_cross_entropy` from the hidden states, never making the logits
       (`kernel_api.nn.loss`; the output's ``logits`` is then None).
