@@ -1,4 +1,4 @@
-"""A model's own position ids make no packed-sequence mask.
+"""A model's own position ids make no packed-sequence mask under torch.compile.
 
 transformers' causal-mask builder (``create_causal_mask``) looks for packed sequences (several
 sequences in one row, their positions restarting) in the position ids it is handed, when the
@@ -9,41 +9,48 @@ masked over every key, with no causal skipping: the compiled GPT-2's 8 x 1024 pr
 of its 5.4 ms of GPU time on the H200 in masked attention.
 
 A base model whose caller passes no position ids makes its own: ``0..n-1`` after the cache, one
-sequence a row. `patch` wraps the forward of such a base model (`forward_for`) so that a call
-with no position ids, no attention mask and no cache marks the model's config as making its own
-positions, for that call, on this thread; the modeling module's ``create_causal_mask`` is replaced
-(`mask_builder`) by one that, for a marked config, builds the mask without the position ids: the
-plain causal mask, which SDPA runs as ``is_causal`` and kernel_api's attention as causal. Calls
-that pass position ids (packed training batches) or a mask or a cache build theirs as before.
+sequence a row. `patch` wraps the forward of such a base model (`forward_for`): while Dynamo
+traces a call with no position ids, no attention mask and no cache, the model's config is
+marked, and the modeling module's ``create_causal_mask`` (replaced by `mask_builder`) builds the
+mask for a marked config without the position ids: the plain causal mask, which SDPA runs as
+``is_causal`` and kernel_api's attention as causal. Dynamo guards the call's arguments, so a later
+call that passes position ids (packed training batches), a mask or a cache is traced again and
+builds its mask as before. Outside tracing nothing changes: transformers reads the positions'
+values itself.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import threading
 import types
 from typing import Any, Callable
 
 import torch
 
+from ..core import tracing
+
 #: The modeling module's function replaced by `mask_builder`.
 MASK_BUILDER = "create_causal_mask"
-# The configs of the base models whose current call (innermost last) makes its own positions.
-_marked = threading.local()
 # What a base model's forward calls its cache, by transformers version.
 _CACHE_NAMES = ("past_key_values", "cache")
 
 
-def _marked_configs() -> list:
-    return _marked.__dict__.setdefault("configs", [])
+class _Traced:
+    """While Dynamo traces: the configs of the base models whose call makes its own positions
+    (innermost last). Set and read only during tracing, where Dynamo replays the assignments."""
+
+    configs: tuple = ()
+
+
+_TRACED = _Traced()
 
 
 def forward_for(model: torch.nn.Module) -> Callable | None:
     """A forward for ``model`` (a transformers base model: its forward takes ``position_ids``,
-    ``attention_mask`` and a cache) that marks its config while a call makes its own positions,
-    bound to it as a method (a deep copy of the model gets one bound to the copy); None when the
-    forward takes none of those by name."""
+    ``attention_mask`` and a cache) that marks its config while a traced call makes its own
+    positions, bound to it as a method (a deep copy of the model gets one bound to the copy);
+    None when the forward takes none of those by name."""
     original = type(model).forward
     parameters = [p.name for p in inspect.signature(original).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
@@ -55,31 +62,35 @@ def forward_for(model: torch.nn.Module) -> Callable | None:
 
     @functools.wraps(original)
     def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if not tracing.is_dynamo_compiling():
+            return original(self, *args, **kwargs)
         for name, at in watched:
             if kwargs.get(name) is not None or (len(args) > at and args[at] is not None):
                 return original(self, *args, **kwargs)
-        if any(kwargs.get(name) is not None for name in _CACHE_NAMES):
-            return original(self, *args, **kwargs)
-        configs = _marked_configs()
-        configs.append(self.config)
+        for name in _CACHE_NAMES:
+            if kwargs.get(name) is not None:
+                return original(self, *args, **kwargs)
+        outer = _TRACED.configs
+        _TRACED.configs = (*outer, self.config)
         try:
             return original(self, *args, **kwargs)
         finally:
-            configs.pop()
+            _TRACED.configs = outer
 
     return types.MethodType(forward, model)
 
 
 def mask_builder(original: Callable) -> Callable:
-    """``create_causal_mask`` that leaves out the position ids for a config whose model made them
-    (`forward_for`), and is ``original`` otherwise."""
+    """``create_causal_mask`` that, while Dynamo traces a base model's own positions
+    (`forward_for`), leaves them out, and is ``original`` otherwise."""
 
     @functools.wraps(original)
     def create_causal_mask(*args: Any, **kwargs: Any) -> Any:
-        configs = _marked_configs()
-        if configs and kwargs.get("position_ids") is not None and (
-                kwargs.get("config") is configs[-1] or (args and args[0] is configs[-1])):
-            kwargs["position_ids"] = None
+        if tracing.is_dynamo_compiling():
+            configs = _TRACED.configs
+            if configs and kwargs.get("position_ids") is not None and (
+                    kwargs.get("config") is configs[-1] or (args and args[0] is configs[-1])):
+                kwargs["position_ids"] = None
         return original(*args, **kwargs)
 
     return create_causal_mask
