@@ -38,9 +38,12 @@ _CACHE_NAMES = ("past_key_values", "cache")
 
 class _Traced:
     """While Dynamo traces: the configs of the base models whose call makes its own positions
-    (innermost last). Set and read only during tracing, where Dynamo replays the assignments."""
+    (innermost last). Set and read only during tracing, where Dynamo replays the assignments.
+    (An instance attribute from the start: the replayed assignment then changes no guarded
+    layout, and a traced call's guards hold for the next call.)"""
 
-    configs: tuple = ()
+    def __init__(self) -> None:
+        self.configs: tuple = ()
 
 
 _TRACED = _Traced()
