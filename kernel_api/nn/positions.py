@@ -53,7 +53,8 @@ def forward_for(model: torch.nn.Module) -> Callable | None:
     """A forward for ``model`` (a transformers base model: its forward takes ``position_ids``,
     ``attention_mask`` and a cache) that marks its config while a traced call makes its own
     positions, bound to it as a method (a deep copy of the model gets one bound to the copy);
-    None when the forward takes none of those by name."""
+    None when the forward takes none of those by name. It calls the class's forward of the
+    moment (as ``super()`` would)."""
     original = type(model).forward
     parameters = [p.name for p in inspect.signature(original).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
@@ -66,17 +67,17 @@ def forward_for(model: torch.nn.Module) -> Callable | None:
     @functools.wraps(original)
     def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not tracing.is_dynamo_compiling():
-            return original(self, *args, **kwargs)
+            return type(self).forward(self, *args, **kwargs)
         for name, at in watched:
             if kwargs.get(name) is not None or (len(args) > at and args[at] is not None):
-                return original(self, *args, **kwargs)
+                return type(self).forward(self, *args, **kwargs)
         for name in _CACHE_NAMES:
             if kwargs.get(name) is not None:
-                return original(self, *args, **kwargs)
+                return type(self).forward(self, *args, **kwargs)
         outer = _TRACED.configs
         _TRACED.configs = (*outer, self.config)
         try:
-            return original(self, *args, **kwargs)
+            return type(self).forward(self, *args, **kwargs)
         finally:
             _TRACED.configs = outer
 
