@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from kernel_api.nn import Linear, lowering, patch, set_compile_lowering, unpatch
+from kernel_api.nn.patching import DEFAULT_KINDS
 from kernel_api.ops import dispatch
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
@@ -338,6 +339,7 @@ def test_gpt2_decode_has_no_graph_breaks_nor_recompiles_in_steady_state(forced):
             frames.append(len(backend.graphs))
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert frames[2:] == [frames[1]] * 4 and frames[1] <= 2, frames  # steady after the dynamic retrace
+    assert not any("kernel_api.attention" in t for t in backend.targets())  # one query: SDPA, for Inductor
     gemms = _gemm_nodes(backend.targets())
     if forced == "kernel_api":
         assert gemms == 2 * 4 + 1  # every projection, the lm_head too
@@ -380,8 +382,9 @@ def _sdpa_calls(recorder):
 
 def test_gpt2_prefill_without_a_cache_attends_causally_under_compile():
     """A prefill with no cache and no mask makes GPT-2's own position ids: compiled, the patched
-    model runs SDPA as ``is_causal`` with no mask, where transformers' packed-sequence check would
-    make a dense mask (the unpatched model's graph); position ids the caller passes keep it."""
+    model runs kernel_api's causal attention op with no mask, where transformers' packed-sequence
+    check would make a dense mask for SDPA (the unpatched model's graph); position ids the caller
+    passes keep it."""
     ref_model = _tiny_gpt2()
     ids = torch.randint(0, 1001, (2, 16), generator=torch.Generator().manual_seed(6))
     packed = torch.tensor([list(range(9)) + list(range(7))] * 2)
@@ -398,10 +401,12 @@ def test_gpt2_prefill_without_a_cache_attends_causally_under_compile():
                 logits = compiled(input_ids=ids, use_cache=False).logits
         torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
         assert len(recorders[name].graphs) == 1, name
-    unpatched, patched = (_sdpa_calls(recorders[name]) for name in ("unpatched", "patched"))
-    assert len(unpatched) == len(patched) == 2
+    unpatched = _sdpa_calls(recorders["unpatched"])
+    assert len(unpatched) == 2 and not _sdpa_calls(recorders["patched"])
     assert all(n.kwargs.get("attn_mask") is not None for n in unpatched)  # transformers' packed-sequence mask
-    assert all(n.kwargs.get("attn_mask") is None and n.kwargs.get("is_causal") for n in patched)
+    causal = [n.args[3] for n in recorders["patched"].graphs[0].graph.nodes
+              if n.op == "call_function" and str(n.target) == "kernel_api.attention.default"]
+    assert causal == [True, True]
     torch._dynamo.reset()
     recorder = _Recorder()
     with torch.no_grad():
@@ -433,13 +438,15 @@ def test_static_rows_under_dynamo(dynamic):
 
 
 def test_the_aten_lowering_traces_the_unpatched_models_graph():
-    """Lowered to aten, a patched GPT-2 traces to the graph of the model it patched: the fused
-    MLP activation runs as the model's own gelu_new (tanh and pow), not as F.gelu, whose Inductor
-    kernel ran slower on the H200 (0.618 against 0.415 ms a prefill step)."""
+    """Lowered to aten, a patched GPT-2 (its layers; attention, which the lowering does not
+    cover, left as it is) traces to the graph of the model it patched: the fused MLP activation
+    runs as the model's own gelu_new (tanh and pow), not as F.gelu, whose Inductor kernel ran
+    slower on the H200 (0.618 against 0.415 ms a prefill step)."""
     ref_model = _tiny_gpt2().eval()
     ids = torch.randint(0, 1001, (2, 16), generator=torch.Generator().manual_seed(5))
     graphs = {}
-    for name, model in (("unpatched", ref_model), ("patched", patch(copy.deepcopy(ref_model)))):
+    layers = [kind for kind in DEFAULT_KINDS if kind != "attention"]
+    for name, model in (("unpatched", ref_model), ("patched", patch(copy.deepcopy(ref_model), kinds=layers))):
         if name == "patched":
             set_compile_lowering(model, "aten")
         torch._dynamo.reset()

@@ -12,7 +12,12 @@ head_dim) and the mask that the function registered under the same name in
 - `attention` runs ``ops.attention`` when the mask is None, with SDPA's reading of it
   (causal when more than one query; keys past the queries cut off, as SDPA does for an empty
   static cache), and transformers' SDPA function for any mask, dropout, attention bias, soft
-  cap or sink it is handed.
+  cap or sink it is handed. Under ``torch.compile`` a single query's attention (a decode step)
+  runs transformers' SDPA function too, for Inductor: there the custom op's call costs more
+  host time than the decode kernel saves (0.96-1.0x SDPA with one query). Prefill attention
+  stays the op, whose kernel runs causal attention as causal: Inductor lowers SDPA's
+  ``is_causal`` for cuDNN to a materialised causal bias, attending to every key (GPT-2's 8 x 1024
+  prefill on an H200: 1.40 ms of attention a step either way).
 
 `kernel_api.nn.patch` sets the attention layers' configs to `NAME` and `unpatch` sets them back.
 """
@@ -24,6 +29,7 @@ from typing import Any
 import torch
 
 from .. import ops
+from ..core import tracing
 from .mixin import ops_take
 
 #: The attention implementation's name in transformers' interfaces.
@@ -41,7 +47,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     None)`` from q (batch, heads, seqlen_q, head_dim) and k, v (batch, kv_heads, seqlen_k,
     head_dim)."""
     if (attention_mask is not None or dropout != 0.0 or any(kwargs.get(name) is not None for name in _SDPA_ONLY)
-            or not ops_take(query, key, value)):
+            or not ops_take(query, key, value) or (query.shape[2] == 1 and tracing.is_dynamo_compiling())):
         sdpa = _transformers["sdpa_attention_forward"]
         return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                     **kwargs)

@@ -6,8 +6,8 @@ their own prefix: ``<Prefix>RMSNorm``, ``<Prefix>MLP`` (gate/up/down projections
 ``apply_rotary_pos_emb``), ``<Prefix>DecoderLayer`` (pre-norm attention and MLP branches, each
 added to its input), ``<Prefix>Model`` (the base model: embeddings, layers, the causal mask) and
 ``<Prefix>ForCausalLM`` (``model`` and ``lm_head`` children, the loss through ``loss_function``).
-GPT-2's ``GPT2Block`` and ``GPT2Model`` are known by themselves (`is_gpt2_block`,
-`is_gpt2_model`). A class matches a role when it is that very class of that module (checked in
+GPT-2's ``GPT2Block``, ``GPT2Attention`` (through the attention interface too) and ``GPT2Model``
+are known by themselves (`is_gpt2_block`, `is_gpt2_attention`, `is_gpt2_model`). A class matches a role when it is that very class of that module (checked in
 ``sys.modules``: nothing here imports transformers).
 """
 
@@ -49,6 +49,11 @@ def _is_class(cls: type, module: str, name: str) -> bool:
 def is_gpt2_block(module: object) -> bool:
     """Whether ``module``'s class is exactly transformers' ``GPT2Block``."""
     return _is_class(type(module), "transformers.models.gpt2.modeling_gpt2", "GPT2Block")
+
+
+def is_gpt2_attention(module: object) -> bool:
+    """Whether ``module``'s class is exactly transformers' ``GPT2Attention``."""
+    return _is_class(type(module), "transformers.models.gpt2.modeling_gpt2", "GPT2Attention")
 
 
 def is_gpt2_model(module: object) -> bool:

@@ -26,7 +26,7 @@ from .. import ops
 from . import attention as _attention
 from . import blocks as _blocks
 from .edits import GLOBAL_HOOKS, Swapped, assign
-from .families import is_gpt2_block, is_gpt2_model, is_role
+from .families import is_gpt2_attention, is_gpt2_block, is_gpt2_model, is_role
 from .fusion import fused_from
 from .linear import REPLACED_ACTIVATION, Conv1DLinear, Linear, conv1d_from
 from .loss import causal_lm_loss, fused_loss_forward
@@ -277,7 +277,8 @@ def _install_loss(module: torch.nn.Module, name: str, state: _Patching) -> None:
 #: What `patch` knows, in the order it applies them to a module: the in-place installs, then at
 #: most one swap (the first replacer that returns a module).
 REPLACERS = (
-    Replacer("attention", lambda m: is_role(m, "Attention"), _install_attention, needs=("attention",)),
+    Replacer("attention", lambda m: is_role(m, "Attention") or is_gpt2_attention(m), _install_attention,
+             needs=("attention",)),
     Replacer("rope", lambda m: is_role(m, "Attention"), _install_rope, needs=("rope",)),
     Replacer("causal_mask", lambda m: is_role(m, "Model") or is_gpt2_model(m), _install_positions),
     Replacer("loss", lambda m: is_role(m, "ForCausalLM"), _install_loss, needs=("cross_entropy",)),
@@ -367,7 +368,7 @@ def patch(module: torch.nn.Module, *, include: Callable[[str], bool] | None = No
     - ``"mlp"``: the family's SiLU MLP -> its projections and `ops.swiglu`; with ``"linear"`` and
       ``fuse_activations``, large inference calls multiply by ``silu(gate_proj(x))`` in up_proj's
       epilogue instead (`kernel_api.nn.mlp`).
-    - ``"attention"``: the family's attention layers' config gets kernel_api's attention
+    - ``"attention"``: the family's and GPT-2's attention layers' config gets kernel_api's attention
       implementation (`kernel_api.nn.attention`: `ops.attention`, SDPA for masks it does not take).
     - ``"rope"``: the family's ``apply_rotary_pos_emb`` -> `ops.rope` (`kernel_api.nn.rope`).
     - ``"causal_mask"``: the family's base model and GPT-2's build the causal mask without a
