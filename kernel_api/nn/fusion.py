@@ -52,14 +52,19 @@ _FUNCTIONS = {"relu": "relu", "gelu": "gelu_tanh", "silu": "silu"}
 #: The same as torch functions.
 TORCH_ACTIVATIONS = {"relu": F.relu, "gelu": lambda z: F.gelu(z, approximate="tanh"), "silu": F.silu}
 
-# The attributes `armed` sets on a projection for one call.
+# The attributes `armed` sets on a projection for one call. They are plain instance attributes
+# (never a Parameter, buffer or submodule), so they are set with ``object.__setattr__``: the same
+# write as ``torch.nn.Module.__setattr__`` makes for them, without the Python that Dynamo would
+# trace at every hand-over (about 1.5 ms of a compile per write, on a CPU host).
 RESIDUAL, GATE = "kernel_api_residual", "kernel_api_gate"
 
 
+@tracing.assume_constant_result
 def epilogue_source(bias: bool, activation: str | None, gate_activation: str | None, gate: bool,
                     residual: bool) -> str:
     """The epilogue function's source for these parts:
-    ``D = activation(accum + bias) * gate_activation(gate) + residual``."""
+    ``D = activation(accum + bias) * gate_activation(gate) + residual``. Dynamo calls it while
+    tracing and takes the text as a constant."""
     params, expr = ["accum"], "accum"
     if bias:
         params.append("bias")
@@ -97,7 +102,10 @@ def worth_arming(operand: torch.Tensor, projections: tuple = ()) -> bool:
     (a few microseconds of Python) than the add it saves, and in training the named epilogue's
     backward runs the add's gradient as a kernel of its own."""
     if tracing.is_dynamo_compiling():
-        return any(isinstance(p, FusedProjection) and FusedProjection.keeps_op_for(p, operand) for p in projections)
+        for p in projections:  # (a loop: Dynamo traces a generator as a frame of its own)
+            if isinstance(p, FusedProjection) and FusedProjection.keeps_op_for(p, operand):
+                return True
+        return False
     if torch.is_grad_enabled() and operand.requires_grad:
         return False
     N = operand.shape[-1] if operand.dim() else 1
@@ -116,16 +124,16 @@ class armed:
 
     def __enter__(self) -> "armed":
         if self.residual is not None:
-            setattr(self.projection, RESIDUAL, self.residual)
+            object.__setattr__(self.projection, RESIDUAL, self.residual)
         if self.gate is not None:
-            setattr(self.projection, GATE, self.gate)
+            object.__setattr__(self.projection, GATE, self.gate)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         p = self.projection
         self.consumed = getattr(p, RESIDUAL) is None and getattr(p, GATE) is None
-        setattr(p, RESIDUAL, None)
-        setattr(p, GATE, None)
+        object.__setattr__(p, RESIDUAL, None)
+        object.__setattr__(p, GATE, None)
 
 
 def fused_class(cls: type) -> type:
@@ -167,8 +175,8 @@ class FusedProjection(torch.nn.Module):
         residual, gate = self.kernel_api_residual, self.kernel_api_gate
         if residual is None and gate is None:
             return forward_behind(self, FusedProjection)(self, input)
-        setattr(self, RESIDUAL, None)  # consumed
-        setattr(self, GATE, None)
+        object.__setattr__(self, RESIDUAL, None)  # consumed
+        object.__setattr__(self, GATE, None)
         how = self._how(input, residual, gate)
         if how == "function":
             return self._function(input, residual, gate)
@@ -202,15 +210,28 @@ class FusedProjection(torch.nn.Module):
 
     def _how(self, x: torch.Tensor, residual: torch.Tensor | None, gate: torch.Tensor | None) -> str:
         """"function", "named" or "torch" (the module docstring's rule)."""
+        # (loops rather than comprehensions: under Dynamo, which traces a call's rule while
+        # compiling, each comprehension or generator is a frame of its own)
         bias = self.bias
-        operands = [t for t in (x, self.weight, bias, residual, gate) if t is not None]
+        operands = [x, self.weight]
+        for t in (bias, residual, gate):
+            if t is not None:
+                operands.append(t)
         if not ops_take(*operands) or torch.is_autocast_enabled("cuda") or x.dim() < 2:
             return "torch"
         K, N = self._weight_kn().shape
         shape = (*x.shape[:-1], N)
-        if x.shape[-1] != K or any(t.shape != shape for t in (residual, gate) if t is not None):
-            return "torch"  # (the layer's own forward names what is wrong, or torch broadcasts)
-        training = torch.is_grad_enabled() and any(t.requires_grad for t in operands)
+        if x.shape[-1] != K:
+            return "torch"  # (the layer's own forward names what is wrong)
+        for t in (residual, gate):
+            if t is not None and t.shape != shape:
+                return "torch"  # (torch broadcasts)
+        training = False
+        if torch.is_grad_enabled():
+            for t in operands:
+                if t.requires_grad:
+                    training = True
+                    break
         rows = lowering.static_rows(x)
         only_residual = gate is None and self.activation is None
         if tracing.is_dynamo_compiling():
@@ -232,6 +253,16 @@ class FusedProjection(torch.nn.Module):
         source = epilogue_source(bias is not None, self.activation, self.gate_activation, gate is not None,
                                  residual is not None)
         operands = {}
+        if tracing.is_dynamo_compiling():
+            # The op directly, its operands in the order `ops.gemm` gives them (bias, a keyword
+            # of its own, last)
+            if gate is not None:
+                operands["gate"] = gate.reshape(-1, N)
+            if residual is not None:
+                operands["residual"] = residual.reshape(-1, N)
+            if bias is not None:
+                operands["bias"] = bias
+            return ops.epilogue_gemm.traced_gemm(x.reshape(-1, K), w, source, operands).reshape(*x.shape[:-1], N)
         if bias is not None:
             operands["bias"] = bias
         if gate is not None:

@@ -133,16 +133,14 @@ def static_rows(x: torch.Tensor) -> int | None:
     """The rows a projection of ``x`` multiplies (the product of its leading dimensions), or None
     when Dynamo made any of them dynamic (a SymInt).
 
-    Asked as ``(d == d) is True``: a static dimension compares to a constant True, a SymInt to a
-    symbolic bool, without a guard or an error in torch 2.11 and 2.13 alike. (torch 2.11's Dynamo
-    does not fold ``d.__class__ is int`` for a static dimension, and both versions answer
-    ``isinstance`` and ``type`` of a SymInt as int's.)"""
-    rows = 1
-    for d in x.shape[:-1]:
-        if (d == d) is not True:
-            return None
-        rows = rows * d
-    return rows
+    Asked as ``(rows == rows) is True``: a static product compares to a constant True, a SymInt
+    (any dimension dynamic) to a symbolic bool, without a guard or an error in torch 2.11 and 2.13
+    alike. (torch 2.11's Dynamo does not fold ``d.__class__ is int`` for a static dimension, and
+    both versions answer ``isinstance`` and ``type`` of a SymInt as int's.) One ``numel`` rather
+    than a loop over the dimensions: every projection asks it under Dynamo, which traces each
+    instruction of the loop."""
+    rows = x.shape[:-1].numel()
+    return rows if (rows == rows) is True else None
 
 
 @tracing.assume_constant_result
@@ -153,6 +151,7 @@ def _trace_context() -> tuple[bool, bool]:
     return _records_policy() is None, tracing.graph_uses_cuda_graphs()
 
 
+@tracing.assume_constant_result
 def aten_whatever_the_problem(lowering: str, rows: int | None) -> bool:
     """Under Dynamo, for a layer whose ``compile_lowering`` is ``lowering``, called on ``rows``
     rows (`static_rows`): whether it lowers to aten before the rest of its problem is read:
@@ -162,7 +161,8 @@ def aten_whatever_the_problem(lowering: str, rows: int | None) -> bool:
     graph reads (and guards) no more of a layer than its ``compile_lowering`` and rows: Dynamo
     evaluates every guard on every call, CUDA-graph replays included, and a patched GPT-2 that
     read each projection's shapes, activation and epilogue operands paid about 0.12 ms a decode
-    step in guards over the unpatched model's (H200 host)."""
+    step in guards over the unpatched model's (H200 host). Dynamo calls it while tracing and
+    takes the answer as a constant, as `choose`'s: every projection asks it, some twice."""
     if lowering == "aten":
         return True
     if lowering != "auto":

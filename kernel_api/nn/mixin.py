@@ -69,7 +69,10 @@ def ops_take(*tensors: torch.Tensor) -> bool:
     kind, dtype = first.device.type, first.dtype
     if kind != "meta" and kind not in _dispatch.LAUNCH_DEVICE_TYPES:
         return False
-    return all(t.device.type == kind and t.dtype == dtype for t in tensors[1:])
+    for t in tensors[1:]:  # (a loop: Dynamo, tracing it in every patched layer, traces a generator as a frame)
+        if t.device.type != kind or t.dtype != dtype:
+            return False
+    return True
 
 
 def op_here(layer: torch.nn.Module) -> bool:

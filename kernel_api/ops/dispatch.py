@@ -579,6 +579,12 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
             done = replay_call(GEMM_OP, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
             if done is not None:
                 return done
+    elif (out is None and stream is None and accumulator_type is None and isinstance(A, _Tensor)
+          and isinstance(B, _Tensor) and (C is None or isinstance(C, _Tensor))
+          and (bias is None or isinstance(bias, _Tensor))):
+        # Under Dynamo the op itself, as `_traced_call` would call it: Dynamo traces every line
+        # of Python it inlines, and the checks and calls below cost a compile as much as the op.
+        return torch.ops.kernel_api.gemm(A, B, C, bias, float(alpha), float(beta), activation)
     if not isinstance(A, _Tensor) or not isinstance(B, _Tensor):
         raise TypeError(f"gemm: A and B must be torch tensors, got {type(A).__name__} and {type(B).__name__}")
     if out is not None and not isinstance(out, _Tensor):

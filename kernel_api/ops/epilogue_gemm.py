@@ -299,4 +299,13 @@ def gemm_with_epilogue(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | Non
     return _run(A, B, out, epilogue, accumulator_type, stream, key)
 
 
+def traced_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Any, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Under Dynamo: ``D`` of ``epilogue`` (a function or its source string, with no output but
+    ``D`` and no scalar parameter) applied to ``A @ B``, its tensor operands ``tensors`` by name:
+    the op call `gemm_with_epilogue` makes for such a call, without the argument handling that
+    Dynamo would trace at every call (a few milliseconds of a compile each)."""
+    op_text = _function_info(epilogue)[0]
+    return torch.ops.kernel_api.gemm_epilogue(A, B, op_text, list(tensors), list(tensors.values()), [], [], [])[0]
+
+
 dispatch._epilogue_functions["gemm"] = gemm_with_epilogue
