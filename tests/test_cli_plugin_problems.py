@@ -19,6 +19,13 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 AGAIN = problems.PROBLEMS["gemm"]
 
 
+def __getattr__(name):
+    # An entry point whose loading calls sys.exit (this module's "exits_on_load").
+    if name == "exits_on_load":
+        sys.exit(3)
+    raise AttributeError(name)
+
+
 @pytest.fixture
 def installed(monkeypatch):
     """examples/ importable and the given entry points installed in the group, for one test."""
@@ -58,12 +65,14 @@ def test_a_packages_operation_is_listed_explained_and_read_from_a_shapes_file(in
 
 def test_a_faulty_entry_point_is_skipped_with_a_warning_and_the_rest_stay(installed, capsys):
     installed(("broken", "vector_add.no_such_module:PROBLEM"), ("vector_add", "vector_add.problem:PROBLEM"),
-              ("not_one", "kernel_api.cli.problems:PROBLEMS.values"), ("again", "test_cli_plugin_problems:AGAIN"))
+              ("not_one", "kernel_api.cli.problems:PROBLEMS.values"), ("again", "test_cli_plugin_problems:AGAIN"),
+              ("exits", "test_cli_plugin_problems:exits_on_load"))
     with pytest.warns(RuntimeWarning) as caught:
         found = problems.all_problems()
     messages = [str(w.message) for w in caught]
     assert any("broken (vector_add.no_such_module:PROBLEM) skipped: ModuleNotFoundError" in m for m in messages)
     assert any("not_one" in m and "TypeError" in m for m in messages), messages
     assert any("again" in m and "operation 'gemm' is described already" in m for m in messages), messages
+    assert any("exits" in m and "SystemExit: 3" in m for m in messages), messages
     assert "vector_add" in found and set(problems.PROBLEMS) <= set(found)
     assert main(["list", "softmax", "--rows", "2", "--cols", "8", "--cc", "90"]) == 0

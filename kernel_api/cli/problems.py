@@ -303,9 +303,10 @@ _all: dict[str, Problem] | None = None
 
 def all_problems() -> dict[str, Problem]:
     """`PROBLEMS` and the operations installed packages describe (``kernel_api.problems`` entry
-    points, each a `Problem` or a list of them), loaded once. An entry point that fails to load,
-    names something else, or describes an operation already described is skipped whole, with a
-    RuntimeWarning naming it."""
+    points, each a `Problem` or a list of them), loaded once. An entry point that fails to load
+    (raising anything but KeyboardInterrupt, ``sys.exit`` included, as plugins' failures are
+    reported), names something else, or describes an operation already described is skipped
+    whole, with a RuntimeWarning naming it."""
     global _all
     if _all is None:
         found = dict(PROBLEMS)
@@ -323,7 +324,9 @@ def all_problems() -> dict[str, Problem]:
                         raise TypeError(f"expected a kernel_api.cli.problems.Problem, got {type(problem).__name__}")
                     if problem.op in found:
                         raise ValueError(f"operation {problem.op!r} is described already")
-            except Exception as exc:  # noqa: BLE001 - one package's fault must not stop the commands
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - one package's fault (sys.exit included) must not stop the commands
                 warnings.warn(f"kernel_api: command-line problems {ep.name} ({ep.value}) skipped: "
                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                               RuntimeWarning)
