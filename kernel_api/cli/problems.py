@@ -326,7 +326,7 @@ def all_problems() -> dict[str, Problem]:
                         raise ValueError(f"operation {problem.op!r} is described already")
             except KeyboardInterrupt:
                 raise
-            except BaseException as exc:  # noqa: BLE001 - one package's fault (sys.exit included) must not stop the commands
+            except BaseException as exc:  # noqa: BLE001 - one package's fault (sys.exit too) must not stop them
                 warnings.warn(f"kernel_api: command-line problems {ep.name} ({ep.value}) skipped: "
                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                               RuntimeWarning)
