@@ -32,8 +32,8 @@ from .linear import REPLACED_ACTIVATION, Conv1DLinear, Linear, conv1d_from
 from .loss import causal_lm_loss, fused_loss_forward
 from .mixin import adopt
 from .mlp import SwiGLUMLP
-from .positions import MASK_BUILDER, forward_for, mask_builder
 from .norm import LayerNorm, RMSNorm
+from .positions import MASK_BUILDER, forward_for, mask_builder
 from .rope import FUNCTION_NAME, rope_function
 
 # Set on the patched root: the edits (kernel_api.nn.edits records), in patching order.
