@@ -129,6 +129,16 @@ def test_tiling_sets_the_ring_and_the_ctas_an_sm_holds():
     assert plan(_args(d=64, sk=4096), 132, tiling=Tiling(128, 3)).tiling == Tiling(128, 3)
 
 
+@pytest.mark.parametrize("fields,message", [((96, 3), "block_keys must be a multiple of 64"),
+                                            ((0, 3), "block_keys must be an int >= 64"),
+                                            ((64, 1), "stages must be an int >= 2"),
+                                            ((64, 3, 0), "min_ctas must be an int >= 1"),
+                                            ((64.0, 3), "block_keys must be an int")])
+def test_a_bad_tiling_is_one_clear_error(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Tiling(*fields)
+
+
 def test_d64_tiling_follows_the_grid():
     d64 = dict(d=64, hq=32, hkv=8)
     assert plan(_args(**d64, sk=512), 132).tiling == Tiling(64, 3, 4)  # one wave of four CTAs per SM, short rows

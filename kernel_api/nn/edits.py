@@ -9,6 +9,7 @@ after `patch`.
 
 from __future__ import annotations
 
+import inspect
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -66,6 +67,14 @@ class Assigned:
 
 def _current(target: Any, attr: str, instance: bool) -> Any:
     return vars(target).get(attr, MISSING) if instance else getattr(target, attr, MISSING)
+
+
+def positional_names(method: Callable) -> list[str]:
+    """The names ``method`` (a function taking ``self`` first) binds positional arguments to, after
+    ``self``: how a forward installed in place of a class's maps the positional arguments of a
+    call (read once, when it is installed)."""
+    return [p.name for p in inspect.signature(method).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
 
 
 def assign(target: Any, attr: str, value: Any, *, instance: bool = False) -> Assigned:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import types
 from typing import Any, Callable
 
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from .edits import positional_names
 from .mixin import ops_take
 
 _IGNORE_INDEX = -100
@@ -84,9 +84,7 @@ def fused_loss_forward(model: torch.nn.Module) -> Callable:
     children) that computes the training loss from the hidden states (module docstring), bound
     to it as a method (so that a deep copy of the model gets one bound to the copy)."""
     original = type(model).forward
-    # The forward's parameters in order, for positional arguments (bound here, not per call).
-    names = [p.name for p in inspect.signature(original).parameters.values()
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
+    names = positional_names(original)  # (for positional arguments: read here, not per call)
     output_class, fields = _output_fields(model)
 
     @functools.wraps(original)

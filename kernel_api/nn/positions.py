@@ -22,13 +22,13 @@ values itself.
 from __future__ import annotations
 
 import functools
-import inspect
 import types
 from typing import Any, Callable
 
 import torch
 
 from ..core import tracing
+from .edits import positional_names
 
 #: The modeling module's function replaced by `mask_builder`.
 MASK_BUILDER = "create_causal_mask"
@@ -55,24 +55,24 @@ def forward_for(model: torch.nn.Module) -> Callable | None:
     positions, bound to it as a method (a deep copy of the model gets one bound to the copy);
     None when the forward takes none of those by name. It calls the class's forward of the
     moment (as ``super()`` would)."""
-    original = type(model).forward
-    parameters = [p.name for p in inspect.signature(original).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
-    cache_names = [name for name in _CACHE_NAMES if name in parameters]
-    if "position_ids" not in parameters or "attention_mask" not in parameters or not cache_names:
+    parameters = positional_names(type(model).forward)
+    if "position_ids" not in parameters or "attention_mask" not in parameters or not any(
+            name in parameters for name in _CACHE_NAMES):
         return None
-    # (arguments that name position ids, a mask or a cache, by position or keyword)
-    watched = tuple((name, parameters.index(name)) for name in ("position_ids", "attention_mask", *cache_names))
+    # Where a call names position ids, a mask or a cache: by keyword (a cache under either name,
+    # transformers renaming it), or by position.
+    keywords = ("position_ids", "attention_mask", *_CACHE_NAMES)
+    at = tuple(parameters.index(name) for name in keywords if name in parameters)
 
-    @functools.wraps(original)
+    @functools.wraps(type(model).forward)
     def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not tracing.is_dynamo_compiling():
             return type(self).forward(self, *args, **kwargs)
-        for name, at in watched:
-            if kwargs.get(name) is not None or (len(args) > at and args[at] is not None):
-                return type(self).forward(self, *args, **kwargs)
-        for name in _CACHE_NAMES:
+        for name in keywords:
             if kwargs.get(name) is not None:
+                return type(self).forward(self, *args, **kwargs)
+        for i in at:
+            if len(args) > i and args[i] is not None:
                 return type(self).forward(self, *args, **kwargs)
         outer = _TRACED.configs
         _TRACED.configs = (*outer, self.config)

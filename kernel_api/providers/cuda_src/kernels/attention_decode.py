@@ -105,6 +105,17 @@ class Tiling:
     stages: int
     min_ctas: int = 1
 
+    def __post_init__(self) -> None:
+        # (the kernel's static_asserts, named before a compile: each warp takes whole 16-key
+        # tiles of a chunk, at most 4 warps along its keys; a ring holds at least two chunks)
+        for name, value, low in (("block_keys", self.block_keys, 64), ("stages", self.stages, 2),
+                                 ("min_ctas", self.min_ctas, 1)):
+            if type(value) is not int or value < low:
+                raise ValueError(f"Tiling: {name} must be an int >= {low}, got {value!r}")
+        if self.block_keys % 64:
+            raise ValueError(f"Tiling: block_keys must be a multiple of 64 (whole 16-key tiles for each of 4 "
+                             f"warps), got {self.block_keys}")
+
 
 #: 64-key chunks in a 3-deep ring (96 KB at d128, 48 KB at d64): every head dim's tiling but d64's.
 DEFAULT_TILING = Tiling(64, 3)
