@@ -132,6 +132,26 @@ def test_patched_gpt2_training_step_compiled(gpt2):
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
+def test_a_compiled_training_step_runs_cudnn_s_causal_attention_with_no_kernel_api_attention_op(gpt2):
+    """Training attention that only torch's kernels serve is torch's cuDNN op in the compiled
+    graphs (kernel_api.nn.attention_lowering): cuDNN's forward and backward run, kernel_api's
+    attention ops do not, and no SDPA with a mask."""
+    from kernel_api.nn.attention_lowering import lowers_to_cudnn
+    if not lowers_to_cudnn(torch.bfloat16, 2, 512, 512, 12, 12, 64, True, torch.cuda.current_device()):
+        pytest.skip("another provider's kernel serves this attention (a plugin installed): the ops stay")
+    model = patch(copy.deepcopy(gpt2)).train()
+    compiled = torch.compile(model)
+    ids = torch.randint(0, gpt2.config.vocab_size, (2, 512), generator=torch.Generator().manual_seed(5)).cuda()
+    compiled(input_ids=ids, labels=ids).loss.backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        compiled(input_ids=ids, labels=ids).loss.backward()
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages()]
+    assert not [n for n in names if n.startswith("kernel_api::attention")], names
+    assert "aten::_scaled_dot_product_cudnn_attention" in names and "aten::_cudnn_attention_backward" in names, names
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
 def test_kernel_api_op_everywhere_is_captured_in_cuda_graphs(gpt2):
     """Every projection forced to kernel_api's op under reduce-overhead: the op runs inside the
     CUDA graphs (decode and prefill) and the logits stay right."""

@@ -1,0 +1,119 @@
+"""What a patched model's training attention becomes under ``torch.compile``: kernel_api's ops,
+or torch's cuDNN attention op called as it is.
+
+A training forward (a gradient wanted) through kernel_api's attention is two custom ops in the
+compiled graphs, ``kernel_api::attention_forward`` and ``kernel_api::attention_backward``. When
+every kernel the registry offers for the problem, forward and backward, is the torch provider's,
+the policy runs torch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention`` with the
+log-sum-exp, and its backward: the torch provider ranks cuDNN first for a training forward, and
+FlashAttention-2 and the materialised formula behind it) and each custom op only adds its Python
+around that aten call: about 50 us for the forward and 150 us for the backward a call on the H200
+host, where Inductor calls the aten op directly. A compiled GPT-2 training step (8 x 1024 tokens)
+made of those ops was host-bound. So under Dynamo such an attention is the aten op itself, causal
+where the problem is (cuDNN's causal mask is the problem's for equal lengths), and AOTAutograd
+differentiates it with cuDNN's backward: the same kernels, no custom op. Where another provider
+offers a kernel (a plugin such as FlashAttention-4's, whose backward beats cuDNN's at head dim 64),
+the ops stay, and the policy chooses per call.
+
+Inference keeps kernel_api's op under compile (`kernel_api.nn.attention`): its choice is SDPA's,
+whose ``is_causal`` Inductor lowers for cuDNN to a materialised mask.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from ..core import tracing
+
+_log = logging.getLogger(__name__)
+
+_CUDNN_ATTENTION = torch.ops.aten._scaled_dot_product_cudnn_attention.default
+
+
+def static_size(*sizes: Any) -> bool:
+    """Whether every size is static under Dynamo (an int, not a SymInt), asked as
+    `kernel_api.nn.lowering.static_rows` asks: ``(d == d) is True`` folds for an int only."""
+    for d in sizes:
+        if (d == d) is not True:
+            return False
+    return True
+
+
+@tracing.assume_constant_result
+def lowers_to_cudnn(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
+                    head_dim: int, causal: bool, device_index: int) -> bool:
+    """Under Dynamo, for a training attention of these sizes on CUDA device ``device_index``
+    (-1: another device), q, k and v ``(batch, heads, seqlen, head_dim)``: whether it runs as
+    torch's cuDNN attention op (the module docstring). Dynamo calls it while tracing and takes its
+    answer as a constant; any failure to tell answers False (kernel_api's ops stay)."""
+    if device_index < 0 or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    try:
+        from ..core.arch import device_cc
+        return _lowers(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, device_index,
+                       device_cc(device_index), _providers())
+    except Exception as exc:  # noqa: BLE001 - the ops stay, which serve any problem
+        _log.debug("attention lowering not decided for %s: %s", (batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                                                 head_dim), exc)
+        return False
+
+
+def _providers() -> Any:
+    from ..tuning.scope import current
+
+    return current().providers
+
+
+@functools.lru_cache(maxsize=256)
+def _lowers(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
+            head_dim: int, causal: bool, device_index: int, cc: int, providers: Any) -> bool:
+    if not torch_alone_serves(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, cc,
+                              providers=providers, device=f"cuda:{device_index}"):
+        return False
+    if heads_q != heads_kv:
+        from ..providers.torch_ops.attention import cudnn_reads_gqa
+
+        return cudnn_reads_gqa(torch.device("cuda", device_index))
+    return True
+
+
+def torch_alone_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int,
+                       heads_kv: int, head_dim: int, causal: bool, cc: int, providers: Any = None,
+                       device: str = "cuda") -> bool:
+    """Whether the registry offers a training attention of these sizes (dense, no dropout) only
+    torch's kernels, forward and backward, cuDNN's among them. The problem is stated on fake
+    CUDA tensors: nothing is allocated, and no GPU is needed to ask."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..arguments.attention import AttentionArguments, lse_shape
+    from ..arguments.attention_backward import AttentionBackwardArguments
+    from ..registry import get_kernels
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=device)
+        k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device)
+        v = torch.empty_like(k)
+        out = torch.empty_like(q)
+        lse = torch.empty(lse_shape(q, False), dtype=torch.float32, device=device)
+        forward = AttentionArguments(q, k, v, out, lse, causal=causal)
+        backward = AttentionBackwardArguments(torch.empty_like(q), q, k, v, out, lse, torch.empty_like(q),
+                                              torch.empty_like(k), torch.empty_like(v), causal=causal)
+        for args in (forward, backward):
+            kernels = get_kernels(args, providers=providers, cc=cc)
+            if not kernels or any(k.metadata.provider != "torch" for k in kernels):
+                return False
+            if not any(getattr(k.metadata.design, "backend", None) == "cudnn" for k in kernels):
+                return False
+    return True
+
+
+def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool,
+                    scale: float | None) -> torch.Tensor:
+    """torch's cuDNN attention of q, k, v ``(batch, heads, seqlen, head_dim)``, with the
+    log-sum-exp its backward reads: the output as ``(batch, seqlen, heads, head_dim)``."""
+    out = _CUDNN_ATTENTION(query, key, value, None, True, 0.0, causal, False, scale=scale)[0]
+    return out.transpose(1, 2)

@@ -1,0 +1,116 @@
+"""Training attention under torch.compile: torch's cuDNN op itself where only torch's kernels
+serve the problem (`kernel_api.nn.attention_lowering`), kernel_api's ops otherwise. On the CPU:
+the rule on fake CUDA tensors, and the graph a patched GPT-2's training step traces. The GPU
+check (the step's kernels and gradients) is in tests/test_compile_patched_gpu.py."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import kernel_api.registry
+from kernel_api.core import tracing
+from kernel_api.nn import attention as nn_attention, patch
+from kernel_api.nn.attention_lowering import torch_alone_serves
+from kernel_api.ops import dispatch
+
+_BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize("sizes, causal, expected", [
+    ((8, 1024, 1024, 12, 12, 64), True, True),      # GPT-2's training attention
+    ((4, 2048, 2048, 32, 8, 128), True, True),      # a Llama-3-8B layer's (GQA)
+    ((2, 100, 300, 4, 4, 64), False, True),         # full attention over more keys
+    ((2, 100, 300, 4, 4, 64), True, False),         # causal over unequal lengths: not cuDNN's mask
+    ((2, 128, 128, 4, 4, 256), True, False),        # head dim past cuDNN's 128
+    ((2, 128, 128, 4, 4, 60), True, False),         # head dim not a multiple of 8
+])
+def test_torch_alone_serves_dense_training_attention_that_cudnn_takes(sizes, causal, expected):
+    assert torch_alone_serves(_BF16, *sizes, causal, 90) is expected
+
+
+def test_another_providers_kernel_keeps_the_ops(monkeypatch):
+    """A kernel of another provider (a plugin's FlashAttention, say) for the forward or the
+    backward: the policy chooses per call, so the ops stay."""
+    real = kernel_api.registry.get_kernels
+    for kind in ("forward", "backward"):
+        def get_kernels(args, *rest, kind=kind, **named):
+            found = real(args, *rest, **named)
+            if ("Backward" in type(args).__name__) == (kind == "backward"):
+                plugin = SimpleNamespace(metadata=SimpleNamespace(provider="flash_attn", design=None))
+                found = [*found, plugin]
+            return found
+        monkeypatch.setattr(kernel_api.registry, "get_kernels", get_kernels)
+        assert not torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, 90), kind
+    monkeypatch.setattr(kernel_api.registry, "get_kernels", real)
+    assert torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, 90)
+
+
+def test_only_cuda_half_precision_lowers():
+    from kernel_api.nn.attention_lowering import lowers_to_cudnn
+    assert not lowers_to_cudnn(_BF16, 8, 1024, 1024, 12, 12, 64, True, -1)  # not on CUDA
+    assert not lowers_to_cudnn(torch.float32, 8, 1024, 1024, 12, 12, 64, True, 0)
+
+
+class _Captured(Exception):
+    pass
+
+
+def _tiny_gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1001, n_positions=64,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(2)
+    model = transformers.GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+def _traced_targets(model, ids, grad: bool) -> list[str]:
+    """The call targets of the graph Dynamo traces for ``model``'s forward (with labels when
+    ``grad``), without running it."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        raise _Captured
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    with torch.set_grad_enabled(grad), pytest.raises(Exception, match="_Captured"):
+        compiled(input_ids=ids, labels=ids if grad else None, use_cache=False)
+    return [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("serves_alone", [True, False])
+def test_a_patched_gpt2_s_training_attention_traces_cudnn_s_op_where_torch_alone_serves(monkeypatch, serves_alone):
+    """The rule's answer (stubbed here: the model runs on the CPU) decides the training graph:
+    cuDNN's causal op and no kernel_api attention op, or kernel_api's training op. Inference
+    keeps kernel_api's op either way."""
+    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+    asked = []
+
+    @tracing.assume_constant_result
+    def lowers_to_cudnn(*problem):
+        asked.append(problem)
+        return serves_alone
+
+    monkeypatch.setattr(nn_attention, "lowers_to_cudnn", lowers_to_cudnn)
+    model = patch(_tiny_gpt2()).train()
+    ids = torch.randint(0, 1001, (2, 16), generator=torch.Generator().manual_seed(4))
+    counters.clear()
+    targets = _traced_targets(model, ids, grad=True)
+    cudnn = [t for t in targets if "_scaled_dot_product_cudnn_attention" in t]
+    ours = [t for t in targets if t.startswith("kernel_api.attention")]
+    if serves_alone:
+        assert len(cudnn) == 2 and not ours, targets
+    else:
+        assert not cudnn and ours == ["kernel_api.attention_forward.default"] * 2, targets
+    assert asked and asked[0] == (torch.float32, 2, 16, 16, 4, 4, 16, True, -1)
+    eval_targets = _traced_targets(copy.deepcopy(model).eval(), ids, grad=False)
+    assert not any("_scaled_dot_product_cudnn_attention" in t for t in eval_targets)
+    assert eval_targets.count("kernel_api.attention.default") == 2
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch._dynamo.reset()
