@@ -1,7 +1,7 @@
-"""Training attention under torch.compile: torch's cuDNN op itself where only torch's kernels
-serve the problem (`kernel_api.nn.attention_lowering`), kernel_api's ops otherwise. On the CPU:
-the rule on fake CUDA tensors, and the graph a patched GPT-2's training step traces. The GPU
-check (the step's kernels and gradients) is in tests/test_compile_patched_gpu.py."""
+"""Attention under torch.compile: torch's cuDNN op itself where only torch's kernels serve the
+problem (`kernel_api.nn.attention_lowering`), kernel_api's ops otherwise. On the CPU: the rule on
+fake CUDA tensors, and the graphs a patched GPT-2's prefill and training step trace. The GPU
+check (the kernels that run, the gradients) is in tests/test_compile_patched_gpu.py."""
 
 import copy
 from types import SimpleNamespace
@@ -27,8 +27,9 @@ _BF16 = torch.bfloat16
     ((2, 128, 128, 4, 4, 256), True, False),        # head dim past cuDNN's 128
     ((2, 128, 128, 4, 4, 60), True, False),         # head dim not a multiple of 8
 ])
-def test_torch_alone_serves_dense_training_attention_that_cudnn_takes(sizes, causal, expected):
-    assert torch_alone_serves(_BF16, *sizes, causal, 90) is expected
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_torch_alone_serves_dense_attention_that_cudnn_takes(sizes, causal, expected, training):
+    assert torch_alone_serves(_BF16, *sizes, causal, training, 90) is expected
 
 
 def test_another_providers_kernel_keeps_the_ops(monkeypatch):
@@ -43,15 +44,17 @@ def test_another_providers_kernel_keeps_the_ops(monkeypatch):
                 found = [*found, plugin]
             return found
         monkeypatch.setattr(kernel_api.registry, "get_kernels", get_kernels)
-        assert not torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, 90), kind
+        assert not torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 90), kind
+        # inference asks the forward alone
+        assert torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, False, 90) is (kind == "backward")
     monkeypatch.setattr(kernel_api.registry, "get_kernels", real)
-    assert torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, 90)
+    assert torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 90)
 
 
 def test_only_cuda_half_precision_lowers():
     from kernel_api.nn.attention_lowering import lowers_to_cudnn
-    assert not lowers_to_cudnn(_BF16, 8, 1024, 1024, 12, 12, 64, True, -1)  # not on CUDA
-    assert not lowers_to_cudnn(torch.float32, 8, 1024, 1024, 12, 12, 64, True, 0)
+    assert not lowers_to_cudnn(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, -1)  # not on CUDA
+    assert not lowers_to_cudnn(torch.float32, 8, 1024, 1024, 12, 12, 64, True, True, 0)
 
 
 class _Captured(Exception):
@@ -68,9 +71,8 @@ def _tiny_gpt2():
     return model
 
 
-def _traced_targets(model, ids, grad: bool) -> list[str]:
-    """The call targets of the graph Dynamo traces for ``model``'s forward (with labels when
-    ``grad``), without running it."""
+def _traced_graph(model, ids, grad: bool):
+    """The graph Dynamo traces for ``model``'s forward (with labels when ``grad``), not run."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -81,14 +83,14 @@ def _traced_targets(model, ids, grad: bool) -> list[str]:
     compiled = torch.compile(model, backend=backend)
     with torch.set_grad_enabled(grad), pytest.raises(Exception, match="_Captured"):
         compiled(input_ids=ids, labels=ids if grad else None, use_cache=False)
-    return [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    return graphs[0].graph
 
 
 @pytest.mark.parametrize("serves_alone", [True, False])
-def test_a_patched_gpt2_s_training_attention_traces_cudnn_s_op_where_torch_alone_serves(monkeypatch, serves_alone):
-    """The rule's answer (stubbed here: the model runs on the CPU) decides the training graph:
-    cuDNN's causal op and no kernel_api attention op, or kernel_api's training op. Inference
-    keeps kernel_api's op either way."""
+def test_a_patched_gpt2_s_attention_traces_cudnn_s_op_where_torch_alone_serves(monkeypatch, serves_alone):
+    """The rule's answer (stubbed here: the model runs on the CPU) decides the graphs: cuDNN's
+    causal op (with the log-sum-exp in training) and no kernel_api attention op, or kernel_api's
+    ops."""
     monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
     asked = []
 
@@ -101,16 +103,23 @@ def test_a_patched_gpt2_s_training_attention_traces_cudnn_s_op_where_torch_alone
     model = patch(_tiny_gpt2()).train()
     ids = torch.randint(0, 1001, (2, 16), generator=torch.Generator().manual_seed(4))
     counters.clear()
-    targets = _traced_targets(model, ids, grad=True)
+    targets = [str(n.target) for n in _traced_graph(model, ids, grad=True).nodes if n.op == "call_function"]
     cudnn = [t for t in targets if "_scaled_dot_product_cudnn_attention" in t]
     ours = [t for t in targets if t.startswith("kernel_api.attention")]
     if serves_alone:
         assert len(cudnn) == 2 and not ours, targets
     else:
         assert not cudnn and ours == ["kernel_api.attention_forward.default"] * 2, targets
-    assert asked and asked[0] == (torch.float32, 2, 16, 16, 4, 4, 16, True, -1)
-    eval_targets = _traced_targets(copy.deepcopy(model).eval(), ids, grad=False)
-    assert not any("_scaled_dot_product_cudnn_attention" in t for t in eval_targets)
-    assert eval_targets.count("kernel_api.attention.default") == 2
+    assert asked and asked[0] == (torch.float32, 2, 16, 16, 4, 4, 16, True, True, -1)
+    eval_model = copy.deepcopy(model).eval()
+    graph = _traced_graph(eval_model, ids, grad=False)
+    eval_targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+    assert asked[-1] == (torch.float32, 2, 16, 16, 4, 4, 16, True, False, -1)
+    if serves_alone:
+        calls = [n for n in graph.nodes if "_scaled_dot_product_cudnn_attention" in str(n.target)]
+        assert len(calls) == 2 and not any(t.startswith("kernel_api.attention") for t in eval_targets)
+        assert all(n.args[4] is False and n.args[6] is True for n in calls)  # no log-sum-exp; causal
+    else:
+        assert eval_targets.count("kernel_api.attention.default") == 2, eval_targets
     assert not counters["graph_break"], dict(counters["graph_break"])
     torch._dynamo.reset()

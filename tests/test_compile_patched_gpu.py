@@ -132,23 +132,43 @@ def test_patched_gpt2_training_step_compiled(gpt2):
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
-def test_a_compiled_training_step_runs_cudnn_s_causal_attention_with_no_kernel_api_attention_op(gpt2):
-    """Training attention that only torch's kernels serve is torch's cuDNN op in the compiled
-    graphs (kernel_api.nn.attention_lowering): cuDNN's forward and backward run, kernel_api's
-    attention ops do not, and no SDPA with a mask."""
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_compiled_prefill_and_training_run_cudnn_s_causal_attention_with_no_kernel_api_attention_op(gpt2, mode):
+    """Attention that only torch's kernels serve is torch's cuDNN op in the compiled graphs
+    (kernel_api.nn.attention_lowering): cuDNN's forward runs in a prefill, its forward and
+    backward in a training step, and kernel_api's attention ops do not."""
     from kernel_api.nn.attention_lowering import lowers_to_cudnn
-    if not lowers_to_cudnn(torch.bfloat16, 2, 512, 512, 12, 12, 64, True, torch.cuda.current_device()):
+    device = torch.cuda.current_device()
+    if not (lowers_to_cudnn(torch.bfloat16, 2, 512, 512, 12, 12, 64, True, True, device)
+            and lowers_to_cudnn(torch.bfloat16, 2, 512, 512, 12, 12, 64, True, False, device)):
         pytest.skip("another provider's kernel serves this attention (a plugin installed): the ops stay")
-    model = patch(copy.deepcopy(gpt2)).train()
-    compiled = torch.compile(model)
+    model = patch(copy.deepcopy(gpt2))
+    compiled = torch.compile(model, mode=mode)
     ids = torch.randint(0, gpt2.config.vocab_size, (2, 512), generator=torch.Generator().manual_seed(5)).cuda()
-    compiled(input_ids=ids, labels=ids).loss.backward()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        compiled(input_ids=ids, labels=ids).loss.backward()
-        torch.cuda.synchronize()
-    names = [e.key for e in prof.key_averages()]
+
+    def ran(step):
+        step()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()
+            torch.cuda.synchronize()
+        return [e.key for e in prof.key_averages()]
+
+    def prefill():
+        with torch.no_grad():
+            torch.compiler.cudagraph_mark_step_begin()
+            compiled(input_ids=ids, use_cache=False)
+
+    model.eval()
+    names = ran(prefill)
     assert not [n for n in names if n.startswith("kernel_api::attention")], names
-    assert "aten::_scaled_dot_product_cudnn_attention" in names and "aten::_cudnn_attention_backward" in names, names
+    if mode is None:  # (under CUDA graphs the replay runs no aten op on the host)
+        assert "aten::_scaled_dot_product_cudnn_attention" in names, names
+    _prefill(compiled, gpt2)  # the logits against the eager model's
+    if mode is None:
+        model.train()
+        names = ran(lambda: compiled(input_ids=ids, labels=ids).loss.backward())
+        assert not [n for n in names if n.startswith("kernel_api::attention")], names
+        assert "aten::_scaled_dot_product_cudnn_attention" in names and "aten::_cudnn_attention_backward" in names
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 

@@ -17,9 +17,9 @@ head_dim) and the mask that the function registered under the same name in
   host time than the decode kernel saves (0.96-1.0x SDPA with one query). Prefill attention
   stays the op, whose kernel runs causal attention as causal: Inductor lowers SDPA's
   ``is_causal`` for cuDNN to a materialised causal bias, attending to every key (GPT-2's 8 x 1024
-  prefill on an H200: 1.40 ms of attention a step either way). Training attention under
-  ``torch.compile`` that only torch's kernels serve is torch's cuDNN op itself
-  (`kernel_api.nn.attention_lowering`).
+  prefill on an H200: 1.40 ms of attention a step either way). Under ``torch.compile`` an
+  attention that only torch's kernels serve is torch's cuDNN op itself, causal, without the
+  custom op's Python around it (`kernel_api.nn.attention_lowering`).
 
 `kernel_api.nn.patch` sets the attention layers' configs to `NAME` and `unpatch` sets them back.
 """
@@ -60,14 +60,14 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     causal = q_len > 1 and causal
     if causal and kv_len > q_len:  # an empty static cache's prefill: SDPA's top-left mask, keys cut
         key, value = key[:, :, :q_len], value[:, :, :q_len]
-    if tracing.is_dynamo_compiling() and _grad_enabled() and (
-            query.requires_grad or key.requires_grad or value.requires_grad):
+    if tracing.is_dynamo_compiling():
+        training = _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         batch, heads_q, _, head_dim = query.shape
         heads_kv, seqlen_k = key.shape[1], key.shape[2]
         if static_size(batch, heads_q, q_len, head_dim, heads_kv, seqlen_k) and lowers_to_cudnn(
-                query.dtype, batch, q_len, seqlen_k, heads_q, heads_kv, head_dim, causal,
+                query.dtype, batch, q_len, seqlen_k, heads_q, heads_kv, head_dim, causal, training,
                 query.device.index if query.is_cuda else -1):
-            return cudnn_attention(query, key, value, causal, scaling), None
+            return cudnn_attention(query, key, value, causal, scaling, training), None
     out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
                         scale=scaling)
     return out, None

@@ -1,22 +1,22 @@
-"""What a patched model's training attention becomes under ``torch.compile``: kernel_api's ops,
-or torch's cuDNN attention op called as it is.
+"""What a patched model's attention becomes under ``torch.compile``: kernel_api's ops, or
+torch's cuDNN attention op called as it is.
 
-A training forward (a gradient wanted) through kernel_api's attention is two custom ops in the
-compiled graphs, ``kernel_api::attention_forward`` and ``kernel_api::attention_backward``. When
-every kernel the registry offers for the problem, forward and backward, is the torch provider's,
-the policy runs torch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention`` with the
-log-sum-exp, and its backward: the torch provider ranks cuDNN first for a training forward, and
-FlashAttention-2 and the materialised formula behind it) and each custom op only adds its Python
-around that aten call: about 50 us for the forward and 150 us for the backward a call on the H200
-host, where Inductor calls the aten op directly. A compiled GPT-2 training step (8 x 1024 tokens)
-made of those ops was host-bound. So under Dynamo such an attention is the aten op itself, causal
-where the problem is (cuDNN's causal mask is the problem's for equal lengths), and AOTAutograd
-differentiates it with cuDNN's backward: the same kernels, no custom op. Where another provider
-offers a kernel (a plugin such as FlashAttention-4's, whose backward beats cuDNN's at head dim 64),
-the ops stay, and the policy chooses per call.
-
-Inference keeps kernel_api's op under compile (`kernel_api.nn.attention`): its choice is SDPA's,
-whose ``is_causal`` Inductor lowers for cuDNN to a materialised mask.
+Through kernel_api's attention a prefill is a custom op in the compiled graph
+(``kernel_api::attention``), and a training forward (a gradient wanted) two
+(``kernel_api::attention_forward`` and ``kernel_api::attention_backward``). When every kernel
+the registry offers for the problem (forward, and backward in training) is the torch provider's,
+the policy runs torch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention``, or SDPA,
+which runs the same cuDNN kernel on Hopper for inference; with the log-sum-exp, and cuDNN's
+backward, in training, where the torch provider ranks cuDNN before FlashAttention-2 and the
+materialised formula), and each custom op only adds its Python around that aten call: about 50 us
+for the forward and 150 us for the backward a call on the H200 host, where Inductor calls an aten
+op directly. A compiled GPT-2 training step (8 x 1024 tokens) made of those ops was host-bound.
+So under Dynamo such an attention is the aten op itself, causal where the problem is (cuDNN's
+causal mask is the problem's for equal lengths; SDPA's ``is_causal``, which Inductor lowers for
+cuDNN to a materialised mask, is not used), and in training AOTAutograd differentiates it with
+cuDNN's backward: the same kernels, no custom op. Where another provider offers a kernel (a
+plugin such as FlashAttention-4's, whose backward beats cuDNN's at head dim 64), the ops stay,
+and the policy chooses per call.
 """
 
 from __future__ import annotations
@@ -45,17 +45,18 @@ def static_size(*sizes: Any) -> bool:
 
 @tracing.assume_constant_result
 def lowers_to_cudnn(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
-                    head_dim: int, causal: bool, device_index: int) -> bool:
-    """Under Dynamo, for a training attention of these sizes on CUDA device ``device_index``
-    (-1: another device), q, k and v ``(batch, heads, seqlen, head_dim)``: whether it runs as
-    torch's cuDNN attention op (the module docstring). Dynamo calls it while tracing and takes its
-    answer as a constant; any failure to tell answers False (kernel_api's ops stay)."""
+                    head_dim: int, causal: bool, training: bool, device_index: int) -> bool:
+    """Under Dynamo, for an attention of these sizes on CUDA device ``device_index`` (-1: another
+    device), q, k and v ``(batch, heads, seqlen, head_dim)``, with a backward to come when
+    ``training``: whether it runs as torch's cuDNN attention op (the module docstring). Dynamo
+    calls it while tracing and takes its answer as a constant; any failure to tell answers False
+    (kernel_api's ops stay)."""
     if device_index < 0 or dtype not in (torch.bfloat16, torch.float16):
         return False
     try:
         from ..core.arch import device_cc
-        return _lowers(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, device_index,
-                       device_cc(device_index), _providers())
+        return _lowers(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, training,
+                       device_index, device_cc(device_index), _providers())
     except Exception as exc:  # noqa: BLE001 - the ops stay, which serve any problem
         _log.debug("attention lowering not decided for %s: %s", (batch, seqlen_q, seqlen_k, heads_q, heads_kv,
                                                                  head_dim), exc)
@@ -70,8 +71,8 @@ def _providers() -> Any:
 
 @functools.lru_cache(maxsize=256)
 def _lowers(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
-            head_dim: int, causal: bool, device_index: int, cc: int, providers: Any) -> bool:
-    if not torch_alone_serves(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, cc,
+            head_dim: int, causal: bool, training: bool, device_index: int, cc: int, providers: Any) -> bool:
+    if not torch_alone_serves(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, training, cc,
                               providers=providers, device=f"cuda:{device_index}"):
         return False
     if heads_q != heads_kv:
@@ -82,11 +83,12 @@ def _lowers(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_
 
 
 def torch_alone_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int,
-                       heads_kv: int, head_dim: int, causal: bool, cc: int, providers: Any = None,
+                       heads_kv: int, head_dim: int, causal: bool, training: bool, cc: int, providers: Any = None,
                        device: str = "cuda") -> bool:
-    """Whether the registry offers a training attention of these sizes (dense, no dropout) only
-    torch's kernels, forward and backward, cuDNN's among them. The problem is stated on fake
-    CUDA tensors: nothing is allocated, and no GPU is needed to ask."""
+    """Whether the registry offers an attention of these sizes (dense, no dropout) only torch's
+    kernels, cuDNN's among them: the forward, with the log-sum-exp and the backward too when
+    ``training``. The problem is stated on fake CUDA tensors: nothing is allocated, and no GPU is
+    needed to ask."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..arguments.attention import AttentionArguments, lse_shape
@@ -98,11 +100,12 @@ def torch_alone_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: 
         k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device)
         v = torch.empty_like(k)
         out = torch.empty_like(q)
-        lse = torch.empty(lse_shape(q, False), dtype=torch.float32, device=device)
-        forward = AttentionArguments(q, k, v, out, lse, causal=causal)
-        backward = AttentionBackwardArguments(torch.empty_like(q), q, k, v, out, lse, torch.empty_like(q),
-                                              torch.empty_like(k), torch.empty_like(v), causal=causal)
-        for args in (forward, backward):
+        lse = torch.empty(lse_shape(q, False), dtype=torch.float32, device=device) if training else None
+        problems = [AttentionArguments(q, k, v, out, lse, causal=causal)]
+        if training:
+            problems.append(AttentionBackwardArguments(torch.empty_like(q), q, k, v, out, lse, torch.empty_like(q),
+                                                       torch.empty_like(k), torch.empty_like(v), causal=causal))
+        for args in problems:
             kernels = get_kernels(args, providers=providers, cc=cc)
             if not kernels or any(k.metadata.provider != "torch" for k in kernels):
                 return False
@@ -112,8 +115,9 @@ def torch_alone_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: 
 
 
 def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool,
-                    scale: float | None) -> torch.Tensor:
+                    scale: float | None, training: bool) -> torch.Tensor:
     """torch's cuDNN attention of q, k, v ``(batch, heads, seqlen, head_dim)``, with the
-    log-sum-exp its backward reads: the output as ``(batch, seqlen, heads, head_dim)``."""
-    out = _CUDNN_ATTENTION(query, key, value, None, True, 0.0, causal, False, scale=scale)[0]
+    log-sum-exp its backward reads when ``training``: the output as ``(batch, seqlen, heads,
+    head_dim)``."""
+    out = _CUDNN_ATTENTION(query, key, value, None, training, 0.0, causal, False, scale=scale)[0]
     return out.transpose(1, 2)
