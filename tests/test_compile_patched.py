@@ -92,6 +92,20 @@ def test_aten_lowering_fuses_relu_and_tanh_gelu_with_a_bias_at_prefill_rows_of_h
     assert not fuses("gelu", True, M, bf16, True, True)         # autograd: no pre-activation kept
 
 
+def test_under_cuda_graphs_a_decode_sized_gelu_projection_lowers_to_cublaslt_s_epilogue(monkeypatch):
+    """In a graph replayed as CUDA graphs the separate GELU kernel is GPU time a layer, and
+    cuBLASLt's host time is not paid per call: decode-sized rows fuse too (static rows only)."""
+    x = torch.empty(64, 8, dtype=torch.bfloat16, device="meta")
+    weight = torch.empty(8, 4, dtype=torch.bfloat16, device="meta")
+    bias = torch.empty(4, dtype=torch.bfloat16, device="meta")
+    assert not lowering.aten_fuses_activation("gelu", 64, True, False, x, weight, bias)
+    monkeypatch.setattr(lowering, "_trace_context", lambda: (True, True))
+    assert lowering.aten_fuses_activation("gelu", 64, True, False, x, weight, bias)
+    assert lowering.aten_fuses_activation("relu", 1, True, False, x, weight, bias)
+    assert not lowering.aten_fuses_activation("gelu", None, True, False, x, weight, bias)  # dynamic rows
+    assert not lowering.aten_fuses_activation("gelu", 64, True, True, x, weight, bias)     # autograd
+
+
 def test_rule_forced_dynamic_small_large_and_training():
     bf16 = torch.bfloat16
     choose = lowering.choose
@@ -566,9 +580,10 @@ def test_a_small_call_in_a_cuda_graph_reads_no_more_of_a_patched_layer_than_with
 
 
 def test_a_decode_sized_projection_guards_no_dtype_or_autocast_state():
-    """The bias-and-activation lowering needs prefill rows: a smaller call decides before it reads
-    the operands' dtypes or autocast's state, so its graph guards neither (guards run at every call)."""
-    tree = _guard_tree(patch(_tiny_gpt2(2)), _GraphsRecorder())
+    """Outside CUDA graphs the bias-and-activation lowering needs prefill rows: a smaller call
+    decides before it reads the operands' dtypes or autocast's state, so its graph guards neither
+    (guards run at every call)."""
+    tree = _guard_tree(patch(_tiny_gpt2(2)), _Recorder())
     if not tree:
         pytest.skip("this torch does not log its guards as 'GUARDS:' trees")
     read = [line for line in tree if "one_dtype" in line or "autocast_enabled" in line]

@@ -32,11 +32,15 @@ at that time (so a graph never branches or guards on it):
    GEMMs are Inductor's to fuse. Lowered to aten, a patched model compiles to the compiled
    model's own graph (docs/performance.md, "The lowering rule on torch 2.11, measured"),
    except where `aten_fuses_activation`: a projection with a bias and a relu or tanh GELU, of
-   at least `COMPILE_MIN_ROWS` half-precision rows on CUDA outside autograd, lowers to
-   ``aten._addmm_activation``, cuBLASLt's bias-and-activation epilogue (the torch provider's
-   kernel the registry runs for that problem). Inductor calls that op as it is, where from
-   ``addmm`` and the activation it makes a GEMM and a separate pointwise kernel: GPT-2's MLP
-   up-projections at 8 x 1024 tokens took 0.79 against 1.06 ms a step (H200, torch 2.11).
+   at least `COMPILE_MIN_ROWS` half-precision rows on CUDA outside autograd (any static rows in
+   a graph replayed as CUDA graphs), lowers to ``aten._addmm_activation``, cuBLASLt's
+   bias-and-activation epilogue (the torch provider's kernel the registry runs for that
+   problem). Inductor calls that op as it is, where from ``addmm`` and the activation it makes
+   a GEMM and a separate pointwise kernel: GPT-2's MLP up-projections at 8 x 1024 tokens took
+   0.79 against 1.06 ms a step (H200, torch 2.11). At decode rows the separate kernel is a launch
+   a layer: under CUDA graphs GPT-2's decode step (64 x 1) ran at 0.999x the compiled model with
+   the epilogue against 0.978x without (one run each); without CUDA graphs cuBLASLt's host time
+   a call cancels the launch saved (0.965x against 0.964x), so there decode keeps ``addmm``.
 
 Layers of memory-bound operations (norms, activations, rotary embeddings) keep kernel_api's op
 under compile only when forced (`keeps_op`): Inductor generates those row-wise kernels itself
@@ -178,8 +182,9 @@ _ADDMM_ACTIVATIONS = frozenset({"gelu", "relu"})
 def aten_fuses_activation(activation: str | None, rows: int | None, on_cuda: bool, training: bool,
                           x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether an aten lowering of a projection is ``aten._addmm_activation`` rather than an
-    ``addmm`` and a separate activation (the module docstring, rule 5). The operands' dtypes are
-    read last, so a decode-sized call under Dynamo guards none of the autocast state.
+    ``addmm`` and a separate activation (the module docstring, rule 5): from `COMPILE_MIN_ROWS`
+    rows, and at any static rows in a graph replayed as CUDA graphs. The operands' dtypes are
+    read last, so a decode-sized call outside CUDA graphs guards none of the autocast state.
 
     Args:
         activation: the layer's fused activation, or None.
@@ -190,8 +195,10 @@ def aten_fuses_activation(activation: str | None, rows: int | None, on_cuda: boo
         x, weight, bias: the projection's operands (`one_dtype`).
     """
     if not (activation in _ADDMM_ACTIVATIONS and bias is not None and on_cuda and not training
-            and rows is not None and rows >= COMPILE_MIN_ROWS):
+            and rows is not None):
         return False
+    if rows < COMPILE_MIN_ROWS and not _trace_context()[1]:
+        return False  # (decode-sized, no CUDA graphs: Inductor's addmm, then its GELU kernel)
     return one_dtype(x, weight, bias) in (torch.bfloat16, torch.float16)
 
 
