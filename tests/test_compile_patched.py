@@ -514,8 +514,9 @@ def _guard_lines(model, backend=None) -> int:
     return len(_guard_tree(model, backend))
 
 
-def _guard_tree(model, backend=None) -> list[str]:
-    """The lines of the guard tree Dynamo builds for a prefill of ``model`` (`_guard_lines`)."""
+def _guard_tree(model, backend=None, inputs=None) -> list[str]:
+    """The lines of the guard tree Dynamo builds for a prefill of ``model`` (`_guard_lines`), or
+    for its call on ``inputs`` (keyword arguments) when given."""
     import io
     import logging
 
@@ -527,7 +528,8 @@ def _guard_tree(model, backend=None) -> list[str]:
     dynamo_log.addHandler(handler)
     try:
         with torch.no_grad():
-            torch.compile(model, backend=backend or _Recorder())(input_ids=torch.randint(0, 1001, (2, 8)))
+            torch.compile(model, backend=backend or _Recorder())(
+                **(inputs if inputs is not None else {"input_ids": torch.randint(0, 1001, (2, 8))}))
     finally:
         dynamo_log.removeHandler(handler)
         torch._logging.set_logs()
@@ -587,4 +589,20 @@ def test_a_decode_sized_projection_guards_no_dtype_or_autocast_state():
     if not tree:
         pytest.skip("this torch does not log its guards as 'GUARDS:' trees")
     read = [line for line in tree if "one_dtype" in line or "autocast_enabled" in line]
+    assert not read, read[:3]
+
+
+def test_a_traced_decode_step_s_attention_reads_nothing_but_its_query_length():
+    """A traced decode step (one query) goes to SDPA before the attention function reads the
+    interface's other keywords or the operands' devices: Dynamo guards what a trace reads, and
+    evaluates the guards at every step."""
+    ref = _tiny_gpt2(2)
+    model = patch(copy.deepcopy(ref))
+    with torch.no_grad():
+        cache = ref(input_ids=torch.randint(0, 1001, (2, 8)), use_cache=True).past_key_values
+    tree = _guard_tree(model, inputs={"input_ids": torch.randint(0, 1001, (2, 1)), "past_key_values": cache,
+                                      "use_cache": True})
+    if not tree:
+        pytest.skip("this torch does not log its guards as 'GUARDS:' trees")
+    read = [line for line in tree if "_SDPA_ONLY" in line or "ops_take" in line]
     assert not read, read[:3]

@@ -50,8 +50,9 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """transformers' attention-interface function: ``(output (batch, seqlen, heads, head_dim),
     None)`` from q (batch, heads, seqlen_q, head_dim) and k, v (batch, kv_heads, seqlen_k,
     head_dim)."""
-    if (attention_mask is not None or dropout != 0.0 or any(kwargs.get(name) is not None for name in _SDPA_ONLY)
-            or not ops_take(query, key, value) or (query.shape[2] == 1 and tracing.is_dynamo_compiling())):
+    # (a traced decode step asks nothing else: Dynamo guards what a trace reads, at every call)
+    if ((query.shape[2] == 1 and tracing.is_dynamo_compiling()) or attention_mask is not None or dropout != 0.0
+            or any(kwargs.get(name) is not None for name in _SDPA_ONLY) or not ops_take(query, key, value)):
         sdpa = _transformers["sdpa_attention_forward"]
         return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                     **kwargs)
