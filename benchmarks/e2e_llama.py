@@ -42,8 +42,10 @@ Attention candidates: kernel_api's plugins load through their entry points, so F
 serves the patched model's attention when the kernel-api-flash-attn plugin is installed
 (``pip install --no-deps --no-build-isolation -e examples/plugins/kernel-api-flash-attn``); the
 run records the providers present, the plugins that failed to load, and each patched
-configuration's chosen attention kernels; ``--without flash_attn`` leaves the plugin out (the torch
-provider's attention then serves).
+configuration's chosen attention kernels, and for the compiled ones the attention problems that run
+as torch's cuDNN op in the graph (`kernel_api.nn.attention_lowering`: where only torch's kernels
+serve them); ``--without flash_attn`` leaves the plugin out (the torch provider's attention then
+serves).
 
 Prints a table (model, phase, configuration: ms, tokens/s, ratios against eager and against
 torch.compile, peak memory and its ratios) and the targets (`TARGETS`), met or not. Writes
@@ -196,6 +198,14 @@ def attention_kernels() -> list:
     from kernel_api import ops
     return sorted({kernel.name for _, kernel in ops.chosen_kernels() if "Attn" in kernel.name
                    or "Attention" in kernel.name})
+
+
+def attention_lowered() -> list:
+    """The attention problems run as torch's cuDNN op in compiled graphs so far in this process
+    (`kernel_api.nn.attention_lowering`: kernel_api chooses no kernel for those), as text."""
+    from kernel_api.nn import attention_lowering
+    return sorted(f"{'training' if p[8] else 'inference'} b{p[1]} s{p[2]}/{p[3]} h{p[4]}/{p[5]} d{p[6]}"
+                  f"{' causal' if p[7] else ''}" for p, lowered in attention_lowering.decisions().items() if lowered)
 
 
 def phase_prefill(run, raw, ctx, ref):
@@ -472,6 +482,8 @@ def main(argv=None) -> int:
                     r = PHASE_FNS[phase](run, raw, ctx, ref)
                     if "patched" in name:
                         r["attention_kernels"] = attention_kernels()
+                    if "patched" in name and "compiled" in name:
+                        r["attention_as_cudnn_op"] = attention_lowered()
                 except Exception as exc:  # report it, keep going with the other configurations
                     r = {"error": err_str(exc)}
                     traceback.print_exc(limit=int(os.environ.get("E2E_TRACEBACK_LIMIT", "8")), file=sys.stderr)
@@ -482,6 +494,8 @@ def main(argv=None) -> int:
                     log(f"  profile of {model_name} {phase} {name}:\n{r['profile']}")
                 if r.get("attention_kernels"):
                     log(f"    attention kernels chosen so far: {', '.join(r['attention_kernels'])}")
+                if r.get("attention_as_cudnn_op"):
+                    log(f"    attention as torch's cuDNN op in the compiled graph: {r['attention_as_cudnn_op']}")
                 log(f"  {model_name:6} {phase:8} {name:19} {status}  ({r['wall_s']:.1f} s wall, "
                     f"{time.perf_counter() - t_all:.0f} s total)")
                 with open(partial, "w") as f:  # what is done so far survives a kill

@@ -123,3 +123,18 @@ def test_a_patched_gpt2_s_attention_traces_cudnn_s_op_where_torch_alone_serves(m
         assert eval_targets.count("kernel_api.attention.default") == 2, eval_targets
     assert not counters["graph_break"], dict(counters["graph_break"])
     torch._dynamo.reset()
+
+
+def test_decisions_record_each_problem_once(monkeypatch):
+    from kernel_api.nn import attention_lowering
+    asked = []
+
+    def decide(*problem):
+        asked.append(problem)
+        return True
+
+    monkeypatch.setattr(attention_lowering, "_decide", decide)
+    monkeypatch.setattr(attention_lowering, "_decided", {})
+    problem = (_BF16, 2, 16, 16, 4, 4, 64, True, True, 0, 90, None)
+    assert attention_lowering._lowers(*problem) and attention_lowering._lowers(*problem)
+    assert asked == [problem] and attention_lowering.decisions() == {problem: True}

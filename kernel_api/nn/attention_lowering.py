@@ -21,7 +21,6 @@ and the policy chooses per call.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -69,8 +68,26 @@ def _providers() -> Any:
     return current().providers
 
 
-@functools.lru_cache(maxsize=256)
-def _lowers(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
+#: The answers given so far (`decisions`), by problem: Dynamo asks once per trace of a layer.
+_decided: dict[tuple, bool] = {}
+
+
+def decisions() -> dict[tuple, bool]:
+    """The attention problems the rule answered in this process, ``(dtype, batch, seqlen_q,
+    seqlen_k, heads_q, heads_kv, head_dim, causal, training, device_index, cc, providers)`` ->
+    whether they run as torch's cuDNN op under compile (what a benchmark or a user inspecting a
+    compiled model reads: kernel_api chose no kernel for those)."""
+    return dict(_decided)
+
+
+def _lowers(*problem: Any) -> bool:
+    found = _decided.get(problem)
+    if found is None:
+        found = _decided[problem] = _decide(*problem)
+    return found
+
+
+def _decide(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
             head_dim: int, causal: bool, training: bool, device_index: int, cc: int, providers: Any) -> bool:
     if not torch_alone_serves(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, training, cc,
                               providers=providers, device=f"cuda:{device_index}"):
