@@ -133,8 +133,11 @@ def test_decisions_record_each_problem_once(monkeypatch):
         asked.append(problem)
         return True
 
+    from kernel_api.ops import clear_dispatch_cache
     monkeypatch.setattr(attention_lowering, "_decide", decide)
-    monkeypatch.setattr(attention_lowering, "_decided", {})
+    clear_dispatch_cache()
     problem = (_BF16, 2, 16, 16, 4, 4, 64, True, True, 0, 90, None)
     assert attention_lowering._lowers(*problem) and attention_lowering._lowers(*problem)
     assert asked == [problem] and attention_lowering.decisions() == {problem: True}
+    clear_dispatch_cache()  # (with the ops' choices: a provider added since answers again)
+    assert attention_lowering.decisions() == {}

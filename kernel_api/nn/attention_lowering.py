@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..core import tracing
+from ..ops import dispatch as _dispatch
 
 _log = logging.getLogger(__name__)
 
@@ -69,7 +70,10 @@ def _providers() -> Any:
 
 
 #: The answers given so far (`decisions`), by problem: Dynamo asks once per trace of a layer.
+#: `kernel_api.ops.clear_dispatch_cache` forgets them with the ops' choices (a provider or plugin
+#: added since answers again at the next trace).
 _decided: dict[tuple, bool] = {}
+_dispatch.choice_caches.append(_decided.clear)
 
 
 def decisions() -> dict[tuple, bool]:
