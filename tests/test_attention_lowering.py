@@ -141,3 +141,45 @@ def test_decisions_record_each_problem_once(monkeypatch):
     assert asked == [problem] and attention_lowering.decisions() == {problem: True}
     clear_dispatch_cache()  # (with the ops' choices: a provider added since answers again)
     assert attention_lowering.decisions() == {}
+
+
+@pytest.mark.parametrize("reads_gqa", [True, False])
+def test_gqa_lowers_only_where_cudnn_reads_it_in_place(monkeypatch, reads_gqa):
+    """Grouped-query attention is cuDNN's op only where torch's cuDNN attention takes k and v
+    with fewer heads (the torch provider's check); otherwise the ops stay (they repeat k and v)."""
+    from kernel_api.nn import attention_lowering
+    from kernel_api.providers.torch_ops import attention as torch_attention
+    monkeypatch.setattr(torch_attention, "cudnn_reads_gqa", lambda device: reads_gqa)
+    assert attention_lowering._decide(_BF16, 4, 256, 256, 32, 8, 128, True, True, 0, 90, None) is reads_gqa
+    assert attention_lowering._decide(_BF16, 4, 256, 256, 32, 32, 128, True, True, 0, 90, None)  # not GQA
+
+
+def test_dynamic_sizes_keep_kernel_api_s_op(monkeypatch):
+    """A trace whose sizes Dynamo made dynamic asks nothing (the rule takes static sizes) and
+    keeps kernel_api's op, which serves any size."""
+    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+    asked = []
+
+    @tracing.assume_constant_result
+    def lowers_to_cudnn(*problem):
+        asked.append(problem)
+        return True
+
+    monkeypatch.setattr(nn_attention, "lowers_to_cudnn", lowers_to_cudnn)
+    model = patch(_tiny_gpt2()).eval()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for seq in (16, 24):
+            ids = torch.randint(0, 1001, (2, seq), generator=torch.Generator().manual_seed(seq))
+            torch.testing.assert_close(compiled(input_ids=ids, use_cache=False).logits,
+                                       model(input_ids=ids, use_cache=False).logits, rtol=1e-4, atol=1e-4)
+    targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
+    assert not asked and targets.count("kernel_api.attention.default") == 2, targets
+    torch._dynamo.reset()
