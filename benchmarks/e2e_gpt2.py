@@ -214,14 +214,6 @@ def time_rounds(phases: dict, steps: int, device, seed: int) -> tuple[dict[str, 
     return times, host
 
 
-def attention_lowered() -> list:
-    """The attention problems run as torch's cuDNN op in this process's compiled graphs
-    (`kernel_api.nn.attention_lowering`: kernel_api chooses no kernel for those), as text."""
-    from kernel_api.nn import attention_lowering
-    return sorted(f"{'training' if p[8] else 'inference'} b{p[1]} s{p[2]}/{p[3]} h{p[4]}/{p[5]} d{p[6]}"
-                  f"{' causal' if p[7] else ''}" for p, lowered in attention_lowering.decisions().items() if lowered)
-
-
 def rel_err(x, ref) -> float:
     x, ref = x.float(), ref.float()
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
@@ -702,7 +694,8 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
     ref.clear()
-    env["attention_as_cudnn_op"] = attention_lowered()
+    from kernel_api.nn import attention_lowering  # (the problems run as torch's cuDNN op in the graphs)
+    env["attention_as_cudnn_op"] = attention_lowering.lowered()
     if env["attention_as_cudnn_op"]:
         log("attention run as torch's cuDNN op in compiled graphs: " + "; ".join(env["attention_as_cudnn_op"]))
 

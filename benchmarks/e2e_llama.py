@@ -200,14 +200,6 @@ def attention_kernels() -> list:
                    or "Attention" in kernel.name})
 
 
-def attention_lowered() -> list:
-    """The attention problems run as torch's cuDNN op in compiled graphs so far in this process
-    (`kernel_api.nn.attention_lowering`: kernel_api chooses no kernel for those), as text."""
-    from kernel_api.nn import attention_lowering
-    return sorted(f"{'training' if p[8] else 'inference'} b{p[1]} s{p[2]}/{p[3]} h{p[4]}/{p[5]} d{p[6]}"
-                  f"{' causal' if p[7] else ''}" for p, lowered in attention_lowering.decisions().items() if lowered)
-
-
 def phase_prefill(run, raw, ctx, ref):
     import torch
     B, T, V = ctx.batch, ctx.seq, ctx.vocab
@@ -483,7 +475,8 @@ def main(argv=None) -> int:
                     if "patched" in name:
                         r["attention_kernels"] = attention_kernels()
                     if "patched" in name and "compiled" in name:
-                        r["attention_as_cudnn_op"] = attention_lowered()
+                        from kernel_api.nn import attention_lowering
+                        r["attention_as_cudnn_op"] = attention_lowering.lowered()
                 except Exception as exc:  # report it, keep going with the other configurations
                     r = {"error": err_str(exc)}
                     traceback.print_exc(limit=int(os.environ.get("E2E_TRACEBACK_LIMIT", "8")), file=sys.stderr)

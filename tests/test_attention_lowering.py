@@ -183,3 +183,14 @@ def test_dynamic_sizes_keep_kernel_api_s_op(monkeypatch):
     targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
     assert not asked and targets.count("kernel_api.attention.default") == 2, targets
     torch._dynamo.reset()
+
+
+def test_lowered_lists_the_problems_answered_yes(monkeypatch):
+    from kernel_api.nn import attention_lowering
+    from kernel_api.ops import clear_dispatch_cache
+    monkeypatch.setattr(attention_lowering, "_decide", lambda *problem: problem[1] == 8)
+    clear_dispatch_cache()
+    attention_lowering._lowers(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 0, 90, None)
+    attention_lowering._lowers(_BF16, 2, 100, 300, 4, 4, 64, False, False, 0, 90, None)
+    assert attention_lowering.lowered() == ["training b8 s1024/1024 h12/12 d64 causal"]
+    clear_dispatch_cache()

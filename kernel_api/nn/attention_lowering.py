@@ -84,6 +84,14 @@ def decisions() -> dict[tuple, bool]:
     return dict(_decided)
 
 
+def lowered() -> list[str]:
+    """The problems run as torch's cuDNN op in this process's compiled graphs, one line each
+    (``"training b8 s1024/1024 h12/12 d64 causal"``): kernel_api chose no kernel for those, so a
+    benchmark or a user reading `kernel_api.ops.chosen_kernels` finds none."""
+    return sorted(f"{'training' if p[8] else 'inference'} b{p[1]} s{p[2]}/{p[3]} h{p[4]}/{p[5]} d{p[6]}"
+                  f"{' causal' if p[7] else ''}" for p, answer in _decided.items() if answer)
+
+
 def _lowers(*problem: Any) -> bool:
     found = _decided.get(problem)
     if found is None:
