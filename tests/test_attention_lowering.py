@@ -194,3 +194,17 @@ def test_lowered_lists_the_problems_answered_yes(monkeypatch):
     attention_lowering._lowers(_BF16, 2, 100, 300, 4, 4, 64, False, False, 0, 90, None)
     assert attention_lowering.lowered() == ["training b8 s1024/1024 h12/12 d64 causal"]
     clear_dispatch_cache()
+
+
+def test_a_pick_best_reading_records_keeps_the_ops(monkeypatch):
+    """Tuning records may rank another of torch's kernels first: with a PickBest that reads them
+    in force, the ops stay and the policy chooses per call."""
+    from kernel_api.nn import attention_lowering, lowering
+    from kernel_api.ops import clear_dispatch_cache
+    monkeypatch.setattr(attention_lowering, "_decide", lambda *problem: True)
+    monkeypatch.setattr("kernel_api.core.arch.device_cc", lambda index=None: 90)
+    clear_dispatch_cache()
+    assert attention_lowering.lowers_to_cudnn(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 0)
+    monkeypatch.setattr(lowering, "_records_policy", lambda: object())
+    assert not attention_lowering.lowers_to_cudnn(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 0)
+    clear_dispatch_cache()

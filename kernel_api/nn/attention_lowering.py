@@ -16,7 +16,8 @@ causal mask is the problem's for equal lengths; SDPA's ``is_causal``, which Indu
 cuDNN to a materialised mask, is not used), and in training AOTAutograd differentiates it with
 cuDNN's backward: the same kernels, no custom op. Where another provider offers a kernel (a
 plugin such as FlashAttention-4's, whose backward beats cuDNN's at head dim 64), the ops stay,
-and the policy chooses per call.
+and the policy chooses per call. So do they while a `PickBest` that reads tuning records is in
+force, whose measurements may rank another of torch's kernels first.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def lowers_to_cudnn(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int
         return False
     try:
         from ..core.arch import device_cc
+        from .lowering import _records_policy
+        if _records_policy() is not None:
+            return False  # (a PickBest reading tuning records chooses per call among the measured kernels)
         return _lowers(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, training,
                        device_index, device_cc(device_index), _providers())
     except Exception as exc:  # noqa: BLE001 - the ops stay, which serve any problem
