@@ -61,6 +61,26 @@ class _Captured(Exception):
     pass
 
 
+@pytest.fixture
+def stubbed_rule(monkeypatch):
+    """The rule's answer stubbed (the models here run on the CPU), the front door launching on
+    the CPU: ``stub(answer)`` installs it and returns the list of problems it is asked."""
+    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+
+    def stub(answer):
+        asked = []
+
+        @tracing.assume_constant_result
+        def lowers_to_cudnn(*problem):
+            asked.append(problem)
+            return answer
+
+        monkeypatch.setattr(nn_attention, "lowers_to_cudnn", lowers_to_cudnn)
+        return asked
+
+    return stub
+
+
 def _tiny_gpt2():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1001, n_positions=64,
@@ -87,19 +107,11 @@ def _traced_graph(model, ids, grad: bool):
 
 
 @pytest.mark.parametrize("serves_alone", [True, False])
-def test_a_patched_gpt2_s_attention_traces_cudnn_s_op_where_torch_alone_serves(monkeypatch, serves_alone):
+def test_a_patched_gpt2_s_attention_traces_cudnn_s_op_where_torch_alone_serves(stubbed_rule, serves_alone):
     """The rule's answer (stubbed here: the model runs on the CPU) decides the graphs: cuDNN's
     causal op (with the log-sum-exp in training) and no kernel_api attention op, or kernel_api's
     ops."""
-    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
-    asked = []
-
-    @tracing.assume_constant_result
-    def lowers_to_cudnn(*problem):
-        asked.append(problem)
-        return serves_alone
-
-    monkeypatch.setattr(nn_attention, "lowers_to_cudnn", lowers_to_cudnn)
+    asked = stubbed_rule(serves_alone)
     model = patch(_tiny_gpt2()).train()
     ids = torch.randint(0, 1001, (2, 16), generator=torch.Generator().manual_seed(4))
     counters.clear()
@@ -154,18 +166,10 @@ def test_gqa_lowers_only_where_cudnn_reads_it_in_place(monkeypatch, reads_gqa):
     assert attention_lowering._decide(_BF16, 4, 256, 256, 32, 32, 128, True, True, 0, 90, None)  # not GQA
 
 
-def test_dynamic_sizes_keep_kernel_api_s_op(monkeypatch):
+def test_dynamic_sizes_keep_kernel_api_s_op(stubbed_rule):
     """A trace whose sizes Dynamo made dynamic asks nothing (the rule takes static sizes) and
     keeps kernel_api's op, which serves any size."""
-    monkeypatch.setattr(dispatch, "LAUNCH_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
-    asked = []
-
-    @tracing.assume_constant_result
-    def lowers_to_cudnn(*problem):
-        asked.append(problem)
-        return True
-
-    monkeypatch.setattr(nn_attention, "lowers_to_cudnn", lowers_to_cudnn)
+    asked = stubbed_rule(True)
     model = patch(_tiny_gpt2()).eval()
     graphs = []
 

@@ -32,7 +32,8 @@ import torch
 
 from .. import ops
 from ..core import tracing
-from .attention_lowering import cudnn_attention, lowers_to_cudnn, static_size
+from .attention_lowering import cudnn_attention, lowers_to_cudnn
+from .lowering import static_size
 from .mixin import ops_take
 
 #: The attention implementation's name in transformers' interfaces.

@@ -23,25 +23,33 @@ force, whose measurements may rank another of torch's kernels first.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..core import tracing
 from ..ops import dispatch as _dispatch
+from . import lowering as _lowering
 
 _log = logging.getLogger(__name__)
 
-_CUDNN_ATTENTION = torch.ops.aten._scaled_dot_product_cudnn_attention.default
 
+class Problem(NamedTuple):
+    """What the rule answers for: an attention's sizes, its kind, the device and the providers
+    in force (the key of `decisions`)."""
 
-def static_size(*sizes: Any) -> bool:
-    """Whether every size is static under Dynamo (an int, not a SymInt), asked as
-    `kernel_api.nn.lowering.static_rows` asks: ``(d == d) is True`` folds for an int only."""
-    for d in sizes:
-        if (d == d) is not True:
-            return False
-    return True
+    dtype: torch.dtype
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    causal: bool
+    training: bool
+    device_index: int
+    cc: int
+    providers: Any
 
 
 @tracing.assume_constant_result
@@ -56,8 +64,7 @@ def lowers_to_cudnn(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int
         return False
     try:
         from ..core.arch import device_cc
-        from .lowering import _records_policy
-        if _records_policy() is not None:
+        if _lowering._records_policy() is not None:
             return False  # (a PickBest reading tuning records chooses per call among the measured kernels)
         return _lowers(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, training,
                        device_index, device_cc(device_index), _providers())
@@ -76,15 +83,14 @@ def _providers() -> Any:
 #: The answers given so far (`decisions`), by problem: Dynamo asks once per trace of a layer.
 #: `kernel_api.ops.clear_dispatch_cache` forgets them with the ops' choices (a provider or plugin
 #: added since answers again at the next trace).
-_decided: dict[tuple, bool] = {}
+_decided: dict[Problem, bool] = {}
 _dispatch.choice_caches.append(_decided.clear)
 
 
-def decisions() -> dict[tuple, bool]:
-    """The attention problems the rule answered in this process, ``(dtype, batch, seqlen_q,
-    seqlen_k, heads_q, heads_kv, head_dim, causal, training, device_index, cc, providers)`` ->
-    whether they run as torch's cuDNN op under compile (what a benchmark or a user inspecting a
-    compiled model reads: kernel_api chose no kernel for those)."""
+def decisions() -> dict[Problem, bool]:
+    """The attention problems the rule answered in this process (`Problem`) -> whether they run
+    as torch's cuDNN op under compile (what a benchmark or a user inspecting a compiled model
+    reads: kernel_api chose no kernel for those)."""
     return dict(_decided)
 
 
@@ -92,11 +98,13 @@ def lowered() -> list[str]:
     """The problems run as torch's cuDNN op in this process's compiled graphs, one line each
     (``"training b8 s1024/1024 h12/12 d64 causal"``): kernel_api chose no kernel for those, so a
     benchmark or a user reading `kernel_api.ops.chosen_kernels` finds none."""
-    return sorted(f"{'training' if p[8] else 'inference'} b{p[1]} s{p[2]}/{p[3]} h{p[4]}/{p[5]} d{p[6]}"
-                  f"{' causal' if p[7] else ''}" for p, answer in _decided.items() if answer)
+    return sorted(f"{'training' if p.training else 'inference'} b{p.batch} s{p.seqlen_q}/{p.seqlen_k} "
+                  f"h{p.heads_q}/{p.heads_kv} d{p.head_dim}{' causal' if p.causal else ''}"
+                  for p, answer in _decided.items() if answer)
 
 
-def _lowers(*problem: Any) -> bool:
+def _lowers(*values: Any) -> bool:
+    problem = Problem(*values)
     found = _decided.get(problem)
     if found is None:
         found = _decided[problem] = _decide(*problem)
@@ -152,5 +160,6 @@ def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """torch's cuDNN attention of q, k, v ``(batch, heads, seqlen, head_dim)``, with the
     log-sum-exp its backward reads when ``training``: the output as ``(batch, seqlen, heads,
     head_dim)``."""
-    out = _CUDNN_ATTENTION(query, key, value, None, training, 0.0, causal, False, scale=scale)[0]
+    out = torch.ops.aten._scaled_dot_product_cudnn_attention.default(query, key, value, None, training, 0.0, causal,
+                                                                    False, scale=scale)[0]
     return out.transpose(1, 2)

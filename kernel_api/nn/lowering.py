@@ -147,6 +147,15 @@ def static_rows(x: torch.Tensor) -> int | None:
     return rows if (rows == rows) is True else None
 
 
+def static_size(*sizes: Any) -> bool:
+    """Whether every size is static under Dynamo (an int, not a SymInt), asked as `static_rows`
+    asks: ``(d == d) is True`` folds to a constant for an int only."""
+    for d in sizes:
+        if (d == d) is not True:
+            return False
+    return True
+
+
 @tracing.assume_constant_result
 def _trace_context() -> tuple[bool, bool]:
     """(no `PickBest` reading tuning records in force, the graph replayed as CUDA graphs): what
