@@ -211,11 +211,11 @@ class _GraphsRecorder(_Recorder):
 
 def test_under_cuda_graphs_auto_keeps_the_op_from_prefill_rows_outside_training():
     """A graph replayed as CUDA graphs pays no host time per op: from `COMPILE_MIN_ROWS` rows,
-    outside autograd, the rule keeps kernel_api's op; fewer rows, autograd, or a compiler
-    without CUDA graphs lower to aten."""
+    outside autograd, the rule keeps kernel_api's op; fewer rows (output rows cuBLAS vectorises),
+    autograd, or a compiler without CUDA graphs lower to aten."""
     torch.manual_seed(0)
-    layer = Linear(24, 37, device="cpu")
-    ref = torch.nn.Linear(24, 37)
+    layer = Linear(24, 40, device="cpu")
+    ref = torch.nn.Linear(24, 40)
     ref.load_state_dict(layer.state_dict())
     M = lowering.COMPILE_MIN_ROWS
     for backend, rows, grad, kept in ((_GraphsRecorder(), M, False, True), (_GraphsRecorder(), M - 1, False, False),
@@ -229,6 +229,30 @@ def test_under_cuda_graphs_auto_keeps_the_op_from_prefill_rows_outside_training(
         assert (_gemm_nodes(targets), _aten_projections(targets)) == ((1, 0) if kept else (0, 1)), (rows, grad, targets)
         torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
     assert not lowering.tracing.graph_uses_cuda_graphs()  # (outside a trace)
+
+
+@pytest.mark.parametrize("dtype,N,kept", [(torch.bfloat16, 50257, True), (torch.bfloat16, 37, True),
+                                          (torch.bfloat16, 48, False), (torch.float32, 36, False),
+                                          (torch.float32, 37, True)])
+def test_under_cuda_graphs_a_projection_with_misaligned_output_rows_keeps_the_op_at_any_rows(dtype, N, kept):
+    """Output rows of N elements that do not start on 16 bytes make cuBLAS run element-wise
+    kernels (GPT-2's lm_head, N = 50257: 154 against kernel_api's 37 us at 64 rows on an H200):
+    in a graph replayed as CUDA graphs, outside autograd, such a projection keeps kernel_api's op
+    at decode rows too; without CUDA graphs, or in training, it lowers to aten."""
+    assert lowering.columns_aligned(N, dtype) is not kept
+    assert lowering.choose("auto", 64, 768, N, dtype, None, False, False, 0) == "aten"  # (no trace: no CUDA graphs)
+    torch.manual_seed(0)
+    layer = Linear(16, N, device="cpu", dtype=dtype)
+    for backend, grad, expect in ((_GraphsRecorder(), False, kept), (_GraphsRecorder(), True, False),
+                                  (_Recorder(), False, False)):
+        torch._dynamo.reset()
+        x = torch.randn(64, 16, dtype=dtype)
+        torch._dynamo.mark_static(x, 0)
+        with torch.set_grad_enabled(grad):
+            y = torch.compile(layer, backend=backend, fullgraph=True)(x)
+        targets = backend.targets()
+        assert (_gemm_nodes(targets), _aten_projections(targets)) == ((1, 0) if expect else (0, 1)), (grad, targets)
+        torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=2e-2, atol=2e-2)
 
 
 def test_forcing_per_layer_and_per_class_retraces_and_keeps_values():
@@ -359,6 +383,77 @@ def test_gpt2_decode_has_no_graph_breaks_nor_recompiles_in_steady_state(forced):
         assert gemms == 2 * 4 + 1  # every projection, the lm_head too
     else:
         assert gemms == 0 and _aten_projections(backend.targets()) == 2 * 4 + 1
+
+
+def _sdpa_masks(graph) -> list:
+    """The attn_mask argument of each SDPA call in an FX graph (None where none is passed)."""
+    masks = []
+    for node in graph.graph.nodes:
+        if node.op == "call_function" and "scaled_dot_product" in str(node.target):
+            masks.append(node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None))
+    return masks
+
+
+def test_a_compiled_decode_step_builds_no_mask_for_a_query_that_sees_every_cached_key(monkeypatch):
+    """A decode step with nothing padded: the patched model's mask function answers None, so the
+    compiled graph's SDPA calls take no mask, and the logits are the unpatched model's. (Under
+    Dynamo transformers' SDPA mask materialises one of all ones where torch's `is_exporting` reads
+    True while compiling, as in torch 2.11: one more kernel a layer; the stand-in below always
+    materialises.) With a padding mask, the mask is built as before."""
+    from kernel_api.nn import attention as nn_attention
+
+    ref_model = _tiny_gpt2()
+    model = patch(copy.deepcopy(ref_model))
+    sdpa_mask = nn_attention._transformers["sdpa_mask"]
+    monkeypatch.setitem(nn_attention._transformers, "sdpa_mask",
+                        lambda **kwargs: sdpa_mask(**{**kwargs, "allow_is_causal_skip": False}))
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, 1001, (2, 8), generator=g)
+    with torch.no_grad():
+        cache = ref_model(input_ids=prompt, use_cache=True).past_key_values
+    recorders = {}
+    for name, m in (("unpatched", ref_model), ("patched", model)):
+        torch._dynamo.reset()
+        recorders[name] = _Recorder()
+        step_cache = copy.deepcopy(cache)
+        ids = torch.randint(0, 1001, (2, 1), generator=torch.Generator().manual_seed(8))
+        with torch.no_grad():
+            logits = torch.compile(m, backend=recorders[name])(input_ids=ids, past_key_values=step_cache,
+                                                              use_cache=True).logits
+        recorders[name].logits = logits
+    masks = _sdpa_masks(recorders["patched"].graphs[-1])
+    assert len(masks) == 2 and all(m is None for m in masks), masks
+    torch.testing.assert_close(recorders["patched"].logits, recorders["unpatched"].logits, rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+    padded = torch.ones(2, 9, dtype=torch.long)
+    padded[0, 0] = 0
+    recorder = _Recorder()
+    with torch.no_grad():
+        torch.compile(model, backend=recorder)(input_ids=ids, past_key_values=copy.deepcopy(cache),
+                                               attention_mask=padded, use_cache=True)
+    assert all(m is not None for m in _sdpa_masks(recorder.graphs[-1]))
+
+
+def test_the_mask_of_a_decode_step_is_none_only_where_its_query_sees_exactly_the_cached_keys(monkeypatch):
+    """`mask` answers None for one query at position q_offset over q_offset + 1 keys from 0 with
+    nothing padded; transformers' mask otherwise (keys beyond the query, as a static cache's empty
+    slots; a padding mask; a window; a tensor offset, which is not read; two queries past a cache)."""
+    from kernel_api.nn import attention as nn_attention
+
+    pytest.importorskip("transformers")
+    nn_attention.register()
+    built = object()
+    monkeypatch.setitem(nn_attention._transformers, "sdpa_mask", lambda **kwargs: built)
+    causal = nn_attention._transformers["causal_mask_function"]
+    assert nn_attention.mask(2, 1, 9, q_offset=8, kv_offset=0) is None
+    assert nn_attention.mask(2, 1, 9, q_offset=8, kv_offset=0, mask_function=causal) is None
+    assert nn_attention.mask(2, 1, 12, q_offset=8, kv_offset=0) is built
+    assert nn_attention.mask(2, 1, 9, q_offset=8, kv_offset=0, attention_mask=torch.ones(2, 9, dtype=torch.bool)) is built
+    assert nn_attention.mask(2, 1, 9, q_offset=8, kv_offset=0, mask_function=lambda b, h, q, kv: kv <= q) is built
+    assert nn_attention.mask(2, 1, 9, q_offset=torch.tensor(8), kv_offset=0) is built
+    assert nn_attention.mask(2, 1, 9, q_offset=7, kv_offset=1) is built
+    assert nn_attention.mask(2, 2, 10, q_offset=8, kv_offset=0) is built
+    assert nn_attention.mask(2, 4, 4) is None  # (an empty cache's prefill, as before)
 
 
 def test_gpt2_prefill_and_training_step_match_the_unpatched_model():

@@ -6,9 +6,10 @@ head_dim) and the mask that the function registered under the same name in
 ``AttentionMaskInterface`` built. `register` adds both under `NAME`:
 
 - `mask` returns None for plain causal attention with nothing masked (no padding,
-  no packed sequences, no sliding window, an empty cache), under ``torch.compile`` too (where
-  transformers' SDPA mask always materialises the mask); otherwise it returns what transformers'
-  SDPA mask function returns, None where SDPA's ``is_causal`` says the same.
+  no packed sequences, no sliding window, an empty cache) and for a decode step's single query
+  over exactly the cached keys, under ``torch.compile`` too (where transformers' SDPA mask always
+  materialises the mask); otherwise it returns what transformers' SDPA mask function returns,
+  None where SDPA's ``is_causal`` says the same.
 - `attention` runs ``ops.attention`` when the mask is None, with SDPA's reading of it
   (causal when more than one query; keys past the queries cut off, as SDPA does for an empty
   static cache), and transformers' SDPA function for any mask, dropout, attention bias, soft
@@ -78,12 +79,18 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 def mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
                    mask_function: Any = None, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
     """transformers' mask-interface function (its ``sdpa_mask``'s arguments): None for plain
-    causal attention over an empty cache with nothing masked, else ``sdpa_mask``'s answer."""
+    causal attention over an empty cache with nothing masked, and for a decode step whose one
+    query sees every cached key (under ``torch.compile`` too, where transformers' SDPA mask
+    materialises a mask of all ones for it, one more kernel a layer); else ``sdpa_mask``'s answer."""
     causal_mask_function = _transformers["causal_mask_function"]
     function = causal_mask_function if mask_function is None else mask_function
-    if (attention_mask is None and function is causal_mask_function and type(q_offset) is int and q_offset == 0
-            and type(kv_offset) is int and kv_offset == 0 and kv_length == q_length):
-        return None
+    if attention_mask is None and function is causal_mask_function and type(kv_offset) is int and kv_offset == 0:
+        if type(q_offset) is int and q_offset == 0 and kv_length == q_length:
+            return None
+        # A decode step's one query at position q_offset over exactly the keys up to it: every key
+        # is visible. (A tensor offset, a static cache's, is not read: that would break the graph.)
+        if q_length == 1 and not isinstance(q_offset, torch.Tensor) and kv_length == q_offset + 1:
+            return None
     sdpa_mask = _transformers["sdpa_mask"]
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=function, attention_mask=attention_mask, **kwargs)

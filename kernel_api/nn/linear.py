@@ -109,7 +109,7 @@ def _compiled(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bia
     rows = _lowering.static_rows(x)
     training = _grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad))
-    if _lowering.aten_whatever_the_problem(forced, rows):
+    if _lowering.aten_whatever_the_problem(forced, rows, _lowering.columns_aligned(N, weight.dtype)):
         chosen = "aten"
     else:
         chosen = _lowering.choose(forced, rows, K, N, x.dtype, activation, bias is not None, training,

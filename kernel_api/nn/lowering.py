@@ -22,11 +22,14 @@ at that time (so a graph never branches or guards on it):
    runs): kernel_api when each recorded winner is a kernel of a provider other than torch's
    (measured faster than cuBLAS), aten when one is torch's.
 4. Without records, a graph replayed as CUDA graphs (``mode="reduce-overhead"``,
-   `kernel_api.core.tracing.graph_uses_cuda_graphs`), at least `COMPILE_MIN_ROWS` rows and no
-   autograd: kernel_api. A replayed graph pays no host time per op, and kept as kernel_api's op
+   `kernel_api.core.tracing.graph_uses_cuda_graphs`), no autograd, and at least
+   `COMPILE_MIN_ROWS` rows or output rows cuBLAS cannot vectorise (`columns_aligned`):
+   kernel_api. A replayed graph pays no host time per op, and kept as kernel_api's op
    GPT-2's projections (8 x 1024-token prefill, H200, torch 2.11, `benchmarks/e2e_gpt2.py
    --quick --lowering kernel_api`) ran their kernels faster than the compiled model's (4.9
-   against 5.4 ms a step): 1.06x under CUDA graphs.
+   against 5.4 ms a step): 1.06x under CUDA graphs. At any rows, GPT-2's lm_head (768 ->
+   50257) took 37 us against cuBLAS's 154 at a decode step's 64 rows (22 against 29 at 1 row,
+   58 against 129 at 128; inside a CUDA graph, H200).
 5. Otherwise aten. Without CUDA graphs the kept ops' host time lost (GPT-2 prefill 0.59x;
    keeping only the fused projections, 0.68x, and 0.94x on a Llama stack), and decode-sized
    GEMMs are Inductor's to fuse. Lowered to aten, a patched model compiles to the compiled
@@ -165,11 +168,20 @@ def _trace_context() -> tuple[bool, bool]:
 
 
 @tracing.assume_constant_result
-def aten_whatever_the_problem(lowering: str, rows: int | None) -> bool:
+def columns_aligned(N: int, dtype: torch.dtype) -> bool:
+    """Whether rows of ``N`` elements of ``dtype`` start every row of a dense (M, N) output on a
+    16-byte boundary, which cuBLAS's vectorised kernels need: otherwise it runs element-wise
+    ("align1") kernels, 4.2x slower than kernel_api's at GPT-2's lm_head (N = 50257)."""
+    return N * dtype.itemsize % 16 == 0
+
+
+@tracing.assume_constant_result
+def aten_whatever_the_problem(lowering: str, rows: int | None, aligned: bool = True) -> bool:
     """Under Dynamo, for a layer whose ``compile_lowering`` is ``lowering``, called on ``rows``
-    rows (`static_rows`): whether it lowers to aten before the rest of its problem is read:
-    forced so, or "auto" with no tuning records in force and either a graph not replayed as CUDA
-    graphs or rows dynamic or fewer than `COMPILE_MIN_ROWS` (rules 2, 4 and 5 of the module
+    rows (`static_rows`), whose output rows are ``aligned`` (`columns_aligned`): whether it
+    lowers to aten before the rest of its problem is read: forced so, or "auto" with no tuning
+    records in force and either a graph not replayed as CUDA graphs, or rows dynamic, or fewer
+    than `COMPILE_MIN_ROWS` rows with aligned output rows (rules 2, 4 and 5 of the module
     docstring then give aten whatever else the problem is). Layers ask it first, so that such a
     graph reads (and guards) no more of a layer than its ``compile_lowering`` and rows: Dynamo
     evaluates every guard on every call, CUDA-graph replays included, and a patched GPT-2 that
@@ -181,7 +193,7 @@ def aten_whatever_the_problem(lowering: str, rows: int | None) -> bool:
     if lowering != "auto":
         return False
     no_records, cuda_graphs = _trace_context()
-    return no_records and (not cuda_graphs or rows is None or rows < COMPILE_MIN_ROWS)
+    return no_records and (not cuda_graphs or rows is None or (rows < COMPILE_MIN_ROWS and aligned))
 
 
 #: The activations cuBLASLt fuses into ``aten._addmm_activation``'s epilogue (gelu: tanh, as ours).
@@ -251,7 +263,8 @@ def choose(lowering: str, rows: int | None, K: int, N: int, dtype: torch.dtype, 
         measured = None
     if measured is not None:
         return measured
-    if rows >= COMPILE_MIN_ROWS and not training and tracing.graph_uses_cuda_graphs():
+    if not training and tracing.graph_uses_cuda_graphs() and (rows >= COMPILE_MIN_ROWS
+                                                             or not columns_aligned(N, dtype)):
         return "kernel_api"
     return "aten"
 
