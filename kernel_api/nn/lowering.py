@@ -169,9 +169,9 @@ def _trace_context() -> tuple[bool, bool]:
 
 @tracing.assume_constant_result
 def columns_aligned(N: int, dtype: torch.dtype) -> bool:
-    """Whether rows of ``N`` elements of ``dtype`` start every row of a dense (M, N) output on a
-    16-byte boundary, which cuBLAS's vectorised kernels need: otherwise it runs element-wise
-    ("align1") kernels, 4.2x slower than kernel_api's at GPT-2's lm_head (N = 50257)."""
+    """Whether every row of a dense (M, N) output of ``dtype`` starts on a 16-byte boundary, which
+    cuBLAS's vectorised kernels need: otherwise it runs element-wise ("align1") kernels, 4.2x
+    slower than kernel_api's at GPT-2's lm_head (N = 50257)."""
     return N * dtype.itemsize % 16 == 0
 
 
