@@ -411,19 +411,16 @@ def test_a_compiled_decode_step_builds_no_mask_for_a_query_that_sees_every_cache
     prompt = torch.randint(0, 1001, (2, 8), generator=g)
     with torch.no_grad():
         cache = ref_model(input_ids=prompt, use_cache=True).past_key_values
-    recorders = {}
+    ids = torch.randint(0, 1001, (2, 1), generator=torch.Generator().manual_seed(8))
+    recorder, logits = _Recorder(), {}
     for name, m in (("unpatched", ref_model), ("patched", model)):
         torch._dynamo.reset()
-        recorders[name] = _Recorder()
-        step_cache = copy.deepcopy(cache)
-        ids = torch.randint(0, 1001, (2, 1), generator=torch.Generator().manual_seed(8))
         with torch.no_grad():
-            logits = torch.compile(m, backend=recorders[name])(input_ids=ids, past_key_values=step_cache,
-                                                              use_cache=True).logits
-        recorders[name].logits = logits
-    masks = _sdpa_masks(recorders["patched"].graphs[-1])
+            logits[name] = torch.compile(m, backend=recorder)(input_ids=ids, past_key_values=copy.deepcopy(cache),
+                                                             use_cache=True).logits
+    masks = _sdpa_masks(recorder.graphs[-1])  # (the patched model's graph)
     assert len(masks) == 2 and all(m is None for m in masks), masks
-    torch.testing.assert_close(recorders["patched"].logits, recorders["unpatched"].logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits["patched"], logits["unpatched"], rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()
     padded = torch.ones(2, 9, dtype=torch.long)
     padded[0, 0] = 0
