@@ -6,6 +6,11 @@ install finds tvm_ffi in a temporary environment that is gone at run time, so th
 the TVM-FFI symbols unresolved and kernel_api.native imports tvm_ffi first (which loads
 libtvm_ffi with RTLD_GLOBAL). Where the module cannot be built (no compiler, no tvm_ffi, no
 Python headers) the install still succeeds, with a warning, and kernel_api runs its Python paths.
+
+`kernel_api.native._torch_reads` (torch_reads.cc) reads what the call key needs of torch through
+torch's C++ API. It is built against the headers and libraries of the torch importable at build
+time, and only then (an install without build isolation, as scripts/install.sh does); it records
+that torch's version, and kernel_api.native uses it only with that torch.
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ class BuildNativeIfPossible(build_ext):
     """build_ext that turns any failure to build the native module into a warning."""
 
     def build_extension(self, ext: Extension) -> None:
+        if ext.name.endswith("_torch_reads"):
+            self._build_torch_reads(ext)
+            return
+        if ext.name.endswith("_front_door"):
+            try:
+                digest = runpy.run_path(str(NATIVE / "sources.py"))
+                ext.define_macros += [("KERNEL_API_SOURCE_DIGEST",
+                                       f'"{digest["digest"](NATIVE, digest["FRONT_DOOR_NAMES"])}"')]
+                super().build_extension(ext)
+            except Exception as exc:  # noqa: BLE001 - the module is optional
+                self.warn(f"kernel_api: {ext.name} was not built ({type(exc).__name__}: {exc}); "
+                          "kernel_api.ops' front doors stay Python functions")
+            return
         try:
             import tvm_ffi
             from tvm_ffi import libinfo
@@ -42,6 +60,25 @@ class BuildNativeIfPossible(build_ext):
             self.warn(f"kernel_api: the native module {ext.name} was not built ({type(exc).__name__}: {exc}); "
                       "kernel_api will run its Python paths. Reinstall with a C++ compiler and tvm_ffi "
                       "available for the fast path.")
+
+    def _build_torch_reads(self, ext: Extension) -> None:
+        try:
+            import torch
+            from torch.utils.cpp_extension import include_paths, library_paths
+
+            libraries = library_paths()
+            ext.include_dirs += include_paths()
+            ext.library_dirs += libraries
+            ext.runtime_library_dirs += libraries
+            digest = runpy.run_path(str(NATIVE / "sources.py"))
+            digest = digest["digest"](NATIVE, digest["TORCH_READS_NAMES"])
+            ext.define_macros += [("KERNEL_API_TORCH_VERSION", f'"{torch.__version__}"'),
+                                  ("KERNEL_API_SOURCE_DIGEST", f'"{digest}"'),
+                                  ("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))]
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001 - the module is optional
+            self.warn(f"kernel_api: {ext.name} was not built ({type(exc).__name__}: {exc}); the call key reads "
+                      "torch through its Python functions (about 0.3 us more per repeated ops call)")
 
     def copy_file(self, infile: str, outfile: str, *args, **kwargs):
         """Copies a built module into the source tree (editable installs) atomically: a process
@@ -68,4 +105,23 @@ native = Extension(
     optional=True,
 )
 
-setup(ext_modules=[native], cmdclass={"build_ext": BuildNativeIfPossible})
+torch_reads = Extension(
+    "kernel_api.native._torch_reads",
+    sources=[str(NATIVE / "torch_reads.cc")],
+    depends=[str(NATIVE / "torch_reads.h")],
+    language="c++",
+    # torch's headers need C++17 (2.4-2.12) or take C++20 (2.13 warns under 17): 20 serves both
+    extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden"],
+    libraries=["c10", "torch_cpu", "torch_python"],
+    optional=True,
+)
+
+front_door = Extension(
+    "kernel_api.native._front_door",
+    sources=[str(NATIVE / "front_door.cc")],
+    language="c++",
+    extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"],
+    optional=True,
+)
+
+setup(ext_modules=[native, torch_reads, front_door], cmdclass={"build_ext": BuildNativeIfPossible})

@@ -274,7 +274,8 @@ def test_a_gemm_with_a_bias_of_our_kernel_is_replayed_from_c(entry):
     with Frames() as frames:
         out = ops.gemm(A, B, out=made, bias=other)
     assert out is made and fn.calls[-1] == (seen(A), seen(B), seen(made), None, seen(other), 1.0, 0.0, None)
-    assert frames.of("kernel_api.ops.dispatch") == ["kernel_api.ops.dispatch.gemm"], frames.entered
+    front_door = [] if native.front_door_module() is not None else ["kernel_api.ops.dispatch.gemm"]
+    assert frames.of("kernel_api.ops.dispatch") == front_door, frames.entered
     gelu = entry.replay(ops.GEMM_OP, A, B, made, 1.0, 0.0, None, other, "gelu", None, None)
     assert gelu is None and len(fn.calls) == 1  # another activation: another key (none)
 

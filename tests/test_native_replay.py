@@ -261,7 +261,9 @@ def test_ops_gemm_is_replayed_from_c_with_no_rule_of_its_own(torch_ops, monkeypa
         with Frames() as frames:
             y = call()
         ours = [f for f in frames.of("kernel_api") if not f.startswith("kernel_api.providers.")]
-        assert ours == ["kernel_api.ops.dispatch.gemm"], frames.entered  # (a provider's torch call aside)
+        # (a provider's torch call aside; where the C front doors are built, not even ops.gemm's frame)
+        expected = [] if native.front_door_module() is not None else ["kernel_api.ops.dispatch.gemm"]
+        assert ours == expected, frames.entered
     assert len(counted) == first
     assert torch.allclose(y, torch.relu(A @ B + bias), atol=1e-5)
     # what the key does not hold takes the Python path (and records it)

@@ -191,7 +191,8 @@ def test_a_repeated_attention_call_is_sdpas_call_replayed_from_c(launches, causa
     torch.cuda.synchronize()
     assert len(launches) == 1
     ours = [name for file, name in seen if file.startswith(_PACKAGE)]
-    assert ours == ["attention", "call"], seen
+    front_door = [] if native.front_door_module() is not None else ["attention"]  # (a C function: no frame)
+    assert ours == front_door + ["call"], seen
     assert not {"empty_like", "new_empty", "empty", "set_", "copy_"} & {name for file, name in seen if file == "<C>"}
     _same(first, result)
     _same(first, again)

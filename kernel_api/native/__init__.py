@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .sources import digest
+from .sources import FRONT_DOOR_NAMES, TORCH_READS_NAMES, digest
 
 _log = logging.getLogger(__name__)
 _MODULE = f"{__name__}._launch_table"
@@ -226,6 +226,127 @@ def why_not() -> str | None:
 def why_not_entry() -> str | None:
     """Why `entry()` returned None (None when it loaded or was not tried yet)."""
     return _state.get("error") or _state.get("entry_error")
+
+
+_FRONT_DOOR = f"{__name__}._front_door"
+
+
+def front_door_module() -> Any:
+    """The front doors' module (``_front_door``, front_door.cc: `kernel_api.ops.front_doors`), or
+    None where it is disabled (``KERNEL_API_NATIVE=0``), was not built or was built from other
+    sources (the reason is logged at INFO). It needs neither torch nor TVM-FFI to import."""
+    if "front_door" in _state:
+        return _state["front_door"]
+    module, why = None, None
+    if not enabled():
+        why = "disabled by KERNEL_API_NATIVE=0"
+    elif importlib.util.find_spec(_FRONT_DOOR) is None:
+        why = f"{_FRONT_DOOR} was not built"
+    else:
+        try:
+            module = importlib.import_module(_FRONT_DOOR)
+        except ImportError as exc:
+            why = f"{_FRONT_DOOR} does not load ({exc}); {_REINSTALL}"
+        else:
+            sources = digest(Path(module.__file__).parent, FRONT_DOOR_NAMES)
+            if sources is not None and sources != module.source_digest:
+                module, why = None, f"{_FRONT_DOOR} was built from other sources than those beside it; {_REINSTALL}"
+    if why is not None:
+        _log.info("kernel_api: the ops front doors stay Python functions: %s", why)
+    _state["front_door"] = module
+    return module
+
+
+_TORCH_READS = f"{__name__}._torch_reads"
+
+
+def torch_reads(entry_module: Any) -> Any:
+    """Hand ``entry_module`` (`entry()`, its call key configured) the torch-linked reads
+    (``_torch_reads``, torch_reads.cc) when they are built for the torch running and agree with
+    torch's own readers; the capsule handed over, or None (the reason is in `why_not_torch_reads`).
+
+    The agreement is checked once, here: on sample tensors (every dtype, views, offsets, strides of
+    0, a size-1 dimension's odd stride, lazy bits, requires_grad, 0-d and empty; CUDA ones where CUDA
+    is initialised) against the DLPack exchange API, and on torch's state (grad mode, a torch
+    function mode, a torch dispatch mode, CPU and CUDA autocast) against its Python readers.
+    """
+    if "torch_reads" in _state:
+        return _state["torch_reads"]
+    _state["torch_reads"] = None
+    try:
+        reads = _adopt_torch_reads(entry_module)
+    except Exception as exc:  # noqa: BLE001 - an unusable module only costs the faster reads
+        reads, _state["torch_reads_error"] = None, f"{type(exc).__name__}: {exc}"
+    if reads is None:
+        _log.info("kernel_api: the call key reads torch through its Python functions: %s",
+                  _state.get("torch_reads_error"))
+    _state["torch_reads"] = reads
+    return reads
+
+
+def _adopt_torch_reads(entry_module: Any) -> Any:
+    import torch
+
+    if importlib.util.find_spec(_TORCH_READS) is None:
+        _state["torch_reads_error"] = f"{_TORCH_READS} was not built (no torch at install, or built in isolation)"
+        return None
+    module = importlib.import_module(_TORCH_READS)
+    if module.torch_version != torch.__version__:
+        _state["torch_reads_error"] = (f"{_TORCH_READS} was built for torch {module.torch_version}, not the installed "
+                                       f"{torch.__version__}; {_REINSTALL}")
+        return None
+    sources = digest(Path(module.__file__).parent, TORCH_READS_NAMES)
+    if sources is not None and sources != module.source_digest:
+        _state["torch_reads_error"] = f"{_TORCH_READS} was built from other sources than those beside it; {_REINSTALL}"
+        return None
+    disagreement = _disagreement(entry_module, module.reads, torch)
+    if disagreement is not None:
+        _state["torch_reads_error"] = f"{_TORCH_READS} disagrees with torch ({disagreement})"
+        return None
+    entry_module.use_torch_reads(module.reads)
+    return module.reads
+
+
+def _disagreement(entry_module: Any, reads: Any, torch: Any) -> str | None:
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.arange(12.0).reshape(3, 4)
+    dtypes = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
+              torch.float64, torch.bfloat16, torch.bool, torch.complex64, torch.complex128, torch.float8_e4m3fn)
+    samples = [x, x.t(), x[1:, 1:3], x[:, None], x.expand(2, 3, 4), torch.tensor(2.0), torch.empty(0, 5),
+               torch.empty(4, 1, 3).as_strided((4, 1, 3), (3, 99, 1)), torch.ones(2, requires_grad=True),
+               torch._neg_view(x), torch.ones(2, 3, dtype=torch.complex64).conj(),
+               *(x.to(dtype) for dtype in dtypes)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        samples += [torch.ones(2, 3, device="cuda")[:, 1:], torch.ones(3, device="cuda", dtype=torch.bfloat16)]
+
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Dispatching(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    states = [("plain", None), ("no_grad", torch.no_grad), ("a torch function mode", Passing),
+              ("a torch dispatch mode", Dispatching), ("CPU autocast", lambda: torch.autocast("cpu"))]
+    if torch.cuda.is_available():
+        states.append(("CUDA autocast", lambda: torch.autocast("cuda")))
+    for name, state in states:
+        if state is None:
+            found = entry_module.check_torch_reads(reads, *samples)
+        else:
+            with state():
+                found = entry_module.check_torch_reads(reads)
+        if found is not None:
+            return f"{name}: {found}"
+    return None
+
+
+def why_not_torch_reads() -> str | None:
+    """Why `torch_reads` handed nothing over (None when it did or was not tried yet)."""
+    return _state.get("torch_reads_error")
 
 
 def _reset_for_tests() -> None:

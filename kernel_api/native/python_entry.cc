@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "launch_table.h"
+#include "torch_reads.h"
 
 namespace {
 
@@ -58,6 +59,9 @@ const DLPackExchangeAPI* exchange = nullptr;
 // through their C functions, without the method lookup and vectorcall of the descriptor.
 PyCFunction is_neg = nullptr;
 PyCFunction is_conj = nullptr;
+// The torch-linked reads (`_torch_reads`), once kernel_api.native has checked them
+// (use_torch_reads); nullptr: every read goes through the exchange API and torch's Python readers.
+const kernel_api_native::TorchReads* torch_reads = nullptr;
 
 // The last non-int stream object converted and its pointer: a launch loop passes the same one.
 PyObject* last_stream = nullptr;
@@ -214,8 +218,41 @@ bool ReadTensor(PyObject* object, DLTensor* out, bool check = true) {
     PyErr_Format(PyExc_TypeError, "expected a torch.Tensor, got %s", Py_TYPE(object)->tp_name);
     return false;
   }
+  int bit = 0, requires = 0;
+  if (torch_reads != nullptr && torch_reads->tensor(object, out, &bit, &requires) == 1) {
+    if (check && bit > 0) PyErr_Format(PyExc_ValueError, "the tensor has %s", kLazyBitSet[bit]);
+    return !check || bit == 0;
+  }
   if (exchange->dltensor_from_py_object_no_sync(object, out) != 0) return false;
   return !check || CheckedClear(object, *out);
+}
+
+// Whether `tensor` requires grad: 1 or 0, -1 with a Python error.
+int RequiresGrad(PyObject* tensor) {
+  static PyObject* name = PyUnicode_InternFromString("requires_grad");
+  if (name == nullptr) return -1;
+  PyObject* flag = PyObject_GetAttr(tensor, name);
+  if (flag == nullptr) return -1;
+  const int result = flag == Py_True;
+  Py_DECREF(flag);
+  return result;
+}
+
+// A tensor argument as the call key reads it: its DLTensor, lazy bit and (when `grad`)
+// requires_grad. 1 read; 0 when torch cannot describe it (no Python error); -1 with a Python error.
+int ReadKeyTensor(PyObject* object, DLTensor* out, bool grad, int* bit, int* requires) {
+  if (torch_reads != nullptr && torch_reads->tensor(object, out, bit, requires) == 1) {
+    if (!grad) *requires = 0;
+    return 1;
+  }
+  if (exchange->dltensor_from_py_object_no_sync(object, out) != 0) {
+    PyErr_Clear();  // (a tracer's tensor, a subclass torch cannot describe)
+    return 0;
+  }
+  *bit = CheckedBit(object, *out);
+  if (*bit < 0) return -1;
+  *requires = grad ? RequiresGrad(object) : 0;
+  return *requires < 0 ? -1 : 1;
 }
 
 void SetPointer(TVMFFIAny* out, int32_t type_index, void* pointer) {
@@ -787,7 +824,6 @@ struct ReplayHooks {
   PyObject* settings = nullptr;  // the ContextVar of kernel_api.settings (.policy_id)
   StateReader grad_enabled, dispatch_modes, function_modes, autocast, tf32;
   PyObject* policy_id = nullptr;  // interned names
-  PyObject* requires_grad = nullptr;
   PyObject* last_settings = nullptr;  // the settings object last read (a strong reference) and its policy id
   long long last_policy = 0;
 } hooks;
@@ -805,8 +841,7 @@ PyObject* ConfigureReplay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
   }
   if (hooks.policy_id == nullptr) hooks.policy_id = PyUnicode_InternFromString("policy_id");
-  if (hooks.requires_grad == nullptr) hooks.requires_grad = PyUnicode_InternFromString("requires_grad");
-  if (hooks.policy_id == nullptr || hooks.requires_grad == nullptr) return nullptr;
+  if (hooks.policy_id == nullptr) return nullptr;
   Py_INCREF(args[0]);
   Py_XSETREF(hooks.settings, args[0]);
   hooks.grad_enabled.Set(args[1]);
@@ -827,20 +862,16 @@ PyObject* ConfigureReplay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
-// Whether `tensor` requires grad: 1 or 0, -1 with a Python error.
-int RequiresGrad(PyObject* tensor) {
-  PyObject* flag = PyObject_GetAttr(tensor, hooks.requires_grad);
-  if (flag == nullptr) return -1;
-  const int result = flag == Py_True;
-  Py_DECREF(flag);
-  return result;
-}
 
 // The words of an argument's key: its kind first.
 enum ArgumentKind : int64_t { kTensorArgument = 1, kNoneArgument, kBoolArgument, kIntArgument, kFloatArgument, kStrArgument };
 
-// The state bits of a key: each what one of torch's readers answers now.
-enum StateBit : int64_t { kGradMode = 1, kDispatchMode = 2, kFunctionMode = 4, kAutocast = 8, kTf32 = 16 };
+// The state bits of a key (torch_reads.h's StateBit): each what one of torch's readers answers now.
+using kernel_api_native::kAutocast;
+using kernel_api_native::kDispatchMode;
+using kernel_api_native::kFunctionMode;
+using kernel_api_native::kGradMode;
+using kernel_api_native::kTf32;
 constexpr int64_t kAllState = 31;
 // Asked for with kTf32: the flag is read, and held, only for calls with a float32 tensor argument
 // (cuBLAS's TF32 flag changes float32 math only; the read costs as much as a tensor's).
@@ -892,7 +923,11 @@ int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadAr
                                   &hooks.tf32};
   const bool tf32_later = (wanted & (kTf32 | kTf32ForFloat32)) == (kTf32 | kTf32ForFloat32);
   int64_t state = 0;
-  for (int i = 0; i < 5; ++i) {
+  // (torch_reads answers the first four at once; TF32 stays with torch's Python reader)
+  constexpr int64_t kTorchReadState = kGradMode | kDispatchMode | kFunctionMode | kAutocast;
+  const int first_read = torch_reads != nullptr ? 4 : 0;
+  if (first_read != 0 && (wanted & kTorchReadState) != 0) state = torch_reads->state() & wanted & kTorchReadState;
+  for (int i = first_read; i < 5; ++i) {
     if ((wanted >> i & 1) == 0 || (i == 4 && tf32_later)) continue;
     const int set = readers[i]->Read();
     if (set < 0) return -1;
@@ -943,14 +978,9 @@ int CallKey(long long op, PyObject* const* args, int n, std::string* key, ReadAr
       w += n_words;
     } else if (PyObject_TypeCheck(arg, tensor_type) && read->n_tensors < kMaxTensors) {
       DLTensor* tensor = &read->tensors[read->n_tensors];
-      if (exchange->dltensor_from_py_object_no_sync(arg, tensor) != 0) {
-        PyErr_Clear();  // (a tracer's tensor, a subclass torch cannot describe)
-        return 0;
-      }
-      const int bit = CheckedBit(arg, *tensor);
-      if (bit < 0) return -1;
-      const int requires = grad ? RequiresGrad(arg) : 0;
-      if (requires < 0) return -1;
+      int bit = 0, requires = 0;
+      const int tensor_read = ReadKeyTensor(arg, tensor, grad, &bit, &requires);
+      if (tensor_read <= 0) return tensor_read;
       words[w++] = kTensorArgument | bit << 8 | requires << 10;
       words[w++] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(Py_TYPE(arg)));
       const int tensor_words = kernel_api_native::TensorKeyWords(tensor, &words[w]);
@@ -1249,7 +1279,7 @@ PyObject* RunLaunch(const Recipe& first, PyObject* const* args, const ReadArgume
     made = NewDense(args[first.like], read.tensors[like], first.made_shape.data(),
                     static_cast<int>(first.made_shape.size()));
     if (made == nullptr) return nullptr;
-    if (exchange->dltensor_from_py_object_no_sync(made, &made_tensor) != 0) {
+    if (!ReadTensor(made, &made_tensor, false)) {
       Py_DECREF(made);
       return nullptr;
     }
@@ -1344,17 +1374,13 @@ bool ArgumentMayOverlap(const ReadArguments& read, int output) {
 // Python error) when nothing is recorded, the call cannot be keyed, an output argument may
 // overlap another tensor argument, or the recipe declined or raised (the Python path runs the
 // call again and reports). Raises only when a launch ran and bumping the output's version failed.
-PyObject* Replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 1) {
-    PyErr_SetString(PyExc_TypeError, "replay(op, *args)");
-    return nullptr;
-  }
-  const long long op = PyLong_AsLongLong(args[0]);
-  if (op == -1 && PyErr_Occurred()) return nullptr;
+// The same for C callers (`_front_door`, through the capsule `replay_function`): `args` are the n
+// arguments after op.
+PyObject* ReplayCall(long long op, PyObject* const* args, Py_ssize_t n) {
   if (recipes.empty()) Py_RETURN_NONE;
   thread_local std::string key;  // reused: no allocation per call once it has grown
   ReadArguments read;
-  const int keyed = CallKey(op, args + 1, static_cast<int>(nargs - 1), &key, &read);
+  const int keyed = CallKey(op, args, static_cast<int>(n), &key, &read);
   if (keyed <= 0) {
     PyErr_Clear();
     Py_RETURN_NONE;
@@ -1365,12 +1391,22 @@ PyObject* Replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const std::shared_ptr<Recipe> held = found->second;
   const Recipe& recipe = *held;
   if (recipe.output >= 0 && ArgumentMayOverlap(read, recipe.output)) Py_RETURN_NONE;
-  PyObject* result = recipe.launch ? RunLaunch(recipe, args + 1, read) : RunCall(recipe, args + 1);
+  PyObject* result = recipe.launch ? RunLaunch(recipe, args, read) : RunCall(recipe, args);
   if (result == nullptr) {
     PyErr_Clear();  // (the Python path runs the call again and reports)
     Py_RETURN_NONE;
   }
   return result;
+}
+
+PyObject* Replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "replay(op, *args)");
+    return nullptr;
+  }
+  const long long op = PyLong_AsLongLong(args[0]);
+  if (op == -1 && PyErr_Occurred()) return nullptr;
+  return ReplayCall(op, args + 1, nargs - 1);
 }
 
 PyObject* ForgetReplays(PyObject*, PyObject*) {
@@ -1407,6 +1443,95 @@ PyObject* RecipeOf(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return specs;
 }
 
+// ---- torch_reads --------------------------------------------------------------------------
+
+// The table in a `_torch_reads` capsule; nullptr with a Python error for anything else.
+const kernel_api_native::TorchReads* TorchReadsOf(PyObject* capsule) {
+  auto* table = static_cast<const kernel_api_native::TorchReads*>(
+      PyCapsule_GetPointer(capsule, kernel_api_native::kTorchReadsCapsule));
+  if (table == nullptr) return nullptr;
+  if (table->abi != kernel_api_native::kTorchReadsAbi) {
+    PyErr_Format(PyExc_RuntimeError, "torch reads: table version %u, expected %u", table->abi,
+                 kernel_api_native::kTorchReadsAbi);
+    return nullptr;
+  }
+  return table;
+}
+
+// check_torch_reads(reads, *tensors) -> None | str: where the torch-linked reads disagree with the
+// exchange API and torch's Python readers (configure_replay's) on these tensors and the state as it
+// stands (None: nowhere). Their autocast bit may say more than torch's reader, never less.
+PyObject* CheckTorchReads(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "check_torch_reads(reads, *tensors)");
+    return nullptr;
+  }
+  if (!Configured()) return nullptr;
+  if (hooks.settings == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "check_torch_reads: configure_replay was not called");
+    return nullptr;
+  }
+  const kernel_api_native::TorchReads* table = TorchReadsOf(args[0]);
+  if (table == nullptr) return nullptr;
+  const int64_t fast = table->state();
+  const StateReader* readers[] = {&hooks.grad_enabled, &hooks.dispatch_modes, &hooks.function_modes, &hooks.autocast};
+  const char* names[] = {"grad mode", "dispatch modes", "function modes", "autocast"};
+  for (int i = 0; i < 4; ++i) {
+    const int set = readers[i]->Read();
+    if (set < 0) return nullptr;
+    const bool said = (fast >> i & 1) != 0;
+    if (said != (set != 0) && !(i == 3 && said)) {
+      return PyUnicode_FromFormat("state: %s read %d, torch's reader %d", names[i], said ? 1 : 0, set);
+    }
+  }
+  for (Py_ssize_t i = 1; i < nargs; ++i) {
+    PyObject* object = args[i];
+    if (!PyObject_TypeCheck(object, tensor_type)) {
+      PyErr_SetString(PyExc_TypeError, "check_torch_reads: tensors only");
+      return nullptr;
+    }
+    DLTensor mine, theirs;
+    int bit = 0, requires = 0;
+    if (table->tensor(object, &mine, &bit, &requires) != 1) continue;  // (theirs alone reads it)
+    if (exchange->dltensor_from_py_object_no_sync(object, &theirs) != 0) {
+      PyErr_Clear();
+      return PyUnicode_FromFormat("tensor %zd: read, where the exchange API cannot", i - 1);
+    }
+    bool same = mine.data == theirs.data && mine.byte_offset == theirs.byte_offset &&
+                mine.device.device_type == theirs.device.device_type &&
+                mine.device.device_id == theirs.device.device_id && mine.ndim == theirs.ndim &&
+                mine.dtype.code == theirs.dtype.code && mine.dtype.bits == theirs.dtype.bits &&
+                mine.dtype.lanes == theirs.dtype.lanes && (mine.strides == nullptr) == (theirs.strides == nullptr);
+    for (int d = 0; same && d < mine.ndim; ++d) {
+      same = mine.shape[d] == theirs.shape[d] && (mine.strides == nullptr || mine.strides[d] == theirs.strides[d]);
+    }
+    if (!same) return PyUnicode_FromFormat("tensor %zd: its DLTensor differs from the exchange API's", i - 1);
+    const int their_bit = LazyBit(object, theirs.dtype.code);
+    const int their_requires = RequiresGrad(object);
+    if (their_bit < 0 || their_requires < 0) return nullptr;
+    if (bit != their_bit || requires != their_requires) {
+      return PyUnicode_FromFormat("tensor %zd: lazy bit %d, requires_grad %d; torch says %d, %d", i - 1, bit,
+                                  requires, their_bit, their_requires);
+    }
+  }
+  Py_RETURN_NONE;
+}
+
+// use_torch_reads(reads | None): the call key reads torch through the table from now on (None:
+// through the exchange API and torch's Python readers again).
+PyObject* UseTorchReads(PyObject*, PyObject* capsule) {
+  if (capsule == Py_None) {
+    torch_reads = nullptr;
+    Py_RETURN_NONE;
+  }
+  const kernel_api_native::TorchReads* table = TorchReadsOf(capsule);
+  if (table == nullptr) return nullptr;
+  torch_reads = table;  // (the capsule's module stays imported: its table is static)
+  Py_RETURN_NONE;
+}
+
+PyObject* UsesTorchReads(PyObject*, PyObject*) { return PyBool_FromLong(torch_reads != nullptr); }
+
 PyMethodDef methods[] = {
     {"configure", Configure, METH_O, "configure(tensor_type): read the DLPack exchange API of torch.Tensor."},
     {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Bind)), METH_FASTCALL,
@@ -1429,6 +1554,12 @@ PyMethodDef methods[] = {
      "recipe(op, *args) -> the recipes recorded for this call's key (one per variant), or None."},
     {"forget_replays", ForgetReplays, METH_NOARGS, "forget_replays(): drop every recipe."},
     {"replays", RecipeCount, METH_NOARGS, "replays() -> int: how many calls have a recipe."},
+    {"check_torch_reads", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(CheckTorchReads)),
+     METH_FASTCALL,
+     "check_torch_reads(reads, *tensors) -> None | str: where the torch-linked reads disagree with torch's own."},
+    {"use_torch_reads", UseTorchReads, METH_O,
+     "use_torch_reads(reads | None): read torch through the torch-linked table (None: through torch's Python)."},
+    {"uses_torch_reads", UsesTorchReads, METH_NOARGS, "uses_torch_reads() -> bool"},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -1469,6 +1600,14 @@ extern "C" __attribute__((visibility("default"))) PyObject* PyInit__launch_table
   Py_INCREF(bound_launch_type);
   if (PyModule_AddObject(module, "BoundLaunch", reinterpret_cast<PyObject*>(bound_launch_type)) != 0) {
     Py_DECREF(bound_launch_type);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  // `replay` for C callers (front_door.cc's ReplayFunction)
+  PyObject* replay_function =
+      PyCapsule_New(reinterpret_cast<void*>(ReplayCall), "kernel_api.replay", nullptr);
+  if (replay_function == nullptr || PyModule_AddObject(module, "replay_function", replay_function) != 0) {
+    Py_XDECREF(replay_function);
     Py_DECREF(module);
     return nullptr;
   }

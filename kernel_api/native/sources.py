@@ -1,6 +1,6 @@
 """The native module's C++ sources and their digest.
 
-setup.py builds the digest into the module; kernel_api.native compares it with the sources
+setup.py builds the digest into each module; kernel_api.native compares it with the sources
 beside the module, which tells a module built from other sources (a source tree edited since
 its last install) from a current one. Standard library only: setup.py runs this file without
 importing kernel_api.
@@ -11,13 +11,17 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-NAMES = ("launch_table.h", "launch_table.cc", "python_entry.cc")
+NAMES = ("launch_table.h", "launch_table.cc", "python_entry.cc", "torch_reads.h")
+#: The torch-linked module's (``_torch_reads``).
+TORCH_READS_NAMES = ("torch_reads.h", "torch_reads.cc")
+#: The front doors' module's (``_front_door``).
+FRONT_DOOR_NAMES = ("front_door.cc",)
 
 
-def digest(folder: Path | str = Path(__file__).parent) -> str | None:
-    """A digest of the sources in ``folder``, or None when some are missing (nothing to compare)."""
+def digest(folder: Path | str = Path(__file__).parent, names: tuple[str, ...] = NAMES) -> str | None:
+    """A digest of the sources ``names`` in ``folder``, or None when some are missing (nothing to compare)."""
     hasher = hashlib.sha256()
-    for name in NAMES:
+    for name in names:
         try:
             hasher.update(name.encode() + b"\0" + (Path(folder) / name).read_bytes())
         except FileNotFoundError:

@@ -34,7 +34,7 @@ import torch
 from ..arguments.attention import AttentionArguments, lse_shape
 from ..arguments.attention_backward import AttentionBackwardArguments
 from ..core import tracing
-from . import dispatch as _dispatch
+from . import dispatch as _dispatch, front_doors
 from .operation import Operation, define_operation
 from .replay import replay_from_c
 
@@ -245,6 +245,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                max_seqlen_k, cache_seqlens, out, stream)
             if done is not None:
                 return done
+    return _attention_unreplayed(q, k, v, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q,
+                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                 cache_seqlens=cache_seqlens, out=out, stream=stream)
+
+
+def _attention_unreplayed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                          scale: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
+                          cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                          max_seqlen_k: int | None = None, cache_seqlens: torch.Tensor | None = None,
+                          out: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
+    """`attention` after its replay attempt (what the C front door runs when the replay has nothing)."""
     if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
                             or getattr(v, "requires_grad", False)):
         if out is not None:
@@ -259,7 +270,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                       stream=stream)
 
 
-attention.operation = ATTENTION
-attention.op = _attention.op
-attention.training_op = _attention_forward.op
-attention.backward_op = _attention_backward.op
+# The front door callers see: a C function where the native front doors are built (front_doors.py)
+attention = front_doors.c_front_door(
+    attention, _attention_unreplayed, _ATTENTION_NUMBER,
+    key=("q", "k", "v", "causal", "scale", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+         "cache_seqlens", "out", "stream"))

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from .. import native, registry
+from . import front_doors
 from ..native import recipes
 from ..arguments import (Arguments, EpilogueArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments,
                          byte_extent)
@@ -497,7 +498,9 @@ def _load_entry() -> bool:
             return False
         entry.configure_replay(_settings, _grad_enabled, _dispatch_modes, _function_modes, _autocast_any,
                                _tf32_allowed, _increment_version)
+        native.torch_reads(entry)
         _entry, replay_call = entry, entry.replay
+        front_doors.set_replay(entry.replay_function)
     return _entry is not None
 
 
@@ -559,6 +562,22 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     (``alpha``, ``beta``, ``C`` and ``bias`` bind to its parameters of those names):
     `kernel_api.ops.epilogue_gemm`.
     """
+    # (_is_dynamo_compiling first: Dynamo folds it to True and reads nothing else here, so no guards)
+    if not _is_dynamo_compiling() and replay_call is not None and epilogue is None and not operands:
+        # What the Python path recorded for a call keyed as this one, run in C; None when
+        # nothing is (docs/architecture.md, "The replay contract").
+        done = replay_call(GEMM_OP, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
+        if done is not None:
+            return done
+    return _gemm_unreplayed(A, B, out, alpha=alpha, beta=beta, C=C, bias=bias, activation=activation,
+                            accumulator_type=accumulator_type, stream=stream, epilogue=epilogue, **operands)
+
+
+def _gemm_unreplayed(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, alpha: float = 1.0,
+                     beta: float = 0.0, C: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                     activation: str | None = None, accumulator_type: Any = None, stream: Any = None,
+                     epilogue: Any = None, **operands: Any) -> torch.Tensor:
+    """`gemm` after its replay attempt (what the C front door runs when the replay has nothing)."""
     # ---- epilogue functions (ops/epilogue_gemm.py): the only branch they add to this path
     if epilogue is not None:
         gemm_with_epilogue = _epilogue_functions.get("gemm")
@@ -571,17 +590,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
     if operands:
         raise TypeError(f"gemm: unexpected keyword {next(iter(operands))!r} (operands by name need epilogue=)")
     # ----
-    # (_is_dynamo_compiling first: Dynamo folds it to True and reads nothing else here, so no guards)
-    if not _is_dynamo_compiling():
-        if replay_call is not None:
-            # What the Python path recorded for a call keyed as this one, run in C; None when
-            # nothing is (docs/architecture.md, "The replay contract").
-            done = replay_call(GEMM_OP, A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
-            if done is not None:
-                return done
-    elif (out is None and stream is None and accumulator_type is None and isinstance(A, _Tensor)
-          and isinstance(B, _Tensor) and (C is None or isinstance(C, _Tensor))
-          and (bias is None or isinstance(bias, _Tensor))):
+    if (_is_dynamo_compiling() and out is None and stream is None and accumulator_type is None
+            and isinstance(A, _Tensor) and isinstance(B, _Tensor) and (C is None or isinstance(C, _Tensor))
+            and (bias is None or isinstance(bias, _Tensor))):
         # Under Dynamo the op itself, as `_traced_call` would call it: Dynamo traces every line
         # of Python it inlines, and the checks and calls below cost a compile as much as the op.
         return torch.ops.kernel_api.gemm(A, B, C, bias, float(alpha), float(beta), activation)
@@ -603,6 +614,12 @@ def gemm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, *, a
         return _traced_call(torch.ops.kernel_api.gemm, stream, out, A, B, C, bias, float(alpha), float(beta),
                             activation)
     return _gemm_eager(A, B, out, alpha, beta, C, bias, activation, accumulator_type, stream)
+
+
+# The front door callers see: a C function where the native front doors are built (front_doors.py)
+gemm = front_doors.c_front_door(
+    gemm, _gemm_unreplayed, GEMM_OP, key=("A", "B", "out", "alpha", "beta", "C", "bias", "activation",
+                                          "accumulator_type", "stream"), default_only=("epilogue",))
 
 
 def _not_a_tensor(op: str, name: str, value: Any, optional: bool = False) -> TypeError:
