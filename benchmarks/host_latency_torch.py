@@ -9,7 +9,7 @@ calls few enough that the launch queue never fills, rows interleaved, median ove
 differences against ``torch.matmul(A, B, out=out)``) on problems PickAny gives cuBLAS: a small bf16
 product and f32 ones (f32 entries are keyed by torch's TF32 flag, which their choice follows).
 Rows: ``torch.matmul(out=)``, ``ops.gemm(out=)``, ``ops.gemm`` allocating against ``torch.matmul``
-allocating, `TorchGemm.run` on bound arguments; with a row bias, ``ops.gemm`` against
+allocating (``torch.mm`` beside each: the cheaper of torch's two calls for a 2-D product), `TorchGemm.run` on bound arguments; with a row bias, ``ops.gemm`` against
 ``torch.addmm`` (out= and allocating); and a layer's forward under no_grad, torch's ``nn.Linear``
 against `kernel_api.nn`'s patch of it. Writes
 benchmarks/results/host_latency_torch-<device>[-tag].json (and $OUT/ when set); prints a table last.
@@ -27,7 +27,6 @@ rotated so the weights come from DRAM as in a model, median), and the host time 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -43,6 +42,7 @@ import kernel_api.nn  # noqa: E402
 from host_latency import over_reference, per_call_us  # noqa: E402
 from kernel_api import GemmArguments  # noqa: E402
 from kernel_api.tuning.policies import PickAny  # noqa: E402
+from results_io import write_result  # noqa: E402
 
 CASES = (("bf16", 256), ("bf16", 64), ("f32", 256), ("f32", 64))
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
@@ -65,8 +65,10 @@ def rows_for(dtype: torch.dtype, n: int) -> tuple[dict, str]:
     patched = kernel_api.nn.patch(torch.nn.Sequential(torch.nn.Linear(n, n, device="cuda", dtype=dtype)))[0]
     return {
         "torch.matmul(out=)": lambda: torch.matmul(A, B, out=tout),
+        "torch.mm(out=)": lambda: torch.mm(A, B, out=tout),
         "ops.gemm(out=)": lambda: kernel_api.ops.gemm(A, B, out=out),
         "torch.matmul": lambda: torch.matmul(A, B),
+        "torch.mm": lambda: torch.mm(A, B),
         "ops.gemm": lambda: kernel_api.ops.gemm(A, B),
         "kernel.run (bound, assume_supported_args)": lambda: chosen.run(args, compiled_artifact=artifact,
                                                                         assume_supported_args=True),
@@ -151,11 +153,7 @@ def main() -> None:
     if opts.linear:
         rows = linear_rows(opts.calls, opts.repeats)
         name = f"host_latency_linear-{device.replace(' ', '_')}{'-' + opts.tag if opts.tag else ''}.json"
-        text = json.dumps({"device": device, "torch": torch.__version__, "argv": sys.argv, "rows": rows}, indent=1)
-        for folder in (os.path.join(HERE, "results"), os.environ.get("OUT")):
-            if folder:
-                with open(os.path.join(folder, name), "w") as f:
-                    f.write(text)
+        write_result(name, {"device": device, "torch": torch.__version__, "argv": sys.argv, "rows": rows}, indent=1)
         print("\nbf16 nn.Linear forward under no_grad, back-to-back (host included); host = host time per call")
         for r in rows:
             print(_linear_row(r))
@@ -179,11 +177,7 @@ def main() -> None:
         for k in rows:
             lines.append(f"  {k:<44} {medians[k]:7.2f} us  {over[k]:+6.2f}")
     name = f"host_latency_torch-{device.replace(' ', '_')}{'-' + opts.tag if opts.tag else ''}.json"
-    text = json.dumps(report, indent=1)
-    for folder in (os.path.join(HERE, "results"), os.environ.get("OUT")):
-        if folder:
-            with open(os.path.join(folder, name), "w") as f:
-                f.write(text)
+    write_result(name, report, indent=1)
     print("\n".join(lines))
     print("(host us per call, median over repeats; then the paired difference from torch.matmul(out=))")
 

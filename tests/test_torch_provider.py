@@ -351,3 +351,19 @@ def test_ops_gemm_runs_torch_chosen_bias_epilogues_from_the_c_entry_points(activ
             got = layer(x)
         assert not ops._fast and _rel(got, x.double() @ layer.weight.double().t() + layer.bias.double()) <= 1e-2
     ops.clear_dispatch_cache()
+
+
+def test_torch_gemm_replays_the_product_with_the_least_dispatch():
+    """The recipe a plain product records is torch.mm for 2-D operands and torch.bmm for batches
+    of one size (matmul reaches them after its own dispatch), torch.matmul otherwise; each gives
+    matmul's result."""
+    kernel = next(iter(TorchGemm.generate_kernels(None)))
+    cases = [((6, 5), (5, 4), torch.mm), ((3, 6, 5), (3, 5, 4), torch.bmm)]
+    for a_shape, b_shape, expected in cases:
+        A, B = torch.randn(*a_shape), torch.randn(*b_shape)
+        out = torch.empty(*a_shape[:-1], b_shape[-1])
+        launcher = kernel._launcher(GemmArguments(A, B, out), None)
+        assert launcher.torch_call is expected
+        assert torch.allclose(launcher.torch_call(A, B), torch.matmul(A, B))
+    from kernel_api.providers.torch_ops.kernels import _product_call
+    assert _product_call(torch.randn(3, 6, 5), torch.randn(1, 5, 4)) is torch.matmul

@@ -254,9 +254,9 @@ class TorchGemm(TorchKernel):
         epilogue = args.epilogue
         if epilogue is None:
             # torch_call: repeated plain ops.gemm calls on the current stream run from the C entry
-            # points: 1.4-2.1 us of host time over torch.matmul's own where ops' Python path took
-            # 8.5-10.3 (bf16, an H200 host; benchmarks/host_latency_torch.py)
-            return Launcher(_matmul_launch, torch_call=torch.matmul)
+            # points (benchmarks/host_latency_torch.py). A 2-D product is torch.mm, batches of one
+            # size torch.bmm: the products matmul reaches after its own dispatch, one call fewer.
+            return Launcher(_matmul_launch, torch_call=_product_call(args.A, args.B))
         if (args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0 and epilogue.bias is not None
                 and epilogue.bias_kind == "row"):
             # torch_call: repeated calls on the current stream run from the C entry points too
@@ -299,6 +299,16 @@ class TorchGemm(TorchKernel):
 def _on_current_stream(stream: Any) -> bool:
     """Whether ``stream`` (a CUstream from kernel_api's launch paths) is torch's current one."""
     return _current_raw_stream is not None and int(stream) == _current_raw_stream(_current_device())
+
+
+def _product_call(A: torch.Tensor, B: torch.Tensor) -> Any:
+    """The torch function that computes ``A @ B`` for these operands' ranks with the least
+    dispatch: ``torch.mm`` (2-D), ``torch.bmm`` (3-D of one batch size), else ``torch.matmul``."""
+    if A.dim() == 2 and B.dim() == 2:
+        return torch.mm
+    if A.dim() == 3 and B.dim() == 3 and A.shape[0] == B.shape[0]:
+        return torch.bmm
+    return torch.matmul
 
 
 def _matmul_launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, stream: Any) -> None:
