@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import kernel_api  # noqa: E402
-from kernel_api import ops  # noqa: E402
+from kernel_api import native, ops  # noqa: E402
 from kernel_api.core.streams import to_cuda_stream  # noqa: E402
 from kernel_api.ops import dispatch  # noqa: E402
 from results_io import result_name, write_result  # noqa: E402
@@ -245,6 +245,22 @@ def parts(device: str, repeats: int) -> list[str]:
         if label in paired:
             line += f"  {statistics.median(a - b for a, b in zip(values, samples[paired[label]])):+7.0f} over {paired[label]}"
         lines.append(line)
+    # The key's reads of torch: through its C++ API (native/torch_reads.cc) where adopted, against
+    # torch's Python readers and DLPack exchange API, the same rows measured again without them.
+    reads = native.torch_reads(entry)
+    if reads is not None and entry.uses_torch_reads():
+        keyed = [label for label in rows if label.startswith(("replay gemm miss", "replay attention miss", "key:"))]
+        entry.use_torch_reads(None)
+        try:
+            slow = measure({label: rows[label] for label in keyed}, 200, repeats, sync, clock)
+        finally:
+            entry.use_torch_reads(reads)
+        lines.append("the same keys read through torch's Python readers and DLPack exchange API (torch reads off):")
+        for label in keyed:
+            lines.append(f"{label:<34} {statistics.median(slow[label]) * 1e3:9.0f}  (with them: "
+                         f"{statistics.median(samples[label]):.0f})")
+    else:
+        lines.append(f"(the key reads torch through its Python functions: {native.why_not_torch_reads()})")
     return lines
 
 
