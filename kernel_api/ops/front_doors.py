@@ -14,7 +14,6 @@ Where the module is not built, disabled (``KERNEL_API_NATIVE=0``), or torch has 
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import inspect
 import logging
@@ -98,8 +97,9 @@ def _register_pending() -> None:
                          "torch.compile break the graph", python.__name__, type(exc).__name__, exc)
 
 
-class _AfterDynamoImport(importlib.abc.MetaPathFinder):
-    """Registers the pending front doors right after ``torch._dynamo`` is imported."""
+class _AfterDynamoImport:
+    """A meta path finder (the protocol: ``find_spec``) that registers the pending front doors
+    right after ``torch._dynamo`` is imported."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != "torch._dynamo":
