@@ -81,16 +81,20 @@ class Launcher:
     ``out``) call ``torch_call(*inputs, *tail)``, which returns a new output with the metadata
     of the one the operation makes (for gemm ``(*A.shape[:-1], N)``, contiguous, of A's dtype:
     what torch.matmul returns; a generated operation's calls check it once when they record).
+    ``torch_order`` reorders those positional arguments (`torch_arguments`), so a torch function
+    that takes them in another order is recorded itself, with no Python function around it.
     """
 
-    __slots__ = ("function", "tail", "ffi", "torch_call")
+    __slots__ = ("function", "tail", "ffi", "torch_call", "torch_order")
 
     function: Callable[..., Any]
     tail: tuple
     ffi: bool
     torch_call: Callable[..., Any] | None
+    torch_order: tuple[int, ...] | None
 
-    def __init__(self, compiled: Any, tail: Sequence[Any] = (), torch_call: Callable[..., Any] | None = None) -> None:
+    def __init__(self, compiled: Any, tail: Sequence[Any] = (), torch_call: Callable[..., Any] | None = None,
+                 torch_order: Sequence[int] | None = None) -> None:
         if isinstance(compiled, CompiledArtifact):
             compiled = compiled.compiled_obj
         resolved = ffi_function(compiled)
@@ -108,10 +112,15 @@ class Launcher:
                                        or not all(isinstance(c, torch.Tensor) for c in constants)):
             raise TypeError("Launcher: torch_call must be a callable, for a torch-launched function whose tail holds "
                             f"only tensors, got {torch_call!r}")
+        order = None if torch_order is None else tuple(torch_order)
+        if order is not None and (torch_call is None or len(set(order)) != len(order)
+                                  or not all(isinstance(i, int) and i >= 0 for i in order)):
+            raise TypeError(f"Launcher: torch_order must be distinct positions, with a torch_call, got {torch_order!r}")
         object.__setattr__(self, "function", function)
         object.__setattr__(self, "tail", constants)
         object.__setattr__(self, "ffi", resolved is not None)
         object.__setattr__(self, "torch_call", torch_call)
+        object.__setattr__(self, "torch_order", order)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Launcher is immutable (cannot set {name})")
@@ -125,6 +134,11 @@ class Launcher:
         call = getattr(self, "torch_call", None)
         return (f"Launcher({name}, tail={getattr(self, 'tail', None)!r}, ffi={getattr(self, 'ffi', None)}"
                 f"{'' if call is None else ', torch_call=' + getattr(call, '__name__', type(call).__name__)})")
+
+    def torch_arguments(self, values: Sequence[Any]) -> tuple:
+        """``torch_call``'s positional arguments from ``(*inputs, *tail)``: in that order, or as
+        ``torch_order`` picks them (``(2, 0, 1)``: torch.addmm's ``(bias, A, B)``)."""
+        return tuple(values) if self.torch_order is None else tuple(values[i] for i in self.torch_order)
 
     def launch(self, tensors: Sequence[torch.Tensor], stream: Any) -> None:
         """Launch for ``tensors`` (in ``args.tensor_attributes`` order) on ``stream`` (a CUstream)."""

@@ -13,6 +13,7 @@ import weakref
 import pytest
 import torch
 
+import kernel_api
 from kernel_api import native
 from kernel_api.ops import dispatch as ops  # the front door's module: its caches and launch records
 from kernel_api.launcher import Launcher
@@ -279,22 +280,30 @@ def _python_launch(*args):
 
 def test_torch_gemm_offers_torch_calls_for_its_bias_epilogues():
     """`TorchGemm`'s launchers for a row bias (alone, relu, gelu) carry the torch call that ops
-    records for replay; each computes what the launcher's function does, into out= or allocating."""
+    records for replay (torch.addmm and _addmm_activation themselves, reordered to take the bias
+    first, where no keyword is needed); each computes what the launcher's function does, into out=
+    or allocating."""
     from kernel_api.providers.torch_ops import kernels as torch_kernels
 
     A, B, bias = torch.randn(16, 8), torch.randn(8, 4), torch.randn(4)
-    pairs = {torch_kernels._addmm_call: torch_kernels._addmm_launch,
-             torch_kernels._addmm_relu_call: torch_kernels._addmm_relu_launch,
-             torch_kernels._addmm_gelu_call: torch_kernels._addmm_gelu_launch}
-    for call, launch in pairs.items():
-        want = torch.full((16, 4), float("nan"))
-        launch(A, B, want, bias, None)
-        if call is torch_kernels._addmm_relu_call:
-            assert torch.allclose(want, torch.relu(A @ B + bias), atol=1e-5)
-        out = torch.full((16, 4), float("nan"))
-        call(A, B, bias, out=out)
-        assert torch.equal(out, want), call.__name__
-        assert torch.equal(call(A, B, bias), want), call.__name__
-    assert torch.allclose(torch_kernels._addmm_call(A, B, bias), A @ B + bias, atol=1e-5)
+    out = torch.empty(16, 4)
+    expected = {None: A @ B + bias, "relu": torch.relu(A @ B + bias),
+                "gelu": torch.nn.functional.gelu(A @ B + bias, approximate="tanh")}
+    kernel = next(iter(torch_kernels.TorchGemm.generate_kernels(None)))
+    for activation, want in expected.items():
+        args = kernel_api.GemmArguments(A, B, out, epilogue=kernel_api.EpilogueArguments(bias=bias,
+                                                                                          activation=activation))
+        launcher = kernel._launcher(args, None)
+        assert (launcher.torch_call in (torch.addmm, torch._addmm_activation)) == (activation != "gelu")
+        launched = torch.full((16, 4), float("nan"))
+        launcher.function(A, B, launched, bias, None)
+        # (torch's CPU kernel computes GELU exactly, cuBLASLt's epilogue with tanh: 1e-3 covers both)
+        assert torch.allclose(launched, want, atol=1e-3 if activation == "gelu" else 1e-5), activation
+        given = torch.full((16, 4), float("nan"))
+        launcher.torch_call(*launcher.torch_arguments((A, B, bias)), out=given)
+        assert torch.equal(given, launched), activation
+        assert torch.equal(launcher.torch_call(*launcher.torch_arguments((A, B, bias))), launched), activation
     with pytest.raises(TypeError, match="torch_call must be a callable"):
-        Launcher(_python_launch, (bias, 1.0), torch_call=torch_kernels._addmm_call)  # not only tensors
+        Launcher(_python_launch, (bias, 1.0), torch_call=torch.addmm)  # not only tensors
+    with pytest.raises(TypeError, match="torch_order must be distinct positions"):
+        Launcher(_python_launch, (bias,), torch_call=torch.addmm, torch_order=(0, 0, 1))

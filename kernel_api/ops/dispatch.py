@@ -467,7 +467,8 @@ def record_replay(op: int, kernel: Kernel, artifact: Any, args: Arguments, call:
         return False
     if launcher.torch_call is not None:  # torch_call(*inputs, *tail, out=output); torch allocates a made one
         inputs = tuple(s for t, s in zip(tensors, order) if t is not output) + tuple(order[len(tensors):])
-        recipe: Any = recipes.Call(launcher.torch_call, inputs, out=-1 if out == recipes.MADE else out)
+        recipe: Any = recipes.Call(launcher.torch_call, launcher.torch_arguments(inputs),
+                                   out=-1 if out == recipes.MADE else out)
     else:
         shape = None if out != recipes.MADE else (like, tuple(made.shape), recipes.alignment(made.data_ptr()))
         recipe = recipes.Launch(launcher.function, tuple(order), tuple(constants),

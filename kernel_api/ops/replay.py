@@ -522,7 +522,7 @@ def _returns_like(launcher: Any, args: Arguments, made: Any) -> bool:
     SDPA's math backend). A torch call that raises is not recorded either."""
     inputs = [t for t in (getattr(args, name) for name in args.tensor_attributes) if t is not made]
     try:
-        got = launcher.torch_call(*inputs, *launcher.tail)
+        got = launcher.torch_call(*launcher.torch_arguments((*inputs, *launcher.tail)))
     except Exception:  # noqa: BLE001 - not recorded; the Python path serves such calls
         return False
     return (isinstance(got, _Tensor) and got.shape == made.shape and got.stride() == made.stride()

@@ -260,12 +260,14 @@ class TorchGemm(TorchKernel):
         if (args.A.dim() == 2 and epilogue.alpha == 1.0 and epilogue.beta == 0.0 and epilogue.bias is not None
                 and epilogue.bias_kind == "row"):
             # torch_call: repeated calls on the current stream run from the C entry points too
+            # torch.addmm and _addmm_activation take (bias, A, B): recorded as they are, reordered
             if epilogue.activation is None:
-                return Launcher(_addmm_launch, (epilogue.bias,), torch_call=_addmm_call)
-            if epilogue.activation in ("relu", "gelu"):
-                gelu = epilogue.activation == "gelu"
-                return Launcher(_addmm_gelu_launch if gelu else _addmm_relu_launch, (epilogue.bias,),
-                                torch_call=_addmm_gelu_call if gelu else _addmm_relu_call)
+                return Launcher(_addmm_launch, (epilogue.bias,), torch_call=torch.addmm, torch_order=(2, 0, 1))
+            if epilogue.activation == "relu":
+                return Launcher(_addmm_relu_launch, (epilogue.bias,), torch_call=torch._addmm_activation,
+                                torch_order=(2, 0, 1))
+            if epilogue.activation == "gelu":  # (use_gelu is keyword-only: a Python function passes it)
+                return Launcher(_addmm_gelu_launch, (epilogue.bias,), torch_call=_addmm_gelu_call)
         return None
 
     def _run(self, args: GemmArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
@@ -337,25 +339,14 @@ def _addmm_relu_launch(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, bias
         torch._addmm_activation(bias, A, B, use_gelu=False, out=out)
 
 
-# The same products as `Launcher.torch_call`s, on the current stream: (A, B, bias[, out=out]),
+# tanh GELU's product as a `Launcher.torch_call`, on the current stream: (A, B, bias[, out=out]),
 # allocating when out is None (then no out=None is passed on: torch's argument parser takes a
-# quarter microsecond for it, on every forward of a kernel_api.nn.Linear that cuBLAS serves).
-def _addmm_call(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.addmm(bias, A, B) if out is None else torch.addmm(bias, A, B, out=out)
-
-
+# quarter microsecond for it).
 def _addmm_gelu_call(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     if out is None:
         return torch._addmm_activation(bias, A, B, use_gelu=True)
     return torch._addmm_activation(bias, A, B, use_gelu=True, out=out)
-
-
-def _addmm_relu_call(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-    if out is None:
-        return torch._addmm_activation(bias, A, B)
-    return torch._addmm_activation(bias, A, B, out=out)
 
 
 def _row_design() -> RowReductionDesignMetadata:
