@@ -140,6 +140,10 @@ def _linear_row(r: dict) -> str:
             f"({r['host_over_torch_us']:+5.2f}) | {', '.join(r['kernels'])}")
 
 
+def _commas(text: str) -> str:
+    return ",".join(part.strip() for part in text.split(","))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=100)
@@ -162,12 +166,14 @@ def main() -> None:
         return
     report = {"device": device, "torch": torch.__version__, "argv": sys.argv, "cases": []}
     lines = []
-    wanted = {w.strip() for w in opts.only.split(",") if w.strip()}
+    # (a row's label may hold a comma itself, "ops.gemm(out=, bias=)": labels are matched whole,
+    # spaces after commas aside)
+    only = f",{_commas(opts.only)},"
     cases = [(c.split(":")[0], int(c.split(":")[1])) for c in opts.cases.split(",") if c.strip()] or CASES
     for dt, n in cases:
         rows, chosen = rows_for(DTYPES[dt], n)
-        if wanted:
-            rows = {k: f for k, f in rows.items() if k in wanted or k == "torch.matmul(out=)"}
+        if opts.only.strip():
+            rows = {k: f for k, f in rows.items() if f",{_commas(k)}," in only or k == "torch.matmul(out=)"}
         samples = per_call_us(rows, opts.calls, opts.repeats)
         over = over_reference(samples, "torch.matmul(out=)")
         medians = {k: statistics.median(v) for k, v in samples.items()}
