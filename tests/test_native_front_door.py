@@ -52,6 +52,16 @@ def test_ops_gemm_and_attention_are_c_functions_with_the_python_signatures():
         assert door.__doc__ == inspect.getdoc(python)
 
 
+def test_the_c_front_doors_pickle_and_copy_as_references():
+    """As module-level Python functions do: a worker that unpickles one gets the front door itself."""
+    import copy
+    import pickle
+
+    for door in (kernel_api.ops.gemm, kernel_api.ops.attention):
+        assert pickle.loads(pickle.dumps(door)) is door
+        assert copy.deepcopy(door) is door
+
+
 def test_a_replayed_gemm_and_attention_enter_no_python_of_kernel_apis(torch_ops):
     A, B, out = torch.randn(16, 8), torch.randn(8, 24), torch.empty(16, 24)
     q, k, v = (torch.randn(2, 5, 4, 8) for _ in range(3))

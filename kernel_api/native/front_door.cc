@@ -40,6 +40,7 @@ struct FrontDoor {
   PyObject* names;       // parameter names (interned str), positional ones first
   PyObject* defaults;    // one per name; `required` where there is none
   PyObject* required;
+  PyObject* module_name;  // the Python front door's module, which holds this one under its name
   int n_positional;
   std::vector<int>* key;           // the replay's arguments: parameter indices, in order
   std::vector<int>* default_only;  // parameters the replay serves only at their defaults
@@ -53,6 +54,7 @@ void FrontDoorDealloc(PyObject* self_object) {
   Py_XDECREF(self->names);
   Py_XDECREF(self->defaults);
   Py_XDECREF(self->required);
+  Py_XDECREF(self->module_name);
   delete self->name;
   delete self->doc;
   delete self->key;
@@ -68,9 +70,32 @@ int FrontDoorTraverse(PyObject* self_object, visitproc visit, void* arg) {
   return 0;
 }
 
+// Pickling a front door (builtin functions pickle as getattr(their __self__, name)): the door
+// reduces to its module, importlib.import_module(name), whose attribute is the front door again.
+PyObject* FrontDoorReduce(PyObject* self_object, PyObject*) {
+  const auto* self = reinterpret_cast<FrontDoor*>(self_object);
+  if (self->module_name == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "a front door without a module cannot be pickled");
+    return nullptr;
+  }
+  PyObject* importlib = PyImport_ImportModule("importlib");
+  if (importlib == nullptr) return nullptr;
+  PyObject* import_module = PyObject_GetAttrString(importlib, "import_module");
+  Py_DECREF(importlib);
+  if (import_module == nullptr) return nullptr;
+  PyObject* reduced = Py_BuildValue("(N(O))", import_module, self->module_name);
+  return reduced;
+}
+
+PyMethodDef front_door_methods[] = {
+    {"__reduce__", FrontDoorReduce, METH_NOARGS, "Pickled as the module that holds the front door."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
 PyType_Slot front_door_slots[] = {
     {Py_tp_dealloc, reinterpret_cast<void*>(FrontDoorDealloc)},
     {Py_tp_traverse, reinterpret_cast<void*>(FrontDoorTraverse)},
+    {Py_tp_methods, front_door_methods},
     {0, nullptr},
 };
 PyType_Spec front_door_spec = {"kernel_api.native._front_door.FrontDoor", sizeof(FrontDoor), 0,
@@ -209,6 +234,8 @@ PyObject* Make(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   door->defaults = args[7];
   Py_INCREF(args[8]);
   door->required = args[8];
+  door->module_name = PyObject_GetAttrString(args[3], "__module__");
+  if (door->module_name == nullptr) PyErr_Clear();
   door->def = {door->name->c_str(), reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Call)),
                METH_FASTCALL | METH_KEYWORDS, door->doc->c_str()};
   PyObject_GC_Track(reinterpret_cast<PyObject*>(door));
@@ -217,10 +244,7 @@ PyObject* Make(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   // (the function holds the door, whose def it points at; its __module__ is the Python function's)
-  PyObject* module_name = PyObject_GetAttrString(args[3], "__module__");
-  if (module_name == nullptr) PyErr_Clear();
-  PyObject* function = PyCFunction_NewEx(&door->def, reinterpret_cast<PyObject*>(door), module_name);
-  Py_XDECREF(module_name);
+  PyObject* function = PyCFunction_NewEx(&door->def, reinterpret_cast<PyObject*>(door), door->module_name);
   Py_DECREF(door);
   return function;
 }
