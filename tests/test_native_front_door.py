@@ -1,5 +1,5 @@
 """The C front doors (native/front_door.cc, kernel_api/ops/front_doors.py) and the call key's
-torch-linked reads (native/torch_reads.cc): a repeated ops.gemm / ops.attention call that the
+torch-linked reads (native/torch_reads.cc): a repeated ops.gemm / attention / softmax call that the
 replay serves runs no Python of kernel_api's; a call the replay does not serve runs the Python
 front door less its replay attempt (the replay is asked once); the C function binds arguments as
 the Python function does, has its name, signature and docstring, and Dynamo traces the Python
@@ -40,8 +40,8 @@ def torch_ops(cpu_ops):
         yield module
 
 
-def test_ops_gemm_and_attention_are_c_functions_with_the_python_signatures():
-    for door in (kernel_api.ops.gemm, kernel_api.ops.attention):
+def test_the_front_doors_are_c_functions_with_the_python_signatures():
+    for door in (kernel_api.ops.gemm, kernel_api.ops.attention, kernel_api.ops.softmax, kernel_api.ops.softmax_backward):
         python = front_doors.python_front_door(door)
         assert inspect.isbuiltin(door) and inspect.isfunction(python), (door, python)
         assert door.__name__ == python.__name__ and door.__module__ == python.__module__
@@ -57,7 +57,7 @@ def test_the_c_front_doors_pickle_and_copy_as_references():
     import copy
     import pickle
 
-    for door in (kernel_api.ops.gemm, kernel_api.ops.attention):
+    for door in (kernel_api.ops.gemm, kernel_api.ops.attention, kernel_api.ops.softmax):
         assert pickle.loads(pickle.dumps(door)) is door
         assert copy.deepcopy(door) is door
 
@@ -188,9 +188,10 @@ def test_dynamo_traces_the_python_front_doors_into_the_ops():
         return gm.forward
 
     def f(a, b, q):
-        return kernel_api.ops.gemm(a, b), kernel_api.ops.attention(q, q, q, causal=True)
+        return kernel_api.ops.gemm(a, b), kernel_api.ops.attention(q, q, q, causal=True), kernel_api.ops.softmax(a)
 
     meta = [torch.randn(4, 8, device="meta"), torch.randn(8, 4, device="meta"), torch.randn(1, 3, 2, 8, device="meta")]
     torch._dynamo.reset()
     torch.compile(f, backend=backend, fullgraph=True)(*meta)
-    assert any("kernel_api.gemm" in t for t in targets) and any("kernel_api.attention" in t for t in targets), targets
+    for op in ("kernel_api.gemm", "kernel_api.attention", "kernel_api.softmax"):
+        assert any(op in t for t in targets), (op, targets)

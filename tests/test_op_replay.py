@@ -64,8 +64,9 @@ def _twice(f):
 def _settled(f, launches, first=None):
     """Call f until the pointer alignments its made outputs take (a part of the key of calls
     that make their outputs; the CPU allocator gives 64-byte alignment, so up to five per
-    output) are all recorded: a batch of calls that the Python path serves none of."""
-    for _ in range(40):
+    output) are all recorded: a batch of calls that the Python path serves none of. (A long
+    process's allocator can take a rare alignment late: 80 batches leave it room.)"""
+    for _ in range(80):
         made = len(launches)
         for _ in range(8):
             result = f()

@@ -784,6 +784,12 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
             done = replay_call(SOFTMAX_OP, x, dim, out, stream)
             if done is not None:
                 return done
+    return _softmax_unreplayed(x, dim, out, stream)
+
+
+def _softmax_unreplayed(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None,
+                        stream: Any = None) -> torch.Tensor:
+    """`softmax` after its replay attempt (what the C front door runs when the replay has nothing)."""
     if not isinstance(x, _Tensor):
         raise _not_a_tensor("softmax", "x", x)
     if out is not None and not isinstance(out, _Tensor):
@@ -807,6 +813,9 @@ def softmax(x: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None, str
             return _SoftmaxWithGrad.apply(x, dim, stream)
         return _apply_softmax_with_grad(x, dim, stream)
     return _softmax_eager(x, dim, out, stream)
+
+
+softmax = front_doors.c_front_door(softmax, _softmax_unreplayed, SOFTMAX_OP, key=("x", "dim", "out", "stream"))
 
 
 #: Softmax under autograd of at most this many elements is torch's own (`torch.softmax`, whose
@@ -930,6 +939,12 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
             done = replay_call(SOFTMAX_BACKWARD_OP, grad_out, out, dim, grad_in, stream)
             if done is not None:
                 return done
+    return _softmax_backward_unreplayed(grad_out, out, dim, grad_in, stream)
+
+
+def _softmax_backward_unreplayed(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
+                                 grad_in: torch.Tensor | None = None, stream: Any = None) -> torch.Tensor:
+    """`softmax_backward` after its replay attempt (what the C front door runs on a miss)."""
     for name, value in (("grad_out", grad_out), ("out", out)):
         if not isinstance(value, _Tensor):
             raise _not_a_tensor("softmax_backward", name, value)
@@ -938,6 +953,10 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int = -1,
     if _is_compiling() or _dispatch_modes():
         return _traced_call(torch.ops.kernel_api.softmax_backward, stream, grad_in, grad_out, out, dim)
     return _softmax_backward_eager(grad_out, out, dim, grad_in, stream)
+
+
+softmax_backward = front_doors.c_front_door(softmax_backward, _softmax_backward_unreplayed, SOFTMAX_BACKWARD_OP,
+                                            key=("grad_out", "out", "dim", "grad_in", "stream"))
 
 
 def _softmax_backward_eager(grad_out: torch.Tensor, out: torch.Tensor, dim: int, grad_in: torch.Tensor | None,
