@@ -12,6 +12,7 @@ Runs on CPU with the torch provider (its kernels record torch calls for the repl
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 import textwrap
@@ -195,3 +196,28 @@ def test_dynamo_traces_the_python_front_doors_into_the_ops():
     torch.compile(f, backend=backend, fullgraph=True)(*meta)
     for op in ("kernel_api.gemm", "kernel_api.attention", "kernel_api.softmax"):
         assert any(op in t for t in targets), (op, targets)
+
+
+def test_torch_reads_built_for_another_torch_are_refused(torch_ops, monkeypatch):
+    """The module depends on torch's C++ ABI: built for another version, it is not adopted."""
+    module = pytest.importorskip("kernel_api.native._torch_reads")
+    adopted = native.torch_reads(torch_ops)
+    monkeypatch.setattr(module, "torch_version", "0.0.0")
+    monkeypatch.delitem(native._state, "torch_reads")
+    try:
+        assert native.torch_reads(torch_ops) is None
+        assert "built for torch 0.0.0" in native.why_not_torch_reads()
+    finally:
+        native._state["torch_reads"] = adopted
+        native._state.pop("torch_reads_error", None)
+
+
+def test_without_the_native_modules_the_front_doors_are_the_python_functions():
+    """KERNEL_API_NATIVE=0 (or no build): the Python front doors serve, as before."""
+    code = ("import inspect, kernel_api\n"
+            "for f in (kernel_api.ops.gemm, kernel_api.ops.attention, kernel_api.ops.softmax):\n"
+            "    assert inspect.isfunction(f), f\n"
+            "print('python')\n")
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERNEL_API_NATIVE": "0"})
+    assert done.returncode == 0 and "python" in done.stdout, done.stderr[-3000:]
