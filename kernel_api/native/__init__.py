@@ -20,6 +20,10 @@ tvm_ffi, whose library provides the TVM-FFI symbols it leaves unresolved. Where 
 (no compiler at install), or is damaged, built for other sources or another TVM-FFI, or with
 ``KERNEL_API_NATIVE=0``, `table()` and `entry()` return None, one `RuntimeWarning` says why, and
 callers stay on their Python paths.
+
+Two optional modules sit beside it: ``_front_door`` (`front_door_module`: the C front doors of
+`kernel_api.ops.front_doors`) and ``_torch_reads`` (`torch_reads`: the call key's reads of torch
+through its C++ API, built for one torch version and adopted once it agrees with torch's own).
 """
 
 from __future__ import annotations
