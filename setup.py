@@ -28,6 +28,13 @@ from setuptools.command.build_ext import build_ext
 NATIVE = Path("kernel_api", "native")
 
 
+def _source_digest(names: str) -> tuple[str, str]:
+    """The macro a module is built with: the digest of its sources (``sources.<names>``), which
+    kernel_api.native compares with the sources beside the module."""
+    sources = runpy.run_path(str(NATIVE / "sources.py"))
+    return "KERNEL_API_SOURCE_DIGEST", f'"{sources["digest"](NATIVE, sources[names])}"'
+
+
 class BuildNativeIfPossible(build_ext):
     """build_ext that turns any failure to build the native module into a warning."""
 
@@ -37,9 +44,7 @@ class BuildNativeIfPossible(build_ext):
             return
         if ext.name.endswith("_front_door"):
             try:
-                digest = runpy.run_path(str(NATIVE / "sources.py"))
-                ext.define_macros += [("KERNEL_API_SOURCE_DIGEST",
-                                       f'"{digest["digest"](NATIVE, digest["FRONT_DOOR_NAMES"])}"')]
+                ext.define_macros += [_source_digest("FRONT_DOOR_NAMES")]
                 super().build_extension(ext)
             except Exception as exc:  # noqa: BLE001 - the module is optional
                 self.warn(f"kernel_api: {ext.name} was not built ({type(exc).__name__}: {exc}); "
@@ -52,9 +57,8 @@ class BuildNativeIfPossible(build_ext):
             ext.include_dirs += dict.fromkeys([libinfo.find_include_path(), libinfo.find_dlpack_include_path()])
             # Checked by kernel_api.native at import: a module built for other sources or another
             # TVM-FFI is refused rather than trusted.
-            digest = runpy.run_path(str(NATIVE / "sources.py"))["digest"](NATIVE)
             ext.define_macros += [("KERNEL_API_TVM_FFI_VERSION", f'"{tvm_ffi.__version__}"'),
-                                  ("KERNEL_API_SOURCE_DIGEST", f'"{digest}"')]
+                                  _source_digest("NAMES")]
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001 - whatever stops the build, the install goes on
             self.warn(f"kernel_api: the native module {ext.name} was not built ({type(exc).__name__}: {exc}); "
@@ -70,10 +74,8 @@ class BuildNativeIfPossible(build_ext):
             ext.include_dirs += include_paths()
             ext.library_dirs += libraries
             ext.runtime_library_dirs += libraries
-            digest = runpy.run_path(str(NATIVE / "sources.py"))
-            digest = digest["digest"](NATIVE, digest["TORCH_READS_NAMES"])
             ext.define_macros += [("KERNEL_API_TORCH_VERSION", f'"{torch.__version__}"'),
-                                  ("KERNEL_API_SOURCE_DIGEST", f'"{digest}"'),
+                                  _source_digest("TORCH_READS_NAMES"),
                                   ("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))]
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001 - the module is optional

@@ -241,24 +241,27 @@ def front_door_module() -> Any:
     sources (the reason is logged at INFO). It needs neither torch nor TVM-FFI to import."""
     if "front_door" in _state:
         return _state["front_door"]
-    module, why = None, None
-    if not enabled():
-        why = "disabled by KERNEL_API_NATIVE=0"
-    elif importlib.util.find_spec(_FRONT_DOOR) is None:
-        why = f"{_FRONT_DOOR} was not built"
-    else:
-        try:
-            module = importlib.import_module(_FRONT_DOOR)
-        except ImportError as exc:
-            why = f"{_FRONT_DOOR} does not load ({exc}); {_REINSTALL}"
-        else:
-            sources = digest(Path(module.__file__).parent, FRONT_DOOR_NAMES)
-            if sources is not None and sources != module.source_digest:
-                module, why = None, f"{_FRONT_DOOR} was built from other sources than those beside it; {_REINSTALL}"
+    module, why = (None, "disabled by KERNEL_API_NATIVE=0") if not enabled() else _import_built(
+        _FRONT_DOOR, FRONT_DOOR_NAMES, "was not built")
     if why is not None:
         _log.info("kernel_api: the ops front doors stay Python functions: %s", why)
     _state["front_door"] = module
     return module
+
+
+def _import_built(name: str, sources: tuple[str, ...], missing: str) -> tuple[Any, str | None]:
+    """(the optional native module ``name``, None), or (None, why not): not built (``missing``
+    says why), not loadable, or built from other ``sources`` than those beside it."""
+    if importlib.util.find_spec(name) is None:
+        return None, f"{name} {missing}"
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        return None, f"{name} does not load ({exc}); {_REINSTALL}"
+    found = digest(Path(module.__file__).parent, sources)
+    if found is not None and found != module.source_digest:
+        return None, f"{name} was built from other sources than those beside it; {_REINSTALL}"
+    return module, None
 
 
 _TORCH_READS = f"{__name__}._torch_reads"
@@ -291,17 +294,13 @@ def torch_reads(entry_module: Any) -> Any:
 def _adopt_torch_reads(entry_module: Any) -> Any:
     import torch
 
-    if importlib.util.find_spec(_TORCH_READS) is None:
-        _state["torch_reads_error"] = f"{_TORCH_READS} was not built (no torch at install, or built in isolation)"
-        return None
-    module = importlib.import_module(_TORCH_READS)
-    if module.torch_version != torch.__version__:
-        _state["torch_reads_error"] = (f"{_TORCH_READS} was built for torch {module.torch_version}, not the installed "
-                                       f"{torch.__version__}; {_REINSTALL}")
-        return None
-    sources = digest(Path(module.__file__).parent, TORCH_READS_NAMES)
-    if sources is not None and sources != module.source_digest:
-        _state["torch_reads_error"] = f"{_TORCH_READS} was built from other sources than those beside it; {_REINSTALL}"
+    module, why = _import_built(_TORCH_READS, TORCH_READS_NAMES, "was not built (no torch at install, or built in "
+                                                                 "isolation)")
+    if module is not None and module.torch_version != torch.__version__:
+        module, why = None, (f"{_TORCH_READS} was built for torch {module.torch_version}, not the installed "
+                             f"{torch.__version__}; {_REINSTALL}")
+    if module is None:
+        _state["torch_reads_error"] = why
         return None
     disagreement = _disagreement(entry_module, module.reads, torch)
     if disagreement is not None:

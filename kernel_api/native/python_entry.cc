@@ -148,12 +148,14 @@ int LazyBit(PyObject* object, uint8_t dtype_code) {
 const char* const kLazyBitSet[] = {
     nullptr, "torch's lazy negative bit set; call .resolve_neg()", "torch's lazy conjugate bit set; call .resolve_conj()"};
 
-// Whether `object` carries neither bit: true; false with a Python error (ValueError for a bit).
-bool LazyBitsClear(PyObject* object, uint8_t dtype_code) {
-  const int bit = LazyBit(object, dtype_code);
+// Whether `bit` (LazyBit's answer) is none: true; false with a Python error (ValueError for a bit).
+bool BitClear(int bit) {
   if (bit > 0) PyErr_Format(PyExc_ValueError, "the tensor has %s", kLazyBitSet[bit]);
   return bit == 0;
 }
+
+// Whether `object` carries neither bit: true; false with a Python error (ValueError for a bit).
+bool LazyBitsClear(PyObject* object, uint8_t dtype_code) { return BitClear(LazyBit(object, dtype_code)); }
 
 // Whether the weak reference `ref` refers to `object` (which the caller holds).
 bool RefersTo(PyObject* ref, PyObject* object) {
@@ -204,11 +206,7 @@ int CheckedBit(PyObject* object, const DLTensor& tensor) {
 }
 
 // LazyBitsClear for a tensor read anew at each call, through the remembered verdicts.
-bool CheckedClear(PyObject* object, const DLTensor& tensor) {
-  const int bit = CheckedBit(object, tensor);
-  if (bit > 0) PyErr_Format(PyExc_ValueError, "the tensor has %s", kLazyBitSet[bit]);
-  return bit == 0;
-}
+bool CheckedClear(PyObject* object, const DLTensor& tensor) { return BitClear(CheckedBit(object, tensor)); }
 
 // Reads a torch tensor's metadata into *out. False when `object` is not a torch tensor or torch
 // cannot describe it, and, when `check` is set, when it carries a lazy bit; the Python error is
@@ -220,8 +218,7 @@ bool ReadTensor(PyObject* object, DLTensor* out, bool check = true) {
   }
   int bit = 0, requires = 0;
   if (torch_reads != nullptr && torch_reads->tensor(object, out, &bit, &requires) == 1) {
-    if (check && bit > 0) PyErr_Format(PyExc_ValueError, "the tensor has %s", kLazyBitSet[bit]);
-    return !check || bit == 0;
+    return !check || BitClear(bit);
   }
   if (exchange->dltensor_from_py_object_no_sync(object, out) != 0) return false;
   return !check || CheckedClear(object, *out);
@@ -861,7 +858,6 @@ PyObject* ConfigureReplay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   Py_RETURN_NONE;
 }
-
 
 // The words of an argument's key: its kind first.
 enum ArgumentKind : int64_t { kTensorArgument = 1, kNoneArgument, kBoolArgument, kIntArgument, kFloatArgument, kStrArgument };
