@@ -23,7 +23,8 @@ Each case then times every forward kernel that writes the log-sum-exp and every 
 on its own (bound `Kernel.run` calls; ``--no-kernels`` skips it): the numbers PickAny's speeds
 (`TorchAttention`'s ``BACKENDS``, FA4's ``SPEED_VS_*`` and its tiles' ``speed_vs_sdpa``) come
 from. FA4's plugin offers a forward per tile (`kernel_api_flash_attn.tiles`): ``ops_fa4`` runs
-PickAny's choice among them, the kernel rows time each one.
+PickAny's choice among them, the kernel rows time each one. ``ops_cutedsl`` runs kernel_api's
+own Hopper forward (`Sm90Attention`) through the op, forward only.
 
 JSON: benchmarks/results/attention-<device>[-<tag>].json (and $OUT when set); one line per case
 and mode is printed as it finishes.
@@ -124,18 +125,21 @@ def _fa4(func: Callable) -> Callable:
 
 class Contestant(NamedTuple):
     """How one contestant runs: its tensors' layout ("bhsd" or "bshd"), ``run(q, k, v, causal)
-    -> out``, and the kernel_api providers it may use (None: all; only for kernel_api's)."""
+    -> out``, the kernel_api providers it may use (None: all; only for kernel_api's), and whether
+    it runs the forward only (a provider without a backward kernel)."""
 
     layout: str
     run: Callable
     providers: list[str] | None = None
+    forward_only: bool = False
 
 
 def contestants(fa4_provider: str | None) -> dict[str, Contestant]:
     from torch.nn.attention import SDPBackend
     found = {"sdpa": Contestant("bhsd", _sdpa(None)),
              "sdpa_flash": Contestant("bhsd", _sdpa(SDPBackend.FLASH_ATTENTION)),
-             "ops": Contestant("bshd", _ops), "ops_torch": Contestant("bshd", _ops, ["torch"])}
+             "ops": Contestant("bshd", _ops), "ops_torch": Contestant("bshd", _ops, ["torch"]),
+             "ops_cutedsl": Contestant("bshd", _ops, ["cutedsl"], forward_only=True)}
     if fa4_provider is not None:
         found["ops_fa4"] = Contestant("bshd", _ops, [fa4_provider])
     func = _fa4_func()
@@ -203,6 +207,8 @@ def run_case(case: Case, names: dict, repeat: int) -> list[dict]:
         sets = {layout: _sets(case, layout, count, backward) for layout in ("bhsd", "bshd")}
         fns = {}
         for name, contestant in names.items():  # first calls: choices, FA4's compiles
+            if backward and contestant.forward_only:
+                continue
             fn = _launcher(contestant, sets[contestant.layout], causal, backward)
             try:
                 fn(0)

@@ -1,5 +1,5 @@
-"""Attention under torch.compile: torch's cuDNN op itself where only torch's kernels serve the
-problem (`kernel_api.nn.attention_lowering`), kernel_api's ops otherwise. On the CPU: the rule on
+"""Attention under torch.compile: torch's cuDNN op itself where the policy runs torch's cuDNN kernel
+for the problem (`kernel_api.nn.attention_lowering`), kernel_api's ops otherwise. On the CPU: the rule on
 fake CUDA tensors, and the graphs a patched GPT-2's prefill and training step trace. The GPU
 check (the kernels that run, the gradients) is in tests/test_compile_patched_gpu.py."""
 
@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 import kernel_api.registry
 from kernel_api.core import tracing
 from kernel_api.nn import attention as nn_attention, patch
-from kernel_api.nn.attention_lowering import torch_alone_serves
+from kernel_api.nn.attention_lowering import cudnn_serves
 from kernel_api.ops import dispatch
 
 _BF16 = torch.bfloat16
@@ -28,13 +28,13 @@ _BF16 = torch.bfloat16
     ((2, 128, 128, 4, 4, 60), True, False),         # head dim not a multiple of 8
 ])
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
-def test_torch_alone_serves_dense_attention_that_cudnn_takes(sizes, causal, expected, training):
-    assert torch_alone_serves(_BF16, *sizes, causal, training, 90) is expected
+def test_cudnn_serves_dense_attention_that_cudnn_takes(sizes, causal, expected, training):
+    assert cudnn_serves(_BF16, *sizes, causal, training, 90) is expected
 
 
 def test_another_providers_kernel_keeps_the_ops(monkeypatch):
     """A kernel of another provider (a plugin's FlashAttention, say) for the forward or the
-    backward: the policy chooses per call, so the ops stay."""
+    backward whose rank cannot be told: the policy chooses per call, so the ops stay."""
     real = kernel_api.registry.get_kernels
     for kind in ("forward", "backward"):
         def get_kernels(args, *rest, kind=kind, **named):
@@ -44,11 +44,43 @@ def test_another_providers_kernel_keeps_the_ops(monkeypatch):
                 found = [*found, plugin]
             return found
         monkeypatch.setattr(kernel_api.registry, "get_kernels", get_kernels)
-        assert not torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 90), kind
+        assert not cudnn_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 90), kind
         # inference asks the forward alone
-        assert torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, False, 90) is (kind == "backward")
+        assert cudnn_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, False, 90) is (kind == "backward")
     monkeypatch.setattr(kernel_api.registry, "get_kernels", real)
-    assert torch_alone_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 90)
+    assert cudnn_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 90)
+
+
+def _ranked_kernel(cost):
+    """A kernel of another provider that serves every attention at ``cost`` (PickAny's units)."""
+    return SimpleNamespace(metadata=SimpleNamespace(provider="plugin", design=None, kernel_name="plugin"),
+                           estimated_cost=lambda args, sm_count: cost)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_pick_any_lowers_where_cudnn_ranks_first(monkeypatch, ahead):
+    """Under PickAny another provider's kernel that ranks behind torch's cuDNN kernel leaves the
+    lowering as it is (cuDNN is the choice); one that ranks ahead keeps the ops. Under another
+    policy any other provider's kernel keeps them."""
+    from kernel_api.tuning.pick_any import PickAny
+
+    real = kernel_api.registry.get_kernels
+
+    def get_kernels(args, *rest, **named):
+        cudnn = [k for k in real(args, *rest, **named) if getattr(k.metadata.design, "backend", None) == "cudnn"]
+        from kernel_api.cost.estimate import estimated_cost
+        best = estimated_cost(cudnn[0], args, 132)
+        return [*real(args, *rest, **named), _ranked_kernel(best * (0.5 if ahead else 2.0))]
+
+    monkeypatch.setattr(kernel_api.registry, "get_kernels", get_kernels)
+    assert cudnn_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 90) is (not ahead)
+    assert cudnn_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, False, 90) is (not ahead)
+
+    class Timed(PickAny):  # a policy other than PickAny itself
+        pass
+
+    with kernel_api.settings(policy=Timed()):
+        assert not cudnn_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 90)
 
 
 def test_only_cuda_half_precision_lowers():
@@ -107,7 +139,7 @@ def _traced_graph(model, ids, grad: bool):
 
 
 @pytest.mark.parametrize("serves_alone", [True, False])
-def test_a_patched_gpt2_s_attention_traces_cudnn_s_op_where_torch_alone_serves(stubbed_rule, serves_alone):
+def test_a_patched_gpt2_s_attention_traces_cudnn_s_op_where_cudnn_serves(stubbed_rule, serves_alone):
     """The rule's answer (stubbed here: the model runs on the CPU) decides the graphs: cuDNN's
     causal op (with the log-sum-exp in training) and no kernel_api attention op, or kernel_api's
     ops."""

@@ -5,7 +5,8 @@ Through kernel_api's attention a prefill is a custom op in the compiled graph
 (``kernel_api::attention``), and a training forward (a gradient wanted) two
 (``kernel_api::attention_forward`` and ``kernel_api::attention_backward``). When every kernel
 the registry offers for the problem (forward, and backward in training) is the torch provider's,
-the policy runs torch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention``, or SDPA,
+or when the default policy (`PickAny`) ranks torch's cuDNN kernels first among all offered, the
+policy runs torch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention``, or SDPA,
 which runs the same cuDNN kernel on Hopper for inference; with the log-sum-exp, and cuDNN's
 backward, in training, where the torch provider ranks cuDNN before FlashAttention-2 and the
 materialised formula), and each custom op only adds its Python around that aten call: about 50 us
@@ -14,10 +15,11 @@ op directly. A compiled GPT-2 training step (8 x 1024 tokens) made of those ops 
 So under Dynamo such an attention is the aten op itself, causal where the problem is (cuDNN's
 causal mask is the problem's for equal lengths; SDPA's ``is_causal``, which Inductor lowers for
 cuDNN to a materialised mask, is not used), and in training AOTAutograd differentiates it with
-cuDNN's backward: the same kernels, no custom op. Where another provider offers a kernel (a
-plugin such as FlashAttention-4's, whose backward beats cuDNN's at head dim 64), the ops stay,
-and the policy chooses per call. So do they while a `PickBest` that reads tuning records is in
-force, whose measurements may rank another of torch's kernels first.
+cuDNN's backward: the same kernels, no custom op. Where another provider's kernel ranks ahead
+(a plugin such as FlashAttention-4's, whose backward beats cuDNN's at head dim 64), or another
+policy than `PickAny` is in force while other providers offer kernels, the ops stay, and the
+policy chooses per call. So do they while a `PickBest` that reads tuning records is in force,
+whose measurements may rank another of torch's kernels first.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def _lowers(*values: Any) -> bool:
 
 def _decide(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
             head_dim: int, causal: bool, training: bool, device_index: int, cc: int, providers: Any) -> bool:
-    if not torch_alone_serves(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, training, cc,
+    if not cudnn_serves(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, training, cc,
                               providers=providers, device=f"cuda:{device_index}"):
         return False
     if heads_q != heads_kv:
@@ -123,13 +125,17 @@ def _decide(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_
     return True
 
 
-def torch_alone_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int,
-                       heads_kv: int, head_dim: int, causal: bool, training: bool, cc: int, providers: Any = None,
-                       device: str = "cuda") -> bool:
-    """Whether the registry offers an attention of these sizes (dense, no dropout) only torch's
-    kernels, cuDNN's among them: the forward, with the log-sum-exp and the backward too when
-    ``training``. The problem is stated on fake CUDA tensors: nothing is allocated, and no GPU is
-    needed to ask."""
+def cudnn_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
+                 head_dim: int, causal: bool, training: bool, cc: int, providers: Any = None,
+                 device: str = "cuda") -> bool:
+    """Whether the policy in force runs torch's cuDNN attention for an attention of these sizes
+    (dense, no dropout): the forward, with the log-sum-exp and the backward too when
+    ``training``. So it does when the registry offers only torch's kernels, cuDNN's among them
+    (torch's provider ranks cuDNN first); and under `PickAny` (the default), which runs nothing
+    to choose, when cuDNN's kernel is its choice: every other provider's kernel ranks behind it.
+    A kernel of another provider whose rank cannot be told, or another policy (a `PickBest`
+    times the candidates), keeps kernel_api's ops. The problem is stated on fake CUDA tensors:
+    nothing is allocated, and no GPU is needed to ask."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..arguments.attention import AttentionArguments, lse_shape
@@ -146,13 +152,38 @@ def torch_alone_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: 
         if training:
             problems.append(AttentionBackwardArguments(torch.empty_like(q), q, k, v, out, lse, torch.empty_like(q),
                                                        torch.empty_like(k), torch.empty_like(v), causal=causal))
-        for args in problems:
-            kernels = get_kernels(args, providers=providers, cc=cc)
-            if not kernels or any(k.metadata.provider != "torch" for k in kernels):
-                return False
-            if not any(getattr(k.metadata.design, "backend", None) == "cudnn" for k in kernels):
-                return False
-    return True
+        return all(_cudnn_chosen(args, get_kernels(args, providers=providers, cc=cc)) for args in problems)
+
+
+def _is_cudnn(kernel: Any) -> bool:
+    return kernel.metadata.provider == "torch" and getattr(kernel.metadata.design, "backend", None) == "cudnn"
+
+
+def _runs_cudnn(kernel: Any) -> bool:
+    """torch's cuDNN kernel, or its SDPA (which runs cuDNN's kernel where a cuDNN one serves)."""
+    return kernel.metadata.provider == "torch" and getattr(kernel.metadata.design, "backend", None) in ("cudnn",
+                                                                                                       "sdpa")
+
+
+def _cudnn_chosen(args: Any, kernels: list) -> bool:
+    """Whether the policy in force chooses torch's cuDNN kernel among ``kernels`` for ``args``."""
+    if not any(_is_cudnn(k) for k in kernels):
+        return False
+    if all(k.metadata.provider == "torch" for k in kernels):
+        return True
+    from ..core.arch import planning_sm_count
+    from ..tuning.pick_any import PickAny, rank_candidates
+    from ..tuning.scope import current
+
+    if type(current().policy) is not PickAny:
+        return False
+    try:
+        # (the SMs of the device the problem names, or the targeted machines' without a GPU)
+        sms = planning_sm_count(args.device if torch.cuda.is_available() else None)
+        return _runs_cudnn(rank_candidates(kernels, args, sms)[0])
+    except Exception as exc:  # noqa: BLE001 - a kernel whose rank cannot be told: the ops stay
+        _log.debug("attention lowering: candidates of %s not ranked: %s", args, exc)
+        return False
 
 
 def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool,

@@ -3,7 +3,7 @@ the kernel classes serving each arguments type. Discovery imports a type's modul
 time it is asked for that type, and all of them when it lists every kernel
 (`kernel_api.registry.plugins`); importing this module imports no kernel."""
 
-from ...arguments import GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
+from ...arguments import AttentionArguments, GemmArguments, SoftmaxArguments, SoftmaxBackwardArguments
 
 _SOFTMAX = (".softmax.row_softmax",)  # CuteSoftmaxForward / CuteSoftmaxBackward
 
@@ -12,4 +12,5 @@ KERNEL_MODULES = {
     GemmArguments: (".gemm.sm90_warpspecialized", ".gemm.sm90_realigned", ".gemm.sm80_tensorop", ".gemm.simt"),
     SoftmaxArguments: _SOFTMAX,
     SoftmaxBackwardArguments: _SOFTMAX,
+    AttentionArguments: (".attention.sm90_attention",),  # Sm90Attention
 }

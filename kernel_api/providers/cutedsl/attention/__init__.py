@@ -1,0 +1,1 @@
+"""CuTe DSL attention kernels (interface modules; implementations under ``implementations/``)."""

@@ -1,0 +1,1 @@
+"""CuTe DSL attention kernels (implementation objects compiled by the attention interfaces)."""

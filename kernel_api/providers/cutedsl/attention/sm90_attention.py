@@ -1,0 +1,172 @@
+"""Interface of kernel_api's Hopper attention forward (implementation:
+implementations/sm90_attention_impl.py).
+
+`Sm90Attention` (`AttentionArguments`) runs prefill attention on sm_90a in the dense layout
+``(batch, seqlen, heads, head_dim)``: head dims 64 and 128, bf16 and f16, causal (bottom-right
+aligned, as FlashAttention's) or full, MHA / GQA / MQA, any sequence lengths (the query and key
+lengths may differ), any strides whose head dim is contiguous and whose other strides and
+pointers are 16-byte multiples, and the row log-sum-exp when it is asked for. One instance per
+dtype and head dim, named ``Sm90Attention_<dtype>_d<head_dim>``.
+
+A CTA is a producer warpgroup that loads the Q tile once and streams K and V tiles through
+rings of shared-memory stages with TMA, and two or three consumer warpgroups that each own 64
+query rows, computing ``S = Q K^T`` with wgmma from shared memory, the online softmax in
+registers, and ``O += P V`` with P from registers, the two GEMMs of consecutive key blocks
+overlapped. `plan` picks the query tile (128 rows, or 192 at head dim 64 but for short causal
+problems) and whether the launch is persistent (one CTA per SM looping over tiles: full
+attention, and short causal problems) from the problem; the mask, the lse and the plan are
+compile-time, shapes and strides run-time values, so one artifact serves every size of a plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ....arguments.attention import AttentionArguments
+from ....core.arch import planning_sm_count
+from ....core.artifact import CompiledArtifact
+from ....core.dtypes import DataType
+from ....core.status import Reason, Status
+from ....core.tensor_attributes import TensorAttributes
+from ....cost.attention import attention_cost
+from ....launcher import Launcher
+from ....metadata import BLASDesignMetadata, KernelMetadata
+from ....metadata.attention import AttentionOperandsMetadata
+from ....utils import to_cuda_stream
+from .. import CuTeDSLProvider
+from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
+
+HEAD_DIMS = (128, 64)
+#: Keys per block (the CTA tile's N).
+TILE_N = 128
+#: Causal problems of up to this many queries are "short": at head dim 64 a 192-row tile wastes
+#: rows on the diagonal there, and a persistent launch balances the blocks' unequal work. H200,
+#: bf16, b16 h16 s1024 d64 causal: 275 TFLOP/s with 128 rows persistent, 253 with 192 persistent,
+#: 207 with 192 one CTA per tile; b4 h32 s4096 d128 causal: 611 one CTA per tile, 515 persistent.
+SHORT_CAUSAL_SEQLEN = 1024
+#: Elements of a 16-byte access: every stride but the head dim's, and every pointer, is a multiple.
+_VECTOR = 8
+INT32_MAX = 2**31 - 1
+#: Forward speed against torch's SDPA default (cuDNN) by head dim, for the ranking (PickAny): H200,
+#: bf16, benchmarks/attention.py (docs/performance.md, "kernel_api's Hopper forward").
+SPEED_VS_SDPA = {64: 1.05, 128: 1.03}
+
+
+class Plan(NamedTuple):
+    """A launch's compile-time shape: query rows per CTA, and CTAs of a persistent launch (0: one
+    CTA per tile)."""
+
+    tile_m: int
+    persistent_ctas: int
+
+
+def plan(head_dim: int, causal: bool, seqlen_q: int, sm_count: int) -> Plan:
+    """The tile and launch for a problem (`SHORT_CAUSAL_SEQLEN`'s measurements): full attention and
+    short causal problems run persistent, one CTA per SM; head dim 64 takes 192-row tiles but for
+    short causal problems."""
+    short_causal = causal and seqlen_q <= SHORT_CAUSAL_SEQLEN
+    tile_m = 192 if head_dim == 64 and not short_causal else 128
+    return Plan(tile_m, sm_count if (not causal or short_causal) else 0)
+
+
+@CuTeDSLProvider.register
+class Sm90Attention(CuteDslKernel):
+    """kernel_api's warp-specialised TMA + wgmma attention forward for sm_90a (dense layout)."""
+
+    supported_args_type = AttentionArguments
+    workspace_free = True
+    compiles_from_cache_only = True  # (its compile is its cute_compile, which honours cache_only)
+    performance_hint = 0.9
+
+    def __init__(self, metadata: KernelMetadata) -> None:
+        super().__init__(metadata)
+        self.dtype: DataType = metadata.operands.q.dtype
+        self.head_dim: int = metadata.operands.head_dims[0]
+
+    @classmethod
+    def generate_kernels(cls, metadata_filter: Any, epilogue_args: Any = None, cc: int | None = None) -> list:
+        if epilogue_args is not None:
+            return []
+        found = []
+        for dtype in (DataType.bf16, DataType.f16):
+            attrs = TensorAttributes(dtype, (0, 0, 0, 1), _VECTOR)
+            for d in HEAD_DIMS:
+                operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,), max_head_dim=d,
+                                                     lse=True)
+                design = BLASDesignMetadata(tile_shape=(192 if d == 64 else 128, TILE_N, d),
+                                            stages=3 if d == 64 else 2, schedule="warpspecialized")
+                metadata = KernelMetadata(f"{cls.__name__}_{dtype}_d{d}", cls, operands, design, min_cc=90, max_cc=90)
+                if metadata.supports_cc(cc) and (metadata_filter is None or metadata_filter(metadata)):
+                    found.append(cls(metadata))
+        return found
+
+    def _supports(self, args: AttentionArguments) -> Status:
+        if args.device.type == "cpu":  # (meta tensors plan and compile like CUDA ones)
+            return Status.fail("operand q: on the CPU; the kernel runs on CUDA tensors", operand="q")
+        if not args.scale >= 0:  # (the row max is taken on the unscaled scores)
+            return Status.fail(f"scale: {args.scale}, the kernel takes scales of 0 and more", kind=Reason.OTHER,
+                               operand="scale", actual=args.scale, required=0)
+        # extents and the tile count are 32-bit values in the compiled function (strides are 64-bit)
+        tiles = -(-args.seqlen_q // 128) * args.heads_q * args.batch
+        if tiles > INT32_MAX:
+            return Status.fail(f"operand q: {tiles:,} tiles of 128 queries exceed the 32-bit limit (2^31-1)",
+                               kind=Reason.SHAPE, operand="q", actual=tiles, required=INT32_MAX)
+        for name in ("q", "k"):
+            t = getattr(args, name)
+            if max(t.shape) > INT32_MAX:
+                return Status.fail(f"operand {name}: an extent of {max(t.shape):,} exceeds the 32-bit limit "
+                                   f"(2^31-1)", kind=Reason.SHAPE, operand=name, actual=max(t.shape),
+                                   required=INT32_MAX)
+        return Status.success()
+
+    def get_workspace_size(self, args: Any) -> int:
+        return 0
+
+    def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
+        """`attention_cost` (what SDPA is ranked by) over this kernel's speed against SDPA."""
+        return attention_cost(args) / SPEED_VS_SDPA[self.head_dim]
+
+    def plan(self, args: AttentionArguments) -> Plan:
+        """`plan` for ``args`` on their device (the targeted machines' SMs without one)."""
+        device = args.device if args.device.type == "cuda" else None
+        return plan(self.head_dim, args.causal, args.seqlen_q, planning_sm_count(device))
+
+    def compile_key(self, args: AttentionArguments, cc: int | None) -> tuple:
+        """One artifact per mask, lse presence and plan: sizes and strides are run-time values."""
+        return (args.causal, args.lse is not None, self.plan(args), cc)
+
+    def _impl(self, causal: bool, has_lse: bool, launch: Plan) -> Any:
+        from .implementations.sm90_attention_impl import Sm90AttentionForward
+
+        return Sm90AttentionForward(self.dtype.to_cutlass(), self.head_dim, causal, has_lse, tile_m=launch.tile_m,
+                                    tile_n=TILE_N, persistent_ctas=launch.persistent_ctas)
+
+    def compile(self, args: AttentionArguments, cc: int | None = None) -> CompiledArtifact:
+        """Compile the arguments' mask, lse presence and plan (no GPU needed with an explicit cc)."""
+        import cutlass
+        from cutlass.cute.runtime import make_fake_stream
+
+        ops = self.metadata.operands
+        tensors = [fake_tensor_like(getattr(ops, name), 4) for name in ("q", "k", "v", "out")]
+        lse = fake_tensor(DataType.f32, 3, 2, 1) if args.lse is not None else None
+        impl = self._impl(args.causal, args.lse is not None, self.plan(args))
+        compiled = self.cute_compile(impl, *tensors, lse, cutlass.Float32(1.0), make_fake_stream())
+        return CompiledArtifact(compiled, self)
+
+    def _run(self, args: AttentionArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
+        if not args.q.numel():
+            return
+        if not args.seqlen_k:  # no key: every row's sum is empty
+            args.out.zero_()
+            if args.lse is not None:
+                args.lse.fill_(float("-inf"))
+            return
+        self.cute_run(artifact.compiled_obj, args.q, args.k, args.v, args.out, args.lse, args.scale,
+                      to_cuda_stream(stream))
+
+    def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
+        """``compiled(q, k, v, out, [lse,] scale, stream)``: without an lse operand, None stands in
+        its place at the head of the tail."""
+        if not args.q.numel() or not args.seqlen_k:
+            return None
+        return Launcher(artifact, (args.scale,) if args.lse is not None else (None, args.scale))

@@ -1,0 +1,177 @@
+"""kernel_api's Hopper attention forward (cutedsl: attention/sm90_attention.py) on an sm_90 GPU:
+against the float64 definition on fresh random data, outputs inside sentinel-filled buffers,
+odd sequence lengths (query and key lengths apart, fewer keys than queries under the causal mask),
+MHA / GQA / MQA, head dims 64 and 128, bf16 and f16, strided views, the row log-sum-exp, every
+plan (128- and 192-row tiles, persistent or a CTA per tile); then
+through `kernel_api.ops.attention` with only the CuTe DSL provider allowed (repeated calls
+replayed on new data), and memcheck. The CPU half is tests/test_sm90_attention.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernel_api
+from kernel_api import ops
+from kernel_api.arguments.attention import AttentionArguments
+from kernel_api.providers.cutedsl.attention.sm90_attention import Sm90Attention
+
+from memcheck import run_memcheck
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                 reason="needs an sm_90 GPU")]
+
+SENTINEL = 1234.5
+TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+def _tensor(batch, seqlen, heads, d, dtype, view):
+    """Fresh (batch, seqlen, heads, d) data: dense, or a view of a fused projection's output whose
+    heads sit between others (strided seqlen and batch dims)."""
+    if view:
+        fused = torch.randn(batch, seqlen, heads + 3, d, device="cuda").to(dtype)
+        return fused[:, :, 2:2 + heads]
+    return torch.randn(batch, seqlen, heads, d, device="cuda").to(dtype)
+
+
+def _out_in_sentinel(q):
+    """(out, buffer): out of q's shape inside a sentinel-filled buffer with two more heads."""
+    b, s, h, d = q.shape
+    buf = torch.full((b, s, h + 2, d), SENTINEL, dtype=q.dtype, device="cuda")
+    return buf[:, :, 1:1 + h], buf
+
+
+def _kernel(args):
+    found = [k for k in Sm90Attention.generate_kernels(None, cc=90) if k.supports(args)]
+    assert len(found) == 1, kernel_api.explain(args)
+    return found[0]
+
+
+def _check(args, buf, what):
+    ref = args.reference_outputs()
+    tol = TOL[args.q.dtype]
+    torch.testing.assert_close(args.out.double(), ref["out"], atol=tol, rtol=tol, msg=lambda m: f"{what}: {m}")
+    assert bool((buf[:, :, 0] == SENTINEL).all()) and bool((buf[:, :, -1] == SENTINEL).all()), \
+        f"{what}: the kernel wrote outside its output"
+    if args.lse is not None:
+        got, want = args.lse.double(), ref["lse"]
+        empty = torch.isinf(want)  # rows that see no key: -inf, or +inf as FlashAttention-2 writes
+        assert bool(torch.isinf(got[empty]).all()), f"{what}: a row without keys has a finite lse"
+        torch.testing.assert_close(got[~empty], want[~empty], atol=1e-3, rtol=1e-4, msg=lambda m: f"{what} lse: {m}")
+
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, strided views, lse)
+CASES = [
+    (2, 1000, 1000, 8, 2, 128, torch.bfloat16, True, False, True),
+    (2, 1000, 1000, 8, 2, 64, torch.float16, True, False, False),
+    (1, 77, 300, 4, 4, 64, torch.float16, True, True, True),       # fewer queries than keys: the last ones
+    (1, 300, 77, 4, 1, 128, torch.bfloat16, True, False, True),    # more queries: the first 223 see no key
+    (3, 1, 129, 8, 2, 64, torch.bfloat16, False, False, False),
+    (2, 129, 129, 6, 3, 64, torch.float16, False, True, True),
+    (2, 513, 1031, 4, 2, 128, torch.float16, False, False, False),
+    (1, 4097, 4097, 2, 1, 128, torch.bfloat16, True, True, True),  # MQA, one ragged last block
+    (4, 17, 5, 2, 2, 128, torch.bfloat16, False, False, True),     # a key block mostly past the keys
+    (2, 256, 256, 4, 2, 64, torch.bfloat16, False, False, True),   # whole tiles only
+    (1, 2000, 2000, 4, 2, 64, torch.bfloat16, True, False, True),  # long causal: 192-row tiles, a CTA each
+]
+
+
+def _name(case):
+    b, lq, lk, hq, hkv, d, dt, causal, view, lse = case
+    return (f"b{b}_q{lq}_k{lk}_h{hq}x{hkv}_d{d}_{str(dt)[6:]}{'_causal' if causal else ''}"
+            f"{'_view' if view else ''}{'_lse' if lse else ''}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_name)
+def test_kernel_run_against_float64(case):
+    torch.manual_seed(0)
+    b, lq, lk, hq, hkv, d, dtype, causal, view, with_lse = case
+    q = _tensor(b, lq, hq, d, dtype, view)
+    k, v = _tensor(b, lk, hkv, d, dtype, view), _tensor(b, lk, hkv, d, dtype, view)
+    out, buf = _out_in_sentinel(q)
+    lse = torch.full((b, hq, lq), SENTINEL, device="cuda") if with_lse else None
+    args = AttentionArguments(q, k, v, out, lse, causal=causal)
+    kernel = _kernel(args)
+    kernel.run(args)
+    _check(args, buf, _name(case))
+    # the same arguments again (the bound launch) on new data written in place
+    for t in (q, k, v):
+        t.copy_(torch.randn_like(t, dtype=torch.float32).to(dtype))
+    kernel.run(args)
+    torch.cuda.synchronize()
+    _check(args, buf, _name(case) + " (again)")
+
+
+def test_scale_is_honoured():
+    torch.manual_seed(2)
+    q = _tensor(1, 200, 4, 64, torch.bfloat16, False)
+    k, v = _tensor(1, 200, 2, 64, torch.bfloat16, False), _tensor(1, 200, 2, 64, torch.bfloat16, False)
+    out, buf = _out_in_sentinel(q)
+    args = AttentionArguments(q, k, v, out, causal=True, scale=0.3)
+    _kernel(args).run(args)
+    _check(args, buf, "scale 0.3")
+
+
+def test_no_keys_gives_zero_rows():
+    q = _tensor(2, 5, 4, 64, torch.bfloat16, False)
+    k = torch.empty(2, 0, 4, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse = torch.full_like(q, SENTINEL), torch.zeros(2, 4, 5, device="cuda")
+    args = AttentionArguments(q, k, k, out, lse)
+    _kernel(args).run(args)
+    assert bool((out == 0).all()) and bool(torch.isinf(lse).all())
+
+
+def test_misaligned_operand_is_declined_by_name():
+    base = torch.randn(2 * 100 * 4 * 64 + 1, device="cuda").to(torch.bfloat16)
+    q = base[1:].view(2, 100, 4, 64)  # a pointer 2 bytes past a 16-byte boundary
+    k = _tensor(2, 100, 4, 64, torch.bfloat16, False)
+    args = AttentionArguments(q, k, k, torch.empty_like(k))
+    verdicts = [k.supports(args) for k in Sm90Attention.generate_kernels(None, cc=90)]
+    assert not any(verdicts)
+    assert any("q" in str(v.error) for v in verdicts)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ops_attention_with_only_this_provider(causal):
+    torch.manual_seed(1)
+    dtype = torch.bfloat16
+    with kernel_api.settings(providers="cutedsl"):
+        for step in range(3):  # the first call chooses and records, the next ones replay it
+            q = _tensor(2, 333, 8, 128, dtype, False)
+            k, v = _tensor(2, 333, 2, 128, dtype, True), _tensor(2, 333, 2, 128, dtype, True)
+            out, buf = _out_in_sentinel(q)
+            got = ops.attention(q, k, v, causal=causal, out=out)
+            assert got is out
+            _check(AttentionArguments(q, k, v, out, causal=causal), buf, f"ops.attention step {step}")
+        fresh = ops.attention(q, k, v, causal=causal)  # allocating
+        want = AttentionArguments(q, k, v, fresh, causal=causal).reference_outputs()["out"]
+        torch.testing.assert_close(fresh.double(), want, atol=TOL[dtype], rtol=TOL[dtype])
+    chosen = [kernel for problem, kernel in ops.chosen_kernels()
+              if isinstance(problem[0], tuple) and problem[0][0] == "attention"]
+    assert chosen and any(isinstance(kernel, Sm90Attention) for kernel in chosen)
+
+
+def test_memcheck():
+    code = r"""
+import torch
+from kernel_api.arguments.attention import AttentionArguments
+from kernel_api.providers.cutedsl.attention.sm90_attention import Sm90Attention
+torch.manual_seed(0)
+n = 0
+for b, lq, lk, hq, hkv, d, causal, lse in ((2, 300, 77, 4, 2, 128, True, True), (1, 77, 300, 4, 1, 64, True, False),
+                                          (3, 129, 513, 6, 3, 64, False, True), (1, 5, 17, 2, 2, 128, False, False)):
+    q = torch.randn(b, lq, hq, d, device="cuda").to(torch.bfloat16)
+    k = torch.randn(b, lk, hkv, d, device="cuda").to(torch.bfloat16)
+    v = torch.randn(b, lk, hkv, d, device="cuda").to(torch.bfloat16)
+    l = torch.empty(b, hq, lq, device="cuda") if lse else None
+    args = AttentionArguments(q, k, v, torch.empty_like(q), l, causal=causal)
+    for kern in Sm90Attention.generate_kernels(None, cc=90):
+        if kern.supports(args):
+            kern.run(args); kern.run(args); n += 1
+torch.cuda.synchronize()
+print("launched", n)
+"""
+    out = run_memcheck(code)
+    assert "launched 4" in out
