@@ -5,8 +5,8 @@ Through kernel_api's attention a prefill is a custom op in the compiled graph
 (``kernel_api::attention``), and a training forward (a gradient wanted) two
 (``kernel_api::attention_forward`` and ``kernel_api::attention_backward``). When every kernel
 the registry offers for the problem (forward, and backward in training) is the torch provider's,
-or when the default policy (`PickAny`) ranks torch's cuDNN kernels first among all offered, the
-policy runs torch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention``, or SDPA,
+or when the default policy (`PickAny`) ranks torch's cuDNN kernels first among all offered, or
+ranks another kernel first by less than `COMPILE_MIN_SPEEDUP`, the policy runs torch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention``, or SDPA,
 which runs the same cuDNN kernel on Hopper for inference; with the log-sum-exp, and cuDNN's
 backward, in training, where the torch provider ranks cuDNN before FlashAttention-2 and the
 materialised formula), and each custom op only adds its Python around that aten call: about 50 us
@@ -15,7 +15,8 @@ op directly. A compiled GPT-2 training step (8 x 1024 tokens) made of those ops 
 So under Dynamo such an attention is the aten op itself, causal where the problem is (cuDNN's
 causal mask is the problem's for equal lengths; SDPA's ``is_causal``, which Inductor lowers for
 cuDNN to a materialised mask, is not used), and in training AOTAutograd differentiates it with
-cuDNN's backward: the same kernels, no custom op. Where another provider's kernel ranks ahead
+cuDNN's backward: the same kernels (or, ahead of them by a few percent, cuDNN's instead of
+kernel_api's own forward), no custom op. Where another provider's kernel ranks clearly ahead
 (a plugin such as FlashAttention-4's, whose backward beats cuDNN's at head dim 64), or another
 policy than `PickAny` is in force while other providers offer kernels, the ops stay, and the
 policy chooses per call. So do they while a `PickBest` that reads tuning records is in force,
@@ -34,6 +35,14 @@ from ..ops import dispatch as _dispatch
 from . import lowering as _lowering
 
 _log = logging.getLogger(__name__)
+
+#: How much faster than torch's cuDNN kernel (by PickAny's estimates) another kernel must be for
+#: a compiled graph to keep kernel_api's ops: an opaque custom op costs host time (126-168 us a
+#: forward, 214-264 us a backward, replayed, on the H200 host: docs/performance.md, "Attention as
+#: torch's cuDNN op under torch.compile") and Inductor's fusions around it. FlashAttention-4's
+#: forward at head dim 128 (ranked 1.08x) and backward at head dim 64 keep the ops, as measured
+#: in the compiled Llama and GPT-2 runs; kernels ranked a few percent ahead of cuDNN do not.
+COMPILE_MIN_SPEEDUP = 1.08
 
 
 class Problem(NamedTuple):
@@ -132,9 +141,9 @@ def cudnn_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, h
     (dense, no dropout): the forward, with the log-sum-exp and the backward too when
     ``training``. So it does when the registry offers only torch's kernels, cuDNN's among them
     (torch's provider ranks cuDNN first); and under `PickAny` (the default), which runs nothing
-    to choose, when cuDNN's kernel is its choice: every other provider's kernel ranks behind it.
-    A kernel of another provider whose rank cannot be told, or another policy (a `PickBest`
-    times the candidates), keeps kernel_api's ops. The problem is stated on fake CUDA tensors:
+    to choose, when cuDNN's kernels are its choice, or its choices (forward and backward
+    together) are less than `COMPILE_MIN_SPEEDUP` faster by its estimates. A kernel of another provider whose rank cannot
+    be told, or another policy (a `PickBest` times the candidates), keeps kernel_api's ops. The problem is stated on fake CUDA tensors:
     nothing is allocated, and no GPU is needed to ask."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -152,7 +161,12 @@ def cudnn_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, h
         if training:
             problems.append(AttentionBackwardArguments(torch.empty_like(q), q, k, v, out, lse, torch.empty_like(q),
                                                        torch.empty_like(k), torch.empty_like(v), causal=causal))
-        return all(_cudnn_chosen(args, get_kernels(args, providers=providers, cc=cc)) for args in problems)
+        offered = [(args, get_kernels(args, providers=providers, cc=cc)) for args in problems]
+        if not all(any(_is_cudnn(k) for k in kernels) for _, kernels in offered):
+            return False
+        if all(k.metadata.provider == "torch" for _, kernels in offered for k in kernels):
+            return True
+        return _pick_any_runs_cudnn(offered)
 
 
 def _is_cudnn(kernel: Any) -> bool:
@@ -165,25 +179,30 @@ def _runs_cudnn(kernel: Any) -> bool:
                                                                                                        "sdpa")
 
 
-def _cudnn_chosen(args: Any, kernels: list) -> bool:
-    """Whether the policy in force chooses torch's cuDNN kernel among ``kernels`` for ``args``."""
-    if not any(_is_cudnn(k) for k in kernels):
-        return False
-    if all(k.metadata.provider == "torch" for k in kernels):
-        return True
+def _pick_any_runs_cudnn(offered: list) -> bool:
+    """Under `PickAny`, whether a compiled graph runs torch's cuDNN kernels for the problems of
+    ``offered`` ((arguments, kernels) for the forward, and the backward in training): PickAny
+    ranks them (or SDPA) first, or its choices together are less than `COMPILE_MIN_SPEEDUP`
+    faster than torch's best cuDNN kernels by its estimates. Another policy keeps the ops."""
     from ..core.arch import planning_sm_count
+    from ..cost.estimate import estimated_cost
     from ..tuning.pick_any import PickAny, rank_candidates
     from ..tuning.scope import current
 
     if type(current().policy) is not PickAny:
         return False
+    # (the SMs of the device the problems name, or the targeted machines' without a GPU)
+    sms = planning_sm_count(offered[0][0].device if torch.cuda.is_available() else None)
+    chosen = cudnn = 0.0
     try:
-        # (the SMs of the device the problem names, or the targeted machines' without a GPU)
-        sms = planning_sm_count(args.device if torch.cuda.is_available() else None)
-        return _runs_cudnn(rank_candidates(kernels, args, sms)[0])
+        for args, kernels in offered:
+            ranked = rank_candidates(kernels, args, sms)
+            chosen += estimated_cost(ranked[0], args, sms)
+            cudnn += estimated_cost(next(k for k in ranked if _runs_cudnn(k)), args, sms)
     except Exception as exc:  # noqa: BLE001 - a kernel whose rank cannot be told: the ops stay
-        _log.debug("attention lowering: candidates of %s not ranked: %s", args, exc)
+        _log.debug("attention lowering: candidates of %s not ranked: %s", offered[0][0], exc)
         return False
+    return cudnn < COMPILE_MIN_SPEEDUP * chosen
 
 
 def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool,

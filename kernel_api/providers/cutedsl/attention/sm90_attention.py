@@ -47,9 +47,12 @@ SHORT_CAUSAL_SEQLEN = 1024
 #: Elements of a 16-byte access: every stride but the head dim's, and every pointer, is a multiple.
 _VECTOR = 8
 INT32_MAX = 2**31 - 1
-#: Forward speed against torch's SDPA default (cuDNN) by head dim, for the ranking (PickAny): H200,
-#: bf16, benchmarks/attention.py (docs/performance.md, "kernel_api's Hopper forward").
-SPEED_VS_SDPA = {64: 1.05, 128: 1.03}
+#: Forward speed against torch's SDPA default (cuDNN) by (head dim, causal), for the ranking
+#: (PickAny): through `kernel_api.ops.attention`, H200, bf16, `benchmarks/attention.py --quick
+#: --cases d64,d128,llama`: b16 h16 s1024 d64 causal 317 against 318 TFLOP/s, full 404 against
+#: 427; b4 h32 s4096 d128 causal 600 against 593 (b4 h32/8 s2048 causal 507 against 521), full 698
+#: against 641. A tie within a percent ranks just behind SDPA, which needs no compile.
+SPEED_VS_SDPA = {(64, True): 0.99, (64, False): 0.94, (128, True): 0.99, (128, False): 1.09}
 
 
 class Plan(NamedTuple):
@@ -124,7 +127,7 @@ class Sm90Attention(CuteDslKernel):
 
     def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
         """`attention_cost` (what SDPA is ranked by) over this kernel's speed against SDPA."""
-        return attention_cost(args) / SPEED_VS_SDPA[self.head_dim]
+        return attention_cost(args) / SPEED_VS_SDPA[self.head_dim, bool(args.causal)]
 
     def plan(self, args: AttentionArguments) -> Plan:
         """`plan` for ``args`` on their device (the targeted machines' SMs without one)."""
