@@ -100,9 +100,11 @@ def test_compile_key_holds_the_mask_and_the_lse_only():
     assert kernel.compile_key(_args(), 90) != kernel.compile_key(_args(lse=True), 90)
 
 
-def test_compiles_for_sm90a_without_a_gpu():
+@pytest.mark.parametrize("kw", [dict(d=64, lse=True), dict(d=64, lq=3000, lk=3000, causal=False)],
+                         ids=["two_consumers_persistent_lse", "three_consumers_persistent"])
+def test_compiles_for_sm90a_without_a_gpu(kw):
     pytest.importorskip("cutlass")
-    args = _args(d=64, lse=True)
+    args = _args(**kw)
     kernel = _ours(args)[0]
     artifact = kernel.compile(args, cc=90)
     assert artifact.compiled_obj is not None and artifact.cc == 90
