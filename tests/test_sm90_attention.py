@@ -66,6 +66,11 @@ def test_declines_with_reasons():
     assert not _ours(varlen)
     lengths = torch.zeros(2, dtype=torch.int32, device="meta")
     assert not _ours(_args(lq=1, lk=64, cache_seqlens=lengths))
+    expanded = _meta((2, 100, 1, 64)).expand(2, 100, 4, 64)
+    q = _meta((2, 100, 4, 64))
+    status = [k.supports(AttentionArguments(q, expanded, expanded, _meta((2, 100, 4, 64))))
+              for k in Sm90Attention.generate_kernels(None, cc=90)]
+    assert not any(status) and "operand k: stride 0 in dim 2 of size 4" in status[1].error
     negative = _args(scale=-0.1)
     status = [k.supports(negative) for k in Sm90Attention.generate_kernels(None, cc=90)]
     assert not any(status) and "scale: -0.1" in status[0].error

@@ -114,8 +114,16 @@ class Sm90Attention(CuteDslKernel):
         if tiles > INT32_MAX:
             return Status.fail(f"operand q: {tiles:,} tiles of 128 queries exceed the 32-bit limit (2^31-1)",
                                kind=Reason.SHAPE, operand="q", actual=tiles, required=INT32_MAX)
-        for name in ("q", "k"):
+        for name in ("q", "k", "v", "out"):
             t = getattr(args, name)
+            # (an expanded operand, such as k repeated over heads by expand, is left to kernels
+            # that read element-wise: TMA addressing of repeated rows is untested here, and the
+            # GEMM's TMA path stages such operands too)
+            broadcast = [m for m in range(4) if t.shape[m] > 1 and t.stride(m) == 0]
+            if broadcast:
+                return Status.fail(f"operand {name}: stride 0 in dim {broadcast[0]} of size "
+                                   f"{t.shape[broadcast[0]]} (an expanded tensor), which this kernel's TMA loads "
+                                   f"do not take", kind=Reason.LAYOUT, operand=name)
             if max(t.shape) > INT32_MAX:
                 return Status.fail(f"operand {name}: an extent of {max(t.shape):,} exceeds the 32-bit limit "
                                    f"(2^31-1)", kind=Reason.SHAPE, operand=name, actual=max(t.shape),
