@@ -57,7 +57,7 @@ def _ranked_kernel(cost):
                            estimated_cost=lambda args, sm_count: cost)
 
 
-@pytest.mark.parametrize("speedup, lowers", [(0.5, True), (1.05, True), (1.08, False), (2.0, False)])
+@pytest.mark.parametrize("speedup, lowers", [(0.5, True), (1.05, True), (1.07, True), (1.09, False), (2.0, False)])
 def test_pick_any_lowers_where_cudnn_ranks_first_or_close(monkeypatch, speedup, lowers):
     """Under PickAny another provider's kernel that ranks behind torch's cuDNN kernel, or ahead by
     less than COMPILE_MIN_SPEEDUP, leaves the lowering as it is (cuDNN runs); one ranked further
@@ -81,6 +81,38 @@ def test_pick_any_lowers_where_cudnn_ranks_first_or_close(monkeypatch, speedup, 
 
     with kernel_api.settings(policy=Timed()):
         assert not cudnn_serves(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 90)
+
+
+def test_the_shipped_hopper_forward_keeps_the_ops_only_where_it_ranks_clearly_ahead():
+    """kernel_api's own forward (Sm90Attention) ranks 1.09x SDPA for full attention at head dim
+    128: inference keeps the ops there; training, where cuDNN's backward serves either way, and
+    causal or head dim 64 problems, where it ranks within a few percent, lower."""
+    assert not cudnn_serves(_BF16, 4, 4096, 4096, 32, 32, 128, False, False, 90)
+    assert cudnn_serves(_BF16, 4, 4096, 4096, 32, 32, 128, False, True, 90)
+    assert cudnn_serves(_BF16, 4, 4096, 4096, 32, 32, 128, True, False, 90)
+    assert cudnn_serves(_BF16, 16, 1024, 1024, 16, 16, 64, False, False, 90)
+
+
+def test_the_answers_are_kept_per_policy(monkeypatch):
+    """A problem answered under PickAny answers again under another policy (which keeps the ops
+    wherever another provider offers a kernel), through the rule's cache."""
+    from kernel_api.nn import attention_lowering
+    from kernel_api.ops import clear_dispatch_cache
+    from kernel_api.tuning.pick_any import PickAny
+
+    class Timed(PickAny):
+        pass
+
+    import kernel_api.core.arch as arch
+    monkeypatch.setattr(arch, "device_cc", lambda index=None: 90)
+    clear_dispatch_cache()
+    sizes = (_BF16, 16, 1024, 1024, 16, 16, 64, True, False, 0)
+    assert attention_lowering.lowers_to_cudnn(*sizes)
+    with kernel_api.settings(policy=Timed()):
+        assert not attention_lowering.lowers_to_cudnn(*sizes)
+    assert attention_lowering.lowers_to_cudnn(*sizes)
+    assert sorted(p.pick_any for p in attention_lowering.decisions()) == [False, True]
+    clear_dispatch_cache()
 
 
 def test_only_cuda_half_precision_lowers():
@@ -180,7 +212,7 @@ def test_decisions_record_each_problem_once(monkeypatch):
     from kernel_api.ops import clear_dispatch_cache
     monkeypatch.setattr(attention_lowering, "_decide", decide)
     clear_dispatch_cache()
-    problem = (_BF16, 2, 16, 16, 4, 4, 64, True, True, 0, 90, None)
+    problem = (_BF16, 2, 16, 16, 4, 4, 64, True, True, 0, 90, None, True)
     assert attention_lowering._lowers(*problem) and attention_lowering._lowers(*problem)
     assert asked == [problem] and attention_lowering.decisions() == {problem: True}
     clear_dispatch_cache()  # (with the ops' choices: a provider added since answers again)
@@ -194,8 +226,8 @@ def test_gqa_lowers_only_where_cudnn_reads_it_in_place(monkeypatch, reads_gqa):
     from kernel_api.nn import attention_lowering
     from kernel_api.providers.torch_ops import attention as torch_attention
     monkeypatch.setattr(torch_attention, "cudnn_reads_gqa", lambda device: reads_gqa)
-    assert attention_lowering._decide(_BF16, 4, 256, 256, 32, 8, 128, True, True, 0, 90, None) is reads_gqa
-    assert attention_lowering._decide(_BF16, 4, 256, 256, 32, 32, 128, True, True, 0, 90, None)  # not GQA
+    assert attention_lowering._decide(_BF16, 4, 256, 256, 32, 8, 128, True, True, 0, 90, None, True) is reads_gqa
+    assert attention_lowering._decide(_BF16, 4, 256, 256, 32, 32, 128, True, True, 0, 90, None, True)  # not GQA
 
 
 def test_dynamic_sizes_keep_kernel_api_s_op(stubbed_rule):
@@ -226,8 +258,8 @@ def test_lowered_lists_the_problems_answered_yes(monkeypatch):
     from kernel_api.ops import clear_dispatch_cache
     monkeypatch.setattr(attention_lowering, "_decide", lambda *problem: problem[1] == 8)
     clear_dispatch_cache()
-    attention_lowering._lowers(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 0, 90, None)
-    attention_lowering._lowers(_BF16, 2, 100, 300, 4, 4, 64, False, False, 0, 90, None)
+    attention_lowering._lowers(_BF16, 8, 1024, 1024, 12, 12, 64, True, True, 0, 90, None, True)
+    attention_lowering._lowers(_BF16, 2, 100, 300, 4, 4, 64, False, False, 0, 90, None, True)
     assert attention_lowering.lowered() == ["training b8 s1024/1024 h12/12 d64 causal"]
     clear_dispatch_cache()
 

@@ -600,3 +600,17 @@ def test_patched_llama_training_step_runs_one_attention_forward_per_layer(cpu_la
         assert calls == [("TorchAttention", "math", True)] * layers + [("TorchAttentionBackward", "math", True)] * layers
     finally:
         unpatch(model)
+
+
+def test_an_expanded_output_is_refused_and_expanded_inputs_are_keyed():
+    """An output with a stride 0 (from expand) would be written by racing threads: refused by
+    name. Expanded inputs are taken, and their arguments keyed apart from dense ones (a kernel
+    may decline them: its choice must not be reused for the other)."""
+    q = torch.randn(2, 5, 4, 16)
+    shared = torch.empty(2, 5, 1, 16).expand(2, 5, 4, 16)
+    with pytest.raises(ValueError, match=r"operand out: elements overlap .*a zero stride"):
+        AttentionArguments(q, q, q, shared).check_memory()
+    k = torch.randn(2, 5, 1, 16).expand(2, 5, 4, 16)
+    dense, wide = AttentionArguments(q, q, q, torch.empty_like(q)), AttentionArguments(q, k, k, torch.empty_like(q))
+    dense.check_memory() or wide.check_memory()
+    assert dense.problem_key() != wide.problem_key()

@@ -51,7 +51,8 @@ CASES = [
 
 def _placement(args) -> tuple:
     """What of a Python-path call's arguments the call key holds besides their metadata: the
-    operation and each input's address modulo 1024 (outputs the call made are not in it)."""
+    operation and each input's address modulo 1024 (outputs are left out: a made one is not in
+    the key, and a given one is the same tensor in every round)."""
     inputs = [n for n in args.tensor_attributes if n not in args.output_names]
     return (type(args).__name__, tuple(getattr(args, n).data_ptr() & 1023 for n in inputs))
 

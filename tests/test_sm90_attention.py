@@ -71,9 +71,9 @@ def test_declines_with_reasons():
     status = [k.supports(AttentionArguments(q, expanded, expanded, _meta((2, 100, 4, 64))))
               for k in Sm90Attention.generate_kernels(None, cc=90)]
     assert not any(status) and "operand k: stride 0 in dim 2 of size 4" in status[1].error
-    negative = _args(scale=-0.1)
-    status = [k.supports(negative) for k in Sm90Attention.generate_kernels(None, cc=90)]
-    assert not any(status) and "scale: -0.1" in status[0].error
+    for scale in (-0.1, 0.0):
+        status = [k.supports(_args(scale=scale)) for k in Sm90Attention.generate_kernels(None, cc=90)]
+        assert not any(status) and f"scale: {scale}, the kernel takes positive scales" in status[0].error
     big = _args(batch=1 << 16, lq=1 << 12, lk=1, hq=1 << 11, hkv=1 << 11, d=64)
     kernel = Sm90Attention.generate_kernels(lambda m: m.kernel_name == "Sm90Attention_bf16_d64", cc=90)[0]
     status = kernel.supports(big)

@@ -208,6 +208,14 @@ def lse_attributes(lse: Any, q: torch.Tensor, varlen: bool) -> TensorAttributes:
     return _attributes(DataType.f32, (0,) * (len(shape) - 1) + (1,), div)
 
 
+def expanded(**operands: torch.Tensor) -> tuple[str, ...]:
+    """The names of the operands with a stride 0 in a dim wider than 1 (an expanded tensor, such
+    as k repeated over heads by ``expand``): part of the signature, since a kernel may take
+    such an operand or not (the stride pattern says only which stride is 1)."""
+    return tuple(name for name, t in operands.items()
+                 if 0 in t.stride() and any(n > 1 and st == 0 for n, st in zip(t.shape, t.stride())))
+
+
 class AttentionProblem:
     """What q, k, v and the scalars of attention say, checked once (shared by the forward's and
     the backward's arguments): sizes, the scale, and the attributes of q, k and v.
@@ -351,7 +359,20 @@ class AttentionArguments(Arguments):
             self.tensor_attributes["cache_seqlens"] = ca
         self.signature = ("attention", p.q._key, p.k._key, p.v._key, oa._key, lse is not None, self.head_dim,
                           self.heads_q // self.heads_kv, self.causal, self.varlen, None if ca is None else ca._key,
-                          self.device_index)
+                          self.device_index, expanded(q=q, k=k, v=v))
+
+    def check_memory(self) -> None:
+        """Refuse an output whose elements repeat (a stride 0, as from ``expand``): kernels would
+        race writing them. An output that is an input's memory is taken (the torch provider's
+        kernels write through a copy; the replay from C declines it).
+
+        Raises:
+            ValueError: naming the operand.
+        """
+        if expanded(out=self.out):
+            raise ValueError(f"operand out: elements overlap (shape {tuple(self.out.shape)}, strides "
+                             f"{tuple(self.out.stride())}: a zero stride, as from expand); pass an output whose "
+                             f"elements are distinct (e.g. torch.empty_like(q))")
 
     def problem_key(self) -> tuple:
         """The signature with the sizes a choice depends on: batch, sequence lengths (the

@@ -6,8 +6,9 @@ Through kernel_api's attention a prefill is a custom op in the compiled graph
 (``kernel_api::attention_forward`` and ``kernel_api::attention_backward``). When every kernel
 the registry offers for the problem (forward, and backward in training) is the torch provider's,
 or when the default policy (`PickAny`) ranks torch's cuDNN kernels first among all offered, or
-ranks another kernel first by less than `COMPILE_MIN_SPEEDUP`, the policy runs torch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention``, or SDPA,
-which runs the same cuDNN kernel on Hopper for inference; with the log-sum-exp, and cuDNN's
+ranks another kernel first by less than `COMPILE_MIN_SPEEDUP`, the policy runs torch's cuDNN
+attention (``aten._scaled_dot_product_cudnn_attention``, or SDPA, which runs the same cuDNN
+kernel on Hopper for inference; with the log-sum-exp, and cuDNN's
 backward, in training, where the torch provider ranks cuDNN before FlashAttention-2 and the
 materialised formula), and each custom op only adds its Python around that aten call: about 50 us
 for the forward and 150 us for the backward a call on the H200 host, where Inductor calls an aten
@@ -61,6 +62,7 @@ class Problem(NamedTuple):
     device_index: int
     cc: int
     providers: Any
+    pick_any: bool
 
 
 @tracing.assume_constant_result
@@ -78,7 +80,7 @@ def lowers_to_cudnn(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int
         if _lowering._records_policy() is not None:
             return False  # (a PickBest reading tuning records chooses per call among the measured kernels)
         return _lowers(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, training,
-                       device_index, device_cc(device_index), _providers())
+                       device_index, device_cc(device_index), _providers(), _pick_any())
     except Exception as exc:  # noqa: BLE001 - the ops stay, which serve any problem
         _log.debug("attention lowering not decided for %s: %s", (batch, seqlen_q, seqlen_k, heads_q, heads_kv,
                                                                  head_dim), exc)
@@ -89,6 +91,14 @@ def _providers() -> Any:
     from ..tuning.scope import current
 
     return current().providers
+
+
+def _pick_any() -> bool:
+    """Whether the policy in force is `PickAny` itself (which runs nothing to choose)."""
+    from ..tuning.pick_any import PickAny
+    from ..tuning.scope import current
+
+    return type(current().policy) is PickAny
 
 
 #: The answers given so far (`decisions`), by problem: Dynamo asks once per trace of a layer.
@@ -123,9 +133,10 @@ def _lowers(*values: Any) -> bool:
 
 
 def _decide(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
-            head_dim: int, causal: bool, training: bool, device_index: int, cc: int, providers: Any) -> bool:
+            head_dim: int, causal: bool, training: bool, device_index: int, cc: int, providers: Any,
+            pick_any: bool) -> bool:
     if not cudnn_serves(dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, training, cc,
-                              providers=providers, device=f"cuda:{device_index}"):
+                        providers=providers, device=f"cuda:{device_index}", pick_any=pick_any):
         return False
     if heads_q != heads_kv:
         from ..providers.torch_ops.attention import cudnn_reads_gqa
@@ -136,15 +147,17 @@ def _decide(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_
 
 def cudnn_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
                  head_dim: int, causal: bool, training: bool, cc: int, providers: Any = None,
-                 device: str = "cuda") -> bool:
+                 device: str = "cuda", pick_any: bool | None = None) -> bool:
     """Whether the policy in force runs torch's cuDNN attention for an attention of these sizes
     (dense, no dropout): the forward, with the log-sum-exp and the backward too when
     ``training``. So it does when the registry offers only torch's kernels, cuDNN's among them
     (torch's provider ranks cuDNN first); and under `PickAny` (the default), which runs nothing
     to choose, when cuDNN's kernels are its choice, or its choices (forward and backward
-    together) are less than `COMPILE_MIN_SPEEDUP` faster by its estimates. A kernel of another provider whose rank cannot
-    be told, or another policy (a `PickBest` times the candidates), keeps kernel_api's ops. The problem is stated on fake CUDA tensors:
-    nothing is allocated, and no GPU is needed to ask."""
+    together) are less than `COMPILE_MIN_SPEEDUP` faster by its estimates. A kernel of another
+    provider whose rank cannot be told, or another policy (a `PickBest` times the candidates),
+    keeps kernel_api's ops. ``pick_any``: whether PickAny is the policy (None: whether it is in
+    force now). The problem is stated on fake CUDA tensors: nothing is allocated, and no GPU is
+    needed to ask."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..arguments.attention import AttentionArguments, lse_shape
@@ -166,7 +179,7 @@ def cudnn_serves(dtype: torch.dtype, batch: int, seqlen_q: int, seqlen_k: int, h
             return False
         if all(k.metadata.provider == "torch" for _, kernels in offered for k in kernels):
             return True
-        return _pick_any_runs_cudnn(offered)
+        return (_pick_any() if pick_any is None else pick_any) and _pick_any_runs_cudnn(offered)
 
 
 def _is_cudnn(kernel: Any) -> bool:
@@ -180,17 +193,14 @@ def _runs_cudnn(kernel: Any) -> bool:
 
 
 def _pick_any_runs_cudnn(offered: list) -> bool:
-    """Under `PickAny`, whether a compiled graph runs torch's cuDNN kernels for the problems of
-    ``offered`` ((arguments, kernels) for the forward, and the backward in training): PickAny
-    ranks them (or SDPA) first, or its choices together are less than `COMPILE_MIN_SPEEDUP`
-    faster than torch's best cuDNN kernels by its estimates. Another policy keeps the ops."""
+    """Whether `PickAny` runs torch's cuDNN kernels for the problems of ``offered`` ((arguments,
+    kernels) for the forward, and the backward in training) in a compiled graph: it ranks them
+    (or SDPA) first, or its choices together are less than `COMPILE_MIN_SPEEDUP` faster than
+    torch's best cuDNN kernels by its estimates."""
     from ..core.arch import planning_sm_count
     from ..cost.estimate import estimated_cost
-    from ..tuning.pick_any import PickAny, rank_candidates
-    from ..tuning.scope import current
+    from ..tuning.pick_any import rank_candidates
 
-    if type(current().policy) is not PickAny:
-        return False
     # (the SMs of the device the problems name, or the targeted machines' without a GPU)
     sms = planning_sm_count(offered[0][0].device if torch.cuda.is_available() else None)
     chosen = cudnn = 0.0

@@ -5,8 +5,9 @@ implementations/sm90_attention_impl.py).
 ``(batch, seqlen, heads, head_dim)``: head dims 64 and 128, bf16 and f16, causal (bottom-right
 aligned, as FlashAttention's) or full, MHA / GQA / MQA, any sequence lengths (the query and key
 lengths may differ), any strides whose head dim is contiguous and whose other strides and
-pointers are 16-byte multiples, and the row log-sum-exp when it is asked for. One instance per
-dtype and head dim, named ``Sm90Attention_<dtype>_d<head_dim>``.
+pointers are 16-byte multiples (expanded operands, with a stride 0, are declined), positive
+scales, and the row log-sum-exp when it is asked for. One instance per dtype and head dim, named
+``Sm90Attention_<dtype>_d<head_dim>``.
 
 A CTA is a producer warpgroup that loads the Q tile once and streams K and V tiles through
 rings of shared-memory stages with TMA, and two or three consumer warpgroups that each own 64
@@ -27,6 +28,7 @@ from ....core.arch import planning_sm_count
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
 from ....core.status import Reason, Status
+from ....core.streams import stream_context
 from ....core.tensor_attributes import TensorAttributes
 from ....cost.attention import attention_cost
 from ....launcher import Launcher
@@ -51,7 +53,10 @@ INT32_MAX = 2**31 - 1
 #: (PickAny): through `kernel_api.ops.attention`, H200, bf16, `benchmarks/attention.py --quick
 #: --cases d64,d128,llama`: b16 h16 s1024 d64 causal 317 against 318 TFLOP/s, full 404 against
 #: 427; b4 h32 s4096 d128 causal 600 against 593 (b4 h32/8 s2048 causal 507 against 521), full 698
-#: against 641. A tie within a percent ranks just behind SDPA, which needs no compile.
+#: against 641. Causal d128 takes 0.99 between its MHA (1.01) and GQA (0.97) shapes; a tie within
+#: a percent ranks just behind SDPA, which needs no compile. A training forward (with the lse)
+#: competes with torch's cuDNN forward instead, which ranks at 0.95 and measured 0.83x SDPA at
+#: d64 causal and 0.96x at d128 causal through its bound launch (docs/performance.md).
 SPEED_VS_SDPA = {(64, True): 0.99, (64, False): 0.94, (128, True): 0.99, (128, False): 1.09}
 
 
@@ -66,7 +71,8 @@ class Plan(NamedTuple):
 def plan(head_dim: int, causal: bool, seqlen_q: int, sm_count: int) -> Plan:
     """The tile and launch for a problem (`SHORT_CAUSAL_SEQLEN`'s measurements): full attention and
     short causal problems run persistent, one CTA per SM; head dim 64 takes 192-row tiles but for
-    short causal problems."""
+    short causal problems. (Full attention measured +10 % persistent at s1024-4096, and -2 % at
+    d64 s8192: 537 against 550 TFLOP/s, too little for a rule of its own.)"""
     short_causal = causal and seqlen_q <= SHORT_CAUSAL_SEQLEN
     tile_m = 192 if head_dim == 64 and not short_causal else 128
     return Plan(tile_m, sm_count if (not causal or short_causal) else 0)
@@ -106,8 +112,8 @@ class Sm90Attention(CuteDslKernel):
     def _supports(self, args: AttentionArguments) -> Status:
         if args.device.type == "cpu":  # (meta tensors plan and compile like CUDA ones)
             return Status.fail("operand q: on the CPU; the kernel runs on CUDA tensors", operand="q")
-        if not args.scale >= 0:  # (the row max is taken on the unscaled scores)
-            return Status.fail(f"scale: {args.scale}, the kernel takes scales of 0 and more", kind=Reason.OTHER,
+        if not args.scale > 0:  # (the row max is taken on the unscaled scores; 0 would make -inf * 0)
+            return Status.fail(f"scale: {args.scale}, the kernel takes positive scales", kind=Reason.OTHER,
                                operand="scale", actual=args.scale, required=0)
         # extents and the tile count are 32-bit values in the compiled function (strides are 64-bit)
         tiles = -(-args.seqlen_q // 128) * args.heads_q * args.batch
@@ -168,9 +174,10 @@ class Sm90Attention(CuteDslKernel):
         if not args.q.numel():
             return
         if not args.seqlen_k:  # no key: every row's sum is empty
-            args.out.zero_()
-            if args.lse is not None:
-                args.lse.fill_(float("-inf"))
+            with stream_context(args.device, stream):
+                args.out.zero_()
+                if args.lse is not None:
+                    args.lse.fill_(float("-inf"))
             return
         self.cute_run(artifact.compiled_obj, args.q, args.k, args.v, args.out, args.lse, args.scale,
                       to_cuda_stream(stream))
