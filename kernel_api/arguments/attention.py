@@ -359,7 +359,7 @@ class AttentionArguments(Arguments):
             self.tensor_attributes["cache_seqlens"] = ca
         self.signature = ("attention", p.q._key, p.k._key, p.v._key, oa._key, lse is not None, self.head_dim,
                           self.heads_q // self.heads_kv, self.causal, self.varlen, None if ca is None else ca._key,
-                          self.device_index, expanded(q=q, k=k, v=v))
+                          expanded(q=q, k=k, v=v), self.device_index)  # (the device last, as every signature)
 
     def check_memory(self) -> None:
         """Refuse an output whose elements repeat (a stride 0, as from ``expand``): kernels would
