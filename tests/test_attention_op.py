@@ -614,3 +614,10 @@ def test_an_expanded_output_is_refused_and_expanded_inputs_are_keyed():
     dense, wide = AttentionArguments(q, q, q, torch.empty_like(q)), AttentionArguments(q, k, k, torch.empty_like(q))
     dense.check_memory() or wide.check_memory()
     assert dense.problem_key() != wide.problem_key()
+
+
+def test_the_signature_ends_with_the_device_index():
+    """The compile worker moves arguments to its device by rewriting the signature's last field."""
+    q = torch.randn(2, 5, 4, 16)
+    args = AttentionArguments(q, q, q, torch.empty_like(q))
+    assert args.signature[-1] == args.device_index == -1
