@@ -18,13 +18,11 @@ from kernel_api.arguments.attention import AttentionArguments
 from kernel_api.providers.cutedsl.attention.sm90_attention import Sm90Attention
 
 from memcheck import run_memcheck
+from test_attention_decode_gpu import SENTINEL, TOL, _out_in_sentinel
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                  reason="needs an sm_90 GPU")]
-
-SENTINEL = 1234.5
-TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
 
 
 def _tensor(batch, seqlen, heads, d, dtype, view):
@@ -34,13 +32,6 @@ def _tensor(batch, seqlen, heads, d, dtype, view):
         fused = torch.randn(batch, seqlen, heads + 3, d, device="cuda").to(dtype)
         return fused[:, :, 2:2 + heads]
     return torch.randn(batch, seqlen, heads, d, device="cuda").to(dtype)
-
-
-def _out_in_sentinel(q):
-    """(out, buffer): out of q's shape inside a sentinel-filled buffer with two more heads."""
-    b, s, h, d = q.shape
-    buf = torch.full((b, s, h + 2, d), SENTINEL, dtype=q.dtype, device="cuda")
-    return buf[:, :, 1:1 + h], buf
 
 
 def _kernel(args):
