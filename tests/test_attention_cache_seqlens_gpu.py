@@ -21,8 +21,8 @@ from kernel_api.providers.cuda_src.kernels.attention_decode import SPLITS, CudaA
 from kernel_api.providers.torch_ops.attention import TorchAttention
 
 from memcheck import run_memcheck
-from test_attention_decode_gpu import SENTINEL, TOL, _check, _out_in_sentinel
-from test_attention_decode_gpu import _kernel as _decode_kernel
+from attention_buffers import TOL, check_out, out_in_sentinel
+from test_attention_decode_gpu import decode_kernel
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
@@ -92,11 +92,11 @@ def test_decode_kernel_against_float64(case):
     q = torch.randn(batch, lq, hq, d, device="cuda").to(dtype)
     k, v = _cache(batch, cap, hkv, d, dtype, view)
     n = _lengths(lengths)
-    out, buf = _out_in_sentinel(q)
+    out, buf = out_in_sentinel(q)
     args = AttentionArguments(q, k, v, out, causal=causal, cache_seqlens=n)
-    kernel = _decode_kernel(args)
+    kernel = decode_kernel(args)
     kernel.run(args)
-    _check(out, buf, _reference(q, k, v, lengths, causal, args.scale), dtype, _name(case))
+    check_out(out, buf, _reference(q, k, v, lengths, causal, args.scale), dtype, _name(case))
     # the same arguments, other lengths written in place and fresh data: nothing recompiled
     grown = [min(cap, x + 3) for x in lengths]
     n.copy_(_lengths(grown))
@@ -104,7 +104,7 @@ def test_decode_kernel_against_float64(case):
         t.copy_(torch.randn_like(t, dtype=torch.float32).to(dtype))
     kernel.run(args)
     torch.cuda.synchronize()
-    _check(out, buf, _reference(q, k, v, grown, causal, args.scale), dtype, _name(case) + " (grown)")
+    check_out(out, buf, _reference(q, k, v, grown, causal, args.scale), dtype, _name(case) + " (grown)")
 
 
 @pytest.mark.parametrize("splits", SPLITS)
@@ -113,22 +113,22 @@ def test_every_split_count_splits_each_row_alone(splits):
     dtype, lengths = torch.bfloat16, [1000, 1, 65, 0, 700]
     q = torch.randn(5, 3, 8, 128, device="cuda").to(dtype)
     k, v = _cache(5, 1000, 2, 128, dtype, True)
-    out, buf = _out_in_sentinel(q)
+    out, buf = out_in_sentinel(q)
     args = AttentionArguments(q, k, v, out, causal=True, scale=0.3, cache_seqlens=_lengths(lengths))
-    kernel = _decode_kernel(args, splits)
+    kernel = decode_kernel(args, splits)
     kernel.run(args)
     assert kernel.compile(args).extra.cl == splits
-    _check(out, buf, _reference(q, k, v, lengths, True, 0.3), dtype, f"splits={splits}")
+    check_out(out, buf, _reference(q, k, v, lengths, True, 0.3), dtype, f"splits={splits}")
 
 
 def test_lengths_past_the_cache_are_clamped():
     torch.manual_seed(5)
     q = torch.randn(3, 1, 8, 64, device="cuda").to(torch.float16)
     k, v = _cache(3, 130, 2, 64, torch.float16, False)
-    out, buf = _out_in_sentinel(q)
+    out, buf = out_in_sentinel(q)
     args = AttentionArguments(q, k, v, out, cache_seqlens=_lengths([500, -4, 130]))
-    _decode_kernel(args).run(args)
-    _check(out, buf, _reference(q, k, v, [130, 0, 130], False, args.scale), torch.float16, "clamped")
+    decode_kernel(args).run(args)
+    check_out(out, buf, _reference(q, k, v, [130, 0, 130], False, args.scale), torch.float16, "clamped")
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "math"])
@@ -138,13 +138,13 @@ def test_torch_provider_against_float64(backend, causal):
     dtype, lengths = torch.bfloat16, [1, 37, 0, 200, 129]
     q = torch.randn(5, 4, 16, 64, device="cuda").to(dtype)
     k, v = _cache(5, 200, 4, 64, dtype, True)
-    out, buf = _out_in_sentinel(q)
+    out, buf = out_in_sentinel(q)
     args = AttentionArguments(q, k, v, out, causal=causal, cache_seqlens=_lengths(lengths))
     name = "TorchAttention_bf16_dense" + ("" if backend == "sdpa" else "_math")
     kernel = next(k for k in TorchAttention.generate_kernels(lambda m: m.kernel_name == name))
     assert kernel.supports(args), kernel_api.explain(args)
     kernel.run(args)
-    _check(out, buf, _reference(q, k, v, lengths, causal, args.scale), dtype, name)
+    check_out(out, buf, _reference(q, k, v, lengths, causal, args.scale), dtype, name)
 
 
 @pytest.mark.parametrize("providers", ["cuda_src", None])
@@ -158,9 +158,9 @@ def test_a_growing_cache_through_ops_attention(providers):
     with kernel_api.settings(providers=providers):
         for step in range(4):
             q = torch.randn(4, 1, 32, 128, device="cuda").to(dtype)
-            out, buf = _out_in_sentinel(q)
+            out, buf = out_in_sentinel(q)
             assert ops.attention(q, k, v, causal=True, cache_seqlens=n, out=out) is out
-            _check(out, buf, _reference(q, k, v, lengths, True, 128 ** -0.5), dtype, f"step {step}")
+            check_out(out, buf, _reference(q, k, v, lengths, True, 128 ** -0.5), dtype, f"step {step}")
             fresh = ops.attention(q, k, v, causal=True, cache_seqlens=n)
             torch.testing.assert_close(fresh.double(), _reference(q, k, v, lengths, True, 128 ** -0.5),
                                        atol=TOL[dtype], rtol=TOL[dtype])
@@ -250,7 +250,7 @@ def test_a_cuda_graph_replays_a_growing_cache():
     q = torch.randn(3, 4, 8, 64, device="cuda").to(dtype)
     lengths = [5, 300, 640]  # (the last step's 691 keys stay inside the 700-token cache)
     n = _lengths(lengths)
-    out, buf = _out_in_sentinel(q)
+    out, buf = out_in_sentinel(q)
     with kernel_api.settings(providers="cuda_src"):
         ops.attention(q, k, v, causal=True, cache_seqlens=n, out=out)  # (chooses and compiles outside the capture)
         torch.cuda.synchronize()
@@ -263,7 +263,7 @@ def test_a_cuda_graph_replays_a_growing_cache():
         n += 17
         graph.replay()
         torch.cuda.synchronize()
-        _check(out, buf, _reference(q, k, v, lengths, True, 64 ** -0.5), dtype, f"graph replay {step}")
+        check_out(out, buf, _reference(q, k, v, lengths, True, 64 ** -0.5), dtype, f"graph replay {step}")
 
 
 def test_memcheck():

@@ -18,14 +18,13 @@ from kernel_api.arguments.attention import AttentionArguments
 from kernel_api.providers.cuda_src.kernels.attention_decode import (D64_LONG, D64_MANY_WAVES, D64_SHORT_ONE_WAVE,
                                                                     DEFAULT_TILING, SPLITS, CudaAttentionDecode)
 
+from attention_buffers import SENTINEL, TOL, check_out, out_in_sentinel
 from memcheck import run_memcheck
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                                  reason="needs a CUDA device of sm_90 or later")]
 
-SENTINEL = 1234.5
-TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
 
 
 def _reference(q, k, v, causal, scale):
@@ -63,21 +62,7 @@ def _queries(batch, lq, heads_q, d, dtype, view):
     return torch.randn(batch, lq, heads_q, d, device="cuda").to(dtype)
 
 
-def _out_in_sentinel(q):
-    """(out, buffer): out of q's shape inside a sentinel-filled buffer with two more heads."""
-    b, lq, h, d = q.shape
-    buf = torch.full((b, lq, h + 2, d), SENTINEL, dtype=q.dtype, device="cuda")
-    return buf[:, :, 1:1 + h], buf
-
-
-def _check(out, buf, ref, dtype, what):
-    tol = TOL[dtype]
-    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol, msg=lambda m: f"{what}: {m}")
-    assert bool((buf[:, :, 0] == SENTINEL).all()) and bool((buf[:, :, -1] == SENTINEL).all()), \
-        f"{what}: a kernel wrote outside its output"
-
-
-def _kernel(args, splits=None):
+def decode_kernel(args, splits=None):
     found = [k for k in CudaAttentionDecode.generate_kernels(None, cc=90) if k.supports(args)]
     assert len(found) == 1, kernel_api.explain(args)
     found[0].splits = splits
@@ -110,17 +95,17 @@ def test_kernel_run_against_float64(case):
     b, lq, sk, hq, hkv, d, dtype, causal, view = case
     q = _queries(b, lq, hq, d, dtype, view)
     k, v = _kv_cache(b, sk, hkv, d, dtype, view)
-    out, buf = _out_in_sentinel(q)
+    out, buf = out_in_sentinel(q)
     args = AttentionArguments(q, k, v, out, causal=causal)
-    kernel = _kernel(args)
+    kernel = decode_kernel(args)
     kernel.run(args)
-    _check(out, buf, _reference(q, k, v, causal, args.scale), dtype, _name(case))
+    check_out(out, buf, _reference(q, k, v, causal, args.scale), dtype, _name(case))
     # the same arguments again (the bound, recorded launch) on new data written in place
     for t in (q, k, v):
         t.copy_(torch.randn_like(t, dtype=torch.float32).to(dtype))
     kernel.run(args)
     torch.cuda.synchronize()
-    _check(out, buf, _reference(q, k, v, causal, args.scale), dtype, _name(case) + " (again)")
+    check_out(out, buf, _reference(q, k, v, causal, args.scale), dtype, _name(case) + " (again)")
 
 
 @pytest.mark.parametrize("splits", SPLITS)
@@ -129,12 +114,12 @@ def test_every_split_count(splits, d, dtype):
     torch.manual_seed(splits)
     q = _queries(2, 3, 8, d, dtype, True)
     k, v = _kv_cache(2, 1000, 2, d, dtype, True)
-    out, buf = _out_in_sentinel(q)
+    out, buf = out_in_sentinel(q)
     args = AttentionArguments(q, k, v, out, causal=True, scale=0.3)
-    kernel = _kernel(args, splits)
+    kernel = decode_kernel(args, splits)
     kernel.run(args)
     assert kernel.compile(args).extra.cl == splits
-    _check(out, buf, _reference(q, k, v, True, 0.3), dtype, f"splits={splits}")
+    check_out(out, buf, _reference(q, k, v, True, 0.3), dtype, f"splits={splits}")
 
 
 TILINGS = {"default": DEFAULT_TILING, "d64_short_one_wave": D64_SHORT_ONE_WAVE, "d64_long": D64_LONG,
@@ -148,13 +133,13 @@ def test_every_tiling(tiling, splits, sk):
     torch.manual_seed(sk + splits)
     q = _queries(2, 3, 8, 64, torch.bfloat16, True)
     k, v = _kv_cache(2, sk, 2, 64, torch.bfloat16, True)
-    out, buf = _out_in_sentinel(q)
+    out, buf = out_in_sentinel(q)
     args = AttentionArguments(q, k, v, out, causal=True, scale=0.3)
-    kernel = _kernel(args, splits)
+    kernel = decode_kernel(args, splits)
     kernel.tiling = tiling
     kernel.run(args)
     assert kernel.compile(args).extra.tiling == tiling
-    _check(out, buf, _reference(q, k, v, True, 0.3), torch.bfloat16, f"{tiling}, splits={splits}, keys={sk}")
+    check_out(out, buf, _reference(q, k, v, True, 0.3), torch.bfloat16, f"{tiling}, splits={splits}, keys={sk}")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -172,7 +157,7 @@ def test_variable_length(causal):
     out = buf[:, 1:1 + hq]
     args = AttentionArguments(q, k, v, out, causal=causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lq),
                               max_seqlen_k=max(lk))
-    kernel = _kernel(args)
+    kernel = decode_kernel(args)
     assert kernel.varlen
     kernel.run(args)
     torch.cuda.synchronize()
@@ -196,10 +181,10 @@ def test_ops_attention_with_only_this_provider(causal):
             q = _queries(4, 2, 32, 128, dtype, False)
             for t in (k, v):
                 t.copy_(torch.randn_like(t, dtype=torch.float32).to(dtype))
-            out, buf = _out_in_sentinel(q)
+            out, buf = out_in_sentinel(q)
             got = ops.attention(q, k, v, causal=causal, out=out)
             assert got is out
-            _check(out, buf, _reference(q, k, v, causal, 128 ** -0.5), dtype, f"ops.attention step {step}")
+            check_out(out, buf, _reference(q, k, v, causal, 128 ** -0.5), dtype, f"ops.attention step {step}")
         fresh = ops.attention(q, k, v, causal=causal)  # allocating
         torch.testing.assert_close(fresh.double(), _reference(q, k, v, causal, 128 ** -0.5), atol=TOL[dtype],
                                    rtol=TOL[dtype])

@@ -612,7 +612,8 @@ def test_an_expanded_output_is_refused_and_expanded_inputs_are_keyed():
         AttentionArguments(q, q, q, shared).check_memory()
     k = torch.randn(2, 5, 1, 16).expand(2, 5, 4, 16)
     dense, wide = AttentionArguments(q, q, q, torch.empty_like(q)), AttentionArguments(q, k, k, torch.empty_like(q))
-    dense.check_memory() or wide.check_memory()
+    dense.check_memory()
+    wide.check_memory()
     assert dense.problem_key() != wide.problem_key()
 
 

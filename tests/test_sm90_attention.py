@@ -50,10 +50,15 @@ def test_found_for_dense_problems(kw):
                                                        f"_d{kw.get('d', 128)}"]
 
 
+def _verdicts(args) -> dict:
+    """Each instance's `supports(args)`, by kernel name."""
+    return {k.metadata.kernel_name: k.supports(args) for k in Sm90Attention.generate_kernels(None, cc=90)}
+
+
 def test_declines_with_reasons():
     cpu = torch.empty(2, 100, 8, 64, dtype=torch.bfloat16)
-    status = [k.supports(AttentionArguments(cpu, cpu, cpu, cpu)) for k in Sm90Attention.generate_kernels(None, cc=90)]
-    assert not any(status) and "on the CPU" in status[1].error
+    status = _verdicts(AttentionArguments(cpu, cpu, cpu, cpu))
+    assert not any(status.values()) and "on the CPU" in status["Sm90Attention_bf16_d64"].error
     assert not _ours(_args(d=96))  # head dims 64 and 128 only
     reasons = sorted(r.reason for r in kernel_api.explain(_args(d=96)) if r.kernel_class == "Sm90Attention"
                      and "bf16" in r.kernel_name)
@@ -68,12 +73,13 @@ def test_declines_with_reasons():
     assert not _ours(_args(lq=1, lk=64, cache_seqlens=lengths))
     expanded = _meta((2, 100, 1, 64)).expand(2, 100, 4, 64)
     q = _meta((2, 100, 4, 64))
-    status = [k.supports(AttentionArguments(q, expanded, expanded, _meta((2, 100, 4, 64))))
-              for k in Sm90Attention.generate_kernels(None, cc=90)]
-    assert not any(status) and "operand k: stride 0 in dim 2 of size 4" in status[1].error
+    status = _verdicts(AttentionArguments(q, expanded, expanded, _meta((2, 100, 4, 64))))
+    assert not any(status.values())
+    assert "operand k: stride 0 in dim 2 of size 4" in status["Sm90Attention_bf16_d64"].error
     for scale in (-0.1, 0.0):
-        status = [k.supports(_args(scale=scale)) for k in Sm90Attention.generate_kernels(None, cc=90)]
-        assert not any(status) and f"scale: {scale}, the kernel takes positive scales" in status[0].error
+        status = _verdicts(_args(scale=scale))
+        assert not any(status.values())
+        assert f"scale: {scale}, the kernel takes positive scales" in status["Sm90Attention_bf16_d128"].error
     big = _args(batch=1 << 16, lq=1 << 12, lk=1, hq=1 << 11, hkv=1 << 11, d=64)
     kernel = Sm90Attention.generate_kernels(lambda m: m.kernel_name == "Sm90Attention_bf16_d64", cc=90)[0]
     status = kernel.supports(big)

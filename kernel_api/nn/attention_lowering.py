@@ -212,7 +212,8 @@ def _pick_any_runs_cudnn(offered: list) -> bool:
     except Exception as exc:  # noqa: BLE001 - a kernel whose rank cannot be told: the ops stay
         _log.debug("attention lowering: candidates of %s not ranked: %s", offered[0][0], exc)
         return False
-    return cudnn < COMPILE_MIN_SPEEDUP * chosen
+    # (a kernel ranked exactly the threshold ahead keeps the ops, its cost's rounding aside)
+    return cudnn < (COMPILE_MIN_SPEEDUP - 1e-9) * chosen
 
 
 def cudnn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool,
