@@ -30,15 +30,16 @@ def launch(k, backward, rows, cols, dtype, offset):  # one run of k on operands 
 """
 
 
-def run_memcheck(code: str, timeout: int = 900) -> str:
-    """Run ``python -c code`` under memcheck (the test skips without compute-sanitizer); assert
-    a clean exit and a clean error summary; return its stdout. The messages carry the tail of
-    what it printed."""
+def run_memcheck(code: str, timeout: int = 900, tool: str = "memcheck") -> str:
+    """Run ``python -c code`` under compute-sanitizer's ``tool`` (memcheck; racecheck for shared
+    memory hazards, synccheck for barriers; the test skips without compute-sanitizer); assert a
+    clean exit and a clean error summary; return its stdout. The messages carry the tail of what
+    it printed."""
     if shutil.which("compute-sanitizer") is None:
         pytest.skip("compute-sanitizer not installed")
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
+    proc = subprocess.run(["compute-sanitizer", "--tool", tool, "--report-api-errors", "no",
                            "--error-exitcode", "3", sys.executable, "-c", code],
                           env=env, capture_output=True, text=True, timeout=timeout)
     tail = (proc.stdout + proc.stderr)[-3000:]

@@ -617,6 +617,31 @@ def test_an_expanded_output_is_refused_and_expanded_inputs_are_keyed():
     assert dense.problem_key() != wide.problem_key()
 
 
+def test_an_output_meeting_another_operand_is_refused_and_q_itself_is_taken():
+    """Other query tiles still read k and v while one writes its output: an output over k, v or
+    part of q is refused by name, as is an lse over any operand and an output whose strides
+    interleave; q itself (the same view, a fused projection's too) is written in place."""
+    q, k, v = (torch.randn(1, 64, 8, 64) for _ in range(3))
+    shared, out, wide = torch.randn(q.numel() + 64), torch.empty_like(q), torch.empty(q.numel() * 2)
+    refused = [
+        ("operand out: overlaps k", (q, k, v, k)),
+        ("operand out: overlaps v", (q, k, v, v)),
+        ("operand out: overlaps k", (q, q, q, q)),
+        ("operand out: overlaps q", (shared[:q.numel()].view(q.shape), k, v, shared[64:].view(q.shape))),
+        ("operand lse: overlaps q", (q, k, v, out, q.flatten()[:512].view(1, 8, 64))),
+        ("operand out: overlaps lse", (q, k, v, out, out.flatten()[:512].view(1, 8, 64))),
+        ("operand out: elements overlap .*strides that interleave",
+         (q, k, v, wide.as_strided(q.shape, (64 * 8 * 32, 8 * 32, 32, 1)))),
+    ]
+    for message, operands in refused:
+        with pytest.raises(ValueError, match=message):
+            AttentionArguments(*operands).check_memory()
+    fused = torch.randn(1, 64, 24, 64)
+    for operands in [(q, k, v, q), (fused[:, :, :8], fused[:, :, 8:16], fused[:, :, 16:], fused[:, :, :8]),
+                     (q, k, v, out, torch.empty(1, 8, 64))]:
+        AttentionArguments(*operands).check_memory()
+
+
 def test_the_signature_ends_with_the_device_index():
     """The compile worker moves arguments to its device by rewriting the signature's last field."""
     q = torch.randn(2, 5, 4, 16)

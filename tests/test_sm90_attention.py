@@ -76,14 +76,17 @@ def test_declines_with_reasons():
     status = _verdicts(AttentionArguments(q, expanded, expanded, _meta((2, 100, 4, 64))))
     assert not any(status.values())
     assert "operand k: stride 0 in dim 2 of size 4" in status["Sm90Attention_bf16_d64"].error
-    for scale in (-0.1, 0.0):
+    for scale in (-0.1, 0.0, 1e-300, 1e39):  # (the last two round to 0 and to infinity in float32)
         status = _verdicts(_args(scale=scale))
         assert not any(status.values())
-        assert f"scale: {scale}, the kernel takes positive scales" in status["Sm90Attention_bf16_d128"].error
-    big = _args(batch=1 << 16, lq=1 << 12, lk=1, hq=1 << 11, hkv=1 << 11, d=64)
+        reason = status["Sm90Attention_bf16_d128"].error
+        assert f"scale: {scale}, the kernel takes scales from 2^-126 to 2^127" in reason
+    assert all(_verdicts(_args(scale=scale))["Sm90Attention_bf16_d128"] for scale in (2.0**-126, 1e-30, 1e30))
     kernel = Sm90Attention.generate_kernels(lambda m: m.kernel_name == "Sm90Attention_bf16_d64", cc=90)[0]
-    status = kernel.supports(big)
-    assert not status and "tiles of 128 queries exceed the 32-bit limit" in status.error
+    for batch in (1 << 14, 1 << 16):  # 2^30 and 2^32 tiles: a tile index plus the grid's stride passes 2^31
+        status = kernel.supports(_args(batch=batch, lq=1 << 12, lk=1, hq=1 << 11, hkv=1 << 11, d=64))
+        assert not status and "tiles of 128 queries exceed the 32-bit tile index's limit" in status.error
+    assert kernel.supports(_args(batch=(1 << 14) - 1, lq=1 << 12, lk=1, hq=1 << 11, hkv=1 << 11, d=64))
 
 
 def test_plan_follows_the_measurements():
@@ -111,8 +114,12 @@ def test_compile_key_holds_the_mask_and_the_lse_only():
     assert kernel.compile_key(_args(), 90) != kernel.compile_key(_args(lse=True), 90)
 
 
-@pytest.mark.parametrize("kw", [dict(d=64, lse=True), dict(d=64, lq=3000, lk=3000, causal=False)],
-                         ids=["two_consumers_persistent_lse", "three_consumers_persistent"])
+@pytest.mark.parametrize("kw", [dict(d=64, lse=True), dict(d=64, lq=3000, lk=3000, causal=False),
+                                dict(d=64, lq=3000, lk=3000), dict(lq=3000, lk=3000, lse=True),
+                                dict(lq=3000, lk=3000, causal=False)],
+                         ids=["two_consumers_persistent_lse", "three_consumers_persistent",
+                              "three_consumers_causal_a_cta_per_tile", "d128_causal_a_cta_per_tile_lse",
+                              "d128_persistent"])
 def test_compiles_for_sm90a_without_a_gpu(kw):
     pytest.importorskip("cutlass")
     args = _args(**kw)

@@ -67,6 +67,9 @@ CASES = [
     (1, 2000, 2000, 4, 2, 64, torch.bfloat16, True, False, True),  # long causal: 192-row tiles, a CTA each
     (8, 1024, 1024, 16, 4, 64, torch.bfloat16, True, False, True),  # 1024 tiles: each persistent CTA loops
     (8, 1024, 300, 16, 4, 128, torch.float16, True, True, True),  # ... over tiles that see no key, too
+    (1, 3000, 1000, 4, 2, 64, torch.bfloat16, True, False, True),  # 192-row tiles, a CTA each: 2000 rows see no key
+    (1, 2000, 5000, 4, 1, 128, torch.float16, True, False, True),  # 128-row tiles, a CTA each, 3000 keys before
+    (2, 100, 256, 4, 2, 64, torch.bfloat16, True, False, True),    # persistent causal, whole key blocks only
 ]
 
 
@@ -107,11 +110,21 @@ def test_scale_is_honoured():
 
 
 def test_no_keys_gives_zero_rows():
+    """Without keys every row is 0 and its lse -inf, written on the launch's stream: a side stream
+    busy for tens of milliseconds first, so the zeros land after a fill of 7 that the current
+    stream runs at once (zeros written on the current stream would come before it)."""
     q = _tensor(2, 5, 4, 64, torch.bfloat16, False)
     k = torch.empty(2, 0, 4, 64, device="cuda", dtype=torch.bfloat16)
     (out, buf), lse = out_in_sentinel(q), torch.zeros(2, 4, 5, device="cuda")
     args = AttentionArguments(q, k, k, out, lse)
-    _kernel(args).run(args)
+    kernel = _kernel(args)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+    kernel.run(args, stream=side)
+    out.fill_(7.0)
+    lse.fill_(7.0)
     torch.cuda.synchronize()
     assert bool((out == 0).all()) and bool(torch.isinf(lse).all()) and outside_untouched(buf)
 
@@ -157,7 +170,8 @@ def test_ops_attention_with_only_this_provider(causal, monkeypatch):
 
 def test_persistent_ctas_loop_over_many_tiles(monkeypatch):
     """A persistent plan on three CTAs: each loops over tens of tiles (carried pipeline phases,
-    the output tile's shared memory reused, tiles that see no key between others)."""
+    the output tile's shared memory reused, and under the causal mask tiles that see no key,
+    which the longest-first order puts last)."""
     from kernel_api.providers.cutedsl.attention import sm90_attention
 
     monkeypatch.setattr(sm90_attention, "planning_sm_count", lambda device: 3)
@@ -197,3 +211,29 @@ print("launched", n)
 """
     out = run_memcheck(code)
     assert "launched 4" in out
+
+
+def test_racecheck_on_persistent_ctas():
+    """Shared memory hazards (the Q and output tiles reused across a persistent CTA's tiles, the
+    K/V rings) under compute-sanitizer's racecheck, on three CTAs looping over several tiles."""
+    code = r"""
+import torch
+from kernel_api.arguments.attention import AttentionArguments
+from kernel_api.providers.cutedsl.attention import sm90_attention
+from kernel_api.providers.cutedsl.attention.sm90_attention import Sm90Attention
+torch.manual_seed(0)
+n = 0
+sm90_attention.planning_sm_count = lambda device: 3
+for lq, lk, d, causal in ((300, 300, 64, False), (200, 260, 128, True)):
+    q = torch.randn(1, lq, 4, d, device="cuda").to(torch.bfloat16)
+    k = torch.randn(1, lk, 2, d, device="cuda").to(torch.bfloat16)
+    v = torch.randn(1, lk, 2, d, device="cuda").to(torch.bfloat16)
+    args = AttentionArguments(q, k, v, torch.empty_like(q), torch.empty(1, 4, lq, device="cuda"), causal=causal)
+    for kern in Sm90Attention.generate_kernels(None, cc=90):
+        if kern.supports(args):
+            kern.run(args); n += 1
+torch.cuda.synchronize()
+print("launched", n)
+"""
+    out = run_memcheck(code, tool="racecheck")
+    assert "launched 2" in out

@@ -65,6 +65,7 @@ from ..core.tensor_attributes import TensorAttributes
 from .attention_math import attention_with_lse, torch_attention
 from .base import STORAGELESS_TYPES, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, \
     _require_tensor, data_pointer
+from .outputs import check_outputs_disjoint, elements_distinct
 
 #: The most score elements (batch x heads x seqlen_q x seqlen_k) a float64 reference materialises.
 REFERENCE_MAX_SCORES = 1 << 28
@@ -208,12 +209,19 @@ def lse_attributes(lse: Any, q: torch.Tensor, varlen: bool) -> TensorAttributes:
     return _attributes(DataType.f32, (0,) * (len(shape) - 1) + (1,), div)
 
 
+def expanded_dim(t: torch.Tensor) -> int | None:
+    """The first dim of ``t`` wider than 1 with a stride 0 (an expanded tensor, such as k
+    repeated over heads by ``expand``); None when there is none."""
+    strides = t.stride()
+    if 0 not in strides:
+        return None
+    return next((m for m, (n, st) in enumerate(zip(t.shape, strides)) if n > 1 and st == 0), None)
+
+
 def expanded(**operands: torch.Tensor) -> tuple[str, ...]:
-    """The names of the operands with a stride 0 in a dim wider than 1 (an expanded tensor, such
-    as k repeated over heads by ``expand``): part of the signature, since a kernel may take
-    such an operand or not (the stride pattern says only which stride is 1)."""
-    return tuple(name for name, t in operands.items()
-                 if 0 in t.stride() and any(n > 1 and st == 0 for n, st in zip(t.shape, t.stride())))
+    """The names of the operands that `expanded_dim` finds expanded: part of the signature, since
+    a kernel may take such an operand or not (the stride pattern says only which stride is 1)."""
+    return tuple(name for name, t in operands.items() if expanded_dim(t) is not None)
 
 
 class AttentionProblem:
@@ -362,17 +370,27 @@ class AttentionArguments(Arguments):
                           expanded(q=q, k=k, v=v), self.device_index)  # (the device last, as every signature)
 
     def check_memory(self) -> None:
-        """Refuse an output whose elements repeat (a stride 0, as from ``expand``): kernels would
-        race writing them. An output that is an input's memory is taken (the torch provider's
-        kernels write through a copy; the replay from C declines it).
+        """Refuse an output whose elements may repeat (a stride 0, as from ``expand``, or strides
+        that interleave), and an output or lse that meets another operand's memory: kernels would
+        race writing them, or overwrite keys and values other query tiles still read. ``out`` may
+        be q itself (the same view): every kernel reads a query row before it writes that row's
+        output.
 
         Raises:
             ValueError: naming the operand.
         """
-        if expanded(out=self.out):
-            raise ValueError(f"operand out: elements overlap (shape {tuple(self.out.shape)}, strides "
-                             f"{tuple(self.out.stride())}: a zero stride, as from expand); pass an output whose "
-                             f"elements are distinct (e.g. torch.empty_like(q))")
+        out = self.out
+        if not elements_distinct(out):
+            repeat = "a zero stride, as from expand" if expanded(out=out) else "strides that interleave"
+            raise ValueError(f"operand out: elements overlap (shape {tuple(out.shape)}, strides "
+                             f"{tuple(out.stride())}: {repeat}); pass an output whose elements are distinct "
+                             f"(e.g. torch.empty_like(q))")
+        tensors = self.tensors()
+        q = self.q
+        if (data_pointer(out) == data_pointer(q) and out.shape == q.shape and out.stride() == q.stride()
+                and type(out) is type(q)):
+            del tensors["q"]  # (out is q: written in place)
+        check_outputs_disjoint(tensors, ("out", "lse") if self.lse is not None else ("out",))
 
     def problem_key(self) -> tuple:
         """The signature with the sizes a choice depends on: batch, sequence lengths (the

@@ -1,5 +1,5 @@
 """The memory check of operations with several operands: no output shares memory with an input
-or with another output. Each operand's byte range is computed once (a pairwise test would
+or with another output, and an output's elements are distinct (`elements_distinct`). Each operand's byte range is computed once (a pairwise test would
 compute it once per pair: 9 pairs for RoPE's six operands), with `base`'s rule: overlapping
 ranges of dense tensors share elements; strided tensors with gaps, empty ones and tensors
 without memory are not judged."""
@@ -47,3 +47,17 @@ def check_outputs_disjoint(tensors: dict[str, torch.Tensor], outputs: tuple[str,
                 continue
             if mine[0] < theirs[1] and theirs[0] < mine[1]:
                 raise ValueError(f"operand {name}: overlaps {other} in memory; give {name} its own memory")
+
+
+def elements_distinct(t: torch.Tensor) -> bool:
+    """Whether no two indices of ``t`` address one element, by a sufficient test: ordered by
+    stride, each dim of more than one element steps past everything the smaller-strided dims
+    span (every layout torch makes passes; an interleaving it cannot tell is taken as overlapping)."""
+    if not t.numel():
+        return True
+    span = 0  # elements past the first that the dims so far reach
+    for stride, length in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):
+        if stride <= span:
+            return False
+        span += (length - 1) * stride
+    return True

@@ -5,9 +5,9 @@ implementations/sm90_attention_impl.py).
 ``(batch, seqlen, heads, head_dim)``: head dims 64 and 128, bf16 and f16, causal (bottom-right
 aligned, as FlashAttention's) or full, MHA / GQA / MQA, any sequence lengths (the query and key
 lengths may differ), any strides whose head dim is contiguous and whose other strides and
-pointers are 16-byte multiples (expanded operands, with a stride 0, are declined), positive
-scales, and the row log-sum-exp when it is asked for. One instance per dtype and head dim, named
-``Sm90Attention_<dtype>_d<head_dim>``.
+pointers are 16-byte multiples (expanded operands, with a stride 0, are declined), scales from
+2^-126 to 2^127, and the row log-sum-exp when it is asked for. One instance per dtype and head
+dim, named ``Sm90Attention_<dtype>_d<head_dim>``.
 
 A CTA is a producer warpgroup that loads the Q tile once and streams K and V tiles through
 rings of shared-memory stages with TMA, and two or three consumer warpgroups that each own 64
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ....arguments.attention import AttentionArguments
+from ....arguments.attention import AttentionArguments, expanded_dim
 from ....core.arch import planning_sm_count
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
@@ -49,6 +49,22 @@ SHORT_CAUSAL_SEQLEN = 1024
 #: Elements of a 16-byte access: every stride but the head dim's, and every pointer, is a multiple.
 _VECTOR = 8
 INT32_MAX = 2**31 - 1
+#: The fewest query rows of a tile (`plan`'s short causal and head dim 128 tiles).
+SMALLEST_TILE_M = 128
+#: Extents and tile indices are 32-bit values in the compiled function (strides are 64-bit): an
+#: extent rounded up to a tile, and a tile index plus a launch's stride (at most the tile count),
+#: stay below 2^31.
+MAX_EXTENT = INT32_MAX - 192
+MAX_TILES = INT32_MAX // 2
+#: K/V ring depth per head dim: three stages fit 192-row d64 tiles' shared memory, two d128's.
+STAGES = {64: 3, 128: 2}
+#: FlashAttention-3's pingpong between consumer warpgroups (`scheduler_barrier`) is off: it
+#: measured -11 % to +5 % on the H200 (612 against 687 TFLOP/s at b4 h32 s4096 d128).
+PINGPONG = False
+#: The smallest and largest scales whose float32 value, times log2(e), is a normal finite number:
+#: the kernel scales scores in base 2 and masks with -inf, so a scale that rounds to 0 or to
+#: infinity would make -inf * 0 or inf - inf.
+MIN_SCALE, MAX_SCALE = 2.0**-126, 2.0**127
 #: Forward speed against torch's SDPA default (cuDNN) by (head dim, causal), for the ranking
 #: (PickAny): through `kernel_api.ops.attention`, H200, bf16, `benchmarks/attention.py --quick
 #: --cases d64,d128,llama`: b16 h16 s1024 d64 causal 317 against 318 TFLOP/s, full 404 against
@@ -102,8 +118,9 @@ class Sm90Attention(CuteDslKernel):
             for d in HEAD_DIMS:
                 operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,), max_head_dim=d,
                                                      lse=True)
-                design = BLASDesignMetadata(tile_shape=(192 if d == 64 else 128, TILE_N, d),
-                                            stages=3 if d == 64 else 2, schedule="warpspecialized")
+                # (tile_shape: the tile of long problems; `plan` chooses per problem)
+                design = BLASDesignMetadata(tile_shape=(192 if d == 64 else 128, TILE_N, d), stages=STAGES[d],
+                                            schedule="warpspecialized")
                 metadata = KernelMetadata(f"{cls.__name__}_{dtype}_d{d}", cls, operands, design, min_cc=90, max_cc=90)
                 if metadata.supports_cc(cc) and (metadata_filter is None or metadata_filter(metadata)):
                     found.append(cls(metadata))
@@ -112,28 +129,29 @@ class Sm90Attention(CuteDslKernel):
     def _supports(self, args: AttentionArguments) -> Status:
         if args.device.type == "cpu":  # (meta tensors plan and compile like CUDA ones)
             return Status.fail("operand q: on the CPU; the kernel runs on CUDA tensors", operand="q")
-        if not args.scale > 0:  # (the row max is taken on the unscaled scores; 0 would make -inf * 0)
-            return Status.fail(f"scale: {args.scale}, the kernel takes positive scales", kind=Reason.OTHER,
-                               operand="scale", actual=args.scale, required=0)
-        # extents and the tile count are 32-bit values in the compiled function (strides are 64-bit)
-        tiles = -(-args.seqlen_q // 128) * args.heads_q * args.batch
-        if tiles > INT32_MAX:
-            return Status.fail(f"operand q: {tiles:,} tiles of 128 queries exceed the 32-bit limit (2^31-1)",
-                               kind=Reason.SHAPE, operand="q", actual=tiles, required=INT32_MAX)
+        if not MIN_SCALE <= args.scale <= MAX_SCALE:
+            return Status.fail(f"scale: {args.scale}, the kernel takes scales from 2^-126 to 2^127 (a normal "
+                               f"float32 scaling in base 2)", kind=Reason.OTHER, operand="scale", actual=args.scale,
+                               required=MIN_SCALE)
+        tiles = -(-args.seqlen_q // SMALLEST_TILE_M) * args.heads_q * args.batch
+        if tiles > MAX_TILES:
+            return Status.fail(f"operand q: {tiles:,} tiles of {SMALLEST_TILE_M} queries exceed the 32-bit tile "
+                               f"index's limit (2^30-1)", kind=Reason.SHAPE, operand="q", actual=tiles,
+                               required=MAX_TILES)
         for name in ("q", "k", "v", "out"):
             t = getattr(args, name)
             # (an expanded operand, such as k repeated over heads by expand, is left to kernels
             # that read element-wise: TMA addressing of repeated rows is untested here, and the
             # GEMM's TMA path stages such operands too)
-            broadcast = [m for m in range(4) if t.shape[m] > 1 and t.stride(m) == 0]
-            if broadcast:
-                return Status.fail(f"operand {name}: stride 0 in dim {broadcast[0]} of size "
-                                   f"{t.shape[broadcast[0]]} (an expanded tensor), which this kernel's TMA loads "
-                                   f"do not take", kind=Reason.LAYOUT, operand=name)
-            if max(t.shape) > INT32_MAX:
-                return Status.fail(f"operand {name}: an extent of {max(t.shape):,} exceeds the 32-bit limit "
-                                   f"(2^31-1)", kind=Reason.SHAPE, operand=name, actual=max(t.shape),
-                                   required=INT32_MAX)
+            dim = expanded_dim(t)
+            if dim is not None:
+                return Status.fail(f"operand {name}: stride 0 in dim {dim} of size {t.shape[dim]} (an expanded "
+                                   f"tensor), which this kernel's TMA loads do not take", kind=Reason.LAYOUT,
+                                   operand=name)
+            if max(t.shape) > MAX_EXTENT:
+                return Status.fail(f"operand {name}: an extent of {max(t.shape):,} exceeds the 32-bit limit less a "
+                                   f"tile (2^31-193)", kind=Reason.SHAPE, operand=name, actual=max(t.shape),
+                                   required=MAX_EXTENT)
         return Status.success()
 
     def get_workspace_size(self, args: Any) -> int:
@@ -156,7 +174,8 @@ class Sm90Attention(CuteDslKernel):
         from .implementations.sm90_attention_impl import Sm90AttentionForward
 
         return Sm90AttentionForward(self.dtype.to_cutlass(), self.head_dim, causal, has_lse, tile_m=launch.tile_m,
-                                    tile_n=TILE_N, persistent_ctas=launch.persistent_ctas)
+                                    tile_n=TILE_N, num_stages=self.metadata.design.stages,
+                                    scheduler_barrier=PINGPONG, persistent_ctas=launch.persistent_ctas)
 
     def compile(self, args: AttentionArguments, cc: int | None = None) -> CompiledArtifact:
         """Compile the arguments' mask, lse presence and plan (no GPU needed with an explicit cc)."""

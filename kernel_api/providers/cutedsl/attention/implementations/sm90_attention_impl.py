@@ -86,41 +86,28 @@ class Sm90AttentionForward:
     ``dtype``: cutlass.BFloat16 or cutlass.Float16 (q, k, v and out). ``head_dim``: 64 or 128.
     ``causal``: bottom-right aligned causal mask. ``has_lse``: the launch takes an lse tensor
     (else None). ``tile_m``: query rows per CTA, 64 per consumer warpgroup: 128 (two) or 192
-    (three; default for head_dim 64, 128 for head_dim 128). ``tile_n``: keys per block, 64 or 128
-    (default). ``num_stages``: K/V ring depth (default 3 for head_dim 64, 2 for 128).
-    ``scheduler_barrier``: the consumer warpgroups take turns issuing their GEMMs (named
-    barriers), so one's softmax runs under another's wgmmas (FlashAttention-3's pingpong);
-    default off (on H200 it measured equal or slower: 612 vs 687 TFLOP/s at b4 h32 s4096 d128).
-    Measured guidance for head_dim 64: tile_m 192 is much faster on long sequences (s8192:
-    +15-28%), 128 on short causal ones (s1024 causal: 241 vs 200 TFLOP/s), where a 192-row
-    tile wastes rows. ``persistent_ctas``: 0 (default) launches one CTA per tile; n > 0
-    launches min(tiles, n) CTAs that each loop over tiles (round-robin), so a CTA's next Q/K/V
-    loads overlap its epilogue: pass the GPU's SM count (one CTA fits per SM). Measured on H200
-    (132 CTAs): non-causal +10% (b4 h32 s4096 d128: 719 vs 654 TFLOP/s; b16 h16 s1024 d64: 389
-    vs 351; b4 h16 s8192 d64: 537 vs 550). Causal persistent launches take the query blocks
-    longest-first across all heads (balance over L2 reuse): better on short sequences (b16 h16
-    s1024 d64: 253 vs 207, and 275 with tile_m 128), worse on long ones (b4 h32 s4096 d128: 515
-    vs 611), so pick it per shape.
+    (three, head_dim 64 only). ``tile_n``: keys per block, 64 or 128. ``num_stages``: K/V ring
+    depth. ``scheduler_barrier``: the consumer warpgroups take turns issuing their GEMMs (named
+    barriers), so one's softmax runs under another's wgmmas (FlashAttention-3's pingpong).
+    ``persistent_ctas``: 0 launches one CTA per tile; n > 0 launches min(tiles, n) CTAs that each
+    loop over tiles (round-robin), so a CTA's next Q/K/V loads overlap its epilogue; causal
+    persistent launches take the query blocks longest-first across all heads. The interface
+    (sm90_attention.py: `plan` and the instances' design) chooses these per problem from
+    measurements recorded there and in docs/performance.md.
     """
 
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, causal: bool, has_lse: bool,
-                 tile_m: Optional[int] = None, tile_n: Optional[int] = None, num_stages: Optional[int] = None,
-                 scheduler_barrier: bool = False, persistent_ctas: int = 0) -> None:
+                 *, tile_m: int, tile_n: int, num_stages: int, scheduler_barrier: bool = False,
+                 persistent_ctas: int = 0) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"dtype must be cutlass.BFloat16 or cutlass.Float16, got {dtype}")
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim must be 64 or 128, got {head_dim}")
-        if tile_m is None:
-            tile_m = 192 if head_dim == 64 else 128
         if tile_m not in (128, 192) or (tile_m == 192 and head_dim != 64):
             raise ValueError(f"tile_m must be 128, or 192 with head_dim 64 (64 rows per consumer warpgroup), "
                              f"got {tile_m}")
-        if tile_n is None:
-            tile_n = 128
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n must be 64 or 128, got {tile_n}")
-        if num_stages is None:
-            num_stages = 3 if head_dim == 64 else 2
         if num_stages < 1:
             raise ValueError(f"num_stages must be >= 1, got {num_stages}")
         self.dtype = dtype
