@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .base import (_ROW2, Arguments, _attributes, _element_type, _lazy_bit_error, _require_tensor,
-                   data_pointer)
+                   _rows_overlap_error, data_pointer)
 from .outputs import check_outputs_disjoint
 
 #: The activations of the gate: ``silu`` (SwiGLU), ``gelu_tanh`` (GeGLU, tanh approximation), ``gelu`` (erf).
@@ -79,8 +79,7 @@ class _GatedBase(Arguments):
         strides = {name: _row_stride(t, name, rows, cols) for name, t in tensors.items()}
         for name in outputs:
             if rows > 1 and strides[name] < cols:
-                raise ValueError(f"operand {name}: rows overlap (row stride {strides[name]} < {cols} elements); "
-                                 f"thread blocks would race writing them, so pass distinct rows")
+                raise _rows_overlap_error(name, strides[name], cols)
         if rows > 1 and all(s == cols for s in strides.values()):  # all dense: one row of every element
             rows, cols = 1, rows * cols
             strides = dict.fromkeys(strides, cols)

@@ -63,8 +63,8 @@ import torch
 from ..core.dtypes import DataType
 from ..core.tensor_attributes import TensorAttributes
 from .attention_math import attention_with_lse, torch_attention
-from .base import STORAGELESS_TYPES, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, \
-    _require_tensor, data_pointer
+from .base import STORAGELESS_TYPES, Arguments, _attributes, _divisibility, _element_type, _finite, \
+    _lazy_bit_error, _require_tensor, data_pointer
 from .outputs import check_outputs_disjoint, elements_distinct
 
 #: The most score elements (batch x heads x seqlen_q x seqlen_k) a float64 reference materialises.
@@ -94,8 +94,12 @@ def _offsets(cu: Any, name: str, batch: int | None, device: torch.device) -> int
     _require_tensor(cu, name)
     if cu.dtype != torch.int32:
         raise TypeError(f"operand {name}: dtype {cu.dtype} but cumulative sequence offsets are torch.int32")
+    if cu.is_neg():
+        raise _lazy_bit_error(cu, name)
     if cu.dim() != 1 or cu.shape[0] < 1:
         raise ValueError(f"operand {name}: expected a 1-D tensor of length batch + 1, got shape {tuple(cu.shape)}")
+    if cu.shape[0] > 1 and cu.stride(0) != 1:  # kernels take its pointer and read consecutive int32s
+        raise ValueError(f"operand {name}: must be contiguous, got stride {cu.stride(0)}")
     if batch is not None and cu.shape[0] != batch + 1:
         raise ValueError(f"operand {name}: length {cu.shape[0]} but cu_seqlens_q's is {batch + 1} (batch + 1)")
     if cu.device != device:
@@ -140,6 +144,8 @@ def _cache_lengths(lengths: Any, batch: int, varlen: bool, device: torch.device)
                          "keys by cu_seqlens_k)")
     if lengths.dtype != torch.int32:
         raise TypeError(f"operand cache_seqlens: dtype {lengths.dtype} but the cached lengths are torch.int32")
+    if lengths.is_neg():
+        raise _lazy_bit_error(lengths, "cache_seqlens")
     if tuple(lengths.shape) != (batch,):
         raise ValueError(f"operand cache_seqlens: shape {tuple(lengths.shape)} but q's batch is {batch} (expected "
                          f"({batch},), one length per row)")
@@ -197,6 +203,8 @@ def lse_attributes(lse: Any, q: torch.Tensor, varlen: bool) -> TensorAttributes:
     _require_tensor(lse, "lse")
     if lse.dtype != torch.float32:
         raise TypeError(f"operand lse: dtype {lse.dtype} but the log-sum-exp is torch.float32")
+    if lse.is_neg():
+        raise _lazy_bit_error(lse, "lse")
     shape = lse_shape(q, varlen)
     if tuple(lse.shape) != shape:
         form = "(heads_q, total_q)" if varlen else "(batch, heads_q, seqlen_q)"
@@ -261,7 +269,7 @@ class AttentionProblem:
             raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
         if scale is None:
             scale = 1.0 / math.sqrt(self.head_dim) if self.head_dim else 1.0
-        elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        elif not _finite(scale):
             raise ValueError(f"scale: expected a finite float, got {scale!r}")
         self.causal, self.scale = causal, float(scale)
         if varlen:
@@ -294,6 +302,19 @@ def _like(t: torch.Tensor, name: str, model: torch.Tensor, model_name: str) -> N
         raise TypeError(f"operand {name}: dtype {t.dtype} must equal {model_name}'s {model.dtype}")
     if t.device != model.device:
         raise ValueError(f"operand {name}: on {t.device} but {model_name} is on {model.device}")
+
+
+def check_distinct(t: torch.Tensor, name: str, model_name: str) -> None:
+    """Refuse an output ``name`` whose elements may repeat (a stride 0, as from ``expand``, or
+    strides that interleave): kernels would race writing them.
+
+    Raises:
+        ValueError: naming the operand (and ``model_name``, the input whose layout to copy).
+    """
+    if not elements_distinct(t):
+        repeat = "a zero stride, as from expand" if expanded(t=t) else "strides that interleave"
+        raise ValueError(f"operand {name}: elements overlap (shape {tuple(t.shape)}, strides {tuple(t.stride())}: "
+                         f"{repeat}); pass an output whose elements are distinct (e.g. torch.empty_like({model_name}))")
 
 
 def describe(args: Any, name: str) -> str:
@@ -380,11 +401,7 @@ class AttentionArguments(Arguments):
             ValueError: naming the operand.
         """
         out = self.out
-        if not elements_distinct(out):
-            repeat = "a zero stride, as from expand" if expanded(out=out) else "strides that interleave"
-            raise ValueError(f"operand out: elements overlap (shape {tuple(out.shape)}, strides "
-                             f"{tuple(out.stride())}: {repeat}); pass an output whose elements are distinct "
-                             f"(e.g. torch.empty_like(q))")
+        check_distinct(out, "out", "q")
         tensors = self.tensors()
         q = self.q
         if (data_pointer(out) == data_pointer(q) and out.shape == q.shape and out.stride() == q.stride()

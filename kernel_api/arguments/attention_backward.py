@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .attention import REFERENCE_MAX_SCORES, AttentionProblem, describe, key_length, lse_attributes
+from .attention import REFERENCE_MAX_SCORES, AttentionProblem, check_distinct, describe, key_length, lse_attributes
 from .attention_math import attention_backward
 from .base import Arguments
 from .outputs import check_outputs_disjoint
@@ -74,12 +74,14 @@ class AttentionBackwardArguments(Arguments):
                           self.heads_q // self.heads_kv, self.causal, self.varlen, self.device_index)
 
     def check_memory(self) -> None:
-        """Refuse a gradient that overlaps an input or another gradient (kernels write them
-        while reading the inputs).
+        """Refuse a gradient whose elements may repeat (`check_distinct`), or that overlaps an
+        input or another gradient (kernels write them while reading the inputs).
 
         Raises:
             ValueError: naming the operands.
         """
+        for name, model in (("grad_q", "q"), ("grad_k", "k"), ("grad_v", "v")):
+            check_distinct(getattr(self, name), name, model)
         check_outputs_disjoint(self.tensors(), self.output_names)
 
     def reference_outputs(self) -> dict[str, torch.Tensor] | None:

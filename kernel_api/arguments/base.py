@@ -230,6 +230,24 @@ def _overlaps(inner: int, rows: int, row_stride: int, batch: int, batch_stride: 
     return False
 
 
+def _finite(value: Any) -> bool:
+    """Whether ``value`` is an int or float (a bool is neither) of finite value: an int too large
+    for a float (``10**400``) is not, as float arithmetic would overflow on it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _rows_overlap_error(name: str, row_stride: int, cols: int) -> ValueError:
+    """The refusal of an output seen as rows whose rows overlap (a row stride below the row length,
+    as an ``expand``ed output's 0)."""
+    return ValueError(f"operand {name}: rows overlap (row stride {row_stride} < {cols} elements); thread blocks "
+                      f"would race writing them, so pass distinct rows")
+
+
 def _require_tensor(value: Any, name: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"operand {name}: expected a torch.Tensor, got {type(value).__name__}")

@@ -46,8 +46,8 @@ import torch
 
 from ..core.dtypes import DataType
 from ..core.tensor_attributes import TensorAttributes
-from .base import (_attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor, _shares_memory,
-                   Arguments, data_pointer)
+from .base import (_attributes, _divisibility, _element_type, _finite, _lazy_bit_error, _require_tensor,
+                   _rows_overlap_error, _shares_memory, Arguments, data_pointer)
 from .cross_entropy_math import rows_gradient, rows_loss
 
 _ROW2 = (0, 1)
@@ -63,8 +63,9 @@ def row_stride(t: torch.Tensor, cols: int) -> int:
     return t.reshape(-1, cols).stride(0) if t.numel() else cols
 
 
-def _matrix(t: Any, name: str) -> tuple[TensorAttributes, int, int]:
-    """(attributes, rows, cols) of a floating operand seen as rows over its last dimension."""
+def _matrix(t: Any, name: str, output: bool = False) -> tuple[TensorAttributes, int, int]:
+    """(attributes, rows, cols) of a floating operand seen as rows over its last dimension; an
+    ``output``'s rows must not overlap (thread blocks write them at once)."""
     _require_tensor(t, name)
     dt = _element_type(t, name)
     if dt not in _FLOATS:
@@ -82,6 +83,8 @@ def _matrix(t: Any, name: str) -> tuple[TensorAttributes, int, int]:
     except RuntimeError:
         raise ValueError(f"operand {name}: rows of shape {tuple(t.shape)} with strides {tuple(t.stride())} are not "
                          f"evenly spaced; call .contiguous()") from None
+    if output and rows > 1 and ld < cols:
+        raise _rows_overlap_error(name, ld, cols)
     div = _divisibility(data_pointer(t), t.element_size(), (cols, ld) if rows > 1 else (max(cols, 1),))
     return _attributes(dt, _ROW2, div), rows, cols
 
@@ -93,6 +96,8 @@ def _per_row(t: Any, name: str, shape: tuple, types: tuple, what: str, broadcast
     dt = _element_type(t, name)
     if dt not in types:
         raise TypeError(f"operand {name}: dtype {t.dtype} but {what}")
+    if t.is_neg():
+        raise _lazy_bit_error(t, name)
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"operand {name}: shape {tuple(t.shape)} must be {tuple(shape)}, one value per row of the "
                          f"logits")
@@ -124,6 +129,8 @@ def _reduced_buffer(t: Any, rows: int, types: tuple, what: str) -> TensorAttribu
     dt = _element_type(t, "loss")
     if dt not in types:
         raise TypeError(f"operand loss: dtype {t.dtype} but {what}")
+    if t.is_neg():
+        raise _lazy_bit_error(t, "loss")
     size = reduced_size(rows)
     if tuple(t.shape) != (size,):
         raise ValueError(f"operand loss: shape {tuple(t.shape)} must be ({size},) for a mean or a sum over {rows} "
@@ -141,8 +148,10 @@ def _device(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> Non
 def _scalars(ignore_index: Any, label_smoothing: Any, z_loss: Any) -> tuple[int, float, float]:
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index: expected an int, got {ignore_index!r}")
+    if not -2**63 <= ignore_index < 2**63:  # kernels compare it with class indices as a 64-bit int
+        raise ValueError(f"ignore_index: {ignore_index} is outside the int64 range of class indices")
     for name, v in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if not _finite(v):
             raise ValueError(f"{name}: expected a finite float, got {v!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing: expected a float in [0, 1], got {label_smoothing!r}")
@@ -218,7 +227,7 @@ class _CrossEntropyForward(Arguments):
             given, missing = ("grad_logits", "grad_loss") if grad_loss is None else ("grad_loss", "grad_logits")
             raise ValueError(f"operand {missing}: required with {given} (the gradient takes both)")
         if grad_logits is not None:
-            ga, _, _ = _matrix(grad_logits, "grad_logits")
+            ga, _, _ = _matrix(grad_logits, "grad_logits", output=True)
             if grad_logits.shape != logits.shape:
                 raise ValueError(f"operand grad_logits: shape {tuple(grad_logits.shape)} must equal logits' "
                                  f"{tuple(logits.shape)}")
@@ -390,7 +399,7 @@ class CrossEntropyBackwardArguments(Arguments):
                  "lse": _per_row(lse, "lse", rows_shape, floats, what)}
         for name, t in (("grad_loss", grad_loss), ("target", target), ("lse", lse)):
             _device(t, name, logits, "logits")
-        attrs["grad_logits"], _, _ = _matrix(grad_logits, "grad_logits")
+        attrs["grad_logits"], _, _ = _matrix(grad_logits, "grad_logits", output=True)
         if grad_logits.shape != logits.shape:
             raise ValueError(f"operand grad_logits: shape {tuple(grad_logits.shape)} must equal logits' "
                              f"{tuple(logits.shape)}")

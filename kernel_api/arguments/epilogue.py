@@ -11,7 +11,7 @@ import torch
 
 from ..core.dtypes import _FROM_TORCH, DataType
 from ..core.tensor_attributes import TensorAttributes
-from .base import STORAGELESS_TYPES, _lazy_bit_error, _matrix_attributes, _require_tensor, _shares_memory
+from .base import STORAGELESS_TYPES, _finite, _lazy_bit_error, _matrix_attributes, _require_tensor, _shares_memory
 
 # The activations a fused epilogue may apply (kernels declare theirs in `EpilogueMetadata`).
 ACTIVATIONS = ("relu", "gelu", "silu")
@@ -120,6 +120,8 @@ class EpilogueArguments:
         for label, value in (("alpha", alpha), ("beta", beta)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"epilogue {label}: expected a number, got {type(value).__name__}")
+            if not _finite(value):
+                raise ValueError(f"epilogue {label}: expected a finite number, got {value!r}")
         if C is not None:
             _require_tensor(C, "C")
         if bias is not None:

@@ -15,20 +15,20 @@ the normalised input is ``residual_out``, which the forward keeps.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from ..core.tensor_attributes import TensorAttributes
-from .base import (_ROW2, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor,
-                   _shares_memory, data_pointer)
+from .base import (_ROW2, Arguments, _attributes, _divisibility, _element_type, _finite, _lazy_bit_error,
+                   _require_tensor, _rows_overlap_error, _shares_memory, data_pointer)
 
 _UNIT = (1,)
 
 
-def _rows(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int, int]:
-    """Attributes of an operand seen as (rows, cols) over its last dimension; (attrs, rows, cols)."""
+def _rows(t: torch.Tensor, name: str, output: bool = False) -> tuple[TensorAttributes, int, int]:
+    """Attributes of an operand seen as (rows, cols) over its last dimension; (attrs, rows, cols).
+    An ``output``'s rows must not overlap (thread blocks write them at once)."""
     dt = _element_type(t, name)
     if t.is_neg():
         raise _lazy_bit_error(t, name)
@@ -47,6 +47,8 @@ def _rows(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int, int]:
         except RuntimeError:
             raise ValueError(f"operand {name}: rows of shape {tuple(t.shape)} with strides {tuple(stride)} are not "
                              f"evenly spaced; call .contiguous()") from None
+    if output and rows > 1 and row_stride < cols:
+        raise _rows_overlap_error(name, row_stride, cols)
     div = _divisibility(data_pointer(t), t.element_size(), (cols, row_stride) if rows > 1 else (cols,))
     return _attributes(dt, _ROW2, div), rows, cols
 
@@ -66,8 +68,8 @@ def _vector(t: Any, name: str, cols: int, x: torch.Tensor) -> TensorAttributes:
     return _attributes(dt, _UNIT, _divisibility(data_pointer(t), t.element_size(), (cols,)))
 
 
-def _like(t: Any, name: str, ref: torch.Tensor, ref_name: str) -> TensorAttributes:
-    """Attributes of a row operand with ``ref``'s shape, dtype and device."""
+def _like(t: Any, name: str, ref: torch.Tensor, ref_name: str, output: bool = False) -> TensorAttributes:
+    """Attributes of a row operand with ``ref``'s shape, dtype and device (rows distinct for an ``output``)."""
     _require_tensor(t, name)
     if t.shape != ref.shape:
         raise ValueError(f"operand {name}: shape {tuple(t.shape)} must equal {ref_name}'s {tuple(ref.shape)}")
@@ -75,11 +77,11 @@ def _like(t: Any, name: str, ref: torch.Tensor, ref_name: str) -> TensorAttribut
         raise TypeError(f"operand {name}: dtype {t.dtype} must equal {ref_name}'s {ref.dtype}")
     if t.device != ref.device:
         raise ValueError(f"operand {name}: on {t.device} but {ref_name} is on {ref.device}")
-    return _rows(t, name)[0]
+    return _rows(t, name, output)[0]
 
 
 def _eps(eps: Any) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+    if not _finite(eps) or eps < 0:
         raise ValueError(f"eps: expected a finite float >= 0, got {eps!r}")
     return float(eps)
 
@@ -125,9 +127,9 @@ class _NormArguments(Arguments):
             attrs["bias"] = _vector(bias, "bias", self.cols, x)
             if bias.dtype != weight.dtype:
                 raise TypeError(f"operand bias: dtype {bias.dtype} must equal weight's {weight.dtype}")
-        attrs["out"] = _like(out, "out", x, "x")
+        attrs["out"] = _like(out, "out", x, "x", output=True)
         if residual_out is not None:
-            attrs["residual_out"] = _like(residual_out, "residual_out", x, "x")
+            attrs["residual_out"] = _like(residual_out, "residual_out", x, "x", output=True)
         self.x, self.residual, self.weight, self.bias, self.out, self.residual_out = (
             x, residual, weight, bias, out, residual_out)
         self.eps = _eps(eps)
@@ -229,7 +231,7 @@ class _NormBackwardArguments(Arguments):
         xa, self.rows, self.cols = _rows(x, "x")
         attrs = {"grad_out": _like(grad_out, "grad_out", x, "x"), "x": xa,
                  "weight": _vector(weight, "weight", self.cols, x),
-                 "grad_x": _like(grad_x, "grad_x", x, "x")}
+                 "grad_x": _like(grad_x, "grad_x", x, "x", output=True)}
         for name, t in (("grad_weight", grad_weight), ("grad_bias", grad_bias)):
             if t is None:
                 continue

@@ -9,7 +9,7 @@ import torch
 
 from ..core.tensor_attributes import TensorAttributes
 from .base import (_ROW2, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor,
-                   data_pointer)
+                   _shares_memory, data_pointer)
 
 
 def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int, int, int]:
@@ -43,11 +43,12 @@ def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int,
     return _attributes(dt, _ROW2, div), rows, cols, phase
 
 
-def _normalize_dim(dim: Any, ndim: int) -> int:
+def _normalize_dim(dim: Any, ndim: int, name: str) -> int:
+    """``dim`` of operand ``name`` (of rank ``ndim``) as a non-negative index: the last dimension."""
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
     if ndim == 0:
-        raise ValueError("operand x: softmax needs at least one dimension")
+        raise ValueError(f"operand {name}: softmax needs at least one dimension")
     if not -ndim <= dim < ndim:
         raise ValueError(f"dim: {dim} out of range for a tensor of rank {ndim}")
     d = dim % ndim
@@ -70,6 +71,18 @@ def _check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, co
         raise ValueError(f"operand {name}: must be contiguous, got strides {tuple(t.stride())}")
 
 
+def _check_overlap(args: Arguments, name: str, inputs: tuple[str, ...]) -> None:
+    """Refuse an output that shares memory with an input other than as that very view: in place
+    (the same pointer and strides) each element is read before it is written, but a shifted
+    view's rows are written while other thread blocks still read them."""
+    out = getattr(args, name)
+    for other in inputs:
+        t = getattr(args, other)
+        if _shares_memory(out, t) and (data_pointer(out) != data_pointer(t) or out.stride() != t.stride()):
+            raise ValueError(f"operand {name}: overlaps {other} in memory but is not {other} itself; give {name} "
+                             f"its own memory (or pass {other}, to write in place)")
+
+
 class SoftmaxArguments(Arguments):
     """``out = softmax(x, dim)`` over the last dimension; out has x's shape and dtype."""
 
@@ -79,7 +92,7 @@ class SoftmaxArguments(Arguments):
     def __init__(self, x: torch.Tensor, out: torch.Tensor, dim: int = -1) -> None:
         _require_tensor(x, "x")
         _require_tensor(out, "out")
-        self.dim = _normalize_dim(dim, x.dim())
+        self.dim = _normalize_dim(dim, x.dim(), "x")
         _check_like("out", out, "x", x, contiguous=True)
         xa, self.rows, self.cols, xp = _rows_attributes(x, "x")
         oa, _, _, op = _rows_attributes(out, "out")
@@ -95,6 +108,10 @@ class SoftmaxArguments(Arguments):
         """The signature with the rows and columns: the kernels see the operands as (rows, cols)."""
         return (self.signature, self.rows, self.cols)
 
+    def check_memory(self) -> None:
+        """Raise ValueError when out overlaps x other than as x itself (`_check_overlap`)."""
+        _check_overlap(self, "out", ("x",))
+
     def __repr__(self) -> str:
         return f"SoftmaxArguments(rows={self.rows}, cols={self.cols}, dtype={self.tensor_attributes['x'].dtype}, device={self.device})"
 
@@ -109,7 +126,7 @@ class SoftmaxBackwardArguments(Arguments):
         _require_tensor(grad_out, "grad_out")
         _require_tensor(out, "out")
         _require_tensor(grad_in, "grad_in")
-        self.dim = _normalize_dim(dim, out.dim())
+        self.dim = _normalize_dim(dim, out.dim(), "out")
         _check_like("grad_out", grad_out, "out", out)
         _check_like("grad_in", grad_in, "out", out, contiguous=True)
         ga, self.rows, self.cols, gp = _rows_attributes(grad_out, "grad_out")
@@ -126,6 +143,11 @@ class SoftmaxBackwardArguments(Arguments):
     def problem_key(self) -> tuple:
         """The signature with the rows and columns: the kernels see the operands as (rows, cols)."""
         return (self.signature, self.rows, self.cols)
+
+    def check_memory(self) -> None:
+        """Raise ValueError when grad_in overlaps grad_out or out other than as that tensor itself
+        (`_check_overlap`)."""
+        _check_overlap(self, "grad_in", ("grad_out", "out"))
 
     def __repr__(self) -> str:
         return (f"SoftmaxBackwardArguments(rows={self.rows}, cols={self.cols}, "

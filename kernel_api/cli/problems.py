@@ -35,14 +35,17 @@ DEVICE = "meta"
 #: A field's default when it has none: the field is required.
 REQUIRED = object()
 
+#: The largest size torch takes (its sizes are int64).
+MAX_SIZE = 2**63 - 1
+
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-    """One value of a problem: an integer size (at least 1), a type name, a choice or a switch.
+    """One value of a problem: an integer size (1 to `MAX_SIZE`), a type name, a choice or a switch.
 
     Attributes:
         name: the field's name in a shapes file; the option is ``--`` + name with ``-`` for ``_``.
-        kind: ``int`` (a size >= 1), ``"dtype"`` (a type name), ``"layout"`` (t/n per operand),
+        kind: ``int`` (a size from 1 to `MAX_SIZE`), ``"dtype"`` (a type name), ``"layout"`` (t/n per operand),
             ``bool`` (a switch, False unless given) or a tuple of the allowed strings.
         default: the value when not given; `REQUIRED` when it must be.
         help: the option's help text.
@@ -64,6 +67,8 @@ class Field:
         if self.kind is int:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
+            if value > MAX_SIZE:
+                raise ValueError(f"{label} must be at most {MAX_SIZE} (2**63 - 1, torch's largest size), got {value}")
         elif self.kind is bool:
             if not isinstance(value, bool):
                 raise ValueError(f"{label} must be true or false, got {value!r}")
@@ -126,10 +131,12 @@ class Problem:
 
 
 def _matrix(rows: int, cols: int, batch: int | None, row_major: bool, dtype: torch.dtype, device: str) -> torch.Tensor:
-    shape = (rows, cols) if batch is None else (batch, rows, cols)
-    stride2 = (cols, 1) if row_major else (1, rows)
-    stride = stride2 if batch is None else (rows * cols,) + stride2
-    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    # (torch computes the strides: sizes whose product overflows are its RuntimeError, which
+    # `Problem.arguments` reports, not an int64 stride torch cannot unpack)
+    lead = () if batch is None else (batch,)
+    if row_major:
+        return torch.empty(*lead, rows, cols, dtype=dtype, device=device)
+    return torch.empty(*lead, cols, rows, dtype=dtype, device=device).transpose(-1, -2)
 
 
 def _torch_dtype(name: str, flag: str = "--dtype") -> torch.dtype:
