@@ -565,3 +565,45 @@ def test_dtypes_no_kernel_takes_are_refused_by_discovery(cpu_ops, call):
     with pytest.raises(KernelApiError) as info:
         call()
     assert re.match(r"no kernel supports \w+Arguments\(", str(info.value)), str(info.value)
+
+
+@pytest.mark.parametrize("make", [lambda t: t.to_sparse(), lambda t: t.to_sparse_csr(),
+                                  lambda t: torch.nested.nested_tensor([t[0], t[1, :3]])],
+                         ids=["sparse_coo", "sparse_csr", "nested"])
+def test_sparse_and_nested_operands_are_refused_by_name(make):
+    """Kernels read dense memory through strides: a sparse or nested operand is refused in one
+    line naming it, not with torch's error about its missing strides or sizes."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch warns that sparse CSR and nested tensors are in beta)
+        x = make(torch.randn(4, 8))
+    dense = torch.randn(4, 8)
+    for build, name in ((lambda: GemmArguments(x, torch.randn(8, 8), torch.empty(4, 8)), "A"),
+                        (lambda: GemmArguments(dense, torch.randn(8, 8), x), "out"),
+                        (lambda: SoftmaxArguments(x, torch.empty(4, 8)), "x"),
+                        (lambda: RMSNormArguments(x, torch.randn(8), torch.empty(4, 8)), "x")):
+        with pytest.raises(TypeError, match=rf"^operand {name}: a (sparse_coo|sparse_csr|nested) tensor;"):
+            build()
+
+
+def test_epilogue_function_numbers_are_finite():
+    """An epilogue function's scalar operands and literals are finite floats: NaN, infinity and
+    integers past the float range are refused naming the operand or the literal's line."""
+    from kernel_api.epilogue.errors import EpilogueError
+
+    def scaled(accum, alpha):
+        D = accum * alpha
+        return D
+
+    def huge_literal(accum):
+        D = accum * 1e400
+        return D
+
+    A, B, out = torch.randn(4, 8), torch.randn(8, 8), torch.empty(4, 8)
+    for alpha in (float("nan"), float("inf"), 10**400):
+        with pytest.raises(EpilogueError, match=r"^operand alpha: expected a finite number"):
+            GemmArguments(A, B, out, epilogue=EpilogueArguments(scaled, alpha=alpha))
+    with pytest.raises(EpilogueError, match="a literal outside the finite float range"):
+        GemmArguments(A, B, out, epilogue=EpilogueArguments(huge_literal))
+    GemmArguments(A, B, out, epilogue=EpilogueArguments(scaled, alpha=1e30))

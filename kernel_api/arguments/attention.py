@@ -61,9 +61,10 @@ from typing import Any
 import torch
 
 from ..core.dtypes import DataType
+from ..core.numbers import is_finite_number
 from ..core.tensor_attributes import TensorAttributes
 from .attention_math import attention_with_lse, torch_attention
-from .base import STORAGELESS_TYPES, Arguments, _attributes, _divisibility, _element_type, _finite, \
+from .base import STORAGELESS_TYPES, Arguments, _attributes, _divisibility, _element_type, \
     _lazy_bit_error, _require_tensor, data_pointer
 from .outputs import check_outputs_disjoint, elements_distinct
 
@@ -269,7 +270,7 @@ class AttentionProblem:
             raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
         if scale is None:
             scale = 1.0 / math.sqrt(self.head_dim) if self.head_dim else 1.0
-        elif not _finite(scale):
+        elif not is_finite_number(scale):
             raise ValueError(f"scale: expected a finite float, got {scale!r}")
         self.causal, self.scale = causal, float(scale)
         if varlen:

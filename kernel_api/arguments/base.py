@@ -230,17 +230,6 @@ def _overlaps(inner: int, rows: int, row_stride: int, batch: int, batch_stride: 
     return False
 
 
-def _finite(value: Any) -> bool:
-    """Whether ``value`` is an int or float (a bool is neither) of finite value: an int too large
-    for a float (``10**400``) is not, as float arithmetic would overflow on it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
 def _rows_overlap_error(name: str, row_stride: int, cols: int) -> ValueError:
     """The refusal of an output seen as rows whose rows overlap (a row stride below the row length,
     as an ``expand``ed output's 0)."""
@@ -251,7 +240,19 @@ def _rows_overlap_error(name: str, row_stride: int, cols: int) -> ValueError:
 def _require_tensor(value: Any, name: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"operand {name}: expected a torch.Tensor, got {type(value).__name__}")
+    if value.layout is not _STRIDED or value.is_nested:
+        raise _layout_error(value, name)
     return value
+
+
+_STRIDED = torch.strided
+
+
+def _layout_error(t: torch.Tensor, name: str) -> TypeError:
+    """The refusal of a sparse or nested tensor: kernels read dense memory through strides."""
+    kind = "nested" if t.is_nested else str(t.layout).replace("torch.", "")
+    return TypeError(f"operand {name}: a {kind} tensor; kernels read dense (strided) tensors, so pass "
+                     f"{'a padded tensor' if t.is_nested else 'its .to_dense()'}")
 
 
 def _element_type(t: torch.Tensor, name: str) -> DataType:
@@ -294,6 +295,8 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
         raise TypeError(f"operand {name}: dtype {t.dtype} is not supported by kernel_api")
     if t.is_neg():  # (no supported dtype is complex, so none carries the conjugate bit)
         raise _lazy_bit_error(t, name)
+    if t.layout is not _STRIDED:
+        raise _layout_error(t, name)
     if shape is None:
         shape = t.shape
     stride = t.stride()

@@ -45,8 +45,9 @@ from typing import Any
 import torch
 
 from ..core.dtypes import DataType
+from ..core.numbers import is_finite_number
 from ..core.tensor_attributes import TensorAttributes
-from .base import (_attributes, _divisibility, _element_type, _finite, _lazy_bit_error, _require_tensor,
+from .base import (_attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor,
                    _rows_overlap_error, _shares_memory, Arguments, data_pointer)
 from .cross_entropy_math import rows_gradient, rows_loss
 
@@ -151,7 +152,7 @@ def _scalars(ignore_index: Any, label_smoothing: Any, z_loss: Any) -> tuple[int,
     if not -2**63 <= ignore_index < 2**63:  # kernels compare it with class indices as a 64-bit int
         raise ValueError(f"ignore_index: {ignore_index} is outside the int64 range of class indices")
     for name, v in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
-        if not _finite(v):
+        if not is_finite_number(v):
             raise ValueError(f"{name}: expected a finite float, got {v!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing: expected a float in [0, 1], got {label_smoothing!r}")

@@ -10,8 +10,9 @@ from typing import Any, NamedTuple
 import torch
 
 from ..core.dtypes import _FROM_TORCH, DataType
+from ..core.numbers import is_finite_number
 from ..core.tensor_attributes import TensorAttributes
-from .base import STORAGELESS_TYPES, _finite, _lazy_bit_error, _matrix_attributes, _require_tensor, _shares_memory
+from .base import STORAGELESS_TYPES, _lazy_bit_error, _matrix_attributes, _require_tensor, _shares_memory
 
 # The activations a fused epilogue may apply (kernels declare theirs in `EpilogueMetadata`).
 ACTIVATIONS = ("relu", "gelu", "silu")
@@ -120,7 +121,7 @@ class EpilogueArguments:
         for label, value in (("alpha", alpha), ("beta", beta)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"epilogue {label}: expected a number, got {type(value).__name__}")
-            if not _finite(value):
+            if not is_finite_number(value):
                 raise ValueError(f"epilogue {label}: expected a finite number, got {value!r}")
         if C is not None:
             _require_tensor(C, "C")

@@ -111,7 +111,12 @@ class GemmArguments(Arguments):
             _require_tensor(B, "B")
         if type(out) is not torch.Tensor:
             _require_tensor(out, "out")
-        sa, sb, so = A.shape, B.shape, out.shape
+        try:
+            sa, sb, so = A.shape, B.shape, out.shape
+        except RuntimeError:  # a nested tensor has no shape (checked here, off the common path)
+            for name, t in (("A", A), ("B", B), ("out", out)):
+                _require_tensor(t, name)
+            raise
         rank = len(sa)
         if rank not in (2, 3):
             raise ValueError(f"operand A: rank {rank}, expected (L, M, K) or (M, K)")

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from ..core.numbers import is_finite_number
 from ..core.tensor_attributes import TensorAttributes
-from .base import (_ROW2, Arguments, _attributes, _divisibility, _element_type, _finite, _lazy_bit_error,
+from .base import (_ROW2, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error,
                    _require_tensor, _rows_overlap_error, _shares_memory, data_pointer)
 
 _UNIT = (1,)
@@ -81,7 +82,7 @@ def _like(t: Any, name: str, ref: torch.Tensor, ref_name: str, output: bool = Fa
 
 
 def _eps(eps: Any) -> float:
-    if not _finite(eps) or eps < 0:
+    if not is_finite_number(eps) or eps < 0:
         raise ValueError(f"eps: expected a finite float >= 0, got {eps!r}")
     return float(eps)
 

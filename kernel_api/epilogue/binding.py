@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..core.dtypes import _FROM_TORCH, DataType
+from ..core.numbers import is_finite_number
 from .errors import EpilogueError
 from .ir import REDUCE, EpilogueGraph
 
@@ -32,6 +33,12 @@ INPUT_TYPES = frozenset({DataType.f16, DataType.bf16, DataType.f32, DataType.f64
 #: Element types an extra (M, N) output may have.
 OUTPUT_TYPES = frozenset({DataType.f16, DataType.bf16, DataType.f32})
 
+
+
+def _short(value: Any) -> str:
+    """A number's repr cut to one short line (an int literal may have hundreds of digits)."""
+    text = repr(value)
+    return text if len(text) <= 24 else text[:21] + "..."
 
 @dataclass(frozen=True)
 class OperandKey:
@@ -175,6 +182,8 @@ def bind(graph: EpilogueGraph, values: dict[str, Any], out: torch.Tensor, L: int
             keys.append(OperandKey("load", dtype, pattern, align=_align(view) if pattern[1] and pattern[2] else None))
             operands.append(view)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not is_finite_number(value):
+                raise EpilogueError(f"operand {name}: expected a finite number, got {_short(value)}")
             keys.append(OperandKey("scalar"))
             operands.append(float(value))
         else:

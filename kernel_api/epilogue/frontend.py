@@ -18,6 +18,7 @@ import inspect
 import textwrap
 from typing import Any, Callable
 
+from ..core.numbers import is_finite_number
 from .errors import EpilogueError
 from .ir import (ACCUM, BINARY, CAST, INPUT, LITERAL, REDUCE, UNARY, EpilogueGraph, Node)
 
@@ -198,13 +199,14 @@ class _Builder:
         if isinstance(e, ast.Constant):
             if isinstance(e.value, bool) or not isinstance(e.value, (int, float)):
                 raise self.error(f"unsupported literal {e.value!r}; numbers only", e)
+            if not is_finite_number(e.value):
+                raise self.error("a literal outside the finite float range", e)
             return self.add(Node(LITERAL, attr=float(e.value)), e)
         if isinstance(e, ast.UnaryOp):
             if isinstance(e.op, ast.UAdd):
                 return self.operand(e.operand)
             if isinstance(e.op, ast.USub):
-                if isinstance(e.operand, ast.Constant) and isinstance(e.operand.value, (int, float)) \
-                        and not isinstance(e.operand.value, bool):
+                if isinstance(e.operand, ast.Constant) and is_finite_number(e.operand.value):
                     return self.add(Node(LITERAL, attr=-float(e.operand.value)), e)
                 return self.add(Node(UNARY, (self.operand(e.operand),), "neg"), e)
             raise self.error(f"unsupported operator {type(e.op).__name__}", e)
