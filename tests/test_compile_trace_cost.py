@@ -119,7 +119,7 @@ def test_a_patched_block_costs_dynamo_few_traced_instructions_and_frames(calls, 
     at most as many instructions and 80 % of the frames (the hand-over writes no attribute
     through ``nn.Module.__setattr__``, the epilogue's source is a constant, the ops are called
     without the front doors' argument handling, the rule's checks are loops rather than
-    generators). Measured with them: 40 % and 40 %, 91 % and 63 % (frames are counted once each,
+    generators). Measured with them: 39 % and 38 %, 86 % and 56 % (frames are counted once each,
     every tracer kept alive until the count ends, so that the count is the same on every run)."""
     if kept:
         request.getfixturevalue("kept_from_one_row")

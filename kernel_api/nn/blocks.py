@@ -94,16 +94,11 @@ def projections(module: torch.nn.Module, spec: BlockSpec) -> tuple[torch.nn.Modu
     return getattr(getattr(module, spec.attn), spec.attn_proj), getattr(getattr(module, spec.mlp), spec.mlp_proj)
 
 
-def _quiet(dropout: torch.nn.Module | None) -> bool:
-    """Whether a dropout after a projection leaves its output as it is."""
-    return dropout is None or not dropout.training or dropout.p == 0
-
-
 def _branch(projection: torch.nn.Module, dropout: torch.nn.Module | None, residual: torch.Tensor,
             call: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``residual + call(*args, **kwargs)`` (its first element when it returns a tuple), the add in
-    ``projection``'s epilogue when it can take it."""
-    if isinstance(projection, FusedProjection) and _quiet(dropout):
+    ``projection``'s epilogue when it can take it (no dropout after it that changes its output)."""
+    if isinstance(projection, FusedProjection) and (dropout is None or not dropout.training or dropout.p == 0):
         hand = armed(projection, residual=residual)
         with hand:
             out = call(*args, **kwargs)
@@ -116,24 +111,31 @@ def _branch(projection: torch.nn.Module, dropout: torch.nn.Module | None, residu
     return residual + out
 
 
-# The `BlockSpec` and `forward_parameters` of each class `kernel_api.nn.patch` makes, by class: a
-# read of the class's attributes through the block would be guarded at every block under Dynamo.
-_declared: dict[type, tuple[BlockSpec, tuple[tuple[str, Any], ...]]] = {}
+# The `BlockSpec` and `forward_parameters` of each class `kernel_api.nn.patch` makes, by class, with
+# the parameters whose default is not None (`_declaration`): a read of the class's attributes
+# through the block would be guarded at every block under Dynamo.
+_declared: dict[type, tuple[BlockSpec, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]] = {}
 
 
 @tracing.assume_constant_result
 def declared(cls: type) -> tuple | None:
-    """(`BlockSpec`, parameters) declared for ``cls``, or None. Dynamo calls it while tracing and
-    takes the answer as a constant: it guards none of the spec's parts (the class itself is
-    guarded by the block's type check)."""
+    """(`BlockSpec`, parameters, those of them whose default is not None) declared for ``cls``,
+    or None. Dynamo calls it while tracing and takes the answer as a constant: it guards none of
+    the spec's parts (the class itself is guarded by the block's type check)."""
     return _declared.get(cls)
+
+
+def _declaration(spec: BlockSpec, parameters: tuple[tuple[str, Any], ...]) -> tuple:
+    """`declared`'s answer for ``spec`` and ``parameters``: the parameters whose default is not
+    None listed apart, so that a call fills in only those (Dynamo traces each step of the loop)."""
+    return spec, parameters, tuple([(name, default) for name, default in parameters if default is not None])
 
 
 def declare(cls: type, spec: BlockSpec, parameters: tuple[tuple[str, Any], ...]) -> None:
     """Make ``cls`` (a `ResidualBlock` class) a block of ``spec`` whose forward takes ``parameters``
     (`forward_parameters`); also its ``kernel_api_block`` / ``kernel_api_parameters``."""
     cls.kernel_api_block, cls.kernel_api_parameters = spec, parameters
-    _declared[cls] = (spec, parameters)
+    _declared[cls] = _declaration(spec, parameters)
 
 
 class ResidualBlock(torch.nn.Module):
@@ -145,26 +147,31 @@ class ResidualBlock(torch.nn.Module):
     kernel_api_parameters: tuple[tuple[str, Any], ...]
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        spec, params = declared(self.__class__) or (self.kernel_api_block, self.kernel_api_parameters)
-        if (not worth_arming(hidden_states, projections(self, spec)) or len(args) > len(params)
-                or any(kwargs.get(n) is not None for n in spec.own_forward_if)):
+        # (loops rather than generators, each read once: Dynamo traces every step here at every
+        # block, a generator as a frame of its own)
+        spec, params, defaults = (declared(self.__class__)
+                                  or _declaration(self.kernel_api_block, self.kernel_api_parameters))
+        attn, mlp = getattr(self, spec.attn), getattr(self, spec.mlp)
+        attn_proj, mlp_proj = getattr(attn, spec.attn_proj), getattr(mlp, spec.mlp_proj)  # (`projections`)
+        own = not worth_arming(hidden_states, (attn_proj, mlp_proj)) or len(args) > len(params)
+        if not own:
+            named = kwargs.copy()  # (not dict(kwargs), whose construction Dynamo traces as Python)
+            for (name, _), value in zip(params, args):
+                named[name] = value
+            for name in spec.own_forward_if:
+                if kwargs.get(name) is not None or named.get(name) is not None:
+                    own = True
+        if own:
             # (nothing to fuse in this call, both residuals having its rows: the block's own forward)
             return forward_behind(self, ResidualBlock)(self, hidden_states, *args, **kwargs)
-        named = dict(kwargs)
-        for (name, _), value in zip(params, args):
-            named[name] = value
-        if any(named.get(n) is not None for n in spec.own_forward_if):
-            return forward_behind(self, ResidualBlock)(self, hidden_states, *args, **kwargs)
-        for name, default in params:
-            if default is not None and name not in named:
+        for name, default in defaults:
+            if name not in named:
                 named[name] = default
         for name in spec.not_for_attention:
             named.pop(name, None)
-        attn, mlp = getattr(self, spec.attn), getattr(self, spec.mlp)
         attn_dropout = getattr(attn, spec.attn_dropout) if spec.attn_dropout else None
         mlp_dropout = getattr(mlp, spec.mlp_dropout) if spec.mlp_dropout else None
         normed = getattr(self, spec.norm1)(hidden_states)
-        hidden_states = _branch(getattr(attn, spec.attn_proj), attn_dropout, hidden_states, attn,
-                                hidden_states=normed, **named)
+        hidden_states = _branch(attn_proj, attn_dropout, hidden_states, attn, hidden_states=normed, **named)
         normed = getattr(self, spec.norm2)(hidden_states)
-        return _branch(getattr(mlp, spec.mlp_proj), mlp_dropout, hidden_states, mlp, normed)
+        return _branch(mlp_proj, mlp_dropout, hidden_states, mlp, normed)

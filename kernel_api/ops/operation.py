@@ -318,7 +318,8 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
             # functions' own `f(x, w, eps, out=out)`)
             if len(inputs) < n:
                 inputs = (*inputs, *defaults[len(inputs) - defaulted:])
-            given = [named.get(name) for name in outputs]
+            # (one output: no comprehension, which Dynamo traces as a frame of its own at every call)
+            given = [named.get(outputs[0])] if single else [named.get(name) for name in outputs]
             fresh = not named or (given[0] is None if single else all(g is None for g in given))
         else:  # inputs by name, or a wrong call: the signature binds and explains
             try:
@@ -364,8 +365,12 @@ def _front_door(op: Operation, overload: Any, schema: Any, replay: OperationRepl
 
 def _through_op(op: Operation, overload: Any, stream: Any, given: list, inputs: tuple) -> Any:
     """Run the torch op (tracing, dispatch modes, autograd); given outputs are filled by a copy."""
-    result = op_on_stream(overload, stream, *inputs)
-    if all(g is None for g in given):
+    # (no generator, nor `op_on_stream`'s frame on the current stream: Dynamo traces this at every call)
+    result = overload(*inputs) if stream is None else op_on_stream(overload, stream, *inputs)
+    for g in given:
+        if g is not None:
+            break
+    else:
         return result
     results = result if len(op.outputs) > 1 else (result,)
     if _grad_enabled() and any(r.requires_grad for r in results):
