@@ -295,11 +295,12 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
         raise TypeError(f"operand {name}: dtype {t.dtype} is not supported by kernel_api")
     if t.is_neg():  # (no supported dtype is complex, so none carries the conjugate bit)
         raise _lazy_bit_error(t, name)
-    if t.layout is not _STRIDED:
-        raise _layout_error(t, name)
     if shape is None:
         shape = t.shape
-    stride = t.stride()
+    try:
+        stride = t.stride()
+    except RuntimeError:  # (a sparse CSR/CSC tensor has no strides)
+        raise _layout_error(t, name) from None
     rows, cols = shape[-2], shape[-1]
     # The largest power of two dividing every value is the lowest set bit of their OR.
     if stride[-1] == 1:
@@ -308,6 +309,8 @@ def _matrix_attributes(t: torch.Tensor, name: str, shape: Any = None,
     elif stride[-2] == 1:
         pattern = COLUMN_MAJOR
         bits = rows | stride[-1] if cols > 1 else rows
+    elif t.layout is not _STRIDED:  # (a sparse COO tensor: zero strides, no unit-stride mode)
+        raise _layout_error(t, name)
     elif cols == 1:
         pattern = ROW_MAJOR
         t = t.as_strided(shape, stride[:-1] + (1,))
