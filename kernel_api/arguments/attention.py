@@ -403,12 +403,8 @@ class AttentionArguments(Arguments):
         """
         out = self.out
         check_distinct(out, "out", "q")
-        tensors = self.tensors()
-        q = self.q
-        if (data_pointer(out) == data_pointer(q) and out.shape == q.shape and out.stride() == q.stride()
-                and type(out) is type(q)):
-            del tensors["q"]  # (out is q: written in place)
-        check_outputs_disjoint(tensors, ("out", "lse") if self.lse is not None else ("out",))
+        check_outputs_disjoint(self.tensors(), ("out", "lse") if self.lse is not None else ("out",),
+                               in_place=(("out", "q"),))
 
     def problem_key(self) -> tuple:
         """The signature with the sizes a choice depends on: batch, sequence lengths (the

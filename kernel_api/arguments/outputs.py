@@ -1,5 +1,6 @@
 """The memory check of operations with several operands: no output shares memory with an input
-or with another output, and an output's elements are distinct (`elements_distinct`). Each operand's byte range is computed once (a pairwise test would
+(but one it may overwrite in place) or with another output, and an output's elements are
+distinct (`elements_distinct`). Each operand's byte range is computed once (a pairwise test would
 compute it once per pair: 9 pairs for RoPE's six operands), with `base`'s rule: overlapping
 ranges of dense tensors share elements; strided tensors with gaps, empty ones and tensors
 without memory are not judged."""
@@ -30,12 +31,15 @@ def _range(t: torch.Tensor) -> tuple[int, int] | None:
     return (ptr, ptr + n * size) if ptr else None
 
 
-def check_outputs_disjoint(tensors: dict[str, torch.Tensor], outputs: tuple[str, ...]) -> None:
+def check_outputs_disjoint(tensors: dict[str, torch.Tensor], outputs: tuple[str, ...],
+                           in_place: tuple[tuple[str, str], ...] = ()) -> None:
     """Raise ValueError naming the first output that overlaps an input or another output.
 
     Args:
         tensors: operand name -> tensor (every operand of the arguments).
         outputs: the names of the outputs among them.
+        in_place: (output, input) pairs where the output may be that input itself (the same view:
+            kernels read each element before they write it), though no other part of it.
     """
     ranges: dict[str, Any] = {name: _range(t) for name, t in tensors.items()}
     for i, name in enumerate(outputs):
@@ -46,7 +50,11 @@ def check_outputs_disjoint(tensors: dict[str, torch.Tensor], outputs: tuple[str,
             if other == name or theirs is None or (other in outputs and outputs.index(other) < i):
                 continue
             if mine[0] < theirs[1] and theirs[0] < mine[1]:
-                raise ValueError(f"operand {name}: overlaps {other} in memory; give {name} its own memory")
+                if (name, other) not in in_place:
+                    raise ValueError(f"operand {name}: overlaps {other} in memory; give {name} its own memory")
+                if mine != theirs or tensors[name].stride() != tensors[other].stride():
+                    raise ValueError(f"operand {name}: overlaps {other} in memory but is not {other} itself; give "
+                                     f"{name} its own memory (or pass {other}, to write in place)")
 
 
 def elements_distinct(t: torch.Tensor) -> bool:

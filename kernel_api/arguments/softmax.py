@@ -9,7 +9,8 @@ import torch
 
 from ..core.tensor_attributes import TensorAttributes
 from .base import (_ROW2, Arguments, _attributes, _divisibility, _element_type, _lazy_bit_error, _require_tensor,
-                   _shares_memory, data_pointer)
+                   data_pointer)
+from .outputs import check_outputs_disjoint
 
 
 def _rows_attributes(t: torch.Tensor, name: str) -> tuple[TensorAttributes, int, int, int]:
@@ -71,18 +72,6 @@ def _check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, co
         raise ValueError(f"operand {name}: must be contiguous, got strides {tuple(t.stride())}")
 
 
-def _check_overlap(args: Arguments, name: str, inputs: tuple[str, ...]) -> None:
-    """Refuse an output that shares memory with an input other than as that very view: in place
-    (the same pointer and strides) each element is read before it is written, but a shifted
-    view's rows are written while other thread blocks still read them."""
-    out = getattr(args, name)
-    for other in inputs:
-        t = getattr(args, other)
-        if _shares_memory(out, t) and (data_pointer(out) != data_pointer(t) or out.stride() != t.stride()):
-            raise ValueError(f"operand {name}: overlaps {other} in memory but is not {other} itself; give {name} "
-                             f"its own memory (or pass {other}, to write in place)")
-
-
 class SoftmaxArguments(Arguments):
     """``out = softmax(x, dim)`` over the last dimension; out has x's shape and dtype."""
 
@@ -109,8 +98,8 @@ class SoftmaxArguments(Arguments):
         return (self.signature, self.rows, self.cols)
 
     def check_memory(self) -> None:
-        """Raise ValueError when out overlaps x other than as x itself (`_check_overlap`)."""
-        _check_overlap(self, "out", ("x",))
+        """Raise ValueError when out overlaps x other than as x itself (in place)."""
+        check_outputs_disjoint(self.tensors(), ("out",), in_place=(("out", "x"),))
 
     def __repr__(self) -> str:
         return f"SoftmaxArguments(rows={self.rows}, cols={self.cols}, dtype={self.tensor_attributes['x'].dtype}, device={self.device})"
@@ -146,8 +135,9 @@ class SoftmaxBackwardArguments(Arguments):
 
     def check_memory(self) -> None:
         """Raise ValueError when grad_in overlaps grad_out or out other than as that tensor itself
-        (`_check_overlap`)."""
-        _check_overlap(self, "grad_in", ("grad_out", "out"))
+        (in place)."""
+        check_outputs_disjoint(self.tensors(), ("grad_in",),
+                               in_place=(("grad_in", "grad_out"), ("grad_in", "out")))
 
     def __repr__(self) -> str:
         return (f"SoftmaxBackwardArguments(rows={self.rows}, cols={self.cols}, "
