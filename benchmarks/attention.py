@@ -17,7 +17,9 @@ thread (so ``kernel_api.settings`` scopes the backward's choice too).
 Cases: ``issue`` (default), the model-operations issue's shapes (multi-head); ``llama``, a
 Llama-3-8B layer's attention (b4, 32 query heads over 8 KV heads, s2048, d128, causal: GQA,
 SDPA with ``enable_gqa``); ``d64`` and ``d128``, the issue's shapes of that head dim, causal and
-full.
+full; ``varlen``, packed batches of sequences (``cu_seqlens``): equal lengths, where SDPA's dense
+call over the same tokens is the anchor, and mixed lengths, where the anchor is the torch
+provider's FlashAttention-2 varlen kernel through the op (SDPA takes no sequence offsets).
 
 Each case then times every forward kernel that writes the log-sum-exp and every backward kernel
 on its own (bound `Kernel.run` calls; ``--no-kernels`` skips it): the numbers PickAny's speeds
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
 import os
 import sys
@@ -76,6 +79,10 @@ CASES = {"issue": [Case(4, 32, 32, 4096, 128, True), Case(16, 16, 16, 1024, 64, 
          "llama": [Case(4, 32, 8, 2048, 128, True)],
          "d64": [Case(16, 16, 16, 1024, 64, True), Case(16, 16, 16, 1024, 64, False)],
          "d128": [Case(4, 32, 32, 4096, 128, True), Case(4, 32, 32, 4096, 128, False)]}
+#: Packed batches: ``(lengths, heads, heads_kv, head_dim, causal)``. The equal-length ones hold the
+#: tokens of the issue's dense shapes.
+VARLEN_CASES = [((4096,) * 4, 32, 32, 128, True), ((7000, 4096, 2048, 1024, 1000, 600, 400, 216), 32, 8, 128, True),
+                ((1024,) * 16, 16, 16, 64, True), ((3000, 1500, 700, 300, 77, 1), 16, 16, 64, False)]
 #: The backward's FLOPs against the forward's (five matmuls against two).
 BACKWARD_FLOPS = 2.5
 
@@ -275,29 +282,125 @@ def kernel_times(case: Case, repeat: int) -> list[dict]:
     return rows
 
 
+def _varlen_contestants(fa4_provider: str | None) -> dict[str, Contestant]:
+    """Contestants of a packed batch: ``run(q, k, v, causal, cu, max_len)`` on (tokens, heads,
+    head_dim) tensors; SDPA's (on the dense (batch, heads, seqlen, head_dim) view of equal
+    lengths) is added per case."""
+    def op(q, k, v, causal, cu, max_len):
+        return ops.attention(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
+                             max_seqlen_k=max_len)
+
+    found = {"ops": Contestant("packed", op), "ops_torch": Contestant("packed", op, ["torch"]),
+             "ops_cutedsl": Contestant("packed", op, ["cutedsl"], forward_only=True)}
+    if fa4_provider is not None:
+        found["ops_fa4"] = Contestant("packed", op, [fa4_provider])
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except Exception:  # noqa: BLE001 - FA4 absent: its own function is left out
+        return found
+
+    def fa4(q, k, v, causal, cu, max_len):
+        out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
+                                     max_seqlen_k=max_len, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+    found["fa4"] = Contestant("packed", fa4)
+    return found
+
+
+def run_varlen_case(lengths: tuple, heads: int, heads_kv: int, d: int, causal: bool, names: dict,
+                    repeat: int) -> list[dict]:
+    """One packed batch, forward and forward+backward: each contestant against the anchor (SDPA's
+    dense call when the lengths are equal, else the torch provider's varlen kernel)."""
+    tokens, longest, equal = sum(lengths), max(lengths), len(set(lengths)) == 1
+    label = f"varlen {len(lengths)} seqs ({tokens} tokens, longest {longest}) h{heads}" \
+            f"{'' if heads_kv == heads else f'/{heads_kv}'} d{d} {'causal' if causal else 'full'}"
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    contestants = dict(names)
+    if equal:
+        b, s_ = len(lengths), longest
+        sdpa = _sdpa(None)
+        contestants["sdpa"] = Contestant("packed", lambda q, k, v, causal, cu, max_len: sdpa(
+            *(t.view(b, s_, t.shape[1], d).transpose(1, 2) for t in (q, k, v)), causal))
+    anchor = "sdpa" if equal else "ops_torch"
+    count = max(2, math.ceil(ROTATE_BYTES / (2 * tokens * (heads + heads_kv) * d * 2)))
+    work_fwd = sum(4.0 * heads * n * n * d / (2 if causal else 1) for n in lengths)
+    rows = []
+    for backward in (False, True):
+        ops.clear_dispatch_cache()
+        g = torch.Generator(device="cuda").manual_seed(0)
+        sets = [tuple(torch.randn(tokens, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(
+            backward and i < 3) for i, h in enumerate((heads, heads_kv, heads_kv, heads))) for _ in range(count)]
+        fns = {}
+        for name, contestant in contestants.items():
+            if backward and contestant.forward_only:
+                continue
+
+            def launch(i: int, contestant: Contestant = contestant, sets: list = sets) -> Any:
+                q, k, v, do = sets[i % len(sets)]
+                scope = contextlib.nullcontext() if contestant.providers is None else \
+                    kernel_api.settings(providers=contestant.providers)
+                if not backward:
+                    with torch.no_grad(), scope:
+                        return contestant.run(q, k, v, causal, cu, longest)
+                with torch.autograd.set_multithreading_enabled(False), scope:
+                    out = contestant.run(q, k, v, causal, cu, longest)
+                    return torch.autograd.grad(out, (q, k, v), do.view_as(out))
+            try:
+                launch(0)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - one contestant's failure is reported, the rest timed
+                print(f"{label} {'fwd+bwd' if backward else 'fwd'} {name}: {type(exc).__name__}: {str(exc)[:300]}",
+                      flush=True)
+                continue
+            fns[name] = launch
+        if anchor not in fns:
+            continue
+        chosen = _choices()
+        times, behind = time_group(fns, repeat)
+        work = work_fwd * (1 + BACKWARD_FLOPS) if backward else work_fwd
+        mode = "fwd+bwd" if backward else "fwd"
+        tflops = {n: work / (t * 1e-3) / 1e12 for n, t in times.items()}
+        ratios = {n: times[anchor] / t for n, t in times.items()}
+        rows.append({"case": label, "mode": mode, "anchor": anchor, "ms": times, "tflops": tflops,
+                     f"vs_{anchor}": ratios, "chosen": chosen, "host_behind": behind, "sets": count})
+        parts = "  ".join(f"{n} {tflops[n]:.0f} ({ratios[n]:.2f}x)" for n in fns)
+        print(f"{label} {mode}: TFLOP/s (vs {anchor}) {parts}  ops chose {chosen}"
+              f"{'  [host behind]' if behind else ''}", flush=True)
+        del sets, fns
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (the same shapes)")
     parser.add_argument("--repeat", type=int, default=None, help="timed launches per contestant")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     parser.add_argument("--no-kernels", action="store_true", help="skip timing each kernel on its own")
-    parser.add_argument("--cases", default="issue", help=f"comma-separated case groups of {sorted(CASES)} "
+    parser.add_argument("--cases", default="issue", help=f"comma-separated case groups of {sorted([*CASES, 'varlen'])} "
                         "(default: issue)")
     opts = parser.parse_args()
     groups = [g.strip() for g in opts.cases.split(",") if g.strip()]
-    unknown = [g for g in groups if g not in CASES]
+    unknown = [g for g in groups if g not in CASES and g != "varlen"]
     if unknown or not groups:
-        parser.error(f"--cases: unknown {unknown or 'empty list'}; choose from {sorted(CASES)}")
+        parser.error(f"--cases: unknown {unknown or 'empty list'}; choose from {sorted([*CASES, 'varlen'])}")
     repeat = opts.repeat or (10 if opts.quick else 30)
     names = contestants(_flash_attn_plugin())
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; contestants {list(names)}", flush=True)
     rows = []
     name = results_io.result_name("attention", torch.cuda.get_device_name(), opts.tag)
-    for case in [c for g in groups for c in CASES[g]]:  # (the JSON is rewritten after each case)
+    paths: Any = ()
+    for case in [c for g in groups if g != "varlen" for c in CASES[g]]:  # (the JSON is rewritten after each case)
         rows.extend(run_case(case, names, repeat))
         if not opts.no_kernels:
             rows.extend(kernel_times(case, repeat))
         paths = results_io.write_result(name, results_io.result_doc(repeat=repeat, contestants=list(names), rows=rows))
+    if "varlen" in groups:
+        packed = _varlen_contestants("flash_attn" if "ops_fa4" in names else None)
+        for lengths, heads, heads_kv, d, causal in VARLEN_CASES:
+            rows.extend(run_varlen_case(lengths, heads, heads_kv, d, causal, packed, repeat))
+            paths = results_io.write_result(name, results_io.result_doc(repeat=repeat, contestants=list(names),
+                                                                        rows=rows))
     print("wrote", *paths)
 
 
