@@ -647,3 +647,19 @@ def test_the_signature_ends_with_the_device_index():
     q = torch.randn(2, 5, 4, 16)
     args = AttentionArguments(q, q, q, torch.empty_like(q))
     assert args.signature[-1] == args.device_index == -1
+
+
+def test_torchs_sequence_by_sequence_varlen_ranks_behind_flashattention2s():
+    """SDPA runs a packed batch one sequence at a time after reading the offsets on the host, so
+    for variable length it ranks behind FlashAttention-2's varlen kernel; dense, ahead of it."""
+    from kernel_api.providers.torch_ops.attention import TorchAttention
+    kernels = {k.backend: k for k in TorchAttention.generate_kernels(
+        lambda m: m.operands.q.dtype.name == "bf16", cc=90)}
+    q = torch.empty(1000, 8, 128, dtype=torch.bfloat16, device="meta")
+    cu = torch.empty(4, dtype=torch.int32, device="meta")
+    packed = AttentionArguments(q, q, q, torch.empty_like(q), None, causal=True, cu_seqlens_q=cu,
+                                cu_seqlens_k=cu.clone(), max_seqlen_q=700, max_seqlen_k=700)
+    dense_q = torch.empty(2, 500, 8, 128, dtype=torch.bfloat16, device="meta")
+    dense = AttentionArguments(dense_q, dense_q, dense_q, torch.empty_like(dense_q), None, causal=True)
+    for args, faster, slower in ((packed, "flash", "sdpa"), (dense, "sdpa", "flash")):
+        assert kernels[faster].estimated_cost(args, 132) < kernels[slower].estimated_cost(args, 132)

@@ -1,6 +1,7 @@
 """kernel_api's Hopper attention forward (cutedsl: attention/sm90_attention.py) without a GPU:
-discovery and names, what it declines and why (`explain`), its launch's form, and compiles for
-sm_90a. The GPU half is tests/test_sm90_attention_gpu.py."""
+discovery and names, what it declines and why (`explain`), its launch's form, its ranking, and
+compiles for sm_90a, for the dense and the variable-length layouts. The GPU half is
+tests/test_sm90_attention_gpu.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 import kernel_api
 from kernel_api.arguments.attention import AttentionArguments
 from kernel_api.core.artifact import CompiledArtifact
-from kernel_api.providers.cutedsl.attention.sm90_attention import Plan, Sm90Attention, plan
+from kernel_api.providers.cutedsl.attention.sm90_attention import MAX_EXTENT, Plan, Sm90Attention, plan
+from kernel_api.tuning.pick_any import rank_candidates
 
 
 def _meta(shape, dtype=torch.bfloat16, offset=0):
@@ -29,14 +31,26 @@ def _args(batch=2, lq=1000, lk=1000, hq=8, hkv=2, d=128, dtype=torch.bfloat16, c
                               **kw)
 
 
+def _varlen_args(batch=3, total_q=1000, total_k=1200, max_q=700, max_k=800, hq=8, hkv=2, d=128,
+                 dtype=torch.bfloat16, causal=True, lse=False, q=None, **kw):
+    """Variable-length arguments on the meta device (offsets not read: the longest lengths given)."""
+    q = _meta((total_q, hq, d), dtype) if q is None else q
+    k = _meta((total_k, hkv, d), dtype)
+    cu = torch.empty(batch + 1, dtype=torch.int32, device="meta")
+    return AttentionArguments(q, k, k, _meta(tuple(q.shape), dtype),
+                              _meta((hq, q.shape[0]), torch.float32) if lse else None, causal=causal,
+                              cu_seqlens_q=cu, cu_seqlens_k=cu.clone(), max_seqlen_q=max_q, max_seqlen_k=max_k, **kw)
+
+
 def _ours(args):
     return [k for k in kernel_api.get_kernels(args, cc=90) if isinstance(k, Sm90Attention)]
 
 
-def test_one_instance_per_dtype_and_head_dim_for_sm90_only():
+def test_one_instance_per_layout_dtype_and_head_dim_for_sm90_only():
     names = sorted(k.metadata.kernel_name for k in Sm90Attention.generate_kernels(None, cc=90))
-    assert names == ["Sm90Attention_bf16_d128", "Sm90Attention_bf16_d64", "Sm90Attention_f16_d128",
-                     "Sm90Attention_f16_d64"]
+    assert names == sorted(f"Sm90Attention_{t}_d{d}{layout}" for layout in ("", "_varlen") for t in ("bf16", "f16")
+                           for d in (64, 128))
+    assert [k.varlen for k in Sm90Attention.generate_kernels(None, cc=90)] == [False] * 4 + [True] * 4
     assert Sm90Attention.generate_kernels(None, cc=80) == [] and Sm90Attention.generate_kernels(None, cc=100) == []
     assert Sm90Attention.generate_kernels(None, epilogue_args=object(), cc=90) == []
 
@@ -62,15 +76,15 @@ def test_declines_with_reasons():
     assert not _ours(_args(d=96))  # head dims 64 and 128 only
     reasons = sorted(r.reason for r in kernel_api.explain(_args(d=96)) if r.kernel_class == "Sm90Attention"
                      and "bf16" in r.kernel_name)
-    assert reasons == ["head_dim 96 not in (128,)", "head_dim 96 not in (64,)"]
+    assert reasons == ["head_dim 96 not in (128,)", "head_dim 96 not in (64,)"] + \
+        ["operand q: dense layout but the kernel takes variable-length"] * 2
     q = _meta((2, 100, 8, 64), offset=1)  # a pointer 2 bytes past a 16-byte boundary
     assert not _ours(_args(q=q, d=64))
-    cu = torch.zeros(3, dtype=torch.int32, device="meta")
-    varlen = AttentionArguments(_meta((10, 4, 64)), _meta((10, 4, 64)), _meta((10, 4, 64)), _meta((10, 4, 64)),
-                                cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=7, max_seqlen_k=7)
-    assert not _ours(varlen)
     lengths = torch.zeros(2, dtype=torch.int32, device="meta")
-    assert not _ours(_args(lq=1, lk=64, cache_seqlens=lengths))
+    cached = _args(lq=1, lk=64, cache_seqlens=lengths)
+    assert not _ours(cached)
+    assert "operand cache_seqlens: the kernel reads no per-row KV cache lengths" in \
+        _verdicts(cached)["Sm90Attention_bf16_d128"].error
     expanded = _meta((2, 100, 1, 64)).expand(2, 100, 4, 64)
     q = _meta((2, 100, 4, 64))
     status = _verdicts(AttentionArguments(q, expanded, expanded, _meta((2, 100, 4, 64))))
@@ -89,6 +103,55 @@ def test_declines_with_reasons():
     assert kernel.supports(_args(batch=(1 << 14) - 1, lq=1 << 12, lk=1, hq=1 << 11, hkv=1 << 11, d=64))
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(d=64, causal=False, lse=True), dict(hkv=1, dtype=torch.float16),
+                                dict(hkv=8, max_q=1, max_k=5000), dict(batch=1, total_q=3, total_k=0, max_q=3, max_k=0),
+                                dict(max_q=5000, max_k=3)])
+def test_found_for_variable_length_problems(kw):
+    found = _ours(_varlen_args(**kw))
+    assert [k.metadata.kernel_name for k in found] == [f"Sm90Attention_{'f16' if kw.get('dtype') else 'bf16'}"
+                                                       f"_d{kw.get('d', 128)}_varlen"]
+
+
+def test_variable_length_declines_with_reasons():
+    """The packed layout's limits: 16-byte pointers and strides, the 32-bit longest query
+    sequence and tile count; and each layout's instances decline the other's problems."""
+    verdicts = _verdicts(_varlen_args(d=64))
+    assert [name for name, status in verdicts.items() if status] == ["Sm90Attention_bf16_d64_varlen"]
+    assert verdicts["Sm90Attention_bf16_d64"].error == "operand q: variable-length layout but the kernel takes dense"
+    assert _verdicts(_args(d=64))["Sm90Attention_bf16_d64_varlen"].error == \
+        "operand q: dense layout but the kernel takes variable-length"
+    misaligned = _meta((1000, 8, 64), offset=1)  # a pointer 2 bytes past a 16-byte boundary
+    reason = _verdicts(_varlen_args(d=64, q=misaligned))["Sm90Attention_bf16_d64_varlen"].error
+    assert reason.startswith("operand q")
+    # rows 8 * 64 + 4 elements apart: a row stride that is no 16-byte multiple
+    rows = _meta((1000, 8 * 64 + 4))[:, :8 * 64].view(1000, 8, 64)
+    reason = _verdicts(_varlen_args(d=64, q=rows))["Sm90Attention_bf16_d64_varlen"].error
+    assert reason.startswith("operand q")
+    kernel = Sm90Attention.generate_kernels(lambda m: m.kernel_name == "Sm90Attention_bf16_d64_varlen", cc=90)[0]
+    status = kernel.supports(_varlen_args(d=64, hq=1, hkv=1, max_q=MAX_EXTENT + 1, max_k=10))
+    assert not status and "max_seqlen_q: 2,147,483,456 exceeds the 32-bit limit less a tile" in status.error
+    assert kernel.supports(_varlen_args(d=64, hq=1, hkv=1, max_q=MAX_EXTENT, max_k=10))
+    # 2^14 sequences x 2^11 heads x 32 blocks of the longest sequence's queries: 2^30 tiles
+    status = kernel.supports(_varlen_args(batch=1 << 14, d=64, hq=1 << 11, hkv=1 << 11, max_q=1 << 12))
+    assert not status and "tiles of 128 queries exceed the 32-bit tile index's limit" in status.error
+    assert kernel.supports(_varlen_args(batch=(1 << 14) - 1, d=64, hq=1 << 11, hkv=1 << 11, max_q=1 << 12))
+
+
+def test_variable_length_ranks_ahead_of_torchs_and_behind_the_decode_kernel():
+    """Variable-length prefill ranks ahead of torch's FlashAttention-2 and SDPA (which runs the
+    sequences one by one); decoding (a few queries a sequence) stays with the decode kernel."""
+    for causal in (False, True):
+        for d in (64, 128):
+            for lse in (False, True):
+                args = _varlen_args(d=d, causal=causal, lse=lse)
+                names = [k.metadata.kernel_name for k in rank_candidates(kernel_api.get_kernels(args, cc=90), args, 132)]
+                assert names[0] == f"Sm90Attention_bf16_d{d}_varlen", names
+                assert any(name.startswith("TorchAttention") for name in names)
+    decode = _varlen_args(batch=64, total_q=64, total_k=64 * 4096, max_q=1, max_k=4096, causal=False)
+    ranked = rank_candidates(kernel_api.get_kernels(decode, cc=90), decode, 132)
+    assert ranked[0].metadata.kernel_name == "CudaAttentionDecode_bf16_d128_varlen"
+
+
 def test_plan_follows_the_measurements():
     assert plan(64, True, 1024, 132) == Plan(128, 132)    # short causal: 128 rows, persistent
     assert plan(64, True, 4096, 132) == Plan(192, 0)      # long causal: 192 rows, a CTA per tile
@@ -102,9 +165,13 @@ def test_plan_follows_the_measurements():
 def test_launch_takes_the_scale_after_the_tensors():
     kernel = Sm90Attention.generate_kernels(lambda m: m.kernel_name == "Sm90Attention_bf16_d64", cc=90)[0]
     artifact = CompiledArtifact(lambda *a: None, kernel)
-    assert kernel._launcher(_args(d=64), artifact).tail == (None, 64 ** -0.5)
-    assert kernel._launcher(_args(d=64, lse=True, scale=0.25), artifact).tail == (0.25,)
+    # (the compiled function's variable-length parameters are None in a dense call, before the stream)
+    assert kernel._launcher(_args(d=64), artifact).tail == (None, 64 ** -0.5, None, None, None)
+    assert kernel._launcher(_args(d=64, lse=True, scale=0.25), artifact).tail == (0.25, None, None, None)
     assert kernel._launcher(_args(d=64, lk=0), artifact) is None
+    varlen = Sm90Attention.generate_kernels(lambda m: m.kernel_name == "Sm90Attention_bf16_d64_varlen", cc=90)[0]
+    # (the sequence offsets are no operand of a recorded launch: every call goes through _run)
+    assert varlen._launcher(_varlen_args(d=64), CompiledArtifact(lambda *a: None, varlen)) is None
 
 
 def test_compile_key_holds_the_mask_and_the_lse_only():
@@ -112,6 +179,18 @@ def test_compile_key_holds_the_mask_and_the_lse_only():
     assert kernel.compile_key(_args(lq=1025, lk=9), 90) == kernel.compile_key(_args(lq=4000, lk=17, hkv=8), 90)
     assert kernel.compile_key(_args(), 90) != kernel.compile_key(_args(causal=False), 90)
     assert kernel.compile_key(_args(), 90) != kernel.compile_key(_args(lse=True), 90)
+
+
+def test_variable_length_plans_and_compiles_by_the_longest_query_sequence():
+    kernel = _ours(_varlen_args(d=64))[0]
+    for causal, longest in ((True, 1024), (True, 1025), (False, 300)):
+        args = _varlen_args(d=64, causal=causal, max_q=longest, max_k=longest)
+        assert kernel.plan(args) == plan(64, causal, longest, 132)
+    short, long = _varlen_args(d=64, max_q=1000), _varlen_args(d=64, max_q=3000, max_k=3000)
+    assert kernel.compile_key(short, 90) == kernel.compile_key(_varlen_args(d=64, total_q=77, max_q=9, max_k=1), 90)
+    assert kernel.compile_key(short, 90) != kernel.compile_key(long, 90)
+    dense = _ours(_args(d=64))[0]
+    assert dense.compile_key(_args(d=64), 90) != kernel.compile_key(_varlen_args(d=64, max_q=1000), 90)
 
 
 @pytest.mark.parametrize("kw", [dict(d=64, lse=True), dict(d=64, lq=3000, lk=3000, causal=False),
@@ -124,5 +203,24 @@ def test_compiles_for_sm90a_without_a_gpu(kw):
     pytest.importorskip("cutlass")
     args = _args(**kw)
     kernel = _ours(args)[0]
+    artifact = kernel.compile(args, cc=90)
+    assert artifact.compiled_obj is not None and artifact.cc == 90
+
+
+@pytest.mark.parametrize("kw, expected_plan", [
+    (dict(d=64, lse=True), Plan(128, 132)),
+    (dict(d=64, causal=False), Plan(192, 132)),
+    (dict(d=64, max_q=3000, max_k=3000), Plan(192, 0)),
+    (dict(max_q=3000, max_k=3000, lse=True), Plan(128, 0)),
+    (dict(causal=False, hkv=1, lse=True), Plan(128, 132)),
+    (dict(dtype=torch.float16, hkv=8), Plan(128, 132)),
+], ids=["d64_causal_two_consumers_persistent_lse", "d64_full_three_consumers_persistent",
+        "d64_causal_three_consumers_a_cta_per_tile", "d128_causal_a_cta_per_tile_lse", "d128_full_mqa_persistent_lse",
+        "f16_d128_causal_persistent"])
+def test_variable_length_compiles_for_sm90a_without_a_gpu(kw, expected_plan):
+    pytest.importorskip("cutlass")
+    args = _varlen_args(**kw)
+    kernel = _ours(args)[0]
+    assert kernel.varlen and kernel.plan(args) == expected_plan
     artifact = kernel.compile(args, cc=90)
     assert artifact.compiled_obj is not None and artifact.cc == 90

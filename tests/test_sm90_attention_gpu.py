@@ -4,7 +4,12 @@ odd sequence lengths (query and key lengths apart, fewer keys than queries under
 MHA / GQA / MQA, head dims 64 and 128, bf16 and f16, strided views, the row log-sum-exp, every
 plan (128- and 192-row tiles, persistent or a CTA per tile); then
 through `kernel_api.ops.attention` with only the CuTe DSL provider allowed (repeated calls
-replayed on new data), and memcheck. The CPU half is tests/test_sm90_attention.py.
+replayed on new data), and memcheck. Variable-length batches the same way: empty sequences,
+queries against no keys, odd lengths, query sequences longer and shorter than their keys, one
+long sequence among short ones, outputs and lse inside buffers with sentinel rows after them
+(no row written past the last sequence's end) and a slow sequence before a fast one (a store past
+a sequence's end would land on the next sequence's finished rows). The CPU half is
+tests/test_sm90_attention.py.
 """
 
 from __future__ import annotations
@@ -40,11 +45,11 @@ def _kernel(args):
     return found[0]
 
 
-def _check(args, buf, what):
+def _check(args, buf, what, untouched=outside_untouched):
     ref = args.reference_outputs()
     tol = TOL[args.q.dtype]
     torch.testing.assert_close(args.out.double(), ref["out"], atol=tol, rtol=tol, msg=lambda m: f"{what}: {m}")
-    assert outside_untouched(buf), f"{what}: the kernel wrote outside its output"
+    assert untouched(buf), f"{what}: the kernel wrote outside its output"
     if args.lse is not None:
         got, want = args.lse.double(), ref["lse"].double()
         empty = torch.isinf(want)  # rows that see no key: -inf, or +inf as FlashAttention-2 writes
@@ -188,8 +193,9 @@ def test_persistent_ctas_loop_over_many_tiles(monkeypatch):
         _check(args, buf, f"3 persistent CTAs, q{lq} k{lk} d{d}{' causal' if causal else ''}")
 
 
-def test_memcheck():
-    code = r"""
+#: The start of a memcheck script: the imports, a seed, the launch count ``n``, and five CTAs in a
+#: persistent launch, so that each loops over several tiles.
+MEMCHECK_HEAD = r"""
 import torch
 from kernel_api.arguments.attention import AttentionArguments
 from kernel_api.providers.cutedsl.attention import sm90_attention
@@ -197,6 +203,20 @@ from kernel_api.providers.cutedsl.attention.sm90_attention import Sm90Attention
 torch.manual_seed(0)
 n = 0
 sm90_attention.planning_sm_count = lambda device: 5  # persistent CTAs loop over several tiles
+"""
+#: The end of a memcheck script's loop over problems: every instance that takes ``args`` runs it
+#: twice (the second replays), then the count is printed.
+MEMCHECK_RUN = r"""
+    for kern in Sm90Attention.generate_kernels(None, cc=90):
+        if kern.supports(args):
+            kern.run(args); kern.run(args); n += 1
+torch.cuda.synchronize()
+print("launched", n)
+"""
+
+
+def test_memcheck():
+    code = MEMCHECK_HEAD + r"""
 for b, lq, lk, hq, hkv, d, causal, lse in ((2, 300, 77, 4, 2, 128, True, True), (1, 77, 300, 4, 1, 64, True, False),
                                           (3, 129, 513, 6, 3, 64, False, True), (1, 5, 17, 2, 2, 128, False, False)):
     q = torch.randn(b, lq, hq, d, device="cuda").to(torch.bfloat16)
@@ -204,12 +224,7 @@ for b, lq, lk, hq, hkv, d, causal, lse in ((2, 300, 77, 4, 2, 128, True, True), 
     v = torch.randn(b, lk, hkv, d, device="cuda").to(torch.bfloat16)
     l = torch.empty(b, hq, lq, device="cuda") if lse else None
     args = AttentionArguments(q, k, v, torch.empty_like(q), l, causal=causal)
-    for kern in Sm90Attention.generate_kernels(None, cc=90):
-        if kern.supports(args):
-            kern.run(args); kern.run(args); n += 1
-torch.cuda.synchronize()
-print("launched", n)
-"""
+""" + MEMCHECK_RUN
     out = run_memcheck(code)
     assert "launched 4" in out
 
@@ -238,3 +253,167 @@ print("launched", n)
 """
     out = run_memcheck(code, tool="racecheck")
     assert "launched 2" in out
+
+
+# ---- variable length
+
+#: Sentinel rows after a packed output and after its lse.
+EXTRA_ROWS = 200
+
+
+def _packed(lengths, heads, d, dtype, view):
+    """Fresh packed (sum(lengths), heads, d) data: dense, or a view of a fused projection's output
+    whose heads sit between others (a row stride of heads + 3 heads)."""
+    total = sum(lengths)
+    if view:
+        return torch.randn(total, heads + 3, d, device="cuda").to(dtype)[:, 2:2 + heads]
+    return torch.randn(total, heads, d, device="cuda").to(dtype)
+
+
+def _offsets(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+def _packed_out_in_sentinel(q):
+    """(out, buffer): out of q's shape inside a sentinel-filled buffer with a head on either side
+    and `EXTRA_ROWS` rows after the last sequence."""
+    total, h, d = q.shape
+    buf = torch.full((total + EXTRA_ROWS, h + 2, d), SENTINEL, dtype=q.dtype, device=q.device)
+    return buf[:total, 1:1 + h], buf
+
+
+def _packed_untouched(buf) -> bool:
+    """Whether the heads around a packed output and the rows after it still hold the sentinel."""
+    return bool((buf[:, 0] == SENTINEL).all()) and bool((buf[:, -1] == SENTINEL).all()) and \
+        bool((buf[-EXTRA_ROWS:] == SENTINEL).all())
+
+
+def _varlen_args(lengths_q, lengths_k, hq, hkv, d, dtype, causal, view, with_lse):
+    """Fresh variable-length arguments: out in `_packed_out_in_sentinel`, the lse (heads_q,
+    total_q) at the head of a sentinel-filled buffer `EXTRA_ROWS` values longer. Returns (args,
+    out buffer, lse buffer or None)."""
+    q = _packed(lengths_q, hq, d, dtype, view)
+    k, v = _packed(lengths_k, hkv, d, dtype, view), _packed(lengths_k, hkv, d, dtype, view)
+    out, buf = _packed_out_in_sentinel(q)
+    lse = lse_buf = None
+    if with_lse:
+        lse_buf = torch.full((hq * q.shape[0] + EXTRA_ROWS,), SENTINEL, device="cuda")
+        lse = lse_buf[:hq * q.shape[0]].view(hq, q.shape[0])
+    args = AttentionArguments(q, k, v, out, lse, causal=causal, cu_seqlens_q=_offsets(lengths_q),
+                              cu_seqlens_k=_offsets(lengths_k), max_seqlen_q=max(lengths_q),
+                              max_seqlen_k=max(lengths_k))
+    return args, buf, lse_buf
+
+
+def _check_varlen(args, buf, lse_buf, what):
+    _check(args, buf, what, _packed_untouched)
+    if lse_buf is not None:
+        assert bool((lse_buf[-EXTRA_ROWS:] == SENTINEL).all()), f"{what}: the kernel wrote past the lse"
+
+
+_RAGGED_Q = [100, 30, 0, 257, 3, 65]
+_RAGGED_K = [4000, 5, 17, 300, 0, 64]   # (the first, slow sequence's last tile covers the second's rows)
+_MANY_Q = [int(n) for n in torch.randint(0, 71, (40,), generator=torch.Generator().manual_seed(5))]
+_MANY_K = [int(n) for n in torch.randint(0, 91, (40,), generator=torch.Generator().manual_seed(6))]
+
+# (lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, causal, strided views, lse); the plans
+# (132 SMs): up to 1024 queries causal, and full attention, persistent; 192-row tiles at head dim 64
+# but for short causal problems
+VARLEN_CASES = [
+    (_RAGGED_Q, _RAGGED_K, 8, 2, 128, torch.bfloat16, True, False, True),    # 128 rows, persistent
+    (_RAGGED_Q, _RAGGED_K, 4, 4, 64, torch.float16, False, True, True),      # 192 rows, persistent
+    (_RAGGED_Q, _RAGGED_K, 6, 3, 64, torch.bfloat16, True, False, False),    # 128 rows, persistent
+    ([5, 3000, 1, 64, 0, 129], [7, 2500, 1, 64, 9, 1], 4, 1, 64, torch.bfloat16, True, False, True),  # 192, a CTA each
+    ([5, 3000, 1, 64, 0, 129], [7, 2500, 1, 64, 9, 1], 4, 4, 128, torch.float16, False, True, True),  # 128, persistent
+    ([1500, 700, 2], [1500, 701, 2000], 8, 2, 128, torch.bfloat16, True, True, True),  # 128 rows, a CTA per tile
+    ([1500, 700, 2], [1500, 701, 2000], 8, 2, 128, torch.float16, True, False, False),
+    ([192, 191, 193, 0, 385], [192, 1, 193, 2, 385], 6, 2, 64, torch.float16, False, True, True),
+    ([0, 0, 4], [3, 0, 0], 4, 2, 128, torch.bfloat16, True, False, True),    # the one query sequence has no key
+    ([2, 3], [0, 0], 4, 2, 64, torch.bfloat16, False, False, True),         # no key at all
+    (_MANY_Q, _MANY_K, 8, 1, 128, torch.bfloat16, False, False, True),       # MQA, 40 short sequences
+    (_MANY_Q, _MANY_K, 8, 1, 64, torch.float16, True, True, True),
+]
+
+
+def _varlen_name(case):
+    lq, lk, hq, hkv, d, dt, causal, view, lse = case
+    return (f"q{len(lq)}x{max(lq)}_k{max(lk)}_h{hq}x{hkv}_d{d}_{str(dt)[6:]}{'_causal' if causal else ''}"
+            f"{'_view' if view else ''}{'_lse' if lse else ''}")
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=_varlen_name)
+def test_varlen_kernel_run_against_float64(case):
+    torch.manual_seed(0)
+    args, buf, lse_buf = _varlen_args(*case)
+    kernel = _kernel(args)
+    assert kernel.varlen
+    kernel.run(args)
+    _check_varlen(args, buf, lse_buf, _varlen_name(case))
+    # again on new data written in place
+    for t in (args.q, args.k, args.v):
+        t.copy_(torch.randn_like(t, dtype=torch.float32).to(t.dtype))
+    kernel.run(args)
+    torch.cuda.synchronize()
+    _check_varlen(args, buf, lse_buf, _varlen_name(case) + " (again)")
+
+
+def test_varlen_persistent_ctas_loop_over_many_tiles(monkeypatch):
+    """A persistent plan on three CTAs over variable-length batches: each CTA loops over tens of
+    tiles, many of them past their sequence's end (skipped by the producer and the consumers
+    alike, so the pipelines stay in phase), the output tile's shared memory reused."""
+    from kernel_api.providers.cutedsl.attention import sm90_attention
+
+    monkeypatch.setattr(sm90_attention, "planning_sm_count", lambda device: 3)
+    torch.manual_seed(4)
+    for lq, lk, d, causal in ((_RAGGED_Q, _RAGGED_K, 64, False), (_MANY_Q, _MANY_K, 128, True),
+                              ([600, 0, 1, 300], [200, 5, 0, 900], 64, True)):
+        args, buf, lse_buf = _varlen_args(lq, lk, 6, 3, d, torch.bfloat16, causal, True, True)
+        kernel = _kernel(args)
+        assert kernel.plan(args).persistent_ctas == 3
+        kernel.run(args)
+        _check_varlen(args, buf, lse_buf, f"3 persistent CTAs, q{max(lq)} k{max(lk)} d{d}{' causal' if causal else ''}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ops_attention_varlen_with_only_this_provider(causal):
+    torch.manual_seed(1)
+    lq, lk = [33, 0, 700, 5], [40, 3, 650, 0]
+    q = _packed(lq, 8, 128, torch.bfloat16, False)
+    k, v = _packed(lk, 2, 128, torch.bfloat16, True), _packed(lk, 2, 128, torch.bfloat16, True)
+    cu_q, cu_k = _offsets(lq), _offsets(lk)
+    out, buf = _packed_out_in_sentinel(q)
+    with kernel_api.settings(providers="cutedsl"):
+        for step in range(2):
+            for t in (q, k, v):
+                t.copy_(torch.randn_like(t, dtype=torch.float32).to(t.dtype))
+            got = ops.attention(q, k, v, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lq),
+                                max_seqlen_k=max(lk), out=out)
+            assert got is out
+            _check(AttentionArguments(q, k, v, out, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                      max_seqlen_q=max(lq), max_seqlen_k=max(lk)), buf, f"ops.attention step {step}",
+                   _packed_untouched)
+    chosen = [kernel for problem, kernel in ops.chosen_kernels()
+              if isinstance(problem[0], tuple) and problem[0][0] == "attention"]
+    assert any(isinstance(kernel, Sm90Attention) and kernel.varlen for kernel in chosen)
+
+
+def test_memcheck_varlen():
+    """Variable-length batches under memcheck, every tensor its own allocation: the last
+    sequence's tiles reach past the packed tensors' ends (TMA loads fill zeros; stores are
+    predicated), empty sequences and a query sequence without keys among them."""
+    code = MEMCHECK_HEAD + r"""
+def offsets(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+for lq, lk, hq, hkv, d, causal, lse in (([100, 0, 257, 3], [300, 17, 5, 0], 4, 2, 128, True, True),
+                                        ([1, 130, 0, 77], [129, 0, 64, 300], 4, 1, 64, True, False),
+                                        ([200, 3, 385], [1, 2, 450], 6, 3, 64, False, True),
+                                        ([2000, 5], [1900, 9], 2, 2, 128, True, True)):
+    q = torch.randn(sum(lq), hq, d, device="cuda").to(torch.bfloat16)
+    k = torch.randn(sum(lk), hkv, d, device="cuda").to(torch.bfloat16)
+    v = torch.randn(sum(lk), hkv, d, device="cuda").to(torch.bfloat16)
+    l = torch.empty(hq, sum(lq), device="cuda") if lse else None
+    args = AttentionArguments(q, k, v, torch.empty_like(q), l, causal=causal, cu_seqlens_q=offsets(lq),
+                              cu_seqlens_k=offsets(lk), max_seqlen_q=max(lq), max_seqlen_k=max(lk))
+""" + MEMCHECK_RUN
+    out = run_memcheck(code)
+    assert "launched 4" in out

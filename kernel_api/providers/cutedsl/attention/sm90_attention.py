@@ -2,12 +2,16 @@
 implementations/sm90_attention_impl.py).
 
 `Sm90Attention` (`AttentionArguments`) runs prefill attention on sm_90a in the dense layout
-``(batch, seqlen, heads, head_dim)``: head dims 64 and 128, bf16 and f16, causal (bottom-right
-aligned, as FlashAttention's) or full, MHA / GQA / MQA, any sequence lengths (the query and key
-lengths may differ), any strides whose head dim is contiguous and whose other strides and
+``(batch, seqlen, heads, head_dim)`` and in the variable-length one (packed ``(total_tokens,
+heads, head_dim)`` tensors with int32 offsets ``cu_seqlens_q`` / ``cu_seqlens_k``): head dims 64
+and 128, bf16 and f16, causal (bottom-right aligned per sequence, as FlashAttention's) or full,
+MHA / GQA / MQA, any sequence lengths (the query and key lengths may differ, a sequence may be
+empty or have no keys), any strides whose head dim is contiguous and whose other strides and
 pointers are 16-byte multiples (expanded operands, with a stride 0, are declined), scales from
-2^-126 to 2^127, and the row log-sum-exp when it is asked for. One instance per dtype and head
-dim, named ``Sm90Attention_<dtype>_d<head_dim>``.
+2^-126 to 2^127, and the row log-sum-exp when it is asked for. KV caches of per-row lengths
+(``cache_seqlens``) are declined (the decode kernels and torch's serve them). One instance per
+layout, dtype and head dim, named ``Sm90Attention_<dtype>_d<head_dim>`` (dense) and
+``..._varlen``.
 
 A CTA is a producer warpgroup that loads the Q tile once and streams K and V tiles through
 rings of shared-memory stages with TMA, and two or three consumer warpgroups that each own 64
@@ -17,6 +21,15 @@ overlapped. `plan` picks the query tile (128 rows, or 192 at head dim 64 but for
 problems) and whether the launch is persistent (one CTA per SM looping over tiles: full
 attention, and short causal problems) from the problem; the mask, the lse and the plan are
 compile-time, shapes and strides run-time values, so one artifact serves every size of a plan.
+
+Variable length is the layout of the instance, so compile-time too: tiles run over the query
+blocks of the longest sequence (``max_seqlen_q``, which `plan` goes by) x heads x sequences, and
+a tile reads its sequence's offsets and lengths on the device (a query block past its sequence's
+end does nothing); Q/K/V are loaded by TMA from the sequence's first row of the packed tensors,
+and the output's rows (and the lse's) are stored only below the sequence's length. Key rows
+read past a sequence's end (the next sequence's) are masked to P = 0, so they must be finite: a
+NaN or infinite value there makes the row NaN. The offsets are no operand of a recorded launch,
+so variable-length calls go through `_run`.
 """
 
 from __future__ import annotations
@@ -39,6 +52,9 @@ from .. import CuTeDSLProvider
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
 
 HEAD_DIMS = (128, 64)
+#: Operand stride patterns by layout: dense (batch, seqlen, heads, head_dim) and variable length
+#: (total_tokens, heads, head_dim), head_dim contiguous.
+LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
 #: Keys per block (the CTA tile's N).
 TILE_N = 128
 #: Causal problems of up to this many queries are "short": at head dim 64 a 192-row tile wastes
@@ -65,6 +81,9 @@ PINGPONG = False
 #: the kernel scales scores in base 2 and masks with -inf, so a scale that rounds to 0 or to
 #: infinity would make -inf * 0 or inf - inf.
 MIN_SCALE, MAX_SCALE = 2.0**-126, 2.0**127
+#: The compiled function's variable-length arguments (``cu_seqlens_q, cu_seqlens_k,
+#: max_seqlen_q``) in a dense layout's call: a TVM-FFI function takes every parameter.
+NO_LENGTHS = (None, None, None)
 #: Forward speed against torch's SDPA default (cuDNN) by (head dim, causal), for the ranking
 #: (PickAny): through `kernel_api.ops.attention`, H200, bf16, `benchmarks/attention.py --quick
 #: --cases d64,d128,llama`: b16 h16 s1024 d64 causal 317 against 318 TFLOP/s, full 404 against
@@ -107,23 +126,27 @@ class Sm90Attention(CuteDslKernel):
         super().__init__(metadata)
         self.dtype: DataType = metadata.operands.q.dtype
         self.head_dim: int = metadata.operands.head_dims[0]
+        self.varlen: bool = metadata.operands.varlen
 
     @classmethod
     def generate_kernels(cls, metadata_filter: Any, epilogue_args: Any = None, cc: int | None = None) -> list:
         if epilogue_args is not None:
             return []
         found = []
-        for dtype in (DataType.bf16, DataType.f16):
-            attrs = TensorAttributes(dtype, (0, 0, 0, 1), _VECTOR)
-            for d in HEAD_DIMS:
-                operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,), max_head_dim=d,
-                                                     lse=True)
-                # (tile_shape: the tile of long problems; `plan` chooses per problem)
-                design = BLASDesignMetadata(tile_shape=(192 if d == 64 else 128, TILE_N, d), stages=STAGES[d],
-                                            schedule="warpspecialized")
-                metadata = KernelMetadata(f"{cls.__name__}_{dtype}_d{d}", cls, operands, design, min_cc=90, max_cc=90)
-                if metadata.supports_cc(cc) and (metadata_filter is None or metadata_filter(metadata)):
-                    found.append(cls(metadata))
+        for layout, pattern in LAYOUTS.items():
+            for dtype in (DataType.bf16, DataType.f16):
+                attrs = TensorAttributes(dtype, pattern, _VECTOR)
+                for d in HEAD_DIMS:
+                    operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,), max_head_dim=d,
+                                                         lse=True)
+                    # (tile_shape: the tile of long problems; `plan` chooses per problem)
+                    design = BLASDesignMetadata(tile_shape=(192 if d == 64 else 128, TILE_N, d), stages=STAGES[d],
+                                                schedule="warpspecialized")
+                    suffix = "_varlen" if layout == "varlen" else ""
+                    metadata = KernelMetadata(f"{cls.__name__}_{dtype}_d{d}{suffix}", cls, operands, design,
+                                              min_cc=90, max_cc=90)
+                    if metadata.supports_cc(cc) and (metadata_filter is None or metadata_filter(metadata)):
+                        found.append(cls(metadata))
         return found
 
     def _supports(self, args: AttentionArguments) -> Status:
@@ -133,6 +156,10 @@ class Sm90Attention(CuteDslKernel):
             return Status.fail(f"scale: {args.scale}, the kernel takes scales from 2^-126 to 2^127 (a normal "
                                f"float32 scaling in base 2)", kind=Reason.OTHER, operand="scale", actual=args.scale,
                                required=MIN_SCALE)
+        if args.varlen and args.seqlen_q > MAX_EXTENT:  # (the query blocks are counted from it)
+            return Status.fail(f"max_seqlen_q: {args.seqlen_q:,} exceeds the 32-bit limit less a tile (2^31-193)",
+                               kind=Reason.SHAPE, operand="q", actual=args.seqlen_q, required=MAX_EXTENT)
+        # (variable length: the query blocks of the longest sequence, for every sequence)
         tiles = -(-args.seqlen_q // SMALLEST_TILE_M) * args.heads_q * args.batch
         if tiles > MAX_TILES:
             return Status.fail(f"operand q: {tiles:,} tiles of {SMALLEST_TILE_M} queries exceed the 32-bit tile "
@@ -158,52 +185,66 @@ class Sm90Attention(CuteDslKernel):
         return 0
 
     def estimated_cost(self, args: AttentionArguments, sm_count: int) -> float:
-        """`attention_cost` (what SDPA is ranked by) over this kernel's speed against SDPA."""
+        """`attention_cost` (what SDPA is ranked by) over this kernel's speed against SDPA
+        (`SPEED_VS_SDPA`). A packed batch runs at about the dense rate: `--cases varlen` measured
+        575 TFLOP/s at 4 sequences of 4096 (d128 causal; 0.97x SDPA's dense call over the same
+        tokens) and 296 at 16 of 1024 (d64 causal, 0.93x)."""
         return attention_cost(args) / SPEED_VS_SDPA[self.head_dim, bool(args.causal)]
 
     def plan(self, args: AttentionArguments) -> Plan:
-        """`plan` for ``args`` on their device (the targeted machines' SMs without one)."""
+        """`plan` for ``args`` on their device (the targeted machines' SMs without one); for
+        variable length by the longest query sequence."""
         device = args.device if args.device.type == "cuda" else None
         return plan(self.head_dim, args.causal, args.seqlen_q, planning_sm_count(device))
 
     def compile_key(self, args: AttentionArguments, cc: int | None) -> tuple:
-        """One artifact per mask, lse presence and plan: sizes and strides are run-time values."""
-        return (args.causal, args.lse is not None, self.plan(args), cc)
+        """One artifact per layout, mask, lse presence and plan: sizes, strides and sequence
+        offsets are run-time values."""
+        return (args.varlen, args.causal, args.lse is not None, self.plan(args), cc)
 
     def _impl(self, causal: bool, has_lse: bool, launch: Plan) -> Any:
         from .implementations.sm90_attention_impl import Sm90AttentionForward
 
         return Sm90AttentionForward(self.dtype.to_cutlass(), self.head_dim, causal, has_lse, tile_m=launch.tile_m,
                                     tile_n=TILE_N, num_stages=self.metadata.design.stages,
-                                    scheduler_barrier=PINGPONG, persistent_ctas=launch.persistent_ctas)
+                                    scheduler_barrier=PINGPONG, persistent_ctas=launch.persistent_ctas,
+                                    varlen=self.varlen)
 
     def compile(self, args: AttentionArguments, cc: int | None = None) -> CompiledArtifact:
-        """Compile the arguments' mask, lse presence and plan (no GPU needed with an explicit cc)."""
+        """Compile the arguments' layout, mask, lse presence and plan (no GPU needed with an
+        explicit cc)."""
         import cutlass
         from cutlass.cute.runtime import make_fake_stream
 
         ops = self.metadata.operands
-        tensors = [fake_tensor_like(getattr(ops, name), 4) for name in ("q", "k", "v", "out")]
-        lse = fake_tensor(DataType.f32, 3, 2, 1) if args.lse is not None else None
+        rank = 3 if self.varlen else 4
+        tensors = [fake_tensor_like(getattr(ops, name), rank) for name in ("q", "k", "v", "out")]
+        lse = fake_tensor(DataType.f32, rank - 1, rank - 2, 1) if args.lse is not None else None
         impl = self._impl(args.causal, args.lse is not None, self.plan(args))
-        compiled = self.cute_compile(impl, *tensors, lse, cutlass.Float32(1.0), make_fake_stream())
+        # (the sequence offsets and the longest query sequence; None in a dense layout's function)
+        lengths = ((fake_tensor(DataType.i32, 1, 0, 1), fake_tensor(DataType.i32, 1, 0, 1), cutlass.Int32(1))
+                   if self.varlen else NO_LENGTHS)
+        compiled = self.cute_compile(impl, *tensors, lse, cutlass.Float32(1.0), *lengths, make_fake_stream())
         return CompiledArtifact(compiled, self)
 
     def _run(self, args: AttentionArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
-        if not args.q.numel():
+        if not args.q.numel() or not args.seqlen_q:
             return
-        if not args.seqlen_k:  # no key: every row's sum is empty
+        if not args.seqlen_k or not args.k.numel():  # no key: every row's sum is empty
             with stream_context(args.device, stream):
                 args.out.zero_()
                 if args.lse is not None:
                     args.lse.fill_(float("-inf"))
             return
-        self.cute_run(artifact.compiled_obj, args.q, args.k, args.v, args.out, args.lse, args.scale,
+        lengths = (args.cu_seqlens_q, args.cu_seqlens_k, args.seqlen_q) if args.varlen else NO_LENGTHS
+        self.cute_run(artifact.compiled_obj, args.q, args.k, args.v, args.out, args.lse, args.scale, *lengths,
                       to_cuda_stream(stream))
 
     def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
-        """``compiled(q, k, v, out, [lse,] scale, stream)``: without an lse operand, None stands in
-        its place at the head of the tail."""
-        if not args.q.numel() or not args.seqlen_k:
+        """``compiled(q, k, v, out, [lse,] scale, None, None, None, stream)``: without an lse
+        operand, None stands in its place at the head of the tail; the dense layout's sequence
+        offsets and longest sequence are None. Variable-length calls have none: their offsets are
+        no operand of a recorded launch."""
+        if args.varlen or not args.q.numel() or not args.seqlen_k:
             return None
-        return Launcher(artifact, (args.scale,) if args.lse is not None else (None, args.scale))
+        return Launcher(artifact, (args.scale, *NO_LENGTHS) if args.lse is not None else (None, args.scale, *NO_LENGTHS))

@@ -9,7 +9,14 @@ bottom-right alignment: query i sees keys j <= i + seqlen_k - seqlen_q; a query 
 key gets out 0 and lse -inf. The optional ``lse`` (batch, heads_q, seqlen_q) f32 is the natural
 log of the softmax denominator, ``max_j(scale s_ij) + log(sum_j exp(scale s_ij - max))``.
 
-A tile is one block of ``tile_m`` queries of one (batch, head). The grid has one CTA per tile
+Variable length (``varlen``, compile-time): q and out are packed (total_q, heads_q, head_dim), k
+and v (total_k, heads_kv, head_dim), sequence b's rows ``cu_seqlens[b]:cu_seqlens[b + 1]``
+(int32 offsets of length batch + 1, read on the device), lse (heads_q, total_q); the causal mask
+is aligned per sequence, by its own lengths.
+
+A tile is one block of ``tile_m`` queries of one (batch, head); with variable length the
+blocks are those of the longest query sequence (``max_seqlen_q``), and a block at or past its
+sequence's end is skipped by the producer and the consumers alike. The grid has one CTA per tile
 (linear index: query block fastest, so CTAs running together share K/V in L2; causal launches
 walk the query blocks backwards, the ones seeing the most keys first, for balance), or, with
 ``persistent_ctas``, that many CTAs each looping over tiles. Inside, 1 + tile_m / 64 warpgroups:
@@ -34,15 +41,24 @@ walk the query blocks backwards, the ones seeing the most keys first, for balanc
   here on H200, hence off by default).
 - epilogue: O / rowsum rounded to the output type, written with stmatrix per warpgroup into
   its own 64-row shared-memory tile and stored by TMA (which clips rows past seqlen_q); lse
-  written by one thread per quad for rows < seqlen_q.
+  written by one thread per quad for rows < seqlen_q. With variable length the rows past the
+  sequence's end are the next sequence's, so the warpgroup's tile goes from shared memory to
+  global memory in 16-byte vectors, row by row, only for rows < the sequence's length (a TMA
+  store of the whole tile would race with the CTAs that write the next sequence).
 
 Out-of-bounds: TMA zero-fills rows past the end of Q/K/V; keys j >= seqlen_k are masked to
--inf in the block that contains the end. The softmax scale must be positive (the row max is
+-inf in the block that contains the end. With variable length the TMA loads start at the
+sequence's first row of the packed tensors: rows past its end hold the next sequence's queries
+and keys (finite values, or zeros past the tensor's end), which the same key mask gives P = 0,
+and whose query rows are never stored. The softmax scale must be positive (the row max is
 taken on the unscaled scores).
 
-Calling convention: ``impl(q, k, v, out, lse_or_None, softmax_scale, stream)`` with the tensors
-as the user holds them; the (seqlen, head_dim, heads, batch) views and TMA descriptors are
-built inside the compiled host function.
+Calling convention: ``impl(q, k, v, out, lse_or_None, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+max_seqlen_q, stream)`` with the tensors as the user holds them, the three lengths None in a
+dense layout (a compiled function takes every parameter, so a dense call's recorded launch
+passes them as None before the stream); the (seqlen, head_dim, heads, batch) views, or (total,
+head_dim, heads) for variable length, and the TMA descriptors are built inside the compiled host
+function.
 """
 
 from __future__ import annotations
@@ -91,14 +107,16 @@ class Sm90AttentionForward:
     barriers), so one's softmax runs under another's wgmmas (FlashAttention-3's pingpong).
     ``persistent_ctas``: 0 launches one CTA per tile; n > 0 launches min(tiles, n) CTAs that each
     loop over tiles (round-robin), so a CTA's next Q/K/V loads overlap its epilogue; causal
-    persistent launches take the query blocks longest-first across all heads. The interface
-    (sm90_attention.py: `plan` and the instances' design) chooses these per problem from
-    measurements recorded there and in docs/performance.md.
+    persistent launches take the query blocks longest-first across all heads. ``varlen``: the
+    packed variable-length layout (see the module docstring), whose launch also takes the
+    sequence offsets and the longest query sequence. The interface (sm90_attention.py: `plan`
+    and the instances' design) chooses these per problem from measurements recorded there and
+    in docs/performance.md.
     """
 
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, causal: bool, has_lse: bool,
                  *, tile_m: int, tile_n: int, num_stages: int, scheduler_barrier: bool = False,
-                 persistent_ctas: int = 0) -> None:
+                 persistent_ctas: int = 0, varlen: bool = False) -> None:
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"dtype must be cutlass.BFloat16 or cutlass.Float16, got {dtype}")
         if head_dim not in (64, 128):
@@ -122,6 +140,7 @@ class Sm90AttentionForward:
             raise ValueError(f"persistent_ctas must be >= 0, got {persistent_ctas}")
         self.ctas = int(persistent_ctas)
         self.persistent = self.ctas > 0
+        self.varlen = bool(varlen)
         self.consumer_wgs = self.tile_m // 64
         self.threads = (1 + self.consumer_wgs) * _THREADS_PER_WG
         # setmaxnreg budgets (64K registers per SM, one CTA per SM)
@@ -143,20 +162,34 @@ class Sm90AttentionForward:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-                 mLSE: Optional[cute.Tensor], softmax_scale: Float32, stream: cuda.CUstream):
+                 mLSE: Optional[cute.Tensor], softmax_scale: Float32, mCuSeqlensQ: Optional[cute.Tensor],
+                 mCuSeqlensK: Optional[cute.Tensor], max_seqlen_q: Optional[Int32], stream: cuda.CUstream):
         for t in (mQ, mK, mV, mO):
             if const_expr(t.element_type != self.dtype):
                 raise TypeError(f"q, k, v and out must be {self.dtype}, got {t.element_type}")
         if const_expr(self.has_lse != (mLSE is not None)):
             raise TypeError("lse must be given exactly when the implementation was built with has_lse")
-        # (b, s, h, d) -> (s, d, h, b)
-        q = self._view(mQ, [1, 3, 2, 0])
-        k = self._view(mK, [1, 3, 2, 0])
-        v = self._view(mV, [1, 3, 2, 0])
-        o = self._view(mO, [1, 3, 2, 0])
+        if const_expr((mCuSeqlensQ is not None, mCuSeqlensK is not None, max_seqlen_q is not None)
+                      != (self.varlen,) * 3):
+            raise TypeError("cu_seqlens_q, cu_seqlens_k and max_seqlen_q must be given exactly when the "
+                            "implementation was built with varlen")
         lse = None
-        if const_expr(self.has_lse):
-            lse = self._view(mLSE, [2, 1, 0])     # (b, h, s) -> (s, h, b)
+        if const_expr(self.varlen):
+            # (t, h, d) -> (t, d, h): every sequence's rows, packed
+            q = self._view(mQ, [0, 2, 1])
+            k = self._view(mK, [0, 2, 1])
+            v = self._view(mV, [0, 2, 1])
+            o = self._view(mO, [0, 2, 1])
+            if const_expr(self.has_lse):
+                lse = self._view(mLSE, [1, 0])    # (h, t) -> (t, h)
+        else:
+            # (b, s, h, d) -> (s, d, h, b)
+            q = self._view(mQ, [1, 3, 2, 0])
+            k = self._view(mK, [1, 3, 2, 0])
+            v = self._view(mV, [1, 3, 2, 0])
+            o = self._view(mO, [1, 3, 2, 0])
+            if const_expr(self.has_lse):
+                lse = self._view(mLSE, [2, 1, 0])     # (b, h, s) -> (s, h, b)
 
         d, tm, tn = self.head_dim, self.tile_m, self.tile_n
         k_major = warpgroup.OperandMajorMode.K
@@ -179,8 +212,12 @@ class Sm90AttentionForward:
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(load, q, sQ_layout, (tm, d))
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(load, k, cute.slice_(sK_layout, (None, None, 0)), (tn, d))
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(load, v, cute.slice_(sV_layout, (None, None, 0)), (tn, d))
-        tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), o, cute.slice_(sO_layout, (None, None, 0)), (64, d))
+        # (variable length stores rows < the sequence's length from shared memory instead: a TMA
+        # store of a whole 64-row tile would write over the next sequence's rows)
+        tma_atom_o, tma_o = None, o
+        if const_expr(not self.varlen):
+            tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), o, cute.slice_(sO_layout, (None, None, 0)), (64, d))
 
         stages = self.num_stages
 
@@ -197,14 +234,17 @@ class Sm90AttentionForward:
         heads_q = q.shape[2]
         heads_kv = k.shape[2]
         qhead_per_kv = heads_q // heads_kv
-        tiles = (q.shape[0] + tm - 1) // tm * heads_q * q.shape[3]
+        if const_expr(self.varlen):
+            tiles = (max_seqlen_q + tm - 1) // tm * heads_q * (mCuSeqlensQ.shape[0] - 1)
+        else:
+            tiles = (q.shape[0] + tm - 1) // tm * heads_q * q.shape[3]
         grid_x = tiles
         if const_expr(self.persistent):
             grid_x = cutlass.min(tiles, self.ctas)
 
         self.kernel(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_o, tma_o, lse,
                     tiled_mma_qk, tiled_mma_pv, tiled_mma_o, sQ_layout, sK_layout, sV_layout, sO_layout,
-                    softmax_scale, qhead_per_kv, SharedStorage).launch(
+                    softmax_scale, qhead_per_kv, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, SharedStorage).launch(
             grid=[grid_x, 1, 1],
             block=[self.threads, 1, 1],
             min_blocks_per_mp=1,
@@ -214,11 +254,12 @@ class Sm90AttentionForward:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, tma_atom_q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_k: cute.CopyAtom, mK: cute.Tensor,
-               tma_atom_v: cute.CopyAtom, mV: cute.Tensor, tma_atom_o: cute.CopyAtom, mO: cute.Tensor,
+               tma_atom_v: cute.CopyAtom, mV: cute.Tensor, tma_atom_o: Optional[cute.CopyAtom], mO: cute.Tensor,
                mLSE: Optional[cute.Tensor], tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                tiled_mma_o: cute.TiledMma, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout, softmax_scale: Float32,
-               qhead_per_kv: Int32, SharedStorage: cutlass.Constexpr):
+               qhead_per_kv: Int32, mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
+               max_seqlen_q: Optional[Int32], SharedStorage: cutlass.Constexpr):
         d, tm, tn = self.head_dim, self.tile_m, self.tile_n
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -226,7 +267,8 @@ class Sm90AttentionForward:
             cpasync.prefetch_descriptor(tma_atom_q)
             cpasync.prefetch_descriptor(tma_atom_k)
             cpasync.prefetch_descriptor(tma_atom_v)
-            cpasync.prefetch_descriptor(tma_atom_o)
+            if const_expr(not self.varlen):
+                cpasync.prefetch_descriptor(tma_atom_o)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -252,11 +294,13 @@ class Sm90AttentionForward:
         # V^T as (head_dim, keys, stages): the MN-major B operand of O += P V
         sVt = cute.composition(sV, cute.make_ordered_layout((d, tn, self.num_stages), order=(1, 0, 2)))
 
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
         heads_q = mQ.shape[2]
-        m_blocks = (seqlen_q + tm - 1) // tm
-        tiles = m_blocks * heads_q * mQ.shape[3]
+        if const_expr(self.varlen):
+            m_blocks = (max_seqlen_q + tm - 1) // tm
+            tiles = m_blocks * heads_q * (mCuSeqlensQ.shape[0] - 1)
+        else:
+            m_blocks = (mQ.shape[0] + tm - 1) // tm
+            tiles = m_blocks * heads_q * mQ.shape[3]
         first_tile, _, _ = cute.arch.block_idx()
         tile_stride, _, _ = cute.arch.grid_dim()
 
@@ -272,11 +316,17 @@ class Sm90AttentionForward:
                 while tile < tiles:
                     m_block, head, batch = self._tile_coords(tile, m_blocks, heads_q, tiles)
                     head_kv = head // qhead_per_kv
+                    offset_q, offset_k, seqlen_q, seqlen_k = self._sequence(batch, mQ, mK, mCuSeqlensQ,
+                                                                            mCuSeqlensK)
                     n_blocks, mask_from = self._key_blocks(m_block, seqlen_q, seqlen_k)
+                    if const_expr(self.varlen):
+                        # a query block at or past its sequence's end loads nothing (its consumers skip it)
+                        n_blocks = cutlass.select_(m_block * tm < seqlen_q, n_blocks, Int32(0))
                     if n_blocks > 0:
-                        gQ = cute.local_tile(mQ[None, None, head, batch], (tm, d), (m_block, 0))
-                        gK = cute.local_tile(mK[None, None, head_kv, batch], (tn, d), (None, 0))  # (tn, d, blocks)
-                        gV = cute.local_tile(mV[None, None, head_kv, batch], (tn, d), (None, 0))
+                        gQ = cute.local_tile(self._rows(mQ, head, batch, offset_q), (tm, d), (m_block, 0))
+                        # (tn, d, blocks)
+                        gK = cute.local_tile(self._rows(mK, head_kv, batch, offset_k), (tn, d), (None, 0))
+                        gV = cute.local_tile(self._rows(mV, head_kv, batch, offset_k), (tn, d), (None, 0))
                         tQs, tQg = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
                                                          cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
                         tKs, tKg = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
@@ -333,7 +383,6 @@ class Sm90AttentionForward:
             row_sum = cute.make_rmem_tensor((2,), Float32)
             row_scale = cute.make_rmem_tensor((2,), Float32)
             scale_log2 = softmax_scale * Float32(_LOG2_E)
-            offset = seqlen_k - seqlen_q                 # query i sees keys j <= i + offset (causal)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             if const_expr(self.scheduler_barrier):
@@ -343,84 +392,122 @@ class Sm90AttentionForward:
                 if cwg == 0:
                     cute.arch.barrier_arrive(barrier_id=_BAR_SCHED, number_of_threads=2 * _THREADS_PER_WG)
             tile = first_tile
+            if const_expr(self.varlen):
+                # 16-byte vectors of a warpgroup's 64-row output tile, d / 8 threads a row: its rows
+                # below the sequence's length go from shared memory to global memory
+                vector = 128 // self.dtype.width
+                row_copy = cute.make_tiled_copy_tv(
+                    cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+                    cute.make_ordered_layout((_THREADS_PER_WG * vector // d, d // vector), order=(1, 0)),
+                    cute.make_layout((1, vector)))
+                thr_rows = row_copy.get_slice(ctid % _THREADS_PER_WG)
+                tOsO_rows = thr_rows.partition_S(sO[(None, None, cwg)])
+                tOcO_rows = thr_rows.partition_S(cute.make_identity_tensor((64, d)))
+                tOrO_rows = cute.make_fragment_like(tOsO_rows)
             while tile < tiles:
                 m_block, head, batch = self._tile_coords(tile, m_blocks, heads_q, tiles)
-                n_blocks, mask_from = self._key_blocks(m_block, seqlen_q, seqlen_k)
-                row_max.fill(-Float32.inf)
-                row_sum.fill(0.0)
-                if n_blocks > 0:
-                    pipe_q.consumer_wait(q_state)
-                    # first block (the last keys): S, mask, softmax -> P
-                    pipe_k.consumer_wait(kv_state)
-                    self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[(None, None, None, kv_state.index)], False)
-                    warpgroup.wait_group(0)
-                    pipe_k.consumer_release(kv_state)
-                    self._mask(acc_S, t0ScS, m_block * tm + thr_row, n_blocks * tn - tn + thr_col, seqlen_k,
-                               offset)
-                    self._online_softmax(acc_S, row_max, row_sum, row_scale, scale_log2, True)
-                    self._to_p(acc_S, tOrP)
-                    step_args = (n_blocks, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP,
-                                 acc_S, acc_O, row_max, row_sum, row_scale, scale_log2, cwg, t0ScS,
-                                 m_block * tm + thr_row, thr_col, seqlen_k, offset)
-                    # blocks n_blocks-2 .. mask_from cross the causal diagonal, the ones below need no
-                    # mask (without causality only the first block, which holds the end of the keys, does)
-                    n_masked = Int32(0)
-                    if const_expr(self.causal):
-                        n_masked = cutlass.max(n_blocks - 1 - mask_from, Int32(0))
-                        for i in cutlass.range(n_masked, unroll=1):
-                            kv_state = self._step(i + 1, kv_state, True, *step_args)
-                    for i in cutlass.range(n_blocks - 1 - n_masked, unroll=1):
-                        kv_state = self._step(i + 1 + n_masked, kv_state, False, *step_args)
-                    # every S GEMM of the tile is done: Q's slot may take the next tile's
-                    pipe_q.consumer_release(q_state)
-                    q_state.advance()
-                    # the last P V
-                    pipe_v.consumer_wait(kv_state)
-                    self._gemm(tiled_mma_pv, acc_O, tOrP, tOrV[(None, None, None, kv_state.index)], n_blocks > 1)
-                    warpgroup.wait_group(0)
-                    pipe_v.consumer_release(kv_state)
-                    kv_state.advance()
-                else:
-                    acc_O.fill(0.0)                      # no key visible: out = 0, lse = -inf
+                offset_q, offset_k, seqlen_q, seqlen_k = self._sequence(batch, mQ, mK, mCuSeqlensQ, mCuSeqlensK)
+                # a query block at or past its sequence's end (variable length) has nothing to compute
+                # or store, and its producer loads nothing
+                has_rows = True
+                if const_expr(self.varlen):
+                    has_rows = m_block * tm < seqlen_q
+                if has_rows:
+                    n_blocks, mask_from = self._key_blocks(m_block, seqlen_q, seqlen_k)
+                    offset = seqlen_k - seqlen_q             # query i sees keys j <= i + offset (causal)
+                    row_max.fill(-Float32.inf)
+                    row_sum.fill(0.0)
+                    if n_blocks > 0:
+                        pipe_q.consumer_wait(q_state)
+                        # first block (the last keys): S, mask, softmax -> P
+                        pipe_k.consumer_wait(kv_state)
+                        self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[(None, None, None, kv_state.index)], False)
+                        warpgroup.wait_group(0)
+                        pipe_k.consumer_release(kv_state)
+                        self._mask(acc_S, t0ScS, m_block * tm + thr_row, n_blocks * tn - tn + thr_col, seqlen_k,
+                                   offset)
+                        self._online_softmax(acc_S, row_max, row_sum, row_scale, scale_log2, True)
+                        self._to_p(acc_S, tOrP)
+                        step_args = (n_blocks, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP,
+                                     acc_S, acc_O, row_max, row_sum, row_scale, scale_log2, cwg, t0ScS,
+                                     m_block * tm + thr_row, thr_col, seqlen_k, offset)
+                        # blocks n_blocks-2 .. mask_from cross the causal diagonal, the ones below need no
+                        # mask (without causality only the first block, which holds the end of the keys, does)
+                        n_masked = Int32(0)
+                        if const_expr(self.causal):
+                            n_masked = cutlass.max(n_blocks - 1 - mask_from, Int32(0))
+                            for i in cutlass.range(n_masked, unroll=1):
+                                kv_state = self._step(i + 1, kv_state, True, *step_args)
+                        for i in cutlass.range(n_blocks - 1 - n_masked, unroll=1):
+                            kv_state = self._step(i + 1 + n_masked, kv_state, False, *step_args)
+                        # every S GEMM of the tile is done: Q's slot may take the next tile's
+                        pipe_q.consumer_release(q_state)
+                        q_state.advance()
+                        # the last P V
+                        pipe_v.consumer_wait(kv_state)
+                        self._gemm(tiled_mma_pv, acc_O, tOrP, tOrV[(None, None, None, kv_state.index)], n_blocks > 1)
+                        warpgroup.wait_group(0)
+                        pipe_v.consumer_release(kv_state)
+                        kv_state.advance()
+                    else:
+                        acc_O.fill(0.0)                      # no key visible: out = 0, lse = -inf
 
-                # ---- epilogue: normalise, lse, O through shared memory and a TMA store
-                for r in cutlass.range_constexpr(2):
-                    total = row_sum[r]
-                    total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
-                    total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
-                    inv = Float32(0.0)
-                    lse_r = -Float32.inf
-                    if total > Float32(0.0):
-                        inv = Float32(1.0) / total
-                        lse_r = row_max[r] * softmax_scale + cute.math.log(total, fastmath=True)
-                    row_scale[r] = inv
-                    row_sum[r] = lse_r
-                self._rescale(acc_O, row_scale)
-                if const_expr(self.has_lse):
-                    if tidx % 4 == 0:
-                        for r in cutlass.range_constexpr(2):
-                            row = m_block * tm + thr_row + t0ScS[2 * r][0]
-                            if row < seqlen_q:
-                                mLSE[row, head, batch] = row_sum[r]
-                self._to_p(acc_O, rO)
-                if const_expr(self.persistent):
-                    # the warpgroup's previous TMA store must have read its tile
-                    if store_thread:
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier(barrier_id=_BAR_EPI + cwg, number_of_threads=_THREADS_PER_WG)
-                cute.copy(st_atom, thr_st.retile(rO), tOsO_st)
-                # the generic-proxy shared-memory writes, visible to the TMA (async proxy)
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier(barrier_id=_BAR_EPI + cwg, number_of_threads=_THREADS_PER_WG)
-                if store_thread:
-                    gO = cute.local_tile(mO[None, None, head, batch], (64, d), (m_block * (tm // 64) + cwg, 0))
-                    tOs, tOg = cpasync.tma_partition(tma_atom_o, 0, cute.make_layout(1),
-                                                     cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
-                    cute.copy(tma_atom_o, tOs[(None, cwg)], tOg)
-                    cute.arch.cp_async_bulk_commit_group()
+                    # ---- epilogue: normalise, lse, O through shared memory and a TMA store (variable
+                    # length: stores of the rows inside the sequence)
+                    for r in cutlass.range_constexpr(2):
+                        total = row_sum[r]
+                        total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+                        total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+                        inv = Float32(0.0)
+                        lse_r = -Float32.inf
+                        if total > Float32(0.0):
+                            inv = Float32(1.0) / total
+                            lse_r = row_max[r] * softmax_scale + cute.math.log(total, fastmath=True)
+                        row_scale[r] = inv
+                        row_sum[r] = lse_r
+                    self._rescale(acc_O, row_scale)
+                    if const_expr(self.has_lse):
+                        if tidx % 4 == 0:
+                            for r in cutlass.range_constexpr(2):
+                                row = m_block * tm + thr_row + t0ScS[2 * r][0]
+                                if row < seqlen_q:
+                                    if const_expr(self.varlen):
+                                        mLSE[offset_q + row, head] = row_sum[r]
+                                    else:
+                                        mLSE[row, head, batch] = row_sum[r]
+                    self._to_p(acc_O, rO)
+                    if const_expr(self.persistent):
+                        # the warpgroup's previous store must have read its tile
+                        if const_expr(not self.varlen):
+                            if store_thread:
+                                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        cute.arch.barrier(barrier_id=_BAR_EPI + cwg, number_of_threads=_THREADS_PER_WG)
+                    cute.copy(st_atom, thr_st.retile(rO), tOsO_st)
+                    if const_expr(self.varlen):
+                        cute.arch.barrier(barrier_id=_BAR_EPI + cwg, number_of_threads=_THREADS_PER_WG)
+                        cute.autovec_copy(tOsO_rows, tOrO_rows)
+                        gO = cute.local_tile(self._rows(mO, head, batch, offset_q), (64, d),
+                                             (m_block * (tm // 64) + cwg, 0))
+                        tOgO_rows = thr_rows.partition_D(gO)
+                        rows_left = seqlen_q - m_block * tm - cwg * 64
+                        for m in cutlass.range_constexpr(cute.size(tOgO_rows, mode=[1])):
+                            if tOcO_rows[0, m, 0][0] < rows_left:
+                                cute.copy(row_copy, tOrO_rows[None, m, None], tOgO_rows[None, m, None])
+                    else:
+                        # the generic-proxy shared-memory writes, visible to the TMA (async proxy)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        cute.arch.barrier(barrier_id=_BAR_EPI + cwg, number_of_threads=_THREADS_PER_WG)
+                        if store_thread:
+                            gO = cute.local_tile(mO[None, None, head, batch], (64, d),
+                                                 (m_block * (tm // 64) + cwg, 0))
+                            tOs, tOg = cpasync.tma_partition(tma_atom_o, 0, cute.make_layout(1),
+                                                             cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
+                            cute.copy(tma_atom_o, tOs[(None, cwg)], tOg)
+                            cute.arch.cp_async_bulk_commit_group()
                 tile += tile_stride
-            if store_thread:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if const_expr(not self.varlen):
+                if store_thread:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _tile_coords(self, tile: Int32, m_blocks: Int32, heads_q: Int32, tiles: Int32):
@@ -443,6 +530,26 @@ class Sm90AttentionForward:
                 m_block = m_blocks - 1 - m_block
         batch = bh // heads_q
         return m_block, bh - batch * heads_q, batch
+
+    @cute.jit
+    def _sequence(self, batch: Int32, mQ: cute.Tensor, mK: cute.Tensor, mCuSeqlensQ: Optional[cute.Tensor],
+                  mCuSeqlensK: Optional[cute.Tensor]):
+        """(first query row, first key row, query length, key length) of sequence ``batch``: from
+        the offsets for variable length, the tensors' extents (and offsets 0) for the dense layout."""
+        if const_expr(self.varlen):
+            offset_q = mCuSeqlensQ[batch]
+            offset_k = mCuSeqlensK[batch]
+            return offset_q, offset_k, mCuSeqlensQ[batch + 1] - offset_q, mCuSeqlensK[batch + 1] - offset_k
+        return Int32(0), Int32(0), mQ.shape[0], mK.shape[0]
+
+    def _rows(self, t: cute.Tensor, head: Int32, batch: Int32, offset: Int32) -> cute.Tensor:
+        """The (seqlen, head_dim) rows of one head of sequence ``batch``: for variable length the
+        packed tensor from row ``offset`` on (rows past the sequence's end are the next sequence's,
+        or past the tensor's end, where TMA loads zeros: the key mask and the row-predicated
+        stores keep them out of the results)."""
+        if const_expr(self.varlen):
+            return cute.domain_offset((offset, 0), t[None, None, head])
+        return t[None, None, head, batch]
 
     @cute.jit
     def _key_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
