@@ -74,8 +74,8 @@ def test_declines_with_a_reason(args, reason):
 
 def _varlen(max_q, d=64):
     cu = torch.empty(3, dtype=torch.int32, device="meta")
-    q, k = _meta((7, 8, d)), _meta((30, 2, d))
-    return AttentionArguments(q, k, k, _meta((7, 8, d)), cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_q,
+    q, k = _meta((40, 8, d)), _meta((30, 2, d))
+    return AttentionArguments(q, k, k, _meta((40, 8, d)), cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_q,
                               max_seqlen_k=20)
 
 

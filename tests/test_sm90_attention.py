@@ -128,13 +128,18 @@ def test_variable_length_declines_with_reasons():
     reason = _verdicts(_varlen_args(d=64, q=rows))["Sm90Attention_bf16_d64_varlen"].error
     assert reason.startswith("operand q")
     kernel = Sm90Attention.generate_kernels(lambda m: m.kernel_name == "Sm90Attention_bf16_d64_varlen", cc=90)[0]
-    status = kernel.supports(_varlen_args(d=64, hq=1, hkv=1, max_q=MAX_EXTENT + 1, max_k=10))
-    assert not status and "max_seqlen_q: 2,147,483,456 exceeds the 32-bit limit less a tile" in status.error
-    assert kernel.supports(_varlen_args(d=64, hq=1, hkv=1, max_q=MAX_EXTENT, max_k=10))
+    # (a max_seqlen_q past the packed tokens is held at their count: the grid and plan follow it)
+    generous = _varlen_args(d=64, hq=1, hkv=1, max_q=MAX_EXTENT + 1, max_k=10)
+    assert generous.seqlen_q == 1000 and kernel.supports(generous)
+    assert kernel.plan(generous) == plan(64, True, 1000, 132)
+    status = kernel.supports(_varlen_args(d=64, hq=1, hkv=1, total_q=MAX_EXTENT + 1, max_q=MAX_EXTENT + 1, max_k=10))
+    assert not status and "operand q: an extent of 2,147,483,456 exceeds the 32-bit limit less a tile" in status.error
+    assert kernel.supports(_varlen_args(d=64, hq=1, hkv=1, total_q=MAX_EXTENT, max_q=MAX_EXTENT, max_k=10))
     # 2^14 sequences x 2^11 heads x 32 blocks of the longest sequence's queries: 2^30 tiles
-    status = kernel.supports(_varlen_args(batch=1 << 14, d=64, hq=1 << 11, hkv=1 << 11, max_q=1 << 12))
+    many = dict(d=64, hq=1 << 11, hkv=1 << 11, total_q=1 << 26, total_k=1 << 26, max_q=1 << 12)
+    status = kernel.supports(_varlen_args(batch=1 << 14, **many))
     assert not status and "tiles of 128 queries exceed the 32-bit tile index's limit" in status.error
-    assert kernel.supports(_varlen_args(batch=(1 << 14) - 1, d=64, hq=1 << 11, hkv=1 << 11, max_q=1 << 12))
+    assert kernel.supports(_varlen_args(batch=(1 << 14) - 1, **many))
 
 
 def test_variable_length_ranks_ahead_of_torchs_and_behind_the_decode_kernel():
@@ -174,7 +179,7 @@ def test_launch_takes_the_scale_after_the_tensors():
     assert varlen._launcher(_varlen_args(d=64), CompiledArtifact(lambda *a: None, varlen)) is None
 
 
-def test_compile_key_holds_the_mask_and_the_lse_only():
+def test_compile_key_holds_the_mask_the_lse_and_the_layout_only():
     kernel = Sm90Attention.generate_kernels(None, cc=90)[0]
     assert kernel.compile_key(_args(lq=1025, lk=9), 90) == kernel.compile_key(_args(lq=4000, lk=17, hkv=8), 90)
     assert kernel.compile_key(_args(), 90) != kernel.compile_key(_args(causal=False), 90)
@@ -184,9 +189,10 @@ def test_compile_key_holds_the_mask_and_the_lse_only():
 def test_variable_length_plans_and_compiles_by_the_longest_query_sequence():
     kernel = _ours(_varlen_args(d=64))[0]
     for causal, longest in ((True, 1024), (True, 1025), (False, 300)):
-        args = _varlen_args(d=64, causal=causal, max_q=longest, max_k=longest)
+        args = _varlen_args(d=64, causal=causal, total_q=4000, total_k=4000, max_q=longest, max_k=longest)
         assert kernel.plan(args) == plan(64, causal, longest, 132)
-    short, long = _varlen_args(d=64, max_q=1000), _varlen_args(d=64, max_q=3000, max_k=3000)
+    short = _varlen_args(d=64, max_q=1000)
+    long = _varlen_args(d=64, total_q=4000, total_k=4000, max_q=3000, max_k=3000)
     assert kernel.compile_key(short, 90) == kernel.compile_key(_varlen_args(d=64, total_q=77, max_q=9, max_k=1), 90)
     assert kernel.compile_key(short, 90) != kernel.compile_key(long, 90)
     dense = _ours(_args(d=64))[0]
@@ -210,8 +216,8 @@ def test_compiles_for_sm90a_without_a_gpu(kw):
 @pytest.mark.parametrize("kw, expected_plan", [
     (dict(d=64, lse=True), Plan(128, 132)),
     (dict(d=64, causal=False), Plan(192, 132)),
-    (dict(d=64, max_q=3000, max_k=3000), Plan(192, 0)),
-    (dict(max_q=3000, max_k=3000, lse=True), Plan(128, 0)),
+    (dict(d=64, total_q=4000, total_k=4000, max_q=3000, max_k=3000), Plan(192, 0)),
+    (dict(total_q=4000, total_k=4000, max_q=3000, max_k=3000, lse=True), Plan(128, 0)),
     (dict(causal=False, hkv=1, lse=True), Plan(128, 132)),
     (dict(dtype=torch.float16, hkv=8), Plan(128, 132)),
 ], ids=["d64_causal_two_consumers_persistent_lse", "d64_full_three_consumers_persistent",

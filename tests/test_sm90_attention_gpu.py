@@ -193,18 +193,23 @@ def test_persistent_ctas_loop_over_many_tiles(monkeypatch):
         _check(args, buf, f"3 persistent CTAs, q{lq} k{lk} d{d}{' causal' if causal else ''}")
 
 
-#: The start of a memcheck script: the imports, a seed, the launch count ``n``, and five CTAs in a
-#: persistent launch, so that each loops over several tiles.
-MEMCHECK_HEAD = r"""
+def sanitizer_head(ctas: int) -> str:
+    """The start of a compute-sanitizer script: the imports, a seed, the launch count ``n``, and
+    ``ctas`` CTAs in a persistent launch, so that each loops over several tiles."""
+    return f"""
 import torch
 from kernel_api.arguments.attention import AttentionArguments
 from kernel_api.providers.cutedsl.attention import sm90_attention
 from kernel_api.providers.cutedsl.attention.sm90_attention import Sm90Attention
 torch.manual_seed(0)
 n = 0
-sm90_attention.planning_sm_count = lambda device: 5  # persistent CTAs loop over several tiles
+sm90_attention.planning_sm_count = lambda device: {ctas}
+def offsets(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
 """
-#: The end of a memcheck script's loop over problems: every instance that takes ``args`` runs it
+
+
+#: The end of a sanitizer script's loop over problems: every instance that takes ``args`` runs it
 #: twice (the second replays), then the count is printed.
 MEMCHECK_RUN = r"""
     for kern in Sm90Attention.generate_kernels(None, cc=90):
@@ -216,7 +221,7 @@ print("launched", n)
 
 
 def test_memcheck():
-    code = MEMCHECK_HEAD + r"""
+    code = sanitizer_head(5) + r"""
 for b, lq, lk, hq, hkv, d, causal, lse in ((2, 300, 77, 4, 2, 128, True, True), (1, 77, 300, 4, 1, 64, True, False),
                                           (3, 129, 513, 6, 3, 64, False, True), (1, 5, 17, 2, 2, 128, False, False)):
     q = torch.randn(b, lq, hq, d, device="cuda").to(torch.bfloat16)
@@ -232,25 +237,13 @@ for b, lq, lk, hq, hkv, d, causal, lse in ((2, 300, 77, 4, 2, 128, True, True), 
 def test_racecheck_on_persistent_ctas():
     """Shared memory hazards (the Q and output tiles reused across a persistent CTA's tiles, the
     K/V rings) under compute-sanitizer's racecheck, on three CTAs looping over several tiles."""
-    code = r"""
-import torch
-from kernel_api.arguments.attention import AttentionArguments
-from kernel_api.providers.cutedsl.attention import sm90_attention
-from kernel_api.providers.cutedsl.attention.sm90_attention import Sm90Attention
-torch.manual_seed(0)
-n = 0
-sm90_attention.planning_sm_count = lambda device: 3
+    code = sanitizer_head(3) + r"""
 for lq, lk, d, causal in ((300, 300, 64, False), (200, 260, 128, True)):
     q = torch.randn(1, lq, 4, d, device="cuda").to(torch.bfloat16)
     k = torch.randn(1, lk, 2, d, device="cuda").to(torch.bfloat16)
     v = torch.randn(1, lk, 2, d, device="cuda").to(torch.bfloat16)
     args = AttentionArguments(q, k, v, torch.empty_like(q), torch.empty(1, 4, lq, device="cuda"), causal=causal)
-    for kern in Sm90Attention.generate_kernels(None, cc=90):
-        if kern.supports(args):
-            kern.run(args); n += 1
-torch.cuda.synchronize()
-print("launched", n)
-"""
+""" + MEMCHECK_RUN
     out = run_memcheck(code, tool="racecheck")
     assert "launched 2" in out
 
@@ -401,9 +394,7 @@ def test_memcheck_varlen():
     """Variable-length batches under memcheck, every tensor its own allocation: the last
     sequence's tiles reach past the packed tensors' ends (TMA loads fill zeros; stores are
     predicated), empty sequences and a query sequence without keys among them."""
-    code = MEMCHECK_HEAD + r"""
-def offsets(lengths):
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    code = sanitizer_head(5) + r"""
 for lq, lk, hq, hkv, d, causal, lse in (([100, 0, 257, 3], [300, 17, 5, 0], 4, 2, 128, True, True),
                                         ([1, 130, 0, 77], [129, 0, 64, 300], 4, 1, 64, True, False),
                                         ([200, 3, 385], [1, 2, 450], 6, 3, 64, False, True),
@@ -417,3 +408,20 @@ for lq, lk, hq, hkv, d, causal, lse in (([100, 0, 257, 3], [300, 17, 5, 0], 4, 2
 """ + MEMCHECK_RUN
     out = run_memcheck(code)
     assert "launched 4" in out
+
+
+def test_racecheck_varlen_on_persistent_ctas():
+    """Shared-memory hazards of the variable-length epilogue (the output tile stored from shared
+    memory by the consumers, then reused by the CTA's next tile) under racecheck: three CTAs loop
+    over tiles of which some lie past their sequence's end."""
+    code = sanitizer_head(3) + r"""
+for lq, lk, d, causal in (([300, 0, 77], [280, 5, 90], 64, False), ([200, 129], [260, 100], 128, True)):
+    q = torch.randn(sum(lq), 4, d, device="cuda").to(torch.bfloat16)
+    k = torch.randn(sum(lk), 2, d, device="cuda").to(torch.bfloat16)
+    v = torch.randn(sum(lk), 2, d, device="cuda").to(torch.bfloat16)
+    args = AttentionArguments(q, k, v, torch.empty_like(q), torch.empty(4, sum(lq), device="cuda"), causal=causal,
+                              cu_seqlens_q=offsets(lq), cu_seqlens_k=offsets(lk), max_seqlen_q=max(lq),
+                              max_seqlen_k=max(lk))
+""" + MEMCHECK_RUN
+    out = run_memcheck(code, tool="racecheck")
+    assert "launched 2" in out

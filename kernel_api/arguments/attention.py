@@ -123,7 +123,9 @@ def _host_lengths(cu: torch.Tensor, name: str, tokens: int, operand: str) -> lis
     return lengths
 
 
-def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str) -> int:
+def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str, tokens: int) -> int:
+    """The longest sequence: ``value`` checked, at most ``tokens`` (no sequence holds more than the
+    packed tensor, and kernels size their grids by it); from the offsets when not given."""
     if value is None:
         if lengths is None:
             raise ValueError(f"{name}: required with {cu_name} off the CPU (reading the offsets there "
@@ -133,7 +135,7 @@ def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str) 
         raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
     if lengths is not None and value < max(lengths, default=0):
         raise ValueError(f"{name}: {value} is below the longest sequence in {cu_name}, {max(lengths)}")
-    return value
+    return min(value, tokens)
 
 
 def _cache_lengths(lengths: Any, batch: int, varlen: bool, device: torch.device) -> TensorAttributes:
@@ -278,8 +280,8 @@ class AttentionProblem:
             _offsets(cu_seqlens_k, "cu_seqlens_k", self.batch, q.device)
             lq = _host_lengths(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
             lk = _host_lengths(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
-            self.seqlen_q = _max_seqlen(max_seqlen_q, "max_seqlen_q", lq, "cu_seqlens_q")
-            self.seqlen_k = _max_seqlen(max_seqlen_k, "max_seqlen_k", lk, "cu_seqlens_k")
+            self.seqlen_q = _max_seqlen(max_seqlen_q, "max_seqlen_q", lq, "cu_seqlens_q", q.shape[0])
+            self.seqlen_k = _max_seqlen(max_seqlen_k, "max_seqlen_k", lk, "cu_seqlens_k", k.shape[0])
         else:
             for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
                 if value is not None:
@@ -346,7 +348,8 @@ class AttentionArguments(Arguments):
         scale: the factor on q k^T; default ``1 / sqrt(head_dim)``.
         cu_seqlens_q, cu_seqlens_k: int32 offsets of length batch + 1, both or neither.
         max_seqlen_q, max_seqlen_k: the longest sequence of each; required when the offsets
-            are not on the CPU.
+            are not on the CPU. A value past the packed tokens is held at their count (kernels
+            size their grids by it).
         cache_seqlens: optional, for a dense k and v that are a KV cache: int32 ``(batch,)`` on
             q's device, the keys each row holds (see the module docstring; values not read here).
 

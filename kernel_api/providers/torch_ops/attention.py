@@ -103,9 +103,12 @@ class Backend(NamedTuple):
 #: 567 against SDPA's 600 at b4 h32 s4096 d128 causal, 654 against 656 full, 263 against 319 at
 #: b16 h16 s1024 d64 causal (so SDPA keeps inference); ``flash`` (FlashAttention-2) 312, 349 and
 #: 180; ``math`` materialises the scores (nominal). ``sdpa`` runs variable length one sequence at a
-#: time after reading the offsets on the host (a synchronisation): measured (`--cases varlen`)
-#: 0.66x SDPA's dense call over the same tokens at 4 sequences of 4096 (d128 causal), 0.12x at 16
-#: of 1024 (d64 causal), so it ranks behind FlashAttention-2's varlen kernel.
+#: time after reading the offsets on the host (a synchronisation), so its speed falls with the
+#: number of sequences: measured (`--cases varlen`) 0.66x SDPA's dense call over the same tokens
+#: at 4 sequences of 4096 (d128 causal, where FlashAttention-2's varlen ran 0.53x) and 0.12x at 16
+#: of 1024 (d64 causal, FlashAttention-2's 0.44x). Its varlen speed, 0.3, is a placement rather
+#: than a measurement: behind FlashAttention-2's (0.52), whose speed does not depend on the count,
+#: at the price of about 20 % on a few long sequences.
 BACKENDS = {
     "sdpa": Backend(_ALL, 1, 256, ("dense", "varlen"), lse=False, cuda=False, speed=1.0, cache_seqlens=True,
                     varlen_speed=0.3),
