@@ -71,8 +71,11 @@ from .outputs import check_outputs_disjoint, elements_distinct
 #: The most score elements (batch x heads x seqlen_q x seqlen_k) a float64 reference materialises.
 REFERENCE_MAX_SCORES = 1 << 28
 
-_DENSE = (0, 0, 0, 1)   # (batch, seqlen, heads, head_dim), head_dim contiguous
-_VARLEN = (0, 0, 1)     # (total_tokens, heads, head_dim)
+#: The operands' stride patterns by layout: dense (batch, seqlen, heads, head_dim) and variable
+#: length (total_tokens, heads, head_dim), the head dim contiguous in both. Kernels declare one
+#: instance per layout from it.
+LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
+_DENSE, _VARLEN = LAYOUTS["dense"], LAYOUTS["varlen"]
 
 
 def _operand(t: torch.Tensor, name: str, rank: int) -> TensorAttributes:

@@ -45,7 +45,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from ...arguments.attention import AttentionArguments
+from ...arguments.attention import LAYOUTS, AttentionArguments
 from ...arguments.attention_math import SDPA_GQA, attention_with_lse, torch_attention
 from ...core.artifact import CompiledArtifact
 from ...core.dtypes import DataType
@@ -68,7 +68,6 @@ _sdpa = torch.nn.functional.scaled_dot_product_attention
 _grad_enabled = torch.is_grad_enabled
 _HALF = (DataType.f16, DataType.bf16)
 _ALL = (DataType.f16, DataType.bf16, DataType.f32, DataType.f64)
-LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
 
 
 class Backend(NamedTuple):

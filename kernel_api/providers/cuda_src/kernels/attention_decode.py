@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from .... import native
-from ....arguments.attention import AttentionArguments
+from ....arguments.attention import LAYOUTS, AttentionArguments
 from ....core.arch import planning_sm_count
 from ....core.dtypes import DataType
 from ....core.status import Reason, Status
@@ -80,7 +80,6 @@ SM_SHARED_BYTES, CTA_RESERVED_BYTES, STATIC_SHARED_BYTES = 228 << 10, 1 << 10, 6
 LONG_SPLIT_CHUNKS = 16
 #: The elements of one 16-byte copy: every pointer and stride but head_dim's is a multiple.
 _VECTOR = 8
-_LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
 #: Cost model: the K/V streaming rate (an H200 measured 4.2-4.5 TB/s from 134 MB of K and V up,
 #: bf16 d128 at batch 64; 1.9-3.0 TB/s at 34 MB), a launch's fixed time and the mma.sync rate
 #: for the padded rows (nominal).
@@ -249,7 +248,7 @@ class CudaAttentionDecode(CudaSourceKernel):
     # ---- generation ---------------------------------------------------------------------------
     @classmethod
     def variant_params(cls) -> list[dict]:
-        return [dict(dtype=dt, head_dim=d, layout=layout) for layout in _LAYOUTS for dt in _TYPES for d in HEAD_DIMS]
+        return [dict(dtype=dt, head_dim=d, layout=layout) for layout in LAYOUTS for dt in _TYPES for d in HEAD_DIMS]
 
     @classmethod
     def instance_name(cls, params: dict) -> str:
@@ -263,7 +262,7 @@ class CudaAttentionDecode(CudaSourceKernel):
     @classmethod
     def make_metadata(cls, params: dict) -> KernelMetadata:
         dt, d = params["dtype"], params["head_dim"]
-        attrs = TensorAttributes(dt, _LAYOUTS[params["layout"]], _VECTOR)
+        attrs = TensorAttributes(dt, LAYOUTS[params["layout"]], _VECTOR)
         operands = AttentionOperandsMetadata(attrs, attrs, attrs, attrs, head_dims=(d,),
                                              cache_seqlens=params["layout"] == "dense")
         design = BLASDesignMetadata((16, DEFAULT_TILING.block_keys, d), stages=DEFAULT_TILING.stages,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ....arguments.attention import AttentionArguments, expanded_dim
+from ....arguments.attention import LAYOUTS, AttentionArguments, expanded_dim
 from ....core.arch import planning_sm_count
 from ....core.artifact import CompiledArtifact
 from ....core.dtypes import DataType
@@ -52,9 +52,6 @@ from .. import CuTeDSLProvider
 from ..kernel import CuteDslKernel, fake_tensor, fake_tensor_like
 
 HEAD_DIMS = (128, 64)
-#: Operand stride patterns by layout: dense (batch, seqlen, heads, head_dim) and variable length
-#: (total_tokens, heads, head_dim), head_dim contiguous.
-LAYOUTS = {"dense": (0, 0, 0, 1), "varlen": (0, 0, 1)}
 #: Keys per block (the CTA tile's N).
 TILE_N = 128
 #: Causal problems of up to this many queries are "short": at head dim 64 a 192-row tile wastes
