@@ -367,6 +367,32 @@ def test_varlen_persistent_ctas_loop_over_many_tiles(monkeypatch):
         _check_varlen(args, buf, lse_buf, f"3 persistent CTAs, q{max(lq)} k{max(lk)} d{d}{' causal' if causal else ''}")
 
 
+@pytest.mark.parametrize("lengths_q, lengths_k, d, causal", [
+    (_RAGGED_Q, _RAGGED_K, 128, True),                                    # 128 rows, persistent
+    ([5, 3000, 1, 64, 0, 129], [7, 2500, 1, 64, 9, 1], 64, True),        # 192 rows, a CTA per tile
+    ([192, 191, 193, 0, 385], [192, 1, 193, 2, 385], 64, False),          # 192 rows, persistent
+], ids=["d128_causal_persistent", "d64_causal_a_cta_per_tile", "d64_full_persistent"])
+def test_varlen_writes_nothing_past_a_sequences_end(lengths_q, lengths_k, d, causal):
+    """The first b + 1 sequences of the packed tensors, the rest of the rows left out of the
+    offsets: every output and lse row from the (b + 1)-th sequence's end on keeps the sentinel
+    (deterministic, where a later sequence's own store could hide a stray write)."""
+    torch.manual_seed(2)
+    args, buf, lse_buf = _varlen_args(lengths_q, lengths_k, 4, 2, d, torch.bfloat16, causal, False, True)
+    ends = _offsets(lengths_q).tolist()[1:]
+    for b in range(len(lengths_q) - 1):
+        buf.fill_(SENTINEL)
+        lse_buf.fill_(SENTINEL)
+        prefix = AttentionArguments(args.q, args.k, args.v, args.out, args.lse, causal=causal,
+                                    cu_seqlens_q=args.cu_seqlens_q[:b + 2], cu_seqlens_k=args.cu_seqlens_k[:b + 2],
+                                    max_seqlen_q=max(lengths_q[:b + 1]), max_seqlen_k=max(lengths_k[:b + 1]))
+        _kernel(prefix).run(prefix)
+        torch.cuda.synchronize()
+        end = ends[b]
+        assert bool((args.out[end:] == SENTINEL).all()), f"{b + 1} sequences: a write past row {end}"
+        assert bool((args.lse[:, end:] == SENTINEL).all()), f"{b + 1} sequences: an lse write past row {end}"
+        assert _packed_untouched(buf), f"{b + 1} sequences: a write outside the output"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_ops_attention_varlen_with_only_this_provider(causal):
     torch.manual_seed(1)
