@@ -436,6 +436,24 @@ for lq, lk, hq, hkv, d, causal, lse in (([100, 0, 257, 3], [300, 17, 5, 0], 4, 2
     assert "launched 4" in out
 
 
+def test_memcheck_varlen_offsets_outside_the_tensors():
+    """Offsets are trusted on the device (reading them would synchronise): ones past the packed
+    tensors' ends, or decreasing, give wrong rows but no access outside the tensors (each sequence
+    is clamped to them), under memcheck."""
+    code = sanitizer_head(5) + r"""
+bad = torch.tensor([0, 50, 10**6, 20], dtype=torch.int32, device="cuda")
+for tokens_q, tokens_k, d, causal in ((100, 80, 128, True), (300, 7, 64, False)):
+    q = torch.randn(tokens_q, 4, d, device="cuda").to(torch.bfloat16)
+    k = torch.randn(tokens_k, 2, d, device="cuda").to(torch.bfloat16)
+    v = torch.randn(tokens_k, 2, d, device="cuda").to(torch.bfloat16)
+    args = AttentionArguments(q, k, v, torch.empty_like(q), torch.empty(4, tokens_q, device="cuda"), causal=causal,
+                              cu_seqlens_q=bad, cu_seqlens_k=bad.flip(0).contiguous(), max_seqlen_q=tokens_q,
+                              max_seqlen_k=tokens_k)
+""" + MEMCHECK_RUN
+    out = run_memcheck(code)
+    assert "launched 2" in out
+
+
 def test_racecheck_varlen_on_persistent_ctas():
     """Shared-memory hazards of the variable-length epilogue (the output tile stored from shared
     memory by the consumers, then reused by the CTA's next tile) under racecheck: three CTAs loop

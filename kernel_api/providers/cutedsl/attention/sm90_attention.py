@@ -28,8 +28,10 @@ a tile reads its sequence's offsets and lengths on the device (a query block pas
 end does nothing); Q/K/V are loaded by TMA from the sequence's first row of the packed tensors,
 and the output's rows (and the lse's) are stored only below the sequence's length. Key rows
 read past a sequence's end (the next sequence's) are masked to P = 0, so they must be finite: a
-NaN or infinite value there makes the row NaN. The offsets are no operand of a recorded launch,
-so variable-length calls go through `_run`.
+NaN or infinite value there makes the row NaN. The offsets are trusted (as `AttentionArguments`
+says): the kernel clamps each sequence to the packed tensors, so offsets past their ends or
+decreasing give wrong rows but no access outside them. The offsets are no operand of a recorded
+launch, so variable-length calls go through `_run`.
 """
 
 from __future__ import annotations

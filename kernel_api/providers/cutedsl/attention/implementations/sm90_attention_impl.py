@@ -535,12 +535,23 @@ class Sm90AttentionForward:
     def _sequence(self, batch: Int32, mQ: cute.Tensor, mK: cute.Tensor, mCuSeqlensQ: Optional[cute.Tensor],
                   mCuSeqlensK: Optional[cute.Tensor]):
         """(first query row, first key row, query length, key length) of sequence ``batch``: from
-        the offsets for variable length, the tensors' extents (and offsets 0) for the dense layout."""
+        the offsets for variable length, the tensors' extents (and offsets 0) for the dense layout.
+        The offsets are trusted (reading them on the host would synchronise), so each sequence is
+        clamped to the packed tensors: offsets past their ends, or decreasing, give wrong rows but
+        no access outside the tensors. Producer and consumers read the same values, so they agree
+        on every tile's key blocks."""
         if const_expr(self.varlen):
-            offset_q = mCuSeqlensQ[batch]
-            offset_k = mCuSeqlensK[batch]
-            return offset_q, offset_k, mCuSeqlensQ[batch + 1] - offset_q, mCuSeqlensK[batch + 1] - offset_k
+            offset_q, end_q = self._clamped(mCuSeqlensQ, batch, mQ.shape[0])
+            offset_k, end_k = self._clamped(mCuSeqlensK, batch, mK.shape[0])
+            return offset_q, offset_k, end_q - offset_q, end_k - offset_k
         return Int32(0), Int32(0), mQ.shape[0], mK.shape[0]
+
+    @cute.jit
+    def _clamped(self, offsets: cute.Tensor, batch: Int32, rows: Int32):
+        """Sequence ``batch``'s first row and end from ``offsets``, inside ``[0, rows]`` and the end
+        not before the first row."""
+        first = cutlass.min(cutlass.max(offsets[batch], Int32(0)), rows)
+        return first, cutlass.min(cutlass.max(offsets[batch + 1], first), rows)
 
     def _rows(self, t: cute.Tensor, head: Int32, batch: Int32, offset: Int32) -> cute.Tensor:
         """The (seqlen, head_dim) rows of one head of sequence ``batch``: for variable length the
