@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernel_api import registry
+from kernel_api.arguments import AttentionArguments
 from kernel_api.cli.commands import main
 from kernel_api.cli.precompile import entry_arguments, load_shapes
 from kernel_api.cli.problems import PROBLEMS
@@ -112,6 +113,26 @@ def test_list_names_each_kernels_design_in_a_few_words(capsys):
     assert "backend=sdpa" in out and "AttentionDesign(" not in out
 
 
+def test_attention_varlen_packs_the_batch_and_lists_the_variable_length_kernels(tmp_path, capsys):
+    """--varlen (and "varlen" in a shapes file) packs the batch's sequences with offsets, so list,
+    explain and precompile reach the variable-length kernels."""
+    p = PROBLEMS["attention"]
+    args = p.arguments(p.values({"batch": 3, "heads": 8, "kv_heads": 2, "seqlen_q": 100, "seqlen_k": 300,
+                                 "head_dim": 128, "causal": True, "lse": True, "varlen": True}, lambda f: f.flag))
+    assert args.varlen and tuple(args.q.shape) == (300, 8, 128) and tuple(args.k.shape) == (900, 2, 128)
+    assert (args.batch, args.seqlen_q, args.seqlen_k) == (3, 100, 300) and tuple(args.lse.shape) == (8, 300)
+    assert main(["list", "attention", "--batch", "3", "--heads", "8", "--kv-heads", "2", "--seqlen-q", "100",
+                 "--head-dim", "128", "--causal", "--varlen", "--cc", "90"]) == 0
+    out = capsys.readouterr().out
+    assert "Sm90Attention_bf16_d128_varlen" in out and "TorchAttention_bf16_varlen" in out
+    assert "Sm90Attention_bf16_d128 " not in out
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps([{"op": "attention", "batch": 2, "heads": 4, "seqlen_q": 64, "head_dim": 64,
+                                 "varlen": True}]))
+    (entry,) = load_shapes(path)
+    assert entry_arguments(entry, 0).varlen
+
+
 def test_bench_counts_dense_attention_in_flops_over_the_pairs_its_mask_leaves():
     """4 * head_dim FLOPs per (query, key) pair and head: every pair, or under the bottom-right
     aligned causal mask the pairs it leaves, whatever the two lengths; bytes for the rest."""
@@ -127,6 +148,13 @@ def test_bench_counts_dense_attention_in_flops_over_the_pairs_its_mask_leaves():
             pairs = sum(min(max(i + sk - sq + 1, 0), sk) for i in range(sq))
             assert work_of(attention(sq, sk, True)) == (4.0 * 3 * 4 * pairs * 64, "TFLOP/s"), (sq, sk)
     assert work_of(attention(5, 9, False)) == (4.0 * 3 * 4 * 45 * 64, "TFLOP/s")
+    # a packed batch: the pairs of each sequence, from its offsets
+    q, k = torch.empty(7, 4, 64), torch.empty(12, 2, 64)
+    packed = AttentionArguments(q, k, k, torch.empty_like(q), causal=True,
+                                cu_seqlens_q=torch.tensor([0, 2, 7], dtype=torch.int32),
+                                cu_seqlens_k=torch.tensor([0, 3, 12], dtype=torch.int32))
+    pairs = sum(min(max(i + sk - sq + 1, 0), sk) for sq, sk in ((2, 3), (5, 9)) for i in range(sq))
+    assert work_of(packed) == (4.0 * 4 * pairs * 64, "TFLOP/s")
     p = PROBLEMS["rms_norm"]
     assert work_of(p.arguments(p.values({"rows": 4, "cols": 8}, lambda f: f.flag)))[1] == "TB/s"
 

@@ -43,21 +43,29 @@ def _torch_baseline(args: Any) -> Any:
 
 
 def work_of(args: Any) -> tuple[float, str]:
-    """(amount, unit) for throughput: FLOPs for GEMM and dense attention (the two products over
-    the (query, key) pairs the mask leaves, ``4 * d`` each), bytes moved for the rest."""
+    """(amount, unit) for throughput: FLOPs for GEMM and attention (the two products over the
+    (query, key) pairs the mask leaves, ``4 * d`` each; a packed batch's offsets are read once),
+    bytes moved for the rest."""
     if isinstance(args, GemmArguments):
         return 2.0 * args.M * args.N * args.K * args.L, "TFLOP/s"
-    if isinstance(args, AttentionArguments) and not args.varlen and args.cache_seqlens is None:
-        return 4.0 * args.batch * args.heads_q * attended_pairs(args) * args.head_dim, "TFLOP/s"
+    readable = not args.varlen or args.cu_seqlens_q.device.type != "meta" if isinstance(args, AttentionArguments) \
+        else False
+    if readable and args.cache_seqlens is None:
+        if not args.varlen:
+            pairs = args.batch * attended_pairs(args.seqlen_q, args.seqlen_k, args.causal)
+        else:
+            ends_q, ends_k = args.cu_seqlens_q.tolist(), args.cu_seqlens_k.tolist()
+            pairs = sum(attended_pairs(q1 - q0, k1 - k0, args.causal) for q0, q1, k0, k1 in
+                        zip(ends_q, ends_q[1:], ends_k, ends_k[1:]))
+        return 4.0 * args.heads_q * pairs * args.head_dim, "TFLOP/s"
     return float(sum(t.numel() * t.element_size() for t in args.tensors().values())), "TB/s"
 
 
-def attended_pairs(args: Any) -> int:
-    """The (query, key) pairs of one head of dense attention ``args`` that its mask leaves: all
-    of them, or under the bottom-right aligned causal mask, query ``i`` of ``seqlen_q`` sees the
-    first ``i + seqlen_k - seqlen_q + 1`` keys (none when that is not positive)."""
-    sq, sk = args.seqlen_q, args.seqlen_k
-    if not args.causal:
+def attended_pairs(sq: int, sk: int, causal: bool) -> int:
+    """The (query, key) pairs of one head of attention of ``sq`` queries over ``sk`` keys that its
+    mask leaves: all of them, or under the bottom-right aligned causal mask, query ``i`` sees the
+    first ``i + sk - sq + 1`` keys (none when that is not positive)."""
+    if not causal:
         return sq * sk
     first = max(sq - sk, 0)  # queries before it see no key; from it each sees one more, the last all sk
     seeing = sq - first

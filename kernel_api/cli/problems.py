@@ -210,17 +210,25 @@ def _norm_arguments(kind: str, rows: int, cols: int, dtype: str, weight_dtype: s
 
 
 def _attention_arguments(batch: int, heads: int, kv_heads: int | None, seqlen_q: int, seqlen_k: int | None,
-                         head_dim: int, dtype: str, causal: bool, lse: bool, device: str) -> AttentionArguments:
+                         head_dim: int, dtype: str, causal: bool, lse: bool, varlen: bool,
+                         device: str) -> AttentionArguments:
     t = _torch_dtype(dtype)
     kv = kv_heads or heads
     if heads % kv:
         raise ValueError(f"--heads ({heads}) must be a multiple of --kv-heads ({kv})")
     sk = seqlen_k or seqlen_q
-    q = torch.empty(batch, seqlen_q, heads, head_dim, dtype=t, device=device)
-    k, v = (torch.empty(batch, sk, kv, head_dim, dtype=t, device=device) for _ in range(2))
-    out = torch.empty_like(q)
-    lse_t = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=device) if lse else None
-    return AttentionArguments(q, k, v, out, lse_t, causal=causal)
+    if not varlen:
+        q = torch.empty(batch, seqlen_q, heads, head_dim, dtype=t, device=device)
+        k, v = (torch.empty(batch, sk, kv, head_dim, dtype=t, device=device) for _ in range(2))
+        lse_t = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=device) if lse else None
+        return AttentionArguments(q, k, v, torch.empty_like(q), lse_t, causal=causal)
+    # (the batch's sequences packed, each of the given lengths: offsets 0, seqlen, 2 seqlen, ...)
+    q = torch.empty(batch * seqlen_q, heads, head_dim, dtype=t, device=device)
+    k, v = (torch.empty(batch * sk, kv, head_dim, dtype=t, device=device) for _ in range(2))
+    lse_t = torch.empty(heads, batch * seqlen_q, dtype=torch.float32, device=device) if lse else None
+    cu_q, cu_k = (torch.arange(batch + 1, dtype=torch.int32, device=device) * n for n in (seqlen_q, sk))
+    return AttentionArguments(q, k, v, torch.empty_like(q), lse_t, causal=causal, cu_seqlens_q=cu_q,
+                              cu_seqlens_k=cu_k, max_seqlen_q=seqlen_q, max_seqlen_k=sk)
 
 
 def _cross_entropy_arguments(rows: int, classes: int, dtype: str, device: str) -> CrossEntropyArguments:
@@ -286,7 +294,9 @@ PROBLEMS: dict[str, Problem] = {p.op: p for p in (
         Field("seqlen_q", int), Field("seqlen_k", int, None, "key length (default: --seqlen-q)"),
         Field("head_dim", int), _DTYPE,
         Field("causal", bool, False, "a bottom-right aligned causal mask"),
-        Field("lse", bool, False, "also write the row log-sum-exp (what a backward needs)")),
+        Field("lse", bool, False, "also write the row log-sum-exp (what a backward needs)"),
+        Field("varlen", bool, False, "the batch's sequences packed (tokens, heads, head_dim) with cu_seqlens "
+              "offsets, each of the given lengths (the variable-length layout)")),
         lambda device, **v: _attention_arguments(device=device, **v)),
     Problem("cross_entropy", "loss, lse per row of logits against class indices", (
         _ROWS, Field("classes", int, help="classes (the logits' row length)"),
