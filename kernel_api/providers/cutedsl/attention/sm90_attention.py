@@ -83,6 +83,13 @@ MIN_SCALE, MAX_SCALE = 2.0**-126, 2.0**127
 #: The compiled function's variable-length arguments (``cu_seqlens_q, cu_seqlens_k,
 #: max_seqlen_q``) in a dense layout's call: a TVM-FFI function takes every parameter.
 NO_LENGTHS = (None, None, None)
+
+
+def after_tensors(lse: Any, scale: Any, lengths: tuple) -> tuple:
+    """The compiled function's arguments after q, k, v and out, before the stream: ``lse`` (or
+    None), the scale, then ``cu_seqlens_q, cu_seqlens_k, max_seqlen_q`` (`NO_LENGTHS` for the
+    dense layout). The one statement of that order for compiling, running and recording."""
+    return (lse, scale, *lengths)
 #: Forward speed against torch's SDPA default (cuDNN) by (head dim, causal), for the ranking
 #: (PickAny): through `kernel_api.ops.attention`, H200, bf16, `benchmarks/attention.py --quick
 #: --cases d64,d128,llama`: b16 h16 s1024 d64 causal 317 against 318 TFLOP/s, full 404 against
@@ -221,7 +228,8 @@ class Sm90Attention(CuteDslKernel):
         # (the sequence offsets and the longest query sequence; None in a dense layout's function)
         lengths = ((fake_tensor(DataType.i32, 1, 0, 1), fake_tensor(DataType.i32, 1, 0, 1), cutlass.Int32(1))
                    if self.varlen else NO_LENGTHS)
-        compiled = self.cute_compile(impl, *tensors, lse, cutlass.Float32(1.0), *lengths, make_fake_stream())
+        compiled = self.cute_compile(impl, *tensors, *after_tensors(lse, cutlass.Float32(1.0), lengths),
+                                     make_fake_stream())
         return CompiledArtifact(compiled, self)
 
     def _run(self, args: AttentionArguments, artifact: CompiledArtifact, stream: Any, workspace: Any = None) -> None:
@@ -234,14 +242,14 @@ class Sm90Attention(CuteDslKernel):
                     args.lse.fill_(float("-inf"))
             return
         lengths = (args.cu_seqlens_q, args.cu_seqlens_k, args.seqlen_q) if args.varlen else NO_LENGTHS
-        self.cute_run(artifact.compiled_obj, args.q, args.k, args.v, args.out, args.lse, args.scale, *lengths,
-                      to_cuda_stream(stream))
+        self.cute_run(artifact.compiled_obj, args.q, args.k, args.v, args.out,
+                      *after_tensors(args.lse, args.scale, lengths), to_cuda_stream(stream))
 
     def _launcher(self, args: AttentionArguments, artifact: CompiledArtifact) -> Launcher | None:
-        """``compiled(q, k, v, out, [lse,] scale, None, None, None, stream)``: without an lse
-        operand, None stands in its place at the head of the tail; the dense layout's sequence
-        offsets and longest sequence are None. Variable-length calls have none: their offsets are
-        no operand of a recorded launch."""
+        """``compiled(q, k, v, out, [lse,] scale, None, None, None, stream)`` (`after_tensors`): an
+        lse is an operand of the launch, else None stands in its place at the head of the tail.
+        Variable-length calls have none: their offsets are no operand of a recorded launch."""
         if args.varlen or not args.q.numel() or not args.seqlen_k:
             return None
-        return Launcher(artifact, (args.scale, *NO_LENGTHS) if args.lse is not None else (None, args.scale, *NO_LENGTHS))
+        tail = after_tensors(None, args.scale, NO_LENGTHS)
+        return Launcher(artifact, tail[1:] if args.lse is not None else tail)
