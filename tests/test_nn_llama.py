@@ -297,6 +297,107 @@ def test_generate_with_a_kv_cache_matches_eager(cpu_ops, op_calls):
     unpatch(model)
 
 
+def _packed(lengths, seed=6):
+    """One row of packed sequences: token ids, position ids restarting at each sequence, offsets."""
+    ids = torch.randint(0, 97, (1, sum(lengths)), generator=torch.Generator().manual_seed(seed))
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return ids, positions, cu
+
+
+@pytest.fixture
+def varlen_calls(monkeypatch):
+    """Whether each `ops.attention` call had sequence offsets, and the mask checks made."""
+    from kernel_api.nn import packed
+    calls = {"varlen": [], "checks": 0}
+    attention, check = ops.attention, packed._is_block_causal
+
+    def counted_attention(*args, **kwargs):
+        calls["varlen"].append(kwargs.get("cu_seqlens_q") is not None)
+        return attention(*args, **kwargs)
+
+    def counted_check(*args):
+        calls["checks"] += 1
+        return check(*args)
+    monkeypatch.setattr(ops, "attention", counted_attention)
+    monkeypatch.setattr(packed, "_is_block_causal", counted_check)
+    return calls
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_packed_sequences_run_variable_length_attention_as_each_sequence_alone(cpu_ops, varlen_calls, family):
+    """One row of packed sequences, described by restarting position ids (transformers builds the
+    block-causal mask) or by FlashAttention's offsets too: variable-length attention, the mask
+    checked once a forward, the logits those of each sequence run alone."""
+    model = small_model(family).eval()
+    lengths = [5, 3, 7, 1]
+    ids, positions, cu = _packed(lengths)
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=part).logits for part in ids.split(lengths, 1)], 1)
+    _quiet_patch(model, kinds=CPU_KINDS)
+    with torch.no_grad():
+        by_positions = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        by_offsets = model(input_ids=ids, position_ids=positions, use_cache=False, cu_seq_lens_q=cu,
+                           cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths)).logits
+    torch.testing.assert_close(by_positions, alone, **TOL)
+    torch.testing.assert_close(by_offsets, alone, **TOL)
+    assert varlen_calls["varlen"] == [True] * 4 and varlen_calls["checks"] == 2
+    unpatch(model)
+
+
+def test_flash_attention_offsets_alone_are_honoured_as_flash_attention_does(cpu_ops, varlen_calls):
+    """FlashAttention's offsets without position ids (no mask is built): each sequence attends
+    to itself only, at the positions the model counts across the row, as transformers'
+    FlashAttention integration reads them (SDPA would attend across sequences)."""
+    model = small_model("llama").eval()
+    lengths = [4, 6, 2]
+    ids, _, cu = _packed(lengths, seed=7)
+    with torch.no_grad():
+        starts = [0, 4, 10]
+        alone = torch.cat([model(input_ids=part, position_ids=torch.arange(s, s + n)[None]).logits
+                           for part, s, n in zip(ids.split(lengths, 1), starts, lengths)], 1)
+    _quiet_patch(model, kinds=CPU_KINDS)
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6,
+                    max_length_k=6).logits
+    torch.testing.assert_close(out, alone, **TOL)
+    assert varlen_calls["varlen"] == [True] * 2
+    unpatch(model)
+
+
+def test_packed_training_matches_eager(cpu_ops, varlen_calls):
+    eager, model = small_model("llama").train(), small_model("llama").train()
+    ids, positions, _ = _packed([6, 2, 9], seed=8)
+    ref = eager(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+    ref.loss.backward()
+    _quiet_patch(model, kinds=CPU_KINDS)
+    out = model(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, ref.loss, **TOL)
+    grads = dict(eager.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    assert varlen_calls["varlen"] == [True] * 2
+    unpatch(model)
+
+
+def test_a_packed_row_with_other_masking_keeps_sdpa_and_the_mask(cpu_ops, varlen_calls):
+    """A sliding window shorter than a sequence: the mask is not the packed block-causal one, so
+    the layers run SDPA with it; a batch of two rows is no packed row either."""
+    model = small_model("mistral", sliding_window=2).eval()
+    ids, positions, _ = _packed([5, 4])
+    with torch.no_grad():
+        ref = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        two_rows = model(input_ids=ids[:, :8].reshape(2, 4), use_cache=False).logits
+    _quiet_patch(model, kinds=CPU_KINDS)
+    with torch.no_grad():
+        out = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        torch.testing.assert_close(model(input_ids=ids[:, :8].reshape(2, 4), use_cache=False).logits, two_rows, **TOL)
+    torch.testing.assert_close(out, ref, **TOL)
+    assert True not in varlen_calls["varlen"] and varlen_calls["checks"] == 1  # (checked once, refused)
+    unpatch(model)
+
+
 def test_a_model_on_a_device_ops_do_not_take_runs_its_own_forward(op_calls):
     model = small_model("llama").eval()
     ids = _ids(seed=6)

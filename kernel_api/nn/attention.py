@@ -10,7 +10,10 @@ head_dim) and the mask that the function registered under the same name in
   over exactly the cached keys, under ``torch.compile`` too (where transformers' SDPA mask always
   materialises the mask); otherwise it returns what transformers' SDPA mask function returns,
   None where SDPA's ``is_causal`` says the same.
-- `attention` runs ``ops.attention`` when the mask is None, with SDPA's reading of it
+- `attention` runs ``ops.attention`` with variable length for one row of packed sequences
+  (`kernel_api.nn.packed`: FlashAttention's offsets, or position ids that restart with the
+  block-causal mask transformers builds from them), outside ``torch.compile``.
+- Otherwise it runs ``ops.attention`` when the mask is None, with SDPA's reading of it
   (causal when more than one query; keys past the queries cut off, as SDPA does for an empty
   static cache), and transformers' SDPA function for any mask, dropout, attention bias, soft
   cap or sink it is handed. Under ``torch.compile`` a single query's attention (a decode step)
@@ -33,6 +36,7 @@ import torch
 
 from .. import ops
 from ..core import tracing
+from . import packed
 from .attention_lowering import cudnn_attention, lowers_to_cudnn
 from .lowering import static_size
 from .mixin import ops_take
@@ -52,6 +56,12 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """transformers' attention-interface function: ``(output (batch, seqlen, heads, head_dim),
     None)`` from q (batch, heads, seqlen_q, head_dim) and k, v (batch, kv_heads, seqlen_k,
     head_dim)."""
+    offsets = _packed(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
+    if offsets is not None:  # one row of packed sequences: variable-length attention
+        out = ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=True,
+                            scale=scaling, cu_seqlens_q=offsets.cu_seqlens_q, cu_seqlens_k=offsets.cu_seqlens_k,
+                            max_seqlen_q=offsets.max_seqlen_q, max_seqlen_k=offsets.max_seqlen_k)
+        return out.unsqueeze(0), None
     # (a traced decode step asks nothing else: Dynamo guards what a trace reads, at every call)
     if ((query.shape[2] == 1 and tracing.is_dynamo_compiling()) or attention_mask is not None or dropout != 0.0
             or any(kwargs.get(name) is not None for name in _SDPA_ONLY) or not ops_take(query, key, value)):
@@ -74,6 +84,25 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
                         scale=scaling)
     return out, None
+
+
+def _packed(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            attention_mask: torch.Tensor | None, dropout: float, is_causal: bool | None,
+            kwargs: dict) -> packed.Offsets | None:
+    """`packed.offsets` for a causal call with a mask or FlashAttention's offsets that the op can
+    run (no dropout or SDPA-only keyword; not under Dynamo, where reading the offsets would break
+    the graph); None for every other call, at the cost of a few checks."""
+    if attention_mask is None and kwargs.get("cu_seq_lens_q") is None:
+        return None
+    if tracing.is_dynamo_compiling() or dropout != 0.0 or not (
+            is_causal if is_causal is not None else getattr(module, "is_causal", True)):
+        return None
+    for name in _SDPA_ONLY:
+        if kwargs.get(name) is not None:
+            return None
+    if not ops_take(query, key, value):
+        return None
+    return packed.offsets(query, key, attention_mask, kwargs)
 
 
 def mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
