@@ -132,3 +132,36 @@ def test_compiled_patched_model_matches_eager():
     assert abs(loss.item() - want_loss) <= 5e-2
     assert all(p.grad is not None for p in patched.parameters() if p.requires_grad)
     unpatch(patched)
+
+
+def test_packed_bf16_training_step_runs_variable_length_attention(monkeypatch):
+    """One row of packed sequences (position ids restarting) in bf16: the patched layers run
+    variable-length attention (kernel_api's Hopper forward or FA4's, and a varlen backward), the
+    logits within bf16 noise of the f32 model's, the loss and gradients those of eager bf16."""
+    lengths = [700, 1, 333, 64, 500]
+    ids = torch.randint(0, 1000, (1, sum(lengths)), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    positions = torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]
+    reference = f32_model("llama").eval()
+    eager = copy.deepcopy(reference).to(torch.bfloat16)
+    model = copy.deepcopy(eager)
+    with torch.no_grad():
+        want = reference(input_ids=ids, position_ids=positions, use_cache=False).logits
+        eager_err = rel(eager(input_ids=ids, position_ids=positions, use_cache=False).logits, want)
+    ref = eager(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+    ref.loss.backward()
+    varlen = []
+    attention = ops.attention
+    monkeypatch.setattr(ops, "attention", lambda *a, **k: varlen.append(k.get("cu_seqlens_q") is not None)
+                        or attention(*a, **k))
+    patch(model)
+    with torch.no_grad():
+        assert rel(model(input_ids=ids, position_ids=positions, use_cache=False).logits, want) <= 1.5 * eager_err
+    out = model(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+    out.loss.backward()
+    assert abs(out.loss.item() - ref.loss.item()) <= 2e-2 * abs(ref.loss.item())
+    grads = dict(eager.named_parameters())
+    got = torch.cat([p.grad.float().flatten() for _, p in model.named_parameters()])
+    ref_grads = torch.cat([grads[name].grad.float().flatten() for name, _ in model.named_parameters()])
+    assert rel(got, ref_grads) < 5e-2
+    assert varlen and all(varlen), varlen
+    unpatch(model)
