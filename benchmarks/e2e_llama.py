@@ -24,6 +24,12 @@ Peak memory: torch.cuda.max_memory_allocated over the timed steps (statistics re
 them), and the memory held before them (weights, optimizer state); the seeded model the
 configurations copy waits on the CPU.
 
+``--packed``: the training phase's batch is one row of packed sequences (the batch's tokens in
+sequences of varied lengths, position ids restarting at each, as padding-free collators make
+them): transformers' SDPA layers take the block-causal mask built from the position ids, the
+patched layers variable-length attention (`kernel_api.nn.packed`; eager only, a compiled model
+keeps the mask).
+
 Configurations: eager, patched, compiled, compiled+patched; named with --configs, also
 compiled-ro and compiled-ro+patched (torch.compile(mode="reduce-overhead"), CUDA graphs; prefill
 only, their ratios against compiled-ro). They are deep copies of one seeded model, so patching or training one does not touch
@@ -235,9 +241,12 @@ def phase_train(run, raw, ctx, ref):
     raw.train()
     opt = torch.optim.AdamW(raw.parameters(), lr=ctx.lr)
     out = {"tokens_per_step": B * T, "precision": f"{ctx.dtype} weights, grads and AdamW state, no autocast"}
+    shape, extra = ((1, B * T), dict(position_ids=ctx.positions, use_cache=False)) if ctx.packed else ((B, T), {})
+    if ctx.packed:
+        out["packed_lengths"] = ctx.packed_lengths
 
     def step(ids):
-        loss = run(input_ids=ids, labels=ids).loss
+        loss = run(input_ids=ids.view(shape), labels=ids.view(shape), **extra).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -261,6 +270,16 @@ def phase_train(run, raw, ctx, ref):
     if ctx.profile:
         out["profile"] = profile_table(step, lambda: torch.randint(0, V, (B, T), device=ctx.device), ctx)
     return out
+
+
+def packed_lengths(tokens: int, seq: int, seed: int) -> list[int]:
+    """Sequence lengths of a packed row of ``tokens``: drawn between ``seq // 8`` and ``2 * seq``
+    (seeded), the last cut to fill the row."""
+    import random
+    draw, lengths = random.Random(seed), []
+    while sum(lengths) < tokens:
+        lengths.append(min(draw.randint(max(seq // 8, 1), 2 * seq), tokens - sum(lengths)))
+    return lengths
 
 
 PHASE_FNS = {"prefill": phase_prefill, "train": phase_train}
@@ -364,6 +383,8 @@ def parse_args(argv=None):
                    "GPU kernels of two more steps (CUDA only)")
     p.add_argument("--without", default="", help="comma-separated providers left out of kernel_api's candidates "
                    "(e.g. flash_attn: the torch provider's attention kernels serve instead of FlashAttention-4's)")
+    p.add_argument("--packed", action="store_true", help="train on one row of packed sequences of varied "
+                   "lengths (position ids restarting); training phase only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
     p.add_argument("--budget-s", type=float, default=0, help="skip (and report as skipped) what has not started "
@@ -378,6 +399,8 @@ def parse_args(argv=None):
         bad = [v for v in value if v not in allowed]
         if bad or not value:
             p.error(f"{what}: unknown {bad or 'empty list'}; choose from {allowed}")
+    if opts.packed and opts.phases != ["train"]:
+        p.error("--packed: a packed row is timed in the training phase only; pass --phases train")
     # Correctness and speed-ups are measured against eager: it always runs, first.
     opts.configs = ["eager"] + [c for c in CONFIGS + OPTIONAL_CONFIGS if c in opts.configs and c != "eager"]
     if opts.smoke:
@@ -450,7 +473,11 @@ def main(argv=None) -> int:
         env["models"][model_name] = dict(config=sizes, parameters=sum(p.numel() for p in base.parameters()))
         gen = torch.Generator().manual_seed(opts.seed + 1)  # fixed check inputs, the same for every config
         ctx = SimpleNamespace(device=device, dtype=dtype, vocab=V, steps=steps, warmup=warmup, lr=opts.lr,
-                              batch=opts.batch, seq=opts.seq, profile=opts.profile and device.type == "cuda")
+                              batch=opts.batch, seq=opts.seq, profile=opts.profile and device.type == "cuda",
+                              packed=opts.packed)
+        if opts.packed:
+            ctx.packed_lengths = packed_lengths(opts.batch * opts.seq, opts.seq, opts.seed)
+            ctx.positions = torch.cat([torch.arange(n) for n in ctx.packed_lengths])[None].to(device)
         ctx.check_ids = torch.randint(0, V, (opts.batch, opts.seq), generator=gen).to(device)
         with torch.no_grad():  # the reference: the f32 model's logits of the first sequence
             ctx.f32_logits = base(input_ids=ctx.check_ids[:1], use_cache=False).logits[0].float().cpu()
