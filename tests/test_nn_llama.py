@@ -398,6 +398,64 @@ def test_a_packed_row_with_other_masking_keeps_sdpa_and_the_mask(cpu_ops, varlen
     unpatch(model)
 
 
+def test_packed_and_padded_rows_under_inference_mode(cpu_ops, varlen_calls):
+    """Inference tensors (no version counter) are not kept, only recomputed: a packed row runs
+    variable-length attention under inference_mode too, and a left-padded row of one is SDPA's."""
+    model = small_model("llama").eval()
+    lengths = [3, 6]
+    ids, positions, _ = _packed(lengths, seed=9)
+    with torch.inference_mode():
+        alone = torch.cat([model(input_ids=part).logits for part in ids.split(lengths, 1)], 1)
+        padding = torch.ones_like(ids)
+        padding[0, :2] = 0
+        padded_ref = model(input_ids=ids, attention_mask=padding).logits
+    _quiet_patch(model, kinds=CPU_KINDS)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(input_ids=ids, position_ids=positions, use_cache=False).logits, alone, **TOL)
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=padding).logits[0, 2:], padded_ref[0, 2:],
+                                   **TOL)
+    assert varlen_calls["varlen"] == [True] * 2
+    unpatch(model)
+
+
+def test_flash_attention_offsets_confine_a_sliding_window_mask_and_compile_alike(cpu_ops, varlen_calls):
+    """FlashAttention's offsets with a sliding window that bites: SDPA under the window's mask
+    confined to each sequence, as FlashAttention attends; the compiled model (Dynamo, nothing read
+    on the host) answers the same, without a mask and with one."""
+    lengths = [5, 4, 3]
+    ids, _, cu = _packed(lengths, seed=10)
+    keywords = dict(use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=5, max_length_k=5)
+    starts = [0, 5, 9]
+    for window in (2, None):
+        model = small_model("mistral", sliding_window=window).eval()
+        with torch.no_grad():
+            alone = torch.cat([model(input_ids=part, position_ids=torch.arange(s, s + n)[None]).logits
+                               for part, s, n in zip(ids.split(lengths, 1), starts, lengths)], 1)
+        _quiet_patch(model, kinds=CPU_KINDS)
+        compiled = torch.compile(model, backend="eager", fullgraph=False)
+        with torch.no_grad():
+            torch.testing.assert_close(model(input_ids=ids, **keywords).logits, alone, **TOL)
+            torch.testing.assert_close(compiled(input_ids=ids, **keywords).logits, alone, **TOL)
+        unpatch(model)
+        torch._dynamo.reset()
+    # (the window that bites: SDPA, no op call; no window: the eager model's two layers are varlen)
+    assert varlen_calls["varlen"][:2] == [True] * 2
+
+
+@pytest.mark.parametrize("cu, message", [
+    (torch.tensor([0, 5, 11], dtype=torch.int32), "cu_seq_lens_q: offsets must go from 0 to the row's 12 tokens"),
+    (torch.tensor([0, 7, 5, 12], dtype=torch.int32), "without decreasing"),
+    (torch.tensor([[0, 12]], dtype=torch.int32), "cu_seq_lens_q: expected a 1-D tensor of at least 2 offsets"),
+])
+def test_bad_flash_attention_offsets_are_one_line(cpu_ops, cu, message):
+    model = small_model("llama").eval()
+    ids, _, _ = _packed([5, 7], seed=11)
+    _quiet_patch(model, kinds=CPU_KINDS)
+    with torch.no_grad(), pytest.raises(ValueError, match=message):
+        model(input_ids=ids, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=7, max_length_k=7)
+    unpatch(model)
+
+
 def test_a_model_on_a_device_ops_do_not_take_runs_its_own_forward(op_calls):
     model = small_model("llama").eval()
     ids = _ids(seed=6)

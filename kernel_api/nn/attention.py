@@ -10,9 +10,10 @@ head_dim) and the mask that the function registered under the same name in
   over exactly the cached keys, under ``torch.compile`` too (where transformers' SDPA mask always
   materialises the mask); otherwise it returns what transformers' SDPA mask function returns,
   None where SDPA's ``is_causal`` says the same.
-- `attention` runs ``ops.attention`` with variable length for one row of packed sequences
-  (`kernel_api.nn.packed`: FlashAttention's offsets, or position ids that restart with the
-  block-causal mask transformers builds from them), outside ``torch.compile``.
+- `attention` runs one row of packed sequences (`kernel_api.nn.packed`: FlashAttention's
+  offsets, which confine attention to each sequence as transformers' FlashAttention integration
+  reads them, or position ids that restart with the block-causal mask transformers builds from
+  them) as variable-length ``ops.attention``, or SDPA under its mask confined to the sequences.
 - Otherwise it runs ``ops.attention`` when the mask is None, with SDPA's reading of it
   (causal when more than one query; keys past the queries cut off, as SDPA does for an empty
   static cache), and transformers' SDPA function for any mask, dropout, attention bias, soft
@@ -56,20 +57,28 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """transformers' attention-interface function: ``(output (batch, seqlen, heads, head_dim),
     None)`` from q (batch, heads, seqlen_q, head_dim) and k, v (batch, kv_heads, seqlen_k,
     head_dim)."""
-    offsets = _packed(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
-    if offsets is not None:  # one row of packed sequences: variable-length attention
-        out = ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=True,
-                            scale=scaling, cu_seqlens_q=offsets.cu_seqlens_q, cu_seqlens_k=offsets.cu_seqlens_k,
-                            max_seqlen_q=offsets.max_seqlen_q, max_seqlen_k=offsets.max_seqlen_k)
-        return out.unsqueeze(0), None
+    sdpa = _transformers["sdpa_attention_forward"]
     # (a traced decode step asks nothing else: Dynamo guards what a trace reads, at every call)
-    if ((query.shape[2] == 1 and tracing.is_dynamo_compiling()) or attention_mask is not None or dropout != 0.0
-            or any(kwargs.get(name) is not None for name in _SDPA_ONLY) or not ops_take(query, key, value)):
-        sdpa = _transformers["sdpa_attention_forward"]
+    if query.shape[2] == 1 and tracing.is_dynamo_compiling():
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                    **kwargs)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    runs_op = dropout == 0.0 and _no_sdpa_keyword(kwargs) and ops_take(query, key, value)
+    if runs_op and causal and (attention_mask is not None or kwargs.get("cu_seq_lens_q") is not None
+                               or kwargs.get("cu_seq_lens_k") is not None):
+        found = packed.plan(query, key, attention_mask, kwargs)  # (one row of packed sequences)
+        if found is not None and found.offsets is not None:
+            o = found.offsets
+            out = ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                                causal=True, scale=scaling, cu_seqlens_q=o.cu_seqlens_q, cu_seqlens_k=o.cu_seqlens_k,
+                                max_seqlen_q=o.max_seqlen_q, max_seqlen_k=o.max_seqlen_k)
+            return out.unsqueeze(0), None
+        if found is not None:  # (the layer's mask confined to the sequences: SDPA below)
+            attention_mask = found.mask
+    if attention_mask is not None or not runs_op:
         return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                     **kwargs)
     q_len, kv_len = query.shape[2], key.shape[2]
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = q_len > 1 and causal
     if causal and kv_len > q_len:  # an empty static cache's prefill: SDPA's top-left mask, keys cut
         key, value = key[:, :, :q_len], value[:, :, :q_len]
@@ -86,23 +95,12 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     return out, None
 
 
-def _packed(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-            attention_mask: torch.Tensor | None, dropout: float, is_causal: bool | None,
-            kwargs: dict) -> packed.Offsets | None:
-    """`packed.offsets` for a causal call with a mask or FlashAttention's offsets that the op can
-    run (no dropout or SDPA-only keyword; not under Dynamo, where reading the offsets would break
-    the graph); None for every other call, at the cost of a few checks."""
-    if attention_mask is None and kwargs.get("cu_seq_lens_q") is None:
-        return None
-    if tracing.is_dynamo_compiling() or dropout != 0.0 or not (
-            is_causal if is_causal is not None else getattr(module, "is_causal", True)):
-        return None
-    for name in _SDPA_ONLY:
+def _no_sdpa_keyword(kwargs: dict) -> bool:
+    """Whether none of the keywords that change the math (`_SDPA_ONLY`) is given."""
+    for name in _SDPA_ONLY:  # (a loop: Dynamo traces a generator as a frame of its own)
         if kwargs.get(name) is not None:
-            return None
-    if not ops_take(query, key, value):
-        return None
-    return packed.offsets(query, key, attention_mask, kwargs)
+            return False
+    return True
 
 
 def mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,

@@ -1,38 +1,47 @@
 """Packed sequences in transformers' attention calls, found for `ops.attention`'s variable length.
 
 A packed batch is one row of several sequences (padding-free training). transformers describes it
-in two ways, and `offsets` reads both:
+in two ways, and `plan` reads both:
 
 - FlashAttention's keywords (``cu_seq_lens_q``, ``cu_seq_lens_k``, ``max_length_q``,
-  ``max_length_k``, as `DataCollatorWithFlattening(return_flash_attn_kwargs=True)` passes them):
-  taken as transformers' FlashAttention integration takes them, when no mask says otherwise (no
-  mask, or the block-causal mask of those offsets).
+  ``max_length_k``, as ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` passes
+  them). They confine attention to each sequence, as transformers' FlashAttention integration
+  reads them; a mask the layer also has (a sliding window, say) applies on top. Without a mask,
+  or with exactly their block-causal mask, the call is variable-length attention; with another
+  mask it is SDPA under that mask confined to the sequences. Under ``torch.compile`` the same,
+  traced: no offset is read on the host there, so the mask is not compared and confines SDPA.
 - Position ids that restart (``DataCollatorWithFlattening``, TRL's padding-free collators):
-  transformers then builds a block-causal mask from them (each token sees the earlier tokens of
-  its own sequence). The offsets are the restarts, and they are used only when the mask handed to
-  the layer is exactly that mask, so any other masking (a sliding window, padding, a prefix) keeps
-  SDPA and the mask.
+  transformers then builds a block-causal mask from them. The sequences start where the position
+  ids do not go up by one (transformers' own rule), and variable-length attention runs only when
+  the layer's mask is exactly their block-causal mask; any other masking (a sliding window that
+  bites, padding) keeps SDPA and the mask. Not under ``torch.compile``, where the mask stays.
 
-Both need a host read (the offsets' values: the longest sequence, the check of the mask). It is
-done once per forward, not per layer: the layers of one forward get the same mask and position
-ids, and the answer is kept for them (`_Kept`).
+The eager paths read the offsets on the host (their values, and the mask's comparison): once per
+forward, since the layers of a forward get the same mask and position ids and the answers are
+kept for them (`_Kept`; not for inference tensors, which have no version counter to say that
+they are unchanged).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, NamedTuple
 
 import torch
 
+from ..core import tracing
+
 #: transformers' FlashAttention keywords of a packed batch (`FlashAttentionKwargs`).
 FLASH_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-#: Rows of the mask compared at a time: the check's temporaries stay at a few rows of the mask.
+#: Rows of the mask compared at a time: the comparison's temporaries stay at a few rows of it.
 _CHECK_ROWS = 1024
+#: Answers kept per thread: models whose layers alternate masks (full and sliding) ask with each.
+_KEPT_ANSWERS = 4
 
 
 class Offsets(NamedTuple):
-    """A packed batch's int32 offsets (``batch + 1``, on the tensors' device) and longest lengths."""
+    """A packed batch's int32 offsets (``batch + 1``, on the query's device) and longest lengths."""
 
     cu_seqlens_q: torch.Tensor
     cu_seqlens_k: torch.Tensor
@@ -40,83 +49,139 @@ class Offsets(NamedTuple):
     max_seqlen_k: int
 
 
-class _Kept:
-    """The last answer, for the objects it was found from (weakly held, with their versions):
-    the layers of one forward ask with the same mask and position ids."""
+class Packed(NamedTuple):
+    """What a packed call runs: variable-length attention over ``offsets``, or (``offsets`` None)
+    SDPA under ``mask``, the layer's mask confined to the sequences."""
+
+    offsets: Offsets | None
+    mask: torch.Tensor | None
+
+
+class _Kept(threading.local):
+    """The last answers of this thread, each for the objects it was found from (weakly held, with
+    their versions) and the values it depends on."""
 
     def __init__(self) -> None:
-        self.refs: tuple = ()
-        self.versions: tuple = ()
-        self.answer: Offsets | None = None
+        self.entries: list[tuple] = []  # (values, refs, versions, answer), newest last
 
-    def get(self, *objects: Any) -> tuple[bool, Offsets | None]:
-        if len(self.refs) != len(objects):
+    @staticmethod
+    def _keepable(objects: tuple) -> bool:
+        return not any(obj is not None and obj.is_inference() for obj in objects)
+
+    def get(self, objects: tuple, values: tuple) -> tuple[bool, Any]:
+        if not self._keepable(objects):
             return False, None
-        for ref, version, obj in zip(self.refs, self.versions, objects):
-            if (ref is None) != (obj is None) or (obj is not None and (ref() is not obj or obj._version != version)):
-                return False, None
-        return True, self.answer
+        for entry in reversed(self.entries):
+            kept_values, refs, versions, answer = entry
+            if kept_values == values and len(refs) == len(objects) and all(
+                    (ref is None and obj is None) or (ref is not None and obj is not None and ref() is obj
+                                                      and obj._version == version)
+                    for ref, version, obj in zip(refs, versions, objects)):
+                return True, answer
+        return False, None
 
-    def put(self, answer: Offsets | None, *objects: Any) -> Offsets | None:
-        self.refs = tuple(None if obj is None else weakref.ref(obj) for obj in objects)
-        self.versions = tuple(None if obj is None else obj._version for obj in objects)
-        self.answer = answer
+    def put(self, objects: tuple, values: tuple, answer: Any) -> Any:
+        if self._keepable(objects):
+            entry = (values, tuple(None if obj is None else weakref.ref(obj) for obj in objects),
+                     tuple(None if obj is None else obj._version for obj in objects), answer)
+            self.entries = (self.entries + [entry])[-_KEPT_ANSWERS:]
         return answer
 
 
 _kept = _Kept()
 
 
-def offsets(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
-            kwargs: dict) -> Offsets | None:
-    """The offsets when a causal attention call ``(query (1, heads, tokens, head_dim), key, mask,
-    **kwargs)`` is a packed batch that variable-length attention computes exactly; else None."""
+def plan(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict) -> Packed | None:
+    """How a causal attention call ``(query (1, heads, tokens, head_dim), key, mask, **kwargs)``
+    that is one row of packed sequences runs; None when it is no such call (or, by position ids,
+    when the mask is not exactly theirs)."""
     tokens = query.shape[2]
-    if query.shape[0] != 1 or key.shape[2] != tokens or tokens < 2:
+    if query.shape[0] != 1 or key.shape[2] != tokens:
         return None
     flash = [kwargs.get(name) for name in FLASH_KEYWORDS]
+    if flash[0] is not None or flash[1] is not None:
+        return _by_flash_keywords(query, attention_mask, flash, tokens)
     position_ids = kwargs.get("position_ids")
-    if all(value is not None for value in flash):
-        cu_q, cu_k, max_q, max_k = flash
-        if not isinstance(cu_q, torch.Tensor) or not isinstance(cu_k, torch.Tensor):
-            return None
-        found, answer = _kept.get(cu_q, cu_k, attention_mask)
-        if found:
-            return answer
-        answer = None
-        # (self-attention over the packed row: the same offsets for queries and keys)
-        if cu_q.shape == cu_k.shape and torch.equal(cu_q, cu_k.to(cu_q.device)):
-            cu = cu_q.to(device=query.device, dtype=torch.int32)
-            if attention_mask is None or _is_block_causal(attention_mask, cu, tokens):
-                answer = Offsets(cu, cu, int(max_q), int(max_k))
-        return _kept.put(answer, cu_q, cu_k, attention_mask)
-    if attention_mask is None or not isinstance(position_ids, torch.Tensor) or position_ids.shape[-1] != tokens:
+    if (attention_mask is None or not isinstance(position_ids, torch.Tensor) or position_ids.shape[-1] != tokens
+            or tokens < 2 or tracing.is_dynamo_compiling()):
         return None
-    found, answer = _kept.get(position_ids, attention_mask)
+    objects, values = (position_ids, attention_mask), (str(query.device),)
+    found, answer = _kept.get(objects, values)
     if found:
         return answer
-    starts = (position_ids.reshape(-1) == position_ids.min()).nonzero().view(-1)
-    cu = torch.cat((starts, starts.new_tensor([tokens]))).to(device=query.device, dtype=torch.int32)
+    positions = position_ids.reshape(-1)
+    later = (positions[1:] - positions[:-1] != 1).nonzero().view(-1) + 1
+    starts = [0, *later.tolist()]
     answer = None
-    if int(starts[0]) == 0 and len(starts) > 1 and _is_block_causal(attention_mask, cu, tokens):
-        longest = int((cu[1:] - cu[:-1]).max())
-        answer = Offsets(cu, cu, longest, longest)
-    return _kept.put(answer, position_ids, attention_mask)
+    if len(starts) > 1:
+        bounds = [*starts, tokens]
+        if _is_block_causal(attention_mask, bounds):
+            cu = torch.tensor(bounds, dtype=torch.int32, device=query.device)
+            longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+            answer = Packed(Offsets(cu, cu, longest, longest), None)
+    return _kept.put(objects, values, answer)
 
 
-def _is_block_causal(mask: torch.Tensor, cu: torch.Tensor, tokens: int) -> bool:
+def _by_flash_keywords(query: torch.Tensor, attention_mask: torch.Tensor | None, flash: list,
+                       tokens: int) -> Packed:
+    cu_q, cu_k, max_q, max_k = flash
+    for name, cu in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.shape[0] < 2:
+            got = tuple(cu.shape) if isinstance(cu, torch.Tensor) else type(cu).__name__
+            raise ValueError(f"{name}: expected a 1-D tensor of at least 2 offsets, got {got}")
+    if cu_q.shape != cu_k.shape:
+        raise ValueError(f"cu_seq_lens_q and cu_seq_lens_k: {cu_q.shape[0]} and {cu_k.shape[0]} offsets, "
+                         f"one per sequence plus one each")
+    if tracing.is_dynamo_compiling():  # (traced: nothing read on the host)
+        if attention_mask is None:
+            longest = (max_q if isinstance(max_q, int) else tokens, max_k if isinstance(max_k, int) else tokens)
+            return Packed(Offsets(cu_q.to(query.device, torch.int32), cu_k.to(query.device, torch.int32),
+                                  *longest), None)
+        return Packed(None, _confined(attention_mask, cu_q, cu_k, tokens))
+    objects, values = (cu_q, cu_k, attention_mask), (str(query.device),)
+    found, answer = _kept.get(objects, values)
+    if found:
+        return answer
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    for name, bounds in (("cu_seq_lens_q", bounds_q), ("cu_seq_lens_k", bounds_k)):
+        if bounds[0] != 0 or bounds[-1] != tokens or any(b < a for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"{name}: offsets must go from 0 to the row's {tokens} tokens without decreasing, "
+                             f"got {bounds}")
+    if attention_mask is None or (bounds_q == bounds_k and _is_block_causal(attention_mask, bounds_q)):
+        longest_q = max(b - a for a, b in zip(bounds_q, bounds_q[1:]))
+        longest_k = max(b - a for a, b in zip(bounds_k, bounds_k[1:]))
+        offsets = Offsets(torch.tensor(bounds_q, dtype=torch.int32, device=query.device),
+                          torch.tensor(bounds_k, dtype=torch.int32, device=query.device), longest_q, longest_k)
+        answer = Packed(offsets, None)
+    else:
+        answer = Packed(None, _confined(attention_mask, cu_q, cu_k, tokens))
+    return _kept.put(objects, values, answer)
+
+
+def _confined(mask: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, tokens: int) -> torch.Tensor:
+    """``mask`` ((1, 1, tokens, tokens): bool, True where a query sees a key, or additive) where
+    the query and the key are of the same sequence, closed elsewhere."""
+    rows = torch.arange(tokens, device=mask.device)
+    sequence_q = torch.searchsorted(cu_q[1:].to(mask.device, torch.int64), rows, right=True)
+    sequence_k = torch.searchsorted(cu_k[1:].to(mask.device, torch.int64), rows, right=True)
+    same = sequence_q[:, None] == sequence_k[None, :]
+    if mask.dtype == torch.bool:
+        return mask & same
+    return mask.masked_fill(~same, torch.finfo(mask.dtype).min)
+
+
+def _is_block_causal(mask: torch.Tensor, bounds: list[int]) -> bool:
     """Whether ``mask`` ((1, 1, tokens, tokens), True where a query sees a key) lets each token see
-    exactly the earlier tokens of its own sequence (``cu``'s segments) and itself."""
+    exactly the earlier tokens of its own sequence (``bounds``: the sequences' offsets) and itself."""
+    tokens = bounds[-1]
     if mask.dtype != torch.bool or tuple(mask.shape) != (1, 1, tokens, tokens):
         return False
-    lengths = cu[1:] - cu[:-1]
-    if bool((lengths < 0).any()) or int(cu[-1]) != tokens or int(cu[0]) != 0:
-        return False
-    segment = torch.repeat_interleave(torch.arange(len(lengths), device=mask.device), lengths.to(mask.device))
+    lengths = torch.tensor([b - a for a, b in zip(bounds, bounds[1:])], device=mask.device)
+    sequence = torch.repeat_interleave(torch.arange(len(lengths), device=mask.device), lengths, output_size=tokens)
     columns = torch.arange(tokens, device=mask.device)
     same = torch.ones((), dtype=torch.bool, device=mask.device)
     for first in range(0, tokens, _CHECK_ROWS):  # (a few rows at a time: no (tokens, tokens) temporary)
-        rows = torch.arange(first, min(first + _CHECK_ROWS, tokens), device=mask.device)
-        expected = (segment[rows, None] == segment[None, :]) & (columns[None, :] <= rows[:, None])
+        rows = columns[first:first + _CHECK_ROWS]
+        expected = (sequence[rows, None] == sequence[None, :]) & (columns[None, :] <= rows[:, None])
         same &= (mask[0, 0, first:first + len(rows)] == expected).all()
     return bool(same)
