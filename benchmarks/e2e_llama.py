@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import re
@@ -246,7 +247,11 @@ def phase_train(run, raw, ctx, ref):
         out["packed_lengths"] = ctx.packed_lengths
 
     def step(ids):
-        loss = run(input_ids=ids.view(shape), labels=ids.view(shape), **extra).loss
+        labels = ids.view(shape)
+        if ctx.packed:  # (no sequence's first token is a label of the one before, as padding-free collators do)
+            labels = labels.clone()
+            labels[0, ctx.starts] = -100
+        loss = run(input_ids=ids.view(shape), labels=labels, **extra).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -478,6 +483,7 @@ def main(argv=None) -> int:
         if opts.packed:
             ctx.packed_lengths = packed_lengths(opts.batch * opts.seq, opts.seq, opts.seed)
             ctx.positions = torch.cat([torch.arange(n) for n in ctx.packed_lengths])[None].to(device)
+            ctx.starts = torch.tensor([0, *itertools.accumulate(ctx.packed_lengths)][:-1], device=device)
         ctx.check_ids = torch.randint(0, V, (opts.batch, opts.seq), generator=gen).to(device)
         with torch.no_grad():  # the reference: the f32 model's logits of the first sequence
             ctx.f32_logits = base(input_ids=ctx.check_ids[:1], use_cache=False).logits[0].float().cpu()
