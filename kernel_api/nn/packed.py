@@ -58,8 +58,8 @@ class Packed(NamedTuple):
 
 
 class _Kept(threading.local):
-    """The last answers of this thread, each for the objects it was found from (weakly held, with
-    their versions) and the values it depends on."""
+    """The last answers (offsets, or None) of this thread, each for the objects it was found from
+    (weakly held, with their versions) and the values it depends on."""
 
     def __init__(self) -> None:
         self.entries: list[tuple] = []  # (values, refs, versions, answer), newest last
@@ -106,20 +106,24 @@ def plan(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | 
             or tokens < 2 or tracing.is_dynamo_compiling()):
         return None
     objects, values = (position_ids, attention_mask), (str(query.device),)
-    found, answer = _kept.get(objects, values)
-    if found:
-        return answer
+    found, offsets = _kept.get(objects, values)
+    if not found:
+        offsets = _kept.put(objects, values, _position_offsets(query, attention_mask, position_ids, tokens))
+    return None if offsets is None else Packed(offsets, None)
+
+
+def _position_offsets(query: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                      tokens: int) -> Offsets | None:
+    """The offsets of the sequences the position ids restart (where they do not go up by one) when
+    the layer's mask is exactly their block-causal mask; else None."""
     positions = position_ids.reshape(-1)
     later = (positions[1:] - positions[:-1] != 1).nonzero().view(-1) + 1
-    starts = [0, *later.tolist()]
-    answer = None
-    if len(starts) > 1:
-        bounds = [*starts, tokens]
-        if _is_block_causal(attention_mask, bounds):
-            cu = torch.tensor(bounds, dtype=torch.int32, device=query.device)
-            longest = max(b - a for a, b in zip(bounds, bounds[1:]))
-            answer = Packed(Offsets(cu, cu, longest, longest), None)
-    return _kept.put(objects, values, answer)
+    bounds = [0, *later.tolist(), tokens]
+    if len(bounds) < 3 or not _is_block_causal(attention_mask, bounds):
+        return None
+    cu = torch.tensor(bounds, dtype=torch.int32, device=query.device)
+    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    return Offsets(cu, cu, longest, longest)
 
 
 def _by_flash_keywords(query: torch.Tensor, attention_mask: torch.Tensor | None, flash: list,
@@ -139,23 +143,28 @@ def _by_flash_keywords(query: torch.Tensor, attention_mask: torch.Tensor | None,
                                   *longest), None)
         return Packed(None, _confined(attention_mask, cu_q, cu_k, tokens))
     objects, values = (cu_q, cu_k, attention_mask), (str(query.device),)
-    found, answer = _kept.get(objects, values)
-    if found:
-        return answer
+    found, offsets = _kept.get(objects, values)
+    if not found:
+        offsets = _kept.put(objects, values, _flash_offsets(query, attention_mask, cu_q, cu_k, tokens))
+    # (a confined mask is made at each call, not kept: it is as large as the layer's mask)
+    return Packed(offsets, None) if offsets is not None else Packed(None, _confined(attention_mask, cu_q, cu_k, tokens))
+
+
+def _flash_offsets(query: torch.Tensor, attention_mask: torch.Tensor | None, cu_q: torch.Tensor,
+                   cu_k: torch.Tensor, tokens: int) -> Offsets | None:
+    """FlashAttention's offsets, checked, when variable-length attention computes the call: no
+    mask, or exactly their block-causal one; None when the mask is another (it confines SDPA)."""
     bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
     for name, bounds in (("cu_seq_lens_q", bounds_q), ("cu_seq_lens_k", bounds_k)):
         if bounds[0] != 0 or bounds[-1] != tokens or any(b < a for a, b in zip(bounds, bounds[1:])):
             raise ValueError(f"{name}: offsets must go from 0 to the row's {tokens} tokens without decreasing, "
                              f"got {bounds}")
-    if attention_mask is None or (bounds_q == bounds_k and _is_block_causal(attention_mask, bounds_q)):
-        longest_q = max(b - a for a, b in zip(bounds_q, bounds_q[1:]))
-        longest_k = max(b - a for a, b in zip(bounds_k, bounds_k[1:]))
-        offsets = Offsets(torch.tensor(bounds_q, dtype=torch.int32, device=query.device),
-                          torch.tensor(bounds_k, dtype=torch.int32, device=query.device), longest_q, longest_k)
-        answer = Packed(offsets, None)
-    else:
-        answer = Packed(None, _confined(attention_mask, cu_q, cu_k, tokens))
-    return _kept.put(objects, values, answer)
+    if attention_mask is not None and not (bounds_q == bounds_k and _is_block_causal(attention_mask, bounds_q)):
+        return None
+    longest_q = max(b - a for a, b in zip(bounds_q, bounds_q[1:]))
+    longest_k = max(b - a for a, b in zip(bounds_k, bounds_k[1:]))
+    return Offsets(torch.tensor(bounds_q, dtype=torch.int32, device=query.device),
+                   torch.tensor(bounds_k, dtype=torch.int32, device=query.device), longest_q, longest_k)
 
 
 def _confined(mask: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, tokens: int) -> torch.Tensor:
