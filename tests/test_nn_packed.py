@@ -64,6 +64,8 @@ def test_not_a_packed_row():
     assert packed.plan(query, query, None, {"position_ids": positions}) is None  # no mask: nothing to confine
     single = torch.arange(8)[None]
     assert packed.plan(query, query, mask, {"position_ids": single}) is None  # one sequence: not this mask
+    rotary_rows = positions.expand(3, 1, -1)  # (a multimodal model's three rows of positions)
+    assert packed.plan(query, query, mask, {"position_ids": rotary_rows}) is None
 
 
 def test_flash_offsets_without_a_mask_and_with_another_mask():

@@ -102,7 +102,8 @@ def plan(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | 
     if flash[0] is not None or flash[1] is not None:
         return _by_flash_keywords(query, attention_mask, flash, tokens)
     position_ids = kwargs.get("position_ids")
-    if (attention_mask is None or not isinstance(position_ids, torch.Tensor) or position_ids.shape[-1] != tokens
+    # (one position per token: not the several rows of multimodal rotary positions)
+    if (attention_mask is None or not isinstance(position_ids, torch.Tensor) or position_ids.numel() != tokens
             or tokens < 2 or tracing.is_dynamo_compiling()):
         return None
     objects, values = (position_ids, attention_mask), (str(query.device),)
@@ -183,7 +184,8 @@ def _is_block_causal(mask: torch.Tensor, bounds: list[int]) -> bool:
     """Whether ``mask`` ((1, 1, tokens, tokens), True where a query sees a key) lets each token see
     exactly the earlier tokens of its own sequence (``bounds``: the sequences' offsets) and itself."""
     tokens = bounds[-1]
-    if mask.dtype != torch.bool or tuple(mask.shape) != (1, 1, tokens, tokens):
+    if mask.dtype != torch.bool or tuple(mask.shape) != (1, 1, tokens, tokens) or any(
+            b < a for a, b in zip(bounds, bounds[1:])):
         return False
     lengths = torch.tensor([b - a for a, b in zip(bounds, bounds[1:])], device=mask.device)
     sequence = torch.repeat_interleave(torch.arange(len(lengths), device=mask.device), lengths, output_size=tokens)
