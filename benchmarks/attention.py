@@ -203,6 +203,35 @@ def _choices() -> list[str]:
                    if issubclass(kernel.supported_args_type, (AttentionArguments, AttentionBackwardArguments))})
 
 
+def _warmed(label: str, mode: str, launchers: dict) -> dict:
+    """The launchers whose first call (choices, compiles) succeeds; each failure is printed, the
+    rest timed."""
+    fns = {}
+    for name, fn in launchers.items():
+        try:
+            fn(0)
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - one contestant's failure is reported, the rest timed
+            print(f"{label} {mode} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        fns[name] = fn
+    return fns
+
+
+def _timed_row(label: str, mode: str, fns: dict, against: str, work: float, repeat: int, **fields: Any) -> dict:
+    """``fns`` timed alternately (`time_group`): TFLOP/s for ``work`` FLOPs and each contestant's
+    speed against contestant ``against``'s, printed as one line; the JSON row."""
+    chosen = _choices()
+    times, behind = time_group(fns, repeat)
+    tflops = {n: work / (t * 1e-3) / 1e12 for n, t in times.items()}
+    ratios = {n: times[against] / t for n, t in times.items()}
+    parts = "  ".join(f"{n} {tflops[n]:.0f} ({ratios[n]:.2f}x)" for n in fns)
+    print(f"{label} {mode}: TFLOP/s (vs {against}) {parts}  ops chose {chosen}{'  [host behind]' if behind else ''}",
+          flush=True)
+    return {"case": label, "mode": mode, **fields, "ms": times, "tflops": tflops, f"vs_{against}": ratios,
+            "chosen": chosen, "host_behind": behind}
+
+
 def run_case(case: Case, names: dict, repeat: int) -> list[dict]:
     b, h, s, d, causal = case.batch, case.heads, case.seqlen, case.head_dim, case.causal
     label = case.label
@@ -212,32 +241,13 @@ def run_case(case: Case, names: dict, repeat: int) -> list[dict]:
     for backward in (False, True):
         ops.clear_dispatch_cache()
         sets = {layout: _sets(case, layout, count, backward) for layout in ("bhsd", "bshd")}
-        fns = {}
-        for name, contestant in names.items():  # first calls: choices, FA4's compiles
-            if backward and contestant.forward_only:
-                continue
-            fn = _launcher(contestant, sets[contestant.layout], causal, backward)
-            try:
-                fn(0)
-                torch.cuda.synchronize()
-            except Exception as exc:  # noqa: BLE001 - one contestant's failure is reported, the rest timed
-                print(f"{label} {'fwd+bwd' if backward else 'fwd'} {name}: {type(exc).__name__}: {str(exc)[:300]}",
-                      flush=True)
-                continue
-            fns[name] = fn
-        if "sdpa" not in fns:
-            continue
-        chosen = _choices()
-        times, behind = time_group(fns, repeat)
-        work = flops(b, h, s, d, causal, backward)
         mode = "fwd+bwd" if backward else "fwd"
-        tflops = {n: work / (t * 1e-3) / 1e12 for n, t in times.items()}
-        ratios = {n: times["sdpa"] / t for n, t in times.items()}
-        rows.append({"case": label, "mode": mode, "ms": times, "tflops": tflops, "vs_sdpa": ratios,
-                     "chosen": chosen, "host_behind": behind, "sets": count})
-        parts = "  ".join(f"{n} {tflops[n]:.0f} ({ratios[n]:.2f}x)" for n in fns)
-        print(f"{label} {mode}: TFLOP/s (vs sdpa) {parts}  ops chose {chosen}{'  [host behind]' if behind else ''}",
-              flush=True)
+        fns = _warmed(label, mode, {name: _launcher(contestant, sets[contestant.layout], causal, backward)
+                                    for name, contestant in names.items()
+                                    if not (backward and contestant.forward_only)})
+        if "sdpa" in fns:
+            rows.append(_timed_row(label, mode, fns, "sdpa", flops(b, h, s, d, causal, backward), repeat,
+                                   sets=count))
         del sets, fns
         torch.cuda.empty_cache()
     return rows
@@ -330,12 +340,10 @@ def run_varlen_case(lengths: tuple, heads: int, heads_kv: int, d: int, causal: b
         g = torch.Generator(device="cuda").manual_seed(0)
         sets = [tuple(torch.randn(tokens, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(
             backward and i < 3) for i, h in enumerate((heads, heads_kv, heads_kv, heads))) for _ in range(count)]
-        fns = {}
-        for name, contestant in contestants.items():
-            if backward and contestant.forward_only:
-                continue
+        mode = "fwd+bwd" if backward else "fwd"
 
-            def launch(i: int, contestant: Contestant = contestant, sets: list = sets) -> Any:
+        def launcher(contestant: Contestant, sets: list = sets, backward: bool = backward) -> Callable[[int], Any]:
+            def launch(i: int) -> Any:
                 q, k, v, do = sets[i % len(sets)]
                 scope = contextlib.nullcontext() if contestant.providers is None else \
                     kernel_api.settings(providers=contestant.providers)
@@ -345,27 +353,12 @@ def run_varlen_case(lengths: tuple, heads: int, heads_kv: int, d: int, causal: b
                 with torch.autograd.set_multithreading_enabled(False), scope:
                     out = contestant.run(q, k, v, causal, cu, longest)
                     return torch.autograd.grad(out, (q, k, v), do.view_as(out))
-            try:
-                launch(0)
-                torch.cuda.synchronize()
-            except Exception as exc:  # noqa: BLE001 - one contestant's failure is reported, the rest timed
-                print(f"{label} {'fwd+bwd' if backward else 'fwd'} {name}: {type(exc).__name__}: {str(exc)[:300]}",
-                      flush=True)
-                continue
-            fns[name] = launch
-        if anchor not in fns:
-            continue
-        chosen = _choices()
-        times, behind = time_group(fns, repeat)
-        work = work_fwd * (1 + BACKWARD_FLOPS) if backward else work_fwd
-        mode = "fwd+bwd" if backward else "fwd"
-        tflops = {n: work / (t * 1e-3) / 1e12 for n, t in times.items()}
-        ratios = {n: times[anchor] / t for n, t in times.items()}
-        rows.append({"case": label, "mode": mode, "anchor": anchor, "ms": times, "tflops": tflops,
-                     f"vs_{anchor}": ratios, "chosen": chosen, "host_behind": behind, "sets": count})
-        parts = "  ".join(f"{n} {tflops[n]:.0f} ({ratios[n]:.2f}x)" for n in fns)
-        print(f"{label} {mode}: TFLOP/s (vs {anchor}) {parts}  ops chose {chosen}"
-              f"{'  [host behind]' if behind else ''}", flush=True)
+            return launch
+        fns = _warmed(label, mode, {name: launcher(contestant) for name, contestant in contestants.items()
+                                    if not (backward and contestant.forward_only)})
+        if anchor in fns:
+            work = work_fwd * (1 + BACKWARD_FLOPS) if backward else work_fwd
+            rows.append(_timed_row(label, mode, fns, anchor, work, repeat, anchor=anchor, sets=count))
         del sets, fns
         torch.cuda.empty_cache()
     return rows

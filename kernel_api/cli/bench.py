@@ -48,9 +48,8 @@ def work_of(args: Any) -> tuple[float, str]:
     bytes moved for the rest."""
     if isinstance(args, GemmArguments):
         return 2.0 * args.M * args.N * args.K * args.L, "TFLOP/s"
-    readable = not args.varlen or args.cu_seqlens_q.device.type != "meta" if isinstance(args, AttentionArguments) \
-        else False
-    if readable and args.cache_seqlens is None:
+    if (isinstance(args, AttentionArguments) and args.cache_seqlens is None
+            and not (args.varlen and args.cu_seqlens_q.device.type == "meta")):  # (meta offsets hold no values)
         if not args.varlen:
             pairs = args.batch * attended_pairs(args.seqlen_q, args.seqlen_k, args.causal)
         else:
