@@ -211,6 +211,30 @@ def test_varlen_with_an_empty_sequence(cpu_launch, causal):
     torch.testing.assert_close(out.double(), reference(q, k, v, causal, None, cq, ck), atol=2e-5, rtol=2e-5)
 
 
+def test_offsets_read_drop_the_empty_sequences_after_the_last(cpu_launch):
+    """With no longest lengths the offsets are read: a fixed-size offsets tensor padded with the
+    token count (as a traced model makes it) runs as its non-empty prefix; an empty sequence
+    between two is kept. On a device the same values come from one transfer (`_device_summary`)."""
+    from kernel_api.arguments.attention import _device_summary
+    q, k, v, cq, ck = _varlen([3, 0, 7, 1], [5, 0, 7, 33], 8, 2, 64)
+    padded_q, padded_k = torch.cat([cq, cq[-1:].expand(4)]), torch.cat([ck, ck[-1:].expand(4)])
+    args = AttentionArguments(q, k, v, torch.empty_like(q), cu_seqlens_q=padded_q, cu_seqlens_k=padded_k)
+    assert (args.batch, args.seqlen_q, args.seqlen_k) == (4, 7, 33)
+    assert args.cu_seqlens_q.tolist() == cq.tolist() and args.cu_seqlens_k.tolist() == ck.tolist()
+    given = AttentionArguments(q, k, v, torch.empty_like(q), cu_seqlens_q=padded_q, cu_seqlens_k=padded_k,
+                               max_seqlen_q=7, max_seqlen_k=33)
+    assert given.batch == 8 and given.cu_seqlens_q is padded_q  # (given lengths: the offsets as they are)
+    out = torch.full_like(q, SENTINEL)
+    ops.attention(q, k, v, causal=True, cu_seqlens_q=padded_q, cu_seqlens_k=padded_k, out=out)
+    torch.testing.assert_close(out.double(), reference(q, k, v, True, None, cq, ck), atol=2e-5, rtol=2e-5)
+    assert _device_summary(padded_q, padded_k) == [0, 0, 7, 11, 4, 0, 0, 33, 45, 4]
+    assert _device_summary(torch.tensor([0], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)) == [0] * 10
+    meta = torch.tensor([0, 2], dtype=torch.int32, device="meta")
+    t = torch.empty(2, 2, 4, device="meta")
+    with pytest.raises(ValueError, match="^max_seqlen_q: required with cu_seqlens_q whose values cannot be read"):
+        AttentionArguments(t, t, t, torch.empty_like(t), cu_seqlens_q=meta, cu_seqlens_k=meta)
+
+
 def test_mqa_and_empty_keys(cpu_launch):
     q, k, v = _qkv(1, 4, 0, 4, 1, 16)
     torch.testing.assert_close(ops.attention(q, k, v), torch.zeros_like(q))

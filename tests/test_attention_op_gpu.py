@@ -63,10 +63,31 @@ def test_varlen_bf16(causal):
     torch.testing.assert_close(out.double().cpu(), reference(q, k, v, causal, None, cu_q, cu_k), **BF16)
 
 
-def test_varlen_on_gpu_needs_max_seqlen():
-    q, k, v, cu_q, cu_k = _cuda(*_varlen([3, 4], [3, 4], 2, 2, 64, torch.bfloat16))
-    with pytest.raises(ValueError, match="max_seqlen_q: required"):
-        AttentionArguments(q, k, v, torch.empty_like(q), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+def test_varlen_on_gpu_reads_the_offsets_when_no_longest_length_is_given():
+    """No max_seqlen: the offsets are read from the device (checked, the longest found, the empty
+    sequences after the last non-empty one dropped); the forward and backward match the float64
+    reference. One longest length alone, or offsets that go down, are one line."""
+    q, k, v, cu_q, cu_k = _varlen([3, 0, 7, 1], [5, 0, 7, 33], 8, 2, 64, torch.bfloat16)
+    pad = lambda cu, n: torch.cat([cu, cu[-1:].expand(n)]).contiguous()  # noqa: E731
+    gq, gk, gv, gcu_q, gcu_k = _cuda(q, k, v, pad(cu_q, 5), pad(cu_k, 5))
+    args = AttentionArguments(gq, gk, gv, torch.empty_like(gq), cu_seqlens_q=gcu_q, cu_seqlens_k=gcu_k)
+    assert (args.batch, args.seqlen_q, args.seqlen_k) == (4, 7, 33)
+    assert args.cu_seqlens_q.tolist() == cu_q.tolist() and args.cu_seqlens_k.tolist() == cu_k.tolist()
+    out = torch.full_like(gq, SENTINEL)
+    ops.attention(gq, gk, gv, causal=True, cu_seqlens_q=gcu_q, cu_seqlens_k=gcu_k, out=out)
+    torch.testing.assert_close(out.double().cpu(), reference(q, k, v, True, None, cu_q, cu_k), **BF16)
+    leaves = [t.clone().requires_grad_() for t in (gq, gk, gv)]
+    out = ops.attention(*leaves, causal=True, cu_seqlens_q=gcu_q, cu_seqlens_k=gcu_k)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    out.backward(grad.cuda())
+    want = reference_grads(q, k, v, grad, True, None, cu_q, cu_k)
+    for leaf, w in zip(leaves, want):
+        torch.testing.assert_close(leaf.grad.double().cpu(), w, **GRAD)
+    with pytest.raises(ValueError, match="^max_seqlen_k: required with cu_seqlens_k when the other"):
+        AttentionArguments(gq, gk, gv, torch.empty_like(gq), cu_seqlens_q=gcu_q, cu_seqlens_k=gcu_k, max_seqlen_q=7)
+    down = torch.tensor([0, 3, 2, 11], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="^operand cu_seqlens_q: must be non-decreasing"):
+        AttentionArguments(gq, gk, gv, torch.empty_like(gq), cu_seqlens_q=down, cu_seqlens_k=gcu_k[:4])
 
 
 def test_backward_bf16():

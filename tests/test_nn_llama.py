@@ -7,6 +7,8 @@ eager's in f32. tests/test_nn_llama_gpu.py runs the model in bf16 on a GPU."""
 
 from __future__ import annotations
 
+import copy
+
 import sys
 import warnings
 
@@ -379,6 +381,58 @@ def test_packed_training_matches_eager(cpu_ops, varlen_calls):
         torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
     assert varlen_calls["varlen"] == [True] * 2
     unpatch(model)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_compiled_packed_rows_run_variable_length_attention(cpu_ops, family):
+    """Under torch.compile the mask builder hands kernel_api's attention the packed row's offsets,
+    traced from the position ids (no value read while tracing): the ops run variable length, the
+    empty sequences past the last dropped, and the logits and gradients are eager's; a row with
+    one sequence, a second packing of the same length (no new trace) and a sliding window agree."""
+    from kernel_api.arguments import attention as attention_arguments
+    seen = []
+    problem = attention_arguments.AttentionProblem.__init__
+
+    def recorded(self, *args):
+        problem(self, *args)
+        if self.varlen:
+            seen.append((self.batch, self.seqlen_q, self.cu_seqlens_q.tolist()))
+    lengths = [5, 3, 7, 1]
+    for window in ((None, 3) if family == "mistral" else (None,)):
+        eager = small_model(family, **({"sliding_window": window} if family == "mistral" else {})).train()
+        model = copy.deepcopy(eager)
+        ids, positions, _ = _packed(lengths, seed=12)
+        ref = eager(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+        ref.loss.backward()
+        _quiet_patch(model, kinds=CPU_KINDS)
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        seen.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(attention_arguments.AttentionProblem, "__init__", recorded)
+            out = compiled(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+            out.loss.backward()
+            torch.testing.assert_close(out.loss, ref.loss, **TOL)
+            grads = dict(eager.named_parameters())
+            for name, p in model.named_parameters():
+                torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-4, rtol=1e-4,
+                                           msg=lambda m: f"{name}: {m}")
+            packed_calls = list(seen)
+            with torch.no_grad():
+                other = [4, 4, 8]
+                ids2, positions2, _ = _packed(other, seed=13)
+                want = torch.cat([eager(input_ids=part).logits for part in ids2.split(other, 1)], 1)
+                torch.testing.assert_close(compiled(input_ids=ids2, position_ids=positions2, use_cache=False).logits,
+                                           want, **TOL)
+                whole = torch.arange(16)[None] + 3
+                torch.testing.assert_close(compiled(input_ids=ids2, position_ids=whole, use_cache=False).logits,
+                                           eager(input_ids=ids2, position_ids=whole, use_cache=False).logits, **TOL)
+        unpatch(model)
+        torch._dynamo.reset()
+        if window is None:  # forward and backward of both layers: the four sequences, the padding dropped
+            assert packed_calls == [(4, 7, [0, 5, 8, 15, 16])] * 4, packed_calls
+            assert seen[-4:] == [(3, 8, [0, 4, 8, 16])] * 2 + [(1, 16, [0, 16])] * 2, seen
+        else:  # (Mistral's sliding window builds its mask elsewhere: SDPA, no offsets)
+            assert packed_calls == [] and seen == [], seen
 
 
 def test_a_packed_row_with_other_masking_keeps_sdpa_and_the_mask(cpu_ops, varlen_calls):

@@ -22,10 +22,12 @@ gradients). Forward kernels write it when it is given and decline it otherwise
 
 What construction checks: ranks, shapes, dtypes, devices, a unit-stride head_dim, the heads'
 ratio and out's shape; for cu_seqlens the dtype (int32), rank, length and device. Their values
-(first 0, non-decreasing, last = total tokens) are checked only where that is cheap, for
-cu_seqlens on the CPU; on a GPU reading them would synchronise with the device, so they are
-trusted, and ``max_seqlen_q`` / ``max_seqlen_k`` must then be given (on the CPU they default
-to the longest sequence).
+(first 0, non-decreasing, last = total tokens) are checked where they are read: on the CPU
+always, on a GPU only when ``max_seqlen_q`` and ``max_seqlen_k`` are not given. Given them, the
+offsets are trusted (reading them would synchronise with the device); left out, they are read
+(one synchronisation), checked, and the longest sequences found. Offsets that are read may end in
+empty sequences (a fixed-size offsets tensor padded with the token count, as a traced model makes
+it): those are dropped, so kernels launch no work for them.
 
 Choices are keyed by the key length as `key_length` gives it: exact up to the query length, and
 past it (decoding against a KV cache, a prefill chunk after cached tokens) by its power-of-two
@@ -111,28 +113,57 @@ def _offsets(cu: Any, name: str, batch: int | None, device: torch.device) -> int
     return cu.shape[0] - 1
 
 
+def _readable(cu: torch.Tensor) -> bool:
+    """Whether ``cu``'s values exist to be read (not a meta or fake tensor)."""
+    return cu.device.type != "meta" and (type(cu) is torch.Tensor or not isinstance(cu, STORAGELESS_TYPES))
+
+
 def _host_lengths(cu: torch.Tensor, name: str, tokens: int, operand: str) -> list[int] | None:
     """The sequence lengths when ``cu`` can be read cheaply (a real CPU tensor), checked; else None."""
-    if cu.device.type != "cpu" or (type(cu) is not torch.Tensor and isinstance(cu, STORAGELESS_TYPES)):
+    if cu.device.type != "cpu" or not _readable(cu):
         return None
     values = cu.tolist()
-    if values[0] != 0:
-        raise ValueError(f"operand {name}: must start at 0, got {values[0]}")
-    lengths = [b - a for a, b in zip(values, values[1:])]
-    if any(n < 0 for n in lengths):
-        raise ValueError(f"operand {name}: must be non-decreasing, got {values}")
-    if values[-1] != tokens:
-        raise ValueError(f"operand {name}: ends at {values[-1]} but {operand} has {tokens} tokens")
-    return lengths
+    _check_offsets(name, values[0], min((b - a for a, b in zip(values, values[1:])), default=0), values[-1], tokens,
+                   operand)
+    return [b - a for a, b in zip(values, values[1:])]
 
 
-def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str, tokens: int) -> int:
+def _check_offsets(name: str, first: int, shortest: int, last: int, tokens: int, operand: str) -> None:
+    if first != 0:
+        raise ValueError(f"operand {name}: must start at 0, got {first}")
+    if shortest < 0:
+        raise ValueError(f"operand {name}: must be non-decreasing (a sequence of length {shortest})")
+    if last != tokens:
+        raise ValueError(f"operand {name}: ends at {last} but {operand} has {tokens} tokens")
+
+
+def _device_summary(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[int]:
+    """Per offsets tensor (q's, then k's): first, shortest and longest length, last, and the
+    sequences up to the last non-empty one; read from the device in one transfer."""
+    parts = []
+    for cu in (cu_q, cu_k):
+        lengths = (cu[1:] - cu[:-1]).long()
+        if lengths.numel() == 0:  # (no sequence: nothing shorter or longer than 0)
+            lengths = lengths.new_zeros(1)
+        used = torch.arange(1, lengths.shape[0] + 1, device=cu.device) * (lengths > 0)
+        parts += [cu[0].long(), lengths.min(), lengths.max(), cu[-1].long(), used.max()]
+    return torch.stack(parts).tolist()
+
+
+def _used(lengths: list[int]) -> int:
+    """The sequences up to the last non-empty one."""
+    return max((i + 1 for i, n in enumerate(lengths) if n > 0), default=0)
+
+
+def _max_seqlen(value: Any, name: str, lengths: list[int] | None, cu_name: str, tokens: int,
+                other_given: bool) -> int:
     """The longest sequence: ``value`` checked, at most ``tokens`` (no sequence holds more than the
     packed tensor, and kernels size their grids by it); from the offsets when not given."""
     if value is None:
         if lengths is None:
-            raise ValueError(f"{name}: required with {cu_name} off the CPU (reading the offsets there "
-                             f"would synchronise with the device)")
+            why = ("when the other longest length is given (give both, or leave both out to have the offsets read)"
+                   if other_given else "whose values cannot be read (a meta or fake tensor)")
+            raise ValueError(f"{name}: required with {cu_name} {why}")
         return max(lengths, default=0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
@@ -247,7 +278,7 @@ class AttentionProblem:
     """
 
     __slots__ = ("varlen", "rank", "q", "k", "v", "causal", "scale", "batch", "seqlen_q", "seqlen_k", "heads_q",
-                 "heads_kv", "head_dim")
+                 "heads_kv", "head_dim", "cu_seqlens_q", "cu_seqlens_k")
 
     def __init__(self, q: Any, k: Any, v: Any, causal: Any, scale: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
                  max_seqlen_q: Any, max_seqlen_k: Any) -> None:
@@ -278,13 +309,22 @@ class AttentionProblem:
         elif not is_finite_number(scale):
             raise ValueError(f"scale: expected a finite float, got {scale!r}")
         self.causal, self.scale = causal, float(scale)
+        self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
         if varlen:
             self.batch = _offsets(cu_seqlens_q, "cu_seqlens_q", None, q.device)
             _offsets(cu_seqlens_k, "cu_seqlens_k", self.batch, q.device)
-            lq = _host_lengths(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
-            lk = _host_lengths(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
-            self.seqlen_q = _max_seqlen(max_seqlen_q, "max_seqlen_q", lq, "cu_seqlens_q", q.shape[0])
-            self.seqlen_k = _max_seqlen(max_seqlen_k, "max_seqlen_k", lk, "cu_seqlens_k", k.shape[0])
+            neither = max_seqlen_q is None and max_seqlen_k is None
+            if neither and cu_seqlens_q.device.type != "cpu" and _readable(cu_seqlens_q) and _readable(cu_seqlens_k):
+                self._read_offsets(q.shape[0], k.shape[0])
+            else:
+                lq = _host_lengths(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
+                lk = _host_lengths(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
+                self.seqlen_q = _max_seqlen(max_seqlen_q, "max_seqlen_q", lq, "cu_seqlens_q", q.shape[0],
+                                            max_seqlen_k is not None)
+                self.seqlen_k = _max_seqlen(max_seqlen_k, "max_seqlen_k", lk, "cu_seqlens_k", k.shape[0],
+                                            max_seqlen_q is not None)
+                if neither and lq is not None and lk is not None:
+                    self._drop_trailing_empty(max(_used(lq), _used(lk)))
         else:
             for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
                 if value is not None:
@@ -292,6 +332,21 @@ class AttentionProblem:
             if k.shape[0] != q.shape[0]:
                 raise ValueError(f"operand k: batch {k.shape[0]} must equal q's {q.shape[0]}")
             self.batch, self.seqlen_q, self.seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+
+    def _read_offsets(self, tokens_q: int, tokens_k: int) -> None:
+        """The offsets on the device, read once (their check and longest sequences)."""
+        summary = _device_summary(self.cu_seqlens_q, self.cu_seqlens_k)
+        for at, name, tokens, operand in ((0, "cu_seqlens_q", tokens_q, "q"), (5, "cu_seqlens_k", tokens_k, "k")):
+            first, shortest, _, last, _ = summary[at:at + 5]
+            _check_offsets(name, first, shortest, last, tokens, operand)
+        self.seqlen_q, self.seqlen_k = summary[2], summary[7]
+        self._drop_trailing_empty(max(summary[4], summary[9]))
+
+    def _drop_trailing_empty(self, used: int) -> None:
+        """Keep the first ``used`` sequences (those after are empty in both offsets)."""
+        if used < self.batch:
+            self.batch = used
+            self.cu_seqlens_q, self.cu_seqlens_k = self.cu_seqlens_q[:used + 1], self.cu_seqlens_k[:used + 1]
 
     def like(self, t: Any, name: str, model: torch.Tensor, model_name: str) -> TensorAttributes:
         """Attributes of an operand that must have ``model``'s shape, dtype and device."""
@@ -350,9 +405,10 @@ class AttentionArguments(Arguments):
         causal: a bottom-right aligned causal mask (see the module docstring).
         scale: the factor on q k^T; default ``1 / sqrt(head_dim)``.
         cu_seqlens_q, cu_seqlens_k: int32 offsets of length batch + 1, both or neither.
-        max_seqlen_q, max_seqlen_k: the longest sequence of each; required when the offsets
-            are not on the CPU. A value past the packed tokens is held at their count (kernels
-            size their grids by it).
+        max_seqlen_q, max_seqlen_k: the longest sequence of each, both or neither; left out,
+            they are read from the offsets (on a GPU, one synchronisation; see the module
+            docstring). A value past the packed tokens is held at their count (kernels size their
+            grids by it).
         cache_seqlens: optional, for a dense k and v that are a KV cache: int32 ``(batch,)`` on
             q's device, the keys each row holds (see the module docstring; values not read here).
 
@@ -382,7 +438,7 @@ class AttentionArguments(Arguments):
         self.batch, self.seqlen_q, self.seqlen_k = p.batch, p.seqlen_q, p.seqlen_k
         self.heads_q, self.heads_kv, self.head_dim = p.heads_q, p.heads_kv, p.head_dim
         self.q, self.k, self.v, self.out, self.lse = q, k, v, out, lse
-        self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
+        self.cu_seqlens_q, self.cu_seqlens_k = p.cu_seqlens_q, p.cu_seqlens_k
         self.cache_seqlens = cache_seqlens
         self.outputs_made = False
         self.device = q.device

@@ -64,7 +64,7 @@ class AttentionBackwardArguments(Arguments):
         self.heads_q, self.heads_kv, self.head_dim = p.heads_q, p.heads_kv, p.head_dim
         self.grad_out, self.q, self.k, self.v, self.out, self.lse = grad_out, q, k, v, out, lse
         self.grad_q, self.grad_k, self.grad_v = grad_q, grad_k, grad_v
-        self.cu_seqlens_q, self.cu_seqlens_k = cu_seqlens_q, cu_seqlens_k
+        self.cu_seqlens_q, self.cu_seqlens_k = p.cu_seqlens_q, p.cu_seqlens_k
         self.outputs_made = False
         self.device = q.device
         self.device_index = q.get_device()

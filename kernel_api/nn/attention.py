@@ -13,7 +13,8 @@ head_dim) and the mask that the function registered under the same name in
 - `attention` runs one row of packed sequences (`kernel_api.nn.packed`: FlashAttention's
   offsets, which confine attention to each sequence as transformers' FlashAttention integration
   reads them, or position ids that restart with the block-causal mask transformers builds from
-  them) as variable-length ``ops.attention``, or SDPA under its mask confined to the sequences.
+  them, which under ``torch.compile`` the mask builder hands over as `PackedRows`) as
+  variable-length ``ops.attention``, or SDPA under its mask confined to the sequences.
 - Otherwise it runs ``ops.attention`` when the mask is None, with SDPA's reading of it
   (causal when more than one query; keys past the queries cut off, as SDPA does for an empty
   static cache), and transformers' SDPA function for any mask, dropout, attention bias, soft
@@ -58,12 +59,21 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     None)`` from q (batch, heads, seqlen_q, head_dim) and k, v (batch, kv_heads, seqlen_k,
     head_dim)."""
     sdpa = _transformers["sdpa_attention_forward"]
+    rows = None
+    if isinstance(attention_mask, packed.PackedRows):  # (a traced row of packed sequences: the offsets and the mask)
+        rows, attention_mask = attention_mask, attention_mask.mask
     # (a traced decode step asks nothing else: Dynamo guards what a trace reads, at every call)
     if query.shape[2] == 1 and tracing.is_dynamo_compiling():
         return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                     **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     runs_op = dropout == 0.0 and _no_sdpa_keyword(kwargs) and ops_take(query, key, value)
+    if rows is not None and runs_op and causal and query.shape[0] == 1 and key.shape[2] == query.shape[2] and (
+            kwargs.get("cu_seq_lens_q") is None and kwargs.get("cu_seq_lens_k") is None):
+        # (no longest lengths: the op reads them from the offsets, once, and drops the empty sequences)
+        out = ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=True,
+                            scale=scaling, cu_seqlens_q=rows.cu_seqlens, cu_seqlens_k=rows.cu_seqlens)
+        return out.unsqueeze(0), None
     if runs_op and causal and (attention_mask is not None or kwargs.get("cu_seq_lens_q") is not None
                                or kwargs.get("cu_seq_lens_k") is not None):
         found = packed.plan(query, key, attention_mask, kwargs)  # (one row of packed sequences)

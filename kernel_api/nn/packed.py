@@ -14,7 +14,11 @@ in two ways, and `plan` reads both:
   transformers then builds a block-causal mask from them. The sequences start where the position
   ids do not go up by one (transformers' own rule), and variable-length attention runs only when
   the layer's mask is exactly their block-causal mask; any other masking (a sliding window that
-  bites, padding) keeps SDPA and the mask. Not under ``torch.compile``, where the mask stays.
+  bites, padding) keeps SDPA and the mask. Under ``torch.compile`` the mask builder says so
+  instead (`PackedRows`, from `kernel_api.nn.positions`): it knows when it builds exactly that
+  mask, and it traces the offsets from the position ids (`traced_offsets`) at a size fixed by
+  the token count, the sequences past the last one empty; ``ops.attention`` reads them once a call
+  (one synchronisation) and drops the empty ones.
 
 The eager paths read the offsets on the host (their values, and the mask's comparison): once per
 forward, since the layers of a forward get the same mask and position ids and the answers are
@@ -47,6 +51,28 @@ class Offsets(NamedTuple):
     cu_seqlens_k: torch.Tensor
     max_seqlen_q: int
     max_seqlen_k: int
+
+
+class PackedRows(NamedTuple):
+    """A traced mask builder's answer for one row of packed sequences described by position ids
+    alone: transformers' block-causal ``mask`` (unused, Inductor drops it, when attention runs
+    variable length) and the sequences' offsets (`traced_offsets`)."""
+
+    mask: torch.Tensor | None
+    cu_seqlens: torch.Tensor
+
+
+def traced_offsets(position_ids: torch.Tensor) -> torch.Tensor:
+    """int32 offsets of the sequences that ``position_ids`` (one row) restart, where they do not go
+    up by one, as transformers splits them: ``tokens + 1`` values, those past the last sequence equal
+    to ``tokens`` (empty sequences). Shapes depend on the token count only, so it traces with no
+    value read on the host."""
+    positions = position_ids.reshape(-1)
+    tokens = positions.shape[0]
+    starts = torch.cat([positions.new_ones(1, dtype=torch.bool), positions[1:] - positions[:-1] != 1])
+    sequence = torch.cumsum(starts, 0) - 1  # (each token's sequence: non-decreasing)
+    # (sequence i starts at the first token of sequence i or later; past the last, at the end)
+    return torch.searchsorted(sequence, torch.arange(tokens + 1, device=positions.device), out_int32=True)
 
 
 class Packed(NamedTuple):

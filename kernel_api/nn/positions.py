@@ -17,18 +17,27 @@ mask for a marked config without the position ids: the plain causal mask, which 
 call that passes position ids (packed training batches), a mask or a cache is traced again and
 builds its mask as before. Outside tracing nothing changes: transformers reads the positions'
 values itself.
+
+A traced call that passes position ids with no mask and no cache, one row (packed sequences,
+as padding-free collators make them), gets transformers' block-causal mask for them and the
+sequences' offsets traced from the same ids (`kernel_api.nn.packed.PackedRows`) when the model's
+attention is kernel_api's, which runs them as variable-length attention; the mask is then unused
+and Inductor leaves it out.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from typing import Any, Callable
 
 import torch
 
 from ..core import tracing
+from .attention import NAME as ATTENTION_NAME
 from .edits import positional_names
+from .packed import PackedRows, traced_offsets
 
 #: The modeling module's function replaced by `mask_builder`.
 MASK_BUILDER = "create_causal_mask"
@@ -85,16 +94,58 @@ def forward_for(model: torch.nn.Module) -> Callable | None:
 
 
 def mask_builder(original: Callable) -> Callable:
-    """``create_causal_mask`` that, while Dynamo traces a base model's own positions
-    (`forward_for`), leaves them out, and is ``original`` otherwise."""
+    """``create_causal_mask`` that, while Dynamo traces, leaves out a base model's own positions
+    (`forward_for`), and answers a row of packed sequences that transformers would mask by their
+    position ids alone with `PackedRows` (its mask and the offsets traced from the position ids)
+    for kernel_api's attention; ``original`` otherwise."""
+    read = _Reader(original)
 
     @functools.wraps(original)
     def create_causal_mask(*args: Any, **kwargs: Any) -> Any:
         if tracing.is_dynamo_compiling():
             configs = _TRACED.configs
-            if configs and kwargs.get("position_ids") is not None and (
-                    kwargs.get("config") is configs[-1] or (args and args[0] is configs[-1])):
+            config = read(args, kwargs, "config")
+            if configs and kwargs.get("position_ids") is not None and config is configs[-1]:
                 kwargs["position_ids"] = None
+            elif _packed_by_positions(read, args, kwargs, config):
+                return PackedRows(original(*args, **kwargs), traced_offsets(read(args, kwargs, "position_ids")))
         return original(*args, **kwargs)
 
     return create_causal_mask
+
+
+class _Reader:
+    """An argument of a call to a mask builder by name (or a name transformers has given it in
+    another version), wherever the call passed it; positions read from the signature once."""
+
+    _ALIASES = {"cache": ("cache", "past_key_values"), "inputs_embeds": ("inputs_embeds", "input_embeds")}
+
+    def __init__(self, original: Callable) -> None:
+        parameters = inspect.signature(original).parameters
+        self.positions = {name: i for i, name in enumerate(parameters)}
+
+    def __call__(self, args: tuple, kwargs: dict, name: str) -> Any:
+        for alias in self._ALIASES.get(name, (name,)):
+            if alias in kwargs:
+                return kwargs[alias]
+            at = self.positions.get(alias)
+            if at is not None and at < len(args):
+                return args[at]
+        return None
+
+
+def _packed_by_positions(read: _Reader, args: tuple, kwargs: dict, config: Any) -> bool:
+    """Whether transformers' causal mask for this call is exactly the block-causal mask of one row
+    of sequences its position ids describe, and kernel_api's attention receives it: position ids
+    given with no attention mask, no cache and no other mask function (transformers then splits the
+    row where the ids do not go up by one), one row of at least two tokens, a causal model."""
+    position_ids, embeds = read(args, kwargs, "position_ids"), read(args, kwargs, "inputs_embeds")
+    if config is None or getattr(config, "_attn_implementation", None) != ATTENTION_NAME or not getattr(
+            config, "is_causal", True):
+        return False
+    if not isinstance(position_ids, torch.Tensor) or not isinstance(embeds, torch.Tensor) or embeds.dim() != 3:
+        return False
+    for name in ("attention_mask", "cache", "or_mask_function", "and_mask_function", "block_sequence_ids"):
+        if read(args, kwargs, name) is not None:
+            return False
+    return embeds.shape[0] == 1 and embeds.shape[1] >= 2 and position_ids.numel() == embeds.shape[1]
