@@ -217,8 +217,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             ``seqlen_q`` positions of the ``seqlen_k`` keys).
         scale: the factor on q k^T; default ``1 / sqrt(head_dim)``.
         cu_seqlens_q, cu_seqlens_k: int32 cumulative sequence offsets, length batch + 1.
-        max_seqlen_q, max_seqlen_k: the longest sequences; required when the offsets are not on
-            the CPU.
+        max_seqlen_q, max_seqlen_k: the longest sequences, both or neither: given, the offsets
+            are trusted; left out, they are read (on a GPU, one synchronisation), checked, and
+            the empty sequences after the last non-empty one dropped.
         cache_seqlens: for dense k and v that are a preallocated KV cache (batch, max_seqlen_k,
             heads_kv, head_dim): int32 (batch,) on q's device, the keys each row holds (its
             queries are the last ones of them); no gradient with it.
