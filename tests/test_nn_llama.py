@@ -435,6 +435,36 @@ def test_compiled_packed_rows_run_variable_length_attention(cpu_ops, family):
             assert packed_calls == [] and seen == [], seen
 
 
+def test_compiled_packed_rows_with_flash_attention_offsets_attend_within_both(cpu_ops):
+    """Position ids and FlashAttention's offsets together under torch.compile: each token attends
+    within the sequences both put together, as the eager patched model does (SDPA under the mask
+    confined to the offsets), through variable-length attention."""
+    from kernel_api.arguments import attention as attention_arguments
+    model = small_model("llama").eval()
+    lengths = [6, 4, 5]
+    ids, positions, cu = _packed(lengths, seed=14)
+    finer = torch.tensor([0, 3, 6, 10, 15], dtype=torch.int32)  # (the first sequence split in two)
+    _quiet_patch(model, kinds=CPU_KINDS)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    seen = []
+    problem = attention_arguments.AttentionProblem.__init__
+
+    def recorded(self, *args):
+        problem(self, *args)
+        seen.append(self.cu_seqlens_q.tolist() if self.varlen else None)
+    with torch.no_grad():
+        for offsets in (cu, finer):
+            keywords = dict(position_ids=positions, use_cache=False, cu_seq_lens_q=offsets, cu_seq_lens_k=offsets,
+                            max_length_q=6, max_length_k=6)
+            want = model(input_ids=ids, **keywords).logits
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(attention_arguments.AttentionProblem, "__init__", recorded)
+                torch.testing.assert_close(compiled(input_ids=ids, **keywords).logits, want, **TOL)
+    assert seen == [[0, 6, 10, 15]] * 2 + [[0, 3, 6, 10, 15]] * 2, seen
+    unpatch(model)
+    torch._dynamo.reset()
+
+
 def test_a_packed_row_with_other_masking_keeps_sdpa_and_the_mask(cpu_ops, varlen_calls):
     """A sliding window shorter than a sequence: the mask is not the packed block-causal one, so
     the layers run SDPA with it; a batch of two rows is no packed row either."""

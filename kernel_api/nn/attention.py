@@ -68,11 +68,15 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                     **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     runs_op = dropout == 0.0 and _no_sdpa_keyword(kwargs) and ops_take(query, key, value)
+    flash_q, flash_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if rows is not None and runs_op and causal and query.shape[0] == 1 and key.shape[2] == query.shape[2] and (
-            kwargs.get("cu_seq_lens_q") is None and kwargs.get("cu_seq_lens_k") is None):
+            flash_q is flash_k):
+        # (FlashAttention's offsets too, one tensor for queries and keys: each sequence of both)
+        cu = rows.cu_seqlens if flash_q is None else packed.traced_common_offsets(rows.cu_seqlens, flash_q,
+                                                                                  query.shape[2])
         # (no longest lengths: the op reads them from the offsets, once, and drops the empty sequences)
         out = ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=True,
-                            scale=scaling, cu_seqlens_q=rows.cu_seqlens, cu_seqlens_k=rows.cu_seqlens)
+                            scale=scaling, cu_seqlens_q=cu, cu_seqlens_k=cu)
         return out.unsqueeze(0), None
     if runs_op and causal and (attention_mask is not None or kwargs.get("cu_seq_lens_q") is not None
                                or kwargs.get("cu_seq_lens_k") is not None):

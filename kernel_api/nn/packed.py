@@ -75,6 +75,19 @@ def traced_offsets(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(sequence, torch.arange(tokens + 1, device=positions.device), out_int32=True)
 
 
+def traced_common_offsets(offsets: torch.Tensor, other: torch.Tensor, tokens: int) -> torch.Tensor:
+    """`traced_offsets`' form (``tokens + 1`` values, empty sequences at the end) of the sequences
+    that both ``offsets`` and ``other`` (FlashAttention's offsets of the same row) put together:
+    a sequence starts wherever either starts. Traces with no value read; ``other``'s values are
+    held to ``[0, tokens]``."""
+    starts = torch.zeros(tokens + 1, dtype=torch.bool, device=offsets.device)
+    starts = starts.index_fill(0, offsets.long(), True).index_fill(0, other.to(offsets.device).long().clamp(0, tokens),
+                                                                  True)
+    starts = starts[:tokens].index_fill(0, torch.zeros(1, dtype=torch.long, device=offsets.device), True)
+    sequence = torch.cumsum(starts, 0) - 1
+    return torch.searchsorted(sequence, torch.arange(tokens + 1, device=offsets.device), out_int32=True)
+
+
 class Packed(NamedTuple):
     """What a packed call runs: variable-length attention over ``offsets``, or (``offsets`` None)
     SDPA under ``mask``, the layer's mask confined to the sequences."""
