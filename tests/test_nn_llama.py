@@ -328,22 +328,30 @@ def varlen_calls(monkeypatch):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_packed_sequences_run_variable_length_attention_as_each_sequence_alone(cpu_ops, varlen_calls, family):
-    """One row of packed sequences, described by restarting position ids (transformers builds the
-    block-causal mask) or by FlashAttention's offsets too: variable-length attention, the mask
-    checked once a forward, the logits those of each sequence run alone."""
+    """One row of packed sequences, described by restarting position ids or by FlashAttention's
+    offsets too: variable-length attention, the logits those of each sequence run alone. By
+    position ids alone the patched mask builder gives the offsets and builds no mask (transformers'
+    would be (tokens x tokens)); with FlashAttention's offsets the mask is built and compared with
+    them once a forward."""
+    from kernel_api.nn import attention as nn_attention
     model = small_model(family).eval()
     lengths = [5, 3, 7, 1]
     ids, positions, cu = _packed(lengths)
     with torch.no_grad():
         alone = torch.cat([model(input_ids=part).logits for part in ids.split(lengths, 1)], 1)
     _quiet_patch(model, kinds=CPU_KINDS)
-    with torch.no_grad():
+    masks_built = []
+    sdpa_mask = nn_attention._transformers["sdpa_mask"]
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setitem(nn_attention._transformers, "sdpa_mask", lambda **kw: masks_built.append(1) or sdpa_mask(**kw))
         by_positions = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        assert masks_built == [] and varlen_calls["checks"] == 0
         by_offsets = model(input_ids=ids, position_ids=positions, use_cache=False, cu_seq_lens_q=cu,
                            cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths)).logits
+        assert masks_built == [1]
     torch.testing.assert_close(by_positions, alone, **TOL)
     torch.testing.assert_close(by_offsets, alone, **TOL)
-    assert varlen_calls["varlen"] == [True] * 4 and varlen_calls["checks"] == 2
+    assert varlen_calls["varlen"] == [True] * 4 and varlen_calls["checks"] == 1
     unpatch(model)
 
 
@@ -545,10 +553,16 @@ def test_a_model_on_a_device_ops_do_not_take_runs_its_own_forward(op_calls):
     ids = _ids(seed=6)
     with torch.no_grad():
         ref = model(input_ids=ids).logits
+    packed_ids, positions, _ = _packed([5, 9, 2], seed=15)
+    with torch.no_grad():
+        packed_ref = model(input_ids=packed_ids, position_ids=positions, use_cache=False).logits
     _quiet_patch(model, kinds={"rms_norm", "mlp", "attention", "rope", "loss"})
     with torch.no_grad():
         out = model(input_ids=ids).logits
+        # (packed rows: the mask builder's offsets unused, its mask built for SDPA)
+        packed_out = model(input_ids=packed_ids, position_ids=positions, use_cache=False).logits
     torch.testing.assert_close(out, ref, **TOL)
+    torch.testing.assert_close(packed_out, packed_ref, **TOL)
     assert not any(op_calls.get(name) for name in ("rms_norm", "swiglu", "rope"))
     unpatch(model)
 

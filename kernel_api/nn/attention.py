@@ -59,25 +59,18 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     None)`` from q (batch, heads, seqlen_q, head_dim) and k, v (batch, kv_heads, seqlen_k,
     head_dim)."""
     sdpa = _transformers["sdpa_attention_forward"]
-    rows = None
-    if isinstance(attention_mask, packed.PackedRows):  # (a traced row of packed sequences: the offsets and the mask)
-        rows, attention_mask = attention_mask, attention_mask.mask
+    if isinstance(attention_mask, packed.PackedRows):  # (a row of packed sequences: the offsets, the mask)
+        rows = attention_mask
+        out = _packed_rows(module, query, key, value, rows, dropout, scaling, is_causal, kwargs)
+        if out is not None:
+            return out, None
+        attention_mask = rows.full_mask()
     # (a traced decode step asks nothing else: Dynamo guards what a trace reads, at every call)
     if query.shape[2] == 1 and tracing.is_dynamo_compiling():
         return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                     **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     runs_op = dropout == 0.0 and _no_sdpa_keyword(kwargs) and ops_take(query, key, value)
-    flash_q, flash_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if rows is not None and runs_op and causal and query.shape[0] == 1 and key.shape[2] == query.shape[2] and (
-            flash_q is flash_k):
-        # (FlashAttention's offsets too, one tensor for queries and keys: each sequence of both)
-        cu = rows.cu_seqlens if flash_q is None else packed.traced_common_offsets(rows.cu_seqlens, flash_q,
-                                                                                  query.shape[2])
-        # (no longest lengths: the op reads them from the offsets, once, and drops the empty sequences)
-        out = ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=True,
-                            scale=scaling, cu_seqlens_q=cu, cu_seqlens_k=cu)
-        return out.unsqueeze(0), None
     if runs_op and causal and (attention_mask is not None or kwargs.get("cu_seq_lens_q") is not None
                                or kwargs.get("cu_seq_lens_k") is not None):
         found = packed.plan(query, key, attention_mask, kwargs)  # (one row of packed sequences)
@@ -107,6 +100,29 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
                         scale=scaling)
     return out, None
+
+
+def _packed_rows(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 rows: packed.PackedRows, dropout: float, scaling: float | None, is_causal: bool | None,
+                 kwargs: dict) -> torch.Tensor | None:
+    """Variable-length attention over the mask builder's packed rows, as (1, tokens, heads,
+    head_dim); None when the call is not that (SDPA runs it under the rows' mask)."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    flash_q, flash_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if not (causal and dropout == 0.0 and query.shape[0] == 1 and key.shape[2] == query.shape[2]
+            and _no_sdpa_keyword(kwargs) and ops_take(query, key, value)):
+        return None
+    cu, longest = rows.cu_seqlens, rows.max_seqlen
+    if flash_q is not None or flash_k is not None:
+        # (FlashAttention's offsets too: traced, one tensor for queries and keys, the sequences of
+        # both; eagerly `packed.plan` compares them with the mask)
+        if longest is not None or flash_q is not flash_k:
+            return None
+        cu = packed.traced_common_offsets(cu, flash_q, query.shape[2])
+    # (no longest length, traced: the op reads it from the offsets, once, and drops the empty sequences)
+    out = ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=True,
+                        scale=scaling, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+    return out.unsqueeze(0)
 
 
 def _no_sdpa_keyword(kwargs: dict) -> bool:

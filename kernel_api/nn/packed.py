@@ -14,11 +14,12 @@ in two ways, and `plan` reads both:
   transformers then builds a block-causal mask from them. The sequences start where the position
   ids do not go up by one (transformers' own rule), and variable-length attention runs only when
   the layer's mask is exactly their block-causal mask; any other masking (a sliding window that
-  bites, padding) keeps SDPA and the mask. Under ``torch.compile`` the mask builder says so
-  instead (`PackedRows`, from `kernel_api.nn.positions`): it knows when it builds exactly that
-  mask, and it traces the offsets from the position ids (`traced_offsets`) at a size fixed by
-  the token count, the sequences past the last one empty; ``ops.attention`` reads them once a call
-  (one synchronisation) and drops the empty ones.
+  bites, padding) keeps SDPA and the mask. In a patched model the mask builder says so instead
+  (`PackedRows`, from `kernel_api.nn.positions`): it knows when transformers' mask is exactly
+  that, so nothing is compared. Eagerly it reads the offsets once a forward and builds no mask
+  unless a layer runs SDPA; under ``torch.compile`` it traces the offsets from the position ids
+  (`traced_offsets`) at a size fixed by the token count, the sequences past the last one empty,
+  and ``ops.attention`` reads them once a call (one synchronisation) and drops the empty ones.
 
 The eager paths read the offsets on the host (their values, and the mask's comparison): once per
 forward, since the layers of a forward get the same mask and position ids and the answers are
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -54,12 +55,34 @@ class Offsets(NamedTuple):
 
 
 class PackedRows(NamedTuple):
-    """A traced mask builder's answer for one row of packed sequences described by position ids
-    alone: transformers' block-causal ``mask`` (unused, Inductor drops it, when attention runs
-    variable length) and the sequences' offsets (`traced_offsets`)."""
+    """The mask builder's answer for one row of packed sequences that transformers would mask by
+    their position ids alone: the sequences' int32 offsets and transformers' block-causal mask
+    for the layers that run SDPA. Traced: the offsets `traced_offsets` makes (``max_seqlen``
+    None: the op reads them) and the mask built (unused when attention runs variable length,
+    and Inductor drops it). Eager: the exact offsets and longest length (`position_offsets`, read
+    once a forward) and ``build``, which makes the mask only for a layer that needs it (a
+    (tokens x tokens) mask is 1 GiB at 32768 tokens)."""
 
-    mask: torch.Tensor | None
     cu_seqlens: torch.Tensor
+    max_seqlen: int | None
+    mask: torch.Tensor | None
+    build: Callable[[], Any] | None
+
+    def full_mask(self) -> Any:
+        """transformers' mask for these rows."""
+        return self.mask if self.mask is not None else self.build()
+
+
+def position_offsets(position_ids: torch.Tensor) -> Offsets:
+    """The offsets of the sequences ``position_ids`` (one row) restart, where they do not go up by
+    one, as transformers splits them, and the longest: one read of the ids' values."""
+    positions = position_ids.reshape(-1)
+    tokens = positions.shape[0]
+    later = (positions[1:] - positions[:-1] != 1).nonzero().view(-1) + 1
+    bounds = [0, *later.tolist(), tokens]
+    cu = torch.tensor(bounds, dtype=torch.int32, device=positions.device)
+    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    return Offsets(cu, cu, longest, longest)
 
 
 def traced_offsets(position_ids: torch.Tensor) -> torch.Tensor:
@@ -156,14 +179,11 @@ def _position_offsets(query: torch.Tensor, attention_mask: torch.Tensor, positio
                       tokens: int) -> Offsets | None:
     """The offsets of the sequences the position ids restart (where they do not go up by one) when
     the layer's mask is exactly their block-causal mask; else None."""
-    positions = position_ids.reshape(-1)
-    later = (positions[1:] - positions[:-1] != 1).nonzero().view(-1) + 1
-    bounds = [0, *later.tolist(), tokens]
+    offsets = position_offsets(position_ids.to(query.device))
+    bounds = offsets.cu_seqlens_q.tolist()
     if len(bounds) < 3 or not _is_block_causal(attention_mask, bounds):
         return None
-    cu = torch.tensor(bounds, dtype=torch.int32, device=query.device)
-    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
-    return Offsets(cu, cu, longest, longest)
+    return offsets
 
 
 def _by_flash_keywords(query: torch.Tensor, attention_mask: torch.Tensor | None, flash: list,

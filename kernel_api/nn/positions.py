@@ -18,11 +18,12 @@ call that passes position ids (packed training batches), a mask or a cache is tr
 builds its mask as before. Outside tracing nothing changes: transformers reads the positions'
 values itself.
 
-A traced call that passes position ids with no mask and no cache, one row (packed sequences,
-as padding-free collators make them), gets transformers' block-causal mask for them and the
-sequences' offsets traced from the same ids (`kernel_api.nn.packed.PackedRows`) when the model's
-attention is kernel_api's, which runs them as variable-length attention; the mask is then unused
-and Inductor leaves it out.
+A call that passes position ids with no mask and no cache, one row (packed sequences, as
+padding-free collators make them), gets the sequences' offsets with transformers' block-causal
+mask for them (`kernel_api.nn.packed.PackedRows`) when the model's attention is kernel_api's,
+which runs them as variable-length attention. Traced, the offsets are traced from the ids and the
+unused mask is left out by Inductor; eagerly the offsets are read once and the mask is made only
+for a layer that runs SDPA.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 from ..core import tracing
 from .attention import NAME as ATTENTION_NAME
 from .edits import positional_names
-from .packed import PackedRows, traced_offsets
+from .packed import PackedRows, position_offsets, traced_offsets
 
 #: The modeling module's function replaced by `mask_builder`.
 MASK_BUILDER = "create_causal_mask"
@@ -102,16 +103,32 @@ def mask_builder(original: Callable) -> Callable:
 
     @functools.wraps(original)
     def create_causal_mask(*args: Any, **kwargs: Any) -> Any:
+        config = read(args, kwargs, "config")
         if tracing.is_dynamo_compiling():
             configs = _TRACED.configs
-            config = read(args, kwargs, "config")
             if configs and kwargs.get("position_ids") is not None and config is configs[-1]:
                 kwargs["position_ids"] = None
             elif _packed_by_positions(read, args, kwargs, config):
-                return PackedRows(original(*args, **kwargs), traced_offsets(read(args, kwargs, "position_ids")))
+                offsets = traced_offsets(read(args, kwargs, "position_ids"))
+                return PackedRows(offsets, None, original(*args, **kwargs), None)
+        elif _packed_by_positions(read, args, kwargs, config):
+            offsets = position_offsets(read(args, kwargs, "position_ids"))
+            return PackedRows(offsets.cu_seqlens_q, offsets.max_seqlen_q, None, _once(original, args, kwargs))
         return original(*args, **kwargs)
 
     return create_causal_mask
+
+
+def _once(original: Callable, args: tuple, kwargs: dict) -> Callable[[], Any]:
+    """``original(*args, **kwargs)``, made at the first call and kept for the next."""
+    made: list = []
+
+    def build() -> Any:
+        if not made:
+            made.append(original(*args, **kwargs))
+        return made[0]
+
+    return build
 
 
 class _Reader:
