@@ -73,14 +73,20 @@ class PackedRows(NamedTuple):
         return self.mask if self.mask is not None else self.build()
 
 
-def position_offsets(position_ids: torch.Tensor) -> Offsets:
-    """The offsets of the sequences ``position_ids`` (one row) restart, where they do not go up by
-    one, as transformers splits them, and the longest: one read of the ids' values."""
+def position_offsets(position_ids: torch.Tensor, device: torch.device) -> Offsets:
+    """The offsets (on ``device``) of the sequences ``position_ids`` (one row) restart, where they
+    do not go up by one, as transformers splits them, and the longest: one read of the ids."""
+    return _offsets_of(_position_bounds(position_ids), device)
+
+
+def _position_bounds(position_ids: torch.Tensor) -> list[int]:
     positions = position_ids.reshape(-1)
-    tokens = positions.shape[0]
     later = (positions[1:] - positions[:-1] != 1).nonzero().view(-1) + 1
-    bounds = [0, *later.tolist(), tokens]
-    cu = torch.tensor(bounds, dtype=torch.int32, device=positions.device)
+    return [0, *later.tolist(), positions.shape[0]]
+
+
+def _offsets_of(bounds: list[int], device: torch.device) -> Offsets:
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     longest = max(b - a for a, b in zip(bounds, bounds[1:]))
     return Offsets(cu, cu, longest, longest)
 
@@ -179,11 +185,10 @@ def _position_offsets(query: torch.Tensor, attention_mask: torch.Tensor, positio
                       tokens: int) -> Offsets | None:
     """The offsets of the sequences the position ids restart (where they do not go up by one) when
     the layer's mask is exactly their block-causal mask; else None."""
-    offsets = position_offsets(position_ids.to(query.device))
-    bounds = offsets.cu_seqlens_q.tolist()
+    bounds = _position_bounds(position_ids)
     if len(bounds) < 3 or not _is_block_causal(attention_mask, bounds):
         return None
-    return offsets
+    return _offsets_of(bounds, query.device)
 
 
 def _by_flash_keywords(query: torch.Tensor, attention_mask: torch.Tensor | None, flash: list,

@@ -96,9 +96,10 @@ def forward_for(model: torch.nn.Module) -> Callable | None:
 
 def mask_builder(original: Callable) -> Callable:
     """``create_causal_mask`` that, while Dynamo traces, leaves out a base model's own positions
-    (`forward_for`), and answers a row of packed sequences that transformers would mask by their
-    position ids alone with `PackedRows` (its mask and the offsets traced from the position ids)
-    for kernel_api's attention; ``original`` otherwise."""
+    (`forward_for`); that answers a row of packed sequences that transformers would mask by their
+    position ids alone with `PackedRows` for kernel_api's attention (traced: the offsets traced
+    from the ids and transformers' mask; eagerly: the offsets read once and the mask made only
+    when a layer asks); and is ``original`` otherwise."""
     read = _Reader(original)
 
     @functools.wraps(original)
@@ -112,7 +113,7 @@ def mask_builder(original: Callable) -> Callable:
                 offsets = traced_offsets(read(args, kwargs, "position_ids"))
                 return PackedRows(offsets, None, original(*args, **kwargs), None)
         elif _packed_by_positions(read, args, kwargs, config):
-            offsets = position_offsets(read(args, kwargs, "position_ids"))
+            offsets = position_offsets(read(args, kwargs, "position_ids"), read(args, kwargs, "inputs_embeds").device)
             return PackedRows(offsets.cu_seqlens_q, offsets.max_seqlen_q, None, _once(original, args, kwargs))
         return original(*args, **kwargs)
 
