@@ -35,6 +35,16 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
+def _assert_step_matches(out, ref, model: torch.nn.Module, eager: torch.nn.Module) -> None:
+    """``model``'s training step (its output ``out`` after backward) against ``eager``'s (``ref``):
+    the loss within 2 %, the gradients within 5e-2 (relative, all parameters together)."""
+    assert abs(out.loss.item() - ref.loss.item()) <= 2e-2 * abs(ref.loss.item())
+    grads = dict(eager.named_parameters())
+    got = torch.cat([p.grad.float().flatten() for _, p in model.named_parameters()])
+    ref_grads = torch.cat([grads[name].grad.float().flatten() for name, _ in model.named_parameters()])
+    assert rel(got, ref_grads) < 5e-2
+
+
 @pytest.fixture
 def op_calls(monkeypatch):
     """Counts the calls of the ops the patched layers use (names -> calls so far)."""
@@ -158,11 +168,7 @@ def test_packed_bf16_training_step_runs_variable_length_attention(monkeypatch):
         assert rel(model(input_ids=ids, position_ids=positions, use_cache=False).logits, want) <= 1.5 * eager_err
     out = model(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
     out.loss.backward()
-    assert abs(out.loss.item() - ref.loss.item()) <= 2e-2 * abs(ref.loss.item())
-    grads = dict(eager.named_parameters())
-    got = torch.cat([p.grad.float().flatten() for _, p in model.named_parameters()])
-    ref_grads = torch.cat([grads[name].grad.float().flatten() for name, _ in model.named_parameters()])
-    assert rel(got, ref_grads) < 5e-2
+    _assert_step_matches(out, ref, model, eager)
     assert varlen and all(varlen), varlen
     unpatch(model)
 
@@ -190,10 +196,6 @@ def test_compiled_packed_training_step_runs_variable_length_attention(monkeypatc
     compiled = torch.compile(patch(model))
     out = compiled(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
     out.loss.backward()
-    assert abs(out.loss.item() - ref.loss.item()) <= 2e-2 * abs(ref.loss.item())
-    grads = dict(eager.named_parameters())
-    got = torch.cat([p.grad.float().flatten() for _, p in model.named_parameters()])
-    ref_grads = torch.cat([grads[name].grad.float().flatten() for name, _ in model.named_parameters()])
-    assert rel(got, ref_grads) < 5e-2
+    _assert_step_matches(out, ref, model, eager)
     assert seen and set(seen) == {(5, 700)}, seen
     unpatch(model)

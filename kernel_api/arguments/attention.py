@@ -123,9 +123,9 @@ def _host_lengths(cu: torch.Tensor, name: str, tokens: int, operand: str) -> lis
     if cu.device.type != "cpu" or not _readable(cu):
         return None
     values = cu.tolist()
-    _check_offsets(name, values[0], min((b - a for a, b in zip(values, values[1:])), default=0), values[-1], tokens,
-                   operand)
-    return [b - a for a, b in zip(values, values[1:])]
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    _check_offsets(name, values[0], min(lengths, default=0), values[-1], tokens, operand)
+    return lengths
 
 
 def _check_offsets(name: str, first: int, shortest: int, last: int, tokens: int, operand: str) -> None:
@@ -137,7 +137,7 @@ def _check_offsets(name: str, first: int, shortest: int, last: int, tokens: int,
         raise ValueError(f"operand {name}: ends at {last} but {operand} has {tokens} tokens")
 
 
-def _device_summary(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[int]:
+def _device_summary(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[list[int]]:
     """Per offsets tensor (q's, then k's): first, shortest and longest length, last, and the
     sequences up to the last non-empty one; read from the device in one transfer."""
     parts = []
@@ -146,7 +146,7 @@ def _device_summary(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[int]:
         if lengths.numel() == 0:  # (no sequence: nothing shorter or longer than 0)
             lengths = lengths.new_zeros(1)
         used = torch.arange(1, lengths.shape[0] + 1, device=cu.device) * (lengths > 0)
-        parts += [cu[0].long(), lengths.min(), lengths.max(), cu[-1].long(), used.max()]
+        parts.append(torch.stack([cu[0].long(), lengths.min(), lengths.max(), cu[-1].long(), used.max()]))
     return torch.stack(parts).tolist()
 
 
@@ -335,12 +335,12 @@ class AttentionProblem:
 
     def _read_offsets(self, tokens_q: int, tokens_k: int) -> None:
         """The offsets on the device, read once (their check and longest sequences)."""
-        summary = _device_summary(self.cu_seqlens_q, self.cu_seqlens_k)
-        for at, name, tokens, operand in ((0, "cu_seqlens_q", tokens_q, "q"), (5, "cu_seqlens_k", tokens_k, "k")):
-            first, shortest, _, last, _ = summary[at:at + 5]
+        of_q, of_k = _device_summary(self.cu_seqlens_q, self.cu_seqlens_k)
+        for (first, shortest, _, last, _), name, tokens, operand in ((of_q, "cu_seqlens_q", tokens_q, "q"),
+                                                                     (of_k, "cu_seqlens_k", tokens_k, "k")):
             _check_offsets(name, first, shortest, last, tokens, operand)
-        self.seqlen_q, self.seqlen_k = summary[2], summary[7]
-        self._drop_trailing_empty(max(summary[4], summary[9]))
+        self.seqlen_q, self.seqlen_k = of_q[2], of_k[2]
+        self._drop_trailing_empty(max(of_q[4], of_k[4]))
 
     def _drop_trailing_empty(self, used: int) -> None:
         """Keep the first ``used`` sequences (those after are empty in both offsets)."""

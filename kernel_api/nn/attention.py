@@ -76,10 +76,8 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
         found = packed.plan(query, key, attention_mask, kwargs)  # (one row of packed sequences)
         if found is not None and found.offsets is not None:
             o = found.offsets
-            out = ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                                causal=True, scale=scaling, cu_seqlens_q=o.cu_seqlens_q, cu_seqlens_k=o.cu_seqlens_k,
-                                max_seqlen_q=o.max_seqlen_q, max_seqlen_k=o.max_seqlen_k)
-            return out.unsqueeze(0), None
+            return _packed_row(query, key, value, scaling, o.cu_seqlens_q, o.cu_seqlens_k, o.max_seqlen_q,
+                               o.max_seqlen_k), None
         if found is not None:  # (the layer's mask confined to the sequences: SDPA below)
             attention_mask = found.mask
     if attention_mask is not None or not runs_op:
@@ -120,8 +118,15 @@ def _packed_rows(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
             return None
         cu = packed.traced_common_offsets(cu, flash_q, query.shape[2])
     # (no longest length, traced: the op reads it from the offsets, once, and drops the empty sequences)
+    return _packed_row(query, key, value, scaling, cu, cu, longest, longest)
+
+
+def _packed_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
+                cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int | None, max_k: int | None) -> torch.Tensor:
+    """Causal variable-length ``ops.attention`` of one row (batch 1) of packed sequences, as
+    (1, tokens, heads, head_dim)."""
     out = ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=True,
-                        scale=scaling, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+                        scale=scaling, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
     return out.unsqueeze(0)
 
 
